@@ -1,0 +1,85 @@
+/* Devices and the buffers they own. One API over every backend: the CPU backend
+ * is always built in; the CUDA backend is a module loaded at run time, so
+ * programs that never touch a GPU do not load the CUDA libraries.
+ * Every device has a memory cap; allocations past it fail with a message that
+ * names the device, the bytes asked for, the bytes in use and the cap. */
+#ifndef CDP_DEVICE_H
+#define CDP_DEVICE_H
+
+#include <stdint.h>
+
+#include "cdp/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct cdp_device *cdp_device_t;
+typedef struct cdp_buffer *cdp_buffer_t;
+typedef struct cdp_event *cdp_event_t;
+
+enum cdp_device_type { CDP_DEVICE_CPU = 0, CDP_DEVICE_CUDA, CDP_DEVICE_TYPE_COUNT };
+
+/* "cpu" / "cuda". */
+const char *cdp_device_type_name(enum cdp_device_type t);
+
+/* How many devices of a type are usable. CPU: 1 (the host; ranks share it).
+ * CUDA: loads the CUDA module on first use; when it is missing or no GPU is
+ * usable, *out is 0 and the status says why (CDP_ERR_UNSUPPORTED, with the
+ * CUDA error string in cdp_last_error()). */
+cdp_status cdp_device_count(enum cdp_device_type type, int *out);
+
+/* Opens device `index` of a type. mem_cap is the most bytes its buffers may hold
+ * at once; 0 means the device's own memory (CPU: physical memory). On success
+ * *out is a new device; close it after every buffer made on it is destroyed. */
+cdp_status cdp_device_open(enum cdp_device_type type, int index, uint64_t mem_cap,
+                           cdp_device_t *out);
+/* Closes a device; NULL is a no-op. Buffers still alive are a programmer error. */
+void cdp_device_close(cdp_device_t dev);
+
+enum cdp_device_type cdp_device_type_of(cdp_device_t dev);
+/* "cpu:0", "cuda:1" */
+const char *cdp_device_name(cdp_device_t dev);
+/* What the backend says about the device ("NVIDIA H200, sm_90, 139.8 GiB"). */
+const char *cdp_device_description(cdp_device_t dev);
+uint64_t cdp_device_mem_cap(cdp_device_t dev);
+uint64_t cdp_device_mem_in_use(cdp_device_t dev);
+uint64_t cdp_device_mem_peak(cdp_device_t dev);
+/* Total memory of the device as the backend reports it. */
+uint64_t cdp_device_mem_total(cdp_device_t dev);
+
+/* Waits for all work queued on the device. */
+cdp_status cdp_device_synchronize(cdp_device_t dev);
+
+/* Allocates `bytes` on the device (64-byte aligned at least). Zero bytes is
+ * allowed and gives an empty buffer. Fails with CDP_ERR_NOMEM past the cap or
+ * when the backend is out of memory. */
+cdp_status cdp_buffer_create(cdp_device_t dev, uint64_t bytes, cdp_buffer_t *out);
+/* Frees a buffer; NULL is a no-op. */
+void cdp_buffer_destroy(cdp_buffer_t buf);
+/* Device pointer (may be NULL for an empty buffer); not owned. */
+void *cdp_buffer_data(cdp_buffer_t buf);
+uint64_t cdp_buffer_size(cdp_buffer_t buf);
+cdp_device_t cdp_buffer_device(cdp_buffer_t buf);
+
+/* Host -> buffer, buffer -> host, buffer -> buffer (any devices), byte fill.
+ * Ranges are checked against the buffers' sizes (CDP_ERR_INVALID when outside).
+ * write and read return when the host memory may be reused / read. */
+cdp_status cdp_buffer_write(cdp_buffer_t dst, uint64_t offset, const void *src, uint64_t n);
+cdp_status cdp_buffer_read(cdp_buffer_t src, uint64_t offset, void *dst, uint64_t n);
+cdp_status cdp_buffer_copy(cdp_buffer_t dst, uint64_t dst_offset, cdp_buffer_t src,
+                           uint64_t src_offset, uint64_t n);
+cdp_status cdp_buffer_memset(cdp_buffer_t buf, uint64_t offset, int value, uint64_t n);
+
+/* Events mark points in a device's work queue, for timing. */
+cdp_status cdp_event_create(cdp_device_t dev, cdp_event_t *out);
+void cdp_event_destroy(cdp_event_t ev);
+cdp_status cdp_event_record(cdp_event_t ev);
+/* Milliseconds between two recorded events of one device (waits for `end`). */
+cdp_status cdp_event_elapsed_ms(cdp_event_t start, cdp_event_t end, double *ms);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

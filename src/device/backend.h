@@ -1,0 +1,64 @@
+/* The device backend table, shared by the core and the backends, including the
+ * CUDA module (.cu): keep it valid C and CUDA C++. A backend works on its own
+ * opaque per-device state; the core does the memory accounting and checks. */
+#ifndef CDP_DEVICE_BACKEND_H
+#define CDP_DEVICE_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cdp/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define CDP_DEVICE_ABI 1
+
+enum cdp_copy_kind { CDP_COPY_H2D = 0, CDP_COPY_D2H, CDP_COPY_D2D };
+
+struct cdp_device_info {
+    uint64_t total_memory;
+    char description[320];
+};
+
+/* NULL in an optional slot means "not supported" (synchronize: "synchronous"). */
+struct cdp_device_backend {
+    int abi;
+    const char *name;
+    cdp_status (*count)(int *out);
+    cdp_status (*open)(int index, void **state, struct cdp_device_info *info);
+    void (*close)(void *state);
+    cdp_status (*alloc)(void *state, uint64_t bytes, void **out);
+    void (*free)(void *state, void *ptr);
+    cdp_status (*copy)(void *state, void *dst, const void *src, uint64_t n, enum cdp_copy_kind kind);
+    cdp_status (*memset)(void *state, void *ptr, int value, uint64_t n);
+    cdp_status (*synchronize)(void *state);
+    cdp_status (*event_create)(void *state, void **ev);
+    cdp_status (*event_record)(void *state, void *ev);
+    cdp_status (*event_elapsed_ms)(void *state, void *start, void *end, double *ms);
+    void (*event_destroy)(void *state, void *ev);
+};
+
+/* What the core lends a module: its error and logging functions, so messages
+ * from the module land in the caller's thread-local error buffer. */
+struct cdp_module_host {
+    int abi;
+    cdp_status (*fail)(cdp_status st, const char *fmt, ...);
+    void (*log)(int level, int subsys, const char *fmt, ...);
+};
+
+/* The one symbol a device module exports. */
+#define CDP_DEVICE_MODULE_ENTRY "cdp_device_module_init"
+typedef cdp_status (*cdp_device_module_init_fn)(const struct cdp_module_host *host,
+                                                const struct cdp_device_backend **out);
+
+/* In the core: the built-in CPU backend, and the loader of module backends. */
+extern const struct cdp_device_backend cdp_cpu_backend;
+cdp_status cdp_device_module_load(const char *name, const struct cdp_device_backend **out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
