@@ -1,0 +1,227 @@
+/* The plan: one JSON file describing the model, its data, the training run, the
+ * parallel layout and the machine (docs/plan.md). This header is the C form of
+ * that file after loading: plain structs with every default filled in. */
+#ifndef CDP_PLAN_H
+#define CDP_PLAN_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "cdp/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* An integer field the plan left as "auto": the planner chooses it. */
+#define CDP_AUTO (-1)
+
+enum cdp_model_kind {
+    CDP_MODEL_GPT = 0, /* presets "gpt", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl" */
+    CDP_MODEL_MLP,     /* preset "mlp", expanded into layers[] at load */
+    CDP_MODEL_CNN,     /* preset "cnn", expanded into layers[] at load */
+    CDP_MODEL_LAYERS,  /* an explicit layer list */
+    CDP_MODEL_KIND_COUNT
+};
+
+enum cdp_layer_type {
+    CDP_LAYER_LINEAR = 0,
+    CDP_LAYER_RELU,
+    CDP_LAYER_GELU,
+    CDP_LAYER_LAYERNORM,
+    CDP_LAYER_EMBEDDING,
+    CDP_LAYER_ATTENTION,
+    CDP_LAYER_TRANSFORMER_BLOCK,
+    CDP_LAYER_CONV2D,
+    CDP_LAYER_MAXPOOL2D,
+    CDP_LAYER_FLATTEN,
+    CDP_LAYER_TYPE_COUNT
+};
+
+/* One layer of an explicit list; only the fields of its type are meaningful. */
+struct cdp_layer_desc {
+    enum cdp_layer_type type;
+    int64_t out;     /* linear: output features; conv2d: output channels */
+    int bias;        /* linear, conv2d: 1 when the layer has a bias */
+    int64_t kernel;  /* conv2d, maxpool2d: square kernel size */
+    int64_t stride;  /* conv2d, maxpool2d */
+    int64_t padding; /* conv2d */
+    int64_t vocab;   /* embedding: token vocabulary */
+    int64_t dim;     /* embedding: embedding width */
+    int64_t context; /* embedding: learned positions (0 = none) */
+    int64_t heads;   /* attention, transformer_block */
+    int causal;      /* attention */
+    double eps;      /* layernorm */
+};
+
+enum cdp_loss { CDP_LOSS_CROSS_ENTROPY = 0, CDP_LOSS_MSE, CDP_LOSS_COUNT };
+enum cdp_activation { CDP_ACT_RELU = 0, CDP_ACT_GELU, CDP_ACT_COUNT };
+
+#define CDP_MAX_INPUT_DIMS 4
+
+struct cdp_model_desc {
+    enum cdp_model_kind kind;
+    char preset[32]; /* as resolved: "gpt2-medium", "mlp", ...; "" for an explicit list */
+
+    /* GPT family (kind == CDP_MODEL_GPT) */
+    int64_t vocab, context, layers, heads, embed;
+    int tie_embeddings;
+
+    /* mlp, cnn and explicit lists */
+    int64_t input[CDP_MAX_INPUT_DIMS]; /* input shape of one sample */
+    int input_ndim;
+    int64_t *hidden; /* mlp: hidden widths (owned) */
+    int n_hidden;
+    int64_t *channels; /* cnn: channels of each conv block (owned) */
+    int n_channels;
+    int64_t classes; /* mlp, cnn */
+    enum cdp_activation activation; /* mlp */
+    struct cdp_layer_desc *layer_list; /* mlp, cnn (expanded) and explicit (owned) */
+    int n_layers;
+    enum cdp_loss loss;
+};
+
+enum cdp_data_source {
+    CDP_DATA_SYNTHETIC = 0,
+    CDP_DATA_TEXT,
+    CDP_DATA_TOKENS,
+    CDP_DATA_IDX,
+    CDP_DATA_SOURCE_COUNT
+};
+
+struct cdp_data_desc {
+    enum cdp_data_source source;
+    char *path;   /* text, tokens: the file; idx: the images file (absolute, owned) */
+    char *labels; /* idx: the labels file (absolute, owned); else NULL */
+    uint64_t seed;
+};
+
+enum cdp_optimizer_type { CDP_OPT_SGD = 0, CDP_OPT_ADAMW, CDP_OPT_TYPE_COUNT };
+
+struct cdp_optimizer_desc {
+    enum cdp_optimizer_type type;
+    double lr;
+    double weight_decay;
+    double momentum;      /* sgd */
+    double beta1, beta2;  /* adamw */
+    double eps;           /* adamw */
+};
+
+enum cdp_precision { CDP_PRECISION_FP32 = 0, CDP_PRECISION_BF16, CDP_PRECISION_COUNT };
+
+struct cdp_checkpoint_desc {
+    char *dir;     /* absolute; NULL = no checkpoints (owned) */
+    int64_t every; /* steps between checkpoints */
+    int64_t keep;  /* how many to keep */
+};
+
+struct cdp_train_desc {
+    int64_t steps;
+    int64_t global_batch; /* = replicas * micro_batches * micro_batch; CDP_AUTO until known */
+    int64_t micro_batch;  /* samples per micro-batch */
+    struct cdp_optimizer_desc optimizer;
+    double grad_clip; /* global-norm clipping threshold; 0 = off */
+    enum cdp_precision precision;
+    uint64_t seed;
+    int64_t log_every;
+    struct cdp_checkpoint_desc checkpoint;
+};
+
+enum cdp_schedule { CDP_SCHEDULE_GPIPE = 0, CDP_SCHEDULE_1F1B, CDP_SCHEDULE_INTERLEAVED, CDP_SCHEDULE_COUNT };
+
+enum cdp_placement_kind {
+    CDP_PLACEMENT_TOPOLOGY = 0,     /* chosen by the planner from the topology */
+    CDP_PLACEMENT_ORDERED_PP_INNER, /* stages of a pipeline on consecutive devices */
+    CDP_PLACEMENT_ORDERED_DP_INNER, /* replicas of a stage on consecutive devices */
+    CDP_PLACEMENT_EXPLICIT,         /* placement[stage * replicas + replica] */
+    CDP_PLACEMENT_KIND_COUNT
+};
+
+struct cdp_parallel_desc {
+    int64_t stages;        /* or CDP_AUTO */
+    int64_t replicas;      /* or CDP_AUTO */
+    int64_t micro_batches; /* per replica per step, or CDP_AUTO */
+    enum cdp_schedule schedule;
+    int64_t chunks;        /* model chunks per rank (interleaved); 1 otherwise */
+    int64_t (*partition)[2]; /* [first, end) unit ranges per stage; NULL = auto (owned) */
+    int n_partition;
+    enum cdp_placement_kind placement;
+    int64_t *placement_map; /* CDP_PLACEMENT_EXPLICIT: stages*replicas device indices (owned) */
+};
+
+enum cdp_backend { CDP_BACKEND_AUTO = 0, CDP_BACKEND_CPU, CDP_BACKEND_CUDA, CDP_BACKEND_COUNT };
+
+struct cdp_cluster_desc {
+    enum cdp_backend backend; /* AUTO until cdp_plan_resolve */
+    char *topology;           /* "auto" or an absolute path (owned) */
+    int64_t nodes;
+    int64_t devices;          /* per node, or CDP_AUTO */
+    uint64_t device_memory;   /* per device cap in bytes; 0 = the device's own */
+};
+
+struct cdp_output_desc {
+    char *metrics;  /* absolute paths, NULL = not written (owned) */
+    char *trace;
+    char *timeline;
+};
+
+struct cdp_plan {
+    char *source;  /* the plan file as named by the user, for messages (owned) */
+    struct cdp_model_desc model;
+    struct cdp_data_desc data;
+    struct cdp_train_desc train;
+    struct cdp_parallel_desc parallel;
+    struct cdp_cluster_desc cluster;
+    struct cdp_output_desc output;
+};
+
+/* Loads and validates a plan file. Every bad value fails with CDP_ERR_INVALID and a
+ * message "FILE: /json/path: expected ..., got ..." (syntax errors: "FILE:LINE:COL:
+ * ..."); unknown keys suggest the closest known one; values that disagree are named
+ * together. Relative paths inside the plan are relative to the plan file's folder.
+ * On success *out owns a new plan (free with cdp_plan_free). */
+cdp_status cdp_plan_load(const char *path, struct cdp_plan **out);
+
+/* As cdp_plan_load, from JSON text; `name` stands for the file in messages and
+ * relative paths are taken relative to `base_dir` (NULL = the current folder). */
+cdp_status cdp_plan_load_string(const char *json, const char *name, const char *base_dir,
+                                struct cdp_plan **out);
+
+/* What the machine offers, for cdp_plan_resolve. */
+struct cdp_machine_info {
+    int gpus;              /* usable GPUs found live (0 when none) */
+    const char *no_gpu_why; /* why none were found (a CUDA error string), or NULL */
+};
+
+/* Settles what depends on the machine: "auto" backend (cuda when GPUs are usable,
+ * else cpu), "auto" devices per node, and checks that stages x replicas fit in the
+ * devices available. */
+cdp_status cdp_plan_resolve(struct cdp_plan *plan, const struct cdp_machine_info *machine);
+
+/* Number of partition units of the model (GPT: embedding + blocks + head). */
+int64_t cdp_plan_model_units(const struct cdp_plan *plan);
+
+/* Number of trainable parameters of the model, counted exactly from its
+ * architecture (GPT: token and position embeddings, 12E^2 + 13E per block, the
+ * final layernorm, and the head unless tied); -1 if it overflows 64 bits. */
+int64_t cdp_plan_param_count(const struct cdp_plan *plan);
+
+/* The resolved plan as JSON text (a plan file that loads back to the same plan).
+ * *out is malloc'd; the caller frees it. */
+cdp_status cdp_plan_to_json(const struct cdp_plan *plan, char **out);
+
+/* Writes the resolved plan as a readable table. */
+cdp_status cdp_plan_print(const struct cdp_plan *plan, FILE *f);
+
+/* Names used in plan files ("1f1b", "adamw", ...), for printing. */
+const char *cdp_backend_name(enum cdp_backend b);
+const char *cdp_schedule_name(enum cdp_schedule s);
+const char *cdp_layer_type_name(enum cdp_layer_type t);
+
+void cdp_plan_free(struct cdp_plan *plan);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,469 @@
+/* Writes a loaded plan back out: as a complete plan file (every default spelled
+ * out, so `--dry-run --json` shows exactly what will run and loads back to the same
+ * plan), and as a table for people. */
+#include <inttypes.h>
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cdp/core.h"
+#include "cdp/plan.h"
+#include "plan/plan_internal.h"
+
+/* ---- JSON -------------------------------------------------------------------- */
+
+struct emit {
+    int ok;         /* 0 after an allocation failed */
+    int need_exact; /* a real does not survive 15 digits: write 17 */
+};
+
+static void set(struct emit *e, json_t *obj, const char *key, json_t *v)
+{
+    if (!v || json_object_set_new(obj, key, v) != 0) e->ok = 0;
+}
+
+static json_t *jint(int64_t v) { return json_integer((json_int_t)v); }
+
+static json_t *jint_auto(int64_t v) { return v == CDP_AUTO ? json_string("auto") : jint(v); }
+
+static json_t *jstr_or_null(const char *s) { return s ? json_string(s) : json_null(); }
+
+static json_t *jreal(struct emit *e, double v)
+{
+    char buf[64];
+    snprintf(buf, sizeof buf, "%.15g", v);
+    if (strtod(buf, NULL) != v) e->need_exact = 1;
+    return json_real(v);
+}
+
+static json_t *jints(const int64_t *v, int n)
+{
+    json_t *a = json_array();
+    for (int i = 0; a && i < n; i++)
+        if (json_array_append_new(a, jint(v[i])) != 0) {
+            json_decref(a);
+            return NULL;
+        }
+    return a;
+}
+
+static json_t *layer_json(struct emit *e, const struct cdp_layer_desc *L)
+{
+    json_t *o = json_object();
+    if (!o) return NULL;
+    set(e, o, "type", json_string(cdp_layer_type_name(L->type)));
+    switch (L->type) {
+    case CDP_LAYER_LINEAR:
+        set(e, o, "out", jint(L->out));
+        set(e, o, "bias", json_boolean(L->bias));
+        break;
+    case CDP_LAYER_LAYERNORM:
+        set(e, o, "eps", jreal(e, L->eps));
+        break;
+    case CDP_LAYER_EMBEDDING:
+        set(e, o, "vocab", jint(L->vocab));
+        set(e, o, "dim", jint(L->dim));
+        set(e, o, "context", jint(L->context));
+        break;
+    case CDP_LAYER_ATTENTION:
+        set(e, o, "heads", jint(L->heads));
+        set(e, o, "causal", json_boolean(L->causal));
+        break;
+    case CDP_LAYER_TRANSFORMER_BLOCK:
+        set(e, o, "heads", jint(L->heads));
+        break;
+    case CDP_LAYER_CONV2D:
+        set(e, o, "out", jint(L->out));
+        set(e, o, "kernel", jint(L->kernel));
+        set(e, o, "stride", jint(L->stride));
+        set(e, o, "padding", jint(L->padding));
+        set(e, o, "bias", json_boolean(L->bias));
+        break;
+    case CDP_LAYER_MAXPOOL2D:
+        set(e, o, "kernel", jint(L->kernel));
+        set(e, o, "stride", jint(L->stride));
+        break;
+    default:
+        break;
+    }
+    return o;
+}
+
+static json_t *model_json(struct emit *e, const struct cdp_model_desc *m)
+{
+    json_t *o = json_object();
+    if (!o) return NULL;
+    switch (m->kind) {
+    case CDP_MODEL_GPT:
+        set(e, o, "preset", json_string(m->preset));
+        set(e, o, "vocab", jint(m->vocab));
+        set(e, o, "context", jint(m->context));
+        set(e, o, "layers", jint(m->layers));
+        set(e, o, "heads", jint(m->heads));
+        set(e, o, "embed", jint(m->embed));
+        set(e, o, "tie_embeddings", json_boolean(m->tie_embeddings));
+        return o;
+    case CDP_MODEL_MLP:
+        set(e, o, "preset", json_string("mlp"));
+        set(e, o, "input", jints(m->input, m->input_ndim));
+        set(e, o, "hidden", jints(m->hidden, m->n_hidden));
+        set(e, o, "classes", jint(m->classes));
+        set(e, o, "activation", json_string(cdp_plan_activation_names[m->activation]));
+        break;
+    case CDP_MODEL_CNN:
+        set(e, o, "preset", json_string("cnn"));
+        set(e, o, "input", jints(m->input, m->input_ndim));
+        set(e, o, "channels", jints(m->channels, m->n_channels));
+        set(e, o, "classes", jint(m->classes));
+        break;
+    default: {
+        json_t *a = json_array();
+        set(e, o, "input", jints(m->input, m->input_ndim));
+        for (int i = 0; a && i < m->n_layers; i++)
+            if (json_array_append_new(a, layer_json(e, &m->layer_list[i])) != 0) e->ok = 0;
+        set(e, o, "layers", a);
+        break;
+    }
+    }
+    set(e, o, "loss", json_string(cdp_plan_loss_names[m->loss]));
+    return o;
+}
+
+static json_t *plan_json(struct emit *e, const struct cdp_plan *p)
+{
+    json_t *root = json_object(), *o;
+    if (!root) return NULL;
+    set(e, root, "model", model_json(e, &p->model));
+
+    set(e, root, "data", o = json_object());
+    if (o) {
+        set(e, o, "source", json_string(cdp_plan_source_names[p->data.source]));
+        set(e, o, "path", jstr_or_null(p->data.path));
+        set(e, o, "labels", jstr_or_null(p->data.labels));
+        set(e, o, "seed", jint((int64_t)p->data.seed));
+    }
+
+    const struct cdp_train_desc *t = &p->train;
+    set(e, root, "train", o = json_object());
+    if (o) {
+        json_t *opt = json_object(), *ck;
+        set(e, o, "steps", jint(t->steps));
+        set(e, o, "global_batch", jint_auto(t->global_batch));
+        set(e, o, "micro_batch", jint(t->micro_batch));
+        set(e, o, "optimizer", opt);
+        if (opt) {
+            set(e, opt, "type", json_string(cdp_plan_optimizer_names[t->optimizer.type]));
+            set(e, opt, "lr", jreal(e, t->optimizer.lr));
+            set(e, opt, "weight_decay", jreal(e, t->optimizer.weight_decay));
+            if (t->optimizer.type == CDP_OPT_SGD) {
+                set(e, opt, "momentum", jreal(e, t->optimizer.momentum));
+            } else {
+                set(e, opt, "beta1", jreal(e, t->optimizer.beta1));
+                set(e, opt, "beta2", jreal(e, t->optimizer.beta2));
+                set(e, opt, "eps", jreal(e, t->optimizer.eps));
+            }
+        }
+        set(e, o, "grad_clip", jreal(e, t->grad_clip));
+        set(e, o, "precision", json_string(cdp_plan_precision_names[t->precision]));
+        set(e, o, "seed", jint((int64_t)t->seed));
+        set(e, o, "log_every", jint(t->log_every));
+        if (t->checkpoint.dir) {
+            set(e, o, "checkpoint", ck = json_object());
+            if (ck) {
+                set(e, ck, "dir", json_string(t->checkpoint.dir));
+                set(e, ck, "every", jint(t->checkpoint.every));
+                set(e, ck, "keep", jint(t->checkpoint.keep));
+            }
+        } else {
+            set(e, o, "checkpoint", json_null());
+        }
+    }
+
+    const struct cdp_parallel_desc *pd = &p->parallel;
+    set(e, root, "parallel", o = json_object());
+    if (o) {
+        set(e, o, "stages", jint_auto(pd->stages));
+        set(e, o, "replicas", jint_auto(pd->replicas));
+        set(e, o, "micro_batches", jint_auto(pd->micro_batches));
+        set(e, o, "schedule", json_string(cdp_schedule_name(pd->schedule)));
+        set(e, o, "chunks", jint(pd->chunks));
+        if (pd->partition) {
+            json_t *a = json_array();
+            for (int i = 0; a && i < pd->n_partition; i++)
+                if (json_array_append_new(a, jints(pd->partition[i], 2)) != 0) e->ok = 0;
+            set(e, o, "partition", a);
+        } else {
+            set(e, o, "partition", json_string("auto"));
+        }
+        if (pd->placement == CDP_PLACEMENT_EXPLICIT) {
+            json_t *a = json_array();
+            for (int64_t s = 0; a && s < pd->stages; s++)
+                if (json_array_append_new(a, jints(pd->placement_map + s * pd->replicas,
+                                                   (int)pd->replicas)) != 0)
+                    e->ok = 0;
+            set(e, o, "placement", a);
+        } else {
+            set(e, o, "placement", json_string(cdp_plan_placement_names[pd->placement]));
+        }
+    }
+
+    const struct cdp_cluster_desc *cd = &p->cluster;
+    set(e, root, "cluster", o = json_object());
+    if (o) {
+        set(e, o, "backend", json_string(cdp_backend_name(cd->backend)));
+        set(e, o, "topology", json_string(cd->topology));
+        set(e, o, "nodes", jint(cd->nodes));
+        set(e, o, "devices", jint_auto(cd->devices));
+        if (cd->device_memory == 0) {
+            set(e, o, "device_memory", json_string("auto"));
+        } else if (cd->device_memory > (uint64_t)INT64_MAX) {
+            char buf[32];
+            snprintf(buf, sizeof buf, "%" PRIu64, cd->device_memory);
+            set(e, o, "device_memory", json_string(buf));
+        } else {
+            set(e, o, "device_memory", jint((int64_t)cd->device_memory));
+        }
+    }
+
+    set(e, root, "output", o = json_object());
+    if (o) {
+        set(e, o, "metrics", jstr_or_null(p->output.metrics));
+        set(e, o, "trace", jstr_or_null(p->output.trace));
+        set(e, o, "timeline", jstr_or_null(p->output.timeline));
+    }
+    return root;
+}
+
+cdp_status cdp_plan_to_json(const struct cdp_plan *plan, char **out)
+{
+    struct emit e = {.ok = 1};
+    CDP_ASSERT(plan && out);
+    json_t *root = plan_json(&e, plan);
+    if (!root || !e.ok) {
+        json_decref(root);
+        return cdp_fail(CDP_ERR_NOMEM, "%s: out of memory writing the plan as JSON", plan->source);
+    }
+    size_t flags = JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(e.need_exact ? 17 : 15);
+    char *s = json_dumps(root, flags);
+    json_decref(root);
+    if (!s) return cdp_fail(CDP_ERR_NOMEM, "%s: out of memory writing the plan as JSON", plan->source);
+    *out = s;
+    return CDP_OK;
+}
+
+/* ---- the table --------------------------------------------------------------- */
+
+#define ROW "  %-16s "
+
+/* 124439808 -> "124,439,808" */
+static const char *group(int64_t v, char *buf, size_t cap)
+{
+    char raw[32];
+    int n = snprintf(raw, sizeof raw, "%lld", (long long)v), o = 0, first = n % 3 ? n % 3 : 3;
+    for (int i = 0; i < n && (size_t)o + 2 < cap; i++) {
+        if (i && (i - first) % 3 == 0 && i >= first && raw[i - 1] != '-') buf[o++] = ',';
+        buf[o++] = raw[i];
+    }
+    buf[o] = '\0';
+    return buf;
+}
+
+static const char *count_or_auto(int64_t v, char *buf, size_t cap)
+{
+    if (v == CDP_AUTO) return "auto (chosen by the planner)";
+    snprintf(buf, cap, "%lld", (long long)v);
+    return buf;
+}
+
+static void print_shape(FILE *f, const int64_t *d, int nd)
+{
+    fputc('[', f);
+    for (int i = 0; i < nd; i++) fprintf(f, "%s%lld", i ? ", " : "", (long long)d[i]);
+    fputc(']', f);
+}
+
+static void print_layer(FILE *f, int i, const struct cdp_layer_desc *L)
+{
+    int simple = L->type == CDP_LAYER_RELU || L->type == CDP_LAYER_GELU || L->type == CDP_LAYER_FLATTEN;
+    fprintf(f, simple ? "    %3d  %s" : "    %3d  %-18s", i, cdp_layer_type_name(L->type));
+    switch (L->type) {
+    case CDP_LAYER_LINEAR:
+        fprintf(f, " out %lld%s", (long long)L->out, L->bias ? "" : ", no bias");
+        break;
+    case CDP_LAYER_LAYERNORM:
+        fprintf(f, " eps %g", L->eps);
+        break;
+    case CDP_LAYER_EMBEDDING:
+        fprintf(f, " vocab %lld, dim %lld, context %lld", (long long)L->vocab, (long long)L->dim,
+                (long long)L->context);
+        break;
+    case CDP_LAYER_ATTENTION:
+        fprintf(f, " heads %lld%s", (long long)L->heads, L->causal ? ", causal" : "");
+        break;
+    case CDP_LAYER_TRANSFORMER_BLOCK:
+        fprintf(f, " heads %lld", (long long)L->heads);
+        break;
+    case CDP_LAYER_CONV2D:
+        fprintf(f, " out %lld, kernel %lld, stride %lld, padding %lld%s", (long long)L->out,
+                (long long)L->kernel, (long long)L->stride, (long long)L->padding, L->bias ? "" : ", no bias");
+        break;
+    case CDP_LAYER_MAXPOOL2D:
+        fprintf(f, " kernel %lld, stride %lld", (long long)L->kernel, (long long)L->stride);
+        break;
+    default:
+        break;
+    }
+    fputc('\n', f);
+}
+
+static void print_model(FILE *f, const struct cdp_plan *p)
+{
+    const struct cdp_model_desc *m = &p->model;
+    char b1[64];
+    int64_t params = cdp_plan_param_count(p), units = cdp_plan_model_units(p);
+    fprintf(f, "Model\n");
+    if (m->kind == CDP_MODEL_GPT) {
+        fprintf(f, ROW "%s (GPT)\n", "preset", m->preset);
+        fprintf(f, ROW "%lld\n", "vocab", (long long)m->vocab);
+        fprintf(f, ROW "%lld\n", "context", (long long)m->context);
+        fprintf(f, ROW "%lld\n", "layers", (long long)m->layers);
+        fprintf(f, ROW "%lld\n", "heads", (long long)m->heads);
+        fprintf(f, ROW "%lld\n", "embed", (long long)m->embed);
+        fprintf(f, ROW "%s\n", "tie_embeddings", m->tie_embeddings ? "yes" : "no");
+        fprintf(f, ROW "%lld (embedding, %lld blocks, final layernorm + head)\n", "units",
+                (long long)units, (long long)m->layers);
+    } else {
+        if (m->kind == CDP_MODEL_LAYERS)
+            fprintf(f, ROW "explicit layer list\n", "model");
+        else
+            fprintf(f, ROW "%s\n", "preset", m->preset);
+        fprintf(f, ROW, "input");
+        print_shape(f, m->input, m->input_ndim);
+        fputc('\n', f);
+        if (m->kind == CDP_MODEL_MLP) {
+            fprintf(f, ROW, "hidden");
+            print_shape(f, m->hidden, m->n_hidden);
+            fprintf(f, "\n" ROW "%s\n", "activation", cdp_plan_activation_names[m->activation]);
+        }
+        if (m->kind == CDP_MODEL_CNN) {
+            fprintf(f, ROW, "channels");
+            print_shape(f, m->channels, m->n_channels);
+            fputc('\n', f);
+        }
+        if (m->kind != CDP_MODEL_LAYERS) fprintf(f, ROW "%lld\n", "classes", (long long)m->classes);
+        fprintf(f, ROW "%s\n", "loss", cdp_plan_loss_names[m->loss]);
+        fprintf(f, ROW "%lld (one per layer)\n", "units", (long long)units);
+        for (int i = 0; i < m->n_layers && i < 64; i++) print_layer(f, i, &m->layer_list[i]);
+        if (m->n_layers > 64) fprintf(f, "    ... %d more\n", m->n_layers - 64);
+    }
+    if (params >= 0)
+        fprintf(f, ROW "%s (%.1f M)\n", "parameters", group(params, b1, sizeof b1), (double)params / 1e6);
+    else
+        fprintf(f, ROW "more than 2^63\n", "parameters");
+}
+
+cdp_status cdp_plan_print(const struct cdp_plan *p, FILE *f)
+{
+    char b1[64], b2[64], b3[64];
+    CDP_ASSERT(p && f);
+    fprintf(f, "Plan %s\n\n", p->source);
+    print_model(f, p);
+
+    fprintf(f, "\nData\n");
+    fprintf(f, ROW "%s\n", "source", cdp_plan_source_names[p->data.source]);
+    if (p->data.path) fprintf(f, ROW "%s\n", "path", p->data.path);
+    if (p->data.labels) fprintf(f, ROW "%s\n", "labels", p->data.labels);
+    fprintf(f, ROW "%llu\n", "seed", (unsigned long long)p->data.seed);
+
+    const struct cdp_train_desc *t = &p->train;
+    const struct cdp_optimizer_desc *o = &t->optimizer;
+    fprintf(f, "\nTrain\n");
+    fprintf(f, ROW "%lld\n", "steps", (long long)t->steps);
+    fprintf(f, ROW "%s\n", "global_batch", count_or_auto(t->global_batch, b1, sizeof b1));
+    fprintf(f, ROW "%lld\n", "micro_batch", (long long)t->micro_batch);
+    if (o->type == CDP_OPT_SGD)
+        fprintf(f, ROW "sgd, lr %g, weight_decay %g, momentum %g\n", "optimizer", o->lr, o->weight_decay,
+                o->momentum);
+    else
+        fprintf(f, ROW "adamw, lr %g, weight_decay %g, betas (%g, %g), eps %g\n", "optimizer", o->lr,
+                o->weight_decay, o->beta1, o->beta2, o->eps);
+    if (t->grad_clip > 0)
+        fprintf(f, ROW "%g (global norm)\n", "grad_clip", t->grad_clip);
+    else
+        fprintf(f, ROW "off\n", "grad_clip");
+    fprintf(f, ROW "%s\n", "precision", cdp_plan_precision_names[t->precision]);
+    fprintf(f, ROW "%llu\n", "seed", (unsigned long long)t->seed);
+    fprintf(f, ROW "every %lld steps\n", "log", (long long)t->log_every);
+    if (t->checkpoint.dir)
+        fprintf(f, ROW "%s every %lld steps, keep %lld\n", "checkpoint", t->checkpoint.dir,
+                (long long)t->checkpoint.every, (long long)t->checkpoint.keep);
+    else
+        fprintf(f, ROW "none\n", "checkpoint");
+
+    const struct cdp_parallel_desc *pd = &p->parallel;
+    fprintf(f, "\nParallel\n");
+    fprintf(f, ROW "%s\n", "stages", count_or_auto(pd->stages, b1, sizeof b1));
+    fprintf(f, ROW "%s\n", "replicas", count_or_auto(pd->replicas, b1, sizeof b1));
+    fprintf(f, ROW "%s\n", "micro_batches", count_or_auto(pd->micro_batches, b1, sizeof b1));
+    if (t->global_batch == CDP_AUTO) {
+        snprintf(b1, sizeof b1, "auto");
+        fprintf(f, ROW "auto (chosen by the planner) = replicas x micro_batches x micro_batch\n",
+                "global batch");
+    } else {
+        snprintf(b1, sizeof b1, "%lld", (long long)pd->replicas);
+        snprintf(b2, sizeof b2, "%lld", (long long)pd->micro_batches);
+        fprintf(f, ROW "%lld = %s replicas x %s micro_batches x %lld micro_batch\n", "global batch",
+                (long long)t->global_batch, pd->replicas == CDP_AUTO ? "auto" : b1,
+                pd->micro_batches == CDP_AUTO ? "auto" : b2, (long long)t->micro_batch);
+    }
+    fprintf(f, ROW "%s", "schedule", cdp_schedule_name(pd->schedule));
+    if (pd->schedule == CDP_SCHEDULE_INTERLEAVED) fprintf(f, ", %lld chunks per rank", (long long)pd->chunks);
+    fputc('\n', f);
+    if (pd->partition) {
+        fprintf(f, ROW, "partition");
+        for (int i = 0; i < pd->n_partition; i++)
+            fprintf(f, "%s[%lld, %lld)", i ? " " : "", (long long)pd->partition[i][0],
+                    (long long)pd->partition[i][1]);
+        fprintf(f, "  (of %lld units)\n", (long long)cdp_plan_model_units(p));
+    } else {
+        fprintf(f, ROW "auto (chosen by the planner, %lld units)\n", "partition",
+                (long long)cdp_plan_model_units(p));
+    }
+    if (pd->placement == CDP_PLACEMENT_EXPLICIT) {
+        fprintf(f, ROW "explicit\n", "placement");
+        for (int64_t s = 0; s < pd->stages; s++) {
+            fprintf(f, "    stage %-4lld devices", (long long)s);
+            for (int64_t r = 0; r < pd->replicas; r++)
+                fprintf(f, " %lld", (long long)pd->placement_map[s * pd->replicas + r]);
+            fputc('\n', f);
+        }
+    } else if (pd->placement == CDP_PLACEMENT_TOPOLOGY) {
+        fprintf(f, ROW "topology (chosen by the planner)\n", "placement");
+    } else {
+        fprintf(f, ROW "%s\n", "placement", cdp_plan_placement_names[pd->placement]);
+    }
+
+    const struct cdp_cluster_desc *cd = &p->cluster;
+    fprintf(f, "\nCluster\n");
+    fprintf(f, ROW "%s\n", "backend",
+            cd->backend == CDP_BACKEND_AUTO ? "auto (cuda when GPUs are usable, else cpu)"
+                                            : cdp_backend_name(cd->backend));
+    fprintf(f, ROW "%s\n", "topology", strcmp(cd->topology, "auto") == 0 ? "auto (discovered)" : cd->topology);
+    fprintf(f, ROW "%lld\n", "nodes", (long long)cd->nodes);
+    if (cd->devices == CDP_AUTO)
+        fprintf(f, ROW "auto (%s)\n", "devices per node",
+                cd->backend == CDP_BACKEND_CPU ? "one CPU device per rank" : "as found");
+    else
+        fprintf(f, ROW "%lld\n", "devices per node", (long long)cd->devices);
+    if (cd->device_memory)
+        fprintf(f, ROW "%s (%llu bytes)\n", "device_memory", cdp_format_bytes(cd->device_memory, b3, sizeof b3),
+                (unsigned long long)cd->device_memory);
+    else
+        fprintf(f, ROW "auto (the device's own)\n", "device_memory");
+
+    fprintf(f, "\nOutput\n");
+    fprintf(f, ROW "%s\n", "metrics", p->output.metrics ? p->output.metrics : "(not written)");
+    fprintf(f, ROW "%s\n", "trace", p->output.trace ? p->output.trace : "(not written)");
+    fprintf(f, ROW "%s\n", "timeline", p->output.timeline ? p->output.timeline : "(not written)");
+    return ferror(f) ? cdp_fail(CDP_ERR_IO, "writing the plan table failed") : CDP_OK;
+}

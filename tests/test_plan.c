@@ -1,0 +1,529 @@
+/* Plan loader tests (suite "plan"): defaults, presets and their expansion, batch
+ * arithmetic, resolve against a machine, sizes, paths, and the JSON round trip of
+ * every example and good fixture. Bad plans through the binary: test_cli_plans.c. */
+#include <criterion/criterion.h>
+#include <criterion/parameterized.h>
+#include <dirent.h>
+#include <jansson.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cdp/plan.h"
+#include "harness.h"
+
+static struct cdp_plan *load_ok(const char *json)
+{
+    struct cdp_plan *p = NULL;
+    cdp_status st = cdp_plan_load_string(json, "t.json", NULL, &p);
+    cr_assert_eq(st, CDP_OK, "plan failed to load: %s\n%s", cdp_last_error(), json);
+    return p;
+}
+
+static void load_fails(const char *json, const char *needle)
+{
+    struct cdp_plan *p = NULL;
+    cdp_status st = cdp_plan_load_string(json, "t.json", NULL, &p);
+    cr_assert_neq(st, CDP_OK, "plan should not load:\n%s", json);
+    cr_assert_null(p);
+    cr_assert(strncmp(cdp_last_error(), "t.json", 6) == 0, "message: %s", cdp_last_error());
+    cr_assert(strstr(cdp_last_error(), needle), "message \"%s\" lacks \"%s\"", cdp_last_error(), needle);
+}
+
+/* ---- round trip of every example and good fixture ----------------------------- */
+
+static int roundtrip_folder(const char *rel)
+{
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof dir, "%s", cdp_test_source_path(rel));
+    DIR *d = opendir(dir);
+    cr_assert_not_null(d, "cannot open %s", dir);
+    struct dirent *de;
+    int n = 0;
+    while ((de = readdir(d))) {
+        size_t len = strlen(de->d_name);
+        if (len < 6 || strcmp(de->d_name + len - 5, ".json") != 0) continue;
+        char path[PATH_MAX + 256];
+        snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+        struct cdp_plan *p = NULL, *q = NULL;
+        cr_assert_eq(cdp_plan_load(path, &p), CDP_OK, "%s: %s", path, cdp_last_error());
+        char *a = NULL, *b = NULL;
+        cr_assert_eq(cdp_plan_to_json(p, &a), CDP_OK);
+        json_error_t err;
+        json_t *j = json_loads(a, 0, &err);
+        cr_assert_not_null(j, "%s: to_json output does not parse: %s", path, err.text);
+        json_decref(j);
+        /* The written plan loads back (from anywhere: paths are absolute) to the same plan. */
+        cr_assert_eq(cdp_plan_load_string(a, path, "/", &q), CDP_OK, "%s: reload: %s", path, cdp_last_error());
+        cr_assert_eq(cdp_plan_to_json(q, &b), CDP_OK);
+        cr_assert_str_eq(a, b, "%s: round trip differs", path);
+        cr_assert_eq(cdp_plan_model_units(p), cdp_plan_model_units(q));
+        cr_assert_eq(p->train.global_batch, q->train.global_batch);
+        cr_assert_eq(p->parallel.stages, q->parallel.stages);
+        cr_assert_eq(p->train.optimizer.lr, q->train.optimizer.lr, "%s: lr not exact", path);
+        /* And it survives resolve + print on a machine without GPUs. */
+        struct cdp_machine_info m = {0, "no CUDA-capable device is detected"};
+        FILE *f = fopen("/dev/null", "w");
+        if (p->cluster.backend != CDP_BACKEND_CUDA || p->cluster.devices != CDP_AUTO ||
+            strcmp(p->cluster.topology, "auto") != 0) {
+            cr_assert_eq(cdp_plan_resolve(p, &m), CDP_OK, "%s: resolve: %s", path, cdp_last_error());
+        }
+        cr_assert_eq(cdp_plan_print(p, f), CDP_OK);
+        fclose(f);
+        free(a);
+        free(b);
+        cdp_plan_free(p);
+        cdp_plan_free(q);
+        n++;
+    }
+    closedir(d);
+    return n;
+}
+
+Test(plan, examples_round_trip)
+{
+    cr_assert_geq(roundtrip_folder("examples"), 4, "expected the four examples");
+}
+
+Test(plan, good_plans_round_trip)
+{
+    cr_assert_geq(roundtrip_folder("tests/plans/good"), 8);
+}
+
+/* ---- defaults ----------------------------------------------------------------- */
+
+Test(plan, defaults_filled)
+{
+    struct cdp_plan *p = load_ok("{\"model\": {\"preset\": \"gpt\"}}");
+    cr_assert_eq(p->model.kind, CDP_MODEL_GPT);
+    cr_assert_str_eq(p->model.preset, "gpt");
+    cr_assert_eq(p->model.vocab, 256);
+    cr_assert_eq(p->model.context, 64);
+    cr_assert_eq(p->model.layers, 4);
+    cr_assert_eq(p->model.heads, 4);
+    cr_assert_eq(p->model.embed, 128);
+    cr_assert_eq(p->model.tie_embeddings, 1);
+    cr_assert_eq(cdp_plan_model_units(p), 6);
+    cr_assert_eq(p->data.source, CDP_DATA_SYNTHETIC);
+    cr_assert_null(p->data.path);
+    cr_assert_eq(p->data.seed, 1);
+    cr_assert_eq(p->train.steps, 10);
+    cr_assert_eq(p->train.micro_batch, 1);
+    cr_assert_eq(p->train.global_batch, CDP_AUTO);
+    cr_assert_eq(p->train.optimizer.type, CDP_OPT_ADAMW);
+    cr_assert_float_eq(p->train.optimizer.lr, 3e-4, 1e-15);
+    cr_assert_float_eq(p->train.optimizer.beta2, 0.999, 1e-15);
+    cr_assert_float_eq(p->train.optimizer.eps, 1e-8, 1e-20);
+    cr_assert_eq(p->train.grad_clip, 0.0);
+    cr_assert_eq(p->train.precision, CDP_PRECISION_FP32);
+    cr_assert_eq(p->train.log_every, 10);
+    cr_assert_null(p->train.checkpoint.dir);
+    cr_assert_eq(p->parallel.stages, 1);
+    cr_assert_eq(p->parallel.replicas, 1);
+    cr_assert_eq(p->parallel.micro_batches, CDP_AUTO);
+    cr_assert_eq(p->parallel.schedule, CDP_SCHEDULE_1F1B);
+    cr_assert_eq(p->parallel.chunks, 1);
+    cr_assert_null(p->parallel.partition);
+    cr_assert_eq(p->parallel.placement, CDP_PLACEMENT_TOPOLOGY);
+    cr_assert_eq(p->cluster.backend, CDP_BACKEND_AUTO);
+    cr_assert_str_eq(p->cluster.topology, "auto");
+    cr_assert_eq(p->cluster.nodes, 1);
+    cr_assert_eq(p->cluster.devices, CDP_AUTO);
+    cr_assert_eq(p->cluster.device_memory, 0);
+    cr_assert_null(p->output.metrics);
+    cr_assert_null(p->output.trace);
+    cr_assert_null(p->output.timeline);
+    cdp_plan_free(p);
+}
+
+Test(plan, sgd_defaults_and_interleaved_chunks)
+{
+    struct cdp_plan *p = load_ok("{\"model\": {\"preset\": \"gpt\"}, \"train\": {\"optimizer\": {\"type\": "
+                                 "\"sgd\"}}, \"parallel\": {\"stages\": 2, \"schedule\": \"interleaved\"}}");
+    cr_assert_eq(p->train.optimizer.type, CDP_OPT_SGD);
+    cr_assert_float_eq(p->train.optimizer.lr, 0.01, 1e-15);
+    cr_assert_float_eq(p->train.optimizer.momentum, 0.9, 1e-15);
+    cr_assert_eq(p->parallel.chunks, 2);
+    cdp_plan_free(p);
+}
+
+Test(plan, ordered_is_an_alias)
+{
+    struct cdp_plan *p = load_ok("{\"model\": {\"preset\": \"gpt\"}, \"parallel\": {\"placement\": \"ordered\"}}");
+    cr_assert_eq(p->parallel.placement, CDP_PLACEMENT_ORDERED_PP_INNER);
+    char *s = NULL;
+    cr_assert_eq(cdp_plan_to_json(p, &s), CDP_OK);
+    cr_assert(strstr(s, "\"placement\": \"ordered-pp-inner\""), "%s", s);
+    free(s);
+    cdp_plan_free(p);
+}
+
+/* ---- presets ------------------------------------------------------------------- */
+
+struct preset_case {
+    char json[160];
+    int64_t params;
+    int64_t units;
+};
+
+ParameterizedTestParameters(plan, gpt_parameter_counts)
+{
+    static struct preset_case cases[] = {
+        /* 124,439,808: the well-known GPT-2 small count with the head tied to wte. */
+        {"{\"model\": {\"preset\": \"gpt2\"}}", 124439808, 14},
+        {"{\"model\": {\"preset\": \"gpt2\", \"tie_embeddings\": false}}", 124439808 + 50257LL * 768, 14},
+        {"{\"model\": {\"preset\": \"gpt2-medium\"}}", 354823168, 26},
+        {"{\"model\": {\"preset\": \"gpt2-large\"}}", 774030080, 38},
+        {"{\"model\": {\"preset\": \"gpt2-xl\"}}", 1557611200, 50},
+        {"{\"model\": {\"preset\": \"gpt\"}}", 834304, 6},
+        /* mlp 784-256-256-10: 784*256+256 + 256*256+256 + 256*10+10 */
+        {"{\"model\": {\"preset\": \"mlp\"}}", 200960 + 65792 + 2570, 5},
+        /* cnn 1x28x28, [8,16]: conv 8*1*9+8, conv 16*8*9+16, linear 16*7*7*10+10 */
+        {"{\"model\": {\"preset\": \"cnn\"}}", 80 + 1168 + 7850, 8},
+    };
+    return cr_make_param_array(struct preset_case, cases, sizeof cases / sizeof cases[0]);
+}
+
+ParameterizedTest(struct preset_case *c, plan, gpt_parameter_counts)
+{
+    struct cdp_plan *p = load_ok(c->json);
+    cr_assert_eq(cdp_plan_param_count(p), c->params, "%s: %lld", c->json, (long long)cdp_plan_param_count(p));
+    cr_assert_eq(cdp_plan_model_units(p), c->units);
+    cdp_plan_free(p);
+}
+
+Test(plan, gpt2_sizes_and_overrides)
+{
+    struct cdp_plan *p = load_ok("{\"model\": {\"preset\": \"gpt2-xl\", \"layers\": 2, \"context\": 256}}");
+    cr_assert_eq(p->model.vocab, 50257);
+    cr_assert_eq(p->model.heads, 25);
+    cr_assert_eq(p->model.embed, 1600);
+    cr_assert_eq(p->model.layers, 2);
+    cr_assert_eq(p->model.context, 256);
+    cr_assert_str_eq(p->model.preset, "gpt2-xl");
+    cdp_plan_free(p);
+}
+
+Test(plan, gpt2_param_count_in_print)
+{
+    struct cdp_plan *p = load_ok("{\"model\": {\"preset\": \"gpt2\"}}");
+    char *buf = NULL;
+    size_t n = 0;
+    FILE *f = open_memstream(&buf, &n);
+    cr_assert_eq(cdp_plan_print(p, f), CDP_OK);
+    fclose(f);
+    cr_assert(strstr(buf, "124,439,808"), "%s", buf);
+    cr_assert(strstr(buf, "Parallel"), "%s", buf);
+    free(buf);
+    cdp_plan_free(p);
+}
+
+Test(plan, mlp_expansion)
+{
+    struct cdp_plan *p = load_ok("{\"model\": {\"preset\": \"mlp\", \"input\": [1, 28, 28], \"hidden\": [32, 16], "
+                                 "\"classes\": 5, \"activation\": \"gelu\"}}");
+    static const enum cdp_layer_type want[] = {CDP_LAYER_FLATTEN, CDP_LAYER_LINEAR, CDP_LAYER_GELU,
+                                               CDP_LAYER_LINEAR, CDP_LAYER_GELU, CDP_LAYER_LINEAR};
+    cr_assert_eq(p->model.kind, CDP_MODEL_MLP);
+    cr_assert_eq(p->model.n_layers, 6);
+    for (int i = 0; i < 6; i++) cr_assert_eq(p->model.layer_list[i].type, want[i], "layer %d", i);
+    cr_assert_eq(p->model.layer_list[1].out, 32);
+    cr_assert_eq(p->model.layer_list[1].bias, 1);
+    cr_assert_eq(p->model.layer_list[3].out, 16);
+    cr_assert_eq(p->model.layer_list[5].out, 5);
+    cdp_plan_free(p);
+}
+
+Test(plan, cnn_expansion)
+{
+    struct cdp_plan *p = load_ok("{\"model\": {\"preset\": \"cnn\", \"channels\": [4]}}");
+    static const enum cdp_layer_type want[] = {CDP_LAYER_CONV2D, CDP_LAYER_RELU, CDP_LAYER_MAXPOOL2D,
+                                               CDP_LAYER_FLATTEN, CDP_LAYER_LINEAR};
+    cr_assert_eq(p->model.n_layers, 5);
+    for (int i = 0; i < 5; i++) cr_assert_eq(p->model.layer_list[i].type, want[i], "layer %d", i);
+    const struct cdp_layer_desc *c = &p->model.layer_list[0];
+    cr_assert(c->out == 4 && c->kernel == 3 && c->stride == 1 && c->padding == 1 && c->bias == 1);
+    cr_assert(p->model.layer_list[2].kernel == 2 && p->model.layer_list[2].stride == 2);
+    cr_assert_eq(p->model.layer_list[4].out, 10);
+    cdp_plan_free(p);
+}
+
+Test(plan, explicit_layer_defaults)
+{
+    struct cdp_plan *p = load_ok(
+        "{\"model\": {\"input\": [8], \"layers\": [{\"type\": \"embedding\", \"vocab\": 10, \"dim\": 16}, "
+        "{\"type\": \"attention\", \"heads\": 2}, {\"type\": \"layernorm\"}, {\"type\": \"linear\", \"out\": 10}]}}");
+    const struct cdp_layer_desc *L = p->model.layer_list;
+    cr_assert_eq(p->model.kind, CDP_MODEL_LAYERS);
+    cr_assert_eq(p->model.loss, CDP_LOSS_CROSS_ENTROPY);
+    cr_assert_eq(L[0].context, 0);
+    cr_assert_eq(L[1].causal, 1);
+    cr_assert_float_eq(L[2].eps, 1e-5, 1e-15);
+    cr_assert_eq(L[3].bias, 1);
+    cr_assert_eq(cdp_plan_model_units(p), 4);
+    cdp_plan_free(p);
+    p = load_ok("{\"model\": {\"input\": [3, 9, 9], \"layers\": [{\"type\": \"maxpool2d\", \"kernel\": 3}, "
+                "{\"type\": \"conv2d\", \"out\": 2, \"kernel\": 3}]}}");
+    cr_assert_eq(p->model.layer_list[0].stride, 3);
+    cr_assert_eq(p->model.layer_list[1].stride, 1);
+    cr_assert_eq(p->model.layer_list[1].padding, 0);
+    cdp_plan_free(p);
+}
+
+/* ---- batch arithmetic ------------------------------------------------------------ */
+
+struct batch_case {
+    char parallel[96];
+    char train[96];
+    int64_t global_batch, micro_batches;
+    char error[48]; /* "" = loads */
+};
+
+ParameterizedTestParameters(plan, batch_arithmetic)
+{
+    static struct batch_case cases[] = {
+        {"\"replicas\": 2, \"micro_batches\": 4", "\"micro_batch\": 4", 32, 4, ""},
+        {"\"replicas\": 2, \"micro_batches\": 4", "\"micro_batch\": 4, \"global_batch\": 32", 32, 4, ""},
+        {"\"replicas\": 2", "\"micro_batch\": 4, \"global_batch\": 64", 64, 8, ""},
+        {"\"replicas\": 3", "\"global_batch\": 10", 0, 0, "/parallel/micro_batches"},
+        {"\"replicas\": 2, \"micro_batches\": 4", "\"micro_batch\": 4, \"global_batch\": 64", 0, 0,
+         "/train/global_batch"},
+        {"\"replicas\": \"auto\", \"micro_batches\": 4", "\"micro_batch\": 2, \"global_batch\": 64", 64, 4, ""},
+        {"\"replicas\": \"auto\", \"micro_batches\": 4", "\"micro_batch\": 2, \"global_batch\": 12", 0, 0,
+         "/train/global_batch"},
+        {"\"replicas\": \"auto\"", "\"micro_batch\": 4", CDP_AUTO, CDP_AUTO, ""},
+        {"", "\"global_batch\": 16", 16, 16, ""},
+        {"", "", CDP_AUTO, CDP_AUTO, ""},
+        {"\"stages\": 4, \"micro_batches\": 6, \"schedule\": \"interleaved\"", "", 0, 0,
+         "/parallel/micro_batches"},
+        {"\"stages\": 4, \"schedule\": \"interleaved\"", "\"global_batch\": 8", 8, 8, ""},
+    };
+    return cr_make_param_array(struct batch_case, cases, sizeof cases / sizeof cases[0]);
+}
+
+ParameterizedTest(struct batch_case *c, plan, batch_arithmetic)
+{
+    char json[512];
+    snprintf(json, sizeof json, "{\"model\": {\"preset\": \"gpt\"}, \"parallel\": {%s}, \"train\": {%s}}",
+             c->parallel, c->train);
+    if (c->error[0]) {
+        load_fails(json, c->error);
+        return;
+    }
+    struct cdp_plan *p = load_ok(json);
+    cr_assert_eq(p->train.global_batch, c->global_batch, "%s: global_batch %lld", json,
+                 (long long)p->train.global_batch);
+    cr_assert_eq(p->parallel.micro_batches, c->micro_batches, "%s: micro_batches %lld", json,
+                 (long long)p->parallel.micro_batches);
+    cdp_plan_free(p);
+}
+
+Test(plan, batch_mismatch_names_every_key)
+{
+    load_fails("{\"model\": {\"preset\": \"gpt\"}, \"parallel\": {\"replicas\": 2, \"micro_batches\": 4}, "
+               "\"train\": {\"micro_batch\": 4, \"global_batch\": 64}}",
+               "/train/global_batch: 64 does not equal /parallel/replicas 2 x /parallel/micro_batches 4 x "
+               "/train/micro_batch 4 = 32");
+}
+
+Test(plan, partition_sets_auto_stages)
+{
+    struct cdp_plan *p = load_ok("{\"model\": {\"preset\": \"gpt\"}, \"parallel\": {\"stages\": \"auto\", "
+                                 "\"partition\": [[0, 1], [1, 5], [5, 6]]}}");
+    cr_assert_eq(p->parallel.stages, 3);
+    cr_assert_eq(p->parallel.n_partition, 3);
+    cr_assert_eq(p->parallel.partition[1][0], 1);
+    cr_assert_eq(p->parallel.partition[1][1], 5);
+    cdp_plan_free(p);
+}
+
+/* ---- resolve ----------------------------------------------------------------------- */
+
+Test(plan, resolve_without_gpus)
+{
+    struct cdp_plan *p = load_ok("{\"model\": {\"preset\": \"gpt\"}, \"parallel\": {\"stages\": 4, \"replicas\": 4}}");
+    struct cdp_machine_info m = {0, "no CUDA-capable device is detected"};
+    cr_assert_eq(cdp_plan_resolve(p, &m), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(p->cluster.backend, CDP_BACKEND_CPU);
+    cr_assert_eq(p->cluster.devices, CDP_AUTO); /* one CPU device per rank: no limit */
+    cdp_plan_free(p);
+}
+
+Test(plan, resolve_with_8_gpus)
+{
+    struct cdp_plan *p = load_ok("{\"model\": {\"preset\": \"gpt\"}, \"parallel\": {\"stages\": 4, \"replicas\": 2}}");
+    struct cdp_machine_info m = {8, NULL};
+    cr_assert_eq(cdp_plan_resolve(p, &m), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(p->cluster.backend, CDP_BACKEND_CUDA);
+    cr_assert_eq(p->cluster.devices, 8);
+    cdp_plan_free(p);
+
+    p = load_ok("{\"model\": {\"preset\": \"gpt\"}, \"parallel\": {\"stages\": 4, \"replicas\": 4}}");
+    cr_assert_neq(cdp_plan_resolve(p, &m), CDP_OK);
+    cr_assert(strstr(cdp_last_error(), "/parallel/stages") && strstr(cdp_last_error(), "/cluster/devices 8"),
+              "%s", cdp_last_error());
+    cdp_plan_free(p);
+
+    /* cpu chosen explicitly on a GPU machine stays cpu. */
+    p = load_ok("{\"model\": {\"preset\": \"gpt\"}, \"cluster\": {\"backend\": \"cpu\"}}");
+    cr_assert_eq(cdp_plan_resolve(p, &m), CDP_OK);
+    cr_assert_eq(p->cluster.backend, CDP_BACKEND_CPU);
+    cr_assert_eq(p->cluster.devices, CDP_AUTO);
+    cdp_plan_free(p);
+}
+
+Test(plan, resolve_cuda_without_gpus)
+{
+    struct cdp_machine_info m = {0, "CUDA driver version is insufficient"};
+    struct cdp_plan *p = load_ok("{\"model\": {\"preset\": \"gpt\"}, \"cluster\": {\"backend\": \"cuda\"}}");
+    cr_assert_neq(cdp_plan_resolve(p, &m), CDP_OK);
+    const char *e = cdp_last_error();
+    cr_assert(strstr(e, "t.json: /cluster/backend: \"cuda\" needs GPUs"), "%s", e);
+    cr_assert(strstr(e, "(CUDA driver version is insufficient)"), "%s", e);
+    cr_assert(strstr(e, "/cluster/topology") && strstr(e, "/cluster/devices"), "%s", e);
+    cdp_plan_free(p);
+
+    /* Planning for a machine we do not have: explicit devices. */
+    p = load_ok("{\"model\": {\"preset\": \"gpt\"}, \"parallel\": {\"stages\": 4, \"replicas\": 2}, "
+                "\"cluster\": {\"backend\": \"cuda\", \"devices\": 8}}");
+    cr_assert_eq(cdp_plan_resolve(p, &m), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(p->cluster.devices, 8);
+    cdp_plan_free(p);
+}
+
+/* ---- sizes and paths ---------------------------------------------------------------- */
+
+struct size_case {
+    char value[32];
+    uint64_t bytes;
+};
+
+ParameterizedTestParameters(plan, device_memory_sizes)
+{
+    static struct size_case cases[] = {
+        {"\"16GiB\"", 17179869184ull}, {"\"512MB\"", 512000000ull}, {"1234", 1234},
+        {"\"1.5 KiB\"", 1536},         {"\"auto\"", 0},             {"\"80gib\"", 85899345920ull},
+    };
+    return cr_make_param_array(struct size_case, cases, sizeof cases / sizeof cases[0]);
+}
+
+ParameterizedTest(struct size_case *c, plan, device_memory_sizes)
+{
+    char json[256];
+    snprintf(json, sizeof json, "{\"model\": {\"preset\": \"gpt\"}, \"cluster\": {\"device_memory\": %s}}", c->value);
+    struct cdp_plan *p = load_ok(json);
+    cr_assert_eq(p->cluster.device_memory, c->bytes, "%s -> %llu", c->value,
+                 (unsigned long long)p->cluster.device_memory);
+    cdp_plan_free(p);
+}
+
+Test(plan, paths_are_relative_to_the_plan_folder)
+{
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
+    char *real = realpath(dir, NULL);
+    cdp_test_write_file(dir, "corpus.txt", "hello world\n");
+    struct cdp_plan *p = NULL;
+    const char *json = "{\"model\": {\"preset\": \"gpt\"}, \"data\": {\"source\": \"text\", \"path\": "
+                       "\"corpus.txt\"}, \"train\": {\"checkpoint\": {\"dir\": \"ckpt/\"}}, \"output\": "
+                       "{\"metrics\": \"m.jsonl\", \"trace\": \"./t.json\"}}";
+    cr_assert_eq(cdp_plan_load_string(json, "p.json", dir, &p), CDP_OK, "%s", cdp_last_error());
+    char want[PATH_MAX + 32];
+    snprintf(want, sizeof want, "%s/corpus.txt", real);
+    cr_assert_str_eq(p->data.path, want);
+    snprintf(want, sizeof want, "%s/ckpt", real);
+    cr_assert_str_eq(p->train.checkpoint.dir, want);
+    cr_assert_eq(p->train.checkpoint.every, 100);
+    cr_assert_eq(p->train.checkpoint.keep, 3);
+    snprintf(want, sizeof want, "%s/m.jsonl", real);
+    cr_assert_str_eq(p->output.metrics, want);
+    snprintf(want, sizeof want, "%s/t.json", real);
+    cr_assert_str_eq(p->output.trace, want);
+    cr_assert_null(p->output.timeline);
+    cdp_plan_free(p);
+    free(real);
+}
+
+/* ---- never a crash ------------------------------------------------------------------- */
+
+struct weird_case {
+    char json[200];
+    char needle[64];
+};
+
+ParameterizedTestParameters(plan, weird_inputs_fail_cleanly)
+{
+    static struct weird_case cases[] = {
+        {"", "empty file"},
+        {"   \n\t ", "empty file"},
+        {"null", "expected an object, got null"},
+        {"\"model\"", "expected an object"},
+        {"{\"model\": {\"preset\": \"gpt\", \"layers\": 99999999999999999999}}", "t.json:1:"},
+        {"{\"model\": {\"preset\": \"gpt\", \"layers\": -0}}", "/model/layers: expected a positive integer, got 0"},
+        {"{\"model\": {\"preset\": \"gpt\", \"heads\": 4.0}}", "/model/heads: expected a positive integer, got 4.0"},
+        {"{\"model\": {\"preset\": \"gpt\", \"heads\": 1e400}}", "t.json:1:"},
+        {"{\"model\": {\"preset\": \"gpt\", \"embed\": 9223372036854775807}}", "no larger than"},
+        {"{\"model\": {\"preset\": \"gpt\"}, \"train\": {\"steps\": -9223372036854775808}}", "/train/steps"},
+        {"{\"model\": {\"preset\": \"gpt\"}, \"cluster\": {\"device_memory\": \"99999999999999999999\"}}",
+         "/cluster/device_memory"},
+        {"{\"model\": {\"preset\": \"gpt\"}, \"cluster\": {\"device_memory\": -1}}", "/cluster/device_memory"},
+        {"{\"model\": {\"preset\": \"gpt\"}, \"data\": {\"path\": \"a\\u0000b\"}}", "t.json:1:"},
+        {"{\"model\": {\"input\": [1, 2, 3, 4, 5], \"layers\": [{\"type\": \"relu\"}]}}", "/model/input"},
+        {"{\"model\": {\"input\": [4], \"layers\": []}}", "/model/layers"},
+        {"{\"model\": {\"input\": [4], \"layers\": [{\"type\": \"conv2d\", \"out\": 1, \"kernel\": 1}]}}",
+         "/model/layers/0: conv2d needs a [C, H, W] input"},
+        {"{\"model\": {\"input\": [3, 4, 4], \"layers\": [{\"type\": \"conv2d\", \"out\": 1, \"kernel\": 9}]}}",
+         "/model/layers/0: kernel 9"},
+        {"{\"model\": {\"input\": [6], \"layers\": [{\"type\": \"attention\", \"heads\": 4}]}}",
+         "/model/layers/0: attention width 6"},
+        {"{\"model\": {\"input\": [8], \"layers\": [{\"type\": \"embedding\", \"vocab\": 4, \"dim\": 4, "
+         "\"context\": 4}]}}",
+         "more than this embedding's context"},
+        {"{\"model\": {\"preset\": \"gpt\"}, \"a/b~c\": 1}", "/a~1b~0c: unknown key"},
+        {"{\"model\": {\"preset\": \"gpt\"}, \"parallel\": {\"stages\": 2, \"placement\": [[0], [1]]}, "
+         "\"cluster\": {\"devices\": 1}}",
+         "/parallel/stages"},
+        {"{\"model\": {\"preset\": \"gpt\"}, \"parallel\": {\"placement\": [[5]]}, \"cluster\": {\"devices\": 2}}",
+         "/parallel/placement/0/0: device 5 does not exist"},
+    };
+    return cr_make_param_array(struct weird_case, cases, sizeof cases / sizeof cases[0]);
+}
+
+ParameterizedTest(struct weird_case *c, plan, weird_inputs_fail_cleanly)
+{
+    load_fails(c->json, c->needle);
+}
+
+Test(plan, deep_nesting_and_big_arrays)
+{
+    size_t depth = 100000;
+    char *s = malloc(2 * depth + 64);
+    size_t n = (size_t)sprintf(s, "{\"model\": ");
+    for (size_t i = 0; i < depth; i++) s[n++] = '[';
+    for (size_t i = 0; i < depth; i++) s[n++] = ']';
+    s[n++] = '}';
+    s[n] = '\0';
+    load_fails(s, "t.json:1:");
+    free(s);
+
+    /* 200,000 layers: over the cap, refused without building them. */
+    size_t count = 200000;
+    s = malloc(count * 20 + 128);
+    n = (size_t)sprintf(s, "{\"model\": {\"input\": [4], \"layers\": [");
+    for (size_t i = 0; i < count; i++) n += (size_t)sprintf(s + n, "%s{\"type\":\"relu\"}", i ? "," : "");
+    sprintf(s + n, "]}}");
+    load_fails(s, "/model/layers: expected a non-empty array");
+    free(s);
+
+    /* The "got" part of a message stays short. */
+    load_fails("{\"model\": {\"preset\": \"gpt\", \"heads\": [1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,"
+               "21,22,23,24,25,26,27,28,29,30,31,32,33,34,35,36,37,38,39,40,41,42,43,44,45,46,47,48,49,50]}}",
+               "...");
+    cr_assert_lt(strlen(cdp_last_error()), 300);
+}
+
+Test(plan, free_null_is_a_noop)
+{
+    cdp_plan_free(NULL);
+}
