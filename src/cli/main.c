@@ -1,0 +1,196 @@
+/* cdphybrid: the command line. Parses arguments, loads and checks the plan,
+ * and runs the command. Only this file decides exit codes:
+ * 0 success, 1 the run failed, 2 bad usage or bad input. */
+#include <cblas.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cdp/core.h"
+#include "cdp/device.h"
+#include "cdp/log.h"
+#include "cdp/plan.h"
+#include "cdp_config.h"
+
+enum { EXIT_RUN_FAILED = 1, EXIT_USAGE = 2 };
+
+struct cli_args {
+    const char *plan;
+    int dry_run;
+    int json;
+    int verbose;
+    int quiet;
+};
+
+static void usage(FILE *f)
+{
+    fputs("usage: cdphybrid --plan FILE [--dry-run] [--json] [-v|-q]\n"
+          "       cdphybrid --help | --version\n"
+          "\n"
+          "Trains a neural network across pipeline stages and data-parallel replicas,\n"
+          "as described by one plan file (docs/plan.md).\n"
+          "\n"
+          "options:\n"
+          "  --plan FILE    the plan (JSON): model, data, train, parallel, cluster, output\n"
+          "  --dry-run      check the plan and print it resolved (every default filled in);\n"
+          "                 nothing is trained and no file is written\n"
+          "  --json         with --dry-run: print the resolved plan as JSON instead of a table\n"
+          "  -v, --verbose  more log output (twice: debug); CDP_LOG=debug does the same\n"
+          "  -q, --quiet    errors only\n"
+          "  -h, --help     this text\n"
+          "  -V, --version  version, backends and libraries this build has\n"
+          "\n"
+          "environment:\n"
+          "  CDP_LOG=error|warn|info|debug    log level (default warn)\n"
+          "  CDP_LOG_SUBSYS=plan,device,...   only these subsystems\n"
+          "  CDP_MODULE_DIR=DIR               where to look first for backend modules\n"
+          "\n"
+          "examples:\n"
+          "  cdphybrid --plan examples/gpt-tiny.json --dry-run\n"
+          "  cdphybrid --plan examples/gpt2-dgx.json --dry-run --json > resolved.json\n"
+          "\n"
+          "exit codes: 0 success, 1 the run failed, 2 bad usage or bad input\n",
+          f);
+}
+
+static void print_version(void)
+{
+    printf("cdphybrid %s\n", CDP_VERSION);
+    printf("backends:\n  cpu   built in\n");
+    if (CDP_HAVE_CUDA) {
+        int n = 0;
+        cdp_status st = cdp_device_count(CDP_DEVICE_CUDA, &n);
+        if (st) printf("  cuda  module for %s; %s\n", CDP_GPU_ARCH, cdp_last_error());
+        else printf("  cuda  module for %s; %d usable GPU%s\n", CDP_GPU_ARCH, n, n == 1 ? "" : "s");
+    } else {
+        printf("  cuda  not built (nvcc was not found at configure time)\n");
+    }
+    printf("libraries:\n  jansson %s\n", jansson_version_str());
+    printf("  %s (%d thread%s)\n", openblas_get_config(), openblas_get_num_threads(),
+           openblas_get_num_threads() == 1 ? "" : "s");
+    printf("found at configure time (for the communicators and topology discovery):\n"
+           "  mpi %s, hwloc %s, nccl %s, cudnn %s\n",
+           CDP_HAVE_MPI ? "yes" : "no", CDP_HAVE_HWLOC ? "yes" : "no",
+           CDP_HAVE_NCCL ? "yes" : "no", CDP_HAVE_CUDNN ? "yes" : "no");
+}
+
+static int usage_error(const char *fmt, const char *arg)
+{
+    fprintf(stderr, "cdphybrid: ");
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, "\n(see cdphybrid --help)\n");
+    return EXIT_USAGE;
+}
+
+/* Returns -1 to go on, or an exit code. */
+static int parse_args(int argc, char **argv, struct cli_args *a)
+{
+    for (int i = 1; i < argc; i++) {
+        const char *s = argv[i];
+        if (!strcmp(s, "-h") || !strcmp(s, "--help")) {
+            usage(stdout);
+            return 0;
+        } else if (!strcmp(s, "-V") || !strcmp(s, "--version")) {
+            print_version();
+            return 0;
+        } else if (!strcmp(s, "--plan") || !strncmp(s, "--plan=", 7)) {
+            if (s[6] == '=') {
+                a->plan = s + 7;
+            } else {
+                if (i + 1 >= argc) return usage_error("%s needs a file name", s);
+                a->plan = argv[++i];
+            }
+            if (!*a->plan) return usage_error("%s needs a file name", "--plan");
+        } else if (!strcmp(s, "--dry-run")) {
+            a->dry_run = 1;
+        } else if (!strcmp(s, "--json")) {
+            a->json = 1;
+        } else if (!strcmp(s, "-v") || !strcmp(s, "--verbose")) {
+            a->verbose++;
+        } else if (!strcmp(s, "-vv")) {
+            a->verbose += 2;
+        } else if (!strcmp(s, "-q") || !strcmp(s, "--quiet")) {
+            a->quiet = 1;
+        } else if (s[0] == '-') {
+            static const char *const known[] = {"--plan", "--dry-run", "--json", "--verbose",
+                                                "--quiet", "--help", "--version", NULL};
+            const char *near = cdp_closest_word(s, known);
+            if (near) {
+                fprintf(stderr, "cdphybrid: unknown option %s (did you mean %s?)\n"
+                                "(see cdphybrid --help)\n", s, near);
+                return EXIT_USAGE;
+            }
+            return usage_error("unknown option %s", s);
+        } else {
+            return usage_error("unexpected argument \"%s\"", s);
+        }
+    }
+    if (a->verbose && a->quiet) return usage_error("%s", "-v and -q cannot be used together");
+    if (a->json && !a->dry_run) return usage_error("%s", "--json goes with --dry-run");
+    if (!a->plan) return usage_error("%s", "nothing to do: give --plan FILE");
+    if (!a->dry_run)
+        return usage_error("%s", "this version checks and prints plans: add --dry-run "
+                                 "(training comes with the trainer)");
+    return -1;
+}
+
+static int dry_run(const struct cli_args *a)
+{
+    struct cdp_plan *plan = NULL;
+    char why[1024] = "";
+    int code = EXIT_USAGE;
+    if (cdp_plan_load(a->plan, &plan)) goto bad_input;
+
+    struct cdp_machine_info machine = {.gpus = 0, .no_gpu_why = NULL};
+    /* Only plans that may run on GPUs pay for loading the CUDA module. */
+    if (plan->cluster.backend != CDP_BACKEND_CPU) {
+        if (cdp_device_count(CDP_DEVICE_CUDA, &machine.gpus)) {
+            snprintf(why, sizeof why, "%s", cdp_last_error());
+            machine.no_gpu_why = why;
+            CDP_INFO(DEVICE, "%s", why);
+        }
+    }
+    if (cdp_plan_resolve(plan, &machine)) goto bad_input;
+
+    if (a->json) {
+        char *text = NULL;
+        if (cdp_plan_to_json(plan, &text)) {
+            code = EXIT_RUN_FAILED;
+            goto bad_input;
+        }
+        fputs(text, stdout);
+        fputc('\n', stdout);
+        free(text);
+    } else if (cdp_plan_print(plan, stdout)) {
+        code = EXIT_RUN_FAILED;
+        goto bad_input;
+    }
+    cdp_plan_free(plan);
+    if (fflush(stdout) != 0) {
+        fprintf(stderr, "cdphybrid: cannot write to standard output\n");
+        return EXIT_RUN_FAILED;
+    }
+    return 0;
+
+bad_input:
+    fprintf(stderr, "cdphybrid: %s\n", cdp_last_error());
+    cdp_plan_free(plan);
+    return code;
+}
+
+int main(int argc, char **argv)
+{
+    struct cli_args a = {0};
+    if (cdp_log_init_from_env()) {
+        fprintf(stderr, "cdphybrid: %s\n", cdp_last_error());
+        return EXIT_USAGE;
+    }
+    int code = parse_args(argc, argv, &a);
+    if (code >= 0) return code;
+    if (!getenv("CDP_LOG") || !*getenv("CDP_LOG")) {
+        if (a.quiet) cdp_log_set_level(CDP_LOG_ERROR);
+        else if (a.verbose) cdp_log_set_level(a.verbose > 1 ? CDP_LOG_DEBUG : CDP_LOG_INFO);
+    }
+    return dry_run(&a);
+}

@@ -1,0 +1,117 @@
+/* Suite cli: the cdphybrid binary's options, exit codes and messages. The
+ * bad-plan cases are in test_cli_plans.c. */
+#include <criterion/criterion.h>
+#include <criterion/parameterized.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cdp_config.h"
+#include "harness.h"
+
+static struct cdp_run run(const char *const *argv)
+{
+    struct cdp_run r;
+    cr_assert_eq(cdp_test_run(&r, argv), 0, "could not start the binary");
+    return r;
+}
+
+Test(cli, help_prints_usage_with_examples)
+{
+    struct cdp_run r = run((const char *[]){"--help", NULL});
+    cr_assert_eq(r.exit_code, 0);
+    cr_assert(strstr(r.out, "usage: cdphybrid"), "%s", r.out);
+    cr_assert(strstr(r.out, "--dry-run"));
+    cr_assert(strstr(r.out, "examples:"));
+    cr_assert(strstr(r.out, "exit codes"));
+    cr_assert_str_empty(r.err);
+    cdp_test_run_free(&r);
+}
+
+Test(cli, version_names_backends_and_libraries)
+{
+    struct cdp_run r = run((const char *[]){"--version", NULL});
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    cr_assert(strstr(r.out, "cdphybrid " CDP_VERSION), "%s", r.out);
+    cr_assert(strstr(r.out, "cpu   built in"), "%s", r.out);
+    cr_assert(strstr(r.out, "jansson 2."), "%s", r.out);
+    cr_assert(strstr(r.out, "OpenBLAS"), "%s", r.out);
+    if (CDP_HAVE_CUDA)
+        cr_assert(strstr(r.out, "cuda  module for " CDP_GPU_ARCH), "%s", r.out);
+    else
+        cr_assert(strstr(r.out, "cuda  not built"), "%s", r.out);
+    cdp_test_run_free(&r);
+}
+
+struct usage_case {
+    char args[4][32];
+    char expect[80];
+};
+
+ParameterizedTestParameters(cli, bad_usage_exits_2)
+{
+    static struct usage_case cases[] = {
+        {{""}, "nothing to do"},
+        {{"--plam", "x.json"}, "unknown option --plam (did you mean --plan?)"},
+        {{"--frobnicate"}, "unknown option --frobnicate"},
+        {{"--plan"}, "--plan needs a file name"},
+        {{"--plan="}, "--plan needs a file name"},
+        {{"stray"}, "unexpected argument \"stray\""},
+        {{"--plan", "x.json"}, "add --dry-run"},
+        {{"--plan", "x.json", "--json"}, "--json goes with --dry-run"},
+        {{"-v", "-q", "--plan", "x.json"}, "cannot be used together"},
+    };
+    return cr_make_param_array(struct usage_case, cases, sizeof cases / sizeof cases[0]);
+}
+
+ParameterizedTest(struct usage_case *c, cli, bad_usage_exits_2)
+{
+    const char *argv[5] = {NULL};
+    int n = 0;
+    for (int i = 0; i < 4 && c->args[i][0]; i++) argv[n++] = c->args[i];
+    struct cdp_run r = run(argv);
+    cr_assert_eq(r.exit_code, 2, "exit %d for %s: %s", r.exit_code, c->expect, r.err);
+    cr_assert(strstr(r.err, c->expect), "expected \"%s\" in: %s", c->expect, r.err);
+    cr_assert(strncmp(r.err, "cdphybrid: ", 11) == 0, "%s", r.err);
+    cr_assert_str_empty(r.out);
+    cdp_test_run_free(&r);
+}
+
+Test(cli, bad_log_environment_is_bad_usage)
+{
+    setenv("CDP_LOG", "shouty", 1);
+    struct cdp_run r = run((const char *[]){"--help", NULL});
+    cr_assert_eq(r.exit_code, 2);
+    cr_assert(strstr(r.err, "CDP_LOG") && strstr(r.err, "shouty"), "%s", r.err);
+    cdp_test_run_free(&r);
+}
+
+Test(cli, demo_plan_dry_run_succeeds)
+{
+    const char *plan = cdp_test_source_path("examples/gpt-tiny.json");
+    struct cdp_run r = run((const char *[]){"--plan", plan, "--dry-run", NULL});
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    cr_assert(strstr(r.out, "gpt"), "%s", r.out);
+    cr_assert(strstr(r.out, "1f1b"), "%s", r.out);
+    cdp_test_run_free(&r);
+}
+
+Test(cli, verbose_says_why_no_gpu_for_auto_backend)
+{
+    const char *dir = cdp_test_tmpdir();
+    const char *plan = cdp_test_write_file(dir, "p.json", "{\"model\": {\"preset\": \"gpt\"}}");
+    struct cdp_run r = run((const char *[]){"-v", "--plan", plan, "--dry-run", NULL});
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    if (!strstr(r.out, "cuda"))
+        cr_assert(strstr(r.err, "INFO DEVICE:"), "verbose output says what the GPU probe found: %s", r.err);
+    cdp_test_run_free(&r);
+}
+
+Test(cli, quiet_prints_no_log_lines)
+{
+    const char *dir = cdp_test_tmpdir();
+    const char *plan = cdp_test_write_file(dir, "p.json", "{\"model\": {\"preset\": \"gpt\"}}");
+    struct cdp_run r = run((const char *[]){"-q", "--plan", plan, "--dry-run", NULL});
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    cr_assert_str_empty(r.err);
+    cdp_test_run_free(&r);
+}
