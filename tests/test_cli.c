@@ -2,6 +2,7 @@
  * bad-plan cases are in test_cli_plans.c. */
 #include <criterion/criterion.h>
 #include <criterion/parameterized.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -56,7 +57,7 @@ ParameterizedTestParameters(cli, bad_usage_exits_2)
         {{"--plan"}, "--plan needs a file name"},
         {{"--plan="}, "--plan needs a file name"},
         {{"stray"}, "unexpected argument \"stray\""},
-        {{"--plan", "x.json"}, "add --dry-run"},
+        {{"--plan", "x.json"}, "x.json: cannot read"},
         {{"--plan", "x.json", "--json"}, "--json goes with --dry-run"},
         {{"-v", "-q", "--plan", "x.json"}, "cannot be used together"},
     };
@@ -113,5 +114,53 @@ Test(cli, quiet_prints_no_log_lines)
     struct cdp_run r = run((const char *[]){"-q", "--plan", plan, "--dry-run", NULL});
     cr_assert_eq(r.exit_code, 0, "%s", r.err);
     cr_assert_str_empty(r.err);
+    cdp_test_run_free(&r);
+}
+
+Test(cli, trains_a_plan_and_writes_metrics_and_weights)
+{
+    const char *dir = cdp_test_tmpdir();
+    const char *plan = cdp_test_write_file(
+        dir, "p.json",
+        "{\"model\": {\"preset\": \"gpt\", \"vocab\": 16, \"context\": 8, \"layers\": 1, \"heads\": 2, "
+        "\"embed\": 16}, \"train\": {\"steps\": 6, \"micro_batch\": 4, \"log_every\": 2, \"eval_every\": 3}, "
+        "\"parallel\": {\"micro_batches\": 2}, \"cluster\": {\"backend\": \"cpu\"}, "
+        "\"output\": {\"metrics\": \"m.jsonl\", \"weights\": \"w.safetensors\"}}");
+    struct cdp_run r = run((const char *[]){"--plan", plan, NULL});
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    cr_assert(strstr(r.out, "step 1/6"), "%s", r.out);
+    cr_assert(strstr(r.out, "step 6/6"), "%s", r.out);
+    cr_assert(strstr(r.out, "val "), "validation every 3 steps: %s", r.out);
+    cr_assert(strstr(r.out, "done: 6 steps"), "%s", r.out);
+    char path[4200];
+    snprintf(path, sizeof path, "%s/m.jsonl", dir);
+    char *m = cdp_test_read_file(path);
+    cr_assert_not_null(m, "metrics written next to the plan");
+    int lines = 0;
+    for (char *c = m; *c; c++) lines += *c == '\n';
+    cr_assert_eq(lines, 6, "one line per step: %s", m);
+    cr_assert(strstr(m, "{\"step\": 6, \"loss\": "), "%s", m);
+    cr_assert(strstr(m, "\"val_loss\""), "%s", m);
+    free(m);
+    snprintf(path, sizeof path, "%s/w.safetensors", dir);
+    char *w = cdp_test_read_file(path);
+    cr_assert_not_null(w, "weights written");
+    free(w);
+    cdp_test_run_free(&r);
+
+    /* -q keeps stdout empty and still trains */
+    r = run((const char *[]){"-q", "--plan", plan, NULL});
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    cr_assert_str_empty(r.out);
+    cdp_test_run_free(&r);
+}
+
+Test(cli, multi_rank_plans_name_the_keys_and_exit_2)
+{
+    const char *plan = cdp_test_source_path("examples/gpt-tiny.json");
+    struct cdp_run r = run((const char *[]){"--plan", plan, NULL});
+    cr_assert_eq(r.exit_code, 2, "%s", r.err);
+    cr_assert(strstr(r.err, "/parallel/stages is 2") && strstr(r.err, "/parallel/replicas is 2"), "%s", r.err);
+    cr_assert_str_empty(r.out);
     cdp_test_run_free(&r);
 }

@@ -79,6 +79,7 @@ struct cdp_model_desc {
     struct cdp_layer_desc *layer_list; /* mlp, cnn (expanded) and explicit (owned) */
     int n_layers;
     enum cdp_loss loss;
+    char *weights; /* initial weights (safetensors, ours or Hugging Face GPT-2); NULL = random (owned) */
 };
 
 enum cdp_data_source {
@@ -124,6 +125,8 @@ struct cdp_train_desc {
     enum cdp_precision precision;
     uint64_t seed;
     int64_t log_every;
+    int64_t eval_every;   /* validation loss every N steps; 0 = only after the last step */
+    int64_t eval_batches; /* micro-batches of validation data per evaluation */
     struct cdp_checkpoint_desc checkpoint;
 };
 
@@ -163,6 +166,7 @@ struct cdp_output_desc {
     char *metrics;  /* absolute paths, NULL = not written (owned) */
     char *trace;
     char *timeline;
+    char *weights;  /* the trained weights, as safetensors */
 };
 
 struct cdp_plan {

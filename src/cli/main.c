@@ -6,12 +6,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cdp/core.h"
 #include "cdp/device.h"
 #include "cdp/log.h"
 #include "cdp/plan.h"
 #include "cdp_config.h"
+#include "pipeline/train.h"
 
 enum { EXIT_RUN_FAILED = 1, EXIT_USAGE = 2 };
 
@@ -35,6 +37,7 @@ static void usage(FILE *f)
           "  --plan FILE    the plan (JSON): model, data, train, parallel, cluster, output\n"
           "  --dry-run      check the plan and print it resolved (every default filled in);\n"
           "                 nothing is trained and no file is written\n"
+          "                 (without it, the plan is trained: one step line per log_every)\n"
           "  --json         with --dry-run: print the resolved plan as JSON instead of a table\n"
           "  -v, --verbose  more log output (twice: debug); CDP_LOG=debug does the same\n"
           "  -q, --quiet    errors only\n"
@@ -47,6 +50,7 @@ static void usage(FILE *f)
           "  CDP_MODULE_DIR=DIR               where to look first for backend modules\n"
           "\n"
           "examples:\n"
+          "  cdphybrid --plan examples/quickstart.json\n"
           "  cdphybrid --plan examples/gpt-tiny.json --dry-run\n"
           "  cdphybrid --plan examples/gpt2-dgx.json --dry-run --json > resolved.json\n"
           "\n"
@@ -129,13 +133,17 @@ static int parse_args(int argc, char **argv, struct cli_args *a)
     if (a->verbose && a->quiet) return usage_error("%s", "-v and -q cannot be used together");
     if (a->json && !a->dry_run) return usage_error("%s", "--json goes with --dry-run");
     if (!a->plan) return usage_error("%s", "nothing to do: give --plan FILE");
-    if (!a->dry_run)
-        return usage_error("%s", "this version checks and prints plans: add --dry-run "
-                                 "(training comes with the trainer)");
     return -1;
 }
 
-static int dry_run(const struct cli_args *a)
+/* Bad input and what this build cannot do are the user's to fix (2); the rest
+ * is a failed run (1). */
+static int exit_code_for(cdp_status st)
+{
+    return st == CDP_ERR_INVALID || st == CDP_ERR_UNSUPPORTED ? EXIT_USAGE : EXIT_RUN_FAILED;
+}
+
+static int run_plan(const struct cli_args *a)
 {
     struct cdp_plan *plan = NULL;
     char why[1024] = "";
@@ -153,7 +161,14 @@ static int dry_run(const struct cli_args *a)
     }
     if (cdp_plan_resolve(plan, &machine)) goto bad_input;
 
-    if (a->json) {
+    if (!a->dry_run) {
+        struct cdp_train_opts opts = {.out = a->quiet ? NULL : stdout, .progress = isatty(1)};
+        cdp_status st = cdp_train_one_rank(plan, &opts, NULL);
+        if (st) {
+            code = exit_code_for(st);
+            goto bad_input;
+        }
+    } else if (a->json) {
         char *text = NULL;
         if (cdp_plan_to_json(plan, &text)) {
             code = EXIT_RUN_FAILED;
@@ -192,5 +207,5 @@ int main(int argc, char **argv)
         if (a.quiet) cdp_log_set_level(CDP_LOG_ERROR);
         else if (a.verbose) cdp_log_set_level(a.verbose > 1 ? CDP_LOG_DEBUG : CDP_LOG_INFO);
     }
-    return dry_run(&a);
+    return run_plan(&a);
 }

@@ -453,10 +453,11 @@ done:
 /* ---- model ------------------------------------------------------------------- */
 
 static const char *const gpt_keys[] = {"preset", "vocab", "context", "layers", "heads", "embed",
-                                       "tie_embeddings", NULL};
-static const char *const mlp_keys[] = {"preset", "input", "hidden", "classes", "activation", "loss", NULL};
-static const char *const cnn_keys[] = {"preset", "input", "channels", "classes", "loss", NULL};
-static const char *const explicit_keys[] = {"input", "layers", "loss", "preset", NULL};
+                                       "tie_embeddings", "weights", NULL};
+static const char *const mlp_keys[] = {"preset", "input", "hidden", "classes", "activation", "loss",
+                                       "weights", NULL};
+static const char *const cnn_keys[] = {"preset", "input", "channels", "classes", "loss", "weights", NULL};
+static const char *const explicit_keys[] = {"input", "layers", "loss", "preset", "weights", NULL};
 
 static const char *const layer_keys[CDP_LAYER_TYPE_COUNT][7] = {
     [CDP_LAYER_LINEAR] = {"type", "out", "bias", NULL},
@@ -731,6 +732,11 @@ static cdp_status load_model(struct ld *c, const json_t *m)
     if (!json_is_object(m)) return expected(c, "/model", "an object", m);
     const json_t *preset = json_object_get(m, "preset"), *layers = json_object_get(m, "layers");
     md->loss = CDP_LOSS_CROSS_ENTROPY;
+    const json_t *weights = json_object_get(m, "weights");
+    if (weights && !json_is_null(weights)) {
+        if (!json_is_string(weights)) return expected(c, "/model/weights", "a safetensors file path or null", weights);
+        if ((st = get_existing_file(c, weights, "/model/weights", &md->weights))) return st;
+    }
     if (preset) {
         int pi = 0;
         if ((st = enum_value(c, preset, "/model/preset", preset_names, &pi))) return st;
@@ -886,8 +892,8 @@ static cdp_status load_data(struct ld *c, const json_t *d)
 /* ---- train ------------------------------------------------------------------- */
 
 static const char *const train_keys[] = {"steps", "global_batch", "micro_batch", "optimizer",
-                                         "grad_clip", "precision", "seed", "log_every", "checkpoint",
-                                         NULL};
+                                         "grad_clip", "precision", "seed", "log_every", "eval_every",
+                                         "eval_batches", "checkpoint", NULL};
 static const char *const opt_keys[] = {"type", "lr", "weight_decay", "momentum", "beta1", "beta2",
                                        "eps", NULL};
 static const char *const ckpt_keys[] = {"dir", "every", "keep", NULL};
@@ -949,6 +955,8 @@ static cdp_status load_train(struct ld *c, const json_t *t)
     td->precision = (enum cdp_precision)prec;
     if ((st = get_seed(c, t, P, &td->seed))) return st;
     if ((st = get_int(c, t, P, "log_every", 1, INT64_MAX, 0, &td->log_every))) return st;
+    if ((st = get_int(c, t, P, "eval_every", 0, INT64_MAX, 0, &td->eval_every))) return st;
+    if ((st = get_int(c, t, P, "eval_batches", 1, MAX_COUNT, 0, &td->eval_batches))) return st;
     const json_t *ck = json_object_get(t, "checkpoint");
     if (!ck || json_is_null(ck)) return CDP_OK;
     const char *CP = "/train/checkpoint";
@@ -1164,7 +1172,7 @@ static cdp_status load_parallel(struct ld *c, const json_t *v)
 /* ---- cluster, output --------------------------------------------------------- */
 
 static const char *const cluster_keys[] = {"backend", "topology", "nodes", "devices", "device_memory", NULL};
-static const char *const output_keys[] = {"metrics", "trace", "timeline", NULL};
+static const char *const output_keys[] = {"metrics", "trace", "timeline", "weights", NULL};
 
 static cdp_status load_cluster(struct ld *c, const json_t *v)
 {
@@ -1214,7 +1222,7 @@ static cdp_status load_cluster(struct ld *c, const json_t *v)
 static cdp_status load_output(struct ld *c, const json_t *v)
 {
     struct cdp_output_desc *od = &c->p->output;
-    char **slots[] = {&od->metrics, &od->trace, &od->timeline};
+    char **slots[] = {&od->metrics, &od->trace, &od->timeline, &od->weights};
     cdp_status st;
     if ((st = need_object(c, v, "/output"))) return st;
     if (!v) return CDP_OK;
@@ -1268,6 +1276,7 @@ static void set_defaults(struct cdp_plan *p)
     p->train.micro_batch = 1;
     p->train.seed = 1;
     p->train.log_every = 10;
+    p->train.eval_batches = 4;
     p->train.checkpoint.every = 100;
     p->train.checkpoint.keep = 3;
     p->parallel.stages = 1;
@@ -1484,5 +1493,7 @@ void cdp_plan_free(struct cdp_plan *plan)
     free(plan->output.metrics);
     free(plan->output.trace);
     free(plan->output.timeline);
+    free(plan->output.weights);
+    free(plan->model.weights);
     free(plan);
 }

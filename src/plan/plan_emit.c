@@ -102,6 +102,7 @@ static json_t *model_json(struct emit *e, const struct cdp_model_desc *m)
         set(e, o, "heads", jint(m->heads));
         set(e, o, "embed", jint(m->embed));
         set(e, o, "tie_embeddings", json_boolean(m->tie_embeddings));
+        set(e, o, "weights", jstr_or_null(m->weights));
         return o;
     case CDP_MODEL_MLP:
         set(e, o, "preset", json_string("mlp"));
@@ -126,6 +127,7 @@ static json_t *model_json(struct emit *e, const struct cdp_model_desc *m)
     }
     }
     set(e, o, "loss", json_string(cdp_plan_loss_names[m->loss]));
+    set(e, o, "weights", jstr_or_null(m->weights));
     return o;
 }
 
@@ -167,6 +169,8 @@ static json_t *plan_json(struct emit *e, const struct cdp_plan *p)
         set(e, o, "precision", json_string(cdp_plan_precision_names[t->precision]));
         set(e, o, "seed", jint((int64_t)t->seed));
         set(e, o, "log_every", jint(t->log_every));
+        set(e, o, "eval_every", jint(t->eval_every));
+        set(e, o, "eval_batches", jint(t->eval_batches));
         if (t->checkpoint.dir) {
             set(e, o, "checkpoint", ck = json_object());
             if (ck) {
@@ -230,6 +234,7 @@ static json_t *plan_json(struct emit *e, const struct cdp_plan *p)
         set(e, o, "metrics", jstr_or_null(p->output.metrics));
         set(e, o, "trace", jstr_or_null(p->output.trace));
         set(e, o, "timeline", jstr_or_null(p->output.timeline));
+        set(e, o, "weights", jstr_or_null(p->output.weights));
     }
     return root;
 }
@@ -356,6 +361,7 @@ static void print_model(FILE *f, const struct cdp_plan *p)
         for (int i = 0; i < m->n_layers && i < 64; i++) print_layer(f, i, &m->layer_list[i]);
         if (m->n_layers > 64) fprintf(f, "    ... %d more\n", m->n_layers - 64);
     }
+    fprintf(f, ROW "%s\n", "weights", m->weights ? m->weights : "random (seeded by /train/seed)");
     if (params >= 0)
         fprintf(f, ROW "%s (%.1f M)\n", "parameters", group(params, b1, sizeof b1), (double)params / 1e6);
     else
@@ -394,6 +400,11 @@ cdp_status cdp_plan_print(const struct cdp_plan *p, FILE *f)
     fprintf(f, ROW "%s\n", "precision", cdp_plan_precision_names[t->precision]);
     fprintf(f, ROW "%llu\n", "seed", (unsigned long long)t->seed);
     fprintf(f, ROW "every %lld steps\n", "log", (long long)t->log_every);
+    if (t->eval_every > 0)
+        fprintf(f, ROW "every %lld steps, %lld micro-batches\n", "validation", (long long)t->eval_every,
+                (long long)t->eval_batches);
+    else
+        fprintf(f, ROW "after the last step, %lld micro-batches\n", "validation", (long long)t->eval_batches);
     if (t->checkpoint.dir)
         fprintf(f, ROW "%s every %lld steps, keep %lld\n", "checkpoint", t->checkpoint.dir,
                 (long long)t->checkpoint.every, (long long)t->checkpoint.keep);
@@ -465,5 +476,6 @@ cdp_status cdp_plan_print(const struct cdp_plan *p, FILE *f)
     fprintf(f, ROW "%s\n", "metrics", p->output.metrics ? p->output.metrics : "(not written)");
     fprintf(f, ROW "%s\n", "trace", p->output.trace ? p->output.trace : "(not written)");
     fprintf(f, ROW "%s\n", "timeline", p->output.timeline ? p->output.timeline : "(not written)");
+    fprintf(f, ROW "%s\n", "weights", p->output.weights ? p->output.weights : "(not written)");
     return ferror(f) ? cdp_fail(CDP_ERR_IO, "writing the plan table failed") : CDP_OK;
 }

@@ -1,0 +1,38 @@
+/* Training on one rank: the whole model on one device, every global batch as a
+ * sequence of micro-batches with gradients accumulated, so the result is the
+ * one every pipeline x data-parallel layout of the same plan must reproduce. */
+#ifndef CDP_PIPELINE_TRAIN_H
+#define CDP_PIPELINE_TRAIN_H
+
+#include <stdio.h>
+
+#include "cdp/plan.h"
+#include "cdp/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct cdp_train_opts {
+    FILE *out;    /* step lines and the summary (stdout); NULL = silent */
+    int progress; /* redraw a progress line between logged steps (a terminal) */
+};
+
+struct cdp_train_summary {
+    int64_t steps;
+    double first_loss, last_loss; /* mean over the global batch */
+    double val_loss;              /* after the last step */
+    double seconds;
+    double samples_per_s, tokens_per_s, flops_per_s;
+};
+
+/* Trains the plan on this process's CPU. The plan must be resolved and ask
+ * for one stage and one replica (else CDP_ERR_UNSUPPORTED, naming the keys). */
+cdp_status cdp_train_one_rank(const struct cdp_plan *plan, const struct cdp_train_opts *opts,
+                              struct cdp_train_summary *summary);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

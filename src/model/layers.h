@@ -1,0 +1,109 @@
+/* The layer table: every partition unit of a model (a layer of an explicit list,
+ * or a GPT embedding / transformer block / head) with its shapes, parameters,
+ * work and memory, and its forward and backward passes on the CPU kernels.
+ * The partitioner and the simulator read the same numbers the executor uses.
+ *
+ * Per-sample figures: multiply by the micro-batch size B.
+ * FLOPs count matrix-multiply work, 2*M*N*K per GEMM, exactly as the kernels
+ * issue it (tests count the cblas_sgemm calls). Elementwise work is not
+ * counted: it is memory-bound and under 2% of the GEMM work in these models. */
+#ifndef CDP_MODEL_LAYERS_H
+#define CDP_MODEL_LAYERS_H
+
+#include <stdint.h>
+
+#include "cdp/plan.h"
+#include "cdp/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum cdp_unit_kind {
+    CDP_UNIT_LINEAR = 0,
+    CDP_UNIT_RELU,
+    CDP_UNIT_GELU,
+    CDP_UNIT_LAYERNORM,
+    CDP_UNIT_EMBEDDING,
+    CDP_UNIT_ATTENTION,         /* qkv projection + attention + output projection */
+    CDP_UNIT_TRANSFORMER_BLOCK, /* GPT-2 pre-LN block */
+    CDP_UNIT_CONV2D,
+    CDP_UNIT_MAXPOOL2D,
+    CDP_UNIT_FLATTEN,
+    CDP_UNIT_LM_HEAD,           /* GPT: final layernorm + vocabulary projection */
+    CDP_UNIT_KIND_COUNT
+};
+
+#define CDP_UNIT_MAX_PARAMS 12
+#define CDP_SHAPE_MAX 4
+
+struct cdp_shape {
+    int ndim;
+    int64_t d[CDP_SHAPE_MAX];
+};
+
+/* How a parameter is initialised (GPT-2 and PyTorch defaults). */
+enum cdp_init {
+    CDP_INIT_ZERO = 0,
+    CDP_INIT_ONE,
+    CDP_INIT_NORMAL,  /* N(0, std) */
+    CDP_INIT_UNIFORM, /* U(-bound, bound) */
+};
+
+struct cdp_param_desc {
+    char name[24];        /* within the unit: "weight", "qkv.weight", "wte" ... */
+    int ndim;
+    int64_t shape[CDP_SHAPE_MAX];
+    int64_t numel;
+    enum cdp_init init;
+    float init_scale;     /* std or bound */
+    int decay;            /* weight decay applies (matrices, not biases or norms) */
+    int tied_unit;        /* -1, or the global unit whose parameter this one is */
+    int tied_param;       /* index of that parameter in its unit */
+};
+
+struct cdp_unit {
+    enum cdp_unit_kind kind;
+    int index;                    /* global unit index in the model */
+    struct cdp_layer_desc desc;   /* sizes (out, kernel, heads, vocab, ...) */
+    int64_t T;                    /* tokens per sample for token models, else 0 */
+    struct cdp_shape in, out;     /* per sample */
+    int in_tokens;                /* the input is int32 token ids */
+    int n_params;
+    struct cdp_param_desc params[CDP_UNIT_MAX_PARAMS];
+    int64_t param_count;          /* parameters this unit owns (tied ones not counted) */
+    double fwd_flops, bwd_flops;  /* per sample */
+    int64_t act_floats;           /* kept from forward to backward, output included */
+    int64_t out_floats;           /* output per sample (what is sent onward) */
+};
+
+/* The partition units of a model description; *out is malloc'd (n entries). */
+cdp_status cdp_units_build(const struct cdp_model_desc *m, struct cdp_unit **out, int *n);
+
+/* Scratch floats a unit needs for a micro-batch of B samples (forward and
+ * backward use the same scratch). */
+int64_t cdp_unit_scratch_floats(const struct cdp_unit *u, int B);
+
+const char *cdp_unit_kind_name(enum cdp_unit_kind k);
+
+/* Forward for B samples: in (float, or int32 tokens) -> act (the unit's kept
+ * activations; its output is at the start). params points at this unit's
+ * parameter pointers, in the order of u->params. */
+void cdp_unit_forward(const struct cdp_unit *u, float *const *params, const void *in, float *act,
+                      float *scratch, int B);
+
+/* Backward for B samples: dout -> din (+=; NULL when the input needs no
+ * gradient: tokens, or the first unit), dparams (+=). */
+void cdp_unit_backward(const struct cdp_unit *u, float *const *params, float *const *dparams,
+                       const void *in, const float *act, const float *dout, float *din,
+                       float *scratch, int B);
+
+/* Deterministic initial values of parameter p of a unit: element i of
+ * (seed, owning unit, parameter) whatever the partition. */
+void cdp_param_init(const struct cdp_unit *u, int p, uint64_t seed, float *dst);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

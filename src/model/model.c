@@ -1,0 +1,376 @@
+/* Models and stage ranges of models: memory, forward/backward over the units,
+ * the loss, and weights in and out of safetensors files. */
+#include "model/model.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cdp/core.h"
+#include "cdp/log.h"
+#include "kernels/cpu/ops.h"
+#include "model/safetensors.h"
+
+struct cdp_model {
+    struct cdp_unit *units; /* the range's units (owned copies) */
+    int n_units;
+    int first;              /* global index of units[0] */
+    int ends_model;         /* the range holds the model's last unit */
+    enum cdp_loss loss;
+    int B, slots;
+    cdp_device_t dev;
+
+    struct cdp_model_tensor *tensors;
+    int n_tensors;
+    float **pptr, **gptr; /* [n_units * CDP_UNIT_MAX_PARAMS] */
+    cdp_buffer_t params_buf, grads_buf;
+    int64_t param_floats;
+
+    cdp_buffer_t acts_buf, input_buf, target_buf, scratch_buf, dbuf, loss_buf;
+    int64_t acts_per_slot, input_bytes_per_slot, target_bytes_per_slot, dfloats;
+    int64_t *act_off; /* per unit, within a slot */
+    int64_t loss_rows; /* rows of the loss per micro-batch */
+    float loss_scale;
+};
+
+int cdp_model_unit_count(const struct cdp_model *m) { return m->n_units; }
+const struct cdp_unit *cdp_model_unit(const struct cdp_model *m, int i) { return &m->units[i]; }
+int cdp_model_tensor_count(const struct cdp_model *m) { return m->n_tensors; }
+struct cdp_model_tensor *cdp_model_tensor(struct cdp_model *m, int i) { return &m->tensors[i]; }
+int64_t cdp_model_param_floats(const struct cdp_model *m) { return m->param_floats; }
+
+double cdp_model_step_flops(const struct cdp_model *m)
+{
+    double f = 0;
+    for (int i = 0; i < m->n_units; i++) f += m->units[i].fwd_flops + m->units[i].bwd_flops;
+    return f * m->B;
+}
+
+static float *slot_act(struct cdp_model *m, int slot, int i)
+{
+    return (float *)cdp_buffer_data(m->acts_buf) + slot * m->acts_per_slot + m->act_off[i];
+}
+
+void *cdp_model_input(struct cdp_model *m, int slot)
+{
+    return (char *)cdp_buffer_data(m->input_buf) + slot * m->input_bytes_per_slot;
+}
+
+float *cdp_model_output(struct cdp_model *m, int slot) { return slot_act(m, slot, m->n_units - 1); }
+
+static cdp_status alloc(struct cdp_model *m, uint64_t bytes, const char *what, cdp_buffer_t *out)
+{
+    cdp_status st = cdp_buffer_create(m->dev, bytes, out);
+    return st ? cdp_error_context(st, "model %s", what) : CDP_OK;
+}
+
+void cdp_model_destroy(struct cdp_model *m)
+{
+    if (!m) return;
+    cdp_buffer_destroy(m->params_buf);
+    cdp_buffer_destroy(m->grads_buf);
+    cdp_buffer_destroy(m->acts_buf);
+    cdp_buffer_destroy(m->input_buf);
+    cdp_buffer_destroy(m->target_buf);
+    cdp_buffer_destroy(m->scratch_buf);
+    cdp_buffer_destroy(m->dbuf);
+    cdp_buffer_destroy(m->loss_buf);
+    free(m->units);
+    free(m->tensors);
+    free(m->pptr);
+    free(m->gptr);
+    free(m->act_off);
+    free(m);
+}
+
+cdp_status cdp_model_create(const struct cdp_model_desc *desc, int first, int end, int B, int slots,
+                            uint64_t seed, cdp_device_t dev, struct cdp_model **out)
+{
+    cdp_status st;
+    struct cdp_unit *all = NULL;
+    int n_all = 0;
+    if ((st = cdp_units_build(desc, &all, &n_all))) return st;
+    if (first < 0 || end > n_all || first >= end || B < 1 || slots < 1) {
+        free(all);
+        return cdp_fail(CDP_ERR_INVALID, "model range [%d, %d) with B=%d, %d slots: the model has %d units",
+                        first, end, B, slots, n_all);
+    }
+    struct cdp_model *m = calloc(1, sizeof *m);
+    if (!m) {
+        free(all);
+        return cdp_fail(CDP_ERR_NOMEM, "out of memory for a model");
+    }
+    m->n_units = end - first;
+    m->first = first;
+    m->ends_model = end == n_all;
+    m->loss = desc->kind == CDP_MODEL_GPT ? CDP_LOSS_CROSS_ENTROPY : desc->loss;
+    m->B = B;
+    m->slots = slots;
+    m->dev = dev;
+    m->units = malloc((size_t)m->n_units * sizeof *m->units);
+    m->pptr = calloc((size_t)m->n_units * CDP_UNIT_MAX_PARAMS, sizeof *m->pptr);
+    m->gptr = calloc((size_t)m->n_units * CDP_UNIT_MAX_PARAMS, sizeof *m->gptr);
+    m->act_off = calloc((size_t)m->n_units, sizeof *m->act_off);
+    m->tensors = calloc((size_t)m->n_units * CDP_UNIT_MAX_PARAMS, sizeof *m->tensors);
+    if (!m->units || !m->pptr || !m->gptr || !m->act_off || !m->tensors) {
+        st = cdp_fail(CDP_ERR_NOMEM, "out of memory for a model");
+        goto fail;
+    }
+    memcpy(m->units, all + first, (size_t)m->n_units * sizeof *m->units);
+
+    /* Parameters: one tensor per parameter, except a tied one whose owner is in
+     * range, which shares the owner's storage. */
+    int64_t off = 0;
+    for (int i = 0; i < m->n_units; i++) {
+        const struct cdp_unit *u = &m->units[i];
+        for (int p = 0; p < u->n_params; p++) {
+            const struct cdp_param_desc *pd = &u->params[p];
+            if (pd->tied_unit >= first && pd->tied_unit < end) continue;
+            struct cdp_model_tensor *t = &m->tensors[m->n_tensors++];
+            int owner = pd->tied_unit >= 0 ? pd->tied_unit : u->index;
+            int oparam = pd->tied_unit >= 0 ? pd->tied_param : p;
+            snprintf(t->name, sizeof t->name, "layers.%d.%s", owner, all[owner].params[oparam].name);
+            t->unit = owner;
+            t->param = oparam;
+            t->numel = pd->numel;
+            t->ndim = pd->ndim;
+            memcpy(t->shape, pd->shape, sizeof t->shape);
+            t->decay = pd->decay;
+            t->data = (float *)(intptr_t)off; /* offsets until the buffers exist */
+            off += pd->numel;
+        }
+    }
+    m->param_floats = off;
+    if ((st = alloc(m, (uint64_t)off * 4, "parameters", &m->params_buf))) goto fail;
+    if ((st = alloc(m, (uint64_t)off * 4, "gradients", &m->grads_buf))) goto fail;
+    float *pbase = cdp_buffer_data(m->params_buf), *gbase = cdp_buffer_data(m->grads_buf);
+    for (int t = 0; t < m->n_tensors; t++) {
+        intptr_t o = (intptr_t)m->tensors[t].data;
+        m->tensors[t].data = pbase + o;
+        m->tensors[t].grad = gbase + o;
+    }
+    for (int i = 0; i < m->n_units; i++) {
+        const struct cdp_unit *u = &m->units[i];
+        for (int p = 0; p < u->n_params; p++) {
+            const struct cdp_param_desc *pd = &u->params[p];
+            int owner = pd->tied_unit >= 0 ? pd->tied_unit : u->index;
+            int oparam = pd->tied_unit >= 0 ? pd->tied_param : p;
+            for (int t = 0; t < m->n_tensors; t++) {
+                if (m->tensors[t].unit == owner && m->tensors[t].param == oparam) {
+                    m->pptr[i * CDP_UNIT_MAX_PARAMS + p] = m->tensors[t].data;
+                    m->gptr[i * CDP_UNIT_MAX_PARAMS + p] = m->tensors[t].grad;
+                }
+            }
+        }
+    }
+    for (int t = 0; t < m->n_tensors; t++) {
+        struct cdp_model_tensor *tt = &m->tensors[t];
+        cdp_param_init(&all[tt->unit], tt->param, seed, tt->data);
+    }
+    cdp_model_zero_grad(m);
+
+    /* Activations, inputs, targets, scratch, and the backward ping-pong buffers. */
+    int64_t acts = 0, scratch = 0, dmax = 0;
+    for (int i = 0; i < m->n_units; i++) {
+        const struct cdp_unit *u = &m->units[i];
+        m->act_off[i] = acts;
+        acts += (int64_t)B * u->act_floats;
+        int64_t s = cdp_unit_scratch_floats(u, B);
+        if (s > scratch) scratch = s;
+        int64_t in_n = 1;
+        for (int d = 0; d < u->in.ndim; d++) in_n *= u->in.d[d];
+        if (B * in_n > dmax) dmax = B * in_n;
+        if (B * u->out_floats > dmax) dmax = B * u->out_floats;
+    }
+    m->acts_per_slot = acts;
+    m->dfloats = dmax;
+    const struct cdp_unit *u0 = &m->units[0], *ul = &m->units[m->n_units - 1];
+    int64_t in_numel = 1;
+    for (int d = 0; d < u0->in.ndim; d++) in_numel *= u0->in.d[d];
+    m->input_bytes_per_slot = (int64_t)B * in_numel * 4;
+    if (m->ends_model) {
+        int64_t last = ul->out.d[ul->out.ndim - 1];
+        m->loss_rows = m->loss == CDP_LOSS_MSE ? B : (int64_t)B * ul->out_floats / last;
+        m->target_bytes_per_slot = m->loss == CDP_LOSS_MSE ? (int64_t)B * ul->out_floats * 4 : m->loss_rows * 4;
+        if ((st = alloc(m, (uint64_t)(slots * m->target_bytes_per_slot), "targets", &m->target_buf))) goto fail;
+        if ((st = alloc(m, (uint64_t)m->loss_rows * 4, "losses", &m->loss_buf))) goto fail;
+    }
+    if ((st = alloc(m, (uint64_t)(slots * acts) * 4, "activations", &m->acts_buf))) goto fail;
+    if ((st = alloc(m, (uint64_t)(slots * m->input_bytes_per_slot), "inputs", &m->input_buf))) goto fail;
+    if ((st = alloc(m, (uint64_t)scratch * 4, "scratch", &m->scratch_buf))) goto fail;
+    if ((st = alloc(m, (uint64_t)(2 * dmax) * 4, "gradient buffers", &m->dbuf))) goto fail;
+    free(all);
+    *out = m;
+    return CDP_OK;
+fail:
+    free(all);
+    cdp_model_destroy(m);
+    return st;
+}
+
+void cdp_model_zero_grad(struct cdp_model *m)
+{
+    memset(cdp_buffer_data(m->grads_buf), 0, (size_t)m->param_floats * 4);
+}
+
+cdp_status cdp_model_forward(struct cdp_model *m, int slot)
+{
+    CDP_ASSERT(slot >= 0 && slot < m->slots);
+    float *scratch = cdp_buffer_data(m->scratch_buf);
+    for (int i = 0; i < m->n_units; i++) {
+        const void *in = i == 0 ? cdp_model_input(m, slot) : (const void *)slot_act(m, slot, i - 1);
+        cdp_unit_forward(&m->units[i], &m->pptr[i * CDP_UNIT_MAX_PARAMS], in, slot_act(m, slot, i),
+                         scratch, m->B);
+    }
+    return CDP_OK;
+}
+
+cdp_status cdp_model_loss(struct cdp_model *m, int slot, const void *targets, float scale,
+                          double *loss_sum)
+{
+    if (!m->ends_model)
+        return cdp_fail(CDP_ERR_INTERNAL, "the loss asked of a range that does not end the model");
+    const struct cdp_unit *ul = &m->units[m->n_units - 1];
+    const float *outp = cdp_model_output(m, slot);
+    float *losses = cdp_buffer_data(m->loss_buf);
+    void *tslot = (char *)cdp_buffer_data(m->target_buf) + slot * m->target_bytes_per_slot;
+    memcpy(tslot, targets, (size_t)m->target_bytes_per_slot);
+    if (m->loss == CDP_LOSS_MSE) {
+        cdp_cpu_mse_fwd(losses, outp, targets, m->B, (int)ul->out_floats);
+    } else {
+        int V = (int)ul->out.d[ul->out.ndim - 1];
+        const int32_t *tg = targets;
+        for (int64_t r = 0; r < m->loss_rows; r++)
+            if (tg[r] < 0 || tg[r] >= V)
+                return cdp_fail(CDP_ERR_INVALID, "target %d of row %lld is outside [0, %d)", tg[r],
+                                (long long)r, V);
+        cdp_cpu_crossentropy_fwd(losses, outp, tg, (int)m->loss_rows, V);
+    }
+    double s = 0;
+    for (int64_t r = 0; r < m->loss_rows; r++) s += losses[r];
+    *loss_sum = s;
+    m->loss_scale = scale;
+    return CDP_OK;
+}
+
+cdp_status cdp_model_backward(struct cdp_model *m, int slot, const float *dout, float *din)
+{
+    float *scratch = cdp_buffer_data(m->scratch_buf);
+    float *d0 = cdp_buffer_data(m->dbuf), *d1 = d0 + m->dfloats;
+    const struct cdp_unit *ul = &m->units[m->n_units - 1];
+    if (!dout) {
+        if (!m->ends_model)
+            return cdp_fail(CDP_ERR_INTERNAL, "backward without an output gradient on a middle range");
+        const void *tslot = (char *)cdp_buffer_data(m->target_buf) + slot * m->target_bytes_per_slot;
+        if (m->loss == CDP_LOSS_MSE)
+            cdp_cpu_mse_bwd(d0, cdp_model_output(m, slot), tslot, m->B, (int)ul->out_floats, m->loss_scale);
+        else
+            cdp_cpu_crossentropy_bwd(d0, cdp_model_output(m, slot), tslot, (int)m->loss_rows,
+                                     (int)ul->out.d[ul->out.ndim - 1], m->loss_scale);
+        dout = d0;
+    }
+    const float *cur = dout;
+    for (int i = m->n_units - 1; i >= 0; i--) {
+        const struct cdp_unit *u = &m->units[i];
+        float *dst;
+        if (i == 0) {
+            dst = u->in_tokens ? NULL : din;
+        } else {
+            dst = cur == d0 ? d1 : d0;
+            int64_t n = 1;
+            for (int d = 0; d < u->in.ndim; d++) n *= u->in.d[d];
+            memset(dst, 0, (size_t)(m->B * n) * 4);
+        }
+        const void *in = i == 0 ? cdp_model_input(m, slot) : (const void *)slot_act(m, slot, i - 1);
+        cdp_unit_backward(u, &m->pptr[i * CDP_UNIT_MAX_PARAMS], &m->gptr[i * CDP_UNIT_MAX_PARAMS], in,
+                          slot_act(m, slot, i), cur, dst, scratch, m->B);
+        cur = dst;
+    }
+    return CDP_OK;
+}
+
+/* ---- weights in and out ------------------------------------------------------ */
+
+cdp_status cdp_model_save(struct cdp_model *m, const char *path, const char *const *meta, int n_meta)
+{
+    struct cdp_st_tensor *ts = calloc((size_t)m->n_tensors, sizeof *ts);
+    if (!ts) return cdp_fail(CDP_ERR_NOMEM, "out of memory writing %s", path);
+    for (int i = 0; i < m->n_tensors; i++) {
+        const struct cdp_model_tensor *t = &m->tensors[i];
+        ts[i].name = t->name;
+        ts[i].dtype = CDP_DTYPE_F32;
+        ts[i].dtype_name = "F32";
+        ts[i].ndim = t->ndim;
+        memcpy(ts[i].shape, t->shape, sizeof t->shape);
+        ts[i].data = t->data;
+        ts[i].nbytes = (uint64_t)t->numel * 4;
+    }
+    cdp_status st = cdp_st_write(path, ts, m->n_tensors, meta, n_meta);
+    free(ts);
+    return st;
+}
+
+/* The Hugging Face GPT-2 name of one of our tensors, and whether it is stored
+ * transposed (Conv1D keeps in x out). Returns 0 when it has none. */
+static int hf_gpt2_name(const struct cdp_model *m, const struct cdp_model_tensor *t, const char *prefix,
+                        char *out, size_t cap, int *transposed)
+{
+    const struct cdp_unit *u = NULL;
+    for (int i = 0; i < m->n_units; i++)
+        if (m->units[i].index == t->unit) u = &m->units[i];
+    const char *pname = strchr(strchr(t->name, '.') + 1, '.') + 1;
+    *transposed = 0;
+    if (t->unit == 0) {
+        snprintf(out, cap, "%s%s.weight", prefix, pname);
+        return 1;
+    }
+    if (u && u->kind == CDP_UNIT_LM_HEAD) {
+        if (!strncmp(pname, "ln_f", 4)) snprintf(out, cap, "%s%s", prefix, pname);
+        else snprintf(out, cap, "lm_head.weight");
+        return 1;
+    }
+    snprintf(out, cap, "%sh.%d.%s", prefix, t->unit - 1, pname);
+    *transposed = t->ndim == 2 && strstr(pname, ".weight") && !strstr(pname, "ln_");
+    return 1;
+}
+
+cdp_status cdp_model_load(struct cdp_model *m, const char *path)
+{
+    struct cdp_st_file *f = NULL;
+    cdp_status st = cdp_st_open(path, &f);
+    if (st) return st;
+    int hf = !cdp_st_find(f, m->tensors[0].name) &&
+             (cdp_st_find(f, "wte.weight") || cdp_st_find(f, "transformer.wte.weight"));
+    const char *prefix = cdp_st_find(f, "transformer.wte.weight") ? "transformer." : "";
+    for (int i = 0; i < m->n_tensors && !st; i++) {
+        struct cdp_model_tensor *t = &m->tensors[i];
+        if (!hf) {
+            st = cdp_st_read_f32(f, t->name, t->ndim, t->shape, t->data);
+            continue;
+        }
+        char name[96];
+        int transposed = 0;
+        hf_gpt2_name(m, t, prefix, name, sizeof name, &transposed);
+        if (!strcmp(name, "lm_head.weight") && !cdp_st_find(f, name)) {
+            /* a tied head stored once, as the embedding */
+            snprintf(name, sizeof name, "%swte.weight", prefix);
+        }
+        if (!transposed) {
+            st = cdp_st_read_f32(f, name, t->ndim, t->shape, t->data);
+            continue;
+        }
+        int64_t shape[2] = {t->shape[1], t->shape[0]};
+        float *tmp = malloc((size_t)t->numel * 4);
+        if (!tmp) {
+            st = cdp_fail(CDP_ERR_NOMEM, "out of memory reading %s", path);
+            break;
+        }
+        st = cdp_st_read_f32(f, name, 2, shape, tmp);
+        for (int64_t r = 0; !st && r < shape[0]; r++)
+            for (int64_t c = 0; c < shape[1]; c++) t->data[c * shape[0] + r] = tmp[r * shape[1] + c];
+        free(tmp);
+    }
+    cdp_st_close(f);
+    if (!st) CDP_INFO(CKPT, "loaded %d tensors from %s%s", m->n_tensors, path, hf ? " (Hugging Face GPT-2 layout)" : "");
+    return st;
+}

@@ -1,0 +1,87 @@
+/* A model, or the contiguous range of its units that one pipeline stage holds:
+ * parameters, gradients and kept activations in device buffers (so the device's
+ * memory cap applies), forward and backward over micro-batches, the loss when
+ * the range ends the model, and weights in and out of safetensors files.
+ * Parameters are named by global unit index ("layers.12.attn.c_attn.weight"),
+ * so weights written under one partition load under any other. */
+#ifndef CDP_MODEL_MODEL_H
+#define CDP_MODEL_MODEL_H
+
+#include <stdint.h>
+
+#include "cdp/device.h"
+#include "cdp/plan.h"
+#include "cdp/status.h"
+#include "model/layers.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* One stored tensor of the model: parameters shared by two units (a tied LM
+ * head) are one tensor. */
+struct cdp_model_tensor {
+    char name[48];  /* "layers.<unit>.<param>" */
+    int unit, param; /* the owning unit (global) and its parameter index */
+    float *data, *grad; /* not owned: inside the model's buffers */
+    int64_t numel;
+    int ndim;
+    int64_t shape[CDP_SHAPE_MAX];
+    int decay;
+};
+
+struct cdp_model;
+
+/* Builds units [first, end) of the described model for micro-batches of B
+ * samples, with `slots` micro-batches' activations kept at once (1 for
+ * one-rank training; a pipeline stage keeps as many as its schedule has in
+ * flight). Parameters are initialised from `seed` identically whatever the
+ * range. Memory comes from `dev` (not owned; it must outlive the model). */
+cdp_status cdp_model_create(const struct cdp_model_desc *desc, int first, int end, int B, int slots,
+                            uint64_t seed, cdp_device_t dev, struct cdp_model **out);
+void cdp_model_destroy(struct cdp_model *m);
+
+int cdp_model_unit_count(const struct cdp_model *m);
+const struct cdp_unit *cdp_model_unit(const struct cdp_model *m, int i);
+int cdp_model_tensor_count(const struct cdp_model *m);
+struct cdp_model_tensor *cdp_model_tensor(struct cdp_model *m, int i);
+int64_t cdp_model_param_floats(const struct cdp_model *m);
+/* Matrix-multiply FLOPs of one forward + backward of one micro-batch. */
+double cdp_model_step_flops(const struct cdp_model *m);
+
+/* Where the input of a slot's micro-batch goes: int32 tokens [B, T] or float
+ * [B, input numel]. Not owned. */
+void *cdp_model_input(struct cdp_model *m, int slot);
+/* The output of the last unit for a slot (logits for a GPT head). Not owned. */
+float *cdp_model_output(struct cdp_model *m, int slot);
+
+/* Forward of a slot's micro-batch through every unit. */
+cdp_status cdp_model_forward(struct cdp_model *m, int slot);
+
+/* For a model that ends with the model's last unit: the loss of the slot's
+ * micro-batch against targets (int32 classes / next tokens, or float values),
+ * summed over its rows into *loss_sum, and the output gradient scaled by
+ * `scale` (1 / rows in the global batch) kept for cdp_model_backward. */
+cdp_status cdp_model_loss(struct cdp_model *m, int slot, const void *targets, float scale,
+                          double *loss_sum);
+
+/* Backward of a slot's micro-batch: dout is the gradient of this range's output
+ * (NULL when the range holds the loss: the gradient from cdp_model_loss is
+ * used); din receives (+=) the gradient of its input (NULL: not wanted).
+ * Parameter gradients accumulate until cdp_model_zero_grad. */
+cdp_status cdp_model_backward(struct cdp_model *m, int slot, const float *dout, float *din);
+void cdp_model_zero_grad(struct cdp_model *m);
+
+/* Weights: write every tensor (named as above) to a safetensors file,
+ * atomically; read them back from one written by cdphybrid, or from a GPT-2
+ * checkpoint in the Hugging Face layout (wte, wpe, h.N.*, Conv1D weights stored
+ * in x out), detected by its names. Missing or mis-shaped tensors are errors
+ * naming the file and the tensor. */
+cdp_status cdp_model_save(struct cdp_model *m, const char *path, const char *const *meta, int n_meta);
+cdp_status cdp_model_load(struct cdp_model *m, const char *path);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,71 @@
+/* AdamW and SGD over the tensors of a model, on the CPU kernels. */
+#include "model/optim.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cpu/ops.h"
+
+struct cdp_optimizer {
+    struct cdp_optimizer_desc d;
+    cdp_buffer_t state; /* AdamW: m then v; SGD: velocity; laid out like the parameters */
+    float *s1, *s2;
+    float *params_base;
+    int t;
+};
+
+cdp_status cdp_optimizer_create(const struct cdp_optimizer_desc *desc, struct cdp_model *m,
+                                cdp_device_t dev, struct cdp_optimizer **out)
+{
+    struct cdp_optimizer *o = calloc(1, sizeof *o);
+    if (!o) return cdp_fail(CDP_ERR_NOMEM, "out of memory for the optimizer");
+    o->d = *desc;
+    int64_t n = cdp_model_param_floats(m);
+    int copies = desc->type == CDP_OPT_ADAMW ? 2 : 1;
+    cdp_status st = cdp_buffer_create(dev, (uint64_t)(copies * n) * 4, &o->state);
+    if (st) {
+        free(o);
+        return cdp_error_context(st, "optimizer state (%s)", desc->type == CDP_OPT_ADAMW ? "adamw" : "sgd");
+    }
+    o->s1 = cdp_buffer_data(o->state);
+    o->s2 = copies == 2 ? o->s1 + n : NULL;
+    memset(o->s1, 0, (size_t)(copies * n) * 4);
+    o->params_base = cdp_model_tensor_count(m) ? cdp_model_tensor(m, 0)->data : NULL;
+    *out = o;
+    return CDP_OK;
+}
+
+void cdp_optimizer_destroy(struct cdp_optimizer *o)
+{
+    if (!o) return;
+    cdp_buffer_destroy(o->state);
+    free(o);
+}
+
+int cdp_optimizer_steps(const struct cdp_optimizer *o) { return o->t; }
+
+double cdp_model_grad_sumsq(struct cdp_model *m)
+{
+    double s = 0;
+    for (int i = 0; i < cdp_model_tensor_count(m); i++) {
+        const struct cdp_model_tensor *t = cdp_model_tensor(m, i);
+        s += cdp_cpu_sum_squares(t->grad, (size_t)t->numel);
+    }
+    return s;
+}
+
+void cdp_optimizer_step(struct cdp_optimizer *o, struct cdp_model *m, float lr, float grad_scale)
+{
+    o->t++;
+    for (int i = 0; i < cdp_model_tensor_count(m); i++) {
+        struct cdp_model_tensor *t = cdp_model_tensor(m, i);
+        size_t off = (size_t)(t->data - o->params_base), n = (size_t)t->numel;
+        float wd = t->decay ? (float)o->d.weight_decay : 0.0f;
+        if (grad_scale != 1.0f) cdp_cpu_scale(t->grad, n, grad_scale);
+        if (o->d.type == CDP_OPT_ADAMW)
+            cdp_cpu_adamw_step(t->data, t->grad, o->s1 + off, o->s2 + off, n, lr, (float)o->d.beta1,
+                               (float)o->d.beta2, (float)o->d.eps, wd, o->t);
+        else
+            cdp_cpu_sgd_step(t->data, t->grad, o->s1 + off, n, lr, (float)o->d.momentum, wd, o->t);
+    }
+}

@@ -1,0 +1,38 @@
+/* Optimizers over a model's tensors: AdamW (decoupled weight decay) and SGD with
+ * momentum, with the same semantics as torch.optim; weight decay applies to
+ * matrices only (not biases or norms), as GPT-2 training does. State lives in
+ * buffers of the model's device. */
+#ifndef CDP_MODEL_OPTIM_H
+#define CDP_MODEL_OPTIM_H
+
+#include "cdp/device.h"
+#include "cdp/plan.h"
+#include "cdp/status.h"
+#include "model/model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct cdp_optimizer;
+
+cdp_status cdp_optimizer_create(const struct cdp_optimizer_desc *desc, struct cdp_model *m,
+                                cdp_device_t dev, struct cdp_optimizer **out);
+void cdp_optimizer_destroy(struct cdp_optimizer *o);
+
+/* Sum of squares of the model's gradients (each stored tensor once). */
+double cdp_model_grad_sumsq(struct cdp_model *m);
+
+/* One update of every tensor of m: gradients are first multiplied by
+ * grad_scale (1, or the clipping factor), then the optimizer steps with
+ * learning rate lr. */
+void cdp_optimizer_step(struct cdp_optimizer *o, struct cdp_model *m, float lr, float grad_scale);
+
+/* Steps taken so far. */
+int cdp_optimizer_steps(const struct cdp_optimizer *o);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,382 @@
+/* Suite model: the layer table against counted work, the golden GPT step
+ * against PyTorch, Hugging Face GPT-2 import, weights round trips, seeded
+ * initialisation independent of the partition, and falling losses. */
+#include <cblas.h>
+#include <criterion/criterion.h>
+#include <dlfcn.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cdp/device.h"
+#include "cdp/plan.h"
+#include "harness.h"
+#include "model/layers.h"
+#include "model/model.h"
+#include "model/optim.h"
+#include "model/safetensors.h"
+#include "pipeline/train.h"
+
+/* ---- counting GEMM work: this executable interposes cblas_sgemm -------------- */
+
+static double sgemm_flops;
+
+typedef void (*sgemm_fn)(const enum CBLAS_ORDER, const enum CBLAS_TRANSPOSE, const enum CBLAS_TRANSPOSE,
+                         const blasint, const blasint, const blasint, const float, const float *,
+                         const blasint, const float *, const blasint, const float, float *, const blasint);
+
+void cblas_sgemm(const enum CBLAS_ORDER order, const enum CBLAS_TRANSPOSE ta, const enum CBLAS_TRANSPOSE tb,
+                 const blasint M, const blasint N, const blasint K, const float alpha, const float *A,
+                 const blasint lda, const float *B, const blasint ldb, const float beta, float *Cm,
+                 const blasint ldc)
+{
+    static sgemm_fn real;
+    if (!real) real = (sgemm_fn)dlsym(RTLD_NEXT, "cblas_sgemm");
+    sgemm_flops += 2.0 * (double)M * (double)N * (double)K;
+    real(order, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, Cm, ldc);
+}
+
+static struct cdp_plan *plan_from(const char *json)
+{
+    struct cdp_plan *p = NULL;
+    cr_assert_eq(cdp_plan_load_string(json, "test.json", NULL, &p), CDP_OK, "%s", cdp_last_error());
+    struct cdp_machine_info mi = {0, NULL};
+    cr_assert_eq(cdp_plan_resolve(p, &mi), CDP_OK, "%s", cdp_last_error());
+    return p;
+}
+
+static cdp_device_t cpu(void)
+{
+    cdp_device_t d;
+    cr_assert_eq(cdp_device_open(CDP_DEVICE_CPU, 0, 0, &d), CDP_OK, "%s", cdp_last_error());
+    return d;
+}
+
+static void fill_inputs(struct cdp_model *m, const struct cdp_unit *u0, int B, int vocab)
+{
+    int64_t n = B;
+    for (int d = 0; d < u0->in.ndim; d++) n *= u0->in.d[d];
+    uint64_t s = 12345;
+    if (u0->in_tokens) {
+        int32_t *t = cdp_model_input(m, 0);
+        for (int64_t i = 0; i < n; i++) t[i] = (int32_t)((s = s * 6364136223846793005ull + 1) >> 33) % vocab;
+    } else {
+        float *x = cdp_model_input(m, 0);
+        for (int64_t i = 0; i < n; i++)
+            x[i] = (float)(((s = s * 6364136223846793005ull + 1) >> 40) % 1000) / 500.0f - 1.0f;
+    }
+}
+
+/* Forward + backward of one micro-batch counts exactly the GEMM work the table
+ * states, for every unit type. */
+static void check_counted_work(const char *json, int B)
+{
+    struct cdp_plan *p = plan_from(json);
+    cdp_device_t dev = cpu();
+    struct cdp_model *m;
+    int n = (int)cdp_plan_model_units(p);
+    cr_assert_eq(cdp_model_create(&p->model, 0, n, B, 1, 7, dev, &m), CDP_OK, "%s", cdp_last_error());
+    const struct cdp_unit *u0 = cdp_model_unit(m, 0);
+    fill_inputs(m, u0, B, (int)(u0->in_tokens ? u0->desc.vocab : 1));
+    for (int i = 0; i < n; i++) {
+        const struct cdp_unit *u = cdp_model_unit(m, i);
+        cr_assert_geq(u->fwd_flops, 0);
+        cr_assert_geq(u->act_floats, u->out_floats, "%s keeps its output", cdp_unit_kind_name(u->kind));
+    }
+    sgemm_flops = 0;
+    cr_assert_eq(cdp_model_forward(m, 0), CDP_OK);
+    double fwd = 0;
+    for (int i = 0; i < n; i++) fwd += cdp_model_unit(m, i)->fwd_flops * B;
+    cr_assert_float_eq(sgemm_flops, fwd, 0.5, "forward: counted %.0f, table %.0f", sgemm_flops, fwd);
+    /* the backward of the whole range, fed with a unit gradient */
+    const struct cdp_unit *ul = cdp_model_unit(m, n - 1);
+    float *dout = calloc((size_t)(B * ul->out_floats), 4);
+    for (int64_t i = 0; i < B * ul->out_floats; i++) dout[i] = 0.01f;
+    int64_t in_n = B;
+    for (int d = 0; d < u0->in.ndim; d++) in_n *= u0->in.d[d];
+    float *din = calloc((size_t)in_n, 4);
+    sgemm_flops = 0;
+    cr_assert_eq(cdp_model_backward(m, 0, dout, u0->in_tokens ? NULL : din), CDP_OK);
+    double bwd = 0;
+    for (int i = 0; i < n; i++) bwd += cdp_model_unit(m, i)->bwd_flops * B;
+    cr_assert_float_eq(sgemm_flops, bwd, 0.5, "backward: counted %.0f, table %.0f", sgemm_flops, bwd);
+    free(dout);
+    free(din);
+    cdp_model_destroy(m);
+    cdp_device_close(dev);
+    cdp_plan_free(p);
+}
+
+Test(model, table_flops_equal_counted_gemm_work_gpt)
+{
+    check_counted_work("{\"model\": {\"preset\": \"gpt\", \"vocab\": 37, \"context\": 9, \"layers\": 2, "
+                       "\"heads\": 3, \"embed\": 24}}", 3);
+    /* longer than one 64-row attention block: causal attention skips masked blocks */
+    check_counted_work("{\"model\": {\"preset\": \"gpt\", \"vocab\": 19, \"context\": 150, \"layers\": 1, "
+                       "\"heads\": 2, \"embed\": 8}}", 1);
+}
+
+Test(model, table_flops_equal_counted_gemm_work_layers)
+{
+    check_counted_work("{\"model\": {\"input\": [3, 11, 10], \"layers\": ["
+                       "{\"type\": \"conv2d\", \"out\": 5, \"kernel\": 3, \"stride\": 2, \"padding\": 1},"
+                       "{\"type\": \"relu\"}, {\"type\": \"maxpool2d\", \"kernel\": 2},"
+                       "{\"type\": \"conv2d\", \"out\": 4, \"kernel\": 1, \"bias\": false},"
+                       "{\"type\": \"flatten\"}, {\"type\": \"linear\", \"out\": 7}, {\"type\": \"gelu\"},"
+                       "{\"type\": \"layernorm\"}, {\"type\": \"linear\", \"out\": 3, \"bias\": false}]}}", 2);
+    check_counted_work("{\"model\": {\"input\": [6], \"layers\": ["
+                       "{\"type\": \"embedding\", \"vocab\": 11, \"dim\": 8, \"context\": 6},"
+                       "{\"type\": \"attention\", \"heads\": 2, \"causal\": false},"
+                       "{\"type\": \"attention\", \"heads\": 1},"
+                       "{\"type\": \"transformer_block\", \"heads\": 4},"
+                       "{\"type\": \"layernorm\"}, {\"type\": \"linear\", \"out\": 11}]}}", 1);
+}
+
+Test(model, table_memory_matches_hand_counts)
+{
+    struct cdp_plan *p = plan_from("{\"model\": {\"preset\": \"gpt\", \"vocab\": 50, \"context\": 4, "
+                                   "\"layers\": 1, \"heads\": 2, \"embed\": 8}}");
+    struct cdp_unit *u;
+    int n;
+    cr_assert_eq(cdp_units_build(&p->model, &u, &n), CDP_OK);
+    cr_assert_eq(n, 3);
+    /* embedding: wte 50x8 + wpe 4x8; keeps its output 4x8 */
+    cr_assert_eq(u[0].param_count, 432);
+    cr_assert_eq(u[0].act_floats, 32);
+    /* block: 12C^2 + 13C = 872; keeps out, ln1, qkv(3), atty, res2, ln2, fch(4), gelu(4) = 16 TC,
+     * 4 T of norm statistics and NH T^2 of attention probabilities */
+    cr_assert_eq(u[1].param_count, 872);
+    cr_assert_eq(u[1].act_floats, 16 * 32 + 16 + 2 * 16);
+    cr_assert_eq(u[1].out_floats, 32);
+    /* matrices 24 T C^2, attention 4 T^2 C (T = 4 fits one causal block) */
+    cr_assert_float_eq(u[1].fwd_flops, 24.0 * 4 * 64 + 4.0 * 16 * 8, 1e-9);
+    /* head: ln_f (16) and the tied vocabulary matrix (not counted again) */
+    cr_assert_eq(u[2].param_count, 16);
+    cr_assert_eq(u[2].params[2].tied_unit, 0);
+    cr_assert_eq(u[2].act_floats, 4 * 50 + 32 + 8);
+    cr_assert_eq(u[0].param_count + u[1].param_count + u[2].param_count, cdp_plan_param_count(p));
+    free(u);
+    cdp_plan_free(p);
+}
+
+Test(model, initialisation_is_independent_of_the_partition)
+{
+    struct cdp_plan *p = plan_from("{\"model\": {\"preset\": \"gpt\", \"vocab\": 40, \"context\": 5, "
+                                   "\"layers\": 3, \"heads\": 2, \"embed\": 8}}");
+    cdp_device_t dev = cpu();
+    struct cdp_model *whole, *a, *b;
+    cr_assert_eq(cdp_model_create(&p->model, 0, 5, 2, 1, 99, dev, &whole), CDP_OK);
+    cr_assert_eq(cdp_model_create(&p->model, 0, 2, 2, 1, 99, dev, &a), CDP_OK);
+    cr_assert_eq(cdp_model_create(&p->model, 2, 5, 2, 1, 99, dev, &b), CDP_OK);
+    cr_assert_eq(cdp_model_tensor_count(a) + cdp_model_tensor_count(b),
+                 cdp_model_tensor_count(whole) + 1, "the last stage holds its own copy of the tied wte");
+    struct cdp_model *parts[2] = {a, b};
+    for (int k = 0; k < 2; k++) {
+        for (int i = 0; i < cdp_model_tensor_count(parts[k]); i++) {
+            struct cdp_model_tensor *t = cdp_model_tensor(parts[k], i);
+            struct cdp_model_tensor *w = NULL;
+            for (int j = 0; j < cdp_model_tensor_count(whole); j++)
+                if (!strcmp(cdp_model_tensor(whole, j)->name, t->name)) w = cdp_model_tensor(whole, j);
+            cr_assert_not_null(w, "%s", t->name);
+            cr_assert_eq(memcmp(w->data, t->data, (size_t)t->numel * 4), 0, "%s differs", t->name);
+        }
+    }
+    cdp_model_destroy(whole);
+    cdp_model_destroy(a);
+    cdp_model_destroy(b);
+    cdp_device_close(dev);
+    cdp_plan_free(p);
+}
+
+static const char *golden_plan =
+    "{\"model\": {\"preset\": \"gpt\", \"vocab\": 32, \"context\": 8, \"layers\": 2, \"heads\": 2, "
+    "\"embed\": 16}}";
+
+static double rel_err(const float *a, const float *ref, int64_t n)
+{
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = (double)a[i] - (double)ref[i];
+        num += d * d;
+        den += (double)ref[i] * ref[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+/* One forward + backward + AdamW step of a tiny GPT-2 against PyTorch
+ * (tools/gen_golden.py, float64). fp32 here against float64 there: 1e-4
+ * relative leaves two orders of magnitude for summation order. */
+Test(model, golden_gpt_step_matches_pytorch)
+{
+    struct cdp_plan *p = plan_from(golden_plan);
+    const char *path = cdp_test_source_path("tests/fixtures/golden/gpt-tiny.safetensors");
+    struct cdp_st_file *f;
+    cr_assert_eq(cdp_st_open(path, &f), CDP_OK, "%s", cdp_last_error());
+    cdp_device_t dev = cpu();
+    struct cdp_model *m;
+    cr_assert_eq(cdp_model_create(&p->model, 0, 4, 2, 1, 1, dev, &m), CDP_OK);
+    cr_assert_eq(cdp_model_load(m, path), CDP_OK, "%s", cdp_last_error());
+    const struct cdp_st_tensor *tok = cdp_st_find(f, "tokens"), *tgt = cdp_st_find(f, "targets");
+    cr_assert(tok && tgt);
+    memcpy(cdp_model_input(m, 0), tok->data, 2 * 8 * 4);
+    float want_loss;
+    cr_assert_eq(cdp_st_read_f32(f, "loss", 1, (int64_t[]){1}, &want_loss), CDP_OK);
+    double loss = 0;
+    cr_assert_eq(cdp_model_forward(m, 0), CDP_OK);
+    cr_assert_eq(cdp_model_loss(m, 0, tgt->data, 1.0f / 16, &loss), CDP_OK);
+    loss /= 16;
+    cr_assert_float_eq(loss, want_loss, 1e-5 * want_loss, "loss %.8f, PyTorch %.8f", loss, want_loss);
+    cr_assert_eq(cdp_model_backward(m, 0, NULL, NULL), CDP_OK);
+    double worst = 0;
+    for (int i = 0; i < cdp_model_tensor_count(m); i++) {
+        struct cdp_model_tensor *t = cdp_model_tensor(m, i);
+        char name[96];
+        snprintf(name, sizeof name, "grad.%s", t->name);
+        float *ref = malloc((size_t)t->numel * 4);
+        cr_assert_eq(cdp_st_read_f32(f, name, t->ndim, t->shape, ref), CDP_OK, "%s", cdp_last_error());
+        double e = rel_err(t->grad, ref, t->numel);
+        cr_assert_leq(e, 1e-4, "gradient of %s: relative error %.3g", t->name, e);
+        if (e > worst) worst = e;
+        /* The optimizer is checked on PyTorch's gradients: AdamW's first step
+         * moves every weight by about lr * sign(g), so where g is exactly zero in
+         * float64 (the key bias: softmax ignores a constant added to every key)
+         * fp32 rounding noise of 1e-9 would still move it by lr. */
+        memcpy(t->grad, ref, (size_t)t->numel * 4);
+        free(ref);
+    }
+    struct cdp_optimizer *o;
+    struct cdp_optimizer_desc od = {.type = CDP_OPT_ADAMW, .lr = 1e-3, .weight_decay = 0.1,
+                                    .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8};
+    cr_assert_eq(cdp_optimizer_create(&od, m, dev, &o), CDP_OK);
+    cdp_optimizer_step(o, m, 1e-3f, 1.0f);
+    for (int i = 0; i < cdp_model_tensor_count(m); i++) {
+        struct cdp_model_tensor *t = cdp_model_tensor(m, i);
+        char name[96];
+        snprintf(name, sizeof name, "after.%s", t->name);
+        float *ref = malloc((size_t)t->numel * 4);
+        cr_assert_eq(cdp_st_read_f32(f, name, t->ndim, t->shape, ref), CDP_OK, "%s", cdp_last_error());
+        double e = rel_err(t->data, ref, t->numel);
+        cr_assert_leq(e, 1e-4, "%s after AdamW: relative error %.3g", t->name, e);
+        if (e > worst) worst = e;
+        free(ref);
+    }
+    cr_log_info("golden GPT step: loss %.8f vs %.8f, worst tensor relative error %.3g", loss, want_loss, worst);
+    cdp_optimizer_destroy(o);
+    cdp_model_destroy(m);
+    cdp_st_close(f);
+    cdp_device_close(dev);
+    cdp_plan_free(p);
+}
+
+Test(model, hugging_face_gpt2_layout_imports_identically)
+{
+    struct cdp_plan *p = plan_from(golden_plan);
+    cdp_device_t dev = cpu();
+    struct cdp_model *ours, *hf;
+    cr_assert_eq(cdp_model_create(&p->model, 0, 4, 1, 1, 5, dev, &ours), CDP_OK);
+    cr_assert_eq(cdp_model_create(&p->model, 0, 4, 1, 1, 6, dev, &hf), CDP_OK);
+    cr_assert_eq(cdp_model_load(ours, cdp_test_source_path("tests/fixtures/golden/gpt-tiny.safetensors")),
+                 CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(cdp_model_load(hf, cdp_test_source_path("tests/fixtures/golden/gpt-tiny-hf.safetensors")),
+                 CDP_OK, "%s", cdp_last_error());
+    for (int i = 0; i < cdp_model_tensor_count(ours); i++) {
+        struct cdp_model_tensor *a = cdp_model_tensor(ours, i), *b = cdp_model_tensor(hf, i);
+        cr_assert_str_eq(a->name, b->name);
+        cr_assert_eq(memcmp(a->data, b->data, (size_t)a->numel * 4), 0, "%s differs after import", a->name);
+    }
+    cdp_model_destroy(ours);
+    cdp_model_destroy(hf);
+    cdp_device_close(dev);
+    cdp_plan_free(p);
+}
+
+Test(model, weights_round_trip_and_mismatches_are_named)
+{
+    struct cdp_plan *p = plan_from(golden_plan);
+    struct cdp_plan *other = plan_from("{\"model\": {\"preset\": \"gpt\", \"vocab\": 32, \"context\": 8, "
+                                       "\"layers\": 2, \"heads\": 2, \"embed\": 24}}");
+    cdp_device_t dev = cpu();
+    struct cdp_model *a, *b, *c;
+    cr_assert_eq(cdp_model_create(&p->model, 0, 4, 1, 1, 11, dev, &a), CDP_OK);
+    cr_assert_eq(cdp_model_create(&p->model, 0, 4, 1, 1, 12, dev, &b), CDP_OK);
+    cr_assert_eq(cdp_model_create(&other->model, 0, 4, 1, 1, 12, dev, &c), CDP_OK);
+    const char *dir = cdp_test_tmpdir();
+    char path[4200];
+    snprintf(path, sizeof path, "%s/w.safetensors", dir);
+    const char *meta[] = {"format", "cdphybrid"};
+    cr_assert_eq(cdp_model_save(a, path, meta, 1), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(cdp_model_load(b, path), CDP_OK, "%s", cdp_last_error());
+    for (int i = 0; i < cdp_model_tensor_count(a); i++)
+        cr_assert_eq(memcmp(cdp_model_tensor(a, i)->data, cdp_model_tensor(b, i)->data,
+                            (size_t)cdp_model_tensor(a, i)->numel * 4), 0);
+    cr_assert_eq(cdp_model_load(c, path), CDP_ERR_INVALID);
+    cr_assert(strstr(cdp_last_error(), "w.safetensors") && strstr(cdp_last_error(), "layers.0.wte"),
+              "%s", cdp_last_error());
+    cdp_model_destroy(a);
+    cdp_model_destroy(b);
+    cdp_model_destroy(c);
+    cdp_device_close(dev);
+    cdp_plan_free(p);
+    cdp_plan_free(other);
+}
+
+Test(model, device_memory_cap_limits_the_model)
+{
+    struct cdp_plan *p = plan_from(golden_plan);
+    cdp_device_t dev;
+    cr_assert_eq(cdp_device_open(CDP_DEVICE_CPU, 0, 4096, &dev), CDP_OK);
+    struct cdp_model *m = NULL;
+    cr_assert_eq(cdp_model_create(&p->model, 0, 4, 1, 1, 1, dev, &m), CDP_ERR_NOMEM);
+    cr_assert_null(m);
+    cr_assert(strstr(cdp_last_error(), "model parameters") && strstr(cdp_last_error(), "memory cap"),
+              "%s", cdp_last_error());
+    cr_assert_eq(cdp_device_mem_in_use(dev), 0, "a failed model leaves nothing allocated");
+    cdp_device_close(dev);
+    cdp_plan_free(p);
+}
+
+static struct cdp_train_summary train(const char *json)
+{
+    struct cdp_plan *p = plan_from(json);
+    struct cdp_train_summary s;
+    struct cdp_train_opts o = {NULL, 0};
+    cr_assert_eq(cdp_train_one_rank(p, &o, &s), CDP_OK, "%s", cdp_last_error());
+    cdp_plan_free(p);
+    return s;
+}
+
+/* Bounds: log(vocab) = 3.47 at the start for 32 tokens; the synthetic chains
+ * have a few likely successors per token, so a small GPT gets far below. */
+Test(model, loss_falls_on_synthetic_tokens)
+{
+    struct cdp_train_summary s = train(
+        "{\"model\": {\"preset\": \"gpt\", \"vocab\": 32, \"context\": 16, \"layers\": 2, \"heads\": 2, "
+        "\"embed\": 32}, \"train\": {\"steps\": 80, \"micro_batch\": 8, \"optimizer\": {\"lr\": 0.003}}, "
+        "\"parallel\": {\"micro_batches\": 2}, \"cluster\": {\"backend\": \"cpu\"}}");
+    cr_assert_gt(s.first_loss, 3.0, "starts near log(32): %g", s.first_loss);
+    cr_assert_lt(s.last_loss, 2.0, "after 80 steps: %g", s.last_loss);
+    cr_assert_lt(s.val_loss, 2.2, "validation: %g", s.val_loss);
+}
+
+Test(model, loss_falls_on_synthetic_classes)
+{
+    struct cdp_train_summary s = train(
+        "{\"model\": {\"preset\": \"mlp\", \"input\": [20], \"hidden\": [64], \"classes\": 4}, "
+        "\"train\": {\"steps\": 150, \"micro_batch\": 32, \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.1}}, "
+        "\"cluster\": {\"backend\": \"cpu\"}}");
+    cr_assert_gt(s.first_loss, 1.2, "starts near log(4): %g", s.first_loss);
+    cr_assert_lt(s.last_loss, 0.7, "after 150 steps: %g", s.last_loss);
+}
+
+Test(model, loss_falls_on_text)
+{
+    char json[1024];
+    snprintf(json, sizeof json,
+             "{\"model\": {\"preset\": \"gpt\", \"vocab\": 256, \"context\": 32, \"layers\": 1, \"heads\": 2, "
+             "\"embed\": 32}, \"data\": {\"source\": \"text\", \"path\": \"%s\"}, \"train\": {\"steps\": 60, "
+             "\"micro_batch\": 16, \"optimizer\": {\"lr\": 0.01}}, \"cluster\": {\"backend\": \"cpu\"}}",
+             cdp_test_source_path("examples/data/licenses.txt"));
+    struct cdp_train_summary s = train(json);
+    cr_assert_gt(s.first_loss, 5.0, "starts near log(256) = 5.55: %g", s.first_loss);
+    cr_assert_lt(s.last_loss, 3.2, "after 60 steps: %g", s.last_loss);
+}
