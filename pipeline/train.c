@@ -81,7 +81,8 @@ static void human_rate(double v, char *buf, size_t cap)
     if (v >= 1e9) snprintf(buf, cap, "%.1fG", v / 1e9);
     else if (v >= 1e6) snprintf(buf, cap, "%.2fM", v / 1e6);
     else if (v >= 1e4) snprintf(buf, cap, "%.1fk", v / 1e3);
-    else snprintf(buf, cap, "%.0f", v);
+    else if (v >= 10) snprintf(buf, cap, "%.0f", v);
+    else snprintf(buf, cap, "%.2f", v);
 }
 
 static void trainer_free(struct trainer *t)
@@ -217,7 +218,7 @@ cdp_status cdp_train_one_rank(const struct cdp_plan *p, const struct cdp_train_o
             if (!isnan(val)) fprintf(out, "  val %.4f", val);
             fprintf(out, "  | %s samples/s", s1);
             if (t.shape->tokens) fprintf(out, "  %s tokens/s", s2);
-            fprintf(out, "  %sFLOP/s  %.0f ms/step\n", s3, dt * 1e3);
+            fprintf(out, dt < 0.01 ? "  %sFLOP/s  %.2f ms/step\n" : "  %sFLOP/s  %.0f ms/step\n", s3, dt * 1e3);
         } else if (out && o->progress) {
             fprintf(out, "\r\033[Kstep %lld/%lld  loss %.4f", (long long)step + 1, (long long)td->steps, loss);
             fflush(out);
