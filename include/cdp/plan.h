@@ -156,7 +156,7 @@ enum cdp_backend { CDP_BACKEND_AUTO = 0, CDP_BACKEND_CPU, CDP_BACKEND_CUDA, CDP_
 
 struct cdp_cluster_desc {
     enum cdp_backend backend; /* AUTO until cdp_plan_resolve */
-    char *topology;           /* "auto" or an absolute path (owned) */
+    char *topology;           /* "auto", a preset or "N x preset" as written, or an absolute path (owned) */
     int64_t nodes;
     int64_t devices;          /* per node, or CDP_AUTO */
     uint64_t device_memory;   /* per device cap in bytes; 0 = the device's own */

@@ -13,6 +13,7 @@
 #include "cdp/log.h"
 #include "cdp/plan.h"
 #include "cdp_config.h"
+#include "cli/commands.h"
 #include "pipeline/train.h"
 
 enum { EXIT_RUN_FAILED = 1, EXIT_USAGE = 2 };
@@ -28,6 +29,7 @@ struct cli_args {
 static void usage(FILE *f)
 {
     fputs("usage: cdphybrid --plan FILE [--dry-run] [--json] [-v|-q]\n"
+          "       cdphybrid topo [--topology SPEC] [--json] [--export FILE]   (see topo --help)\n"
           "       cdphybrid --help | --version\n"
           "\n"
           "Trains a neural network across pipeline stages and data-parallel replicas,\n"
@@ -201,6 +203,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "cdphybrid: %s\n", cdp_last_error());
         return EXIT_USAGE;
     }
+    if (argc > 1 && !strcmp(argv[1], "topo")) return cdp_cli_topo(argc - 1, argv + 1);
     int code = parse_args(argc, argv, &a);
     if (code >= 0) return code;
     if (!getenv("CDP_LOG") || !*getenv("CDP_LOG")) {

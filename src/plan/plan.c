@@ -14,6 +14,7 @@
 
 #include "cdp/core.h"
 #include "cdp/log.h"
+#include "cdp/topology.h"
 #include "plan/plan_internal.h"
 
 #define PTR_CAP 256
@@ -1187,12 +1188,17 @@ static cdp_status load_cluster(struct ld *c, const json_t *v)
     cd->backend = (enum cdp_backend)be;
     const json_t *topo = json_object_get(v, "topology");
     if (topo && !(json_is_string(topo) && strcmp(json_string_value(topo), "auto") == 0)) {
-        char *path = NULL;
-        if (!json_is_string(topo))
-            return expected(c, "/cluster/topology", "\"auto\" or a topology file path", topo);
-        if ((st = get_existing_file(c, topo, "/cluster/topology", &path))) return st;
+        char *spec = NULL;
+        if (!json_is_string(topo) || json_string_length(topo) == 0 ||
+            strlen(json_string_value(topo)) != json_string_length(topo))
+            return expected(c, "/cluster/topology", "\"auto\", a preset name, \"N x preset\" or a topology "
+                            "file path", topo);
+        /* Presets and "N x preset" are kept as written, files become absolute;
+         * the file itself is read by the planner. */
+        if (cdp_topology_check_spec(json_string_value(topo), c->base, &spec))
+            return failp(c, "/cluster/topology", "%s", cdp_last_error());
         free(cd->topology);
-        cd->topology = path;
+        cd->topology = spec;
     }
     if ((st = get_int(c, v, P, "nodes", 1, MAX_COUNT, 0, &cd->nodes))) return st;
     if ((st = get_int(c, v, P, "devices", 1, MAX_COUNT, 1, &cd->devices))) return st;

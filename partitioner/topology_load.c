@@ -1,0 +1,354 @@
+/* Loading by spec: presets (and where they are looked for), "N x preset"
+ * clusters, files recognised by content (hwloc XML, NCCL XML, our JSON), and
+ * the spec check the plan loader uses. */
+#include <ctype.h>
+#include <dirent.h>
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "cdp/core.h"
+#include "cdp/log.h"
+#include "partitioner/topology_internal.h"
+#include "partitioner/topology_paths.h"
+
+/* ---- presets ------------------------------------------------------------------ */
+
+/* The folders, in order; *n set. Strings are static or from the environment. */
+static int preset_dirs(const char *dirs[3])
+{
+    int n = 0;
+    const char *env = getenv("CDP_TOPOLOGY_DIR");
+    if (env && *env) dirs[n++] = env;
+    dirs[n++] = CDP_TOPOLOGY_SOURCE_DIR;
+    dirs[n++] = CDP_TOPOLOGY_INSTALL_DIR;
+    return n;
+}
+
+static int valid_preset_name(const char *name)
+{
+    if (!*name || strlen(name) > 64) return 0;
+    for (const char *p = name; *p; p++)
+        if (!(isalnum((unsigned char)*p) || *p == '-' || *p == '_' || *p == '.')) return 0;
+    return name[0] != '.';
+}
+
+static int is_regular(const char *path)
+{
+    struct stat sb;
+    return stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
+}
+
+static char *preset_find(const char *name)
+{
+    const char *dirs[3];
+    int n = preset_dirs(dirs);
+    if (!valid_preset_name(name)) return NULL;
+    for (int i = 0; i < n; i++) {
+        size_t len = strlen(dirs[i]) + strlen(name) + 8;
+        char *p = malloc(len);
+        if (!p) return NULL;
+        snprintf(p, len, "%s/%s.json", dirs[i], name);
+        if (is_regular(p)) return p;
+        free(p);
+    }
+    return NULL;
+}
+
+static int str_cmp(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+cdp_status cdp_topology_preset_names(char ***names)
+{
+    const char *dirs[3];
+    int nd = preset_dirs(dirs), n = 0, cap = 16;
+    char **v = calloc((size_t)cap + 1, sizeof *v);
+    if (!v) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < nd; i++) {
+        DIR *d = opendir(dirs[i]);
+        if (!d) continue;
+        struct dirent *e;
+        while ((e = readdir(d))) {
+            size_t len = strlen(e->d_name);
+            if (len < 6 || strcmp(e->d_name + len - 5, ".json") || e->d_name[0] == '.') continue;
+            char *nm = strndup(e->d_name, len - 5);
+            int dup = 0;
+            for (int k = 0; nm && k < n; k++) dup |= !strcmp(v[k], nm);
+            if (!nm || dup) {
+                free(nm);
+                continue;
+            }
+            if (n == cap) {
+                char **q = realloc(v, (size_t)(cap * 2 + 1) * sizeof *q);
+                if (!q) {
+                    free(nm);
+                    break;
+                }
+                v = q;
+                cap *= 2;
+            }
+            v[n++] = nm;
+            v[n] = NULL;
+        }
+        closedir(d);
+    }
+    qsort(v, (size_t)n, sizeof *v, str_cmp);
+    v[n] = NULL;
+    *names = v;
+    return CDP_OK;
+}
+
+void cdp_topology_preset_names_free(char **names)
+{
+    if (!names) return;
+    for (char **p = names; *p; p++) free(*p);
+    free(names);
+}
+
+/* " (did you mean "x"?)" or " (presets: a, b, c)" into buf. */
+static void suggest(const char *name, char *buf, size_t cap)
+{
+    char **names = NULL;
+    buf[0] = '\0';
+    if (cdp_topology_preset_names(&names)) return;
+    const char *near = cdp_closest_word(name, (const char *const *)names);
+    if (near) {
+        snprintf(buf, cap, " (did you mean \"%s\"?)", near);
+    } else if (names[0]) {
+        size_t len = (size_t)snprintf(buf, cap, " (presets:");
+        for (char **p = names; *p && len < cap; p++)
+            len += (size_t)snprintf(buf + len, cap - len, " %s", *p);
+        if (len < cap) snprintf(buf + len, cap - len, ")");
+    } else {
+        snprintf(buf, cap, " (no presets found: set CDP_TOPOLOGY_DIR to the topologies/ folder)");
+    }
+    cdp_topology_preset_names_free(names);
+}
+
+cdp_status cdp_topology_preset_path(const char *name, char **path)
+{
+    char *p = preset_find(name);
+    if (!p) {
+        char hint[1024];
+        suggest(name, hint, sizeof hint);
+        return cdp_fail(CDP_ERR_INVALID, "unknown topology preset \"%s\"%s", name, hint);
+    }
+    *path = p;
+    return CDP_OK;
+}
+
+/* ---- files ---------------------------------------------------------------------- */
+
+cdp_status cdp_topology_load_text(const char *text, size_t len, const char *name, struct cdp_topology **out)
+{
+    size_t i = 0;
+    if (len >= 3 && !memcmp(text, "\xef\xbb\xbf", 3)) i = 3;
+    while (i < len && isspace((unsigned char)text[i])) i++;
+    if (i == len) return cdp_fail(CDP_ERR_INVALID, "%s: the file is empty", name);
+    if (text[i] == '{') return cdp_topo_load_native_json(text, len, name, out);
+    if (text[i] != '<')
+        return cdp_fail(CDP_ERR_INVALID, "%s: not a topology file: expected hwloc XML, NCCL topology XML or "
+                        "cdphybrid JSON (docs/topology.md)", name);
+    struct cdp_xml *root = NULL;
+    cdp_status st = cdp_xml_parse(text, len, name, &root);
+    if (st) return st;
+    if (!strcmp(root->name, "topology")) st = cdp_topo_load_hwloc_xml(root, name, out);
+    else if (!strcmp(root->name, "system")) st = cdp_topo_load_nccl_xml(root, name, out);
+    else
+        st = cdp_fail(CDP_ERR_INVALID, "%s: line %d: root element <%s>: expected <topology> (hwloc XML) or "
+                      "<system> (NCCL topology XML)", name, root->line, root->name);
+    cdp_xml_free(root);
+    return st;
+}
+
+cdp_status cdp_topology_load_file(const char *path, struct cdp_topology **out)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return cdp_fail(CDP_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+    struct stat sb;
+    if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        fclose(f);
+        return cdp_fail(CDP_ERR_IO, "%s: not a regular file", path);
+    }
+    if (sb.st_size > (64 << 20)) {
+        fclose(f);
+        return cdp_fail(CDP_ERR_INVALID, "%s: %lld bytes is too large for a topology file (64 MiB at most)", path,
+                        (long long)sb.st_size);
+    }
+    size_t n = (size_t)sb.st_size;
+    char *buf = malloc(n + 1);
+    if (!buf) {
+        fclose(f);
+        return cdp_fail(CDP_ERR_NOMEM, "%s: out of memory", path);
+    }
+    size_t got = fread(buf, 1, n, f);
+    int err = ferror(f);
+    fclose(f);
+    if (err || got != n) {
+        free(buf);
+        return cdp_fail(CDP_ERR_IO, "cannot read %s", path);
+    }
+    buf[n] = '\0';
+    cdp_status st = cdp_topology_load_text(buf, n, path, out);
+    free(buf);
+    return st;
+}
+
+/* ---- specs ------------------------------------------------------------------------- */
+
+static char *join(const char *base, const char *rel)
+{
+    if (rel[0] == '/' || !base || !*base) return strdup(rel);
+    size_t n = strlen(base) + strlen(rel) + 2;
+    char *p = malloc(n);
+    if (p) snprintf(p, n, "%s/%s", base, rel);
+    return p;
+}
+
+static int looks_like_path(const char *s)
+{
+    size_t n = strlen(s);
+    return strchr(s, '/') || (n > 4 && (!strcmp(s + n - 4, ".xml") || !strcmp(s + n - 5, ".json")));
+}
+
+/* "4 x dgx-a100", "4x dgx-a100", "4xdgx-a100": nodes and the node spec. */
+static int parse_cluster(const char *spec, long *nodes, const char **rest)
+{
+    const char *p = spec;
+    while (isspace((unsigned char)*p)) p++;
+    if (!isdigit((unsigned char)*p)) return 0;
+    char *end;
+    long n = strtol(p, &end, 10);
+    while (isspace((unsigned char)*end)) end++;
+    if (*end != 'x' && *end != 'X') return 0;
+    end++;
+    while (isspace((unsigned char)*end)) end++;
+    if (!*end) return 0;
+    *nodes = n;
+    *rest = end;
+    return 1;
+}
+
+enum spec_kind { SPEC_AUTO, SPEC_PRESET, SPEC_CLUSTER, SPEC_FILE };
+
+/* Classifies spec; *path (owned) is the preset or file path when there is one. */
+static cdp_status classify(const char *spec, const char *base_dir, enum spec_kind *kind, char **path, long *nodes,
+                           const char **node_spec)
+{
+    *path = NULL;
+    if (!spec || !*spec) return cdp_fail(CDP_ERR_INVALID, "empty topology spec");
+    if (!strcmp(spec, "auto")) {
+        *kind = SPEC_AUTO;
+        return CDP_OK;
+    }
+    if (parse_cluster(spec, nodes, node_spec)) {
+        if (*nodes < 1 || *nodes > 65536)
+            return cdp_fail(CDP_ERR_INVALID, "topology \"%s\": a cluster has 1 to 65536 nodes", spec);
+        enum spec_kind k;
+        long inner_nodes;
+        const char *inner;
+        cdp_status st = classify(*node_spec, base_dir, &k, path, &inner_nodes, &inner);
+        if (st) return cdp_error_context(st, "topology \"%s\"", spec);
+        if (k == SPEC_AUTO || k == SPEC_CLUSTER) {
+            free(*path);
+            *path = NULL;
+            return cdp_fail(CDP_ERR_INVALID, "topology \"%s\": a cluster is N x a preset or a one-node file", spec);
+        }
+        *kind = SPEC_CLUSTER;
+        return CDP_OK;
+    }
+    if (!looks_like_path(spec) && (*path = preset_find(spec))) {
+        *kind = SPEC_PRESET;
+        return CDP_OK;
+    }
+    char *joined = join(base_dir, spec);
+    if (!joined) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
+    char *abs = realpath(joined, NULL);
+    if (!abs) {
+        int e = errno;
+        char hint[1024] = "";
+        if (!looks_like_path(spec)) {
+            char sub[900];
+            suggest(spec, sub, sizeof sub);
+            snprintf(hint, sizeof hint, ", and \"%s\" is not a preset either%s", spec, sub);
+        }
+        cdp_status st = cdp_fail(CDP_ERR_INVALID, "cannot open \"%s\": %s%s", joined, strerror(e), hint);
+        free(joined);
+        return st;
+    }
+    free(joined);
+    if (!is_regular(abs)) {
+        cdp_status st = cdp_fail(CDP_ERR_INVALID, "\"%s\" is not a regular file", abs);
+        free(abs);
+        return st;
+    }
+    *path = abs;
+    *kind = SPEC_FILE;
+    return CDP_OK;
+}
+
+cdp_status cdp_topology_check_spec(const char *spec, const char *base_dir, char **normalized)
+{
+    enum spec_kind kind;
+    char *path = NULL;
+    long nodes = 0;
+    const char *node_spec = NULL;
+    cdp_status st = classify(spec, base_dir, &kind, &path, &nodes, &node_spec);
+    if (st) return st;
+    char *norm = NULL;
+    if (kind == SPEC_FILE) {
+        norm = path;
+        path = NULL;
+    } else if (kind == SPEC_CLUSTER && looks_like_path(node_spec)) {
+        size_t n = strlen(path) + 32;
+        norm = malloc(n);
+        if (norm) snprintf(norm, n, "%ld x %s", nodes, path);
+    } else {
+        norm = strdup(spec);
+    }
+    free(path);
+    if (!norm) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
+    if (normalized) *normalized = norm;
+    else free(norm);
+    return CDP_OK;
+}
+
+cdp_status cdp_topology_load(const char *spec, const char *base_dir, struct cdp_topology **out)
+{
+    enum spec_kind kind;
+    char *path = NULL;
+    long nodes = 0;
+    const char *node_spec = NULL;
+    cdp_status st = classify(spec, base_dir, &kind, &path, &nodes, &node_spec);
+    if (st) return st;
+    struct cdp_topology *t = NULL;
+    switch (kind) {
+    case SPEC_AUTO:
+        st = cdp_topology_discover(NULL, &t);
+        break;
+    case SPEC_PRESET:
+    case SPEC_FILE:
+        CDP_INFO(TOPO, "topology \"%s\": %s %s", spec, kind == SPEC_PRESET ? "preset" : "file", path);
+        st = cdp_topology_load_file(path, &t);
+        if (st && kind == SPEC_PRESET) st = cdp_error_context(st, "preset \"%s\"", spec);
+        break;
+    case SPEC_CLUSTER: {
+        struct cdp_topology *node = NULL;
+        CDP_INFO(TOPO, "topology \"%s\": %ld nodes of %s", spec, nodes, path);
+        if (!(st = cdp_topology_load_file(path, &node))) {
+            if (node->n_nodes != 1)
+                st = cdp_fail(CDP_ERR_INVALID, "topology \"%s\": %s already has %d nodes", spec, path, node->n_nodes);
+            else
+                st = cdp_topology_cluster(node, (int)nodes, NULL, &t);
+        }
+        cdp_topology_free(node);
+        break;
+    }
+    }
+    free(path);
+    if (st) return st;
+    *out = t;
+    return CDP_OK;
+}

@@ -1,0 +1,9 @@
+/* Subcommands of the cdphybrid program, each a main() of its own that returns
+ * the exit code (0 success, 1 the run failed, 2 bad usage or bad input). */
+#ifndef CDP_CLI_COMMANDS_H
+#define CDP_CLI_COMMANDS_H
+
+/* `cdphybrid topo ...`; argv[0] is "topo". */
+int cdp_cli_topo(int argc, char **argv);
+
+#endif
