@@ -1,0 +1,109 @@
+/* Communicators: one API over `self` (one rank, no MPI) and `mpi` (Open MPI,
+ * host memory). A communicator is a group of ranks; split() makes the
+ * data-parallel group of each stage and the pipeline of each replica, and a
+ * rank creates only the groups it belongs to. Every wait has a deadline: past
+ * it the call fails with CDP_ERR_COMM and "timed out after N s", and the caller
+ * decides to abort the job. Buffers are host memory (the CPU backend; GPU ranks
+ * that share one GPU stage through the host).
+ *
+ * Threads: MPI is initialised MPI_THREAD_FUNNELED, so call every function on
+ * a communicator from the thread that created the world.
+ * Knobs read from the environment, for tests and measurement only:
+ * CDP_COMM_CHUNK_BYTES (largest single MPI message, default 1 GiB),
+ * CDP_COMM_SPIN_US / CDP_COMM_SLEEP_MAX_US (how a wait polls: spin 50 us,
+ * plus the time the bytes in flight should take, then sleep up to 250 us). */
+#ifndef CDP_COMM_H
+#define CDP_COMM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cdp/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct cdp_comm *cdp_comm_t;
+typedef struct cdp_request *cdp_request_t;
+
+enum cdp_reduce_op { CDP_REDUCE_SUM = 0, CDP_REDUCE_AVG, CDP_REDUCE_MAX, CDP_REDUCE_OP_COUNT };
+
+/* 1 when this build has the mpi communicator. */
+int cdp_comm_have_mpi(void);
+
+/* 1 when this process was started by mpirun (or another MPI launcher):
+ * OMPI_COMM_WORLD_SIZE or PMIX_RANK is set, or PMI_SIZE is above one. Also in
+ * a build without MPI, so that the caller can refuse a multi-rank launch. */
+int cdp_comm_launched_by_mpi(void);
+
+/* The world: `mpi` when launched by mpirun (MPI_Init_thread happens here, once,
+ * unless the program initialised MPI itself), else `self` (also when launched
+ * by mpirun in a build without MPI). A second call while the mpi world lives
+ * returns the same handle; each call needs its cdp_comm_free, and the last
+ * one finalises MPI. After MPI is finalised, the mpi world cannot be made
+ * again in this process (CDP_ERR_COMM). Sets the log's rank prefix. */
+cdp_status cdp_comm_world(cdp_comm_t *out);
+
+/* The world of one rank without MPI, whatever the environment. */
+cdp_status cdp_comm_self(cdp_comm_t *out);
+
+const char *cdp_comm_name(cdp_comm_t c); /* "self" / "mpi" */
+int cdp_comm_rank(cdp_comm_t c);
+int cdp_comm_size(cdp_comm_t c);
+
+/* Collective over c: ranks with the same color form a new communicator,
+ * ordered by key; color < 0 means "not a member" and gives *out = NULL.
+ * It has no deadline (MPI has no non-blocking split): call it at start-up,
+ * where a dead peer ends the job through mpirun. */
+cdp_status cdp_comm_split(cdp_comm_t c, int color, int key, cdp_comm_t *out);
+
+/* In-place all-reduce of n floats / doubles (sum, average, max) within the
+ * deadline (MPI_Iallreduce, MPI_IN_PLACE, no copy). If an all-reduce,
+ * barrier or gather fails or times out, MPI cannot cancel it and may still
+ * write the buffer: the communicator then refuses further calls, the world is
+ * not finalised, and the caller should end the job with cdp_comm_abort. */
+cdp_status cdp_comm_allreduce_f32(cdp_comm_t c, float *buf, size_t n, enum cdp_reduce_op op, double timeout_s);
+cdp_status cdp_comm_allreduce_f64(cdp_comm_t c, double *buf, size_t n, enum cdp_reduce_op op, double timeout_s);
+
+/* Point to point, non-blocking: the buffer must stay untouched until the
+ * request completes. tag >= 0 and below 2^20; peer in 0..size-1 (a rank may
+ * send to itself). A receive must name exactly the size of the matching send:
+ * a shorter message fails the receive ("expected N bytes"), a longer one
+ * fails it with MPI_ERR_TRUNCATE (Open MPI 4.1 does not detect the longer one
+ * on a message to self). Messages of any size_t length (above 1 GiB they
+ * travel as several messages). On `self`, a send completes when its receive
+ * is posted (the bytes are copied once, then). cdp_comm_wait always frees the
+ * request; past its deadline it fails with "timed out after N s" (a receive
+ * is cancelled; a send is left to MPI, so keep its buffer until the job
+ * ends). A communicator must not be freed while it has requests. */
+cdp_status cdp_comm_isend(cdp_comm_t c, const void *buf, size_t bytes, int peer, int tag, cdp_request_t *req);
+cdp_status cdp_comm_irecv(cdp_comm_t c, void *buf, size_t bytes, int peer, int tag, cdp_request_t *req);
+cdp_status cdp_comm_wait(cdp_request_t req, double timeout_s);
+/* Never blocks. 0 while the request is pending; 1 when it has completed;
+ * -1 when it has completed with an error (message in cdp_last_error()). The
+ * request is freed in both non-zero cases. */
+int cdp_comm_test(cdp_request_t req);
+
+cdp_status cdp_comm_barrier(cdp_comm_t c, double timeout_s);
+
+/* Rank 0 receives every rank's bytes (sizes may differ): *out (malloc'd) holds
+ * them in rank order and lens[] their sizes (malloc'd, size entries); other
+ * ranks get NULL. */
+cdp_status cdp_comm_gather_bytes(cdp_comm_t c, const void *buf, size_t bytes, void **out,
+                                 size_t **lens, double timeout_s);
+
+/* Ends the whole job now with this exit code: MPI_Abort(MPI_COMM_WORLD) on
+ * mpi (mpirun then kills every rank and exits with the code); on self, exit()
+ * (or MPI_Abort when an MPI world is live), the one place the library ends
+ * the process, because the caller asked it to. c may be NULL. */
+void cdp_comm_abort(cdp_comm_t c, int code);
+
+/* Frees a communicator; NULL is a no-op. Freeing the world finalises MPI. */
+void cdp_comm_free(cdp_comm_t c);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,90 @@
+/* The communicator backend table, shared by the front (comm.c) and the
+ * backends (comm_self.c, comm_mpi.c). The front checks arguments, keeps the
+ * request bookkeeping and runs every deadline; a backend only moves bytes. */
+#ifndef CDP_COMM_BACKEND_H
+#define CDP_COMM_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cdp_config.h"
+#include "comm/comm.h"
+
+/* User tags are below 2^20; the backends may use tags from here up. */
+#define CDP_COMM_TAG_LIMIT (1 << 20)
+#define CDP_COMM_TAG_GATHER (CDP_COMM_TAG_LIMIT + 1)
+
+enum cdp_comm_dtype { CDP_COMM_F32 = 0, CDP_COMM_F64, CDP_COMM_U64, CDP_COMM_DTYPE_COUNT };
+
+/* NULL in a slot means "not supported". Every call of a backend comes from the
+ * front with checked arguments (peer in range, tag in range, buffers non-NULL
+ * when bytes > 0). */
+struct cdp_comm_ops {
+    const char *name;
+    cdp_status (*split)(struct cdp_comm *c, int color, int key, struct cdp_comm **out);
+    /* In-place all-reduce, barrier and gather run to completion within the
+     * deadline, polling with cdp_comm_poll(). */
+    cdp_status (*allreduce)(struct cdp_comm *c, void *buf, size_t n, enum cdp_comm_dtype dt,
+                            enum cdp_reduce_op op, double timeout_s);
+    /* Start a send / receive described by r (buf, bytes, peer, tag): fill r->impl. */
+    cdp_status (*isend)(struct cdp_comm *c, struct cdp_request *r);
+    cdp_status (*irecv)(struct cdp_comm *c, struct cdp_request *r);
+    /* Progresses r; *done = 1 once complete (an error also completes it). */
+    cdp_status (*test)(struct cdp_request *r, int *done);
+    /* Frees r->impl; an incomplete request (past its deadline) is cancelled
+     * where the backend can, else left to finish on its own. */
+    void (*release)(struct cdp_request *r);
+    cdp_status (*barrier)(struct cdp_comm *c, double timeout_s);
+    cdp_status (*gather_bytes)(struct cdp_comm *c, const void *buf, size_t bytes, void **out,
+                               size_t **lens, double timeout_s);
+    void (*abort)(struct cdp_comm *c, int code);
+    void (*free)(struct cdp_comm *c);
+};
+
+struct cdp_comm {
+    const struct cdp_comm_ops *ops;
+    int rank, size;
+    long pending;  /* requests handed out and not yet freed */
+    int refs;      /* the world is shared by every cdp_comm_world() caller */
+    int is_world;
+    void *impl;    /* the backend's state */
+};
+
+struct cdp_request {
+    struct cdp_comm *comm;
+    int is_send;
+    int peer, tag;
+    void *buf;     /* not owned */
+    size_t bytes;
+    void *impl;    /* the backend's state */
+};
+
+/* The backends. */
+extern const struct cdp_comm_ops cdp_comm_self_ops;
+cdp_status cdp_comm_self_create(struct cdp_comm **out);
+#if CDP_HAVE_MPI
+extern const struct cdp_comm_ops cdp_comm_mpi_ops;
+/* MPI_Init_thread (unless the program already did), then the world. */
+cdp_status cdp_comm_mpi_world(struct cdp_comm **out);
+/* 1 while MPI is initialised and not finalised (the self backend's abort uses it). */
+int cdp_comm_mpi_active(void);
+void cdp_comm_mpi_abort_world(int code);
+#endif
+
+/* Allocates a communicator handle for a backend; NULL when out of memory. */
+struct cdp_comm *cdp_comm_alloc(const struct cdp_comm_ops *ops, int rank, int size, void *impl);
+
+/* Polls test(arg) until it reports done, it fails, or the deadline passes
+ * (timeout_s <= 0: none; t0 from cdp_time_ns()). It spins for the first
+ * 50 us, plus the time `bytes` should take to move at spin_gbps (MPI moves
+ * data only inside its calls, so a transfer under way is polled closely),
+ * then sleeps with growing pauses up to a cap, so an idle rank does not burn
+ * its core while a fast answer is still seen at once.
+ * Past the deadline: CDP_ERR_COMM "timed out after N s". */
+#define CDP_COMM_SPIN_P2P_GBPS 4.0
+#define CDP_COMM_SPIN_COLL_GBPS 1.0
+typedef cdp_status (*cdp_comm_test_fn)(void *arg, int *done);
+cdp_status cdp_comm_poll(cdp_comm_test_fn test, void *arg, uint64_t t0, double timeout_s,
+                         size_t bytes, double spin_gbps);
+
+#endif

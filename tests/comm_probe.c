@@ -1,0 +1,470 @@
+/* The MPI side of suite comm: one scenario per run, started by test_comm.c
+ * under `mpirun -np N`. Every rank checks what it sees; on success each rank
+ * prints "rank R/N: <scenario> ok", on a failed check it prints "FAIL ..."
+ * and aborts the job with exit code 3.
+ * usage: comm_probe world|split|allreduce|p2p|gather|barrier|timeout|errors|
+ *                   bigmsg|allreduce_timeout|abort|kill */
+#include <math.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cdp/core.h"
+#include "comm/comm.h"
+
+static cdp_comm_t world;
+static int R, N;
+
+#define CHECK(cond, ...)                                                                    \
+    do {                                                                                    \
+        if (!(cond)) {                                                                      \
+            fprintf(stderr, "FAIL rank %d/%d at %s:%d: %s: ", R, N, __FILE__, __LINE__, #cond); \
+            fprintf(stderr, __VA_ARGS__);                                                   \
+            fprintf(stderr, "\n");                                                          \
+            cdp_comm_abort(world, 3);                                                       \
+        }                                                                                   \
+    } while (0)
+#define OK(call) CHECK((call) == CDP_OK, "%s", cdp_last_error())
+
+static double now_s(void) { return (double)cdp_time_ns() * 1e-9; }
+
+static void sleep_s(double s)
+{
+    struct timespec ts = { (time_t)s, (long)((s - (double)(time_t)s) * 1e9) };
+    nanosleep(&ts, NULL);
+}
+
+static unsigned char pattern(int src, int tag, size_t i) { return (unsigned char)(src * 131 + tag * 17 + i * 7); }
+
+static void fill(unsigned char *p, size_t n, int src, int tag)
+{
+    for (size_t i = 0; i < n; i++) p[i] = pattern(src, tag, i);
+}
+
+static size_t first_bad(const unsigned char *p, size_t n, int src, int tag)
+{
+    for (size_t i = 0; i < n; i++)
+        if (p[i] != pattern(src, tag, i)) return i;
+    return SIZE_MAX;
+}
+
+/* ---- scenarios ------------------------------------------------------------ */
+
+static void scen_world(void)
+{
+    CHECK(!strcmp(cdp_comm_name(world), "mpi"), "name %s", cdp_comm_name(world));
+    const char *env_rank = getenv("OMPI_COMM_WORLD_RANK"), *env_size = getenv("OMPI_COMM_WORLD_SIZE");
+    CHECK(env_rank && atoi(env_rank) == R, "OMPI_COMM_WORLD_RANK %s", env_rank ? env_rank : "(unset)");
+    CHECK(env_size && atoi(env_size) == N, "OMPI_COMM_WORLD_SIZE %s", env_size ? env_size : "(unset)");
+    cdp_comm_t again = NULL;
+    OK(cdp_comm_world(&again));
+    CHECK(again == world, "a second cdp_comm_world gives the same world");
+    cdp_comm_free(again);
+    CHECK(cdp_comm_launched_by_mpi(), "launched");
+}
+
+/* The members of c, as world ranks in c's rank order, checked on every rank. */
+static void check_members(cdp_comm_t c, const int *expect, int n, const char *what)
+{
+    CHECK(cdp_comm_size(c) == n, "%s: size %d, expected %d", what, cdp_comm_size(c), n);
+    void *out = NULL;
+    size_t *lens = NULL;
+    int me = R;
+    OK(cdp_comm_gather_bytes(c, &me, sizeof me, &out, &lens, 30));
+    if (cdp_comm_rank(c) == 0) {
+        for (int i = 0; i < n; i++) {
+            CHECK(lens[i] == sizeof(int), "%s: length %zu", what, lens[i]);
+            CHECK(((int *)out)[i] == expect[i], "%s: member %d is world rank %d, expected %d", what, i,
+                  ((int *)out)[i], expect[i]);
+        }
+    } else {
+        CHECK(!out && !lens, "%s: only rank 0 gets the data", what);
+    }
+    free(out);
+    free(lens);
+    /* and every rank agrees on the sum of the members */
+    double sum = R, want = 0;
+    for (int i = 0; i < n; i++) want += expect[i];
+    OK(cdp_comm_allreduce_f64(c, &sum, 1, CDP_REDUCE_SUM, 30));
+    CHECK(sum == want, "%s: sum of members %g, expected %g", what, sum, want);
+}
+
+static void scen_split(void)
+{
+    /* a grid of S stages x P replicas; world rank = replica * S + stage */
+    int S = N % 2 == 0 ? 2 : 1, P = N / S;
+    int stage = R % S, replica = R / S;
+    cdp_comm_t dp = NULL, pp = NULL;
+    OK(cdp_comm_split(world, stage, replica, &dp));
+    OK(cdp_comm_split(world, replica, stage, &pp));
+    CHECK(dp && pp, "members get a communicator");
+    CHECK(cdp_comm_rank(dp) == replica, "data-parallel rank %d, expected %d", cdp_comm_rank(dp), replica);
+    CHECK(cdp_comm_rank(pp) == stage, "pipeline rank %d, expected %d", cdp_comm_rank(pp), stage);
+    int members[64];
+    for (int r = 0; r < P; r++) members[r] = r * S + stage;
+    check_members(dp, members, P, "stage group");
+    for (int s = 0; s < S; s++) members[s] = replica * S + s;
+    check_members(pp, members, S, "pipeline group");
+
+    /* key orders the ranks: reversed */
+    cdp_comm_t rev = NULL;
+    OK(cdp_comm_split(world, 0, N - R, &rev));
+    CHECK(cdp_comm_rank(rev) == N - 1 - R, "reversed rank %d", cdp_comm_rank(rev));
+    for (int r = 0; r < N; r++) members[r] = N - 1 - r;
+    check_members(rev, members, N, "reversed group");
+
+    /* color < 0: not a member */
+    cdp_comm_t some = (cdp_comm_t)&some;
+    OK(cdp_comm_split(world, R == 0 ? -1 : 5, R, &some));
+    if (R == 0) {
+        CHECK(some == NULL, "color -1 gives NULL");
+    } else {
+        for (int r = 1; r < N; r++) members[r - 1] = r;
+        check_members(some, members, N - 1, "group without rank 0");
+    }
+    cdp_comm_free(some);
+    cdp_comm_free(rev);
+    cdp_comm_free(pp);
+    cdp_comm_free(dp);
+}
+
+static void scen_allreduce(void)
+{
+    static const size_t sizes[] = { 1, 7, 1000003 };
+    for (size_t k = 0; k < sizeof sizes / sizeof *sizes; k++) {
+        size_t n = sizes[k];
+        float *f = malloc(n * sizeof *f);
+        double *d = malloc(n * sizeof *d);
+        CHECK(f && d, "memory");
+        for (int op = 0; op < CDP_REDUCE_OP_COUNT; op++) {
+            for (size_t i = 0; i < n; i++) {
+                f[i] = (float)(R + 1 + (int)(i % 7));
+                d[i] = 0.25 * (R + 1) + (double)(i % 5);
+            }
+            OK(cdp_comm_allreduce_f32(world, f, n, (enum cdp_reduce_op)op, 60));
+            OK(cdp_comm_allreduce_f64(world, d, n, (enum cdp_reduce_op)op, 60));
+            for (size_t i = 0; i < n; i++) {
+                /* closed forms: sum over r of (r + 1 + i%7) etc. */
+                double fs = N * (N + 1) / 2.0 + N * (double)(i % 7);
+                double ds = 0.25 * N * (N + 1) / 2.0 + N * (double)(i % 5);
+                double fw = op == CDP_REDUCE_SUM ? fs : op == CDP_REDUCE_AVG ? fs / N : N + (double)(i % 7);
+                double dw = op == CDP_REDUCE_SUM ? ds : op == CDP_REDUCE_AVG ? ds / N : 0.25 * N + (double)(i % 5);
+                CHECK(fabs(f[i] - fw) <= 1e-6 * fabs(fw), "f32 op %d n %zu [%zu] = %.9g, expected %.9g", op, n, i,
+                      (double)f[i], fw);
+                CHECK(fabs(d[i] - dw) <= 1e-14 * fabs(dw), "f64 op %d n %zu [%zu] = %.17g, expected %.17g", op, n,
+                      i, d[i], dw);
+            }
+        }
+        free(f);
+        free(d);
+    }
+    /* n == 0 is a no-op on every rank */
+    OK(cdp_comm_allreduce_f32(world, NULL, 0, CDP_REDUCE_SUM, 10));
+}
+
+/* Ring: every rank sends to the right and receives from the left, with many
+ * tags in flight, receives posted before and after the sends, and completed
+ * in an order unrelated to the posting order. */
+static void scen_p2p(void)
+{
+    enum { K = 8 };
+    int right = (R + 1) % N, left = (R + N - 1) % N;
+    size_t sizes[K];
+    unsigned char *sbuf[K], *rbuf[K];
+    cdp_request_t sreq[K], rreq[K];
+    for (int t = 0; t < K; t++) {
+        sizes[t] = t == 5 ? (1u << 20) + 3 : (size_t)t * 1000 + (t % 2 ? 0 : 1);
+        sbuf[t] = malloc(sizes[t] + 1);
+        rbuf[t] = malloc(sizes[t] + 1);
+        fill(sbuf[t], sizes[t], R, t);
+        memset(rbuf[t], 0xEE, sizes[t]);
+    }
+    /* tags 0..3: receive first; 4..7: send first (tag numbers spread out) */
+    for (int t = 0; t < K / 2; t++) OK(cdp_comm_irecv(world, rbuf[t], sizes[t], left, 1000 * t, &rreq[t]));
+    for (int t = K - 1; t >= 0; t--) OK(cdp_comm_isend(world, sbuf[t], sizes[t], right, 1000 * t, &sreq[t]));
+    for (int t = K / 2; t < K; t++) OK(cdp_comm_irecv(world, rbuf[t], sizes[t], left, 1000 * t, &rreq[t]));
+    /* complete out of order: odd receives by testing, then the rest by waiting in reverse */
+    int pending = K / 2;
+    double t0 = now_s();
+    while (pending > 0 && now_s() - t0 < 30) {
+        for (int t = 1; t < K; t += 2) {
+            if (!rreq[t]) continue;
+            int r = cdp_comm_test(rreq[t]);
+            CHECK(r >= 0, "test: %s", cdp_last_error());
+            if (r) rreq[t] = NULL, pending--;
+        }
+    }
+    CHECK(pending == 0, "odd receives completed by cdp_comm_test");
+    for (int t = K - 2; t >= 0; t -= 2) OK(cdp_comm_wait(rreq[t], 30));
+    for (int t = 0; t < K; t++) OK(cdp_comm_wait(sreq[t], 30));
+    for (int t = 0; t < K; t++) {
+        size_t bad = first_bad(rbuf[t], sizes[t], left, t);
+        CHECK(bad == SIZE_MAX, "tag %d: byte %zu of %zu differs", 1000 * t, bad, sizes[t]);
+        free(sbuf[t]);
+        free(rbuf[t]);
+    }
+
+    /* ping-pong between ranks 0 and 1 (or rank 0 and itself) with 3 tags in flight */
+    if (R < 2) {
+        int peer = N > 1 ? 1 - R : 0;
+        unsigned char out[3][64], in[3][64];
+        for (int it = 0; it < 200; it++) {
+            cdp_request_t rq[3], sq[3];
+            for (int t = 0; t < 3; t++) OK(cdp_comm_irecv(world, in[t], sizeof in[t], peer, 7 + t, &rq[t]));
+            if (R == 0 || N == 1) {
+                for (int t = 0; t < 3; t++) {
+                    fill(out[t], sizeof out[t], it, t);
+                    OK(cdp_comm_isend(world, out[t], sizeof out[t], peer, 7 + t, &sq[t]));
+                }
+                for (int t = 2; t >= 0; t--) OK(cdp_comm_wait(rq[t], 30));
+                for (int t = 0; t < 3; t++) OK(cdp_comm_wait(sq[t], 30));
+            } else {
+                for (int t = 2; t >= 0; t--) OK(cdp_comm_wait(rq[t], 30));
+                for (int t = 0; t < 3; t++) {
+                    memcpy(out[t], in[t], sizeof out[t]);
+                    OK(cdp_comm_isend(world, out[t], sizeof out[t], peer, 7 + t, &sq[t]));
+                }
+                for (int t = 0; t < 3; t++) OK(cdp_comm_wait(sq[t], 30));
+            }
+            for (int t = 0; t < 3; t++)
+                CHECK(first_bad(in[t], sizeof in[t], it, t) == SIZE_MAX, "ping-pong %d tag %d", it, 7 + t);
+        }
+    }
+    OK(cdp_comm_barrier(world, 30));
+}
+
+static void scen_gather(void)
+{
+    for (int round = 0; round < 3; round++) {
+        size_t mine = R == 1 ? 0 : (size_t)R * 1000 + 7 + (size_t)round * 100000;
+        unsigned char *buf = malloc(mine + 1);
+        fill(buf, mine, R, round);
+        void *out = (void *)1;
+        size_t *lens = (size_t *)1;
+        OK(cdp_comm_gather_bytes(world, buf, mine, &out, &lens, 30));
+        if (R == 0) {
+            size_t off = 0;
+            for (int r = 0; r < N; r++) {
+                size_t want = r == 1 ? 0 : (size_t)r * 1000 + 7 + (size_t)round * 100000;
+                CHECK(lens[r] == want, "round %d: rank %d sent %zu bytes, expected %zu", round, r, lens[r], want);
+                CHECK(first_bad((unsigned char *)out + off, want, r, round) == SIZE_MAX, "round %d: rank %d's bytes",
+                      round, r);
+                off += want;
+            }
+        } else {
+            CHECK(out == NULL && lens == NULL, "non-root gets NULL");
+        }
+        free(out);
+        free(lens);
+        free(buf);
+    }
+}
+
+static void scen_barrier(void)
+{
+    OK(cdp_comm_barrier(world, 30));
+    double t0 = now_s();
+    sleep_s(0.1 * R);
+    OK(cdp_comm_barrier(world, 30));
+    double el = now_s() - t0;
+    CHECK(el >= 0.1 * (N - 1) - 0.02, "left the barrier after %.3f s, before the last rank arrived (%.1f s)", el,
+          0.1 * (N - 1));
+}
+
+static void scen_timeout(void)
+{
+    if (R == 0) {
+        char buf[16];
+        cdp_request_t rq = NULL;
+        int peer = N - 1;
+        OK(cdp_comm_irecv(world, buf, sizeof buf, peer, 77, &rq));
+        double t0 = now_s();
+        cdp_status st = cdp_comm_wait(rq, 1.0);
+        double el = now_s() - t0;
+        CHECK(st == CDP_ERR_COMM, "status %d: %s", (int)st, cdp_last_error());
+        CHECK(strstr(cdp_last_error(), "timed out after 1 s"), "%s", cdp_last_error());
+        CHECK(strstr(cdp_last_error(), "receive from rank"), "%s", cdp_last_error());
+        CHECK(el >= 1.0 && el < 2.0, "timed out after %.3f s", el);
+        printf("rank 0: timed out after %.3f s: %s\n", el, cdp_last_error());
+    }
+    /* the communicator still works after a point-to-point timeout */
+    OK(cdp_comm_barrier(world, 30));
+    int v = 1;
+    char *p = (char *)&v;
+    cdp_request_t s, r;
+    int w = 0;
+    OK(cdp_comm_irecv(world, &w, sizeof w, (R + N - 1) % N, 77, &r));
+    OK(cdp_comm_isend(world, p, sizeof v, (R + 1) % N, 77, &s));
+    OK(cdp_comm_wait(r, 30));
+    OK(cdp_comm_wait(s, 30));
+    CHECK(w == 1, "after the timeout, a message on the same tag arrives intact");
+}
+
+static void scen_errors(void)
+{
+    char a[200] = { 0 }, b[200];
+    cdp_request_t rq = NULL, sq = NULL;
+    CHECK(cdp_comm_isend(world, a, 1, N, 0, &sq) == CDP_ERR_INVALID && strstr(cdp_last_error(), "no such rank"),
+          "%s", cdp_last_error());
+    CHECK(cdp_comm_irecv(world, a, 1, -1, 0, &rq) == CDP_ERR_INVALID, "%s", cdp_last_error());
+    CHECK(cdp_comm_isend(world, a, 1, 0, 1 << 20, &sq) == CDP_ERR_INVALID && strstr(cdp_last_error(), "tag"), "%s",
+          cdp_last_error());
+    CHECK(cdp_comm_irecv(world, a, 1, 0, -3, &rq) == CDP_ERR_INVALID, "%s", cdp_last_error());
+    CHECK(!rq && !sq, "no request on a bad argument");
+
+    /* a shorter message than expected (to self) */
+    OK(cdp_comm_irecv(world, b, 200, R, 5, &rq));
+    OK(cdp_comm_isend(world, a, 100, R, 5, &sq));
+    OK(cdp_comm_wait(sq, 10));
+    CHECK(cdp_comm_wait(rq, 10) == CDP_ERR_COMM && strstr(cdp_last_error(), "expected 200 bytes"), "%s",
+          cdp_last_error());
+    /* a longer one, rank 0 to rank 1: MPI's own truncation error, with its
+     * text (Open MPI 4.1 does not report truncation of a message to self) */
+    if (N >= 2 && R < 2) {
+        if (R == 0) {
+            OK(cdp_comm_isend(world, a, 200, 1, 6, &sq));
+            OK(cdp_comm_wait(sq, 10));
+        } else {
+            OK(cdp_comm_irecv(world, b, 100, 0, 6, &rq));
+            int r = 0;
+            double t0 = now_s();
+            while (!(r = cdp_comm_test(rq)) && now_s() - t0 < 10) {
+            }
+            CHECK(r == -1 && strstr(cdp_last_error(), "MPI_ERR_TRUNCATE"), "test gives -1 on an error: %d, %s", r,
+                  cdp_last_error());
+            printf("rank %d: truncation reads: %s\n", R, cdp_last_error());
+        }
+    }
+    OK(cdp_comm_barrier(world, 30));
+}
+
+/* A message above MPI's int count: travels in chunks (1 GiB, or
+ * CDP_COMM_CHUNK_BYTES). Ranks 0 and 1 only. */
+static void scen_bigmsg(void)
+{
+    size_t n = getenv("CDP_COMM_CHUNK_BYTES") ? (size_t)1000003 : ((size_t)1 << 31) + 13;
+    if (R < 2 && N >= 2) {
+        unsigned char *p = malloc(n);
+        CHECK(p, "memory for %zu bytes", n);
+        cdp_request_t q;
+        if (R == 0) {
+            fill(p, n, 0, 3);
+            OK(cdp_comm_isend(world, p, n, 1, 3, &q));
+        } else {
+            memset(p, 0, n);
+            OK(cdp_comm_irecv(world, p, n, 0, 3, &q));
+        }
+        OK(cdp_comm_wait(q, 120));
+        if (R == 1) CHECK(first_bad(p, n, 0, 3) == SIZE_MAX, "big message intact");
+        free(p);
+    }
+    /* and a chunked all-reduce and gather when the chunk is small */
+    if (getenv("CDP_COMM_CHUNK_BYTES")) {
+        size_t m = 10007;
+        float *f = malloc(m * sizeof *f);
+        for (size_t i = 0; i < m; i++) f[i] = (float)(R + (int)(i % 3));
+        OK(cdp_comm_allreduce_f32(world, f, m, CDP_REDUCE_SUM, 30));
+        for (size_t i = 0; i < m; i++)
+            CHECK(f[i] == (float)(N * (N - 1) / 2 + N * (int)(i % 3)), "chunked all-reduce [%zu] = %g", i, (double)f[i]);
+        free(f);
+        scen_gather();
+    }
+    OK(cdp_comm_barrier(world, 120));
+}
+
+/* A collective that times out: rank 0 reports it, finds the communicator
+ * unusable afterwards, and ends the job with exit code 42 (the documented
+ * recovery); the others never join. */
+static void scen_allreduce_timeout(void)
+{
+    if (R == 0) {
+        float v = 1;
+        double t0 = now_s();
+        cdp_status st = cdp_comm_allreduce_f32(world, &v, 1, CDP_REDUCE_SUM, 0.5);
+        double el = now_s() - t0;
+        CHECK(N == 1 || st == CDP_ERR_COMM, "status %d", (int)st);
+        if (N > 1) {
+            CHECK(strstr(cdp_last_error(), "timed out after 0.5 s") && strstr(cdp_last_error(), "all-reduce"), "%s",
+                  cdp_last_error());
+            CHECK(el >= 0.5 && el < 1.5, "after %.3f s", el);
+            CHECK(cdp_comm_barrier(world, 1) == CDP_ERR_COMM && strstr(cdp_last_error(), "unusable"), "%s",
+                  cdp_last_error());
+        }
+        printf("rank %d/%d: allreduce_timeout ok\n", R, N);
+        fflush(stdout);
+        cdp_comm_abort(world, 42);
+    }
+    sleep_s(30);
+    CHECK(0, "rank 0 should have ended the job");
+}
+
+static void scen_abort(void)
+{
+    printf("pid %d %d\n", R, (int)getpid());
+    fflush(stdout);
+    OK(cdp_comm_barrier(world, 30));
+    if (R == N - 1) {
+        printf("rank %d/%d: aborting at %.3f\n", R, N, now_s());
+        cdp_comm_abort(world, 7);
+    }
+    char c;
+    cdp_request_t q;
+    OK(cdp_comm_irecv(world, &c, 1, N - 1, 1, &q));
+    cdp_status st = cdp_comm_wait(q, 60);
+    CHECK(0, "still running after the abort: %d %s", (int)st, cdp_last_error());
+}
+
+static void scen_kill(void)
+{
+    printf("pid %d %d\n", R, (int)getpid());
+    fflush(stdout);
+    OK(cdp_comm_barrier(world, 30));
+    if (R == N - 1) raise(SIGKILL);
+    /* no deadline: only the launcher can end this */
+    char c;
+    cdp_request_t q;
+    OK(cdp_comm_irecv(world, &c, 1, N - 1, 1, &q));
+    cdp_status st = cdp_comm_wait(q, 0);
+    CHECK(0, "the receive from a killed rank returned: %d %s", (int)st, cdp_last_error());
+}
+
+static const struct {
+    const char *name;
+    void (*run)(void);
+} scenarios[] = {
+    { "world", scen_world },     { "split", scen_split },     { "allreduce", scen_allreduce },
+    { "p2p", scen_p2p },         { "gather", scen_gather },   { "barrier", scen_barrier },
+    { "timeout", scen_timeout }, { "errors", scen_errors },   { "bigmsg", scen_bigmsg },
+    { "allreduce_timeout", scen_allreduce_timeout },          { "abort", scen_abort },
+    { "kill", scen_kill },
+};
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        fprintf(stderr, "usage: comm_probe SCENARIO\n");
+        return 2;
+    }
+    void (*run)(void) = NULL;
+    for (size_t i = 0; i < sizeof scenarios / sizeof *scenarios; i++)
+        if (!strcmp(argv[1], scenarios[i].name)) run = scenarios[i].run;
+    if (!run) {
+        fprintf(stderr, "comm_probe: unknown scenario %s\n", argv[1]);
+        return 2;
+    }
+    if (cdp_comm_world(&world)) {
+        fprintf(stderr, "comm_probe: %s\n", cdp_last_error());
+        return 1;
+    }
+    R = cdp_comm_rank(world);
+    N = cdp_comm_size(world);
+    run();
+    printf("rank %d/%d: %s ok\n", R, N, argv[1]);
+    fflush(stdout);
+    cdp_comm_free(world);
+    return 0;
+}
