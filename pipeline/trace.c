@@ -53,6 +53,20 @@ void cdp_trace_add(struct cdp_trace *t, int rank, enum cdp_event_kind kind, int 
     t->ev[t->n++] = (struct cdp_event_rec){rank, kind, step, mb, start_ns - t->origin, end_ns - start_ns};
 }
 
+struct cdp_event_rec *cdp_trace_events(struct cdp_trace *t, int64_t *n)
+{
+    *n = t->n;
+    return t->ev;
+}
+
+uint64_t cdp_trace_origin(const struct cdp_trace *t) { return t->origin; }
+
+void cdp_trace_set_origin(struct cdp_trace *t, uint64_t origin)
+{
+    t->origin = origin;
+    t->has_origin = 1;
+}
+
 /* Writes through a temporary file in the same folder, renamed on success. */
 static cdp_status open_tmp(const char *path, char *tmp, size_t cap, FILE **f)
 {

@@ -41,6 +41,12 @@ void cdp_trace_destroy(struct cdp_trace *t);
 void cdp_trace_add(struct cdp_trace *t, int rank, enum cdp_event_kind kind, int step, int mb,
                    uint64_t start_ns, uint64_t end_ns);
 
+/* The events kept so far (times from the trace's origin), and that origin. */
+struct cdp_event_rec *cdp_trace_events(struct cdp_trace *t, int64_t *n);
+uint64_t cdp_trace_origin(const struct cdp_trace *t);
+/* Fixes the origin before the first event (events must not start earlier). */
+void cdp_trace_set_origin(struct cdp_trace *t, uint64_t origin);
+
 /* Chrome trace event format (JSON object with "traceEvents"), one track per
  * rank; written atomically (temporary file, then rename). */
 cdp_status cdp_trace_write_chrome(const struct cdp_trace *t, const char *path);

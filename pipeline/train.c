@@ -199,7 +199,7 @@ cdp_status cdp_train_one_rank(const struct cdp_plan *p, const struct cdp_train_o
         const double tps = t.shape->tokens ? sps * (double)t.shape->input_numel : 0;
         const double fps = flops_per_step / dt;
         if (t.metrics) {
-            fprintf(t.metrics, "{\"step\": %lld, \"loss\": %.6g, \"lr\": %g, \"grad_norm\": %.6g, "
+            fprintf(t.metrics, "{\"step\": %lld, \"loss\": %.9g, \"lr\": %g, \"grad_norm\": %.6g, "
                     "\"time_s\": %.6g, \"samples_per_s\": %.6g, \"tokens_per_s\": %.6g, "
                     "\"flops_per_s\": %.6g",
                     (long long)step + 1, loss, td->optimizer.lr, norm, dt, sps, tps, fps);

@@ -24,6 +24,13 @@ struct cdp_train_summary {
     double val_loss;              /* after the last step */
     double seconds;
     double samples_per_s, tokens_per_s, flops_per_s;
+    /* pipeline runs: per step, averaged over ranks and steps after the first */
+    double bubble;       /* idle share of the forward/backward phase */
+    double compute_s;    /* loading, forward, backward, optimizer */
+    double comm_s;       /* posting sends, all-reduces */
+    double idle_s;       /* waiting for a peer's activation or gradient */
+    double overhead_s;   /* the executor's own time: everything else in the step */
+    double step_s;
 };
 
 /* Trains the plan on this process's CPU. The plan must be resolved and ask

@@ -155,12 +155,12 @@ Test(cli, trains_a_plan_and_writes_metrics_and_weights)
     cdp_test_run_free(&r);
 }
 
-Test(cli, multi_rank_plans_name_the_keys_and_exit_2)
+Test(cli, multi_rank_plans_without_launching_ask_for_mpirun)
 {
     const char *plan = cdp_test_source_path("examples/gpt-tiny.json");
-    struct cdp_run r = run((const char *[]){"--plan", plan, NULL});
+    struct cdp_run r = run((const char *[]){"--no-launch", "--plan", plan, NULL});
     cr_assert_eq(r.exit_code, 2, "%s", r.err);
-    cr_assert(strstr(r.err, "/parallel/stages is 2") && strstr(r.err, "/parallel/replicas is 2"), "%s", r.err);
+    cr_assert(strstr(r.err, "needs 4 ranks") && strstr(r.err, "mpirun -np 4"), "%s", r.err);
     cr_assert_str_empty(r.out);
     cdp_test_run_free(&r);
 }

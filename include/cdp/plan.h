@@ -127,10 +127,11 @@ struct cdp_train_desc {
     int64_t log_every;
     int64_t eval_every;   /* validation loss every N steps; 0 = only after the last step */
     int64_t eval_batches; /* micro-batches of validation data per evaluation */
+    double timeout_s;     /* deadline of every wait between ranks */
     struct cdp_checkpoint_desc checkpoint;
 };
 
-enum cdp_schedule { CDP_SCHEDULE_GPIPE = 0, CDP_SCHEDULE_1F1B, CDP_SCHEDULE_INTERLEAVED, CDP_SCHEDULE_COUNT };
+enum cdp_schedule_kind { CDP_SCHEDULE_GPIPE = 0, CDP_SCHEDULE_1F1B, CDP_SCHEDULE_INTERLEAVED, CDP_SCHEDULE_COUNT };
 
 enum cdp_placement_kind {
     CDP_PLACEMENT_TOPOLOGY = 0,     /* chosen by the planner from the topology */
@@ -144,7 +145,7 @@ struct cdp_parallel_desc {
     int64_t stages;        /* or CDP_AUTO */
     int64_t replicas;      /* or CDP_AUTO */
     int64_t micro_batches; /* per replica per step, or CDP_AUTO */
-    enum cdp_schedule schedule;
+    enum cdp_schedule_kind schedule;
     int64_t chunks;        /* model chunks per rank (interleaved); 1 otherwise */
     int64_t (*partition)[2]; /* [first, end) unit ranges per stage; NULL = auto (owned) */
     int n_partition;
@@ -219,7 +220,7 @@ cdp_status cdp_plan_print(const struct cdp_plan *plan, FILE *f);
 
 /* Names used in plan files ("1f1b", "adamw", ...), for printing. */
 const char *cdp_backend_name(enum cdp_backend b);
-const char *cdp_schedule_name(enum cdp_schedule s);
+const char *cdp_schedule_name(enum cdp_schedule_kind s);
 const char *cdp_layer_type_name(enum cdp_layer_type t);
 
 void cdp_plan_free(struct cdp_plan *plan);

@@ -6,6 +6,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <errno.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include "cdp/core.h"
@@ -14,6 +16,9 @@
 #include "cdp/plan.h"
 #include "cdp_config.h"
 #include "cli/commands.h"
+#include "comm/comm.h"
+#include "pipeline/executor.h"
+#include "pipeline/schedule.h"
 #include "pipeline/train.h"
 
 enum { EXIT_RUN_FAILED = 1, EXIT_USAGE = 2 };
@@ -21,14 +26,18 @@ enum { EXIT_RUN_FAILED = 1, EXIT_USAGE = 2 };
 struct cli_args {
     const char *plan;
     int dry_run;
+    int schedule;
     int json;
     int verbose;
     int quiet;
+    int no_launch;
+    int argc;
+    char **argv;
 };
 
 static void usage(FILE *f)
 {
-    fputs("usage: cdphybrid --plan FILE [--dry-run] [--json] [-v|-q]\n"
+    fputs("usage: cdphybrid --plan FILE [--dry-run | --schedule] [--json] [-v|-q]\n"
           "       cdphybrid topo [--topology SPEC] [--json] [--export FILE]   (see topo --help)\n"
           "       cdphybrid --help | --version\n"
           "\n"
@@ -40,9 +49,15 @@ static void usage(FILE *f)
           "  --dry-run      check the plan and print it resolved (every default filled in);\n"
           "                 nothing is trained and no file is written\n"
           "                 (without it, the plan is trained: one step line per log_every)\n"
-          "  --json         with --dry-run: print the resolved plan as JSON instead of a table\n"
+          "  --schedule     print each pipeline rank's instruction list for one step (L load,\n"
+          "                 F/B forward/backward of a micro-batch, sa/ra send/receive activation,\n"
+          "                 sg/rg gradient, T tied reduce, A all-reduce, O optimizer step);\n"
+          "                 nothing is trained\n"
+          "  --json         with --dry-run or --schedule: print JSON instead of text\n"
           "  -v, --verbose  more log output (twice: debug); CDP_LOG=debug does the same\n"
           "  -q, --quiet    errors only\n"
+          "  --no-launch    a plan with several ranks is not restarted under mpirun by itself;\n"
+          "                 start it as `mpirun -np N cdphybrid --plan FILE`\n"
           "  -h, --help     this text\n"
           "  -V, --version  version, backends and libraries this build has\n"
           "\n"
@@ -55,6 +70,7 @@ static void usage(FILE *f)
           "  cdphybrid --plan examples/quickstart.json\n"
           "  cdphybrid --plan examples/gpt-tiny.json --dry-run\n"
           "  cdphybrid --plan examples/gpt2-dgx.json --dry-run --json > resolved.json\n"
+          "  cdphybrid --plan examples/gpt-tiny.json --schedule\n"
           "\n"
           "exit codes: 0 success, 1 the run failed, 2 bad usage or bad input\n",
           f);
@@ -112,15 +128,20 @@ static int parse_args(int argc, char **argv, struct cli_args *a)
             a->dry_run = 1;
         } else if (!strcmp(s, "--json")) {
             a->json = 1;
+        } else if (!strcmp(s, "--schedule")) {
+            a->schedule = 1;
         } else if (!strcmp(s, "-v") || !strcmp(s, "--verbose")) {
             a->verbose++;
         } else if (!strcmp(s, "-vv")) {
             a->verbose += 2;
         } else if (!strcmp(s, "-q") || !strcmp(s, "--quiet")) {
             a->quiet = 1;
+        } else if (!strcmp(s, "--no-launch")) {
+            a->no_launch = 1;
         } else if (s[0] == '-') {
             static const char *const known[] = {"--plan", "--dry-run", "--json", "--verbose",
-                                                "--quiet", "--help", "--version", NULL};
+                                                "--quiet", "--help", "--version", "--no-launch",
+                                                "--schedule", NULL};
             const char *near = cdp_closest_word(s, known);
             if (near) {
                 fprintf(stderr, "cdphybrid: unknown option %s (did you mean %s?)\n"
@@ -133,7 +154,8 @@ static int parse_args(int argc, char **argv, struct cli_args *a)
         }
     }
     if (a->verbose && a->quiet) return usage_error("%s", "-v and -q cannot be used together");
-    if (a->json && !a->dry_run) return usage_error("%s", "--json goes with --dry-run");
+    if (a->json && !a->dry_run && !a->schedule)
+        return usage_error("%s", "--json goes with --dry-run or --schedule");
     if (!a->plan) return usage_error("%s", "nothing to do: give --plan FILE");
     return -1;
 }
@@ -143,6 +165,116 @@ static int parse_args(int argc, char **argv, struct cli_args *a)
 static int exit_code_for(cdp_status st)
 {
     return st == CDP_ERR_INVALID || st == CDP_ERR_UNSUPPORTED ? EXIT_USAGE : EXIT_RUN_FAILED;
+}
+
+/* Restarts this very command under `mpirun -np N`; returns only on failure. */
+static int launch(const struct cli_args *a, int ranks)
+{
+    if (!cdp_comm_have_mpi()) {
+        fprintf(stderr, "cdphybrid: %s: the plan needs %d ranks and this build has no MPI (configure "
+                        "with -Dmpi=enabled after installing libopenmpi-dev)\n", a->plan, ranks);
+        return EXIT_USAGE;
+    }
+    char np[16], self[4096];
+    snprintf(np, sizeof np, "%d", ranks);
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0) {
+        fprintf(stderr, "cdphybrid: cannot find the running program to relaunch it\n");
+        return EXIT_RUN_FAILED;
+    }
+    self[n] = '\0';
+    char **argv = calloc((size_t)a->argc + 4, sizeof *argv);
+    if (!argv) return EXIT_RUN_FAILED;
+    int k = 0;
+    argv[k++] = "mpirun";
+    argv[k++] = "-np";
+    argv[k++] = np;
+    argv[k++] = self;
+    for (int i = 1; i < a->argc; i++) argv[k++] = a->argv[i];
+    argv[k] = NULL;
+    /* Open MPI refuses root and more ranks than cores unless told */
+    if (geteuid() == 0) {
+        setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 0);
+        setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 0);
+    }
+    if (ranks > sysconf(_SC_NPROCESSORS_ONLN)) setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 0);
+    CDP_INFO(CLI, "starting %d ranks: mpirun -np %d %s ...", ranks, ranks, self);
+    fflush(stdout);
+    execvp("mpirun", argv);
+    fprintf(stderr, "cdphybrid: %s: the plan needs %d ranks, and mpirun could not be started (%s); install "
+                    "openmpi-bin, or start the ranks yourself with your launcher\n", a->plan, ranks,
+            strerror(errno));
+    free(argv);
+    return EXIT_RUN_FAILED;
+}
+
+/* When the launcher stops this rank because another failed, say what it was doing. */
+static void on_term(int sig)
+{
+    char msg[400];
+    const char *w = cdp_exec_where();
+    size_t n = 0;
+    const char *head = "cdphybrid: stopped while at ";
+    for (const char *p = head; *p && n < sizeof msg - 2; p++) msg[n++] = *p;
+    for (const char *p = w; *p && n < sizeof msg - 2; p++) msg[n++] = *p;
+    msg[n++] = '\n';
+    ssize_t ignored = write(2, msg, n);
+    (void)ignored;
+    _exit(128 + sig);
+}
+
+static int run_ranks(const struct cli_args *a, const struct cdp_plan *plan)
+{
+    cdp_comm_t world = NULL;
+    if (cdp_comm_world(&world)) {
+        fprintf(stderr, "cdphybrid: %s\n", cdp_last_error());
+        return EXIT_RUN_FAILED;
+    }
+    signal(SIGTERM, on_term);
+    const int rank = cdp_comm_rank(world);
+    struct cdp_train_opts opts = {.out = a->quiet || rank != 0 ? NULL : stdout, .progress = 0};
+    cdp_status st = cdp_exec_run(plan, world, &opts, NULL);
+    if (st) {
+        fprintf(stderr, "cdphybrid: %s\n", cdp_last_error());
+        fflush(stdout);
+        /* the others may be waiting on this rank: end the whole job */
+        cdp_comm_abort(world, exit_code_for(st));
+    }
+    fflush(stdout);
+    cdp_comm_free(world);
+    return 0;
+}
+
+/* --schedule: the lists of one step as the executor runs them (every replica alike). */
+static int print_schedule(const struct cdp_plan *plan, int json)
+{
+    const struct cdp_parallel_desc *pd = &plan->parallel;
+    const char *key = pd->stages == CDP_AUTO          ? "/parallel/stages"
+                      : pd->micro_batches == CDP_AUTO ? "/parallel/micro_batches"
+                                                      : NULL;
+    if (key) {
+        fprintf(stderr, "cdphybrid: %s: %s is \"auto\": --schedule needs a number; the planner that "
+                        "chooses it is not built yet\n", plan->source, key);
+        return EXIT_USAGE;
+    }
+    /* out-of-range counts are clamped here and rejected by the builder */
+    int p = (int)(pd->stages < (1 << 30) ? pd->stages : (1 << 30));
+    int v = (int)(pd->chunks < (1 << 30) ? pd->chunks : (1 << 30));
+    int m = (int)(pd->micro_batches < (1 << 30) ? pd->micro_batches : (1 << 30));
+    int tied = plan->model.kind == CDP_MODEL_GPT && plan->model.tie_embeddings && (int64_t)p * v > 1;
+    struct cdp_schedule *s = NULL;
+    cdp_status st = cdp_schedule_build(pd->schedule, p, v, m, tied, &s);
+    if (!st) st = json ? cdp_schedule_print_json(s, stdout) : cdp_schedule_print(s, stdout);
+    cdp_schedule_free(s);
+    if (st) {
+        fprintf(stderr, "cdphybrid: %s: %s\n", plan->source, cdp_last_error());
+        return exit_code_for(st);
+    }
+    if (fflush(stdout) != 0) {
+        fprintf(stderr, "cdphybrid: cannot write to standard output\n");
+        return EXIT_RUN_FAILED;
+    }
+    return 0;
 }
 
 static int run_plan(const struct cli_args *a)
@@ -162,7 +294,32 @@ static int run_plan(const struct cli_args *a)
         }
     }
     if (cdp_plan_resolve(plan, &machine)) goto bad_input;
+    if (a->schedule) {
+        code = print_schedule(plan, a->json);
+        cdp_plan_free(plan);
+        return code;
+    }
 
+    const int ranks = cdp_exec_ranks(plan);
+    if (!a->dry_run && (ranks > 1 || cdp_comm_launched_by_mpi())) {
+        if (ranks < 1) {
+            cdp_fail(CDP_ERR_UNSUPPORTED, "%s: /parallel/stages or /parallel/replicas is \"auto\": give "
+                     "numbers to train (the planner that chooses them is not built yet)", plan->source);
+            goto bad_input;
+        }
+        if (!cdp_comm_launched_by_mpi()) {
+            if (a->no_launch) {
+                cdp_fail(CDP_ERR_INVALID, "%s: the plan needs %d ranks; start it with mpirun -np %d, or "
+                         "leave out --no-launch", plan->source, ranks, ranks);
+                goto bad_input;
+            }
+            cdp_plan_free(plan);
+            return launch(a, ranks);
+        }
+        code = run_ranks(a, plan);
+        cdp_plan_free(plan);
+        return code;
+    }
     if (!a->dry_run) {
         struct cdp_train_opts opts = {.out = a->quiet ? NULL : stdout, .progress = isatty(1)};
         cdp_status st = cdp_train_one_rank(plan, &opts, NULL);
@@ -198,7 +355,7 @@ bad_input:
 
 int main(int argc, char **argv)
 {
-    struct cli_args a = {0};
+    struct cli_args a = {.argc = argc, .argv = argv};
     if (cdp_log_init_from_env()) {
         fprintf(stderr, "cdphybrid: %s\n", cdp_last_error());
         return EXIT_USAGE;

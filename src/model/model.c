@@ -210,7 +210,8 @@ fail:
 
 void cdp_model_zero_grad(struct cdp_model *m)
 {
-    memset(cdp_buffer_data(m->grads_buf), 0, (size_t)m->param_floats * 4);
+    /* a range of parameter-free units (activations, pooling) has no buffer */
+    if (m->param_floats) memset(cdp_buffer_data(m->grads_buf), 0, (size_t)m->param_floats * 4);
 }
 
 cdp_status cdp_model_forward(struct cdp_model *m, int slot)

@@ -29,7 +29,7 @@ cdp_status cdp_optimizer_create(const struct cdp_optimizer_desc *desc, struct cd
     }
     o->s1 = cdp_buffer_data(o->state);
     o->s2 = copies == 2 ? o->s1 + n : NULL;
-    memset(o->s1, 0, (size_t)(copies * n) * 4);
+    if (n) memset(o->s1, 0, (size_t)(copies * n) * 4);
     o->params_base = cdp_model_tensor_count(m) ? cdp_model_tensor(m, 0)->data : NULL;
     *out = o;
     return CDP_OK;

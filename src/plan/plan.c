@@ -45,7 +45,7 @@ const char *cdp_backend_name(enum cdp_backend b)
     return (unsigned)b < CDP_BACKEND_COUNT ? cdp_plan_backend_names[b] : "?";
 }
 
-const char *cdp_schedule_name(enum cdp_schedule s)
+const char *cdp_schedule_name(enum cdp_schedule_kind s)
 {
     return (unsigned)s < CDP_SCHEDULE_COUNT ? cdp_plan_schedule_names[s] : "?";
 }
@@ -894,7 +894,7 @@ static cdp_status load_data(struct ld *c, const json_t *d)
 
 static const char *const train_keys[] = {"steps", "global_batch", "micro_batch", "optimizer",
                                          "grad_clip", "precision", "seed", "log_every", "eval_every",
-                                         "eval_batches", "checkpoint", NULL};
+                                         "eval_batches", "timeout_s", "checkpoint", NULL};
 static const char *const opt_keys[] = {"type", "lr", "weight_decay", "momentum", "beta1", "beta2",
                                        "eps", NULL};
 static const char *const ckpt_keys[] = {"dir", "every", "keep", NULL};
@@ -958,6 +958,7 @@ static cdp_status load_train(struct ld *c, const json_t *t)
     if ((st = get_int(c, t, P, "log_every", 1, INT64_MAX, 0, &td->log_every))) return st;
     if ((st = get_int(c, t, P, "eval_every", 0, INT64_MAX, 0, &td->eval_every))) return st;
     if ((st = get_int(c, t, P, "eval_batches", 1, MAX_COUNT, 0, &td->eval_batches))) return st;
+    if ((st = get_number(c, t, P, "timeout_s", R_POSITIVE, &td->timeout_s))) return st;
     const json_t *ck = json_object_get(t, "checkpoint");
     if (!ck || json_is_null(ck)) return CDP_OK;
     const char *CP = "/train/checkpoint";
@@ -1146,7 +1147,7 @@ static cdp_status load_parallel(struct ld *c, const json_t *v)
         if ((st = get_int(c, v, P, "micro_batches", 1, MAX_COUNT, 1, &pd->micro_batches))) return st;
         if ((st = get_enum(c, v, P, "schedule", cdp_plan_schedule_names, &sch))) return st;
     }
-    pd->schedule = (enum cdp_schedule)sch;
+    pd->schedule = (enum cdp_schedule_kind)sch;
     int inter = pd->schedule == CDP_SCHEDULE_INTERLEAVED;
     pd->chunks = inter ? 2 : 1;
     if (v && (st = get_int(c, v, P, "chunks", 1, MAX_COUNT, 0, &pd->chunks))) return st;
@@ -1283,6 +1284,7 @@ static void set_defaults(struct cdp_plan *p)
     p->train.seed = 1;
     p->train.log_every = 10;
     p->train.eval_batches = 4;
+    p->train.timeout_s = 300;
     p->train.checkpoint.every = 100;
     p->train.checkpoint.keep = 3;
     p->parallel.stages = 1;

@@ -171,6 +171,7 @@ static json_t *plan_json(struct emit *e, const struct cdp_plan *p)
         set(e, o, "log_every", jint(t->log_every));
         set(e, o, "eval_every", jint(t->eval_every));
         set(e, o, "eval_batches", jint(t->eval_batches));
+        set(e, o, "timeout_s", jreal(e, t->timeout_s));
         if (t->checkpoint.dir) {
             set(e, o, "checkpoint", ck = json_object());
             if (ck) {
@@ -405,6 +406,7 @@ cdp_status cdp_plan_print(const struct cdp_plan *p, FILE *f)
                 (long long)t->eval_batches);
     else
         fprintf(f, ROW "after the last step, %lld micro-batches\n", "validation", (long long)t->eval_batches);
+    fprintf(f, ROW "%g s for any wait between ranks\n", "timeout", t->timeout_s);
     if (t->checkpoint.dir)
         fprintf(f, ROW "%s every %lld steps, keep %lld\n", "checkpoint", t->checkpoint.dir,
                 (long long)t->checkpoint.every, (long long)t->checkpoint.keep);

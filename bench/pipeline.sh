@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Pipeline executor on this machine: per step, the time in compute, in
+# communication, waiting on peers (the bubble) and the executor's own overhead,
+# and the measured bubble against the closed form (p-1)/(m+p-1), for balanced
+# stages (an MLP of equal layers; a GPT) on 2 stages x 1 replica, where each
+# rank has a core of its own.
+#
+#   bench/pipeline.sh [build dir]      (default: build)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bin="${1:-build}/cdphybrid"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+mlp='"model": {"preset": "mlp", "input": [1024], "hidden": [1024, 1024, 1024, 1024, 1024], "classes": 1024}'
+gpt='"model": {"preset": "gpt", "vocab": 256, "context": 64, "layers": 6, "heads": 4, "embed": 192}'
+
+printf '%-5s %-6s %2s %3s %10s %9s %9s %9s %9s %9s %9s\n' model sched p m "step ms" "compute" "comm" "waiting" \
+    "overhead" "bubble" "(p-1)/(m+p-1)"
+for model in mlp gpt; do
+    for sched in gpipe 1f1b; do
+        for m in 2 4 8; do
+            spec=$mlp; mb=32
+            if [ $model = gpt ]; then spec=$gpt; mb=4; fi
+            cat > "$tmp/p.json" <<JSON
+{ $spec, "data": {"source": "synthetic"},
+  "train": {"steps": 12, "micro_batch": $mb, "log_every": 1000, "eval_batches": 1},
+  "parallel": {"stages": 2, "replicas": 1, "micro_batches": $m, "schedule": "$sched"},
+  "cluster": {"backend": "cpu"} }
+JSON
+            line=$(OPENBLAS_NUM_THREADS=1 "$bin" --plan "$tmp/p.json" | grep '^per step')
+            # "per step (mean over ranks): A ms compute, B ms communication, C ms waiting on peers, D ms executor overhead; bubble E%"
+            read -r c k w o b <<<"$(sed -E 's/.*: ([0-9.]+) ms compute, ([0-9.]+) ms communication, ([0-9.]+) ms waiting on peers, ([0-9.-]+) ms executor overhead; bubble ([0-9.]+)%.*/\1 \2 \3 \4 \5/' <<<"$line")"
+            step=$(awk -v a="$c" -v b="$k" -v d="$w" -v e="$o" 'BEGIN{printf "%.1f", a+b+d+e}')
+            ideal=$(awk -v m="$m" 'BEGIN{printf "%.1f%%", 100*(2-1)/(m+2-1)}')
+            share=$(awk -v o="$o" -v s="$step" 'BEGIN{printf "%.2f%%", (s > 0 ? 100 * o / s : 0)}')
+            printf '%-5s %-6s %2d %3d %10s %9s %9s %9s %9s %8s%% %9s\n' $model $sched 2 "$m" "$step" "$c" "$k" "$w" \
+                "$o ($share)" "$b" "$ideal"
+        done
+    done
+done

@@ -1,0 +1,789 @@
+/* The executor: one process per rank interprets its schedule over its stage's
+ * models, with the pipeline and data-parallel communicators. Shapes: B samples
+ * per micro-batch, m micro-batches per replica, p stages, v chunks per rank, R
+ * replicas, G = R * m * B samples per step. */
+#include "pipeline/executor.h"
+
+#include <errno.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cdp/core.h"
+#include "cdp/device.h"
+#include "cdp/log.h"
+#include "kernels/cpu/ops.h"
+#include "model/data.h"
+#include "model/model.h"
+#include "model/optim.h"
+#include "model/safetensors.h"
+#include "partitioner/partition.h"
+#include "pipeline/schedule.h"
+#include "pipeline/trace.h"
+
+enum { TAG_ACT = 0, TAG_GRAD = 1, TAG_VAL = 2 };
+
+struct chunk {
+    int vstage;
+    struct cdp_model *model;
+    struct cdp_optimizer *opt;
+    int first_unit, end_unit;
+    int in_tokens;
+    int64_t in_bytes, out_bytes; /* one micro-batch */
+    int nslots;
+    int *slot_mb, *mb_slot;
+    cdp_request_t *slot_send;   /* the SEND_ACT still in flight from a slot's output */
+    float *grad_in;             /* RECV_GRAD lands here; the next BACKWARD reads it */
+    float **grad_out;           /* a ring of SEND_GRAD buffers */
+    cdp_request_t *grad_out_req;
+    int n_grad_out, next_grad_out;
+    int *mb_grad_out;           /* mb -> ring index of its input gradient */
+};
+
+struct exec {
+    const struct cdp_plan *plan;
+    cdp_comm_t world, pipe, dp, tied;
+    int rank, size, p, R, v, m, s, r, B, nv;
+    int64_t G;
+    double timeout;
+    cdp_device_t dev;
+    struct chunk *ch;
+    struct cdp_schedule *sched;
+    struct cdp_data *data;
+    const struct cdp_sample_shape *shape;
+    void *tgt;             /* [m][B * target_numel] */
+    void *in_scratch;      /* inputs read by a last stage that is not the first */
+    int64_t tgt_bytes;
+    float scale;
+    int step;
+    double loss_sum;
+    double grad_norm; /* before clipping, of the last step */
+    /* timing of the current step */
+    uint64_t t_compute, t_comm, t_idle, t_fb, fb_end, step_start;
+    struct cdp_trace *trace;
+    /* CDP_FAULT (a testing knob): "kill:RANK:STEP" or "stall:RANK:STEP:SECONDS" */
+    int fault_kill, fault_stall, fault_rank, fault_step, fault_seconds;
+};
+
+static char cdp_where_buf[256];
+const char *cdp_exec_where(void) { return cdp_where_buf; }
+
+static const char *const op_names[CDP_OP_COUNT] = {
+    "LOAD", "FORWARD", "SEND_ACT", "RECV_ACT", "BACKWARD", "SEND_GRAD", "RECV_GRAD",
+    "REDUCE_TIED_GRADS", "ALLREDUCE_GRADS", "OPTIMIZER_STEP"};
+
+static void set_where(struct exec *e, const struct cdp_instr *in)
+{
+    char buf[256];
+    int n = snprintf(buf, sizeof buf, "rank %d/%d (stage %d, replica %d), step %d: %s", e->rank, e->size,
+                     e->s, e->r, e->step, op_names[in->op]);
+    if (in->mb >= 0) n += snprintf(buf + n, sizeof buf - (size_t)n, " of micro-batch %d", in->mb);
+    if (in->chunk >= 0 && e->v > 1) n += snprintf(buf + n, sizeof buf - (size_t)n, ", chunk %d", in->chunk);
+    if (in->peer >= 0)
+        snprintf(buf + n, sizeof buf - (size_t)n, in->op == CDP_OP_RECV_ACT || in->op == CDP_OP_RECV_GRAD
+                 ? ", from stage %d" : ", to stage %d", in->peer);
+    memcpy(cdp_where_buf, buf, sizeof buf);
+}
+
+int cdp_exec_ranks(const struct cdp_plan *p)
+{
+    if (p->parallel.stages == CDP_AUTO || p->parallel.replicas == CDP_AUTO) return -1;
+    return (int)(p->parallel.stages * p->parallel.replicas);
+}
+
+/* Where this world rank sits: the plan's placement, with CPU device i = rank i. */
+static cdp_status locate(const struct cdp_plan *p, int rank, int *s, int *r)
+{
+    const int P = (int)p->parallel.stages, R = (int)p->parallel.replicas;
+    switch (p->parallel.placement) {
+    case CDP_PLACEMENT_EXPLICIT:
+        for (int i = 0; i < P * R; i++)
+            if (p->parallel.placement_map[i] == rank) {
+                *s = i / R;
+                *r = i % R;
+                return CDP_OK;
+            }
+        return cdp_fail(CDP_ERR_INVALID, "%s: /parallel/placement: no (stage, replica) is placed on rank %d",
+                        p->source, rank);
+    case CDP_PLACEMENT_ORDERED_DP_INNER:
+        *s = rank / R;
+        *r = rank % R;
+        return CDP_OK;
+    default: /* topology (until the planner places), ordered-pp-inner: stages adjacent */
+        *s = rank % P;
+        *r = rank / P;
+        return CDP_OK;
+    }
+}
+
+static int tag_of(int kind, int vstage, int mb, int m) { return ((kind * 4096 + vstage) * m + mb) % (1 << 20); }
+
+/* Requests are completed here, so their buffers can be reused. */
+static cdp_status wait_req(struct exec *e, cdp_request_t *req)
+{
+    if (!*req) return CDP_OK;
+    uint64_t t0 = cdp_time_ns();
+    cdp_status st = cdp_comm_wait(*req, e->timeout);
+    *req = NULL;
+    e->t_comm += cdp_time_ns() - t0;
+    return st;
+}
+
+static cdp_status acquire_slot(struct exec *e, struct chunk *c, int mb, int *slot)
+{
+    if (c->mb_slot[mb] >= 0) {
+        *slot = c->mb_slot[mb];
+        return CDP_OK;
+    }
+    for (int i = 0; i < c->nslots; i++) {
+        if (c->slot_mb[i] >= 0) continue;
+        cdp_status st = wait_req(e, &c->slot_send[i]);
+        if (st) return st;
+        c->slot_mb[i] = mb;
+        c->mb_slot[mb] = i;
+        *slot = i;
+        return CDP_OK;
+    }
+    return cdp_fail(CDP_ERR_INTERNAL, "no free activation slot for micro-batch %d (%d slots)", mb, c->nslots);
+}
+
+static void trace_ev(struct exec *e, enum cdp_event_kind k, int mb, uint64_t t0, uint64_t t1)
+{
+    if (e->trace) cdp_trace_add(e->trace, e->rank, k, e->step, mb, t0, t1);
+}
+
+static cdp_status load(struct exec *e, int mb)
+{
+    const int64_t first = (int64_t)(e->step - 1) * e->G + ((int64_t)e->r * e->m + mb) * e->B;
+    void *inputs = e->in_scratch;
+    cdp_status st;
+    if (e->s == 0) {
+        int slot;
+        if ((st = acquire_slot(e, &e->ch[0], mb, &slot))) return st;
+        inputs = cdp_model_input(e->ch[0].model, slot);
+    }
+    return cdp_data_fetch(e->data, CDP_SPLIT_TRAIN, first, e->B, inputs, (char *)e->tgt + mb * e->tgt_bytes);
+}
+
+static cdp_status execute(struct exec *e, const struct cdp_instr *in)
+{
+    struct chunk *c = in->chunk >= 0 ? &e->ch[in->chunk] : NULL;
+    cdp_status st = CDP_OK;
+    int slot;
+    uint64_t t0 = cdp_time_ns();
+    set_where(e, in);
+    switch (in->op) {
+    case CDP_OP_LOAD:
+        st = load(e, in->mb);
+        e->t_compute += cdp_time_ns() - t0;
+        e->t_fb += cdp_time_ns() - t0;
+        trace_ev(e, CDP_EV_LOAD, in->mb, t0, cdp_time_ns());
+        break;
+    case CDP_OP_RECV_ACT: {
+        cdp_request_t req = NULL;
+        if ((st = acquire_slot(e, c, in->mb, &slot))) break;
+        st = cdp_comm_irecv(e->pipe, cdp_model_input(c->model, slot), (size_t)c->in_bytes, in->peer,
+                            tag_of(TAG_ACT, c->vstage - 1, in->mb, e->m), &req);
+        if (!st) st = cdp_comm_wait(req, e->timeout);
+        e->t_idle += cdp_time_ns() - t0;
+        break;
+    }
+    case CDP_OP_FORWARD:
+        if ((st = acquire_slot(e, c, in->mb, &slot))) break;
+        if ((st = cdp_model_forward(c->model, slot))) break;
+        if (c->vstage == e->nv - 1) {
+            double s = 0;
+            st = cdp_model_loss(c->model, slot, (char *)e->tgt + in->mb * e->tgt_bytes, e->scale, &s);
+            e->loss_sum += s;
+        }
+        e->t_compute += cdp_time_ns() - t0;
+        e->t_fb += cdp_time_ns() - t0;
+        trace_ev(e, CDP_EV_FORWARD, in->mb, t0, cdp_time_ns());
+        break;
+    case CDP_OP_SEND_ACT:
+        slot = c->mb_slot[in->mb];
+        st = cdp_comm_isend(e->pipe, cdp_model_output(c->model, slot), (size_t)c->out_bytes, in->peer,
+                            tag_of(TAG_ACT, c->vstage, in->mb, e->m), &c->slot_send[slot]);
+        e->t_comm += cdp_time_ns() - t0;
+        break;
+    case CDP_OP_RECV_GRAD: {
+        cdp_request_t req = NULL;
+        st = cdp_comm_irecv(e->pipe, c->grad_in, (size_t)c->out_bytes, in->peer,
+                            tag_of(TAG_GRAD, c->vstage + 1, in->mb, e->m), &req);
+        if (!st) st = cdp_comm_wait(req, e->timeout);
+        e->t_idle += cdp_time_ns() - t0;
+        break;
+    }
+    case CDP_OP_BACKWARD: {
+        float *din = NULL;
+        slot = c->mb_slot[in->mb];
+        if (slot < 0) {
+            st = cdp_fail(CDP_ERR_INTERNAL, "backward of micro-batch %d that was never forwarded", in->mb);
+            break;
+        }
+        if (c->vstage > 0 && !c->in_tokens) {
+            int g = c->next_grad_out;
+            c->next_grad_out = (g + 1) % c->n_grad_out;
+            if ((st = wait_req(e, &c->grad_out_req[g]))) break;
+            din = c->grad_out[g];
+            memset(din, 0, (size_t)c->in_bytes);
+            c->mb_grad_out[in->mb] = g;
+        }
+        uint64_t tb = cdp_time_ns();
+        st = cdp_model_backward(c->model, slot, c->vstage == e->nv - 1 ? NULL : c->grad_in, din);
+        c->slot_mb[slot] = -1;
+        c->mb_slot[in->mb] = -1;
+        uint64_t t1 = cdp_time_ns();
+        e->t_compute += t1 - tb;
+        e->t_fb += t1 - tb;
+        e->fb_end = t1;
+        trace_ev(e, CDP_EV_BACKWARD, in->mb, tb, t1);
+        break;
+    }
+    case CDP_OP_SEND_GRAD: {
+        int g = c->mb_grad_out[in->mb];
+        st = cdp_comm_isend(e->pipe, c->grad_out[g], (size_t)c->in_bytes, in->peer,
+                            tag_of(TAG_GRAD, c->vstage, in->mb, e->m), &c->grad_out_req[g]);
+        e->t_comm += cdp_time_ns() - t0;
+        break;
+    }
+    case CDP_OP_REDUCE_TIED_GRADS: {
+        if (!e->tied) break;
+        struct chunk *tc = e->s == 0 ? &e->ch[0] : &e->ch[e->v - 1];
+        for (int i = 0; i < cdp_model_tensor_count(tc->model) && !st; i++) {
+            struct cdp_model_tensor *t = cdp_model_tensor(tc->model, i);
+            if (!strcmp(t->name, "layers.0.wte"))
+                st = cdp_comm_allreduce_f32(e->tied, t->grad, (size_t)t->numel, CDP_REDUCE_SUM, e->timeout);
+        }
+        e->t_comm += cdp_time_ns() - t0;
+        break;
+    }
+    case CDP_OP_ALLREDUCE_GRADS:
+        for (int k = 0; k < e->v && !st && e->R > 1; k++) {
+            struct cdp_model *mdl = e->ch[k].model;
+            if (cdp_model_tensor_count(mdl) == 0) continue;
+            st = cdp_comm_allreduce_f32(e->dp, cdp_model_tensor(mdl, 0)->grad,
+                                        (size_t)cdp_model_param_floats(mdl), CDP_REDUCE_SUM, e->timeout);
+        }
+        e->t_comm += cdp_time_ns() - t0;
+        break;
+    case CDP_OP_OPTIMIZER_STEP: {
+        /* The global gradient norm: every stored tensor once; the last stage's
+         * copy of a tied embedding is the first stage's tensor. */
+        double sq = 0;
+        for (int k = 0; k < e->v; k++) {
+            struct cdp_model *mdl = e->ch[k].model;
+            for (int i = 0; i < cdp_model_tensor_count(mdl); i++) {
+                struct cdp_model_tensor *t = cdp_model_tensor(mdl, i);
+                if (t->unit < e->ch[k].first_unit) continue;
+                sq += cdp_cpu_sum_squares(t->grad, (size_t)t->numel);
+            }
+        }
+        uint64_t tc = cdp_time_ns();
+        e->t_compute += tc - t0;
+        if (e->p > 1) st = cdp_comm_allreduce_f64(e->pipe, &sq, 1, CDP_REDUCE_SUM, e->timeout);
+        e->t_comm += cdp_time_ns() - tc;
+        if (st) break;
+        double norm = sqrt(sq), clip_at = e->plan->train.grad_clip;
+        e->grad_norm = norm;
+        float clip = clip_at > 0 && norm > clip_at ? (float)(clip_at / norm) : 1.0f;
+        if (!isfinite(norm)) {
+            st = cdp_fail(CDP_ERR_INVALID, "the gradient norm is %g; lower /train/optimizer/lr or set "
+                          "/train/grad_clip", norm);
+            break;
+        }
+        uint64_t to = cdp_time_ns();
+        for (int k = 0; k < e->v; k++)
+            cdp_optimizer_step(e->ch[k].opt, e->ch[k].model, (float)e->plan->train.optimizer.lr, clip);
+        e->t_compute += cdp_time_ns() - to;
+        trace_ev(e, CDP_EV_OPTIMIZER, -1, to, cdp_time_ns());
+        break;
+    }
+    default:
+        st = cdp_fail(CDP_ERR_INTERNAL, "unknown instruction %d", (int)in->op);
+    }
+    return st;
+}
+
+/* Every in-flight send of this rank completes before the buffers change owner. */
+static cdp_status drain_sends(struct exec *e)
+{
+    cdp_status st = CDP_OK;
+    for (int k = 0; k < e->v && !st; k++) {
+        struct chunk *c = &e->ch[k];
+        for (int i = 0; i < c->nslots && !st; i++) st = wait_req(e, &c->slot_send[i]);
+        for (int i = 0; i < c->n_grad_out && !st; i++) st = wait_req(e, &c->grad_out_req[i]);
+    }
+    return st;
+}
+
+/* Forward-only validation on replica 0; the loss is the same sum as one-rank
+ * validation's, over the same samples. */
+static cdp_status validate(struct exec *e, double *val)
+{
+    double sum = 0;
+    cdp_status st = CDP_OK;
+    const int64_t n = e->plan->train.eval_batches;
+    if (e->r == 0) {
+        int64_t avail = e->data ? cdp_data_split_size(e->data, CDP_SPLIT_VAL) : 0;
+        for (int64_t k = 0; k < n && !st; k++) {
+            int64_t first = (k * e->B) % (avail > e->B ? avail - e->B + 1 : 1);
+            for (int c = 0; c < e->v && !st; c++) {
+                struct chunk *ch = &e->ch[c];
+                void *input = cdp_model_input(ch->model, 0);
+                snprintf(cdp_where_buf, sizeof cdp_where_buf, "rank %d/%d (stage %d, replica %d): validation "
+                         "micro-batch %lld, chunk %d", e->rank, e->size, e->s, e->r, (long long)k, c);
+                if (ch->vstage == 0 || ch->vstage == e->nv - 1)
+                    st = cdp_data_fetch(e->data, CDP_SPLIT_VAL, first, e->B,
+                                        ch->vstage == 0 ? input : e->in_scratch, e->tgt);
+                if (!st && ch->vstage > 0) {
+                    cdp_request_t req = NULL;
+                    st = cdp_comm_irecv(e->pipe, input, (size_t)ch->in_bytes, (e->s + e->p - 1) % e->p,
+                                        tag_of(TAG_VAL, ch->vstage - 1, (int)(k % e->m), e->m), &req);
+                    if (!st) st = cdp_comm_wait(req, e->timeout);
+                }
+                if (!st) st = cdp_model_forward(ch->model, 0);
+                if (!st && ch->vstage == e->nv - 1) {
+                    double s = 0;
+                    st = cdp_model_loss(ch->model, 0, e->tgt, 1.0f, &s);
+                    sum += s;
+                } else if (!st) {
+                    /* slot 0's output is overwritten by the next micro-batch: complete the send first */
+                    cdp_request_t req = NULL;
+                    st = cdp_comm_isend(e->pipe, cdp_model_output(ch->model, 0), (size_t)ch->out_bytes,
+                                        (e->s + 1) % e->p, tag_of(TAG_VAL, ch->vstage, (int)(k % e->m), e->m),
+                                        &req);
+                    if (!st) st = cdp_comm_wait(req, e->timeout);
+                }
+            }
+        }
+    }
+    /* rows per sample (every token of a token model, else 1) are known where
+     * the data is read */
+    double red[2] = {sum, e->shape ? (e->shape->tokens ? (double)e->shape->input_numel : 1.0) : 0};
+    if (!st) st = cdp_comm_allreduce_f64(e->world, &red[0], 1, CDP_REDUCE_SUM, e->timeout);
+    if (!st) st = cdp_comm_allreduce_f64(e->world, &red[1], 1, CDP_REDUCE_MAX, e->timeout);
+    if (!st) *val = red[0] / ((double)n * e->B * red[1]);
+    return st;
+}
+
+static void exec_free(struct exec *e)
+{
+    if (e->ch) {
+        for (int k = 0; k < e->v; k++) {
+            struct chunk *c = &e->ch[k];
+            if (c->slot_send)
+                for (int i = 0; i < c->nslots; i++)
+                    if (c->slot_send[i]) cdp_comm_wait(c->slot_send[i], 1.0);
+            if (c->grad_out_req)
+                for (int i = 0; i < c->n_grad_out; i++)
+                    if (c->grad_out_req[i]) cdp_comm_wait(c->grad_out_req[i], 1.0);
+            cdp_optimizer_destroy(c->opt);
+            cdp_model_destroy(c->model);
+            free(c->slot_mb);
+            free(c->mb_slot);
+            free(c->slot_send);
+            free(c->grad_in);
+            if (c->grad_out)
+                for (int i = 0; i < c->n_grad_out; i++) free(c->grad_out[i]);
+            free(c->grad_out);
+            free(c->grad_out_req);
+            free(c->mb_grad_out);
+        }
+        free(e->ch);
+    }
+    cdp_trace_destroy(e->trace);
+    cdp_schedule_free(e->sched);
+    cdp_data_close(e->data);
+    free(e->tgt);
+    free(e->in_scratch);
+    cdp_comm_free(e->tied);
+    cdp_comm_free(e->dp);
+    cdp_comm_free(e->pipe);
+    cdp_device_close(e->dev);
+}
+
+/* Unit ranges of the p*v virtual stages: the plan's, or balanced by the layer
+ * table's work (plus a small constant so that cheap units still spread). */
+static cdp_status partition(struct exec *e, int64_t (*ranges)[2])
+{
+    const struct cdp_plan *p = e->plan;
+    if (p->parallel.partition) {
+        memcpy(ranges, p->parallel.partition, (size_t)e->nv * sizeof *ranges);
+        return CDP_OK;
+    }
+    struct cdp_unit *u;
+    int n;
+    cdp_status st = cdp_units_build(&p->model, &u, &n);
+    if (st) return st;
+    double *cost = malloc((size_t)n * sizeof *cost);
+    if (!cost) {
+        free(u);
+        return cdp_fail(CDP_ERR_NOMEM, "out of memory");
+    }
+    for (int i = 0; i < n; i++) cost[i] = u[i].fwd_flops + u[i].bwd_flops + 1e3;
+    st = cdp_partition_balanced(cost, n, e->nv, ranges);
+    if (st) st = cdp_error_context(st, "%s: /parallel/stages", p->source);
+    free(cost);
+    free(u);
+    return st;
+}
+
+static cdp_status setup(struct exec *e)
+{
+    const struct cdp_plan *p = e->plan;
+    cdp_status st;
+    e->rank = cdp_comm_rank(e->world);
+    e->size = cdp_comm_size(e->world);
+    e->p = (int)p->parallel.stages;
+    e->R = (int)p->parallel.replicas;
+    e->v = p->parallel.schedule == CDP_SCHEDULE_INTERLEAVED ? (int)p->parallel.chunks : 1;
+    e->nv = e->p * e->v;
+    e->B = (int)p->train.micro_batch;
+    e->timeout = p->train.timeout_s;
+    if (p->parallel.micro_batches == CDP_AUTO)
+        return cdp_fail(CDP_ERR_UNSUPPORTED, "%s: /parallel/micro_batches is \"auto\": give a number (or "
+                        "/train/global_batch); the planner that chooses it is not built yet", p->source);
+    e->m = (int)p->parallel.micro_batches;
+    e->G = (int64_t)e->R * e->m * e->B;
+    if (e->size != e->p * e->R)
+        return cdp_fail(CDP_ERR_INVALID, "%s: the plan needs %d ranks (/parallel/stages %d x /parallel/replicas "
+                        "%d); this job has %d", p->source, e->p * e->R, e->p, e->R, e->size);
+    if ((st = locate(p, e->rank, &e->s, &e->r))) return st;
+    snprintf(cdp_where_buf, sizeof cdp_where_buf, "rank %d/%d (stage %d, replica %d): setting up", e->rank,
+             e->size, e->s, e->r);
+    cdp_log_set_rank(e->rank, e->size);
+    /* groups: the pipeline of each replica, the replicas of each stage, and the
+     * first and last stage of each replica for tied embeddings */
+    if ((st = cdp_comm_split(e->world, e->r, e->s, &e->pipe))) return st;
+    if ((st = cdp_comm_split(e->world, e->s, e->r, &e->dp))) return st;
+    const int tied = p->model.kind == CDP_MODEL_GPT && p->model.tie_embeddings && e->nv > 1 && e->p > 1;
+    if ((st = cdp_comm_split(e->world, tied && (e->s == 0 || e->s == e->p - 1) ? e->r : -1, e->s, &e->tied)))
+        return st;
+    if ((st = cdp_schedule_build(p->parallel.schedule, e->p, e->v, e->m, tied, &e->sched)))
+        return cdp_error_context(st, "%s: /parallel", p->source);
+    if ((st = cdp_schedule_validate(e->sched))) return cdp_error_context(st, "schedule");
+
+    int64_t(*ranges)[2] = calloc((size_t)e->nv, sizeof *ranges);
+    if (!ranges) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
+    if ((st = partition(e, ranges))) {
+        free(ranges);
+        return st;
+    }
+    if ((st = cdp_device_open(CDP_DEVICE_CPU, 0, p->cluster.device_memory, &e->dev))) {
+        free(ranges);
+        return st;
+    }
+    /* activation slots: the most micro-batches this rank has in flight */
+    int slots = cdp_schedule_peak_in_flight(e->sched, e->s);
+    if (slots < 1) slots = 1;
+    e->ch = calloc((size_t)e->v, sizeof *e->ch);
+    if (!e->ch) {
+        free(ranges);
+        return cdp_fail(CDP_ERR_NOMEM, "out of memory");
+    }
+    for (int k = 0; k < e->v && !st; k++) {
+        struct chunk *c = &e->ch[k];
+        c->vstage = k * e->p + e->s;
+        c->first_unit = (int)ranges[c->vstage][0];
+        c->end_unit = (int)ranges[c->vstage][1];
+        c->nslots = slots;
+        if ((st = cdp_model_create(&p->model, c->first_unit, c->end_unit, e->B, slots, p->train.seed, e->dev,
+                                   &c->model)))
+            break;
+        if (p->model.weights && (st = cdp_model_load(c->model, p->model.weights))) break;
+        if ((st = cdp_optimizer_create(&p->train.optimizer, c->model, e->dev, &c->opt))) break;
+        const struct cdp_unit *u0 = cdp_model_unit(c->model, 0);
+        const struct cdp_unit *ul = cdp_model_unit(c->model, cdp_model_unit_count(c->model) - 1);
+        int64_t in_n = 1;
+        for (int d = 0; d < u0->in.ndim; d++) in_n *= u0->in.d[d];
+        c->in_tokens = u0->in_tokens;
+        c->in_bytes = (int64_t)e->B * in_n * 4;
+        c->out_bytes = (int64_t)e->B * ul->out_floats * 4;
+        c->n_grad_out = slots + 1;
+        c->slot_mb = malloc((size_t)slots * sizeof *c->slot_mb);
+        c->mb_slot = malloc((size_t)e->m * sizeof *c->mb_slot);
+        c->mb_grad_out = calloc((size_t)e->m, sizeof *c->mb_grad_out);
+        c->slot_send = calloc((size_t)slots, sizeof *c->slot_send);
+        c->grad_in = malloc((size_t)c->out_bytes);
+        c->grad_out = calloc((size_t)c->n_grad_out, sizeof *c->grad_out);
+        c->grad_out_req = calloc((size_t)c->n_grad_out, sizeof *c->grad_out_req);
+        if (!c->slot_mb || !c->mb_slot || !c->mb_grad_out || !c->slot_send || !c->grad_in || !c->grad_out ||
+            !c->grad_out_req) {
+            st = cdp_fail(CDP_ERR_NOMEM, "out of memory");
+            break;
+        }
+        for (int i = 0; i < c->n_grad_out && !st; i++)
+            if (!(c->grad_out[i] = malloc((size_t)c->in_bytes ? (size_t)c->in_bytes : 1)))
+                st = cdp_fail(CDP_ERR_NOMEM, "out of memory");
+        for (int i = 0; i < slots; i++) c->slot_mb[i] = -1;
+        for (int i = 0; i < e->m; i++) c->mb_slot[i] = -1;
+    }
+    free(ranges);
+    if (st) return st;
+    /* data: the first stage reads inputs, the last reads targets */
+    if (e->s == 0 || e->s == e->p - 1) {
+        if ((st = cdp_data_open(&p->data, &p->model, &e->data))) return st;
+        e->shape = cdp_data_shape(e->data);
+        e->tgt_bytes = (int64_t)e->B * e->shape->target_numel * 4;
+        e->tgt = malloc((size_t)(e->m * e->tgt_bytes));
+        e->in_scratch = malloc((size_t)e->B * (size_t)e->shape->input_numel * 4);
+        if (!e->tgt || !e->in_scratch) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
+        const double rows = e->shape->tokens ? (double)e->shape->input_numel : 1.0;
+        e->scale = (float)(1.0 / ((double)e->G * rows));
+    }
+    if (p->output.trace || p->output.timeline) {
+        int64_t n = p->train.steps * (int64_t)(3 * e->m * e->v + 2);
+        if ((st = cdp_trace_create(e->size, n < 1000000 ? n : 1000000, &e->trace))) return st;
+    }
+    return CDP_OK;
+}
+
+/* Rank 0 receives every rank's trace events and writes the files. */
+static cdp_status write_traces(struct exec *e)
+{
+    const struct cdp_plan *p = e->plan;
+    if (!e->trace) return CDP_OK;
+    int64_t n = 0;
+    struct cdp_event_rec *mine = cdp_trace_events(e->trace, &n);
+    void *all = NULL;
+    size_t *lens = NULL;
+    cdp_status st = cdp_comm_gather_bytes(e->world, mine, (size_t)n * sizeof *mine, &all, &lens, e->timeout);
+    if (st || e->rank != 0) {
+        free(all);
+        free(lens);
+        return st;
+    }
+    struct cdp_trace *t = NULL;
+    size_t total = 0;
+    for (int r = 0; r < e->size; r++) total += lens[r] / sizeof *mine;
+    if (!(st = cdp_trace_create(e->size, (int64_t)total + 1, &t))) {
+        const struct cdp_event_rec *ev = all;
+        cdp_trace_set_origin(t, 0);
+        for (size_t i = 0; i < total; i++)
+            cdp_trace_add(t, ev[i].rank, ev[i].kind, ev[i].step, ev[i].mb, ev[i].start_ns,
+                          ev[i].start_ns + ev[i].dur_ns);
+        if (p->output.trace) st = cdp_trace_write_chrome(t, p->output.trace);
+        if (!st && p->output.timeline)
+            st = cdp_trace_write_svg(t, p->train.steps > 1 ? 2 : 1, p->output.timeline);
+    }
+    cdp_trace_destroy(t);
+    free(all);
+    free(lens);
+    return st;
+}
+
+/* Replica 0's stages send their tensors to rank 0, which writes one file named
+ * by global unit, as one-rank training does. Record: name[48], ndim, shape[4], numel, data. */
+struct wrec {
+    char name[48];
+    int64_t ndim, shape[CDP_SHAPE_MAX], numel;
+};
+
+static cdp_status write_weights(struct exec *e)
+{
+    const char *path = e->plan->output.weights;
+    if (!path) return CDP_OK;
+    size_t bytes = 0;
+    for (int k = 0; k < e->v && e->r == 0; k++)
+        for (int i = 0; i < cdp_model_tensor_count(e->ch[k].model); i++)
+            bytes += sizeof(struct wrec) + (size_t)cdp_model_tensor(e->ch[k].model, i)->numel * 4;
+    char *buf = malloc(bytes ? bytes : 1), *q = buf;
+    if (!buf) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
+    for (int k = 0; k < e->v && e->r == 0; k++)
+        for (int i = 0; i < cdp_model_tensor_count(e->ch[k].model); i++) {
+            struct cdp_model_tensor *t = cdp_model_tensor(e->ch[k].model, i);
+            struct wrec w = {.ndim = t->ndim, .numel = t->numel};
+            snprintf(w.name, sizeof w.name, "%s", t->name);
+            memcpy(w.shape, t->shape, sizeof w.shape);
+            memcpy(q, &w, sizeof w);
+            memcpy(q + sizeof w, t->data, (size_t)t->numel * 4);
+            q += sizeof w + (size_t)t->numel * 4;
+        }
+    void *all = NULL;
+    size_t *lens = NULL;
+    cdp_status st = cdp_comm_gather_bytes(e->world, buf, bytes, &all, &lens, e->timeout);
+    free(buf);
+    if (!st && e->rank == 0) {
+        size_t total = 0, n = 0, cap = 64;
+        for (int r = 0; r < e->size; r++) total += lens[r];
+        struct cdp_st_tensor *ts = calloc(cap, sizeof *ts);
+        for (char *c = all; ts && c < (char *)all + total;) {
+            struct wrec w;
+            memcpy(&w, c, sizeof w);
+            int dup = 0;
+            for (size_t j = 0; j < n; j++) dup |= !strcmp(ts[j].name, ((struct wrec *)c)->name);
+            if (!dup) {
+                if (n == cap) {
+                    struct cdp_st_tensor *nt = realloc(ts, 2 * cap * sizeof *ts);
+                    if (!nt) break;
+                    ts = nt;
+                    cap *= 2;
+                }
+                /* the name stays inside `all`; the header copy keeps shape and count */
+                ts[n] = (struct cdp_st_tensor){.name = ((struct wrec *)c)->name, .dtype = CDP_DTYPE_F32,
+                                               .dtype_name = "F32", .ndim = (int)w.ndim,
+                                               .data = c + sizeof w, .nbytes = (uint64_t)w.numel * 4};
+                for (int d = 0; d < (int)w.ndim; d++) ts[n].shape[d] = w.shape[d];
+                n++;
+            }
+            c += sizeof w + (size_t)w.numel * 4;
+        }
+        if (!ts) st = cdp_fail(CDP_ERR_NOMEM, "out of memory");
+        else {
+            char steps[32];
+            snprintf(steps, sizeof steps, "%lld", (long long)e->plan->train.steps);
+            const char *meta[] = {"format", "cdphybrid", "steps", steps};
+            st = cdp_st_write(path, ts, (int)n, meta, 2);
+        }
+        free(ts);
+    }
+    free(all);
+    free(lens);
+    return st;
+}
+
+/* The fault knob lets tests kill or stall one rank at the start of a step. */
+static void parse_fault(struct exec *e)
+{
+    const char *f = getenv("CDP_FAULT");
+    if (!f) return;
+    if (sscanf(f, "kill:%d:%d", &e->fault_rank, &e->fault_step) == 2) e->fault_kill = 1;
+    else if (sscanf(f, "stall:%d:%d:%d", &e->fault_rank, &e->fault_step, &e->fault_seconds) == 3)
+        e->fault_stall = 1;
+    else CDP_WARN(EXEC, "CDP_FAULT=\"%s\" is not kill:RANK:STEP or stall:RANK:STEP:SECONDS; ignored", f);
+}
+
+static void inject_fault(const struct exec *e)
+{
+    if (e->rank != e->fault_rank || e->step != e->fault_step) return;
+    if (e->fault_kill) raise(SIGKILL);
+    if (e->fault_stall) sleep((unsigned)e->fault_seconds);
+}
+
+cdp_status cdp_exec_run(const struct cdp_plan *p, cdp_comm_t world, const struct cdp_train_opts *o,
+                        struct cdp_train_summary *summary)
+{
+    struct exec e = {.plan = p, .world = world};
+    struct cdp_train_summary sum = {0};
+    cdp_status st;
+    FILE *out = o ? o->out : NULL, *metrics = NULL;
+    parse_fault(&e);
+    if ((st = setup(&e))) goto fail;
+    if (e.rank == 0 && p->output.metrics && !(metrics = fopen(p->output.metrics, "w"))) {
+        st = cdp_fail(CDP_ERR_IO, "%s: cannot write: %s", p->output.metrics, strerror(errno));
+        goto fail;
+    }
+    double flops_per_step = 0;
+    for (int k = 0; k < e.v; k++) flops_per_step += cdp_model_step_flops(e.ch[k].model) * e.m;
+    if ((st = cdp_comm_allreduce_f64(world, &flops_per_step, 1, CDP_REDUCE_SUM, e.timeout))) goto fail;
+    if (e.rank == 0 && out)
+        fprintf(out, "training %s on %d ranks: %lld stages x %lld replicas, %s, %d micro-batches of %d per "
+                "replica, %lld samples per step\n", p->model.kind == CDP_MODEL_GPT ? p->model.preset : "model",
+                e.size, (long long)e.p, (long long)e.R, cdp_schedule_name(p->parallel.schedule), e.m, e.B,
+                (long long)e.G);
+    if ((st = cdp_comm_barrier(world, e.timeout))) goto fail;
+    /* every rank's events are timed from the barrier, on its own clock */
+    const uint64_t t_start = cdp_time_ns();
+    if (e.trace) cdp_trace_set_origin(e.trace, t_start);
+    int measured = 0;
+    for (int step = 1; step <= p->train.steps; step++) {
+        e.step = step;
+        e.loss_sum = 0;
+        e.t_compute = e.t_comm = e.t_idle = e.t_fb = 0;
+        e.step_start = e.fb_end = cdp_time_ns();
+        for (int k = 0; k < e.v; k++) cdp_model_zero_grad(e.ch[k].model);
+        e.t_compute += cdp_time_ns() - e.step_start;
+        inject_fault(&e);
+        for (int i = 0; i < e.sched->len[e.s] && !st; i++) st = execute(&e, &e.sched->list[e.s][i]);
+        if (!st) st = drain_sends(&e);
+        if (st) goto fail;
+        const uint64_t t_end = cdp_time_ns();
+        /* loss, and this step's timing averaged over ranks */
+        /* the bubble: idle share of each rank's window from the step's start to
+         * its last backward */
+        double fb = (double)(e.fb_end - e.step_start), busy = (double)e.t_fb;
+        double red[7] = {e.loss_sum, fb > 0 ? 1.0 - fmin(1.0, busy / fb) : 0, (double)e.t_compute / 1e9,
+                         (double)e.t_comm / 1e9, (double)e.t_idle / 1e9, (double)(t_end - e.step_start) / 1e9,
+                         e.shape ? (double)e.scale : 0};
+        if ((st = cdp_comm_allreduce_f64(world, red, 6, CDP_REDUCE_SUM, e.timeout))) goto fail;
+        double scale_max = red[6];
+        if ((st = cdp_comm_allreduce_f64(world, &scale_max, 1, CDP_REDUCE_MAX, e.timeout))) goto fail;
+        const double loss = red[0] * scale_max;
+        const double dt = (double)(t_end - e.step_start) / 1e9;
+        if (step == 1) sum.first_loss = loss;
+        sum.last_loss = loss;
+        sum.steps = step;
+        if (step > 1 || p->train.steps == 1) {
+            measured++;
+            sum.bubble += red[1] / e.size;
+            sum.compute_s += red[2] / e.size;
+            sum.comm_s += red[3] / e.size;
+            sum.idle_s += red[4] / e.size;
+            sum.step_s += red[5] / e.size;
+        }
+        double val = NAN;
+        const int last = step == p->train.steps;
+        if ((p->train.eval_every > 0 && step % p->train.eval_every == 0) || last) {
+            if ((st = validate(&e, &val))) goto fail;
+            sum.val_loss = val;
+        }
+        if (e.rank == 0) {
+            const double sps = (double)e.G / dt, fps = flops_per_step / dt;
+            const double tps = p->model.kind == CDP_MODEL_GPT ? sps * (double)p->model.context : 0;
+            if (metrics) {
+                fprintf(metrics, "{\"step\": %d, \"loss\": %.9g, \"lr\": %g, \"grad_norm\": %.6g, \"time_s\": %.6g, "
+                        "\"samples_per_s\": %.6g, \"tokens_per_s\": %.6g, \"flops_per_s\": %.6g, \"bubble\": %.4f",
+                        step, loss, p->train.optimizer.lr, e.grad_norm, dt, sps, tps, fps, red[1] / e.size);
+                if (!isnan(val)) fprintf(metrics, ", \"val_loss\": %.6g", val);
+                fputs("}\n", metrics);
+                fflush(metrics);
+            }
+            if (out && (step == 1 || step % p->train.log_every == 0 || last || !isnan(val))) {
+                fprintf(out, "step %d/%lld  loss %.4f", step, (long long)p->train.steps, loss);
+                if (!isnan(val)) fprintf(out, "  val %.4f", val);
+                fprintf(out, "  | %.0f samples/s  %.1f GFLOP/s  %.0f ms/step", sps, fps / 1e9, dt * 1e3);
+                fprintf(out, "  bubble %.0f%%", 100.0 * red[1] / e.size);
+                fputc('\n', out);
+            }
+        }
+    }
+    sum.seconds = (double)(cdp_time_ns() - t_start) / 1e9;
+    sum.samples_per_s = (double)(sum.steps * e.G) / sum.seconds;
+    sum.flops_per_s = flops_per_step * (double)sum.steps / sum.seconds;
+    if (measured) {
+        sum.bubble /= measured;
+        sum.compute_s /= measured;
+        sum.comm_s /= measured;
+        sum.idle_s /= measured;
+        sum.step_s /= measured;
+        sum.overhead_s = sum.step_s - sum.compute_s - sum.comm_s - sum.idle_s;
+    }
+    if ((st = write_traces(&e))) goto fail;
+    if ((st = write_weights(&e))) goto fail;
+    if (e.rank == 0 && out) {
+        fprintf(out, "done: %lld steps in %.1f s, loss %.4f -> %.4f, validation loss %.4f\n", (long long)sum.steps,
+                sum.seconds, sum.first_loss, sum.last_loss, sum.val_loss);
+        fprintf(out, "per step (mean over ranks): %.1f ms compute, %.1f ms communication, %.1f ms waiting on "
+                "peers, %.2f ms executor overhead", sum.compute_s * 1e3, sum.comm_s * 1e3, sum.idle_s * 1e3,
+                sum.overhead_s * 1e3);
+        fprintf(out, "; bubble %.1f%%\n", 100 * sum.bubble);
+    }
+    if (metrics) fclose(metrics);
+    exec_free(&e);
+    if (summary) *summary = sum;
+    return CDP_OK;
+fail:
+    if (metrics) fclose(metrics);
+    {
+        char msg[4096];
+        snprintf(msg, sizeof msg, "%s", cdp_last_error());
+        cdp_fail(st, "%s: %s", cdp_where_buf[0] ? cdp_where_buf : "setting up", msg);
+    }
+    /* other ranks may wait on this one: the caller aborts the job; no clean-up
+     * that could block (pending requests) is attempted */
+    return st;
+}

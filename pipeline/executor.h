@@ -1,0 +1,37 @@
+/* The pipeline x data-parallel executor: one process per rank interprets its
+ * rank's schedule (pipeline/schedule.h) over its stage's unit range, moving
+ * activations and gradients with the pipeline communicator and summing
+ * gradients in its stage's data-parallel communicator, so that every step
+ * equals one step of one-rank training on the same global batch. */
+#ifndef CDP_PIPELINE_EXECUTOR_H
+#define CDP_PIPELINE_EXECUTOR_H
+
+#include "cdp/plan.h"
+#include "cdp/status.h"
+#include "comm/comm.h"
+#include "pipeline/train.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The ranks a plan needs (stages x replicas), or -1 when either is "auto". */
+int cdp_exec_ranks(const struct cdp_plan *plan);
+
+/* Trains the plan on the ranks of `world` (its size must be stages x
+ * replicas). Rank 0 prints the step lines and writes metrics, trace, timeline
+ * and weights. On any failure the returned status says which rank, stage,
+ * replica and instruction; the caller then aborts the job (cdp_comm_abort),
+ * since the other ranks may be waiting on this one. */
+cdp_status cdp_exec_run(const struct cdp_plan *plan, cdp_comm_t world, const struct cdp_train_opts *opts,
+                        struct cdp_train_summary *summary);
+
+/* "rank 1/4 (stage 1, replica 0): RECV_ACT of micro-batch 3, chunk 0, from stage 0",
+ * what this process is doing now; safe to read from a signal handler. */
+const char *cdp_exec_where(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,111 @@
+/* The schedule IR: for every rank of a pipeline, the ordered instructions of one
+ * training step. Generators for GPipe (fill-drain), 1F1B (PipeDream-Flush) and
+ * interleaved 1F1B (Megatron, v model chunks per rank); a validator that proves
+ * a set of lists well formed and deadlock-free; compact and JSON printing.
+ * The executor interprets these lists; the simulator will run the same lists on
+ * the cost model.
+ *
+ * Pipeline shape: p ranks (pipeline stages), v chunks per rank, m micro-batches.
+ * There are p*v virtual stages; virtual stage k runs as chunk k / p on rank k % p
+ * (Megatron's order), so a micro-batch's forward visits rank 0, 1, ..., p-1, then
+ * rank 0 again with chunk 1, and so on; its backward visits them in reverse.
+ * With v = 1 the virtual stage is the rank. Data parallelism is orthogonal: every
+ * replica of the pipeline runs the same lists. */
+#ifndef CDP_PIPELINE_SCHEDULE_H
+#define CDP_PIPELINE_SCHEDULE_H
+
+#include <stdio.h>
+
+#include "cdp/plan.h"
+#include "cdp/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum cdp_op {
+    CDP_OP_LOAD = 0,          /* load micro-batch mb's inputs (rank 0, first virtual stage)
+                                 or targets (rank p-1, last virtual stage); both when p == 1.
+                                 chunk = the chunk whose FORWARD it feeds (0 on rank 0,
+                                 v-1 on rank p-1) */
+    CDP_OP_FORWARD,           /* forward of micro-batch mb through chunk `chunk` (the last
+                                 virtual stage also computes the loss) */
+    CDP_OP_SEND_ACT,          /* send chunk's output of mb to the next virtual stage */
+    CDP_OP_RECV_ACT,          /* receive chunk's input of mb from the previous virtual stage */
+    CDP_OP_BACKWARD,          /* backward of mb through chunk */
+    CDP_OP_SEND_GRAD,         /* send the gradient of chunk's input of mb to the previous virtual stage */
+    CDP_OP_RECV_GRAD,         /* receive the gradient of chunk's output of mb from the next */
+    CDP_OP_REDUCE_TIED_GRADS, /* sum gradients of tied parameters (GPT embedding and head) */
+    CDP_OP_ALLREDUCE_GRADS,   /* sum gradients over the stage's data-parallel replicas */
+    CDP_OP_OPTIMIZER_STEP,    /* clip and step */
+    CDP_OP_COUNT
+};
+
+struct cdp_instr {
+    enum cdp_op op;
+    int mb;    /* micro-batch, 0..m-1; -1 for step-level instructions */
+    int chunk; /* model chunk on this rank, 0..v-1; -1 for step-level instructions */
+    int peer;  /* SEND_* / RECV_*: the pipeline rank of the other side; else -1 */
+};
+
+struct cdp_schedule {
+    enum cdp_schedule_kind kind;
+    int p, v, m;            /* ranks, chunks per rank, micro-batches */
+    int *len;               /* len[r]: instructions of rank r */
+    struct cdp_instr **list; /* list[r][i] */
+};
+
+/* Builds the lists of one step for p ranks, v chunks, m micro-batches.
+ * Order within a list is execution order: each RECV_* sits right before the
+ * instruction that needs it (after the LOAD, if any, so that loading overlaps
+ * the wait), each SEND_* right after the FORWARD / BACKWARD that produced it.
+ * gpipe: forwards 0..m-1, then backwards 0..m-1. 1f1b: min(p-r-1, m) warm-up
+ * forwards, 1F1B pairs, cool-down backwards. interleaved: Megatron's order
+ * (pipeline/schedule.c). The result is validated before it is returned.
+ * gpipe and 1f1b need v == 1; interleaved needs v >= 2, p >= 2 and m a
+ * multiple of p (as Megatron requires). Every list ends with
+ * REDUCE_TIED_GRADS (only when tied != 0, and only on the ranks holding the
+ * first and the last virtual stage), ALLREDUCE_GRADS and OPTIMIZER_STEP.
+ * Invalid shapes give CDP_ERR_INVALID with the reason. */
+cdp_status cdp_schedule_build(enum cdp_schedule_kind kind, int p, int v, int m, int tied,
+                              struct cdp_schedule **out);
+void cdp_schedule_free(struct cdp_schedule *s);
+
+/* Proves the lists well formed: every micro-batch is loaded, forwarded and
+ * backwarded exactly once per virtual stage, forward before backward,
+ * inputs received before the forward that needs them and gradients before the
+ * backward; every send matched by exactly one receive of the same (kind, mb,
+ * virtual stage) on the peer, and a dry co-execution of all ranks together
+ * (sends never block, a receive waits for its matching send) finishes. On
+ * failure: CDP_ERR_INVALID and a message naming the rank, the position and the
+ * instruction ("rank 2, instruction 7 (2B3): backward of micro-batch 3 before
+ * its forward"), or, for a deadlock, every rank's pending instruction. */
+cdp_status cdp_schedule_validate(const struct cdp_schedule *s);
+
+/* Compact form of one instruction, like torch.distributed.pipelining's
+ * actions ("2F0"), without the stage since a list belongs to one rank: "F0"
+ * forward of mb 0, "B0" backward; sends/receives "sa3>1" (send activation of
+ * mb 3 to rank 1), "ra3<0", "sg3>0", "rg3<2"; "L3" load; "T" tied reduce;
+ * "A" all-reduce; "O" step. When v > 1 the chunk goes in front of every
+ * per-micro-batch instruction but L ("1F3" = chunk 1 forward mb 3, "0sa3>1").
+ * Writes at most cap bytes into buf and returns buf. */
+const char *cdp_instr_str(const struct cdp_instr *in, int v, char *buf, size_t cap);
+
+/* One line per rank: "rank 0: L0 F0 sa0>1 ...". CDP_ERR_IO if f fails. */
+cdp_status cdp_schedule_print(const struct cdp_schedule *s, FILE *f);
+
+/* The lists as one JSON object: {"schedule": "1f1b", "stages": p, "chunks": v,
+ * "micro_batches": m, "ranks": [["L0", "F0", "sa0>1", ...], ...]}, instructions
+ * written as cdp_instr_str does. CDP_ERR_IO if f fails. */
+cdp_status cdp_schedule_print_json(const struct cdp_schedule *s, FILE *f);
+
+/* Activations a rank keeps, for tests and the simulator: the maximum over its
+ * list of (FORWARDs issued - BACKWARDs issued), each (mb, chunk) counting one.
+ * 1f1b gives p - rank when m >= p; gpipe gives m. */
+int cdp_schedule_peak_in_flight(const struct cdp_schedule *s, int rank);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,239 @@
+/* Suite pipeline: the real binary under mpirun (it launches itself). Every
+ * (stages, replicas, micro-batches) layout and schedule must train to the same
+ * losses and weights as one rank; faults end the whole job quickly with a
+ * message naming the rank, its stage and replica, and its instruction. */
+#include <criterion/criterion.h>
+#include <criterion/parameterized.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "harness.h"
+#include "model/safetensors.h"
+
+enum { MODEL_MLP = 0, MODEL_GPT = 1 };
+
+struct layout {
+    int model, p, R, m, v;
+    char schedule[16];
+};
+
+static void write_plan(const char *dir, const char *name, const struct layout *l, int one_rank)
+{
+    char json[2048], par[512];
+    const int p = one_rank ? 1 : l->p, R = one_rank ? 1 : l->R, m = one_rank ? l->R * l->m : l->m;
+    snprintf(par, sizeof par,
+             "\"parallel\": {\"stages\": %d, \"replicas\": %d, \"micro_batches\": %d, \"schedule\": \"%s\""
+             "%s}",
+             p, R, m, one_rank ? "1f1b" : l->schedule, !one_rank && l->v > 1 ? ", \"chunks\": 2" : "");
+    const char *model = l->model == MODEL_GPT
+        ? "\"model\": {\"preset\": \"gpt\", \"vocab\": 32, \"context\": 8, \"layers\": 6, \"heads\": 2, \"embed\": 16}"
+        : "\"model\": {\"preset\": \"mlp\", \"input\": [12], \"hidden\": [32, 24, 16], \"classes\": 5}";
+    /* AdamW's eps is 1e-6, not 1e-8: the key bias of attention has an exactly
+     * zero gradient (softmax ignores a constant added to every key), so its
+     * fp32 gradient is rounding noise that differs with summation order, and
+     * with eps 1e-8 Adam turns that noise into steps of up to lr. */
+    const char *opt = l->model == MODEL_GPT ? "{\"type\": \"adamw\", \"lr\": 0.01, \"weight_decay\": 0.1, \"eps\": 1e-6}"
+                                            : "{\"type\": \"sgd\", \"lr\": 0.05, \"momentum\": 0.9}";
+    snprintf(json, sizeof json,
+             "{%s, \"data\": {\"source\": \"synthetic\", \"seed\": 3}, \"train\": {\"steps\": 3, \"micro_batch\": 2, "
+             "\"optimizer\": %s, \"grad_clip\": 0.5, \"eval_batches\": 1, \"timeout_s\": 60}, %s, "
+             "\"cluster\": {\"backend\": \"cpu\"}, \"output\": {\"metrics\": \"%s.jsonl\", \"weights\": "
+             "\"%s.safetensors\", \"trace\": \"%s-trace.json\"}}",
+             model, opt, par, name, name, name);
+    char file[64];
+    snprintf(file, sizeof file, "%s.json", name);
+    cdp_test_write_file(dir, file, json);
+}
+
+static int read_losses(const char *path, double *out, int cap)
+{
+    char *text = cdp_test_read_file(path);
+    cr_assert_not_null(text, "%s was not written", path);
+    int n = 0;
+    for (char *c = strstr(text, "\"loss\": "); c && n < cap; c = strstr(c + 1, "\"loss\": "))
+        out[n++] = strtod(c + 8, NULL);
+    free(text);
+    return n;
+}
+
+static double compare_weights(const char *a, const char *b)
+{
+    struct cdp_st_file *fa, *fb;
+    cr_assert_eq(cdp_st_open(a, &fa), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(cdp_st_open(b, &fb), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(cdp_st_count(fa), cdp_st_count(fb), "the same tensors");
+    double worst = 0;
+    for (int i = 0; i < cdp_st_count(fa); i++) {
+        const struct cdp_st_tensor *ta = cdp_st_at(fa, i), *tb = cdp_st_find(fb, ta->name);
+        cr_assert_not_null(tb, "%s missing from the pipeline's weights", ta->name);
+        cr_assert_eq(ta->nbytes, tb->nbytes, "%s", ta->name);
+        const float *x = ta->data, *y = tb->data;
+        double num = 0, den = 0;
+        for (uint64_t k = 0; k < ta->nbytes / 4; k++) {
+            num += ((double)x[k] - y[k]) * ((double)x[k] - y[k]);
+            den += (double)x[k] * x[k];
+        }
+        double e = sqrt(num / (den > 0 ? den : 1));
+        if (e > worst) worst = e;
+    }
+    cdp_st_close(fa);
+    cdp_st_close(fb);
+    return worst;
+}
+
+static void run_ok(const char *plan)
+{
+    struct cdp_run r;
+    cr_assert_eq(cdp_test_run(&r, (const char *[]){"-q", "--plan", plan, NULL}), 0);
+    cr_assert_eq(r.exit_code, 0, "%s failed (%d): %s", plan, r.exit_code, r.err);
+    cdp_test_run_free(&r);
+}
+
+ParameterizedTestParameters(pipeline, layouts_equal_one_rank)
+{
+    static struct layout grid[64];
+    static const int shapes[][3] = {{1, 1, 4}, {2, 1, 4}, {1, 2, 2}, {2, 2, 4}, {4, 1, 8}, {2, 3, 3}, {3, 2, 6}};
+    int n = 0;
+    for (int model = 0; model < 2; model++)
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+            const int p = shapes[s][0], R = shapes[s][1], m = shapes[s][2];
+            grid[n++] = (struct layout){model, p, R, m, 1, "gpipe"};
+            grid[n++] = (struct layout){model, p, R, m, 1, "1f1b"};
+            /* interleaved: 2 chunks per rank, m a multiple of p, enough units */
+            const int units = model == MODEL_GPT ? 8 : 7;
+            if (p >= 2 && m % p == 0 && 2 * p <= units)
+                grid[n++] = (struct layout){model, p, R, m, 2, "interleaved"};
+        }
+    return cr_make_param_array(struct layout, grid, (size_t)n);
+}
+
+ParameterizedTest(struct layout *l, pipeline, layouts_equal_one_rank, .timeout = 240)
+{
+    const char *d = cdp_test_tmpdir();
+    char dir[4096], base[4200], pipe[4200], path_a[4300], path_b[4300];
+    snprintf(dir, sizeof dir, "%s", d);
+    write_plan(dir, "one", l, 1);
+    write_plan(dir, "pipe", l, 0);
+    snprintf(base, sizeof base, "%s/one.json", dir);
+    snprintf(pipe, sizeof pipe, "%s/pipe.json", dir);
+    run_ok(base);
+    run_ok(pipe);
+    double la[8], lb[8];
+    snprintf(path_a, sizeof path_a, "%s/one.jsonl", dir);
+    snprintf(path_b, sizeof path_b, "%s/pipe.jsonl", dir);
+    int na = read_losses(path_a, la, 8), nb = read_losses(path_b, lb, 8);
+    cr_assert_eq(na, 3);
+    cr_assert_eq(nb, 3);
+    for (int i = 0; i < 3; i++)
+        cr_assert_leq(fabs(la[i] - lb[i]), 1e-5 * fabs(la[i]), "%s p=%d R=%d m=%d: step %d loss %.9g vs %.9g",
+                      l->schedule, l->p, l->R, l->m, i + 1, lb[i], la[i]);
+    snprintf(path_a, sizeof path_a, "%s/one.safetensors", dir);
+    snprintf(path_b, sizeof path_b, "%s/pipe.safetensors", dir);
+    double e = compare_weights(path_a, path_b);
+    cr_assert_leq(e, 1e-5, "%s %s p=%d R=%d m=%d: weights differ by %.3g", l->model ? "gpt" : "mlp",
+                  l->schedule, l->p, l->R, l->m, e);
+    cr_log_info("%s %s p=%d R=%d m=%d: worst weight error %.3g", l->model ? "gpt" : "mlp", l->schedule, l->p,
+                l->R, l->m, e);
+}
+
+Test(pipeline, trace_has_a_track_per_rank_and_forward_backward_boxes)
+{
+    const char *d = cdp_test_tmpdir();
+    char dir[4096], plan[4200], path[4300];
+    snprintf(dir, sizeof dir, "%s", d);
+    struct layout l = {MODEL_GPT, 2, 2, 4, 1, "1f1b"};
+    write_plan(dir, "pipe", &l, 0);
+    snprintf(plan, sizeof plan, "%s/pipe.json", dir);
+    run_ok(plan);
+    snprintf(path, sizeof path, "%s/pipe-trace.json", dir);
+    char *t = cdp_test_read_file(path);
+    cr_assert_not_null(t);
+    for (int r = 0; r < 4; r++) {
+        char want[64];
+        snprintf(want, sizeof want, "\"name\": \"rank %d\"", r);
+        cr_assert(strstr(t, want), "no track for rank %d", r);
+    }
+    cr_assert(strstr(t, "\"name\": \"F3\"") && strstr(t, "\"name\": \"B0\""), "F and B boxes by micro-batch");
+    free(t);
+}
+
+/* Faults: the job ends non-zero within 30 s, naming rank, stage, replica and
+ * what it was doing. */
+static struct cdp_run run_fault(const char *plan, const char *fault, double *seconds)
+{
+    struct cdp_run r;
+    if (fault) setenv("CDP_FAULT", fault, 1);
+    struct timespec a, b;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    cr_assert_eq(cdp_test_run(&r, (const char *[]){"--plan", plan, NULL}), 0);
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    unsetenv("CDP_FAULT");
+    *seconds = (double)(b.tv_sec - a.tv_sec) + (double)(b.tv_nsec - a.tv_nsec) / 1e9;
+    return r;
+}
+
+static const char *fault_plan(const char *dir, int timeout_s, const char *data)
+{
+    char json[1024];
+    snprintf(json, sizeof json,
+             "{\"model\": {\"preset\": \"gpt\", \"vocab\": 256, \"context\": 8, \"layers\": 2, \"heads\": 2, "
+             "\"embed\": 16}, %s, \"train\": {\"steps\": 4, \"micro_batch\": 2, \"timeout_s\": %d}, "
+             "\"parallel\": {\"stages\": 2, \"replicas\": 1, \"micro_batches\": 4}, \"cluster\": {\"backend\": \"cpu\"}}",
+             data ? data : "\"data\": {\"source\": \"synthetic\"}", timeout_s);
+    return cdp_test_write_file(dir, "fault.json", json);
+}
+
+Test(pipeline, a_killed_rank_ends_the_job, .timeout = 60)
+{
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
+    double s;
+    struct cdp_run r = run_fault(fault_plan(dir, 20, NULL), "kill:1:2", &s);
+    cr_assert_neq(r.exit_code, 0, "%s", r.err);
+    cr_assert_lt(s, 30.0, "took %.1f s", s);
+    cr_log_info("killed rank: exit %d after %.1f s", r.exit_code, s);
+    cdp_test_run_free(&r);
+}
+
+Test(pipeline, a_deadline_names_the_waiting_rank_and_instruction, .timeout = 60)
+{
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
+    double s;
+    struct cdp_run r = run_fault(fault_plan(dir, 2, NULL), "stall:0:2:25", &s);
+    cr_assert_neq(r.exit_code, 0, "%s", r.err);
+    cr_assert_lt(s, 30.0, "took %.1f s", s);
+    cr_assert(strstr(r.err, "rank 1/2 (stage 1, replica 0), step 2: RECV_ACT of micro-batch 0, from stage 0"),
+              "%s", r.err);
+    cr_assert(strstr(r.err, "timed out"), "%s", r.err);
+    cr_log_info("deadline: exit %d after %.1f s", r.exit_code, s);
+    cdp_test_run_free(&r);
+}
+
+Test(pipeline, an_unreadable_data_file_names_rank_and_file, .timeout = 60)
+{
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
+    cdp_test_write_file(dir, "bad.bin", "this is not an llm.c token file, it is too short and has no magic");
+    double s;
+    struct cdp_run r = run_fault(fault_plan(dir, 20, "\"data\": {\"source\": \"tokens\", \"path\": \"bad.bin\"}"),
+                                 NULL, &s);
+    cr_assert_neq(r.exit_code, 0, "%s", r.err);
+    cr_assert_lt(s, 30.0, "took %.1f s", s);
+    cr_assert(strstr(r.err, "bad.bin") && strstr(r.err, "(stage "), "%s", r.err);
+    cdp_test_run_free(&r);
+}
+
+Test(pipeline, no_launch_asks_for_mpirun)
+{
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
+    struct cdp_run r;
+    cr_assert_eq(cdp_test_run(&r, (const char *[]){"--no-launch", "--plan", fault_plan(dir, 20, NULL), NULL}), 0);
+    cr_assert_eq(r.exit_code, 2, "%s", r.err);
+    cr_assert(strstr(r.err, "needs 2 ranks") && strstr(r.err, "mpirun -np 2"), "%s", r.err);
+    cdp_test_run_free(&r);
+}
