@@ -10,6 +10,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_util.h"
 #include "cdp/core.h"
 #include "comm/comm.h"
 
@@ -20,17 +21,6 @@ static void die(const char *what)
 {
     fprintf(stderr, "bench-comm rank %d: %s: %s\n", R, what, cdp_last_error());
     cdp_comm_abort(world, 1);
-}
-
-static double median(double *v, int n)
-{
-    for (int i = 1; i < n; i++)
-        for (int j = i; j > 0 && v[j - 1] > v[j]; j--) {
-            double t = v[j];
-            v[j] = v[j - 1];
-            v[j - 1] = t;
-        }
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 /* The slowest rank's value. */
@@ -91,7 +81,7 @@ static double pingpong_time(int use_cdp, char *buf, size_t n)
         for (int i = 0; i < reps; i++) round_trip(use_cdp, buf, n, 0);
         t[k] = (double)(cdp_time_ns() - t0) * 1e-9 / reps / 2;
     }
-    return median(t, 7);
+    return cdp_bench_median(t, 7);
 }
 
 static void bench_pingpong(void)
@@ -147,7 +137,7 @@ static void bench_late(void)
                     t[k] = (double)(cdp_time_ns() - t0) * 1e-9 / reps;
                     c[k] = (cpu_s() - c0) / reps;
                 }
-                double tm = median(t, 9), cm = median(c, 9);
+                double tm = cdp_bench_median(t, 9), cm = cdp_bench_median(c, 9);
                 added[m] = (tm - delays[d] - base[m]) * 1e6;
                 cpu[m] = 100.0 * cm / tm;
             }
@@ -190,7 +180,7 @@ static void bench_allreduce(size_t max_bytes)
                 }
                 if (k >= 0) t[k] = slowest((double)(cdp_time_ns() - t0) * 1e-9 / reps);
             }
-            res[m] = median(t, 5);
+            res[m] = cdp_bench_median(t, 5);
         }
         if (R == 0)
             printf("%12zu  %10.3f %10.3f  %10.3f %10.3f  %10.3f %10.3f\n", n, res[0] * 1e3, (double)n / res[0] * 1e-9,

@@ -6,19 +6,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench_util.h"
 #include "cdp/core.h"
 #include "cdp/device.h"
-
-static double median(double *v, int n)
-{
-    for (int i = 1; i < n; i++)
-        for (int j = i; j > 0 && v[j - 1] > v[j]; j--) {
-            double t = v[j];
-            v[j] = v[j - 1];
-            v[j - 1] = t;
-        }
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 int main(int argc, char **argv)
 {
@@ -60,7 +50,7 @@ int main(int argc, char **argv)
                 cdp_device_synchronize(dev);
                 t[r] = (double)(cdp_time_ns() - t0) / reps;
             }
-            gbs[kind] = (double)n / median(t, 15);
+            gbs[kind] = (double)n / cdp_bench_median(t, 15);
         }
         printf("%12llu %12.2f %12.2f %12.2f\n", (unsigned long long)n, gbs[0], gbs[1], gbs[2]);
         cdp_buffer_destroy(a);

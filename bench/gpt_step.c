@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench_util.h"
 #include "cdp/core.h"
 #include "cdp/device.h"
 #include "cdp/plan.h"
@@ -56,17 +57,6 @@ void cblas_sgemm(const enum CBLAS_ORDER order, const enum CBLAS_TRANSPOSE ta, co
     gemm_ns += cdp_time_ns() - t0;
 }
 
-static double median(double *v, int n)
-{
-    for (int i = 1; i < n; i++)
-        for (int j = i; j > 0 && v[j - 1] > v[j]; j--) {
-            double t = v[j];
-            v[j] = v[j - 1];
-            v[j - 1] = t;
-        }
-    return v[n / 2];
-}
-
 /* Time of the recorded GEMM calls replayed alone (median of 5 passes). */
 static double replay_seconds(void)
 {
@@ -95,7 +85,7 @@ static double replay_seconds(void)
     free(A);
     free(B);
     free(C);
-    return median(t, 5);
+    return cdp_bench_median(t, 5);
 }
 
 struct config {
@@ -151,7 +141,7 @@ static int bench(const struct config *c, int threads, int reps)
             gshare[r - 2] = (double)gemm_ns / 1e9 / dt;
         }
     }
-    double step = median(t, reps), share = median(gshare, reps);
+    double step = cdp_bench_median(t, reps), share = cdp_bench_median(gshare, reps);
     double flops = cdp_model_step_flops(m);
     double ceiling = flops / replay_seconds();
     double tokens = (double)c->batch * c->context;
