@@ -18,6 +18,7 @@
 #include "kernels/cpu/ops.h"
 #include "model/data.h"
 #include "model/model.h"
+#include "model/checkpoint.h"
 #include "model/optim.h"
 #include "model/safetensors.h"
 #include "partitioner/partition.h"
@@ -64,8 +65,15 @@ struct exec {
     /* timing of the current step */
     uint64_t t_compute, t_comm, t_idle, t_fb, fb_end, step_start;
     struct cdp_trace *trace;
-    /* CDP_FAULT (a testing knob): "kill:RANK:STEP" or "stall:RANK:STEP:SECONDS" */
-    int fault_kill, fault_stall, fault_rank, fault_step, fault_seconds;
+    /* CDP_FAULT (a testing knob): "kill:RANK:STEP", "stall:RANK:STEP:SECONDS" or
+     * "killsave:RANK:STEP:PHASE" (PHASE part: before writing its part; commit:
+     * after it, before the manifest) */
+    int fault_kill, fault_stall, fault_save, fault_rank, fault_step, fault_seconds;
+    char fault_phase[16];
+    /* resuming: the checkpoint's step and the samples consumed by then */
+    int step0;
+    int64_t sample_base;
+    FILE *out;
 };
 
 static char cdp_where_buf[256];
@@ -157,7 +165,7 @@ static void trace_ev(struct exec *e, enum cdp_event_kind k, int mb, uint64_t t0,
 
 static cdp_status load(struct exec *e, int mb)
 {
-    const int64_t first = (int64_t)(e->step - 1) * e->G + ((int64_t)e->r * e->m + mb) * e->B;
+    const int64_t first = e->sample_base + (int64_t)(e->step - 1 - e->step0) * e->G + ((int64_t)e->r * e->m + mb) * e->B;
     void *inputs = e->in_scratch;
     cdp_status st;
     if (e->s == 0) {
@@ -444,10 +452,22 @@ static cdp_status setup(struct exec *e)
     e->nv = e->p * e->v;
     e->B = (int)p->train.micro_batch;
     e->timeout = p->train.timeout_s;
-    if (p->parallel.micro_batches == CDP_AUTO)
+    if (p->train.precision != CDP_PRECISION_FP32)
+        return cdp_fail(CDP_ERR_UNSUPPORTED, "%s: /train/precision is \"bf16\": the cpu backend trains in fp32; "
+                        "use \"fp32\"", p->source);
+    if (p->cluster.backend != CDP_BACKEND_CPU)
+        return cdp_fail(CDP_ERR_UNSUPPORTED, "%s: /cluster/backend is \"%s\": this version trains on the cpu "
+                        "backend only", p->source, cdp_backend_name(p->cluster.backend));
+    if (p->parallel.micro_batches != CDP_AUTO) {
+        e->m = (int)p->parallel.micro_batches;
+    } else if (e->p * e->R == 1 && p->train.global_batch == CDP_AUTO) {
+        /* one rank: "auto" micro-batches is one micro-batch per step */
+        e->m = 1;
+        CDP_INFO(EXEC, "/parallel/micro_batches is auto: one micro-batch of %d per step", e->B);
+    } else {
         return cdp_fail(CDP_ERR_UNSUPPORTED, "%s: /parallel/micro_batches is \"auto\": give a number (or "
                         "/train/global_batch); the planner that chooses it is not built yet", p->source);
-    e->m = (int)p->parallel.micro_batches;
+    }
     e->G = (int64_t)e->R * e->m * e->B;
     if (e->size != e->p * e->R)
         return cdp_fail(CDP_ERR_INVALID, "%s: the plan needs %d ranks (/parallel/stages %d x /parallel/replicas "
@@ -651,10 +671,18 @@ static void parse_fault(struct exec *e)
 {
     const char *f = getenv("CDP_FAULT");
     if (!f) return;
-    if (sscanf(f, "kill:%d:%d", &e->fault_rank, &e->fault_step) == 2) e->fault_kill = 1;
+    if (sscanf(f, "killsave:%d:%d:%15s", &e->fault_rank, &e->fault_step, e->fault_phase) == 3) e->fault_save = 1;
+    else if (sscanf(f, "kill:%d:%d", &e->fault_rank, &e->fault_step) == 2) e->fault_kill = 1;
     else if (sscanf(f, "stall:%d:%d:%d", &e->fault_rank, &e->fault_step, &e->fault_seconds) == 3)
         e->fault_stall = 1;
-    else CDP_WARN(EXEC, "CDP_FAULT=\"%s\" is not kill:RANK:STEP or stall:RANK:STEP:SECONDS; ignored", f);
+    else CDP_WARN(EXEC, "CDP_FAULT=\"%s\" is not kill:RANK:STEP, stall:RANK:STEP:SECONDS or "
+                  "killsave:RANK:STEP:PHASE; ignored", f);
+}
+
+static void fault_in_save(const struct exec *e, int step, const char *phase)
+{
+    if (e->fault_save && e->rank == e->fault_rank && step == e->fault_step && !strcmp(phase, e->fault_phase))
+        raise(SIGKILL);
 }
 
 static void inject_fault(const struct exec *e)
@@ -664,6 +692,90 @@ static void inject_fault(const struct exec *e)
     if (e->fault_stall) sleep((unsigned)e->fault_seconds);
 }
 
+static void human_rate(double v, char *buf, size_t cap)
+{
+    if (v >= 1e9) snprintf(buf, cap, "%.1fG", v / 1e9);
+    else if (v >= 1e6) snprintf(buf, cap, "%.2fM", v / 1e6);
+    else if (v >= 1e4) snprintf(buf, cap, "%.1fk", v / 1e3);
+    else if (v >= 10) snprintf(buf, cap, "%.0f", v);
+    else snprintf(buf, cap, "%.2f", v);
+}
+
+/* Replica 0's ranks each write the part of their stage; rank 0 commits the
+ * checkpoint once every part is on disk. */
+static cdp_status save_checkpoint(struct exec *e, int step)
+{
+    const struct cdp_plan *p = e->plan;
+    cdp_status st = CDP_OK;
+    snprintf(cdp_where_buf, sizeof cdp_where_buf, "rank %d/%d (stage %d, replica %d), step %d: writing a checkpoint",
+             e->rank, e->size, e->s, e->r, step);
+    fault_in_save(e, step, "part");
+    if (e->r == 0) {
+        struct cdp_model **models = malloc((size_t)e->v * sizeof *models);
+        struct cdp_optimizer **opts = malloc((size_t)e->v * sizeof *opts);
+        if (!models || !opts) st = cdp_fail(CDP_ERR_NOMEM, "out of memory");
+        for (int k = 0; !st && k < e->v; k++) {
+            models[k] = e->ch[k].model;
+            opts[k] = e->ch[k].opt;
+        }
+        char part[32];
+        snprintf(part, sizeof part, "stage-%d", e->s);
+        if (!st) st = cdp_ckpt_write_part(p->train.checkpoint.dir, step, part, models, opts, e->v);
+        free(models);
+        free(opts);
+    }
+    fault_in_save(e, step, "commit");
+    if (!st) st = cdp_comm_barrier(e->world, e->timeout);
+    if (!st && e->rank == 0) {
+        struct cdp_ckpt_info info = {.step = step, .samples_seen = e->sample_base + (int64_t)(step - e->step0) * e->G,
+                                     .seed = p->train.seed};
+        snprintf(info.optimizer, sizeof info.optimizer, "%s",
+                 p->train.optimizer.type == CDP_OPT_SGD ? "sgd" : "adamw");
+        if (!(st = cdp_plan_to_json(p, &info.plan_json)))
+            st = cdp_ckpt_commit(p->train.checkpoint.dir, step, &info, (int)p->train.checkpoint.keep);
+        free(info.plan_json);
+    }
+    return st;
+}
+
+/* Every rank loads its ranges' tensors and optimizer state from the newest
+ * complete checkpoint; training continues at the step after it. */
+static cdp_status resume(struct exec *e, const char *dir)
+{
+    char *path = NULL;
+    struct cdp_ckpt_info info = {0};
+    cdp_status st = cdp_ckpt_find_latest(dir, &path, &info);
+    if (st) return st;
+    struct cdp_model **models = malloc((size_t)e->v * sizeof *models);
+    struct cdp_optimizer **opts = malloc((size_t)e->v * sizeof *opts);
+    if (!models || !opts) st = cdp_fail(CDP_ERR_NOMEM, "out of memory");
+    for (int k = 0; !st && k < e->v; k++) {
+        models[k] = e->ch[k].model;
+        opts[k] = e->ch[k].opt;
+    }
+    if (!st) st = cdp_ckpt_load(path, &info, models, opts, e->v);
+    if (!st && info.step >= e->plan->train.steps)
+        st = cdp_fail(CDP_ERR_INVALID, "%s: the checkpoint is at step %lld and /train/steps is %lld: nothing "
+                      "left to train", path, (long long)info.step, (long long)e->plan->train.steps);
+    /* every rank has read its tensors before rank 0 tidies the folder */
+    if (!st) st = cdp_comm_barrier(e->world, e->timeout);
+    if (!st && e->rank == 0 && e->plan->train.checkpoint.dir)
+        cdp_ckpt_discard_incomplete_after(e->plan->train.checkpoint.dir, info.step);
+    if (!st) {
+        e->step0 = (int)info.step;
+        e->sample_base = info.samples_seen;
+        CDP_INFO(CKPT, "resuming from %s (step %lld, %lld samples seen)", path, (long long)info.step,
+                 (long long)info.samples_seen);
+        if (e->rank == 0 && e->out)
+            fprintf(e->out, "resuming from %s at step %lld\n", path, (long long)info.step);
+    }
+    free(models);
+    free(opts);
+    free(path);
+    cdp_ckpt_info_free(&info);
+    return st;
+}
+
 cdp_status cdp_exec_run(const struct cdp_plan *p, cdp_comm_t world, const struct cdp_train_opts *o,
                         struct cdp_train_summary *summary)
 {
@@ -671,26 +783,42 @@ cdp_status cdp_exec_run(const struct cdp_plan *p, cdp_comm_t world, const struct
     struct cdp_train_summary sum = {0};
     cdp_status st;
     FILE *out = o ? o->out : NULL, *metrics = NULL;
+    e.out = out;
     parse_fault(&e);
     if ((st = setup(&e))) goto fail;
-    if (e.rank == 0 && p->output.metrics && !(metrics = fopen(p->output.metrics, "w"))) {
+    if (o && o->resume && (st = resume(&e, o->resume))) goto fail;
+    if (e.rank == 0 && p->output.metrics && !(metrics = fopen(p->output.metrics, e.step0 ? "a" : "w"))) {
         st = cdp_fail(CDP_ERR_IO, "%s: cannot write: %s", p->output.metrics, strerror(errno));
         goto fail;
     }
-    double flops_per_step = 0;
-    for (int k = 0; k < e.v; k++) flops_per_step += cdp_model_step_flops(e.ch[k].model) * e.m;
-    if ((st = cdp_comm_allreduce_f64(world, &flops_per_step, 1, CDP_REDUCE_SUM, e.timeout))) goto fail;
-    if (e.rank == 0 && out)
-        fprintf(out, "training %s on %d ranks: %lld stages x %lld replicas, %s, %d micro-batches of %d per "
-                "replica, %lld samples per step\n", p->model.kind == CDP_MODEL_GPT ? p->model.preset : "model",
-                e.size, (long long)e.p, (long long)e.R, cdp_schedule_name(p->parallel.schedule), e.m, e.B,
-                (long long)e.G);
+    double totals[2] = {0, 0}; /* flops of a step, parameters */
+    for (int k = 0; k < e.v; k++) {
+        totals[0] += cdp_model_step_flops(e.ch[k].model) * e.m;
+        if (e.r == 0)
+            for (int i = 0; i < cdp_model_tensor_count(e.ch[k].model); i++) {
+                const struct cdp_model_tensor *t = cdp_model_tensor(e.ch[k].model, i);
+                if (t->unit >= e.ch[k].first_unit) totals[1] += (double)t->numel;
+            }
+    }
+    if ((st = cdp_comm_allreduce_f64(world, totals, 2, CDP_REDUCE_SUM, e.timeout))) goto fail;
+    const double flops_per_step = totals[0];
+    const int tokens = e.shape ? e.shape->tokens : p->model.kind == CDP_MODEL_GPT;
+    const double sample_tokens = p->model.kind == CDP_MODEL_GPT ? (double)p->model.context : 0;
+    if (e.rank == 0 && out) {
+        fprintf(out, "training %s: %.0f parameters, %lld steps of %lld samples", p->model.kind == CDP_MODEL_GPT
+                ? p->model.preset : "model", totals[1], (long long)p->train.steps, (long long)e.G);
+        if (e.size == 1)
+            fprintf(out, " (%d x %d), %s\n", e.m, e.B, p->train.optimizer.type == CDP_OPT_SGD ? "sgd" : "adamw");
+        else
+            fprintf(out, " on %d ranks: %d stages x %d replicas, %s, %d micro-batches of %d per replica\n", e.size,
+                    e.p, e.R, cdp_schedule_name(p->parallel.schedule), e.m, e.B);
+    }
     if ((st = cdp_comm_barrier(world, e.timeout))) goto fail;
     /* every rank's events are timed from the barrier, on its own clock */
     const uint64_t t_start = cdp_time_ns();
     if (e.trace) cdp_trace_set_origin(e.trace, t_start);
     int measured = 0;
-    for (int step = 1; step <= p->train.steps; step++) {
+    for (int step = e.step0 + 1; step <= p->train.steps; step++) {
         e.step = step;
         e.loss_sum = 0;
         e.t_compute = e.t_comm = e.t_idle = e.t_fb = 0;
@@ -702,24 +830,28 @@ cdp_status cdp_exec_run(const struct cdp_plan *p, cdp_comm_t world, const struct
         if (!st) st = drain_sends(&e);
         if (st) goto fail;
         const uint64_t t_end = cdp_time_ns();
-        /* loss, and this step's timing averaged over ranks */
-        /* the bubble: idle share of each rank's window from the step's start to
-         * its last backward */
+        /* the loss, and this step's timing averaged over ranks; the bubble is the
+         * idle share of each rank's window from the step's start to its last
+         * backward */
         double fb = (double)(e.fb_end - e.step_start), busy = (double)e.t_fb;
-        double red[7] = {e.loss_sum, fb > 0 ? 1.0 - fmin(1.0, busy / fb) : 0, (double)e.t_compute / 1e9,
-                         (double)e.t_comm / 1e9, (double)e.t_idle / 1e9, (double)(t_end - e.step_start) / 1e9,
-                         e.shape ? (double)e.scale : 0};
+        double red[6] = {e.loss_sum, fb > 0 ? 1.0 - fmin(1.0, busy / fb) : 0, (double)e.t_compute / 1e9,
+                         (double)e.t_comm / 1e9, (double)e.t_idle / 1e9, (double)(t_end - e.step_start) / 1e9};
+        double scale_max = e.shape ? (double)e.scale : 0;
         if ((st = cdp_comm_allreduce_f64(world, red, 6, CDP_REDUCE_SUM, e.timeout))) goto fail;
-        double scale_max = red[6];
         if ((st = cdp_comm_allreduce_f64(world, &scale_max, 1, CDP_REDUCE_MAX, e.timeout))) goto fail;
-        const double loss = red[0] * scale_max;
+        const double loss = red[0] * scale_max, bubble = red[1] / e.size;
         const double dt = (double)(t_end - e.step_start) / 1e9;
-        if (step == 1) sum.first_loss = loss;
+        if (!isfinite(loss)) {
+            st = cdp_fail(CDP_ERR_INVALID, "step %d: the loss is %g; lower /train/optimizer/lr or set "
+                          "/train/grad_clip", step, loss);
+            goto fail;
+        }
+        if (step == e.step0 + 1) sum.first_loss = loss;
         sum.last_loss = loss;
         sum.steps = step;
-        if (step > 1 || p->train.steps == 1) {
+        if (step > e.step0 + 1 || p->train.steps == e.step0 + 1) {
             measured++;
-            sum.bubble += red[1] / e.size;
+            sum.bubble += bubble;
             sum.compute_s += red[2] / e.size;
             sum.comm_s += red[3] / e.size;
             sum.idle_s += red[4] / e.size;
@@ -731,29 +863,43 @@ cdp_status cdp_exec_run(const struct cdp_plan *p, cdp_comm_t world, const struct
             if ((st = validate(&e, &val))) goto fail;
             sum.val_loss = val;
         }
-        if (e.rank == 0) {
-            const double sps = (double)e.G / dt, fps = flops_per_step / dt;
-            const double tps = p->model.kind == CDP_MODEL_GPT ? sps * (double)p->model.context : 0;
-            if (metrics) {
-                fprintf(metrics, "{\"step\": %d, \"loss\": %.9g, \"lr\": %g, \"grad_norm\": %.6g, \"time_s\": %.6g, "
-                        "\"samples_per_s\": %.6g, \"tokens_per_s\": %.6g, \"flops_per_s\": %.6g, \"bubble\": %.4f",
-                        step, loss, p->train.optimizer.lr, e.grad_norm, dt, sps, tps, fps, red[1] / e.size);
-                if (!isnan(val)) fprintf(metrics, ", \"val_loss\": %.6g", val);
-                fputs("}\n", metrics);
-                fflush(metrics);
-            }
-            if (out && (step == 1 || step % p->train.log_every == 0 || last || !isnan(val))) {
-                fprintf(out, "step %d/%lld  loss %.4f", step, (long long)p->train.steps, loss);
-                if (!isnan(val)) fprintf(out, "  val %.4f", val);
-                fprintf(out, "  | %.0f samples/s  %.1f GFLOP/s  %.0f ms/step", sps, fps / 1e9, dt * 1e3);
-                fprintf(out, "  bubble %.0f%%", 100.0 * red[1] / e.size);
-                fputc('\n', out);
-            }
+        if (p->train.checkpoint.dir && (step % p->train.checkpoint.every == 0 || last) &&
+            (st = save_checkpoint(&e, step)))
+            goto fail;
+        if (e.rank != 0) continue;
+        const double sps = (double)e.G / dt, tps = tokens ? sps * sample_tokens : 0, fps = flops_per_step / dt;
+        if (metrics) {
+            fprintf(metrics, "{\"step\": %d, \"loss\": %.9g, \"lr\": %g, \"grad_norm\": %.6g, \"time_s\": %.6g, "
+                    "\"samples_per_s\": %.6g, \"tokens_per_s\": %.6g, \"flops_per_s\": %.6g, \"bubble\": %.4f",
+                    step, loss, p->train.optimizer.lr, e.grad_norm, dt, sps, tps, fps, bubble);
+            if (!isnan(val)) fprintf(metrics, ", \"val_loss\": %.6g", val);
+            fputs("}\n", metrics);
+            fflush(metrics);
+        }
+        if (out && (step == e.step0 + 1 || step % p->train.log_every == 0 || last || !isnan(val))) {
+            char s1[32], s2[32], s3[32];
+            human_rate(sps, s1, sizeof s1);
+            human_rate(tps, s2, sizeof s2);
+            human_rate(fps, s3, sizeof s3);
+            if (o->progress) fputs("\r\033[K", out);
+            fprintf(out, "step %*d/%lld  loss %.4f", (int)snprintf(NULL, 0, "%lld", (long long)p->train.steps), step,
+                    (long long)p->train.steps, loss);
+            if (!isnan(val)) fprintf(out, "  val %.4f", val);
+            fprintf(out, "  | %s samples/s", s1);
+            if (tps > 0) fprintf(out, "  %s tokens/s", s2);
+            fprintf(out, dt < 0.01 ? "  %sFLOP/s  %.2f ms/step" : "  %sFLOP/s  %.0f ms/step", s3, dt * 1e3);
+            if (e.size > 1) fprintf(out, "  bubble %.0f%%", 100.0 * bubble);
+            fputc('\n', out);
+        } else if (out && o->progress) {
+            fprintf(out, "\r\033[Kstep %d/%lld  loss %.4f", step, (long long)p->train.steps, loss);
+            fflush(out);
         }
     }
     sum.seconds = (double)(cdp_time_ns() - t_start) / 1e9;
-    sum.samples_per_s = (double)(sum.steps * e.G) / sum.seconds;
-    sum.flops_per_s = flops_per_step * (double)sum.steps / sum.seconds;
+    const int64_t done = sum.steps - e.step0;
+    sum.samples_per_s = (double)(done * e.G) / sum.seconds;
+    sum.tokens_per_s = tokens ? sum.samples_per_s * sample_tokens : 0;
+    sum.flops_per_s = flops_per_step * (double)done / sum.seconds;
     if (measured) {
         sum.bubble /= measured;
         sum.compute_s /= measured;
@@ -765,12 +911,16 @@ cdp_status cdp_exec_run(const struct cdp_plan *p, cdp_comm_t world, const struct
     if ((st = write_traces(&e))) goto fail;
     if ((st = write_weights(&e))) goto fail;
     if (e.rank == 0 && out) {
-        fprintf(out, "done: %lld steps in %.1f s, loss %.4f -> %.4f, validation loss %.4f\n", (long long)sum.steps,
-                sum.seconds, sum.first_loss, sum.last_loss, sum.val_loss);
-        fprintf(out, "per step (mean over ranks): %.1f ms compute, %.1f ms communication, %.1f ms waiting on "
-                "peers, %.2f ms executor overhead", sum.compute_s * 1e3, sum.comm_s * 1e3, sum.idle_s * 1e3,
-                sum.overhead_s * 1e3);
-        fprintf(out, "; bubble %.1f%%\n", 100 * sum.bubble);
+        char s3[32];
+        human_rate(sum.flops_per_s, s3, sizeof s3);
+        fprintf(out, "done: %lld steps in %.1f s, loss %.4f -> %.4f, validation loss %.4f, %sFLOP/s\n",
+                (long long)done, sum.seconds, sum.first_loss, sum.last_loss, sum.val_loss, s3);
+        if (e.size > 1)
+            fprintf(out, "per step (mean over ranks): %.1f ms compute, %.1f ms communication, %.1f ms waiting on "
+                    "peers, %.2f ms executor overhead; bubble %.1f%%\n", sum.compute_s * 1e3, sum.comm_s * 1e3,
+                    sum.idle_s * 1e3, sum.overhead_s * 1e3, 100 * sum.bubble);
+        if (p->output.weights) fprintf(out, "weights written to %s\n", p->output.weights);
+        if (p->train.checkpoint.dir) fprintf(out, "checkpoints in %s\n", p->train.checkpoint.dir);
     }
     if (metrics) fclose(metrics);
     exec_free(&e);
@@ -785,5 +935,6 @@ fail:
     }
     /* other ranks may wait on this one: the caller aborts the job; no clean-up
      * that could block (pending requests) is attempted */
+    if (e.size == 1) exec_free(&e);
     return st;
 }

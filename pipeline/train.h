@@ -14,8 +14,9 @@ extern "C" {
 #endif
 
 struct cdp_train_opts {
-    FILE *out;    /* step lines and the summary (stdout); NULL = silent */
-    int progress; /* redraw a progress line between logged steps (a terminal) */
+    FILE *out;          /* step lines and the summary (stdout); NULL = silent */
+    int progress;       /* redraw a progress line between logged steps (a terminal) */
+    const char *resume; /* a checkpoint folder (or a folder of them) to continue from, or NULL */
 };
 
 struct cdp_train_summary {

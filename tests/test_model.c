@@ -339,7 +339,7 @@ static struct cdp_train_summary train(const char *json)
 {
     struct cdp_plan *p = plan_from(json);
     struct cdp_train_summary s;
-    struct cdp_train_opts o = {NULL, 0};
+    struct cdp_train_opts o = {.out = NULL};
     cr_assert_eq(cdp_train_one_rank(p, &o, &s), CDP_OK, "%s", cdp_last_error());
     cdp_plan_free(p);
     return s;

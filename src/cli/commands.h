@@ -6,4 +6,7 @@
 /* `cdphybrid topo ...`; argv[0] is "topo". */
 int cdp_cli_topo(int argc, char **argv);
 
+/* `cdphybrid export ...`; argv[0] is "export". */
+int cdp_cli_export(int argc, char **argv);
+
 #endif

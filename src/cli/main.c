@@ -31,6 +31,8 @@ struct cli_args {
     int verbose;
     int quiet;
     int no_launch;
+    int resume;             /* --resume given */
+    const char *resume_dir; /* its folder, or NULL: the plan's /train/checkpoint/dir */
     int argc;
     char **argv;
 };
@@ -39,6 +41,7 @@ static void usage(FILE *f)
 {
     fputs("usage: cdphybrid --plan FILE [--dry-run | --schedule] [--json] [-v|-q]\n"
           "       cdphybrid topo [--topology SPEC] [--json] [--export FILE]   (see topo --help)\n"
+          "       cdphybrid export --checkpoint DIR --out FILE   (see export --help)\n"
           "       cdphybrid --help | --version\n"
           "\n"
           "Trains a neural network across pipeline stages and data-parallel replicas,\n"
@@ -56,6 +59,8 @@ static void usage(FILE *f)
           "  --json         with --dry-run or --schedule: print JSON instead of text\n"
           "  -v, --verbose  more log output (twice: debug); CDP_LOG=debug does the same\n"
           "  -q, --quiet    errors only\n"
+          "  --resume [DIR] continue from the newest complete checkpoint in DIR (default: the\n"
+          "                 plan's /train/checkpoint/dir), under this plan or another layout\n"
           "  --no-launch    a plan with several ranks is not restarted under mpirun by itself;\n"
           "                 start it as `mpirun -np N cdphybrid --plan FILE`\n"
           "  -h, --help     this text\n"
@@ -138,9 +143,14 @@ static int parse_args(int argc, char **argv, struct cli_args *a)
             a->quiet = 1;
         } else if (!strcmp(s, "--no-launch")) {
             a->no_launch = 1;
+        } else if (!strcmp(s, "--resume") || !strncmp(s, "--resume=", 9)) {
+            a->resume = 1;
+            if (s[8] == '=') a->resume_dir = s + 9;
+            else if (i + 1 < argc && argv[i + 1][0] != '-') a->resume_dir = argv[++i];
+            if (a->resume_dir && !*a->resume_dir) return usage_error("%s needs a folder", "--resume=");
         } else if (s[0] == '-') {
             static const char *const known[] = {"--plan", "--dry-run", "--json", "--verbose",
-                                                "--quiet", "--help", "--version", "--no-launch",
+                                                "--quiet", "--help", "--version", "--no-launch", "--resume",
                                                 "--schedule", NULL};
             const char *near = cdp_closest_word(s, known);
             if (near) {
@@ -157,6 +167,8 @@ static int parse_args(int argc, char **argv, struct cli_args *a)
     if (a->json && !a->dry_run && !a->schedule)
         return usage_error("%s", "--json goes with --dry-run or --schedule");
     if (!a->plan) return usage_error("%s", "nothing to do: give --plan FILE");
+    if (a->resume && (a->dry_run || a->schedule))
+        return usage_error("%s", "--resume goes with training, not with --dry-run or --schedule");
     return -1;
 }
 
@@ -223,6 +235,13 @@ static void on_term(int sig)
     _exit(128 + sig);
 }
 
+/* --resume DIR, or --resume alone: the plan's checkpoint folder (checked in run_plan). */
+static const char *resume_dir(const struct cli_args *a, const struct cdp_plan *plan)
+{
+    if (!a->resume) return NULL;
+    return a->resume_dir ? a->resume_dir : plan->train.checkpoint.dir;
+}
+
 static int run_ranks(const struct cli_args *a, const struct cdp_plan *plan)
 {
     cdp_comm_t world = NULL;
@@ -232,7 +251,8 @@ static int run_ranks(const struct cli_args *a, const struct cdp_plan *plan)
     }
     signal(SIGTERM, on_term);
     const int rank = cdp_comm_rank(world);
-    struct cdp_train_opts opts = {.out = a->quiet || rank != 0 ? NULL : stdout, .progress = 0};
+    struct cdp_train_opts opts = {.out = a->quiet || rank != 0 ? NULL : stdout, .progress = 0,
+                                  .resume = resume_dir(a, plan)};
     cdp_status st = cdp_exec_run(plan, world, &opts, NULL);
     if (st) {
         fprintf(stderr, "cdphybrid: %s\n", cdp_last_error());
@@ -300,6 +320,11 @@ static int run_plan(const struct cli_args *a)
         return code;
     }
 
+    if (a->resume && !a->resume_dir && !plan->train.checkpoint.dir) {
+        cdp_fail(CDP_ERR_INVALID, "%s: --resume without a folder needs /train/checkpoint/dir in the plan",
+                 plan->source);
+        goto bad_input;
+    }
     const int ranks = cdp_exec_ranks(plan);
     if (!a->dry_run && (ranks > 1 || cdp_comm_launched_by_mpi())) {
         if (ranks < 1) {
@@ -321,7 +346,8 @@ static int run_plan(const struct cli_args *a)
         return code;
     }
     if (!a->dry_run) {
-        struct cdp_train_opts opts = {.out = a->quiet ? NULL : stdout, .progress = isatty(1)};
+        struct cdp_train_opts opts = {.out = a->quiet ? NULL : stdout, .progress = isatty(1),
+                                      .resume = resume_dir(a, plan)};
         cdp_status st = cdp_train_one_rank(plan, &opts, NULL);
         if (st) {
             code = exit_code_for(st);
@@ -361,6 +387,7 @@ int main(int argc, char **argv)
         return EXIT_USAGE;
     }
     if (argc > 1 && !strcmp(argv[1], "topo")) return cdp_cli_topo(argc - 1, argv + 1);
+    if (argc > 1 && !strcmp(argv[1], "export")) return cdp_cli_export(argc - 1, argv + 1);
     int code = parse_args(argc, argv, &a);
     if (code >= 0) return code;
     if (!getenv("CDP_LOG") || !*getenv("CDP_LOG")) {

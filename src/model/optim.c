@@ -43,6 +43,16 @@ void cdp_optimizer_destroy(struct cdp_optimizer *o)
 }
 
 int cdp_optimizer_steps(const struct cdp_optimizer *o) { return o->t; }
+void cdp_optimizer_set_steps(struct cdp_optimizer *o, int steps) { o->t = steps; }
+enum cdp_optimizer_type cdp_optimizer_type_of(const struct cdp_optimizer *o) { return o->d.type; }
+
+void cdp_optimizer_state(struct cdp_optimizer *o, struct cdp_model *m, int i, float **a, float **b)
+{
+    struct cdp_model_tensor *t = cdp_model_tensor(m, i);
+    size_t off = (size_t)(t->data - o->params_base);
+    *a = o->s1 + off;
+    *b = o->s2 ? o->s2 + off : NULL;
+}
 
 double cdp_model_grad_sumsq(struct cdp_model *m)
 {

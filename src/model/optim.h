@@ -28,8 +28,15 @@ double cdp_model_grad_sumsq(struct cdp_model *m);
  * learning rate lr. */
 void cdp_optimizer_step(struct cdp_optimizer *o, struct cdp_model *m, float lr, float grad_scale);
 
-/* Steps taken so far. */
+/* Steps taken so far; set when resuming from a checkpoint. */
 int cdp_optimizer_steps(const struct cdp_optimizer *o);
+void cdp_optimizer_set_steps(struct cdp_optimizer *o, int steps);
+
+/* The optimizer's type, and its state for tensor i of the model it was made for
+ * (laid out like the tensor): AdamW: first and second moments; SGD: the velocity
+ * in *a and NULL in *b. Not owned. */
+enum cdp_optimizer_type cdp_optimizer_type_of(const struct cdp_optimizer *o);
+void cdp_optimizer_state(struct cdp_optimizer *o, struct cdp_model *m, int i, float **a, float **b);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,1135 @@
+/* Checkpoints: per-stage safetensors parts, a manifest with SHA-256 checksums
+ * written last as the commit point, pruning of old and incomplete folders,
+ * verification on load, and export as one safetensors file. SHA-256 (FIPS
+ * 180-4) lives here too: it is only used to checksum checkpoint files. */
+#include "model/checkpoint.h"
+
+#include <ctype.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "cdp/core.h"
+#include "cdp/log.h"
+#include "model/safetensors.h"
+
+#define MANIFEST "manifest.json"
+#define PART_SUFFIX ".safetensors"
+
+/* ---- SHA-256 (FIPS 180-4) ------------------------------------------------------ */
+
+struct sha256 {
+    uint32_t h[8];
+    uint64_t bytes;
+    uint8_t buf[64];
+    size_t n;
+};
+
+static const uint32_t sha256_k[64] = {
+    0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
+    0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
+    0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
+    0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
+    0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
+    0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
+    0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
+    0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2,
+};
+
+static uint32_t rotr(uint32_t x, int n) { return (x >> n) | (x << (32 - n)); }
+
+static void sha256_init(struct sha256 *s)
+{
+    static const uint32_t h0[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
+                                   0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
+    memcpy(s->h, h0, sizeof h0);
+    s->bytes = 0;
+    s->n = 0;
+}
+
+static void sha256_block(uint32_t h[8], const uint8_t *p)
+{
+    uint32_t w[64];
+    for (int t = 0; t < 16; t++)
+        w[t] = (uint32_t)p[4 * t] << 24 | (uint32_t)p[4 * t + 1] << 16 | (uint32_t)p[4 * t + 2] << 8 | p[4 * t + 3];
+    for (int t = 16; t < 64; t++) {
+        uint32_t s0 = rotr(w[t - 15], 7) ^ rotr(w[t - 15], 18) ^ (w[t - 15] >> 3);
+        uint32_t s1 = rotr(w[t - 2], 17) ^ rotr(w[t - 2], 19) ^ (w[t - 2] >> 10);
+        w[t] = w[t - 16] + s0 + w[t - 7] + s1;
+    }
+    uint32_t a = h[0], b = h[1], c = h[2], d = h[3], e = h[4], f = h[5], g = h[6], hh = h[7];
+    for (int t = 0; t < 64; t++) {
+        uint32_t t1 = hh + (rotr(e, 6) ^ rotr(e, 11) ^ rotr(e, 25)) + ((e & f) ^ (~e & g)) + sha256_k[t] + w[t];
+        uint32_t t2 = (rotr(a, 2) ^ rotr(a, 13) ^ rotr(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
+        hh = g;
+        g = f;
+        f = e;
+        e = d + t1;
+        d = c;
+        c = b;
+        b = a;
+        a = t1 + t2;
+    }
+    h[0] += a;
+    h[1] += b;
+    h[2] += c;
+    h[3] += d;
+    h[4] += e;
+    h[5] += f;
+    h[6] += g;
+    h[7] += hh;
+}
+
+static void sha256_update(struct sha256 *s, const uint8_t *p, size_t n)
+{
+    s->bytes += n;
+    if (s->n) {
+        size_t take = 64 - s->n < n ? 64 - s->n : n;
+        memcpy(s->buf + s->n, p, take);
+        s->n += take;
+        p += take;
+        n -= take;
+        if (s->n < 64) return;
+        sha256_block(s->h, s->buf);
+        s->n = 0;
+    }
+    for (; n >= 64; p += 64, n -= 64) sha256_block(s->h, p);
+    memcpy(s->buf, p, n);
+    s->n = n;
+}
+
+static void sha256_final(struct sha256 *s, char hex[65])
+{
+    uint64_t bits = s->bytes * 8;
+    uint8_t pad[72] = {0x80};
+    size_t padn = (s->n < 56 ? 56 : 120) - s->n;
+    for (int i = 0; i < 8; i++) pad[padn + (size_t)i] = (uint8_t)(bits >> (56 - 8 * i));
+    sha256_update(s, pad, padn + 8);
+    CDP_ASSERT(s->n == 0);
+    for (int i = 0; i < 8; i++) snprintf(hex + 8 * i, 9, "%08" PRIx32, s->h[i]);
+}
+
+cdp_status cdp_sha256_file(const char *path, char hex[65])
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return cdp_fail(CDP_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    size_t cap = 1 << 20;
+    uint8_t *buf = malloc(cap);
+    if (!buf) {
+        close(fd);
+        return cdp_fail(CDP_ERR_NOMEM, "%s: out of memory for a checksum", path);
+    }
+    struct sha256 s;
+    sha256_init(&s);
+    for (;;) {
+        ssize_t r = read(fd, buf, cap);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) {
+            int e = errno;
+            free(buf);
+            close(fd);
+            return cdp_fail(CDP_ERR_IO, "%s: cannot read: %s", path, strerror(e));
+        }
+        if (r == 0) break;
+        sha256_update(&s, buf, (size_t)r);
+    }
+    free(buf);
+    close(fd);
+    sha256_final(&s, hex);
+    return CDP_OK;
+}
+
+/* ---- paths and folders ------------------------------------------------------------ */
+
+/* a + "/" + b, malloc'd; NULL when out of memory. */
+static char *join(const char *a, const char *b)
+{
+    size_t n = strlen(a) + strlen(b) + 2;
+    char *s = malloc(n);
+    if (s) snprintf(s, n, "%s/%s", a, b);
+    return s;
+}
+
+/* A copy of a path without trailing slashes (except a lone "/"). */
+static char *trimmed(const char *p)
+{
+    char *s = strdup(p);
+    if (!s) return NULL;
+    size_t n = strlen(s);
+    while (n > 1 && s[n - 1] == '/') s[--n] = '\0';
+    return s;
+}
+
+static char *step_folder(const char *dir, int64_t step)
+{
+    char name[40];
+    snprintf(name, sizeof name, "step-%08lld", (long long)step);
+    return join(dir, name);
+}
+
+/* "step-<digits>" -> step; 0 when the name is anything else. */
+static int parse_step_name(const char *name, int64_t *step)
+{
+    if (strncmp(name, "step-", 5) || !isdigit((unsigned char)name[5])) return 0;
+    int64_t v = 0;
+    for (const char *p = name + 5; *p; p++) {
+        if (!isdigit((unsigned char)*p) || v > (INT64_MAX - 9) / 10) return 0;
+        v = v * 10 + (*p - '0');
+    }
+    *step = v;
+    return 1;
+}
+
+static int is_dir(const char *path)
+{
+    struct stat sb;
+    return stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
+}
+
+static int is_file(const char *path)
+{
+    struct stat sb;
+    return stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
+}
+
+/* mkdir that accepts an existing folder (another rank may make it at the same time). */
+static cdp_status make_dir(const char *path)
+{
+    if (mkdir(path, 0755) == 0 || (errno == EEXIST && is_dir(path))) return CDP_OK;
+    if (errno == EEXIST) return cdp_fail(CDP_ERR_IO, "%s: exists and is not a folder", path);
+    return cdp_fail(CDP_ERR_IO, "%s: cannot make the folder: %s", path, strerror(errno));
+}
+
+/* mkdir -p */
+static cdp_status make_dirs(const char *path)
+{
+    char *p = strdup(path);
+    if (!p) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
+    cdp_status st = CDP_OK;
+    for (char *q = p + 1; *q && !st; q++) {
+        if (*q != '/') continue;
+        *q = '\0';
+        if (!is_dir(p)) st = make_dir(p);
+        *q = '/';
+    }
+    if (!st) st = make_dir(p);
+    free(p);
+    return st;
+}
+
+/* fsync of a folder, so that entries made in it survive a power loss. */
+static void sync_dir(const char *path)
+{
+    int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0 || fsync(fd) != 0) CDP_WARN(CKPT, "cannot sync the folder %s: %s", path, strerror(errno));
+    if (fd >= 0) close(fd);
+}
+
+struct step_ent {
+    int64_t step;
+    int complete; /* has a manifest */
+    char *path;
+};
+
+static int cmp_step_desc(const void *a, const void *b)
+{
+    const struct step_ent *x = a, *y = b;
+    return x->step < y->step ? 1 : x->step > y->step ? -1 : 0;
+}
+
+static void free_steps(struct step_ent *e, int n)
+{
+    for (int i = 0; i < n; i++) free(e[i].path);
+    free(e);
+}
+
+/* The step folders under dir, newest first. A missing dir is an empty list. */
+static cdp_status list_steps(const char *dir, struct step_ent **out, int *n_out)
+{
+    *out = NULL;
+    *n_out = 0;
+    DIR *d = opendir(dir);
+    if (!d) {
+        if (errno == ENOENT) return CDP_OK;
+        return cdp_fail(CDP_ERR_IO, "%s: cannot list the folder: %s", dir, strerror(errno));
+    }
+    struct step_ent *e = NULL;
+    int n = 0, cap = 0;
+    cdp_status st = CDP_OK;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        int64_t step;
+        if (!parse_step_name(de->d_name, &step)) continue;
+        char *path = join(dir, de->d_name);
+        char *man = path ? join(path, MANIFEST) : NULL;
+        if (!man) {
+            free(path);
+            st = cdp_fail(CDP_ERR_NOMEM, "out of memory");
+            break;
+        }
+        if (!is_dir(path)) {
+            free(path);
+            free(man);
+            continue;
+        }
+        if (n == cap) {
+            cap = cap ? 2 * cap : 16;
+            struct step_ent *ne = realloc(e, (size_t)cap * sizeof *e);
+            if (!ne) {
+                free(path);
+                free(man);
+                st = cdp_fail(CDP_ERR_NOMEM, "out of memory");
+                break;
+            }
+            e = ne;
+        }
+        e[n].step = step;
+        e[n].complete = is_file(man);
+        e[n].path = path;
+        n++;
+        free(man);
+    }
+    closedir(d);
+    if (st) {
+        free_steps(e, n);
+        return st;
+    }
+    if (n) qsort(e, (size_t)n, sizeof *e, cmp_step_desc);
+    *out = e;
+    *n_out = n;
+    return CDP_OK;
+}
+
+/* Removes a checkpoint folder: the manifest first, so that a crash halfway
+ * leaves an incomplete folder (skipped) rather than a complete-looking one
+ * with parts missing. Failures are warnings: the new checkpoint is in place. */
+static void remove_folder(const char *path)
+{
+    char *man = join(path, MANIFEST);
+    if (man && unlink(man) != 0 && errno != ENOENT)
+        CDP_WARN(CKPT, "cannot remove %s: %s", man, strerror(errno));
+    free(man);
+    DIR *d = opendir(path);
+    if (d) {
+        struct dirent *de;
+        while ((de = readdir(d))) {
+            if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
+            char *f = join(path, de->d_name);
+            if (f && unlink(f) != 0) CDP_WARN(CKPT, "cannot remove %s: %s", f, strerror(errno));
+            free(f);
+        }
+        closedir(d);
+    }
+    if (rmdir(path) != 0) CDP_WARN(CKPT, "cannot remove the folder %s: %s", path, strerror(errno));
+}
+
+/* ---- writing a part ------------------------------------------------------------------ */
+
+static int valid_part_name(const char *part)
+{
+    return part && *part && part[0] != '.' && !strchr(part, '/') && strlen(part) < 200;
+}
+
+cdp_status cdp_ckpt_write_part(const char *dir, int64_t step, const char *part, struct cdp_model *const *models,
+                               struct cdp_optimizer *const *opts, int n)
+{
+    CDP_ASSERT(dir && (n == 0 || models) && n >= 0);
+    if (!valid_part_name(part))
+        return cdp_fail(CDP_ERR_INVALID, "checkpoint part name \"%s\": expected a plain file name", part ? part : "");
+    if (step < 0) return cdp_fail(CDP_ERR_INVALID, "checkpoint step %lld: expected >= 0", (long long)step);
+    cdp_status st;
+    struct cdp_st_tensor *ts = NULL;
+    char (*names)[96] = NULL;
+    char *root = trimmed(dir), *folder = NULL, *path = NULL;
+    if (!root) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
+    if ((st = make_dirs(root))) goto fail;
+    if (!(folder = step_folder(root, step))) {
+        st = cdp_fail(CDP_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    if ((st = make_dir(folder))) goto fail;
+
+    int total = 0;
+    for (int k = 0; k < n; k++) total += cdp_model_tensor_count(models[k]) * 3;
+    ts = calloc((size_t)total + 1, sizeof *ts);
+    names = calloc((size_t)total + 1, sizeof *names);
+    size_t plen = strlen(folder) + strlen(part) + sizeof PART_SUFFIX + 2;
+    path = malloc(plen);
+    if (!ts || !names || !path) {
+        st = cdp_fail(CDP_ERR_NOMEM, "out of memory writing checkpoint part %s", part);
+        goto fail;
+    }
+    snprintf(path, plen, "%s/%s%s", folder, part, PART_SUFFIX);
+    int nt = 0;
+    for (int k = 0; k < n; k++) {
+        struct cdp_model *m = models[k];
+        struct cdp_optimizer *o = opts ? opts[k] : NULL;
+        const int first = cdp_model_unit(m, 0)->index;
+        for (int i = 0; i < cdp_model_tensor_count(m); i++) {
+            struct cdp_model_tensor *t = cdp_model_tensor(m, i);
+            if (t->unit < first) continue; /* a tied copy: its owner's part holds it */
+            float *state[2] = {NULL, NULL};
+            static const char *const adam_names[2] = {"optim.m.", "optim.v."};
+            static const char *const sgd_names[2] = {"optim.velocity.", NULL};
+            const char *const *snames = NULL;
+            if (o) {
+                cdp_optimizer_state(o, m, i, &state[0], &state[1]);
+                snames = cdp_optimizer_type_of(o) == CDP_OPT_ADAMW ? adam_names : sgd_names;
+            }
+            for (int s = -1; s < 2; s++) {
+                if (s >= 0 && (!snames || !snames[s] || !state[s])) continue;
+                struct cdp_st_tensor *x = &ts[nt];
+                snprintf(names[nt], sizeof names[nt], "%s%s", s < 0 ? "" : snames[s], t->name);
+                x->name = names[nt];
+                x->dtype = CDP_DTYPE_F32;
+                x->dtype_name = "F32";
+                x->ndim = t->ndim;
+                for (int d = 0; d < t->ndim; d++) x->shape[d] = t->shape[d];
+                x->data = s < 0 ? t->data : state[s];
+                x->nbytes = (uint64_t)t->numel * 4;
+                nt++;
+            }
+        }
+    }
+    char step_s[24];
+    snprintf(step_s, sizeof step_s, "%lld", (long long)step);
+    const char *meta[4] = {"format", "cdphybrid-checkpoint-part", "step", step_s};
+    if ((st = cdp_st_write(path, ts, nt, meta, 2))) goto fail;
+    CDP_INFO(CKPT, "wrote %s (%d tensors)", path, nt);
+fail:
+    free(ts);
+    free(names);
+    free(path);
+    free(folder);
+    free(root);
+    return st;
+}
+
+/* ---- the manifest -------------------------------------------------------------------- */
+
+/* Writes text to folder/name atomically: a temporary in the same folder, fsync,
+ * rename, fsync of the folder. */
+static cdp_status write_atomic(const char *folder, const char *name, const char *text)
+{
+    cdp_status st = CDP_OK;
+    char *path = join(folder, name);
+    size_t tcap = strlen(folder) + strlen(name) + 32;
+    char *tmp = malloc(tcap);
+    if (!path || !tmp) {
+        free(path);
+        free(tmp);
+        return cdp_fail(CDP_ERR_NOMEM, "out of memory");
+    }
+    snprintf(tmp, tcap, "%s/.%s.tmp-XXXXXX", folder, name);
+    int fd = mkostemp(tmp, O_CLOEXEC);
+    if (fd < 0) {
+        st = cdp_fail(CDP_ERR_IO, "%s: cannot create a temporary file: %s", path, strerror(errno));
+        goto done;
+    }
+    size_t len = strlen(text), off = 0;
+    while (off < len) {
+        ssize_t w = write(fd, text + off, len - off);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) {
+            st = cdp_fail(CDP_ERR_IO, "%s: cannot write %s: %s", path, tmp, w < 0 ? strerror(errno) : "no progress");
+            break;
+        }
+        off += (size_t)w;
+    }
+    if (!st && fchmod(fd, 0644) != 0)
+        st = cdp_fail(CDP_ERR_IO, "%s: cannot set permissions of %s: %s", path, tmp, strerror(errno));
+    if (!st && fsync(fd) != 0) st = cdp_fail(CDP_ERR_IO, "%s: cannot sync %s: %s", path, tmp, strerror(errno));
+    if (close(fd) != 0 && !st) st = cdp_fail(CDP_ERR_IO, "%s: cannot close %s: %s", path, tmp, strerror(errno));
+    if (!st && rename(tmp, path) != 0)
+        st = cdp_fail(CDP_ERR_IO, "%s: cannot rename %s into place: %s", path, tmp, strerror(errno));
+    if (st) unlink(tmp);
+    else sync_dir(folder);
+done:
+    free(path);
+    free(tmp);
+    return st;
+}
+
+/* "layers.<N>.<param>" -> N; -1 otherwise. */
+static int unit_of(const char *name)
+{
+    if (strncmp(name, "layers.", 7) || !isdigit((unsigned char)name[7])) return -1;
+    char *end;
+    long v = strtol(name + 7, &end, 10);
+    return *end == '.' && v <= INT_MAX ? (int)v : -1;
+}
+
+static int is_hex64(const char *s)
+{
+    if (strlen(s) != 64) return 0;
+    for (const char *p = s; *p; p++)
+        if (!isdigit((unsigned char)*p) && !(*p >= 'a' && *p <= 'f')) return 0;
+    return 1;
+}
+
+static const char *optimizer_name(enum cdp_optimizer_type t) { return t == CDP_OPT_ADAMW ? "adamw" : "sgd"; }
+
+/* Reads folder/manifest.json and checks every key and its type; *root on success. */
+static cdp_status read_manifest(const char *folder, json_t **root_out)
+{
+    char *path = join(folder, MANIFEST);
+    if (!path) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
+    cdp_status st = CDP_OK;
+    json_error_t jerr;
+    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root) {
+        if (!is_file(path)) st = cdp_fail(CDP_ERR_INVALID, "%s: missing: the checkpoint is incomplete", path);
+        else st = cdp_fail(CDP_ERR_INVALID, "%s: not valid JSON (line %d: %s)", path, jerr.line, jerr.text);
+        goto fail;
+    }
+#define BAD(...)                                    \
+    do {                                            \
+        st = cdp_fail(CDP_ERR_INVALID, __VA_ARGS__); \
+        goto fail;                                  \
+    } while (0)
+    if (!json_is_object(root)) BAD("%s: expected a JSON object", path);
+    static const char *const keys[] = {"format", "version", "step", "samples_seen", "seed",
+                                       "optimizer", "files", "tensors", "plan", NULL};
+    for (int i = 0; keys[i]; i++)
+        if (!json_object_get(root, keys[i])) BAD("%s: /%s: missing", path, keys[i]);
+    json_t *v = json_object_get(root, "format");
+    if (!json_is_string(v) || strcmp(json_string_value(v), "cdphybrid-checkpoint"))
+        BAD("%s: /format: expected \"cdphybrid-checkpoint\"", path);
+    v = json_object_get(root, "version");
+    if (!json_is_integer(v) || json_integer_value(v) < 1) BAD("%s: /version: expected a positive integer", path);
+    if (json_integer_value(v) > 1)
+        BAD("%s: /version: %lld is newer than this cdphybrid reads (1)", path, (long long)json_integer_value(v));
+    if (!json_is_integer(json_object_get(root, "step")) || json_integer_value(json_object_get(root, "step")) < 0)
+        BAD("%s: /step: expected a non-negative integer", path);
+    v = json_object_get(root, "samples_seen");
+    if (!json_is_integer(v) || json_integer_value(v) < 0) BAD("%s: /samples_seen: expected a non-negative integer", path);
+    if (!json_is_integer(json_object_get(root, "seed"))) BAD("%s: /seed: expected an integer", path);
+    v = json_object_get(root, "optimizer");
+    if (!json_is_string(v) || (strcmp(json_string_value(v), "adamw") && strcmp(json_string_value(v), "sgd")))
+        BAD("%s: /optimizer: expected \"adamw\" or \"sgd\"", path);
+    v = json_object_get(root, "plan");
+    if (!json_is_object(v) && !json_is_null(v)) BAD("%s: /plan: expected an object or null", path);
+    json_t *files = json_object_get(root, "files");
+    if (!json_is_array(files)) BAD("%s: /files: expected an array", path);
+    size_t i;
+    json_t *f;
+    json_array_foreach(files, i, f) {
+        if (!json_is_object(f)) BAD("%s: /files/%zu: expected an object", path, i);
+        json_t *name = json_object_get(f, "name"), *bytes = json_object_get(f, "bytes"),
+               *sha = json_object_get(f, "sha256");
+        if (!json_is_string(name) || !valid_part_name(json_string_value(name)))
+            BAD("%s: /files/%zu/name: expected a file name", path, i);
+        if (!json_is_integer(bytes) || json_integer_value(bytes) < 0)
+            BAD("%s: /files/%zu/bytes: expected a non-negative integer", path, i);
+        if (!json_is_string(sha) || !is_hex64(json_string_value(sha)))
+            BAD("%s: /files/%zu/sha256: expected 64 lowercase hex digits", path, i);
+    }
+    json_t *tensors = json_object_get(root, "tensors");
+    if (!json_is_object(tensors)) BAD("%s: /tensors: expected an object", path);
+    const char *key;
+    json_object_foreach(tensors, key, v) {
+        int listed = 0;
+        if (json_is_string(v)) {
+            json_array_foreach(files, i, f) {
+                if (!strcmp(json_string_value(json_object_get(f, "name")), json_string_value(v))) listed = 1;
+            }
+        }
+        if (!listed) BAD("%s: /tensors/%s: expected the name of a file in /files", path, key);
+    }
+#undef BAD
+    free(path);
+    *root_out = root;
+    return CDP_OK;
+fail:
+    json_decref(root);
+    free(path);
+    return st;
+}
+
+/* Every file of the manifest has its size and checksum. */
+static cdp_status verify_files(const char *folder, json_t *root)
+{
+    json_t *files = json_object_get(root, "files"), *f;
+    size_t i;
+    json_array_foreach(files, i, f) {
+        const char *name = json_string_value(json_object_get(f, "name"));
+        const char *want = json_string_value(json_object_get(f, "sha256"));
+        long long bytes = (long long)json_integer_value(json_object_get(f, "bytes"));
+        char *path = join(folder, name);
+        if (!path) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
+        struct stat sb;
+        if (stat(path, &sb) != 0) {
+            cdp_status st = errno == ENOENT
+                                ? cdp_fail(CDP_ERR_INVALID, "%s is missing (the manifest lists it)", path)
+                                : cdp_fail(CDP_ERR_IO, "%s: cannot read: %s", path, strerror(errno));
+            free(path);
+            return st;
+        }
+        if ((long long)sb.st_size != bytes) {
+            cdp_status st = cdp_fail(CDP_ERR_INVALID, "%s: %s: %lld bytes, the manifest says %lld", path,
+                                     (long long)sb.st_size < bytes ? "truncated" : "size mismatch",
+                                     (long long)sb.st_size, bytes);
+            free(path);
+            return st;
+        }
+        char have[65];
+        cdp_status st = cdp_sha256_file(path, have);
+        if (!st && strcmp(have, want))
+            st = cdp_fail(CDP_ERR_INVALID, "%s: checksum mismatch (manifest says %s, file has %s)", path, want, have);
+        free(path);
+        if (st) return st;
+    }
+    return CDP_OK;
+}
+
+/* ---- commit ---------------------------------------------------------------------------- */
+
+struct part_ent {
+    char *name;  /* file name */
+    long long bytes;
+    char sha[65];
+};
+
+struct tensor_ent {
+    const char *name; /* points into an open part */
+    int part;
+    int unit;
+    int order; /* position over all parts, for a stable sort */
+};
+
+static int cmp_part_name(const void *a, const void *b)
+{
+    return strcmp(((const struct part_ent *)a)->name, ((const struct part_ent *)b)->name);
+}
+
+static int cmp_tensor_name(const void *a, const void *b)
+{
+    return strcmp(((const struct tensor_ent *)a)->name, ((const struct tensor_ent *)b)->name);
+}
+
+static int cmp_tensor_unit(const void *a, const void *b)
+{
+    const struct tensor_ent *x = a, *y = b;
+    if (x->unit != y->unit) return x->unit < y->unit ? -1 : 1;
+    return x->order < y->order ? -1 : x->order > y->order;
+}
+
+static int ends_with(const char *s, const char *tail)
+{
+    size_t n = strlen(s), k = strlen(tail);
+    return n >= k && !strcmp(s + n - k, tail);
+}
+
+/* Keeps the newest `keep` complete checkpoints and the one just committed;
+ * removes older complete ones and incomplete ones below `step`. */
+static void prune(const char *dir, int64_t step, int keep)
+{
+    struct step_ent *e = NULL;
+    int n = 0;
+    if (list_steps(dir, &e, &n)) {
+        CDP_WARN(CKPT, "not removing old checkpoints: %s", cdp_last_error());
+        return;
+    }
+    int complete = 0;
+    for (int i = 0; i < n; i++) {
+        int remove = 0;
+        if (e[i].complete) remove = ++complete > keep && keep > 0 && e[i].step != step;
+        else remove = e[i].step < step;
+        if (!remove) continue;
+        CDP_INFO(CKPT, "removing %s checkpoint %s", e[i].complete ? "old" : "incomplete", e[i].path);
+        remove_folder(e[i].path);
+    }
+    free_steps(e, n);
+}
+
+void cdp_ckpt_discard_incomplete_after(const char *dir, int64_t step)
+{
+    struct step_ent *e = NULL;
+    int n = 0;
+    if (list_steps(dir, &e, &n)) {
+        CDP_WARN(CKPT, "not removing incomplete checkpoints: %s", cdp_last_error());
+        return;
+    }
+    for (int i = 0; i < n; i++) {
+        if (e[i].complete || e[i].step <= step) continue;
+        CDP_INFO(CKPT, "removing incomplete checkpoint %s", e[i].path);
+        remove_folder(e[i].path);
+    }
+    free_steps(e, n);
+}
+
+cdp_status cdp_ckpt_commit(const char *dir, int64_t step, const struct cdp_ckpt_info *info, int keep)
+{
+    CDP_ASSERT(dir && info);
+    cdp_status st = CDP_OK;
+    char *root_dir = trimmed(dir), *folder = NULL, *text = NULL;
+    struct part_ent *parts = NULL;
+    struct cdp_st_file **open = NULL;
+    struct tensor_ent *ts = NULL;
+    int np = 0, cap = 0, nt = 0, tcap = 0;
+    json_t *root = NULL;
+    DIR *d = NULL;
+    if (!root_dir || !(folder = step_folder(root_dir, step))) {
+        st = cdp_fail(CDP_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    if (memchr(info->optimizer, '\0', sizeof info->optimizer) == NULL ||
+        (strcmp(info->optimizer, "adamw") && strcmp(info->optimizer, "sgd"))) {
+        st = cdp_fail(CDP_ERR_INVALID, "%s: checkpoint optimizer \"%.16s\": expected \"adamw\" or \"sgd\"", folder,
+                      info->optimizer);
+        goto fail;
+    }
+    if (!(d = opendir(folder))) {
+        st = cdp_fail(errno == ENOENT ? CDP_ERR_INVALID : CDP_ERR_IO, "%s: cannot commit: %s", folder,
+                      errno == ENOENT ? "no part of this step was written" : strerror(errno));
+        goto fail;
+    }
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        if (de->d_name[0] == '.' || !ends_with(de->d_name, PART_SUFFIX)) continue;
+        if (np == cap) {
+            cap = cap ? 2 * cap : 8;
+            struct part_ent *n2 = realloc(parts, (size_t)cap * sizeof *parts);
+            if (!n2) {
+                st = cdp_fail(CDP_ERR_NOMEM, "out of memory");
+                goto fail;
+            }
+            parts = n2;
+        }
+        memset(&parts[np], 0, sizeof parts[np]);
+        if (!(parts[np].name = strdup(de->d_name))) {
+            st = cdp_fail(CDP_ERR_NOMEM, "out of memory");
+            goto fail;
+        }
+        np++;
+    }
+    closedir(d);
+    d = NULL;
+    if (!np) {
+        st = cdp_fail(CDP_ERR_INVALID, "%s: cannot commit: no part of this step was written", folder);
+        goto fail;
+    }
+    qsort(parts, (size_t)np, sizeof *parts, cmp_part_name);
+    if (!(open = calloc((size_t)np, sizeof *open))) {
+        st = cdp_fail(CDP_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    char step_s[24];
+    snprintf(step_s, sizeof step_s, "%lld", (long long)step);
+    for (int p = 0; p < np; p++) {
+        char *path = join(folder, parts[p].name);
+        if (!path) {
+            st = cdp_fail(CDP_ERR_NOMEM, "out of memory");
+            goto fail;
+        }
+        struct stat sb;
+        if (stat(path, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+            st = cdp_fail(CDP_ERR_IO, "%s: not a readable file", path);
+            free(path);
+            goto fail;
+        }
+        parts[p].bytes = (long long)sb.st_size;
+        if (!(st = cdp_sha256_file(path, parts[p].sha))) st = cdp_st_open(path, &open[p]);
+        if (!st) {
+            const char *fmt = cdp_st_metadata(open[p], "format"), *ps = cdp_st_metadata(open[p], "step");
+            if (!fmt || strcmp(fmt, "cdphybrid-checkpoint-part") || !ps || strcmp(ps, step_s))
+                st = cdp_fail(CDP_ERR_INVALID, "%s: not a part of checkpoint step %s (its metadata says format %s, step %s)",
+                              path, step_s, fmt ? fmt : "(none)", ps ? ps : "(none)");
+        }
+        free(path);
+        if (st) goto fail;
+        for (int i = 0; i < cdp_st_count(open[p]); i++) {
+            const char *name = cdp_st_at(open[p], i)->name;
+            if (!strncmp(name, "optim.", 6)) continue;
+            if (nt == tcap) {
+                tcap = tcap ? 2 * tcap : 64;
+                struct tensor_ent *n2 = realloc(ts, (size_t)tcap * sizeof *ts);
+                if (!n2) {
+                    st = cdp_fail(CDP_ERR_NOMEM, "out of memory");
+                    goto fail;
+                }
+                ts = n2;
+            }
+            ts[nt] = (struct tensor_ent){name, p, unit_of(name), nt};
+            nt++;
+        }
+    }
+    /* A tensor in two parts: a part left over from an earlier attempt at this
+     * step under another plan. Which one is current cannot be told. */
+    if (nt) qsort(ts, (size_t)nt, sizeof *ts, cmp_tensor_name);
+    for (int i = 1; i < nt; i++) {
+        if (strcmp(ts[i - 1].name, ts[i].name)) continue;
+        st = cdp_fail(CDP_ERR_INVALID, "%s: tensor %s is in both %s and %s (a part left from an earlier attempt "
+                      "at step %s?); remove the folder and save again", folder, ts[i].name,
+                      parts[ts[i - 1].part].name, parts[ts[i].part].name, step_s);
+        goto fail;
+    }
+    if (nt) qsort(ts, (size_t)nt, sizeof *ts, cmp_tensor_unit);
+
+    json_t *files = json_array(), *tensors = json_object(), *plan = json_null();
+    root = json_object();
+    if (info->plan_json) {
+        json_error_t jerr;
+        json_decref(plan);
+        if (!(plan = json_loads(info->plan_json, JSON_REJECT_DUPLICATES, &jerr)) || !json_is_object(plan)) {
+            json_decref(files);
+            json_decref(tensors);
+            json_decref(plan);
+            st = cdp_fail(CDP_ERR_INVALID, "%s: the plan given for the manifest is not a JSON object (%s)", folder,
+                          plan ? "another type" : jerr.text);
+            goto fail;
+        }
+    }
+    int bad = !root || !files || !tensors;
+    bad |= json_object_set_new(root, "format", json_string("cdphybrid-checkpoint"));
+    bad |= json_object_set_new(root, "version", json_integer(1));
+    bad |= json_object_set_new(root, "step", json_integer(step));
+    bad |= json_object_set_new(root, "samples_seen", json_integer(info->samples_seen));
+    bad |= json_object_set_new(root, "seed", json_integer((json_int_t)info->seed));
+    bad |= json_object_set_new(root, "optimizer", json_string(info->optimizer));
+    for (int p = 0; p < np; p++) {
+        json_t *f = json_object();
+        bad |= !f;
+        bad |= json_object_set_new(f, "name", json_string(parts[p].name));
+        bad |= json_object_set_new(f, "bytes", json_integer(parts[p].bytes));
+        bad |= json_object_set_new(f, "sha256", json_string(parts[p].sha));
+        bad |= json_array_append_new(files, f);
+    }
+    for (int i = 0; i < nt; i++) bad |= json_object_set_new(tensors, ts[i].name, json_string(parts[ts[i].part].name));
+    bad |= json_object_set_new(root, "files", files);
+    bad |= json_object_set_new(root, "tensors", tensors);
+    bad |= json_object_set_new(root, "plan", plan);
+    if (bad || !(text = json_dumps(root, JSON_INDENT(2)))) {
+        st = cdp_fail(CDP_ERR_NOMEM, "%s: out of memory building the manifest", folder);
+        goto fail;
+    }
+    size_t tl = strlen(text);
+    char *t2 = realloc(text, tl + 2);
+    if (!t2) {
+        st = cdp_fail(CDP_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    text = t2;
+    memcpy(text + tl, "\n", 2);
+    /* the step folder's own entry must be durable before the commit point */
+    sync_dir(root_dir);
+    if ((st = write_atomic(folder, MANIFEST, text))) goto fail;
+    CDP_INFO(CKPT, "committed checkpoint %s (%d parts, %d tensors)", folder, np, nt);
+    prune(root_dir, step, keep);
+fail:
+    if (d) closedir(d);
+    for (int p = 0; p < np; p++) {
+        free(parts[p].name);
+        if (open) cdp_st_close(open[p]);
+    }
+    free(parts);
+    free(open);
+    free(ts);
+    json_decref(root);
+    free(text);
+    free(folder);
+    free(root_dir);
+    return st;
+}
+
+/* ---- finding and loading ------------------------------------------------------------ */
+
+void cdp_ckpt_info_free(struct cdp_ckpt_info *info)
+{
+    if (!info) return;
+    free(info->plan_json);
+    info->plan_json = NULL;
+}
+
+cdp_status cdp_ckpt_find_latest(const char *dir, char **path, struct cdp_ckpt_info *info)
+{
+    CDP_ASSERT(dir && path && info);
+    cdp_status st = CDP_OK;
+    char *root_dir = trimmed(dir), *man = root_dir ? join(root_dir, MANIFEST) : NULL, *folder = NULL;
+    struct step_ent *e = NULL;
+    int n = 0;
+    json_t *root = NULL;
+    if (!man) {
+        st = cdp_fail(CDP_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    const char *base = strrchr(root_dir, '/') ? strrchr(root_dir, '/') + 1 : root_dir;
+    int64_t ignored;
+    if (is_file(man) || (parse_step_name(base, &ignored) && is_dir(root_dir))) {
+        /* a checkpoint folder itself */
+        folder = strdup(root_dir);
+    } else {
+        if (!is_dir(root_dir)) {
+            st = cdp_fail(CDP_ERR_INVALID, "%s: no complete checkpoint (%s)", root_dir,
+                          access(root_dir, F_OK) ? "no such folder" : "not a folder");
+            goto fail;
+        }
+        if ((st = list_steps(root_dir, &e, &n))) goto fail;
+        int found = -1;
+        for (int i = 0; i < n && found < 0; i++) {
+            if (e[i].complete) found = i;
+            else CDP_INFO(CKPT, "skipping %s: no manifest (a save that did not finish)", e[i].path);
+        }
+        if (found < 0) {
+            st = cdp_fail(CDP_ERR_INVALID, "%s: no complete checkpoint%s", root_dir,
+                          n ? " (only folders without a manifest: saves that did not finish)" : "");
+            goto fail;
+        }
+        folder = strdup(e[found].path);
+    }
+    if (!folder) {
+        st = cdp_fail(CDP_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    if ((st = read_manifest(folder, &root))) goto fail;
+    if ((st = verify_files(folder, root))) goto fail;
+    json_t *plan = json_object_get(root, "plan");
+    char *plan_text = NULL;
+    if (json_is_object(plan) && !(plan_text = json_dumps(plan, JSON_COMPACT))) {
+        st = cdp_fail(CDP_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    memset(info, 0, sizeof *info);
+    info->step = json_integer_value(json_object_get(root, "step"));
+    info->samples_seen = json_integer_value(json_object_get(root, "samples_seen"));
+    info->seed = (uint64_t)json_integer_value(json_object_get(root, "seed"));
+    snprintf(info->optimizer, sizeof info->optimizer, "%s", json_string_value(json_object_get(root, "optimizer")));
+    info->plan_json = plan_text;
+    *path = folder;
+    folder = NULL;
+    CDP_INFO(CKPT, "latest checkpoint: %s (step %lld, checksums verified)", *path, (long long)info->step);
+fail:
+    json_decref(root);
+    free_steps(e, n);
+    free(folder);
+    free(man);
+    free(root_dir);
+    return st;
+}
+
+/* The parts of a checkpoint folder, opened on first use. */
+struct part_cache {
+    const char *folder;
+    int n;
+    const char **names;
+    struct cdp_st_file **files;
+};
+
+static cdp_status part_cache_init(struct part_cache *c, const char *folder, json_t *root)
+{
+    json_t *files = json_object_get(root, "files"), *f;
+    size_t i;
+    c->folder = folder;
+    c->n = (int)json_array_size(files);
+    c->names = calloc((size_t)c->n + 1, sizeof *c->names);
+    c->files = calloc((size_t)c->n + 1, sizeof *c->files);
+    if (!c->names || !c->files) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
+    json_array_foreach(files, i, f) c->names[i] = json_string_value(json_object_get(f, "name"));
+    return CDP_OK;
+}
+
+static void part_cache_free(struct part_cache *c)
+{
+    for (int i = 0; c->files && i < c->n; i++) cdp_st_close(c->files[i]);
+    free(c->names);
+    free(c->files);
+}
+
+/* The open part of that name; its path (for messages) goes to buf. */
+static cdp_status part_get(struct part_cache *c, const char *name, struct cdp_st_file **out, char *buf, size_t cap)
+{
+    snprintf(buf, cap, "%s/%s", c->folder, name);
+    for (int i = 0; i < c->n; i++) {
+        if (strcmp(c->names[i], name)) continue;
+        if (!c->files[i]) {
+            cdp_status st = cdp_st_open(buf, &c->files[i]);
+            if (st) return st;
+        }
+        *out = c->files[i];
+        return CDP_OK;
+    }
+    return cdp_fail(CDP_ERR_INTERNAL, "%s: not in the manifest's files", buf);
+}
+
+static void format_shape(char *buf, size_t cap, int ndim, const int64_t *shape)
+{
+    size_t o = (size_t)snprintf(buf, cap, "[");
+    for (int d = 0; d < ndim && o < cap; d++) o += (size_t)snprintf(buf + o, cap - o, "%s%lld", d ? ", " : "", (long long)shape[d]);
+    if (o < cap) snprintf(buf + o, cap - o, "]");
+}
+
+/* The tensor `name` of the part is there, a float tensor of the model's shape. */
+static cdp_status check_tensor(struct cdp_st_file *f, const char *fpath, const char *name, const char *owner,
+                               const struct cdp_model_tensor *t)
+{
+    const struct cdp_st_tensor *x = cdp_st_find(f, name);
+    if (!x) {
+        if (!strcmp(name, owner))
+            return cdp_fail(CDP_ERR_INVALID, "%s: no tensor %s (the manifest says this part holds it)", fpath, name);
+        return cdp_fail(CDP_ERR_INVALID, "%s: no tensor %s (the optimizer state of %s; was the checkpoint "
+                        "written without it?)", fpath, name, owner);
+    }
+    int same = x->ndim == t->ndim;
+    for (int d = 0; same && d < t->ndim; d++) same = x->shape[d] == t->shape[d];
+    if (!same) {
+        char a[128], b[128];
+        format_shape(a, sizeof a, x->ndim, x->shape);
+        format_shape(b, sizeof b, t->ndim, t->shape);
+        return cdp_fail(CDP_ERR_INVALID, "%s: tensor %s: shape %s in the checkpoint, %s in the model", fpath, name, a, b);
+    }
+    if (!x->dtype_name || (strcmp(x->dtype_name, "F32") && strcmp(x->dtype_name, "BF16") && strcmp(x->dtype_name, "F16")))
+        return cdp_fail(CDP_ERR_INVALID, "%s: tensor %s: dtype %s, expected a float type", fpath, name,
+                        x->dtype_name ? x->dtype_name : "?");
+    return CDP_OK;
+}
+
+cdp_status cdp_ckpt_load(const char *path, const struct cdp_ckpt_info *info, struct cdp_model *const *models,
+                         struct cdp_optimizer *const *opts, int n)
+{
+    CDP_ASSERT(path && info && (n == 0 || models) && n >= 0);
+    cdp_status st;
+    json_t *root = NULL;
+    struct part_cache pc = {0};
+    char *folder = trimmed(path), *man = folder ? join(folder, MANIFEST) : NULL;
+    if (!man) {
+        free(folder);
+        return cdp_fail(CDP_ERR_NOMEM, "out of memory");
+    }
+    if ((st = read_manifest(folder, &root))) goto fail;
+    if ((st = part_cache_init(&pc, folder, root))) goto fail;
+    if (opts) {
+        for (int k = 0; k < n; k++) {
+            if (!opts[k]) continue;
+            const char *mine = optimizer_name(cdp_optimizer_type_of(opts[k]));
+            if (strcmp(mine, info->optimizer)) {
+                st = cdp_fail(CDP_ERR_INVALID, "%s: /train/optimizer/type is \"%s\", and the checkpoint holds the "
+                              "state of \"%s\": it cannot continue this run's optimizer", man, mine, info->optimizer);
+                goto fail;
+            }
+        }
+    }
+    if (info->step > INT_MAX) {
+        st = cdp_fail(CDP_ERR_INVALID, "%s: step %lld is beyond what the optimizer counts", man, (long long)info->step);
+        goto fail;
+    }
+    json_t *tensors = json_object_get(root, "tensors");
+    int lo = INT_MAX, hi = -1;
+    const char *key;
+    json_t *v;
+    json_object_foreach(tensors, key, v) {
+        int u = unit_of(key);
+        if (u >= 0 && u < lo) lo = u;
+        if (u > hi) hi = u;
+    }
+    /* Everything is checked before anything is read, so that a failed load
+     * leaves the models and optimizers as they were. */
+    for (int pass = 0; pass < 2; pass++) {
+        for (int k = 0; k < n; k++) {
+            struct cdp_model *m = models[k];
+            struct cdp_optimizer *o = opts ? opts[k] : NULL;
+            for (int i = 0; i < cdp_model_tensor_count(m); i++) {
+                struct cdp_model_tensor *t = cdp_model_tensor(m, i);
+                const char *part = json_string_value(json_object_get(tensors, t->name));
+                if (!part) {
+                    if (hi < 0)
+                        st = cdp_fail(CDP_ERR_INVALID, "%s: no tensor %s (the checkpoint holds no weights)", man, t->name);
+                    else
+                        st = cdp_fail(CDP_ERR_INVALID, "%s: no tensor %s (the checkpoint's model has units %d..%d)",
+                                      man, t->name, lo, hi);
+                    goto fail;
+                }
+                struct cdp_st_file *f;
+                char fpath[4096], sname[128];
+                if ((st = part_get(&pc, part, &f, fpath, sizeof fpath))) goto fail;
+                float *state[2] = {NULL, NULL};
+                const char *prefix[2] = {NULL, NULL};
+                if (o) {
+                    cdp_optimizer_state(o, m, i, &state[0], &state[1]);
+                    prefix[0] = cdp_optimizer_type_of(o) == CDP_OPT_ADAMW ? "optim.m." : "optim.velocity.";
+                    prefix[1] = cdp_optimizer_type_of(o) == CDP_OPT_ADAMW ? "optim.v." : NULL;
+                }
+                for (int s = -1; s < 2; s++) {
+                    if (s >= 0 && (!prefix[s] || !state[s])) continue;
+                    snprintf(sname, sizeof sname, "%s%s", s < 0 ? "" : prefix[s], t->name);
+                    if (pass == 0) st = check_tensor(f, fpath, sname, t->name, t);
+                    else st = cdp_st_read_f32(f, sname, t->ndim, t->shape, s < 0 ? t->data : state[s]);
+                    if (st) goto fail;
+                }
+            }
+        }
+    }
+    if (opts)
+        for (int k = 0; k < n; k++)
+            if (opts[k]) cdp_optimizer_set_steps(opts[k], (int)info->step);
+    CDP_INFO(CKPT, "loaded %s (step %lld) into %d model range%s", folder, (long long)info->step, n, n == 1 ? "" : "s");
+fail:
+    part_cache_free(&pc);
+    json_decref(root);
+    free(man);
+    free(folder);
+    return st;
+}
+
+/* ---- export ------------------------------------------------------------------------------ */
+
+cdp_status cdp_ckpt_export(const char *path, const char *out)
+{
+    CDP_ASSERT(path && out);
+    cdp_status st;
+    json_t *root = NULL;
+    struct part_cache pc = {0};
+    struct cdp_st_tensor *ts = NULL;
+    char *folder = trimmed(path);
+    if (!folder) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
+    if ((st = read_manifest(folder, &root))) goto fail;
+    if ((st = part_cache_init(&pc, folder, root))) goto fail;
+    json_t *tensors = json_object_get(root, "tensors");
+    size_t nt = json_object_size(tensors);
+    if (!(ts = calloc(nt + 1, sizeof *ts))) {
+        st = cdp_fail(CDP_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    size_t i = 0;
+    const char *key;
+    json_t *v;
+    json_object_foreach(tensors, key, v) {
+        struct cdp_st_file *f;
+        char fpath[4096];
+        /* an unreadable part is a bad checkpoint, like a corrupt one */
+        if ((st = part_get(&pc, json_string_value(v), &f, fpath, sizeof fpath))) {
+            if (st == CDP_ERR_IO) st = CDP_ERR_INVALID;
+            goto fail;
+        }
+        const struct cdp_st_tensor *x = cdp_st_find(f, key);
+        if (!x) {
+            st = cdp_fail(CDP_ERR_INVALID, "%s: no tensor %s (the manifest says this part holds it)", fpath, key);
+            goto fail;
+        }
+        ts[i] = *x;
+        ts[i].name = key; /* lives as long as root */
+        i++;
+    }
+    char step_s[24];
+    snprintf(step_s, sizeof step_s, "%lld", (long long)json_integer_value(json_object_get(root, "step")));
+    const char *meta[4] = {"format", "cdphybrid", "step", step_s};
+    if ((st = cdp_st_write(out, ts, (int)nt, meta, 2))) {
+        /* the checkpoint was read: whatever went wrong is on the writing side */
+        if (st == CDP_ERR_INVALID) st = CDP_ERR_IO;
+        goto fail;
+    }
+    CDP_INFO(CKPT, "exported %zu tensors of %s to %s", nt, folder, out);
+fail:
+    free(ts);
+    part_cache_free(&pc);
+    json_decref(root);
+    free(folder);
+    return st;
+}

@@ -1,0 +1,79 @@
+/* Checkpoints that survive crashes and re-plans. A checkpoint is a folder
+ * DIR/step-NNNNNNNN holding one safetensors part per stage chunk (weights and
+ * optimizer state of the tensors that chunk owns, named by global unit, so any
+ * other partition loads them) and manifest.json, written last: a checkpoint is
+ * complete, and can become the latest, only when its manifest exists and every
+ * part's checksum in it is right. Parts and manifest are written to temporary
+ * names, fsynced and renamed, so a crash at any moment leaves the previous
+ * checkpoint intact and loadable.
+ *
+ * Tensor names in a part: "layers.N.param" (weights), and the optimizer state
+ * "optim.m.layers.N.param", "optim.v.layers.N.param" (AdamW) or
+ * "optim.velocity.layers.N.param" (SGD). */
+#ifndef CDP_MODEL_CHECKPOINT_H
+#define CDP_MODEL_CHECKPOINT_H
+
+#include <stdint.h>
+
+#include "cdp/status.h"
+#include "model/model.h"
+#include "model/optim.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct cdp_ckpt_info {
+    int64_t step;         /* optimizer steps done */
+    int64_t samples_seen; /* training samples consumed (the data position) */
+    uint64_t seed;        /* the data and init seed of the run */
+    char optimizer[16];   /* "adamw" / "sgd" */
+    char *plan_json;      /* the resolved plan that wrote it (owned; may be NULL when writing) */
+};
+
+/* Writes one part of checkpoint `step`: the tensors the n models own (a tied
+ * copy of another range's tensor is skipped) with their optimizer state, into
+ * DIR/step-NNNNNNNN/PART.safetensors, atomically; the step folder is made
+ * when missing. Every rank holding a part calls this, in parallel. */
+cdp_status cdp_ckpt_write_part(const char *dir, int64_t step, const char *part, struct cdp_model *const *models,
+                               struct cdp_optimizer *const *opts, int n);
+
+/* Called once, after every part of the step is written: checksums (SHA-256)
+ * every part in the step folder, writes manifest.json atomically (the commit
+ * point), then removes older checkpoints beyond the newest `keep` complete
+ * ones, and incomplete folders older than this step. */
+cdp_status cdp_ckpt_commit(const char *dir, int64_t step, const struct cdp_ckpt_info *info, int keep);
+
+/* The newest complete checkpoint under dir (a checkpoint folder itself is
+ * accepted too): *path (malloc'd) is its folder and *info is read from its
+ * manifest after every part's size and checksum are verified. A corrupt or
+ * truncated newest checkpoint is an error naming the file (it is not skipped
+ * silently); no checkpoint at all is CDP_ERR_INVALID "no complete checkpoint". */
+cdp_status cdp_ckpt_find_latest(const char *dir, char **path, struct cdp_ckpt_info *info);
+void cdp_ckpt_info_free(struct cdp_ckpt_info *info);
+
+/* Loads every tensor of the n models (tied copies too, from their owner's
+ * name) and, when opts is not NULL, their optimizer state, from the parts of a
+ * verified checkpoint folder; sets the optimizers' step count. A missing
+ * tensor, another shape, or state of another optimizer type is an error naming
+ * the file and the tensor; nothing is changed on disk. */
+cdp_status cdp_ckpt_load(const char *path, const struct cdp_ckpt_info *info, struct cdp_model *const *models,
+                         struct cdp_optimizer *const *opts, int n);
+
+/* Before training resumes from `step`: removes incomplete step folders (no
+ * manifest) above it, the leftovers of a crash while saving, so that the run's
+ * next saves start clean. Complete checkpoints are never touched. */
+void cdp_ckpt_discard_incomplete_after(const char *dir, int64_t step);
+
+/* The whole model's weights (no optimizer state) from a checkpoint folder, as
+ * one safetensors file readable by other tools, written atomically. */
+cdp_status cdp_ckpt_export(const char *path, const char *out);
+
+/* SHA-256 of a file, as 64 lowercase hex digits and a NUL. */
+cdp_status cdp_sha256_file(const char *path, char hex[65]);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

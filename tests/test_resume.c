@@ -1,0 +1,178 @@
+/* Suite resume: training continues exactly from a checkpoint, after a crash at
+ * any point of a save, and under another layout. Runs the real binary (under
+ * mpirun for several ranks). */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+#include "model/safetensors.h"
+
+/* A GPT of 6 blocks, 6 steps of 8 samples (B = 2); checkpoints every 2 steps. */
+static const char *plan(const char *dir, const char *name, int p, int R, int m, int steps)
+{
+    char json[2048], file[64];
+    snprintf(json, sizeof json,
+             "{\"model\": {\"preset\": \"gpt\", \"vocab\": 32, \"context\": 8, \"layers\": 6, \"heads\": 2, "
+             "\"embed\": 16}, \"data\": {\"source\": \"synthetic\", \"seed\": 5}, \"train\": {\"steps\": %d, "
+             "\"micro_batch\": 2, \"optimizer\": {\"lr\": 0.01, \"eps\": 1e-6}, \"grad_clip\": 0.5, "
+             "\"eval_batches\": 1, \"timeout_s\": 30, \"checkpoint\": {\"dir\": \"ckpt-%s\", \"every\": 2, "
+             "\"keep\": 2}}, \"parallel\": {\"stages\": %d, \"replicas\": %d, \"micro_batches\": %d}, "
+             "\"cluster\": {\"backend\": \"cpu\"}, \"output\": {\"metrics\": \"%s.jsonl\", \"weights\": "
+             "\"%s.safetensors\"}}",
+             steps, name, p, R, m, name, name);
+    snprintf(file, sizeof file, "%s.json", name);
+    return cdp_test_write_file(dir, file, json);
+}
+
+static struct cdp_run run(const char *const *argv, const char *fault)
+{
+    struct cdp_run r;
+    if (fault) setenv("CDP_FAULT", fault, 1);
+    cr_assert_eq(cdp_test_run(&r, argv), 0);
+    unsetenv("CDP_FAULT");
+    return r;
+}
+
+static void run_ok(const char *const *argv)
+{
+    struct cdp_run r = run(argv, NULL);
+    cr_assert_eq(r.exit_code, 0, "exit %d: %s", r.exit_code, r.err);
+    cdp_test_run_free(&r);
+}
+
+static int losses(const char *dir, const char *name, double *out)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/%s.jsonl", dir, name);
+    char *t = cdp_test_read_file(path);
+    cr_assert_not_null(t, "%s", path);
+    int n = 0;
+    for (char *c = strstr(t, "\"step\": "); c && n < 16; c = strstr(c + 1, "\"step\": ")) {
+        int step = atoi(c + 8);
+        char *l = strstr(c, "\"loss\": ");
+        cr_assert(step >= 1 && step <= 16 && l);
+        out[step - 1] = strtod(l + 8, NULL);
+        if (step > n) n = step;
+    }
+    free(t);
+    return n;
+}
+
+static double weights_error(const char *dir, const char *a, const char *b)
+{
+    char pa[4200], pb[4200];
+    snprintf(pa, sizeof pa, "%s/%s.safetensors", dir, a);
+    snprintf(pb, sizeof pb, "%s/%s.safetensors", dir, b);
+    struct cdp_st_file *fa, *fb;
+    cr_assert_eq(cdp_st_open(pa, &fa), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(cdp_st_open(pb, &fb), CDP_OK, "%s", cdp_last_error());
+    double worst = 0;
+    for (int i = 0; i < cdp_st_count(fa); i++) {
+        const struct cdp_st_tensor *x = cdp_st_at(fa, i), *y = cdp_st_find(fb, x->name);
+        cr_assert_not_null(y, "%s", x->name);
+        const float *u = x->data, *v = y->data;
+        double num = 0, den = 0;
+        for (uint64_t k = 0; k < x->nbytes / 4; k++) {
+            num += ((double)u[k] - v[k]) * ((double)u[k] - v[k]);
+            den += (double)u[k] * u[k];
+        }
+        double e = sqrt(num / (den > 0 ? den : 1));
+        if (e > worst) worst = e;
+    }
+    cdp_st_close(fa);
+    cdp_st_close(fb);
+    return worst;
+}
+
+static char *newdir(void)
+{
+    static char dir[4096];
+    snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
+    return dir;
+}
+
+/* A rank killed mid-run, or mid-save at several points: the newest complete
+ * checkpoint is intact and training resumes to the same result, bitwise. */
+static void crash_and_resume(const char *fault, int resumed_from)
+{
+    char *dir = newdir();
+    const char *base = plan(dir, "base", 2, 2, 2, 6);
+    run_ok((const char *[]){"-q", "--plan", base, NULL});
+    const char *crash = plan(dir, "crash", 2, 2, 2, 6);
+    struct cdp_run r = run((const char *[]){"-q", "--plan", crash, NULL}, fault);
+    cr_assert_neq(r.exit_code, 0, "the fault %s did not stop the run", fault);
+    cdp_test_run_free(&r);
+    r = run((const char *[]){"--plan", crash, "--resume", NULL}, NULL);
+    cr_assert_eq(r.exit_code, 0, "resume after %s: %s", fault, r.err);
+    char want[64];
+    snprintf(want, sizeof want, "at step %d", resumed_from);
+    cr_assert(strstr(r.out, want), "after %s, expected to resume %s: %s", fault, want, r.out);
+    cdp_test_run_free(&r);
+    double a[16], b[16];
+    cr_assert_eq(losses(dir, "base", a), 6);
+    cr_assert_eq(losses(dir, "crash", b), 6);
+    for (int i = 0; i < 6; i++) cr_assert_eq(a[i], b[i], "step %d: %.9g vs %.9g", i + 1, b[i], a[i]);
+    cr_assert_eq(weights_error(dir, "base", "crash"), 0.0, "bitwise under the same plan");
+}
+
+Test(resume, killed_rank_resumes_bitwise, .timeout = 120) { crash_and_resume("kill:1:5", 4); }
+Test(resume, killed_before_a_part_is_written, .timeout = 120) { crash_and_resume("killsave:1:4:part", 2); }
+Test(resume, killed_before_the_manifest, .timeout = 120) { crash_and_resume("killsave:0:4:commit", 2); }
+
+/* 2 stages x 2 replicas -> 4 x 1 -> 1 x 1, against an uninterrupted run. */
+Test(resume, across_layouts, .timeout = 120)
+{
+    char *dir = newdir();
+    const char *base = plan(dir, "base", 2, 2, 2, 6);
+    run_ok((const char *[]){"-q", "--plan", base, NULL});
+    run_ok((const char *[]){"-q", "--plan", plan(dir, "x", 2, 2, 2, 2), NULL});
+    char ck[4200];
+    snprintf(ck, sizeof ck, "%s/ckpt-x", dir);
+    run_ok((const char *[]){"-q", "--plan", plan(dir, "x", 4, 1, 4, 4), "--resume", ck, NULL});
+    run_ok((const char *[]){"-q", "--plan", plan(dir, "x", 1, 1, 4, 6), "--resume", ck, NULL});
+    double a[16], b[16];
+    cr_assert_eq(losses(dir, "base", a), 6);
+    cr_assert_eq(losses(dir, "x", b), 6);
+    for (int i = 0; i < 6; i++)
+        cr_assert_leq(fabs(a[i] - b[i]), 1e-5 * fabs(a[i]), "step %d: %.9g vs %.9g", i + 1, b[i], a[i]);
+    double e = weights_error(dir, "base", "x");
+    cr_assert_leq(e, 1e-5, "weights differ by %.3g", e);
+    cr_log_info("2x2 -> 4x1 -> 1x1: worst weight error %.3g", e);
+}
+
+Test(resume, a_corrupt_checkpoint_is_named_and_left_alone, .timeout = 120)
+{
+    char *dir = newdir();
+    const char *p = plan(dir, "c", 1, 1, 4, 2);
+    run_ok((const char *[]){"-q", "--plan", p, NULL});
+    char part[4300];
+    snprintf(part, sizeof part, "%s/ckpt-c/step-00000002/stage-0.safetensors", dir);
+    FILE *f = fopen(part, "r+b");
+    cr_assert_not_null(f, "%s", part);
+    fseek(f, -5, SEEK_END);
+    fputc(0x5a, f);
+    fclose(f);
+    char *before = cdp_test_read_file(part);
+    const char *more = plan(dir, "c", 1, 1, 4, 4);
+    struct cdp_run r = run((const char *[]){"--plan", more, "--resume", NULL}, NULL);
+    cr_assert_eq(r.exit_code, 2, "%s", r.err);
+    cr_assert(strstr(r.err, "stage-0.safetensors") && strstr(r.err, "checksum"), "%s", r.err);
+    char *after = cdp_test_read_file(part);
+    cr_assert(before && after && !memcmp(before, after, 100), "the checkpoint was changed");
+    free(before);
+    free(after);
+    cdp_test_run_free(&r);
+}
+
+Test(resume, resume_needs_a_folder)
+{
+    char *dir = newdir();
+    const char *p = cdp_test_write_file(dir, "p.json", "{\"model\": {\"preset\": \"gpt\"}, \"cluster\": {\"backend\": \"cpu\"}}");
+    struct cdp_run r = run((const char *[]){"--plan", p, "--resume", NULL}, NULL);
+    cr_assert_eq(r.exit_code, 2, "%s", r.err);
+    cr_assert(strstr(r.err, "/train/checkpoint/dir"), "%s", r.err);
+    cdp_test_run_free(&r);
+}
