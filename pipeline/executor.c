@@ -830,16 +830,17 @@ cdp_status cdp_exec_run(const struct cdp_plan *p, cdp_comm_t world, const struct
         if (!st) st = drain_sends(&e);
         if (st) goto fail;
         const uint64_t t_end = cdp_time_ns();
-        /* the loss, and this step's timing averaged over ranks; the bubble is the
-         * idle share of each rank's window from the step's start to its last
-         * backward */
-        double fb = (double)(e.fb_end - e.step_start), busy = (double)e.t_fb;
-        double red[6] = {e.loss_sum, fb > 0 ? 1.0 - fmin(1.0, busy / fb) : 0, (double)e.t_compute / 1e9,
-                         (double)e.t_comm / 1e9, (double)e.t_idle / 1e9, (double)(t_end - e.step_start) / 1e9};
-        double scale_max = e.shape ? (double)e.scale : 0;
+        /* the loss, and this step's timing averaged over ranks. The bubble is the
+         * idle share of the forward/backward phase: the longest rank's time from
+         * its step start to its last backward is the phase; each rank's idle time
+         * is the phase minus its own loading, forward and backward. */
+        double red[6] = {e.loss_sum, (double)e.t_fb / 1e9, (double)e.t_compute / 1e9, (double)e.t_comm / 1e9,
+                         (double)e.t_idle / 1e9, (double)(t_end - e.step_start) / 1e9};
+        double mx[2] = {e.shape ? (double)e.scale : 0, (double)(e.fb_end - e.step_start) / 1e9};
         if ((st = cdp_comm_allreduce_f64(world, red, 6, CDP_REDUCE_SUM, e.timeout))) goto fail;
-        if ((st = cdp_comm_allreduce_f64(world, &scale_max, 1, CDP_REDUCE_MAX, e.timeout))) goto fail;
-        const double loss = red[0] * scale_max, bubble = red[1] / e.size;
+        if ((st = cdp_comm_allreduce_f64(world, mx, 2, CDP_REDUCE_MAX, e.timeout))) goto fail;
+        const double loss = red[0] * mx[0];
+        const double bubble = mx[1] > 0 ? fmax(0.0, 1.0 - red[1] / e.size / mx[1]) : 0;
         const double dt = (double)(t_end - e.step_start) / 1e9;
         if (!isfinite(loss)) {
             st = cdp_fail(CDP_ERR_INVALID, "step %d: the loss is %g; lower /train/optimizer/lr or set "
