@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "harness.h"
+#include "comm/comm.h"
 #include "model/safetensors.h"
 
 enum { MODEL_MLP = 0, MODEL_GPT = 1 };
@@ -84,6 +85,12 @@ static double compare_weights(const char *a, const char *b)
     return worst;
 }
 
+/* Multi-rank runs need the mpi communicator; a build without MPI says so. */
+static void need_mpi(void)
+{
+    if (!cdp_comm_have_mpi()) cr_skip_test("this build has no MPI (-Dmpi=disabled): multi-rank runs are not possible");
+}
+
 static void run_ok(const char *plan)
 {
     struct cdp_run r;
@@ -112,6 +119,7 @@ ParameterizedTestParameters(pipeline, layouts_equal_one_rank)
 
 ParameterizedTest(struct layout *l, pipeline, layouts_equal_one_rank, .timeout = 240)
 {
+    need_mpi();
     const char *d = cdp_test_tmpdir();
     char dir[4096], base[4200], pipe[4200], path_a[4300], path_b[4300];
     snprintf(dir, sizeof dir, "%s", d);
@@ -141,6 +149,7 @@ ParameterizedTest(struct layout *l, pipeline, layouts_equal_one_rank, .timeout =
 
 Test(pipeline, trace_has_a_track_per_rank_and_forward_backward_boxes)
 {
+    need_mpi();
     const char *d = cdp_test_tmpdir();
     char dir[4096], plan[4200], path[4300];
     snprintf(dir, sizeof dir, "%s", d);
@@ -188,6 +197,7 @@ static const char *fault_plan(const char *dir, int timeout_s, const char *data)
 
 Test(pipeline, a_killed_rank_ends_the_job, .timeout = 60)
 {
+    need_mpi();
     char dir[4096];
     snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
     double s;
@@ -200,6 +210,7 @@ Test(pipeline, a_killed_rank_ends_the_job, .timeout = 60)
 
 Test(pipeline, a_deadline_names_the_waiting_rank_and_instruction, .timeout = 60)
 {
+    need_mpi();
     char dir[4096];
     snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
     double s;
@@ -215,6 +226,7 @@ Test(pipeline, a_deadline_names_the_waiting_rank_and_instruction, .timeout = 60)
 
 Test(pipeline, an_unreadable_data_file_names_rank_and_file, .timeout = 60)
 {
+    need_mpi();
     char dir[4096];
     snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
     cdp_test_write_file(dir, "bad.bin", "this is not an llm.c token file, it is too short and has no magic");

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "harness.h"
+#include "comm/comm.h"
 #include "model/safetensors.h"
 
 /* A GPT of 6 blocks, 6 steps of 8 samples (B = 2); checkpoints every 2 steps. */
@@ -96,8 +97,14 @@ static char *newdir(void)
 
 /* A rank killed mid-run, or mid-save at several points: the newest complete
  * checkpoint is intact and training resumes to the same result, bitwise. */
+static void need_mpi(void)
+{
+    if (!cdp_comm_have_mpi()) cr_skip_test("this build has no MPI (-Dmpi=disabled): multi-rank runs are not possible");
+}
+
 static void crash_and_resume(const char *fault, int resumed_from)
 {
+    need_mpi();
     char *dir = newdir();
     const char *base = plan(dir, "base", 2, 2, 2, 6);
     run_ok((const char *[]){"-q", "--plan", base, NULL});
@@ -125,6 +132,7 @@ Test(resume, killed_before_the_manifest, .timeout = 120) { crash_and_resume("kil
 /* 2 stages x 2 replicas -> 4 x 1 -> 1 x 1, against an uninterrupted run. */
 Test(resume, across_layouts, .timeout = 120)
 {
+    need_mpi();
     char *dir = newdir();
     const char *base = plan(dir, "base", 2, 2, 2, 6);
     run_ok((const char *[]){"-q", "--plan", base, NULL});
