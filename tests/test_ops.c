@@ -19,44 +19,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "test_util.h"
 #include "kernels/cpu/ops.h"
 
 /* ---- helpers ---------------------------------------------------------------- */
-
-static uint64_t rng_state = 88172645463325252ull;
-
-static void rng_seed(uint64_t s) { rng_state = s * 2654435761ull + 1; }
-
-static double urand(void) /* uniform in [0, 1) */
-{
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (double)(rng_state >> 11) / 9007199254740992.0;
-}
-
-static float *randv(size_t n, float lo, float hi)
-{
-    float *x = malloc((n ? n : 1) * sizeof *x);
-    cr_assert(x);
-    for (size_t i = 0; i < n; i++)
-        x[i] = (float)(lo + (hi - lo) * urand());
-    return x;
-}
-
-static double *dalloc(size_t n)
-{
-    double *x = calloc(n ? n : 1, sizeof *x);
-    cr_assert(x);
-    return x;
-}
-
-static float *falloc(size_t n)
-{
-    float *x = calloc(n ? n : 1, sizeof *x);
-    cr_assert(x);
-    return x;
-}
 
 static double nerr(const float *out, const double *ref, size_t n)
 {

@@ -184,6 +184,17 @@ int64_t cdp_unit_scratch_floats(const struct cdp_unit *u, int B)
     }
 }
 
+/* The parameters of a GPT-2 block of width C: residual projections start at proj_std. */
+static void add_block_params(struct cdp_unit *u, int64_t C, float proj_std)
+{
+    add_norm_params(u, "ln_1", C);
+    add_linear_params(u, "attn.c_attn", 3 * C, C, 1, 1, 0.02f);
+    add_linear_params(u, "attn.c_proj", C, C, 1, 1, proj_std);
+    add_norm_params(u, "ln_2", C);
+    add_linear_params(u, "mlp.c_fc", 4 * C, C, 1, 1, 0.02f);
+    add_linear_params(u, "mlp.c_proj", C, 4 * C, 1, 1, proj_std);
+}
+
 static void gpt_units(const struct cdp_model_desc *m, struct cdp_unit *units)
 {
     const int64_t T = m->context, C = m->embed, V = m->vocab, L = m->layers;
@@ -205,12 +216,7 @@ static void gpt_units(const struct cdp_model_desc *m, struct cdp_unit *units)
         u->desc.type = CDP_LAYER_TRANSFORMER_BLOCK;
         u->desc.heads = m->heads;
         u->in = u->out = (struct cdp_shape){2, {T, C}};
-        add_norm_params(u, "ln_1", C);
-        add_linear_params(u, "attn.c_attn", 3 * C, C, 1, 1, 0.02f);
-        add_linear_params(u, "attn.c_proj", C, C, 1, 1, proj_std);
-        add_norm_params(u, "ln_2", C);
-        add_linear_params(u, "mlp.c_fc", 4 * C, C, 1, 1, 0.02f);
-        add_linear_params(u, "mlp.c_proj", C, 4 * C, 1, 1, proj_std);
+        add_block_params(u, C, proj_std);
     }
     u = &units[1 + L];
     u->kind = CDP_UNIT_LM_HEAD;
@@ -262,12 +268,7 @@ static void list_unit(struct cdp_unit *u, const struct cdp_layer_desc *d, struct
         break;
     case CDP_LAYER_TRANSFORMER_BLOCK:
         u->kind = CDP_UNIT_TRANSFORMER_BLOCK;
-        add_norm_params(u, "ln_1", last);
-        add_linear_params(u, "attn.c_attn", 3 * last, last, 1, 1, 0.02f);
-        add_linear_params(u, "attn.c_proj", last, last, 1, 1, 0.02f);
-        add_norm_params(u, "ln_2", last);
-        add_linear_params(u, "mlp.c_fc", 4 * last, last, 1, 1, 0.02f);
-        add_linear_params(u, "mlp.c_proj", last, 4 * last, 1, 1, 0.02f);
+        add_block_params(u, last, 0.02f);
         break;
     case CDP_LAYER_CONV2D: {
         u->kind = CDP_UNIT_CONV2D;
