@@ -39,7 +39,7 @@ struct cli_args {
 
 static void usage(FILE *f)
 {
-    fputs("usage: cdphybrid --plan FILE [--dry-run | --schedule] [--json] [-v|-q]\n"
+    fputs("usage: cdphybrid --plan FILE [--dry-run | --schedule | --resume [DIR]] [--json] [-v|-q]\n"
           "       cdphybrid topo [--topology SPEC] [--json] [--export FILE]   (see topo --help)\n"
           "       cdphybrid export --checkpoint DIR --out FILE   (see export --help)\n"
           "       cdphybrid --help | --version\n"
