@@ -9,4 +9,9 @@ int cdp_cli_topo(int argc, char **argv);
 /* `cdphybrid export ...`; argv[0] is "export". */
 int cdp_cli_export(int argc, char **argv);
 
+/* `cdphybrid --plan P --simulate`: plan is loaded and resolved; json, trace and
+ * timeline are the flags given with it (trace/timeline NULL when not asked). */
+struct cdp_plan;
+int cdp_cli_simulate(const struct cdp_plan *plan, int json, const char *trace, const char *timeline);
+
 #endif

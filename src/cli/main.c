@@ -27,6 +27,9 @@ struct cli_args {
     const char *plan;
     int dry_run;
     int schedule;
+    int simulate;
+    const char *trace;    /* --simulate: predicted Chrome trace */
+    const char *timeline; /* --simulate: predicted SVG timeline */
     int json;
     int verbose;
     int quiet;
@@ -40,6 +43,7 @@ struct cli_args {
 static void usage(FILE *f)
 {
     fputs("usage: cdphybrid --plan FILE [--dry-run | --schedule | --resume [DIR]] [--json] [-v|-q]\n"
+          "       cdphybrid --plan FILE --simulate [--trace OUT.json] [--timeline OUT.svg] [--json]\n"
           "       cdphybrid topo [--topology SPEC] [--json] [--export FILE]   (see topo --help)\n"
           "       cdphybrid export --checkpoint DIR --out FILE   (see export --help)\n"
           "       cdphybrid --help | --version\n"
@@ -56,7 +60,12 @@ static void usage(FILE *f)
           "                 F/B forward/backward of a micro-batch, sa/ra send/receive activation,\n"
           "                 sg/rg gradient, T tied reduce, A all-reduce, O optimizer step);\n"
           "                 nothing is trained\n"
-          "  --json         with --dry-run or --schedule: print JSON instead of text\n"
+          "  --simulate     predict one step on the cost model and the plan's topology: stages,\n"
+          "                 step time, samples/s, bubble, per-rank memory, busiest links\n"
+          "                 (docs/simulator.md); nothing is trained\n"
+          "  --trace FILE   with --simulate: write the predicted Chrome trace\n"
+          "  --timeline FILE  with --simulate: write the predicted SVG timeline\n"
+          "  --json         with --dry-run, --schedule or --simulate: print JSON instead of text\n"
           "  -v, --verbose  more log output (twice: debug); CDP_LOG=debug does the same\n"
           "  -q, --quiet    errors only\n"
           "  --resume [DIR] continue from the newest complete checkpoint in DIR (default: the\n"
@@ -135,6 +144,12 @@ static int parse_args(int argc, char **argv, struct cli_args *a)
             a->json = 1;
         } else if (!strcmp(s, "--schedule")) {
             a->schedule = 1;
+        } else if (!strcmp(s, "--simulate")) {
+            a->simulate = 1;
+        } else if (!strcmp(s, "--trace") || !strcmp(s, "--timeline")) {
+            if (i + 1 >= argc || !*argv[i + 1]) return usage_error("%s needs a file name", s);
+            if (s[3] == 'r') a->trace = argv[++i];
+            else a->timeline = argv[++i];
         } else if (!strcmp(s, "-v") || !strcmp(s, "--verbose")) {
             a->verbose++;
         } else if (!strcmp(s, "-vv")) {
@@ -151,7 +166,7 @@ static int parse_args(int argc, char **argv, struct cli_args *a)
         } else if (s[0] == '-') {
             static const char *const known[] = {"--plan", "--dry-run", "--json", "--verbose",
                                                 "--quiet", "--help", "--version", "--no-launch", "--resume",
-                                                "--schedule", NULL};
+                                                "--schedule", "--simulate", "--trace", "--timeline", NULL};
             const char *near = cdp_closest_word(s, known);
             if (near) {
                 fprintf(stderr, "cdphybrid: unknown option %s (did you mean %s?)\n"
@@ -164,11 +179,15 @@ static int parse_args(int argc, char **argv, struct cli_args *a)
         }
     }
     if (a->verbose && a->quiet) return usage_error("%s", "-v and -q cannot be used together");
-    if (a->json && !a->dry_run && !a->schedule)
-        return usage_error("%s", "--json goes with --dry-run or --schedule");
+    if (a->json && !a->dry_run && !a->schedule && !a->simulate)
+        return usage_error("%s", "--json goes with --dry-run, --schedule or --simulate");
+    if ((a->trace || a->timeline) && !a->simulate)
+        return usage_error("%s", "--trace and --timeline go with --simulate");
+    if (a->simulate && (a->dry_run || a->schedule))
+        return usage_error("%s", "--simulate cannot be combined with --dry-run or --schedule");
     if (!a->plan) return usage_error("%s", "nothing to do: give --plan FILE");
-    if (a->resume && (a->dry_run || a->schedule))
-        return usage_error("%s", "--resume goes with training, not with --dry-run or --schedule");
+    if (a->resume && (a->dry_run || a->schedule || a->simulate))
+        return usage_error("%s", "--resume goes with training, not with --dry-run, --schedule or --simulate");
     return -1;
 }
 
@@ -314,6 +333,11 @@ static int run_plan(const struct cli_args *a)
         }
     }
     if (cdp_plan_resolve(plan, &machine)) goto bad_input;
+    if (a->simulate) {
+        code = cdp_cli_simulate(plan, a->json, a->trace, a->timeline);
+        cdp_plan_free(plan);
+        return code;
+    }
     if (a->schedule) {
         code = print_schedule(plan, a->json);
         cdp_plan_free(plan);

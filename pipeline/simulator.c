@@ -1,0 +1,467 @@
+/* Discrete-event simulation of one step's schedule lists on the cost model.
+ * A global clock advances from event to event (a rank finishing an
+ * instruction, a message finishing its latency, a transfer finishing its
+ * bytes). At each time every rank runs what it can: sends start transfers and
+ * never block (the executor's isend), receives wait for the transfer's arrival,
+ * collectives wait for every member. A directed device pair is one link; the
+ * transfers moving bytes on it at once share its bandwidth equally. */
+#include "pipeline/simulator.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { T_NONE = 0, T_LATENCY, T_MOVING, T_ARRIVED };
+
+struct xfer {
+    int state;
+    int link;         /* index into links, -1 when unlimited */
+    double enter;     /* when the latency ends */
+    double remaining; /* bytes still to move */
+    double arrival;
+};
+
+struct rank_state {
+    int pc;
+    double busy_until;
+    int waiting_coll; /* 1 while at a collective that has not started */
+    int done;
+    double act, act_peak;
+    int in_flight, in_flight_peak;
+    double last_bwd_end;
+};
+
+struct sim {
+    const struct cdp_sim_config *c;
+    int p, v, m, R, nv, N;
+    struct rank_state *rk;
+    struct xfer *x;       /* [((kind * R + r) * nv + k) * m + mb]: kind 0 act into k, 1 grad into k */
+    int *active;          /* keys of transfers in T_LATENCY or T_MOVING */
+    int n_active;
+    int *link_of;         /* n_devices^2 -> link index or -1 */
+    struct cdp_sim_link_stat *links;
+    int n_links, cap_links;
+    int *link_users;      /* transfers moving on each link now */
+    int *ar_count, *tied_count; /* arrivals per stage (all-reduce), per replica (tied) */
+    struct cdp_sim_result *res;
+    int64_t cap_events;
+};
+
+double cdp_sim_bubble_closed_form(int p, int v, int m)
+{
+    return (double)(p - 1) / ((double)v * m + p - 1);
+}
+
+static int dev_of(const struct sim *S, int s, int r) { return S->c->device[s * S->R + r]; }
+
+static double bw_of(const struct sim *S, int a, int b) { return S->c->bandwidth[a * S->c->n_devices + b]; }
+static double lat_of(const struct sim *S, int a, int b)
+{
+    return a == b ? 0 : S->c->latency[a * S->c->n_devices + b];
+}
+
+static cdp_status link_index(struct sim *S, int a, int b, int *out)
+{
+    int *slot = &S->link_of[a * S->c->n_devices + b];
+    if (*slot < 0) {
+        if (S->n_links == S->cap_links) {
+            int cap = S->cap_links ? 2 * S->cap_links : 16;
+            struct cdp_sim_link_stat *l = realloc(S->links, (size_t)cap * sizeof *l);
+            int *u = realloc(S->link_users, (size_t)cap * sizeof *u);
+            if (l) S->links = l;
+            if (u) S->link_users = u;
+            if (!l || !u) return cdp_fail(CDP_ERR_NOMEM, "simulator: out of memory");
+            S->cap_links = cap;
+        }
+        S->links[S->n_links] = (struct cdp_sim_link_stat){a, b, 0, 0};
+        S->link_users[S->n_links] = 0;
+        *slot = S->n_links++;
+    }
+    *out = *slot;
+    return CDP_OK;
+}
+
+static cdp_status add_event(struct sim *S, int i, enum cdp_event_kind k, int mb, double t0, double t1)
+{
+    struct cdp_sim_result *res = S->res;
+    if (res->n_events == S->cap_events) {
+        int64_t cap = S->cap_events ? 2 * S->cap_events : 256;
+        struct cdp_event_rec *e = realloc(res->events, (size_t)cap * sizeof *e);
+        if (!e) return cdp_fail(CDP_ERR_NOMEM, "simulator: out of memory for events");
+        res->events = e;
+        S->cap_events = cap;
+    }
+    const int s = i / S->R, r = i % S->R;
+    const int row = S->c->trace_rank ? S->c->trace_rank[i] : r * S->p + s;
+    uint64_t a = (uint64_t)llround(t0 * 1e9), b = (uint64_t)llround(t1 * 1e9);
+    res->events[res->n_events++] = (struct cdp_event_rec){row, k, 1, mb, a, b - a};
+    return CDP_OK;
+}
+
+static int key_of(const struct sim *S, int kind, int r, int k, int mb)
+{
+    return ((kind * S->R + r) * S->nv + k) * S->m + mb;
+}
+
+/* Starts the message into virtual stage `to` of replica r from rank (s, r). */
+static cdp_status send(struct sim *S, int kind, int s, int r, int from_k, int to_k, int mb, double bytes,
+                       double now)
+{
+    const int to_rank = to_k % S->p;
+    const int a = dev_of(S, s, r), b = dev_of(S, to_rank, r);
+    struct xfer *x = &S->x[key_of(S, kind, r, to_k, mb)];
+    (void)from_k;
+    if (x->state != T_NONE)
+        return cdp_fail(CDP_ERR_INVALID, "simulator: rank (%d, %d) sends micro-batch %d twice", s, r, mb);
+    const double bw = bw_of(S, a, b), lat = lat_of(S, a, b);
+    x->remaining = bytes;
+    x->enter = now + lat;
+    x->link = -1;
+    if (a != b && bw > 0 && bytes > 0) {
+        cdp_status st = link_index(S, a, b, &x->link);
+        if (st) return st;
+        S->links[x->link].bytes += bytes;
+    }
+    if (x->link < 0) {
+        x->remaining = 0;
+        if (lat == 0) {
+            x->state = T_ARRIVED;
+            x->arrival = now;
+            return CDP_OK;
+        }
+    }
+    x->state = T_LATENCY;
+    if (lat == 0) {
+        x->state = T_MOVING;
+        S->link_users[x->link]++;
+    }
+    S->active[S->n_active++] = key_of(S, kind, r, to_k, mb);
+    return CDP_OK;
+}
+
+/* Ring all-reduce of bytes among ranks idx[0..n-1]: 2(n-1)/n x bytes over the
+ * slowest link of the ring, plus 2(n-1) latencies of the slowest hop. */
+static cdp_status collective(struct sim *S, const int *idx, int n, double bytes, double now)
+{
+    double min_bw = INFINITY, max_lat = 0;
+    for (int j = 0; j < n && n > 1; j++) {
+        const int a = S->c->device[idx[j]], b = S->c->device[idx[(j + 1) % n]];
+        if (a == b) continue;
+        if (bw_of(S, a, b) > 0) min_bw = fmin(min_bw, bw_of(S, a, b));
+        max_lat = fmax(max_lat, lat_of(S, a, b));
+    }
+    const double moved = n > 1 ? 2.0 * (n - 1) / n * bytes : 0;
+    const double dur = n > 1 ? (isinf(min_bw) ? 0 : moved / min_bw) + 2.0 * (n - 1) * max_lat : 0;
+    for (int j = 0; j < n && n > 1; j++) {
+        const int a = S->c->device[idx[j]], b = S->c->device[idx[(j + 1) % n]];
+        if (a == b || bw_of(S, a, b) <= 0) continue;
+        int l;
+        cdp_status st = link_index(S, a, b, &l);
+        if (st) return st;
+        S->links[l].bytes += moved;
+        S->links[l].busy_s += dur;
+    }
+    for (int j = 0; j < n; j++) {
+        struct rank_state *q = &S->rk[idx[j]];
+        q->waiting_coll = 0;
+        q->busy_until = now + dur;
+        q->pc++;
+    }
+    return CDP_OK;
+}
+
+/* Runs rank i's instructions at time now until it is busy, blocked or done. */
+static cdp_status step_rank(struct sim *S, int i, double now, int *progressed)
+{
+    const struct cdp_sim_config *c = S->c;
+    struct rank_state *q = &S->rk[i];
+    const int s = i / S->R, r = i % S->R;
+    const struct cdp_instr *list = c->sched->list[s];
+    const int len = c->sched->len[s];
+    cdp_status st = CDP_OK;
+    while (!q->done && !q->waiting_coll && q->busy_until <= now) {
+        if (q->pc == len) {
+            q->done = 1;
+            *progressed = 1;
+            break;
+        }
+        const struct cdp_instr *in = &list[q->pc];
+        const int k = in->chunk >= 0 ? in->chunk * S->p + s : -1;
+        const struct cdp_sim_vstage *vs = k >= 0 ? &c->vstage[k] : NULL;
+        double d = 0;
+        switch (in->op) {
+        case CDP_OP_LOAD:
+            d = c->load_s;
+            if (d > 0 && (st = add_event(S, i, CDP_EV_LOAD, in->mb, now, now + d))) return st;
+            S->res->busy_s[i] += d;
+            break;
+        case CDP_OP_FORWARD:
+            d = vs->fwd_s;
+            if ((st = add_event(S, i, CDP_EV_FORWARD, in->mb, now, now + d))) return st;
+            S->res->busy_s[i] += d;
+            q->act += vs->act_bytes;
+            q->act_peak = fmax(q->act_peak, q->act);
+            if (++q->in_flight > q->in_flight_peak) q->in_flight_peak = q->in_flight;
+            break;
+        case CDP_OP_BACKWARD:
+            d = vs->bwd_s;
+            if ((st = add_event(S, i, CDP_EV_BACKWARD, in->mb, now, now + d))) return st;
+            S->res->busy_s[i] += d;
+            q->act -= vs->act_bytes;
+            q->in_flight--;
+            q->last_bwd_end = now + d;
+            break;
+        case CDP_OP_SEND_ACT:
+            if ((st = send(S, 0, s, r, k, k + 1, in->mb, vs->out_bytes, now))) return st;
+            break;
+        case CDP_OP_SEND_GRAD: /* the gradient of this stage's input: the previous stage's output size */
+            if ((st = send(S, 1, s, r, k, k - 1, in->mb, c->vstage[k - 1].out_bytes, now))) return st;
+            break;
+        case CDP_OP_RECV_ACT:
+        case CDP_OP_RECV_GRAD: {
+            const struct xfer *x = &S->x[key_of(S, in->op == CDP_OP_RECV_GRAD, r, k, in->mb)];
+            if (x->state != T_ARRIVED || x->arrival > now) return CDP_OK; /* blocked */
+            break;
+        }
+        case CDP_OP_ALLREDUCE_GRADS: {
+            q->waiting_coll = 1;
+            *progressed = 1;
+            if (++S->ar_count[s] == S->R) {
+                double bytes = 0;
+                for (int j = s; j < S->nv; j += S->p) bytes += c->vstage[j].grad_bytes;
+                int *idx = malloc((size_t)S->R * sizeof *idx);
+                if (!idx) return cdp_fail(CDP_ERR_NOMEM, "simulator: out of memory");
+                for (int j = 0; j < S->R; j++) idx[j] = s * S->R + j;
+                st = collective(S, idx, S->R, bytes, now);
+                free(idx);
+                if (st) return st;
+            }
+            continue;
+        }
+        case CDP_OP_REDUCE_TIED_GRADS: {
+            q->waiting_coll = 1;
+            *progressed = 1;
+            if (++S->tied_count[r] == (S->p > 1 ? 2 : 1)) {
+                int idx[2] = {0 * S->R + r, (S->p - 1) * S->R + r};
+                if ((st = collective(S, idx, S->p > 1 ? 2 : 1, c->tied_bytes, now))) return st;
+            }
+            continue;
+        }
+        case CDP_OP_OPTIMIZER_STEP:
+            for (int j = s; j < S->nv; j += S->p) d += c->vstage[j].opt_s;
+            if (d > 0 && (st = add_event(S, i, CDP_EV_OPTIMIZER, -1, now, now + d))) return st;
+            break;
+        default:
+            return cdp_fail(CDP_ERR_INVALID, "simulator: unknown instruction %d", (int)in->op);
+        }
+        q->pc++;
+        q->busy_until = now + d;
+        *progressed = 1;
+    }
+    return CDP_OK;
+}
+
+/* Moves the clock to the next event and the transfers with it. Returns 0 when
+ * there is none. */
+static int advance(struct sim *S, double now, double *next_out)
+{
+    double next = INFINITY;
+    for (int i = 0; i < S->N; i++)
+        if (!S->rk[i].done && !S->rk[i].waiting_coll && S->rk[i].busy_until > now)
+            next = fmin(next, S->rk[i].busy_until);
+    for (int j = 0; j < S->n_active; j++) {
+        const struct xfer *x = &S->x[S->active[j]];
+        if (x->state == T_LATENCY) next = fmin(next, x->enter);
+        else next = fmin(next, now + x->remaining / (bw_of(S, S->links[x->link].src, S->links[x->link].dst) /
+                                                     S->link_users[x->link]));
+    }
+    if (isinf(next)) return 0;
+    const double dt = next - now;
+    for (int l = 0; l < S->n_links; l++)
+        if (S->link_users[l] > 0) S->links[l].busy_s += dt;
+    /* bytes moved at the shares of [now, next): counts change only after this loop */
+    for (int j = 0; j < S->n_active; j++) {
+        struct xfer *x = &S->x[S->active[j]];
+        if (x->state != T_MOVING) continue;
+        const double rate = bw_of(S, S->links[x->link].src, S->links[x->link].dst) / S->link_users[x->link];
+        if (now + x->remaining / rate <= next) x->remaining = 0;
+        else x->remaining -= rate * dt;
+    }
+    int w = 0;
+    for (int j = 0; j < S->n_active; j++) {
+        struct xfer *x = &S->x[S->active[j]];
+        if (x->state == T_MOVING && x->remaining <= 0) {
+            S->link_users[x->link]--;
+            x->state = T_ARRIVED;
+            x->arrival = next;
+            continue;
+        }
+        S->active[w++] = S->active[j];
+    }
+    S->n_active = w;
+    for (int j = 0; j < S->n_active; j++) {
+        struct xfer *x = &S->x[S->active[j]];
+        if (x->state == T_LATENCY && x->enter <= next) {
+            if (x->link < 0 || x->remaining <= 0) {
+                x->state = T_ARRIVED;
+                x->arrival = next;
+            } else {
+                x->state = T_MOVING;
+                S->link_users[x->link]++;
+            }
+        }
+    }
+    w = 0;
+    for (int j = 0; j < S->n_active; j++)
+        if (S->x[S->active[j]].state != T_ARRIVED) S->active[w++] = S->active[j];
+    S->n_active = w;
+    *next_out = next;
+    return 1;
+}
+
+static int cmp_links(const void *a, const void *b)
+{
+    const struct cdp_sim_link_stat *x = a, *y = b;
+    if (x->busy_s != y->busy_s) return x->busy_s < y->busy_s ? 1 : -1;
+    if (x->bytes != y->bytes) return x->bytes < y->bytes ? 1 : -1;
+    if (x->src != y->src) return x->src - y->src;
+    return x->dst - y->dst;
+}
+
+void cdp_sim_result_free(struct cdp_sim_result *r)
+{
+    if (!r) return;
+    free(r->busy_s);
+    free(r->finish_s);
+    free(r->peak_memory);
+    free(r->peak_in_flight);
+    free(r->links);
+    free(r->events);
+    free(r);
+}
+
+static cdp_status check(const struct cdp_sim_config *c)
+{
+    if (!c->sched || !c->vstage || !c->device || c->replicas < 1 || c->n_devices < 1 || !c->bandwidth ||
+        !c->latency)
+        return cdp_fail(CDP_ERR_INVALID, "simulator: incomplete configuration");
+    const int N = c->sched->p * c->replicas;
+    for (int i = 0; i < N; i++)
+        if (c->device[i] < 0 || c->device[i] >= c->n_devices)
+            return cdp_fail(CDP_ERR_INVALID, "simulator: stage %d replica %d is placed on device %d; the "
+                            "topology has devices 0..%d", i / c->replicas, i % c->replicas, c->device[i],
+                            c->n_devices - 1);
+    return CDP_OK;
+}
+
+cdp_status cdp_sim_run(const struct cdp_sim_config *c, struct cdp_sim_result **out)
+{
+    cdp_status st = check(c);
+    if (st) return st;
+    struct sim S = {.c = c, .p = c->sched->p, .v = c->sched->v, .m = c->sched->m, .R = c->replicas};
+    S.nv = S.p * S.v;
+    S.N = S.p * S.R;
+    const size_t nx = (size_t)2 * S.R * S.nv * S.m;
+    const size_t nd = (size_t)c->n_devices * c->n_devices;
+    struct cdp_sim_result *res = calloc(1, sizeof *res);
+    S.res = res;
+    S.rk = calloc((size_t)S.N, sizeof *S.rk);
+    S.x = calloc(nx, sizeof *S.x);
+    S.active = malloc(nx * sizeof *S.active);
+    S.link_of = malloc(nd * sizeof *S.link_of);
+    S.ar_count = calloc((size_t)S.p, sizeof *S.ar_count);
+    S.tied_count = calloc((size_t)S.R, sizeof *S.tied_count);
+    if (res) {
+        res->ranks = S.N;
+        res->busy_s = calloc((size_t)S.N, sizeof *res->busy_s);
+        res->finish_s = calloc((size_t)S.N, sizeof *res->finish_s);
+        res->peak_memory = calloc((size_t)S.N, sizeof *res->peak_memory);
+        res->peak_in_flight = calloc((size_t)S.N, sizeof *res->peak_in_flight);
+    }
+    if (!res || !S.rk || !S.x || !S.active || !S.link_of || !S.ar_count || !S.tied_count || !res->busy_s ||
+        !res->finish_s || !res->peak_memory || !res->peak_in_flight) {
+        st = cdp_fail(CDP_ERR_NOMEM, "simulator: out of memory for %d ranks", S.N);
+        goto fail;
+    }
+    memset(S.link_of, 0xff, nd * sizeof *S.link_of);
+
+    double now = 0;
+    for (;;) {
+        int progressed = 1;
+        while (progressed) {
+            progressed = 0;
+            for (int i = 0; i < S.N; i++)
+                if ((st = step_rank(&S, i, now, &progressed))) goto fail;
+        }
+        int all = 1;
+        for (int i = 0; i < S.N; i++) all &= S.rk[i].done;
+        if (all) break;
+        double next;
+        if (!advance(&S, now, &next)) {
+            char buf[32];
+            int i = 0;
+            while (S.rk[i].done) i++;
+            const struct cdp_instr *in = &c->sched->list[i / S.R][S.rk[i].pc];
+            st = cdp_fail(CDP_ERR_INTERNAL, "simulator: the lists deadlock: stage %d replica %d waits at "
+                          "instruction %d (%s)", i / S.R, i % S.R, S.rk[i].pc,
+                          cdp_instr_str(in, S.v, buf, sizeof buf));
+            goto fail;
+        }
+        now = next;
+    }
+    double busy = 0;
+    for (int i = 0; i < S.N; i++) {
+        const int s = i / S.R;
+        double state = 0;
+        for (int j = s; j < S.nv; j += S.p) state += c->vstage[j].state_bytes;
+        res->finish_s[i] = S.rk[i].busy_until;
+        res->step_s = fmax(res->step_s, S.rk[i].busy_until);
+        res->phase_s = fmax(res->phase_s, S.rk[i].last_bwd_end);
+        res->peak_memory[i] = state + S.rk[i].act_peak;
+        res->peak_in_flight[i] = S.rk[i].in_flight_peak;
+        busy += res->busy_s[i];
+    }
+    res->bubble = res->phase_s > 0 ? fmax(0.0, 1.0 - busy / (S.N * res->phase_s)) : 0;
+    res->samples_per_s = res->step_s > 0 ? (double)S.R * S.m * c->samples_per_mb / res->step_s : 0;
+    if (S.n_links > 1) qsort(S.links, (size_t)S.n_links, sizeof *S.links, cmp_links);
+    res->links = S.links;
+    res->n_links = S.n_links;
+    S.links = NULL;
+    free(S.rk);
+    free(S.x);
+    free(S.active);
+    free(S.link_of);
+    free(S.link_users);
+    free(S.ar_count);
+    free(S.tied_count);
+    *out = res;
+    return CDP_OK;
+fail:
+    free(S.rk);
+    free(S.x);
+    free(S.active);
+    free(S.link_of);
+    free(S.links);
+    free(S.link_users);
+    free(S.ar_count);
+    free(S.tied_count);
+    cdp_sim_result_free(res);
+    return st;
+}
+
+cdp_status cdp_sim_write_trace(const struct cdp_sim_result *r, int trace_ranks, const char *chrome_path,
+                               const char *svg_path)
+{
+    struct cdp_trace *t = NULL;
+    cdp_status st = cdp_trace_create(trace_ranks, r->n_events > 0 ? r->n_events : 1, &t);
+    if (st) return st;
+    cdp_trace_set_origin(t, 0);
+    for (int64_t i = 0; i < r->n_events; i++) {
+        const struct cdp_event_rec *e = &r->events[i];
+        cdp_trace_add(t, e->rank, e->kind, e->step, e->mb, e->start_ns, e->start_ns + e->dur_ns);
+    }
+    if (chrome_path) st = cdp_trace_write_chrome(t, chrome_path);
+    if (!st && svg_path) st = cdp_trace_write_svg(t, 1, svg_path);
+    cdp_trace_destroy(t);
+    return st;
+}

@@ -1,0 +1,84 @@
+/* The simulator: a discrete-event execution of one training step's schedule
+ * lists (pipeline/schedule.h) on every rank of p stages x R replicas, with
+ * compute times from the cost model (partitioner/costs.h) and transfers over
+ * the links between the ranks' devices. Predicts step time, throughput, the
+ * bubble, per-rank peak memory and per-link traffic, and records events in the
+ * executor's trace form (pipeline/trace.h). Deterministic. Model and limits:
+ * docs/simulator.md. */
+#ifndef CDP_PIPELINE_SIMULATOR_H
+#define CDP_PIPELINE_SIMULATOR_H
+
+#include "cdp/status.h"
+#include "pipeline/schedule.h"
+#include "pipeline/trace.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* One virtual stage (a chunk of a rank), per micro-batch unless said otherwise. */
+struct cdp_sim_vstage {
+    double fwd_s, bwd_s; /* summed unit times */
+    double act_bytes;    /* activations kept from forward to backward */
+    double out_bytes;    /* output sent to the next virtual stage (its input gradient comes back) */
+    double grad_bytes;   /* per step: gradient bytes all-reduced over the replicas */
+    double state_bytes;  /* per step: weights + gradients + optimizer state held */
+    double opt_s;        /* per step: optimizer time */
+};
+
+struct cdp_sim_config {
+    const struct cdp_schedule *sched;     /* p, v, m and the lists (not owned) */
+    int replicas;                         /* R >= 1 */
+    const struct cdp_sim_vstage *vstage;  /* p*v entries, virtual stage k = chunk k/p of rank k%p (not owned) */
+    double tied_bytes;                    /* REDUCE_TIED_GRADS payload (0 when the lists have none) */
+    const int *device;                    /* p*R: device of (stage s, replica r) at [s*R + r] (not owned) */
+    int n_devices;
+    const double *bandwidth;              /* n_devices^2, [a*n + b]: bytes/s from a to b; <= 0: unlimited */
+    const double *latency;                /* n_devices^2: seconds per message */
+    double load_s;                        /* time of a LOAD (0: not shown) */
+    double samples_per_mb;                /* B, for samples/s */
+    const int *trace_rank;                /* p*R: trace row of (s, r); NULL: r*p + s */
+};
+
+struct cdp_sim_link_stat {
+    int src, dst;  /* devices, directed */
+    double bytes;  /* point-to-point plus all-reduce bytes sent from src to dst */
+    double busy_s; /* time with at least one transfer moving bytes, plus collective time */
+};
+
+struct cdp_sim_result {
+    double step_s;        /* start of the step to the last rank's optimizer step end */
+    double phase_s;       /* forward/backward phase: the latest last-backward end */
+    double bubble;        /* 1 - sum over ranks of own load+forward+backward / (ranks x phase) */
+    double samples_per_s; /* R x m x B / step_s */
+    int ranks;            /* p*R; the arrays below are indexed [s*R + r] */
+    double *busy_s;       /* own load + forward + backward time */
+    double *finish_s;     /* when the rank's list ends */
+    double *peak_memory;  /* bytes: state of its chunks + peak activations in flight */
+    int *peak_in_flight;  /* most (micro-batch, chunk) activations held at once */
+    int n_links;
+    struct cdp_sim_link_stat *links; /* sorted by busy time, then bytes, descending */
+    int64_t n_events;
+    struct cdp_event_rec *events;    /* forward, backward, load, optimizer; ns from the step start */
+};
+
+/* Runs one step. CDP_ERR_INVALID for inconsistent input (a device index out of
+ * range, a list shape that does not match), CDP_ERR_INTERNAL if the lists
+ * deadlock, CDP_ERR_NOMEM. *out owned by the caller: cdp_sim_result_free. */
+cdp_status cdp_sim_run(const struct cdp_sim_config *c, struct cdp_sim_result **out);
+void cdp_sim_result_free(struct cdp_sim_result *r);
+
+/* Writes the predicted events as a Chrome trace and/or an SVG timeline (either
+ * path may be NULL), through the executor's writers. */
+cdp_status cdp_sim_write_trace(const struct cdp_sim_result *r, int trace_ranks, const char *chrome_path,
+                               const char *svg_path);
+
+/* The closed-form bubble of uniform stages without communication, as this
+ * simulator defines the bubble: (p-1) / (v*m + p-1). */
+double cdp_sim_bubble_closed_form(int p, int v, int m);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,292 @@
+/* Suite simulate: the discrete-event simulator against closed forms (bubble,
+ * step time, a transfer on a known link, the ring all-reduce, activations in
+ * flight), determinism, and `cdphybrid --plan P --simulate` through the binary. */
+#include <criterion/criterion.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+#include "pipeline/schedule.h"
+#include "pipeline/simulator.h"
+
+#define NDEV 8
+
+/* A simulation of equal stages (forward tf, backward tb per rank, split evenly
+ * over v chunks) on NDEV devices, stage s of replica r on device r*p + s. */
+struct fixture {
+    struct cdp_schedule *sched;
+    struct cdp_sim_vstage vs[64];
+    int device[64];
+    double bw[NDEV * NDEV], lat[NDEV * NDEV];
+    struct cdp_sim_config c;
+};
+
+static void setup_fx(struct fixture *f, enum cdp_schedule_kind kind, int p, int v, int m, int R, double tf,
+                     double tb)
+{
+    memset(f, 0, sizeof *f);
+    cr_assert_eq(cdp_schedule_build(kind, p, v, m, 0, &f->sched), CDP_OK, "%s", cdp_last_error());
+    for (int k = 0; k < p * v; k++) f->vs[k] = (struct cdp_sim_vstage){.fwd_s = tf / v, .bwd_s = tb / v};
+    for (int s = 0; s < p; s++)
+        for (int r = 0; r < R; r++) f->device[s * R + r] = r * p + s;
+    f->c = (struct cdp_sim_config){.sched = f->sched, .replicas = R, .vstage = f->vs, .device = f->device,
+                                   .n_devices = NDEV, .bandwidth = f->bw, .latency = f->lat,
+                                   .samples_per_mb = 1};
+}
+
+static struct cdp_sim_result *run_fx(struct fixture *f)
+{
+    struct cdp_sim_result *r = NULL;
+    cr_assert_eq(cdp_sim_run(&f->c, &r), CDP_OK, "%s", cdp_last_error());
+    return r;
+}
+
+static void done_fx(struct fixture *f, struct cdp_sim_result *r)
+{
+    cdp_sim_result_free(r);
+    cdp_schedule_free(f->sched);
+}
+
+/* GPipe and 1F1B, equal stages, no communication: the phase is (m+p-1)(tf+tb)
+ * and every rank works m(tf+tb) of it, so the bubble is (p-1)/(m+p-1) and,
+ * with no all-reduce or optimizer time, the step is the phase. tf and tb are
+ * powers of two so the sums are exact. */
+Test(simulate, gpipe_and_1f1b_closed_forms)
+{
+    const int ps[] = {1, 2, 3, 4, 8}, ms[] = {1, 2, 3, 4, 8, 16};
+    for (int kind = CDP_SCHEDULE_GPIPE; kind <= CDP_SCHEDULE_1F1B; kind++)
+        for (size_t a = 0; a < sizeof ps / sizeof *ps; a++)
+            for (size_t b = 0; b < sizeof ms / sizeof *ms; b++) {
+                const int p = ps[a], m = ms[b];
+                struct fixture f;
+                setup_fx(&f, (enum cdp_schedule_kind)kind, p, 1, m, 1, 1.0, 2.0);
+                struct cdp_sim_result *r = run_fx(&f);
+                const double want = (double)(p - 1) / (m + p - 1);
+                cr_expect_float_eq(r->bubble, want, 1e-12, "%s p=%d m=%d: bubble %.15g, want %.15g",
+                                   cdp_schedule_name(kind), p, m, r->bubble, want);
+                cr_expect_float_eq(r->bubble, cdp_sim_bubble_closed_form(p, 1, m), 1e-12);
+                cr_expect_eq(r->step_s, (m + p - 1) * 3.0, "%s p=%d m=%d: step %.15g", cdp_schedule_name(kind),
+                             p, m, r->step_s);
+                cr_expect_eq(r->phase_s, r->step_s);
+                cr_expect_float_eq(r->samples_per_s, m / r->step_s, 1e-12);
+                done_fx(&f, r);
+            }
+}
+
+/* Interleaved 1F1B, v chunks of tf/v and tb/v: Megatron's bubble time is
+ * (p-1)(tf+tb)/v against an ideal m(tf+tb), their ratio (p-1)/(v m) being the
+ * paper's "bubble time fraction". As the idle share of the phase (the
+ * executor's definition, used here) that is ((p-1)/v) / (m + (p-1)/v)
+ * = (p-1)/(v m + p-1): the same reduction by v, over the whole phase. */
+Test(simulate, interleaved_closed_form)
+{
+    const int ps[] = {2, 4}, vs[] = {2, 3}, mult[] = {1, 2, 4};
+    for (size_t a = 0; a < 2; a++)
+        for (size_t b = 0; b < 2; b++)
+            for (size_t c = 0; c < 3; c++) {
+                const int p = ps[a], v = vs[b], m = p * mult[c];
+                struct fixture f;
+                setup_fx(&f, CDP_SCHEDULE_INTERLEAVED, p, v, m, 1, 1.0 * v, 2.0 * v);
+                struct cdp_sim_result *r = run_fx(&f);
+                const double want = (double)(p - 1) / ((double)v * m + p - 1);
+                cr_expect_float_eq(r->bubble, want, 1e-12, "p=%d v=%d m=%d: bubble %.15g, want %.15g", p, v,
+                                   m, r->bubble, want);
+                /* the phase: m(tf+tb) of work plus (p-1)(tf+tb)/v of fill and drain */
+                cr_expect_float_eq(r->step_s, (m * v + p - 1) * 3.0, 1e-9, "p=%d v=%d m=%d: step %.15g", p, v,
+                                   m, r->step_s);
+                done_fx(&f, r);
+            }
+}
+
+/* Two stages, one micro-batch, 1 MB over a 1 GB/s link with 10 us latency:
+ * each direction adds latency + bytes/bandwidth. */
+Test(simulate, transfer_on_a_known_link)
+{
+    struct fixture f;
+    setup_fx(&f, CDP_SCHEDULE_1F1B, 2, 1, 1, 1, 1.0, 2.0);
+    f.vs[0].out_bytes = 1e6; /* stage 0's output (and its gradient coming back) */
+    f.vs[1].out_bytes = 4;   /* the loss side sends nothing onward */
+    f.bw[0 * NDEV + 1] = f.bw[1 * NDEV + 0] = 1e9;
+    f.lat[0 * NDEV + 1] = f.lat[1 * NDEV + 0] = 1e-5;
+    struct cdp_sim_result *r = run_fx(&f);
+    const double xfer = 1e-5 + 1e6 / 1e9;
+    cr_expect_float_eq(r->step_s, 2 * 3.0 + 2 * xfer, 1e-12, "step %.15g", r->step_s);
+    cr_assert_eq(r->n_links, 2);
+    for (int l = 0; l < 2; l++) {
+        cr_expect_eq(r->links[l].bytes, 1e6);
+        cr_expect_float_eq(r->links[l].busy_s, 1e-3, 1e-12);
+    }
+    done_fx(&f, r);
+}
+
+/* Two forwards of an instant stage 0 leave at once and share the link: both
+ * arrive after 2 x bytes/bandwidth, so stage 1 starts at 2 ms, not 1 ms. */
+Test(simulate, concurrent_transfers_share_a_link)
+{
+    struct fixture f;
+    setup_fx(&f, CDP_SCHEDULE_GPIPE, 2, 1, 2, 1, 1.0, 2.0);
+    f.vs[0].fwd_s = 0;
+    f.vs[0].out_bytes = 1e6;
+    f.bw[0 * NDEV + 1] = f.bw[1 * NDEV + 0] = 1e9;
+    struct cdp_sim_result *r = run_fx(&f);
+    double first = INFINITY;
+    for (int64_t i = 0; i < r->n_events; i++)
+        if (r->events[i].rank == 1 && r->events[i].kind == CDP_EV_FORWARD)
+            first = fmin(first, (double)r->events[i].start_ns);
+    cr_expect_eq(first, 2e6, "stage 1 starts at %g ns", first);
+    done_fx(&f, r);
+}
+
+/* Ring all-reduce: 2(n-1)/n x bytes over the slowest ring link + 2(n-1) latencies. */
+Test(simulate, allreduce_ring)
+{
+    struct fixture f;
+    setup_fx(&f, CDP_SCHEDULE_1F1B, 1, 1, 1, 2, 1.0, 2.0);
+    f.vs[0].grad_bytes = 1e9;
+    f.vs[0].opt_s = 0.25;
+    f.bw[0 * NDEV + 1] = f.bw[1 * NDEV + 0] = 1e10;
+    f.lat[0 * NDEV + 1] = f.lat[1 * NDEV + 0] = 1e-5;
+    struct cdp_sim_result *r = run_fx(&f);
+    cr_expect_float_eq(r->step_s, 3.0 + (1e9 / 1e10 + 2e-5) + 0.25, 1e-12, "step %.15g", r->step_s);
+    cr_expect_eq(r->bubble, 0);
+    done_fx(&f, r);
+
+    /* four replicas, one slow hop (2 -> 3): it bounds the ring */
+    setup_fx(&f, CDP_SCHEDULE_1F1B, 1, 1, 1, 4, 1.0, 2.0);
+    f.vs[0].grad_bytes = 1e9;
+    for (int a = 0; a < 4; a++)
+        for (int b = 0; b < 4; b++) f.bw[a * NDEV + b] = a == b ? 0 : 1e10;
+    f.bw[2 * NDEV + 3] = 1e9;
+    r = run_fx(&f);
+    cr_expect_float_eq(r->step_s, 3.0 + 2.0 * 3 / 4 * 1e9 / 1e9, 1e-12, "step %.15g", r->step_s);
+    done_fx(&f, r);
+}
+
+/* Activations in flight: 1F1B holds p - s on stage s (stage 0 the most, p),
+ * GPipe m everywhere; peak memory is the state plus that many micro-batches. */
+Test(simulate, memory_peaks)
+{
+    const int p = 4, m = 8;
+    struct fixture f;
+    setup_fx(&f, CDP_SCHEDULE_1F1B, p, 1, m, 1, 1.0, 2.0);
+    for (int k = 0; k < p; k++) {
+        f.vs[k].act_bytes = 1000;
+        f.vs[k].state_bytes = 5e6;
+    }
+    struct cdp_sim_result *r = run_fx(&f);
+    for (int s = 0; s < p; s++) {
+        cr_expect_eq(r->peak_in_flight[s], p - s, "1f1b stage %d: %d in flight", s, r->peak_in_flight[s]);
+        cr_expect_eq(r->peak_memory[s], 5e6 + 1000.0 * (p - s));
+        cr_expect_eq(r->peak_in_flight[s], cdp_schedule_peak_in_flight(f.sched, s));
+    }
+    done_fx(&f, r);
+    setup_fx(&f, CDP_SCHEDULE_GPIPE, p, 1, m, 1, 1.0, 2.0);
+    for (int k = 0; k < p; k++) f.vs[k].act_bytes = 1000;
+    r = run_fx(&f);
+    for (int s = 0; s < p; s++) {
+        cr_expect_eq(r->peak_in_flight[s], m);
+        cr_expect_eq(r->peak_memory[s], 1000.0 * m);
+    }
+    done_fx(&f, r);
+}
+
+/* Same input, same output, byte for byte, with communication and sharing. */
+Test(simulate, deterministic)
+{
+    struct cdp_sim_result *r[2];
+    struct fixture f[2];
+    for (int t = 0; t < 2; t++) {
+        setup_fx(&f[t], CDP_SCHEDULE_INTERLEAVED, 2, 2, 4, 2, 1.0, 2.0);
+        for (int k = 0; k < 4; k++) {
+            f[t].vs[k].out_bytes = 3e5 * (k + 1);
+            f[t].vs[k].grad_bytes = 1e7;
+            f[t].vs[k].act_bytes = 77;
+        }
+        for (int a = 0; a < NDEV; a++)
+            for (int b = 0; b < NDEV; b++) {
+                f[t].bw[a * NDEV + b] = a == b ? 0 : 1e9 * (1 + (a + b) % 3);
+                f[t].lat[a * NDEV + b] = a == b ? 0 : 3e-6;
+            }
+        r[t] = run_fx(&f[t]);
+    }
+    cr_assert_eq(r[0]->n_events, r[1]->n_events);
+    cr_expect_eq(memcmp(r[0]->events, r[1]->events, (size_t)r[0]->n_events * sizeof *r[0]->events), 0);
+    cr_expect_eq(r[0]->step_s, r[1]->step_s);
+    cr_expect_eq(r[0]->bubble, r[1]->bubble);
+    cr_assert_eq(r[0]->n_links, r[1]->n_links);
+    cr_expect_eq(memcmp(r[0]->links, r[1]->links, (size_t)r[0]->n_links * sizeof *r[0]->links), 0);
+    for (int t = 0; t < 2; t++) done_fx(&f[t], r[t]);
+}
+
+/* --- the command line --- */
+
+Test(simulate, cli_gpu_plan_text_and_json)
+{
+    const char *plan = cdp_test_source_path("examples/gpt2-dgx.json");
+    struct cdp_run run;
+    cr_assert_eq(cdp_test_run(&run, (const char *const[]){"--plan", plan, "--simulate", NULL}), 0);
+    cr_expect_eq(run.exit_code, 0, "stderr: %s", run.err);
+    cr_expect(strstr(run.out, "step time") && strstr(run.out, "bubble") && strstr(run.out, "samples/s") &&
+                  strstr(run.out, "Busiest links"), "%s", run.out);
+    cr_expect(strstr(run.out, "ordered-pp-inner"), "placement note missing: %s", run.out);
+    cdp_test_run_free(&run);
+
+    cr_assert_eq(cdp_test_run(&run, (const char *const[]){"--plan", plan, "--simulate", "--json", NULL}), 0);
+    cr_assert_eq(run.exit_code, 0, "stderr: %s", run.err);
+    json_error_t e;
+    json_t *j = json_loads(run.out, 0, &e);
+    cr_assert(j, "not JSON: %s", e.text);
+    json_t *pr = json_object_get(j, "predicted");
+    cr_expect(json_real_value(json_object_get(pr, "step_s")) > 0);
+    const double bubble = json_real_value(json_object_get(pr, "bubble"));
+    cr_expect(bubble > 0 && bubble < 0.5, "bubble %g", bubble);
+    cr_expect_float_eq(json_real_value(json_object_get(pr, "bubble_closed_form")), 3.0 / (2 * 16 + 3), 1e-9);
+    cr_expect_eq(json_array_size(json_object_get(j, "stages")), 4);
+    cr_expect_eq(json_array_size(json_object_get(j, "placement")), 8);
+    cr_expect_eq(json_array_size(json_object_get(pr, "peak_memory_bytes")), 8);
+    json_decref(j);
+    cdp_test_run_free(&run);
+}
+
+Test(simulate, cli_cpu_plan_writes_trace_and_timeline)
+{
+    const char *dir = cdp_test_tmpdir();
+    char trace[512], svg[512];
+    snprintf(trace, sizeof trace, "%s/pred.json", dir);
+    snprintf(svg, sizeof svg, "%s/pred.svg", dir);
+    struct cdp_run run;
+    cr_assert_eq(cdp_test_run(&run, (const char *const[]){"--plan", cdp_test_source_path("examples/pipeline.json"),
+                                                          "--simulate", "--trace", trace, "--timeline", svg, NULL}),
+                 0);
+    cr_expect_eq(run.exit_code, 0, "stderr: %s", run.err);
+    cr_expect(strstr(run.out, "cpu"), "%s", run.out);
+    cdp_test_run_free(&run);
+    char *t = cdp_test_read_file(trace), *s = cdp_test_read_file(svg);
+    cr_assert(t && s, "trace or timeline not written");
+    cr_expect(strstr(t, "traceEvents") && strstr(t, "forward") && strstr(t, "backward"));
+    cr_expect(strstr(s, "<svg"));
+    free(t);
+    free(s);
+}
+
+Test(simulate, cli_auto_counts_exit_2)
+{
+    const char *dir = cdp_test_tmpdir();
+    const char *plan = cdp_test_write_file(
+        dir, "auto.json",
+        "{\"model\": {\"preset\": \"mlp\", \"input\": [8], \"hidden\": [16], \"classes\": 4},"
+        " \"data\": {\"source\": \"synthetic\"}, \"train\": {\"steps\": 1, \"micro_batch\": 2},"
+        " \"parallel\": {\"stages\": \"auto\", \"replicas\": 1, \"micro_batches\": 2},"
+        " \"cluster\": {\"backend\": \"cpu\"}}");
+    struct cdp_run run;
+    cr_assert_eq(cdp_test_run(&run, (const char *const[]){"--plan", plan, "--simulate", NULL}), 0);
+    cr_expect_eq(run.exit_code, 2, "stdout %s stderr %s", run.out, run.err);
+    cr_expect(strstr(run.err, "/parallel/stages"), "%s", run.err);
+    cdp_test_run_free(&run);
+    cr_assert_eq(cdp_test_run(&run, (const char *const[]){"--plan", plan, "--trace", "x.json", NULL}), 0);
+    cr_expect_eq(run.exit_code, 2, "--trace without --simulate: %s", run.err);
+    cdp_test_run_free(&run);
+}
