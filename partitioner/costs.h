@@ -1,8 +1,8 @@
 /* The cost model: per partition unit, the time of its forward and backward on
  * one micro-batch on a given device, and the bytes it holds and sends. The
- * simulator and the planner read these numbers; today they are analytic
- * (FLOPs over the device's rate), and the struct is the one a measured table
- * (--profile) will fill in later. Defaults and their sources: docs/simulator.md. */
+ * simulator and the planner read these numbers: analytic (FLOPs over the
+ * device's rate), or measured (a --profile table, read here and applied over
+ * the analytic bytes). Defaults and their sources: docs/simulator.md. */
 #ifndef CDP_PARTITIONER_COSTS_H
 #define CDP_PARTITIONER_COSTS_H
 
@@ -60,6 +60,51 @@ double cdp_cost_opt_bytes_per_param(const struct cdp_plan *plan);
  * micro-batch, precision and optimizer. out has n entries. */
 void cdp_costs_analytic(const struct cdp_plan *plan, const struct cdp_unit *u, int n,
                         const struct cdp_device_rate *r, struct cdp_unit_cost *out);
+
+/* A measured cost table (`cdphybrid --plan P --profile`, src/model/profile.h):
+ * per unit, forward and backward seconds of one micro-batch of micro_batch
+ * samples on one device, and the optimizer step's seconds per parameter. Its
+ * file: {"format": "cdphybrid-costs", "version": 1, "device", "micro_batch",
+ * "threads", "units": [{"index", "kind", "fwd_s", "bwd_s"}],
+ * "optimizer_s_per_param"}. */
+struct cdp_cost_table_unit {
+    int index;
+    enum cdp_unit_kind kind;
+    double fwd_s, bwd_s;
+};
+
+struct cdp_cost_table {
+    char device[128];                  /* what measured it ("cpu: ...") */
+    int64_t micro_batch;
+    int threads;                       /* BLAS threads it ran with */
+    int n_units;
+    struct cdp_cost_table_unit *units; /* owned, n_units entries */
+    double optimizer_s_per_param;
+};
+
+/* Frees the units and zeroes the table; NULL is a no-op. */
+void cdp_cost_table_clear(struct cdp_cost_table *t);
+
+/* Writes the table to path atomically (a temporary file renamed over it).
+ * CDP_ERR_IO naming the file when it cannot be written. */
+cdp_status cdp_cost_table_write(const struct cdp_cost_table *t, const char *path);
+
+/* Reads a table written by cdp_cost_table_write. CDP_ERR_INVALID naming the
+ * file and the key for anything else (not JSON, another format, a missing or
+ * non-positive time), CDP_ERR_IO when it cannot be read. On success *out owns
+ * its units (cdp_cost_table_clear). */
+cdp_status cdp_cost_table_read(const char *path, struct cdp_cost_table *out);
+
+/* Whether table t (read from path) was measured for the plan's model and
+ * micro-batch: the same number of units, of the same kinds, and
+ * /train/micro_batch. CDP_ERR_INVALID naming path and what differs. */
+cdp_status cdp_cost_table_check(const struct cdp_cost_table *t, const char *path, const struct cdp_plan *plan,
+                                const struct cdp_unit *u, int n);
+
+/* Replaces the times in out[0..n-1] (filled by cdp_costs_analytic) with the
+ * table's: forward, backward, and the optimizer step as held parameters x
+ * optimizer_s_per_param. Bytes stay analytic. t must have passed the check. */
+void cdp_costs_apply(const struct cdp_cost_table *t, const struct cdp_unit *u, int n, struct cdp_unit_cost *out);
 
 #ifdef __cplusplus
 }

@@ -1,7 +1,10 @@
-/* Balanced contiguous partitions by dynamic programming. */
+/* Contiguous partitions by dynamic programming: the balanced split, and the
+ * memory-aware one the planner uses (docs/planner.md). */
 #include "partitioner/partition.h"
 
+#include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 cdp_status cdp_partition_balanced(const double *cost, int n, int k, int64_t (*ranges)[2])
 {
@@ -54,4 +57,209 @@ cdp_status cdp_partition_balanced(const double *cost, int n, int k, int64_t (*ra
     free(best);
     free(cut);
     return CDP_OK;
+}
+
+/* ---- memory-aware partition ---------------------------------------------- */
+
+cdp_status cdp_partition_in_flight(enum cdp_schedule_kind kind, int p, int m, int *in_flight)
+{
+    if (p < 1 || m < 1) return cdp_fail(CDP_ERR_INVALID, "in-flight counts need p >= 1 and m >= 1 (got %d, %d)", p, m);
+    if (kind != CDP_SCHEDULE_GPIPE && kind != CDP_SCHEDULE_1F1B)
+        return cdp_fail(CDP_ERR_UNSUPPORTED, "memory-aware partition: schedule %s has no contiguous stages",
+                        cdp_schedule_name(kind));
+    for (int s = 0; s < p; s++) in_flight[s] = kind == CDP_SCHEDULE_GPIPE ? m : (p - s < m ? p - s : m);
+    return CDP_OK;
+}
+
+/* What a solve sees: k stages, their in-flight counts and capacities. */
+struct part_rules {
+    int k;
+    const int *in_flight;
+    const double *capacity; /* NULL: unlimited */
+};
+
+static double boundary_bw(const struct cdp_partition_spec *sp, int s)
+{
+    if (!sp->bandwidth || sp->n_bandwidth == 0) return 0;
+    return sp->n_bandwidth == 1 ? sp->bandwidth[0] : sp->bandwidth[s];
+}
+
+/* Stage s = [c, i): sums from unit i-1 down to c, the order the DP uses, so
+ * that every place computing a stage gets the same floating-point value. */
+static void stage_of(const struct cdp_partition_spec *sp, const struct part_rules *ru, int c, int i, int s,
+                     struct cdp_partition_stage *st)
+{
+    double comp = 0, state = 0, act = 0;
+    for (int u = i - 1; u >= c; u--) {
+        comp += sp->unit[u].fwd_s + sp->unit[u].bwd_s;
+        state += sp->unit[u].state_bytes;
+        act += sp->unit[u].act_bytes;
+    }
+    const double bw = boundary_bw(sp, s);
+    st->first = c;
+    st->end = i;
+    st->compute_s = comp;
+    st->send_s = s < ru->k - 1 && bw > 0 ? sp->unit[i - 1].out_bytes / bw : 0;
+    st->time_s = comp + st->send_s;
+    st->memory_bytes = state + act * ru->in_flight[s] + sp->workspace_bytes;
+}
+
+static int fits(const struct part_rules *ru, int s, double mem)
+{
+    return !ru->capacity || ru->capacity[s] <= 0 || mem <= ru->capacity[s];
+}
+
+/* best[j*(n+1)+i]: the least slowest-stage time of the first i units in j
+ * stages within memory (INFINITY: none fits). Returns best[k][n]. */
+static double solve(const struct cdp_partition_spec *sp, const struct part_rules *ru, double *best)
+{
+    const int n = sp->n, k = ru->k;
+#define BEST(j, i) best[(size_t)(j) * (size_t)(n + 1) + (size_t)(i)]
+    for (int j = 0; j <= k; j++)
+        for (int i = 0; i <= n; i++) BEST(j, i) = INFINITY;
+    BEST(0, 0) = 0;
+    for (int j = 1; j <= k; j++) {
+        const int s = j - 1;
+        const double bw = boundary_bw(sp, s);
+        for (int i = j; i <= n - (k - j); i++) {
+            const double send = s < k - 1 && bw > 0 ? sp->unit[i - 1].out_bytes / bw : 0;
+            double comp = 0, state = 0, act = 0, b = INFINITY;
+            for (int c = i - 1; c >= j - 1; c--) {
+                comp += sp->unit[c].fwd_s + sp->unit[c].bwd_s;
+                state += sp->unit[c].state_bytes;
+                act += sp->unit[c].act_bytes;
+                /* memory only grows as the stage grows to the left */
+                if (!fits(ru, s, state + act * ru->in_flight[s] + sp->workspace_bytes)) break;
+                if (j == 1 && c != 0) continue;
+                const double t = comp + send, prev = BEST(j - 1, c);
+                const double v = prev > t ? prev : t;
+                if (v < b) b = v;
+            }
+            BEST(j, i) = b;
+        }
+    }
+    return BEST(k, n);
+#undef BEST
+}
+
+/* Rebuilds the split of value opt with the documented tie rule: ok[j][i] says
+ * whether the first i units split into j stages each within opt and memory;
+ * then, from the last stage, each stage starts at the earliest unit that
+ * leaves a completable prefix. */
+static void rebuild(const struct cdp_partition_spec *sp, const struct part_rules *ru, double opt,
+                    unsigned char *ok, struct cdp_partition_stage *stage)
+{
+    const int n = sp->n, k = ru->k;
+    struct cdp_partition_stage st;
+#define OK(j, i) ok[(size_t)(j) * (size_t)(n + 1) + (size_t)(i)]
+    memset(ok, 0, (size_t)(k + 1) * (size_t)(n + 1));
+    OK(0, 0) = 1;
+    for (int j = 1; j <= k; j++)
+        for (int i = j; i <= n; i++)
+            for (int c = j - 1; c < i && !OK(j, i); c++) {
+                if (!OK(j - 1, c)) continue;
+                stage_of(sp, ru, c, i, j - 1, &st);
+                OK(j, i) = st.time_s <= opt && fits(ru, j - 1, st.memory_bytes);
+            }
+    int end = n;
+    for (int j = k; j >= 1; j--) {
+        for (int c = j - 1; c < end; c++) {
+            if (!OK(j - 1, c)) continue;
+            stage_of(sp, ru, c, end, j - 1, &st);
+            if (st.time_s <= opt && fits(ru, j - 1, st.memory_bytes)) break;
+        }
+        stage[j - 1] = st;
+        end = (int)st.first;
+    }
+#undef OK
+}
+
+/* The message for k stages that do not fit: the smallest k' that would, under
+ * the retry rule of struct cdp_partition_spec, or the heaviest unit alone. */
+static cdp_status explain_infeasible(const struct cdp_partition_spec *sp, double *best)
+{
+    const int n = sp->n;
+    int *inf = malloc((size_t)n * sizeof *inf);
+    double *cap = malloc((size_t)n * sizeof *cap);
+    if (!inf || !cap) {
+        free(inf);
+        free(cap);
+        return cdp_fail(CDP_ERR_NOMEM, "out of memory partitioning %d units", n);
+    }
+    double cmin = 0;
+    for (int s = 0; sp->capacity && s < sp->k; s++)
+        if (sp->capacity[s] > 0 && (cmin <= 0 || sp->capacity[s] < cmin)) cmin = sp->capacity[s];
+    int found = 0;
+    for (int k2 = sp->k + 1; k2 <= n && !found; k2++) {
+        if (sp->micro_batches <= 0 || cdp_partition_in_flight(sp->schedule, k2, sp->micro_batches, inf))
+            for (int s = 0; s < k2; s++) inf[s] = sp->in_flight[0];
+        for (int s = 0; s < k2; s++) cap[s] = cmin;
+        struct part_rules ru = {.k = k2, .in_flight = inf, .capacity = cap};
+        if (isfinite(solve(sp, &ru, best))) found = k2;
+    }
+    cdp_status st;
+    if (found) {
+        st = cdp_fail(CDP_ERR_INVALID,
+                      "%d units do not fit in %d stages within the memory capacity; the smallest number of stages "
+                      "that fits is %d", n, sp->k, found);
+    } else {
+        /* one unit per stage does not fit: name the unit needing the most */
+        if (sp->micro_batches <= 0 || cdp_partition_in_flight(sp->schedule, n, sp->micro_batches, inf))
+            for (int s = 0; s < n; s++) inf[s] = sp->in_flight[0];
+        int worst = 0;
+        double need = -1;
+        for (int i = 0; i < n; i++) {
+            const double m = sp->unit[i].state_bytes + sp->unit[i].act_bytes * inf[i] + sp->workspace_bytes;
+            if (m > need) {
+                need = m;
+                worst = i;
+            }
+        }
+        const struct cdp_unit_cost *u = &sp->unit[worst];
+        st = cdp_fail(CDP_ERR_INVALID,
+                      "%d units do not fit in %d stages, nor in any number up to %d: unit %d alone needs %.0f bytes "
+                      "(%.3f GiB: state %.0f + activations %.0f x %d in flight + workspace %.0f) against a capacity "
+                      "of %.0f bytes (%.3f GiB)", n, sp->k, n, worst, need, need / 1073741824.0, u->state_bytes,
+                      u->act_bytes, inf[worst], sp->workspace_bytes, cmin, cmin / 1073741824.0);
+    }
+    free(inf);
+    free(cap);
+    return st;
+}
+
+cdp_status cdp_partition_plan(const struct cdp_partition_spec *sp, struct cdp_partition_stage *stage)
+{
+    const int n = sp->n, k = sp->k;
+    if (k < 1 || k > n) return cdp_fail(CDP_ERR_INVALID, "cannot split %d units into %d non-empty stages", n, k);
+    if (sp->n_bandwidth != 0 && sp->n_bandwidth != 1 && sp->n_bandwidth != k - 1)
+        return cdp_fail(CDP_ERR_INVALID, "partition: %d boundary bandwidths for %d stages (want 0, 1 or %d)",
+                        sp->n_bandwidth, k, k - 1);
+    if (!sp->in_flight) return cdp_fail(CDP_ERR_INVALID, "partition: no in-flight counts");
+    for (int s = 0; s < k; s++)
+        if (sp->in_flight[s] < 0)
+            return cdp_fail(CDP_ERR_INVALID, "partition: stage %d has %d activations in flight", s, sp->in_flight[s]);
+    for (int i = 0; i < n; i++) {
+        const struct cdp_unit_cost *u = &sp->unit[i];
+        if (!(u->fwd_s >= 0 && u->bwd_s >= 0 && u->state_bytes >= 0 && u->act_bytes >= 0 && u->out_bytes >= 0))
+            return cdp_fail(CDP_ERR_INVALID, "partition: unit %d has a negative or NaN cost", i);
+    }
+    if (!(sp->workspace_bytes >= 0)) return cdp_fail(CDP_ERR_INVALID, "partition: negative workspace");
+    double *best = malloc((size_t)(n + 1) * (size_t)(n + 1) * sizeof *best); /* k' <= n for the retries */
+    unsigned char *ok = malloc((size_t)(k + 1) * (size_t)(n + 1));
+    cdp_status st = CDP_OK;
+    if (!best || !ok) {
+        st = cdp_fail(CDP_ERR_NOMEM, "out of memory partitioning %d units", n);
+        goto done;
+    }
+    struct part_rules ru = {.k = k, .in_flight = sp->in_flight, .capacity = sp->capacity};
+    const double opt = solve(sp, &ru, best);
+    if (!isfinite(opt)) {
+        st = explain_infeasible(sp, best);
+        goto done;
+    }
+    rebuild(sp, &ru, opt, ok, stage);
+done:
+    free(best);
+    free(ok);
+    return st;
 }

@@ -68,6 +68,8 @@ struct sim_setup {
     struct cdp_sim_result *res;
     char topo_note[256];
     const char *placement_note;
+    const char *costs; /* --costs FILE, or NULL: analytic */
+    char costs_device[128];
 };
 
 static void sim_setup_free(struct sim_setup *S)
@@ -134,14 +136,29 @@ static cdp_status sim_prepare(const struct cdp_plan *plan, struct sim_setup *S)
         st = cdp_fail(CDP_ERR_NOMEM, "out of memory");
         goto done;
     }
+    struct cdp_cost_table table = {0};
+    if (S->costs) {
+        if ((st = cdp_cost_table_read(S->costs, &table))) goto done;
+        if ((st = cdp_cost_table_check(&table, S->costs, plan, u, n))) {
+            cdp_cost_table_clear(&table);
+            goto done;
+        }
+        snprintf(S->costs_device, sizeof S->costs_device, "%s", table.device);
+    }
     for (int s = 0; s < S->p; s++) {
         struct cdp_device_rate rate = cdp_device_rate_of(S->topo, S->device[s * S->R], plan->train.precision);
         cdp_costs_analytic(plan, u, n, &rate, cost + (size_t)s * n);
+        /* a measured table is of one device: every stage's (the CPU ranks') */
+        if (S->costs) cdp_costs_apply(&table, u, n, cost + (size_t)s * n);
     }
+    cdp_cost_table_clear(&table);
     if (pd->partition) {
         memcpy(S->ranges, pd->partition, (size_t)S->nv * sizeof *S->ranges);
     } else {
-        for (int i = 0; i < n; i++) w[i] = cost[i].fwd_s + cost[i].bwd_s;
+        /* measured times predict a run, so the split is the executor's own
+         * (pipeline/executor.c: FLOPs + 1e3 per unit), not one balanced on them */
+        for (int i = 0; i < n; i++)
+            w[i] = S->costs ? u[i].fwd_flops + u[i].bwd_flops + 1e3 : cost[i].fwd_s + cost[i].bwd_s;
         if ((st = cdp_partition_balanced(w, n, S->nv, S->ranges))) {
             st = cdp_error_context(st, "%s: /parallel/stages", plan->source);
             goto done;
@@ -208,7 +225,11 @@ static void sim_print_text(const struct cdp_plan *plan, const struct sim_setup *
     if (S->v > 1) printf(" x %d chunks", S->v);
     printf(", %d micro-batches of %lld, %d replica%s, %s\n", S->m, (long long)plan->train.micro_batch, S->R,
            S->R == 1 ? "" : "s", plan->train.precision == CDP_PRECISION_BF16 ? "bf16" : "fp32");
-    printf("  partition   %s\n\n", plan->parallel.partition ? "from the plan" : "balanced on the cost model");
+    printf("  partition   %s\n", plan->parallel.partition ? "from the plan"
+                                 : S->costs                ? "the executor's (balanced on FLOPs)"
+                                                           : "balanced on the cost model");
+    if (S->costs) printf("  costs       measured: %s (%s)\n", S->costs, S->costs_device);
+    printf("\n");
     printf("Stages (per micro-batch)\n  stage  units            fwd ms   bwd ms   memory\n");
     for (int s = 0; s < S->p; s++) {
         char units[128] = "";
@@ -264,6 +285,7 @@ static cdp_status sim_print_json(const struct cdp_plan *plan, const struct sim_s
     json_object_set_new(o, "chunks", json_integer(S->v));
     json_object_set_new(o, "micro_batches", json_integer(S->m));
     json_object_set_new(o, "replicas", json_integer(S->R));
+    json_object_set_new(o, "costs", S->costs ? json_string(S->costs) : json_string("analytic"));
     for (int s = 0; s < S->p; s++) {
         json_t *st = json_object(), *ch = json_array();
         double f = 0, b = 0;
@@ -310,7 +332,8 @@ static cdp_status sim_print_json(const struct cdp_plan *plan, const struct sim_s
     return CDP_OK;
 }
 
-int cdp_cli_simulate(const struct cdp_plan *plan, int json, const char *trace, const char *timeline)
+int cdp_cli_simulate(const struct cdp_plan *plan, int json, const char *trace, const char *timeline,
+                     const char *costs)
 {
     const struct cdp_parallel_desc *pd = &plan->parallel;
     const char *key = pd->stages == CDP_AUTO          ? "/parallel/stages"
@@ -322,7 +345,7 @@ int cdp_cli_simulate(const struct cdp_plan *plan, int json, const char *trace, c
                         "it is not built yet\n", plan->source, key);
         return EXIT_USAGE;
     }
-    struct sim_setup S = {0};
+    struct sim_setup S = {.costs = costs};
     cdp_status st = sim_prepare(plan, &S);
     if (!st) {
         struct cdp_sim_config c = {.sched = S.sched, .replicas = S.R, .vstage = S.vs, .tied_bytes = S.tied_bytes,

@@ -10,8 +10,18 @@ int cdp_cli_topo(int argc, char **argv);
 int cdp_cli_export(int argc, char **argv);
 
 /* `cdphybrid --plan P --simulate`: plan is loaded and resolved; json, trace and
- * timeline are the flags given with it (trace/timeline NULL when not asked). */
+ * timeline are the flags given with it (trace/timeline NULL when not asked);
+ * costs: a measured table (--costs FILE) to use instead of the analytic times,
+ * or NULL. */
 struct cdp_plan;
-int cdp_cli_simulate(const struct cdp_plan *plan, int json, const char *trace, const char *timeline);
+int cdp_cli_simulate(const struct cdp_plan *plan, int json, const char *trace, const char *timeline,
+                     const char *costs);
+
+/* `cdphybrid --plan P --profile [--costs OUT]`: plan_path is the --plan argument;
+ * costs the file to write, or NULL: cdp_cli_default_costs_path(plan_path). */
+int cdp_cli_profile(const struct cdp_plan *plan, const char *plan_path, const char *costs);
+
+/* "dir/p.json" -> "dir/p.costs.json" (malloc'd; NULL when out of memory). */
+char *cdp_cli_default_costs_path(const char *plan_path);
 
 #endif

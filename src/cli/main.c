@@ -28,6 +28,8 @@ struct cli_args {
     int dry_run;
     int schedule;
     int simulate;
+    int profile;          /* --profile: measure the units' costs */
+    const char *costs;    /* --costs FILE: the table --profile writes or --simulate reads */
     const char *trace;    /* --simulate: predicted Chrome trace */
     const char *timeline; /* --simulate: predicted SVG timeline */
     int json;
@@ -43,7 +45,8 @@ struct cli_args {
 static void usage(FILE *f)
 {
     fputs("usage: cdphybrid --plan FILE [--dry-run | --schedule | --resume [DIR]] [--json] [-v|-q]\n"
-          "       cdphybrid --plan FILE --simulate [--trace OUT.json] [--timeline OUT.svg] [--json]\n"
+          "       cdphybrid --plan FILE --simulate [--costs FILE] [--trace OUT.json] [--timeline OUT.svg] [--json]\n"
+          "       cdphybrid --plan FILE --profile [--costs OUT.json]\n"
           "       cdphybrid topo [--topology SPEC] [--json] [--export FILE]   (see topo --help)\n"
           "       cdphybrid export --checkpoint DIR --out FILE   (see export --help)\n"
           "       cdphybrid --help | --version\n"
@@ -63,6 +66,11 @@ static void usage(FILE *f)
           "  --simulate     predict one step on the cost model and the plan's topology: stages,\n"
           "                 step time, samples/s, bubble, per-rank memory, busiest links\n"
           "                 (docs/simulator.md); nothing is trained\n"
+          "  --profile      measure every unit's forward and backward time (and the optimizer's)\n"
+          "                 on this machine's CPU and write them as JSON (default: the plan's\n"
+          "                 name with .costs.json); nothing is trained\n"
+          "  --costs FILE   with --profile: where to write the table; with --simulate: use its\n"
+          "                 measured times instead of the analytic ones\n"
           "  --trace FILE   with --simulate: write the predicted Chrome trace\n"
           "  --timeline FILE  with --simulate: write the predicted SVG timeline\n"
           "  --json         with --dry-run, --schedule or --simulate: print JSON instead of text\n"
@@ -146,6 +154,11 @@ static int parse_args(int argc, char **argv, struct cli_args *a)
             a->schedule = 1;
         } else if (!strcmp(s, "--simulate")) {
             a->simulate = 1;
+        } else if (!strcmp(s, "--profile")) {
+            a->profile = 1;
+        } else if (!strcmp(s, "--costs")) {
+            if (i + 1 >= argc || !*argv[i + 1]) return usage_error("%s needs a file name", s);
+            a->costs = argv[++i];
         } else if (!strcmp(s, "--trace") || !strcmp(s, "--timeline")) {
             if (i + 1 >= argc || !*argv[i + 1]) return usage_error("%s needs a file name", s);
             if (s[3] == 'r') a->trace = argv[++i];
@@ -166,7 +179,8 @@ static int parse_args(int argc, char **argv, struct cli_args *a)
         } else if (s[0] == '-') {
             static const char *const known[] = {"--plan", "--dry-run", "--json", "--verbose",
                                                 "--quiet", "--help", "--version", "--no-launch", "--resume",
-                                                "--schedule", "--simulate", "--trace", "--timeline", NULL};
+                                                "--schedule", "--simulate", "--trace", "--timeline", "--profile",
+                                                "--costs", NULL};
             const char *near = cdp_closest_word(s, known);
             if (near) {
                 fprintf(stderr, "cdphybrid: unknown option %s (did you mean %s?)\n"
@@ -185,8 +199,12 @@ static int parse_args(int argc, char **argv, struct cli_args *a)
         return usage_error("%s", "--trace and --timeline go with --simulate");
     if (a->simulate && (a->dry_run || a->schedule))
         return usage_error("%s", "--simulate cannot be combined with --dry-run or --schedule");
+    if (a->profile && (a->simulate || a->dry_run || a->schedule || a->json))
+        return usage_error("%s", "--profile cannot be combined with --simulate, --dry-run, --schedule or --json");
+    if (a->costs && !a->profile && !a->simulate)
+        return usage_error("%s", "--costs goes with --profile or --simulate");
     if (!a->plan) return usage_error("%s", "nothing to do: give --plan FILE");
-    if (a->resume && (a->dry_run || a->schedule || a->simulate))
+    if (a->resume && (a->dry_run || a->schedule || a->simulate || a->profile))
         return usage_error("%s", "--resume goes with training, not with --dry-run, --schedule or --simulate");
     return -1;
 }
@@ -334,7 +352,12 @@ static int run_plan(const struct cli_args *a)
     }
     if (cdp_plan_resolve(plan, &machine)) goto bad_input;
     if (a->simulate) {
-        code = cdp_cli_simulate(plan, a->json, a->trace, a->timeline);
+        code = cdp_cli_simulate(plan, a->json, a->trace, a->timeline, a->costs);
+        cdp_plan_free(plan);
+        return code;
+    }
+    if (a->profile) {
+        code = cdp_cli_profile(plan, a->plan, a->costs);
         cdp_plan_free(plan);
         return code;
     }

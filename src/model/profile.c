@@ -1,0 +1,220 @@
+/* cdp_profile_run: each unit of the plan's model in a model of its own on the
+ * CPU device, timed on random micro-batches; see profile.h for what is timed
+ * and why (a pipeline stage runs exactly these calls). */
+#include "model/profile.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cdp/core.h"
+#include "cdp/device.h"
+#include "cdp/log.h"
+#include "model/model.h"
+#include "model/optim.h"
+
+static uint64_t rng_next(uint64_t *s)
+{
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return *s;
+}
+
+static void fill_floats(float *x, int64_t n, uint64_t *s)
+{
+    for (int64_t i = 0; i < n; i++) x[i] = (float)((double)(rng_next(s) >> 11) / 9007199254740992.0 * 2 - 1);
+}
+
+static int64_t shape_numel(const struct cdp_shape *sh)
+{
+    int64_t n = 1;
+    for (int k = 0; k < sh->ndim; k++) n *= sh->d[k];
+    return n;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *x, int n)
+{
+    qsort(x, (size_t)n, sizeof *x, cmp_double);
+    return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
+}
+
+/* Buffers of one unit's micro-batch: its input, the targets when it ends the
+ * model, the gradient of its output and of its input. */
+struct unit_io {
+    void *tgt;
+    float *dout, *din;
+};
+
+static void unit_io_free(struct unit_io *io)
+{
+    free(io->tgt);
+    free(io->dout);
+    free(io->din);
+}
+
+static cdp_status one_pass(struct cdp_model *m, const struct unit_io *io, int ends, double *fwd, double *bwd)
+{
+    cdp_status st;
+    double loss = 0;
+    uint64_t t0 = cdp_time_ns();
+    if ((st = cdp_model_forward(m, 0))) return st;
+    if (ends && (st = cdp_model_loss(m, 0, io->tgt, 1e-3f, &loss))) return st;
+    uint64_t t1 = cdp_time_ns();
+    if ((st = cdp_model_backward(m, 0, ends ? NULL : io->dout, io->din))) return st;
+    uint64_t t2 = cdp_time_ns();
+    *fwd = (double)(t1 - t0) / 1e9;
+    *bwd = (double)(t2 - t1) / 1e9;
+    return CDP_OK;
+}
+
+static cdp_status profile_unit(const struct cdp_plan *plan, const struct cdp_unit *u, int n, cdp_device_t dev,
+                               const struct cdp_profile_options *o, double budget_s, uint64_t *rng,
+                               struct cdp_cost_table_unit *out)
+{
+    const struct cdp_model_desc *d = &plan->model;
+    const int B = (int)plan->train.micro_batch, ends = u->index == n - 1;
+    const int64_t in_n = (int64_t)B * shape_numel(&u->in), out_n = (int64_t)B * u->out_floats;
+    struct cdp_model *m = NULL;
+    struct unit_io io = {0};
+    double *tf = NULL, *tb = NULL;
+    cdp_status st = cdp_model_create(d, u->index, u->index + 1, B, 1, plan->train.seed, dev, &m);
+    if (st) return st;
+    if (u->in_tokens) {
+        int32_t *tok = cdp_model_input(m, 0);
+        for (int64_t i = 0; i < in_n; i++) tok[i] = (int32_t)(rng_next(rng) % (uint64_t)(d->vocab > 0 ? d->vocab : 1));
+    } else {
+        fill_floats(cdp_model_input(m, 0), in_n, rng);
+    }
+    if (ends) {
+        const int mse = d->kind != CDP_MODEL_GPT && d->loss == CDP_LOSS_MSE;
+        const int64_t last = u->out.d[u->out.ndim - 1], rows = mse ? out_n : out_n / last;
+        if (!(io.tgt = malloc((size_t)rows * 4))) goto nomem;
+        if (mse) fill_floats(io.tgt, rows, rng);
+        else
+            for (int64_t r = 0; r < rows; r++) ((int32_t *)io.tgt)[r] = (int32_t)(rng_next(rng) % (uint64_t)last);
+    } else {
+        if (!(io.dout = malloc((size_t)out_n * sizeof *io.dout))) goto nomem;
+        fill_floats(io.dout, out_n, rng);
+        for (int64_t i = 0; i < out_n; i++) io.dout[i] *= 1e-3f;
+    }
+    /* the first unit's input gradient is never wanted; token ids have none */
+    if (!u->in_tokens && u->index > 0 && !(io.din = calloc((size_t)in_n, sizeof *io.din))) goto nomem;
+    double f, b;
+    if ((st = one_pass(m, &io, ends, &f, &b))) goto fail; /* warm-up: pages, caches, BLAS threads */
+    if ((st = one_pass(m, &io, ends, &f, &b))) goto fail;
+    const double once = fmax(f + b, 1e-7);
+    int reps = (int)ceil(o->min_unit_s / once);
+    if (reps * once > budget_s) reps = (int)(budget_s / once);
+    if (reps < o->min_reps) reps = o->min_reps;
+    if (reps > 100000) reps = 100000;
+    tf = malloc((size_t)reps * sizeof *tf);
+    tb = malloc((size_t)reps * sizeof *tb);
+    if (!tf || !tb) goto nomem;
+    for (int r = 0; r < reps; r++) {
+        if ((st = one_pass(m, &io, ends, &tf[r], &tb[r]))) goto fail;
+        if (r % 64 == 63) cdp_model_zero_grad(m); /* keep accumulated gradients finite */
+    }
+    out->index = u->index;
+    out->kind = u->kind;
+    /* the clock's resolution is far below a unit's time; a zero would read as "not measured" */
+    out->fwd_s = fmax(median(tf, reps), 1e-9);
+    out->bwd_s = fmax(median(tb, reps), 1e-9);
+    CDP_DEBUG(PART, "unit %d (%s): %d reps, fwd %.6f s, bwd %.6f s", u->index, cdp_unit_kind_name(u->kind), reps,
+              out->fwd_s, out->bwd_s);
+    goto fail;
+nomem:
+    st = cdp_fail(CDP_ERR_NOMEM, "out of memory");
+fail:
+    free(tf);
+    free(tb);
+    unit_io_free(&io);
+    cdp_model_destroy(m);
+    return st;
+}
+
+/* The optimizer step of the whole model, as the executor's OPTIMIZER_STEP runs
+ * it (the gradient norm, then the update), per parameter. */
+static cdp_status profile_optimizer(const struct cdp_plan *plan, int n, cdp_device_t dev,
+                                    const struct cdp_profile_options *o, double *out)
+{
+    struct cdp_model *m = NULL;
+    struct cdp_optimizer *opt = NULL;
+    double t[64];
+    cdp_status st = cdp_model_create(&plan->model, 0, n, (int)plan->train.micro_batch, 1, plan->train.seed, dev, &m);
+    if (st) return st;
+    if ((st = cdp_optimizer_create(&plan->train.optimizer, m, dev, &opt))) goto fail;
+    const int64_t params = cdp_model_param_floats(m);
+    int reps = 0;
+    double spent = 0;
+    for (int r = -1; r < 64 && (r < o->min_reps || spent < o->min_unit_s); r++) {
+        uint64_t t0 = cdp_time_ns();
+        volatile double sq = cdp_model_grad_sumsq(m); /* the executor's clipping norm */
+        (void)sq;
+        cdp_optimizer_step(opt, m, 1e-6f, 1.0f);
+        double dt = (double)(cdp_time_ns() - t0) / 1e9;
+        if (r < 0) continue; /* warm-up */
+        t[reps++] = dt;
+        spent += dt;
+    }
+    *out = params > 0 ? median(t, reps) / (double)params : 0;
+fail:
+    cdp_optimizer_destroy(opt);
+    cdp_model_destroy(m);
+    return st;
+}
+
+cdp_status cdp_profile_run(const struct cdp_plan *plan, const struct cdp_profile_options *opts,
+                           struct cdp_cost_table *out)
+{
+    struct cdp_profile_options o = {.min_unit_s = 0.05, .max_total_s = 60, .min_reps = 5};
+    if (opts) {
+        if (opts->min_unit_s > 0) o.min_unit_s = opts->min_unit_s;
+        if (opts->max_total_s > 0) o.max_total_s = opts->max_total_s;
+        if (opts->min_reps > 0) o.min_reps = opts->min_reps;
+    }
+    struct cdp_cost_table t = {0};
+    struct cdp_unit *u = NULL;
+    cdp_device_t dev = NULL;
+    int n = 0;
+    cdp_status st;
+    if (plan->train.micro_batch < 1 || plan->train.micro_batch > (1 << 30))
+        return cdp_fail(CDP_ERR_INVALID, "%s: /train/micro_batch: expected a positive number", plan->source);
+    if ((st = cdp_units_build(&plan->model, &u, &n))) return st;
+    if ((st = cdp_device_open(CDP_DEVICE_CPU, 0, plan->cluster.device_memory, &dev))) goto fail;
+    if (!(t.units = calloc((size_t)n, sizeof *t.units))) {
+        st = cdp_fail(CDP_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    t.n_units = n;
+    t.micro_batch = plan->train.micro_batch;
+    t.threads = openblas_get_num_threads();
+    snprintf(t.device, sizeof t.device, "cpu: %s", cdp_device_description(dev));
+    uint64_t rng = 0x9e3779b97f4a7c15ull ^ (uint64_t)plan->train.seed;
+    for (int i = 0; i < n; i++) {
+        if ((st = profile_unit(plan, &u[i], n, dev, &o, o.max_total_s / n, &rng, &t.units[i]))) {
+            st = cdp_error_context(st, "%s: profiling unit %d (%s)", plan->source, i, cdp_unit_kind_name(u[i].kind));
+            goto fail;
+        }
+    }
+    if ((st = profile_optimizer(plan, n, dev, &o, &t.optimizer_s_per_param))) {
+        st = cdp_error_context(st, "%s: profiling the optimizer", plan->source);
+        goto fail;
+    }
+    free(u);
+    cdp_device_close(dev);
+    *out = t;
+    return CDP_OK;
+fail:
+    cdp_cost_table_clear(&t);
+    free(u);
+    cdp_device_close(dev);
+    return st;
+}

@@ -1,0 +1,39 @@
+/* Measured costs: forward and backward time of every partition unit of a model
+ * on this machine's CPU (the kernels the executor runs), and the optimizer
+ * step's time per parameter, for `cdphybrid --plan P --profile`. The table
+ * (partitioner/costs.h) replaces the analytic times in the simulator. */
+#ifndef CDP_MODEL_PROFILE_H
+#define CDP_MODEL_PROFILE_H
+
+#include "cdp/plan.h"
+#include "cdp/status.h"
+#include "partitioner/costs.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct cdp_profile_options {
+    double min_unit_s; /* least time each unit's forward + backward is timed for (0: 0.05 s) */
+    double max_total_s; /* most time all timed repetitions take together (0: 60 s) */
+    int min_reps;       /* fewest repetitions per unit, after one warm-up (0: 5) */
+};
+
+/* Profiles the plan's model for micro-batches of /train/micro_batch samples:
+ * each unit alone in a model of that one unit, on random inputs (token ids in
+ * the vocabulary, floats in [-1, 1)), one warm-up, then the median of N
+ * forwards and N backwards (N so that the unit is timed for min_unit_s, at
+ * least min_reps, fewer when max_total_s would be passed). The forward of the
+ * model's last unit includes the loss, and its backward starts from the loss,
+ * as a pipeline's last stage runs them; backward computes the input gradient
+ * wherever the input is not token ids. The optimizer: the median of the
+ * whole model's gradient norm plus cdp_optimizer_step, over its parameters.
+ * o may be NULL (defaults). On success *out owns a new table. */
+cdp_status cdp_profile_run(const struct cdp_plan *plan, const struct cdp_profile_options *o,
+                           struct cdp_cost_table *out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
