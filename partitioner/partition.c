@@ -78,10 +78,18 @@ struct part_rules {
     const double *capacity; /* NULL: unlimited */
 };
 
+/* The link after stage s. When the smallest fitting stage count is searched,
+ * there are more boundaries than the spec lists: those take the slowest listed
+ * link (a bound that cannot flatter the plan). */
 static double boundary_bw(const struct cdp_partition_spec *sp, int s)
 {
     if (!sp->bandwidth || sp->n_bandwidth == 0) return 0;
-    return sp->n_bandwidth == 1 ? sp->bandwidth[0] : sp->bandwidth[s];
+    if (sp->n_bandwidth == 1) return sp->bandwidth[0];
+    if (s < sp->n_bandwidth) return sp->bandwidth[s];
+    double slowest = 0;
+    for (int i = 0; i < sp->n_bandwidth; i++)
+        if (sp->bandwidth[i] > 0 && (slowest == 0 || sp->bandwidth[i] < slowest)) slowest = sp->bandwidth[i];
+    return slowest;
 }
 
 /* Stage s = [c, i): sums from unit i-1 down to c, the order the DP uses, so

@@ -217,6 +217,26 @@ Test(partition, infeasible_names_smallest_stage_count)
     cr_expect(strstr(cdp_last_error(), "capacity of 25 bytes"), "%s", cdp_last_error());
 }
 
+/* The smallest-count search tries more stages than the spec lists boundary
+ * links for: the extra boundaries take the slowest listed link (this read past
+ * the list before; the sanitizer build checks it). */
+Test(partition, infeasible_search_with_a_link_per_boundary)
+{
+    struct inst I;
+    uniform(&I, 6, 3);
+    I.n_bw = 2; /* one link per boundary of 3 stages */
+    I.bw[0] = 8;
+    I.bw[1] = 2;
+    for (int s = 0; s < 3; s++) I.cap[s] = 15; /* one unit of 10 per stage */
+    spec_of(&I);
+    I.sp.workspace_bytes = 0;
+    for (int i = 0; i < 6; i++) I.u[i].out_bytes = 4;
+    struct cdp_partition_stage st[4];
+    cr_assert_eq(cdp_partition_plan(&I.sp, st), CDP_ERR_INVALID);
+    cr_expect(strstr(cdp_last_error(), "6 units do not fit in 3 stages"), "%s", cdp_last_error());
+    cr_expect(strstr(cdp_last_error(), "smallest number of stages that fits is 6"), "%s", cdp_last_error());
+}
+
 Test(partition, activations_in_flight_count_per_stage)
 {
     int f[4];
