@@ -16,6 +16,7 @@
 #include "model/layers.h"
 #include "partitioner/costs.h"
 #include "partitioner/partition.h"
+#include "partitioner/planner.h"
 #include "pipeline/schedule.h"
 #include "pipeline/simulator.h"
 
@@ -24,36 +25,6 @@ enum { EXIT_RUN_FAILED = 1, EXIT_USAGE = 2 };
 static int exit_code_for(cdp_status st)
 {
     return st == CDP_ERR_INVALID || st == CDP_ERR_UNSUPPORTED ? EXIT_USAGE : EXIT_RUN_FAILED;
-}
-
-/* --simulate: the topology the plan names; "auto" is a CPU topology of one
- * device per rank for the cpu backend, the machine found here for cuda, and,
- * where this machine has too few GPUs, the dgx-a100 preset (said in *note). */
-static cdp_status sim_topology(const struct cdp_plan *plan, int ranks, struct cdp_topology **t, char *note,
-                               size_t cap)
-{
-    const struct cdp_cluster_desc *cd = &plan->cluster;
-    note[0] = '\0';
-    if (strcmp(cd->topology, "auto") != 0) return cdp_topology_load(cd->topology, NULL, t);
-    if (cd->backend == CDP_BACKEND_CPU) {
-        snprintf(note, cap, "auto: one CPU device per rank");
-        return cdp_topology_cpu(ranks, 0, cd->device_memory, t);
-    }
-    struct cdp_discover_options o = {0};
-    if (!cdp_topology_discover(&o, t)) {
-        if ((*t)->kind == CDP_TOPO_GPU && (*t)->n_gpus >= ranks) {
-            snprintf(note, cap, "auto: this machine");
-            return CDP_OK;
-        }
-        cdp_topology_free(*t);
-        *t = NULL;
-    }
-    char spec[64];
-    if (cd->nodes > 1) snprintf(spec, sizeof spec, "%lld x dgx-a100", (long long)cd->nodes);
-    else snprintf(spec, sizeof spec, "dgx-a100");
-    snprintf(note, cap, "auto: this machine has too few GPUs; simulating on the %s preset (set "
-             "/cluster/topology to choose)", spec);
-    return cdp_topology_load(spec, NULL, t);
 }
 
 struct sim_setup {
@@ -99,7 +70,7 @@ static cdp_status sim_prepare(const struct cdp_plan *plan, struct sim_setup *S)
     S->nv = S->p * S->v;
     S->N = S->p * S->R;
     S->tied = plan->model.kind == CDP_MODEL_GPT && plan->model.tie_embeddings && S->p > 1;
-    if ((st = sim_topology(plan, S->N, &S->topo, S->topo_note, sizeof S->topo_note)))
+    if ((st = cdp_planner_topology(plan, S->N, &S->topo, S->topo_note, sizeof S->topo_note)))
         return cdp_error_context(st, "%s: /cluster/topology", plan->source);
     const int nd = S->topo->n_gpus;
     if (S->N > nd)
@@ -164,32 +135,9 @@ static cdp_status sim_prepare(const struct cdp_plan *plan, struct sim_setup *S)
             goto done;
         }
     }
-    for (int k = 0; k < S->nv; k++) {
-        const struct cdp_unit_cost *c = cost + (size_t)(k % S->p) * n;
-        struct cdp_sim_vstage *vs = &S->vs[k];
-        for (int64_t i = S->ranges[k][0]; i < S->ranges[k][1]; i++) {
-            vs->fwd_s += c[i].fwd_s;
-            vs->bwd_s += c[i].bwd_s;
-            vs->act_bytes += c[i].act_bytes;
-            vs->grad_bytes += c[i].param_bytes;
-            vs->state_bytes += c[i].state_bytes;
-            vs->opt_s += c[i].opt_s;
-        }
-        if (S->ranges[k][1] > S->ranges[k][0]) vs->out_bytes = c[S->ranges[k][1] - 1].out_bytes;
-    }
-    if (S->tied)
-        for (int i = 0; i < n; i++)
-            for (int k = 0; k < u[i].n_params; k++)
-                if (u[i].params[k].tied_unit >= 0)
-                    S->tied_bytes += (double)u[i].params[k].numel * cdp_cost_grad_bytes_per_param(plan);
-    for (int i = 0; i < S->N; i++)
-        for (int j = 0; j < S->N; j++) {
-            const int a = S->device[i], b = S->device[j];
-            struct cdp_topo_link l;
-            if (a == b || cdp_topology_link(S->topo, a, b, &l)) continue;
-            S->bw[a * nd + b] = l.bandwidth;
-            S->lat[a * nd + b] = l.latency;
-        }
+    cdp_planner_vstages(cost, (size_t)n, S->p, S->nv, (const int64_t(*)[2])S->ranges, S->vs);
+    if (S->tied) S->tied_bytes = cdp_planner_tied_bytes(plan, u, n);
+    cdp_planner_links(S->topo, S->bw, S->lat);
     if ((st = cdp_schedule_build(pd->schedule, S->p, S->v, S->m, S->tied, &S->sched)))
         st = cdp_error_context(st, "%s: /parallel", plan->source);
 done:

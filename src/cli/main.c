@@ -17,6 +17,7 @@
 #include "cdp_config.h"
 #include "cli/commands.h"
 #include "comm/comm.h"
+#include "partitioner/planner.h"
 #include "pipeline/executor.h"
 #include "pipeline/schedule.h"
 #include "pipeline/train.h"
@@ -334,6 +335,71 @@ static int print_schedule(const struct cdp_plan *plan, int json)
     return 0;
 }
 
+/* --dry-run runs the planner for plans that target a GPU topology or several
+ * ranks (or leave the shape "auto"); a one-rank CPU plan has nothing to place. */
+static int wants_planner(const struct cdp_plan *plan)
+{
+    const struct cdp_parallel_desc *pd = &plan->parallel;
+    return plan->cluster.backend == CDP_BACKEND_CUDA || strcmp(plan->cluster.topology, "auto") != 0 ||
+           pd->stages == CDP_AUTO || pd->replicas == CDP_AUTO || pd->stages * pd->replicas > 1;
+}
+
+/* Plans on the plan's topology (an "auto" CPU one: /cluster/devices per node,
+ * else the plan's ranks) and writes the choices into the plan. */
+static cdp_status plan_auto(struct cdp_plan *plan, struct cdp_planner_result *r)
+{
+    const struct cdp_parallel_desc *pd = &plan->parallel;
+    const struct cdp_cluster_desc *cd = &plan->cluster;
+    int64_t ranks = cd->nodes;
+    if (cd->devices != CDP_AUTO) ranks = cd->nodes * cd->devices;
+    else if (pd->stages != CDP_AUTO && pd->replicas != CDP_AUTO) ranks = pd->stages * pd->replicas;
+    if (ranks > 1 << 20) ranks = 1 << 20;
+    struct cdp_topology *t = NULL;
+    char note[256];
+    cdp_status st = cdp_planner_topology(plan, (int)ranks, &t, note, sizeof note);
+    if (st) {
+        /* the plan is checked; only the prediction needs the machine's file */
+        cdp_error_context(st, "%s: /cluster/topology", plan->source);
+        fprintf(stderr, "cdphybrid: warning: no planner prediction: %s\n", cdp_last_error());
+        return CDP_ERR_UNSUPPORTED;
+    }
+    st = cdp_planner_run(plan, t, NULL, r);
+    cdp_topology_free(t);
+    if (!st && (st = cdp_planner_apply(r, plan))) cdp_planner_result_clear(r);
+    return st;
+}
+
+/* The plan's JSON with the planner's result under one more top-level key. */
+static cdp_status print_plan_json(const struct cdp_plan *plan, const struct cdp_planner_result *r)
+{
+    char *text = NULL, *extra = NULL;
+    cdp_status st = cdp_plan_to_json(plan, &text);
+    if (st) return st;
+    size_t n = strlen(text);
+    if (r && n >= 2 && text[n - 1] == '}' && text[n - 2] == '\n') {
+        json_t *j = cdp_planner_to_json(r);
+        extra = j ? json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17)) : NULL;
+        json_decref(j);
+        if (!extra) {
+            free(text);
+            return cdp_fail(CDP_ERR_NOMEM, "out of memory writing the plan as JSON");
+        }
+        fwrite(text, 1, n - 2, stdout);
+        fputs(",\n  \"planner\": ", stdout);
+        for (const char *c = extra; *c; c++) {
+            fputc(*c, stdout);
+            if (*c == '\n') fputs("  ", stdout);
+        }
+        fputs("\n}\n", stdout);
+    } else {
+        fputs(text, stdout);
+        fputc('\n', stdout);
+    }
+    free(extra);
+    free(text);
+    return CDP_OK;
+}
+
 static int run_plan(const struct cli_args *a)
 {
     struct cdp_plan *plan = NULL;
@@ -400,18 +466,22 @@ static int run_plan(const struct cli_args *a)
             code = exit_code_for(st);
             goto bad_input;
         }
-    } else if (a->json) {
-        char *text = NULL;
-        if (cdp_plan_to_json(plan, &text)) {
+    } else {
+        struct cdp_planner_result pr = {0};
+        int planned = wants_planner(plan);
+        cdp_status st = planned ? plan_auto(plan, &pr) : CDP_OK;
+        if (st == CDP_ERR_UNSUPPORTED) planned = 0, st = CDP_OK;
+        if (st) {
+            code = exit_code_for(st);
+            goto bad_input;
+        }
+        if (a->json) st = print_plan_json(plan, planned ? &pr : NULL);
+        else if (!(st = cdp_plan_print(plan, stdout)) && planned) cdp_planner_print(&pr, stdout);
+        cdp_planner_result_clear(&pr);
+        if (st) {
             code = EXIT_RUN_FAILED;
             goto bad_input;
         }
-        fputs(text, stdout);
-        fputc('\n', stdout);
-        free(text);
-    } else if (cdp_plan_print(plan, stdout)) {
-        code = EXIT_RUN_FAILED;
-        goto bad_input;
     }
     cdp_plan_free(plan);
     if (fflush(stdout) != 0) {

@@ -1272,7 +1272,9 @@ static cdp_status check_fit(const char *name, const struct cdp_plan *p)
 
 /* ---- entry points ------------------------------------------------------------ */
 
-static const char *const top_keys[] = {"model", "data", "train", "parallel", "cluster", "output", NULL};
+/* "planner": written by --dry-run --json beside the plan; ignored on load. */
+static const char *const top_keys[] = {"model", "data", "train", "parallel", "cluster", "output", "planner",
+                                       NULL};
 
 static void set_defaults(struct cdp_plan *p)
 {

@@ -1,0 +1,624 @@
+/* The planner (docs/planner.md): a bounded search over the plan's "auto"
+ * values, each candidate split by the memory-aware partition and predicted by
+ * the simulator, the best few placed by the placement search; and the pieces
+ * --simulate shares with it. */
+#include "partitioner/planner.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cdp/core.h"
+#include "cdp/log.h"
+#include "model/layers.h"
+#include "partitioner/partition.h"
+#include "partitioner/placement.h"
+#include "pipeline/schedule.h"
+
+/* ---- shared with --simulate ---------------------------------------------------- */
+
+cdp_status cdp_planner_topology(const struct cdp_plan *plan, int ranks, struct cdp_topology **t, char *note,
+                                size_t cap)
+{
+    const struct cdp_cluster_desc *cd = &plan->cluster;
+    note[0] = '\0';
+    if (strcmp(cd->topology, "auto") != 0) return cdp_topology_load(cd->topology, NULL, t);
+    if (cd->backend == CDP_BACKEND_CPU) {
+        snprintf(note, cap, "auto: one CPU device per rank");
+        return cdp_topology_cpu(ranks, 0, cd->device_memory, t);
+    }
+    struct cdp_discover_options o = {0};
+    if (!cdp_topology_discover(&o, t)) {
+        if ((*t)->kind == CDP_TOPO_GPU && (*t)->n_gpus >= ranks) {
+            snprintf(note, cap, "auto: this machine");
+            return CDP_OK;
+        }
+        cdp_topology_free(*t);
+        *t = NULL;
+    }
+    char spec[64];
+    if (cd->nodes > 1) snprintf(spec, sizeof spec, "%lld x dgx-a100", (long long)cd->nodes);
+    else snprintf(spec, sizeof spec, "dgx-a100");
+    snprintf(note, cap, "auto: this machine has too few GPUs; simulating on the %s preset (set "
+             "/cluster/topology to choose)", spec);
+    return cdp_topology_load(spec, NULL, t);
+}
+
+void cdp_planner_vstages(const struct cdp_unit_cost *cost, size_t stride, int p, int nv,
+                         const int64_t (*ranges)[2], struct cdp_sim_vstage *vs)
+{
+    for (int k = 0; k < nv; k++) {
+        const struct cdp_unit_cost *c = cost + (size_t)(k % p) * stride;
+        struct cdp_sim_vstage *o = &vs[k];
+        memset(o, 0, sizeof *o);
+        for (int64_t i = ranges[k][0]; i < ranges[k][1]; i++) {
+            o->fwd_s += c[i].fwd_s;
+            o->bwd_s += c[i].bwd_s;
+            o->act_bytes += c[i].act_bytes;
+            o->grad_bytes += c[i].param_bytes;
+            o->state_bytes += c[i].state_bytes;
+            o->opt_s += c[i].opt_s;
+        }
+        if (ranges[k][1] > ranges[k][0]) o->out_bytes = c[ranges[k][1] - 1].out_bytes;
+    }
+}
+
+void cdp_planner_links(const struct cdp_topology *t, double *bw, double *lat)
+{
+    const int nd = t->n_gpus;
+    for (int a = 0; a < nd; a++)
+        for (int b = 0; b < nd; b++) {
+            struct cdp_topo_link l;
+            bw[a * nd + b] = 0;
+            lat[a * nd + b] = 0;
+            if (a == b || cdp_topology_link(t, a, b, &l)) continue;
+            bw[a * nd + b] = l.bandwidth;
+            lat[a * nd + b] = l.latency;
+        }
+}
+
+double cdp_planner_tied_bytes(const struct cdp_plan *plan, const struct cdp_unit *u, int n)
+{
+    double b = 0;
+    for (int i = 0; i < n; i++)
+        for (int k = 0; k < u[i].n_params; k++)
+            if (u[i].params[k].tied_unit >= 0) b += (double)u[i].params[k].numel * cdp_cost_grad_bytes_per_param(plan);
+    return b;
+}
+
+/* ---- the search ------------------------------------------------------------------ */
+
+struct cand {
+    int p, R, m;
+    int64_t (*ranges)[2]; /* p*v */
+    double step_s, sps;   /* with the screening placement */
+};
+
+struct ctx {
+    const struct cdp_plan *plan;
+    const struct cdp_topology *t;
+    int n, nd, v;
+    enum cdp_schedule_kind kind;
+    struct cdp_unit *u;
+    struct cdp_unit_cost *cost;
+    double *bw, *lat;
+    double cap;        /* bytes per device; 0 unlimited */
+    double tied_bytes; /* of the model; used when p*v > 1 */
+    int64_t sims;
+    /* the candidate being simulated */
+    int p, R, m;
+    struct cdp_schedule *sched;
+    struct cdp_sim_vstage *vs;
+};
+
+static cdp_status sim(struct ctx *c, const int *device, struct cdp_sim_result **out)
+{
+    const int tied = c->plan->model.kind == CDP_MODEL_GPT && c->plan->model.tie_embeddings && c->p * c->v > 1;
+    struct cdp_sim_config sc = {.sched = c->sched, .replicas = c->R, .vstage = c->vs,
+                                .tied_bytes = tied ? c->tied_bytes : 0, .device = device, .n_devices = c->nd,
+                                .bandwidth = c->bw, .latency = c->lat,
+                                .samples_per_mb = (double)c->plan->train.micro_batch};
+    c->sims++;
+    return cdp_sim_run(&sc, out);
+}
+
+static double place_cost(const int *device, void *vctx)
+{
+    struct ctx *c = vctx;
+    struct cdp_sim_result *r = NULL;
+    if (sim(c, device, &r)) return NAN;
+    double s = r->step_s;
+    cdp_sim_result_free(r);
+    return s;
+}
+
+/* Prepares c->sched and c->vs for (p, R, m) and ranges. */
+static cdp_status prepare(struct ctx *c, int p, int R, int m, const int64_t (*ranges)[2])
+{
+    const int tied = c->plan->model.kind == CDP_MODEL_GPT && c->plan->model.tie_embeddings && p * c->v > 1;
+    cdp_schedule_free(c->sched);
+    c->sched = NULL;
+    free(c->vs);
+    c->p = p, c->R = R, c->m = m;
+    c->vs = calloc((size_t)p * c->v, sizeof *c->vs);
+    if (!c->vs) return cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
+    cdp_planner_vstages(c->cost, 0, p, p * c->v, ranges, c->vs);
+    return cdp_schedule_build(c->kind, p, c->v, m, tied, &c->sched);
+}
+
+/* The device of (s, r) under the plan's fixed placement, or ordered-pp-inner. */
+static void fixed_placement(const struct cdp_plan *plan, int p, int R, int *device)
+{
+    const struct cdp_parallel_desc *pd = &plan->parallel;
+    if (pd->placement == CDP_PLACEMENT_EXPLICIT && pd->stages == p && pd->replicas == R)
+        for (int i = 0; i < p * R; i++) device[i] = (int)pd->placement_map[i];
+    else if (pd->placement == CDP_PLACEMENT_ORDERED_DP_INNER) cdp_placement_ordered_dp_inner(p, R, device);
+    else cdp_placement_ordered_pp_inner(p, R, device);
+}
+
+/* Splits for p stages, m micro-batches; ranges gets p*v entries. */
+static cdp_status split(struct ctx *c, int p, int m, int64_t (*ranges)[2])
+{
+    const struct cdp_parallel_desc *pd = &c->plan->parallel;
+    const int nv = p * c->v;
+    if (pd->partition && pd->n_partition == nv) {
+        memcpy(ranges, pd->partition, (size_t)nv * sizeof *ranges);
+        return CDP_OK;
+    }
+    if (c->v > 1) {
+        /* interleaved chunks are not contiguous per rank: balanced on time,
+         * memory checked on the simulated peak afterwards */
+        double *w = malloc((size_t)c->n * sizeof *w);
+        if (!w) return cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
+        for (int i = 0; i < c->n; i++) w[i] = c->cost[i].fwd_s + c->cost[i].bwd_s;
+        cdp_status st = cdp_partition_balanced(w, c->n, nv, ranges);
+        free(w);
+        return st;
+    }
+    int *inf = malloc((size_t)p * sizeof *inf);
+    double *cap = malloc((size_t)p * sizeof *cap), *bw = malloc((size_t)p * sizeof *bw);
+    struct cdp_partition_stage *ps = malloc((size_t)p * sizeof *ps);
+    int *dev = malloc((size_t)p * sizeof *dev);
+    cdp_status st = CDP_OK;
+    if (!inf || !cap || !bw || !ps || !dev) {
+        st = cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
+        goto done;
+    }
+    if ((st = cdp_partition_in_flight(c->kind, p, m, inf))) goto done;
+    /* boundary bandwidths of the first pipeline under the fixed placement */
+    fixed_placement(c->plan, p, 1, dev);
+    /* one value, the slowest boundary: the partition is chosen before the
+     * placement, so it must not count on a fast link the placement may not give */
+    bw[0] = 0;
+    for (int s = 0; s < p; s++) {
+        cap[s] = c->cap;
+        if (s + 1 < p && dev[s] < c->nd && dev[s + 1] < c->nd) {
+            const double b = c->bw[dev[s] * c->nd + dev[s + 1]];
+            if (b > 0 && (bw[0] <= 0 || b < bw[0])) bw[0] = b;
+        }
+    }
+    struct cdp_partition_spec sp = {.unit = c->cost, .n = c->n, .k = p, .bandwidth = bw, .n_bandwidth = p > 1,
+                                    .in_flight = inf, .capacity = cap, .workspace_bytes = 0,
+                                    .schedule = c->kind, .micro_batches = m};
+    if ((st = cdp_partition_plan(&sp, ps))) goto done;
+    for (int s = 0; s < p; s++) {
+        ranges[s][0] = ps[s].first;
+        ranges[s][1] = ps[s].end;
+    }
+done:
+    free(inf);
+    free(cap);
+    free(bw);
+    free(ps);
+    free(dev);
+    return st;
+}
+
+static int fits_memory(const struct ctx *c, const struct cdp_sim_result *r)
+{
+    if (c->cap <= 0) return 1;
+    for (int i = 0; i < r->ranks; i++)
+        if (r->peak_memory[i] > c->cap) return 0;
+    return 1;
+}
+
+static int cand_better(const struct cand *a, const struct cand *b)
+{
+    if (a->sps != b->sps) return a->sps > b->sps;
+    if (a->p != b->p) return a->p < b->p;
+    return a->m < b->m;
+}
+
+static int64_t pow2_at_least(int64_t x)
+{
+    int64_t q = 1;
+    while (q < x) q *= 2;
+    return q;
+}
+
+static void fill_result(struct ctx *c, const struct cdp_sim_result *r, const int64_t (*ranges)[2],
+                        const int *device, struct cdp_planner_result *out)
+{
+    const int p = c->p, R = c->R, nv = p * c->v;
+    memcpy(out->ranges, ranges, (size_t)nv * sizeof *ranges);
+    memcpy(out->device, device, (size_t)p * R * sizeof *device);
+    for (int s = 0; s < p; s++) {
+        struct cdp_planner_stage *st = &out->stage[s];
+        memset(st, 0, sizeof *st);
+        for (int k = s; k < nv; k += p) {
+            st->fwd_s += c->vs[k].fwd_s;
+            st->bwd_s += c->vs[k].bwd_s;
+        }
+        for (int q = 0; q < R; q++) st->memory_bytes = fmax(st->memory_bytes, r->peak_memory[s * R + q]);
+        st->capacity_bytes = c->cap;
+    }
+    for (int q = 0; q < R; q++)
+        for (int s = 0; s < p; s++) {
+            const int i = s * R + q, d = device[i];
+            out->rank[q * p + s] = (struct cdp_planner_rank){.rank = q * p + s, .stage = s, .replica = q,
+                                                             .device = d, .node = c->t->gpus[d].node,
+                                                             .gpu = c->t->gpus[d].local,
+                                                             .peak_memory = r->peak_memory[i]};
+        }
+    out->predicted = (struct cdp_planner_prediction){r->step_s, r->bubble, r->samples_per_s};
+}
+
+void cdp_planner_result_clear(struct cdp_planner_result *r)
+{
+    if (!r) return;
+    free(r->ranges);
+    free(r->stage);
+    free(r->device);
+    free(r->rank);
+    memset(r, 0, sizeof *r);
+}
+
+cdp_status cdp_planner_run(const struct cdp_plan *plan, const struct cdp_topology *t,
+                           const struct cdp_cost_table *costs, struct cdp_planner_result *out)
+{
+    const uint64_t t0 = cdp_time_ns();
+    const struct cdp_parallel_desc *pd = &plan->parallel;
+    struct ctx c = {.plan = plan, .t = t, .nd = t->n_gpus, .kind = pd->schedule,
+                    .v = pd->schedule == CDP_SCHEDULE_INTERLEAVED ? (int)pd->chunks : 1};
+    struct cand *cand = NULL;
+    int n_cand = 0, cap_cand = 0;
+    struct cdp_planner_result res = {0};
+    struct cdp_sim_result *sr = NULL;
+    int *dev = NULL;
+    char why[1024] = "";
+    cdp_status st;
+
+    if ((st = cdp_units_build(&plan->model, &c.u, &c.n))) goto fail;
+    c.cost = calloc((size_t)c.n, sizeof *c.cost);
+    c.bw = malloc((size_t)c.nd * c.nd * sizeof *c.bw);
+    c.lat = malloc((size_t)c.nd * c.nd * sizeof *c.lat);
+    dev = malloc((size_t)c.nd * sizeof *dev);
+    if (!c.cost || !c.bw || !c.lat || !dev) {
+        st = cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
+        goto fail;
+    }
+    struct cdp_device_rate rate = cdp_device_rate_of(t, 0, plan->train.precision);
+    cdp_costs_analytic(plan, c.u, c.n, &rate, c.cost);
+    if (costs) cdp_costs_apply(costs, c.u, c.n, c.cost);
+    cdp_planner_links(t, c.bw, c.lat);
+    c.tied_bytes = plan->model.kind == CDP_MODEL_GPT && plan->model.tie_embeddings
+                       ? cdp_planner_tied_bytes(plan, c.u, c.n) : 0;
+    uint64_t cap = t->gpus[0].memory_bytes;
+    for (int d = 1; d < c.nd; d++)
+        if (t->gpus[d].memory_bytes && (!cap || t->gpus[d].memory_bytes < cap)) cap = t->gpus[d].memory_bytes;
+    if (plan->cluster.device_memory && (!cap || plan->cluster.device_memory < cap)) cap = plan->cluster.device_memory;
+    c.cap = (double)cap;
+
+    int W = c.nd;
+    if (plan->cluster.devices != CDP_AUTO && plan->cluster.nodes * plan->cluster.devices < W)
+        W = (int)(plan->cluster.nodes * plan->cluster.devices);
+    const int64_t b = plan->train.micro_batch, G = plan->train.global_batch;
+    const int64_t S = G != CDP_AUTO ? G / b : 0; /* samples-per-step in micro-batches, when fixed */
+    const int pmin = c.v > 1 ? 2 : 1, pmax = (int)(c.n / c.v < W ? c.n / c.v : W);
+    int p_lo = pmin, p_hi = pmax;
+    if (pd->stages != CDP_AUTO) p_lo = p_hi = (int)pd->stages;
+    int largest_tried = 0;
+
+    /* 1. every shape: split and simulate under the fixed (or pp-inner) placement */
+    for (int p = p_lo; p <= p_hi; p++) {
+        int R;
+        if (pd->replicas != CDP_AUTO) {
+            R = (int)pd->replicas;
+        } else {
+            R = W / p;
+            if (S)
+                while (R > 0 && (S % R || (pd->micro_batches != CDP_AUTO && S % ((int64_t)R * pd->micro_batches))))
+                    R--;
+        }
+        if (R < 1 || (int64_t)p * R > c.nd) continue;
+        int64_t ms[CDP_PLANNER_MB_CHOICES];
+        int n_m = 0;
+        if (pd->micro_batches != CDP_AUTO) ms[n_m++] = pd->micro_batches;
+        else if (S) ms[n_m++] = S / R;
+        else
+            for (int64_t q = pow2_at_least(p); n_m < CDP_PLANNER_MB_CHOICES; q *= 2) ms[n_m++] = q;
+        for (int i = 0; i < n_m; i++) {
+            const int m = (int)ms[i];
+            if (m < 1 || (c.v > 1 && m % p)) continue;
+            res.shapes++;
+            largest_tried = p;
+            if (n_cand == cap_cand) {
+                cap_cand = cap_cand ? 2 * cap_cand : 64;
+                struct cand *nc = realloc(cand, (size_t)cap_cand * sizeof *cand);
+                if (!nc) {
+                    st = cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
+                    goto fail;
+                }
+                cand = nc;
+            }
+            struct cand *k = &cand[n_cand];
+            *k = (struct cand){.p = p, .R = R, .m = m};
+            k->ranges = calloc((size_t)p * c.v, sizeof *k->ranges);
+            if (!k->ranges) {
+                st = cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
+                goto fail;
+            }
+            if ((st = split(&c, p, m, k->ranges))) {
+                free(k->ranges);
+                if (st != CDP_ERR_INVALID) goto fail;
+                snprintf(why, sizeof why, "%s", cdp_last_error());
+                continue;
+            }
+            if ((st = prepare(&c, p, R, m, (const int64_t(*)[2])k->ranges))) {
+                free(k->ranges);
+                goto fail;
+            }
+            fixed_placement(plan, p, R, dev);
+            if ((st = sim(&c, dev, &sr))) {
+                free(k->ranges);
+                goto fail;
+            }
+            if (!fits_memory(&c, sr)) {
+                snprintf(why, sizeof why, "%d stages x %d micro-batches: a rank needs more than the %.2f GiB "
+                         "each device has", p, m, c.cap / 1073741824.0);
+                free(k->ranges);
+            } else {
+                k->step_s = sr->step_s;
+                k->sps = sr->samples_per_s;
+                n_cand++;
+            }
+            cdp_sim_result_free(sr);
+            sr = NULL;
+        }
+    }
+    res.feasible = n_cand;
+    if (n_cand == 0) {
+        if (!why[0])
+            snprintf(why, sizeof why, "no (stages, replicas, micro_batches) fits %d devices and /train/global_batch",
+                     W);
+        if (pd->stages != CDP_AUTO || res.shapes == 0)
+            st = cdp_fail(CDP_ERR_INVALID, "%s: planner: %s", plan->source, why);
+        else
+            st = cdp_fail(CDP_ERR_INVALID, "%s: planner: no shape up to %d stages on %d devices fits; at %d "
+                          "stages: %s", plan->source, largest_tried, W, largest_tried, why);
+        goto fail;
+    }
+    /* best first; equal throughput: fewer stages, fewer micro-batches */
+    for (int i = 1; i < n_cand; i++)
+        for (int j = i; j > 0 && cand_better(&cand[j], &cand[j - 1]); j--) {
+            struct cand tmp = cand[j];
+            cand[j] = cand[j - 1];
+            cand[j - 1] = tmp;
+        }
+
+    /* 2. placement: searched for the best few shapes when the plan leaves it to the topology */
+    int best = 0;
+    double best_sps = cand[0].sps;
+    int *best_dev = malloc((size_t)c.nd * sizeof *best_dev);
+    if (!best_dev) {
+        st = cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
+        goto fail;
+    }
+    fixed_placement(plan, cand[0].p, cand[0].R, best_dev);
+    snprintf(res.placement_method, sizeof res.placement_method, "%s",
+             pd->placement == CDP_PLACEMENT_EXPLICIT           ? "explicit (from the plan)"
+             : pd->placement == CDP_PLACEMENT_ORDERED_DP_INNER ? "ordered-dp-inner (from the plan)"
+                                                               : "ordered-pp-inner (from the plan)");
+    if (pd->placement == CDP_PLACEMENT_TOPOLOGY) {
+        for (int i = 0; i < n_cand && i < CDP_PLANNER_PLACED_SHAPES; i++) {
+            struct cand *k = &cand[i];
+            if ((st = prepare(&c, k->p, k->R, k->m, (const int64_t(*)[2])k->ranges))) break;
+            /* bounded work: about 1e6 simulated (rank x micro-batch) slots per shape, at least 8 evaluations */
+            int64_t per = (int64_t)k->p * k->R * k->m * c.v;
+            int64_t evals = 1000000 / (per > 0 ? per : 1);
+            if (evals > CDP_PLACEMENT_LOCAL_EVALS) evals = CDP_PLACEMENT_LOCAL_EVALS;
+            if (evals < 8) evals = 8;
+            struct cdp_placement_problem pb = {.topo = t, .p = k->p, .R = k->R, .cost = place_cost, .ctx = &c,
+                                               .max_local_evals = evals};
+            struct cdp_placement_info info;
+            if ((st = cdp_placement_search(&pb, dev, &info))) break;
+            res.placed_shapes++;
+            const double sps = (double)k->R * k->m * (double)b / info.cost;
+            if (i == 0 || sps > best_sps) {
+                best = i;
+                best_sps = sps;
+                memcpy(best_dev, dev, (size_t)k->p * k->R * sizeof *dev);
+                snprintf(res.placement_method, sizeof res.placement_method, "%s", info.method);
+            }
+        }
+        if (st) {
+            free(best_dev);
+            goto fail;
+        }
+    }
+
+    /* 3. the chosen plan and the baselines */
+    struct cand *k = &cand[best];
+    res.stages = k->p;
+    res.replicas = k->R;
+    res.micro_batches = k->m;
+    res.chunks = c.v;
+    res.schedule = c.kind;
+    res.global_batch = (int64_t)k->R * k->m * b;
+    res.n_ranges = k->p * c.v;
+    res.world = W;
+    snprintf(res.topology, sizeof res.topology, "%s", t->name);
+    res.ranges = calloc((size_t)res.n_ranges, sizeof *res.ranges);
+    res.stage = calloc((size_t)k->p, sizeof *res.stage);
+    res.device = calloc((size_t)k->p * k->R, sizeof *res.device);
+    res.rank = calloc((size_t)k->p * k->R, sizeof *res.rank);
+    if (!res.ranges || !res.stage || !res.device || !res.rank) {
+        free(best_dev);
+        st = cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
+        goto fail;
+    }
+    if (!(st = prepare(&c, k->p, k->R, k->m, (const int64_t(*)[2])k->ranges)) && !(st = sim(&c, best_dev, &sr)))
+        fill_result(&c, sr, (const int64_t(*)[2])k->ranges, best_dev, &res);
+    free(best_dev);
+    cdp_sim_result_free(sr);
+    sr = NULL;
+    if (st) goto fail;
+    static const char *const names[2] = {"ordered-pp-inner", "ordered-dp-inner"};
+    for (int i = 0; i < 2; i++) {
+        if (i == 0) cdp_placement_ordered_pp_inner(k->p, k->R, dev);
+        else cdp_placement_ordered_dp_inner(k->p, k->R, dev);
+        if ((st = sim(&c, dev, &sr))) goto fail;
+        res.baseline[i] = (struct cdp_planner_baseline){names[i], {sr->step_s, sr->bubble, sr->samples_per_s}};
+        cdp_sim_result_free(sr);
+        sr = NULL;
+    }
+    res.simulations = c.sims;
+    res.search_s = (double)(cdp_time_ns() - t0) * 1e-9;
+    CDP_INFO(PART, "planner: %lld shapes, %lld feasible, %lld simulations, %.3f s", (long long)res.shapes,
+             (long long)res.feasible, (long long)res.simulations, res.search_s);
+    *out = res;
+    st = CDP_OK;
+    memset(&res, 0, sizeof res);
+fail:
+    for (int i = 0; i < n_cand; i++) free(cand[i].ranges);
+    free(cand);
+    cdp_sim_result_free(sr);
+    cdp_planner_result_clear(&res);
+    cdp_schedule_free(c.sched);
+    free(c.vs);
+    free(c.u);
+    free(c.cost);
+    free(c.bw);
+    free(c.lat);
+    free(dev);
+    return st;
+}
+
+/* ---- output ---------------------------------------------------------------------- */
+
+cdp_status cdp_planner_apply(const struct cdp_planner_result *r, struct cdp_plan *plan)
+{
+    struct cdp_parallel_desc *pd = &plan->parallel;
+    const int N = r->stages * r->replicas;
+    if (!pd->partition || pd->n_partition != r->n_ranges) {
+        int64_t(*ranges)[2] = malloc((size_t)r->n_ranges * sizeof *ranges);
+        if (!ranges) return cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
+        memcpy(ranges, r->ranges, (size_t)r->n_ranges * sizeof *ranges);
+        free(pd->partition);
+        pd->partition = ranges;
+        pd->n_partition = r->n_ranges;
+    }
+    if (pd->placement == CDP_PLACEMENT_TOPOLOGY) {
+        int64_t *map = malloc((size_t)N * sizeof *map);
+        if (!map) return cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
+        for (int i = 0; i < N; i++) map[i] = r->device[i];
+        free(pd->placement_map);
+        pd->placement_map = map;
+        pd->placement = CDP_PLACEMENT_EXPLICIT;
+    }
+    pd->stages = r->stages;
+    pd->replicas = r->replicas;
+    pd->micro_batches = r->micro_batches;
+    plan->train.global_batch = r->global_batch;
+    return CDP_OK;
+}
+
+static void units_of(const struct cdp_planner_result *r, int s, char *buf, size_t cap)
+{
+    size_t o = 0;
+    buf[0] = '\0';
+    for (int k = s; k < r->n_ranges && o < cap; k += r->stages)
+        o += (size_t)snprintf(buf + o, cap - o, "%s[%lld,%lld)", k == s ? "" : " ", (long long)r->ranges[k][0],
+                              (long long)r->ranges[k][1]);
+}
+
+void cdp_planner_print(const struct cdp_planner_result *r, FILE *f)
+{
+    const int N = r->stages * r->replicas;
+    fprintf(f, "\nPlan (predicted on %s, %d devices usable)\n", r->topology, r->world);
+    fprintf(f, "  shape       %d stage%s x %d replica%s, %d micro-batches, %s", r->stages, r->stages == 1 ? "" : "s",
+            r->replicas, r->replicas == 1 ? "" : "s", r->micro_batches, cdp_schedule_name(r->schedule));
+    if (r->chunks > 1) fprintf(f, " x %d chunks", r->chunks);
+    fprintf(f, ", global batch %lld\n", (long long)r->global_batch);
+    fprintf(f, "\nPlan: partition (per micro-batch)\n  stage  units            fwd ms   bwd ms     memory   headroom\n");
+    for (int s = 0; s < r->stages; s++) {
+        char units[128], head[32] = "unlimited";
+        units_of(r, s, units, sizeof units);
+        const struct cdp_planner_stage *st = &r->stage[s];
+        if (st->capacity_bytes > 0)
+            snprintf(head, sizeof head, "%.2f GiB", (st->capacity_bytes - st->memory_bytes) / 1073741824.0);
+        fprintf(f, "  %5d  %-15s %8.3f %8.3f %7.2f GiB  %s\n", s, units, st->fwd_s * 1e3, st->bwd_s * 1e3,
+                st->memory_bytes / 1073741824.0, head);
+    }
+    fprintf(f, "\nPlan: placement (%s)\n  rank  node  gpu  device  stage  replica\n", r->placement_method);
+    const int show = N > 64 ? 32 : N;
+    for (int i = 0; i < show; i++)
+        fprintf(f, "  %4d  %4d  %3d  %6d  %5d  %7d\n", r->rank[i].rank, r->rank[i].node, r->rank[i].gpu,
+                r->rank[i].device, r->rank[i].stage, r->rank[i].replica);
+    if (show < N) fprintf(f, "  ... %d more ranks (--json lists them all)\n", N - show);
+    fprintf(f, "\nPlan: predicted\n");
+    fprintf(f, "  step time   %.3f ms\n", r->predicted.step_s * 1e3);
+    fprintf(f, "  throughput  %.1f samples/s\n", r->predicted.samples_per_s);
+    fprintf(f, "  bubble      %.2f%%\n", 100 * r->predicted.bubble);
+    fprintf(f, "\nPlan: baselines (same shape and partition)\n  order              step ms    samples/s   vs chosen\n");
+    for (int i = 0; i < 2; i++)
+        fprintf(f, "  %-17s %9.3f %12.1f   %+.1f%%\n", r->baseline[i].name, r->baseline[i].pred.step_s * 1e3,
+                r->baseline[i].pred.samples_per_s,
+                100 * (r->baseline[i].pred.step_s / r->predicted.step_s - 1));
+    fprintf(f, "\nPlan: searched %lld shapes (%lld fit), %lld placed, %lld simulations in %.3f s\n",
+            (long long)r->shapes, (long long)r->feasible, (long long)r->placed_shapes, (long long)r->simulations,
+            r->search_s);
+}
+
+static json_t *pred_json(const struct cdp_planner_prediction *p)
+{
+    return json_pack("{s:f,s:f,s:f}", "step_s", p->step_s, "bubble", p->bubble, "samples_per_s", p->samples_per_s);
+}
+
+json_t *cdp_planner_to_json(const struct cdp_planner_result *r)
+{
+    const int N = r->stages * r->replicas;
+    json_t *o = json_object(), *stages = json_array(), *pl = json_array(), *mem = json_array(),
+           *base = json_object();
+    for (int s = 0; s < r->stages; s++) {
+        json_t *ch = json_array();
+        for (int k = s; k < r->n_ranges; k += r->stages)
+            json_array_append_new(ch, json_pack("[I,I]", (json_int_t)r->ranges[k][0], (json_int_t)r->ranges[k][1]));
+        json_t *st = json_pack("{s:i}", "index", s);
+        if (r->chunks == 1) json_object_set(st, "layers", json_array_get(ch, 0));
+        else json_object_set(st, "chunks", ch);
+        json_decref(ch);
+        json_object_set_new(st, "fwd_s", json_real(r->stage[s].fwd_s));
+        json_object_set_new(st, "bwd_s", json_real(r->stage[s].bwd_s));
+        json_object_set_new(st, "memory_bytes", json_real(r->stage[s].memory_bytes));
+        json_object_set_new(st, "headroom_bytes", r->stage[s].capacity_bytes > 0
+                                                       ? json_real(r->stage[s].capacity_bytes - r->stage[s].memory_bytes)
+                                                       : json_null());
+        json_array_append_new(stages, st);
+    }
+    for (int i = 0; i < N; i++) {
+        const struct cdp_planner_rank *k = &r->rank[i];
+        json_array_append_new(pl, json_pack("{s:i,s:i,s:i,s:i,s:i,s:i}", "rank", k->rank, "stage", k->stage,
+                                            "replica", k->replica, "node", k->node, "gpu", k->gpu, "device",
+                                            k->device));
+        json_array_append_new(mem, json_real(k->peak_memory));
+    }
+    json_t *pr = pred_json(&r->predicted);
+    json_object_set_new(pr, "peak_memory_bytes", mem);
+    for (int i = 0; i < 2; i++) json_object_set_new(base, r->baseline[i].name, pred_json(&r->baseline[i].pred));
+    json_object_set_new(o, "stages", stages);
+    json_object_set_new(o, "placement", pl);
+    json_object_set_new(o, "predicted", pr);
+    json_object_set_new(o, "baselines", base);
+    return o;
+}
