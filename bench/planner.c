@@ -44,8 +44,9 @@ static int run(int heads, int embed)
     if (st) {
         printf("result      no plan: %s\n\n", cdp_last_error());
     } else {
-        printf("searched    %lld shapes, %lld fit in memory, %lld placed, %lld simulations\n", (long long)r.shapes,
-               (long long)r.feasible, (long long)r.placed_shapes, (long long)r.simulations);
+        printf("searched    %lld shapes, %lld fit in memory, %lld placed, %lld simulations of all ranks, %lld of "
+               "one replica\n", (long long)r.shapes, (long long)r.feasible, (long long)r.placed_shapes,
+               (long long)r.simulations, (long long)r.replica_simulations);
         cdp_planner_print(&r, stdout);
         printf("\n");
     }

@@ -104,7 +104,14 @@ struct ctx {
     double *bw, *lat;
     double cap;        /* bytes per device; 0 unlimited */
     double tied_bytes; /* of the model; used when p*v > 1 */
-    int64_t sims;
+    int64_t sims, cheap_sims;
+    int cheap;         /* 1: screen and place on the one-replica model (large worlds) */
+    int *rdev;         /* p: devices of one replica (cheap model scratch) */
+    double *keys;      /* cheap model cache: link signature of each distinct replica pipeline */
+    double *key_val;   /* [2j]: its step time, [2j+1]: its peak memory */
+    uint64_t *key_hash;
+    int n_keys, cap_keys;
+    double *lbw, *llat; /* p*p: links among one replica's devices */
     /* the candidate being simulated */
     int p, R, m;
     struct cdp_schedule *sched;
@@ -122,9 +129,116 @@ static cdp_status sim(struct ctx *c, const int *device, struct cdp_sim_result **
     return cdp_sim_run(&sc, out);
 }
 
+/* The cheap model (docs/planner.md, "Large worlds"): every replica's pipeline
+ * simulated alone (R = 1; replicas whose stage-to-stage links are the same are
+ * simulated once), the slowest taken, plus the data-parallel ring all-reduce
+ * of each stage in closed form as the simulator computes it (2(R-1)/R x the
+ * stage's gradient bytes over the ring's slowest link + 2(R-1) latencies of its
+ * slowest hop), the largest over stages added after the forward/backward
+ * phase. Ignores links shared by transfers of different replicas. *peak gets
+ * the largest per-rank peak memory (NULL: not wanted). */
+static cdp_status cheap_step(struct ctx *c, const int *device, int all, double *step, double *peak)
+{
+    const int p = c->p, R = c->R, nk = 4 * (p - 1) + 1;
+    const int tied = c->plan->model.kind == CDP_MODEL_GPT && c->plan->model.tie_embeddings && p * c->v > 1;
+    double slowest = 0, mem = 0;
+    int r_lo = 0, r_hi = R;
+    if (!all) { /* screening: only the replica whose stage-to-stage transfers take longest alone */
+        double worst = -1;
+        for (int r = 0; r < R; r++) {
+            double t = 0;
+            for (int k = 0; k + 1 < p * c->v; k++) {
+                const int a = device[(k % p) * R + r], b = device[((k + 1) % p) * R + r];
+                const double fw = c->bw[a * c->nd + b], bw = c->bw[b * c->nd + a];
+                t += (fw > 0 ? c->vs[k].out_bytes / fw : 0) + (bw > 0 ? c->vs[k].out_bytes / bw : 0) +
+                     c->lat[a * c->nd + b] + c->lat[b * c->nd + a];
+            }
+            if (t > worst) worst = t, r_lo = r;
+        }
+        r_hi = r_lo + 1;
+    }
+    for (int r = r_lo; r < r_hi; r++) {
+        if (c->n_keys == c->cap_keys) { /* replicas seen before (this shape) are looked up, not simulated */
+            const int cap = c->cap_keys ? 2 * c->cap_keys : 64;
+            double *k = realloc(c->keys, (size_t)cap * nk * sizeof *k);
+            if (k) c->keys = k;
+            double *ks = realloc(c->key_val, (size_t)cap * 2 * sizeof *ks);
+            if (ks) c->key_val = ks;
+            uint64_t *kh = realloc(c->key_hash, (size_t)cap * sizeof *kh);
+            if (kh) c->key_hash = kh;
+            if (!k || !ks || !kh) return cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
+            c->cap_keys = cap;
+        }
+        double *key = &c->keys[(size_t)c->n_keys * nk];
+        for (int s = 0; s + 1 < p; s++) {
+            const int a = device[s * R + r], b = device[(s + 1) * R + r];
+            key[4 * s] = c->bw[a * c->nd + b];
+            key[4 * s + 1] = c->bw[b * c->nd + a];
+            key[4 * s + 2] = c->lat[a * c->nd + b];
+            key[4 * s + 3] = c->lat[b * c->nd + a];
+        }
+        /* the tied-embedding reduction runs between the first and last stage */
+        key[nk - 1] = tied ? c->bw[device[r] * c->nd + device[(p - 1) * R + r]] : 0;
+        uint64_t h = 1469598103934665603ull;
+        for (size_t q = 0; q < (size_t)nk * sizeof *key; q++) h = (h ^ ((const unsigned char *)key)[q]) * 1099511628211ull;
+        int j = 0;
+        while (j < c->n_keys &&
+               (c->key_hash[j] != h || memcmp(&c->keys[(size_t)j * nk], key, (size_t)nk * sizeof *key)))
+            j++;
+        if (j == c->n_keys) {
+            /* on a p-device sub-topology: the full link matrix would cost n^2 per run */
+            for (int s = 0; s < p; s++) {
+                c->rdev[s] = s;
+                for (int q = 0; q < p; q++) {
+                    const int a = device[s * R + r], b = device[q * R + r];
+                    c->lbw[s * p + q] = c->bw[a * c->nd + b];
+                    c->llat[s * p + q] = c->lat[a * c->nd + b];
+                }
+            }
+            struct cdp_sim_config sc = {.sched = c->sched, .replicas = 1, .vstage = c->vs,
+                                        .tied_bytes = tied ? c->tied_bytes : 0, .device = c->rdev,
+                                        .n_devices = p, .bandwidth = c->lbw, .latency = c->llat,
+                                        .samples_per_mb = (double)c->plan->train.micro_batch};
+            struct cdp_sim_result *sr = NULL;
+            c->cheap_sims++;
+            cdp_status st = cdp_sim_run(&sc, &sr);
+            if (st) return st;
+            double pk = 0;
+            for (int i = 0; i < sr->ranks; i++) pk = fmax(pk, sr->peak_memory[i]);
+            c->key_val[2 * j] = sr->step_s;
+            c->key_val[2 * j + 1] = pk;
+            c->key_hash[j] = h;
+            c->n_keys++;
+            cdp_sim_result_free(sr);
+        }
+        slowest = fmax(slowest, c->key_val[2 * j]);
+        mem = fmax(mem, c->key_val[2 * j + 1]);
+    }
+    double ar = 0;
+    for (int s = 0; s < p && R > 1; s++) {
+        double bytes = 0, min_bw = INFINITY, max_lat = 0;
+        for (int k = s; k < p * c->v; k += p) bytes += c->vs[k].grad_bytes;
+        for (int r = 0; r < R; r++) {
+            const int a = device[s * R + r], b = device[s * R + (r + 1) % R];
+            if (a == b) continue;
+            if (c->bw[a * c->nd + b] > 0) min_bw = fmin(min_bw, c->bw[a * c->nd + b]);
+            max_lat = fmax(max_lat, c->lat[a * c->nd + b]);
+        }
+        const double moved = 2.0 * (R - 1) / R * bytes;
+        ar = fmax(ar, (isinf(min_bw) ? 0 : moved / min_bw) + 2.0 * (R - 1) * max_lat);
+    }
+    *step = slowest + ar;
+    if (peak) *peak = mem;
+    return CDP_OK;
+}
+
 static double place_cost(const int *device, void *vctx)
 {
     struct ctx *c = vctx;
+    if (c->cheap) {
+        double s;
+        return cheap_step(c, device, 1, &s, NULL) ? NAN : s;
+    }
     struct cdp_sim_result *r = NULL;
     if (sim(c, device, &r)) return NAN;
     double s = r->step_s;
@@ -139,9 +253,19 @@ static cdp_status prepare(struct ctx *c, int p, int R, int m, const int64_t (*ra
     cdp_schedule_free(c->sched);
     c->sched = NULL;
     free(c->vs);
+    free(c->lbw);
+    free(c->llat);
     c->p = p, c->R = R, c->m = m;
+    c->cheap = p * R > CDP_PLACEMENT_EXACT_MAX_DEVICES;
     c->vs = calloc((size_t)p * c->v, sizeof *c->vs);
-    if (!c->vs) return cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
+    c->n_keys = c->cap_keys = 0; /* the cache is per shape */
+    free(c->keys);
+    free(c->key_val);
+    free(c->key_hash);
+    c->keys = NULL, c->key_val = NULL, c->key_hash = NULL;
+    c->lbw = malloc((size_t)p * p * sizeof *c->lbw);
+    c->llat = malloc((size_t)p * p * sizeof *c->llat);
+    if (!c->vs || !c->lbw || !c->llat) return cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
     cdp_planner_vstages(c->cost, 0, p, p * c->v, ranges, c->vs);
     return cdp_schedule_build(c->kind, p, c->v, m, tied, &c->sched);
 }
@@ -212,14 +336,6 @@ done:
     free(ps);
     free(dev);
     return st;
-}
-
-static int fits_memory(const struct ctx *c, const struct cdp_sim_result *r)
-{
-    if (c->cap <= 0) return 1;
-    for (int i = 0; i < r->ranks; i++)
-        if (r->peak_memory[i] > c->cap) return 0;
-    return 1;
 }
 
 static int cand_better(const struct cand *a, const struct cand *b)
@@ -293,7 +409,8 @@ cdp_status cdp_planner_run(const struct cdp_plan *plan, const struct cdp_topolog
     c.bw = malloc((size_t)c.nd * c.nd * sizeof *c.bw);
     c.lat = malloc((size_t)c.nd * c.nd * sizeof *c.lat);
     dev = malloc((size_t)c.nd * sizeof *dev);
-    if (!c.cost || !c.bw || !c.lat || !dev) {
+    c.rdev = malloc((size_t)c.nd * sizeof *c.rdev);
+    if (!c.cost || !c.bw || !c.lat || !dev || !c.rdev) {
         st = cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
         goto fail;
     }
@@ -369,17 +486,24 @@ cdp_status cdp_planner_run(const struct cdp_plan *plan, const struct cdp_topolog
                 goto fail;
             }
             fixed_placement(plan, p, R, dev);
-            if ((st = sim(&c, dev, &sr))) {
+            double step = 0, peak = 0;
+            if (c.cheap) {
+                st = cheap_step(&c, dev, 0, &step, &peak);
+            } else if (!(st = sim(&c, dev, &sr))) {
+                step = sr->step_s;
+                for (int q = 0; q < sr->ranks; q++) peak = fmax(peak, sr->peak_memory[q]);
+            }
+            if (st) {
                 free(k->ranges);
                 goto fail;
             }
-            if (!fits_memory(&c, sr)) {
+            if (c.cap > 0 && peak > c.cap) {
                 snprintf(why, sizeof why, "%d stages x %d micro-batches: a rank needs more than the %.2f GiB "
                          "each device has", p, m, c.cap / 1073741824.0);
                 free(k->ranges);
             } else {
-                k->step_s = sr->step_s;
-                k->sps = sr->samples_per_s;
+                k->step_s = step;
+                k->sps = sr ? sr->samples_per_s : (double)R * m * (double)b / step;
                 n_cand++;
             }
             cdp_sim_result_free(sr);
@@ -423,8 +547,10 @@ cdp_status cdp_planner_run(const struct cdp_plan *plan, const struct cdp_topolog
         for (int i = 0; i < n_cand && i < CDP_PLANNER_PLACED_SHAPES; i++) {
             struct cand *k = &cand[i];
             if ((st = prepare(&c, k->p, k->R, k->m, (const int64_t(*)[2])k->ranges))) break;
-            /* bounded work: about 1e6 simulated (rank x micro-batch) slots per shape, at least 8 evaluations */
-            int64_t per = (int64_t)k->p * k->R * k->m * c.v;
+            /* bounded work: about 1e6 simulated (rank x micro-batch) slots per shape, at least 8
+             * evaluations; the cheap model simulates one pipeline per distinct replica (counted as 8) */
+            int64_t per = c.cheap ? (int64_t)k->p * k->m * c.v * 8 + (int64_t)k->p * k->R
+                                  : (int64_t)k->p * k->R * k->m * c.v;
             int64_t evals = 1000000 / (per > 0 ? per : 1);
             if (evals > CDP_PLACEMENT_LOCAL_EVALS) evals = CDP_PLACEMENT_LOCAL_EVALS;
             if (evals < 8) evals = 8;
@@ -433,7 +559,14 @@ cdp_status cdp_planner_run(const struct cdp_plan *plan, const struct cdp_topolog
             struct cdp_placement_info info;
             if ((st = cdp_placement_search(&pb, dev, &info))) break;
             res.placed_shapes++;
-            const double sps = (double)k->R * k->m * (double)b / info.cost;
+            double step_s = info.cost;
+            if (c.cheap) { /* searched on the cheap model: the full simulation decides */
+                if ((st = sim(&c, dev, &sr))) break;
+                step_s = sr->step_s;
+                cdp_sim_result_free(sr);
+                sr = NULL;
+            }
+            const double sps = (double)k->R * k->m * (double)b / step_s;
             if (i == 0 || sps > best_sps) {
                 best = i;
                 best_sps = sps;
@@ -483,9 +616,11 @@ cdp_status cdp_planner_run(const struct cdp_plan *plan, const struct cdp_topolog
         sr = NULL;
     }
     res.simulations = c.sims;
+    res.replica_simulations = c.cheap_sims;
     res.search_s = (double)(cdp_time_ns() - t0) * 1e-9;
-    CDP_INFO(PART, "planner: %lld shapes, %lld feasible, %lld simulations, %.3f s", (long long)res.shapes,
-             (long long)res.feasible, (long long)res.simulations, res.search_s);
+    CDP_INFO(PART, "planner: %lld shapes, %lld feasible, %lld simulations (+%lld of one replica), %.3f s",
+             (long long)res.shapes, (long long)res.feasible, (long long)res.simulations,
+             (long long)res.replica_simulations, res.search_s);
     *out = res;
     st = CDP_OK;
     memset(&res, 0, sizeof res);
@@ -496,12 +631,141 @@ fail:
     cdp_planner_result_clear(&res);
     cdp_schedule_free(c.sched);
     free(c.vs);
+    free(c.keys);
+    free(c.key_val);
+    free(c.key_hash);
+    free(c.lbw);
+    free(c.llat);
+    free(c.rdev);
     free(c.u);
     free(c.cost);
     free(c.bw);
     free(c.lat);
     free(dev);
     return st;
+}
+
+/* ---- --explore placements -------------------------------------------------------- */
+
+static uint64_t splitmix64(uint64_t *x)
+{
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Share of the random placements strictly faster than x, in percent. */
+static double pct_faster(const double *sorted, int n, double x)
+{
+    int k = 0;
+    while (k < n && sorted[k] < x) k++;
+    return n ? 100.0 * k / n : 0;
+}
+
+cdp_status cdp_planner_explore(const struct cdp_plan *plan, const struct cdp_topology *t,
+                               const struct cdp_cost_table *costs, const struct cdp_planner_result *r, int n_random,
+                               uint64_t seed, struct cdp_planner_spread *out)
+{
+    struct ctx c = {.plan = plan, .t = t, .nd = t->n_gpus, .kind = r->schedule, .v = r->chunks};
+    const int p = r->stages, R = r->replicas, N = p * R;
+    struct cdp_planner_spread sp = {.n_random = n_random, .seed = seed};
+    double *rnd = NULL;
+    int *dev = NULL, *perm = NULL;
+    cdp_status st;
+    if (n_random < 1 || N > c.nd) return cdp_fail(CDP_ERR_INVALID, "planner: explore: bad sample count or shape");
+    if ((st = cdp_units_build(&plan->model, &c.u, &c.n))) return st;
+    c.cost = calloc((size_t)c.n, sizeof *c.cost);
+    c.bw = malloc((size_t)c.nd * c.nd * sizeof *c.bw);
+    c.lat = malloc((size_t)c.nd * c.nd * sizeof *c.lat);
+    c.rdev = malloc((size_t)c.nd * sizeof *c.rdev);
+    dev = malloc((size_t)c.nd * sizeof *dev);
+    perm = malloc((size_t)c.nd * sizeof *perm);
+    rnd = malloc((size_t)n_random * sizeof *rnd);
+    if (!c.cost || !c.bw || !c.lat || !c.rdev || !dev || !perm || !rnd) {
+        st = cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
+        goto fail;
+    }
+    struct cdp_device_rate rate = cdp_device_rate_of(t, 0, plan->train.precision);
+    cdp_costs_analytic(plan, c.u, c.n, &rate, c.cost);
+    if (costs) cdp_costs_apply(costs, c.u, c.n, c.cost);
+    cdp_planner_links(t, c.bw, c.lat);
+    c.tied_bytes = plan->model.kind == CDP_MODEL_GPT && plan->model.tie_embeddings
+                       ? cdp_planner_tied_bytes(plan, c.u, c.n) : 0;
+    if ((st = prepare(&c, p, R, r->micro_batches, (const int64_t(*)[2])r->ranges))) goto fail;
+    sp.cheap = c.cheap;
+    /* the chosen placement and the two fixed orders, then the random sample */
+    for (int which = 0; which < 3 + n_random; which++) {
+        if (which == 0) memcpy(dev, r->device, (size_t)N * sizeof *dev);
+        else if (which == 1) cdp_placement_ordered_pp_inner(p, R, dev);
+        else if (which == 2) cdp_placement_ordered_dp_inner(p, R, dev);
+        else {
+            for (int d = 0; d < c.nd; d++) perm[d] = d;
+            for (int i = 0; i < N; i++) { /* partial Fisher-Yates: N distinct devices */
+                const int j = i + (int)(splitmix64(&seed) % (uint64_t)(c.nd - i));
+                const int x = perm[i];
+                perm[i] = perm[j];
+                perm[j] = x;
+            }
+            memcpy(dev, perm, (size_t)N * sizeof *dev);
+        }
+        const double step = place_cost(dev, &c);
+        if (!isfinite(step)) {
+            st = cdp_fail(CDP_ERR_INTERNAL, "planner: explore: %s", cdp_last_error());
+            goto fail;
+        }
+        if (which == 0) sp.chosen_s = step;
+        else if (which == 1) sp.pp_inner_s = step;
+        else if (which == 2) sp.dp_inner_s = step;
+        else rnd[which - 3] = step;
+    }
+    qsort(rnd, (size_t)n_random, sizeof *rnd, cmp_double);
+    sp.min_s = rnd[0];
+    sp.max_s = rnd[n_random - 1];
+    sp.median_s = n_random % 2 ? rnd[n_random / 2] : 0.5 * (rnd[n_random / 2 - 1] + rnd[n_random / 2]);
+    sp.chosen_pct = pct_faster(rnd, n_random, sp.chosen_s);
+    sp.pp_inner_pct = pct_faster(rnd, n_random, sp.pp_inner_s);
+    sp.dp_inner_pct = pct_faster(rnd, n_random, sp.dp_inner_s);
+    sp.stages = p, sp.replicas = R;
+    sp.simulations = c.sims + c.cheap_sims;
+    *out = sp;
+    st = CDP_OK;
+fail:
+    cdp_schedule_free(c.sched);
+    free(c.vs);
+    free(c.keys);
+    free(c.key_val);
+    free(c.key_hash);
+    free(c.lbw);
+    free(c.llat);
+    free(c.rdev);
+    free(c.u);
+    free(c.cost);
+    free(c.bw);
+    free(c.lat);
+    free(dev);
+    free(perm);
+    free(rnd);
+    return st;
+}
+
+void cdp_planner_spread_print(const struct cdp_planner_spread *s, FILE *f)
+{
+    fprintf(f, "\nPlan: placements explored (%d stages x %d replicas; %d random injective placements, seed %llu; "
+               "%s)\n", s->stages, s->replicas, s->n_random, (unsigned long long)s->seed,
+            s->cheap ? "one-replica model, large world" : "full simulation");
+    fprintf(f, "  random            min %.3f ms  median %.3f ms  max %.3f ms\n", s->min_s * 1e3, s->median_s * 1e3,
+            s->max_s * 1e3);
+    fprintf(f, "  placement          step ms   random faster\n");
+    fprintf(f, "  %-17s %9.3f   %5.1f%%\n", "chosen", s->chosen_s * 1e3, s->chosen_pct);
+    fprintf(f, "  %-17s %9.3f   %5.1f%%\n", "ordered-pp-inner", s->pp_inner_s * 1e3, s->pp_inner_pct);
+    fprintf(f, "  %-17s %9.3f   %5.1f%%\n", "ordered-dp-inner", s->dp_inner_s * 1e3, s->dp_inner_pct);
 }
 
 /* ---- output ---------------------------------------------------------------------- */
@@ -575,9 +839,11 @@ void cdp_planner_print(const struct cdp_planner_result *r, FILE *f)
         fprintf(f, "  %-17s %9.3f %12.1f   %+.1f%%\n", r->baseline[i].name, r->baseline[i].pred.step_s * 1e3,
                 r->baseline[i].pred.samples_per_s,
                 100 * (r->baseline[i].pred.step_s / r->predicted.step_s - 1));
-    fprintf(f, "\nPlan: searched %lld shapes (%lld fit), %lld placed, %lld simulations in %.3f s\n",
-            (long long)r->shapes, (long long)r->feasible, (long long)r->placed_shapes, (long long)r->simulations,
-            r->search_s);
+    fprintf(f, "\nPlan: searched %lld shapes (%lld fit), %lld placed, %lld simulations", (long long)r->shapes,
+            (long long)r->feasible, (long long)r->placed_shapes, (long long)r->simulations);
+    if (r->replica_simulations)
+        fprintf(f, " + %lld of one replica (large world: docs/planner.md)", (long long)r->replica_simulations);
+    fprintf(f, " in %.3f s\n", r->search_s);
 }
 
 static json_t *pred_json(const struct cdp_planner_prediction *p)

@@ -64,7 +64,8 @@ struct cdp_planner_result {
     /* what was searched */
     int64_t shapes;          /* (stages, replicas, micro_batches) candidates */
     int64_t feasible;        /* of them, those whose partition fits */
-    int64_t simulations;     /* simulator runs, placement search included */
+    int64_t simulations;     /* simulator runs of every rank, placement search included */
+    int64_t replica_simulations; /* runs of one replica's pipeline (the cheap model of large worlds) */
     int64_t placed_shapes;   /* shapes whose placement was searched */
     double search_s;         /* wall time of cdp_planner_run */
 };
@@ -92,6 +93,29 @@ void cdp_planner_print(const struct cdp_planner_result *r, FILE *f);
 /* {"stages", "placement", "predicted", "baselines"}: what a fixed plan gives
  * again (nothing about the search, so --dry-run --json round-trips). New ref. */
 json_t *cdp_planner_to_json(const struct cdp_planner_result *r);
+
+#define CDP_PLANNER_EXPLORE_SAMPLES 200 /* random placements --explore placements evaluates */
+
+/* The spread of predicted step times over placements of one shape. */
+struct cdp_planner_spread {
+    int stages, replicas, n_random, cheap; /* cheap: evaluated on the one-replica model (large world) */
+    uint64_t seed;
+    double chosen_s, pp_inner_s, dp_inner_s;     /* step time of each */
+    double min_s, median_s, max_s;               /* over the random placements */
+    double chosen_pct, pp_inner_pct, dp_inner_pct; /* % of the random placements strictly faster */
+    int64_t simulations;
+};
+
+/* --explore placements: for r's shape, partition and placement (r from
+ * cdp_planner_run), predicts the chosen placement, both fixed orders and
+ * n_random random injective placements (seeded splitmix64, deterministic) on
+ * t with the objective the placement search used (docs/planner.md).
+ * CDP_ERR_INVALID (n_random < 1, a shape larger than t), CDP_ERR_NOMEM;
+ * *out written only on success. */
+cdp_status cdp_planner_explore(const struct cdp_plan *plan, const struct cdp_topology *t,
+                               const struct cdp_cost_table *costs, const struct cdp_planner_result *r, int n_random,
+                               uint64_t seed, struct cdp_planner_spread *out);
+void cdp_planner_spread_print(const struct cdp_planner_spread *s, FILE *f);
 
 /* The topology a plan runs on: /cluster/topology, or for "auto" a CPU topology
  * of `ranks` devices (cpu backend), this machine when it has `ranks` GPUs, else

@@ -208,3 +208,33 @@ Test(planner, dry_run_json_round_trips_with_the_planner_key)
     cdp_test_run_free(&r2);
     cdp_test_run_free(&r3);
 }
+
+Test(planner, explore_placements_prints_the_spread)
+{
+    setenv("CUDA_VISIBLE_DEVICES", "", 1);
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
+    const char *src = cdp_test_write_file(dir, "auto.json", DGX_AUTO);
+    struct cdp_run r;
+    const char *argv[] = {"--plan", src, "--dry-run", "--explore", "placements", NULL};
+    cr_assert_eq(cdp_test_run(&r, argv), 0);
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    const char *e = strstr(r.out, "Plan: placements explored");
+    cr_assert_not_null(e, "%s", r.out);
+    cr_expect(strstr(e, "chosen") && strstr(e, "ordered-pp-inner") && strstr(e, "ordered-dp-inner"), "%s", e);
+    double mn, md, mx, chosen;
+    const char *l = strstr(e, "random            min");
+    cr_assert_not_null(l, "%s", e);
+    cr_assert_eq(sscanf(l, "random min %lf ms median %lf ms max %lf ms", &mn, &md, &mx), 3, "%s", l);
+    cr_expect(mn <= md && md <= mx, "%s", e);
+    const char *c = strstr(e, "\n  chosen");
+    cr_assert_not_null(c, "%s", e);
+    cr_assert_eq(sscanf(c, " chosen %lf", &chosen), 1, "%s", c);
+    /* dgx1-v100 is small enough for the exact search: nothing random beats it (to print precision) */
+    cr_expect(chosen <= mn + 1e-3, "chosen %.3f ms, random min %.3f ms\n%s", chosen, mn, e);
+    cdp_test_run_free(&r);
+    const char *bad[] = {"--plan", src, "--dry-run", "--explore", "nodes", NULL};
+    cr_assert_eq(cdp_test_run(&r, bad), 0);
+    cr_expect_eq(r.exit_code, 2, "%s", r.err);
+    cdp_test_run_free(&r);
+}

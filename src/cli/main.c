@@ -34,6 +34,7 @@ struct cli_args {
     const char *trace;    /* --simulate: predicted Chrome trace */
     const char *timeline; /* --simulate: predicted SVG timeline */
     int json;
+    int explore; /* --explore placements (with --dry-run) */
     int verbose;
     int quiet;
     int no_launch;
@@ -74,6 +75,8 @@ static void usage(FILE *f)
           "                 measured times instead of the analytic ones\n"
           "  --trace FILE   with --simulate: write the predicted Chrome trace\n"
           "  --timeline FILE  with --simulate: write the predicted SVG timeline\n"
+          "  --explore placements  with --dry-run: also predict the chosen placement, both fixed\n"
+          "                 orders and 200 random placements of the shape; print the spread\n"
           "  --json         with --dry-run, --schedule or --simulate: print JSON instead of text\n"
           "  -v, --verbose  more log output (twice: debug); CDP_LOG=debug does the same\n"
           "  -q, --quiet    errors only\n"
@@ -151,6 +154,11 @@ static int parse_args(int argc, char **argv, struct cli_args *a)
             a->dry_run = 1;
         } else if (!strcmp(s, "--json")) {
             a->json = 1;
+        } else if (!strcmp(s, "--explore")) {
+            if (i + 1 >= argc || strcmp(argv[i + 1], "placements"))
+                return usage_error("%s", "--explore takes \"placements\"");
+            a->explore = 1;
+            i++;
         } else if (!strcmp(s, "--schedule")) {
             a->schedule = 1;
         } else if (!strcmp(s, "--simulate")) {
@@ -181,7 +189,7 @@ static int parse_args(int argc, char **argv, struct cli_args *a)
             static const char *const known[] = {"--plan", "--dry-run", "--json", "--verbose",
                                                 "--quiet", "--help", "--version", "--no-launch", "--resume",
                                                 "--schedule", "--simulate", "--trace", "--timeline", "--profile",
-                                                "--costs", NULL};
+                                                "--costs", "--explore", NULL};
             const char *near = cdp_closest_word(s, known);
             if (near) {
                 fprintf(stderr, "cdphybrid: unknown option %s (did you mean %s?)\n"
@@ -196,6 +204,8 @@ static int parse_args(int argc, char **argv, struct cli_args *a)
     if (a->verbose && a->quiet) return usage_error("%s", "-v and -q cannot be used together");
     if (a->json && !a->dry_run && !a->schedule && !a->simulate)
         return usage_error("%s", "--json goes with --dry-run, --schedule or --simulate");
+    if (a->explore && (!a->dry_run || a->json))
+        return usage_error("%s", "--explore placements goes with --dry-run (text output)");
     if ((a->trace || a->timeline) && !a->simulate)
         return usage_error("%s", "--trace and --timeline go with --simulate");
     if (a->simulate && (a->dry_run || a->schedule))
@@ -346,7 +356,7 @@ static int wants_planner(const struct cdp_plan *plan)
 
 /* Plans on the plan's topology (an "auto" CPU one: /cluster/devices per node,
  * else the plan's ranks) and writes the choices into the plan. */
-static cdp_status plan_auto(struct cdp_plan *plan, struct cdp_planner_result *r)
+static cdp_status plan_auto(struct cdp_plan *plan, struct cdp_planner_result *r, struct cdp_planner_spread *spread)
 {
     const struct cdp_parallel_desc *pd = &plan->parallel;
     const struct cdp_cluster_desc *cd = &plan->cluster;
@@ -364,6 +374,8 @@ static cdp_status plan_auto(struct cdp_plan *plan, struct cdp_planner_result *r)
         return CDP_ERR_UNSUPPORTED;
     }
     st = cdp_planner_run(plan, t, NULL, r);
+    if (!st && spread && (st = cdp_planner_explore(plan, t, NULL, r, CDP_PLANNER_EXPLORE_SAMPLES, 1, spread)))
+        cdp_planner_result_clear(r);
     cdp_topology_free(t);
     if (!st && (st = cdp_planner_apply(r, plan))) cdp_planner_result_clear(r);
     return st;
@@ -468,15 +480,19 @@ static int run_plan(const struct cli_args *a)
         }
     } else {
         struct cdp_planner_result pr = {0};
-        int planned = wants_planner(plan);
-        cdp_status st = planned ? plan_auto(plan, &pr) : CDP_OK;
+        struct cdp_planner_spread spread = {0};
+        int planned = wants_planner(plan) || a->explore;
+        cdp_status st = planned ? plan_auto(plan, &pr, a->explore ? &spread : NULL) : CDP_OK;
         if (st == CDP_ERR_UNSUPPORTED) planned = 0, st = CDP_OK;
         if (st) {
             code = exit_code_for(st);
             goto bad_input;
         }
         if (a->json) st = print_plan_json(plan, planned ? &pr : NULL);
-        else if (!(st = cdp_plan_print(plan, stdout)) && planned) cdp_planner_print(&pr, stdout);
+        else if (!(st = cdp_plan_print(plan, stdout)) && planned) {
+            cdp_planner_print(&pr, stdout);
+            if (a->explore) cdp_planner_spread_print(&spread, stdout);
+        }
         cdp_planner_result_clear(&pr);
         if (st) {
             code = EXIT_RUN_FAILED;
