@@ -458,6 +458,10 @@ static cdp_status setup(struct exec *e)
     if (p->cluster.backend != CDP_BACKEND_CPU)
         return cdp_fail(CDP_ERR_UNSUPPORTED, "%s: /cluster/backend is \"%s\": this version trains on the cpu "
                         "backend only", p->source, cdp_backend_name(p->cluster.backend));
+    if (p->parallel.schedule_auto && e->p > 1)
+        return cdp_fail(CDP_ERR_UNSUPPORTED, "%s: /parallel/schedule is \"auto\": let the planner choose it "
+                        "(cdphybrid --plan P --dry-run --json > planned.json) and train the planned file",
+                        p->source);
     if (p->parallel.micro_batches != CDP_AUTO) {
         e->m = (int)p->parallel.micro_batches;
     } else if (e->p * e->R == 1 && p->train.global_batch == CDP_AUTO) {
@@ -466,7 +470,7 @@ static cdp_status setup(struct exec *e)
         CDP_INFO(EXEC, "/parallel/micro_batches is auto: one micro-batch of %d per step", e->B);
     } else {
         return cdp_fail(CDP_ERR_UNSUPPORTED, "%s: /parallel/micro_batches is \"auto\": give a number (or "
-                        "/train/global_batch); the planner that chooses it is not built yet", p->source);
+                        "/train/global_batch), or plan it first: cdphybrid --plan P --dry-run --json > planned.json", p->source);
     }
     e->G = (int64_t)e->R * e->m * e->B;
     if (e->size != e->p * e->R)

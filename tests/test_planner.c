@@ -238,3 +238,46 @@ Test(planner, explore_placements_prints_the_spread)
     cr_expect_eq(r.exit_code, 2, "%s", r.err);
     cdp_test_run_free(&r);
 }
+
+/* "auto" schedule: GPipe and 1F1B are both evaluated (twice the shapes), the
+ * faster prediction wins, and the planned plan names it. */
+#define AUTO_SCHED(s)                                                                                         \
+    "{\"model\": {\"preset\": \"gpt\", \"vocab\": 64, \"context\": 16, \"layers\": 4, \"heads\": 2, "     \
+    "\"embed\": 32}, \"train\": {\"micro_batch\": 2}, \"parallel\": {\"stages\": 2, \"replicas\": 1, "          \
+    "\"micro_batches\": 4, \"schedule\": \"" s "\"}, \"cluster\": {\"backend\": \"cpu\"}}"
+
+static double planned_sps(const char *json, struct cdp_planner_result *r)
+{
+    struct cdp_plan *p = load(json);
+    struct cdp_topology *t = NULL;
+    cr_assert_eq(cdp_topology_cpu(2, 0, 0, &t), CDP_OK);
+    cr_assert_eq(cdp_planner_run(p, t, NULL, r), CDP_OK, "%s", cdp_last_error());
+    double sps = r->predicted.samples_per_s;
+    cdp_topology_free(t);
+    cdp_plan_free(p);
+    return sps;
+}
+
+Test(planner, auto_schedule_is_searched_and_written_back)
+{
+    struct cdp_planner_result a = {0}, g = {0}, f = {0};
+    const double s_auto = planned_sps(AUTO_SCHED("auto"), &a);
+    const double s_gpipe = planned_sps(AUTO_SCHED("gpipe"), &g);
+    const double s_1f1b = planned_sps(AUTO_SCHED("1f1b"), &f);
+    cr_expect_eq(a.shapes, 2, "one shape, two schedules: %lld", (long long)a.shapes);
+    cr_expect_eq(s_auto, s_gpipe > s_1f1b ? s_gpipe : s_1f1b, "auto %g, gpipe %g, 1f1b %g", s_auto, s_gpipe, s_1f1b);
+    cr_expect_eq(a.schedule, s_gpipe > s_1f1b ? CDP_SCHEDULE_GPIPE : CDP_SCHEDULE_1F1B);
+    struct cdp_plan *p = load(AUTO_SCHED("auto"));
+    cr_assert(p->parallel.schedule_auto);
+    char *text = NULL;
+    cr_assert_eq(cdp_plan_to_json(p, &text), CDP_OK);
+    cr_expect(strstr(text, "\"schedule\": \"auto\""), "%s", text);
+    free(text);
+    cr_assert_eq(cdp_planner_apply(&a, p), CDP_OK);
+    cr_expect(!p->parallel.schedule_auto);
+    cr_expect_eq(p->parallel.schedule, a.schedule);
+    cdp_planner_result_clear(&a);
+    cdp_planner_result_clear(&g);
+    cdp_planner_result_clear(&f);
+    cdp_plan_free(p);
+}

@@ -146,6 +146,7 @@ struct cdp_parallel_desc {
     int64_t replicas;      /* or CDP_AUTO */
     int64_t micro_batches; /* per replica per step, or CDP_AUTO */
     enum cdp_schedule_kind schedule;
+    int schedule_auto;     /* "auto": the planner chooses gpipe or 1f1b (schedule holds 1f1b until then) */
     int64_t chunks;        /* model chunks per rank (interleaved); 1 otherwise */
     int64_t (*partition)[2]; /* [first, end) unit ranges per stage; NULL = auto (owned) */
     int n_partition;

@@ -287,10 +287,11 @@ int cdp_cli_simulate(const struct cdp_plan *plan, int json, const char *trace, c
     const char *key = pd->stages == CDP_AUTO          ? "/parallel/stages"
                       : pd->replicas == CDP_AUTO      ? "/parallel/replicas"
                       : pd->micro_batches == CDP_AUTO ? "/parallel/micro_batches"
+                      : pd->schedule_auto             ? "/parallel/schedule"
                                                       : NULL;
     if (key) {
-        fprintf(stderr, "cdphybrid: %s: %s is \"auto\": --simulate needs a number; the planner that chooses "
-                        "it is not built yet\n", plan->source, key);
+        fprintf(stderr, "cdphybrid: %s: %s is \"auto\": --simulate needs it fixed; --dry-run plans it "
+                        "(--dry-run --json writes the planned plan)\n", plan->source, key);
         return EXIT_USAGE;
     }
     struct sim_setup S = {.costs = costs};

@@ -319,10 +319,11 @@ static int print_schedule(const struct cdp_plan *plan, int json)
     const struct cdp_parallel_desc *pd = &plan->parallel;
     const char *key = pd->stages == CDP_AUTO          ? "/parallel/stages"
                       : pd->micro_batches == CDP_AUTO ? "/parallel/micro_batches"
+                      : pd->schedule_auto             ? "/parallel/schedule"
                                                       : NULL;
     if (key) {
-        fprintf(stderr, "cdphybrid: %s: %s is \"auto\": --schedule needs a number; the planner that "
-                        "chooses it is not built yet\n", plan->source, key);
+        fprintf(stderr, "cdphybrid: %s: %s is \"auto\": --schedule needs it fixed; --dry-run plans it "
+                        "(--dry-run --json writes the planned plan)\n", plan->source, key);
         return EXIT_USAGE;
     }
     /* out-of-range counts are clamped here and rejected by the builder */
@@ -454,7 +455,7 @@ static int run_plan(const struct cli_args *a)
     if (!a->dry_run && (ranks > 1 || cdp_comm_launched_by_mpi())) {
         if (ranks < 1) {
             cdp_fail(CDP_ERR_UNSUPPORTED, "%s: /parallel/stages or /parallel/replicas is \"auto\": give "
-                     "numbers to train (the planner that chooses them is not built yet)", plan->source);
+                     "numbers to train, or plan them first: cdphybrid --plan P --dry-run --json > planned.json", plan->source);
             goto bad_input;
         }
         if (!cdp_comm_launched_by_mpi()) {

@@ -1145,7 +1145,9 @@ static cdp_status load_parallel(struct ld *c, const json_t *v)
         if ((st = get_int(c, v, P, "stages", 1, MAX_COUNT, 1, &pd->stages))) return st;
         if ((st = get_int(c, v, P, "replicas", 1, MAX_COUNT, 1, &pd->replicas))) return st;
         if ((st = get_int(c, v, P, "micro_batches", 1, MAX_COUNT, 1, &pd->micro_batches))) return st;
-        if ((st = get_enum(c, v, P, "schedule", cdp_plan_schedule_names, &sch))) return st;
+        const json_t *sj = json_object_get(v, "schedule");
+        if (json_is_string(sj) && strcmp(json_string_value(sj), "auto") == 0) pd->schedule_auto = 1;
+        else if ((st = get_enum(c, v, P, "schedule", cdp_plan_schedule_names, &sch))) return st;
     }
     pd->schedule = (enum cdp_schedule_kind)sch;
     int inter = pd->schedule == CDP_SCHEDULE_INTERLEAVED;
