@@ -9,6 +9,9 @@ int cdp_cli_topo(int argc, char **argv);
 /* `cdphybrid export ...`; argv[0] is "export". */
 int cdp_cli_export(int argc, char **argv);
 
+/* `cdphybrid doctor ...`; argv[0] is "doctor". */
+int cdp_cli_doctor(int argc, char **argv);
+
 /* `cdphybrid --plan P --simulate`: plan is loaded and resolved; json, trace and
  * timeline are the flags given with it (trace/timeline NULL when not asked);
  * costs: a measured table (--costs FILE) to use instead of the analytic times,

@@ -51,6 +51,7 @@ static void usage(FILE *f)
           "       cdphybrid --plan FILE --profile [--costs OUT.json]\n"
           "       cdphybrid topo [--topology SPEC] [--json] [--export FILE]   (see topo --help)\n"
           "       cdphybrid export --checkpoint DIR --out FILE   (see export --help)\n"
+          "       cdphybrid doctor [--plan FILE] [--json]   (what runs here; see doctor --help)\n"
           "       cdphybrid --help | --version\n"
           "\n"
           "Trains a neural network across pipeline stages and data-parallel replicas,\n"
@@ -522,6 +523,7 @@ int main(int argc, char **argv)
     }
     if (argc > 1 && !strcmp(argv[1], "topo")) return cdp_cli_topo(argc - 1, argv + 1);
     if (argc > 1 && !strcmp(argv[1], "export")) return cdp_cli_export(argc - 1, argv + 1);
+    if (argc > 1 && !strcmp(argv[1], "doctor")) return cdp_cli_doctor(argc - 1, argv + 1);
     int code = parse_args(argc, argv, &a);
     if (code >= 0) return code;
     if (!getenv("CDP_LOG") || !*getenv("CDP_LOG")) {
