@@ -392,6 +392,23 @@ void cdp_planner_result_clear(struct cdp_planner_result *r)
     memset(r, 0, sizeof *r);
 }
 
+/* Everything a search context allocates. */
+static void ctx_free(struct ctx *c)
+{
+    cdp_schedule_free(c->sched);
+    free(c->vs);
+    free(c->keys);
+    free(c->key_val);
+    free(c->key_hash);
+    free(c->lbw);
+    free(c->llat);
+    free(c->rdev);
+    free(c->u);
+    free(c->cost);
+    free(c->bw);
+    free(c->lat);
+}
+
 cdp_status cdp_planner_run(const struct cdp_plan *plan, const struct cdp_topology *t,
                            const struct cdp_cost_table *costs, struct cdp_planner_result *out)
 {
@@ -639,18 +656,7 @@ fail:
     free(cand);
     cdp_sim_result_free(sr);
     cdp_planner_result_clear(&res);
-    cdp_schedule_free(c.sched);
-    free(c.vs);
-    free(c.keys);
-    free(c.key_val);
-    free(c.key_hash);
-    free(c.lbw);
-    free(c.llat);
-    free(c.rdev);
-    free(c.u);
-    free(c.cost);
-    free(c.bw);
-    free(c.lat);
+    ctx_free(&c);
     free(dev);
     return st;
 }
@@ -747,18 +753,7 @@ cdp_status cdp_planner_explore(const struct cdp_plan *plan, const struct cdp_top
     *out = sp;
     st = CDP_OK;
 fail:
-    cdp_schedule_free(c.sched);
-    free(c.vs);
-    free(c.keys);
-    free(c.key_val);
-    free(c.key_hash);
-    free(c.lbw);
-    free(c.llat);
-    free(c.rdev);
-    free(c.u);
-    free(c.cost);
-    free(c.bw);
-    free(c.lat);
+    ctx_free(&c);
     free(dev);
     free(perm);
     free(rnd);
