@@ -29,7 +29,6 @@
 #include <hwloc.h>
 #endif
 
-enum { EXIT_RUN_FAILED = 1, EXIT_USAGE = 2 };
 enum doctor_status { DOC_OK = 0, DOC_WARN, DOC_FAIL };
 
 #define DOC_MAX_CHECKS 16
@@ -84,14 +83,6 @@ static void doctor_usage(FILE *f)
           "\n"
           "exit codes: 0 the plan can run here, 1 it cannot, 2 bad usage or a bad plan\n",
           f);
-}
-
-static int doctor_usage_error(const char *fmt, const char *arg)
-{
-    fprintf(stderr, "cdphybrid doctor: ");
-    fprintf(stderr, fmt, arg);
-    fprintf(stderr, "\n(see cdphybrid doctor --help)\n");
-    return EXIT_USAGE;
 }
 
 /* dlopen by soname; never closed (see the top of the file). */
@@ -468,24 +459,18 @@ int cdp_cli_doctor(int argc, char **argv)
             doctor_usage(stdout);
             return 0;
         } else if (!strcmp(s, "--plan")) {
-            if (i + 1 >= argc || !*argv[i + 1]) return doctor_usage_error("%s needs a file name", s);
+            if (i + 1 >= argc || !*argv[i + 1]) return cdp_cli_usage_error("doctor", "%s needs a file name", s);
             plan = argv[++i];
         } else if (!strncmp(s, "--plan=", 7)) {
             plan = s + 7;
-            if (!*plan) return doctor_usage_error("%s needs a file name", "--plan");
+            if (!*plan) return cdp_cli_usage_error("doctor", "%s needs a file name", "--plan");
         } else if (!strcmp(s, "--json")) {
             json = 1;
         } else if (s[0] == '-') {
             static const char *const known[] = {"--plan", "--json", "--help", NULL};
-            const char *near = cdp_closest_word(s, known);
-            if (near) {
-                fprintf(stderr, "cdphybrid doctor: unknown option %s (did you mean %s?)\n"
-                                "(see cdphybrid doctor --help)\n", s, near);
-                return EXIT_USAGE;
-            }
-            return doctor_usage_error("unknown option %s", s);
+            return cdp_cli_unknown_option("doctor", s, known);
         } else {
-            return doctor_usage_error("unexpected argument \"%s\"", s);
+            return cdp_cli_usage_error("doctor", "unexpected argument \"%s\"", s);
         }
     }
 

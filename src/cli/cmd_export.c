@@ -9,7 +9,6 @@
 #include "cli/commands.h"
 #include "model/checkpoint.h"
 
-enum { EXIT_RUN_FAILED = 1, EXIT_USAGE = 2 };
 
 static void export_usage(FILE *f)
 {
@@ -39,14 +38,6 @@ static void export_usage(FILE *f)
           f);
 }
 
-static int export_usage_error(const char *fmt, const char *arg)
-{
-    fprintf(stderr, "cdphybrid export: ");
-    fprintf(stderr, fmt, arg);
-    fprintf(stderr, "\n(see cdphybrid export --help)\n");
-    return EXIT_USAGE;
-}
-
 int cdp_cli_export(int argc, char **argv)
 {
     const char *ckpt = NULL, *out = NULL;
@@ -73,24 +64,18 @@ int cdp_cli_export(int argc, char **argv)
             quiet = 1;
         } else if (s[0] == '-') {
             static const char *const known[] = {"--checkpoint", "--out", "--verbose", "--quiet", "--help", NULL};
-            const char *near = cdp_closest_word(s, known);
-            if (near) {
-                fprintf(stderr, "cdphybrid export: unknown option %s (did you mean %s?)\n"
-                                "(see cdphybrid export --help)\n", s, near);
-                return EXIT_USAGE;
-            }
-            return export_usage_error("unknown option %s", s);
+            return cdp_cli_unknown_option("export", s, known);
         } else {
-            return export_usage_error("unexpected argument \"%s\"", s);
+            return cdp_cli_usage_error("export", "unexpected argument \"%s\"", s);
         }
         if (value) {
-            if (i + 1 >= argc) return export_usage_error("%s needs a value", s);
+            if (i + 1 >= argc) return cdp_cli_usage_error("export", "%s needs a value", s);
             *value = argv[++i];
         }
     }
-    if (verbose && quiet) return export_usage_error("%s", "-v and -q cannot be used together");
-    if (!ckpt || !*ckpt) return export_usage_error("%s", "give --checkpoint DIR");
-    if (!out || !*out) return export_usage_error("%s", "give --out FILE");
+    if (verbose && quiet) return cdp_cli_usage_error("export", "%s", "-v and -q cannot be used together");
+    if (!ckpt || !*ckpt) return cdp_cli_usage_error("export", "%s", "give --checkpoint DIR");
+    if (!out || !*out) return cdp_cli_usage_error("export", "%s", "give --out FILE");
     if (!getenv("CDP_LOG") || !*getenv("CDP_LOG")) {
         if (quiet) cdp_log_set_level(CDP_LOG_ERROR);
         else if (verbose) cdp_log_set_level(verbose > 1 ? CDP_LOG_DEBUG : CDP_LOG_INFO);

@@ -11,7 +11,6 @@
 #include "model/profile.h"
 #include "partitioner/costs.h"
 
-enum { EXIT_RUN_FAILED = 1, EXIT_USAGE = 2 };
 
 char *cdp_cli_default_costs_path(const char *plan_path)
 {

@@ -20,12 +20,6 @@
 #include "pipeline/schedule.h"
 #include "pipeline/simulator.h"
 
-enum { EXIT_RUN_FAILED = 1, EXIT_USAGE = 2 };
-
-static int exit_code_for(cdp_status st)
-{
-    return st == CDP_ERR_INVALID || st == CDP_ERR_UNSUPPORTED ? EXIT_USAGE : EXIT_RUN_FAILED;
-}
 
 struct sim_setup {
     int p, v, m, R, nv, N, tied;
@@ -310,7 +304,7 @@ int cdp_cli_simulate(const struct cdp_plan *plan, int json, const char *trace, c
     sim_setup_free(&S);
     if (st) {
         fprintf(stderr, "cdphybrid: %s\n", cdp_last_error());
-        return exit_code_for(st);
+        return cdp_cli_exit_code(st);
     }
     if (fflush(stdout) != 0) {
         fprintf(stderr, "cdphybrid: cannot write to standard output\n");

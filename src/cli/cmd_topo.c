@@ -10,7 +10,6 @@
 #include "cdp/topology.h"
 #include "cli/commands.h"
 
-enum { EXIT_RUN_FAILED = 1, EXIT_USAGE = 2 };
 
 static void topo_usage(FILE *f)
 {
@@ -55,14 +54,6 @@ static void topo_usage(FILE *f)
     }
 }
 
-static int topo_usage_error(const char *fmt, const char *arg)
-{
-    fprintf(stderr, "cdphybrid topo: ");
-    fprintf(stderr, fmt, arg);
-    fprintf(stderr, "\n(see cdphybrid topo --help)\n");
-    return EXIT_USAGE;
-}
-
 static int ends_with(const char *s, const char *tail)
 {
     size_t n = strlen(s), k = strlen(tail);
@@ -96,32 +87,26 @@ int cdp_cli_topo(int argc, char **argv)
             char *end = NULL;
             long n = v ? strtol(v, &end, 10) : 0;
             if (!v || !*v || *end || n < 1 || n > 4096)
-                return topo_usage_error("--cpu-devices needs a number from 1 to 4096, got \"%s\"", v ? v : "");
+                return cdp_cli_usage_error("topo", "--cpu-devices needs a number from 1 to 4096, got \"%s\"", v ? v : "");
             cpu_devices = (int)n;
         } else if (s[0] == '-') {
             static const char *const known[] = {"--topology", "--json", "--export", "--cpu-devices", "--verbose",
                                                 "--quiet", "--help", NULL};
-            const char *near = cdp_closest_word(s, known);
-            if (near) {
-                fprintf(stderr, "cdphybrid topo: unknown option %s (did you mean %s?)\n"
-                                "(see cdphybrid topo --help)\n", s, near);
-                return EXIT_USAGE;
-            }
-            return topo_usage_error("unknown option %s", s);
+            return cdp_cli_unknown_option("topo", s, known);
         } else {
-            return topo_usage_error("unexpected argument \"%s\"", s);
+            return cdp_cli_usage_error("topo", "unexpected argument \"%s\"", s);
         }
         if (value) {
             const char *eq = strchr(s, '=');
             if (eq) *value = eq + 1;
             else if (i + 1 < argc) *value = argv[++i];
-            else return topo_usage_error("%s needs a value", s);
-            if (!**value) return topo_usage_error("%s needs a value", s);
+            else return cdp_cli_usage_error("topo", "%s needs a value", s);
+            if (!**value) return cdp_cli_usage_error("topo", "%s needs a value", s);
         }
     }
-    if (verbose && quiet) return topo_usage_error("%s", "-v and -q cannot be used together");
+    if (verbose && quiet) return cdp_cli_usage_error("topo", "%s", "-v and -q cannot be used together");
     if (cpu_devices && strcmp(spec, "auto"))
-        return topo_usage_error("%s", "--cpu-devices goes with --topology auto");
+        return cdp_cli_usage_error("topo", "%s", "--cpu-devices goes with --topology auto");
     if (!getenv("CDP_LOG") || !*getenv("CDP_LOG")) {
         if (quiet) cdp_log_set_level(CDP_LOG_ERROR);
         else if (verbose) cdp_log_set_level(verbose > 1 ? CDP_LOG_DEBUG : CDP_LOG_INFO);

@@ -3,6 +3,20 @@
 #ifndef CDP_CLI_COMMANDS_H
 #define CDP_CLI_COMMANDS_H
 
+#include "cdp/status.h"
+
+enum { EXIT_RUN_FAILED = 1, EXIT_USAGE = 2 };
+
+/* "cdphybrid CMD: " + fmt + "(see cdphybrid CMD --help)" on stderr (cmd NULL:
+ * the main command); returns EXIT_USAGE. */
+int cdp_cli_usage_error(const char *cmd, const char *fmt, const char *arg);
+/* An unknown option, with the closest of the NULL-terminated known ones when
+ * it is a likely typo; returns EXIT_USAGE. */
+int cdp_cli_unknown_option(const char *cmd, const char *opt, const char *const *known);
+/* Bad input and what this build cannot do are the user's to fix (2); the rest
+ * is a failed run (1). */
+int cdp_cli_exit_code(cdp_status st);
+
 /* `cdphybrid topo ...`; argv[0] is "topo". */
 int cdp_cli_topo(int argc, char **argv);
 

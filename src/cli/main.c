@@ -22,7 +22,6 @@
 #include "pipeline/schedule.h"
 #include "pipeline/train.h"
 
-enum { EXIT_RUN_FAILED = 1, EXIT_USAGE = 2 };
 
 struct cli_args {
     const char *plan;
@@ -124,14 +123,6 @@ static void print_version(void)
            CDP_HAVE_NCCL ? "yes" : "no", CDP_HAVE_CUDNN ? "yes" : "no");
 }
 
-static int usage_error(const char *fmt, const char *arg)
-{
-    fprintf(stderr, "cdphybrid: ");
-    fprintf(stderr, fmt, arg);
-    fprintf(stderr, "\n(see cdphybrid --help)\n");
-    return EXIT_USAGE;
-}
-
 /* Returns -1 to go on, or an exit code. */
 static int parse_args(int argc, char **argv, struct cli_args *a)
 {
@@ -147,17 +138,17 @@ static int parse_args(int argc, char **argv, struct cli_args *a)
             if (s[6] == '=') {
                 a->plan = s + 7;
             } else {
-                if (i + 1 >= argc) return usage_error("%s needs a file name", s);
+                if (i + 1 >= argc) return cdp_cli_usage_error(NULL, "%s needs a file name", s);
                 a->plan = argv[++i];
             }
-            if (!*a->plan) return usage_error("%s needs a file name", "--plan");
+            if (!*a->plan) return cdp_cli_usage_error(NULL, "%s needs a file name", "--plan");
         } else if (!strcmp(s, "--dry-run")) {
             a->dry_run = 1;
         } else if (!strcmp(s, "--json")) {
             a->json = 1;
         } else if (!strcmp(s, "--explore")) {
             if (i + 1 >= argc || strcmp(argv[i + 1], "placements"))
-                return usage_error("%s", "--explore takes \"placements\"");
+                return cdp_cli_usage_error(NULL, "%s", "--explore takes \"placements\"");
             a->explore = 1;
             i++;
         } else if (!strcmp(s, "--schedule")) {
@@ -167,10 +158,10 @@ static int parse_args(int argc, char **argv, struct cli_args *a)
         } else if (!strcmp(s, "--profile")) {
             a->profile = 1;
         } else if (!strcmp(s, "--costs")) {
-            if (i + 1 >= argc || !*argv[i + 1]) return usage_error("%s needs a file name", s);
+            if (i + 1 >= argc || !*argv[i + 1]) return cdp_cli_usage_error(NULL, "%s needs a file name", s);
             a->costs = argv[++i];
         } else if (!strcmp(s, "--trace") || !strcmp(s, "--timeline")) {
-            if (i + 1 >= argc || !*argv[i + 1]) return usage_error("%s needs a file name", s);
+            if (i + 1 >= argc || !*argv[i + 1]) return cdp_cli_usage_error(NULL, "%s needs a file name", s);
             if (s[3] == 'r') a->trace = argv[++i];
             else a->timeline = argv[++i];
         } else if (!strcmp(s, "-v") || !strcmp(s, "--verbose")) {
@@ -185,47 +176,34 @@ static int parse_args(int argc, char **argv, struct cli_args *a)
             a->resume = 1;
             if (s[8] == '=') a->resume_dir = s + 9;
             else if (i + 1 < argc && argv[i + 1][0] != '-') a->resume_dir = argv[++i];
-            if (a->resume_dir && !*a->resume_dir) return usage_error("%s needs a folder", "--resume=");
+            if (a->resume_dir && !*a->resume_dir) return cdp_cli_usage_error(NULL, "%s needs a folder", "--resume=");
         } else if (s[0] == '-') {
             static const char *const known[] = {"--plan", "--dry-run", "--json", "--verbose",
                                                 "--quiet", "--help", "--version", "--no-launch", "--resume",
                                                 "--schedule", "--simulate", "--trace", "--timeline", "--profile",
                                                 "--costs", "--explore", NULL};
-            const char *near = cdp_closest_word(s, known);
-            if (near) {
-                fprintf(stderr, "cdphybrid: unknown option %s (did you mean %s?)\n"
-                                "(see cdphybrid --help)\n", s, near);
-                return EXIT_USAGE;
-            }
-            return usage_error("unknown option %s", s);
+            return cdp_cli_unknown_option(NULL, s, known);
         } else {
-            return usage_error("unexpected argument \"%s\"", s);
+            return cdp_cli_usage_error(NULL, "unexpected argument \"%s\"", s);
         }
     }
-    if (a->verbose && a->quiet) return usage_error("%s", "-v and -q cannot be used together");
+    if (a->verbose && a->quiet) return cdp_cli_usage_error(NULL, "%s", "-v and -q cannot be used together");
     if (a->json && !a->dry_run && !a->schedule && !a->simulate)
-        return usage_error("%s", "--json goes with --dry-run, --schedule or --simulate");
+        return cdp_cli_usage_error(NULL, "%s", "--json goes with --dry-run, --schedule or --simulate");
     if (a->explore && (!a->dry_run || a->json))
-        return usage_error("%s", "--explore placements goes with --dry-run (text output)");
+        return cdp_cli_usage_error(NULL, "%s", "--explore placements goes with --dry-run (text output)");
     if ((a->trace || a->timeline) && !a->simulate)
-        return usage_error("%s", "--trace and --timeline go with --simulate");
+        return cdp_cli_usage_error(NULL, "%s", "--trace and --timeline go with --simulate");
     if (a->simulate && (a->dry_run || a->schedule))
-        return usage_error("%s", "--simulate cannot be combined with --dry-run or --schedule");
+        return cdp_cli_usage_error(NULL, "%s", "--simulate cannot be combined with --dry-run or --schedule");
     if (a->profile && (a->simulate || a->dry_run || a->schedule || a->json))
-        return usage_error("%s", "--profile cannot be combined with --simulate, --dry-run, --schedule or --json");
+        return cdp_cli_usage_error(NULL, "%s", "--profile cannot be combined with --simulate, --dry-run, --schedule or --json");
     if (a->costs && !a->profile && !a->simulate)
-        return usage_error("%s", "--costs goes with --profile or --simulate");
-    if (!a->plan) return usage_error("%s", "nothing to do: give --plan FILE");
+        return cdp_cli_usage_error(NULL, "%s", "--costs goes with --profile or --simulate");
+    if (!a->plan) return cdp_cli_usage_error(NULL, "%s", "nothing to do: give --plan FILE");
     if (a->resume && (a->dry_run || a->schedule || a->simulate || a->profile))
-        return usage_error("%s", "--resume goes with training, not with --dry-run, --schedule or --simulate");
+        return cdp_cli_usage_error(NULL, "%s", "--resume goes with training, not with --dry-run, --schedule or --simulate");
     return -1;
-}
-
-/* Bad input and what this build cannot do are the user's to fix (2); the rest
- * is a failed run (1). */
-static int exit_code_for(cdp_status st)
-{
-    return st == CDP_ERR_INVALID || st == CDP_ERR_UNSUPPORTED ? EXIT_USAGE : EXIT_RUN_FAILED;
 }
 
 /* Restarts this very command under `mpirun -np N`; returns only on failure. */
@@ -307,7 +285,7 @@ static int run_ranks(const struct cli_args *a, const struct cdp_plan *plan)
         fprintf(stderr, "cdphybrid: %s\n", cdp_last_error());
         fflush(stdout);
         /* the others may be waiting on this rank: end the whole job */
-        cdp_comm_abort(world, exit_code_for(st));
+        cdp_comm_abort(world, cdp_cli_exit_code(st));
     }
     fflush(stdout);
     cdp_comm_free(world);
@@ -338,7 +316,7 @@ static int print_schedule(const struct cdp_plan *plan, int json)
     cdp_schedule_free(s);
     if (st) {
         fprintf(stderr, "cdphybrid: %s: %s\n", plan->source, cdp_last_error());
-        return exit_code_for(st);
+        return cdp_cli_exit_code(st);
     }
     if (fflush(stdout) != 0) {
         fprintf(stderr, "cdphybrid: cannot write to standard output\n");
@@ -477,7 +455,7 @@ static int run_plan(const struct cli_args *a)
                                       .resume = resume_dir(a, plan)};
         cdp_status st = cdp_train_one_rank(plan, &opts, NULL);
         if (st) {
-            code = exit_code_for(st);
+            code = cdp_cli_exit_code(st);
             goto bad_input;
         }
     } else {
@@ -487,7 +465,7 @@ static int run_plan(const struct cli_args *a)
         cdp_status st = planned ? plan_auto(plan, &pr, a->explore ? &spread : NULL) : CDP_OK;
         if (st == CDP_ERR_UNSUPPORTED) planned = 0, st = CDP_OK;
         if (st) {
-            code = exit_code_for(st);
+            code = cdp_cli_exit_code(st);
             goto bad_input;
         }
         if (a->json) st = print_plan_json(plan, planned ? &pr : NULL);
