@@ -32,12 +32,35 @@ static cdp_status cpu_open(int index, void **state, struct cdp_device_info *info
 
 static void cpu_close(void *state) { (void)state; }
 
+/* MemAvailable of /proc/meminfo in bytes; 0 when it cannot be read. */
+static uint64_t host_available(void)
+{
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return 0;
+    char line[256];
+    unsigned long long kib = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kib) == 1) break;
+    fclose(f);
+    return (uint64_t)kib * 1024;
+}
+
 static cdp_status cpu_alloc(void *state, uint64_t bytes, void **out)
 {
     (void)state;
     if (bytes > SIZE_MAX - CPU_ALIGN)
         return cdp_fail(CDP_ERR_NOMEM, "host allocation of %llu bytes is too large",
                         (unsigned long long)bytes);
+    /* Linux hands out memory it does not have and kills the process when it is
+     * touched; a request larger than what the host has available now fails
+     * here, with a message, instead. Buffers are touched when filled, so the
+     * next request sees them as used. */
+    uint64_t avail = host_available();
+    if (avail && bytes > avail) {
+        char want[32], have[32];
+        return cdp_fail(CDP_ERR_NOMEM, "the host has %s available, and %s more were asked for",
+                        cdp_format_bytes(avail, have, sizeof have), cdp_format_bytes(bytes, want, sizeof want));
+    }
     size_t rounded = ((size_t)bytes + CPU_ALIGN - 1) / CPU_ALIGN * CPU_ALIGN;
     void *p = aligned_alloc(CPU_ALIGN, rounded);
     if (!p)
