@@ -96,6 +96,21 @@ static void set_where(struct exec *e, const struct cdp_instr *in)
     memcpy(cdp_where_buf, buf, sizeof buf);
 }
 
+cdp_status cdp_exec_check(const struct cdp_plan *p)
+{
+    if (p->train.precision != CDP_PRECISION_FP32)
+        return cdp_fail(CDP_ERR_UNSUPPORTED, "%s: /train/precision is \"bf16\": the cpu backend trains in fp32; "
+                        "use \"fp32\"", p->source);
+    if (p->cluster.backend != CDP_BACKEND_CPU)
+        return cdp_fail(CDP_ERR_UNSUPPORTED, "%s: /cluster/backend is \"%s\": this version trains on the cpu "
+                        "backend only", p->source, cdp_backend_name(p->cluster.backend));
+    if (p->parallel.schedule_auto && p->parallel.stages != 1)
+        return cdp_fail(CDP_ERR_UNSUPPORTED, "%s: /parallel/schedule is \"auto\": let the planner choose it "
+                        "(cdphybrid --plan P --dry-run --json > planned.json) and train the planned file",
+                        p->source);
+    return CDP_OK;
+}
+
 int cdp_exec_ranks(const struct cdp_plan *p)
 {
     if (p->parallel.stages == CDP_AUTO || p->parallel.replicas == CDP_AUTO) return -1;
@@ -452,16 +467,7 @@ static cdp_status setup(struct exec *e)
     e->nv = e->p * e->v;
     e->B = (int)p->train.micro_batch;
     e->timeout = p->train.timeout_s;
-    if (p->train.precision != CDP_PRECISION_FP32)
-        return cdp_fail(CDP_ERR_UNSUPPORTED, "%s: /train/precision is \"bf16\": the cpu backend trains in fp32; "
-                        "use \"fp32\"", p->source);
-    if (p->cluster.backend != CDP_BACKEND_CPU)
-        return cdp_fail(CDP_ERR_UNSUPPORTED, "%s: /cluster/backend is \"%s\": this version trains on the cpu "
-                        "backend only", p->source, cdp_backend_name(p->cluster.backend));
-    if (p->parallel.schedule_auto && e->p > 1)
-        return cdp_fail(CDP_ERR_UNSUPPORTED, "%s: /parallel/schedule is \"auto\": let the planner choose it "
-                        "(cdphybrid --plan P --dry-run --json > planned.json) and train the planned file",
-                        p->source);
+    if ((st = cdp_exec_check(p))) return st;
     if (p->parallel.micro_batches != CDP_AUTO) {
         e->m = (int)p->parallel.micro_batches;
     } else if (e->p * e->R == 1 && p->train.global_batch == CDP_AUTO) {

@@ -15,6 +15,11 @@
 extern "C" {
 #endif
 
+/* What this version cannot train (bf16, a non-cpu backend, an unplanned
+ * "auto" schedule), checked before any rank starts: CDP_ERR_UNSUPPORTED naming
+ * the key. cdp_exec_run checks it too. */
+cdp_status cdp_exec_check(const struct cdp_plan *plan);
+
 /* The ranks a plan needs (stages x replicas), or -1 when either is "auto". */
 int cdp_exec_ranks(const struct cdp_plan *plan);
 

@@ -252,6 +252,7 @@ static void on_term(int sig)
 {
     char msg[400];
     const char *w = cdp_exec_where();
+    if (!*w) w = "start-up (before its first instruction)";
     size_t n = 0;
     const char *head = "cdphybrid: stopped while at ";
     for (const char *p = head; *p && n < sizeof msg - 2; p++) msg[n++] = *p;
@@ -441,6 +442,12 @@ static int run_plan(const struct cli_args *a)
             if (a->no_launch) {
                 cdp_fail(CDP_ERR_INVALID, "%s: the plan needs %d ranks; start it with mpirun -np %d, or "
                          "leave out --no-launch", plan->source, ranks, ranks);
+                goto bad_input;
+            }
+            /* say once what no rank could do, rather than from every rank */
+            cdp_status st = cdp_exec_check(plan);
+            if (st) {
+                code = cdp_cli_exit_code(st);
                 goto bad_input;
             }
             cdp_plan_free(plan);
