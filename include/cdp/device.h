@@ -17,6 +17,7 @@ extern "C" {
 typedef struct cdp_device *cdp_device_t;
 typedef struct cdp_buffer *cdp_buffer_t;
 typedef struct cdp_event *cdp_event_t;
+struct cdp_ops;
 
 enum cdp_device_type { CDP_DEVICE_CPU = 0, CDP_DEVICE_CUDA, CDP_DEVICE_TYPE_COUNT };
 
@@ -47,6 +48,11 @@ uint64_t cdp_device_mem_in_use(cdp_device_t dev);
 uint64_t cdp_device_mem_peak(cdp_device_t dev);
 /* Total memory of the device as the backend reports it. */
 uint64_t cdp_device_mem_total(cdp_device_t dev);
+
+/* The device's kernel table (kernels/ops.h; NULL if the backend has none) and
+ * the state its ops take as their first argument. */
+const struct cdp_ops *cdp_device_ops(cdp_device_t dev);
+void *cdp_device_kernel_state(cdp_device_t dev);
 
 /* Waits for all work queued on the device. */
 cdp_status cdp_device_synchronize(cdp_device_t dev);

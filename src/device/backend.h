@@ -9,11 +9,13 @@
 
 #include "cdp/status.h"
 
+struct cdp_ops;
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-#define CDP_DEVICE_ABI 1
+#define CDP_DEVICE_ABI 2
 
 enum cdp_copy_kind { CDP_COPY_H2D = 0, CDP_COPY_D2H, CDP_COPY_D2D };
 
@@ -38,6 +40,9 @@ struct cdp_device_backend {
     cdp_status (*event_record)(void *state, void *ev);
     cdp_status (*event_elapsed_ms)(void *state, void *start, void *end, double *ms);
     void (*event_destroy)(void *state, void *ev);
+    /* The backend's kernels (kernels/ops.h), called with `state`; NULL when the
+     * backend has none. */
+    const struct cdp_ops *ops;
 };
 
 /* What the core lends a module: its error and logging functions, so messages

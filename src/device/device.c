@@ -115,6 +115,8 @@ enum cdp_device_type cdp_device_type_of(cdp_device_t d) { return d->type; }
 const char *cdp_device_name(cdp_device_t d) { return d->name; }
 const char *cdp_device_description(cdp_device_t d) { return d->info.description; }
 uint64_t cdp_device_mem_cap(cdp_device_t d) { return d->cap; }
+const struct cdp_ops *cdp_device_ops(cdp_device_t d) { return d->be->ops; }
+void *cdp_device_kernel_state(cdp_device_t d) { return d->state; }
 uint64_t cdp_device_mem_total(cdp_device_t d) { return d->info.total_memory; }
 
 uint64_t cdp_device_mem_in_use(cdp_device_t d)

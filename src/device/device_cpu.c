@@ -8,6 +8,7 @@
 
 #include "cdp/core.h"
 #include "device/backend.h"
+#include "kernels/ops.h"
 
 #define CPU_ALIGN 64u
 
@@ -135,4 +136,5 @@ const struct cdp_device_backend cdp_cpu_backend = {
     .event_record = cpu_event_record,
     .event_elapsed_ms = cpu_event_elapsed_ms,
     .event_destroy = cpu_event_destroy,
+    .ops = &cdp_cpu_ops,
 };

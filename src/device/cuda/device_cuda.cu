@@ -176,6 +176,7 @@ static const struct cdp_device_backend cdp_cuda_backend = {
     cuda_event_record,
     cuda_event_elapsed_ms,
     cuda_event_destroy,
+    NULL, /* kernels: not yet */
 };
 
 extern "C" __attribute__((visibility("default"))) cdp_status

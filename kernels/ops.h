@@ -1,0 +1,104 @@
+/* The kernel table: every op of the CPU reference (kernels/cpu/ops.h) for one
+ * backend, so that the layers run unchanged on any device. Shared by the core
+ * and the CUDA module: keep it valid C and CUDA C++.
+ *
+ * Every op takes the backend's per-device state first (cdp_device_kernel_state)
+ * and device pointers of that device. Shapes, layouts, the overwrite/accumulate
+ * conventions and the meaning of every argument are exactly those of the
+ * matching cdp_cpu_* function in kernels/cpu/ops.h: the CPU table is the
+ * reference and the GPU ops suite compares every other table with it.
+ *
+ * On a GPU an op is queued on the device's stream and returns at once; the
+ * status reports a launch, cuBLAS or cuDNN error (with the library's error
+ * string in cdp_last_error()). sum_squares and the loss forward's caller read
+ * back results and so wait for the stream.
+ *
+ * Precision: set_precision(CDP_PRECISION_BF16) makes the matrix-multiply ops
+ * (linear, the two products inside attention, conv2d) round their operands to
+ * bf16 and multiply with fp32 accumulation into fp32 results, as autocast does;
+ * every other op, the parameters (master weights), gradients and optimizer state
+ * stay fp32. The CPU table supports only CDP_PRECISION_FP32. */
+#ifndef CDP_KERNELS_OPS_H
+#define CDP_KERNELS_OPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cdp/plan.h"
+#include "cdp/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define CDP_OPS_ABI 1
+
+struct cdp_ops {
+    int abi;
+    const char *name; /* "cpu", "cuda" */
+    cdp_status (*set_precision)(void *st, enum cdp_precision p);
+
+    /* memset(p, 0, bytes) and memmove(dst, src, bytes) within the device */
+    cdp_status (*zero)(void *st, void *p, size_t bytes);
+    cdp_status (*copy)(void *st, void *dst, const void *src, size_t bytes);
+    /* dst[n] += src[n] (gradients that pass through: residual, flatten) */
+    cdp_status (*add)(void *st, float *dst, const float *src, size_t n);
+    /* x[n] *= s */
+    cdp_status (*scale)(void *st, float *x, size_t n, float s);
+    /* *out = sum of x[i]^2, accumulated in (at least) fp32 per block and double
+     * overall; waits for the result. */
+    cdp_status (*sum_squares)(void *st, const float *x, size_t n, double *out);
+
+    cdp_status (*linear_fwd)(void *st, float *out, const float *in, const float *w, const float *b, int N,
+                             int IC, int OC);
+    cdp_status (*linear_bwd)(void *st, float *din, float *dw, float *db, const float *dout, const float *in,
+                             const float *w, int N, int IC, int OC);
+    cdp_status (*relu_fwd)(void *st, float *out, const float *in, size_t n);
+    cdp_status (*relu_bwd)(void *st, float *din, const float *dout, const float *in, size_t n);
+    cdp_status (*gelu_fwd)(void *st, float *out, const float *in, size_t n);
+    cdp_status (*gelu_bwd)(void *st, float *din, const float *dout, const float *in, size_t n);
+    cdp_status (*layernorm_fwd)(void *st, float *out, float *mean, float *rstd, const float *in,
+                                const float *weight, const float *bias, int N, int C, float eps);
+    cdp_status (*layernorm_bwd)(void *st, float *din, float *dweight, float *dbias, const float *dout,
+                                const float *in, const float *weight, const float *mean, const float *rstd,
+                                int N, int C);
+    cdp_status (*residual_fwd)(void *st, float *out, const float *a, const float *b, size_t n);
+    cdp_status (*residual_bwd)(void *st, float *da, float *db, const float *dout, size_t n);
+    cdp_status (*embedding_fwd)(void *st, float *out, const int32_t *tokens, const float *wte, const float *wpe,
+                                int B, int T, int C);
+    cdp_status (*embedding_bwd)(void *st, float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
+                                int B, int T, int C);
+    cdp_status (*attention_fwd)(void *st, float *out, float *att, const float *qkv, int B, int T, int C, int NH,
+                                int causal);
+    cdp_status (*attention_bwd)(void *st, float *dqkv, const float *dout, const float *qkv, const float *att,
+                                float *scratch, int B, int T, int C, int NH, int causal);
+    cdp_status (*crossentropy_fwd)(void *st, float *losses, const float *logits, const int32_t *targets, int N,
+                                   int V);
+    cdp_status (*crossentropy_bwd)(void *st, float *dlogits, const float *logits, const int32_t *targets, int N,
+                                   int V, float scale);
+    cdp_status (*mse_fwd)(void *st, float *losses, const float *pred, const float *target, int N, int D);
+    cdp_status (*mse_bwd)(void *st, float *dpred, const float *pred, const float *target, int N, int D,
+                          float scale);
+    cdp_status (*conv2d_fwd)(void *st, float *out, float *col, const float *in, const float *w, const float *b,
+                             int B, int IC, int H, int W, int OC, int K, int S, int P);
+    cdp_status (*conv2d_bwd)(void *st, float *din, float *dw, float *db, float *col, const float *dout,
+                             const float *in, const float *w, int B, int IC, int H, int W, int OC, int K, int S,
+                             int P);
+    cdp_status (*maxpool2d_fwd)(void *st, float *out, int32_t *argmax, const float *in, int B, int C, int H,
+                                int W, int K, int S);
+    cdp_status (*maxpool2d_bwd)(void *st, float *din, const float *dout, const int32_t *argmax, int B, int C,
+                                int OH, int OW);
+    cdp_status (*adamw_step)(void *st, float *param, const float *grad, float *m, float *v, size_t n, float lr,
+                             float beta1, float beta2, float eps, float weight_decay, int t);
+    cdp_status (*sgd_step)(void *st, float *param, const float *grad, float *velocity, size_t n, float lr,
+                           float momentum, float weight_decay, int t);
+};
+
+/* The CPU reference table (kernels/cpu/ops_table.c); its state argument is unused. */
+extern const struct cdp_ops cdp_cpu_ops;
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
