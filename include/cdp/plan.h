@@ -141,6 +141,14 @@ enum cdp_placement_kind {
     CDP_PLACEMENT_KIND_COUNT
 };
 
+/* How a global batch's micro-batches are shared among the replicas. */
+enum cdp_balance_kind {
+    CDP_BALANCE_SPEED = 0, /* in proportion to each replica's speed (equal devices: equal shares) */
+    CDP_BALANCE_UNIFORM,   /* micro_batches each */
+    CDP_BALANCE_EXPLICIT,  /* the plan's list */
+    CDP_BALANCE_KIND_COUNT
+};
+
 struct cdp_parallel_desc {
     int64_t stages;        /* or CDP_AUTO */
     int64_t replicas;      /* or CDP_AUTO */
@@ -152,6 +160,11 @@ struct cdp_parallel_desc {
     int n_partition;
     enum cdp_placement_kind placement;
     int64_t *placement_map; /* CDP_PLACEMENT_EXPLICIT: stages*replicas device indices (owned) */
+    enum cdp_balance_kind balance;
+    int64_t *shares;        /* CDP_BALANCE_EXPLICIT: micro-batches of each replica, summing to
+                               replicas x micro_batches (owned) */
+    int n_shares;
+    int64_t rebalance_every; /* re-measure and move micro-batches every N steps; 0 = never */
 };
 
 enum cdp_backend { CDP_BACKEND_AUTO = 0, CDP_BACKEND_CPU, CDP_BACKEND_CUDA, CDP_BACKEND_COUNT };

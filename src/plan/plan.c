@@ -973,8 +973,73 @@ static cdp_status load_train(struct ld *c, const json_t *t)
 
 /* ---- parallel ---------------------------------------------------------------- */
 
-static const char *const parallel_keys[] = {"stages", "replicas", "micro_batches", "schedule",
-                                            "chunks", "partition", "placement", NULL};
+static const char *const parallel_keys[] = {"stages", "replicas", "micro_batches", "schedule", "chunks",
+                                            "partition", "placement", "balance", "rebalance_every", NULL};
+static const char *const balance_words[] = {"speed", "uniform", NULL};
+
+/* "speed" | "uniform" | [micro-batches of replica 0, 1, ...] */
+static cdp_status load_balance(struct ld *c, const json_t *v)
+{
+    struct cdp_parallel_desc *pd = &c->p->parallel;
+    const char *P = "/parallel/balance";
+    if (json_is_string(v)) {
+        int k = 0;
+        cdp_status st = enum_value(c, v, P, balance_words, &k);
+        if (st) return st;
+        pd->balance = (enum cdp_balance_kind)k;
+        return CDP_OK;
+    }
+    if (!json_is_array(v) || json_array_size(v) == 0)
+        return expected(c, P, "\"speed\", \"uniform\" or a list of micro-batches per replica", v);
+    size_t n = json_array_size(v);
+    if (n > (size_t)MAX_COUNT) return failp(c, P, "too many replicas");
+    pd->shares = calloc(n, sizeof *pd->shares);
+    if (!pd->shares) return cdp_fail(CDP_ERR_NOMEM, "%s: %s: out of memory", c->name, P);
+    pd->n_shares = (int)n;
+    pd->balance = CDP_BALANCE_EXPLICIT;
+    for (size_t i = 0; i < n; i++) {
+        char kp[PTR_CAP];
+        snprintf(kp, sizeof kp, "%s/%zu", P, i);
+        cdp_status st = int_value(c, json_array_get(v, i), kp, 1, MAX_COUNT, 0, &pd->shares[i]);
+        if (st) return st;
+    }
+    return CDP_OK;
+}
+
+/* Explicit shares against replicas, micro_batches and the schedule; settles
+ * micro_batches when it is "auto". */
+static cdp_status check_shares(struct ld *c)
+{
+    struct cdp_parallel_desc *pd = &c->p->parallel;
+    const char *P = "/parallel/balance";
+    if (pd->balance != CDP_BALANCE_EXPLICIT) return CDP_OK;
+    if (pd->replicas == CDP_AUTO) pd->replicas = pd->n_shares;
+    if (pd->n_shares != pd->replicas)
+        return failp(c, P, "%d shares for /parallel/replicas %lld: give one per replica", pd->n_shares,
+                     (long long)pd->replicas);
+    int64_t sum = 0;
+    for (int i = 0; i < pd->n_shares; i++) sum += pd->shares[i];
+    if (pd->micro_batches == CDP_AUTO) {
+        if (sum % pd->replicas)
+            return failp(c, P, "the shares sum to %lld micro-batches per step, not a multiple of "
+                         "/parallel/replicas %lld (the global batch is replicas x micro_batches x micro_batch)",
+                         (long long)sum, (long long)pd->replicas);
+        pd->micro_batches = sum / pd->replicas;
+    } else if (sum != pd->replicas * pd->micro_batches) {
+        return failp(c, P, "the shares sum to %lld micro-batches per step; /parallel/replicas %lld x "
+                     "/parallel/micro_batches %lld is %lld", (long long)sum, (long long)pd->replicas,
+                     (long long)pd->micro_batches, (long long)(pd->replicas * pd->micro_batches));
+    }
+    if (pd->schedule == CDP_SCHEDULE_INTERLEAVED && pd->stages != CDP_AUTO)
+        for (int i = 0; i < pd->n_shares; i++)
+            if (pd->shares[i] % pd->stages) {
+                char kp[PTR_CAP];
+                snprintf(kp, sizeof kp, "%s/%d", P, i);
+                return failp(c, kp, "%lld is not a multiple of /parallel/stages %lld, as the interleaved "
+                             "schedule needs", (long long)pd->shares[i], (long long)pd->stages);
+            }
+    return CDP_OK;
+}
 static const char *const placement_words[] = {"topology", "ordered-pp-inner", "ordered-dp-inner",
                                               "ordered", NULL};
 
@@ -1166,6 +1231,10 @@ static cdp_status load_parallel(struct ld *c, const json_t *v)
                      "got %lld", (long long)pd->stages);
     const json_t *pl = v ? json_object_get(v, "placement") : NULL;
     if (pl && (st = load_placement(c, pl))) return st;
+    const json_t *bal = v ? json_object_get(v, "balance") : NULL;
+    if (bal && (st = load_balance(c, bal))) return st;
+    if (v && (st = get_int(c, v, P, "rebalance_every", 0, MAX_COUNT, 0, &pd->rebalance_every))) return st;
+    if ((st = check_shares(c))) return st;
     if ((st = batch_arithmetic(c))) return st;
     if (inter && pd->stages != CDP_AUTO && pd->micro_batches != CDP_AUTO && pd->micro_batches % pd->stages)
         return failp(c, "/parallel/micro_batches", "%lld is not a multiple of /parallel/stages %lld, as "
@@ -1501,6 +1570,7 @@ void cdp_plan_free(struct cdp_plan *plan)
     free(plan->train.checkpoint.dir);
     free(plan->parallel.partition);
     free(plan->parallel.placement_map);
+    free(plan->parallel.shares);
     free(plan->cluster.topology);
     free(plan->output.metrics);
     free(plan->output.trace);

@@ -210,6 +210,11 @@ static json_t *plan_json(struct emit *e, const struct cdp_plan *p)
         } else {
             set(e, o, "placement", json_string(cdp_plan_placement_names[pd->placement]));
         }
+        if (pd->balance == CDP_BALANCE_EXPLICIT)
+            set(e, o, "balance", jints(pd->shares, pd->n_shares));
+        else
+            set(e, o, "balance", json_string(pd->balance == CDP_BALANCE_UNIFORM ? "uniform" : "speed"));
+        set(e, o, "rebalance_every", jint(pd->rebalance_every));
     }
 
     const struct cdp_cluster_desc *cd = &p->cluster;
@@ -456,6 +461,16 @@ cdp_status cdp_plan_print(const struct cdp_plan *p, FILE *f)
     } else {
         fprintf(f, ROW "%s\n", "placement", cdp_plan_placement_names[pd->placement]);
     }
+    if (pd->balance == CDP_BALANCE_EXPLICIT) {
+        fprintf(f, ROW, "balance");
+        for (int i = 0; i < pd->n_shares; i++) fprintf(f, "%s%lld", i ? " " : "", (long long)pd->shares[i]);
+        fprintf(f, " micro-batches per replica\n");
+    } else {
+        fprintf(f, ROW "%s\n", "balance", pd->balance == CDP_BALANCE_UNIFORM
+                ? "uniform" : "speed (shares in proportion to each replica's speed)");
+    }
+    if (pd->rebalance_every > 0)
+        fprintf(f, ROW "every %lld steps, from measured step times\n", "rebalance", (long long)pd->rebalance_every);
 
     const struct cdp_cluster_desc *cd = &p->cluster;
     fprintf(f, "\nCluster\n");
