@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cdp/core.h"
@@ -21,7 +22,9 @@
 #include "model/checkpoint.h"
 #include "model/optim.h"
 #include "model/safetensors.h"
+#include "partitioner/balance.h"
 #include "partitioner/partition.h"
+#include "pipeline/monitor.h"
 #include "pipeline/schedule.h"
 #include "pipeline/trace.h"
 
@@ -49,6 +52,14 @@ struct exec {
     cdp_comm_t world, pipe, dp, tied;
     int rank, size, p, R, v, m, s, r, B, nv;
     int64_t G;
+    /* load balance: micro-batches of each replica this step (the shares sum
+     * to R x micro_batches), those of the replicas before this one, and the
+     * most this replica may be given (what its slots and buffers hold) */
+    int64_t *share;
+    int moff, mcap, unit;
+    /* rebalancing: this rank's busy time and micro-batches since the last look */
+    double rb_busy;
+    int64_t rb_mb;
     double timeout;
     cdp_device_t dev;
     struct chunk *ch;
@@ -69,6 +80,10 @@ struct exec {
      * "killsave:RANK:STEP:PHASE" (PHASE part: before writing its part; commit:
      * after it, before the manifest) */
     int fault_kill, fault_stall, fault_save, fault_rank, fault_step, fault_seconds;
+    /* "slow:RANK:FACTOR": that rank's forward and backward take FACTOR times as long */
+    int fault_slow;
+    double slow_factor;
+    struct cdp_monitor *monitor;
     char fault_phase[16];
     /* resuming: the checkpoint's step and the samples consumed by then */
     int step0;
@@ -178,9 +193,20 @@ static void trace_ev(struct exec *e, enum cdp_event_kind k, int mb, uint64_t t0,
     if (e->trace) cdp_trace_add(e->trace, e->rank, k, e->step, mb, t0, t1);
 }
 
+/* The slow-rank knob: stretch this rank's compute since t0 by the factor. */
+static void slow_down(const struct exec *e, uint64_t t0)
+{
+    if (!e->fault_slow || e->rank != e->fault_rank) return;
+    double extra = (double)(cdp_time_ns() - t0) * (e->slow_factor - 1.0);
+    if (extra <= 0) return;
+    struct timespec ts = {(time_t)(extra / 1e9), (long)fmod(extra, 1e9)};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
 static cdp_status load(struct exec *e, int mb)
 {
-    const int64_t first = e->sample_base + (int64_t)(e->step - 1 - e->step0) * e->G + ((int64_t)e->r * e->m + mb) * e->B;
+    const int64_t first = e->sample_base + (int64_t)(e->step - 1 - e->step0) * e->G + ((int64_t)e->moff + mb) * e->B;
     void *inputs = e->in_scratch;
     cdp_status st;
     if (e->s == 0) {
@@ -222,6 +248,7 @@ static cdp_status execute(struct exec *e, const struct cdp_instr *in)
             st = cdp_model_loss(c->model, slot, (char *)e->tgt + in->mb * e->tgt_bytes, e->scale, &s);
             e->loss_sum += s;
         }
+        slow_down(e, t0);
         e->t_compute += cdp_time_ns() - t0;
         e->t_fb += cdp_time_ns() - t0;
         trace_ev(e, CDP_EV_FORWARD, in->mb, t0, cdp_time_ns());
@@ -257,6 +284,7 @@ static cdp_status execute(struct exec *e, const struct cdp_instr *in)
         }
         uint64_t tb = cdp_time_ns();
         st = cdp_model_backward(c->model, slot, c->vstage == e->nv - 1 ? NULL : c->grad_in, din);
+        slow_down(e, tb);
         c->slot_mb[slot] = -1;
         c->mb_slot[in->mb] = -1;
         uint64_t t1 = cdp_time_ns();
@@ -419,6 +447,8 @@ static void exec_free(struct exec *e)
         free(e->ch);
     }
     cdp_trace_destroy(e->trace);
+    cdp_monitor_destroy(e->monitor);
+    free(e->share);
     cdp_schedule_free(e->sched);
     cdp_data_close(e->data);
     free(e->tgt);
@@ -455,6 +485,53 @@ static cdp_status partition(struct exec *e, int64_t (*ranges)[2])
     return st;
 }
 
+/* The first and last stage of each replica share a tied embedding. */
+static int tied_grads(const struct exec *e)
+{
+    const struct cdp_plan *p = e->plan;
+    return p->model.kind == CDP_MODEL_GPT && p->model.tie_embeddings && e->nv > 1 && e->p > 1;
+}
+
+/* This replica's schedule for its current share. */
+static cdp_status build_schedule(struct exec *e)
+{
+    struct cdp_schedule *s = NULL;
+    cdp_status st = cdp_schedule_build(e->plan->parallel.schedule, e->p, e->v, e->m, tied_grads(e), &s);
+    if (st) return cdp_error_context(st, "%s: /parallel", e->plan->source);
+    if ((st = cdp_schedule_validate(s))) {
+        cdp_schedule_free(s);
+        return cdp_error_context(st, "schedule");
+    }
+    cdp_schedule_free(e->sched);
+    e->sched = s;
+    return CDP_OK;
+}
+
+static void set_share(struct exec *e)
+{
+    e->m = (int)e->share[e->r];
+    e->moff = 0;
+    for (int r = 0; r < e->r; r++) e->moff += (int)e->share[r];
+}
+
+/* Initial shares: the plan's list, or micro_batches each ("uniform", and
+ * "speed" here: every rank of the cpu backend is a CPU of one host, so speeds
+ * are equal; a plan for unequal devices carries the planner's list). */
+static cdp_status setup_shares(struct exec *e)
+{
+    const struct cdp_parallel_desc *pd = &e->plan->parallel;
+    e->share = malloc((size_t)e->R * sizeof *e->share);
+    if (!e->share) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
+    for (int r = 0; r < e->R; r++)
+        e->share[r] = pd->balance == CDP_BALANCE_EXPLICIT && pd->n_shares == e->R ? pd->shares[r] : e->m;
+    e->unit = e->v > 1 ? e->p : 1;
+    const int64_t total = (int64_t)e->R * e->m;
+    set_share(e);
+    e->mcap = e->m;
+    if (pd->rebalance_every > 0 && e->R > 1) e->mcap = (int)(total - (int64_t)(e->R - 1) * e->unit);
+    return CDP_OK;
+}
+
 static cdp_status setup(struct exec *e)
 {
     const struct cdp_plan *p = e->plan;
@@ -483,6 +560,7 @@ static cdp_status setup(struct exec *e)
         return cdp_fail(CDP_ERR_INVALID, "%s: the plan needs %d ranks (/parallel/stages %d x /parallel/replicas "
                         "%d); this job has %d", p->source, e->p * e->R, e->p, e->R, e->size);
     if ((st = locate(p, e->rank, &e->s, &e->r))) return st;
+    if ((st = setup_shares(e))) return st;
     snprintf(cdp_where_buf, sizeof cdp_where_buf, "rank %d/%d (stage %d, replica %d): setting up", e->rank,
              e->size, e->s, e->r);
     cdp_log_set_rank(e->rank, e->size);
@@ -490,12 +568,10 @@ static cdp_status setup(struct exec *e)
      * first and last stage of each replica for tied embeddings */
     if ((st = cdp_comm_split(e->world, e->r, e->s, &e->pipe))) return st;
     if ((st = cdp_comm_split(e->world, e->s, e->r, &e->dp))) return st;
-    const int tied = p->model.kind == CDP_MODEL_GPT && p->model.tie_embeddings && e->nv > 1 && e->p > 1;
+    const int tied = tied_grads(e);
     if ((st = cdp_comm_split(e->world, tied && (e->s == 0 || e->s == e->p - 1) ? e->r : -1, e->s, &e->tied)))
         return st;
-    if ((st = cdp_schedule_build(p->parallel.schedule, e->p, e->v, e->m, tied, &e->sched)))
-        return cdp_error_context(st, "%s: /parallel", p->source);
-    if ((st = cdp_schedule_validate(e->sched))) return cdp_error_context(st, "schedule");
+    if ((st = build_schedule(e))) return st;
 
     int64_t(*ranges)[2] = calloc((size_t)e->nv, sizeof *ranges);
     if (!ranges) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
@@ -507,8 +583,18 @@ static cdp_status setup(struct exec *e)
         free(ranges);
         return st;
     }
-    /* activation slots: the most micro-batches this rank has in flight */
+    /* activation slots: the most micro-batches this rank has in flight, with
+     * the largest share this replica may be given */
     int slots = cdp_schedule_peak_in_flight(e->sched, e->s);
+    if (e->mcap > e->m) {
+        struct cdp_schedule *big = NULL;
+        if ((st = cdp_schedule_build(p->parallel.schedule, e->p, e->v, e->mcap, tied_grads(e), &big))) {
+            free(ranges);
+            return cdp_error_context(st, "%s: /parallel", p->source);
+        }
+        slots = cdp_schedule_peak_in_flight(big, e->s);
+        cdp_schedule_free(big);
+    }
     if (slots < 1) slots = 1;
     e->ch = calloc((size_t)e->v, sizeof *e->ch);
     if (!e->ch) {
@@ -535,8 +621,8 @@ static cdp_status setup(struct exec *e)
         c->out_bytes = (int64_t)e->B * ul->out_floats * 4;
         c->n_grad_out = slots + 1;
         c->slot_mb = malloc((size_t)slots * sizeof *c->slot_mb);
-        c->mb_slot = malloc((size_t)e->m * sizeof *c->mb_slot);
-        c->mb_grad_out = calloc((size_t)e->m, sizeof *c->mb_grad_out);
+        c->mb_slot = malloc((size_t)e->mcap * sizeof *c->mb_slot);
+        c->mb_grad_out = calloc((size_t)e->mcap, sizeof *c->mb_grad_out);
         c->slot_send = calloc((size_t)slots, sizeof *c->slot_send);
         c->grad_in = malloc((size_t)c->out_bytes);
         c->grad_out = calloc((size_t)c->n_grad_out, sizeof *c->grad_out);
@@ -550,7 +636,7 @@ static cdp_status setup(struct exec *e)
             if (!(c->grad_out[i] = malloc((size_t)c->in_bytes ? (size_t)c->in_bytes : 1)))
                 st = cdp_fail(CDP_ERR_NOMEM, "out of memory");
         for (int i = 0; i < slots; i++) c->slot_mb[i] = -1;
-        for (int i = 0; i < e->m; i++) c->mb_slot[i] = -1;
+        for (int i = 0; i < e->mcap; i++) c->mb_slot[i] = -1;
     }
     free(ranges);
     if (st) return st;
@@ -559,14 +645,14 @@ static cdp_status setup(struct exec *e)
         if ((st = cdp_data_open(&p->data, &p->model, &e->data))) return st;
         e->shape = cdp_data_shape(e->data);
         e->tgt_bytes = (int64_t)e->B * e->shape->target_numel * 4;
-        e->tgt = malloc((size_t)(e->m * e->tgt_bytes));
+        e->tgt = malloc((size_t)(e->mcap * e->tgt_bytes));
         e->in_scratch = malloc((size_t)e->B * (size_t)e->shape->input_numel * 4);
         if (!e->tgt || !e->in_scratch) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
         const double rows = e->shape->tokens ? (double)e->shape->input_numel : 1.0;
         e->scale = (float)(1.0 / ((double)e->G * rows));
     }
     if (p->output.trace || p->output.timeline) {
-        int64_t n = p->train.steps * (int64_t)(3 * e->m * e->v + 2);
+        int64_t n = p->train.steps * (int64_t)(3 * e->mcap * e->v + 2);
         if ((st = cdp_trace_create(e->size, n < 1000000 ? n : 1000000, &e->trace))) return st;
     }
     return CDP_OK;
@@ -685,8 +771,11 @@ static void parse_fault(struct exec *e)
     else if (sscanf(f, "kill:%d:%d", &e->fault_rank, &e->fault_step) == 2) e->fault_kill = 1;
     else if (sscanf(f, "stall:%d:%d:%d", &e->fault_rank, &e->fault_step, &e->fault_seconds) == 3)
         e->fault_stall = 1;
-    else CDP_WARN(EXEC, "CDP_FAULT=\"%s\" is not kill:RANK:STEP, stall:RANK:STEP:SECONDS or "
-                  "killsave:RANK:STEP:PHASE; ignored", f);
+    else if (sscanf(f, "slow:%d:%lf", &e->fault_rank, &e->slow_factor) == 2 && e->slow_factor >= 1.0 &&
+             e->slow_factor <= 1000.0)
+        e->fault_slow = 1;
+    else CDP_WARN(EXEC, "CDP_FAULT=\"%s\" is not kill:RANK:STEP, stall:RANK:STEP:SECONDS, "
+                  "killsave:RANK:STEP:PHASE or slow:RANK:FACTOR (1 to 1000); ignored", f);
 }
 
 static void fault_in_save(const struct exec *e, int step, const char *phase)
@@ -709,6 +798,58 @@ static void human_rate(double v, char *buf, size_t cap)
     else if (v >= 1e4) snprintf(buf, cap, "%.1fk", v / 1e3);
     else if (v >= 10) snprintf(buf, cap, "%.0f", v);
     else snprintf(buf, cap, "%.2f", v);
+}
+
+static void print_shares(FILE *f, const int64_t *share, int R)
+{
+    for (int r = 0; r < R; r++) fprintf(f, "%s%lld", r ? " " : "", (long long)share[r]);
+}
+
+/* Every rank measured its busy time per micro-batch since the last look; a
+ * replica's is that of its slowest stage. New shares for those speeds replace
+ * the current ones when they promise a step at least 5% shorter (so noise does
+ * not move micro-batches back and forth). Every rank computes the same shares
+ * from the same reduced times. */
+static cdp_status rebalance(struct exec *e, int step)
+{
+    const int R = e->R;
+    double *t = calloc((size_t)R, sizeof *t);
+    int64_t *next = calloc((size_t)R, sizeof *next);
+    cdp_status st = !t || !next ? cdp_fail(CDP_ERR_NOMEM, "out of memory") : CDP_OK;
+    if (!st) {
+        t[e->r] = e->rb_mb > 0 ? e->rb_busy / (double)e->rb_mb : 0;
+        st = cdp_comm_allreduce_f64(e->world, t, (size_t)R, CDP_REDUCE_MAX, e->timeout);
+    }
+    e->rb_busy = 0;
+    e->rb_mb = 0;
+    int64_t total = 0;
+    for (int r = 0; r < R; r++) total += e->share[r];
+    int ok = 1;
+    for (int r = 0; r < R; r++) ok &= t && t[r] > 0;
+    if (!st && ok && !(st = cdp_balance_shares(t, R, e->p, total, e->unit, e->mcap, next))) {
+        const double now = cdp_balance_step_time(t, R, e->p, e->share),
+                     then = cdp_balance_step_time(t, R, e->p, next);
+        if (memcmp(next, e->share, (size_t)R * sizeof *next) && then < 0.95 * now) {
+            if (e->rank == 0 && e->out) {
+                fprintf(e->out, "step %d: rebalanced micro-batches per replica ", step);
+                print_shares(e->out, e->share, R);
+                fputs(" -> ", e->out);
+                print_shares(e->out, next, R);
+                fputs(" (measured ms per micro-batch:", e->out);
+                for (int r = 0; r < R; r++) fprintf(e->out, " %.1f", 1e3 * t[r]);
+                fprintf(e->out, "; predicted forward/backward %.0f -> %.0f ms)\n", 1e3 * now, 1e3 * then);
+                fflush(e->out);
+            }
+            CDP_INFO(EXEC, "step %d: replica %d now runs %lld micro-batches (was %lld)", step, e->r,
+                     (long long)next[e->r], (long long)e->share[e->r]);
+            memcpy(e->share, next, (size_t)R * sizeof *next);
+            set_share(e);
+            st = build_schedule(e);
+        }
+    }
+    free(t);
+    free(next);
+    return st;
 }
 
 /* Replica 0's ranks each write the part of their stage; rank 0 commits the
@@ -797,6 +938,10 @@ cdp_status cdp_exec_run(const struct cdp_plan *p, cdp_comm_t world, const struct
     parse_fault(&e);
     if ((st = setup(&e))) goto fail;
     if (o && o->resume && (st = resume(&e, o->resume))) goto fail;
+    if ((st = cdp_monitor_create(e.s, e.r, e.dev, &e.monitor))) goto fail;
+    double mon_busy = 0;
+    int mon_steps = 0;
+    int64_t mon_mbs = 0;
     if (e.rank == 0 && p->output.metrics && !(metrics = fopen(p->output.metrics, e.step0 ? "a" : "w"))) {
         st = cdp_fail(CDP_ERR_IO, "%s: cannot write: %s", p->output.metrics, strerror(errno));
         goto fail;
@@ -820,8 +965,20 @@ cdp_status cdp_exec_run(const struct cdp_plan *p, cdp_comm_t world, const struct
         if (e.size == 1)
             fprintf(out, " (%d x %d), %s\n", e.m, e.B, p->train.optimizer.type == CDP_OPT_SGD ? "sgd" : "adamw");
         else
-            fprintf(out, " on %d ranks: %d stages x %d replicas, %s, %d micro-batches of %d per replica\n", e.size,
-                    e.p, e.R, cdp_schedule_name(p->parallel.schedule), e.m, e.B);
+        {
+            int equal = 1;
+            for (int r = 1; r < e.R; r++) equal &= e.share[r] == e.share[0];
+            fprintf(out, " on %d ranks: %d stages x %d replicas, %s, ", e.size, e.p, e.R,
+                    cdp_schedule_name(p->parallel.schedule));
+            if (equal) {
+                fprintf(out, "%lld micro-batches of %d per replica\n", (long long)e.share[0], e.B);
+            } else {
+                fputs("micro-batches of ", out);
+                fprintf(out, "%d per replica: ", e.B);
+                print_shares(out, e.share, e.R);
+                fputc('\n', out);
+            }
+        }
     }
     if ((st = cdp_comm_barrier(world, e.timeout))) goto fail;
     /* every rank's events are timed from the barrier, on its own clock */
@@ -857,6 +1014,31 @@ cdp_status cdp_exec_run(const struct cdp_plan *p, cdp_comm_t world, const struct
                           "/train/grad_clip", step, loss);
             goto fail;
         }
+        /* the monitor and rebalancing see this step's busy time */
+        mon_busy += (double)e.t_fb / 1e9;
+        mon_steps++;
+        mon_mbs += e.m;
+        if (step > e.step0 + 1 || p->parallel.rebalance_every == 1) { /* the first step warms up */
+            e.rb_busy += (double)e.t_fb / 1e9;
+            e.rb_mb += e.m;
+        }
+        struct cdp_monitor_report mon = {0};
+        const int report = step == e.step0 + 1 || step % p->train.log_every == 0 || step == p->train.steps;
+        if (report) {
+            if ((st = cdp_monitor_collect(e.monitor, world, mon_busy, mon_steps, mon_mbs, e.timeout, &mon)))
+                goto fail;
+            mon_busy = 0;
+            mon_steps = 0;
+            mon_mbs = 0;
+            if (mon.straggler >= 0 && e.rank == 0)
+                CDP_WARN(EXEC, "rank %d (stage %d, replica %d) has been the slowest of stage %d's replicas in %d "
+                         "reports running: %.2f ms per micro-batch against their median %.2f ms%s", mon.straggler,
+                         mon.ranks[mon.straggler].stage, mon.ranks[mon.straggler].replica,
+                         mon.ranks[mon.straggler].stage, CDP_MONITOR_STRAGGLER_REPORTS, 1e3 * mon.straggler_mb_s,
+                         1e3 * mon.median_mb_s, p->parallel.rebalance_every > 0
+                         ? "; rebalancing gives its replica fewer micro-batches"
+                         : "; /parallel/rebalance_every would move micro-batches away from it");
+        }
         if (step == e.step0 + 1) sum.first_loss = loss;
         sum.last_loss = loss;
         sum.steps = step;
@@ -877,6 +1059,9 @@ cdp_status cdp_exec_run(const struct cdp_plan *p, cdp_comm_t world, const struct
         if (p->train.checkpoint.dir && (step % p->train.checkpoint.every == 0 || last) &&
             (st = save_checkpoint(&e, step)))
             goto fail;
+        if (p->parallel.rebalance_every > 0 && e.R > 1 && step % p->parallel.rebalance_every == 0 && !last &&
+            (st = rebalance(&e, step)))
+            goto fail;
         if (e.rank != 0) continue;
         const double sps = (double)e.G / dt, tps = tokens ? sps * sample_tokens : 0, fps = flops_per_step / dt;
         if (metrics) {
@@ -884,6 +1069,15 @@ cdp_status cdp_exec_run(const struct cdp_plan *p, cdp_comm_t world, const struct
                     "\"samples_per_s\": %.6g, \"tokens_per_s\": %.6g, \"flops_per_s\": %.6g, \"bubble\": %.4f",
                     step, loss, p->train.optimizer.lr, e.grad_norm, dt, sps, tps, fps, bubble);
             if (!isnan(val)) fprintf(metrics, ", \"val_loss\": %.6g", val);
+            if (e.R > 1) {
+                fputs(", \"shares\": [", metrics);
+                for (int r = 0; r < e.R; r++) fprintf(metrics, "%s%lld", r ? ", " : "", (long long)e.share[r]);
+                fputc(']', metrics);
+            }
+            if (report) {
+                cdp_monitor_json(&mon, metrics);
+                if (mon.straggler >= 0) fprintf(metrics, ", \"straggler\": %d", mon.straggler);
+            }
             fputs("}\n", metrics);
             fflush(metrics);
         }
@@ -900,6 +1094,11 @@ cdp_status cdp_exec_run(const struct cdp_plan *p, cdp_comm_t world, const struct
             if (tps > 0) fprintf(out, "  %s tokens/s", s2);
             fprintf(out, dt < 0.01 ? "  %sFLOP/s  %.2f ms/step" : "  %sFLOP/s  %.0f ms/step", s3, dt * 1e3);
             if (e.size > 1) fprintf(out, "  bubble %.0f%%", 100.0 * bubble);
+            if (report) {
+                char mb[160];
+                cdp_monitor_format(&mon, mb, sizeof mb);
+                fprintf(out, "  | %s", mb);
+            }
             fputc('\n', out);
         } else if (out && o->progress) {
             fprintf(out, "\r\033[Kstep %d/%lld  loss %.4f", step, (long long)p->train.steps, loss);

@@ -19,16 +19,22 @@ enum { MODEL_MLP = 0, MODEL_GPT = 1 };
 struct layout {
     int model, p, R, m, v;
     char schedule[16];
+    char balance[24]; /* "" (the default), or a /parallel/balance list such as "[3, 1]" */
+    int rebalance_every;
 };
 
 static void write_plan(const char *dir, const char *name, const struct layout *l, int one_rank)
 {
-    char json[2048], par[512];
+    char json[2048], par[512], bal[96] = "";
     const int p = one_rank ? 1 : l->p, R = one_rank ? 1 : l->R, m = one_rank ? l->R * l->m : l->m;
+    if (!one_rank && l->balance[0])
+        snprintf(bal, sizeof bal, ", \"balance\": %s", l->balance);
+    if (!one_rank && l->rebalance_every)
+        snprintf(bal + strlen(bal), sizeof bal - strlen(bal), ", \"rebalance_every\": %d", l->rebalance_every);
     snprintf(par, sizeof par,
              "\"parallel\": {\"stages\": %d, \"replicas\": %d, \"micro_batches\": %d, \"schedule\": \"%s\""
-             "%s}",
-             p, R, m, one_rank ? "1f1b" : l->schedule, !one_rank && l->v > 1 ? ", \"chunks\": 2" : "");
+             "%s%s}",
+             p, R, m, one_rank ? "1f1b" : l->schedule, !one_rank && l->v > 1 ? ", \"chunks\": 2" : "", bal);
     const char *model = l->model == MODEL_GPT
         ? "\"model\": {\"preset\": \"gpt\", \"vocab\": 32, \"context\": 8, \"layers\": 6, \"heads\": 2, \"embed\": 16}"
         : "\"model\": {\"preset\": \"mlp\", \"input\": [12], \"hidden\": [32, 24, 16], \"classes\": 5}";
@@ -107,13 +113,21 @@ ParameterizedTestParameters(pipeline, layouts_equal_one_rank)
     for (int model = 0; model < 2; model++)
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
             const int p = shapes[s][0], R = shapes[s][1], m = shapes[s][2];
-            grid[n++] = (struct layout){model, p, R, m, 1, "gpipe"};
-            grid[n++] = (struct layout){model, p, R, m, 1, "1f1b"};
+            grid[n++] = (struct layout){model, p, R, m, 1, "gpipe", "", 0};
+            grid[n++] = (struct layout){model, p, R, m, 1, "1f1b", "", 0};
             /* interleaved: 2 chunks per rank, m a multiple of p, enough units */
             const int units = model == MODEL_GPT ? 8 : 7;
             if (p >= 2 && m % p == 0 && 2 * p <= units)
-                grid[n++] = (struct layout){model, p, R, m, 2, "interleaved"};
+                grid[n++] = (struct layout){model, p, R, m, 2, "interleaved", "", 0};
         }
+    /* unequal shares of the global batch (load-balanced replicas) */
+    for (int model = 0; model < 2; model++) {
+        grid[n++] = (struct layout){model, 1, 2, 2, 1, "1f1b", "[3, 1]", 0};
+        grid[n++] = (struct layout){model, 2, 2, 4, 1, "gpipe", "[6, 2]", 0};
+        grid[n++] = (struct layout){model, 2, 2, 4, 1, "1f1b", "[1, 7]", 0};
+        grid[n++] = (struct layout){model, 2, 2, 4, 2, "interleaved", "[6, 2]", 0};
+        grid[n++] = (struct layout){model, 2, 3, 3, 1, "1f1b", "[5, 3, 1]", 0};
+    }
     return cr_make_param_array(struct layout, grid, (size_t)n);
 }
 
@@ -143,8 +157,8 @@ ParameterizedTest(struct layout *l, pipeline, layouts_equal_one_rank, .timeout =
     double e = compare_weights(path_a, path_b);
     cr_assert_leq(e, 1e-5, "%s %s p=%d R=%d m=%d: weights differ by %.3g", l->model ? "gpt" : "mlp",
                   l->schedule, l->p, l->R, l->m, e);
-    cr_log_info("%s %s p=%d R=%d m=%d: worst weight error %.3g", l->model ? "gpt" : "mlp", l->schedule, l->p,
-                l->R, l->m, e);
+    cr_log_info("%s %s p=%d R=%d m=%d %s: worst weight error %.3g", l->model ? "gpt" : "mlp", l->schedule, l->p,
+                l->R, l->m, l->balance, e);
 }
 
 Test(pipeline, trace_has_a_track_per_rank_and_forward_backward_boxes)
@@ -153,7 +167,7 @@ Test(pipeline, trace_has_a_track_per_rank_and_forward_backward_boxes)
     const char *d = cdp_test_tmpdir();
     char dir[4096], plan[4200], path[4300];
     snprintf(dir, sizeof dir, "%s", d);
-    struct layout l = {MODEL_GPT, 2, 2, 4, 1, "1f1b"};
+    struct layout l = {MODEL_GPT, 2, 2, 4, 1, "1f1b", "", 0};
     write_plan(dir, "pipe", &l, 0);
     snprintf(plan, sizeof plan, "%s/pipe.json", dir);
     run_ok(plan);
@@ -247,5 +261,98 @@ Test(pipeline, no_launch_asks_for_mpirun)
     cr_assert_eq(cdp_test_run(&r, (const char *[]){"--no-launch", "--plan", fault_plan(dir, 20, NULL), NULL}), 0);
     cr_assert_eq(r.exit_code, 2, "%s", r.err);
     cr_assert(strstr(r.err, "needs 2 ranks") && strstr(r.err, "mpirun -np 2"), "%s", r.err);
+    cdp_test_run_free(&r);
+}
+
+/* The last value of `"key": [a, b, ...]` in a metrics file. */
+static int last_list(const char *path, const char *key, long *out, int cap)
+{
+    char *text = cdp_test_read_file(path);
+    cr_assert_not_null(text, "%s was not written", path);
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\": [", key);
+    const char *at = NULL;
+    for (const char *c = strstr(text, pat); c; c = strstr(c + 1, pat)) at = c;
+    int n = 0;
+    if (at) {
+        char *c = (char *)at + strlen(pat);
+        while (n < cap && *c != ']') {
+            out[n++] = strtol(c, &c, 10);
+            while (*c == ',' || *c == ' ') c++;
+        }
+    }
+    free(text);
+    return n;
+}
+
+/* One rank made four times slower (the CDP_FAULT slow knob): rebalancing moves
+ * micro-batches to the fast replica, logs it, and the run still equals
+ * one-rank training. */
+Test(pipeline, rebalancing_moves_micro_batches_to_fast_replicas, .timeout = 240)
+{
+    need_mpi();
+    char dir[4096], base[4200], pipe[4200], a[4300], b[4300];
+    snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
+    struct layout l = {MODEL_GPT, 1, 2, 4, 1, "1f1b", "", 1};
+    write_plan(dir, "one", &l, 1);
+    write_plan(dir, "pipe", &l, 0);
+    snprintf(base, sizeof base, "%s/one.json", dir);
+    snprintf(pipe, sizeof pipe, "%s/pipe.json", dir);
+    run_ok(base);
+    double secs;
+    struct cdp_run r = run_fault(pipe, "slow:1:6", &secs);
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    cr_assert(strstr(r.out, "rebalanced micro-batches per replica 4 4 -> "), "%s", r.out);
+    snprintf(b, sizeof b, "%s/pipe.jsonl", dir);
+    long shares[4];
+    cr_assert_eq(last_list(b, "shares", shares, 4), 2);
+    cr_assert_gt(shares[0], shares[1], "shares %ld %ld: the slowed replica 1 should run fewer", shares[0], shares[1]);
+    cr_assert_eq(shares[0] + shares[1], 8);
+    double la[8], lb[8];
+    snprintf(a, sizeof a, "%s/one.jsonl", dir);
+    cr_assert_eq(read_losses(a, la, 8), 3);
+    cr_assert_eq(read_losses(b, lb, 8), 3);
+    for (int i = 0; i < 3; i++)
+        cr_assert_leq(fabs(la[i] - lb[i]), 1e-5 * fabs(la[i]), "step %d: loss %.9g vs %.9g", i + 1, lb[i], la[i]);
+    snprintf(a, sizeof a, "%s/one.safetensors", dir);
+    snprintf(b, sizeof b, "%s/pipe.safetensors", dir);
+    double e = compare_weights(a, b);
+    cr_assert_leq(e, 1e-5, "weights differ by %.3g", e);
+    cr_log_info("rebalanced to %ld %ld; worst weight error %.3g", shares[0], shares[1], e);
+    cdp_test_run_free(&r);
+}
+
+/* The monitor: per-rank utilisation, memory and busy time in metrics.jsonl,
+ * the slowest rank, and a warning naming a rank that is consistently slow. */
+Test(pipeline, the_monitor_reports_ranks_and_names_a_straggler, .timeout = 120)
+{
+    need_mpi();
+    char dir[4096], plan[4200], path[4300];
+    snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
+    char json[1024];
+    snprintf(json, sizeof json,
+             "{\"model\": {\"preset\": \"mlp\", \"input\": [12], \"hidden\": [64, 64], \"classes\": 5}, "
+             "\"data\": {\"source\": \"synthetic\"}, \"train\": {\"steps\": 8, \"micro_batch\": 4, "
+             "\"log_every\": 1, \"timeout_s\": 60}, \"parallel\": {\"stages\": 1, \"replicas\": 2, "
+             "\"micro_batches\": 2}, \"cluster\": {\"backend\": \"cpu\"}, \"output\": {\"metrics\": \"m.jsonl\"}}");
+    snprintf(plan, sizeof plan, "%s", cdp_test_write_file(dir, "mon.json", json));
+    double secs;
+    struct cdp_run r = run_fault(plan, "slow:1:20", &secs);
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    cr_assert(strstr(r.out, "slowest r1"), "%s", r.out);
+    cr_assert(strstr(r.out, "| cpu "), "%s", r.out);
+    cr_assert(strstr(r.err, "rank 1 (stage 0, replica 1) has been the slowest of stage 0's replicas"), "%s", r.err);
+    snprintf(path, sizeof path, "%s/m.jsonl", dir);
+    char *t = cdp_test_read_file(path);
+    cr_assert_not_null(t);
+    cr_assert(strstr(t, "\"ranks\": [{\"rank\": 0, \"stage\": 0, \"replica\": 0, \"util\": "), "%s", t);
+    cr_assert(strstr(t, "\"slowest_rank\": 1"), "%s", t);
+    cr_assert(strstr(t, "\"straggler\": 1"), "%s", t);
+    /* every rank holds some memory and did some work */
+    const char *c = strstr(t, "\"mem_bytes\": ");
+    cr_assert(c && strtod(c + 13, NULL) > 1e6, "%s", t);
+    c = strstr(t, "\"busy_s\": ");
+    cr_assert(c && strtod(c + 10, NULL) > 0, "%s", t);
+    free(t);
     cdp_test_run_free(&r);
 }
