@@ -2,6 +2,7 @@
  * shares (link classes from PCIe paths and NVLinks), CPU and cluster
  * topologies, links, equality, GPU facts, and CPU-set/rate/bus-id helpers. */
 #include <ctype.h>
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -514,69 +515,169 @@ fail:
     return st;
 }
 
-cdp_status cdp_topology_cluster(const struct cdp_topology *node, int n_nodes,
-                                const struct cdp_topo_network *net, struct cdp_topology **out)
+/* The network of a join (docs/topology.md, "Mixed clusters"): the terms' own
+ * when they agree; else one network for every pair of nodes, no faster than
+ * its slowest part: the least NIC rate and NIC count, the largest latency,
+ * named after the network whose rate it took. */
+static struct cdp_topo_network join_network(const struct cdp_topology *const *nodes, int n_terms)
+{
+    struct cdp_topo_network net = nodes[0]->network;
+    int same = 1;
+    for (int i = 1; i < n_terms; i++) {
+        const struct cdp_topo_network *x = &nodes[i]->network;
+        same &= !strcmp(x->name, net.name) && x->nics_per_node == net.nics_per_node && x->nic_rate == net.nic_rate &&
+                x->latency == net.latency;
+    }
+    if (same) return net;
+    for (int i = 0; i < n_terms; i++) {
+        const struct cdp_topo_network *x = &nodes[i]->network;
+        const double lat = x->latency > 0 ? x->latency : CDP_TOPO_DEFAULT_NET_LATENCY;
+        if (i == 0 || lat > net.latency) net.latency = lat;
+        if (x->nics_per_node > 0 && (net.nics_per_node <= 0 || x->nics_per_node < net.nics_per_node))
+            net.nics_per_node = x->nics_per_node;
+        if (x->nic_rate > 0 && (net.nic_rate <= 0 || x->nic_rate < net.nic_rate)) {
+            net.nic_rate = x->nic_rate;
+            memcpy(net.name, x->name, sizeof net.name);
+        }
+    }
+    return net;
+}
+
+cdp_status cdp_topology_join(const struct cdp_topology *const *nodes, const int *counts, int n_terms,
+                             const struct cdp_topo_network *net, struct cdp_topology **out)
 {
     cdp_status st;
-    if (!node || node->n_nodes != 1)
-        return cdp_fail(CDP_ERR_INVALID, "topology: a cluster is built from a one-node topology");
-    if (n_nodes < 1 || n_nodes > 65536)
-        return cdp_fail(CDP_ERR_INVALID, "topology: a cluster needs 1 to 65536 nodes, got %d", n_nodes);
-    int g1 = node->n_gpus;
-    if ((long long)g1 * n_nodes > 1 << 20)
-        return cdp_fail(CDP_ERR_INVALID, "topology: %d nodes x %d devices is too many", n_nodes, g1);
+    if (n_terms < 1 || n_terms > CDP_TOPO_JOIN_MAX_TERMS)
+        return cdp_fail(CDP_ERR_INVALID, "topology: a join has 1 to %d terms, got %d", CDP_TOPO_JOIN_MAX_TERMS,
+                        n_terms);
+    long long n_nodes = 0, n_gpus = 0, n_numa = 0, n_sw = 0, n_nics = 0;
+    for (int i = 0; i < n_terms; i++) {
+        const struct cdp_topology *nd = nodes[i];
+        if (!nd || nd->n_nodes != 1)
+            return cdp_fail(CDP_ERR_INVALID, "topology: term %d: a cluster is built from one-node topologies",
+                            i + 1);
+        if (nd->kind != nodes[0]->kind)
+            return cdp_fail(CDP_ERR_INVALID, "topology: term %d (%s) has %s devices, term 1 (%s) %s devices",
+                            i + 1, nd->name, nd->kind == CDP_TOPO_CPU ? "CPU" : "GPU", nodes[0]->name,
+                            nodes[0]->kind == CDP_TOPO_CPU ? "CPU" : "GPU");
+        if (counts[i] < 1 || counts[i] > 65536)
+            return cdp_fail(CDP_ERR_INVALID, "topology: a cluster needs 1 to 65536 nodes, got %d", counts[i]);
+        n_nodes += counts[i];
+        n_gpus += (long long)counts[i] * nd->n_gpus;
+        n_numa += (long long)counts[i] * nd->n_numa;
+        n_sw += (long long)counts[i] * nd->n_nvswitches;
+        n_nics += (long long)counts[i] * nd->n_nics;
+    }
+    if (n_nodes > 65536)
+        return cdp_fail(CDP_ERR_INVALID, "topology: a cluster needs 1 to 65536 nodes, got %lld", n_nodes);
+    if (n_gpus > 1 << 20)
+        return cdp_fail(CDP_ERR_INVALID, "topology: %lld nodes with %lld devices is too many", n_nodes, n_gpus);
+    if (n_numa > INT_MAX || n_sw > INT_MAX || n_nics > INT_MAX)
+        return cdp_fail(CDP_ERR_INVALID, "topology: %lld nodes: too many NUMA nodes, switches or NICs", n_nodes);
     struct cdp_topology *t = calloc(1, sizeof *t);
     if (!t) return cdp_fail(CDP_ERR_NOMEM, "topology: out of memory");
-    if ((st = cdp_topo_alloc(t, n_nodes, g1 * n_nodes, node->n_numa * n_nodes, node->n_nvswitches * n_nodes,
-                             node->n_nics * n_nodes)))
-        goto fail;
-    t->kind = node->kind;
-    if (n_nodes == 1) cdp_topo_copy_str(t->name, sizeof t->name, node->name);
-    else snprintf(t->name, sizeof t->name, "%d x %.50s", n_nodes, node->name);
-    t->network = net ? *net : node->network;
-    for (int k = 0; k < n_nodes; k++) {
-        struct cdp_topo_node *nd = &t->nodes[k];
+    if ((st = cdp_topo_alloc(t, (int)n_nodes, (int)n_gpus, (int)n_numa, (int)n_sw, (int)n_nics))) goto fail;
+    t->kind = nodes[0]->kind;
+    if (n_terms == 1 && counts[0] == 1) {
+        cdp_topo_copy_str(t->name, sizeof t->name, nodes[0]->name);
+    } else if (n_terms == 1) {
+        snprintf(t->name, sizeof t->name, "%d x %.50s", counts[0], nodes[0]->name);
+    } else {
+        size_t len = 0;
+        for (int i = 0; i < n_terms && len < sizeof t->name; i++)
+            len += (size_t)snprintf(t->name + len, sizeof t->name - len, "%s%d x %s", i ? " + " : "", counts[i],
+                                    nodes[i]->name);
+    }
+    t->network = net ? *net : join_network(nodes, n_terms);
+    int k = 0, g0 = 0, q_numa = 0, q_sw = 0, q_nic = 0;
+    for (int term = 0; term < n_terms; term++) {
+        const struct cdp_topology *node = nodes[term];
         const struct cdp_topo_node *src = &node->nodes[0];
-        *nd = (struct cdp_topo_node){0};
-        memcpy(nd->name, src->name, sizeof nd->name);
-        nd->nvlink_bw = src->nvlink_bw;
-        nd->sys_bw = src->sys_bw;
-        nd->copy_bw = src->copy_bw;
-        nd->first_gpu = k * g1;
-        if ((st = cdp_topo_node_alloc(nd, g1))) goto fail;
-        memcpy(nd->nvlink_direct, src->nvlink_direct, (size_t)g1 * g1 * sizeof *nd->nvlink_direct);
-        for (int i = 0; i < g1; i++) {
-            struct cdp_topo_gpu *g = &t->gpus[k * g1 + i];
-            *g = node->gpus[i];
-            g->index = k * g1 + i;
-            g->node = k;
-        }
-        for (int i = 0; i < node->n_numa; i++) {
-            t->numa[k * node->n_numa + i] = node->numa[i];
-            t->numa[k * node->n_numa + i].node = k;
-        }
-        for (int i = 0; i < node->n_nics; i++) {
-            t->nics[k * node->n_nics + i] = node->nics[i];
-            t->nics[k * node->n_nics + i].node = k;
-        }
-        for (int s = 0; s < node->n_nvswitches; s++) {
-            struct cdp_topo_nvswitch *sw = &t->nvswitches[k * node->n_nvswitches + s];
-            *sw = node->nvswitches[s];
-            sw->gpu_links = NULL;
-            sw->node = k;
-            if ((st = cdp_topo_switch_alloc(sw, g1))) goto fail;
-            memcpy(sw->gpu_links, node->nvswitches[s].gpu_links, (size_t)g1 * sizeof *sw->gpu_links);
+        const int g1 = node->n_gpus;
+        for (int c = 0; c < counts[term]; c++, k++, g0 += g1) {
+            struct cdp_topo_node *nd = &t->nodes[k];
+            *nd = (struct cdp_topo_node){0};
+            memcpy(nd->name, src->name, sizeof nd->name);
+            nd->nvlink_bw = src->nvlink_bw;
+            nd->sys_bw = src->sys_bw;
+            nd->copy_bw = src->copy_bw;
+            nd->first_gpu = g0;
+            if ((st = cdp_topo_node_alloc(nd, g1))) goto fail;
+            memcpy(nd->nvlink_direct, src->nvlink_direct, (size_t)g1 * g1 * sizeof *nd->nvlink_direct);
+            for (int i = 0; i < g1; i++) {
+                struct cdp_topo_gpu *g = &t->gpus[g0 + i];
+                *g = node->gpus[i];
+                g->index = g0 + i;
+                g->node = k;
+            }
+            for (int i = 0; i < node->n_numa; i++, q_numa++) {
+                t->numa[q_numa] = node->numa[i];
+                t->numa[q_numa].node = k;
+            }
+            for (int i = 0; i < node->n_nics; i++, q_nic++) {
+                t->nics[q_nic] = node->nics[i];
+                t->nics[q_nic].node = k;
+            }
+            for (int s = 0; s < node->n_nvswitches; s++, q_sw++) {
+                struct cdp_topo_nvswitch *sw = &t->nvswitches[q_sw];
+                *sw = node->nvswitches[s];
+                sw->gpu_links = NULL;
+                sw->node = k;
+                if ((st = cdp_topo_switch_alloc(sw, g1))) goto fail;
+                memcpy(sw->gpu_links, node->nvswitches[s].gpu_links, (size_t)g1 * sizeof *sw->gpu_links);
+            }
         }
     }
     if (n_nodes > 1 && t->network.nic_rate <= 0)
         CDP_WARN(TOPO, "%s: no network rate known between the nodes; inter-node links get 0 bytes/s", t->name);
-    if ((st = cdp_topo_set_source(t, "%s", node->source ? node->source : node->name))) goto fail;
-    if ((st = cdp_topo_finalize(t, t->name))) goto fail;
+    if (n_terms == 1) {
+        st = cdp_topo_set_source(t, "%s", nodes[0]->source ? nodes[0]->source : nodes[0]->name);
+    } else {
+        char src[4096];
+        size_t len = 0;
+        for (int i = 0; i < n_terms && len < sizeof src; i++)
+            len += (size_t)snprintf(src + len, sizeof src - len, "%s%s: %s", i ? "; " : "", nodes[i]->name,
+                                    nodes[i]->source ? nodes[i]->source : "(no source)");
+        st = cdp_topo_set_source(t, "%s", src);
+    }
+    if (st || (st = cdp_topo_finalize(t, t->name))) goto fail;
     *out = t;
     return CDP_OK;
 fail:
     cdp_topology_free(t);
     return st;
+}
+
+cdp_status cdp_topology_cluster(const struct cdp_topology *node, int n_nodes,
+                                const struct cdp_topo_network *net, struct cdp_topology **out)
+{
+    if (!node || node->n_nodes != 1)
+        return cdp_fail(CDP_ERR_INVALID, "topology: a cluster is built from a one-node topology");
+    if (n_nodes < 1 || n_nodes > 65536)
+        return cdp_fail(CDP_ERR_INVALID, "topology: a cluster needs 1 to 65536 nodes, got %d", n_nodes);
+    const struct cdp_topology *const nodes[1] = {node};
+    return cdp_topology_join(nodes, &n_nodes, 1, net, out);
+}
+
+/* Two nodes of t alike: the same devices (names, memory, peaks), links and rates. */
+int cdp_topo_nodes_alike(const struct cdp_topology *t, int a, int b)
+{
+    const struct cdp_topo_node *x = &t->nodes[a], *y = &t->nodes[b];
+    if (x->n_gpus != y->n_gpus || x->nvlink_bw != y->nvlink_bw || x->sys_bw != y->sys_bw || x->copy_bw != y->copy_bw ||
+        strcmp(x->name, y->name))
+        return 0;
+    const size_t n = (size_t)x->n_gpus * (size_t)x->n_gpus;
+    if (memcmp(x->link_class, y->link_class, n * sizeof *x->link_class) ||
+        memcmp(x->bandwidth, y->bandwidth, n * sizeof *x->bandwidth) ||
+        memcmp(x->latency, y->latency, n * sizeof *x->latency))
+        return 0;
+    for (int i = 0; i < x->n_gpus; i++) {
+        const struct cdp_topo_gpu *g = &t->gpus[x->first_gpu + i], *h = &t->gpus[y->first_gpu + i];
+        if (strcmp(g->name, h->name) || g->memory_bytes != h->memory_bytes || g->peak_fp32 != h->peak_fp32 ||
+            g->peak_tf32 != h->peak_tf32 || g->peak_bf16 != h->peak_bf16 || g->pcie_bw != h->pcie_bw)
+            return 0;
+    }
+    return 1;
 }
 
 /* ---- equality ------------------------------------------------------------------------ */

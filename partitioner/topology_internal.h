@@ -39,6 +39,25 @@ const struct cdp_gpu_facts *cdp_gpu_facts_find(const char *name);
 /* A model name for a PCI device id of vendor 0x10de, or NULL. */
 const char *cdp_gpu_name_by_pci_id(unsigned device);
 
+/* ---- clusters of different nodes ------------------------------------------------ */
+
+#define CDP_TOPO_JOIN_MAX_TERMS 64
+
+/* Joins one-node topologies into one cluster: counts[i] copies of nodes[i]
+ * (not owned), in term order, so node and device numbers follow the terms.
+ * net NULL: the terms' network when they agree, else one network no faster
+ * than its slowest part (the least NIC rate and NIC count, the largest
+ * latency; docs/topology.md). Named "2 x dgx-a100 + 1 x dgx1-v100" (one term:
+ * as cdp_topology_cluster names it). cdp_topology_cluster is its one-term case.
+ * CDP_ERR_INVALID (a term that is not one node, CPU and GPU terms mixed, bad
+ * counts, too many devices), CDP_ERR_NOMEM; *out set only on success. */
+cdp_status cdp_topology_join(const struct cdp_topology *const *nodes, const int *counts, int n_terms,
+                             const struct cdp_topo_network *net, struct cdp_topology **out);
+
+/* Nonzero when nodes a and b of t have the same devices (names, memory,
+ * peaks, PCIe rates), links and rates. */
+int cdp_topo_nodes_alike(const struct cdp_topology *t, int a, int b);
+
 /* Latency estimate of a link class (seconds). */
 double cdp_topo_class_latency(enum cdp_link_class c);
 #define CDP_TOPO_DEFAULT_PCIE_BW 12e9   /* PCIe Gen3 x16, achievable */

@@ -696,6 +696,11 @@ cdp_status cdp_topology_to_native_json(const struct cdp_topology *t, char **text
 {
     struct jw w = {1};
     json_t *root;
+    for (int k = 1; k < t->n_nodes; k++)
+        if (!cdp_topo_nodes_alike(t, 0, k))
+            return cdp_fail(CDP_ERR_INVALID, "%s: node %d (%s) differs from node 0 (%s): our JSON describes a "
+                            "cluster of one kind of node; export each node and join them in a spec "
+                            "(\"1 x a.json + 1 x b.json\")", t->name, k, t->nodes[k].name, t->nodes[0].name);
     if (t->n_nodes == 1) {
         root = node_json(&w, t, 0);
         if (root) {

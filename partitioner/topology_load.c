@@ -1,6 +1,7 @@
 /* Loading by spec: presets (and where they are looked for), "N x preset"
- * clusters, files recognised by content (hwloc XML, NCCL XML, our JSON), and
- * the spec check the plan loader uses. */
+ * clusters, "N x a + M x b" clusters of different nodes, files recognised by
+ * content (hwloc XML, NCCL XML, our JSON), and the spec check the plan loader
+ * uses. */
 #include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
@@ -231,7 +232,28 @@ static int parse_cluster(const char *spec, long *nodes, const char **rest)
     return 1;
 }
 
-enum spec_kind { SPEC_AUTO, SPEC_PRESET, SPEC_CLUSTER, SPEC_FILE };
+enum spec_kind { SPEC_AUTO, SPEC_PRESET, SPEC_CLUSTER, SPEC_FILE, SPEC_JOIN };
+
+/* Whether spec names an existing regular file (relative to base_dir). */
+static int existing_file(const char *spec, const char *base_dir)
+{
+    char *joined = join(base_dir, spec);
+    char *abs = joined ? realpath(joined, NULL) : NULL;
+    int yes = abs && is_regular(abs);
+    free(joined);
+    free(abs);
+    return yes;
+}
+
+/* A '+' makes a join, unless the spec (or the node of "N x node") is a file
+ * whose name has the '+'. */
+static int is_join(const char *spec, const char *base_dir)
+{
+    long n;
+    const char *rest;
+    if (!strchr(spec, '+') || existing_file(spec, base_dir)) return 0;
+    return !(parse_cluster(spec, &n, &rest) && existing_file(rest, base_dir));
+}
 
 /* Classifies spec; *path (owned) is the preset or file path when there is one. */
 static cdp_status classify(const char *spec, const char *base_dir, enum spec_kind *kind, char **path, long *nodes,
@@ -243,6 +265,10 @@ static cdp_status classify(const char *spec, const char *base_dir, enum spec_kin
         *kind = SPEC_AUTO;
         return CDP_OK;
     }
+    if (is_join(spec, base_dir)) {
+        *kind = SPEC_JOIN;
+        return CDP_OK;
+    }
     if (parse_cluster(spec, nodes, node_spec)) {
         if (*nodes < 1 || *nodes > 65536)
             return cdp_fail(CDP_ERR_INVALID, "topology \"%s\": a cluster has 1 to 65536 nodes", spec);
@@ -251,7 +277,7 @@ static cdp_status classify(const char *spec, const char *base_dir, enum spec_kin
         const char *inner;
         cdp_status st = classify(*node_spec, base_dir, &k, path, &inner_nodes, &inner);
         if (st) return cdp_error_context(st, "topology \"%s\"", spec);
-        if (k == SPEC_AUTO || k == SPEC_CLUSTER) {
+        if (k == SPEC_AUTO || k == SPEC_CLUSTER || k == SPEC_JOIN) {
             free(*path);
             *path = NULL;
             return cdp_fail(CDP_ERR_INVALID, "topology \"%s\": a cluster is N x a preset or a one-node file", spec);
@@ -289,6 +315,157 @@ static cdp_status classify(const char *spec, const char *base_dir, enum spec_kin
     return CDP_OK;
 }
 
+/* One term of "1 x dgx-a100 + 1 x dgx1-v100": "N x node" or a bare node (1 x). */
+struct join_term {
+    int count;
+    char *text; /* the term as written, trimmed (owned) */
+    char *node; /* its node spec, trimmed (owned) */
+    char *path; /* the preset's or file's path (owned) */
+    int is_file;
+};
+
+static void terms_free(struct join_term *v, int n)
+{
+    for (int i = 0; v && i < n; i++) {
+        free(v[i].text);
+        free(v[i].node);
+        free(v[i].path);
+    }
+    free(v);
+}
+
+static char *trimmed(const char *s, size_t n)
+{
+    while (n && isspace((unsigned char)*s)) s++, n--;
+    while (n && isspace((unsigned char)s[n - 1])) n--;
+    return strndup(s, n);
+}
+
+/* Splits a join at '+' and classifies each term; messages name the term. */
+static cdp_status parse_join(const char *spec, const char *base_dir, struct join_term **out, int *n_out)
+{
+    int n = 1;
+    for (const char *c = spec; *c; c++) n += *c == '+';
+    if (n > CDP_TOPO_JOIN_MAX_TERMS)
+        return cdp_fail(CDP_ERR_INVALID, "topology \"%s\": %d terms; a cluster joins at most %d", spec, n,
+                        CDP_TOPO_JOIN_MAX_TERMS);
+    struct join_term *v = calloc((size_t)n, sizeof *v);
+    if (!v) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
+    cdp_status st = CDP_OK;
+    long total = 0;
+    const char *start = spec;
+    for (int i = 0; i < n; i++) {
+        const char *end = strchr(start, '+');
+        if (!end) end = start + strlen(start);
+        struct join_term *tm = &v[i];
+        if (!(tm->text = trimmed(start, (size_t)(end - start)))) {
+            st = cdp_fail(CDP_ERR_NOMEM, "out of memory");
+            goto fail;
+        }
+        start = *end ? end + 1 : end;
+        if (!tm->text[0]) {
+            st = cdp_fail(CDP_ERR_INVALID, "topology \"%s\": term %d is empty (terms are \"N x preset\", "
+                          "\"N x ./node.json\" or a preset, joined by '+')", spec, i + 1);
+            goto fail;
+        }
+        long count = 1;
+        const char *rest = tm->text;
+        if (parse_cluster(tm->text, &count, &rest) && (count < 1 || count > 65536)) {
+            st = cdp_fail(CDP_ERR_INVALID, "topology \"%s\": term %d \"%s\": %ld nodes; a term has 1 to 65536",
+                          spec, i + 1, tm->text, count);
+            goto fail;
+        }
+        tm->count = (int)count;
+        total += count;
+        if (!(tm->node = trimmed(rest, strlen(rest)))) {
+            st = cdp_fail(CDP_ERR_NOMEM, "out of memory");
+            goto fail;
+        }
+        enum spec_kind k;
+        long inner_nodes;
+        const char *inner;
+        if ((st = classify(tm->node, base_dir, &k, &tm->path, &inner_nodes, &inner))) {
+            st = cdp_error_context(st, "topology \"%s\": term %d \"%s\"", spec, i + 1, tm->text);
+            goto fail;
+        }
+        if (k != SPEC_PRESET && k != SPEC_FILE) {
+            st = cdp_fail(CDP_ERR_INVALID, "topology \"%s\": term %d \"%s\": a term is N x a preset or a "
+                          "one-node file", spec, i + 1, tm->text);
+            goto fail;
+        }
+        tm->is_file = k == SPEC_FILE;
+    }
+    if (total > 65536) {
+        st = cdp_fail(CDP_ERR_INVALID, "topology \"%s\": %ld nodes; a cluster has 1 to 65536", spec, total);
+        goto fail;
+    }
+    *out = v;
+    *n_out = n;
+    return CDP_OK;
+fail:
+    terms_free(v, n);
+    return st;
+}
+
+/* Loads each term's node and joins them. */
+static cdp_status load_join(const char *spec, const char *base_dir, struct cdp_topology **out)
+{
+    struct join_term *v = NULL;
+    int n = 0;
+    cdp_status st = parse_join(spec, base_dir, &v, &n);
+    if (st) return st;
+    struct cdp_topology **nodes = calloc((size_t)n, sizeof *nodes);
+    int *counts = calloc((size_t)n, sizeof *counts);
+    if (!nodes || !counts) {
+        st = cdp_fail(CDP_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    for (int i = 0; i < n; i++) {
+        CDP_INFO(TOPO, "topology \"%s\": term %d: %d node%s of %s", spec, i + 1, v[i].count,
+                 v[i].count == 1 ? "" : "s", v[i].path);
+        counts[i] = v[i].count;
+        if ((st = cdp_topology_load_file(v[i].path, &nodes[i]))) {
+            st = cdp_error_context(st, "topology \"%s\": term %d \"%s\"", spec, i + 1, v[i].text);
+            goto done;
+        }
+        if (nodes[i]->n_nodes != 1) {
+            st = cdp_fail(CDP_ERR_INVALID, "topology \"%s\": term %d \"%s\": %s already has %d nodes (a term "
+                          "is N x one node)", spec, i + 1, v[i].text, v[i].path, nodes[i]->n_nodes);
+            goto done;
+        }
+    }
+    st = cdp_topology_join((const struct cdp_topology *const *)nodes, counts, n, NULL, out);
+done:
+    for (int i = 0; nodes && i < n; i++) cdp_topology_free(nodes[i]);
+    free(nodes);
+    free(counts);
+    terms_free(v, n);
+    return st;
+}
+
+/* The join spec to keep: files as absolute paths, every term "N x node". */
+static cdp_status normalize_join(const char *spec, const char *base_dir, char **norm)
+{
+    struct join_term *v = NULL;
+    int n = 0, files = 0;
+    cdp_status st = parse_join(spec, base_dir, &v, &n);
+    if (st) return st;
+    size_t cap = 1;
+    for (int i = 0; i < n; i++) {
+        files += v[i].is_file;
+        cap += strlen(v[i].is_file ? v[i].path : v[i].node) + 32;
+    }
+    *norm = files ? malloc(cap) : strdup(spec);
+    if (*norm && files) {
+        size_t len = 0;
+        for (int i = 0; i < n; i++)
+            len += (size_t)snprintf(*norm + len, cap - len, "%s%d x %s", i ? " + " : "", v[i].count,
+                                    v[i].is_file ? v[i].path : v[i].node);
+    }
+    terms_free(v, n);
+    return *norm ? CDP_OK : cdp_fail(CDP_ERR_NOMEM, "out of memory");
+}
+
 cdp_status cdp_topology_check_spec(const char *spec, const char *base_dir, char **normalized)
 {
     enum spec_kind kind;
@@ -298,7 +475,9 @@ cdp_status cdp_topology_check_spec(const char *spec, const char *base_dir, char 
     cdp_status st = classify(spec, base_dir, &kind, &path, &nodes, &node_spec);
     if (st) return st;
     char *norm = NULL;
-    if (kind == SPEC_FILE) {
+    if (kind == SPEC_JOIN) {
+        if ((st = normalize_join(spec, base_dir, &norm))) return st;
+    } else if (kind == SPEC_FILE) {
         norm = path;
         path = NULL;
     } else if (kind == SPEC_CLUSTER && looks_like_path(node_spec)) {
@@ -333,6 +512,9 @@ cdp_status cdp_topology_load(const char *spec, const char *base_dir, struct cdp_
         CDP_INFO(TOPO, "topology \"%s\": %s %s", spec, kind == SPEC_PRESET ? "preset" : "file", path);
         st = cdp_topology_load_file(path, &t);
         if (st && kind == SPEC_PRESET) st = cdp_error_context(st, "preset \"%s\"", spec);
+        break;
+    case SPEC_JOIN:
+        st = load_join(spec, base_dir, &t);
         break;
     case SPEC_CLUSTER: {
         struct cdp_topology *node = NULL;

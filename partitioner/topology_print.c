@@ -21,6 +21,28 @@ static int node_same(const struct cdp_topology *t, int k)
            !memcmp(a->bandwidth, b->bandwidth, n * sizeof *a->bandwidth);
 }
 
+/* rep[k]: the first node alike to node k (k itself when none before it is);
+ * compared with each distinct node only, so large clusters stay cheap. */
+static void node_kinds(const struct cdp_topology *t, int *rep)
+{
+    for (int k = 0; k < t->n_nodes; k++) {
+        rep[k] = k;
+        for (int j = 0; j < k; j++)
+            if (rep[j] == j && cdp_topo_nodes_alike(t, j, k)) {
+                rep[k] = j;
+                break;
+            }
+    }
+}
+
+/* Nodes of the kind of node k (rep from node_kinds). */
+static int node_count(const struct cdp_topology *t, const int *rep, int k)
+{
+    int n = 0;
+    for (int j = 0; j < t->n_nodes; j++) n += rep[j] == rep[k];
+    return n;
+}
+
 static void print_node(const struct cdp_topology *t, int k, FILE *f)
 {
     const struct cdp_topo_node *nd = &t->nodes[k];
@@ -73,23 +95,13 @@ static void print_node(const struct cdp_topology *t, int k, FILE *f)
     }
 }
 
-cdp_status cdp_topology_print(const struct cdp_topology *t, FILE *f)
+/* The GPUs, NUMA nodes, NVSwitches and NICs of node k. */
+static void print_node_parts(const struct cdp_topology *t, const int *rep, int k, FILE *f)
 {
     char b1[32];
-    fprintf(f, "topology %s: %d node%s, %d %s%s\n", t->name, t->n_nodes, t->n_nodes == 1 ? "" : "s", t->n_gpus,
-            t->kind == CDP_TOPO_CPU ? "CPU device" : "GPU", t->n_gpus == 1 ? "" : "s");
-    if (t->source) fprintf(f, "source: %s\n", t->source);
-    fputc('\n', f);
-    print_node(t, 0, f);
-    for (int k = 1; k < t->n_nodes; k++) {
-        if (node_same(t, k)) continue;
-        fprintf(f, "\nnode %d (%s):\n", k, t->nodes[k].name);
-        print_node(t, k, f);
-    }
-    if (t->n_nodes > 1) fprintf(f, "\n(nodes not shown have node 0's links; devices on different nodes: NET)\n");
-
+    const struct cdp_topo_node *nd = &t->nodes[k];
     fprintf(f, "\n%s:\n", t->kind == CDP_TOPO_CPU ? "devices" : "GPUs");
-    for (int g = 0; g < t->n_gpus && g < (t->n_nodes > 1 ? t->nodes[0].n_gpus : t->n_gpus); g++) {
+    for (int g = nd->first_gpu; g < nd->first_gpu + nd->n_gpus; g++) {
         const struct cdp_topo_gpu *gp = &t->gpus[g];
         char lab[16];
         dev_label(t, g, lab, sizeof lab);
@@ -104,45 +116,83 @@ cdp_status cdp_topology_print(const struct cdp_topology *t, FILE *f)
         }
         fputc('\n', f);
     }
-    if (t->n_nodes > 1) fprintf(f, "  (x %d nodes)\n", t->n_nodes);
+    if (node_count(t, rep, k) > 1) fprintf(f, "  (x %d nodes)\n", node_count(t, rep, k));
     fprintf(f, "\nNUMA nodes:\n");
     for (int i = 0; i < t->n_numa; i++) {
-        if (t->numa[i].node != 0) continue;
+        if (t->numa[i].node != k) continue;
         fprintf(f, "  NUMA %d: CPUs %s", t->numa[i].os_index, t->numa[i].cpuset[0] ? t->numa[i].cpuset : "?");
         if (t->numa[i].memory_bytes)
             fprintf(f, ", %s", cdp_format_bytes(t->numa[i].memory_bytes, b1, sizeof b1));
         fputc('\n', f);
     }
     int nsw = 0;
-    for (int s = 0; s < t->n_nvswitches; s++) nsw += t->nvswitches[s].node == 0;
+    for (int s = 0; s < t->n_nvswitches; s++) nsw += t->nvswitches[s].node == k;
     if (nsw) {
-        fprintf(f, "\nNVSwitches: %d per node, %.1f GB/s per NVLink; links per GPU:", nsw,
-                t->nodes[0].nvlink_bw / 1e9);
-        for (int i = 0; i < t->nodes[0].n_gpus; i++) {
+        fprintf(f, "\nNVSwitches: %d per node, %.1f GB/s per NVLink; links per GPU:", nsw, nd->nvlink_bw / 1e9);
+        for (int i = 0; i < nd->n_gpus; i++) {
             int sum = 0;
             for (int s = 0; s < t->n_nvswitches; s++)
-                if (t->nvswitches[s].node == 0) sum += t->nvswitches[s].gpu_links[i];
+                if (t->nvswitches[s].node == k) sum += t->nvswitches[s].gpu_links[i];
             fprintf(f, " %d", sum);
         }
         fputc('\n', f);
     }
     int nn = 0;
-    for (int i = 0; i < t->n_nics; i++) nn += t->nics[i].node == 0;
+    for (int i = 0; i < t->n_nics; i++) nn += t->nics[i].node == k;
     if (nn) {
         fprintf(f, "\nNICs:\n");
         for (int i = 0; i < t->n_nics; i++) {
             const struct cdp_topo_nic *c = &t->nics[i];
-            if (c->node != 0) continue;
+            if (c->node != k) continue;
             fprintf(f, "  %-12s %-14s NUMA %-3d", c->name, c->pci_bus_id, c->numa);
             if (c->rate > 0) fprintf(f, " %.0f Gb/s", c->rate * 8 / 1e9);
             fputc('\n', f);
         }
     }
+}
+
+cdp_status cdp_topology_print(const struct cdp_topology *t, FILE *f)
+{
+    fprintf(f, "topology %s: %d node%s, %d %s%s\n", t->name, t->n_nodes, t->n_nodes == 1 ? "" : "s", t->n_gpus,
+            t->kind == CDP_TOPO_CPU ? "CPU device" : "GPU", t->n_gpus == 1 ? "" : "s");
+    if (t->source) fprintf(f, "source: %s\n", t->source);
+    int *rep = malloc((size_t)t->n_nodes * sizeof *rep), kinds = 0;
+    if (!rep) return cdp_fail(CDP_ERR_NOMEM, "topology: out of memory");
+    node_kinds(t, rep);
+    for (int k = 0; k < t->n_nodes; k++) kinds += rep[k] == k;
+    if (kinds > 1) {
+        /* a cluster of different nodes: each kind of node once, with its devices */
+        for (int k = 0; k < t->n_nodes; k++) {
+            if (rep[k] != k) continue;
+            const int last = t->nodes[k].first_gpu + t->nodes[k].n_gpus - 1;
+            fprintf(f, "\n== node %d (%s): %s%d to %d", k, t->nodes[k].name,
+                    t->kind == CDP_TOPO_CPU ? "CPU" : "GPU", t->nodes[k].first_gpu, last);
+            if (node_count(t, rep, k) > 1) fprintf(f, "; %d nodes like it", node_count(t, rep, k));
+            fprintf(f, " ==\n\n");
+            print_node(t, k, f);
+            print_node_parts(t, rep, k, f);
+        }
+        fprintf(f, "\n(devices on different nodes: NET)\n");
+    } else {
+        fputc('\n', f);
+        print_node(t, 0, f);
+        for (int k = 1; k < t->n_nodes; k++) {
+            if (node_same(t, k)) continue;
+            fprintf(f, "\nnode %d (%s):\n", k, t->nodes[k].name);
+            print_node(t, k, f);
+        }
+        if (t->n_nodes > 1) fprintf(f, "\n(nodes not shown have node 0's links; devices on different nodes: NET)\n");
+        print_node_parts(t, rep, 0, f);
+    }
+    free(rep);
     if (t->n_nodes > 1 || t->network.nic_rate > 0) {
         fprintf(f, "\nnetwork%s: %s, %d NIC%s per node at %.0f Gb/s (%.1f GB/s), latency %.1f us\n",
                 t->n_nodes > 1 ? "" : " (for clusters of this node)", t->network.name[0] ? t->network.name : "?",
                 t->network.nics_per_node, t->network.nics_per_node == 1 ? "" : "s", t->network.nic_rate * 8 / 1e9,
                 t->network.nic_rate / 1e9, t->network.latency * 1e6);
+        if (kinds > 1)
+            fprintf(f, "  (between any two nodes: the least NIC rate and count and the largest latency of the "
+                       "node kinds' networks)\n");
     }
     fprintf(f, "\nLegend:\n"
                "  X    = self\n"

@@ -254,6 +254,192 @@ Test(topology, cluster_file_with_its_own_node_and_network)
     cdp_topology_free(t);
 }
 
+/* ---- clusters of different nodes ("1 x dgx-a100 + 1 x dgx1-v100") ---------------------- */
+
+Test(topology, mixed_cluster_keeps_each_nodes_gpus_and_links)
+{
+    struct cdp_topology *t = load("1 x dgx-a100 + 1 x dgx1-v100");
+    cr_assert_str_eq(t->name, "1 x dgx-a100 + 1 x dgx1-v100");
+    cr_assert_eq(t->n_nodes, 2);
+    cr_assert_eq(t->n_gpus, 16);
+    cr_assert_eq(t->n_nvswitches, 6, "the A100 node's switches only");
+    cr_assert_eq(t->n_nics, 8 + 4);
+    cr_assert_eq(t->nodes[1].first_gpu, 8);
+    cr_assert_str_eq(t->nodes[0].name, "dgx-a100");
+    cr_assert_str_eq(t->nodes[1].name, "dgx1-v100");
+    for (int g = 0; g < 16; g++) {
+        const struct cdp_topo_gpu *gp = &t->gpus[g];
+        cr_assert_eq(gp->node, g / 8);
+        cr_assert_eq(gp->local, g % 8);
+        cr_assert_str_eq(gp->name, g < 8 ? "NVIDIA A100-SXM4-80GB" : "Tesla V100-SXM2-16GB", "GPU %d", g);
+        cr_assert_float_eq(gp->peak_fp32, g < 8 ? 19.5e12 : 15.7e12, 1e6, "GPU %d", g);
+        cr_assert_float_eq(gp->peak_bf16, g < 8 ? 312e12 : 0, 1e6, "GPU %d: the V100 has no BF16", g);
+        cr_assert_eq(gp->memory_bytes, g < 8 ? 80ull << 30 : 16ull << 30, "GPU %d", g);
+    }
+    /* each node keeps its own links: NV12 through the switches, the DGX-1's cube mesh */
+    expect_label(t, 0, 7, "NV12");
+    expect_label(t, 8, 11, "NV2");
+    expect_label(t, 8, 9, "NV1");
+    expect_label(t, 8, 13, "SYS");
+    cr_assert_float_eq(link_of(t, 8, 11).bandwidth, 50e9, 1);
+    /* across: the slower network (EDR 100 Gb/s, not HDR 200 Gb/s), the larger latency */
+    expect_label(t, 3, 12, "NET");
+    cr_assert_float_eq(link_of(t, 3, 12).bandwidth, 100e9 / 8, 1);
+    cr_assert_float_eq(link_of(t, 12, 3).latency, 5e-6, 1e-12);
+    cr_assert_str_eq(t->network.name, "InfiniBand EDR");
+    cr_assert_eq(t->network.nics_per_node, 4);
+    cr_assert(strstr(t->source, "dgx-a100: ") && strstr(t->source, "; dgx1-v100: "), "%s", t->source);
+    cr_assert(!cdp_topo_nodes_alike(t, 0, 1));
+    cdp_topology_free(t);
+
+    /* bare presets are one node; counts repeat a term; order is kept */
+    t = load("dgx1-v100+2xdgx-a100");
+    cr_assert_str_eq(t->name, "1 x dgx1-v100 + 2 x dgx-a100");
+    cr_assert_eq(t->n_nodes, 3);
+    cr_assert_eq(t->n_gpus, 24);
+    cr_assert_str_eq(t->gpus[7].name, "Tesla V100-SXM2-16GB");
+    cr_assert_str_eq(t->gpus[16].name, "NVIDIA A100-SXM4-80GB");
+    cr_assert_eq(t->gpus[16].node, 2);
+    cr_assert(cdp_topo_nodes_alike(t, 1, 2));
+    expect_label(t, 8, 16, "NET");
+    cr_assert_float_eq(link_of(t, 8, 16).bandwidth, 100e9 / 8, 1, "one network for the whole cluster");
+    cdp_topology_free(t);
+}
+
+Test(topology, one_term_join_is_the_cluster)
+{
+    struct cdp_topology *node = load("dgx2"), *a = NULL, *b = load("3 x dgx2");
+    const struct cdp_topology *nodes[1] = {node};
+    const int three = 3;
+    cr_assert_eq(cdp_topology_join(nodes, &three, 1, NULL, &a), CDP_OK, "%s", cdp_last_error());
+    char why[256];
+    cr_assert(cdp_topology_equal(a, b, why, sizeof why), "%s", why);
+    cdp_topology_free(a);
+    cdp_topology_free(b);
+    /* the same node twice: alike nodes, named by term */
+    const struct cdp_topology *two[2] = {node, node};
+    const int ones[2] = {1, 1};
+    cr_assert_eq(cdp_topology_join(two, ones, 2, NULL, &a), CDP_OK, "%s", cdp_last_error());
+    cr_assert_str_eq(a->name, "1 x dgx2 + 1 x dgx2");
+    cr_assert(cdp_topo_nodes_alike(a, 0, 1));
+    cr_assert_float_eq(link_of(a, 0, 16).bandwidth, 100e9 / 8, 1);
+    cdp_topology_free(a);
+    const int zero[2] = {1, 0};
+    cr_assert_eq(cdp_topology_join(two, zero, 2, NULL, &a), CDP_ERR_INVALID);
+    cr_assert_eq(cdp_topology_join(two, ones, 0, NULL, &a), CDP_ERR_INVALID);
+    cdp_topology_free(node);
+}
+
+#define NET_NODE(name, nics, rate, lat)                                                                       \
+    "{\"name\": \"" name "\", \"gpus\": 2, \"gpu\": {\"name\": \"NVIDIA H100 80GB HBM3\"}, "                   \
+    "\"network\": {\"name\": \"" name "-net\", \"nics_per_node\": " #nics ", \"nic_rate\": \"" rate "\", "      \
+    "\"latency_us\": " #lat "}}"
+
+Test(topology, mixed_network_takes_the_slower_rate_and_the_larger_latency)
+{
+    const char *dir = cdp_test_tmpdir();
+    cdp_test_write_file(dir, "fast.json", NET_NODE("fast", 8, "400Gb/s", 2));
+    cdp_test_write_file(dir, "slow.json", NET_NODE("slow", 2, "100Gb/s", 1));
+    cdp_test_write_file(dir, "far.json", NET_NODE("far", 4, "200Gb/s", 9));
+    struct cdp_topology *t = NULL;
+    cr_assert_eq(cdp_topology_load("2 x fast.json + slow.json + 1 x ./far.json", dir, &t), CDP_OK, "%s",
+                 cdp_last_error());
+    cr_assert_str_eq(t->name, "2 x fast + 1 x slow + 1 x far");
+    cr_assert_eq(t->n_gpus, 8);
+    struct cdp_topo_link l = link_of(t, 0, 2); /* two "fast" nodes: still the one network */
+    cr_assert_eq(l.cls, CDP_LINK_NET);
+    cr_assert_float_eq(l.bandwidth, 100e9 / 8, 1, "the slowest NIC rate");
+    cr_assert_float_eq(l.latency, 9e-6, 1e-12, "the largest latency");
+    cr_assert_eq(t->network.nics_per_node, 2, "the fewest NICs");
+    cr_assert_str_eq(t->network.name, "slow-net", "named after the network whose rate it took");
+    cdp_topology_free(t);
+    /* terms that agree keep their network as it is */
+    cr_assert_eq(cdp_topology_load("fast.json + fast.json", dir, &t), CDP_OK, "%s", cdp_last_error());
+    cr_assert_float_eq(t->network.latency, 2e-6, 1e-12);
+    cr_assert_float_eq(t->network.nic_rate, 400e9 / 8, 1);
+    cdp_topology_free(t);
+    /* the plan keeps a join with files as absolute paths, every term counted */
+    char *norm = NULL;
+    cr_assert_eq(cdp_topology_check_spec("fast.json + 2 x dgx2", dir, &norm), CDP_OK, "%s", cdp_last_error());
+    char want[1024];
+    char *real = realpath(dir, NULL);
+    snprintf(want, sizeof want, "1 x %s/fast.json + 2 x dgx2", real);
+    cr_assert_str_eq(norm, want);
+    free(norm);
+    free(real);
+    cr_assert_eq(cdp_topology_check_spec("1 x dgx-a100 + 1 x dgx1-v100", NULL, &norm), CDP_OK);
+    cr_assert_str_eq(norm, "1 x dgx-a100 + 1 x dgx1-v100", "presets only: as written");
+    free(norm);
+    /* a file whose name has a '+' is still a file, alone or as a cluster's node */
+    cdp_test_write_file(dir, "a+b.json", NET_NODE("plus", 1, "10Gb/s", 1));
+    cr_assert_eq(cdp_topology_load("a+b.json", dir, &t), CDP_OK, "%s", cdp_last_error());
+    cr_assert_str_eq(t->name, "plus");
+    cdp_topology_free(t);
+    cr_assert_eq(cdp_topology_load("2 x a+b.json", dir, &t), CDP_OK, "%s", cdp_last_error());
+    cr_assert_str_eq(t->name, "2 x plus");
+    cdp_topology_free(t);
+}
+
+struct bad_term {
+    char spec[96];
+    char expect[160];
+};
+
+ParameterizedTestParameters(topology, bad_terms_are_named)
+{
+    static struct bad_term cases[] = {
+        {"1 x dgx-a100 + 1 x dgx-v100",
+         "topology \"1 x dgx-a100 + 1 x dgx-v100\": term 2 \"1 x dgx-v100\": cannot open"},
+        {"1 x dgx-a100 + 1 x dgx-v10",
+         "term 2 \"1 x dgx-v10\": cannot open \"dgx-v10\": No such file or directory, and \"dgx-v10\" is not a "
+         "preset either (did you mean"},
+        {"dgx-a100 + ", "term 2 is empty"},
+        {"+ dgx-a100", "term 1 is empty"},
+        {"dgx-a100 ++ dgx2", "term 2 is empty"},
+        {"0 x dgx2 + dgx-a100", "term 1 \"0 x dgx2\": 0 nodes; a term has 1 to 65536"},
+        {"dgx2 + 70000 x dgx2", "term 2 \"70000 x dgx2\": 70000 nodes"},
+        {"40000 x dgx2 + 40000 x dgx2", "80000 nodes; a cluster has 1 to 65536"},
+        {"dgx-a100 + auto", "term 2 \"auto\": a term is N x a preset or a one-node file"},
+        {"dgx-a100 + 2 x 3 x dgx2", "term 2 \"2 x 3 x dgx2\": a term is N x a preset or a one-node file"},
+        {"dgx-a100 + /no/such/node.json", "term 2 \"/no/such/node.json\": cannot open \"/no/such/node.json\""},
+    };
+    return cr_make_param_array(struct bad_term, cases, sizeof cases / sizeof cases[0]);
+}
+
+ParameterizedTest(struct bad_term *c, topology, bad_terms_are_named)
+{
+    struct cdp_topology *t = NULL;
+    cr_assert_eq(cdp_topology_load(c->spec, NULL, &t), CDP_ERR_INVALID, "%s", c->spec);
+    cr_assert_null(t);
+    cr_assert(strstr(cdp_last_error(), c->expect), "\"%s\": expected \"%s\" in: %s", c->spec, c->expect,
+              cdp_last_error());
+    /* the plan's check says the same without loading */
+    char *norm = NULL;
+    cr_assert_eq(cdp_topology_check_spec(c->spec, NULL, &norm), CDP_ERR_INVALID, "%s", c->spec);
+    cr_assert_null(norm);
+}
+
+Test(topology, bad_term_files_are_named)
+{
+    const char *dir = cdp_test_tmpdir();
+    cdp_test_write_file(dir, "cpus.json", "{\"name\": \"cpus\", \"kind\": \"cpu\", \"gpus\": 2}");
+    struct cdp_topology *t = NULL;
+    cr_assert_eq(cdp_topology_load("dgx-a100 + cpus.json", dir, &t), CDP_ERR_INVALID);
+    cr_assert(strstr(cdp_last_error(), "term 2 (cpus) has CPU devices, term 1 (dgx-a100) GPU devices"), "%s",
+              cdp_last_error());
+    char spec[1024];
+    snprintf(spec, sizeof spec, "dgx-a100 + 1 x %s",
+             cdp_test_source_path("tests/fixtures/topology/cluster-2x-custom.json"));
+    cr_assert_eq(cdp_topology_load(spec, NULL, &t), CDP_ERR_INVALID);
+    cr_assert(strstr(cdp_last_error(), "term 2 \"1 x ") && strstr(cdp_last_error(), "already has 2 nodes"), "%s",
+              cdp_last_error());
+    cdp_test_write_file(dir, "broken.json", "{\"gpus\": -1}");
+    cr_assert_eq(cdp_topology_load("dgx2 + broken.json", dir, &t), CDP_ERR_INVALID);
+    cr_assert(strstr(cdp_last_error(), "term 2 \"broken.json\": ") && strstr(cdp_last_error(), "broken.json: /gpus"),
+              "%s", cdp_last_error());
+    cr_assert_null(t);
+}
+
 Test(topology, cpu_topology_has_memory_copy_links)
 {
     struct cdp_topology *t = NULL;
@@ -862,6 +1048,18 @@ Test(topology, plan_with_a_misspelt_preset_suggests_one)
     cr_assert(strstr(cdp_last_error(), "a preset name"), "%s", cdp_last_error());
 }
 
+Test(topology, plan_accepts_a_mixed_cluster)
+{
+    struct cdp_plan *p = NULL;
+    cr_assert_eq(cdp_plan_load_string(PLAN("\"1 x dgx-a100 + 1 x dgx1-v100\""), "p.json", NULL, &p), CDP_OK, "%s",
+                 cdp_last_error());
+    cr_assert_str_eq(p->cluster.topology, "1 x dgx-a100 + 1 x dgx1-v100");
+    cdp_plan_free(p);
+    cr_assert_eq(cdp_plan_load_string(PLAN("\"dgx-a100 + dgx-v100\""), "p.json", NULL, &p), CDP_ERR_INVALID);
+    cr_assert(strstr(cdp_last_error(), "p.json: /cluster/topology: ") &&
+              strstr(cdp_last_error(), "term 2 \"dgx-v100\""), "%s", cdp_last_error());
+}
+
 /* ---- the command ------------------------------------------------------------------------ */
 
 static struct cdp_run run(const char *const *argv)
@@ -951,6 +1149,48 @@ Test(topology, cli_export_reads_back_identically)
     cdp_test_run_free(&a);
     cdp_test_run_free(&e);
     cdp_test_run_free(&b);
+}
+
+Test(topology, cli_prints_each_kind_of_node_of_a_mixed_cluster)
+{
+    struct cdp_run r = run((const char *[]){"topo", "--topology", "1 x dgx-a100 + 2 x dgx1-v100", NULL});
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    cr_assert(strstr(r.out, "topology 1 x dgx-a100 + 2 x dgx1-v100: 3 nodes, 24 GPUs"), "%s", r.out);
+    const char *a = strstr(r.out, "== node 0 (dgx-a100): GPU0 to 7 ==");
+    const char *v = strstr(r.out, "== node 1 (dgx1-v100): GPU8 to 15; 2 nodes like it ==");
+    cr_assert(a && v && a < v, "%s", r.out);
+    cr_assert(strstr(a, "GPU0   NVIDIA A100-SXM4-80GB") && strstr(a, "GPU1   NV12"), "%s", r.out);
+    cr_assert(strstr(v, "GPU8   X      NV1    NV1    NV2    NV2    SYS"), "%s", r.out);
+    cr_assert(strstr(v, "GPU8   Tesla V100-SXM2-16GB") && strstr(v, "(x 2 nodes)"), "%s", r.out);
+    cr_assert(!strstr(r.out, "== node 2"), "node 2 is like node 1: %s", r.out);
+    cr_assert(strstr(r.out, "network: InfiniBand EDR, 4 NICs per node at 100 Gb/s"), "%s", r.out);
+    cr_assert(strstr(r.out, "the least NIC rate and count and the largest latency"), "%s", r.out);
+    cdp_test_run_free(&r);
+    r = run((const char *[]){"topo", "--topology", "dgx-a100 + dgx1-v100", "--json", NULL});
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    json_t *j = json_loads(r.out, 0, NULL);
+    cr_assert_not_null(j, "%s", r.out);
+    json_t *gpus = json_object_get(j, "gpus");
+    cr_assert_eq(json_array_size(gpus), 16);
+    cr_assert_str_eq(json_string_value(json_object_get(json_array_get(gpus, 8), "name")), "Tesla V100-SXM2-16GB");
+    cr_assert_str_eq(json_string_value(json_object_get(json_array_get(gpus, 7), "name")), "NVIDIA A100-SXM4-80GB");
+    cr_assert_str_eq(json_string_value(json_object_get(json_array_get(json_object_get(j, "nodes"), 1), "name")),
+                     "dgx1-v100");
+    cr_assert_float_eq(json_number_value(json_array_get(json_array_get(json_object_get(j, "bandwidth_gbps"), 0), 8)),
+                       12.5, 1e-9);
+    json_decref(j);
+    cdp_test_run_free(&r);
+    /* our JSON describes one kind of node: a mixed cluster is not written as a wrong one */
+    char out[512];
+    snprintf(out, sizeof out, "%s/mixed.json", cdp_test_tmpdir());
+    r = run((const char *[]){"topo", "--topology", "dgx-a100 + dgx1-v100", "--export", out, NULL});
+    cr_assert_eq(r.exit_code, 2, "%s", r.err);
+    cr_assert(strstr(r.err, "node 1 (dgx1-v100) differs from node 0 (dgx-a100)"), "%s", r.err);
+    cdp_test_run_free(&r);
+    r = run((const char *[]){"topo", "--topology", "dgx-a100 + dgx-v100", NULL});
+    cr_assert_eq(r.exit_code, 2, "%s", r.err);
+    cr_assert(strstr(r.err, "term 2 \"dgx-v100\"") && strstr(r.err, "did you mean \""), "%s", r.err);
+    cdp_test_run_free(&r);
 }
 
 struct cli_bad {
