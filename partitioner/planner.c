@@ -11,6 +11,7 @@
 #include "cdp/core.h"
 #include "cdp/log.h"
 #include "model/layers.h"
+#include "partitioner/balance.h"
 #include "partitioner/partition.h"
 #include "partitioner/placement.h"
 #include "pipeline/schedule.h"
@@ -348,6 +349,15 @@ static int cand_better(const struct cand *a, const struct cand *b)
     return a->kind == CDP_SCHEDULE_1F1B && b->kind != CDP_SCHEDULE_1F1B;
 }
 
+/* Explicit shares are multiples of p, as the interleaved schedule needs. */
+static int shares_fit(const struct cdp_parallel_desc *pd, int p)
+{
+    if (pd->balance != CDP_BALANCE_EXPLICIT) return 1;
+    for (int i = 0; i < pd->n_shares; i++)
+        if (pd->shares[i] % p) return 0;
+    return 1;
+}
+
 static int64_t pow2_at_least(int64_t x)
 {
     int64_t q = 1;
@@ -382,9 +392,119 @@ static void fill_result(struct ctx *c, const struct cdp_sim_result *r, const int
     out->predicted = (struct cdp_planner_prediction){r->step_s, r->bubble, r->samples_per_s};
 }
 
+/* A device's model without the vendor's words, for the balance table. */
+static const char *short_name(const struct cdp_topology *t, int d)
+{
+    const char *n = t->gpus[d].name;
+    if (t->kind == CDP_TOPO_CPU) return "CPU";
+    if (!strncmp(n, "NVIDIA ", 7)) n += 7;
+    if (!strncmp(n, "Tesla ", 6)) n += 6;
+    return n;
+}
+
+/* How much longer device d takes than device 0, whose rate the costs are in:
+ * rate(device 0) / rate(d) for the plan's precision. */
+static double slowdown(const struct cdp_plan *plan, const struct cdp_topology *t, const struct cdp_device_rate *r0,
+                       int d)
+{
+    const struct cdp_topo_gpu *a = &t->gpus[0], *g = &t->gpus[d];
+    if (a->peak_fp32 == g->peak_fp32 && a->peak_tf32 == g->peak_tf32 && a->peak_bf16 == g->peak_bf16) return 1;
+    const struct cdp_device_rate r = cdp_device_rate_of(t, d, plan->train.precision);
+    return (r0->flops * r0->efficiency) / (r.flops * r.efficiency);
+}
+
+/* "A100-SXM4-80GB x2", or "A100-SXM4-80GB x1 + V100-SXM2-16GB x1": the
+ * devices of replica r, models in stage order. */
+static void replica_devices(const struct cdp_topology *t, const int *device, int p, int R, int r, char *buf,
+                            size_t cap)
+{
+    enum { MAX_KINDS = 4 };
+    const char *name[MAX_KINDS];
+    int count[MAX_KINDS], kinds = 0, other = 0;
+    for (int s = 0; s < p; s++) {
+        const char *n = short_name(t, device[s * R + r]);
+        int k = 0;
+        while (k < kinds && strcmp(name[k], n)) k++;
+        if (k == kinds && kinds == MAX_KINDS) {
+            other++;
+            continue;
+        }
+        if (k == kinds) name[kinds] = n, count[kinds++] = 0;
+        count[k]++;
+    }
+    size_t o = 0;
+    buf[0] = '\0';
+    for (int k = 0; k < kinds && o < cap; k++)
+        o += (size_t)snprintf(buf + o, cap - o, "%s%s x%d", k ? " + " : "", name[k], count[k]);
+    if (other && o < cap) snprintf(buf + o, cap - o, " + %d others", other);
+}
+
+/* The balance of the chosen plan (docs/planner.md, "Mixed GPUs"): each
+ * replica's time per micro-batch on its slowest stage with its own devices,
+ * the shares the plan asks for, and the step with them and with equal shares
+ * (cdp_balance_step_time plus the simulated tail, sr's step after its
+ * forward/backward phase). */
+static cdp_status balance_result(const struct ctx *c, const struct cdp_sim_result *sr, struct cdp_planner_result *res)
+{
+    const struct cdp_parallel_desc *pd = &c->plan->parallel;
+    const int p = res->stages, R = res->replicas, m = res->micro_batches;
+    struct cdp_planner_balance *b = &res->balance;
+    b->kind = pd->balance;
+    b->shares = calloc((size_t)R, sizeof *b->shares);
+    b->t_s = calloc((size_t)R, sizeof *b->t_s);
+    b->devices = calloc((size_t)R, sizeof *b->devices);
+    int64_t *uniform = malloc((size_t)R * sizeof *uniform);
+    cdp_status st = CDP_OK;
+    if (!b->shares || !b->t_s || !b->devices || !uniform) {
+        st = cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
+        goto done;
+    }
+    const struct cdp_device_rate r0 = cdp_device_rate_of(c->t, 0, c->plan->train.precision);
+    for (int r = 0; r < R; r++) {
+        double t = 0;
+        for (int s = 0; s < p; s++) {
+            const double x = (res->stage[s].fwd_s + res->stage[s].bwd_s) *
+                             slowdown(c->plan, c->t, &r0, res->device[s * R + r]);
+            if (x > t) t = x;
+        }
+        b->t_s[r] = t;
+        uniform[r] = m;
+        replica_devices(c->t, res->device, p, R, r, b->devices[r], sizeof b->devices[r]);
+    }
+    switch (pd->balance) {
+    case CDP_BALANCE_EXPLICIT:
+        if (pd->n_shares != R) {
+            st = cdp_fail(CDP_ERR_INVALID, "%s: /parallel/balance: %d shares for %d replicas", c->plan->source,
+                          pd->n_shares, R);
+            goto done;
+        }
+        memcpy(b->shares, pd->shares, (size_t)R * sizeof *b->shares);
+        break;
+    case CDP_BALANCE_SPEED:
+        if ((st = cdp_balance_shares(b->t_s, R, p, (int64_t)R * m, c->v > 1 ? p : 1, 0, b->shares))) {
+            st = cdp_error_context(st, "%s: planner", c->plan->source);
+            goto done;
+        }
+        break;
+    default:
+        memcpy(b->shares, uniform, (size_t)R * sizeof *b->shares);
+        break;
+    }
+    b->rest_s = sr->step_s > sr->phase_s ? sr->step_s - sr->phase_s : 0;
+    b->step_s = cdp_balance_step_time(b->t_s, R, p, b->shares) + b->rest_s;
+    b->uniform_step_s = cdp_balance_step_time(b->t_s, R, p, uniform) + b->rest_s;
+    b->gain = b->step_s > 0 ? b->uniform_step_s / b->step_s - 1 : 0;
+done:
+    free(uniform);
+    return st;
+}
+
 void cdp_planner_result_clear(struct cdp_planner_result *r)
 {
     if (!r) return;
+    free(r->balance.shares);
+    free(r->balance.t_s);
+    free(r->balance.devices);
     free(r->ranges);
     free(r->stage);
     free(r->device);
@@ -481,7 +601,7 @@ cdp_status cdp_planner_run(const struct cdp_plan *plan, const struct cdp_topolog
             const int i = ik / n_kinds;
             c.kind = pd->schedule_auto ? kinds[ik % n_kinds] : pd->schedule;
             const int m = (int)ms[i];
-            if (m < 1 || (c.v > 1 && m % p)) continue;
+            if (m < 1 || (c.v > 1 && (m % p || !shares_fit(pd, p)))) continue;
             res.shapes++;
             largest_tried = p;
             if (n_cand == cap_cand) {
@@ -627,8 +747,10 @@ cdp_status cdp_planner_run(const struct cdp_plan *plan, const struct cdp_topolog
         st = cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
         goto fail;
     }
-    if (!(st = prepare(&c, k->p, k->R, k->m, (const int64_t(*)[2])k->ranges)) && !(st = sim(&c, best_dev, &sr)))
+    if (!(st = prepare(&c, k->p, k->R, k->m, (const int64_t(*)[2])k->ranges)) && !(st = sim(&c, best_dev, &sr))) {
         fill_result(&c, sr, (const int64_t(*)[2])k->ranges, best_dev, &res);
+        st = balance_result(&c, sr, &res);
+    }
     free(best_dev);
     cdp_sim_result_free(sr);
     sr = NULL;
@@ -795,6 +917,18 @@ cdp_status cdp_planner_apply(const struct cdp_planner_result *r, struct cdp_plan
         pd->placement_map = map;
         pd->placement = CDP_PLACEMENT_EXPLICIT;
     }
+    const struct cdp_planner_balance *b = &r->balance;
+    int equal = 1;
+    for (int i = 1; b->shares && i < r->replicas; i++) equal &= b->shares[i] == b->shares[0];
+    if (pd->balance == CDP_BALANCE_SPEED && b->shares && !equal) {
+        int64_t *sh = malloc((size_t)r->replicas * sizeof *sh);
+        if (!sh) return cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
+        memcpy(sh, b->shares, (size_t)r->replicas * sizeof *sh);
+        free(pd->shares);
+        pd->shares = sh;
+        pd->n_shares = r->replicas;
+        pd->balance = CDP_BALANCE_EXPLICIT;
+    }
     pd->stages = r->stages;
     pd->schedule = r->schedule;
     pd->schedule_auto = 0;
@@ -811,6 +945,26 @@ static void units_of(const struct cdp_planner_result *r, int s, char *buf, size_
     for (int k = s; k < r->n_ranges && o < cap; k += r->stages)
         o += (size_t)snprintf(buf + o, cap - o, "%s[%lld,%lld)", k == s ? "" : " ", (long long)r->ranges[k][0],
                               (long long)r->ranges[k][1]);
+}
+
+static void balance_print(const struct cdp_planner_result *r, FILE *f)
+{
+    const struct cdp_planner_balance *b = &r->balance;
+    const int R = r->replicas;
+    fprintf(f, "\nPlan: balance (%s)\n", b->kind == CDP_BALANCE_UNIFORM    ? "uniform, from the plan"
+                                          : b->kind == CDP_BALANCE_EXPLICIT ? "shares from the plan"
+                                                                            : "speed: shares by predicted speed");
+    fprintf(f, "  replica  devices                          ms/micro-batch  micro-batches\n");
+    const int show = R > 64 ? 32 : R;
+    for (int q = 0; q < show; q++)
+        fprintf(f, "  %7d  %-32s %14.3f  %13lld\n", q, b->devices[q], b->t_s[q] * 1e3, (long long)b->shares[q]);
+    if (show < R) fprintf(f, "  ... %d more replicas (--json lists them all)\n", R - show);
+    fprintf(f, "  step        %.3f ms with these shares, %.3f ms with %d each: %+.1f%%\n", b->step_s * 1e3,
+            b->uniform_step_s * 1e3, r->micro_batches, 100 * b->gain);
+    char fill[32] = "shares";
+    if (r->stages > 1) snprintf(fill, sizeof fill, "(shares + %d)", r->stages - 1);
+    fprintf(f, "              (max over replicas of %s x ms/micro-batch, + %.3f ms all-reduce and optimizer "
+               "simulated)\n", fill, b->rest_s * 1e3);
 }
 
 void cdp_planner_print(const struct cdp_planner_result *r, FILE *f)
@@ -841,6 +995,7 @@ void cdp_planner_print(const struct cdp_planner_result *r, FILE *f)
     fprintf(f, "  step time   %.3f ms\n", r->predicted.step_s * 1e3);
     fprintf(f, "  throughput  %.1f samples/s\n", r->predicted.samples_per_s);
     fprintf(f, "  bubble      %.2f%%\n", 100 * r->predicted.bubble);
+    if (r->replicas > 1 && r->balance.shares) balance_print(r, f);
     fprintf(f, "\nPlan: baselines (same shape and partition)\n  order              step ms    samples/s   vs chosen\n");
     for (int i = 0; i < 2; i++)
         fprintf(f, "  %-17s %9.3f %12.1f   %+.1f%%\n", r->baseline[i].name, r->baseline[i].pred.step_s * 1e3,
@@ -892,6 +1047,18 @@ json_t *cdp_planner_to_json(const struct cdp_planner_result *r)
     json_object_set_new(o, "stages", stages);
     json_object_set_new(o, "placement", pl);
     json_object_set_new(o, "predicted", pr);
+    if (r->balance.shares) {
+        const struct cdp_planner_balance *b = &r->balance;
+        json_t *sh = json_array(), *ts = json_array(), *dv = json_array();
+        for (int q = 0; q < r->replicas; q++) {
+            json_array_append_new(sh, json_integer((json_int_t)b->shares[q]));
+            json_array_append_new(ts, json_real(b->t_s[q]));
+            json_array_append_new(dv, json_string(b->devices[q]));
+        }
+        json_object_set_new(o, "balance", json_pack("{s:o,s:o,s:o,s:f,s:f,s:f,s:f}", "shares", sh, "devices", dv,
+                                                    "t_s", ts, "step_s", b->step_s, "uniform_step_s",
+                                                    b->uniform_step_s, "gain", b->gain, "rest_s", b->rest_s));
+    }
     json_object_set_new(o, "baselines", base);
     return o;
 }

@@ -1,9 +1,10 @@
 /* The planner: chooses what a plan leaves "auto" (stages, replicas,
  * micro-batches, partition, placement) for the best predicted throughput, by
  * searching shapes, splitting each with the memory-aware partition, placing the
- * best few with the placement search and simulating every candidate. Also the
- * pieces --simulate shares with it (topology of a plan, per-stage sums, link
- * matrices). Search and limits: docs/planner.md. */
+ * best few with the placement search and simulating every candidate; then
+ * shares each step's micro-batches among the replicas by their devices' speed.
+ * Also the pieces --simulate shares with it (topology of a plan, per-stage
+ * sums, link matrices). Search and limits: docs/planner.md. */
 #ifndef CDP_PARTITIONER_PLANNER_H
 #define CDP_PARTITIONER_PLANNER_H
 
@@ -47,6 +48,22 @@ struct cdp_planner_baseline {
     struct cdp_planner_prediction pred;
 };
 
+/* The load balance of a result (docs/planner.md, "Mixed GPUs"): how a step's
+ * micro-batches are shared among the replicas, each replica's time per
+ * micro-batch on its own devices, and the step predicted with the shares and
+ * with equal shares by cdp_balance_step_time plus what follows the
+ * forward/backward phase in the simulation (all-reduce, optimizer). */
+struct cdp_planner_balance {
+    enum cdp_balance_kind kind;  /* what the plan asked for */
+    int64_t *shares;             /* replicas entries: micro-batches per step (owned) */
+    double *t_s;                 /* replicas entries: seconds per micro-batch on its slowest stage (owned) */
+    char (*devices)[96];         /* replicas entries: "A100-SXM4-80GB x2" (owned) */
+    double step_s;               /* predicted step with the shares */
+    double uniform_step_s;       /* with micro_batches each */
+    double gain;                 /* uniform_step_s / step_s - 1 */
+    double rest_s;               /* the simulated step after the forward/backward phase, in both */
+};
+
 struct cdp_planner_result {
     int stages, replicas, micro_batches, chunks;
     enum cdp_schedule_kind schedule;
@@ -61,6 +78,7 @@ struct cdp_planner_result {
     char topology[128];
     int world;                       /* devices the search could use */
     char placement_method[200];
+    struct cdp_planner_balance balance;
     /* what was searched */
     int64_t shapes;          /* (stages, replicas, micro_batches) candidates */
     int64_t feasible;        /* of them, those whose partition fits */
@@ -73,9 +91,12 @@ struct cdp_planner_result {
 /* Plans: every "auto" of plan->parallel is searched on topology t (not owned;
  * its devices are the world, capped by /cluster/nodes x /cluster/devices when
  * given), fixed values are kept. costs: a measured table checked against the
- * plan (cdp_cost_table_check), or NULL: analytic. Stage times are those of
- * device 0's rate (the planner assumes identical devices). CDP_ERR_INVALID when
- * nothing fits, naming the smallest stage count that fits or the memory needed;
+ * plan (cdp_cost_table_check), or NULL: analytic. The search and the
+ * simulations use device 0's rate for every device; after placement each
+ * replica's time per micro-batch is scaled to its own devices' rates and the
+ * micro-batches are shared per /parallel/balance (result's balance).
+ * CDP_ERR_INVALID when nothing fits, naming the smallest stage count that fits
+ * or the memory needed, or explicit shares that do not match the shape;
  * CDP_ERR_NOMEM. *out is written only on success (cdp_planner_result_clear). */
 cdp_status cdp_planner_run(const struct cdp_plan *plan, const struct cdp_topology *t,
                            const struct cdp_cost_table *costs, struct cdp_planner_result *out);
@@ -83,15 +104,18 @@ cdp_status cdp_planner_run(const struct cdp_plan *plan, const struct cdp_topolog
 void cdp_planner_result_clear(struct cdp_planner_result *r);
 
 /* Writes the result into the plan as explicit values: stages, replicas,
- * micro_batches, global_batch, partition, placement (a device list). */
+ * micro_batches, global_batch, partition, placement (a device list), and for
+ * /parallel/balance "speed" the shares when they are not all equal (a planned
+ * plan runs with them; equal shares leave "speed"). */
 cdp_status cdp_planner_apply(const struct cdp_planner_result *r, struct cdp_plan *plan);
 
-/* "Plan" sections of --dry-run: partition, placement, prediction, baselines,
- * what was searched. */
+/* "Plan" sections of --dry-run: partition, placement, prediction, balance
+ * (with more than one replica), baselines, what was searched. */
 void cdp_planner_print(const struct cdp_planner_result *r, FILE *f);
 
-/* {"stages", "placement", "predicted", "baselines"}: what a fixed plan gives
- * again (nothing about the search, so --dry-run --json round-trips). New ref. */
+/* {"stages", "placement", "predicted", "balance", "baselines"}: what a fixed
+ * plan gives again (nothing about the search, nor whether the shares were
+ * computed or given, so --dry-run --json round-trips). New ref. */
 json_t *cdp_planner_to_json(const struct cdp_planner_result *r);
 
 #define CDP_PLANNER_EXPLORE_SAMPLES 200 /* random placements --explore placements evaluates */

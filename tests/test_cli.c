@@ -96,6 +96,46 @@ Test(cli, demo_plan_dry_run_succeeds)
     cdp_test_run_free(&r);
 }
 
+/* A fixed shape is planned too: its shares are shown (equal devices: equal shares), and with
+ * explicit shares a mixed cluster says what they cost against uniform. */
+Test(cli, dry_run_shows_the_balance_of_a_fixed_plan)
+{
+    const char *dir = cdp_test_tmpdir();
+    const char *cpu = cdp_test_write_file(dir, "cpu.json",
+        "{\"model\": {\"preset\": \"mlp\", \"input\": [16], \"hidden\": [32, 32], \"classes\": 4}, "
+        "\"train\": {\"micro_batch\": 2}, \"parallel\": {\"stages\": 1, \"replicas\": 2, \"micro_batches\": 3}, "
+        "\"cluster\": {\"backend\": \"cpu\"}}");
+    struct cdp_run r = run((const char *[]){"--plan", cpu, "--dry-run", NULL});
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    const char *b = strstr(r.out, "Plan: balance (speed: shares by predicted speed)");
+    cr_assert_not_null(b, "%s", r.out);
+    cr_assert(strstr(b, "      0  CPU x1") && strstr(b, "      1  CPU x1"), "%s", b);
+    cr_assert(strstr(b, "with 3 each: +0.0%"), "%s", b);
+    cr_assert(strstr(r.out, "balance          speed"), "equal shares leave \"speed\": %s", r.out);
+    cdp_test_run_free(&r);
+    const char *mixed = cdp_test_write_file(dir, "mixed.json",
+        "{\"model\": {\"preset\": \"gpt\", \"vocab\": 256, \"context\": 64, \"layers\": 4, \"heads\": 4, "
+        "\"embed\": 128}, \"train\": {\"micro_batch\": 2}, \"parallel\": {\"stages\": 1, \"replicas\": 2, "
+        "\"micro_batches\": 4, \"placement\": [[8, 0]], \"balance\": [5, 3]}, "
+        "\"cluster\": {\"backend\": \"cuda\", \"topology\": \"dgx-a100 + dgx1-v100\"}}");
+    r = run((const char *[]){"--plan", mixed, "--dry-run", NULL});
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    b = strstr(r.out, "Plan: balance (shares from the plan)");
+    cr_assert_not_null(b, "%s", r.out);
+    cr_assert(strstr(b, "      0  V100-SXM2-16GB x1") && strstr(b, "      1  A100-SXM4-80GB x1"), "%s", b);
+    cr_assert(strstr(b, "with 4 each: -"), "more on the slower replica loses: %s", b);
+    cr_assert(strstr(r.out, "balance          5 3 micro-batches per replica"), "%s", r.out);
+    cdp_test_run_free(&r);
+    /* one replica: nothing to share */
+    const char *one = cdp_test_write_file(dir, "one.json",
+        "{\"model\": {\"preset\": \"mlp\", \"input\": [16], \"hidden\": [32, 32], \"classes\": 4}, "
+        "\"parallel\": {\"stages\": 2, \"replicas\": 1}, \"cluster\": {\"backend\": \"cpu\"}}");
+    r = run((const char *[]){"--plan", one, "--dry-run", NULL});
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    cr_assert(strstr(r.out, "Plan: predicted") && !strstr(r.out, "Plan: balance"), "%s", r.out);
+    cdp_test_run_free(&r);
+}
+
 Test(cli, verbose_says_why_no_gpu_for_auto_backend)
 {
     const char *dir = cdp_test_tmpdir();

@@ -338,6 +338,116 @@ Test(plan, partition_sets_auto_stages)
     cdp_plan_free(p);
 }
 
+/* ---- /parallel/balance, /parallel/rebalance_every ------------------------------------ */
+
+#define BAL(par) "{\"model\": {\"preset\": \"gpt\"}, \"train\": {\"micro_batch\": 2}, \"parallel\": {" par "}}"
+
+Test(plan, balance_forms)
+{
+    struct cdp_plan *p = load_ok(BAL("\"replicas\": 2"));
+    cr_assert_eq(p->parallel.balance, CDP_BALANCE_SPEED, "the default");
+    cr_assert_null(p->parallel.shares);
+    cr_assert_eq(p->parallel.rebalance_every, 0);
+    cdp_plan_free(p);
+    p = load_ok(BAL("\"replicas\": 2, \"balance\": \"uniform\", \"rebalance_every\": 50"));
+    cr_assert_eq(p->parallel.balance, CDP_BALANCE_UNIFORM);
+    cr_assert_eq(p->parallel.rebalance_every, 50);
+    char *s = NULL;
+    cr_assert_eq(cdp_plan_to_json(p, &s), CDP_OK);
+    cr_assert(strstr(s, "\"balance\": \"uniform\"") && strstr(s, "\"rebalance_every\": 50"), "%s", s);
+    free(s);
+    cdp_plan_free(p);
+    p = load_ok(BAL("\"replicas\": 2, \"micro_batches\": 4, \"balance\": [5, 3]"));
+    cr_assert_eq(p->parallel.balance, CDP_BALANCE_EXPLICIT);
+    cr_assert_eq(p->parallel.n_shares, 2);
+    cr_assert(p->parallel.shares[0] == 5 && p->parallel.shares[1] == 3);
+    cr_assert_eq(p->train.global_batch, 16, "replicas x micro_batches x micro_batch, whatever the shares");
+    cr_assert_eq(cdp_plan_to_json(p, &s), CDP_OK);
+    cr_assert(strstr(s, "\"balance\": [\n      5,\n      3\n    ]") || strstr(s, "\"balance\": [5, 3]"), "%s", s);
+    struct cdp_plan *q = NULL;
+    cr_assert_eq(cdp_plan_load_string(s, "t.json", NULL, &q), CDP_OK, "%s", cdp_last_error());
+    cr_assert(q->parallel.balance == CDP_BALANCE_EXPLICIT && q->parallel.shares[1] == 3);
+    char *s2 = NULL;
+    cr_assert_eq(cdp_plan_to_json(q, &s2), CDP_OK);
+    cr_assert_str_eq(s, s2);
+    free(s);
+    free(s2);
+    cdp_plan_free(q);
+    cdp_plan_free(p);
+    /* the shares settle what is "auto": replicas (one share each), micro_batches (their mean) */
+    p = load_ok(BAL("\"replicas\": \"auto\", \"micro_batches\": \"auto\", \"balance\": [7, 5, 6]"));
+    cr_assert_eq(p->parallel.replicas, 3);
+    cr_assert_eq(p->parallel.micro_batches, 6);
+    cr_assert_eq(p->train.global_batch, 36);
+    cdp_plan_free(p);
+    /* interleaved: multiples of the stages */
+    p = load_ok(BAL("\"stages\": 2, \"schedule\": \"interleaved\", \"replicas\": 2, \"balance\": [6, 2]"));
+    cr_assert_eq(p->parallel.micro_batches, 4);
+    cdp_plan_free(p);
+    /* one replica: its share is micro_batches */
+    p = load_ok(BAL("\"balance\": [3]"));
+    cr_assert_eq(p->parallel.replicas, 1);
+    cr_assert_eq(p->parallel.micro_batches, 3);
+    cdp_plan_free(p);
+}
+
+struct balance_bad {
+    char parallel[160];
+    char train[48];
+    char error[200];
+};
+
+ParameterizedTestParameters(plan, balance_errors_name_the_key)
+{
+    static struct balance_bad cases[] = {
+        {"\"replicas\": 2, \"balance\": [3, 4]", "",
+         "t.json: /parallel/balance: the shares sum to 7 micro-batches per step, not a multiple of "
+         "/parallel/replicas 2"},
+        {"\"replicas\": 2, \"micro_batches\": 4, \"balance\": [3, 4]", "",
+         "t.json: /parallel/balance: the shares sum to 7 micro-batches per step; /parallel/replicas 2 x "
+         "/parallel/micro_batches 4 is 8"},
+        {"\"replicas\": 2, \"balance\": [4, 4, 4]", "",
+         "t.json: /parallel/balance: 3 shares for /parallel/replicas 2: give one per replica"},
+        {"\"balance\": \"sped\"", "",
+         "t.json: /parallel/balance: expected one of \"speed\", \"uniform\", got \"sped\" (did you mean \"speed\"?)"},
+        {"\"balance\": \"fast\"", "",
+         "t.json: /parallel/balance: expected one of \"speed\", \"uniform\", got \"fast\""},
+        {"\"replicas\": 2, \"balance\": [0, 8]", "",
+         "t.json: /parallel/balance/0: expected a positive integer, got 0"},
+        {"\"replicas\": 2, \"balance\": [4, -1]", "",
+         "t.json: /parallel/balance/1: expected a positive integer, got -1"},
+        {"\"replicas\": 2, \"balance\": [4, 2.5]", "",
+         "t.json: /parallel/balance/1: expected a positive integer, got 2.5"},
+        {"\"replicas\": 2, \"balance\": [4, \"4\"]", "", "t.json: /parallel/balance/1: expected a positive integer"},
+        {"\"balance\": []", "",
+         "t.json: /parallel/balance: expected \"speed\", \"uniform\" or a list of micro-batches per replica, got []"},
+        {"\"balance\": {\"0\": 4}", "", "t.json: /parallel/balance: expected \"speed\", \"uniform\" or a list"},
+        {"\"balance\": true", "", "t.json: /parallel/balance: expected \"speed\", \"uniform\" or a list"},
+        {"\"stages\": 2, \"schedule\": \"interleaved\", \"replicas\": 2, \"balance\": [5, 3]", "",
+         "t.json: /parallel/balance/0: 5 is not a multiple of /parallel/stages 2, as the interleaved schedule needs"},
+        {"\"stages\": 4, \"schedule\": \"interleaved\", \"replicas\": 2, \"balance\": [4, 6]", "",
+         "t.json: /parallel/balance/1: 6 is not a multiple of /parallel/stages 4"},
+        {"\"stages\": 2, \"schedule\": \"interleaved\", \"replicas\": 2, \"balance\": [2, 4]", "",
+         "t.json: /parallel/balance: the shares sum to 6, so /parallel/micro_batches is 3, not a multiple of "
+         "/parallel/stages 2"},
+        {"\"replicas\": 2, \"balance\": [5, 3]", "\"global_batch\": 32",
+         "t.json: /train/global_batch: 32 does not equal /parallel/replicas 2 x /parallel/micro_batches 4 x "
+         "/train/micro_batch 2 = 16"},
+        {"\"rebalance_every\": -1", "", "t.json: /parallel/rebalance_every: expected a non-negative integer, got -1"},
+        {"\"rebalance_every\": \"auto\"", "", "t.json: /parallel/rebalance_every: expected a non-negative integer"},
+        {"\"balanse\": \"speed\"", "", "t.json: /parallel/balanse: unknown key (did you mean \"balance\"?)"},
+    };
+    return cr_make_param_array(struct balance_bad, cases, sizeof cases / sizeof cases[0]);
+}
+
+ParameterizedTest(struct balance_bad *c, plan, balance_errors_name_the_key)
+{
+    char json[512];
+    snprintf(json, sizeof json, "{\"model\": {\"preset\": \"gpt\"}, \"train\": {\"micro_batch\": 2%s%s}, "
+             "\"parallel\": {%s}}", c->train[0] ? ", " : "", c->train, c->parallel);
+    load_fails(json, c->error);
+}
+
 /* ---- resolve ----------------------------------------------------------------------- */
 
 Test(plan, resolve_without_gpus)

@@ -4,6 +4,7 @@
 #include <criterion/criterion.h>
 #include <jansson.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +12,7 @@
 #include "cdp/plan.h"
 #include "cdp/topology.h"
 #include "harness.h"
+#include "partitioner/balance.h"
 #include "partitioner/planner.h"
 
 static struct cdp_plan *load(const char *text)
@@ -280,4 +282,308 @@ Test(planner, auto_schedule_is_searched_and_written_back)
     cdp_planner_result_clear(&g);
     cdp_planner_result_clear(&f);
     cdp_plan_free(p);
+}
+
+/* ---- load balance across replicas on mixed GPUs ------------------------------------------ */
+
+/* Replica 0 on the A100 node, replica 1 on the V100 node (placement[stage][replica]). */
+#define MIXED(prec, sched, extra)                                                                              \
+    "{\"model\": {\"preset\": \"gpt\", \"vocab\": 1024, \"context\": 256, \"layers\": 8, \"heads\": 8, "      \
+    "\"embed\": 512}, \"train\": {\"micro_batch\": 4, \"precision\": \"" prec "\", "                           \
+    "\"optimizer\": {\"type\": \"adamw\"}}, \"parallel\": {\"stages\": 2, \"replicas\": 2, "                    \
+    "\"micro_batches\": 8, \"schedule\": \"" sched "\", \"placement\": [[0, 8], [1, 9]]" extra "}, "           \
+    "\"cluster\": {\"backend\": \"cuda\", \"topology\": \"1 x dgx-a100 + 1 x dgx1-v100\"}}"
+
+static void check_sum(const struct cdp_planner_result *r)
+{
+    int64_t sum = 0;
+    for (int q = 0; q < r->replicas; q++) {
+        cr_expect_geq(r->balance.shares[q], 1);
+        sum += r->balance.shares[q];
+    }
+    cr_expect_eq(sum, (int64_t)r->replicas * r->micro_batches, "the global batch stays");
+}
+
+Test(planner, shares_follow_the_speed_ratio)
+{
+    struct cdp_plan *p = load(MIXED("fp32", "1f1b", ""));
+    struct cdp_topology *t = NULL;
+    cr_assert_eq(cdp_topology_load(p->cluster.topology, NULL, &t), CDP_OK, "%s", cdp_last_error());
+    /* fp32: the A100's 19.5 TFLOP/s against the V100's 15.7 */
+    const double k = t->gpus[0].peak_fp32 / t->gpus[8].peak_fp32;
+    cr_assert(k > 1.2 && k < 1.3, "%g", k);
+    struct cdp_planner_result r = {0};
+    cr_assert_eq(cdp_planner_run(p, t, NULL, &r), CDP_OK, "%s", cdp_last_error());
+    const struct cdp_planner_balance *b = &r.balance;
+    cr_assert_not_null(b->shares);
+    cr_expect_eq(b->kind, CDP_BALANCE_SPEED);
+    cr_expect(fabs(b->t_s[1] / b->t_s[0] - k) < 1e-9 * k, "t %g / %g, rates %g", b->t_s[1], b->t_s[0], k);
+    check_sum(&r);
+    /* the continuous optimum: (s0 + p - 1) t0 = (s1 + p - 1) t1 with s0 + s1 = T */
+    const int T = 16, p1 = r.stages - 1;
+    const double s0 = (k * (T + p1) - p1) / (1 + k);
+    cr_expect(fabs((double)b->shares[0] - s0) <= 1, "shares %lld %lld, optimum %.3f : %.3f", (long long)b->shares[0],
+              (long long)b->shares[1], s0, T - s0);
+    cr_expect_gt(b->shares[0], b->shares[1], "the faster replica takes more");
+    cr_expect_lt(b->step_s, b->uniform_step_s);
+    cr_expect(fabs(b->gain - (b->uniform_step_s / b->step_s - 1)) < 1e-12);
+    cr_expect_geq(b->rest_s, 0);
+    cr_expect_str_eq(b->devices[0], "A100-SXM4-80GB x2");
+    cr_expect_str_eq(b->devices[1], "V100-SXM2-16GB x2");
+    /* no share vector does better (brute force over s0) */
+    for (int64_t x = 1; x < T; x++) {
+        const int64_t sh[2] = {x, T - x};
+        cr_expect_geq(cdp_balance_step_time(b->t_s, 2, r.stages, sh) + b->rest_s, b->step_s * (1 - 1e-12));
+    }
+    /* written into the plan as explicit shares */
+    cr_assert_eq(cdp_planner_apply(&r, p), CDP_OK);
+    cr_expect_eq(p->parallel.balance, CDP_BALANCE_EXPLICIT);
+    cr_assert_eq(p->parallel.n_shares, 2);
+    cr_expect_eq(p->parallel.shares[0], b->shares[0]);
+    cr_expect_eq(p->parallel.shares[1], b->shares[1]);
+    /* and planning the planned plan gives the same */
+    struct cdp_planner_result again = {0};
+    cr_assert_eq(cdp_planner_run(p, t, NULL, &again), CDP_OK, "%s", cdp_last_error());
+    cr_expect_eq(again.balance.kind, CDP_BALANCE_EXPLICIT);
+    cr_expect_eq(again.balance.shares[0], b->shares[0]);
+    cr_expect_eq(again.balance.step_s, b->step_s);
+    cdp_planner_result_clear(&again);
+    cdp_planner_result_clear(&r);
+    cdp_topology_free(t);
+    cdp_plan_free(p);
+}
+
+Test(planner, equal_devices_get_exactly_uniform_shares)
+{
+    struct cdp_plan *p = load(FIXED_GPU);
+    struct cdp_planner_result r = {0};
+    cr_assert_eq(plan_on(p, "dgx1-v100", &r), CDP_OK, "%s", cdp_last_error());
+    for (int q = 0; q < r.replicas; q++) cr_expect_eq(r.balance.shares[q], r.micro_batches, "replica %d", q);
+    cr_expect_eq(r.balance.step_s, r.balance.uniform_step_s);
+    cr_expect_eq(r.balance.gain, 0);
+    cr_expect_eq(r.balance.t_s[0], r.balance.t_s[1]);
+    cr_expect_str_eq(r.balance.devices[0], "V100-SXM2-16GB x2");
+    cr_assert_eq(cdp_planner_apply(&r, p), CDP_OK);
+    cr_expect_eq(p->parallel.balance, CDP_BALANCE_SPEED, "equal shares leave \"speed\"");
+    cr_expect_null(p->parallel.shares);
+    cdp_planner_result_clear(&r);
+    cdp_plan_free(p);
+    /* a mixed replica (one A100, one V100) is as slow as its V100 */
+    p = load(MIXED("fp32", "1f1b", ", \"balance\": \"speed\"")); /* placement replaced below */
+    p->parallel.placement_map[0] = 0, p->parallel.placement_map[1] = 1;  /* stage 0: A100s */
+    p->parallel.placement_map[2] = 8, p->parallel.placement_map[3] = 9;  /* stage 1: V100s */
+    struct cdp_topology *t = NULL;
+    cr_assert_eq(cdp_topology_load(p->cluster.topology, NULL, &t), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(cdp_planner_run(p, t, NULL, &r), CDP_OK, "%s", cdp_last_error());
+    cr_expect_eq(r.balance.shares[0], 8);
+    cr_expect_eq(r.balance.shares[1], 8);
+    cr_expect_str_eq(r.balance.devices[1], "A100-SXM4-80GB x1 + V100-SXM2-16GB x1");
+    cdp_planner_result_clear(&r);
+    cdp_topology_free(t);
+    cdp_plan_free(p);
+}
+
+Test(planner, explicit_and_uniform_shares_are_kept)
+{
+    struct cdp_plan *p = load(MIXED("fp32", "1f1b", ", \"balance\": [5, 11]"));
+    struct cdp_planner_result r = {0};
+    cr_assert_eq(plan_on(p, p->cluster.topology, &r), CDP_OK, "%s", cdp_last_error());
+    cr_expect_eq(r.balance.kind, CDP_BALANCE_EXPLICIT);
+    cr_expect_eq(r.balance.shares[0], 5);
+    cr_expect_eq(r.balance.shares[1], 11);
+    cr_expect_lt(r.balance.gain, 0, "more on the slower replica is slower than uniform");
+    cr_assert_eq(cdp_planner_apply(&r, p), CDP_OK);
+    cr_expect_eq(p->parallel.balance, CDP_BALANCE_EXPLICIT);
+    cr_expect_eq(p->parallel.shares[0], 5);
+    cdp_planner_result_clear(&r);
+    cdp_plan_free(p);
+    p = load(MIXED("fp32", "1f1b", ", \"balance\": \"uniform\""));
+    cr_assert_eq(plan_on(p, p->cluster.topology, &r), CDP_OK, "%s", cdp_last_error());
+    cr_expect_eq(r.balance.kind, CDP_BALANCE_UNIFORM);
+    cr_expect_eq(r.balance.shares[0], 8);
+    cr_expect_eq(r.balance.shares[1], 8);
+    cr_expect_eq(r.balance.gain, 0);
+    cr_assert_eq(cdp_planner_apply(&r, p), CDP_OK);
+    cr_expect_eq(p->parallel.balance, CDP_BALANCE_UNIFORM);
+    cdp_planner_result_clear(&r);
+    cdp_plan_free(p);
+}
+
+Test(planner, interleaved_shares_are_multiples_of_the_stages)
+{
+    /* bf16: the A100 is about 20 x faster than a V100 (which has no BF16) */
+    struct cdp_plan *p = load(MIXED("bf16", "interleaved", ""));
+    struct cdp_planner_result r = {0};
+    cr_assert_eq(plan_on(p, p->cluster.topology, &r), CDP_OK, "%s", cdp_last_error());
+    check_sum(&r);
+    for (int q = 0; q < r.replicas; q++)
+        cr_expect_eq(r.balance.shares[q] % r.stages, 0, "replica %d: %lld", q, (long long)r.balance.shares[q]);
+    cr_expect_gt(r.balance.shares[0], r.balance.shares[1]);
+    cr_expect_eq(r.balance.shares[1], r.stages, "the slow replica keeps one unit");
+    cr_expect_gt(r.balance.gain, 0);
+    cdp_planner_result_clear(&r);
+    cdp_plan_free(p);
+    /* explicit shares that are not multiples of a stage count: that shape is not tried
+     * (p = 4 and 8 divide the 8 micro-batches but not the shares 10 and 6) */
+    p = load(MIXED("bf16", "interleaved", ", \"balance\": [10, 6]"));
+    p->parallel.stages = CDP_AUTO;
+    p->parallel.placement = CDP_PLACEMENT_ORDERED_PP_INNER;
+    cr_assert_eq(plan_on(p, p->cluster.topology, &r), CDP_OK, "%s", cdp_last_error());
+    cr_expect_eq(r.stages, 2);
+    cr_expect_eq(r.shapes, 1, "%lld shapes", (long long)r.shapes);
+    cr_expect_eq(r.balance.shares[0], 10);
+    cdp_planner_result_clear(&r);
+    cdp_plan_free(p);
+}
+
+/* The example of docs/planner.md: --dry-run shows the shares, --json carries them and round-trips. */
+Test(planner, dry_run_shows_the_balance_of_the_mixed_example)
+{
+    setenv("CUDA_VISIBLE_DEVICES", "", 1);
+    const char *src = cdp_test_source_path("examples/mixed-gpus.json");
+    struct cdp_run r;
+    const char *argv[] = {"--plan", src, "--dry-run", NULL};
+    cr_assert_eq(cdp_test_run(&r, argv), 0);
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    const char *b = strstr(r.out, "Plan: balance (speed: shares by predicted speed)");
+    cr_assert_not_null(b, "%s", r.out);
+    long long s0, s1;
+    double t0, t1, with, uniform, gain;
+    const char *l0 = strstr(b, "A100-SXM4-80GB x8"), *l1 = strstr(b, "V100-SXM2-16GB x8");
+    cr_assert(l0 && l1, "%s", b);
+    cr_assert_eq(sscanf(l0, "A100-SXM4-80GB x8 %lf %lld", &t0, &s0), 2, "%s", l0);
+    cr_assert_eq(sscanf(l1, "V100-SXM2-16GB x8 %lf %lld", &t1, &s1), 2, "%s", l1);
+    cr_expect_gt(s0, s1, "%s", b);
+    cr_expect_lt(t0, t1);
+    const char *st = strstr(b, "  step ");
+    cr_assert_not_null(st, "%s", b);
+    cr_assert_eq(sscanf(st, " step %lf ms with these shares, %lf ms with 16 each: %lf%%", &with, &uniform, &gain), 3,
+                 "%s", st);
+    cr_expect_lt(with, uniform);
+    cr_expect_gt(gain, 0);
+    cdp_test_run_free(&r);
+
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
+    const char *argv1[] = {"--plan", src, "--dry-run", "--json", NULL};
+    struct cdp_run r1, r2;
+    cr_assert_eq(cdp_test_run(&r1, argv1), 0);
+    cr_assert_eq(r1.exit_code, 0, "%s", r1.err);
+    json_t *j = json_loads(r1.out, 0, NULL);
+    cr_assert_not_null(j, "%s", r1.out);
+    json_t *bal = json_object_get(json_object_get(j, "planner"), "balance");
+    cr_assert(json_is_object(bal), "%s", r1.out);
+    json_t *shares = json_object_get(bal, "shares");
+    json_t *plan_shares = json_object_get(json_object_get(j, "parallel"), "balance");
+    cr_expect_eq(json_integer_value(json_array_get(shares, 0)), s0);
+    cr_expect(json_equal(shares, plan_shares), "the plan runs with the shares shown");
+    cr_expect_str_eq(json_string_value(json_array_get(json_object_get(bal, "devices"), 1)), "V100-SXM2-16GB x8");
+    cr_expect_gt(json_real_value(json_object_get(bal, "gain")), 0);
+    json_decref(j);
+    const char *again = cdp_test_write_file(dir, "mixed-planned.json", r1.out);
+    const char *argv2[] = {"--plan", again, "--dry-run", "--json", NULL};
+    cr_assert_eq(cdp_test_run(&r2, argv2), 0);
+    cr_assert_eq(r2.exit_code, 0, "%s", r2.err);
+    cr_expect_str_eq(r1.out, r2.out);
+    cdp_test_run_free(&r1);
+    cdp_test_run_free(&r2);
+}
+
+/* ---- cdp_balance_shares ------------------------------------------------------------------ */
+
+/* The least step time over every share vector (multiples of unit, unit..cap, summing to total). */
+static double brute(const double *t, int R, int p, int64_t total, int64_t unit, int64_t cap, int64_t *sh, int r)
+{
+    if (r == R - 1) {
+        sh[r] = total;
+        if (total < unit || total % unit || (cap > 0 && total > cap)) return INFINITY;
+        return cdp_balance_step_time(t, R, p, sh);
+    }
+    double best = INFINITY;
+    for (int64_t x = unit; x <= total - (int64_t)(R - 1 - r) * unit; x += unit) {
+        if (cap > 0 && x > cap) break;
+        sh[r] = x;
+        const double v = brute(t, R, p, total - x, unit, cap, sh, r + 1);
+        if (v < best) best = v;
+    }
+    return best;
+}
+
+Test(planner, balance_shares_are_optimal_against_brute_force)
+{
+    uint64_t seed = 12345;
+    int cases = 0;
+    for (int R = 1; R <= 4; R++)
+        for (int p = 1; p <= 3; p++)
+            for (int64_t unit = 1; unit <= 2; unit++)
+                for (int64_t cap = 0; cap <= 6; cap += 3)
+                    for (int trial = 0; trial < 6; trial++) {
+                        double t[4];
+                        for (int r = 0; r < R; r++) {
+                            seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+                            t[r] = 0.5 + (double)(seed >> 11) / 9007199254740992.0 * (trial < 3 ? 1 : 8);
+                        }
+                        const int64_t total = unit * (R + trial % 4 + (trial > 3 ? 5 : 0));
+                        if (cap > 0 && (cap % unit || total > (int64_t)R * cap)) continue;
+                        int64_t got[4], scratch[4];
+                        cr_assert_eq(cdp_balance_shares(t, R, p, total, unit, cap, got), CDP_OK, "%s",
+                                     cdp_last_error());
+                        int64_t sum = 0;
+                        for (int r = 0; r < R; r++) {
+                            cr_expect_eq(got[r] % unit, 0);
+                            cr_expect_geq(got[r], unit);
+                            if (cap > 0) cr_expect_leq(got[r], cap, "R %d cap %lld", R, (long long)cap);
+                            sum += got[r];
+                        }
+                        cr_expect_eq(sum, total);
+                        const double best = brute(t, R, p, total, unit, cap, scratch, 0);
+                        const double mine = cdp_balance_step_time(t, R, p, got);
+                        cr_expect(mine <= best * (1 + 1e-12), "R %d p %d unit %lld cap %lld total %lld: %.9g > %.9g",
+                                  R, p, (long long)unit, (long long)cap, (long long)total, mine, best);
+                        cases++;
+                    }
+    cr_expect_gt(cases, 200, "%d cases", cases);
+}
+
+Test(planner, balance_shares_equal_times_and_errors)
+{
+    const double eq[3] = {2, 2, 2};
+    int64_t sh[3];
+    cr_assert_eq(cdp_balance_shares(eq, 3, 4, 12, 1, 0, sh), CDP_OK);
+    cr_expect(sh[0] == 4 && sh[1] == 4 && sh[2] == 4);
+    cr_assert_eq(cdp_balance_shares(eq, 3, 2, 12, 2, 0, sh), CDP_OK);
+    cr_expect(sh[0] == 4 && sh[1] == 4 && sh[2] == 4);
+    /* twice as fast: twice the share once the bubble is counted */
+    const double two[2] = {1, 2};
+    cr_assert_eq(cdp_balance_shares(two, 2, 1, 12, 1, 0, sh), CDP_OK);
+    cr_expect(sh[0] == 8 && sh[1] == 4, "%lld %lld", (long long)sh[0], (long long)sh[1]);
+    cr_expect_eq(cdp_balance_step_time(two, 2, 1, sh), 8);
+    /* a cap moves the rest to the slower replica */
+    cr_assert_eq(cdp_balance_shares(two, 2, 1, 12, 1, 6, sh), CDP_OK);
+    cr_expect(sh[0] == 6 && sh[1] == 6);
+    const struct {
+        double t0;
+        int R, p;
+        int64_t total, unit, cap;
+        const char *msg;
+    } bad[] = {
+        {1, 2, 2, 7, 2, 0, "in multiples of 2"},
+        {1, 2, 2, 2, 2, 0, "cannot give 2 replicas at least 2 each"},
+        {1, 2, 1, 13, 1, 6, "exceed 2 replicas x 6"},
+        {0, 2, 1, 4, 1, 0, "replica 0 has time 0"},
+        {-1, 2, 1, 4, 1, 0, "replica 0 has time -1"},
+        {INFINITY, 2, 1, 4, 1, 0, "replica 0 has time inf"},
+        {NAN, 2, 1, 4, 1, 0, "replica 0 has time"},
+        {1, 0, 1, 4, 1, 0, "0 replicas"},
+        {1, 2, 0, 4, 1, 0, "0 stages"},
+        {1, 2, 1, 4, 0, 0, "unit 0"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        const double t[2] = {bad[i].t0, 1};
+        int64_t out[2] = {-7, -7};
+        cr_expect_eq(cdp_balance_shares(t, bad[i].R, bad[i].p, bad[i].total, bad[i].unit, bad[i].cap, out),
+                     CDP_ERR_INVALID, "case %zu", i);
+        cr_expect(strstr(cdp_last_error(), bad[i].msg), "case %zu: \"%s\" lacks \"%s\"", i, cdp_last_error(),
+                  bad[i].msg);
+    }
 }

@@ -1030,7 +1030,7 @@ static cdp_status check_shares(struct ld *c)
                      "/parallel/micro_batches %lld is %lld", (long long)sum, (long long)pd->replicas,
                      (long long)pd->micro_batches, (long long)(pd->replicas * pd->micro_batches));
     }
-    if (pd->schedule == CDP_SCHEDULE_INTERLEAVED && pd->stages != CDP_AUTO)
+    if (pd->schedule == CDP_SCHEDULE_INTERLEAVED && pd->stages != CDP_AUTO) {
         for (int i = 0; i < pd->n_shares; i++)
             if (pd->shares[i] % pd->stages) {
                 char kp[PTR_CAP];
@@ -1038,6 +1038,12 @@ static cdp_status check_shares(struct ld *c)
                 return failp(c, kp, "%lld is not a multiple of /parallel/stages %lld, as the interleaved "
                              "schedule needs", (long long)pd->shares[i], (long long)pd->stages);
             }
+        /* said here, not as a /parallel/micro_batches the file may not have */
+        if (pd->micro_batches % pd->stages)
+            return failp(c, P, "the shares sum to %lld, so /parallel/micro_batches is %lld, not a multiple of "
+                         "/parallel/stages %lld as the interleaved schedule needs of it too", (long long)sum,
+                         (long long)pd->micro_batches, (long long)pd->stages);
+    }
     return CDP_OK;
 }
 static const char *const placement_words[] = {"topology", "ordered-pp-inner", "ordered-dp-inner",
