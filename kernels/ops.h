@@ -6,12 +6,17 @@
  * and device pointers of that device. Shapes, layouts, the overwrite/accumulate
  * conventions and the meaning of every argument are exactly those of the
  * matching cdp_cpu_* function in kernels/cpu/ops.h: the CPU table is the
- * reference and the GPU ops suite compares every other table with it.
+ * reference and the GPU ops suite (tests/test_gpu_ops.c) compares every other
+ * table with it. Mind the exceptions to "backward accumulates" there: the loss
+ * backwards (crossentropy_bwd, mse_bwd) overwrite their gradient. Scratch
+ * arguments (attention's T*T, conv's col) are sized for the CPU's serial
+ * loops; a GPU table may ignore them and use its own workspace.
  *
  * On a GPU an op is queued on the device's stream and returns at once; the
  * status reports a launch, cuBLAS or cuDNN error (with the library's error
- * string in cdp_last_error()). sum_squares and the loss forward's caller read
- * back results and so wait for the stream.
+ * string in cdp_last_error()). Only sum_squares waits for the stream (it
+ * returns a host value); whoever reads device results back (cdp_buffer_read)
+ * waits there.
  *
  * Precision: set_precision(CDP_PRECISION_BF16) makes the matrix-multiply ops
  * (linear, the two products inside attention, conv2d) round their operands to

@@ -15,6 +15,7 @@
 #include "cdp/log.h"
 #include "cdp_config.h"
 #include "device/backend.h"
+#include "kernels/ops.h"
 
 static void host_log(int level, int subsys, const char *fmt, ...)
 {
@@ -89,6 +90,10 @@ static cdp_status try_load(const char *name, const struct cdp_device_backend **o
             return cdp_fail(CDP_ERR_UNSUPPORTED, "%s backend: %s was built for another version "
                             "of cdphybrid (device ABI %d, expected %d)", name, path,
                             be ? be->abi : -1, CDP_DEVICE_ABI);
+        if (be->ops && be->ops->abi != CDP_OPS_ABI)
+            return cdp_fail(CDP_ERR_UNSUPPORTED, "%s backend: %s was built for another version "
+                            "of cdphybrid (kernel table ABI %d, expected %d)", name, path, be->ops->abi,
+                            CDP_OPS_ABI);
         CDP_INFO(DEVICE, "loaded the %s backend from %s", name, path);
         *out = be;
         return CDP_OK;

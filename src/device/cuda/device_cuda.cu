@@ -9,23 +9,16 @@
 
 #include "cdp/log.h"
 #include "device/backend.h"
+#include "kernels/cuda/cuda_state.h"
+#include "kernels/cuda/ops_cuda.h"
 
-static const struct cdp_module_host *host;
+const struct cdp_module_host *cdp_cuda_host;
+#define host cdp_cuda_host
 
-struct cuda_device {
-    int index;
-    cudaStream_t stream;
-};
+/* the kernels' per-device state is the device's state */
+#define cuda_device cdp_cuda_state
 
-/* Every CUDA call goes through here: a failure becomes a status whose message
- * carries the call, the CUDA error name and its text. */
-#define CUDA_TRY(call)                                                                   \
-    do {                                                                                 \
-        cudaError_t e_ = (call);                                                         \
-        if (e_ != cudaSuccess)                                                           \
-            return host->fail(CDP_ERR_DEVICE, "%s: %s (%s)", #call, cudaGetErrorString(e_), \
-                              cudaGetErrorName(e_));                                     \
-    } while (0)
+#define CUDA_TRY CDP_CUDA_TRY
 
 static cdp_status cuda_count(int *out)
 {
@@ -72,6 +65,7 @@ static void cuda_close(void *state)
     if (!d) return;
     cudaSetDevice(d->index);
     cudaStreamSynchronize(d->stream);
+    cdp_cuda_state_release(d);
     cudaStreamDestroy(d->stream);
     free(d);
 }
@@ -176,7 +170,7 @@ static const struct cdp_device_backend cdp_cuda_backend = {
     cuda_event_record,
     cuda_event_elapsed_ms,
     cuda_event_destroy,
-    NULL, /* kernels: not yet */
+    &cdp_cuda_ops,
 };
 
 extern "C" __attribute__((visibility("default"))) cdp_status

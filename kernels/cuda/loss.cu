@@ -1,0 +1,187 @@
+/* Losses on the GPU, matching kernels/cpu/loss.c: fused softmax cross-entropy
+ * (max-subtracted, fp32) and mean squared error.
+ * Shapes: logits/dlogits[N,V], targets[N], pred/target/dpred[N,D], losses[N].
+ *
+ * Cross-entropy takes one block per row (V reaches 50304 and more). Each
+ * thread keeps a running maximum and a sum of exp(x - max) rescaled when the
+ * maximum grows, so a row is read once for its statistics; the per-thread
+ * pairs merge in a fixed order (deterministic). Backward overwrites dlogits. */
+#include "kernels/cuda/cuda_state.h"
+#include "kernels/cuda/ops_cuda.h"
+
+#include <math.h>
+
+#define CE_MAX_THREADS 512
+#define MSE_ROWS_PER_BLOCK 8 /* warps per block, one row each */
+
+/* (m, s): s = sum of exp(x - m) over the values seen; m = -inf when none
+ * were (or all were -inf). -inf values add nothing; a NaN makes s NaN, as on
+ * the CPU. */
+static __device__ __forceinline__ void lse_add(float &m, float &s, float x)
+{
+    if (x > m) {
+        s = s * expf(m - x) + 1.0f; /* m = -inf: s * 0 */
+        m = x;
+    } else if (x != -INFINITY) {
+        s += expf(x - m);
+    }
+}
+
+/* Merges (m2, s2) into (m, s); commutative, so the merge order of a butterfly
+ * does not change the bits. */
+static __device__ __forceinline__ void lse_merge(float &m, float &s, float m2, float s2)
+{
+    if (m2 > m) {
+        s = s * expf(m - m2) + s2;
+        m = m2;
+    } else if (m2 == -INFINITY) {
+        s += s2; /* s2 is 0, or NaN to pass on */
+    } else {
+        s += s2 * expf(m2 - m);
+    }
+}
+
+/* The row's (max, sum of exp(x - max)), for every thread of the block.
+ * blockDim.x is a multiple of 32, at most 1024. */
+static __device__ void row_lse(const float *x, int V, float *m_out, float *s_out)
+{
+    __shared__ float sm[32], ss[32];
+    float m = -INFINITY, s = 0.0f;
+    for (int j = threadIdx.x; j < V; j += blockDim.x)
+        lse_add(m, s, x[j]);
+    for (int o = 16; o > 0; o >>= 1) {
+        float m2 = __shfl_xor_sync(0xffffffffu, m, o);
+        float s2 = __shfl_xor_sync(0xffffffffu, s, o);
+        lse_merge(m, s, m2, s2);
+    }
+    unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+    if (lane == 0) {
+        sm[warp] = m;
+        ss[warp] = s;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        bool have = lane < (blockDim.x >> 5);
+        m = have ? sm[lane] : -INFINITY;
+        s = have ? ss[lane] : 0.0f;
+        for (int o = 16; o > 0; o >>= 1) {
+            float m2 = __shfl_xor_sync(0xffffffffu, m, o);
+            float s2 = __shfl_xor_sync(0xffffffffu, s, o);
+            lse_merge(m, s, m2, s2);
+        }
+        if (lane == 0) {
+            sm[0] = m;
+            ss[0] = s;
+        }
+    }
+    __syncthreads();
+    *m_out = sm[0];
+    *s_out = ss[0];
+}
+
+static __global__ void crossentropy_fwd_kernel(float *__restrict__ losses, const float *__restrict__ logits,
+                                               const int32_t *__restrict__ targets, int V)
+{
+    const float *x = logits + (size_t)blockIdx.x * V;
+    float m, s;
+    row_lse(x, V, &m, &s);
+    /* s >= 1, so the log is finite; m - x[t] first, as the CPU, so a large
+     * shared offset cancels exactly */
+    if (threadIdx.x == 0) losses[blockIdx.x] = logf(s) + (m - x[targets[blockIdx.x]]);
+}
+
+/* dlogits = softmax * scale, minus scale at the target. Every element is read
+ * before it is written, by the same thread, after the statistics are complete,
+ * so dlogits == logits (in place) would also be safe. */
+static __global__ void crossentropy_bwd_kernel(float *dlogits, const float *logits,
+                                               const int32_t *__restrict__ targets, int V, float scale)
+{
+    const float *x = logits + (size_t)blockIdx.x * V;
+    float *d = dlogits + (size_t)blockIdx.x * V;
+    float m, s;
+    row_lse(x, V, &m, &s);
+    float f = scale / s;
+    int t = targets[blockIdx.x];
+    for (int j = threadIdx.x; j < V; j += blockDim.x) {
+        float p = expf(x[j] - m) * f;
+        d[j] = j == t ? p - scale : p;
+    }
+}
+
+/* one warp per row */
+static __global__ void mse_fwd_kernel(float *__restrict__ losses, const float *__restrict__ pred,
+                                      const float *__restrict__ target, int N, int D)
+{
+    int row = blockIdx.x * MSE_ROWS_PER_BLOCK + (int)(threadIdx.x >> 5);
+    int lane = (int)(threadIdx.x & 31u);
+    if (row >= N) return; /* uniform over the warp */
+    const float *p = pred + (size_t)row * D;
+    const float *t = target + (size_t)row * D;
+    float acc = 0.0f;
+    for (int j = lane; j < D; j += 32) {
+        float e = p[j] - t[j];
+        acc += e * e;
+    }
+    for (int o = 16; o > 0; o >>= 1)
+        acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    if (lane == 0) losses[row] = acc / (float)D;
+}
+
+static __global__ void mse_bwd_kernel(float *dpred, const float *pred, const float *target, size_t n, float f)
+{
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        dpred[i] = (pred[i] - target[i]) * f;
+}
+
+static unsigned ce_threads(int V)
+{
+    unsigned t = ((unsigned)V + 31u) & ~31u;
+    return t > CE_MAX_THREADS ? CE_MAX_THREADS : t;
+}
+
+cdp_status cdp_cuda_crossentropy_fwd(void *st, float *losses, const float *logits, const int32_t *targets,
+                                     int N, int V)
+{
+    struct cdp_cuda_state *s = (struct cdp_cuda_state *)st;
+    if (N <= 0 || V <= 0) return CDP_OK;
+    CDP_CUDA_TRY(cudaSetDevice(s->index));
+    crossentropy_fwd_kernel<<<(unsigned)N, ce_threads(V), 0, s->stream>>>(losses, logits, targets, V);
+    CDP_CUDA_LAUNCHED("crossentropy_fwd_kernel");
+    return CDP_OK;
+}
+
+cdp_status cdp_cuda_crossentropy_bwd(void *st, float *dlogits, const float *logits, const int32_t *targets,
+                                     int N, int V, float scale)
+{
+    struct cdp_cuda_state *s = (struct cdp_cuda_state *)st;
+    if (N <= 0 || V <= 0) return CDP_OK;
+    CDP_CUDA_TRY(cudaSetDevice(s->index));
+    crossentropy_bwd_kernel<<<(unsigned)N, ce_threads(V), 0, s->stream>>>(dlogits, logits, targets, V, scale);
+    CDP_CUDA_LAUNCHED("crossentropy_bwd_kernel");
+    return CDP_OK;
+}
+
+cdp_status cdp_cuda_mse_fwd(void *st, float *losses, const float *pred, const float *target, int N, int D)
+{
+    struct cdp_cuda_state *s = (struct cdp_cuda_state *)st;
+    if (N <= 0 || D <= 0) return CDP_OK;
+    CDP_CUDA_TRY(cudaSetDevice(s->index));
+    unsigned blocks = (unsigned)((N - 1) / MSE_ROWS_PER_BLOCK + 1);
+    mse_fwd_kernel<<<blocks, MSE_ROWS_PER_BLOCK * 32, 0, s->stream>>>(losses, pred, target, N, D);
+    CDP_CUDA_LAUNCHED("mse_fwd_kernel");
+    return CDP_OK;
+}
+
+cdp_status cdp_cuda_mse_bwd(void *st, float *dpred, const float *pred, const float *target, int N, int D,
+                            float scale)
+{
+    struct cdp_cuda_state *s = (struct cdp_cuda_state *)st;
+    if (N <= 0 || D <= 0) return CDP_OK;
+    CDP_CUDA_TRY(cudaSetDevice(s->index));
+    float f = 2.0f * scale / (float)D; /* as the CPU: one factor, computed in float */
+    size_t n = (size_t)N * D;
+    mse_bwd_kernel<<<cdp_cuda_blocks(n, CDP_CUDA_THREADS), CDP_CUDA_THREADS, 0, s->stream>>>(dpred, pred, target,
+                                                                                            n, f);
+    CDP_CUDA_LAUNCHED("mse_bwd_kernel");
+    return CDP_OK;
+}
