@@ -1,0 +1,276 @@
+#!/usr/bin/env bash
+# shellcheck disable=SC2317 # the stage_* functions are called by name, through run_stage
+# GPU checks for a machine with an NVIDIA GPU (CUDA at /usr/local/cuda): builds
+# cdphybrid with the CUDA and cuDNN kernels, lists the GPUs, runs the gpu_ops
+# suite (every kernel against the CPU reference) and `cdphybrid doctor`, and
+# ends with one table: stage | result | seconds. Every stage runs under
+# `timeout`, and the whole run stays inside a time budget (7.5 min by default).
+#
+#   tools/gpu-check.sh                         run every stage
+#   GPU_CHECK_LOGDIR=$OUT/gpu-check tools/gpu-check.sh
+#                                              keep each stage's full log there
+#                                              (7 files: a log per stage and
+#                                              the suite's JSON report)
+#
+# Environment: GPU_CHECK_BUILD (build folder, default build-gpu),
+# GPU_CHECK_LOGDIR (logs, default <build>-logs), GPU_CHECK_BUDGET (seconds for
+# the whole run, default 450), GPU_CHECK_MESON_ARGS (more `meson setup`
+# arguments), GPU_CHECK_JOBS (parallel test processes, default 8),
+# GPU_CHECK_CUDNN (the cudnn feature: enabled by default; auto builds without
+# cuDNN where its header is not under $CUDA_HOME).
+# Exit status: 0 when every stage passed, 1 otherwise.
+#
+# Adding a stage: write a function stage_<name> that runs its commands (its
+# output goes to the stage's log; set NOTE for the summary's last column,
+# return non-zero for FAIL) and append "<name> <timeout-seconds> <needs>" to
+# STAGES below, where <needs> is the stage that must have passed first, or "-".
+set -uo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT" || exit 1
+BUILD=${GPU_CHECK_BUILD:-build-gpu}
+case $BUILD in /*) ;; *) BUILD=$ROOT/$BUILD ;; esac
+LOGDIR=${GPU_CHECK_LOGDIR:-$BUILD-logs}
+BUDGET=${GPU_CHECK_BUDGET:-450}
+JOBS=${GPU_CHECK_JOBS:-8}
+CUDNN=${GPU_CHECK_CUDNN:-enabled}
+CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+# meson finds nvcc through PATH; the toolkit does not put it there
+export PATH="$CUDA_HOME/bin:$PATH"
+if ! command -v timeout >/dev/null 2>&1; then
+    echo "gpu-check: 'timeout' (GNU coreutils) is missing; it bounds every stage" >&2
+    exit 1
+fi
+mkdir -p "$LOGDIR" || exit 1
+
+# name, timeout (s), stage that must have passed first
+STAGES=(
+    "prereqs 30 -"
+    "nvidia_smi 30 -"
+    "configure 120 -"
+    "compile 300 configure"
+    "gpu_ops 180 compile"
+    "doctor 60 compile"
+)
+
+NOTE=""
+
+# ---- stages -----------------------------------------------------------------------
+
+have() { command -v "$1" >/dev/null 2>&1; }
+
+# What the build needs and what is missing, each on one line. Fails only on
+# what stops the CUDA build; criterion (tests), mpicc and torch are reported.
+stage_prereqs() {
+    local missing=() optional=() v
+    check() { # check <what> <required|optional> <command...>
+        local what=$1 kind=$2
+        shift 2
+        if "$@" >/dev/null 2>&1; then
+            echo "ok       $what"
+        elif [ "$kind" = required ]; then
+            echo "MISSING  $what (required)"
+            missing+=("$what")
+        else
+            echo "missing  $what (optional)"
+            optional+=("$what")
+        fi
+    }
+    check "C compiler (cc)" required have cc
+    check "pkg-config" required have pkg-config
+    check "meson >= 1.0" required meson_ok
+    check "ninja" required have ninja
+    check "nvcc ($CUDA_HOME/bin/nvcc)" required test -x "$CUDA_HOME/bin/nvcc"
+    check "jansson >= 2.10 (pkg-config jansson)" required pkg-config --atleast-version=2.10 jansson
+    check "OpenBLAS (pkg-config openblas)" required pkg-config --exists openblas
+    local need_cudnn=required
+    [ "$CUDNN" = enabled ] || need_cudnn=optional
+    check "cuDNN header ($CUDA_HOME/include/cudnn.h)" "$need_cudnn" test -f "$CUDA_HOME/include/cudnn.h"
+    check "cuDNN library ($CUDA_HOME/lib64/libcudnn.so)" "$need_cudnn" cudnn_lib_ok
+    if [ ! -f "$CUDA_HOME/include/cudnn.h" ]; then
+        v=$(python3 -c 'import nvidia.cudnn, os; print(os.path.dirname(nvidia.cudnn.__file__))' 2>/dev/null)
+        [ -n "$v" ] && echo "info     a pip cuDNN is at $v (meson looks only under $CUDA_HOME;" \
+            "GPU_CHECK_CUDNN=auto builds without cuDNN)"
+    fi
+    check "Criterion (pkg-config criterion; without it no test binaries)" optional pkg-config --exists criterion
+    check "hwloc >= 2.0 (pkg-config hwloc)" optional pkg-config --atleast-version=2.0 hwloc
+    check "mpicc (else -Dmpi=disabled)" optional have mpicc
+    check "nvidia-smi" optional have nvidia-smi
+    check "python3 with torch (later stages)" optional python3 -c "import torch"
+    if have nvcc; then
+        v=$(nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')
+        echo "info     nvcc release ${v:-?}"
+    fi
+    if ((${#missing[@]})); then
+        NOTE="missing: $(join "${missing[@]}")"
+        return 1
+    fi
+    ((${#optional[@]})) && NOTE="optional missing: $(join "${optional[@]}")"
+    return 0
+}
+
+meson_ok() {
+    local v
+    v=$(meson --version 2>/dev/null) || return 1
+    [ "$(printf '%s\n' 1.0.0 "$v" | sort -V | head -n1)" = 1.0.0 ]
+}
+
+cudnn_lib_ok() { compgen -G "$CUDA_HOME/lib64/libcudnn.so*" >/dev/null; }
+
+join() {
+    local IFS=,
+    echo "$*"
+}
+
+stage_nvidia_smi() {
+    if ! have nvidia-smi; then
+        NOTE="nvidia-smi not found (no NVIDIA driver?)"
+        return 1
+    fi
+    nvidia-smi -L || {
+        NOTE="nvidia-smi -L failed"
+        return 1
+    }
+    NOTE="$(nvidia-smi -L | grep -c '^GPU') GPU(s): $(nvidia-smi -L | head -n1 | cut -c1-60)"
+}
+
+stage_configure() {
+    local args=(-Dcuda=enabled "-Dcudnn=$CUDNN")
+    if ! have mpicc; then
+        args+=(-Dmpi=disabled)
+        NOTE="no mpicc: -Dmpi=disabled"
+    fi
+    # shellcheck disable=SC2206 # word splitting of the extra arguments is wanted
+    args+=(${GPU_CHECK_MESON_ARGS:-})
+    echo "+ meson setup $BUILD ${args[*]}"
+    if [ -f "$BUILD/build.ninja" ]; then
+        meson setup --reconfigure "$BUILD" "${args[@]}"
+    else
+        meson setup "$BUILD" "${args[@]}"
+    fi
+}
+
+stage_compile() {
+    meson compile -C "$BUILD"
+}
+
+# The suite binary straight, so that --verbose shows every test and the errors
+# each comparison measured. On this machine a skipped cuda_* test means the GPU
+# was not usable: that fails the stage.
+stage_gpu_ops() {
+    local bin="$BUILD/tests/test-gpu_ops" rc skipped
+    if [ ! -x "$bin" ]; then
+        NOTE="no $bin (Criterion missing when configured?)"
+        return 1
+    fi
+    CDP_MODULE_DIR="$BUILD" "$bin" --verbose --jobs "$JOBS" --timeout 120 \
+        --json="$LOGDIR/gpu_ops.json" 2>&1
+    rc=$?
+    skipped=$(grep -c '^\[SKIP\]' "$STAGE_LOG")
+    NOTE=$(grep -o 'Synthesis: .*' "$STAGE_LOG" | tail -n1 | sed 's/Synthesis: //')
+    if ((skipped)); then
+        NOTE="$NOTE | $skipped skipped"
+        echo "gpu-check: $skipped tests skipped; on a GPU machine that is a failure"
+        ((rc)) || rc=1
+    fi
+    return "$rc"
+}
+
+stage_doctor() {
+    local rc
+    CDP_MODULE_DIR="$BUILD" "$BUILD/cdphybrid" doctor
+    rc=$?
+    NOTE="$(grep -c '^WARN' "$STAGE_LOG") WARN, $(grep -c '^FAIL' "$STAGE_LOG") FAIL"
+    NOTE="$NOTE; $(grep -m1 '^can run' "$STAGE_LOG")"
+    return "$rc"
+}
+
+# ---- the runner -------------------------------------------------------------------
+
+declare -A RESULT
+ORDER=()
+SECONDS_TAKEN=()
+RESULTS=()
+NOTES=()
+START=$(date +%s)
+
+run_stage() {
+    local name=$1 limit=$2 needs=$3 left t0 t1 rc result
+    STAGE_LOG="$LOGDIR/$name.log"
+    NOTE=""
+    left=$((BUDGET - ($(date +%s) - START)))
+    ((limit > left)) && limit=$left
+    echo
+    echo "==== $name (timeout ${limit}s) ===="
+    t0=$(date +%s.%N)
+    if [ "$needs" != - ] && [ "${RESULT[$needs]:-}" != PASS ]; then
+        result=SKIP
+        NOTE="needs $needs"
+    elif ((limit < 5)); then
+        result=SKIP
+        NOTE="time budget (${BUDGET}s) spent"
+    else
+        # A subshell under `timeout`, so a hung command cannot outlive the stage;
+        # NOTE comes back through a file.
+        export -f "stage_$name" have join meson_ok cudnn_lib_ok
+        export ROOT BUILD LOGDIR JOBS CUDA_HOME CUDNN STAGE_LOG GPU_CHECK_MESON_ARGS="${GPU_CHECK_MESON_ARGS:-}"
+        timeout --kill-after=10 "$limit" bash -o pipefail -c \
+            "NOTE=''; stage_$name; rc=\$?; printf '%s' \"\$NOTE\" > '$STAGE_LOG.note'; exit \$rc" \
+            >"$STAGE_LOG" 2>&1 </dev/null
+        rc=$?
+        NOTE=$(cat "$STAGE_LOG.note" 2>/dev/null)
+        rm -f "$STAGE_LOG.note"
+        case $rc in
+        0) result=PASS ;;
+        124 | 137)
+            result=TIMEOUT
+            NOTE="killed after ${limit}s${NOTE:+; $NOTE}"
+            ;;
+        *) result=FAIL ;;
+        esac
+        show_log "$name" "$result"
+    fi
+    t1=$(date +%s.%N)
+    RESULT[$name]=$result
+    ORDER+=("$name")
+    RESULTS+=("$result")
+    SECONDS_TAKEN+=("$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }')")
+    NOTES+=("$NOTE")
+    echo "---- $name: $result${NOTE:+ ($NOTE)}"
+}
+
+# Short logs in full; long ones (the build) in full only where they failed,
+# else their tail. The suite's log: test results and failures, not the
+# per-comparison measurements (those stay in the log file).
+show_log() {
+    local name=$1 result=$2 log="$LOGDIR/$1.log"
+    case $name in
+    gpu_ops)
+        # every cuda_* test skips for the same reason when no GPU is usable: show three
+        grep -vE '^\[(RUN |PASS)\]|^\[----\] +measured:' "$log" |
+            awk '/^\[SKIP\]/ && ++skips > 3 { next } { print }' | tail -n 150
+        echo "(full log with measured errors: $log)"
+        ;;
+    compile | configure)
+        if [ "$result" = PASS ]; then tail -n 5 "$log"; else tail -n 80 "$log"; fi
+        ;;
+    *) tail -n 60 "$log" ;;
+    esac
+}
+
+for s in "${STAGES[@]}"; do
+    # shellcheck disable=SC2086 # "name timeout needs"
+    run_stage $s
+done
+
+echo
+echo "==== summary (logs in $LOGDIR) ===="
+printf '%-12s | %-7s | %7s | %s\n' stage result seconds note
+printf '%-12s-+-%-7s-+-%7s-+-%s\n' ------------ ------- ------- ----
+status=0
+for i in "${!ORDER[@]}"; do
+    printf '%-12s | %-7s | %7s | %s\n' "${ORDER[$i]}" "${RESULTS[$i]}" "${SECONDS_TAKEN[$i]}" "${NOTES[$i]}"
+    [ "${RESULTS[$i]}" = PASS ] || status=1
+done
+echo "total: $(($(date +%s) - START))s of a ${BUDGET}s budget"
+exit $status
