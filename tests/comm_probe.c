@@ -3,7 +3,12 @@
  * prints "rank R/N: <scenario> ok", on a failed check it prints "FAIL ..."
  * and aborts the job with exit code 3.
  * usage: comm_probe world|split|allreduce|p2p|gather|barrier|timeout|errors|
- *                   bigmsg|allreduce_timeout|abort|kill */
+ *                   bigmsg|allreduce_timeout|abort|kill|bcast|bcast_timeout|
+ *                   nccl_refused|nccl_fake|nccl|nccl_timeout
+ * (nccl and nccl_timeout need one GPU per rank; nccl_fake loads the stand-in
+ * CUDA module of tests/fake-cuda; the others run anywhere) */
+#include <dlfcn.h>
+#include <limits.h>
 #include <math.h>
 #include <signal.h>
 #include <stdint.h>
@@ -14,7 +19,10 @@
 #include <unistd.h>
 
 #include "cdp/core.h"
+#include "cdp/device.h"
 #include "comm/comm.h"
+#include "comm/nccl.h"
+#include "fake-cuda/fake_stats.h"
 
 static cdp_comm_t world;
 static int R, N;
@@ -432,6 +440,343 @@ static void scen_kill(void)
     CHECK(0, "the receive from a killed rank returned: %d %s", (int)st, cdp_last_error());
 }
 
+/* Every root, sizes from 0 to ~1 MB (several chunks when CDP_COMM_CHUNK_BYTES
+ * is small), then the argument checks, which fail before any collective. */
+static void scen_bcast(void)
+{
+    static const size_t sizes[] = { 0, 1, 128, 10007, 1000003 };
+    for (int root = 0; root < N; root++) {
+        for (int k = 0; k < (int)(sizeof sizes / sizeof *sizes); k++) {
+            size_t n = sizes[k];
+            unsigned char *p = malloc(n + 1);
+            CHECK(p, "memory");
+            if (R == root) fill(p, n, root, k);
+            else memset(p, 0xEE, n);
+            OK(cdp_comm_bcast_bytes(world, p, n, root, 30));
+            size_t bad = first_bad(p, n, root, k);
+            CHECK(bad == SIZE_MAX, "root %d, %zu bytes: byte %zu differs", root, n, bad);
+            free(p);
+        }
+    }
+    OK(cdp_comm_bcast_bytes(world, NULL, 0, N - 1, 30));
+    char b[4];
+    CHECK(cdp_comm_bcast_bytes(world, b, 4, N, 30) == CDP_ERR_INVALID && strstr(cdp_last_error(), "no such rank"),
+          "%s", cdp_last_error());
+    CHECK(cdp_comm_bcast_bytes(world, b, 4, -1, 30) == CDP_ERR_INVALID, "%s", cdp_last_error());
+    CHECK(cdp_comm_bcast_bytes(world, NULL, 4, 0, 30) == CDP_ERR_INVALID && strstr(cdp_last_error(), "NULL"), "%s",
+          cdp_last_error());
+    /* the broadcasts and the other collectives stay in step */
+    double v = 1;
+    OK(cdp_comm_allreduce_f64(world, &v, 1, CDP_REDUCE_SUM, 30));
+    CHECK(v == N, "sum %g after the broadcasts", v);
+}
+
+/* A broadcast whose root never comes: the last rank times out, finds the
+ * communicator unusable, and ends the job with exit code 42. */
+static void scen_bcast_timeout(void)
+{
+    if (N > 1 && R == N - 1) {
+        unsigned char id[128];
+        double t0 = now_s();
+        cdp_status st = cdp_comm_bcast_bytes(world, id, sizeof id, 0, 0.5);
+        double el = now_s() - t0;
+        CHECK(st == CDP_ERR_COMM, "status %d: %s", (int)st, cdp_last_error());
+        CHECK(strstr(cdp_last_error(), "timed out after 0.5 s") &&
+                  strstr(cdp_last_error(), "broadcast of 128 bytes from rank 0"),
+              "%s", cdp_last_error());
+        CHECK(el >= 0.5 && el < 1.5, "after %.3f s", el);
+        printf("rank %d/%d: %s\n", R, N, cdp_last_error());
+        CHECK(cdp_comm_barrier(world, 1) == CDP_ERR_COMM && strstr(cdp_last_error(), "unusable"), "%s",
+              cdp_last_error());
+        printf("rank %d/%d: bcast_timeout ok\n", R, N);
+        fflush(stdout);
+        cdp_comm_abort(world, 42);
+    }
+    sleep_s(30);
+    CHECK(0, "rank %d should have ended the job", N - 1);
+}
+
+/* Rank 0 offers a CPU device, the others their GPU (or none where there is
+ * no GPU): no rank gets an nccl communicator, all fail at once (not at the
+ * deadline), each saying why, and the host world still works. */
+static void scen_nccl_refused(void)
+{
+    cdp_device_t dev = NULL;
+    int ngpu = 0, gpu = 0;
+    if (R == 0) OK(cdp_device_open(CDP_DEVICE_CPU, 0, 0, &dev));
+    else if (cdp_device_count(CDP_DEVICE_CUDA, &ngpu) == CDP_OK && ngpu > 0)
+        gpu = cdp_device_open(CDP_DEVICE_CUDA, R % ngpu, 0, &dev) == CDP_OK;
+    cdp_nccl_t nc = (cdp_nccl_t)&nc;
+    double t0 = now_s();
+    cdp_status st = cdp_nccl_world(world, dev, 60, &nc);
+    double el = now_s() - t0;
+    const char *m = cdp_last_error();
+    CHECK(st == CDP_ERR_UNSUPPORTED, "status %d: %s", (int)st, m);
+    CHECK(nc == (cdp_nccl_t)&nc, "out is written only on success");
+    if (R == 0) CHECK(strstr(m, "nccl: needs a CUDA device, got cpu:0"), "%s", m);
+    else if (gpu) CHECK(strstr(m, "rank 0 cannot use NCCL"), "%s", m);
+    else CHECK(strstr(m, "nccl: unavailable: "), "%s", m);
+    CHECK(el < 20, "failed after %.1f s: at once, not at the 60 s deadline", el);
+    printf("rank %d/%d: refused: %s\n", R, N, m);
+    OK(cdp_comm_barrier(world, 30));
+    cdp_device_close(dev);
+}
+
+/* The nccl front's bootstrap over real MPI ranks, with the stand-in module
+ * (fake-cuda/ beside this program): every rank's init gets rank 0's id; with
+ * CDP_FAKE_NCCL=fail_init:F, rank F's init fails and every other rank aborts
+ * the member it made and names rank F. */
+static void scen_nccl_fake(void)
+{
+    char dir[PATH_MAX], path[PATH_MAX + 64];
+    ssize_t k = readlink("/proc/self/exe", dir, sizeof dir - 1);
+    CHECK(k > 0, "readlink /proc/self/exe");
+    dir[k] = '\0';
+    *strrchr(dir, '/') = '\0';
+    snprintf(path, sizeof path, "%s/fake-cuda", dir);
+    setenv("CDP_MODULE_DIR", path, 1);
+    cdp_device_t dev = NULL;
+    OK(cdp_device_open(CDP_DEVICE_CUDA, 0, 0, &dev));
+    snprintf(path + strlen(path), 64, "/libcdphybrid-cuda.so");
+    void *h = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
+    CHECK(h, "the stand-in module is loaded: %s", dlerror());
+    struct fake_stats *fs = dlsym(h, "cdp_fake_nccl_stats");
+    CHECK(fs, "cdp_fake_nccl_stats");
+
+    const char *mode = getenv("CDP_FAKE_NCCL");
+    int fail = mode && !strncmp(mode, "fail_init:", 10) ? atoi(mode + 10) : -1;
+    cdp_nccl_t nw = (cdp_nccl_t)&nw;
+    cdp_status st = cdp_nccl_world(world, dev, 30, &nw);
+    const char *m = cdp_last_error();
+    if (fail >= 0 && fail < N) {
+        CHECK(st == CDP_ERR_COMM, "status %d: %s", (int)st, m);
+        CHECK(nw == (cdp_nccl_t)&nw, "no communicator");
+        if (R == fail) {
+            CHECK(strstr(m, "creating the world communicator") && strstr(m, "fake failure of rank"), "%s", m);
+        } else {
+            char want[96];
+            snprintf(want, sizeof want, "rank %d failed to create its member of the world communicator", fail);
+            CHECK(strstr(m, want), "%s", m);
+            CHECK(fs->aborts == 1, "this rank's member was aborted (%d aborts)", fs->aborts);
+        }
+        CHECK(fs->live == 0, "%d communicators left", fs->live);
+        printf("rank %d/%d: %s\n", R, N, m);
+    } else {
+        CHECK(st == CDP_OK, "%s", m);
+        CHECK(cdp_nccl_rank(nw) == R && cdp_nccl_size(nw) == N, "rank %d/%d", cdp_nccl_rank(nw), cdp_nccl_size(nw));
+        /* every rank's init was given rank 0's id */
+        void *out = NULL;
+        size_t *lens = NULL;
+        OK(cdp_comm_gather_bytes(world, fs->last_id, sizeof fs->last_id, &out, &lens, 30));
+        if (R == 0) {
+            unsigned char zero[CDP_NCCL_ID_BYTES] = { 0 };
+            CHECK(memcmp(out, zero, sizeof zero) != 0, "an id was made");
+            for (int r = 1; r < N; r++)
+                CHECK(lens[r] == CDP_NCCL_ID_BYTES && !memcmp((unsigned char *)out + (size_t)r * CDP_NCCL_ID_BYTES, out,
+                                                              CDP_NCCL_ID_BYTES),
+                      "rank %d's init got another id than rank 0's", r);
+        }
+        free(out);
+        free(lens);
+        cdp_nccl_free(nw);
+        CHECK(fs->destroys == 1 && fs->live == 0, "freed: %d destroys, %d live", fs->destroys, fs->live);
+    }
+    OK(cdp_comm_barrier(world, 30));
+    cdp_device_close(dev);
+}
+
+/* ---- nccl on GPUs (one per rank) ------------------------------------------------ */
+
+static cdp_device_t gpu_dev;
+
+static cdp_buffer_t gpu_buf(const void *host, size_t bytes)
+{
+    cdp_buffer_t b = NULL;
+    OK(cdp_buffer_create(gpu_dev, bytes, &b));
+    if (host && bytes) OK(cdp_buffer_write(b, 0, host, bytes));
+    return b;
+}
+
+static void gpu_read(cdp_buffer_t b, void *host, size_t bytes)
+{
+    if (bytes) OK(cdp_buffer_read(b, 0, host, bytes));
+}
+
+static void nccl_allreduce_checks(cdp_nccl_t nw)
+{
+    static const size_t sizes[] = { 1, 7, 1000003 };
+    for (size_t k = 0; k < sizeof sizes / sizeof *sizes; k++) {
+        size_t n = sizes[k];
+        float *f = malloc(n * sizeof *f);
+        double *d = malloc(n * sizeof *d);
+        CHECK(f && d, "memory");
+        for (int op = 0; op < CDP_REDUCE_OP_COUNT; op++) {
+            for (size_t i = 0; i < n; i++) {
+                f[i] = (float)(R + 1 + (int)(i % 7));
+                d[i] = 0.25 * (R + 1) + (double)(i % 5);
+            }
+            cdp_buffer_t fb = gpu_buf(f, n * sizeof *f), db = gpu_buf(d, n * sizeof *d);
+            OK(cdp_nccl_allreduce_f32(nw, cdp_buffer_data(fb), n, (enum cdp_reduce_op)op, 60));
+            OK(cdp_nccl_allreduce_f64(nw, cdp_buffer_data(db), n, (enum cdp_reduce_op)op, 60));
+            gpu_read(fb, f, n * sizeof *f);
+            gpu_read(db, d, n * sizeof *d);
+            cdp_buffer_destroy(fb);
+            cdp_buffer_destroy(db);
+            for (size_t i = 0; i < n; i++) {
+                double fs = N * (N + 1) / 2.0 + N * (double)(i % 7);
+                double ds = 0.25 * N * (N + 1) / 2.0 + N * (double)(i % 5);
+                double fw = op == CDP_REDUCE_SUM ? fs : op == CDP_REDUCE_AVG ? fs / N : N + (double)(i % 7);
+                double dw = op == CDP_REDUCE_SUM ? ds : op == CDP_REDUCE_AVG ? ds / N : 0.25 * N + (double)(i % 5);
+                CHECK(fabs(f[i] - fw) <= 1e-6 * fabs(fw), "nccl f32 op %d n %zu [%zu] = %.9g, expected %.9g", op, n,
+                      i, (double)f[i], fw);
+                CHECK(fabs(d[i] - dw) <= 1e-14 * fabs(dw), "nccl f64 op %d n %zu [%zu] = %.17g, expected %.17g", op,
+                      n, i, d[i], dw);
+            }
+        }
+        free(f);
+        free(d);
+    }
+    OK(cdp_nccl_allreduce_f32(nw, NULL, 0, CDP_REDUCE_SUM, 10));
+    CHECK(cdp_nccl_allreduce_f32(nw, NULL, 3, CDP_REDUCE_SUM, 10) == CDP_ERR_INVALID, "%s", cdp_last_error());
+}
+
+/* The sum of the world ranks of c's members, checked against the expected members. */
+static void nccl_check_members(cdp_nccl_t c, const int *expect, int n, const char *what)
+{
+    CHECK(cdp_nccl_size(c) == n, "%s: size %d, expected %d", what, cdp_nccl_size(c), n);
+    double v = R, want = 0;
+    for (int i = 0; i < n; i++) want += expect[i];
+    cdp_buffer_t b = gpu_buf(&v, sizeof v);
+    OK(cdp_nccl_allreduce_f64(c, cdp_buffer_data(b), 1, CDP_REDUCE_SUM, 60));
+    gpu_read(b, &v, sizeof v);
+    cdp_buffer_destroy(b);
+    CHECK(v == want, "%s: sum of members %g, expected %g", what, v, want);
+}
+
+/* A ring inside one group (the receive listed before the send: the group
+ * makes the order irrelevant), plus a message to self and an empty one. */
+static void nccl_p2p_checks(cdp_nccl_t nw)
+{
+    int right = (R + 1) % N, left = (R + N - 1) % N;
+    size_t big = (1u << 20) + 3, small = 64;
+    unsigned char *h = malloc(big);
+    CHECK(h, "memory");
+    fill(h, big, R, 1);
+    cdp_buffer_t sb = gpu_buf(h, big), rb = gpu_buf(NULL, big);
+    fill(h, small, R, 2);
+    cdp_buffer_t ss = gpu_buf(h, small), rs = gpu_buf(NULL, small);
+    struct cdp_nccl_p2p ops[] = {
+        { 0, left, cdp_buffer_data(rb), big },
+        { 1, right, cdp_buffer_data(sb), big },
+        { 1, R, cdp_buffer_data(ss), small },
+        { 0, R, cdp_buffer_data(rs), small },
+        { 1, right, NULL, 0 },
+        { 0, left, NULL, 0 },
+    };
+    OK(cdp_nccl_sendrecv(nw, ops, (int)(sizeof ops / sizeof *ops), 60));
+    gpu_read(rb, h, big);
+    CHECK(first_bad(h, big, left, 1) == SIZE_MAX, "ring: bytes from rank %d", left);
+    gpu_read(rs, h, small);
+    CHECK(first_bad(h, small, R, 2) == SIZE_MAX, "message to self");
+    OK(cdp_nccl_sendrecv(nw, NULL, 0, 10));
+    struct cdp_nccl_p2p bad = { 1, N, cdp_buffer_data(ss), small };
+    CHECK(cdp_nccl_sendrecv(nw, &bad, 1, 10) == CDP_ERR_INVALID && strstr(cdp_last_error(), "no such rank"), "%s",
+          cdp_last_error());
+    cdp_buffer_destroy(sb);
+    cdp_buffer_destroy(rb);
+    cdp_buffer_destroy(ss);
+    cdp_buffer_destroy(rs);
+    free(h);
+}
+
+static void nccl_open(void)
+{
+    int ngpu = 0;
+    OK(cdp_device_count(CDP_DEVICE_CUDA, &ngpu));
+    CHECK(ngpu >= N, "%d ranks need %d GPUs, %d here", N, N, ngpu);
+    OK(cdp_device_open(CDP_DEVICE_CUDA, R, 0, &gpu_dev));
+}
+
+static void scen_nccl(void)
+{
+    nccl_open();
+    cdp_nccl_t nw = NULL;
+    OK(cdp_nccl_world(world, gpu_dev, 60, &nw));
+    CHECK(cdp_nccl_rank(nw) == R && cdp_nccl_size(nw) == N, "world rank %d/%d", cdp_nccl_rank(nw),
+          cdp_nccl_size(nw));
+    nccl_allreduce_checks(nw);
+    nccl_p2p_checks(nw);
+
+    /* stages x replicas, as scen_split: world rank = replica * S + stage */
+    int S = N % 2 == 0 ? 2 : 1, P = N / S, stage = R % S, replica = R / S, members[64];
+    cdp_nccl_t dp = NULL, pp = NULL, some = (cdp_nccl_t)&some;
+    OK(cdp_nccl_split(nw, stage, replica, &dp));
+    OK(cdp_nccl_split(nw, replica, stage, &pp));
+    CHECK(dp && pp && cdp_nccl_rank(dp) == replica && cdp_nccl_rank(pp) == stage, "split ranks");
+    for (int r = 0; r < P; r++) members[r] = r * S + stage;
+    nccl_check_members(dp, members, P, "stage group");
+    for (int s = 0; s < S; s++) members[s] = replica * S + s;
+    nccl_check_members(pp, members, S, "pipeline group");
+    OK(cdp_nccl_split(nw, R == 0 ? -1 : 5, R, &some));
+    if (R == 0) {
+        CHECK(some == NULL, "color -1 gives NULL");
+    } else {
+        for (int r = 1; r < N; r++) members[r - 1] = r;
+        nccl_check_members(some, members, N - 1, "group without rank 0");
+    }
+    cdp_nccl_free(some);
+    cdp_nccl_free(pp);
+    cdp_nccl_free(dp);
+    cdp_nccl_free(nw);
+
+    /* the failure path: abort everything, then every call says so */
+    cdp_nccl_t w2 = NULL;
+    OK(cdp_nccl_world(world, gpu_dev, 60, &w2));
+    cdp_nccl_t half = NULL;
+    OK(cdp_nccl_split(w2, 0, R, &half));
+    cdp_nccl_abort_all();
+    float one = 1;
+    cdp_buffer_t b = gpu_buf(&one, sizeof one);
+    CHECK(cdp_nccl_allreduce_f32(w2, cdp_buffer_data(b), 1, CDP_REDUCE_SUM, 10) == CDP_ERR_COMM &&
+              strstr(cdp_last_error(), "aborted"),
+          "%s", cdp_last_error());
+    cdp_buffer_destroy(b);
+    cdp_nccl_free(half);
+    cdp_nccl_free(w2);
+    cdp_device_close(gpu_dev);
+    OK(cdp_comm_barrier(world, 30));
+}
+
+/* An all-reduce that rank 0 never joins: the last rank times out, finds the
+ * communicator unusable, aborts every nccl communicator and ends the job with
+ * exit code 42. */
+static void scen_nccl_timeout(void)
+{
+    nccl_open();
+    cdp_nccl_t nw = NULL;
+    OK(cdp_nccl_world(world, gpu_dev, 60, &nw));
+    if (N > 1 && R == N - 1) {
+        float one = 1;
+        cdp_buffer_t b = gpu_buf(&one, sizeof one);
+        double t0 = now_s();
+        cdp_status st = cdp_nccl_allreduce_f32(nw, cdp_buffer_data(b), 1, CDP_REDUCE_SUM, 0.5);
+        double el = now_s() - t0;
+        CHECK(st == CDP_ERR_COMM && strstr(cdp_last_error(), "timed out after 0.5 s") &&
+                  strstr(cdp_last_error(), "all-reduce (sum) of 1 floats"),
+              "status %d: %s", (int)st, cdp_last_error());
+        CHECK(el >= 0.5 && el < 1.5, "after %.3f s", el);
+        CHECK(cdp_nccl_allreduce_f32(nw, cdp_buffer_data(b), 1, CDP_REDUCE_SUM, 1) == CDP_ERR_COMM &&
+                  strstr(cdp_last_error(), "unusable"),
+              "%s", cdp_last_error());
+        cdp_nccl_abort_all();
+        printf("rank %d/%d: nccl_timeout ok\n", R, N);
+        fflush(stdout);
+        cdp_comm_abort(world, 42);
+    }
+    sleep_s(30);
+    CHECK(0, "rank %d should have ended the job", N - 1);
+}
+
 static const struct {
     const char *name;
     void (*run)(void);
@@ -440,7 +785,10 @@ static const struct {
     { "p2p", scen_p2p },         { "gather", scen_gather },   { "barrier", scen_barrier },
     { "timeout", scen_timeout }, { "errors", scen_errors },   { "bigmsg", scen_bigmsg },
     { "allreduce_timeout", scen_allreduce_timeout },          { "abort", scen_abort },
-    { "kill", scen_kill },
+    { "kill", scen_kill },       { "bcast", scen_bcast },     { "bcast_timeout", scen_bcast_timeout },
+    { "nccl_refused", scen_nccl_refused },                    { "nccl", scen_nccl },
+    { "nccl_fake", scen_nccl_fake },
+    { "nccl_timeout", scen_nccl_timeout },
 };
 
 int main(int argc, char **argv)

@@ -1,8 +1,12 @@
 /* Suite comm: the self communicator in process, and the mpi communicator
  * through tests/comm_probe.c run under `mpirun -np N` (1, 2, 3 and 4 ranks on
  * two cores, so 4 is oversubscribed), including a rank that aborts the job
- * and a rank that is killed. */
+ * and a rank that is killed. The nccl communicator: its refusals (no GPU, a
+ * CPU device, no module) and its front's whole life cycle (through the
+ * stand-in module of tests/fake-cuda) everywhere; NCCL itself in the tests
+ * named `..._needs_gpu`, which skip where no GPU is lent. */
 #include <criterion/criterion.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -14,7 +18,11 @@
 #include <unistd.h>
 
 #include "cdp/core.h"
+#include "cdp/device.h"
+#include "cdp_config.h"
 #include "comm/comm.h"
+#include "comm/nccl.h"
+#include "fake-cuda/fake_stats.h"
 
 static double now_s(void) { return (double)cdp_time_ns() * 1e-9; }
 
@@ -210,6 +218,23 @@ Test(comm, self_gather_returns_own_bytes)
     cdp_comm_free(c);
 }
 
+Test(comm, self_bcast_keeps_the_bytes_and_checks_arguments)
+{
+    cdp_comm_t c = self_comm();
+    char b[6] = "hello";
+    cr_assert_eq(cdp_comm_bcast_bytes(c, b, 6, 0, 1), CDP_OK, "%s", cdp_last_error());
+    cr_assert_str_eq(b, "hello");
+    cr_assert_eq(cdp_comm_bcast_bytes(c, NULL, 0, 0, 1), CDP_OK);
+    cr_assert_eq(cdp_comm_bcast_bytes(c, b, 6, 1, 1), CDP_ERR_INVALID);
+    cr_assert(strstr(cdp_last_error(), "self rank 0/1: broadcast from rank 1: no such rank (0..0)"), "%s",
+              cdp_last_error());
+    cr_assert_eq(cdp_comm_bcast_bytes(c, b, 6, -1, 1), CDP_ERR_INVALID);
+    cr_assert_eq(cdp_comm_bcast_bytes(c, NULL, 6, 0, 1), CDP_ERR_INVALID);
+    cr_assert(strstr(cdp_last_error(), "buffer is NULL"), "%s", cdp_last_error());
+    cr_assert_eq(cdp_comm_bcast_bytes(NULL, b, 6, 0, 1), CDP_ERR_INVALID);
+    cdp_comm_free(c);
+}
+
 Test(comm, freeing_with_a_pending_request_is_a_programmer_error, .signal = SIGABRT)
 {
     cdp_comm_t c = self_comm();
@@ -223,6 +248,267 @@ Test(comm, self_abort_ends_the_process_with_the_code, .exit_code = 5)
 {
     cdp_comm_t c = self_comm();
     cdp_comm_abort(c, 5);
+}
+
+/* ---- nccl, in process: what this machine and build allow ----------------------------- */
+
+/* The refusal the module, the build and the machine give: NULL when NCCL is
+ * usable here (a GPU is lent). */
+static const char *nccl_refusal(void)
+{
+    static char why[1024];
+    if (cdp_nccl_available() == CDP_OK) return NULL;
+    snprintf(why, sizeof why, "%s", cdp_last_error());
+    return why;
+}
+
+Test(comm, nccl_world_on_a_cpu_device_is_refused_with_why)
+{
+    cdp_comm_t c = self_comm();
+    cdp_device_t cpu = NULL;
+    cr_assert_eq(cdp_device_open(CDP_DEVICE_CPU, 0, 0, &cpu), CDP_OK);
+    cdp_nccl_t n = (cdp_nccl_t)&n;
+    cr_assert_eq(cdp_nccl_world(c, cpu, 5, &n), CDP_ERR_UNSUPPORTED);
+    cr_assert(strstr(cdp_last_error(), "nccl: needs a CUDA device, got cpu:0"), "%s", cdp_last_error());
+    cr_assert_eq(n, (cdp_nccl_t)&n, "out is written only on success");
+    cdp_device_close(cpu);
+    cdp_comm_free(c);
+}
+
+/* Not a skip: on this machine (no GPU) it checks the refusal names what is
+ * missing; where a GPU is lent it checks the missing device is named. */
+Test(comm, nccl_world_without_nccl_here_says_why)
+{
+    cdp_comm_t c = self_comm();
+    cdp_nccl_t n = NULL;
+    const char *why = nccl_refusal();
+    cdp_status st = cdp_nccl_world(c, NULL, 5, &n);
+    const char *m = cdp_last_error();
+    cr_assert_null(n);
+    if (!why) {
+        cr_assert_eq(st, CDP_ERR_INVALID, "%s", m);
+        cr_assert(strstr(m, "no device given"), "%s", m);
+    } else {
+        cr_log_info("nccl here: %s", why);
+        cr_assert_eq(st, CDP_ERR_UNSUPPORTED, "%s", m);
+        cr_assert_str_eq(m, why, "the world gives the same reason as cdp_nccl_available");
+        cr_assert(!strncmp(m, "nccl: unavailable: ", 19), "%s", m);
+        if (!CDP_HAVE_CUDA) cr_assert(strstr(m, "cuda backend: not built into this installation"), "%s", m);
+        else if (!CDP_HAVE_NCCL) cr_assert(strstr(m, "the cuda module was built without NCCL"), "%s", m);
+        else cr_assert(strstr(m, "no usable GPU"), "%s", m);
+    }
+    cdp_comm_free(c);
+}
+
+Test(comm, nccl_without_the_module_names_the_module)
+{
+    char dir[] = "/tmp/cdp-no-module-XXXXXX";
+    cr_assert_not_null(mkdtemp(dir));
+    setenv("CDP_MODULE_DIR", dir, 1);
+    cr_assert_eq(cdp_nccl_available(), CDP_ERR_UNSUPPORTED);
+    const char *m = cdp_last_error();
+    cr_assert(strstr(m, "nccl: unavailable: cuda backend: not built into this installation"), "%s", m);
+    cr_assert(strstr(m, dir), "names where it looked: %s", m);
+    int v = 0;
+    cr_assert_eq(cdp_nccl_version(&v), CDP_ERR_UNSUPPORTED);
+    cr_assert_eq(v, 0);
+    rmdir(dir);
+}
+
+Test(comm, nccl_version_comes_from_the_module_without_a_gpu)
+{
+    int v = -1;
+    cdp_status st = cdp_nccl_version(&v);
+    if (CDP_HAVE_CUDA && CDP_HAVE_NCCL) {
+        cr_assert_eq(st, CDP_OK, "%s", cdp_last_error());
+        cr_assert(v >= 21800 && v < 30000, "NCCL 2.18 or later: %d", v);
+    } else {
+        cr_assert_eq(st, CDP_ERR_UNSUPPORTED);
+        cr_assert_eq(v, -1);
+    }
+    cr_assert_eq(cdp_nccl_version(NULL), CDP_ERR_INVALID);
+}
+
+Test(comm, nccl_calls_check_their_arguments)
+{
+    cdp_comm_t c = self_comm();
+    cdp_nccl_t n = NULL;
+    cr_assert_eq(cdp_nccl_world(NULL, NULL, 1, &n), CDP_ERR_INVALID);
+    cr_assert_eq(cdp_nccl_world(c, NULL, 1, NULL), CDP_ERR_INVALID);
+    cr_assert_eq(cdp_nccl_split(NULL, 0, 0, &n), CDP_ERR_INVALID);
+    float f = 0;
+    cr_assert_eq(cdp_nccl_allreduce_f32(NULL, &f, 1, CDP_REDUCE_SUM, 1), CDP_ERR_INVALID);
+    cr_assert_eq(cdp_nccl_sendrecv(NULL, NULL, 0, 1), CDP_ERR_INVALID);
+    cr_assert_eq(cdp_nccl_rank(NULL), 0);
+    cr_assert_eq(cdp_nccl_size(NULL), 0);
+    cdp_nccl_free(NULL);
+    cdp_nccl_abort_all(); /* nothing to abort */
+    cdp_comm_free(c);
+}
+
+/* ---- nccl's front, through the stand-in module (tests/fake-cuda) ------------------- */
+
+/* Loads the stand-in CUDA module in place of the real one and returns its counters. */
+static struct fake_stats *use_fake_module(void)
+{
+    const char *dir = getenv("CDP_FAKE_CUDA_DIR");
+    cr_assert_not_null(dir, "run through meson test (CDP_FAKE_CUDA_DIR)");
+    setenv("CDP_MODULE_DIR", dir, 1);
+    int v = 0;
+    cr_assert_eq(cdp_nccl_version(&v), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(v, 21800, "the stand-in module is the one loaded");
+    char path[4096];
+    snprintf(path, sizeof path, "%s/libcdphybrid-cuda.so", dir);
+    void *h = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
+    cr_assert_not_null(h, "%s", dlerror());
+    struct fake_stats *s = dlsym(h, "cdp_fake_nccl_stats");
+    cr_assert_not_null(s);
+    return s;
+}
+
+static cdp_device_t open_fake_gpu(void)
+{
+    cdp_device_t d = NULL;
+    cr_assert_eq(cdp_device_open(CDP_DEVICE_CUDA, 0, 0, &d), CDP_OK, "%s", cdp_last_error());
+    return d;
+}
+
+static cdp_buffer_t dev_floats(cdp_device_t d, const float *v, size_t n)
+{
+    cdp_buffer_t b = NULL;
+    cr_assert_eq(cdp_buffer_create(d, n * sizeof *v, &b), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(cdp_buffer_write(b, 0, v, n * sizeof *v), CDP_OK, "%s", cdp_last_error());
+    return b;
+}
+
+Test(comm, nccl_front_world_split_and_free_through_a_stand_in_module)
+{
+    struct fake_stats *fs = use_fake_module();
+    cdp_comm_t c = self_comm();
+    cdp_device_t d = open_fake_gpu();
+    cdp_nccl_t w = NULL, a = NULL, none = (cdp_nccl_t)&none;
+    cr_assert_eq(cdp_nccl_world(c, d, 5, &w), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(cdp_nccl_rank(w), 0);
+    cr_assert_eq(cdp_nccl_size(w), 1);
+    cr_assert_eq(fs->inits, 1);
+    unsigned char zero[CDP_NCCL_ID_BYTES] = { 0 };
+    cr_assert_neq(memcmp(fs->last_id, zero, sizeof zero), 0, "rank 0 made an id and init got it");
+
+    float v[4] = { 1, 2, 3, 4 };
+    cdp_buffer_t b = dev_floats(d, v, 4);
+    cr_assert_eq(cdp_nccl_allreduce_f32(w, cdp_buffer_data(b), 4, CDP_REDUCE_AVG, 5), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(cdp_nccl_allreduce_f32(w, cdp_buffer_data(b), 4, CDP_REDUCE_OP_COUNT, 5), CDP_ERR_INVALID);
+    cr_assert(strstr(cdp_last_error(), "nccl rank 0/1: all-reduce: unknown reduce op"), "%s", cdp_last_error());
+    cr_assert_eq(cdp_nccl_allreduce_f64(w, NULL, 2, CDP_REDUCE_SUM, 5), CDP_ERR_INVALID);
+    cr_assert(strstr(cdp_last_error(), "all-reduce of 2 doubles: buffer is NULL"), "%s", cdp_last_error());
+
+    /* a receive listed before its send, to self: one group */
+    cdp_buffer_t r = dev_floats(d, (float[4]){ 0 }, 4);
+    struct cdp_nccl_p2p ops[] = { { 0, 0, cdp_buffer_data(r), 16 }, { 1, 0, cdp_buffer_data(b), 16 } };
+    cr_assert_eq(cdp_nccl_sendrecv(w, ops, 2, 5), CDP_OK, "%s", cdp_last_error());
+    float got[4];
+    cr_assert_eq(cdp_buffer_read(r, 0, got, sizeof got), CDP_OK);
+    cr_assert_arr_eq(got, v, sizeof v);
+    struct cdp_nccl_p2p bad[] = { { 1, 1, cdp_buffer_data(b), 16 } };
+    cr_assert_eq(cdp_nccl_sendrecv(w, bad, 1, 5), CDP_ERR_INVALID);
+    cr_assert(strstr(cdp_last_error(), "nccl rank 0/1: send to rank 1: no such rank (0..0)"), "%s", cdp_last_error());
+    struct cdp_nccl_p2p nobuf[] = { { 0, 0, NULL, 16 } };
+    cr_assert_eq(cdp_nccl_sendrecv(w, nobuf, 1, 5), CDP_ERR_INVALID);
+    cr_assert_eq(cdp_nccl_sendrecv(w, NULL, 0, 5), CDP_OK);
+
+    cr_assert_eq(cdp_nccl_split(w, 3, 0, &a), CDP_OK, "%s", cdp_last_error());
+    cr_assert_not_null(a);
+    cr_assert_eq(cdp_nccl_split(w, -1, 0, &none), CDP_OK, "%s", cdp_last_error());
+    cr_assert_null(none, "color < 0: not a member");
+    cr_assert_eq(fs->splits, 2, "a non-member still takes part in the split");
+    cr_assert_eq(fs->live, 2);
+    cdp_nccl_free(a);
+    cdp_nccl_free(w);
+    cr_assert_eq(fs->destroys, 2, "healthy communicators are finalised, not aborted");
+    cr_assert_eq(fs->aborts, 0);
+    cr_assert_eq(fs->live, 0);
+    cdp_nccl_abort_all(); /* nothing left to abort */
+    cr_assert_eq(fs->aborts, 0);
+    cdp_buffer_destroy(b);
+    cdp_buffer_destroy(r);
+    cdp_device_close(d);
+    cdp_comm_free(c);
+}
+
+Test(comm, nccl_deadline_breaks_the_communicator_and_abort_all_ends_every_one)
+{
+    struct fake_stats *fs = use_fake_module();
+    setenv("CDP_FAKE_NCCL", "hang", 1);
+    cdp_comm_t c = self_comm();
+    cdp_device_t d = open_fake_gpu();
+    cdp_nccl_t w = NULL, s = NULL;
+    cr_assert_eq(cdp_nccl_world(c, d, 5, &w), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(cdp_nccl_split(w, 0, 0, &s), CDP_OK, "%s", cdp_last_error());
+    cdp_buffer_t b = dev_floats(d, (float[4]){ 1, 2, 3, 4 }, 4);
+
+    double t0 = now_s();
+    cr_assert_eq(cdp_nccl_allreduce_f32(w, cdp_buffer_data(b), 4, CDP_REDUCE_SUM, 0.2), CDP_ERR_COMM);
+    cr_assert_geq(now_s() - t0, 0.2);
+    cr_assert_str_eq(cdp_last_error(), "nccl rank 0/1: all-reduce (sum) of 4 floats: timed out after 0.2 s (ncclAllReduce)");
+    cr_assert_eq(cdp_nccl_allreduce_f32(w, cdp_buffer_data(b), 4, CDP_REDUCE_SUM, 0.2), CDP_ERR_COMM);
+    cr_assert(strstr(cdp_last_error(), "unusable after an earlier operation failed or timed out"), "%s",
+              cdp_last_error());
+    cr_assert_eq(cdp_nccl_split(w, 0, 0, &s), CDP_ERR_COMM, "a broken communicator splits no more");
+
+    struct cdp_nccl_p2p ops[] = { { 0, 0, cdp_buffer_data(b), 8 }, { 1, 0, cdp_buffer_data(b), 8 } };
+    cr_assert_eq(cdp_nccl_sendrecv(s, ops, 2, 0.1), CDP_ERR_COMM);
+    cr_assert(strstr(cdp_last_error(), "nccl[color 0] rank 0/1: send/receive group (receive from 0 (8 bytes), "
+                                       "send to 0 (8 bytes)): timed out after 0.1 s"),
+              "%s", cdp_last_error());
+
+    cdp_nccl_abort_all();
+    cr_assert_eq(fs->aborts, 2, "the world and its split");
+    cr_assert_eq(fs->live, 0);
+    cr_assert_eq(cdp_nccl_allreduce_f32(w, cdp_buffer_data(b), 4, CDP_REDUCE_SUM, 1), CDP_ERR_COMM);
+    cr_assert(strstr(cdp_last_error(), "aborted"), "%s", cdp_last_error());
+    cdp_nccl_abort_all();
+    cr_assert_eq(fs->aborts, 2, "each communicator is aborted once");
+    cdp_nccl_free(s);
+    cdp_nccl_free(w);
+    cr_assert_eq(fs->aborts, 2);
+    cr_assert_eq(fs->destroys, 0);
+    cdp_buffer_destroy(b);
+    cdp_device_close(d);
+    cdp_comm_free(c);
+}
+
+Test(comm, nccl_free_aborts_a_broken_communicator)
+{
+    struct fake_stats *fs = use_fake_module();
+    setenv("CDP_FAKE_NCCL", "hang", 1);
+    cdp_comm_t c = self_comm();
+    cdp_device_t d = open_fake_gpu();
+    cdp_nccl_t w = NULL;
+    cr_assert_eq(cdp_nccl_world(c, d, 5, &w), CDP_OK, "%s", cdp_last_error());
+    cdp_buffer_t b = dev_floats(d, (float[1]){ 1 }, 1);
+    cr_assert_eq(cdp_nccl_allreduce_f32(w, cdp_buffer_data(b), 1, CDP_REDUCE_MAX, 0.05), CDP_ERR_COMM);
+    cdp_nccl_free(w);
+    cr_assert_eq(fs->aborts, 1, "what may still run is aborted, not finalised");
+    cr_assert_eq(fs->destroys, 0);
+    cdp_buffer_destroy(b);
+    cdp_device_close(d);
+    cdp_comm_free(c);
+}
+
+Test(comm, nccl_world_whose_init_fails_says_which_rank_and_why)
+{
+    struct fake_stats *fs = use_fake_module();
+    setenv("CDP_FAKE_NCCL", "fail_init:0", 1);
+    cdp_comm_t c = self_comm();
+    cdp_device_t d = open_fake_gpu();
+    cdp_nccl_t w = (cdp_nccl_t)&w;
+    cr_assert_eq(cdp_nccl_world(c, d, 5, &w), CDP_ERR_COMM);
+    cr_assert_str_eq(cdp_last_error(), "nccl rank 0/1 on cuda:0: creating the world communicator: "
+                                       "ncclCommInitRankConfig: fake failure of rank 0");
+    cr_assert_eq(w, (cdp_nccl_t)&w);
+    cr_assert_eq(fs->live, 0);
+    cdp_device_close(d);
+    cdp_comm_free(c);
 }
 
 /* ---- mpi, through the probe --------------------------------------------------- */
@@ -344,6 +630,18 @@ PROBE_TESTS(barrier)
 PROBE_TESTS(timeout)
 PROBE_TESTS(errors)
 
+PROBE_TESTS(bcast)
+PROBE_TESTS(nccl_refused)
+
+PROBE_TESTS(nccl_fake)
+
+Test(comm, mpi_nccl_fake_init_failure_of_one_rank_fails_all_np3)
+{
+    expect_ok(3, "nccl_fake", "CDP_FAKE_NCCL=fail_init:1");
+}
+
+Test(comm, mpi_bcast_np3) { expect_ok(3, "bcast", NULL); }
+Test(comm, mpi_chunked_bcast_np3) { expect_ok(3, "bcast", "CDP_COMM_CHUNK_BYTES=4096"); }
 Test(comm, mpi_allreduce_np3) { expect_ok(3, "allreduce", NULL); }
 Test(comm, mpi_p2p_np3) { expect_ok(3, "p2p", NULL); }
 Test(comm, mpi_gather_np3) { expect_ok(3, "gather", NULL); }
@@ -367,6 +665,52 @@ Test(comm, mpi_allreduce_deadline_then_abort_np2)
     cr_assert_eq(count(j.out, "allreduce_timeout ok"), 1, "rank 0 saw the timeout:\n%s", j.out);
     cr_assert_eq(j.code, 42, "mpirun exits with the abort code, got %d:\n%s", j.code, j.out);
     cr_assert_lt(j.secs, 15, "took %.1f s", j.secs);
+    free(j.out);
+}
+
+Test(comm, mpi_bcast_deadline_then_abort_np2)
+{
+    skip_without_mpi();
+    struct job j;
+    run_probe(&j, 2, "bcast_timeout", NULL, 60);
+    cr_assert_not(j.timed_out, "%s", j.out);
+    cr_assert_eq(count(j.out, "bcast_timeout ok"), 1, "rank 1 saw the timeout:\n%s", j.out);
+    cr_assert_eq(j.code, 42, "mpirun exits with the abort code, got %d:\n%s", j.code, j.out);
+    cr_assert_lt(j.secs, 15, "took %.1f s", j.secs);
+    free(j.out);
+}
+
+/* nccl on GPUs, one per rank: skipped where this process sees fewer. */
+static void skip_without_gpus(int want)
+{
+    skip_without_mpi();
+    const char *why = nccl_refusal();
+    if (why) cr_skip_test("needs %d GPU%s with NCCL: %s", want, want == 1 ? "" : "s", why);
+    int n = 0;
+    if (cdp_device_count(CDP_DEVICE_CUDA, &n) || n < want)
+        cr_skip_test("needs %d GPUs, %d here", want, n);
+}
+
+Test(comm, mpi_nccl_np1_needs_gpu)
+{
+    skip_without_gpus(1);
+    expect_ok(1, "nccl", NULL);
+}
+
+Test(comm, mpi_nccl_np2_needs_2_gpus)
+{
+    skip_without_gpus(2);
+    expect_ok(2, "nccl", NULL);
+}
+
+Test(comm, mpi_nccl_deadline_then_abort_np2_needs_2_gpus)
+{
+    skip_without_gpus(2);
+    struct job j;
+    run_probe(&j, 2, "nccl_timeout", NULL, 90);
+    cr_assert_not(j.timed_out, "%s", j.out);
+    cr_assert_eq(count(j.out, "nccl_timeout ok"), 1, "rank 1 saw the timeout:\n%s", j.out);
+    cr_assert_eq(j.code, 42, "mpirun exits with the abort code, got %d:\n%s", j.code, j.out);
     free(j.out);
 }
 

@@ -68,6 +68,9 @@ Test(doctor, libraries_and_tools_found_here)
         cr_assert_not_null(check_line(r.out, "OK", "cublas"), "%s", r.out);
         cr_assert_not_null(strstr(r.out, "libcudnn.so.9: cuDNN 9."), "%s", r.out);
         cr_assert_not_null(strstr(r.out, "libnccl.so.2: NCCL 2."), "%s", r.out);
+        /* the version the nccl communicator runs, through the module's table (no GPU needed) */
+        if (CDP_HAVE_NCCL) cr_assert_not_null(strstr(r.out, "; the cuda module runs NCCL 2."), "%s", r.out);
+        else cr_assert_not_null(strstr(r.out, "built without NCCL"), "%s", r.out);
     }
     if (CDP_HAVE_HWLOC) cr_assert_not_null(strstr(r.out, "OK    hwloc     hwloc API 2."), "%s", r.out);
     cr_assert_not_null(strstr(r.out, "OK    mpi       mpirun (Open MPI)"), "%s", r.out);

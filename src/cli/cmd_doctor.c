@@ -23,6 +23,7 @@
 #include "cdp_config.h"
 #include "cli/commands.h"
 #include "comm/comm.h"
+#include "comm/nccl.h"
 #include "pipeline/executor.h"
 
 #if CDP_HAVE_HWLOC
@@ -177,16 +178,27 @@ static void check_cudnn(struct doctor *d)
 
 static void check_nccl(struct doctor *d)
 {
+    /* the NCCL the nccl communicator would run: the one the CUDA module links */
+    char module[DOC_TEXT / 2];
+    int mv = 0;
+    if (!CDP_HAVE_CUDA)
+        snprintf(module, sizeof module, "no cuda module in this build");
+    else if (cdp_nccl_version(&mv) == CDP_OK)
+        snprintf(module, sizeof module, "the cuda module runs NCCL %d.%d.%d", mv / 10000, (mv % 10000) / 100,
+                 mv % 100);
+    else
+        snprintf(module, sizeof module, "%s", cdp_last_error());
     void *h = open_lib("libnccl.so.2");
     int (*version)(int *) = h ? (int (*)(int *))dlsym(h, "ncclGetVersion") : NULL;
     int v = 0;
     if (!version || version(&v)) {
         add_check(d, "nccl", DOC_WARN, "install NCCL 2 (libnccl2) or add its folder to LD_LIBRARY_PATH",
-                  "libnccl.so.2 not found");
+                  "libnccl.so.2 not found; %s", module);
         return;
     }
     /* NCCL >= 2.9 encodes major*10000 + minor*100 + patch */
-    add_check(d, "nccl", DOC_OK, NULL, "libnccl.so.2: NCCL %d.%d.%d", v / 10000, (v % 10000) / 100, v % 100);
+    add_check(d, "nccl", DOC_OK, NULL, "libnccl.so.2: NCCL %d.%d.%d; %s", v / 10000, (v % 10000) / 100, v % 100,
+              module);
 }
 
 static void check_gpus(struct doctor *d)

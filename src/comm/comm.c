@@ -228,6 +228,22 @@ cdp_status cdp_comm_gather_bytes(cdp_comm_t c, const void *buf, size_t bytes, vo
     return CDP_OK;
 }
 
+cdp_status cdp_comm_bcast_bytes(cdp_comm_t c, void *buf, size_t bytes, int root, double timeout_s)
+{
+    if (!c) return cdp_fail(CDP_ERR_INVALID, "broadcast: NULL communicator");
+    if (root < 0 || root >= c->size)
+        return cdp_fail(CDP_ERR_INVALID, "%s rank %d/%d: broadcast from rank %d: no such rank (0..%d)",
+                        c->ops->name, c->rank, c->size, root, c->size - 1);
+    if (bytes > 0 && !buf)
+        return cdp_fail(CDP_ERR_INVALID, "%s rank %d/%d: broadcast of %zu bytes: buffer is NULL",
+                        c->ops->name, c->rank, c->size, bytes);
+    cdp_status st = c->ops->bcast_bytes(c, buf, bytes, root, timeout_s);
+    if (st)
+        return cdp_error_context(st, "%s rank %d/%d: broadcast of %zu bytes from rank %d", c->ops->name,
+                                 c->rank, c->size, bytes, root);
+    return CDP_OK;
+}
+
 void cdp_comm_abort(cdp_comm_t c, int code)
 {
     fflush(stdout);

@@ -93,6 +93,13 @@ cdp_status cdp_comm_barrier(cdp_comm_t c, double timeout_s);
 cdp_status cdp_comm_gather_bytes(cdp_comm_t c, const void *buf, size_t bytes, void **out,
                                  size_t **lens, double timeout_s);
 
+/* Collective over c: root's `bytes` bytes of buf are copied into buf on every
+ * other rank, within the deadline (MPI_Ibcast; above the chunk size, as several
+ * broadcasts). Every rank passes the same bytes and root (0..size-1). Used to
+ * hand NCCL's unique id from rank 0 to the others. A failure or timeout leaves
+ * the communicator unusable, as for an all-reduce. On `self`, a no-op. */
+cdp_status cdp_comm_bcast_bytes(cdp_comm_t c, void *buf, size_t bytes, int root, double timeout_s);
+
 /* Ends the whole job now with this exit code: MPI_Abort(MPI_COMM_WORLD) on
  * mpi (mpirun then kills every rank and exits with the code); on self, exit()
  * (or MPI_Abort when an MPI world is live), the one place the library ends

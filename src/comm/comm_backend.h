@@ -22,7 +22,7 @@ enum cdp_comm_dtype { CDP_COMM_F32 = 0, CDP_COMM_F64, CDP_COMM_U64, CDP_COMM_DTY
 struct cdp_comm_ops {
     const char *name;
     cdp_status (*split)(struct cdp_comm *c, int color, int key, struct cdp_comm **out);
-    /* In-place all-reduce, barrier and gather run to completion within the
+    /* In-place all-reduce, barrier, gather and broadcast run to completion within the
      * deadline, polling with cdp_comm_poll(). */
     cdp_status (*allreduce)(struct cdp_comm *c, void *buf, size_t n, enum cdp_comm_dtype dt,
                             enum cdp_reduce_op op, double timeout_s);
@@ -37,6 +37,7 @@ struct cdp_comm_ops {
     cdp_status (*barrier)(struct cdp_comm *c, double timeout_s);
     cdp_status (*gather_bytes)(struct cdp_comm *c, const void *buf, size_t bytes, void **out,
                                size_t **lens, double timeout_s);
+    cdp_status (*bcast_bytes)(struct cdp_comm *c, void *buf, size_t bytes, int root, double timeout_s);
     void (*abort)(struct cdp_comm *c, int code);
     void (*free)(struct cdp_comm *c);
 };

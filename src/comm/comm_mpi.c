@@ -449,6 +449,36 @@ done:
     return CDP_OK;
 }
 
+/* Broadcast in chunks of at most the chunk size (MPI counts are int), all
+ * posted at once; collectives on one communicator complete in order. */
+static cdp_status mpi_bcast(struct cdp_comm *c, void *buf, size_t bytes, int root, double timeout_s)
+{
+    struct mpi_comm *m = c->impl;
+    if (m->broken) return unusable(c);
+    if (bytes == 0) return CDP_OK;
+    uint64_t t0 = cdp_time_ns();
+    size_t nchunks = (bytes - 1) / g.chunk + 1;
+    if (nchunks > INT_MAX) return cdp_fail(CDP_ERR_INVALID, "%zu bytes is too large a broadcast", bytes);
+    MPI_Request one, *rq = nchunks == 1 ? &one : malloc(nchunks * sizeof *rq);
+    if (!rq) return cdp_fail(CDP_ERR_NOMEM, "out of memory for %zu requests", nchunks);
+    struct req_set s = { 0, rq, NULL, "MPI_Ibcast (test)" };
+    cdp_status st = CDP_OK;
+    for (size_t i = 0; i < nchunks; i++) {
+        size_t off = i * g.chunk;
+        int len = (int)(bytes - off < g.chunk ? bytes - off : g.chunk);
+        int rc = MPI_Ibcast((char *)buf + off, len, MPI_BYTE, root, m->comm, &rq[i]);
+        if (rc) {
+            st = mpi_fail(rc, "MPI_Ibcast");
+            m->broken = g.broken = 1; /* the ranks no longer agree on the collectives posted */
+            break;
+        }
+        s.n++;
+    }
+    if (!st) st = finish_collective(m, &s, t0, timeout_s, bytes);
+    if (rq != &one) free(rq);
+    return st;
+}
+
 static void mpi_abort(struct cdp_comm *c, int code)
 {
     (void)c;
@@ -465,6 +495,7 @@ const struct cdp_comm_ops cdp_comm_mpi_ops = {
     .release = mpi_release,
     .barrier = mpi_barrier,
     .gather_bytes = mpi_gather,
+    .bcast_bytes = mpi_bcast,
     .abort = mpi_abort,
     .free = mpi_free,
 };

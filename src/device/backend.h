@@ -10,12 +10,14 @@
 #include "cdp/status.h"
 
 struct cdp_ops;
+struct cdp_nccl_ops;
+struct cdp_device;
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-#define CDP_DEVICE_ABI 2
+#define CDP_DEVICE_ABI 3
 
 enum cdp_copy_kind { CDP_COPY_H2D = 0, CDP_COPY_D2H, CDP_COPY_D2D };
 
@@ -43,6 +45,10 @@ struct cdp_device_backend {
     /* The backend's kernels (kernels/ops.h), called with `state`; NULL when the
      * backend has none. */
     const struct cdp_ops *ops;
+    /* NCCL for the nccl communicator (comm/nccl_module.h), called with a
+     * device's `state`; NULL when the backend has none (the CPU backend, a
+     * CUDA module built without NCCL). Added in ABI 3. */
+    const struct cdp_nccl_ops *nccl;
 };
 
 /* What the core lends a module: its error and logging functions, so messages
@@ -61,6 +67,9 @@ typedef cdp_status (*cdp_device_module_init_fn)(const struct cdp_module_host *ho
 /* In the core: the built-in CPU backend, and the loader of module backends. */
 extern const struct cdp_device_backend cdp_cpu_backend;
 cdp_status cdp_device_module_load(const char *name, const struct cdp_device_backend **out);
+/* The NCCL table of a device's backend (NULL when it has none), for the nccl
+ * communicator; the state its slots take is cdp_device_kernel_state(dev). */
+const struct cdp_nccl_ops *cdp_device_nccl(struct cdp_device *dev);
 
 #ifdef __cplusplus
 }

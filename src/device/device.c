@@ -116,6 +116,7 @@ const char *cdp_device_name(cdp_device_t d) { return d->name; }
 const char *cdp_device_description(cdp_device_t d) { return d->info.description; }
 uint64_t cdp_device_mem_cap(cdp_device_t d) { return d->cap; }
 const struct cdp_ops *cdp_device_ops(cdp_device_t d) { return d->be->ops; }
+const struct cdp_nccl_ops *cdp_device_nccl(cdp_device_t d) { return d->be->nccl; }
 void *cdp_device_kernel_state(cdp_device_t d) { return d->state; }
 uint64_t cdp_device_mem_total(cdp_device_t d) { return d->info.total_memory; }
 

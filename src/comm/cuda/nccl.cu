@@ -1,0 +1,309 @@
+/* The NCCL side of the nccl communicator, built into the CUDA module so that
+ * only the module links NCCL. Every communicator is non-blocking underneath
+ * (ncclConfig_t.blocking = 0): creation, split, finalisation and every
+ * operation return at once, and this file polls ncclCommGetAsyncError (and
+ * then the device's stream) against a deadline, so that no call waits forever
+ * on a dead or lost peer and the caller can still abort. */
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cdp/log.h"
+#include "comm/comm.h"
+#include "comm/nccl_module.h"
+#include "kernels/cuda/cuda_state.h"
+
+/* ncclCommSplit 2.18, non-blocking communicators 2.14, ncclAvg 2.10 */
+#if NCCL_VERSION_CODE < NCCL_VERSION(2, 18, 0)
+#error "the nccl communicator needs NCCL 2.18 or later"
+#endif
+
+static_assert(CDP_NCCL_ID_BYTES == NCCL_UNIQUE_ID_BYTES && sizeof(ncclUniqueId) == CDP_NCCL_ID_BYTES,
+              "the unique id travels as CDP_NCCL_ID_BYTES bytes");
+
+#define host cdp_cuda_host
+
+/* An NCCL failure as a status: the call, NCCL's text for the code, and the
+ * last error NCCL recorded (more precise; may describe an earlier failure). */
+static cdp_status nccl_fail(ncclResult_t r, ncclComm_t comm, const char *call)
+{
+    const char *last = ncclGetLastError(comm);
+    int have_last = last && *last;
+    return host->fail(CDP_ERR_COMM, "%s: %s (NCCL error %d)%s%s", call, ncclGetErrorString(r), (int)r,
+                      have_last ? ": " : "", have_last ? last : "");
+}
+
+/* ---- deadlines ------------------------------------------------------------------ */
+
+/* How a wait polls, as the host communicators do (comm.c): spin for the first
+ * 50 us plus the time the bytes should take at ~10 GB/s (a peer that is ready
+ * answers within microseconds), then sleep with pauses doubling up to 250 us.
+ * CDP_COMM_SPIN_US and CDP_COMM_SLEEP_MAX_US override them, as for comm.c. */
+static uint64_t poll_spin_ns = 50000;
+static uint64_t poll_sleep_max_ns = 250000;
+static int poll_configured;
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+struct waiter {
+    uint64_t t0, limit, spin, pause;
+    double timeout_s;
+};
+
+static void waiter_start(struct waiter *w, double timeout_s, size_t bytes)
+{
+    if (!poll_configured) {
+        const char *v;
+        if ((v = getenv("CDP_COMM_SPIN_US")) && *v) poll_spin_ns = strtoull(v, NULL, 10) * 1000u;
+        if ((v = getenv("CDP_COMM_SLEEP_MAX_US")) && *v) {
+            uint64_t us = strtoull(v, NULL, 10);
+            poll_sleep_max_ns = (us ? us : 1) * 1000u;
+        }
+        poll_configured = 1;
+    }
+    w->t0 = now_ns();
+    /* a deadline beyond ~30 years is no deadline */
+    w->limit = timeout_s > 0 && timeout_s < 1e9 ? (uint64_t)(timeout_s * 1e9) : UINT64_MAX;
+    w->spin = poll_spin_ns + (uint64_t)((double)bytes / 10.0);
+    w->pause = 1000;
+    w->timeout_s = timeout_s;
+}
+
+/* 1 past the deadline; else waits a little (or not at all while spinning). */
+static int waiter_expired(struct waiter *w)
+{
+    uint64_t elapsed = now_ns() - w->t0;
+    if (elapsed >= w->limit) return 1;
+    if (elapsed < w->spin) return 0;
+    uint64_t nap = w->pause;
+    if (w->limit != UINT64_MAX && nap > w->limit - elapsed) nap = w->limit - elapsed;
+    struct timespec ts = {(time_t)(nap / 1000000000u), (long)(nap % 1000000000u)};
+    while (nanosleep(&ts, &ts) == -1 && errno == EINTR) {
+    }
+    if (w->pause < poll_sleep_max_ns)
+        w->pause = w->pause * 2 < poll_sleep_max_ns ? w->pause * 2 : poll_sleep_max_ns;
+    return 0;
+}
+
+static cdp_status timed_out(const struct waiter *w, const char *what)
+{
+    return host->fail(CDP_ERR_COMM, "timed out after %g s (%s)", w->timeout_s, what);
+}
+
+/* Polls comm's state until it leaves ncclInProgress: the communicator is
+ * ready, or the operations just issued are on the stream. */
+static cdp_status wait_ready(ncclComm_t comm, struct waiter *w, const char *what)
+{
+    for (;;) {
+        ncclResult_t state = ncclInProgress;
+        ncclResult_t r = ncclCommGetAsyncError(comm, &state);
+        if (r != ncclSuccess) return nccl_fail(r, comm, "ncclCommGetAsyncError");
+        if (state == ncclSuccess) return CDP_OK;
+        if (state != ncclInProgress) return nccl_fail(state, comm, what);
+        if (waiter_expired(w)) return timed_out(w, what);
+    }
+}
+
+/* Waits for what was issued on comm to be on the stream, then for the stream
+ * to drain, watching comm for an asynchronous error (a peer that died) all
+ * along. */
+static cdp_status wait_done(ncclComm_t comm, struct cdp_cuda_state *d, struct waiter *w, const char *what)
+{
+    cdp_status st = wait_ready(comm, w, what);
+    if (st) return st;
+    for (;;) {
+        cudaError_t e = cudaStreamQuery(d->stream);
+        if (e == cudaSuccess) return CDP_OK;
+        if (e != cudaErrorNotReady)
+            return host->fail(CDP_ERR_DEVICE, "%s: cudaStreamQuery: %s (%s)", what, cudaGetErrorString(e),
+                              cudaGetErrorName(e));
+        ncclResult_t state = ncclSuccess;
+        ncclResult_t r = ncclCommGetAsyncError(comm, &state);
+        if (r != ncclSuccess) return nccl_fail(r, comm, "ncclCommGetAsyncError");
+        if (state != ncclSuccess && state != ncclInProgress) return nccl_fail(state, comm, what);
+        if (waiter_expired(w)) return timed_out(w, what);
+    }
+}
+
+/* ---- the table ------------------------------------------------------------------- */
+
+static cdp_status nccl_version(int *v)
+{
+    ncclResult_t r = ncclGetVersion(v);
+    return r == ncclSuccess ? CDP_OK : nccl_fail(r, NULL, "ncclGetVersion");
+}
+
+static cdp_status nccl_unique_id(void *id)
+{
+    ncclUniqueId uid;
+    ncclResult_t r = ncclGetUniqueId(&uid);
+    if (r != ncclSuccess) return nccl_fail(r, NULL, "ncclGetUniqueId");
+    memcpy(id, &uid, sizeof uid);
+    return CDP_OK;
+}
+
+static void config_nonblocking(ncclConfig_t *c)
+{
+    ncclConfig_t init = NCCL_CONFIG_INITIALIZER;
+    *c = init;
+    c->blocking = 0;
+}
+
+static cdp_status nccl_init(void *dev_state, const void *id, int nranks, int rank, double timeout_s, void **out)
+{
+    struct cdp_cuda_state *d = (struct cdp_cuda_state *)dev_state;
+    ncclUniqueId uid;
+    memcpy(&uid, id, sizeof uid);
+    CDP_CUDA_TRY(cudaSetDevice(d->index));
+    ncclConfig_t config;
+    config_nonblocking(&config);
+    struct waiter w;
+    waiter_start(&w, timeout_s, 0);
+    ncclComm_t comm = NULL;
+    ncclResult_t r = ncclCommInitRankConfig(&comm, nranks, uid, rank, &config);
+    cdp_status st = CDP_OK;
+    if (r != ncclSuccess && r != ncclInProgress) st = nccl_fail(r, comm, "ncclCommInitRankConfig");
+    else if (!comm) st = host->fail(CDP_ERR_COMM, "ncclCommInitRankConfig gave no communicator");
+    else st = wait_ready(comm, &w, "ncclCommInitRankConfig");
+    if (st) {
+        if (comm) ncclCommAbort(comm);
+        return st;
+    }
+    host->log(CDP_LOG_DEBUG, CDP_SUBSYS_COMM, "nccl: rank %d of %d ready on cuda:%d", rank, nranks, d->index);
+    *out = comm;
+    return CDP_OK;
+}
+
+static cdp_status nccl_split(void *comm, int color, int key, double timeout_s, void **out)
+{
+    ncclComm_t parent = (ncclComm_t)comm;
+    /* A non-blocking split writes the child's handle from NCCL's own thread
+     * when it completes: the slot must outlive a return past the deadline, so
+     * it lives on the heap and is left behind (8 bytes) when the split fails. */
+    ncclComm_t *slot = (ncclComm_t *)calloc(1, sizeof *slot);
+    if (!slot) return host->fail(CDP_ERR_NOMEM, "out of memory");
+    ncclConfig_t config;
+    config_nonblocking(&config);
+    struct waiter w;
+    waiter_start(&w, timeout_s, 0);
+    ncclResult_t r = ncclCommSplit(parent, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, slot, &config);
+    if (r != ncclSuccess && r != ncclInProgress) return nccl_fail(r, parent, "ncclCommSplit");
+    cdp_status st = wait_ready(parent, &w, "ncclCommSplit");
+    if (st) return st;
+    ncclComm_t child = *slot;
+    if (child && (st = wait_ready(child, &w, "ncclCommSplit (the new communicator)"))) {
+        ncclCommAbort(child);
+        return st;
+    }
+    free(slot);
+    if (color >= 0 && !child) return host->fail(CDP_ERR_COMM, "ncclCommSplit gave no communicator for color %d", color);
+    *out = child;
+    return CDP_OK;
+}
+
+static cdp_status nccl_rank_size(void *comm, int *rank, int *size)
+{
+    ncclComm_t c = (ncclComm_t)comm;
+    ncclResult_t r = ncclCommUserRank(c, rank);
+    if (r != ncclSuccess) return nccl_fail(r, c, "ncclCommUserRank");
+    r = ncclCommCount(c, size);
+    if (r != ncclSuccess) return nccl_fail(r, c, "ncclCommCount");
+    return CDP_OK;
+}
+
+static cdp_status nccl_allreduce(void *comm, void *dev_state, void *buf, size_t n, int dtype, int op,
+                                 double timeout_s)
+{
+    ncclComm_t c = (ncclComm_t)comm;
+    struct cdp_cuda_state *d = (struct cdp_cuda_state *)dev_state;
+    static const ncclRedOp_t ops[CDP_REDUCE_OP_COUNT] = {ncclSum, ncclAvg, ncclMax};
+    if ((unsigned)op >= CDP_REDUCE_OP_COUNT || (unsigned)dtype >= CDP_NCCL_DTYPE_COUNT)
+        return host->fail(CDP_ERR_INVALID, "all-reduce: op %d / type %d unknown", op, dtype);
+    ncclDataType_t type = dtype == CDP_NCCL_F32 ? ncclFloat32 : ncclFloat64;
+    size_t esize = dtype == CDP_NCCL_F32 ? 4 : 8;
+    CDP_CUDA_TRY(cudaSetDevice(d->index));
+    struct waiter w;
+    waiter_start(&w, timeout_s, n * esize);
+    ncclResult_t r = ncclAllReduce(buf, buf, n, type, ops[op], c, d->stream);
+    if (r != ncclSuccess && r != ncclInProgress) return nccl_fail(r, c, "ncclAllReduce");
+    return wait_done(c, d, &w, "ncclAllReduce");
+}
+
+static cdp_status nccl_p2p(void *comm, void *dev_state, const struct cdp_nccl_p2p *ops, int n, double timeout_s)
+{
+    ncclComm_t c = (ncclComm_t)comm;
+    struct cdp_cuda_state *d = (struct cdp_cuda_state *)dev_state;
+    size_t bytes = 0;
+    for (int i = 0; i < n; i++) bytes += ops[i].bytes;
+    CDP_CUDA_TRY(cudaSetDevice(d->index));
+    struct waiter w;
+    waiter_start(&w, timeout_s, bytes);
+    ncclResult_t r = ncclGroupStart();
+    if (r != ncclSuccess) return nccl_fail(r, c, "ncclGroupStart");
+    ncclResult_t first = ncclSuccess;
+    int bad = -1;
+    for (int i = 0; i < n && first == ncclSuccess; i++) {
+        const struct cdp_nccl_p2p *p = &ops[i];
+        r = p->is_send ? ncclSend(p->buf, p->bytes, ncclUint8, p->peer, c, d->stream)
+                       : ncclRecv(p->buf, p->bytes, ncclUint8, p->peer, c, d->stream);
+        if (r != ncclSuccess && r != ncclInProgress) first = r, bad = i;
+    }
+    /* the group is closed even after a failed call, so that later groups start clean */
+    r = ncclGroupEnd();
+    if (first != ncclSuccess) {
+        const struct cdp_nccl_p2p *p = &ops[bad];
+        char what[96];
+        snprintf(what, sizeof what, "%s rank %d (%zu bytes, #%d of the group)",
+                 p->is_send ? "ncclSend to" : "ncclRecv from", p->peer, p->bytes, bad);
+        return nccl_fail(first, c, what);
+    }
+    if (r != ncclSuccess && r != ncclInProgress) return nccl_fail(r, c, "ncclGroupEnd");
+    return wait_done(c, d, &w, "ncclGroupEnd (send/receive group)");
+}
+
+static void nccl_abort(void *comm)
+{
+    ncclResult_t r = ncclCommAbort((ncclComm_t)comm);
+    if (r != ncclSuccess)
+        host->log(CDP_LOG_WARN, CDP_SUBSYS_COMM, "nccl: ncclCommAbort: %s", ncclGetErrorString(r));
+}
+
+static cdp_status nccl_destroy(void *comm, double timeout_s)
+{
+    ncclComm_t c = (ncclComm_t)comm;
+    struct waiter w;
+    waiter_start(&w, timeout_s, 0);
+    ncclResult_t r = ncclCommFinalize(c);
+    cdp_status st = CDP_OK;
+    if (r != ncclSuccess && r != ncclInProgress) st = nccl_fail(r, c, "ncclCommFinalize");
+    else st = wait_ready(c, &w, "ncclCommFinalize");
+    if (st) {
+        ncclCommAbort(c);
+        return st;
+    }
+    r = ncclCommDestroy(c);
+    return r == ncclSuccess ? CDP_OK : nccl_fail(r, NULL, "ncclCommDestroy");
+}
+
+extern "C" const struct cdp_nccl_ops cdp_cuda_nccl_ops = {
+    nccl_version,
+    nccl_unique_id,
+    nccl_init,
+    nccl_split,
+    nccl_rank_size,
+    nccl_allreduce,
+    nccl_p2p,
+    nccl_abort,
+    nccl_destroy,
+};

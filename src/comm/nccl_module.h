@@ -1,0 +1,79 @@
+/* The NCCL table the CUDA module lends the core (through the device backend's
+ * `nccl` slot), so that the nccl communicator (comm/nccl.c) reaches NCCL
+ * without the core or any program linking CUDA or NCCL. Shared by the core
+ * (C) and the module (src/comm/cuda/nccl.cu): keep it valid C and CUDA C++.
+ *
+ * Every slot fails with a status and a message set through the module host's
+ * fail(): the NCCL or CUDA call, its error string and NCCL's last error text.
+ * Every call that waits takes a deadline (timeout_s <= 0: none) and fails with
+ * CDP_ERR_COMM "timed out after N s" past it; it then leaves the communicator
+ * as it is, for the caller to abort. */
+#ifndef CDP_COMM_NCCL_MODULE_H
+#define CDP_COMM_NCCL_MODULE_H
+
+#include <stddef.h>
+
+#include "cdp/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* = NCCL_UNIQUE_ID_BYTES (checked in the module) */
+#define CDP_NCCL_ID_BYTES 128
+
+enum cdp_nccl_dtype { CDP_NCCL_F32 = 0, CDP_NCCL_F64, CDP_NCCL_DTYPE_COUNT };
+
+/* One half of a matched pair: bytes go to / come from `peer` (a rank of the
+ * communicator). buf is device memory of the communicator's GPU, not owned. */
+struct cdp_nccl_p2p {
+    int is_send;
+    int peer;
+    void *buf;
+    size_t bytes;
+};
+
+struct cdp_nccl_ops {
+    /* ncclGetVersion: major*10000 + minor*100 + patch. Needs no GPU. */
+    cdp_status (*version)(int *v);
+    /* ncclGetUniqueId into id[CDP_NCCL_ID_BYTES] (on one rank; the caller sends
+     * it to the others). */
+    cdp_status (*unique_id)(void *id);
+    /* Makes this rank's member of the communicator named by id, on the GPU of
+     * dev_state (a struct cdp_cuda_state), non-blocking underneath
+     * (ncclCommInitRankConfig, blocking = 0) and polled until ready. *comm is
+     * written on success; on a failure or past the deadline the half-made
+     * communicator is aborted here. */
+    cdp_status (*init)(void *dev_state, const void *id, int nranks, int rank, double timeout_s,
+                       void **comm);
+    /* ncclCommSplit: collective over comm; color < 0 is NCCL_SPLIT_NOCOLOR and
+     * gives *out = NULL. Past the deadline, the parent stays as it is (abort it). */
+    cdp_status (*split)(void *comm, int color, int key, double timeout_s, void **out);
+    /* This rank's rank and the size of comm. */
+    cdp_status (*rank_size)(void *comm, int *rank, int *size);
+    /* In-place all-reduce of n elements (dtype: enum cdp_nccl_dtype; op: enum
+     * cdp_reduce_op of comm/comm.h) on the device's stream; returns when it
+     * has completed there (so it also waits for work queued before it). */
+    cdp_status (*allreduce)(void *comm, void *dev_state, void *buf, size_t n, int dtype, int op,
+                            double timeout_s);
+    /* The n sends and receives inside one ncclGroupStart / ncclGroupEnd (as
+     * bytes), on the device's stream; returns when all have completed. */
+    cdp_status (*p2p)(void *comm, void *dev_state, const struct cdp_nccl_p2p *ops, int n,
+                      double timeout_s);
+    /* ncclCommAbort: ends whatever is in flight and frees the communicator.
+     * comm is gone afterwards. */
+    void (*abort)(void *comm);
+    /* ncclCommFinalize, polled within the deadline, then ncclCommDestroy; past
+     * the deadline or on an error, ncclCommAbort instead (and a status). comm
+     * is gone afterwards in every case. */
+    cdp_status (*destroy)(void *comm, double timeout_s);
+};
+
+/* In the CUDA module, when it is built with NCCL. */
+extern const struct cdp_nccl_ops cdp_cuda_nccl_ops;
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
