@@ -1,6 +1,7 @@
 /* Suite model: the layer table against counted work, the golden GPT step
  * against PyTorch, Hugging Face GPT-2 import, weights round trips, seeded
- * initialisation independent of the partition, and falling losses. */
+ * initialisation independent of the partition, falling losses, and units and
+ * models on the kernel table they are given (failures, missing ops). */
 #include <cblas.h>
 #include <criterion/criterion.h>
 #include <dlfcn.h>
@@ -11,6 +12,7 @@
 #include "cdp/device.h"
 #include "cdp/plan.h"
 #include "harness.h"
+#include "kernels/ops.h"
 #include "model/layers.h"
 #include "model/model.h"
 #include "model/optim.h"
@@ -379,4 +381,131 @@ Test(model, loss_falls_on_text)
     struct cdp_train_summary s = train(json);
     cr_assert_gt(s.first_loss, 5.0, "starts near log(256) = 5.55: %g", s.first_loss);
     cr_assert_lt(s.last_loss, 3.2, "after 60 steps: %g", s.last_loss);
+}
+
+/* ---- the kernel table ------------------------------------------------------------- */
+
+static int linear_fwd_calls;
+
+static cdp_status counting_linear_fwd(void *st, float *out, const float *in, const float *w, const float *b, int N,
+                                      int IC, int OC)
+{
+    linear_fwd_calls++;
+    return cdp_cpu_ops.linear_fwd(st, out, in, w, b, N, IC, OC);
+}
+
+static cdp_status failing_attention_fwd(void *st, float *out, float *att, const float *qkv, int B, int T, int C,
+                                        int NH, int causal)
+{
+    (void)st, (void)out, (void)att, (void)qkv, (void)B, (void)T, (void)C, (void)NH, (void)causal;
+    return cdp_fail(CDP_ERR_DEVICE, "attention_fwd: launch failed (test)");
+}
+
+/* A unit runs on the table it is given: the first failing op ends the pass
+ * with its status and nothing after it runs; an op the table lacks is
+ * CDP_ERR_UNSUPPORTED, named. */
+Test(model, a_unit_runs_on_its_kernel_table_and_stops_at_the_first_failure)
+{
+    struct cdp_plan *p = plan_from("{\"model\": {\"preset\": \"gpt\", \"vocab\": 16, \"context\": 4, "
+                                   "\"layers\": 1, \"heads\": 2, \"embed\": 8}}");
+    struct cdp_unit *u;
+    int n;
+    cr_assert_eq(cdp_units_build(&p->model, &u, &n), CDP_OK);
+    const struct cdp_unit *blk = &u[1];
+    cr_assert_eq(blk->kind, CDP_UNIT_TRANSFORMER_BLOCK);
+    const int B = 2;
+    float *params[CDP_UNIT_MAX_PARAMS] = {0}, *grads[CDP_UNIT_MAX_PARAMS] = {0};
+    for (int i = 0; i < blk->n_params; i++) {
+        params[i] = calloc((size_t)blk->params[i].numel, 4);
+        grads[i] = calloc((size_t)blk->params[i].numel, 4);
+        cdp_param_init(blk, i, 1, params[i]);
+    }
+    const size_t in_n = (size_t)B * 4 * 8;
+    float *x = calloc(in_n, 4), *dout = calloc(in_n, 4), *din = calloc(in_n, 4);
+    float *act = calloc((size_t)(B * blk->act_floats), 4);
+    float *scratch = calloc((size_t)cdp_unit_scratch_floats(blk, B), 4);
+    for (size_t i = 0; i < in_n; i++) x[i] = dout[i] = (float)(i % 7) / 7.0f - 0.5f;
+
+    struct cdp_ops ops = cdp_cpu_ops;
+    ops.linear_fwd = counting_linear_fwd;
+    struct cdp_kernels k = {&ops, NULL};
+    linear_fwd_calls = 0;
+    cr_assert_eq(cdp_unit_forward(&k, blk, params, x, act, scratch, B), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(linear_fwd_calls, 4, "qkv, attention projection, fc, mlp projection");
+
+    ops.attention_fwd = failing_attention_fwd;
+    linear_fwd_calls = 0;
+    cr_assert_eq(cdp_unit_forward(&k, blk, params, x, act, scratch, B), CDP_ERR_DEVICE);
+    cr_assert(strstr(cdp_last_error(), "launch failed"), "%s", cdp_last_error());
+    cr_assert_eq(linear_fwd_calls, 1, "nothing runs after the failing op: %d", linear_fwd_calls);
+
+    ops.attention_fwd = cdp_cpu_ops.attention_fwd;
+    ops.gelu_fwd = NULL;
+    cr_assert_eq(cdp_unit_forward(&k, blk, params, x, act, scratch, B), CDP_ERR_UNSUPPORTED);
+    cr_assert(strstr(cdp_last_error(), "cpu") && strstr(cdp_last_error(), "gelu_fwd"), "%s", cdp_last_error());
+
+    /* backward: the residual stream's gradient passes through the table's add */
+    ops.gelu_fwd = cdp_cpu_ops.gelu_fwd;
+    cr_assert_eq(cdp_unit_forward(&k, blk, params, x, act, scratch, B), CDP_OK);
+    cr_assert_eq(cdp_unit_backward(&k, blk, params, grads, x, act, dout, din, scratch, B), CDP_OK);
+    ops.add = NULL;
+    cr_assert_eq(cdp_unit_backward(&k, blk, params, grads, x, act, dout, din, scratch, B), CDP_ERR_UNSUPPORTED);
+    cr_assert(strstr(cdp_last_error(), "add"), "%s", cdp_last_error());
+    cr_assert_eq(cdp_unit_backward(&k, blk, params, grads, x, act, dout, NULL, scratch, B), CDP_OK,
+                 "no input gradient wanted: no add");
+
+    for (int i = 0; i < blk->n_params; i++) {
+        free(params[i]);
+        free(grads[i]);
+    }
+    free(x);
+    free(dout);
+    free(din);
+    free(act);
+    free(scratch);
+    free(u);
+    cdp_plan_free(p);
+}
+
+/* A kernel failure where no status can be returned (zero_grad, the gradient
+ * norm, the optimizer step) is kept; every later pass returns it, and the
+ * optimizer no longer touches the weights. */
+Test(model, a_kernel_failure_without_a_status_is_returned_by_the_next_pass)
+{
+    struct cdp_plan *p = plan_from("{\"model\": {\"preset\": \"gpt\", \"vocab\": 16, \"context\": 4, "
+                                   "\"layers\": 1, \"heads\": 2, \"embed\": 8}}");
+    cdp_device_t dev = cpu();
+    struct cdp_model *m;
+    struct cdp_optimizer *o;
+    struct cdp_optimizer_desc od = {.type = CDP_OPT_ADAMW, .lr = 1e-2, .weight_decay = 0.5, .beta1 = 0.9,
+                                    .beta2 = 0.95, .eps = 1e-8};
+    cr_assert_eq(cdp_model_create(&p->model, 0, 3, 2, 1, 1, dev, &m), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(cdp_optimizer_create(&od, m, dev, &o), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(cdp_model_kernels(m)->ops, cdp_device_ops(dev));
+    fill_inputs(m, cdp_model_unit(m, 0), 2, 16);
+    cr_assert_eq(cdp_model_error(m), CDP_OK);
+    cr_assert_eq(cdp_model_forward(m, 0), CDP_OK);
+
+    cdp_model_record_error(m, cdp_fail(CDP_ERR_DEVICE, "sum_squares: an illegal memory access (test)"));
+    cdp_model_record_error(m, cdp_fail(CDP_ERR_INVALID, "a later failure"));
+    cdp_clear_error();
+    cr_assert_eq(cdp_model_error(m), CDP_ERR_DEVICE, "the first failure is kept");
+    cr_assert_eq(cdp_model_forward(m, 0), CDP_ERR_DEVICE);
+    cr_assert(strstr(cdp_last_error(), "illegal memory access"), "%s", cdp_last_error());
+    int32_t tg[8] = {0};
+    double loss;
+    cr_assert_eq(cdp_model_loss(m, 0, tg, 1.0f, &loss), CDP_ERR_DEVICE);
+    cr_assert_eq(cdp_model_backward(m, 0, NULL, NULL), CDP_ERR_DEVICE);
+    cr_assert(isnan(cdp_model_grad_sumsq(m)));
+    struct cdp_model_tensor *t = cdp_model_tensor(m, 0);
+    cr_assert(t->decay, "%s decays: a step would change it", t->name);
+    float *before = malloc((size_t)t->numel * 4);
+    memcpy(before, t->data, (size_t)t->numel * 4);
+    cdp_optimizer_step(o, m, 1.0f, 1.0f);
+    cr_assert_eq(memcmp(before, t->data, (size_t)t->numel * 4), 0, "the weights were stepped");
+    free(before);
+    cdp_optimizer_destroy(o);
+    cdp_model_destroy(m);
+    cdp_device_close(dev);
+    cdp_plan_free(p);
 }

@@ -393,7 +393,7 @@ cdp_status cdp_ckpt_write_part(const char *dir, int64_t step, const char *part, 
                 x->dtype_name = "F32";
                 x->ndim = t->ndim;
                 for (int d = 0; d < t->ndim; d++) x->shape[d] = t->shape[d];
-                x->data = s < 0 ? t->data : state[s];
+                x->data = s < 0 ? t->data : state[s]; /* host-visible memory: CPU only */
                 x->nbytes = (uint64_t)t->numel * 4;
                 nt++;
             }
@@ -1060,7 +1060,8 @@ cdp_status cdp_ckpt_load(const char *path, const struct cdp_ckpt_info *info, str
                     if (s >= 0 && (!prefix[s] || !state[s])) continue;
                     snprintf(sname, sizeof sname, "%s%s", s < 0 ? "" : prefix[s], t->name);
                     if (pass == 0) st = check_tensor(f, fpath, sname, t->name, t);
-                    else st = cdp_st_read_f32(f, sname, t->ndim, t->shape, s < 0 ? t->data : state[s]);
+                    else /* host-visible memory: CPU only */
+                        st = cdp_st_read_f32(f, sname, t->ndim, t->shape, s < 0 ? t->data : state[s]);
                     if (st) goto fail;
                 }
             }

@@ -1,5 +1,5 @@
-/* The layer table and the per-unit forward/backward passes over the CPU
- * kernels. Shapes: B batch, T tokens, C channels, V vocabulary, NH heads. */
+/* The layer table and the per-unit forward/backward passes over a device's
+ * kernel table. Shapes: B batch, T tokens, C channels, V vocabulary, NH heads. */
 #include "model/layers.h"
 
 #include <math.h>
@@ -7,7 +7,8 @@
 #include <string.h>
 
 #include "cdp/core.h"
-#include "kernels/cpu/ops.h"
+#include "kernels/cpu/ops.h" /* cdp_cpu_attention_gemm_flops: the work table */
+#include "kernels/ops.h"
 
 static const char *const cdp_unit_kind_names[CDP_UNIT_KIND_COUNT] = {
     [CDP_UNIT_LINEAR] = "linear",
@@ -362,11 +363,8 @@ void cdp_param_init(const struct cdp_unit *u, int p, uint64_t seed, float *dst)
 
 /* ---- forward and backward --------------------------------------------------- */
 
-/* dst += src: gradients that pass through unchanged (residual, flatten). */
-static void accumulate(float *dst, const float *src, size_t n)
-{
-    for (size_t i = 0; i < n; i++) dst[i] += src[i];
-}
+/* K(op, args...): op of the unit's kernel table; returns its failure. */
+#define K(op, ...) CDP_KERNEL(k, op, __VA_ARGS__)
 
 /* Offsets of a transformer block's kept activations, per micro-batch of B. */
 struct block_acts {
@@ -406,192 +404,194 @@ static struct block_acts block_layout(float *a, int B, int64_t T, int64_t C, int
     return r;
 }
 
-static void block_forward(const struct cdp_unit *u, float *const *p, const float *x, float *act,
-                          float *scratch, int B)
+static cdp_status block_forward(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p,
+                                const float *x, float *act, float *scratch, int B)
 {
     const int T = (int)u->in.d[0], C = (int)u->in.d[1], NH = (int)u->desc.heads, N = B * T;
     const size_t BTC = (size_t)N * C;
     struct block_acts a = block_layout(act, B, T, C, NH);
     float *proj = scratch; /* B*T*C */
-    cdp_cpu_layernorm_fwd(a.ln1, a.ln1_mean, a.ln1_rstd, x, p[0], p[1], N, C, 1e-5f);
-    cdp_cpu_linear_fwd(a.qkv, a.ln1, p[2], p[3], N, C, 3 * C);
-    cdp_cpu_attention_fwd(a.atty, a.att, a.qkv, B, T, C, NH, 1);
-    cdp_cpu_linear_fwd(proj, a.atty, p[4], p[5], N, C, C);
-    cdp_cpu_residual_fwd(a.res2, x, proj, BTC);
-    cdp_cpu_layernorm_fwd(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p[6], p[7], N, C, 1e-5f);
-    cdp_cpu_linear_fwd(a.fch, a.ln2, p[8], p[9], N, C, 4 * C);
-    cdp_cpu_gelu_fwd(a.fch_gelu, a.fch, 4 * BTC);
-    cdp_cpu_linear_fwd(proj, a.fch_gelu, p[10], p[11], N, 4 * C, C);
-    cdp_cpu_residual_fwd(a.out, a.res2, proj, BTC);
+    K(layernorm_fwd, a.ln1, a.ln1_mean, a.ln1_rstd, x, p[0], p[1], N, C, 1e-5f);
+    K(linear_fwd, a.qkv, a.ln1, p[2], p[3], N, C, 3 * C);
+    K(attention_fwd, a.atty, a.att, a.qkv, B, T, C, NH, 1);
+    K(linear_fwd, proj, a.atty, p[4], p[5], N, C, C);
+    K(residual_fwd, a.res2, x, proj, BTC);
+    K(layernorm_fwd, a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p[6], p[7], N, C, 1e-5f);
+    K(linear_fwd, a.fch, a.ln2, p[8], p[9], N, C, 4 * C);
+    K(gelu_fwd, a.fch_gelu, a.fch, 4 * BTC);
+    K(linear_fwd, proj, a.fch_gelu, p[10], p[11], N, 4 * C, C);
+    K(residual_fwd, a.out, a.res2, proj, BTC);
+    return CDP_OK;
 }
 
-static void block_backward(const struct cdp_unit *u, float *const *p, float *const *g, const float *x,
-                           const float *act, const float *dout, float *din, float *scratch, int B)
+static cdp_status block_backward(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p,
+                                 float *const *g, const float *x, const float *act, const float *dout,
+                                 float *din, float *scratch, int B)
 {
     const int T = (int)u->in.d[0], C = (int)u->in.d[1], NH = (int)u->desc.heads, N = B * T;
     const size_t BTC = (size_t)N * C;
     struct block_acts a = block_layout((float *)act, B, T, C, NH);
     float *dres2 = scratch, *dg = dres2 + BTC, *dfch = dg + 4 * BTC, *dln = dfch + 4 * BTC,
           *dqkv = dln + BTC, *att_scratch = dqkv + 3 * BTC;
-    memcpy(dres2, dout, BTC * sizeof *dres2);
-    memset(dg, 0, 4 * BTC * sizeof *dg);
-    cdp_cpu_linear_bwd(dg, g[10], g[11], dout, a.fch_gelu, p[10], N, 4 * C, C);
-    memset(dfch, 0, 4 * BTC * sizeof *dfch);
-    cdp_cpu_gelu_bwd(dfch, dg, a.fch, 4 * BTC);
-    memset(dln, 0, BTC * sizeof *dln);
-    cdp_cpu_linear_bwd(dln, g[8], g[9], dfch, a.ln2, p[8], N, C, 4 * C);
-    cdp_cpu_layernorm_bwd(dres2, g[6], g[7], dln, a.res2, p[6], a.ln2_mean, a.ln2_rstd, N, C);
-    memset(dln, 0, BTC * sizeof *dln);
-    cdp_cpu_linear_bwd(dln, g[4], g[5], dres2, a.atty, p[4], N, C, C);
-    memset(dqkv, 0, 3 * BTC * sizeof *dqkv);
-    cdp_cpu_attention_bwd(dqkv, dln, a.qkv, a.att, att_scratch, B, T, C, NH, 1);
-    memset(dln, 0, BTC * sizeof *dln);
-    cdp_cpu_linear_bwd(dln, g[2], g[3], dqkv, a.ln1, p[2], N, C, 3 * C);
+    K(copy, dres2, dout, BTC * sizeof *dres2);
+    K(zero, dg, 4 * BTC * sizeof *dg);
+    K(linear_bwd, dg, g[10], g[11], dout, a.fch_gelu, p[10], N, 4 * C, C);
+    K(zero, dfch, 4 * BTC * sizeof *dfch);
+    K(gelu_bwd, dfch, dg, a.fch, 4 * BTC);
+    K(zero, dln, BTC * sizeof *dln);
+    K(linear_bwd, dln, g[8], g[9], dfch, a.ln2, p[8], N, C, 4 * C);
+    K(layernorm_bwd, dres2, g[6], g[7], dln, a.res2, p[6], a.ln2_mean, a.ln2_rstd, N, C);
+    K(zero, dln, BTC * sizeof *dln);
+    K(linear_bwd, dln, g[4], g[5], dres2, a.atty, p[4], N, C, C);
+    K(zero, dqkv, 3 * BTC * sizeof *dqkv);
+    K(attention_bwd, dqkv, dln, a.qkv, a.att, att_scratch, B, T, C, NH, 1);
+    K(zero, dln, BTC * sizeof *dln);
+    K(linear_bwd, dln, g[2], g[3], dqkv, a.ln1, p[2], N, C, 3 * C);
     if (din) {
-        accumulate(din, dres2, BTC);
-        cdp_cpu_layernorm_bwd(din, g[0], g[1], dln, x, p[0], a.ln1_mean, a.ln1_rstd, N, C);
+        K(add, din, dres2, BTC);
+        K(layernorm_bwd, din, g[0], g[1], dln, x, p[0], a.ln1_mean, a.ln1_rstd, N, C);
     } else {
         /* no input gradient wanted: still accumulate the norm's parameter gradients */
         float *sink = dg;
-        memset(sink, 0, BTC * sizeof *sink);
-        cdp_cpu_layernorm_bwd(sink, g[0], g[1], dln, x, p[0], a.ln1_mean, a.ln1_rstd, N, C);
+        K(zero, sink, BTC * sizeof *sink);
+        K(layernorm_bwd, sink, g[0], g[1], dln, x, p[0], a.ln1_mean, a.ln1_rstd, N, C);
     }
+    return CDP_OK;
 }
 
-void cdp_unit_forward(const struct cdp_unit *u, float *const *p, const void *in, float *act,
-                      float *scratch, int B)
+cdp_status cdp_unit_forward(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p,
+                            const void *in, float *act, float *scratch, int B)
 {
     const float *x = (const float *)in;
     const int64_t n_in = (int64_t)B * shape_numel(&u->in);
     const int rows = (int)(B * shape_rows(&u->in)), last = (int)shape_last(&u->in);
     switch (u->kind) {
     case CDP_UNIT_LINEAR:
-        cdp_cpu_linear_fwd(act, x, p[0], u->desc.bias ? p[1] : NULL, rows, last, (int)u->desc.out);
+        K(linear_fwd, act, x, p[0], u->desc.bias ? p[1] : NULL, rows, last, (int)u->desc.out);
         break;
     case CDP_UNIT_RELU:
-        cdp_cpu_relu_fwd(act, x, (size_t)n_in);
+        K(relu_fwd, act, x, (size_t)n_in);
         break;
     case CDP_UNIT_GELU:
-        cdp_cpu_gelu_fwd(act, x, (size_t)n_in);
+        K(gelu_fwd, act, x, (size_t)n_in);
         break;
     case CDP_UNIT_FLATTEN:
-        memcpy(act, x, (size_t)n_in * sizeof *act);
+        K(copy, act, x, (size_t)n_in * sizeof *act);
         break;
     case CDP_UNIT_LAYERNORM: {
         float *mean = act + n_in, *rstd = mean + rows;
-        cdp_cpu_layernorm_fwd(act, mean, rstd, x, p[0], p[1], rows, last, (float)u->desc.eps);
+        K(layernorm_fwd, act, mean, rstd, x, p[0], p[1], rows, last, (float)u->desc.eps);
         break;
     }
     case CDP_UNIT_EMBEDDING:
-        cdp_cpu_embedding_fwd(act, (const int32_t *)in, p[0], u->n_params > 1 ? p[1] : NULL, B,
-                              (int)u->in.d[0], (int)u->out.d[1]);
+        K(embedding_fwd, act, (const int32_t *)in, p[0], u->n_params > 1 ? p[1] : NULL, B, (int)u->in.d[0],
+          (int)u->out.d[1]);
         break;
     case CDP_UNIT_ATTENTION: {
         const int T = (int)u->in.d[0], C = (int)u->in.d[1], N = B * T;
         float *qkv = act + (int64_t)N * C, *att = qkv + 3 * (int64_t)N * C,
               *atty = att + (int64_t)B * u->desc.heads * T * T;
-        cdp_cpu_linear_fwd(qkv, x, p[0], p[1], N, C, 3 * C);
-        cdp_cpu_attention_fwd(atty, att, qkv, B, T, C, (int)u->desc.heads, u->desc.causal);
-        cdp_cpu_linear_fwd(act, atty, p[2], p[3], N, C, C);
+        K(linear_fwd, qkv, x, p[0], p[1], N, C, 3 * C);
+        K(attention_fwd, atty, att, qkv, B, T, C, (int)u->desc.heads, u->desc.causal);
+        K(linear_fwd, act, atty, p[2], p[3], N, C, C);
         break;
     }
     case CDP_UNIT_TRANSFORMER_BLOCK:
-        block_forward(u, p, x, act, scratch, B);
-        break;
+        return block_forward(k, u, p, x, act, scratch, B);
     case CDP_UNIT_CONV2D:
-        cdp_cpu_conv2d_fwd(act, scratch, x, p[0], u->desc.bias ? p[1] : NULL, B, (int)u->in.d[0],
-                           (int)u->in.d[1], (int)u->in.d[2], (int)u->desc.out, (int)u->desc.kernel,
-                           (int)u->desc.stride, (int)u->desc.padding);
+        K(conv2d_fwd, act, scratch, x, p[0], u->desc.bias ? p[1] : NULL, B, (int)u->in.d[0], (int)u->in.d[1],
+          (int)u->in.d[2], (int)u->desc.out, (int)u->desc.kernel, (int)u->desc.stride, (int)u->desc.padding);
         break;
     case CDP_UNIT_MAXPOOL2D:
-        cdp_cpu_maxpool2d_fwd(act, (int32_t *)(act + B * u->out_floats), x, B, (int)u->in.d[0],
-                              (int)u->in.d[1], (int)u->in.d[2], (int)u->desc.kernel,
-                              (int)u->desc.stride);
+        K(maxpool2d_fwd, act, (int32_t *)(act + B * u->out_floats), x, B, (int)u->in.d[0], (int)u->in.d[1],
+          (int)u->in.d[2], (int)u->desc.kernel, (int)u->desc.stride);
         break;
     case CDP_UNIT_LM_HEAD: {
         const int T = (int)u->in.d[0], C = (int)u->in.d[1], N = B * T, V = (int)u->desc.vocab;
         float *ln = act + (int64_t)N * V, *mean = ln + (int64_t)N * C, *rstd = mean + N;
-        cdp_cpu_layernorm_fwd(ln, mean, rstd, x, p[0], p[1], N, C, 1e-5f);
-        cdp_cpu_linear_fwd(act, ln, p[2], NULL, N, C, V);
+        K(layernorm_fwd, ln, mean, rstd, x, p[0], p[1], N, C, 1e-5f);
+        K(linear_fwd, act, ln, p[2], NULL, N, C, V);
         break;
     }
     default:
         CDP_ASSERT(!"unknown unit kind");
     }
+    return CDP_OK;
 }
 
-void cdp_unit_backward(const struct cdp_unit *u, float *const *p, float *const *g, const void *in,
-                       const float *act, const float *dout, float *din, float *scratch, int B)
+cdp_status cdp_unit_backward(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p,
+                             float *const *g, const void *in, const float *act, const float *dout, float *din,
+                             float *scratch, int B)
 {
     const float *x = (const float *)in;
     const int64_t n_in = (int64_t)B * shape_numel(&u->in);
     const int rows = (int)(B * shape_rows(&u->in)), last = (int)shape_last(&u->in);
     switch (u->kind) {
     case CDP_UNIT_LINEAR:
-        cdp_cpu_linear_bwd(din, g[0], u->desc.bias ? g[1] : NULL, dout, x, p[0], rows, last,
-                           (int)u->desc.out);
+        K(linear_bwd, din, g[0], u->desc.bias ? g[1] : NULL, dout, x, p[0], rows, last, (int)u->desc.out);
         break;
     case CDP_UNIT_RELU:
-        if (din) cdp_cpu_relu_bwd(din, dout, x, (size_t)n_in);
+        if (din) K(relu_bwd, din, dout, x, (size_t)n_in);
         break;
     case CDP_UNIT_GELU:
-        if (din) cdp_cpu_gelu_bwd(din, dout, x, (size_t)n_in);
+        if (din) K(gelu_bwd, din, dout, x, (size_t)n_in);
         break;
     case CDP_UNIT_FLATTEN:
-        if (din) accumulate(din, dout, (size_t)n_in);
+        /* the gradient passes through unchanged */
+        if (din) K(add, din, dout, (size_t)n_in);
         break;
     case CDP_UNIT_LAYERNORM: {
         const float *mean = act + n_in, *rstd = mean + rows;
         float *target = din ? din : scratch;
-        if (!din) memset(scratch, 0, (size_t)n_in * sizeof *scratch);
-        cdp_cpu_layernorm_bwd(target, g[0], g[1], dout, x, p[0], mean, rstd, rows, last);
+        if (!din) K(zero, scratch, (size_t)n_in * sizeof *scratch);
+        K(layernorm_bwd, target, g[0], g[1], dout, x, p[0], mean, rstd, rows, last);
         break;
     }
     case CDP_UNIT_EMBEDDING:
-        cdp_cpu_embedding_bwd(g[0], u->n_params > 1 ? g[1] : NULL, dout, (const int32_t *)in, B,
-                              (int)u->in.d[0], (int)u->out.d[1]);
+        K(embedding_bwd, g[0], u->n_params > 1 ? g[1] : NULL, dout, (const int32_t *)in, B, (int)u->in.d[0],
+          (int)u->out.d[1]);
         break;
     case CDP_UNIT_ATTENTION: {
         const int T = (int)u->in.d[0], C = (int)u->in.d[1], N = B * T;
         const float *qkv = act + (int64_t)N * C, *att = qkv + 3 * (int64_t)N * C,
                     *atty = att + (int64_t)B * u->desc.heads * T * T;
         float *datty = scratch, *dqkv = datty + (int64_t)N * C, *tt = dqkv + 3 * (int64_t)N * C;
-        memset(datty, 0, (size_t)N * C * sizeof *datty);
-        cdp_cpu_linear_bwd(datty, g[2], g[3], dout, atty, p[2], N, C, C);
-        memset(dqkv, 0, (size_t)3 * N * C * sizeof *dqkv);
-        cdp_cpu_attention_bwd(dqkv, datty, qkv, att, tt, B, T, C, (int)u->desc.heads, u->desc.causal);
-        cdp_cpu_linear_bwd(din, g[0], g[1], dqkv, x, p[0], N, C, 3 * C);
+        K(zero, datty, (size_t)N * C * sizeof *datty);
+        K(linear_bwd, datty, g[2], g[3], dout, atty, p[2], N, C, C);
+        K(zero, dqkv, (size_t)3 * N * C * sizeof *dqkv);
+        K(attention_bwd, dqkv, datty, qkv, att, tt, B, T, C, (int)u->desc.heads, u->desc.causal);
+        K(linear_bwd, din, g[0], g[1], dqkv, x, p[0], N, C, 3 * C);
         break;
     }
     case CDP_UNIT_TRANSFORMER_BLOCK:
-        block_backward(u, p, g, x, act, dout, din, scratch, B);
-        break;
+        return block_backward(k, u, p, g, x, act, dout, din, scratch, B);
     case CDP_UNIT_CONV2D:
-        cdp_cpu_conv2d_bwd(din, g[0], u->desc.bias ? g[1] : NULL, scratch, dout, x, p[0], B,
-                           (int)u->in.d[0], (int)u->in.d[1], (int)u->in.d[2], (int)u->desc.out,
-                           (int)u->desc.kernel, (int)u->desc.stride, (int)u->desc.padding);
+        K(conv2d_bwd, din, g[0], u->desc.bias ? g[1] : NULL, scratch, dout, x, p[0], B, (int)u->in.d[0],
+          (int)u->in.d[1], (int)u->in.d[2], (int)u->desc.out, (int)u->desc.kernel, (int)u->desc.stride,
+          (int)u->desc.padding);
         break;
     case CDP_UNIT_MAXPOOL2D:
         if (din)
-            cdp_cpu_maxpool2d_bwd(din, dout, (const int32_t *)(act + B * u->out_floats), B,
-                                  (int)u->out.d[0], (int)u->out.d[1], (int)u->out.d[2]);
+            K(maxpool2d_bwd, din, dout, (const int32_t *)(act + B * u->out_floats), B, (int)u->out.d[0],
+              (int)u->out.d[1], (int)u->out.d[2]);
         break;
     case CDP_UNIT_LM_HEAD: {
         const int T = (int)u->in.d[0], C = (int)u->in.d[1], N = B * T, V = (int)u->desc.vocab;
         const float *ln = act + (int64_t)N * V, *mean = ln + (int64_t)N * C, *rstd = mean + N;
         float *dln = scratch;
         (void)T;
-        memset(dln, 0, (size_t)N * C * sizeof *dln);
-        cdp_cpu_linear_bwd(dln, g[2], NULL, dout, ln, p[2], N, C, V);
+        K(zero, dln, (size_t)N * C * sizeof *dln);
+        K(linear_bwd, dln, g[2], NULL, dout, ln, p[2], N, C, V);
         float *target = din;
         if (!target) {
             target = dln + (int64_t)N * C;
-            memset(target, 0, (size_t)N * C * sizeof *target);
+            K(zero, target, (size_t)N * C * sizeof *target);
         }
-        cdp_cpu_layernorm_bwd(target, g[0], g[1], dln, x, p[0], mean, rstd, N, C);
+        K(layernorm_bwd, target, g[0], g[1], dln, x, p[0], mean, rstd, N, C);
         break;
     }
     default:
         CDP_ASSERT(!"unknown unit kind");
     }
+    return CDP_OK;
 }

@@ -1,6 +1,7 @@
 /* The layer table: every partition unit of a model (a layer of an explicit list,
  * or a GPT embedding / transformer block / head) with its shapes, parameters,
- * work and memory, and its forward and backward passes on the CPU kernels.
+ * work and memory, and its forward and backward passes through a device's
+ * kernel table (kernels/ops.h), so the same code runs on every backend.
  * The partitioner and the simulator read the same numbers the executor uses.
  *
  * Per-sample figures: multiply by the micro-batch size B.
@@ -86,20 +87,45 @@ int64_t cdp_unit_scratch_floats(const struct cdp_unit *u, int B);
 
 const char *cdp_unit_kind_name(enum cdp_unit_kind k);
 
-/* Forward for B samples: in (float, or int32 tokens) -> act (the unit's kept
- * activations; its output is at the start). params points at this unit's
- * parameter pointers, in the order of u->params. */
-void cdp_unit_forward(const struct cdp_unit *u, float *const *params, const void *in, float *act,
-                      float *scratch, int B);
+/* The kernels a unit runs on: a device's table and the state its ops take
+ * first (cdp_device_ops, cdp_device_kernel_state). Neither is owned. */
+struct cdp_ops;
+struct cdp_kernels {
+    const struct cdp_ops *ops;
+    void *st;
+};
 
-/* Backward for B samples: dout -> din (+=; NULL when the input needs no
- * gradient: tokens, or the first unit), dparams (+=). */
-void cdp_unit_backward(const struct cdp_unit *u, float *const *params, float *const *dparams,
-                       const void *in, const float *act, const float *dout, float *din,
-                       float *scratch, int B);
+/* Calls op of k's table with k's state and the remaining arguments, and returns
+ * the first failure from the calling function (which returns cdp_status). A
+ * NULL entry is an op the backend does not have: CDP_ERR_UNSUPPORTED. Needs
+ * kernels/ops.h. */
+#define CDP_KERNEL(k, op, ...)                                                                 \
+    do {                                                                                       \
+        const struct cdp_kernels *k_ = (k);                                                    \
+        if (!k_->ops->op)                                                                      \
+            return cdp_fail(CDP_ERR_UNSUPPORTED, "the %s kernels have no " #op, k_->ops->name); \
+        cdp_status kst_ = k_->ops->op(k_->st, __VA_ARGS__);                                    \
+        if (kst_) return kst_;                                                                 \
+    } while (0)
+
+/* Forward for B samples on kernels k: in (float, or int32 tokens) -> act (the
+ * unit's kept activations; its output is at the start). params points at this
+ * unit's parameter pointers, in the order of u->params. Every pointer is memory
+ * of k's device. Returns the first failing kernel's status (CDP_ERR_DEVICE on a
+ * GPU, CDP_ERR_UNSUPPORTED for an op the backend lacks); the CPU kernels do not
+ * fail. */
+cdp_status cdp_unit_forward(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *params,
+                            const void *in, float *act, float *scratch, int B);
+
+/* Backward for B samples on kernels k: dout -> din (+=; NULL when the input
+ * needs no gradient: tokens, or the first unit), dparams (+=). Statuses as for
+ * cdp_unit_forward. */
+cdp_status cdp_unit_backward(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *params,
+                             float *const *dparams, const void *in, const float *act, const float *dout,
+                             float *din, float *scratch, int B);
 
 /* Deterministic initial values of parameter p of a unit: element i of
- * (seed, owning unit, parameter) whatever the partition. */
+ * (seed, owning unit, parameter) whatever the partition. dst is host memory. */
 void cdp_param_init(const struct cdp_unit *u, int p, uint64_t seed, float *dst);
 
 #ifdef __cplusplus

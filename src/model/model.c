@@ -1,5 +1,7 @@
-/* Models and stage ranges of models: memory, forward/backward over the units,
- * the loss, and weights in and out of safetensors files. */
+/* Models and stage ranges of models: memory, forward/backward over the units
+ * through the device's kernel table, the loss, and weights in and out of
+ * safetensors files. Device memory is only touched by the kernels and the
+ * buffer copies, so the same code runs on a device the host cannot address. */
 #include "model/model.h"
 
 #include <stdio.h>
@@ -8,7 +10,7 @@
 
 #include "cdp/core.h"
 #include "cdp/log.h"
-#include "kernels/cpu/ops.h"
+#include "kernels/ops.h"
 #include "model/safetensors.h"
 
 struct cdp_model {
@@ -19,6 +21,11 @@ struct cdp_model {
     enum cdp_loss loss;
     int B, slots;
     cdp_device_t dev;
+    struct cdp_kernels k; /* the device's */
+    /* The first kernel failure where no status could be returned
+     * (cdp_model_record_error); every later pass returns it. */
+    cdp_status err;
+    char err_msg[512];
 
     struct cdp_model_tensor *tensors;
     int n_tensors;
@@ -30,6 +37,7 @@ struct cdp_model {
     int64_t acts_per_slot, input_bytes_per_slot, target_bytes_per_slot, dfloats;
     int64_t *act_off; /* per unit, within a slot */
     int64_t loss_rows; /* rows of the loss per micro-batch */
+    float *loss_host;  /* [loss_rows]: the losses read back */
     float loss_scale;
 };
 
@@ -38,6 +46,26 @@ const struct cdp_unit *cdp_model_unit(const struct cdp_model *m, int i) { return
 int cdp_model_tensor_count(const struct cdp_model *m) { return m->n_tensors; }
 struct cdp_model_tensor *cdp_model_tensor(struct cdp_model *m, int i) { return &m->tensors[i]; }
 int64_t cdp_model_param_floats(const struct cdp_model *m) { return m->param_floats; }
+const struct cdp_kernels *cdp_model_kernels(const struct cdp_model *m) { return &m->k; }
+
+void cdp_model_record_error(struct cdp_model *m, cdp_status st)
+{
+    if (!st || m->err) return;
+    m->err = st;
+    snprintf(m->err_msg, sizeof m->err_msg, "%s", cdp_last_error());
+    CDP_ERROR(KERNEL, "%s: %s", cdp_device_name(m->dev), m->err_msg);
+}
+
+cdp_status cdp_model_error(const struct cdp_model *m)
+{
+    return m->err ? cdp_fail(m->err, "%s", m->err_msg) : CDP_OK;
+}
+
+/* Byte offset of a tensor in the parameter (and gradient) buffer. */
+static uint64_t tensor_offset(const struct cdp_model *m, const struct cdp_model_tensor *t)
+{
+    return (uint64_t)(t->data - (const float *)cdp_buffer_data(m->params_buf)) * 4;
+}
 
 double cdp_model_step_flops(const struct cdp_model *m)
 {
@@ -80,7 +108,35 @@ void cdp_model_destroy(struct cdp_model *m)
     free(m->pptr);
     free(m->gptr);
     free(m->act_off);
+    free(m->loss_host);
     free(m);
+}
+
+/* Initial values are computed on the host, one tensor at a time, and copied
+ * to the device. */
+static cdp_status init_params(struct cdp_model *m, const struct cdp_unit *all, uint64_t seed)
+{
+    int64_t most = 0;
+    for (int t = 0; t < m->n_tensors; t++)
+        if (m->tensors[t].numel > most) most = m->tensors[t].numel;
+    float *host = malloc((size_t)most * 4 + 1);
+    if (!host) return cdp_fail(CDP_ERR_NOMEM, "out of memory initialising a model");
+    cdp_status st = CDP_OK;
+    for (int t = 0; t < m->n_tensors && !st; t++) {
+        const struct cdp_model_tensor *tt = &m->tensors[t];
+        cdp_param_init(&all[tt->unit], tt->param, seed, host);
+        st = cdp_buffer_write(m->params_buf, tensor_offset(m, tt), host, (uint64_t)tt->numel * 4);
+        if (st) st = cdp_error_context(st, "initialising %s", tt->name);
+    }
+    free(host);
+    return st;
+}
+
+static cdp_status zero_grads(struct cdp_model *m)
+{
+    /* a range of parameter-free units (activations, pooling) has no buffer */
+    if (m->param_floats) CDP_KERNEL(&m->k, zero, cdp_buffer_data(m->grads_buf), (size_t)m->param_floats * 4);
+    return CDP_OK;
 }
 
 cdp_status cdp_model_create(const struct cdp_model_desc *desc, int first, int end, int B, int slots,
@@ -107,6 +163,12 @@ cdp_status cdp_model_create(const struct cdp_model_desc *desc, int first, int en
     m->B = B;
     m->slots = slots;
     m->dev = dev;
+    m->k.ops = cdp_device_ops(dev);
+    m->k.st = cdp_device_kernel_state(dev);
+    if (!m->k.ops) {
+        st = cdp_fail(CDP_ERR_UNSUPPORTED, "device %s has no kernels", cdp_device_name(dev));
+        goto fail;
+    }
     m->units = malloc((size_t)m->n_units * sizeof *m->units);
     m->pptr = calloc((size_t)m->n_units * CDP_UNIT_MAX_PARAMS, sizeof *m->pptr);
     m->gptr = calloc((size_t)m->n_units * CDP_UNIT_MAX_PARAMS, sizeof *m->gptr);
@@ -163,11 +225,8 @@ cdp_status cdp_model_create(const struct cdp_model_desc *desc, int first, int en
             }
         }
     }
-    for (int t = 0; t < m->n_tensors; t++) {
-        struct cdp_model_tensor *tt = &m->tensors[t];
-        cdp_param_init(&all[tt->unit], tt->param, seed, tt->data);
-    }
-    cdp_model_zero_grad(m);
+    if ((st = init_params(m, all, seed))) goto fail;
+    if ((st = zero_grads(m))) goto fail;
 
     /* Activations, inputs, targets, scratch, and the backward ping-pong buffers. */
     int64_t acts = 0, scratch = 0, dmax = 0;
@@ -194,6 +253,10 @@ cdp_status cdp_model_create(const struct cdp_model_desc *desc, int first, int en
         m->target_bytes_per_slot = m->loss == CDP_LOSS_MSE ? (int64_t)B * ul->out_floats * 4 : m->loss_rows * 4;
         if ((st = alloc(m, (uint64_t)(slots * m->target_bytes_per_slot), "targets", &m->target_buf))) goto fail;
         if ((st = alloc(m, (uint64_t)m->loss_rows * 4, "losses", &m->loss_buf))) goto fail;
+        if (!(m->loss_host = malloc((size_t)m->loss_rows * 4 + 1))) {
+            st = cdp_fail(CDP_ERR_NOMEM, "out of memory for a model");
+            goto fail;
+        }
     }
     if ((st = alloc(m, (uint64_t)(slots * acts) * 4, "activations", &m->acts_buf))) goto fail;
     if ((st = alloc(m, (uint64_t)(slots * m->input_bytes_per_slot), "inputs", &m->input_buf))) goto fail;
@@ -210,64 +273,99 @@ fail:
 
 void cdp_model_zero_grad(struct cdp_model *m)
 {
-    /* a range of parameter-free units (activations, pooling) has no buffer */
-    if (m->param_floats) memset(cdp_buffer_data(m->grads_buf), 0, (size_t)m->param_floats * 4);
+    cdp_status st = zero_grads(m);
+    if (st) cdp_model_record_error(m, cdp_error_context(st, "zeroing the gradients"));
 }
 
 cdp_status cdp_model_forward(struct cdp_model *m, int slot)
 {
     CDP_ASSERT(slot >= 0 && slot < m->slots);
+    cdp_status st;
+    if ((st = cdp_model_error(m))) return st;
     float *scratch = cdp_buffer_data(m->scratch_buf);
     for (int i = 0; i < m->n_units; i++) {
+        const struct cdp_unit *u = &m->units[i];
         const void *in = i == 0 ? cdp_model_input(m, slot) : (const void *)slot_act(m, slot, i - 1);
-        cdp_unit_forward(&m->units[i], &m->pptr[i * CDP_UNIT_MAX_PARAMS], in, slot_act(m, slot, i),
-                         scratch, m->B);
+        if ((st = cdp_unit_forward(&m->k, u, &m->pptr[i * CDP_UNIT_MAX_PARAMS], in, slot_act(m, slot, i),
+                                   scratch, m->B)))
+            return cdp_error_context(st, "forward of unit %d (%s)", u->index, cdp_unit_kind_name(u->kind));
     }
+    return CDP_OK;
+}
+
+/* The per-row losses of a slot's output against the targets already on the device. */
+static cdp_status loss_fwd(struct cdp_model *m, int slot, const void *tdev)
+{
+    const struct cdp_unit *ul = &m->units[m->n_units - 1];
+    const float *outp = cdp_model_output(m, slot);
+    float *losses = cdp_buffer_data(m->loss_buf);
+    if (m->loss == CDP_LOSS_MSE)
+        CDP_KERNEL(&m->k, mse_fwd, losses, outp, tdev, m->B, (int)ul->out_floats);
+    else
+        CDP_KERNEL(&m->k, crossentropy_fwd, losses, outp, tdev, (int)m->loss_rows, (int)ul->out.d[ul->out.ndim - 1]);
     return CDP_OK;
 }
 
 cdp_status cdp_model_loss(struct cdp_model *m, int slot, const void *targets, float scale,
                           double *loss_sum)
 {
+    cdp_status st;
+    if ((st = cdp_model_error(m))) return st;
     if (!m->ends_model)
         return cdp_fail(CDP_ERR_INTERNAL, "the loss asked of a range that does not end the model");
     const struct cdp_unit *ul = &m->units[m->n_units - 1];
-    const float *outp = cdp_model_output(m, slot);
-    float *losses = cdp_buffer_data(m->loss_buf);
-    void *tslot = (char *)cdp_buffer_data(m->target_buf) + slot * m->target_bytes_per_slot;
-    memcpy(tslot, targets, (size_t)m->target_bytes_per_slot);
-    if (m->loss == CDP_LOSS_MSE) {
-        cdp_cpu_mse_fwd(losses, outp, targets, m->B, (int)ul->out_floats);
-    } else {
+    if (m->loss != CDP_LOSS_MSE) {
         int V = (int)ul->out.d[ul->out.ndim - 1];
         const int32_t *tg = targets;
         for (int64_t r = 0; r < m->loss_rows; r++)
             if (tg[r] < 0 || tg[r] >= V)
                 return cdp_fail(CDP_ERR_INVALID, "target %d of row %lld is outside [0, %d)", tg[r],
                                 (long long)r, V);
-        cdp_cpu_crossentropy_fwd(losses, outp, tg, (int)m->loss_rows, V);
     }
+    const uint64_t toff = (uint64_t)(slot * m->target_bytes_per_slot);
+    if ((st = cdp_buffer_write(m->target_buf, toff, targets, (uint64_t)m->target_bytes_per_slot)))
+        return cdp_error_context(st, "the targets of the loss");
+    if ((st = loss_fwd(m, slot, (char *)cdp_buffer_data(m->target_buf) + toff)))
+        return cdp_error_context(st, "the loss");
+    if ((st = cdp_buffer_read(m->loss_buf, 0, m->loss_host, (uint64_t)m->loss_rows * 4)))
+        return cdp_error_context(st, "reading the losses back");
     double s = 0;
-    for (int64_t r = 0; r < m->loss_rows; r++) s += losses[r];
+    for (int64_t r = 0; r < m->loss_rows; r++) s += m->loss_host[r];
     *loss_sum = s;
     m->loss_scale = scale;
     return CDP_OK;
 }
 
+/* The gradient of the loss kept by cdp_model_loss, into d (overwritten). */
+static cdp_status loss_bwd(struct cdp_model *m, int slot, float *d)
+{
+    const struct cdp_unit *ul = &m->units[m->n_units - 1];
+    const void *tslot = (char *)cdp_buffer_data(m->target_buf) + slot * m->target_bytes_per_slot;
+    if (m->loss == CDP_LOSS_MSE)
+        CDP_KERNEL(&m->k, mse_bwd, d, cdp_model_output(m, slot), tslot, m->B, (int)ul->out_floats, m->loss_scale);
+    else
+        CDP_KERNEL(&m->k, crossentropy_bwd, d, cdp_model_output(m, slot), tslot, (int)m->loss_rows,
+                   (int)ul->out.d[ul->out.ndim - 1], m->loss_scale);
+    return CDP_OK;
+}
+
+/* Zeroes the n floats of a gradient buffer before a unit accumulates into it. */
+static cdp_status zero_floats(struct cdp_model *m, float *p, int64_t n)
+{
+    CDP_KERNEL(&m->k, zero, p, (size_t)n * 4);
+    return CDP_OK;
+}
+
 cdp_status cdp_model_backward(struct cdp_model *m, int slot, const float *dout, float *din)
 {
+    cdp_status st;
+    if ((st = cdp_model_error(m))) return st;
     float *scratch = cdp_buffer_data(m->scratch_buf);
     float *d0 = cdp_buffer_data(m->dbuf), *d1 = d0 + m->dfloats;
-    const struct cdp_unit *ul = &m->units[m->n_units - 1];
     if (!dout) {
         if (!m->ends_model)
             return cdp_fail(CDP_ERR_INTERNAL, "backward without an output gradient on a middle range");
-        const void *tslot = (char *)cdp_buffer_data(m->target_buf) + slot * m->target_bytes_per_slot;
-        if (m->loss == CDP_LOSS_MSE)
-            cdp_cpu_mse_bwd(d0, cdp_model_output(m, slot), tslot, m->B, (int)ul->out_floats, m->loss_scale);
-        else
-            cdp_cpu_crossentropy_bwd(d0, cdp_model_output(m, slot), tslot, (int)m->loss_rows,
-                                     (int)ul->out.d[ul->out.ndim - 1], m->loss_scale);
+        if ((st = loss_bwd(m, slot, d0))) return cdp_error_context(st, "the loss gradient");
         dout = d0;
     }
     const float *cur = dout;
@@ -280,11 +378,13 @@ cdp_status cdp_model_backward(struct cdp_model *m, int slot, const float *dout, 
             dst = cur == d0 ? d1 : d0;
             int64_t n = 1;
             for (int d = 0; d < u->in.ndim; d++) n *= u->in.d[d];
-            memset(dst, 0, (size_t)(m->B * n) * 4);
+            if ((st = zero_floats(m, dst, m->B * n)))
+                return cdp_error_context(st, "backward of unit %d (%s)", u->index, cdp_unit_kind_name(u->kind));
         }
         const void *in = i == 0 ? cdp_model_input(m, slot) : (const void *)slot_act(m, slot, i - 1);
-        cdp_unit_backward(u, &m->pptr[i * CDP_UNIT_MAX_PARAMS], &m->gptr[i * CDP_UNIT_MAX_PARAMS], in,
-                          slot_act(m, slot, i), cur, dst, scratch, m->B);
+        if ((st = cdp_unit_backward(&m->k, u, &m->pptr[i * CDP_UNIT_MAX_PARAMS], &m->gptr[i * CDP_UNIT_MAX_PARAMS],
+                                    in, slot_act(m, slot, i), cur, dst, scratch, m->B)))
+            return cdp_error_context(st, "backward of unit %d (%s)", u->index, cdp_unit_kind_name(u->kind));
         cur = dst;
     }
     return CDP_OK;
@@ -292,10 +392,20 @@ cdp_status cdp_model_backward(struct cdp_model *m, int slot, const float *dout, 
 
 /* ---- weights in and out ------------------------------------------------------ */
 
+/* The weights are staged through host memory: a copy of the parameters. */
 cdp_status cdp_model_save(struct cdp_model *m, const char *path, const char *const *meta, int n_meta)
 {
-    struct cdp_st_tensor *ts = calloc((size_t)m->n_tensors, sizeof *ts);
-    if (!ts) return cdp_fail(CDP_ERR_NOMEM, "out of memory writing %s", path);
+    cdp_status st;
+    struct cdp_st_tensor *ts = calloc((size_t)m->n_tensors + 1, sizeof *ts);
+    char *host = malloc((size_t)m->param_floats * 4 + 1);
+    if (!ts || !host) {
+        st = cdp_fail(CDP_ERR_NOMEM, "out of memory writing %s", path);
+        goto done;
+    }
+    if ((st = cdp_buffer_read(m->params_buf, 0, host, (uint64_t)m->param_floats * 4))) {
+        st = cdp_error_context(st, "writing %s", path);
+        goto done;
+    }
     for (int i = 0; i < m->n_tensors; i++) {
         const struct cdp_model_tensor *t = &m->tensors[i];
         ts[i].name = t->name;
@@ -303,10 +413,12 @@ cdp_status cdp_model_save(struct cdp_model *m, const char *path, const char *con
         ts[i].dtype_name = "F32";
         ts[i].ndim = t->ndim;
         memcpy(ts[i].shape, t->shape, sizeof t->shape);
-        ts[i].data = t->data;
+        ts[i].data = host + tensor_offset(m, t);
         ts[i].nbytes = (uint64_t)t->numel * 4;
     }
-    cdp_status st = cdp_st_write(path, ts, m->n_tensors, meta, n_meta);
+    st = cdp_st_write(path, ts, m->n_tensors, meta, n_meta);
+done:
+    free(host);
     free(ts);
     return st;
 }
@@ -335,42 +447,54 @@ static int hf_gpt2_name(const struct cdp_model *m, const struct cdp_model_tensor
     return 1;
 }
 
+/* Each tensor is read into host memory (and transposed there when the file
+ * stores it transposed), then copied to the device. */
 cdp_status cdp_model_load(struct cdp_model *m, const char *path)
 {
     struct cdp_st_file *f = NULL;
     cdp_status st = cdp_st_open(path, &f);
     if (st) return st;
+    int64_t most = 0;
+    for (int i = 0; i < m->n_tensors; i++)
+        if (m->tensors[i].numel > most) most = m->tensors[i].numel;
+    float *host = malloc((size_t)most * 4 + 1), *tmp = NULL;
+    if (!host) {
+        cdp_st_close(f);
+        return cdp_fail(CDP_ERR_NOMEM, "out of memory reading %s", path);
+    }
     int hf = !cdp_st_find(f, m->tensors[0].name) &&
              (cdp_st_find(f, "wte.weight") || cdp_st_find(f, "transformer.wte.weight"));
     const char *prefix = cdp_st_find(f, "transformer.wte.weight") ? "transformer." : "";
     for (int i = 0; i < m->n_tensors && !st; i++) {
         struct cdp_model_tensor *t = &m->tensors[i];
         if (!hf) {
-            st = cdp_st_read_f32(f, t->name, t->ndim, t->shape, t->data);
-            continue;
+            st = cdp_st_read_f32(f, t->name, t->ndim, t->shape, host);
+        } else {
+            char name[96];
+            int transposed = 0;
+            hf_gpt2_name(m, t, prefix, name, sizeof name, &transposed);
+            if (!strcmp(name, "lm_head.weight") && !cdp_st_find(f, name)) {
+                /* a tied head stored once, as the embedding */
+                snprintf(name, sizeof name, "%swte.weight", prefix);
+            }
+            if (!transposed) {
+                st = cdp_st_read_f32(f, name, t->ndim, t->shape, host);
+            } else {
+                int64_t shape[2] = {t->shape[1], t->shape[0]};
+                if (!tmp && !(tmp = malloc((size_t)most * 4 + 1))) {
+                    st = cdp_fail(CDP_ERR_NOMEM, "out of memory reading %s", path);
+                    break;
+                }
+                st = cdp_st_read_f32(f, name, 2, shape, tmp);
+                for (int64_t r = 0; !st && r < shape[0]; r++)
+                    for (int64_t c = 0; c < shape[1]; c++) host[c * shape[0] + r] = tmp[r * shape[1] + c];
+            }
         }
-        char name[96];
-        int transposed = 0;
-        hf_gpt2_name(m, t, prefix, name, sizeof name, &transposed);
-        if (!strcmp(name, "lm_head.weight") && !cdp_st_find(f, name)) {
-            /* a tied head stored once, as the embedding */
-            snprintf(name, sizeof name, "%swte.weight", prefix);
-        }
-        if (!transposed) {
-            st = cdp_st_read_f32(f, name, t->ndim, t->shape, t->data);
-            continue;
-        }
-        int64_t shape[2] = {t->shape[1], t->shape[0]};
-        float *tmp = malloc((size_t)t->numel * 4);
-        if (!tmp) {
-            st = cdp_fail(CDP_ERR_NOMEM, "out of memory reading %s", path);
-            break;
-        }
-        st = cdp_st_read_f32(f, name, 2, shape, tmp);
-        for (int64_t r = 0; !st && r < shape[0]; r++)
-            for (int64_t c = 0; c < shape[1]; c++) t->data[c * shape[0] + r] = tmp[r * shape[1] + c];
-        free(tmp);
+        if (!st && (st = cdp_buffer_write(m->params_buf, tensor_offset(m, t), host, (uint64_t)t->numel * 4)))
+            st = cdp_error_context(st, "%s: loading %s", path, t->name);
     }
+    free(host);
+    free(tmp);
     cdp_st_close(f);
     if (!st) CDP_INFO(CKPT, "loaded %d tensors from %s%s", m->n_tensors, path, hf ? " (Hugging Face GPT-2 layout)" : "");
     return st;

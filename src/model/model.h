@@ -23,7 +23,7 @@ extern "C" {
 struct cdp_model_tensor {
     char name[48];  /* "layers.<unit>.<param>" */
     int unit, param; /* the owning unit (global) and its parameter index */
-    float *data, *grad; /* not owned: inside the model's buffers */
+    float *data, *grad; /* not owned: inside the model's buffers (device memory) */
     int64_t numel;
     int ndim;
     int64_t shape[CDP_SHAPE_MAX];
@@ -48,9 +48,20 @@ struct cdp_model_tensor *cdp_model_tensor(struct cdp_model *m, int i);
 int64_t cdp_model_param_floats(const struct cdp_model *m);
 /* Matrix-multiply FLOPs of one forward + backward of one micro-batch. */
 double cdp_model_step_flops(const struct cdp_model *m);
+/* The kernels of the model's device, which every pass runs on. Not owned. */
+const struct cdp_kernels *cdp_model_kernels(const struct cdp_model *m);
+
+/* Kernel failures where no status can be returned (cdp_model_zero_grad,
+ * cdp_model_grad_sumsq, cdp_optimizer_step): record_error keeps the first one
+ * (st with this thread's message; CDP_OK is ignored) and logs it; from then on
+ * cdp_model_error, and every cdp_model_forward, cdp_model_loss and
+ * cdp_model_backward, return it with its message, since the weights or
+ * gradients are no longer what they should be. */
+void cdp_model_record_error(struct cdp_model *m, cdp_status st);
+cdp_status cdp_model_error(const struct cdp_model *m);
 
 /* Where the input of a slot's micro-batch goes: int32 tokens [B, T] or float
- * [B, input numel]. Not owned. */
+ * [B, input numel], in device memory. Not owned. */
 void *cdp_model_input(struct cdp_model *m, int slot);
 /* The output of the last unit for a slot (logits for a GPT head). Not owned. */
 float *cdp_model_output(struct cdp_model *m, int slot);
@@ -59,16 +70,19 @@ float *cdp_model_output(struct cdp_model *m, int slot);
 cdp_status cdp_model_forward(struct cdp_model *m, int slot);
 
 /* For a model that ends with the model's last unit: the loss of the slot's
- * micro-batch against targets (int32 classes / next tokens, or float values),
- * summed over its rows into *loss_sum, and the output gradient scaled by
- * `scale` (1 / rows in the global batch) kept for cdp_model_backward. */
+ * micro-batch against targets (host memory: int32 classes / next tokens, or
+ * float values; copied to the device), summed over its rows into *loss_sum, and
+ * the output gradient scaled by `scale` (1 / rows in the global batch) kept for
+ * cdp_model_backward. */
 cdp_status cdp_model_loss(struct cdp_model *m, int slot, const void *targets, float scale,
                           double *loss_sum);
 
 /* Backward of a slot's micro-batch: dout is the gradient of this range's output
  * (NULL when the range holds the loss: the gradient from cdp_model_loss is
- * used); din receives (+=) the gradient of its input (NULL: not wanted).
- * Parameter gradients accumulate until cdp_model_zero_grad. */
+ * used); din receives (+=) the gradient of its input (NULL: not wanted). Both
+ * are device memory. Parameter gradients accumulate until cdp_model_zero_grad.
+ * Forward, loss and backward return a failing kernel's status with the unit in
+ * the message. */
 cdp_status cdp_model_backward(struct cdp_model *m, int slot, const float *dout, float *din);
 void cdp_model_zero_grad(struct cdp_model *m);
 

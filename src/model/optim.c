@@ -1,10 +1,11 @@
-/* AdamW and SGD over the tensors of a model, on the CPU kernels. */
+/* AdamW and SGD over the tensors of a model, through the kernel table of the
+ * model's device. */
 #include "model/optim.h"
 
+#include <math.h>
 #include <stdlib.h>
-#include <string.h>
 
-#include "kernels/cpu/ops.h"
+#include "kernels/ops.h"
 
 struct cdp_optimizer {
     struct cdp_optimizer_desc d;
@@ -13,6 +14,13 @@ struct cdp_optimizer {
     float *params_base;
     int t;
 };
+
+/* The state lives on the model's device (dev), so the model's kernels clear it. */
+static cdp_status zero_state(const struct cdp_kernels *k, float *p, size_t bytes)
+{
+    CDP_KERNEL(k, zero, p, bytes);
+    return CDP_OK;
+}
 
 cdp_status cdp_optimizer_create(const struct cdp_optimizer_desc *desc, struct cdp_model *m,
                                 cdp_device_t dev, struct cdp_optimizer **out)
@@ -29,7 +37,10 @@ cdp_status cdp_optimizer_create(const struct cdp_optimizer_desc *desc, struct cd
     }
     o->s1 = cdp_buffer_data(o->state);
     o->s2 = copies == 2 ? o->s1 + n : NULL;
-    if (n) memset(o->s1, 0, (size_t)(copies * n) * 4);
+    if (n && (st = zero_state(cdp_model_kernels(m), o->s1, (size_t)(copies * n) * 4))) {
+        cdp_optimizer_destroy(o);
+        return cdp_error_context(st, "optimizer state (%s)", desc->type == CDP_OPT_ADAMW ? "adamw" : "sgd");
+    }
     o->params_base = cdp_model_tensor_count(m) ? cdp_model_tensor(m, 0)->data : NULL;
     *out = o;
     return CDP_OK;
@@ -54,28 +65,51 @@ void cdp_optimizer_state(struct cdp_optimizer *o, struct cdp_model *m, int i, fl
     *b = o->s2 ? o->s2 + off : NULL;
 }
 
-double cdp_model_grad_sumsq(struct cdp_model *m)
+static cdp_status grad_sumsq(struct cdp_model *m, double *out)
 {
+    const struct cdp_kernels *k = cdp_model_kernels(m);
     double s = 0;
     for (int i = 0; i < cdp_model_tensor_count(m); i++) {
         const struct cdp_model_tensor *t = cdp_model_tensor(m, i);
-        s += cdp_cpu_sum_squares(t->grad, (size_t)t->numel);
+        double x;
+        CDP_KERNEL(k, sum_squares, t->grad, (size_t)t->numel, &x);
+        s += x;
     }
-    return s;
+    *out = s;
+    return CDP_OK;
+}
+
+double cdp_model_grad_sumsq(struct cdp_model *m)
+{
+    double s = 0;
+    if (cdp_model_error(m)) return NAN;
+    cdp_status st = grad_sumsq(m, &s);
+    if (!st) return s;
+    cdp_model_record_error(m, cdp_error_context(st, "the gradient norm"));
+    return NAN;
+}
+
+static cdp_status step(struct cdp_optimizer *o, struct cdp_model *m, float lr, float grad_scale)
+{
+    const struct cdp_kernels *k = cdp_model_kernels(m);
+    for (int i = 0; i < cdp_model_tensor_count(m); i++) {
+        struct cdp_model_tensor *t = cdp_model_tensor(m, i);
+        size_t off = (size_t)(t->data - o->params_base), n = (size_t)t->numel;
+        float wd = t->decay ? (float)o->d.weight_decay : 0.0f;
+        if (grad_scale != 1.0f) CDP_KERNEL(k, scale, t->grad, n, grad_scale);
+        if (o->d.type == CDP_OPT_ADAMW)
+            CDP_KERNEL(k, adamw_step, t->data, t->grad, o->s1 + off, o->s2 + off, n, lr, (float)o->d.beta1,
+                       (float)o->d.beta2, (float)o->d.eps, wd, o->t);
+        else
+            CDP_KERNEL(k, sgd_step, t->data, t->grad, o->s1 + off, n, lr, (float)o->d.momentum, wd, o->t);
+    }
+    return CDP_OK;
 }
 
 void cdp_optimizer_step(struct cdp_optimizer *o, struct cdp_model *m, float lr, float grad_scale)
 {
     o->t++;
-    for (int i = 0; i < cdp_model_tensor_count(m); i++) {
-        struct cdp_model_tensor *t = cdp_model_tensor(m, i);
-        size_t off = (size_t)(t->data - o->params_base), n = (size_t)t->numel;
-        float wd = t->decay ? (float)o->d.weight_decay : 0.0f;
-        if (grad_scale != 1.0f) cdp_cpu_scale(t->grad, n, grad_scale);
-        if (o->d.type == CDP_OPT_ADAMW)
-            cdp_cpu_adamw_step(t->data, t->grad, o->s1 + off, o->s2 + off, n, lr, (float)o->d.beta1,
-                               (float)o->d.beta2, (float)o->d.eps, wd, o->t);
-        else
-            cdp_cpu_sgd_step(t->data, t->grad, o->s1 + off, n, lr, (float)o->d.momentum, wd, o->t);
-    }
+    if (cdp_model_error(m)) return; /* the weights are already undefined */
+    cdp_status st = step(o, m, lr, grad_scale);
+    if (st) cdp_model_record_error(m, cdp_error_context(st, "optimizer step %d", o->t));
 }

@@ -20,12 +20,14 @@ cdp_status cdp_optimizer_create(const struct cdp_optimizer_desc *desc, struct cd
                                 cdp_device_t dev, struct cdp_optimizer **out);
 void cdp_optimizer_destroy(struct cdp_optimizer *o);
 
-/* Sum of squares of the model's gradients (each stored tensor once). */
+/* Sum of squares of the model's gradients (each stored tensor once). NAN when
+ * a kernel fails or failed before (see cdp_model_record_error). */
 double cdp_model_grad_sumsq(struct cdp_model *m);
 
 /* One update of every tensor of m: gradients are first multiplied by
  * grad_scale (1, or the clipping factor), then the optimizer steps with
- * learning rate lr. */
+ * learning rate lr. A kernel failure is recorded in the model
+ * (cdp_model_record_error) and returned by its next pass. */
 void cdp_optimizer_step(struct cdp_optimizer *o, struct cdp_model *m, float lr, float grad_scale);
 
 /* Steps taken so far; set when resuming from a checkpoint. */
@@ -33,8 +35,8 @@ int cdp_optimizer_steps(const struct cdp_optimizer *o);
 void cdp_optimizer_set_steps(struct cdp_optimizer *o, int steps);
 
 /* The optimizer's type, and its state for tensor i of the model it was made for
- * (laid out like the tensor): AdamW: first and second moments; SGD: the velocity
- * in *a and NULL in *b. Not owned. */
+ * (laid out like the tensor, in device memory): AdamW: first and second
+ * moments; SGD: the velocity in *a and NULL in *b. Not owned. */
 enum cdp_optimizer_type cdp_optimizer_type_of(const struct cdp_optimizer *o);
 void cdp_optimizer_state(struct cdp_optimizer *o, struct cdp_model *m, int i, float **a, float **b);
 

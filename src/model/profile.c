@@ -87,6 +87,7 @@ static cdp_status profile_unit(const struct cdp_plan *plan, const struct cdp_uni
     double *tf = NULL, *tb = NULL;
     cdp_status st = cdp_model_create(d, u->index, u->index + 1, B, 1, plan->train.seed, dev, &m);
     if (st) return st;
+    /* host-visible memory: CPU only (this profiler opens the CPU device) */
     if (u->in_tokens) {
         int32_t *tok = cdp_model_input(m, 0);
         for (int64_t i = 0; i < in_n; i++) tok[i] = (int32_t)(rng_next(rng) % (uint64_t)(d->vocab > 0 ? d->vocab : 1));
