@@ -35,11 +35,6 @@ static const char *mlp_plan(const char *dir, const char *name, int mb, int stage
     return cdp_test_write_file(dir, name, text);
 }
 
-static int is_gemm(enum cdp_unit_kind k)
-{
-    return k == CDP_UNIT_LINEAR || k == CDP_UNIT_TRANSFORMER_BLOCK || k == CDP_UNIT_LM_HEAD;
-}
-
 static void check_profile(const char *plan_path)
 {
     struct cdp_plan *p = load_plan(plan_path);
@@ -58,11 +53,8 @@ static void check_profile(const char *plan_path)
         cr_expect_eq(t.units[i].kind, u[i].kind);
         cr_expect(t.units[i].fwd_s > 0 && t.units[i].bwd_s > 0, "unit %d: %g %g", i, t.units[i].fwd_s,
                   t.units[i].bwd_s);
-        /* backward issues twice the forward's GEMMs where it computes the input
-         * gradient too; the first unit's (no input gradient) equals its forward */
-        if (is_gemm(u[i].kind) && i > 0 && !u[i].in_tokens)
-            cr_expect(t.units[i].bwd_s >= t.units[i].fwd_s, "unit %d (%s): backward %g s < forward %g s", i,
-                      cdp_unit_kind_name(u[i].kind), t.units[i].bwd_s, t.units[i].fwd_s);
+        /* no comparison of the two times: tests never assert on measured speed
+         * (a loaded machine reorders them) */
     }
     cr_expect_eq(cdp_cost_table_check(&t, "x.json", p, u, n), CDP_OK, "%s", cdp_last_error());
     cdp_cost_table_clear(&t);
@@ -70,12 +62,12 @@ static void check_profile(const char *plan_path)
     cdp_plan_free(p);
 }
 
-Test(profile, mlp_units_positive_backward_at_least_forward)
+Test(profile, mlp_units_measured)
 {
     check_profile(mlp_plan(cdp_test_tmpdir(), "mlp.json", 32, 1, 1, "gpipe"));
 }
 
-Test(profile, gpt_units_positive_backward_at_least_forward)
+Test(profile, gpt_units_measured)
 {
     const char *plan = cdp_test_write_file(
         cdp_test_tmpdir(), "gpt.json",
