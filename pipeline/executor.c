@@ -22,6 +22,8 @@
 #include "model/checkpoint.h"
 #include "model/optim.h"
 #include "model/safetensors.h"
+#include "comm/nccl.h"
+#include "kernels/ops.h"
 #include "partitioner/balance.h"
 #include "partitioner/partition.h"
 #include "pipeline/monitor.h"
@@ -42,6 +44,11 @@ struct chunk {
     cdp_request_t *slot_send;   /* the SEND_ACT still in flight from a slot's output */
     float *grad_in;             /* RECV_GRAD lands here; the next BACKWARD reads it */
     float **grad_out;           /* a ring of SEND_GRAD buffers */
+    /* device memory the host cannot see (GPUs): grad_in and grad_out live in
+     * device buffers, and point-to-point messages are staged through host
+     * copies that stay untouched until their request completes */
+    cdp_buffer_t grad_in_buf, *grad_out_buf;
+    void **slot_host, *recv_host, *grad_in_host, **grad_out_host;
     cdp_request_t *grad_out_req;
     int n_grad_out, next_grad_out;
     int *mb_grad_out;           /* mb -> ring index of its input gradient */
@@ -62,6 +69,10 @@ struct exec {
     int64_t rb_mb;
     double timeout;
     cdp_device_t dev;
+    int hv;                /* the host sees the device's memory (cpu) */
+    cdp_nccl_t nworld, npipe, ndp, ntied; /* GPU ranks with a GPU each: NCCL for device memory */
+    float *grad_host;      /* host staging for all-reduces of device memory without NCCL */
+    size_t grad_host_n;
     struct chunk *ch;
     struct cdp_schedule *sched;
     struct cdp_data *data;
@@ -113,12 +124,13 @@ static void set_where(struct exec *e, const struct cdp_instr *in)
 
 cdp_status cdp_exec_check(const struct cdp_plan *p)
 {
-    if (p->train.precision != CDP_PRECISION_FP32)
+    if (p->train.precision != CDP_PRECISION_FP32 && p->cluster.backend != CDP_BACKEND_CUDA)
         return cdp_fail(CDP_ERR_UNSUPPORTED, "%s: /train/precision is \"bf16\": the cpu backend trains in fp32; "
-                        "use \"fp32\"", p->source);
-    if (p->cluster.backend != CDP_BACKEND_CPU)
-        return cdp_fail(CDP_ERR_UNSUPPORTED, "%s: /cluster/backend is \"%s\": this version trains on the cpu "
-                        "backend only", p->source, cdp_backend_name(p->cluster.backend));
+                        "use \"fp32\", or /cluster/backend \"cuda\"", p->source);
+    if (p->cluster.backend == CDP_BACKEND_CUDA && p->train.checkpoint.dir)
+        return cdp_fail(CDP_ERR_UNSUPPORTED, "%s: /train/checkpoint: checkpoints are written from host-visible "
+                        "memory, and the cuda backend's is not yet: train without /train/checkpoint on GPUs, "
+                        "or on the cpu backend", p->source);
     if (p->parallel.schedule_auto && p->parallel.stages != 1)
         return cdp_fail(CDP_ERR_UNSUPPORTED, "%s: /parallel/schedule is \"auto\": let the planner choose it "
                         "(cdphybrid --plan P --dry-run --json > planned.json) and train the planned file",
@@ -193,6 +205,53 @@ static void trace_ev(struct exec *e, enum cdp_event_kind k, int mb, uint64_t t0,
     if (e->trace) cdp_trace_add(e->trace, e->rank, k, e->step, mb, t0, t1);
 }
 
+/* Device memory to a peer: as is where the host sees device memory, else
+ * copied to `host` first (which stays untouched until the request completes). */
+static cdp_status send_dev(struct exec *e, const void *dev, void *host, size_t n, int peer, int tag,
+                           cdp_request_t *req)
+{
+    if (!e->hv) {
+        cdp_status st = cdp_device_read(e->dev, host, dev, n);
+        if (st) return st;
+        dev = host;
+    }
+    return cdp_comm_isend(e->pipe, dev, n, peer, tag, req);
+}
+
+/* A peer's message into device memory, through `host` where needed. */
+static cdp_status recv_dev(struct exec *e, void *dev, void *host, size_t n, int peer, int tag)
+{
+    cdp_request_t req = NULL;
+    cdp_status st = cdp_comm_irecv(e->pipe, e->hv ? dev : host, n, peer, tag, &req);
+    if (!st) st = cdp_comm_wait(req, e->timeout);
+    if (!st && !e->hv) st = cdp_device_write(e->dev, dev, host, n);
+    return st;
+}
+
+/* Sum of n floats of device memory over a group: NCCL where the group has it,
+ * else the host communicator (through host memory for a GPU). */
+static cdp_status allreduce_dev(struct exec *e, cdp_comm_t c, cdp_nccl_t nc, float *dev, size_t n)
+{
+    if (nc) return cdp_nccl_allreduce_f32(nc, dev, n, CDP_REDUCE_SUM, e->timeout);
+    if (e->hv) return cdp_comm_allreduce_f32(c, dev, n, CDP_REDUCE_SUM, e->timeout);
+    if (n > e->grad_host_n) {
+        float *h = realloc(e->grad_host, n * sizeof *h);
+        if (!h) return cdp_fail(CDP_ERR_NOMEM, "out of host memory staging an all-reduce of %zu floats", n);
+        e->grad_host = h;
+        e->grad_host_n = n;
+    }
+    cdp_status st = cdp_device_read(e->dev, e->grad_host, dev, n * sizeof *dev);
+    if (!st) st = cdp_comm_allreduce_f32(c, e->grad_host, n, CDP_REDUCE_SUM, e->timeout);
+    if (!st) st = cdp_device_write(e->dev, dev, e->grad_host, n * sizeof *dev);
+    return st;
+}
+
+/* Kernels run asynchronously on a GPU: compute times are taken after they end. */
+static cdp_status settle(const struct exec *e)
+{
+    return e->hv ? CDP_OK : cdp_device_synchronize(e->dev);
+}
+
 /* The slow-rank knob: stretch this rank's compute since t0 by the factor. */
 static void slow_down(const struct exec *e, uint64_t t0)
 {
@@ -207,14 +266,17 @@ static void slow_down(const struct exec *e, uint64_t t0)
 static cdp_status load(struct exec *e, int mb)
 {
     const int64_t first = e->sample_base + (int64_t)(e->step - 1 - e->step0) * e->G + ((int64_t)e->moff + mb) * e->B;
-    void *inputs = e->in_scratch;
+    void *inputs = e->in_scratch, *dev_in = NULL;
     cdp_status st;
     if (e->s == 0) {
         int slot;
         if ((st = acquire_slot(e, &e->ch[0], mb, &slot))) return st;
-        inputs = cdp_model_input(e->ch[0].model, slot);
+        dev_in = cdp_model_input(e->ch[0].model, slot);
+        if (e->hv) inputs = dev_in;
     }
-    return cdp_data_fetch(e->data, CDP_SPLIT_TRAIN, first, e->B, inputs, (char *)e->tgt + mb * e->tgt_bytes);
+    st = cdp_data_fetch(e->data, CDP_SPLIT_TRAIN, first, e->B, inputs, (char *)e->tgt + mb * e->tgt_bytes);
+    if (!st && dev_in && !e->hv) st = cdp_device_write(e->dev, dev_in, inputs, (uint64_t)e->ch[0].in_bytes);
+    return st;
 }
 
 static cdp_status execute(struct exec *e, const struct cdp_instr *in)
@@ -231,15 +293,12 @@ static cdp_status execute(struct exec *e, const struct cdp_instr *in)
         e->t_fb += cdp_time_ns() - t0;
         trace_ev(e, CDP_EV_LOAD, in->mb, t0, cdp_time_ns());
         break;
-    case CDP_OP_RECV_ACT: {
-        cdp_request_t req = NULL;
+    case CDP_OP_RECV_ACT:
         if ((st = acquire_slot(e, c, in->mb, &slot))) break;
-        st = cdp_comm_irecv(e->pipe, cdp_model_input(c->model, slot), (size_t)c->in_bytes, in->peer,
-                            tag_of(TAG_ACT, c->vstage - 1, in->mb, e->m), &req);
-        if (!st) st = cdp_comm_wait(req, e->timeout);
+        st = recv_dev(e, cdp_model_input(c->model, slot), c->recv_host, (size_t)c->in_bytes, in->peer,
+                      tag_of(TAG_ACT, c->vstage - 1, in->mb, e->m));
         e->t_idle += cdp_time_ns() - t0;
         break;
-    }
     case CDP_OP_FORWARD:
         if ((st = acquire_slot(e, c, in->mb, &slot))) break;
         if ((st = cdp_model_forward(c->model, slot))) break;
@@ -248,6 +307,7 @@ static cdp_status execute(struct exec *e, const struct cdp_instr *in)
             st = cdp_model_loss(c->model, slot, (char *)e->tgt + in->mb * e->tgt_bytes, e->scale, &s);
             e->loss_sum += s;
         }
+        if (!st) st = settle(e);
         slow_down(e, t0);
         e->t_compute += cdp_time_ns() - t0;
         e->t_fb += cdp_time_ns() - t0;
@@ -255,18 +315,15 @@ static cdp_status execute(struct exec *e, const struct cdp_instr *in)
         break;
     case CDP_OP_SEND_ACT:
         slot = c->mb_slot[in->mb];
-        st = cdp_comm_isend(e->pipe, cdp_model_output(c->model, slot), (size_t)c->out_bytes, in->peer,
-                            tag_of(TAG_ACT, c->vstage, in->mb, e->m), &c->slot_send[slot]);
+        st = send_dev(e, cdp_model_output(c->model, slot), c->slot_host ? c->slot_host[slot] : NULL,
+                      (size_t)c->out_bytes, in->peer, tag_of(TAG_ACT, c->vstage, in->mb, e->m), &c->slot_send[slot]);
         e->t_comm += cdp_time_ns() - t0;
         break;
-    case CDP_OP_RECV_GRAD: {
-        cdp_request_t req = NULL;
-        st = cdp_comm_irecv(e->pipe, c->grad_in, (size_t)c->out_bytes, in->peer,
-                            tag_of(TAG_GRAD, c->vstage + 1, in->mb, e->m), &req);
-        if (!st) st = cdp_comm_wait(req, e->timeout);
+    case CDP_OP_RECV_GRAD:
+        st = recv_dev(e, c->grad_in, c->grad_in_host, (size_t)c->out_bytes, in->peer,
+                      tag_of(TAG_GRAD, c->vstage + 1, in->mb, e->m));
         e->t_idle += cdp_time_ns() - t0;
         break;
-    }
     case CDP_OP_BACKWARD: {
         float *din = NULL;
         slot = c->mb_slot[in->mb];
@@ -279,11 +336,13 @@ static cdp_status execute(struct exec *e, const struct cdp_instr *in)
             c->next_grad_out = (g + 1) % c->n_grad_out;
             if ((st = wait_req(e, &c->grad_out_req[g]))) break;
             din = c->grad_out[g];
-            memset(din, 0, (size_t)c->in_bytes);
+            const struct cdp_kernels *k = cdp_model_kernels(c->model);
+            if ((st = k->ops->zero(k->st, din, (size_t)c->in_bytes))) break;
             c->mb_grad_out[in->mb] = g;
         }
         uint64_t tb = cdp_time_ns();
         st = cdp_model_backward(c->model, slot, c->vstage == e->nv - 1 ? NULL : c->grad_in, din);
+        if (!st) st = settle(e);
         slow_down(e, tb);
         c->slot_mb[slot] = -1;
         c->mb_slot[in->mb] = -1;
@@ -296,8 +355,8 @@ static cdp_status execute(struct exec *e, const struct cdp_instr *in)
     }
     case CDP_OP_SEND_GRAD: {
         int g = c->mb_grad_out[in->mb];
-        st = cdp_comm_isend(e->pipe, c->grad_out[g], (size_t)c->in_bytes, in->peer,
-                            tag_of(TAG_GRAD, c->vstage, in->mb, e->m), &c->grad_out_req[g]);
+        st = send_dev(e, c->grad_out[g], c->grad_out_host ? c->grad_out_host[g] : NULL, (size_t)c->in_bytes,
+                      in->peer, tag_of(TAG_GRAD, c->vstage, in->mb, e->m), &c->grad_out_req[g]);
         e->t_comm += cdp_time_ns() - t0;
         break;
     }
@@ -307,7 +366,7 @@ static cdp_status execute(struct exec *e, const struct cdp_instr *in)
         for (int i = 0; i < cdp_model_tensor_count(tc->model) && !st; i++) {
             struct cdp_model_tensor *t = cdp_model_tensor(tc->model, i);
             if (!strcmp(t->name, "layers.0.wte"))
-                st = cdp_comm_allreduce_f32(e->tied, t->grad, (size_t)t->numel, CDP_REDUCE_SUM, e->timeout);
+                st = allreduce_dev(e, e->tied, e->ntied, t->grad, (size_t)t->numel);
         }
         e->t_comm += cdp_time_ns() - t0;
         break;
@@ -316,8 +375,7 @@ static cdp_status execute(struct exec *e, const struct cdp_instr *in)
         for (int k = 0; k < e->v && !st && e->R > 1; k++) {
             struct cdp_model *mdl = e->ch[k].model;
             if (cdp_model_tensor_count(mdl) == 0) continue;
-            st = cdp_comm_allreduce_f32(e->dp, cdp_model_tensor(mdl, 0)->grad,
-                                        (size_t)cdp_model_param_floats(mdl), CDP_REDUCE_SUM, e->timeout);
+            st = allreduce_dev(e, e->dp, e->ndp, cdp_model_tensor(mdl, 0)->grad, (size_t)cdp_model_param_floats(mdl));
         }
         e->t_comm += cdp_time_ns() - t0;
         break;
@@ -325,14 +383,18 @@ static cdp_status execute(struct exec *e, const struct cdp_instr *in)
         /* The global gradient norm: every stored tensor once; the last stage's
          * copy of a tied embedding is the first stage's tensor. */
         double sq = 0;
-        for (int k = 0; k < e->v; k++) {
+        for (int k = 0; k < e->v && !st; k++) {
             struct cdp_model *mdl = e->ch[k].model;
-            for (int i = 0; i < cdp_model_tensor_count(mdl); i++) {
+            const struct cdp_kernels *kk = cdp_model_kernels(mdl);
+            for (int i = 0; i < cdp_model_tensor_count(mdl) && !st; i++) {
                 struct cdp_model_tensor *t = cdp_model_tensor(mdl, i);
                 if (t->unit < e->ch[k].first_unit) continue;
-                sq += cdp_cpu_sum_squares(t->grad, (size_t)t->numel);
+                double x = 0;
+                st = kk->ops->sum_squares(kk->st, t->grad, (size_t)t->numel, &x);
+                sq += x;
             }
         }
+        if (st) break;
         uint64_t tc = cdp_time_ns();
         e->t_compute += tc - t0;
         if (e->p > 1) st = cdp_comm_allreduce_f64(e->pipe, &sq, 1, CDP_REDUCE_SUM, e->timeout);
@@ -349,6 +411,8 @@ static cdp_status execute(struct exec *e, const struct cdp_instr *in)
         uint64_t to = cdp_time_ns();
         for (int k = 0; k < e->v; k++)
             cdp_optimizer_step(e->ch[k].opt, e->ch[k].model, (float)e->plan->train.optimizer.lr, clip);
+        for (int k = 0; k < e->v && !st; k++) st = cdp_model_error(e->ch[k].model);
+        if (!st) st = settle(e);
         e->t_compute += cdp_time_ns() - to;
         trace_ev(e, CDP_EV_OPTIMIZER, -1, to, cdp_time_ns());
         break;
@@ -389,13 +453,12 @@ static cdp_status validate(struct exec *e, double *val)
                          "micro-batch %lld, chunk %d", e->rank, e->size, e->s, e->r, (long long)k, c);
                 if (ch->vstage == 0 || ch->vstage == e->nv - 1)
                     st = cdp_data_fetch(e->data, CDP_SPLIT_VAL, first, e->B,
-                                        ch->vstage == 0 ? input : e->in_scratch, e->tgt);
-                if (!st && ch->vstage > 0) {
-                    cdp_request_t req = NULL;
-                    st = cdp_comm_irecv(e->pipe, input, (size_t)ch->in_bytes, (e->s + e->p - 1) % e->p,
-                                        tag_of(TAG_VAL, ch->vstage - 1, (int)(k % e->m), e->m), &req);
-                    if (!st) st = cdp_comm_wait(req, e->timeout);
-                }
+                                        ch->vstage == 0 && e->hv ? input : e->in_scratch, e->tgt);
+                if (!st && ch->vstage == 0 && !e->hv)
+                    st = cdp_device_write(e->dev, input, e->in_scratch, (uint64_t)ch->in_bytes);
+                if (!st && ch->vstage > 0)
+                    st = recv_dev(e, input, ch->recv_host, (size_t)ch->in_bytes, (e->s + e->p - 1) % e->p,
+                                  tag_of(TAG_VAL, ch->vstage - 1, (int)(k % e->m), e->m));
                 if (!st) st = cdp_model_forward(ch->model, 0);
                 if (!st && ch->vstage == e->nv - 1) {
                     double s = 0;
@@ -404,9 +467,9 @@ static cdp_status validate(struct exec *e, double *val)
                 } else if (!st) {
                     /* slot 0's output is overwritten by the next micro-batch: complete the send first */
                     cdp_request_t req = NULL;
-                    st = cdp_comm_isend(e->pipe, cdp_model_output(ch->model, 0), (size_t)ch->out_bytes,
-                                        (e->s + 1) % e->p, tag_of(TAG_VAL, ch->vstage, (int)(k % e->m), e->m),
-                                        &req);
+                    st = send_dev(e, cdp_model_output(ch->model, 0), ch->slot_host ? ch->slot_host[0] : NULL,
+                                  (size_t)ch->out_bytes, (e->s + 1) % e->p,
+                                  tag_of(TAG_VAL, ch->vstage, (int)(k % e->m), e->m), &req);
                     if (!st) st = cdp_comm_wait(req, e->timeout);
                 }
             }
@@ -437,10 +500,22 @@ static void exec_free(struct exec *e)
             free(c->slot_mb);
             free(c->mb_slot);
             free(c->slot_send);
-            free(c->grad_in);
+            if (c->grad_in_buf) cdp_buffer_destroy(c->grad_in_buf);
+            else free(c->grad_in);
             if (c->grad_out)
-                for (int i = 0; i < c->n_grad_out; i++) free(c->grad_out[i]);
+                for (int i = 0; i < c->n_grad_out; i++) {
+                    if (c->grad_out_buf) cdp_buffer_destroy(c->grad_out_buf[i]);
+                    else free(c->grad_out[i]);
+                    if (c->grad_out_host) free(c->grad_out_host[i]);
+                }
             free(c->grad_out);
+            free(c->grad_out_buf);
+            free(c->grad_out_host);
+            if (c->slot_host)
+                for (int i = 0; i < c->nslots; i++) free(c->slot_host[i]);
+            free(c->slot_host);
+            free(c->recv_host);
+            free(c->grad_in_host);
             free(c->grad_out_req);
             free(c->mb_grad_out);
         }
@@ -453,9 +528,14 @@ static void exec_free(struct exec *e)
     cdp_data_close(e->data);
     free(e->tgt);
     free(e->in_scratch);
+    free(e->grad_host);
     cdp_comm_free(e->tied);
     cdp_comm_free(e->dp);
     cdp_comm_free(e->pipe);
+    cdp_nccl_free(e->ntied);
+    cdp_nccl_free(e->ndp);
+    cdp_nccl_free(e->npipe);
+    cdp_nccl_free(e->nworld);
     cdp_device_close(e->dev);
 }
 
@@ -483,6 +563,81 @@ static cdp_status partition(struct exec *e, int64_t (*ranges)[2])
     free(cost);
     free(u);
     return st;
+}
+
+/* Gradient buffers between stages, and on a GPU the host copies that
+ * point-to-point messages travel through. */
+static cdp_status chunk_buffers(struct exec *e, struct chunk *c)
+{
+    const size_t in_b = c->in_bytes ? (size_t)c->in_bytes : 1, out_b = c->out_bytes ? (size_t)c->out_bytes : 1;
+    cdp_status st;
+    if (e->hv) {
+        c->grad_in = malloc(out_b);
+        for (int i = 0; i < c->n_grad_out && c->grad_in; i++)
+            if (!(c->grad_out[i] = malloc(in_b))) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
+        return c->grad_in ? CDP_OK : cdp_fail(CDP_ERR_NOMEM, "out of memory");
+    }
+    if ((st = cdp_buffer_create(e->dev, out_b, &c->grad_in_buf))) return st;
+    c->grad_in = cdp_buffer_data(c->grad_in_buf);
+    c->grad_out_buf = calloc((size_t)c->n_grad_out, sizeof *c->grad_out_buf);
+    c->grad_out_host = calloc((size_t)c->n_grad_out, sizeof *c->grad_out_host);
+    c->slot_host = calloc((size_t)c->nslots, sizeof *c->slot_host);
+    c->recv_host = malloc(in_b);
+    c->grad_in_host = malloc(out_b);
+    if (!c->grad_out_buf || !c->grad_out_host || !c->slot_host || !c->recv_host || !c->grad_in_host)
+        return cdp_fail(CDP_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < c->n_grad_out; i++) {
+        if ((st = cdp_buffer_create(e->dev, in_b, &c->grad_out_buf[i]))) return st;
+        c->grad_out[i] = cdp_buffer_data(c->grad_out_buf[i]);
+        if (!(c->grad_out_host[i] = malloc(in_b))) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
+    }
+    for (int i = 0; i < c->nslots; i++)
+        if (!(c->slot_host[i] = malloc(out_b))) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
+    return CDP_OK;
+}
+
+/* A value of the environment as a number, or def. */
+static int env_int(const char *name, int def)
+{
+    const char *v = getenv(name);
+    return v && *v ? atoi(v) : def;
+}
+
+/* This rank's device: the host's CPU, or on the cuda backend GPU (local rank
+ * mod GPUs), in the plan's precision. Ranks with a GPU each use NCCL for
+ * device memory when the CUDA module has it; ranks that share a GPU stage
+ * through the host communicator. */
+static cdp_status open_device(struct exec *e)
+{
+    const struct cdp_plan *p = e->plan;
+    cdp_status st;
+    if (p->cluster.backend != CDP_BACKEND_CUDA) {
+        if ((st = cdp_device_open(CDP_DEVICE_CPU, 0, p->cluster.device_memory, &e->dev))) return st;
+        e->hv = 1;
+        return CDP_OK;
+    }
+    int n = 0;
+    if ((st = cdp_device_count(CDP_DEVICE_CUDA, &n)))
+        return cdp_error_context(st, "%s: /cluster/backend is \"cuda\"", p->source);
+    const int local = env_int("OMPI_COMM_WORLD_LOCAL_RANK", e->rank),
+              local_size = env_int("OMPI_COMM_WORLD_LOCAL_SIZE", e->size);
+    if ((st = cdp_device_open(CDP_DEVICE_CUDA, local % n, p->cluster.device_memory, &e->dev))) return st;
+    e->hv = 0;
+    const struct cdp_ops *ops = cdp_device_ops(e->dev);
+    if (!ops) return cdp_fail(CDP_ERR_UNSUPPORTED, "%s has no kernels", cdp_device_name(e->dev));
+    if ((st = ops->set_precision(cdp_device_kernel_state(e->dev), p->train.precision))) return st;
+    CDP_INFO(EXEC, "rank %d: %s (%s), %s", e->rank, cdp_device_name(e->dev), cdp_device_description(e->dev),
+             p->train.precision == CDP_PRECISION_BF16 ? "bf16 matrix products" : "fp32");
+    /* every rank must make the same choice: NCCL only when no GPU is shared on
+     * any node, and every rank can use it (the world call checks that) */
+    double shared = local_size > n;
+    if ((st = cdp_comm_allreduce_f64(e->world, &shared, 1, CDP_REDUCE_MAX, e->timeout))) return st;
+    if (shared > 0 || cdp_nccl_available() != CDP_OK) {
+        CDP_INFO(EXEC, "rank %d: device memory travels through the host communicator (%s)", e->rank,
+                 shared > 0 ? "ranks share a GPU" : cdp_last_error());
+        return CDP_OK;
+    }
+    return cdp_nccl_world(e->world, e->dev, e->timeout, &e->nworld);
 }
 
 /* The first and last stage of each replica share a tied embedding. */
@@ -579,7 +734,14 @@ static cdp_status setup(struct exec *e)
         free(ranges);
         return st;
     }
-    if ((st = cdp_device_open(CDP_DEVICE_CPU, 0, p->cluster.device_memory, &e->dev))) {
+    if ((st = open_device(e))) {
+        free(ranges);
+        return st;
+    }
+    /* NCCL groups for gradients, split like the host ones */
+    if (e->nworld && ((st = cdp_nccl_split(e->nworld, e->s, e->r, &e->ndp)) ||
+                      (st = cdp_nccl_split(e->nworld, tied && (e->s == 0 || e->s == e->p - 1) ? e->r : -1, e->s,
+                                           &e->ntied)))) {
         free(ranges);
         return st;
     }
@@ -624,17 +786,13 @@ static cdp_status setup(struct exec *e)
         c->mb_slot = malloc((size_t)e->mcap * sizeof *c->mb_slot);
         c->mb_grad_out = calloc((size_t)e->mcap, sizeof *c->mb_grad_out);
         c->slot_send = calloc((size_t)slots, sizeof *c->slot_send);
-        c->grad_in = malloc((size_t)c->out_bytes);
         c->grad_out = calloc((size_t)c->n_grad_out, sizeof *c->grad_out);
         c->grad_out_req = calloc((size_t)c->n_grad_out, sizeof *c->grad_out_req);
-        if (!c->slot_mb || !c->mb_slot || !c->mb_grad_out || !c->slot_send || !c->grad_in || !c->grad_out ||
-            !c->grad_out_req) {
+        if (!c->slot_mb || !c->mb_slot || !c->mb_grad_out || !c->slot_send || !c->grad_out || !c->grad_out_req) {
             st = cdp_fail(CDP_ERR_NOMEM, "out of memory");
             break;
         }
-        for (int i = 0; i < c->n_grad_out && !st; i++)
-            if (!(c->grad_out[i] = malloc((size_t)c->in_bytes ? (size_t)c->in_bytes : 1)))
-                st = cdp_fail(CDP_ERR_NOMEM, "out of memory");
+        if ((st = chunk_buffers(e, c))) break;
         for (int i = 0; i < slots; i++) c->slot_mb[i] = -1;
         for (int i = 0; i < e->mcap; i++) c->mb_slot[i] = -1;
     }
@@ -716,7 +874,11 @@ static cdp_status write_weights(struct exec *e)
             snprintf(w.name, sizeof w.name, "%s", t->name);
             memcpy(w.shape, t->shape, sizeof w.shape);
             memcpy(q, &w, sizeof w);
-            memcpy(q + sizeof w, t->data, (size_t)t->numel * 4);
+            cdp_status rs = cdp_device_read(e->dev, q + sizeof w, t->data, (uint64_t)t->numel * 4);
+            if (rs) {
+                free(buf);
+                return rs;
+            }
             q += sizeof w + (size_t)t->numel * 4;
         }
     void *all = NULL;
@@ -1144,7 +1306,9 @@ fail:
         cdp_fail(st, "%s: %s", cdp_where_buf[0] ? cdp_where_buf : "setting up", msg);
     }
     /* other ranks may wait on this one: the caller aborts the job; no clean-up
-     * that could block (pending requests) is attempted */
+     * that could block (pending requests) is attempted. NCCL communicators are
+     * aborted now, so no kernel of theirs waits on a peer that is gone. */
+    if (e.nworld) cdp_nccl_abort_all();
     if (e.size == 1) exec_free(&e);
     return st;
 }

@@ -77,6 +77,15 @@ cdp_status cdp_buffer_copy(cdp_buffer_t dst, uint64_t dst_offset, cdp_buffer_t s
                            uint64_t src_offset, uint64_t n);
 cdp_status cdp_buffer_memset(cdp_buffer_t buf, uint64_t offset, int value, uint64_t n);
 
+/* Host -> device memory and device -> host memory at raw device pointers
+ * (inside some buffer of dev; the caller answers for the range), for code
+ * that holds pointers rather than buffers (the executor's activations). They
+ * return when the host memory may be reused / read. */
+cdp_status cdp_device_write(cdp_device_t dev, void *dst, const void *src, uint64_t n);
+cdp_status cdp_device_read(cdp_device_t dev, void *dst, const void *src, uint64_t n);
+/* 1 when the host may read and write the device's memory directly (cpu). */
+int cdp_device_host_visible(cdp_device_t dev);
+
 /* Events mark points in a device's work queue, for timing. */
 cdp_status cdp_event_create(cdp_device_t dev, cdp_event_t *out);
 void cdp_event_destroy(cdp_event_t ev);

@@ -238,6 +238,18 @@ cdp_status cdp_buffer_read(cdp_buffer_t src, uint64_t offset, void *dst, uint64_
     return backend_copy(src->dev, dst, (const char *)src->ptr + offset, n, CDP_COPY_D2H);
 }
 
+cdp_status cdp_device_write(cdp_device_t dev, void *dst, const void *src, uint64_t n)
+{
+    return n ? backend_copy(dev, dst, src, n, CDP_COPY_H2D) : CDP_OK;
+}
+
+cdp_status cdp_device_read(cdp_device_t dev, void *dst, const void *src, uint64_t n)
+{
+    return n ? backend_copy(dev, dst, src, n, CDP_COPY_D2H) : CDP_OK;
+}
+
+int cdp_device_host_visible(cdp_device_t dev) { return dev->type == CDP_DEVICE_CPU; }
+
 cdp_status cdp_buffer_copy(cdp_buffer_t dst, uint64_t dst_offset, cdp_buffer_t src,
                            uint64_t src_offset, uint64_t n)
 {
