@@ -483,6 +483,33 @@ Test(plan, resolve_with_8_gpus)
     cdp_plan_free(p);
 }
 
+/* Ranks that share one GPU: a 2-stage pipeline fits one GPU with
+ * ranks_per_device 2, not without it; the key round-trips. */
+Test(plan, ranks_per_device_lets_ranks_share_a_gpu)
+{
+    struct cdp_machine_info m = {1, NULL};
+    struct cdp_plan *p = load_ok("{\"model\": {\"preset\": \"gpt\"}, \"parallel\": {\"stages\": 2, \"replicas\": 1}}");
+    cr_assert_eq(p->cluster.ranks_per_device, 1);
+    cr_assert_neq(cdp_plan_resolve(p, &m), CDP_OK);
+    cr_assert(strstr(cdp_last_error(), "/cluster/devices 1 gives only 1"), "%s", cdp_last_error());
+    cdp_plan_free(p);
+    p = load_ok("{\"model\": {\"preset\": \"gpt\"}, \"parallel\": {\"stages\": 2, \"replicas\": 1}, "
+                "\"cluster\": {\"ranks_per_device\": 2}}");
+    cr_assert_eq(cdp_plan_resolve(p, &m), CDP_OK, "%s", cdp_last_error());
+    char *text = NULL;
+    cr_assert_eq(cdp_plan_to_json(p, &text), CDP_OK);
+    cr_assert(strstr(text, "\"ranks_per_device\": 2"), "%s", text);
+    free(text);
+    cdp_plan_free(p);
+    p = load_ok("{\"model\": {\"preset\": \"gpt\"}, \"parallel\": {\"stages\": 4, \"replicas\": 1}, "
+                "\"cluster\": {\"ranks_per_device\": 2}}");
+    cr_assert_neq(cdp_plan_resolve(p, &m), CDP_OK);
+    cr_assert(strstr(cdp_last_error(), "x /cluster/ranks_per_device gives only 2"), "%s", cdp_last_error());
+    cdp_plan_free(p);
+    load_fails("{\"model\": {\"preset\": \"gpt\"}, \"cluster\": {\"ranks_per_device\": 0}}",
+               "/cluster/ranks_per_device");
+}
+
 Test(plan, resolve_cuda_without_gpus)
 {
     struct cdp_machine_info m = {0, "CUDA driver version is insufficient"};

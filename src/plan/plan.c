@@ -1250,7 +1250,8 @@ static cdp_status load_parallel(struct ld *c, const json_t *v)
 
 /* ---- cluster, output --------------------------------------------------------- */
 
-static const char *const cluster_keys[] = {"backend", "topology", "nodes", "devices", "device_memory", NULL};
+static const char *const cluster_keys[] = {"backend", "topology", "nodes", "devices", "device_memory",
+                                           "ranks_per_device", NULL};
 static const char *const output_keys[] = {"metrics", "trace", "timeline", "weights", NULL};
 
 static cdp_status load_cluster(struct ld *c, const json_t *v)
@@ -1280,6 +1281,7 @@ static cdp_status load_cluster(struct ld *c, const json_t *v)
     }
     if ((st = get_int(c, v, P, "nodes", 1, MAX_COUNT, 0, &cd->nodes))) return st;
     if ((st = get_int(c, v, P, "devices", 1, MAX_COUNT, 1, &cd->devices))) return st;
+    if ((st = get_int(c, v, P, "ranks_per_device", 1, 64, 0, &cd->ranks_per_device))) return st;
     const json_t *mem = json_object_get(v, "device_memory");
     if (mem) {
         const char *MP = "/cluster/device_memory";
@@ -1328,13 +1330,14 @@ static cdp_status check_fit(const char *name, const struct cdp_plan *p)
     const struct cdp_parallel_desc *pd = &p->parallel;
     const struct cdp_cluster_desc *cd = &p->cluster;
     if (cd->devices == CDP_AUTO) return CDP_OK;
-    int64_t total = cd->nodes * cd->devices; /* both <= INT32_MAX */
+    int64_t total = cd->nodes * cd->devices * cd->ranks_per_device; /* <= INT32_MAX^2 x 64 */
     if (pd->stages != CDP_AUTO && pd->replicas != CDP_AUTO && pd->stages * pd->replicas > total)
         return cdp_fail(CDP_ERR_INVALID, "%s: /parallel/stages: %lld stages x /parallel/replicas %lld = %lld "
-                        "devices, but /cluster/nodes %lld x /cluster/devices %lld gives only %lld",
+                        "devices, but /cluster/nodes %lld x /cluster/devices %lld%s gives only %lld",
                         name, (long long)pd->stages, (long long)pd->replicas,
                         (long long)(pd->stages * pd->replicas), (long long)cd->nodes,
-                        (long long)cd->devices, (long long)total);
+                        (long long)cd->devices, cd->ranks_per_device > 1 ? " x /cluster/ranks_per_device" : "",
+                        (long long)total);
     if (pd->placement == CDP_PLACEMENT_EXPLICIT) {
         for (int64_t i = 0; i < pd->stages * pd->replicas; i++)
             if (pd->placement_map[i] >= total)
@@ -1375,6 +1378,7 @@ static void set_defaults(struct cdp_plan *p)
     p->cluster.backend = CDP_BACKEND_AUTO;
     p->cluster.nodes = 1;
     p->cluster.devices = CDP_AUTO;
+    p->cluster.ranks_per_device = 1;
 }
 
 static cdp_status load_json(struct ld *c, const json_t *root)

@@ -233,6 +233,7 @@ static json_t *plan_json(struct emit *e, const struct cdp_plan *p)
         } else {
             set(e, o, "device_memory", jint((int64_t)cd->device_memory));
         }
+        set(e, o, "ranks_per_device", jint(cd->ranks_per_device));
     }
 
     set(e, root, "output", o = json_object());
