@@ -2,9 +2,14 @@
 # shellcheck disable=SC2317 # the stage_* functions are called by name, through run_stage
 # GPU checks for a machine with an NVIDIA GPU (CUDA at /usr/local/cuda): builds
 # cdphybrid with the CUDA and cuDNN kernels, lists the GPUs, runs the gpu_ops
-# suite (every kernel against the CPU reference) and `cdphybrid doctor`, and
-# ends with one table: stage | result | seconds. Every stage runs under
-# `timeout`, and the whole run stays inside a time budget (7.5 min by default).
+# suite (every kernel against the CPU reference) and `cdphybrid doctor`, trains
+# the GPT example on one GPU (a world of one, NCCL set up) and as a 2-stage
+# pipeline of ranks sharing the GPU (when mpirun is there), runs the NCCL
+# communicator tests, and times a GPT-2 124M step (B=8, T=1024, bf16) against
+# PyTorch eager on the same GPU; it ends with one table: stage | result |
+# seconds | note. Every stage runs under `timeout`, and the whole run stays
+# inside a time budget (7.5 min by default). On a machine that returns at most
+# a few files, archive the logs: tar czf $OUT/gpu-check.tgz -C build-gpu-logs .
 #
 #   tools/gpu-check.sh                         run every stage
 #   GPU_CHECK_LOGDIR=$OUT/gpu-check tools/gpu-check.sh
@@ -51,6 +56,10 @@ STAGES=(
     "compile 300 configure"
     "gpu_ops 180 compile"
     "doctor 60 compile"
+    "train_gpt 90 compile"
+    "train_pipeline 90 compile"
+    "nccl 60 compile"
+    "bench 150 compile"
 )
 
 NOTE=""
@@ -185,6 +194,62 @@ stage_doctor() {
     return "$rc"
 }
 
+# The GPT example on one GPU: the executor on a world of one (it sets up NCCL
+# when the module has it), bf16 matrix products.
+stage_train_gpt() {
+    CDP_MODULE_DIR="$BUILD" "$BUILD/cdphybrid" -v --plan examples/gpu-gpt.json || return 1
+    NOTE=$(grep -m1 -o 'done: [0-9]* steps in [0-9.]* s, loss [0-9.]* -> [0-9.]*' "$STAGE_LOG")
+    [ -n "$NOTE" ]
+}
+
+# Two ranks sharing the GPU as a 2-stage 1F1B pipeline (activations and
+# gradients through the host); needs mpirun. Return 3: SKIP.
+stage_train_pipeline() {
+    if ! have mpirun; then
+        NOTE="no mpirun on this machine"
+        return 3
+    fi
+    CDP_MODULE_DIR="$BUILD" "$BUILD/cdphybrid" --plan examples/gpu-pipeline.json || return 1
+    NOTE=$(grep -m1 -o 'done: [0-9]* steps in [0-9.]* s, loss [0-9.]* -> [0-9.]*' "$STAGE_LOG")
+    [ -n "$NOTE" ]
+}
+
+# The NCCL communicator's GPU tests of suite comm (one GPU: the np1 test; the
+# 2-GPU ones skip); they run ranks under mpirun. Return 3: SKIP.
+stage_nccl() {
+    local bin=$BUILD/tests/test-comm rc
+    if ! have mpirun; then
+        NOTE="no mpirun on this machine"
+        return 3
+    fi
+    CDP_MODULE_DIR="$BUILD" CDP_BIN="$BUILD/cdphybrid" CDP_COMM_PROBE="$BUILD/tests/comm_probe" \
+        OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \
+        "$bin" --verbose --filter='comm/*nccl*' 2>&1
+    rc=$?
+    NOTE=$(grep -o 'Synthesis: .*' "$STAGE_LOG" | tail -n1 | sed 's/Synthesis: //')
+    return "$rc"
+}
+
+# GPT-2 124M, B=8, T=1024, bf16: our step against PyTorch eager's on this GPU.
+stage_bench() {
+    local ours=$LOGDIR/bench-cdphybrid.json theirs=$LOGDIR/bench-pytorch.json
+    CDP_MODULE_DIR="$BUILD" "$BUILD/bench/bench-gpu-step" --preset gpt2 --batch 8 --seq 1024 \
+        --precision bf16 --steps 10 --warmup 3 | tee "$ours" || return 1
+    if ! python3 -c 'import torch' 2>/dev/null; then
+        NOTE="$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print("cdphybrid %.1f ms/step, MFU %.1f%%; no torch here" % (d["ms_per_step"], 100*d["mfu"]))' "$ours")"
+        return 1
+    fi
+    python3 bench/torch_gpt2_step.py --batch 8 --seq 1024 --precision bf16 --steps 10 --warmup 3 | tee "$theirs" ||
+        return 1
+    NOTE=$(python3 - "$ours" "$theirs" <<'PY'
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+print("cdphybrid %.1f ms vs pytorch %.1f ms per step = %.2fx; MFU %.1f%% (%s)" % (
+    a["ms_per_step"], b["ms_per_step"], a["ms_per_step"] / b["ms_per_step"], 100 * a["mfu"], a["device"]))
+PY
+)
+}
+
 # ---- the runner -------------------------------------------------------------------
 
 declare -A RESULT
@@ -222,6 +287,7 @@ run_stage() {
         rm -f "$STAGE_LOG.note"
         case $rc in
         0) result=PASS ;;
+        3) result=SKIP ;;
         124 | 137)
             result=TIMEOUT
             NOTE="killed after ${limit}s${NOTE:+; $NOTE}"
@@ -265,11 +331,11 @@ done
 
 echo
 echo "==== summary (logs in $LOGDIR) ===="
-printf '%-12s | %-7s | %7s | %s\n' stage result seconds note
-printf '%-12s-+-%-7s-+-%7s-+-%s\n' ------------ ------- ------- ----
+printf '%-14s | %-7s | %7s | %s\n' stage result seconds note
+printf '%-14s-+-%-7s-+-%7s-+-%s\n' -------------- ------- ------- ----
 status=0
 for i in "${!ORDER[@]}"; do
-    printf '%-12s | %-7s | %7s | %s\n' "${ORDER[$i]}" "${RESULTS[$i]}" "${SECONDS_TAKEN[$i]}" "${NOTES[$i]}"
+    printf '%-14s | %-7s | %7s | %s\n' "${ORDER[$i]}" "${RESULTS[$i]}" "${SECONDS_TAKEN[$i]}" "${NOTES[$i]}"
     [ "${RESULTS[$i]}" = PASS ] || status=1
 done
 echo "total: $(($(date +%s) - START))s of a ${BUDGET}s budget"
