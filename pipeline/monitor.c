@@ -95,9 +95,13 @@ cdp_status cdp_monitor_collect(struct cdp_monitor *m, cdp_comm_t world, double b
         mine[F_UTIL] = wall > m->wall0 ? (cpu - m->cpu0) / (wall - m->wall0) : 0;
         mine[F_MEM] = resident_bytes();
     } else {
-        /* a GPU rank: the executor's busy share, and the buffers it holds */
-        mine[F_UTIL] = 0;
-        mine[F_MEM] = (double)cdp_device_mem_in_use(m->dev);
+        /* a GPU rank: NVML's utilisation (else the executor's busy share of the
+         * interval) and the device's memory in use */
+        double util = -1;
+        uint64_t used = 0;
+        if (cdp_device_usage(m->dev, &util, &used) != CDP_OK) util = -1;
+        mine[F_UTIL] = util >= 0 ? util : (wall > m->wall0 && steps > 0 ? busy_s / (wall - m->wall0) : 0);
+        mine[F_MEM] = used ? (double)used : (double)cdp_device_mem_in_use(m->dev);
     }
     mine[F_BUSY] = steps > 0 ? busy_s / steps : 0;
     mine[F_BUSY_MB] = mbs > 0 ? busy_s / (double)mbs : 0;
@@ -107,6 +111,7 @@ cdp_status cdp_monitor_collect(struct cdp_monitor *m, cdp_comm_t world, double b
     if (st) return st;
 
     out->size = size;
+    out->gpu = cdp_device_type_of(m->dev) != CDP_DEVICE_CPU;
     out->ranks = m->ranks;
     out->slowest = 0;
     out->straggler = -1;
@@ -171,14 +176,14 @@ void cdp_monitor_format(const struct cdp_monitor_report *r, char *buf, size_t ca
     human_bytes(mmin, a, sizeof a);
     human_bytes(mmax, b, sizeof b);
     if (r->size == 1) {
-        snprintf(buf, cap, "cpu %.0f%%  mem %s", 100 * umax, b);
+        snprintf(buf, cap, "%s %.0f%%  mem %s", r->gpu ? "gpu" : "cpu", 100 * umax, b);
         return;
     }
     char mem[80];
     if (strcmp(a, b)) snprintf(mem, sizeof mem, "%s-%s", a, b);
     else snprintf(mem, sizeof mem, "%s", a);
-    snprintf(buf, cap, "cpu %.0f-%.0f%%  mem %s  slowest r%d %.1fms", 100 * umin, 100 * umax, mem, r->slowest,
-             1e3 * r->ranks[r->slowest].busy_s);
+    snprintf(buf, cap, "%s %.0f-%.0f%%  mem %s  slowest r%d %.1fms", r->gpu ? "gpu" : "cpu", 100 * umin,
+             100 * umax, mem, r->slowest, 1e3 * r->ranks[r->slowest].busy_s);
 }
 
 void cdp_monitor_json(const struct cdp_monitor_report *r, FILE *f)

@@ -2,7 +2,9 @@
  * device was and how much memory it holds, and rank 0 gets every rank's
  * figures (one collective), the slowest rank, and a straggler verdict. On the
  * cpu backend a rank's device is its process: utilisation is process CPU time
- * over wall time (above 100% with BLAS threads) and memory its resident set. */
+ * over wall time (above 100% with BLAS threads) and memory its resident set.
+ * On a GPU: NVML's utilisation and the device's memory in use (without NVML,
+ * the rank's busy share of the interval and the runtime's memory figure). */
 #ifndef CDP_PIPELINE_MONITOR_H
 #define CDP_PIPELINE_MONITOR_H
 
@@ -34,6 +36,7 @@ struct cdp_monitor_rank {
 
 struct cdp_monitor_report {
     int size;
+    int gpu;                               /* the ranks' devices are GPUs */
     const struct cdp_monitor_rank *ranks; /* size entries, by world rank */
     int slowest;           /* the rank with the most busy time per step */
     int straggler;         /* a rank that just became a straggler (reported once per streak), or -1 */

@@ -256,3 +256,19 @@ Test(device, gpu_cuda_backend_works_or_says_why)
     free(src);
     free(back);
 }
+
+/* Usage figures are the GPU backends' (NVML); the cpu device says it has none,
+ * and the monitor reads the process's own figures instead. */
+Test(device, cpu_has_no_usage_figures)
+{
+    cdp_device_t d;
+    cr_assert_eq(cdp_device_open(CDP_DEVICE_CPU, 0, 0, &d), CDP_OK, "%s", cdp_last_error());
+    double util = 0.5;
+    uint64_t used = 7;
+    cr_assert_eq(cdp_device_usage(d, &util, &used), CDP_ERR_UNSUPPORTED);
+    cr_assert(strstr(cdp_last_error(), "cpu:0: no usage figures"), "%s", cdp_last_error());
+    cr_assert_eq(util, -1.0);
+    cr_assert_eq(used, 0);
+    cr_assert_eq(cdp_device_host_visible(d), 1);
+    cdp_device_close(d);
+}

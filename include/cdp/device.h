@@ -83,6 +83,10 @@ cdp_status cdp_buffer_memset(cdp_buffer_t buf, uint64_t offset, int value, uint6
  * return when the host memory may be reused / read. */
 cdp_status cdp_device_write(cdp_device_t dev, void *dst, const void *src, uint64_t n);
 cdp_status cdp_device_read(cdp_device_t dev, void *dst, const void *src, uint64_t n);
+/* How busy a GPU has been over the driver's last sampling period (0..1, NVML;
+ * -1 when unknown) and the memory in use on it by every process (0 when
+ * unknown). CDP_ERR_UNSUPPORTED for backends without the figures (cpu). */
+cdp_status cdp_device_usage(cdp_device_t dev, double *util, uint64_t *mem_used);
 /* 1 when the host may read and write the device's memory directly (cpu). */
 int cdp_device_host_visible(cdp_device_t dev);
 

@@ -17,7 +17,7 @@ struct cdp_device;
 extern "C" {
 #endif
 
-#define CDP_DEVICE_ABI 3
+#define CDP_DEVICE_ABI 4
 
 enum cdp_copy_kind { CDP_COPY_H2D = 0, CDP_COPY_D2H, CDP_COPY_D2D };
 
@@ -49,6 +49,10 @@ struct cdp_device_backend {
      * device's `state`; NULL when the backend has none (the CPU backend, a
      * CUDA module built without NCCL). Added in ABI 3. */
     const struct cdp_nccl_ops *nccl;
+    /* How busy the device has been lately (0..1, the driver's sampling
+     * period; < 0 when unknown) and the bytes in use on it by every process
+     * (0 when unknown). NULL: not supported. Added in ABI 4. */
+    cdp_status (*usage)(void *state, double *util, uint64_t *mem_used);
 };
 
 /* What the core lends a module: its error and logging functions, so messages

@@ -250,6 +250,14 @@ cdp_status cdp_device_read(cdp_device_t dev, void *dst, const void *src, uint64_
 
 int cdp_device_host_visible(cdp_device_t dev) { return dev->type == CDP_DEVICE_CPU; }
 
+cdp_status cdp_device_usage(cdp_device_t dev, double *util, uint64_t *mem_used)
+{
+    *util = -1;
+    *mem_used = 0;
+    if (!dev->be->usage) return cdp_fail(CDP_ERR_UNSUPPORTED, "%s: no usage figures", dev->name);
+    return dev->be->usage(dev->state, util, mem_used);
+}
+
 cdp_status cdp_buffer_copy(cdp_buffer_t dst, uint64_t dst_offset, cdp_buffer_t src,
                            uint64_t src_offset, uint64_t n)
 {

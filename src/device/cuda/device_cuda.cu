@@ -2,6 +2,7 @@
  * core loads at run time. One stream per device; copies from and to host
  * memory return when the host side may be used; events time the stream. */
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 
 #include <stdint.h>
 #include <stdio.h>
@@ -26,6 +27,61 @@ const struct cdp_module_host *cdp_cuda_host;
 #define cuda_device cdp_cuda_state
 
 #define CUDA_TRY CDP_CUDA_TRY
+
+/* ---- usage: NVML, opened on first use (the driver's library; not linked) ---- */
+
+typedef struct nvml_device *nvml_device_t;
+struct nvml_util {
+    unsigned gpu, memory;
+};
+struct nvml_mem {
+    unsigned long long total, free, used;
+};
+static struct {
+    int tried, ok;
+    int (*init)(void);
+    int (*by_bus_id)(const char *, nvml_device_t *);
+    int (*utilization)(nvml_device_t, struct nvml_util *);
+    int (*memory)(nvml_device_t, struct nvml_mem *);
+} nvml;
+
+static void nvml_open(void)
+{
+    if (nvml.tried) return;
+    nvml.tried = 1;
+    void *h = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!h) return;
+    *(void **)&nvml.init = dlsym(h, "nvmlInit_v2");
+    *(void **)&nvml.by_bus_id = dlsym(h, "nvmlDeviceGetHandleByPciBusId_v2");
+    *(void **)&nvml.utilization = dlsym(h, "nvmlDeviceGetUtilizationRates");
+    *(void **)&nvml.memory = dlsym(h, "nvmlDeviceGetMemoryInfo");
+    nvml.ok = nvml.init && nvml.by_bus_id && nvml.utilization && nvml.memory && nvml.init() == 0;
+}
+
+/* NVML's utilisation and memory of the device, by its PCI bus id; without
+ * NVML, memory in use from the runtime and no utilisation. */
+static cdp_status cuda_usage(void *state, double *util, uint64_t *mem_used)
+{
+    struct cdp_cuda_state *d = (struct cdp_cuda_state *)state;
+    char bus[32];
+    nvml_device_t nd;
+    struct nvml_util u;
+    struct nvml_mem m;
+    *util = -1;
+    *mem_used = 0;
+    nvml_open();
+    if (nvml.ok && cudaDeviceGetPCIBusId(bus, sizeof bus, d->index) == cudaSuccess && nvml.by_bus_id(bus, &nd) == 0) {
+        if (nvml.utilization(nd, &u) == 0) *util = u.gpu / 100.0;
+        if (nvml.memory(nd, &m) == 0) *mem_used = m.used;
+    }
+    if (*mem_used == 0) {
+        size_t free_b = 0, total_b = 0;
+        CUDA_TRY(cudaSetDevice(d->index));
+        CUDA_TRY(cudaMemGetInfo(&free_b, &total_b));
+        *mem_used = total_b - free_b;
+    }
+    return CDP_OK;
+}
 
 static cdp_status cuda_count(int *out)
 {
@@ -179,6 +235,7 @@ static const struct cdp_device_backend cdp_cuda_backend = {
     cuda_event_destroy,
     &cdp_cuda_ops,
     CDP_CUDA_NCCL,
+    cuda_usage,
 };
 
 extern "C" __attribute__((visibility("default"))) cdp_status
