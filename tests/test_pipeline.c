@@ -356,3 +356,67 @@ Test(pipeline, the_monitor_reports_ranks_and_names_a_straggler, .timeout = 120)
     free(t);
     cdp_test_run_free(&r);
 }
+
+/* The executor's GPU path (device buffers the host does not touch, activations
+ * and gradients staged through the host, every kernel through the device's
+ * table, ranks sharing a device) on the stand-in CUDA module of
+ * tests/fake-cuda (host memory run by the CPU kernels, treated as device
+ * memory): it must train exactly as the cpu backend does. The real kernels are
+ * the gpu_ops suite's. */
+struct gpu_layout {
+    int model, p, R, m, v;
+    char schedule[16];
+};
+
+ParameterizedTestParameters(pipeline, the_gpu_path_equals_the_cpu_backend)
+{
+    static struct gpu_layout grid[] = {
+        {MODEL_GPT, 1, 1, 2, 1, "1f1b"},      {MODEL_MLP, 1, 1, 2, 1, "1f1b"},
+        {MODEL_GPT, 2, 2, 4, 1, "1f1b"},      {MODEL_MLP, 2, 2, 4, 1, "gpipe"},
+        {MODEL_GPT, 2, 1, 4, 2, "interleaved"},
+    };
+    return cr_make_param_array(struct gpu_layout, grid, sizeof grid / sizeof grid[0]);
+}
+
+ParameterizedTest(struct gpu_layout *g, pipeline, the_gpu_path_equals_the_cpu_backend, .timeout = 240)
+{
+    const char *fake = getenv("CDP_FAKE_CUDA_DIR");
+    cr_assert_not_null(fake, "CDP_FAKE_CUDA_DIR is not set (run the tests through meson test)");
+    if (g->p * g->R > 1) need_mpi();
+    char dir[4096], cpu[4200], gpu[4200], a[4300], b[4300];
+    snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
+    struct layout l = {g->model, g->p, g->R, g->m, g->v, "", "", 0};
+    snprintf(l.schedule, sizeof l.schedule, "%s", g->schedule);
+    write_plan(dir, "cpu", &l, 0);
+    snprintf(cpu, sizeof cpu, "%s/cpu.json", dir);
+    /* the same plan on the cuda backend, every rank on the stand-in's one device */
+    char *text = cdp_test_read_file(cpu);
+    cr_assert_not_null(text);
+    char *at = strstr(text, "\"backend\": \"cpu\"");
+    cr_assert_not_null(at);
+    char json[4096];
+    snprintf(json, sizeof json, "%.*s\"backend\": \"cuda\", \"ranks_per_device\": 8%s", (int)(at - text), text,
+             at + strlen("\"backend\": \"cpu\""));
+    free(text);
+    /* its outputs under other names */
+    for (char *c = strstr(json, "\"cpu."); c; c = strstr(c, "\"cpu.")) memcpy(c + 1, "gpu", 3);
+    for (char *c = strstr(json, "\"cpu-"); c; c = strstr(c, "\"cpu-")) memcpy(c + 1, "gpu", 3);
+    cdp_test_write_file(dir, "gpu.json", json);
+    snprintf(gpu, sizeof gpu, "%s/gpu.json", dir);
+    run_ok(cpu);
+    setenv("CDP_MODULE_DIR", fake, 1);
+    run_ok(gpu);
+    unsetenv("CDP_MODULE_DIR");
+    double la[8], lb[8];
+    snprintf(a, sizeof a, "%s/cpu.jsonl", dir);
+    snprintf(b, sizeof b, "%s/gpu.jsonl", dir);
+    cr_assert_eq(read_losses(a, la, 8), 3);
+    cr_assert_eq(read_losses(b, lb, 8), 3);
+    for (int i = 0; i < 3; i++)
+        cr_assert_eq(la[i], lb[i], "%s p=%d R=%d: step %d loss %.9g on the gpu path, %.9g on the cpu", g->schedule,
+                     g->p, g->R, i + 1, lb[i], la[i]);
+    snprintf(a, sizeof a, "%s/cpu.safetensors", dir);
+    snprintf(b, sizeof b, "%s/gpu.safetensors", dir);
+    double e = compare_weights(a, b);
+    cr_assert_eq(e, 0.0, "%s p=%d R=%d: weights differ by %.3g", g->schedule, g->p, g->R, e);
+}

@@ -1,7 +1,10 @@
-/* A stand-in for the CUDA module, for suite comm: one "cuda" device per rank
- * on host memory, and an NCCL table that pretends, so that the nccl
- * communicator's front (comm/nccl.c: bootstrap, agreement, registry, abort,
- * messages) runs on machines without a GPU. It never connects ranks: an
+/* A stand-in for the CUDA module, for the suites comm and pipeline: one "cuda"
+ * device on host memory that the core treats as device memory (not host
+ * visible: everything is staged as for a GPU), running the CPU kernel table,
+ * and an NCCL table that pretends, so that the nccl communicator's front
+ * (comm/nccl.c: bootstrap, agreement, registry, abort, messages) and the
+ * executor's GPU path (device buffers, host staging, the kernel table) run on
+ * machines without a GPU. It never connects ranks: an
  * all-reduce leaves the buffer as it is, a send to another rank is dropped,
  * and a split keeps the parent's rank and size; only sends to self move bytes.
  * CDP_FAKE_NCCL picks a failure: `fail_init:R` (rank R's init fails) or `hang`
@@ -18,6 +21,7 @@
 #include "comm/nccl_module.h"
 #include "device/backend.h"
 #include "fake_stats.h"
+#include "kernels/ops.h"
 
 static const struct cdp_module_host *host;
 
@@ -258,8 +262,9 @@ static const struct cdp_device_backend fake_backend = {
     .event_record = fake_event_record,
     .event_elapsed_ms = fake_event_elapsed_ms,
     .event_destroy = fake_event_destroy,
-    .ops = NULL,
+    .ops = &cdp_cpu_ops,
     .nccl = &fake_nccl,
+    .usage = NULL,
 };
 
 __attribute__((visibility("default"))) cdp_status cdp_device_module_init(const struct cdp_module_host *h,
