@@ -246,10 +246,13 @@ static cdp_status allreduce_dev(struct exec *e, cdp_comm_t c, cdp_nccl_t nc, flo
     return st;
 }
 
-/* Kernels run asynchronously on a GPU: compute times are taken after they end. */
+/* Kernels run asynchronously on a GPU. Where compute times matter (several
+ * ranks: the bubble, the monitor's straggler, rebalancing; a trace) they are
+ * taken after the kernels end; one rank without a trace does not wait (the
+ * loss read back each micro-batch is its only wait inside a step). */
 static cdp_status settle(const struct exec *e)
 {
-    return e->hv ? CDP_OK : cdp_device_synchronize(e->dev);
+    return e->hv || (e->size == 1 && !e->trace) ? CDP_OK : cdp_device_synchronize(e->dev);
 }
 
 /* The slow-rank knob: stretch this rank's compute since t0 by the factor. */
@@ -412,7 +415,8 @@ static cdp_status execute(struct exec *e, const struct cdp_instr *in)
         for (int k = 0; k < e->v; k++)
             cdp_optimizer_step(e->ch[k].opt, e->ch[k].model, (float)e->plan->train.optimizer.lr, clip);
         for (int k = 0; k < e->v && !st; k++) st = cdp_model_error(e->ch[k].model);
-        if (!st) st = settle(e);
+        /* a step ends when its update has: step times are whole */
+        if (!st && !e->hv) st = cdp_device_synchronize(e->dev);
         e->t_compute += cdp_time_ns() - to;
         trace_ev(e, CDP_EV_OPTIMIZER, -1, to, cdp_time_ns());
         break;
