@@ -5,8 +5,16 @@
  * Placement of communication (what the executor relies on): a receive sits
  * right before the instruction that needs its data (a LOAD, when there is one,
  * comes before the receive so that loading overlaps the wait), a send right
- * after the instruction that produced the data. Sends never block; a receive
- * blocks until the matching send has been issued. */
+ * after the instruction that produced the data. With MPI sends never block and
+ * a receive blocks until the matching send has been issued
+ * (cdp_schedule_validate); every list the builder gives runs under that. With
+ * NCCL each run of consecutive sends and receives is one group that blocks
+ * until every transfer in it has met the other side
+ * (cdp_schedule_validate_rendezvous): gpipe's and 1f1b's lists run under that
+ * too, interleaved's do not, so for NCCL (cdp_schedule_build_ex with
+ * rendezvous != 0) interleaved batches sends and receives after each unit of
+ * work as Megatron does (gen_interleaved_batched), which costs time where
+ * sends do not block. */
 #include "pipeline/schedule.h"
 
 #include <stdarg.h>
@@ -88,6 +96,8 @@ cdp_status cdp_schedule_print_json(const struct cdp_schedule *s, FILE *f)
 
 /* ---- building --------------------------------------------------------------- */
 
+static cdp_status rendezvous_run(const struct cdp_schedule *s);
+
 void cdp_schedule_free(struct cdp_schedule *s)
 {
     if (!s) return;
@@ -100,7 +110,8 @@ void cdp_schedule_free(struct cdp_schedule *s)
 
 struct builder {
     struct cdp_schedule *s;
-    int cap; /* instructions allocated per rank */
+    int cap;        /* instructions allocated per rank */
+    int rendezvous; /* lists for NCCL's rendezvous send/receive (cdp_schedule_build_ex) */
 };
 
 static void emit(struct builder *b, int r, enum cdp_op op, int mb, int chunk, int peer)
@@ -110,8 +121,12 @@ static void emit(struct builder *b, int r, enum cdp_op op, int mb, int chunk, in
     s->list[r][s->len[r]++] = (struct cdp_instr){.op = op, .mb = mb, .chunk = chunk, .peer = peer};
 }
 
-/* FORWARD of mb through chunk c on rank r, with its load and communication. */
-static void emit_forward(struct builder *b, int r, int mb, int c)
+/* The pieces of a forward and a backward of mb through chunk c on rank r:
+ * what must come before it (LOAD, RECV_*), the compute, what goes out after
+ * it (SEND_*). emit_forward / emit_backward emit them together; interleaved
+ * for NCCL places the communication as Megatron batches it
+ * (gen_interleaved_batched). */
+static void emit_forward_in(struct builder *b, int r, int mb, int c)
 {
     const struct cdp_schedule *s = b->s;
     int k = vstage(s, r, c), last = nvstages(s) - 1;
@@ -119,17 +134,41 @@ static void emit_forward(struct builder *b, int r, int mb, int c)
      * holds both (p == 1) the LOAD before the first serves the last too. */
     if (k == 0 || (k == last && s->p > 1)) emit(b, r, CDP_OP_LOAD, mb, c, -1);
     if (k > 0 && vrank(s, k - 1) != r) emit(b, r, CDP_OP_RECV_ACT, mb, c, vrank(s, k - 1));
-    emit(b, r, CDP_OP_FORWARD, mb, c, -1);
+}
+
+static void emit_forward_out(struct builder *b, int r, int mb, int c)
+{
+    const struct cdp_schedule *s = b->s;
+    int k = vstage(s, r, c), last = nvstages(s) - 1;
     if (k < last && vrank(s, k + 1) != r) emit(b, r, CDP_OP_SEND_ACT, mb, c, vrank(s, k + 1));
 }
 
-static void emit_backward(struct builder *b, int r, int mb, int c)
+static void emit_backward_in(struct builder *b, int r, int mb, int c)
 {
     const struct cdp_schedule *s = b->s;
     int k = vstage(s, r, c), last = nvstages(s) - 1;
     if (k < last && vrank(s, k + 1) != r) emit(b, r, CDP_OP_RECV_GRAD, mb, c, vrank(s, k + 1));
-    emit(b, r, CDP_OP_BACKWARD, mb, c, -1);
+}
+
+static void emit_backward_out(struct builder *b, int r, int mb, int c)
+{
+    const struct cdp_schedule *s = b->s;
+    int k = vstage(s, r, c);
     if (k > 0 && vrank(s, k - 1) != r) emit(b, r, CDP_OP_SEND_GRAD, mb, c, vrank(s, k - 1));
+}
+
+static void emit_forward(struct builder *b, int r, int mb, int c)
+{
+    emit_forward_in(b, r, mb, c);
+    emit(b, r, CDP_OP_FORWARD, mb, c, -1);
+    emit_forward_out(b, r, mb, c);
+}
+
+static void emit_backward(struct builder *b, int r, int mb, int c)
+{
+    emit_backward_in(b, r, mb, c);
+    emit(b, r, CDP_OP_BACKWARD, mb, c, -1);
+    emit_backward_out(b, r, mb, c);
 }
 
 static void emit_step_end(struct builder *b, int r, int tied)
@@ -182,7 +221,9 @@ static void interleaved_map(const struct cdp_schedule *s, int k, int forward, in
 /* Interleaved 1F1B (Megatron-LM forward_backward_pipelining_with_interleaving):
  * (p - r - 1) * 2 + (v - 1) * p warm-up forwards (all m * v when that is more),
  * then pairs of the next forward and the oldest backward, then the remaining
- * backwards. */
+ * backwards. Where sends do not block (MPI, the simulator) each send goes
+ * right after its compute and each receive right before its use, as in gpipe
+ * and 1f1b; for NCCL, gen_interleaved_batched. */
 static void gen_interleaved(struct builder *b, int r)
 {
     const struct cdp_schedule *s = b->s;
@@ -206,8 +247,80 @@ static void gen_interleaved(struct builder *b, int r)
     }
 }
 
+/* Interleaved 1F1B for NCCL's rendezvous send/receive: gen_interleaved's
+ * order of compute, with communication where Megatron batches it, one
+ * exchange after each unit of work: after warm-up forward k, its send and the
+ * receive for forward k + 1 (the last warm-up forward adds the receive for
+ * backward 0); after a steady pair, both sends and the receives for the next
+ * pair; after a cool-down backward, its send and the receive for the next
+ * backward. With every send right after its compute and every receive right
+ * before its use (gen_interleaved), virtual stages wrapping around the ranks
+ * split these exchanges into groups that wait on each other in a cycle under
+ * rendezvous semantics (p = 2, v = 2, m = 4 already deadlocks); batched this
+ * way every list passes cdp_schedule_validate_rendezvous. Within an exchange
+ * the SEND_GRAD goes before the SEND_ACT and the RECV_GRAD before the
+ * RECV_ACT: with p = 2 both travel between the same two ranks, and NCCL pairs
+ * them in posting order. The LOAD of the next forward stays right before its
+ * RECV_ACT, after the rest of the exchange. The price where sends never block
+ * (MPI, the simulator), and why cdp_schedule_build keeps gen_interleaved: an
+ * activation leaves after the paired backward rather than right after its
+ * forward, and the next backward's gradient is awaited before the next
+ * forward. */
+static void gen_interleaved_batched(struct builder *b, int r)
+{
+    const struct cdp_schedule *s = b->s;
+    int total = s->m * s->v;
+    int warm = (s->p - r - 1) * 2 + (s->v - 1) * s->p;
+    if (warm > total) warm = total;
+    int mb, c, bmb, bc;
+    interleaved_map(s, 0, 1, &mb, &c);
+    emit_forward_in(b, r, mb, c);
+    for (int k = 0; k < warm; k++) {
+        interleaved_map(s, k, 1, &mb, &c);
+        emit(b, r, CDP_OP_FORWARD, mb, c, -1);
+        emit_forward_out(b, r, mb, c);
+        if (k == warm - 1) {
+            interleaved_map(s, 0, 0, &mb, &c);
+            emit_backward_in(b, r, mb, c);
+        }
+        if (k + 1 < total) {
+            interleaved_map(s, k + 1, 1, &mb, &c);
+            emit_forward_in(b, r, mb, c);
+        }
+    }
+    for (int k = 0; k < total - warm; k++) {
+        interleaved_map(s, k + warm, 1, &mb, &c);
+        interleaved_map(s, k, 0, &bmb, &bc);
+        emit(b, r, CDP_OP_FORWARD, mb, c, -1);
+        emit(b, r, CDP_OP_BACKWARD, bmb, bc, -1);
+        emit_backward_out(b, r, bmb, bc);
+        emit_forward_out(b, r, mb, c);
+        interleaved_map(s, k + 1, 0, &bmb, &bc);
+        emit_backward_in(b, r, bmb, bc);
+        if (k + warm + 1 < total) {
+            interleaved_map(s, k + warm + 1, 1, &mb, &c);
+            emit_forward_in(b, r, mb, c);
+        }
+    }
+    for (int k = total - warm; k < total; k++) {
+        interleaved_map(s, k, 0, &mb, &c);
+        emit(b, r, CDP_OP_BACKWARD, mb, c, -1);
+        emit_backward_out(b, r, mb, c);
+        if (k + 1 < total) {
+            interleaved_map(s, k + 1, 0, &mb, &c);
+            emit_backward_in(b, r, mb, c);
+        }
+    }
+}
+
 cdp_status cdp_schedule_build(enum cdp_schedule_kind kind, int p, int v, int m, int tied,
                               struct cdp_schedule **out)
+{
+    return cdp_schedule_build_ex(kind, p, v, m, tied, 0, out);
+}
+
+cdp_status cdp_schedule_build_ex(enum cdp_schedule_kind kind, int p, int v, int m, int tied, int rendezvous,
+                                 struct cdp_schedule **out)
 {
     cdp_status st;
     if ((unsigned)kind >= CDP_SCHEDULE_COUNT)
@@ -232,7 +345,7 @@ cdp_status cdp_schedule_build(enum cdp_schedule_kind kind, int p, int v, int m, 
                             "%d stages", m, p);
     }
 
-    struct builder b = {.s = NULL, .cap = 7 * m * v + 3};
+    struct builder b = {.s = NULL, .cap = 7 * m * v + 3, .rendezvous = rendezvous != 0};
     struct cdp_schedule *s = calloc(1, sizeof *s);
     if (!s) return cdp_fail(CDP_ERR_NOMEM, "schedule: out of memory");
     *s = (struct cdp_schedule){.kind = kind, .p = p, .v = v, .m = m};
@@ -246,13 +359,19 @@ cdp_status cdp_schedule_build(enum cdp_schedule_kind kind, int p, int v, int m, 
         switch (kind) {
         case CDP_SCHEDULE_GPIPE: gen_gpipe(&b, r); break;
         case CDP_SCHEDULE_1F1B: gen_1f1b(&b, r); break;
-        default: gen_interleaved(&b, r); break;
+        default:
+            if (b.rendezvous) gen_interleaved_batched(&b, r);
+            else gen_interleaved(&b, r);
+            break;
         }
         emit_step_end(&b, r, tied);
     }
-    /* Every list handed out is proven; a failure here is a generator bug. */
-    if ((st = cdp_schedule_validate(s))) {
-        st = cdp_error_context(CDP_ERR_INTERNAL, "schedule %s (p=%d, v=%d, m=%d) is broken: ", name, p, v, m);
+    /* Every list handed out is proven for buffered (MPI) send/receive, and
+     * for rendezvous (NCCL) send/receive too when it is meant for that; a
+     * failure here is a generator bug. */
+    if ((st = cdp_schedule_validate(s)) || (b.rendezvous && (st = rendezvous_run(s)))) {
+        st = cdp_error_context(CDP_ERR_INTERNAL, "schedule %s (p=%d, v=%d, m=%d%s) is broken: ", name, p, v, m,
+                               b.rendezvous ? ", rendezvous" : "");
         goto fail;
     }
     *out = s;
@@ -536,6 +655,279 @@ cdp_status cdp_schedule_validate(const struct cdp_schedule *s)
                             has[0] ? 0 : s->p - 1, has[0] ? s->p - 1 : 0);
     }
     return dry_run(s);
+}
+
+/* ---- rendezvous (NCCL) semantics ----------------------------------------------
+ *
+ * NCCL's send and receive are rendezvous operations without tags: a transfer
+ * completes only once both sides have posted it, and the k-th send from rank a
+ * to rank b lands in the k-th receive that b posted from a. The executor posts
+ * every maximal run of consecutive sends and receives of a list as one
+ * ncclGroupStart/End and blocks until all of the group's transfers are done.
+ * The simulation below runs exactly that; a transfer, once both of its groups
+ * are posted, is done (NCCL progresses a group's operations independently). */
+
+int cdp_schedule_p2p_group_end(const struct cdp_schedule *s, int rank, int i)
+{
+    CDP_ASSERT(s && rank >= 0 && rank < s->p && i >= 0 && i <= s->len[rank]);
+    while (i < s->len[rank] && is_comm(s->list[rank][i].op)) i++;
+    return i;
+}
+
+/* A rank's peers are its neighbours on the ring of virtual stages: side 0 is
+ * rank (r + 1) % p, side 1 rank (r - 1) % p; with p == 2 both are one rank,
+ * and one FIFO, so it is always side 0. */
+static int side_of(const struct cdp_schedule *s, int r, int peer) { return peer == (r + 1) % s->p ? 0 : 1; }
+
+/* What travels: activation or gradient, micro-batch, and the sending virtual
+ * stage. A send and a receive match when these are equal. */
+struct wire {
+    int grad, mb, from;
+};
+
+static struct wire wire_of(const struct cdp_schedule *s, int r, const struct cdp_instr *in)
+{
+    int k = vstage(s, r, in->chunk);
+    switch (in->op) {
+    case CDP_OP_SEND_ACT: return (struct wire){0, in->mb, k};
+    case CDP_OP_RECV_ACT: return (struct wire){0, in->mb, k - 1};
+    case CDP_OP_SEND_GRAD: return (struct wire){1, in->mb, k};
+    default: return (struct wire){1, in->mb, k + 1};
+    }
+}
+
+static int is_send(enum cdp_op op) { return op == CDP_OP_SEND_ACT || op == CDP_OP_SEND_GRAD; }
+
+static const char *ordinal(int n, char *buf, size_t cap)
+{
+    const char *suf = n % 100 >= 11 && n % 100 <= 13 ? "th" : n % 10 == 1 ? "st" : n % 10 == 2 ? "nd"
+                                                                    : n % 10 == 3 ? "rd" : "th";
+    snprintf(buf, cap, "%d%s", n, suf);
+    return buf;
+}
+
+struct rv_rank {
+    int at;      /* next instruction; the first of the posted group while there is one */
+    int end;     /* one past the posted group; == at when none is posted */
+    int open;    /* transfers of the posted group not yet done */
+    int at_tied; /* has reached its REDUCE_TIED_GRADS */
+};
+
+struct rv {
+    const struct cdp_schedule *s;
+    size_t *off;          /* off[r]: rank r's first slot in partner / done */
+    int *partner;         /* index, in the peer's list, of the other side of a transfer */
+    unsigned char *done;  /* transfer done */
+    struct rv_rank *rank;
+    int *stack, nstack;   /* ranks to run again */
+    unsigned char *queued;
+};
+
+static void rv_push(struct rv *x, int r)
+{
+    if (x->queued[r]) return;
+    x->queued[r] = 1;
+    x->stack[x->nstack++] = r;
+}
+
+/* Pairs every send with the receive NCCL will deliver it to (same position
+ * in the order of transfers from the sender to the receiver) and checks that
+ * it is the matching one. */
+static cdp_status rv_pair(struct rv *x)
+{
+    const struct cdp_schedule *s = x->s;
+    int p = s->p;
+    cdp_status st = CDP_OK;
+    /* recvq: per rank, the positions of its receives from side 0, then from side 1 */
+    int *recvq = malloc((x->off[p] ? x->off[p] : 1) * sizeof *recvq);
+    int *nrecv = calloc((size_t)p * 2, sizeof *nrecv), *nsend = calloc((size_t)p * 2, sizeof *nsend);
+    if (!recvq || !nrecv || !nsend) {
+        st = cdp_fail(CDP_ERR_NOMEM, "schedule validation: out of memory");
+        goto done;
+    }
+    for (int b = 0; b < p; b++) {
+        size_t q = x->off[b];
+        for (int sd = 0; sd < 2; sd++)
+            for (int j = 0; j < s->len[b]; j++) {
+                const struct cdp_instr *in = &s->list[b][j];
+                if (!is_comm(in->op) || is_send(in->op) || side_of(s, b, in->peer) != sd) continue;
+                recvq[q++] = j;
+                nrecv[b * 2 + sd]++;
+            }
+    }
+    for (int a = 0; a < p; a++)
+        for (int i = 0; i < s->len[a]; i++) {
+            const struct cdp_instr *in = &s->list[a][i];
+            if (!is_comm(in->op) || !is_send(in->op)) continue;
+            int b = in->peer, n = nsend[a * 2 + side_of(s, a, b)]++, sdb = side_of(s, b, a);
+            char o[16], bi[64], bj[64];
+            if (n >= nrecv[b * 2 + sdb]) {
+                st = cdp_fail(CDP_ERR_INTERNAL, "rank %d, instruction %d (%s) is the %s send from rank %d to "
+                              "rank %d, but rank %d posts only %d receives from rank %d", a, i,
+                              cdp_instr_str(in, s->v, bi, sizeof bi), ordinal(n + 1, o, sizeof o), a, b, b,
+                              nrecv[b * 2 + sdb], a);
+                goto done;
+            }
+            int j = recvq[x->off[b] + (sdb ? (size_t)nrecv[b * 2] : 0) + (size_t)n];
+            struct wire ws = wire_of(s, a, in), wr = wire_of(s, b, &s->list[b][j]);
+            if (ws.grad != wr.grad || ws.mb != wr.mb || ws.from != wr.from) {
+                st = cdp_fail(CDP_ERR_INTERNAL, "rank %d, instruction %d (%s) and rank %d, instruction %d (%s) "
+                              "are the %s transfer from rank %d to rank %d: NCCL pairs sends and receives "
+                              "between two ranks in the order they are posted, so this send would land in "
+                              "that receive", a, i, cdp_instr_str(in, s->v, bi, sizeof bi), b, j,
+                              cdp_instr_str(&s->list[b][j], s->v, bj, sizeof bj), ordinal(n + 1, o, sizeof o),
+                              a, b);
+                goto done;
+            }
+            x->partner[x->off[a] + (size_t)i] = j;
+            x->partner[x->off[b] + (size_t)j] = i;
+        }
+    for (int b = 0; b < p; b++)
+        for (int sdb = 0; sdb < 2; sdb++) {
+            if (!nrecv[b * 2 + sdb]) continue;
+            int a = sdb ? (b - 1 + p) % p : (b + 1) % p, sent = nsend[a * 2 + side_of(s, a, b)];
+            if (sent < nrecv[b * 2 + sdb]) {
+                st = cdp_fail(CDP_ERR_INTERNAL, "rank %d posts %d receives from rank %d, which sends it only %d",
+                              b, nrecv[b * 2 + sdb], a, sent);
+                goto done;
+            }
+        }
+done:
+    free(recvq);
+    free(nrecv);
+    free(nsend);
+    return st;
+}
+
+/* Runs rank r until it blocks or ends; queues the ranks this lets go on. */
+static void rv_advance(struct rv *x, int r)
+{
+    const struct cdp_schedule *s = x->s;
+    struct rv_rank *me = &x->rank[r];
+    for (;;) {
+        if (me->end > me->at) {
+            if (me->open) return;
+            me->at = me->end;
+        }
+        if (me->at >= s->len[r]) return;
+        const struct cdp_instr *in = &s->list[r][me->at];
+        if (is_comm(in->op)) {
+            me->end = cdp_schedule_p2p_group_end(s, r, me->at);
+            me->open = me->end - me->at;
+            for (int i = me->at; i < me->end; i++) {
+                int b = s->list[r][i].peer, j = x->partner[x->off[r] + (size_t)i];
+                struct rv_rank *pe = &x->rank[b];
+                if (j < pe->at || j >= pe->end) continue; /* the peer has not posted it yet */
+                x->done[x->off[r] + (size_t)i] = x->done[x->off[b] + (size_t)j] = 1;
+                me->open--;
+                if (--pe->open == 0) rv_push(x, b);
+            }
+            continue;
+        }
+        if (in->op == CDP_OP_REDUCE_TIED_GRADS) {
+            /* A collective of the first and the last rank: both must be there. */
+            int other = r == 0 ? s->p - 1 : 0;
+            me->at_tied = 1;
+            if (!x->rank[other].at_tied) return;
+            rv_push(x, other);
+        }
+        /* Everything else (loading, compute, the replicas' all-reduce) does not
+         * wait on this pipeline's ranks. */
+        me->at++;
+    }
+}
+
+struct msg {
+    char s[4096];
+    size_t n;
+};
+
+static void msg_add(struct msg *m, const char *fmt, ...) CDP_PRINTF(2, 3);
+static void msg_add(struct msg *m, const char *fmt, ...)
+{
+    if (m->n + 1 >= sizeof m->s) return;
+    va_list ap;
+    va_start(ap, fmt);
+    int k = vsnprintf(m->s + m->n, sizeof m->s - m->n, fmt, ap);
+    va_end(ap);
+    if (k > 0) m->n = m->n + (size_t)k < sizeof m->s ? m->n + (size_t)k : sizeof m->s - 1;
+}
+
+static cdp_status rv_report(const struct rv *x)
+{
+    const struct cdp_schedule *s = x->s;
+    struct msg m = {.n = 0};
+    char b[64];
+    msg_add(&m, "deadlock under rendezvous send/receive (one NCCL group per run of consecutive sends and "
+                "receives): no group can complete;");
+    for (int r = 0; r < s->p; r++) {
+        const struct rv_rank *me = &x->rank[r];
+        const char *sep = r ? "," : "";
+        if (me->at >= s->len[r]) {
+            msg_add(&m, "%s rank %d has finished", sep, r);
+        } else if (me->end > me->at) {
+            if (me->end - me->at == 1) msg_add(&m, "%s rank %d blocks in its group at instruction %d (", sep, r, me->at);
+            else msg_add(&m, "%s rank %d blocks in its group at instructions %d-%d (", sep, r, me->at, me->end - 1);
+            for (int i = me->at; i < me->end; i++)
+                msg_add(&m, "%s%s", i > me->at ? " " : "", cdp_instr_str(&s->list[r][i], s->v, b, sizeof b));
+            msg_add(&m, "), unmatched");
+            for (int i = me->at; i < me->end; i++)
+                if (!x->done[x->off[r] + (size_t)i])
+                    msg_add(&m, " %s", cdp_instr_str(&s->list[r][i], s->v, b, sizeof b));
+        } else {
+            msg_add(&m, "%s rank %d waits at instruction %d (%s) for rank %d", sep, r, me->at,
+                    cdp_instr_str(&s->list[r][me->at], s->v, b, sizeof b), r == 0 ? s->p - 1 : 0);
+        }
+    }
+    return cdp_fail(CDP_ERR_INTERNAL, "%s", m.s);
+}
+
+/* The lists under rendezvous semantics; s has passed cdp_schedule_validate. */
+static cdp_status rendezvous_run(const struct cdp_schedule *s)
+{
+    int p = s->p;
+    cdp_status st = CDP_OK;
+    struct rv x = {.s = s};
+    x.off = malloc(((size_t)p + 1) * sizeof *x.off);
+    x.rank = calloc((size_t)p, sizeof *x.rank);
+    x.stack = malloc((size_t)p * sizeof *x.stack);
+    x.queued = calloc((size_t)p, 1);
+    if (!x.off || !x.rank || !x.stack || !x.queued) goto nomem;
+    x.off[0] = 0;
+    for (int r = 0; r < p; r++) x.off[r + 1] = x.off[r] + (size_t)s->len[r];
+    x.partner = malloc((x.off[p] ? x.off[p] : 1) * sizeof *x.partner);
+    x.done = calloc(x.off[p] ? x.off[p] : 1, 1);
+    if (!x.partner || !x.done) goto nomem;
+    if ((st = rv_pair(&x))) goto done;
+    for (int r = p - 1; r >= 0; r--) rv_push(&x, r);
+    while (x.nstack) {
+        int r = x.stack[--x.nstack];
+        x.queued[r] = 0;
+        rv_advance(&x, r);
+    }
+    for (int r = 0; r < p; r++)
+        if (x.rank[r].at < s->len[r]) {
+            st = rv_report(&x);
+            break;
+        }
+    goto done;
+nomem:
+    st = cdp_fail(CDP_ERR_NOMEM, "schedule validation: out of memory");
+done:
+    free(x.off);
+    free(x.rank);
+    free(x.stack);
+    free(x.queued);
+    free(x.partner);
+    free(x.done);
+    return st;
+}
+
+cdp_status cdp_schedule_validate_rendezvous(const struct cdp_schedule *s)
+{
+    cdp_status st;
+    if ((st = cdp_schedule_validate(s))) return st;
+    return rendezvous_run(s);
 }
 
 int cdp_schedule_peak_in_flight(const struct cdp_schedule *s, int rank)

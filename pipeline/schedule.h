@@ -55,20 +55,43 @@ struct cdp_schedule {
     struct cdp_instr **list; /* list[r][i] */
 };
 
-/* Builds the lists of one step for p ranks, v chunks, m micro-batches.
- * Order within a list is execution order: each RECV_* sits right before the
- * instruction that needs it (after the LOAD, if any, so that loading overlaps
- * the wait), each SEND_* right after the FORWARD / BACKWARD that produced it.
- * gpipe: forwards 0..m-1, then backwards 0..m-1. 1f1b: min(p-r-1, m) warm-up
- * forwards, 1F1B pairs, cool-down backwards. interleaved: Megatron's order
- * (pipeline/schedule.c). The result is validated before it is returned.
+/* Builds the lists of one step for p ranks, v chunks, m micro-batches, for
+ * MPI's buffered send/receive: cdp_schedule_build_ex(..., rendezvous = 0, ...).
+ * The simulator, the planner and the CPU executor use these lists. */
+cdp_status cdp_schedule_build(enum cdp_schedule_kind kind, int p, int v, int m, int tied,
+                              struct cdp_schedule **out);
+
+/* Builds the lists of one step for p ranks, v chunks, m micro-batches; *out
+ * is the caller's (cdp_schedule_free), written only on success.
+ * Order within a list is execution order. gpipe: forwards 0..m-1, then
+ * backwards 0..m-1. 1f1b: min(p-r-1, m) warm-up forwards, 1F1B pairs,
+ * cool-down backwards. interleaved: Megatron's order of compute
+ * (pipeline/schedule.c).
+ * rendezvous selects the transport the lists are for:
+ * - 0 (MPI, whose sends never block): each RECV_* sits right before the
+ *   instruction that needs it (after the LOAD, if any, so that loading
+ *   overlaps the wait), each SEND_* right after the FORWARD / BACKWARD that
+ *   produced it, in every kind. The result passes cdp_schedule_validate,
+ *   which is run before it is returned; interleaved lists may deadlock under
+ *   rendezvous semantics (p = 2, v = 2, m = 4 does).
+ * - != 0 (NCCL, whose sends and receives meet in groups): gpipe and 1f1b give
+ *   the same lists as with 0, which are already safe; interleaved batches
+ *   communication as Megatron does: after each warm-up forward, cool-down
+ *   backward or steady forward+backward pair, the SEND_GRAD, then the
+ *   SEND_ACT of that work, then the RECV_GRAD, LOAD and RECV_ACT of the next.
+ *   The result passes cdp_schedule_validate and
+ *   cdp_schedule_validate_rendezvous, both run before it is returned. Where
+ *   sends never block this interleaved order is slower (activations leave
+ *   later), so use it only where point-to-point goes through NCCL.
  * gpipe and 1f1b need v == 1; interleaved needs v >= 2, p >= 2 and m a
  * multiple of p (as Megatron requires). Every list ends with
  * REDUCE_TIED_GRADS (only when tied != 0, and only on the ranks holding the
  * first and the last virtual stage), ALLREDUCE_GRADS and OPTIMIZER_STEP.
- * Invalid shapes give CDP_ERR_INVALID with the reason. */
-cdp_status cdp_schedule_build(enum cdp_schedule_kind kind, int p, int v, int m, int tied,
-                              struct cdp_schedule **out);
+ * Invalid shapes give CDP_ERR_INVALID with the reason; lists that fail their
+ * validation (a generator bug) CDP_ERR_INTERNAL; CDP_ERR_NOMEM if out of
+ * memory. */
+cdp_status cdp_schedule_build_ex(enum cdp_schedule_kind kind, int p, int v, int m, int tied, int rendezvous,
+                                 struct cdp_schedule **out);
 void cdp_schedule_free(struct cdp_schedule *s);
 
 /* Proves the lists well formed: every micro-batch is loaded, forwarded and
@@ -81,6 +104,39 @@ void cdp_schedule_free(struct cdp_schedule *s);
  * instruction ("rank 2, instruction 7 (2B3): backward of micro-batch 3 before
  * its forward"), or, for a deadlock, every rank's pending instruction. */
 cdp_status cdp_schedule_validate(const struct cdp_schedule *s);
+
+/* Index one past the maximal run of consecutive point-to-point instructions
+ * (SEND_ACT, RECV_ACT, SEND_GRAD, RECV_GRAD) of rank's list that starts at
+ * instruction i; i itself when instruction i is not one of them or i is the
+ * list's length. The executor on GPUs posts list[rank][i .. end) as one
+ * ncclGroupStart/End group and waits for all of it, so a list's groups are:
+ * for (i = 0; i < len; i = e > i ? e : i + 1) e = cdp_schedule_p2p_group_end(s, rank, i).
+ * Pure; s must hold rank and 0 <= i <= len[rank] (checked by CDP_ASSERT). */
+int cdp_schedule_p2p_group_end(const struct cdp_schedule *s, int rank, int i);
+
+/* Proves the lists deadlock-free under NCCL's send/receive semantics, after
+ * cdp_schedule_validate (whose failures it returns unchanged, CDP_ERR_INVALID):
+ * - groups: each maximal run of consecutive point-to-point instructions of a
+ *   rank (cdp_schedule_p2p_group_end) is one group; a rank posts a group when
+ *   it reaches it and blocks there until every transfer in it is done;
+ * - a transfer (a send and its receive) is done as soon as the groups holding
+ *   its two sides are both posted, whatever the rest of either group waits
+ *   for; so two ranks' groups that match each other complete together, and a
+ *   group completes when its last transfer is done;
+ * - NCCL has no tags: the k-th send from rank a to rank b lands in the k-th
+ *   receive b posts from a, which must be the matching one (same kind,
+ *   micro-batch and virtual stage);
+ * - LOAD, FORWARD, BACKWARD, ALLREDUCE_GRADS (between replicas) and
+ *   OPTIMIZER_STEP never wait; REDUCE_TIED_GRADS waits for the other tied rank.
+ * A run where no rank can go on fails with CDP_ERR_INTERNAL (lists from
+ * cdp_schedule_build_ex with rendezvous != 0 never do this; interleaved lists
+ * built for MPI can) and a message naming every rank: where it blocks,
+ * its group and the group's unmatched instructions ("rank 0 blocks in its group
+ * at instruction 5 (sa1>1), unmatched sa1>1, rank 1 blocks ..."), that it
+ * waits at its REDUCE_TIED_GRADS, or that it has finished; a send paired with
+ * the wrong receive fails with
+ * CDP_ERR_INTERNAL naming both. CDP_ERR_NOMEM if out of memory. */
+cdp_status cdp_schedule_validate_rendezvous(const struct cdp_schedule *s);
 
 /* Compact form of one instruction, like torch.distributed.pipelining's
  * actions ("2F0"), without the stage since a list belongs to one rank: "F0"

@@ -1,7 +1,10 @@
 /* Suite schedule: the generators (gpipe, 1f1b, interleaved) give lists the
- * validator proves, with the right counts and activations in flight; small
- * cases match lists written by hand; hand-broken lists are rejected with the
- * offending instruction; `cdphybrid --plan P --schedule` prints them. */
+ * validator proves, with the right counts and activations in flight; those
+ * built for NCCL (rendezvous = 1) run under its rendezvous send/receive too,
+ * those for MPI (rendezvous = 0, cdp_schedule_build) keep the original order;
+ * small cases match lists written by hand; hand-broken lists are rejected with the offending instruction (or,
+ * for rendezvous deadlocks, every stuck rank); `cdphybrid --plan P --schedule`
+ * prints them. */
 #include <criterion/criterion.h>
 #include <jansson.h>
 #include <stdio.h>
@@ -18,6 +21,30 @@ static struct cdp_schedule *build(enum cdp_schedule_kind kind, int p, int v, int
     cr_assert_eq(st, CDP_OK, "%s p=%d v=%d m=%d tied=%d: %s", cdp_schedule_name(kind), p, v, m, tied,
                  cdp_last_error());
     return s;
+}
+
+/* The lists for one transport: rendezvous = 0 for MPI, 1 for NCCL. */
+static struct cdp_schedule *build_ex(enum cdp_schedule_kind kind, int p, int v, int m, int tied, int rendezvous)
+{
+    struct cdp_schedule *s = NULL;
+    cdp_status st = cdp_schedule_build_ex(kind, p, v, m, tied, rendezvous, &s);
+    cr_assert_eq(st, CDP_OK, "%s p=%d v=%d m=%d tied=%d rendezvous=%d: %s", cdp_schedule_name(kind), p, v, m,
+                 tied, rendezvous, cdp_last_error());
+    return s;
+}
+
+/* Same ranks, same lists, instruction for instruction. */
+static int same_lists(const struct cdp_schedule *a, const struct cdp_schedule *b)
+{
+    if (a->p != b->p || a->v != b->v || a->m != b->m || a->kind != b->kind) return 0;
+    for (int r = 0; r < a->p; r++) {
+        if (a->len[r] != b->len[r]) return 0;
+        for (int i = 0; i < a->len[r]; i++) {
+            const struct cdp_instr *x = &a->list[r][i], *y = &b->list[r][i];
+            if (x->op != y->op || x->mb != y->mb || x->chunk != y->chunk || x->peer != y->peer) return 0;
+        }
+    }
+    return 1;
 }
 
 /* One rank's list in the compact form, space-separated (static storage). */
@@ -165,6 +192,11 @@ Test(schedule, build_rejects_shapes_the_kinds_cannot_run)
     cr_assert_eq(cdp_schedule_build(CDP_SCHEDULE_GPIPE, 2, 1, 0, 0, &s), CDP_ERR_INVALID);
     cr_assert_eq(cdp_schedule_build(CDP_SCHEDULE_GPIPE, 1024, 1, 4096, 0, &s), CDP_ERR_INVALID);
     cr_assert_eq(cdp_schedule_build((enum cdp_schedule_kind)7, 2, 1, 4, 0, &s), CDP_ERR_INVALID);
+    cr_assert_eq(cdp_schedule_build_ex(CDP_SCHEDULE_1F1B, 2, 2, 4, 0, 1, &s), CDP_ERR_INVALID);
+    cr_assert(strstr(cdp_last_error(), "needs 1 chunk per rank"), "%s", cdp_last_error());
+    cr_assert_eq(cdp_schedule_build_ex(CDP_SCHEDULE_INTERLEAVED, 4, 2, 6, 0, 1, &s), CDP_ERR_INVALID);
+    cr_assert(strstr(cdp_last_error(), "6 micro-batches is not a multiple of 4 stages"), "%s", cdp_last_error());
+    cr_assert_eq(cdp_schedule_build_ex(CDP_SCHEDULE_INTERLEAVED, 1, 2, 4, 0, 1, &s), CDP_ERR_INVALID);
     cr_assert_null(s, "nothing is written on failure");
     cdp_schedule_free(NULL);
 }
@@ -189,15 +221,17 @@ Test(schedule, peak_in_flight_interleaved_is_warmup_plus_one)
 {
     for (int p = 2; p <= 8; p++)
         for (int v = 2; v <= 4; v++)
-            for (int m = p; m <= 32; m += p) {
-                struct cdp_schedule *s = build(CDP_SCHEDULE_INTERLEAVED, p, v, m, 0);
-                for (int r = 0; r < p; r++) {
-                    int warm = (p - r - 1) * 2 + (v - 1) * p;
-                    int want = warm >= m * v ? m * v : warm + 1;
-                    cr_assert_eq(cdp_schedule_peak_in_flight(s, r), want, "p=%d v=%d m=%d rank %d", p, v, m, r);
+            for (int m = p; m <= 32; m += p)
+                for (int rv = 0; rv <= 1; rv++) { /* batching moves communication, not compute */
+                    struct cdp_schedule *s = build_ex(CDP_SCHEDULE_INTERLEAVED, p, v, m, 0, rv);
+                    for (int r = 0; r < p; r++) {
+                        int warm = (p - r - 1) * 2 + (v - 1) * p;
+                        int want = warm >= m * v ? m * v : warm + 1;
+                        cr_assert_eq(cdp_schedule_peak_in_flight(s, r), want, "p=%d v=%d m=%d rank %d rendezvous=%d",
+                                     p, v, m, r, rv);
+                    }
+                    cdp_schedule_free(s);
                 }
-                cdp_schedule_free(s);
-            }
 }
 
 Test(schedule, small_1f1b_matches_the_hand_written_lists)
@@ -446,6 +480,263 @@ Test(schedule, print_and_json_forms)
     json_decref(j);
     free(buf);
     cdp_schedule_free(s);
+}
+
+/* ---- rendezvous (NCCL) semantics -------------------------------------------- */
+
+Test(schedule, p2p_group_end_finds_the_maximal_runs_of_sends_and_receives)
+{
+    struct cdp_schedule *s = parse(2, 1, 2, (const char *[]){R0, R1});
+    /* rank 0: L0 F0 sa0>1 L1 F1 sa1>1 rg0<1 B0 rg1<1 B1 A O */
+    const int want0[] = {0, 1, 3, 3, 4, 7, 7, 7, 9, 9, 10, 11, 12};
+    for (int i = 0; i <= s->len[0]; i++)
+        cr_assert_eq(cdp_schedule_p2p_group_end(s, 0, i), want0[i], "rank 0, instruction %d", i);
+    /* rank 1: L0 ra0<0 F0 B0 sg0>0 L1 ra1<0 F1 B1 sg1>0 A O: the LOAD splits sg0 from ra1 */
+    cr_assert_eq(cdp_schedule_p2p_group_end(s, 1, 4), 5);
+    cr_assert_eq(cdp_schedule_p2p_group_end(s, 1, 5), 5);
+    cr_assert_eq(cdp_schedule_p2p_group_end(s, 1, 6), 7);
+    cdp_schedule_free(s);
+}
+
+/* Every list a generator gives for NCCL (rendezvous = 1), over the grid the
+ * executor will meet, is well formed with the right counts and runs under
+ * NCCL's semantics; the groups it forms cover every send and receive once. */
+Test(schedule, every_generated_schedule_passes_rendezvous)
+{
+    int cases = 0, groups = 0;
+    for (int kind = 0; kind < CDP_SCHEDULE_COUNT; kind++)
+        for (int p = 1; p <= 8; p++)
+            for (int v = 1; v <= 3; v++)
+                for (int m = 1; m <= 16; m++)
+                    for (int tied = 0; tied <= 1; tied++) {
+                        int inter = kind == CDP_SCHEDULE_INTERLEAVED;
+                        if (inter ? (v < 2 || p < 2 || m % p) : v != 1) continue;
+                        struct cdp_schedule *s = build_ex((enum cdp_schedule_kind)kind, p, v, m, tied, 1);
+                        cr_assert_eq(cdp_schedule_validate(s), CDP_OK, "%s", cdp_last_error());
+                        check_counts(s, tied);
+                        cr_assert_eq(cdp_schedule_validate_rendezvous(s), CDP_OK, "%s p=%d v=%d m=%d tied=%d: %s",
+                                     cdp_schedule_name((enum cdp_schedule_kind)kind), p, v, m, tied,
+                                     cdp_last_error());
+                        for (int r = 0; r < p; r++) {
+                            int comm = 0, covered = 0;
+                            for (int i = 0; i < s->len[r]; i++) {
+                                enum cdp_op op = s->list[r][i].op;
+                                comm += op == CDP_OP_SEND_ACT || op == CDP_OP_RECV_ACT || op == CDP_OP_SEND_GRAD ||
+                                        op == CDP_OP_RECV_GRAD;
+                            }
+                            for (int i = 0, e; i < s->len[r]; i = e > i ? e : i + 1) {
+                                e = cdp_schedule_p2p_group_end(s, r, i);
+                                if (e == i) continue;
+                                cr_assert(i == 0 || cdp_schedule_p2p_group_end(s, r, i - 1) == i - 1,
+                                          "rank %d: a group starts at %d inside a run", r, i);
+                                covered += e - i;
+                                groups++;
+                            }
+                            cr_assert_eq(covered, comm, "rank %d", r);
+                        }
+                        cdp_schedule_free(s);
+                        cases++;
+                    }
+    /* gpipe and 1f1b: 8 x 16 x 2 each; interleaved: sum over p of 2 x (16 / p) x 2 */
+    int inter = 0;
+    for (int p = 2; p <= 8; p++) inter += 2 * (16 / p) * 2;
+    cr_assert_eq(cases, 2 * 8 * 16 * 2 + inter);
+    cr_assert_gt(groups, 0);
+}
+
+/* Validates a hand-written schedule that cdp_schedule_validate accepts (MPI's
+ * buffered sends) and cdp_schedule_validate_rendezvous rejects with msg. */
+static void expect_rendezvous_broken(int p, int v, int m, const char *const *ranks, const char *msg)
+{
+    struct cdp_schedule *s = parse(p, v, m, ranks);
+    cr_assert_eq(cdp_schedule_validate(s), CDP_OK, "buffered: %s", cdp_last_error());
+    cr_assert_eq(cdp_schedule_validate_rendezvous(s), CDP_ERR_INTERNAL, "accepted: %s", ranks[0]);
+    cr_assert_str_eq(cdp_last_error(), msg);
+    cdp_schedule_free(s);
+}
+
+Test(schedule, rendezvous_completes_a_group_transfer_by_transfer)
+{
+    /* Rank 0 posts sa1>1 and rg0<1 in one group; rank 1 first posts sg0>0 alone,
+     * then (after L1) ra1<0. The group's receive meets rank 1's send while its
+     * send is still pending, so rank 1 moves on and posts the receive. */
+    struct cdp_schedule *s = parse(2, 1, 2, (const char *[]){R0, R1});
+    cr_assert_eq(cdp_schedule_validate_rendezvous(s), CDP_OK, "%s", cdp_last_error());
+    cdp_schedule_free(s);
+}
+
+Test(schedule, rendezvous_rejects_sends_both_ranks_post_before_their_receives)
+{
+    /* GPipe's rank 0 with 1F1B's rank 1: rank 0 sends sa1>1 in a group of its
+     * own, then forwards micro-batch 2 before it posts rg0<1; rank 1 sends
+     * sg0>0 alone, then loads before it posts ra1<0. With buffered sends both go
+     * on; with rendezvous each waits for a receive the other posts only later. */
+    expect_rendezvous_broken(
+        2, 1, 3,
+        (const char *[]){"L0 F0 sa0>1 L1 F1 sa1>1 L2 F2 sa2>1 rg0<1 B0 rg1<1 B1 rg2<1 B2 A O",
+                         "L0 ra0<0 F0 B0 sg0>0 L1 ra1<0 F1 B1 sg1>0 L2 ra2<0 F2 B2 sg2>0 A O"},
+        "deadlock under rendezvous send/receive (one NCCL group per run of consecutive sends and receives): "
+        "no group can complete; rank 0 blocks in its group at instruction 5 (sa1>1), unmatched sa1>1, "
+        "rank 1 blocks in its group at instruction 4 (sg0>0), unmatched sg0>0");
+    /* Three ranks, GPipe's ranks 0 and 1 with 1F1B's rank 2: rank 1 sends sa1>2
+     * in a group with ra2<0, rank 2 sends sg0>1 alone; each group is named with
+     * what in it is still unmatched. */
+    expect_rendezvous_broken(
+        3, 1, 3,
+        (const char *[]){"L0 F0 sa0>1 L1 F1 sa1>1 L2 F2 sa2>1 rg0<1 B0 rg1<1 B1 rg2<1 B2 A O",
+                         "ra0<0 F0 sa0>2 ra1<0 F1 sa1>2 ra2<0 F2 sa2>2 rg0<2 B0 sg0>0 rg1<2 B1 sg1>0 rg2<2 B2 "
+                         "sg2>0 A O",
+                         "L0 ra0<1 F0 B0 sg0>1 L1 ra1<1 F1 B1 sg1>1 L2 ra2<1 F2 B2 sg2>1 A O"},
+        "deadlock under rendezvous send/receive (one NCCL group per run of consecutive sends and receives): "
+        "no group can complete; rank 0 blocks in its group at instructions 8-9 (sa2>1 rg0<1), unmatched rg0<1, "
+        "rank 1 blocks in its group at instructions 5-6 (sa1>2 ra2<0), unmatched sa1>2, "
+        "rank 2 blocks in its group at instruction 4 (sg0>1), unmatched sg0>1");
+}
+
+/* What the interleaved generator gives for MPI (rendezvous = 0, as before
+ * the NCCL order existed) for p = 2, v = 2, m = 4: every send right after its
+ * compute, every receive right before its use. */
+#define MPI_INTERLEAVED_2_2_4_R0                                                                               \
+    "L0 0F0 0sa0>1 L1 0F1 0sa1>1 1ra0<1 1F0 1sa0>1 1ra1<1 1F1 1sa1>1 L2 0F2 0sa2>1 1rg0<1 "                        \
+    "1B0 1sg0>1 L3 0F3 0sa3>1 1rg1<1 1B1 1sg1>1 1ra2<1 1F2 1sa2>1 0rg0<1 0B0 1ra3<1 1F3 "                          \
+    "1sa3>1 0rg1<1 0B1 1rg2<1 1B2 1sg2>1 1rg3<1 1B3 1sg3>1 0rg2<1 0B2 0rg3<1 0B3 A O"
+#define MPI_INTERLEAVED_2_2_4_R1                                                                               \
+    "0ra0<0 0F0 0sa0>0 0ra1<0 0F1 0sa1>0 L0 1ra0<0 1F0 1B0 1sg0>0 L1 1ra1<0 1F1 1B1 1sg1>0 "                      \
+    "0ra2<0 0F2 0sa2>0 0rg0<0 0B0 0sg0>0 0ra3<0 0F3 0sa3>0 0rg1<0 0B1 0sg1>0 L2 1ra2<0 1F2 "                      \
+    "1B2 1sg2>0 L3 1ra3<0 1F3 1B3 1sg3>0 0rg2<0 0B2 0sg2>0 0rg3<0 0B3 0sg3>0 A O"
+
+Test(schedule, rendezvous_rejects_the_old_interleaved_placement)
+{
+    /* The MPI order under NCCL's semantics: rank 0 sends 1sa1>1 alone at the
+     * end of its warm-up, rank 1 sends 1sg0>0 alone and loads before receiving
+     * 1ra1<0. */
+    expect_rendezvous_broken(
+        2, 2, 4, (const char *[]){MPI_INTERLEAVED_2_2_4_R0, MPI_INTERLEAVED_2_2_4_R1},
+        "deadlock under rendezvous send/receive (one NCCL group per run of consecutive sends and receives): "
+        "no group can complete; rank 0 blocks in its group at instruction 11 (1sa1>1), unmatched 1sa1>1, "
+        "rank 1 blocks in its group at instruction 10 (1sg0>0), unmatched 1sg0>0");
+}
+
+Test(schedule, small_interleaved_batches_communication_as_megatron)
+{
+    /* After each unit of work: its SEND_GRAD, its SEND_ACT, then the RECV_GRAD,
+     * LOAD and RECV_ACT of the next. Rank 0 warms up with 4 forwards, rank 1 with 2. */
+    struct cdp_schedule *s = build_ex(CDP_SCHEDULE_INTERLEAVED, 2, 2, 4, 0, 1);
+    cr_assert_str_eq(rank_str(s, 0),
+                     "L0 0F0 0sa0>1 L1 0F1 0sa1>1 1ra0<1 1F0 1sa0>1 1ra1<1 1F1 1sa1>1 1rg0<1 L2 0F2 1B0 "
+                     "1sg0>1 0sa2>1 1rg1<1 L3 0F3 1B1 1sg1>1 0sa3>1 0rg0<1 1ra2<1 1F2 0B0 1sa2>1 0rg1<1 1ra3<1 "
+                     "1F3 0B1 1sa3>1 1rg2<1 1B2 1sg2>1 1rg3<1 1B3 1sg3>1 0rg2<1 0B2 0rg3<1 0B3 A O");
+    cr_assert_str_eq(rank_str(s, 1),
+                     "0ra0<0 0F0 0sa0>0 0ra1<0 0F1 0sa1>0 L0 1ra0<0 1F0 1B0 1sg0>0 L1 1ra1<0 1F1 1B1 1sg1>0 "
+                     "0rg0<0 0ra2<0 0F2 0B0 0sg0>0 0sa2>0 0rg1<0 0ra3<0 0F3 0B1 0sg1>0 0sa3>0 L2 1ra2<0 1F2 "
+                     "1B2 1sg2>0 L3 1ra3<0 1F3 1B3 1sg3>0 0rg2<0 0B2 0sg2>0 0rg3<0 0B3 0sg3>0 A O");
+    cr_assert_eq(cdp_schedule_validate_rendezvous(s), CDP_OK, "%s", cdp_last_error());
+    cdp_schedule_free(s);
+}
+
+Test(schedule, rendezvous_rejects_sends_out_of_the_receivers_order)
+{
+    /* NCCL has no tags: with p = 2 both kinds travel between the same two ranks,
+     * so rank 0 sending 0sa2>1 before 1sg0>1 would put the activation into
+     * rank 1's receive of the gradient (fine for MPI, which matches by tag). */
+    struct cdp_schedule *s = build_ex(CDP_SCHEDULE_INTERLEAVED, 2, 2, 4, 0, 1);
+    char *r0 = strdup(rank_str(s, 0)), *r1 = strdup(rank_str(s, 1));
+    char *at = strstr(r0, "1sg0>1 0sa2>1");
+    cr_assert_not_null(at);
+    memcpy(at, "0sa2>1 1sg0>1", strlen("0sa2>1 1sg0>1"));
+    expect_rendezvous_broken(2, 2, 4, (const char *[]){r0, r1},
+                             "rank 0, instruction 16 (0sa2>1) and rank 1, instruction 16 (0rg0<0) are the 5th "
+                             "transfer from rank 0 to rank 1: NCCL pairs sends and receives between two ranks "
+                             "in the order they are posted, so this send would land in that receive");
+    free(r0);
+    free(r1);
+    cdp_schedule_free(s);
+}
+
+Test(schedule, mpi_interleaved_keeps_the_original_order)
+{
+    /* rendezvous = 0, and cdp_schedule_build, give the lists the generator gave
+     * before the NCCL order existed (pinned from that builder); the simulator,
+     * the planner and the CPU executor run these. */
+    struct cdp_schedule *s = build_ex(CDP_SCHEDULE_INTERLEAVED, 2, 2, 4, 0, 0);
+    cr_assert_str_eq(rank_str(s, 0), MPI_INTERLEAVED_2_2_4_R0);
+    cr_assert_str_eq(rank_str(s, 1), MPI_INTERLEAVED_2_2_4_R1);
+    struct cdp_schedule *d = build(CDP_SCHEDULE_INTERLEAVED, 2, 2, 4, 0);
+    cr_assert(same_lists(s, d), "cdp_schedule_build is rendezvous = 0");
+    cdp_schedule_free(d);
+    cdp_schedule_free(s);
+
+    s = build_ex(CDP_SCHEDULE_INTERLEAVED, 3, 2, 3, 1, 0);
+    cr_assert_str_eq(rank_str(s, 0), "L0 0F0 0sa0>1 L1 0F1 0sa1>1 L2 0F2 0sa2>1 1ra0<2 1F0 1sa0>1 1ra1<2 1F1 "
+                                     "1sa1>1 1ra2<2 1F2 1sa2>1 1rg0<1 1B0 1sg0>2 1rg1<1 1B1 1sg1>2 1rg2<1 1B2 "
+                                     "1sg2>2 0rg0<1 0B0 0rg1<1 0B1 0rg2<1 0B2 T A O");
+    cr_assert_str_eq(rank_str(s, 1), "0ra0<0 0F0 0sa0>2 0ra1<0 0F1 0sa1>2 0ra2<0 0F2 0sa2>2 1ra0<0 1F0 1sa0>2 "
+                                     "1ra1<0 1F1 1sa1>2 1ra2<0 1F2 1sa2>2 1rg0<2 1B0 1sg0>0 1rg1<2 1B1 1sg1>0 "
+                                     "1rg2<2 1B2 1sg2>0 0rg0<2 0B0 0sg0>0 0rg1<2 0B1 0sg1>0 0rg2<2 0B2 0sg2>0 A O");
+    cr_assert_str_eq(rank_str(s, 2), "0ra0<1 0F0 0sa0>0 0ra1<1 0F1 0sa1>0 0ra2<1 0F2 0sa2>0 L0 1ra0<1 1F0 1B0 "
+                                     "1sg0>1 L1 1ra1<1 1F1 1B1 1sg1>1 L2 1ra2<1 1F2 1B2 1sg2>1 0rg0<0 0B0 0sg0>1 "
+                                     "0rg1<0 0B1 0sg1>1 0rg2<0 0B2 0sg2>1 T A O");
+    cdp_schedule_free(s);
+}
+
+Test(schedule, only_interleaved_changes_with_the_transport)
+{
+    /* gpipe and 1f1b: the same lists for MPI and NCCL. Interleaved: the MPI
+     * order deadlocks under NCCL's semantics on every shape of the grid but
+     * p = m = 2 (where rank 0's warm-up holds every forward), the NCCL order
+     * never does; both are well formed. */
+    int inter_fail = 0, inter = 0;
+    for (int kind = 0; kind < CDP_SCHEDULE_COUNT; kind++)
+        for (int p = 1; p <= 8; p++)
+            for (int v = 1; v <= 3; v++)
+                for (int m = 1; m <= 16; m++)
+                    for (int tied = 0; tied <= 1; tied++) {
+                        int is_inter = kind == CDP_SCHEDULE_INTERLEAVED;
+                        if (is_inter ? (v < 2 || p < 2 || m % p) : v != 1) continue;
+                        const char *name = cdp_schedule_name((enum cdp_schedule_kind)kind);
+                        struct cdp_schedule *mpi = build_ex((enum cdp_schedule_kind)kind, p, v, m, tied, 0);
+                        struct cdp_schedule *nccl = build_ex((enum cdp_schedule_kind)kind, p, v, m, tied, 1);
+                        struct cdp_schedule *dflt = build((enum cdp_schedule_kind)kind, p, v, m, tied);
+                        cr_assert(same_lists(mpi, dflt), "%s p=%d v=%d m=%d tied=%d: build is not rendezvous = 0",
+                                  name, p, v, m, tied);
+                        cr_assert_eq(cdp_schedule_validate(mpi), CDP_OK, "%s", cdp_last_error());
+                        if (!is_inter) {
+                            cr_assert(same_lists(mpi, nccl), "%s p=%d v=%d m=%d tied=%d", name, p, v, m, tied);
+                        } else {
+                            inter++;
+                            cr_assert_not(same_lists(mpi, nccl) && !(p == 2 && m == 2), "p=%d v=%d m=%d tied=%d",
+                                          p, v, m, tied);
+                            cdp_status st = cdp_schedule_validate_rendezvous(mpi);
+                            cr_assert_eq(st, p == 2 && m == 2 ? CDP_OK : CDP_ERR_INTERNAL, "p=%d v=%d m=%d tied=%d",
+                                         p, v, m, tied);
+                            inter_fail += st != CDP_OK;
+                        }
+                        cr_assert_eq(cdp_schedule_validate_rendezvous(nccl), CDP_OK, "%s", cdp_last_error());
+                        cdp_schedule_free(mpi);
+                        cdp_schedule_free(nccl);
+                        cdp_schedule_free(dflt);
+                    }
+    cr_assert_eq(inter_fail, inter - 2 * 2, "all but p = m = 2 (v = 2, 3, tied or not)");
+
+    /* The pinned case both ways: the MPI lists fail with the deadlock, the NCCL
+     * lists pass. */
+    struct cdp_schedule *mpi = build_ex(CDP_SCHEDULE_INTERLEAVED, 2, 2, 4, 0, 0);
+    struct cdp_schedule *nccl = build_ex(CDP_SCHEDULE_INTERLEAVED, 2, 2, 4, 0, 1);
+    cr_assert_eq(cdp_schedule_validate_rendezvous(mpi), CDP_ERR_INTERNAL);
+    cr_assert(strstr(cdp_last_error(), "no group can complete"), "%s", cdp_last_error());
+    cr_assert_eq(cdp_schedule_validate_rendezvous(nccl), CDP_OK, "%s", cdp_last_error());
+    cdp_schedule_free(mpi);
+    cdp_schedule_free(nccl);
+}
+
+Test(schedule, rendezvous_returns_the_structural_errors_unchanged)
+{
+    struct cdp_schedule *s = parse(2, 1, 2, (const char *[]){R0, "L0 F0 B0 sg0>0 L1 ra1<0 F1 B1 sg1>0 A O"});
+    cr_assert_eq(cdp_schedule_validate_rendezvous(s), CDP_ERR_INVALID);
+    cr_assert_str_eq(cdp_last_error(), "rank 1, instruction 1 (F0): forward of micro-batch 0 before its input is "
+                                       "received (no ra0<0 before it)");
+    cdp_schedule_free(s);
+    cr_assert_eq(cdp_schedule_validate_rendezvous(NULL), CDP_ERR_INVALID);
 }
 
 /* ---- through the binary --------------------------------------------------- */
