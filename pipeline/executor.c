@@ -427,6 +427,68 @@ static cdp_status execute(struct exec *e, const struct cdp_instr *in)
     return st;
 }
 
+/* A run of point-to-point instructions as one NCCL group (the schedule was
+ * built so that such groups cannot deadlock): every transfer of the group
+ * completes before it returns, so no send buffer stays in flight. */
+static cdp_status execute_nccl_group(struct exec *e, const struct cdp_instr *list, int n)
+{
+    struct cdp_nccl_p2p ops[64];
+    cdp_status st = CDP_OK;
+    uint64_t t0 = cdp_time_ns();
+    if (n > (int)(sizeof ops / sizeof ops[0]))
+        return cdp_fail(CDP_ERR_INTERNAL, "a point-to-point group of %d transfers (64 at most)", n);
+    for (int i = 0; i < n && !st; i++) {
+        const struct cdp_instr *in = &list[i];
+        struct chunk *c = &e->ch[in->chunk];
+        int slot;
+        set_where(e, in);
+        switch (in->op) {
+        case CDP_OP_SEND_ACT:
+            slot = c->mb_slot[in->mb];
+            ops[i] = (struct cdp_nccl_p2p){1, in->peer, cdp_model_output(c->model, slot), (size_t)c->out_bytes};
+            break;
+        case CDP_OP_RECV_ACT:
+            st = acquire_slot(e, c, in->mb, &slot);
+            ops[i] = (struct cdp_nccl_p2p){0, in->peer, st ? NULL : cdp_model_input(c->model, slot),
+                                           (size_t)c->in_bytes};
+            break;
+        case CDP_OP_SEND_GRAD:
+            ops[i] = (struct cdp_nccl_p2p){1, in->peer, c->grad_out[c->mb_grad_out[in->mb]], (size_t)c->in_bytes};
+            break;
+        case CDP_OP_RECV_GRAD:
+            for (int j = 0; j < i; j++)
+                if (list[j].op == CDP_OP_RECV_GRAD && list[j].chunk == in->chunk)
+                    st = cdp_fail(CDP_ERR_INTERNAL, "two gradients for chunk %d in one group", in->chunk);
+            ops[i] = (struct cdp_nccl_p2p){0, in->peer, c->grad_in, (size_t)c->out_bytes};
+            break;
+        default:
+            st = cdp_fail(CDP_ERR_INTERNAL, "%s in a point-to-point group", op_names[in->op]);
+        }
+    }
+    if (!st) st = cdp_nccl_sendrecv(e->npipe, ops, n, e->timeout);
+    e->t_idle += cdp_time_ns() - t0;
+    return st;
+}
+
+/* This rank's list for the step: instruction by instruction, or with NCCL
+ * point-to-point, each run of transfers as one group. */
+static cdp_status run_list(struct exec *e)
+{
+    const struct cdp_instr *list = e->sched->list[e->s];
+    const int n = e->sched->len[e->s];
+    cdp_status st = CDP_OK;
+    for (int i = 0; i < n && !st;) {
+        int end = e->npipe ? cdp_schedule_p2p_group_end(e->sched, e->s, i) : i;
+        if (end > i) {
+            st = execute_nccl_group(e, list + i, end - i);
+            i = end;
+        } else {
+            st = execute(e, &list[i++]);
+        }
+    }
+    return st;
+}
+
 /* Every in-flight send of this rank completes before the buffers change owner. */
 static cdp_status drain_sends(struct exec *e)
 {
@@ -651,11 +713,13 @@ static int tied_grads(const struct exec *e)
     return p->model.kind == CDP_MODEL_GPT && p->model.tie_embeddings && e->nv > 1 && e->p > 1;
 }
 
-/* This replica's schedule for its current share. */
+/* This replica's schedule for its current share; where activations travel
+ * by NCCL, in the order that is safe under its rendezvous sends. */
 static cdp_status build_schedule(struct exec *e)
 {
     struct cdp_schedule *s = NULL;
-    cdp_status st = cdp_schedule_build(e->plan->parallel.schedule, e->p, e->v, e->m, tied_grads(e), &s);
+    cdp_status st = cdp_schedule_build_ex(e->plan->parallel.schedule, e->p, e->v, e->m, tied_grads(e),
+                                          e->npipe != NULL, &s);
     if (st) return cdp_error_context(st, "%s: /parallel", e->plan->source);
     if ((st = cdp_schedule_validate(s))) {
         cdp_schedule_free(s);
@@ -730,6 +794,13 @@ static cdp_status setup(struct exec *e)
     const int tied = tied_grads(e);
     if ((st = cdp_comm_split(e->world, tied && (e->s == 0 || e->s == e->p - 1) ? e->r : -1, e->s, &e->tied)))
         return st;
+    if ((st = open_device(e))) return st;
+    /* NCCL groups, split like the host ones */
+    if (e->nworld && ((st = cdp_nccl_split(e->nworld, e->r, e->s, &e->npipe)) ||
+                      (st = cdp_nccl_split(e->nworld, e->s, e->r, &e->ndp)) ||
+                      (st = cdp_nccl_split(e->nworld, tied && (e->s == 0 || e->s == e->p - 1) ? e->r : -1, e->s,
+                                           &e->ntied))))
+        return st;
     if ((st = build_schedule(e))) return st;
 
     int64_t(*ranges)[2] = calloc((size_t)e->nv, sizeof *ranges);
@@ -738,23 +809,13 @@ static cdp_status setup(struct exec *e)
         free(ranges);
         return st;
     }
-    if ((st = open_device(e))) {
-        free(ranges);
-        return st;
-    }
-    /* NCCL groups for gradients, split like the host ones */
-    if (e->nworld && ((st = cdp_nccl_split(e->nworld, e->s, e->r, &e->ndp)) ||
-                      (st = cdp_nccl_split(e->nworld, tied && (e->s == 0 || e->s == e->p - 1) ? e->r : -1, e->s,
-                                           &e->ntied)))) {
-        free(ranges);
-        return st;
-    }
     /* activation slots: the most micro-batches this rank has in flight, with
      * the largest share this replica may be given */
     int slots = cdp_schedule_peak_in_flight(e->sched, e->s);
     if (e->mcap > e->m) {
         struct cdp_schedule *big = NULL;
-        if ((st = cdp_schedule_build(p->parallel.schedule, e->p, e->v, e->mcap, tied_grads(e), &big))) {
+        if ((st = cdp_schedule_build_ex(p->parallel.schedule, e->p, e->v, e->mcap, tied_grads(e), e->npipe != NULL,
+                                        &big))) {
             free(ranges);
             return cdp_error_context(st, "%s: /parallel", p->source);
         }
@@ -1159,7 +1220,7 @@ cdp_status cdp_exec_run(const struct cdp_plan *p, cdp_comm_t world, const struct
         for (int k = 0; k < e.v; k++) cdp_model_zero_grad(e.ch[k].model);
         e.t_compute += cdp_time_ns() - e.step_start;
         inject_fault(&e);
-        for (int i = 0; i < e.sched->len[e.s] && !st; i++) st = execute(&e, &e.sched->list[e.s][i]);
+        st = run_list(&e);
         if (!st) st = drain_sends(&e);
         if (st) goto fail;
         const uint64_t t_end = cdp_time_ns();
