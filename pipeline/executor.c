@@ -127,10 +127,6 @@ cdp_status cdp_exec_check(const struct cdp_plan *p)
     if (p->train.precision != CDP_PRECISION_FP32 && p->cluster.backend != CDP_BACKEND_CUDA)
         return cdp_fail(CDP_ERR_UNSUPPORTED, "%s: /train/precision is \"bf16\": the cpu backend trains in fp32; "
                         "use \"fp32\", or /cluster/backend \"cuda\"", p->source);
-    if (p->cluster.backend == CDP_BACKEND_CUDA && p->train.checkpoint.dir)
-        return cdp_fail(CDP_ERR_UNSUPPORTED, "%s: /train/checkpoint: checkpoints are written from host-visible "
-                        "memory, and the cuda backend's is not yet: train without /train/checkpoint on GPUs, "
-                        "or on the cpu backend", p->source);
     if (p->parallel.schedule_auto && p->parallel.stages != 1)
         return cdp_fail(CDP_ERR_UNSUPPORTED, "%s: /parallel/schedule is \"auto\": let the planner choose it "
                         "(cdphybrid --plan P --dry-run --json > planned.json) and train the planned file",

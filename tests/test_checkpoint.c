@@ -579,6 +579,204 @@ Test(checkpoint, weights_only_load_without_optimizers)
     free_split(&src);
 }
 
+/* ---- device memory the host cannot address ------------------------------------------------ */
+
+/* The stand-in CUDA module of tests/fake-cuda: host memory that the core
+ * treats as a GPU's (not host visible), so that checkpoints stage weights and
+ * optimizer state through host copies as they do on a GPU. An MLP whose first
+ * matrix (1100 x 2000 floats, 8.8 MB) is more than one 8 MiB staging piece. */
+#define BIG_MLP "{\"model\": {\"preset\": \"mlp\", \"input\": [1100], \"hidden\": [2000], \"classes\": 3}}"
+
+static cdp_device_t open_cuda(void)
+{
+    const char *fake = getenv("CDP_FAKE_CUDA_DIR");
+    cr_assert_not_null(fake, "CDP_FAKE_CUDA_DIR is not set (run the tests through meson test)");
+    setenv("CDP_MODULE_DIR", fake, 1);
+    cdp_device_t d = NULL;
+    cr_assert_eq(cdp_device_open(CDP_DEVICE_CUDA, 0, 0, &d), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(cdp_device_host_visible(d), 0);
+    return d;
+}
+
+/* One range of the whole model (units 0..U) on dev (owned by the split). */
+static struct split whole_on(const char *json, cdp_device_t dev, enum cdp_optimizer_type type, uint64_t seed)
+{
+    struct split s = {.n = 1, .dev = dev};
+    s.plan = plan_from(json);
+    struct cdp_optimizer_desc od = {.type = type, .lr = 1e-3, .weight_decay = 0.1, .momentum = 0.9,
+                                    .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8};
+    cr_assert_eq(cdp_model_create(&s.plan->model, 0, s.plan->model.n_layers, 2, 1, seed, dev, &s.m[0]), CDP_OK, "%s",
+                 cdp_last_error());
+    cr_assert_eq(cdp_optimizer_create(&od, s.m[0], dev, &s.o[0]), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(cdp_optimizer_device(s.o[0]), dev);
+    return s;
+}
+
+/* Tensor i's weights (role 0) or optimizer state (1, 2) copied to the host
+ * (malloc'd); NULL when the optimizer has no such state. */
+static float *get_role(struct split *s, int i, int role)
+{
+    struct cdp_model_tensor *t = cdp_model_tensor(s->m[0], i);
+    float *a, *b;
+    cdp_optimizer_state(s->o[0], s->m[0], i, &a, &b);
+    const float *src = role == 0 ? t->data : role == 1 ? a : b;
+    if (!src) return NULL;
+    float *h = malloc((size_t)t->numel * 4);
+    cr_assert_not_null(h);
+    cr_assert_eq(cdp_device_read(s->dev, h, src, (uint64_t)t->numel * 4), CDP_OK, "%s", cdp_last_error());
+    return h;
+}
+
+/* fill_split's values, written through the device's copies. */
+static void fill_device(struct split *s)
+{
+    for (int i = 0; i < cdp_model_tensor_count(s->m[0]); i++) {
+        struct cdp_model_tensor *t = cdp_model_tensor(s->m[0], i);
+        float *a, *b, *h = malloc((size_t)t->numel * 4);
+        cr_assert_not_null(h);
+        cdp_optimizer_state(s->o[0], s->m[0], i, &a, &b);
+        float *dst[3] = {t->data, a, b};
+        for (int role = 0; role < 3; role++) {
+            if (!dst[role]) continue;
+            fill(h, t->numel, t->name, role);
+            cr_assert_eq(cdp_device_write(s->dev, dst[role], h, (uint64_t)t->numel * 4), CDP_OK, "%s",
+                         cdp_last_error());
+        }
+        free(h);
+    }
+}
+
+/* Every tensor and state of a and b bitwise equal (read through their devices). */
+static void assert_same_devices(struct split *a, struct split *b, int64_t steps)
+{
+    cr_assert_eq(cdp_optimizer_steps(a->o[0]), steps);
+    cr_assert_eq(cdp_model_tensor_count(a->m[0]), cdp_model_tensor_count(b->m[0]));
+    for (int i = 0; i < cdp_model_tensor_count(a->m[0]); i++) {
+        struct cdp_model_tensor *t = cdp_model_tensor(a->m[0], i);
+        for (int role = 0; role < 3; role++) {
+            float *x = get_role(a, i, role), *y = get_role(b, i, role);
+            cr_assert_eq(!x, !y);
+            if (x) cr_assert_eq(memcmp(x, y, (size_t)t->numel * 4), 0, "%s (role %d) differs", t->name, role);
+            free(x);
+            free(y);
+        }
+    }
+}
+
+static void save_whole(struct split *s, const char *dir, int64_t step)
+{
+    cr_assert_eq(cdp_ckpt_write_part(dir, step, "stage-0", s->m, s->o, 1), CDP_OK, "%s", cdp_last_error());
+    struct cdp_ckpt_info info = {.step = step, .samples_seen = step * 8, .seed = 7, .optimizer = "adamw"};
+    if (cdp_optimizer_type_of(s->o[0]) == CDP_OPT_SGD) strcpy(info.optimizer, "sgd");
+    cr_assert_eq(cdp_ckpt_commit(dir, step, &info, 2), CDP_OK, "%s", cdp_last_error());
+}
+
+static void load_whole(const char *dir, struct split *s)
+{
+    char *path = NULL;
+    struct cdp_ckpt_info info;
+    cr_assert_eq(cdp_ckpt_find_latest(dir, &path, &info), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(cdp_ckpt_load(path, &info, s->m, s->o, 1), CDP_OK, "%s", cdp_last_error());
+    free(path);
+    cdp_ckpt_info_free(&info);
+}
+
+static int same_file(const char *a, const char *b)
+{
+    FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
+    cr_assert(fa && fb, "%s, %s", a, b);
+    int x, y;
+    do {
+        x = fgetc(fa);
+        y = fgetc(fb);
+    } while (x == y && x != EOF);
+    fclose(fa);
+    fclose(fb);
+    return x == y;
+}
+
+static void device_roundtrip(enum cdp_optimizer_type type)
+{
+    char gdir[4096], cdir[4096];
+    snprintf(gdir, sizeof gdir, "%s/gpu", cdp_test_tmpdir());
+    snprintf(cdir, sizeof cdir, "%s/cpu", cdp_test_tmpdir());
+    cdp_device_t cpu;
+    cr_assert_eq(cdp_device_open(CDP_DEVICE_CPU, 0, 0, &cpu), CDP_OK, "%s", cdp_last_error());
+    struct split c = whole_on(BIG_MLP, cpu, type, 1), g = whole_on(BIG_MLP, open_cuda(), type, 1);
+    int big = 0;
+    for (int i = 0; i < cdp_model_tensor_count(g.m[0]); i++) big |= cdp_model_tensor(g.m[0], i)->numel * 4 > (8 << 20);
+    cr_assert(big, "a tensor spans several staging pieces");
+    fill_device(&c);
+    fill_device(&g);
+    save_whole(&c, cdir, 3);
+    save_whole(&g, gdir, 3);
+    /* staged out of device memory, the part is byte for byte the cpu's */
+    cr_assert(same_file(path_in(cdir, "step-00000003/stage-0.safetensors"),
+                        path_in(gdir, "step-00000003/stage-0.safetensors")), "the parts differ");
+    /* and it loads back into device memory, and across backends both ways */
+    struct split g2 = whole_on(BIG_MLP, open_cuda(), type, 2), c2 = whole_on(BIG_MLP, cpu, type, 2);
+    load_whole(gdir, &g2);
+    assert_same_devices(&g2, &c, 3);
+    load_whole(cdir, &g2);
+    assert_same_devices(&g2, &c, 3);
+    load_whole(gdir, &c2);
+    assert_same_devices(&c2, &c, 3);
+    free_split(&g2);
+    free_split(&g);
+    c2.dev = NULL; /* c closes the cpu device */
+    free_split(&c2);
+    free_split(&c);
+}
+
+Test(checkpoint, device_memory_is_staged_both_ways_bitwise_adamw) { device_roundtrip(CDP_OPT_ADAMW); }
+Test(checkpoint, device_memory_is_staged_both_ways_bitwise_sgd) { device_roundtrip(CDP_OPT_SGD); }
+
+/* A part in bf16 (any float type loads) is widened piece by piece on its way to
+ * device memory, to exactly what the cpu backend reads in one go. */
+Test(checkpoint, a_bf16_part_loads_into_device_memory_as_into_host_memory)
+{
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
+    cdp_device_t cpu;
+    cr_assert_eq(cdp_device_open(CDP_DEVICE_CPU, 0, 0, &cpu), CDP_OK, "%s", cdp_last_error());
+    struct split c = whole_on(BIG_MLP, cpu, CDP_OPT_ADAMW, 1), g = whole_on(BIG_MLP, open_cuda(), CDP_OPT_ADAMW, 2);
+    int nt = cdp_model_tensor_count(c.m[0]);
+    struct cdp_st_tensor ts[3 * 16];
+    char names[3 * 16][96];
+    uint16_t *bufs[3 * 16];
+    cr_assert_leq(nt, 16);
+    int k = 0;
+    for (int i = 0; i < nt; i++) {
+        struct cdp_model_tensor *t = cdp_model_tensor(c.m[0], i);
+        float *h = malloc((size_t)t->numel * 4);
+        cr_assert_not_null(h);
+        static const char *const prefix[3] = {"", "optim.m.", "optim.v."};
+        for (int role = 0; role < 3; role++, k++) {
+            fill(h, t->numel, t->name, role);
+            bufs[k] = malloc((size_t)t->numel * 2);
+            cr_assert_not_null(bufs[k]);
+            for (int64_t e = 0; e < t->numel; e++) bufs[k][e] = cdp_f32_to_bf16(h[e]);
+            snprintf(names[k], sizeof names[k], "%s%s", prefix[role], t->name);
+            ts[k] = (struct cdp_st_tensor){.name = names[k], .dtype = CDP_DTYPE_BF16, .ndim = t->ndim,
+                                           .data = bufs[k], .nbytes = (uint64_t)t->numel * 2};
+            memcpy(ts[k].shape, t->shape, sizeof(int64_t) * (size_t)t->ndim);
+        }
+        free(h);
+    }
+    cr_assert_eq(mkdir(path_in(dir, "step-00000004"), 0755), 0);
+    const char *meta[4] = {"format", "cdphybrid-checkpoint-part", "step", "4"};
+    cr_assert_eq(cdp_st_write(path_in(dir, "step-00000004/stage-0.safetensors"), ts, k, meta, 2), CDP_OK, "%s",
+                 cdp_last_error());
+    for (int i = 0; i < k; i++) free(bufs[i]);
+    struct cdp_ckpt_info info = {.step = 4, .optimizer = "adamw"};
+    cr_assert_eq(cdp_ckpt_commit(dir, 4, &info, 2), CDP_OK, "%s", cdp_last_error());
+    load_whole(dir, &c);
+    load_whole(dir, &g);
+    assert_same_devices(&g, &c, 4);
+    free_split(&g);
+    free_split(&c);
+}
+
 /* ---- SHA-256 (FIPS 180-4 and NIST example vectors) ---------------------------------------- */
 
 static void expect_sha(const char *dir, const char *data, size_t n, const char *want)

@@ -11,8 +11,13 @@
 #include "comm/comm.h"
 #include "model/safetensors.h"
 
-/* A GPT of 6 blocks, 6 steps of 8 samples (B = 2); checkpoints every 2 steps. */
-static const char *plan(const char *dir, const char *name, int p, int R, int m, int steps)
+#define CPU_BACKEND "\"backend\": \"cpu\""
+/* the stand-in CUDA module's one device, shared by every rank */
+#define CUDA_BACKEND "\"backend\": \"cuda\", \"ranks_per_device\": 8"
+
+/* A GPT of 6 blocks, 6 steps of 8 samples (B = 2); checkpoints every 2 steps;
+ * cluster is the members of /cluster. */
+static const char *plan_on(const char *dir, const char *name, const char *cluster, int p, int R, int m, int steps)
 {
     char json[2048], file[64];
     snprintf(json, sizeof json,
@@ -21,11 +26,16 @@ static const char *plan(const char *dir, const char *name, int p, int R, int m, 
              "\"micro_batch\": 2, \"optimizer\": {\"lr\": 0.01, \"eps\": 1e-6}, \"grad_clip\": 0.5, "
              "\"eval_batches\": 1, \"timeout_s\": 30, \"checkpoint\": {\"dir\": \"ckpt-%s\", \"every\": 2, "
              "\"keep\": 2}}, \"parallel\": {\"stages\": %d, \"replicas\": %d, \"micro_batches\": %d}, "
-             "\"cluster\": {\"backend\": \"cpu\"}, \"output\": {\"metrics\": \"%s.jsonl\", \"weights\": "
+             "\"cluster\": {%s}, \"output\": {\"metrics\": \"%s.jsonl\", \"weights\": "
              "\"%s.safetensors\"}}",
-             steps, name, p, R, m, name, name);
+             steps, name, p, R, m, cluster, name, name);
     snprintf(file, sizeof file, "%s.json", name);
     return cdp_test_write_file(dir, file, json);
+}
+
+static const char *plan(const char *dir, const char *name, int p, int R, int m, int steps)
+{
+    return plan_on(dir, name, CPU_BACKEND, p, R, m, steps);
 }
 
 static struct cdp_run run(const char *const *argv, const char *fault)
@@ -183,4 +193,74 @@ Test(resume, resume_needs_a_folder)
     cr_assert_eq(r.exit_code, 2, "%s", r.err);
     cr_assert(strstr(r.err, "/train/checkpoint/dir"), "%s", r.err);
     cdp_test_run_free(&r);
+}
+
+/* Checkpoints of the cuda backend, on the stand-in CUDA module of
+ * tests/fake-cuda (host memory run by the CPU kernels, which the core treats
+ * as device memory the host cannot address: weights and optimizer state are
+ * staged through host copies both ways). A run killed part way resumes from
+ * its checkpoint and ends bitwise where an uninterrupted cpu-backend run of the
+ * same plan does; the parts it writes are byte for byte the cpu run's. */
+static void files_equal(const char *a, const char *b)
+{
+    FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
+    cr_assert(fa && fb, "%s, %s", a, b);
+    long n = 0;
+    for (;; n++) {
+        int x = fgetc(fa), y = fgetc(fb);
+        cr_assert_eq(x, y, "%s and %s differ at byte %ld", a, b, n);
+        if (x == EOF) break;
+    }
+    cr_assert_gt(n, 0, "%s is empty", a);
+    fclose(fa);
+    fclose(fb);
+}
+
+static void gpu_crash_and_resume(int p, int R, int m, const char *fault, int resumed_from)
+{
+    const char *fake = getenv("CDP_FAKE_CUDA_DIR");
+    cr_assert_not_null(fake, "CDP_FAKE_CUDA_DIR is not set (run the tests through meson test)");
+    if (p * R > 1) need_mpi();
+    char *dir = newdir();
+    run_ok((const char *[]){"-q", "--plan", plan(dir, "base", p, R, m, 6), NULL});
+    const char *gpu = plan_on(dir, "gpu", CUDA_BACKEND, p, R, m, 6);
+    setenv("CDP_MODULE_DIR", fake, 1);
+    struct cdp_run r = run((const char *[]){"-q", "--plan", gpu, NULL}, fault);
+    cr_assert_neq(r.exit_code, 0, "the fault %s did not stop the run", fault);
+    cdp_test_run_free(&r);
+    r = run((const char *[]){"--plan", gpu, "--resume", NULL}, NULL);
+    unsetenv("CDP_MODULE_DIR");
+    cr_assert_eq(r.exit_code, 0, "resume after %s: %s", fault, r.err);
+    char want[64];
+    snprintf(want, sizeof want, "at step %d", resumed_from);
+    cr_assert(strstr(r.out, want), "after %s, expected to resume %s: %s", fault, want, r.out);
+    cr_assert(strstr(r.out, "| gpu "), "the run is on the cuda backend: %s", r.out);
+    cdp_test_run_free(&r);
+    double a[16], b[16];
+    cr_assert_eq(losses(dir, "base", a), 6);
+    cr_assert_eq(losses(dir, "gpu", b), 6);
+    for (int i = 0; i < 6; i++) cr_assert_eq(a[i], b[i], "step %d: %.9g on cuda, %.9g on cpu", i + 1, b[i], a[i]);
+    cr_assert_eq(weights_error(dir, "base", "gpu"), 0.0, "bitwise, cuda against cpu");
+    /* the last checkpoint (written after the resume, from device memory) */
+    for (int s = 0; s < p; s++) {
+        char ca[4300], cb[4300];
+        snprintf(ca, sizeof ca, "%s/ckpt-base/step-00000006/stage-%d.safetensors", dir, s);
+        snprintf(cb, sizeof cb, "%s/ckpt-gpu/step-00000006/stage-%d.safetensors", dir, s);
+        files_equal(ca, cb);
+    }
+}
+
+Test(resume, cuda_one_rank_killed_resumes_bitwise_to_the_cpu_run, .timeout = 120)
+{
+    gpu_crash_and_resume(1, 1, 4, "kill:0:5", 4);
+}
+
+Test(resume, cuda_2x2_killed_rank_resumes_bitwise_to_the_cpu_run, .timeout = 120)
+{
+    gpu_crash_and_resume(2, 2, 2, "kill:1:5", 4);
+}
+
+Test(resume, cuda_2x2_killed_before_the_manifest_resumes_bitwise_to_the_cpu_run, .timeout = 120)
+{
+    gpu_crash_and_resume(2, 2, 2, "killsave:0:4:commit", 2);
 }

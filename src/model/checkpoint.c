@@ -331,6 +331,82 @@ static void remove_folder(const char *path)
     if (rmdir(path) != 0) CDP_WARN(CKPT, "cannot remove the folder %s: %s", path, strerror(errno));
 }
 
+/* ---- device memory ---------------------------------------------------------------------- */
+
+/* Tensors in memory the host cannot address (a GPU's) go through host memory
+ * in pieces of at most this many bytes, so that saving or loading holds one
+ * piece on the host, never a copy of the parameters or the state. */
+#define STAGE_BYTES ((uint64_t)8 << 20)
+
+/* Where a model range's tensors and optimizer state live when the host cannot
+ * address them: its optimizer's device (the model's own); NULL for memory the
+ * host reads and writes in place (the cpu backend), and for a range given
+ * without an optimizer (see checkpoint.h). */
+static cdp_device_t staging_device(struct cdp_optimizer *o)
+{
+    cdp_device_t dev = o ? cdp_optimizer_device(o) : NULL;
+    return dev && !cdp_device_host_visible(dev) ? dev : NULL;
+}
+
+/* cdp_st_write_staged's source: tensor i of ts is on devs[i] (NULL: host memory). */
+struct fetch_ctx {
+    const struct cdp_st_tensor *ts;
+    const cdp_device_t *devs;
+};
+
+static cdp_status fetch_tensor(void *ctx, const struct cdp_st_tensor *t, uint64_t offset, void *dst, uint64_t n)
+{
+    const struct fetch_ctx *c = ctx;
+    cdp_device_t dev = c->devs[t - c->ts];
+    const uint8_t *src = (const uint8_t *)t->data + offset;
+    if (!dev) {
+        memcpy(dst, src, (size_t)n);
+        return CDP_OK;
+    }
+    cdp_status st = cdp_device_read(dev, dst, src, n);
+    return st ? cdp_error_context(st, "copying it from %s", cdp_device_name(dev)) : CDP_OK;
+}
+
+/* A growable host buffer of floats, at most STAGE_BYTES. */
+struct stage {
+    float *p;
+    uint64_t cap; /* floats */
+};
+
+/* Tensor `name` of a part (checked: a float tensor of numel elements) into
+ * device memory dst of dev, piece by piece: F32 straight from the mapped file,
+ * 16-bit types widened into the stage first. */
+static cdp_status load_to_device(struct cdp_st_file *f, const char *fpath, const char *name, cdp_device_t dev,
+                                 float *dst, uint64_t numel, struct stage *sb)
+{
+    const struct cdp_st_tensor *x = cdp_st_find(f, name);
+    if (!x) return cdp_fail(CDP_ERR_INTERNAL, "%s: no tensor %s", fpath, name);
+    const int f32 = !strcmp(x->dtype_name, "F32");
+    const uint64_t piece = STAGE_BYTES / 4;
+    for (uint64_t at = 0; at < numel;) {
+        uint64_t k = numel - at < piece ? numel - at : piece;
+        const void *src;
+        cdp_status st;
+        if (f32) {
+            src = (const uint8_t *)x->data + 4 * at; /* the mapped file is host memory */
+        } else {
+            if (sb->cap < k) {
+                float *p = realloc(sb->p, (size_t)k * 4);
+                if (!p)
+                    return cdp_fail(CDP_ERR_NOMEM, "%s: tensor %s: out of memory for a staging buffer", fpath, name);
+                sb->p = p;
+                sb->cap = k;
+            }
+            if ((st = cdp_st_read_f32_range(f, name, at, k, sb->p))) return st;
+            src = sb->p;
+        }
+        if ((st = cdp_device_write(dev, dst + at, src, k * 4)))
+            return cdp_error_context(st, "%s: tensor %s: copying it to %s", fpath, name, cdp_device_name(dev));
+        at += k;
+    }
+    return CDP_OK;
+}
+
 /* ---- writing a part ------------------------------------------------------------------ */
 
 static int valid_part_name(const char *part)
@@ -347,6 +423,7 @@ cdp_status cdp_ckpt_write_part(const char *dir, int64_t step, const char *part, 
     if (step < 0) return cdp_fail(CDP_ERR_INVALID, "checkpoint step %lld: expected >= 0", (long long)step);
     cdp_status st;
     struct cdp_st_tensor *ts = NULL;
+    cdp_device_t *devs = NULL;
     char (*names)[96] = NULL;
     char *root = trimmed(dir), *folder = NULL, *path = NULL;
     if (!root) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
@@ -360,18 +437,21 @@ cdp_status cdp_ckpt_write_part(const char *dir, int64_t step, const char *part, 
     int total = 0;
     for (int k = 0; k < n; k++) total += cdp_model_tensor_count(models[k]) * 3;
     ts = calloc((size_t)total + 1, sizeof *ts);
+    devs = calloc((size_t)total + 1, sizeof *devs);
     names = calloc((size_t)total + 1, sizeof *names);
     size_t plen = strlen(folder) + strlen(part) + sizeof PART_SUFFIX + 2;
     path = malloc(plen);
-    if (!ts || !names || !path) {
+    if (!ts || !devs || !names || !path) {
         st = cdp_fail(CDP_ERR_NOMEM, "out of memory writing checkpoint part %s", part);
         goto fail;
     }
     snprintf(path, plen, "%s/%s%s", folder, part, PART_SUFFIX);
-    int nt = 0;
+    int nt = 0, staged = 0;
     for (int k = 0; k < n; k++) {
         struct cdp_model *m = models[k];
         struct cdp_optimizer *o = opts ? opts[k] : NULL;
+        cdp_device_t dev = staging_device(o);
+        staged |= dev != NULL;
         const int first = cdp_model_unit(m, 0)->index;
         for (int i = 0; i < cdp_model_tensor_count(m); i++) {
             struct cdp_model_tensor *t = cdp_model_tensor(m, i);
@@ -393,8 +473,9 @@ cdp_status cdp_ckpt_write_part(const char *dir, int64_t step, const char *part, 
                 x->dtype_name = "F32";
                 x->ndim = t->ndim;
                 for (int d = 0; d < t->ndim; d++) x->shape[d] = t->shape[d];
-                x->data = s < 0 ? t->data : state[s]; /* host-visible memory: CPU only */
+                x->data = s < 0 ? t->data : state[s]; /* device memory: read in place only where host visible */
                 x->nbytes = (uint64_t)t->numel * 4;
+                devs[nt] = dev;
                 nt++;
             }
         }
@@ -402,10 +483,16 @@ cdp_status cdp_ckpt_write_part(const char *dir, int64_t step, const char *part, 
     char step_s[24];
     snprintf(step_s, sizeof step_s, "%lld", (long long)step);
     const char *meta[4] = {"format", "cdphybrid-checkpoint-part", "step", step_s};
-    if ((st = cdp_st_write(path, ts, nt, meta, 2))) goto fail;
-    CDP_INFO(CKPT, "wrote %s (%d tensors)", path, nt);
+    /* Host-visible memory is written from where it lies; a device's is copied
+     * out piece by piece into one bounded host buffer. */
+    struct fetch_ctx fc = {ts, devs};
+    if (staged) st = cdp_st_write_staged(path, ts, nt, meta, 2, fetch_tensor, &fc, STAGE_BYTES);
+    else st = cdp_st_write(path, ts, nt, meta, 2);
+    if (st) goto fail;
+    CDP_INFO(CKPT, "wrote %s (%d tensors%s)", path, nt, staged ? ", staged through host memory" : "");
 fail:
     free(ts);
+    free(devs);
     free(names);
     free(path);
     free(folder);
@@ -998,6 +1085,7 @@ cdp_status cdp_ckpt_load(const char *path, const struct cdp_ckpt_info *info, str
     cdp_status st;
     json_t *root = NULL;
     struct part_cache pc = {0};
+    struct stage sb = {NULL, 0};
     char *folder = trimmed(path), *man = folder ? join(folder, MANIFEST) : NULL;
     if (!man) {
         free(folder);
@@ -1035,6 +1123,7 @@ cdp_status cdp_ckpt_load(const char *path, const struct cdp_ckpt_info *info, str
         for (int k = 0; k < n; k++) {
             struct cdp_model *m = models[k];
             struct cdp_optimizer *o = opts ? opts[k] : NULL;
+            cdp_device_t dev = staging_device(o);
             for (int i = 0; i < cdp_model_tensor_count(m); i++) {
                 struct cdp_model_tensor *t = cdp_model_tensor(m, i);
                 const char *part = json_string_value(json_object_get(tensors, t->name));
@@ -1059,9 +1148,10 @@ cdp_status cdp_ckpt_load(const char *path, const struct cdp_ckpt_info *info, str
                 for (int s = -1; s < 2; s++) {
                     if (s >= 0 && (!prefix[s] || !state[s])) continue;
                     snprintf(sname, sizeof sname, "%s%s", s < 0 ? "" : prefix[s], t->name);
+                    float *dst = s < 0 ? t->data : state[s]; /* device memory */
                     if (pass == 0) st = check_tensor(f, fpath, sname, t->name, t);
-                    else /* host-visible memory: CPU only */
-                        st = cdp_st_read_f32(f, sname, t->ndim, t->shape, s < 0 ? t->data : state[s]);
+                    else if (dev) st = load_to_device(f, fpath, sname, dev, dst, (uint64_t)t->numel, &sb);
+                    else st = cdp_st_read_f32(f, sname, t->ndim, t->shape, dst); /* host visible: in place */
                     if (st) goto fail;
                 }
             }
@@ -1072,6 +1162,7 @@ cdp_status cdp_ckpt_load(const char *path, const struct cdp_ckpt_info *info, str
             if (opts[k]) cdp_optimizer_set_steps(opts[k], (int)info->step);
     CDP_INFO(CKPT, "loaded %s (step %lld) into %d model range%s", folder, (long long)info->step, n, n == 1 ? "" : "s");
 fail:
+    free(sb.p);
     part_cache_free(&pc);
     json_decref(root);
     free(man);

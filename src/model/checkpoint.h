@@ -9,7 +9,15 @@
  *
  * Tensor names in a part: "layers.N.param" (weights), and the optimizer state
  * "optim.m.layers.N.param", "optim.v.layers.N.param" (AdamW) or
- * "optim.velocity.layers.N.param" (SGD). */
+ * "optim.velocity.layers.N.param" (SGD).
+ *
+ * Device memory: weights and state are reached through each range's optimizer
+ * (cdp_optimizer_device, the model's device). Host-visible memory (cpu) is
+ * written from and read into in place; a device the host cannot address (cuda)
+ * is staged through host memory in pieces of at most 8 MiB, one host buffer at
+ * a time, never a copy of the whole range. The files are the same either way.
+ * A range given without its optimizer (opts NULL, or a NULL entry) must be in
+ * host-visible memory. */
 #ifndef CDP_MODEL_CHECKPOINT_H
 #define CDP_MODEL_CHECKPOINT_H
 
@@ -56,7 +64,9 @@ void cdp_ckpt_info_free(struct cdp_ckpt_info *info);
  * name) and, when opts is not NULL, their optimizer state, from the parts of a
  * verified checkpoint folder; sets the optimizers' step count. A missing
  * tensor, another shape, or state of another optimizer type is an error naming
- * the file and the tensor; nothing is changed on disk. */
+ * the file and the tensor; nothing is changed on disk. These checks come before
+ * any value is read, so such a load changes nothing; a device copy that fails
+ * during the load (after them) can leave the ranges partly loaded. */
 cdp_status cdp_ckpt_load(const char *path, const struct cdp_ckpt_info *info, struct cdp_model *const *models,
                          struct cdp_optimizer *const *opts, int n);
 

@@ -56,6 +56,7 @@ void cdp_optimizer_destroy(struct cdp_optimizer *o)
 int cdp_optimizer_steps(const struct cdp_optimizer *o) { return o->t; }
 void cdp_optimizer_set_steps(struct cdp_optimizer *o, int steps) { o->t = steps; }
 enum cdp_optimizer_type cdp_optimizer_type_of(const struct cdp_optimizer *o) { return o->d.type; }
+cdp_device_t cdp_optimizer_device(const struct cdp_optimizer *o) { return cdp_buffer_device(o->state); }
 
 void cdp_optimizer_state(struct cdp_optimizer *o, struct cdp_model *m, int i, float **a, float **b)
 {

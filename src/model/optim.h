@@ -36,9 +36,15 @@ void cdp_optimizer_set_steps(struct cdp_optimizer *o, int steps);
 
 /* The optimizer's type, and its state for tensor i of the model it was made for
  * (laid out like the tensor, in device memory): AdamW: first and second
- * moments; SGD: the velocity in *a and NULL in *b. Not owned. */
+ * moments; SGD: the velocity in *a and NULL in *b. Not owned. These are device
+ * pointers (only computed here, never dereferenced): where the device is not
+ * host visible, copy through cdp_device_read / cdp_device_write on
+ * cdp_optimizer_device. */
 enum cdp_optimizer_type cdp_optimizer_type_of(const struct cdp_optimizer *o);
 void cdp_optimizer_state(struct cdp_optimizer *o, struct cdp_model *m, int i, float **a, float **b);
+/* The device the state lives on: the one given to cdp_optimizer_create, which
+ * is the model's (its kernels update the state and the parameters together). */
+cdp_device_t cdp_optimizer_device(const struct cdp_optimizer *o);
 
 #ifdef __cplusplus
 }

@@ -375,6 +375,34 @@ static void format_shape(char *buf, size_t cap, int ndim, const int64_t *shape)
     if (k < cap) snprintf(buf + k, cap - k, "]");
 }
 
+/* Bytes per element of a tensor of the file (its dtype is a known one). */
+static uint64_t elem_size(const struct cdp_st_tensor *t)
+{
+    const struct st_dtype *dt = dtype_by_name(t->dtype_name);
+    return dt && dt->size ? dt->size : 1;
+}
+
+/* Elements [first, first + count) of t (inside it) as float32 into dst. */
+static cdp_status to_f32(const struct cdp_st_file *f, const struct cdp_st_tensor *t, uint64_t first, uint64_t count,
+                         float *dst)
+{
+    const uint8_t *src = t->data;
+    if (!strcmp(t->dtype_name, "F32")) {
+        if (count) memcpy(dst, src + 4 * first, (size_t)(4 * count));
+    } else if (!strcmp(t->dtype_name, "BF16") || !strcmp(t->dtype_name, "F16")) {
+        int bf = t->dtype_name[0] == 'B';
+        src += 2 * first;
+        for (uint64_t i = 0; i < count; i++) {
+            uint16_t h = (uint16_t)(src[2 * i] | src[2 * i + 1] << 8);
+            dst[i] = bf ? cdp_bf16_to_f32(h) : f16_to_f32(h);
+        }
+    } else {
+        return cdp_fail(CDP_ERR_INVALID, "%s: tensor \"%s\" is %s, which cannot be read as float32 (F32, BF16 or "
+                                         "F16 can)", f->path, t->name, t->dtype_name);
+    }
+    return CDP_OK;
+}
+
 cdp_status cdp_st_read_f32(const struct cdp_st_file *f, const char *name, int ndim, const int64_t *shape,
                            float *dst)
 {
@@ -391,21 +419,20 @@ cdp_status cdp_st_read_f32(const struct cdp_st_file *f, const char *name, int nd
                             want);
         }
     }
-    const uint8_t *src = t->data;
-    if (!strcmp(t->dtype_name, "F32")) {
-        memcpy(dst, src, (size_t)t->nbytes);
-    } else if (!strcmp(t->dtype_name, "BF16") || !strcmp(t->dtype_name, "F16")) {
-        int bf = t->dtype_name[0] == 'B';
-        uint64_t n = t->nbytes / 2;
-        for (uint64_t i = 0; i < n; i++) {
-            uint16_t h = (uint16_t)(src[2 * i] | src[2 * i + 1] << 8);
-            dst[i] = bf ? cdp_bf16_to_f32(h) : f16_to_f32(h);
-        }
-    } else {
-        return cdp_fail(CDP_ERR_INVALID, "%s: tensor \"%s\" is %s, which cannot be read as float32 (F32, BF16 or "
-                                         "F16 can)", f->path, name, t->dtype_name);
-    }
-    return CDP_OK;
+    return to_f32(f, t, 0, t->nbytes / elem_size(t), dst);
+}
+
+cdp_status cdp_st_read_f32_range(const struct cdp_st_file *f, const char *name, uint64_t first, uint64_t count,
+                                 float *dst)
+{
+    const struct cdp_st_tensor *t = cdp_st_find(f, name);
+    if (!t) return cdp_fail(CDP_ERR_INVALID, "%s: no tensor named \"%s\"", f->path, name);
+    uint64_t numel = t->nbytes / elem_size(t);
+    if (first > numel || count > numel - first)
+        return cdp_fail(CDP_ERR_INVALID, "%s: tensor \"%s\": elements [%llu, %llu) asked for, it has %llu", f->path,
+                        name, (unsigned long long)first, (unsigned long long)first + count,
+                        (unsigned long long)numel);
+    return to_f32(f, t, first, count, dst);
 }
 
 /* ---- writing ------------------------------------------------------------------ */
@@ -536,15 +563,44 @@ done:
     return st;
 }
 
-cdp_status cdp_st_write(const char *path, const struct cdp_st_tensor *tensors, int n, const char *const *meta,
-                        int n_meta)
+/* A tensor's bytes fetched into stage (at most cap bytes at a time) and
+ * written from there. */
+static cdp_status write_staged(int fd, const struct cdp_st_tensor *t, cdp_st_fetch_fn fetch, void *ctx,
+                               uint8_t *stage, uint64_t cap, const char *path, const char *tmp)
+{
+    for (uint64_t off = 0; off < t->nbytes;) {
+        uint64_t len = t->nbytes - off < cap ? t->nbytes - off : cap;
+        cdp_status st = fetch(ctx, t, off, stage, len);
+        if (st) return cdp_error_context(st, "%s: tensor \"%s\"", path, t->name);
+        if ((st = write_all(fd, stage, len, path, tmp))) return st;
+        off += len;
+    }
+    return CDP_OK;
+}
+
+static cdp_status write_file(const char *path, const struct cdp_st_tensor *tensors, int n, const char *const *meta,
+                             int n_meta, cdp_st_fetch_fn fetch, void *ctx, uint64_t chunk)
 {
     cdp_status st;
     char *header = NULL, *tmp = NULL, *dir_copy = NULL, *base_copy = NULL;
+    uint8_t *stage = NULL;
+    uint64_t stage_cap = 0;
     size_t hlen = 0;
     int fd = -1, tmp_exists = 0;
     CDP_ASSERT(path && (n == 0 || tensors) && (n_meta == 0 || meta) && n >= 0 && n_meta >= 0);
+    CDP_ASSERT(!fetch || chunk > 0);
     if ((st = build_header(path, tensors, n, meta, n_meta, &header, &hlen))) return st;
+    if (fetch) {
+        /* one host buffer for every tensor: the largest piece any of them needs */
+        for (int i = 0; i < n; i++)
+            if (tensors[i].nbytes > stage_cap) stage_cap = tensors[i].nbytes;
+        if (stage_cap > chunk) stage_cap = chunk;
+        if (stage_cap > SIZE_MAX - 1 || !(stage = malloc((size_t)stage_cap + 1))) {
+            st = cdp_fail(CDP_ERR_NOMEM, "%s: out of memory for a %llu-byte staging buffer", path,
+                          (unsigned long long)stage_cap);
+            goto fail;
+        }
+    }
 
     dir_copy = strdup(path);
     base_copy = strdup(path);
@@ -573,8 +629,11 @@ cdp_status cdp_st_write(const char *path, const struct cdp_st_tensor *tensors, i
     uint8_t len8[8];
     for (int i = 0; i < 8; i++) len8[i] = (uint8_t)((uint64_t)hlen >> (8 * i));
     if ((st = write_all(fd, len8, 8, path, tmp)) || (st = write_all(fd, header, hlen, path, tmp))) goto fail;
-    for (int i = 0; i < n; i++)
-        if ((st = write_all(fd, tensors[i].data, tensors[i].nbytes, path, tmp))) goto fail;
+    for (int i = 0; i < n; i++) {
+        if (fetch) st = write_staged(fd, &tensors[i], fetch, ctx, stage, stage_cap, path, tmp);
+        else st = write_all(fd, tensors[i].data, tensors[i].nbytes, path, tmp);
+        if (st) goto fail;
+    }
     if (fsync(fd) != 0) {
         st = cdp_fail(CDP_ERR_IO, "%s: cannot sync %s: %s", path, tmp, strerror(errno));
         goto fail;
@@ -604,5 +663,20 @@ fail:
     free(dir_copy);
     free(base_copy);
     free(header);
+    free(stage);
     return st;
+}
+
+cdp_status cdp_st_write(const char *path, const struct cdp_st_tensor *tensors, int n, const char *const *meta,
+                        int n_meta)
+{
+    return write_file(path, tensors, n, meta, n_meta, NULL, NULL, 0);
+}
+
+cdp_status cdp_st_write_staged(const char *path, const struct cdp_st_tensor *tensors, int n,
+                               const char *const *meta, int n_meta, cdp_st_fetch_fn fetch, void *ctx,
+                               uint64_t chunk)
+{
+    CDP_ASSERT(fetch && chunk > 0);
+    return write_file(path, tensors, n, meta, n_meta, fetch, ctx, chunk);
 }

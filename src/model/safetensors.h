@@ -55,6 +55,14 @@ const char *cdp_st_metadata(const struct cdp_st_file *f, const char *key);
 cdp_status cdp_st_read_f32(const struct cdp_st_file *f, const char *name, int ndim,
                            const int64_t *shape, float *dst);
 
+/* Elements [first, first + count) of a float tensor (F32, BF16 or F16), in its
+ * row-major order, as float32 into dst (count floats): a tensor read piece by
+ * piece, as when it is staged to device memory. CDP_ERR_INVALID, naming the
+ * file and tensor, when it is absent, not a float one, or the range runs past
+ * its end. */
+cdp_status cdp_st_read_f32_range(const struct cdp_st_file *f, const char *name, uint64_t first, uint64_t count,
+                                 float *dst);
+
 /* Writes tensors (data from the caller) with optional metadata key/value pairs
  * (n_meta pairs in meta[2*i], meta[2*i+1]) to path atomically: a temporary file
  * in the same folder, fsync, rename, fsync of the folder. On any failure nothing
@@ -68,6 +76,22 @@ cdp_status cdp_st_read_f32(const struct cdp_st_file *f, const char *name, int nd
  * that cannot be fsynced after the rename is only a warning (the file is complete). */
 cdp_status cdp_st_write(const char *path, const struct cdp_st_tensor *tensors, int n,
                         const char *const *meta, int n_meta);
+
+/* How cdp_st_write_staged gets the bytes of a tensor whose data the host cannot
+ * read in place (device memory): copies bytes [offset, offset + n) of t (its
+ * data is the caller's handle) into the host buffer dst. */
+typedef cdp_status (*cdp_st_fetch_fn)(void *ctx, const struct cdp_st_tensor *t, uint64_t offset, void *dst,
+                                      uint64_t n);
+
+/* cdp_st_write, for tensors whose data the host cannot read: each tensor's
+ * bytes are fetched into one host buffer and written from there, at most
+ * `chunk` bytes at a time (the buffer is min(chunk, the largest tensor); the
+ * data pointers are only handed to fetch). A failing fetch fails the write as
+ * an I/O failure does (its status, the file and tensor named; the temporary
+ * is removed, nothing is left at path). */
+cdp_status cdp_st_write_staged(const char *path, const struct cdp_st_tensor *tensors, int n,
+                               const char *const *meta, int n_meta, cdp_st_fetch_fn fetch, void *ctx,
+                               uint64_t chunk);
 
 #ifdef __cplusplus
 }
