@@ -2,7 +2,7 @@
  * training (forward, loss, backward, AdamW), against the GPU's dense peak:
  *
  *   bench-gpu-step [--preset gpt2] [--batch 8] [--seq 1024] [--precision bf16|fp32]
- *                  [--steps 10] [--warmup 3] [--device N]
+ *                  [--steps 10] [--warmup 3] [--device N] [--layers N]
  *
  * Prints one JSON line: median ms per step after the warm-ups, tokens/s, the
  * layer table's matrix FLOPs per step (what the kernels issue; causal
@@ -33,7 +33,7 @@ static int fail(const char *what)
 int main(int argc, char **argv)
 {
     const char *preset = "gpt2", *precision = "bf16";
-    int batch = 8, seq = 1024, steps = 10, warmup = 3, index = 0;
+    int batch = 8, seq = 1024, steps = 10, warmup = 3, index = 0, layers = 0;
     for (int i = 1; i < argc; i++) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(argv[i], "--preset") && v) preset = argv[++i];
@@ -43,9 +43,10 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--steps") && v) steps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--warmup") && v) warmup = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--device") && v) index = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--layers") && v) layers = atoi(argv[++i]);
         else {
             fprintf(stderr, "usage: bench-gpu-step [--preset P] [--batch B] [--seq T] [--precision bf16|fp32] "
-                            "[--steps N] [--warmup N] [--device N]\n");
+                            "[--steps N] [--warmup N] [--device N] [--layers N]\n");
             return 2;
         }
     }
@@ -53,9 +54,10 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench-gpu-step: batch, seq and steps must be positive (steps at most 1000)\n");
         return 2;
     }
-    char json[512];
-    snprintf(json, sizeof json, "{\"model\": {\"preset\": \"%s\", \"context\": %d}, \"train\": {\"precision\": \"%s\"}}",
-             preset, seq, precision);
+    char json[512], lay[32] = "";
+    if (layers > 0) snprintf(lay, sizeof lay, ", \"layers\": %d", layers);
+    snprintf(json, sizeof json, "{\"model\": {\"preset\": \"%s\", \"context\": %d%s}, \"train\": {\"precision\": \"%s\"}}",
+             preset, seq, lay, precision);
     struct cdp_plan *p;
     if (cdp_plan_load_string(json, "bench-gpu-step", NULL, &p)) return fail("plan");
     int n = 0;

@@ -140,7 +140,7 @@ Test(partition, plan_equals_brute_force_on_random_instances)
             I.cap[s] = rnd(0, 5) == 0 ? 0 : 2 + total_state / I.k + rnd(0, (int)total_state / 2 + 10);
         spec_of(&I);
         I.sp.micro_batches = fk ? 4 : 0; /* 1F1B, m = 4; else the retry keeps in_flight[0] = 4 */
-        double bv;
+        double bv = 0;
         int bf[4];
         const int ok = brute(&I.sp, I.inflight, I.cap, I.k, &bv, bf);
         struct cdp_partition_stage st[4];
@@ -170,7 +170,7 @@ Test(partition, plan_equals_brute_force_on_random_instances)
         }
         cr_assert_eq(worst, bv, "instance %d: %g vs brute force %g", it, worst, bv);
         /* memory forced an unbalanced split: without capacities the optimum is faster */
-        double fv;
+        double fv = 0;
         int ff[4];
         brute(&I.sp, I.inflight, NULL, I.k, &fv, ff);
         memory_bound += fv < bv;

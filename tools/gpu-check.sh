@@ -17,6 +17,12 @@
 #                                              (7 files: a log per stage and
 #                                              the suite's JSON report)
 #
+# GPU_CHECK_PREBUILT=DIR: a machine without the build's dependencies (jansson,
+# OpenBLAS, Criterion headers) runs a build made elsewhere: DIR holds it as
+# `meson compile` left it (cdphybrid, libcdphybrid.so*, libcdphybrid-cuda.so,
+# tests/, bench/), with the libraries it needs beside it in DIR/lib;
+# configure and compile then only check that every binary's libraries load.
+#
 # Environment: GPU_CHECK_BUILD (build folder, default build-gpu),
 # GPU_CHECK_LOGDIR (logs, default <build>-logs), GPU_CHECK_BUDGET (seconds for
 # the whole run, default 450), GPU_CHECK_MESON_ARGS (more `meson setup`
@@ -33,8 +39,14 @@ set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT" || exit 1
-BUILD=${GPU_CHECK_BUILD:-build-gpu}
+BUILD=${GPU_CHECK_PREBUILT:-${GPU_CHECK_BUILD:-build-gpu}}
 case $BUILD in /*) ;; *) BUILD=$ROOT/$BUILD ;; esac
+PREBUILT=${GPU_CHECK_PREBUILT:+1}
+if [ -n "$PREBUILT" ]; then
+    # the build's own libraries, then the pip CUDA libraries PyTorch brings (cuDNN, NCCL)
+    pylibs=$(python3 -c 'import glob, nvidia; print(":".join(sorted(glob.glob(nvidia.__path__[0] + "/*/lib"))))' 2>/dev/null)
+    export LD_LIBRARY_PATH="$BUILD:$BUILD/lib:${CUDA_HOME:-/usr/local/cuda}/lib64${pylibs:+:$pylibs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
 LOGDIR=${GPU_CHECK_LOGDIR:-$BUILD-logs}
 BUDGET=${GPU_CHECK_BUDGET:-450}
 JOBS=${GPU_CHECK_JOBS:-8}
@@ -72,6 +84,13 @@ have() { command -v "$1" >/dev/null 2>&1; }
 # what stops the CUDA build; criterion (tests), mpicc and torch are reported.
 stage_prereqs() {
     local missing=() optional=() v
+    if [ -n "$PREBUILT" ]; then
+        NOTE="prebuilt in $BUILD: the build's tools are not needed"
+        have nvidia-smi || echo "missing  nvidia-smi (optional)"
+        python3 -c "import torch" 2>/dev/null && echo "ok       python3 with torch" ||
+            echo "missing  python3 with torch (optional)"
+        return 0
+    fi
     check() { # check <what> <required|optional> <command...>
         local what=$1 kind=$2
         shift 2
@@ -143,7 +162,25 @@ stage_nvidia_smi() {
     NOTE="$(nvidia-smi -L | grep -c '^GPU') GPU(s): $(nvidia-smi -L | head -n1 | cut -c1-60)"
 }
 
+# A prebuilt build: every binary's libraries must resolve here.
+prebuilt_check() {
+    local f bad=0
+    for f in "$BUILD/cdphybrid" "$BUILD/libcdphybrid-cuda.so" "$BUILD"/tests/test-* "$BUILD"/bench/bench-*; do
+        [ -f "$f" ] || continue
+        if ldd "$f" | grep 'not found'; then
+            echo "^ $f"
+            bad=1
+        fi
+    done
+    NOTE="prebuilt in $BUILD$( ((bad)) && echo '; libraries missing (see log)')"
+    return "$bad"
+}
+
 stage_configure() {
+    if [ -n "$PREBUILT" ]; then
+        prebuilt_check
+        return
+    fi
     local args=(-Dcuda=enabled "-Dcudnn=$CUDNN")
     if ! have mpicc; then
         args+=(-Dmpi=disabled)
@@ -160,6 +197,10 @@ stage_configure() {
 }
 
 stage_compile() {
+    if [ -n "$PREBUILT" ]; then
+        NOTE="prebuilt"
+        return 0
+    fi
     meson compile -C "$BUILD"
 }
 
@@ -209,6 +250,10 @@ stage_train_pipeline() {
         NOTE="no mpirun on this machine"
         return 3
     fi
+    if ! "$BUILD/cdphybrid" --version | grep -q "mpi yes"; then
+        NOTE="this build has no MPI"
+        return 3
+    fi
     CDP_MODULE_DIR="$BUILD" "$BUILD/cdphybrid" --plan examples/gpu-pipeline.json || return 1
     NOTE=$(grep -m1 -o 'done: [0-9]* steps in [0-9.]* s, loss [0-9.]* -> [0-9.]*' "$STAGE_LOG")
     [ -n "$NOTE" ]
@@ -220,6 +265,10 @@ stage_nccl() {
     local bin=$BUILD/tests/test-comm rc
     if ! have mpirun; then
         NOTE="no mpirun on this machine"
+        return 3
+    fi
+    if [ ! -x "$bin" ]; then
+        NOTE="no $bin in this build"
         return 3
     fi
     CDP_MODULE_DIR="$BUILD" CDP_BIN="$BUILD/cdphybrid" CDP_COMM_PROBE="$BUILD/tests/comm_probe" \
@@ -277,8 +326,8 @@ run_stage() {
     else
         # A subshell under `timeout`, so a hung command cannot outlive the stage;
         # NOTE comes back through a file.
-        export -f "stage_$name" have join meson_ok cudnn_lib_ok
-        export ROOT BUILD LOGDIR JOBS CUDA_HOME CUDNN STAGE_LOG GPU_CHECK_MESON_ARGS="${GPU_CHECK_MESON_ARGS:-}"
+        export -f "stage_$name" have join meson_ok cudnn_lib_ok prebuilt_check
+        export ROOT BUILD LOGDIR JOBS CUDA_HOME CUDNN STAGE_LOG PREBUILT GPU_CHECK_MESON_ARGS="${GPU_CHECK_MESON_ARGS:-}"
         timeout --kill-after=10 "$limit" bash -o pipefail -c \
             "NOTE=''; stage_$name; rc=\$?; printf '%s' \"\$NOTE\" > '$STAGE_LOG.note'; exit \$rc" \
             >"$STAGE_LOG" 2>&1 </dev/null

@@ -165,7 +165,7 @@ cdp_status cdp_cuda_conv2d_fwd(void *st, float *out, float *col, const float *in
 {
     struct cdp_cuda_state *s = (struct cdp_cuda_state *)st;
     (void)col;
-    int OH, OW;
+    int OH = 0, OW = 0;
     cdp_status rc = check_dims("conv2d_fwd", B, IC, H, W, OC, K, S, P, &OH, &OW);
     if (rc) return rc;
     if (B == 0 || OC == 0) return CDP_OK;
@@ -210,7 +210,7 @@ cdp_status cdp_cuda_conv2d_bwd(void *st, float *din, float *dw, float *db, float
 {
     struct cdp_cuda_state *s = (struct cdp_cuda_state *)st;
     (void)col;
-    int OH, OW;
+    int OH = 0, OW = 0;
     cdp_status rc = check_dims("conv2d_bwd", B, IC, H, W, OC, K, S, P, &OH, &OW);
     if (rc) return rc;
     if (B == 0 || OC == 0) return CDP_OK; /* dout is empty: nothing to add */
