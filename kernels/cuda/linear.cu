@@ -117,6 +117,46 @@ static cdp_status check_dims(int N, int IC, int OC)
     return CDP_OK;
 }
 
+/* dst[rows_p, ld] = src[rows, cols] rounded to bf16, zero outside it (the
+ * padding adds nothing to a product). */
+static __global__ void to_bf16_rows_kernel(__nv_bfloat16 *dst, const float *src, size_t rows, size_t cols,
+                                           size_t rows_p, size_t ld)
+{
+    const size_t n = rows_p * ld;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        size_t r = i / ld, c = i - r * ld;
+        dst[i] = r < rows && c < cols ? __float2bfloat16_rn(src[r * cols + c]) : __float2bfloat16_rn(0.0f);
+    }
+}
+
+static cdp_status to_bf16_padded(struct cdp_cuda_state *s, __nv_bfloat16 *dst, const float *src, int rows, int cols,
+                                 int rows_p, int ld)
+{
+    size_t n = (size_t)rows_p * ld;
+    to_bf16_rows_kernel<<<cdp_cuda_blocks(n, CDP_CUDA_THREADS), CDP_CUDA_THREADS, 0, s->stream>>>(
+        dst, src, (size_t)rows, (size_t)cols, (size_t)rows_p, (size_t)ld);
+    CDP_CUDA_LAUNCHED("to_bf16_rows_kernel");
+    return CDP_OK;
+}
+
+/* out[r, c] = tmp[r, c] (leading dimension ld) + b[c] (b may be NULL). */
+static __global__ void unpad_bias_kernel(float *out, const float *tmp, const float *b, size_t rows, size_t cols,
+                                         size_t ld)
+{
+    const size_t n = rows * cols;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        size_t r = i / cols, c = i - r * cols;
+        out[i] = tmp[r * ld + c] + (b ? b[c] : 0.0f);
+    }
+}
+
+/* cuBLAS takes its fast tensor-core kernels only when the contiguous extent of
+ * every operand is a multiple of 8 elements; a width like GPT-2's vocabulary
+ * (50257) sends it to slow unaligned ones. In bf16 the operands are copied
+ * anyway, so the copies are padded with zeros to multiples of 8 (the padding
+ * adds nothing), and a forward's output goes through a padded temporary. */
+static inline int pad8(int n) { return (n + 7) & ~7; }
+
 cdp_status cdp_cuda_linear_fwd(void *st, float *out, const float *in, const float *w, const float *b, int N,
                                int IC, int OC)
 {
@@ -125,6 +165,25 @@ cdp_status cdp_cuda_linear_fwd(void *st, float *out, const float *in, const floa
     if (rc) return rc;
     if (N == 0 || OC == 0) return CDP_OK;
     CDP_CUDA_TRY(cudaSetDevice(s->index));
+
+    if (s->precision == CDP_PRECISION_BF16 && IC > 0 && (OC % 8 || IC % 8)) {
+        const int OCp = pad8(OC), ICp = pad8(IC);
+        size_t nin = (size_t)N * ICp, nw = (size_t)OCp * ICp, nt = (size_t)N * OCp;
+        size_t off_w = cdp_cuda_align(nin * 2), off_t = off_w + cdp_cuda_align(nw * 2);
+        void *ws;
+        if ((rc = cdp_cuda_workspace(s, off_t + cdp_cuda_align(nt * 4), &ws))) return rc;
+        __nv_bfloat16 *in16 = (__nv_bfloat16 *)ws, *w16 = (__nv_bfloat16 *)((char *)ws + off_w);
+        float *tmp = (float *)((char *)ws + off_t);
+        if ((rc = to_bf16_padded(s, in16, in, N, IC, N, ICp))) return rc;
+        if ((rc = to_bf16_padded(s, w16, w, OC, IC, OCp, ICp))) return rc;
+        if ((rc = cdp_cuda_gemm(s, true, false, true, N, OCp, ICp, 1.0f, in16, ICp, 0, w16, ICp, 0, 0.0f, tmp, OCp,
+                                0, 1)))
+            return rc;
+        unpad_bias_kernel<<<cdp_cuda_blocks((size_t)N * OC, CDP_CUDA_THREADS), CDP_CUDA_THREADS, 0, s->stream>>>(
+            out, tmp, b, (size_t)N, (size_t)OC, (size_t)OCp);
+        CDP_CUDA_LAUNCHED("unpad_bias_kernel");
+        return CDP_OK;
+    }
 
     float beta = 0.0f;
     if (b) {
@@ -171,7 +230,26 @@ cdp_status cdp_cuda_linear_bwd(void *st, float *din, float *dw, float *db, const
 
     const void *dO = dout, *W = w, *X = in;
     bool bf16 = s->precision == CDP_PRECISION_BF16;
-    if (bf16) {
+    int ldo = OC, ldi = IC, K = OC;
+    if (bf16 && (OC % 8 || IC % 8)) {
+        /* zero-padded copies (see linear_fwd): din's product runs over OCp */
+        ldo = pad8(OC);
+        ldi = pad8(IC);
+        K = ldo;
+        size_t ndo = (size_t)N * ldo, nw = din ? (size_t)ldo * ldi : 0, nx = dw ? (size_t)N * ldi : 0;
+        size_t off_w = cdp_cuda_align(ndo * 2), off_x = off_w + cdp_cuda_align(nw * 2);
+        void *ws;
+        if ((rc = cdp_cuda_workspace(s, off_x + cdp_cuda_align(nx * 2), &ws))) return rc;
+        __nv_bfloat16 *do16 = (__nv_bfloat16 *)ws;
+        __nv_bfloat16 *w16 = (__nv_bfloat16 *)((char *)ws + off_w);
+        __nv_bfloat16 *x16 = (__nv_bfloat16 *)((char *)ws + off_x);
+        if ((rc = to_bf16_padded(s, do16, dout, N, OC, N, ldo))) return rc;
+        if (din && (rc = to_bf16_padded(s, w16, w, OC, IC, ldo, ldi))) return rc;
+        if (dw && (rc = to_bf16_padded(s, x16, in, N, IC, N, ldi))) return rc;
+        dO = do16;
+        W = w16;
+        X = x16;
+    } else if (bf16) {
         size_t ndo = (size_t)N * OC, nw = din ? (size_t)OC * IC : 0, nx = dw ? (size_t)N * IC : 0;
         size_t off_w = cdp_cuda_align(ndo * 2), off_x = off_w + cdp_cuda_align(nw * 2);
         void *ws;
@@ -187,11 +265,11 @@ cdp_status cdp_cuda_linear_bwd(void *st, float *din, float *dw, float *db, const
         X = x16;
     }
     /* din[N,IC] += dout[N,OC] . w[OC,IC] */
-    if (din && (rc = cdp_cuda_gemm(s, bf16, false, false, N, IC, OC, 1.0f, dO, OC, 0, W, IC, 0, 1.0f, din, IC,
+    if (din && (rc = cdp_cuda_gemm(s, bf16, false, false, N, IC, K, 1.0f, dO, ldo, 0, W, ldi, 0, 1.0f, din, IC,
                                    0, 1)))
         return rc;
     /* dw[OC,IC] += dout[N,OC]^T . in[N,IC] */
-    if (dw && (rc = cdp_cuda_gemm(s, bf16, true, false, OC, IC, N, 1.0f, dO, OC, 0, X, IC, 0, 1.0f, dw, IC, 0,
+    if (dw && (rc = cdp_cuda_gemm(s, bf16, true, false, OC, IC, N, 1.0f, dO, ldo, 0, X, ldi, 0, 1.0f, dw, IC, 0,
                                   1)))
         return rc;
     return CDP_OK;
