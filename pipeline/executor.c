@@ -716,11 +716,8 @@ static cdp_status build_schedule(struct exec *e)
     struct cdp_schedule *s = NULL;
     cdp_status st = cdp_schedule_build_ex(e->plan->parallel.schedule, e->p, e->v, e->m, tied_grads(e),
                                           e->npipe != NULL, &s);
+    /* build_ex has validated the lists (under rendezvous rules too for NCCL) */
     if (st) return cdp_error_context(st, "%s: /parallel", e->plan->source);
-    if ((st = cdp_schedule_validate(s))) {
-        cdp_schedule_free(s);
-        return cdp_error_context(st, "schedule");
-    }
     cdp_schedule_free(e->sched);
     e->sched = s;
     return CDP_OK;

@@ -20,6 +20,8 @@ struct cdp_monitor {
     double *buf;                   /* F_COUNT per rank */
     struct cdp_monitor_rank *ranks;
     int *streak;                   /* reports running each rank was its group's slowest */
+    double *group;                 /* scratch: one stage group's busy times */
+    int *slowest_of;               /* scratch: this report's slowest rank of each group */
 };
 
 static double cpu_seconds(void)
@@ -60,6 +62,8 @@ void cdp_monitor_destroy(struct cdp_monitor *m)
     free(m->buf);
     free(m->ranks);
     free(m->streak);
+    free(m->group);
+    free(m->slowest_of);
     free(m);
 }
 
@@ -77,11 +81,15 @@ cdp_status cdp_monitor_collect(struct cdp_monitor *m, cdp_comm_t world, double b
         free(m->buf);
         free(m->ranks);
         free(m->streak);
+        free(m->group);
+        free(m->slowest_of);
         m->buf = calloc((size_t)size * F_COUNT, sizeof *m->buf);
         m->ranks = calloc((size_t)size, sizeof *m->ranks);
         m->streak = calloc((size_t)size, sizeof *m->streak);
+        m->group = calloc((size_t)size, sizeof *m->group);
+        m->slowest_of = calloc((size_t)size, sizeof *m->slowest_of);
         m->size = size;
-        if (!m->buf || !m->ranks || !m->streak) {
+        if (!m->buf || !m->ranks || !m->streak || !m->group || !m->slowest_of) {
             m->size = 0;
             return cdp_fail(CDP_ERR_NOMEM, "out of memory");
         }
@@ -125,13 +133,9 @@ cdp_status cdp_monitor_collect(struct cdp_monitor *m, cdp_comm_t world, double b
         if (m->ranks[r].stage + 1 > stages) stages = m->ranks[r].stage + 1;
     }
     /* stragglers: within each stage's replicas */
-    double *group = malloc((size_t)size * sizeof *group);
-    if (!group) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
-    int *slowest_of = calloc((size_t)size, sizeof *slowest_of);
-    if (!slowest_of) {
-        free(group);
-        return cdp_fail(CDP_ERR_NOMEM, "out of memory");
-    }
+    double *group = m->group;
+    int *slowest_of = m->slowest_of;
+    memset(slowest_of, 0, (size_t)size * sizeof *slowest_of);
     for (int s = 0; s < stages; s++) {
         int n = 0, worst = -1;
         for (int r = 0; r < size; r++)
@@ -152,8 +156,6 @@ cdp_status cdp_monitor_collect(struct cdp_monitor *m, cdp_comm_t world, double b
     }
     for (int r = 0; r < size; r++)
         if (!slowest_of[r]) m->streak[r] = 0;
-    free(group);
-    free(slowest_of);
     return CDP_OK;
 }
 
