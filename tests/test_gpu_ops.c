@@ -594,7 +594,11 @@ struct linear_shape {
 };
 
 /* the last is the larger case */
-static const struct linear_shape linear_shapes[] = {{37, 45, 53}, {1, 7, 3}, {5, 64, 33}, {300, 517, 389}};
+/* widths off multiples of 8 (the CUDA table's zero-padded bf16 path), then
+ * two on them (its cuBLASLt path with the bias epilogue); the last is the
+ * large case of the bf16 rounding check */
+static const struct linear_shape linear_shapes[] = {{37, 45, 53}, {1, 7, 3},    {5, 64, 33},
+                                                    {37, 64, 96}, {64, 128, 384}, {300, 517, 389}};
 #define N_LINEAR (sizeof linear_shapes / sizeof *linear_shapes)
 
 static void linear_fwd_case(struct linear_shape s, int bias, int large)

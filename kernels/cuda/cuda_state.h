@@ -23,6 +23,22 @@
 #include <cudnn.h>
 #endif
 
+/* A cuBLASLt algorithm chosen for one problem of the linear layer's forward
+ * (linear.cu): the heuristic query costs more host time than the launch, and
+ * its answer depends only on the key (sizes, types, epilogue, the pointers'
+ * alignments). The key is compared bytewise: all of it is plain ints. */
+struct cdp_cuda_lt_key {
+    int m, n, k;       /* as cuBLAS sees the product (bf16 operands, fp32 D) */
+    int bias;          /* 1: CUBLASLT_EPILOGUE_BIAS */
+    unsigned align[4]; /* bytes (at most 256) of A, B, D and the bias */
+};
+struct cdp_cuda_lt_algo {
+    struct cdp_cuda_lt_key key;
+    int state; /* 0: empty slot; 1: `algo` below; -1: cuBLASLt has none (use cublasGemmEx) */
+    cublasLtMatmulAlgo_t algo;
+};
+#define CDP_CUDA_LT_ALGOS 16
+
 struct cdp_cuda_state {
     int index;
     cudaStream_t stream;
@@ -41,6 +57,9 @@ struct cdp_cuda_state {
     size_t workspace_bytes;
     /* pinned host memory for small results read back (sum_squares) */
     double *host_result;
+    /* the linear forward's cuBLASLt algorithms, replaced round-robin */
+    struct cdp_cuda_lt_algo lt_algos[CDP_CUDA_LT_ALGOS];
+    unsigned lt_next;
 };
 
 /* The core's error and logging functions, set when the module is initialised. */

@@ -17,7 +17,8 @@ cdp_status cdp_cuda_gemm(struct cdp_cuda_state *s, bool bf16, bool transA, bool 
                          float alpha, const void *A, int lda, long long strideA, const void *B, int ldb,
                          long long strideB, float beta, float *C, int ldc, long long strideC, int batch);
 
-/* dst[n] = src[n] rounded to bf16 (to nearest, ties to even). */
+/* dst[n] = src[n] rounded to bf16 (to nearest, ties to even); dst 8-byte
+ * aligned (every caller's is a workspace piece). */
 cdp_status cdp_cuda_to_bf16(struct cdp_cuda_state *s, __nv_bfloat16 *dst, const float *src, size_t n);
 
 /* dst[n] = src[n] rounded to bf16 and widened back to float: bf16 operands for

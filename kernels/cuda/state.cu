@@ -3,6 +3,7 @@
 #include "kernels/cuda/ops_cuda.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 cdp_status cdp_cuda_workspace(struct cdp_cuda_state *s, size_t bytes, void **out)
 {
@@ -76,6 +77,8 @@ void cdp_cuda_state_release(struct cdp_cuda_state *s)
     s->workspace = NULL;
     s->workspace_bytes = 0;
     s->host_result = NULL;
+    memset(s->lt_algos, 0, sizeof s->lt_algos);
+    s->lt_next = 0;
 }
 
 cdp_status cdp_cuda_set_precision(void *st, enum cdp_precision p)
