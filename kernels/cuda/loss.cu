@@ -41,13 +41,35 @@ static __device__ __forceinline__ void lse_merge(float &m, float &s, float m2, f
     }
 }
 
+/* A row is read in three parts: scalars up to the first 16-byte boundary
+ * (rows of an odd V start anywhere), then float4 loads (several in flight
+ * per thread, which a memory-bound pass over 1.6 GB of GPT-2 logits needs),
+ * then the scalar tail. head_of() counts the leading scalars. */
+static __device__ __forceinline__ int head_of(const float *x, int V)
+{
+    int h = (int)(((16u - ((unsigned)(uintptr_t)x & 15u)) & 15u) / 4u);
+    return h < V ? h : V;
+}
+
 /* The row's (max, sum of exp(x - max)), for every thread of the block.
  * blockDim.x is a multiple of 32, at most 1024. */
 static __device__ void row_lse(const float *x, int V, float *m_out, float *s_out)
 {
     __shared__ float sm[32], ss[32];
     float m = -INFINITY, s = 0.0f;
-    for (int j = threadIdx.x; j < V; j += blockDim.x)
+    const int head = head_of(x, V), n4 = (V - head) / 4;
+    for (int j = threadIdx.x; j < head; j += blockDim.x)
+        lse_add(m, s, x[j]);
+    const float4 *x4 = reinterpret_cast<const float4 *>(x + head);
+#pragma unroll 4
+    for (int j = threadIdx.x; j < n4; j += blockDim.x) {
+        const float4 v = x4[j];
+        lse_add(m, s, v.x);
+        lse_add(m, s, v.y);
+        lse_add(m, s, v.z);
+        lse_add(m, s, v.w);
+    }
+    for (int j = head + 4 * n4 + threadIdx.x; j < V; j += blockDim.x)
         lse_add(m, s, x[j]);
     for (int o = 16; o > 0; o >>= 1) {
         float m2 = __shfl_xor_sync(0xffffffffu, m, o);
@@ -100,10 +122,35 @@ static __global__ void crossentropy_bwd_kernel(float *dlogits, const float *logi
     float *d = dlogits + (size_t)blockIdx.x * V;
     float m, s;
     row_lse(x, V, &m, &s);
-    float f = scale / s;
-    int t = targets[blockIdx.x];
-    for (int j = threadIdx.x; j < V; j += blockDim.x) {
-        float p = expf(x[j] - m) * f;
+    const float f = scale / s;
+    const int t = targets[blockIdx.x], head = head_of(x, V), n4 = (V - head) / 4;
+    for (int j = threadIdx.x; j < head; j += blockDim.x) {
+        const float p = expf(x[j] - m) * f;
+        d[j] = j == t ? p - scale : p;
+    }
+    const float4 *x4 = reinterpret_cast<const float4 *>(x + head);
+    float *dh = d + head;
+    const bool d_aligned = ((uintptr_t)dh & 15u) == 0; /* the same for the whole block */
+#pragma unroll 4
+    for (int j = threadIdx.x; j < n4; j += blockDim.x) {
+        const float4 v = x4[j];
+        const int k = head + 4 * j;
+        float4 p = make_float4(expf(v.x - m) * f, expf(v.y - m) * f, expf(v.z - m) * f, expf(v.w - m) * f);
+        if (t == k) p.x -= scale;
+        if (t == k + 1) p.y -= scale;
+        if (t == k + 2) p.z -= scale;
+        if (t == k + 3) p.w -= scale;
+        if (d_aligned) {
+            reinterpret_cast<float4 *>(dh)[j] = p;
+        } else {
+            dh[4 * j] = p.x;
+            dh[4 * j + 1] = p.y;
+            dh[4 * j + 2] = p.z;
+            dh[4 * j + 3] = p.w;
+        }
+    }
+    for (int j = head + 4 * n4 + threadIdx.x; j < V; j += blockDim.x) {
+        const float p = expf(x[j] - m) * f;
         d[j] = j == t ? p - scale : p;
     }
 }
