@@ -10,7 +10,12 @@
  * table with it. Mind the exceptions to "backward accumulates" there: the loss
  * backwards (crossentropy_bwd, mse_bwd) overwrite their gradient. Scratch
  * arguments (attention's T*T, conv's col) are sized for the CPU's serial
- * loops; a GPU table may ignore them and use its own workspace.
+ * loops; a GPU table may ignore them and use its own workspace. Attention's
+ * att ([B,NH,T,T] floats) is the state its forward leaves for its backward
+ * in the same table: the CPU table, and the CUDA table under fp32, keep the
+ * probabilities there; the CUDA table's fused bf16 kernels keep row
+ * statistics and a copy of the output in its first floats instead
+ * (kernels/cuda/flash_attention.h).
  *
  * On a GPU an op is queued on the device's stream and returns at once; the
  * status reports a launch, cuBLAS or cuDNN error (with the library's error

@@ -1,4 +1,7 @@
 /* Multi-head self-attention on the GPU, the semantics of kernels/cpu/attention.c.
+ * Under bf16, head sizes 32 and 64 take the fused kernels of
+ * flash_attention.cu instead (att then holds their saved state, not the
+ * probabilities); everything else takes the path below.
  * Every product is one strided-batched GEMM per sample over its NH heads,
  * reading q, k, v and writing dq, dk, dv straight inside the packed qkv
  * (leading dimension 3C, head h at column h*HS, so heads are HS apart); the
@@ -8,6 +11,7 @@
  * work but keeps one GEMM per product.
  * Shapes: qkv[B,T,3C] (q | k | v), out[B,T,C], att[B,NH,T,T], HS = C / NH. */
 #include "kernels/cuda/cuda_state.h"
+#include "kernels/cuda/flash_attention.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/ops_cuda.h"
 
@@ -109,6 +113,7 @@ cdp_status cdp_cuda_attention_fwd(void *st, float *out, float *att, const float 
     if (rc) return rc;
     if (B == 0 || T == 0) return CDP_OK;
     CDP_CUDA_TRY(cudaSetDevice(s->index));
+    if (cdp_cuda_flash_usable(s, B, T, C, NH)) return cdp_cuda_flash_fwd(s, out, att, qkv, B, T, C, NH, causal);
     int HS = C / NH, C3 = 3 * C;
     float scale = 1.0f / sqrtf((float)HS);
     size_t TT = (size_t)T * T, nqkv = (size_t)B * T * C3, natt = (size_t)B * NH * TT;
@@ -161,6 +166,8 @@ cdp_status cdp_cuda_attention_bwd(void *st, float *dqkv, const float *dout, cons
     if (rc) return rc;
     if (B == 0 || T == 0 || C == 0) return CDP_OK;
     CDP_CUDA_TRY(cudaSetDevice(s->index));
+    if (cdp_cuda_flash_usable(s, B, T, C, NH))
+        return cdp_cuda_flash_bwd(s, dqkv, dout, qkv, att, B, T, C, NH, causal);
     int HS = C / NH, C3 = 3 * C;
     float scale = 1.0f / sqrtf((float)HS);
     size_t TT = (size_t)T * T, nhead = (size_t)NH * TT; /* one sample's att */
