@@ -41,7 +41,7 @@
 extern "C" {
 #endif
 
-#define CDP_OPS_ABI 1
+#define CDP_OPS_ABI 2
 
 struct cdp_ops {
     int abi;
@@ -102,6 +102,16 @@ struct cdp_ops {
                              float beta1, float beta2, float eps, float weight_decay, int t);
     cdp_status (*sgd_step)(void *st, float *param, const float *grad, float *velocity, size_t n, float lr,
                            float momentum, float weight_decay, int t);
+
+    /* Optional fused ops: NULL in a table that has none, and then the layers
+     * call the ops they fuse (the CPU table has none; its composition is the
+     * reference the GPU ops suite compares with). */
+    /* The backward of a linear layer whose input is act = gelu(pre), through
+     * that GELU: dpre = (dout . w) * gelu'(pre), OVERWRITTEN (not
+     * accumulated); dw += dout^T . act and db += the column sums of dout as
+     * linear_bwd (either may be NULL). dout[N,OC], act/pre/dpre[N,IC], w[OC,IC]. */
+    cdp_status (*linear_gelu_bwd)(void *st, float *dpre, float *dw, float *db, const float *dout, const float *act,
+                                  const float *pre, const float *w, int N, int IC, int OC);
 };
 
 /* The CPU reference table (kernels/cpu/ops_table.c); its state argument is unused. */

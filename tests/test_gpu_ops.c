@@ -379,6 +379,9 @@ GPU_OPS_TEST(table_complete)
     NEED(maxpool2d_bwd);
     NEED(adamw_step);
     NEED(sgd_step);
+    if (G.type == CDP_DEVICE_CUDA) { /* optional ops (ops.h) that the CUDA table has */
+        NEED(linear_gelu_bwd);
+    }
 #undef NEED
 }
 
@@ -598,7 +601,6 @@ struct linear_shape {
     int N, IC, OC;
 };
 
-/* the last is the larger case */
 /* widths off multiples of 8 (the CUDA table's zero-padded bf16 path), then
  * two on them (its cuBLASLt path with the bias epilogue); the last is the
  * large case of the bf16 rounding check */
@@ -681,6 +683,49 @@ GPU_OPS_TEST(linear_fwd_fp32) { body_linear_fwd(); }
 GPU_OPS_TEST(linear_bwd_fp32) { body_linear_bwd(); }
 GPU_OPS_TEST_BF16(linear_fwd_bf16) { body_linear_fwd(); }
 GPU_OPS_TEST_BF16(linear_bwd_bf16) { body_linear_bwd(); }
+
+/* ---- the backward through linear then GELU, fused (an optional op) ------------ */
+
+/* the reference is the CPU's composition: linear_bwd into zeros, then
+ * gelu_bwd (ops.h) */
+static void linear_gelu_bwd_case(struct linear_shape s, struct grads3 g)
+{
+    struct scope sc = scope_begin();
+    size_t nin = (size_t)s.N * s.IC, nw = (size_t)s.OC * s.IC, nout = (size_t)s.N * s.OC;
+    float *act = hrand(nin, -1, 1), *pre = hrand(nin, -3, 3), *w = hrand(nw, -1, 1), *dy = hrand(nout, -1, 1);
+    float *dw = hrand(nw, -1, 1), *db = hrand(s.OC, -1, 1);
+    float *rw = hdup(dw, nw), *rb = hdup(db, s.OC), *rtmp = hzeros(nin), *rpre = hzeros(nin);
+    cdp_cpu_linear_bwd(rtmp, g.b ? rw : NULL, g.c ? rb : NULL, operand(dy, nout), operand(act, nin),
+                       operand(w, nw), s.N, s.IC, s.OC);
+    cdp_cpu_gelu_bwd(rpre, rtmp, pre, nin);
+    float *d_dpre = dputf(hrand(nin, 5, 6), nin); /* garbage: dpre is overwritten */
+    float *d_dw = dputf(dw, nw), *d_db = dputf(db, s.OC);
+    OP(linear_gelu_bwd, d_dpre, g.b ? d_dw : NULL, g.c ? d_db : NULL, dputf(dy, nout), dputf(act, nin),
+       dputf(pre, nin), dputf(w, nw), s.N, s.IC, s.OC);
+    expect_close(dgetf(d_dpre, nin), rpre, nin, gemm_tol(), "linear_gelu_bwd dpre N=%d IC=%d OC=%d", s.N, s.IC,
+                 s.OC);
+    expect_close(dgetf(d_dw, nw), rw, nw, gemm_tol(), "linear_gelu_bwd dw N=%d IC=%d OC=%d (wanted %d)", s.N, s.IC,
+                 s.OC, g.b);
+    float *rb32 = hdup(db, s.OC);
+    if (g.c) cdp_cpu_linear_bwd(NULL, NULL, rb32, dy, act, w, s.N, s.IC, s.OC);
+    char what[128];
+    snprintf(what, sizeof what, "linear_gelu_bwd db N=%d IC=%d OC=%d (wanted %d)", s.N, s.IC, s.OC, g.c);
+    expect_bias_grad(dgetf(d_db, s.OC), rb, rb32, s.OC, what);
+    scope_end(sc);
+}
+
+static void body_linear_gelu(void)
+{
+    cr_assert(G.ops->linear_gelu_bwd, "%s: no fused linear + GELU backward", where());
+    for (size_t k = 0; k < N_LINEAR; k++)
+        linear_gelu_bwd_case(linear_shapes[k], (struct grads3){1, 1, 1});
+    linear_gelu_bwd_case(linear_shapes[3], (struct grads3){1, 0, 0});
+    linear_gelu_bwd_case(linear_shapes[0], (struct grads3){1, 1, 0});
+}
+
+/* the CPU table has no fused ops (its composition above is the reference) */
+Test(gpu_ops, cuda_linear_gelu_fp32) { run_on(CDP_DEVICE_CUDA, CDP_PRECISION_FP32, body_linear_gelu); }
+GPU_OPS_TEST_BF16(linear_gelu_bf16) { body_linear_gelu(); }
 
 /* ---- layernorm ---------------------------------------------------------------- */
 

@@ -23,14 +23,15 @@
 #include <cudnn.h>
 #endif
 
-/* A cuBLASLt algorithm chosen for one problem of the linear layer's forward
+/* A cuBLASLt algorithm chosen for one problem of the linear layer
  * (linear.cu): the heuristic query costs more host time than the launch, and
  * its answer depends only on the key (sizes, types, epilogue, the pointers'
  * alignments). The key is compared bytewise: all of it is plain ints. */
 struct cdp_cuda_lt_key {
     int m, n, k;       /* as cuBLAS sees the product (bf16 operands, fp32 D) */
-    int bias;          /* 1: CUBLASLT_EPILOGUE_BIAS */
-    unsigned align[4]; /* bytes (at most 256) of A, B, D and the bias */
+    int opA;           /* cublasOperation_t of A */
+    int epi;           /* cublasLtEpilogue_t */
+    unsigned align[4]; /* bytes (at most 256) of A, B, D and the bias (0: none) */
 };
 struct cdp_cuda_lt_algo {
     struct cdp_cuda_lt_key key;
@@ -57,7 +58,7 @@ struct cdp_cuda_state {
     size_t workspace_bytes;
     /* pinned host memory for small results read back (sum_squares) */
     double *host_result;
-    /* the linear forward's cuBLASLt algorithms, replaced round-robin */
+    /* the linear layer's cuBLASLt algorithms, replaced round-robin */
     struct cdp_cuda_lt_algo lt_algos[CDP_CUDA_LT_ALGOS];
     unsigned lt_next;
 };

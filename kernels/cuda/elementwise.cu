@@ -73,6 +73,19 @@ static __global__ void gelu_bwd_kernel(float *__restrict__ din, const float *__r
     }
 }
 
+/* d[i] *= GELU'(pre[i]), in place (the linear + GELU backward, linear.cu) */
+static __global__ void gelu_grad_scale_kernel(float *__restrict__ d, const float *__restrict__ pre, size_t n)
+{
+    FOR_EACH_INDEX(i, n)
+    {
+        float x = pre[i];
+        float u = GELU_S * (x + GELU_A * x * x * x);
+        float s = 1.0f / (1.0f + expf(-2.0f * u));
+        float du = GELU_S * (1.0f + 3.0f * GELU_A * x * x);
+        d[i] *= s + 2.0f * x * s * (1.0f - s) * du;
+    }
+}
+
 static __global__ void residual_fwd_kernel(float *out, const float *a, const float *b, size_t n)
 {
     FOR_EACH_INDEX(i, n) out[i] = a[i] + b[i];
@@ -242,6 +255,16 @@ cdp_status cdp_cuda_gelu_bwd(void *st, float *din, const float *dout, const floa
     CDP_CUDA_TRY(cudaSetDevice(s->index));
     gelu_bwd_kernel<<<cdp_cuda_blocks(n, CDP_CUDA_THREADS), CDP_CUDA_THREADS, 0, s->stream>>>(din, dout, in, n);
     CDP_CUDA_LAUNCHED("gelu_bwd_kernel");
+    return CDP_OK;
+}
+
+cdp_status cdp_cuda_gelu_grad_scale(void *st, float *d, const float *pre, size_t n)
+{
+    struct cdp_cuda_state *s = (struct cdp_cuda_state *)st;
+    if (n == 0) return CDP_OK;
+    CDP_CUDA_TRY(cudaSetDevice(s->index));
+    gelu_grad_scale_kernel<<<cdp_cuda_blocks(n, CDP_CUDA_THREADS), CDP_CUDA_THREADS, 0, s->stream>>>(d, pre, n);
+    CDP_CUDA_LAUNCHED("gelu_grad_scale_kernel");
     return CDP_OK;
 }
 

@@ -26,12 +26,16 @@ cdp_status cdp_cuda_linear_fwd(void *st, float *out, const float *in, const floa
                                int IC, int OC);
 cdp_status cdp_cuda_linear_bwd(void *st, float *din, float *dw, float *db, const float *dout, const float *in,
                                const float *w, int N, int IC, int OC);
+cdp_status cdp_cuda_linear_gelu_bwd(void *st, float *dpre, float *dw, float *db, const float *dout, const float *act,
+                                    const float *pre, const float *w, int N, int IC, int OC);
 
 /* elementwise.cu */
 cdp_status cdp_cuda_relu_fwd(void *st, float *out, const float *in, size_t n);
 cdp_status cdp_cuda_relu_bwd(void *st, float *din, const float *dout, const float *in, size_t n);
 cdp_status cdp_cuda_gelu_fwd(void *st, float *out, const float *in, size_t n);
 cdp_status cdp_cuda_gelu_bwd(void *st, float *din, const float *dout, const float *in, size_t n);
+/* not in the table: d[n] *= GELU'(pre[n]) in place */
+cdp_status cdp_cuda_gelu_grad_scale(void *st, float *d, const float *pre, size_t n);
 
 /* layernorm.cu */
 cdp_status cdp_cuda_layernorm_fwd(void *st, float *out, float *mean, float *rstd, const float *in,

@@ -434,10 +434,14 @@ static cdp_status block_backward(const struct cdp_kernels *k, const struct cdp_u
     float *dres2 = scratch, *dg = dres2 + BTC, *dfch = dg + 4 * BTC, *dln = dfch + 4 * BTC,
           *dqkv = dln + BTC, *att_scratch = dqkv + 3 * BTC;
     K(copy, dres2, dout, BTC * sizeof *dres2);
-    K(zero, dg, 4 * BTC * sizeof *dg);
-    K(linear_bwd, dg, g[10], g[11], dout, a.fch_gelu, p[10], N, 4 * C, C);
-    K(zero, dfch, 4 * BTC * sizeof *dfch);
-    K(gelu_bwd, dfch, dg, a.fch, 4 * BTC);
+    if (k->ops->linear_gelu_bwd) { /* dfch overwritten, through the GELU */
+        K(linear_gelu_bwd, dfch, g[10], g[11], dout, a.fch_gelu, a.fch, p[10], N, 4 * C, C);
+    } else {
+        K(zero, dg, 4 * BTC * sizeof *dg);
+        K(linear_bwd, dg, g[10], g[11], dout, a.fch_gelu, p[10], N, 4 * C, C);
+        K(zero, dfch, 4 * BTC * sizeof *dfch);
+        K(gelu_bwd, dfch, dg, a.fch, 4 * BTC);
+    }
     K(zero, dln, BTC * sizeof *dln);
     K(linear_bwd, dln, g[8], g[9], dfch, a.ln2, p[8], N, C, 4 * C);
     K(layernorm_bwd, dres2, g[6], g[7], dln, a.res2, p[6], a.ln2_mean, a.ln2_rstd, N, C);
