@@ -11,11 +11,11 @@
  * backwards (crossentropy_bwd, mse_bwd) overwrite their gradient. Scratch
  * arguments (attention's T*T, conv's col) are sized for the CPU's serial
  * loops; a GPU table may ignore them and use its own workspace. Attention's
- * att ([B,NH,T,T] floats) is the state its forward leaves for its backward
- * in the same table: the CPU table, and the CUDA table under fp32, keep the
- * probabilities there; the CUDA table's fused bf16 kernels keep row
- * statistics and a copy of the output in its first floats instead
- * (kernels/cuda/flash_attention.h).
+ * att is the state its forward leaves for its backward in the same table,
+ * [B,NH,T,T] floats unless attention_state_floats says fewer: the CPU table,
+ * and the CUDA table under fp32, keep the probabilities there; the CUDA
+ * table's fused bf16 kernels keep row statistics and a copy of the output,
+ * B*T*(NH + C) floats (kernels/cuda/flash_attention.h).
  *
  * On a GPU an op is queued on the device's stream and returns at once; the
  * status reports a launch, cuBLAS or cuDNN error (with the library's error
@@ -41,7 +41,7 @@
 extern "C" {
 #endif
 
-#define CDP_OPS_ABI 2
+#define CDP_OPS_ABI 3
 
 struct cdp_ops {
     int abi;
@@ -103,10 +103,17 @@ struct cdp_ops {
     cdp_status (*sgd_step)(void *st, float *param, const float *grad, float *velocity, size_t n, float lr,
                            float momentum, float weight_decay, int t);
 
-    /* Optional fused ops: NULL in a table that has none, and then the layers
-     * call the ops they fuse (the CPU table has none; its composition is the
-     * reference the GPU ops suite compares with). */
-    /* The backward of a linear layer whose input is act = gelu(pre), through
+    /* Optional entries: NULL in a table that has none (the CPU table has
+     * neither). */
+    /* Floats of att that this table's attention_fwd and attention_bwd use for
+     * these shapes under its current precision: at most B*NH*T*T, which is
+     * also what a NULL entry means. A model sizes att with it when it is
+     * created, so the precision must not change after that. (A plain query:
+     * no status.) */
+    size_t (*attention_state_floats)(void *st, int B, int T, int C, int NH);
+    /* A fused op; where it is NULL the layers call linear_bwd then gelu_bwd,
+     * the composition the GPU ops suite compares it with. The backward of a
+     * linear layer whose input is act = gelu(pre), through
      * that GELU: dpre = (dout . w) * gelu'(pre), OVERWRITTEN (not
      * accumulated); dw += dout^T . act and db += the column sums of dout as
      * linear_bwd (either may be NULL). dout[N,OC], act/pre/dpre[N,IC], w[OC,IC]. */

@@ -853,6 +853,25 @@ static const struct attention_shape attention_shapes[] = {
     {1, 128, 128, 2}};
 #define N_ATTENTION (sizeof attention_shapes / sizeof *attention_shapes)
 
+/* The floats of att this table's attention uses (ops.h: attention_state_floats,
+ * or all B*NH*T*T); the tests give att exactly that many. Under fp32 every
+ * table keeps the probabilities; under bf16 the CUDA table's fused kernels
+ * (head size 32 or 64, T above it) keep B*T*(NH + C). */
+static size_t att_state_floats(int B, int T, int C, int NH)
+{
+    const size_t full = (size_t)B * NH * T * T;
+    if (!G.ops->attention_state_floats) return full;
+    const size_t n = G.ops->attention_state_floats(G.st, B, T, C, NH);
+    cr_assert(n <= full, "%s: attention_state_floats %zu > B*NH*T*T = %zu", where(), n, full);
+    if (G.prec == CDP_PRECISION_FP32)
+        cr_assert_eq(n, full, "%s: attention_state_floats %zu under fp32, want %zu", where(), n, full);
+    const int HS = C / NH;
+    if (G.type == CDP_DEVICE_CUDA && G.prec == CDP_PRECISION_BF16 && (HS == 32 || HS == 64) && T > HS)
+        cr_assert_eq(n, (size_t)B * T * (NH + C), "%s: fused attention state %zu, want B*T*(NH + C) = %zu", where(),
+                     n, (size_t)B * T * (NH + C));
+    return n;
+}
+
 static void attention_fwd_case(struct attention_shape s, int causal)
 {
     struct scope sc = scope_begin();
@@ -860,7 +879,8 @@ static void attention_fwd_case(struct attention_shape s, int causal)
     size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C, na = (size_t)B * NH * T * T;
     float *qkv = hrand(nq, -2, 2), *ref = hzeros(no), *ratt = hzeros(na);
     cdp_cpu_attention_fwd(ref, ratt, operand(qkv, nq), B, T, C, NH, causal);
-    float *dout = dputf(hrand(no, 5, 6), no), *datt = dputf(hrand(na, 5, 6), na);
+    const size_t nst = att_state_floats(B, T, C, NH);
+    float *dout = dputf(hrand(no, 5, 6), no), *datt = dputf(hrand(nst, 5, 6), nst);
     OP(attention_fwd, dout, datt, dputf(qkv, nq), B, T, C, NH, causal);
     expect_close(dgetf(dout, no), ref, no, att_tol(), "attention_fwd out B=%d T=%d C=%d NH=%d causal=%d", B, T, C,
                  NH, causal);
@@ -899,7 +919,8 @@ static void attention_bwd_case(struct attention_shape s, int causal)
     float *d_dqkv = dputf(dqkv, nq), *d_qkv = dputf(qkv, nq);
     /* the backward reads what this table's forward left in att (ops.h);
      * both start as garbage */
-    float *d_out = dputf(hrand(no, 5, 6), no), *d_att = dputf(hrand(na, 5, 6), na);
+    const size_t nst = att_state_floats(B, T, C, NH);
+    float *d_out = dputf(hrand(no, 5, 6), no), *d_att = dputf(hrand(nst, 5, 6), nst);
     OP(attention_fwd, d_out, d_att, d_qkv, B, T, C, NH, causal);
     /* scratch of exactly the documented T*T floats, garbage on entry */
     float *d_scratch = dputf(hrand(nt, 5, 6), nt);

@@ -467,6 +467,117 @@ Test(model, a_unit_runs_on_its_kernel_table_and_stops_at_the_first_failure)
     cdp_plan_free(p);
 }
 
+/* A table whose attention keeps less than the probabilities: it reports
+ * B*T*(NH + C) floats (what the CUDA table's fused kernels keep), runs the CPU
+ * attention on a private T x T buffer, and fills exactly its reported share
+ * of att with a pattern that its backward checks. So the layout must give att
+ * that many floats without overlapping the rest (ASan sees an overrun of the
+ * exactly sized activations in the sanitizer run). */
+static float *compact_private;
+static size_t compact_floats;
+static int compact_pattern_ok;
+
+static size_t compact_state_floats(void *st, int B, int T, int C, int NH)
+{
+    (void)st;
+    return (size_t)B * T * (NH + C);
+}
+
+static cdp_status compact_attention_fwd(void *st, float *out, float *att, const float *qkv, int B, int T, int C,
+                                        int NH, int causal)
+{
+    cdp_status rc = cdp_cpu_ops.attention_fwd(st, out, compact_private, qkv, B, T, C, NH, causal);
+    compact_floats = compact_state_floats(st, B, T, C, NH);
+    for (size_t i = 0; i < compact_floats; i++) att[i] = (float)(i % 251);
+    return rc;
+}
+
+static cdp_status compact_attention_bwd(void *st, float *dqkv, const float *dout, const float *qkv, const float *att,
+                                        float *scratch, int B, int T, int C, int NH, int causal)
+{
+    for (size_t i = 0; i < compact_floats; i++)
+        if (att[i] != (float)(i % 251)) compact_pattern_ok = 0;
+    return cdp_cpu_ops.attention_bwd(st, dqkv, dout, qkv, compact_private, scratch, B, T, C, NH, causal);
+}
+
+Test(model, attention_keeps_the_state_its_kernel_table_asks_for)
+{
+    struct cdp_plan *p = plan_from("{\"model\": {\"preset\": \"gpt\", \"vocab\": 16, \"context\": 8, "
+                                   "\"layers\": 1, \"heads\": 2, \"embed\": 8}}");
+    struct cdp_unit *u;
+    int n;
+    cr_assert_eq(cdp_units_build(&p->model, &u, &n), CDP_OK);
+    const int B = 3, T = 8, C = 8, NH = 2;
+    struct cdp_kernels cpu = {&cdp_cpu_ops, NULL};
+    struct cdp_ops ops = cdp_cpu_ops;
+    ops.attention_state_floats = compact_state_floats;
+    ops.attention_fwd = compact_attention_fwd;
+    ops.attention_bwd = compact_attention_bwd;
+    struct cdp_kernels compact = {&ops, NULL};
+
+    /* sizes: the block shrinks by the difference, other units and a table
+     * without the entry change nothing */
+    const struct cdp_unit full = u[1];
+    cr_assert_eq(full.kind, CDP_UNIT_TRANSFORMER_BLOCK);
+    cr_assert_eq(full.att_floats, NH * T * T);
+    struct cdp_unit fit = full, same = full, emb = u[0];
+    cdp_unit_fit_kernels(&same, &cpu, B);
+    cr_assert_eq(same.att_floats, full.att_floats, "the CPU table has no attention_state_floats");
+    cdp_unit_fit_kernels(&emb, &compact, B);
+    cr_assert_eq(emb.act_floats, u[0].act_floats, "not an attention unit");
+    cdp_unit_fit_kernels(&fit, &compact, B);
+    cr_assert_eq(fit.att_floats, T * (NH + C));
+    cr_assert_eq(fit.act_floats, full.act_floats - (NH * T * T - T * (NH + C)));
+
+    /* the same results through the smaller layout */
+    float *params[CDP_UNIT_MAX_PARAMS] = {0}, *g_full[CDP_UNIT_MAX_PARAMS] = {0}, *g_fit[CDP_UNIT_MAX_PARAMS] = {0};
+    for (int i = 0; i < full.n_params; i++) {
+        params[i] = calloc((size_t)full.params[i].numel, 4);
+        g_full[i] = calloc((size_t)full.params[i].numel, 4);
+        g_fit[i] = calloc((size_t)full.params[i].numel, 4);
+        cdp_param_init(&full, i, 7, params[i]);
+    }
+    const size_t in_n = (size_t)B * T * C;
+    float *x = malloc(in_n * 4), *dout = malloc(in_n * 4), *din_full = calloc(in_n, 4), *din_fit = calloc(in_n, 4);
+    for (size_t i = 0; i < in_n; i++) {
+        x[i] = (float)((i * 37) % 19) / 19.0f - 0.5f;
+        dout[i] = (float)((i * 11) % 13) / 13.0f - 0.5f;
+    }
+    float *act_full = calloc((size_t)(B * full.act_floats), 4), *act_fit = calloc((size_t)(B * fit.act_floats), 4);
+    const size_t ns = (size_t)cdp_unit_scratch_floats(&full, B);
+    float *scratch = calloc(ns, 4);
+    compact_private = calloc((size_t)B * NH * T * T, 4);
+    compact_pattern_ok = 1;
+
+    cr_assert_eq(cdp_unit_forward(&cpu, &full, params, x, act_full, scratch, B), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(cdp_unit_backward(&cpu, &full, params, g_full, x, act_full, dout, din_full, scratch, B), CDP_OK,
+                 "%s", cdp_last_error());
+    cr_assert_eq(cdp_unit_forward(&compact, &fit, params, x, act_fit, scratch, B), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(cdp_unit_backward(&compact, &fit, params, g_fit, x, act_fit, dout, din_fit, scratch, B), CDP_OK,
+                 "%s", cdp_last_error());
+    cr_assert(compact_pattern_ok, "the attention state was overwritten between forward and backward");
+    cr_assert_eq(memcmp(act_full, act_fit, in_n * 4), 0, "the block's output differs");
+    cr_assert_eq(memcmp(din_full, din_fit, in_n * 4), 0, "the input gradient differs");
+    for (int i = 0; i < full.n_params; i++)
+        cr_assert_eq(memcmp(g_full[i], g_fit[i], (size_t)full.params[i].numel * 4), 0, "gradient %d differs", i);
+
+    for (int i = 0; i < full.n_params; i++) {
+        free(params[i]);
+        free(g_full[i]);
+        free(g_fit[i]);
+    }
+    free(x);
+    free(dout);
+    free(din_full);
+    free(din_fit);
+    free(act_full);
+    free(act_fit);
+    free(scratch);
+    free(compact_private);
+    free(u);
+    cdp_plan_free(p);
+}
+
 /* A kernel failure where no status can be returned (zero_grad, the gradient
  * norm, the optimizer step) is kept; every later pass returns it, and the
  * optimizer no longer touches the weights. */

@@ -157,6 +157,15 @@ cdp_status cdp_cuda_attention_fwd(void *st, float *out, float *att, const float 
     return CDP_OK;
 }
 
+/* The fused kernels keep the row statistics and a copy of the output
+ * (flash_attention.h); the general path the probabilities. */
+size_t cdp_cuda_attention_state_floats(void *st, int B, int T, int C, int NH)
+{
+    const struct cdp_cuda_state *s = (const struct cdp_cuda_state *)st;
+    if (cdp_cuda_flash_usable(s, B, T, C, NH)) return (size_t)B * NH * T + (size_t)B * T * C;
+    return (size_t)B * NH * T * T;
+}
+
 cdp_status cdp_cuda_attention_bwd(void *st, float *dqkv, const float *dout, const float *qkv, const float *att,
                                   float *scratch, int B, int T, int C, int NH, int causal)
 {

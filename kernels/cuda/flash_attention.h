@@ -3,10 +3,10 @@
  * attention.cu when cdp_cuda_flash_usable() says the shapes fit, with the
  * semantics of kernels/cpu/attention.c except for what `att` holds.
  *
- * `att` ([B,NH,T,T] floats, the op's saved state between forward and
- * backward) holds, from its start: the per-row log2-sum-exp of the scaled
- * scores, [B,NH,T], then a copy of the output, [B,T,C]. That needs
- * T*T >= T*(1 + HS), i.e. T > HS, which cdp_cuda_flash_usable() checks. */
+ * `att` (the op's saved state between forward and backward) holds the
+ * per-row log2-sum-exp of the scaled scores, [B,NH,T], then a copy of the
+ * output, [B,T,C]: B*T*(NH + C) floats, what attention_state_floats reports
+ * (less than the general path's B*NH*T*T as T > HS). */
 #ifndef CDP_KERNELS_CUDA_FLASH_ATTENTION_H
 #define CDP_KERNELS_CUDA_FLASH_ATTENTION_H
 

@@ -57,6 +57,7 @@ cdp_status cdp_cuda_embedding_bwd(void *st, float *dwte, float *dwpe, const floa
 /* attention.cu */
 cdp_status cdp_cuda_attention_fwd(void *st, float *out, float *att, const float *qkv, int B, int T, int C,
                                   int NH, int causal);
+size_t cdp_cuda_attention_state_floats(void *st, int B, int T, int C, int NH);
 cdp_status cdp_cuda_attention_bwd(void *st, float *dqkv, const float *dout, const float *qkv,
                                   const float *att, float *scratch, int B, int T, int C, int NH, int causal);
 

@@ -34,5 +34,6 @@ extern "C" const struct cdp_ops cdp_cuda_ops = {
     cdp_cuda_maxpool2d_bwd,
     cdp_cuda_adamw_step,
     cdp_cuda_sgd_step,
+    cdp_cuda_attention_state_floats,
     cdp_cuda_linear_gelu_bwd,
 };

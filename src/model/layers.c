@@ -138,14 +138,16 @@ static void finish_unit(struct cdp_unit *u)
         int64_t T = u->in.d[0], C = u->in.d[1];
         u->fwd_flops = 8.0 * T * C * C + attn_fwd_flops(T, C, d->causal);
         u->bwd_flops = 16.0 * T * C * C + attn_bwd_flops(T, C, d->causal);
-        u->act_floats = 3 * T * C + d->heads * T * T + T * C + T * C;
+        u->att_floats = d->heads * T * T;
+        u->act_floats = 3 * T * C + u->att_floats + T * C + T * C;
         break;
     }
     case CDP_UNIT_TRANSFORMER_BLOCK: {
         int64_t T = u->in.d[0], C = u->in.d[1];
         u->fwd_flops = 24.0 * T * C * C + attn_fwd_flops(T, C, 1);
         u->bwd_flops = 48.0 * T * C * C + attn_bwd_flops(T, C, 1);
-        u->act_floats = 16 * T * C + 4 * T + d->heads * T * T;
+        u->att_floats = d->heads * T * T;
+        u->act_floats = 16 * T * C + 4 * T + u->att_floats;
         break;
     }
     case CDP_UNIT_LM_HEAD: {
@@ -183,6 +185,17 @@ int64_t cdp_unit_scratch_floats(const struct cdp_unit *u, int B)
     default:
         return 0;
     }
+}
+
+void cdp_unit_fit_kernels(struct cdp_unit *u, const struct cdp_kernels *k, int B)
+{
+    if (u->kind != CDP_UNIT_ATTENTION && u->kind != CDP_UNIT_TRANSFORMER_BLOCK) return;
+    if (!k->ops->attention_state_floats || B < 1) return;
+    const size_t n = k->ops->attention_state_floats(k->st, B, (int)u->in.d[0], (int)u->in.d[1], (int)u->desc.heads);
+    const int64_t per = (int64_t)((n + (size_t)B - 1) / (size_t)B);
+    if (per >= u->att_floats) return;
+    u->act_floats -= u->att_floats - per;
+    u->att_floats = per;
 }
 
 /* The parameters of a GPT-2 block of width C: residual projections start at proj_std. */
@@ -372,7 +385,7 @@ struct block_acts {
         *fch, *fch_gelu;
 };
 
-static struct block_acts block_layout(float *a, int B, int64_t T, int64_t C, int64_t NH)
+static struct block_acts block_layout(float *a, int B, int64_t T, int64_t C, int64_t att_floats)
 {
     struct block_acts r;
     const int64_t BT = (int64_t)B * T, BTC = BT * C;
@@ -387,7 +400,7 @@ static struct block_acts block_layout(float *a, int B, int64_t T, int64_t C, int
     r.qkv = a;
     a += 3 * BTC;
     r.att = a;
-    a += (int64_t)B * NH * T * T;
+    a += (int64_t)B * att_floats;
     r.atty = a;
     a += BTC;
     r.res2 = a;
@@ -409,7 +422,7 @@ static cdp_status block_forward(const struct cdp_kernels *k, const struct cdp_un
 {
     const int T = (int)u->in.d[0], C = (int)u->in.d[1], NH = (int)u->desc.heads, N = B * T;
     const size_t BTC = (size_t)N * C;
-    struct block_acts a = block_layout(act, B, T, C, NH);
+    struct block_acts a = block_layout(act, B, T, C, u->att_floats);
     float *proj = scratch; /* B*T*C */
     K(layernorm_fwd, a.ln1, a.ln1_mean, a.ln1_rstd, x, p[0], p[1], N, C, 1e-5f);
     K(linear_fwd, a.qkv, a.ln1, p[2], p[3], N, C, 3 * C);
@@ -430,7 +443,7 @@ static cdp_status block_backward(const struct cdp_kernels *k, const struct cdp_u
 {
     const int T = (int)u->in.d[0], C = (int)u->in.d[1], NH = (int)u->desc.heads, N = B * T;
     const size_t BTC = (size_t)N * C;
-    struct block_acts a = block_layout((float *)act, B, T, C, NH);
+    struct block_acts a = block_layout((float *)act, B, T, C, u->att_floats);
     float *dres2 = scratch, *dg = dres2 + BTC, *dfch = dg + 4 * BTC, *dln = dfch + 4 * BTC,
           *dqkv = dln + BTC, *att_scratch = dqkv + 3 * BTC;
     K(copy, dres2, dout, BTC * sizeof *dres2);
@@ -494,7 +507,7 @@ cdp_status cdp_unit_forward(const struct cdp_kernels *k, const struct cdp_unit *
     case CDP_UNIT_ATTENTION: {
         const int T = (int)u->in.d[0], C = (int)u->in.d[1], N = B * T;
         float *qkv = act + (int64_t)N * C, *att = qkv + 3 * (int64_t)N * C,
-              *atty = att + (int64_t)B * u->desc.heads * T * T;
+              *atty = att + (int64_t)B * u->att_floats;
         K(linear_fwd, qkv, x, p[0], p[1], N, C, 3 * C);
         K(attention_fwd, atty, att, qkv, B, T, C, (int)u->desc.heads, u->desc.causal);
         K(linear_fwd, act, atty, p[2], p[3], N, C, C);
@@ -558,7 +571,7 @@ cdp_status cdp_unit_backward(const struct cdp_kernels *k, const struct cdp_unit 
     case CDP_UNIT_ATTENTION: {
         const int T = (int)u->in.d[0], C = (int)u->in.d[1], N = B * T;
         const float *qkv = act + (int64_t)N * C, *att = qkv + 3 * (int64_t)N * C,
-                    *atty = att + (int64_t)B * u->desc.heads * T * T;
+                    *atty = att + (int64_t)B * u->att_floats;
         float *datty = scratch, *dqkv = datty + (int64_t)N * C, *tt = dqkv + 3 * (int64_t)N * C;
         K(zero, datty, (size_t)N * C * sizeof *datty);
         K(linear_bwd, datty, g[2], g[3], dout, atty, p[2], N, C, C);

@@ -75,6 +75,8 @@ struct cdp_unit {
     int64_t param_count;          /* parameters this unit owns (tied ones not counted) */
     double fwd_flops, bwd_flops;  /* per sample */
     int64_t act_floats;           /* kept from forward to backward, output included */
+    int64_t att_floats;           /* attention's saved state per sample, part of act_floats (heads*T*T
+                                   * unless the kernel table keeps less: cdp_unit_fit_kernels) */
     int64_t out_floats;           /* output per sample (what is sent onward) */
 };
 
@@ -86,6 +88,14 @@ cdp_status cdp_units_build(const struct cdp_model_desc *m, struct cdp_unit **out
 int64_t cdp_unit_scratch_floats(const struct cdp_unit *u, int B);
 
 const char *cdp_unit_kind_name(enum cdp_unit_kind k);
+
+struct cdp_kernels;
+/* Sizes an attention or transformer-block unit's saved attention state for
+ * kernel table k and micro-batches of B: what the table's
+ * attention_state_floats says its attention keeps (kernels/ops.h), per sample,
+ * where that is less than heads*T*T; act_floats shrinks with it. Other units,
+ * and tables without that entry, are left alone. */
+void cdp_unit_fit_kernels(struct cdp_unit *u, const struct cdp_kernels *k, int B);
 
 /* The kernels a unit runs on: a device's table and the state its ops take
  * first (cdp_device_ops, cdp_device_kernel_state). Neither is owned. */

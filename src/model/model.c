@@ -179,6 +179,9 @@ cdp_status cdp_model_create(const struct cdp_model_desc *desc, int first, int en
         goto fail;
     }
     memcpy(m->units, all + first, (size_t)m->n_units * sizeof *m->units);
+    /* attention's saved state as this device's kernels keep it */
+    for (int i = 0; i < m->n_units; i++)
+        cdp_unit_fit_kernels(&m->units[i], &m->k, B);
 
     /* Parameters: one tensor per parameter, except a tied one whose owner is in
      * range, which shares the owner's storage. */
