@@ -97,15 +97,19 @@ int main(int argc, char **argv)
         if (r >= warmup) t[r - warmup] = (double)(cdp_time_ns() - t0) / 1e9;
     }
     const double step = cdp_bench_median(t, steps), flops = cdp_model_step_flops(m);
+    /* the device's memory in use (NVML: everything on it, this process's context included) */
+    double util = 0;
+    uint64_t mem = 0;
+    if (cdp_device_usage(dev, &util, &mem)) mem = 0;
     const struct cdp_gpu_facts *f = cdp_gpu_facts_find(cdp_device_description(dev));
     double peak = 0;
     if (f) peak = p->train.precision == CDP_PRECISION_BF16 ? f->bf16 : (f->fp32 > 0 ? f->fp32 : f->tf32);
     printf("{\"impl\": \"cdphybrid\", \"device\": \"%s\", \"precision\": \"%s\", \"preset\": \"%s\", "
            "\"batch\": %d, \"seq\": %d, \"ms_per_step\": %.3f, \"tokens_per_s\": %.1f, "
            "\"model_flops_per_step\": %.6g, \"flops_per_s\": %.6g, \"peak_flops\": %.6g, \"mfu\": %.4f, "
-           "\"loss\": %.4f}\n",
+           "\"loss\": %.4f, \"device_mem_used_gib\": %.2f}\n",
            cdp_device_description(dev), precision, preset, batch, seq, step * 1e3, ntok / step, flops,
-           flops / step, peak, peak > 0 ? flops / step / peak : 0.0, loss * scale);
+           flops / step, peak, peak > 0 ? flops / step / peak : 0.0, loss * scale, (double)mem / 1073741824.0);
     free(tok);
     free(tgt);
     free(t);
