@@ -17,7 +17,6 @@
 #include "kernels/cuda/ops_cuda.h"
 
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
 
 /* ---- the row-major GEMM ---------------------------------------------------- */
