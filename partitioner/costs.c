@@ -78,6 +78,17 @@ double cdp_cost_opt_bytes_per_param(const struct cdp_plan *plan)
     return o->momentum != 0 ? 20 : 12;
 }
 
+int64_t cdp_cost_att_floats(const struct cdp_plan *plan, const struct cdp_unit *u)
+{
+    if (u->kind != CDP_UNIT_ATTENTION && u->kind != CDP_UNIT_TRANSFORMER_BLOCK) return 0;
+    const int64_t T = u->in.d[0], C = u->in.d[1], NH = u->desc.heads;
+    const int64_t HS = NH > 0 ? C / NH : 0;
+    if (plan->cluster.backend == CDP_BACKEND_CUDA && plan->train.precision == CDP_PRECISION_BF16 &&
+        (HS == 32 || HS == 64) && C % NH == 0 && T > HS)
+        return T * (NH + C);
+    return u->att_floats;
+}
+
 /* Parameters a unit holds and steps: its own, and a tied copy (the GPT head's
  * embedding) where it is used too, although only its owner reduces it. */
 static double held_params(const struct cdp_unit *u)
@@ -104,7 +115,9 @@ void cdp_costs_analytic(const struct cdp_plan *plan, const struct cdp_unit *u, i
         c->bwd_s = fmax(u[i].bwd_flops * B / rate, CDP_COST_UNIT_FLOOR_S);
         c->param_bytes = (double)u[i].param_count * grad;
         c->state_bytes = held * state;
-        c->act_bytes = (double)u[i].act_floats * B * elem;
+        /* attention's saved state as the plan's backend keeps it */
+        const double act = (double)(u[i].act_floats - u[i].att_floats + cdp_cost_att_floats(plan, &u[i]));
+        c->act_bytes = act * B * elem;
         c->out_bytes = (double)u[i].out_floats * B * elem;
         c->opt_s = held * opt / r->mem_bw;
     }

@@ -56,6 +56,14 @@ double cdp_cost_state_bytes_per_param(const struct cdp_plan *plan);
 double cdp_cost_grad_bytes_per_param(const struct cdp_plan *plan);
 double cdp_cost_opt_bytes_per_param(const struct cdp_plan *plan);
 
+/* Floats per sample that unit u keeps for attention's backward where the plan
+ * runs it: B*T*(heads + C) / B under the CUDA table's fused bf16 kernels
+ * (backend cuda, precision bf16, head size 32 or 64, T above it: the rule of
+ * cdp_cuda_flash_usable, which gpu_ops checks against the table's
+ * attention_state_floats on a GPU), else the probabilities, u->att_floats
+ * (0 for units without attention). */
+int64_t cdp_cost_att_floats(const struct cdp_plan *plan, const struct cdp_unit *u);
+
 /* Analytic costs of units u[0..n-1] on a device of rate r, for the plan's
  * micro-batch, precision and optimizer. out has n entries. */
 void cdp_costs_analytic(const struct cdp_plan *plan, const struct cdp_unit *u, int n,

@@ -79,6 +79,8 @@
 #include "cdp/tensor.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/ops.h"
+#include "model/layers.h"
+#include "partitioner/costs.h"
 #include "test_util.h"
 
 #define TOL_EXACT 0.0
@@ -951,6 +953,31 @@ static void body_attention_bwd_full(void)
         attention_bwd_case(attention_shapes[k], 0);
 }
 
+/* The planner's memory model (cdp_cost_att_floats) counts what the table's
+ * attention keeps, per sample, for a plan on this backend and precision. */
+static void body_attention_state_planner(void)
+{
+    struct cdp_plan plan;
+    memset(&plan, 0, sizeof plan);
+    plan.cluster.backend = G.type == CDP_DEVICE_CUDA ? CDP_BACKEND_CUDA : CDP_BACKEND_CPU;
+    plan.train.precision = G.prec;
+    for (size_t k = 0; k < N_ATTENTION; k++) {
+        const struct attention_shape sh = attention_shapes[k];
+        struct cdp_unit u;
+        memset(&u, 0, sizeof u);
+        u.kind = CDP_UNIT_ATTENTION;
+        u.in = (struct cdp_shape){2, {sh.T, sh.C}};
+        u.desc.heads = sh.NH;
+        u.att_floats = (int64_t)sh.NH * sh.T * sh.T;
+        const size_t n = att_state_floats(sh.B, sh.T, sh.C, sh.NH);
+        cr_assert_eq((int64_t)(n / (size_t)sh.B), cdp_cost_att_floats(&plan, &u),
+                     "%s: B=%d T=%d C=%d NH=%d: the table keeps %zu floats, the planner counts %lld per sample",
+                     where(), sh.B, sh.T, sh.C, sh.NH, n, (long long)cdp_cost_att_floats(&plan, &u));
+    }
+}
+
+GPU_OPS_TEST(attention_state_matches_the_planner_fp32) { body_attention_state_planner(); }
+GPU_OPS_TEST_BF16(attention_state_matches_the_planner_bf16) { body_attention_state_planner(); }
 GPU_OPS_TEST(attention_fwd_causal_fp32) { body_attention_fwd_causal(); }
 GPU_OPS_TEST(attention_fwd_full_fp32) { body_attention_fwd_full(); }
 GPU_OPS_TEST(attention_bwd_causal_fp32) { body_attention_bwd_causal(); }

@@ -587,3 +587,47 @@ Test(planner, balance_shares_equal_times_and_errors)
                   bad[i].msg);
     }
 }
+
+/* Attention's saved state in the memory model: the CUDA table's fused bf16
+ * kernels keep B*T*(heads + C) floats where the probabilities take
+ * heads*T*T (head sizes 32 and 64, T above it); every other backend,
+ * precision or head size keeps the probabilities. */
+Test(planner, fused_attention_state_counts_in_activation_memory)
+{
+#define GPT_PLAN(prec, backend, heads)                                                                          \
+    "{\"model\": {\"preset\": \"gpt\", \"vocab\": 1024, \"context\": 256, \"layers\": 2, \"heads\": " heads ", " \
+    "\"embed\": 512}, \"train\": {\"micro_batch\": 4, \"precision\": \"" prec "\"}, "                            \
+    "\"cluster\": {\"backend\": \"" backend "\", \"topology\": \"dgx1-v100\"}}"
+    struct cdp_plan *fused = load(GPT_PLAN("bf16", "cuda", "8"));     /* head size 64 */
+    struct cdp_plan *fp32 = load(GPT_PLAN("fp32", "cuda", "8"));
+    struct cdp_plan *hs128 = load(GPT_PLAN("bf16", "cuda", "4"));     /* head size 128: no fused kernels */
+    struct cdp_unit *u;
+    int n;
+    cr_assert_eq(cdp_units_build(&fused->model, &u, &n), CDP_OK, "%s", cdp_last_error());
+    const struct cdp_unit *blk = &u[1];
+    cr_assert_eq(blk->kind, CDP_UNIT_TRANSFORMER_BLOCK);
+    const int64_t T = 256, C = 512;
+    cr_expect_eq(cdp_cost_att_floats(fused, blk), T * (8 + C));
+    cr_expect_eq(cdp_cost_att_floats(fp32, blk), blk->att_floats);
+    cr_expect_eq(blk->att_floats, 8 * T * T);
+    cr_expect_eq(cdp_cost_att_floats(fused, &u[0]), 0, "the embedding has no attention");
+    struct cdp_unit *u4;
+    int n4;
+    cr_assert_eq(cdp_units_build(&hs128->model, &u4, &n4), CDP_OK, "%s", cdp_last_error());
+    cr_expect_eq(cdp_cost_att_floats(hs128, &u4[1]), u4[1].att_floats);
+
+    /* the activation bytes of the block drop by exactly the difference */
+    struct cdp_device_rate r = {.flops = 1e14, .efficiency = 0.5, .mem_bw = 1e12};
+    struct cdp_unit_cost cf, cp;
+    cdp_costs_analytic(fused, blk, 1, &r, &cf);
+    cdp_costs_analytic(hs128, &u4[1], 1, &r, &cp);
+    const double B = 4, elem = 2;
+    cr_expect_eq(cf.act_bytes, (double)(blk->act_floats - blk->att_floats + T * (8 + C)) * B * elem);
+    cr_expect_eq(cp.act_bytes, (double)u4[1].act_floats * B * elem);
+    free(u);
+    free(u4);
+    cdp_plan_free(fused);
+    cdp_plan_free(fp32);
+    cdp_plan_free(hs128);
+#undef GPT_PLAN
+}
