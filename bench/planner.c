@@ -37,7 +37,7 @@ static int run(int heads, int embed)
     const uint64_t t1 = cdp_time_ns();
     printf("== GPT 96 layers, embed %d, heads %d, %.1f B parameters, bf16, adamw, global batch 1536 on %s (%d GPUs)\n",
            embed, heads, (double)cdp_plan_param_count(plan) / 1e9, t->name, t->n_gpus);
-    cdp_status st = cdp_planner_run(plan, t, NULL, &r);
+    cdp_status st = cdp_planner_run(plan, t, NULL, 0, &r);
     const uint64_t t2 = cdp_time_ns();
     printf("load        %.3f s (plan + topology)\n", (double)(t1 - t0) * 1e-9);
     printf("planning    %.3f s (target < 10 s)\n", (double)(t2 - t1) * 1e-9);

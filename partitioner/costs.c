@@ -12,6 +12,7 @@
 
 #include "cdp/core.h"
 #include "cdp/log.h"
+#include "model/optim.h"
 
 /* HBM bandwidth from NVIDIA's data sheets, by a substring of the device name. */
 static const struct { const char *name; double bw; } mem_bw_table[] = {
@@ -45,27 +46,21 @@ struct cdp_device_rate cdp_device_rate_of(const struct cdp_topology *t, int gpu,
     return r;
 }
 
+/* The runtime keeps activations, gradients and what travels between stages
+ * and replicas in fp32 on every backend (bf16 plans compute their matrix
+ * products in bf16 from fp32 operands). */
 double cdp_cost_act_elem_bytes(const struct cdp_plan *plan)
 {
-    return plan->train.precision == CDP_PRECISION_BF16 ? 2 : 4;
+    (void)plan;
+    return 4;
 }
 
 double cdp_cost_grad_bytes_per_param(const struct cdp_plan *plan) { return cdp_cost_act_elem_bytes(plan); }
 
-/* Optimizer state: AdamW two fp32 moments, SGD with momentum one buffer. */
-static double opt_state_bytes(const struct cdp_plan *plan)
-{
-    const struct cdp_optimizer_desc *o = &plan->train.optimizer;
-    if (o->type == CDP_OPT_ADAMW) return 8;
-    return o->momentum != 0 ? 4 : 0;
-}
-
-/* fp32: weights 4 + gradients 4 + state; bf16 (mixed precision as in Megatron
- * and the ZeRO paper's 16 bytes with Adam): weights 2 + gradients 2 + fp32
- * master weights 4 + state: 8 bytes before the state either way. */
+/* fp32 weights 4 + gradients 4 + the optimizer's state (cdp_optimizer_state_bytes). */
 double cdp_cost_state_bytes_per_param(const struct cdp_plan *plan)
 {
-    return 8 + opt_state_bytes(plan);
+    return 8 + (double)cdp_optimizer_state_bytes(&plan->train.optimizer, 1);
 }
 
 /* Reads and writes of one fp32 step: AdamW reads w, g, m, v and writes w, m, v
@@ -76,6 +71,15 @@ double cdp_cost_opt_bytes_per_param(const struct cdp_plan *plan)
     const struct cdp_optimizer_desc *o = &plan->train.optimizer;
     if (o->type == CDP_OPT_ADAMW) return 28;
     return o->momentum != 0 ? 20 : 12;
+}
+
+void cdp_costs_fit_units(const struct cdp_plan *plan, struct cdp_unit *u, int n)
+{
+    for (int i = 0; i < n; i++) {
+        const int64_t att = cdp_cost_att_floats(plan, &u[i]);
+        u[i].act_floats += att - u[i].att_floats;
+        u[i].att_floats = att;
+    }
 }
 
 int64_t cdp_cost_att_floats(const struct cdp_plan *plan, const struct cdp_unit *u)
@@ -114,7 +118,7 @@ void cdp_costs_analytic(const struct cdp_plan *plan, const struct cdp_unit *u, i
         c->fwd_s = fmax(u[i].fwd_flops * B / rate, CDP_COST_UNIT_FLOOR_S);
         c->bwd_s = fmax(u[i].bwd_flops * B / rate, CDP_COST_UNIT_FLOOR_S);
         c->param_bytes = (double)u[i].param_count * grad;
-        c->state_bytes = held * state;
+        c->state_bytes = (double)u[i].param_count * state;
         /* attention's saved state as the plan's backend keeps it */
         const double act = (double)(u[i].act_floats - u[i].att_floats + cdp_cost_att_floats(plan, &u[i]));
         c->act_bytes = act * B * elem;

@@ -29,8 +29,9 @@ extern "C" {
 struct cdp_unit_cost {
     double fwd_s, bwd_s;  /* forward, backward time */
     double param_bytes;   /* gradient bytes of the parameters it owns (what data parallelism reduces) */
-    double state_bytes;   /* weights + gradients + optimizer state it keeps (tied copies included) */
-    double act_bytes;     /* activations kept from forward to backward, per micro-batch */
+    double state_bytes;   /* fp32 weights + gradients + optimizer state of the parameters it owns (a tied
+                             copy a stage keeps counts in the exact memory, cdp_layout_memory, not here) */
+    double act_bytes;     /* activations kept from forward to backward, per micro-batch, fp32 */
     double out_bytes;     /* output sent to the next stage, per micro-batch */
     double opt_s;         /* optimizer step of its parameters */
 };
@@ -48,9 +49,10 @@ struct cdp_device_rate {
  * 10 TFLOP/s and a warning. */
 struct cdp_device_rate cdp_device_rate_of(const struct cdp_topology *t, int gpu, enum cdp_precision prec);
 
-/* Bytes per element of activations and sent tensors (4 fp32, 2 bf16); bytes a
- * parameter keeps (weights, gradients, master copy, optimizer state); bytes
- * one parameter's optimizer step reads and writes. */
+/* Bytes per element of activations and sent tensors (4: the runtime keeps
+ * fp32 whatever the precision of its matrix products); bytes a parameter keeps
+ * (fp32 weights, gradients, optimizer state); bytes one parameter's optimizer
+ * step reads and writes. */
 double cdp_cost_act_elem_bytes(const struct cdp_plan *plan);
 double cdp_cost_state_bytes_per_param(const struct cdp_plan *plan);
 double cdp_cost_grad_bytes_per_param(const struct cdp_plan *plan);
@@ -63,6 +65,11 @@ double cdp_cost_opt_bytes_per_param(const struct cdp_plan *plan);
  * attention_state_floats on a GPU), else the probabilities, u->att_floats
  * (0 for units without attention). */
 int64_t cdp_cost_att_floats(const struct cdp_plan *plan, const struct cdp_unit *u);
+
+/* Sizes every attention unit's saved state as the plan's backend keeps it
+ * (cdp_cost_att_floats): what cdp_unit_fit_kernels does with the kernel table
+ * in the executor, so the planner's memory counts the executor's buffers. */
+void cdp_costs_fit_units(const struct cdp_plan *plan, struct cdp_unit *u, int n);
 
 /* Analytic costs of units u[0..n-1] on a device of rate r, for the plan's
  * micro-batch, precision and optimizer. out has n entries. */

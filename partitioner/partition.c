@@ -109,7 +109,14 @@ static void stage_of(const struct cdp_partition_spec *sp, const struct part_rule
     st->compute_s = comp;
     st->send_s = s < ru->k - 1 && bw > 0 ? sp->unit[i - 1].out_bytes / bw : 0;
     st->time_s = comp + st->send_s;
-    st->memory_bytes = state + act * ru->in_flight[s] + sp->workspace_bytes;
+    st->memory_bytes = sp->memory ? sp->memory(sp->memory_ctx, s, c, i)
+                                  : state + act * ru->in_flight[s] + sp->workspace_bytes;
+}
+
+/* What the split minimises for a stage. */
+static double value_of(const struct cdp_partition_spec *sp, const struct cdp_partition_stage *st)
+{
+    return sp->objective == CDP_PARTITION_MEMORY ? st->memory_bytes : st->time_s;
 }
 
 static int fits(const struct part_rules *ru, int s, double mem)
@@ -136,10 +143,13 @@ static double solve(const struct cdp_partition_spec *sp, const struct part_rules
                 comp += sp->unit[c].fwd_s + sp->unit[c].bwd_s;
                 state += sp->unit[c].state_bytes;
                 act += sp->unit[c].act_bytes;
-                /* memory only grows as the stage grows to the left */
-                if (!fits(ru, s, state + act * ru->in_flight[s] + sp->workspace_bytes)) break;
+                /* this bound only grows as the stage grows to the left */
+                const double bound = state + act * ru->in_flight[s] + sp->workspace_bytes;
+                if (!fits(ru, s, bound)) break;
                 if (j == 1 && c != 0) continue;
-                const double t = comp + send, prev = BEST(j - 1, c);
+                const double mem = sp->memory ? sp->memory(sp->memory_ctx, s, c, i) : bound;
+                if (sp->memory && !fits(ru, s, mem)) continue;
+                const double t = sp->objective == CDP_PARTITION_MEMORY ? mem : comp + send, prev = BEST(j - 1, c);
                 const double v = prev > t ? prev : t;
                 if (v < b) b = v;
             }
@@ -167,14 +177,14 @@ static void rebuild(const struct cdp_partition_spec *sp, const struct part_rules
             for (int c = j - 1; c < i && !OK(j, i); c++) {
                 if (!OK(j - 1, c)) continue;
                 stage_of(sp, ru, c, i, j - 1, &st);
-                OK(j, i) = st.time_s <= opt && fits(ru, j - 1, st.memory_bytes);
+                OK(j, i) = value_of(sp, &st) <= opt && fits(ru, j - 1, st.memory_bytes);
             }
     int end = n;
     for (int j = k; j >= 1; j--) {
         for (int c = j - 1; c < end; c++) {
             if (!OK(j - 1, c)) continue;
             stage_of(sp, ru, c, end, j - 1, &st);
-            if (st.time_s <= opt && fits(ru, j - 1, st.memory_bytes)) break;
+            if (value_of(sp, &st) <= opt && fits(ru, j - 1, st.memory_bytes)) break;
         }
         stage[j - 1] = st;
         end = (int)st.first;
@@ -187,6 +197,8 @@ static void rebuild(const struct cdp_partition_spec *sp, const struct part_rules
 static cdp_status explain_infeasible(const struct cdp_partition_spec *sp, double *best)
 {
     const int n = sp->n;
+    if (sp->memory)
+        return cdp_fail(CDP_ERR_INVALID, "%d units do not fit in %d stages within the memory capacity", n, sp->k);
     int *inf = malloc((size_t)n * sizeof *inf);
     double *cap = malloc((size_t)n * sizeof *cap);
     if (!inf || !cap) {

@@ -41,7 +41,19 @@ struct cdp_partition_spec {
      * every stage keeps in_flight[0] in flight. */
     enum cdp_schedule_kind schedule;
     int micro_batches;
+    /* Optional exact memory of stage s holding units [first, end): where set it
+     * is the fit test and the stages' memory_bytes, and the formula above stays
+     * the bound the search stops growing a stage at, so it must never exceed
+     * what `memory` returns. The planner's is what the executor allocates. */
+    double (*memory)(void *ctx, int s, int first, int end);
+    void *memory_ctx;
+    /* What the split minimises: the slowest stage's time (CDP_PARTITION_TIME),
+     * or the largest stage's memory (CDP_PARTITION_MEMORY: the smallest
+     * capacity any split fits in). */
+    int objective;
 };
+
+enum { CDP_PARTITION_TIME = 0, CDP_PARTITION_MEMORY = 1 };
 
 /* One stage of a partition. */
 struct cdp_partition_stage {
@@ -49,7 +61,7 @@ struct cdp_partition_stage {
     double compute_s;     /* sum of fwd_s + bwd_s */
     double send_s;        /* out_bytes of unit end-1 / the boundary's bandwidth; 0 on the last stage */
     double time_s;        /* compute_s + send_s */
-    double memory_bytes;  /* state + act x in_flight[s] + workspace */
+    double memory_bytes;  /* state + act x in_flight[s] + workspace, or the spec's memory() */
 };
 
 /* Activations in flight per stage for a schedule of p stages and m
@@ -58,7 +70,8 @@ struct cdp_partition_stage {
 cdp_status cdp_partition_in_flight(enum cdp_schedule_kind kind, int p, int m, int *in_flight);
 
 /* Splits sp->unit into sp->k non-empty contiguous stages minimising the
- * slowest stage's time_s, every stage within its capacity (exact: dynamic
+ * slowest stage's time_s (or with CDP_PARTITION_MEMORY the largest
+ * memory_bytes), every stage within its capacity (exact: dynamic
  * programming over (stage, prefix), memory a feasibility filter on each
  * transition). Ties: the last stage starts as early as possible, then the one
  * before it, and so on. stage[k] is written only on success. CDP_ERR_INVALID

@@ -1,7 +1,8 @@
 /* The planner (docs/planner.md): a bounded search over the plan's "auto"
- * values, each candidate split by the memory-aware partition and predicted by
- * the simulator, the best few placed by the placement search; and the pieces
- * --simulate shares with it. */
+ * values, each candidate split by the memory-aware partition (on the memory the
+ * executor allocates) and predicted by the simulator, the best few placed by
+ * the placement search; the answer is one layout (pipeline/layout.h) with
+ * every rank's node, device, CPU set and memory. */
 #include "partitioner/planner.h"
 
 #include <math.h>
@@ -11,60 +12,149 @@
 #include "cdp/core.h"
 #include "cdp/log.h"
 #include "model/layers.h"
-#include "partitioner/balance.h"
+#include "model/model.h"
+#include "partitioner/host.h"
 #include "partitioner/partition.h"
 #include "partitioner/placement.h"
+#include "pipeline/balance.h"
 #include "pipeline/schedule.h"
 
-/* ---- shared with --simulate ---------------------------------------------------- */
+/* ---- the plan's topology ------------------------------------------------------- */
 
-cdp_status cdp_planner_topology(const struct cdp_plan *plan, int ranks, struct cdp_topology **t, char *note,
+/* Ranks a cpu plan needs at least, per node: its fixed stages x replicas. */
+static int fixed_ranks(const struct cdp_plan *plan)
+{
+    const struct cdp_parallel_desc *pd = &plan->parallel;
+    if (pd->stages == CDP_AUTO || pd->replicas == CDP_AUTO) return 0;
+    const int64_t n = pd->stages * pd->replicas;
+    return n > (1 << 20) ? 1 << 20 : (int)n;
+}
+
+/* This host as a CPU topology of `per_node` devices on each of plan's nodes. */
+static cdp_status host_topology(const struct cdp_plan *plan, struct cdp_topology **t, char *note, size_t cap)
+{
+    const struct cdp_cluster_desc *cd = &plan->cluster;
+    int *cpus = NULL, n = 0, cores = 1;
+    cdp_status st = cdp_host_cpus(&cpus, NULL, &n, &cores);
+    if (st) return st;
+    free(cpus);
+    const int64_t nodes = cd->nodes < 1 ? 1 : cd->nodes;
+    int64_t per = cd->devices != CDP_AUTO ? cd->devices : cores;
+    const int64_t need = (fixed_ranks(plan) + nodes - 1) / nodes;
+    if (cd->devices == CDP_AUTO && need > per) per = need;
+    if (per > 1 << 16 || nodes > 1 << 16 || per * nodes > 1 << 20)
+        return cdp_fail(CDP_ERR_INVALID, "%s: /cluster: %lld nodes x %lld CPU devices is more than this planner plans",
+                        plan->source, (long long)nodes, (long long)per);
+    struct cdp_discover_options o = {.cpu_devices = (int)per, .cpu_only = 1};
+    struct cdp_topology *one = NULL;
+    if ((st = cdp_topology_discover(&o, &one))) return st;
+    /* CPU devices share the host's memory: the host check counts it per node */
+    for (int i = 0; i < one->n_gpus; i++) one->gpus[i].memory_bytes = 0;
+    if (nodes == 1) {
+        *t = one;
+        snprintf(note, cap, "auto: this host, %lld CPU device%s (%d core%s)", (long long)per, per == 1 ? "" : "s",
+                 cores, cores == 1 ? "" : "s");
+        return CDP_OK;
+    }
+    const struct cdp_topo_network net = {.name = "Ethernet 100Gb/s (assumed)", .nics_per_node = 1,
+                                         .nic_rate = 12.5e9, .latency = 10e-6};
+    st = cdp_topology_cluster(one, (int)nodes, &net, t);
+    cdp_topology_free(one);
+    if (!st)
+        snprintf(note, cap, "auto: %lld nodes like this host, %lld CPU devices each, joined by an assumed 100Gb/s "
+                 "network", (long long)nodes, (long long)per);
+    return st;
+}
+
+/* Ranks sharing GPUs (/cluster/ranks_per_device k): GPUs x k devices, device d on GPU d / k. */
+static cdp_status shared_topology(const struct cdp_topology *real, int k, struct cdp_topology **t)
+{
+    const struct cdp_topo_gpu *g = &real->gpus[0];
+    /* a rank's share of its GPU: 1/k of its memory; copies between ranks go through the host */
+    cdp_status st = cdp_topology_generic_gpus(real->n_gpus * k, g->name, g->memory_bytes / (uint64_t)k,
+                                              g->pcie_bw / 2, t);
+    if (st) return st;
+    for (int i = 0; i < (*t)->n_gpus; i++) {
+        struct cdp_topo_gpu *d = &(*t)->gpus[i];
+        const struct cdp_topo_gpu *r = &real->gpus[i / k];
+        d->peak_fp32 = r->peak_fp32 / k;
+        d->peak_tf32 = r->peak_tf32 / k;
+        d->peak_bf16 = r->peak_bf16 / k;
+        memcpy(d->cpuset, r->cpuset, sizeof d->cpuset);
+        d->numa = r->numa;
+    }
+    snprintf((*t)->name, sizeof (*t)->name, "%.40s, %d ranks per GPU", real->name, k);
+    return CDP_OK;
+}
+
+cdp_status cdp_planner_topology(const struct cdp_plan *plan, int live_gpus, struct cdp_topology **t, char *note,
                                 size_t cap)
 {
     const struct cdp_cluster_desc *cd = &plan->cluster;
+    const int k = cd->backend == CDP_BACKEND_CUDA && cd->ranks_per_device > 1 ? (int)cd->ranks_per_device : 1;
+    struct cdp_topology *real = NULL;
+    cdp_status st;
     note[0] = '\0';
-    if (strcmp(cd->topology, "auto") != 0) return cdp_topology_load(cd->topology, NULL, t);
-    if (cd->backend == CDP_BACKEND_CPU) {
-        snprintf(note, cap, "auto: one CPU device per rank");
-        return cdp_topology_cpu(ranks, 0, cd->device_memory, t);
-    }
-    struct cdp_discover_options o = {0};
-    if (!cdp_topology_discover(&o, t)) {
-        if ((*t)->kind == CDP_TOPO_GPU && (*t)->n_gpus >= ranks) {
-            snprintf(note, cap, "auto: this machine");
-            return CDP_OK;
+    if (strcmp(cd->topology, "auto") != 0) {
+        if ((st = cdp_topology_load(cd->topology, NULL, &real))) return st;
+    } else if (cd->backend != CDP_BACKEND_CUDA) {
+        return host_topology(plan, t, note, cap);
+    } else {
+        const int want = cd->devices != CDP_AUTO ? (int)(cd->devices < 65536 ? cd->devices : 65536) : live_gpus;
+        struct cdp_discover_options o = {0};
+        if (!cdp_topology_discover(&o, &real)) {
+            if (real->kind == CDP_TOPO_GPU && real->n_gpus >= (want ? want : 1) && cd->nodes == 1) {
+                snprintf(note, cap, "auto: this machine");
+            } else {
+                cdp_topology_free(real);
+                real = NULL;
+            }
         }
-        cdp_topology_free(*t);
-        *t = NULL;
+        if (!real && want > 0 && want <= live_gpus && cd->nodes == 1 &&
+            !(st = cdp_topology_generic_gpus(want, NULL, 0, 0, &real))) {
+            snprintf(note, cap, "auto: this machine's %d GPU%s, known only by their count (live discovery did not "
+                     "see them: no NVML)", want, want == 1 ? "" : "s");
+        }
+        if (!real) {
+            char spec[64];
+            if (cd->nodes > 1) snprintf(spec, sizeof spec, "%lld x dgx-a100", (long long)cd->nodes);
+            else snprintf(spec, sizeof spec, "dgx-a100");
+            snprintf(note, cap, "auto: this machine has too few GPUs; planning for the %s preset (set "
+                     "/cluster/topology to choose)", spec);
+            if ((st = cdp_topology_load(spec, NULL, &real))) return st;
+        }
     }
-    char spec[64];
-    if (cd->nodes > 1) snprintf(spec, sizeof spec, "%lld x dgx-a100", (long long)cd->nodes);
-    else snprintf(spec, sizeof spec, "dgx-a100");
-    snprintf(note, cap, "auto: this machine has too few GPUs; simulating on the %s preset (set "
-             "/cluster/topology to choose)", spec);
-    return cdp_topology_load(spec, NULL, t);
+    if (k == 1) {
+        *t = real;
+        return CDP_OK;
+    }
+    st = shared_topology(real, k, t);
+    cdp_topology_free(real);
+    if (!st) {
+        size_t o = strlen(note);
+        snprintf(note + o, cap - o, "%s%d ranks share each GPU (/cluster/ranks_per_device)", o ? "; " : "", k);
+    }
+    return st;
 }
 
-void cdp_planner_vstages(const struct cdp_unit_cost *cost, size_t stride, int p, int nv,
-                         const int64_t (*ranges)[2], struct cdp_sim_vstage *vs)
+/* ---- costs and links --------------------------------------------------------------- */
+
+static void vstages_of(const struct cdp_unit_cost *cost, int nv, const int64_t (*ranges)[2], struct cdp_sim_vstage *vs)
 {
     for (int k = 0; k < nv; k++) {
-        const struct cdp_unit_cost *c = cost + (size_t)(k % p) * stride;
         struct cdp_sim_vstage *o = &vs[k];
         memset(o, 0, sizeof *o);
         for (int64_t i = ranges[k][0]; i < ranges[k][1]; i++) {
-            o->fwd_s += c[i].fwd_s;
-            o->bwd_s += c[i].bwd_s;
-            o->act_bytes += c[i].act_bytes;
-            o->grad_bytes += c[i].param_bytes;
-            o->state_bytes += c[i].state_bytes;
-            o->opt_s += c[i].opt_s;
+            o->fwd_s += cost[i].fwd_s;
+            o->bwd_s += cost[i].bwd_s;
+            o->grad_bytes += cost[i].param_bytes;
+            o->opt_s += cost[i].opt_s;
         }
-        if (ranges[k][1] > ranges[k][0]) o->out_bytes = c[ranges[k][1] - 1].out_bytes;
+        if (ranges[k][1] > ranges[k][0]) o->out_bytes = cost[ranges[k][1] - 1].out_bytes;
     }
 }
 
-void cdp_planner_links(const struct cdp_topology *t, double *bw, double *lat)
+static void links_of(const struct cdp_topology *t, double *bw, double *lat)
 {
     const int nd = t->n_gpus;
     for (int a = 0; a < nd; a++)
@@ -78,13 +168,97 @@ void cdp_planner_links(const struct cdp_topology *t, double *bw, double *lat)
         }
 }
 
-double cdp_planner_tied_bytes(const struct cdp_plan *plan, const struct cdp_unit *u, int n)
+/* REDUCE_TIED_GRADS payload of a GPT with tied embeddings. */
+static double tied_bytes_of(const struct cdp_plan *plan, const struct cdp_unit *u, int n)
 {
     double b = 0;
     for (int i = 0; i < n; i++)
         for (int k = 0; k < u[i].n_params; k++)
             if (u[i].params[k].tied_unit >= 0) b += (double)u[i].params[k].numel * cdp_cost_grad_bytes_per_param(plan);
     return b;
+}
+
+static int tied_model(const struct cdp_plan *plan) { return plan->model.kind == CDP_MODEL_GPT && plan->model.tie_embeddings; }
+
+/* ---- memory of unit ranges in O(1): prefix sums and range maxima ----------------------------- */
+
+struct mem_index {
+    int n, levels;
+    struct cdp_unit_bytes *ub;   /* n */
+    uint64_t *held, *act;        /* n + 1 prefix sums */
+    uint64_t *scr, *io;          /* levels x n sparse tables of maxima */
+    int n_ties;
+    int *tie_unit, *tie_owner;   /* units with a tied parameter and its owner */
+    uint64_t *tie_floats;
+};
+
+static void mem_index_free(struct mem_index *m)
+{
+    free(m->ub);
+    free(m->held);
+    free(m->act);
+    free(m->scr);
+    free(m->io);
+    free(m->tie_unit);
+    free(m->tie_owner);
+    free(m->tie_floats);
+    memset(m, 0, sizeof *m);
+}
+
+static cdp_status mem_index_build(struct mem_index *m, const struct cdp_plan *plan, const struct cdp_unit *u, int n)
+{
+    const enum cdp_loss loss = cdp_model_loss_of(&plan->model);
+    const int B = (int)plan->train.micro_batch;
+    int levels = 1;
+    while ((1 << levels) <= n) levels++;
+    m->n = n;
+    m->levels = levels;
+    m->ub = calloc((size_t)n, sizeof *m->ub);
+    m->held = calloc((size_t)n + 1, sizeof *m->held);
+    m->act = calloc((size_t)n + 1, sizeof *m->act);
+    m->scr = calloc((size_t)levels * n, sizeof *m->scr);
+    m->io = calloc((size_t)levels * n, sizeof *m->io);
+    m->tie_unit = calloc((size_t)n, sizeof *m->tie_unit);
+    m->tie_owner = calloc((size_t)n, sizeof *m->tie_owner);
+    m->tie_floats = calloc((size_t)n, sizeof *m->tie_floats);
+    if (!m->ub || !m->held || !m->act || !m->scr || !m->io || !m->tie_unit || !m->tie_owner || !m->tie_floats)
+        return cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
+    for (int i = 0; i < n; i++) {
+        cdp_unit_bytes(&u[i], B, loss, &m->ub[i]);
+        m->held[i + 1] = m->held[i] + m->ub[i].held_floats;
+        m->act[i + 1] = m->act[i] + m->ub[i].act_bytes;
+        m->scr[i] = m->ub[i].scratch_bytes;
+        m->io[i] = m->ub[i].io_bytes;
+        if (m->ub[i].tied_owner >= 0) {
+            m->tie_unit[m->n_ties] = i;
+            m->tie_owner[m->n_ties] = m->ub[i].tied_owner;
+            m->tie_floats[m->n_ties++] = m->ub[i].tied_floats;
+        }
+    }
+    for (int l = 1; l < levels; l++)
+        for (int i = 0; i + (1 << l) <= n; i++) {
+            const uint64_t *ps = m->scr + (size_t)(l - 1) * n, *pi = m->io + (size_t)(l - 1) * n;
+            const int h = 1 << (l - 1);
+            m->scr[(size_t)l * n + i] = ps[i] > ps[i + h] ? ps[i] : ps[i + h];
+            m->io[(size_t)l * n + i] = pi[i] > pi[i + h] ? pi[i] : pi[i + h];
+        }
+    return CDP_OK;
+}
+
+/* The terms of units [first, end), as cdp_range_terms_add over them gives. */
+static void mem_terms(const struct mem_index *m, int first, int end, struct cdp_range_terms *t, uint64_t *shared)
+{
+    int l = 0;
+    while ((2 << l) <= end - first) l++;
+    const size_t a = (size_t)l * m->n + first, b = (size_t)l * m->n + (size_t)(end - (1 << l));
+    t->held_floats = m->held[end] - m->held[first];
+    t->act_bytes = m->act[end] - m->act[first];
+    t->scratch_bytes = m->scr[a] > m->scr[b] ? m->scr[a] : m->scr[b];
+    t->io_bytes = m->io[a] > m->io[b] ? m->io[a] : m->io[b];
+    *shared = 0;
+    for (int k = 0; k < m->n_ties; k++)
+        if (m->tie_unit[k] >= first && m->tie_unit[k] < end && m->tie_owner[k] >= first && m->tie_owner[k] < end)
+            *shared += m->tie_floats[k];
 }
 
 /* ---- the search ------------------------------------------------------------------ */
@@ -94,23 +268,25 @@ struct cand {
     enum cdp_schedule_kind kind;
     int64_t (*ranges)[2]; /* p*v */
     double step_s, sps;   /* with the screening placement */
+    double peak;          /* the largest rank's device bytes */
 };
 
 struct ctx {
     const struct cdp_plan *plan;
     const struct cdp_topology *t;
-    int n, nd, v;
+    int n, nd, v, hv;
     enum cdp_schedule_kind kind;
-    struct cdp_unit *u;
+    struct cdp_unit *u;  /* the plan's units, attention state as the backend keeps it */
     struct cdp_unit_cost *cost;
     double *bw, *lat;
     double cap;        /* bytes per device; 0 unlimited */
     double tied_bytes; /* of the model; used when p*v > 1 */
+    struct mem_index mi;
     int64_t sims, cheap_sims;
     int cheap;         /* 1: screen and place on the one-replica model (large worlds) */
     int *rdev;         /* p: devices of one replica (cheap model scratch) */
     double *keys;      /* cheap model cache: link signature of each distinct replica pipeline */
-    double *key_val;   /* [2j]: its step time, [2j+1]: its peak memory */
+    double *key_val;   /* its step time */
     uint64_t *key_hash;
     int n_keys, cap_keys;
     double *lbw, *llat; /* p*p: links among one replica's devices */
@@ -118,15 +294,16 @@ struct ctx {
     int p, R, m;
     struct cdp_schedule *sched;
     struct cdp_sim_vstage *vs;
+    int *slots;        /* p: activation slots of each stage (the partition's memory) */
 };
 
-static cdp_status sim(struct ctx *c, const int *device, struct cdp_sim_result **out)
+static cdp_status sim(struct ctx *c, const int *device, const int *trace_rank, struct cdp_sim_result **out)
 {
-    const int tied = c->plan->model.kind == CDP_MODEL_GPT && c->plan->model.tie_embeddings && c->p * c->v > 1;
+    const int tied = tied_model(c->plan) && c->p * c->v > 1;
     struct cdp_sim_config sc = {.sched = c->sched, .replicas = c->R, .vstage = c->vs,
                                 .tied_bytes = tied ? c->tied_bytes : 0, .device = device, .n_devices = c->nd,
                                 .bandwidth = c->bw, .latency = c->lat,
-                                .samples_per_mb = (double)c->plan->train.micro_batch};
+                                .samples_per_mb = (double)c->plan->train.micro_batch, .trace_rank = trace_rank};
     c->sims++;
     return cdp_sim_run(&sc, out);
 }
@@ -137,13 +314,12 @@ static cdp_status sim(struct ctx *c, const int *device, struct cdp_sim_result **
  * of each stage in closed form as the simulator computes it (2(R-1)/R x the
  * stage's gradient bytes over the ring's slowest link + 2(R-1) latencies of its
  * slowest hop), the largest over stages added after the forward/backward
- * phase. Ignores links shared by transfers of different replicas. *peak gets
- * the largest per-rank peak memory (NULL: not wanted). */
-static cdp_status cheap_step(struct ctx *c, const int *device, int all, double *step, double *peak)
+ * phase. Ignores links shared by transfers of different replicas. */
+static cdp_status cheap_step(struct ctx *c, const int *device, int all, double *step)
 {
     const int p = c->p, R = c->R, nk = 4 * (p - 1) + 1;
-    const int tied = c->plan->model.kind == CDP_MODEL_GPT && c->plan->model.tie_embeddings && p * c->v > 1;
-    double slowest = 0, mem = 0;
+    const int tied = tied_model(c->plan) && p * c->v > 1;
+    double slowest = 0;
     int r_lo = 0, r_hi = R;
     if (!all) { /* screening: only the replica whose stage-to-stage transfers take longest alone */
         double worst = -1;
@@ -164,7 +340,7 @@ static cdp_status cheap_step(struct ctx *c, const int *device, int all, double *
             const int cap = c->cap_keys ? 2 * c->cap_keys : 64;
             double *k = realloc(c->keys, (size_t)cap * nk * sizeof *k);
             if (k) c->keys = k;
-            double *ks = realloc(c->key_val, (size_t)cap * 2 * sizeof *ks);
+            double *ks = realloc(c->key_val, (size_t)cap * sizeof *ks);
             if (ks) c->key_val = ks;
             uint64_t *kh = realloc(c->key_hash, (size_t)cap * sizeof *kh);
             if (kh) c->key_hash = kh;
@@ -205,16 +381,12 @@ static cdp_status cheap_step(struct ctx *c, const int *device, int all, double *
             c->cheap_sims++;
             cdp_status st = cdp_sim_run(&sc, &sr);
             if (st) return st;
-            double pk = 0;
-            for (int i = 0; i < sr->ranks; i++) pk = fmax(pk, sr->peak_memory[i]);
-            c->key_val[2 * j] = sr->step_s;
-            c->key_val[2 * j + 1] = pk;
+            c->key_val[j] = sr->step_s;
             c->key_hash[j] = h;
             c->n_keys++;
             cdp_sim_result_free(sr);
         }
-        slowest = fmax(slowest, c->key_val[2 * j]);
-        mem = fmax(mem, c->key_val[2 * j + 1]);
+        slowest = fmax(slowest, c->key_val[j]);
     }
     double ar = 0;
     for (int s = 0; s < p && R > 1; s++) {
@@ -230,7 +402,6 @@ static cdp_status cheap_step(struct ctx *c, const int *device, int all, double *
         ar = fmax(ar, (isinf(min_bw) ? 0 : moved / min_bw) + 2.0 * (R - 1) * max_lat);
     }
     *step = slowest + ar;
-    if (peak) *peak = mem;
     return CDP_OK;
 }
 
@@ -239,10 +410,10 @@ static double place_cost(const int *device, void *vctx)
     struct ctx *c = vctx;
     if (c->cheap) {
         double s;
-        return cheap_step(c, device, 1, &s, NULL) ? NAN : s;
+        return cheap_step(c, device, 1, &s) ? NAN : s;
     }
     struct cdp_sim_result *r = NULL;
-    if (sim(c, device, &r)) return NAN;
+    if (sim(c, device, NULL, &r)) return NAN;
     double s = r->step_s;
     cdp_sim_result_free(r);
     return s;
@@ -251,7 +422,7 @@ static double place_cost(const int *device, void *vctx)
 /* Prepares c->sched and c->vs for (p, R, m) and ranges. */
 static cdp_status prepare(struct ctx *c, int p, int R, int m, const int64_t (*ranges)[2])
 {
-    const int tied = c->plan->model.kind == CDP_MODEL_GPT && c->plan->model.tie_embeddings && p * c->v > 1;
+    const int tied = tied_model(c->plan) && p * c->v > 1;
     cdp_schedule_free(c->sched);
     c->sched = NULL;
     free(c->vs);
@@ -268,7 +439,7 @@ static cdp_status prepare(struct ctx *c, int p, int R, int m, const int64_t (*ra
     c->lbw = malloc((size_t)p * p * sizeof *c->lbw);
     c->llat = malloc((size_t)p * p * sizeof *c->llat);
     if (!c->vs || !c->lbw || !c->llat) return cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
-    cdp_planner_vstages(c->cost, 0, p, p * c->v, ranges, c->vs);
+    vstages_of(c->cost, p * c->v, ranges, c->vs);
     return cdp_schedule_build(c->kind, p, c->v, m, tied, &c->sched);
 }
 
@@ -282,8 +453,58 @@ static void fixed_placement(const struct cdp_plan *plan, int p, int R, int *devi
     else cdp_placement_ordered_pp_inner(p, R, device);
 }
 
-/* Splits for p stages, m micro-batches; ranges gets p*v entries. */
-static cdp_status split(struct ctx *c, int p, int m, int64_t (*ranges)[2])
+/* The least memory cap of the devices a layout may use (0: unknown). */
+static uint64_t device_cap(const struct cdp_plan *plan, const struct cdp_topology *t, int d)
+{
+    uint64_t cap = t->gpus[d].memory_bytes;
+    if (plan->cluster.device_memory && (!cap || plan->cluster.device_memory < cap)) cap = plan->cluster.device_memory;
+    return cap;
+}
+
+/* The memory of stage s in the partition's search: the chunk the executor
+ * builds for [first, end) with the stage's slots (one chunk per stage). */
+static double part_memory(void *vc, int s, int first, int end)
+{
+    const struct ctx *c = vc;
+    struct cdp_range_terms t;
+    uint64_t shared;
+    mem_terms(&c->mi, first, end, &t, &shared);
+    struct cdp_rank_memory m;
+    cdp_layout_chunk_memory(c->plan, &t, shared, &c->mi.ub[first], &c->mi.ub[end - 1], end == c->n, s, c->p,
+                            c->slots[s], c->hv, &m);
+    return (double)m.device;
+}
+
+/* A layout of the candidate (p, R, m) with uniform shares, ranges, ranks in
+ * (s, r) order on the given devices; memory not yet computed. */
+static cdp_status candidate_layout(const struct ctx *c, int p, int R, int m, const int64_t (*ranges)[2],
+                                   const int *device, struct cdp_layout **out)
+{
+    struct cdp_layout *l = NULL;
+    cdp_status st = cdp_layout_create(p, c->v, R, &l);
+    if (st) return st;
+    l->backend = c->plan->cluster.backend;
+    l->schedule = c->kind;
+    l->micro_batches = m;
+    l->micro_batch = (int)c->plan->train.micro_batch;
+    l->n_nodes = c->t->n_nodes;
+    for (int r = 0; r < R; r++) l->shares[r] = m;
+    if (ranges) memcpy(l->ranges, ranges, (size_t)p * c->v * sizeof *ranges);
+    for (int s = 0; s < p; s++)
+        for (int r = 0; r < R; r++) {
+            struct cdp_layout_rank *k = &l->rank[s * R + r];
+            k->stage = s;
+            k->replica = r;
+            k->device = device ? device[s * R + r] : 0;
+            k->node = device ? c->t->gpus[k->device].node : 0;
+        }
+    *out = l;
+    return CDP_OK;
+}
+
+/* Splits for p stages, m micro-batches; ranges gets p*v entries. Memory: what
+ * the executor allocates (part_memory), within the smallest device's cap. */
+static cdp_status split(struct ctx *c, int p, int R, int m, int objective, int64_t (*ranges)[2])
 {
     const struct cdp_parallel_desc *pd = &c->plan->parallel;
     const int nv = p * c->v;
@@ -293,7 +514,7 @@ static cdp_status split(struct ctx *c, int p, int m, int64_t (*ranges)[2])
     }
     if (c->v > 1) {
         /* interleaved chunks are not contiguous per rank: balanced on time,
-         * memory checked on the simulated peak afterwards */
+         * memory checked on the layout's memory afterwards */
         double *w = malloc((size_t)c->n * sizeof *w);
         if (!w) return cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
         for (int i = 0; i < c->n; i++) w[i] = c->cost[i].fwd_s + c->cost[i].bwd_s;
@@ -305,12 +526,23 @@ static cdp_status split(struct ctx *c, int p, int m, int64_t (*ranges)[2])
     double *cap = malloc((size_t)p * sizeof *cap), *bw = malloc((size_t)p * sizeof *bw);
     struct cdp_partition_stage *ps = malloc((size_t)p * sizeof *ps);
     int *dev = malloc((size_t)p * sizeof *dev);
+    struct cdp_layout *l = NULL;
     cdp_status st = CDP_OK;
     if (!inf || !cap || !bw || !ps || !dev) {
         st = cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
         goto done;
     }
-    if ((st = cdp_partition_in_flight(c->kind, p, m, inf))) goto done;
+    /* the slots each stage's chunk gets, as the executor counts them */
+    if ((st = candidate_layout(c, p, R, m, NULL, NULL, &l))) goto done;
+    for (int s = 0; s < p && !st; s++) {
+        int mcap;
+        st = cdp_layout_slots(c->plan, l, s, 0, &mcap, &inf[s]);
+    }
+    if (st) goto done;
+    free(c->slots);
+    c->slots = inf;
+    c->p = p;
+    inf = NULL;
     /* boundary bandwidths of the first pipeline under the fixed placement */
     fixed_placement(c->plan, p, 1, dev);
     /* one value, the slowest boundary: the partition is chosen before the
@@ -324,20 +556,107 @@ static cdp_status split(struct ctx *c, int p, int m, int64_t (*ranges)[2])
         }
     }
     struct cdp_partition_spec sp = {.unit = c->cost, .n = c->n, .k = p, .bandwidth = bw, .n_bandwidth = p > 1,
-                                    .in_flight = inf, .capacity = cap, .workspace_bytes = 0,
-                                    .schedule = c->kind, .micro_batches = m};
+                                    .in_flight = c->slots, .capacity = cap, .workspace_bytes = 0,
+                                    .schedule = c->kind, .micro_batches = m, .memory = part_memory,
+                                    .memory_ctx = c, .objective = objective};
     if ((st = cdp_partition_plan(&sp, ps))) goto done;
     for (int s = 0; s < p; s++) {
         ranges[s][0] = ps[s].first;
         ranges[s][1] = ps[s].end;
     }
 done:
+    cdp_layout_free(l);
     free(inf);
     free(cap);
     free(bw);
     free(ps);
     free(dev);
     return st;
+}
+
+/* What a node's ranks may hold in host memory, and where that figure is from. */
+static double node_capacity(const struct cdp_plan *plan, const struct cdp_topology *t, int node, char *from,
+                            size_t cap)
+{
+    if (plan->cluster.host_memory) {
+        snprintf(from, cap, "/cluster/host_memory");
+        return (double)plan->cluster.host_memory;
+    }
+    /* ranks run here: on the cpu backend always (their devices are this host's
+     * memory), on cuda when the topology is this machine */
+    if (plan->cluster.backend != CDP_BACKEND_CUDA || !strcmp(plan->cluster.topology, "auto")) {
+        uint64_t avail = 0;
+        char why[140];
+        if (!cdp_host_memory(&avail, why, sizeof why)) {
+            snprintf(from, cap, "this host: %.140s", why);
+            return (double)avail;
+        }
+    }
+    uint64_t numa = 0;
+    for (int i = 0; i < t->n_numa; i++)
+        if (t->numa[i].node == node) numa += t->numa[i].memory_bytes;
+    snprintf(from, cap, numa ? "the topology's NUMA memory" : "unknown");
+    return (double)numa;
+}
+
+/* Host bytes of a rank: on the cpu backend its device memory is host memory too. */
+static double rank_host_bytes(const struct ctx *c, const struct cdp_layout_rank *k)
+{
+    return (double)k->memory.host + (c->hv ? (double)k->memory.device : 0);
+}
+
+/* Fills every rank's memory; ranks of a stage with the same share are alike. */
+static cdp_status layout_memory(const struct ctx *c, struct cdp_layout *l)
+{
+    for (int i = 0; i < l->n_ranks; i++) {
+        const struct cdp_layout_rank *k = &l->rank[i];
+        int done = 0;
+        for (int j = 0; j < i && !done; j++)
+            if (l->rank[j].stage == k->stage && l->shares[l->rank[j].replica] == l->shares[k->replica]) {
+                l->rank[i].memory = l->rank[j].memory;
+                done = 1;
+            }
+        cdp_status st = done ? CDP_OK : cdp_layout_memory(c->plan, l, c->u, c->n, i);
+        if (st) return st;
+    }
+    return CDP_OK;
+}
+
+/* The fit of a layout whose memory is filled: every rank within its device's
+ * cap and every node's ranks within its host memory. 0 when it fits; else a
+ * message in why. *peak gets the largest rank's device bytes. */
+static int misfit(const struct ctx *c, const struct cdp_layout *l, double *peak, char *why, size_t cap)
+{
+    double *node = calloc((size_t)c->t->n_nodes, sizeof *node);
+    int bad = 0;
+    *peak = 0;
+    for (int i = 0; i < l->n_ranks; i++) {
+        const struct cdp_layout_rank *k = &l->rank[i];
+        *peak = fmax(*peak, (double)k->memory.device);
+        if (node) node[k->node] += rank_host_bytes(c, k);
+        const uint64_t dc = device_cap(c->plan, c->t, k->device);
+        if (!bad && dc && k->memory.device > dc) {
+            char a[32], b[32];
+            snprintf(why, cap, "stage %d needs %s of device memory and the device has %s",
+                     k->stage, cdp_format_bytes(k->memory.device, a, sizeof a), cdp_format_bytes(dc, b, sizeof b));
+            bad = 1;
+        }
+    }
+    for (int n = 0; node && !bad && n < c->t->n_nodes; n++) {
+        char from[160];
+        const double hc = node_capacity(c->plan, c->t, n, from, sizeof from);
+        if (hc > 0 && node[n] > hc) {
+            char a[32], b[32];
+            int ranks = 0;
+            for (int i = 0; i < l->n_ranks; i++) ranks += l->rank[i].node == n;
+            snprintf(why, cap, "the %d rank%s on node %d need %s of host memory together and the node has %s (%s)",
+                     ranks, ranks == 1 ? "" : "s", n, cdp_format_bytes((uint64_t)node[n], a, sizeof a),
+                     cdp_format_bytes((uint64_t)hc, b, sizeof b), from);
+            bad = 2;
+        }
+    }
+    free(node);
+    return bad;
 }
 
 static int cand_better(const struct cand *a, const struct cand *b)
@@ -363,33 +682,6 @@ static int64_t pow2_at_least(int64_t x)
     int64_t q = 1;
     while (q < x) q *= 2;
     return q;
-}
-
-static void fill_result(struct ctx *c, const struct cdp_sim_result *r, const int64_t (*ranges)[2],
-                        const int *device, struct cdp_planner_result *out)
-{
-    const int p = c->p, R = c->R, nv = p * c->v;
-    memcpy(out->ranges, ranges, (size_t)nv * sizeof *ranges);
-    memcpy(out->device, device, (size_t)p * R * sizeof *device);
-    for (int s = 0; s < p; s++) {
-        struct cdp_planner_stage *st = &out->stage[s];
-        memset(st, 0, sizeof *st);
-        for (int k = s; k < nv; k += p) {
-            st->fwd_s += c->vs[k].fwd_s;
-            st->bwd_s += c->vs[k].bwd_s;
-        }
-        for (int q = 0; q < R; q++) st->memory_bytes = fmax(st->memory_bytes, r->peak_memory[s * R + q]);
-        st->capacity_bytes = c->cap;
-    }
-    for (int q = 0; q < R; q++)
-        for (int s = 0; s < p; s++) {
-            const int i = s * R + q, d = device[i];
-            out->rank[q * p + s] = (struct cdp_planner_rank){.rank = q * p + s, .stage = s, .replica = q,
-                                                             .device = d, .node = c->t->gpus[d].node,
-                                                             .gpu = c->t->gpus[d].local,
-                                                             .peak_memory = r->peak_memory[i]};
-        }
-    out->predicted = (struct cdp_planner_prediction){r->step_s, r->bubble, r->samples_per_s};
 }
 
 /* A device's model without the vendor's words, for the balance table. */
@@ -441,61 +733,187 @@ static void replica_devices(const struct cdp_topology *t, const int *device, int
 
 /* The balance of the chosen plan (docs/planner.md, "Mixed GPUs"): each
  * replica's time per micro-batch on its slowest stage with its own devices,
- * the shares the plan asks for, and the step with them and with equal shares
- * (cdp_balance_step_time plus the simulated tail, sr's step after its
- * forward/backward phase). */
-static cdp_status balance_result(const struct ctx *c, const struct cdp_sim_result *sr, struct cdp_planner_result *res)
+ * and the shares the plan asks for. The predicted steps are filled once the
+ * layout is simulated (balance_predict). */
+static cdp_status balance_result(const struct ctx *c, const int *device, int p, int R, int m,
+                                 const struct cdp_planner_stage *stage, struct cdp_planner_balance *b)
 {
     const struct cdp_parallel_desc *pd = &c->plan->parallel;
-    const int p = res->stages, R = res->replicas, m = res->micro_batches;
-    struct cdp_planner_balance *b = &res->balance;
     b->kind = pd->balance;
     b->shares = calloc((size_t)R, sizeof *b->shares);
     b->t_s = calloc((size_t)R, sizeof *b->t_s);
     b->devices = calloc((size_t)R, sizeof *b->devices);
-    int64_t *uniform = malloc((size_t)R * sizeof *uniform);
-    cdp_status st = CDP_OK;
-    if (!b->shares || !b->t_s || !b->devices || !uniform) {
-        st = cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
-        goto done;
-    }
+    if (!b->shares || !b->t_s || !b->devices) return cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
     const struct cdp_device_rate r0 = cdp_device_rate_of(c->t, 0, c->plan->train.precision);
     for (int r = 0; r < R; r++) {
         double t = 0;
         for (int s = 0; s < p; s++) {
-            const double x = (res->stage[s].fwd_s + res->stage[s].bwd_s) *
-                             slowdown(c->plan, c->t, &r0, res->device[s * R + r]);
+            const double x = (stage[s].fwd_s + stage[s].bwd_s) * slowdown(c->plan, c->t, &r0, device[s * R + r]);
             if (x > t) t = x;
         }
         b->t_s[r] = t;
-        uniform[r] = m;
-        replica_devices(c->t, res->device, p, R, r, b->devices[r], sizeof b->devices[r]);
+        replica_devices(c->t, device, p, R, r, b->devices[r], sizeof b->devices[r]);
     }
     switch (pd->balance) {
     case CDP_BALANCE_EXPLICIT:
-        if (pd->n_shares != R) {
-            st = cdp_fail(CDP_ERR_INVALID, "%s: /parallel/balance: %d shares for %d replicas", c->plan->source,
-                          pd->n_shares, R);
-            goto done;
-        }
+        if (pd->n_shares != R)
+            return cdp_fail(CDP_ERR_INVALID, "%s: /parallel/balance: %d shares for %d replicas", c->plan->source,
+                            pd->n_shares, R);
         memcpy(b->shares, pd->shares, (size_t)R * sizeof *b->shares);
         break;
-    case CDP_BALANCE_SPEED:
-        if ((st = cdp_balance_shares(b->t_s, R, p, (int64_t)R * m, c->v > 1 ? p : 1, 0, b->shares))) {
-            st = cdp_error_context(st, "%s: planner", c->plan->source);
-            goto done;
-        }
-        break;
-    default:
-        memcpy(b->shares, uniform, (size_t)R * sizeof *b->shares);
+    case CDP_BALANCE_SPEED: {
+        cdp_status st = cdp_balance_shares(b->t_s, R, p, (int64_t)R * m, c->v > 1 ? p : 1, 0, b->shares);
+        if (st) return cdp_error_context(st, "%s: planner", c->plan->source);
         break;
     }
+    case CDP_BALANCE_UNIFORM:
+    case CDP_BALANCE_KIND_COUNT:
+        for (int r = 0; r < R; r++) b->shares[r] = m;
+        break;
+    }
+    return CDP_OK;
+}
+
+/* The steps with the shares and with uniform ones (cdp_balance_step_time plus
+ * the simulated tail, sr's step after its forward/backward phase). */
+static cdp_status balance_predict(int p, int R, int m, const struct cdp_sim_result *sr, struct cdp_planner_balance *b)
+{
+    int64_t *uniform = malloc((size_t)R * sizeof *uniform);
+    if (!uniform) return cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
+    for (int r = 0; r < R; r++) uniform[r] = m;
     b->rest_s = sr->step_s > sr->phase_s ? sr->step_s - sr->phase_s : 0;
     b->step_s = cdp_balance_step_time(b->t_s, R, p, b->shares) + b->rest_s;
     b->uniform_step_s = cdp_balance_step_time(b->t_s, R, p, uniform) + b->rest_s;
     b->gain = b->step_s > 0 ? b->uniform_step_s / b->step_s - 1 : 0;
-done:
     free(uniform);
+    return CDP_OK;
+}
+
+/* CPU sets: each node's ranks grouped by the CPUs near their device (on the
+ * cpu backend every CPU this process may use; on cuda the GPU's NUMA node or
+ * package from the topology, this host's CPUs when it gives none), each
+ * group's cores dealt out in contiguous blocks, one block per rank, when
+ * there are at least as many cores as ranks; else rank i of the group shares
+ * core i mod cores. */
+static const char *near_cpus(const struct ctx *c, const struct cdp_layout_rank *k)
+{
+    return c->hv ? "" : c->t->gpus[k->device].cpuset;
+}
+
+static cdp_status assign_cpus(const struct ctx *c, struct cdp_layout *l)
+{
+    int *hcpu = NULL, *hcore = NULL, hn = 0, hcores = 0;
+    cdp_status st = cdp_host_cpus(&hcpu, &hcore, &hn, &hcores);
+    if (st) return st;
+    const int N = l->n_ranks;
+    unsigned char *done = calloc((size_t)N, 1);
+    int *members = malloc((size_t)N * sizeof *members), *mine = NULL, *cpus = NULL, *core = NULL;
+    if (!done || !members) st = cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
+    for (int i = 0; i < N && !st; i++) {
+        if (done[i]) continue;
+        const struct cdp_layout_rank *k = &l->rank[i];
+        const char *near = near_cpus(c, k);
+        int n = 0, ncore = 0, g = 0;
+        if (near[0]) { /* a topology's list: each CPU counts as a core */
+            if ((st = cdp_cpuset_parse_list(near, &cpus, &n))) break;
+            if (!(core = malloc((size_t)(n ? n : 1) * sizeof *core))) {
+                st = cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
+                break;
+            }
+            for (int q = 0; q < n; q++) core[q] = q;
+            ncore = n;
+        } else {
+            cpus = malloc((size_t)hn * sizeof *cpus);
+            core = malloc((size_t)hn * sizeof *core);
+            if (!cpus || !core) {
+                st = cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
+                break;
+            }
+            memcpy(cpus, hcpu, (size_t)hn * sizeof *cpus);
+            memcpy(core, hcore, (size_t)hn * sizeof *core);
+            n = hn;
+            ncore = hcores;
+        }
+        for (int j = i; j < N; j++)
+            if (!done[j] && l->rank[j].node == k->node && !strcmp(near_cpus(c, &l->rank[j]), near)) members[g++] = j;
+        if (!(mine = malloc((size_t)(n ? n : 1) * sizeof *mine))) st = cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
+        for (int q = 0; q < g && !st; q++) {
+            int lo, hi; /* its cores [lo, hi) */
+            if (g <= ncore) {
+                lo = (int)((int64_t)q * ncore / g);
+                hi = (int)((int64_t)(q + 1) * ncore / g);
+            } else {
+                lo = q % ncore;
+                hi = lo + 1;
+            }
+            int m = 0;
+            for (int x = 0; x < n; x++)
+                if (core[x] >= lo && core[x] < hi) mine[m++] = cpus[x];
+            for (int a = 1; a < m; a++) /* ascending, for the list form */
+                for (int b = a; b > 0 && mine[b - 1] > mine[b]; b--) {
+                    const int t = mine[b];
+                    mine[b] = mine[b - 1];
+                    mine[b - 1] = t;
+                }
+            st = cdp_cpuset_format(mine, m, l->rank[members[q]].cpuset, sizeof l->rank[members[q]].cpuset);
+            done[members[q]] = 1;
+        }
+        free(mine);
+        free(cpus);
+        free(core);
+        mine = cpus = core = NULL;
+    }
+    free(done);
+    free(members);
+    free(hcpu);
+    free(hcore);
+    return st;
+}
+
+/* The chosen candidate as a layout: ranks in device order (node by node),
+ * their GPU on the node, CPU sets, caps, shares and memory. */
+static cdp_status build_layout(const struct ctx *c, const struct cand *k, const int *device,
+                               const int64_t *shares, struct cdp_layout **out)
+{
+    const int p = k->p, R = k->R, N = p * R;
+    struct cdp_layout *l = NULL;
+    cdp_status st = candidate_layout(c, p, R, k->m, (const int64_t(*)[2])k->ranges, NULL, &l);
+    if (st) return st;
+    memcpy(l->shares, shares, (size_t)R * sizeof *shares);
+    snprintf(l->topology, sizeof l->topology, "%s", c->t->name);
+    int *order = malloc((size_t)N * sizeof *order);
+    if (!order) {
+        cdp_layout_free(l);
+        return cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
+    }
+    for (int i = 0; i < N; i++) order[i] = i;
+    for (int i = 1; i < N; i++) /* by device; N is at most the topology's devices */
+        for (int j = i; j > 0 && device[order[j - 1]] > device[order[j]]; j--) {
+            const int x = order[j];
+            order[j] = order[j - 1];
+            order[j - 1] = x;
+        }
+    const int share_k = c->plan->cluster.backend == CDP_BACKEND_CUDA && c->plan->cluster.ranks_per_device > 1
+                            ? (int)c->plan->cluster.ranks_per_device : 1;
+    for (int i = 0; i < N; i++) {
+        struct cdp_layout_rank *q = &l->rank[i];
+        const int sr = order[i], d = device[sr];
+        q->stage = sr / R;
+        q->replica = sr % R;
+        q->device = d;
+        q->node = c->t->gpus[d].node;
+        q->gpu = c->t->gpus[d].local / share_k;
+        q->capacity = device_cap(c->plan, c->t, d);
+    }
+    free(order);
+    for (int i = 0; i < N && l->backend == CDP_BACKEND_CUDA; i++)
+        for (int j = 0; j < i; j++)
+            if (l->rank[j].node == l->rank[i].node && l->rank[j].gpu == l->rank[i].gpu) l->shared_devices = 1;
+    if (!(st = assign_cpus(c, l)) && !(st = layout_memory(c, l))) {
+        *out = l;
+        return CDP_OK;
+    }
+    cdp_layout_free(l);
     return st;
 }
 
@@ -505,10 +923,9 @@ void cdp_planner_result_clear(struct cdp_planner_result *r)
     free(r->balance.shares);
     free(r->balance.t_s);
     free(r->balance.devices);
-    free(r->ranges);
+    cdp_layout_free(r->layout);
     free(r->stage);
-    free(r->device);
-    free(r->rank);
+    free(r->node);
     memset(r, 0, sizeof *r);
 }
 
@@ -527,45 +944,138 @@ static void ctx_free(struct ctx *c)
     free(c->cost);
     free(c->bw);
     free(c->lat);
+    free(c->slots);
+    mem_index_free(&c->mi);
+}
+
+/* Units, costs at device 0's rate, links and memory terms for plan on t. */
+static cdp_status ctx_init(struct ctx *c, const struct cdp_plan *plan, const struct cdp_topology *t,
+                           const struct cdp_cost_table *costs)
+{
+    memset(c, 0, sizeof *c);
+    c->plan = plan;
+    c->t = t;
+    c->nd = t->n_gpus;
+    c->kind = plan->parallel.schedule;
+    c->v = plan->parallel.schedule == CDP_SCHEDULE_INTERLEAVED ? (int)plan->parallel.chunks : 1;
+    c->hv = plan->cluster.backend != CDP_BACKEND_CUDA;
+    cdp_status st = cdp_units_build(&plan->model, &c->u, &c->n);
+    if (st) return st;
+    cdp_costs_fit_units(plan, c->u, c->n);
+    c->cost = calloc((size_t)c->n, sizeof *c->cost);
+    c->bw = malloc((size_t)c->nd * c->nd * sizeof *c->bw);
+    c->lat = malloc((size_t)c->nd * c->nd * sizeof *c->lat);
+    c->rdev = malloc((size_t)c->nd * sizeof *c->rdev);
+    if (!c->cost || !c->bw || !c->lat || !c->rdev) return cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
+    struct cdp_device_rate rate = cdp_device_rate_of(t, 0, plan->train.precision);
+    cdp_costs_analytic(plan, c->u, c->n, &rate, c->cost);
+    if (costs) cdp_costs_apply(costs, c->u, c->n, c->cost);
+    links_of(t, c->bw, c->lat);
+    c->tied_bytes = tied_model(plan) ? tied_bytes_of(plan, c->u, c->n) : 0;
+    uint64_t cap = 0;
+    for (int d = 0; d < c->nd; d++) {
+        const uint64_t x = device_cap(plan, t, d);
+        if (x && (!cap || x < cap)) cap = x;
+    }
+    c->cap = (double)cap;
+    return mem_index_build(&c->mi, plan, c->u, c->n);
+}
+
+/* Per-stage predictions of a layout: forward/backward per micro-batch (all
+ * chunks) and the most device memory of its ranks against their least cap. */
+static void stage_predictions(const struct ctx *c, const struct cdp_layout *l, struct cdp_planner_stage *stage)
+{
+    for (int s = 0; s < l->stages; s++) {
+        struct cdp_planner_stage *st = &stage[s];
+        memset(st, 0, sizeof *st);
+        for (int k = s; k < l->stages * l->chunks; k += l->stages) {
+            for (int64_t i = l->ranges[k][0]; i < l->ranges[k][1]; i++) {
+                st->fwd_s += c->cost[i].fwd_s;
+                st->bwd_s += c->cost[i].bwd_s;
+            }
+        }
+    }
+    for (int i = 0; i < l->n_ranks; i++) {
+        struct cdp_planner_stage *st = &stage[l->rank[i].stage];
+        st->memory_bytes = fmax(st->memory_bytes, (double)l->rank[i].memory.device);
+        const double cap = (double)l->rank[i].capacity;
+        if (cap > 0 && (st->capacity_bytes <= 0 || cap < st->capacity_bytes)) st->capacity_bytes = cap;
+    }
+}
+
+/* The smallest device cap some layout the plan allows fits in, for the message
+ * when none fits: over the shapes tried, the split of least memory. */
+static void smallest_cap(struct ctx *c, const struct cand *shapes, int n, char *buf, size_t cap)
+{
+    double best = -1;
+    int bi = -1;
+    int64_t(*ranges)[2] = NULL;
+    const double saved = c->cap;
+    c->cap = 0;
+    for (int i = 0; i < n; i++) {
+        const struct cand *k = &shapes[i];
+        free(ranges);
+        ranges = calloc((size_t)k->p * c->v, sizeof *ranges);
+        int *dev = malloc((size_t)k->p * k->R * sizeof *dev);
+        struct cdp_layout *l = NULL;
+        c->kind = k->kind;
+        double peak = 0;
+        char why[8];
+        if (ranges && dev && !split(c, k->p, k->R, k->m, CDP_PARTITION_MEMORY, ranges)) {
+            fixed_placement(c->plan, k->p, k->R, dev);
+            if (!candidate_layout(c, k->p, k->R, k->m, (const int64_t(*)[2])ranges, dev, &l) && !layout_memory(c, l)) {
+                misfit(c, l, &peak, why, sizeof why);
+                if (best < 0 || peak < best) best = peak, bi = i;
+            }
+        }
+        cdp_layout_free(l);
+        free(dev);
+    }
+    free(ranges);
+    c->cap = saved;
+    buf[0] = '\0';
+    if (bi >= 0) {
+        char a[32];
+        snprintf(buf, cap, "; the smallest device memory any layout fits in is %s (%d stage%s x %d replica%s, %d "
+                 "micro-batches, %s)", cdp_format_bytes((uint64_t)ceil(best), a, sizeof a), shapes[bi].p,
+                 shapes[bi].p == 1 ? "" : "s", shapes[bi].R, shapes[bi].R == 1 ? "" : "s", shapes[bi].m,
+                 cdp_schedule_name(shapes[bi].kind));
+    }
+}
+
+/* Whether the plan fixes every choice the search would make. */
+static int all_fixed(const struct cdp_plan *plan)
+{
+    const struct cdp_parallel_desc *pd = &plan->parallel;
+    return pd->stages != CDP_AUTO && pd->replicas != CDP_AUTO && pd->micro_batches != CDP_AUTO && !pd->schedule_auto &&
+           pd->partition && pd->n_partition == pd->stages * (pd->schedule == CDP_SCHEDULE_INTERLEAVED ? pd->chunks : 1) &&
+           pd->placement != CDP_PLACEMENT_TOPOLOGY;
 }
 
 cdp_status cdp_planner_run(const struct cdp_plan *plan, const struct cdp_topology *t,
-                           const struct cdp_cost_table *costs, struct cdp_planner_result *out)
+                           const struct cdp_cost_table *costs, int flags, struct cdp_planner_result *out)
 {
     const uint64_t t0 = cdp_time_ns();
     const struct cdp_parallel_desc *pd = &plan->parallel;
-    struct ctx c = {.plan = plan, .t = t, .nd = t->n_gpus, .kind = pd->schedule,
-                    .v = pd->schedule == CDP_SCHEDULE_INTERLEAVED ? (int)pd->chunks : 1};
-    struct cand *cand = NULL;
-    int n_cand = 0, cap_cand = 0;
+    struct ctx c;
+    struct cand *cand = NULL, *tried = NULL;
+    int n_cand = 0, cap_cand = 0, n_tried = 0;
     struct cdp_planner_result res = {0};
     struct cdp_sim_result *sr = NULL;
-    int *dev = NULL;
+    struct cdp_layout *cl = NULL;
+    int *dev = NULL, *best_dev = NULL;
     char why[1024] = "";
+    int device_short = 0; /* a shape did not fit for device memory (not host memory) */
     cdp_status st;
+    const int layout_only = (flags & CDP_PLANNER_LAYOUT_ONLY) && all_fixed(plan);
 
-    if ((st = cdp_units_build(&plan->model, &c.u, &c.n))) goto fail;
-    c.cost = calloc((size_t)c.n, sizeof *c.cost);
-    c.bw = malloc((size_t)c.nd * c.nd * sizeof *c.bw);
-    c.lat = malloc((size_t)c.nd * c.nd * sizeof *c.lat);
+    if ((st = ctx_init(&c, plan, t, costs))) goto fail;
     dev = malloc((size_t)c.nd * sizeof *dev);
-    c.rdev = malloc((size_t)c.nd * sizeof *c.rdev);
-    if (!c.cost || !c.bw || !c.lat || !dev || !c.rdev) {
+    best_dev = malloc((size_t)c.nd * sizeof *best_dev);
+    if (!dev || !best_dev) {
         st = cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
         goto fail;
     }
-    struct cdp_device_rate rate = cdp_device_rate_of(t, 0, plan->train.precision);
-    cdp_costs_analytic(plan, c.u, c.n, &rate, c.cost);
-    if (costs) cdp_costs_apply(costs, c.u, c.n, c.cost);
-    cdp_planner_links(t, c.bw, c.lat);
-    c.tied_bytes = plan->model.kind == CDP_MODEL_GPT && plan->model.tie_embeddings
-                       ? cdp_planner_tied_bytes(plan, c.u, c.n) : 0;
-    uint64_t cap = t->gpus[0].memory_bytes;
-    for (int d = 1; d < c.nd; d++)
-        if (t->gpus[d].memory_bytes && (!cap || t->gpus[d].memory_bytes < cap)) cap = t->gpus[d].memory_bytes;
-    if (plan->cluster.device_memory && (!cap || plan->cluster.device_memory < cap)) cap = plan->cluster.device_memory;
-    c.cap = (double)cap;
-
     int W = c.nd;
     if (plan->cluster.devices != CDP_AUTO && plan->cluster.nodes * plan->cluster.devices < W)
         W = (int)(plan->cluster.nodes * plan->cluster.devices);
@@ -576,7 +1086,7 @@ cdp_status cdp_planner_run(const struct cdp_plan *plan, const struct cdp_topolog
     if (pd->stages != CDP_AUTO) p_lo = p_hi = (int)pd->stages;
     int largest_tried = 0;
 
-    /* 1. every shape: split and simulate under the fixed (or pp-inner) placement */
+    /* 1. every shape: split and check memory, then simulate under the fixed (or pp-inner) placement */
     for (int p = p_lo; p <= p_hi; p++) {
         int R;
         if (pd->replicas != CDP_AUTO) {
@@ -607,12 +1117,15 @@ cdp_status cdp_planner_run(const struct cdp_plan *plan, const struct cdp_topolog
             if (n_cand == cap_cand) {
                 cap_cand = cap_cand ? 2 * cap_cand : 64;
                 struct cand *nc = realloc(cand, (size_t)cap_cand * sizeof *cand);
-                if (!nc) {
+                struct cand *nt = realloc(tried, (size_t)cap_cand * sizeof *tried);
+                if (nc) cand = nc;
+                if (nt) tried = nt;
+                if (!nc || !nt) {
                     st = cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
                     goto fail;
                 }
-                cand = nc;
             }
+            tried[n_tried++] = (struct cand){.p = p, .R = R, .m = m, .kind = c.kind};
             struct cand *k = &cand[n_cand];
             *k = (struct cand){.p = p, .R = R, .m = m, .kind = c.kind};
             k->ranges = calloc((size_t)p * c.v, sizeof *k->ranges);
@@ -620,51 +1133,76 @@ cdp_status cdp_planner_run(const struct cdp_plan *plan, const struct cdp_topolog
                 st = cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
                 goto fail;
             }
-            if ((st = split(&c, p, m, k->ranges))) {
+            if ((st = split(&c, p, R, m, CDP_PARTITION_TIME, k->ranges))) {
+                free(k->ranges);
+                if (st != CDP_ERR_INVALID) goto fail;
+                snprintf(why, sizeof why, "%d stage%s x %d micro-batches: %s", p, p == 1 ? "" : "s", m,
+                         cdp_last_error());
+                device_short = 1;
+                st = CDP_OK;
+                continue;
+            }
+            /* the memory every rank allocates, under the fixed placement */
+            fixed_placement(plan, p, R, dev);
+            cdp_layout_free(cl);
+            cl = NULL;
+            double peak = 0;
+            char misfit_why[512];
+            int bad = 0;
+            if ((st = candidate_layout(&c, p, R, m, (const int64_t(*)[2])k->ranges, dev, &cl)) ||
+                (st = layout_memory(&c, cl))) {
                 free(k->ranges);
                 if (st != CDP_ERR_INVALID) goto fail;
                 snprintf(why, sizeof why, "%s", cdp_last_error());
+                st = CDP_OK;
+                continue;
+            }
+            bad = misfit(&c, cl, &peak, misfit_why, sizeof misfit_why);
+            device_short |= bad == 1;
+            if (bad) {
+                snprintf(why, sizeof why, "%d stage%s x %d replica%s, %d micro-batches: %s", p, p == 1 ? "" : "s", R,
+                         R == 1 ? "" : "s", m, misfit_why);
+                free(k->ranges);
+                continue;
+            }
+            k->peak = peak;
+            if (layout_only) { /* nothing to compare: no simulation */
+                n_cand++;
                 continue;
             }
             if ((st = prepare(&c, p, R, m, (const int64_t(*)[2])k->ranges))) {
                 free(k->ranges);
                 goto fail;
             }
-            fixed_placement(plan, p, R, dev);
-            double step = 0, peak = 0;
+            double step = 0;
             if (c.cheap) {
-                st = cheap_step(&c, dev, 0, &step, &peak);
-            } else if (!(st = sim(&c, dev, &sr))) {
+                st = cheap_step(&c, dev, 0, &step);
+            } else if (!(st = sim(&c, dev, NULL, &sr))) {
                 step = sr->step_s;
-                for (int q = 0; q < sr->ranks; q++) peak = fmax(peak, sr->peak_memory[q]);
             }
             if (st) {
                 free(k->ranges);
                 goto fail;
             }
-            if (c.cap > 0 && peak > c.cap) {
-                snprintf(why, sizeof why, "%d stages x %d micro-batches: a rank needs more than the %.2f GiB "
-                         "each device has", p, m, c.cap / 1073741824.0);
-                free(k->ranges);
-            } else {
-                k->step_s = step;
-                k->sps = sr ? sr->samples_per_s : (double)R * m * (double)b / step;
-                n_cand++;
-            }
+            k->step_s = step;
+            k->sps = sr ? sr->samples_per_s : (double)R * m * (double)b / step;
+            n_cand++;
             cdp_sim_result_free(sr);
             sr = NULL;
         }
     }
     res.feasible = n_cand;
     if (n_cand == 0) {
+        char smallest[256] = "";
+        if (n_tried && device_short) smallest_cap(&c, tried, n_tried, smallest, sizeof smallest);
         if (!why[0])
             snprintf(why, sizeof why, "no (stages, replicas, micro_batches) fits %d devices and /train/global_batch",
                      W);
         if (pd->stages != CDP_AUTO || res.shapes == 0)
-            st = cdp_fail(CDP_ERR_INVALID, "%s: planner: %s", plan->source, why);
+            st = cdp_fail(CDP_ERR_INVALID, "%s: planner: %s%s", plan->source, why, smallest);
         else
             st = cdp_fail(CDP_ERR_INVALID, "%s: planner: no shape up to %d stages on %d devices fits; at %d "
-                          "stages: %s", plan->source, largest_tried, W, largest_tried, why);
+                          "stages: %s%s", plan->source, largest_tried, W, largest_tried, why, smallest);
         goto fail;
     }
     /* best first; equal throughput: fewer stages, fewer micro-batches */
@@ -678,11 +1216,6 @@ cdp_status cdp_planner_run(const struct cdp_plan *plan, const struct cdp_topolog
     /* 2. placement: searched for the best few shapes when the plan leaves it to the topology */
     int best = 0;
     double best_sps = cand[0].sps;
-    int *best_dev = malloc((size_t)c.nd * sizeof *best_dev);
-    if (!best_dev) {
-        st = cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
-        goto fail;
-    }
     fixed_placement(plan, cand[0].p, cand[0].R, best_dev);
     snprintf(res.placement_method, sizeof res.placement_method, "%s",
              pd->placement == CDP_PLACEMENT_EXPLICIT           ? "explicit (from the plan)"
@@ -707,7 +1240,7 @@ cdp_status cdp_planner_run(const struct cdp_plan *plan, const struct cdp_topolog
             res.placed_shapes++;
             double step_s = info.cost;
             if (c.cheap) { /* searched on the cheap model: the full simulation decides */
-                if ((st = sim(&c, dev, &sr))) break;
+                if ((st = sim(&c, dev, NULL, &sr))) break;
                 step_s = sr->step_s;
                 cdp_sim_result_free(sr);
                 sr = NULL;
@@ -720,49 +1253,59 @@ cdp_status cdp_planner_run(const struct cdp_plan *plan, const struct cdp_topolog
                 snprintf(res.placement_method, sizeof res.placement_method, "%s", info.method);
             }
         }
-        if (st) {
-            free(best_dev);
-            goto fail;
-        }
+        if (st) goto fail;
     }
 
-    /* 3. the chosen plan and the baselines */
+    /* 3. the chosen layout: balance, ranks, memory, fit; then its prediction and the baselines */
     struct cand *k = &cand[best];
     c.kind = k->kind;
-    res.stages = k->p;
-    res.replicas = k->R;
-    res.micro_batches = k->m;
-    res.chunks = c.v;
-    res.schedule = c.kind;
-    res.global_batch = (int64_t)k->R * k->m * b;
-    res.n_ranges = k->p * c.v;
     res.world = W;
-    snprintf(res.topology, sizeof res.topology, "%s", t->name);
-    res.ranges = calloc((size_t)res.n_ranges, sizeof *res.ranges);
     res.stage = calloc((size_t)k->p, sizeof *res.stage);
-    res.device = calloc((size_t)k->p * k->R, sizeof *res.device);
-    res.rank = calloc((size_t)k->p * k->R, sizeof *res.rank);
-    if (!res.ranges || !res.stage || !res.device || !res.rank) {
-        free(best_dev);
+    res.node = calloc((size_t)t->n_nodes, sizeof *res.node);
+    if (!res.stage || !res.node) {
         st = cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
         goto fail;
     }
-    if (!(st = prepare(&c, k->p, k->R, k->m, (const int64_t(*)[2])k->ranges)) && !(st = sim(&c, best_dev, &sr))) {
-        fill_result(&c, sr, (const int64_t(*)[2])k->ranges, best_dev, &res);
-        st = balance_result(&c, sr, &res);
+    {
+        /* times per stage for the balance, from the candidate's ranges */
+        struct cdp_layout *tmp = NULL;
+        if ((st = candidate_layout(&c, k->p, k->R, k->m, (const int64_t(*)[2])k->ranges, best_dev, &tmp))) goto fail;
+        stage_predictions(&c, tmp, res.stage);
+        cdp_layout_free(tmp);
     }
-    free(best_dev);
-    cdp_sim_result_free(sr);
-    sr = NULL;
-    if (st) goto fail;
-    static const char *const names[2] = {"ordered-pp-inner", "ordered-dp-inner"};
-    for (int i = 0; i < 2; i++) {
-        if (i == 0) cdp_placement_ordered_pp_inner(k->p, k->R, dev);
-        else cdp_placement_ordered_dp_inner(k->p, k->R, dev);
-        if ((st = sim(&c, dev, &sr))) goto fail;
-        res.baseline[i] = (struct cdp_planner_baseline){names[i], {sr->step_s, sr->bubble, sr->samples_per_s}};
+    if ((st = balance_result(&c, best_dev, k->p, k->R, k->m, res.stage, &res.balance))) goto fail;
+    if ((st = build_layout(&c, k, best_dev, res.balance.shares, &res.layout))) goto fail;
+    stage_predictions(&c, res.layout, res.stage);
+    double peak;
+    char misfit_why[512];
+    if (misfit(&c, res.layout, &peak, misfit_why, sizeof misfit_why)) {
+        st = cdp_fail(CDP_ERR_INVALID, "%s: planner: %d stage%s x %d replica%s as placed: %s", plan->source, k->p,
+                      k->p == 1 ? "" : "s", k->R, k->R == 1 ? "" : "s", misfit_why);
+        goto fail;
+    }
+    for (int i = 0; i < res.layout->n_ranks; i++) res.node[res.layout->rank[i].node].bytes +=
+        rank_host_bytes(&c, &res.layout->rank[i]);
+    for (int n = 0; n < t->n_nodes; n++)
+        res.node[n].capacity_bytes = node_capacity(plan, t, n, res.node[n].capacity_from,
+                                                   sizeof res.node[n].capacity_from);
+    if (!layout_only) {
+        if ((st = prepare(&c, k->p, k->R, k->m, (const int64_t(*)[2])k->ranges))) goto fail;
+        if ((st = sim(&c, best_dev, NULL, &sr))) goto fail;
+        res.predicted = (struct cdp_planner_prediction){sr->step_s, sr->bubble, sr->samples_per_s};
+        res.predicted_ok = 1;
+        st = balance_predict(k->p, k->R, k->m, sr, &res.balance);
         cdp_sim_result_free(sr);
         sr = NULL;
+        if (st) goto fail;
+        static const char *const names[2] = {"ordered-pp-inner", "ordered-dp-inner"};
+        for (int i = 0; i < 2; i++) {
+            if (i == 0) cdp_placement_ordered_pp_inner(k->p, k->R, dev);
+            else cdp_placement_ordered_dp_inner(k->p, k->R, dev);
+            if ((st = sim(&c, dev, NULL, &sr))) goto fail;
+            res.baseline[i] = (struct cdp_planner_baseline){names[i], {sr->step_s, sr->bubble, sr->samples_per_s}};
+            cdp_sim_result_free(sr);
+            sr = NULL;
+        }
     }
     res.simulations = c.sims;
     res.replica_simulations = c.cheap_sims;
@@ -776,10 +1319,40 @@ cdp_status cdp_planner_run(const struct cdp_plan *plan, const struct cdp_topolog
 fail:
     for (int i = 0; i < n_cand; i++) free(cand[i].ranges);
     free(cand);
+    free(tried);
     cdp_sim_result_free(sr);
+    cdp_layout_free(cl);
     cdp_planner_result_clear(&res);
     ctx_free(&c);
     free(dev);
+    free(best_dev);
+    return st;
+}
+
+/* ---- a layout simulated (--simulate) ----------------------------------------------- */
+
+cdp_status cdp_planner_simulate(const struct cdp_plan *plan, const struct cdp_topology *t,
+                                const struct cdp_cost_table *costs, const struct cdp_layout *l,
+                                struct cdp_sim_result **out)
+{
+    struct ctx c;
+    const int N = l->n_ranks;
+    int *device = malloc((size_t)N * sizeof *device), *row = malloc((size_t)N * sizeof *row);
+    cdp_status st = !device || !row ? cdp_fail(CDP_ERR_NOMEM, "planner: out of memory") : ctx_init(&c, plan, t, costs);
+    if (!st) {
+        c.kind = l->schedule;
+        c.v = l->chunks;
+        for (int i = 0; i < N; i++) {
+            const int sr = l->rank[i].stage * l->replicas + l->rank[i].replica;
+            device[sr] = l->rank[i].device;
+            row[sr] = i;
+        }
+        if (!(st = prepare(&c, l->stages, l->replicas, l->micro_batches, (const int64_t(*)[2])l->ranges)))
+            st = sim(&c, device, row, out);
+    }
+    if (device && row) ctx_free(&c);
+    free(device);
+    free(row);
     return st;
 }
 
@@ -811,36 +1384,31 @@ cdp_status cdp_planner_explore(const struct cdp_plan *plan, const struct cdp_top
                                const struct cdp_cost_table *costs, const struct cdp_planner_result *r, int n_random,
                                uint64_t seed, struct cdp_planner_spread *out)
 {
-    struct ctx c = {.plan = plan, .t = t, .nd = t->n_gpus, .kind = r->schedule, .v = r->chunks};
-    const int p = r->stages, R = r->replicas, N = p * R;
+    const struct cdp_layout *l = r->layout;
+    const int p = l->stages, R = l->replicas, N = p * R;
     struct cdp_planner_spread sp = {.n_random = n_random, .seed = seed};
     double *rnd = NULL;
-    int *dev = NULL, *perm = NULL;
-    cdp_status st;
-    if (n_random < 1 || N > c.nd) return cdp_fail(CDP_ERR_INVALID, "planner: explore: bad sample count or shape");
-    if ((st = cdp_units_build(&plan->model, &c.u, &c.n))) return st;
-    c.cost = calloc((size_t)c.n, sizeof *c.cost);
-    c.bw = malloc((size_t)c.nd * c.nd * sizeof *c.bw);
-    c.lat = malloc((size_t)c.nd * c.nd * sizeof *c.lat);
-    c.rdev = malloc((size_t)c.nd * sizeof *c.rdev);
+    int *dev = NULL, *perm = NULL, *chosen = NULL;
+    struct ctx c;
+    if (n_random < 1 || N > t->n_gpus) return cdp_fail(CDP_ERR_INVALID, "planner: explore: bad sample count or shape");
+    cdp_status st = ctx_init(&c, plan, t, costs);
+    if (st) goto fail;
+    c.kind = l->schedule;
+    c.v = l->chunks;
     dev = malloc((size_t)c.nd * sizeof *dev);
     perm = malloc((size_t)c.nd * sizeof *perm);
+    chosen = malloc((size_t)N * sizeof *chosen);
     rnd = malloc((size_t)n_random * sizeof *rnd);
-    if (!c.cost || !c.bw || !c.lat || !c.rdev || !dev || !perm || !rnd) {
+    if (!dev || !perm || !chosen || !rnd) {
         st = cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
         goto fail;
     }
-    struct cdp_device_rate rate = cdp_device_rate_of(t, 0, plan->train.precision);
-    cdp_costs_analytic(plan, c.u, c.n, &rate, c.cost);
-    if (costs) cdp_costs_apply(costs, c.u, c.n, c.cost);
-    cdp_planner_links(t, c.bw, c.lat);
-    c.tied_bytes = plan->model.kind == CDP_MODEL_GPT && plan->model.tie_embeddings
-                       ? cdp_planner_tied_bytes(plan, c.u, c.n) : 0;
-    if ((st = prepare(&c, p, R, r->micro_batches, (const int64_t(*)[2])r->ranges))) goto fail;
+    for (int i = 0; i < N; i++) chosen[l->rank[i].stage * R + l->rank[i].replica] = l->rank[i].device;
+    if ((st = prepare(&c, p, R, l->micro_batches, (const int64_t(*)[2])l->ranges))) goto fail;
     sp.cheap = c.cheap;
     /* the chosen placement and the two fixed orders, then the random sample */
     for (int which = 0; which < 3 + n_random; which++) {
-        if (which == 0) memcpy(dev, r->device, (size_t)N * sizeof *dev);
+        if (which == 0) memcpy(dev, chosen, (size_t)N * sizeof *dev);
         else if (which == 1) cdp_placement_ordered_pp_inner(p, R, dev);
         else if (which == 2) cdp_placement_ordered_dp_inner(p, R, dev);
         else {
@@ -878,6 +1446,7 @@ fail:
     ctx_free(&c);
     free(dev);
     free(perm);
+    free(chosen);
     free(rnd);
     return st;
 }
@@ -900,57 +1469,57 @@ void cdp_planner_spread_print(const struct cdp_planner_spread *s, FILE *f)
 cdp_status cdp_planner_apply(const struct cdp_planner_result *r, struct cdp_plan *plan)
 {
     struct cdp_parallel_desc *pd = &plan->parallel;
-    const int N = r->stages * r->replicas;
-    if (!pd->partition || pd->n_partition != r->n_ranges) {
-        int64_t(*ranges)[2] = malloc((size_t)r->n_ranges * sizeof *ranges);
+    const struct cdp_layout *l = r->layout;
+    const int N = l->n_ranks, nv = l->stages * l->chunks;
+    if (!pd->partition || pd->n_partition != nv) {
+        int64_t(*ranges)[2] = malloc((size_t)nv * sizeof *ranges);
         if (!ranges) return cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
-        memcpy(ranges, r->ranges, (size_t)r->n_ranges * sizeof *ranges);
+        memcpy(ranges, l->ranges, (size_t)nv * sizeof *ranges);
         free(pd->partition);
         pd->partition = ranges;
-        pd->n_partition = r->n_ranges;
+        pd->n_partition = nv;
     }
     if (pd->placement == CDP_PLACEMENT_TOPOLOGY) {
         int64_t *map = malloc((size_t)N * sizeof *map);
         if (!map) return cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
-        for (int i = 0; i < N; i++) map[i] = r->device[i];
+        for (int i = 0; i < N; i++) map[l->rank[i].stage * l->replicas + l->rank[i].replica] = l->rank[i].device;
         free(pd->placement_map);
         pd->placement_map = map;
         pd->placement = CDP_PLACEMENT_EXPLICIT;
     }
-    const struct cdp_planner_balance *b = &r->balance;
     int equal = 1;
-    for (int i = 1; b->shares && i < r->replicas; i++) equal &= b->shares[i] == b->shares[0];
-    if (pd->balance == CDP_BALANCE_SPEED && b->shares && !equal) {
-        int64_t *sh = malloc((size_t)r->replicas * sizeof *sh);
+    for (int i = 1; i < l->replicas; i++) equal &= l->shares[i] == l->shares[0];
+    if (pd->balance == CDP_BALANCE_SPEED && !equal) {
+        int64_t *sh = malloc((size_t)l->replicas * sizeof *sh);
         if (!sh) return cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
-        memcpy(sh, b->shares, (size_t)r->replicas * sizeof *sh);
+        memcpy(sh, l->shares, (size_t)l->replicas * sizeof *sh);
         free(pd->shares);
         pd->shares = sh;
-        pd->n_shares = r->replicas;
+        pd->n_shares = l->replicas;
         pd->balance = CDP_BALANCE_EXPLICIT;
     }
-    pd->stages = r->stages;
-    pd->schedule = r->schedule;
+    pd->stages = l->stages;
+    pd->schedule = l->schedule;
     pd->schedule_auto = 0;
-    pd->replicas = r->replicas;
-    pd->micro_batches = r->micro_batches;
-    plan->train.global_batch = r->global_batch;
+    pd->replicas = l->replicas;
+    pd->micro_batches = l->micro_batches;
+    plan->train.global_batch = (int64_t)l->replicas * l->micro_batches * l->micro_batch;
     return CDP_OK;
 }
 
-static void units_of(const struct cdp_planner_result *r, int s, char *buf, size_t cap)
+static void units_of(const struct cdp_layout *l, int s, char *buf, size_t cap)
 {
     size_t o = 0;
     buf[0] = '\0';
-    for (int k = s; k < r->n_ranges && o < cap; k += r->stages)
-        o += (size_t)snprintf(buf + o, cap - o, "%s[%lld,%lld)", k == s ? "" : " ", (long long)r->ranges[k][0],
-                              (long long)r->ranges[k][1]);
+    for (int k = s; k < l->stages * l->chunks && o < cap; k += l->stages)
+        o += (size_t)snprintf(buf + o, cap - o, "%s[%lld,%lld)", k == s ? "" : " ", (long long)l->ranges[k][0],
+                              (long long)l->ranges[k][1]);
 }
 
 static void balance_print(const struct cdp_planner_result *r, FILE *f)
 {
     const struct cdp_planner_balance *b = &r->balance;
-    const int R = r->replicas;
+    const int R = r->layout->replicas;
     fprintf(f, "\nPlan: balance (%s)\n", b->kind == CDP_BALANCE_UNIFORM    ? "uniform, from the plan"
                                           : b->kind == CDP_BALANCE_EXPLICIT ? "shares from the plan"
                                                                             : "speed: shares by predicted speed");
@@ -959,53 +1528,116 @@ static void balance_print(const struct cdp_planner_result *r, FILE *f)
     for (int q = 0; q < show; q++)
         fprintf(f, "  %7d  %-32s %14.3f  %13lld\n", q, b->devices[q], b->t_s[q] * 1e3, (long long)b->shares[q]);
     if (show < R) fprintf(f, "  ... %d more replicas (--json lists them all)\n", R - show);
+    if (!r->predicted_ok) return;
     fprintf(f, "  step        %.3f ms with these shares, %.3f ms with %d each: %+.1f%%\n", b->step_s * 1e3,
-            b->uniform_step_s * 1e3, r->micro_batches, 100 * b->gain);
+            b->uniform_step_s * 1e3, r->layout->micro_batches, 100 * b->gain);
     char fill[32] = "shares";
-    if (r->stages > 1) snprintf(fill, sizeof fill, "(shares + %d)", r->stages - 1);
+    if (r->layout->stages > 1) snprintf(fill, sizeof fill, "(shares + %d)", r->layout->stages - 1);
     fprintf(f, "              (max over replicas of %s x ms/micro-batch, + %.3f ms all-reduce and optimizer "
                "simulated)\n", fill, b->rest_s * 1e3);
 }
 
+static void mib(double bytes, char *buf, size_t cap) { cdp_format_bytes(bytes > 0 ? (uint64_t)bytes : 0, buf, cap); }
+
 void cdp_planner_print(const struct cdp_planner_result *r, FILE *f)
 {
-    const int N = r->stages * r->replicas;
-    fprintf(f, "\nPlan (predicted on %s, %d devices usable)\n", r->topology, r->world);
-    fprintf(f, "  shape       %d stage%s x %d replica%s, %d micro-batches, %s", r->stages, r->stages == 1 ? "" : "s",
-            r->replicas, r->replicas == 1 ? "" : "s", r->micro_batches, cdp_schedule_name(r->schedule));
-    if (r->chunks > 1) fprintf(f, " x %d chunks", r->chunks);
-    fprintf(f, ", global batch %lld\n", (long long)r->global_batch);
-    fprintf(f, "\nPlan: partition (per micro-batch)\n  stage  units            fwd ms   bwd ms     memory   headroom\n");
-    for (int s = 0; s < r->stages; s++) {
-        char units[128], head[32] = "unlimited";
-        units_of(r, s, units, sizeof units);
+    const struct cdp_layout *l = r->layout;
+    const int N = l->n_ranks;
+    fprintf(f, "\nPlan (on %s, %d devices usable)\n", l->topology, r->world);
+    fprintf(f, "  shape       %d stage%s x %d replica%s, %d micro-batches of %d, %s", l->stages,
+            l->stages == 1 ? "" : "s", l->replicas, l->replicas == 1 ? "" : "s", l->micro_batches, l->micro_batch,
+            cdp_schedule_name(l->schedule));
+    if (l->chunks > 1) fprintf(f, " x %d chunks", l->chunks);
+    fprintf(f, ", global batch %lld\n", (long long)l->replicas * l->micro_batches * l->micro_batch);
+    fprintf(f, "\nPlan: partition (per micro-batch; memory: the most a rank of the stage allocates)\n"
+               "  stage  units            fwd ms   bwd ms       memory     headroom\n");
+    for (int s = 0; s < l->stages; s++) {
+        char units[128], head[32] = "unlimited", mem[32];
+        units_of(l, s, units, sizeof units);
         const struct cdp_planner_stage *st = &r->stage[s];
-        if (st->capacity_bytes > 0)
-            snprintf(head, sizeof head, "%.2f GiB", (st->capacity_bytes - st->memory_bytes) / 1073741824.0);
-        fprintf(f, "  %5d  %-15s %8.3f %8.3f %7.2f GiB  %s\n", s, units, st->fwd_s * 1e3, st->bwd_s * 1e3,
-                st->memory_bytes / 1073741824.0, head);
+        mib(st->memory_bytes, mem, sizeof mem);
+        if (st->capacity_bytes > 0) mib(st->capacity_bytes - st->memory_bytes, head, sizeof head);
+        fprintf(f, "  %5d  %-15s %8.3f %8.3f %12s %12s\n", s, units, st->fwd_s * 1e3, st->bwd_s * 1e3, mem, head);
     }
-    fprintf(f, "\nPlan: placement (%s)\n  rank  node  gpu  device  stage  replica\n", r->placement_method);
+    fprintf(f, "\nPlan: placement (%s)\n  rank  node  gpu  device  stage  replica  cpus         memory\n",
+            r->placement_method);
     const int show = N > 64 ? 32 : N;
-    for (int i = 0; i < show; i++)
-        fprintf(f, "  %4d  %4d  %3d  %6d  %5d  %7d\n", r->rank[i].rank, r->rank[i].node, r->rank[i].gpu,
-                r->rank[i].device, r->rank[i].stage, r->rank[i].replica);
+    for (int i = 0; i < show; i++) {
+        const struct cdp_layout_rank *k = &l->rank[i];
+        char mem[32];
+        mib((double)k->memory.device, mem, sizeof mem);
+        fprintf(f, "  %4d  %4d  %3d  %6d  %5d  %7d  %-11s  %s\n", i, k->node, k->gpu, k->device, k->stage, k->replica,
+                k->cpuset[0] ? k->cpuset : "-", mem);
+    }
     if (show < N) fprintf(f, "  ... %d more ranks (--json lists them all)\n", N - show);
-    fprintf(f, "\nPlan: predicted\n");
-    fprintf(f, "  step time   %.3f ms\n", r->predicted.step_s * 1e3);
-    fprintf(f, "  throughput  %.1f samples/s\n", r->predicted.samples_per_s);
-    fprintf(f, "  bubble      %.2f%%\n", 100 * r->predicted.bubble);
-    if (r->replicas > 1 && r->balance.shares) balance_print(r, f);
-    fprintf(f, "\nPlan: baselines (same shape and partition)\n  order              step ms    samples/s   vs chosen\n");
-    for (int i = 0; i < 2; i++)
-        fprintf(f, "  %-17s %9.3f %12.1f   %+.1f%%\n", r->baseline[i].name, r->baseline[i].pred.step_s * 1e3,
-                r->baseline[i].pred.samples_per_s,
-                100 * (r->baseline[i].pred.step_s / r->predicted.step_s - 1));
+    fprintf(f, "\nPlan: host memory\n  node  ranks        bytes     capacity  from\n");
+    for (int n = 0; n < l->n_nodes; n++) {
+        int ranks = 0;
+        for (int i = 0; i < N; i++) ranks += l->rank[i].node == n;
+        if (!ranks) continue;
+        char a[32], b[32] = "unknown";
+        mib(r->node[n].bytes, a, sizeof a);
+        if (r->node[n].capacity_bytes > 0) mib(r->node[n].capacity_bytes, b, sizeof b);
+        fprintf(f, "  %4d  %5d  %11s  %11s  %s\n", n, ranks, a, b, r->node[n].capacity_from);
+    }
+    if (r->predicted_ok) {
+        fprintf(f, "\nPlan: predicted\n");
+        fprintf(f, "  step time   %.3f ms\n", r->predicted.step_s * 1e3);
+        fprintf(f, "  throughput  %.1f samples/s\n", r->predicted.samples_per_s);
+        fprintf(f, "  bubble      %.2f%%\n", 100 * r->predicted.bubble);
+    }
+    if (l->replicas > 1 && r->balance.shares) balance_print(r, f);
+    if (r->predicted_ok) {
+        fprintf(f, "\nPlan: baselines (same shape and partition)\n  order              step ms    samples/s   vs chosen\n");
+        for (int i = 0; i < 2; i++)
+            fprintf(f, "  %-17s %9.3f %12.1f   %+.1f%%\n", r->baseline[i].name, r->baseline[i].pred.step_s * 1e3,
+                    r->baseline[i].pred.samples_per_s, 100 * (r->baseline[i].pred.step_s / r->predicted.step_s - 1));
+    }
     fprintf(f, "\nPlan: searched %lld shapes (%lld fit), %lld placed, %lld simulations", (long long)r->shapes,
             (long long)r->feasible, (long long)r->placed_shapes, (long long)r->simulations);
     if (r->replica_simulations)
         fprintf(f, " + %lld of one replica (large world: docs/planner.md)", (long long)r->replica_simulations);
     fprintf(f, " in %.3f s\n", r->search_s);
+}
+
+void cdp_planner_print_brief(const struct cdp_planner_result *r, FILE *f)
+{
+    const struct cdp_layout *l = r->layout;
+    const int N = l->n_ranks;
+    fprintf(f, "plan: %d stage%s x %d replica%s, %d micro-batches of %d, %s", l->stages, l->stages == 1 ? "" : "s",
+            l->replicas, l->replicas == 1 ? "" : "s", l->micro_batches, l->micro_batch, cdp_schedule_name(l->schedule));
+    if (l->chunks > 1) fprintf(f, " x %d chunks", l->chunks);
+    fprintf(f, " on %s (planned in %.3f s)\n", l->topology, r->search_s);
+    fprintf(f, "  stage  units            fwd ms   bwd ms       memory\n");
+    for (int s = 0; s < l->stages && s < 16; s++) {
+        char units[128], mem[32];
+        units_of(l, s, units, sizeof units);
+        mib(r->stage[s].memory_bytes, mem, sizeof mem);
+        fprintf(f, "  %5d  %-15s %8.3f %8.3f %12s\n", s, units, r->stage[s].fwd_s * 1e3, r->stage[s].bwd_s * 1e3, mem);
+    }
+    if (l->stages > 16) fprintf(f, "  ... %d more stages (--dry-run lists them all)\n", l->stages - 16);
+    fprintf(f, "  rank  node  device  gpu  stage  replica  cpus         memory\n");
+    for (int i = 0; i < N && i < 16; i++) {
+        const struct cdp_layout_rank *k = &l->rank[i];
+        char mem[32];
+        mib((double)k->memory.device, mem, sizeof mem);
+        fprintf(f, "  %4d  %4d  %6d  %3d  %5d  %7d  %-11s  %s\n", i, k->node, k->device, k->gpu, k->stage, k->replica,
+                k->cpuset[0] ? k->cpuset : "-", mem);
+    }
+    if (N > 16) fprintf(f, "  ... %d more ranks (--dry-run lists them all)\n", N - 16);
+    if (r->predicted_ok)
+        fprintf(f, "  predicted: %.3f ms per step, bubble %.1f%%\n", r->predicted.step_s * 1e3, 100 * r->predicted.bubble);
+    for (int n = 0; n < l->n_nodes; n++) {
+        int ranks = 0;
+        for (int i = 0; i < N; i++) ranks += l->rank[i].node == n;
+        if (!ranks || (n > 0 && n == 3 && l->n_nodes > 4)) continue;
+        if (n > 3 && n < l->n_nodes - 1) continue;
+        char a[32], b[32] = "unknown";
+        mib(r->node[n].bytes, a, sizeof a);
+        if (r->node[n].capacity_bytes > 0) mib(r->node[n].capacity_bytes, b, sizeof b);
+        fprintf(f, "  host memory of node %d: %s for %d rank%s, of %s (%s)\n", n, a, ranks, ranks == 1 ? "" : "s", b,
+                r->node[n].capacity_from);
+    }
 }
 
 static json_t *pred_json(const struct cdp_planner_prediction *p)
@@ -1015,15 +1647,15 @@ static json_t *pred_json(const struct cdp_planner_prediction *p)
 
 json_t *cdp_planner_to_json(const struct cdp_planner_result *r)
 {
-    const int N = r->stages * r->replicas;
-    json_t *o = json_object(), *stages = json_array(), *pl = json_array(), *mem = json_array(),
-           *base = json_object();
-    for (int s = 0; s < r->stages; s++) {
+    const struct cdp_layout *l = r->layout;
+    json_t *o = json_object(), *stages = json_array(), *mem = json_array(), *base = json_object(),
+           *host = json_array();
+    for (int s = 0; s < l->stages; s++) {
         json_t *ch = json_array();
-        for (int k = s; k < r->n_ranges; k += r->stages)
-            json_array_append_new(ch, json_pack("[I,I]", (json_int_t)r->ranges[k][0], (json_int_t)r->ranges[k][1]));
+        for (int k = s; k < l->stages * l->chunks; k += l->stages)
+            json_array_append_new(ch, json_pack("[I,I]", (json_int_t)l->ranges[k][0], (json_int_t)l->ranges[k][1]));
         json_t *st = json_pack("{s:i}", "index", s);
-        if (r->chunks == 1) json_object_set(st, "layers", json_array_get(ch, 0));
+        if (l->chunks == 1) json_object_set(st, "layers", json_array_get(ch, 0));
         else json_object_set(st, "chunks", ch);
         json_decref(ch);
         json_object_set_new(st, "fwd_s", json_real(r->stage[s].fwd_s));
@@ -1034,23 +1666,31 @@ json_t *cdp_planner_to_json(const struct cdp_planner_result *r)
                                                        : json_null());
         json_array_append_new(stages, st);
     }
-    for (int i = 0; i < N; i++) {
-        const struct cdp_planner_rank *k = &r->rank[i];
-        json_array_append_new(pl, json_pack("{s:i,s:i,s:i,s:i,s:i,s:i}", "rank", k->rank, "stage", k->stage,
-                                            "replica", k->replica, "node", k->node, "gpu", k->gpu, "device",
-                                            k->device));
-        json_array_append_new(mem, json_real(k->peak_memory));
+    for (int i = 0; i < l->n_ranks; i++) json_array_append_new(mem, json_real((double)l->rank[i].memory.device));
+    for (int n = 0; n < l->n_nodes; n++) {
+        int ranks = 0;
+        for (int i = 0; i < l->n_ranks; i++) ranks += l->rank[i].node == n;
+        if (ranks)
+            /* not the capacity: what a host has free changes from run to run */
+            json_array_append_new(host, json_pack("{s:i,s:i,s:f}", "node", n, "ranks", ranks, "bytes",
+                                                  r->node[n].bytes));
     }
-    json_t *pr = pred_json(&r->predicted);
-    json_object_set_new(pr, "peak_memory_bytes", mem);
-    for (int i = 0; i < 2; i++) json_object_set_new(base, r->baseline[i].name, pred_json(&r->baseline[i].pred));
+    json_object_set_new(o, "topology", json_string(l->topology));
     json_object_set_new(o, "stages", stages);
-    json_object_set_new(o, "placement", pl);
-    json_object_set_new(o, "predicted", pr);
+    json_object_set_new(o, "placement", cdp_layout_ranks_json(l));
+    json_object_set_new(o, "host", host);
+    if (r->predicted_ok) {
+        json_t *pr = pred_json(&r->predicted);
+        json_object_set_new(pr, "peak_memory_bytes", mem);
+        json_object_set_new(o, "predicted", pr);
+        for (int i = 0; i < 2; i++) json_object_set_new(base, r->baseline[i].name, pred_json(&r->baseline[i].pred));
+    } else {
+        json_object_set_new(o, "predicted", json_pack("{s:o}", "peak_memory_bytes", mem));
+    }
     if (r->balance.shares) {
         const struct cdp_planner_balance *b = &r->balance;
         json_t *sh = json_array(), *ts = json_array(), *dv = json_array();
-        for (int q = 0; q < r->replicas; q++) {
+        for (int q = 0; q < l->replicas; q++) {
             json_array_append_new(sh, json_integer((json_int_t)b->shares[q]));
             json_array_append_new(ts, json_real(b->t_s[q]));
             json_array_append_new(dv, json_string(b->devices[q]));

@@ -16,6 +16,7 @@
 #include "cdp/status.h"
 #include "cdp/topology.h"
 #include "partitioner/costs.h"
+#include "pipeline/layout.h"
 #include "pipeline/simulator.h"
 
 #ifdef __cplusplus
@@ -33,14 +34,8 @@ struct cdp_planner_prediction {
 /* Stage s (a rank of the pipeline; all its chunks together). */
 struct cdp_planner_stage {
     double fwd_s, bwd_s;   /* per micro-batch */
-    double memory_bytes;   /* the simulator's peak over the stage's replicas */
-    double capacity_bytes; /* 0: unknown (unlimited) */
-};
-
-/* Rank r*p + s runs stage s of replica r. */
-struct cdp_planner_rank {
-    int rank, stage, replica, device, node, gpu;
-    double peak_memory;
+    double memory_bytes;   /* the most device memory one of its ranks allocates (cdp_layout_memory) */
+    double capacity_bytes; /* the least cap of its ranks' devices; 0: unknown (unlimited) */
 };
 
 struct cdp_planner_baseline {
@@ -64,18 +59,23 @@ struct cdp_planner_balance {
     double rest_s;               /* the simulated step after the forward/backward phase, in both */
 };
 
+/* Host memory of one node of the layout: what its ranks hold together
+ * (device memory too on the cpu backend, where devices are host memory)
+ * against what the node has. */
+struct cdp_planner_node {
+    double bytes;
+    double capacity_bytes; /* 0: unknown */
+    char capacity_from[160]; /* where the capacity comes from ("/cluster/host_memory", "MemAvailable 23.2 GiB") */
+};
+
 struct cdp_planner_result {
-    int stages, replicas, micro_batches, chunks;
-    enum cdp_schedule_kind schedule;
-    int64_t global_batch;
-    int64_t (*ranges)[2];            /* stages*chunks [first, end) unit ranges (owned) */
-    int n_ranges;
-    struct cdp_planner_stage *stage; /* stages entries (owned) */
-    int *device;                     /* [s*R + r] (owned) */
-    struct cdp_planner_rank *rank;   /* stages*replicas, by rank (owned) */
+    struct cdp_layout *layout;       /* the chosen layout: shape, ranges, shares, every rank's place,
+                                        CPU set, cap and predicted memory (owned) */
+    struct cdp_planner_stage *stage; /* layout->stages entries (owned) */
+    struct cdp_planner_node *node;   /* layout->n_nodes entries (owned) */
+    int predicted_ok;                /* 0 when the step was not simulated (CDP_PLANNER_LAYOUT_ONLY) */
     struct cdp_planner_prediction predicted;
     struct cdp_planner_baseline baseline[2];
-    char topology[128];
     int world;                       /* devices the search could use */
     char placement_method[200];
     struct cdp_planner_balance balance;
@@ -88,34 +88,51 @@ struct cdp_planner_result {
     double search_s;         /* wall time of cdp_planner_run */
 };
 
+/* cdp_planner_run flags. */
+#define CDP_PLANNER_LAYOUT_ONLY 1 /* a plan that fixes everything: no simulation, no prediction (the ranks of
+                                     a launched job, which only need their layout) */
+
 /* Plans: every "auto" of plan->parallel is searched on topology t (not owned;
  * its devices are the world, capped by /cluster/nodes x /cluster/devices when
- * given), fixed values are kept. costs: a measured table checked against the
- * plan (cdp_cost_table_check), or NULL: analytic. The search and the
- * simulations use device 0's rate for every device; after placement each
- * replica's time per micro-batch is scaled to its own devices' rates and the
- * micro-batches are shared per /parallel/balance (result's balance).
- * CDP_ERR_INVALID when nothing fits, naming the smallest stage count that fits
- * or the memory needed, or explicit shares that do not match the shape;
- * CDP_ERR_NOMEM. *out is written only on success (cdp_planner_result_clear). */
+ * given), fixed values are kept, and the answer is one layout. costs: a
+ * measured table checked against the plan (cdp_cost_table_check), or NULL:
+ * analytic. The search and the simulations use device 0's rate for every
+ * device; after placement each replica's time per micro-batch is scaled to
+ * its own devices' rates and the micro-batches are shared per
+ * /parallel/balance (result's balance). Memory is what the executor
+ * allocates (cdp_layout_memory): a layout fits when every rank's device bytes
+ * are within its device's cap and every node's host bytes within its memory.
+ * CDP_ERR_INVALID when nothing fits, naming the smallest device cap that would
+ * fit (and the layout that needs it) or the host memory needed, or explicit
+ * shares that do not match the shape; CDP_ERR_NOMEM. *out is written only on
+ * success (cdp_planner_result_clear). */
 cdp_status cdp_planner_run(const struct cdp_plan *plan, const struct cdp_topology *t,
-                           const struct cdp_cost_table *costs, struct cdp_planner_result *out);
+                           const struct cdp_cost_table *costs, int flags, struct cdp_planner_result *out);
 
 void cdp_planner_result_clear(struct cdp_planner_result *r);
 
 /* Writes the result into the plan as explicit values: stages, replicas,
- * micro_batches, global_batch, partition, placement (a device list), and for
- * /parallel/balance "speed" the shares when they are not all equal (a planned
- * plan runs with them; equal shares leave "speed"). */
+ * micro_batches, global_batch, schedule, partition, placement (a device
+ * list), and for /parallel/balance "speed" the shares when they are not all
+ * equal (a planned plan runs with them; equal shares leave "speed"). The plan
+ * then plans to the same layout without a search: it is what planned.json
+ * holds. */
 cdp_status cdp_planner_apply(const struct cdp_planner_result *r, struct cdp_plan *plan);
 
-/* "Plan" sections of --dry-run: partition, placement, prediction, balance
- * (with more than one replica), baselines, what was searched. */
+/* "Plan" sections of --dry-run and of a training run's start: shape,
+ * partition (per stage time, memory and headroom), placement (rank -> node,
+ * device, GPU, stage, replica, CPU set, memory), prediction, host memory,
+ * balance (with more than one replica), baselines, what was searched. */
 void cdp_planner_print(const struct cdp_planner_result *r, FILE *f);
 
-/* {"stages", "placement", "predicted", "balance", "baselines"}: what a fixed
- * plan gives again (nothing about the search, nor whether the shares were
- * computed or given, so --dry-run --json round-trips). New ref. */
+/* The layout in a few lines, as training prints it before it starts: shape,
+ * partition, ranks (node, device, GPU, stage, replica, CPU set, memory), the
+ * predicted step and each node's host memory. */
+void cdp_planner_print_brief(const struct cdp_planner_result *r, FILE *f);
+
+/* {"stages", "placement", "predicted", "balance", "baselines", "host"}: what
+ * a fixed plan gives again (nothing about the search, nor whether the shares
+ * were computed or given, so --dry-run --json round-trips). New ref. */
 json_t *cdp_planner_to_json(const struct cdp_planner_result *r);
 
 #define CDP_PLANNER_EXPLORE_SAMPLES 200 /* random placements --explore placements evaluates */
@@ -141,22 +158,23 @@ cdp_status cdp_planner_explore(const struct cdp_plan *plan, const struct cdp_top
                                uint64_t seed, struct cdp_planner_spread *out);
 void cdp_planner_spread_print(const struct cdp_planner_spread *s, FILE *f);
 
-/* The topology a plan runs on: /cluster/topology, or for "auto" a CPU topology
- * of `ranks` devices (cpu backend), this machine when it has `ranks` GPUs, else
- * the dgx-a100 preset (note says which). */
-cdp_status cdp_planner_topology(const struct cdp_plan *plan, int ranks, struct cdp_topology **t, char *note,
+/* The topology a plan runs on: /cluster/topology; for "auto" on the cpu
+ * backend this host as a CPU topology (its CPUs and NUMA nodes; one device per
+ * core, or per rank where the plan fixes more ranks, or /cluster/devices per
+ * node); on cuda this machine when it has the GPUs (live discovery, else a
+ * generic topology of the live_gpus GPUs the device layer found), else
+ * the dgx-a100 preset to plan for (note says which). With
+ * /cluster/ranks_per_device k > 1 every GPU offers k devices (a generic
+ * topology of GPUs x k; the layout's gpu is device / k). */
+cdp_status cdp_planner_topology(const struct cdp_plan *plan, int live_gpus, struct cdp_topology **t, char *note,
                                 size_t cap);
 
-/* Sums unit costs into nv virtual stages of ranges; virtual stage k reads
- * cost + (k % p) * stride (stride 0: every stage the same costs). */
-void cdp_planner_vstages(const struct cdp_unit_cost *cost, size_t stride, int p, int nv,
-                         const int64_t (*ranges)[2], struct cdp_sim_vstage *vs);
-
-/* Bytes/s and latency of every ordered device pair of t, [a*n + b] (n*n each). */
-void cdp_planner_links(const struct cdp_topology *t, double *bw, double *lat);
-
-/* REDUCE_TIED_GRADS payload of a GPT with tied embeddings over p*v > 1 chunks. */
-double cdp_planner_tied_bytes(const struct cdp_plan *plan, const struct cdp_unit *u, int n);
+/* Simulates one step of layout l (the planner's, for plan on t) on the cost
+ * model (costs as in cdp_planner_run) and t's links: what --simulate shows
+ * and traces, with one trace row per world rank. *out owned by the caller. */
+cdp_status cdp_planner_simulate(const struct cdp_plan *plan, const struct cdp_topology *t,
+                                const struct cdp_cost_table *costs, const struct cdp_layout *l,
+                                struct cdp_sim_result **out);
 
 #ifdef __cplusplus
 }

@@ -373,8 +373,13 @@ cdp_status cdp_topology_discover(const struct cdp_discover_options *opts, struct
                  "%d NIC%s on the PCI bus", t->n_numa, t->n_numa == 1 ? "" : "s", ng, ng == 1 ? "" : "s",
                  t->n_nics, t->n_nics == 1 ? "" : "s");
     }
-    if (o.no_nvml) {
-        CDP_INFO(TOPO, "live discovery: NVML not tried (asked not to)");
+    if (o.cpu_only && t->n_gpus > 0) { /* their PCI devices stay out of a CPU topology */
+        CDP_INFO(TOPO, "live discovery: %d GPU%s left out (a CPU topology was asked for)", t->n_gpus,
+                 t->n_gpus == 1 ? "" : "s");
+        t->n_gpus = 0;
+    }
+    if (o.no_nvml || o.cpu_only) {
+        CDP_INFO(TOPO, "live discovery: NVML not tried (%s)", o.no_nvml ? "asked not to" : "a CPU topology");
     } else {
         struct nvml_lib L = {0};
         if (load_nvml(&L, why, sizeof why) != 0) {

@@ -65,16 +65,6 @@ double cdp_topo_class_latency(enum cdp_link_class c);
 #define CDP_TOPO_DEFAULT_COPY_BW 20e9
 #define CDP_TOPO_DEFAULT_NET_LATENCY 5e-6
 
-/* ---- CPU sets ----------------------------------------------------------------- */
-
-/* hwloc bitmap "0x00000303,0x03030000,,0x03030303" (or NCCL's "0000ffff,ffffffff",
- * without 0x) to a Linux list "0-1,8-9". CDP_ERR_INVALID on bad text. */
-cdp_status cdp_cpuset_from_mask(const char *mask, char *out, size_t cap);
-/* Linux list to an array of CPU numbers (caller frees); CDP_ERR_INVALID. */
-cdp_status cdp_cpuset_parse_list(const char *list, int **cpus, int *n);
-/* Linux list to an hwloc bitmap string (caller frees). */
-cdp_status cdp_cpuset_to_mask(const char *list, char **mask);
-
 /* ---- rates ------------------------------------------------------------------- */
 
 /* "25GB/s", "200Gb/s", "25 GiB/s", "1.5e10" (bytes/s) to bytes/s. */

@@ -5,6 +5,7 @@
 #include "pipeline/executor.h"
 
 #include <errno.h>
+#include <jansson.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -24,8 +25,9 @@
 #include "model/safetensors.h"
 #include "comm/nccl.h"
 #include "kernels/ops.h"
-#include "partitioner/balance.h"
-#include "partitioner/partition.h"
+#include "pipeline/balance.h"
+#include "pipeline/launch.h"
+#include "pipeline/layout.h"
 #include "pipeline/monitor.h"
 #include "pipeline/schedule.h"
 #include "pipeline/trace.h"
@@ -56,6 +58,8 @@ struct chunk {
 
 struct exec {
     const struct cdp_plan *plan;
+    const struct cdp_layout *lay;   /* what runs where (not owned) */
+    const struct cdp_layout_rank *me; /* this rank's entry of it */
     cdp_comm_t world, pipe, dp, tied;
     int rank, size, p, R, v, m, s, r, B, nv;
     int64_t G;
@@ -127,42 +131,7 @@ cdp_status cdp_exec_check(const struct cdp_plan *p)
     if (p->train.precision != CDP_PRECISION_FP32 && p->cluster.backend != CDP_BACKEND_CUDA)
         return cdp_fail(CDP_ERR_UNSUPPORTED, "%s: /train/precision is \"bf16\": the cpu backend trains in fp32; "
                         "use \"fp32\", or /cluster/backend \"cuda\"", p->source);
-    if (p->parallel.schedule_auto && p->parallel.stages != 1)
-        return cdp_fail(CDP_ERR_UNSUPPORTED, "%s: /parallel/schedule is \"auto\": let the planner choose it "
-                        "(cdphybrid --plan P --dry-run --json > planned.json) and train the planned file",
-                        p->source);
     return CDP_OK;
-}
-
-int cdp_exec_ranks(const struct cdp_plan *p)
-{
-    if (p->parallel.stages == CDP_AUTO || p->parallel.replicas == CDP_AUTO) return -1;
-    return (int)(p->parallel.stages * p->parallel.replicas);
-}
-
-/* Where this world rank sits: the plan's placement, with CPU device i = rank i. */
-static cdp_status locate(const struct cdp_plan *p, int rank, int *s, int *r)
-{
-    const int P = (int)p->parallel.stages, R = (int)p->parallel.replicas;
-    switch (p->parallel.placement) {
-    case CDP_PLACEMENT_EXPLICIT:
-        for (int i = 0; i < P * R; i++)
-            if (p->parallel.placement_map[i] == rank) {
-                *s = i / R;
-                *r = i % R;
-                return CDP_OK;
-            }
-        return cdp_fail(CDP_ERR_INVALID, "%s: /parallel/placement: no (stage, replica) is placed on rank %d",
-                        p->source, rank);
-    case CDP_PLACEMENT_ORDERED_DP_INNER:
-        *s = rank / R;
-        *r = rank % R;
-        return CDP_OK;
-    default: /* topology (until the planner places), ordered-pp-inner: stages adjacent */
-        *s = rank % P;
-        *r = rank / P;
-        return CDP_OK;
-    }
 }
 
 static int tag_of(int kind, int vstage, int mb, int m) { return ((kind * 4096 + vstage) * m + mb) % (1 << 20); }
@@ -562,14 +531,11 @@ static void exec_free(struct exec *e)
             free(c->slot_mb);
             free(c->mb_slot);
             free(c->slot_send);
-            if (c->grad_in_buf) cdp_buffer_destroy(c->grad_in_buf);
-            else free(c->grad_in);
-            if (c->grad_out)
-                for (int i = 0; i < c->n_grad_out; i++) {
-                    if (c->grad_out_buf) cdp_buffer_destroy(c->grad_out_buf[i]);
-                    else free(c->grad_out[i]);
-                    if (c->grad_out_host) free(c->grad_out_host[i]);
-                }
+            cdp_buffer_destroy(c->grad_in_buf);
+            for (int i = 0; i < c->n_grad_out; i++) {
+                if (c->grad_out_buf) cdp_buffer_destroy(c->grad_out_buf[i]);
+                if (c->grad_out_host) free(c->grad_out_host[i]);
+            }
             free(c->grad_out);
             free(c->grad_out_buf);
             free(c->grad_out_host);
@@ -601,102 +567,77 @@ static void exec_free(struct exec *e)
     cdp_device_close(e->dev);
 }
 
-/* Unit ranges of the p*v virtual stages: the plan's, or balanced by the layer
- * table's work (plus a small constant so that cheap units still spread). */
-static cdp_status partition(struct exec *e, int64_t (*ranges)[2])
+/* The pipeline's gradient buffers of a chunk (device memory, sized by
+ * cdp_layout_chunk_buffers, so the planner counts them), and where the host
+ * does not see the device the host copies that messages travel through. */
+static cdp_status chunk_buffers(struct exec *e, struct chunk *c, const struct cdp_unit_bytes *first,
+                                const struct cdp_unit_bytes *last)
 {
-    const struct cdp_plan *p = e->plan;
-    if (p->parallel.partition) {
-        memcpy(ranges, p->parallel.partition, (size_t)e->nv * sizeof *ranges);
-        return CDP_OK;
-    }
-    struct cdp_unit *u;
-    int n;
-    cdp_status st = cdp_units_build(&p->model, &u, &n);
-    if (st) return st;
-    double *cost = malloc((size_t)n * sizeof *cost);
-    if (!cost) {
-        free(u);
-        return cdp_fail(CDP_ERR_NOMEM, "out of memory");
-    }
-    for (int i = 0; i < n; i++) cost[i] = u[i].fwd_flops + u[i].bwd_flops + 1e3;
-    st = cdp_partition_balanced(cost, n, e->nv, ranges);
-    if (st) st = cdp_error_context(st, "%s: /parallel/stages", p->source);
-    free(cost);
-    free(u);
-    return st;
-}
-
-/* Gradient buffers between stages, and on a GPU the host copies that
- * point-to-point messages travel through. */
-static cdp_status chunk_buffers(struct exec *e, struct chunk *c)
-{
-    const size_t in_b = c->in_bytes ? (size_t)c->in_bytes : 1, out_b = c->out_bytes ? (size_t)c->out_bytes : 1;
+    struct cdp_chunk_buffers cb;
+    cdp_layout_chunk_buffers(first, last, c->vstage, e->nv, c->nslots, e->hv, &cb);
     cdp_status st;
-    if (e->hv) {
-        c->grad_in = malloc(out_b);
-        for (int i = 0; i < c->n_grad_out && c->grad_in; i++)
-            if (!(c->grad_out[i] = malloc(in_b))) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
-        return c->grad_in ? CDP_OK : cdp_fail(CDP_ERR_NOMEM, "out of memory");
+    c->n_grad_out = cb.n_grad_out;
+    if (cb.grad_in) {
+        if ((st = cdp_buffer_create(e->dev, cb.grad_in, &c->grad_in_buf))) return st;
+        c->grad_in = cdp_buffer_data(c->grad_in_buf);
     }
-    if ((st = cdp_buffer_create(e->dev, out_b, &c->grad_in_buf))) return st;
-    c->grad_in = cdp_buffer_data(c->grad_in_buf);
-    c->grad_out_buf = calloc((size_t)c->n_grad_out, sizeof *c->grad_out_buf);
-    c->grad_out_host = calloc((size_t)c->n_grad_out, sizeof *c->grad_out_host);
+    c->grad_out = calloc((size_t)c->n_grad_out + 1, sizeof *c->grad_out);
+    c->grad_out_buf = calloc((size_t)c->n_grad_out + 1, sizeof *c->grad_out_buf);
+    c->grad_out_req = calloc((size_t)c->n_grad_out + 1, sizeof *c->grad_out_req);
+    if (!c->grad_out || !c->grad_out_buf || !c->grad_out_req) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < c->n_grad_out; i++) {
+        if ((st = cdp_buffer_create(e->dev, cb.grad_out, &c->grad_out_buf[i]))) return st;
+        c->grad_out[i] = cdp_buffer_data(c->grad_out_buf[i]);
+    }
+    if (e->hv) return CDP_OK;
+    const size_t in_b = c->in_bytes ? (size_t)c->in_bytes : 1, out_b = c->out_bytes ? (size_t)c->out_bytes : 1;
+    c->grad_out_host = calloc((size_t)c->n_grad_out + 1, sizeof *c->grad_out_host);
     c->slot_host = calloc((size_t)c->nslots, sizeof *c->slot_host);
     c->recv_host = malloc(in_b);
     c->grad_in_host = malloc(out_b);
-    if (!c->grad_out_buf || !c->grad_out_host || !c->slot_host || !c->recv_host || !c->grad_in_host)
+    if (!c->grad_out_host || !c->slot_host || !c->recv_host || !c->grad_in_host)
         return cdp_fail(CDP_ERR_NOMEM, "out of memory");
-    for (int i = 0; i < c->n_grad_out; i++) {
-        if ((st = cdp_buffer_create(e->dev, in_b, &c->grad_out_buf[i]))) return st;
-        c->grad_out[i] = cdp_buffer_data(c->grad_out_buf[i]);
+    for (int i = 0; i < c->n_grad_out; i++)
         if (!(c->grad_out_host[i] = malloc(in_b))) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
-    }
     for (int i = 0; i < c->nslots; i++)
         if (!(c->slot_host[i] = malloc(out_b))) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
     return CDP_OK;
 }
 
-/* A value of the environment as a number, or def. */
-static int env_int(const char *name, int def)
-{
-    const char *v = getenv(name);
-    return v && *v ? atoi(v) : def;
-}
-
-/* This rank's device: the host's CPU, or on the cuda backend GPU (local rank
- * mod GPUs), in the plan's precision. Ranks with a GPU each use NCCL for
- * device memory when the CUDA module has it; ranks that share a GPU stage
- * through the host communicator. */
+/* This rank's device, as the layout says: the host's CPU (under the
+ * layout's memory cap), or GPU `gpu` of its node in the plan's precision.
+ * Ranks with a GPU each use NCCL for device memory when the CUDA module has
+ * it; where the layout has ranks sharing a GPU they stage through the host
+ * communicator. */
 static cdp_status open_device(struct exec *e)
 {
     const struct cdp_plan *p = e->plan;
+    const struct cdp_layout_rank *k = e->me;
     cdp_status st;
-    if (p->cluster.backend != CDP_BACKEND_CUDA) {
-        if ((st = cdp_device_open(CDP_DEVICE_CPU, 0, p->cluster.device_memory, &e->dev))) return st;
+    if (e->lay->backend != CDP_BACKEND_CUDA) {
+        if ((st = cdp_device_open(CDP_DEVICE_CPU, 0, k->capacity, &e->dev))) return st;
         e->hv = 1;
         return CDP_OK;
     }
     int n = 0;
     if ((st = cdp_device_count(CDP_DEVICE_CUDA, &n)))
         return cdp_error_context(st, "%s: /cluster/backend is \"cuda\"", p->source);
-    const int local = env_int("OMPI_COMM_WORLD_LOCAL_RANK", e->rank),
-              local_size = env_int("OMPI_COMM_WORLD_LOCAL_SIZE", e->size);
-    if ((st = cdp_device_open(CDP_DEVICE_CUDA, local % n, p->cluster.device_memory, &e->dev))) return st;
+    if (k->gpu >= n)
+        return cdp_fail(CDP_ERR_INVALID, "%s: the layout puts rank %d on GPU %d of node %d, and this machine has %d "
+                        "usable GPU%s (topology %s)", p->source, e->rank, k->gpu, k->node, n, n == 1 ? "" : "s",
+                        e->lay->topology);
+    if ((st = cdp_device_open(CDP_DEVICE_CUDA, k->gpu, k->capacity, &e->dev))) return st;
     e->hv = 0;
     const struct cdp_ops *ops = cdp_device_ops(e->dev);
     if (!ops) return cdp_fail(CDP_ERR_UNSUPPORTED, "%s has no kernels", cdp_device_name(e->dev));
     if ((st = ops->set_precision(cdp_device_kernel_state(e->dev), p->train.precision))) return st;
     CDP_INFO(EXEC, "rank %d: %s (%s), %s", e->rank, cdp_device_name(e->dev), cdp_device_description(e->dev),
              p->train.precision == CDP_PRECISION_BF16 ? "bf16 matrix products" : "fp32");
-    /* every rank must make the same choice: NCCL only when no GPU is shared on
-     * any node, and every rank can use it (the world call checks that) */
-    double shared = local_size > n;
-    if ((st = cdp_comm_allreduce_f64(e->world, &shared, 1, CDP_REDUCE_MAX, e->timeout))) return st;
-    if (shared > 0 || cdp_nccl_available() != CDP_OK) {
+    /* every rank makes the same choice: NCCL only when the layout shares no
+     * GPU, and every rank can use it (the world call checks that) */
+    if (e->lay->shared_devices || cdp_nccl_available() != CDP_OK) {
         CDP_INFO(EXEC, "rank %d: device memory travels through the host communicator (%s)", e->rank,
-                 shared > 0 ? "ranks share a GPU" : cdp_last_error());
+                 e->lay->shared_devices ? "ranks share a GPU" : cdp_last_error());
         return CDP_OK;
     }
     return cdp_nccl_world(e->world, e->dev, e->timeout, &e->nworld);
@@ -714,8 +655,7 @@ static int tied_grads(const struct exec *e)
 static cdp_status build_schedule(struct exec *e)
 {
     struct cdp_schedule *s = NULL;
-    cdp_status st = cdp_schedule_build_ex(e->plan->parallel.schedule, e->p, e->v, e->m, tied_grads(e),
-                                          e->npipe != NULL, &s);
+    cdp_status st = cdp_schedule_build_ex(e->lay->schedule, e->p, e->v, e->m, tied_grads(e), e->npipe != NULL, &s);
     /* build_ex has validated the lists (under rendezvous rules too for NCCL) */
     if (st) return cdp_error_context(st, "%s: /parallel", e->plan->source);
     cdp_schedule_free(e->sched);
@@ -730,56 +670,62 @@ static void set_share(struct exec *e)
     for (int r = 0; r < e->r; r++) e->moff += (int)e->share[r];
 }
 
-/* Initial shares: the plan's list, or micro_batches each ("uniform", and
- * "speed" here: every rank of the cpu backend is a CPU of one host, so speeds
- * are equal; a plan for unequal devices carries the planner's list). */
-static cdp_status setup_shares(struct exec *e)
+/* Binds this process to the layout's CPU set and gives BLAS that many
+ * threads; a set this machine cannot give is a warning, not a failure. */
+static void bind_rank(const struct exec *e)
 {
-    const struct cdp_parallel_desc *pd = &e->plan->parallel;
-    e->share = malloc((size_t)e->R * sizeof *e->share);
-    if (!e->share) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
-    for (int r = 0; r < e->R; r++)
-        e->share[r] = pd->balance == CDP_BALANCE_EXPLICIT && pd->n_shares == e->R ? pd->shares[r] : e->m;
-    e->unit = e->v > 1 ? e->p : 1;
-    const int64_t total = (int64_t)e->R * e->m;
-    set_share(e);
-    e->mcap = e->m;
-    if (pd->rebalance_every > 0 && e->R > 1) e->mcap = (int)(total - (int64_t)(e->R - 1) * e->unit);
-    return CDP_OK;
+    const struct cdp_layout_rank *k = e->me;
+    char dev[32];
+    cdp_layout_device_name(e->lay, e->rank, dev, sizeof dev);
+    if (!k->cpuset[0]) {
+        CDP_INFO(EXEC, "rank %d (stage %d, replica %d) on node %d, %s: not bound to CPUs", e->rank, e->s, e->r, k->node,
+                 dev);
+        return;
+    }
+    int cpus = 0;
+    if (cdp_launch_bind(k->cpuset, &cpus)) {
+        CDP_WARN(EXEC, "rank %d: not bound to CPUs %s: %s", e->rank, k->cpuset, cdp_last_error());
+        return;
+    }
+    const int threads = cdp_launch_blas_threads(cpus);
+    CDP_INFO(EXEC, "rank %d (stage %d, replica %d) on node %d, %s: bound to CPUs %s, %d BLAS thread%s", e->rank, e->s,
+             e->r, k->node, dev, k->cpuset, threads, threads == 1 ? "" : "s");
 }
 
 static cdp_status setup(struct exec *e)
 {
     const struct cdp_plan *p = e->plan;
+    const struct cdp_layout *L = e->lay;
     cdp_status st;
     e->rank = cdp_comm_rank(e->world);
     e->size = cdp_comm_size(e->world);
-    e->p = (int)p->parallel.stages;
-    e->R = (int)p->parallel.replicas;
-    e->v = p->parallel.schedule == CDP_SCHEDULE_INTERLEAVED ? (int)p->parallel.chunks : 1;
+    e->p = L->stages;
+    e->R = L->replicas;
+    e->v = L->chunks;
     e->nv = e->p * e->v;
-    e->B = (int)p->train.micro_batch;
+    e->B = L->micro_batch;
     e->timeout = p->train.timeout_s;
     if ((st = cdp_exec_check(p))) return st;
-    if (p->parallel.micro_batches != CDP_AUTO) {
-        e->m = (int)p->parallel.micro_batches;
-    } else if (e->p * e->R == 1 && p->train.global_batch == CDP_AUTO) {
-        /* one rank: "auto" micro-batches is one micro-batch per step */
-        e->m = 1;
-        CDP_INFO(EXEC, "/parallel/micro_batches is auto: one micro-batch of %d per step", e->B);
-    } else {
-        return cdp_fail(CDP_ERR_UNSUPPORTED, "%s: /parallel/micro_batches is \"auto\": give a number (or "
-                        "/train/global_batch), or plan it first: cdphybrid --plan P --dry-run --json > planned.json", p->source);
-    }
-    e->G = (int64_t)e->R * e->m * e->B;
-    if (e->size != e->p * e->R)
-        return cdp_fail(CDP_ERR_INVALID, "%s: the plan needs %d ranks (/parallel/stages %d x /parallel/replicas "
-                        "%d); this job has %d", p->source, e->p * e->R, e->p, e->R, e->size);
-    if ((st = locate(p, e->rank, &e->s, &e->r))) return st;
-    if ((st = setup_shares(e))) return st;
+    if ((st = cdp_layout_check(L, cdp_plan_model_units(p)))) return cdp_error_context(st, "%s", p->source);
+    if (e->size != L->n_ranks)
+        return cdp_fail(CDP_ERR_INVALID, "%s: the layout has %d ranks (%d stages x %d replicas); this job has %d",
+                        p->source, L->n_ranks, e->p, e->R, e->size);
+    e->me = &L->rank[e->rank];
+    e->s = e->me->stage;
+    e->r = e->me->replica;
+    e->share = malloc((size_t)e->R * sizeof *e->share);
+    if (!e->share) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
+    memcpy(e->share, L->shares, (size_t)e->R * sizeof *e->share);
+    set_share(e);
+    e->unit = e->v > 1 ? e->p : 1;
+    e->G = (int64_t)e->R * L->micro_batches * e->B;
+    int slots = 0;
+    if ((st = cdp_layout_slots(p, L, e->s, e->r, &e->mcap, &slots))) return cdp_error_context(st, "%s", p->source);
     snprintf(cdp_where_buf, sizeof cdp_where_buf, "rank %d/%d (stage %d, replica %d): setting up", e->rank,
              e->size, e->s, e->r);
     cdp_log_set_rank(e->rank, e->size);
+    /* before any memory is touched, so that it lands near the rank's CPUs */
+    bind_rank(e);
     /* groups: the pipeline of each replica, the replicas of each stage, and the
      * first and last stage of each replica for tied embeddings */
     if ((st = cdp_comm_split(e->world, e->r, e->s, &e->pipe))) return st;
@@ -796,65 +742,38 @@ static cdp_status setup(struct exec *e)
         return st;
     if ((st = build_schedule(e))) return st;
 
-    int64_t(*ranges)[2] = calloc((size_t)e->nv, sizeof *ranges);
-    if (!ranges) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
-    if ((st = partition(e, ranges))) {
-        free(ranges);
-        return st;
-    }
-    /* activation slots: the most micro-batches this rank has in flight, with
-     * the largest share this replica may be given */
-    int slots = cdp_schedule_peak_in_flight(e->sched, e->s);
-    if (e->mcap > e->m) {
-        struct cdp_schedule *big = NULL;
-        if ((st = cdp_schedule_build_ex(p->parallel.schedule, e->p, e->v, e->mcap, tied_grads(e), e->npipe != NULL,
-                                        &big))) {
-            free(ranges);
-            return cdp_error_context(st, "%s: /parallel", p->source);
-        }
-        slots = cdp_schedule_peak_in_flight(big, e->s);
-        cdp_schedule_free(big);
-    }
-    if (slots < 1) slots = 1;
     e->ch = calloc((size_t)e->v, sizeof *e->ch);
-    if (!e->ch) {
-        free(ranges);
-        return cdp_fail(CDP_ERR_NOMEM, "out of memory");
-    }
+    if (!e->ch) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
+    const enum cdp_loss loss = cdp_model_loss_of(&p->model);
     for (int k = 0; k < e->v && !st; k++) {
         struct chunk *c = &e->ch[k];
         c->vstage = k * e->p + e->s;
-        c->first_unit = (int)ranges[c->vstage][0];
-        c->end_unit = (int)ranges[c->vstage][1];
+        c->first_unit = (int)L->ranges[c->vstage][0];
+        c->end_unit = (int)L->ranges[c->vstage][1];
         c->nslots = slots;
         if ((st = cdp_model_create(&p->model, c->first_unit, c->end_unit, e->B, slots, p->train.seed, e->dev,
                                    &c->model)))
             break;
         if (p->model.weights && (st = cdp_model_load(c->model, p->model.weights))) break;
         if ((st = cdp_optimizer_create(&p->train.optimizer, c->model, e->dev, &c->opt))) break;
-        const struct cdp_unit *u0 = cdp_model_unit(c->model, 0);
-        const struct cdp_unit *ul = cdp_model_unit(c->model, cdp_model_unit_count(c->model) - 1);
-        int64_t in_n = 1;
-        for (int d = 0; d < u0->in.ndim; d++) in_n *= u0->in.d[d];
-        c->in_tokens = u0->in_tokens;
-        c->in_bytes = (int64_t)e->B * in_n * 4;
-        c->out_bytes = (int64_t)e->B * ul->out_floats * 4;
-        c->n_grad_out = slots + 1;
+        struct cdp_unit_bytes u0, ul;
+        cdp_unit_bytes(cdp_model_unit(c->model, 0), e->B, loss, &u0);
+        cdp_unit_bytes(cdp_model_unit(c->model, cdp_model_unit_count(c->model) - 1), e->B, loss, &ul);
+        c->in_tokens = u0.in_tokens;
+        c->in_bytes = (int64_t)u0.input_bytes;
+        c->out_bytes = (int64_t)ul.output_bytes;
         c->slot_mb = malloc((size_t)slots * sizeof *c->slot_mb);
         c->mb_slot = malloc((size_t)e->mcap * sizeof *c->mb_slot);
         c->mb_grad_out = calloc((size_t)e->mcap, sizeof *c->mb_grad_out);
         c->slot_send = calloc((size_t)slots, sizeof *c->slot_send);
-        c->grad_out = calloc((size_t)c->n_grad_out, sizeof *c->grad_out);
-        c->grad_out_req = calloc((size_t)c->n_grad_out, sizeof *c->grad_out_req);
-        if (!c->slot_mb || !c->mb_slot || !c->mb_grad_out || !c->slot_send || !c->grad_out || !c->grad_out_req) {
+        if (!c->slot_mb || !c->mb_slot || !c->mb_grad_out || !c->slot_send) {
             st = cdp_fail(CDP_ERR_NOMEM, "out of memory");
             break;
         }
-        if ((st = chunk_buffers(e, c))) break;
+        if ((st = chunk_buffers(e, c, &u0, &ul))) break;
         for (int i = 0; i < slots; i++) c->slot_mb[i] = -1;
         for (int i = 0; i < e->mcap; i++) c->mb_slot[i] = -1;
     }
-    free(ranges);
     if (st) return st;
     /* data: the first stage reads inputs, the last reads targets */
     if (e->s == 0 || e->s == e->p - 1) {
@@ -895,10 +814,11 @@ static cdp_status write_traces(struct exec *e)
     if (!(st = cdp_trace_create(e->size, (int64_t)total + 1, &t))) {
         const struct cdp_event_rec *ev = all;
         cdp_trace_set_origin(t, 0);
+        st = cdp_trace_set_layout(t, e->lay);
         for (size_t i = 0; i < total; i++)
             cdp_trace_add(t, ev[i].rank, ev[i].kind, ev[i].step, ev[i].mb, ev[i].start_ns,
                           ev[i].start_ns + ev[i].dur_ns);
-        if (p->output.trace) st = cdp_trace_write_chrome(t, p->output.trace);
+        if (!st && p->output.trace) st = cdp_trace_write_chrome(t, p->output.trace);
         if (!st && p->output.timeline)
             st = cdp_trace_write_svg(t, p->train.steps > 1 ? 2 : 1, p->output.timeline);
     }
@@ -1147,10 +1067,69 @@ static cdp_status resume(struct exec *e, const char *dir)
     return st;
 }
 
-cdp_status cdp_exec_run(const struct cdp_plan *p, cdp_comm_t world, const struct cdp_train_opts *o,
-                        struct cdp_train_summary *summary)
+/* metrics.jsonl's first record of a run: the layout it runs, every rank's
+ * place and predicted memory. */
+static cdp_status write_layout_record(const struct exec *e, FILE *f)
 {
-    struct exec e = {.plan = p, .world = world};
+    const struct cdp_layout *l = e->lay;
+    json_t *ranks = cdp_layout_ranks_json(l);
+    json_t *o = ranks ? json_pack("{s:{s:s,s:s,s:i,s:i,s:i,s:i,s:i,s:o}}", "layout", "topology", l->topology, "schedule",
+                                  cdp_schedule_name(l->schedule), "stages", l->stages, "chunks", l->chunks, "replicas",
+                                  l->replicas, "micro_batches", l->micro_batches, "nodes", l->n_nodes, "ranks", ranks)
+                      : NULL;
+    char *text = o ? json_dumps(o, JSON_PRESERVE_ORDER) : NULL;
+    json_decref(o);
+    if (!text) return cdp_fail(CDP_ERR_NOMEM, "out of memory writing the metrics");
+    fprintf(f, "%s\n", text);
+    free(text);
+    fflush(f);
+    return CDP_OK;
+}
+
+/* Every rank's device high-water mark, gathered on every rank (n_ranks
+ * entries, malloc'd). */
+static cdp_status gather_peaks(const struct exec *e, double **out)
+{
+    double *pk = calloc((size_t)e->size, sizeof *pk);
+    if (!pk) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
+    pk[e->rank] = (double)cdp_device_mem_peak(e->dev);
+    cdp_status st = cdp_comm_allreduce_f64(e->world, pk, (size_t)e->size, CDP_REDUCE_SUM, e->timeout);
+    if (st) {
+        free(pk);
+        return st;
+    }
+    *out = pk;
+    return CDP_OK;
+}
+
+/* "memory: peak 12.3 MiB, predicted 12.3 MiB (+0.0%)" over the ranks: the
+ * one furthest from its prediction. */
+static void print_memory(const struct exec *e, const double *peak, FILE *out)
+{
+    int worst = 0;
+    double werr = -1;
+    for (int r = 0; r < e->size; r++) {
+        const double pred = (double)e->lay->rank[r].memory.device;
+        const double err = pred > 0 ? fabs(peak[r] - pred) / pred : 0;
+        if (err > werr) werr = err, worst = r;
+    }
+    const double pred = (double)e->lay->rank[worst].memory.device;
+    char a[32], b[32];
+    cdp_format_bytes((uint64_t)peak[worst], a, sizeof a);
+    cdp_format_bytes((uint64_t)pred, b, sizeof b);
+    if (e->size == 1)
+        fprintf(out, "memory: device peak %s, predicted %s (%+.1f%%)\n", a, b,
+                pred > 0 ? 100 * (peak[worst] / pred - 1) : 0.0);
+    else
+        fprintf(out, "memory: device peak per rank within %.1f%% of the prediction (furthest: rank %d, %s against %s)\n",
+                100 * werr, worst, a, b);
+}
+
+cdp_status cdp_exec_run(const struct cdp_plan *p, const struct cdp_layout *layout, cdp_comm_t world,
+                        const struct cdp_train_opts *o, struct cdp_train_summary *summary)
+{
+    struct exec e = {.plan = p, .lay = layout, .world = world};
+    double *peaks = NULL;
     struct cdp_train_summary sum = {0};
     cdp_status st;
     FILE *out = o ? o->out : NULL, *metrics = NULL;
@@ -1166,6 +1145,7 @@ cdp_status cdp_exec_run(const struct cdp_plan *p, cdp_comm_t world, const struct
         st = cdp_fail(CDP_ERR_IO, "%s: cannot write: %s", p->output.metrics, strerror(errno));
         goto fail;
     }
+    if (metrics && (st = write_layout_record(&e, metrics))) goto fail;
     double totals[2] = {0, 0}; /* flops of a step, parameters */
     for (int k = 0; k < e.v; k++) {
         totals[0] += cdp_model_step_flops(e.ch[k].model) * e.m;
@@ -1295,7 +1275,7 @@ cdp_status cdp_exec_run(const struct cdp_plan *p, cdp_comm_t world, const struct
                 fputc(']', metrics);
             }
             if (report) {
-                cdp_monitor_json(&mon, metrics);
+                cdp_monitor_json(&mon, e.lay, metrics);
                 if (mon.straggler >= 0) fprintf(metrics, ", \"straggler\": %d", mon.straggler);
             }
             fputs("}\n", metrics);
@@ -1340,6 +1320,9 @@ cdp_status cdp_exec_run(const struct cdp_plan *p, cdp_comm_t world, const struct
     }
     if ((st = write_traces(&e))) goto fail;
     if ((st = write_weights(&e))) goto fail;
+    if ((st = gather_peaks(&e, &peaks))) goto fail;
+    sum.peak_memory_bytes = peaks[e.rank];
+    sum.predicted_memory_bytes = (double)e.me->memory.device;
     if (e.rank == 0 && out) {
         char s3[32];
         human_rate(sum.flops_per_s, s3, sizeof s3);
@@ -1349,15 +1332,18 @@ cdp_status cdp_exec_run(const struct cdp_plan *p, cdp_comm_t world, const struct
             fprintf(out, "per step (mean over ranks): %.1f ms compute, %.1f ms communication, %.1f ms waiting on "
                     "peers, %.2f ms executor overhead; bubble %.1f%%\n", sum.compute_s * 1e3, sum.comm_s * 1e3,
                     sum.idle_s * 1e3, sum.overhead_s * 1e3, 100 * sum.bubble);
+        print_memory(&e, peaks, out);
         if (p->output.weights) fprintf(out, "weights written to %s\n", p->output.weights);
         if (p->train.checkpoint.dir) fprintf(out, "checkpoints in %s\n", p->train.checkpoint.dir);
     }
     if (metrics) fclose(metrics);
+    free(peaks);
     exec_free(&e);
     if (summary) *summary = sum;
     return CDP_OK;
 fail:
     if (metrics) fclose(metrics);
+    free(peaks);
     {
         char msg[4096];
         snprintf(msg, sizeof msg, "%s", cdp_last_error());

@@ -9,27 +9,29 @@
 #include "cdp/plan.h"
 #include "cdp/status.h"
 #include "comm/comm.h"
+#include "pipeline/layout.h"
 #include "pipeline/train.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* What this version cannot train (bf16, a non-cpu backend, an unplanned
- * "auto" schedule), checked before any rank starts: CDP_ERR_UNSUPPORTED naming
- * the key. cdp_exec_run checks it too. */
+/* What this version cannot train (bf16 on the cpu backend), checked before
+ * any rank starts: CDP_ERR_UNSUPPORTED naming the key. cdp_exec_run checks it
+ * too. */
 cdp_status cdp_exec_check(const struct cdp_plan *plan);
 
-/* The ranks a plan needs (stages x replicas), or -1 when either is "auto". */
-int cdp_exec_ranks(const struct cdp_plan *plan);
-
-/* Trains the plan on the ranks of `world` (its size must be stages x
- * replicas). Rank 0 prints the step lines and writes metrics, trace, timeline
- * and weights. On any failure the returned status says which rank, stage,
- * replica and instruction; the caller then aborts the job (cdp_comm_abort),
- * since the other ranks may be waiting on this one. */
-cdp_status cdp_exec_run(const struct cdp_plan *plan, cdp_comm_t world, const struct cdp_train_opts *opts,
-                        struct cdp_train_summary *summary);
+/* Trains the plan as `layout` says (not owned; the planner's, for this plan)
+ * on the ranks of `world`, whose size must be the layout's ranks: each rank
+ * binds to its CPU set, opens its device under its memory cap, builds its
+ * stage's chunks and runs its schedule. Rank 0 prints the step lines and
+ * writes metrics (the layout first, then one record per step with each rank's
+ * measured memory peak beside the prediction), trace, timeline and weights.
+ * On any failure the returned status says which rank, stage, replica and
+ * instruction; the caller then aborts the job (cdp_comm_abort), since the
+ * other ranks may be waiting on this one. */
+cdp_status cdp_exec_run(const struct cdp_plan *plan, const struct cdp_layout *layout, cdp_comm_t world,
+                        const struct cdp_train_opts *opts, struct cdp_train_summary *summary);
 
 /* "rank 1/4 (stage 1, replica 0): RECV_ACT of micro-batch 3, chunk 0, from stage 0",
  * what this process is doing now; safe to read from a signal handler. */

@@ -9,8 +9,9 @@
 #include <unistd.h>
 
 #include "cdp/core.h"
+#include "pipeline/layout.h"
 
-enum { F_STAGE, F_REPLICA, F_UTIL, F_MEM, F_BUSY, F_BUSY_MB, F_COUNT };
+enum { F_STAGE, F_REPLICA, F_UTIL, F_MEM, F_PEAK, F_BUSY, F_BUSY_MB, F_COUNT };
 
 struct cdp_monitor {
     int stage, replica;
@@ -111,6 +112,7 @@ cdp_status cdp_monitor_collect(struct cdp_monitor *m, cdp_comm_t world, double b
         mine[F_UTIL] = util >= 0 ? util : (wall > m->wall0 && steps > 0 ? busy_s / (wall - m->wall0) : 0);
         mine[F_MEM] = used ? (double)used : (double)cdp_device_mem_in_use(m->dev);
     }
+    mine[F_PEAK] = (double)cdp_device_mem_peak(m->dev);
     mine[F_BUSY] = steps > 0 ? busy_s / steps : 0;
     mine[F_BUSY_MB] = mbs > 0 ? busy_s / (double)mbs : 0;
     m->cpu0 = cpu;
@@ -127,8 +129,8 @@ cdp_status cdp_monitor_collect(struct cdp_monitor *m, cdp_comm_t world, double b
     int stages = 0;
     for (int r = 0; r < size; r++) {
         const double *b = m->buf + (size_t)r * F_COUNT;
-        m->ranks[r] = (struct cdp_monitor_rank){(int)b[F_STAGE], (int)b[F_REPLICA], b[F_UTIL], b[F_MEM], b[F_BUSY],
-                                                b[F_BUSY_MB]};
+        m->ranks[r] = (struct cdp_monitor_rank){(int)b[F_STAGE], (int)b[F_REPLICA], b[F_UTIL], b[F_MEM], b[F_PEAK],
+                                                b[F_BUSY], b[F_BUSY_MB]};
         if (m->ranks[r].busy_s > m->ranks[out->slowest].busy_s) out->slowest = r;
         if (m->ranks[r].stage + 1 > stages) stages = m->ranks[r].stage + 1;
     }
@@ -188,12 +190,19 @@ void cdp_monitor_format(const struct cdp_monitor_report *r, char *buf, size_t ca
              100 * umax, mem, r->slowest, 1e3 * r->ranks[r->slowest].busy_s);
 }
 
-void cdp_monitor_json(const struct cdp_monitor_report *r, FILE *f)
+void cdp_monitor_json(const struct cdp_monitor_report *r, const struct cdp_layout *l, FILE *f)
 {
     fputs(", \"ranks\": [", f);
-    for (int i = 0; i < r->size; i++)
-        fprintf(f, "%s{\"rank\": %d, \"stage\": %d, \"replica\": %d, \"util\": %.4f, \"mem_bytes\": %.0f, "
-                "\"busy_s\": %.6g, \"busy_per_micro_batch_s\": %.6g}", i ? ", " : "", i, r->ranks[i].stage,
-                r->ranks[i].replica, r->ranks[i].util, r->ranks[i].mem_bytes, r->ranks[i].busy_s, r->ranks[i].busy_mb_s);
+    for (int i = 0; i < r->size; i++) {
+        const struct cdp_layout_rank *k = i < l->n_ranks ? &l->rank[i] : NULL;
+        char dev[32] = "";
+        if (k) cdp_layout_device_name(l, i, dev, sizeof dev);
+        fprintf(f, "%s{\"rank\": %d, \"stage\": %d, \"replica\": %d, \"node\": %d, \"device\": %d, "
+                "\"device_name\": \"%s\", \"util\": %.4f, \"mem_bytes\": %.0f, \"peak_memory_bytes\": %.0f, "
+                "\"predicted_memory_bytes\": %llu, \"busy_s\": %.6g, \"busy_per_micro_batch_s\": %.6g}",
+                i ? ", " : "", i, r->ranks[i].stage, r->ranks[i].replica, k ? k->node : -1, k ? k->device : -1, dev,
+                r->ranks[i].util, r->ranks[i].mem_bytes, r->ranks[i].peak_bytes,
+                k ? (unsigned long long)k->memory.device : 0ull, r->ranks[i].busy_s, r->ranks[i].busy_mb_s);
+    }
     fprintf(f, "], \"slowest_rank\": %d", r->slowest);
 }

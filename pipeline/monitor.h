@@ -30,6 +30,7 @@ struct cdp_monitor_rank {
     int stage, replica;
     double util;      /* busy share of the interval: CPU time / wall time (1.0 = one core) */
     double mem_bytes; /* resident set (cpu) or device memory in use */
+    double peak_bytes; /* the device accounting's high-water mark (cdp_device_mem_peak) */
     double busy_s;    /* loading, forward and backward time per step, mean over the interval */
     double busy_mb_s; /* the same per micro-batch */
 };
@@ -59,8 +60,11 @@ cdp_status cdp_monitor_collect(struct cdp_monitor *m, cdp_comm_t world, double b
 
 /* "cpu 98-190%  mem 41-52MiB  slowest r3 24ms" for the progress line. */
 void cdp_monitor_format(const struct cdp_monitor_report *r, char *buf, size_t cap);
-/* `, "ranks": [{...}, ...], "slowest_rank": N` for a metrics.jsonl record. */
-void cdp_monitor_json(const struct cdp_monitor_report *r, FILE *f);
+/* `, "ranks": [{...}, ...], "slowest_rank": N` for a metrics.jsonl record:
+ * each rank's place in layout l (node, device), its figures, and its measured
+ * peak beside the layout's predicted device memory. */
+struct cdp_layout;
+void cdp_monitor_json(const struct cdp_monitor_report *r, const struct cdp_layout *l, FILE *f);
 
 #ifdef __cplusplus
 }

@@ -26,7 +26,6 @@ struct rank_state {
     double busy_until;
     int waiting_coll; /* 1 while at a collective that has not started */
     int done;
-    double act, act_peak;
     int in_flight, in_flight_peak;
     double last_bwd_end;
 };
@@ -199,15 +198,12 @@ static cdp_status step_rank(struct sim *S, int i, double now, int *progressed)
             d = vs->fwd_s;
             if ((st = add_event(S, i, CDP_EV_FORWARD, in->mb, now, now + d))) return st;
             S->res->busy_s[i] += d;
-            q->act += vs->act_bytes;
-            q->act_peak = fmax(q->act_peak, q->act);
             if (++q->in_flight > q->in_flight_peak) q->in_flight_peak = q->in_flight;
             break;
         case CDP_OP_BACKWARD:
             d = vs->bwd_s;
             if ((st = add_event(S, i, CDP_EV_BACKWARD, in->mb, now, now + d))) return st;
             S->res->busy_s[i] += d;
-            q->act -= vs->act_bytes;
             q->in_flight--;
             q->last_bwd_end = now + d;
             break;
@@ -333,7 +329,6 @@ void cdp_sim_result_free(struct cdp_sim_result *r)
     if (!r) return;
     free(r->busy_s);
     free(r->finish_s);
-    free(r->peak_memory);
     free(r->peak_in_flight);
     free(r->links);
     free(r->events);
@@ -375,11 +370,10 @@ cdp_status cdp_sim_run(const struct cdp_sim_config *c, struct cdp_sim_result **o
         res->ranks = S.N;
         res->busy_s = calloc((size_t)S.N, sizeof *res->busy_s);
         res->finish_s = calloc((size_t)S.N, sizeof *res->finish_s);
-        res->peak_memory = calloc((size_t)S.N, sizeof *res->peak_memory);
         res->peak_in_flight = calloc((size_t)S.N, sizeof *res->peak_in_flight);
     }
     if (!res || !S.rk || !S.x || !S.active || !S.link_of || !S.ar_count || !S.tied_count || !res->busy_s ||
-        !res->finish_s || !res->peak_memory || !res->peak_in_flight) {
+        !res->finish_s || !res->peak_in_flight) {
         st = cdp_fail(CDP_ERR_NOMEM, "simulator: out of memory for %d ranks", S.N);
         goto fail;
     }
@@ -411,13 +405,9 @@ cdp_status cdp_sim_run(const struct cdp_sim_config *c, struct cdp_sim_result **o
     }
     double busy = 0;
     for (int i = 0; i < S.N; i++) {
-        const int s = i / S.R;
-        double state = 0;
-        for (int j = s; j < S.nv; j += S.p) state += c->vstage[j].state_bytes;
         res->finish_s[i] = S.rk[i].busy_until;
         res->step_s = fmax(res->step_s, S.rk[i].busy_until);
         res->phase_s = fmax(res->phase_s, S.rk[i].last_bwd_end);
-        res->peak_memory[i] = state + S.rk[i].act_peak;
         res->peak_in_flight[i] = S.rk[i].in_flight_peak;
         busy += res->busy_s[i];
     }
@@ -449,8 +439,7 @@ fail:
     return st;
 }
 
-cdp_status cdp_sim_write_trace(const struct cdp_sim_result *r, int trace_ranks, const char *chrome_path,
-                               const char *svg_path)
+cdp_status cdp_sim_trace(const struct cdp_sim_result *r, int trace_ranks, struct cdp_trace **out)
 {
     struct cdp_trace *t = NULL;
     cdp_status st = cdp_trace_create(trace_ranks, r->n_events > 0 ? r->n_events : 1, &t);
@@ -460,8 +449,6 @@ cdp_status cdp_sim_write_trace(const struct cdp_sim_result *r, int trace_ranks, 
         const struct cdp_event_rec *e = &r->events[i];
         cdp_trace_add(t, e->rank, e->kind, e->step, e->mb, e->start_ns, e->start_ns + e->dur_ns);
     }
-    if (chrome_path) st = cdp_trace_write_chrome(t, chrome_path);
-    if (!st && svg_path) st = cdp_trace_write_svg(t, 1, svg_path);
-    cdp_trace_destroy(t);
-    return st;
+    *out = t;
+    return CDP_OK;
 }

@@ -2,7 +2,7 @@
  * lists (pipeline/schedule.h) on every rank of p stages x R replicas, with
  * compute times from the cost model (partitioner/costs.h) and transfers over
  * the links between the ranks' devices. Predicts step time, throughput, the
- * bubble, per-rank peak memory and per-link traffic, and records events in the
+ * bubble, activations in flight and per-link traffic, and records events in the
  * executor's trace form (pipeline/trace.h). Deterministic. Model and limits:
  * docs/simulator.md. */
 #ifndef CDP_PIPELINE_SIMULATOR_H
@@ -19,10 +19,8 @@ extern "C" {
 /* One virtual stage (a chunk of a rank), per micro-batch unless said otherwise. */
 struct cdp_sim_vstage {
     double fwd_s, bwd_s; /* summed unit times */
-    double act_bytes;    /* activations kept from forward to backward */
     double out_bytes;    /* output sent to the next virtual stage (its input gradient comes back) */
     double grad_bytes;   /* per step: gradient bytes all-reduced over the replicas */
-    double state_bytes;  /* per step: weights + gradients + optimizer state held */
     double opt_s;        /* per step: optimizer time */
 };
 
@@ -54,8 +52,8 @@ struct cdp_sim_result {
     int ranks;            /* p*R; the arrays below are indexed [s*R + r] */
     double *busy_s;       /* own load + forward + backward time */
     double *finish_s;     /* when the rank's list ends */
-    double *peak_memory;  /* bytes: state of its chunks + peak activations in flight */
-    int *peak_in_flight;  /* most (micro-batch, chunk) activations held at once */
+    int *peak_in_flight;  /* most (micro-batch, chunk) activations held at once (memory: the layout's,
+                             cdp_layout_memory, which sizes the executor's buffers) */
     int n_links;
     struct cdp_sim_link_stat *links; /* sorted by busy time, then bytes, descending */
     int64_t n_events;
@@ -68,10 +66,9 @@ struct cdp_sim_result {
 cdp_status cdp_sim_run(const struct cdp_sim_config *c, struct cdp_sim_result **out);
 void cdp_sim_result_free(struct cdp_sim_result *r);
 
-/* Writes the predicted events as a Chrome trace and/or an SVG timeline (either
- * path may be NULL), through the executor's writers. */
-cdp_status cdp_sim_write_trace(const struct cdp_sim_result *r, int trace_ranks, const char *chrome_path,
-                               const char *svg_path);
+/* The predicted events as a trace of trace_ranks rows, for the executor's
+ * writers (cdp_trace_write_chrome, cdp_trace_write_svg). *out: cdp_trace_destroy. */
+cdp_status cdp_sim_trace(const struct cdp_sim_result *r, int trace_ranks, struct cdp_trace **out);
 
 /* The closed-form bubble of uniform stages without communication, as this
  * simulator defines the bubble: (p-1) / (v*m + p-1). */

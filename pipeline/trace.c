@@ -8,9 +8,11 @@
 #include <unistd.h>
 
 #include "cdp/core.h"
+#include "pipeline/layout.h"
 
 struct cdp_trace {
     int ranks;
+    char (*label)[112]; /* per rank, from a layout; NULL: "rank N" */
     struct cdp_event_rec *ev;
     int64_t n, cap, dropped;
     uint64_t origin;
@@ -36,6 +38,7 @@ void cdp_trace_destroy(struct cdp_trace *t)
 {
     if (!t) return;
     free(t->ev);
+    free(t->label);
     free(t);
 }
 
@@ -67,6 +70,20 @@ void cdp_trace_set_origin(struct cdp_trace *t, uint64_t origin)
     t->has_origin = 1;
 }
 
+cdp_status cdp_trace_set_layout(struct cdp_trace *t, const struct cdp_layout *l)
+{
+    if (!t->label && !(t->label = calloc((size_t)t->ranks, sizeof *t->label)))
+        return cdp_fail(CDP_ERR_NOMEM, "out of memory for trace labels");
+    for (int r = 0; r < t->ranks && r < l->n_ranks; r++) {
+        const struct cdp_layout_rank *k = &l->rank[r];
+        char dev[32];
+        cdp_layout_device_name(l, r, dev, sizeof dev);
+        snprintf(t->label[r], sizeof t->label[r], "rank %d: stage %d, replica %d, node %d, device %d (%s)", r,
+                 k->stage, k->replica, k->node, k->device, dev);
+    }
+    return CDP_OK;
+}
+
 /* Writes through a temporary file in the same folder, renamed on success. */
 static cdp_status open_tmp(const char *path, char *tmp, size_t cap, FILE **f)
 {
@@ -95,9 +112,13 @@ cdp_status cdp_trace_write_chrome(const struct cdp_trace *t, const char *path)
     cdp_status st = open_tmp(path, tmp, sizeof tmp, &f);
     if (st) return st;
     fputs("{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n", f);
-    for (int r = 0; r < t->ranks; r++)
+    for (int r = 0; r < t->ranks; r++) {
+        char name[112];
+        if (t->label && t->label[r][0]) snprintf(name, sizeof name, "%s", t->label[r]);
+        else snprintf(name, sizeof name, "rank %d", r);
         fprintf(f, "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 0, \"tid\": %d, \"args\": {\"name\": "
-                   "\"rank %d\"}},\n", r, r);
+                   "\"%s\"}},\n", r, name);
+    }
     for (int64_t i = 0; i < t->n; i++) {
         const struct cdp_event_rec *e = &t->ev[i];
         char name[48];
@@ -140,7 +161,10 @@ cdp_status cdp_trace_write_svg(const struct cdp_trace *t, int step, const char *
                "optimizer grey; blank is idle)</text>\n", left, step, span / 1e6);
     for (int r = 0; r < t->ranks; r++) {
         double y = top + r * row;
-        fprintf(f, "<text x=\"4\" y=\"%.1f\">rank %d</text>\n", y + row * 0.65, r);
+        if (t->label && t->label[r][0])
+            fprintf(f, "<text x=\"4\" y=\"%.1f\">rank %d<title>%s</title></text>\n", y + row * 0.65, r, t->label[r]);
+        else
+            fprintf(f, "<text x=\"4\" y=\"%.1f\">rank %d</text>\n", y + row * 0.65, r);
         fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" stroke=\"#ccc\"/>\n",
                 left, y + 2, W, row - 4);
     }

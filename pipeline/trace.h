@@ -47,6 +47,12 @@ uint64_t cdp_trace_origin(const struct cdp_trace *t);
 /* Fixes the origin before the first event (events must not start earlier). */
 void cdp_trace_set_origin(struct cdp_trace *t, uint64_t origin);
 
+/* Names each rank's track after its place in a layout ("rank 2: stage 0,
+ * replica 1, node 0, device 3 (cuda:3)"), in the Chrome trace and as the
+ * timeline rows' tooltips. CDP_ERR_NOMEM. */
+struct cdp_layout;
+cdp_status cdp_trace_set_layout(struct cdp_trace *t, const struct cdp_layout *l);
+
 /* Chrome trace event format (JSON object with "traceEvents"), one track per
  * rank; written atomically (temporary file, then rename). */
 cdp_status cdp_trace_write_chrome(const struct cdp_trace *t, const char *path);

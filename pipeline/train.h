@@ -32,12 +32,15 @@ struct cdp_train_summary {
     double idle_s;       /* waiting for a peer's activation or gradient */
     double overhead_s;   /* the executor's own time: everything else in the step */
     double step_s;
+    /* this rank's device memory: the accounting's high-water mark and the layout's prediction */
+    double peak_memory_bytes, predicted_memory_bytes;
 };
 
-/* Trains the plan on this process's CPU. The plan must be resolved and ask
- * for one stage and one replica (else CDP_ERR_UNSUPPORTED, naming the keys). */
-cdp_status cdp_train_one_rank(const struct cdp_plan *plan, const struct cdp_train_opts *opts,
-                              struct cdp_train_summary *summary);
+struct cdp_layout;
+/* Trains the plan in this process: the executor on a world of one, for a
+ * layout of one rank (else CDP_ERR_UNSUPPORTED, naming the layout's ranks). */
+cdp_status cdp_train_one_rank(const struct cdp_plan *plan, const struct cdp_layout *layout,
+                              const struct cdp_train_opts *opts, struct cdp_train_summary *summary);
 
 #ifdef __cplusplus
 }

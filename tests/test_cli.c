@@ -178,7 +178,8 @@ Test(cli, trains_a_plan_and_writes_metrics_and_weights)
     cr_assert_not_null(m, "metrics written next to the plan");
     int lines = 0;
     for (char *c = m; *c; c++) lines += *c == '\n';
-    cr_assert_eq(lines, 6, "one line per step: %s", m);
+    cr_assert_eq(lines, 7, "the layout, then one line per step: %s", m);
+    cr_assert(!strncmp(m, "{\"layout\": {", 12), "the layout first: %s", m);
     cr_assert(strstr(m, "{\"step\": 6, \"loss\": "), "%s", m);
     cr_assert(strstr(m, "\"val_loss\""), "%s", m);
     free(m);
@@ -200,7 +201,7 @@ Test(cli, multi_rank_plans_without_launching_ask_for_mpirun)
     const char *plan = cdp_test_source_path("examples/gpt-tiny.json");
     struct cdp_run r = run((const char *[]){"--no-launch", "--plan", plan, NULL});
     cr_assert_eq(r.exit_code, 2, "%s", r.err);
-    cr_assert(strstr(r.err, "needs 4 ranks") && strstr(r.err, "mpirun -np 4"), "%s", r.err);
-    cr_assert_str_empty(r.out);
+    cr_assert(strstr(r.err, "the layout has 4 ranks") && strstr(r.err, "mpirun -np 4"), "%s", r.err);
+    cr_assert(strstr(r.out, "plan: 2 stages x 2 replicas"), "the layout is printed first: %s", r.out);
     cdp_test_run_free(&r);
 }

@@ -174,11 +174,13 @@ Test(pipeline, trace_has_a_track_per_rank_and_forward_backward_boxes)
     snprintf(path, sizeof path, "%s/pipe-trace.json", dir);
     char *t = cdp_test_read_file(path);
     cr_assert_not_null(t);
+    /* each track named after the rank's place in the layout */
     for (int r = 0; r < 4; r++) {
         char want[64];
-        snprintf(want, sizeof want, "\"name\": \"rank %d\"", r);
-        cr_assert(strstr(t, want), "no track for rank %d", r);
+        snprintf(want, sizeof want, "\"name\": \"rank %d: stage ", r);
+        cr_assert(strstr(t, want), "no track for rank %d: %s", r, t);
     }
+    cr_assert(strstr(t, "stage 1, replica 1, node 0, device "), "%s", t);
     cr_assert(strstr(t, "\"name\": \"F3\"") && strstr(t, "\"name\": \"B0\""), "F and B boxes by micro-batch");
     free(t);
 }
@@ -260,7 +262,7 @@ Test(pipeline, no_launch_asks_for_mpirun)
     struct cdp_run r;
     cr_assert_eq(cdp_test_run(&r, (const char *[]){"--no-launch", "--plan", fault_plan(dir, 20, NULL), NULL}), 0);
     cr_assert_eq(r.exit_code, 2, "%s", r.err);
-    cr_assert(strstr(r.err, "needs 2 ranks") && strstr(r.err, "mpirun -np 2"), "%s", r.err);
+    cr_assert(strstr(r.err, "the layout has 2 ranks") && strstr(r.err, "mpirun -np 2"), "%s", r.err);
     cdp_test_run_free(&r);
 }
 
@@ -345,7 +347,8 @@ Test(pipeline, the_monitor_reports_ranks_and_names_a_straggler, .timeout = 120)
     snprintf(path, sizeof path, "%s/m.jsonl", dir);
     char *t = cdp_test_read_file(path);
     cr_assert_not_null(t);
-    cr_assert(strstr(t, "\"ranks\": [{\"rank\": 0, \"stage\": 0, \"replica\": 0, \"util\": "), "%s", t);
+    cr_assert(strstr(t, "\"ranks\": [{\"rank\": 0, \"stage\": 0, \"replica\": 0, \"node\": 0, \"device\": "), "%s", t);
+    cr_assert(strstr(t, "\"peak_memory_bytes\": ") && strstr(t, "\"predicted_memory_bytes\": "), "%s", t);
     cr_assert(strstr(t, "\"slowest_rank\": 1"), "%s", t);
     cr_assert(strstr(t, "\"straggler\": 1"), "%s", t);
     /* every rank holds some memory and did some work */

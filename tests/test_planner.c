@@ -12,7 +12,7 @@
 #include "cdp/plan.h"
 #include "cdp/topology.h"
 #include "harness.h"
-#include "partitioner/balance.h"
+#include "pipeline/balance.h"
 #include "partitioner/planner.h"
 
 static struct cdp_plan *load(const char *text)
@@ -28,7 +28,7 @@ static cdp_status plan_on(struct cdp_plan *p, const char *topo, struct cdp_plann
 {
     struct cdp_topology *t = NULL;
     cr_assert_eq(cdp_topology_load(topo, NULL, &t), CDP_OK, "%s", cdp_last_error());
-    cdp_status st = cdp_planner_run(p, t, NULL, r);
+    cdp_status st = cdp_planner_run(p, t, NULL, 0, r);
     cdp_topology_free(t);
     return st;
 }
@@ -46,9 +46,9 @@ Test(planner, fixed_plan_predicts_what_simulate_predicts)
     struct cdp_plan *p = load(FIXED_GPU);
     struct cdp_planner_result r = {0};
     cr_assert_eq(plan_on(p, "dgx1-v100", &r), CDP_OK, "%s", cdp_last_error());
-    cr_expect_eq(r.stages, 2);
-    cr_expect_eq(r.replicas, 2);
-    cr_expect_eq(r.micro_batches, 4);
+    cr_expect_eq(r.layout->stages, 2);
+    cr_expect_eq(r.layout->replicas, 2);
+    cr_expect_eq(r.layout->micro_batches, 4);
     cr_expect_eq(r.shapes, 1);
     char dir[4096];
     snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
@@ -83,18 +83,18 @@ Test(planner, auto_cpu_plan_picks_a_feasible_shape)
     struct cdp_topology *t = NULL;
     cr_assert_eq(cdp_topology_cpu(4, 0, 0, &t), CDP_OK);
     struct cdp_planner_result r = {0};
-    cr_assert_eq(cdp_planner_run(p, t, NULL, &r), CDP_OK, "%s", cdp_last_error());
-    cr_expect(r.stages >= 1 && r.stages <= 4 && r.replicas == 1, "%d x %d", r.stages, r.replicas);
-    cr_expect(r.micro_batches >= r.stages, "m %d < p %d", r.micro_batches, r.stages);
+    cr_assert_eq(cdp_planner_run(p, t, NULL, 0, &r), CDP_OK, "%s", cdp_last_error());
+    cr_expect(r.layout->stages >= 1 && r.layout->stages <= 4 && r.layout->replicas == 1, "%d x %d", r.layout->stages, r.layout->replicas);
+    cr_expect(r.layout->micro_batches >= r.layout->stages, "m %d < p %d", r.layout->micro_batches, r.layout->stages);
     cr_expect_eq(r.shapes, 4 * CDP_PLANNER_MB_CHOICES, "shapes %lld", (long long)r.shapes);
-    cr_expect_eq(r.n_ranges, r.stages);
-    cr_expect_eq(r.ranges[0][0], 0);
-    cr_expect_eq(r.ranges[r.n_ranges - 1][1], cdp_plan_model_units(p));
+    cr_expect_eq((r.layout->stages * r.layout->chunks), r.layout->stages);
+    cr_expect_eq(r.layout->ranges[0][0], 0);
+    cr_expect_eq(r.layout->ranges[(r.layout->stages * r.layout->chunks) - 1][1], cdp_plan_model_units(p));
     cr_expect(r.predicted.samples_per_s > 0);
     cr_assert_eq(cdp_planner_apply(&r, p), CDP_OK);
-    cr_expect_eq(p->parallel.stages, r.stages);
-    cr_expect_eq(p->parallel.micro_batches, r.micro_batches);
-    cr_expect_eq(p->train.global_batch, (int64_t)r.micro_batches * 8);
+    cr_expect_eq(p->parallel.stages, r.layout->stages);
+    cr_expect_eq(p->parallel.micro_batches, r.layout->micro_batches);
+    cr_expect_eq(p->train.global_batch, (int64_t)r.layout->micro_batches * 8);
     cr_expect_eq(p->parallel.placement, CDP_PLACEMENT_EXPLICIT);
     cdp_topology_free(t);
     cdp_planner_result_clear(&r);
@@ -118,7 +118,7 @@ Test(planner, memory_infeasible_plan_names_what_fits)
     p->parallel.replicas = CDP_AUTO;
     cdp_status st = plan_on(p, "dgx1-v100", &r);
     if (st == CDP_OK) {
-        for (int s = 0; s < r.stages; s++)
+        for (int s = 0; s < r.layout->stages; s++)
             cr_expect(r.stage[s].memory_bytes <= 100.0 * 1048576, "stage %d: %.0f", s, r.stage[s].memory_bytes);
         cdp_planner_result_clear(&r);
     } else {
@@ -139,14 +139,14 @@ Test(planner, auto_on_dgx1_is_no_worse_than_the_fixed_orders)
     struct cdp_plan *p = load(DGX_AUTO);
     struct cdp_planner_result r = {0};
     cr_assert_eq(plan_on(p, "dgx1-v100", &r), CDP_OK, "%s", cdp_last_error());
-    cr_expect(r.stages * r.replicas <= 8);
-    cr_expect_eq(r.global_batch, 128);
+    cr_expect(r.layout->stages * r.layout->replicas <= 8);
+    cr_expect_eq(((int64_t)r.layout->replicas * r.layout->micro_batches * r.layout->micro_batch), 128);
     for (int i = 0; i < 2; i++)
         cr_expect(r.predicted.step_s <= r.baseline[i].pred.step_s, "%s: %.6g < chosen %.6g", r.baseline[i].name,
                   r.baseline[i].pred.step_s, r.predicted.step_s);
-    for (int s = 0; s < r.stages; s++) cr_expect(r.stage[s].memory_bytes <= 16.0 * 1073741824);
-    cr_log_info("%d x %d, m %d: %.3f ms (pp-inner %.3f, dp-inner %.3f), %s", r.stages, r.replicas,
-                r.micro_batches, r.predicted.step_s * 1e3, r.baseline[0].pred.step_s * 1e3,
+    for (int s = 0; s < r.layout->stages; s++) cr_expect(r.stage[s].memory_bytes <= 16.0 * 1073741824);
+    cr_log_info("%d x %d, m %d: %.3f ms (pp-inner %.3f, dp-inner %.3f), %s", r.layout->stages, r.layout->replicas,
+                r.layout->micro_batches, r.predicted.step_s * 1e3, r.baseline[0].pred.step_s * 1e3,
                 r.baseline[1].pred.step_s * 1e3, r.placement_method);
     cdp_planner_result_clear(&r);
     cdp_plan_free(p);
@@ -158,12 +158,13 @@ Test(planner, deterministic)
     struct cdp_planner_result a = {0}, b = {0};
     cr_assert_eq(plan_on(p, "dgx1-v100", &a), CDP_OK, "%s", cdp_last_error());
     cr_assert_eq(plan_on(p, "dgx1-v100", &b), CDP_OK, "%s", cdp_last_error());
-    cr_expect_eq(a.stages, b.stages);
-    cr_expect_eq(a.replicas, b.replicas);
-    cr_expect_eq(a.micro_batches, b.micro_batches);
+    cr_assert_eq(a.layout->stages, b.layout->stages);
+    cr_assert_eq(a.layout->replicas, b.layout->replicas);
+    cr_expect_eq(a.layout->micro_batches, b.layout->micro_batches);
     cr_expect_eq(a.predicted.step_s, b.predicted.step_s);
-    cr_expect_eq(memcmp(a.ranges, b.ranges, (size_t)a.n_ranges * sizeof *a.ranges), 0);
-    cr_expect_eq(memcmp(a.device, b.device, (size_t)a.stages * a.replicas * sizeof *a.device), 0);
+    cr_expect_eq(memcmp(a.layout->ranges, b.layout->ranges,
+                        (size_t)a.layout->stages * a.layout->chunks * sizeof *a.layout->ranges), 0);
+    cr_expect_eq(memcmp(a.layout->rank, b.layout->rank, (size_t)a.layout->n_ranks * sizeof *a.layout->rank), 0);
     cr_expect_eq(a.simulations, b.simulations);
     cdp_planner_result_clear(&a);
     cdp_planner_result_clear(&b);
@@ -253,7 +254,7 @@ static double planned_sps(const char *json, struct cdp_planner_result *r)
     struct cdp_plan *p = load(json);
     struct cdp_topology *t = NULL;
     cr_assert_eq(cdp_topology_cpu(2, 0, 0, &t), CDP_OK);
-    cr_assert_eq(cdp_planner_run(p, t, NULL, r), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(cdp_planner_run(p, t, NULL, 0, r), CDP_OK, "%s", cdp_last_error());
     double sps = r->predicted.samples_per_s;
     cdp_topology_free(t);
     cdp_plan_free(p);
@@ -268,7 +269,7 @@ Test(planner, auto_schedule_is_searched_and_written_back)
     const double s_1f1b = planned_sps(AUTO_SCHED("1f1b"), &f);
     cr_expect_eq(a.shapes, 2, "one shape, two schedules: %lld", (long long)a.shapes);
     cr_expect_eq(s_auto, s_gpipe > s_1f1b ? s_gpipe : s_1f1b, "auto %g, gpipe %g, 1f1b %g", s_auto, s_gpipe, s_1f1b);
-    cr_expect_eq(a.schedule, s_gpipe > s_1f1b ? CDP_SCHEDULE_GPIPE : CDP_SCHEDULE_1F1B);
+    cr_expect_eq(a.layout->schedule, s_gpipe > s_1f1b ? CDP_SCHEDULE_GPIPE : CDP_SCHEDULE_1F1B);
     struct cdp_plan *p = load(AUTO_SCHED("auto"));
     cr_assert(p->parallel.schedule_auto);
     char *text = NULL;
@@ -277,7 +278,7 @@ Test(planner, auto_schedule_is_searched_and_written_back)
     free(text);
     cr_assert_eq(cdp_planner_apply(&a, p), CDP_OK);
     cr_expect(!p->parallel.schedule_auto);
-    cr_expect_eq(p->parallel.schedule, a.schedule);
+    cr_expect_eq(p->parallel.schedule, a.layout->schedule);
     cdp_planner_result_clear(&a);
     cdp_planner_result_clear(&g);
     cdp_planner_result_clear(&f);
@@ -297,11 +298,11 @@ Test(planner, auto_schedule_is_searched_and_written_back)
 static void check_sum(const struct cdp_planner_result *r)
 {
     int64_t sum = 0;
-    for (int q = 0; q < r->replicas; q++) {
+    for (int q = 0; q < r->layout->replicas; q++) {
         cr_expect_geq(r->balance.shares[q], 1);
         sum += r->balance.shares[q];
     }
-    cr_expect_eq(sum, (int64_t)r->replicas * r->micro_batches, "the global batch stays");
+    cr_expect_eq(sum, (int64_t)r->layout->replicas * r->layout->micro_batches, "the global batch stays");
 }
 
 Test(planner, shares_follow_the_speed_ratio)
@@ -313,14 +314,14 @@ Test(planner, shares_follow_the_speed_ratio)
     const double k = t->gpus[0].peak_fp32 / t->gpus[8].peak_fp32;
     cr_assert(k > 1.2 && k < 1.3, "%g", k);
     struct cdp_planner_result r = {0};
-    cr_assert_eq(cdp_planner_run(p, t, NULL, &r), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(cdp_planner_run(p, t, NULL, 0, &r), CDP_OK, "%s", cdp_last_error());
     const struct cdp_planner_balance *b = &r.balance;
     cr_assert_not_null(b->shares);
     cr_expect_eq(b->kind, CDP_BALANCE_SPEED);
     cr_expect(fabs(b->t_s[1] / b->t_s[0] - k) < 1e-9 * k, "t %g / %g, rates %g", b->t_s[1], b->t_s[0], k);
     check_sum(&r);
     /* the continuous optimum: (s0 + p - 1) t0 = (s1 + p - 1) t1 with s0 + s1 = T */
-    const int T = 16, p1 = r.stages - 1;
+    const int T = 16, p1 = r.layout->stages - 1;
     const double s0 = (k * (T + p1) - p1) / (1 + k);
     cr_expect(fabs((double)b->shares[0] - s0) <= 1, "shares %lld %lld, optimum %.3f : %.3f", (long long)b->shares[0],
               (long long)b->shares[1], s0, T - s0);
@@ -333,7 +334,7 @@ Test(planner, shares_follow_the_speed_ratio)
     /* no share vector does better (brute force over s0) */
     for (int64_t x = 1; x < T; x++) {
         const int64_t sh[2] = {x, T - x};
-        cr_expect_geq(cdp_balance_step_time(b->t_s, 2, r.stages, sh) + b->rest_s, b->step_s * (1 - 1e-12));
+        cr_expect_geq(cdp_balance_step_time(b->t_s, 2, r.layout->stages, sh) + b->rest_s, b->step_s * (1 - 1e-12));
     }
     /* written into the plan as explicit shares */
     cr_assert_eq(cdp_planner_apply(&r, p), CDP_OK);
@@ -343,7 +344,7 @@ Test(planner, shares_follow_the_speed_ratio)
     cr_expect_eq(p->parallel.shares[1], b->shares[1]);
     /* and planning the planned plan gives the same */
     struct cdp_planner_result again = {0};
-    cr_assert_eq(cdp_planner_run(p, t, NULL, &again), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(cdp_planner_run(p, t, NULL, 0, &again), CDP_OK, "%s", cdp_last_error());
     cr_expect_eq(again.balance.kind, CDP_BALANCE_EXPLICIT);
     cr_expect_eq(again.balance.shares[0], b->shares[0]);
     cr_expect_eq(again.balance.step_s, b->step_s);
@@ -358,7 +359,7 @@ Test(planner, equal_devices_get_exactly_uniform_shares)
     struct cdp_plan *p = load(FIXED_GPU);
     struct cdp_planner_result r = {0};
     cr_assert_eq(plan_on(p, "dgx1-v100", &r), CDP_OK, "%s", cdp_last_error());
-    for (int q = 0; q < r.replicas; q++) cr_expect_eq(r.balance.shares[q], r.micro_batches, "replica %d", q);
+    for (int q = 0; q < r.layout->replicas; q++) cr_expect_eq(r.balance.shares[q], r.layout->micro_batches, "replica %d", q);
     cr_expect_eq(r.balance.step_s, r.balance.uniform_step_s);
     cr_expect_eq(r.balance.gain, 0);
     cr_expect_eq(r.balance.t_s[0], r.balance.t_s[1]);
@@ -374,7 +375,7 @@ Test(planner, equal_devices_get_exactly_uniform_shares)
     p->parallel.placement_map[2] = 8, p->parallel.placement_map[3] = 9;  /* stage 1: V100s */
     struct cdp_topology *t = NULL;
     cr_assert_eq(cdp_topology_load(p->cluster.topology, NULL, &t), CDP_OK, "%s", cdp_last_error());
-    cr_assert_eq(cdp_planner_run(p, t, NULL, &r), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(cdp_planner_run(p, t, NULL, 0, &r), CDP_OK, "%s", cdp_last_error());
     cr_expect_eq(r.balance.shares[0], 8);
     cr_expect_eq(r.balance.shares[1], 8);
     cr_expect_str_eq(r.balance.devices[1], "A100-SXM4-80GB x1 + V100-SXM2-16GB x1");
@@ -416,10 +417,10 @@ Test(planner, interleaved_shares_are_multiples_of_the_stages)
     struct cdp_planner_result r = {0};
     cr_assert_eq(plan_on(p, p->cluster.topology, &r), CDP_OK, "%s", cdp_last_error());
     check_sum(&r);
-    for (int q = 0; q < r.replicas; q++)
-        cr_expect_eq(r.balance.shares[q] % r.stages, 0, "replica %d: %lld", q, (long long)r.balance.shares[q]);
+    for (int q = 0; q < r.layout->replicas; q++)
+        cr_expect_eq(r.balance.shares[q] % r.layout->stages, 0, "replica %d: %lld", q, (long long)r.balance.shares[q]);
     cr_expect_gt(r.balance.shares[0], r.balance.shares[1]);
-    cr_expect_eq(r.balance.shares[1], r.stages, "the slow replica keeps one unit");
+    cr_expect_eq(r.balance.shares[1], r.layout->stages, "the slow replica keeps one unit");
     cr_expect_gt(r.balance.gain, 0);
     cdp_planner_result_clear(&r);
     cdp_plan_free(p);
@@ -429,7 +430,7 @@ Test(planner, interleaved_shares_are_multiples_of_the_stages)
     p->parallel.stages = CDP_AUTO;
     p->parallel.placement = CDP_PLACEMENT_ORDERED_PP_INNER;
     cr_assert_eq(plan_on(p, p->cluster.topology, &r), CDP_OK, "%s", cdp_last_error());
-    cr_expect_eq(r.stages, 2);
+    cr_expect_eq(r.layout->stages, 2);
     cr_expect_eq(r.shapes, 1, "%lld shapes", (long long)r.shapes);
     cr_expect_eq(r.balance.shares[0], 10);
     cdp_planner_result_clear(&r);
@@ -621,7 +622,7 @@ Test(planner, fused_attention_state_counts_in_activation_memory)
     struct cdp_unit_cost cf, cp;
     cdp_costs_analytic(fused, blk, 1, &r, &cf);
     cdp_costs_analytic(hs128, &u4[1], 1, &r, &cp);
-    const double B = 4, elem = 2;
+    const double B = 4, elem = 4; /* the runtime keeps fp32 activations in bf16 plans too */
     cr_expect_eq(cf.act_bytes, (double)(blk->act_floats - blk->att_floats + T * (8 + C)) * B * elem);
     cr_expect_eq(cp.act_bytes, (double)u4[1].act_floats * B * elem);
     free(u);

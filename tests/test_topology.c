@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "cdp/core.h"
 #include "cdp/plan.h"
 #include "cdp/topology.h"
 #include "cdp_config.h"

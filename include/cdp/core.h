@@ -42,6 +42,17 @@ int cdp_edit_distance(const char *a, const char *b);
  * enough to be a likely typo, else NULL. */
 const char *cdp_closest_word(const char *word, const char *const *candidates);
 
+/* CPU sets. Linux list form "0-23,48-71"; hwloc bitmap form
+ * "0x00000303,0x03030000,,0x03030303" (NCCL writes it without 0x). */
+/* The bitmap form to a list in out (cap bytes); CDP_ERR_INVALID on bad text. */
+cdp_status cdp_cpuset_from_mask(const char *mask, char *out, size_t cap);
+/* A list to an array of CPU numbers in the order written (*cpus malloc'd); CDP_ERR_INVALID. */
+cdp_status cdp_cpuset_parse_list(const char *list, int **cpus, int *n);
+/* A list to the bitmap form (*mask malloc'd). */
+cdp_status cdp_cpuset_to_mask(const char *list, char **mask);
+/* n ascending CPU numbers to a list in out; CDP_ERR_INVALID when it does not fit in cap. */
+cdp_status cdp_cpuset_format(const int *cpus, int n, char *out, size_t cap);
+
 #ifdef __cplusplus
 }
 #endif

@@ -175,6 +175,7 @@ struct cdp_cluster_desc {
     int64_t nodes;
     int64_t devices;          /* per node, or CDP_AUTO */
     uint64_t device_memory;   /* per device cap in bytes; 0 = the device's own */
+    uint64_t host_memory;     /* host memory a node's ranks may use together; 0 = what the host has free */
     int64_t ranks_per_device; /* ranks that share one device (1; more to test a pipeline on one GPU) */
 };
 

@@ -167,6 +167,7 @@ struct cdp_discover_options {
     double cpu_copy_bw;   /* bytes/s between CPU devices; 0 = 20e9 (bench-device-copy) */
     int no_nvml;          /* do not try NVML */
     int no_hwloc;         /* do not use hwloc */
+    int cpu_only;         /* a CPU topology whatever GPUs the machine has (the cpu backend); no NVML */
     cdp_topo_p2p_fn cuda_p2p; /* NULL: skip the CUDA fallback */
     void *cuda_ctx;
 };
@@ -183,6 +184,13 @@ cdp_status cdp_topology_discover(const struct cdp_discover_options *opts, struct
  * device (0 = unknown). */
 cdp_status cdp_topology_cpu(int n_devices, double copy_bw, uint64_t memory_per_device,
                             struct cdp_topology **out);
+
+/* A one-node GPU topology of n_gpus GPUs known only by their count (and a
+ * name and memory, 0 = unknown): PCIe through one host bridge between any two
+ * at pcie_bw bytes/s (0: the default rate). For machines whose GPUs the
+ * discovery could not see, and for ranks that share GPUs. */
+cdp_status cdp_topology_generic_gpus(int n_gpus, const char *name, uint64_t memory, double pcie_bw,
+                                     struct cdp_topology **out);
 
 /* n_nodes copies of a one-node topology joined by net. */
 cdp_status cdp_topology_cluster(const struct cdp_topology *node, int n_nodes,

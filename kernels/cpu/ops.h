@@ -128,6 +128,12 @@ double cdp_cpu_sum_squares(const float *grad, size_t n);
 /* grad *= s */
 void cdp_cpu_scale(float *x, size_t n, float s);
 
+/* Threads the GEMMs use (OpenBLAS's pool), and setting them: a rank bound to
+ * n cores runs n. A thread count the user fixed in the environment
+ * (OPENBLAS_NUM_THREADS, OMP_NUM_THREADS) is kept; returns the count in use. */
+int cdp_cpu_threads(void);
+int cdp_cpu_set_threads(int n);
+
 #ifdef __cplusplus
 }
 #endif

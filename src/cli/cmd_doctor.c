@@ -24,6 +24,7 @@
 #include "cli/commands.h"
 #include "comm/comm.h"
 #include "comm/nccl.h"
+#include "partitioner/planner.h"
 #include "pipeline/executor.h"
 
 #if CDP_HAVE_HWLOC
@@ -401,7 +402,21 @@ static int check_plan(struct doctor *d, const char *path)
         return code;
     }
     const char *backend = cdp_backend_name(plan->cluster.backend);
-    const int ranks = cdp_exec_ranks(plan);
+    /* the layout the planner would run, for its number of ranks */
+    struct cdp_topology *topo = NULL;
+    struct cdp_planner_result pr = {0};
+    char note[512];
+    int ranks = 0;
+    if ((st = cdp_planner_topology(plan, d->gpus, &topo, note, sizeof note)) || (st = cdp_planner_run(plan, topo, NULL, 0, &pr))) {
+        add_check(d, "plan", DOC_FAIL, "fix the plan (cdphybrid --plan FILE --dry-run says more)", "%s: %s", src,
+                  cdp_last_error());
+        cdp_topology_free(topo);
+        cdp_plan_free(plan);
+        return st == CDP_ERR_INVALID || st == CDP_ERR_UNSUPPORTED ? EXIT_USAGE : EXIT_RUN_FAILED;
+    }
+    ranks = pr.layout->n_ranks;
+    cdp_planner_result_clear(&pr);
+    cdp_topology_free(topo);
     int code = 0;
     if (plan->cluster.backend == CDP_BACKEND_CUDA && !d->gpus) {
         add_check(d, "plan", DOC_FAIL, "run it where a GPU is visible, or set \"cluster\": {\"backend\": \"cpu\"}",
@@ -415,9 +430,6 @@ static int check_plan(struct doctor *d, const char *path)
         add_check(d, "plan", DOC_FAIL, "install openmpi-bin and put mpirun on PATH, or use stages = replicas = 1",
                   "%s: backend %s, %d ranks, but mpirun does not run here", src, backend, ranks);
         code = EXIT_RUN_FAILED;
-    } else if (ranks < 1) {
-        add_check(d, "plan", DOC_OK, "plan the shape first: cdphybrid --plan FILE --dry-run --json > planned.json",
-                  "%s: backend %s; stages or replicas is \"auto\" (planned by --dry-run)", src, backend);
     } else {
         add_check(d, "plan", DOC_OK, NULL, "%s: backend %s, %d rank%s: can run here", src, backend, ranks,
                   ranks == 1 ? "" : "s");

@@ -26,13 +26,27 @@ int cdp_cli_export(int argc, char **argv);
 /* `cdphybrid doctor ...`; argv[0] is "doctor". */
 int cdp_cli_doctor(int argc, char **argv);
 
-/* `cdphybrid --plan P --simulate`: plan is loaded and resolved; json, trace and
- * timeline are the flags given with it (trace/timeline NULL when not asked);
- * costs: a measured table (--costs FILE) to use instead of the analytic times,
- * or NULL. */
+/* What `cdphybrid --plan P --simulate` simulates: the planner's result for
+ * the loaded, resolved plan on topology t (note: how t was chosen), with the
+ * measured cost table the planner used (--costs FILE) or NULL. */
 struct cdp_plan;
-int cdp_cli_simulate(const struct cdp_plan *plan, int json, const char *trace, const char *timeline,
-                     const char *costs);
+struct cdp_planner_result;
+struct cdp_topology;
+struct cdp_cost_table;
+struct cdp_sim_result;
+struct cdp_sim_in {
+    const struct cdp_planner_result *r;
+    const struct cdp_topology *t;
+    const char *note;
+    const struct cdp_cost_table *table;
+    const char *costs, *costs_device; /* the table's file and what measured it */
+    const struct cdp_sim_result *res; /* set by cdp_cli_simulate for its printers */
+};
+
+/* json, trace and timeline are the flags given with --simulate (trace and
+ * timeline NULL when not asked). */
+int cdp_cli_simulate(const struct cdp_plan *plan, const struct cdp_sim_in *in, int json, const char *trace,
+                     const char *timeline);
 
 /* `cdphybrid --plan P --profile [--costs OUT]`: plan_path is the --plan argument;
  * costs the file to write, or NULL: cdp_cli_default_costs_path(plan_path). */

@@ -17,8 +17,10 @@
 #include "cdp_config.h"
 #include "cli/commands.h"
 #include "comm/comm.h"
+#include "partitioner/costs.h"
 #include "partitioner/planner.h"
 #include "pipeline/executor.h"
+#include "pipeline/launch.h"
 #include "pipeline/schedule.h"
 #include "pipeline/train.h"
 
@@ -29,7 +31,8 @@ struct cli_args {
     int schedule;
     int simulate;
     int profile;          /* --profile: measure the units' costs */
-    const char *costs;    /* --costs FILE: the table --profile writes or --simulate reads */
+    const char *costs;    /* --costs FILE: the table --profile writes, or measured costs the planner uses */
+    const char *hostfile; /* --hostfile FILE: the hosts of a layout's nodes, in order */
     const char *trace;    /* --simulate: predicted Chrome trace */
     const char *timeline; /* --simulate: predicted SVG timeline */
     int json;
@@ -45,7 +48,8 @@ struct cli_args {
 
 static void usage(FILE *f)
 {
-    fputs("usage: cdphybrid --plan FILE [--dry-run | --schedule | --resume [DIR]] [--json] [-v|-q]\n"
+    fputs("usage: cdphybrid --plan FILE [--dry-run | --schedule | --resume [DIR]] [--costs FILE] [--json] [-v|-q]\n"
+          "       cdphybrid --plan FILE [--hostfile FILE]   (a layout over several nodes)\n"
           "       cdphybrid --plan FILE --simulate [--costs FILE] [--trace OUT.json] [--timeline OUT.svg] [--json]\n"
           "       cdphybrid --plan FILE --profile [--costs OUT.json]\n"
           "       cdphybrid topo [--topology SPEC] [--json] [--export FILE]   (see topo --help)\n"
@@ -54,7 +58,9 @@ static void usage(FILE *f)
           "       cdphybrid --help | --version\n"
           "\n"
           "Trains a neural network across pipeline stages and data-parallel replicas,\n"
-          "as described by one plan file (docs/plan.md).\n"
+          "as described by one plan file (docs/plan.md). Every command plans first: what the\n"
+          "plan leaves \"auto\" (shape, partition, placement) the planner chooses, and training\n"
+          "prints the layout, writes it as planned.json beside the outputs and runs it.\n"
           "\n"
           "options:\n"
           "  --plan FILE    the plan (JSON): model, data, train, parallel, cluster, output\n"
@@ -71,8 +77,10 @@ static void usage(FILE *f)
           "  --profile      measure every unit's forward and backward time (and the optimizer's)\n"
           "                 on this machine's CPU and write them as JSON (default: the plan's\n"
           "                 name with .costs.json); nothing is trained\n"
-          "  --costs FILE   with --profile: where to write the table; with --simulate: use its\n"
-          "                 measured times instead of the analytic ones\n"
+          "  --costs FILE   with --profile: where to write the table; otherwise plan (and\n"
+          "                 simulate) with its measured times instead of the analytic ones\n"
+          "  --hostfile FILE  the hosts the layout's nodes run on, one per line, node 0 first\n"
+          "                 (mpirun's hostfile syntax); without it a layout runs on this host\n"
           "  --trace FILE   with --simulate: write the predicted Chrome trace\n"
           "  --timeline FILE  with --simulate: write the predicted SVG timeline\n"
           "  --explore placements  with --dry-run: also predict the chosen placement, both fixed\n"
@@ -83,7 +91,7 @@ static void usage(FILE *f)
           "  --resume [DIR] continue from the newest complete checkpoint in DIR (default: the\n"
           "                 plan's /train/checkpoint/dir), under this plan or another layout\n"
           "  --no-launch    a plan with several ranks is not restarted under mpirun by itself;\n"
-          "                 start it as `mpirun -np N cdphybrid --plan FILE`\n"
+          "                 start it as `mpirun -np N cdphybrid --plan planned.json`\n"
           "  -h, --help     this text\n"
           "  -V, --version  version, backends and libraries this build has\n"
           "\n"
@@ -160,6 +168,9 @@ static int parse_args(int argc, char **argv, struct cli_args *a)
         } else if (!strcmp(s, "--costs")) {
             if (i + 1 >= argc || !*argv[i + 1]) return cdp_cli_usage_error(NULL, "%s needs a file name", s);
             a->costs = argv[++i];
+        } else if (!strcmp(s, "--hostfile")) {
+            if (i + 1 >= argc || !*argv[i + 1]) return cdp_cli_usage_error(NULL, "%s needs a file name", s);
+            a->hostfile = argv[++i];
         } else if (!strcmp(s, "--trace") || !strcmp(s, "--timeline")) {
             if (i + 1 >= argc || !*argv[i + 1]) return cdp_cli_usage_error(NULL, "%s needs a file name", s);
             if (s[3] == 'r') a->trace = argv[++i];
@@ -181,7 +192,7 @@ static int parse_args(int argc, char **argv, struct cli_args *a)
             static const char *const known[] = {"--plan", "--dry-run", "--json", "--verbose",
                                                 "--quiet", "--help", "--version", "--no-launch", "--resume",
                                                 "--schedule", "--simulate", "--trace", "--timeline", "--profile",
-                                                "--costs", "--explore", NULL};
+                                                "--costs", "--explore", "--hostfile", NULL};
             return cdp_cli_unknown_option(NULL, s, known);
         } else {
             return cdp_cli_usage_error(NULL, "unexpected argument \"%s\"", s);
@@ -198,53 +209,12 @@ static int parse_args(int argc, char **argv, struct cli_args *a)
         return cdp_cli_usage_error(NULL, "%s", "--simulate cannot be combined with --dry-run or --schedule");
     if (a->profile && (a->simulate || a->dry_run || a->schedule || a->json))
         return cdp_cli_usage_error(NULL, "%s", "--profile cannot be combined with --simulate, --dry-run, --schedule or --json");
-    if (a->costs && !a->profile && !a->simulate)
-        return cdp_cli_usage_error(NULL, "%s", "--costs goes with --profile or --simulate");
+    if (a->hostfile && (a->dry_run || a->schedule || a->simulate || a->profile))
+        return cdp_cli_usage_error(NULL, "%s", "--hostfile goes with training");
     if (!a->plan) return cdp_cli_usage_error(NULL, "%s", "nothing to do: give --plan FILE");
     if (a->resume && (a->dry_run || a->schedule || a->simulate || a->profile))
         return cdp_cli_usage_error(NULL, "%s", "--resume goes with training, not with --dry-run, --schedule or --simulate");
     return -1;
-}
-
-/* Restarts this very command under `mpirun -np N`; returns only on failure. */
-static int launch(const struct cli_args *a, int ranks)
-{
-    if (!cdp_comm_have_mpi()) {
-        fprintf(stderr, "cdphybrid: %s: the plan needs %d ranks and this build has no MPI (configure "
-                        "with -Dmpi=enabled after installing libopenmpi-dev)\n", a->plan, ranks);
-        return EXIT_USAGE;
-    }
-    char np[16], self[4096];
-    snprintf(np, sizeof np, "%d", ranks);
-    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (n <= 0) {
-        fprintf(stderr, "cdphybrid: cannot find the running program to relaunch it\n");
-        return EXIT_RUN_FAILED;
-    }
-    self[n] = '\0';
-    char **argv = calloc((size_t)a->argc + 4, sizeof *argv);
-    if (!argv) return EXIT_RUN_FAILED;
-    int k = 0;
-    argv[k++] = "mpirun";
-    argv[k++] = "-np";
-    argv[k++] = np;
-    argv[k++] = self;
-    for (int i = 1; i < a->argc; i++) argv[k++] = a->argv[i];
-    argv[k] = NULL;
-    /* Open MPI refuses root and more ranks than cores unless told */
-    if (geteuid() == 0) {
-        setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 0);
-        setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 0);
-    }
-    if (ranks > sysconf(_SC_NPROCESSORS_ONLN)) setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 0);
-    CDP_INFO(CLI, "starting %d ranks: mpirun -np %d %s ...", ranks, ranks, self);
-    fflush(stdout);
-    execvp("mpirun", argv);
-    fprintf(stderr, "cdphybrid: %s: the plan needs %d ranks, and mpirun could not be started (%s); install "
-                    "openmpi-bin, or start the ranks yourself with your launcher\n", a->plan, ranks,
-            strerror(errno));
-    free(argv);
-    return EXIT_RUN_FAILED;
 }
 
 /* When the launcher stops this rank because another failed, say what it was doing. */
@@ -270,7 +240,20 @@ static const char *resume_dir(const struct cli_args *a, const struct cdp_plan *p
     return a->resume_dir ? a->resume_dir : plan->train.checkpoint.dir;
 }
 
-static int run_ranks(const struct cli_args *a, const struct cdp_plan *plan)
+/* This process's rank when a launcher started it (before MPI is up), else 0:
+ * only rank 0 reports what every rank finds alike (a bad plan). */
+static int launched_rank(void)
+{
+    static const char *const keys[] = {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID", NULL};
+    for (int i = 0; keys[i]; i++) {
+        const char *v = getenv(keys[i]);
+        if (v && *v) return atoi(v);
+    }
+    return 0;
+}
+
+/* A rank of a launched job: the whole job trains the layout. */
+static int run_ranks(const struct cli_args *a, const struct cdp_plan *plan, const struct cdp_layout *layout)
 {
     cdp_comm_t world = NULL;
     if (cdp_comm_world(&world)) {
@@ -281,7 +264,8 @@ static int run_ranks(const struct cli_args *a, const struct cdp_plan *plan)
     const int rank = cdp_comm_rank(world);
     struct cdp_train_opts opts = {.out = a->quiet || rank != 0 ? NULL : stdout, .progress = 0,
                                   .resume = resume_dir(a, plan)};
-    cdp_status st = cdp_exec_run(plan, world, &opts, NULL);
+    cdp_status st = cdp_comm_size(world) == layout->n_ranks ? cdp_launch_check_node(layout, rank) : CDP_OK;
+    if (!st) st = cdp_exec_run(plan, layout, world, &opts, NULL);
     if (st) {
         fprintf(stderr, "cdphybrid: %s\n", cdp_last_error());
         fflush(stdout);
@@ -293,26 +277,12 @@ static int run_ranks(const struct cli_args *a, const struct cdp_plan *plan)
     return 0;
 }
 
-/* --schedule: the lists of one step as the executor runs them (every replica alike). */
-static int print_schedule(const struct cdp_plan *plan, int json)
+/* --schedule: the lists of one step of the layout (every replica alike). */
+static int print_schedule(const struct cdp_plan *plan, const struct cdp_layout *l, int json)
 {
-    const struct cdp_parallel_desc *pd = &plan->parallel;
-    const char *key = pd->stages == CDP_AUTO          ? "/parallel/stages"
-                      : pd->micro_batches == CDP_AUTO ? "/parallel/micro_batches"
-                      : pd->schedule_auto             ? "/parallel/schedule"
-                                                      : NULL;
-    if (key) {
-        fprintf(stderr, "cdphybrid: %s: %s is \"auto\": --schedule needs it fixed; --dry-run plans it "
-                        "(--dry-run --json writes the planned plan)\n", plan->source, key);
-        return EXIT_USAGE;
-    }
-    /* out-of-range counts are clamped here and rejected by the builder */
-    int p = (int)(pd->stages < (1 << 30) ? pd->stages : (1 << 30));
-    int v = (int)(pd->chunks < (1 << 30) ? pd->chunks : (1 << 30));
-    int m = (int)(pd->micro_batches < (1 << 30) ? pd->micro_batches : (1 << 30));
-    int tied = plan->model.kind == CDP_MODEL_GPT && plan->model.tie_embeddings && (int64_t)p * v > 1;
+    const int tied = plan->model.kind == CDP_MODEL_GPT && plan->model.tie_embeddings && l->stages * l->chunks > 1;
     struct cdp_schedule *s = NULL;
-    cdp_status st = cdp_schedule_build(pd->schedule, p, v, m, tied, &s);
+    cdp_status st = cdp_schedule_build(l->schedule, l->stages, l->chunks, l->micro_batches, tied, &s);
     if (!st) st = json ? cdp_schedule_print_json(s, stdout) : cdp_schedule_print(s, stdout);
     cdp_schedule_free(s);
     if (st) {
@@ -326,44 +296,8 @@ static int print_schedule(const struct cdp_plan *plan, int json)
     return 0;
 }
 
-/* --dry-run runs the planner for plans that target a GPU topology or several
- * ranks (or leave the shape "auto"); a one-rank CPU plan has nothing to place. */
-static int wants_planner(const struct cdp_plan *plan)
-{
-    const struct cdp_parallel_desc *pd = &plan->parallel;
-    return plan->cluster.backend == CDP_BACKEND_CUDA || strcmp(plan->cluster.topology, "auto") != 0 ||
-           pd->stages == CDP_AUTO || pd->replicas == CDP_AUTO || pd->stages * pd->replicas > 1;
-}
-
-/* Plans on the plan's topology (an "auto" CPU one: /cluster/devices per node,
- * else the plan's ranks) and writes the choices into the plan. */
-static cdp_status plan_auto(struct cdp_plan *plan, struct cdp_planner_result *r, struct cdp_planner_spread *spread)
-{
-    const struct cdp_parallel_desc *pd = &plan->parallel;
-    const struct cdp_cluster_desc *cd = &plan->cluster;
-    int64_t ranks = cd->nodes;
-    if (cd->devices != CDP_AUTO) ranks = cd->nodes * cd->devices;
-    else if (pd->stages != CDP_AUTO && pd->replicas != CDP_AUTO) ranks = pd->stages * pd->replicas;
-    if (ranks > 1 << 20) ranks = 1 << 20;
-    struct cdp_topology *t = NULL;
-    char note[256];
-    cdp_status st = cdp_planner_topology(plan, (int)ranks, &t, note, sizeof note);
-    if (st) {
-        /* the plan is checked; only the prediction needs the machine's file */
-        cdp_error_context(st, "%s: /cluster/topology", plan->source);
-        fprintf(stderr, "cdphybrid: warning: no planner prediction: %s\n", cdp_last_error());
-        return CDP_ERR_UNSUPPORTED;
-    }
-    st = cdp_planner_run(plan, t, NULL, r);
-    if (!st && spread && (st = cdp_planner_explore(plan, t, NULL, r, CDP_PLANNER_EXPLORE_SAMPLES, 1, spread)))
-        cdp_planner_result_clear(r);
-    cdp_topology_free(t);
-    if (!st && (st = cdp_planner_apply(r, plan))) cdp_planner_result_clear(r);
-    return st;
-}
-
 /* The plan's JSON with the planner's result under one more top-level key. */
-static cdp_status print_plan_json(const struct cdp_plan *plan, const struct cdp_planner_result *r)
+static cdp_status print_plan_json(const struct cdp_plan *plan, const struct cdp_planner_result *r, FILE *f)
 {
     char *text = NULL, *extra = NULL;
     cdp_status st = cdp_plan_to_json(plan, &text);
@@ -377,27 +311,196 @@ static cdp_status print_plan_json(const struct cdp_plan *plan, const struct cdp_
             free(text);
             return cdp_fail(CDP_ERR_NOMEM, "out of memory writing the plan as JSON");
         }
-        fwrite(text, 1, n - 2, stdout);
-        fputs(",\n  \"planner\": ", stdout);
+        fwrite(text, 1, n - 2, f);
+        fputs(",\n  \"planner\": ", f);
         for (const char *c = extra; *c; c++) {
-            fputc(*c, stdout);
-            if (*c == '\n') fputs("  ", stdout);
+            fputc(*c, f);
+            if (*c == '\n') fputs("  ", f);
         }
-        fputs("\n}\n", stdout);
+        fputs("\n}\n", f);
     } else {
-        fputs(text, stdout);
-        fputc('\n', stdout);
+        fputs(text, f);
+        fputc('\n', f);
     }
     free(extra);
     free(text);
     return CDP_OK;
 }
 
+/* The folder of the run's first output (metrics, trace, timeline, weights,
+ * or the checkpoint folder's parent), or NULL when it writes none. */
+static char *output_dir(const struct cdp_plan *plan)
+{
+    const char *o = plan->output.metrics ? plan->output.metrics
+                    : plan->output.trace ? plan->output.trace
+                    : plan->output.timeline ? plan->output.timeline
+                    : plan->output.weights ? plan->output.weights
+                                           : plan->train.checkpoint.dir;
+    if (!o) return NULL;
+    char *d = strdup(o);
+    if (!d) return NULL;
+    char *slash = strrchr(d, '/');
+    if (slash == d) d[1] = '\0';
+    else if (slash) *slash = '\0';
+    else strcpy(d, ".");
+    return d;
+}
+
+/* planned.json: the planned plan (with the planner's section), written
+ * through a temporary name so that a reader never sees half of it. */
+static cdp_status write_planned(const struct cdp_plan *plan, const struct cdp_planner_result *r, const char *path)
+{
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+    FILE *f = fopen(tmp, "w");
+    if (!f) return cdp_fail(CDP_ERR_IO, "%s: cannot write: %s", tmp, strerror(errno));
+    cdp_status st = print_plan_json(plan, r, f);
+    if (fclose(f) != 0 && !st) st = cdp_fail(CDP_ERR_IO, "%s: cannot write: %s", tmp, strerror(errno));
+    if (!st && rename(tmp, path) != 0)
+        st = cdp_fail(CDP_ERR_IO, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
+    if (st) remove(tmp);
+    return st;
+}
+
+/* The arguments of every rank: this command's, with --plan naming the planned
+ * file and without --hostfile (the launcher's). */
+static char **rank_args(const struct cli_args *a, const char *planned)
+{
+    char **v = calloc((size_t)a->argc + 3, sizeof *v);
+    if (!v) return NULL;
+    int k = 0;
+    v[k++] = "--plan";
+    v[k++] = (char *)planned;
+    for (int i = 1; i < a->argc; i++) {
+        const char *s = a->argv[i];
+        if (!strcmp(s, "--plan") || !strcmp(s, "--hostfile") || !strcmp(s, "--costs")) {
+            i++;
+            continue;
+        }
+        if (!strncmp(s, "--plan=", 7)) continue;
+        v[k++] = a->argv[i];
+    }
+    v[k] = NULL;
+    return v;
+}
+
+/* Starts the layout's ranks (mpirun or srun) on the planned file and waits. */
+static int launch(const struct cli_args *a, const struct cdp_plan *plan, const struct cdp_layout *l,
+                  const char *planned, const char *tmpdir)
+{
+    if (!cdp_comm_have_mpi()) {
+        fprintf(stderr, "cdphybrid: %s: the layout has %d ranks and this build has no MPI (configure "
+                        "with -Dmpi=enabled after installing libopenmpi-dev)\n", plan->source, l->n_ranks);
+        return EXIT_USAGE;
+    }
+    char self[4096];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0) {
+        fprintf(stderr, "cdphybrid: cannot find the running program to start its ranks\n");
+        return EXIT_RUN_FAILED;
+    }
+    self[n] = '\0';
+    char **args = rank_args(a, planned);
+    if (!args) return EXIT_RUN_FAILED;
+    struct cdp_launch_spec spec = {.layout = l, .program = self, .args = args, .hostfile = a->hostfile,
+                                   .tmpdir = tmpdir};
+    int code = 0;
+    cdp_status st = cdp_launch_run(&spec, &code);
+    free(args);
+    if (st) {
+        fprintf(stderr, "cdphybrid: %s: the layout has %d ranks: %s; install openmpi-bin, or start the ranks "
+                        "yourself: mpirun -np %d %s --plan %s\n", plan->source, l->n_ranks, cdp_last_error(),
+                l->n_ranks, self, planned);
+        return cdp_cli_exit_code(st);
+    }
+    return code;
+}
+
+/* Removes a folder made for one launch and what the launch wrote in it. */
+static void remove_tmpdir(const char *dir, const char *planned)
+{
+    char hosts[4200];
+    snprintf(hosts, sizeof hosts, "%s/hosts.txt", dir);
+    remove(hosts);
+    remove(planned);
+    rmdir(dir);
+}
+
+/* Training: the layout printed once, written as planned.json beside the
+ * outputs, then run here (one rank) or launched (several). */
+static int train(const struct cli_args *a, struct cdp_plan *plan, const struct cdp_planner_result *r)
+{
+    const struct cdp_layout *l = r->layout;
+    if (!a->quiet) {
+        cdp_planner_print_brief(r, stdout);
+        fflush(stdout);
+    }
+    cdp_status st = cdp_exec_check(plan);
+    if (st) {
+        fprintf(stderr, "cdphybrid: %s\n", cdp_last_error());
+        return cdp_cli_exit_code(st);
+    }
+    char *dir = output_dir(plan), tmpdir[4096] = "", planned[4200] = "";
+    if (!dir && l->n_ranks > 1 && !a->no_launch) {
+        if (l->n_nodes > 1 && a->hostfile) {
+            fprintf(stderr, "cdphybrid: %s: a layout on several nodes needs a folder every node sees for "
+                            "planned.json: give /output/metrics (or another output) on a shared filesystem\n",
+                    plan->source);
+            return EXIT_USAGE;
+        }
+        const char *base = getenv("TMPDIR");
+        snprintf(tmpdir, sizeof tmpdir, "%s/cdphybrid-XXXXXX", base && *base ? base : "/tmp");
+        if (!mkdtemp(tmpdir)) {
+            fprintf(stderr, "cdphybrid: cannot make a folder for planned.json in %s: %s\n", tmpdir, strerror(errno));
+            return EXIT_RUN_FAILED;
+        }
+    }
+    if (dir || tmpdir[0]) {
+        snprintf(planned, sizeof planned, "%s/planned.json", dir ? dir : tmpdir);
+        if ((st = write_planned(plan, r, planned))) {
+            fprintf(stderr, "cdphybrid: %s\n", cdp_last_error());
+            free(dir);
+            if (tmpdir[0]) rmdir(tmpdir);
+            return EXIT_RUN_FAILED;
+        }
+        if (!a->quiet && dir) printf("  layout written to %s\n", planned);
+    }
+    int code;
+    if (l->n_ranks > 1) {
+        if (a->no_launch) {
+            fprintf(stderr, "cdphybrid: %s: the layout has %d ranks; start them with mpirun -np %d cdphybrid --plan "
+                            "%s, or leave out --no-launch\n", plan->source, l->n_ranks, l->n_ranks,
+                    planned[0] ? planned : plan->source);
+            code = EXIT_USAGE;
+        } else {
+            code = launch(a, plan, l, planned, tmpdir[0] ? tmpdir : dir);
+        }
+    } else {
+        struct cdp_train_opts opts = {.out = a->quiet ? NULL : stdout, .progress = isatty(1),
+                                      .resume = resume_dir(a, plan)};
+        st = cdp_train_one_rank(plan, l, &opts, NULL);
+        code = st ? cdp_cli_exit_code(st) : 0;
+        if (st) fprintf(stderr, "cdphybrid: %s\n", cdp_last_error());
+    }
+    if (tmpdir[0]) remove_tmpdir(tmpdir, planned);
+    free(dir);
+    if (!code && fflush(stdout) != 0) {
+        fprintf(stderr, "cdphybrid: cannot write to standard output\n");
+        return EXIT_RUN_FAILED;
+    }
+    return code;
+}
+
 static int run_plan(const struct cli_args *a)
 {
     struct cdp_plan *plan = NULL;
-    char why[1024] = "";
-    int code = EXIT_USAGE;
+    struct cdp_topology *topo = NULL;
+    struct cdp_cost_table table = {0};
+    struct cdp_planner_result pr = {0};
+    char why[1024] = "", note[512] = "";
+    int code = EXIT_USAGE, have_table = 0;
+    /* ranks of a launched job: only rank 0 says what every rank would */
+    const int ranked = cdp_comm_launched_by_mpi(), quiet_errors = ranked && launched_rank() != 0;
     if (cdp_plan_load(a->plan, &plan)) goto bad_input;
 
     struct cdp_machine_info machine = {.gpus = 0, .no_gpu_why = NULL};
@@ -410,91 +513,76 @@ static int run_plan(const struct cli_args *a)
         }
     }
     if (cdp_plan_resolve(plan, &machine)) goto bad_input;
-    if (a->simulate) {
-        code = cdp_cli_simulate(plan, a->json, a->trace, a->timeline, a->costs);
-        cdp_plan_free(plan);
-        return code;
-    }
     if (a->profile) {
         code = cdp_cli_profile(plan, a->plan, a->costs);
         cdp_plan_free(plan);
         return code;
     }
-    if (a->schedule) {
-        code = print_schedule(plan, a->json);
-        cdp_plan_free(plan);
-        return code;
-    }
-
     if (a->resume && !a->resume_dir && !plan->train.checkpoint.dir) {
         cdp_fail(CDP_ERR_INVALID, "%s: --resume without a folder needs /train/checkpoint/dir in the plan",
                  plan->source);
         goto bad_input;
     }
-    const int ranks = cdp_exec_ranks(plan);
-    if (!a->dry_run && (ranks > 1 || cdp_comm_launched_by_mpi())) {
-        if (ranks < 1) {
-            cdp_fail(CDP_ERR_UNSUPPORTED, "%s: /parallel/stages or /parallel/replicas is \"auto\": give "
-                     "numbers to train, or plan them first: cdphybrid --plan P --dry-run --json > planned.json", plan->source);
-            goto bad_input;
-        }
-        if (!cdp_comm_launched_by_mpi()) {
-            if (a->no_launch) {
-                cdp_fail(CDP_ERR_INVALID, "%s: the plan needs %d ranks; start it with mpirun -np %d, or "
-                         "leave out --no-launch", plan->source, ranks, ranks);
-                goto bad_input;
-            }
-            /* say once what no rank could do, rather than from every rank */
-            cdp_status st = cdp_exec_check(plan);
-            if (st) {
-                code = cdp_cli_exit_code(st);
-                goto bad_input;
-            }
-            cdp_plan_free(plan);
-            return launch(a, ranks);
-        }
-        code = run_ranks(a, plan);
-        cdp_plan_free(plan);
-        return code;
+    cdp_status st;
+    if (a->costs) {
+        struct cdp_unit *u = NULL;
+        int n = 0;
+        if ((st = cdp_cost_table_read(a->costs, &table))) goto failed;
+        have_table = 1;
+        if ((st = cdp_units_build(&plan->model, &u, &n))) goto failed;
+        st = cdp_cost_table_check(&table, a->costs, plan, u, n);
+        free(u);
+        if (st) goto failed;
     }
-    if (!a->dry_run) {
-        struct cdp_train_opts opts = {.out = a->quiet ? NULL : stdout, .progress = isatty(1),
-                                      .resume = resume_dir(a, plan)};
-        cdp_status st = cdp_train_one_rank(plan, &opts, NULL);
-        if (st) {
-            code = cdp_cli_exit_code(st);
-            goto bad_input;
-        }
-    } else {
-        struct cdp_planner_result pr = {0};
+    /* every command goes through the planner: the topology, then the layout */
+    if ((st = cdp_planner_topology(plan, machine.gpus, &topo, note, sizeof note))) {
+        cdp_error_context(st, "%s: /cluster/topology", plan->source);
+        goto failed;
+    }
+    if (note[0]) CDP_INFO(PART, "topology %s: %s", topo->name, note);
+    const int flags = ranked && !a->dry_run && !a->simulate && !a->schedule ? CDP_PLANNER_LAYOUT_ONLY : 0;
+    if ((st = cdp_planner_run(plan, topo, have_table ? &table : NULL, flags, &pr))) goto failed;
+    if (a->explore) {
         struct cdp_planner_spread spread = {0};
-        int planned = wants_planner(plan) || a->explore;
-        cdp_status st = planned ? plan_auto(plan, &pr, a->explore ? &spread : NULL) : CDP_OK;
-        if (st == CDP_ERR_UNSUPPORTED) planned = 0, st = CDP_OK;
-        if (st) {
-            code = cdp_cli_exit_code(st);
-            goto bad_input;
-        }
-        if (a->json) st = print_plan_json(plan, planned ? &pr : NULL);
-        else if (!(st = cdp_plan_print(plan, stdout)) && planned) {
-            cdp_planner_print(&pr, stdout);
-            if (a->explore) cdp_planner_spread_print(&spread, stdout);
-        }
-        cdp_planner_result_clear(&pr);
-        if (st) {
-            code = EXIT_RUN_FAILED;
-            goto bad_input;
-        }
+        if ((st = cdp_planner_explore(plan, topo, have_table ? &table : NULL, &pr, CDP_PLANNER_EXPLORE_SAMPLES, 1,
+                                      &spread)))
+            goto failed;
+        if ((st = cdp_planner_apply(&pr, plan)) || (st = cdp_plan_print(plan, stdout))) goto failed;
+        cdp_planner_print(&pr, stdout);
+        cdp_planner_spread_print(&spread, stdout);
+        code = 0;
+    } else if (a->schedule) {
+        code = print_schedule(plan, pr.layout, a->json);
+    } else if (a->simulate) {
+        struct cdp_sim_in in = {.r = &pr, .t = topo, .note = note, .table = have_table ? &table : NULL,
+                                .costs = a->costs, .costs_device = table.device};
+        code = cdp_cli_simulate(plan, &in, a->json, a->trace, a->timeline);
+    } else if (a->dry_run) {
+        if ((st = cdp_planner_apply(&pr, plan))) goto failed;
+        if (a->json) st = print_plan_json(plan, &pr, stdout);
+        else if (!(st = cdp_plan_print(plan, stdout))) cdp_planner_print(&pr, stdout);
+        if (st) goto failed;
+        code = fflush(stdout) ? EXIT_RUN_FAILED : 0;
+        if (code) fprintf(stderr, "cdphybrid: cannot write to standard output\n");
+    } else if (ranked) {
+        code = run_ranks(a, plan, pr.layout);
+    } else {
+        if ((st = cdp_planner_apply(&pr, plan))) goto failed;
+        code = train(a, plan, &pr);
     }
+    cdp_planner_result_clear(&pr);
+    cdp_topology_free(topo);
+    cdp_cost_table_clear(&table);
     cdp_plan_free(plan);
-    if (fflush(stdout) != 0) {
-        fprintf(stderr, "cdphybrid: cannot write to standard output\n");
-        return EXIT_RUN_FAILED;
-    }
-    return 0;
+    return code;
 
+failed:
+    code = cdp_cli_exit_code(st);
 bad_input:
-    fprintf(stderr, "cdphybrid: %s\n", cdp_last_error());
+    if (!quiet_errors) fprintf(stderr, "cdphybrid: %s\n", cdp_last_error());
+    cdp_planner_result_clear(&pr);
+    cdp_topology_free(topo);
+    cdp_cost_table_clear(&table);
     cdp_plan_free(plan);
     return code;
 }

@@ -86,6 +86,68 @@ void *cdp_model_input(struct cdp_model *m, int slot)
 
 float *cdp_model_output(struct cdp_model *m, int slot) { return slot_act(m, slot, m->n_units - 1); }
 
+static int64_t shape_numel(const struct cdp_shape *s)
+{
+    int64_t n = 1;
+    for (int d = 0; d < s->ndim; d++) n *= s->d[d];
+    return n;
+}
+
+enum cdp_loss cdp_model_loss_of(const struct cdp_model_desc *desc)
+{
+    return desc->kind == CDP_MODEL_GPT ? CDP_LOSS_CROSS_ENTROPY : desc->loss;
+}
+
+void cdp_unit_bytes(const struct cdp_unit *u, int B, enum cdp_loss loss, struct cdp_unit_bytes *out)
+{
+    const uint64_t b = (uint64_t)B, in = (uint64_t)shape_numel(&u->in), o = (uint64_t)u->out_floats;
+    memset(out, 0, sizeof *out);
+    out->tied_owner = -1;
+    for (int p = 0; p < u->n_params; p++) {
+        out->held_floats += (uint64_t)u->params[p].numel;
+        if (u->params[p].tied_unit >= 0) {
+            out->tied_floats += (uint64_t)u->params[p].numel;
+            out->tied_owner = u->params[p].tied_unit;
+        }
+    }
+    out->act_bytes = b * (uint64_t)u->act_floats * 4;
+    out->scratch_bytes = (uint64_t)cdp_unit_scratch_floats(u, B) * 4;
+    out->io_bytes = b * (in > o ? in : o) * 4;
+    out->input_bytes = b * in * 4;
+    out->in_tokens = u->in_tokens;
+    out->output_bytes = b * o * 4;
+    const uint64_t last = u->out.ndim > 0 ? (uint64_t)u->out.d[u->out.ndim - 1] : 1;
+    const uint64_t rows = loss == CDP_LOSS_MSE ? b : b * o / (last ? last : 1);
+    out->target_bytes = loss == CDP_LOSS_MSE ? b * o * 4 : rows * 4;
+    out->loss_bytes = rows * 4;
+}
+
+void cdp_range_terms_add(struct cdp_range_terms *t, const struct cdp_unit_bytes *u)
+{
+    t->held_floats += u->held_floats;
+    t->act_bytes += u->act_bytes;
+    if (u->scratch_bytes > t->scratch_bytes) t->scratch_bytes = u->scratch_bytes;
+    if (u->io_bytes > t->io_bytes) t->io_bytes = u->io_bytes;
+}
+
+void cdp_model_bytes_of(const struct cdp_range_terms *t, uint64_t shared_floats, const struct cdp_unit_bytes *first,
+                        const struct cdp_unit_bytes *last, int ends_model, int slots, struct cdp_model_bytes *out)
+{
+    const uint64_t k = slots > 0 ? (uint64_t)slots : 0;
+    memset(out, 0, sizeof *out);
+    out->params = out->grads = (t->held_floats - shared_floats) * 4;
+    out->activations = k * t->act_bytes;
+    out->inputs = k * first->input_bytes;
+    if (ends_model) {
+        out->targets = k * last->target_bytes;
+        out->losses = last->loss_bytes;
+    }
+    out->scratch = t->scratch_bytes;
+    out->grad_buffers = 2 * t->io_bytes;
+    out->total = out->params + out->grads + out->activations + out->inputs + out->targets + out->losses +
+                 out->scratch + out->grad_buffers;
+}
+
 static cdp_status alloc(struct cdp_model *m, uint64_t bytes, const char *what, cdp_buffer_t *out)
 {
     cdp_status st = cdp_buffer_create(m->dev, bytes, out);
@@ -159,7 +221,7 @@ cdp_status cdp_model_create(const struct cdp_model_desc *desc, int first, int en
     m->n_units = end - first;
     m->first = first;
     m->ends_model = end == n_all;
-    m->loss = desc->kind == CDP_MODEL_GPT ? CDP_LOSS_CROSS_ENTROPY : desc->loss;
+    m->loss = cdp_model_loss_of(desc);
     m->B = B;
     m->slots = slots;
     m->dev = dev;
@@ -182,6 +244,21 @@ cdp_status cdp_model_create(const struct cdp_model_desc *desc, int first, int en
     /* attention's saved state as this device's kernels keep it */
     for (int i = 0; i < m->n_units; i++)
         cdp_unit_fit_kernels(&m->units[i], &m->k, B);
+
+    /* Every buffer's size comes from cdp_model_bytes_of, the sizes the planner predicts. */
+    const enum cdp_loss loss = m->loss;
+    struct cdp_range_terms terms = {0};
+    struct cdp_unit_bytes ub0, ub, ubl;
+    uint64_t shared = 0;
+    for (int i = 0; i < m->n_units; i++) {
+        cdp_unit_bytes(&m->units[i], B, loss, &ub);
+        cdp_range_terms_add(&terms, &ub);
+        if (ub.tied_owner >= first && ub.tied_owner < end) shared += ub.tied_floats;
+        if (i == 0) ub0 = ub;
+        ubl = ub;
+    }
+    struct cdp_model_bytes mb;
+    cdp_model_bytes_of(&terms, shared, &ub0, &ubl, m->ends_model, slots, &mb);
 
     /* Parameters: one tensor per parameter, except a tied one whose owner is in
      * range, which shares the owner's storage. */
@@ -206,8 +283,9 @@ cdp_status cdp_model_create(const struct cdp_model_desc *desc, int first, int en
         }
     }
     m->param_floats = off;
-    if ((st = alloc(m, (uint64_t)off * 4, "parameters", &m->params_buf))) goto fail;
-    if ((st = alloc(m, (uint64_t)off * 4, "gradients", &m->grads_buf))) goto fail;
+    CDP_ASSERT((uint64_t)off * 4 == mb.params);
+    if ((st = alloc(m, mb.params, "parameters", &m->params_buf))) goto fail;
+    if ((st = alloc(m, mb.grads, "gradients", &m->grads_buf))) goto fail;
     float *pbase = cdp_buffer_data(m->params_buf), *gbase = cdp_buffer_data(m->grads_buf);
     for (int t = 0; t < m->n_tensors; t++) {
         intptr_t o = (intptr_t)m->tensors[t].data;
@@ -232,39 +310,28 @@ cdp_status cdp_model_create(const struct cdp_model_desc *desc, int first, int en
     if ((st = zero_grads(m))) goto fail;
 
     /* Activations, inputs, targets, scratch, and the backward ping-pong buffers. */
-    int64_t acts = 0, scratch = 0, dmax = 0;
+    int64_t acts = 0;
     for (int i = 0; i < m->n_units; i++) {
-        const struct cdp_unit *u = &m->units[i];
         m->act_off[i] = acts;
-        acts += (int64_t)B * u->act_floats;
-        int64_t s = cdp_unit_scratch_floats(u, B);
-        if (s > scratch) scratch = s;
-        int64_t in_n = 1;
-        for (int d = 0; d < u->in.ndim; d++) in_n *= u->in.d[d];
-        if (B * in_n > dmax) dmax = B * in_n;
-        if (B * u->out_floats > dmax) dmax = B * u->out_floats;
+        acts += (int64_t)B * m->units[i].act_floats;
     }
     m->acts_per_slot = acts;
-    m->dfloats = dmax;
-    const struct cdp_unit *u0 = &m->units[0], *ul = &m->units[m->n_units - 1];
-    int64_t in_numel = 1;
-    for (int d = 0; d < u0->in.ndim; d++) in_numel *= u0->in.d[d];
-    m->input_bytes_per_slot = (int64_t)B * in_numel * 4;
+    m->dfloats = (int64_t)(mb.grad_buffers / 8);
+    m->input_bytes_per_slot = (int64_t)ub0.input_bytes;
     if (m->ends_model) {
-        int64_t last = ul->out.d[ul->out.ndim - 1];
-        m->loss_rows = m->loss == CDP_LOSS_MSE ? B : (int64_t)B * ul->out_floats / last;
-        m->target_bytes_per_slot = m->loss == CDP_LOSS_MSE ? (int64_t)B * ul->out_floats * 4 : m->loss_rows * 4;
-        if ((st = alloc(m, (uint64_t)(slots * m->target_bytes_per_slot), "targets", &m->target_buf))) goto fail;
-        if ((st = alloc(m, (uint64_t)m->loss_rows * 4, "losses", &m->loss_buf))) goto fail;
+        m->loss_rows = (int64_t)(ubl.loss_bytes / 4);
+        m->target_bytes_per_slot = (int64_t)ubl.target_bytes;
+        if ((st = alloc(m, mb.targets, "targets", &m->target_buf))) goto fail;
+        if ((st = alloc(m, mb.losses, "losses", &m->loss_buf))) goto fail;
         if (!(m->loss_host = malloc((size_t)m->loss_rows * 4 + 1))) {
             st = cdp_fail(CDP_ERR_NOMEM, "out of memory for a model");
             goto fail;
         }
     }
-    if ((st = alloc(m, (uint64_t)(slots * acts) * 4, "activations", &m->acts_buf))) goto fail;
-    if ((st = alloc(m, (uint64_t)(slots * m->input_bytes_per_slot), "inputs", &m->input_buf))) goto fail;
-    if ((st = alloc(m, (uint64_t)scratch * 4, "scratch", &m->scratch_buf))) goto fail;
-    if ((st = alloc(m, (uint64_t)(2 * dmax) * 4, "gradient buffers", &m->dbuf))) goto fail;
+    if ((st = alloc(m, mb.activations, "activations", &m->acts_buf))) goto fail;
+    if ((st = alloc(m, mb.inputs, "inputs", &m->input_buf))) goto fail;
+    if ((st = alloc(m, mb.scratch, "scratch", &m->scratch_buf))) goto fail;
+    if ((st = alloc(m, mb.grad_buffers, "gradient buffers", &m->dbuf))) goto fail;
     free(all);
     *out = m;
     return CDP_OK;

@@ -30,6 +30,55 @@ struct cdp_model_tensor {
     int decay;
 };
 
+/* Device bytes of a model range, buffer by buffer, exactly as cdp_model_create
+ * allocates them: the one home of those sizes, which the planner's memory
+ * prediction (pipeline/layout.h) reads too. */
+struct cdp_model_bytes {
+    uint64_t params, grads;   /* fp32 parameters held (tied ones once), and their gradients */
+    uint64_t activations;     /* slots x the units' kept activations */
+    uint64_t inputs;          /* slots x the first unit's input */
+    uint64_t targets, losses; /* slots x targets, and one micro-batch's per-row losses (ranges ending the model) */
+    uint64_t scratch;         /* the largest unit scratch */
+    uint64_t grad_buffers;    /* the backward's two gradients in flight: 2 x the widest input or output */
+    uint64_t total;
+};
+
+/* What one unit adds to a range of B-sample micro-batches. The "sum" fields
+ * add up over the range, the "max" fields take the largest; input_bytes counts
+ * when the unit starts the range, target and loss bytes when it ends the model. */
+struct cdp_unit_bytes {
+    uint64_t held_floats;   /* sum: parameters it keeps, a tied one included (a range without its owner
+                             * keeps its own copy) */
+    uint64_t tied_floats;   /* of held_floats, those of a parameter tied to unit tied_owner */
+    int tied_owner;         /* -1: none */
+    uint64_t act_bytes;     /* sum: kept activations per slot (output included) */
+    uint64_t scratch_bytes; /* max */
+    uint64_t io_bytes;      /* max: its input or output, whichever is wider (floats x 4) */
+    uint64_t input_bytes;   /* its input per slot (int32 tokens or floats, 4 bytes each) */
+    int in_tokens;          /* its input is token ids (no input gradient) */
+    uint64_t output_bytes;  /* its output per micro-batch (what a stage ending with it sends) */
+    uint64_t target_bytes;  /* targets per slot were it the model's last unit */
+    uint64_t loss_bytes;    /* per-row losses of one micro-batch were it the model's last unit */
+};
+
+void cdp_unit_bytes(const struct cdp_unit *u, int B, enum cdp_loss loss, struct cdp_unit_bytes *out);
+
+/* The sums and maxima of cdp_unit_bytes over a range; zero-initialise, then add each unit. */
+struct cdp_range_terms {
+    uint64_t held_floats, act_bytes, scratch_bytes, io_bytes;
+};
+void cdp_range_terms_add(struct cdp_range_terms *t, const struct cdp_unit_bytes *u);
+
+/* The buffers of a range with terms t, whose first and last units are first and
+ * last, holding shared_floats parameters once that two of its units use (a
+ * tied head beside its embedding), with `slots` activation slots; ends_model:
+ * the range holds the model's last unit (targets and losses). */
+void cdp_model_bytes_of(const struct cdp_range_terms *t, uint64_t shared_floats, const struct cdp_unit_bytes *first,
+                        const struct cdp_unit_bytes *last, int ends_model, int slots, struct cdp_model_bytes *out);
+
+/* The loss a model trains with: cross-entropy for a GPT, else the plan's. */
+enum cdp_loss cdp_model_loss_of(const struct cdp_model_desc *desc);
+
 struct cdp_model;
 
 /* Builds units [first, end) of the described model for micro-batches of B

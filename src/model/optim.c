@@ -22,6 +22,11 @@ static cdp_status zero_state(const struct cdp_kernels *k, float *p, size_t bytes
     return CDP_OK;
 }
 
+uint64_t cdp_optimizer_state_bytes(const struct cdp_optimizer_desc *desc, int64_t param_floats)
+{
+    return (uint64_t)(desc->type == CDP_OPT_ADAMW ? 2 : 1) * (uint64_t)param_floats * 4;
+}
+
 cdp_status cdp_optimizer_create(const struct cdp_optimizer_desc *desc, struct cdp_model *m,
                                 cdp_device_t dev, struct cdp_optimizer **out)
 {
@@ -29,8 +34,8 @@ cdp_status cdp_optimizer_create(const struct cdp_optimizer_desc *desc, struct cd
     if (!o) return cdp_fail(CDP_ERR_NOMEM, "out of memory for the optimizer");
     o->d = *desc;
     int64_t n = cdp_model_param_floats(m);
-    int copies = desc->type == CDP_OPT_ADAMW ? 2 : 1;
-    cdp_status st = cdp_buffer_create(dev, (uint64_t)(copies * n) * 4, &o->state);
+    const int copies = desc->type == CDP_OPT_ADAMW ? 2 : 1;
+    cdp_status st = cdp_buffer_create(dev, cdp_optimizer_state_bytes(desc, n), &o->state);
     if (st) {
         free(o);
         return cdp_error_context(st, "optimizer state (%s)", desc->type == CDP_OPT_ADAMW ? "adamw" : "sgd");

@@ -16,6 +16,11 @@ extern "C" {
 
 struct cdp_optimizer;
 
+/* Device bytes of the state cdp_optimizer_create allocates for param_floats
+ * parameters: AdamW two fp32 moments, SGD one velocity (kept even without
+ * momentum). The planner's memory prediction reads this. */
+uint64_t cdp_optimizer_state_bytes(const struct cdp_optimizer_desc *desc, int64_t param_floats);
+
 cdp_status cdp_optimizer_create(const struct cdp_optimizer_desc *desc, struct cdp_model *m,
                                 cdp_device_t dev, struct cdp_optimizer **out);
 void cdp_optimizer_destroy(struct cdp_optimizer *o);

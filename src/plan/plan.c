@@ -1250,9 +1250,35 @@ static cdp_status load_parallel(struct ld *c, const json_t *v)
 
 /* ---- cluster, output --------------------------------------------------------- */
 
-static const char *const cluster_keys[] = {"backend", "topology", "nodes", "devices", "device_memory",
+static const char *const cluster_keys[] = {"backend", "topology", "nodes", "devices", "device_memory", "host_memory",
                                            "ranks_per_device", NULL};
 static const char *const output_keys[] = {"metrics", "trace", "timeline", "weights", NULL};
+
+/* /cluster/KEY: a size ("16GiB", "512MB"), a number of bytes, or "auto" (0). */
+static cdp_status get_size(struct ld *c, const json_t *v, const char *key, uint64_t *out)
+{
+    const json_t *mem = json_object_get(v, key);
+    if (!mem) return CDP_OK;
+    char MP[PTR_CAP];
+    ptr_key(MP, "/cluster", key);
+    const char *what = "a size like \"16GiB\" or \"512MB\", a number of bytes, or \"auto\"";
+    if (json_is_integer(mem)) {
+        if (json_integer_value(mem) < 0) return expected(c, MP, what, mem);
+        *out = (uint64_t)json_integer_value(mem);
+    } else if (json_is_string(mem)) {
+        const char *s = json_string_value(mem);
+        if (strcmp(s, "auto") == 0) {
+            *out = 0;
+        } else if (strlen(s) != json_string_length(mem) || cdp_parse_size(s, out)) {
+            char why[512], g[GOT_CAP];
+            snprintf(why, sizeof why, "%s", cdp_last_error());
+            return failp(c, MP, "expected %s, got %s: %s", what, got_str(mem, g, sizeof g), why);
+        }
+    } else {
+        return expected(c, MP, what, mem);
+    }
+    return CDP_OK;
+}
 
 static cdp_status load_cluster(struct ld *c, const json_t *v)
 {
@@ -1282,26 +1308,8 @@ static cdp_status load_cluster(struct ld *c, const json_t *v)
     if ((st = get_int(c, v, P, "nodes", 1, MAX_COUNT, 0, &cd->nodes))) return st;
     if ((st = get_int(c, v, P, "devices", 1, MAX_COUNT, 1, &cd->devices))) return st;
     if ((st = get_int(c, v, P, "ranks_per_device", 1, 64, 0, &cd->ranks_per_device))) return st;
-    const json_t *mem = json_object_get(v, "device_memory");
-    if (mem) {
-        const char *MP = "/cluster/device_memory";
-        const char *what = "a size like \"16GiB\" or \"512MB\", a number of bytes, or \"auto\"";
-        if (json_is_integer(mem)) {
-            if (json_integer_value(mem) < 0) return expected(c, MP, what, mem);
-            cd->device_memory = (uint64_t)json_integer_value(mem);
-        } else if (json_is_string(mem)) {
-            const char *s = json_string_value(mem);
-            if (strcmp(s, "auto") == 0) {
-                cd->device_memory = 0;
-            } else if (strlen(s) != json_string_length(mem) || cdp_parse_size(s, &cd->device_memory)) {
-                char why[512], g[GOT_CAP];
-                snprintf(why, sizeof why, "%s", cdp_last_error());
-                return failp(c, MP, "expected %s, got %s: %s", what, got_str(mem, g, sizeof g), why);
-            }
-        } else {
-            return expected(c, MP, what, mem);
-        }
-    }
+    if ((st = get_size(c, v, "device_memory", &cd->device_memory))) return st;
+    if ((st = get_size(c, v, "host_memory", &cd->host_memory))) return st;
     return CDP_OK;
 }
 

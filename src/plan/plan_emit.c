@@ -26,6 +26,20 @@ static json_t *jint(int64_t v) { return json_integer((json_int_t)v); }
 
 static json_t *jint_auto(int64_t v) { return v == CDP_AUTO ? json_string("auto") : jint(v); }
 
+/* A size in bytes: "auto" for 0, past INT64_MAX as a decimal string. */
+static void set_size(struct emit *e, json_t *o, const char *key, uint64_t v)
+{
+    if (v == 0) {
+        set(e, o, key, json_string("auto"));
+    } else if (v > (uint64_t)INT64_MAX) {
+        char buf[32];
+        snprintf(buf, sizeof buf, "%" PRIu64, v);
+        set(e, o, key, json_string(buf));
+    } else {
+        set(e, o, key, jint((int64_t)v));
+    }
+}
+
 static json_t *jstr_or_null(const char *s) { return s ? json_string(s) : json_null(); }
 
 static json_t *jreal(struct emit *e, double v)
@@ -224,15 +238,8 @@ static json_t *plan_json(struct emit *e, const struct cdp_plan *p)
         set(e, o, "topology", json_string(cd->topology));
         set(e, o, "nodes", jint(cd->nodes));
         set(e, o, "devices", jint_auto(cd->devices));
-        if (cd->device_memory == 0) {
-            set(e, o, "device_memory", json_string("auto"));
-        } else if (cd->device_memory > (uint64_t)INT64_MAX) {
-            char buf[32];
-            snprintf(buf, sizeof buf, "%" PRIu64, cd->device_memory);
-            set(e, o, "device_memory", json_string(buf));
-        } else {
-            set(e, o, "device_memory", jint((int64_t)cd->device_memory));
-        }
+        set_size(e, o, "device_memory", cd->device_memory);
+        set_size(e, o, "host_memory", cd->host_memory);
         set(e, o, "ranks_per_device", jint(cd->ranks_per_device));
     }
 
@@ -490,6 +497,11 @@ cdp_status cdp_plan_print(const struct cdp_plan *p, FILE *f)
                 (unsigned long long)cd->device_memory);
     else
         fprintf(f, ROW "auto (the device's own)\n", "device_memory");
+    if (cd->host_memory)
+        fprintf(f, ROW "%s (%llu bytes)\n", "host_memory", cdp_format_bytes(cd->host_memory, b3, sizeof b3),
+                (unsigned long long)cd->host_memory);
+    else
+        fprintf(f, ROW "auto (what the host has free)\n", "host_memory");
 
     fprintf(f, "\nOutput\n");
     fprintf(f, ROW "%s\n", "metrics", p->output.metrics ? p->output.metrics : "(not written)");

@@ -3,8 +3,8 @@
  * The planner uses it with predicted speeds (/parallel/balance "speed"), the
  * executor with measured ones (/parallel/rebalance_every). Any shares give the
  * same training result: the global batch and the loss's 1/G stay the same. */
-#ifndef CDP_PARTITIONER_BALANCE_H
-#define CDP_PARTITIONER_BALANCE_H
+#ifndef CDP_PIPELINE_BALANCE_H
+#define CDP_PIPELINE_BALANCE_H
 
 #include <stdint.h>
 

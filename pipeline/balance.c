@@ -1,5 +1,5 @@
 /* Load balance across replicas (balance.h). */
-#include "partitioner/balance.h"
+#include "pipeline/balance.h"
 
 #include <math.h>
 

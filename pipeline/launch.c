@@ -1,0 +1,348 @@
+/* The launcher (launch.h): binding a rank to its CPUs, and the mpirun / srun
+ * command line that starts a layout's ranks on their nodes. */
+#include "pipeline/launch.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "cdp/core.h"
+#include "cdp/log.h"
+#include "cdp_config.h"
+#include "kernels/cpu/ops.h"
+
+#if CDP_HAVE_HWLOC
+#include <hwloc.h>
+#endif
+
+/* ---- binding ------------------------------------------------------------------- */
+
+#if CDP_HAVE_HWLOC
+static cdp_status bind_hwloc(const char *cpuset, int *n_cpus)
+{
+    hwloc_topology_t topo;
+    if (hwloc_topology_init(&topo) != 0) return cdp_fail(CDP_ERR_UNSUPPORTED, "hwloc_topology_init failed");
+    /* CPUs only: no PCI scan */
+    hwloc_topology_set_all_types_filter(topo, HWLOC_TYPE_FILTER_KEEP_NONE);
+    hwloc_topology_set_type_filter(topo, HWLOC_OBJ_PU, HWLOC_TYPE_FILTER_KEEP_ALL);
+    hwloc_topology_set_type_filter(topo, HWLOC_OBJ_NUMANODE, HWLOC_TYPE_FILTER_KEEP_ALL);
+    cdp_status st = CDP_OK;
+    hwloc_bitmap_t set = hwloc_bitmap_alloc();
+    if (!set || hwloc_topology_load(topo) != 0) {
+        st = cdp_fail(CDP_ERR_UNSUPPORTED, "hwloc could not read this machine");
+    } else if (hwloc_bitmap_list_sscanf(set, cpuset) != 0) {
+        st = cdp_fail(CDP_ERR_INVALID, "CPU list \"%.60s\" does not parse", cpuset);
+    } else {
+        hwloc_bitmap_and(set, set, hwloc_topology_get_allowed_cpuset(topo));
+        if (hwloc_bitmap_iszero(set))
+            st = cdp_fail(CDP_ERR_INVALID, "none of CPUs %s is available to this process", cpuset);
+        else if (hwloc_set_cpubind(topo, set, HWLOC_CPUBIND_PROCESS) != 0)
+            st = cdp_fail(CDP_ERR_UNSUPPORTED, "hwloc_set_cpubind(%s): %s", cpuset, strerror(errno));
+        else
+            *n_cpus = hwloc_bitmap_weight(set);
+    }
+    hwloc_bitmap_free(set);
+    hwloc_topology_destroy(topo);
+    return st;
+}
+#endif
+
+/* Without hwloc: sched_setaffinity on every thread of the process. */
+static cdp_status bind_sched(const char *cpuset, int *n_cpus)
+{
+    int *cpus = NULL, n = 0;
+    cdp_status st = cdp_cpuset_parse_list(cpuset, &cpus, &n);
+    if (st) return st;
+    cpu_set_t allowed, want;
+    CPU_ZERO(&want);
+    if (sched_getaffinity(0, sizeof allowed, &allowed) != 0) CPU_ZERO(&allowed);
+    for (int i = 0; i < n; i++)
+        if (cpus[i] < CPU_SETSIZE && CPU_ISSET(cpus[i], &allowed)) CPU_SET(cpus[i], &want);
+    free(cpus);
+    const int k = CPU_COUNT(&want);
+    if (!k) return cdp_fail(CDP_ERR_INVALID, "none of CPUs %s is available to this process", cpuset);
+    DIR *d = opendir("/proc/self/task");
+    int bad = 0;
+    if (d) {
+        for (struct dirent *t; (t = readdir(d));)
+            if (t->d_name[0] != '.' && sched_setaffinity((pid_t)atoi(t->d_name), sizeof want, &want) != 0) bad = errno;
+        closedir(d);
+    } else if (sched_setaffinity(0, sizeof want, &want) != 0) {
+        bad = errno;
+    }
+    if (bad) return cdp_fail(CDP_ERR_UNSUPPORTED, "sched_setaffinity(%s): %s", cpuset, strerror(bad));
+    *n_cpus = k;
+    return CDP_OK;
+}
+
+cdp_status cdp_launch_bind(const char *cpuset, int *n_cpus)
+{
+#if CDP_HAVE_HWLOC
+    cdp_status st = bind_hwloc(cpuset, n_cpus);
+    if (st != CDP_ERR_UNSUPPORTED) return st;
+    CDP_DEBUG(EXEC, "%s; binding with sched_setaffinity", cdp_last_error());
+#endif
+    return bind_sched(cpuset, n_cpus);
+}
+
+int cdp_launch_blas_threads(int n_cpus) { return cdp_cpu_set_threads(n_cpus); }
+
+/* ---- the command line -------------------------------------------------------------- */
+
+/* Ranks of each layout node, and how many nodes hold any. */
+static int ranks_per_node(const struct cdp_layout *l, int *count)
+{
+    int used = 0;
+    for (int i = 0; i < l->n_nodes; i++) count[i] = 0;
+    for (int i = 0; i < l->n_ranks; i++) count[l->rank[i].node]++;
+    for (int i = 0; i < l->n_nodes; i++) used += count[i] > 0;
+    return used;
+}
+
+/* The first word of every line of an Open MPI hostfile, in order. */
+static cdp_status read_hosts(const char *path, char ***hosts, int *n)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) return cdp_fail(CDP_ERR_INVALID, "%s: cannot read the hostfile: %s", path, strerror(errno));
+    char line[1024];
+    char **h = NULL;
+    int k = 0, cap = 0;
+    cdp_status st = CDP_OK;
+    while (!st && fgets(line, sizeof line, f)) {
+        char *c = strchr(line, '#');
+        if (c) *c = '\0';
+        char *w = strtok(line, " \t\r\n");
+        if (!w) continue;
+        if (k == cap) {
+            char **q = realloc(h, (size_t)(cap = cap ? 2 * cap : 16) * sizeof *q);
+            if (!q) {
+                st = cdp_fail(CDP_ERR_NOMEM, "out of memory");
+                break;
+            }
+            h = q;
+        }
+        if (!(h[k] = strdup(w))) st = cdp_fail(CDP_ERR_NOMEM, "out of memory");
+        else k++;
+    }
+    fclose(f);
+    if (!st && k == 0) st = cdp_fail(CDP_ERR_INVALID, "%s: no hosts in the hostfile", path);
+    if (st) {
+        for (int i = 0; i < k; i++) free(h[i]);
+        free(h);
+        return st;
+    }
+    *hosts = h;
+    *n = k;
+    return CDP_OK;
+}
+
+enum cdp_launcher cdp_launch_which(const struct cdp_launch_spec *s)
+{
+    const char *job = getenv("SLURM_JOB_ID");
+    if (s->hostfile || !job || !*job) return CDP_LAUNCHER_MPIRUN;
+    const char *path = getenv("PATH");
+    char buf[4096];
+    for (const char *p = path ? path : ""; *p;) {
+        const char *e = strchr(p, ':');
+        size_t n = e ? (size_t)(e - p) : strlen(p);
+        if (n && n < sizeof buf - 6) {
+            snprintf(buf, sizeof buf, "%.*s/srun", (int)n, p);
+            if (access(buf, X_OK) == 0) return CDP_LAUNCHER_SRUN;
+        }
+        p += n + (e != NULL);
+    }
+    return CDP_LAUNCHER_MPIRUN;
+}
+
+/* argv under construction: strings are copied into one arena at the end. */
+struct args {
+    char *item[64];
+    int n;
+    char num[4][24];
+};
+
+static void push(struct args *a, const char *s) { a->item[a->n++] = (char *)s; }
+
+cdp_status cdp_launch_argv(const struct cdp_launch_spec *s, enum cdp_launcher which, char ***out)
+{
+    const struct cdp_layout *l = s->layout;
+    int *count = calloc((size_t)l->n_nodes, sizeof *count);
+    if (!count) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
+    const int used = ranks_per_node(l, count);
+    struct args a = {.n = 0};
+    char hostpath[4200] = "";
+    cdp_status st = CDP_OK;
+    snprintf(a.num[0], sizeof a.num[0], "%d", l->n_ranks);
+    if (which == CDP_LAUNCHER_SRUN) {
+        int per = 0;
+        for (int i = 0; i < l->n_nodes; i++)
+            if (count[i]) {
+                if (per && count[i] != per)
+                    st = cdp_fail(CDP_ERR_INVALID, "the layout has %d ranks on one node and %d on another; srun "
+                                  "starts the same number on each: start it with mpirun --hostfile", per, count[i]);
+                per = count[i];
+            }
+        snprintf(a.num[1], sizeof a.num[1], "%d", used);
+        snprintf(a.num[2], sizeof a.num[2], "%d", per);
+        push(&a, "srun");
+        push(&a, "--ntasks");
+        push(&a, a.num[0]);
+        push(&a, "--nodes");
+        push(&a, a.num[1]);
+        push(&a, "--ntasks-per-node");
+        push(&a, a.num[2]);
+        push(&a, "--distribution=block");
+        push(&a, "--cpu-bind=none");
+        push(&a, "--kill-on-bad-exit=1");
+    } else {
+        push(&a, "mpirun");
+        push(&a, "-np");
+        push(&a, a.num[0]);
+        /* every rank binds itself to the layout's CPUs */
+        push(&a, "--bind-to");
+        push(&a, "none");
+        if (used > 1 || s->hostfile) {
+            char **hosts = NULL;
+            int nh = 0;
+            if (!s->hostfile) {
+                st = cdp_fail(CDP_ERR_INVALID, "the layout puts ranks on %d nodes: give the hosts (cdphybrid --plan P "
+                              "--hostfile FILE, one host per line), or start it yourself (mpirun --hostfile FILE -np %d "
+                              "cdphybrid --plan planned.json)", used, l->n_ranks);
+            } else if (!(st = read_hosts(s->hostfile, &hosts, &nh))) {
+                if (nh < l->n_nodes)
+                    st = cdp_fail(CDP_ERR_INVALID, "%s: %d host%s for a layout of %d nodes (node i runs on the i-th "
+                                  "host)", s->hostfile, nh, nh == 1 ? "" : "s", l->n_nodes);
+                snprintf(hostpath, sizeof hostpath, "%s/hosts.txt", s->tmpdir ? s->tmpdir : ".");
+                FILE *f = st ? NULL : fopen(hostpath, "w");
+                if (!st && !f) st = cdp_fail(CDP_ERR_IO, "%s: cannot write: %s", hostpath, strerror(errno));
+                for (int i = 0; f && i < l->n_nodes; i++)
+                    if (count[i]) fprintf(f, "%s slots=%d max_slots=%d\n", hosts[i], count[i], count[i]);
+                if (f && fclose(f) != 0) st = cdp_fail(CDP_ERR_IO, "%s: cannot write: %s", hostpath, strerror(errno));
+                for (int i = 0; i < nh; i++) free(hosts[i]);
+                free(hosts);
+            }
+            push(&a, "--hostfile");
+            push(&a, hostpath);
+            push(&a, "--map-by");
+            push(&a, "slot");
+        }
+    }
+    free(count);
+    if (st) return st;
+    push(&a, s->program);
+    int nargs = 0;
+    while (s->args[nargs]) nargs++;
+    size_t bytes = 0;
+    for (int i = 0; i < a.n; i++) bytes += strlen(a.item[i]) + 1;
+    for (int i = 0; i < nargs; i++) bytes += strlen(s->args[i]) + 1;
+    const size_t n = (size_t)(a.n + nargs);
+    char **v = malloc((n + 1) * sizeof *v + bytes);
+    if (!v) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
+    char *arena = (char *)(v + n + 1);
+    for (size_t i = 0; i < n; i++) {
+        const char *src = (int)i < a.n ? a.item[i] : s->args[(int)i - a.n];
+        const size_t len = strlen(src) + 1;
+        memcpy(arena, src, len);
+        v[i] = arena;
+        arena += len;
+    }
+    v[n] = NULL;
+    *out = v;
+    return CDP_OK;
+}
+
+static volatile pid_t launched;
+
+static void pass_on(int sig)
+{
+    if (launched > 0) kill(launched, sig);
+}
+
+cdp_status cdp_launch_run(const struct cdp_launch_spec *s, int *exit_code)
+{
+    const enum cdp_launcher which = cdp_launch_which(s);
+    char **argv = NULL;
+    cdp_status st = cdp_launch_argv(s, which, &argv);
+    if (st) return st;
+    /* Open MPI refuses root and more ranks than cores unless told */
+    if (geteuid() == 0) {
+        setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 0);
+        setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 0);
+    }
+    if (s->layout->n_ranks > sysconf(_SC_NPROCESSORS_ONLN)) setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 0);
+    if (cdp_log_enabled(CDP_LOG_INFO, CDP_SUBSYS_EXEC)) {
+        char line[2048];
+        size_t o = 0;
+        for (int i = 0; argv[i] && o < sizeof line - 1; i++)
+            o += (size_t)snprintf(line + o, sizeof line - o, "%s%s", i ? " " : "", argv[i]);
+        CDP_INFO(EXEC, "starting %d ranks: %s", s->layout->n_ranks, line);
+    }
+    fflush(stdout);
+    fflush(stderr);
+    int fds[2];
+    if (pipe(fds) != 0) {
+        free(argv);
+        return cdp_fail(CDP_ERR_UNSUPPORTED, "cannot start %s: pipe: %s", argv[0], strerror(errno));
+    }
+    const pid_t pid = fork();
+    if (pid < 0) {
+        close(fds[0]);
+        close(fds[1]);
+        st = cdp_fail(CDP_ERR_UNSUPPORTED, "cannot start %s: fork: %s", argv[0], strerror(errno));
+        free(argv);
+        return st;
+    }
+    if (pid == 0) {
+        close(fds[0]);
+        execvp(argv[0], argv);
+        /* tell the parent why, then go */
+        const int e = errno;
+        ssize_t w = write(fds[1], &e, sizeof e);
+        (void)w;
+        _exit(127);
+    }
+    close(fds[1]);
+    launched = pid;
+    struct sigaction sa = {.sa_handler = pass_on}, old_int, old_term;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &old_int);
+    sigaction(SIGTERM, &sa, &old_term);
+    int e = 0;
+    const ssize_t got = read(fds[0], &e, sizeof e);
+    close(fds[0]);
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    sigaction(SIGINT, &old_int, NULL);
+    sigaction(SIGTERM, &old_term, NULL);
+    launched = 0;
+    if (got == (ssize_t)sizeof e) {
+        st = cdp_fail(CDP_ERR_UNSUPPORTED, "%s could not be started (%s)", argv[0], strerror(e));
+        free(argv);
+        return st;
+    }
+    free(argv);
+    *exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : WIFSIGNALED(status) ? 128 + WTERMSIG(status) : 1;
+    return CDP_OK;
+}
+
+cdp_status cdp_launch_check_node(const struct cdp_layout *l, int rank)
+{
+    const char *v = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+    if (!v || !*v) v = getenv("SLURM_LOCALID");
+    if (!v || !*v) return CDP_OK;
+    const int node = l->rank[rank].node;
+    int place = 0;
+    for (int i = 0; i < rank; i++) place += l->rank[i].node == node;
+    if (atoi(v) == place) return CDP_OK;
+    return cdp_fail(CDP_ERR_INVALID, "rank %d is local rank %s on its host, but the layout makes it rank %d of node %d: "
+                    "start the ranks node by node in order (cdphybrid --hostfile FILE does; with mpirun give "
+                    "--map-by slot and a hostfile with the layout's ranks per node as slots)", rank, v, place, node);
+}

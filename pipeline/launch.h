@@ -1,0 +1,65 @@
+/* The launcher: starts the ranks of a layout where it says (mpirun, or srun
+ * inside a Slurm allocation, node i of the layout on the i-th host), and binds
+ * each rank to its CPU set once it runs (docs/pipeline.md, "Where ranks run"). */
+#ifndef CDP_PIPELINE_LAUNCH_H
+#define CDP_PIPELINE_LAUNCH_H
+
+#include "cdp/status.h"
+#include "pipeline/layout.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Binds every thread of this process to the CPUs of `cpuset` (Linux list
+ * form, "0-3,8"), with hwloc where the build has it, else sched_setaffinity
+ * thread by thread; *n_cpus gets how many CPUs that is. CDP_ERR_INVALID for a
+ * list that does not parse or holds none of the CPUs this process may use;
+ * CDP_ERR_UNSUPPORTED where the system refuses. */
+cdp_status cdp_launch_bind(const char *cpuset, int *n_cpus);
+
+/* BLAS threads for a rank bound to n CPUs: n, unless the environment fixes a
+ * count (OPENBLAS_NUM_THREADS, OMP_NUM_THREADS). Returns the count in use. */
+int cdp_launch_blas_threads(int n_cpus);
+
+enum cdp_launcher { CDP_LAUNCHER_MPIRUN = 0, CDP_LAUNCHER_SRUN };
+
+struct cdp_launch_spec {
+    const struct cdp_layout *layout; /* not owned */
+    const char *program;             /* the binary every rank runs */
+    char *const *args;               /* its arguments, NULL-terminated (not owned) */
+    const char *hostfile;            /* mpirun: hosts, one per layout node in order (Open MPI hostfile
+                                        syntax: the first word of each line; '#' comments); NULL: this host */
+    const char *tmpdir;              /* where the launcher may write the hostfile it passes on */
+};
+
+/* Which launcher a job uses: srun inside a Slurm allocation (SLURM_JOB_ID set)
+ * when srun is on PATH and no hostfile is given, else mpirun. */
+enum cdp_launcher cdp_launch_which(const struct cdp_launch_spec *s);
+
+/* The command line that starts s's ranks with launcher `which`: rank i of the
+ * layout on its node, consecutive ranks per node, no binding by the launcher
+ * (each rank binds itself). mpirun with several nodes writes
+ * tmpdir/hosts.txt ("HOST slots=K" per layout node). *argv is malloc'd and
+ * NULL-terminated; its strings live in it (one free). CDP_ERR_INVALID naming
+ * the hostfile when it has fewer hosts than the layout has nodes, or the
+ * layout when srun cannot place unequal nodes; CDP_ERR_IO. */
+cdp_status cdp_launch_argv(const struct cdp_launch_spec *s, enum cdp_launcher which, char ***argv);
+
+/* Starts the ranks and waits for them; *exit_code gets the launcher's exit
+ * status (128 + signal when it was killed). SIGINT and SIGTERM sent to this
+ * process are passed on. CDP_ERR_UNSUPPORTED when the launcher cannot be
+ * started (named, with the system's reason). */
+cdp_status cdp_launch_run(const struct cdp_launch_spec *s, int *exit_code);
+
+/* Whether this rank runs where the layout says: under mpirun or srun, its
+ * local rank on its host (OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID) must be
+ * its place among its layout node's ranks. CDP_ERR_INVALID saying both, and
+ * how to launch so that they agree; CDP_OK when the launcher does not say. */
+cdp_status cdp_launch_check_node(const struct cdp_layout *l, int rank);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,230 @@
+/* The layout type (layout.h): allocation, checks, the slots and buffers the
+ * executor sizes from it, and the memory a rank of it allocates. */
+#include "pipeline/layout.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "cdp/core.h"
+#include "model/optim.h"
+#include "pipeline/schedule.h"
+
+cdp_status cdp_layout_create(int p, int v, int R, struct cdp_layout **out)
+{
+    if (p < 1 || v < 1 || R < 1 || (int64_t)p * v * R > (1 << 24))
+        return cdp_fail(CDP_ERR_INVALID, "layout: %d stages x %d chunks x %d replicas is not a layout", p, v, R);
+    struct cdp_layout *l = calloc(1, sizeof *l);
+    if (!l) return cdp_fail(CDP_ERR_NOMEM, "layout: out of memory");
+    l->stages = p;
+    l->chunks = v;
+    l->replicas = R;
+    l->n_ranks = p * R;
+    l->n_nodes = 1;
+    l->shares = calloc((size_t)R, sizeof *l->shares);
+    l->ranges = calloc((size_t)p * v, sizeof *l->ranges);
+    l->rank = calloc((size_t)p * R, sizeof *l->rank);
+    if (!l->shares || !l->ranges || !l->rank) {
+        cdp_layout_free(l);
+        return cdp_fail(CDP_ERR_NOMEM, "layout: out of memory");
+    }
+    *out = l;
+    return CDP_OK;
+}
+
+void cdp_layout_free(struct cdp_layout *l)
+{
+    if (!l) return;
+    free(l->shares);
+    free(l->ranges);
+    free(l->rank);
+    free(l);
+}
+
+int cdp_layout_rank_of(const struct cdp_layout *l, int s, int r)
+{
+    for (int i = 0; i < l->n_ranks; i++)
+        if (l->rank[i].stage == s && l->rank[i].replica == r) return i;
+    return -1;
+}
+
+cdp_status cdp_layout_check(const struct cdp_layout *l, int64_t n_units)
+{
+    const int p = l->stages, R = l->replicas, nv = p * l->chunks;
+    if (l->n_ranks != p * R)
+        return cdp_fail(CDP_ERR_INVALID, "layout: %d ranks for %d stages x %d replicas", l->n_ranks, p, R);
+    if (l->micro_batches < 1 || l->micro_batch < 1)
+        return cdp_fail(CDP_ERR_INVALID, "layout: %d micro-batches of %d samples", l->micro_batches, l->micro_batch);
+    unsigned char *seen = calloc((size_t)l->n_ranks, 1);
+    if (!seen) return cdp_fail(CDP_ERR_NOMEM, "layout: out of memory");
+    cdp_status st = CDP_OK;
+    for (int i = 0; i < l->n_ranks && !st; i++) {
+        const struct cdp_layout_rank *k = &l->rank[i];
+        if (k->stage < 0 || k->stage >= p || k->replica < 0 || k->replica >= R)
+            st = cdp_fail(CDP_ERR_INVALID, "layout: rank %d runs stage %d of replica %d; the layout has %d x %d", i,
+                          k->stage, k->replica, p, R);
+        else if (seen[k->stage * R + k->replica]++)
+            st = cdp_fail(CDP_ERR_INVALID, "layout: stage %d of replica %d runs on two ranks", k->stage, k->replica);
+        else if (k->node < 0 || k->node >= l->n_nodes || (i > 0 && k->node < l->rank[i - 1].node))
+            st = cdp_fail(CDP_ERR_INVALID, "layout: rank %d is on node %d: ranks go node by node over %d nodes", i,
+                          k->node, l->n_nodes);
+    }
+    free(seen);
+    if (st) return st;
+    int64_t end = 0, total = 0;
+    for (int k = 0; k < nv; k++) {
+        if (l->ranges[k][0] != end || l->ranges[k][1] <= l->ranges[k][0])
+            return cdp_fail(CDP_ERR_INVALID, "layout: virtual stage %d holds units [%lld, %lld); it should start at "
+                            "%lld and hold at least one", k, (long long)l->ranges[k][0], (long long)l->ranges[k][1],
+                            (long long)end);
+        end = l->ranges[k][1];
+    }
+    if (end != n_units)
+        return cdp_fail(CDP_ERR_INVALID, "layout: the ranges end at unit %lld; the model has %lld", (long long)end,
+                        (long long)n_units);
+    for (int r = 0; r < R; r++) {
+        if (l->shares[r] < 1)
+            return cdp_fail(CDP_ERR_INVALID, "layout: replica %d has %lld micro-batches", r, (long long)l->shares[r]);
+        total += l->shares[r];
+    }
+    if (total != (int64_t)R * l->micro_batches)
+        return cdp_fail(CDP_ERR_INVALID, "layout: the shares sum to %lld micro-batches; %d replicas x %d is %lld",
+                        (long long)total, R, l->micro_batches, (long long)R * l->micro_batches);
+    return CDP_OK;
+}
+
+cdp_status cdp_layout_slots(const struct cdp_plan *plan, const struct cdp_layout *l, int s, int r, int *mcap,
+                            int *slots)
+{
+    const int R = l->replicas, unit = l->chunks > 1 ? l->stages : 1;
+    int64_t cap = l->shares[r];
+    if (plan->parallel.rebalance_every > 0 && R > 1) cap = (int64_t)R * l->micro_batches - (int64_t)(R - 1) * unit;
+    if (cap < 1 || cap > (1 << 24)) return cdp_fail(CDP_ERR_INVALID, "layout: replica %d may run %lld micro-batches", r,
+                                                    (long long)cap);
+    int most = 1;
+    for (int rv = 0; rv < 2; rv++) {
+        struct cdp_schedule *sc = NULL;
+        cdp_status st = cdp_schedule_build_ex(l->schedule, l->stages, l->chunks, (int)cap, 0, rv, &sc);
+        if (st) return st;
+        const int k = cdp_schedule_peak_in_flight(sc, s);
+        if (k > most) most = k;
+        cdp_schedule_free(sc);
+        /* only the interleaved lists have a rendezvous order of their own */
+        if (l->schedule != CDP_SCHEDULE_INTERLEAVED) break;
+    }
+    *mcap = (int)cap;
+    *slots = most;
+    return CDP_OK;
+}
+
+void cdp_layout_chunk_buffers(const struct cdp_unit_bytes *first, const struct cdp_unit_bytes *last, int vstage,
+                              int nv, int slots, int host_visible, struct cdp_chunk_buffers *out)
+{
+    memset(out, 0, sizeof *out);
+    if (vstage < nv - 1) out->grad_in = last->output_bytes;
+    if (vstage > 0 && !first->in_tokens) {
+        out->n_grad_out = slots + 1;
+        out->grad_out = first->input_bytes;
+    }
+    if (!host_visible) /* each device buffer's host copy, each slot's output, the arriving input */
+        out->host = out->grad_in + (uint64_t)out->n_grad_out * out->grad_out + (uint64_t)slots * last->output_bytes +
+                    first->input_bytes;
+}
+
+void cdp_layout_chunk_memory(const struct cdp_plan *plan, const struct cdp_range_terms *t, uint64_t shared_floats,
+                             const struct cdp_unit_bytes *first, const struct cdp_unit_bytes *last, int ends_model,
+                             int vstage, int nv, int slots, int host_visible, struct cdp_rank_memory *out)
+{
+    struct cdp_model_bytes mb;
+    struct cdp_chunk_buffers cb;
+    cdp_model_bytes_of(t, shared_floats, first, last, ends_model, slots, &mb);
+    cdp_layout_chunk_buffers(first, last, vstage, nv, slots, host_visible, &cb);
+    memset(out, 0, sizeof *out);
+    out->params = mb.params;
+    out->grads = mb.grads;
+    out->optimizer = cdp_optimizer_state_bytes(&plan->train.optimizer, (int64_t)(mb.params / 4));
+    out->activations = mb.activations + mb.inputs + mb.targets;
+    out->buffers = mb.scratch + mb.grad_buffers + mb.losses + cb.grad_in + (uint64_t)cb.n_grad_out * cb.grad_out;
+    out->device = out->params + out->grads + out->optimizer + out->activations + out->buffers;
+    /* the losses are read back into a host copy */
+    out->host = cb.host + (ends_model ? last->loss_bytes : 0);
+}
+
+static void add_memory(struct cdp_rank_memory *a, const struct cdp_rank_memory *b)
+{
+    a->params += b->params;
+    a->grads += b->grads;
+    a->optimizer += b->optimizer;
+    a->activations += b->activations;
+    a->buffers += b->buffers;
+    a->device += b->device;
+    a->host += b->host;
+}
+
+cdp_status cdp_layout_memory(const struct cdp_plan *plan, struct cdp_layout *l, const struct cdp_unit *units, int n,
+                             int rank)
+{
+    struct cdp_layout_rank *k = &l->rank[rank];
+    const int p = l->stages, nv = p * l->chunks, B = l->micro_batch;
+    const int hv = l->backend != CDP_BACKEND_CUDA;
+    const enum cdp_loss loss = cdp_model_loss_of(&plan->model);
+    int mcap = 0, slots = 0;
+    cdp_status st = cdp_layout_slots(plan, l, k->stage, k->replica, &mcap, &slots);
+    if (st) return st;
+    struct cdp_rank_memory sum = {0};
+    uint64_t largest_grad = 0;
+    for (int c = 0; c < l->chunks; c++) {
+        const int vs = c * p + k->stage, first = (int)l->ranges[vs][0], end = (int)l->ranges[vs][1];
+        if (first < 0 || end > n || first >= end)
+            return cdp_fail(CDP_ERR_INVALID, "layout: virtual stage %d holds units [%d, %d) of %d", vs, first, end, n);
+        struct cdp_range_terms t = {0};
+        struct cdp_unit_bytes ub, u0, ul;
+        uint64_t shared = 0;
+        for (int i = first; i < end; i++) {
+            cdp_unit_bytes(&units[i], B, loss, &ub);
+            cdp_range_terms_add(&t, &ub);
+            if (ub.tied_owner >= first && ub.tied_owner < end) shared += ub.tied_floats;
+            if (i == first) u0 = ub;
+            ul = ub;
+        }
+        struct cdp_rank_memory cm;
+        cdp_layout_chunk_memory(plan, &t, shared, &u0, &ul, end == n, vs, nv, slots, hv, &cm);
+        add_memory(&sum, &cm);
+        if (cm.params > largest_grad) largest_grad = cm.params;
+    }
+    /* the first and the last stage read samples: targets of every micro-batch
+     * it may run, and one micro-batch's inputs */
+    if (k->stage == 0 || k->stage == p - 1) {
+        struct cdp_unit_bytes u0, ul;
+        cdp_unit_bytes(&units[0], B, loss, &u0);
+        cdp_unit_bytes(&units[n - 1], B, loss, &ul);
+        sum.host += (uint64_t)mcap * ul.target_bytes + u0.input_bytes;
+    }
+    /* device gradients all-reduced through the host (ranks sharing a GPU) */
+    if (!hv && l->shared_devices && l->replicas > 1) sum.host += largest_grad;
+    sum.host += CDP_LAYOUT_PROCESS_BYTES;
+    k->memory = sum;
+    return CDP_OK;
+}
+
+void cdp_layout_device_name(const struct cdp_layout *l, int rank, char *buf, size_t cap)
+{
+    if (l->backend == CDP_BACKEND_CUDA) snprintf(buf, cap, "cuda:%d", l->rank[rank].gpu);
+    else snprintf(buf, cap, "cpu");
+}
+
+json_t *cdp_layout_ranks_json(const struct cdp_layout *l)
+{
+    json_t *a = json_array();
+    for (int i = 0; a && i < l->n_ranks; i++) {
+        const struct cdp_layout_rank *k = &l->rank[i];
+        json_t *o = json_pack("{s:i,s:i,s:i,s:i,s:i,s:i,s:s,s:I,s:I}", "rank", i, "node", k->node, "device",
+                              k->device, "gpu", k->gpu, "stage", k->stage, "replica", k->replica, "cpuset",
+                              k->cpuset, "memory_bytes", (json_int_t)k->memory.device, "host_bytes",
+                              (json_int_t)k->memory.host);
+        if (!o || json_array_append_new(a, o)) {
+            json_decref(a);
+            return NULL;
+        }
+    }
+    return a;
+}

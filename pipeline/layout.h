@@ -1,0 +1,139 @@
+/* The layout: the one resolved answer to "how does this plan run". Shape
+ * (stages, chunks, replicas, micro-batches), schedule, each replica's share of
+ * a step's micro-batches, the unit range of every virtual stage, and for every
+ * rank its node, device, stage, replica, CPU set and memory cap, with the
+ * memory it is predicted to allocate. The planner fills it
+ * (partitioner/planner.h); the executor, the simulator, --schedule and
+ * --dry-run read it and decide none of it themselves. Plain data: nothing here
+ * touches a device or a communicator, so partitioner/ may use it.
+ *
+ * Ranks are numbered in device order (node by node), so the ranks of one node
+ * are consecutive, as mpirun and srun start them. */
+#ifndef CDP_PIPELINE_LAYOUT_H
+#define CDP_PIPELINE_LAYOUT_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include <jansson.h>
+
+#include "cdp/plan.h"
+#include "cdp/status.h"
+#include "model/layers.h"
+#include "model/model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define CDP_LAYOUT_CPUSET_MAX 256
+
+/* What a rank allocates, as predicted. Device bytes are what the device
+ * layer's accounting counts (cdp_device_mem_peak); host bytes are what the
+ * process holds besides (host staging, data buffers, the process itself). */
+struct cdp_rank_memory {
+    uint64_t params, grads, optimizer; /* fp32 state of the parameters it holds */
+    uint64_t activations;              /* kept activations, inputs and targets of its slots */
+    uint64_t buffers;                  /* scratch, backward gradients, losses, pipeline gradient buffers */
+    uint64_t device;                   /* the sum of the above */
+    uint64_t host;
+};
+
+struct cdp_layout_rank {
+    int stage, replica;
+    int node;     /* node of the planned topology */
+    int device;   /* global device index in the planned topology */
+    int gpu;      /* the device it opens on its node: the GPU index (cuda); on cpu the host (shown only) */
+    char cpuset[CDP_LAYOUT_CPUSET_MAX]; /* CPUs it is bound to, Linux list form ("0-3"); "" = not bound */
+    uint64_t capacity; /* device memory cap it runs under (the planner's); 0 = the device's own */
+    struct cdp_rank_memory memory; /* predicted */
+};
+
+struct cdp_layout {
+    enum cdp_backend backend;
+    int stages, chunks, replicas;
+    int micro_batches;    /* per replica per step, before shares (the shares' mean) */
+    int micro_batch;      /* samples per micro-batch */
+    enum cdp_schedule_kind schedule;
+    int64_t *shares;      /* replicas entries: micro-batches of each replica per step (owned) */
+    int64_t (*ranges)[2]; /* stages x chunks: [first, end) units of virtual stage k, which is chunk
+                             k / stages of stage k % stages (owned) */
+    int n_ranks;          /* stages x replicas */
+    struct cdp_layout_rank *rank; /* by world rank (owned) */
+    int n_nodes;          /* nodes of the planned topology */
+    int shared_devices;   /* some ranks share a device: device memory between ranks travels through the host */
+    char topology[128];   /* the planned topology's name, for messages */
+};
+
+/* A zeroed layout of p stages, v chunks, R replicas with its arrays allocated
+ * (shares, ranges, ranks). CDP_ERR_INVALID for counts below 1 or p*R*v past
+ * 2^24; CDP_ERR_NOMEM. Free with cdp_layout_free (NULL is a no-op). */
+cdp_status cdp_layout_create(int p, int v, int R, struct cdp_layout **out);
+void cdp_layout_free(struct cdp_layout *l);
+
+/* The world rank that runs stage s of replica r, or -1. */
+int cdp_layout_rank_of(const struct cdp_layout *l, int s, int r);
+
+/* Checks a layout against the plan it is for: every (stage, replica) on one
+ * rank, ranks in node order, ranges contiguous over the model's n_units units,
+ * shares positive and summing to replicas x micro_batches. CDP_ERR_INVALID
+ * naming what is wrong. */
+cdp_status cdp_layout_check(const struct cdp_layout *l, int64_t n_units);
+
+/* The most micro-batches replica r may run in a step (its share, or with
+ * /parallel/rebalance_every all but one unit of each other replica: rebalancing
+ * may move that many to it), and the activation slots a rank of stage s needs
+ * for them: the most (micro-batch, chunk) activations its schedule holds at
+ * once, the larger of the MPI and the NCCL (rendezvous) orders, so the count
+ * does not depend on the transport. CDP_ERR_INVALID / CDP_ERR_NOMEM from the
+ * schedule builder. */
+cdp_status cdp_layout_slots(const struct cdp_plan *plan, const struct cdp_layout *l, int s, int r, int *mcap,
+                            int *slots);
+
+/* The executor's own buffers of one chunk (virtual stage vstage of nv) whose
+ * first unit is `first` and last `last` with `slots` activation slots: the
+ * gradient arriving from the next stage (vstage < nv - 1) and a ring of
+ * slots + 1 gradients going back to the previous one (vstage > 0, float
+ * input). Device memory; where the host does not see the device, each also has
+ * a host copy, and so does each slot's output and the arriving input. */
+struct cdp_chunk_buffers {
+    uint64_t grad_in;     /* bytes, 0 = none */
+    int n_grad_out;       /* ring entries, 0 = none */
+    uint64_t grad_out;    /* bytes of each ring entry */
+    uint64_t host;        /* staging bytes in host memory (0 where the host sees the device) */
+};
+void cdp_layout_chunk_buffers(const struct cdp_unit_bytes *first, const struct cdp_unit_bytes *last, int vstage,
+                              int nv, int slots, int host_visible, struct cdp_chunk_buffers *out);
+
+/* The device and host bytes of one chunk: the model range's buffers
+ * (cdp_model_bytes_of), its optimizer state and the executor's chunk buffers.
+ * The planner's partition evaluates this for every candidate range from terms
+ * it keeps incrementally; cdp_layout_memory sums it over a rank's chunks. */
+void cdp_layout_chunk_memory(const struct cdp_plan *plan, const struct cdp_range_terms *t, uint64_t shared_floats,
+                             const struct cdp_unit_bytes *first, const struct cdp_unit_bytes *last, int ends_model,
+                             int vstage, int nv, int slots, int host_visible, struct cdp_rank_memory *out);
+
+/* Host bytes every rank process holds whatever its stage (code, libraries,
+ * MPI and BLAS buffers), measured on the development machines (docs/planner.md). */
+#define CDP_LAYOUT_PROCESS_BYTES (48ull << 20)
+
+/* What rank `rank` of l allocates (fills l->rank[rank].memory): its chunks'
+ * cdp_layout_chunk_memory with its slots, its data buffers and host staging,
+ * and CDP_LAYOUT_PROCESS_BYTES. units: the plan's n units with attention state
+ * sized as the backend keeps it (what cdp_unit_fit_kernels gives the
+ * executor's models). */
+cdp_status cdp_layout_memory(const struct cdp_plan *plan, struct cdp_layout *l, const struct cdp_unit *units, int n,
+                             int rank);
+
+/* "cuda:3" or "cpu" (the device a rank opens), for messages and metrics. */
+void cdp_layout_device_name(const struct cdp_layout *l, int rank, char *buf, size_t cap);
+
+/* The ranks as JSON: [{"rank", "node", "device", "gpu", "stage", "replica",
+ * "cpuset", "memory_bytes", "host_bytes"}]. New reference (NULL: out of memory). */
+json_t *cdp_layout_ranks_json(const struct cdp_layout *l);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
