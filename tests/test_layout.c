@@ -1,0 +1,487 @@
+/* Suite layout: the planner's layout as the executor runs it. The memory the
+ * planner predicts for every rank is what the device layer's accounting
+ * measures (a grid of models, schedules, stages and replicas, on the cpu
+ * backend and through the stand-in CUDA module); "fits" means fits (a cap at
+ * the prediction + 2% trains, one 5% below is planned around or refused with
+ * the smallest cap that works); ranks sharing a host share its memory; and
+ * the layout's own checks. */
+#include <criterion/criterion.h>
+#include <criterion/parameterized.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cdp/plan.h"
+#include "comm/comm.h"
+#include "harness.h"
+#include "pipeline/layout.h"
+
+enum { GPT = 0, MLP = 1 };
+
+struct cell {
+    int model, p, R, m;
+    char schedule[16];
+    int cuda; /* through the stand-in CUDA module (tests/fake-cuda) */
+};
+
+static const char *model_json(int model)
+{
+    return model == GPT
+               ? "\"model\": {\"preset\": \"gpt\", \"vocab\": 64, \"context\": 16, \"layers\": 6, \"heads\": 2, "
+                 "\"embed\": 32}"
+               : "\"model\": {\"preset\": \"mlp\", \"input\": [24], \"hidden\": [64, 48, 32, 32], \"classes\": 5}";
+}
+
+/* A plan of the cell in dir/name.json; extra: more "cluster" keys or "". */
+static const char *cell_plan(const char *dir, const char *name, const struct cell *c, const char *extra)
+{
+    char json[2048], file[96];
+    snprintf(json, sizeof json,
+             "{%s, \"data\": {\"source\": \"synthetic\", \"seed\": 5}, \"train\": {\"steps\": 2, \"micro_batch\": 3, "
+             "\"optimizer\": {\"type\": \"%s\"}, \"eval_batches\": 1, \"log_every\": 1, \"timeout_s\": 60}, "
+             "\"parallel\": {\"stages\": %d, \"replicas\": %d, \"micro_batches\": %d, \"schedule\": \"%s\"%s}, "
+             "\"cluster\": {\"backend\": \"%s\"%s%s}, \"output\": {\"metrics\": \"%s.jsonl\"}}",
+             model_json(c->model), c->model == GPT ? "adamw" : "sgd", c->p, c->R, c->m, c->schedule,
+             !strcmp(c->schedule, "interleaved") ? ", \"chunks\": 2" : "", c->cuda ? "cuda" : "cpu",
+             c->cuda ? ", \"ranks_per_device\": 8" : "", extra, name);
+    snprintf(file, sizeof file, "%s.json", name);
+    return cdp_test_write_file(dir, file, json);
+}
+
+/* The last record of a metrics file with a "ranks" list, parsed. */
+static json_t *last_ranks(const char *path)
+{
+    char *text = cdp_test_read_file(path);
+    cr_assert_not_null(text, "%s was not written", path);
+    json_t *last = NULL;
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+        json_error_t e;
+        json_t *j = json_loads(line, 0, &e);
+        cr_assert_not_null(j, "%s: not JSON: %s", path, line);
+        if (json_object_get(j, "ranks") && json_object_get(j, "step")) {
+            json_decref(last);
+            last = j;
+        } else {
+            json_decref(j);
+        }
+    }
+    free(text);
+    cr_assert_not_null(last, "%s: no record with the ranks", path);
+    return last;
+}
+
+ParameterizedTestParameters(layout, measured_peak_is_the_predicted_memory)
+{
+    static struct cell grid[128];
+    int n = 0;
+    static const char *const kinds[] = {"gpipe", "1f1b", "interleaved"};
+    for (int model = 0; model < 2; model++)
+        for (int k = 0; k < 3; k++)
+            for (int p = 1; p <= 4; p++)
+                for (int R = 1; R <= 2; R++) {
+                    if (k == 2 && p < 2) continue; /* interleaved needs two stages */
+                    struct cell c = {model, p, R, 2 * p, "", 0};
+                    snprintf(c.schedule, sizeof c.schedule, "%s", kinds[k]);
+                    grid[n++] = c;
+                }
+    /* the GPU path (device buffers the host does not see, host staging) on the stand-in */
+    static const int gpu[][3] = {{1, 1, 2}, {2, 1, 4}, {2, 2, 4}, {3, 1, 6}};
+    for (int model = 0; model < 2; model++)
+        for (size_t i = 0; i < sizeof gpu / sizeof gpu[0]; i++)
+            for (int k = 0; k < 3; k++) {
+                if (k == 2 && gpu[i][0] < 2) continue;
+                struct cell c = {model, gpu[i][0], gpu[i][1], gpu[i][2], "", 1};
+                snprintf(c.schedule, sizeof c.schedule, "%s", kinds[k]);
+                grid[n++] = c;
+            }
+    return cr_make_param_array(struct cell, grid, (size_t)n);
+}
+
+/* Within 3% on every rank (the prediction is the allocation rule itself, so
+ * the test asks for the bytes to be equal, and reports the worst error). */
+ParameterizedTest(struct cell *c, layout, measured_peak_is_the_predicted_memory, .timeout = 120)
+{
+    if (c->p * c->R > 1 && !cdp_comm_have_mpi()) cr_skip_test("this build has no MPI");
+    const char *fake = getenv("CDP_FAKE_CUDA_DIR");
+    if (c->cuda) {
+        cr_assert_not_null(fake, "CDP_FAKE_CUDA_DIR is not set (run the tests through meson test)");
+        setenv("CDP_MODULE_DIR", fake, 1);
+    }
+    char dir[4096], path[4200];
+    snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
+    const char *plan = cell_plan(dir, "cell", c, "");
+    struct cdp_run r;
+    cr_assert_eq(cdp_test_run(&r, (const char *[]){"-q", "--plan", plan, NULL}), 0);
+    if (c->cuda) unsetenv("CDP_MODULE_DIR");
+    cr_assert_eq(r.exit_code, 0, "%s %s p=%d R=%d: %s", c->model == GPT ? "gpt" : "mlp", c->schedule, c->p, c->R,
+                 r.err);
+    cdp_test_run_free(&r);
+    snprintf(path, sizeof path, "%s/cell.jsonl", dir);
+    json_t *j = last_ranks(path);
+    json_t *ranks = json_object_get(j, "ranks");
+    cr_assert_eq(json_array_size(ranks), (size_t)(c->p * c->R));
+    double worst = 0;
+    for (size_t i = 0; i < json_array_size(ranks); i++) {
+        json_t *k = json_array_get(ranks, i);
+        const double peak = json_number_value(json_object_get(k, "peak_memory_bytes"));
+        const double pred = json_number_value(json_object_get(k, "predicted_memory_bytes"));
+        cr_assert_gt(pred, 0, "rank %zu has a prediction", i);
+        const double err = fabs(peak - pred) / pred;
+        if (err > worst) worst = err;
+        cr_expect_leq(err, 0.03, "%s %s p=%d R=%d%s rank %zu: measured %.0f, predicted %.0f bytes (%+.2f%%)",
+                      c->model == GPT ? "gpt" : "mlp", c->schedule, c->p, c->R, c->cuda ? " (stand-in cuda)" : "", i,
+                      peak, pred, 100 * (peak / pred - 1));
+        cr_expect_eq(peak, pred, "%s %s p=%d R=%d rank %zu: the prediction is the allocation", c->model == GPT ? "gpt"
+                     : "mlp", c->schedule, c->p, c->R, i);
+    }
+    cr_log_info("%s %s p=%d R=%d%s: worst memory error %.4f%%", c->model == GPT ? "gpt" : "mlp", c->schedule, c->p,
+                c->R, c->cuda ? " (stand-in cuda)" : "", 100 * worst);
+    json_decref(j);
+}
+
+/* --dry-run --json's largest predicted rank memory, and the partition. */
+static double planned_peak(const char *plan, char *partition, size_t cap, int *exit_code, char *err, size_t ecap)
+{
+    struct cdp_run r;
+    cr_assert_eq(cdp_test_run(&r, (const char *[]){"--plan", plan, "--dry-run", "--json", NULL}), 0);
+    *exit_code = r.exit_code;
+    snprintf(err, ecap, "%s", r.err);
+    double peak = 0;
+    if (r.exit_code == 0) {
+        json_error_t e;
+        json_t *j = json_loads(r.out, 0, &e);
+        cr_assert_not_null(j, "%s", r.out);
+        json_t *mem = json_object_get(json_object_get(json_object_get(j, "planner"), "predicted"), "peak_memory_bytes");
+        for (size_t i = 0; i < json_array_size(mem); i++) peak = fmax(peak, json_number_value(json_array_get(mem, i)));
+        char *part = json_dumps(json_object_get(json_object_get(j, "parallel"), "partition"), JSON_COMPACT);
+        snprintf(partition, cap, "%s", part ? part : "");
+        free(part);
+        json_decref(j);
+    }
+    cdp_test_run_free(&r);
+    return peak;
+}
+
+static void trains(const char *plan, const char *what)
+{
+    struct cdp_run r;
+    cr_assert_eq(cdp_test_run(&r, (const char *[]){"-q", "--plan", plan, NULL}), 0);
+    cr_assert_eq(r.exit_code, 0, "%s: %s", what, r.err);
+    cdp_test_run_free(&r);
+}
+
+/* "Fits" means fits: at the predicted peak + 2% the plan trains; 5% below it
+ * the planner plans another partition that fits, or refuses naming the
+ * smallest cap that works, and that cap trains. */
+Test(layout, fits_means_fits, .timeout = 120)
+{
+    if (!cdp_comm_have_mpi()) cr_skip_test("this build has no MPI");
+    char dir[4096], extra[128], part[512], err[4096];
+    snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
+    struct cell c = {GPT, 2, 1, 4, "1f1b", 0};
+    int code;
+    const double peak = planned_peak(cell_plan(dir, "free", &c, ""), part, sizeof part, &code, err, sizeof err);
+    cr_assert_eq(code, 0, "%s", err);
+    cr_assert_gt(peak, 0);
+
+    snprintf(extra, sizeof extra, ", \"device_memory\": %.0f", ceil(peak * 1.02));
+    const char *plan = cell_plan(dir, "above", &c, extra);
+    trains(plan, "a cap 2% above the prediction");
+
+    snprintf(extra, sizeof extra, ", \"device_memory\": %.0f", floor(peak * 0.95));
+    plan = cell_plan(dir, "below", &c, extra);
+    char part2[512];
+    const double peak2 = planned_peak(plan, part2, sizeof part2, &code, err, sizeof err);
+    if (code == 0) {
+        cr_expect_leq(peak2, floor(peak * 0.95), "the layout planned under the lower cap fits it");
+        cr_expect_str_neq(part2, part, "another partition: %s", part2);
+        trains(plan, "the layout planned under a cap 5% below");
+    } else {
+        cr_assert_eq(code, 2, "%s", err);
+        const char *at = strstr(err, "the smallest device memory any layout fits in is ");
+        cr_assert_not_null(at, "names the smallest cap: %s", err);
+        cr_log_info("refused: %s", err);
+    }
+    /* far below: refused, naming the smallest cap that works; which trains */
+    snprintf(extra, sizeof extra, ", \"device_memory\": %.0f", floor(peak * 0.3));
+    plan = cell_plan(dir, "far", &c, extra);
+    planned_peak(plan, part2, sizeof part2, &code, err, sizeof err);
+    cr_assert_eq(code, 2, "%s", err);
+    const char *at = strstr(err, "the smallest device memory any layout fits in is ");
+    cr_assert_not_null(at, "names the smallest cap: %s", err);
+    /* "... fits in is 12.34 KiB (" : the planner's own figure, in bytes from --dry-run at that cap */
+    double v = strtod(at + strlen("the smallest device memory any layout fits in is "), NULL);
+    const char *unit = strchr(at + strlen("the smallest device memory any layout fits in is "), ' ') + 1;
+    const double mul = !strncmp(unit, "GiB", 3) ? 1073741824.0 : !strncmp(unit, "MiB", 3) ? 1048576.0
+                       : !strncmp(unit, "KiB", 3) ? 1024.0 : 1.0;
+    snprintf(extra, sizeof extra, ", \"device_memory\": %.0f", ceil(v * mul * 1.01));
+    plan = cell_plan(dir, "smallest", &c, extra);
+    trains(plan, "the smallest cap the planner named");
+}
+
+/* Ranks on one host share its memory: the planner counts their sum against
+ * /cluster/host_memory and refuses with the numbers, before any rank starts,
+ * saying it once. */
+Test(layout, ranks_on_a_host_share_its_memory)
+{
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
+    struct cell c = {GPT, 2, 2, 4, "1f1b", 0};
+    const char *plan = cell_plan(dir, "host", &c, ", \"host_memory\": \"64MiB\"");
+    struct cdp_run r;
+    cr_assert_eq(cdp_test_run(&r, (const char *[]){"--plan", plan, NULL}), 0);
+    cr_assert_eq(r.exit_code, 2, "%s", r.err);
+    cr_expect(strstr(r.err, "the 4 ranks on node 0 need") && strstr(r.err, "of host memory together") &&
+                  strstr(r.err, "64.00 MiB") && strstr(r.err, "/cluster/host_memory"),
+              "%s", r.err);
+    int lines = 0;
+    for (const char *e = r.err; *e; e++) lines += *e == '\n';
+    cr_expect_eq(lines, 1, "said once: %s", r.err);
+    cr_expect_str_empty(r.out, "nothing started: %s", r.out);
+    cdp_test_run_free(&r);
+    /* with room for them it plans, and --dry-run shows the node's sum */
+    plan = cell_plan(dir, "host", &c, ", \"host_memory\": \"4GiB\"");
+    cr_assert_eq(cdp_test_run(&r, (const char *[]){"--plan", plan, "--dry-run", NULL}), 0);
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    cr_expect(strstr(r.out, "Plan: host memory") && strstr(r.out, "/cluster/host_memory"), "%s", r.out);
+    cdp_test_run_free(&r);
+}
+
+/* cdp_layout_check refuses layouts the executor could not run. */
+Test(layout, check_names_what_is_wrong)
+{
+    struct cdp_layout *l = NULL;
+    cr_assert_eq(cdp_layout_create(2, 1, 2, &l), CDP_OK);
+    l->micro_batches = 2;
+    l->micro_batch = 1;
+    for (int r = 0; r < 2; r++) l->shares[r] = 2;
+    l->ranges[0][0] = 0, l->ranges[0][1] = 3, l->ranges[1][0] = 3, l->ranges[1][1] = 5;
+    for (int i = 0; i < 4; i++) l->rank[i] = (struct cdp_layout_rank){.stage = i % 2, .replica = i / 2};
+    cr_expect_eq(cdp_layout_check(l, 5), CDP_OK, "%s", cdp_last_error());
+    cr_expect_eq(cdp_layout_rank_of(l, 1, 1), 3);
+    cr_expect_eq(cdp_layout_check(l, 6), CDP_ERR_INVALID);
+    cr_expect(strstr(cdp_last_error(), "the model has 6"), "%s", cdp_last_error());
+    l->rank[3].stage = 0;
+    cr_expect_eq(cdp_layout_check(l, 5), CDP_ERR_INVALID);
+    cr_expect(strstr(cdp_last_error(), "stage 0 of replica 1 runs on two ranks"), "%s", cdp_last_error());
+    l->rank[3].stage = 1;
+    l->shares[1] = 1;
+    cr_expect_eq(cdp_layout_check(l, 5), CDP_ERR_INVALID);
+    cr_expect(strstr(cdp_last_error(), "shares sum to 3"), "%s", cdp_last_error());
+    l->shares[1] = 2;
+    l->ranges[1][0] = 4;
+    cr_expect_eq(cdp_layout_check(l, 5), CDP_ERR_INVALID);
+    cr_expect(strstr(cdp_last_error(), "should start at 3"), "%s", cdp_last_error());
+    cdp_layout_free(l);
+    cr_expect_eq(cdp_layout_create(0, 1, 1, &l), CDP_ERR_INVALID);
+}
+
+/* Slots: what the schedule holds in flight (1F1B p - s, GPipe m), and with
+ * rebalancing the most micro-batches a replica may be given. */
+Test(layout, slots_follow_the_schedule)
+{
+    struct cdp_plan *plan = NULL;
+    cr_assert_eq(cdp_plan_load_string("{\"model\": {\"preset\": \"gpt\"}}", "t.json", NULL, &plan), CDP_OK);
+    struct cdp_layout *l = NULL;
+    cr_assert_eq(cdp_layout_create(4, 1, 2, &l), CDP_OK);
+    l->micro_batches = 8;
+    l->shares[0] = l->shares[1] = 8;
+    l->schedule = CDP_SCHEDULE_1F1B;
+    for (int s = 0; s < 4; s++) {
+        int mcap, slots;
+        cr_assert_eq(cdp_layout_slots(plan, l, s, 0, &mcap, &slots), CDP_OK, "%s", cdp_last_error());
+        cr_expect_eq(slots, 4 - s);
+        cr_expect_eq(mcap, 8);
+    }
+    l->schedule = CDP_SCHEDULE_GPIPE;
+    int mcap, slots;
+    cr_assert_eq(cdp_layout_slots(plan, l, 2, 1, &mcap, &slots), CDP_OK);
+    cr_expect_eq(slots, 8);
+    plan->parallel.rebalance_every = 10;
+    cr_assert_eq(cdp_layout_slots(plan, l, 2, 1, &mcap, &slots), CDP_OK);
+    cr_expect_eq(mcap, 15, "all but one of the other replica's 8");
+    cr_expect_eq(slots, 15);
+    cdp_layout_free(l);
+    cdp_plan_free(plan);
+}
+
+/* The "planner"/"placement" list of a JSON plan (planned.json, --dry-run
+ * --json), as text. */
+static char *placement_of(const char *json_text)
+{
+    json_error_t e;
+    json_t *j = json_loads(json_text, 0, &e);
+    cr_assert_not_null(j, "not JSON: %s", json_text);
+    char *p = json_dumps(json_object_get(json_object_get(j, "planner"), "placement"), JSON_COMPACT | JSON_SORT_KEYS);
+    json_decref(j);
+    cr_assert_not_null(p);
+    return p;
+}
+
+/* The losses of a metrics file's step records. */
+static int losses_of(const char *path, double *out, int cap)
+{
+    char *text = cdp_test_read_file(path);
+    cr_assert_not_null(text, "%s was not written", path);
+    int n = 0;
+    for (char *c = strstr(text, "\"loss\": "); c && n < cap; c = strstr(c + 1, "\"loss\": ")) out[n++] = strtod(c + 8, NULL);
+    free(text);
+    return n;
+}
+
+/* The issue's "done when": a plan that leaves stages, replicas,
+ * micro-batches, partition and placement to the planner, on a named GPU
+ * topology, trains on the cpu backend with one command; planned.json is the
+ * --dry-run --json output, training it reproduces it, metrics give every
+ * rank's (stage, replica, device) as planned, and the losses are the one-rank
+ * run's. */
+Test(layout, a_planned_dgx1_layout_trains_as_planned, .timeout = 120)
+{
+    if (!cdp_comm_have_mpi()) cr_skip_test("this build has no MPI");
+    char dir[4096], path[4200], again[4200];
+    snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
+    static const char *const fmt =
+        "{%s, \"data\": {\"source\": \"synthetic\", \"seed\": 5}, \"train\": {\"steps\": 3, \"global_batch\": 24, "
+        "\"micro_batch\": 3, \"eval_batches\": 1, \"timeout_s\": 60}, %s \"cluster\": {\"backend\": \"cpu\", "
+        "\"topology\": \"dgx1-v100\"}, \"output\": {\"metrics\": \"%s.jsonl\"}}";
+    char json[2048];
+    snprintf(json, sizeof json, fmt, model_json(GPT),
+             "\"parallel\": {\"stages\": \"auto\", \"replicas\": \"auto\", \"micro_batches\": \"auto\", "
+             "\"partition\": \"auto\", \"placement\": \"topology\"},", "auto");
+    const char *plan = cdp_test_write_file(dir, "auto.json", json);
+    struct cdp_run r;
+    cr_assert_eq(cdp_test_run(&r, (const char *[]){"--plan", plan, "--dry-run", "--json", NULL}), 0);
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    char *dry = strdup(r.out);
+    cdp_test_run_free(&r);
+    cr_assert_eq(cdp_test_run(&r, (const char *[]){"--plan", plan, NULL}), 0);
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    cr_expect(strstr(r.out, "plan: ") && strstr(r.out, "on dgx1-v100"), "the layout is printed: %s", r.out);
+    cdp_test_run_free(&r);
+    snprintf(path, sizeof path, "%s/planned.json", dir);
+    char *planned = cdp_test_read_file(path);
+    cr_assert_not_null(planned, "planned.json is written beside the metrics");
+    cr_expect_str_eq(planned, dry, "planned.json is the --dry-run --json output");
+    /* training the planned file plans the same layout */
+    cr_assert_eq(cdp_test_run(&r, (const char *[]){"--plan", path, "--dry-run", "--json", NULL}), 0);
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    char *p1 = placement_of(planned), *p2 = placement_of(r.out);
+    cr_expect_str_eq(p1, p2, "the planned file plans to the same layout");
+    cdp_test_run_free(&r);
+
+    /* metrics: the layout first, then each rank's place as planned */
+    snprintf(path, sizeof path, "%s/auto.jsonl", dir);
+    json_t *last = last_ranks(path);
+    json_error_t e;
+    json_t *pj = json_loads(planned, 0, &e), *pl = json_object_get(json_object_get(pj, "planner"), "placement");
+    json_t *ranks = json_object_get(last, "ranks");
+    cr_assert_eq(json_array_size(ranks), json_array_size(pl));
+    cr_assert_gt(json_array_size(pl), 1, "the planner uses several of the 8 GPUs: %s", p1);
+    for (size_t i = 0; i < json_array_size(pl); i++) {
+        json_t *a = json_array_get(pl, i), *b = json_array_get(ranks, i);
+        for (const char *const *k = (const char *const[]){"stage", "replica", "device", "node", NULL}; *k; k++)
+            cr_expect_eq(json_integer_value(json_object_get(a, *k)), json_integer_value(json_object_get(b, *k)),
+                         "rank %zu: %s", i, *k);
+    }
+    double la[8], lb[8];
+    const int n = losses_of(path, la, 8);
+    cr_assert_eq(n, 3);
+    json_decref(pj);
+    json_decref(last);
+    /* the same samples on one rank give the same losses */
+    snprintf(json, sizeof json, fmt, model_json(GPT), "", "one");
+    plan = cdp_test_write_file(dir, "one.json", json);
+    trains(plan, "one rank");
+    snprintf(again, sizeof again, "%s/one.jsonl", dir);
+    cr_assert_eq(losses_of(again, lb, 8), 3);
+    for (int i = 0; i < 3; i++)
+        cr_expect_float_eq(la[i], lb[i], 1e-5 * fabs(lb[i]), "step %d: %.9g planned, %.9g one rank", i + 1, la[i], lb[i]);
+    free(p1);
+    free(p2);
+    free(planned);
+    free(dry);
+}
+
+/* Two nodes of two ranks on this machine: a hostfile of two made-up hosts,
+ * started through Open MPI's rsh launcher with a stand-in ssh, so each "node"
+ * has its own daemon and its own local ranks. Ranks run on the layout's nodes
+ * and the result is one rank's. */
+Test(layout, a_two_node_layout_trains_on_its_nodes, .timeout = 120)
+{
+    if (!cdp_comm_have_mpi()) cr_skip_test("this build has no MPI");
+    char dir[4096], path[4200], agent[4200];
+    snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
+    snprintf(agent, sizeof agent, "%s", cdp_test_source_path("tests/fixtures/fake-ssh"));
+    const char *hosts = cdp_test_write_file(dir, "hosts", "node-a\nnode-b   # the second node\n");
+    char hostpath[4200];
+    snprintf(hostpath, sizeof hostpath, "%s", hosts);
+    struct cell c = {GPT, 2, 2, 4, "1f1b", 0};
+    char plan[4200];
+    snprintf(plan, sizeof plan, "%s", cell_plan(dir, "two", &c, ", \"nodes\": 2"));
+    setenv("OMPI_MCA_plm_rsh_agent", agent, 1);
+    setenv("OMPI_MCA_btl", "self,tcp", 1); /* the nodes share no memory segment */
+    struct cdp_run r;
+    cr_assert_eq(cdp_test_run(&r, (const char *[]){"--plan", plan, "--hostfile", hostpath, NULL}), 0);
+    unsetenv("OMPI_MCA_plm_rsh_agent");
+    unsetenv("OMPI_MCA_btl");
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    cdp_test_run_free(&r);
+    snprintf(path, sizeof path, "%s/two.jsonl", dir);
+    json_t *last = last_ranks(path), *ranks = json_object_get(last, "ranks");
+    cr_assert_eq(json_array_size(ranks), 4);
+    for (size_t i = 0; i < 4; i++)
+        cr_expect_eq(json_integer_value(json_object_get(json_array_get(ranks, i), "node")), (json_int_t)(i / 2),
+                     "rank %zu on node %zu", i, i / 2);
+    json_decref(last);
+    double la[4], lb[4];
+    cr_assert_eq(losses_of(path, la, 4), 2);
+    struct cell one = {GPT, 1, 1, 8, "1f1b", 0};
+    trains(cell_plan(dir, "one", &one, ""), "one rank");
+    snprintf(path, sizeof path, "%s/one.jsonl", dir);
+    cr_assert_eq(losses_of(path, lb, 4), 2);
+    for (int i = 0; i < 2; i++)
+        cr_expect_float_eq(la[i], lb[i], 1e-5 * fabs(lb[i]), "step %d: %.9g on two nodes, %.9g on one rank", i + 1,
+                           la[i], lb[i]);
+    /* the hostfile must name every node of the layout */
+    hosts = cdp_test_write_file(dir, "hosts", "node-a\n");
+    snprintf(hostpath, sizeof hostpath, "%s", hosts);
+    cr_assert_eq(cdp_test_run(&r, (const char *[]){"--plan", plan, "--hostfile", hostpath, NULL}), 0);
+    cr_expect_eq(r.exit_code, 2, "%s", r.err);
+    cr_expect(strstr(r.err, "1 host for a layout of 2 nodes"), "%s", r.err);
+    cdp_test_run_free(&r);
+}
+
+/* Every rank is bound where the layout says (-v shows it): on the cpu backend
+ * disjoint cores while there are as many as ranks. */
+Test(layout, ranks_are_bound_to_the_layout_cpus, .timeout = 60)
+{
+    if (!cdp_comm_have_mpi()) cr_skip_test("this build has no MPI");
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
+    struct cell c = {MLP, 2, 1, 2, "1f1b", 0};
+    const char *plan = cell_plan(dir, "bind", &c, "");
+    struct cdp_run r;
+    cr_assert_eq(cdp_test_run(&r, (const char *[]){"--plan", plan, "--dry-run", "--json", NULL}), 0);
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    json_error_t e;
+    json_t *j = json_loads(r.out, 0, &e), *pl = json_object_get(json_object_get(j, "planner"), "placement");
+    cr_assert_eq(json_array_size(pl), 2);
+    char want[2][128];
+    const char *sets[2];
+    for (int i = 0; i < 2; i++) {
+        sets[i] = json_string_value(json_object_get(json_array_get(pl, (size_t)i), "cpuset"));
+        cr_assert(sets[i] && *sets[i], "rank %d has a CPU set", i);
+        snprintf(want[i], sizeof want[i], "rank %d (stage %d, replica 0) on node 0, cpu: bound to CPUs %s", i, i,
+                 sets[i]);
+    }
+    if (sysconf(_SC_NPROCESSORS_ONLN) >= 2) cr_expect_str_neq(sets[0], sets[1], "disjoint cores");
+    cdp_test_run_free(&r);
+    cr_assert_eq(cdp_test_run(&r, (const char *[]){"-v", "--plan", plan, NULL}), 0);
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    for (int i = 0; i < 2; i++) cr_expect(strstr(r.err, want[i]), "no \"%s\" in: %s", want[i], r.err);
+    json_decref(j);
+    cdp_test_run_free(&r);
+}
