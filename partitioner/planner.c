@@ -297,15 +297,56 @@ struct ctx {
     int *slots;        /* p: activation slots of each stage (the partition's memory) */
 };
 
-static cdp_status sim(struct ctx *c, const int *device, const int *trace_rank, struct cdp_sim_result **out)
+static cdp_status sim_procs(struct ctx *c, const int *device, const int *trace_rank, const int *proc,
+                            struct cdp_sim_result **out)
 {
     const int tied = tied_model(c->plan) && c->p * c->v > 1;
     struct cdp_sim_config sc = {.sched = c->sched, .replicas = c->R, .vstage = c->vs,
                                 .tied_bytes = tied ? c->tied_bytes : 0, .device = device, .n_devices = c->nd,
                                 .bandwidth = c->bw, .latency = c->lat,
-                                .samples_per_mb = (double)c->plan->train.micro_batch, .trace_rank = trace_rank};
+                                .samples_per_mb = (double)c->plan->train.micro_batch, .trace_rank = trace_rank,
+                                .proc = proc};
     c->sims++;
     return cdp_sim_run(&sc, out);
+}
+
+static cdp_status sim(struct ctx *c, const int *device, const int *trace_rank, struct cdp_sim_result **out)
+{
+    return sim_procs(c, device, trace_rank, NULL, out);
+}
+
+/* A layout's step on the simulator: its devices, a trace row per world rank,
+ * and ranks that share a processor sharing its time (the same CPU set on the
+ * cpu backend, the same GPU on cuda). c is prepared for the layout's shape. */
+static cdp_status simulate_layout(struct ctx *c, const struct cdp_layout *l, struct cdp_sim_result **out)
+{
+    const int N = l->n_ranks;
+    int *device = malloc((size_t)N * sizeof *device), *row = malloc((size_t)N * sizeof *row);
+    int *proc = malloc((size_t)N * sizeof *proc);
+    cdp_status st = !device || !row || !proc ? cdp_fail(CDP_ERR_NOMEM, "planner: out of memory") : CDP_OK;
+    for (int i = 0; !st && i < N; i++) {
+        const struct cdp_layout_rank *k = &l->rank[i];
+        const int sr = k->stage * l->replicas + k->replica;
+        device[sr] = k->device;
+        row[sr] = i;
+        proc[sr] = sr;
+        /* the first rank with the same processor names it */
+        for (int j = 0; j < i; j++) {
+            const struct cdp_layout_rank *q = &l->rank[j];
+            const int same = l->backend == CDP_BACKEND_CUDA ? q->node == k->node && q->gpu == k->gpu
+                                                            : q->node == k->node && k->cpuset[0] &&
+                                                                  !strcmp(q->cpuset, k->cpuset);
+            if (same) {
+                proc[sr] = q->stage * l->replicas + q->replica;
+                break;
+            }
+        }
+    }
+    if (!st) st = sim_procs(c, device, row, proc, out);
+    free(device);
+    free(row);
+    free(proc);
+    return st;
 }
 
 /* The cheap model (docs/planner.md, "Large worlds"): every replica's pipeline
@@ -1290,7 +1331,7 @@ cdp_status cdp_planner_run(const struct cdp_plan *plan, const struct cdp_topolog
                                                    sizeof res.node[n].capacity_from);
     if (!layout_only) {
         if ((st = prepare(&c, k->p, k->R, k->m, (const int64_t(*)[2])k->ranges))) goto fail;
-        if ((st = sim(&c, best_dev, NULL, &sr))) goto fail;
+        if ((st = simulate_layout(&c, res.layout, &sr))) goto fail;
         res.predicted = (struct cdp_planner_prediction){sr->step_s, sr->bubble, sr->samples_per_s};
         res.predicted_ok = 1;
         st = balance_predict(k->p, k->R, k->m, sr, &res.balance);
@@ -1336,23 +1377,14 @@ cdp_status cdp_planner_simulate(const struct cdp_plan *plan, const struct cdp_to
                                 struct cdp_sim_result **out)
 {
     struct ctx c;
-    const int N = l->n_ranks;
-    int *device = malloc((size_t)N * sizeof *device), *row = malloc((size_t)N * sizeof *row);
-    cdp_status st = !device || !row ? cdp_fail(CDP_ERR_NOMEM, "planner: out of memory") : ctx_init(&c, plan, t, costs);
+    cdp_status st = ctx_init(&c, plan, t, costs);
     if (!st) {
         c.kind = l->schedule;
         c.v = l->chunks;
-        for (int i = 0; i < N; i++) {
-            const int sr = l->rank[i].stage * l->replicas + l->rank[i].replica;
-            device[sr] = l->rank[i].device;
-            row[sr] = i;
-        }
         if (!(st = prepare(&c, l->stages, l->replicas, l->micro_batches, (const int64_t(*)[2])l->ranges)))
-            st = sim(&c, device, row, out);
+            st = simulate_layout(&c, l, out);
     }
-    if (device && row) ctx_free(&c);
-    free(device);
-    free(row);
+    ctx_free(&c);
     return st;
 }
 

@@ -28,6 +28,12 @@ struct rank_state {
     int done;
     int in_flight, in_flight_peak;
     double last_bwd_end;
+    /* a rank sharing its processor: the compute it runs now, in seconds of
+     * the processor to itself, done at the processor's share */
+    int shared, computing;
+    double work, started;
+    enum cdp_event_kind kind;
+    int mb;
 };
 
 struct sim {
@@ -42,6 +48,7 @@ struct sim {
     int n_links, cap_links;
     int *link_users;      /* transfers moving on each link now */
     int *ar_count, *tied_count; /* arrivals per stage (all-reduce), per replica (tied) */
+    int *proc_busy;       /* per processor: its sharing ranks computing now */
     struct cdp_sim_result *res;
     int64_t cap_events;
 };
@@ -169,6 +176,28 @@ static cdp_status collective(struct sim *S, const int *idx, int n, double bytes,
     return CDP_OK;
 }
 
+/* A compute instruction of d seconds on rank i from now: a rank with a
+ * processor of its own is busy until now + d; one sharing it runs at the
+ * processor's share, finished by advance(). The event is recorded when it ends. */
+static cdp_status compute(struct sim *S, int i, enum cdp_event_kind kind, int mb, double d, double now)
+{
+    struct rank_state *q = &S->rk[i];
+    if (q->shared && d > 0) {
+        q->computing = 1;
+        q->work = d;
+        q->started = now;
+        q->kind = kind;
+        q->mb = mb;
+        q->busy_until = INFINITY;
+        S->proc_busy[S->c->proc[i]]++;
+        return CDP_OK;
+    }
+    q->busy_until = now + d;
+    if (kind == CDP_EV_BACKWARD) q->last_bwd_end = now + d;
+    if (kind != CDP_EV_OPTIMIZER) S->res->busy_s[i] += d;
+    return d > 0 || kind == CDP_EV_FORWARD || kind == CDP_EV_BACKWARD ? add_event(S, i, kind, mb, now, now + d) : CDP_OK;
+}
+
 /* Runs rank i's instructions at time now until it is busy, blocked or done. */
 static cdp_status step_rank(struct sim *S, int i, double now, int *progressed)
 {
@@ -188,24 +217,21 @@ static cdp_status step_rank(struct sim *S, int i, double now, int *progressed)
         const int k = in->chunk >= 0 ? in->chunk * S->p + s : -1;
         const struct cdp_sim_vstage *vs = k >= 0 ? &c->vstage[k] : NULL;
         double d = 0;
+        int computes = 0;
         switch (in->op) {
         case CDP_OP_LOAD:
-            d = c->load_s;
-            if (d > 0 && (st = add_event(S, i, CDP_EV_LOAD, in->mb, now, now + d))) return st;
-            S->res->busy_s[i] += d;
+            if ((st = compute(S, i, CDP_EV_LOAD, in->mb, c->load_s, now))) return st;
+            computes = 1;
             break;
         case CDP_OP_FORWARD:
-            d = vs->fwd_s;
-            if ((st = add_event(S, i, CDP_EV_FORWARD, in->mb, now, now + d))) return st;
-            S->res->busy_s[i] += d;
             if (++q->in_flight > q->in_flight_peak) q->in_flight_peak = q->in_flight;
+            if ((st = compute(S, i, CDP_EV_FORWARD, in->mb, vs->fwd_s, now))) return st;
+            computes = 1;
             break;
         case CDP_OP_BACKWARD:
-            d = vs->bwd_s;
-            if ((st = add_event(S, i, CDP_EV_BACKWARD, in->mb, now, now + d))) return st;
-            S->res->busy_s[i] += d;
             q->in_flight--;
-            q->last_bwd_end = now + d;
+            if ((st = compute(S, i, CDP_EV_BACKWARD, in->mb, vs->bwd_s, now))) return st;
+            computes = 1;
             break;
         case CDP_OP_SEND_ACT:
             if ((st = send(S, 0, s, r, k, k + 1, in->mb, vs->out_bytes, now))) return st;
@@ -245,13 +271,14 @@ static cdp_status step_rank(struct sim *S, int i, double now, int *progressed)
         }
         case CDP_OP_OPTIMIZER_STEP:
             for (int j = s; j < S->nv; j += S->p) d += c->vstage[j].opt_s;
-            if (d > 0 && (st = add_event(S, i, CDP_EV_OPTIMIZER, -1, now, now + d))) return st;
+            if ((st = compute(S, i, CDP_EV_OPTIMIZER, -1, d, now))) return st;
+            computes = 1;
             break;
         default:
             return cdp_fail(CDP_ERR_INVALID, "simulator: unknown instruction %d", (int)in->op);
         }
         q->pc++;
-        q->busy_until = now + d;
+        if (!computes) q->busy_until = now + d;
         *progressed = 1;
     }
     return CDP_OK;
@@ -259,20 +286,49 @@ static cdp_status step_rank(struct sim *S, int i, double now, int *progressed)
 
 /* Moves the clock to the next event and the transfers with it. Returns 0 when
  * there is none. */
-static int advance(struct sim *S, double now, double *next_out)
+static cdp_status advance(struct sim *S, double now, double *next_out, int *moved)
 {
     double next = INFINITY;
-    for (int i = 0; i < S->N; i++)
-        if (!S->rk[i].done && !S->rk[i].waiting_coll && S->rk[i].busy_until > now)
-            next = fmin(next, S->rk[i].busy_until);
+    *moved = 0;
+    for (int i = 0; i < S->N; i++) {
+        const struct rank_state *q = &S->rk[i];
+        if (q->computing) next = fmin(next, now + q->work * S->proc_busy[S->c->proc[i]]);
+        else if (!q->done && !q->waiting_coll && q->busy_until > now) next = fmin(next, q->busy_until);
+    }
     for (int j = 0; j < S->n_active; j++) {
         const struct xfer *x = &S->x[S->active[j]];
         if (x->state == T_LATENCY) next = fmin(next, x->enter);
         else next = fmin(next, now + x->remaining / (bw_of(S, S->links[x->link].src, S->links[x->link].dst) /
                                                      S->link_users[x->link]));
     }
-    if (isinf(next)) return 0;
+    if (isinf(next)) return CDP_OK;
+    *moved = 1;
     const double dt = next - now;
+    /* shared processors: each computing rank got 1/k of its processor; the
+     * counts change only after every rank has moved */
+    int ended = 0;
+    for (int i = 0; i < S->N; i++) {
+        struct rank_state *q = &S->rk[i];
+        if (!q->computing) continue;
+        const int k = S->proc_busy[S->c->proc[i]];
+        if (now + q->work * k <= next) {
+            q->work = 0;
+            ended = 1;
+        } else {
+            q->work -= dt / k;
+        }
+    }
+    for (int i = 0; i < S->N && ended; i++) {
+        struct rank_state *q = &S->rk[i];
+        if (!q->computing || q->work > 0) continue;
+        q->computing = 0;
+        q->busy_until = next;
+        S->proc_busy[S->c->proc[i]]--;
+        if (q->kind == CDP_EV_BACKWARD) q->last_bwd_end = next;
+        if (q->kind != CDP_EV_OPTIMIZER) S->res->busy_s[i] += next - q->started;
+        cdp_status st = add_event(S, i, q->kind, q->mb, q->started, next);
+        if (st) return st;
+    }
     for (int l = 0; l < S->n_links; l++)
         if (S->link_users[l] > 0) S->links[l].busy_s += dt;
     /* bytes moved at the shares of [now, next): counts change only after this loop */
@@ -312,7 +368,7 @@ static int advance(struct sim *S, double now, double *next_out)
         if (S->x[S->active[j]].state != T_ARRIVED) S->active[w++] = S->active[j];
     S->n_active = w;
     *next_out = next;
-    return 1;
+    return CDP_OK;
 }
 
 static int cmp_links(const void *a, const void *b)
@@ -341,6 +397,10 @@ static cdp_status check(const struct cdp_sim_config *c)
         !c->latency)
         return cdp_fail(CDP_ERR_INVALID, "simulator: incomplete configuration");
     const int N = c->sched->p * c->replicas;
+    for (int i = 0; c->proc && i < N; i++)
+        if (c->proc[i] < 0 || c->proc[i] >= N)
+            return cdp_fail(CDP_ERR_INVALID, "simulator: stage %d replica %d runs on processor %d of %d",
+                            i / c->replicas, i % c->replicas, c->proc[i], N);
     for (int i = 0; i < N; i++)
         if (c->device[i] < 0 || c->device[i] >= c->n_devices)
             return cdp_fail(CDP_ERR_INVALID, "simulator: stage %d replica %d is placed on device %d; the "
@@ -366,18 +426,23 @@ cdp_status cdp_sim_run(const struct cdp_sim_config *c, struct cdp_sim_result **o
     S.link_of = malloc(nd * sizeof *S.link_of);
     S.ar_count = calloc((size_t)S.p, sizeof *S.ar_count);
     S.tied_count = calloc((size_t)S.R, sizeof *S.tied_count);
+    S.proc_busy = calloc(c->proc ? (size_t)S.N : 1, sizeof *S.proc_busy);
     if (res) {
         res->ranks = S.N;
         res->busy_s = calloc((size_t)S.N, sizeof *res->busy_s);
         res->finish_s = calloc((size_t)S.N, sizeof *res->finish_s);
         res->peak_in_flight = calloc((size_t)S.N, sizeof *res->peak_in_flight);
     }
-    if (!res || !S.rk || !S.x || !S.active || !S.link_of || !S.ar_count || !S.tied_count || !res->busy_s ||
+    if (!res || !S.rk || !S.x || !S.active || !S.link_of || !S.ar_count || !S.tied_count || !S.proc_busy || !res->busy_s ||
         !res->finish_s || !res->peak_in_flight) {
         st = cdp_fail(CDP_ERR_NOMEM, "simulator: out of memory for %d ranks", S.N);
         goto fail;
     }
     memset(S.link_of, 0xff, nd * sizeof *S.link_of);
+    /* ranks whose processor others share too run at its share when they compute together */
+    for (int i = 0; c->proc && i < S.N; i++)
+        for (int j = 0; j < S.N; j++)
+            if (j != i && c->proc[j] == c->proc[i]) S.rk[i].shared = 1;
 
     double now = 0;
     for (;;) {
@@ -391,7 +456,9 @@ cdp_status cdp_sim_run(const struct cdp_sim_config *c, struct cdp_sim_result **o
         for (int i = 0; i < S.N; i++) all &= S.rk[i].done;
         if (all) break;
         double next;
-        if (!advance(&S, now, &next)) {
+        int moved = 0;
+        if ((st = advance(&S, now, &next, &moved))) goto fail;
+        if (!moved) {
             char buf[32];
             int i = 0;
             while (S.rk[i].done) i++;
@@ -424,6 +491,7 @@ cdp_status cdp_sim_run(const struct cdp_sim_config *c, struct cdp_sim_result **o
     free(S.link_users);
     free(S.ar_count);
     free(S.tied_count);
+    free(S.proc_busy);
     *out = res;
     return CDP_OK;
 fail:
@@ -435,6 +503,7 @@ fail:
     free(S.link_users);
     free(S.ar_count);
     free(S.tied_count);
+    free(S.proc_busy);
     cdp_sim_result_free(res);
     return st;
 }

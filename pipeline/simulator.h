@@ -1,7 +1,8 @@
 /* The simulator: a discrete-event execution of one training step's schedule
  * lists (pipeline/schedule.h) on every rank of p stages x R replicas, with
  * compute times from the cost model (partitioner/costs.h) and transfers over
- * the links between the ranks' devices. Predicts step time, throughput, the
+ * the links between the ranks' devices, ranks that share a processor (CPU
+ * cores, a GPU) sharing its time. Predicts step time, throughput, the
  * bubble, activations in flight and per-link traffic, and records events in the
  * executor's trace form (pipeline/trace.h). Deterministic. Model and limits:
  * docs/simulator.md. */
@@ -36,6 +37,9 @@ struct cdp_sim_config {
     double load_s;                        /* time of a LOAD (0: not shown) */
     double samples_per_mb;                /* B, for samples/s */
     const int *trace_rank;                /* p*R: trace row of (s, r); NULL: r*p + s */
+    const int *proc;                      /* p*R: the processor (a CPU set, a GPU) (s, r) computes on,
+                                             0..p*R-1; ranks on one processor that compute at the same
+                                             time each get an equal share of it. NULL: each its own */
 };
 
 struct cdp_sim_link_stat {

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cdp/core.h"
 #include "cdp/plan.h"
@@ -179,25 +180,34 @@ Test(profile, mismatched_costs_exit_2_naming_the_file)
     expect_bad_costs(plan4, junk, "not JSON");
 }
 
-/* Uniform stages (one unit each, equal measured times), no optimizer time, one
- * replica: the step is the closed form (m+p-1)(tf+tb) plus the CPU topology's
- * transfer of a few hundred bytes per hop (latency and copy rate; there is no
- * option for an unlimited link), which is below 1e-4 of seconds-long units. */
+/* Uniform stages (equal measured stage times), no optimizer time, one
+ * replica, every rank on a core of its own: the step is the closed form
+ * (m+p-1)(tf+tb) plus the CPU topology's transfer of a few hundred bytes per
+ * hop (latency and copy rate; there is no option for an unlimited link),
+ * which is below 1e-4 of seconds-long units. (Ranks that share cores share
+ * their time: suite simulate.) */
 static void closed_form(const char *sched)
 {
+    if (sysconf(_SC_NPROCESSORS_ONLN) < 2) cr_skip_test("two stages need a core each: this machine has one");
     const char *dir = cdp_test_tmpdir();
-    char plan[512], costs[512];
-    const int p = 5, m = 4;
+    char plan[512], costs[512], text[1024];
+    const int p = 2, m = 4;
     const double tf = 0.25, tb = 0.5;
-    snprintf(plan, sizeof plan, "%s", mlp_plan(dir, "uni.json", 2, p, m, sched));
+    /* stage 0 is unit 0, stage 1 the other four, each a quarter of the stage's time */
+    snprintf(text, sizeof text,
+             "{\"model\": {\"preset\": \"mlp\", \"input\": [128], \"hidden\": [256, 256], \"classes\": 64},"
+             " \"data\": {\"source\": \"synthetic\"}, \"train\": {\"steps\": 1, \"micro_batch\": 2},"
+             " \"parallel\": {\"stages\": %d, \"replicas\": 1, \"micro_batches\": %d, \"schedule\": \"%s\","
+             " \"partition\": [[0, 1], [1, 5]]}, \"cluster\": {\"backend\": \"cpu\"}}", p, m, sched);
+    snprintf(plan, sizeof plan, "%s", cdp_test_write_file(dir, "uni.json", text));
     snprintf(costs, sizeof costs, "%s/uni.costs.json", dir);
     cli_profile(plan, costs);
     struct cdp_cost_table t = {0};
     cr_assert_eq(cdp_cost_table_read(costs, &t), CDP_OK, "%s", cdp_last_error());
-    cr_assert_eq(t.n_units, p, "the mlp has %d units; the test wants one per stage", t.n_units);
+    cr_assert_eq(t.n_units, 5, "the mlp has %d units", t.n_units);
     for (int i = 0; i < t.n_units; i++) {
-        t.units[i].fwd_s = tf;
-        t.units[i].bwd_s = tb;
+        t.units[i].fwd_s = i == 0 ? tf : tf / 4;
+        t.units[i].bwd_s = i == 0 ? tb : tb / 4;
     }
     t.optimizer_s_per_param = 0;
     cr_assert_eq(cdp_cost_table_write(&t, costs), CDP_OK);

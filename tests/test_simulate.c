@@ -185,6 +185,55 @@ Test(simulate, activations_in_flight)
     done_fx(&f, r);
 }
 
+/* Ranks sharing a processor (ranks bound to one core, or on one GPU) each
+ * compute at its share while they compute together: two replicas on one
+ * processor take twice as long; a whole pipeline on one processor keeps it
+ * busy with no gaps, so its step is all the ranks' compute; ranks with a
+ * processor each are as before. */
+Test(simulate, ranks_sharing_a_processor_share_its_time)
+{
+    struct fixture f;
+    int proc[8];
+    /* 1 stage x 2 replicas on one processor: every micro-batch at half speed */
+    setup_fx(&f, CDP_SCHEDULE_1F1B, 1, 1, 4, 2, 1.0, 2.0);
+    proc[0] = proc[1] = 0;
+    f.c.proc = proc;
+    struct cdp_sim_result *r = run_fx(&f);
+    cr_expect_float_eq(r->step_s, 2 * 4 * 3.0, 1e-9, "step %.9g", r->step_s);
+    cr_expect_float_eq(r->busy_s[0], 2 * 4 * 3.0, 1e-9, "busy is wall time of its compute: %.9g", r->busy_s[0]);
+    done_fx(&f, r);
+    /* 4 stages on one processor: work-conserving, the sum of every rank's compute */
+    setup_fx(&f, CDP_SCHEDULE_1F1B, 4, 1, 8, 1, 1.0, 2.0);
+    for (int s = 0; s < 4; s++) proc[s] = 0;
+    f.c.proc = proc;
+    r = run_fx(&f);
+    cr_expect_float_eq(r->step_s, 4 * 8 * 3.0, 1e-9, "step %.9g", r->step_s);
+    done_fx(&f, r);
+    /* two pairs of stages: each pair shares; faster than one processor, slower than four */
+    setup_fx(&f, CDP_SCHEDULE_1F1B, 4, 1, 8, 1, 1.0, 2.0);
+    proc[0] = proc[1] = 0;
+    proc[2] = proc[3] = 1;
+    f.c.proc = proc;
+    r = run_fx(&f);
+    const double two = r->step_s;
+    cdp_sim_result_free(r);
+    for (int s = 0; s < 4; s++) proc[s] = s;
+    r = run_fx(&f);
+    cr_expect_float_eq(r->step_s, (8 + 3) * 3.0, 1e-9, "one each: the closed form (m+p-1)(tf+tb), %.9g", r->step_s);
+    cr_expect(two > r->step_s && two < 4 * 8 * 3.0, "shared pairs %.9g between %.9g and %.9g", two, r->step_s,
+              4 * 8 * 3.0);
+    done_fx(&f, r);
+    /* a processor index outside 0..p*R-1 */
+    setup_fx(&f, CDP_SCHEDULE_GPIPE, 2, 1, 2, 1, 1.0, 1.0);
+    proc[0] = 0;
+    proc[1] = 7;
+    f.c.proc = proc;
+    struct cdp_sim_result *bad = NULL;
+    cr_expect_eq(cdp_sim_run(&f.c, &bad), CDP_ERR_INVALID);
+    cr_expect(strstr(cdp_last_error(), "processor 7"), "%s", cdp_last_error());
+    cdp_schedule_free(f.sched);
+}
+
 /* Same input, same output, byte for byte, with communication and sharing. */
 Test(simulate, deterministic)
 {

@@ -7,7 +7,9 @@
 
 #include "cdp/core.h"
 #include "cdp/plan.h"
+#include "cdp/log.h"
 #include "cli/commands.h"
+#include "pipeline/launch.h"
 #include "model/profile.h"
 #include "partitioner/costs.h"
 
@@ -23,7 +25,7 @@ char *cdp_cli_default_costs_path(const char *plan_path)
     return s;
 }
 
-int cdp_cli_profile(const struct cdp_plan *plan, const char *plan_path, const char *costs)
+int cdp_cli_profile(const struct cdp_plan *plan, const char *plan_path, const char *costs, const char *cpuset)
 {
     char *path = costs ? NULL : cdp_cli_default_costs_path(plan_path);
     const char *outp = costs ? costs : path;
@@ -31,6 +33,12 @@ int cdp_cli_profile(const struct cdp_plan *plan, const char *plan_path, const ch
     if (!outp) {
         fprintf(stderr, "cdphybrid: out of memory\n");
         return EXIT_RUN_FAILED;
+    }
+    /* measured as a rank of the plan's layout runs: on its CPUs, with as many BLAS threads */
+    int cpus = 0;
+    if (cpuset && *cpuset) {
+        if (cdp_launch_bind(cpuset, &cpus)) CDP_WARN(CLI, "profiling unbound: %s", cdp_last_error());
+        else cdp_launch_blas_threads(cpus);
     }
     cdp_status st = cdp_profile_run(plan, NULL, &t);
     if (!st) st = cdp_cost_table_write(&t, outp);
@@ -42,8 +50,8 @@ int cdp_cli_profile(const struct cdp_plan *plan, const char *plan_path, const ch
     }
     double f = 0, b = 0;
     printf("Measured costs of %s on %s\n", plan->source, t.device);
-    printf("  micro-batch %lld, %d BLAS thread%s (set OPENBLAS_NUM_THREADS as the run will)\n\n",
-           (long long)t.micro_batch, t.threads, t.threads == 1 ? "" : "s");
+    printf("  micro-batch %lld, %d BLAS thread%s%s%s (as rank 0 of the plan's layout runs)\n\n",
+           (long long)t.micro_batch, t.threads, t.threads == 1 ? "" : "s", cpus ? ", on CPUs " : "", cpus ? cpuset : "");
     printf("  unit  kind                 fwd ms    bwd ms\n");
     for (int i = 0; i < t.n_units; i++) {
         printf("  %4d  %-18s %8.3f  %8.3f\n", i, cdp_unit_kind_name(t.units[i].kind), t.units[i].fwd_s * 1e3,
@@ -52,7 +60,7 @@ int cdp_cli_profile(const struct cdp_plan *plan, const char *plan_path, const ch
         b += t.units[i].bwd_s;
     }
     printf("  total                    %8.3f  %8.3f\n", f * 1e3, b * 1e3);
-    printf("  optimizer %.3f ns per parameter\n\nwrote %s (use it: --simulate --costs %s)\n",
+    printf("  optimizer %.3f ns per parameter\n\nwrote %s (plan, simulate and train with it: --costs %s)\n",
            t.optimizer_s_per_param * 1e9, outp, outp);
     cdp_cost_table_clear(&t);
     free(path);

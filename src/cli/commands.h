@@ -49,8 +49,10 @@ int cdp_cli_simulate(const struct cdp_plan *plan, const struct cdp_sim_in *in, i
                      const char *timeline);
 
 /* `cdphybrid --plan P --profile [--costs OUT]`: plan_path is the --plan argument;
- * costs the file to write, or NULL: cdp_cli_default_costs_path(plan_path). */
-int cdp_cli_profile(const struct cdp_plan *plan, const char *plan_path, const char *costs);
+ * costs the file to write, or NULL: cdp_cli_default_costs_path(plan_path);
+ * cpuset: the CPUs of rank 0 of the plan's layout (measured bound to them,
+ * with as many BLAS threads), or NULL. */
+int cdp_cli_profile(const struct cdp_plan *plan, const char *plan_path, const char *costs, const char *cpuset);
 
 /* "dir/p.json" -> "dir/p.costs.json" (malloc'd; NULL when out of memory). */
 char *cdp_cli_default_costs_path(const char *plan_path);

@@ -513,18 +513,13 @@ static int run_plan(const struct cli_args *a)
         }
     }
     if (cdp_plan_resolve(plan, &machine)) goto bad_input;
-    if (a->profile) {
-        code = cdp_cli_profile(plan, a->plan, a->costs);
-        cdp_plan_free(plan);
-        return code;
-    }
     if (a->resume && !a->resume_dir && !plan->train.checkpoint.dir) {
         cdp_fail(CDP_ERR_INVALID, "%s: --resume without a folder needs /train/checkpoint/dir in the plan",
                  plan->source);
         goto bad_input;
     }
     cdp_status st;
-    if (a->costs) {
+    if (a->costs && !a->profile) {
         struct cdp_unit *u = NULL;
         int n = 0;
         if ((st = cdp_cost_table_read(a->costs, &table))) goto failed;
@@ -542,7 +537,9 @@ static int run_plan(const struct cli_args *a)
     if (note[0]) CDP_INFO(PART, "topology %s: %s", topo->name, note);
     const int flags = ranked && !a->dry_run && !a->simulate && !a->schedule ? CDP_PLANNER_LAYOUT_ONLY : 0;
     if ((st = cdp_planner_run(plan, topo, have_table ? &table : NULL, flags, &pr))) goto failed;
-    if (a->explore) {
+    if (a->profile) {
+        code = cdp_cli_profile(plan, a->plan, a->costs, pr.layout->rank[0].cpuset);
+    } else if (a->explore) {
         struct cdp_planner_spread spread = {0};
         if ((st = cdp_planner_explore(plan, topo, have_table ? &table : NULL, &pr, CDP_PLANNER_EXPLORE_SAMPLES, 1,
                                       &spread)))

@@ -46,6 +46,13 @@ static double median(double *x, int n)
     return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
 }
 
+static double mean(const double *x, int n)
+{
+    double s = 0;
+    for (int i = 0; i < n; i++) s += x[i];
+    return n ? s / n : 0;
+}
+
 /* Buffers of one unit's micro-batch: its input, the targets when it ends the
  * model, the gradient of its output and of its input. */
 struct unit_io {
@@ -75,70 +82,59 @@ static cdp_status one_pass(struct cdp_model *m, const struct unit_io *io, int en
     return CDP_OK;
 }
 
-static cdp_status profile_unit(const struct cdp_plan *plan, const struct cdp_unit *u, int n, cdp_device_t dev,
-                               const struct cdp_profile_options *o, double budget_s, uint64_t *rng,
-                               struct cdp_cost_table_unit *out)
+/* One unit alone in a model of its own, with its micro-batch's buffers. */
+struct unit_run {
+    struct cdp_model *m;
+    struct unit_io io;
+    int ends;
+    double *tf, *tb; /* the timed passes */
+};
+
+static void unit_run_free(struct unit_run *r)
+{
+    free(r->tf);
+    free(r->tb);
+    unit_io_free(&r->io);
+    cdp_model_destroy(r->m);
+}
+
+static cdp_status unit_setup(const struct cdp_plan *plan, const struct cdp_unit *u, int n, cdp_device_t dev,
+                             uint64_t *rng, int cap, struct unit_run *run)
 {
     const struct cdp_model_desc *d = &plan->model;
     const int B = (int)plan->train.micro_batch, ends = u->index == n - 1;
     const int64_t in_n = (int64_t)B * shape_numel(&u->in), out_n = (int64_t)B * u->out_floats;
-    struct cdp_model *m = NULL;
-    struct unit_io io = {0};
-    double *tf = NULL, *tb = NULL;
-    cdp_status st = cdp_model_create(d, u->index, u->index + 1, B, 1, plan->train.seed, dev, &m);
+    struct unit_io *io = &run->io;
+    run->ends = ends;
+    cdp_status st = cdp_model_create(d, u->index, u->index + 1, B, 1, plan->train.seed, dev, &run->m);
     if (st) return st;
     /* host-visible memory: CPU only (this profiler opens the CPU device) */
     if (u->in_tokens) {
-        int32_t *tok = cdp_model_input(m, 0);
+        int32_t *tok = cdp_model_input(run->m, 0);
         for (int64_t i = 0; i < in_n; i++) tok[i] = (int32_t)(rng_next(rng) % (uint64_t)(d->vocab > 0 ? d->vocab : 1));
     } else {
-        fill_floats(cdp_model_input(m, 0), in_n, rng);
+        fill_floats(cdp_model_input(run->m, 0), in_n, rng);
     }
     if (ends) {
         const int mse = d->kind != CDP_MODEL_GPT && d->loss == CDP_LOSS_MSE;
         const int64_t last = u->out.d[u->out.ndim - 1], rows = mse ? out_n : out_n / last;
-        if (!(io.tgt = malloc((size_t)rows * 4))) goto nomem;
-        if (mse) fill_floats(io.tgt, rows, rng);
+        if (!(io->tgt = malloc((size_t)rows * 4))) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
+        if (mse) fill_floats(io->tgt, rows, rng);
         else
-            for (int64_t r = 0; r < rows; r++) ((int32_t *)io.tgt)[r] = (int32_t)(rng_next(rng) % (uint64_t)last);
+            for (int64_t r = 0; r < rows; r++) ((int32_t *)io->tgt)[r] = (int32_t)(rng_next(rng) % (uint64_t)last);
     } else {
-        if (!(io.dout = malloc((size_t)out_n * sizeof *io.dout))) goto nomem;
-        fill_floats(io.dout, out_n, rng);
-        for (int64_t i = 0; i < out_n; i++) io.dout[i] *= 1e-3f;
+        if (!(io->dout = malloc((size_t)out_n * sizeof *io->dout))) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
+        fill_floats(io->dout, out_n, rng);
+        for (int64_t i = 0; i < out_n; i++) io->dout[i] *= 1e-3f;
     }
     /* the first unit's input gradient is never wanted; token ids have none */
-    if (!u->in_tokens && u->index > 0 && !(io.din = calloc((size_t)in_n, sizeof *io.din))) goto nomem;
-    double f, b;
-    if ((st = one_pass(m, &io, ends, &f, &b))) goto fail; /* warm-up: pages, caches, BLAS threads */
-    if ((st = one_pass(m, &io, ends, &f, &b))) goto fail;
-    const double once = fmax(f + b, 1e-7);
-    int reps = (int)ceil(o->min_unit_s / once);
-    if (reps * once > budget_s) reps = (int)(budget_s / once);
-    if (reps < o->min_reps) reps = o->min_reps;
-    if (reps > 100000) reps = 100000;
-    tf = malloc((size_t)reps * sizeof *tf);
-    tb = malloc((size_t)reps * sizeof *tb);
-    if (!tf || !tb) goto nomem;
-    for (int r = 0; r < reps; r++) {
-        if ((st = one_pass(m, &io, ends, &tf[r], &tb[r]))) goto fail;
-        if (r % 64 == 63) cdp_model_zero_grad(m); /* keep accumulated gradients finite */
-    }
-    out->index = u->index;
-    out->kind = u->kind;
-    /* the clock's resolution is far below a unit's time; a zero would read as "not measured" */
-    out->fwd_s = fmax(median(tf, reps), 1e-9);
-    out->bwd_s = fmax(median(tb, reps), 1e-9);
-    CDP_DEBUG(PART, "unit %d (%s): %d reps, fwd %.6f s, bwd %.6f s", u->index, cdp_unit_kind_name(u->kind), reps,
-              out->fwd_s, out->bwd_s);
-    goto fail;
-nomem:
-    st = cdp_fail(CDP_ERR_NOMEM, "out of memory");
-fail:
-    free(tf);
-    free(tb);
-    unit_io_free(&io);
-    cdp_model_destroy(m);
-    return st;
+    if (!u->in_tokens && u->index > 0 && !(io->din = calloc((size_t)in_n, sizeof *io->din)))
+        return cdp_fail(CDP_ERR_NOMEM, "out of memory");
+    run->tf = malloc((size_t)cap * sizeof *run->tf);
+    run->tb = malloc((size_t)cap * sizeof *run->tb);
+    if (!run->tf || !run->tb) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
+    double f, b; /* warm-up: pages, caches, BLAS threads */
+    return one_pass(run->m, io, ends, &f, &b);
 }
 
 /* The optimizer step of the whole model, as the executor's OPTIMIZER_STEP runs
@@ -183,6 +179,7 @@ cdp_status cdp_profile_run(const struct cdp_plan *plan, const struct cdp_profile
     }
     struct cdp_cost_table t = {0};
     struct cdp_unit *u = NULL;
+    struct unit_run *runs = NULL;
     cdp_device_t dev = NULL;
     int n = 0;
     cdp_status st;
@@ -199,12 +196,47 @@ cdp_status cdp_profile_run(const struct cdp_plan *plan, const struct cdp_profile
     t.threads = openblas_get_num_threads();
     snprintf(t.device, sizeof t.device, "cpu: %s", cdp_device_description(dev));
     uint64_t rng = 0x9e3779b97f4a7c15ull ^ (uint64_t)plan->train.seed;
-    for (int i = 0; i < n; i++) {
-        if ((st = profile_unit(plan, &u[i], n, dev, &o, o.max_total_s / n, &rng, &t.units[i]))) {
+    /* Every unit is set up first, then timed in rounds of one pass of each:
+     * a machine that is slow for a while (another tenant, frequency changes)
+     * slows every unit of those rounds alike, and each unit's median over the
+     * rounds leaves them out. */
+    enum { MAX_ROUNDS = 4096 };
+    if (!(runs = calloc((size_t)n, sizeof *runs))) {
+        st = cdp_fail(CDP_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    for (int i = 0; i < n; i++)
+        if ((st = unit_setup(plan, &u[i], n, dev, &rng, MAX_ROUNDS, &runs[i]))) {
             st = cdp_error_context(st, "%s: profiling unit %d (%s)", plan->source, i, cdp_unit_kind_name(u[i].kind));
             goto fail;
         }
+    int rounds = 0;
+    const double want = o.min_unit_s * n;
+    for (double spent = 0; rounds < MAX_ROUNDS && (rounds < o.min_reps || (spent < want && spent < o.max_total_s));
+         rounds++) {
+        const uint64_t t0 = cdp_time_ns();
+        for (int i = 0; i < n; i++) {
+            if ((st = one_pass(runs[i].m, &runs[i].io, runs[i].ends, &runs[i].tf[rounds], &runs[i].tb[rounds]))) {
+                st = cdp_error_context(st, "%s: profiling unit %d (%s)", plan->source, i,
+                                       cdp_unit_kind_name(u[i].kind));
+                goto fail;
+            }
+            if (rounds % 64 == 63) cdp_model_zero_grad(runs[i].m); /* keep accumulated gradients finite */
+        }
+        spent += (double)(cdp_time_ns() - t0) / 1e9;
     }
+    for (int i = 0; i < n; i++) {
+        t.units[i].index = u[i].index;
+        t.units[i].kind = u[i].kind;
+        /* the clock's resolution is far below a unit's time; a zero would read as "not measured" */
+        t.units[i].fwd_s = fmax(mean(runs[i].tf, rounds), 1e-9);
+        t.units[i].bwd_s = fmax(mean(runs[i].tb, rounds), 1e-9);
+        CDP_DEBUG(PART, "unit %d (%s): %d rounds, fwd %.6f s, bwd %.6f s", i, cdp_unit_kind_name(u[i].kind), rounds,
+                  t.units[i].fwd_s, t.units[i].bwd_s);
+        unit_run_free(&runs[i]);
+    }
+    free(runs);
+    runs = NULL;
     if ((st = profile_optimizer(plan, n, dev, &o, &t.optimizer_s_per_param))) {
         st = cdp_error_context(st, "%s: profiling the optimizer", plan->source);
         goto fail;
@@ -214,6 +246,8 @@ cdp_status cdp_profile_run(const struct cdp_plan *plan, const struct cdp_profile
     *out = t;
     return CDP_OK;
 fail:
+    for (int i = 0; runs && i < n; i++) unit_run_free(&runs[i]);
+    free(runs);
     cdp_cost_table_clear(&t);
     free(u);
     cdp_device_close(dev);

@@ -14,16 +14,18 @@ extern "C" {
 #endif
 
 struct cdp_profile_options {
-    double min_unit_s; /* least time each unit's forward + backward is timed for (0: 0.05 s) */
-    double max_total_s; /* most time all timed repetitions take together (0: 60 s) */
-    int min_reps;       /* fewest repetitions per unit, after one warm-up (0: 5) */
+    double min_unit_s; /* timing goes on for units x this (0: 0.05 s) */
+    double max_total_s; /* most time all timed rounds take together (0: 60 s) */
+    int min_reps;       /* fewest rounds, after one warm-up pass of each unit (0: 5) */
 };
 
 /* Profiles the plan's model for micro-batches of /train/micro_batch samples:
  * each unit alone in a model of that one unit, on random inputs (token ids in
- * the vocabulary, floats in [-1, 1)), one warm-up, then the median of N
- * forwards and N backwards (N so that the unit is timed for min_unit_s, at
- * least min_reps, fewer when max_total_s would be passed). The forward of the
+ * the vocabulary, floats in [-1, 1)), one warm-up, then timed in rounds of
+ * one forward and backward of every unit (at least min_reps rounds, and
+ * until the rounds took n x min_unit_s or max_total_s), each unit's median
+ * over the rounds: a slow spell of the machine slows a round's units alike
+ * and the median leaves it out. The forward of the
  * model's last unit includes the loss, and its backward starts from the loss,
  * as a pipeline's last stage runs them; backward computes the input gradient
  * wherever the input is not token ids. The optimizer: the median of the
