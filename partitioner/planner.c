@@ -574,12 +574,9 @@ static cdp_status split(struct ctx *c, int p, int R, int m, int objective, int64
         goto done;
     }
     /* the slots each stage's chunk gets, as the executor counts them */
-    if ((st = candidate_layout(c, p, R, m, NULL, NULL, &l))) goto done;
-    for (int s = 0; s < p && !st; s++) {
-        int mcap;
-        st = cdp_layout_slots(c->plan, l, s, 0, &mcap, &inf[s]);
-    }
-    if (st) goto done;
+    int mcap;
+    if ((st = candidate_layout(c, p, R, m, NULL, NULL, &l)) || (st = cdp_layout_slots(c->plan, l, 0, &mcap, inf)))
+        goto done;
     free(c->slots);
     c->slots = inf;
     c->p = p;
@@ -646,21 +643,10 @@ static double rank_host_bytes(const struct ctx *c, const struct cdp_layout_rank 
     return (double)k->memory.host + (c->hv ? (double)k->memory.device : 0);
 }
 
-/* Fills every rank's memory; ranks of a stage with the same share are alike. */
+/* Fills every rank's memory (cdp_layout_memory). */
 static cdp_status layout_memory(const struct ctx *c, struct cdp_layout *l)
 {
-    for (int i = 0; i < l->n_ranks; i++) {
-        const struct cdp_layout_rank *k = &l->rank[i];
-        int done = 0;
-        for (int j = 0; j < i && !done; j++)
-            if (l->rank[j].stage == k->stage && l->shares[l->rank[j].replica] == l->shares[k->replica]) {
-                l->rank[i].memory = l->rank[j].memory;
-                done = 1;
-            }
-        cdp_status st = done ? CDP_OK : cdp_layout_memory(c->plan, l, c->u, c->n, i);
-        if (st) return st;
-    }
-    return CDP_OK;
+    return cdp_layout_memory(c->plan, l, c->u, c->n);
 }
 
 /* The fit of a layout whose memory is filled: every rank within its device's
@@ -1155,11 +1141,12 @@ cdp_status cdp_planner_run(const struct cdp_plan *plan, const struct cdp_topolog
             if (m < 1 || (c.v > 1 && (m % p || !shares_fit(pd, p)))) continue;
             res.shapes++;
             largest_tried = p;
-            if (n_cand == cap_cand) {
+            /* every shape tried is a candidate until it does not fit: both lists grow alike */
+            if (n_tried == cap_cand) {
                 cap_cand = cap_cand ? 2 * cap_cand : 64;
                 struct cand *nc = realloc(cand, (size_t)cap_cand * sizeof *cand);
-                struct cand *nt = realloc(tried, (size_t)cap_cand * sizeof *tried);
                 if (nc) cand = nc;
+                struct cand *nt = nc ? realloc(tried, (size_t)cap_cand * sizeof *tried) : NULL;
                 if (nt) tried = nt;
                 if (!nc || !nt) {
                     st = cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");

@@ -719,8 +719,12 @@ static cdp_status setup(struct exec *e)
     set_share(e);
     e->unit = e->v > 1 ? e->p : 1;
     e->G = (int64_t)e->R * L->micro_batches * e->B;
-    int slots = 0;
-    if ((st = cdp_layout_slots(p, L, e->s, e->r, &e->mcap, &slots))) return cdp_error_context(st, "%s", p->source);
+    int *stage_slots = malloc((size_t)e->p * sizeof *stage_slots);
+    if (!stage_slots) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
+    st = cdp_layout_slots(p, L, e->r, &e->mcap, stage_slots);
+    const int slots = stage_slots[e->s];
+    free(stage_slots);
+    if (st) return cdp_error_context(st, "%s", p->source);
     snprintf(cdp_where_buf, sizeof cdp_where_buf, "rank %d/%d (stage %d, replica %d): setting up", e->rank,
              e->size, e->s, e->r);
     cdp_log_set_rank(e->rank, e->size);

@@ -92,27 +92,27 @@ cdp_status cdp_layout_check(const struct cdp_layout *l, int64_t n_units)
     return CDP_OK;
 }
 
-cdp_status cdp_layout_slots(const struct cdp_plan *plan, const struct cdp_layout *l, int s, int r, int *mcap,
-                            int *slots)
+cdp_status cdp_layout_slots(const struct cdp_plan *plan, const struct cdp_layout *l, int r, int *mcap, int *slots)
 {
     const int R = l->replicas, unit = l->chunks > 1 ? l->stages : 1;
     int64_t cap = l->shares[r];
     if (plan->parallel.rebalance_every > 0 && R > 1) cap = (int64_t)R * l->micro_batches - (int64_t)(R - 1) * unit;
     if (cap < 1 || cap > (1 << 24)) return cdp_fail(CDP_ERR_INVALID, "layout: replica %d may run %lld micro-batches", r,
                                                     (long long)cap);
-    int most = 1;
+    for (int s = 0; s < l->stages; s++) slots[s] = 1;
     for (int rv = 0; rv < 2; rv++) {
         struct cdp_schedule *sc = NULL;
         cdp_status st = cdp_schedule_build_ex(l->schedule, l->stages, l->chunks, (int)cap, 0, rv, &sc);
         if (st) return st;
-        const int k = cdp_schedule_peak_in_flight(sc, s);
-        if (k > most) most = k;
+        for (int s = 0; s < l->stages; s++) {
+            const int k = cdp_schedule_peak_in_flight(sc, s);
+            if (k > slots[s]) slots[s] = k;
+        }
         cdp_schedule_free(sc);
         /* only the interleaved lists have a rendezvous order of their own */
         if (l->schedule != CDP_SCHEDULE_INTERLEAVED) break;
     }
     *mcap = (int)cap;
-    *slots = most;
     return CDP_OK;
 }
 
@@ -160,16 +160,14 @@ static void add_memory(struct cdp_rank_memory *a, const struct cdp_rank_memory *
     a->host += b->host;
 }
 
-cdp_status cdp_layout_memory(const struct cdp_plan *plan, struct cdp_layout *l, const struct cdp_unit *units, int n,
-                             int rank)
+/* Rank `rank`'s memory, given its replica's micro-batch cap and slots per stage. */
+static cdp_status rank_memory(const struct cdp_plan *plan, struct cdp_layout *l, const struct cdp_unit *units, int n,
+                              int rank, int mcap, int slots)
 {
     struct cdp_layout_rank *k = &l->rank[rank];
     const int p = l->stages, nv = p * l->chunks, B = l->micro_batch;
     const int hv = l->backend != CDP_BACKEND_CUDA;
     const enum cdp_loss loss = cdp_model_loss_of(&plan->model);
-    int mcap = 0, slots = 0;
-    cdp_status st = cdp_layout_slots(plan, l, k->stage, k->replica, &mcap, &slots);
-    if (st) return st;
     struct cdp_rank_memory sum = {0};
     uint64_t largest_grad = 0;
     for (int c = 0; c < l->chunks; c++) {
@@ -204,6 +202,33 @@ cdp_status cdp_layout_memory(const struct cdp_plan *plan, struct cdp_layout *l, 
     sum.host += CDP_LAYOUT_PROCESS_BYTES;
     k->memory = sum;
     return CDP_OK;
+}
+
+cdp_status cdp_layout_memory(const struct cdp_plan *plan, struct cdp_layout *l, const struct cdp_unit *units, int n)
+{
+    const int p = l->stages, N = l->n_ranks;
+    int *slots = malloc((size_t)p * sizeof *slots), *first_of = malloc((size_t)p * sizeof *first_of);
+    unsigned char *done = calloc((size_t)N, 1);
+    cdp_status st = !slots || !first_of || !done ? cdp_fail(CDP_ERR_NOMEM, "layout: out of memory") : CDP_OK;
+    /* replicas with the same share have the same slots, and their ranks of one stage the same memory */
+    for (int i = 0; i < N && !st; i++) {
+        if (done[i]) continue;
+        const int64_t share = l->shares[l->rank[i].replica];
+        int mcap = 0;
+        if ((st = cdp_layout_slots(plan, l, l->rank[i].replica, &mcap, slots))) break;
+        for (int s = 0; s < p; s++) first_of[s] = -1;
+        for (int j = i; j < N && !st; j++) {
+            if (done[j] || l->shares[l->rank[j].replica] != share) continue;
+            const int s = l->rank[j].stage;
+            if (first_of[s] >= 0) l->rank[j].memory = l->rank[first_of[s]].memory;
+            else if (!(st = rank_memory(plan, l, units, n, j, mcap, slots[s]))) first_of[s] = j;
+            done[j] = 1;
+        }
+    }
+    free(slots);
+    free(first_of);
+    free(done);
+    return st;
 }
 
 void cdp_layout_device_name(const struct cdp_layout *l, int rank, char *buf, size_t cap)

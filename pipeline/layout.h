@@ -82,13 +82,12 @@ cdp_status cdp_layout_check(const struct cdp_layout *l, int64_t n_units);
 
 /* The most micro-batches replica r may run in a step (its share, or with
  * /parallel/rebalance_every all but one unit of each other replica: rebalancing
- * may move that many to it), and the activation slots a rank of stage s needs
- * for them: the most (micro-batch, chunk) activations its schedule holds at
- * once, the larger of the MPI and the NCCL (rendezvous) orders, so the count
- * does not depend on the transport. CDP_ERR_INVALID / CDP_ERR_NOMEM from the
- * schedule builder. */
-cdp_status cdp_layout_slots(const struct cdp_plan *plan, const struct cdp_layout *l, int s, int r, int *mcap,
-                            int *slots);
+ * may move that many to it), and the activation slots each of its stages
+ * needs for them (slots: l->stages entries): the most (micro-batch, chunk)
+ * activations the stage's schedule holds at once, the larger of the MPI and
+ * the NCCL (rendezvous) orders, so the count does not depend on the
+ * transport. CDP_ERR_INVALID / CDP_ERR_NOMEM from the schedule builder. */
+cdp_status cdp_layout_slots(const struct cdp_plan *plan, const struct cdp_layout *l, int r, int *mcap, int *slots);
 
 /* The executor's own buffers of one chunk (virtual stage vstage of nv) whose
  * first unit is `first` and last `last` with `slots` activation slots: the
@@ -117,13 +116,13 @@ void cdp_layout_chunk_memory(const struct cdp_plan *plan, const struct cdp_range
  * MPI and BLAS buffers), measured on the development machines (docs/planner.md). */
 #define CDP_LAYOUT_PROCESS_BYTES (48ull << 20)
 
-/* What rank `rank` of l allocates (fills l->rank[rank].memory): its chunks'
+/* What every rank of l allocates (fills each l->rank[].memory): its chunks'
  * cdp_layout_chunk_memory with its slots, its data buffers and host staging,
- * and CDP_LAYOUT_PROCESS_BYTES. units: the plan's n units with attention state
+ * and CDP_LAYOUT_PROCESS_BYTES; ranks of a stage whose replicas have equal
+ * shares are computed once. units: the plan's n units with attention state
  * sized as the backend keeps it (what cdp_unit_fit_kernels gives the
  * executor's models). */
-cdp_status cdp_layout_memory(const struct cdp_plan *plan, struct cdp_layout *l, const struct cdp_unit *units, int n,
-                             int rank);
+cdp_status cdp_layout_memory(const struct cdp_plan *plan, struct cdp_layout *l, const struct cdp_unit *units, int n);
 
 /* "cuda:3" or "cpu" (the device a rank opens), for messages and metrics. */
 void cdp_layout_device_name(const struct cdp_layout *l, int rank, char *buf, size_t cap);

@@ -495,43 +495,44 @@ static cdp_status check_rank(const struct cdp_schedule *s, int r, int *pos /* m*
             continue;
         }
         int mb = in->mb, c = in->chunk, k = vstage(s, r, c);
-        mbname(s, mb, c, nm, sizeof nm);
+        /* the name is written only into a message (validation runs on every list built) */
+#define NM mbname(s, mb, c, nm, sizeof nm)
         if (first_step >= 0)
-            return bad_at(s, r, i, "%s after the step-end instructions began (instruction %d)", nm, first_step);
+            return bad_at(s, r, i, "%s after the step-end instructions began (instruction %d)", NM, first_step);
         int *at = &POS(mb, c, slot[in->op]);
         if (in->op == CDP_OP_LOAD) at = &POS(mb, 0, P_LOAD); /* one load per micro-batch */
         if (*at >= 0) {
             if (in->op == CDP_OP_SEND_ACT || in->op == CDP_OP_SEND_GRAD)
                 return bad_at(s, r, i, "%s sent a second time (first at instruction %d): rank %d has one "
-                              "receive for it, so this send has no matching receive", nm, *at, in->peer);
-            return bad_at(s, r, i, "%s %s a second time (first at instruction %d)", nm,
+                              "receive for it, so this send has no matching receive", NM, *at, in->peer);
+            return bad_at(s, r, i, "%s %s a second time (first at instruction %d)", NM,
                           verb[slot[in->op]], *at);
         }
         switch (in->op) {
         case CDP_OP_FORWARD:
             if ((k == 0 || k == last) && POS(mb, 0, P_LOAD) < 0)
-                return bad_at(s, r, i, "forward of %s before its LOAD (L%d)", nm, mb);
+                return bad_at(s, r, i, "forward of %s before its LOAD (L%d)", NM, mb);
             if (k > 0 && vrank(s, k - 1) != r && POS(mb, c, P_RA) < 0)
-                return bad_at(s, r, i, "forward of %s before its input is received (no %s before it)", nm,
+                return bad_at(s, r, i, "forward of %s before its input is received (no %s before it)", NM,
                               cdp_instr_str(&(struct cdp_instr){CDP_OP_RECV_ACT, mb, c, vrank(s, k - 1)}, v,
                                             b, sizeof b));
             if (k > 0 && vrank(s, k - 1) == r && POS(mb, c - 1, P_F) < 0)
-                return bad_at(s, r, i, "forward of %s before the forward of chunk %d that feeds it", nm, c - 1);
+                return bad_at(s, r, i, "forward of %s before the forward of chunk %d that feeds it", NM, c - 1);
             break;
         case CDP_OP_SEND_ACT:
-            if (POS(mb, c, P_F) < 0) return bad_at(s, r, i, "sends the activation of %s before its forward", nm);
+            if (POS(mb, c, P_F) < 0) return bad_at(s, r, i, "sends the activation of %s before its forward", NM);
             break;
         case CDP_OP_BACKWARD:
-            if (POS(mb, c, P_F) < 0) return bad_at(s, r, i, "backward of %s before its forward", nm);
+            if (POS(mb, c, P_F) < 0) return bad_at(s, r, i, "backward of %s before its forward", NM);
             if (k < last && vrank(s, k + 1) != r && POS(mb, c, P_RG) < 0)
                 return bad_at(s, r, i, "backward of %s before its output gradient is received (no %s before it)",
-                              nm, cdp_instr_str(&(struct cdp_instr){CDP_OP_RECV_GRAD, mb, c, vrank(s, k + 1)},
+                              NM, cdp_instr_str(&(struct cdp_instr){CDP_OP_RECV_GRAD, mb, c, vrank(s, k + 1)},
                                                 v, b, sizeof b));
             if (k < last && vrank(s, k + 1) == r && POS(mb, c + 1, P_B) < 0)
-                return bad_at(s, r, i, "backward of %s before the backward of chunk %d that feeds it", nm, c + 1);
+                return bad_at(s, r, i, "backward of %s before the backward of chunk %d that feeds it", NM, c + 1);
             break;
         case CDP_OP_SEND_GRAD:
-            if (POS(mb, c, P_B) < 0) return bad_at(s, r, i, "sends the input gradient of %s before its backward", nm);
+            if (POS(mb, c, P_B) < 0) return bad_at(s, r, i, "sends the input gradient of %s before its backward", NM);
             break;
         default: break;
         }
@@ -544,15 +545,14 @@ static cdp_status check_rank(const struct cdp_schedule *s, int r, int *pos /* m*
             return cdp_fail(CDP_ERR_INVALID, "rank %d: micro-batch %d is never loaded (no L%d)", r, mb, mb);
         for (int c = 0; c < v; c++) {
             int k = vstage(s, r, c);
-            mbname(s, mb, c, nm, sizeof nm);
-            if (POS(mb, c, P_F) < 0) return cdp_fail(CDP_ERR_INVALID, "rank %d: %s is never forwarded", r, nm);
-            if (POS(mb, c, P_B) < 0) return cdp_fail(CDP_ERR_INVALID, "rank %d: %s is never backwarded", r, nm);
+            if (POS(mb, c, P_F) < 0) return cdp_fail(CDP_ERR_INVALID, "rank %d: %s is never forwarded", r, NM);
+            if (POS(mb, c, P_B) < 0) return cdp_fail(CDP_ERR_INVALID, "rank %d: %s is never backwarded", r, NM);
             if (k < last && vrank(s, k + 1) != r && POS(mb, c, P_SA) < 0)
                 return cdp_fail(CDP_ERR_INVALID, "rank %d: the activation of %s is never sent to rank %d, "
-                                "which receives it", r, nm, vrank(s, k + 1));
+                                "which receives it", r, NM, vrank(s, k + 1));
             if (k > 0 && vrank(s, k - 1) != r && POS(mb, c, P_SG) < 0)
                 return cdp_fail(CDP_ERR_INVALID, "rank %d: the input gradient of %s is never sent to rank %d, "
-                                "which receives it", r, nm, vrank(s, k - 1));
+                                "which receives it", r, NM, vrank(s, k - 1));
         }
     }
     if (step_at[CDP_OP_ALLREDUCE_GRADS] < 0)
@@ -562,6 +562,7 @@ static cdp_status check_rank(const struct cdp_schedule *s, int r, int *pos /* m*
 #undef POS
     return CDP_OK;
 }
+#undef NM
 
 /* The executor's semantics, without the work: sends complete at once, a
  * receive waits until its send has been issued, REDUCE_TIED_GRADS waits for

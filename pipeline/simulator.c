@@ -49,6 +49,7 @@ struct sim {
     int *link_users;      /* transfers moving on each link now */
     int *ar_count, *tied_count; /* arrivals per stage (all-reduce), per replica (tied) */
     int *proc_busy;       /* per processor: its sharing ranks computing now */
+    int any_shared;       /* some ranks share a processor */
     struct cdp_sim_result *res;
     int64_t cap_events;
 };
@@ -307,7 +308,7 @@ static cdp_status advance(struct sim *S, double now, double *next_out, int *move
     /* shared processors: each computing rank got 1/k of its processor; the
      * counts change only after every rank has moved */
     int ended = 0;
-    for (int i = 0; i < S->N; i++) {
+    for (int i = 0; i < S->N && S->any_shared; i++) {
         struct rank_state *q = &S->rk[i];
         if (!q->computing) continue;
         const int k = S->proc_busy[S->c->proc[i]];
@@ -442,7 +443,7 @@ cdp_status cdp_sim_run(const struct cdp_sim_config *c, struct cdp_sim_result **o
     /* ranks whose processor others share too run at its share when they compute together */
     for (int i = 0; c->proc && i < S.N; i++)
         for (int j = 0; j < S.N; j++)
-            if (j != i && c->proc[j] == c->proc[i]) S.rk[i].shared = 1;
+            if (j != i && c->proc[j] == c->proc[i]) S.rk[i].shared = S.any_shared = 1;
 
     double now = 0;
     for (;;) {
