@@ -676,9 +676,14 @@ static int misfit(const struct ctx *c, const struct cdp_layout *l, double *peak,
             char a[32], b[32];
             int ranks = 0;
             for (int i = 0; i < l->n_ranks; i++) ranks += l->rank[i].node == n;
-            snprintf(why, cap, "the %d rank%s on node %d need %s of host memory together and the node has %s (%s)",
-                     ranks, ranks == 1 ? "" : "s", n, cdp_format_bytes((uint64_t)node[n], a, sizeof a),
-                     cdp_format_bytes((uint64_t)hc, b, sizeof b), from);
+            if (ranks == 1)
+                snprintf(why, cap, "the rank on node %d needs %s of host memory and the node has %s (%s)", n,
+                         cdp_format_bytes((uint64_t)node[n], a, sizeof a), cdp_format_bytes((uint64_t)hc, b, sizeof b),
+                         from);
+            else
+                snprintf(why, cap, "the %d ranks on node %d need %s of host memory together and the node has %s (%s)",
+                         ranks, n, cdp_format_bytes((uint64_t)node[n], a, sizeof a),
+                         cdp_format_bytes((uint64_t)hc, b, sizeof b), from);
             bad = 2;
         }
     }
