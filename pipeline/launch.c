@@ -4,6 +4,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdio.h>
@@ -287,9 +288,10 @@ cdp_status cdp_launch_run(const struct cdp_launch_spec *s, int *exit_code)
     fflush(stdout);
     fflush(stderr);
     int fds[2];
-    if (pipe(fds) != 0) {
+    if (pipe2(fds, O_CLOEXEC) != 0) { /* closed by a successful exec: the read below then returns 0 */
+        st = cdp_fail(CDP_ERR_UNSUPPORTED, "cannot start %s: pipe: %s", argv[0], strerror(errno));
         free(argv);
-        return cdp_fail(CDP_ERR_UNSUPPORTED, "cannot start %s: pipe: %s", argv[0], strerror(errno));
+        return st;
     }
     const pid_t pid = fork();
     if (pid < 0) {

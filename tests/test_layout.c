@@ -4,7 +4,8 @@
  * backend and through the stand-in CUDA module); "fits" means fits (a cap at
  * the prediction + 2% trains, one 5% below is planned around or refused with
  * the smallest cap that works); ranks sharing a host share its memory; and
- * the layout's own checks. */
+ * the layout's own checks; where ranks run (a planned dgx1-v100 layout, two
+ * nodes on one machine, CPU binding) and the launcher's command lines. */
 #include <criterion/criterion.h>
 #include <criterion/parameterized.h>
 #include <jansson.h>
@@ -12,11 +13,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "cdp/plan.h"
 #include "comm/comm.h"
 #include "harness.h"
+#include "pipeline/launch.h"
 #include "pipeline/layout.h"
 
 enum { GPT = 0, MLP = 1 };
@@ -481,4 +484,60 @@ Test(layout, ranks_are_bound_to_the_layout_cpus, .timeout = 60)
     for (int i = 0; i < 2; i++) cr_expect(strstr(r.err, want[i]), "no \"%s\" in: %s", want[i], r.err);
     json_decref(j);
     cdp_test_run_free(&r);
+}
+
+/* The launcher's command lines: mpirun with the layout's nodes as a hostfile
+ * of slots, srun inside a Slurm allocation; what cannot be placed is named. */
+Test(layout, launch_command_lines)
+{
+    struct cdp_layout *l = NULL;
+    cr_assert_eq(cdp_layout_create(2, 1, 2, &l), CDP_OK);
+    l->n_nodes = 2;
+    for (int i = 0; i < 4; i++) l->rank[i] = (struct cdp_layout_rank){.stage = i % 2, .replica = i / 2, .node = i / 2};
+    char dir[4096], hosts[4200], *const args[] = {"--plan", "planned.json", NULL};
+    snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
+    snprintf(hosts, sizeof hosts, "%s", cdp_test_write_file(dir, "hosts", "# two hosts\nalpha slots=8\n\nbeta\n"));
+    struct cdp_launch_spec s = {.layout = l, .program = "/bin/cdphybrid", .args = args, .hostfile = hosts,
+                                .tmpdir = dir};
+    cr_expect_eq(cdp_launch_which(&s), CDP_LAUNCHER_MPIRUN, "a hostfile means mpirun");
+    char **v = NULL;
+    cr_assert_eq(cdp_launch_argv(&s, CDP_LAUNCHER_MPIRUN, &v), CDP_OK, "%s", cdp_last_error());
+    char line[8192] = "";
+    for (int i = 0; v[i]; i++) snprintf(line + strlen(line), sizeof line - strlen(line), "%s%s", i ? " " : "", v[i]);
+    char want[8192];
+    snprintf(want, sizeof want, "mpirun -np 4 --bind-to none --hostfile %s/hosts.txt --map-by slot /bin/cdphybrid "
+             "--plan planned.json", dir);
+    cr_expect_str_eq(line, want);
+    free(v);
+    char path[4200];
+    snprintf(path, sizeof path, "%s/hosts.txt", dir);
+    char *text = cdp_test_read_file(path);
+    cr_expect_str_eq(text, "alpha slots=2 max_slots=2\nbeta slots=2 max_slots=2\n");
+    free(text);
+    cr_assert_eq(cdp_launch_argv(&s, CDP_LAUNCHER_SRUN, &v), CDP_OK, "%s", cdp_last_error());
+    line[0] = '\0';
+    for (int i = 0; v[i]; i++) snprintf(line + strlen(line), sizeof line - strlen(line), "%s%s", i ? " " : "", v[i]);
+    cr_expect_str_eq(line, "srun --ntasks 4 --nodes 2 --ntasks-per-node 2 --distribution=block --cpu-bind=none "
+                           "--kill-on-bad-exit=1 /bin/cdphybrid --plan planned.json");
+    free(v);
+    /* inside a Slurm allocation with srun on PATH and no hostfile: srun */
+    cdp_test_write_file(dir, "srun", "#!/bin/sh\nexit 0\n");
+    snprintf(path, sizeof path, "%s/srun", dir);
+    chmod(path, 0755);
+    char *old_path = getenv("PATH") ? strdup(getenv("PATH")) : NULL;
+    setenv("PATH", dir, 1);
+    setenv("SLURM_JOB_ID", "42", 1);
+    s.hostfile = NULL;
+    cr_expect_eq(cdp_launch_which(&s), CDP_LAUNCHER_SRUN);
+    unsetenv("SLURM_JOB_ID");
+    cr_expect_eq(cdp_launch_which(&s), CDP_LAUNCHER_MPIRUN);
+    if (old_path) setenv("PATH", old_path, 1);
+    free(old_path);
+    /* unequal nodes: srun cannot place them; mpirun without hosts for two nodes neither */
+    l->rank[1].node = 0, l->rank[2].node = 0, l->rank[3].node = 1;
+    cr_expect_eq(cdp_launch_argv(&s, CDP_LAUNCHER_SRUN, &v), CDP_ERR_INVALID);
+    cr_expect(strstr(cdp_last_error(), "3 ranks on one node and 1 on another"), "%s", cdp_last_error());
+    cr_expect_eq(cdp_launch_argv(&s, CDP_LAUNCHER_MPIRUN, &v), CDP_ERR_INVALID);
+    cr_expect(strstr(cdp_last_error(), "--hostfile"), "%s", cdp_last_error());
+    cdp_layout_free(l);
 }

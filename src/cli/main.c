@@ -416,13 +416,14 @@ static int launch(const struct cli_args *a, const struct cdp_plan *plan, const s
     return code;
 }
 
-/* Removes a folder made for one launch and what the launch wrote in it. */
+/* Removes a folder made for one launch and what the launch wrote in it
+ * (planned: the planned file when it went there, else NULL). */
 static void remove_tmpdir(const char *dir, const char *planned)
 {
     char hosts[4200];
     snprintf(hosts, sizeof hosts, "%s/hosts.txt", dir);
     remove(hosts);
-    remove(planned);
+    if (planned) remove(planned);
     rmdir(dir);
 }
 
@@ -441,17 +442,20 @@ static int train(const struct cli_args *a, struct cdp_plan *plan, const struct c
         return cdp_cli_exit_code(st);
     }
     char *dir = output_dir(plan), tmpdir[4096] = "", planned[4200] = "";
-    if (!dir && l->n_ranks > 1 && !a->no_launch) {
-        if (l->n_nodes > 1 && a->hostfile) {
-            fprintf(stderr, "cdphybrid: %s: a layout on several nodes needs a folder every node sees for "
-                            "planned.json: give /output/metrics (or another output) on a shared filesystem\n",
-                    plan->source);
-            return EXIT_USAGE;
-        }
+    const int launching = l->n_ranks > 1 && !a->no_launch;
+    int nodes = 0;
+    for (int i = 0; i < l->n_ranks; i++) nodes += i == 0 || l->rank[i].node != l->rank[i - 1].node;
+    if (launching && !dir && nodes > 1) {
+        fprintf(stderr, "cdphybrid: %s: a layout on %d nodes needs a folder every node sees for planned.json: give "
+                        "/output/metrics (or another output) on a shared filesystem\n", plan->source, nodes);
+        return EXIT_USAGE;
+    }
+    if (launching) { /* the launcher's own files: its hostfile, and planned.json of a run without outputs */
         const char *base = getenv("TMPDIR");
         snprintf(tmpdir, sizeof tmpdir, "%s/cdphybrid-XXXXXX", base && *base ? base : "/tmp");
         if (!mkdtemp(tmpdir)) {
-            fprintf(stderr, "cdphybrid: cannot make a folder for planned.json in %s: %s\n", tmpdir, strerror(errno));
+            fprintf(stderr, "cdphybrid: cannot make a folder in %s: %s\n", tmpdir, strerror(errno));
+            free(dir);
             return EXIT_RUN_FAILED;
         }
     }
@@ -473,7 +477,7 @@ static int train(const struct cli_args *a, struct cdp_plan *plan, const struct c
                     planned[0] ? planned : plan->source);
             code = EXIT_USAGE;
         } else {
-            code = launch(a, plan, l, planned, tmpdir[0] ? tmpdir : dir);
+            code = launch(a, plan, l, planned, tmpdir);
         }
     } else {
         struct cdp_train_opts opts = {.out = a->quiet ? NULL : stdout, .progress = isatty(1),
@@ -482,7 +486,7 @@ static int train(const struct cli_args *a, struct cdp_plan *plan, const struct c
         code = st ? cdp_cli_exit_code(st) : 0;
         if (st) fprintf(stderr, "cdphybrid: %s\n", cdp_last_error());
     }
-    if (tmpdir[0]) remove_tmpdir(tmpdir, planned);
+    if (tmpdir[0]) remove_tmpdir(tmpdir, dir ? NULL : planned);
     free(dir);
     if (!code && fflush(stdout) != 0) {
         fprintf(stderr, "cdphybrid: cannot write to standard output\n");
