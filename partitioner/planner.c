@@ -1134,6 +1134,7 @@ cdp_status cdp_planner_run(const struct cdp_plan *plan, const struct cdp_topolog
         int n_m = 0;
         if (pd->micro_batches != CDP_AUTO) ms[n_m++] = pd->micro_batches;
         else if (S) ms[n_m++] = S / R;
+        else if (p == 1 && c.v == 1) ms[n_m++] = 1; /* no pipeline to fill: no accumulation made up */
         else
             for (int64_t q = pow2_at_least(p); n_m < CDP_PLANNER_MB_CHOICES; q *= 2) ms[n_m++] = q;
         /* "auto" schedule: 1F1B and GPipe (interleaved needs chunks, which the plan gives) */
