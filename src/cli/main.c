@@ -591,6 +591,10 @@ bad_input:
 int main(int argc, char **argv)
 {
     struct cli_args a = {.argc = argc, .argv = argv};
+    /* CUDA numbers GPUs fastest first unless told; hwloc and NVML, where the
+     * planner's topology comes from, number them in PCI bus order: make the
+     * layout's GPU k CUDA's device k (a user's own setting is kept) */
+    setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID", 0);
     if (cdp_log_init_from_env()) {
         fprintf(stderr, "cdphybrid: %s\n", cdp_last_error());
         return EXIT_USAGE;
