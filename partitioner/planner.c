@@ -1652,17 +1652,21 @@ void cdp_planner_print_brief(const struct cdp_planner_result *r, FILE *f)
     if (N > 16) fprintf(f, "  ... %d more ranks (--dry-run lists them all)\n", N - 16);
     if (r->predicted_ok)
         fprintf(f, "  predicted: %.3f ms per step, bubble %.1f%%\n", r->predicted.step_s * 1e3, 100 * r->predicted.bubble);
+    /* the fullest node stands for the others */
+    int full = l->rank[0].node, used = 0;
     for (int n = 0; n < l->n_nodes; n++) {
         int ranks = 0;
         for (int i = 0; i < N; i++) ranks += l->rank[i].node == n;
-        if (!ranks || (n > 0 && n == 3 && l->n_nodes > 4)) continue;
-        if (n > 3 && n < l->n_nodes - 1) continue;
-        char a[32], b[32] = "unknown";
-        mib(r->node[n].bytes, a, sizeof a);
-        if (r->node[n].capacity_bytes > 0) mib(r->node[n].capacity_bytes, b, sizeof b);
-        fprintf(f, "  host memory of node %d: %s for %d rank%s, of %s (%s)\n", n, a, ranks, ranks == 1 ? "" : "s", b,
-                r->node[n].capacity_from);
+        used += ranks > 0;
+        if (ranks && r->node[n].bytes > r->node[full].bytes) full = n;
     }
+    int ranks = 0;
+    for (int i = 0; i < N; i++) ranks += l->rank[i].node == full;
+    char a[32], b[32] = "unknown";
+    mib(r->node[full].bytes, a, sizeof a);
+    if (r->node[full].capacity_bytes > 0) mib(r->node[full].capacity_bytes, b, sizeof b);
+    fprintf(f, "  host memory of node %d%s: %s for %d rank%s, of %s (%s)\n", full,
+            used > 1 ? " (the fullest)" : "", a, ranks, ranks == 1 ? "" : "s", b, r->node[full].capacity_from);
 }
 
 static json_t *pred_json(const struct cdp_planner_prediction *p)
