@@ -27,7 +27,8 @@ enum { GPT = 0, MLP = 1 };
 struct cell {
     int model, p, R, m;
     char schedule[16];
-    int cuda; /* through the stand-in CUDA module (tests/fake-cuda) */
+    int cuda;  /* through the stand-in CUDA module (tests/fake-cuda) */
+    int steps; /* 0: one (the memory peaks while the first step sets up) */
 };
 
 static const char *model_json(int model)
@@ -43,11 +44,12 @@ static const char *cell_plan(const char *dir, const char *name, const struct cel
 {
     char json[2048], file[96];
     snprintf(json, sizeof json,
-             "{%s, \"data\": {\"source\": \"synthetic\", \"seed\": 5}, \"train\": {\"steps\": 2, \"micro_batch\": 3, "
+             "{%s, \"data\": {\"source\": \"synthetic\", \"seed\": 5}, \"train\": {\"steps\": %d, \"micro_batch\": 3, "
              "\"optimizer\": {\"type\": \"%s\"}, \"eval_batches\": 1, \"log_every\": 1, \"timeout_s\": 60}, "
              "\"parallel\": {\"stages\": %d, \"replicas\": %d, \"micro_batches\": %d, \"schedule\": \"%s\"%s}, "
              "\"cluster\": {\"backend\": \"%s\"%s%s}, \"output\": {\"metrics\": \"%s.jsonl\"}}",
-             model_json(c->model), c->model == GPT ? "adamw" : "sgd", c->p, c->R, c->m, c->schedule,
+             model_json(c->model), c->steps ? c->steps : 1, c->model == GPT ? "adamw" : "sgd", c->p, c->R, c->m,
+             c->schedule,
              !strcmp(c->schedule, "interleaved") ? ", \"chunks\": 2" : "", c->cuda ? "cuda" : "cpu",
              c->cuda ? ", \"ranks_per_device\": 8" : "", extra, name);
     snprintf(file, sizeof file, "%s.json", name);
@@ -86,7 +88,7 @@ ParameterizedTestParameters(layout, measured_peak_is_the_predicted_memory)
             for (int p = 1; p <= 4; p++)
                 for (int R = 1; R <= 2; R++) {
                     if (k == 2 && p < 2) continue; /* interleaved needs two stages */
-                    struct cell c = {model, p, R, 2 * p, "", 0};
+                    struct cell c = {model, p, R, 2 * p, "", 0, 0};
                     snprintf(c.schedule, sizeof c.schedule, "%s", kinds[k]);
                     grid[n++] = c;
                 }
@@ -96,7 +98,7 @@ ParameterizedTestParameters(layout, measured_peak_is_the_predicted_memory)
         for (size_t i = 0; i < sizeof gpu / sizeof gpu[0]; i++)
             for (int k = 0; k < 3; k++) {
                 if (k == 2 && gpu[i][0] < 2) continue;
-                struct cell c = {model, gpu[i][0], gpu[i][1], gpu[i][2], "", 1};
+                struct cell c = {model, gpu[i][0], gpu[i][1], gpu[i][2], "", 1, 0};
                 snprintf(c.schedule, sizeof c.schedule, "%s", kinds[k]);
                 grid[n++] = c;
             }
@@ -184,7 +186,7 @@ Test(layout, fits_means_fits, .timeout = 120)
     if (!cdp_comm_have_mpi()) cr_skip_test("this build has no MPI");
     char dir[4096], extra[128], part[512], err[4096];
     snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
-    struct cell c = {GPT, 2, 1, 4, "1f1b", 0};
+    struct cell c = {GPT, 2, 1, 4, "1f1b", 0, 0};
     int code;
     const double peak = planned_peak(cell_plan(dir, "free", &c, ""), part, sizeof part, &code, err, sizeof err);
     cr_assert_eq(code, 0, "%s", err);
@@ -232,7 +234,7 @@ Test(layout, ranks_on_a_host_share_its_memory)
 {
     char dir[4096];
     snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
-    struct cell c = {GPT, 2, 2, 4, "1f1b", 0};
+    struct cell c = {GPT, 2, 2, 4, "1f1b", 0, 0};
     const char *plan = cell_plan(dir, "host", &c, ", \"host_memory\": \"64MiB\"");
     struct cdp_run r;
     cr_assert_eq(cdp_test_run(&r, (const char *[]){"--plan", plan, NULL}), 0);
@@ -418,7 +420,7 @@ Test(layout, a_two_node_layout_trains_on_its_nodes, .timeout = 120)
     const char *hosts = cdp_test_write_file(dir, "hosts", "node-a\nnode-b   # the second node\n");
     char hostpath[4200];
     snprintf(hostpath, sizeof hostpath, "%s", hosts);
-    struct cell c = {GPT, 2, 2, 4, "1f1b", 0};
+    struct cell c = {GPT, 2, 2, 4, "1f1b", 0, 2};
     char plan[4200];
     snprintf(plan, sizeof plan, "%s", cell_plan(dir, "two", &c, ", \"nodes\": 2"));
     setenv("OMPI_MCA_plm_rsh_agent", agent, 1);
@@ -438,7 +440,7 @@ Test(layout, a_two_node_layout_trains_on_its_nodes, .timeout = 120)
     json_decref(last);
     double la[4], lb[4];
     cr_assert_eq(losses_of(path, la, 4), 2);
-    struct cell one = {GPT, 1, 1, 8, "1f1b", 0};
+    struct cell one = {GPT, 1, 1, 8, "1f1b", 0, 2};
     trains(cell_plan(dir, "one", &one, ""), "one rank");
     snprintf(path, sizeof path, "%s/one.jsonl", dir);
     cr_assert_eq(losses_of(path, lb, 4), 2);
@@ -461,7 +463,7 @@ Test(layout, ranks_are_bound_to_the_layout_cpus, .timeout = 60)
     if (!cdp_comm_have_mpi()) cr_skip_test("this build has no MPI");
     char dir[4096];
     snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
-    struct cell c = {MLP, 2, 1, 2, "1f1b", 0};
+    struct cell c = {MLP, 2, 1, 2, "1f1b", 0, 0};
     const char *plan = cell_plan(dir, "bind", &c, "");
     struct cdp_run r;
     cr_assert_eq(cdp_test_run(&r, (const char *[]){"--plan", plan, "--dry-run", "--json", NULL}), 0);
