@@ -190,19 +190,28 @@ void cdp_monitor_format(const struct cdp_monitor_report *r, char *buf, size_t ca
              100 * umax, mem, r->slowest, 1e3 * r->ranks[r->slowest].busy_s);
 }
 
-void cdp_monitor_json(const struct cdp_monitor_report *r, const struct cdp_layout *l, FILE *f)
+json_t *cdp_monitor_ranks_json(const struct cdp_monitor_report *r, const struct cdp_layout *l)
 {
-    fputs(", \"ranks\": [", f);
-    for (int i = 0; i < r->size; i++) {
+    json_t *a = json_array();
+    for (int i = 0; a && i < r->size; i++) {
         const struct cdp_layout_rank *k = i < l->n_ranks ? &l->rank[i] : NULL;
         char dev[32] = "";
         if (k) cdp_layout_device_name(l, i, dev, sizeof dev);
-        fprintf(f, "%s{\"rank\": %d, \"stage\": %d, \"replica\": %d, \"node\": %d, \"device\": %d, "
-                "\"device_name\": \"%s\", \"util\": %.4f, \"mem_bytes\": %.0f, \"peak_memory_bytes\": %.0f, "
-                "\"predicted_memory_bytes\": %llu, \"busy_s\": %.6g, \"busy_per_micro_batch_s\": %.6g}",
-                i ? ", " : "", i, r->ranks[i].stage, r->ranks[i].replica, k ? k->node : -1, k ? k->device : -1, dev,
-                r->ranks[i].util, r->ranks[i].mem_bytes, r->ranks[i].peak_bytes,
-                k ? (unsigned long long)k->memory.device : 0ull, r->ranks[i].busy_s, r->ranks[i].busy_mb_s);
+        const struct cdp_monitor_rank *m = &r->ranks[i];
+        json_t *o = json_object();
+        json_object_set_new(o, "rank", json_integer(i));
+        json_object_set_new(o, "stage", json_integer(m->stage));
+        json_object_set_new(o, "replica", json_integer(m->replica));
+        json_object_set_new(o, "node", json_integer(k ? k->node : -1));
+        json_object_set_new(o, "device", json_integer(k ? k->device : -1));
+        json_object_set_new(o, "device_name", json_string(dev));
+        json_object_set_new(o, "util", json_real(m->util));
+        json_object_set_new(o, "mem_bytes", json_integer((json_int_t)m->mem_bytes));
+        json_object_set_new(o, "peak_memory_bytes", json_integer((json_int_t)m->peak_bytes));
+        json_object_set_new(o, "predicted_memory_bytes", json_integer(k ? (json_int_t)k->memory.device : 0));
+        json_object_set_new(o, "busy_s", json_real(m->busy_s));
+        json_object_set_new(o, "busy_per_micro_batch_s", json_real(m->busy_mb_s));
+        json_array_append_new(a, o);
     }
-    fprintf(f, "], \"slowest_rank\": %d", r->slowest);
+    return a;
 }

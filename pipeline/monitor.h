@@ -8,6 +8,7 @@
 #ifndef CDP_PIPELINE_MONITOR_H
 #define CDP_PIPELINE_MONITOR_H
 
+#include <jansson.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -60,11 +61,11 @@ cdp_status cdp_monitor_collect(struct cdp_monitor *m, cdp_comm_t world, double b
 
 /* "cpu 98-190%  mem 41-52MiB  slowest r3 24ms" for the progress line. */
 void cdp_monitor_format(const struct cdp_monitor_report *r, char *buf, size_t cap);
-/* `, "ranks": [{...}, ...], "slowest_rank": N` for a metrics.jsonl record:
- * each rank's place in layout l (node, device), its figures, and its measured
- * peak beside the layout's predicted device memory. */
+/* The "ranks" list of a metrics.jsonl record: each rank's place in layout l
+ * (node, device), its figures, and its measured peak beside the layout's
+ * predicted device memory. New reference. */
 struct cdp_layout;
-void cdp_monitor_json(const struct cdp_monitor_report *r, const struct cdp_layout *l, FILE *f);
+json_t *cdp_monitor_ranks_json(const struct cdp_monitor_report *r, const struct cdp_layout *l);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,150 @@
+/* The executor's parts (pipeline/executor.h is its interface): the state of
+ * one rank's run, shared by the step driver (executor.c), the setup
+ * (exec_setup.c), the interpreter of the schedule (interpret.c), load
+ * balancing (exec_balance.c), checkpoints (exec_checkpoint.c) and reporting
+ * (report.c). Shapes: B samples per micro-batch, m micro-batches per replica,
+ * p stages, v chunks per rank, R replicas, G = R * m * B samples per step. */
+#ifndef CDP_PIPELINE_EXEC_INTERNAL_H
+#define CDP_PIPELINE_EXEC_INTERNAL_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "cdp/device.h"
+#include "cdp/plan.h"
+#include "comm/comm.h"
+#include "comm/nccl.h"
+#include "model/data.h"
+#include "model/model.h"
+#include "pipeline/fault.h"
+#include "pipeline/layout.h"
+#include "pipeline/monitor.h"
+#include "pipeline/schedule.h"
+#include "pipeline/trace.h"
+#include "pipeline/train.h"
+
+/* One virtual stage of this rank: its model range and what moves through it. */
+struct chunk {
+    int vstage;
+    struct cdp_model *model;
+    struct cdp_optimizer *opt;
+    int first_unit, end_unit;
+    int in_tokens;
+    int64_t in_bytes, out_bytes; /* one micro-batch */
+    int nslots;
+    int *slot_mb, *mb_slot;
+    cdp_request_t *slot_send;   /* the SEND_ACT still in flight from a slot's output */
+    float *grad_in;             /* RECV_GRAD lands here; the next BACKWARD reads it */
+    float **grad_out;           /* a ring of SEND_GRAD buffers */
+    /* device memory the host cannot see (GPUs): grad_in and grad_out live in
+     * device buffers, and point-to-point messages are staged through host
+     * copies that stay untouched until their request completes */
+    cdp_buffer_t grad_in_buf, *grad_out_buf;
+    void **slot_host, *recv_host, *grad_in_host, **grad_out_host;
+    cdp_request_t *grad_out_req;
+    int n_grad_out, next_grad_out;
+    int *mb_grad_out;           /* mb -> ring index of its input gradient */
+};
+
+/* This rank's run. */
+struct exec {
+    const struct cdp_plan *plan;
+    const struct cdp_layout *lay;   /* what runs where (not owned) */
+    const struct cdp_layout_rank *me; /* this rank's entry of it */
+    cdp_comm_t world, pipe, dp, tied;
+    int rank, size, p, R, v, m, s, r, B, nv;
+    int64_t G;
+    /* load balance: micro-batches of each replica this step (the shares sum
+     * to R x micro_batches), those of the replicas before this one, and the
+     * most this replica may be given (what its slots and buffers hold) */
+    int64_t *share;
+    int moff, mcap, unit;
+    /* rebalancing: this rank's busy time and micro-batches since the last look */
+    double rb_busy;
+    int64_t rb_mb;
+    double timeout;
+    cdp_device_t dev;
+    int hv;                /* the host sees the device's memory (cpu) */
+    cdp_nccl_t nworld, npipe, ndp, ntied; /* GPU ranks with a GPU each: NCCL for device memory */
+    float *grad_host;      /* host staging for all-reduces of device memory without NCCL */
+    size_t grad_host_n;
+    struct chunk *ch;
+    struct cdp_schedule *sched;
+    struct cdp_data *data;
+    const struct cdp_sample_shape *shape;
+    void *tgt;             /* [m][B * target_numel] */
+    void *in_scratch;      /* inputs read by a last stage that is not the first */
+    int64_t tgt_bytes;
+    float scale;
+    int step;
+    double loss_sum;
+    double grad_norm; /* before clipping, of the last step */
+    /* timing of the current step */
+    uint64_t t_compute, t_comm, t_idle, t_fb, fb_end, step_start;
+    struct cdp_trace *trace;
+    struct cdp_fault fault; /* CDP_FAULT, the testing knob */
+    struct cdp_monitor *monitor;
+    /* resuming: the checkpoint's step and the samples consumed by then */
+    int step0;
+    int64_t sample_base;
+    FILE *out;
+};
+
+/* What the executor is doing now ("rank 1/4 (stage 1, replica 0), step 2:
+ * RECV_ACT of micro-batch 3, from stage 0"), for failure messages and the
+ * signal handler (cdp_exec_where). */
+extern char cdp_exec_where_buf[256];
+
+/* exec_setup.c: groups, device, schedule, chunks, data and trace of this rank
+ * (in e->plan and e->lay); cdp_exec_free undoes it (partly built too). */
+cdp_status cdp_exec_setup(struct exec *e);
+void cdp_exec_free(struct exec *e);
+/* The schedule of this replica's current share (e->m). */
+cdp_status cdp_exec_build_schedule(struct exec *e);
+/* e->m and e->moff from e->share. */
+void cdp_exec_set_share(struct exec *e);
+
+/* interpret.c: this rank's list for the step, instruction by instruction (or
+ * NCCL groups); the sends still in flight; forward-only validation. */
+cdp_status cdp_exec_run_list(struct exec *e);
+cdp_status cdp_exec_drain_sends(struct exec *e);
+cdp_status cdp_exec_validate(struct exec *e, double *val);
+
+/* exec_balance.c: new shares from the measured times, every N steps. */
+cdp_status cdp_exec_rebalance(struct exec *e, int step);
+
+/* exec_checkpoint.c: this rank's part of step's checkpoint (rank 0 commits);
+ * resuming from the newest complete one in dir. */
+cdp_status cdp_exec_save_checkpoint(struct exec *e, int step);
+cdp_status cdp_exec_resume(struct exec *e, const char *dir);
+
+/* report.c: what a run prints and writes. One step's figures, reduced over the
+ * ranks (sums / size where it says mean). */
+struct cdp_exec_step {
+    int step;
+    double loss, bubble, time_s, val_loss; /* val_loss NAN when not validated */
+    double compute_s, comm_s, idle_s, step_s; /* mean over ranks */
+    int report;                           /* a monitor report was taken */
+    struct cdp_monitor_report mon;
+};
+
+/* The run's totals for the step lines: FLOPs of a step, parameters, tokens per sample. */
+struct cdp_exec_totals {
+    double flops_per_step, params, sample_tokens;
+    int tokens;
+};
+
+void cdp_exec_print_shares(FILE *f, const int64_t *share, int R);
+cdp_status cdp_exec_write_layout_record(const struct exec *e, FILE *f);
+void cdp_exec_print_header(const struct exec *e, const struct cdp_exec_totals *t, FILE *out);
+cdp_status cdp_exec_write_step_record(const struct exec *e, const struct cdp_exec_step *s,
+                                      const struct cdp_exec_totals *t, FILE *f);
+void cdp_exec_print_step(const struct exec *e, const struct cdp_exec_step *s, const struct cdp_exec_totals *t,
+                         int progress, FILE *out);
+void cdp_exec_print_summary(const struct exec *e, const struct cdp_train_summary *sum, const double *peaks,
+                            FILE *out);
+cdp_status cdp_exec_gather_peaks(const struct exec *e, double **out);
+cdp_status cdp_exec_write_traces(struct exec *e);
+cdp_status cdp_exec_write_weights(struct exec *e);
+
+#endif

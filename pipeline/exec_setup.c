@@ -1,0 +1,296 @@
+/* The executor's setup of one rank from the layout: its entry, shares and
+ * slots; its CPU binding; the pipeline, data-parallel and tied groups (and
+ * their NCCL twins); its device; its schedule; the models, optimizers and
+ * pipeline buffers of its chunks; data and trace; and the teardown. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "cdp/core.h"
+#include "cdp/log.h"
+#include "kernels/ops.h"
+#include "model/optim.h"
+#include "pipeline/exec_internal.h"
+#include "pipeline/executor.h"
+#include "pipeline/launch.h"
+
+void cdp_exec_free(struct exec *e)
+{
+    if (e->ch) {
+        for (int k = 0; k < e->v; k++) {
+            struct chunk *c = &e->ch[k];
+            if (c->slot_send)
+                for (int i = 0; i < c->nslots; i++)
+                    if (c->slot_send[i]) cdp_comm_wait(c->slot_send[i], 1.0);
+            if (c->grad_out_req)
+                for (int i = 0; i < c->n_grad_out; i++)
+                    if (c->grad_out_req[i]) cdp_comm_wait(c->grad_out_req[i], 1.0);
+            cdp_optimizer_destroy(c->opt);
+            cdp_model_destroy(c->model);
+            free(c->slot_mb);
+            free(c->mb_slot);
+            free(c->slot_send);
+            cdp_buffer_destroy(c->grad_in_buf);
+            for (int i = 0; i < c->n_grad_out; i++) {
+                if (c->grad_out_buf) cdp_buffer_destroy(c->grad_out_buf[i]);
+                if (c->grad_out_host) free(c->grad_out_host[i]);
+            }
+            free(c->grad_out);
+            free(c->grad_out_buf);
+            free(c->grad_out_host);
+            if (c->slot_host)
+                for (int i = 0; i < c->nslots; i++) free(c->slot_host[i]);
+            free(c->slot_host);
+            free(c->recv_host);
+            free(c->grad_in_host);
+            free(c->grad_out_req);
+            free(c->mb_grad_out);
+        }
+        free(e->ch);
+    }
+    cdp_trace_destroy(e->trace);
+    cdp_monitor_destroy(e->monitor);
+    free(e->share);
+    cdp_schedule_free(e->sched);
+    cdp_data_close(e->data);
+    free(e->tgt);
+    free(e->in_scratch);
+    free(e->grad_host);
+    cdp_comm_free(e->tied);
+    cdp_comm_free(e->dp);
+    cdp_comm_free(e->pipe);
+    cdp_nccl_free(e->ntied);
+    cdp_nccl_free(e->ndp);
+    cdp_nccl_free(e->npipe);
+    cdp_nccl_free(e->nworld);
+    cdp_device_close(e->dev);
+}
+
+/* The pipeline's gradient buffers of a chunk (device memory, sized by
+ * cdp_layout_chunk_buffers, so the planner counts them), and where the host
+ * does not see the device the host copies that messages travel through. */
+static cdp_status chunk_buffers(struct exec *e, struct chunk *c, const struct cdp_unit_bytes *first,
+                                const struct cdp_unit_bytes *last)
+{
+    struct cdp_chunk_buffers cb;
+    cdp_layout_chunk_buffers(first, last, c->vstage, e->nv, c->nslots, e->hv, &cb);
+    cdp_status st;
+    c->n_grad_out = cb.n_grad_out;
+    if (cb.grad_in) {
+        if ((st = cdp_buffer_create(e->dev, cb.grad_in, &c->grad_in_buf))) return st;
+        c->grad_in = cdp_buffer_data(c->grad_in_buf);
+    }
+    c->grad_out = calloc((size_t)c->n_grad_out + 1, sizeof *c->grad_out);
+    c->grad_out_buf = calloc((size_t)c->n_grad_out + 1, sizeof *c->grad_out_buf);
+    c->grad_out_req = calloc((size_t)c->n_grad_out + 1, sizeof *c->grad_out_req);
+    if (!c->grad_out || !c->grad_out_buf || !c->grad_out_req) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < c->n_grad_out; i++) {
+        if ((st = cdp_buffer_create(e->dev, cb.grad_out, &c->grad_out_buf[i]))) return st;
+        c->grad_out[i] = cdp_buffer_data(c->grad_out_buf[i]);
+    }
+    if (e->hv) return CDP_OK;
+    const size_t in_b = c->in_bytes ? (size_t)c->in_bytes : 1, out_b = c->out_bytes ? (size_t)c->out_bytes : 1;
+    c->grad_out_host = calloc((size_t)c->n_grad_out + 1, sizeof *c->grad_out_host);
+    c->slot_host = calloc((size_t)c->nslots, sizeof *c->slot_host);
+    c->recv_host = malloc(in_b);
+    c->grad_in_host = malloc(out_b);
+    if (!c->grad_out_host || !c->slot_host || !c->recv_host || !c->grad_in_host)
+        return cdp_fail(CDP_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < c->n_grad_out; i++)
+        if (!(c->grad_out_host[i] = malloc(in_b))) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < c->nslots; i++)
+        if (!(c->slot_host[i] = malloc(out_b))) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
+    return CDP_OK;
+}
+
+/* This rank's device, as the layout says: the host's CPU (under the
+ * layout's memory cap), or GPU `gpu` of its node in the plan's precision.
+ * Ranks with a GPU each use NCCL for device memory when the CUDA module has
+ * it; where the layout has ranks sharing a GPU they stage through the host
+ * communicator. */
+static cdp_status open_device(struct exec *e)
+{
+    const struct cdp_plan *p = e->plan;
+    const struct cdp_layout_rank *k = e->me;
+    cdp_status st;
+    if (e->lay->backend != CDP_BACKEND_CUDA) {
+        if ((st = cdp_device_open(CDP_DEVICE_CPU, 0, k->capacity, &e->dev))) return st;
+        e->hv = 1;
+        return CDP_OK;
+    }
+    int n = 0;
+    if ((st = cdp_device_count(CDP_DEVICE_CUDA, &n)))
+        return cdp_error_context(st, "%s: /cluster/backend is \"cuda\"", p->source);
+    if (k->gpu >= n)
+        return cdp_fail(CDP_ERR_INVALID, "%s: the layout puts rank %d on GPU %d of node %d, and this machine has %d "
+                        "usable GPU%s (topology %s)", p->source, e->rank, k->gpu, k->node, n, n == 1 ? "" : "s",
+                        e->lay->topology);
+    if ((st = cdp_device_open(CDP_DEVICE_CUDA, k->gpu, k->capacity, &e->dev))) return st;
+    e->hv = 0;
+    const struct cdp_ops *ops = cdp_device_ops(e->dev);
+    if (!ops) return cdp_fail(CDP_ERR_UNSUPPORTED, "%s has no kernels", cdp_device_name(e->dev));
+    if ((st = ops->set_precision(cdp_device_kernel_state(e->dev), p->train.precision))) return st;
+    CDP_INFO(EXEC, "rank %d: %s (%s), %s", e->rank, cdp_device_name(e->dev), cdp_device_description(e->dev),
+             p->train.precision == CDP_PRECISION_BF16 ? "bf16 matrix products" : "fp32");
+    /* every rank makes the same choice: NCCL only when the layout shares no
+     * GPU, and every rank can use it (the world call checks that) */
+    if (e->lay->shared_devices || cdp_nccl_available() != CDP_OK) {
+        CDP_INFO(EXEC, "rank %d: device memory travels through the host communicator (%s)", e->rank,
+                 e->lay->shared_devices ? "ranks share a GPU" : cdp_last_error());
+        return CDP_OK;
+    }
+    return cdp_nccl_world(e->world, e->dev, e->timeout, &e->nworld);
+}
+
+/* The first and last stage of each replica share a tied embedding. */
+static int tied_grads(const struct exec *e)
+{
+    const struct cdp_plan *p = e->plan;
+    return p->model.kind == CDP_MODEL_GPT && p->model.tie_embeddings && e->nv > 1 && e->p > 1;
+}
+
+/* This replica's schedule for its current share; where activations travel
+ * by NCCL, in the order that is safe under its rendezvous sends. */
+cdp_status cdp_exec_build_schedule(struct exec *e)
+{
+    struct cdp_schedule *s = NULL;
+    cdp_status st = cdp_schedule_build_ex(e->lay->schedule, e->p, e->v, e->m, tied_grads(e), e->npipe != NULL, &s);
+    /* build_ex has validated the lists (under rendezvous rules too for NCCL) */
+    if (st) return cdp_error_context(st, "%s: /parallel", e->plan->source);
+    cdp_schedule_free(e->sched);
+    e->sched = s;
+    return CDP_OK;
+}
+
+void cdp_exec_set_share(struct exec *e)
+{
+    e->m = (int)e->share[e->r];
+    e->moff = 0;
+    for (int r = 0; r < e->r; r++) e->moff += (int)e->share[r];
+}
+
+/* Binds this process to the layout's CPU set and gives BLAS that many
+ * threads; a set this machine cannot give is a warning, not a failure. */
+static void bind_rank(const struct exec *e)
+{
+    const struct cdp_layout_rank *k = e->me;
+    char dev[32];
+    cdp_layout_device_name(e->lay, e->rank, dev, sizeof dev);
+    if (!k->cpuset[0]) {
+        CDP_INFO(EXEC, "rank %d (stage %d, replica %d) on node %d, %s: not bound to CPUs", e->rank, e->s, e->r, k->node,
+                 dev);
+        return;
+    }
+    int cpus = 0;
+    if (cdp_launch_bind(k->cpuset, &cpus)) {
+        CDP_WARN(EXEC, "rank %d: not bound to CPUs %s: %s", e->rank, k->cpuset, cdp_last_error());
+        return;
+    }
+    const int threads = cdp_launch_blas_threads(cpus);
+    CDP_INFO(EXEC, "rank %d (stage %d, replica %d) on node %d, %s: bound to CPUs %s, %d BLAS thread%s", e->rank, e->s,
+             e->r, k->node, dev, k->cpuset, threads, threads == 1 ? "" : "s");
+}
+
+cdp_status cdp_exec_setup(struct exec *e)
+{
+    const struct cdp_plan *p = e->plan;
+    const struct cdp_layout *L = e->lay;
+    cdp_status st;
+    e->rank = cdp_comm_rank(e->world);
+    e->size = cdp_comm_size(e->world);
+    e->p = L->stages;
+    e->R = L->replicas;
+    e->v = L->chunks;
+    e->nv = e->p * e->v;
+    e->B = L->micro_batch;
+    e->timeout = p->train.timeout_s;
+    if ((st = cdp_exec_check(p))) return st;
+    if ((st = cdp_layout_check(L, cdp_plan_model_units(p)))) return cdp_error_context(st, "%s", p->source);
+    if (e->size != L->n_ranks)
+        return cdp_fail(CDP_ERR_INVALID, "%s: the layout has %d ranks (%d stages x %d replicas); this job has %d",
+                        p->source, L->n_ranks, e->p, e->R, e->size);
+    e->me = &L->rank[e->rank];
+    e->s = e->me->stage;
+    e->r = e->me->replica;
+    e->share = malloc((size_t)e->R * sizeof *e->share);
+    if (!e->share) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
+    memcpy(e->share, L->shares, (size_t)e->R * sizeof *e->share);
+    cdp_exec_set_share(e);
+    e->unit = e->v > 1 ? e->p : 1;
+    e->G = (int64_t)e->R * L->micro_batches * e->B;
+    int *stage_slots = malloc((size_t)e->p * sizeof *stage_slots);
+    if (!stage_slots) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
+    st = cdp_layout_slots(p, L, e->r, &e->mcap, stage_slots);
+    const int slots = stage_slots[e->s];
+    free(stage_slots);
+    if (st) return cdp_error_context(st, "%s", p->source);
+    snprintf(cdp_exec_where_buf, sizeof cdp_exec_where_buf, "rank %d/%d (stage %d, replica %d): setting up", e->rank,
+             e->size, e->s, e->r);
+    cdp_log_set_rank(e->rank, e->size);
+    /* before any memory is touched, so that it lands near the rank's CPUs */
+    bind_rank(e);
+    /* groups: the pipeline of each replica, the replicas of each stage, and the
+     * first and last stage of each replica for tied embeddings */
+    if ((st = cdp_comm_split(e->world, e->r, e->s, &e->pipe))) return st;
+    if ((st = cdp_comm_split(e->world, e->s, e->r, &e->dp))) return st;
+    const int tied = tied_grads(e);
+    if ((st = cdp_comm_split(e->world, tied && (e->s == 0 || e->s == e->p - 1) ? e->r : -1, e->s, &e->tied)))
+        return st;
+    if ((st = open_device(e))) return st;
+    /* NCCL groups, split like the host ones */
+    if (e->nworld && ((st = cdp_nccl_split(e->nworld, e->r, e->s, &e->npipe)) ||
+                      (st = cdp_nccl_split(e->nworld, e->s, e->r, &e->ndp)) ||
+                      (st = cdp_nccl_split(e->nworld, tied && (e->s == 0 || e->s == e->p - 1) ? e->r : -1, e->s,
+                                           &e->ntied))))
+        return st;
+    if ((st = cdp_exec_build_schedule(e))) return st;
+
+    e->ch = calloc((size_t)e->v, sizeof *e->ch);
+    if (!e->ch) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
+    const enum cdp_loss loss = cdp_model_loss_of(&p->model);
+    for (int k = 0; k < e->v && !st; k++) {
+        struct chunk *c = &e->ch[k];
+        c->vstage = k * e->p + e->s;
+        c->first_unit = (int)L->ranges[c->vstage][0];
+        c->end_unit = (int)L->ranges[c->vstage][1];
+        c->nslots = slots;
+        if ((st = cdp_model_create(&p->model, c->first_unit, c->end_unit, e->B, slots, p->train.seed, e->dev,
+                                   &c->model)))
+            break;
+        if (p->model.weights && (st = cdp_model_load(c->model, p->model.weights))) break;
+        if ((st = cdp_optimizer_create(&p->train.optimizer, c->model, e->dev, &c->opt))) break;
+        struct cdp_unit_bytes u0, ul;
+        cdp_unit_bytes(cdp_model_unit(c->model, 0), e->B, loss, &u0);
+        cdp_unit_bytes(cdp_model_unit(c->model, cdp_model_unit_count(c->model) - 1), e->B, loss, &ul);
+        c->in_tokens = u0.in_tokens;
+        c->in_bytes = (int64_t)u0.input_bytes;
+        c->out_bytes = (int64_t)ul.output_bytes;
+        c->slot_mb = malloc((size_t)slots * sizeof *c->slot_mb);
+        c->mb_slot = malloc((size_t)e->mcap * sizeof *c->mb_slot);
+        c->mb_grad_out = calloc((size_t)e->mcap, sizeof *c->mb_grad_out);
+        c->slot_send = calloc((size_t)slots, sizeof *c->slot_send);
+        if (!c->slot_mb || !c->mb_slot || !c->mb_grad_out || !c->slot_send) {
+            st = cdp_fail(CDP_ERR_NOMEM, "out of memory");
+            break;
+        }
+        if ((st = chunk_buffers(e, c, &u0, &ul))) break;
+        for (int i = 0; i < slots; i++) c->slot_mb[i] = -1;
+        for (int i = 0; i < e->mcap; i++) c->mb_slot[i] = -1;
+    }
+    if (st) return st;
+    /* data: the first stage reads inputs, the last reads targets */
+    if (e->s == 0 || e->s == e->p - 1) {
+        if ((st = cdp_data_open(&p->data, &p->model, &e->data))) return st;
+        e->shape = cdp_data_shape(e->data);
+        e->tgt_bytes = (int64_t)e->B * e->shape->target_numel * 4;
+        e->tgt = malloc((size_t)(e->mcap * e->tgt_bytes));
+        e->in_scratch = malloc((size_t)e->B * (size_t)e->shape->input_numel * 4);
+        if (!e->tgt || !e->in_scratch) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
+        const double rows = e->shape->tokens ? (double)e->shape->input_numel : 1.0;
+        e->scale = (float)(1.0 / ((double)e->G * rows));
+    }
+    if (p->output.trace || p->output.timeline) {
+        int64_t n = p->train.steps * (int64_t)(3 * e->mcap * e->v + 2);
+        if ((st = cdp_trace_create(e->size, n < 1000000 ? n : 1000000, &e->trace))) return st;
+    }
+    return CDP_OK;
+}

@@ -1,0 +1,50 @@
+/* The CDP_FAULT testing knob (fault.h). */
+#include "pipeline/fault.h"
+
+#include <errno.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cdp/core.h"
+#include "cdp/log.h"
+
+void cdp_fault_parse(struct cdp_fault *f)
+{
+    memset(f, 0, sizeof *f);
+    const char *v = getenv("CDP_FAULT");
+    if (!v) return;
+    if (sscanf(v, "killsave:%d:%d:%15s", &f->rank, &f->step, f->phase) == 3) f->save = 1;
+    else if (sscanf(v, "kill:%d:%d", &f->rank, &f->step) == 2) f->kill = 1;
+    else if (sscanf(v, "stall:%d:%d:%d", &f->rank, &f->step, &f->seconds) == 3) f->stall = 1;
+    else if (sscanf(v, "slow:%d:%lf", &f->rank, &f->factor) == 2 && f->factor >= 1.0 && f->factor <= 1000.0)
+        f->slow = 1;
+    else CDP_WARN(EXEC, "CDP_FAULT=\"%s\" is not kill:RANK:STEP, stall:RANK:STEP:SECONDS, "
+                  "killsave:RANK:STEP:PHASE or slow:RANK:FACTOR (1 to 1000); ignored", v);
+}
+
+void cdp_fault_at_step(const struct cdp_fault *f, int rank, int step)
+{
+    if (rank != f->rank || step != f->step) return;
+    if (f->kill) raise(SIGKILL);
+    if (f->stall) sleep((unsigned)f->seconds);
+}
+
+void cdp_fault_in_save(const struct cdp_fault *f, int rank, int step, const char *phase)
+{
+    if (f->save && rank == f->rank && step == f->step && !strcmp(phase, f->phase)) raise(SIGKILL);
+}
+
+void cdp_fault_slow_down(const struct cdp_fault *f, int rank, uint64_t t0)
+{
+    if (!f->slow || rank != f->rank) return;
+    double extra = (double)(cdp_time_ns() - t0) * (f->factor - 1.0);
+    if (extra <= 0) return;
+    struct timespec ts = {(time_t)(extra / 1e9), (long)fmod(extra, 1e9)};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}

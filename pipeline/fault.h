@@ -1,0 +1,41 @@
+/* CDP_FAULT, a testing knob: kill, stall or slow one rank at a chosen step, or
+ * kill it in the middle of writing a checkpoint, so that the tests can check
+ * how a job ends and resumes (docs/pipeline.md, "Failures"). */
+#ifndef CDP_PIPELINE_FAULT_H
+#define CDP_PIPELINE_FAULT_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* "kill:RANK:STEP", "stall:RANK:STEP:SECONDS", "killsave:RANK:STEP:PHASE" (PHASE
+ * part: before writing its part; commit: after it, before the manifest) or
+ * "slow:RANK:FACTOR" (that rank's forward and backward take FACTOR times as
+ * long, 1 to 1000). */
+struct cdp_fault {
+    int kill, stall, save, slow; /* which one is armed */
+    int rank, step, seconds;
+    double factor;
+    char phase[16];
+};
+
+/* Reads CDP_FAULT; text that is none of the above is a warning and arms nothing. */
+void cdp_fault_parse(struct cdp_fault *f);
+
+/* At the start of `step` on `rank`: kill or stall it when armed for them. */
+void cdp_fault_at_step(const struct cdp_fault *f, int rank, int step);
+
+/* While `rank` saves `step`'s checkpoint, at `phase` ("part", "commit"): killed when armed. */
+void cdp_fault_in_save(const struct cdp_fault *f, int rank, int step, const char *phase);
+
+/* After compute that began at t0 (cdp_time_ns) on `rank`: sleeps (factor - 1)
+ * times its length when armed with slow. */
+void cdp_fault_slow_down(const struct cdp_fault *f, int rank, uint64_t t0);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

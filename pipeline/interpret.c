@@ -1,0 +1,404 @@
+/* The interpreter: runs this rank's instruction list of one step (LOAD,
+ * FORWARD, SEND/RECV of activations and gradients, BACKWARD, the reductions,
+ * the optimizer step) over its chunks' models and its communicators, and
+ * forward-only validation. With NCCL point-to-point each run of transfers is
+ * one group. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cdp/core.h"
+#include "kernels/ops.h"
+#include "model/optim.h"
+#include "pipeline/exec_internal.h"
+
+char cdp_exec_where_buf[256];
+
+enum { TAG_ACT = 0, TAG_GRAD = 1, TAG_VAL = 2 };
+
+static const char *const op_names[CDP_OP_COUNT] = {
+    "LOAD", "FORWARD", "SEND_ACT", "RECV_ACT", "BACKWARD", "SEND_GRAD", "RECV_GRAD",
+    "REDUCE_TIED_GRADS", "ALLREDUCE_GRADS", "OPTIMIZER_STEP"};
+
+static void set_where(struct exec *e, const struct cdp_instr *in)
+{
+    char buf[256];
+    int n = snprintf(buf, sizeof buf, "rank %d/%d (stage %d, replica %d), step %d: %s", e->rank, e->size,
+                     e->s, e->r, e->step, op_names[in->op]);
+    if (in->mb >= 0) n += snprintf(buf + n, sizeof buf - (size_t)n, " of micro-batch %d", in->mb);
+    if (in->chunk >= 0 && e->v > 1) n += snprintf(buf + n, sizeof buf - (size_t)n, ", chunk %d", in->chunk);
+    if (in->peer >= 0)
+        snprintf(buf + n, sizeof buf - (size_t)n, in->op == CDP_OP_RECV_ACT || in->op == CDP_OP_RECV_GRAD
+                 ? ", from stage %d" : ", to stage %d", in->peer);
+    memcpy(cdp_exec_where_buf, buf, sizeof buf);
+}
+
+static int tag_of(int kind, int vstage, int mb, int m) { return ((kind * 4096 + vstage) * m + mb) % (1 << 20); }
+
+/* Requests are completed here, so their buffers can be reused. */
+static cdp_status wait_req(struct exec *e, cdp_request_t *req)
+{
+    if (!*req) return CDP_OK;
+    uint64_t t0 = cdp_time_ns();
+    cdp_status st = cdp_comm_wait(*req, e->timeout);
+    *req = NULL;
+    e->t_comm += cdp_time_ns() - t0;
+    return st;
+}
+
+static cdp_status acquire_slot(struct exec *e, struct chunk *c, int mb, int *slot)
+{
+    if (c->mb_slot[mb] >= 0) {
+        *slot = c->mb_slot[mb];
+        return CDP_OK;
+    }
+    for (int i = 0; i < c->nslots; i++) {
+        if (c->slot_mb[i] >= 0) continue;
+        cdp_status st = wait_req(e, &c->slot_send[i]);
+        if (st) return st;
+        c->slot_mb[i] = mb;
+        c->mb_slot[mb] = i;
+        *slot = i;
+        return CDP_OK;
+    }
+    return cdp_fail(CDP_ERR_INTERNAL, "no free activation slot for micro-batch %d (%d slots)", mb, c->nslots);
+}
+
+static void trace_ev(struct exec *e, enum cdp_event_kind k, int mb, uint64_t t0, uint64_t t1)
+{
+    if (e->trace) cdp_trace_add(e->trace, e->rank, k, e->step, mb, t0, t1);
+}
+
+/* Device memory to a peer: as is where the host sees device memory, else
+ * copied to `host` first (which stays untouched until the request completes). */
+static cdp_status send_dev(struct exec *e, const void *dev, void *host, size_t n, int peer, int tag,
+                           cdp_request_t *req)
+{
+    if (!e->hv) {
+        cdp_status st = cdp_device_read(e->dev, host, dev, n);
+        if (st) return st;
+        dev = host;
+    }
+    return cdp_comm_isend(e->pipe, dev, n, peer, tag, req);
+}
+
+/* A peer's message into device memory, through `host` where needed. */
+static cdp_status recv_dev(struct exec *e, void *dev, void *host, size_t n, int peer, int tag)
+{
+    cdp_request_t req = NULL;
+    cdp_status st = cdp_comm_irecv(e->pipe, e->hv ? dev : host, n, peer, tag, &req);
+    if (!st) st = cdp_comm_wait(req, e->timeout);
+    if (!st && !e->hv) st = cdp_device_write(e->dev, dev, host, n);
+    return st;
+}
+
+/* Sum of n floats of device memory over a group: NCCL where the group has it,
+ * else the host communicator (through host memory for a GPU). */
+static cdp_status allreduce_dev(struct exec *e, cdp_comm_t c, cdp_nccl_t nc, float *dev, size_t n)
+{
+    if (nc) return cdp_nccl_allreduce_f32(nc, dev, n, CDP_REDUCE_SUM, e->timeout);
+    if (e->hv) return cdp_comm_allreduce_f32(c, dev, n, CDP_REDUCE_SUM, e->timeout);
+    if (n > e->grad_host_n) {
+        float *h = realloc(e->grad_host, n * sizeof *h);
+        if (!h) return cdp_fail(CDP_ERR_NOMEM, "out of host memory staging an all-reduce of %zu floats", n);
+        e->grad_host = h;
+        e->grad_host_n = n;
+    }
+    cdp_status st = cdp_device_read(e->dev, e->grad_host, dev, n * sizeof *dev);
+    if (!st) st = cdp_comm_allreduce_f32(c, e->grad_host, n, CDP_REDUCE_SUM, e->timeout);
+    if (!st) st = cdp_device_write(e->dev, dev, e->grad_host, n * sizeof *dev);
+    return st;
+}
+
+/* Kernels run asynchronously on a GPU. Where compute times matter (several
+ * ranks: the bubble, the monitor's straggler, rebalancing; a trace) they are
+ * taken after the kernels end; one rank without a trace does not wait (the
+ * loss read back each micro-batch is its only wait inside a step). */
+static cdp_status settle(const struct exec *e)
+{
+    return e->hv || (e->size == 1 && !e->trace) ? CDP_OK : cdp_device_synchronize(e->dev);
+}
+
+static cdp_status load(struct exec *e, int mb)
+{
+    const int64_t first = e->sample_base + (int64_t)(e->step - 1 - e->step0) * e->G + ((int64_t)e->moff + mb) * e->B;
+    void *inputs = e->in_scratch, *dev_in = NULL;
+    cdp_status st;
+    if (e->s == 0) {
+        int slot;
+        if ((st = acquire_slot(e, &e->ch[0], mb, &slot))) return st;
+        dev_in = cdp_model_input(e->ch[0].model, slot);
+        if (e->hv) inputs = dev_in;
+    }
+    st = cdp_data_fetch(e->data, CDP_SPLIT_TRAIN, first, e->B, inputs, (char *)e->tgt + mb * e->tgt_bytes);
+    if (!st && dev_in && !e->hv) st = cdp_device_write(e->dev, dev_in, inputs, (uint64_t)e->ch[0].in_bytes);
+    return st;
+}
+
+static cdp_status execute(struct exec *e, const struct cdp_instr *in)
+{
+    struct chunk *c = in->chunk >= 0 ? &e->ch[in->chunk] : NULL;
+    cdp_status st = CDP_OK;
+    int slot;
+    uint64_t t0 = cdp_time_ns();
+    set_where(e, in);
+    switch (in->op) {
+    case CDP_OP_LOAD:
+        st = load(e, in->mb);
+        e->t_compute += cdp_time_ns() - t0;
+        e->t_fb += cdp_time_ns() - t0;
+        trace_ev(e, CDP_EV_LOAD, in->mb, t0, cdp_time_ns());
+        break;
+    case CDP_OP_RECV_ACT:
+        if ((st = acquire_slot(e, c, in->mb, &slot))) break;
+        st = recv_dev(e, cdp_model_input(c->model, slot), c->recv_host, (size_t)c->in_bytes, in->peer,
+                      tag_of(TAG_ACT, c->vstage - 1, in->mb, e->m));
+        e->t_idle += cdp_time_ns() - t0;
+        break;
+    case CDP_OP_FORWARD:
+        if ((st = acquire_slot(e, c, in->mb, &slot))) break;
+        if ((st = cdp_model_forward(c->model, slot))) break;
+        if (c->vstage == e->nv - 1) {
+            double s = 0;
+            st = cdp_model_loss(c->model, slot, (char *)e->tgt + in->mb * e->tgt_bytes, e->scale, &s);
+            e->loss_sum += s;
+        }
+        if (!st) st = settle(e);
+        cdp_fault_slow_down(&e->fault, e->rank, t0);
+        e->t_compute += cdp_time_ns() - t0;
+        e->t_fb += cdp_time_ns() - t0;
+        trace_ev(e, CDP_EV_FORWARD, in->mb, t0, cdp_time_ns());
+        break;
+    case CDP_OP_SEND_ACT:
+        slot = c->mb_slot[in->mb];
+        st = send_dev(e, cdp_model_output(c->model, slot), c->slot_host ? c->slot_host[slot] : NULL,
+                      (size_t)c->out_bytes, in->peer, tag_of(TAG_ACT, c->vstage, in->mb, e->m), &c->slot_send[slot]);
+        e->t_comm += cdp_time_ns() - t0;
+        break;
+    case CDP_OP_RECV_GRAD:
+        st = recv_dev(e, c->grad_in, c->grad_in_host, (size_t)c->out_bytes, in->peer,
+                      tag_of(TAG_GRAD, c->vstage + 1, in->mb, e->m));
+        e->t_idle += cdp_time_ns() - t0;
+        break;
+    case CDP_OP_BACKWARD: {
+        float *din = NULL;
+        slot = c->mb_slot[in->mb];
+        if (slot < 0) {
+            st = cdp_fail(CDP_ERR_INTERNAL, "backward of micro-batch %d that was never forwarded", in->mb);
+            break;
+        }
+        if (c->vstage > 0 && !c->in_tokens) {
+            int g = c->next_grad_out;
+            c->next_grad_out = (g + 1) % c->n_grad_out;
+            if ((st = wait_req(e, &c->grad_out_req[g]))) break;
+            din = c->grad_out[g];
+            const struct cdp_kernels *k = cdp_model_kernels(c->model);
+            if ((st = k->ops->zero(k->st, din, (size_t)c->in_bytes))) break;
+            c->mb_grad_out[in->mb] = g;
+        }
+        uint64_t tb = cdp_time_ns();
+        st = cdp_model_backward(c->model, slot, c->vstage == e->nv - 1 ? NULL : c->grad_in, din);
+        if (!st) st = settle(e);
+        cdp_fault_slow_down(&e->fault, e->rank, tb);
+        c->slot_mb[slot] = -1;
+        c->mb_slot[in->mb] = -1;
+        uint64_t t1 = cdp_time_ns();
+        e->t_compute += t1 - tb;
+        e->t_fb += t1 - tb;
+        e->fb_end = t1;
+        trace_ev(e, CDP_EV_BACKWARD, in->mb, tb, t1);
+        break;
+    }
+    case CDP_OP_SEND_GRAD: {
+        int g = c->mb_grad_out[in->mb];
+        st = send_dev(e, c->grad_out[g], c->grad_out_host ? c->grad_out_host[g] : NULL, (size_t)c->in_bytes,
+                      in->peer, tag_of(TAG_GRAD, c->vstage, in->mb, e->m), &c->grad_out_req[g]);
+        e->t_comm += cdp_time_ns() - t0;
+        break;
+    }
+    case CDP_OP_REDUCE_TIED_GRADS: {
+        if (!e->tied) break;
+        struct chunk *tc = e->s == 0 ? &e->ch[0] : &e->ch[e->v - 1];
+        for (int i = 0; i < cdp_model_tensor_count(tc->model) && !st; i++) {
+            struct cdp_model_tensor *t = cdp_model_tensor(tc->model, i);
+            if (!strcmp(t->name, "layers.0.wte"))
+                st = allreduce_dev(e, e->tied, e->ntied, t->grad, (size_t)t->numel);
+        }
+        e->t_comm += cdp_time_ns() - t0;
+        break;
+    }
+    case CDP_OP_ALLREDUCE_GRADS:
+        for (int k = 0; k < e->v && !st && e->R > 1; k++) {
+            struct cdp_model *mdl = e->ch[k].model;
+            if (cdp_model_tensor_count(mdl) == 0) continue;
+            st = allreduce_dev(e, e->dp, e->ndp, cdp_model_tensor(mdl, 0)->grad, (size_t)cdp_model_param_floats(mdl));
+        }
+        e->t_comm += cdp_time_ns() - t0;
+        break;
+    case CDP_OP_OPTIMIZER_STEP: {
+        /* The global gradient norm: every stored tensor once; the last stage's
+         * copy of a tied embedding is the first stage's tensor. */
+        double sq = 0;
+        for (int k = 0; k < e->v && !st; k++) {
+            struct cdp_model *mdl = e->ch[k].model;
+            const struct cdp_kernels *kk = cdp_model_kernels(mdl);
+            for (int i = 0; i < cdp_model_tensor_count(mdl) && !st; i++) {
+                struct cdp_model_tensor *t = cdp_model_tensor(mdl, i);
+                if (t->unit < e->ch[k].first_unit) continue;
+                double x = 0;
+                st = kk->ops->sum_squares(kk->st, t->grad, (size_t)t->numel, &x);
+                sq += x;
+            }
+        }
+        if (st) break;
+        uint64_t tc = cdp_time_ns();
+        e->t_compute += tc - t0;
+        if (e->p > 1) st = cdp_comm_allreduce_f64(e->pipe, &sq, 1, CDP_REDUCE_SUM, e->timeout);
+        e->t_comm += cdp_time_ns() - tc;
+        if (st) break;
+        double norm = sqrt(sq), clip_at = e->plan->train.grad_clip;
+        e->grad_norm = norm;
+        float clip = clip_at > 0 && norm > clip_at ? (float)(clip_at / norm) : 1.0f;
+        if (!isfinite(norm)) {
+            st = cdp_fail(CDP_ERR_INVALID, "the gradient norm is %g; lower /train/optimizer/lr or set "
+                          "/train/grad_clip", norm);
+            break;
+        }
+        uint64_t to = cdp_time_ns();
+        for (int k = 0; k < e->v; k++)
+            cdp_optimizer_step(e->ch[k].opt, e->ch[k].model, (float)e->plan->train.optimizer.lr, clip);
+        for (int k = 0; k < e->v && !st; k++) st = cdp_model_error(e->ch[k].model);
+        /* a step ends when its update has: step times are whole */
+        if (!st && !e->hv) st = cdp_device_synchronize(e->dev);
+        e->t_compute += cdp_time_ns() - to;
+        trace_ev(e, CDP_EV_OPTIMIZER, -1, to, cdp_time_ns());
+        break;
+    }
+    default:
+        st = cdp_fail(CDP_ERR_INTERNAL, "unknown instruction %d", (int)in->op);
+    }
+    return st;
+}
+
+/* A run of point-to-point instructions as one NCCL group (the schedule was
+ * built so that such groups cannot deadlock): every transfer of the group
+ * completes before it returns, so no send buffer stays in flight. */
+static cdp_status execute_nccl_group(struct exec *e, const struct cdp_instr *list, int n)
+{
+    struct cdp_nccl_p2p ops[64];
+    cdp_status st = CDP_OK;
+    uint64_t t0 = cdp_time_ns();
+    if (n > (int)(sizeof ops / sizeof ops[0]))
+        return cdp_fail(CDP_ERR_INTERNAL, "a point-to-point group of %d transfers (64 at most)", n);
+    for (int i = 0; i < n && !st; i++) {
+        const struct cdp_instr *in = &list[i];
+        struct chunk *c = &e->ch[in->chunk];
+        int slot;
+        set_where(e, in);
+        switch (in->op) {
+        case CDP_OP_SEND_ACT:
+            slot = c->mb_slot[in->mb];
+            ops[i] = (struct cdp_nccl_p2p){1, in->peer, cdp_model_output(c->model, slot), (size_t)c->out_bytes};
+            break;
+        case CDP_OP_RECV_ACT:
+            st = acquire_slot(e, c, in->mb, &slot);
+            ops[i] = (struct cdp_nccl_p2p){0, in->peer, st ? NULL : cdp_model_input(c->model, slot),
+                                           (size_t)c->in_bytes};
+            break;
+        case CDP_OP_SEND_GRAD:
+            ops[i] = (struct cdp_nccl_p2p){1, in->peer, c->grad_out[c->mb_grad_out[in->mb]], (size_t)c->in_bytes};
+            break;
+        case CDP_OP_RECV_GRAD:
+            for (int j = 0; j < i; j++)
+                if (list[j].op == CDP_OP_RECV_GRAD && list[j].chunk == in->chunk)
+                    st = cdp_fail(CDP_ERR_INTERNAL, "two gradients for chunk %d in one group", in->chunk);
+            ops[i] = (struct cdp_nccl_p2p){0, in->peer, c->grad_in, (size_t)c->out_bytes};
+            break;
+        default:
+            st = cdp_fail(CDP_ERR_INTERNAL, "%s in a point-to-point group", op_names[in->op]);
+        }
+    }
+    if (!st) st = cdp_nccl_sendrecv(e->npipe, ops, n, e->timeout);
+    e->t_idle += cdp_time_ns() - t0;
+    return st;
+}
+
+/* This rank's list for the step: instruction by instruction, or with NCCL
+ * point-to-point, each run of transfers as one group. */
+cdp_status cdp_exec_run_list(struct exec *e)
+{
+    const struct cdp_instr *list = e->sched->list[e->s];
+    const int n = e->sched->len[e->s];
+    cdp_status st = CDP_OK;
+    for (int i = 0; i < n && !st;) {
+        int end = e->npipe ? cdp_schedule_p2p_group_end(e->sched, e->s, i) : i;
+        if (end > i) {
+            st = execute_nccl_group(e, list + i, end - i);
+            i = end;
+        } else {
+            st = execute(e, &list[i++]);
+        }
+    }
+    return st;
+}
+
+/* Every in-flight send of this rank completes before the buffers change owner. */
+cdp_status cdp_exec_drain_sends(struct exec *e)
+{
+    cdp_status st = CDP_OK;
+    for (int k = 0; k < e->v && !st; k++) {
+        struct chunk *c = &e->ch[k];
+        for (int i = 0; i < c->nslots && !st; i++) st = wait_req(e, &c->slot_send[i]);
+        for (int i = 0; i < c->n_grad_out && !st; i++) st = wait_req(e, &c->grad_out_req[i]);
+    }
+    return st;
+}
+
+/* Forward-only validation on replica 0; the loss is the same sum as one-rank
+ * validation's, over the same samples. */
+cdp_status cdp_exec_validate(struct exec *e, double *val)
+{
+    double sum = 0;
+    cdp_status st = CDP_OK;
+    const int64_t n = e->plan->train.eval_batches;
+    if (e->r == 0) {
+        int64_t avail = e->data ? cdp_data_split_size(e->data, CDP_SPLIT_VAL) : 0;
+        for (int64_t k = 0; k < n && !st; k++) {
+            int64_t first = (k * e->B) % (avail > e->B ? avail - e->B + 1 : 1);
+            for (int c = 0; c < e->v && !st; c++) {
+                struct chunk *ch = &e->ch[c];
+                void *input = cdp_model_input(ch->model, 0);
+                snprintf(cdp_exec_where_buf, sizeof cdp_exec_where_buf, "rank %d/%d (stage %d, replica %d): validation "
+                         "micro-batch %lld, chunk %d", e->rank, e->size, e->s, e->r, (long long)k, c);
+                if (ch->vstage == 0 || ch->vstage == e->nv - 1)
+                    st = cdp_data_fetch(e->data, CDP_SPLIT_VAL, first, e->B,
+                                        ch->vstage == 0 && e->hv ? input : e->in_scratch, e->tgt);
+                if (!st && ch->vstage == 0 && !e->hv)
+                    st = cdp_device_write(e->dev, input, e->in_scratch, (uint64_t)ch->in_bytes);
+                if (!st && ch->vstage > 0)
+                    st = recv_dev(e, input, ch->recv_host, (size_t)ch->in_bytes, (e->s + e->p - 1) % e->p,
+                                  tag_of(TAG_VAL, ch->vstage - 1, (int)(k % e->m), e->m));
+                if (!st) st = cdp_model_forward(ch->model, 0);
+                if (!st && ch->vstage == e->nv - 1) {
+                    double s = 0;
+                    st = cdp_model_loss(ch->model, 0, e->tgt, 1.0f, &s);
+                    sum += s;
+                } else if (!st) {
+                    /* slot 0's output is overwritten by the next micro-batch: complete the send first */
+                    cdp_request_t req = NULL;
+                    st = send_dev(e, cdp_model_output(ch->model, 0), ch->slot_host ? ch->slot_host[0] : NULL,
+                                  (size_t)ch->out_bytes, (e->s + 1) % e->p,
+                                  tag_of(TAG_VAL, ch->vstage, (int)(k % e->m), e->m), &req);
+                    if (!st) st = cdp_comm_wait(req, e->timeout);
+                }
+            }
+        }
+    }
+    /* rows per sample (every token of a token model, else 1) are known where
+     * the data is read */
+    double red[2] = {sum, e->shape ? (e->shape->tokens ? (double)e->shape->input_numel : 1.0) : 0};
+    if (!st) st = cdp_comm_allreduce_f64(e->world, &red[0], 1, CDP_REDUCE_SUM, e->timeout);
+    if (!st) st = cdp_comm_allreduce_f64(e->world, &red[1], 1, CDP_REDUCE_MAX, e->timeout);
+    if (!st) *val = red[0] / ((double)n * e->B * red[1]);
+    return st;
+}

@@ -1,0 +1,304 @@
+/* What a run reports: the step lines and the summary on stdout, the records
+ * of metrics.jsonl (built with jansson, one complete line each), every rank's
+ * memory peak beside its prediction, and the trace, timeline and weights that
+ * rank 0 gathers at the end. */
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cdp/core.h"
+#include "model/safetensors.h"
+#include "pipeline/exec_internal.h"
+
+static void human_rate(double v, char *buf, size_t cap)
+{
+    if (v >= 1e9) snprintf(buf, cap, "%.1fG", v / 1e9);
+    else if (v >= 1e6) snprintf(buf, cap, "%.2fM", v / 1e6);
+    else if (v >= 1e4) snprintf(buf, cap, "%.1fk", v / 1e3);
+    else if (v >= 10) snprintf(buf, cap, "%.0f", v);
+    else snprintf(buf, cap, "%.2f", v);
+}
+
+void cdp_exec_print_shares(FILE *f, const int64_t *share, int R)
+{
+    for (int r = 0; r < R; r++) fprintf(f, "%s%lld", r ? " " : "", (long long)share[r]);
+}
+
+/* One record of metrics.jsonl, written whole (a line is never left cut in
+ * half by a failed write: the file is flushed and checked). */
+static cdp_status write_line(const struct exec *e, json_t *o, FILE *f)
+{
+    char *text = json_dumps(o, JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(9));
+    json_decref(o);
+    if (!text) return cdp_fail(CDP_ERR_NOMEM, "out of memory writing the metrics");
+    const int bad = fputs(text, f) < 0 || fputc('\n', f) == EOF || fflush(f) != 0;
+    free(text);
+    return bad ? cdp_fail(CDP_ERR_IO, "%s: cannot write: %s", e->plan->output.metrics, strerror(errno)) : CDP_OK;
+}
+
+/* metrics.jsonl's first record of a run: the layout it runs, every rank's
+ * place and predicted memory. */
+cdp_status cdp_exec_write_layout_record(const struct exec *e, FILE *f)
+{
+    const struct cdp_layout *l = e->lay;
+    json_t *ranks = cdp_layout_ranks_json(l);
+    json_t *o = ranks ? json_pack("{s:{s:s,s:s,s:i,s:i,s:i,s:i,s:i,s:o}}", "layout", "topology", l->topology, "schedule",
+                                  cdp_schedule_name(l->schedule), "stages", l->stages, "chunks", l->chunks, "replicas",
+                                  l->replicas, "micro_batches", l->micro_batches, "nodes", l->n_nodes, "ranks", ranks)
+                      : NULL;
+    if (!o) return cdp_fail(CDP_ERR_NOMEM, "out of memory writing the metrics");
+    return write_line(e, o, f);
+}
+
+void cdp_exec_print_header(const struct exec *e, const struct cdp_exec_totals *t, FILE *out)
+{
+    const struct cdp_plan *p = e->plan;
+    fprintf(out, "training %s: %.0f parameters, %lld steps of %lld samples",
+            p->model.kind == CDP_MODEL_GPT ? p->model.preset : "model", t->params, (long long)p->train.steps,
+            (long long)e->G);
+    if (e->size == 1) {
+        fprintf(out, " (%d x %d), %s\n", e->m, e->B, p->train.optimizer.type == CDP_OPT_SGD ? "sgd" : "adamw");
+        return;
+    }
+    int equal = 1;
+    for (int r = 1; r < e->R; r++) equal &= e->share[r] == e->share[0];
+    fprintf(out, " on %d ranks: %d stages x %d replicas, %s, ", e->size, e->p, e->R, cdp_schedule_name(e->lay->schedule));
+    if (equal) {
+        fprintf(out, "%lld micro-batches of %d per replica\n", (long long)e->share[0], e->B);
+    } else {
+        fprintf(out, "micro-batches of %d per replica: ", e->B);
+        cdp_exec_print_shares(out, e->share, e->R);
+        fputc('\n', out);
+    }
+}
+
+cdp_status cdp_exec_write_step_record(const struct exec *e, const struct cdp_exec_step *s,
+                                      const struct cdp_exec_totals *t, FILE *f)
+{
+    const double sps = (double)e->G / s->time_s;
+    json_t *o = json_object();
+    if (!o) return cdp_fail(CDP_ERR_NOMEM, "out of memory writing the metrics");
+    json_object_set_new(o, "step", json_integer(s->step));
+    json_object_set_new(o, "loss", json_real(s->loss));
+    json_object_set_new(o, "lr", json_real(e->plan->train.optimizer.lr));
+    json_object_set_new(o, "grad_norm", json_real(e->grad_norm));
+    json_object_set_new(o, "time_s", json_real(s->time_s));
+    json_object_set_new(o, "samples_per_s", json_real(sps));
+    json_object_set_new(o, "tokens_per_s", json_real(t->tokens ? sps * t->sample_tokens : 0));
+    json_object_set_new(o, "flops_per_s", json_real(t->flops_per_step / s->time_s));
+    json_object_set_new(o, "bubble", json_real(s->bubble));
+    if (!isnan(s->val_loss)) json_object_set_new(o, "val_loss", json_real(s->val_loss));
+    if (e->R > 1) {
+        json_t *sh = json_array();
+        for (int r = 0; r < e->R; r++) json_array_append_new(sh, json_integer((json_int_t)e->share[r]));
+        json_object_set_new(o, "shares", sh);
+    }
+    if (s->report) {
+        json_object_set_new(o, "ranks", cdp_monitor_ranks_json(&s->mon, e->lay));
+        json_object_set_new(o, "slowest_rank", json_integer(s->mon.slowest));
+        if (s->mon.straggler >= 0) json_object_set_new(o, "straggler", json_integer(s->mon.straggler));
+    }
+    return write_line(e, o, f);
+}
+
+void cdp_exec_print_step(const struct exec *e, const struct cdp_exec_step *s, const struct cdp_exec_totals *t,
+                         int progress, FILE *out)
+{
+    const struct cdp_plan *p = e->plan;
+    const double sps = (double)e->G / s->time_s, tps = t->tokens ? sps * t->sample_tokens : 0,
+                 fps = t->flops_per_step / s->time_s;
+    const int line = s->step == e->step0 + 1 || s->step % p->train.log_every == 0 || s->step == p->train.steps ||
+                     !isnan(s->val_loss);
+    if (!line) {
+        if (progress) {
+            fprintf(out, "\r\033[Kstep %d/%lld  loss %.4f", s->step, (long long)p->train.steps, s->loss);
+            fflush(out);
+        }
+        return;
+    }
+    char s1[32], s2[32], s3[32];
+    human_rate(sps, s1, sizeof s1);
+    human_rate(tps, s2, sizeof s2);
+    human_rate(fps, s3, sizeof s3);
+    if (progress) fputs("\r\033[K", out);
+    fprintf(out, "step %*d/%lld  loss %.4f", (int)snprintf(NULL, 0, "%lld", (long long)p->train.steps), s->step,
+            (long long)p->train.steps, s->loss);
+    if (!isnan(s->val_loss)) fprintf(out, "  val %.4f", s->val_loss);
+    fprintf(out, "  | %s samples/s", s1);
+    if (tps > 0) fprintf(out, "  %s tokens/s", s2);
+    fprintf(out, s->time_s < 0.01 ? "  %sFLOP/s  %.2f ms/step" : "  %sFLOP/s  %.0f ms/step", s3, s->time_s * 1e3);
+    if (e->size > 1) fprintf(out, "  bubble %.0f%%", 100.0 * s->bubble);
+    if (s->report) {
+        char mb[160];
+        cdp_monitor_format(&s->mon, mb, sizeof mb);
+        fprintf(out, "  | %s", mb);
+    }
+    fputc('\n', out);
+}
+
+/* Every rank's device high-water mark, gathered on every rank (n_ranks
+ * entries, malloc'd). */
+cdp_status cdp_exec_gather_peaks(const struct exec *e, double **out)
+{
+    double *pk = calloc((size_t)e->size, sizeof *pk);
+    if (!pk) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
+    pk[e->rank] = (double)cdp_device_mem_peak(e->dev);
+    cdp_status st = cdp_comm_allreduce_f64(e->world, pk, (size_t)e->size, CDP_REDUCE_SUM, e->timeout);
+    if (st) {
+        free(pk);
+        return st;
+    }
+    *out = pk;
+    return CDP_OK;
+}
+
+/* "memory: peak 12.3 MiB, predicted 12.3 MiB (+0.0%)" over the ranks: the
+ * one furthest from its prediction. */
+static void print_memory(const struct exec *e, const double *peak, FILE *out)
+{
+    int worst = 0;
+    double werr = -1;
+    for (int r = 0; r < e->size; r++) {
+        const double pred = (double)e->lay->rank[r].memory.device;
+        const double err = pred > 0 ? fabs(peak[r] - pred) / pred : 0;
+        if (err > werr) werr = err, worst = r;
+    }
+    const double pred = (double)e->lay->rank[worst].memory.device;
+    char a[32], b[32];
+    cdp_format_bytes((uint64_t)peak[worst], a, sizeof a);
+    cdp_format_bytes((uint64_t)pred, b, sizeof b);
+    if (e->size == 1)
+        fprintf(out, "memory: device peak %s, predicted %s (%+.1f%%)\n", a, b,
+                pred > 0 ? 100 * (peak[worst] / pred - 1) : 0.0);
+    else
+        fprintf(out, "memory: device peak per rank within %.1f%% of the prediction (furthest: rank %d, %s against %s)\n",
+                100 * werr, worst, a, b);
+}
+
+void cdp_exec_print_summary(const struct exec *e, const struct cdp_train_summary *sum, const double *peaks,
+                            FILE *out)
+{
+    const struct cdp_plan *p = e->plan;
+    char s3[32];
+    human_rate(sum->flops_per_s, s3, sizeof s3);
+    fprintf(out, "done: %lld steps in %.1f s, loss %.4f -> %.4f, validation loss %.4f, %sFLOP/s\n",
+            (long long)(sum->steps - e->step0), sum->seconds, sum->first_loss, sum->last_loss, sum->val_loss, s3);
+    if (e->size > 1)
+        fprintf(out, "per step (mean over ranks): %.1f ms compute, %.1f ms communication, %.1f ms waiting on "
+                "peers, %.2f ms executor overhead; bubble %.1f%%\n", sum->compute_s * 1e3, sum->comm_s * 1e3,
+                sum->idle_s * 1e3, sum->overhead_s * 1e3, 100 * sum->bubble);
+    print_memory(e, peaks, out);
+    if (p->output.weights) fprintf(out, "weights written to %s\n", p->output.weights);
+    if (p->train.checkpoint.dir) fprintf(out, "checkpoints in %s\n", p->train.checkpoint.dir);
+}
+
+/* Rank 0 receives every rank's trace events and writes the files. */
+cdp_status cdp_exec_write_traces(struct exec *e)
+{
+    const struct cdp_plan *p = e->plan;
+    if (!e->trace) return CDP_OK;
+    int64_t n = 0;
+    struct cdp_event_rec *mine = cdp_trace_events(e->trace, &n);
+    void *all = NULL;
+    size_t *lens = NULL;
+    cdp_status st = cdp_comm_gather_bytes(e->world, mine, (size_t)n * sizeof *mine, &all, &lens, e->timeout);
+    if (st || e->rank != 0) {
+        free(all);
+        free(lens);
+        return st;
+    }
+    struct cdp_trace *t = NULL;
+    size_t total = 0;
+    for (int r = 0; r < e->size; r++) total += lens[r] / sizeof *mine;
+    if (!(st = cdp_trace_create(e->size, (int64_t)total + 1, &t))) {
+        const struct cdp_event_rec *ev = all;
+        cdp_trace_set_origin(t, 0);
+        st = cdp_trace_set_layout(t, e->lay);
+        for (size_t i = 0; i < total; i++)
+            cdp_trace_add(t, ev[i].rank, ev[i].kind, ev[i].step, ev[i].mb, ev[i].start_ns,
+                          ev[i].start_ns + ev[i].dur_ns);
+        if (!st && p->output.trace) st = cdp_trace_write_chrome(t, p->output.trace);
+        if (!st && p->output.timeline)
+            st = cdp_trace_write_svg(t, p->train.steps > 1 ? 2 : 1, p->output.timeline);
+    }
+    cdp_trace_destroy(t);
+    free(all);
+    free(lens);
+    return st;
+}
+
+/* Replica 0's stages send their tensors to rank 0, which writes one file named
+ * by global unit, as one-rank training does. Record: name[48], ndim, shape[4], numel, data. */
+struct wrec {
+    char name[48];
+    int64_t ndim, shape[CDP_SHAPE_MAX], numel;
+};
+
+cdp_status cdp_exec_write_weights(struct exec *e)
+{
+    const char *path = e->plan->output.weights;
+    if (!path) return CDP_OK;
+    size_t bytes = 0;
+    for (int k = 0; k < e->v && e->r == 0; k++)
+        for (int i = 0; i < cdp_model_tensor_count(e->ch[k].model); i++)
+            bytes += sizeof(struct wrec) + (size_t)cdp_model_tensor(e->ch[k].model, i)->numel * 4;
+    char *buf = malloc(bytes ? bytes : 1), *q = buf;
+    if (!buf) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
+    for (int k = 0; k < e->v && e->r == 0; k++)
+        for (int i = 0; i < cdp_model_tensor_count(e->ch[k].model); i++) {
+            struct cdp_model_tensor *t = cdp_model_tensor(e->ch[k].model, i);
+            struct wrec w = {.ndim = t->ndim, .numel = t->numel};
+            snprintf(w.name, sizeof w.name, "%s", t->name);
+            memcpy(w.shape, t->shape, sizeof w.shape);
+            memcpy(q, &w, sizeof w);
+            cdp_status rs = cdp_device_read(e->dev, q + sizeof w, t->data, (uint64_t)t->numel * 4);
+            if (rs) {
+                free(buf);
+                return rs;
+            }
+            q += sizeof w + (size_t)t->numel * 4;
+        }
+    void *all = NULL;
+    size_t *lens = NULL;
+    cdp_status st = cdp_comm_gather_bytes(e->world, buf, bytes, &all, &lens, e->timeout);
+    free(buf);
+    if (!st && e->rank == 0) {
+        size_t total = 0, n = 0, cap = 64;
+        for (int r = 0; r < e->size; r++) total += lens[r];
+        struct cdp_st_tensor *ts = calloc(cap, sizeof *ts);
+        for (char *c = all; ts && c < (char *)all + total;) {
+            struct wrec w;
+            memcpy(&w, c, sizeof w);
+            int dup = 0;
+            for (size_t j = 0; j < n; j++) dup |= !strcmp(ts[j].name, ((struct wrec *)c)->name);
+            if (!dup) {
+                if (n == cap) {
+                    struct cdp_st_tensor *nt = realloc(ts, 2 * cap * sizeof *ts);
+                    if (!nt) break;
+                    ts = nt;
+                    cap *= 2;
+                }
+                /* the name stays inside `all`; the header copy keeps shape and count */
+                ts[n] = (struct cdp_st_tensor){.name = ((struct wrec *)c)->name, .dtype = CDP_DTYPE_F32,
+                                               .dtype_name = "F32", .ndim = (int)w.ndim,
+                                               .data = c + sizeof w, .nbytes = (uint64_t)w.numel * 4};
+                for (int d = 0; d < (int)w.ndim; d++) ts[n].shape[d] = w.shape[d];
+                n++;
+            }
+            c += sizeof w + (size_t)w.numel * 4;
+        }
+        if (!ts) st = cdp_fail(CDP_ERR_NOMEM, "out of memory");
+        else {
+            char steps[32];
+            snprintf(steps, sizeof steps, "%lld", (long long)e->plan->train.steps);
+            const char *meta[] = {"format", "cdphybrid", "steps", steps};
+            st = cdp_st_write(path, ts, (int)n, meta, 2);
+        }
+        free(ts);
+    }
+    free(all);
+    free(lens);
+    return st;
+}
