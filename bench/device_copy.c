@@ -12,8 +12,8 @@
 
 int main(int argc, char **argv)
 {
-    enum cdp_device_type type = CDP_DEVICE_CPU;
-    if (argc > 1 && !strcmp(argv[1], "cuda")) type = CDP_DEVICE_CUDA;
+    enum cdp_backend type = CDP_BACKEND_CPU;
+    if (argc > 1 && !strcmp(argv[1], "cuda")) type = CDP_BACKEND_CUDA;
     uint64_t max_bytes = (uint64_t)(argc > 2 ? atoi(argv[2]) : 256) << 20;
     cdp_device_t dev;
     if (cdp_device_open(type, 0, 0, &dev)) {

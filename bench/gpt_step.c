@@ -102,7 +102,7 @@ static int bench(const struct config *c, int threads, int reps)
     struct cdp_plan *p;
     cdp_device_t dev;
     struct cdp_model *m;
-    if (cdp_plan_load_string(json, "bench", NULL, &p) || cdp_device_open(CDP_DEVICE_CPU, 0, 0, &dev) ||
+    if (cdp_plan_load_string(json, "bench", NULL, &p) || cdp_device_open(CDP_BACKEND_CPU, 0, 0, &dev) ||
         cdp_model_create(&p->model, 0, (int)cdp_plan_model_units(p), c->batch, 1, 1, dev, &m)) {
         fprintf(stderr, "bench-gpt-step: %s\n", cdp_last_error());
         return 1;

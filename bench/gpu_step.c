@@ -61,9 +61,9 @@ int main(int argc, char **argv)
     struct cdp_plan *p;
     if (cdp_plan_load_string(json, "bench-gpu-step", NULL, &p)) return fail("plan");
     int n = 0;
-    if (cdp_device_count(CDP_DEVICE_CUDA, &n)) return fail("no GPU");
+    if (cdp_device_count(CDP_BACKEND_CUDA, &n)) return fail("no GPU");
     cdp_device_t dev;
-    if (cdp_device_open(CDP_DEVICE_CUDA, index, 0, &dev)) return fail("device");
+    if (cdp_device_open(CDP_BACKEND_CUDA, index, 0, &dev)) return fail("device");
     const struct cdp_ops *ops = cdp_device_ops(dev);
     if (ops->set_precision(cdp_device_kernel_state(dev), p->train.precision)) return fail("precision");
     struct cdp_model *m;

@@ -1,8 +1,8 @@
 /* The cost model: per partition unit, the time of its forward and backward on
  * one micro-batch on a given device, and the bytes it holds and sends. The
  * simulator and the planner read these numbers: analytic (FLOPs over the
- * device's rate), or measured (a --profile table, read here and applied over
- * the analytic bytes). Defaults and their sources: docs/simulator.md. */
+ * device's rate), or measured (a --profile table, model/costs.h, applied
+ * over the analytic bytes). Defaults and their sources: docs/simulator.md. */
 #ifndef CDP_PARTITIONER_COSTS_H
 #define CDP_PARTITIONER_COSTS_H
 
@@ -11,6 +11,7 @@
 #include "cdp/plan.h"
 #include "cdp/status.h"
 #include "cdp/topology.h"
+#include "model/costs.h"
 #include "model/layers.h"
 
 #ifdef __cplusplus
@@ -25,17 +26,6 @@ extern "C" {
 #define CDP_COST_GPU_MEM_BW 1.0e12    /* bytes/s of a GPU whose name is not in the table */
 #define CDP_COST_CPU_MEM_BW 20e9      /* bytes/s of a CPU device (the CPU topology's copy rate) */
 
-/* One unit on one device, per micro-batch of B = train.micro_batch samples. */
-struct cdp_unit_cost {
-    double fwd_s, bwd_s;  /* forward, backward time */
-    double param_bytes;   /* gradient bytes of the parameters it owns (what data parallelism reduces) */
-    double state_bytes;   /* fp32 weights + gradients + optimizer state of the parameters it owns (a tied
-                             copy a stage keeps counts in the exact memory, cdp_layout_memory, not here) */
-    double act_bytes;     /* activations kept from forward to backward, per micro-batch, fp32 */
-    double out_bytes;     /* output sent to the next stage, per micro-batch */
-    double opt_s;         /* optimizer step of its parameters */
-};
-
 /* How a device computes: rate (FLOP/s for the plan's precision), efficiency, memory bandwidth. */
 struct cdp_device_rate {
     double flops;     /* dense peak (or achieved, for CPU devices) */
@@ -49,77 +39,15 @@ struct cdp_device_rate {
  * 10 TFLOP/s and a warning. */
 struct cdp_device_rate cdp_device_rate_of(const struct cdp_topology *t, int gpu, enum cdp_precision prec);
 
-/* Bytes per element of activations and sent tensors (4: the runtime keeps
- * fp32 whatever the precision of its matrix products); bytes a parameter keeps
- * (fp32 weights, gradients, optimizer state); bytes one parameter's optimizer
- * step reads and writes. */
-double cdp_cost_act_elem_bytes(const struct cdp_plan *plan);
-double cdp_cost_state_bytes_per_param(const struct cdp_plan *plan);
-double cdp_cost_grad_bytes_per_param(const struct cdp_plan *plan);
-double cdp_cost_opt_bytes_per_param(const struct cdp_plan *plan);
-
-/* Floats per sample that unit u keeps for attention's backward where the plan
- * runs it: B*T*(heads + C) / B under the CUDA table's fused bf16 kernels
- * (backend cuda, precision bf16, head size 32 or 64, T above it: the rule of
- * cdp_cuda_flash_usable, which gpu_ops checks against the table's
- * attention_state_floats on a GPU), else the probabilities, u->att_floats
- * (0 for units without attention). */
-int64_t cdp_cost_att_floats(const struct cdp_plan *plan, const struct cdp_unit *u);
-
-/* Sizes every attention unit's saved state as the plan's backend keeps it
- * (cdp_cost_att_floats): what cdp_unit_fit_kernels does with the kernel table
- * in the executor, so the planner's memory counts the executor's buffers. */
-void cdp_costs_fit_units(const struct cdp_plan *plan, struct cdp_unit *u, int n);
-
 /* Analytic costs of units u[0..n-1] on a device of rate r, for the plan's
  * micro-batch, precision and optimizer. out has n entries. */
-void cdp_costs_analytic(const struct cdp_plan *plan, const struct cdp_unit *u, int n,
-                        const struct cdp_device_rate *r, struct cdp_unit_cost *out);
+void cdp_cost_analytic(const struct cdp_plan *plan, const struct cdp_unit *u, int n,
+                       const struct cdp_device_rate *r, struct cdp_unit_cost *out);
 
-/* A measured cost table (`cdphybrid --plan P --profile`, src/model/profile.h):
- * per unit, forward and backward seconds of one micro-batch of micro_batch
- * samples on one device, and the optimizer step's seconds per parameter. Its
- * file: {"format": "cdphybrid-costs", "version": 1, "device", "micro_batch",
- * "threads", "units": [{"index", "kind", "fwd_s", "bwd_s"}],
- * "optimizer_s_per_param"}. */
-struct cdp_cost_table_unit {
-    int index;
-    enum cdp_unit_kind kind;
-    double fwd_s, bwd_s;
-};
-
-struct cdp_cost_table {
-    char device[128];                  /* what measured it ("cpu: ...") */
-    int64_t micro_batch;
-    int threads;                       /* BLAS threads it ran with */
-    int n_units;
-    struct cdp_cost_table_unit *units; /* owned, n_units entries */
-    double optimizer_s_per_param;
-};
-
-/* Frees the units and zeroes the table; NULL is a no-op. */
-void cdp_cost_table_clear(struct cdp_cost_table *t);
-
-/* Writes the table to path atomically (a temporary file renamed over it).
- * CDP_ERR_IO naming the file when it cannot be written. */
-cdp_status cdp_cost_table_write(const struct cdp_cost_table *t, const char *path);
-
-/* Reads a table written by cdp_cost_table_write. CDP_ERR_INVALID naming the
- * file and the key for anything else (not JSON, another format, a missing or
- * non-positive time), CDP_ERR_IO when it cannot be read. On success *out owns
- * its units (cdp_cost_table_clear). */
-cdp_status cdp_cost_table_read(const char *path, struct cdp_cost_table *out);
-
-/* Whether table t (read from path) was measured for the plan's model and
- * micro-batch: the same number of units, of the same kinds, and
- * /train/micro_batch. CDP_ERR_INVALID naming path and what differs. */
-cdp_status cdp_cost_table_check(const struct cdp_cost_table *t, const char *path, const struct cdp_plan *plan,
-                                const struct cdp_unit *u, int n);
-
-/* Replaces the times in out[0..n-1] (filled by cdp_costs_analytic) with the
+/* Replaces the times in out[0..n-1] (filled by cdp_cost_analytic) with the
  * table's: forward, backward, and the optimizer step as held parameters x
  * optimizer_s_per_param. Bytes stay analytic. t must have passed the check. */
-void cdp_costs_apply(const struct cdp_cost_table *t, const struct cdp_unit *u, int n, struct cdp_unit_cost *out);
+void cdp_cost_apply(const struct cdp_cost_table *t, const struct cdp_unit *u, int n, struct cdp_unit_cost *out);
 
 #ifdef __cplusplus
 }

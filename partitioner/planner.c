@@ -993,15 +993,15 @@ static cdp_status ctx_init(struct ctx *c, const struct cdp_plan *plan, const str
     c->hv = plan->cluster.backend != CDP_BACKEND_CUDA;
     cdp_status st = cdp_units_build(&plan->model, &c->u, &c->n);
     if (st) return st;
-    cdp_costs_fit_units(plan, c->u, c->n);
+    cdp_cost_fit_units(plan, c->u, c->n);
     c->cost = calloc((size_t)c->n, sizeof *c->cost);
     c->bw = malloc((size_t)c->nd * c->nd * sizeof *c->bw);
     c->lat = malloc((size_t)c->nd * c->nd * sizeof *c->lat);
     c->rdev = malloc((size_t)c->nd * sizeof *c->rdev);
     if (!c->cost || !c->bw || !c->lat || !c->rdev) return cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
     struct cdp_device_rate rate = cdp_device_rate_of(t, 0, plan->train.precision);
-    cdp_costs_analytic(plan, c->u, c->n, &rate, c->cost);
-    if (costs) cdp_costs_apply(costs, c->u, c->n, c->cost);
+    cdp_cost_analytic(plan, c->u, c->n, &rate, c->cost);
+    if (costs) cdp_cost_apply(costs, c->u, c->n, c->cost);
     links_of(t, c->bw, c->lat);
     c->tied_bytes = tied_model(plan) ? tied_bytes_of(plan, c->u, c->n) : 0;
     uint64_t cap = 0;

@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "cdp/topology.h"
+#include "plan/topology_spec.h" /* CDP_TOPO_JOIN_MAX_TERMS */
 
 /* ---- building -------------------------------------------------------------- */
 
@@ -40,8 +41,6 @@ const struct cdp_gpu_facts *cdp_gpu_facts_find(const char *name);
 const char *cdp_gpu_name_by_pci_id(unsigned device);
 
 /* ---- clusters of different nodes ------------------------------------------------ */
-
-#define CDP_TOPO_JOIN_MAX_TERMS 64
 
 /* Joins one-node topologies into one cluster: counts[i] copies of nodes[i]
  * (not owned), in term order, so node and device numbers follow the terms.

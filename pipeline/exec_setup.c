@@ -113,18 +113,18 @@ static cdp_status open_device(struct exec *e)
     const struct cdp_layout_rank *k = e->me;
     cdp_status st;
     if (e->lay->backend != CDP_BACKEND_CUDA) {
-        if ((st = cdp_device_open(CDP_DEVICE_CPU, 0, k->capacity, &e->dev))) return st;
+        if ((st = cdp_device_open(CDP_BACKEND_CPU, 0, k->capacity, &e->dev))) return st;
         e->hv = 1;
         return CDP_OK;
     }
     int n = 0;
-    if ((st = cdp_device_count(CDP_DEVICE_CUDA, &n)))
+    if ((st = cdp_device_count(CDP_BACKEND_CUDA, &n)))
         return cdp_error_context(st, "%s: /cluster/backend is \"cuda\"", p->source);
     if (k->gpu >= n)
         return cdp_fail(CDP_ERR_INVALID, "%s: the layout puts rank %d on GPU %d of node %d, and this machine has %d "
                         "usable GPU%s (topology %s)", p->source, e->rank, k->gpu, k->node, n, n == 1 ? "" : "s",
                         e->lay->topology);
-    if ((st = cdp_device_open(CDP_DEVICE_CUDA, k->gpu, k->capacity, &e->dev))) return st;
+    if ((st = cdp_device_open(CDP_BACKEND_CUDA, k->gpu, k->capacity, &e->dev))) return st;
     e->hv = 0;
     const struct cdp_ops *ops = cdp_device_ops(e->dev);
     if (!ops) return cdp_fail(CDP_ERR_UNSUPPORTED, "%s has no kernels", cdp_device_name(e->dev));

@@ -503,9 +503,9 @@ static void scen_nccl_refused(void)
 {
     cdp_device_t dev = NULL;
     int ngpu = 0, gpu = 0;
-    if (R == 0) OK(cdp_device_open(CDP_DEVICE_CPU, 0, 0, &dev));
-    else if (cdp_device_count(CDP_DEVICE_CUDA, &ngpu) == CDP_OK && ngpu > 0)
-        gpu = cdp_device_open(CDP_DEVICE_CUDA, R % ngpu, 0, &dev) == CDP_OK;
+    if (R == 0) OK(cdp_device_open(CDP_BACKEND_CPU, 0, 0, &dev));
+    else if (cdp_device_count(CDP_BACKEND_CUDA, &ngpu) == CDP_OK && ngpu > 0)
+        gpu = cdp_device_open(CDP_BACKEND_CUDA, R % ngpu, 0, &dev) == CDP_OK;
     cdp_nccl_t nc = (cdp_nccl_t)&nc;
     double t0 = now_s();
     cdp_status st = cdp_nccl_world(world, dev, 60, &nc);
@@ -536,7 +536,7 @@ static void scen_nccl_fake(void)
     snprintf(path, sizeof path, "%s/fake-cuda", dir);
     setenv("CDP_MODULE_DIR", path, 1);
     cdp_device_t dev = NULL;
-    OK(cdp_device_open(CDP_DEVICE_CUDA, 0, 0, &dev));
+    OK(cdp_device_open(CDP_BACKEND_CUDA, 0, 0, &dev));
     snprintf(path + strlen(path), 64, "/libcdphybrid-cuda.so");
     void *h = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
     CHECK(h, "the stand-in module is loaded: %s", dlerror());
@@ -692,9 +692,9 @@ static void nccl_p2p_checks(cdp_nccl_t nw)
 static void nccl_open(void)
 {
     int ngpu = 0;
-    OK(cdp_device_count(CDP_DEVICE_CUDA, &ngpu));
+    OK(cdp_device_count(CDP_BACKEND_CUDA, &ngpu));
     CHECK(ngpu >= N, "%d ranks need %d GPUs, %d here", N, N, ngpu);
-    OK(cdp_device_open(CDP_DEVICE_CUDA, R, 0, &gpu_dev));
+    OK(cdp_device_open(CDP_BACKEND_CUDA, R, 0, &gpu_dev));
 }
 
 static void scen_nccl(void)

@@ -47,7 +47,7 @@ static struct split make_split(const char *json, const int *bounds, int n, enum 
 {
     struct split s = {.n = n};
     s.plan = plan_from(json);
-    cr_assert_eq(cdp_device_open(CDP_DEVICE_CPU, 0, 0, &s.dev), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(cdp_device_open(CDP_BACKEND_CPU, 0, 0, &s.dev), CDP_OK, "%s", cdp_last_error());
     struct cdp_optimizer_desc od = {.type = type, .lr = 1e-3, .weight_decay = 0.1, .momentum = 0.9,
                                     .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8};
     for (int k = 0; k < n; k++) {
@@ -593,7 +593,7 @@ static cdp_device_t open_cuda(void)
     cr_assert_not_null(fake, "CDP_FAKE_CUDA_DIR is not set (run the tests through meson test)");
     setenv("CDP_MODULE_DIR", fake, 1);
     cdp_device_t d = NULL;
-    cr_assert_eq(cdp_device_open(CDP_DEVICE_CUDA, 0, 0, &d), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(cdp_device_open(CDP_BACKEND_CUDA, 0, 0, &d), CDP_OK, "%s", cdp_last_error());
     cr_assert_eq(cdp_device_host_visible(d), 0);
     return d;
 }
@@ -701,7 +701,7 @@ static void device_roundtrip(enum cdp_optimizer_type type)
     snprintf(gdir, sizeof gdir, "%s/gpu", cdp_test_tmpdir());
     snprintf(cdir, sizeof cdir, "%s/cpu", cdp_test_tmpdir());
     cdp_device_t cpu;
-    cr_assert_eq(cdp_device_open(CDP_DEVICE_CPU, 0, 0, &cpu), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(cdp_device_open(CDP_BACKEND_CPU, 0, 0, &cpu), CDP_OK, "%s", cdp_last_error());
     struct split c = whole_on(BIG_MLP, cpu, type, 1), g = whole_on(BIG_MLP, open_cuda(), type, 1);
     int big = 0;
     for (int i = 0; i < cdp_model_tensor_count(g.m[0]); i++) big |= cdp_model_tensor(g.m[0], i)->numel * 4 > (8 << 20);
@@ -738,7 +738,7 @@ Test(checkpoint, a_bf16_part_loads_into_device_memory_as_into_host_memory)
     char dir[4096];
     snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
     cdp_device_t cpu;
-    cr_assert_eq(cdp_device_open(CDP_DEVICE_CPU, 0, 0, &cpu), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(cdp_device_open(CDP_BACKEND_CPU, 0, 0, &cpu), CDP_OK, "%s", cdp_last_error());
     struct split c = whole_on(BIG_MLP, cpu, CDP_OPT_ADAMW, 1), g = whole_on(BIG_MLP, open_cuda(), CDP_OPT_ADAMW, 2);
     int nt = cdp_model_tensor_count(c.m[0]);
     struct cdp_st_tensor ts[3 * 16];

@@ -266,7 +266,7 @@ Test(comm, nccl_world_on_a_cpu_device_is_refused_with_why)
 {
     cdp_comm_t c = self_comm();
     cdp_device_t cpu = NULL;
-    cr_assert_eq(cdp_device_open(CDP_DEVICE_CPU, 0, 0, &cpu), CDP_OK);
+    cr_assert_eq(cdp_device_open(CDP_BACKEND_CPU, 0, 0, &cpu), CDP_OK);
     cdp_nccl_t n = (cdp_nccl_t)&n;
     cr_assert_eq(cdp_nccl_world(c, cpu, 5, &n), CDP_ERR_UNSUPPORTED);
     cr_assert(strstr(cdp_last_error(), "nccl: needs a CUDA device, got cpu:0"), "%s", cdp_last_error());
@@ -369,7 +369,7 @@ static struct fake_stats *use_fake_module(void)
 static cdp_device_t open_fake_gpu(void)
 {
     cdp_device_t d = NULL;
-    cr_assert_eq(cdp_device_open(CDP_DEVICE_CUDA, 0, 0, &d), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(cdp_device_open(CDP_BACKEND_CUDA, 0, 0, &d), CDP_OK, "%s", cdp_last_error());
     return d;
 }
 
@@ -687,7 +687,7 @@ static void skip_without_gpus(int want)
     const char *why = nccl_refusal();
     if (why) cr_skip_test("needs %d GPU%s with NCCL: %s", want, want == 1 ? "" : "s", why);
     int n = 0;
-    if (cdp_device_count(CDP_DEVICE_CUDA, &n) || n < want)
+    if (cdp_device_count(CDP_BACKEND_CUDA, &n) || n < want)
         cr_skip_test("needs %d GPUs, %d here", want, n);
 }
 

@@ -12,17 +12,17 @@
 static cdp_device_t open_cpu(uint64_t cap)
 {
     cdp_device_t d = NULL;
-    cr_assert_eq(cdp_device_open(CDP_DEVICE_CPU, 0, cap, &d), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(cdp_device_open(CDP_BACKEND_CPU, 0, cap, &d), CDP_OK, "%s", cdp_last_error());
     return d;
 }
 
 Test(device, cpu_counts_one_host_device)
 {
     int n = 0;
-    cr_assert_eq(cdp_device_count(CDP_DEVICE_CPU, &n), CDP_OK);
+    cr_assert_eq(cdp_device_count(CDP_BACKEND_CPU, &n), CDP_OK);
     cr_assert_eq(n, 1);
     cdp_device_t d = NULL;
-    cr_assert_eq(cdp_device_open(CDP_DEVICE_CPU, 1, 0, &d), CDP_ERR_INVALID);
+    cr_assert_eq(cdp_device_open(CDP_BACKEND_CPU, 1, 0, &d), CDP_ERR_INVALID);
     cr_assert(strstr(cdp_last_error(), "cpu:1"), "%s", cdp_last_error());
     cr_assert_null(d);
 }
@@ -196,7 +196,7 @@ Test(device, events_time_host_work)
 Test(device, gpu_cuda_backend_works_or_says_why)
 {
     int n = -1;
-    cdp_status st = cdp_device_count(CDP_DEVICE_CUDA, &n);
+    cdp_status st = cdp_device_count(CDP_BACKEND_CUDA, &n);
     if (!CDP_HAVE_CUDA) {
         cr_assert_eq(st, CDP_ERR_UNSUPPORTED);
         cr_assert(strstr(cdp_last_error(), "not built"), "%s", cdp_last_error());
@@ -209,14 +209,14 @@ Test(device, gpu_cuda_backend_works_or_says_why)
         cr_assert(strstr(cdp_last_error(), "cuda") || strstr(cdp_last_error(), "CUDA"), "%s",
                   cdp_last_error());
         cdp_device_t d = NULL;
-        cr_assert_neq(cdp_device_open(CDP_DEVICE_CUDA, 0, 0, &d), CDP_OK);
+        cr_assert_neq(cdp_device_open(CDP_BACKEND_CUDA, 0, 0, &d), CDP_OK);
         cr_assert_null(d);
         cr_log_info("no GPU here: %s", cdp_last_error());
         return;
     }
     cr_assert_gt(n, 0);
     cdp_device_t g = NULL;
-    cr_assert_eq(cdp_device_open(CDP_DEVICE_CUDA, 0, 64u << 20, &g), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(cdp_device_open(CDP_BACKEND_CUDA, 0, 64u << 20, &g), CDP_OK, "%s", cdp_last_error());
     enum { N = 1 << 20 };
     unsigned char *src = malloc(N), *back = malloc(N);
     for (int i = 0; i < N; i++) src[i] = (unsigned char)(i * 13 + 1);
@@ -262,7 +262,7 @@ Test(device, gpu_cuda_backend_works_or_says_why)
 Test(device, cpu_has_no_usage_figures)
 {
     cdp_device_t d;
-    cr_assert_eq(cdp_device_open(CDP_DEVICE_CPU, 0, 0, &d), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(cdp_device_open(CDP_BACKEND_CPU, 0, 0, &d), CDP_OK, "%s", cdp_last_error());
     double util = 0.5;
     uint64_t used = 7;
     cr_assert_eq(cdp_device_usage(d, &util, &used), CDP_ERR_UNSUPPORTED);

@@ -101,7 +101,7 @@
 #define MAX_ALLOCS 256
 
 static struct {
-    enum cdp_device_type type;
+    enum cdp_backend type;
     enum cdp_precision prec;
     cdp_device_t dev;
     const struct cdp_ops *ops;
@@ -114,7 +114,7 @@ static struct {
 
 static const char *where(void)
 {
-    return G.dev ? cdp_device_name(G.dev) : cdp_device_type_name(G.type);
+    return G.dev ? cdp_device_name(G.dev) : cdp_backend_name(G.type);
 }
 
 #define CHECK(call)                                                                                   \
@@ -279,7 +279,7 @@ static void expect_close(const float *got, const float *ref, size_t n, double to
     size_t w = 0;
     double e = max_nerr(got, ref, n, &w);
     /* measured errors, for tuning the thresholds where a GPU is lent (--verbose) */
-    if (G.type == CDP_DEVICE_CUDA)
+    if (G.type == CDP_BACKEND_CUDA)
         cr_log_info("measured: %s: %s error %.3g (threshold %.3g)", where(), what, e, tol);
     cr_assert(e <= tol,
               "%s: %s: normalised error %.3g > %.3g (worst element %zu: got %.9g, reference %.9g)", where(),
@@ -304,12 +304,12 @@ static void expect_bias_grad(const float *got, const float *rounded, const float
 
 typedef void (*test_body)(void);
 
-static void run_on(enum cdp_device_type type, enum cdp_precision prec, test_body body)
+static void run_on(enum cdp_backend type, enum cdp_precision prec, test_body body)
 {
     memset(&G, 0, sizeof G);
     G.type = type;
     G.prec = prec;
-    if (type == CDP_DEVICE_CUDA) {
+    if (type == CDP_BACKEND_CUDA) {
         int n = 0;
         cdp_status st = cdp_device_count(type, &n);
         if (st != CDP_OK || n == 0)
@@ -334,14 +334,14 @@ static void run_on(enum cdp_device_type type, enum cdp_precision prec, test_body
 /* cpu_<name> and cuda_<name> from one body, at fp32 precision */
 #define GPU_OPS_TEST(name)                                                                   \
     static void body_##name(void);                                                           \
-    Test(gpu_ops, cpu_##name) { run_on(CDP_DEVICE_CPU, CDP_PRECISION_FP32, body_##name); }   \
-    Test(gpu_ops, cuda_##name) { run_on(CDP_DEVICE_CUDA, CDP_PRECISION_FP32, body_##name); } \
+    Test(gpu_ops, cpu_##name) { run_on(CDP_BACKEND_CPU, CDP_PRECISION_FP32, body_##name); }   \
+    Test(gpu_ops, cuda_##name) { run_on(CDP_BACKEND_CUDA, CDP_PRECISION_FP32, body_##name); } \
     static void body_##name(void)
 
 /* cuda_<name> only, at bf16 precision (the CPU table computes in fp32 only) */
 #define GPU_OPS_TEST_BF16(name)                                                              \
     static void body_##name(void);                                                           \
-    Test(gpu_ops, cuda_##name) { run_on(CDP_DEVICE_CUDA, CDP_PRECISION_BF16, body_##name); } \
+    Test(gpu_ops, cuda_##name) { run_on(CDP_BACKEND_CUDA, CDP_PRECISION_BF16, body_##name); } \
     static void body_##name(void)
 
 /* ---- the table itself ---------------------------------------------------------- */
@@ -349,7 +349,7 @@ static void run_on(enum cdp_device_type type, enum cdp_precision prec, test_body
 GPU_OPS_TEST(table_complete)
 {
     const struct cdp_ops *o = G.ops;
-    cr_assert_str_eq(o->name, cdp_device_type_name(G.type));
+    cr_assert_str_eq(o->name, cdp_backend_name(G.type));
 #define NEED(f) cr_assert(o->f != NULL, "%s table: op " #f " is NULL", o->name)
     NEED(set_precision);
     NEED(zero);
@@ -381,7 +381,7 @@ GPU_OPS_TEST(table_complete)
     NEED(maxpool2d_bwd);
     NEED(adamw_step);
     NEED(sgd_step);
-    if (G.type == CDP_DEVICE_CUDA) { /* optional ops (ops.h) that the CUDA table has */
+    if (G.type == CDP_BACKEND_CUDA) { /* optional ops (ops.h) that the CUDA table has */
         NEED(linear_gelu_bwd);
     }
 #undef NEED
@@ -400,7 +400,7 @@ static void body_cpu_precision(void)
 
 Test(gpu_ops, cpu_set_precision_bf16_unsupported)
 {
-    run_on(CDP_DEVICE_CPU, CDP_PRECISION_FP32, body_cpu_precision);
+    run_on(CDP_BACKEND_CPU, CDP_PRECISION_FP32, body_cpu_precision);
 }
 
 /* ---- memory and vector ops ------------------------------------------------------ */
@@ -483,7 +483,7 @@ GPU_OPS_TEST(sum_squares)
         double ref = cdp_cpu_sum_squares(x, n), got = -1.0;
         OP(sum_squares, dputf(x, n), n, &got);
         double e = fabs(got - ref) / ref;
-        if (G.type == CDP_DEVICE_CUDA) cr_log_info("measured: sum_squares n=%zu relative error %.3g", n, e);
+        if (G.type == CDP_BACKEND_CUDA) cr_log_info("measured: sum_squares n=%zu relative error %.3g", n, e);
         cr_assert(e <= TOL_ROW, "%s: sum_squares n=%zu: %.17g, reference %.17g (relative error %.3g)", where(),
                   n, got, ref, e);
         scope_end(sc);
@@ -726,7 +726,7 @@ static void body_linear_gelu(void)
 }
 
 /* the CPU table has no fused ops (its composition above is the reference) */
-Test(gpu_ops, cuda_linear_gelu_fp32) { run_on(CDP_DEVICE_CUDA, CDP_PRECISION_FP32, body_linear_gelu); }
+Test(gpu_ops, cuda_linear_gelu_fp32) { run_on(CDP_BACKEND_CUDA, CDP_PRECISION_FP32, body_linear_gelu); }
 GPU_OPS_TEST_BF16(linear_gelu_bf16) { body_linear_gelu(); }
 
 /* ---- layernorm ---------------------------------------------------------------- */
@@ -876,7 +876,7 @@ static size_t att_state_floats(int B, int T, int C, int NH)
     if (G.prec == CDP_PRECISION_FP32)
         cr_assert_eq(n, full, "%s: attention_state_floats %zu under fp32, want %zu", where(), n, full);
     const int HS = C / NH;
-    if (G.type == CDP_DEVICE_CUDA && G.prec == CDP_PRECISION_BF16 && (HS == 32 || HS == 64) && T > HS &&
+    if (G.type == CDP_BACKEND_CUDA && G.prec == CDP_PRECISION_BF16 && (HS == 32 || HS == 64) && T > HS &&
         fused_attention_on())
         cr_assert_eq(n, (size_t)B * T * (NH + C), "%s: fused attention state %zu, want B*T*(NH + C) = %zu", where(),
                      n, (size_t)B * T * (NH + C));
@@ -970,7 +970,7 @@ static void body_attention_state_planner(void)
         cr_skip_test("CDP_CUDA_ATTENTION=materialized: the planner models the fused kernels");
     struct cdp_plan plan;
     memset(&plan, 0, sizeof plan);
-    plan.cluster.backend = G.type == CDP_DEVICE_CUDA ? CDP_BACKEND_CUDA : CDP_BACKEND_CPU;
+    plan.cluster.backend = G.type == CDP_BACKEND_CUDA ? CDP_BACKEND_CUDA : CDP_BACKEND_CPU;
     plan.train.precision = G.prec;
     for (size_t k = 0; k < N_ATTENTION; k++) {
         const struct attention_shape sh = attention_shapes[k];

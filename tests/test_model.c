@@ -51,7 +51,7 @@ static struct cdp_plan *plan_from(const char *json)
 static cdp_device_t cpu(void)
 {
     cdp_device_t d;
-    cr_assert_eq(cdp_device_open(CDP_DEVICE_CPU, 0, 0, &d), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(cdp_device_open(CDP_BACKEND_CPU, 0, 0, &d), CDP_OK, "%s", cdp_last_error());
     return d;
 }
 
@@ -327,7 +327,7 @@ Test(model, device_memory_cap_limits_the_model)
 {
     struct cdp_plan *p = plan_from(golden_plan);
     cdp_device_t dev;
-    cr_assert_eq(cdp_device_open(CDP_DEVICE_CPU, 0, 4096, &dev), CDP_OK);
+    cr_assert_eq(cdp_device_open(CDP_BACKEND_CPU, 0, 4096, &dev), CDP_OK);
     struct cdp_model *m = NULL;
     cr_assert_eq(cdp_model_create(&p->model, 0, 4, 1, 1, 1, dev, &m), CDP_ERR_NOMEM);
     cr_assert_null(m);

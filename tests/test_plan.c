@@ -126,7 +126,7 @@ Test(plan, defaults_filled)
     cr_assert_eq(p->parallel.chunks, 1);
     cr_assert_null(p->parallel.partition);
     cr_assert_eq(p->parallel.placement, CDP_PLACEMENT_TOPOLOGY);
-    cr_assert_eq(p->cluster.backend, CDP_BACKEND_AUTO);
+    cr_assert_eq(p->cluster.backend_auto, 1);
     cr_assert_str_eq(p->cluster.topology, "auto");
     cr_assert_eq(p->cluster.nodes, 1);
     cr_assert_eq(p->cluster.devices, CDP_AUTO);

@@ -621,8 +621,8 @@ Test(planner, fused_attention_state_counts_in_activation_memory)
     /* the activation bytes of the block drop by exactly the difference */
     struct cdp_device_rate r = {.flops = 1e14, .efficiency = 0.5, .mem_bw = 1e12};
     struct cdp_unit_cost cf, cp;
-    cdp_costs_analytic(fused, blk, 1, &r, &cf);
-    cdp_costs_analytic(hs128, &u4[1], 1, &r, &cp);
+    cdp_cost_analytic(fused, blk, 1, &r, &cf);
+    cdp_cost_analytic(hs128, &u4[1], 1, &r, &cp);
     const double B = 4, elem = 4; /* the runtime keeps fp32 activations in bf16 plans too */
     cr_expect_eq(cf.act_bytes, (double)(blk->act_floats - blk->att_floats + T * (8 + C)) * B * elem);
     cr_expect_eq(cp.act_bytes, (double)u4[1].act_floats * B * elem);

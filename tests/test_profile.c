@@ -14,7 +14,7 @@
 #include "harness.h"
 #include "model/layers.h"
 #include "model/profile.h"
-#include "partitioner/costs.h"
+#include "model/costs.h"
 
 static struct cdp_plan *load_plan(const char *path)
 {

@@ -12,6 +12,12 @@
 extern "C" {
 #endif
 
+/* The backends a device (and a plan's /cluster/backend) is of. */
+enum cdp_backend { CDP_BACKEND_CPU = 0, CDP_BACKEND_CUDA, CDP_BACKEND_COUNT };
+
+/* "cpu" / "cuda"; "?" out of range. */
+const char *cdp_backend_name(enum cdp_backend b);
+
 /* Aborts with file:line on a broken invariant (a programmer error, never bad input). */
 #define CDP_ASSERT(cond)                                                             \
     do {                                                                             \

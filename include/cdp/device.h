@@ -8,6 +8,7 @@
 
 #include <stdint.h>
 
+#include "cdp/core.h" /* enum cdp_backend */
 #include "cdp/status.h"
 
 #ifdef __cplusplus
@@ -19,26 +20,21 @@ typedef struct cdp_buffer *cdp_buffer_t;
 typedef struct cdp_event *cdp_event_t;
 struct cdp_ops;
 
-enum cdp_device_type { CDP_DEVICE_CPU = 0, CDP_DEVICE_CUDA, CDP_DEVICE_TYPE_COUNT };
-
-/* "cpu" / "cuda". */
-const char *cdp_device_type_name(enum cdp_device_type t);
-
 /* How many devices of a type are usable. CPU: 1 (the host; ranks share it).
  * CUDA: loads the CUDA module on first use; when it is missing or no GPU is
  * usable, *out is 0 and the status says why (CDP_ERR_UNSUPPORTED, with the
  * CUDA error string in cdp_last_error()). */
-cdp_status cdp_device_count(enum cdp_device_type type, int *out);
+cdp_status cdp_device_count(enum cdp_backend type, int *out);
 
 /* Opens device `index` of a type. mem_cap is the most bytes its buffers may hold
  * at once; 0 means the device's own memory (CPU: physical memory). On success
  * *out is a new device; close it after every buffer made on it is destroyed. */
-cdp_status cdp_device_open(enum cdp_device_type type, int index, uint64_t mem_cap,
+cdp_status cdp_device_open(enum cdp_backend type, int index, uint64_t mem_cap,
                            cdp_device_t *out);
 /* Closes a device; NULL is a no-op. Buffers still alive are a programmer error. */
 void cdp_device_close(cdp_device_t dev);
 
-enum cdp_device_type cdp_device_type_of(cdp_device_t dev);
+enum cdp_backend cdp_device_backend_of(cdp_device_t dev);
 /* "cpu:0", "cuda:1" */
 const char *cdp_device_name(cdp_device_t dev);
 /* What the backend says about the device ("NVIDIA H200, sm_90, 139.8 GiB"). */

@@ -72,6 +72,17 @@ void cdp_log_write(enum cdp_log_level level, enum cdp_log_subsys s, const char *
 #define CDP_INFO(subsys, ...) CDP_LOG_AT(CDP_LOG_INFO, subsys, __VA_ARGS__)
 #define CDP_DEBUG(subsys, ...) CDP_LOG_AT(CDP_LOG_DEBUG, subsys, __VA_ARGS__)
 
+/* What the core lends code built as a separate module (the CUDA module's
+ * device backend, kernels and NCCL table): its error and logging functions,
+ * so messages from the module land in the caller's thread-local error buffer
+ * and a process has one copy of the core. abi is the device ABI
+ * (src/device/backend.h). */
+struct cdp_module_host {
+    int abi;
+    cdp_status (*fail)(cdp_status st, const char *fmt, ...);
+    void (*log)(int level, int subsys, const char *fmt, ...);
+};
+
 #ifdef __cplusplus
 }
 #endif

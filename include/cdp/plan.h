@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "cdp/core.h"
 #include "cdp/status.h"
 
 #ifdef __cplusplus
@@ -167,10 +168,9 @@ struct cdp_parallel_desc {
     int64_t rebalance_every; /* re-measure and move micro-batches every N steps; 0 = never */
 };
 
-enum cdp_backend { CDP_BACKEND_AUTO = 0, CDP_BACKEND_CPU, CDP_BACKEND_CUDA, CDP_BACKEND_COUNT };
-
 struct cdp_cluster_desc {
-    enum cdp_backend backend; /* AUTO until cdp_plan_resolve */
+    enum cdp_backend backend; /* meaningful once backend_auto is 0 */
+    int backend_auto;         /* "auto": cdp_plan_resolve chooses cuda when GPUs are usable, else cpu */
     char *topology;           /* "auto", a preset or "N x preset" as written, or an absolute path (owned) */
     int64_t nodes;
     int64_t devices;          /* per node, or CDP_AUTO */
@@ -235,7 +235,6 @@ cdp_status cdp_plan_to_json(const struct cdp_plan *plan, char **out);
 cdp_status cdp_plan_print(const struct cdp_plan *plan, FILE *f);
 
 /* Names used in plan files ("1f1b", "adamw", ...), for printing. */
-const char *cdp_backend_name(enum cdp_backend b);
 const char *cdp_schedule_name(enum cdp_schedule_kind s);
 const char *cdp_layer_type_name(enum cdp_layer_type t);
 

@@ -9,6 +9,7 @@
 #include <stdio.h>
 
 #include "cdp/status.h"
+#include "cdp/topology_spec.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -151,13 +152,6 @@ cdp_status cdp_topology_load_file(const char *path, struct cdp_topology **out);
 cdp_status cdp_topology_load_text(const char *text, size_t len, const char *name,
                                   struct cdp_topology **out);
 
-/* Checks a spec without reading files: "auto", a preset, "N x preset", or an
- * existing regular file (relative to base_dir). On success *normalized (owned by
- * the caller, may be NULL if not wanted) is the spec to keep: the preset or
- * cluster spec as written, or the file's absolute path. On failure the message
- * says what was tried and, for a name close to a preset, "did you mean". */
-cdp_status cdp_topology_check_spec(const char *spec, const char *base_dir, char **normalized);
-
 /* Optional CUDA peer query a caller that may touch devices can supply (the
  * partitioner never does): 0 on success. */
 typedef int (*cdp_topo_p2p_fn)(void *ctx, int a, int b, int *can_access, int *perf_rank);
@@ -232,16 +226,6 @@ const char *cdp_link_class_name(enum cdp_link_class c);
 
 /* The matrix label of a link: "X", "NV12", "PIX", "SYS", "MEM", "NET". */
 const char *cdp_topology_link_label(const struct cdp_topo_link *l, char *buf, size_t cap);
-
-/* Where presets are looked for, in order: $CDP_TOPOLOGY_DIR, the source tree's
- * topologies/ (uninstalled builds), <datadir>/cdphybrid/topologies. *path owned
- * by the caller. CDP_ERR_INVALID with a "did you mean" when not found. */
-cdp_status cdp_topology_preset_path(const char *name, char **path);
-
-/* The preset names found (sorted, no duplicates), NULL-terminated; free with
- * cdp_topology_preset_names_free. */
-cdp_status cdp_topology_preset_names(char ***names);
-void cdp_topology_preset_names_free(char **names);
 
 #ifdef __cplusplus
 }

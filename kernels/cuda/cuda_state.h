@@ -15,8 +15,8 @@
 
 #include "cdp/plan.h"
 #include "cdp/status.h"
+#include "cdp/log.h"
 #include "cdp_config.h"
-#include "device/backend.h"
 #include "kernels/ops.h"
 
 #if CDP_HAVE_CUDNN

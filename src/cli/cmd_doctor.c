@@ -129,7 +129,7 @@ static void check_cuda(struct doctor *d)
     }
 
     int n = 0;
-    cdp_status st = cdp_device_count(CDP_DEVICE_CUDA, &n);
+    cdp_status st = cdp_device_count(CDP_BACKEND_CUDA, &n);
     d->gpus = st ? 0 : n;
     if (st) snprintf(d->no_gpu_why, sizeof d->no_gpu_why, "%s", cdp_last_error());
 
@@ -214,7 +214,7 @@ static void check_gpus(struct doctor *d)
     for (int i = 0; i < d->gpus && used < sizeof list; i++) {
         cdp_device_t dev = NULL;
         const char *desc = "cannot open";
-        if (!cdp_device_open(CDP_DEVICE_CUDA, i, 0, &dev)) desc = cdp_device_description(dev);
+        if (!cdp_device_open(CDP_BACKEND_CUDA, i, 0, &dev)) desc = cdp_device_description(dev);
         int w = snprintf(list + used, sizeof list - used, "%s%d: %s", i ? "; " : "", i, desc);
         cdp_device_close(dev);
         if (w < 0) break;
@@ -385,10 +385,10 @@ static int check_plan(struct doctor *d, const char *path)
         return EXIT_USAGE;
     }
     const char *src = plan->source;
-    const enum cdp_backend asked = plan->cluster.backend;
+    const int asked_cuda = !plan->cluster.backend_auto && plan->cluster.backend == CDP_BACKEND_CUDA;
     struct cdp_machine_info m = {.gpus = d->gpus, .no_gpu_why = d->no_gpu_why[0] ? d->no_gpu_why : NULL};
     st = cdp_plan_resolve(plan, &m);
-    if (st && asked == CDP_BACKEND_CUDA && !d->gpus) {
+    if (st && asked_cuda && !d->gpus) {
         add_check(d, "plan", DOC_FAIL, "run it where a GPU is visible, or set \"cluster\": {\"backend\": \"cpu\"}",
                   "%s: backend cuda cannot run here: %s", src, cdp_last_error());
         cdp_plan_free(plan);

@@ -11,7 +11,7 @@
 #include "cli/commands.h"
 #include "pipeline/launch.h"
 #include "model/profile.h"
-#include "partitioner/costs.h"
+#include "model/costs.h"
 
 
 char *cdp_cli_default_costs_path(const char *plan_path)

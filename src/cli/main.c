@@ -116,7 +116,7 @@ static void print_version(void)
     printf("backends:\n  cpu   built in\n");
     if (CDP_HAVE_CUDA) {
         int n = 0;
-        cdp_status st = cdp_device_count(CDP_DEVICE_CUDA, &n);
+        cdp_status st = cdp_device_count(CDP_BACKEND_CUDA, &n);
         if (st) printf("  cuda  module for %s; %s\n", CDP_GPU_ARCH, cdp_last_error());
         else printf("  cuda  module for %s; %d usable GPU%s\n", CDP_GPU_ARCH, n, n == 1 ? "" : "s");
     } else {
@@ -509,8 +509,8 @@ static int run_plan(const struct cli_args *a)
 
     struct cdp_machine_info machine = {.gpus = 0, .no_gpu_why = NULL};
     /* Only plans that may run on GPUs pay for loading the CUDA module. */
-    if (plan->cluster.backend != CDP_BACKEND_CPU) {
-        if (cdp_device_count(CDP_DEVICE_CUDA, &machine.gpus)) {
+    if (plan->cluster.backend_auto || plan->cluster.backend == CDP_BACKEND_CUDA) {
+        if (cdp_device_count(CDP_BACKEND_CUDA, &machine.gpus)) {
             snprintf(why, sizeof why, "%s", cdp_last_error());
             machine.no_gpu_why = why;
             CDP_INFO(DEVICE, "%s", why);

@@ -57,13 +57,24 @@ static const char built_without[] =
     "the cuda module was built without NCCL (install NCCL's headers and library, "
     "then reconfigure with -Dnccl=enabled)";
 
+/* The CUDA module's NCCL table; NULL when it was built without NCCL. */
+static cdp_status module_ops(const struct cdp_nccl_ops **ops)
+{
+    const void *sym = NULL;
+    cdp_status st = cdp_device_module_symbol("cuda", CDP_NCCL_MODULE_SYMBOL, &sym);
+    *ops = (const struct cdp_nccl_ops *)sym;
+    return st;
+}
+
 cdp_status cdp_nccl_available(void)
 {
     const struct cdp_device_backend *be = NULL;
+    const struct cdp_nccl_ops *ops = NULL;
     /* the loader's and CUDA's messages say what is missing; any failure here
      * means "not on this machine" */
-    if (cdp_device_module_load("cuda", &be)) return cdp_error_context(CDP_ERR_UNSUPPORTED, "nccl: unavailable");
-    if (!be->nccl) return cdp_fail(CDP_ERR_UNSUPPORTED, "nccl: unavailable: %s", built_without);
+    if (cdp_device_module_load("cuda", &be) || module_ops(&ops))
+        return cdp_error_context(CDP_ERR_UNSUPPORTED, "nccl: unavailable");
+    if (!ops) return cdp_fail(CDP_ERR_UNSUPPORTED, "nccl: unavailable: %s", built_without);
     int n = 0;
     if (be->count(&n)) return cdp_error_context(CDP_ERR_UNSUPPORTED, "nccl: unavailable");
     if (n < 1) return cdp_fail(CDP_ERR_UNSUPPORTED, "nccl: unavailable: no usable GPU");
@@ -73,11 +84,11 @@ cdp_status cdp_nccl_available(void)
 cdp_status cdp_nccl_version(int *out)
 {
     if (!out) return cdp_fail(CDP_ERR_INVALID, "cdp_nccl_version: out is NULL");
-    const struct cdp_device_backend *be = NULL;
-    if (cdp_device_module_load("cuda", &be)) return cdp_error_context(CDP_ERR_UNSUPPORTED, "nccl");
-    if (!be->nccl) return cdp_fail(CDP_ERR_UNSUPPORTED, "nccl: %s", built_without);
+    const struct cdp_nccl_ops *ops = NULL;
+    if (module_ops(&ops)) return cdp_error_context(CDP_ERR_UNSUPPORTED, "nccl");
+    if (!ops) return cdp_fail(CDP_ERR_UNSUPPORTED, "nccl: %s", built_without);
     int v = 0;
-    cdp_status st = be->nccl->version(&v);
+    cdp_status st = ops->version(&v);
     if (st) return cdp_error_context(st, "nccl");
     *out = v;
     return CDP_OK;
@@ -91,10 +102,10 @@ static cdp_status local_nccl(cdp_device_t dev, const struct cdp_nccl_ops **ops, 
         if (st) return st;
         return cdp_fail(CDP_ERR_INVALID, "nccl: no device given (the rank's CUDA device is needed)");
     }
-    if (cdp_device_type_of(dev) != CDP_DEVICE_CUDA)
+    if (cdp_device_backend_of(dev) != CDP_BACKEND_CUDA)
         return cdp_fail(CDP_ERR_UNSUPPORTED, "nccl: needs a CUDA device, got %s (the nccl communicator "
                         "carries GPU memory; CPU ranks use the mpi communicator)", cdp_device_name(dev));
-    *ops = cdp_device_nccl(dev);
+    if (module_ops(ops)) return cdp_error_context(CDP_ERR_UNSUPPORTED, "nccl");
     if (!*ops) return cdp_fail(CDP_ERR_UNSUPPORTED, "nccl: unavailable on %s: %s", cdp_device_name(dev), built_without);
     *state = cdp_device_kernel_state(dev);
     return CDP_OK;

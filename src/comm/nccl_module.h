@@ -1,5 +1,5 @@
-/* The NCCL table the CUDA module lends the core (through the device backend's
- * `nccl` slot), so that the nccl communicator (comm/nccl.c) reaches NCCL
+/* The NCCL table the CUDA module lends the core (found by its symbol,
+ * CDP_NCCL_MODULE_SYMBOL, through the device module loader), so that the nccl communicator (comm/nccl.c) reaches NCCL
  * without the core or any program linking CUDA or NCCL. Shared by the core
  * (C) and the module (src/comm/cuda/nccl.cu): keep it valid C and CUDA C++.
  *
@@ -69,8 +69,10 @@ struct cdp_nccl_ops {
     cdp_status (*destroy)(void *comm, double timeout_s);
 };
 
-/* In the CUDA module, when it is built with NCCL. */
-extern const struct cdp_nccl_ops cdp_cuda_nccl_ops;
+/* The symbol of the table in the CUDA module, exported when it is built with
+ * NCCL (cdp_device_module_symbol finds it). */
+#define CDP_NCCL_MODULE_SYMBOL "cdp_nccl_module_ops"
+extern const struct cdp_nccl_ops cdp_nccl_module_ops;
 
 #ifdef __cplusplus
 }

@@ -114,6 +114,16 @@ char *cdp_format_bytes(uint64_t bytes, char *buf, size_t cap)
     return buf;
 }
 
+static const char *const backend_names[CDP_BACKEND_COUNT] = {
+    [CDP_BACKEND_CPU] = "cpu",
+    [CDP_BACKEND_CUDA] = "cuda",
+};
+
+const char *cdp_backend_name(enum cdp_backend b)
+{
+    return (unsigned)b < CDP_BACKEND_COUNT ? backend_names[b] : "?";
+}
+
 /* Optimal string alignment distance: insertions, deletions, substitutions and
  * swaps of neighbours ("setps" -> "steps") each cost 1; case is ignored. */
 int cdp_edit_distance(const char *a, const char *b)

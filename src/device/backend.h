@@ -7,17 +7,17 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "cdp/log.h"
 #include "cdp/status.h"
 
 struct cdp_ops;
-struct cdp_nccl_ops;
 struct cdp_device;
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-#define CDP_DEVICE_ABI 4
+#define CDP_DEVICE_ABI 5
 
 enum cdp_copy_kind { CDP_COPY_H2D = 0, CDP_COPY_D2H, CDP_COPY_D2D };
 
@@ -45,22 +45,11 @@ struct cdp_device_backend {
     /* The backend's kernels (kernels/ops.h), called with `state`; NULL when the
      * backend has none. */
     const struct cdp_ops *ops;
-    /* NCCL for the nccl communicator (comm/nccl_module.h), called with a
-     * device's `state`; NULL when the backend has none (the CPU backend, a
-     * CUDA module built without NCCL). Added in ABI 3. */
-    const struct cdp_nccl_ops *nccl;
     /* How busy the device has been lately (0..1, the driver's sampling
      * period; < 0 when unknown) and the bytes in use on it by every process
-     * (0 when unknown). NULL: not supported. Added in ABI 4. */
+     * (0 when unknown). NULL: not supported. Added in ABI 4 (ABI 5 moved
+     * NCCL's table out of this one: cdp_device_module_symbol). */
     cdp_status (*usage)(void *state, double *util, uint64_t *mem_used);
-};
-
-/* What the core lends a module: its error and logging functions, so messages
- * from the module land in the caller's thread-local error buffer. */
-struct cdp_module_host {
-    int abi;
-    cdp_status (*fail)(cdp_status st, const char *fmt, ...);
-    void (*log)(int level, int subsys, const char *fmt, ...);
 };
 
 /* The one symbol a device module exports. */
@@ -71,9 +60,11 @@ typedef cdp_status (*cdp_device_module_init_fn)(const struct cdp_module_host *ho
 /* In the core: the built-in CPU backend, and the loader of module backends. */
 extern const struct cdp_device_backend cdp_cpu_backend;
 cdp_status cdp_device_module_load(const char *name, const struct cdp_device_backend **out);
-/* The NCCL table of a device's backend (NULL when it has none), for the nccl
- * communicator; the state its slots take is cdp_device_kernel_state(dev). */
-const struct cdp_nccl_ops *cdp_device_nccl(struct cdp_device *dev);
+/* Another table a module exports (a layer above the devices looks up its own,
+ * e.g. the nccl communicator's "cdp_nccl_module_ops"): *out is the symbol's
+ * address, or NULL when the module does not export it. Fails as
+ * cdp_device_module_load does when the module cannot be loaded. */
+cdp_status cdp_device_module_symbol(const char *name, const char *symbol, const void **out);
 
 #ifdef __cplusplus
 }

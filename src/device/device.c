@@ -16,7 +16,7 @@
 struct cdp_device {
     const struct cdp_device_backend *be;
     void *state;
-    enum cdp_device_type type;
+    enum cdp_backend type;
     int index;
     char name[32];
     struct cdp_device_info info;
@@ -37,30 +37,20 @@ struct cdp_event {
     int recorded;
 };
 
-static const char *const cdp_device_type_names[CDP_DEVICE_TYPE_COUNT] = {
-    [CDP_DEVICE_CPU] = "cpu",
-    [CDP_DEVICE_CUDA] = "cuda",
-};
-
-const char *cdp_device_type_name(enum cdp_device_type t)
-{
-    return (unsigned)t < CDP_DEVICE_TYPE_COUNT ? cdp_device_type_names[t] : "?";
-}
-
-static cdp_status backend_for(enum cdp_device_type type, const struct cdp_device_backend **out)
+static cdp_status backend_for(enum cdp_backend type, const struct cdp_device_backend **out)
 {
     switch (type) {
-    case CDP_DEVICE_CPU:
+    case CDP_BACKEND_CPU:
         *out = &cdp_cpu_backend;
         return CDP_OK;
-    case CDP_DEVICE_CUDA:
+    case CDP_BACKEND_CUDA:
         return cdp_device_module_load("cuda", out);
     default:
         return cdp_fail(CDP_ERR_INVALID, "unknown device type %d", (int)type);
     }
 }
 
-cdp_status cdp_device_count(enum cdp_device_type type, int *out)
+cdp_status cdp_device_count(enum cdp_backend type, int *out)
 {
     const struct cdp_device_backend *be;
     cdp_status st;
@@ -72,7 +62,7 @@ cdp_status cdp_device_count(enum cdp_device_type type, int *out)
     return CDP_OK;
 }
 
-cdp_status cdp_device_open(enum cdp_device_type type, int index, uint64_t mem_cap,
+cdp_status cdp_device_open(enum cdp_backend type, int index, uint64_t mem_cap,
                            cdp_device_t *out)
 {
     const struct cdp_device_backend *be;
@@ -82,17 +72,17 @@ cdp_status cdp_device_open(enum cdp_device_type type, int index, uint64_t mem_ca
     if ((st = be->count(&n))) return st;
     if (index < 0 || index >= n)
         return cdp_fail(CDP_ERR_INVALID, "device %s:%d does not exist (%d %s device%s usable)",
-                        cdp_device_type_name(type), index, n, cdp_device_type_name(type),
+                        cdp_backend_name(type), index, n, cdp_backend_name(type),
                         n == 1 ? "" : "s");
     struct cdp_device *d = calloc(1, sizeof *d);
     if (!d) return cdp_fail(CDP_ERR_NOMEM, "out of memory opening a device");
     d->be = be;
     d->type = type;
     d->index = index;
-    snprintf(d->name, sizeof d->name, "%s:%d", cdp_device_type_name(type), index);
+    snprintf(d->name, sizeof d->name, "%s:%d", cdp_backend_name(type), index);
     if ((st = be->open(index, &d->state, &d->info))) {
         free(d);
-        return cdp_error_context(st, "device %s:%d", cdp_device_type_name(type), index);
+        return cdp_error_context(st, "device %s:%d", cdp_backend_name(type), index);
     }
     d->cap = mem_cap ? mem_cap : d->info.total_memory;
     pthread_mutex_init(&d->lock, NULL);
@@ -111,12 +101,11 @@ void cdp_device_close(cdp_device_t d)
     free(d);
 }
 
-enum cdp_device_type cdp_device_type_of(cdp_device_t d) { return d->type; }
+enum cdp_backend cdp_device_backend_of(cdp_device_t d) { return d->type; }
 const char *cdp_device_name(cdp_device_t d) { return d->name; }
 const char *cdp_device_description(cdp_device_t d) { return d->info.description; }
 uint64_t cdp_device_mem_cap(cdp_device_t d) { return d->cap; }
 const struct cdp_ops *cdp_device_ops(cdp_device_t d) { return d->be->ops; }
-const struct cdp_nccl_ops *cdp_device_nccl(cdp_device_t d) { return d->be->nccl; }
 void *cdp_device_kernel_state(cdp_device_t d) { return d->state; }
 uint64_t cdp_device_mem_total(cdp_device_t d) { return d->info.total_memory; }
 
@@ -248,7 +237,7 @@ cdp_status cdp_device_read(cdp_device_t dev, void *dst, const void *src, uint64_
     return n ? backend_copy(dev, dst, src, n, CDP_COPY_D2H) : CDP_OK;
 }
 
-int cdp_device_host_visible(cdp_device_t dev) { return dev->type == CDP_DEVICE_CPU; }
+int cdp_device_host_visible(cdp_device_t dev) { return dev->type == CDP_BACKEND_CPU; }
 
 cdp_status cdp_device_usage(cdp_device_t dev, double *util, uint64_t *mem_used)
 {

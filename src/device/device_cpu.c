@@ -137,6 +137,5 @@ const struct cdp_device_backend cdp_cpu_backend = {
     .event_elapsed_ms = cpu_event_elapsed_ms,
     .event_destroy = cpu_event_destroy,
     .ops = &cdp_cpu_ops,
-    .nccl = NULL,
     .usage = NULL, /* the monitor reads the process's own figures */
 };

@@ -40,6 +40,7 @@ struct module_slot {
     cdp_status status;
     char error[1024];
     const struct cdp_device_backend *backend;
+    void *handle; /* dlopen's, for cdp_device_module_symbol */
 };
 
 static struct module_slot cdp_modules[4];
@@ -56,7 +57,7 @@ static int exe_dir(char *buf, size_t cap)
     return 0;
 }
 
-static cdp_status try_load(const char *name, const struct cdp_device_backend **out)
+static cdp_status try_load(const char *name, const struct cdp_device_backend **out, void **handle)
 {
     char dirs[3][PATH_MAX];
     int ndirs = 0;
@@ -96,15 +97,16 @@ static cdp_status try_load(const char *name, const struct cdp_device_backend **o
                             CDP_OPS_ABI);
         CDP_INFO(DEVICE, "loaded the %s backend from %s", name, path);
         *out = be;
+        *handle = h;
         return CDP_OK;
     }
     return cdp_fail(CDP_ERR_UNSUPPORTED, "%s backend: not built into this installation (looked for %s)",
                     name, tried);
 }
 
-cdp_status cdp_device_module_load(const char *name, const struct cdp_device_backend **out)
+/* The module's slot, loaded on first use; the lock is held. */
+static cdp_status load_locked(const char *name, struct module_slot **out)
 {
-    pthread_mutex_lock(&cdp_modules_lock);
     struct module_slot *slot = NULL;
     for (size_t i = 0; i < sizeof cdp_modules / sizeof cdp_modules[0]; i++) {
         if (cdp_modules[i].tried && strcmp(cdp_modules[i].name, name) == 0) {
@@ -113,19 +115,34 @@ cdp_status cdp_device_module_load(const char *name, const struct cdp_device_back
         }
         if (!cdp_modules[i].tried && !slot) slot = &cdp_modules[i];
     }
-    if (!slot) {
-        pthread_mutex_unlock(&cdp_modules_lock);
-        return cdp_fail(CDP_ERR_INTERNAL, "too many device modules");
-    }
+    if (!slot) return cdp_fail(CDP_ERR_INTERNAL, "too many device modules");
     if (!slot->tried) {
         snprintf(slot->name, sizeof slot->name, "%s", name);
-        slot->status = try_load(name, &slot->backend);
+        slot->status = try_load(name, &slot->backend, &slot->handle);
         snprintf(slot->error, sizeof slot->error, "%s", slot->status ? cdp_last_error() : "");
         slot->tried = 1;
     }
-    cdp_status st = slot->status;
+    if (slot->status) return cdp_fail(slot->status, "%s", slot->error);
+    *out = slot;
+    return CDP_OK;
+}
+
+cdp_status cdp_device_module_load(const char *name, const struct cdp_device_backend **out)
+{
+    pthread_mutex_lock(&cdp_modules_lock);
+    struct module_slot *slot = NULL;
+    cdp_status st = load_locked(name, &slot);
     if (!st) *out = slot->backend;
-    else cdp_fail(st, "%s", slot->error);
+    pthread_mutex_unlock(&cdp_modules_lock);
+    return st;
+}
+
+cdp_status cdp_device_module_symbol(const char *name, const char *symbol, const void **out)
+{
+    pthread_mutex_lock(&cdp_modules_lock);
+    struct module_slot *slot = NULL;
+    cdp_status st = load_locked(name, &slot);
+    if (!st) *out = dlsym(slot->handle, symbol);
     pthread_mutex_unlock(&cdp_modules_lock);
     return st;
 }

@@ -186,7 +186,7 @@ cdp_status cdp_profile_run(const struct cdp_plan *plan, const struct cdp_profile
     if (plan->train.micro_batch < 1 || plan->train.micro_batch > (1 << 30))
         return cdp_fail(CDP_ERR_INVALID, "%s: /train/micro_batch: expected a positive number", plan->source);
     if ((st = cdp_units_build(&plan->model, &u, &n))) return st;
-    if ((st = cdp_device_open(CDP_DEVICE_CPU, 0, plan->cluster.device_memory, &dev))) goto fail;
+    if ((st = cdp_device_open(CDP_BACKEND_CPU, 0, plan->cluster.device_memory, &dev))) goto fail;
     if (!(t.units = calloc((size_t)n, sizeof *t.units))) {
         st = cdp_fail(CDP_ERR_NOMEM, "out of memory");
         goto fail;

@@ -1,13 +1,13 @@
 /* Measured costs: forward and backward time of every partition unit of a model
  * on this machine's CPU (the kernels the executor runs), and the optimizer
  * step's time per parameter, for `cdphybrid --plan P --profile`. The table
- * (partitioner/costs.h) replaces the analytic times in the simulator. */
+ * (model/costs.h) replaces the analytic times in the simulator. */
 #ifndef CDP_MODEL_PROFILE_H
 #define CDP_MODEL_PROFILE_H
 
 #include "cdp/plan.h"
 #include "cdp/status.h"
-#include "partitioner/costs.h"
+#include "model/costs.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -14,7 +14,7 @@
 
 #include "cdp/core.h"
 #include "cdp/log.h"
-#include "cdp/topology.h"
+#include "cdp/topology_spec.h"
 #include "plan/plan_internal.h"
 
 #define PTR_CAP 256
@@ -36,14 +36,10 @@ const char *const cdp_plan_optimizer_names[CDP_OPT_TYPE_COUNT + 1] = {"sgd", "ad
 const char *const cdp_plan_precision_names[CDP_PRECISION_COUNT + 1] = {"fp32", "bf16", NULL};
 const char *const cdp_plan_schedule_names[CDP_SCHEDULE_COUNT + 1] = {"gpipe", "1f1b", "interleaved",
                                                                      NULL};
-const char *const cdp_plan_backend_names[CDP_BACKEND_COUNT + 1] = {"auto", "cpu", "cuda", NULL};
+/* /cluster/backend: "auto", then the backends in enum order */
+const char *const cdp_plan_backend_names[CDP_BACKEND_COUNT + 2] = {"auto", "cpu", "cuda", NULL};
 const char *const cdp_plan_placement_names[CDP_PLACEMENT_KIND_COUNT] = {
     "topology", "ordered-pp-inner", "ordered-dp-inner", NULL};
-
-const char *cdp_backend_name(enum cdp_backend b)
-{
-    return (unsigned)b < CDP_BACKEND_COUNT ? cdp_plan_backend_names[b] : "?";
-}
 
 const char *cdp_schedule_name(enum cdp_schedule_kind s)
 {
@@ -1290,7 +1286,8 @@ static cdp_status load_cluster(struct ld *c, const json_t *v)
     if (!v) return CDP_OK;
     if ((st = check_keys(c, v, P, cluster_keys, "/cluster"))) return st;
     if ((st = get_enum(c, v, P, "backend", cdp_plan_backend_names, &be))) return st;
-    cd->backend = (enum cdp_backend)be;
+    cd->backend_auto = be == 0;
+    cd->backend = be == 0 ? CDP_BACKEND_CPU : (enum cdp_backend)(be - 1);
     const json_t *topo = json_object_get(v, "topology");
     if (topo && !(json_is_string(topo) && strcmp(json_string_value(topo), "auto") == 0)) {
         char *spec = NULL;
@@ -1383,7 +1380,7 @@ static void set_defaults(struct cdp_plan *p)
     p->parallel.schedule = CDP_SCHEDULE_1F1B;
     p->parallel.chunks = 1;
     p->parallel.placement = CDP_PLACEMENT_TOPOLOGY;
-    p->cluster.backend = CDP_BACKEND_AUTO;
+    p->cluster.backend_auto = 1;
     p->cluster.nodes = 1;
     p->cluster.devices = CDP_AUTO;
     p->cluster.ranks_per_device = 1;
@@ -1536,7 +1533,8 @@ cdp_status cdp_plan_resolve(struct cdp_plan *plan, const struct cdp_machine_info
 {
     CDP_ASSERT(plan && machine);
     struct cdp_cluster_desc *cd = &plan->cluster;
-    if (cd->backend == CDP_BACKEND_AUTO) cd->backend = machine->gpus > 0 ? CDP_BACKEND_CUDA : CDP_BACKEND_CPU;
+    if (cd->backend_auto) cd->backend = machine->gpus > 0 ? CDP_BACKEND_CUDA : CDP_BACKEND_CPU;
+    cd->backend_auto = 0;
     if (cd->backend == CDP_BACKEND_CUDA && cd->devices == CDP_AUTO) {
         if (machine->gpus > 0) {
             cd->devices = machine->gpus;

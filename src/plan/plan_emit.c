@@ -234,7 +234,7 @@ static json_t *plan_json(struct emit *e, const struct cdp_plan *p)
     const struct cdp_cluster_desc *cd = &p->cluster;
     set(e, root, "cluster", o = json_object());
     if (o) {
-        set(e, o, "backend", json_string(cdp_backend_name(cd->backend)));
+        set(e, o, "backend", json_string(cd->backend_auto ? "auto" : cdp_backend_name(cd->backend)));
         set(e, o, "topology", json_string(cd->topology));
         set(e, o, "nodes", jint(cd->nodes));
         set(e, o, "devices", jint_auto(cd->devices));
@@ -483,7 +483,7 @@ cdp_status cdp_plan_print(const struct cdp_plan *p, FILE *f)
     const struct cdp_cluster_desc *cd = &p->cluster;
     fprintf(f, "\nCluster\n");
     fprintf(f, ROW "%s\n", "backend",
-            cd->backend == CDP_BACKEND_AUTO ? "auto (cuda when GPUs are usable, else cpu)"
+            cd->backend_auto ? "auto (cuda when GPUs are usable, else cpu)"
                                             : cdp_backend_name(cd->backend));
     fprintf(f, ROW "%s\n", "topology", strcmp(cd->topology, "auto") == 0 ? "auto (discovered)" : cd->topology);
     fprintf(f, ROW "%lld\n", "nodes", (long long)cd->nodes);

@@ -235,7 +235,7 @@ static cdp_status fake_destroy(void *comm, double timeout_s)
     return CDP_OK;
 }
 
-static const struct cdp_nccl_ops fake_nccl = {
+__attribute__((visibility("default"))) const struct cdp_nccl_ops cdp_nccl_module_ops = {
     .version = fake_version,
     .unique_id = fake_unique_id,
     .init = fake_init,
@@ -263,7 +263,6 @@ static const struct cdp_device_backend fake_backend = {
     .event_elapsed_ms = fake_event_elapsed_ms,
     .event_destroy = fake_event_destroy,
     .ops = &cdp_cpu_ops,
-    .nccl = &fake_nccl,
     .usage = NULL,
 };
 

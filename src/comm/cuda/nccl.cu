@@ -296,7 +296,7 @@ static cdp_status nccl_destroy(void *comm, double timeout_s)
     return r == ncclSuccess ? CDP_OK : nccl_fail(r, NULL, "ncclCommDestroy");
 }
 
-extern "C" const struct cdp_nccl_ops cdp_cuda_nccl_ops = {
+extern "C" __attribute__((visibility("default"))) const struct cdp_nccl_ops cdp_nccl_module_ops = {
     nccl_version,
     nccl_unique_id,
     nccl_init,

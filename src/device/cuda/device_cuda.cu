@@ -13,13 +13,6 @@
 #include "kernels/cuda/cuda_state.h"
 #include "kernels/cuda/ops_cuda.h"
 
-#if CDP_HAVE_NCCL
-#include "comm/nccl_module.h"
-#define CDP_CUDA_NCCL (&cdp_cuda_nccl_ops)
-#else
-#define CDP_CUDA_NCCL NULL /* built without NCCL: the nccl communicator says so */
-#endif
-
 const struct cdp_module_host *cdp_cuda_host;
 #define host cdp_cuda_host
 
@@ -234,7 +227,6 @@ static const struct cdp_device_backend cdp_cuda_backend = {
     cuda_event_elapsed_ms,
     cuda_event_destroy,
     &cdp_cuda_ops,
-    CDP_CUDA_NCCL,
     cuda_usage,
 };
 

@@ -1,0 +1,217 @@
+/* The unit-cost record's bytes, and the measured cost table's file. */
+#include "model/costs.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cdp/core.h"
+#include "model/optim.h"
+
+/* The runtime keeps activations, gradients and what travels between stages
+ * and replicas in fp32 on every backend (bf16 plans compute their matrix
+ * products in bf16 from fp32 operands). */
+double cdp_cost_act_elem_bytes(const struct cdp_plan *plan)
+{
+    (void)plan;
+    return 4;
+}
+
+double cdp_cost_grad_bytes_per_param(const struct cdp_plan *plan) { return cdp_cost_act_elem_bytes(plan); }
+
+/* fp32 weights 4 + gradients 4 + the optimizer's state (cdp_optimizer_state_bytes). */
+double cdp_cost_state_bytes_per_param(const struct cdp_plan *plan)
+{
+    return 8 + (double)cdp_optimizer_state_bytes(&plan->train.optimizer, 1);
+}
+
+/* Reads and writes of one fp32 step: AdamW reads w, g, m, v and writes w, m, v
+ * (7 x 4); SGD with momentum reads w, g, b and writes w, b (5 x 4); plain SGD
+ * reads w, g and writes w (3 x 4). bf16's extra weight copy is not counted. */
+double cdp_cost_opt_bytes_per_param(const struct cdp_plan *plan)
+{
+    const struct cdp_optimizer_desc *o = &plan->train.optimizer;
+    if (o->type == CDP_OPT_ADAMW) return 28;
+    return o->momentum != 0 ? 20 : 12;
+}
+
+void cdp_cost_fit_units(const struct cdp_plan *plan, struct cdp_unit *u, int n)
+{
+    for (int i = 0; i < n; i++) {
+        const int64_t att = cdp_cost_att_floats(plan, &u[i]);
+        u[i].act_floats += att - u[i].att_floats;
+        u[i].att_floats = att;
+    }
+}
+
+int64_t cdp_cost_att_floats(const struct cdp_plan *plan, const struct cdp_unit *u)
+{
+    if (u->kind != CDP_UNIT_ATTENTION && u->kind != CDP_UNIT_TRANSFORMER_BLOCK) return 0;
+    const int64_t T = u->in.d[0], C = u->in.d[1], NH = u->desc.heads;
+    const int64_t HS = NH > 0 ? C / NH : 0;
+    if (plan->cluster.backend == CDP_BACKEND_CUDA && plan->train.precision == CDP_PRECISION_BF16 &&
+        (HS == 32 || HS == 64) && C % NH == 0 && T > HS)
+        return T * (NH + C);
+    return u->att_floats;
+}
+
+/* ---- measured tables ---- */
+
+void cdp_cost_table_clear(struct cdp_cost_table *t)
+{
+    if (!t) return;
+    free(t->units);
+    memset(t, 0, sizeof *t);
+}
+
+cdp_status cdp_cost_table_write(const struct cdp_cost_table *t, const char *path)
+{
+    json_t *o = json_object(), *units = json_array();
+    json_object_set_new(o, "format", json_string("cdphybrid-costs"));
+    json_object_set_new(o, "version", json_integer(1));
+    json_object_set_new(o, "device", json_string(t->device));
+    json_object_set_new(o, "micro_batch", json_integer((json_int_t)t->micro_batch));
+    json_object_set_new(o, "threads", json_integer(t->threads));
+    for (int i = 0; i < t->n_units; i++)
+        json_array_append_new(units, json_pack("{s:i,s:s,s:f,s:f}", "index", t->units[i].index, "kind",
+                                               cdp_unit_kind_name(t->units[i].kind), "fwd_s", t->units[i].fwd_s,
+                                               "bwd_s", t->units[i].bwd_s));
+    json_object_set_new(o, "units", units);
+    json_object_set_new(o, "optimizer_s_per_param", json_real(t->optimizer_s_per_param));
+    char *text = json_dumps(o, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(9));
+    json_decref(o);
+    if (!text) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
+    size_t n = strlen(path) + 32;
+    char *tmp = malloc(n);
+    if (!tmp) {
+        free(text);
+        return cdp_fail(CDP_ERR_NOMEM, "out of memory");
+    }
+    snprintf(tmp, n, "%s.tmp.%ld", path, (long)getpid());
+    cdp_status st = CDP_OK;
+    FILE *f = fopen(tmp, "w");
+    if (!f) {
+        st = cdp_fail(CDP_ERR_IO, "%s: cannot write: %s", tmp, strerror(errno));
+    } else {
+        int bad = fputs(text, f) < 0 || fputc('\n', f) == EOF;
+        bad |= fclose(f) != 0;
+        if (bad) st = cdp_fail(CDP_ERR_IO, "%s: cannot write: %s", tmp, strerror(errno));
+        else if (rename(tmp, path) != 0)
+            st = cdp_fail(CDP_ERR_IO, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
+        if (st) remove(tmp);
+    }
+    free(tmp);
+    free(text);
+    return st;
+}
+
+static int kind_of(const char *name, enum cdp_unit_kind *k)
+{
+    for (int i = 0; i < CDP_UNIT_KIND_COUNT; i++)
+        if (!strcmp(cdp_unit_kind_name((enum cdp_unit_kind)i), name)) {
+            *k = (enum cdp_unit_kind)i;
+            return 1;
+        }
+    return 0;
+}
+
+/* A non-negative number at key of o (a positive one when positive). */
+static cdp_status read_time(const char *path, json_t *o, const char *where, const char *key, int positive,
+                            double *out)
+{
+    json_t *v = json_object_get(o, key);
+    if (!json_is_number(v) || !(json_number_value(v) >= 0) || (positive && json_number_value(v) <= 0) ||
+        !isfinite(json_number_value(v)))
+        return cdp_fail(CDP_ERR_INVALID, "%s: %s/%s: expected a %s number of seconds", path, where, key,
+                        positive ? "positive" : "non-negative");
+    *out = json_number_value(v);
+    return CDP_OK;
+}
+
+cdp_status cdp_cost_table_read(const char *path, struct cdp_cost_table *out)
+{
+    struct cdp_cost_table t = {0};
+    json_error_t err;
+    cdp_status st = CDP_OK;
+    FILE *f = fopen(path, "r");
+    if (!f) return cdp_fail(errno == ENOENT ? CDP_ERR_INVALID : CDP_ERR_IO, "%s: cannot read: %s", path,
+                            strerror(errno));
+    json_t *o = json_loadf(f, 0, &err);
+    fclose(f);
+    if (!o) return cdp_fail(CDP_ERR_INVALID, "%s:%d:%d: not a costs file (JSON): %s", path, err.line, err.column,
+                            err.text);
+    json_t *fmt = json_object_get(o, "format"), *units = json_object_get(o, "units");
+    json_t *mb = json_object_get(o, "micro_batch"), *th = json_object_get(o, "threads");
+    json_t *ver = json_object_get(o, "version"), *dev = json_object_get(o, "device");
+    if (!json_is_object(o) || !json_is_string(fmt) || strcmp(json_string_value(fmt), "cdphybrid-costs")) {
+        st = cdp_fail(CDP_ERR_INVALID, "%s: /format: expected \"cdphybrid-costs\" (write one with cdphybrid "
+                      "--plan P --profile)", path);
+        goto fail;
+    }
+    if (!json_is_integer(ver) || json_integer_value(ver) != 1) {
+        st = cdp_fail(CDP_ERR_INVALID, "%s: /version: expected 1", path);
+        goto fail;
+    }
+    if (!json_is_integer(mb) || json_integer_value(mb) < 1) {
+        st = cdp_fail(CDP_ERR_INVALID, "%s: /micro_batch: expected a positive integer", path);
+        goto fail;
+    }
+    if (!json_is_array(units) || json_array_size(units) == 0 || json_array_size(units) > (1 << 20)) {
+        st = cdp_fail(CDP_ERR_INVALID, "%s: /units: expected a non-empty array", path);
+        goto fail;
+    }
+    t.micro_batch = json_integer_value(mb);
+    t.threads = json_is_integer(th) ? (int)json_integer_value(th) : 0;
+    if (json_is_string(dev)) snprintf(t.device, sizeof t.device, "%s", json_string_value(dev));
+    t.n_units = (int)json_array_size(units);
+    if (!(t.units = calloc((size_t)t.n_units, sizeof *t.units))) {
+        st = cdp_fail(CDP_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    for (int i = 0; i < t.n_units; i++) {
+        json_t *e = json_array_get(units, (size_t)i), *k = json_object_get(e, "kind");
+        json_t *idx = json_object_get(e, "index");
+        char where[32];
+        snprintf(where, sizeof where, "/units/%d", i);
+        if (!json_is_object(e) || !json_is_integer(idx) || json_integer_value(idx) != i) {
+            st = cdp_fail(CDP_ERR_INVALID, "%s: %s/index: expected %d", path, where, i);
+            goto fail;
+        }
+        if (!json_is_string(k) || !kind_of(json_string_value(k), &t.units[i].kind)) {
+            st = cdp_fail(CDP_ERR_INVALID, "%s: %s/kind: expected a unit kind", path, where);
+            goto fail;
+        }
+        t.units[i].index = i;
+        if ((st = read_time(path, e, where, "fwd_s", 1, &t.units[i].fwd_s))) goto fail;
+        if ((st = read_time(path, e, where, "bwd_s", 1, &t.units[i].bwd_s))) goto fail;
+    }
+    if ((st = read_time(path, o, "", "optimizer_s_per_param", 0, &t.optimizer_s_per_param))) goto fail;
+    json_decref(o);
+    *out = t;
+    return CDP_OK;
+fail:
+    json_decref(o);
+    cdp_cost_table_clear(&t);
+    return st;
+}
+
+cdp_status cdp_cost_table_check(const struct cdp_cost_table *t, const char *path, const struct cdp_plan *plan,
+                                const struct cdp_unit *u, int n)
+{
+    if (t->n_units != n)
+        return cdp_fail(CDP_ERR_INVALID, "%s: measured for a model of %d units; %s's model has %d (profile it "
+                        "again: cdphybrid --plan %s --profile)", path, t->n_units, plan->source, n, plan->source);
+    if (t->micro_batch != plan->train.micro_batch)
+        return cdp_fail(CDP_ERR_INVALID, "%s: measured for micro_batch %lld; %s has /train/micro_batch %lld "
+                        "(profile it again: cdphybrid --plan %s --profile)", path, (long long)t->micro_batch,
+                        plan->source, (long long)plan->train.micro_batch, plan->source);
+    for (int i = 0; i < n; i++)
+        if (t->units[i].kind != u[i].kind)
+            return cdp_fail(CDP_ERR_INVALID, "%s: /units/%d is a %s; unit %d of %s's model is a %s", path, i,
+                            cdp_unit_kind_name(t->units[i].kind), i, plan->source, cdp_unit_kind_name(u[i].kind));
+    return CDP_OK;
+}
