@@ -34,7 +34,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "cdp/plan.h"
+#include "cdp/plan_types.h"
 #include "cdp/status.h"
 
 #ifdef __cplusplus

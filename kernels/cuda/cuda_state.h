@@ -13,7 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "cdp/plan.h"
+#include "cdp/plan_types.h"
 #include "cdp/status.h"
 #include "cdp/log.h"
 #include "cdp_config.h"

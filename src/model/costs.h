@@ -9,7 +9,7 @@
 
 #include <stdint.h>
 
-#include "cdp/plan.h"
+#include "cdp/plan_types.h"
 #include "cdp/status.h"
 #include "model/layers.h"
 

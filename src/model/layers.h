@@ -13,7 +13,7 @@
 
 #include <stdint.h>
 
-#include "cdp/plan.h"
+#include "cdp/plan_types.h"
 #include "cdp/status.h"
 
 #ifdef __cplusplus

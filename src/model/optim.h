@@ -6,7 +6,7 @@
 #define CDP_MODEL_OPTIM_H
 
 #include "cdp/device.h"
-#include "cdp/plan.h"
+#include "cdp/plan_types.h"
 #include "cdp/status.h"
 #include "model/model.h"
 

@@ -5,7 +5,7 @@
 #ifndef CDP_MODEL_PROFILE_H
 #define CDP_MODEL_PROFILE_H
 
-#include "cdp/plan.h"
+#include "cdp/plan_types.h"
 #include "cdp/status.h"
 #include "model/costs.h"
 

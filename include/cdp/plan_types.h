@@ -1,0 +1,204 @@
+/* The plan's C form: one JSON file describing the model, its data, the
+ * training run, the parallel layout and the machine (docs/plan.md), after
+ * loading: plain structs and enums with every default filled in, and no
+ * functions. Every layer may use these types; loading a plan is cdp/plan.h. */
+#ifndef CDP_PLAN_TYPES_H
+#define CDP_PLAN_TYPES_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "cdp/core.h"
+#include "cdp/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* An integer field the plan left as "auto": the planner chooses it. */
+#define CDP_AUTO (-1)
+
+enum cdp_model_kind {
+    CDP_MODEL_GPT = 0, /* presets "gpt", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl" */
+    CDP_MODEL_MLP,     /* preset "mlp", expanded into layers[] at load */
+    CDP_MODEL_CNN,     /* preset "cnn", expanded into layers[] at load */
+    CDP_MODEL_LAYERS,  /* an explicit layer list */
+    CDP_MODEL_KIND_COUNT
+};
+
+enum cdp_layer_type {
+    CDP_LAYER_LINEAR = 0,
+    CDP_LAYER_RELU,
+    CDP_LAYER_GELU,
+    CDP_LAYER_LAYERNORM,
+    CDP_LAYER_EMBEDDING,
+    CDP_LAYER_ATTENTION,
+    CDP_LAYER_TRANSFORMER_BLOCK,
+    CDP_LAYER_CONV2D,
+    CDP_LAYER_MAXPOOL2D,
+    CDP_LAYER_FLATTEN,
+    CDP_LAYER_TYPE_COUNT
+};
+
+/* One layer of an explicit list; only the fields of its type are meaningful. */
+struct cdp_layer_desc {
+    enum cdp_layer_type type;
+    int64_t out;     /* linear: output features; conv2d: output channels */
+    int bias;        /* linear, conv2d: 1 when the layer has a bias */
+    int64_t kernel;  /* conv2d, maxpool2d: square kernel size */
+    int64_t stride;  /* conv2d, maxpool2d */
+    int64_t padding; /* conv2d */
+    int64_t vocab;   /* embedding: token vocabulary */
+    int64_t dim;     /* embedding: embedding width */
+    int64_t context; /* embedding: learned positions (0 = none) */
+    int64_t heads;   /* attention, transformer_block */
+    int causal;      /* attention */
+    double eps;      /* layernorm */
+};
+
+enum cdp_loss { CDP_LOSS_CROSS_ENTROPY = 0, CDP_LOSS_MSE, CDP_LOSS_COUNT };
+enum cdp_activation { CDP_ACT_RELU = 0, CDP_ACT_GELU, CDP_ACT_COUNT };
+
+#define CDP_MAX_INPUT_DIMS 4
+
+struct cdp_model_desc {
+    enum cdp_model_kind kind;
+    char preset[32]; /* as resolved: "gpt2-medium", "mlp", ...; "" for an explicit list */
+
+    /* GPT family (kind == CDP_MODEL_GPT) */
+    int64_t vocab, context, layers, heads, embed;
+    int tie_embeddings;
+
+    /* mlp, cnn and explicit lists */
+    int64_t input[CDP_MAX_INPUT_DIMS]; /* input shape of one sample */
+    int input_ndim;
+    int64_t *hidden; /* mlp: hidden widths (owned) */
+    int n_hidden;
+    int64_t *channels; /* cnn: channels of each conv block (owned) */
+    int n_channels;
+    int64_t classes; /* mlp, cnn */
+    enum cdp_activation activation; /* mlp */
+    struct cdp_layer_desc *layer_list; /* mlp, cnn (expanded) and explicit (owned) */
+    int n_layers;
+    enum cdp_loss loss;
+    char *weights; /* initial weights (safetensors, ours or Hugging Face GPT-2); NULL = random (owned) */
+};
+
+enum cdp_data_source {
+    CDP_DATA_SYNTHETIC = 0,
+    CDP_DATA_TEXT,
+    CDP_DATA_TOKENS,
+    CDP_DATA_IDX,
+    CDP_DATA_SOURCE_COUNT
+};
+
+struct cdp_data_desc {
+    enum cdp_data_source source;
+    char *path;   /* text, tokens: the file; idx: the images file (absolute, owned) */
+    char *labels; /* idx: the labels file (absolute, owned); else NULL */
+    uint64_t seed;
+};
+
+enum cdp_optimizer_type { CDP_OPT_SGD = 0, CDP_OPT_ADAMW, CDP_OPT_TYPE_COUNT };
+
+struct cdp_optimizer_desc {
+    enum cdp_optimizer_type type;
+    double lr;
+    double weight_decay;
+    double momentum;      /* sgd */
+    double beta1, beta2;  /* adamw */
+    double eps;           /* adamw */
+};
+
+enum cdp_precision { CDP_PRECISION_FP32 = 0, CDP_PRECISION_BF16, CDP_PRECISION_COUNT };
+
+struct cdp_checkpoint_desc {
+    char *dir;     /* absolute; NULL = no checkpoints (owned) */
+    int64_t every; /* steps between checkpoints */
+    int64_t keep;  /* how many to keep */
+};
+
+struct cdp_train_desc {
+    int64_t steps;
+    int64_t global_batch; /* = replicas * micro_batches * micro_batch; CDP_AUTO until known */
+    int64_t micro_batch;  /* samples per micro-batch */
+    struct cdp_optimizer_desc optimizer;
+    double grad_clip; /* global-norm clipping threshold; 0 = off */
+    enum cdp_precision precision;
+    uint64_t seed;
+    int64_t log_every;
+    int64_t eval_every;   /* validation loss every N steps; 0 = only after the last step */
+    int64_t eval_batches; /* micro-batches of validation data per evaluation */
+    double timeout_s;     /* deadline of every wait between ranks */
+    struct cdp_checkpoint_desc checkpoint;
+};
+
+enum cdp_schedule_kind { CDP_SCHEDULE_GPIPE = 0, CDP_SCHEDULE_1F1B, CDP_SCHEDULE_INTERLEAVED, CDP_SCHEDULE_COUNT };
+
+enum cdp_placement_kind {
+    CDP_PLACEMENT_TOPOLOGY = 0,     /* chosen by the planner from the topology */
+    CDP_PLACEMENT_ORDERED_PP_INNER, /* stages of a pipeline on consecutive devices */
+    CDP_PLACEMENT_ORDERED_DP_INNER, /* replicas of a stage on consecutive devices */
+    CDP_PLACEMENT_EXPLICIT,         /* placement[stage * replicas + replica] */
+    CDP_PLACEMENT_KIND_COUNT
+};
+
+/* How a global batch's micro-batches are shared among the replicas. */
+enum cdp_balance_kind {
+    CDP_BALANCE_SPEED = 0, /* in proportion to each replica's speed (equal devices: equal shares) */
+    CDP_BALANCE_UNIFORM,   /* micro_batches each */
+    CDP_BALANCE_EXPLICIT,  /* the plan's list */
+    CDP_BALANCE_KIND_COUNT
+};
+
+struct cdp_parallel_desc {
+    int64_t stages;        /* or CDP_AUTO */
+    int64_t replicas;      /* or CDP_AUTO */
+    int64_t micro_batches; /* per replica per step, or CDP_AUTO */
+    enum cdp_schedule_kind schedule;
+    int schedule_auto;     /* "auto": the planner chooses gpipe or 1f1b (schedule holds 1f1b until then) */
+    int64_t chunks;        /* model chunks per rank (interleaved); 1 otherwise */
+    int64_t (*partition)[2]; /* [first, end) unit ranges per stage; NULL = auto (owned) */
+    int n_partition;
+    enum cdp_placement_kind placement;
+    int64_t *placement_map; /* CDP_PLACEMENT_EXPLICIT: stages*replicas device indices (owned) */
+    enum cdp_balance_kind balance;
+    int64_t *shares;        /* CDP_BALANCE_EXPLICIT: micro-batches of each replica, summing to
+                               replicas x micro_batches (owned) */
+    int n_shares;
+    int64_t rebalance_every; /* re-measure and move micro-batches every N steps; 0 = never */
+};
+
+struct cdp_cluster_desc {
+    enum cdp_backend backend; /* meaningful once backend_auto is 0 */
+    int backend_auto;         /* "auto": cdp_plan_resolve chooses cuda when GPUs are usable, else cpu */
+    char *topology;           /* "auto", a preset or "N x preset" as written, or an absolute path (owned) */
+    int64_t nodes;
+    int64_t devices;          /* per node, or CDP_AUTO */
+    uint64_t device_memory;   /* per device cap in bytes; 0 = the device's own */
+    uint64_t host_memory;     /* host memory a node's ranks may use together; 0 = what the host has free */
+    int64_t ranks_per_device; /* ranks that share one device (1; more to test a pipeline on one GPU) */
+};
+
+struct cdp_output_desc {
+    char *metrics;  /* absolute paths, NULL = not written (owned) */
+    char *trace;
+    char *timeline;
+    char *weights;  /* the trained weights, as safetensors */
+};
+
+struct cdp_plan {
+    char *source;  /* the plan file as named by the user, for messages (owned) */
+    struct cdp_model_desc model;
+    struct cdp_data_desc data;
+    struct cdp_train_desc train;
+    struct cdp_parallel_desc parallel;
+    struct cdp_cluster_desc cluster;
+    struct cdp_output_desc output;
+};
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
