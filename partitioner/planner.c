@@ -11,6 +11,7 @@
 
 #include "cdp/core.h"
 #include "cdp/log.h"
+#include "core/hash.h"
 #include "model/layers.h"
 #include "model/model.h"
 #include "partitioner/host.h"
@@ -1383,14 +1384,6 @@ cdp_status cdp_planner_simulate(const struct cdp_plan *plan, const struct cdp_to
 
 /* ---- --explore placements -------------------------------------------------------- */
 
-static uint64_t splitmix64(uint64_t *x)
-{
-    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 static int cmp_double(const void *a, const void *b)
 {
     const double x = *(const double *)a, y = *(const double *)b;
@@ -1439,7 +1432,7 @@ cdp_status cdp_planner_explore(const struct cdp_plan *plan, const struct cdp_top
         else {
             for (int d = 0; d < c.nd; d++) perm[d] = d;
             for (int i = 0; i < N; i++) { /* partial Fisher-Yates: N distinct devices */
-                const int j = i + (int)(splitmix64(&seed) % (uint64_t)(c.nd - i));
+                const int j = i + (int)(cdp_splitmix64(&seed) % (uint64_t)(c.nd - i));
                 const int x = perm[i];
                 perm[i] = perm[j];
                 perm[j] = x;

@@ -11,6 +11,7 @@
 
 #include "cdp/core.h"
 #include "cdp/log.h"
+#include "core/file.h"
 #include "partitioner/topology_internal.h"
 
 enum { R_OTHER = 0, R_GPU, R_SWITCH, R_NIC };
@@ -797,26 +798,8 @@ cdp_status cdp_topology_export_xml(const struct cdp_topology *t, const char *pat
     char *text = NULL;
     cdp_status st = cdp_topology_to_hwloc_xml(t, &text);
     if (st) return st;
-    /* Written beside the target, then renamed: never a half-written file. */
-    size_t n = strlen(path) + 16;
-    char *tmp = malloc(n);
-    if (!tmp) {
-        free(text);
-        return cdp_fail(CDP_ERR_NOMEM, "out of memory");
-    }
-    snprintf(tmp, n, "%s.tmp", path);
-    FILE *f = fopen(tmp, "w");
-    if (!f) {
-        st = cdp_fail(CDP_ERR_IO, "cannot write %s: %s", tmp, strerror(errno));
-    } else {
-        size_t len = strlen(text);
-        int bad = fwrite(text, 1, len, f) != len;
-        bad |= fclose(f) != 0;
-        if (bad) st = cdp_fail(CDP_ERR_IO, "cannot write %s: %s", tmp, strerror(errno));
-        else if (rename(tmp, path) != 0) st = cdp_fail(CDP_ERR_IO, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
-        if (st) remove(tmp);
-    }
-    free(tmp);
+    /* never a half-written file */
+    st = cdp_write_file_atomic(path, text, strlen(text));
     free(text);
     return st;
 }

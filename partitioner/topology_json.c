@@ -10,91 +10,36 @@
 
 #include "cdp/core.h"
 #include "cdp/log.h"
+#include "core/json_check.h"
 #include "partitioner/topology_internal.h"
 
 #define FORMAT_NAME "cdphybrid-topology"
 
 struct jl {
-    const char *name; /* file name for messages */
+    struct cdp_json_in in; /* the file name, for messages */
     const char *dir;  /* its folder, for a node given as a path */
     int depth;
 };
 
-static cdp_status jfail(const struct jl *c, const char *ptr, const char *fmt, ...) CDP_PRINTF(3, 4);
-static cdp_status jfail(const struct jl *c, const char *ptr, const char *fmt, ...)
-{
-    char msg[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    return cdp_fail(CDP_ERR_INVALID, "%s: %s: %s", c->name, ptr, msg);
-}
-
-static const char *got(const json_t *v, char *buf, size_t cap)
-{
-    if (!v) return "nothing";
-    if (json_is_string(v)) snprintf(buf, cap, "\"%.40s\"", json_string_value(v));
-    else if (json_is_integer(v)) snprintf(buf, cap, "%lld", (long long)json_integer_value(v));
-    else if (json_is_real(v)) snprintf(buf, cap, "%g", json_real_value(v));
-    else if (json_is_object(v)) snprintf(buf, cap, "an object");
-    else if (json_is_array(v)) snprintf(buf, cap, "an array");
-    else if (json_is_boolean(v)) snprintf(buf, cap, "%s", json_is_true(v) ? "true" : "false");
-    else snprintf(buf, cap, "null");
-    return buf;
-}
-
-static cdp_status expect(const struct jl *c, const char *ptr, const char *what, const json_t *v)
-{
-    char g[64];
-    return jfail(c, ptr, "expected %s, got %s", what, got(v, g, sizeof g));
-}
-
-static cdp_status keys(const struct jl *c, const json_t *o, const char *ptr, const char *const *allowed)
-{
-    const char *k;
-    json_t *v;
-    json_object_foreach((json_t *)o, k, v) {
-        int ok = 0;
-        for (const char *const *a = allowed; *a; a++) ok |= !strcmp(*a, k);
-        if (!ok) {
-            char kp[256];
-            snprintf(kp, sizeof kp, "%s/%s", ptr, k);
-            const char *near = cdp_closest_word(k, allowed);
-            if (near) return jfail(c, kp, "unknown key (did you mean \"%s\"?)", near);
-            return jfail(c, kp, "unknown key");
-        }
-    }
-    return CDP_OK;
-}
-
+/* Our words for a bounded integer: "an integer from LO to HI". */
 static cdp_status get_int(const struct jl *c, const json_t *v, const char *ptr, long lo, long hi, long *out)
 {
-    if (!json_is_integer(v) || json_integer_value(v) < lo || json_integer_value(v) > hi) {
-        char what[96];
-        snprintf(what, sizeof what, "an integer from %ld to %ld", lo, hi);
-        return expect(c, ptr, what, v);
-    }
-    *out = (long)json_integer_value(v);
-    return CDP_OK;
-}
-
-static cdp_status get_real(const struct jl *c, const json_t *v, const char *ptr, double *out)
-{
-    if (!json_is_number(v) || !(json_number_value(v) >= 0) || isinf(json_number_value(v)))
-        return expect(c, ptr, "a non-negative number", v);
-    *out = json_number_value(v);
-    return CDP_OK;
+    char what[96];
+    int64_t x = 0;
+    snprintf(what, sizeof what, "an integer from %ld to %ld", lo, hi);
+    cdp_status st = cdp_json_int(&c->in, v, ptr, lo, hi, 0, what, &x);
+    if (!st) *out = (long)x;
+    return st;
 }
 
 static cdp_status get_rate(const struct jl *c, const json_t *v, const char *ptr, double *out)
 {
-    if (json_is_number(v)) return get_real(c, v, ptr, out);
+    if (json_is_number(v)) return cdp_json_number(&c->in, v, ptr, CDP_JSON_NONNEG, out);
     if (json_is_string(v)) {
         if (cdp_parse_rate(json_string_value(v), out) == CDP_OK) return CDP_OK;
-        return jfail(c, ptr, "%s", cdp_last_error());
+        return cdp_json_fail(&c->in, ptr, "%s", cdp_last_error());
     }
-    return expect(c, ptr, "a rate: bytes/s, or a string like \"25GB/s\" or \"200Gb/s\"", v);
+    return cdp_json_expected(&c->in, ptr, "a rate: bytes/s, or a string like \"25GB/s\" or \"200Gb/s\"", v);
 }
 
 static cdp_status get_size(const struct jl *c, const json_t *v, const char *ptr, uint64_t *out)
@@ -105,17 +50,9 @@ static cdp_status get_size(const struct jl *c, const json_t *v, const char *ptr,
     }
     if (json_is_string(v)) {
         if (cdp_parse_size(json_string_value(v), out) == CDP_OK) return CDP_OK;
-        return jfail(c, ptr, "%s", cdp_last_error());
+        return cdp_json_fail(&c->in, ptr, "%s", cdp_last_error());
     }
-    return expect(c, ptr, "a size: bytes, or a string like \"80GiB\"", v);
-}
-
-static cdp_status get_str(const struct jl *c, const json_t *v, const char *ptr, char *out, size_t cap)
-{
-    if (!json_is_string(v)) return expect(c, ptr, "a string", v);
-    if (json_string_length(v) >= cap) return jfail(c, ptr, "longer than %zu characters", cap - 1);
-    cdp_topo_copy_str(out, cap, json_string_value(v));
-    return CDP_OK;
+    return cdp_json_expected(&c->in, ptr, "a size: bytes, or a string like \"80GiB\"", v);
 }
 
 /* ---- a GPU -------------------------------------------------------------------- */
@@ -147,27 +84,27 @@ static cdp_status read_gpu(const struct jl *c, const json_t *o, const char *ptr,
     char p[256];
     const json_t *v;
     long n;
-    if (!json_is_object(o)) return expect(c, ptr, "an object", o);
-    if ((st = keys(c, o, ptr, gpu_keys))) return st;
+    if (!json_is_object(o)) return cdp_json_expected(&c->in, ptr, "an object", o);
+    if ((st = cdp_json_check_keys(&c->in, o, ptr, gpu_keys, NULL))) return st;
 #define AT(k) (snprintf(p, sizeof p, "%s/%s", ptr, k), p)
-    if ((v = json_object_get(o, "name")) && (st = get_str(c, v, AT("name"), g->name, sizeof g->name))) return st;
+    if ((v = json_object_get(o, "name")) && (st = cdp_json_string(&c->in, v, AT("name"), g->name, sizeof g->name))) return st;
     if ((v = json_object_get(o, "memory")) && (st = get_size(c, v, AT("memory"), &g->memory_bytes))) return st;
     if ((v = json_object_get(o, "numa"))) {
         if ((st = get_int(c, v, AT("numa"), -1, 4095, &n))) return st;
         g->numa = (int)n;
     }
     if ((v = json_object_get(o, "cpus"))) {
-        if ((st = get_str(c, v, AT("cpus"), g->cpuset, sizeof g->cpuset))) return st;
+        if ((st = cdp_json_string(&c->in, v, AT("cpus"), g->cpuset, sizeof g->cpuset))) return st;
         int *cpus = NULL, k = 0;
-        if (cdp_cpuset_parse_list(g->cpuset, &cpus, &k)) return jfail(c, AT("cpus"), "%s", cdp_last_error());
+        if (cdp_cpuset_parse_list(g->cpuset, &cpus, &k)) return cdp_json_fail(&c->in, AT("cpus"), "%s", cdp_last_error());
         free(cpus);
     }
     if ((v = json_object_get(o, "pci_bus_id"))) {
         char b[CDP_TOPO_BUSID_MAX];
         unsigned d, bus, dev, fn;
-        if ((st = get_str(c, v, AT("pci_bus_id"), b, sizeof b))) return st;
+        if ((st = cdp_json_string(&c->in, v, AT("pci_bus_id"), b, sizeof b))) return st;
         if (cdp_busid_parse(b, &d, &bus, &dev, &fn))
-            return expect(c, AT("pci_bus_id"), "a PCI bus id like \"0000:07:00.0\"", v);
+            return cdp_json_expected(&c->in, AT("pci_bus_id"), "a PCI bus id like \"0000:07:00.0\"", v);
         cdp_busid_normalize(b, g->pci_bus_id, sizeof g->pci_bus_id);
     }
     if ((v = json_object_get(o, "pcie_bandwidth")) && (st = get_rate(c, v, AT("pcie_bandwidth"), &g->pcie_bw)))
@@ -176,23 +113,23 @@ static cdp_status read_gpu(const struct jl *c, const json_t *o, const char *ptr,
         const char *fp = AT("peak_flops");
         char fpb[sizeof p + 8];
         snprintf(fpb, sizeof fpb, "%s", fp);
-        if (!json_is_object(v)) return expect(c, fpb, "an object {\"fp32\", \"tf32\", \"bf16\"} of FLOP/s", v);
-        if ((st = keys(c, v, fpb, flops_keys))) return st;
+        if (!json_is_object(v)) return cdp_json_expected(&c->in, fpb, "an object {\"fp32\", \"tf32\", \"bf16\"} of FLOP/s", v);
+        if ((st = cdp_json_check_keys(&c->in, v, fpb, flops_keys, NULL))) return st;
         double *dst[] = {&g->peak_fp32, &g->peak_tf32, &g->peak_bf16};
         for (int i = 0; i < 3; i++) {
             const json_t *x = json_object_get(v, flops_keys[i]);
             snprintf(p, sizeof p, "%s/peak_flops/%s", ptr, flops_keys[i]);
-            if (x && (st = get_real(c, x, p, dst[i]))) return st;
+            if (x && (st = cdp_json_number(&c->in, x, p, CDP_JSON_NONNEG, dst[i]))) return st;
         }
     }
     if ((v = json_object_get(o, "pcie"))) {
         if (!json_is_array(v) || json_array_size(v) > CDP_TOPO_PCIE_DEPTH)
-            return expect(c, AT("pcie"), "an array of up to 8 names: the host bridge, then each PCIe switch", v);
+            return cdp_json_expected(&c->in, AT("pcie"), "an array of up to 8 names: the host bridge, then each PCIe switch", v);
         g->pcie_depth = (int)json_array_size(v);
         for (size_t i = 0; i < json_array_size(v); i++) {
             const json_t *x = json_array_get(v, i);
             snprintf(p, sizeof p, "%s/pcie/%zu", ptr, i);
-            if (!json_is_string(x)) return expect(c, p, "a name", x);
+            if (!json_is_string(x)) return cdp_json_expected(&c->in, p, "a name", x);
             int id = label_id(L, json_string_value(x));
             if (id < 0) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
             g->pcie_path[i] = id;
@@ -217,9 +154,9 @@ static const char *const net_keys[] = {"name", "nics_per_node", "nic_rate", "lat
 static cdp_status read_source(const struct jl *c, const json_t *o, struct cdp_topology *t)
 {
     const json_t *s = json_object_get(o, "source");
-    if (!s) return cdp_topo_set_source(t, "%s", c->name);
+    if (!s) return cdp_topo_set_source(t, "%s", c->in.file);
     if (json_is_string(s)) return cdp_topo_set_source(t, "%s", json_string_value(s));
-    if (!json_is_array(s)) return expect(c, "/source", "a string or an array of strings (what the file cites)", s);
+    if (!json_is_array(s)) return cdp_json_expected(&c->in, "/source", "a string or an array of strings (what the file cites)", s);
     struct cdp_buf b = {0};
     for (size_t i = 0; i < json_array_size(s); i++) {
         const json_t *x = json_array_get(s, i);
@@ -227,7 +164,7 @@ static cdp_status read_source(const struct jl *c, const json_t *o, struct cdp_to
             free(b.p);
             char p[64];
             snprintf(p, sizeof p, "/source/%zu", i);
-            return expect(c, p, "a string", x);
+            return cdp_json_expected(&c->in, p, "a string", x);
         }
         cdp_buf_printf(&b, "%s%s", i ? "; " : "", json_string_value(x));
     }
@@ -241,16 +178,16 @@ static cdp_status read_network(const struct jl *c, const json_t *o, struct cdp_t
     cdp_status st;
     const json_t *v;
     long n;
-    if (!json_is_object(o)) return expect(c, "/network", "an object", o);
-    if ((st = keys(c, o, "/network", net_keys))) return st;
-    if ((v = json_object_get(o, "name")) && (st = get_str(c, v, "/network/name", net->name, sizeof net->name))) return st;
+    if (!json_is_object(o)) return cdp_json_expected(&c->in, "/network", "an object", o);
+    if ((st = cdp_json_check_keys(&c->in, o, "/network", net_keys, NULL))) return st;
+    if ((v = json_object_get(o, "name")) && (st = cdp_json_string(&c->in, v, "/network/name", net->name, sizeof net->name))) return st;
     if ((v = json_object_get(o, "nics_per_node"))) {
         if ((st = get_int(c, v, "/network/nics_per_node", 0, 1024, &n))) return st;
         net->nics_per_node = (int)n;
     }
     if ((v = json_object_get(o, "nic_rate")) && (st = get_rate(c, v, "/network/nic_rate", &net->nic_rate))) return st;
     if ((v = json_object_get(o, "latency_us"))) {
-        if ((st = get_real(c, v, "/network/latency_us", &net->latency))) return st;
+        if ((st = cdp_json_number(&c->in, v, "/network/latency_us", CDP_JSON_NONNEG, &net->latency))) return st;
         net->latency *= 1e-6;
     }
     return CDP_OK;
@@ -263,13 +200,13 @@ static cdp_status read_node(const struct jl *c, const json_t *o, struct cdp_topo
     char p[256];
     long n;
     struct labels L = {0};
-    if ((st = keys(c, o, "", node_keys))) return st;
+    if ((st = cdp_json_check_keys(&c->in, o, "", node_keys, NULL))) return st;
     struct cdp_topology *t = calloc(1, sizeof *t);
     if (!t) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
     int cpu = 0;
     if ((v = json_object_get(o, "kind"))) {
         if (!json_is_string(v) || (strcmp(json_string_value(v), "gpu") && strcmp(json_string_value(v), "cpu"))) {
-            st = expect(c, "/kind", "\"gpu\" or \"cpu\"", v);
+            st = cdp_json_expected(&c->in, "/kind", "\"gpu\" or \"cpu\"", v);
             goto fail;
         }
         cpu = !strcmp(json_string_value(v), "cpu");
@@ -278,21 +215,21 @@ static cdp_status read_node(const struct jl *c, const json_t *o, struct cdp_topo
     if (gpus && json_is_array(gpus)) ng = (long)json_array_size(gpus);
     else if (gpus && (st = get_int(c, gpus, "/gpus", 0, 4096, &ng))) goto fail;
     else if (!gpus && !cpu) {
-        st = jfail(c, "/gpus", "missing: a list of GPUs, or their number");
+        st = cdp_json_fail(&c->in, "/gpus", "missing: a list of GPUs, or their number");
         goto fail;
     }
     const json_t *numa = json_object_get(o, "numa"), *links = json_object_get(o, "nvlinks"),
                  *sws = json_object_get(o, "nvswitches"), *nics = json_object_get(o, "nics");
     if (numa && !json_is_array(numa)) {
-        st = expect(c, "/numa", "an array of NUMA nodes", numa);
+        st = cdp_json_expected(&c->in, "/numa", "an array of NUMA nodes", numa);
         goto fail;
     }
     if (sws && !json_is_array(sws)) {
-        st = expect(c, "/nvswitches", "an array of NVSwitches", sws);
+        st = cdp_json_expected(&c->in, "/nvswitches", "an array of NVSwitches", sws);
         goto fail;
     }
     if (nics && !json_is_array(nics)) {
-        st = expect(c, "/nics", "an array of NICs", nics);
+        st = cdp_json_expected(&c->in, "/nics", "an array of NICs", nics);
         goto fail;
     }
     int nsw = 0;
@@ -308,10 +245,10 @@ static cdp_status read_node(const struct jl *c, const json_t *o, struct cdp_topo
         goto fail;
     struct cdp_topo_node *nd = &t->nodes[0];
     if ((st = cdp_topo_node_alloc(nd, cpu ? 0 : (int)ng))) goto fail;
-    if ((v = json_object_get(o, "name")) && (st = get_str(c, v, "/name", t->name, sizeof t->name))) goto fail;
+    if ((v = json_object_get(o, "name")) && (st = cdp_json_string(&c->in, v, "/name", t->name, sizeof t->name))) goto fail;
     if (!t->name[0]) {
-        const char *base = strrchr(c->name, '/');
-        cdp_topo_copy_str(t->name, sizeof t->name, base ? base + 1 : c->name);
+        const char *base = strrchr(c->in.file, '/');
+        cdp_topo_copy_str(t->name, sizeof t->name, base ? base + 1 : c->in.file);
         char *dot = strrchr(t->name, '.');
         if (dot && !strcmp(dot, ".json")) *dot = '\0';
     }
@@ -327,10 +264,10 @@ static cdp_status read_node(const struct jl *c, const json_t *o, struct cdp_topo
         struct cdp_topo_numa *nm = &t->numa[i];
         snprintf(p, sizeof p, "/numa/%zu", i);
         if (!json_is_object(x)) {
-            st = expect(c, p, "an object {\"os_index\", \"cpus\", \"memory\"}", x);
+            st = cdp_json_expected(&c->in, p, "an object {\"os_index\", \"cpus\", \"memory\"}", x);
             goto fail;
         }
-        if ((st = keys(c, x, p, numa_keys))) goto fail;
+        if ((st = cdp_json_check_keys(&c->in, x, p, numa_keys, NULL))) goto fail;
         nm->os_index = (int)i;
         if ((v = json_object_get(x, "os_index"))) {
             snprintf(p, sizeof p, "/numa/%zu/os_index", i);
@@ -339,10 +276,10 @@ static cdp_status read_node(const struct jl *c, const json_t *o, struct cdp_topo
         }
         if ((v = json_object_get(x, "cpus"))) {
             snprintf(p, sizeof p, "/numa/%zu/cpus", i);
-            if ((st = get_str(c, v, p, nm->cpuset, sizeof nm->cpuset))) goto fail;
+            if ((st = cdp_json_string(&c->in, v, p, nm->cpuset, sizeof nm->cpuset))) goto fail;
             int *cpus = NULL, k = 0;
             if (cdp_cpuset_parse_list(nm->cpuset, &cpus, &k)) {
-                st = jfail(c, p, "%s", cdp_last_error());
+                st = cdp_json_fail(&c->in, p, "%s", cdp_last_error());
                 goto fail;
             }
             free(cpus);
@@ -353,7 +290,7 @@ static cdp_status read_node(const struct jl *c, const json_t *o, struct cdp_topo
     if (cpu) {
         long devices = 0;
         if (gpus && json_is_array(gpus)) {
-            st = jfail(c, "/gpus", "a CPU topology takes a number of devices");
+            st = cdp_json_fail(&c->in, "/gpus", "a CPU topology takes a number of devices");
             goto fail;
         }
         devices = ng;
@@ -363,7 +300,7 @@ static cdp_status read_node(const struct jl *c, const json_t *o, struct cdp_topo
         if (v)
             for (int g = 0; g < t->n_gpus; g++) t->gpus[g].memory_bytes = mem;
         if (links || sws) {
-            st = jfail(c, links ? "/nvlinks" : "/nvswitches", "CPU devices have no NVLinks");
+            st = cdp_json_fail(&c->in, links ? "/nvlinks" : "/nvswitches", "CPU devices have no NVLinks");
             goto fail;
         }
     } else {
@@ -385,7 +322,7 @@ static cdp_status read_node(const struct jl *c, const json_t *o, struct cdp_topo
             long a, b, k;
             snprintf(p, sizeof p, "/nvlinks/%zu", i);
             if (!json_is_array(x) || json_array_size(x) != 3) {
-                st = expect(c, p, "[GPU, GPU, links]", x);
+                st = cdp_json_expected(&c->in, p, "[GPU, GPU, links]", x);
                 goto fail;
             }
             for (int q = 0; q < 2; q++) {
@@ -393,7 +330,7 @@ static cdp_status read_node(const struct jl *c, const json_t *o, struct cdp_topo
                 if (!json_is_integer(e) || json_integer_value(e) < 0 || json_integer_value(e) >= ng) {
                     char g2[64];
                     snprintf(p, sizeof p, "/nvlinks/%zu/%d", i, q);
-                    st = jfail(c, p, "GPU %s does not exist (the file has GPUs 0 to %ld)", got(e, g2, sizeof g2), ng - 1);
+                    st = cdp_json_fail(&c->in, p, "GPU %s does not exist (the file has GPUs 0 to %ld)", cdp_json_got(e, g2, sizeof g2), ng - 1);
                     goto fail;
                 }
             }
@@ -403,17 +340,17 @@ static cdp_status read_node(const struct jl *c, const json_t *o, struct cdp_topo
             if ((st = get_int(c, json_array_get(x, 2), p, 1, 64, &k))) goto fail;
             snprintf(p, sizeof p, "/nvlinks/%zu", i);
             if (a == b) {
-                st = jfail(c, p, "a link from GPU %ld to itself", a);
+                st = cdp_json_fail(&c->in, p, "a link from GPU %ld to itself", a);
                 goto fail;
             }
             if (nd->nvlink_direct[a * ng + b]) {
-                st = jfail(c, p, "GPU %ld - GPU %ld is listed twice", a, b);
+                st = cdp_json_fail(&c->in, p, "GPU %ld - GPU %ld is listed twice", a, b);
                 goto fail;
             }
             nd->nvlink_direct[a * ng + b] = nd->nvlink_direct[b * ng + a] = (int)k;
         }
         if (links && !json_is_array(links)) {
-            st = expect(c, "/nvlinks", "an array of [GPU, GPU, links]", links);
+            st = cdp_json_expected(&c->in, "/nvlinks", "an array of [GPU, GPU, links]", links);
             goto fail;
         }
         int s = 0;
@@ -421,17 +358,17 @@ static cdp_status read_node(const struct jl *c, const json_t *o, struct cdp_topo
             const json_t *x = json_array_get(sws, i);
             snprintf(p, sizeof p, "/nvswitches/%zu", i);
             if (!json_is_object(x)) {
-                st = expect(c, p, "an object {\"gpu_links\": [...]}", x);
+                st = cdp_json_expected(&c->in, p, "an object {\"gpu_links\": [...]}", x);
                 goto fail;
             }
-            if ((st = keys(c, x, p, switch_keys))) goto fail;
+            if ((st = cdp_json_check_keys(&c->in, x, p, switch_keys, NULL))) goto fail;
             const json_t *gl = json_object_get(x, "gpu_links"), *cnt = json_object_get(x, "count");
             long count = cnt ? (long)json_integer_value(cnt) : 1;
             snprintf(p, sizeof p, "/nvswitches/%zu/gpu_links", i);
             if (!json_is_array(gl) || (long)json_array_size(gl) != ng) {
                 char what[96];
                 snprintf(what, sizeof what, "an array of %ld link counts, one per GPU", ng);
-                st = expect(c, p, what, gl);
+                st = cdp_json_expected(&c->in, p, what, gl);
                 goto fail;
             }
             for (long r = 0; r < count; r++, s++) {
@@ -444,7 +381,7 @@ static cdp_status read_node(const struct jl *c, const json_t *o, struct cdp_topo
                 }
                 if ((v = json_object_get(x, "name"))) {
                     snprintf(p, sizeof p, "/nvswitches/%zu/name", i);
-                    if ((st = get_str(c, v, p, sw->name, sizeof sw->name))) goto fail;
+                    if ((st = cdp_json_string(&c->in, v, p, sw->name, sizeof sw->name))) goto fail;
                     if (count > 1) {
                         char nm[CDP_TOPO_NAME_MAX + 32];
                         snprintf(nm, sizeof nm, "%s%ld", sw->name, r);
@@ -454,10 +391,10 @@ static cdp_status read_node(const struct jl *c, const json_t *o, struct cdp_topo
                 if ((v = json_object_get(x, "pci_bus_id"))) {
                     snprintf(p, sizeof p, "/nvswitches/%zu/pci_bus_id", i);
                     if (count > 1) {
-                        st = jfail(c, p, "one bus id cannot name %ld switches", count);
+                        st = cdp_json_fail(&c->in, p, "one bus id cannot name %ld switches", count);
                         goto fail;
                     }
-                    if ((st = get_str(c, v, p, sw->pci_bus_id, sizeof sw->pci_bus_id))) goto fail;
+                    if ((st = cdp_json_string(&c->in, v, p, sw->pci_bus_id, sizeof sw->pci_bus_id))) goto fail;
                 }
             }
         }
@@ -467,14 +404,14 @@ static cdp_status read_node(const struct jl *c, const json_t *o, struct cdp_topo
         struct cdp_topo_nic *nc = &t->nics[i];
         snprintf(p, sizeof p, "/nics/%zu", i);
         if (!json_is_object(x)) {
-            st = expect(c, p, "an object {\"name\", \"numa\", \"rate\"}", x);
+            st = cdp_json_expected(&c->in, p, "an object {\"name\", \"numa\", \"rate\"}", x);
             goto fail;
         }
-        if ((st = keys(c, x, p, nic_keys))) goto fail;
+        if ((st = cdp_json_check_keys(&c->in, x, p, nic_keys, NULL))) goto fail;
         snprintf(p, sizeof p, "/nics/%zu/name", i);
-        if ((v = json_object_get(x, "name")) && (st = get_str(c, v, p, nc->name, sizeof nc->name))) goto fail;
+        if ((v = json_object_get(x, "name")) && (st = cdp_json_string(&c->in, v, p, nc->name, sizeof nc->name))) goto fail;
         snprintf(p, sizeof p, "/nics/%zu/pci_bus_id", i);
-        if ((v = json_object_get(x, "pci_bus_id")) && (st = get_str(c, v, p, nc->pci_bus_id, sizeof nc->pci_bus_id))) goto fail;
+        if ((v = json_object_get(x, "pci_bus_id")) && (st = cdp_json_string(&c->in, v, p, nc->pci_bus_id, sizeof nc->pci_bus_id))) goto fail;
         snprintf(p, sizeof p, "/nics/%zu/rate", i);
         if ((v = json_object_get(x, "rate")) && (st = get_rate(c, v, p, &nc->rate))) goto fail;
         snprintf(p, sizeof p, "/nics/%zu/numa", i);
@@ -487,7 +424,7 @@ static cdp_status read_node(const struct jl *c, const json_t *o, struct cdp_topo
     free(L.v);
     L.v = NULL;
     L.n = 0;
-    if ((st = cdp_topo_finalize(t, c->name))) goto fail;
+    if ((st = cdp_topo_finalize(t, c->in.file))) goto fail;
     *out = t;
     return CDP_OK;
 fail:
@@ -501,30 +438,30 @@ static cdp_status read_cluster(const struct jl *c, const json_t *o, struct cdp_t
 {
     cdp_status st;
     long nodes;
-    if ((st = keys(c, o, "", cluster_keys))) return st;
+    if ((st = cdp_json_check_keys(&c->in, o, "", cluster_keys, NULL))) return st;
     if ((st = get_int(c, json_object_get(o, "nodes"), "/nodes", 1, 65536, &nodes))) return st;
     const json_t *nv = json_object_get(o, "node");
     struct cdp_topology *node = NULL, *t = NULL;
     if (json_is_string(nv)) {
-        if (c->depth > 4) return jfail(c, "/node", "nodes nest too deep");
+        if (c->depth > 4) return cdp_json_fail(&c->in, "/node", "nodes nest too deep");
         if ((st = cdp_topology_load(json_string_value(nv), c->dir, &node)))
-            return cdp_error_context(st, "%s: /node", c->name);
+            return cdp_error_context(st, "%s: /node", c->in.file);
     } else if (json_is_object(nv)) {
         struct jl sub = *c;
         sub.depth++;
         if ((st = read_node(&sub, nv, &node))) return st;
     } else {
-        return expect(c, "/node", "a preset name, a file, or a node object", nv);
+        return cdp_json_expected(&c->in, "/node", "a preset name, a file, or a node object", nv);
     }
     if (node->n_nodes != 1) {
         cdp_topology_free(node);
-        return jfail(c, "/node", "must describe one machine");
+        return cdp_json_fail(&c->in, "/node", "must describe one machine");
     }
     struct cdp_topo_network net = node->network;
     const json_t *v;
     if ((v = json_object_get(o, "network")) && (st = read_network(c, v, &net))) goto done;
     if ((st = cdp_topology_cluster(node, (int)nodes, &net, &t))) goto done;
-    if ((v = json_object_get(o, "name")) && (st = get_str(c, v, "/name", t->name, sizeof t->name))) goto done;
+    if ((v = json_object_get(o, "name")) && (st = cdp_json_string(&c->in, v, "/name", t->name, sizeof t->name))) goto done;
     if (json_object_get(o, "source") && (st = read_source(c, o, t))) goto done;
     *out = t;
     t = NULL;
@@ -548,19 +485,19 @@ cdp_status cdp_topo_load_native_json(const char *text, size_t len, const char *n
     }
     char *slash = strrchr(dir, '/');
     if (slash) *slash = '\0';
-    struct jl c = {.name = name, .dir = slash ? dir : ".", .depth = 0};
+    struct jl c = {.in = {.file = name}, .dir = slash ? dir : ".", .depth = 0};
     const json_t *v;
     if (!json_is_object(root)) {
-        st = expect(&c, "(top)", "an object", root);
+        st = cdp_json_expected(&c.in, "(top)", "an object", root);
         goto done;
     }
     if ((v = json_object_get(root, "format")) &&
         (!json_is_string(v) || strcmp(json_string_value(v), FORMAT_NAME))) {
-        st = expect(&c, "/format", "\"" FORMAT_NAME "\"", v);
+        st = cdp_json_expected(&c.in, "/format", "\"" FORMAT_NAME "\"", v);
         goto done;
     }
     if ((v = json_object_get(root, "version")) && !(json_is_integer(v) && json_integer_value(v) == 1)) {
-        st = expect(&c, "/version", "1", v);
+        st = cdp_json_expected(&c.in, "/version", "1", v);
         goto done;
     }
     if (json_object_get(root, "nodes")) st = read_cluster(&c, root, out);

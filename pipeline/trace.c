@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "cdp/core.h"
+#include "core/file.h"
 #include "pipeline/layout.h"
 
 struct cdp_trace {
@@ -84,33 +85,12 @@ cdp_status cdp_trace_set_layout(struct cdp_trace *t, const struct cdp_layout *l)
     return CDP_OK;
 }
 
-/* Writes through a temporary file in the same folder, renamed on success. */
-static cdp_status open_tmp(const char *path, char *tmp, size_t cap, FILE **f)
-{
-    snprintf(tmp, cap, "%s.tmp-%ld", path, (long)getpid());
-    *f = fopen(tmp, "w");
-    if (!*f) return cdp_fail(CDP_ERR_IO, "%s: cannot write: %s", path, strerror(errno));
-    return CDP_OK;
-}
-
-static cdp_status close_tmp(const char *path, const char *tmp, FILE *f)
-{
-    int bad = ferror(f);
-    if (fclose(f) != 0) bad = 1;
-    if (bad || rename(tmp, path) != 0) {
-        int e = errno;
-        remove(tmp);
-        return cdp_fail(CDP_ERR_IO, "%s: cannot write: %s", path, strerror(e));
-    }
-    return CDP_OK;
-}
-
 cdp_status cdp_trace_write_chrome(const struct cdp_trace *t, const char *path)
 {
-    char tmp[4200];
-    FILE *f;
-    cdp_status st = open_tmp(path, tmp, sizeof tmp, &f);
+    struct cdp_atomic_file out;
+    cdp_status st = cdp_atomic_open(path, &out);
     if (st) return st;
+    FILE *f = out.stream;
     fputs("{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n", f);
     for (int r = 0; r < t->ranks; r++) {
         char name[112];
@@ -134,7 +114,7 @@ cdp_status cdp_trace_write_chrome(const struct cdp_trace *t, const char *path)
     }
     fprintf(f, "], \"otherData\": {\"producer\": \"cdphybrid\", \"dropped_events\": %lld}}\n",
             (long long)t->dropped);
-    return close_tmp(path, tmp, f);
+    return cdp_atomic_commit(&out);
 }
 
 cdp_status cdp_trace_write_svg(const struct cdp_trace *t, int step, const char *path)
@@ -151,10 +131,10 @@ cdp_status cdp_trace_write_svg(const struct cdp_trace *t, int step, const char *
     const double W = 1000.0, row = 28.0, left = 70.0, top = 30.0;
     const double span = (double)(t1 - t0 > 0 ? t1 - t0 : 1);
     const double H = top + row * t->ranks + 30.0;
-    char tmp[4200];
-    FILE *f;
-    cdp_status st = open_tmp(path, tmp, sizeof tmp, &f);
+    struct cdp_atomic_file out;
+    cdp_status st = cdp_atomic_open(path, &out);
     if (st) return st;
+    FILE *f = out.stream;
     fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
                "font-family=\"sans-serif\" font-size=\"11\">\n", left + W + 20, H);
     fprintf(f, "<text x=\"%.0f\" y=\"18\">step %d: %.2f ms (forward light, backward dark, "
@@ -183,5 +163,5 @@ cdp_status cdp_trace_write_svg(const struct cdp_trace *t, int step, const char *
     }
     fprintf(f, "<text x=\"%.0f\" y=\"%.0f\">0 ms</text><text x=\"%.0f\" y=\"%.0f\" text-anchor=\"end\">%.2f ms"
                "</text>\n</svg>\n", left, H - 8, left + W, H - 8, span / 1e6);
-    return close_tmp(path, tmp, f);
+    return cdp_atomic_commit(&out);
 }

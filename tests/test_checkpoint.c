@@ -13,6 +13,7 @@
 
 #include "cdp/device.h"
 #include "cdp/plan.h"
+#include "core/hash.h"
 #include "harness.h"
 #include "model/checkpoint.h"
 #include "model/model.h"

@@ -9,6 +9,7 @@
 #include "cdp/log.h"
 #include "cdp/topology.h"
 #include "cli/commands.h"
+#include "core/file.h"
 
 
 static void topo_usage(FILE *f)
@@ -129,9 +130,15 @@ int cdp_cli_topo(int argc, char **argv)
         if (ends_with(export_path, ".json")) {
             char *text = NULL;
             if (!(st = cdp_topology_to_native_json(t, &text))) {
-                FILE *f = fopen(export_path, "w");
-                if (!f || fputs(text, f) < 0 || fputc('\n', f) == EOF) st = cdp_fail(CDP_ERR_IO, "cannot write %s", export_path);
-                if (f && fclose(f) != 0 && !st) st = cdp_fail(CDP_ERR_IO, "cannot write %s", export_path);
+                struct cdp_atomic_file out;
+                if (!(st = cdp_atomic_open(export_path, &out))) {
+                    if (fputs(text, out.stream) < 0 || fputc('\n', out.stream) == EOF) {
+                        st = cdp_fail(CDP_ERR_IO, "cannot write %s", export_path);
+                        cdp_atomic_abort(&out);
+                    } else {
+                        st = cdp_atomic_commit(&out);
+                    }
+                }
             }
             free(text);
         } else {

@@ -17,6 +17,7 @@
 #include "cdp_config.h"
 #include "cli/commands.h"
 #include "comm/comm.h"
+#include "core/file.h"
 #include "partitioner/costs.h"
 #include "partitioner/planner.h"
 #include "pipeline/executor.h"
@@ -350,16 +351,14 @@ static char *output_dir(const struct cdp_plan *plan)
  * through a temporary name so that a reader never sees half of it. */
 static cdp_status write_planned(const struct cdp_plan *plan, const struct cdp_planner_result *r, const char *path)
 {
-    char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
-    FILE *f = fopen(tmp, "w");
-    if (!f) return cdp_fail(CDP_ERR_IO, "%s: cannot write: %s", tmp, strerror(errno));
-    cdp_status st = print_plan_json(plan, r, f);
-    if (fclose(f) != 0 && !st) st = cdp_fail(CDP_ERR_IO, "%s: cannot write: %s", tmp, strerror(errno));
-    if (!st && rename(tmp, path) != 0)
-        st = cdp_fail(CDP_ERR_IO, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
-    if (st) remove(tmp);
-    return st;
+    struct cdp_atomic_file out;
+    cdp_status st = cdp_atomic_open(path, &out);
+    if (st) return st;
+    if ((st = print_plan_json(plan, r, out.stream))) {
+        cdp_atomic_abort(&out);
+        return st;
+    }
+    return cdp_atomic_commit(&out);
 }
 
 /* The arguments of every rank: this command's, with --plan naming the planned

@@ -19,133 +19,13 @@
 
 #include "cdp/core.h"
 #include "cdp/log.h"
+#include "core/file.h"
+#include "core/hash.h"
+#include "core/json_check.h"
 #include "model/safetensors.h"
 
 #define MANIFEST "manifest.json"
 #define PART_SUFFIX ".safetensors"
-
-/* ---- SHA-256 (FIPS 180-4) ------------------------------------------------------ */
-
-struct sha256 {
-    uint32_t h[8];
-    uint64_t bytes;
-    uint8_t buf[64];
-    size_t n;
-};
-
-static const uint32_t sha256_k[64] = {
-    0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
-    0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
-    0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
-    0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
-    0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
-    0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
-    0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
-    0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2,
-};
-
-static uint32_t rotr(uint32_t x, int n) { return (x >> n) | (x << (32 - n)); }
-
-static void sha256_init(struct sha256 *s)
-{
-    static const uint32_t h0[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
-                                   0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
-    memcpy(s->h, h0, sizeof h0);
-    s->bytes = 0;
-    s->n = 0;
-}
-
-static void sha256_block(uint32_t h[8], const uint8_t *p)
-{
-    uint32_t w[64];
-    for (int t = 0; t < 16; t++)
-        w[t] = (uint32_t)p[4 * t] << 24 | (uint32_t)p[4 * t + 1] << 16 | (uint32_t)p[4 * t + 2] << 8 | p[4 * t + 3];
-    for (int t = 16; t < 64; t++) {
-        uint32_t s0 = rotr(w[t - 15], 7) ^ rotr(w[t - 15], 18) ^ (w[t - 15] >> 3);
-        uint32_t s1 = rotr(w[t - 2], 17) ^ rotr(w[t - 2], 19) ^ (w[t - 2] >> 10);
-        w[t] = w[t - 16] + s0 + w[t - 7] + s1;
-    }
-    uint32_t a = h[0], b = h[1], c = h[2], d = h[3], e = h[4], f = h[5], g = h[6], hh = h[7];
-    for (int t = 0; t < 64; t++) {
-        uint32_t t1 = hh + (rotr(e, 6) ^ rotr(e, 11) ^ rotr(e, 25)) + ((e & f) ^ (~e & g)) + sha256_k[t] + w[t];
-        uint32_t t2 = (rotr(a, 2) ^ rotr(a, 13) ^ rotr(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
-        hh = g;
-        g = f;
-        f = e;
-        e = d + t1;
-        d = c;
-        c = b;
-        b = a;
-        a = t1 + t2;
-    }
-    h[0] += a;
-    h[1] += b;
-    h[2] += c;
-    h[3] += d;
-    h[4] += e;
-    h[5] += f;
-    h[6] += g;
-    h[7] += hh;
-}
-
-static void sha256_update(struct sha256 *s, const uint8_t *p, size_t n)
-{
-    s->bytes += n;
-    if (s->n) {
-        size_t take = 64 - s->n < n ? 64 - s->n : n;
-        memcpy(s->buf + s->n, p, take);
-        s->n += take;
-        p += take;
-        n -= take;
-        if (s->n < 64) return;
-        sha256_block(s->h, s->buf);
-        s->n = 0;
-    }
-    for (; n >= 64; p += 64, n -= 64) sha256_block(s->h, p);
-    memcpy(s->buf, p, n);
-    s->n = n;
-}
-
-static void sha256_final(struct sha256 *s, char hex[65])
-{
-    uint64_t bits = s->bytes * 8;
-    uint8_t pad[72] = {0x80};
-    size_t padn = (s->n < 56 ? 56 : 120) - s->n;
-    for (int i = 0; i < 8; i++) pad[padn + (size_t)i] = (uint8_t)(bits >> (56 - 8 * i));
-    sha256_update(s, pad, padn + 8);
-    CDP_ASSERT(s->n == 0);
-    for (int i = 0; i < 8; i++) snprintf(hex + 8 * i, 9, "%08" PRIx32, s->h[i]);
-}
-
-cdp_status cdp_sha256_file(const char *path, char hex[65])
-{
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return cdp_fail(CDP_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    size_t cap = 1 << 20;
-    uint8_t *buf = malloc(cap);
-    if (!buf) {
-        close(fd);
-        return cdp_fail(CDP_ERR_NOMEM, "%s: out of memory for a checksum", path);
-    }
-    struct sha256 s;
-    sha256_init(&s);
-    for (;;) {
-        ssize_t r = read(fd, buf, cap);
-        if (r < 0 && errno == EINTR) continue;
-        if (r < 0) {
-            int e = errno;
-            free(buf);
-            close(fd);
-            return cdp_fail(CDP_ERR_IO, "%s: cannot read: %s", path, strerror(e));
-        }
-        if (r == 0) break;
-        sha256_update(&s, buf, (size_t)r);
-    }
-    free(buf);
-    close(fd);
-    sha256_final(&s, hex);
-    return CDP_OK;
-}
 
 /* ---- paths and folders ------------------------------------------------------------ */
 
@@ -223,14 +103,6 @@ static cdp_status make_dirs(const char *path)
     if (!st) st = make_dir(p);
     free(p);
     return st;
-}
-
-/* fsync of a folder, so that entries made in it survive a power loss. */
-static void sync_dir(const char *path)
-{
-    int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0 || fsync(fd) != 0) CDP_WARN(CKPT, "cannot sync the folder %s: %s", path, strerror(errno));
-    if (fd >= 0) close(fd);
 }
 
 struct step_ent {
@@ -502,46 +374,13 @@ fail:
 
 /* ---- the manifest -------------------------------------------------------------------- */
 
-/* Writes text to folder/name atomically: a temporary in the same folder, fsync,
- * rename, fsync of the folder. */
+/* Writes text to folder/name atomically (core/file.h). */
 static cdp_status write_atomic(const char *folder, const char *name, const char *text)
 {
-    cdp_status st = CDP_OK;
     char *path = join(folder, name);
-    size_t tcap = strlen(folder) + strlen(name) + 32;
-    char *tmp = malloc(tcap);
-    if (!path || !tmp) {
-        free(path);
-        free(tmp);
-        return cdp_fail(CDP_ERR_NOMEM, "out of memory");
-    }
-    snprintf(tmp, tcap, "%s/.%s.tmp-XXXXXX", folder, name);
-    int fd = mkostemp(tmp, O_CLOEXEC);
-    if (fd < 0) {
-        st = cdp_fail(CDP_ERR_IO, "%s: cannot create a temporary file: %s", path, strerror(errno));
-        goto done;
-    }
-    size_t len = strlen(text), off = 0;
-    while (off < len) {
-        ssize_t w = write(fd, text + off, len - off);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) {
-            st = cdp_fail(CDP_ERR_IO, "%s: cannot write %s: %s", path, tmp, w < 0 ? strerror(errno) : "no progress");
-            break;
-        }
-        off += (size_t)w;
-    }
-    if (!st && fchmod(fd, 0644) != 0)
-        st = cdp_fail(CDP_ERR_IO, "%s: cannot set permissions of %s: %s", path, tmp, strerror(errno));
-    if (!st && fsync(fd) != 0) st = cdp_fail(CDP_ERR_IO, "%s: cannot sync %s: %s", path, tmp, strerror(errno));
-    if (close(fd) != 0 && !st) st = cdp_fail(CDP_ERR_IO, "%s: cannot close %s: %s", path, tmp, strerror(errno));
-    if (!st && rename(tmp, path) != 0)
-        st = cdp_fail(CDP_ERR_IO, "%s: cannot rename %s into place: %s", path, tmp, strerror(errno));
-    if (st) unlink(tmp);
-    else sync_dir(folder);
-done:
+    if (!path) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
+    cdp_status st = cdp_write_file_atomic(path, text, strlen(text));
     free(path);
-    free(tmp);
     return st;
 }
 
@@ -577,50 +416,53 @@ static cdp_status read_manifest(const char *folder, json_t **root_out)
         else st = cdp_fail(CDP_ERR_INVALID, "%s: not valid JSON (line %d: %s)", path, jerr.line, jerr.text);
         goto fail;
     }
-#define BAD(...)                                    \
+    const struct cdp_json_in in = {.file = path};
+    static const char *const optimizers[] = {"adamw", "sgd", NULL};
+    int64_t x = 0;
+    int which = 0;
+    char p[CDP_JSON_PTR_CAP], fp[CDP_JSON_PTR_CAP];
+#define CHECK(call)                                 \
     do {                                            \
-        st = cdp_fail(CDP_ERR_INVALID, __VA_ARGS__); \
-        goto fail;                                  \
+        if ((st = (call))) goto fail;               \
     } while (0)
-    if (!json_is_object(root)) BAD("%s: expected a JSON object", path);
+    if (!json_is_object(root)) CHECK(cdp_json_expected(&in, "(top)", "a JSON object", root));
     static const char *const keys[] = {"format", "version", "step", "samples_seen", "seed",
                                        "optimizer", "files", "tensors", "plan", NULL};
-    for (int i = 0; keys[i]; i++)
-        if (!json_object_get(root, keys[i])) BAD("%s: /%s: missing", path, keys[i]);
+    for (int i = 0; keys[i]; i++) {
+        cdp_json_ptr_key(p, "", keys[i]);
+        if (!json_object_get(root, keys[i])) CHECK(cdp_json_fail(&in, p, "missing"));
+    }
     json_t *v = json_object_get(root, "format");
     if (!json_is_string(v) || strcmp(json_string_value(v), "cdphybrid-checkpoint"))
-        BAD("%s: /format: expected \"cdphybrid-checkpoint\"", path);
+        CHECK(cdp_json_expected(&in, "/format", "\"cdphybrid-checkpoint\"", v));
     v = json_object_get(root, "version");
-    if (!json_is_integer(v) || json_integer_value(v) < 1) BAD("%s: /version: expected a positive integer", path);
-    if (json_integer_value(v) > 1)
-        BAD("%s: /version: %lld is newer than this cdphybrid reads (1)", path, (long long)json_integer_value(v));
-    if (!json_is_integer(json_object_get(root, "step")) || json_integer_value(json_object_get(root, "step")) < 0)
-        BAD("%s: /step: expected a non-negative integer", path);
-    v = json_object_get(root, "samples_seen");
-    if (!json_is_integer(v) || json_integer_value(v) < 0) BAD("%s: /samples_seen: expected a non-negative integer", path);
-    if (!json_is_integer(json_object_get(root, "seed"))) BAD("%s: /seed: expected an integer", path);
-    v = json_object_get(root, "optimizer");
-    if (!json_is_string(v) || (strcmp(json_string_value(v), "adamw") && strcmp(json_string_value(v), "sgd")))
-        BAD("%s: /optimizer: expected \"adamw\" or \"sgd\"", path);
+    CHECK(cdp_json_int(&in, v, "/version", 1, INT64_MAX, 0, NULL, &x));
+    if (x > 1) CHECK(cdp_json_fail(&in, "/version", "%lld is newer than this cdphybrid reads (1)", (long long)x));
+    CHECK(cdp_json_int(&in, json_object_get(root, "step"), "/step", 0, INT64_MAX, 0, NULL, &x));
+    CHECK(cdp_json_int(&in, json_object_get(root, "samples_seen"), "/samples_seen", 0, INT64_MAX, 0, NULL, &x));
+    CHECK(cdp_json_int(&in, json_object_get(root, "seed"), "/seed", INT64_MIN, INT64_MAX, 0, "an integer", &x));
+    CHECK(cdp_json_enum(&in, json_object_get(root, "optimizer"), "/optimizer", optimizers, &which));
     v = json_object_get(root, "plan");
-    if (!json_is_object(v) && !json_is_null(v)) BAD("%s: /plan: expected an object or null", path);
+    if (!json_is_object(v) && !json_is_null(v)) CHECK(cdp_json_expected(&in, "/plan", "an object or null", v));
     json_t *files = json_object_get(root, "files");
-    if (!json_is_array(files)) BAD("%s: /files: expected an array", path);
+    if (!json_is_array(files)) CHECK(cdp_json_expected(&in, "/files", "an array", files));
     size_t i;
     json_t *f;
     json_array_foreach(files, i, f) {
-        if (!json_is_object(f)) BAD("%s: /files/%zu: expected an object", path, i);
-        json_t *name = json_object_get(f, "name"), *bytes = json_object_get(f, "bytes"),
-               *sha = json_object_get(f, "sha256");
+        cdp_json_ptr_index(fp, "/files", i);
+        if (!json_is_object(f)) CHECK(cdp_json_expected(&in, fp, "an object", f));
+        json_t *name = json_object_get(f, "name"), *sha = json_object_get(f, "sha256");
+        cdp_json_ptr_key(p, fp, "name");
         if (!json_is_string(name) || !valid_part_name(json_string_value(name)))
-            BAD("%s: /files/%zu/name: expected a file name", path, i);
-        if (!json_is_integer(bytes) || json_integer_value(bytes) < 0)
-            BAD("%s: /files/%zu/bytes: expected a non-negative integer", path, i);
+            CHECK(cdp_json_expected(&in, p, "a file name", name));
+        cdp_json_ptr_key(p, fp, "bytes");
+        CHECK(cdp_json_int(&in, json_object_get(f, "bytes"), p, 0, INT64_MAX, 0, NULL, &x));
+        cdp_json_ptr_key(p, fp, "sha256");
         if (!json_is_string(sha) || !is_hex64(json_string_value(sha)))
-            BAD("%s: /files/%zu/sha256: expected 64 lowercase hex digits", path, i);
+            CHECK(cdp_json_expected(&in, p, "64 lowercase hex digits", sha));
     }
     json_t *tensors = json_object_get(root, "tensors");
-    if (!json_is_object(tensors)) BAD("%s: /tensors: expected an object", path);
+    if (!json_is_object(tensors)) CHECK(cdp_json_expected(&in, "/tensors", "an object", tensors));
     const char *key;
     json_object_foreach(tensors, key, v) {
         int listed = 0;
@@ -629,9 +471,10 @@ static cdp_status read_manifest(const char *folder, json_t **root_out)
                 if (!strcmp(json_string_value(json_object_get(f, "name")), json_string_value(v))) listed = 1;
             }
         }
-        if (!listed) BAD("%s: /tensors/%s: expected the name of a file in /files", path, key);
+        cdp_json_ptr_key(p, "/tensors", key);
+        if (!listed) CHECK(cdp_json_expected(&in, p, "the name of a file in /files", v));
     }
-#undef BAD
+#undef CHECK
     free(path);
     *root_out = root;
     return CDP_OK;
@@ -907,7 +750,7 @@ cdp_status cdp_ckpt_commit(const char *dir, int64_t step, const struct cdp_ckpt_
     text = t2;
     memcpy(text + tl, "\n", 2);
     /* the step folder's own entry must be durable before the commit point */
-    sync_dir(root_dir);
+    cdp_sync_dir(root_dir);
     if ((st = write_atomic(folder, MANIFEST, text))) goto fail;
     CDP_INFO(CKPT, "committed checkpoint %s (%d parts, %d tensors)", folder, np, nt);
     prune(root_dir, step, keep);

@@ -79,9 +79,6 @@ void cdp_ckpt_discard_incomplete_after(const char *dir, int64_t step);
  * one safetensors file readable by other tools, written atomically. */
 cdp_status cdp_ckpt_export(const char *path, const char *out);
 
-/* SHA-256 of a file, as 64 lowercase hex digits and a NUL. */
-cdp_status cdp_sha256_file(const char *path, char hex[65]);
-
 #ifdef __cplusplus
 }
 #endif

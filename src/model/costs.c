@@ -10,6 +10,8 @@
 #include <unistd.h>
 
 #include "cdp/core.h"
+#include "core/file.h"
+#include "core/json_check.h"
 #include "model/optim.h"
 
 /* The runtime keeps activations, gradients and what travels between stages
@@ -85,26 +87,15 @@ cdp_status cdp_cost_table_write(const struct cdp_cost_table *t, const char *path
     char *text = json_dumps(o, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(9));
     json_decref(o);
     if (!text) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
-    size_t n = strlen(path) + 32;
-    char *tmp = malloc(n);
-    if (!tmp) {
+    size_t n = strlen(text);
+    char *line = realloc(text, n + 2); /* the file ends with a newline */
+    if (!line) {
         free(text);
         return cdp_fail(CDP_ERR_NOMEM, "out of memory");
     }
-    snprintf(tmp, n, "%s.tmp.%ld", path, (long)getpid());
-    cdp_status st = CDP_OK;
-    FILE *f = fopen(tmp, "w");
-    if (!f) {
-        st = cdp_fail(CDP_ERR_IO, "%s: cannot write: %s", tmp, strerror(errno));
-    } else {
-        int bad = fputs(text, f) < 0 || fputc('\n', f) == EOF;
-        bad |= fclose(f) != 0;
-        if (bad) st = cdp_fail(CDP_ERR_IO, "%s: cannot write: %s", tmp, strerror(errno));
-        else if (rename(tmp, path) != 0)
-            st = cdp_fail(CDP_ERR_IO, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
-        if (st) remove(tmp);
-    }
-    free(tmp);
+    text = line;
+    memcpy(text + n, "\n", 2);
+    cdp_status st = cdp_write_file_atomic(path, text, n + 1);
     free(text);
     return st;
 }
@@ -119,21 +110,24 @@ static int kind_of(const char *name, enum cdp_unit_kind *k)
     return 0;
 }
 
-/* A non-negative number at key of o (a positive one when positive). */
-static cdp_status read_time(const char *path, json_t *o, const char *where, const char *key, int positive,
-                            double *out)
+/* A non-negative number of seconds at key of o (a positive one when positive). */
+static cdp_status read_time(const struct cdp_json_in *in, json_t *o, const char *where, const char *key,
+                            int positive, double *out)
 {
+    char p[CDP_JSON_PTR_CAP], what[64];
+    cdp_json_ptr_key(p, where, key);
+    snprintf(what, sizeof what, "a %s number of seconds", positive ? "positive" : "non-negative");
     json_t *v = json_object_get(o, key);
     if (!json_is_number(v) || !(json_number_value(v) >= 0) || (positive && json_number_value(v) <= 0) ||
         !isfinite(json_number_value(v)))
-        return cdp_fail(CDP_ERR_INVALID, "%s: %s/%s: expected a %s number of seconds", path, where, key,
-                        positive ? "positive" : "non-negative");
+        return cdp_json_expected(in, p, what, v);
     *out = json_number_value(v);
     return CDP_OK;
 }
 
 cdp_status cdp_cost_table_read(const char *path, struct cdp_cost_table *out)
 {
+    const struct cdp_json_in in = {.file = path};
     struct cdp_cost_table t = {0};
     json_error_t err;
     cdp_status st = CDP_OK;
@@ -145,26 +139,21 @@ cdp_status cdp_cost_table_read(const char *path, struct cdp_cost_table *out)
     if (!o) return cdp_fail(CDP_ERR_INVALID, "%s:%d:%d: not a costs file (JSON): %s", path, err.line, err.column,
                             err.text);
     json_t *fmt = json_object_get(o, "format"), *units = json_object_get(o, "units");
-    json_t *mb = json_object_get(o, "micro_batch"), *th = json_object_get(o, "threads");
-    json_t *ver = json_object_get(o, "version"), *dev = json_object_get(o, "device");
+    json_t *th = json_object_get(o, "threads"), *dev = json_object_get(o, "device");
+    int64_t version = 0;
     if (!json_is_object(o) || !json_is_string(fmt) || strcmp(json_string_value(fmt), "cdphybrid-costs")) {
-        st = cdp_fail(CDP_ERR_INVALID, "%s: /format: expected \"cdphybrid-costs\" (write one with cdphybrid "
-                      "--plan P --profile)", path);
+        st = cdp_json_fail(&in, "/format", "expected \"cdphybrid-costs\" (write one with cdphybrid --plan P "
+                           "--profile)");
         goto fail;
     }
-    if (!json_is_integer(ver) || json_integer_value(ver) != 1) {
-        st = cdp_fail(CDP_ERR_INVALID, "%s: /version: expected 1", path);
+    if ((st = cdp_json_int(&in, json_object_get(o, "version"), "/version", 1, 1, 0, "1", &version))) goto fail;
+    if ((st = cdp_json_int(&in, json_object_get(o, "micro_batch"), "/micro_batch", 1, INT64_MAX, 0, NULL,
+                           &t.micro_batch)))
         goto fail;
-    }
-    if (!json_is_integer(mb) || json_integer_value(mb) < 1) {
-        st = cdp_fail(CDP_ERR_INVALID, "%s: /micro_batch: expected a positive integer", path);
-        goto fail;
-    }
     if (!json_is_array(units) || json_array_size(units) == 0 || json_array_size(units) > (1 << 20)) {
-        st = cdp_fail(CDP_ERR_INVALID, "%s: /units: expected a non-empty array", path);
+        st = cdp_json_expected(&in, "/units", "a non-empty array", units);
         goto fail;
     }
-    t.micro_batch = json_integer_value(mb);
     t.threads = json_is_integer(th) ? (int)json_integer_value(th) : 0;
     if (json_is_string(dev)) snprintf(t.device, sizeof t.device, "%s", json_string_value(dev));
     t.n_units = (int)json_array_size(units);
@@ -174,22 +163,22 @@ cdp_status cdp_cost_table_read(const char *path, struct cdp_cost_table *out)
     }
     for (int i = 0; i < t.n_units; i++) {
         json_t *e = json_array_get(units, (size_t)i), *k = json_object_get(e, "kind");
-        json_t *idx = json_object_get(e, "index");
-        char where[32];
-        snprintf(where, sizeof where, "/units/%d", i);
-        if (!json_is_object(e) || !json_is_integer(idx) || json_integer_value(idx) != i) {
-            st = cdp_fail(CDP_ERR_INVALID, "%s: %s/index: expected %d", path, where, i);
-            goto fail;
-        }
+        char where[CDP_JSON_PTR_CAP], p[CDP_JSON_PTR_CAP], what[32];
+        int64_t index = -1;
+        cdp_json_ptr_index(where, "/units", (size_t)i);
+        cdp_json_ptr_key(p, where, "index");
+        snprintf(what, sizeof what, "%d", i);
+        if ((st = cdp_json_int(&in, json_object_get(e, "index"), p, i, i, 0, what, &index))) goto fail;
+        cdp_json_ptr_key(p, where, "kind");
         if (!json_is_string(k) || !kind_of(json_string_value(k), &t.units[i].kind)) {
-            st = cdp_fail(CDP_ERR_INVALID, "%s: %s/kind: expected a unit kind", path, where);
+            st = cdp_json_expected(&in, p, "a unit kind", k);
             goto fail;
         }
         t.units[i].index = i;
-        if ((st = read_time(path, e, where, "fwd_s", 1, &t.units[i].fwd_s))) goto fail;
-        if ((st = read_time(path, e, where, "bwd_s", 1, &t.units[i].bwd_s))) goto fail;
+        if ((st = read_time(&in, e, where, "fwd_s", 1, &t.units[i].fwd_s))) goto fail;
+        if ((st = read_time(&in, e, where, "bwd_s", 1, &t.units[i].bwd_s))) goto fail;
     }
-    if ((st = read_time(path, o, "", "optimizer_s_per_param", 0, &t.optimizer_s_per_param))) goto fail;
+    if ((st = read_time(&in, o, "", "optimizer_s_per_param", 0, &t.optimizer_s_per_param))) goto fail;
     json_decref(o);
     *out = t;
     return CDP_OK;

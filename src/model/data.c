@@ -16,6 +16,7 @@
 
 #include "cdp/core.h"
 #include "cdp/log.h"
+#include "core/hash.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "the tokens reader maps little-endian uint16 files directly"
@@ -52,13 +53,7 @@ struct rng {
 static void rng_seed(struct rng *r, uint64_t key)
 {
     uint64_t x = key;
-    for (int i = 0; i < 4; i++) {
-        x += 0x9e3779b97f4a7c15ull;
-        uint64_t z = x;
-        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-        r->s[i] = z ^ (z >> 31);
-    }
+    for (int i = 0; i < 4; i++) r->s[i] = cdp_splitmix64(&x);
     r->have_spare = 0;
     r->spare = 0.0;
 }

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "cdp/core.h"
+#include "core/hash.h"
 #include "kernels/cpu/ops.h" /* cdp_cpu_attention_gemm_flops: the work table */
 #include "kernels/ops.h"
 
@@ -336,15 +337,7 @@ cdp_status cdp_units_build(const struct cdp_model_desc *m, struct cdp_unit **out
 
 /* ---- initialisation ------------------------------------------------------- */
 
-static uint64_t splitmix64(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static double uniform01(uint64_t *s) { return ((double)(splitmix64(s) >> 11) + 0.5) * 0x1p-53; }
+static double uniform01(uint64_t *s) { return ((double)(cdp_splitmix64(s) >> 11) + 0.5) * 0x1p-53; }
 
 void cdp_param_init(const struct cdp_unit *u, int p, uint64_t seed, float *dst)
 {
@@ -352,7 +345,7 @@ void cdp_param_init(const struct cdp_unit *u, int p, uint64_t seed, float *dst)
     int owner = pd->tied_unit >= 0 ? pd->tied_unit : u->index;
     int pidx = pd->tied_unit >= 0 ? pd->tied_param : p;
     uint64_t s = seed * 0x100000001b3ull ^ ((uint64_t)owner << 20) ^ (uint64_t)pidx;
-    splitmix64(&s);
+    cdp_splitmix64(&s);
     switch (pd->init) {
     case CDP_INIT_ZERO:
         memset(dst, 0, (size_t)pd->numel * sizeof *dst);

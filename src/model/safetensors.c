@@ -16,6 +16,7 @@
 
 #include "cdp/core.h"
 #include "cdp/log.h"
+#include "core/file.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "safetensors data is little-endian and is read in place"
@@ -437,23 +438,6 @@ cdp_status cdp_st_read_f32_range(const struct cdp_st_file *f, const char *name, 
 
 /* ---- writing ------------------------------------------------------------------ */
 
-static cdp_status write_all(int fd, const void *buf, uint64_t n, const char *path, const char *tmp)
-{
-    const uint8_t *p = buf;
-    while (n > 0) {
-        size_t chunk = n > (1u << 30) ? (1u << 30) : (size_t)n;
-        ssize_t k = write(fd, p, chunk);
-        if (k < 0) {
-            if (errno == EINTR) continue;
-            return cdp_fail(CDP_ERR_IO, "%s: cannot write %s: %s", path, tmp, strerror(errno));
-        }
-        if (k == 0) return cdp_fail(CDP_ERR_IO, "%s: cannot write %s: no progress", path, tmp);
-        p += k;
-        n -= (uint64_t)k;
-    }
-    return CDP_OK;
-}
-
 /* The header JSON for the tensors, padded with spaces to a multiple of 8. */
 static cdp_status build_header(const char *path, const struct cdp_st_tensor *ts, int n, const char *const *meta,
                                int n_meta, char **out, size_t *out_len)
@@ -565,14 +549,14 @@ done:
 
 /* A tensor's bytes fetched into stage (at most cap bytes at a time) and
  * written from there. */
-static cdp_status write_staged(int fd, const struct cdp_st_tensor *t, cdp_st_fetch_fn fetch, void *ctx,
-                               uint8_t *stage, uint64_t cap, const char *path, const char *tmp)
+static cdp_status write_staged(struct cdp_atomic_file *f, const struct cdp_st_tensor *t, cdp_st_fetch_fn fetch,
+                               void *ctx, uint8_t *stage, uint64_t cap, const char *path)
 {
     for (uint64_t off = 0; off < t->nbytes;) {
         uint64_t len = t->nbytes - off < cap ? t->nbytes - off : cap;
         cdp_status st = fetch(ctx, t, off, stage, len);
         if (st) return cdp_error_context(st, "%s: tensor \"%s\"", path, t->name);
-        if ((st = write_all(fd, stage, len, path, tmp))) return st;
+        if ((st = cdp_atomic_write(f, stage, (size_t)len))) return st;
         off += len;
     }
     return CDP_OK;
@@ -582,11 +566,12 @@ static cdp_status write_file(const char *path, const struct cdp_st_tensor *tenso
                              int n_meta, cdp_st_fetch_fn fetch, void *ctx, uint64_t chunk)
 {
     cdp_status st;
-    char *header = NULL, *tmp = NULL, *dir_copy = NULL, *base_copy = NULL;
+    char *header = NULL;
+    struct cdp_atomic_file out = {0};
+    int open_out = 0;
     uint8_t *stage = NULL;
     uint64_t stage_cap = 0;
     size_t hlen = 0;
-    int fd = -1, tmp_exists = 0;
     CDP_ASSERT(path && (n == 0 || tensors) && (n_meta == 0 || meta) && n >= 0 && n_meta >= 0);
     CDP_ASSERT(!fetch || chunk > 0);
     if ((st = build_header(path, tensors, n, meta, n_meta, &header, &hlen))) return st;
@@ -602,66 +587,22 @@ static cdp_status write_file(const char *path, const struct cdp_st_tensor *tenso
         }
     }
 
-    dir_copy = strdup(path);
-    base_copy = strdup(path);
-    if (!dir_copy || !base_copy) {
-        st = cdp_fail(CDP_ERR_NOMEM, "%s: out of memory", path);
-        goto fail;
-    }
-    const char *dir = dirname(dir_copy), *base = basename(base_copy);
-    size_t tmp_cap = strlen(dir) + strlen(base) + 32;
-    if (!(tmp = malloc(tmp_cap))) {
-        st = cdp_fail(CDP_ERR_NOMEM, "%s: out of memory", path);
-        goto fail;
-    }
-    snprintf(tmp, tmp_cap, "%s/.%s.tmp-XXXXXX", dir, base);
-    fd = mkostemp(tmp, O_CLOEXEC);
-    if (fd < 0) {
-        st = cdp_fail(CDP_ERR_IO, "%s: cannot create a temporary file in %s: %s", path, dir, strerror(errno));
-        goto fail;
-    }
-    tmp_exists = 1;
-    /* mkstemp makes the file private (0600); a weights file is an ordinary file */
-    if (fchmod(fd, 0644) != 0) {
-        st = cdp_fail(CDP_ERR_IO, "%s: cannot set permissions of %s: %s", path, tmp, strerror(errno));
-        goto fail;
-    }
+    if ((st = cdp_atomic_open(path, &out))) goto fail;
+    open_out = 1;
     uint8_t len8[8];
     for (int i = 0; i < 8; i++) len8[i] = (uint8_t)((uint64_t)hlen >> (8 * i));
-    if ((st = write_all(fd, len8, 8, path, tmp)) || (st = write_all(fd, header, hlen, path, tmp))) goto fail;
+    if ((st = cdp_atomic_write(&out, len8, 8)) || (st = cdp_atomic_write(&out, header, hlen))) goto fail;
     for (int i = 0; i < n; i++) {
-        if (fetch) st = write_staged(fd, &tensors[i], fetch, ctx, stage, stage_cap, path, tmp);
-        else st = write_all(fd, tensors[i].data, tensors[i].nbytes, path, tmp);
+        if (fetch) st = write_staged(&out, &tensors[i], fetch, ctx, stage, stage_cap, path);
+        else st = cdp_atomic_write(&out, tensors[i].data, (size_t)tensors[i].nbytes);
         if (st) goto fail;
     }
-    if (fsync(fd) != 0) {
-        st = cdp_fail(CDP_ERR_IO, "%s: cannot sync %s: %s", path, tmp, strerror(errno));
-        goto fail;
-    }
-    int rc = close(fd);
-    fd = -1;
-    if (rc != 0) {
-        st = cdp_fail(CDP_ERR_IO, "%s: cannot close %s: %s", path, tmp, strerror(errno));
-        goto fail;
-    }
-    if (rename(tmp, path) != 0) {
-        st = cdp_fail(CDP_ERR_IO, "%s: cannot rename %s into place: %s", path, tmp, strerror(errno));
-        goto fail;
-    }
-    tmp_exists = 0;
-    /* The file is complete and in place; a folder that cannot be synced only
-     * weakens durability after a power loss, so it is a warning. */
-    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd < 0 || fsync(dfd) != 0) CDP_WARN(CKPT, "%s: cannot sync the folder %s: %s", path, dir, strerror(errno));
-    if (dfd >= 0) close(dfd);
+    open_out = 0;
+    if ((st = cdp_atomic_commit(&out))) goto fail;
     CDP_DEBUG(CKPT, "%s: wrote %d tensors", path, n);
     st = CDP_OK;
 fail:
-    if (fd >= 0) close(fd);
-    if (tmp_exists) unlink(tmp);
-    free(tmp);
-    free(dir_copy);
-    free(base_copy);
+    if (open_out) cdp_atomic_abort(&out);
     free(header);
     free(stage);
     return st;

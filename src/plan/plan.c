@@ -15,10 +15,9 @@
 #include "cdp/core.h"
 #include "cdp/log.h"
 #include "cdp/topology_spec.h"
+#include "core/json_check.h"
 #include "plan/plan_internal.h"
 
-#define PTR_CAP 256
-#define GOT_CAP 128
 #define MAX_PLAN_BYTES (16u << 20)
 #define MAX_LAYERS 100000
 #define MAX_WIDTHS 10000
@@ -73,229 +72,18 @@ static const char *const preset_names[] = {"gpt", "gpt2", "gpt2-medium", "gpt2-l
 /* ---- the loading context and messages ---------------------------------------- */
 
 struct ld {
-    const char *name; /* the file as named by the user */
+    struct cdp_json_in in; /* the file as named by the user, for messages */
     char *base;       /* absolute folder that relative paths start from (owned) */
     struct cdp_plan *p;
 };
 
-/* The value as written in JSON, shortened when long. */
-static const char *got_str(const json_t *v, char *buf, size_t cap)
-{
-    if (!v) {
-        snprintf(buf, cap, "nothing");
-        return buf;
-    }
-    char *s = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
-    if (!s) {
-        snprintf(buf, cap, "a value that cannot be shown");
-        return buf;
-    }
-    size_t n = strlen(s);
-    if (n < cap) {
-        memcpy(buf, s, n + 1);
-    } else {
-        memcpy(buf, s, cap - 4);
-        memcpy(buf + cap - 4, "...", 4);
-    }
-    free(s);
-    return buf;
-}
-
-static cdp_status expected(struct ld *c, const char *ptr, const char *what, const json_t *got)
-{
-    char g[GOT_CAP];
-    return cdp_fail(CDP_ERR_INVALID, "%s: %s: expected %s, got %s", c->name, ptr, what,
-                    got_str(got, g, sizeof g));
-}
-
-static cdp_status failp(struct ld *c, const char *ptr, const char *fmt, ...) CDP_PRINTF(3, 4);
-static cdp_status failp(struct ld *c, const char *ptr, const char *fmt, ...)
-{
-    char msg[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    return cdp_fail(CDP_ERR_INVALID, "%s: %s: %s", c->name, ptr, msg);
-}
-
-/* JSON pointer of a member (RFC 6901: "~" -> "~0", "/" -> "~1"). */
-static void ptr_key(char *dst, const char *base, const char *key)
-{
-    size_t n = (size_t)snprintf(dst, PTR_CAP, "%s/", base);
-    for (const char *k = key; *k && n + 3 < PTR_CAP; k++) {
-        if (*k == '~' || *k == '/') {
-            dst[n++] = '~';
-            dst[n++] = *k == '~' ? '0' : '1';
-        } else {
-            dst[n++] = *k;
-        }
-    }
-    if (n >= PTR_CAP) n = PTR_CAP - 1;
-    dst[n] = '\0';
-}
-
-static void ptr_index(char *dst, const char *base, size_t i)
-{
-    if (snprintf(dst, PTR_CAP, "%s/%zu", base, i) >= PTR_CAP) dst[PTR_CAP - 1] = '\0';
-}
-
-static int in_list(const char *w, const char *const *list)
-{
-    for (; *list; list++)
-        if (strcmp(w, *list) == 0) return 1;
-    return 0;
-}
-
-static int list_index(const char *w, const char *const *list)
-{
-    for (int i = 0; list[i]; i++)
-        if (strcmp(w, list[i]) == 0) return i;
-    return -1;
-}
-
-/* "\"a\", \"b\", \"c\"" */
-static void list_words(char *buf, size_t cap, const char *const *list)
-{
-    size_t n = 0;
-    buf[0] = '\0';
-    for (int i = 0; list[i] && n < cap; i++)
-        n += (size_t)snprintf(buf + n, cap - n, "%s\"%s\"", i ? ", " : "", list[i]);
-}
-
-static cdp_status check_keys(struct ld *c, const json_t *obj, const char *ptr,
-                             const char *const *known, const char *what)
-{
-    const char *key;
-    json_t *v;
-    json_object_foreach((json_t *)obj, key, v) {
-        if (in_list(key, known)) continue;
-        char kp[PTR_CAP], words[512];
-        ptr_key(kp, ptr, key);
-        const char *s = cdp_closest_word(key, known);
-        if (s) return failp(c, kp, "unknown key (did you mean \"%s\"?)", s);
-        list_words(words, sizeof words, known);
-        return failp(c, kp, "unknown key (%s takes %s)", what, words);
-    }
-    return CDP_OK;
-}
-
-/* Requires an object (a section); NULL (absent) is fine when !required. */
-static cdp_status need_object(struct ld *c, const json_t *v, const char *ptr)
-{
-    if (v && !json_is_object(v)) return expected(c, ptr, "an object", v);
-    return CDP_OK;
-}
-
-/* ---- typed getters: absent leaves *out as is ---------------------------------- */
-
-static const char *int_what(int64_t min, int allow_auto, char *buf, size_t cap)
-{
-    const char *base = min > 1 ? "an integer" : min == 1 ? "a positive integer" : "a non-negative integer";
-    if (min > 1)
-        snprintf(buf, cap, "an integer >= %lld%s", (long long)min, allow_auto ? " or \"auto\"" : "");
-    else
-        snprintf(buf, cap, "%s%s", base, allow_auto ? " or \"auto\"" : "");
-    return buf;
-}
-
-static cdp_status int_value(struct ld *c, const json_t *v, const char *ptr, int64_t min, int64_t max,
-                            int allow_auto, int64_t *out)
-{
-    char what[96];
-    if (allow_auto && json_is_string(v) && strcmp(json_string_value(v), "auto") == 0) {
-        *out = CDP_AUTO;
-        return CDP_OK;
-    }
-    if (!json_is_integer(v)) return expected(c, ptr, int_what(min, allow_auto, what, sizeof what), v);
-    json_int_t x = json_integer_value(v);
-    if (x < min) return expected(c, ptr, int_what(min, allow_auto, what, sizeof what), v);
-    if (x > max) {
-        char g[GOT_CAP];
-        return failp(c, ptr, "expected %s no larger than %lld, got %s",
-                     int_what(min, allow_auto, what, sizeof what), (long long)max,
-                     got_str(v, g, sizeof g));
-    }
-    *out = (int64_t)x;
-    return CDP_OK;
-}
-
-static cdp_status get_int(struct ld *c, const json_t *obj, const char *ptr, const char *key,
-                          int64_t min, int64_t max, int allow_auto, int64_t *out)
-{
-    const json_t *v = json_object_get(obj, key);
-    char kp[PTR_CAP];
-    if (!v) return CDP_OK;
-    ptr_key(kp, ptr, key);
-    return int_value(c, v, kp, min, max, allow_auto, out);
-}
-
 static cdp_status get_seed(struct ld *c, const json_t *obj, const char *ptr, uint64_t *out)
 {
     int64_t x = (int64_t)*out;
-    cdp_status st = get_int(c, obj, ptr, "seed", 0, INT64_MAX, 0, &x);
+    cdp_status st = cdp_json_get_int(&c->in, obj, ptr, "seed", 0, INT64_MAX, 0, &x);
     if (st) return st;
     *out = (uint64_t)x;
     return CDP_OK;
-}
-
-static cdp_status get_bool(struct ld *c, const json_t *obj, const char *ptr, const char *key, int *out)
-{
-    const json_t *v = json_object_get(obj, key);
-    char kp[PTR_CAP];
-    if (!v) return CDP_OK;
-    ptr_key(kp, ptr, key);
-    if (!json_is_boolean(v)) return expected(c, kp, "true or false", v);
-    *out = json_is_true(v);
-    return CDP_OK;
-}
-
-enum range { R_POSITIVE, R_NONNEG, R_UNIT /* [0, 1) */ };
-
-static cdp_status get_number(struct ld *c, const json_t *obj, const char *ptr, const char *key,
-                             enum range r, double *out)
-{
-    static const char *const whats[] = {"a positive number", "a non-negative number",
-                                        "a number in [0, 1)"};
-    const json_t *v = json_object_get(obj, key);
-    char kp[PTR_CAP];
-    if (!v) return CDP_OK;
-    ptr_key(kp, ptr, key);
-    if (!json_is_number(v)) return expected(c, kp, whats[r], v);
-    double x = json_number_value(v);
-    int ok = r == R_POSITIVE ? x > 0 : r == R_NONNEG ? x >= 0 : (x >= 0 && x < 1);
-    if (!ok) return expected(c, kp, whats[r], v);
-    *out = x == 0 ? 0.0 : x; /* -0.0 -> 0.0 */
-    return CDP_OK;
-}
-
-static cdp_status enum_value(struct ld *c, const json_t *v, const char *ptr,
-                             const char *const *names, int *out)
-{
-    char words[512], g[GOT_CAP], what[600];
-    list_words(words, sizeof words, names);
-    snprintf(what, sizeof what, "one of %s", words);
-    if (!json_is_string(v)) return expected(c, ptr, what, v);
-    int i = list_index(json_string_value(v), names);
-    if (i >= 0) {
-        *out = i;
-        return CDP_OK;
-    }
-    const char *s = cdp_closest_word(json_string_value(v), names);
-    if (s)
-        return failp(c, ptr, "expected %s, got %s (did you mean \"%s\"?)", what,
-                     got_str(v, g, sizeof g), s);
-    return expected(c, ptr, what, v);
-}
-
-static cdp_status get_enum(struct ld *c, const json_t *obj, const char *ptr, const char *key,
-                           const char *const *names, int *out)
-{
-    const json_t *v = json_object_get(obj, key);
-    char kp[PTR_CAP];
-    if (!v) return CDP_OK;
-    ptr_key(kp, ptr, key);
-    return enum_value(c, v, kp, names, out);
 }
 
 /* An array of positive integers with min_n..max_n elements. */
@@ -308,13 +96,13 @@ static cdp_status int_array(struct ld *c, const json_t *v, const char *ptr, size
     else
         snprintf(what, sizeof what, "an array of %zu to %zu positive integers", min_n, max_n);
     if (!json_is_array(v) || json_array_size(v) < min_n || json_array_size(v) > max_n)
-        return expected(c, ptr, what, v);
+        return cdp_json_expected(&c->in, ptr, what, v);
     size_t i;
     json_t *e;
     json_array_foreach(v, i, e) {
-        char ep[PTR_CAP];
-        ptr_index(ep, ptr, i);
-        cdp_status st = int_value(c, e, ep, 1, MAX_COUNT, 0, &dst[i]);
+        char ep[CDP_JSON_PTR_CAP];
+        cdp_json_ptr_index(ep, ptr, i);
+        cdp_status st = cdp_json_int(&c->in, e, ep, 1, MAX_COUNT, 0, NULL, &dst[i]);
         if (st) return st;
     }
     *n_out = json_array_size(v);
@@ -345,19 +133,19 @@ static const char *file_kind(mode_t m)
 static cdp_status get_existing_file(struct ld *c, const json_t *v, const char *ptr, char **out)
 {
     if (!json_is_string(v) || json_string_length(v) == 0 || strlen(json_string_value(v)) != json_string_length(v))
-        return expected(c, ptr, "a file path", v);
+        return cdp_json_expected(&c->in, ptr, "a file path", v);
     char *joined = join_path(c->base, json_string_value(v));
-    if (!joined) return cdp_fail(CDP_ERR_NOMEM, "%s: %s: out of memory", c->name, ptr);
+    if (!joined) return cdp_fail(CDP_ERR_NOMEM, "%s: %s: out of memory", c->in.file, ptr);
     char *abs = realpath(joined, NULL);
     if (!abs) {
         int e = errno;
-        cdp_status st = failp(c, ptr, "cannot open \"%s\": %s", joined, strerror(e));
+        cdp_status st = cdp_json_fail(&c->in, ptr, "cannot open \"%s\": %s", joined, strerror(e));
         free(joined);
         return st;
     }
     struct stat sb;
     if (stat(abs, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        cdp_status st = failp(c, ptr, "\"%s\" is %s", joined,
+        cdp_status st = cdp_json_fail(&c->in, ptr, "\"%s\" is %s", joined,
                               stat(abs, &sb) != 0 ? "unreadable" : file_kind(sb.st_mode));
         free(joined);
         free(abs);
@@ -375,9 +163,9 @@ static cdp_status get_output_path(struct ld *c, const json_t *v, const char *ptr
 {
     const char *what = dir_ok ? "a folder path" : "a file path";
     if (!json_is_string(v) || json_string_length(v) == 0 || strlen(json_string_value(v)) != json_string_length(v))
-        return expected(c, ptr, what, v);
+        return cdp_json_expected(&c->in, ptr, what, v);
     char *joined = join_path(c->base, json_string_value(v));
-    if (!joined) return cdp_fail(CDP_ERR_NOMEM, "%s: %s: out of memory", c->name, ptr);
+    if (!joined) return cdp_fail(CDP_ERR_NOMEM, "%s: %s: out of memory", c->in.file, ptr);
     size_t n = strlen(joined);
     while (n > 1 && joined[n - 1] == '/') joined[--n] = '\0';
     cdp_status st = CDP_OK;
@@ -385,16 +173,16 @@ static cdp_status get_output_path(struct ld *c, const json_t *v, const char *ptr
     struct stat sb;
     if (stat(joined, &sb) == 0) {
         if (S_ISDIR(sb.st_mode) && !dir_ok) {
-            st = failp(c, ptr, "\"%s\" is a folder; expected a file path", joined);
+            st = cdp_json_fail(&c->in, ptr, "\"%s\" is a folder; expected a file path", joined);
             goto done;
         }
         if (!S_ISDIR(sb.st_mode) && dir_ok) {
-            st = failp(c, ptr, "\"%s\" exists and is not a folder", joined);
+            st = cdp_json_fail(&c->in, ptr, "\"%s\" exists and is not a folder", joined);
             goto done;
         }
         abs = realpath(joined, NULL);
         if (!abs) {
-            st = failp(c, ptr, "cannot resolve \"%s\": %s", joined, strerror(errno));
+            st = cdp_json_fail(&c->in, ptr, "cannot resolve \"%s\": %s", joined, strerror(errno));
             goto done;
         }
         goto done;
@@ -402,7 +190,7 @@ static cdp_status get_output_path(struct ld *c, const json_t *v, const char *ptr
     char *slash = strrchr(joined, '/');
     const char *leaf = slash ? slash + 1 : joined;
     if (!*leaf || strcmp(leaf, ".") == 0 || strcmp(leaf, "..") == 0) {
-        st = expected(c, ptr, what, v);
+        st = cdp_json_expected(&c->in, ptr, what, v);
         goto done;
     }
     if (slash == joined) {
@@ -412,7 +200,7 @@ static cdp_status get_output_path(struct ld *c, const json_t *v, const char *ptr
         parent_abs = realpath(joined, NULL);
         int e = errno;
         if (!parent_abs) {
-            st = failp(c, ptr, "the folder \"%s\" does not exist (%s); create it first", joined,
+            st = cdp_json_fail(&c->in, ptr, "the folder \"%s\" does not exist (%s); create it first", joined,
                        strerror(e));
             *slash = '/';
             goto done;
@@ -420,18 +208,18 @@ static cdp_status get_output_path(struct ld *c, const json_t *v, const char *ptr
         *slash = '/';
     }
     if (!parent_abs) {
-        st = cdp_fail(CDP_ERR_NOMEM, "%s: %s: out of memory", c->name, ptr);
+        st = cdp_fail(CDP_ERR_NOMEM, "%s: %s: out of memory", c->in.file, ptr);
         goto done;
     }
     if (stat(parent_abs, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
-        st = failp(c, ptr, "\"%s\" is not a folder", parent_abs);
+        st = cdp_json_fail(&c->in, ptr, "\"%s\" is not a folder", parent_abs);
         goto done;
     }
     {
         size_t np = strlen(parent_abs), nl = strlen(leaf);
         abs = malloc(np + nl + 2);
         if (!abs) {
-            st = cdp_fail(CDP_ERR_NOMEM, "%s: %s: out of memory", c->name, ptr);
+            st = cdp_fail(CDP_ERR_NOMEM, "%s: %s: out of memory", c->in.file, ptr);
             goto done;
         }
         snprintf(abs, np + nl + 2, "%s%s%s", parent_abs, np > 1 ? "/" : "", leaf);
@@ -473,24 +261,24 @@ static cdp_status get_required_int(struct ld *c, const json_t *obj, const char *
                                    int64_t min, const char *who, int64_t *out)
 {
     if (!json_object_get(obj, key)) {
-        char kp[PTR_CAP];
-        ptr_key(kp, ptr, key);
-        return failp(c, kp, "missing; %s needs \"%s\", a %s integer", who, key,
+        char kp[CDP_JSON_PTR_CAP];
+        cdp_json_ptr_key(kp, ptr, key);
+        return cdp_json_fail(&c->in, kp, "missing; %s needs \"%s\", a %s integer", who, key,
                      min >= 1 ? "positive" : "non-negative");
     }
-    return get_int(c, obj, ptr, key, min, MAX_COUNT, 0, out);
+    return cdp_json_get_int(&c->in, obj, ptr, key, min, MAX_COUNT, 0, out);
 }
 
 static cdp_status load_layer(struct ld *c, const json_t *v, const char *ptr, struct cdp_layer_desc *L)
 {
     cdp_status st;
     int t = 0;
-    char tp[PTR_CAP], who[64];
-    if (!json_is_object(v)) return expected(c, ptr, "a layer object with a \"type\"", v);
+    char tp[CDP_JSON_PTR_CAP], who[64];
+    if (!json_is_object(v)) return cdp_json_expected(&c->in, ptr, "a layer object with a \"type\"", v);
     const json_t *type = json_object_get(v, "type");
-    ptr_key(tp, ptr, "type");
-    if (!type) return failp(c, tp, "missing; every layer needs a \"type\"");
-    if ((st = enum_value(c, type, tp, cdp_plan_layer_names, &t))) return st;
+    cdp_json_ptr_key(tp, ptr, "type");
+    if (!type) return cdp_json_fail(&c->in, tp, "missing; every layer needs a \"type\"");
+    if ((st = cdp_json_enum(&c->in, type, tp, cdp_plan_layer_names, &t))) return st;
     L->type = (enum cdp_layer_type)t;
     snprintf(who, sizeof who, "a %s layer", cdp_plan_layer_names[t]);
 
@@ -498,13 +286,13 @@ static cdp_status load_layer(struct ld *c, const json_t *v, const char *ptr, str
     const char *key;
     json_t *kv;
     json_object_foreach((json_t *)v, key, kv) {
-        if (in_list(key, layer_keys[t])) continue;
-        char kp[PTR_CAP], words[256];
-        ptr_key(kp, ptr, key);
+        if ((cdp_json_word_index(key, layer_keys[t]) >= 0)) continue;
+        char kp[CDP_JSON_PTR_CAP], words[256];
+        cdp_json_ptr_key(kp, ptr, key);
         const char *s = cdp_closest_word(key, layer_keys[t]);
-        if (s) return failp(c, kp, "unknown key for %s (did you mean \"%s\"?)", who, s);
-        list_words(words, sizeof words, layer_keys[t] + 1);
-        return failp(c, kp, "unknown key for %s (it takes %s)", who, words[0] ? words : "no settings");
+        if (s) return cdp_json_fail(&c->in, kp, "unknown key for %s (did you mean \"%s\"?)", who, s);
+        cdp_json_list_words(words, sizeof words, layer_keys[t] + 1);
+        return cdp_json_fail(&c->in, kp, "unknown key for %s (it takes %s)", who, words[0] ? words : "no settings");
     }
 
     L->bias = 1;
@@ -512,34 +300,34 @@ static cdp_status load_layer(struct ld *c, const json_t *v, const char *ptr, str
     switch (L->type) {
     case CDP_LAYER_LINEAR:
         if ((st = get_required_int(c, v, ptr, "out", 1, who, &L->out))) return st;
-        return get_bool(c, v, ptr, "bias", &L->bias);
+        return cdp_json_get_bool(&c->in, v, ptr, "bias", &L->bias);
     case CDP_LAYER_RELU:
     case CDP_LAYER_GELU:
     case CDP_LAYER_FLATTEN:
         return CDP_OK;
     case CDP_LAYER_LAYERNORM:
         L->eps = 1e-5;
-        return get_number(c, v, ptr, "eps", R_POSITIVE, &L->eps);
+        return cdp_json_get_number(&c->in, v, ptr, "eps", CDP_JSON_POSITIVE, &L->eps);
     case CDP_LAYER_EMBEDDING:
         if ((st = get_required_int(c, v, ptr, "vocab", 1, who, &L->vocab))) return st;
         if ((st = get_required_int(c, v, ptr, "dim", 1, who, &L->dim))) return st;
-        return get_int(c, v, ptr, "context", 0, MAX_COUNT, 0, &L->context);
+        return cdp_json_get_int(&c->in, v, ptr, "context", 0, MAX_COUNT, 0, &L->context);
     case CDP_LAYER_ATTENTION:
         if ((st = get_required_int(c, v, ptr, "heads", 1, who, &L->heads))) return st;
-        return get_bool(c, v, ptr, "causal", &L->causal);
+        return cdp_json_get_bool(&c->in, v, ptr, "causal", &L->causal);
     case CDP_LAYER_TRANSFORMER_BLOCK:
         return get_required_int(c, v, ptr, "heads", 1, who, &L->heads);
     case CDP_LAYER_CONV2D:
         L->stride = 1;
         if ((st = get_required_int(c, v, ptr, "out", 1, who, &L->out))) return st;
         if ((st = get_required_int(c, v, ptr, "kernel", 1, who, &L->kernel))) return st;
-        if ((st = get_int(c, v, ptr, "stride", 1, MAX_COUNT, 0, &L->stride))) return st;
-        if ((st = get_int(c, v, ptr, "padding", 0, MAX_COUNT, 0, &L->padding))) return st;
-        return get_bool(c, v, ptr, "bias", &L->bias);
+        if ((st = cdp_json_get_int(&c->in, v, ptr, "stride", 1, MAX_COUNT, 0, &L->stride))) return st;
+        if ((st = cdp_json_get_int(&c->in, v, ptr, "padding", 0, MAX_COUNT, 0, &L->padding))) return st;
+        return cdp_json_get_bool(&c->in, v, ptr, "bias", &L->bias);
     case CDP_LAYER_MAXPOOL2D:
         if ((st = get_required_int(c, v, ptr, "kernel", 1, who, &L->kernel))) return st;
         L->stride = L->kernel;
-        return get_int(c, v, ptr, "stride", 1, MAX_COUNT, 0, &L->stride);
+        return cdp_json_get_int(&c->in, v, ptr, "stride", 1, MAX_COUNT, 0, &L->stride);
     default:
         break;
     }
@@ -570,7 +358,7 @@ static cdp_status check_shapes(struct ld *c, const struct cdp_model_desc *m, int
     memcpy(d, m->input, sizeof d);
     for (int i = 0; i < m->n_layers; i++) {
         const struct cdp_layer_desc *L = &m->layer_list[i];
-        char lp[PTR_CAP], sh[96];
+        char lp[CDP_JSON_PTR_CAP], sh[96];
         snprintf(lp, sizeof lp, "/model/layers/%d", i);
         fmt_shape(sh, sizeof sh, d, nd);
         int64_t last = d[nd - 1], p = 0;
@@ -587,7 +375,7 @@ static cdp_status check_shapes(struct ld *c, const struct cdp_model_desc *m, int
             int64_t n = 1;
             for (int k = 0; k < nd; k++)
                 if (__builtin_mul_overflow(n, d[k], &n) || n > MAX_COUNT)
-                    return failp(c, lp, "flatten of %s gives more than %d features", sh, MAX_COUNT);
+                    return cdp_json_fail(&c->in, lp, "flatten of %s gives more than %d features", sh, MAX_COUNT);
             d[0] = n;
             nd = 1;
             break;
@@ -597,9 +385,9 @@ static cdp_status check_shapes(struct ld *c, const struct cdp_model_desc *m, int
             break;
         case CDP_LAYER_EMBEDDING:
             if (nd != 1)
-                return failp(c, lp, "an embedding takes token ids, a [T] input, but gets %s", sh);
+                return cdp_json_fail(&c->in, lp, "an embedding takes token ids, a [T] input, but gets %s", sh);
             if (L->context > 0 && d[0] > L->context)
-                return failp(c, lp, "the input has %lld tokens, more than this embedding's context %lld",
+                return cdp_json_fail(&c->in, lp, "the input has %lld tokens, more than this embedding's context %lld",
                              (long long)d[0], (long long)L->context);
             if (__builtin_mul_overflow(L->vocab + L->context, L->dim, &p)) p = -1;
             d[nd++] = L->dim;
@@ -607,7 +395,7 @@ static cdp_status check_shapes(struct ld *c, const struct cdp_model_desc *m, int
         case CDP_LAYER_ATTENTION:
         case CDP_LAYER_TRANSFORMER_BLOCK:
             if (last % L->heads != 0)
-                return failp(c, lp, "%s width %lld (of %s) is not a multiple of heads %lld", tn,
+                return cdp_json_fail(&c->in, lp, "%s width %lld (of %s) is not a multiple of heads %lld", tn,
                              (long long)last, sh, (long long)L->heads);
             {
                 int64_t k2 = L->type == CDP_LAYER_ATTENTION ? 4 : 12, k1 = L->type == CDP_LAYER_ATTENTION ? 4 : 13;
@@ -618,12 +406,12 @@ static cdp_status check_shapes(struct ld *c, const struct cdp_model_desc *m, int
             break;
         case CDP_LAYER_CONV2D:
         case CDP_LAYER_MAXPOOL2D: {
-            if (nd != 3) return failp(c, lp, "%s needs a [C, H, W] input, but gets %s", tn, sh);
+            if (nd != 3) return cdp_json_fail(&c->in, lp, "%s needs a [C, H, W] input, but gets %s", tn, sh);
             int64_t pad = L->type == CDP_LAYER_CONV2D ? L->padding : 0;
             for (int k = 1; k < 3; k++) {
                 int64_t span = d[k] + 2 * pad;
                 if (span < L->kernel)
-                    return failp(c, lp, "kernel %lld is larger than the %s input %s (with padding %lld)",
+                    return cdp_json_fail(&c->in, lp, "kernel %lld is larger than the %s input %s (with padding %lld)",
                                  (long long)L->kernel, tn, sh, (long long)pad);
                 d[k] = (span - L->kernel) / L->stride + 1;
             }
@@ -654,7 +442,7 @@ static cdp_status expand_preset(struct ld *c, struct cdp_model_desc *m)
 {
     int n = m->kind == CDP_MODEL_MLP ? 2 * m->n_hidden + 2 : 3 * m->n_channels + 2;
     m->layer_list = calloc((size_t)n, sizeof *m->layer_list);
-    if (!m->layer_list) return cdp_fail(CDP_ERR_NOMEM, "%s: /model: out of memory", c->name);
+    if (!m->layer_list) return cdp_fail(CDP_ERR_NOMEM, "%s: /model: out of memory", c->in.file);
     m->n_layers = 0;
     if (m->kind == CDP_MODEL_MLP) {
         if (m->input_ndim > 1) push_layer(m, (struct cdp_layer_desc){.type = CDP_LAYER_FLATTEN});
@@ -680,14 +468,14 @@ static cdp_status expand_preset(struct ld *c, struct cdp_model_desc *m)
 static cdp_status get_widths(struct ld *c, const json_t *m, const char *key, int64_t **out, int *n)
 {
     const json_t *v = json_object_get(m, key);
-    char kp[PTR_CAP];
+    char kp[CDP_JSON_PTR_CAP];
     size_t k = 0;
     if (!v) return CDP_OK;
-    ptr_key(kp, "/model", key);
+    cdp_json_ptr_key(kp, "/model", key);
     if (!json_is_array(v) || json_array_size(v) > MAX_WIDTHS)
-        return expected(c, kp, "an array of positive integers", v);
+        return cdp_json_expected(&c->in, kp, "an array of positive integers", v);
     int64_t *w = calloc(json_array_size(v) + 1, sizeof *w);
-    if (!w) return cdp_fail(CDP_ERR_NOMEM, "%s: %s: out of memory", c->name, kp);
+    if (!w) return cdp_fail(CDP_ERR_NOMEM, "%s: %s: out of memory", c->in.file, kp);
     cdp_status st = int_array(c, v, kp, 0, MAX_WIDTHS, w, &k);
     if (st) {
         free(w);
@@ -707,7 +495,7 @@ static cdp_status get_input(struct ld *c, const json_t *m, size_t min_n, size_t 
     int64_t dims[CDP_MAX_INPUT_DIMS];
     if (!v) {
         if (required)
-            return failp(c, "/model/input", "missing; an explicit layer list needs \"input\", the shape "
+            return cdp_json_fail(&c->in, "/model/input", "missing; an explicit layer list needs \"input\", the shape "
                                             "of one sample (an array of 1 to 4 positive integers)");
         return CDP_OK;
     }
@@ -725,20 +513,20 @@ static cdp_status load_model(struct ld *c, const json_t *m)
     cdp_status st;
     int i = 0;
     if (!m) return cdp_fail(CDP_ERR_INVALID, "%s: /model: missing; a plan needs a \"model\" section "
-                                             "(a \"preset\" or an explicit \"layers\" list)", c->name);
-    if (!json_is_object(m)) return expected(c, "/model", "an object", m);
+                                             "(a \"preset\" or an explicit \"layers\" list)", c->in.file);
+    if (!json_is_object(m)) return cdp_json_expected(&c->in, "/model", "an object", m);
     const json_t *preset = json_object_get(m, "preset"), *layers = json_object_get(m, "layers");
     md->loss = CDP_LOSS_CROSS_ENTROPY;
     const json_t *weights = json_object_get(m, "weights");
     if (weights && !json_is_null(weights)) {
-        if (!json_is_string(weights)) return expected(c, "/model/weights", "a safetensors file path or null", weights);
+        if (!json_is_string(weights)) return cdp_json_expected(&c->in, "/model/weights", "a safetensors file path or null", weights);
         if ((st = get_existing_file(c, weights, "/model/weights", &md->weights))) return st;
     }
     if (preset) {
         int pi = 0;
-        if ((st = enum_value(c, preset, "/model/preset", preset_names, &pi))) return st;
+        if ((st = cdp_json_enum(&c->in, preset, "/model/preset", preset_names, &pi))) return st;
         if (json_is_array(layers))
-            return failp(c, "/model/layers", "a layer list and /model/preset \"%s\" are both given; "
+            return cdp_json_fail(&c->in, "/model/layers", "a layer list and /model/preset \"%s\" are both given; "
                          "use one: a preset, or an explicit layer list with \"input\"", preset_names[pi]);
         snprintf(md->preset, sizeof md->preset, "%s", preset_names[pi]);
         if (pi < N_GPT_PRESETS) {
@@ -750,15 +538,15 @@ static cdp_status load_model(struct ld *c, const json_t *m)
             md->heads = g->heads;
             md->embed = g->embed;
             md->tie_embeddings = 1;
-            if ((st = check_keys(c, m, "/model", gpt_keys, "a gpt model"))) return st;
-            if ((st = get_int(c, m, "/model", "vocab", 1, MAX_COUNT, 0, &md->vocab))) return st;
-            if ((st = get_int(c, m, "/model", "context", 1, MAX_COUNT, 0, &md->context))) return st;
-            if ((st = get_int(c, m, "/model", "layers", 1, MAX_LAYERS, 0, &md->layers))) return st;
-            if ((st = get_int(c, m, "/model", "heads", 1, MAX_COUNT, 0, &md->heads))) return st;
-            if ((st = get_int(c, m, "/model", "embed", 1, MAX_COUNT, 0, &md->embed))) return st;
-            if ((st = get_bool(c, m, "/model", "tie_embeddings", &md->tie_embeddings))) return st;
+            if ((st = cdp_json_check_keys(&c->in, m, "/model", gpt_keys, "a gpt model"))) return st;
+            if ((st = cdp_json_get_int(&c->in, m, "/model", "vocab", 1, MAX_COUNT, 0, &md->vocab))) return st;
+            if ((st = cdp_json_get_int(&c->in, m, "/model", "context", 1, MAX_COUNT, 0, &md->context))) return st;
+            if ((st = cdp_json_get_int(&c->in, m, "/model", "layers", 1, MAX_LAYERS, 0, &md->layers))) return st;
+            if ((st = cdp_json_get_int(&c->in, m, "/model", "heads", 1, MAX_COUNT, 0, &md->heads))) return st;
+            if ((st = cdp_json_get_int(&c->in, m, "/model", "embed", 1, MAX_COUNT, 0, &md->embed))) return st;
+            if ((st = cdp_json_get_bool(&c->in, m, "/model", "tie_embeddings", &md->tie_embeddings))) return st;
             if (md->embed % md->heads != 0)
-                return failp(c, "/model/embed", "%lld is not a multiple of /model/heads %lld",
+                return cdp_json_fail(&c->in, "/model/embed", "%lld is not a multiple of /model/heads %lld",
                              (long long)md->embed, (long long)md->heads);
             return CDP_OK;
         }
@@ -770,14 +558,14 @@ static cdp_status load_model(struct ld *c, const json_t *m)
             md->classes = 10;
             md->activation = CDP_ACT_RELU;
             md->hidden = malloc(sizeof hidden_default);
-            if (!md->hidden) return cdp_fail(CDP_ERR_NOMEM, "%s: /model: out of memory", c->name);
+            if (!md->hidden) return cdp_fail(CDP_ERR_NOMEM, "%s: /model: out of memory", c->in.file);
             memcpy(md->hidden, hidden_default, sizeof hidden_default);
             md->n_hidden = 2;
-            if ((st = check_keys(c, m, "/model", mlp_keys, "an mlp model"))) return st;
+            if ((st = cdp_json_check_keys(&c->in, m, "/model", mlp_keys, "an mlp model"))) return st;
             if ((st = get_input(c, m, 1, CDP_MAX_INPUT_DIMS, 0, md))) return st;
             if ((st = get_widths(c, m, "hidden", &md->hidden, &md->n_hidden))) return st;
-            if ((st = get_int(c, m, "/model", "classes", 1, MAX_COUNT, 0, &md->classes))) return st;
-            if ((st = get_enum(c, m, "/model", "activation", cdp_plan_activation_names, &i))) return st;
+            if ((st = cdp_json_get_int(&c->in, m, "/model", "classes", 1, MAX_COUNT, 0, &md->classes))) return st;
+            if ((st = cdp_json_get_enum(&c->in, m, "/model", "activation", cdp_plan_activation_names, &i))) return st;
             md->activation = (enum cdp_activation)i;
         } else {
             static const int64_t channels_default[] = {8, 16};
@@ -788,19 +576,19 @@ static cdp_status load_model(struct ld *c, const json_t *m)
             md->input_ndim = 3;
             md->classes = 10;
             md->channels = malloc(sizeof channels_default);
-            if (!md->channels) return cdp_fail(CDP_ERR_NOMEM, "%s: /model: out of memory", c->name);
+            if (!md->channels) return cdp_fail(CDP_ERR_NOMEM, "%s: /model: out of memory", c->in.file);
             memcpy(md->channels, channels_default, sizeof channels_default);
             md->n_channels = 2;
-            if ((st = check_keys(c, m, "/model", cnn_keys, "a cnn model"))) return st;
+            if ((st = cdp_json_check_keys(&c->in, m, "/model", cnn_keys, "a cnn model"))) return st;
             if ((st = get_input(c, m, 3, 3, 0, md))) return st;
             if ((st = get_widths(c, m, "channels", &md->channels, &md->n_channels))) return st;
-            if ((st = get_int(c, m, "/model", "classes", 1, MAX_COUNT, 0, &md->classes))) return st;
+            if ((st = cdp_json_get_int(&c->in, m, "/model", "classes", 1, MAX_COUNT, 0, &md->classes))) return st;
             int64_t h = md->input[1], w = md->input[2];
             for (int k = 0; k < md->n_channels; k++) {
                 h /= 2;
                 w /= 2;
                 if (h < 1 || w < 1)
-                    return failp(c, "/model/channels",
+                    return cdp_json_fail(&c->in, "/model/channels",
                                  "%d conv blocks each halve the image, but /model/input [%lld, %lld, %lld] "
                                  "is too small for more than %d; use fewer channels or a larger input",
                                  md->n_channels, (long long)md->input[0], (long long)md->input[1],
@@ -808,30 +596,30 @@ static cdp_status load_model(struct ld *c, const json_t *m)
             }
         }
         i = 0;
-        if ((st = get_enum(c, m, "/model", "loss", cdp_plan_loss_names, &i))) return st;
+        if ((st = cdp_json_get_enum(&c->in, m, "/model", "loss", cdp_plan_loss_names, &i))) return st;
         md->loss = (enum cdp_loss)i;
         return expand_preset(c, md);
     }
     if (!layers)
-        return expected(c, "/model", "a \"preset\" or an explicit \"layers\" list", m);
+        return cdp_json_expected(&c->in, "/model", "a \"preset\" or an explicit \"layers\" list", m);
     md->kind = CDP_MODEL_LAYERS;
     md->preset[0] = '\0';
-    if ((st = check_keys(c, m, "/model", explicit_keys, "a model with a layer list"))) return st;
+    if ((st = cdp_json_check_keys(&c->in, m, "/model", explicit_keys, "a model with a layer list"))) return st;
     if (!json_is_array(layers) || json_array_size(layers) == 0 || json_array_size(layers) > MAX_LAYERS)
-        return expected(c, "/model/layers", "a non-empty array of layer objects (or a \"preset\")", layers);
+        return cdp_json_expected(&c->in, "/model/layers", "a non-empty array of layer objects (or a \"preset\")", layers);
     if ((st = get_input(c, m, 1, CDP_MAX_INPUT_DIMS, 1, md))) return st;
     md->layer_list = calloc(json_array_size(layers), sizeof *md->layer_list);
-    if (!md->layer_list) return cdp_fail(CDP_ERR_NOMEM, "%s: /model/layers: out of memory", c->name);
+    if (!md->layer_list) return cdp_fail(CDP_ERR_NOMEM, "%s: /model/layers: out of memory", c->in.file);
     size_t k;
     json_t *lv;
     json_array_foreach(layers, k, lv) {
-        char lp[PTR_CAP];
-        ptr_index(lp, "/model/layers", k);
+        char lp[CDP_JSON_PTR_CAP];
+        cdp_json_ptr_index(lp, "/model/layers", k);
         if ((st = load_layer(c, lv, lp, &md->layer_list[k]))) return st;
         md->n_layers = (int)k + 1;
     }
     i = 0;
-    if ((st = get_enum(c, m, "/model", "loss", cdp_plan_loss_names, &i))) return st;
+    if ((st = cdp_json_get_enum(&c->in, m, "/model", "loss", cdp_plan_loss_names, &i))) return st;
     md->loss = (enum cdp_loss)i;
     return CDP_OK;
 }
@@ -846,10 +634,10 @@ static cdp_status load_data(struct ld *c, const json_t *d)
     const struct cdp_model_desc *m = &c->p->model;
     cdp_status st;
     int src = 0;
-    if ((st = need_object(c, d, "/data"))) return st;
+    if ((st = cdp_json_need_object(&c->in, d, "/data"))) return st;
     if (!d) return CDP_OK;
-    if ((st = check_keys(c, d, "/data", data_keys, "/data"))) return st;
-    if ((st = get_enum(c, d, "/data", "source", cdp_plan_source_names, &src))) return st;
+    if ((st = cdp_json_check_keys(&c->in, d, "/data", data_keys, "/data"))) return st;
+    if ((st = cdp_json_get_enum(&c->in, d, "/data", "source", cdp_plan_source_names, &src))) return st;
     dd->source = (enum cdp_data_source)src;
     if ((st = get_seed(c, d, "/data", &dd->seed))) return st;
     const json_t *path = json_object_get(d, "path"), *labels = json_object_get(d, "labels");
@@ -857,31 +645,31 @@ static cdp_status load_data(struct ld *c, const json_t *d)
     if (json_is_null(labels)) labels = NULL;
     const char *sn = cdp_plan_source_names[src];
     if (dd->source == CDP_DATA_SYNTHETIC) {
-        if (path) return failp(c, "/data/path", "synthetic data has no file; remove it or set /data/source");
+        if (path) return cdp_json_fail(&c->in, "/data/path", "synthetic data has no file; remove it or set /data/source");
     } else {
-        if (!path) return failp(c, "/data/path", "missing; /data/source \"%s\" needs a file", sn);
+        if (!path) return cdp_json_fail(&c->in, "/data/path", "missing; /data/source \"%s\" needs a file", sn);
         if ((st = get_existing_file(c, path, "/data/path", &dd->path))) return st;
     }
     if (dd->source == CDP_DATA_IDX) {
         if (!labels)
-            return failp(c, "/data/labels", "missing; /data/source \"idx\" needs the labels file "
+            return cdp_json_fail(&c->in, "/data/labels", "missing; /data/source \"idx\" needs the labels file "
                                             "beside /data/path (the images)");
         if ((st = get_existing_file(c, labels, "/data/labels", &dd->labels))) return st;
     } else if (labels) {
-        return failp(c, "/data/labels", "only /data/source \"idx\" has a labels file, not \"%s\"", sn);
+        return cdp_json_fail(&c->in, "/data/labels", "only /data/source \"idx\" has a labels file, not \"%s\"", sn);
     }
     int gpt = m->kind == CDP_MODEL_GPT;
     if (dd->source == CDP_DATA_TEXT && (!gpt || m->vocab < 256)) {
         if (!gpt)
-            return failp(c, "/data/source", "\"text\" needs a gpt model (byte tokens), not /model %s",
+            return cdp_json_fail(&c->in, "/data/source", "\"text\" needs a gpt model (byte tokens), not /model %s",
                          m->kind == CDP_MODEL_LAYERS ? "with a layer list" : m->preset);
-        return failp(c, "/data/source", "\"text\" reads bytes, so /model/vocab must be at least 256, "
+        return cdp_json_fail(&c->in, "/data/source", "\"text\" reads bytes, so /model/vocab must be at least 256, "
                                         "got %lld", (long long)m->vocab);
     }
     if (dd->source == CDP_DATA_TOKENS && !gpt)
-        return failp(c, "/data/source", "\"tokens\" needs a gpt model (/model/preset \"gpt\", \"gpt2\", ...)");
+        return cdp_json_fail(&c->in, "/data/source", "\"tokens\" needs a gpt model (/model/preset \"gpt\", \"gpt2\", ...)");
     if (dd->source == CDP_DATA_IDX && gpt)
-        return failp(c, "/data/source", "\"idx\" (images and labels) needs an mlp, cnn or layer-list "
+        return cdp_json_fail(&c->in, "/data/source", "\"idx\" (images and labels) needs an mlp, cnn or layer-list "
                                         "model, not /model/preset \"%s\"", m->preset);
     return CDP_OK;
 }
@@ -901,10 +689,10 @@ static cdp_status load_optimizer(struct ld *c, const json_t *o)
     cdp_status st;
     int t = CDP_OPT_ADAMW;
     const char *P = "/train/optimizer";
-    if ((st = need_object(c, o, P))) return st;
+    if ((st = cdp_json_need_object(&c->in, o, P))) return st;
     if (o) {
-        if ((st = check_keys(c, o, P, opt_keys, "/train/optimizer"))) return st;
-        if ((st = get_enum(c, o, P, "type", cdp_plan_optimizer_names, &t))) return st;
+        if ((st = cdp_json_check_keys(&c->in, o, P, opt_keys, "/train/optimizer"))) return st;
+        if ((st = cdp_json_get_enum(&c->in, o, P, "type", cdp_plan_optimizer_names, &t))) return st;
     }
     od->type = (enum cdp_optimizer_type)t;
     od->lr = od->type == CDP_OPT_SGD ? 0.01 : 3e-4;
@@ -919,19 +707,19 @@ static cdp_status load_optimizer(struct ld *c, const json_t *o)
     const char *const *foreign = od->type == CDP_OPT_SGD ? adamw_only : sgd_only;
     for (int k = 0; foreign[k]; k++) {
         if (json_object_get(o, foreign[k])) {
-            char kp[PTR_CAP];
-            ptr_key(kp, P, foreign[k]);
-            return failp(c, kp, "unknown key for /train/optimizer/type \"%s\" (\"%s\" is a setting of "
+            char kp[CDP_JSON_PTR_CAP];
+            cdp_json_ptr_key(kp, P, foreign[k]);
+            return cdp_json_fail(&c->in, kp, "unknown key for /train/optimizer/type \"%s\" (\"%s\" is a setting of "
                          "\"%s\")", cdp_plan_optimizer_names[t], foreign[k],
                          od->type == CDP_OPT_SGD ? "adamw" : "sgd");
         }
     }
-    if ((st = get_number(c, o, P, "lr", R_POSITIVE, &od->lr))) return st;
-    if ((st = get_number(c, o, P, "weight_decay", R_NONNEG, &od->weight_decay))) return st;
-    if ((st = get_number(c, o, P, "momentum", R_UNIT, &od->momentum))) return st;
-    if ((st = get_number(c, o, P, "beta1", R_UNIT, &od->beta1))) return st;
-    if ((st = get_number(c, o, P, "beta2", R_UNIT, &od->beta2))) return st;
-    return get_number(c, o, P, "eps", R_POSITIVE, &od->eps);
+    if ((st = cdp_json_get_number(&c->in, o, P, "lr", CDP_JSON_POSITIVE, &od->lr))) return st;
+    if ((st = cdp_json_get_number(&c->in, o, P, "weight_decay", CDP_JSON_NONNEG, &od->weight_decay))) return st;
+    if ((st = cdp_json_get_number(&c->in, o, P, "momentum", CDP_JSON_UNIT, &od->momentum))) return st;
+    if ((st = cdp_json_get_number(&c->in, o, P, "beta1", CDP_JSON_UNIT, &od->beta1))) return st;
+    if ((st = cdp_json_get_number(&c->in, o, P, "beta2", CDP_JSON_UNIT, &od->beta2))) return st;
+    return cdp_json_get_number(&c->in, o, P, "eps", CDP_JSON_POSITIVE, &od->eps);
 }
 
 static cdp_status load_train(struct ld *c, const json_t *t)
@@ -940,30 +728,30 @@ static cdp_status load_train(struct ld *c, const json_t *t)
     cdp_status st;
     int prec = 0;
     const char *P = "/train";
-    if ((st = need_object(c, t, P))) return st;
-    if (t && (st = check_keys(c, t, P, train_keys, "/train"))) return st;
+    if ((st = cdp_json_need_object(&c->in, t, P))) return st;
+    if (t && (st = cdp_json_check_keys(&c->in, t, P, train_keys, "/train"))) return st;
     if ((st = load_optimizer(c, t ? json_object_get(t, "optimizer") : NULL))) return st;
     if (!t) return CDP_OK;
-    if ((st = get_int(c, t, P, "steps", 1, INT64_MAX, 0, &td->steps))) return st;
-    if ((st = get_int(c, t, P, "global_batch", 1, MAX_COUNT, 1, &td->global_batch))) return st;
-    if ((st = get_int(c, t, P, "micro_batch", 1, MAX_COUNT, 0, &td->micro_batch))) return st;
-    if ((st = get_number(c, t, P, "grad_clip", R_NONNEG, &td->grad_clip))) return st;
-    if ((st = get_enum(c, t, P, "precision", cdp_plan_precision_names, &prec))) return st;
+    if ((st = cdp_json_get_int(&c->in, t, P, "steps", 1, INT64_MAX, 0, &td->steps))) return st;
+    if ((st = cdp_json_get_int(&c->in, t, P, "global_batch", 1, MAX_COUNT, 1, &td->global_batch))) return st;
+    if ((st = cdp_json_get_int(&c->in, t, P, "micro_batch", 1, MAX_COUNT, 0, &td->micro_batch))) return st;
+    if ((st = cdp_json_get_number(&c->in, t, P, "grad_clip", CDP_JSON_NONNEG, &td->grad_clip))) return st;
+    if ((st = cdp_json_get_enum(&c->in, t, P, "precision", cdp_plan_precision_names, &prec))) return st;
     td->precision = (enum cdp_precision)prec;
     if ((st = get_seed(c, t, P, &td->seed))) return st;
-    if ((st = get_int(c, t, P, "log_every", 1, INT64_MAX, 0, &td->log_every))) return st;
-    if ((st = get_int(c, t, P, "eval_every", 0, INT64_MAX, 0, &td->eval_every))) return st;
-    if ((st = get_int(c, t, P, "eval_batches", 1, MAX_COUNT, 0, &td->eval_batches))) return st;
-    if ((st = get_number(c, t, P, "timeout_s", R_POSITIVE, &td->timeout_s))) return st;
+    if ((st = cdp_json_get_int(&c->in, t, P, "log_every", 1, INT64_MAX, 0, &td->log_every))) return st;
+    if ((st = cdp_json_get_int(&c->in, t, P, "eval_every", 0, INT64_MAX, 0, &td->eval_every))) return st;
+    if ((st = cdp_json_get_int(&c->in, t, P, "eval_batches", 1, MAX_COUNT, 0, &td->eval_batches))) return st;
+    if ((st = cdp_json_get_number(&c->in, t, P, "timeout_s", CDP_JSON_POSITIVE, &td->timeout_s))) return st;
     const json_t *ck = json_object_get(t, "checkpoint");
     if (!ck || json_is_null(ck)) return CDP_OK;
     const char *CP = "/train/checkpoint";
-    if (!json_is_object(ck)) return expected(c, CP, "an object or null", ck);
-    if ((st = check_keys(c, ck, CP, ckpt_keys, "/train/checkpoint"))) return st;
+    if (!json_is_object(ck)) return cdp_json_expected(&c->in, CP, "an object or null", ck);
+    if ((st = cdp_json_check_keys(&c->in, ck, CP, ckpt_keys, "/train/checkpoint"))) return st;
     const json_t *dir = json_object_get(ck, "dir");
-    if (!dir) return failp(c, "/train/checkpoint/dir", "missing; checkpoints need a folder");
-    if ((st = get_int(c, ck, CP, "every", 1, INT64_MAX, 0, &td->checkpoint.every))) return st;
-    if ((st = get_int(c, ck, CP, "keep", 1, INT64_MAX, 0, &td->checkpoint.keep))) return st;
+    if (!dir) return cdp_json_fail(&c->in, "/train/checkpoint/dir", "missing; checkpoints need a folder");
+    if ((st = cdp_json_get_int(&c->in, ck, CP, "every", 1, INT64_MAX, 0, &td->checkpoint.every))) return st;
+    if ((st = cdp_json_get_int(&c->in, ck, CP, "keep", 1, INT64_MAX, 0, &td->checkpoint.keep))) return st;
     return get_output_path(c, dir, "/train/checkpoint/dir", 1, &td->checkpoint.dir);
 }
 
@@ -980,23 +768,23 @@ static cdp_status load_balance(struct ld *c, const json_t *v)
     const char *P = "/parallel/balance";
     if (json_is_string(v)) {
         int k = 0;
-        cdp_status st = enum_value(c, v, P, balance_words, &k);
+        cdp_status st = cdp_json_enum(&c->in, v, P, balance_words, &k);
         if (st) return st;
         pd->balance = (enum cdp_balance_kind)k;
         return CDP_OK;
     }
     if (!json_is_array(v) || json_array_size(v) == 0)
-        return expected(c, P, "\"speed\", \"uniform\" or a list of micro-batches per replica", v);
+        return cdp_json_expected(&c->in, P, "\"speed\", \"uniform\" or a list of micro-batches per replica", v);
     size_t n = json_array_size(v);
-    if (n > (size_t)MAX_COUNT) return failp(c, P, "too many replicas");
+    if (n > (size_t)MAX_COUNT) return cdp_json_fail(&c->in, P, "too many replicas");
     pd->shares = calloc(n, sizeof *pd->shares);
-    if (!pd->shares) return cdp_fail(CDP_ERR_NOMEM, "%s: %s: out of memory", c->name, P);
+    if (!pd->shares) return cdp_fail(CDP_ERR_NOMEM, "%s: %s: out of memory", c->in.file, P);
     pd->n_shares = (int)n;
     pd->balance = CDP_BALANCE_EXPLICIT;
     for (size_t i = 0; i < n; i++) {
-        char kp[PTR_CAP];
+        char kp[CDP_JSON_PTR_CAP];
         snprintf(kp, sizeof kp, "%s/%zu", P, i);
-        cdp_status st = int_value(c, json_array_get(v, i), kp, 1, MAX_COUNT, 0, &pd->shares[i]);
+        cdp_status st = cdp_json_int(&c->in, json_array_get(v, i), kp, 1, MAX_COUNT, 0, NULL, &pd->shares[i]);
         if (st) return st;
     }
     return CDP_OK;
@@ -1011,32 +799,32 @@ static cdp_status check_shares(struct ld *c)
     if (pd->balance != CDP_BALANCE_EXPLICIT) return CDP_OK;
     if (pd->replicas == CDP_AUTO) pd->replicas = pd->n_shares;
     if (pd->n_shares != pd->replicas)
-        return failp(c, P, "%d shares for /parallel/replicas %lld: give one per replica", pd->n_shares,
+        return cdp_json_fail(&c->in, P, "%d shares for /parallel/replicas %lld: give one per replica", pd->n_shares,
                      (long long)pd->replicas);
     int64_t sum = 0;
     for (int i = 0; i < pd->n_shares; i++) sum += pd->shares[i];
     if (pd->micro_batches == CDP_AUTO) {
         if (sum % pd->replicas)
-            return failp(c, P, "the shares sum to %lld micro-batches per step, not a multiple of "
+            return cdp_json_fail(&c->in, P, "the shares sum to %lld micro-batches per step, not a multiple of "
                          "/parallel/replicas %lld (the global batch is replicas x micro_batches x micro_batch)",
                          (long long)sum, (long long)pd->replicas);
         pd->micro_batches = sum / pd->replicas;
     } else if (sum != pd->replicas * pd->micro_batches) {
-        return failp(c, P, "the shares sum to %lld micro-batches per step; /parallel/replicas %lld x "
+        return cdp_json_fail(&c->in, P, "the shares sum to %lld micro-batches per step; /parallel/replicas %lld x "
                      "/parallel/micro_batches %lld is %lld", (long long)sum, (long long)pd->replicas,
                      (long long)pd->micro_batches, (long long)(pd->replicas * pd->micro_batches));
     }
     if (pd->schedule == CDP_SCHEDULE_INTERLEAVED && pd->stages != CDP_AUTO) {
         for (int i = 0; i < pd->n_shares; i++)
             if (pd->shares[i] % pd->stages) {
-                char kp[PTR_CAP];
+                char kp[CDP_JSON_PTR_CAP];
                 snprintf(kp, sizeof kp, "%s/%d", P, i);
-                return failp(c, kp, "%lld is not a multiple of /parallel/stages %lld, as the interleaved "
+                return cdp_json_fail(&c->in, kp, "%lld is not a multiple of /parallel/stages %lld, as the interleaved "
                              "schedule needs", (long long)pd->shares[i], (long long)pd->stages);
             }
         /* said here, not as a /parallel/micro_batches the file may not have */
         if (pd->micro_batches % pd->stages)
-            return failp(c, P, "the shares sum to %lld, so /parallel/micro_batches is %lld, not a multiple of "
+            return cdp_json_fail(&c->in, P, "the shares sum to %lld, so /parallel/micro_batches is %lld, not a multiple of "
                          "/parallel/stages %lld as the interleaved schedule needs of it too", (long long)sum,
                          (long long)pd->micro_batches, (long long)pd->stages);
     }
@@ -1052,52 +840,52 @@ static cdp_status load_partition(struct ld *c, const json_t *v)
     int64_t units = cdp_plan_model_units(c->p);
     if (json_is_string(v) && strcmp(json_string_value(v), "auto") == 0) return CDP_OK;
     if (!json_is_array(v) || json_array_size(v) == 0 || json_array_size(v) > MAX_LAYERS + 2)
-        return expected(c, P, "\"auto\" or an array of [first, end) unit ranges, one per stage", v);
+        return cdp_json_expected(&c->in, P, "\"auto\" or an array of [first, end) unit ranges, one per stage", v);
     size_t n = json_array_size(v), i;
     int64_t per_rank = pd->schedule == CDP_SCHEDULE_INTERLEAVED ? pd->chunks : 1;
     if (pd->stages != CDP_AUTO) {
         int64_t want = pd->stages * per_rank;
         if ((int64_t)n != want) {
             if (per_rank > 1)
-                return failp(c, P, "has %zu ranges, but /parallel/stages %lld x /parallel/chunks %lld "
+                return cdp_json_fail(&c->in, P, "has %zu ranges, but /parallel/stages %lld x /parallel/chunks %lld "
                                    "needs %lld", n, (long long)pd->stages, (long long)per_rank, (long long)want);
-            return failp(c, P, "has %zu ranges, but /parallel/stages is %lld; give one range per stage",
+            return cdp_json_fail(&c->in, P, "has %zu ranges, but /parallel/stages is %lld; give one range per stage",
                          n, (long long)pd->stages);
         }
     } else if ((int64_t)n % per_rank != 0) {
-        return failp(c, P, "has %zu ranges, not a multiple of /parallel/chunks %lld", n, (long long)per_rank);
+        return cdp_json_fail(&c->in, P, "has %zu ranges, not a multiple of /parallel/chunks %lld", n, (long long)per_rank);
     }
     pd->partition = calloc(n, sizeof *pd->partition);
-    if (!pd->partition) return cdp_fail(CDP_ERR_NOMEM, "%s: %s: out of memory", c->name, P);
+    if (!pd->partition) return cdp_fail(CDP_ERR_NOMEM, "%s: %s: out of memory", c->in.file, P);
     json_t *e;
     int64_t next = 0;
     json_array_foreach(v, i, e) {
-        char ep[PTR_CAP];
-        ptr_index(ep, P, i);
+        char ep[CDP_JSON_PTR_CAP];
+        cdp_json_ptr_index(ep, P, i);
         if (!json_is_array(e) || json_array_size(e) != 2)
-            return expected(c, ep, "a [first, end) pair of unit indices", e);
+            return cdp_json_expected(&c->in, ep, "a [first, end) pair of unit indices", e);
         int64_t r[2];
         for (size_t k = 0; k < 2; k++) {
-            char kp[PTR_CAP];
-            ptr_index(kp, ep, k);
-            cdp_status st = int_value(c, json_array_get(e, k), kp, 0, MAX_COUNT, 0, &r[k]);
+            char kp[CDP_JSON_PTR_CAP];
+            cdp_json_ptr_index(kp, ep, k);
+            cdp_status st = cdp_json_int(&c->in, json_array_get(e, k), kp, 0, MAX_COUNT, 0, NULL, &r[k]);
             if (st) return st;
         }
         if (r[0] != next)
-            return failp(c, ep, "starts at unit %lld, but the ranges must be contiguous from 0: "
+            return cdp_json_fail(&c->in, ep, "starts at unit %lld, but the ranges must be contiguous from 0: "
                                 "expected %lld", (long long)r[0], (long long)next);
         if (r[1] <= r[0])
-            return failp(c, ep, "[%lld, %lld) is empty; every range needs at least one unit",
+            return cdp_json_fail(&c->in, ep, "[%lld, %lld) is empty; every range needs at least one unit",
                          (long long)r[0], (long long)r[1]);
         if (r[1] > units)
-            return failp(c, ep, "ends at %lld, past the model's %lld units", (long long)r[1], (long long)units);
+            return cdp_json_fail(&c->in, ep, "ends at %lld, past the model's %lld units", (long long)r[1], (long long)units);
         pd->partition[i][0] = r[0];
         pd->partition[i][1] = r[1];
         pd->n_partition = (int)i + 1;
         next = r[1];
     }
     if (next != units)
-        return failp(c, P, "covers units [0, %lld), but the model has %lld units; the last range must "
+        return cdp_json_fail(&c->in, P, "covers units [0, %lld), but the model has %lld units; the last range must "
                            "end at %lld", (long long)next, (long long)units, (long long)units);
     if (pd->stages == CDP_AUTO) pd->stages = (int64_t)n / per_rank;
     return CDP_OK;
@@ -1109,50 +897,50 @@ static cdp_status load_placement(struct ld *c, const json_t *v)
     const char *P = "/parallel/placement";
     if (json_is_string(v)) {
         int k = 0;
-        cdp_status st = enum_value(c, v, P, placement_words, &k);
+        cdp_status st = cdp_json_enum(&c->in, v, P, placement_words, &k);
         if (st) return st;
         pd->placement = k == 3 ? CDP_PLACEMENT_ORDERED_PP_INNER : (enum cdp_placement_kind)k;
         return CDP_OK;
     }
     if (!json_is_array(v))
-        return expected(c, P, "\"topology\", \"ordered-pp-inner\", \"ordered-dp-inner\", \"ordered\" or "
+        return cdp_json_expected(&c->in, P, "\"topology\", \"ordered-pp-inner\", \"ordered-dp-inner\", \"ordered\" or "
                               "an array of device indices per stage", v);
     if (pd->stages == CDP_AUTO || pd->replicas == CDP_AUTO)
-        return failp(c, P, "a list of devices needs /parallel/stages and /parallel/replicas as numbers, "
+        return cdp_json_fail(&c->in, P, "a list of devices needs /parallel/stages and /parallel/replicas as numbers, "
                            "not \"auto\"");
     char what[160];
     snprintf(what, sizeof what, "an array of %lld arrays (one per stage) of %lld device indices (one per "
              "replica)", (long long)pd->stages, (long long)pd->replicas);
-    if ((int64_t)json_array_size(v) != pd->stages) return expected(c, P, what, v);
+    if ((int64_t)json_array_size(v) != pd->stages) return cdp_json_expected(&c->in, P, what, v);
     size_t s, r;
     json_t *row, *e;
     /* Shapes first, so the map's size is bounded by what the file holds. */
     json_array_foreach(v, s, row) {
-        char sp[PTR_CAP];
-        ptr_index(sp, P, s);
+        char sp[CDP_JSON_PTR_CAP];
+        cdp_json_ptr_index(sp, P, s);
         if (!json_is_array(row) || (int64_t)json_array_size(row) != pd->replicas) {
             snprintf(what, sizeof what, "an array of %lld device indices (one per replica)",
                      (long long)pd->replicas);
-            return expected(c, sp, what, row);
+            return cdp_json_expected(&c->in, sp, what, row);
         }
     }
     int64_t n = pd->stages * pd->replicas;
     pd->placement_map = calloc((size_t)n, sizeof *pd->placement_map);
-    if (!pd->placement_map) return cdp_fail(CDP_ERR_NOMEM, "%s: %s: out of memory", c->name, P);
+    if (!pd->placement_map) return cdp_fail(CDP_ERR_NOMEM, "%s: %s: out of memory", c->in.file, P);
     pd->placement = CDP_PLACEMENT_EXPLICIT;
     json_array_foreach(v, s, row) {
-        char sp[PTR_CAP];
-        ptr_index(sp, P, s);
+        char sp[CDP_JSON_PTR_CAP];
+        cdp_json_ptr_index(sp, P, s);
         json_array_foreach(row, r, e) {
-            char ep[PTR_CAP];
+            char ep[CDP_JSON_PTR_CAP];
             int64_t dev;
-            ptr_index(ep, sp, r);
-            cdp_status st = int_value(c, e, ep, 0, MAX_COUNT, 0, &dev);
+            cdp_json_ptr_index(ep, sp, r);
+            cdp_status st = cdp_json_int(&c->in, e, ep, 0, MAX_COUNT, 0, NULL, &dev);
             if (st) return st;
             int64_t at = (int64_t)s * pd->replicas + (int64_t)r;
             for (int64_t q = 0; q < at; q++)
                 if (pd->placement_map[q] == dev)
-                    return failp(c, ep, "device %lld is already used by stage %lld replica %lld",
+                    return cdp_json_fail(&c->in, ep, "device %lld is already used by stage %lld replica %lld",
                                  (long long)dev, (long long)(q / pd->replicas), (long long)(q % pd->replicas));
             pd->placement_map[at] = dev;
         }
@@ -1169,12 +957,12 @@ static cdp_status batch_arithmetic(struct ld *c)
         int over = __builtin_mul_overflow(R, M, &prod) || __builtin_mul_overflow(prod, b, &prod);
         if (G == CDP_AUTO) {
             if (over || prod > MAX_COUNT)
-                return failp(c, "/train/global_batch", "/parallel/replicas %lld x /parallel/micro_batches "
+                return cdp_json_fail(&c->in, "/train/global_batch", "/parallel/replicas %lld x /parallel/micro_batches "
                              "%lld x /train/micro_batch %lld is too large", (long long)R, (long long)M,
                              (long long)b);
             td->global_batch = prod;
         } else if (over || prod != G) {
-            return failp(c, "/train/global_batch", "%lld does not equal /parallel/replicas %lld x "
+            return cdp_json_fail(&c->in, "/train/global_batch", "%lld does not equal /parallel/replicas %lld x "
                          "/parallel/micro_batches %lld x /train/micro_batch %lld = %lld", (long long)G,
                          (long long)R, (long long)M, (long long)b, over ? -1LL : (long long)prod);
         }
@@ -1184,7 +972,7 @@ static cdp_status batch_arithmetic(struct ld *c)
     /* G is known: whatever factors are known must divide it. */
     if (M == CDP_AUTO && R != CDP_AUTO) {
         if (__builtin_mul_overflow(R, b, &prod) || G % prod != 0)
-            return failp(c, "/parallel/micro_batches", "\"auto\" cannot be derived: /train/global_batch "
+            return cdp_json_fail(&c->in, "/parallel/micro_batches", "\"auto\" cannot be derived: /train/global_batch "
                          "%lld is not a multiple of /parallel/replicas %lld x /train/micro_batch %lld",
                          (long long)G, (long long)R, (long long)b);
         pd->micro_batches = G / prod;
@@ -1192,10 +980,10 @@ static cdp_status batch_arithmetic(struct ld *c)
     }
     int64_t known = b;
     if (M != CDP_AUTO && (__builtin_mul_overflow(known, M, &known) || G % known != 0))
-        return failp(c, "/train/global_batch", "%lld is not a multiple of /parallel/micro_batches %lld x "
+        return cdp_json_fail(&c->in, "/train/global_batch", "%lld is not a multiple of /parallel/micro_batches %lld x "
                      "/train/micro_batch %lld", (long long)G, (long long)M, (long long)b);
     if (G % b != 0)
-        return failp(c, "/train/global_batch", "%lld is not a multiple of /train/micro_batch %lld",
+        return cdp_json_fail(&c->in, "/train/global_batch", "%lld is not a multiple of /train/micro_batch %lld",
                      (long long)G, (long long)b);
     return CDP_OK;
 }
@@ -1206,40 +994,40 @@ static cdp_status load_parallel(struct ld *c, const json_t *v)
     cdp_status st;
     int sch = CDP_SCHEDULE_1F1B;
     const char *P = "/parallel";
-    if ((st = need_object(c, v, P))) return st;
+    if ((st = cdp_json_need_object(&c->in, v, P))) return st;
     if (v) {
-        if ((st = check_keys(c, v, P, parallel_keys, "/parallel"))) return st;
-        if ((st = get_int(c, v, P, "stages", 1, MAX_COUNT, 1, &pd->stages))) return st;
-        if ((st = get_int(c, v, P, "replicas", 1, MAX_COUNT, 1, &pd->replicas))) return st;
-        if ((st = get_int(c, v, P, "micro_batches", 1, MAX_COUNT, 1, &pd->micro_batches))) return st;
+        if ((st = cdp_json_check_keys(&c->in, v, P, parallel_keys, "/parallel"))) return st;
+        if ((st = cdp_json_get_int(&c->in, v, P, "stages", 1, MAX_COUNT, 1, &pd->stages))) return st;
+        if ((st = cdp_json_get_int(&c->in, v, P, "replicas", 1, MAX_COUNT, 1, &pd->replicas))) return st;
+        if ((st = cdp_json_get_int(&c->in, v, P, "micro_batches", 1, MAX_COUNT, 1, &pd->micro_batches))) return st;
         const json_t *sj = json_object_get(v, "schedule");
         if (json_is_string(sj) && strcmp(json_string_value(sj), "auto") == 0) pd->schedule_auto = 1;
-        else if ((st = get_enum(c, v, P, "schedule", cdp_plan_schedule_names, &sch))) return st;
+        else if ((st = cdp_json_get_enum(&c->in, v, P, "schedule", cdp_plan_schedule_names, &sch))) return st;
     }
     pd->schedule = (enum cdp_schedule_kind)sch;
     int inter = pd->schedule == CDP_SCHEDULE_INTERLEAVED;
     pd->chunks = inter ? 2 : 1;
-    if (v && (st = get_int(c, v, P, "chunks", 1, MAX_COUNT, 0, &pd->chunks))) return st;
+    if (v && (st = cdp_json_get_int(&c->in, v, P, "chunks", 1, MAX_COUNT, 0, &pd->chunks))) return st;
     if (pd->chunks > 1 && !inter)
-        return failp(c, "/parallel/chunks", "%lld needs /parallel/schedule \"interleaved\", not \"%s\"",
+        return cdp_json_fail(&c->in, "/parallel/chunks", "%lld needs /parallel/schedule \"interleaved\", not \"%s\"",
                      (long long)pd->chunks, cdp_plan_schedule_names[sch]);
     if (inter && pd->chunks < 2)
-        return failp(c, "/parallel/chunks", "/parallel/schedule \"interleaved\" needs at least 2 chunks "
+        return cdp_json_fail(&c->in, "/parallel/chunks", "/parallel/schedule \"interleaved\" needs at least 2 chunks "
                      "per rank, got %lld", (long long)pd->chunks);
     const json_t *part = v ? json_object_get(v, "partition") : NULL;
     if (part && (st = load_partition(c, part))) return st;
     if (inter && pd->stages != CDP_AUTO && pd->stages < 2)
-        return failp(c, "/parallel/stages", "/parallel/schedule \"interleaved\" needs at least 2 stages, "
+        return cdp_json_fail(&c->in, "/parallel/stages", "/parallel/schedule \"interleaved\" needs at least 2 stages, "
                      "got %lld", (long long)pd->stages);
     const json_t *pl = v ? json_object_get(v, "placement") : NULL;
     if (pl && (st = load_placement(c, pl))) return st;
     const json_t *bal = v ? json_object_get(v, "balance") : NULL;
     if (bal && (st = load_balance(c, bal))) return st;
-    if (v && (st = get_int(c, v, P, "rebalance_every", 0, MAX_COUNT, 0, &pd->rebalance_every))) return st;
+    if (v && (st = cdp_json_get_int(&c->in, v, P, "rebalance_every", 0, MAX_COUNT, 0, &pd->rebalance_every))) return st;
     if ((st = check_shares(c))) return st;
     if ((st = batch_arithmetic(c))) return st;
     if (inter && pd->stages != CDP_AUTO && pd->micro_batches != CDP_AUTO && pd->micro_batches % pd->stages)
-        return failp(c, "/parallel/micro_batches", "%lld is not a multiple of /parallel/stages %lld, as "
+        return cdp_json_fail(&c->in, "/parallel/micro_batches", "%lld is not a multiple of /parallel/stages %lld, as "
                      "the interleaved schedule needs", (long long)pd->micro_batches, (long long)pd->stages);
     return CDP_OK;
 }
@@ -1255,23 +1043,23 @@ static cdp_status get_size(struct ld *c, const json_t *v, const char *key, uint6
 {
     const json_t *mem = json_object_get(v, key);
     if (!mem) return CDP_OK;
-    char MP[PTR_CAP];
-    ptr_key(MP, "/cluster", key);
+    char MP[CDP_JSON_PTR_CAP];
+    cdp_json_ptr_key(MP, "/cluster", key);
     const char *what = "a size like \"16GiB\" or \"512MB\", a number of bytes, or \"auto\"";
     if (json_is_integer(mem)) {
-        if (json_integer_value(mem) < 0) return expected(c, MP, what, mem);
+        if (json_integer_value(mem) < 0) return cdp_json_expected(&c->in, MP, what, mem);
         *out = (uint64_t)json_integer_value(mem);
     } else if (json_is_string(mem)) {
         const char *s = json_string_value(mem);
         if (strcmp(s, "auto") == 0) {
             *out = 0;
         } else if (strlen(s) != json_string_length(mem) || cdp_parse_size(s, out)) {
-            char why[512], g[GOT_CAP];
+            char why[512], g[CDP_JSON_GOT_CAP];
             snprintf(why, sizeof why, "%s", cdp_last_error());
-            return failp(c, MP, "expected %s, got %s: %s", what, got_str(mem, g, sizeof g), why);
+            return cdp_json_fail(&c->in, MP, "expected %s, got %s: %s", what, cdp_json_got(mem, g, sizeof g), why);
         }
     } else {
-        return expected(c, MP, what, mem);
+        return cdp_json_expected(&c->in, MP, what, mem);
     }
     return CDP_OK;
 }
@@ -1282,10 +1070,10 @@ static cdp_status load_cluster(struct ld *c, const json_t *v)
     cdp_status st;
     int be = 0;
     const char *P = "/cluster";
-    if ((st = need_object(c, v, P))) return st;
+    if ((st = cdp_json_need_object(&c->in, v, P))) return st;
     if (!v) return CDP_OK;
-    if ((st = check_keys(c, v, P, cluster_keys, "/cluster"))) return st;
-    if ((st = get_enum(c, v, P, "backend", cdp_plan_backend_names, &be))) return st;
+    if ((st = cdp_json_check_keys(&c->in, v, P, cluster_keys, "/cluster"))) return st;
+    if ((st = cdp_json_get_enum(&c->in, v, P, "backend", cdp_plan_backend_names, &be))) return st;
     cd->backend_auto = be == 0;
     cd->backend = be == 0 ? CDP_BACKEND_CPU : (enum cdp_backend)(be - 1);
     const json_t *topo = json_object_get(v, "topology");
@@ -1293,18 +1081,18 @@ static cdp_status load_cluster(struct ld *c, const json_t *v)
         char *spec = NULL;
         if (!json_is_string(topo) || json_string_length(topo) == 0 ||
             strlen(json_string_value(topo)) != json_string_length(topo))
-            return expected(c, "/cluster/topology", "\"auto\", a preset name, \"N x preset\" or a topology "
+            return cdp_json_expected(&c->in, "/cluster/topology", "\"auto\", a preset name, \"N x preset\" or a topology "
                             "file path", topo);
         /* Presets and "N x preset" are kept as written, files become absolute;
          * the file itself is read by the planner. */
         if (cdp_topology_check_spec(json_string_value(topo), c->base, &spec))
-            return failp(c, "/cluster/topology", "%s", cdp_last_error());
+            return cdp_json_fail(&c->in, "/cluster/topology", "%s", cdp_last_error());
         free(cd->topology);
         cd->topology = spec;
     }
-    if ((st = get_int(c, v, P, "nodes", 1, MAX_COUNT, 0, &cd->nodes))) return st;
-    if ((st = get_int(c, v, P, "devices", 1, MAX_COUNT, 1, &cd->devices))) return st;
-    if ((st = get_int(c, v, P, "ranks_per_device", 1, 64, 0, &cd->ranks_per_device))) return st;
+    if ((st = cdp_json_get_int(&c->in, v, P, "nodes", 1, MAX_COUNT, 0, &cd->nodes))) return st;
+    if ((st = cdp_json_get_int(&c->in, v, P, "devices", 1, MAX_COUNT, 1, &cd->devices))) return st;
+    if ((st = cdp_json_get_int(&c->in, v, P, "ranks_per_device", 1, 64, 0, &cd->ranks_per_device))) return st;
     if ((st = get_size(c, v, "device_memory", &cd->device_memory))) return st;
     if ((st = get_size(c, v, "host_memory", &cd->host_memory))) return st;
     return CDP_OK;
@@ -1315,15 +1103,15 @@ static cdp_status load_output(struct ld *c, const json_t *v)
     struct cdp_output_desc *od = &c->p->output;
     char **slots[] = {&od->metrics, &od->trace, &od->timeline, &od->weights};
     cdp_status st;
-    if ((st = need_object(c, v, "/output"))) return st;
+    if ((st = cdp_json_need_object(&c->in, v, "/output"))) return st;
     if (!v) return CDP_OK;
-    if ((st = check_keys(c, v, "/output", output_keys, "/output"))) return st;
+    if ((st = cdp_json_check_keys(&c->in, v, "/output", output_keys, "/output"))) return st;
     for (int i = 0; output_keys[i]; i++) {
         const json_t *e = json_object_get(v, output_keys[i]);
-        char kp[PTR_CAP];
+        char kp[CDP_JSON_PTR_CAP];
         if (!e || json_is_null(e)) continue;
-        ptr_key(kp, "/output", output_keys[i]);
-        if (!json_is_string(e)) return expected(c, kp, "a file path or null", e);
+        cdp_json_ptr_key(kp, "/output", output_keys[i]);
+        if (!json_is_string(e)) return cdp_json_expected(&c->in, kp, "a file path or null", e);
         if ((st = get_output_path(c, e, kp, 0, slots[i]))) return st;
     }
     return CDP_OK;
@@ -1389,8 +1177,8 @@ static void set_defaults(struct cdp_plan *p)
 static cdp_status load_json(struct ld *c, const json_t *root)
 {
     cdp_status st;
-    if (!json_is_object(root)) return expected(c, "top level", "an object", root);
-    if ((st = check_keys(c, root, "", top_keys, "a plan"))) return st;
+    if (!json_is_object(root)) return cdp_json_expected(&c->in, "top level", "an object", root);
+    if ((st = cdp_json_check_keys(&c->in, root, "", top_keys, "a plan"))) return st;
     if ((st = load_model(c, json_object_get(root, "model")))) return st;
     if (c->p->model.kind != CDP_MODEL_GPT) {
         int64_t params;
@@ -1401,7 +1189,7 @@ static cdp_status load_json(struct ld *c, const json_t *root)
     if ((st = load_parallel(c, json_object_get(root, "parallel")))) return st;
     if ((st = load_cluster(c, json_object_get(root, "cluster")))) return st;
     if ((st = load_output(c, json_object_get(root, "output")))) return st;
-    return check_fit(c->name, c->p);
+    return check_fit(c->in.file, c->p);
 }
 
 static int blank(const char *s, size_t n)
@@ -1416,7 +1204,7 @@ static cdp_status load_text(const char *text, size_t n, const char *name, const 
                             struct cdp_plan **out)
 {
     cdp_status st;
-    struct ld c = {.name = name};
+    struct ld c = {.in = {.file = name}};
     json_t *root = NULL;
     if (blank(text, n))
         return cdp_fail(CDP_ERR_INVALID, "%s: empty file; expected a JSON object with at least a "
@@ -1561,7 +1349,7 @@ int64_t cdp_plan_param_count(const struct cdp_plan *plan)
     const struct cdp_model_desc *m = &plan->model;
     int64_t E = m->embed, total, t;
     if (m->kind != CDP_MODEL_GPT) {
-        struct ld c = {.name = plan->source};
+        struct ld c = {.in = {.file = plan->source}};
         /* The list was checked at load, so this cannot fail. */
         return check_shapes(&c, m, &total) ? -1 : total;
     }

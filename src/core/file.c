@@ -1,0 +1,121 @@
+/* Files written whole or not at all (file.h). */
+#include "core/file.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "cdp/log.h"
+
+/* The folder of path ("." for a bare name), malloc'd. */
+static char *folder_of(const char *path)
+{
+    char *copy = strdup(path);
+    if (!copy) return NULL;
+    char *dir = strdup(dirname(copy));
+    free(copy);
+    return dir;
+}
+
+static void release(struct cdp_atomic_file *f)
+{
+    free(f->path);
+    free(f->tmp);
+    f->path = f->tmp = NULL;
+    f->stream = NULL;
+}
+
+cdp_status cdp_atomic_open(const char *path, struct cdp_atomic_file *out)
+{
+    struct cdp_atomic_file f = {0};
+    char *copy = strdup(path), *dir = folder_of(path);
+    f.path = strdup(path);
+    size_t cap = strlen(path) + 32;
+    f.tmp = malloc(cap);
+    if (!copy || !dir || !f.path || !f.tmp) {
+        free(copy);
+        free(dir);
+        release(&f);
+        return cdp_fail(CDP_ERR_NOMEM, "%s: out of memory", path);
+    }
+    snprintf(f.tmp, cap, "%s/.%s.tmp-XXXXXX", dir, basename(copy));
+    free(copy);
+    int fd = mkostemp(f.tmp, O_CLOEXEC);
+    if (fd < 0) {
+        cdp_status st = cdp_fail(CDP_ERR_IO, "%s: cannot create a temporary file in %s: %s", path, dir,
+                                 strerror(errno));
+        free(dir);
+        release(&f);
+        return st;
+    }
+    free(dir);
+    /* mkstemp makes the file private (0600); an output is an ordinary file */
+    if (fchmod(fd, 0644) != 0 || !(f.stream = fdopen(fd, "w"))) {
+        cdp_status st = cdp_fail(CDP_ERR_IO, "%s: cannot write %s: %s", path, f.tmp, strerror(errno));
+        close(fd);
+        unlink(f.tmp);
+        release(&f);
+        return st;
+    }
+    *out = f;
+    return CDP_OK;
+}
+
+cdp_status cdp_atomic_write(struct cdp_atomic_file *f, const void *data, size_t n)
+{
+    if (n && fwrite(data, 1, n, f->stream) != n)
+        return cdp_fail(CDP_ERR_IO, "%s: cannot write %s: %s", f->path, f->tmp, strerror(errno));
+    return CDP_OK;
+}
+
+cdp_status cdp_atomic_commit(struct cdp_atomic_file *f)
+{
+    cdp_status st = CDP_OK;
+    if (fflush(f->stream) != 0 || ferror(f->stream))
+        st = cdp_fail(CDP_ERR_IO, "%s: cannot write %s: %s", f->path, f->tmp, strerror(errno));
+    else if (fsync(fileno(f->stream)) != 0)
+        st = cdp_fail(CDP_ERR_IO, "%s: cannot sync %s: %s", f->path, f->tmp, strerror(errno));
+    if (fclose(f->stream) != 0 && !st)
+        st = cdp_fail(CDP_ERR_IO, "%s: cannot close %s: %s", f->path, f->tmp, strerror(errno));
+    if (!st && rename(f->tmp, f->path) != 0)
+        st = cdp_fail(CDP_ERR_IO, "%s: cannot rename %s into place: %s", f->path, f->tmp, strerror(errno));
+    if (st) {
+        unlink(f->tmp);
+    } else {
+        char *dir = folder_of(f->path);
+        if (dir) cdp_sync_dir(dir);
+        free(dir);
+    }
+    release(f);
+    return st;
+}
+
+void cdp_atomic_abort(struct cdp_atomic_file *f)
+{
+    if (f->stream) fclose(f->stream);
+    if (f->tmp) unlink(f->tmp);
+    release(f);
+}
+
+cdp_status cdp_write_file_atomic(const char *path, const void *data, size_t n)
+{
+    struct cdp_atomic_file f;
+    cdp_status st = cdp_atomic_open(path, &f);
+    if (st) return st;
+    if ((st = cdp_atomic_write(&f, data, n))) {
+        cdp_atomic_abort(&f);
+        return st;
+    }
+    return cdp_atomic_commit(&f);
+}
+
+void cdp_sync_dir(const char *dir)
+{
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0 || fsync(fd) != 0) CDP_WARN(CORE, "cannot sync the folder %s: %s", dir, strerror(errno));
+    if (fd >= 0) close(fd);
+}
