@@ -31,7 +31,7 @@
 #ifndef CDP_KERNELS_OPS_H
 #define CDP_KERNELS_OPS_H
 
-#include <stddef.h>
+#include <stddef.h> /* offsetof */
 #include <stdint.h>
 
 #include "cdp/plan_types.h"
@@ -120,6 +120,43 @@ struct cdp_ops {
     cdp_status (*linear_gelu_bwd)(void *st, float *dpre, float *dw, float *db, const float *dout, const float *act,
                                   const float *pre, const float *w, int N, int IC, int OC);
 };
+
+/* The table's entries in the order of struct cdp_ops, every backend's table
+ * is made from these lists (kernels/cpu/ops_table.c, kernels/cuda/ops_table.cu),
+ * so a table cannot miss an entry or hold one out of place; the checks below
+ * keep the lists and the struct in step. Required entries: every table has
+ * them. Optional ones: NULL where a table has none. */
+#define CDP_KERNEL_OPS(X)                                                                                   \
+    X(set_precision) X(zero) X(copy) X(add) X(scale) X(sum_squares) X(linear_fwd) X(linear_bwd) X(relu_fwd)  \
+    X(relu_bwd) X(gelu_fwd) X(gelu_bwd) X(layernorm_fwd) X(layernorm_bwd) X(residual_fwd) X(residual_bwd)   \
+    X(embedding_fwd) X(embedding_bwd) X(attention_fwd) X(attention_bwd) X(crossentropy_fwd)                 \
+    X(crossentropy_bwd) X(mse_fwd) X(mse_bwd) X(conv2d_fwd) X(conv2d_bwd) X(maxpool2d_fwd) X(maxpool2d_bwd) \
+    X(adamw_step) X(sgd_step)
+#define CDP_KERNEL_OPS_OPTIONAL(X) X(attention_state_floats) X(linear_gelu_bwd)
+
+enum cdp_kernel_op {
+#define CDP_KERNEL_OP_ENUM_(op) CDP_KERNEL_OP_##op,
+    CDP_KERNEL_OPS(CDP_KERNEL_OP_ENUM_) CDP_KERNEL_OPS_OPTIONAL(CDP_KERNEL_OP_ENUM_)
+#undef CDP_KERNEL_OP_ENUM_
+    CDP_KERNEL_OP_COUNT
+};
+
+/* Every entry is a function pointer, in list order after abi and name. */
+#define CDP_KERNEL_OP_AT_(op)                                                                                \
+    CDP_OPS_ASSERT(offsetof(struct cdp_ops, op) ==                                                           \
+                       offsetof(struct cdp_ops, set_precision) + CDP_KERNEL_OP_##op * sizeof(void (*)(void)), \
+                   #op " is where the lists say");
+#ifdef __cplusplus
+#define CDP_OPS_ASSERT(c, m) static_assert(c, m)
+#else
+#define CDP_OPS_ASSERT(c, m) _Static_assert(c, m)
+#endif
+CDP_KERNEL_OPS(CDP_KERNEL_OP_AT_)
+CDP_KERNEL_OPS_OPTIONAL(CDP_KERNEL_OP_AT_)
+CDP_OPS_ASSERT(sizeof(struct cdp_ops) ==
+                   offsetof(struct cdp_ops, set_precision) + CDP_KERNEL_OP_COUNT * sizeof(void (*)(void)),
+               "struct cdp_ops has exactly the entries of the lists");
+#undef CDP_KERNEL_OP_AT_
 
 /* The CPU reference table (kernels/cpu/ops_table.c); its state argument is unused. */
 extern const struct cdp_ops cdp_cpu_ops;

@@ -76,23 +76,25 @@ const char *cdp_gpu_name_by_pci_id(unsigned device)
 double cdp_topo_class_latency(enum cdp_link_class c)
 {
     /* Small-message one-way estimates; the planner only compares them. */
-    static const double lat[CDP_LINK_CLASS_COUNT] = {
+    static const double lat[] = {
         [CDP_LINK_SELF] = 0,       [CDP_LINK_NVLINK] = 2e-6, [CDP_LINK_NVSWITCH] = 2.5e-6,
         [CDP_LINK_PIX] = 4e-6,     [CDP_LINK_PXB] = 5e-6,    [CDP_LINK_PHB] = 6e-6,
         [CDP_LINK_NODE] = 7e-6,    [CDP_LINK_SYS] = 10e-6,   [CDP_LINK_MEM] = 1e-6,
         [CDP_LINK_NET] = CDP_TOPO_DEFAULT_NET_LATENCY,
     };
+    CDP_TABLE_CHECK(lat, CDP_LINK_CLASS_COUNT);
     return (unsigned)c < CDP_LINK_CLASS_COUNT ? lat[c] : 0;
 }
 
 const char *cdp_link_class_name(enum cdp_link_class c)
 {
-    static const char *const names[CDP_LINK_CLASS_COUNT] = {
+    static const char *const names[] = {
         [CDP_LINK_SELF] = "X",     [CDP_LINK_NVLINK] = "NV", [CDP_LINK_NVSWITCH] = "NV",
         [CDP_LINK_PIX] = "PIX",    [CDP_LINK_PXB] = "PXB",   [CDP_LINK_PHB] = "PHB",
         [CDP_LINK_NODE] = "NODE",  [CDP_LINK_SYS] = "SYS",   [CDP_LINK_MEM] = "MEM",
         [CDP_LINK_NET] = "NET",
     };
+    CDP_TABLE_CHECK(names, CDP_LINK_CLASS_COUNT);
     return (unsigned)c < CDP_LINK_CLASS_COUNT ? names[c] : "?";
 }
 

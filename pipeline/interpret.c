@@ -16,9 +16,10 @@ char cdp_exec_where_buf[256];
 
 enum { TAG_ACT = 0, TAG_GRAD = 1, TAG_VAL = 2 };
 
-static const char *const op_names[CDP_OP_COUNT] = {
+static const char *const op_names[] = {
     "LOAD", "FORWARD", "SEND_ACT", "RECV_ACT", "BACKWARD", "SEND_GRAD", "RECV_GRAD",
     "REDUCE_TIED_GRADS", "ALLREDUCE_GRADS", "OPTIMIZER_STEP"};
+CDP_TABLE_CHECK(op_names, CDP_OP_COUNT);
 
 static void set_where(struct exec *e, const struct cdp_instr *in)
 {
@@ -274,8 +275,9 @@ static cdp_status execute(struct exec *e, const struct cdp_instr *in)
         trace_ev(e, CDP_EV_OPTIMIZER, -1, to, cdp_time_ns());
         break;
     }
-    default:
+    case CDP_OP_COUNT:
         st = cdp_fail(CDP_ERR_INTERNAL, "unknown instruction %d", (int)in->op);
+        break;
     }
     return st;
 }
@@ -314,8 +316,16 @@ static cdp_status execute_nccl_group(struct exec *e, const struct cdp_instr *lis
                     st = cdp_fail(CDP_ERR_INTERNAL, "two gradients for chunk %d in one group", in->chunk);
             ops[i] = (struct cdp_nccl_p2p){0, in->peer, c->grad_in, (size_t)c->out_bytes};
             break;
-        default:
-            st = cdp_fail(CDP_ERR_INTERNAL, "%s in a point-to-point group", op_names[in->op]);
+        case CDP_OP_LOAD:
+        case CDP_OP_FORWARD:
+        case CDP_OP_BACKWARD:
+        case CDP_OP_REDUCE_TIED_GRADS:
+        case CDP_OP_ALLREDUCE_GRADS:
+        case CDP_OP_OPTIMIZER_STEP:
+        case CDP_OP_COUNT:
+            st = cdp_fail(CDP_ERR_INTERNAL, "%s in a point-to-point group",
+                          (unsigned)in->op < CDP_OP_COUNT ? op_names[in->op] : "?");
+            break;
         }
     }
     if (!st) st = cdp_nccl_sendrecv(e->npipe, ops, n, e->timeout);

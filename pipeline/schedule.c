@@ -59,7 +59,7 @@ const char *cdp_instr_str(const struct cdp_instr *in, int v, char *buf, size_t c
     case CDP_OP_REDUCE_TIED_GRADS: snprintf(buf, cap, "T"); break;
     case CDP_OP_ALLREDUCE_GRADS: snprintf(buf, cap, "A"); break;
     case CDP_OP_OPTIMIZER_STEP: snprintf(buf, cap, "O"); break;
-    default: snprintf(buf, cap, "?op%d", (int)in->op); break;
+    case CDP_OP_COUNT: snprintf(buf, cap, "?op%d", (int)in->op); break;
     }
     return buf;
 }
@@ -359,7 +359,8 @@ cdp_status cdp_schedule_build_ex(enum cdp_schedule_kind kind, int p, int v, int 
         switch (kind) {
         case CDP_SCHEDULE_GPIPE: gen_gpipe(&b, r); break;
         case CDP_SCHEDULE_1F1B: gen_1f1b(&b, r); break;
-        default:
+        case CDP_SCHEDULE_INTERLEAVED:
+        case CDP_SCHEDULE_COUNT:
             if (b.rendezvous) gen_interleaved_batched(&b, r);
             else gen_interleaved(&b, r);
             break;
@@ -534,7 +535,14 @@ static cdp_status check_rank(const struct cdp_schedule *s, int r, int *pos /* m*
         case CDP_OP_SEND_GRAD:
             if (POS(mb, c, P_B) < 0) return bad_at(s, r, i, "sends the input gradient of %s before its backward", NM);
             break;
-        default: break;
+        case CDP_OP_LOAD:
+        case CDP_OP_RECV_ACT:
+        case CDP_OP_RECV_GRAD:
+        case CDP_OP_REDUCE_TIED_GRADS:
+        case CDP_OP_ALLREDUCE_GRADS:
+        case CDP_OP_OPTIMIZER_STEP:
+        case CDP_OP_COUNT:
+            break;
         }
         *at = i;
     }
@@ -693,8 +701,18 @@ static struct wire wire_of(const struct cdp_schedule *s, int r, const struct cdp
     case CDP_OP_SEND_ACT: return (struct wire){0, in->mb, k};
     case CDP_OP_RECV_ACT: return (struct wire){0, in->mb, k - 1};
     case CDP_OP_SEND_GRAD: return (struct wire){1, in->mb, k};
-    default: return (struct wire){1, in->mb, k + 1};
+    case CDP_OP_RECV_GRAD: return (struct wire){1, in->mb, k + 1};
+    case CDP_OP_LOAD:
+    case CDP_OP_FORWARD:
+    case CDP_OP_BACKWARD:
+    case CDP_OP_REDUCE_TIED_GRADS:
+    case CDP_OP_ALLREDUCE_GRADS:
+    case CDP_OP_OPTIMIZER_STEP:
+    case CDP_OP_COUNT:
+        break;
     }
+    CDP_ASSERT(!"wire_of: not a send or a receive");
+    return (struct wire){0, 0, 0};
 }
 
 static int is_send(enum cdp_op op) { return op == CDP_OP_SEND_ACT || op == CDP_OP_SEND_GRAD; }

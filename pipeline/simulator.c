@@ -275,7 +275,7 @@ static cdp_status step_rank(struct sim *S, int i, double now, int *progressed)
             if ((st = compute(S, i, CDP_EV_OPTIMIZER, -1, d, now))) return st;
             computes = 1;
             break;
-        default:
+        case CDP_OP_COUNT:
             return cdp_fail(CDP_ERR_INVALID, "simulator: unknown instruction %d", (int)in->op);
         }
         q->pc++;

@@ -20,7 +20,8 @@ struct cdp_trace {
     int has_origin;
 };
 
-static const char *const kind_names[CDP_EV_KIND_COUNT] = {"load", "forward", "backward", "optimizer", "eval"};
+static const char *const kind_names[] = {"load", "forward", "backward", "optimizer", "eval"};
+CDP_TABLE_CHECK(kind_names, CDP_EV_KIND_COUNT);
 
 cdp_status cdp_trace_create(int ranks, int64_t max_events, struct cdp_trace **out)
 {

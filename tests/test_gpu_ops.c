@@ -976,7 +976,7 @@ static void body_attention_state_planner(void)
         const struct attention_shape sh = attention_shapes[k];
         struct cdp_unit u;
         memset(&u, 0, sizeof u);
-        u.kind = CDP_UNIT_ATTENTION;
+        u.desc.type = CDP_LAYER_ATTENTION;
         u.in = (struct cdp_shape){2, {sh.T, sh.C}};
         u.desc.heads = sh.NH;
         u.att_floats = (int64_t)sh.NH * sh.T * sh.T;

@@ -84,7 +84,7 @@ static void check_counted_work(const char *json, int B)
     for (int i = 0; i < n; i++) {
         const struct cdp_unit *u = cdp_model_unit(m, i);
         cr_assert_geq(u->fwd_flops, 0);
-        cr_assert_geq(u->act_floats, u->out_floats, "%s keeps its output", cdp_unit_kind_name(u->kind));
+        cr_assert_geq(u->act_floats, u->out_floats, "%s keeps its output", cdp_layer_name(u->desc.type));
     }
     sgemm_flops = 0;
     cr_assert_eq(cdp_model_forward(m, 0), CDP_OK);
@@ -421,7 +421,7 @@ Test(model, a_unit_runs_on_its_kernel_table_and_stops_at_the_first_failure)
     int n;
     cr_assert_eq(cdp_units_build(&p->model, &u, &n), CDP_OK);
     const struct cdp_unit *blk = &u[1];
-    cr_assert_eq(blk->kind, CDP_UNIT_TRANSFORMER_BLOCK);
+    cr_assert_eq(blk->desc.type, CDP_LAYER_TRANSFORMER_BLOCK);
     const int B = 2;
     float *params[CDP_UNIT_MAX_PARAMS] = {0}, *grads[CDP_UNIT_MAX_PARAMS] = {0};
     for (int i = 0; i < blk->n_params; i++) {
@@ -527,7 +527,7 @@ Test(model, attention_keeps_the_state_its_kernel_table_asks_for)
     /* sizes: the block shrinks by the difference, other units and a table
      * without the entry change nothing */
     const struct cdp_unit full = u[1];
-    cr_assert_eq(full.kind, CDP_UNIT_TRANSFORMER_BLOCK);
+    cr_assert_eq(full.desc.type, CDP_LAYER_TRANSFORMER_BLOCK);
     cr_assert_eq(full.att_floats, NH * T * T);
     struct cdp_unit fit = full, same = full, emb = u[0];
     cdp_unit_fit_kernels(&same, &cpu, B);

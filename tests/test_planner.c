@@ -607,7 +607,7 @@ Test(planner, fused_attention_state_counts_in_activation_memory)
     int n;
     cr_assert_eq(cdp_units_build(&fused->model, &u, &n), CDP_OK, "%s", cdp_last_error());
     const struct cdp_unit *blk = &u[1];
-    cr_assert_eq(blk->kind, CDP_UNIT_TRANSFORMER_BLOCK);
+    cr_assert_eq(blk->desc.type, CDP_LAYER_TRANSFORMER_BLOCK);
     const int64_t T = 256, C = 512;
     cr_expect_eq(cdp_cost_att_floats(fused, blk), T * (8 + C));
     cr_expect_eq(cdp_cost_att_floats(fp32, blk), blk->att_floats);

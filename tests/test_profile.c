@@ -51,7 +51,7 @@ static void check_profile(const char *plan_path)
     cr_expect(t.optimizer_s_per_param > 0);
     for (int i = 0; i < n; i++) {
         cr_expect_eq(t.units[i].index, i);
-        cr_expect_eq(t.units[i].kind, u[i].kind);
+        cr_expect_eq(t.units[i].type, u[i].desc.type);
         cr_expect(t.units[i].fwd_s > 0 && t.units[i].bwd_s > 0, "unit %d: %g %g", i, t.units[i].fwd_s,
                   t.units[i].bwd_s);
         /* no comparison of the two times: tests never assert on measured speed
@@ -80,9 +80,9 @@ Test(profile, gpt_units_measured)
 
 Test(profile, json_round_trip)
 {
-    struct cdp_cost_table_unit us[3] = {{0, CDP_UNIT_LINEAR, 1.25e-3, 2.5e-3},
-                                        {1, CDP_UNIT_RELU, 3.0e-6, 4.0e-6},
-                                        {2, CDP_UNIT_LM_HEAD, 0.123456789, 0.2}};
+    struct cdp_cost_table_unit us[3] = {{0, CDP_LAYER_LINEAR, 1.25e-3, 2.5e-3},
+                                        {1, CDP_LAYER_RELU, 3.0e-6, 4.0e-6},
+                                        {2, CDP_LAYER_LM_HEAD, 0.123456789, 0.2}};
     struct cdp_cost_table t = {.micro_batch = 7, .threads = 3, .n_units = 3, .units = us,
                                .optimizer_s_per_param = 1.5e-9};
     snprintf(t.device, sizeof t.device, "cpu: test");
@@ -97,7 +97,7 @@ Test(profile, json_round_trip)
     cr_assert_eq(r.n_units, 3);
     for (int i = 0; i < 3; i++) {
         cr_expect_eq(r.units[i].index, i);
-        cr_expect_eq(r.units[i].kind, us[i].kind);
+        cr_expect_eq(r.units[i].type, us[i].type);
         cr_expect(fabs(r.units[i].fwd_s - us[i].fwd_s) <= 1e-8 * us[i].fwd_s);
         cr_expect(fabs(r.units[i].bwd_s - us[i].bwd_s) <= 1e-8 * us[i].bwd_s);
     }

@@ -18,6 +18,14 @@ enum cdp_backend { CDP_BACKEND_CPU = 0, CDP_BACKEND_CUDA, CDP_BACKEND_COUNT };
 /* "cpu" / "cuda"; "?" out of range. */
 const char *cdp_backend_name(enum cdp_backend b);
 
+/* A compile-time check that table t has n entries: every table indexed by
+ * one of our enums is checked against the enum's _COUNT. */
+#ifdef __cplusplus
+#define CDP_TABLE_CHECK(t, n) static_assert(sizeof(t) / sizeof((t)[0]) == (n), #t ": one entry per enum value")
+#else
+#define CDP_TABLE_CHECK(t, n) _Static_assert(sizeof(t) / sizeof((t)[0]) == (n), #t ": one entry per enum value")
+#endif
+
 /* Aborts with file:line on a broken invariant (a programmer error, never bad input). */
 #define CDP_ASSERT(cond)                                                             \
     do {                                                                             \

@@ -9,6 +9,7 @@
 #include <stdio.h>
 
 #include "cdp/core.h"
+#include "cdp/layer_types.h"
 #include "cdp/status.h"
 
 #ifdef __cplusplus
@@ -26,19 +27,16 @@ enum cdp_model_kind {
     CDP_MODEL_KIND_COUNT
 };
 
+/* The layer types (cdp/layer_types.h lists them). */
 enum cdp_layer_type {
-    CDP_LAYER_LINEAR = 0,
-    CDP_LAYER_RELU,
-    CDP_LAYER_GELU,
-    CDP_LAYER_LAYERNORM,
-    CDP_LAYER_EMBEDDING,
-    CDP_LAYER_ATTENTION,
-    CDP_LAYER_TRANSFORMER_BLOCK,
-    CDP_LAYER_CONV2D,
-    CDP_LAYER_MAXPOOL2D,
-    CDP_LAYER_FLATTEN,
+#define CDP_LAYER_ENUM_(NAME, name) CDP_LAYER_##NAME,
+    CDP_LAYER_TYPES(CDP_LAYER_ENUM_)
+#undef CDP_LAYER_ENUM_
     CDP_LAYER_TYPE_COUNT
 };
+
+/* The largest size or count a plan may give (keeps every product of two below 2^63). */
+#define CDP_PLAN_MAX_COUNT INT32_MAX
 
 /* One layer of an explicit list; only the fields of its type are meaningful. */
 struct cdp_layer_desc {

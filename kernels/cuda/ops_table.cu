@@ -1,39 +1,10 @@
-/* The CUDA kernel table (kernels/ops.h). */
+/* The CUDA kernel table (kernels/ops.h), made from its lists in struct order. */
 #include "kernels/cuda/ops_cuda.h"
 
 extern "C" const struct cdp_ops cdp_cuda_ops = {
     CDP_OPS_ABI,
     "cuda",
-    cdp_cuda_set_precision,
-    cdp_cuda_zero,
-    cdp_cuda_copy,
-    cdp_cuda_add,
-    cdp_cuda_scale,
-    cdp_cuda_sum_squares,
-    cdp_cuda_linear_fwd,
-    cdp_cuda_linear_bwd,
-    cdp_cuda_relu_fwd,
-    cdp_cuda_relu_bwd,
-    cdp_cuda_gelu_fwd,
-    cdp_cuda_gelu_bwd,
-    cdp_cuda_layernorm_fwd,
-    cdp_cuda_layernorm_bwd,
-    cdp_cuda_residual_fwd,
-    cdp_cuda_residual_bwd,
-    cdp_cuda_embedding_fwd,
-    cdp_cuda_embedding_bwd,
-    cdp_cuda_attention_fwd,
-    cdp_cuda_attention_bwd,
-    cdp_cuda_crossentropy_fwd,
-    cdp_cuda_crossentropy_bwd,
-    cdp_cuda_mse_fwd,
-    cdp_cuda_mse_bwd,
-    cdp_cuda_conv2d_fwd,
-    cdp_cuda_conv2d_bwd,
-    cdp_cuda_maxpool2d_fwd,
-    cdp_cuda_maxpool2d_bwd,
-    cdp_cuda_adamw_step,
-    cdp_cuda_sgd_step,
-    cdp_cuda_attention_state_floats,
-    cdp_cuda_linear_gelu_bwd,
+#define CUDA_ENTRY_(op) cdp_cuda_##op,
+    CDP_KERNEL_OPS(CUDA_ENTRY_) CDP_KERNEL_OPS_OPTIONAL(CUDA_ENTRY_)
+#undef CUDA_ENTRY_
 };

@@ -54,7 +54,7 @@ int cdp_cli_profile(const struct cdp_plan *plan, const char *plan_path, const ch
            (long long)t.micro_batch, t.threads, t.threads == 1 ? "" : "s", cpus ? ", on CPUs " : "", cpus ? cpuset : "");
     printf("  unit  kind                 fwd ms    bwd ms\n");
     for (int i = 0; i < t.n_units; i++) {
-        printf("  %4d  %-18s %8.3f  %8.3f\n", i, cdp_unit_kind_name(t.units[i].kind), t.units[i].fwd_s * 1e3,
+        printf("  %4d  %-18s %8.3f  %8.3f\n", i, cdp_layer_name(t.units[i].type), t.units[i].fwd_s * 1e3,
                t.units[i].bwd_s * 1e3);
         f += t.units[i].fwd_s;
         b += t.units[i].bwd_s;

@@ -155,9 +155,10 @@ void cdp_comm_free(cdp_comm_t c)
 
 /* ---- collectives ------------------------------------------------------------- */
 
-static const char *const op_names[CDP_REDUCE_OP_COUNT] = {
+static const char *const op_names[] = {
     [CDP_REDUCE_SUM] = "sum", [CDP_REDUCE_AVG] = "average", [CDP_REDUCE_MAX] = "max"
 };
+CDP_TABLE_CHECK(op_names, CDP_REDUCE_OP_COUNT);
 
 cdp_status cdp_comm_split(cdp_comm_t c, int color, int key, cdp_comm_t *out)
 {

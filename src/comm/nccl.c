@@ -243,9 +243,10 @@ cdp_status cdp_nccl_split(cdp_nccl_t c, int color, int key, cdp_nccl_t *out)
     return CDP_OK;
 }
 
-static const char *const op_names[CDP_REDUCE_OP_COUNT] = {
+static const char *const op_names[] = {
     [CDP_REDUCE_SUM] = "sum", [CDP_REDUCE_AVG] = "average", [CDP_REDUCE_MAX] = "max"
 };
+CDP_TABLE_CHECK(op_names, CDP_REDUCE_OP_COUNT);
 
 static cdp_status allreduce(struct cdp_nccl *c, void *buf, size_t n, enum cdp_nccl_dtype dt,
                             enum cdp_reduce_op op, double timeout_s)

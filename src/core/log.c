@@ -8,12 +8,14 @@
 #include <string.h>
 #include <strings.h>
 
+#include "cdp/core.h" /* CDP_TABLE_CHECK */
+
 static enum cdp_log_level cdp_log_level_now = CDP_LOG_WARN;
 static unsigned cdp_log_mask = (1u << CDP_SUBSYS_COUNT) - 1u;
 static int cdp_log_rank = 0;
 static int cdp_log_size = 1;
 
-static const char *const cdp_subsys_names[CDP_SUBSYS_COUNT] = {
+static const char *const cdp_subsys_names[] = {
     [CDP_SUBSYS_CORE] = "CORE",     [CDP_SUBSYS_PLAN] = "PLAN",
     [CDP_SUBSYS_DEVICE] = "DEVICE", [CDP_SUBSYS_TOPO] = "TOPO",
     [CDP_SUBSYS_PART] = "PART",     [CDP_SUBSYS_SCHED] = "SCHED",
@@ -21,13 +23,15 @@ static const char *const cdp_subsys_names[CDP_SUBSYS_COUNT] = {
     [CDP_SUBSYS_KERNEL] = "KERNEL", [CDP_SUBSYS_DATA] = "DATA",
     [CDP_SUBSYS_CKPT] = "CKPT",     [CDP_SUBSYS_CLI] = "CLI",
 };
+CDP_TABLE_CHECK(cdp_subsys_names, CDP_SUBSYS_COUNT);
 
-static const char *const cdp_level_names[CDP_LOG_LEVEL_COUNT] = {
+static const char *const cdp_level_names[] = {
     [CDP_LOG_ERROR] = "error",
     [CDP_LOG_WARN] = "warn",
     [CDP_LOG_INFO] = "info",
     [CDP_LOG_DEBUG] = "debug",
 };
+CDP_TABLE_CHECK(cdp_level_names, CDP_LOG_LEVEL_COUNT);
 
 const char *cdp_log_subsys_name(enum cdp_log_subsys s)
 {
@@ -105,7 +109,8 @@ int cdp_log_enabled(enum cdp_log_level level, enum cdp_log_subsys s)
 
 void cdp_log_write(enum cdp_log_level level, enum cdp_log_subsys s, const char *fmt, ...)
 {
-    static const char *const tags[CDP_LOG_LEVEL_COUNT] = {"ERROR", "WARN", "INFO", "DEBUG"};
+    static const char *const tags[] = {"ERROR", "WARN", "INFO", "DEBUG"};
+    CDP_TABLE_CHECK(tags, CDP_LOG_LEVEL_COUNT);
     char line[2048];
     int n = 0;
     if (cdp_log_size > 1)

@@ -6,11 +6,13 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "cdp/core.h" /* CDP_TABLE_CHECK */
+
 #define CDP_ERROR_CAP 4096
 
 static _Thread_local char cdp_error_buf[CDP_ERROR_CAP];
 
-static const char *const cdp_status_names[CDP_STATUS_COUNT] = {
+static const char *const cdp_status_names[] = {
     [CDP_OK] = "ok",
     [CDP_ERR_INVALID] = "invalid input",
     [CDP_ERR_NOMEM] = "out of memory",
@@ -20,6 +22,7 @@ static const char *const cdp_status_names[CDP_STATUS_COUNT] = {
     [CDP_ERR_COMM] = "communication error",
     [CDP_ERR_INTERNAL] = "internal error",
 };
+CDP_TABLE_CHECK(cdp_status_names, CDP_STATUS_COUNT);
 
 const char *cdp_status_str(cdp_status st)
 {

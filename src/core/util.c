@@ -114,10 +114,11 @@ char *cdp_format_bytes(uint64_t bytes, char *buf, size_t cap)
     return buf;
 }
 
-static const char *const backend_names[CDP_BACKEND_COUNT] = {
+static const char *const backend_names[] = {
     [CDP_BACKEND_CPU] = "cpu",
     [CDP_BACKEND_CUDA] = "cuda",
 };
+CDP_TABLE_CHECK(backend_names, CDP_BACKEND_COUNT);
 
 const char *cdp_backend_name(enum cdp_backend b)
 {

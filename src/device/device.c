@@ -45,9 +45,10 @@ static cdp_status backend_for(enum cdp_backend type, const struct cdp_device_bac
         return CDP_OK;
     case CDP_BACKEND_CUDA:
         return cdp_device_module_load("cuda", out);
-    default:
-        return cdp_fail(CDP_ERR_INVALID, "unknown device type %d", (int)type);
+    case CDP_BACKEND_COUNT:
+        break;
     }
+    return cdp_fail(CDP_ERR_INVALID, "unknown device type %d", (int)type);
 }
 
 cdp_status cdp_device_count(enum cdp_backend type, int *out)

@@ -4,14 +4,17 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "cdp/core.h" /* CDP_TABLE_CHECK */
+
 static const struct {
     const char *name;
     size_t size;
-} cdp_dtypes[CDP_DTYPE_COUNT] = {
+} cdp_dtypes[] = {
     [CDP_DTYPE_F32] = {"f32", 4},
     [CDP_DTYPE_BF16] = {"bf16", 2},
     [CDP_DTYPE_I32] = {"i32", 4},
 };
+CDP_TABLE_CHECK(cdp_dtypes, CDP_DTYPE_COUNT);
 
 size_t cdp_dtype_size(enum cdp_dtype t)
 {

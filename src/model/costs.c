@@ -12,6 +12,7 @@
 #include "cdp/core.h"
 #include "core/file.h"
 #include "core/json_check.h"
+#include "model/layer_def.h"
 #include "model/optim.h"
 
 /* The runtime keeps activations, gradients and what travels between stages
@@ -52,7 +53,7 @@ void cdp_cost_fit_units(const struct cdp_plan *plan, struct cdp_unit *u, int n)
 
 int64_t cdp_cost_att_floats(const struct cdp_plan *plan, const struct cdp_unit *u)
 {
-    if (u->kind != CDP_UNIT_ATTENTION && u->kind != CDP_UNIT_TRANSFORMER_BLOCK) return 0;
+    if (!cdp_layer_def(u->desc.type)->keeps_attention) return 0;
     const int64_t T = u->in.d[0], C = u->in.d[1], NH = u->desc.heads;
     const int64_t HS = NH > 0 ? C / NH : 0;
     if (plan->cluster.backend == CDP_BACKEND_CUDA && plan->train.precision == CDP_PRECISION_BF16 &&
@@ -80,7 +81,7 @@ cdp_status cdp_cost_table_write(const struct cdp_cost_table *t, const char *path
     json_object_set_new(o, "threads", json_integer(t->threads));
     for (int i = 0; i < t->n_units; i++)
         json_array_append_new(units, json_pack("{s:i,s:s,s:f,s:f}", "index", t->units[i].index, "kind",
-                                               cdp_unit_kind_name(t->units[i].kind), "fwd_s", t->units[i].fwd_s,
+                                               cdp_layer_name(t->units[i].type), "fwd_s", t->units[i].fwd_s,
                                                "bwd_s", t->units[i].bwd_s));
     json_object_set_new(o, "units", units);
     json_object_set_new(o, "optimizer_s_per_param", json_real(t->optimizer_s_per_param));
@@ -100,11 +101,11 @@ cdp_status cdp_cost_table_write(const struct cdp_cost_table *t, const char *path
     return st;
 }
 
-static int kind_of(const char *name, enum cdp_unit_kind *k)
+static int kind_of(const char *name, enum cdp_layer_type *k)
 {
-    for (int i = 0; i < CDP_UNIT_KIND_COUNT; i++)
-        if (!strcmp(cdp_unit_kind_name((enum cdp_unit_kind)i), name)) {
-            *k = (enum cdp_unit_kind)i;
+    for (int i = 0; i < CDP_LAYER_TYPE_COUNT; i++)
+        if (!strcmp(cdp_layer_name((enum cdp_layer_type)i), name)) {
+            *k = (enum cdp_layer_type)i;
             return 1;
         }
     return 0;
@@ -170,7 +171,7 @@ cdp_status cdp_cost_table_read(const char *path, struct cdp_cost_table *out)
         snprintf(what, sizeof what, "%d", i);
         if ((st = cdp_json_int(&in, json_object_get(e, "index"), p, i, i, 0, what, &index))) goto fail;
         cdp_json_ptr_key(p, where, "kind");
-        if (!json_is_string(k) || !kind_of(json_string_value(k), &t.units[i].kind)) {
+        if (!json_is_string(k) || !kind_of(json_string_value(k), &t.units[i].type)) {
             st = cdp_json_expected(&in, p, "a unit kind", k);
             goto fail;
         }
@@ -199,8 +200,8 @@ cdp_status cdp_cost_table_check(const struct cdp_cost_table *t, const char *path
                         "(profile it again: cdphybrid --plan %s --profile)", path, (long long)t->micro_batch,
                         plan->source, (long long)plan->train.micro_batch, plan->source);
     for (int i = 0; i < n; i++)
-        if (t->units[i].kind != u[i].kind)
+        if (t->units[i].type != u[i].desc.type)
             return cdp_fail(CDP_ERR_INVALID, "%s: /units/%d is a %s; unit %d of %s's model is a %s", path, i,
-                            cdp_unit_kind_name(t->units[i].kind), i, plan->source, cdp_unit_kind_name(u[i].kind));
+                            cdp_layer_name(t->units[i].type), i, plan->source, cdp_layer_name(u[i].desc.type));
     return CDP_OK;
 }

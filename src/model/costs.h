@@ -58,7 +58,7 @@ void cdp_cost_fit_units(const struct cdp_plan *plan, struct cdp_unit *u, int n);
  * "optimizer_s_per_param"}. */
 struct cdp_cost_table_unit {
     int index;
-    enum cdp_unit_kind kind;
+    enum cdp_layer_type type;
     double fwd_s, bwd_s;
 };
 

@@ -163,7 +163,8 @@ struct cdp_data {
     float *w1, *b1, *w2, *b2;
 };
 
-static const char *const source_names[CDP_DATA_SOURCE_COUNT] = {"synthetic", "text", "tokens", "idx"};
+static const char *const source_names[] = {"synthetic", "text", "tokens", "idx"};
+CDP_TABLE_CHECK(source_names, CDP_DATA_SOURCE_COUNT);
 
 /* The sample shape a model takes (see data.h). */
 static cdp_status shape_from_model(const struct cdp_model_desc *m, struct cdp_sample_shape *s)
@@ -569,7 +570,8 @@ cdp_status cdp_data_open(const struct cdp_data_desc *desc, const struct cdp_mode
     case CDP_DATA_SYNTHETIC: st = open_synthetic(d); break;
     case CDP_DATA_TEXT: st = open_text(d); break;
     case CDP_DATA_TOKENS: st = open_tokens(d); break;
-    default: st = open_idx(d, model); break;
+    case CDP_DATA_IDX: st = open_idx(d, model); break;
+    case CDP_DATA_SOURCE_COUNT: st = cdp_fail(CDP_ERR_INVALID, "data: unknown source %d", (int)desc->source); break;
     }
     if (st) goto fail;
     if (desc->source == CDP_DATA_SYNTHETIC)

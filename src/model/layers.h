@@ -1,7 +1,8 @@
-/* The layer table: every partition unit of a model (a layer of an explicit list,
+/* The units of a model: every partition unit (a layer of an explicit list,
  * or a GPT embedding / transformer block / head) with its shapes, parameters,
  * work and memory, and its forward and backward passes through a device's
- * kernel table (kernels/ops.h), so the same code runs on every backend.
+ * kernel table (kernels/ops.h), so the same code runs on every backend. What
+ * each layer type does is in its own file (model/layer_def.h).
  * The partitioner and the simulator read the same numbers the executor uses.
  *
  * Per-sample figures: multiply by the micro-batch size B.
@@ -19,21 +20,6 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-enum cdp_unit_kind {
-    CDP_UNIT_LINEAR = 0,
-    CDP_UNIT_RELU,
-    CDP_UNIT_GELU,
-    CDP_UNIT_LAYERNORM,
-    CDP_UNIT_EMBEDDING,
-    CDP_UNIT_ATTENTION,         /* qkv projection + attention + output projection */
-    CDP_UNIT_TRANSFORMER_BLOCK, /* GPT-2 pre-LN block */
-    CDP_UNIT_CONV2D,
-    CDP_UNIT_MAXPOOL2D,
-    CDP_UNIT_FLATTEN,
-    CDP_UNIT_LM_HEAD,           /* GPT: final layernorm + vocabulary projection */
-    CDP_UNIT_KIND_COUNT
-};
 
 #define CDP_UNIT_MAX_PARAMS 12
 #define CDP_SHAPE_MAX 4
@@ -64,9 +50,8 @@ struct cdp_param_desc {
 };
 
 struct cdp_unit {
-    enum cdp_unit_kind kind;
+    struct cdp_layer_desc desc;   /* its type (model/layer_def.h describes it) and sizes (out, kernel, heads, ...) */
     int index;                    /* global unit index in the model */
-    struct cdp_layer_desc desc;   /* sizes (out, kernel, heads, vocab, ...) */
     int64_t T;                    /* tokens per sample for token models, else 0 */
     struct cdp_shape in, out;     /* per sample */
     int in_tokens;                /* the input is int32 token ids */
@@ -87,7 +72,9 @@ cdp_status cdp_units_build(const struct cdp_model_desc *m, struct cdp_unit **out
  * backward use the same scratch). */
 int64_t cdp_unit_scratch_floats(const struct cdp_unit *u, int B);
 
-const char *cdp_unit_kind_name(enum cdp_unit_kind k);
+/* The name of a layer type ("linear", "lm_head"): the plan's "type", the
+ * unit's name in cost tables and messages; "?" out of range. */
+const char *cdp_layer_name(enum cdp_layer_type t);
 
 struct cdp_kernels;
 /* Sizes an attention or transformer-block unit's saved attention state for

@@ -358,7 +358,7 @@ cdp_status cdp_model_forward(struct cdp_model *m, int slot)
         const void *in = i == 0 ? cdp_model_input(m, slot) : (const void *)slot_act(m, slot, i - 1);
         if ((st = cdp_unit_forward(&m->k, u, &m->pptr[i * CDP_UNIT_MAX_PARAMS], in, slot_act(m, slot, i),
                                    scratch, m->B)))
-            return cdp_error_context(st, "forward of unit %d (%s)", u->index, cdp_unit_kind_name(u->kind));
+            return cdp_error_context(st, "forward of unit %d (%s)", u->index, cdp_layer_name(u->desc.type));
     }
     return CDP_OK;
 }
@@ -449,12 +449,12 @@ cdp_status cdp_model_backward(struct cdp_model *m, int slot, const float *dout, 
             int64_t n = 1;
             for (int d = 0; d < u->in.ndim; d++) n *= u->in.d[d];
             if ((st = zero_floats(m, dst, m->B * n)))
-                return cdp_error_context(st, "backward of unit %d (%s)", u->index, cdp_unit_kind_name(u->kind));
+                return cdp_error_context(st, "backward of unit %d (%s)", u->index, cdp_layer_name(u->desc.type));
         }
         const void *in = i == 0 ? cdp_model_input(m, slot) : (const void *)slot_act(m, slot, i - 1);
         if ((st = cdp_unit_backward(&m->k, u, &m->pptr[i * CDP_UNIT_MAX_PARAMS], &m->gptr[i * CDP_UNIT_MAX_PARAMS],
                                     in, slot_act(m, slot, i), cur, dst, scratch, m->B)))
-            return cdp_error_context(st, "backward of unit %d (%s)", u->index, cdp_unit_kind_name(u->kind));
+            return cdp_error_context(st, "backward of unit %d (%s)", u->index, cdp_layer_name(u->desc.type));
         cur = dst;
     }
     return CDP_OK;
@@ -507,7 +507,7 @@ static int hf_gpt2_name(const struct cdp_model *m, const struct cdp_model_tensor
         snprintf(out, cap, "%s%s.weight", prefix, pname);
         return 1;
     }
-    if (u && u->kind == CDP_UNIT_LM_HEAD) {
+    if (u && u->desc.type == CDP_LAYER_LM_HEAD) {
         if (!strncmp(pname, "ln_f", 4)) snprintf(out, cap, "%s%s", prefix, pname);
         else snprintf(out, cap, "lm_head.weight");
         return 1;

@@ -207,7 +207,7 @@ cdp_status cdp_profile_run(const struct cdp_plan *plan, const struct cdp_profile
     }
     for (int i = 0; i < n; i++)
         if ((st = unit_setup(plan, &u[i], n, dev, &rng, MAX_ROUNDS, &runs[i]))) {
-            st = cdp_error_context(st, "%s: profiling unit %d (%s)", plan->source, i, cdp_unit_kind_name(u[i].kind));
+            st = cdp_error_context(st, "%s: profiling unit %d (%s)", plan->source, i, cdp_layer_name(u[i].desc.type));
             goto fail;
         }
     int rounds = 0;
@@ -218,7 +218,7 @@ cdp_status cdp_profile_run(const struct cdp_plan *plan, const struct cdp_profile
         for (int i = 0; i < n; i++) {
             if ((st = one_pass(runs[i].m, &runs[i].io, runs[i].ends, &runs[i].tf[rounds], &runs[i].tb[rounds]))) {
                 st = cdp_error_context(st, "%s: profiling unit %d (%s)", plan->source, i,
-                                       cdp_unit_kind_name(u[i].kind));
+                                       cdp_layer_name(u[i].desc.type));
                 goto fail;
             }
             if (rounds % 64 == 63) cdp_model_zero_grad(runs[i].m); /* keep accumulated gradients finite */
@@ -227,11 +227,11 @@ cdp_status cdp_profile_run(const struct cdp_plan *plan, const struct cdp_profile
     }
     for (int i = 0; i < n; i++) {
         t.units[i].index = u[i].index;
-        t.units[i].kind = u[i].kind;
+        t.units[i].type = u[i].desc.type;
         /* the clock's resolution is far below a unit's time; a zero would read as "not measured" */
         t.units[i].fwd_s = fmax(mean(runs[i].tf, rounds), 1e-9);
         t.units[i].bwd_s = fmax(mean(runs[i].tb, rounds), 1e-9);
-        CDP_DEBUG(PART, "unit %d (%s): %d rounds, fwd %.6f s, bwd %.6f s", i, cdp_unit_kind_name(u[i].kind), rounds,
+        CDP_DEBUG(PART, "unit %d (%s): %d rounds, fwd %.6f s, bwd %.6f s", i, cdp_layer_name(u[i].desc.type), rounds,
                   t.units[i].fwd_s, t.units[i].bwd_s);
         unit_run_free(&runs[i]);
     }

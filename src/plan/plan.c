@@ -16,39 +16,43 @@
 #include "cdp/log.h"
 #include "cdp/topology_spec.h"
 #include "core/json_check.h"
+#include "model/layer_def.h"
 #include "plan/plan_internal.h"
 
 #define MAX_PLAN_BYTES (16u << 20)
 #define MAX_LAYERS 100000
 #define MAX_WIDTHS 10000
-#define MAX_COUNT INT32_MAX /* sizes and counts; keeps every product below 2^63 after checks */
+#define MAX_COUNT CDP_PLAN_MAX_COUNT
 
-const char *const cdp_plan_model_kind_names[CDP_MODEL_KIND_COUNT] = {"gpt", "mlp", "cnn", "layers"};
-const char *const cdp_plan_layer_names[CDP_LAYER_TYPE_COUNT + 1] = {
-    "linear",    "relu",      "gelu",      "layernorm", "embedding", "attention",
-    "transformer_block",      "conv2d",    "maxpool2d", "flatten",   NULL};
-const char *const cdp_plan_loss_names[CDP_LOSS_COUNT + 1] = {"cross_entropy", "mse", NULL};
-const char *const cdp_plan_activation_names[CDP_ACT_COUNT + 1] = {"relu", "gelu", NULL};
-const char *const cdp_plan_source_names[CDP_DATA_SOURCE_COUNT + 1] = {"synthetic", "text", "tokens",
+const char *const cdp_plan_model_kind_names[] = {"gpt", "mlp", "cnn", "layers"};
+CDP_TABLE_CHECK(cdp_plan_model_kind_names, CDP_MODEL_KIND_COUNT);
+const char *const cdp_plan_loss_names[] = {"cross_entropy", "mse", NULL};
+CDP_TABLE_CHECK(cdp_plan_loss_names, CDP_LOSS_COUNT + 1);
+const char *const cdp_plan_activation_names[] = {"relu", "gelu", NULL};
+CDP_TABLE_CHECK(cdp_plan_activation_names, CDP_ACT_COUNT + 1);
+const char *const cdp_plan_source_names[] = {"synthetic", "text", "tokens",
                                                                       "idx", NULL};
-const char *const cdp_plan_optimizer_names[CDP_OPT_TYPE_COUNT + 1] = {"sgd", "adamw", NULL};
-const char *const cdp_plan_precision_names[CDP_PRECISION_COUNT + 1] = {"fp32", "bf16", NULL};
-const char *const cdp_plan_schedule_names[CDP_SCHEDULE_COUNT + 1] = {"gpipe", "1f1b", "interleaved",
+CDP_TABLE_CHECK(cdp_plan_source_names, CDP_DATA_SOURCE_COUNT + 1);
+const char *const cdp_plan_optimizer_names[] = {"sgd", "adamw", NULL};
+CDP_TABLE_CHECK(cdp_plan_optimizer_names, CDP_OPT_TYPE_COUNT + 1);
+const char *const cdp_plan_precision_names[] = {"fp32", "bf16", NULL};
+CDP_TABLE_CHECK(cdp_plan_precision_names, CDP_PRECISION_COUNT + 1);
+const char *const cdp_plan_schedule_names[] = {"gpipe", "1f1b", "interleaved",
                                                                      NULL};
+CDP_TABLE_CHECK(cdp_plan_schedule_names, CDP_SCHEDULE_COUNT + 1);
 /* /cluster/backend: "auto", then the backends in enum order */
-const char *const cdp_plan_backend_names[CDP_BACKEND_COUNT + 2] = {"auto", "cpu", "cuda", NULL};
-const char *const cdp_plan_placement_names[CDP_PLACEMENT_KIND_COUNT] = {
+const char *const cdp_plan_backend_names[] = {"auto", "cpu", "cuda", NULL};
+CDP_TABLE_CHECK(cdp_plan_backend_names, CDP_BACKEND_COUNT + 2);
+const char *const cdp_plan_placement_names[] = {
     "topology", "ordered-pp-inner", "ordered-dp-inner", NULL};
+CDP_TABLE_CHECK(cdp_plan_placement_names, CDP_PLACEMENT_KIND_COUNT);
 
 const char *cdp_schedule_name(enum cdp_schedule_kind s)
 {
     return (unsigned)s < CDP_SCHEDULE_COUNT ? cdp_plan_schedule_names[s] : "?";
 }
 
-const char *cdp_layer_type_name(enum cdp_layer_type t)
-{
-    return (unsigned)t < CDP_LAYER_TYPE_COUNT ? cdp_plan_layer_names[t] : "?";
-}
+const char *cdp_layer_type_name(enum cdp_layer_type t) { return cdp_layer_name(t); }
 
 /* ---- presets ----------------------------------------------------------------- */
 
@@ -244,189 +248,55 @@ static const char *const mlp_keys[] = {"preset", "input", "hidden", "classes", "
 static const char *const cnn_keys[] = {"preset", "input", "channels", "classes", "loss", "weights", NULL};
 static const char *const explicit_keys[] = {"input", "layers", "loss", "preset", "weights", NULL};
 
-static const char *const layer_keys[CDP_LAYER_TYPE_COUNT][7] = {
-    [CDP_LAYER_LINEAR] = {"type", "out", "bias", NULL},
-    [CDP_LAYER_RELU] = {"type", NULL},
-    [CDP_LAYER_GELU] = {"type", NULL},
-    [CDP_LAYER_LAYERNORM] = {"type", "eps", NULL},
-    [CDP_LAYER_EMBEDDING] = {"type", "vocab", "dim", "context", NULL},
-    [CDP_LAYER_ATTENTION] = {"type", "heads", "causal", NULL},
-    [CDP_LAYER_TRANSFORMER_BLOCK] = {"type", "heads", NULL},
-    [CDP_LAYER_CONV2D] = {"type", "out", "kernel", "stride", "padding", "bias", NULL},
-    [CDP_LAYER_MAXPOOL2D] = {"type", "kernel", "stride", NULL},
-    [CDP_LAYER_FLATTEN] = {"type", NULL},
-};
-
-static cdp_status get_required_int(struct ld *c, const json_t *obj, const char *ptr, const char *key,
-                                   int64_t min, const char *who, int64_t *out)
-{
-    if (!json_object_get(obj, key)) {
-        char kp[CDP_JSON_PTR_CAP];
-        cdp_json_ptr_key(kp, ptr, key);
-        return cdp_json_fail(&c->in, kp, "missing; %s needs \"%s\", a %s integer", who, key,
-                     min >= 1 ? "positive" : "non-negative");
-    }
-    return cdp_json_get_int(&c->in, obj, ptr, key, min, MAX_COUNT, 0, out);
-}
-
 static cdp_status load_layer(struct ld *c, const json_t *v, const char *ptr, struct cdp_layer_desc *L)
 {
     cdp_status st;
-    int t = 0;
+    int i = 0;
     char tp[CDP_JSON_PTR_CAP], who[64];
     if (!json_is_object(v)) return cdp_json_expected(&c->in, ptr, "a layer object with a \"type\"", v);
     const json_t *type = json_object_get(v, "type");
     cdp_json_ptr_key(tp, ptr, "type");
     if (!type) return cdp_json_fail(&c->in, tp, "missing; every layer needs a \"type\"");
-    if ((st = cdp_json_enum(&c->in, type, tp, cdp_plan_layer_names, &t))) return st;
-    L->type = (enum cdp_layer_type)t;
-    snprintf(who, sizeof who, "a %s layer", cdp_plan_layer_names[t]);
+    const char *const *names = cdp_layer_listable_names();
+    if ((st = cdp_json_enum(&c->in, type, tp, names, &i))) return st;
+    const struct cdp_layer_def *def = cdp_layer_def((enum cdp_layer_type)cdp_layer_find(names[i]));
+    L->type = def->type;
+    snprintf(who, sizeof who, "a %s layer", def->name);
 
     /* Unknown keys: a key of another layer type is still unknown here. */
     const char *key;
     json_t *kv;
     json_object_foreach((json_t *)v, key, kv) {
-        if ((cdp_json_word_index(key, layer_keys[t]) >= 0)) continue;
+        if (!strcmp(key, "type") || cdp_json_word_index(key, def->keys) >= 0) continue;
         char kp[CDP_JSON_PTR_CAP], words[256];
         cdp_json_ptr_key(kp, ptr, key);
-        const char *s = cdp_closest_word(key, layer_keys[t]);
+        const char *s = cdp_closest_word(key, def->keys);
         if (s) return cdp_json_fail(&c->in, kp, "unknown key for %s (did you mean \"%s\"?)", who, s);
-        cdp_json_list_words(words, sizeof words, layer_keys[t] + 1);
+        cdp_json_list_words(words, sizeof words, def->keys);
         return cdp_json_fail(&c->in, kp, "unknown key for %s (it takes %s)", who, words[0] ? words : "no settings");
     }
-
     L->bias = 1;
     L->causal = 1;
-    switch (L->type) {
-    case CDP_LAYER_LINEAR:
-        if ((st = get_required_int(c, v, ptr, "out", 1, who, &L->out))) return st;
-        return cdp_json_get_bool(&c->in, v, ptr, "bias", &L->bias);
-    case CDP_LAYER_RELU:
-    case CDP_LAYER_GELU:
-    case CDP_LAYER_FLATTEN:
-        return CDP_OK;
-    case CDP_LAYER_LAYERNORM:
-        L->eps = 1e-5;
-        return cdp_json_get_number(&c->in, v, ptr, "eps", CDP_JSON_POSITIVE, &L->eps);
-    case CDP_LAYER_EMBEDDING:
-        if ((st = get_required_int(c, v, ptr, "vocab", 1, who, &L->vocab))) return st;
-        if ((st = get_required_int(c, v, ptr, "dim", 1, who, &L->dim))) return st;
-        return cdp_json_get_int(&c->in, v, ptr, "context", 0, MAX_COUNT, 0, &L->context);
-    case CDP_LAYER_ATTENTION:
-        if ((st = get_required_int(c, v, ptr, "heads", 1, who, &L->heads))) return st;
-        return cdp_json_get_bool(&c->in, v, ptr, "causal", &L->causal);
-    case CDP_LAYER_TRANSFORMER_BLOCK:
-        return get_required_int(c, v, ptr, "heads", 1, who, &L->heads);
-    case CDP_LAYER_CONV2D:
-        L->stride = 1;
-        if ((st = get_required_int(c, v, ptr, "out", 1, who, &L->out))) return st;
-        if ((st = get_required_int(c, v, ptr, "kernel", 1, who, &L->kernel))) return st;
-        if ((st = cdp_json_get_int(&c->in, v, ptr, "stride", 1, MAX_COUNT, 0, &L->stride))) return st;
-        if ((st = cdp_json_get_int(&c->in, v, ptr, "padding", 0, MAX_COUNT, 0, &L->padding))) return st;
-        return cdp_json_get_bool(&c->in, v, ptr, "bias", &L->bias);
-    case CDP_LAYER_MAXPOOL2D:
-        if ((st = get_required_int(c, v, ptr, "kernel", 1, who, &L->kernel))) return st;
-        L->stride = L->kernel;
-        return cdp_json_get_int(&c->in, v, ptr, "stride", 1, MAX_COUNT, 0, &L->stride);
-    default:
-        break;
-    }
-    CDP_ASSERT(0);
-    return CDP_ERR_INTERNAL;
-}
-
-static void fmt_shape(char *buf, size_t cap, const int64_t *d, int nd)
-{
-    size_t n = (size_t)snprintf(buf, cap, "[");
-    for (int i = 0; i < nd && n < cap; i++)
-        n += (size_t)snprintf(buf + n, cap - n, "%s%lld", i ? ", " : "", (long long)d[i]);
-    if (n < cap) snprintf(buf + n, cap - n, "]");
-}
-
-static int add_ok(int64_t *acc, int64_t x)
-{
-    return *acc >= 0 && !__builtin_add_overflow(*acc, x, acc);
+    return def->parse ? def->parse(&c->in, v, ptr, who, L) : CDP_OK;
 }
 
 /* Walks the layer list from the input shape: checks that each layer can take what
  * the one before gives, and counts parameters (*params = -1 when they overflow). */
 static cdp_status check_shapes(struct ld *c, const struct cdp_model_desc *m, int64_t *params)
 {
-    int64_t d[CDP_MAX_INPUT_DIMS];
-    int nd = m->input_ndim;
+    struct cdp_shape s = {m->input_ndim, {0}};
     int64_t total = 0;
-    memcpy(d, m->input, sizeof d);
+    memcpy(s.d, m->input, (size_t)m->input_ndim * sizeof s.d[0]);
     for (int i = 0; i < m->n_layers; i++) {
         const struct cdp_layer_desc *L = &m->layer_list[i];
-        char lp[CDP_JSON_PTR_CAP], sh[96];
+        const struct cdp_layer_def *def = cdp_layer_def(L->type);
+        char lp[CDP_JSON_PTR_CAP], why[512];
+        struct cdp_shape out = s;
         snprintf(lp, sizeof lp, "/model/layers/%d", i);
-        fmt_shape(sh, sizeof sh, d, nd);
-        int64_t last = d[nd - 1], p = 0;
-        const char *tn = cdp_plan_layer_names[L->type];
-        switch (L->type) {
-        case CDP_LAYER_LINEAR:
-            if (__builtin_mul_overflow(last, L->out, &p) || !add_ok(&p, L->bias ? L->out : 0)) p = -1;
-            d[nd - 1] = L->out;
-            break;
-        case CDP_LAYER_RELU:
-        case CDP_LAYER_GELU:
-            break;
-        case CDP_LAYER_FLATTEN: {
-            int64_t n = 1;
-            for (int k = 0; k < nd; k++)
-                if (__builtin_mul_overflow(n, d[k], &n) || n > MAX_COUNT)
-                    return cdp_json_fail(&c->in, lp, "flatten of %s gives more than %d features", sh, MAX_COUNT);
-            d[0] = n;
-            nd = 1;
-            break;
-        }
-        case CDP_LAYER_LAYERNORM:
-            p = 2 * last;
-            break;
-        case CDP_LAYER_EMBEDDING:
-            if (nd != 1)
-                return cdp_json_fail(&c->in, lp, "an embedding takes token ids, a [T] input, but gets %s", sh);
-            if (L->context > 0 && d[0] > L->context)
-                return cdp_json_fail(&c->in, lp, "the input has %lld tokens, more than this embedding's context %lld",
-                             (long long)d[0], (long long)L->context);
-            if (__builtin_mul_overflow(L->vocab + L->context, L->dim, &p)) p = -1;
-            d[nd++] = L->dim;
-            break;
-        case CDP_LAYER_ATTENTION:
-        case CDP_LAYER_TRANSFORMER_BLOCK:
-            if (last % L->heads != 0)
-                return cdp_json_fail(&c->in, lp, "%s width %lld (of %s) is not a multiple of heads %lld", tn,
-                             (long long)last, sh, (long long)L->heads);
-            {
-                int64_t k2 = L->type == CDP_LAYER_ATTENTION ? 4 : 12, k1 = L->type == CDP_LAYER_ATTENTION ? 4 : 13;
-                if (__builtin_mul_overflow(last, last, &p) || __builtin_mul_overflow(p, k2, &p) ||
-                    !add_ok(&p, k1 * last))
-                    p = -1;
-            }
-            break;
-        case CDP_LAYER_CONV2D:
-        case CDP_LAYER_MAXPOOL2D: {
-            if (nd != 3) return cdp_json_fail(&c->in, lp, "%s needs a [C, H, W] input, but gets %s", tn, sh);
-            int64_t pad = L->type == CDP_LAYER_CONV2D ? L->padding : 0;
-            for (int k = 1; k < 3; k++) {
-                int64_t span = d[k] + 2 * pad;
-                if (span < L->kernel)
-                    return cdp_json_fail(&c->in, lp, "kernel %lld is larger than the %s input %s (with padding %lld)",
-                                 (long long)L->kernel, tn, sh, (long long)pad);
-                d[k] = (span - L->kernel) / L->stride + 1;
-            }
-            if (L->type == CDP_LAYER_CONV2D) {
-                if (__builtin_mul_overflow(d[0], L->kernel, &p) || __builtin_mul_overflow(p, L->kernel, &p) ||
-                    __builtin_mul_overflow(p, L->out, &p) || !add_ok(&p, L->bias ? L->out : 0))
-                    p = -1;
-                d[0] = L->out;
-            }
-            break;
-        }
-        default:
-            CDP_ASSERT(0);
-        }
-        if (p < 0 || !add_ok(&total, p)) total = -1;
+        const int64_t p = def->params ? def->params(L, &s) : 0;
+        if (def->shape && def->shape(L, &s, &out, why, sizeof why)) return cdp_json_fail(&c->in, lp, "%s", why);
+        if (p < 0 || total < 0 || __builtin_add_overflow(total, p, &total)) total = -1;
+        s = out;
     }
     *params = total;
     return CDP_OK;
@@ -1353,12 +1223,19 @@ int64_t cdp_plan_param_count(const struct cdp_plan *plan)
         /* The list was checked at load, so this cannot fail. */
         return check_shapes(&c, m, &total) ? -1 : total;
     }
-    /* wte + wpe, per block (ln1, qkv, proj, ln2, fc, fc proj) 12E^2 + 13E, final ln, head. */
-    if (__builtin_mul_overflow(m->vocab + m->context, E, &total)) return -1;
-    if (__builtin_mul_overflow(E, E, &t) || __builtin_mul_overflow(t, 12, &t) || !add_ok(&t, 13 * E) ||
-        __builtin_mul_overflow(t, m->layers, &t) || !add_ok(&total, t) || !add_ok(&total, 2 * E))
+    /* the embedding (wte + wpe) and the blocks as their types count them, the
+     * head's final layernorm 2E and its projection unless tied */
+    const struct cdp_shape tokens = {1, {m->context}}, rows = {2, {m->context, E}};
+    const struct cdp_layer_desc emb = {.type = CDP_LAYER_EMBEDDING, .vocab = m->vocab, .dim = E,
+                                       .context = m->context};
+    const struct cdp_layer_desc block = {.type = CDP_LAYER_TRANSFORMER_BLOCK, .heads = m->heads};
+    total = cdp_layer_def(CDP_LAYER_EMBEDDING)->params(&emb, &tokens);
+    t = cdp_layer_def(CDP_LAYER_TRANSFORMER_BLOCK)->params(&block, &rows);
+    if (total < 0 || t < 0 || __builtin_mul_overflow(t, m->layers, &t) || __builtin_add_overflow(total, t, &total) ||
+        __builtin_add_overflow(total, 2 * E, &total))
         return -1;
-    if (!m->tie_embeddings && (__builtin_mul_overflow(m->vocab, E, &t) || !add_ok(&total, t))) return -1;
+    if (!m->tie_embeddings && (__builtin_mul_overflow(m->vocab, E, &t) || __builtin_add_overflow(total, t, &total)))
+        return -1;
     return total;
 }
 

@@ -8,6 +8,7 @@
 
 #include "cdp/core.h"
 #include "cdp/plan.h"
+#include "model/layer_def.h"
 #include "plan/plan_internal.h"
 
 /* ---- JSON -------------------------------------------------------------------- */
@@ -42,11 +43,17 @@ static void set_size(struct emit *e, json_t *o, const char *key, uint64_t v)
 
 static json_t *jstr_or_null(const char *s) { return s ? json_string(s) : json_null(); }
 
-static json_t *jreal(struct emit *e, double v)
+/* Notes a real that 15 digits do not keep. */
+static void note_exact(struct emit *e, double v)
 {
     char buf[64];
     snprintf(buf, sizeof buf, "%.15g", v);
     if (strtod(buf, NULL) != v) e->need_exact = 1;
+}
+
+static json_t *jreal(struct emit *e, double v)
+{
+    note_exact(e, v);
     return json_real(v);
 }
 
@@ -63,42 +70,16 @@ static json_t *jints(const int64_t *v, int n)
 
 static json_t *layer_json(struct emit *e, const struct cdp_layer_desc *L)
 {
+    const struct cdp_layer_def *def = cdp_layer_def(L->type);
     json_t *o = json_object();
     if (!o) return NULL;
-    set(e, o, "type", json_string(cdp_layer_type_name(L->type)));
-    switch (L->type) {
-    case CDP_LAYER_LINEAR:
-        set(e, o, "out", jint(L->out));
-        set(e, o, "bias", json_boolean(L->bias));
-        break;
-    case CDP_LAYER_LAYERNORM:
-        set(e, o, "eps", jreal(e, L->eps));
-        break;
-    case CDP_LAYER_EMBEDDING:
-        set(e, o, "vocab", jint(L->vocab));
-        set(e, o, "dim", jint(L->dim));
-        set(e, o, "context", jint(L->context));
-        break;
-    case CDP_LAYER_ATTENTION:
-        set(e, o, "heads", jint(L->heads));
-        set(e, o, "causal", json_boolean(L->causal));
-        break;
-    case CDP_LAYER_TRANSFORMER_BLOCK:
-        set(e, o, "heads", jint(L->heads));
-        break;
-    case CDP_LAYER_CONV2D:
-        set(e, o, "out", jint(L->out));
-        set(e, o, "kernel", jint(L->kernel));
-        set(e, o, "stride", jint(L->stride));
-        set(e, o, "padding", jint(L->padding));
-        set(e, o, "bias", json_boolean(L->bias));
-        break;
-    case CDP_LAYER_MAXPOOL2D:
-        set(e, o, "kernel", jint(L->kernel));
-        set(e, o, "stride", jint(L->stride));
-        break;
-    default:
-        break;
+    set(e, o, "type", json_string(def->name));
+    if (def->emit && def->emit(L, o)) e->ok = 0;
+    /* a real the type wrote (layernorm's eps) that 15 digits do not keep */
+    const char *key;
+    json_t *v;
+    json_object_foreach(o, key, v) {
+        if (json_is_real(v)) note_exact(e, json_real_value(v));
     }
     return o;
 }
@@ -131,7 +112,8 @@ static json_t *model_json(struct emit *e, const struct cdp_model_desc *m)
         set(e, o, "channels", jints(m->channels, m->n_channels));
         set(e, o, "classes", jint(m->classes));
         break;
-    default: {
+    case CDP_MODEL_LAYERS:
+    case CDP_MODEL_KIND_COUNT: {
         json_t *a = json_array();
         set(e, o, "input", jints(m->input, m->input_ndim));
         for (int i = 0; a && i < m->n_layers; i++)
@@ -303,36 +285,10 @@ static void print_shape(FILE *f, const int64_t *d, int nd)
 
 static void print_layer(FILE *f, int i, const struct cdp_layer_desc *L)
 {
-    int simple = L->type == CDP_LAYER_RELU || L->type == CDP_LAYER_GELU || L->type == CDP_LAYER_FLATTEN;
-    fprintf(f, simple ? "    %3d  %s" : "    %3d  %-18s", i, cdp_layer_type_name(L->type));
-    switch (L->type) {
-    case CDP_LAYER_LINEAR:
-        fprintf(f, " out %lld%s", (long long)L->out, L->bias ? "" : ", no bias");
-        break;
-    case CDP_LAYER_LAYERNORM:
-        fprintf(f, " eps %g", L->eps);
-        break;
-    case CDP_LAYER_EMBEDDING:
-        fprintf(f, " vocab %lld, dim %lld, context %lld", (long long)L->vocab, (long long)L->dim,
-                (long long)L->context);
-        break;
-    case CDP_LAYER_ATTENTION:
-        fprintf(f, " heads %lld%s", (long long)L->heads, L->causal ? ", causal" : "");
-        break;
-    case CDP_LAYER_TRANSFORMER_BLOCK:
-        fprintf(f, " heads %lld", (long long)L->heads);
-        break;
-    case CDP_LAYER_CONV2D:
-        fprintf(f, " out %lld, kernel %lld, stride %lld, padding %lld%s", (long long)L->out,
-                (long long)L->kernel, (long long)L->stride, (long long)L->padding, L->bias ? "" : ", no bias");
-        break;
-    case CDP_LAYER_MAXPOOL2D:
-        fprintf(f, " kernel %lld, stride %lld", (long long)L->kernel, (long long)L->stride);
-        break;
-    default:
-        break;
-    }
-    fputc('\n', f);
+    const struct cdp_layer_def *def = cdp_layer_def(L->type);
+    char text[256] = "";
+    if (def->describe) def->describe(L, text, sizeof text);
+    fprintf(f, text[0] ? "    %3d  %-18s%s\n" : "    %3d  %s%s\n", i, def->name, text);
 }
 
 static void print_model(FILE *f, const struct cdp_plan *p)

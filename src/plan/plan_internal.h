@@ -6,7 +6,6 @@
 #include "cdp/plan.h"
 
 extern const char *const cdp_plan_model_kind_names[CDP_MODEL_KIND_COUNT];
-extern const char *const cdp_plan_layer_names[CDP_LAYER_TYPE_COUNT + 1];
 extern const char *const cdp_plan_loss_names[CDP_LOSS_COUNT + 1];
 extern const char *const cdp_plan_activation_names[CDP_ACT_COUNT + 1];
 extern const char *const cdp_plan_source_names[CDP_DATA_SOURCE_COUNT + 1];

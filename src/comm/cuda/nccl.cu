@@ -14,6 +14,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "cdp/core.h" /* CDP_TABLE_CHECK */
 #include "cdp/log.h"
 #include "comm/comm.h"
 #include "comm/nccl_module.h"
@@ -227,7 +228,8 @@ static cdp_status nccl_allreduce(void *comm, void *dev_state, void *buf, size_t 
 {
     ncclComm_t c = (ncclComm_t)comm;
     struct cdp_cuda_state *d = (struct cdp_cuda_state *)dev_state;
-    static const ncclRedOp_t ops[CDP_REDUCE_OP_COUNT] = {ncclSum, ncclAvg, ncclMax};
+    static const ncclRedOp_t ops[] = {ncclSum, ncclAvg, ncclMax};
+    CDP_TABLE_CHECK(ops, CDP_REDUCE_OP_COUNT);
     if ((unsigned)op >= CDP_REDUCE_OP_COUNT || (unsigned)dtype >= CDP_NCCL_DTYPE_COUNT)
         return host->fail(CDP_ERR_INVALID, "all-reduce: op %d / type %d unknown", op, dtype);
     ncclDataType_t type = dtype == CDP_NCCL_F32 ? ncclFloat32 : ncclFloat64;

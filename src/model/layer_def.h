@@ -1,0 +1,79 @@
+/* A layer type's description: everything cdphybrid knows about one type, in
+ * that type's own file under src/model/layers/ (cdp/layer_types.h lists them).
+ * The plan loader reads a layer's keys and checks its shapes through it, the
+ * plan writer emits it, the model builds, sizes and runs its units through it,
+ * and the cost model counts its work through it; nothing else switches over
+ * layer types. */
+#ifndef CDP_MODEL_LAYER_DEF_H
+#define CDP_MODEL_LAYER_DEF_H
+
+#include <jansson.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cdp/plan_types.h"
+#include "cdp/status.h"
+#include "core/json_check.h"
+#include "model/layers.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct cdp_layer_def {
+    enum cdp_layer_type type;
+    const char *name;        /* the plan's "type", and the unit's name in cost tables and messages */
+    int listable;            /* may be written in an explicit "layers" list (lm_head: GPT presets only) */
+    const char *const *keys; /* its plan keys besides "type", NULL-terminated */
+    int keeps_attention;     /* keeps attention state, which a kernel table may size (cdp_unit_fit_kernels) */
+
+    /* ---- the plan ---- */
+    /* Reads its keys (already checked against keys) from the layer object v at
+     * ptr into L, whose generic defaults are set (bias 1, causal 1); who names
+     * the layer in messages ("a linear layer"). NULL: no keys. */
+    cdp_status (*parse)(const struct cdp_json_in *in, const json_t *v, const char *ptr, const char *who,
+                        struct cdp_layer_desc *L);
+    /* The output shape of one sample for input shape in; 0, or -1 with why
+     * ("kernel 5 is larger than the conv2d input [3, 4, 4] (with padding 0)").
+     * NULL: the shape passes through. */
+    int (*shape)(const struct cdp_layer_desc *L, const struct cdp_shape *in, struct cdp_shape *out, char *why,
+                 size_t cap);
+    /* Its trainable parameters for input shape in; -1 when they overflow 64
+     * bits. NULL: none. */
+    int64_t (*params)(const struct cdp_layer_desc *L, const struct cdp_shape *in);
+    /* Writes its keys into a resolved plan's layer object o; nonzero when
+     * jansson runs out of memory. NULL: no keys. */
+    int (*emit)(const struct cdp_layer_desc *L, json_t *o);
+    /* Its settings as the plan table shows them (" out 10, no bias"). NULL: none. */
+    void (*describe)(const struct cdp_layer_desc *L, char *buf, size_t cap);
+
+    /* ---- the unit ---- */
+    /* Fills the parameters of u, whose desc, in and out are set; m is the
+     * model (GPT presets initialise as GPT-2 does). NULL: no parameters. */
+    void (*build)(struct cdp_unit *u, const struct cdp_model_desc *m);
+    /* Work and memory per sample: fwd_flops, bwd_flops, act_floats (output
+     * included) and att_floats; out_floats is set. */
+    void (*cost)(struct cdp_unit *u);
+    /* Scratch floats for a micro-batch of B (forward and backward share
+     * them). NULL: none. */
+    int64_t (*scratch)(const struct cdp_unit *u, int B);
+    /* As cdp_unit_forward and cdp_unit_backward (layers.h). */
+    cdp_status (*forward)(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p, const void *in,
+                          float *act, float *scratch, int B);
+    cdp_status (*backward)(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p,
+                           float *const *g, const void *in, const float *act, const float *dout, float *din,
+                           float *scratch, int B);
+};
+
+/* The description of type t (every type has one). */
+const struct cdp_layer_def *cdp_layer_def(enum cdp_layer_type t);
+/* The type named name among the listable ones (a plan's "type"); -1 when none. */
+int cdp_layer_find(const char *name);
+/* The listable names in enum order, NULL-terminated (for messages). */
+const char *const *cdp_layer_listable_names(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,99 @@
+/* embedding: token ids [T] -> [T, dim] rows of a table, plus learned
+ * positions when context > 0. Keys: vocab, dim (required), context. */
+#include "model/layers/common.h"
+
+static const char *const keys[] = {"vocab", "dim", "context", NULL};
+
+static cdp_status parse(const struct cdp_json_in *in, const json_t *v, const char *ptr, const char *who,
+                        struct cdp_layer_desc *L)
+{
+    cdp_status st;
+    if ((st = cdp_layer_get_required_int(in, v, ptr, "vocab", 1, who, &L->vocab))) return st;
+    if ((st = cdp_layer_get_required_int(in, v, ptr, "dim", 1, who, &L->dim))) return st;
+    return cdp_json_get_int(in, v, ptr, "context", 0, CDP_PLAN_MAX_COUNT, 0, &L->context);
+}
+
+static int shape(const struct cdp_layer_desc *L, const struct cdp_shape *in, struct cdp_shape *out, char *why,
+                 size_t cap)
+{
+    char sh[96];
+    cdp_shape_format(in, sh, sizeof sh);
+    if (in->ndim != 1) {
+        snprintf(why, cap, "an embedding takes token ids, a [T] input, but gets %s", sh);
+        return -1;
+    }
+    if (L->context > 0 && in->d[0] > L->context) {
+        snprintf(why, cap, "the input has %lld tokens, more than this embedding's context %lld",
+                 (long long)in->d[0], (long long)L->context);
+        return -1;
+    }
+    *out = (struct cdp_shape){2, {in->d[0], L->dim}};
+    return 0;
+}
+
+static int64_t params(const struct cdp_layer_desc *L, const struct cdp_shape *in)
+{
+    (void)in;
+    return cdp_mul_add(L->vocab + L->context, L->dim, 0);
+}
+
+static int emit(const struct cdp_layer_desc *L, json_t *o)
+{
+    return json_object_set_new(o, "vocab", CDP_JINT(L->vocab)) | json_object_set_new(o, "dim", CDP_JINT(L->dim)) |
+           json_object_set_new(o, "context", CDP_JINT(L->context));
+}
+
+static void describe(const struct cdp_layer_desc *L, char *buf, size_t cap)
+{
+    snprintf(buf, cap, " vocab %lld, dim %lld, context %lld", (long long)L->vocab, (long long)L->dim,
+             (long long)L->context);
+}
+
+/* GPT-2 starts the token table at N(0, 0.02) and the positions at N(0, 0.01);
+ * an explicit embedding starts both at N(0, 1), as torch.nn.Embedding. */
+static void build(struct cdp_unit *u, const struct cdp_model_desc *m)
+{
+    const int gpt = m->kind == CDP_MODEL_GPT;
+    const struct cdp_layer_desc *d = &u->desc;
+    u->in_tokens = 1;
+    cdp_unit_add_param(u, "wte", 2, d->vocab, d->dim, 0, 0, CDP_INIT_NORMAL, gpt ? 0.02f : 1.0f, 1);
+    if (d->context > 0)
+        cdp_unit_add_param(u, "wpe", 2, d->context, d->dim, 0, 0, CDP_INIT_NORMAL, gpt ? 0.01f : 1.0f, 1);
+}
+
+static void cost(struct cdp_unit *u) { u->act_floats = u->out_floats; }
+
+static cdp_status forward(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p, const void *in,
+                          float *act, float *scratch, int B)
+{
+    (void)scratch;
+    K(embedding_fwd, act, (const int32_t *)in, p[0], u->n_params > 1 ? p[1] : NULL, B, (int)u->in.d[0],
+      (int)u->out.d[1]);
+    return CDP_OK;
+}
+
+static cdp_status backward(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p,
+                           float *const *g, const void *in, const float *act, const float *dout, float *din,
+                           float *scratch, int B)
+{
+    (void)p, (void)act, (void)din, (void)scratch;
+    K(embedding_bwd, g[0], u->n_params > 1 ? g[1] : NULL, dout, (const int32_t *)in, B, (int)u->in.d[0],
+      (int)u->out.d[1]);
+    return CDP_OK;
+}
+
+const struct cdp_layer_def cdp_layer_embedding = {
+    .type = CDP_LAYER_EMBEDDING,
+    .name = "embedding",
+    .listable = 1,
+    .keys = keys,
+    .parse = parse,
+    .shape = shape,
+    .params = params,
+    .emit = emit,
+    .describe = describe,
+    .build = build,
+    .cost = cost,
+    .forward = forward,
+    .backward = backward,
+};

@@ -1,0 +1,34 @@
+/* gelu: an elementwise activation (the tanh approximation, as GPT-2); the
+ * shape passes through. No keys. */
+#include "model/layers/common.h"
+
+static const char *const keys[] = {NULL};
+
+static void cost(struct cdp_unit *u) { u->act_floats = u->out_floats; }
+
+static cdp_status forward(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p, const void *in,
+                          float *act, float *scratch, int B)
+{
+    (void)p, (void)scratch;
+    K(gelu_fwd, act, (const float *)in, (size_t)(B * cdp_shape_numel(&u->in)));
+    return CDP_OK;
+}
+
+static cdp_status backward(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p,
+                           float *const *g, const void *in, const float *act, const float *dout, float *din,
+                           float *scratch, int B)
+{
+    (void)p, (void)g, (void)act, (void)scratch;
+    if (din) K(gelu_bwd, din, dout, (const float *)in, (size_t)(B * cdp_shape_numel(&u->in)));
+    return CDP_OK;
+}
+
+const struct cdp_layer_def cdp_layer_gelu = {
+    .type = CDP_LAYER_GELU,
+    .name = "gelu",
+    .listable = 1,
+    .keys = keys,
+    .cost = cost,
+    .forward = forward,
+    .backward = backward,
+};

@@ -1,0 +1,81 @@
+/* lm_head: a GPT's final layernorm and vocabulary projection, [T, C] ->
+ * [T, vocab] logits (the weight tied to the token embedding unless the plan
+ * says tie_embeddings false). GPT presets only: a layer list cannot name it.
+ * Kept: the logits, the normalised input, each row's mean and 1/std. */
+#include "model/layers/common.h"
+
+static const char *const keys[] = {NULL};
+
+static int shape(const struct cdp_layer_desc *L, const struct cdp_shape *in, struct cdp_shape *out, char *why,
+                 size_t cap)
+{
+    (void)why, (void)cap;
+    *out = (struct cdp_shape){2, {in->d[0], L->vocab}};
+    return 0;
+}
+
+static void build(struct cdp_unit *u, const struct cdp_model_desc *m)
+{
+    const int64_t C = cdp_shape_last(&u->in);
+    cdp_unit_add_norm_params(u, "ln_f", C);
+    struct cdp_param_desc *w =
+        cdp_unit_add_param(u, "lm_head.weight", 2, u->desc.vocab, C, 0, 0, CDP_INIT_NORMAL, 0.02f, 1);
+    if (m->tie_embeddings) {
+        w->tied_unit = 0;
+        w->tied_param = 0;
+        u->param_count -= w->numel;
+    }
+}
+
+static void cost(struct cdp_unit *u)
+{
+    const int64_t T = u->in.d[0], C = u->in.d[1], V = u->desc.vocab;
+    u->fwd_flops = 2.0 * T * C * V;
+    u->bwd_flops = 4.0 * T * C * V;
+    u->act_floats = T * V + T * C + 2 * T;
+}
+
+/* the normalised input's gradient, and a sink for the input's when unwanted */
+static int64_t scratch(const struct cdp_unit *u, int B) { return (int64_t)B * 2 * u->in.d[0] * u->in.d[1]; }
+
+static cdp_status forward(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p, const void *in,
+                          float *act, float *scratch_, int B)
+{
+    (void)scratch_;
+    const int T = (int)u->in.d[0], C = (int)u->in.d[1], N = B * T, V = (int)u->desc.vocab;
+    float *ln = act + (int64_t)N * V, *mean = ln + (int64_t)N * C, *rstd = mean + N;
+    K(layernorm_fwd, ln, mean, rstd, (const float *)in, p[0], p[1], N, C, 1e-5f);
+    K(linear_fwd, act, ln, p[2], NULL, N, C, V);
+    return CDP_OK;
+}
+
+static cdp_status backward(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p,
+                           float *const *g, const void *in, const float *act, const float *dout, float *din,
+                           float *scratch_, int B)
+{
+    const int T = (int)u->in.d[0], C = (int)u->in.d[1], N = B * T, V = (int)u->desc.vocab;
+    const float *ln = act + (int64_t)N * V, *mean = ln + (int64_t)N * C, *rstd = mean + N;
+    float *dln = scratch_;
+    K(zero, dln, (size_t)N * C * sizeof *dln);
+    K(linear_bwd, dln, g[2], NULL, dout, ln, p[2], N, C, V);
+    float *target = din;
+    if (!target) {
+        target = dln + (int64_t)N * C;
+        K(zero, target, (size_t)N * C * sizeof *target);
+    }
+    K(layernorm_bwd, target, g[0], g[1], dln, (const float *)in, p[0], mean, rstd, N, C);
+    return CDP_OK;
+}
+
+const struct cdp_layer_def cdp_layer_lm_head = {
+    .type = CDP_LAYER_LM_HEAD,
+    .name = "lm_head",
+    .listable = 0,
+    .keys = keys,
+    .shape = shape,
+    .build = build,
+    .cost = cost,
+    .scratch = scratch,
+    .forward = forward,
+    .backward = backward,
+};

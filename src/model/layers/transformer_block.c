@@ -1,0 +1,180 @@
+/* transformer_block: a GPT-2 pre-LN block over [T, C] (layernorm, causal
+ * self-attention, residual, layernorm, 4C GELU MLP, residual). Keys: heads
+ * (required). GPT presets start its residual projections at 0.02/sqrt(2L). */
+#include <math.h>
+
+#include "model/layers/common.h"
+
+static const char *const keys[] = {"heads", NULL};
+
+static cdp_status parse(const struct cdp_json_in *in, const json_t *v, const char *ptr, const char *who,
+                        struct cdp_layer_desc *L)
+{
+    return cdp_layer_get_required_int(in, v, ptr, "heads", 1, who, &L->heads);
+}
+
+static int shape(const struct cdp_layer_desc *L, const struct cdp_shape *in, struct cdp_shape *out, char *why,
+                 size_t cap)
+{
+    return cdp_heads_shape("transformer_block", L, in, out, why, cap);
+}
+
+/* 12 C^2 + 13 C: qkv and output projections, the MLP, two layernorms */
+static int64_t params(const struct cdp_layer_desc *L, const struct cdp_shape *in)
+{
+    (void)L;
+    const int64_t C = cdp_shape_last(in);
+    return cdp_mul_add(cdp_mul_add(C, C, 0), 12, cdp_mul_add(13, C, 0));
+}
+
+static int emit(const struct cdp_layer_desc *L, json_t *o) { return json_object_set_new(o, "heads", CDP_JINT(L->heads)); }
+
+static void describe(const struct cdp_layer_desc *L, char *buf, size_t cap)
+{
+    snprintf(buf, cap, " heads %lld", (long long)L->heads);
+}
+
+static void build(struct cdp_unit *u, const struct cdp_model_desc *m)
+{
+    const int64_t C = cdp_shape_last(&u->in);
+    const float proj_std = m->kind == CDP_MODEL_GPT ? 0.02f / sqrtf(2.0f * (float)m->layers) : 0.02f;
+    cdp_unit_add_norm_params(u, "ln_1", C);
+    cdp_unit_add_linear_params(u, "attn.c_attn", 3 * C, C, 1, 1, 0.02f);
+    cdp_unit_add_linear_params(u, "attn.c_proj", C, C, 1, 1, proj_std);
+    cdp_unit_add_norm_params(u, "ln_2", C);
+    cdp_unit_add_linear_params(u, "mlp.c_fc", 4 * C, C, 1, 1, 0.02f);
+    cdp_unit_add_linear_params(u, "mlp.c_proj", C, 4 * C, 1, 1, proj_std);
+}
+
+static void cost(struct cdp_unit *u)
+{
+    const int64_t T = u->in.d[0], C = u->in.d[1];
+    u->fwd_flops = 24.0 * T * C * C + cdp_attention_flops(T, C, 1, 0);
+    u->bwd_flops = 48.0 * T * C * C + cdp_attention_flops(T, C, 1, 1);
+    u->att_floats = u->desc.heads * T * T;
+    u->act_floats = 16 * T * C + 4 * T + u->att_floats;
+}
+
+/* forward: one C-wide projection; backward: dres2, dg, dfch, dln, dqkv, T x T */
+static int64_t scratch(const struct cdp_unit *u, int B)
+{
+    const int64_t T = u->in.d[0], C = u->in.d[1];
+    return (int64_t)B * 13 * T * C + T * T;
+}
+
+/* Offsets of a transformer block's kept activations, per micro-batch of B. */
+struct block_acts {
+    float *out, *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *atty, *res2, *ln2, *ln2_mean, *ln2_rstd,
+        *fch, *fch_gelu;
+};
+
+static struct block_acts block_layout(float *a, int B, int64_t T, int64_t C, int64_t att_floats)
+{
+    struct block_acts r;
+    const int64_t BT = (int64_t)B * T, BTC = BT * C;
+    r.out = a;
+    a += BTC;
+    r.ln1 = a;
+    a += BTC;
+    r.ln1_mean = a;
+    a += BT;
+    r.ln1_rstd = a;
+    a += BT;
+    r.qkv = a;
+    a += 3 * BTC;
+    r.att = a;
+    a += (int64_t)B * att_floats;
+    r.atty = a;
+    a += BTC;
+    r.res2 = a;
+    a += BTC;
+    r.ln2 = a;
+    a += BTC;
+    r.ln2_mean = a;
+    a += BT;
+    r.ln2_rstd = a;
+    a += BT;
+    r.fch = a;
+    a += 4 * BTC;
+    r.fch_gelu = a;
+    return r;
+}
+
+static cdp_status forward(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p, const void *in,
+                          float *act, float *scratch, int B)
+{
+    const float *x = (const float *)in;
+    const int T = (int)u->in.d[0], C = (int)u->in.d[1], NH = (int)u->desc.heads, N = B * T;
+    const size_t BTC = (size_t)N * C;
+    struct block_acts a = block_layout(act, B, T, C, u->att_floats);
+    float *proj = scratch; /* B*T*C */
+    K(layernorm_fwd, a.ln1, a.ln1_mean, a.ln1_rstd, x, p[0], p[1], N, C, 1e-5f);
+    K(linear_fwd, a.qkv, a.ln1, p[2], p[3], N, C, 3 * C);
+    K(attention_fwd, a.atty, a.att, a.qkv, B, T, C, NH, 1);
+    K(linear_fwd, proj, a.atty, p[4], p[5], N, C, C);
+    K(residual_fwd, a.res2, x, proj, BTC);
+    K(layernorm_fwd, a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p[6], p[7], N, C, 1e-5f);
+    K(linear_fwd, a.fch, a.ln2, p[8], p[9], N, C, 4 * C);
+    K(gelu_fwd, a.fch_gelu, a.fch, 4 * BTC);
+    K(linear_fwd, proj, a.fch_gelu, p[10], p[11], N, 4 * C, C);
+    K(residual_fwd, a.out, a.res2, proj, BTC);
+    return CDP_OK;
+}
+
+static cdp_status backward(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p,
+                           float *const *g, const void *in, const float *act, const float *dout, float *din,
+                           float *scratch, int B)
+{
+    const float *x = (const float *)in;
+    const int T = (int)u->in.d[0], C = (int)u->in.d[1], NH = (int)u->desc.heads, N = B * T;
+    const size_t BTC = (size_t)N * C;
+    struct block_acts a = block_layout((float *)act, B, T, C, u->att_floats);
+    float *dres2 = scratch, *dg = dres2 + BTC, *dfch = dg + 4 * BTC, *dln = dfch + 4 * BTC,
+          *dqkv = dln + BTC, *att_scratch = dqkv + 3 * BTC;
+    K(copy, dres2, dout, BTC * sizeof *dres2);
+    if (k->ops->linear_gelu_bwd) { /* dfch overwritten, through the GELU */
+        K(linear_gelu_bwd, dfch, g[10], g[11], dout, a.fch_gelu, a.fch, p[10], N, 4 * C, C);
+    } else {
+        K(zero, dg, 4 * BTC * sizeof *dg);
+        K(linear_bwd, dg, g[10], g[11], dout, a.fch_gelu, p[10], N, 4 * C, C);
+        K(zero, dfch, 4 * BTC * sizeof *dfch);
+        K(gelu_bwd, dfch, dg, a.fch, 4 * BTC);
+    }
+    K(zero, dln, BTC * sizeof *dln);
+    K(linear_bwd, dln, g[8], g[9], dfch, a.ln2, p[8], N, C, 4 * C);
+    K(layernorm_bwd, dres2, g[6], g[7], dln, a.res2, p[6], a.ln2_mean, a.ln2_rstd, N, C);
+    K(zero, dln, BTC * sizeof *dln);
+    K(linear_bwd, dln, g[4], g[5], dres2, a.atty, p[4], N, C, C);
+    K(zero, dqkv, 3 * BTC * sizeof *dqkv);
+    K(attention_bwd, dqkv, dln, a.qkv, a.att, att_scratch, B, T, C, NH, 1);
+    K(zero, dln, BTC * sizeof *dln);
+    K(linear_bwd, dln, g[2], g[3], dqkv, a.ln1, p[2], N, C, 3 * C);
+    if (din) {
+        K(add, din, dres2, BTC);
+        K(layernorm_bwd, din, g[0], g[1], dln, x, p[0], a.ln1_mean, a.ln1_rstd, N, C);
+    } else {
+        /* no input gradient wanted: still accumulate the norm's parameter gradients */
+        float *sink = dg;
+        K(zero, sink, BTC * sizeof *sink);
+        K(layernorm_bwd, sink, g[0], g[1], dln, x, p[0], a.ln1_mean, a.ln1_rstd, N, C);
+    }
+    return CDP_OK;
+}
+
+const struct cdp_layer_def cdp_layer_transformer_block = {
+    .type = CDP_LAYER_TRANSFORMER_BLOCK,
+    .name = "transformer_block",
+    .listable = 1,
+    .keys = keys,
+    .keeps_attention = 1,
+    .parse = parse,
+    .shape = shape,
+    .params = params,
+    .emit = emit,
+    .describe = describe,
+    .build = build,
+    .cost = cost,
+    .scratch = scratch,
+    .forward = forward,
+    .backward = backward,
+};
