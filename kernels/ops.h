@@ -46,61 +46,61 @@ extern "C" {
 struct cdp_ops {
     int abi;
     const char *name; /* "cpu", "cuda" */
-    cdp_status (*set_precision)(void *st, enum cdp_precision p);
+    cdp_status (*set_precision)(void *ks, enum cdp_precision p);
 
     /* memset(p, 0, bytes) and memmove(dst, src, bytes) within the device */
-    cdp_status (*zero)(void *st, void *p, size_t bytes);
-    cdp_status (*copy)(void *st, void *dst, const void *src, size_t bytes);
+    cdp_status (*zero)(void *ks, void *p, size_t bytes);
+    cdp_status (*copy)(void *ks, void *dst, const void *src, size_t bytes);
     /* dst[n] += src[n] (gradients that pass through: residual, flatten) */
-    cdp_status (*add)(void *st, float *dst, const float *src, size_t n);
+    cdp_status (*add)(void *ks, float *dst, const float *src, size_t n);
     /* x[n] *= s */
-    cdp_status (*scale)(void *st, float *x, size_t n, float s);
+    cdp_status (*scale)(void *ks, float *x, size_t n, float s);
     /* *out = sum of x[i]^2, accumulated in (at least) fp32 per block and double
      * overall; waits for the result. */
-    cdp_status (*sum_squares)(void *st, const float *x, size_t n, double *out);
+    cdp_status (*sum_squares)(void *ks, const float *x, size_t n, double *out);
 
-    cdp_status (*linear_fwd)(void *st, float *out, const float *in, const float *w, const float *b, int N,
+    cdp_status (*linear_fwd)(void *ks, float *out, const float *in, const float *w, const float *b, int N,
                              int IC, int OC);
-    cdp_status (*linear_bwd)(void *st, float *din, float *dw, float *db, const float *dout, const float *in,
+    cdp_status (*linear_bwd)(void *ks, float *din, float *dw, float *db, const float *dout, const float *in,
                              const float *w, int N, int IC, int OC);
-    cdp_status (*relu_fwd)(void *st, float *out, const float *in, size_t n);
-    cdp_status (*relu_bwd)(void *st, float *din, const float *dout, const float *in, size_t n);
-    cdp_status (*gelu_fwd)(void *st, float *out, const float *in, size_t n);
-    cdp_status (*gelu_bwd)(void *st, float *din, const float *dout, const float *in, size_t n);
-    cdp_status (*layernorm_fwd)(void *st, float *out, float *mean, float *rstd, const float *in,
+    cdp_status (*relu_fwd)(void *ks, float *out, const float *in, size_t n);
+    cdp_status (*relu_bwd)(void *ks, float *din, const float *dout, const float *in, size_t n);
+    cdp_status (*gelu_fwd)(void *ks, float *out, const float *in, size_t n);
+    cdp_status (*gelu_bwd)(void *ks, float *din, const float *dout, const float *in, size_t n);
+    cdp_status (*layernorm_fwd)(void *ks, float *out, float *mean, float *rstd, const float *in,
                                 const float *weight, const float *bias, int N, int C, float eps);
-    cdp_status (*layernorm_bwd)(void *st, float *din, float *dweight, float *dbias, const float *dout,
+    cdp_status (*layernorm_bwd)(void *ks, float *din, float *dweight, float *dbias, const float *dout,
                                 const float *in, const float *weight, const float *mean, const float *rstd,
                                 int N, int C);
-    cdp_status (*residual_fwd)(void *st, float *out, const float *a, const float *b, size_t n);
-    cdp_status (*residual_bwd)(void *st, float *da, float *db, const float *dout, size_t n);
-    cdp_status (*embedding_fwd)(void *st, float *out, const int32_t *tokens, const float *wte, const float *wpe,
+    cdp_status (*residual_fwd)(void *ks, float *out, const float *a, const float *b, size_t n);
+    cdp_status (*residual_bwd)(void *ks, float *da, float *db, const float *dout, size_t n);
+    cdp_status (*embedding_fwd)(void *ks, float *out, const int32_t *tokens, const float *wte, const float *wpe,
                                 int B, int T, int C);
-    cdp_status (*embedding_bwd)(void *st, float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
+    cdp_status (*embedding_bwd)(void *ks, float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
                                 int B, int T, int C);
-    cdp_status (*attention_fwd)(void *st, float *out, float *att, const float *qkv, int B, int T, int C, int NH,
+    cdp_status (*attention_fwd)(void *ks, float *out, float *att, const float *qkv, int B, int T, int C, int NH,
                                 int causal);
-    cdp_status (*attention_bwd)(void *st, float *dqkv, const float *dout, const float *qkv, const float *att,
+    cdp_status (*attention_bwd)(void *ks, float *dqkv, const float *dout, const float *qkv, const float *att,
                                 float *scratch, int B, int T, int C, int NH, int causal);
-    cdp_status (*crossentropy_fwd)(void *st, float *losses, const float *logits, const int32_t *targets, int N,
+    cdp_status (*crossentropy_fwd)(void *ks, float *losses, const float *logits, const int32_t *targets, int N,
                                    int V);
-    cdp_status (*crossentropy_bwd)(void *st, float *dlogits, const float *logits, const int32_t *targets, int N,
+    cdp_status (*crossentropy_bwd)(void *ks, float *dlogits, const float *logits, const int32_t *targets, int N,
                                    int V, float scale);
-    cdp_status (*mse_fwd)(void *st, float *losses, const float *pred, const float *target, int N, int D);
-    cdp_status (*mse_bwd)(void *st, float *dpred, const float *pred, const float *target, int N, int D,
+    cdp_status (*mse_fwd)(void *ks, float *losses, const float *pred, const float *target, int N, int D);
+    cdp_status (*mse_bwd)(void *ks, float *dpred, const float *pred, const float *target, int N, int D,
                           float scale);
-    cdp_status (*conv2d_fwd)(void *st, float *out, float *col, const float *in, const float *w, const float *b,
+    cdp_status (*conv2d_fwd)(void *ks, float *out, float *col, const float *in, const float *w, const float *b,
                              int B, int IC, int H, int W, int OC, int K, int S, int P);
-    cdp_status (*conv2d_bwd)(void *st, float *din, float *dw, float *db, float *col, const float *dout,
+    cdp_status (*conv2d_bwd)(void *ks, float *din, float *dw, float *db, float *col, const float *dout,
                              const float *in, const float *w, int B, int IC, int H, int W, int OC, int K, int S,
                              int P);
-    cdp_status (*maxpool2d_fwd)(void *st, float *out, int32_t *argmax, const float *in, int B, int C, int H,
+    cdp_status (*maxpool2d_fwd)(void *ks, float *out, int32_t *argmax, const float *in, int B, int C, int H,
                                 int W, int K, int S);
-    cdp_status (*maxpool2d_bwd)(void *st, float *din, const float *dout, const int32_t *argmax, int B, int C,
+    cdp_status (*maxpool2d_bwd)(void *ks, float *din, const float *dout, const int32_t *argmax, int B, int C,
                                 int OH, int OW);
-    cdp_status (*adamw_step)(void *st, float *param, const float *grad, float *m, float *v, size_t n, float lr,
+    cdp_status (*adamw_step)(void *ks, float *param, const float *grad, float *m, float *v, size_t n, float lr,
                              float beta1, float beta2, float eps, float weight_decay, int t);
-    cdp_status (*sgd_step)(void *st, float *param, const float *grad, float *velocity, size_t n, float lr,
+    cdp_status (*sgd_step)(void *ks, float *param, const float *grad, float *velocity, size_t n, float lr,
                            float momentum, float weight_decay, int t);
 
     /* Optional entries: NULL in a table that has none (the CPU table has
@@ -110,14 +110,14 @@ struct cdp_ops {
      * also what a NULL entry means. A model sizes att with it when it is
      * created, so the precision must not change after that. (A plain query:
      * no status.) */
-    size_t (*attention_state_floats)(void *st, int B, int T, int C, int NH);
+    size_t (*attention_state_floats)(void *ks, int B, int T, int C, int NH);
     /* A fused op; where it is NULL the layers call linear_bwd then gelu_bwd,
      * the composition the GPU ops suite compares it with. The backward of a
      * linear layer whose input is act = gelu(pre), through
      * that GELU: dpre = (dout . w) * gelu'(pre), OVERWRITTEN (not
      * accumulated); dw += dout^T . act and db += the column sums of dout as
      * linear_bwd (either may be NULL). dout[N,OC], act/pre/dpre[N,IC], w[OC,IC]. */
-    cdp_status (*linear_gelu_bwd)(void *st, float *dpre, float *dw, float *db, const float *dout, const float *act,
+    cdp_status (*linear_gelu_bwd)(void *ks, float *dpre, float *dw, float *db, const float *dout, const float *act,
                                   const float *pre, const float *w, int N, int IC, int OC);
 };
 

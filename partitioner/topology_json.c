@@ -87,7 +87,8 @@ static cdp_status read_gpu(const struct jl *c, const json_t *o, const char *ptr,
     if (!json_is_object(o)) return cdp_json_expected(&c->in, ptr, "an object", o);
     if ((st = cdp_json_check_keys(&c->in, o, ptr, gpu_keys, NULL))) return st;
 #define AT(k) (snprintf(p, sizeof p, "%s/%s", ptr, k), p)
-    if ((v = json_object_get(o, "name")) && (st = cdp_json_string(&c->in, v, AT("name"), g->name, sizeof g->name))) return st;
+    if ((v = json_object_get(o, "name")) && (st = cdp_json_string(&c->in, v, AT("name"), g->name, sizeof g->name)))
+        return st;
     if ((v = json_object_get(o, "memory")) && (st = get_size(c, v, AT("memory"), &g->memory_bytes))) return st;
     if ((v = json_object_get(o, "numa"))) {
         if ((st = get_int(c, v, AT("numa"), -1, 4095, &n))) return st;
@@ -96,7 +97,8 @@ static cdp_status read_gpu(const struct jl *c, const json_t *o, const char *ptr,
     if ((v = json_object_get(o, "cpus"))) {
         if ((st = cdp_json_string(&c->in, v, AT("cpus"), g->cpuset, sizeof g->cpuset))) return st;
         int *cpus = NULL, k = 0;
-        if (cdp_cpuset_parse_list(g->cpuset, &cpus, &k)) return cdp_json_fail(&c->in, AT("cpus"), "%s", cdp_last_error());
+        if (cdp_cpuset_parse_list(g->cpuset, &cpus, &k))
+            return cdp_json_fail(&c->in, AT("cpus"), "%s", cdp_last_error());
         free(cpus);
     }
     if ((v = json_object_get(o, "pci_bus_id"))) {
@@ -113,7 +115,8 @@ static cdp_status read_gpu(const struct jl *c, const json_t *o, const char *ptr,
         const char *fp = AT("peak_flops");
         char fpb[sizeof p + 8];
         snprintf(fpb, sizeof fpb, "%s", fp);
-        if (!json_is_object(v)) return cdp_json_expected(&c->in, fpb, "an object {\"fp32\", \"tf32\", \"bf16\"} of FLOP/s", v);
+        if (!json_is_object(v))
+            return cdp_json_expected(&c->in, fpb, "an object {\"fp32\", \"tf32\", \"bf16\"} of FLOP/s", v);
         if ((st = cdp_json_check_keys(&c->in, v, fpb, flops_keys, NULL))) return st;
         double *dst[] = {&g->peak_fp32, &g->peak_tf32, &g->peak_bf16};
         for (int i = 0; i < 3; i++) {
@@ -124,7 +127,8 @@ static cdp_status read_gpu(const struct jl *c, const json_t *o, const char *ptr,
     }
     if ((v = json_object_get(o, "pcie"))) {
         if (!json_is_array(v) || json_array_size(v) > CDP_TOPO_PCIE_DEPTH)
-            return cdp_json_expected(&c->in, AT("pcie"), "an array of up to 8 names: the host bridge, then each PCIe switch", v);
+            return cdp_json_expected(&c->in, AT("pcie"),
+                                     "an array of up to 8 names: the host bridge, then each PCIe switch", v);
         g->pcie_depth = (int)json_array_size(v);
         for (size_t i = 0; i < json_array_size(v); i++) {
             const json_t *x = json_array_get(v, i);
@@ -156,7 +160,8 @@ static cdp_status read_source(const struct jl *c, const json_t *o, struct cdp_to
     const json_t *s = json_object_get(o, "source");
     if (!s) return cdp_topo_set_source(t, "%s", c->in.file);
     if (json_is_string(s)) return cdp_topo_set_source(t, "%s", json_string_value(s));
-    if (!json_is_array(s)) return cdp_json_expected(&c->in, "/source", "a string or an array of strings (what the file cites)", s);
+    if (!json_is_array(s))
+        return cdp_json_expected(&c->in, "/source", "a string or an array of strings (what the file cites)", s);
     struct cdp_buf b = {0};
     for (size_t i = 0; i < json_array_size(s); i++) {
         const json_t *x = json_array_get(s, i);
@@ -180,7 +185,9 @@ static cdp_status read_network(const struct jl *c, const json_t *o, struct cdp_t
     long n;
     if (!json_is_object(o)) return cdp_json_expected(&c->in, "/network", "an object", o);
     if ((st = cdp_json_check_keys(&c->in, o, "/network", net_keys, NULL))) return st;
-    if ((v = json_object_get(o, "name")) && (st = cdp_json_string(&c->in, v, "/network/name", net->name, sizeof net->name))) return st;
+    if ((v = json_object_get(o, "name")) &&
+        (st = cdp_json_string(&c->in, v, "/network/name", net->name, sizeof net->name)))
+        return st;
     if ((v = json_object_get(o, "nics_per_node"))) {
         if ((st = get_int(c, v, "/network/nics_per_node", 0, 1024, &n))) return st;
         net->nics_per_node = (int)n;
@@ -234,7 +241,8 @@ static cdp_status read_node(const struct jl *c, const json_t *o, struct cdp_topo
     }
     int nsw = 0;
     for (size_t i = 0; sws && i < json_array_size(sws); i++) {
-        const json_t *cnt = json_is_object(json_array_get(sws, i)) ? json_object_get(json_array_get(sws, i), "count") : NULL;
+        const json_t *cnt =
+            json_is_object(json_array_get(sws, i)) ? json_object_get(json_array_get(sws, i), "count") : NULL;
         long k = 1;
         snprintf(p, sizeof p, "/nvswitches/%zu/count", i);
         if (cnt && (st = get_int(c, cnt, p, 1, 1024, &k))) goto fail;
@@ -245,7 +253,8 @@ static cdp_status read_node(const struct jl *c, const json_t *o, struct cdp_topo
         goto fail;
     struct cdp_topo_node *nd = &t->nodes[0];
     if ((st = cdp_topo_node_alloc(nd, cpu ? 0 : (int)ng))) goto fail;
-    if ((v = json_object_get(o, "name")) && (st = cdp_json_string(&c->in, v, "/name", t->name, sizeof t->name))) goto fail;
+    if ((v = json_object_get(o, "name")) && (st = cdp_json_string(&c->in, v, "/name", t->name, sizeof t->name)))
+        goto fail;
     if (!t->name[0]) {
         const char *base = strrchr(c->in.file, '/');
         cdp_topo_copy_str(t->name, sizeof t->name, base ? base + 1 : c->in.file);
@@ -330,7 +339,8 @@ static cdp_status read_node(const struct jl *c, const json_t *o, struct cdp_topo
                 if (!json_is_integer(e) || json_integer_value(e) < 0 || json_integer_value(e) >= ng) {
                     char g2[64];
                     snprintf(p, sizeof p, "/nvlinks/%zu/%d", i, q);
-                    st = cdp_json_fail(&c->in, p, "GPU %s does not exist (the file has GPUs 0 to %ld)", cdp_json_got(e, g2, sizeof g2), ng - 1);
+                    st = cdp_json_fail(&c->in, p, "GPU %s does not exist (the file has GPUs 0 to %ld)",
+                                       cdp_json_got(e, g2, sizeof g2), ng - 1);
                     goto fail;
                 }
             }
@@ -409,9 +419,12 @@ static cdp_status read_node(const struct jl *c, const json_t *o, struct cdp_topo
         }
         if ((st = cdp_json_check_keys(&c->in, x, p, nic_keys, NULL))) goto fail;
         snprintf(p, sizeof p, "/nics/%zu/name", i);
-        if ((v = json_object_get(x, "name")) && (st = cdp_json_string(&c->in, v, p, nc->name, sizeof nc->name))) goto fail;
+        if ((v = json_object_get(x, "name")) && (st = cdp_json_string(&c->in, v, p, nc->name, sizeof nc->name)))
+            goto fail;
         snprintf(p, sizeof p, "/nics/%zu/pci_bus_id", i);
-        if ((v = json_object_get(x, "pci_bus_id")) && (st = cdp_json_string(&c->in, v, p, nc->pci_bus_id, sizeof nc->pci_bus_id))) goto fail;
+        if ((v = json_object_get(x, "pci_bus_id")) &&
+            (st = cdp_json_string(&c->in, v, p, nc->pci_bus_id, sizeof nc->pci_bus_id)))
+            goto fail;
         snprintf(p, sizeof p, "/nics/%zu/rate", i);
         if ((v = json_object_get(x, "rate")) && (st = get_rate(c, v, p, &nc->rate))) goto fail;
         snprintf(p, sizeof p, "/nics/%zu/numa", i);
@@ -461,7 +474,8 @@ static cdp_status read_cluster(const struct jl *c, const json_t *o, struct cdp_t
     const json_t *v;
     if ((v = json_object_get(o, "network")) && (st = read_network(c, v, &net))) goto done;
     if ((st = cdp_topology_cluster(node, (int)nodes, &net, &t))) goto done;
-    if ((v = json_object_get(o, "name")) && (st = cdp_json_string(&c->in, v, "/name", t->name, sizeof t->name))) goto done;
+    if ((v = json_object_get(o, "name")) && (st = cdp_json_string(&c->in, v, "/name", t->name, sizeof t->name)))
+        goto done;
     if (json_object_get(o, "source") && (st = read_source(c, o, t))) goto done;
     *out = t;
     t = NULL;

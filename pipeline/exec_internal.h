@@ -65,7 +65,7 @@ struct exec {
     double timeout;
     cdp_device_t dev;
     int hv;                /* the host sees the device's memory (cpu) */
-    cdp_nccl_t nworld, npipe, ndp, ntied; /* GPU ranks with a GPU each: NCCL for device memory */
+    cdp_nccl_t nccl_world, nccl_pipe, nccl_dp, nccl_tied; /* GPU ranks with a GPU each: NCCL for device memory */
     float *grad_host;      /* host staging for all-reduces of device memory without NCCL */
     size_t grad_host_n;
     struct chunk *ch;

@@ -58,10 +58,10 @@ void cdp_exec_free(struct exec *e)
     cdp_comm_free(e->tied);
     cdp_comm_free(e->dp);
     cdp_comm_free(e->pipe);
-    cdp_nccl_free(e->ntied);
-    cdp_nccl_free(e->ndp);
-    cdp_nccl_free(e->npipe);
-    cdp_nccl_free(e->nworld);
+    cdp_nccl_free(e->nccl_tied);
+    cdp_nccl_free(e->nccl_dp);
+    cdp_nccl_free(e->nccl_pipe);
+    cdp_nccl_free(e->nccl_world);
     cdp_device_close(e->dev);
 }
 
@@ -138,7 +138,7 @@ static cdp_status open_device(struct exec *e)
                  e->lay->shared_devices ? "ranks share a GPU" : cdp_last_error());
         return CDP_OK;
     }
-    return cdp_nccl_world(e->world, e->dev, e->timeout, &e->nworld);
+    return cdp_nccl_world(e->world, e->dev, e->timeout, &e->nccl_world);
 }
 
 /* The first and last stage of each replica share a tied embedding. */
@@ -153,7 +153,7 @@ static int tied_grads(const struct exec *e)
 cdp_status cdp_exec_build_schedule(struct exec *e)
 {
     struct cdp_schedule *s = NULL;
-    cdp_status st = cdp_schedule_build_ex(e->lay->schedule, e->p, e->v, e->m, tied_grads(e), e->npipe != NULL, &s);
+    cdp_status st = cdp_schedule_build_ex(e->lay->schedule, e->p, e->v, e->m, tied_grads(e), e->nccl_pipe != NULL, &s);
     /* build_ex has validated the lists (under rendezvous rules too for NCCL) */
     if (st) return cdp_error_context(st, "%s: /parallel", e->plan->source);
     cdp_schedule_free(e->sched);
@@ -237,10 +237,10 @@ cdp_status cdp_exec_setup(struct exec *e)
         return st;
     if ((st = open_device(e))) return st;
     /* NCCL groups, split like the host ones */
-    if (e->nworld && ((st = cdp_nccl_split(e->nworld, e->r, e->s, &e->npipe)) ||
-                      (st = cdp_nccl_split(e->nworld, e->s, e->r, &e->ndp)) ||
-                      (st = cdp_nccl_split(e->nworld, tied && (e->s == 0 || e->s == e->p - 1) ? e->r : -1, e->s,
-                                           &e->ntied))))
+    if (e->nccl_world && ((st = cdp_nccl_split(e->nccl_world, e->r, e->s, &e->nccl_pipe)) ||
+                      (st = cdp_nccl_split(e->nccl_world, e->s, e->r, &e->nccl_dp)) ||
+                      (st = cdp_nccl_split(e->nccl_world, tied && (e->s == 0 || e->s == e->p - 1) ? e->r : -1, e->s,
+                                           &e->nccl_tied))))
         return st;
     if ((st = cdp_exec_build_schedule(e))) return st;
 

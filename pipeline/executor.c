@@ -219,7 +219,7 @@ fail:
     /* other ranks may wait on this one: the caller aborts the job; no clean-up
      * that could block (pending requests) is attempted. NCCL communicators are
      * aborted now, so no kernel of theirs waits on a peer that is gone. */
-    if (e.nworld) cdp_nccl_abort_all();
+    if (e.nccl_world) cdp_nccl_abort_all();
     if (e.size == 1) cdp_exec_free(&e);
     return st;
 }

@@ -194,7 +194,7 @@ static cdp_status execute(struct exec *e, const struct cdp_instr *in)
             if ((st = wait_req(e, &c->grad_out_req[g]))) break;
             din = c->grad_out[g];
             const struct cdp_kernels *k = cdp_model_kernels(c->model);
-            if ((st = k->ops->zero(k->st, din, (size_t)c->in_bytes))) break;
+            if ((st = k->ops->zero(k->ks, din, (size_t)c->in_bytes))) break;
             c->mb_grad_out[in->mb] = g;
         }
         uint64_t tb = cdp_time_ns();
@@ -223,7 +223,7 @@ static cdp_status execute(struct exec *e, const struct cdp_instr *in)
         for (int i = 0; i < cdp_model_tensor_count(tc->model) && !st; i++) {
             struct cdp_model_tensor *t = cdp_model_tensor(tc->model, i);
             if (!strcmp(t->name, "layers.0.wte"))
-                st = allreduce_dev(e, e->tied, e->ntied, t->grad, (size_t)t->numel);
+                st = allreduce_dev(e, e->tied, e->nccl_tied, t->grad, (size_t)t->numel);
         }
         e->t_comm += cdp_time_ns() - t0;
         break;
@@ -232,7 +232,8 @@ static cdp_status execute(struct exec *e, const struct cdp_instr *in)
         for (int k = 0; k < e->v && !st && e->R > 1; k++) {
             struct cdp_model *mdl = e->ch[k].model;
             if (cdp_model_tensor_count(mdl) == 0) continue;
-            st = allreduce_dev(e, e->dp, e->ndp, cdp_model_tensor(mdl, 0)->grad, (size_t)cdp_model_param_floats(mdl));
+            st = allreduce_dev(e, e->dp, e->nccl_dp, cdp_model_tensor(mdl, 0)->grad,
+                               (size_t)cdp_model_param_floats(mdl));
         }
         e->t_comm += cdp_time_ns() - t0;
         break;
@@ -247,7 +248,7 @@ static cdp_status execute(struct exec *e, const struct cdp_instr *in)
                 struct cdp_model_tensor *t = cdp_model_tensor(mdl, i);
                 if (t->unit < e->ch[k].first_unit) continue;
                 double x = 0;
-                st = kk->ops->sum_squares(kk->st, t->grad, (size_t)t->numel, &x);
+                st = kk->ops->sum_squares(kk->ks, t->grad, (size_t)t->numel, &x);
                 sq += x;
             }
         }
@@ -328,7 +329,7 @@ static cdp_status execute_nccl_group(struct exec *e, const struct cdp_instr *lis
             break;
         }
     }
-    if (!st) st = cdp_nccl_sendrecv(e->npipe, ops, n, e->timeout);
+    if (!st) st = cdp_nccl_sendrecv(e->nccl_pipe, ops, n, e->timeout);
     e->t_idle += cdp_time_ns() - t0;
     return st;
 }
@@ -341,7 +342,7 @@ cdp_status cdp_exec_run_list(struct exec *e)
     const int n = e->sched->len[e->s];
     cdp_status st = CDP_OK;
     for (int i = 0; i < n && !st;) {
-        int end = e->npipe ? cdp_schedule_p2p_group_end(e->sched, e->s, i) : i;
+        int end = e->nccl_pipe ? cdp_schedule_p2p_group_end(e->sched, e->s, i) : i;
         if (end > i) {
             st = execute_nccl_group(e, list + i, end - i);
             i = end;

@@ -44,10 +44,11 @@ cdp_status cdp_exec_write_layout_record(const struct exec *e, FILE *f)
 {
     const struct cdp_layout *l = e->lay;
     json_t *ranks = cdp_layout_ranks_json(l);
-    json_t *o = ranks ? json_pack("{s:{s:s,s:s,s:i,s:i,s:i,s:i,s:i,s:o}}", "layout", "topology", l->topology, "schedule",
-                                  cdp_schedule_name(l->schedule), "stages", l->stages, "chunks", l->chunks, "replicas",
-                                  l->replicas, "micro_batches", l->micro_batches, "nodes", l->n_nodes, "ranks", ranks)
-                      : NULL;
+    json_t *o = ranks
+                    ? json_pack("{s:{s:s,s:s,s:i,s:i,s:i,s:i,s:i,s:o}}", "layout", "topology", l->topology, "schedule",
+                                cdp_schedule_name(l->schedule), "stages", l->stages, "chunks", l->chunks, "replicas",
+                                l->replicas, "micro_batches", l->micro_batches, "nodes", l->n_nodes, "ranks", ranks)
+                    : NULL;
     if (!o) return cdp_fail(CDP_ERR_NOMEM, "out of memory writing the metrics");
     return write_line(e, o, f);
 }
@@ -64,7 +65,8 @@ void cdp_exec_print_header(const struct exec *e, const struct cdp_exec_totals *t
     }
     int equal = 1;
     for (int r = 1; r < e->R; r++) equal &= e->share[r] == e->share[0];
-    fprintf(out, " on %d ranks: %d stages x %d replicas, %s, ", e->size, e->p, e->R, cdp_schedule_name(e->lay->schedule));
+    fprintf(out, " on %d ranks: %d stages x %d replicas, %s, ", e->size, e->p, e->R,
+            cdp_schedule_name(e->lay->schedule));
     if (equal) {
         fprintf(out, "%lld micro-batches of %d per replica\n", (long long)e->share[0], e->B);
     } else {
@@ -173,7 +175,8 @@ static void print_memory(const struct exec *e, const double *peak, FILE *out)
         fprintf(out, "memory: device peak %s, predicted %s (%+.1f%%)\n", a, b,
                 pred > 0 ? 100 * (peak[worst] / pred - 1) : 0.0);
     else
-        fprintf(out, "memory: device peak per rank within %.1f%% of the prediction (furthest: rank %d, %s against %s)\n",
+        fprintf(out,
+                "memory: device peak per rank within %.1f%% of the prediction (furthest: rank %d, %s against %s)\n",
                 100 * werr, worst, a, b);
 }
 
@@ -267,7 +270,7 @@ cdp_status cdp_exec_write_weights(struct exec *e)
     if (!st && e->rank == 0) {
         size_t total = 0, n = 0, cap = 64;
         for (int r = 0; r < e->size; r++) total += lens[r];
-        struct cdp_st_tensor *ts = calloc(cap, sizeof *ts);
+        struct cdp_safetensors_tensor *ts = calloc(cap, sizeof *ts);
         for (char *c = all; ts && c < (char *)all + total;) {
             struct wrec w;
             memcpy(&w, c, sizeof w);
@@ -275,15 +278,18 @@ cdp_status cdp_exec_write_weights(struct exec *e)
             for (size_t j = 0; j < n; j++) dup |= !strcmp(ts[j].name, ((struct wrec *)c)->name);
             if (!dup) {
                 if (n == cap) {
-                    struct cdp_st_tensor *nt = realloc(ts, 2 * cap * sizeof *ts);
+                    struct cdp_safetensors_tensor *nt = realloc(ts, 2 * cap * sizeof *ts);
                     if (!nt) break;
                     ts = nt;
                     cap *= 2;
                 }
                 /* the name stays inside `all`; the header copy keeps shape and count */
-                ts[n] = (struct cdp_st_tensor){.name = ((struct wrec *)c)->name, .dtype = CDP_DTYPE_F32,
-                                               .dtype_name = "F32", .ndim = (int)w.ndim,
-                                               .data = c + sizeof w, .nbytes = (uint64_t)w.numel * 4};
+                ts[n] = (struct cdp_safetensors_tensor){.name = ((struct wrec *)c)->name,
+                                                        .dtype = CDP_DTYPE_F32,
+                                                        .dtype_name = "F32",
+                                                        .ndim = (int)w.ndim,
+                                                        .data = c + sizeof w,
+                                                        .nbytes = (uint64_t)w.numel * 4};
                 for (int d = 0; d < (int)w.ndim; d++) ts[n].shape[d] = w.shape[d];
                 n++;
             }
@@ -294,7 +300,7 @@ cdp_status cdp_exec_write_weights(struct exec *e)
             char steps[32];
             snprintf(steps, sizeof steps, "%lld", (long long)e->plan->train.steps);
             const char *meta[] = {"format", "cdphybrid", "steps", steps};
-            st = cdp_st_write(path, ts, (int)n, meta, 2);
+            st = cdp_safetensors_write(path, ts, (int)n, meta, 2);
         }
         free(ts);
     }

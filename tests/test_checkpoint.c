@@ -182,19 +182,21 @@ static void roundtrip(enum cdp_optimizer_type type)
     save(&src, dir, 7, 3);
 
     /* the tied copy is written once, by its owner's part */
-    struct cdp_st_file *f;
-    cr_assert_eq(cdp_st_open(path_in(dir, "step-00000007/stage-1-chunk-0.safetensors"), &f), CDP_OK, "%s",
+    struct cdp_safetensors_file *f;
+    cr_assert_eq(cdp_safetensors_open(path_in(dir, "step-00000007/stage-1-chunk-0.safetensors"), &f), CDP_OK, "%s",
                  cdp_last_error());
-    cr_assert_null(cdp_st_find(f, "layers.0.wte"));
-    cr_assert_not_null(cdp_st_find(f, "layers.4.ln_f.weight"));
-    cr_assert_str_eq(cdp_st_metadata(f, "format"), "cdphybrid-checkpoint-part");
-    cr_assert_str_eq(cdp_st_metadata(f, "step"), "7");
-    cdp_st_close(f);
-    cr_assert_eq(cdp_st_open(path_in(dir, "step-00000007/stage-0-chunk-0.safetensors"), &f), CDP_OK);
-    cr_assert_not_null(cdp_st_find(f, "layers.0.wte"));
-    cr_assert_not_null(cdp_st_find(f, type == CDP_OPT_ADAMW ? "optim.v.layers.0.wte" : "optim.velocity.layers.0.wte"));
-    cr_assert_null(cdp_st_find(f, type == CDP_OPT_ADAMW ? "optim.velocity.layers.0.wte" : "optim.m.layers.0.wte"));
-    cdp_st_close(f);
+    cr_assert_null(cdp_safetensors_find(f, "layers.0.wte"));
+    cr_assert_not_null(cdp_safetensors_find(f, "layers.4.ln_f.weight"));
+    cr_assert_str_eq(cdp_safetensors_metadata(f, "format"), "cdphybrid-checkpoint-part");
+    cr_assert_str_eq(cdp_safetensors_metadata(f, "step"), "7");
+    cdp_safetensors_close(f);
+    cr_assert_eq(cdp_safetensors_open(path_in(dir, "step-00000007/stage-0-chunk-0.safetensors"), &f), CDP_OK);
+    cr_assert_not_null(cdp_safetensors_find(f, "layers.0.wte"));
+    cr_assert_not_null(
+        cdp_safetensors_find(f, type == CDP_OPT_ADAMW ? "optim.v.layers.0.wte" : "optim.velocity.layers.0.wte"));
+    cr_assert_null(
+        cdp_safetensors_find(f, type == CDP_OPT_ADAMW ? "optim.velocity.layers.0.wte" : "optim.m.layers.0.wte"));
+    cdp_safetensors_close(f);
 
     char *path = NULL;
     struct cdp_ckpt_info info;
@@ -742,7 +744,7 @@ Test(checkpoint, a_bf16_part_loads_into_device_memory_as_into_host_memory)
     cr_assert_eq(cdp_device_open(CDP_BACKEND_CPU, 0, 0, &cpu), CDP_OK, "%s", cdp_last_error());
     struct split c = whole_on(BIG_MLP, cpu, CDP_OPT_ADAMW, 1), g = whole_on(BIG_MLP, open_cuda(), CDP_OPT_ADAMW, 2);
     int nt = cdp_model_tensor_count(c.m[0]);
-    struct cdp_st_tensor ts[3 * 16];
+    struct cdp_safetensors_tensor ts[3 * 16];
     char names[3 * 16][96];
     uint16_t *bufs[3 * 16];
     cr_assert_leq(nt, 16);
@@ -758,15 +760,18 @@ Test(checkpoint, a_bf16_part_loads_into_device_memory_as_into_host_memory)
             cr_assert_not_null(bufs[k]);
             for (int64_t e = 0; e < t->numel; e++) bufs[k][e] = cdp_f32_to_bf16(h[e]);
             snprintf(names[k], sizeof names[k], "%s%s", prefix[role], t->name);
-            ts[k] = (struct cdp_st_tensor){.name = names[k], .dtype = CDP_DTYPE_BF16, .ndim = t->ndim,
-                                           .data = bufs[k], .nbytes = (uint64_t)t->numel * 2};
+            ts[k] = (struct cdp_safetensors_tensor){.name = names[k],
+                                                    .dtype = CDP_DTYPE_BF16,
+                                                    .ndim = t->ndim,
+                                                    .data = bufs[k],
+                                                    .nbytes = (uint64_t)t->numel * 2};
             memcpy(ts[k].shape, t->shape, sizeof(int64_t) * (size_t)t->ndim);
         }
         free(h);
     }
     cr_assert_eq(mkdir(path_in(dir, "step-00000004"), 0755), 0);
     const char *meta[4] = {"format", "cdphybrid-checkpoint-part", "step", "4"};
-    cr_assert_eq(cdp_st_write(path_in(dir, "step-00000004/stage-0.safetensors"), ts, k, meta, 2), CDP_OK, "%s",
+    cr_assert_eq(cdp_safetensors_write(path_in(dir, "step-00000004/stage-0.safetensors"), ts, k, meta, 2), CDP_OK, "%s",
                  cdp_last_error());
     for (int i = 0; i < k; i++) free(bufs[i]);
     struct cdp_ckpt_info info = {.step = 4, .optimizer = "adamw"};
@@ -800,8 +805,9 @@ Test(checkpoint, sha256_standard_vectors)
     expect_sha(dir, "abc", 3, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
     const char *m448 = "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq";
     expect_sha(dir, m448, strlen(m448), "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
-    const char *m896 = "abcdefghbcdefghicdefghijdefghijkefghijklfghijklmghijklmnhijklmnoijklmnopjklmnopqklmnopqrlmnopqrs"
-                       "mnopqrstnopqrstu";
+    const char *m896 =
+        "abcdefghbcdefghicdefghijdefghijkefghijklfghijklmghijklmnhijklmnoijklmnopjklmnopqklmnopqrlmnopqrs"
+        "mnopqrstnopqrstu";
     expect_sha(dir, m896, strlen(m896), "cf5b16a778af8380036ce59e7b0492370b249b11e8f07a51afac45037afee9d1");
     char *million = malloc(1000000);
     memset(million, 'a', 1000000);
@@ -823,14 +829,14 @@ Test(checkpoint, sha256_standard_vectors)
 static void assert_export(const char *out, struct split *src, const char *step)
 {
     struct split w = make_split(GPT(3, 8), whole, 1, CDP_OPT_ADAMW, 2);
-    struct cdp_st_file *f;
-    cr_assert_eq(cdp_st_open(out, &f), CDP_OK, "%s", cdp_last_error());
-    cr_assert_str_eq(cdp_st_metadata(f, "format"), "cdphybrid");
-    cr_assert_str_eq(cdp_st_metadata(f, "step"), step);
-    cr_assert_eq(cdp_st_count(f), cdp_model_tensor_count(w.m[0]), "every weight once, no optimizer state");
+    struct cdp_safetensors_file *f;
+    cr_assert_eq(cdp_safetensors_open(out, &f), CDP_OK, "%s", cdp_last_error());
+    cr_assert_str_eq(cdp_safetensors_metadata(f, "format"), "cdphybrid");
+    cr_assert_str_eq(cdp_safetensors_metadata(f, "step"), step);
+    cr_assert_eq(cdp_safetensors_count(f), cdp_model_tensor_count(w.m[0]), "every weight once, no optimizer state");
     int last_unit = -1;
-    for (int i = 0; i < cdp_st_count(f); i++) {
-        const char *name = cdp_st_at(f, i)->name;
+    for (int i = 0; i < cdp_safetensors_count(f); i++) {
+        const char *name = cdp_safetensors_at(f, i)->name;
         cr_assert(strncmp(name, "optim.", 6), "%s in an export", name);
         int unit = atoi(name + 7);
         cr_assert_geq(unit, last_unit, "tensors ordered by unit: %s", name);
@@ -840,13 +846,13 @@ static void assert_export(const char *out, struct split *src, const char *step)
         struct cdp_model_tensor *t = cdp_model_tensor(w.m[0], i);
         float *a, *b;
         struct cdp_model_tensor *o = find_owner(src, t->name, &a, &b);
-        const struct cdp_st_tensor *x = cdp_st_find(f, t->name);
+        const struct cdp_safetensors_tensor *x = cdp_safetensors_find(f, t->name);
         cr_assert_not_null(x, "%s", t->name);
         cr_assert_str_eq(x->dtype_name, "F32");
         cr_assert_eq(x->nbytes, (uint64_t)t->numel * 4);
         cr_assert_eq(memcmp(x->data, o->data, x->nbytes), 0, "%s", t->name);
     }
-    cdp_st_close(f);
+    cdp_safetensors_close(f);
     /* the file loads as the model's weights */
     cr_assert_eq(cdp_model_load(w.m[0], out), CDP_OK, "%s", cdp_last_error());
     free_split(&w);

@@ -105,7 +105,7 @@ static struct {
     enum cdp_precision prec;
     cdp_device_t dev;
     const struct cdp_ops *ops;
-    void *st;
+    void *ks;
     cdp_buffer_t dbuf[MAX_ALLOCS];
     int nd;
     void *hbuf[MAX_ALLOCS];
@@ -125,7 +125,7 @@ static const char *where(void)
     } while (0)
 
 /* Runs one op of the device's table with the device's kernel state. */
-#define OP(op, ...) CHECK(G.ops->op(G.st, __VA_ARGS__))
+#define OP(op, ...) CHECK(G.ops->op(G.ks, __VA_ARGS__))
 
 /* Allocations are released in scopes, so that a test's cases do not pile up. */
 struct scope {
@@ -322,8 +322,8 @@ static void run_on(enum cdp_backend type, enum cdp_precision prec, test_body bod
     cr_assert_not_null(G.ops, "%s has no kernel table", where());
     cr_assert_eq(G.ops->abi, CDP_OPS_ABI, "%s: kernel table ABI %d, expected %d", where(), G.ops->abi,
                  CDP_OPS_ABI);
-    G.st = cdp_device_kernel_state(G.dev);
-    CHECK(G.ops->set_precision(G.st, prec));
+    G.ks = cdp_device_kernel_state(G.dev);
+    CHECK(G.ops->set_precision(G.ks, prec));
     rng_seed(20240611);
     body();
     scope_end((struct scope){0, 0});
@@ -390,11 +390,11 @@ GPU_OPS_TEST(table_complete)
 static void body_cpu_precision(void)
 {
     cdp_clear_error();
-    cdp_status st = G.ops->set_precision(G.st, CDP_PRECISION_BF16);
+    cdp_status st = G.ops->set_precision(G.ks, CDP_PRECISION_BF16);
     cr_assert_eq(st, CDP_ERR_UNSUPPORTED, "cpu set_precision(BF16) returned %s, expected %s", cdp_status_str(st),
                  cdp_status_str(CDP_ERR_UNSUPPORTED));
     cr_assert(strstr(cdp_last_error(), "fp32"), "message: %s", cdp_last_error());
-    st = G.ops->set_precision(G.st, CDP_PRECISION_FP32);
+    st = G.ops->set_precision(G.ks, CDP_PRECISION_FP32);
     cr_assert_eq(st, CDP_OK, "cpu set_precision(FP32): %s: %s", cdp_status_str(st), cdp_last_error());
 }
 
@@ -871,7 +871,7 @@ static size_t att_state_floats(int B, int T, int C, int NH)
 {
     const size_t full = (size_t)B * NH * T * T;
     if (!G.ops->attention_state_floats) return full;
-    const size_t n = G.ops->attention_state_floats(G.st, B, T, C, NH);
+    const size_t n = G.ops->attention_state_floats(G.ks, B, T, C, NH);
     cr_assert(n <= full, "%s: attention_state_floats %zu > B*NH*T*T = %zu", where(), n, full);
     if (G.prec == CDP_PRECISION_FP32)
         cr_assert_eq(n, full, "%s: attention_state_floats %zu under fp32, want %zu", where(), n, full);

@@ -213,17 +213,18 @@ Test(model, golden_gpt_step_matches_pytorch)
 {
     struct cdp_plan *p = plan_from(golden_plan);
     const char *path = cdp_test_source_path("tests/fixtures/golden/gpt-tiny.safetensors");
-    struct cdp_st_file *f;
-    cr_assert_eq(cdp_st_open(path, &f), CDP_OK, "%s", cdp_last_error());
+    struct cdp_safetensors_file *f;
+    cr_assert_eq(cdp_safetensors_open(path, &f), CDP_OK, "%s", cdp_last_error());
     cdp_device_t dev = cpu();
     struct cdp_model *m;
     cr_assert_eq(cdp_model_create(&p->model, 0, 4, 2, 1, 1, dev, &m), CDP_OK);
     cr_assert_eq(cdp_model_load(m, path), CDP_OK, "%s", cdp_last_error());
-    const struct cdp_st_tensor *tok = cdp_st_find(f, "tokens"), *tgt = cdp_st_find(f, "targets");
+    const struct cdp_safetensors_tensor *tok = cdp_safetensors_find(f, "tokens"),
+                                        *tgt = cdp_safetensors_find(f, "targets");
     cr_assert(tok && tgt);
     memcpy(cdp_model_input(m, 0), tok->data, 2 * 8 * 4);
     float want_loss;
-    cr_assert_eq(cdp_st_read_f32(f, "loss", 1, (int64_t[]){1}, &want_loss), CDP_OK);
+    cr_assert_eq(cdp_safetensors_read_f32(f, "loss", 1, (int64_t[]){1}, &want_loss), CDP_OK);
     double loss = 0;
     cr_assert_eq(cdp_model_forward(m, 0), CDP_OK);
     cr_assert_eq(cdp_model_loss(m, 0, tgt->data, 1.0f / 16, &loss), CDP_OK);
@@ -236,7 +237,7 @@ Test(model, golden_gpt_step_matches_pytorch)
         char name[96];
         snprintf(name, sizeof name, "grad.%s", t->name);
         float *ref = malloc((size_t)t->numel * 4);
-        cr_assert_eq(cdp_st_read_f32(f, name, t->ndim, t->shape, ref), CDP_OK, "%s", cdp_last_error());
+        cr_assert_eq(cdp_safetensors_read_f32(f, name, t->ndim, t->shape, ref), CDP_OK, "%s", cdp_last_error());
         double e = rel_err(t->grad, ref, t->numel);
         cr_assert_leq(e, 1e-4, "gradient of %s: relative error %.3g", t->name, e);
         if (e > worst) worst = e;
@@ -257,7 +258,7 @@ Test(model, golden_gpt_step_matches_pytorch)
         char name[96];
         snprintf(name, sizeof name, "after.%s", t->name);
         float *ref = malloc((size_t)t->numel * 4);
-        cr_assert_eq(cdp_st_read_f32(f, name, t->ndim, t->shape, ref), CDP_OK, "%s", cdp_last_error());
+        cr_assert_eq(cdp_safetensors_read_f32(f, name, t->ndim, t->shape, ref), CDP_OK, "%s", cdp_last_error());
         double e = rel_err(t->data, ref, t->numel);
         cr_assert_leq(e, 1e-4, "%s after AdamW: relative error %.3g", t->name, e);
         if (e > worst) worst = e;
@@ -266,7 +267,7 @@ Test(model, golden_gpt_step_matches_pytorch)
     cr_log_info("golden GPT step: loss %.8f vs %.8f, worst tensor relative error %.3g", loss, want_loss, worst);
     cdp_optimizer_destroy(o);
     cdp_model_destroy(m);
-    cdp_st_close(f);
+    cdp_safetensors_close(f);
     cdp_device_close(dev);
     cdp_plan_free(p);
 }
@@ -396,17 +397,17 @@ Test(model, loss_falls_on_text)
 
 static int linear_fwd_calls;
 
-static cdp_status counting_linear_fwd(void *st, float *out, const float *in, const float *w, const float *b, int N,
+static cdp_status counting_linear_fwd(void *ks, float *out, const float *in, const float *w, const float *b, int N,
                                       int IC, int OC)
 {
     linear_fwd_calls++;
-    return cdp_cpu_ops.linear_fwd(st, out, in, w, b, N, IC, OC);
+    return cdp_cpu_ops.linear_fwd(ks, out, in, w, b, N, IC, OC);
 }
 
-static cdp_status failing_attention_fwd(void *st, float *out, float *att, const float *qkv, int B, int T, int C,
+static cdp_status failing_attention_fwd(void *ks, float *out, float *att, const float *qkv, int B, int T, int C,
                                         int NH, int causal)
 {
-    (void)st, (void)out, (void)att, (void)qkv, (void)B, (void)T, (void)C, (void)NH, (void)causal;
+    (void)ks, (void)out, (void)att, (void)qkv, (void)B, (void)T, (void)C, (void)NH, (void)causal;
     return cdp_fail(CDP_ERR_DEVICE, "attention_fwd: launch failed (test)");
 }
 
@@ -486,27 +487,27 @@ static float *compact_private;
 static size_t compact_floats;
 static int compact_pattern_ok;
 
-static size_t compact_state_floats(void *st, int B, int T, int C, int NH)
+static size_t compact_state_floats(void *ks, int B, int T, int C, int NH)
 {
-    (void)st;
+    (void)ks;
     return (size_t)B * T * (NH + C);
 }
 
-static cdp_status compact_attention_fwd(void *st, float *out, float *att, const float *qkv, int B, int T, int C,
+static cdp_status compact_attention_fwd(void *ks, float *out, float *att, const float *qkv, int B, int T, int C,
                                         int NH, int causal)
 {
-    cdp_status rc = cdp_cpu_ops.attention_fwd(st, out, compact_private, qkv, B, T, C, NH, causal);
-    compact_floats = compact_state_floats(st, B, T, C, NH);
+    cdp_status rc = cdp_cpu_ops.attention_fwd(ks, out, compact_private, qkv, B, T, C, NH, causal);
+    compact_floats = compact_state_floats(ks, B, T, C, NH);
     for (size_t i = 0; i < compact_floats; i++) att[i] = (float)(i % 251);
     return rc;
 }
 
-static cdp_status compact_attention_bwd(void *st, float *dqkv, const float *dout, const float *qkv, const float *att,
+static cdp_status compact_attention_bwd(void *ks, float *dqkv, const float *dout, const float *qkv, const float *att,
                                         float *scratch, int B, int T, int C, int NH, int causal)
 {
     for (size_t i = 0; i < compact_floats; i++)
         if (att[i] != (float)(i % 251)) compact_pattern_ok = 0;
-    return cdp_cpu_ops.attention_bwd(st, dqkv, dout, qkv, compact_private, scratch, B, T, C, NH, causal);
+    return cdp_cpu_ops.attention_bwd(ks, dqkv, dout, qkv, compact_private, scratch, B, T, C, NH, causal);
 }
 
 Test(model, attention_keeps_the_state_its_kernel_table_asks_for)

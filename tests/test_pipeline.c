@@ -42,8 +42,9 @@ static void write_plan(const char *dir, const char *name, const struct layout *l
      * zero gradient (softmax ignores a constant added to every key), so its
      * fp32 gradient is rounding noise that differs with summation order, and
      * with eps 1e-8 Adam turns that noise into steps of up to lr. */
-    const char *opt = l->model == MODEL_GPT ? "{\"type\": \"adamw\", \"lr\": 0.01, \"weight_decay\": 0.1, \"eps\": 1e-6}"
-                                            : "{\"type\": \"sgd\", \"lr\": 0.05, \"momentum\": 0.9}";
+    const char *opt = l->model == MODEL_GPT
+                          ? "{\"type\": \"adamw\", \"lr\": 0.01, \"weight_decay\": 0.1, \"eps\": 1e-6}"
+                          : "{\"type\": \"sgd\", \"lr\": 0.05, \"momentum\": 0.9}";
     snprintf(json, sizeof json,
              "{%s, \"data\": {\"source\": \"synthetic\", \"seed\": 3}, \"train\": {\"steps\": 3, \"micro_batch\": 2, "
              "\"optimizer\": %s, \"grad_clip\": 0.5, \"eval_batches\": 1, \"timeout_s\": 60}, %s, "
@@ -68,13 +69,13 @@ static int read_losses(const char *path, double *out, int cap)
 
 static double compare_weights(const char *a, const char *b)
 {
-    struct cdp_st_file *fa, *fb;
-    cr_assert_eq(cdp_st_open(a, &fa), CDP_OK, "%s", cdp_last_error());
-    cr_assert_eq(cdp_st_open(b, &fb), CDP_OK, "%s", cdp_last_error());
-    cr_assert_eq(cdp_st_count(fa), cdp_st_count(fb), "the same tensors");
+    struct cdp_safetensors_file *fa, *fb;
+    cr_assert_eq(cdp_safetensors_open(a, &fa), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(cdp_safetensors_open(b, &fb), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(cdp_safetensors_count(fa), cdp_safetensors_count(fb), "the same tensors");
     double worst = 0;
-    for (int i = 0; i < cdp_st_count(fa); i++) {
-        const struct cdp_st_tensor *ta = cdp_st_at(fa, i), *tb = cdp_st_find(fb, ta->name);
+    for (int i = 0; i < cdp_safetensors_count(fa); i++) {
+        const struct cdp_safetensors_tensor *ta = cdp_safetensors_at(fa, i), *tb = cdp_safetensors_find(fb, ta->name);
         cr_assert_not_null(tb, "%s missing from the pipeline's weights", ta->name);
         cr_assert_eq(ta->nbytes, tb->nbytes, "%s", ta->name);
         const float *x = ta->data, *y = tb->data;
@@ -86,8 +87,8 @@ static double compare_weights(const char *a, const char *b)
         double e = sqrt(num / (den > 0 ? den : 1));
         if (e > worst) worst = e;
     }
-    cdp_st_close(fa);
-    cdp_st_close(fb);
+    cdp_safetensors_close(fa);
+    cdp_safetensors_close(fb);
     return worst;
 }
 
@@ -203,11 +204,12 @@ static struct cdp_run run_fault(const char *plan, const char *fault, double *sec
 static const char *fault_plan(const char *dir, int timeout_s, const char *data)
 {
     char json[1024];
-    snprintf(json, sizeof json,
-             "{\"model\": {\"preset\": \"gpt\", \"vocab\": 256, \"context\": 8, \"layers\": 2, \"heads\": 2, "
-             "\"embed\": 16}, %s, \"train\": {\"steps\": 4, \"micro_batch\": 2, \"timeout_s\": %d}, "
-             "\"parallel\": {\"stages\": 2, \"replicas\": 1, \"micro_batches\": 4}, \"cluster\": {\"backend\": \"cpu\"}}",
-             data ? data : "\"data\": {\"source\": \"synthetic\"}", timeout_s);
+    snprintf(
+        json, sizeof json,
+        "{\"model\": {\"preset\": \"gpt\", \"vocab\": 256, \"context\": 8, \"layers\": 2, \"heads\": 2, "
+        "\"embed\": 16}, %s, \"train\": {\"steps\": 4, \"micro_batch\": 2, \"timeout_s\": %d}, "
+        "\"parallel\": {\"stages\": 2, \"replicas\": 1, \"micro_batches\": 4}, \"cluster\": {\"backend\": \"cpu\"}}",
+        data ? data : "\"data\": {\"source\": \"synthetic\"}", timeout_s);
     return cdp_test_write_file(dir, "fault.json", json);
 }
 

@@ -77,12 +77,12 @@ static double weights_error(const char *dir, const char *a, const char *b)
     char pa[4200], pb[4200];
     snprintf(pa, sizeof pa, "%s/%s.safetensors", dir, a);
     snprintf(pb, sizeof pb, "%s/%s.safetensors", dir, b);
-    struct cdp_st_file *fa, *fb;
-    cr_assert_eq(cdp_st_open(pa, &fa), CDP_OK, "%s", cdp_last_error());
-    cr_assert_eq(cdp_st_open(pb, &fb), CDP_OK, "%s", cdp_last_error());
+    struct cdp_safetensors_file *fa, *fb;
+    cr_assert_eq(cdp_safetensors_open(pa, &fa), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(cdp_safetensors_open(pb, &fb), CDP_OK, "%s", cdp_last_error());
     double worst = 0;
-    for (int i = 0; i < cdp_st_count(fa); i++) {
-        const struct cdp_st_tensor *x = cdp_st_at(fa, i), *y = cdp_st_find(fb, x->name);
+    for (int i = 0; i < cdp_safetensors_count(fa); i++) {
+        const struct cdp_safetensors_tensor *x = cdp_safetensors_at(fa, i), *y = cdp_safetensors_find(fb, x->name);
         cr_assert_not_null(y, "%s", x->name);
         const float *u = x->data, *v = y->data;
         double num = 0, den = 0;
@@ -93,8 +93,8 @@ static double weights_error(const char *dir, const char *a, const char *b)
         double e = sqrt(num / (den > 0 ? den : 1));
         if (e > worst) worst = e;
     }
-    cdp_st_close(fa);
-    cdp_st_close(fb);
+    cdp_safetensors_close(fa);
+    cdp_safetensors_close(fb);
     return worst;
 }
 
@@ -188,7 +188,8 @@ Test(resume, a_corrupt_checkpoint_is_named_and_left_alone, .timeout = 120)
 Test(resume, resume_needs_a_folder)
 {
     char *dir = newdir();
-    const char *p = cdp_test_write_file(dir, "p.json", "{\"model\": {\"preset\": \"gpt\"}, \"cluster\": {\"backend\": \"cpu\"}}");
+    const char *p =
+        cdp_test_write_file(dir, "p.json", "{\"model\": {\"preset\": \"gpt\"}, \"cluster\": {\"backend\": \"cpu\"}}");
     struct cdp_run r = run((const char *[]){"--plan", p, "--resume", NULL}, NULL);
     cr_assert_eq(r.exit_code, 2, "%s", r.err);
     cr_assert(strstr(r.err, "/train/checkpoint/dir"), "%s", r.err);

@@ -6,233 +6,233 @@
 
 #include "kernels/cpu/ops.h"
 
-static cdp_status cpu_set_precision(void *st, enum cdp_precision p)
+static cdp_status cpu_set_precision(void *ks, enum cdp_precision p)
 {
-    (void)st;
+    (void)ks;
     if (p != CDP_PRECISION_FP32)
         return cdp_fail(CDP_ERR_UNSUPPORTED, "the cpu kernels compute in fp32 only");
     return CDP_OK;
 }
 
-static cdp_status cpu_zero(void *st, void *p, size_t bytes)
+static cdp_status cpu_zero(void *ks, void *p, size_t bytes)
 {
-    (void)st;
+    (void)ks;
     if (bytes) memset(p, 0, bytes);
     return CDP_OK;
 }
 
-static cdp_status cpu_copy(void *st, void *dst, const void *src, size_t bytes)
+static cdp_status cpu_copy(void *ks, void *dst, const void *src, size_t bytes)
 {
-    (void)st;
+    (void)ks;
     if (bytes && dst != src) memmove(dst, src, bytes);
     return CDP_OK;
 }
 
-static cdp_status cpu_add(void *st, float *dst, const float *src, size_t n)
+static cdp_status cpu_add(void *ks, float *dst, const float *src, size_t n)
 {
-    (void)st;
+    (void)ks;
     for (size_t i = 0; i < n; i++)
         dst[i] += src[i];
     return CDP_OK;
 }
 
-static cdp_status cpu_sum_squares(void *st, const float *x, size_t n, double *out)
+static cdp_status cpu_sum_squares(void *ks, const float *x, size_t n, double *out)
 {
-    (void)st;
+    (void)ks;
     *out = cdp_cpu_sum_squares(x, n);
     return CDP_OK;
 }
 
-static cdp_status cpu_scale(void *st, float *x, size_t n, float s)
+static cdp_status cpu_scale(void *ks, float *x, size_t n, float s)
 {
-    (void)st;
+    (void)ks;
     cdp_cpu_scale(x, n, s);
     return CDP_OK;
 }
 
-static cdp_status cpu_linear_fwd(void *st, float *out, const float *in, const float *w, const float *b, int N,
+static cdp_status cpu_linear_fwd(void *ks, float *out, const float *in, const float *w, const float *b, int N,
                                  int IC, int OC)
 {
-    (void)st;
+    (void)ks;
     cdp_cpu_linear_fwd(out, in, w, b, N, IC, OC);
     return CDP_OK;
 }
 
-static cdp_status cpu_linear_bwd(void *st, float *din, float *dw, float *db, const float *dout,
+static cdp_status cpu_linear_bwd(void *ks, float *din, float *dw, float *db, const float *dout,
                                  const float *in, const float *w, int N, int IC, int OC)
 {
-    (void)st;
+    (void)ks;
     cdp_cpu_linear_bwd(din, dw, db, dout, in, w, N, IC, OC);
     return CDP_OK;
 }
 
-static cdp_status cpu_relu_fwd(void *st, float *out, const float *in, size_t n)
+static cdp_status cpu_relu_fwd(void *ks, float *out, const float *in, size_t n)
 {
-    (void)st;
+    (void)ks;
     cdp_cpu_relu_fwd(out, in, n);
     return CDP_OK;
 }
 
-static cdp_status cpu_relu_bwd(void *st, float *din, const float *dout, const float *in, size_t n)
+static cdp_status cpu_relu_bwd(void *ks, float *din, const float *dout, const float *in, size_t n)
 {
-    (void)st;
+    (void)ks;
     cdp_cpu_relu_bwd(din, dout, in, n);
     return CDP_OK;
 }
 
-static cdp_status cpu_gelu_fwd(void *st, float *out, const float *in, size_t n)
+static cdp_status cpu_gelu_fwd(void *ks, float *out, const float *in, size_t n)
 {
-    (void)st;
+    (void)ks;
     cdp_cpu_gelu_fwd(out, in, n);
     return CDP_OK;
 }
 
-static cdp_status cpu_gelu_bwd(void *st, float *din, const float *dout, const float *in, size_t n)
+static cdp_status cpu_gelu_bwd(void *ks, float *din, const float *dout, const float *in, size_t n)
 {
-    (void)st;
+    (void)ks;
     cdp_cpu_gelu_bwd(din, dout, in, n);
     return CDP_OK;
 }
 
-static cdp_status cpu_layernorm_fwd(void *st, float *out, float *mean, float *rstd, const float *in,
+static cdp_status cpu_layernorm_fwd(void *ks, float *out, float *mean, float *rstd, const float *in,
                                     const float *weight, const float *bias, int N, int C, float eps)
 {
-    (void)st;
+    (void)ks;
     cdp_cpu_layernorm_fwd(out, mean, rstd, in, weight, bias, N, C, eps);
     return CDP_OK;
 }
 
-static cdp_status cpu_layernorm_bwd(void *st, float *din, float *dweight, float *dbias, const float *dout,
+static cdp_status cpu_layernorm_bwd(void *ks, float *din, float *dweight, float *dbias, const float *dout,
                                     const float *in, const float *weight, const float *mean,
                                     const float *rstd, int N, int C)
 {
-    (void)st;
+    (void)ks;
     cdp_cpu_layernorm_bwd(din, dweight, dbias, dout, in, weight, mean, rstd, N, C);
     return CDP_OK;
 }
 
-static cdp_status cpu_residual_fwd(void *st, float *out, const float *a, const float *b, size_t n)
+static cdp_status cpu_residual_fwd(void *ks, float *out, const float *a, const float *b, size_t n)
 {
-    (void)st;
+    (void)ks;
     cdp_cpu_residual_fwd(out, a, b, n);
     return CDP_OK;
 }
 
-static cdp_status cpu_residual_bwd(void *st, float *da, float *db, const float *dout, size_t n)
+static cdp_status cpu_residual_bwd(void *ks, float *da, float *db, const float *dout, size_t n)
 {
-    (void)st;
+    (void)ks;
     cdp_cpu_residual_bwd(da, db, dout, n);
     return CDP_OK;
 }
 
-static cdp_status cpu_embedding_fwd(void *st, float *out, const int32_t *tokens, const float *wte,
+static cdp_status cpu_embedding_fwd(void *ks, float *out, const int32_t *tokens, const float *wte,
                                     const float *wpe, int B, int T, int C)
 {
-    (void)st;
+    (void)ks;
     cdp_cpu_embedding_fwd(out, tokens, wte, wpe, B, T, C);
     return CDP_OK;
 }
 
-static cdp_status cpu_embedding_bwd(void *st, float *dwte, float *dwpe, const float *dout,
+static cdp_status cpu_embedding_bwd(void *ks, float *dwte, float *dwpe, const float *dout,
                                     const int32_t *tokens, int B, int T, int C)
 {
-    (void)st;
+    (void)ks;
     cdp_cpu_embedding_bwd(dwte, dwpe, dout, tokens, B, T, C);
     return CDP_OK;
 }
 
-static cdp_status cpu_attention_fwd(void *st, float *out, float *att, const float *qkv, int B, int T, int C,
+static cdp_status cpu_attention_fwd(void *ks, float *out, float *att, const float *qkv, int B, int T, int C,
                                     int NH, int causal)
 {
-    (void)st;
+    (void)ks;
     cdp_cpu_attention_fwd(out, att, qkv, B, T, C, NH, causal);
     return CDP_OK;
 }
 
-static cdp_status cpu_attention_bwd(void *st, float *dqkv, const float *dout, const float *qkv,
+static cdp_status cpu_attention_bwd(void *ks, float *dqkv, const float *dout, const float *qkv,
                                     const float *att, float *scratch, int B, int T, int C, int NH, int causal)
 {
-    (void)st;
+    (void)ks;
     cdp_cpu_attention_bwd(dqkv, dout, qkv, att, scratch, B, T, C, NH, causal);
     return CDP_OK;
 }
 
-static cdp_status cpu_crossentropy_fwd(void *st, float *losses, const float *logits, const int32_t *targets,
+static cdp_status cpu_crossentropy_fwd(void *ks, float *losses, const float *logits, const int32_t *targets,
                                        int N, int V)
 {
-    (void)st;
+    (void)ks;
     cdp_cpu_crossentropy_fwd(losses, logits, targets, N, V);
     return CDP_OK;
 }
 
-static cdp_status cpu_crossentropy_bwd(void *st, float *dlogits, const float *logits, const int32_t *targets,
+static cdp_status cpu_crossentropy_bwd(void *ks, float *dlogits, const float *logits, const int32_t *targets,
                                        int N, int V, float scale)
 {
-    (void)st;
+    (void)ks;
     cdp_cpu_crossentropy_bwd(dlogits, logits, targets, N, V, scale);
     return CDP_OK;
 }
 
-static cdp_status cpu_mse_fwd(void *st, float *losses, const float *pred, const float *target, int N, int D)
+static cdp_status cpu_mse_fwd(void *ks, float *losses, const float *pred, const float *target, int N, int D)
 {
-    (void)st;
+    (void)ks;
     cdp_cpu_mse_fwd(losses, pred, target, N, D);
     return CDP_OK;
 }
 
-static cdp_status cpu_mse_bwd(void *st, float *dpred, const float *pred, const float *target, int N, int D,
+static cdp_status cpu_mse_bwd(void *ks, float *dpred, const float *pred, const float *target, int N, int D,
                               float scale)
 {
-    (void)st;
+    (void)ks;
     cdp_cpu_mse_bwd(dpred, pred, target, N, D, scale);
     return CDP_OK;
 }
 
-static cdp_status cpu_conv2d_fwd(void *st, float *out, float *col, const float *in, const float *w,
+static cdp_status cpu_conv2d_fwd(void *ks, float *out, float *col, const float *in, const float *w,
                                  const float *b, int B, int IC, int H, int W, int OC, int K, int S, int P)
 {
-    (void)st;
+    (void)ks;
     cdp_cpu_conv2d_fwd(out, col, in, w, b, B, IC, H, W, OC, K, S, P);
     return CDP_OK;
 }
 
-static cdp_status cpu_conv2d_bwd(void *st, float *din, float *dw, float *db, float *col, const float *dout,
+static cdp_status cpu_conv2d_bwd(void *ks, float *din, float *dw, float *db, float *col, const float *dout,
                                  const float *in, const float *w, int B, int IC, int H, int W, int OC, int K,
                                  int S, int P)
 {
-    (void)st;
+    (void)ks;
     cdp_cpu_conv2d_bwd(din, dw, db, col, dout, in, w, B, IC, H, W, OC, K, S, P);
     return CDP_OK;
 }
 
-static cdp_status cpu_maxpool2d_fwd(void *st, float *out, int32_t *argmax, const float *in, int B, int C,
+static cdp_status cpu_maxpool2d_fwd(void *ks, float *out, int32_t *argmax, const float *in, int B, int C,
                                     int H, int W, int K, int S)
 {
-    (void)st;
+    (void)ks;
     cdp_cpu_maxpool2d_fwd(out, argmax, in, B, C, H, W, K, S);
     return CDP_OK;
 }
 
-static cdp_status cpu_maxpool2d_bwd(void *st, float *din, const float *dout, const int32_t *argmax, int B,
+static cdp_status cpu_maxpool2d_bwd(void *ks, float *din, const float *dout, const int32_t *argmax, int B,
                                     int C, int OH, int OW)
 {
-    (void)st;
+    (void)ks;
     cdp_cpu_maxpool2d_bwd(din, dout, argmax, B, C, OH, OW);
     return CDP_OK;
 }
 
-static cdp_status cpu_adamw_step(void *st, float *param, const float *grad, float *m, float *v, size_t n,
+static cdp_status cpu_adamw_step(void *ks, float *param, const float *grad, float *m, float *v, size_t n,
                                  float lr, float beta1, float beta2, float eps, float weight_decay, int t)
 {
-    (void)st;
+    (void)ks;
     cdp_cpu_adamw_step(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, t);
     return CDP_OK;
 }
 
-static cdp_status cpu_sgd_step(void *st, float *param, const float *grad, float *velocity, size_t n, float lr,
+static cdp_status cpu_sgd_step(void *ks, float *param, const float *grad, float *velocity, size_t n, float lr,
                                float momentum, float weight_decay, int t)
 {
-    (void)st;
+    (void)ks;
     cdp_cpu_sgd_step(param, grad, velocity, n, lr, momentum, weight_decay, t);
     return CDP_OK;
 }

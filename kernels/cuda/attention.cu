@@ -105,10 +105,10 @@ static cdp_status check_dims(const char *what, int B, int T, int C, int NH)
     return CDP_OK;
 }
 
-cdp_status cdp_cuda_attention_fwd(void *st, float *out, float *att, const float *qkv, int B, int T, int C, int NH,
+cdp_status cdp_cuda_attention_fwd(void *ks, float *out, float *att, const float *qkv, int B, int T, int C, int NH,
                                   int causal)
 {
-    struct cdp_cuda_state *s = (struct cdp_cuda_state *)st;
+    struct cdp_cuda_state *s = (struct cdp_cuda_state *)ks;
     cdp_status rc = check_dims("attention_fwd", B, T, C, NH);
     if (rc) return rc;
     if (B == 0 || T == 0) return CDP_OK;
@@ -159,17 +159,17 @@ cdp_status cdp_cuda_attention_fwd(void *st, float *out, float *att, const float 
 
 /* The fused kernels keep the row statistics and a copy of the output
  * (flash_attention.h); the general path the probabilities. */
-size_t cdp_cuda_attention_state_floats(void *st, int B, int T, int C, int NH)
+size_t cdp_cuda_attention_state_floats(void *ks, int B, int T, int C, int NH)
 {
-    const struct cdp_cuda_state *s = (const struct cdp_cuda_state *)st;
+    const struct cdp_cuda_state *s = (const struct cdp_cuda_state *)ks;
     if (cdp_cuda_flash_usable(s, B, T, C, NH)) return (size_t)B * NH * T + (size_t)B * T * C;
     return (size_t)B * NH * T * T;
 }
 
-cdp_status cdp_cuda_attention_bwd(void *st, float *dqkv, const float *dout, const float *qkv, const float *att,
+cdp_status cdp_cuda_attention_bwd(void *ks, float *dqkv, const float *dout, const float *qkv, const float *att,
                                   float *scratch, int B, int T, int C, int NH, int causal)
 {
-    struct cdp_cuda_state *s = (struct cdp_cuda_state *)st;
+    struct cdp_cuda_state *s = (struct cdp_cuda_state *)ks;
     (void)scratch; /* T*T is one head's worth; the NH heads of a sample use the workspace */
     cdp_status rc = check_dims("attention_bwd", B, T, C, NH);
     if (rc) return rc;

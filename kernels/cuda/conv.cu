@@ -160,10 +160,10 @@ static cdp_status pick_bwd_filter(cudnnHandle_t h, const conv_descs &d, cudnnCon
                          "conv2d backward filter: cuDNN offers no usable algorithm (%d candidates)", n);
 }
 
-cdp_status cdp_cuda_conv2d_fwd(void *st, float *out, float *col, const float *in, const float *w, const float *b,
+cdp_status cdp_cuda_conv2d_fwd(void *ks, float *out, float *col, const float *in, const float *w, const float *b,
                                int B, int IC, int H, int W, int OC, int K, int S, int P)
 {
-    struct cdp_cuda_state *s = (struct cdp_cuda_state *)st;
+    struct cdp_cuda_state *s = (struct cdp_cuda_state *)ks;
     (void)col;
     int OH = 0, OW = 0;
     cdp_status rc = check_dims("conv2d_fwd", B, IC, H, W, OC, K, S, P, &OH, &OW);
@@ -204,11 +204,11 @@ cdp_status cdp_cuda_conv2d_fwd(void *st, float *out, float *col, const float *in
     return CDP_OK;
 }
 
-cdp_status cdp_cuda_conv2d_bwd(void *st, float *din, float *dw, float *db, float *col, const float *dout,
+cdp_status cdp_cuda_conv2d_bwd(void *ks, float *din, float *dw, float *db, float *col, const float *dout,
                                const float *in, const float *w, int B, int IC, int H, int W, int OC, int K, int S,
                                int P)
 {
-    struct cdp_cuda_state *s = (struct cdp_cuda_state *)st;
+    struct cdp_cuda_state *s = (struct cdp_cuda_state *)ks;
     (void)col;
     int OH = 0, OW = 0;
     cdp_status rc = check_dims("conv2d_bwd", B, IC, H, W, OC, K, S, P, &OH, &OW);
@@ -267,19 +267,19 @@ cdp_status cdp_cuda_conv2d_bwd(void *st, float *din, float *dw, float *db, float
 
 #else /* !CDP_HAVE_CUDNN */
 
-cdp_status cdp_cuda_conv2d_fwd(void *st, float *out, float *col, const float *in, const float *w, const float *b,
+cdp_status cdp_cuda_conv2d_fwd(void *ks, float *out, float *col, const float *in, const float *w, const float *b,
                                int B, int IC, int H, int W, int OC, int K, int S, int P)
 {
-    (void)st, (void)out, (void)col, (void)in, (void)w, (void)b, (void)B, (void)IC, (void)H, (void)W, (void)OC,
+    (void)ks, (void)out, (void)col, (void)in, (void)w, (void)b, (void)B, (void)IC, (void)H, (void)W, (void)OC,
         (void)K, (void)S, (void)P;
     return CDP_CUDA_FAIL(CDP_ERR_UNSUPPORTED, "conv2d on CUDA: this build of the CUDA module is built without cuDNN");
 }
 
-cdp_status cdp_cuda_conv2d_bwd(void *st, float *din, float *dw, float *db, float *col, const float *dout,
+cdp_status cdp_cuda_conv2d_bwd(void *ks, float *din, float *dw, float *db, float *col, const float *dout,
                                const float *in, const float *w, int B, int IC, int H, int W, int OC, int K, int S,
                                int P)
 {
-    (void)st, (void)din, (void)dw, (void)db, (void)col, (void)dout, (void)in, (void)w, (void)B, (void)IC, (void)H,
+    (void)ks, (void)din, (void)dw, (void)db, (void)col, (void)dout, (void)in, (void)w, (void)B, (void)IC, (void)H,
         (void)W, (void)OC, (void)K, (void)S, (void)P;
     return CDP_CUDA_FAIL(CDP_ERR_UNSUPPORTED, "conv2d on CUDA: this build of the CUDA module is built without cuDNN");
 }

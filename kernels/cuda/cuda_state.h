@@ -1,5 +1,5 @@
 /* What every CUDA kernel file shares: the per-device state of the CUDA backend
- * (the `void *st` every op of kernels/ops.h receives), its lazily created
+ * (the `void *ks` every op of kernels/ops.h receives), its lazily created
  * library handles and workspace, and the macros that turn CUDA, cuBLAS and
  * cuDNN failures into statuses. CUDA C++ only (included by .cu files). */
 #ifndef CDP_KERNELS_CUDA_STATE_H

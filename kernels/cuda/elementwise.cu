@@ -144,18 +144,18 @@ static __global__ void sum_squares_final_kernel(double *out, const double *parti
     if (threadIdx.x == 0) *out = acc;
 }
 
-cdp_status cdp_cuda_zero(void *st, void *p, size_t bytes)
+cdp_status cdp_cuda_zero(void *ks, void *p, size_t bytes)
 {
-    struct cdp_cuda_state *s = (struct cdp_cuda_state *)st;
+    struct cdp_cuda_state *s = (struct cdp_cuda_state *)ks;
     if (bytes == 0) return CDP_OK;
     CDP_CUDA_TRY(cudaSetDevice(s->index));
     CDP_CUDA_TRY(cudaMemsetAsync(p, 0, bytes, s->stream));
     return CDP_OK;
 }
 
-cdp_status cdp_cuda_copy(void *st, void *dst, const void *src, size_t bytes)
+cdp_status cdp_cuda_copy(void *ks, void *dst, const void *src, size_t bytes)
 {
-    struct cdp_cuda_state *s = (struct cdp_cuda_state *)st;
+    struct cdp_cuda_state *s = (struct cdp_cuda_state *)ks;
     if (bytes == 0 || dst == src) return CDP_OK;
     CDP_CUDA_TRY(cudaSetDevice(s->index));
     uintptr_t d = (uintptr_t)dst, a = (uintptr_t)src;
@@ -173,9 +173,9 @@ cdp_status cdp_cuda_copy(void *st, void *dst, const void *src, size_t bytes)
     return CDP_OK;
 }
 
-cdp_status cdp_cuda_add(void *st, float *dst, const float *src, size_t n)
+cdp_status cdp_cuda_add(void *ks, float *dst, const float *src, size_t n)
 {
-    struct cdp_cuda_state *s = (struct cdp_cuda_state *)st;
+    struct cdp_cuda_state *s = (struct cdp_cuda_state *)ks;
     if (n == 0) return CDP_OK;
     CDP_CUDA_TRY(cudaSetDevice(s->index));
     add_kernel<<<cdp_cuda_blocks(n, CDP_CUDA_THREADS), CDP_CUDA_THREADS, 0, s->stream>>>(dst, src, n);
@@ -183,9 +183,9 @@ cdp_status cdp_cuda_add(void *st, float *dst, const float *src, size_t n)
     return CDP_OK;
 }
 
-cdp_status cdp_cuda_scale(void *st, float *x, size_t n, float sc)
+cdp_status cdp_cuda_scale(void *ks, float *x, size_t n, float sc)
 {
-    struct cdp_cuda_state *s = (struct cdp_cuda_state *)st;
+    struct cdp_cuda_state *s = (struct cdp_cuda_state *)ks;
     if (n == 0) return CDP_OK;
     CDP_CUDA_TRY(cudaSetDevice(s->index));
     scale_kernel<<<cdp_cuda_blocks(n, CDP_CUDA_THREADS), CDP_CUDA_THREADS, 0, s->stream>>>(x, n, sc);
@@ -193,9 +193,9 @@ cdp_status cdp_cuda_scale(void *st, float *x, size_t n, float sc)
     return CDP_OK;
 }
 
-cdp_status cdp_cuda_sum_squares(void *st, const float *x, size_t n, double *out)
+cdp_status cdp_cuda_sum_squares(void *ks, const float *x, size_t n, double *out)
 {
-    struct cdp_cuda_state *s = (struct cdp_cuda_state *)st;
+    struct cdp_cuda_state *s = (struct cdp_cuda_state *)ks;
     if (n == 0) {
         *out = 0.0;
         return CDP_OK;
@@ -218,9 +218,9 @@ cdp_status cdp_cuda_sum_squares(void *st, const float *x, size_t n, double *out)
     return CDP_OK;
 }
 
-cdp_status cdp_cuda_relu_fwd(void *st, float *out, const float *in, size_t n)
+cdp_status cdp_cuda_relu_fwd(void *ks, float *out, const float *in, size_t n)
 {
-    struct cdp_cuda_state *s = (struct cdp_cuda_state *)st;
+    struct cdp_cuda_state *s = (struct cdp_cuda_state *)ks;
     if (n == 0) return CDP_OK;
     CDP_CUDA_TRY(cudaSetDevice(s->index));
     relu_fwd_kernel<<<cdp_cuda_blocks(n, CDP_CUDA_THREADS), CDP_CUDA_THREADS, 0, s->stream>>>(out, in, n);
@@ -228,9 +228,9 @@ cdp_status cdp_cuda_relu_fwd(void *st, float *out, const float *in, size_t n)
     return CDP_OK;
 }
 
-cdp_status cdp_cuda_relu_bwd(void *st, float *din, const float *dout, const float *in, size_t n)
+cdp_status cdp_cuda_relu_bwd(void *ks, float *din, const float *dout, const float *in, size_t n)
 {
-    struct cdp_cuda_state *s = (struct cdp_cuda_state *)st;
+    struct cdp_cuda_state *s = (struct cdp_cuda_state *)ks;
     if (n == 0) return CDP_OK;
     CDP_CUDA_TRY(cudaSetDevice(s->index));
     relu_bwd_kernel<<<cdp_cuda_blocks(n, CDP_CUDA_THREADS), CDP_CUDA_THREADS, 0, s->stream>>>(din, dout, in, n);
@@ -238,9 +238,9 @@ cdp_status cdp_cuda_relu_bwd(void *st, float *din, const float *dout, const floa
     return CDP_OK;
 }
 
-cdp_status cdp_cuda_gelu_fwd(void *st, float *out, const float *in, size_t n)
+cdp_status cdp_cuda_gelu_fwd(void *ks, float *out, const float *in, size_t n)
 {
-    struct cdp_cuda_state *s = (struct cdp_cuda_state *)st;
+    struct cdp_cuda_state *s = (struct cdp_cuda_state *)ks;
     if (n == 0) return CDP_OK;
     CDP_CUDA_TRY(cudaSetDevice(s->index));
     gelu_fwd_kernel<<<cdp_cuda_blocks(n, CDP_CUDA_THREADS), CDP_CUDA_THREADS, 0, s->stream>>>(out, in, n);
@@ -248,9 +248,9 @@ cdp_status cdp_cuda_gelu_fwd(void *st, float *out, const float *in, size_t n)
     return CDP_OK;
 }
 
-cdp_status cdp_cuda_gelu_bwd(void *st, float *din, const float *dout, const float *in, size_t n)
+cdp_status cdp_cuda_gelu_bwd(void *ks, float *din, const float *dout, const float *in, size_t n)
 {
-    struct cdp_cuda_state *s = (struct cdp_cuda_state *)st;
+    struct cdp_cuda_state *s = (struct cdp_cuda_state *)ks;
     if (n == 0) return CDP_OK;
     CDP_CUDA_TRY(cudaSetDevice(s->index));
     gelu_bwd_kernel<<<cdp_cuda_blocks(n, CDP_CUDA_THREADS), CDP_CUDA_THREADS, 0, s->stream>>>(din, dout, in, n);
@@ -258,9 +258,9 @@ cdp_status cdp_cuda_gelu_bwd(void *st, float *din, const float *dout, const floa
     return CDP_OK;
 }
 
-cdp_status cdp_cuda_gelu_grad_scale(void *st, float *d, const float *pre, size_t n)
+cdp_status cdp_cuda_gelu_grad_scale(void *ks, float *d, const float *pre, size_t n)
 {
-    struct cdp_cuda_state *s = (struct cdp_cuda_state *)st;
+    struct cdp_cuda_state *s = (struct cdp_cuda_state *)ks;
     if (n == 0) return CDP_OK;
     CDP_CUDA_TRY(cudaSetDevice(s->index));
     gelu_grad_scale_kernel<<<cdp_cuda_blocks(n, CDP_CUDA_THREADS), CDP_CUDA_THREADS, 0, s->stream>>>(d, pre, n);
@@ -268,9 +268,9 @@ cdp_status cdp_cuda_gelu_grad_scale(void *st, float *d, const float *pre, size_t
     return CDP_OK;
 }
 
-cdp_status cdp_cuda_residual_fwd(void *st, float *out, const float *a, const float *b, size_t n)
+cdp_status cdp_cuda_residual_fwd(void *ks, float *out, const float *a, const float *b, size_t n)
 {
-    struct cdp_cuda_state *s = (struct cdp_cuda_state *)st;
+    struct cdp_cuda_state *s = (struct cdp_cuda_state *)ks;
     if (n == 0) return CDP_OK;
     CDP_CUDA_TRY(cudaSetDevice(s->index));
     residual_fwd_kernel<<<cdp_cuda_blocks(n, CDP_CUDA_THREADS), CDP_CUDA_THREADS, 0, s->stream>>>(out, a, b, n);
@@ -278,9 +278,9 @@ cdp_status cdp_cuda_residual_fwd(void *st, float *out, const float *a, const flo
     return CDP_OK;
 }
 
-cdp_status cdp_cuda_residual_bwd(void *st, float *da, float *db, const float *dout, size_t n)
+cdp_status cdp_cuda_residual_bwd(void *ks, float *da, float *db, const float *dout, size_t n)
 {
-    struct cdp_cuda_state *s = (struct cdp_cuda_state *)st;
+    struct cdp_cuda_state *s = (struct cdp_cuda_state *)ks;
     if (n == 0) return CDP_OK;
     CDP_CUDA_TRY(cudaSetDevice(s->index));
     residual_bwd_kernel<<<cdp_cuda_blocks(n, CDP_CUDA_THREADS), CDP_CUDA_THREADS, 0, s->stream>>>(da, db, dout, n);

@@ -56,10 +56,10 @@ static __global__ void embedding_bwd_wpe_kernel(float *__restrict__ dwpe, const 
     }
 }
 
-cdp_status cdp_cuda_embedding_fwd(void *st, float *out, const int32_t *tokens, const float *wte,
+cdp_status cdp_cuda_embedding_fwd(void *ks, float *out, const int32_t *tokens, const float *wte,
                                   const float *wpe, int B, int T, int C)
 {
-    struct cdp_cuda_state *s = (struct cdp_cuda_state *)st;
+    struct cdp_cuda_state *s = (struct cdp_cuda_state *)ks;
     if (B <= 0 || T <= 0 || C <= 0) return CDP_OK;
     CDP_CUDA_TRY(cudaSetDevice(s->index));
     unsigned rows = (unsigned)B * (unsigned)T;
@@ -68,10 +68,10 @@ cdp_status cdp_cuda_embedding_fwd(void *st, float *out, const int32_t *tokens, c
     return CDP_OK;
 }
 
-cdp_status cdp_cuda_embedding_bwd(void *st, float *dwte, float *dwpe, const float *dout,
+cdp_status cdp_cuda_embedding_bwd(void *ks, float *dwte, float *dwpe, const float *dout,
                                   const int32_t *tokens, int B, int T, int C)
 {
-    struct cdp_cuda_state *s = (struct cdp_cuda_state *)st;
+    struct cdp_cuda_state *s = (struct cdp_cuda_state *)ks;
     if (B <= 0 || T <= 0 || C <= 0) return CDP_OK;
     if (!dwte && !dwpe) return CDP_OK;
     CDP_CUDA_TRY(cudaSetDevice(s->index));

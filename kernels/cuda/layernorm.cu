@@ -132,10 +132,10 @@ static __global__ void layernorm_bwd_param_kernel(float *dweight, float *dbias, 
     }
 }
 
-cdp_status cdp_cuda_layernorm_fwd(void *st, float *out, float *mean, float *rstd, const float *in,
+cdp_status cdp_cuda_layernorm_fwd(void *ks, float *out, float *mean, float *rstd, const float *in,
                                   const float *weight, const float *bias, int N, int C, float eps)
 {
-    struct cdp_cuda_state *s = (struct cdp_cuda_state *)st;
+    struct cdp_cuda_state *s = (struct cdp_cuda_state *)ks;
     if (N <= 0 || C <= 0) return CDP_OK;
     CDP_CUDA_TRY(cudaSetDevice(s->index));
     unsigned blocks = (unsigned)((N - 1) / ROWS_PER_BLOCK + 1);
@@ -145,11 +145,11 @@ cdp_status cdp_cuda_layernorm_fwd(void *st, float *out, float *mean, float *rstd
     return CDP_OK;
 }
 
-cdp_status cdp_cuda_layernorm_bwd(void *st, float *din, float *dweight, float *dbias, const float *dout,
+cdp_status cdp_cuda_layernorm_bwd(void *ks, float *din, float *dweight, float *dbias, const float *dout,
                                   const float *in, const float *weight, const float *mean, const float *rstd,
                                   int N, int C)
 {
-    struct cdp_cuda_state *s = (struct cdp_cuda_state *)st;
+    struct cdp_cuda_state *s = (struct cdp_cuda_state *)ks;
     if (N <= 0 || C <= 0) return CDP_OK;
     CDP_CUDA_TRY(cudaSetDevice(s->index));
     if (din) {

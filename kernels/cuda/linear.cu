@@ -465,10 +465,10 @@ static cdp_status lt_linear_fwd(struct cdp_cuda_state *s, float *out, const void
     return lt_matmul(s, &p, ws, ws_bytes, done);
 }
 
-cdp_status cdp_cuda_linear_fwd(void *st, float *out, const float *in, const float *w, const float *b, int N,
+cdp_status cdp_cuda_linear_fwd(void *ks, float *out, const float *in, const float *w, const float *b, int N,
                                int IC, int OC)
 {
-    struct cdp_cuda_state *s = (struct cdp_cuda_state *)st;
+    struct cdp_cuda_state *s = (struct cdp_cuda_state *)ks;
     cdp_status rc = check_dims(N, IC, OC);
     if (rc) return rc;
     if (N == 0 || OC == 0) return CDP_OK;
@@ -527,10 +527,10 @@ cdp_status cdp_cuda_linear_fwd(void *st, float *out, const float *in, const floa
     return cdp_cuda_gemm(s, bf16, false, true, N, OC, IC, 1.0f, A, IC, 0, Bm, IC, 0, beta, out, OC, 0, 1);
 }
 
-cdp_status cdp_cuda_linear_bwd(void *st, float *din, float *dw, float *db, const float *dout, const float *in,
+cdp_status cdp_cuda_linear_bwd(void *ks, float *din, float *dw, float *db, const float *dout, const float *in,
                                const float *w, int N, int IC, int OC)
 {
-    struct cdp_cuda_state *s = (struct cdp_cuda_state *)st;
+    struct cdp_cuda_state *s = (struct cdp_cuda_state *)ks;
     cdp_status rc = check_dims(N, IC, OC);
     if (rc) return rc;
     /* no rows: nothing to add; no outputs: dout is empty and adds nothing */
@@ -602,17 +602,17 @@ cdp_status cdp_cuda_linear_bwd(void *st, float *din, float *dw, float *db, const
  * 0.19 ms (0.07 + 0.125); GELU_AUX_BIAS in
  * the forward (0.146 ms with its product) saved nothing over the bias
  * epilogue's product followed by gelu_fwd (0.152 ms). */
-cdp_status cdp_cuda_linear_gelu_bwd(void *st, float *dpre, float *dw, float *db, const float *dout, const float *act,
+cdp_status cdp_cuda_linear_gelu_bwd(void *ks, float *dpre, float *dw, float *db, const float *dout, const float *act,
                                     const float *pre, const float *w, int N, int IC, int OC)
 {
-    struct cdp_cuda_state *s = (struct cdp_cuda_state *)st;
+    struct cdp_cuda_state *s = (struct cdp_cuda_state *)ks;
     cdp_status rc = check_dims(N, IC, OC);
     if (rc) return rc;
     if (N == 0 || IC == 0) return CDP_OK;
     CDP_CUDA_TRY(cudaSetDevice(s->index));
     const size_t npre = (size_t)N * IC;
     if (OC == 0) /* an empty product: dpre = 0 */
-        return cdp_cuda_zero(st, dpre, npre * sizeof *dpre);
+        return cdp_cuda_zero(ks, dpre, npre * sizeof *dpre);
     if (s->precision == CDP_PRECISION_BF16 && IC % 8 == 0 && OC % 8 == 0) {
         if (db && (rc = colsum_add(s, db, dout, N, OC))) return rc;
         size_t ndo = (size_t)N * OC, nw = (size_t)OC * IC, nx = dw ? npre : 0;
@@ -635,8 +635,8 @@ cdp_status cdp_cuda_linear_gelu_bwd(void *st, float *dpre, float *dw, float *db,
                                 1)))
             return rc;
     } else {
-        if ((rc = cdp_cuda_zero(st, dpre, npre * sizeof *dpre))) return rc;
-        if ((rc = cdp_cuda_linear_bwd(st, dpre, dw, db, dout, act, w, N, IC, OC))) return rc;
+        if ((rc = cdp_cuda_zero(ks, dpre, npre * sizeof *dpre))) return rc;
+        if ((rc = cdp_cuda_linear_bwd(ks, dpre, dw, db, dout, act, w, N, IC, OC))) return rc;
     }
-    return cdp_cuda_gelu_grad_scale(st, dpre, pre, npre);
+    return cdp_cuda_gelu_grad_scale(ks, dpre, pre, npre);
 }

@@ -186,10 +186,10 @@ static unsigned ce_threads(int V)
     return t > CE_MAX_THREADS ? CE_MAX_THREADS : t;
 }
 
-cdp_status cdp_cuda_crossentropy_fwd(void *st, float *losses, const float *logits, const int32_t *targets,
+cdp_status cdp_cuda_crossentropy_fwd(void *ks, float *losses, const float *logits, const int32_t *targets,
                                      int N, int V)
 {
-    struct cdp_cuda_state *s = (struct cdp_cuda_state *)st;
+    struct cdp_cuda_state *s = (struct cdp_cuda_state *)ks;
     if (N <= 0 || V <= 0) return CDP_OK;
     CDP_CUDA_TRY(cudaSetDevice(s->index));
     crossentropy_fwd_kernel<<<(unsigned)N, ce_threads(V), 0, s->stream>>>(losses, logits, targets, V);
@@ -197,10 +197,10 @@ cdp_status cdp_cuda_crossentropy_fwd(void *st, float *losses, const float *logit
     return CDP_OK;
 }
 
-cdp_status cdp_cuda_crossentropy_bwd(void *st, float *dlogits, const float *logits, const int32_t *targets,
+cdp_status cdp_cuda_crossentropy_bwd(void *ks, float *dlogits, const float *logits, const int32_t *targets,
                                      int N, int V, float scale)
 {
-    struct cdp_cuda_state *s = (struct cdp_cuda_state *)st;
+    struct cdp_cuda_state *s = (struct cdp_cuda_state *)ks;
     if (N <= 0 || V <= 0) return CDP_OK;
     CDP_CUDA_TRY(cudaSetDevice(s->index));
     crossentropy_bwd_kernel<<<(unsigned)N, ce_threads(V), 0, s->stream>>>(dlogits, logits, targets, V, scale);
@@ -208,9 +208,9 @@ cdp_status cdp_cuda_crossentropy_bwd(void *st, float *dlogits, const float *logi
     return CDP_OK;
 }
 
-cdp_status cdp_cuda_mse_fwd(void *st, float *losses, const float *pred, const float *target, int N, int D)
+cdp_status cdp_cuda_mse_fwd(void *ks, float *losses, const float *pred, const float *target, int N, int D)
 {
-    struct cdp_cuda_state *s = (struct cdp_cuda_state *)st;
+    struct cdp_cuda_state *s = (struct cdp_cuda_state *)ks;
     if (N <= 0 || D <= 0) return CDP_OK;
     CDP_CUDA_TRY(cudaSetDevice(s->index));
     unsigned blocks = (unsigned)((N - 1) / MSE_ROWS_PER_BLOCK + 1);
@@ -219,10 +219,10 @@ cdp_status cdp_cuda_mse_fwd(void *st, float *losses, const float *pred, const fl
     return CDP_OK;
 }
 
-cdp_status cdp_cuda_mse_bwd(void *st, float *dpred, const float *pred, const float *target, int N, int D,
+cdp_status cdp_cuda_mse_bwd(void *ks, float *dpred, const float *pred, const float *target, int N, int D,
                             float scale)
 {
-    struct cdp_cuda_state *s = (struct cdp_cuda_state *)st;
+    struct cdp_cuda_state *s = (struct cdp_cuda_state *)ks;
     if (N <= 0 || D <= 0) return CDP_OK;
     CDP_CUDA_TRY(cudaSetDevice(s->index));
     float f = 2.0f * scale / (float)D; /* as the CPU: one factor, computed in float */

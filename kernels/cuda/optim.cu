@@ -56,10 +56,10 @@ static __global__ void sgd_momentum_kernel(float *__restrict__ param, const floa
     }
 }
 
-cdp_status cdp_cuda_adamw_step(void *st, float *param, const float *grad, float *m, float *v, size_t n,
+cdp_status cdp_cuda_adamw_step(void *ks, float *param, const float *grad, float *m, float *v, size_t n,
                                float lr, float beta1, float beta2, float eps, float weight_decay, int t)
 {
-    struct cdp_cuda_state *s = (struct cdp_cuda_state *)st;
+    struct cdp_cuda_state *s = (struct cdp_cuda_state *)ks;
     if (n == 0) return CDP_OK;
     CDP_CUDA_TRY(cudaSetDevice(s->index));
     /* Corrections in double: 1 - beta2^t is tiny for small t and beta2 near 1. */
@@ -75,10 +75,10 @@ cdp_status cdp_cuda_adamw_step(void *st, float *param, const float *grad, float 
     return CDP_OK;
 }
 
-cdp_status cdp_cuda_sgd_step(void *st, float *param, const float *grad, float *velocity, size_t n, float lr,
+cdp_status cdp_cuda_sgd_step(void *ks, float *param, const float *grad, float *velocity, size_t n, float lr,
                              float momentum, float weight_decay, int t)
 {
-    struct cdp_cuda_state *s = (struct cdp_cuda_state *)st;
+    struct cdp_cuda_state *s = (struct cdp_cuda_state *)ks;
     if (n == 0) return CDP_OK;
     CDP_CUDA_TRY(cudaSetDevice(s->index));
     unsigned blocks = cdp_cuda_blocks(n, CDP_CUDA_THREADS);

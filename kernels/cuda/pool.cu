@@ -42,10 +42,10 @@ static __global__ void maxpool_bwd_kernel(float *din, const float *dout, const i
         atomicAdd(din + argmax[i], dout[i]);
 }
 
-cdp_status cdp_cuda_maxpool2d_fwd(void *st, float *out, int32_t *argmax, const float *in, int B, int C, int H,
+cdp_status cdp_cuda_maxpool2d_fwd(void *ks, float *out, int32_t *argmax, const float *in, int B, int C, int H,
                                   int W, int K, int S)
 {
-    struct cdp_cuda_state *s = (struct cdp_cuda_state *)st;
+    struct cdp_cuda_state *s = (struct cdp_cuda_state *)ks;
     if (B < 0 || C < 0 || H < 0 || W < 0 || K <= 0 || S <= 0)
         return CDP_CUDA_FAIL(CDP_ERR_INVALID, "maxpool2d_fwd: bad sizes (B %d, C %d, H %d, W %d, K %d, S %d)", B, C,
                              H, W, K, S);
@@ -65,10 +65,10 @@ cdp_status cdp_cuda_maxpool2d_fwd(void *st, float *out, int32_t *argmax, const f
     return CDP_OK;
 }
 
-cdp_status cdp_cuda_maxpool2d_bwd(void *st, float *din, const float *dout, const int32_t *argmax, int B, int C,
+cdp_status cdp_cuda_maxpool2d_bwd(void *ks, float *din, const float *dout, const int32_t *argmax, int B, int C,
                                   int OH, int OW)
 {
-    struct cdp_cuda_state *s = (struct cdp_cuda_state *)st;
+    struct cdp_cuda_state *s = (struct cdp_cuda_state *)ks;
     if (B < 0 || C < 0 || OH < 0 || OW < 0)
         return CDP_CUDA_FAIL(CDP_ERR_INVALID, "maxpool2d_bwd: bad sizes (B %d, C %d, OH %d, OW %d)", B, C, OH, OW);
     size_t n = (size_t)B * C * OH * OW;

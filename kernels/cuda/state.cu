@@ -81,9 +81,9 @@ void cdp_cuda_state_release(struct cdp_cuda_state *s)
     s->lt_next = 0;
 }
 
-cdp_status cdp_cuda_set_precision(void *st, enum cdp_precision p)
+cdp_status cdp_cuda_set_precision(void *ks, enum cdp_precision p)
 {
-    struct cdp_cuda_state *s = (struct cdp_cuda_state *)st;
+    struct cdp_cuda_state *s = (struct cdp_cuda_state *)ks;
     if (p != CDP_PRECISION_FP32 && p != CDP_PRECISION_BF16)
         return CDP_CUDA_FAIL(CDP_ERR_INVALID, "unknown precision %d", (int)p);
     s->precision = p;

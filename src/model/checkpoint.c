@@ -220,13 +220,14 @@ static cdp_device_t staging_device(struct cdp_optimizer *o)
     return dev && !cdp_device_host_visible(dev) ? dev : NULL;
 }
 
-/* cdp_st_write_staged's source: tensor i of ts is on devs[i] (NULL: host memory). */
+/* cdp_safetensors_write_staged's source: tensor i of ts is on devs[i] (NULL: host memory). */
 struct fetch_ctx {
-    const struct cdp_st_tensor *ts;
+    const struct cdp_safetensors_tensor *ts;
     const cdp_device_t *devs;
 };
 
-static cdp_status fetch_tensor(void *ctx, const struct cdp_st_tensor *t, uint64_t offset, void *dst, uint64_t n)
+static cdp_status fetch_tensor(void *ctx, const struct cdp_safetensors_tensor *t, uint64_t offset, void *dst,
+                               uint64_t n)
 {
     const struct fetch_ctx *c = ctx;
     cdp_device_t dev = c->devs[t - c->ts];
@@ -248,10 +249,10 @@ struct stage {
 /* Tensor `name` of a part (checked: a float tensor of numel elements) into
  * device memory dst of dev, piece by piece: F32 straight from the mapped file,
  * 16-bit types widened into the stage first. */
-static cdp_status load_to_device(struct cdp_st_file *f, const char *fpath, const char *name, cdp_device_t dev,
+static cdp_status load_to_device(struct cdp_safetensors_file *f, const char *fpath, const char *name, cdp_device_t dev,
                                  float *dst, uint64_t numel, struct stage *sb)
 {
-    const struct cdp_st_tensor *x = cdp_st_find(f, name);
+    const struct cdp_safetensors_tensor *x = cdp_safetensors_find(f, name);
     if (!x) return cdp_fail(CDP_ERR_INTERNAL, "%s: no tensor %s", fpath, name);
     const int f32 = !strcmp(x->dtype_name, "F32");
     const uint64_t piece = STAGE_BYTES / 4;
@@ -269,7 +270,7 @@ static cdp_status load_to_device(struct cdp_st_file *f, const char *fpath, const
                 sb->p = p;
                 sb->cap = k;
             }
-            if ((st = cdp_st_read_f32_range(f, name, at, k, sb->p))) return st;
+            if ((st = cdp_safetensors_read_f32_range(f, name, at, k, sb->p))) return st;
             src = sb->p;
         }
         if ((st = cdp_device_write(dev, dst + at, src, k * 4)))
@@ -294,7 +295,7 @@ cdp_status cdp_ckpt_write_part(const char *dir, int64_t step, const char *part, 
         return cdp_fail(CDP_ERR_INVALID, "checkpoint part name \"%s\": expected a plain file name", part ? part : "");
     if (step < 0) return cdp_fail(CDP_ERR_INVALID, "checkpoint step %lld: expected >= 0", (long long)step);
     cdp_status st;
-    struct cdp_st_tensor *ts = NULL;
+    struct cdp_safetensors_tensor *ts = NULL;
     cdp_device_t *devs = NULL;
     char (*names)[96] = NULL;
     char *root = trimmed(dir), *folder = NULL, *path = NULL;
@@ -338,7 +339,7 @@ cdp_status cdp_ckpt_write_part(const char *dir, int64_t step, const char *part, 
             }
             for (int s = -1; s < 2; s++) {
                 if (s >= 0 && (!snames || !snames[s] || !state[s])) continue;
-                struct cdp_st_tensor *x = &ts[nt];
+                struct cdp_safetensors_tensor *x = &ts[nt];
                 snprintf(names[nt], sizeof names[nt], "%s%s", s < 0 ? "" : snames[s], t->name);
                 x->name = names[nt];
                 x->dtype = CDP_DTYPE_F32;
@@ -358,8 +359,10 @@ cdp_status cdp_ckpt_write_part(const char *dir, int64_t step, const char *part, 
     /* Host-visible memory is written from where it lies; a device's is copied
      * out piece by piece into one bounded host buffer. */
     struct fetch_ctx fc = {ts, devs};
-    if (staged) st = cdp_st_write_staged(path, ts, nt, meta, 2, fetch_tensor, &fc, STAGE_BYTES);
-    else st = cdp_st_write(path, ts, nt, meta, 2);
+    if (staged)
+        st = cdp_safetensors_write_staged(path, ts, nt, meta, 2, fetch_tensor, &fc, STAGE_BYTES);
+    else
+        st = cdp_safetensors_write(path, ts, nt, meta, 2);
     if (st) goto fail;
     CDP_INFO(CKPT, "wrote %s (%d tensors%s)", path, nt, staged ? ", staged through host memory" : "");
 fail:
@@ -602,7 +605,7 @@ cdp_status cdp_ckpt_commit(const char *dir, int64_t step, const struct cdp_ckpt_
     cdp_status st = CDP_OK;
     char *root_dir = trimmed(dir), *folder = NULL, *text = NULL;
     struct part_ent *parts = NULL;
-    struct cdp_st_file **open = NULL;
+    struct cdp_safetensors_file **open = NULL;
     struct tensor_ent *ts = NULL;
     int np = 0, cap = 0, nt = 0, tcap = 0;
     json_t *root = NULL;
@@ -667,17 +670,19 @@ cdp_status cdp_ckpt_commit(const char *dir, int64_t step, const struct cdp_ckpt_
             goto fail;
         }
         parts[p].bytes = (long long)sb.st_size;
-        if (!(st = cdp_sha256_file(path, parts[p].sha))) st = cdp_st_open(path, &open[p]);
+        if (!(st = cdp_sha256_file(path, parts[p].sha))) st = cdp_safetensors_open(path, &open[p]);
         if (!st) {
-            const char *fmt = cdp_st_metadata(open[p], "format"), *ps = cdp_st_metadata(open[p], "step");
+            const char *fmt = cdp_safetensors_metadata(open[p], "format"),
+                       *ps = cdp_safetensors_metadata(open[p], "step");
             if (!fmt || strcmp(fmt, "cdphybrid-checkpoint-part") || !ps || strcmp(ps, step_s))
-                st = cdp_fail(CDP_ERR_INVALID, "%s: not a part of checkpoint step %s (its metadata says format %s, step %s)",
-                              path, step_s, fmt ? fmt : "(none)", ps ? ps : "(none)");
+                st = cdp_fail(CDP_ERR_INVALID,
+                              "%s: not a part of checkpoint step %s (its metadata says format %s, step %s)", path,
+                              step_s, fmt ? fmt : "(none)", ps ? ps : "(none)");
         }
         free(path);
         if (st) goto fail;
-        for (int i = 0; i < cdp_st_count(open[p]); i++) {
-            const char *name = cdp_st_at(open[p], i)->name;
+        for (int i = 0; i < cdp_safetensors_count(open[p]); i++) {
+            const char *name = cdp_safetensors_at(open[p], i)->name;
             if (!strncmp(name, "optim.", 6)) continue;
             if (nt == tcap) {
                 tcap = tcap ? 2 * tcap : 64;
@@ -758,7 +763,7 @@ fail:
     if (d) closedir(d);
     for (int p = 0; p < np; p++) {
         free(parts[p].name);
-        if (open) cdp_st_close(open[p]);
+        if (open) cdp_safetensors_close(open[p]);
     }
     free(parts);
     free(open);
@@ -850,7 +855,7 @@ struct part_cache {
     const char *folder;
     int n;
     const char **names;
-    struct cdp_st_file **files;
+    struct cdp_safetensors_file **files;
 };
 
 static cdp_status part_cache_init(struct part_cache *c, const char *folder, json_t *root)
@@ -868,19 +873,20 @@ static cdp_status part_cache_init(struct part_cache *c, const char *folder, json
 
 static void part_cache_free(struct part_cache *c)
 {
-    for (int i = 0; c->files && i < c->n; i++) cdp_st_close(c->files[i]);
+    for (int i = 0; c->files && i < c->n; i++) cdp_safetensors_close(c->files[i]);
     free(c->names);
     free(c->files);
 }
 
 /* The open part of that name; its path (for messages) goes to buf. */
-static cdp_status part_get(struct part_cache *c, const char *name, struct cdp_st_file **out, char *buf, size_t cap)
+static cdp_status part_get(struct part_cache *c, const char *name, struct cdp_safetensors_file **out, char *buf,
+                           size_t cap)
 {
     snprintf(buf, cap, "%s/%s", c->folder, name);
     for (int i = 0; i < c->n; i++) {
         if (strcmp(c->names[i], name)) continue;
         if (!c->files[i]) {
-            cdp_status st = cdp_st_open(buf, &c->files[i]);
+            cdp_status st = cdp_safetensors_open(buf, &c->files[i]);
             if (st) return st;
         }
         *out = c->files[i];
@@ -892,15 +898,16 @@ static cdp_status part_get(struct part_cache *c, const char *name, struct cdp_st
 static void format_shape(char *buf, size_t cap, int ndim, const int64_t *shape)
 {
     size_t o = (size_t)snprintf(buf, cap, "[");
-    for (int d = 0; d < ndim && o < cap; d++) o += (size_t)snprintf(buf + o, cap - o, "%s%lld", d ? ", " : "", (long long)shape[d]);
+    for (int d = 0; d < ndim && o < cap; d++)
+        o += (size_t)snprintf(buf + o, cap - o, "%s%lld", d ? ", " : "", (long long)shape[d]);
     if (o < cap) snprintf(buf + o, cap - o, "]");
 }
 
 /* The tensor `name` of the part is there, a float tensor of the model's shape. */
-static cdp_status check_tensor(struct cdp_st_file *f, const char *fpath, const char *name, const char *owner,
+static cdp_status check_tensor(struct cdp_safetensors_file *f, const char *fpath, const char *name, const char *owner,
                                const struct cdp_model_tensor *t)
 {
-    const struct cdp_st_tensor *x = cdp_st_find(f, name);
+    const struct cdp_safetensors_tensor *x = cdp_safetensors_find(f, name);
     if (!x) {
         if (!strcmp(name, owner))
             return cdp_fail(CDP_ERR_INVALID, "%s: no tensor %s (the manifest says this part holds it)", fpath, name);
@@ -913,9 +920,11 @@ static cdp_status check_tensor(struct cdp_st_file *f, const char *fpath, const c
         char a[128], b[128];
         format_shape(a, sizeof a, x->ndim, x->shape);
         format_shape(b, sizeof b, t->ndim, t->shape);
-        return cdp_fail(CDP_ERR_INVALID, "%s: tensor %s: shape %s in the checkpoint, %s in the model", fpath, name, a, b);
+        return cdp_fail(CDP_ERR_INVALID, "%s: tensor %s: shape %s in the checkpoint, %s in the model", fpath, name, a,
+                        b);
     }
-    if (!x->dtype_name || (strcmp(x->dtype_name, "F32") && strcmp(x->dtype_name, "BF16") && strcmp(x->dtype_name, "F16")))
+    if (!x->dtype_name ||
+        (strcmp(x->dtype_name, "F32") && strcmp(x->dtype_name, "BF16") && strcmp(x->dtype_name, "F16")))
         return cdp_fail(CDP_ERR_INVALID, "%s: tensor %s: dtype %s, expected a float type", fpath, name,
                         x->dtype_name ? x->dtype_name : "?");
     return CDP_OK;
@@ -972,13 +981,14 @@ cdp_status cdp_ckpt_load(const char *path, const struct cdp_ckpt_info *info, str
                 const char *part = json_string_value(json_object_get(tensors, t->name));
                 if (!part) {
                     if (hi < 0)
-                        st = cdp_fail(CDP_ERR_INVALID, "%s: no tensor %s (the checkpoint holds no weights)", man, t->name);
+                        st = cdp_fail(CDP_ERR_INVALID, "%s: no tensor %s (the checkpoint holds no weights)", man,
+                                      t->name);
                     else
                         st = cdp_fail(CDP_ERR_INVALID, "%s: no tensor %s (the checkpoint's model has units %d..%d)",
                                       man, t->name, lo, hi);
                     goto fail;
                 }
-                struct cdp_st_file *f;
+                struct cdp_safetensors_file *f;
                 char fpath[4096], sname[128];
                 if ((st = part_get(&pc, part, &f, fpath, sizeof fpath))) goto fail;
                 float *state[2] = {NULL, NULL};
@@ -994,7 +1004,8 @@ cdp_status cdp_ckpt_load(const char *path, const struct cdp_ckpt_info *info, str
                     float *dst = s < 0 ? t->data : state[s]; /* device memory */
                     if (pass == 0) st = check_tensor(f, fpath, sname, t->name, t);
                     else if (dev) st = load_to_device(f, fpath, sname, dev, dst, (uint64_t)t->numel, &sb);
-                    else st = cdp_st_read_f32(f, sname, t->ndim, t->shape, dst); /* host visible: in place */
+                    else
+                        st = cdp_safetensors_read_f32(f, sname, t->ndim, t->shape, dst); /* host visible: in place */
                     if (st) goto fail;
                 }
             }
@@ -1021,7 +1032,7 @@ cdp_status cdp_ckpt_export(const char *path, const char *out)
     cdp_status st;
     json_t *root = NULL;
     struct part_cache pc = {0};
-    struct cdp_st_tensor *ts = NULL;
+    struct cdp_safetensors_tensor *ts = NULL;
     char *folder = trimmed(path);
     if (!folder) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
     if ((st = read_manifest(folder, &root))) goto fail;
@@ -1036,14 +1047,14 @@ cdp_status cdp_ckpt_export(const char *path, const char *out)
     const char *key;
     json_t *v;
     json_object_foreach(tensors, key, v) {
-        struct cdp_st_file *f;
+        struct cdp_safetensors_file *f;
         char fpath[4096];
         /* an unreadable part is a bad checkpoint, like a corrupt one */
         if ((st = part_get(&pc, json_string_value(v), &f, fpath, sizeof fpath))) {
             if (st == CDP_ERR_IO) st = CDP_ERR_INVALID;
             goto fail;
         }
-        const struct cdp_st_tensor *x = cdp_st_find(f, key);
+        const struct cdp_safetensors_tensor *x = cdp_safetensors_find(f, key);
         if (!x) {
             st = cdp_fail(CDP_ERR_INVALID, "%s: no tensor %s (the manifest says this part holds it)", fpath, key);
             goto fail;
@@ -1055,7 +1066,7 @@ cdp_status cdp_ckpt_export(const char *path, const char *out)
     char step_s[24];
     snprintf(step_s, sizeof step_s, "%lld", (long long)json_integer_value(json_object_get(root, "step")));
     const char *meta[4] = {"format", "cdphybrid", "step", step_s};
-    if ((st = cdp_st_write(out, ts, (int)nt, meta, 2))) {
+    if ((st = cdp_safetensors_write(out, ts, (int)nt, meta, 2))) {
         /* the checkpoint was read: whatever went wrong is on the writing side */
         if (st == CDP_ERR_INVALID) st = CDP_ERR_IO;
         goto fail;

@@ -82,7 +82,7 @@ void cdp_unit_fit_kernels(struct cdp_unit *u, const struct cdp_kernels *k, int B
 {
     if (!cdp_layer_def(u->desc.type)->keeps_attention) return;
     if (!k->ops->attention_state_floats || B < 1) return;
-    const size_t n = k->ops->attention_state_floats(k->st, B, (int)u->in.d[0], (int)u->in.d[1], (int)u->desc.heads);
+    const size_t n = k->ops->attention_state_floats(k->ks, B, (int)u->in.d[0], (int)u->in.d[1], (int)u->desc.heads);
     const int64_t per = (int64_t)((n + (size_t)B - 1) / (size_t)B);
     if (per >= u->att_floats) return;
     u->act_floats -= u->att_floats - per;

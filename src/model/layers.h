@@ -89,7 +89,7 @@ void cdp_unit_fit_kernels(struct cdp_unit *u, const struct cdp_kernels *k, int B
 struct cdp_ops;
 struct cdp_kernels {
     const struct cdp_ops *ops;
-    void *st;
+    void *ks;
 };
 
 /* Calls op of k's table with k's state and the remaining arguments, and returns
@@ -101,7 +101,7 @@ struct cdp_kernels {
         const struct cdp_kernels *k_ = (k);                                                    \
         if (!k_->ops->op)                                                                      \
             return cdp_fail(CDP_ERR_UNSUPPORTED, "the %s kernels have no " #op, k_->ops->name); \
-        cdp_status kst_ = k_->ops->op(k_->st, __VA_ARGS__);                                    \
+        cdp_status kst_ = k_->ops->op(k_->ks, __VA_ARGS__);                                    \
         if (kst_) return kst_;                                                                 \
     } while (0)
 

@@ -226,7 +226,7 @@ cdp_status cdp_model_create(const struct cdp_model_desc *desc, int first, int en
     m->slots = slots;
     m->dev = dev;
     m->k.ops = cdp_device_ops(dev);
-    m->k.st = cdp_device_kernel_state(dev);
+    m->k.ks = cdp_device_kernel_state(dev);
     if (!m->k.ops) {
         st = cdp_fail(CDP_ERR_UNSUPPORTED, "device %s has no kernels", cdp_device_name(dev));
         goto fail;
@@ -466,7 +466,7 @@ cdp_status cdp_model_backward(struct cdp_model *m, int slot, const float *dout, 
 cdp_status cdp_model_save(struct cdp_model *m, const char *path, const char *const *meta, int n_meta)
 {
     cdp_status st;
-    struct cdp_st_tensor *ts = calloc((size_t)m->n_tensors + 1, sizeof *ts);
+    struct cdp_safetensors_tensor *ts = calloc((size_t)m->n_tensors + 1, sizeof *ts);
     char *host = malloc((size_t)m->param_floats * 4 + 1);
     if (!ts || !host) {
         st = cdp_fail(CDP_ERR_NOMEM, "out of memory writing %s", path);
@@ -486,7 +486,7 @@ cdp_status cdp_model_save(struct cdp_model *m, const char *path, const char *con
         ts[i].data = host + tensor_offset(m, t);
         ts[i].nbytes = (uint64_t)t->numel * 4;
     }
-    st = cdp_st_write(path, ts, m->n_tensors, meta, n_meta);
+    st = cdp_safetensors_write(path, ts, m->n_tensors, meta, n_meta);
 done:
     free(host);
     free(ts);
@@ -521,41 +521,41 @@ static int hf_gpt2_name(const struct cdp_model *m, const struct cdp_model_tensor
  * stores it transposed), then copied to the device. */
 cdp_status cdp_model_load(struct cdp_model *m, const char *path)
 {
-    struct cdp_st_file *f = NULL;
-    cdp_status st = cdp_st_open(path, &f);
+    struct cdp_safetensors_file *f = NULL;
+    cdp_status st = cdp_safetensors_open(path, &f);
     if (st) return st;
     int64_t most = 0;
     for (int i = 0; i < m->n_tensors; i++)
         if (m->tensors[i].numel > most) most = m->tensors[i].numel;
     float *host = malloc((size_t)most * 4 + 1), *tmp = NULL;
     if (!host) {
-        cdp_st_close(f);
+        cdp_safetensors_close(f);
         return cdp_fail(CDP_ERR_NOMEM, "out of memory reading %s", path);
     }
-    int hf = !cdp_st_find(f, m->tensors[0].name) &&
-             (cdp_st_find(f, "wte.weight") || cdp_st_find(f, "transformer.wte.weight"));
-    const char *prefix = cdp_st_find(f, "transformer.wte.weight") ? "transformer." : "";
+    int hf = !cdp_safetensors_find(f, m->tensors[0].name) &&
+             (cdp_safetensors_find(f, "wte.weight") || cdp_safetensors_find(f, "transformer.wte.weight"));
+    const char *prefix = cdp_safetensors_find(f, "transformer.wte.weight") ? "transformer." : "";
     for (int i = 0; i < m->n_tensors && !st; i++) {
         struct cdp_model_tensor *t = &m->tensors[i];
         if (!hf) {
-            st = cdp_st_read_f32(f, t->name, t->ndim, t->shape, host);
+            st = cdp_safetensors_read_f32(f, t->name, t->ndim, t->shape, host);
         } else {
             char name[96];
             int transposed = 0;
             hf_gpt2_name(m, t, prefix, name, sizeof name, &transposed);
-            if (!strcmp(name, "lm_head.weight") && !cdp_st_find(f, name)) {
+            if (!strcmp(name, "lm_head.weight") && !cdp_safetensors_find(f, name)) {
                 /* a tied head stored once, as the embedding */
                 snprintf(name, sizeof name, "%swte.weight", prefix);
             }
             if (!transposed) {
-                st = cdp_st_read_f32(f, name, t->ndim, t->shape, host);
+                st = cdp_safetensors_read_f32(f, name, t->ndim, t->shape, host);
             } else {
                 int64_t shape[2] = {t->shape[1], t->shape[0]};
                 if (!tmp && !(tmp = malloc((size_t)most * 4 + 1))) {
                     st = cdp_fail(CDP_ERR_NOMEM, "out of memory reading %s", path);
                     break;
                 }
-                st = cdp_st_read_f32(f, name, 2, shape, tmp);
+                st = cdp_safetensors_read_f32(f, name, 2, shape, tmp);
                 for (int64_t r = 0; !st && r < shape[0]; r++)
                     for (int64_t c = 0; c < shape[1]; c++) host[c * shape[0] + r] = tmp[r * shape[1] + c];
             }
@@ -565,7 +565,8 @@ cdp_status cdp_model_load(struct cdp_model *m, const char *path)
     }
     free(host);
     free(tmp);
-    cdp_st_close(f);
-    if (!st) CDP_INFO(CKPT, "loaded %d tensors from %s%s", m->n_tensors, path, hf ? " (Hugging Face GPT-2 layout)" : "");
+    cdp_safetensors_close(f);
+    if (!st)
+        CDP_INFO(CKPT, "loaded %d tensors from %s%s", m->n_tensors, path, hf ? " (Hugging Face GPT-2 layout)" : "");
     return st;
 }

@@ -54,18 +54,18 @@ static const struct st_dtype *dtype_by_enum(enum cdp_dtype t)
     return NULL;
 }
 
-struct cdp_st_file {
+struct cdp_safetensors_file {
     char *path;
     void *map;
     size_t map_size;
     int n;
-    struct cdp_st_tensor *tensors; /* names and dtype names point into names/ */
+    struct cdp_safetensors_tensor *tensors; /* names and dtype names point into names/ */
     char **names;
     int n_meta;
     char **meta; /* key, value pairs (owned) */
 };
 
-void cdp_st_close(struct cdp_st_file *f)
+void cdp_safetensors_close(struct cdp_safetensors_file *f)
 {
     if (!f) return;
     if (f->map) munmap(f->map, f->map_size);
@@ -88,16 +88,16 @@ static int json_uint(const json_t *v, uint64_t *out)
 
 static int cmp_range(const void *a, const void *b, void *ctx)
 {
-    const struct cdp_st_tensor *ts = ctx;
-    const struct cdp_st_tensor *x = &ts[*(const int *)a], *y = &ts[*(const int *)b];
+    const struct cdp_safetensors_tensor *ts = ctx;
+    const struct cdp_safetensors_tensor *x = &ts[*(const int *)a], *y = &ts[*(const int *)b];
     const uint8_t *xa = x->data, *ya = y->data;
     if (xa != ya) return xa < ya ? -1 : 1;
     /* empty tensors first, so that a tensor sharing their offset follows them */
     return (x->nbytes > y->nbytes) - (x->nbytes < y->nbytes);
 }
 
-static cdp_status parse_tensor(struct cdp_st_file *f, const char *name, const json_t *v, const uint8_t *data,
-                               uint64_t data_size, struct cdp_st_tensor *t)
+static cdp_status parse_tensor(struct cdp_safetensors_file *f, const char *name, const json_t *v, const uint8_t *data,
+                               uint64_t data_size, struct cdp_safetensors_tensor *t)
 {
     const char *p = f->path;
     if (!json_is_object(v))
@@ -111,7 +111,8 @@ static cdp_status parse_tensor(struct cdp_st_file *f, const char *name, const js
     }
     const json_t *jd = json_object_get(v, "dtype"), *js = json_object_get(v, "shape"),
                  *jo = json_object_get(v, "data_offsets");
-    if (!json_is_string(jd)) return cdp_fail(CDP_ERR_INVALID, "%s: tensor \"%s\": dtype missing or not a string", p, name);
+    if (!json_is_string(jd))
+        return cdp_fail(CDP_ERR_INVALID, "%s: tensor \"%s\": dtype missing or not a string", p, name);
     const struct st_dtype *dt = dtype_by_name(json_string_value(jd));
     if (!dt)
         return cdp_fail(CDP_ERR_INVALID, "%s: tensor \"%s\": unknown dtype \"%s\"", p, name,
@@ -161,7 +162,7 @@ static cdp_status parse_tensor(struct cdp_st_file *f, const char *name, const js
     return CDP_OK;
 }
 
-static cdp_status parse_metadata(struct cdp_st_file *f, const json_t *v)
+static cdp_status parse_metadata(struct cdp_safetensors_file *f, const json_t *v)
 {
     if (!json_is_object(v))
         return cdp_fail(CDP_ERR_INVALID, "%s: __metadata__ must be an object of strings", f->path);
@@ -182,13 +183,13 @@ static cdp_status parse_metadata(struct cdp_st_file *f, const json_t *v)
     return CDP_OK;
 }
 
-cdp_status cdp_st_open(const char *path, struct cdp_st_file **out)
+cdp_status cdp_safetensors_open(const char *path, struct cdp_safetensors_file **out)
 {
     cdp_status st;
     json_t *root = NULL;
     int *order = NULL;
     CDP_ASSERT(path && out);
-    struct cdp_st_file *f = calloc(1, sizeof *f);
+    struct cdp_safetensors_file *f = calloc(1, sizeof *f);
     if (!f || !(f->path = strdup(path))) {
         free(f);
         return cdp_fail(CDP_ERR_NOMEM, "%s: out of memory", path);
@@ -275,7 +276,7 @@ cdp_status cdp_st_open(const char *path, struct cdp_st_file **out)
             st = cdp_fail(CDP_ERR_INVALID, "%s: a tensor has an empty name", path);
             goto fail;
         }
-        struct cdp_st_tensor *t = &f->tensors[f->n];
+        struct cdp_safetensors_tensor *t = &f->tensors[f->n];
         if (!(f->names[f->n] = strdup(key))) {
             st = cdp_fail(CDP_ERR_NOMEM, "%s: out of memory", path);
             goto fail;
@@ -289,7 +290,7 @@ cdp_status cdp_st_open(const char *path, struct cdp_st_file **out)
     qsort_r(order, (size_t)f->n, sizeof *order, cmp_range, f->tensors);
     uint64_t at = 0;
     for (int k = 0; k < f->n; k++) {
-        const struct cdp_st_tensor *t = &f->tensors[order[k]];
+        const struct cdp_safetensors_tensor *t = &f->tensors[order[k]];
         uint64_t b = (uint64_t)((const uint8_t *)t->data - data);
         if (b > at) {
             st = cdp_fail(CDP_ERR_INVALID, "%s: tensor \"%s\" begins at byte %llu of the data, leaving a hole "
@@ -318,26 +319,26 @@ cdp_status cdp_st_open(const char *path, struct cdp_st_file **out)
 fail:
     json_decref(root);
     free(order);
-    cdp_st_close(f);
+    cdp_safetensors_close(f);
     return st;
 }
 
-int cdp_st_count(const struct cdp_st_file *f) { return f->n; }
+int cdp_safetensors_count(const struct cdp_safetensors_file *f) { return f->n; }
 
-const struct cdp_st_tensor *cdp_st_at(const struct cdp_st_file *f, int i)
+const struct cdp_safetensors_tensor *cdp_safetensors_at(const struct cdp_safetensors_file *f, int i)
 {
     CDP_ASSERT(i >= 0 && i < f->n);
     return &f->tensors[i];
 }
 
-const struct cdp_st_tensor *cdp_st_find(const struct cdp_st_file *f, const char *name)
+const struct cdp_safetensors_tensor *cdp_safetensors_find(const struct cdp_safetensors_file *f, const char *name)
 {
     for (int i = 0; i < f->n; i++)
         if (!strcmp(f->tensors[i].name, name)) return &f->tensors[i];
     return NULL;
 }
 
-const char *cdp_st_metadata(const struct cdp_st_file *f, const char *key)
+const char *cdp_safetensors_metadata(const struct cdp_safetensors_file *f, const char *key)
 {
     for (int i = 0; i < f->n_meta; i++)
         if (!strcmp(f->meta[2 * i], key)) return f->meta[2 * i + 1];
@@ -377,15 +378,15 @@ static void format_shape(char *buf, size_t cap, int ndim, const int64_t *shape)
 }
 
 /* Bytes per element of a tensor of the file (its dtype is a known one). */
-static uint64_t elem_size(const struct cdp_st_tensor *t)
+static uint64_t elem_size(const struct cdp_safetensors_tensor *t)
 {
     const struct st_dtype *dt = dtype_by_name(t->dtype_name);
     return dt && dt->size ? dt->size : 1;
 }
 
 /* Elements [first, first + count) of t (inside it) as float32 into dst. */
-static cdp_status to_f32(const struct cdp_st_file *f, const struct cdp_st_tensor *t, uint64_t first, uint64_t count,
-                         float *dst)
+static cdp_status to_f32(const struct cdp_safetensors_file *f, const struct cdp_safetensors_tensor *t, uint64_t first,
+                         uint64_t count, float *dst)
 {
     const uint8_t *src = t->data;
     if (!strcmp(t->dtype_name, "F32")) {
@@ -404,10 +405,10 @@ static cdp_status to_f32(const struct cdp_st_file *f, const struct cdp_st_tensor
     return CDP_OK;
 }
 
-cdp_status cdp_st_read_f32(const struct cdp_st_file *f, const char *name, int ndim, const int64_t *shape,
-                           float *dst)
+cdp_status cdp_safetensors_read_f32(const struct cdp_safetensors_file *f, const char *name, int ndim,
+                                    const int64_t *shape, float *dst)
 {
-    const struct cdp_st_tensor *t = cdp_st_find(f, name);
+    const struct cdp_safetensors_tensor *t = cdp_safetensors_find(f, name);
     if (!t) return cdp_fail(CDP_ERR_INVALID, "%s: no tensor named \"%s\"", f->path, name);
     if (shape) {
         int same = ndim == t->ndim;
@@ -423,10 +424,10 @@ cdp_status cdp_st_read_f32(const struct cdp_st_file *f, const char *name, int nd
     return to_f32(f, t, 0, t->nbytes / elem_size(t), dst);
 }
 
-cdp_status cdp_st_read_f32_range(const struct cdp_st_file *f, const char *name, uint64_t first, uint64_t count,
-                                 float *dst)
+cdp_status cdp_safetensors_read_f32_range(const struct cdp_safetensors_file *f, const char *name, uint64_t first,
+                                          uint64_t count, float *dst)
 {
-    const struct cdp_st_tensor *t = cdp_st_find(f, name);
+    const struct cdp_safetensors_tensor *t = cdp_safetensors_find(f, name);
     if (!t) return cdp_fail(CDP_ERR_INVALID, "%s: no tensor named \"%s\"", f->path, name);
     uint64_t numel = t->nbytes / elem_size(t);
     if (first > numel || count > numel - first)
@@ -439,8 +440,8 @@ cdp_status cdp_st_read_f32_range(const struct cdp_st_file *f, const char *name, 
 /* ---- writing ------------------------------------------------------------------ */
 
 /* The header JSON for the tensors, padded with spaces to a multiple of 8. */
-static cdp_status build_header(const char *path, const struct cdp_st_tensor *ts, int n, const char *const *meta,
-                               int n_meta, char **out, size_t *out_len)
+static cdp_status build_header(const char *path, const struct cdp_safetensors_tensor *ts, int n,
+                               const char *const *meta, int n_meta, char **out, size_t *out_len)
 {
     cdp_status st = CDP_OK;
     json_t *root = json_object();
@@ -469,7 +470,7 @@ static cdp_status build_header(const char *path, const struct cdp_st_tensor *ts,
     }
     uint64_t at = 0;
     for (int i = 0; i < n; i++) {
-        const struct cdp_st_tensor *t = &ts[i];
+        const struct cdp_safetensors_tensor *t = &ts[i];
         if (!t->name || !t->name[0]) {
             st = cdp_fail(CDP_ERR_INVALID, "%s: tensor %d has no name", path, i);
             goto done;
@@ -549,8 +550,9 @@ done:
 
 /* A tensor's bytes fetched into stage (at most cap bytes at a time) and
  * written from there. */
-static cdp_status write_staged(struct cdp_atomic_file *f, const struct cdp_st_tensor *t, cdp_st_fetch_fn fetch,
-                               void *ctx, uint8_t *stage, uint64_t cap, const char *path)
+static cdp_status write_staged(struct cdp_atomic_file *f, const struct cdp_safetensors_tensor *t,
+                               cdp_safetensors_fetch_fn fetch, void *ctx, uint8_t *stage, uint64_t cap,
+                               const char *path)
 {
     for (uint64_t off = 0; off < t->nbytes;) {
         uint64_t len = t->nbytes - off < cap ? t->nbytes - off : cap;
@@ -562,8 +564,9 @@ static cdp_status write_staged(struct cdp_atomic_file *f, const struct cdp_st_te
     return CDP_OK;
 }
 
-static cdp_status write_file(const char *path, const struct cdp_st_tensor *tensors, int n, const char *const *meta,
-                             int n_meta, cdp_st_fetch_fn fetch, void *ctx, uint64_t chunk)
+static cdp_status write_file(const char *path, const struct cdp_safetensors_tensor *tensors, int n,
+                             const char *const *meta, int n_meta, cdp_safetensors_fetch_fn fetch, void *ctx,
+                             uint64_t chunk)
 {
     cdp_status st;
     char *header = NULL;
@@ -608,15 +611,15 @@ fail:
     return st;
 }
 
-cdp_status cdp_st_write(const char *path, const struct cdp_st_tensor *tensors, int n, const char *const *meta,
-                        int n_meta)
+cdp_status cdp_safetensors_write(const char *path, const struct cdp_safetensors_tensor *tensors, int n,
+                                 const char *const *meta, int n_meta)
 {
     return write_file(path, tensors, n, meta, n_meta, NULL, NULL, 0);
 }
 
-cdp_status cdp_st_write_staged(const char *path, const struct cdp_st_tensor *tensors, int n,
-                               const char *const *meta, int n_meta, cdp_st_fetch_fn fetch, void *ctx,
-                               uint64_t chunk)
+cdp_status cdp_safetensors_write_staged(const char *path, const struct cdp_safetensors_tensor *tensors, int n,
+                                        const char *const *meta, int n_meta, cdp_safetensors_fetch_fn fetch, void *ctx,
+                                        uint64_t chunk)
 {
     CDP_ASSERT(fetch && chunk > 0);
     return write_file(path, tensors, n, meta, n_meta, fetch, ctx, chunk);

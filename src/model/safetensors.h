@@ -14,7 +14,7 @@
 extern "C" {
 #endif
 
-struct cdp_st_tensor {
+struct cdp_safetensors_tensor {
     const char *name;      /* owned by the file/writer it comes from */
     enum cdp_dtype dtype;  /* F32, BF16, I32; CDP_DTYPE_COUNT for the file's other dtypes */
     const char *dtype_name; /* as written in the file ("F32", "F16", ...); writing: NULL =
@@ -26,7 +26,7 @@ struct cdp_st_tensor {
     uint64_t nbytes;
 };
 
-struct cdp_st_file;
+struct cdp_safetensors_file;
 
 /* Opens and validates a file: header length within the file and at most 100 MB,
  * JSON well formed without duplicate keys, every tensor an object with exactly
@@ -35,33 +35,33 @@ struct cdp_st_file;
  * times element size equal to its byte range, ranges inside the data section,
  * not overlapping, covering it; __metadata__ an object of strings. Errors
  * (CDP_ERR_INVALID; CDP_ERR_IO when the file cannot be read) name the file and the
- * tensor. The data is memory-mapped read-only until cdp_st_close. Tensors keep
+ * tensor. The data is memory-mapped read-only until cdp_safetensors_close. Tensors keep
  * the header's order. */
-cdp_status cdp_st_open(const char *path, struct cdp_st_file **out);
-void cdp_st_close(struct cdp_st_file *f);
+cdp_status cdp_safetensors_open(const char *path, struct cdp_safetensors_file **out);
+void cdp_safetensors_close(struct cdp_safetensors_file *f);
 
-int cdp_st_count(const struct cdp_st_file *f);
-const struct cdp_st_tensor *cdp_st_at(const struct cdp_st_file *f, int i);
+int cdp_safetensors_count(const struct cdp_safetensors_file *f);
+const struct cdp_safetensors_tensor *cdp_safetensors_at(const struct cdp_safetensors_file *f, int i);
 /* NULL when absent. */
-const struct cdp_st_tensor *cdp_st_find(const struct cdp_st_file *f, const char *name);
+const struct cdp_safetensors_tensor *cdp_safetensors_find(const struct cdp_safetensors_file *f, const char *name);
 /* A "__metadata__" string value, or NULL. */
-const char *cdp_st_metadata(const struct cdp_st_file *f, const char *key);
+const char *cdp_safetensors_metadata(const struct cdp_safetensors_file *f, const char *key);
 
 /* Reads a tensor as float32 into dst: F32 copied, BF16 and F16 widened. With
  * shape != NULL the tensor's shape must equal shape[0..ndim) (so dst holds their
  * product); with shape == NULL any shape is read whole (ndim is ignored; size dst
- * from cdp_st_find). Fails with CDP_ERR_INVALID, naming the file and tensor, when
+ * from cdp_safetensors_find). Fails with CDP_ERR_INVALID, naming the file and tensor, when
  * the tensor is absent, its shape differs, or its dtype is not a float one. */
-cdp_status cdp_st_read_f32(const struct cdp_st_file *f, const char *name, int ndim,
-                           const int64_t *shape, float *dst);
+cdp_status cdp_safetensors_read_f32(const struct cdp_safetensors_file *f, const char *name, int ndim,
+                                    const int64_t *shape, float *dst);
 
 /* Elements [first, first + count) of a float tensor (F32, BF16 or F16), in its
  * row-major order, as float32 into dst (count floats): a tensor read piece by
  * piece, as when it is staged to device memory. CDP_ERR_INVALID, naming the
  * file and tensor, when it is absent, not a float one, or the range runs past
  * its end. */
-cdp_status cdp_st_read_f32_range(const struct cdp_st_file *f, const char *name, uint64_t first, uint64_t count,
-                                 float *dst);
+cdp_status cdp_safetensors_read_f32_range(const struct cdp_safetensors_file *f, const char *name, uint64_t first,
+                                          uint64_t count, float *dst);
 
 /* Writes tensors (data from the caller) with optional metadata key/value pairs
  * (n_meta pairs in meta[2*i], meta[2*i+1]) to path atomically: a temporary file
@@ -74,24 +74,24 @@ cdp_status cdp_st_read_f32_range(const struct cdp_st_file *f, const char *name, 
  * 8-byte boundary, as the format asks. The file gets mode 0644. Bad arguments give
  * CDP_ERR_INVALID before anything is created; system failures CDP_ERR_IO. A folder
  * that cannot be fsynced after the rename is only a warning (the file is complete). */
-cdp_status cdp_st_write(const char *path, const struct cdp_st_tensor *tensors, int n,
-                        const char *const *meta, int n_meta);
+cdp_status cdp_safetensors_write(const char *path, const struct cdp_safetensors_tensor *tensors, int n,
+                                 const char *const *meta, int n_meta);
 
-/* How cdp_st_write_staged gets the bytes of a tensor whose data the host cannot
+/* How cdp_safetensors_write_staged gets the bytes of a tensor whose data the host cannot
  * read in place (device memory): copies bytes [offset, offset + n) of t (its
  * data is the caller's handle) into the host buffer dst. */
-typedef cdp_status (*cdp_st_fetch_fn)(void *ctx, const struct cdp_st_tensor *t, uint64_t offset, void *dst,
-                                      uint64_t n);
+typedef cdp_status (*cdp_safetensors_fetch_fn)(void *ctx, const struct cdp_safetensors_tensor *t, uint64_t offset,
+                                               void *dst, uint64_t n);
 
-/* cdp_st_write, for tensors whose data the host cannot read: each tensor's
+/* cdp_safetensors_write, for tensors whose data the host cannot read: each tensor's
  * bytes are fetched into one host buffer and written from there, at most
  * `chunk` bytes at a time (the buffer is min(chunk, the largest tensor); the
  * data pointers are only handed to fetch). A failing fetch fails the write as
  * an I/O failure does (its status, the file and tensor named; the temporary
  * is removed, nothing is left at path). */
-cdp_status cdp_st_write_staged(const char *path, const struct cdp_st_tensor *tensors, int n,
-                               const char *const *meta, int n_meta, cdp_st_fetch_fn fetch, void *ctx,
-                               uint64_t chunk);
+cdp_status cdp_safetensors_write_staged(const char *path, const struct cdp_safetensors_tensor *tensors, int n,
+                                        const char *const *meta, int n_meta, cdp_safetensors_fetch_fn fetch, void *ctx,
+                                        uint64_t chunk);
 
 #ifdef __cplusplus
 }

@@ -150,7 +150,7 @@ static cdp_status get_existing_file(struct ld *c, const json_t *v, const char *p
     struct stat sb;
     if (stat(abs, &sb) != 0 || !S_ISREG(sb.st_mode)) {
         cdp_status st = cdp_json_fail(&c->in, ptr, "\"%s\" is %s", joined,
-                              stat(abs, &sb) != 0 ? "unreadable" : file_kind(sb.st_mode));
+                                      stat(abs, &sb) != 0 ? "unreadable" : file_kind(sb.st_mode));
         free(joined);
         free(abs);
         return st;
@@ -205,7 +205,7 @@ static cdp_status get_output_path(struct ld *c, const json_t *v, const char *ptr
         int e = errno;
         if (!parent_abs) {
             st = cdp_json_fail(&c->in, ptr, "the folder \"%s\" does not exist (%s); create it first", joined,
-                       strerror(e));
+                               strerror(e));
             *slash = '/';
             goto done;
         }
@@ -365,8 +365,9 @@ static cdp_status get_input(struct ld *c, const json_t *m, size_t min_n, size_t 
     int64_t dims[CDP_MAX_INPUT_DIMS];
     if (!v) {
         if (required)
-            return cdp_json_fail(&c->in, "/model/input", "missing; an explicit layer list needs \"input\", the shape "
-                                            "of one sample (an array of 1 to 4 positive integers)");
+            return cdp_json_fail(&c->in, "/model/input",
+                                 "missing; an explicit layer list needs \"input\", the shape "
+                                 "of one sample (an array of 1 to 4 positive integers)");
         return CDP_OK;
     }
     cdp_status st = int_array(c, v, "/model/input", min_n, max_n, dims, &n);
@@ -389,15 +390,18 @@ static cdp_status load_model(struct ld *c, const json_t *m)
     md->loss = CDP_LOSS_CROSS_ENTROPY;
     const json_t *weights = json_object_get(m, "weights");
     if (weights && !json_is_null(weights)) {
-        if (!json_is_string(weights)) return cdp_json_expected(&c->in, "/model/weights", "a safetensors file path or null", weights);
+        if (!json_is_string(weights))
+            return cdp_json_expected(&c->in, "/model/weights", "a safetensors file path or null", weights);
         if ((st = get_existing_file(c, weights, "/model/weights", &md->weights))) return st;
     }
     if (preset) {
         int pi = 0;
         if ((st = cdp_json_enum(&c->in, preset, "/model/preset", preset_names, &pi))) return st;
         if (json_is_array(layers))
-            return cdp_json_fail(&c->in, "/model/layers", "a layer list and /model/preset \"%s\" are both given; "
-                         "use one: a preset, or an explicit layer list with \"input\"", preset_names[pi]);
+            return cdp_json_fail(&c->in, "/model/layers",
+                                 "a layer list and /model/preset \"%s\" are both given; "
+                                 "use one: a preset, or an explicit layer list with \"input\"",
+                                 preset_names[pi]);
         snprintf(md->preset, sizeof md->preset, "%s", preset_names[pi]);
         if (pi < N_GPT_PRESETS) {
             const struct gpt_preset *g = &gpt_presets[pi];
@@ -417,7 +421,7 @@ static cdp_status load_model(struct ld *c, const json_t *m)
             if ((st = cdp_json_get_bool(&c->in, m, "/model", "tie_embeddings", &md->tie_embeddings))) return st;
             if (md->embed % md->heads != 0)
                 return cdp_json_fail(&c->in, "/model/embed", "%lld is not a multiple of /model/heads %lld",
-                             (long long)md->embed, (long long)md->heads);
+                                     (long long)md->embed, (long long)md->heads);
             return CDP_OK;
         }
         if (strcmp(md->preset, "mlp") == 0) {
@@ -459,10 +463,10 @@ static cdp_status load_model(struct ld *c, const json_t *m)
                 w /= 2;
                 if (h < 1 || w < 1)
                     return cdp_json_fail(&c->in, "/model/channels",
-                                 "%d conv blocks each halve the image, but /model/input [%lld, %lld, %lld] "
-                                 "is too small for more than %d; use fewer channels or a larger input",
-                                 md->n_channels, (long long)md->input[0], (long long)md->input[1],
-                                 (long long)md->input[2], k);
+                                         "%d conv blocks each halve the image, but /model/input [%lld, %lld, %lld] "
+                                         "is too small for more than %d; use fewer channels or a larger input",
+                                         md->n_channels, (long long)md->input[0], (long long)md->input[1],
+                                         (long long)md->input[2], k);
             }
         }
         i = 0;
@@ -470,13 +474,13 @@ static cdp_status load_model(struct ld *c, const json_t *m)
         md->loss = (enum cdp_loss)i;
         return expand_preset(c, md);
     }
-    if (!layers)
-        return cdp_json_expected(&c->in, "/model", "a \"preset\" or an explicit \"layers\" list", m);
+    if (!layers) return cdp_json_expected(&c->in, "/model", "a \"preset\" or an explicit \"layers\" list", m);
     md->kind = CDP_MODEL_LAYERS;
     md->preset[0] = '\0';
     if ((st = cdp_json_check_keys(&c->in, m, "/model", explicit_keys, "a model with a layer list"))) return st;
     if (!json_is_array(layers) || json_array_size(layers) == 0 || json_array_size(layers) > MAX_LAYERS)
-        return cdp_json_expected(&c->in, "/model/layers", "a non-empty array of layer objects (or a \"preset\")", layers);
+        return cdp_json_expected(&c->in, "/model/layers", "a non-empty array of layer objects (or a \"preset\")",
+                                 layers);
     if ((st = get_input(c, m, 1, CDP_MAX_INPUT_DIMS, 1, md))) return st;
     md->layer_list = calloc(json_array_size(layers), sizeof *md->layer_list);
     if (!md->layer_list) return cdp_fail(CDP_ERR_NOMEM, "%s: /model/layers: out of memory", c->in.file);
@@ -515,15 +519,17 @@ static cdp_status load_data(struct ld *c, const json_t *d)
     if (json_is_null(labels)) labels = NULL;
     const char *sn = cdp_plan_source_names[src];
     if (dd->source == CDP_DATA_SYNTHETIC) {
-        if (path) return cdp_json_fail(&c->in, "/data/path", "synthetic data has no file; remove it or set /data/source");
+        if (path)
+            return cdp_json_fail(&c->in, "/data/path", "synthetic data has no file; remove it or set /data/source");
     } else {
         if (!path) return cdp_json_fail(&c->in, "/data/path", "missing; /data/source \"%s\" needs a file", sn);
         if ((st = get_existing_file(c, path, "/data/path", &dd->path))) return st;
     }
     if (dd->source == CDP_DATA_IDX) {
         if (!labels)
-            return cdp_json_fail(&c->in, "/data/labels", "missing; /data/source \"idx\" needs the labels file "
-                                            "beside /data/path (the images)");
+            return cdp_json_fail(&c->in, "/data/labels",
+                                 "missing; /data/source \"idx\" needs the labels file "
+                                 "beside /data/path (the images)");
         if ((st = get_existing_file(c, labels, "/data/labels", &dd->labels))) return st;
     } else if (labels) {
         return cdp_json_fail(&c->in, "/data/labels", "only /data/source \"idx\" has a labels file, not \"%s\"", sn);
@@ -532,15 +538,20 @@ static cdp_status load_data(struct ld *c, const json_t *d)
     if (dd->source == CDP_DATA_TEXT && (!gpt || m->vocab < 256)) {
         if (!gpt)
             return cdp_json_fail(&c->in, "/data/source", "\"text\" needs a gpt model (byte tokens), not /model %s",
-                         m->kind == CDP_MODEL_LAYERS ? "with a layer list" : m->preset);
-        return cdp_json_fail(&c->in, "/data/source", "\"text\" reads bytes, so /model/vocab must be at least 256, "
-                                        "got %lld", (long long)m->vocab);
+                                 m->kind == CDP_MODEL_LAYERS ? "with a layer list" : m->preset);
+        return cdp_json_fail(&c->in, "/data/source",
+                             "\"text\" reads bytes, so /model/vocab must be at least 256, "
+                             "got %lld",
+                             (long long)m->vocab);
     }
     if (dd->source == CDP_DATA_TOKENS && !gpt)
-        return cdp_json_fail(&c->in, "/data/source", "\"tokens\" needs a gpt model (/model/preset \"gpt\", \"gpt2\", ...)");
+        return cdp_json_fail(&c->in, "/data/source",
+                             "\"tokens\" needs a gpt model (/model/preset \"gpt\", \"gpt2\", ...)");
     if (dd->source == CDP_DATA_IDX && gpt)
-        return cdp_json_fail(&c->in, "/data/source", "\"idx\" (images and labels) needs an mlp, cnn or layer-list "
-                                        "model, not /model/preset \"%s\"", m->preset);
+        return cdp_json_fail(&c->in, "/data/source",
+                             "\"idx\" (images and labels) needs an mlp, cnn or layer-list "
+                             "model, not /model/preset \"%s\"",
+                             m->preset);
     return CDP_OK;
 }
 
@@ -579,9 +590,10 @@ static cdp_status load_optimizer(struct ld *c, const json_t *o)
         if (json_object_get(o, foreign[k])) {
             char kp[CDP_JSON_PTR_CAP];
             cdp_json_ptr_key(kp, P, foreign[k]);
-            return cdp_json_fail(&c->in, kp, "unknown key for /train/optimizer/type \"%s\" (\"%s\" is a setting of "
-                         "\"%s\")", cdp_plan_optimizer_names[t], foreign[k],
-                         od->type == CDP_OPT_SGD ? "adamw" : "sgd");
+            return cdp_json_fail(&c->in, kp,
+                                 "unknown key for /train/optimizer/type \"%s\" (\"%s\" is a setting of "
+                                 "\"%s\")",
+                                 cdp_plan_optimizer_names[t], foreign[k], od->type == CDP_OPT_SGD ? "adamw" : "sgd");
         }
     }
     if ((st = cdp_json_get_number(&c->in, o, P, "lr", CDP_JSON_POSITIVE, &od->lr))) return st;
@@ -670,33 +682,39 @@ static cdp_status check_shares(struct ld *c)
     if (pd->replicas == CDP_AUTO) pd->replicas = pd->n_shares;
     if (pd->n_shares != pd->replicas)
         return cdp_json_fail(&c->in, P, "%d shares for /parallel/replicas %lld: give one per replica", pd->n_shares,
-                     (long long)pd->replicas);
+                             (long long)pd->replicas);
     int64_t sum = 0;
     for (int i = 0; i < pd->n_shares; i++) sum += pd->shares[i];
     if (pd->micro_batches == CDP_AUTO) {
         if (sum % pd->replicas)
-            return cdp_json_fail(&c->in, P, "the shares sum to %lld micro-batches per step, not a multiple of "
-                         "/parallel/replicas %lld (the global batch is replicas x micro_batches x micro_batch)",
-                         (long long)sum, (long long)pd->replicas);
+            return cdp_json_fail(&c->in, P,
+                                 "the shares sum to %lld micro-batches per step, not a multiple of "
+                                 "/parallel/replicas %lld (the global batch is replicas x micro_batches x micro_batch)",
+                                 (long long)sum, (long long)pd->replicas);
         pd->micro_batches = sum / pd->replicas;
     } else if (sum != pd->replicas * pd->micro_batches) {
-        return cdp_json_fail(&c->in, P, "the shares sum to %lld micro-batches per step; /parallel/replicas %lld x "
-                     "/parallel/micro_batches %lld is %lld", (long long)sum, (long long)pd->replicas,
-                     (long long)pd->micro_batches, (long long)(pd->replicas * pd->micro_batches));
+        return cdp_json_fail(&c->in, P,
+                             "the shares sum to %lld micro-batches per step; /parallel/replicas %lld x "
+                             "/parallel/micro_batches %lld is %lld",
+                             (long long)sum, (long long)pd->replicas, (long long)pd->micro_batches,
+                             (long long)(pd->replicas * pd->micro_batches));
     }
     if (pd->schedule == CDP_SCHEDULE_INTERLEAVED && pd->stages != CDP_AUTO) {
         for (int i = 0; i < pd->n_shares; i++)
             if (pd->shares[i] % pd->stages) {
                 char kp[CDP_JSON_PTR_CAP];
                 snprintf(kp, sizeof kp, "%s/%d", P, i);
-                return cdp_json_fail(&c->in, kp, "%lld is not a multiple of /parallel/stages %lld, as the interleaved "
-                             "schedule needs", (long long)pd->shares[i], (long long)pd->stages);
+                return cdp_json_fail(&c->in, kp,
+                                     "%lld is not a multiple of /parallel/stages %lld, as the interleaved "
+                                     "schedule needs",
+                                     (long long)pd->shares[i], (long long)pd->stages);
             }
         /* said here, not as a /parallel/micro_batches the file may not have */
         if (pd->micro_batches % pd->stages)
-            return cdp_json_fail(&c->in, P, "the shares sum to %lld, so /parallel/micro_batches is %lld, not a multiple of "
-                         "/parallel/stages %lld as the interleaved schedule needs of it too", (long long)sum,
-                         (long long)pd->micro_batches, (long long)pd->stages);
+            return cdp_json_fail(&c->in, P,
+                                 "the shares sum to %lld, so /parallel/micro_batches is %lld, not a multiple of "
+                                 "/parallel/stages %lld as the interleaved schedule needs of it too",
+                                 (long long)sum, (long long)pd->micro_batches, (long long)pd->stages);
     }
     return CDP_OK;
 }
@@ -717,13 +735,16 @@ static cdp_status load_partition(struct ld *c, const json_t *v)
         int64_t want = pd->stages * per_rank;
         if ((int64_t)n != want) {
             if (per_rank > 1)
-                return cdp_json_fail(&c->in, P, "has %zu ranges, but /parallel/stages %lld x /parallel/chunks %lld "
-                                   "needs %lld", n, (long long)pd->stages, (long long)per_rank, (long long)want);
-            return cdp_json_fail(&c->in, P, "has %zu ranges, but /parallel/stages is %lld; give one range per stage",
-                         n, (long long)pd->stages);
+                return cdp_json_fail(&c->in, P,
+                                     "has %zu ranges, but /parallel/stages %lld x /parallel/chunks %lld "
+                                     "needs %lld",
+                                     n, (long long)pd->stages, (long long)per_rank, (long long)want);
+            return cdp_json_fail(&c->in, P, "has %zu ranges, but /parallel/stages is %lld; give one range per stage", n,
+                                 (long long)pd->stages);
         }
     } else if ((int64_t)n % per_rank != 0) {
-        return cdp_json_fail(&c->in, P, "has %zu ranges, not a multiple of /parallel/chunks %lld", n, (long long)per_rank);
+        return cdp_json_fail(&c->in, P, "has %zu ranges, not a multiple of /parallel/chunks %lld", n,
+                             (long long)per_rank);
     }
     pd->partition = calloc(n, sizeof *pd->partition);
     if (!pd->partition) return cdp_fail(CDP_ERR_NOMEM, "%s: %s: out of memory", c->in.file, P);
@@ -742,21 +763,26 @@ static cdp_status load_partition(struct ld *c, const json_t *v)
             if (st) return st;
         }
         if (r[0] != next)
-            return cdp_json_fail(&c->in, ep, "starts at unit %lld, but the ranges must be contiguous from 0: "
-                                "expected %lld", (long long)r[0], (long long)next);
+            return cdp_json_fail(&c->in, ep,
+                                 "starts at unit %lld, but the ranges must be contiguous from 0: "
+                                 "expected %lld",
+                                 (long long)r[0], (long long)next);
         if (r[1] <= r[0])
             return cdp_json_fail(&c->in, ep, "[%lld, %lld) is empty; every range needs at least one unit",
-                         (long long)r[0], (long long)r[1]);
+                                 (long long)r[0], (long long)r[1]);
         if (r[1] > units)
-            return cdp_json_fail(&c->in, ep, "ends at %lld, past the model's %lld units", (long long)r[1], (long long)units);
+            return cdp_json_fail(&c->in, ep, "ends at %lld, past the model's %lld units", (long long)r[1],
+                                 (long long)units);
         pd->partition[i][0] = r[0];
         pd->partition[i][1] = r[1];
         pd->n_partition = (int)i + 1;
         next = r[1];
     }
     if (next != units)
-        return cdp_json_fail(&c->in, P, "covers units [0, %lld), but the model has %lld units; the last range must "
-                           "end at %lld", (long long)next, (long long)units, (long long)units);
+        return cdp_json_fail(&c->in, P,
+                             "covers units [0, %lld), but the model has %lld units; the last range must "
+                             "end at %lld",
+                             (long long)next, (long long)units, (long long)units);
     if (pd->stages == CDP_AUTO) pd->stages = (int64_t)n / per_rank;
     return CDP_OK;
 }
@@ -773,11 +799,14 @@ static cdp_status load_placement(struct ld *c, const json_t *v)
         return CDP_OK;
     }
     if (!json_is_array(v))
-        return cdp_json_expected(&c->in, P, "\"topology\", \"ordered-pp-inner\", \"ordered-dp-inner\", \"ordered\" or "
-                              "an array of device indices per stage", v);
+        return cdp_json_expected(&c->in, P,
+                                 "\"topology\", \"ordered-pp-inner\", \"ordered-dp-inner\", \"ordered\" or "
+                                 "an array of device indices per stage",
+                                 v);
     if (pd->stages == CDP_AUTO || pd->replicas == CDP_AUTO)
-        return cdp_json_fail(&c->in, P, "a list of devices needs /parallel/stages and /parallel/replicas as numbers, "
-                           "not \"auto\"");
+        return cdp_json_fail(&c->in, P,
+                             "a list of devices needs /parallel/stages and /parallel/replicas as numbers, "
+                             "not \"auto\"");
     char what[160];
     snprintf(what, sizeof what, "an array of %lld arrays (one per stage) of %lld device indices (one per "
              "replica)", (long long)pd->stages, (long long)pd->replicas);
@@ -811,7 +840,7 @@ static cdp_status load_placement(struct ld *c, const json_t *v)
             for (int64_t q = 0; q < at; q++)
                 if (pd->placement_map[q] == dev)
                     return cdp_json_fail(&c->in, ep, "device %lld is already used by stage %lld replica %lld",
-                                 (long long)dev, (long long)(q / pd->replicas), (long long)(q % pd->replicas));
+                                         (long long)dev, (long long)(q / pd->replicas), (long long)(q % pd->replicas));
             pd->placement_map[at] = dev;
         }
     }
@@ -827,14 +856,16 @@ static cdp_status batch_arithmetic(struct ld *c)
         int over = __builtin_mul_overflow(R, M, &prod) || __builtin_mul_overflow(prod, b, &prod);
         if (G == CDP_AUTO) {
             if (over || prod > MAX_COUNT)
-                return cdp_json_fail(&c->in, "/train/global_batch", "/parallel/replicas %lld x /parallel/micro_batches "
-                             "%lld x /train/micro_batch %lld is too large", (long long)R, (long long)M,
-                             (long long)b);
+                return cdp_json_fail(&c->in, "/train/global_batch",
+                                     "/parallel/replicas %lld x /parallel/micro_batches "
+                                     "%lld x /train/micro_batch %lld is too large",
+                                     (long long)R, (long long)M, (long long)b);
             td->global_batch = prod;
         } else if (over || prod != G) {
-            return cdp_json_fail(&c->in, "/train/global_batch", "%lld does not equal /parallel/replicas %lld x "
-                         "/parallel/micro_batches %lld x /train/micro_batch %lld = %lld", (long long)G,
-                         (long long)R, (long long)M, (long long)b, over ? -1LL : (long long)prod);
+            return cdp_json_fail(&c->in, "/train/global_batch",
+                                 "%lld does not equal /parallel/replicas %lld x "
+                                 "/parallel/micro_batches %lld x /train/micro_batch %lld = %lld",
+                                 (long long)G, (long long)R, (long long)M, (long long)b, over ? -1LL : (long long)prod);
         }
         return CDP_OK;
     }
@@ -842,19 +873,22 @@ static cdp_status batch_arithmetic(struct ld *c)
     /* G is known: whatever factors are known must divide it. */
     if (M == CDP_AUTO && R != CDP_AUTO) {
         if (__builtin_mul_overflow(R, b, &prod) || G % prod != 0)
-            return cdp_json_fail(&c->in, "/parallel/micro_batches", "\"auto\" cannot be derived: /train/global_batch "
-                         "%lld is not a multiple of /parallel/replicas %lld x /train/micro_batch %lld",
-                         (long long)G, (long long)R, (long long)b);
+            return cdp_json_fail(&c->in, "/parallel/micro_batches",
+                                 "\"auto\" cannot be derived: /train/global_batch "
+                                 "%lld is not a multiple of /parallel/replicas %lld x /train/micro_batch %lld",
+                                 (long long)G, (long long)R, (long long)b);
         pd->micro_batches = G / prod;
         return CDP_OK;
     }
     int64_t known = b;
     if (M != CDP_AUTO && (__builtin_mul_overflow(known, M, &known) || G % known != 0))
-        return cdp_json_fail(&c->in, "/train/global_batch", "%lld is not a multiple of /parallel/micro_batches %lld x "
-                     "/train/micro_batch %lld", (long long)G, (long long)M, (long long)b);
+        return cdp_json_fail(&c->in, "/train/global_batch",
+                             "%lld is not a multiple of /parallel/micro_batches %lld x "
+                             "/train/micro_batch %lld",
+                             (long long)G, (long long)M, (long long)b);
     if (G % b != 0)
         return cdp_json_fail(&c->in, "/train/global_batch", "%lld is not a multiple of /train/micro_batch %lld",
-                     (long long)G, (long long)b);
+                             (long long)G, (long long)b);
     return CDP_OK;
 }
 
@@ -872,7 +906,8 @@ static cdp_status load_parallel(struct ld *c, const json_t *v)
         if ((st = cdp_json_get_int(&c->in, v, P, "micro_batches", 1, MAX_COUNT, 1, &pd->micro_batches))) return st;
         const json_t *sj = json_object_get(v, "schedule");
         if (json_is_string(sj) && strcmp(json_string_value(sj), "auto") == 0) pd->schedule_auto = 1;
-        else if ((st = cdp_json_get_enum(&c->in, v, P, "schedule", cdp_plan_schedule_names, &sch))) return st;
+        else if ((st = cdp_json_get_enum(&c->in, v, P, "schedule", cdp_plan_schedule_names, &sch)))
+            return st;
     }
     pd->schedule = (enum cdp_schedule_kind)sch;
     int inter = pd->schedule == CDP_SCHEDULE_INTERLEAVED;
@@ -880,15 +915,19 @@ static cdp_status load_parallel(struct ld *c, const json_t *v)
     if (v && (st = cdp_json_get_int(&c->in, v, P, "chunks", 1, MAX_COUNT, 0, &pd->chunks))) return st;
     if (pd->chunks > 1 && !inter)
         return cdp_json_fail(&c->in, "/parallel/chunks", "%lld needs /parallel/schedule \"interleaved\", not \"%s\"",
-                     (long long)pd->chunks, cdp_plan_schedule_names[sch]);
+                             (long long)pd->chunks, cdp_plan_schedule_names[sch]);
     if (inter && pd->chunks < 2)
-        return cdp_json_fail(&c->in, "/parallel/chunks", "/parallel/schedule \"interleaved\" needs at least 2 chunks "
-                     "per rank, got %lld", (long long)pd->chunks);
+        return cdp_json_fail(&c->in, "/parallel/chunks",
+                             "/parallel/schedule \"interleaved\" needs at least 2 chunks "
+                             "per rank, got %lld",
+                             (long long)pd->chunks);
     const json_t *part = v ? json_object_get(v, "partition") : NULL;
     if (part && (st = load_partition(c, part))) return st;
     if (inter && pd->stages != CDP_AUTO && pd->stages < 2)
-        return cdp_json_fail(&c->in, "/parallel/stages", "/parallel/schedule \"interleaved\" needs at least 2 stages, "
-                     "got %lld", (long long)pd->stages);
+        return cdp_json_fail(&c->in, "/parallel/stages",
+                             "/parallel/schedule \"interleaved\" needs at least 2 stages, "
+                             "got %lld",
+                             (long long)pd->stages);
     const json_t *pl = v ? json_object_get(v, "placement") : NULL;
     if (pl && (st = load_placement(c, pl))) return st;
     const json_t *bal = v ? json_object_get(v, "balance") : NULL;
@@ -897,8 +936,10 @@ static cdp_status load_parallel(struct ld *c, const json_t *v)
     if ((st = check_shares(c))) return st;
     if ((st = batch_arithmetic(c))) return st;
     if (inter && pd->stages != CDP_AUTO && pd->micro_batches != CDP_AUTO && pd->micro_batches % pd->stages)
-        return cdp_json_fail(&c->in, "/parallel/micro_batches", "%lld is not a multiple of /parallel/stages %lld, as "
-                     "the interleaved schedule needs", (long long)pd->micro_batches, (long long)pd->stages);
+        return cdp_json_fail(&c->in, "/parallel/micro_batches",
+                             "%lld is not a multiple of /parallel/stages %lld, as "
+                             "the interleaved schedule needs",
+                             (long long)pd->micro_batches, (long long)pd->stages);
     return CDP_OK;
 }
 
@@ -951,8 +992,10 @@ static cdp_status load_cluster(struct ld *c, const json_t *v)
         char *spec = NULL;
         if (!json_is_string(topo) || json_string_length(topo) == 0 ||
             strlen(json_string_value(topo)) != json_string_length(topo))
-            return cdp_json_expected(&c->in, "/cluster/topology", "\"auto\", a preset name, \"N x preset\" or a topology "
-                            "file path", topo);
+            return cdp_json_expected(&c->in, "/cluster/topology",
+                                     "\"auto\", a preset name, \"N x preset\" or a topology "
+                                     "file path",
+                                     topo);
         /* Presets and "N x preset" are kept as written, files become absolute;
          * the file itself is read by the planner. */
         if (cdp_topology_check_spec(json_string_value(topo), c->base, &spec))
