@@ -103,8 +103,8 @@ struct cdp_ops {
     cdp_status (*sgd_step)(void *ks, float *param, const float *grad, float *velocity, size_t n, float lr,
                            float momentum, float weight_decay, int t);
 
-    /* Optional entries: NULL in a table that has none (the CPU table has
-     * neither). */
+    /* Optional entries: NULL in a table that has none (each table says, for
+     * every one, what it has). */
     /* Floats of att that this table's attention_fwd and attention_bwd use for
      * these shapes under its current precision: at most B*NH*T*T, which is
      * also what a NULL entry means. A model sizes att with it when it is
@@ -119,6 +119,10 @@ struct cdp_ops {
      * linear_bwd (either may be NULL). dout[N,OC], act/pre/dpre[N,IC], w[OC,IC]. */
     cdp_status (*linear_gelu_bwd)(void *ks, float *dpre, float *dw, float *db, const float *dout, const float *act,
                                   const float *pre, const float *w, int N, int IC, int OC);
+    /* SiLU (x * sigmoid(x)) and its backward, as relu_fwd and relu_bwd;
+     * the CPU table has them, the CUDA table not yet. */
+    cdp_status (*silu_fwd)(void *ks, float *out, const float *in, size_t n);
+    cdp_status (*silu_bwd)(void *ks, float *din, const float *dout, const float *in, size_t n);
 };
 
 /* The table's entries in the order of struct cdp_ops, every backend's table
@@ -132,7 +136,7 @@ struct cdp_ops {
     X(embedding_fwd) X(embedding_bwd) X(attention_fwd) X(attention_bwd) X(crossentropy_fwd)                 \
     X(crossentropy_bwd) X(mse_fwd) X(mse_bwd) X(conv2d_fwd) X(conv2d_bwd) X(maxpool2d_fwd) X(maxpool2d_bwd) \
     X(adamw_step) X(sgd_step)
-#define CDP_KERNEL_OPS_OPTIONAL(X) X(attention_state_floats) X(linear_gelu_bwd)
+#define CDP_KERNEL_OPS_OPTIONAL(X) X(attention_state_floats) X(linear_gelu_bwd) X(silu_fwd) X(silu_bwd)
 
 enum cdp_kernel_op {
 #define CDP_KERNEL_OP_ENUM_(op) CDP_KERNEL_OP_##op,

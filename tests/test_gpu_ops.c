@@ -383,6 +383,9 @@ GPU_OPS_TEST(table_complete)
     NEED(sgd_step);
     if (G.type == CDP_BACKEND_CUDA) { /* optional ops (ops.h) that the CUDA table has */
         NEED(linear_gelu_bwd);
+    } else { /* and those the CPU table has */
+        NEED(silu_fwd);
+        NEED(silu_bwd);
     }
 #undef NEED
 }
@@ -561,6 +564,45 @@ GPU_OPS_TEST(gelu_bwd)
         float *d_din = dputf(din, n);
         OP(gelu_bwd, d_din, dputf(dy, n), dputf(x, n), n);
         expect_close(dgetf(d_din, n), ref, n, TOL_ELEM, "gelu_bwd n=%zu", n);
+        scope_end(sc);
+    }
+}
+
+/* silu is optional (ops.h): a table without it (the CUDA table, until its
+ * kernels are checked on a GPU) skips these, saying so */
+static void need_silu(void)
+{
+    if (!G.ops->silu_fwd || !G.ops->silu_bwd) cr_skip_test("the %s table has no silu kernels yet", G.ops->name);
+}
+
+GPU_OPS_TEST(silu_fwd)
+{
+    need_silu();
+    for (size_t k = 0; k < N_ELEM_SIZES; k++) {
+        struct scope sc = scope_begin();
+        size_t n = elem_sizes[k];
+        float *x = elem_input(n), *ref = hzeros(n);
+        cdp_cpu_silu_fwd(ref, x, n);
+        float *dx = dputf(x, n), *dout = dputf(hrand(n, 5, 6), n);
+        OP(silu_fwd, dout, dx, n);
+        expect_close(dgetf(dout, n), ref, n, TOL_ELEM, "silu_fwd n=%zu", n);
+        OP(silu_fwd, dx, dx, n);
+        expect_close(dgetf(dx, n), ref, n, TOL_ELEM, "silu_fwd in place n=%zu", n);
+        scope_end(sc);
+    }
+}
+
+GPU_OPS_TEST(silu_bwd)
+{
+    need_silu();
+    for (size_t k = 0; k < N_ELEM_SIZES; k++) {
+        struct scope sc = scope_begin();
+        size_t n = elem_sizes[k];
+        float *x = elem_input(n), *dy = hrand(n, -1, 1), *din = hrand(n, -1, 1), *ref = hdup(din, n);
+        cdp_cpu_silu_bwd(ref, dy, x, n);
+        float *d_din = dputf(din, n);
+        OP(silu_bwd, d_din, dputf(dy, n), dputf(x, n), n);
+        expect_close(dgetf(d_din, n), ref, n, TOL_ELEM, "silu_bwd n=%zu", n);
         scope_end(sc);
     }
 }

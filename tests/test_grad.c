@@ -216,6 +216,15 @@ Test(grad, gelu)
     free(x);
 }
 
+Test(grad, silu)
+{
+    rng_seed(24);
+    size_t n = 209;
+    float *x = randv(n, -8, 8);
+    check_unary("silu din", cdp_cpu_silu_fwd, cdp_cpu_silu_bwd, x, n);
+    free(x);
+}
+
 struct residual_ctx {
     float *a, *b, *out, *R;
     size_t n;

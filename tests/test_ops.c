@@ -80,6 +80,33 @@ static double gelu_ref(double x)
     return 0.5 * x * (1.0 + tanh(sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
 }
 
+/* x * sigmoid(x) in double */
+static double silu_ref(double x) { return x / (1.0 + exp(-x)); }
+
+Test(ops, silu_fwd)
+{
+    rng_seed(21);
+    size_t n = 1031;
+    float *x = randv(n, -12, 12), *out = falloc(n);
+    x[0] = 0.0f, x[1] = -0.0f, x[2] = 1e-6f, x[3] = -1e-6f;
+    cdp_cpu_silu_fwd(out, x, n);
+    for (size_t i = 0; i < n; i++)
+        cr_assert(fabs(out[i] - silu_ref(x[i])) <= 1e-6 * fmax(1.0, fabs(x[i])), "silu(%g) = %.9g, want %.9g",
+                  x[i], out[i], silu_ref(x[i]));
+    /* saturation: x on the right, 0 on the left, never NaN */
+    float big[] = {-1e4f, -200.f, -90.f, -30.f, 30.f, 90.f, 200.f, 1e4f};
+    float bo[sizeof big / sizeof *big];
+    cdp_cpu_silu_fwd(bo, big, sizeof big / sizeof *big);
+    for (size_t i = 0; i < sizeof big / sizeof *big; i++)
+        cr_assert(fabs(bo[i] - silu_ref(big[i])) <= 1e-6 * fmax(1.0, fabs(big[i])), "silu(%g) = %g", big[i], bo[i]);
+    /* in place, as a layer may run it */
+    float *xc = malloc(n * sizeof *xc);
+    memcpy(xc, x, n * sizeof *xc);
+    cdp_cpu_silu_fwd(xc, xc, n);
+    cr_assert(memcmp(xc, out, n * sizeof *xc) == 0, "silu in place differs");
+    free(x), free(out), free(xc);
+}
+
 Test(ops, relu_gelu_residual_fwd)
 {
     rng_seed(2);

@@ -14,7 +14,7 @@
 #include "comm/comm.h"
 #include "model/safetensors.h"
 
-enum { MODEL_MLP = 0, MODEL_GPT = 1 };
+enum { MODEL_MLP = 0, MODEL_GPT = 1, MODEL_SILU = 2 };
 
 struct layout {
     int model, p, R, m, v;
@@ -37,6 +37,9 @@ static void write_plan(const char *dir, const char *name, const struct layout *l
              p, R, m, one_rank ? "1f1b" : l->schedule, !one_rank && l->v > 1 ? ", \"chunks\": 2" : "", bal);
     const char *model = l->model == MODEL_GPT
         ? "\"model\": {\"preset\": \"gpt\", \"vocab\": 32, \"context\": 8, \"layers\": 6, \"heads\": 2, \"embed\": 16}"
+        : l->model == MODEL_SILU
+        ? "\"model\": {\"input\": [12], \"layers\": [{\"type\": \"linear\", \"out\": 32}, {\"type\": \"silu\"}, "
+          "{\"type\": \"linear\", \"out\": 24}, {\"type\": \"silu\"}, {\"type\": \"linear\", \"out\": 5}]}"
         : "\"model\": {\"preset\": \"mlp\", \"input\": [12], \"hidden\": [32, 24, 16], \"classes\": 5}";
     /* AdamW's eps is 1e-6, not 1e-8: the key bias of attention has an exactly
      * zero gradient (softmax ignores a constant added to every key), so its
@@ -129,6 +132,9 @@ ParameterizedTestParameters(pipeline, layouts_equal_one_rank)
         grid[n++] = (struct layout){model, 2, 2, 4, 2, "interleaved", "[6, 2]", 0};
         grid[n++] = (struct layout){model, 2, 3, 3, 1, "1f1b", "[5, 3, 1]", 0};
     }
+    /* a layer list with silu */
+    grid[n++] = (struct layout){MODEL_SILU, 2, 1, 4, 1, "1f1b", "", 0};
+    grid[n++] = (struct layout){MODEL_SILU, 2, 2, 4, 1, "gpipe", "", 0};
     return cr_make_param_array(struct layout, grid, (size_t)n);
 }
 
@@ -156,9 +162,9 @@ ParameterizedTest(struct layout *l, pipeline, layouts_equal_one_rank, .timeout =
     snprintf(path_a, sizeof path_a, "%s/one.safetensors", dir);
     snprintf(path_b, sizeof path_b, "%s/pipe.safetensors", dir);
     double e = compare_weights(path_a, path_b);
-    cr_assert_leq(e, 1e-5, "%s %s p=%d R=%d m=%d: weights differ by %.3g", l->model ? "gpt" : "mlp",
+    cr_assert_leq(e, 1e-5, "%s %s p=%d R=%d m=%d: weights differ by %.3g", l->model == MODEL_GPT ? "gpt" : l->model == MODEL_SILU ? "silu" : "mlp",
                   l->schedule, l->p, l->R, l->m, e);
-    cr_log_info("%s %s p=%d R=%d m=%d %s: worst weight error %.3g", l->model ? "gpt" : "mlp", l->schedule, l->p,
+    cr_log_info("%s %s p=%d R=%d m=%d %s: worst weight error %.3g", l->model == MODEL_GPT ? "gpt" : l->model == MODEL_SILU ? "silu" : "mlp", l->schedule, l->p,
                 l->R, l->m, l->balance, e);
 }
 

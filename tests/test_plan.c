@@ -271,6 +271,19 @@ Test(plan, explicit_layer_defaults)
     cdp_plan_free(p);
 }
 
+Test(plan, silu_layer_loads_and_takes_no_settings)
+{
+    struct cdp_plan *p = load_ok("{\"model\": {\"input\": [6], \"layers\": [{\"type\": \"linear\", \"out\": 8}, "
+                                 "{\"type\": \"silu\"}, {\"type\": \"linear\", \"out\": 3}]}}");
+    cr_assert_eq(p->model.layer_list[1].type, CDP_LAYER_SILU);
+    cr_assert_str_eq(cdp_layer_type_name(CDP_LAYER_SILU), "silu");
+    cr_assert_eq(cdp_plan_param_count(p), 6 * 8 + 8 + 8 * 3 + 3, "silu has no parameters");
+    cdp_plan_free(p);
+    load_fails("{\"model\": {\"input\": [6], \"layers\": [{\"type\": \"silu\", \"beta\": 2}]}}",
+               "/model/layers/0/beta: unknown key for a silu layer (it takes no settings)");
+    load_fails("{\"model\": {\"input\": [6], \"layers\": [{\"type\": \"slu\"}]}}", "did you mean \"silu\"");
+}
+
 /* ---- batch arithmetic ------------------------------------------------------------ */
 
 struct batch_case {

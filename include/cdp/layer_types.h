@@ -18,6 +18,7 @@
     X(CONV2D, conv2d)                                                                                        \
     X(MAXPOOL2D, maxpool2d)                                                                                  \
     X(FLATTEN, flatten)                                                                                      \
-    X(LM_HEAD, lm_head)                     /* GPT: final layernorm + vocabulary projection; GPT presets only */
+    X(LM_HEAD, lm_head)                     /* GPT: final layernorm + vocabulary projection; GPT presets only */ \
+    X(SILU, silu)
 
 #endif

@@ -54,6 +54,27 @@ void cdp_cpu_gelu_bwd(float *restrict din, const float *restrict dout, const flo
     }
 }
 
+CDP_CLONES
+void cdp_cpu_silu_fwd(float *out, const float *in, size_t n)
+{
+    CDP_SIMD
+    for (size_t i = 0; i < n; i++) {
+        float x = in[i];
+        out[i] = x / (1.0f + cdp_vexpf(-x));
+    }
+}
+
+CDP_CLONES
+void cdp_cpu_silu_bwd(float *restrict din, const float *restrict dout, const float *restrict in, size_t n)
+{
+    CDP_SIMD
+    for (size_t i = 0; i < n; i++) {
+        float x = in[i];
+        float s = 1.0f / (1.0f + cdp_vexpf(-x));
+        din[i] += s * (1.0f + x * (1.0f - s)) * dout[i];
+    }
+}
+
 void cdp_cpu_residual_fwd(float *out, const float *a, const float *b, size_t n)
 {
     CDP_SIMD

@@ -40,6 +40,9 @@ void cdp_cpu_relu_bwd(float *din, const float *dout, const float *in, size_t n);
 /* GELU, tanh approximation (as GPT-2): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). */
 void cdp_cpu_gelu_fwd(float *out, const float *in, size_t n);
 void cdp_cpu_gelu_bwd(float *din, const float *dout, const float *in, size_t n);
+/* SiLU: out = x * sigmoid(x); din += dout * s * (1 + x (1 - s)), s = sigmoid(x). */
+void cdp_cpu_silu_fwd(float *out, const float *in, size_t n);
+void cdp_cpu_silu_bwd(float *din, const float *dout, const float *in, size_t n);
 
 /* Layer normalisation over the last dimension C of in[N,C]; saves mean[N] and
  * rstd[N] (1 / sqrt(biased variance + eps)) for backward. In backward, din,

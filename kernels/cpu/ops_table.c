@@ -87,6 +87,20 @@ static cdp_status cpu_gelu_fwd(void *ks, float *out, const float *in, size_t n)
     return CDP_OK;
 }
 
+static cdp_status cpu_silu_fwd(void *ks, float *out, const float *in, size_t n)
+{
+    (void)ks;
+    cdp_cpu_silu_fwd(out, in, n);
+    return CDP_OK;
+}
+
+static cdp_status cpu_silu_bwd(void *ks, float *din, const float *dout, const float *in, size_t n)
+{
+    (void)ks;
+    cdp_cpu_silu_bwd(din, dout, in, n);
+    return CDP_OK;
+}
+
 static cdp_status cpu_gelu_bwd(void *ks, float *din, const float *dout, const float *in, size_t n)
 {
     (void)ks;
@@ -243,5 +257,12 @@ const struct cdp_ops cdp_cpu_ops = {
 #define CPU_ENTRY_(op) .op = cpu_##op,
     CDP_KERNEL_OPS(CPU_ENTRY_)
 #undef CPU_ENTRY_
-    /* the optional entries: none */
+    /* the optional entries, each one said */
+#define CPU_OPTIONAL_attention_state_floats NULL /* att holds B*NH*T*T probabilities */
+#define CPU_OPTIONAL_linear_gelu_bwd NULL        /* linear_bwd then gelu_bwd */
+#define CPU_OPTIONAL_silu_fwd cpu_silu_fwd
+#define CPU_OPTIONAL_silu_bwd cpu_silu_bwd
+#define CPU_OPTIONAL_(op) .op = CPU_OPTIONAL_##op,
+    CDP_KERNEL_OPS_OPTIONAL(CPU_OPTIONAL_)
+#undef CPU_OPTIONAL_
 };
