@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "pipeline/schedule.h"
+
 cdp_status cdp_partition_balanced(const double *cost, int n, int k, int64_t (*ranges)[2])
 {
     if (k < 1 || k > n)
@@ -64,10 +66,15 @@ cdp_status cdp_partition_balanced(const double *cost, int n, int k, int64_t (*ra
 cdp_status cdp_partition_in_flight(enum cdp_schedule_kind kind, int p, int m, int *in_flight)
 {
     if (p < 1 || m < 1) return cdp_fail(CDP_ERR_INVALID, "in-flight counts need p >= 1 and m >= 1 (got %d, %d)", p, m);
-    if (kind != CDP_SCHEDULE_GPIPE && kind != CDP_SCHEDULE_1F1B)
+    if (cdp_schedule_has_chunks(kind))
         return cdp_fail(CDP_ERR_UNSUPPORTED, "memory-aware partition: schedule %s has no contiguous stages",
                         cdp_schedule_name(kind));
-    for (int s = 0; s < p; s++) in_flight[s] = kind == CDP_SCHEDULE_GPIPE ? m : (p - s < m ? p - s : m);
+    /* what the schedule's own lists keep: its generator is the one home of the rule */
+    struct cdp_schedule *sc = NULL;
+    cdp_status st = cdp_schedule_build(kind, p, 1, m, 0, &sc);
+    if (st) return st;
+    for (int s = 0; s < p; s++) in_flight[s] = cdp_schedule_peak_in_flight(sc, s);
+    cdp_schedule_free(sc);
     return CDP_OK;
 }
 

@@ -65,7 +65,8 @@ struct cdp_partition_stage {
 };
 
 /* Activations in flight per stage for a schedule of p stages and m
- * micro-batches: GPipe m on every stage, 1F1B min(p - s, m). Interleaved:
+ * micro-batches, as its lists keep them (cdp_schedule_peak_in_flight): GPipe m
+ * on every stage, 1F1B min(p - s, m). Interleaved:
  * CDP_ERR_UNSUPPORTED (chunks are not contiguous ranges). */
 cdp_status cdp_partition_in_flight(enum cdp_schedule_kind kind, int p, int m, int *in_flight);
 

@@ -990,7 +990,7 @@ static cdp_status ctx_init(struct ctx *c, const struct cdp_plan *plan, const str
     c->t = t;
     c->nd = t->n_gpus;
     c->kind = plan->parallel.schedule;
-    c->v = plan->parallel.schedule == CDP_SCHEDULE_INTERLEAVED ? (int)plan->parallel.chunks : 1;
+    c->v = cdp_schedule_has_chunks(plan->parallel.schedule) ? (int)plan->parallel.chunks : 1;
     c->hv = plan->cluster.backend != CDP_BACKEND_CUDA;
     cdp_status st = cdp_units_build(&plan->model, &c->u, &c->n);
     if (st) return st;
@@ -1081,7 +1081,7 @@ static int all_fixed(const struct cdp_plan *plan)
 {
     const struct cdp_parallel_desc *pd = &plan->parallel;
     return pd->stages != CDP_AUTO && pd->replicas != CDP_AUTO && pd->micro_batches != CDP_AUTO && !pd->schedule_auto &&
-           pd->partition && pd->n_partition == pd->stages * (pd->schedule == CDP_SCHEDULE_INTERLEAVED ? pd->chunks : 1) &&
+           pd->partition && pd->n_partition == pd->stages * (cdp_schedule_has_chunks(pd->schedule) ? pd->chunks : 1) &&
            pd->placement != CDP_PLACEMENT_TOPOLOGY;
 }
 

@@ -332,7 +332,7 @@ cdp_status cdp_schedule_build_ex(enum cdp_schedule_kind kind, int p, int v, int 
     if ((int64_t)p * v * m > MAX_CELLS)
         return cdp_fail(CDP_ERR_INVALID, "schedule %s: %d stages x %d chunks x %d micro-batches is more "
                         "than %d", name, p, v, m, MAX_CELLS);
-    if (kind != CDP_SCHEDULE_INTERLEAVED && v != 1)
+    if (!cdp_schedule_has_chunks(kind) && v != 1)
         return cdp_fail(CDP_ERR_INVALID, "schedule %s: needs 1 chunk per rank, got %d (only interleaved "
                         "takes several)", name, v);
     if (kind == CDP_SCHEDULE_INTERLEAVED) {

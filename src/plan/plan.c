@@ -52,6 +52,8 @@ const char *cdp_schedule_name(enum cdp_schedule_kind s)
     return (unsigned)s < CDP_SCHEDULE_COUNT ? cdp_plan_schedule_names[s] : "?";
 }
 
+int cdp_schedule_has_chunks(enum cdp_schedule_kind s) { return s == CDP_SCHEDULE_INTERLEAVED; }
+
 const char *cdp_layer_type_name(enum cdp_layer_type t) { return cdp_layer_name(t); }
 
 /* ---- presets ----------------------------------------------------------------- */
@@ -699,7 +701,7 @@ static cdp_status check_shares(struct ld *c)
                              (long long)sum, (long long)pd->replicas, (long long)pd->micro_batches,
                              (long long)(pd->replicas * pd->micro_batches));
     }
-    if (pd->schedule == CDP_SCHEDULE_INTERLEAVED && pd->stages != CDP_AUTO) {
+    if (cdp_schedule_has_chunks(pd->schedule) && pd->stages != CDP_AUTO) {
         for (int i = 0; i < pd->n_shares; i++)
             if (pd->shares[i] % pd->stages) {
                 char kp[CDP_JSON_PTR_CAP];
@@ -730,7 +732,7 @@ static cdp_status load_partition(struct ld *c, const json_t *v)
     if (!json_is_array(v) || json_array_size(v) == 0 || json_array_size(v) > MAX_LAYERS + 2)
         return cdp_json_expected(&c->in, P, "\"auto\" or an array of [first, end) unit ranges, one per stage", v);
     size_t n = json_array_size(v), i;
-    int64_t per_rank = pd->schedule == CDP_SCHEDULE_INTERLEAVED ? pd->chunks : 1;
+    int64_t per_rank = cdp_schedule_has_chunks(pd->schedule) ? pd->chunks : 1;
     if (pd->stages != CDP_AUTO) {
         int64_t want = pd->stages * per_rank;
         if ((int64_t)n != want) {
@@ -910,7 +912,7 @@ static cdp_status load_parallel(struct ld *c, const json_t *v)
             return st;
     }
     pd->schedule = (enum cdp_schedule_kind)sch;
-    int inter = pd->schedule == CDP_SCHEDULE_INTERLEAVED;
+    int inter = cdp_schedule_has_chunks(pd->schedule);
     pd->chunks = inter ? 2 : 1;
     if (v && (st = cdp_json_get_int(&c->in, v, P, "chunks", 1, MAX_COUNT, 0, &pd->chunks))) return st;
     if (pd->chunks > 1 && !inter)

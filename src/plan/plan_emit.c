@@ -400,7 +400,7 @@ cdp_status cdp_plan_print(const struct cdp_plan *p, FILE *f)
     }
     fprintf(f, ROW "%s", "schedule", pd->schedule_auto ? "auto (gpipe or 1f1b, chosen by the planner)"
                                                        : cdp_schedule_name(pd->schedule));
-    if (pd->schedule == CDP_SCHEDULE_INTERLEAVED) fprintf(f, ", %lld chunks per rank", (long long)pd->chunks);
+    if (cdp_schedule_has_chunks(pd->schedule)) fprintf(f, ", %lld chunks per rank", (long long)pd->chunks);
     fputc('\n', f);
     if (pd->partition) {
         fprintf(f, ROW, "partition");
