@@ -20,124 +20,6 @@
 #include "pipeline/balance.h"
 #include "pipeline/schedule.h"
 
-/* ---- the plan's topology ------------------------------------------------------- */
-
-/* Ranks a cpu plan needs at least, per node: its fixed stages x replicas. */
-static int fixed_ranks(const struct cdp_plan *plan)
-{
-    const struct cdp_parallel_desc *pd = &plan->parallel;
-    if (pd->stages == CDP_AUTO || pd->replicas == CDP_AUTO) return 0;
-    const int64_t n = pd->stages * pd->replicas;
-    return n > (1 << 20) ? 1 << 20 : (int)n;
-}
-
-/* This host as a CPU topology of `per_node` devices on each of plan's nodes. */
-static cdp_status host_topology(const struct cdp_plan *plan, struct cdp_topology **t, char *note, size_t cap)
-{
-    const struct cdp_cluster_desc *cd = &plan->cluster;
-    int *cpus = NULL, n = 0, cores = 1;
-    cdp_status st = cdp_host_cpus(&cpus, NULL, &n, &cores);
-    if (st) return st;
-    free(cpus);
-    const int64_t nodes = cd->nodes < 1 ? 1 : cd->nodes;
-    int64_t per = cd->devices != CDP_AUTO ? cd->devices : cores;
-    const int64_t need = (fixed_ranks(plan) + nodes - 1) / nodes;
-    if (cd->devices == CDP_AUTO && need > per) per = need;
-    if (per > 1 << 16 || nodes > 1 << 16 || per * nodes > 1 << 20)
-        return cdp_fail(CDP_ERR_INVALID, "%s: /cluster: %lld nodes x %lld CPU devices is more than this planner plans",
-                        plan->source, (long long)nodes, (long long)per);
-    struct cdp_discover_options o = {.cpu_devices = (int)per, .cpu_only = 1};
-    struct cdp_topology *one = NULL;
-    if ((st = cdp_topology_discover(&o, &one))) return st;
-    /* CPU devices share the host's memory: the host check counts it per node */
-    for (int i = 0; i < one->n_gpus; i++) one->gpus[i].memory_bytes = 0;
-    if (nodes == 1) {
-        *t = one;
-        snprintf(note, cap, "auto: this host, %lld CPU device%s (%d core%s)", (long long)per, per == 1 ? "" : "s",
-                 cores, cores == 1 ? "" : "s");
-        return CDP_OK;
-    }
-    const struct cdp_topo_network net = {.name = "Ethernet 100Gb/s (assumed)", .nics_per_node = 1,
-                                         .nic_rate = 12.5e9, .latency = 10e-6};
-    st = cdp_topology_cluster(one, (int)nodes, &net, t);
-    cdp_topology_free(one);
-    if (!st)
-        snprintf(note, cap, "auto: %lld nodes like this host, %lld CPU devices each, joined by an assumed 100Gb/s "
-                 "network", (long long)nodes, (long long)per);
-    return st;
-}
-
-/* Ranks sharing GPUs (/cluster/ranks_per_device k): GPUs x k devices, device d on GPU d / k. */
-static cdp_status shared_topology(const struct cdp_topology *real, int k, struct cdp_topology **t)
-{
-    const struct cdp_topo_gpu *g = &real->gpus[0];
-    /* a rank's share of its GPU: 1/k of its memory; copies between ranks go through the host */
-    cdp_status st = cdp_topology_generic_gpus(real->n_gpus * k, g->name, g->memory_bytes / (uint64_t)k,
-                                              g->pcie_bw / 2, t);
-    if (st) return st;
-    for (int i = 0; i < (*t)->n_gpus; i++) {
-        struct cdp_topo_gpu *d = &(*t)->gpus[i];
-        const struct cdp_topo_gpu *r = &real->gpus[i / k];
-        d->peak_fp32 = r->peak_fp32 / k;
-        d->peak_tf32 = r->peak_tf32 / k;
-        d->peak_bf16 = r->peak_bf16 / k;
-        memcpy(d->cpuset, r->cpuset, sizeof d->cpuset);
-        d->numa = r->numa;
-    }
-    snprintf((*t)->name, sizeof (*t)->name, "%.40s, %d ranks per GPU", real->name, k);
-    return CDP_OK;
-}
-
-cdp_status cdp_planner_topology(const struct cdp_plan *plan, int live_gpus, struct cdp_topology **t, char *note,
-                                size_t cap)
-{
-    const struct cdp_cluster_desc *cd = &plan->cluster;
-    const int k = cd->backend == CDP_BACKEND_CUDA && cd->ranks_per_device > 1 ? (int)cd->ranks_per_device : 1;
-    struct cdp_topology *real = NULL;
-    cdp_status st;
-    note[0] = '\0';
-    if (strcmp(cd->topology, "auto") != 0) {
-        if ((st = cdp_topology_load(cd->topology, NULL, &real))) return st;
-    } else if (cd->backend != CDP_BACKEND_CUDA) {
-        return host_topology(plan, t, note, cap);
-    } else {
-        const int want = cd->devices != CDP_AUTO ? (int)(cd->devices < 65536 ? cd->devices : 65536) : live_gpus;
-        struct cdp_discover_options o = {0};
-        if (!cdp_topology_discover(&o, &real)) {
-            if (real->kind == CDP_TOPO_GPU && real->n_gpus >= (want ? want : 1) && cd->nodes == 1) {
-                snprintf(note, cap, "auto: this machine");
-            } else {
-                cdp_topology_free(real);
-                real = NULL;
-            }
-        }
-        if (!real && want > 0 && want <= live_gpus && cd->nodes == 1 &&
-            !(st = cdp_topology_generic_gpus(want, NULL, 0, 0, &real))) {
-            snprintf(note, cap, "auto: this machine's %d GPU%s, known only by their count (live discovery did not "
-                     "see them: no NVML)", want, want == 1 ? "" : "s");
-        }
-        if (!real) {
-            char spec[64];
-            if (cd->nodes > 1) snprintf(spec, sizeof spec, "%lld x dgx-a100", (long long)cd->nodes);
-            else snprintf(spec, sizeof spec, "dgx-a100");
-            snprintf(note, cap, "auto: this machine has too few GPUs; planning for the %s preset (set "
-                     "/cluster/topology to choose)", spec);
-            if ((st = cdp_topology_load(spec, NULL, &real))) return st;
-        }
-    }
-    if (k == 1) {
-        *t = real;
-        return CDP_OK;
-    }
-    st = shared_topology(real, k, t);
-    cdp_topology_free(real);
-    if (!st) {
-        size_t o = strlen(note);
-        snprintf(note + o, cap - o, "%s%d ranks share each GPU (/cluster/ranks_per_device)", o ? "; " : "", k);
-    }
-    return st;
-}
-
 /* ---- costs and links --------------------------------------------------------------- */
 
 static void vstages_of(const struct cdp_unit_cost *cost, int nv, const int64_t (*ranges)[2], struct cdp_sim_vstage *vs)
@@ -1085,41 +967,115 @@ static int all_fixed(const struct cdp_plan *plan)
            pd->placement != CDP_PLACEMENT_TOPOLOGY;
 }
 
-cdp_status cdp_planner_run(const struct cdp_plan *plan, const struct cdp_topology *t,
-                           const struct cdp_cost_table *costs, int flags, struct cdp_planner_result *out)
-{
-    const uint64_t t0 = cdp_time_ns();
-    const struct cdp_parallel_desc *pd = &plan->parallel;
-    struct ctx c;
-    struct cand *cand = NULL, *tried = NULL;
-    int n_cand = 0, cap_cand = 0, n_tried = 0;
-    struct cdp_planner_result res = {0};
-    struct cdp_sim_result *sr = NULL;
-    struct cdp_layout *cl = NULL;
-    int *dev = NULL, *best_dev = NULL;
-    char why[1024] = "";
-    int device_short = 0; /* a shape did not fit for device memory (not host memory) */
-    cdp_status st;
-    const int layout_only = (flags & CDP_PLANNER_LAYOUT_ONLY) && all_fixed(plan);
+/* What the search over shapes keeps: the candidates that fit (cand) and every
+ * shape tried (tried, for the smallest-capacity message), and why the last
+ * shape that did not fit did not. */
+struct search {
+    struct cand *cand, *tried;
+    int n_cand, n_tried, cap;
+    char why[1024];
+    int device_short; /* a shape did not fit for device memory (not host memory) */
+    int largest_tried;
+    int layout_only;  /* every choice is the plan's: no simulation */
+    int *dev;         /* scratch placement, nd entries */
+    struct cdp_layout *cl;
+    struct cdp_sim_result *sr;
+};
 
-    if ((st = ctx_init(&c, plan, t, costs))) goto fail;
-    dev = malloc((size_t)c.nd * sizeof *dev);
-    best_dev = malloc((size_t)c.nd * sizeof *best_dev);
-    if (!dev || !best_dev) {
-        st = cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
-        goto fail;
+static void search_free(struct search *s)
+{
+    for (int i = 0; i < s->n_cand; i++) free(s->cand[i].ranges);
+    free(s->cand);
+    free(s->tried);
+    free(s->dev);
+    cdp_layout_free(s->cl);
+    cdp_sim_result_free(s->sr);
+}
+
+/* One shape (p stages, R replicas, m micro-batches, c->kind): split it, check
+ * the memory every rank allocates under the fixed placement, and simulate it.
+ * It becomes a candidate when it fits; otherwise s->why says why not. */
+static cdp_status try_shape(struct ctx *c, struct search *s, int p, int R, int m)
+{
+    const struct cdp_plan *plan = c->plan;
+    cdp_status st;
+    /* every shape tried is a candidate until it does not fit: both lists grow alike */
+    if (s->n_tried == s->cap) {
+        s->cap = s->cap ? 2 * s->cap : 64;
+        struct cand *nc = realloc(s->cand, (size_t)s->cap * sizeof *s->cand);
+        if (nc) s->cand = nc;
+        struct cand *nt = nc ? realloc(s->tried, (size_t)s->cap * sizeof *s->tried) : NULL;
+        if (nt) s->tried = nt;
+        if (!nc || !nt) return cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
     }
-    int W = c.nd;
-    if (plan->cluster.devices != CDP_AUTO && plan->cluster.nodes * plan->cluster.devices < W)
-        W = (int)(plan->cluster.nodes * plan->cluster.devices);
+    s->tried[s->n_tried++] = (struct cand){.p = p, .R = R, .m = m, .kind = c->kind};
+    struct cand *k = &s->cand[s->n_cand];
+    *k = (struct cand){.p = p, .R = R, .m = m, .kind = c->kind};
+    k->ranges = calloc((size_t)p * c->v, sizeof *k->ranges);
+    if (!k->ranges) return cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
+    if ((st = split(c, p, R, m, CDP_PARTITION_TIME, k->ranges))) {
+        free(k->ranges);
+        if (st != CDP_ERR_INVALID) return st;
+        snprintf(s->why, sizeof s->why, "%d stage%s x %d micro-batches: %s", p, p == 1 ? "" : "s", m,
+                 cdp_last_error());
+        s->device_short = 1;
+        return CDP_OK;
+    }
+    /* the memory every rank allocates, under the fixed placement */
+    fixed_placement(plan, p, R, s->dev);
+    cdp_layout_free(s->cl);
+    s->cl = NULL;
+    double peak = 0;
+    char misfit_why[512];
+    if ((st = candidate_layout(c, p, R, m, (const int64_t(*)[2])k->ranges, s->dev, &s->cl)) ||
+        (st = layout_memory(c, s->cl))) {
+        free(k->ranges);
+        if (st != CDP_ERR_INVALID) return st;
+        snprintf(s->why, sizeof s->why, "%s", cdp_last_error());
+        return CDP_OK;
+    }
+    const int bad = misfit(c, s->cl, &peak, misfit_why, sizeof misfit_why);
+    s->device_short |= bad == 1;
+    if (bad) {
+        snprintf(s->why, sizeof s->why, "%d stage%s x %d replica%s, %d micro-batches: %s", p, p == 1 ? "" : "s", R,
+                 R == 1 ? "" : "s", m, misfit_why);
+        free(k->ranges);
+        return CDP_OK;
+    }
+    k->peak = peak;
+    if (s->layout_only) { /* nothing to compare: no simulation */
+        s->n_cand++;
+        return CDP_OK;
+    }
+    double step = 0;
+    if (!(st = prepare(c, p, R, m, (const int64_t(*)[2])k->ranges))) {
+        if (c->cheap) st = cheap_step(c, s->dev, 0, &step);
+        else if (!(st = sim(c, s->dev, NULL, &s->sr))) step = s->sr->step_s;
+    }
+    if (st) {
+        free(k->ranges);
+        return st;
+    }
+    k->step_s = step;
+    k->sps = s->sr ? s->sr->samples_per_s : (double)R * m * (double)plan->train.micro_batch / step;
+    s->n_cand++;
+    cdp_sim_result_free(s->sr);
+    s->sr = NULL;
+    return CDP_OK;
+}
+
+/* 1. Every shape the plan allows on W devices: stages from the plan or 1..the
+ * most, replicas that divide the global batch, micro-batch counts (powers of
+ * two from p when the plan gives none), schedules ("auto": 1F1B and GPipe). */
+static cdp_status try_shapes(struct ctx *c, struct search *s, int W, struct cdp_planner_result *res)
+{
+    const struct cdp_plan *plan = c->plan;
+    const struct cdp_parallel_desc *pd = &plan->parallel;
     const int64_t b = plan->train.micro_batch, G = plan->train.global_batch;
     const int64_t S = G != CDP_AUTO ? G / b : 0; /* samples-per-step in micro-batches, when fixed */
-    const int pmin = c.v > 1 ? 2 : 1, pmax = (int)(c.n / c.v < W ? c.n / c.v : W);
+    const int pmin = c->v > 1 ? 2 : 1, pmax = (int)(c->n / c->v < W ? c->n / c->v : W);
     int p_lo = pmin, p_hi = pmax;
     if (pd->stages != CDP_AUTO) p_lo = p_hi = (int)pd->stages;
-    int largest_tried = 0;
-
-    /* 1. every shape: split and check memory, then simulate under the fixed (or pp-inner) placement */
     for (int p = p_lo; p <= p_hi; p++) {
         int R;
         if (pd->replicas != CDP_AUTO) {
@@ -1130,12 +1086,12 @@ cdp_status cdp_planner_run(const struct cdp_plan *plan, const struct cdp_topolog
                 while (R > 0 && (S % R || (pd->micro_batches != CDP_AUTO && S % ((int64_t)R * pd->micro_batches))))
                     R--;
         }
-        if (R < 1 || (int64_t)p * R > c.nd) continue;
+        if (R < 1 || (int64_t)p * R > c->nd) continue;
         int64_t ms[CDP_PLANNER_MB_CHOICES];
         int n_m = 0;
         if (pd->micro_batches != CDP_AUTO) ms[n_m++] = pd->micro_batches;
         else if (S) ms[n_m++] = S / R;
-        else if (p == 1 && c.v == 1) ms[n_m++] = 1; /* no pipeline to fill: no accumulation made up */
+        else if (p == 1 && c->v == 1) ms[n_m++] = 1; /* no pipeline to fill: no accumulation made up */
         else
             for (int64_t q = pow2_at_least(p); n_m < CDP_PLANNER_MB_CHOICES; q *= 2) ms[n_m++] = q;
         /* "auto" schedule: 1F1B and GPipe (interleaved needs chunks, which the plan gives) */
@@ -1143,205 +1099,170 @@ cdp_status cdp_planner_run(const struct cdp_plan *plan, const struct cdp_topolog
         const int n_kinds = pd->schedule_auto ? 2 : 1;
         for (int ik = 0; ik < n_m * n_kinds; ik++) {
             const int i = ik / n_kinds;
-            c.kind = pd->schedule_auto ? kinds[ik % n_kinds] : pd->schedule;
+            c->kind = pd->schedule_auto ? kinds[ik % n_kinds] : pd->schedule;
             const int m = (int)ms[i];
-            if (m < 1 || (c.v > 1 && (m % p || !shares_fit(pd, p)))) continue;
-            res.shapes++;
-            largest_tried = p;
-            /* every shape tried is a candidate until it does not fit: both lists grow alike */
-            if (n_tried == cap_cand) {
-                cap_cand = cap_cand ? 2 * cap_cand : 64;
-                struct cand *nc = realloc(cand, (size_t)cap_cand * sizeof *cand);
-                if (nc) cand = nc;
-                struct cand *nt = nc ? realloc(tried, (size_t)cap_cand * sizeof *tried) : NULL;
-                if (nt) tried = nt;
-                if (!nc || !nt) {
-                    st = cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
-                    goto fail;
-                }
-            }
-            tried[n_tried++] = (struct cand){.p = p, .R = R, .m = m, .kind = c.kind};
-            struct cand *k = &cand[n_cand];
-            *k = (struct cand){.p = p, .R = R, .m = m, .kind = c.kind};
-            k->ranges = calloc((size_t)p * c.v, sizeof *k->ranges);
-            if (!k->ranges) {
-                st = cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
-                goto fail;
-            }
-            if ((st = split(&c, p, R, m, CDP_PARTITION_TIME, k->ranges))) {
-                free(k->ranges);
-                if (st != CDP_ERR_INVALID) goto fail;
-                snprintf(why, sizeof why, "%d stage%s x %d micro-batches: %s", p, p == 1 ? "" : "s", m,
-                         cdp_last_error());
-                device_short = 1;
-                st = CDP_OK;
-                continue;
-            }
-            /* the memory every rank allocates, under the fixed placement */
-            fixed_placement(plan, p, R, dev);
-            cdp_layout_free(cl);
-            cl = NULL;
-            double peak = 0;
-            char misfit_why[512];
-            int bad = 0;
-            if ((st = candidate_layout(&c, p, R, m, (const int64_t(*)[2])k->ranges, dev, &cl)) ||
-                (st = layout_memory(&c, cl))) {
-                free(k->ranges);
-                if (st != CDP_ERR_INVALID) goto fail;
-                snprintf(why, sizeof why, "%s", cdp_last_error());
-                st = CDP_OK;
-                continue;
-            }
-            bad = misfit(&c, cl, &peak, misfit_why, sizeof misfit_why);
-            device_short |= bad == 1;
-            if (bad) {
-                snprintf(why, sizeof why, "%d stage%s x %d replica%s, %d micro-batches: %s", p, p == 1 ? "" : "s", R,
-                         R == 1 ? "" : "s", m, misfit_why);
-                free(k->ranges);
-                continue;
-            }
-            k->peak = peak;
-            if (layout_only) { /* nothing to compare: no simulation */
-                n_cand++;
-                continue;
-            }
-            if ((st = prepare(&c, p, R, m, (const int64_t(*)[2])k->ranges))) {
-                free(k->ranges);
-                goto fail;
-            }
-            double step = 0;
-            if (c.cheap) {
-                st = cheap_step(&c, dev, 0, &step);
-            } else if (!(st = sim(&c, dev, NULL, &sr))) {
-                step = sr->step_s;
-            }
-            if (st) {
-                free(k->ranges);
-                goto fail;
-            }
-            k->step_s = step;
-            k->sps = sr ? sr->samples_per_s : (double)R * m * (double)b / step;
-            n_cand++;
-            cdp_sim_result_free(sr);
-            sr = NULL;
+            if (m < 1 || (c->v > 1 && (m % p || !shares_fit(pd, p)))) continue;
+            res->shapes++;
+            s->largest_tried = p;
+            cdp_status st = try_shape(c, s, p, R, m);
+            if (st) return st;
         }
     }
-    res.feasible = n_cand;
-    if (n_cand == 0) {
-        char smallest[256] = "";
-        if (n_tried && device_short) smallest_cap(&c, tried, n_tried, smallest, sizeof smallest);
-        if (!why[0])
-            snprintf(why, sizeof why, "no (stages, replicas, micro_batches) fits %d devices and /train/global_batch",
-                     W);
-        if (pd->stages != CDP_AUTO || res.shapes == 0)
-            st = cdp_fail(CDP_ERR_INVALID, "%s: planner: %s%s", plan->source, why, smallest);
-        else
-            st = cdp_fail(CDP_ERR_INVALID, "%s: planner: no shape up to %d stages on %d devices fits; at %d "
-                          "stages: %s%s", plan->source, largest_tried, W, largest_tried, why, smallest);
-        goto fail;
-    }
-    /* best first; equal throughput: fewer stages, fewer micro-batches */
-    for (int i = 1; i < n_cand; i++)
-        for (int j = i; j > 0 && cand_better(&cand[j], &cand[j - 1]); j--) {
-            struct cand tmp = cand[j];
-            cand[j] = cand[j - 1];
-            cand[j - 1] = tmp;
-        }
+    res->feasible = s->n_cand;
+    return CDP_OK;
+}
 
-    /* 2. placement: searched for the best few shapes when the plan leaves it to the topology */
-    int best = 0;
-    double best_sps = cand[0].sps;
-    fixed_placement(plan, cand[0].p, cand[0].R, best_dev);
-    snprintf(res.placement_method, sizeof res.placement_method, "%s",
+/* Why no shape fits, with the smallest device memory that would do. */
+static cdp_status none_fits(struct ctx *c, struct search *s, int W, const struct cdp_planner_result *res)
+{
+    const struct cdp_plan *plan = c->plan;
+    char smallest[256] = "";
+    if (s->n_tried && s->device_short) smallest_cap(c, s->tried, s->n_tried, smallest, sizeof smallest);
+    if (!s->why[0])
+        snprintf(s->why, sizeof s->why, "no (stages, replicas, micro_batches) fits %d devices and /train/global_batch",
+                 W);
+    if (plan->parallel.stages != CDP_AUTO || res->shapes == 0)
+        return cdp_fail(CDP_ERR_INVALID, "%s: planner: %s%s", plan->source, s->why, smallest);
+    return cdp_fail(CDP_ERR_INVALID, "%s: planner: no shape up to %d stages on %d devices fits; at %d stages: %s%s",
+                    plan->source, s->largest_tried, W, s->largest_tried, s->why, smallest);
+}
+
+/* 2. Placement: searched for the best few shapes when the plan leaves it to
+ * the topology; *best is the candidate chosen and best_dev its placement. */
+static cdp_status place_best(struct ctx *c, struct search *s, struct cdp_planner_result *res, int *best,
+                             int *best_dev)
+{
+    const struct cdp_plan *plan = c->plan;
+    const struct cdp_parallel_desc *pd = &plan->parallel;
+    cdp_status st = CDP_OK;
+    double best_sps = s->cand[0].sps;
+    *best = 0;
+    fixed_placement(plan, s->cand[0].p, s->cand[0].R, best_dev);
+    snprintf(res->placement_method, sizeof res->placement_method, "%s",
              pd->placement == CDP_PLACEMENT_EXPLICIT           ? "explicit (from the plan)"
              : pd->placement == CDP_PLACEMENT_ORDERED_DP_INNER ? "ordered-dp-inner (from the plan)"
                                                                : "ordered-pp-inner (from the plan)");
-    if (pd->placement == CDP_PLACEMENT_TOPOLOGY) {
-        for (int i = 0; i < n_cand && i < CDP_PLANNER_PLACED_SHAPES; i++) {
-            struct cand *k = &cand[i];
-            c.kind = k->kind;
-            if ((st = prepare(&c, k->p, k->R, k->m, (const int64_t(*)[2])k->ranges))) break;
-            /* bounded work: about 1e6 simulated (rank x micro-batch) slots per shape, at least 8
-             * evaluations; the cheap model simulates one pipeline per distinct replica (counted as 8) */
-            int64_t per = c.cheap ? (int64_t)k->p * k->m * c.v * 8 + (int64_t)k->p * k->R
-                                  : (int64_t)k->p * k->R * k->m * c.v;
-            int64_t evals = 1000000 / (per > 0 ? per : 1);
-            if (evals > CDP_PLACEMENT_LOCAL_EVALS) evals = CDP_PLACEMENT_LOCAL_EVALS;
-            if (evals < 8) evals = 8;
-            struct cdp_placement_problem pb = {.topo = t, .p = k->p, .R = k->R, .cost = place_cost, .ctx = &c,
-                                               .max_local_evals = evals};
-            struct cdp_placement_info info;
-            if ((st = cdp_placement_search(&pb, dev, &info))) break;
-            res.placed_shapes++;
-            double step_s = info.cost;
-            if (c.cheap) { /* searched on the cheap model: the full simulation decides */
-                if ((st = sim(&c, dev, NULL, &sr))) break;
-                step_s = sr->step_s;
-                cdp_sim_result_free(sr);
-                sr = NULL;
-            }
-            const double sps = (double)k->R * k->m * (double)b / step_s;
-            if (i == 0 || sps > best_sps) {
-                best = i;
-                best_sps = sps;
-                memcpy(best_dev, dev, (size_t)k->p * k->R * sizeof *dev);
-                snprintf(res.placement_method, sizeof res.placement_method, "%s", info.method);
-            }
+    if (pd->placement != CDP_PLACEMENT_TOPOLOGY) return CDP_OK;
+    for (int i = 0; i < s->n_cand && i < CDP_PLANNER_PLACED_SHAPES; i++) {
+        struct cand *k = &s->cand[i];
+        c->kind = k->kind;
+        if ((st = prepare(c, k->p, k->R, k->m, (const int64_t(*)[2])k->ranges))) break;
+        /* bounded work: about 1e6 simulated (rank x micro-batch) slots per shape, at least 8
+         * evaluations; the cheap model simulates one pipeline per distinct replica (counted as 8) */
+        int64_t per = c->cheap ? (int64_t)k->p * k->m * c->v * 8 + (int64_t)k->p * k->R
+                               : (int64_t)k->p * k->R * k->m * c->v;
+        int64_t evals = 1000000 / (per > 0 ? per : 1);
+        if (evals > CDP_PLACEMENT_LOCAL_EVALS) evals = CDP_PLACEMENT_LOCAL_EVALS;
+        if (evals < 8) evals = 8;
+        struct cdp_placement_problem pb = {.topo = c->t, .p = k->p, .R = k->R, .cost = place_cost, .ctx = c,
+                                           .max_local_evals = evals};
+        struct cdp_placement_info info;
+        if ((st = cdp_placement_search(&pb, s->dev, &info))) break;
+        res->placed_shapes++;
+        double step_s = info.cost;
+        if (c->cheap) { /* searched on the cheap model: the full simulation decides */
+            if ((st = sim(c, s->dev, NULL, &s->sr))) break;
+            step_s = s->sr->step_s;
+            cdp_sim_result_free(s->sr);
+            s->sr = NULL;
         }
-        if (st) goto fail;
+        const double sps = (double)k->R * k->m * (double)plan->train.micro_batch / step_s;
+        if (i == 0 || sps > best_sps) {
+            *best = i;
+            best_sps = sps;
+            memcpy(best_dev, s->dev, (size_t)k->p * k->R * sizeof *s->dev);
+            snprintf(res->placement_method, sizeof res->placement_method, "%s", info.method);
+        }
     }
+    return st;
+}
 
-    /* 3. the chosen layout: balance, ranks, memory, fit; then its prediction and the baselines */
-    struct cand *k = &cand[best];
-    c.kind = k->kind;
-    res.world = W;
-    res.stage = calloc((size_t)k->p, sizeof *res.stage);
-    res.node = calloc((size_t)t->n_nodes, sizeof *res.node);
-    if (!res.stage || !res.node) {
+/* 3. The chosen layout: balance, ranks, memory, fit; then its prediction and
+ * the baselines. */
+static cdp_status finish(struct ctx *c, struct search *s, const struct cand *k, const int *best_dev,
+                         struct cdp_planner_result *res)
+{
+    const struct cdp_plan *plan = c->plan;
+    const struct cdp_topology *t = c->t;
+    cdp_status st;
+    c->kind = k->kind;
+    res->stage = calloc((size_t)k->p, sizeof *res->stage);
+    res->node = calloc((size_t)t->n_nodes, sizeof *res->node);
+    if (!res->stage || !res->node) return cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
+    /* times per stage for the balance, from the candidate's ranges */
+    struct cdp_layout *tmp = NULL;
+    if ((st = candidate_layout(c, k->p, k->R, k->m, (const int64_t(*)[2])k->ranges, best_dev, &tmp))) return st;
+    stage_predictions(c, tmp, res->stage);
+    cdp_layout_free(tmp);
+    if ((st = balance_result(c, best_dev, k->p, k->R, k->m, res->stage, &res->balance))) return st;
+    if ((st = build_layout(c, k, best_dev, res->balance.shares, &res->layout))) return st;
+    stage_predictions(c, res->layout, res->stage);
+    double peak;
+    char misfit_why[512];
+    if (misfit(c, res->layout, &peak, misfit_why, sizeof misfit_why))
+        return cdp_fail(CDP_ERR_INVALID, "%s: planner: %d stage%s x %d replica%s as placed: %s", plan->source, k->p,
+                        k->p == 1 ? "" : "s", k->R, k->R == 1 ? "" : "s", misfit_why);
+    for (int i = 0; i < res->layout->n_ranks; i++)
+        res->node[res->layout->rank[i].node].bytes += rank_host_bytes(c, &res->layout->rank[i]);
+    for (int n = 0; n < t->n_nodes; n++)
+        res->node[n].capacity_bytes =
+            node_capacity(plan, t, n, res->node[n].capacity_from, sizeof res->node[n].capacity_from);
+    if (s->layout_only) return CDP_OK;
+    if ((st = prepare(c, k->p, k->R, k->m, (const int64_t(*)[2])k->ranges))) return st;
+    if ((st = simulate_layout(c, res->layout, &s->sr))) return st;
+    res->predicted = (struct cdp_planner_prediction){s->sr->step_s, s->sr->bubble, s->sr->samples_per_s};
+    res->predicted_ok = 1;
+    st = balance_predict(k->p, k->R, k->m, s->sr, &res->balance);
+    cdp_sim_result_free(s->sr);
+    s->sr = NULL;
+    if (st) return st;
+    static const char *const names[2] = {"ordered-pp-inner", "ordered-dp-inner"};
+    for (int i = 0; i < 2; i++) {
+        if (i == 0) cdp_placement_ordered_pp_inner(k->p, k->R, s->dev);
+        else cdp_placement_ordered_dp_inner(k->p, k->R, s->dev);
+        if ((st = sim(c, s->dev, NULL, &s->sr))) return st;
+        res->baseline[i] = (struct cdp_planner_baseline){names[i], {s->sr->step_s, s->sr->bubble, s->sr->samples_per_s}};
+        cdp_sim_result_free(s->sr);
+        s->sr = NULL;
+    }
+    return CDP_OK;
+}
+
+cdp_status cdp_planner_run(const struct cdp_plan *plan, const struct cdp_topology *t,
+                           const struct cdp_cost_table *costs, int flags, struct cdp_planner_result *out)
+{
+    const uint64_t t0 = cdp_time_ns();
+    struct ctx c;
+    struct search s = {.layout_only = (flags & CDP_PLANNER_LAYOUT_ONLY) && all_fixed(plan)};
+    struct cdp_planner_result res = {0};
+    int *best_dev = NULL, best = 0;
+    cdp_status st;
+
+    if ((st = ctx_init(&c, plan, t, costs))) goto fail;
+    s.dev = malloc((size_t)c.nd * sizeof *s.dev);
+    best_dev = malloc((size_t)c.nd * sizeof *best_dev);
+    if (!s.dev || !best_dev) {
         st = cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
         goto fail;
     }
-    {
-        /* times per stage for the balance, from the candidate's ranges */
-        struct cdp_layout *tmp = NULL;
-        if ((st = candidate_layout(&c, k->p, k->R, k->m, (const int64_t(*)[2])k->ranges, best_dev, &tmp))) goto fail;
-        stage_predictions(&c, tmp, res.stage);
-        cdp_layout_free(tmp);
-    }
-    if ((st = balance_result(&c, best_dev, k->p, k->R, k->m, res.stage, &res.balance))) goto fail;
-    if ((st = build_layout(&c, k, best_dev, res.balance.shares, &res.layout))) goto fail;
-    stage_predictions(&c, res.layout, res.stage);
-    double peak;
-    char misfit_why[512];
-    if (misfit(&c, res.layout, &peak, misfit_why, sizeof misfit_why)) {
-        st = cdp_fail(CDP_ERR_INVALID, "%s: planner: %d stage%s x %d replica%s as placed: %s", plan->source, k->p,
-                      k->p == 1 ? "" : "s", k->R, k->R == 1 ? "" : "s", misfit_why);
+    int W = c.nd;
+    if (plan->cluster.devices != CDP_AUTO && plan->cluster.nodes * plan->cluster.devices < W)
+        W = (int)(plan->cluster.nodes * plan->cluster.devices);
+    if ((st = try_shapes(&c, &s, W, &res))) goto fail;
+    if (s.n_cand == 0) {
+        st = none_fits(&c, &s, W, &res);
         goto fail;
     }
-    for (int i = 0; i < res.layout->n_ranks; i++) res.node[res.layout->rank[i].node].bytes +=
-        rank_host_bytes(&c, &res.layout->rank[i]);
-    for (int n = 0; n < t->n_nodes; n++)
-        res.node[n].capacity_bytes = node_capacity(plan, t, n, res.node[n].capacity_from,
-                                                   sizeof res.node[n].capacity_from);
-    if (!layout_only) {
-        if ((st = prepare(&c, k->p, k->R, k->m, (const int64_t(*)[2])k->ranges))) goto fail;
-        if ((st = simulate_layout(&c, res.layout, &sr))) goto fail;
-        res.predicted = (struct cdp_planner_prediction){sr->step_s, sr->bubble, sr->samples_per_s};
-        res.predicted_ok = 1;
-        st = balance_predict(k->p, k->R, k->m, sr, &res.balance);
-        cdp_sim_result_free(sr);
-        sr = NULL;
-        if (st) goto fail;
-        static const char *const names[2] = {"ordered-pp-inner", "ordered-dp-inner"};
-        for (int i = 0; i < 2; i++) {
-            if (i == 0) cdp_placement_ordered_pp_inner(k->p, k->R, dev);
-            else cdp_placement_ordered_dp_inner(k->p, k->R, dev);
-            if ((st = sim(&c, dev, NULL, &sr))) goto fail;
-            res.baseline[i] = (struct cdp_planner_baseline){names[i], {sr->step_s, sr->bubble, sr->samples_per_s}};
-            cdp_sim_result_free(sr);
-            sr = NULL;
+    /* best first; equal throughput: fewer stages, fewer micro-batches */
+    for (int i = 1; i < s.n_cand; i++)
+        for (int j = i; j > 0 && cand_better(&s.cand[j], &s.cand[j - 1]); j--) {
+            struct cand tmp = s.cand[j];
+            s.cand[j] = s.cand[j - 1];
+            s.cand[j - 1] = tmp;
         }
-    }
+    if ((st = place_best(&c, &s, &res, &best, best_dev))) goto fail;
+    res.world = W;
+    if ((st = finish(&c, &s, &s.cand[best], best_dev, &res))) goto fail;
     res.simulations = c.sims;
     res.replica_simulations = c.cheap_sims;
     res.search_s = (double)(cdp_time_ns() - t0) * 1e-9;
@@ -1352,14 +1273,9 @@ cdp_status cdp_planner_run(const struct cdp_plan *plan, const struct cdp_topolog
     st = CDP_OK;
     memset(&res, 0, sizeof res);
 fail:
-    for (int i = 0; i < n_cand; i++) free(cand[i].ranges);
-    free(cand);
-    free(tried);
-    cdp_sim_result_free(sr);
-    cdp_layout_free(cl);
+    search_free(&s);
     cdp_planner_result_clear(&res);
     ctx_free(&c);
-    free(dev);
     free(best_dev);
     return st;
 }
@@ -1480,247 +1396,4 @@ void cdp_planner_spread_print(const struct cdp_planner_spread *s, FILE *f)
     fprintf(f, "  %-17s %9.3f   %5.1f%%\n", "chosen", s->chosen_s * 1e3, s->chosen_pct);
     fprintf(f, "  %-17s %9.3f   %5.1f%%\n", "ordered-pp-inner", s->pp_inner_s * 1e3, s->pp_inner_pct);
     fprintf(f, "  %-17s %9.3f   %5.1f%%\n", "ordered-dp-inner", s->dp_inner_s * 1e3, s->dp_inner_pct);
-}
-
-/* ---- output ---------------------------------------------------------------------- */
-
-cdp_status cdp_planner_apply(const struct cdp_planner_result *r, struct cdp_plan *plan)
-{
-    struct cdp_parallel_desc *pd = &plan->parallel;
-    const struct cdp_layout *l = r->layout;
-    const int N = l->n_ranks, nv = l->stages * l->chunks;
-    if (!pd->partition || pd->n_partition != nv) {
-        int64_t(*ranges)[2] = malloc((size_t)nv * sizeof *ranges);
-        if (!ranges) return cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
-        memcpy(ranges, l->ranges, (size_t)nv * sizeof *ranges);
-        free(pd->partition);
-        pd->partition = ranges;
-        pd->n_partition = nv;
-    }
-    if (pd->placement == CDP_PLACEMENT_TOPOLOGY) {
-        int64_t *map = malloc((size_t)N * sizeof *map);
-        if (!map) return cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
-        for (int i = 0; i < N; i++) map[l->rank[i].stage * l->replicas + l->rank[i].replica] = l->rank[i].device;
-        free(pd->placement_map);
-        pd->placement_map = map;
-        pd->placement = CDP_PLACEMENT_EXPLICIT;
-    }
-    int equal = 1;
-    for (int i = 1; i < l->replicas; i++) equal &= l->shares[i] == l->shares[0];
-    if (pd->balance == CDP_BALANCE_SPEED && !equal) {
-        int64_t *sh = malloc((size_t)l->replicas * sizeof *sh);
-        if (!sh) return cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
-        memcpy(sh, l->shares, (size_t)l->replicas * sizeof *sh);
-        free(pd->shares);
-        pd->shares = sh;
-        pd->n_shares = l->replicas;
-        pd->balance = CDP_BALANCE_EXPLICIT;
-    }
-    pd->stages = l->stages;
-    pd->schedule = l->schedule;
-    pd->schedule_auto = 0;
-    pd->replicas = l->replicas;
-    pd->micro_batches = l->micro_batches;
-    plan->train.global_batch = (int64_t)l->replicas * l->micro_batches * l->micro_batch;
-    return CDP_OK;
-}
-
-static void units_of(const struct cdp_layout *l, int s, char *buf, size_t cap)
-{
-    size_t o = 0;
-    buf[0] = '\0';
-    for (int k = s; k < l->stages * l->chunks && o < cap; k += l->stages)
-        o += (size_t)snprintf(buf + o, cap - o, "%s[%lld,%lld)", k == s ? "" : " ", (long long)l->ranges[k][0],
-                              (long long)l->ranges[k][1]);
-}
-
-static void balance_print(const struct cdp_planner_result *r, FILE *f)
-{
-    const struct cdp_planner_balance *b = &r->balance;
-    const int R = r->layout->replicas;
-    fprintf(f, "\nPlan: balance (%s)\n", b->kind == CDP_BALANCE_UNIFORM    ? "uniform, from the plan"
-                                          : b->kind == CDP_BALANCE_EXPLICIT ? "shares from the plan"
-                                                                            : "speed: shares by predicted speed");
-    fprintf(f, "  replica  devices                          ms/micro-batch  micro-batches\n");
-    const int show = R > 64 ? 32 : R;
-    for (int q = 0; q < show; q++)
-        fprintf(f, "  %7d  %-32s %14.3f  %13lld\n", q, b->devices[q], b->t_s[q] * 1e3, (long long)b->shares[q]);
-    if (show < R) fprintf(f, "  ... %d more replicas (--json lists them all)\n", R - show);
-    if (!r->predicted_ok) return;
-    fprintf(f, "  step        %.3f ms with these shares, %.3f ms with %d each: %+.1f%%\n", b->step_s * 1e3,
-            b->uniform_step_s * 1e3, r->layout->micro_batches, 100 * b->gain);
-    char fill[32] = "shares";
-    if (r->layout->stages > 1) snprintf(fill, sizeof fill, "(shares + %d)", r->layout->stages - 1);
-    fprintf(f, "              (max over replicas of %s x ms/micro-batch, + %.3f ms all-reduce and optimizer "
-               "simulated)\n", fill, b->rest_s * 1e3);
-}
-
-static void mib(double bytes, char *buf, size_t cap) { cdp_format_bytes(bytes > 0 ? (uint64_t)bytes : 0, buf, cap); }
-
-void cdp_planner_print(const struct cdp_planner_result *r, FILE *f)
-{
-    const struct cdp_layout *l = r->layout;
-    const int N = l->n_ranks;
-    fprintf(f, "\nPlan (on %s, %d devices usable)\n", l->topology, r->world);
-    fprintf(f, "  shape       %d stage%s x %d replica%s, %d micro-batches of %d, %s", l->stages,
-            l->stages == 1 ? "" : "s", l->replicas, l->replicas == 1 ? "" : "s", l->micro_batches, l->micro_batch,
-            cdp_schedule_name(l->schedule));
-    if (l->chunks > 1) fprintf(f, " x %d chunks", l->chunks);
-    fprintf(f, ", global batch %lld\n", (long long)l->replicas * l->micro_batches * l->micro_batch);
-    fprintf(f, "\nPlan: partition (per micro-batch; memory: the most a rank of the stage allocates)\n"
-               "  stage  units            fwd ms   bwd ms       memory     headroom\n");
-    for (int s = 0; s < l->stages; s++) {
-        char units[128], head[32] = "unlimited", mem[32];
-        units_of(l, s, units, sizeof units);
-        const struct cdp_planner_stage *st = &r->stage[s];
-        mib(st->memory_bytes, mem, sizeof mem);
-        if (st->capacity_bytes > 0) mib(st->capacity_bytes - st->memory_bytes, head, sizeof head);
-        fprintf(f, "  %5d  %-15s %8.3f %8.3f %12s %12s\n", s, units, st->fwd_s * 1e3, st->bwd_s * 1e3, mem, head);
-    }
-    fprintf(f, "\nPlan: placement (%s)\n  rank  node  gpu  device  stage  replica  cpus         memory\n",
-            r->placement_method);
-    const int show = N > 64 ? 32 : N;
-    for (int i = 0; i < show; i++) {
-        const struct cdp_layout_rank *k = &l->rank[i];
-        char mem[32];
-        mib((double)k->memory.device, mem, sizeof mem);
-        fprintf(f, "  %4d  %4d  %3d  %6d  %5d  %7d  %-11s  %s\n", i, k->node, k->gpu, k->device, k->stage, k->replica,
-                k->cpuset[0] ? k->cpuset : "-", mem);
-    }
-    if (show < N) fprintf(f, "  ... %d more ranks (--json lists them all)\n", N - show);
-    fprintf(f, "\nPlan: host memory\n  node  ranks        bytes     capacity  from\n");
-    for (int n = 0; n < l->n_nodes; n++) {
-        int ranks = 0;
-        for (int i = 0; i < N; i++) ranks += l->rank[i].node == n;
-        if (!ranks) continue;
-        char a[32], b[32] = "unknown";
-        mib(r->node[n].bytes, a, sizeof a);
-        if (r->node[n].capacity_bytes > 0) mib(r->node[n].capacity_bytes, b, sizeof b);
-        fprintf(f, "  %4d  %5d  %11s  %11s  %s\n", n, ranks, a, b, r->node[n].capacity_from);
-    }
-    if (r->predicted_ok) {
-        fprintf(f, "\nPlan: predicted\n");
-        fprintf(f, "  step time   %.3f ms\n", r->predicted.step_s * 1e3);
-        fprintf(f, "  throughput  %.1f samples/s\n", r->predicted.samples_per_s);
-        fprintf(f, "  bubble      %.2f%%\n", 100 * r->predicted.bubble);
-    }
-    if (l->replicas > 1 && r->balance.shares) balance_print(r, f);
-    if (r->predicted_ok) {
-        fprintf(f, "\nPlan: baselines (same shape and partition)\n  order              step ms    samples/s   vs chosen\n");
-        for (int i = 0; i < 2; i++)
-            fprintf(f, "  %-17s %9.3f %12.1f   %+.1f%%\n", r->baseline[i].name, r->baseline[i].pred.step_s * 1e3,
-                    r->baseline[i].pred.samples_per_s, 100 * (r->baseline[i].pred.step_s / r->predicted.step_s - 1));
-    }
-    fprintf(f, "\nPlan: searched %lld shapes (%lld fit), %lld placed, %lld simulations", (long long)r->shapes,
-            (long long)r->feasible, (long long)r->placed_shapes, (long long)r->simulations);
-    if (r->replica_simulations)
-        fprintf(f, " + %lld of one replica (large world: docs/planner.md)", (long long)r->replica_simulations);
-    fprintf(f, " in %.3f s\n", r->search_s);
-}
-
-void cdp_planner_print_brief(const struct cdp_planner_result *r, FILE *f)
-{
-    const struct cdp_layout *l = r->layout;
-    const int N = l->n_ranks;
-    fprintf(f, "plan: %d stage%s x %d replica%s, %d micro-batches of %d, %s", l->stages, l->stages == 1 ? "" : "s",
-            l->replicas, l->replicas == 1 ? "" : "s", l->micro_batches, l->micro_batch, cdp_schedule_name(l->schedule));
-    if (l->chunks > 1) fprintf(f, " x %d chunks", l->chunks);
-    fprintf(f, " on %s (planned in %.3f s)\n", l->topology, r->search_s);
-    fprintf(f, "  stage  units            fwd ms   bwd ms       memory\n");
-    for (int s = 0; s < l->stages && s < 16; s++) {
-        char units[128], mem[32];
-        units_of(l, s, units, sizeof units);
-        mib(r->stage[s].memory_bytes, mem, sizeof mem);
-        fprintf(f, "  %5d  %-15s %8.3f %8.3f %12s\n", s, units, r->stage[s].fwd_s * 1e3, r->stage[s].bwd_s * 1e3, mem);
-    }
-    if (l->stages > 16) fprintf(f, "  ... %d more stages (--dry-run lists them all)\n", l->stages - 16);
-    fprintf(f, "  rank  node  device  gpu  stage  replica  cpus         memory\n");
-    for (int i = 0; i < N && i < 16; i++) {
-        const struct cdp_layout_rank *k = &l->rank[i];
-        char mem[32];
-        mib((double)k->memory.device, mem, sizeof mem);
-        fprintf(f, "  %4d  %4d  %6d  %3d  %5d  %7d  %-11s  %s\n", i, k->node, k->device, k->gpu, k->stage, k->replica,
-                k->cpuset[0] ? k->cpuset : "-", mem);
-    }
-    if (N > 16) fprintf(f, "  ... %d more ranks (--dry-run lists them all)\n", N - 16);
-    if (r->predicted_ok)
-        fprintf(f, "  predicted: %.3f ms per step, bubble %.1f%%\n", r->predicted.step_s * 1e3, 100 * r->predicted.bubble);
-    /* the fullest node stands for the others */
-    int full = l->rank[0].node, used = 0;
-    for (int n = 0; n < l->n_nodes; n++) {
-        int ranks = 0;
-        for (int i = 0; i < N; i++) ranks += l->rank[i].node == n;
-        used += ranks > 0;
-        if (ranks && r->node[n].bytes > r->node[full].bytes) full = n;
-    }
-    int ranks = 0;
-    for (int i = 0; i < N; i++) ranks += l->rank[i].node == full;
-    char a[32], b[32] = "unknown";
-    mib(r->node[full].bytes, a, sizeof a);
-    if (r->node[full].capacity_bytes > 0) mib(r->node[full].capacity_bytes, b, sizeof b);
-    fprintf(f, "  host memory of node %d%s: %s for %d rank%s, of %s (%s)\n", full,
-            used > 1 ? " (the fullest)" : "", a, ranks, ranks == 1 ? "" : "s", b, r->node[full].capacity_from);
-}
-
-static json_t *pred_json(const struct cdp_planner_prediction *p)
-{
-    return json_pack("{s:f,s:f,s:f}", "step_s", p->step_s, "bubble", p->bubble, "samples_per_s", p->samples_per_s);
-}
-
-json_t *cdp_planner_to_json(const struct cdp_planner_result *r)
-{
-    const struct cdp_layout *l = r->layout;
-    json_t *o = json_object(), *stages = json_array(), *mem = json_array(), *base = json_object(),
-           *host = json_array();
-    for (int s = 0; s < l->stages; s++) {
-        json_t *ch = json_array();
-        for (int k = s; k < l->stages * l->chunks; k += l->stages)
-            json_array_append_new(ch, json_pack("[I,I]", (json_int_t)l->ranges[k][0], (json_int_t)l->ranges[k][1]));
-        json_t *st = json_pack("{s:i}", "index", s);
-        if (l->chunks == 1) json_object_set(st, "layers", json_array_get(ch, 0));
-        else json_object_set(st, "chunks", ch);
-        json_decref(ch);
-        json_object_set_new(st, "fwd_s", json_real(r->stage[s].fwd_s));
-        json_object_set_new(st, "bwd_s", json_real(r->stage[s].bwd_s));
-        json_object_set_new(st, "memory_bytes", json_real(r->stage[s].memory_bytes));
-        json_object_set_new(st, "headroom_bytes", r->stage[s].capacity_bytes > 0
-                                                       ? json_real(r->stage[s].capacity_bytes - r->stage[s].memory_bytes)
-                                                       : json_null());
-        json_array_append_new(stages, st);
-    }
-    for (int i = 0; i < l->n_ranks; i++) json_array_append_new(mem, json_real((double)l->rank[i].memory.device));
-    for (int n = 0; n < l->n_nodes; n++) {
-        int ranks = 0;
-        for (int i = 0; i < l->n_ranks; i++) ranks += l->rank[i].node == n;
-        if (ranks)
-            /* not the capacity: what a host has free changes from run to run */
-            json_array_append_new(host, json_pack("{s:i,s:i,s:f}", "node", n, "ranks", ranks, "bytes",
-                                                  r->node[n].bytes));
-    }
-    json_object_set_new(o, "topology", json_string(l->topology));
-    json_object_set_new(o, "stages", stages);
-    json_object_set_new(o, "placement", cdp_layout_ranks_json(l));
-    json_object_set_new(o, "host", host);
-    if (r->predicted_ok) {
-        json_t *pr = pred_json(&r->predicted);
-        json_object_set_new(pr, "peak_memory_bytes", mem);
-        json_object_set_new(o, "predicted", pr);
-        for (int i = 0; i < 2; i++) json_object_set_new(base, r->baseline[i].name, pred_json(&r->baseline[i].pred));
-    } else {
-        json_object_set_new(o, "predicted", json_pack("{s:o}", "peak_memory_bytes", mem));
-    }
-    if (r->balance.shares) {
-        const struct cdp_planner_balance *b = &r->balance;
-        json_t *sh = json_array(), *ts = json_array(), *dv = json_array();
-        for (int q = 0; q < l->replicas; q++) {
-            json_array_append_new(sh, json_integer((json_int_t)b->shares[q]));
-            json_array_append_new(ts, json_real(b->t_s[q]));
-            json_array_append_new(dv, json_string(b->devices[q]));
-        }
-        json_object_set_new(o, "balance", json_pack("{s:o,s:o,s:o,s:f,s:f,s:f,s:f}", "shares", sh, "devices", dv,
-                                                    "t_s", ts, "step_s", b->step_s, "uniform_step_s",
-                                                    b->uniform_step_s, "gain", b->gain, "rest_s", b->rest_s));
-    }
-    json_object_set_new(o, "baselines", base);
-    return o;
 }

@@ -1,0 +1,255 @@
+/* What the planner's answer becomes (planner.h): the plan with its choices
+ * applied, the table --dry-run prints, the brief layout a training run
+ * prints, and the JSON of --dry-run --json. */
+#include "partitioner/planner.h"
+
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cdp/core.h"
+#include "pipeline/schedule.h"
+
+/* ---- output ---------------------------------------------------------------------- */
+
+cdp_status cdp_planner_apply(const struct cdp_planner_result *r, struct cdp_plan *plan)
+{
+    struct cdp_parallel_desc *pd = &plan->parallel;
+    const struct cdp_layout *l = r->layout;
+    const int N = l->n_ranks, nv = l->stages * l->chunks;
+    if (!pd->partition || pd->n_partition != nv) {
+        int64_t(*ranges)[2] = malloc((size_t)nv * sizeof *ranges);
+        if (!ranges) return cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
+        memcpy(ranges, l->ranges, (size_t)nv * sizeof *ranges);
+        free(pd->partition);
+        pd->partition = ranges;
+        pd->n_partition = nv;
+    }
+    if (pd->placement == CDP_PLACEMENT_TOPOLOGY) {
+        int64_t *map = malloc((size_t)N * sizeof *map);
+        if (!map) return cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
+        for (int i = 0; i < N; i++) map[l->rank[i].stage * l->replicas + l->rank[i].replica] = l->rank[i].device;
+        free(pd->placement_map);
+        pd->placement_map = map;
+        pd->placement = CDP_PLACEMENT_EXPLICIT;
+    }
+    int equal = 1;
+    for (int i = 1; i < l->replicas; i++) equal &= l->shares[i] == l->shares[0];
+    if (pd->balance == CDP_BALANCE_SPEED && !equal) {
+        int64_t *sh = malloc((size_t)l->replicas * sizeof *sh);
+        if (!sh) return cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
+        memcpy(sh, l->shares, (size_t)l->replicas * sizeof *sh);
+        free(pd->shares);
+        pd->shares = sh;
+        pd->n_shares = l->replicas;
+        pd->balance = CDP_BALANCE_EXPLICIT;
+    }
+    pd->stages = l->stages;
+    pd->schedule = l->schedule;
+    pd->schedule_auto = 0;
+    pd->replicas = l->replicas;
+    pd->micro_batches = l->micro_batches;
+    plan->train.global_batch = (int64_t)l->replicas * l->micro_batches * l->micro_batch;
+    return CDP_OK;
+}
+
+static void units_of(const struct cdp_layout *l, int s, char *buf, size_t cap)
+{
+    size_t o = 0;
+    buf[0] = '\0';
+    for (int k = s; k < l->stages * l->chunks && o < cap; k += l->stages)
+        o += (size_t)snprintf(buf + o, cap - o, "%s[%lld,%lld)", k == s ? "" : " ", (long long)l->ranges[k][0],
+                              (long long)l->ranges[k][1]);
+}
+
+static void balance_print(const struct cdp_planner_result *r, FILE *f)
+{
+    const struct cdp_planner_balance *b = &r->balance;
+    const int R = r->layout->replicas;
+    fprintf(f, "\nPlan: balance (%s)\n", b->kind == CDP_BALANCE_UNIFORM    ? "uniform, from the plan"
+                                          : b->kind == CDP_BALANCE_EXPLICIT ? "shares from the plan"
+                                                                            : "speed: shares by predicted speed");
+    fprintf(f, "  replica  devices                          ms/micro-batch  micro-batches\n");
+    const int show = R > 64 ? 32 : R;
+    for (int q = 0; q < show; q++)
+        fprintf(f, "  %7d  %-32s %14.3f  %13lld\n", q, b->devices[q], b->t_s[q] * 1e3, (long long)b->shares[q]);
+    if (show < R) fprintf(f, "  ... %d more replicas (--json lists them all)\n", R - show);
+    if (!r->predicted_ok) return;
+    fprintf(f, "  step        %.3f ms with these shares, %.3f ms with %d each: %+.1f%%\n", b->step_s * 1e3,
+            b->uniform_step_s * 1e3, r->layout->micro_batches, 100 * b->gain);
+    char fill[32] = "shares";
+    if (r->layout->stages > 1) snprintf(fill, sizeof fill, "(shares + %d)", r->layout->stages - 1);
+    fprintf(f, "              (max over replicas of %s x ms/micro-batch, + %.3f ms all-reduce and optimizer "
+               "simulated)\n", fill, b->rest_s * 1e3);
+}
+
+static void mib(double bytes, char *buf, size_t cap) { cdp_format_bytes(bytes > 0 ? (uint64_t)bytes : 0, buf, cap); }
+
+void cdp_planner_print(const struct cdp_planner_result *r, FILE *f)
+{
+    const struct cdp_layout *l = r->layout;
+    const int N = l->n_ranks;
+    fprintf(f, "\nPlan (on %s, %d devices usable)\n", l->topology, r->world);
+    fprintf(f, "  shape       %d stage%s x %d replica%s, %d micro-batches of %d, %s", l->stages,
+            l->stages == 1 ? "" : "s", l->replicas, l->replicas == 1 ? "" : "s", l->micro_batches, l->micro_batch,
+            cdp_schedule_name(l->schedule));
+    if (l->chunks > 1) fprintf(f, " x %d chunks", l->chunks);
+    fprintf(f, ", global batch %lld\n", (long long)l->replicas * l->micro_batches * l->micro_batch);
+    fprintf(f, "\nPlan: partition (per micro-batch; memory: the most a rank of the stage allocates)\n"
+               "  stage  units            fwd ms   bwd ms       memory     headroom\n");
+    for (int s = 0; s < l->stages; s++) {
+        char units[128], head[32] = "unlimited", mem[32];
+        units_of(l, s, units, sizeof units);
+        const struct cdp_planner_stage *st = &r->stage[s];
+        mib(st->memory_bytes, mem, sizeof mem);
+        if (st->capacity_bytes > 0) mib(st->capacity_bytes - st->memory_bytes, head, sizeof head);
+        fprintf(f, "  %5d  %-15s %8.3f %8.3f %12s %12s\n", s, units, st->fwd_s * 1e3, st->bwd_s * 1e3, mem, head);
+    }
+    fprintf(f, "\nPlan: placement (%s)\n  rank  node  gpu  device  stage  replica  cpus         memory\n",
+            r->placement_method);
+    const int show = N > 64 ? 32 : N;
+    for (int i = 0; i < show; i++) {
+        const struct cdp_layout_rank *k = &l->rank[i];
+        char mem[32];
+        mib((double)k->memory.device, mem, sizeof mem);
+        fprintf(f, "  %4d  %4d  %3d  %6d  %5d  %7d  %-11s  %s\n", i, k->node, k->gpu, k->device, k->stage, k->replica,
+                k->cpuset[0] ? k->cpuset : "-", mem);
+    }
+    if (show < N) fprintf(f, "  ... %d more ranks (--json lists them all)\n", N - show);
+    fprintf(f, "\nPlan: host memory\n  node  ranks        bytes     capacity  from\n");
+    for (int n = 0; n < l->n_nodes; n++) {
+        int ranks = 0;
+        for (int i = 0; i < N; i++) ranks += l->rank[i].node == n;
+        if (!ranks) continue;
+        char a[32], b[32] = "unknown";
+        mib(r->node[n].bytes, a, sizeof a);
+        if (r->node[n].capacity_bytes > 0) mib(r->node[n].capacity_bytes, b, sizeof b);
+        fprintf(f, "  %4d  %5d  %11s  %11s  %s\n", n, ranks, a, b, r->node[n].capacity_from);
+    }
+    if (r->predicted_ok) {
+        fprintf(f, "\nPlan: predicted\n");
+        fprintf(f, "  step time   %.3f ms\n", r->predicted.step_s * 1e3);
+        fprintf(f, "  throughput  %.1f samples/s\n", r->predicted.samples_per_s);
+        fprintf(f, "  bubble      %.2f%%\n", 100 * r->predicted.bubble);
+    }
+    if (l->replicas > 1 && r->balance.shares) balance_print(r, f);
+    if (r->predicted_ok) {
+        fprintf(f, "\nPlan: baselines (same shape and partition)\n  order              step ms    samples/s   vs chosen\n");
+        for (int i = 0; i < 2; i++)
+            fprintf(f, "  %-17s %9.3f %12.1f   %+.1f%%\n", r->baseline[i].name, r->baseline[i].pred.step_s * 1e3,
+                    r->baseline[i].pred.samples_per_s, 100 * (r->baseline[i].pred.step_s / r->predicted.step_s - 1));
+    }
+    fprintf(f, "\nPlan: searched %lld shapes (%lld fit), %lld placed, %lld simulations", (long long)r->shapes,
+            (long long)r->feasible, (long long)r->placed_shapes, (long long)r->simulations);
+    if (r->replica_simulations)
+        fprintf(f, " + %lld of one replica (large world: docs/planner.md)", (long long)r->replica_simulations);
+    fprintf(f, " in %.3f s\n", r->search_s);
+}
+
+void cdp_planner_print_brief(const struct cdp_planner_result *r, FILE *f)
+{
+    const struct cdp_layout *l = r->layout;
+    const int N = l->n_ranks;
+    fprintf(f, "plan: %d stage%s x %d replica%s, %d micro-batches of %d, %s", l->stages, l->stages == 1 ? "" : "s",
+            l->replicas, l->replicas == 1 ? "" : "s", l->micro_batches, l->micro_batch, cdp_schedule_name(l->schedule));
+    if (l->chunks > 1) fprintf(f, " x %d chunks", l->chunks);
+    fprintf(f, " on %s (planned in %.3f s)\n", l->topology, r->search_s);
+    fprintf(f, "  stage  units            fwd ms   bwd ms       memory\n");
+    for (int s = 0; s < l->stages && s < 16; s++) {
+        char units[128], mem[32];
+        units_of(l, s, units, sizeof units);
+        mib(r->stage[s].memory_bytes, mem, sizeof mem);
+        fprintf(f, "  %5d  %-15s %8.3f %8.3f %12s\n", s, units, r->stage[s].fwd_s * 1e3, r->stage[s].bwd_s * 1e3, mem);
+    }
+    if (l->stages > 16) fprintf(f, "  ... %d more stages (--dry-run lists them all)\n", l->stages - 16);
+    fprintf(f, "  rank  node  device  gpu  stage  replica  cpus         memory\n");
+    for (int i = 0; i < N && i < 16; i++) {
+        const struct cdp_layout_rank *k = &l->rank[i];
+        char mem[32];
+        mib((double)k->memory.device, mem, sizeof mem);
+        fprintf(f, "  %4d  %4d  %6d  %3d  %5d  %7d  %-11s  %s\n", i, k->node, k->device, k->gpu, k->stage, k->replica,
+                k->cpuset[0] ? k->cpuset : "-", mem);
+    }
+    if (N > 16) fprintf(f, "  ... %d more ranks (--dry-run lists them all)\n", N - 16);
+    if (r->predicted_ok)
+        fprintf(f, "  predicted: %.3f ms per step, bubble %.1f%%\n", r->predicted.step_s * 1e3, 100 * r->predicted.bubble);
+    /* the fullest node stands for the others */
+    int full = l->rank[0].node, used = 0;
+    for (int n = 0; n < l->n_nodes; n++) {
+        int ranks = 0;
+        for (int i = 0; i < N; i++) ranks += l->rank[i].node == n;
+        used += ranks > 0;
+        if (ranks && r->node[n].bytes > r->node[full].bytes) full = n;
+    }
+    int ranks = 0;
+    for (int i = 0; i < N; i++) ranks += l->rank[i].node == full;
+    char a[32], b[32] = "unknown";
+    mib(r->node[full].bytes, a, sizeof a);
+    if (r->node[full].capacity_bytes > 0) mib(r->node[full].capacity_bytes, b, sizeof b);
+    fprintf(f, "  host memory of node %d%s: %s for %d rank%s, of %s (%s)\n", full,
+            used > 1 ? " (the fullest)" : "", a, ranks, ranks == 1 ? "" : "s", b, r->node[full].capacity_from);
+}
+
+static json_t *pred_json(const struct cdp_planner_prediction *p)
+{
+    return json_pack("{s:f,s:f,s:f}", "step_s", p->step_s, "bubble", p->bubble, "samples_per_s", p->samples_per_s);
+}
+
+json_t *cdp_planner_to_json(const struct cdp_planner_result *r)
+{
+    const struct cdp_layout *l = r->layout;
+    json_t *o = json_object(), *stages = json_array(), *mem = json_array(), *base = json_object(),
+           *host = json_array();
+    for (int s = 0; s < l->stages; s++) {
+        json_t *ch = json_array();
+        for (int k = s; k < l->stages * l->chunks; k += l->stages)
+            json_array_append_new(ch, json_pack("[I,I]", (json_int_t)l->ranges[k][0], (json_int_t)l->ranges[k][1]));
+        json_t *st = json_pack("{s:i}", "index", s);
+        if (l->chunks == 1) json_object_set(st, "layers", json_array_get(ch, 0));
+        else json_object_set(st, "chunks", ch);
+        json_decref(ch);
+        json_object_set_new(st, "fwd_s", json_real(r->stage[s].fwd_s));
+        json_object_set_new(st, "bwd_s", json_real(r->stage[s].bwd_s));
+        json_object_set_new(st, "memory_bytes", json_real(r->stage[s].memory_bytes));
+        json_object_set_new(st, "headroom_bytes", r->stage[s].capacity_bytes > 0
+                                                       ? json_real(r->stage[s].capacity_bytes - r->stage[s].memory_bytes)
+                                                       : json_null());
+        json_array_append_new(stages, st);
+    }
+    for (int i = 0; i < l->n_ranks; i++) json_array_append_new(mem, json_real((double)l->rank[i].memory.device));
+    for (int n = 0; n < l->n_nodes; n++) {
+        int ranks = 0;
+        for (int i = 0; i < l->n_ranks; i++) ranks += l->rank[i].node == n;
+        if (ranks)
+            /* not the capacity: what a host has free changes from run to run */
+            json_array_append_new(host, json_pack("{s:i,s:i,s:f}", "node", n, "ranks", ranks, "bytes",
+                                                  r->node[n].bytes));
+    }
+    json_object_set_new(o, "topology", json_string(l->topology));
+    json_object_set_new(o, "stages", stages);
+    json_object_set_new(o, "placement", cdp_layout_ranks_json(l));
+    json_object_set_new(o, "host", host);
+    if (r->predicted_ok) {
+        json_t *pr = pred_json(&r->predicted);
+        json_object_set_new(pr, "peak_memory_bytes", mem);
+        json_object_set_new(o, "predicted", pr);
+        for (int i = 0; i < 2; i++) json_object_set_new(base, r->baseline[i].name, pred_json(&r->baseline[i].pred));
+    } else {
+        json_object_set_new(o, "predicted", json_pack("{s:o}", "peak_memory_bytes", mem));
+    }
+    if (r->balance.shares) {
+        const struct cdp_planner_balance *b = &r->balance;
+        json_t *sh = json_array(), *ts = json_array(), *dv = json_array();
+        for (int q = 0; q < l->replicas; q++) {
+            json_array_append_new(sh, json_integer((json_int_t)b->shares[q]));
+            json_array_append_new(ts, json_real(b->t_s[q]));
+            json_array_append_new(dv, json_string(b->devices[q]));
+        }
+        json_object_set_new(o, "balance", json_pack("{s:o,s:o,s:o,s:f,s:f,s:f,s:f}", "shares", sh, "devices", dv,
+                                                    "t_s", ts, "step_s", b->step_s, "uniform_step_s",
+                                                    b->uniform_step_s, "gain", b->gain, "rest_s", b->rest_s));
+    }
+    json_object_set_new(o, "baselines", base);
+    return o;
+}
