@@ -61,7 +61,10 @@ static double tied_bytes_of(const struct cdp_plan *plan, const struct cdp_unit *
     return b;
 }
 
-static int tied_model(const struct cdp_plan *plan) { return plan->model.kind == CDP_MODEL_GPT && plan->model.tie_embeddings; }
+static int tied_model(const struct cdp_plan *plan)
+{
+    return plan->model.kind == CDP_MODEL_GPT && plan->model.tie_embeddings;
+}
 
 /* ---- memory of unit ranges in O(1): prefix sums and range maxima ----------------------------- */
 
@@ -282,7 +285,8 @@ static cdp_status cheap_step(struct ctx *c, const int *device, int all, double *
         /* the tied-embedding reduction runs between the first and last stage */
         key[nk - 1] = tied ? c->bw[device[r] * c->nd + device[(p - 1) * R + r]] : 0;
         uint64_t h = 1469598103934665603ull;
-        for (size_t q = 0; q < (size_t)nk * sizeof *key; q++) h = (h ^ ((const unsigned char *)key)[q]) * 1099511628211ull;
+        for (size_t q = 0; q < (size_t)nk * sizeof *key; q++)
+            h = (h ^ ((const unsigned char *)key)[q]) * 1099511628211ull;
         int j = 0;
         while (j < c->n_keys &&
                (c->key_hash[j] != h || memcmp(&c->keys[(size_t)j * nk], key, (size_t)nk * sizeof *key)))
@@ -751,7 +755,8 @@ static cdp_status assign_cpus(const struct ctx *c, struct cdp_layout *l)
         }
         for (int j = i; j < N; j++)
             if (!done[j] && l->rank[j].node == k->node && !strcmp(near_cpus(c, &l->rank[j]), near)) members[g++] = j;
-        if (!(mine = malloc((size_t)(n ? n : 1) * sizeof *mine))) st = cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
+        if (!(mine = malloc((size_t)(n ? n : 1) * sizeof *mine)))
+            st = cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
         for (int q = 0; q < g && !st; q++) {
             int lo, hi; /* its cores [lo, hi) */
             if (g <= ncore) {
@@ -1221,7 +1226,8 @@ static cdp_status finish(struct ctx *c, struct search *s, const struct cand *k, 
         if (i == 0) cdp_placement_ordered_pp_inner(k->p, k->R, s->dev);
         else cdp_placement_ordered_dp_inner(k->p, k->R, s->dev);
         if ((st = sim(c, s->dev, NULL, &s->sr))) return st;
-        res->baseline[i] = (struct cdp_planner_baseline){names[i], {s->sr->step_s, s->sr->bubble, s->sr->samples_per_s}};
+        res->baseline[i] =
+            (struct cdp_planner_baseline){names[i], {s->sr->step_s, s->sr->bubble, s->sr->samples_per_s}};
         cdp_sim_result_free(s->sr);
         s->sr = NULL;
     }

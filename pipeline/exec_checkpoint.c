@@ -12,21 +12,31 @@
 
 /* Replica 0's ranks each write the part of their stage; rank 0 commits the
  * checkpoint once every part is on disk. */
+/* The models and optimizers of this rank's chunks, as the checkpoint calls
+ * take them (both malloc'd; the caller frees them, also on failure). */
+static cdp_status chunk_lists(const struct exec *e, struct cdp_model ***models, struct cdp_optimizer ***opts)
+{
+    *models = malloc((size_t)e->v * sizeof **models);
+    *opts = malloc((size_t)e->v * sizeof **opts);
+    if (!*models || !*opts) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
+    for (int k = 0; k < e->v; k++) {
+        (*models)[k] = e->ch[k].model;
+        (*opts)[k] = e->ch[k].opt;
+    }
+    return CDP_OK;
+}
+
 cdp_status cdp_exec_save_checkpoint(struct exec *e, int step)
 {
     const struct cdp_plan *p = e->plan;
     cdp_status st = CDP_OK;
-    snprintf(cdp_exec_where_buf, sizeof cdp_exec_where_buf, "rank %d/%d (stage %d, replica %d), step %d: writing a checkpoint",
-             e->rank, e->size, e->s, e->r, step);
+    snprintf(cdp_exec_where_buf, sizeof cdp_exec_where_buf,
+             "rank %d/%d (stage %d, replica %d), step %d: writing a checkpoint", e->rank, e->size, e->s, e->r, step);
     cdp_fault_in_save(&e->fault, e->rank, step, "part");
     if (e->r == 0) {
-        struct cdp_model **models = malloc((size_t)e->v * sizeof *models);
-        struct cdp_optimizer **opts = malloc((size_t)e->v * sizeof *opts);
-        if (!models || !opts) st = cdp_fail(CDP_ERR_NOMEM, "out of memory");
-        for (int k = 0; !st && k < e->v; k++) {
-            models[k] = e->ch[k].model;
-            opts[k] = e->ch[k].opt;
-        }
+        struct cdp_model **models = NULL;
+        struct cdp_optimizer **opts = NULL;
+        st = chunk_lists(e, &models, &opts);
         char part[32];
         snprintf(part, sizeof part, "stage-%d", e->s);
         if (!st) st = cdp_ckpt_write_part(p->train.checkpoint.dir, step, part, models, opts, e->v);
@@ -55,13 +65,9 @@ cdp_status cdp_exec_resume(struct exec *e, const char *dir)
     struct cdp_ckpt_info info = {0};
     cdp_status st = cdp_ckpt_find_latest(dir, &path, &info);
     if (st) return st;
-    struct cdp_model **models = malloc((size_t)e->v * sizeof *models);
-    struct cdp_optimizer **opts = malloc((size_t)e->v * sizeof *opts);
-    if (!models || !opts) st = cdp_fail(CDP_ERR_NOMEM, "out of memory");
-    for (int k = 0; !st && k < e->v; k++) {
-        models[k] = e->ch[k].model;
-        opts[k] = e->ch[k].opt;
-    }
+    struct cdp_model **models = NULL;
+    struct cdp_optimizer **opts = NULL;
+    st = chunk_lists(e, &models, &opts);
     if (!st) st = cdp_ckpt_load(path, &info, models, opts, e->v);
     if (!st && info.step >= e->plan->train.steps)
         st = cdp_fail(CDP_ERR_INVALID, "%s: the checkpoint is at step %lld and /train/steps is %lld: nothing "

@@ -27,7 +27,10 @@ static int64_t params(const struct cdp_layer_desc *L, const struct cdp_shape *in
     return cdp_mul_add(cdp_mul_add(C, C, 0), 12, cdp_mul_add(13, C, 0));
 }
 
-static int emit(const struct cdp_layer_desc *L, json_t *o) { return json_object_set_new(o, "heads", CDP_JINT(L->heads)); }
+static int emit(const struct cdp_layer_desc *L, json_t *o)
+{
+    return json_object_set_new(o, "heads", CDP_JINT(L->heads));
+}
 
 static void describe(const struct cdp_layer_desc *L, char *buf, size_t cap)
 {
