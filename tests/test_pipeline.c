@@ -295,9 +295,12 @@ static int last_list(const char *path, const char *key, long *out, int cap)
     return n;
 }
 
-/* One rank made four times slower (the CDP_FAULT slow knob): rebalancing moves
- * micro-batches to the fast replica, logs it, and the run still equals
- * one-rank training. */
+/* One rank made ten times slower (the CDP_FAULT slow knob): the first
+ * rebalancing moves micro-batches to the fast replica and logs it, and the run
+ * still equals one-rank training. Only the first move is asserted on: a
+ * micro-batch here takes about a millisecond, so on a loaded machine a later
+ * look may measure a preempted fast rank and move some back, which is what
+ * rebalancing should do with what it measured. */
 Test(pipeline, rebalancing_moves_micro_batches_to_fast_replicas, .timeout = 240)
 {
     need_mpi();
@@ -310,14 +313,19 @@ Test(pipeline, rebalancing_moves_micro_batches_to_fast_replicas, .timeout = 240)
     snprintf(pipe, sizeof pipe, "%s/pipe.json", dir);
     run_ok(base);
     double secs;
-    struct cdp_run r = run_fault(pipe, "slow:1:6", &secs);
+    struct cdp_run r = run_fault(pipe, "slow:1:10", &secs);
     cr_assert_eq(r.exit_code, 0, "%s", r.err);
-    cr_assert(strstr(r.out, "rebalanced micro-batches per replica 4 4 -> "), "%s", r.out);
+    const char *moved = strstr(r.out, "step 1: rebalanced micro-batches per replica 4 4 -> ");
+    cr_assert(moved, "%s", r.out);
+    long first[2] = {0, 0};
+    cr_assert_eq(sscanf(strstr(moved, "-> ") + 3, "%ld %ld", &first[0], &first[1]), 2, "%s", r.out);
+    cr_assert_gt(first[0], first[1], "4 4 -> %ld %ld: the slowed replica 1 should run fewer\n%s", first[0], first[1],
+                 r.out);
+    cr_assert_eq(first[0] + first[1], 8);
     snprintf(b, sizeof b, "%s/pipe.jsonl", dir);
     long shares[4];
     cr_assert_eq(last_list(b, "shares", shares, 4), 2);
-    cr_assert_gt(shares[0], shares[1], "shares %ld %ld: the slowed replica 1 should run fewer", shares[0], shares[1]);
-    cr_assert_eq(shares[0] + shares[1], 8);
+    cr_assert_eq(shares[0] + shares[1], 8, "shares %ld %ld", shares[0], shares[1]);
     double la[8], lb[8];
     snprintf(a, sizeof a, "%s/one.jsonl", dir);
     cr_assert_eq(read_losses(a, la, 8), 3);
@@ -328,7 +336,8 @@ Test(pipeline, rebalancing_moves_micro_batches_to_fast_replicas, .timeout = 240)
     snprintf(b, sizeof b, "%s/pipe.safetensors", dir);
     double e = compare_weights(a, b);
     cr_assert_leq(e, 1e-5, "weights differ by %.3g", e);
-    cr_log_info("rebalanced to %ld %ld; worst weight error %.3g", shares[0], shares[1], e);
+    cr_log_info("rebalanced to %ld %ld, then %ld %ld; worst weight error %.3g", first[0], first[1], shares[0],
+                shares[1], e);
     cdp_test_run_free(&r);
 }
 
