@@ -66,8 +66,9 @@ void cdp_cost_analytic(const struct cdp_plan *plan, const struct cdp_unit *u, in
         c->bwd_s = fmax(u[i].bwd_flops * B / rate, CDP_COST_UNIT_FLOOR_S);
         c->param_bytes = (double)u[i].param_count * grad;
         c->state_bytes = (double)u[i].param_count * state;
-        /* attention's saved state as the plan's backend keeps it */
-        const double act = (double)(u[i].act_floats - u[i].att_floats + cdp_cost_att_floats(plan, &u[i]));
+        /* what its recompute mode keeps; attention's saved state, where kept, as the plan's backend keeps it */
+        double act = (double)u[i].keep_floats;
+        if (u[i].keep_floats == u[i].act_floats) act += (double)(cdp_cost_att_floats(plan, &u[i]) - u[i].att_floats);
         c->act_bytes = act * B * elem;
         c->out_bytes = (double)u[i].out_floats * B * elem;
         c->opt_s = held * opt / r->mem_bw;
@@ -81,5 +82,15 @@ void cdp_cost_apply(const struct cdp_cost_table *t, const struct cdp_unit *u, in
         out[i].fwd_s = t->units[i].fwd_s;
         out[i].bwd_s = t->units[i].bwd_s;
         out[i].opt_s = held_params(&u[i]) * t->optimizer_s_per_param;
+    }
+}
+
+void cdp_cost_add_recompute(const struct cdp_unit *u, int n, struct cdp_unit_cost *out)
+{
+    for (int i = 0; i < n; i++) {
+        if (!u[i].work_floats) continue;
+        double share = u[i].recompute == CDP_RECOMPUTE_FULL ? 1.0 : 0.0;
+        if (u[i].recompute != CDP_RECOMPUTE_FULL && u[i].fwd_flops > 0) share = u[i].recompute_flops / u[i].fwd_flops;
+        out[i].bwd_s += out[i].fwd_s * share;
     }
 }

@@ -49,6 +49,11 @@ void cdp_cost_analytic(const struct cdp_plan *plan, const struct cdp_unit *u, in
  * optimizer_s_per_param. Bytes stay analytic. t must have passed the check. */
 void cdp_cost_apply(const struct cdp_cost_table *t, const struct cdp_unit *u, int n, struct cdp_unit_cost *out);
 
+/* Adds to each unit's backward time the forward work its recompute mode runs
+ * again (cdp_unit_set_recompute): the whole forward under full recomputation,
+ * else the share recompute_flops / fwd_flops of it. */
+void cdp_cost_add_recompute(const struct cdp_unit *u, int n, struct cdp_unit_cost *out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -72,7 +72,7 @@ struct mem_index {
     int n, levels;
     struct cdp_unit_bytes *ub;   /* n */
     uint64_t *held, *act;        /* n + 1 prefix sums */
-    uint64_t *scr, *io;          /* levels x n sparse tables of maxima */
+    uint64_t *scr, *io, *wrk;    /* levels x n sparse tables of maxima */
     int n_ties;
     int *tie_unit, *tie_owner;   /* units with a tied parameter and its owner */
     uint64_t *tie_floats;
@@ -85,6 +85,7 @@ static void mem_index_free(struct mem_index *m)
     free(m->act);
     free(m->scr);
     free(m->io);
+    free(m->wrk);
     free(m->tie_unit);
     free(m->tie_owner);
     free(m->tie_floats);
@@ -104,10 +105,11 @@ static cdp_status mem_index_build(struct mem_index *m, const struct cdp_plan *pl
     m->act = calloc((size_t)n + 1, sizeof *m->act);
     m->scr = calloc((size_t)levels * n, sizeof *m->scr);
     m->io = calloc((size_t)levels * n, sizeof *m->io);
+    m->wrk = calloc((size_t)levels * n, sizeof *m->wrk);
     m->tie_unit = calloc((size_t)n, sizeof *m->tie_unit);
     m->tie_owner = calloc((size_t)n, sizeof *m->tie_owner);
     m->tie_floats = calloc((size_t)n, sizeof *m->tie_floats);
-    if (!m->ub || !m->held || !m->act || !m->scr || !m->io || !m->tie_unit || !m->tie_owner || !m->tie_floats)
+    if (!m->ub || !m->held || !m->act || !m->scr || !m->io || !m->wrk || !m->tie_unit || !m->tie_owner || !m->tie_floats)
         return cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
     for (int i = 0; i < n; i++) {
         cdp_unit_bytes(&u[i], B, loss, &m->ub[i]);
@@ -115,6 +117,7 @@ static cdp_status mem_index_build(struct mem_index *m, const struct cdp_plan *pl
         m->act[i + 1] = m->act[i] + m->ub[i].act_bytes;
         m->scr[i] = m->ub[i].scratch_bytes;
         m->io[i] = m->ub[i].io_bytes;
+        m->wrk[i] = m->ub[i].work_bytes;
         if (m->ub[i].tied_owner >= 0) {
             m->tie_unit[m->n_ties] = i;
             m->tie_owner[m->n_ties] = m->ub[i].tied_owner;
@@ -123,10 +126,12 @@ static cdp_status mem_index_build(struct mem_index *m, const struct cdp_plan *pl
     }
     for (int l = 1; l < levels; l++)
         for (int i = 0; i + (1 << l) <= n; i++) {
-            const uint64_t *ps = m->scr + (size_t)(l - 1) * n, *pi = m->io + (size_t)(l - 1) * n;
+            const uint64_t *ps = m->scr + (size_t)(l - 1) * n, *pi = m->io + (size_t)(l - 1) * n,
+                           *pw = m->wrk + (size_t)(l - 1) * n;
             const int h = 1 << (l - 1);
             m->scr[(size_t)l * n + i] = ps[i] > ps[i + h] ? ps[i] : ps[i + h];
             m->io[(size_t)l * n + i] = pi[i] > pi[i + h] ? pi[i] : pi[i + h];
+            m->wrk[(size_t)l * n + i] = pw[i] > pw[i + h] ? pw[i] : pw[i + h];
         }
     return CDP_OK;
 }
@@ -141,6 +146,7 @@ static void mem_terms(const struct mem_index *m, int first, int end, struct cdp_
     t->act_bytes = m->act[end] - m->act[first];
     t->scratch_bytes = m->scr[a] > m->scr[b] ? m->scr[a] : m->scr[b];
     t->io_bytes = m->io[a] > m->io[b] ? m->io[a] : m->io[b];
+    t->work_bytes = m->wrk[a] > m->wrk[b] ? m->wrk[a] : m->wrk[b];
     *shared = 0;
     for (int k = 0; k < m->n_ties; k++)
         if (m->tie_unit[k] >= first && m->tie_unit[k] < end && m->tie_owner[k] >= first && m->tie_owner[k] < end)
@@ -152,6 +158,7 @@ static void mem_terms(const struct mem_index *m, int first, int end, struct cdp_
 struct cand {
     int p, R, m;
     enum cdp_schedule_kind kind;
+    enum cdp_recompute rc;
     int64_t (*ranges)[2]; /* p*v */
     double step_s, sps;   /* with the screening placement */
     double peak;          /* the largest rank's device bytes */
@@ -162,12 +169,20 @@ struct ctx {
     const struct cdp_topology *t;
     int n, nd, v, hv;
     enum cdp_schedule_kind kind;
-    struct cdp_unit *u;  /* the plan's units, attention state as the backend keeps it */
+    /* per recompute mode: the plan's units (attention state as the backend
+     * keeps it, activations as the mode keeps them), their costs and memory */
+    struct {
+        struct cdp_unit *u;
+        struct cdp_unit_cost *cost;
+        struct mem_index mi;
+    } mode[CDP_RECOMPUTE_COUNT];
+    enum cdp_recompute rc; /* the mode of u, cost and mi (use_mode) */
+    struct cdp_unit *u;
     struct cdp_unit_cost *cost;
+    struct mem_index *mi;
     double *bw, *lat;
     double cap;        /* bytes per device; 0 unlimited */
     double tied_bytes; /* of the model; used when p*v > 1 */
-    struct mem_index mi;
     int64_t sims, cheap_sims;
     int cheap;         /* 1: screen and place on the one-replica model (large worlds) */
     int *rdev;         /* p: devices of one replica (cheap model scratch) */
@@ -396,9 +411,9 @@ static double part_memory(void *vc, int s, int first, int end)
     const struct ctx *c = vc;
     struct cdp_range_terms t;
     uint64_t shared;
-    mem_terms(&c->mi, first, end, &t, &shared);
+    mem_terms(c->mi, first, end, &t, &shared);
     struct cdp_rank_memory m;
-    cdp_layout_chunk_memory(c->plan, &t, shared, &c->mi.ub[first], &c->mi.ub[end - 1], end == c->n, s, c->p,
+    cdp_layout_chunk_memory(c->plan, &t, shared, &c->mi->ub[first], &c->mi->ub[end - 1], end == c->n, s, c->p,
                             c->slots[s], c->hv, &m);
     return (double)m.device;
 }
@@ -413,6 +428,7 @@ static cdp_status candidate_layout(const struct ctx *c, int p, int R, int m, con
     if (st) return st;
     l->backend = c->plan->cluster.backend;
     l->schedule = c->kind;
+    l->recompute = c->rc;
     l->micro_batches = m;
     l->micro_batch = (int)c->plan->train.micro_batch;
     l->n_nodes = c->t->n_nodes;
@@ -860,17 +876,40 @@ static void ctx_free(struct ctx *c)
     free(c->lbw);
     free(c->llat);
     free(c->rdev);
-    free(c->u);
-    free(c->cost);
+    for (int r = 0; r < CDP_RECOMPUTE_COUNT; r++) {
+        free(c->mode[r].u);
+        free(c->mode[r].cost);
+        mem_index_free(&c->mode[r].mi);
+    }
     free(c->bw);
     free(c->lat);
     free(c->slots);
-    mem_index_free(&c->mi);
+}
+
+/* Makes recompute mode r's units, costs and memory the current ones. */
+static void use_mode(struct ctx *c, enum cdp_recompute r)
+{
+    c->rc = r;
+    c->u = c->mode[r].u;
+    c->cost = c->mode[r].cost;
+    c->mi = &c->mode[r].mi;
+}
+
+/* The recompute modes the search tries for each shape, least first: the plan's,
+ * or under "auto" every one. */
+static int modes_of(const struct cdp_plan *plan, enum cdp_recompute *out)
+{
+    if (!plan->train.recompute_auto) {
+        out[0] = plan->train.recompute;
+        return 1;
+    }
+    for (int r = 0; r < CDP_RECOMPUTE_COUNT; r++) out[r] = (enum cdp_recompute)r;
+    return CDP_RECOMPUTE_COUNT;
 }
 
 /* Units, costs at device 0's rate, links and memory terms for plan on t. */
-static cdp_status ctx_init(struct ctx *c, const struct cdp_plan *plan, const struct cdp_topology *t,
-                           const struct cdp_cost_table *costs)
+static cdp_status ctx_init_modes(struct ctx *c, const struct cdp_plan *plan, const struct cdp_topology *t,
+                                 const struct cdp_cost_table *costs, const enum cdp_recompute *modes, int n_modes)
 {
     memset(c, 0, sizeof *c);
     c->plan = plan;
@@ -879,17 +918,26 @@ static cdp_status ctx_init(struct ctx *c, const struct cdp_plan *plan, const str
     c->kind = plan->parallel.schedule;
     c->v = cdp_schedule_has_chunks(plan->parallel.schedule) ? (int)plan->parallel.chunks : 1;
     c->hv = plan->cluster.backend != CDP_BACKEND_CUDA;
-    cdp_status st = cdp_units_build(&plan->model, &c->u, &c->n);
+    const struct cdp_device_rate rate = cdp_device_rate_of(t, 0, plan->train.precision);
+    cdp_status st = CDP_OK;
+    for (int i = 0; i < n_modes && !st; i++) {
+        const enum cdp_recompute r = modes[i];
+        if ((st = cdp_units_build(&plan->model, &c->mode[r].u, &c->n))) return st;
+        for (int k = 0; k < c->n; k++) cdp_unit_set_recompute(&c->mode[r].u[k], r);
+        cdp_cost_fit_units(plan, c->mode[r].u, c->n);
+        if (!(c->mode[r].cost = calloc((size_t)c->n, sizeof *c->mode[r].cost)))
+            return cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
+        cdp_cost_analytic(plan, c->mode[r].u, c->n, &rate, c->mode[r].cost);
+        if (costs) cdp_cost_apply(costs, c->mode[r].u, c->n, c->mode[r].cost);
+        cdp_cost_add_recompute(c->mode[r].u, c->n, c->mode[r].cost);
+        st = mem_index_build(&c->mode[r].mi, plan, c->mode[r].u, c->n);
+    }
     if (st) return st;
-    cdp_cost_fit_units(plan, c->u, c->n);
-    c->cost = calloc((size_t)c->n, sizeof *c->cost);
+    use_mode(c, modes[0]);
     c->bw = malloc((size_t)c->nd * c->nd * sizeof *c->bw);
     c->lat = malloc((size_t)c->nd * c->nd * sizeof *c->lat);
     c->rdev = malloc((size_t)c->nd * sizeof *c->rdev);
-    if (!c->cost || !c->bw || !c->lat || !c->rdev) return cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
-    struct cdp_device_rate rate = cdp_device_rate_of(t, 0, plan->train.precision);
-    cdp_cost_analytic(plan, c->u, c->n, &rate, c->cost);
-    if (costs) cdp_cost_apply(costs, c->u, c->n, c->cost);
+    if (!c->bw || !c->lat || !c->rdev) return cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
     links_of(t, c->bw, c->lat);
     c->tied_bytes = tied_model(plan) ? tied_bytes_of(plan, c->u, c->n) : 0;
     uint64_t cap = 0;
@@ -898,7 +946,23 @@ static cdp_status ctx_init(struct ctx *c, const struct cdp_plan *plan, const str
         if (x && (!cap || x < cap)) cap = x;
     }
     c->cap = (double)cap;
-    return mem_index_build(&c->mi, plan, c->u, c->n);
+    return CDP_OK;
+}
+
+/* The context of a search: every mode the plan allows. */
+static cdp_status ctx_init(struct ctx *c, const struct cdp_plan *plan, const struct cdp_topology *t,
+                           const struct cdp_cost_table *costs)
+{
+    enum cdp_recompute modes[CDP_RECOMPUTE_COUNT];
+    const int n = modes_of(plan, modes);
+    return ctx_init_modes(c, plan, t, costs, modes, n);
+}
+
+/* The context of one layout, in its recompute mode. */
+static cdp_status ctx_init_for(struct ctx *c, const struct cdp_plan *plan, const struct cdp_topology *t,
+                               const struct cdp_cost_table *costs, enum cdp_recompute r)
+{
+    return ctx_init_modes(c, plan, t, costs, &r, 1);
 }
 
 /* Per-stage predictions of a layout: forward/backward per micro-batch (all
@@ -939,6 +1003,7 @@ static void smallest_cap(struct ctx *c, const struct cand *shapes, int n, char *
         int *dev = malloc((size_t)k->p * k->R * sizeof *dev);
         struct cdp_layout *l = NULL;
         c->kind = k->kind;
+        use_mode(c, k->rc);
         double peak = 0;
         char why[8];
         if (ranges && dev && !split(c, k->p, k->R, k->m, CDP_PARTITION_MEMORY, ranges)) {
@@ -1013,9 +1078,9 @@ static cdp_status try_shape(struct ctx *c, struct search *s, int p, int R, int m
         if (nt) s->tried = nt;
         if (!nc || !nt) return cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
     }
-    s->tried[s->n_tried++] = (struct cand){.p = p, .R = R, .m = m, .kind = c->kind};
+    s->tried[s->n_tried++] = (struct cand){.p = p, .R = R, .m = m, .kind = c->kind, .rc = c->rc};
     struct cand *k = &s->cand[s->n_cand];
-    *k = (struct cand){.p = p, .R = R, .m = m, .kind = c->kind};
+    *k = (struct cand){.p = p, .R = R, .m = m, .kind = c->kind, .rc = c->rc};
     k->ranges = calloc((size_t)p * c->v, sizeof *k->ranges);
     if (!k->ranges) return cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
     if ((st = split(c, p, R, m, CDP_PARTITION_TIME, k->ranges))) {
@@ -1109,8 +1174,14 @@ static cdp_status try_shapes(struct ctx *c, struct search *s, int W, struct cdp_
             if (m < 1 || (c->v > 1 && (m % p || !shares_fit(pd, p)))) continue;
             res->shapes++;
             s->largest_tried = p;
-            cdp_status st = try_shape(c, s, p, R, m);
-            if (st) return st;
+            /* the least recomputation that fits this shape: less is always faster */
+            enum cdp_recompute modes[CDP_RECOMPUTE_COUNT];
+            const int n_modes = modes_of(plan, modes), had = s->n_cand;
+            for (int q = 0; q < n_modes && s->n_cand == had; q++) {
+                use_mode(c, modes[q]);
+                cdp_status st = try_shape(c, s, p, R, m);
+                if (st) return st;
+            }
         }
     }
     res->feasible = s->n_cand;
@@ -1151,6 +1222,7 @@ static cdp_status place_best(struct ctx *c, struct search *s, struct cdp_planner
     for (int i = 0; i < s->n_cand && i < CDP_PLANNER_PLACED_SHAPES; i++) {
         struct cand *k = &s->cand[i];
         c->kind = k->kind;
+        use_mode(c, k->rc);
         if ((st = prepare(c, k->p, k->R, k->m, (const int64_t(*)[2])k->ranges))) break;
         /* bounded work: about 1e6 simulated (rank x micro-batch) slots per shape, at least 8
          * evaluations; the cheap model simulates one pipeline per distinct replica (counted as 8) */
@@ -1191,6 +1263,7 @@ static cdp_status finish(struct ctx *c, struct search *s, const struct cand *k, 
     const struct cdp_topology *t = c->t;
     cdp_status st;
     c->kind = k->kind;
+    use_mode(c, k->rc);
     res->stage = calloc((size_t)k->p, sizeof *res->stage);
     res->node = calloc((size_t)t->n_nodes, sizeof *res->node);
     if (!res->stage || !res->node) return cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
@@ -1293,7 +1366,7 @@ cdp_status cdp_planner_simulate(const struct cdp_plan *plan, const struct cdp_to
                                 struct cdp_sim_result **out)
 {
     struct ctx c;
-    cdp_status st = ctx_init(&c, plan, t, costs);
+    cdp_status st = ctx_init_for(&c, plan, t, costs, l->recompute);
     if (!st) {
         c.kind = l->schedule;
         c.v = l->chunks;
@@ -1331,7 +1404,7 @@ cdp_status cdp_planner_explore(const struct cdp_plan *plan, const struct cdp_top
     int *dev = NULL, *perm = NULL, *chosen = NULL;
     struct ctx c;
     if (n_random < 1 || N > t->n_gpus) return cdp_fail(CDP_ERR_INVALID, "planner: explore: bad sample count or shape");
-    cdp_status st = ctx_init(&c, plan, t, costs);
+    cdp_status st = ctx_init_for(&c, plan, t, costs, l->recompute);
     if (st) goto fail;
     c.kind = l->schedule;
     c.v = l->chunks;

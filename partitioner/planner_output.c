@@ -48,6 +48,8 @@ cdp_status cdp_planner_apply(const struct cdp_planner_result *r, struct cdp_plan
     pd->stages = l->stages;
     pd->schedule = l->schedule;
     pd->schedule_auto = 0;
+    plan->train.recompute = l->recompute;
+    plan->train.recompute_auto = 0;
     pd->replicas = l->replicas;
     pd->micro_batches = l->micro_batches;
     plan->train.global_batch = (int64_t)l->replicas * l->micro_batches * l->micro_batch;
@@ -96,6 +98,10 @@ void cdp_planner_print(const struct cdp_planner_result *r, FILE *f)
             cdp_schedule_name(l->schedule));
     if (l->chunks > 1) fprintf(f, " x %d chunks", l->chunks);
     fprintf(f, ", global batch %lld\n", (long long)l->replicas * l->micro_batches * l->micro_batch);
+    fprintf(f, "  recompute   %s%s\n", cdp_recompute_name(l->recompute),
+            l->recompute == CDP_RECOMPUTE_NONE        ? " (every activation kept)"
+            : l->recompute == CDP_RECOMPUTE_SELECTIVE ? " (attention, norm and GELU outputs computed again)"
+                                                      : " (each unit's forward run again before its backward)");
     fprintf(f, "\nPlan: partition (per micro-batch; memory: the most a rank of the stage allocates)\n"
                "  stage  units            fwd ms   bwd ms       memory     headroom\n");
     for (int s = 0; s < l->stages; s++) {
@@ -154,6 +160,7 @@ void cdp_planner_print_brief(const struct cdp_planner_result *r, FILE *f)
     fprintf(f, "plan: %d stage%s x %d replica%s, %d micro-batches of %d, %s", l->stages, l->stages == 1 ? "" : "s",
             l->replicas, l->replicas == 1 ? "" : "s", l->micro_batches, l->micro_batch, cdp_schedule_name(l->schedule));
     if (l->chunks > 1) fprintf(f, " x %d chunks", l->chunks);
+    if (l->recompute != CDP_RECOMPUTE_NONE) fprintf(f, ", recompute %s", cdp_recompute_name(l->recompute));
     fprintf(f, " on %s (planned in %.3f s)\n", l->topology, r->search_s);
     fprintf(f, "  stage  units            fwd ms   bwd ms       memory\n");
     for (int s = 0; s < l->stages && s < 16; s++) {
@@ -227,6 +234,7 @@ json_t *cdp_planner_to_json(const struct cdp_planner_result *r)
                                                   r->node[n].bytes));
     }
     json_object_set_new(o, "topology", json_string(l->topology));
+    json_object_set_new(o, "recompute", json_string(cdp_recompute_name(l->recompute)));
     json_object_set_new(o, "stages", stages);
     json_object_set_new(o, "placement", cdp_layout_ranks_json(l));
     json_object_set_new(o, "host", host);

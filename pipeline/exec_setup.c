@@ -253,8 +253,8 @@ cdp_status cdp_exec_setup(struct exec *e)
         c->first_unit = (int)L->ranges[c->vstage][0];
         c->end_unit = (int)L->ranges[c->vstage][1];
         c->nslots = slots;
-        if ((st = cdp_model_create(&p->model, c->first_unit, c->end_unit, e->B, slots, p->train.seed, e->dev,
-                                   &c->model)))
+        if ((st = cdp_model_create_ex(&p->model, c->first_unit, c->end_unit, e->B, slots, p->train.seed,
+                                      L->recompute, e->dev, &c->model)))
             break;
         if (p->model.weights && (st = cdp_model_load(c->model, p->model.weights))) break;
         if ((st = cdp_optimizer_create(&p->train.optimizer, c->model, e->dev, &c->opt))) break;

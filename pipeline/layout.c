@@ -143,7 +143,8 @@ void cdp_layout_chunk_memory(const struct cdp_plan *plan, const struct cdp_range
     out->grads = mb.grads;
     out->optimizer = cdp_optimizer_state_bytes(&plan->train.optimizer, (int64_t)(mb.params / 4));
     out->activations = mb.activations + mb.inputs + mb.targets;
-    out->buffers = mb.scratch + mb.grad_buffers + mb.losses + cb.grad_in + (uint64_t)cb.n_grad_out * cb.grad_out;
+    out->buffers = mb.scratch + mb.grad_buffers + mb.recompute + mb.losses + cb.grad_in +
+                   (uint64_t)cb.n_grad_out * cb.grad_out;
     out->device = out->params + out->grads + out->optimizer + out->activations + out->buffers;
     /* the losses are read back into a host copy */
     out->host = cb.host + (ends_model ? last->loss_bytes : 0);

@@ -34,7 +34,8 @@ extern "C" {
 struct cdp_rank_memory {
     uint64_t params, grads, optimizer; /* fp32 state of the parameters it holds */
     uint64_t activations;              /* kept activations, inputs and targets of its slots */
-    uint64_t buffers;                  /* scratch, backward gradients, losses, pipeline gradient buffers */
+    uint64_t buffers;                  /* scratch, backward gradients, recomputation, losses, pipeline gradient
+                                        * buffers */
     uint64_t device;                   /* the sum of the above */
     uint64_t host;
 };
@@ -55,6 +56,7 @@ struct cdp_layout {
     int micro_batches;    /* per replica per step, before shares (the shares' mean) */
     int micro_batch;      /* samples per micro-batch */
     enum cdp_schedule_kind schedule;
+    enum cdp_recompute recompute; /* what every stage keeps for its backward (cdp_unit_set_recompute) */
     int64_t *shares;      /* replicas entries: micro-batches of each replica per step (owned) */
     int64_t (*ranges)[2]; /* stages x chunks: [first, end) units of virtual stage k, which is chunk
                              k / stages of stage k % stages (owned) */

@@ -29,6 +29,7 @@ struct cell {
     char schedule[16];
     int cuda;  /* through the stand-in CUDA module (tests/fake-cuda) */
     int steps; /* 0: one (the memory peaks while the first step sets up) */
+    char recompute[12]; /* /train/recompute; "": the default (auto) */
 };
 
 static const char *model_json(int model)
@@ -45,10 +46,11 @@ static const char *cell_plan(const char *dir, const char *name, const struct cel
     char json[2048], file[96];
     snprintf(json, sizeof json,
              "{%s, \"data\": {\"source\": \"synthetic\", \"seed\": 5}, \"train\": {\"steps\": %d, \"micro_batch\": 3, "
-             "\"optimizer\": {\"type\": \"%s\"}, \"eval_batches\": 1, \"log_every\": 1, \"timeout_s\": 60}, "
+             "\"optimizer\": {\"type\": \"%s\"}, \"eval_batches\": 1, \"log_every\": 1, \"timeout_s\": 60%s%s%s}, "
              "\"parallel\": {\"stages\": %d, \"replicas\": %d, \"micro_batches\": %d, \"schedule\": \"%s\"%s}, "
              "\"cluster\": {\"backend\": \"%s\"%s%s}, \"output\": {\"metrics\": \"%s.jsonl\"}}",
-             model_json(c->model), c->steps ? c->steps : 1, c->model == GPT ? "adamw" : "sgd", c->p, c->R, c->m,
+             model_json(c->model), c->steps ? c->steps : 1, c->model == GPT ? "adamw" : "sgd",
+             c->recompute[0] ? ", \"recompute\": \"" : "", c->recompute, c->recompute[0] ? "\"" : "", c->p, c->R, c->m,
              c->schedule,
              !strcmp(c->schedule, "interleaved") ? ", \"chunks\": 2" : "", c->cuda ? "cuda" : "cpu",
              c->cuda ? ", \"ranks_per_device\": 8" : "", extra, name);
@@ -88,7 +90,7 @@ ParameterizedTestParameters(layout, measured_peak_is_the_predicted_memory)
             for (int p = 1; p <= 4; p++)
                 for (int R = 1; R <= 2; R++) {
                     if (k == 2 && p < 2) continue; /* interleaved needs two stages */
-                    struct cell c = {model, p, R, 2 * p, "", 0, 0};
+                    struct cell c = {model, p, R, 2 * p, "", 0, 0, ""};
                     snprintf(c.schedule, sizeof c.schedule, "%s", kinds[k]);
                     grid[n++] = c;
                 }
@@ -98,8 +100,18 @@ ParameterizedTestParameters(layout, measured_peak_is_the_predicted_memory)
         for (size_t i = 0; i < sizeof gpu / sizeof gpu[0]; i++)
             for (int k = 0; k < 3; k++) {
                 if (k == 2 && gpu[i][0] < 2) continue;
-                struct cell c = {model, gpu[i][0], gpu[i][1], gpu[i][2], "", 1, 0};
+                struct cell c = {model, gpu[i][0], gpu[i][1], gpu[i][2], "", 1, 0, ""};
                 snprintf(c.schedule, sizeof c.schedule, "%s", kinds[k]);
+                grid[n++] = c;
+            }
+    /* recomputation: what each mode keeps, on every schedule and both paths */
+    static const int rc[][4] = {{2, 2, 4, 1}, {3, 1, 6, 0}, {2, 1, 4, 2}, {2, 1, 4, 1}};
+    for (int model = 0; model < 2; model++)
+        for (int mode = 0; mode < 2; mode++)
+            for (size_t i = 0; i < sizeof rc / sizeof rc[0]; i++) {
+                struct cell c = {model, rc[i][0], rc[i][1], rc[i][2], "", i == 3, 0, ""};
+                snprintf(c.schedule, sizeof c.schedule, "%s", kinds[rc[i][3]]);
+                snprintf(c.recompute, sizeof c.recompute, "%s", mode ? "full" : "selective");
                 grid[n++] = c;
             }
     return cr_make_param_array(struct cell, grid, (size_t)n);
@@ -136,14 +148,15 @@ ParameterizedTest(struct cell *c, layout, measured_peak_is_the_predicted_memory,
         cr_assert_gt(pred, 0, "rank %zu has a prediction", i);
         const double err = fabs(peak - pred) / pred;
         if (err > worst) worst = err;
-        cr_expect_leq(err, 0.03, "%s %s p=%d R=%d%s rank %zu: measured %.0f, predicted %.0f bytes (%+.2f%%)",
-                      c->model == GPT ? "gpt" : "mlp", c->schedule, c->p, c->R, c->cuda ? " (stand-in cuda)" : "", i,
-                      peak, pred, 100 * (peak / pred - 1));
+        cr_expect_leq(err, 0.03, "%s %s p=%d R=%d%s %s rank %zu: measured %.0f, predicted %.0f bytes (%+.2f%%)",
+                      c->model == GPT ? "gpt" : "mlp", c->schedule, c->p, c->R, c->cuda ? " (stand-in cuda)" : "",
+                      c->recompute, i, peak, pred, 100 * (peak / pred - 1));
         cr_expect_eq(peak, pred, "%s %s p=%d R=%d rank %zu: the prediction is the allocation", c->model == GPT ? "gpt"
                      : "mlp", c->schedule, c->p, c->R, i);
     }
-    cr_log_info("%s %s p=%d R=%d%s: worst memory error %.4f%%", c->model == GPT ? "gpt" : "mlp", c->schedule, c->p,
-                c->R, c->cuda ? " (stand-in cuda)" : "", 100 * worst);
+    cr_log_info("%s %s p=%d R=%d%s%s%s: worst memory error %.4f%%", c->model == GPT ? "gpt" : "mlp", c->schedule,
+                c->p, c->R, c->cuda ? " (stand-in cuda)" : "", c->recompute[0] ? ", recompute " : "", c->recompute,
+                100 * worst);
     json_decref(j);
 }
 
@@ -186,7 +199,7 @@ Test(layout, fits_means_fits, .timeout = 120)
     if (!cdp_comm_have_mpi()) cr_skip_test("this build has no MPI");
     char dir[4096], extra[128], part[512], err[4096];
     snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
-    struct cell c = {GPT, 2, 1, 4, "1f1b", 0, 0};
+    struct cell c = {GPT, 2, 1, 4, "1f1b", 0, 0, ""};
     int code;
     const double peak = planned_peak(cell_plan(dir, "free", &c, ""), part, sizeof part, &code, err, sizeof err);
     cr_assert_eq(code, 0, "%s", err);
@@ -234,7 +247,7 @@ Test(layout, ranks_on_a_host_share_its_memory)
 {
     char dir[4096];
     snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
-    struct cell c = {GPT, 2, 2, 4, "1f1b", 0, 0};
+    struct cell c = {GPT, 2, 2, 4, "1f1b", 0, 0, ""};
     const char *plan = cell_plan(dir, "host", &c, ", \"host_memory\": \"64MiB\"");
     struct cdp_run r;
     cr_assert_eq(cdp_test_run(&r, (const char *[]){"--plan", plan, NULL}), 0);
@@ -420,7 +433,7 @@ Test(layout, a_two_node_layout_trains_on_its_nodes, .timeout = 120)
     const char *hosts = cdp_test_write_file(dir, "hosts", "node-a\nnode-b   # the second node\n");
     char hostpath[4200];
     snprintf(hostpath, sizeof hostpath, "%s", hosts);
-    struct cell c = {GPT, 2, 2, 4, "1f1b", 0, 2};
+    struct cell c = {GPT, 2, 2, 4, "1f1b", 0, 2, ""};
     char plan[4200];
     snprintf(plan, sizeof plan, "%s", cell_plan(dir, "two", &c, ", \"nodes\": 2"));
     setenv("OMPI_MCA_plm_rsh_agent", agent, 1);
@@ -440,7 +453,7 @@ Test(layout, a_two_node_layout_trains_on_its_nodes, .timeout = 120)
     json_decref(last);
     double la[4], lb[4];
     cr_assert_eq(losses_of(path, la, 4), 2);
-    struct cell one = {GPT, 1, 1, 8, "1f1b", 0, 2};
+    struct cell one = {GPT, 1, 1, 8, "1f1b", 0, 2, ""};
     trains(cell_plan(dir, "one", &one, ""), "one rank");
     snprintf(path, sizeof path, "%s/one.jsonl", dir);
     cr_assert_eq(losses_of(path, lb, 4), 2);
@@ -463,7 +476,7 @@ Test(layout, ranks_are_bound_to_the_layout_cpus, .timeout = 60)
     if (!cdp_comm_have_mpi()) cr_skip_test("this build has no MPI");
     char dir[4096];
     snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
-    struct cell c = {MLP, 2, 1, 2, "1f1b", 0, 0};
+    struct cell c = {MLP, 2, 1, 2, "1f1b", 0, 0, ""};
     const char *plan = cell_plan(dir, "bind", &c, "");
     struct cdp_run r;
     cr_assert_eq(cdp_test_run(&r, (const char *[]){"--plan", plan, "--dry-run", "--json", NULL}), 0);

@@ -135,6 +135,124 @@ Test(model, table_flops_equal_counted_gemm_work_layers)
                        "{\"type\": \"layernorm\"}, {\"type\": \"linear\", \"out\": 11}]}}", 1);
 }
 
+/* ---- activation recomputation ------------------------------------------------ */
+
+/* What one model built in recompute mode r gives for two micro-batches in
+ * flight (both forwards, then both backwards, the later first): every
+ * parameter gradient, the input gradient, the outputs, the GEMM work of the
+ * backward, the device's peak, and the activation floats per sample kept. */
+struct rc_run {
+    float *grads, *din, *out;
+    int64_t n_grads, n_din, n_out;
+    double bwd_flops, table_bwd;
+    uint64_t peak;
+};
+
+static void rc_run(const char *json, enum cdp_recompute r, int B, struct rc_run *o)
+{
+    struct cdp_plan *p = plan_from(json);
+    cdp_device_t dev = cpu();
+    struct cdp_model *m;
+    const int n = (int)cdp_plan_model_units(p);
+    cr_assert_eq(cdp_model_create_ex(&p->model, 0, n, B, 2, 7, r, dev, &m), CDP_OK, "%s", cdp_last_error());
+    const struct cdp_unit *u0 = cdp_model_unit(m, 0), *ul = cdp_model_unit(m, n - 1);
+    int64_t in_n = B;
+    for (int d = 0; d < u0->in.ndim; d++) in_n *= u0->in.d[d];
+    uint64_t s = 12345;
+    for (int slot = 0; slot < 2; slot++) {
+        if (u0->in_tokens) {
+            int32_t *t = cdp_model_input(m, slot);
+            for (int64_t i = 0; i < in_n; i++)
+                t[i] = (int32_t)(((s = s * 6364136223846793005ull + 1) >> 33) % (uint64_t)u0->desc.vocab);
+        } else {
+            float *x = cdp_model_input(m, slot);
+            for (int64_t i = 0; i < in_n; i++)
+                x[i] = (float)(((s = s * 6364136223846793005ull + 1) >> 40) % 1000) / 500.0f - 1.0f;
+        }
+    }
+    cr_assert_eq(cdp_model_forward(m, 0), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(cdp_model_forward(m, 1), CDP_OK, "%s", cdp_last_error());
+    o->n_out = 2 * B * ul->out_floats;
+    o->out = malloc((size_t)o->n_out * 4);
+    memcpy(o->out, cdp_model_output(m, 0), (size_t)o->n_out / 2 * 4);
+    memcpy(o->out + o->n_out / 2, cdp_model_output(m, 1), (size_t)o->n_out / 2 * 4);
+    float *dout = malloc((size_t)(B * ul->out_floats) * 4);
+    for (int64_t i = 0; i < B * ul->out_floats; i++) dout[i] = 0.01f * (float)((i % 7) - 3);
+    o->n_din = u0->in_tokens ? 0 : in_n;
+    o->din = calloc((size_t)in_n + 1, 4);
+    sgemm_flops = 0;
+    cr_assert_eq(cdp_model_backward(m, 1, dout, u0->in_tokens ? NULL : o->din), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(cdp_model_backward(m, 0, dout, u0->in_tokens ? NULL : o->din), CDP_OK, "%s", cdp_last_error());
+    o->bwd_flops = sgemm_flops;
+    o->table_bwd = 0;
+    for (int i = 0; i < n; i++)
+        o->table_bwd += 2.0 * B * (cdp_model_unit(m, i)->bwd_flops + cdp_model_unit(m, i)->recompute_flops);
+    o->n_grads = cdp_model_param_floats(m);
+    o->grads = malloc((size_t)o->n_grads * 4);
+    memcpy(o->grads, cdp_model_tensor(m, 0)->grad, (size_t)o->n_grads * 4);
+    o->peak = cdp_device_mem_peak(dev);
+    free(dout);
+    cdp_model_destroy(m);
+    cdp_device_close(dev);
+    cdp_plan_free(p);
+}
+
+static void rc_free(struct rc_run *o)
+{
+    free(o->grads);
+    free(o->din);
+    free(o->out);
+}
+
+/* Selective and full recomputation run the same kernels on the same inputs as
+ * keeping everything: outputs and gradients are bit-identical, the backward
+ * does the table's extra work (recompute_flops, counted GEMM by GEMM), and
+ * the device holds less. selective_saves: the model has attention, whose
+ * state selective drops and whose GEMMs it runs again. */
+static void check_recompute(const char *json, int B, int selective_saves)
+{
+    struct rc_run base, r;
+    rc_run(json, CDP_RECOMPUTE_NONE, B, &base);
+    cr_assert_float_eq(base.bwd_flops, base.table_bwd, 0.5);
+    uint64_t last = base.peak;
+    for (int mode = CDP_RECOMPUTE_SELECTIVE; mode <= CDP_RECOMPUTE_FULL; mode++) {
+        rc_run(json, (enum cdp_recompute)mode, B, &r);
+        const char *name = mode == CDP_RECOMPUTE_FULL ? "full" : "selective";
+        cr_assert_eq(r.n_grads, base.n_grads);
+        cr_assert_eq(memcmp(r.out, base.out, (size_t)base.n_out * 4), 0, "%s: the outputs differ", name);
+        cr_assert_eq(memcmp(r.grads, base.grads, (size_t)base.n_grads * 4), 0, "%s: the gradients differ", name);
+        cr_assert_eq(memcmp(r.din, base.din, (size_t)base.n_din * 4), 0, "%s: the input gradient differs", name);
+        cr_assert_float_eq(r.bwd_flops, r.table_bwd, 0.5, "%s: backward counted %.0f, table %.0f", name, r.bwd_flops,
+                           r.table_bwd);
+        if (selective_saves) cr_assert_gt(r.bwd_flops, base.bwd_flops, "%s recomputes attention", name);
+        if (mode == CDP_RECOMPUTE_FULL || selective_saves) {
+            cr_assert_lt(r.peak, last, "%s: peak %llu, not below %llu", name, (unsigned long long)r.peak,
+                         (unsigned long long)last);
+            last = r.peak;
+        }
+        rc_free(&r);
+    }
+    rc_free(&base);
+}
+
+Test(model, recomputation_is_bit_identical_and_keeps_less)
+{
+    check_recompute("{\"model\": {\"preset\": \"gpt\", \"vocab\": 37, \"context\": 33, \"layers\": 2, "
+                    "\"heads\": 3, \"embed\": 24}}", 2, 1);
+    check_recompute("{\"model\": {\"input\": [6], \"layers\": ["
+                    "{\"type\": \"embedding\", \"vocab\": 11, \"dim\": 8, \"context\": 6},"
+                    "{\"type\": \"attention\", \"heads\": 2, \"causal\": false},"
+                    "{\"type\": \"attention\", \"heads\": 1},"
+                    "{\"type\": \"transformer_block\", \"heads\": 4},"
+                    "{\"type\": \"layernorm\"}, {\"type\": \"linear\", \"out\": 11}]}}", 3, 1);
+    /* no tail anywhere: selective keeps what none keeps */
+    check_recompute("{\"model\": {\"input\": [3, 11, 10], \"layers\": ["
+                    "{\"type\": \"conv2d\", \"out\": 5, \"kernel\": 3, \"stride\": 2, \"padding\": 1},"
+                    "{\"type\": \"relu\"}, {\"type\": \"maxpool2d\", \"kernel\": 2},"
+                    "{\"type\": \"flatten\"}, {\"type\": \"linear\", \"out\": 7}, {\"type\": \"gelu\"},"
+                    "{\"type\": \"layernorm\"}, {\"type\": \"linear\", \"out\": 3}]}}", 2, 0);
+}
+
 Test(model, table_memory_matches_hand_counts)
 {
     struct cdp_plan *p = plan_from("{\"model\": {\"preset\": \"gpt\", \"vocab\": 50, \"context\": 4, "

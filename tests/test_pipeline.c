@@ -21,6 +21,7 @@ struct layout {
     char schedule[16];
     char balance[24]; /* "" (the default), or a /parallel/balance list such as "[3, 1]" */
     int rebalance_every;
+    char recompute[12]; /* /train/recompute of the pipeline's plan; "": the default */
 };
 
 static void write_plan(const char *dir, const char *name, const struct layout *l, int one_rank)
@@ -45,15 +46,17 @@ static void write_plan(const char *dir, const char *name, const struct layout *l
      * zero gradient (softmax ignores a constant added to every key), so its
      * fp32 gradient is rounding noise that differs with summation order, and
      * with eps 1e-8 Adam turns that noise into steps of up to lr. */
+    char rc[48] = "";
+    if (!one_rank && l->recompute[0]) snprintf(rc, sizeof rc, ", \"recompute\": \"%s\"", l->recompute);
     const char *opt = l->model == MODEL_GPT
                           ? "{\"type\": \"adamw\", \"lr\": 0.01, \"weight_decay\": 0.1, \"eps\": 1e-6}"
                           : "{\"type\": \"sgd\", \"lr\": 0.05, \"momentum\": 0.9}";
     snprintf(json, sizeof json,
              "{%s, \"data\": {\"source\": \"synthetic\", \"seed\": 3}, \"train\": {\"steps\": 3, \"micro_batch\": 2, "
-             "\"optimizer\": %s, \"grad_clip\": 0.5, \"eval_batches\": 1, \"timeout_s\": 60}, %s, "
+             "\"optimizer\": %s, \"grad_clip\": 0.5, \"eval_batches\": 1, \"timeout_s\": 60%s}, %s, "
              "\"cluster\": {\"backend\": \"cpu\"}, \"output\": {\"metrics\": \"%s.jsonl\", \"weights\": "
              "\"%s.safetensors\", \"trace\": \"%s-trace.json\"}}",
-             model, opt, par, name, name, name);
+             model, opt, rc, par, name, name, name);
     char file[64];
     snprintf(file, sizeof file, "%s.json", name);
     cdp_test_write_file(dir, file, json);
@@ -111,30 +114,43 @@ static void run_ok(const char *plan)
 
 ParameterizedTestParameters(pipeline, layouts_equal_one_rank)
 {
-    static struct layout grid[64];
+    static struct layout grid[96];
     static const int shapes[][3] = {{1, 1, 4}, {2, 1, 4}, {1, 2, 2}, {2, 2, 4}, {4, 1, 8}, {2, 3, 3}, {3, 2, 6}};
     int n = 0;
     for (int model = 0; model < 2; model++)
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
             const int p = shapes[s][0], R = shapes[s][1], m = shapes[s][2];
-            grid[n++] = (struct layout){model, p, R, m, 1, "gpipe", "", 0};
-            grid[n++] = (struct layout){model, p, R, m, 1, "1f1b", "", 0};
+            grid[n++] = (struct layout){model, p, R, m, 1, "gpipe", "", 0, ""};
+            grid[n++] = (struct layout){model, p, R, m, 1, "1f1b", "", 0, ""};
             /* interleaved: 2 chunks per rank, m a multiple of p, enough units */
             const int units = model == MODEL_GPT ? 8 : 7;
             if (p >= 2 && m % p == 0 && 2 * p <= units)
-                grid[n++] = (struct layout){model, p, R, m, 2, "interleaved", "", 0};
+                grid[n++] = (struct layout){model, p, R, m, 2, "interleaved", "", 0, ""};
         }
     /* unequal shares of the global batch (load-balanced replicas) */
     for (int model = 0; model < 2; model++) {
-        grid[n++] = (struct layout){model, 1, 2, 2, 1, "1f1b", "[3, 1]", 0};
-        grid[n++] = (struct layout){model, 2, 2, 4, 1, "gpipe", "[6, 2]", 0};
-        grid[n++] = (struct layout){model, 2, 2, 4, 1, "1f1b", "[1, 7]", 0};
-        grid[n++] = (struct layout){model, 2, 2, 4, 2, "interleaved", "[6, 2]", 0};
-        grid[n++] = (struct layout){model, 2, 3, 3, 1, "1f1b", "[5, 3, 1]", 0};
+        grid[n++] = (struct layout){model, 1, 2, 2, 1, "1f1b", "[3, 1]", 0, ""};
+        grid[n++] = (struct layout){model, 2, 2, 4, 1, "gpipe", "[6, 2]", 0, ""};
+        grid[n++] = (struct layout){model, 2, 2, 4, 1, "1f1b", "[1, 7]", 0, ""};
+        grid[n++] = (struct layout){model, 2, 2, 4, 2, "interleaved", "[6, 2]", 0, ""};
+        grid[n++] = (struct layout){model, 2, 3, 3, 1, "1f1b", "[5, 3, 1]", 0, ""};
     }
+    /* recomputation, selective and full, on every schedule */
+    for (int model = 0; model < 2; model++)
+        for (int mode = 0; mode < 2; mode++) {
+            const char *rc = mode ? "full" : "selective";
+            struct layout a = {model, 2, 2, 4, 1, "gpipe", "", 0, ""}, b = {model, 2, 2, 4, 1, "1f1b", "", 0, ""},
+                          c = {model, 2, 1, 4, 2, "interleaved", "", 0, ""};
+            snprintf(a.recompute, sizeof a.recompute, "%s", rc);
+            snprintf(b.recompute, sizeof b.recompute, "%s", rc);
+            snprintf(c.recompute, sizeof c.recompute, "%s", rc);
+            grid[n++] = a;
+            grid[n++] = b;
+            grid[n++] = c;
+        }
     /* a layer list with silu */
-    grid[n++] = (struct layout){MODEL_SILU, 2, 1, 4, 1, "1f1b", "", 0};
-    grid[n++] = (struct layout){MODEL_SILU, 2, 2, 4, 1, "gpipe", "", 0};
+    grid[n++] = (struct layout){MODEL_SILU, 2, 1, 4, 1, "1f1b", "", 0, ""};
+    grid[n++] = (struct layout){MODEL_SILU, 2, 2, 4, 1, "gpipe", "", 0, ""};
     return cr_make_param_array(struct layout, grid, (size_t)n);
 }
 
@@ -164,8 +180,44 @@ ParameterizedTest(struct layout *l, pipeline, layouts_equal_one_rank, .timeout =
     double e = compare_weights(path_a, path_b);
     cr_assert_leq(e, 1e-5, "%s %s p=%d R=%d m=%d: weights differ by %.3g", l->model == MODEL_GPT ? "gpt" : l->model == MODEL_SILU ? "silu" : "mlp",
                   l->schedule, l->p, l->R, l->m, e);
-    cr_log_info("%s %s p=%d R=%d m=%d %s: worst weight error %.3g", l->model == MODEL_GPT ? "gpt" : l->model == MODEL_SILU ? "silu" : "mlp", l->schedule, l->p,
-                l->R, l->m, l->balance, e);
+    cr_log_info("%s %s p=%d R=%d m=%d %s%s%s: worst weight error %.3g",
+                l->model == MODEL_GPT ? "gpt" : l->model == MODEL_SILU ? "silu" : "mlp", l->schedule, l->p, l->R, l->m,
+                l->balance, l->recompute[0] ? " recompute " : "", l->recompute, e);
+}
+
+/* The same layout with every recompute mode: the same kernels on the same
+ * inputs in the same order, so the same losses and weights to the bit. */
+Test(pipeline, recomputation_trains_bit_identically, .timeout = 240)
+{
+    need_mpi();
+    char dir[4096], a[4300], b[4300], plan[4300];
+    snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
+    static const char *const modes[] = {"none", "selective", "full"};
+    double base[8];
+    for (int i = 0; i < 3; i++) {
+        struct layout l = {MODEL_GPT, 2, 2, 4, 1, "1f1b", "", 0, ""};
+        snprintf(l.recompute, sizeof l.recompute, "%s", modes[i]);
+        write_plan(dir, modes[i], &l, 0);
+        snprintf(plan, sizeof plan, "%s/%s.json", dir, modes[i]);
+        run_ok(plan);
+        double loss[8];
+        snprintf(b, sizeof b, "%s/%s.jsonl", dir, modes[i]);
+        cr_assert_eq(read_losses(b, loss, 8), 3);
+        char *text = cdp_test_read_file(b);
+        char want[64];
+        snprintf(want, sizeof want, "\"recompute\": \"%s\"", modes[i]);
+        cr_assert(text && strstr(text, want), "%s: the layout record names the mode", b);
+        free(text);
+        if (i == 0) {
+            memcpy(base, loss, sizeof base);
+            continue;
+        }
+        for (int k = 0; k < 3; k++) cr_assert_eq(loss[k], base[k], "%s: step %d loss %.9g vs %.9g", modes[i], k + 1,
+                                                 loss[k], base[k]);
+        snprintf(a, sizeof a, "%s/none.safetensors", dir);
+        snprintf(b, sizeof b, "%s/%s.safetensors", dir, modes[i]);
+        cr_assert_eq(compare_weights(a, b), 0.0, "%s: the weights differ from none", modes[i]);
+    }
 }
 
 Test(pipeline, trace_has_a_track_per_rank_and_forward_backward_boxes)
@@ -174,7 +226,7 @@ Test(pipeline, trace_has_a_track_per_rank_and_forward_backward_boxes)
     const char *d = cdp_test_tmpdir();
     char dir[4096], plan[4200], path[4300];
     snprintf(dir, sizeof dir, "%s", d);
-    struct layout l = {MODEL_GPT, 2, 2, 4, 1, "1f1b", "", 0};
+    struct layout l = {MODEL_GPT, 2, 2, 4, 1, "1f1b", "", 0, ""};
     write_plan(dir, "pipe", &l, 0);
     snprintf(plan, sizeof plan, "%s/pipe.json", dir);
     run_ok(plan);
@@ -306,7 +358,7 @@ Test(pipeline, rebalancing_moves_micro_batches_to_fast_replicas, .timeout = 240)
     need_mpi();
     char dir[4096], base[4200], pipe[4200], a[4300], b[4300];
     snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
-    struct layout l = {MODEL_GPT, 1, 2, 4, 1, "1f1b", "", 1};
+    struct layout l = {MODEL_GPT, 1, 2, 4, 1, "1f1b", "", 1, ""};
     write_plan(dir, "one", &l, 1);
     write_plan(dir, "pipe", &l, 0);
     snprintf(base, sizeof base, "%s/one.json", dir);
@@ -405,7 +457,7 @@ ParameterizedTest(struct gpu_layout *g, pipeline, the_gpu_path_equals_the_cpu_ba
     if (g->p * g->R > 1) need_mpi();
     char dir[4096], cpu[4200], gpu[4200], a[4300], b[4300];
     snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
-    struct layout l = {g->model, g->p, g->R, g->m, g->v, "", "", 0};
+    struct layout l = {g->model, g->p, g->R, g->m, g->v, "", "", 0, ""};
     snprintf(l.schedule, sizeof l.schedule, "%s", g->schedule);
     write_plan(dir, "cpu", &l, 0);
     snprintf(cpu, sizeof cpu, "%s/cpu.json", dir);

@@ -55,6 +55,7 @@ cdp_status cdp_plan_print(const struct cdp_plan *plan, FILE *f);
 
 /* Names used in plan files ("1f1b", "adamw", ...), for printing. */
 const char *cdp_schedule_name(enum cdp_schedule_kind s);
+const char *cdp_recompute_name(enum cdp_recompute r);
 /* Whether a schedule runs several model chunks per rank (interleaved): the one
  * home of that rule. A loaded plan's /parallel/chunks is 1 for the others. */
 int cdp_schedule_has_chunks(enum cdp_schedule_kind s);

@@ -110,6 +110,15 @@ struct cdp_optimizer_desc {
 
 enum cdp_precision { CDP_PRECISION_FP32 = 0, CDP_PRECISION_BF16, CDP_PRECISION_COUNT };
 
+/* Activation recomputation (docs/training.md): what a unit keeps from its
+ * forward for its backward, and what it computes again. */
+enum cdp_recompute {
+    CDP_RECOMPUTE_NONE = 0,  /* every activation the backward reads is kept */
+    CDP_RECOMPUTE_SELECTIVE, /* the large ones cheap to recompute are dropped (per layer type) */
+    CDP_RECOMPUTE_FULL,      /* only each unit's output is kept; its forward runs again before its backward */
+    CDP_RECOMPUTE_COUNT
+};
+
 struct cdp_checkpoint_desc {
     char *dir;     /* absolute; NULL = no checkpoints (owned) */
     int64_t every; /* steps between checkpoints */
@@ -123,6 +132,8 @@ struct cdp_train_desc {
     struct cdp_optimizer_desc optimizer;
     double grad_clip; /* global-norm clipping threshold; 0 = off */
     enum cdp_precision precision;
+    enum cdp_recompute recompute; /* meaningful once recompute_auto is 0 */
+    int recompute_auto;           /* "auto" (the default): the planner chooses, the cheapest that fits */
     uint64_t seed;
     int64_t log_every;
     int64_t eval_every;   /* validation loss every N steps; 0 = only after the last step */

@@ -48,6 +48,7 @@ void cdp_cost_fit_units(const struct cdp_plan *plan, struct cdp_unit *u, int n)
         const int64_t att = cdp_cost_att_floats(plan, &u[i]);
         u[i].act_floats += att - u[i].att_floats;
         u[i].att_floats = att;
+        cdp_unit_set_recompute(&u[i], u[i].recompute);
     }
 }
 

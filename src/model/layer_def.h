@@ -52,17 +52,27 @@ struct cdp_layer_def {
      * model (GPT presets initialise as GPT-2 does). NULL: no parameters. */
     void (*build)(struct cdp_unit *u, const struct cdp_model_desc *m);
     /* Work and memory per sample: fwd_flops, bwd_flops, act_floats (output
-     * included) and att_floats; out_floats is set. */
+     * included), att_floats, and for a type with a recompute hook tail_floats
+     * and tail_flops; out_floats is set. */
     void (*cost)(struct cdp_unit *u);
     /* Scratch floats for a micro-batch of B (forward and backward share
      * them). NULL: none. */
     int64_t (*scratch)(const struct cdp_unit *u, int B);
-    /* As cdp_unit_forward and cdp_unit_backward (layers.h). */
+    /* As cdp_unit_forward and cdp_unit_backward (layers.h), with the unit's
+     * kept activations at act and its tail at tail: the activations selective
+     * recomputation drops (cost() sets tail_floats; attention state, where the
+     * type keeps it, is at the tail's end). Without recomputation the tail
+     * follows the kept ones in the same buffer. */
     cdp_status (*forward)(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p, const void *in,
-                          float *act, float *scratch, int B);
+                          float *act, float *tail, float *scratch, int B);
     cdp_status (*backward)(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p,
-                           float *const *g, const void *in, const float *act, const float *dout, float *din,
-                           float *scratch, int B);
+                           float *const *g, const void *in, const float *act, const float *tail, const float *dout,
+                           float *din, float *scratch, int B);
+    /* Selective recomputation: the tail again, from the input and the kept
+     * activations (which it may write again with the values they have), as the
+     * forward computed it. NULL: the type has no tail, and selective keeps all. */
+    cdp_status (*recompute)(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p, const void *in,
+                            float *act, float *tail, float *scratch, int B);
 };
 
 /* The description of type t (every type has one). */

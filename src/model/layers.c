@@ -66,6 +66,7 @@ cdp_status cdp_units_build(const struct cdp_model_desc *m, struct cdp_unit **out
         u->T = m->kind == CDP_MODEL_GPT ? m->context : (units[0].in_tokens ? units[0].in.d[0] : 0);
         u->out_floats = shape_numel(&u->out);
         cdp_layer_def(u->desc.type)->cost(u);
+        cdp_unit_set_recompute(u, CDP_RECOMPUTE_NONE);
     }
     *out = units;
     *n = count;
@@ -87,6 +88,40 @@ void cdp_unit_fit_kernels(struct cdp_unit *u, const struct cdp_kernels *k, int B
     if (per >= u->att_floats) return;
     u->act_floats -= u->att_floats - per;
     u->att_floats = per;
+    cdp_unit_set_recompute(u, u->recompute);
+}
+
+int64_t cdp_unit_tail_floats(const struct cdp_unit *u)
+{
+    const struct cdp_layer_def *def = cdp_layer_def(u->desc.type);
+    if (!def->recompute) return 0;
+    return u->tail_floats + (def->keeps_attention ? u->att_floats : 0);
+}
+
+void cdp_unit_set_recompute(struct cdp_unit *u, enum cdp_recompute r)
+{
+    const int64_t tail = cdp_unit_tail_floats(u);
+    u->recompute = r;
+    u->keep_floats = u->act_floats;
+    u->work_floats = 0;
+    u->recompute_flops = 0;
+    switch (r) {
+    case CDP_RECOMPUTE_SELECTIVE:
+        if (tail <= 0) break;
+        u->keep_floats = u->act_floats - tail;
+        u->work_floats = tail;
+        u->recompute_flops = u->tail_flops;
+        break;
+    case CDP_RECOMPUTE_FULL:
+        if (u->act_floats <= u->out_floats) break;
+        u->keep_floats = u->out_floats;
+        u->work_floats = u->act_floats;
+        u->recompute_flops = u->fwd_flops;
+        break;
+    case CDP_RECOMPUTE_NONE:
+    case CDP_RECOMPUTE_COUNT:
+        break;
+    }
 }
 
 /* ---- initialisation ------------------------------------------------------- */
@@ -123,15 +158,41 @@ void cdp_param_init(const struct cdp_unit *u, int p, uint64_t seed, float *dst)
 
 /* ---- forward and backward --------------------------------------------------- */
 
+/* Where a contiguous act's tail starts: after the kept activations. */
+static float *tail_in(const struct cdp_unit *u, const float *act, int B)
+{
+    return (float *)act + (int64_t)B * (u->act_floats - cdp_unit_tail_floats(u));
+}
+
 cdp_status cdp_unit_forward(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p,
                             const void *in, float *act, float *scratch, int B)
 {
-    return cdp_layer_def(u->desc.type)->forward(k, u, p, in, act, scratch, B);
+    return cdp_layer_def(u->desc.type)->forward(k, u, p, in, act, tail_in(u, act, B), scratch, B);
 }
 
 cdp_status cdp_unit_backward(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p,
                              float *const *g, const void *in, const float *act, const float *dout, float *din,
                              float *scratch, int B)
 {
-    return cdp_layer_def(u->desc.type)->backward(k, u, p, g, in, act, dout, din, scratch, B);
+    return cdp_layer_def(u->desc.type)->backward(k, u, p, g, in, act, tail_in(u, act, B), dout, din, scratch, B);
+}
+
+cdp_status cdp_unit_forward_split(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p,
+                                  const void *in, float *act, float *tail, float *scratch, int B)
+{
+    return cdp_layer_def(u->desc.type)->forward(k, u, p, in, act, tail, scratch, B);
+}
+
+cdp_status cdp_unit_backward_split(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p,
+                                   float *const *g, const void *in, const float *act, const float *tail,
+                                   const float *dout, float *din, float *scratch, int B)
+{
+    return cdp_layer_def(u->desc.type)->backward(k, u, p, g, in, act, tail, dout, din, scratch, B);
+}
+
+cdp_status cdp_unit_recompute_tail(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p,
+                                   const void *in, float *act, float *tail, float *scratch, int B)
+{
+    const struct cdp_layer_def *def = cdp_layer_def(u->desc.type);
+    return def->recompute ? def->recompute(k, u, p, in, act, tail, scratch, B) : CDP_OK;
 }

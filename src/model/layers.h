@@ -63,6 +63,14 @@ struct cdp_unit {
     int64_t att_floats;           /* attention's saved state per sample, part of act_floats (heads*T*T
                                    * unless the kernel table keeps less: cdp_unit_fit_kernels) */
     int64_t out_floats;           /* output per sample (what is sent onward) */
+    /* Activation recomputation (cdp_unit_set_recompute; docs/training.md). */
+    int64_t tail_floats;          /* of act_floats, besides attention state: what selective recomputation
+                                   * drops and the type's recompute hook computes again (0: none) */
+    double tail_flops;            /* per sample: the matrix work of computing the tail again */
+    enum cdp_recompute recompute; /* the mode its kept and work floats are for */
+    int64_t keep_floats;          /* per sample, kept per micro-batch from forward to backward */
+    int64_t work_floats;          /* per sample, computed again into the model's one work buffer */
+    double recompute_flops;       /* per sample: the matrix work its backward adds to compute them again */
 };
 
 /* The partition units of a model description; *out is malloc'd (n entries). */
@@ -75,6 +83,17 @@ int64_t cdp_unit_scratch_floats(const struct cdp_unit *u, int B);
 /* The name of a layer type ("linear", "lm_head"): the plan's "type", the
  * unit's name in cost tables and messages; "?" out of range. */
 const char *cdp_layer_name(enum cdp_layer_type t);
+
+/* Sets what u keeps for its backward in mode r: NONE keeps act_floats;
+ * SELECTIVE keeps all but its tail (tail_floats and, for an attention type,
+ * the attention state), which its backward computes again into the work
+ * buffer; FULL keeps only its output, and its backward runs its whole forward
+ * again into the work buffer. A unit with nothing to drop in that mode (no
+ * tail; an output that is all it keeps) keeps what NONE keeps. Called again
+ * whenever act_floats changes (cdp_unit_fit_kernels, cdp_cost_fit_units). */
+void cdp_unit_set_recompute(struct cdp_unit *u, enum cdp_recompute r);
+/* Floats per sample of u's selective tail, attention state included. */
+int64_t cdp_unit_tail_floats(const struct cdp_unit *u);
 
 struct cdp_kernels;
 /* Sizes an attention or transformer-block unit's saved attention state for
@@ -106,11 +125,11 @@ struct cdp_kernels {
     } while (0)
 
 /* Forward for B samples on kernels k: in (float, or int32 tokens) -> act (the
- * unit's kept activations; its output is at the start). params points at this
- * unit's parameter pointers, in the order of u->params. Every pointer is memory
- * of k's device. Returns the first failing kernel's status (CDP_ERR_DEVICE on a
- * GPU, CDP_ERR_UNSUPPORTED for an op the backend lacks); the CPU kernels do not
- * fail. */
+ * unit's B x act_floats activations; its output is at the start). params
+ * points at this unit's parameter pointers, in the order of u->params. Every
+ * pointer is memory of k's device. Returns the first failing kernel's status
+ * (CDP_ERR_DEVICE on a GPU, CDP_ERR_UNSUPPORTED for an op the backend lacks);
+ * the CPU kernels do not fail. */
 cdp_status cdp_unit_forward(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *params,
                             const void *in, float *act, float *scratch, int B);
 
@@ -120,6 +139,18 @@ cdp_status cdp_unit_forward(const struct cdp_kernels *k, const struct cdp_unit *
 cdp_status cdp_unit_backward(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *params,
                              float *const *dparams, const void *in, const float *act, const float *dout,
                              float *din, float *scratch, int B);
+
+/* The same passes with the kept activations (B x (act_floats - tail)) at act
+ * and the selective tail (B x cdp_unit_tail_floats) at tail, anywhere; and the
+ * tail computed again from the input and the kept ones, as the forward wrote
+ * it (a unit without a tail: nothing to do). */
+cdp_status cdp_unit_forward_split(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *params,
+                                  const void *in, float *act, float *tail, float *scratch, int B);
+cdp_status cdp_unit_backward_split(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *params,
+                                   float *const *dparams, const void *in, const float *act, const float *tail,
+                                   const float *dout, float *din, float *scratch, int B);
+cdp_status cdp_unit_recompute_tail(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *params,
+                                   const void *in, float *act, float *tail, float *scratch, int B);
 
 /* Deterministic initial values of parameter p of a unit: element i of
  * (seed, owning unit, parameter) whatever the partition. dst is host memory. */

@@ -33,7 +33,8 @@ struct cdp_model {
     cdp_buffer_t params_buf, grads_buf;
     int64_t param_floats;
 
-    cdp_buffer_t acts_buf, input_buf, target_buf, scratch_buf, dbuf, loss_buf;
+    cdp_buffer_t acts_buf, input_buf, target_buf, scratch_buf, dbuf, loss_buf, work_buf;
+    enum cdp_recompute recompute;
     int64_t acts_per_slot, input_bytes_per_slot, target_bytes_per_slot, dfloats;
     int64_t *act_off; /* per unit, within a slot */
     int64_t loss_rows; /* rows of the loss per micro-batch */
@@ -110,7 +111,8 @@ void cdp_unit_bytes(const struct cdp_unit *u, int B, enum cdp_loss loss, struct 
             out->tied_owner = u->params[p].tied_unit;
         }
     }
-    out->act_bytes = b * (uint64_t)u->act_floats * 4;
+    out->act_bytes = b * (uint64_t)u->keep_floats * 4;
+    out->work_bytes = b * (uint64_t)u->work_floats * 4;
     out->scratch_bytes = (uint64_t)cdp_unit_scratch_floats(u, B) * 4;
     out->io_bytes = b * (in > o ? in : o) * 4;
     out->input_bytes = b * in * 4;
@@ -128,6 +130,7 @@ void cdp_range_terms_add(struct cdp_range_terms *t, const struct cdp_unit_bytes 
     t->act_bytes += u->act_bytes;
     if (u->scratch_bytes > t->scratch_bytes) t->scratch_bytes = u->scratch_bytes;
     if (u->io_bytes > t->io_bytes) t->io_bytes = u->io_bytes;
+    if (u->work_bytes > t->work_bytes) t->work_bytes = u->work_bytes;
 }
 
 void cdp_model_bytes_of(const struct cdp_range_terms *t, uint64_t shared_floats, const struct cdp_unit_bytes *first,
@@ -144,8 +147,9 @@ void cdp_model_bytes_of(const struct cdp_range_terms *t, uint64_t shared_floats,
     }
     out->scratch = t->scratch_bytes;
     out->grad_buffers = 2 * t->io_bytes;
+    out->recompute = t->work_bytes;
     out->total = out->params + out->grads + out->activations + out->inputs + out->targets + out->losses +
-                 out->scratch + out->grad_buffers;
+                 out->scratch + out->grad_buffers + out->recompute;
 }
 
 static cdp_status alloc(struct cdp_model *m, uint64_t bytes, const char *what, cdp_buffer_t *out)
@@ -165,6 +169,7 @@ void cdp_model_destroy(struct cdp_model *m)
     cdp_buffer_destroy(m->scratch_buf);
     cdp_buffer_destroy(m->dbuf);
     cdp_buffer_destroy(m->loss_buf);
+    cdp_buffer_destroy(m->work_buf);
     free(m->units);
     free(m->tensors);
     free(m->pptr);
@@ -204,6 +209,12 @@ static cdp_status zero_grads(struct cdp_model *m)
 cdp_status cdp_model_create(const struct cdp_model_desc *desc, int first, int end, int B, int slots,
                             uint64_t seed, cdp_device_t dev, struct cdp_model **out)
 {
+    return cdp_model_create_ex(desc, first, end, B, slots, seed, CDP_RECOMPUTE_NONE, dev, out);
+}
+
+cdp_status cdp_model_create_ex(const struct cdp_model_desc *desc, int first, int end, int B, int slots,
+                               uint64_t seed, enum cdp_recompute r, cdp_device_t dev, struct cdp_model **out)
+{
     cdp_status st;
     struct cdp_unit *all = NULL;
     int n_all = 0;
@@ -241,9 +252,12 @@ cdp_status cdp_model_create(const struct cdp_model_desc *desc, int first, int en
         goto fail;
     }
     memcpy(m->units, all + first, (size_t)m->n_units * sizeof *m->units);
-    /* attention's saved state as this device's kernels keep it */
-    for (int i = 0; i < m->n_units; i++)
+    /* attention's saved state as this device's kernels keep it, and what the mode keeps */
+    m->recompute = r;
+    for (int i = 0; i < m->n_units; i++) {
+        cdp_unit_set_recompute(&m->units[i], r);
         cdp_unit_fit_kernels(&m->units[i], &m->k, B);
+    }
 
     /* Every buffer's size comes from cdp_model_bytes_of, the sizes the planner predicts. */
     const enum cdp_loss loss = m->loss;
@@ -313,7 +327,7 @@ cdp_status cdp_model_create(const struct cdp_model_desc *desc, int first, int en
     int64_t acts = 0;
     for (int i = 0; i < m->n_units; i++) {
         m->act_off[i] = acts;
-        acts += (int64_t)B * m->units[i].act_floats;
+        acts += (int64_t)B * m->units[i].keep_floats;
     }
     m->acts_per_slot = acts;
     m->dfloats = (int64_t)(mb.grad_buffers / 8);
@@ -332,6 +346,7 @@ cdp_status cdp_model_create(const struct cdp_model_desc *desc, int first, int en
     if ((st = alloc(m, mb.inputs, "inputs", &m->input_buf))) goto fail;
     if ((st = alloc(m, mb.scratch, "scratch", &m->scratch_buf))) goto fail;
     if ((st = alloc(m, mb.grad_buffers, "gradient buffers", &m->dbuf))) goto fail;
+    if (mb.recompute && (st = alloc(m, mb.recompute, "recomputation buffer", &m->work_buf))) goto fail;
     free(all);
     *out = m;
     return CDP_OK;
@@ -347,6 +362,31 @@ void cdp_model_zero_grad(struct cdp_model *m)
     if (st) cdp_model_record_error(m, cdp_error_context(st, "zeroing the gradients"));
 }
 
+/* Where unit i's activations are for a pass over a slot: kept ones at *act,
+ * the selective tail at *tail. A unit that keeps everything (or has nothing to
+ * drop) has both in the slot; selective keeps the tail in the work buffer;
+ * full runs in the work buffer, keeping only its output in the slot. */
+static void unit_acts(struct cdp_model *m, int slot, int i, float **act, float **tail)
+{
+    const struct cdp_unit *u = &m->units[i];
+    float *work = m->work_buf ? cdp_buffer_data(m->work_buf) : NULL;
+    *act = slot_act(m, slot, i);
+    if (u->work_floats && u->recompute == CDP_RECOMPUTE_FULL) *act = work;
+    *tail = *act + (int64_t)m->B * (u->act_floats - cdp_unit_tail_floats(u));
+    if (u->work_floats && u->recompute == CDP_RECOMPUTE_SELECTIVE) *tail = work;
+}
+
+static const void *unit_input(struct cdp_model *m, int slot, int i)
+{
+    return i == 0 ? cdp_model_input(m, slot) : (const void *)slot_act(m, slot, i - 1);
+}
+
+static cdp_status unit_forward(struct cdp_model *m, int slot, int i, float *act, float *tail, float *scratch)
+{
+    return cdp_unit_forward_split(&m->k, &m->units[i], &m->pptr[i * CDP_UNIT_MAX_PARAMS], unit_input(m, slot, i),
+                                  act, tail, scratch, m->B);
+}
+
 cdp_status cdp_model_forward(struct cdp_model *m, int slot)
 {
     CDP_ASSERT(slot >= 0 && slot < m->slots);
@@ -355,10 +395,13 @@ cdp_status cdp_model_forward(struct cdp_model *m, int slot)
     float *scratch = cdp_buffer_data(m->scratch_buf);
     for (int i = 0; i < m->n_units; i++) {
         const struct cdp_unit *u = &m->units[i];
-        const void *in = i == 0 ? cdp_model_input(m, slot) : (const void *)slot_act(m, slot, i - 1);
-        if ((st = cdp_unit_forward(&m->k, u, &m->pptr[i * CDP_UNIT_MAX_PARAMS], in, slot_act(m, slot, i),
-                                   scratch, m->B)))
-            return cdp_error_context(st, "forward of unit %d (%s)", u->index, cdp_layer_name(u->desc.type));
+        float *act, *tail;
+        unit_acts(m, slot, i, &act, &tail);
+        st = unit_forward(m, slot, i, act, tail, scratch);
+        /* full recomputation ran it in the work buffer: its output is what the slot keeps */
+        if (!st && act != slot_act(m, slot, i))
+            st = m->k.ops->copy(m->k.ks, slot_act(m, slot, i), act, (size_t)m->B * u->out_floats * sizeof *act);
+        if (st) return cdp_error_context(st, "forward of unit %d (%s)", u->index, cdp_layer_name(u->desc.type));
     }
     return CDP_OK;
 }
@@ -451,9 +494,18 @@ cdp_status cdp_model_backward(struct cdp_model *m, int slot, const float *dout, 
             if ((st = zero_floats(m, dst, m->B * n)))
                 return cdp_error_context(st, "backward of unit %d (%s)", u->index, cdp_layer_name(u->desc.type));
         }
-        const void *in = i == 0 ? cdp_model_input(m, slot) : (const void *)slot_act(m, slot, i - 1);
-        if ((st = cdp_unit_backward(&m->k, u, &m->pptr[i * CDP_UNIT_MAX_PARAMS], &m->gptr[i * CDP_UNIT_MAX_PARAMS],
-                                    in, slot_act(m, slot, i), cur, dst, scratch, m->B)))
+        float *act, *tail;
+        unit_acts(m, slot, i, &act, &tail);
+        /* what the slot does not keep, computed again */
+        st = CDP_OK;
+        if (u->work_floats && u->recompute == CDP_RECOMPUTE_FULL) st = unit_forward(m, slot, i, act, tail, scratch);
+        else if (u->work_floats)
+            st = cdp_unit_recompute_tail(&m->k, u, &m->pptr[i * CDP_UNIT_MAX_PARAMS], unit_input(m, slot, i), act,
+                                         tail, scratch, m->B);
+        if (st) return cdp_error_context(st, "recomputing unit %d (%s)", u->index, cdp_layer_name(u->desc.type));
+        if ((st = cdp_unit_backward_split(&m->k, u, &m->pptr[i * CDP_UNIT_MAX_PARAMS],
+                                          &m->gptr[i * CDP_UNIT_MAX_PARAMS], unit_input(m, slot, i), act, tail, cur,
+                                          dst, scratch, m->B)))
             return cdp_error_context(st, "backward of unit %d (%s)", u->index, cdp_layer_name(u->desc.type));
         cur = dst;
     }

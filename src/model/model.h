@@ -35,11 +35,12 @@ struct cdp_model_tensor {
  * prediction (pipeline/layout.h) reads too. */
 struct cdp_model_bytes {
     uint64_t params, grads;   /* fp32 parameters held (tied ones once), and their gradients */
-    uint64_t activations;     /* slots x the units' kept activations */
+    uint64_t activations;     /* slots x the units' kept activations (in the model's recompute mode) */
     uint64_t inputs;          /* slots x the first unit's input */
     uint64_t targets, losses; /* slots x targets, and one micro-batch's per-row losses (ranges ending the model) */
     uint64_t scratch;         /* the largest unit scratch */
     uint64_t grad_buffers;    /* the backward's two gradients in flight: 2 x the widest input or output */
+    uint64_t recompute;       /* the work buffer activations are computed again into: the largest unit's */
     uint64_t total;
 };
 
@@ -51,7 +52,8 @@ struct cdp_unit_bytes {
                              * keeps its own copy) */
     uint64_t tied_floats;   /* of held_floats, those of a parameter tied to unit tied_owner */
     int tied_owner;         /* -1: none */
-    uint64_t act_bytes;     /* sum: kept activations per slot (output included) */
+    uint64_t act_bytes;     /* sum: kept activations per slot (output included), in the unit's recompute mode */
+    uint64_t work_bytes;    /* max: what its backward computes again into the work buffer */
     uint64_t scratch_bytes; /* max */
     uint64_t io_bytes;      /* max: its input or output, whichever is wider (floats x 4) */
     uint64_t input_bytes;   /* its input per slot (int32 tokens or floats, 4 bytes each) */
@@ -65,7 +67,7 @@ void cdp_unit_bytes(const struct cdp_unit *u, int B, enum cdp_loss loss, struct 
 
 /* The sums and maxima of cdp_unit_bytes over a range; zero-initialise, then add each unit. */
 struct cdp_range_terms {
-    uint64_t held_floats, act_bytes, scratch_bytes, io_bytes;
+    uint64_t held_floats, act_bytes, scratch_bytes, io_bytes, work_bytes;
 };
 void cdp_range_terms_add(struct cdp_range_terms *t, const struct cdp_unit_bytes *u);
 
@@ -85,9 +87,14 @@ struct cdp_model;
  * samples, with `slots` micro-batches' activations kept at once (1 for
  * one-rank training; a pipeline stage keeps as many as its schedule has in
  * flight). Parameters are initialised from `seed` identically whatever the
- * range. Memory comes from `dev` (not owned; it must outlive the model). */
+ * range. Memory comes from `dev` (not owned; it must outlive the model).
+ * cdp_model_create keeps every activation; cdp_model_create_ex keeps what
+ * recompute mode r keeps (cdp_unit_set_recompute), computing the rest again in
+ * the backward: the same kernels on the same inputs, so the same results. */
 cdp_status cdp_model_create(const struct cdp_model_desc *desc, int first, int end, int B, int slots,
                             uint64_t seed, cdp_device_t dev, struct cdp_model **out);
+cdp_status cdp_model_create_ex(const struct cdp_model_desc *desc, int first, int end, int B, int slots,
+                               uint64_t seed, enum cdp_recompute r, cdp_device_t dev, struct cdp_model **out);
 void cdp_model_destroy(struct cdp_model *m);
 
 int cdp_model_unit_count(const struct cdp_model *m);

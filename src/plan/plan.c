@@ -37,6 +37,9 @@ const char *const cdp_plan_optimizer_names[] = {"sgd", "adamw", NULL};
 CDP_TABLE_CHECK(cdp_plan_optimizer_names, CDP_OPT_TYPE_COUNT + 1);
 const char *const cdp_plan_precision_names[] = {"fp32", "bf16", NULL};
 CDP_TABLE_CHECK(cdp_plan_precision_names, CDP_PRECISION_COUNT + 1);
+/* /train/recompute: the modes in enum order, then "auto" */
+const char *const cdp_plan_recompute_names[] = {"none", "selective", "full", "auto", NULL};
+CDP_TABLE_CHECK(cdp_plan_recompute_names, CDP_RECOMPUTE_COUNT + 2);
 const char *const cdp_plan_schedule_names[] = {"gpipe", "1f1b", "interleaved",
                                                                      NULL};
 CDP_TABLE_CHECK(cdp_plan_schedule_names, CDP_SCHEDULE_COUNT + 1);
@@ -50,6 +53,11 @@ CDP_TABLE_CHECK(cdp_plan_placement_names, CDP_PLACEMENT_KIND_COUNT);
 const char *cdp_schedule_name(enum cdp_schedule_kind s)
 {
     return (unsigned)s < CDP_SCHEDULE_COUNT ? cdp_plan_schedule_names[s] : "?";
+}
+
+const char *cdp_recompute_name(enum cdp_recompute r)
+{
+    return (unsigned)r < CDP_RECOMPUTE_COUNT ? cdp_plan_recompute_names[r] : "?";
 }
 
 int cdp_schedule_has_chunks(enum cdp_schedule_kind s) { return s == CDP_SCHEDULE_INTERLEAVED; }
@@ -560,7 +568,7 @@ static cdp_status load_data(struct ld *c, const json_t *d)
 /* ---- train ------------------------------------------------------------------- */
 
 static const char *const train_keys[] = {"steps", "global_batch", "micro_batch", "optimizer",
-                                         "grad_clip", "precision", "seed", "log_every", "eval_every",
+                                         "grad_clip", "precision", "recompute", "seed", "log_every", "eval_every",
                                          "eval_batches", "timeout_s", "checkpoint", NULL};
 static const char *const opt_keys[] = {"type", "lr", "weight_decay", "momentum", "beta1", "beta2",
                                        "eps", NULL};
@@ -622,6 +630,10 @@ static cdp_status load_train(struct ld *c, const json_t *t)
     if ((st = cdp_json_get_number(&c->in, t, P, "grad_clip", CDP_JSON_NONNEG, &td->grad_clip))) return st;
     if ((st = cdp_json_get_enum(&c->in, t, P, "precision", cdp_plan_precision_names, &prec))) return st;
     td->precision = (enum cdp_precision)prec;
+    int rc = td->recompute_auto ? CDP_RECOMPUTE_COUNT : (int)td->recompute;
+    if ((st = cdp_json_get_enum(&c->in, t, P, "recompute", cdp_plan_recompute_names, &rc))) return st;
+    td->recompute_auto = rc == CDP_RECOMPUTE_COUNT;
+    td->recompute = td->recompute_auto ? CDP_RECOMPUTE_NONE : (enum cdp_recompute)rc;
     if ((st = get_seed(c, t, P, &td->seed))) return st;
     if ((st = cdp_json_get_int(&c->in, t, P, "log_every", 1, INT64_MAX, 0, &td->log_every))) return st;
     if ((st = cdp_json_get_int(&c->in, t, P, "eval_every", 0, INT64_MAX, 0, &td->eval_every))) return st;
@@ -1072,6 +1084,7 @@ static void set_defaults(struct cdp_plan *p)
     p->train.global_batch = CDP_AUTO;
     p->train.micro_batch = 1;
     p->train.seed = 1;
+    p->train.recompute_auto = 1;
     p->train.log_every = 10;
     p->train.eval_batches = 4;
     p->train.timeout_s = 300;

@@ -163,6 +163,8 @@ static json_t *plan_json(struct emit *e, const struct cdp_plan *p)
         }
         set(e, o, "grad_clip", jreal(e, t->grad_clip));
         set(e, o, "precision", json_string(cdp_plan_precision_names[t->precision]));
+        set(e, o, "recompute",
+            json_string(cdp_plan_recompute_names[t->recompute_auto ? CDP_RECOMPUTE_COUNT : t->recompute]));
         set(e, o, "seed", jint((int64_t)t->seed));
         set(e, o, "log_every", jint(t->log_every));
         set(e, o, "eval_every", jint(t->eval_every));
@@ -368,6 +370,9 @@ cdp_status cdp_plan_print(const struct cdp_plan *p, FILE *f)
     else
         fprintf(f, ROW "off\n", "grad_clip");
     fprintf(f, ROW "%s\n", "precision", cdp_plan_precision_names[t->precision]);
+    fprintf(f, ROW "%s\n", "recompute",
+            t->recompute_auto ? "auto (the planner's choice: the cheapest that fits)"
+                              : cdp_plan_recompute_names[t->recompute]);
     fprintf(f, ROW "%llu\n", "seed", (unsigned long long)t->seed);
     fprintf(f, ROW "every %lld steps\n", "log", (long long)t->log_every);
     if (t->eval_every > 0)

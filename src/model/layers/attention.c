@@ -52,6 +52,9 @@ static void cost(struct cdp_unit *u)
     u->bwd_flops = 16.0 * T * C * C + cdp_attention_flops(T, C, u->desc.causal, 1);
     u->att_floats = u->desc.heads * T * T;
     u->act_floats = 3 * T * C + u->att_floats + T * C + T * C;
+    /* selective: the attention's output and state, from the kept qkv */
+    u->tail_floats = T * C;
+    u->tail_flops = cdp_attention_flops(T, C, u->desc.causal, 0);
 }
 
 static int64_t scratch(const struct cdp_unit *u, int B)
@@ -60,25 +63,35 @@ static int64_t scratch(const struct cdp_unit *u, int B)
     return (int64_t)B * (3 * T * C + T * C) + T * T;
 }
 
+/* Kept: the output, then qkv; the tail: the attention's output (atty), then its state. */
 static cdp_status forward(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p, const void *in,
-                          float *act, float *scratch_, int B)
+                          float *act, float *tail, float *scratch_, int B)
 {
     (void)scratch_;
     const int T = (int)u->in.d[0], C = (int)u->in.d[1], N = B * T;
-    float *qkv = act + (int64_t)N * C, *att = qkv + 3 * (int64_t)N * C, *atty = att + (int64_t)B * u->att_floats;
+    float *qkv = act + (int64_t)N * C, *atty = tail, *att = atty + (int64_t)N * C;
     K(linear_fwd, qkv, (const float *)in, p[0], p[1], N, C, 3 * C);
     K(attention_fwd, atty, att, qkv, B, T, C, (int)u->desc.heads, u->desc.causal);
     K(linear_fwd, act, atty, p[2], p[3], N, C, C);
     return CDP_OK;
 }
 
+static cdp_status recompute(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p, const void *in,
+                            float *act, float *tail, float *scratch_, int B)
+{
+    (void)p, (void)in, (void)scratch_;
+    const int T = (int)u->in.d[0], C = (int)u->in.d[1], N = B * T;
+    const float *qkv = act + (int64_t)N * C;
+    K(attention_fwd, tail, tail + (int64_t)N * C, qkv, B, T, C, (int)u->desc.heads, u->desc.causal);
+    return CDP_OK;
+}
+
 static cdp_status backward(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p,
-                           float *const *g, const void *in, const float *act, const float *dout, float *din,
-                           float *scratch_, int B)
+                           float *const *g, const void *in, const float *act, const float *tail,
+                           const float *dout, float *din, float *scratch_, int B)
 {
     const int T = (int)u->in.d[0], C = (int)u->in.d[1], N = B * T;
-    const float *qkv = act + (int64_t)N * C, *att = qkv + 3 * (int64_t)N * C,
-                *atty = att + (int64_t)B * u->att_floats;
+    const float *qkv = act + (int64_t)N * C, *atty = tail, *att = atty + (int64_t)N * C;
     float *datty = scratch_, *dqkv = datty + (int64_t)N * C, *tt = dqkv + 3 * (int64_t)N * C;
     K(zero, datty, (size_t)N * C * sizeof *datty);
     K(linear_bwd, datty, g[2], g[3], dout, atty, p[2], N, C, C);
@@ -104,4 +117,5 @@ const struct cdp_layer_def cdp_layer_attention = {
     .scratch = scratch,
     .forward = forward,
     .backward = backward,
+    .recompute = recompute,
 };

@@ -75,8 +75,9 @@ static int64_t scratch(const struct cdp_unit *u, int B)
 }
 
 static cdp_status forward(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p, const void *in,
-                          float *act, float *scratch_, int B)
+                          float *act, float *tail, float *scratch_, int B)
 {
+    (void)tail;
     const struct cdp_layer_desc *d = &u->desc;
     K(conv2d_fwd, act, scratch_, (const float *)in, p[0], d->bias ? p[1] : NULL, B, (int)u->in.d[0],
       (int)u->in.d[1], (int)u->in.d[2], (int)d->out, (int)d->kernel, (int)d->stride, (int)d->padding);
@@ -84,9 +85,10 @@ static cdp_status forward(const struct cdp_kernels *k, const struct cdp_unit *u,
 }
 
 static cdp_status backward(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p,
-                           float *const *g, const void *in, const float *act, const float *dout, float *din,
-                           float *scratch_, int B)
+                           float *const *g, const void *in, const float *act, const float *tail,
+                           const float *dout, float *din, float *scratch_, int B)
 {
+    (void)tail;
     (void)act;
     const struct cdp_layer_desc *d = &u->desc;
     K(conv2d_bwd, din, g[0], d->bias ? g[1] : NULL, scratch_, dout, (const float *)in, p[0], B, (int)u->in.d[0],

@@ -64,8 +64,9 @@ static void build(struct cdp_unit *u, const struct cdp_model_desc *m)
 static void cost(struct cdp_unit *u) { u->act_floats = u->out_floats; }
 
 static cdp_status forward(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p, const void *in,
-                          float *act, float *scratch, int B)
+                          float *act, float *tail, float *scratch, int B)
 {
+    (void)tail;
     (void)scratch;
     K(embedding_fwd, act, (const int32_t *)in, p[0], u->n_params > 1 ? p[1] : NULL, B, (int)u->in.d[0],
       (int)u->out.d[1]);
@@ -73,9 +74,10 @@ static cdp_status forward(const struct cdp_kernels *k, const struct cdp_unit *u,
 }
 
 static cdp_status backward(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p,
-                           float *const *g, const void *in, const float *act, const float *dout, float *din,
-                           float *scratch, int B)
+                           float *const *g, const void *in, const float *act, const float *tail,
+                           const float *dout, float *din, float *scratch, int B)
 {
+    (void)tail;
     (void)p, (void)act, (void)din, (void)scratch;
     K(embedding_bwd, g[0], u->n_params > 1 ? g[1] : NULL, dout, (const int32_t *)in, B, (int)u->in.d[0],
       (int)u->out.d[1]);

@@ -33,8 +33,9 @@ static void cost(struct cdp_unit *u) { u->act_floats = u->out_floats + 2 * cdp_s
 static int64_t scratch(const struct cdp_unit *u, int B) { return (int64_t)B * cdp_shape_numel(&u->in); }
 
 static cdp_status forward(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p, const void *in,
-                          float *act, float *scratch_, int B)
+                          float *act, float *tail, float *scratch_, int B)
 {
+    (void)tail;
     (void)scratch_;
     const int64_t n_in = (int64_t)B * cdp_shape_numel(&u->in);
     const int rows = (int)(B * cdp_shape_rows(&u->in)), last = (int)cdp_shape_last(&u->in);
@@ -44,9 +45,10 @@ static cdp_status forward(const struct cdp_kernels *k, const struct cdp_unit *u,
 }
 
 static cdp_status backward(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p,
-                           float *const *g, const void *in, const float *act, const float *dout, float *din,
-                           float *scratch_, int B)
+                           float *const *g, const void *in, const float *act, const float *tail,
+                           const float *dout, float *din, float *scratch_, int B)
 {
+    (void)tail;
     const int64_t n_in = (int64_t)B * cdp_shape_numel(&u->in);
     const int rows = (int)(B * cdp_shape_rows(&u->in)), last = (int)cdp_shape_last(&u->in);
     const float *mean = act + n_in, *rstd = mean + rows;

@@ -49,8 +49,9 @@ static void cost(struct cdp_unit *u)
 }
 
 static cdp_status forward(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p, const void *in,
-                          float *act, float *scratch, int B)
+                          float *act, float *tail, float *scratch, int B)
 {
+    (void)tail;
     (void)scratch;
     K(linear_fwd, act, (const float *)in, p[0], u->desc.bias ? p[1] : NULL, (int)(B * cdp_shape_rows(&u->in)),
       (int)cdp_shape_last(&u->in), (int)u->desc.out);
@@ -58,9 +59,10 @@ static cdp_status forward(const struct cdp_kernels *k, const struct cdp_unit *u,
 }
 
 static cdp_status backward(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p,
-                           float *const *g, const void *in, const float *act, const float *dout, float *din,
-                           float *scratch, int B)
+                           float *const *g, const void *in, const float *act, const float *tail,
+                           const float *dout, float *din, float *scratch, int B)
 {
+    (void)tail;
     (void)act, (void)scratch;
     K(linear_bwd, din, g[0], u->desc.bias ? g[1] : NULL, dout, (const float *)in, p[0],
       (int)(B * cdp_shape_rows(&u->in)), (int)cdp_shape_last(&u->in), (int)u->desc.out);

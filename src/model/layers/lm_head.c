@@ -39,8 +39,9 @@ static void cost(struct cdp_unit *u)
 static int64_t scratch(const struct cdp_unit *u, int B) { return (int64_t)B * 2 * u->in.d[0] * u->in.d[1]; }
 
 static cdp_status forward(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p, const void *in,
-                          float *act, float *scratch_, int B)
+                          float *act, float *tail, float *scratch_, int B)
 {
+    (void)tail;
     (void)scratch_;
     const int T = (int)u->in.d[0], C = (int)u->in.d[1], N = B * T, V = (int)u->desc.vocab;
     float *ln = act + (int64_t)N * V, *mean = ln + (int64_t)N * C, *rstd = mean + N;
@@ -50,9 +51,10 @@ static cdp_status forward(const struct cdp_kernels *k, const struct cdp_unit *u,
 }
 
 static cdp_status backward(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p,
-                           float *const *g, const void *in, const float *act, const float *dout, float *din,
-                           float *scratch_, int B)
+                           float *const *g, const void *in, const float *act, const float *tail,
+                           const float *dout, float *din, float *scratch_, int B)
 {
+    (void)tail;
     const int T = (int)u->in.d[0], C = (int)u->in.d[1], N = B * T, V = (int)u->desc.vocab;
     const float *ln = act + (int64_t)N * V, *mean = ln + (int64_t)N * C, *rstd = mean + N;
     float *dln = scratch_;

@@ -35,8 +35,9 @@ static void describe(const struct cdp_layer_desc *L, char *buf, size_t cap)
 static void cost(struct cdp_unit *u) { u->act_floats = 2 * u->out_floats; /* output + argmax */ }
 
 static cdp_status forward(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p, const void *in,
-                          float *act, float *scratch, int B)
+                          float *act, float *tail, float *scratch, int B)
 {
+    (void)tail;
     (void)p, (void)scratch;
     K(maxpool2d_fwd, act, (int32_t *)(act + B * u->out_floats), (const float *)in, B, (int)u->in.d[0],
       (int)u->in.d[1], (int)u->in.d[2], (int)u->desc.kernel, (int)u->desc.stride);
@@ -44,9 +45,10 @@ static cdp_status forward(const struct cdp_kernels *k, const struct cdp_unit *u,
 }
 
 static cdp_status backward(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p,
-                           float *const *g, const void *in, const float *act, const float *dout, float *din,
-                           float *scratch, int B)
+                           float *const *g, const void *in, const float *act, const float *tail,
+                           const float *dout, float *din, float *scratch, int B)
 {
+    (void)tail;
     (void)p, (void)g, (void)in, (void)scratch;
     if (din)
         K(maxpool2d_bwd, din, dout, (const int32_t *)(act + B * u->out_floats), B, (int)u->out.d[0],

@@ -7,17 +7,19 @@ static const char *const keys[] = {NULL};
 static void cost(struct cdp_unit *u) { u->act_floats = u->out_floats; }
 
 static cdp_status forward(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p, const void *in,
-                          float *act, float *scratch, int B)
+                          float *act, float *tail, float *scratch, int B)
 {
+    (void)tail;
     (void)p, (void)scratch;
     K(silu_fwd, act, (const float *)in, (size_t)(B * cdp_shape_numel(&u->in)));
     return CDP_OK;
 }
 
 static cdp_status backward(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p,
-                           float *const *g, const void *in, const float *act, const float *dout, float *din,
-                           float *scratch, int B)
+                           float *const *g, const void *in, const float *act, const float *tail,
+                           const float *dout, float *din, float *scratch, int B)
 {
+    (void)tail;
     (void)p, (void)g, (void)act, (void)scratch;
     if (din) K(silu_bwd, din, dout, (const float *)in, (size_t)(B * cdp_shape_numel(&u->in)));
     return CDP_OK;

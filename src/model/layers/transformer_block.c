@@ -56,6 +56,10 @@ static void cost(struct cdp_unit *u)
     u->bwd_flops = 48.0 * T * C * C + cdp_attention_flops(T, C, 1, 1);
     u->att_floats = u->desc.heads * T * T;
     u->act_floats = 16 * T * C + 4 * T + u->att_floats;
+    /* selective: both layernorms' outputs, the attention's output and state,
+     * the GELU's output (block_layout) */
+    u->tail_floats = 7 * T * C;
+    u->tail_flops = cdp_attention_flops(T, C, 1, 0);
 }
 
 /* forward: one C-wide projection; backward: dres2, dg, dfch, dln, dqkv, T x T */
@@ -65,19 +69,20 @@ static int64_t scratch(const struct cdp_unit *u, int B)
     return (int64_t)B * 13 * T * C + T * T;
 }
 
-/* Offsets of a transformer block's kept activations, per micro-batch of B. */
+/* A transformer block's activations, per micro-batch of B. Kept (at act): what
+ * is costly to compute again, the projections' outputs and the norms'
+ * statistics; the tail (at tail), which selective recomputation drops: the
+ * norms' outputs, the attention's output and state, the GELU's output. */
 struct block_acts {
-    float *out, *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *atty, *res2, *ln2, *ln2_mean, *ln2_rstd,
-        *fch, *fch_gelu;
+    float *out, *ln1_mean, *ln1_rstd, *qkv, *res2, *ln2_mean, *ln2_rstd, *fch; /* kept */
+    float *ln1, *atty, *ln2, *fch_gelu, *att;                                   /* tail */
 };
 
-static struct block_acts block_layout(float *a, int B, int64_t T, int64_t C, int64_t att_floats)
+static struct block_acts block_layout(float *a, float *t, int B, int64_t T, int64_t C)
 {
     struct block_acts r;
     const int64_t BT = (int64_t)B * T, BTC = BT * C;
     r.out = a;
-    a += BTC;
-    r.ln1 = a;
     a += BTC;
     r.ln1_mean = a;
     a += BT;
@@ -85,31 +90,32 @@ static struct block_acts block_layout(float *a, int B, int64_t T, int64_t C, int
     a += BT;
     r.qkv = a;
     a += 3 * BTC;
-    r.att = a;
-    a += (int64_t)B * att_floats;
-    r.atty = a;
-    a += BTC;
     r.res2 = a;
-    a += BTC;
-    r.ln2 = a;
     a += BTC;
     r.ln2_mean = a;
     a += BT;
     r.ln2_rstd = a;
     a += BT;
     r.fch = a;
-    a += 4 * BTC;
-    r.fch_gelu = a;
+    r.ln1 = t;
+    t += BTC;
+    r.atty = t;
+    t += BTC;
+    r.ln2 = t;
+    t += BTC;
+    r.fch_gelu = t;
+    t += 4 * BTC;
+    r.att = t;
     return r;
 }
 
 static cdp_status forward(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p, const void *in,
-                          float *act, float *scratch, int B)
+                          float *act, float *tail, float *scratch, int B)
 {
     const float *x = (const float *)in;
     const int T = (int)u->in.d[0], C = (int)u->in.d[1], NH = (int)u->desc.heads, N = B * T;
     const size_t BTC = (size_t)N * C;
-    struct block_acts a = block_layout(act, B, T, C, u->att_floats);
+    struct block_acts a = block_layout(act, tail, B, T, C);
     float *proj = scratch; /* B*T*C */
     K(layernorm_fwd, a.ln1, a.ln1_mean, a.ln1_rstd, x, p[0], p[1], N, C, 1e-5f);
     K(linear_fwd, a.qkv, a.ln1, p[2], p[3], N, C, 3 * C);
@@ -124,14 +130,30 @@ static cdp_status forward(const struct cdp_kernels *k, const struct cdp_unit *u,
     return CDP_OK;
 }
 
+/* The tail again: the kernels of the forward that wrote it, on the same inputs
+ * (the norms write their statistics again, the same values). */
+static cdp_status recompute(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p, const void *in,
+                            float *act, float *tail, float *scratch, int B)
+{
+    (void)scratch;
+    const float *x = (const float *)in;
+    const int T = (int)u->in.d[0], C = (int)u->in.d[1], NH = (int)u->desc.heads, N = B * T;
+    struct block_acts a = block_layout(act, tail, B, T, C);
+    K(layernorm_fwd, a.ln1, a.ln1_mean, a.ln1_rstd, x, p[0], p[1], N, C, 1e-5f);
+    K(attention_fwd, a.atty, a.att, a.qkv, B, T, C, NH, 1);
+    K(layernorm_fwd, a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p[6], p[7], N, C, 1e-5f);
+    K(gelu_fwd, a.fch_gelu, a.fch, 4 * (size_t)N * C);
+    return CDP_OK;
+}
+
 static cdp_status backward(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p,
-                           float *const *g, const void *in, const float *act, const float *dout, float *din,
-                           float *scratch, int B)
+                           float *const *g, const void *in, const float *act, const float *tail,
+                           const float *dout, float *din, float *scratch, int B)
 {
     const float *x = (const float *)in;
     const int T = (int)u->in.d[0], C = (int)u->in.d[1], NH = (int)u->desc.heads, N = B * T;
     const size_t BTC = (size_t)N * C;
-    struct block_acts a = block_layout((float *)act, B, T, C, u->att_floats);
+    struct block_acts a = block_layout((float *)act, (float *)tail, B, T, C);
     float *dres2 = scratch, *dg = dres2 + BTC, *dfch = dg + 4 * BTC, *dln = dfch + 4 * BTC,
           *dqkv = dln + BTC, *att_scratch = dqkv + 3 * BTC;
     K(copy, dres2, dout, BTC * sizeof *dres2);
@@ -180,4 +202,5 @@ const struct cdp_layer_def cdp_layer_transformer_block = {
     .scratch = scratch,
     .forward = forward,
     .backward = backward,
+    .recompute = recompute,
 };
