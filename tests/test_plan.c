@@ -677,3 +677,37 @@ Test(plan, free_null_is_a_noop)
 {
     cdp_plan_free(NULL);
 }
+
+/* /train/recompute: "auto" unless given; each mode by name; anything else
+ * names the key and the choices. */
+Test(plan, recompute_key)
+{
+    struct cdp_plan *p = NULL;
+    cr_assert_eq(cdp_plan_load_string("{\"model\": {\"preset\": \"gpt2\"}}", "t.json", NULL, &p), CDP_OK, "%s",
+                 cdp_last_error());
+    cr_assert(p->train.recompute_auto);
+    cdp_plan_free(p);
+    static const char *const names[] = {"none", "selective", "full"};
+    for (int i = 0; i < 3; i++) {
+        char text[256];
+        snprintf(text, sizeof text, "{\"model\": {\"preset\": \"gpt2\"}, \"train\": {\"recompute\": \"%s\"}}",
+                 names[i]);
+        p = NULL;
+        cr_assert_eq(cdp_plan_load_string(text, "t.json", NULL, &p), CDP_OK, "%s", cdp_last_error());
+        cr_assert(!p->train.recompute_auto);
+        cr_assert_eq((int)p->train.recompute, i);
+        cr_assert_str_eq(cdp_recompute_name(p->train.recompute), names[i]);
+        char *json = NULL;
+        cr_assert_eq(cdp_plan_to_json(p, &json), CDP_OK);
+        char want[64];
+        snprintf(want, sizeof want, "\"recompute\": \"%s\"", names[i]);
+        cr_assert(strstr(json, want), "%s", json);
+        free(json);
+        cdp_plan_free(p);
+    }
+    p = NULL;
+    cr_assert_eq(cdp_plan_load_string("{\"model\": {\"preset\": \"gpt2\"}, \"train\": {\"recompute\": true}}",
+                                      "t.json", NULL, &p), CDP_ERR_INVALID);
+    cr_assert(strstr(cdp_last_error(), "t.json: /train/recompute: expected one of \"none\", \"selective\", \"full\", "
+                                       "\"auto\""), "%s", cdp_last_error());
+}

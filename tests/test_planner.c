@@ -633,3 +633,49 @@ Test(planner, fused_attention_state_counts_in_activation_memory)
     cdp_plan_free(hs128);
 #undef GPT_PLAN
 }
+
+/* /train/recompute "auto": for a fixed shape, the least recomputation whose
+ * memory fits the cap (none, then selective, then full), written into the
+ * planned plan; each mode keeps less than the one before. */
+static double peak_with(const char *mode, const char *cap, enum cdp_recompute *chosen)
+{
+    char text[1024];
+    snprintf(text, sizeof text,
+             "{\"model\": {\"preset\": \"gpt\", \"vocab\": 512, \"context\": 128, \"layers\": 4, \"heads\": 4, "
+             "\"embed\": 64}, \"train\": {\"micro_batch\": 4, \"recompute\": \"%s\", \"optimizer\": {\"type\": "
+             "\"adamw\"}}, \"parallel\": {\"stages\": 2, \"replicas\": 1, \"micro_batches\": 4}, "
+             "\"cluster\": {\"backend\": \"cuda\", \"topology\": \"dgx1-v100\"%s%s%s}}",
+             mode, cap ? ", \"device_memory\": \"" : "", cap ? cap : "", cap ? "\"" : "");
+    struct cdp_plan *p = load(text);
+    struct cdp_planner_result r = {0};
+    cr_assert_eq(plan_on(p, "dgx1-v100", &r), CDP_OK, "%s", cdp_last_error());
+    double peak = 0;
+    for (int s = 0; s < r.layout->stages; s++) peak = fmax(peak, r.stage[s].memory_bytes);
+    *chosen = r.layout->recompute;
+    cr_assert_eq(cdp_planner_apply(&r, p), CDP_OK);
+    cr_assert_eq(p->train.recompute, r.layout->recompute);
+    cr_assert(!p->train.recompute_auto);
+    cdp_planner_result_clear(&r);
+    cdp_plan_free(p);
+    return peak;
+}
+
+Test(planner, auto_recompute_is_the_least_that_fits)
+{
+    enum cdp_recompute got;
+    const double none = peak_with("none", NULL, &got), sel = peak_with("selective", NULL, &got),
+                 full = peak_with("full", NULL, &got);
+    cr_assert_eq(got, CDP_RECOMPUTE_FULL);
+    cr_assert_lt(sel, none);
+    cr_assert_lt(full, sel);
+    char cap[32];
+    const double caps[3] = {none + 1024, 0.5 * (sel + none), 0.5 * (full + sel)};
+    const enum cdp_recompute want[3] = {CDP_RECOMPUTE_NONE, CDP_RECOMPUTE_SELECTIVE, CDP_RECOMPUTE_FULL};
+    for (int i = 0; i < 3; i++) {
+        snprintf(cap, sizeof cap, "%.0fKiB", ceil(caps[i] / 1024));
+        const double peak = peak_with("auto", cap, &got);
+        cr_assert_eq(got, want[i], "cap %s: chose %s", cap, cdp_recompute_name(got));
+        cr_assert_leq(peak, caps[i] + 1024);
+    }
+    cr_log_info("peak per stage: none %.0f, selective %.0f, full %.0f bytes", none, sel, full);
+}
