@@ -191,6 +191,14 @@ struct ctx {
     uint64_t *key_hash;
     int n_keys, cap_keys;
     double *lbw, *llat; /* p*p: links among one replica's devices */
+    /* full simulations' numbers, by shape and devices (place_best, finish) */
+    struct sim_memo {
+        uint64_t key;
+        int *device; /* p*R */
+        struct cdp_planner_prediction pred;
+        double phase_s;
+    } memo[CDP_PLANNER_PLACED_SHAPES + 3];
+    int n_memo;
     /* the candidate being simulated */
     int p, R, m;
     struct cdp_schedule *sched;
@@ -214,6 +222,20 @@ static cdp_status sim_procs(struct ctx *c, const int *device, const int *trace_r
 static cdp_status sim(struct ctx *c, const int *device, const int *trace_rank, struct cdp_sim_result **out)
 {
     return sim_procs(c, device, trace_rank, NULL, out);
+}
+
+/* Whether some ranks of a layout share a processor (simulate_layout's rule):
+ * the same CPU set on the cpu backend, the same GPU on cuda. */
+static int layout_shares_processors(const struct cdp_layout *l)
+{
+    for (int i = 0; i < l->n_ranks; i++)
+        for (int j = 0; j < i; j++) {
+            const struct cdp_layout_rank *q = &l->rank[j], *k = &l->rank[i];
+            if (l->backend == CDP_BACKEND_CUDA ? q->node == k->node && q->gpu == k->gpu
+                                               : q->node == k->node && k->cpuset[0] && !strcmp(q->cpuset, k->cpuset))
+                return 1;
+        }
+    return 0;
 }
 
 /* A layout's step on the simulator: its devices, a trace row per world rank,
@@ -248,6 +270,54 @@ static cdp_status simulate_layout(struct ctx *c, const struct cdp_layout *l, str
     free(row);
     free(proc);
     return st;
+}
+
+/* The key of what the simulator is given besides the devices: the prepared
+ * shape (sizes, schedule, recompute mode, every virtual stage's costs). */
+static uint64_t shape_key(const struct ctx *c)
+{
+    uint64_t h = 1469598103934665603ull;
+    const int head[6] = {c->p, c->R, c->m, c->v, (int)c->kind, (int)c->rc};
+    const unsigned char *b = (const unsigned char *)head;
+    for (size_t q = 0; q < sizeof head; q++) h = (h ^ b[q]) * 1099511628211ull;
+    b = (const unsigned char *)c->vs;
+    for (size_t q = 0; q < (size_t)c->p * c->v * sizeof *c->vs; q++) h = (h ^ b[q]) * 1099511628211ull;
+    return h;
+}
+
+/* The numbers of a full simulation of the prepared shape on device (p*R, by
+ * (s, r)), every rank on a processor of its own: computed once per shape and
+ * devices (the placement search's last look, the chosen layout, a baseline
+ * that is the chosen placement are the same simulation). */
+static cdp_status sim_numbers(struct ctx *c, const int *device, struct cdp_planner_prediction *pred, double *phase)
+{
+    const int N = c->p * c->R;
+    const uint64_t key = shape_key(c);
+    for (int i = 0; i < c->n_memo; i++)
+        if (c->memo[i].key == key && !memcmp(c->memo[i].device, device, (size_t)N * sizeof *device)) {
+            *pred = c->memo[i].pred;
+            *phase = c->memo[i].phase_s;
+            return CDP_OK;
+        }
+    struct cdp_sim_result *r = NULL;
+    cdp_status st = sim(c, device, NULL, &r);
+    if (st) return st;
+    *pred = (struct cdp_planner_prediction){r->step_s, r->bubble, r->samples_per_s};
+    *phase = r->phase_s;
+    cdp_sim_result_free(r);
+    const int slot = c->n_memo < (int)(sizeof c->memo / sizeof c->memo[0]) ? c->n_memo++ : -1;
+    if (slot >= 0) {
+        struct sim_memo *m = &c->memo[slot];
+        if (!(m->device = malloc((size_t)N * sizeof *device))) {
+            c->n_memo--;
+            return CDP_OK;
+        }
+        memcpy(m->device, device, (size_t)N * sizeof *device);
+        m->key = key;
+        m->pred = *pred;
+        m->phase_s = *phase;
+    }
+    return CDP_OK;
 }
 
 /* The cheap model (docs/planner.md, "Large worlds"): every replica's pipeline
@@ -710,13 +780,13 @@ static cdp_status balance_result(const struct ctx *c, const int *device, int p, 
 }
 
 /* The steps with the shares and with uniform ones (cdp_balance_step_time plus
- * the simulated tail, sr's step after its forward/backward phase). */
-static cdp_status balance_predict(int p, int R, int m, const struct cdp_sim_result *sr, struct cdp_planner_balance *b)
+ * the simulated tail: the step after its forward/backward phase). */
+static cdp_status balance_predict(int p, int R, int m, double step_s, double phase_s, struct cdp_planner_balance *b)
 {
     int64_t *uniform = malloc((size_t)R * sizeof *uniform);
     if (!uniform) return cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
     for (int r = 0; r < R; r++) uniform[r] = m;
-    b->rest_s = sr->step_s > sr->phase_s ? sr->step_s - sr->phase_s : 0;
+    b->rest_s = step_s > phase_s ? step_s - phase_s : 0;
     b->step_s = cdp_balance_step_time(b->t_s, R, p, b->shares) + b->rest_s;
     b->uniform_step_s = cdp_balance_step_time(b->t_s, R, p, uniform) + b->rest_s;
     b->gain = b->step_s > 0 ? b->uniform_step_s / b->step_s - 1 : 0;
@@ -884,6 +954,7 @@ static void ctx_free(struct ctx *c)
     free(c->bw);
     free(c->lat);
     free(c->slots);
+    for (int i = 0; i < c->n_memo; i++) free(c->memo[i].device);
 }
 
 /* Makes recompute mode r's units, costs and memory the current ones. */
@@ -1238,10 +1309,10 @@ static cdp_status place_best(struct ctx *c, struct search *s, struct cdp_planner
         res->placed_shapes++;
         double step_s = info.cost;
         if (c->cheap) { /* searched on the cheap model: the full simulation decides */
-            if ((st = sim(c, s->dev, NULL, &s->sr))) break;
-            step_s = s->sr->step_s;
-            cdp_sim_result_free(s->sr);
-            s->sr = NULL;
+            struct cdp_planner_prediction pr;
+            double phase;
+            if ((st = sim_numbers(c, s->dev, &pr, &phase))) break;
+            step_s = pr.step_s;
         }
         const double sps = (double)k->R * k->m * (double)plan->train.micro_batch / step_s;
         if (i == 0 || sps > best_sps) {
@@ -1287,22 +1358,28 @@ static cdp_status finish(struct ctx *c, struct search *s, const struct cand *k, 
             node_capacity(plan, t, n, res->node[n].capacity_from, sizeof res->node[n].capacity_from);
     if (s->layout_only) return CDP_OK;
     if ((st = prepare(c, k->p, k->R, k->m, (const int64_t(*)[2])k->ranges))) return st;
-    if ((st = simulate_layout(c, res->layout, &s->sr))) return st;
-    res->predicted = (struct cdp_planner_prediction){s->sr->step_s, s->sr->bubble, s->sr->samples_per_s};
+    double phase = 0;
+    if (layout_shares_processors(res->layout)) {
+        if ((st = simulate_layout(c, res->layout, &s->sr))) return st;
+        res->predicted = (struct cdp_planner_prediction){s->sr->step_s, s->sr->bubble, s->sr->samples_per_s};
+        phase = s->sr->phase_s;
+        cdp_sim_result_free(s->sr);
+        s->sr = NULL;
+    } else {
+        for (int i = 0; i < res->layout->n_ranks; i++) {
+            const struct cdp_layout_rank *q = &res->layout->rank[i];
+            s->dev[q->stage * k->R + q->replica] = q->device;
+        }
+        if ((st = sim_numbers(c, s->dev, &res->predicted, &phase))) return st;
+    }
     res->predicted_ok = 1;
-    st = balance_predict(k->p, k->R, k->m, s->sr, &res->balance);
-    cdp_sim_result_free(s->sr);
-    s->sr = NULL;
-    if (st) return st;
+    if ((st = balance_predict(k->p, k->R, k->m, res->predicted.step_s, phase, &res->balance))) return st;
     static const char *const names[2] = {"ordered-pp-inner", "ordered-dp-inner"};
     for (int i = 0; i < 2; i++) {
         if (i == 0) cdp_placement_ordered_pp_inner(k->p, k->R, s->dev);
         else cdp_placement_ordered_dp_inner(k->p, k->R, s->dev);
-        if ((st = sim(c, s->dev, NULL, &s->sr))) return st;
-        res->baseline[i] =
-            (struct cdp_planner_baseline){names[i], {s->sr->step_s, s->sr->bubble, s->sr->samples_per_s}};
-        cdp_sim_result_free(s->sr);
-        s->sr = NULL;
+        res->baseline[i].name = names[i];
+        if ((st = sim_numbers(c, s->dev, &res->baseline[i].pred, &phase))) return st;
     }
     return CDP_OK;
 }
