@@ -7,11 +7,12 @@
 #include "cdp/core.h"
 #include "cdp/plan.h"
 #include "cdp/topology.h"
+#include "model/layers.h"
 #include "partitioner/planner.h"
 
-/* %s: embed, heads. The GPT-3 shape does not fit 80 GB per GPU without
- * tensor parallelism or recomputation (neither is modelled), so a 96-layer
- * model of embed 4096 is planned too, to time a search that simulates. */
+/* %s: embed, heads. The GPT-3 shape (175B) fits 80 GB per GPU only with
+ * activation recomputation, which the planner chooses ("auto"); a 96-layer
+ * model of embed 4096 is planned too, which fits without. */
 static const char *const PLAN_FMT =
     "{\"model\": {\"preset\": \"gpt\", \"vocab\": 50257, \"context\": 2048, \"layers\": 96, \"heads\": %d,"
     " \"embed\": %d},"
@@ -19,6 +20,33 @@ static const char *const PLAN_FMT =
     " \"optimizer\": {\"type\": \"adamw\"}},"
     " \"parallel\": {\"stages\": \"auto\", \"replicas\": \"auto\", \"micro_batches\": \"auto\"},"
     " \"cluster\": {\"backend\": \"cuda\", \"topology\": \"128 x hgx-h100\"}}";
+
+/* The predicted rate per GPU the layout uses: model FLOPs (forward and
+ * backward matrix work per sample x the global batch) per step, and with what
+ * recomputation runs again (the hardware's work), against the GPU's dense
+ * bf16 peak (MFU). */
+static void print_rate(const struct cdp_plan *plan, const struct cdp_topology *t, const struct cdp_planner_result *r)
+{
+    struct cdp_unit *u = NULL;
+    int n = 0;
+    if (!r->predicted_ok || cdp_units_build(&plan->model, &u, &n)) return;
+    double model = 0, again = 0;
+    for (int i = 0; i < n; i++) {
+        cdp_unit_set_recompute(&u[i], r->layout->recompute);
+        model += u[i].fwd_flops + u[i].bwd_flops;
+        again += u[i].recompute_flops;
+    }
+    free(u);
+    const double samples = (double)plan->train.global_batch, gpus = r->layout->n_ranks;
+    const double per_gpu = model * samples / r->predicted.step_s / gpus, hw = (model + again) * samples /
+                                                                               r->predicted.step_s / gpus;
+    const double peak = t->gpus[0].peak_bf16;
+    printf("\nPredicted rate (%d GPUs of %d used; %s peak %.0f TFLOP/s dense bf16)\n", r->layout->n_ranks, t->n_gpus,
+           t->gpus[0].name, peak / 1e12);
+    printf("  model FLOPs     %.1f TFLOP/s per GPU, MFU %.1f%%\n", per_gpu / 1e12, peak > 0 ? 100 * per_gpu / peak : 0);
+    printf("  with recompute  %.1f TFLOP/s per GPU (%.1f%% of peak; recompute %s)\n", hw / 1e12,
+           peak > 0 ? 100 * hw / peak : 0, cdp_recompute_name(r->layout->recompute));
+}
 
 static int run(int heads, int embed)
 {
@@ -48,6 +76,7 @@ static int run(int heads, int embed)
                "one replica\n", (long long)r.shapes, (long long)r.feasible, (long long)r.placed_shapes,
                (long long)r.simulations, (long long)r.replica_simulations);
         cdp_planner_print(&r, stdout);
+        print_rate(plan, t, &r);
         printf("\n");
     }
     cdp_planner_result_clear(&r);
