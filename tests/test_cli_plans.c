@@ -224,3 +224,64 @@ Test(cli, demo_plan_prints_a_table)
     for (int i = 0; want[i]; i++) cr_expect(strstr(r.out, want[i]), "table lacks \"%s\":\n%s", want[i], r.out);
     cdp_test_run_free(&r);
 }
+
+/* examples/larger-than-device.json: the model, its optimizer state and its
+ * activations on one device need several times the plan's device_memory; the
+ * planner splits it into stages with recomputation, and every rank's
+ * predicted memory is within the cap. */
+static double max_rank_memory(const json_t *planner)
+{
+    double most = 0;
+    const json_t *ranks = json_object_get(planner, "placement");
+    for (size_t i = 0; i < json_array_size(ranks); i++) {
+        const json_t *mem = json_object_get(json_array_get(ranks, i), "memory_bytes");
+        cr_assert(json_is_number(mem), "rank %zu has no predicted memory", i);
+        if (json_number_value(mem) > most) most = json_number_value(mem);
+    }
+    return most;
+}
+
+static json_t *dry_run_json(const char *plan)
+{
+    struct cdp_run r;
+    cr_assert_eq(cdp_test_run(&r, (const char *[]){"--plan", plan, "--dry-run", "--json", NULL}), 0);
+    cr_assert_eq(r.exit_code, 0, "%s: %s", plan, r.err);
+    json_error_t err;
+    json_t *j = json_loads(r.out, 0, &err);
+    cr_assert_not_null(j, "%s: %s", err.text, r.out);
+    cdp_test_run_free(&r);
+    return j;
+}
+
+Test(cli, the_larger_than_device_example_fits_by_stages_and_recomputation)
+{
+    const char *src = cdp_test_source_path("examples/larger-than-device.json");
+    json_t *j = dry_run_json(src);
+    const json_t *pl = json_object_get(j, "planner");
+    const char *rc = json_string_value(json_object_get(pl, "recompute"));
+    cr_assert(rc && strcmp(rc, "none"), "recompute %s", rc ? rc : "(missing)");
+    cr_assert_gt(json_array_size(json_object_get(pl, "stages")), 1);
+    const double cap = 36.0 * 1048576, fitted = max_rank_memory(pl);
+    cr_assert_leq(fitted, cap);
+    /* the same model on one device, keeping everything, without a cap */
+    json_error_t err;
+    json_t *p = json_load_file(src, 0, &err);
+    cr_assert_not_null(p, "%s", err.text);
+    json_object_set_new(p, "data", json_pack("{s:s}", "source", "synthetic"));
+    json_object_set_new(json_object_get(p, "train"), "recompute", json_string("none"));
+    json_object_set_new(p, "parallel", json_pack("{s:i,s:i,s:i}", "stages", 1, "replicas", 1, "micro_batches", 8));
+    json_object_del(json_object_get(p, "cluster"), "device_memory");
+    json_object_del(p, "output");
+    char *text = json_dumps(p, 0);
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
+    json_t *one = dry_run_json(cdp_test_write_file(dir, "one.json", text));
+    const double whole = max_rank_memory(json_object_get(one, "planner"));
+    cr_assert_gt(whole, 3 * cap, "one device needs %.0f bytes, the cap is %.0f", whole, cap);
+    cr_log_info("one device: %.1f MiB; planned: %zu stages, recompute %s, at most %.1f MiB per rank (cap 36 MiB)",
+                whole / 1048576, json_array_size(json_object_get(pl, "stages")), rc, fitted / 1048576);
+    free(text);
+    json_decref(p);
+    json_decref(one);
+    json_decref(j);
+}
