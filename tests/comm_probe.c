@@ -4,7 +4,7 @@
  * and aborts the job with exit code 3.
  * usage: comm_probe world|split|allreduce|p2p|gather|barrier|timeout|errors|
  *                   bigmsg|allreduce_timeout|abort|kill|bcast|bcast_timeout|
- *                   nccl_refused|nccl_fake|nccl|nccl_timeout
+ *                   nccl_refused|nccl_fake|nccl|nccl_timeout|zero|zero_timeout
  * (nccl and nccl_timeout need one GPU per rank; nccl_fake loads the stand-in
  * CUDA module of tests/fake-cuda; the others run anywhere) */
 #include <dlfcn.h>
@@ -496,6 +496,137 @@ static void scen_bcast_timeout(void)
     CHECK(0, "rank %d should have ended the job", N - 1);
 }
 
+/* ---- ZeRO's reduce-scatter and all-gather ------------------------------------------- */
+
+/* Rank r's i-th input: signs and magnitudes from 2^-12 to 2^12 that vary, so
+ * that sums of the same values in different orders round differently. */
+static float zval(int r, size_t i)
+{
+    uint32_t h = (uint32_t)i * 2654435761u ^ ((uint32_t)r * 40503u + 17u);
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    float v = 1.0f + (float)(h & 0xFFFFF) / (float)(1 << 20);
+    for (int e = (int)((h >> 20) % 25) - 12; e != 0; e += e > 0 ? -1 : 1) v *= e > 0 ? 2.0f : 0.5f;
+    return h >> 31 ? -v : v;
+}
+
+/* The first element where a and b differ bitwise, or SIZE_MAX. */
+static size_t first_diff(const float *a, const float *b, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (memcmp(&a[i], &b[i], sizeof *a)) return i;
+    return SIZE_MAX;
+}
+
+/* On c: for each n and op, the reduce-scatter leaves this rank's shard
+ * bit-identical to the all-reduce of the same inputs, and an all-gather of
+ * the shards (the rest of the buffer poisoned) rebuilds the all-reduce's
+ * whole buffer bit for bit. */
+static void zero_checks(cdp_comm_t c)
+{
+    const int size = cdp_comm_size(c), rank = cdp_comm_rank(c);
+    const size_t sizes[] = { 0, 1, (size_t)size - 1, 7, 1000, 1001 };
+    const float poison = -12345.5f;
+    for (size_t k = 0; k < sizeof sizes / sizeof *sizes; k++) {
+        size_t n = sizes[k], off = 0, len = 0;
+        cdp_comm_shard(n, size, rank, &off, &len);
+        float *a = malloc((n + 1) * sizeof *a), *b = malloc((n + 1) * sizeof *b);
+        float *sum = malloc((n + 1) * sizeof *sum);
+        CHECK(a && b && sum, "memory");
+        for (int op = 0; op < CDP_REDUCE_OP_COUNT; op++) {
+            for (size_t i = 0; i < n; i++) a[i] = b[i] = zval(rank, i);
+            OK(cdp_comm_allreduce_f32(c, a, n, (enum cdp_reduce_op)op, 30));
+            if (op == CDP_REDUCE_SUM && n) memcpy(sum, a, n * sizeof *a);
+            OK(cdp_comm_reduce_scatter_f32(c, b, n, (enum cdp_reduce_op)op, 30));
+            size_t d = first_diff(b + off, a + off, len);
+            CHECK(d == SIZE_MAX, "%d ranks, n %zu, op %d: reduce-scatter [%zu] = %.9g, all-reduce %.9g", size, n, op,
+                  off + d, (double)b[off + d], (double)a[off + d]);
+            for (size_t i = 0; i < n; i++)
+                if (i < off || i >= off + len) b[i] = poison;
+            OK(cdp_comm_allgather_f32(c, b, n, 30));
+            d = first_diff(b, a, n);
+            CHECK(d == SIZE_MAX, "%d ranks, n %zu, op %d: all-gather [%zu] = %.9g, all-reduce %.9g", size, n, op, d,
+                  (double)b[d], (double)a[d]);
+        }
+        /* the bit-identity above means something: on these inputs the order
+         * of the sum changes the result (left fold against right fold) */
+        if (size >= 3 && n == 1001) {
+            size_t differ = 0, as_left = 0;
+            for (size_t i = 0; i < n; i++) {
+                float left = zval(0, i), right = zval(size - 1, i);
+                for (int r = 1; r < size; r++) left += zval(r, i);
+                for (int r = size - 2; r >= 0; r--) right = zval(r, i) + right;
+                differ += memcmp(&left, &right, sizeof left) != 0;
+                as_left += memcmp(&left, &sum[i], sizeof left) == 0;
+            }
+            CHECK(differ > 0, "%d ranks: no input whose sum depends on the order", size);
+            if (rank == 0)
+                printf("rank 0 of %d: %zu of %zu sums depend on the order; the all-reduce's is the left fold's "
+                       "for %zu\n", size, differ, n, as_left);
+        }
+        free(a);
+        free(b);
+        free(sum);
+    }
+    float f = 0;
+    CHECK(cdp_comm_reduce_scatter_f32(c, NULL, 3, CDP_REDUCE_SUM, 1) == CDP_ERR_INVALID &&
+              strstr(cdp_last_error(), "reduce-scatter of 3 floats: buffer is NULL"),
+          "%s", cdp_last_error());
+    CHECK(cdp_comm_reduce_scatter_f32(c, &f, 1, CDP_REDUCE_OP_COUNT, 1) == CDP_ERR_INVALID &&
+              strstr(cdp_last_error(), "unknown reduce op"),
+          "%s", cdp_last_error());
+    CHECK(cdp_comm_allgather_f32(c, NULL, 3, 1) == CDP_ERR_INVALID, "%s", cdp_last_error());
+}
+
+/* On 1 to N ranks of one job: the first R world ranks split off, R = N .. 1. */
+static void scen_zero(void)
+{
+    for (int size = N; size >= 1; size--) {
+        cdp_comm_t c = NULL;
+        OK(cdp_comm_split(world, R < size ? 0 : -1, R, &c));
+        if (c) {
+            CHECK(cdp_comm_size(c) == size, "size %d, expected %d", cdp_comm_size(c), size);
+            zero_checks(c);
+        }
+        cdp_comm_free(c);
+    }
+    OK(cdp_comm_barrier(world, 30));
+}
+
+/* A reduce-scatter and an all-gather that the other ranks never join: rank 0
+ * times out on each (the all-gather on a second communicator, since the
+ * first is unusable after its timeout), then ends the job with exit code 42. */
+static void scen_zero_timeout(void)
+{
+    cdp_comm_t other = NULL;
+    OK(cdp_comm_split(world, 0, R, &other));
+    if (N > 1 && R == 0) {
+        float v[7] = { 0 };
+        double t0 = now_s();
+        cdp_status st = cdp_comm_reduce_scatter_f32(world, v, 7, CDP_REDUCE_AVG, 0.3);
+        double el = now_s() - t0;
+        CHECK(st == CDP_ERR_COMM && strstr(cdp_last_error(), "reduce-scatter (average) of 7 floats: timed out after 0.3 s"),
+              "status %d: %s", (int)st, cdp_last_error());
+        CHECK(el >= 0.3 && el < 1.3, "after %.3f s", el);
+        printf("rank %d/%d: %s\n", R, N, cdp_last_error());
+        CHECK(cdp_comm_allgather_f32(world, v, 7, 1) == CDP_ERR_COMM && strstr(cdp_last_error(), "unusable"), "%s",
+              cdp_last_error());
+        t0 = now_s();
+        st = cdp_comm_allgather_f32(other, v, 7, 0.3);
+        el = now_s() - t0;
+        CHECK(st == CDP_ERR_COMM && strstr(cdp_last_error(), "all-gather of 7 floats: timed out after 0.3 s"),
+              "status %d: %s", (int)st, cdp_last_error());
+        CHECK(el >= 0.3 && el < 1.3, "after %.3f s", el);
+        printf("rank %d/%d: %s\n", R, N, cdp_last_error());
+        printf("rank %d/%d: zero_timeout ok\n", R, N);
+        fflush(stdout);
+        cdp_comm_abort(world, 42);
+    }
+    sleep_s(30);
+    CHECK(0, "rank 0 should have ended the job");
+}
+
 /* Rank 0 offers a CPU device, the others their GPU (or none where there is
  * no GPU): no rank gets an nccl communicator, all fail at once (not at the
  * deadline), each saying why, and the host world still works. */
@@ -789,6 +920,7 @@ static const struct {
     { "nccl_refused", scen_nccl_refused },                    { "nccl", scen_nccl },
     { "nccl_fake", scen_nccl_fake },
     { "nccl_timeout", scen_nccl_timeout },
+    { "zero", scen_zero },       { "zero_timeout", scen_zero_timeout },
 };
 
 int main(int argc, char **argv)

@@ -109,6 +109,59 @@ Test(comm, self_allreduce_leaves_the_values)
     cdp_comm_free(c);
 }
 
+/* The rule against its statement, by brute force: R contiguous shards in
+ * rank order that cover n, the first n % R one longer. */
+Test(comm, shards_cover_the_buffer_in_rank_order)
+{
+    for (int R = 1; R <= 9; R++) {
+        for (size_t n = 0; n <= 60; n++) {
+            size_t next = 0;
+            for (int r = 0; r < R; r++) {
+                size_t off = 7, len = 7;
+                cdp_comm_shard(n, R, r, &off, &len);
+                cr_assert_eq(off, next, "n %zu, R %d: shard %d starts at %zu, expected %zu", n, R, r, off, next);
+                size_t want = n / (size_t)R + ((size_t)r < n % (size_t)R ? 1 : 0);
+                cr_assert_eq(len, want, "n %zu, R %d: shard %d has %zu, expected %zu", n, R, r, len, want);
+                next += len;
+            }
+            cr_assert_eq(next, n, "n %zu, R %d: the shards cover %zu", n, R, next);
+        }
+    }
+    size_t off = 0, len = 0, big = (size_t)-1; /* no overflow at the top of size_t */
+    cdp_comm_shard(big, 3, 2, &off, &len);
+    cr_assert_eq(off + len, big);
+    cr_assert_eq(len, big / 3);
+}
+
+Test(comm, shard_of_a_rank_outside_the_group_is_a_programmer_error, .signal = SIGABRT)
+{
+    size_t off, len;
+    cdp_comm_shard(10, 2, 2, &off, &len);
+}
+
+Test(comm, self_reduce_scatter_and_allgather_leave_the_values)
+{
+    cdp_comm_t c = self_comm();
+    float f[3] = { 1.5f, -2.0f, 3.25f };
+    for (int op = 0; op < CDP_REDUCE_OP_COUNT; op++)
+        cr_assert_eq(cdp_comm_reduce_scatter_f32(c, f, 3, (enum cdp_reduce_op)op, 1), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(cdp_comm_allgather_f32(c, f, 3, 1), CDP_OK, "%s", cdp_last_error());
+    cr_assert(f[0] == 1.5f && f[1] == -2.0f && f[2] == 3.25f);
+    cr_assert_eq(cdp_comm_reduce_scatter_f32(c, NULL, 0, CDP_REDUCE_SUM, 1), CDP_OK);
+    cr_assert_eq(cdp_comm_allgather_f32(c, NULL, 0, 1), CDP_OK);
+    cr_assert_eq(cdp_comm_reduce_scatter_f32(c, f, 3, CDP_REDUCE_OP_COUNT, 1), CDP_ERR_INVALID);
+    cr_assert(strstr(cdp_last_error(), "self rank 0/1: reduce-scatter: unknown reduce op 3"), "%s", cdp_last_error());
+    cr_assert_eq(cdp_comm_reduce_scatter_f32(c, NULL, 3, CDP_REDUCE_AVG, 1), CDP_ERR_INVALID);
+    cr_assert(strstr(cdp_last_error(), "self rank 0/1: reduce-scatter of 3 floats: buffer is NULL"), "%s",
+              cdp_last_error());
+    cr_assert_eq(cdp_comm_allgather_f32(c, NULL, 3, 1), CDP_ERR_INVALID);
+    cr_assert(strstr(cdp_last_error(), "self rank 0/1: all-gather of 3 floats: buffer is NULL"), "%s",
+              cdp_last_error());
+    cr_assert_eq(cdp_comm_reduce_scatter_f32(NULL, f, 3, CDP_REDUCE_SUM, 1), CDP_ERR_INVALID);
+    cr_assert_eq(cdp_comm_allgather_f32(NULL, f, 3, 1), CDP_ERR_INVALID);
+    cdp_comm_free(c);
+}
+
 Test(comm, self_send_matches_receive_posted_before_or_after)
 {
     cdp_comm_t c = self_comm();
@@ -649,6 +702,24 @@ Test(comm, mpi_gather_np3) { expect_ok(3, "gather", NULL); }
 Test(comm, mpi_chunked_messages_allreduce_and_gather_np3)
 {
     expect_ok(3, "bigmsg", "CDP_COMM_CHUNK_BYTES=4096");
+}
+
+/* ZeRO's reduce-scatter and all-gather on 4, 3, 2 and 1 ranks (split off one
+ * job), bit-identical to the all-reduce; chunked: pieces of 100 floats, which
+ * cross the shards' boundaries. */
+Test(comm, mpi_zero_np4_oversubscribed) { expect_ok(4, "zero", NULL); }
+Test(comm, mpi_chunked_zero_np4_oversubscribed) { expect_ok(4, "zero", "CDP_COMM_CHUNK_BYTES=400"); }
+
+Test(comm, mpi_zero_deadlines_then_abort_np2)
+{
+    skip_without_mpi();
+    struct job j;
+    run_probe(&j, 2, "zero_timeout", NULL, 60);
+    cr_assert_not(j.timed_out, "%s", j.out);
+    cr_assert_eq(count(j.out, "zero_timeout ok"), 1, "rank 0 saw both timeouts:\n%s", j.out);
+    cr_assert_eq(j.code, 42, "mpirun exits with the abort code, got %d:\n%s", j.code, j.out);
+    cr_assert_lt(j.secs, 15, "took %.1f s", j.secs);
+    free(j.out);
 }
 
 Test(comm, mpi_message_above_int_max_bytes_np2, .timeout = 240)

@@ -203,6 +203,56 @@ cdp_status cdp_comm_allreduce_f64(cdp_comm_t c, double *buf, size_t n, enum cdp_
     return allreduce(c, buf, n, CDP_COMM_F64, op, timeout_s);
 }
 
+void cdp_comm_shard(size_t n, int R, int r, size_t *off, size_t *len)
+{
+    CDP_ASSERT(R >= 1 && r >= 0 && r < R && off && len);
+    size_t base = n / (size_t)R, longer = n % (size_t)R, k = (size_t)r;
+    /* the first `longer` shards have base + 1 elements */
+    *len = base + (k < longer ? 1 : 0);
+    *off = k * base + (k < longer ? k : longer);
+}
+
+/* The checks the reduce-scatter and the all-gather share with the all-reduce;
+ * CDP_OK with *skip = 1 for n == 0 (every rank passes the same n, so every
+ * rank skips). */
+static cdp_status shard_args(cdp_comm_t c, const char *what, const float *buf, size_t n, int *skip)
+{
+    *skip = 0;
+    if (!c) return cdp_fail(CDP_ERR_INVALID, "%s: NULL communicator", what);
+    if (n > 0 && !buf)
+        return cdp_fail(CDP_ERR_INVALID, "%s rank %d/%d: %s of %zu floats: buffer is NULL", c->ops->name,
+                        c->rank, c->size, what, n);
+    *skip = n == 0;
+    return CDP_OK;
+}
+
+cdp_status cdp_comm_reduce_scatter_f32(cdp_comm_t c, float *buf, size_t n, enum cdp_reduce_op op,
+                                       double timeout_s)
+{
+    int skip = 0;
+    cdp_status st = shard_args(c, "reduce-scatter", buf, n, &skip);
+    if (st) return st;
+    if ((unsigned)op >= CDP_REDUCE_OP_COUNT)
+        return cdp_fail(CDP_ERR_INVALID, "%s rank %d/%d: reduce-scatter: unknown reduce op %d", c->ops->name,
+                        c->rank, c->size, (int)op);
+    if (skip) return CDP_OK;
+    if ((st = c->ops->reduce_scatter_f32(c, buf, n, op, timeout_s)))
+        return cdp_error_context(st, "%s rank %d/%d: reduce-scatter (%s) of %zu floats", c->ops->name, c->rank,
+                                 c->size, op_names[op], n);
+    return CDP_OK;
+}
+
+cdp_status cdp_comm_allgather_f32(cdp_comm_t c, float *buf, size_t n, double timeout_s)
+{
+    int skip = 0;
+    cdp_status st = shard_args(c, "all-gather", buf, n, &skip);
+    if (st || skip) return st;
+    if ((st = c->ops->allgather_f32(c, buf, n, timeout_s)))
+        return cdp_error_context(st, "%s rank %d/%d: all-gather of %zu floats", c->ops->name, c->rank, c->size,
+                                 n);
+    return CDP_OK;
+}
+
 cdp_status cdp_comm_barrier(cdp_comm_t c, double timeout_s)
 {
     if (!c) return cdp_fail(CDP_ERR_INVALID, "barrier: NULL communicator");

@@ -3,7 +3,8 @@
  * data-parallel group of each stage and the pipeline of each replica, and a
  * rank creates only the groups it belongs to. Every wait has a deadline: past
  * it the call fails with CDP_ERR_COMM and "timed out after N s", and the caller
- * decides to abort the job. Buffers are host memory (the CPU backend; GPU ranks
+ * decides to abort the job. ZeRO's reduce-scatter and all-gather split a
+ * buffer into one shard per rank (cdp_comm_shard). Buffers are host memory (the CPU backend; GPU ranks
  * that share one GPU stage through the host).
  *
  * Threads: MPI is initialised MPI_THREAD_FUNNELED, so call every function on
@@ -65,6 +66,42 @@ cdp_status cdp_comm_split(cdp_comm_t c, int color, int key, cdp_comm_t *out);
  * not finalised, and the caller should end the job with cdp_comm_abort. */
 cdp_status cdp_comm_allreduce_f32(cdp_comm_t c, float *buf, size_t n, enum cdp_reduce_op op, double timeout_s);
 cdp_status cdp_comm_allreduce_f64(cdp_comm_t c, double *buf, size_t n, enum cdp_reduce_op op, double timeout_s);
+
+/* ZeRO's shards: a flat buffer of n elements split over R ranks in rank
+ * order, the first n % R shards one element longer. Shard r is
+ * [*off, *off + *len) with *len = n / R + (r < n % R ? 1 : 0) and *off the
+ * sum of the earlier lengths; when n < R the last R - n shards are empty. The
+ * one home of that rule: the reduce-scatter and all-gather below, and those
+ * of the nccl communicator, use it. R >= 1 and 0 <= r < R, else a programmer
+ * error (abort). */
+void cdp_comm_shard(size_t n, int R, int r, size_t *off, size_t *len);
+
+/* In-place reduce-scatter of n floats (sum, average, max) within the
+ * deadline: on return, this rank's shard of buf (cdp_comm_shard(n, size,
+ * rank)) holds the reduction over all ranks of that shard; the rest of buf is
+ * unspecified. Every rank passes the same n and op; n == 0 is a no-op.
+ * On mpi: MPI_Ireduce_scatter (MPI_IN_PLACE) in pieces of at most the chunk
+ * size, and the average is that sum divided by the size on the host, as
+ * cdp_comm_allreduce_f32 divides its sum. The shard is bit-identical to the
+ * same elements of cdp_comm_allreduce_f32 on the same inputs whenever MPI
+ * sums both in the same order: Open MPI 4.1 does (its libnbc reduces an
+ * in-place all-reduce and a reduce-scatter over one binomial tree rooted at
+ * rank 0, whatever the count), and suite comm checks it on 1 to 4 ranks;
+ * another MPI, or a coll component or libnbc algorithm chosen through MCA
+ * parameters, may round differently. On self, a no-op (the sum, average and
+ * max of one rank are its values). A failure or timeout leaves the
+ * communicator unusable, as for an all-reduce. */
+cdp_status cdp_comm_reduce_scatter_f32(cdp_comm_t c, float *buf, size_t n, enum cdp_reduce_op op,
+                                       double timeout_s);
+
+/* In-place all-gather of n floats within the deadline: every rank's own
+ * shard of buf (cdp_comm_shard(n, size, rank)) is copied into the same place
+ * on every other rank, so that on return buf is whole everywhere (the
+ * inverse of a reduce-scatter; what buf held outside this rank's shard is
+ * overwritten). Every rank passes the same n; n == 0 is a no-op. On mpi:
+ * MPI_Iallgatherv (MPI_IN_PLACE) in pieces of at most the chunk size; on
+ * self, a no-op. A failure or timeout leaves the communicator unusable. */
+cdp_status cdp_comm_allgather_f32(cdp_comm_t c, float *buf, size_t n, double timeout_s);
 
 /* Point to point, non-blocking: the buffer must stay untouched until the
  * request completes. tag >= 0 and below 2^20; peer in 0..size-1 (a rank may

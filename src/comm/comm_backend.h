@@ -26,6 +26,12 @@ struct cdp_comm_ops {
      * deadline, polling with cdp_comm_poll(). */
     cdp_status (*allreduce)(struct cdp_comm *c, void *buf, size_t n, enum cdp_comm_dtype dt,
                             enum cdp_reduce_op op, double timeout_s);
+    /* ZeRO's in-place reduce-scatter and all-gather of n > 0 floats over the
+     * shards of cdp_comm_shard(n, size, rank), run to completion within the
+     * deadline as the all-reduce is. */
+    cdp_status (*reduce_scatter_f32)(struct cdp_comm *c, float *buf, size_t n, enum cdp_reduce_op op,
+                                     double timeout_s);
+    cdp_status (*allgather_f32)(struct cdp_comm *c, float *buf, size_t n, double timeout_s);
     /* Start a send / receive described by r (buf, bytes, peer, tag): fill r->impl. */
     cdp_status (*isend)(struct cdp_comm *c, struct cdp_request *r);
     cdp_status (*irecv)(struct cdp_comm *c, struct cdp_request *r);

@@ -1,5 +1,6 @@
 /* The `mpi` communicator (Open MPI, host memory). Everything is non-blocking
- * underneath (MPI_Isend/Irecv, MPI_Iallreduce, MPI_Ibarrier) and completed
+ * underneath (MPI_Isend/Irecv, MPI_Iallreduce, MPI_Ireduce_scatter,
+ * MPI_Iallgatherv, MPI_Ibarrier) and completed
  * through the front's deadline loop, so no call waits forever on a dead or
  * lost peer. Messages above the chunk size (1 GiB; MPI counts are int) travel
  * as several messages of the same tag, which MPI keeps in order. */
@@ -319,6 +320,21 @@ static cdp_status finish_collective(struct mpi_comm *m, struct req_set *s, uint6
     return st;
 }
 
+/* An average is the sum over the ranks divided by their number, here on the
+ * host (MPI has no average): the all-reduce and the reduce-scatter both
+ * divide through this, so that their averages are equal where their sums are. */
+static void average(void *buf, size_t n, enum cdp_comm_dtype dt, int size)
+{
+    if (size <= 1) return;
+    if (dt == CDP_COMM_F32) {
+        float *f = buf, k = (float)size;
+        for (size_t i = 0; i < n; i++) f[i] /= k;
+    } else if (dt == CDP_COMM_F64) {
+        double *d = buf, k = (double)size;
+        for (size_t i = 0; i < n; i++) d[i] /= k;
+    }
+}
+
 static cdp_status mpi_allreduce(struct cdp_comm *c, void *buf, size_t n, enum cdp_comm_dtype dt,
                                 enum cdp_reduce_op op, double timeout_s)
 {
@@ -349,16 +365,131 @@ static cdp_status mpi_allreduce(struct cdp_comm *c, void *buf, size_t n, enum cd
     if (!st) st = finish_collective(m, &s, t0, timeout_s, n * esize);
     if (rq != &one) free(rq);
     if (st) return st;
-    if (op == CDP_REDUCE_AVG && c->size > 1) {
-        if (dt == CDP_COMM_F32) {
-            float *f = buf, k = (float)c->size;
-            for (size_t i = 0; i < n; i++) f[i] /= k;
-        } else if (dt == CDP_COMM_F64) {
-            double *d = buf, k = (double)c->size;
-            for (size_t i = 0; i < n; i++) d[i] /= k;
+    if (op == CDP_REDUCE_AVG) average(buf, n, dt, c->size);
+    return CDP_OK;
+}
+
+/* ---- ZeRO's shards ---------------------------------------------------------------- */
+
+/* The reduce-scatter and the all-gather move a buffer in pieces of at most
+ * the chunk size (MPI counts are int), all posted at once; collectives on one
+ * communicator complete in order. Piece i is elements [i * per, i * per + per)
+ * of buf (the last one shorter), and rank k's part of it is where it meets
+ * k's shard: shards are contiguous and in rank order, so the parts of a piece
+ * are too, and counts[i * size + k] / displs[i * size + k] (relative to the
+ * piece's start) are what MPI is given. */
+struct pieces {
+    size_t per; /* floats in a piece */
+    int n;
+    int *counts, *displs;
+    MPI_Request *rq;
+};
+
+static void pieces_free(struct pieces *p, int in_flight)
+{
+    /* MPI may read the counts until the operations complete, which after a
+     * failure or timeout may be never: then they are left behind */
+    if (!in_flight) {
+        free(p->counts);
+        free(p->displs);
+    }
+    free(p->rq);
+}
+
+static cdp_status pieces_make(const struct cdp_comm *c, size_t n, struct pieces *p)
+{
+    size_t per = g.chunk / sizeof(float) ? g.chunk / sizeof(float) : 1;
+    size_t np = (n - 1) / per + 1, size = (size_t)(unsigned)c->size;
+    if (np > INT_MAX || np > SIZE_MAX / sizeof(int) / size)
+        return cdp_fail(CDP_ERR_INVALID, "%zu floats is too large a buffer", n);
+    p->per = per;
+    p->n = (int)np;
+    p->counts = malloc(np * size * sizeof *p->counts);
+    p->displs = malloc(np * size * sizeof *p->displs);
+    p->rq = malloc(np * sizeof *p->rq);
+    if (!p->counts || !p->displs || !p->rq) {
+        pieces_free(p, 0);
+        return cdp_fail(CDP_ERR_NOMEM, "out of memory for %zu pieces", np);
+    }
+    for (size_t k = 0; k < size; k++) {
+        size_t off = 0, len = 0;
+        cdp_comm_shard(n, c->size, (int)k, &off, &len);
+        for (size_t i = 0; i < np; i++) {
+            size_t lo = i * per, hi = n - lo < per ? n : lo + per;
+            size_t a = off > lo ? off : lo, b = off + len < hi ? off + len : hi;
+            p->counts[i * size + k] = a < b ? (int)(b - a) : 0;
+            p->displs[i * size + k] = a < b ? (int)(a - lo) : 0;
         }
     }
     return CDP_OK;
+}
+
+static cdp_status mpi_reduce_scatter(struct cdp_comm *c, float *buf, size_t n, enum cdp_reduce_op op,
+                                     double timeout_s)
+{
+    struct mpi_comm *m = c->impl;
+    if (m->broken) return unusable(c);
+    uint64_t t0 = cdp_time_ns();
+    struct pieces p;
+    cdp_status st = pieces_make(c, n, &p);
+    if (st) return st;
+    size_t size = (size_t)(unsigned)c->size, me = (size_t)(unsigned)c->rank;
+    MPI_Op mop = op == CDP_REDUCE_MAX ? MPI_MAX : MPI_SUM;
+    struct req_set s = { 0, p.rq, NULL, "MPI_Ireduce_scatter (test)" };
+    for (int i = 0; i < p.n; i++) {
+        int rc = MPI_Ireduce_scatter(MPI_IN_PLACE, buf + (size_t)i * p.per, p.counts + (size_t)i * size, MPI_FLOAT,
+                                     mop, m->comm, &p.rq[i]);
+        if (rc) {
+            st = mpi_fail(rc, "MPI_Ireduce_scatter");
+            m->broken = g.broken = 1; /* the ranks no longer agree on the collectives posted */
+            break;
+        }
+        s.n++;
+    }
+    if (!st) st = finish_collective(m, &s, t0, timeout_s, n * sizeof *buf);
+    if (!st) {
+        /* in place, MPI leaves a piece's reduced part at the piece's start:
+         * move it to where it belongs */
+        for (int i = 0; i < p.n; i++) {
+            size_t at = (size_t)p.displs[(size_t)i * size + me], cnt = (size_t)p.counts[(size_t)i * size + me];
+            float *piece = buf + (size_t)i * p.per;
+            if (cnt && at) memmove(piece + at, piece, cnt * sizeof *buf);
+        }
+        if (op == CDP_REDUCE_AVG) {
+            size_t off = 0, len = 0;
+            cdp_comm_shard(n, c->size, c->rank, &off, &len);
+            average(buf + off, len, CDP_COMM_F32, c->size);
+        }
+    }
+    pieces_free(&p, st != CDP_OK);
+    return st;
+}
+
+static cdp_status mpi_allgather(struct cdp_comm *c, float *buf, size_t n, double timeout_s)
+{
+    struct mpi_comm *m = c->impl;
+    if (m->broken) return unusable(c);
+    uint64_t t0 = cdp_time_ns();
+    struct pieces p;
+    cdp_status st = pieces_make(c, n, &p);
+    if (st) return st;
+    size_t size = (size_t)(unsigned)c->size;
+    struct req_set s = { 0, p.rq, NULL, "MPI_Iallgatherv (test)" };
+    for (int i = 0; i < p.n; i++) {
+        /* in place: each rank's part is already where the others' parts go */
+        int rc = MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf + (size_t)i * p.per,
+                                 p.counts + (size_t)i * size, p.displs + (size_t)i * size, MPI_FLOAT, m->comm,
+                                 &p.rq[i]);
+        if (rc) {
+            st = mpi_fail(rc, "MPI_Iallgatherv");
+            m->broken = g.broken = 1;
+            break;
+        }
+        s.n++;
+    }
+    if (!st) st = finish_collective(m, &s, t0, timeout_s, n * sizeof *buf);
+    pieces_free(&p, st != CDP_OK);
+    return st;
 }
 
 static cdp_status mpi_barrier(struct cdp_comm *c, double timeout_s)
@@ -489,6 +620,8 @@ const struct cdp_comm_ops cdp_comm_mpi_ops = {
     .name = "mpi",
     .split = mpi_split,
     .allreduce = mpi_allreduce,
+    .reduce_scatter_f32 = mpi_reduce_scatter,
+    .allgather_f32 = mpi_allgather,
     .isend = mpi_isend,
     .irecv = mpi_irecv,
     .test = mpi_test,
