@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Memory against time on this machine: for each activation recomputation mode
-# (/train/recompute none, selective, full), a GPT trained on 2 stages x 2
-# replicas of the cpu backend; per mode the largest measured device peak of a
-# rank (metrics.jsonl's peak_memory_bytes, what the device layer counted), the
-# planner's prediction for that rank, its activations share, and the mean step
-# time over steps 2-8. The losses of every mode must be the same bits; the
-# script says so or fails.
+# (/train/recompute none, selective, full) and ZeRO stage (/parallel/zero 0,
+# 1), a GPT trained on 2 stages x 2 replicas of the cpu backend; per run the
+# largest measured device peak of a rank (metrics.jsonl's peak_memory_bytes,
+# what the device layer counted), the planner's prediction for that rank, the
+# share of the none/0 peak, and the mean step time over steps 2-8. The losses
+# of every run must be the same bits; the script says so or fails.
 #
 #   bench/memory.sh [build dir]      (default: build)
 set -euo pipefail
@@ -14,19 +14,21 @@ bin="$(cd "${1:-build}" && pwd)/cdphybrid"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-printf '%-10s %14s %14s %10s %12s\n' recompute "peak MiB/rank" "predicted MiB" "vs none" "step ms"
+printf '%-10s %4s %14s %14s %10s %12s\n' recompute zero "peak MiB/rank" "predicted MiB" "vs none/0" "step ms"
 base=""
 for mode in none selective full; do
-    cat > "$tmp/$mode.json" <<JSON
+  for zero in 0 1; do
+    name="$mode-$zero"
+    cat > "$tmp/$name.json" <<JSON
 { "model": {"preset": "gpt", "vocab": 512, "context": 256, "layers": 8, "heads": 8, "embed": 128},
   "data": {"source": "synthetic", "seed": 1},
   "train": {"steps": 8, "micro_batch": 4, "recompute": "$mode", "log_every": 1000, "eval_batches": 1},
-  "parallel": {"stages": 2, "replicas": 2, "micro_batches": 4, "schedule": "1f1b"},
+  "parallel": {"stages": 2, "replicas": 2, "micro_batches": 4, "schedule": "1f1b", "zero": $zero},
   "cluster": {"backend": "cpu"},
-  "output": {"metrics": "$mode.jsonl"} }
+  "output": {"metrics": "$name.jsonl"} }
 JSON
-    (cd "$tmp" && OPENBLAS_NUM_THREADS=1 "$bin" -q --plan "$mode.json" >/dev/null)
-    read -r peak pred ms losses <<<"$(python3 - "$tmp/$mode.jsonl" <<'PY'
+    (cd "$tmp" && OPENBLAS_NUM_THREADS=1 "$bin" -q --plan "$name.json" >/dev/null)
+    read -r peak pred ms losses <<<"$(python3 - "$tmp/$name.jsonl" <<'PY'
 import json, sys
 recs = [json.loads(l) for l in open(sys.argv[1]) if '"step"' in l]
 last = recs[-1]["ranks"]
@@ -37,8 +39,9 @@ print(worst["peak_memory_bytes"], worst["predicted_memory_bytes"], 1e3 * sum(tim
 PY
 )"
     if [ -z "$base" ]; then base=$peak; base_losses=$losses; fi
-    if [ "$losses" != "$base_losses" ]; then echo "memory.sh: $mode's losses differ from none's" >&2; exit 1; fi
-    awk -v m="$mode" -v a="$peak" -v b="$pred" -v c="$base" -v t="$ms" \
-        'BEGIN{printf "%-10s %14.2f %14.2f %9.0f%% %12.1f\n", m, a/1048576, b/1048576, 100*a/c, t}'
+    if [ "$losses" != "$base_losses" ]; then echo "memory.sh: $name's losses differ from none-0's" >&2; exit 1; fi
+    awk -v m="$mode" -v z="$zero" -v a="$peak" -v b="$pred" -v c="$base" -v t="$ms" \
+        'BEGIN{printf "%-10s %4s %14.2f %14.2f %9.0f%% %12.1f\n", m, z, a/1048576, b/1048576, 100*a/c, t}'
+  done
 done
-echo "losses: the same bits in every mode"
+echo "losses: the same bits in every run"

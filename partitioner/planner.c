@@ -14,6 +14,7 @@
 #include "core/hash.h"
 #include "model/layers.h"
 #include "model/model.h"
+#include "model/optim.h"
 #include "partitioner/host.h"
 #include "partitioner/partition.h"
 #include "partitioner/placement.h"
@@ -159,6 +160,7 @@ struct cand {
     int p, R, m;
     enum cdp_schedule_kind kind;
     enum cdp_recompute rc;
+    int zero;
     int64_t (*ranges)[2]; /* p*v */
     double step_s, sps;   /* with the screening placement */
     double peak;          /* the largest rank's device bytes */
@@ -177,6 +179,7 @@ struct ctx {
         struct mem_index mi;
     } mode[CDP_RECOMPUTE_COUNT];
     enum cdp_recompute rc; /* the mode of u, cost and mi (use_mode) */
+    int zero;              /* ZeRO-1 for the candidate (its replicas > 1) */
     struct cdp_unit *u;
     struct cdp_unit_cost *cost;
     struct mem_index *mi;
@@ -483,8 +486,9 @@ static double part_memory(void *vc, int s, int first, int end)
     uint64_t shared;
     mem_terms(c->mi, first, end, &t, &shared);
     struct cdp_rank_memory m;
+    /* ZeRO-1: the largest shard, the first */
     cdp_layout_chunk_memory(c->plan, &t, shared, &c->mi->ub[first], &c->mi->ub[end - 1], end == c->n, s, c->p,
-                            c->slots[s], c->hv, &m);
+                            c->slots[s], c->hv, c->zero ? c->R : 1, 0, &m);
     return (double)m.device;
 }
 
@@ -499,6 +503,7 @@ static cdp_status candidate_layout(const struct ctx *c, int p, int R, int m, con
     l->backend = c->plan->cluster.backend;
     l->schedule = c->kind;
     l->recompute = c->rc;
+    l->zero = c->zero && R > 1;
     l->micro_batches = m;
     l->micro_batch = (int)c->plan->train.micro_batch;
     l->n_nodes = c->t->n_nodes;
@@ -553,6 +558,7 @@ static cdp_status split(struct ctx *c, int p, int R, int m, int objective, int64
     free(c->slots);
     c->slots = inf;
     c->p = p;
+    c->R = R; /* part_memory: the shards of ZeRO-1 */
     inf = NULL;
     /* boundary bandwidths of the first pipeline under the fixed placement */
     fixed_placement(c->plan, p, 1, dev);
@@ -566,11 +572,28 @@ static cdp_status split(struct ctx *c, int p, int R, int m, int objective, int64
             if (b > 0 && (bw[0] <= 0 || b < bw[0])) bw[0] = b;
         }
     }
-    struct cdp_partition_spec sp = {.unit = c->cost, .n = c->n, .k = p, .bandwidth = bw, .n_bandwidth = p > 1,
+    /* ZeRO-1: a unit's optimizer state is spread over the replicas */
+    struct cdp_unit_cost *cost = c->cost, *sharded = NULL;
+    if (c->zero && R > 1) {
+        if (!(sharded = malloc((size_t)c->n * sizeof *sharded))) {
+            st = cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
+            goto done;
+        }
+        const double per = cdp_cost_state_bytes_per_param(c->plan),
+                     opt = (double)cdp_optimizer_state_bytes(&c->plan->train.optimizer, 1);
+        for (int i = 0; i < c->n; i++) {
+            sharded[i] = c->cost[i];
+            sharded[i].state_bytes *= (per - opt + opt / R) / per;
+        }
+        cost = sharded;
+    }
+    struct cdp_partition_spec sp = {.unit = cost, .n = c->n, .k = p, .bandwidth = bw, .n_bandwidth = p > 1,
                                     .in_flight = c->slots, .capacity = cap, .workspace_bytes = 0,
                                     .schedule = c->kind, .micro_batches = m, .memory = part_memory,
                                     .memory_ctx = c, .objective = objective};
-    if ((st = cdp_partition_plan(&sp, ps))) goto done;
+    st = cdp_partition_plan(&sp, ps);
+    free(sharded);
+    if (st) goto done;
     for (int s = 0; s < p; s++) {
         ranges[s][0] = ps[s].first;
         ranges[s][1] = ps[s].end;
@@ -966,6 +989,18 @@ static void use_mode(struct ctx *c, enum cdp_recompute r)
     c->mi = &c->mode[r].mi;
 }
 
+/* ZeRO stages the search tries for a shape of R replicas: the plan's, or under
+ * "auto" 0 then 1 (with replicas to shard over, and no checkpoints: a ZeRO-1
+ * run does not write them yet). */
+static int zeros_of(const struct cdp_plan *plan, int R, int *out)
+{
+    const int64_t z = plan->parallel.zero;
+    out[0] = z == 1 && R > 1;
+    if (z != CDP_AUTO || R < 2 || plan->train.checkpoint.dir) return 1;
+    out[1] = 1;
+    return 2;
+}
+
 /* The recompute modes the search tries for each shape, least first: the plan's,
  * or under "auto" every one. */
 static int modes_of(const struct cdp_plan *plan, enum cdp_recompute *out)
@@ -1075,6 +1110,7 @@ static void smallest_cap(struct ctx *c, const struct cand *shapes, int n, char *
         struct cdp_layout *l = NULL;
         c->kind = k->kind;
         use_mode(c, k->rc);
+        c->zero = k->zero;
         double peak = 0;
         char why[8];
         if (ranges && dev && !split(c, k->p, k->R, k->m, CDP_PARTITION_MEMORY, ranges)) {
@@ -1149,9 +1185,9 @@ static cdp_status try_shape(struct ctx *c, struct search *s, int p, int R, int m
         if (nt) s->tried = nt;
         if (!nc || !nt) return cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
     }
-    s->tried[s->n_tried++] = (struct cand){.p = p, .R = R, .m = m, .kind = c->kind, .rc = c->rc};
+    s->tried[s->n_tried++] = (struct cand){.p = p, .R = R, .m = m, .kind = c->kind, .rc = c->rc, .zero = c->zero};
     struct cand *k = &s->cand[s->n_cand];
-    *k = (struct cand){.p = p, .R = R, .m = m, .kind = c->kind, .rc = c->rc};
+    *k = (struct cand){.p = p, .R = R, .m = m, .kind = c->kind, .rc = c->rc, .zero = c->zero};
     k->ranges = calloc((size_t)p * c->v, sizeof *k->ranges);
     if (!k->ranges) return cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
     if ((st = split(c, p, R, m, CDP_PARTITION_TIME, k->ranges))) {
@@ -1245,11 +1281,15 @@ static cdp_status try_shapes(struct ctx *c, struct search *s, int W, struct cdp_
             if (m < 1 || (c->v > 1 && (m % p || !shares_fit(pd, p)))) continue;
             res->shapes++;
             s->largest_tried = p;
-            /* the least recomputation that fits this shape: less is always faster */
+            /* the least recomputation that fits this shape (less is always
+             * faster), unsharded before sharded (ZeRO-1 moves the bytes an
+             * all-reduce does, in two collectives) */
             enum cdp_recompute modes[CDP_RECOMPUTE_COUNT];
-            const int n_modes = modes_of(plan, modes), had = s->n_cand;
-            for (int q = 0; q < n_modes && s->n_cand == had; q++) {
-                use_mode(c, modes[q]);
+            int zeros[2];
+            const int n_modes = modes_of(plan, modes), n_zeros = zeros_of(plan, R, zeros), had = s->n_cand;
+            for (int q = 0; q < n_modes * n_zeros && s->n_cand == had; q++) {
+                use_mode(c, modes[q / n_zeros]);
+                c->zero = zeros[q % n_zeros];
                 cdp_status st = try_shape(c, s, p, R, m);
                 if (st) return st;
             }
@@ -1294,6 +1334,7 @@ static cdp_status place_best(struct ctx *c, struct search *s, struct cdp_planner
         struct cand *k = &s->cand[i];
         c->kind = k->kind;
         use_mode(c, k->rc);
+        c->zero = k->zero;
         if ((st = prepare(c, k->p, k->R, k->m, (const int64_t(*)[2])k->ranges))) break;
         /* bounded work: about 1e6 simulated (rank x micro-batch) slots per shape, at least 8
          * evaluations; the cheap model simulates one pipeline per distinct replica (counted as 8) */
@@ -1335,6 +1376,7 @@ static cdp_status finish(struct ctx *c, struct search *s, const struct cand *k, 
     cdp_status st;
     c->kind = k->kind;
     use_mode(c, k->rc);
+    c->zero = k->zero;
     res->stage = calloc((size_t)k->p, sizeof *res->stage);
     res->node = calloc((size_t)t->n_nodes, sizeof *res->node);
     if (!res->stage || !res->node) return cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
@@ -1446,6 +1488,7 @@ cdp_status cdp_planner_simulate(const struct cdp_plan *plan, const struct cdp_to
     cdp_status st = ctx_init_for(&c, plan, t, costs, l->recompute);
     if (!st) {
         c.kind = l->schedule;
+        c.zero = l->zero;
         c.v = l->chunks;
         if (!(st = prepare(&c, l->stages, l->replicas, l->micro_batches, (const int64_t(*)[2])l->ranges)))
             st = simulate_layout(&c, l, out);
@@ -1484,6 +1527,7 @@ cdp_status cdp_planner_explore(const struct cdp_plan *plan, const struct cdp_top
     cdp_status st = ctx_init_for(&c, plan, t, costs, l->recompute);
     if (st) goto fail;
     c.kind = l->schedule;
+    c.zero = l->zero;
     c.v = l->chunks;
     dev = malloc((size_t)c.nd * sizeof *dev);
     perm = malloc((size_t)c.nd * sizeof *perm);

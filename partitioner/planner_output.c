@@ -49,6 +49,7 @@ cdp_status cdp_planner_apply(const struct cdp_planner_result *r, struct cdp_plan
     pd->schedule = l->schedule;
     pd->schedule_auto = 0;
     plan->train.recompute = l->recompute;
+    pd->zero = l->zero;
     plan->train.recompute_auto = 0;
     pd->replicas = l->replicas;
     pd->micro_batches = l->micro_batches;
@@ -102,6 +103,10 @@ void cdp_planner_print(const struct cdp_planner_result *r, FILE *f)
             l->recompute == CDP_RECOMPUTE_NONE        ? " (every activation kept)"
             : l->recompute == CDP_RECOMPUTE_SELECTIVE ? " (attention, norm and GELU outputs computed again)"
                                                       : " (each unit's forward run again before its backward)");
+    if (l->replicas > 1)
+        fprintf(f, "  zero        %d%s\n", l->zero,
+                l->zero ? " (each replica keeps and steps its shard of its stage's optimizer state)"
+                        : " (every replica keeps all of its stage's optimizer state)");
     fprintf(f, "\nPlan: partition (per micro-batch; memory: the most a rank of the stage allocates)\n"
                "  stage  units            fwd ms   bwd ms       memory     headroom\n");
     for (int s = 0; s < l->stages; s++) {
@@ -161,6 +166,7 @@ void cdp_planner_print_brief(const struct cdp_planner_result *r, FILE *f)
             l->replicas, l->replicas == 1 ? "" : "s", l->micro_batches, l->micro_batch, cdp_schedule_name(l->schedule));
     if (l->chunks > 1) fprintf(f, " x %d chunks", l->chunks);
     if (l->recompute != CDP_RECOMPUTE_NONE) fprintf(f, ", recompute %s", cdp_recompute_name(l->recompute));
+    if (l->zero) fprintf(f, ", zero 1");
     fprintf(f, " on %s (planned in %.3f s)\n", l->topology, r->search_s);
     fprintf(f, "  stage  units            fwd ms   bwd ms       memory\n");
     for (int s = 0; s < l->stages && s < 16; s++) {
@@ -235,6 +241,7 @@ json_t *cdp_planner_to_json(const struct cdp_planner_result *r)
     }
     json_object_set_new(o, "topology", json_string(l->topology));
     json_object_set_new(o, "recompute", json_string(cdp_recompute_name(l->recompute)));
+    json_object_set_new(o, "zero", json_integer(l->zero));
     json_object_set_new(o, "stages", stages);
     json_object_set_new(o, "placement", cdp_layout_ranks_json(l));
     json_object_set_new(o, "host", host);

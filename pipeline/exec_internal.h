@@ -65,6 +65,7 @@ struct exec {
     double timeout;
     cdp_device_t dev;
     int hv;                /* the host sees the device's memory (cpu) */
+    int zero;              /* ZeRO-1: the optimizer steps this replica's shard (layout zero, R > 1) */
     cdp_nccl_t nccl_world, nccl_pipe, nccl_dp, nccl_tied; /* GPU ranks with a GPU each: NCCL for device memory */
     float *grad_host;      /* host staging for all-reduces of device memory without NCCL */
     size_t grad_host_n;

@@ -215,6 +215,7 @@ cdp_status cdp_exec_setup(struct exec *e)
     if (!e->share) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
     memcpy(e->share, L->shares, (size_t)e->R * sizeof *e->share);
     cdp_exec_set_share(e);
+    e->zero = L->zero && e->R > 1;
     e->unit = e->v > 1 ? e->p : 1;
     e->G = (int64_t)e->R * L->micro_batches * e->B;
     int *stage_slots = malloc((size_t)e->p * sizeof *stage_slots);
@@ -257,7 +258,10 @@ cdp_status cdp_exec_setup(struct exec *e)
                                       L->recompute, e->dev, &c->model)))
             break;
         if (p->model.weights && (st = cdp_model_load(c->model, p->model.weights))) break;
-        if ((st = cdp_optimizer_create(&p->train.optimizer, c->model, e->dev, &c->opt))) break;
+        /* ZeRO-1: this replica's shard of the chunk's parameters (cdp_shard) */
+        uint64_t off = 0, len = (uint64_t)cdp_model_param_floats(c->model);
+        if (L->zero && e->R > 1) cdp_shard(len, e->R, e->r, &off, &len);
+        if ((st = cdp_optimizer_create_shard(&p->train.optimizer, c->model, e->dev, off, len, &c->opt))) break;
         struct cdp_unit_bytes u0, ul;
         cdp_unit_bytes(cdp_model_unit(c->model, 0), e->B, loss, &u0);
         cdp_unit_bytes(cdp_model_unit(c->model, cdp_model_unit_count(c->model) - 1), e->B, loss, &ul);

@@ -111,6 +111,60 @@ static cdp_status allreduce_dev(struct exec *e, cdp_comm_t c, cdp_nccl_t nc, flo
     return st;
 }
 
+/* ZeRO-1's collectives over a chunk's n gradient or parameter floats of device
+ * memory, on the host communicator (through host memory for a GPU): the
+ * replicas' sum of this replica's shard of the gradients (the rest left as it
+ * was), and every replica's shard of the parameters to all. */
+static cdp_status staged(struct exec *e, float *dev, size_t n, int gather)
+{
+    if (e->hv)
+        return gather ? cdp_comm_allgather_f32(e->dp, dev, n, e->timeout)
+                      : cdp_comm_reduce_scatter_f32(e->dp, dev, n, CDP_REDUCE_SUM, e->timeout);
+    if (n > e->grad_host_n) {
+        float *h = realloc(e->grad_host, n * sizeof *h);
+        if (!h) return cdp_fail(CDP_ERR_NOMEM, "out of host memory staging %zu floats", n);
+        e->grad_host = h;
+        e->grad_host_n = n;
+    }
+    uint64_t off, len;
+    cdp_shard(n, e->R, e->r, &off, &len);
+    cdp_status st = cdp_device_read(e->dev, e->grad_host, dev, n * sizeof *dev);
+    if (!st)
+        st = gather ? cdp_comm_allgather_f32(e->dp, e->grad_host, n, e->timeout)
+                    : cdp_comm_reduce_scatter_f32(e->dp, e->grad_host, n, CDP_REDUCE_SUM, e->timeout);
+    if (!st && gather) st = cdp_device_write(e->dev, dev, e->grad_host, n * sizeof *dev);
+    if (!st && !gather && len)
+        st = cdp_device_write(e->dev, dev + off, e->grad_host + off, (size_t)len * sizeof *dev);
+    return st;
+}
+
+/* Sum of squares of a chunk's gradients that this rank counts for the global
+ * norm: every stored tensor once (the last stage's copy of a tied embedding is
+ * the first stage's tensor), and under ZeRO-1 only this replica's shard. */
+static cdp_status chunk_sumsq(struct chunk *ch, double *out)
+{
+    struct cdp_model *mdl = ch->model;
+    const struct cdp_kernels *kk = cdp_model_kernels(mdl);
+    uint64_t lo, len;
+    cdp_optimizer_shard(ch->opt, &lo, &len);
+    const uint64_t hi = lo + len;
+    const float *base = cdp_model_tensor_count(mdl) ? cdp_model_tensor(mdl, 0)->data : NULL;
+    double sq = 0;
+    for (int i = 0; i < cdp_model_tensor_count(mdl); i++) {
+        struct cdp_model_tensor *t = cdp_model_tensor(mdl, i);
+        if (t->unit < ch->first_unit) continue;
+        const uint64_t a = (uint64_t)(t->data - base), b = a + (uint64_t)t->numel;
+        const uint64_t from = a > lo ? a : lo, to = b < hi ? b : hi;
+        if (from >= to) continue;
+        double x = 0;
+        cdp_status st = kk->ops->sum_squares(kk->ks, t->grad + (from - a), (size_t)(to - from), &x);
+        if (st) return st;
+        sq += x;
+    }
+    *out = sq;
+    return CDP_OK;
+}
+
 /* Kernels run asynchronously on a GPU. Where compute times matter (several
  * ranks: the bubble, the monitor's straggler, rebalancing; a trace) they are
  * taken after the kernels end; one rank without a trace does not wait (the
@@ -232,8 +286,9 @@ static cdp_status execute(struct exec *e, const struct cdp_instr *in)
         for (int k = 0; k < e->v && !st && e->R > 1; k++) {
             struct cdp_model *mdl = e->ch[k].model;
             if (cdp_model_tensor_count(mdl) == 0) continue;
-            st = allreduce_dev(e, e->dp, e->nccl_dp, cdp_model_tensor(mdl, 0)->grad,
-                               (size_t)cdp_model_param_floats(mdl));
+            float *g = cdp_model_tensor(mdl, 0)->grad;
+            const size_t n = (size_t)cdp_model_param_floats(mdl);
+            st = e->zero ? staged(e, g, n, 0) : allreduce_dev(e, e->dp, e->nccl_dp, g, n);
         }
         e->t_comm += cdp_time_ns() - t0;
         break;
@@ -242,20 +297,16 @@ static cdp_status execute(struct exec *e, const struct cdp_instr *in)
          * copy of a tied embedding is the first stage's tensor. */
         double sq = 0;
         for (int k = 0; k < e->v && !st; k++) {
-            struct cdp_model *mdl = e->ch[k].model;
-            const struct cdp_kernels *kk = cdp_model_kernels(mdl);
-            for (int i = 0; i < cdp_model_tensor_count(mdl) && !st; i++) {
-                struct cdp_model_tensor *t = cdp_model_tensor(mdl, i);
-                if (t->unit < e->ch[k].first_unit) continue;
-                double x = 0;
-                st = kk->ops->sum_squares(kk->ks, t->grad, (size_t)t->numel, &x);
-                sq += x;
-            }
+            double x = 0;
+            st = chunk_sumsq(&e->ch[k], &x);
+            sq += x;
         }
         if (st) break;
         uint64_t tc = cdp_time_ns();
         e->t_compute += tc - t0;
-        if (e->p > 1) st = cdp_comm_allreduce_f64(e->pipe, &sq, 1, CDP_REDUCE_SUM, e->timeout);
+        /* ZeRO-1: each replica holds its shard's part of the sum */
+        if (e->zero) st = cdp_comm_allreduce_f64(e->dp, &sq, 1, CDP_REDUCE_SUM, e->timeout);
+        if (!st && e->p > 1) st = cdp_comm_allreduce_f64(e->pipe, &sq, 1, CDP_REDUCE_SUM, e->timeout);
         e->t_comm += cdp_time_ns() - tc;
         if (st) break;
         double norm = sqrt(sq), clip_at = e->plan->train.grad_clip;
@@ -274,6 +325,14 @@ static cdp_status execute(struct exec *e, const struct cdp_instr *in)
         if (!st && !e->hv) st = cdp_device_synchronize(e->dev);
         e->t_compute += cdp_time_ns() - to;
         trace_ev(e, CDP_EV_OPTIMIZER, -1, to, cdp_time_ns());
+        /* ZeRO-1: every replica's updated shard to all */
+        const uint64_t tg = cdp_time_ns();
+        for (int k = 0; k < e->v && !st && e->zero; k++) {
+            struct cdp_model *mdl = e->ch[k].model;
+            if (cdp_model_tensor_count(mdl))
+                st = staged(e, cdp_model_tensor(mdl, 0)->data, (size_t)cdp_model_param_floats(mdl), 1);
+        }
+        if (e->zero) e->t_comm += cdp_time_ns() - tg;
         break;
     }
     case CDP_OP_COUNT:

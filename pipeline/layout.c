@@ -132,7 +132,8 @@ void cdp_layout_chunk_buffers(const struct cdp_unit_bytes *first, const struct c
 
 void cdp_layout_chunk_memory(const struct cdp_plan *plan, const struct cdp_range_terms *t, uint64_t shared_floats,
                              const struct cdp_unit_bytes *first, const struct cdp_unit_bytes *last, int ends_model,
-                             int vstage, int nv, int slots, int host_visible, struct cdp_rank_memory *out)
+                             int vstage, int nv, int slots, int host_visible, int shards, int shard,
+                             struct cdp_rank_memory *out)
 {
     struct cdp_model_bytes mb;
     struct cdp_chunk_buffers cb;
@@ -141,7 +142,9 @@ void cdp_layout_chunk_memory(const struct cdp_plan *plan, const struct cdp_range
     memset(out, 0, sizeof *out);
     out->params = mb.params;
     out->grads = mb.grads;
-    out->optimizer = cdp_optimizer_state_bytes(&plan->train.optimizer, (int64_t)(mb.params / 4));
+    uint64_t off = 0, len = mb.params / 4;
+    if (shards > 1) cdp_shard(mb.params / 4, shards, shard, &off, &len);
+    out->optimizer = cdp_optimizer_state_bytes(&plan->train.optimizer, (int64_t)len);
     out->activations = mb.activations + mb.inputs + mb.targets;
     out->buffers = mb.scratch + mb.grad_buffers + mb.recompute + mb.losses + cb.grad_in +
                    (uint64_t)cb.n_grad_out * cb.grad_out;
@@ -186,7 +189,8 @@ static cdp_status rank_memory(const struct cdp_plan *plan, struct cdp_layout *l,
             ul = ub;
         }
         struct cdp_rank_memory cm;
-        cdp_layout_chunk_memory(plan, &t, shared, &u0, &ul, end == n, vs, nv, slots, hv, &cm);
+        cdp_layout_chunk_memory(plan, &t, shared, &u0, &ul, end == n, vs, nv, slots, hv, l->zero ? l->replicas : 1,
+                                k->replica, &cm);
         add_memory(&sum, &cm);
         if (cm.params > largest_grad) largest_grad = cm.params;
     }
@@ -221,7 +225,8 @@ cdp_status cdp_layout_memory(const struct cdp_plan *plan, struct cdp_layout *l, 
         for (int j = i; j < N && !st; j++) {
             if (done[j] || l->shares[l->rank[j].replica] != share) continue;
             const int s = l->rank[j].stage;
-            if (first_of[s] >= 0) l->rank[j].memory = l->rank[first_of[s]].memory;
+            /* ZeRO-1 shards may differ by a float: each rank its own */
+            if (first_of[s] >= 0 && !l->zero) l->rank[j].memory = l->rank[first_of[s]].memory;
             else if (!(st = rank_memory(plan, l, units, n, j, mcap, slots[s]))) first_of[s] = j;
             done[j] = 1;
         }

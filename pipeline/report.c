@@ -45,9 +45,9 @@ cdp_status cdp_exec_write_layout_record(const struct exec *e, FILE *f)
     const struct cdp_layout *l = e->lay;
     json_t *ranks = cdp_layout_ranks_json(l);
     json_t *o = ranks
-                    ? json_pack("{s:{s:s,s:s,s:s,s:i,s:i,s:i,s:i,s:i,s:o}}", "layout", "topology", l->topology,
-                                "schedule", cdp_schedule_name(l->schedule), "recompute",
-                                cdp_recompute_name(l->recompute), "stages", l->stages, "chunks", l->chunks, "replicas",
+                    ? json_pack("{s:{s:s,s:s,s:s,s:i,s:i,s:i,s:i,s:i,s:i,s:o}}", "layout", "topology",
+                                l->topology, "schedule", cdp_schedule_name(l->schedule), "recompute",
+                                cdp_recompute_name(l->recompute), "zero", l->zero, "stages", l->stages, "chunks", l->chunks, "replicas",
                                 l->replicas, "micro_batches", l->micro_batches, "nodes", l->n_nodes, "ranks", ranks)
                     : NULL;
     if (!o) return cdp_fail(CDP_ERR_NOMEM, "out of memory writing the metrics");

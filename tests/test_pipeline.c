@@ -22,6 +22,7 @@ struct layout {
     char balance[24]; /* "" (the default), or a /parallel/balance list such as "[3, 1]" */
     int rebalance_every;
     char recompute[12]; /* /train/recompute of the pipeline's plan; "": the default */
+    int zero;           /* /parallel/zero of the pipeline's plan */
 };
 
 static void write_plan(const char *dir, const char *name, const struct layout *l, int one_rank)
@@ -34,8 +35,9 @@ static void write_plan(const char *dir, const char *name, const struct layout *l
         snprintf(bal + strlen(bal), sizeof bal - strlen(bal), ", \"rebalance_every\": %d", l->rebalance_every);
     snprintf(par, sizeof par,
              "\"parallel\": {\"stages\": %d, \"replicas\": %d, \"micro_batches\": %d, \"schedule\": \"%s\""
-             "%s%s}",
-             p, R, m, one_rank ? "1f1b" : l->schedule, !one_rank && l->v > 1 ? ", \"chunks\": 2" : "", bal);
+             "%s%s, \"zero\": %d}",
+             p, R, m, one_rank ? "1f1b" : l->schedule, !one_rank && l->v > 1 ? ", \"chunks\": 2" : "", bal,
+             one_rank ? 0 : l->zero);
     const char *model = l->model == MODEL_GPT
         ? "\"model\": {\"preset\": \"gpt\", \"vocab\": 32, \"context\": 8, \"layers\": 6, \"heads\": 2, \"embed\": 16}"
         : l->model == MODEL_SILU
@@ -120,27 +122,27 @@ ParameterizedTestParameters(pipeline, layouts_equal_one_rank)
     for (int model = 0; model < 2; model++)
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
             const int p = shapes[s][0], R = shapes[s][1], m = shapes[s][2];
-            grid[n++] = (struct layout){model, p, R, m, 1, "gpipe", "", 0, ""};
-            grid[n++] = (struct layout){model, p, R, m, 1, "1f1b", "", 0, ""};
+            grid[n++] = (struct layout){model, p, R, m, 1, "gpipe", "", 0, "", 0};
+            grid[n++] = (struct layout){model, p, R, m, 1, "1f1b", "", 0, "", 0};
             /* interleaved: 2 chunks per rank, m a multiple of p, enough units */
             const int units = model == MODEL_GPT ? 8 : 7;
             if (p >= 2 && m % p == 0 && 2 * p <= units)
-                grid[n++] = (struct layout){model, p, R, m, 2, "interleaved", "", 0, ""};
+                grid[n++] = (struct layout){model, p, R, m, 2, "interleaved", "", 0, "", 0};
         }
     /* unequal shares of the global batch (load-balanced replicas) */
     for (int model = 0; model < 2; model++) {
-        grid[n++] = (struct layout){model, 1, 2, 2, 1, "1f1b", "[3, 1]", 0, ""};
-        grid[n++] = (struct layout){model, 2, 2, 4, 1, "gpipe", "[6, 2]", 0, ""};
-        grid[n++] = (struct layout){model, 2, 2, 4, 1, "1f1b", "[1, 7]", 0, ""};
-        grid[n++] = (struct layout){model, 2, 2, 4, 2, "interleaved", "[6, 2]", 0, ""};
-        grid[n++] = (struct layout){model, 2, 3, 3, 1, "1f1b", "[5, 3, 1]", 0, ""};
+        grid[n++] = (struct layout){model, 1, 2, 2, 1, "1f1b", "[3, 1]", 0, "", 0};
+        grid[n++] = (struct layout){model, 2, 2, 4, 1, "gpipe", "[6, 2]", 0, "", 0};
+        grid[n++] = (struct layout){model, 2, 2, 4, 1, "1f1b", "[1, 7]", 0, "", 0};
+        grid[n++] = (struct layout){model, 2, 2, 4, 2, "interleaved", "[6, 2]", 0, "", 0};
+        grid[n++] = (struct layout){model, 2, 3, 3, 1, "1f1b", "[5, 3, 1]", 0, "", 0};
     }
     /* recomputation, selective and full, on every schedule */
     for (int model = 0; model < 2; model++)
         for (int mode = 0; mode < 2; mode++) {
             const char *rc = mode ? "full" : "selective";
-            struct layout a = {model, 2, 2, 4, 1, "gpipe", "", 0, ""}, b = {model, 2, 2, 4, 1, "1f1b", "", 0, ""},
-                          c = {model, 2, 1, 4, 2, "interleaved", "", 0, ""};
+            struct layout a = {model, 2, 2, 4, 1, "gpipe", "", 0, "", 0}, b = {model, 2, 2, 4, 1, "1f1b", "", 0, "", 0},
+                          c = {model, 2, 1, 4, 2, "interleaved", "", 0, "", 0};
             snprintf(a.recompute, sizeof a.recompute, "%s", rc);
             snprintf(b.recompute, sizeof b.recompute, "%s", rc);
             snprintf(c.recompute, sizeof c.recompute, "%s", rc);
@@ -148,9 +150,17 @@ ParameterizedTestParameters(pipeline, layouts_equal_one_rank)
             grid[n++] = b;
             grid[n++] = c;
         }
+    /* ZeRO-1: 2, 3 and 4 replicas (shards that do not divide evenly), every schedule */
+    for (int model = 0; model < 2; model++) {
+        grid[n++] = (struct layout){model, 1, 2, 2, 1, "1f1b", "", 0, "", 1};
+        grid[n++] = (struct layout){model, 2, 3, 3, 1, "gpipe", "", 0, "", 1};
+        grid[n++] = (struct layout){model, 1, 4, 2, 1, "1f1b", "", 0, "", 1};
+        grid[n++] = (struct layout){model, 2, 2, 4, 2, "interleaved", "", 0, "", 1};
+        grid[n++] = (struct layout){model, 2, 2, 4, 1, "1f1b", "[6, 2]", 0, "full", 1};
+    }
     /* a layer list with silu */
-    grid[n++] = (struct layout){MODEL_SILU, 2, 1, 4, 1, "1f1b", "", 0, ""};
-    grid[n++] = (struct layout){MODEL_SILU, 2, 2, 4, 1, "gpipe", "", 0, ""};
+    grid[n++] = (struct layout){MODEL_SILU, 2, 1, 4, 1, "1f1b", "", 0, "", 0};
+    grid[n++] = (struct layout){MODEL_SILU, 2, 2, 4, 1, "gpipe", "", 0, "", 0};
     return cr_make_param_array(struct layout, grid, (size_t)n);
 }
 
@@ -180,9 +190,9 @@ ParameterizedTest(struct layout *l, pipeline, layouts_equal_one_rank, .timeout =
     double e = compare_weights(path_a, path_b);
     cr_assert_leq(e, 1e-5, "%s %s p=%d R=%d m=%d: weights differ by %.3g", l->model == MODEL_GPT ? "gpt" : l->model == MODEL_SILU ? "silu" : "mlp",
                   l->schedule, l->p, l->R, l->m, e);
-    cr_log_info("%s %s p=%d R=%d m=%d %s%s%s: worst weight error %.3g",
+    cr_log_info("%s %s p=%d R=%d m=%d %s%s%s%s: worst weight error %.3g",
                 l->model == MODEL_GPT ? "gpt" : l->model == MODEL_SILU ? "silu" : "mlp", l->schedule, l->p, l->R, l->m,
-                l->balance, l->recompute[0] ? " recompute " : "", l->recompute, e);
+                l->balance, l->recompute[0] ? " recompute " : "", l->recompute, l->zero ? " zero 1" : "", e);
 }
 
 /* The same layout with every recompute mode: the same kernels on the same
@@ -195,7 +205,7 @@ Test(pipeline, recomputation_trains_bit_identically, .timeout = 240)
     static const char *const modes[] = {"none", "selective", "full"};
     double base[8];
     for (int i = 0; i < 3; i++) {
-        struct layout l = {MODEL_GPT, 2, 2, 4, 1, "1f1b", "", 0, ""};
+        struct layout l = {MODEL_GPT, 2, 2, 4, 1, "1f1b", "", 0, "", 0};
         snprintf(l.recompute, sizeof l.recompute, "%s", modes[i]);
         write_plan(dir, modes[i], &l, 0);
         snprintf(plan, sizeof plan, "%s/%s.json", dir, modes[i]);
@@ -220,13 +230,65 @@ Test(pipeline, recomputation_trains_bit_identically, .timeout = 240)
     }
 }
 
+/* ZeRO-1 against every replica stepping everything: each replica steps its
+ * shard with the same kernels on the same reduced gradients (the
+ * reduce-scatter's shard is the all-reduce's sum, comm suite), so the same
+ * losses and weights to the bit; each rank's peak memory is what the planner
+ * predicted for its shard, and less than without sharding. */
+Test(pipeline, zero_trains_bit_identically_and_keeps_less, .timeout = 240)
+{
+    need_mpi();
+    char dir[4096], a[4300], b[4300], plan[4300];
+    snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
+    static const int shapes[][3] = {{1, 3, 2}, {2, 2, 4}};
+    for (size_t q = 0; q < sizeof shapes / sizeof shapes[0]; q++) {
+        double loss[2][8], peak[2] = {0, 0};
+        for (int z = 0; z < 2; z++) {
+            struct layout l = {MODEL_GPT, shapes[q][0], shapes[q][1], shapes[q][2], 1, "1f1b", "", 0, "none", z};
+            char name[32];
+            snprintf(name, sizeof name, "z%zu-%d", q, z);
+            write_plan(dir, name, &l, 0);
+            snprintf(plan, sizeof plan, "%s/%s.json", dir, name);
+            run_ok(plan);
+            snprintf(b, sizeof b, "%s/%s.jsonl", dir, name);
+            cr_assert_eq(read_losses(b, loss[z], 8), 3);
+            char *text = cdp_test_read_file(b);
+            cr_assert_not_null(text);
+            char want[32];
+            snprintf(want, sizeof want, "\"zero\": %d", z);
+            cr_assert(strstr(text, want), "%s: the layout record names zero %d", b, z);
+            /* the last record's ranks: measured peak == predicted */
+            const char *last = NULL;
+            for (const char *c = strstr(text, "\"peak_memory_bytes\": "); c; c = strstr(c + 1, "\"peak_memory_bytes\": "))
+                last = c;
+            for (const char *c = last; c; c = strstr(c + 1, "\"peak_memory_bytes\": ")) {
+                const double pk = strtod(c + strlen("\"peak_memory_bytes\": "), NULL);
+                const char *pr = strstr(c, "\"predicted_memory_bytes\": ");
+                cr_assert_not_null(pr);
+                cr_assert_eq(pk, strtod(pr + strlen("\"predicted_memory_bytes\": "), NULL), "%s: peak %.0f", b, pk);
+                if (pk > peak[z]) peak[z] = pk;
+            }
+            free(text);
+        }
+        for (int k = 0; k < 3; k++)
+            cr_assert_eq(loss[1][k], loss[0][k], "shape %zu step %d: loss %.9g vs %.9g", q, k + 1, loss[1][k],
+                         loss[0][k]);
+        snprintf(a, sizeof a, "%s/z%zu-0.safetensors", dir, q);
+        snprintf(b, sizeof b, "%s/z%zu-1.safetensors", dir, q);
+        cr_assert_eq(compare_weights(a, b), 0.0, "shape %zu: ZeRO-1's weights differ", q);
+        cr_assert_lt(peak[1], peak[0], "shape %zu: peak %.0f with zero 1, %.0f without", q, peak[1], peak[0]);
+        cr_log_info("%d x %d: largest peak %.0f -> %.0f bytes with zero 1", shapes[q][0], shapes[q][1], peak[0],
+                    peak[1]);
+    }
+}
+
 Test(pipeline, trace_has_a_track_per_rank_and_forward_backward_boxes)
 {
     need_mpi();
     const char *d = cdp_test_tmpdir();
     char dir[4096], plan[4200], path[4300];
     snprintf(dir, sizeof dir, "%s", d);
-    struct layout l = {MODEL_GPT, 2, 2, 4, 1, "1f1b", "", 0, ""};
+    struct layout l = {MODEL_GPT, 2, 2, 4, 1, "1f1b", "", 0, "", 0};
     write_plan(dir, "pipe", &l, 0);
     snprintf(plan, sizeof plan, "%s/pipe.json", dir);
     run_ok(plan);
@@ -358,7 +420,7 @@ Test(pipeline, rebalancing_moves_micro_batches_to_fast_replicas, .timeout = 240)
     need_mpi();
     char dir[4096], base[4200], pipe[4200], a[4300], b[4300];
     snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
-    struct layout l = {MODEL_GPT, 1, 2, 4, 1, "1f1b", "", 1, ""};
+    struct layout l = {MODEL_GPT, 1, 2, 4, 1, "1f1b", "", 1, "", 0};
     write_plan(dir, "one", &l, 1);
     write_plan(dir, "pipe", &l, 0);
     snprintf(base, sizeof base, "%s/one.json", dir);
@@ -457,7 +519,7 @@ ParameterizedTest(struct gpu_layout *g, pipeline, the_gpu_path_equals_the_cpu_ba
     if (g->p * g->R > 1) need_mpi();
     char dir[4096], cpu[4200], gpu[4200], a[4300], b[4300];
     snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
-    struct layout l = {g->model, g->p, g->R, g->m, g->v, "", "", 0, ""};
+    struct layout l = {g->model, g->p, g->R, g->m, g->v, "", "", 0, "", 0};
     snprintf(l.schedule, sizeof l.schedule, "%s", g->schedule);
     write_plan(dir, "cpu", &l, 0);
     snprintf(cpu, sizeof cpu, "%s/cpu.json", dir);

@@ -711,3 +711,36 @@ Test(plan, recompute_key)
     cr_assert(strstr(cdp_last_error(), "t.json: /train/recompute: expected one of \"none\", \"selective\", \"full\", "
                                        "\"auto\""), "%s", cdp_last_error());
 }
+
+/* /parallel/zero: "auto" unless given; 0 or 1; 2 is not there yet and says
+ * so; 1 with checkpoints is refused, naming both keys. */
+Test(plan, zero_key)
+{
+    struct cdp_plan *p = NULL;
+    cr_assert_eq(cdp_plan_load_string("{\"model\": {\"preset\": \"gpt2\"}}", "t.json", NULL, &p), CDP_OK, "%s",
+                 cdp_last_error());
+    cr_assert_eq(p->parallel.zero, CDP_AUTO);
+    cdp_plan_free(p);
+    p = NULL;
+    cr_assert_eq(cdp_plan_load_string("{\"model\": {\"preset\": \"gpt2\"}, \"parallel\": {\"zero\": 1}}", "t.json", NULL,
+                                      &p), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(p->parallel.zero, 1);
+    char *json = NULL;
+    cr_assert_eq(cdp_plan_to_json(p, &json), CDP_OK);
+    cr_assert(strstr(json, "\"zero\": 1"), "%s", json);
+    free(json);
+    cdp_plan_free(p);
+    p = NULL;
+    cr_assert_eq(cdp_plan_load_string("{\"model\": {\"preset\": \"gpt2\"}, \"parallel\": {\"zero\": 2}}", "t.json", NULL,
+                                      &p), CDP_ERR_INVALID);
+    cr_assert(strstr(cdp_last_error(), "t.json: /parallel/zero: 2 (ZeRO-2, sharded gradients) is not available yet"),
+              "%s", cdp_last_error());
+    p = NULL;
+    cr_assert_eq(cdp_plan_load_string("{\"model\": {\"preset\": \"gpt2\"}, \"parallel\": {\"zero\": 3}}", "t.json", NULL,
+                                      &p), CDP_ERR_INVALID);
+    cr_assert(strstr(cdp_last_error(), "/parallel/zero"), "%s", cdp_last_error());
+    p = NULL;
+    cr_assert_eq(cdp_plan_load_string("{\"model\": {\"preset\": \"gpt2\"}, \"train\": {\"checkpoint\": {\"dir\": "
+                                      "\"/tmp\"}}, \"parallel\": {\"zero\": 1}}", "t.json", NULL, &p), CDP_ERR_INVALID);
+    cr_assert(strstr(cdp_last_error(), "/parallel/zero: 1 with /train/checkpoint"), "%s", cdp_last_error());
+}

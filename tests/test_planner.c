@@ -679,3 +679,52 @@ Test(planner, auto_recompute_is_the_least_that_fits)
     }
     cr_log_info("peak per stage: none %.0f, selective %.0f, full %.0f bytes", none, sel, full);
 }
+
+/* /parallel/zero "auto": unsharded when that fits, ZeRO-1 when only sharded
+ * optimizer state fits (before any recomputation), never with checkpoints. */
+static double zero_peak(const char *zero, const char *cap, const char *extra, int *chosen, enum cdp_recompute *rc)
+{
+    char text[1024];
+    snprintf(text, sizeof text,
+             "{\"model\": {\"preset\": \"gpt\", \"vocab\": 512, \"context\": 64, \"layers\": 4, \"heads\": 4, "
+             "\"embed\": 128}, \"train\": {\"micro_batch\": 2, \"optimizer\": {\"type\": \"adamw\"}%s}, "
+             "\"parallel\": {\"stages\": 1, \"replicas\": 4, \"micro_batches\": 1, \"zero\": %s}, "
+             "\"cluster\": {\"backend\": \"cuda\", \"topology\": \"dgx1-v100\"%s%s%s}}",
+             extra, zero, cap ? ", \"device_memory\": \"" : "", cap ? cap : "", cap ? "\"" : "");
+    struct cdp_plan *p = load(text);
+    struct cdp_planner_result r = {0};
+    cr_assert_eq(plan_on(p, "dgx1-v100", &r), CDP_OK, "%s", cdp_last_error());
+    double peak = 0;
+    for (int i = 0; i < r.layout->n_ranks; i++) peak = fmax(peak, (double)r.layout->rank[i].memory.device);
+    *chosen = r.layout->zero;
+    *rc = r.layout->recompute;
+    cr_assert_eq(cdp_planner_apply(&r, p), CDP_OK);
+    cr_assert_eq(p->parallel.zero, r.layout->zero);
+    cdp_planner_result_clear(&r);
+    cdp_plan_free(p);
+    return peak;
+}
+
+Test(planner, auto_zero_shards_when_that_is_what_fits)
+{
+    int z;
+    enum cdp_recompute rc;
+    const double whole = zero_peak("0", NULL, ", \"recompute\": \"none\"", &z, &rc),
+                 sharded = zero_peak("1", NULL, ", \"recompute\": \"none\"", &z, &rc);
+    cr_assert_eq(z, 1);
+    cr_assert_lt(sharded, whole);
+    char cap[32];
+    snprintf(cap, sizeof cap, "%.0fKiB", ceil(0.5 * (whole + sharded) / 1024));
+    zero_peak("\"auto\"", cap, "", &z, &rc);
+    cr_assert_eq(z, 1, "cap %s", cap);
+    cr_assert_eq(rc, CDP_RECOMPUTE_NONE, "sharding before recomputing");
+    snprintf(cap, sizeof cap, "%.0fKiB", ceil(whole / 1024) + 1);
+    zero_peak("\"auto\"", cap, "", &z, &rc);
+    cr_assert_eq(z, 0, "it fits unsharded");
+    /* with checkpoints auto does not shard: the cap is met by recomputing instead */
+    snprintf(cap, sizeof cap, "%.0fKiB", ceil(0.5 * (whole + sharded) / 1024));
+    zero_peak("\"auto\"", cap, ", \"checkpoint\": {\"dir\": \"/tmp\"}", &z, &rc);
+    cr_assert_eq(z, 0);
+    cr_assert_neq(rc, CDP_RECOMPUTE_NONE);
+    cr_log_info("largest rank: %.0f bytes, %.0f with zero 1", whole, sharded);
+}

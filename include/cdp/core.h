@@ -18,6 +18,11 @@ enum cdp_backend { CDP_BACKEND_CPU = 0, CDP_BACKEND_CUDA, CDP_BACKEND_COUNT };
 /* "cpu" / "cuda"; "?" out of range. */
 const char *cdp_backend_name(enum cdp_backend b);
 
+/* Shard r of n elements split R ways, contiguous, the first n % R shards one
+ * longer: [*off, *off + *len). The one home of that rule (ZeRO's optimizer
+ * shards, the collectives that move them, the memory model). */
+void cdp_shard(uint64_t n, int R, int r, uint64_t *off, uint64_t *len);
+
 /* A compile-time check that table t has n entries: every table indexed by
  * one of our enums is checked against the enum's _COUNT. */
 #ifdef __cplusplus

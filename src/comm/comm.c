@@ -206,10 +206,10 @@ cdp_status cdp_comm_allreduce_f64(cdp_comm_t c, double *buf, size_t n, enum cdp_
 void cdp_comm_shard(size_t n, int R, int r, size_t *off, size_t *len)
 {
     CDP_ASSERT(R >= 1 && r >= 0 && r < R && off && len);
-    size_t base = n / (size_t)R, longer = n % (size_t)R, k = (size_t)r;
-    /* the first `longer` shards have base + 1 elements */
-    *len = base + (k < longer ? 1 : 0);
-    *off = k * base + (k < longer ? k : longer);
+    uint64_t o, l;
+    cdp_shard((uint64_t)n, R, r, &o, &l); /* the rule's home, which the memory model reads too */
+    *off = (size_t)o;
+    *len = (size_t)l;
 }
 
 /* The checks the reduce-scatter and the all-gather share with the all-reduce;

@@ -180,3 +180,10 @@ const char *cdp_closest_word(const char *word, const char *const *candidates)
     }
     return sub;
 }
+
+void cdp_shard(uint64_t n, int R, int r, uint64_t *off, uint64_t *len)
+{
+    const uint64_t q = R > 0 ? n / (uint64_t)R : 0, extra = R > 0 ? n % (uint64_t)R : 0, k = (uint64_t)r;
+    *len = q + (k < extra ? 1 : 0);
+    *off = k * q + (k < extra ? k : extra);
+}

@@ -12,6 +12,7 @@ struct cdp_optimizer {
     cdp_buffer_t state; /* AdamW: m then v; SGD: velocity; laid out like the parameters */
     float *s1, *s2;
     float *params_base;
+    uint64_t off, len; /* the parameters it steps: [off, off + len) of the model's buffer */
     int t;
 };
 
@@ -30,10 +31,25 @@ uint64_t cdp_optimizer_state_bytes(const struct cdp_optimizer_desc *desc, int64_
 cdp_status cdp_optimizer_create(const struct cdp_optimizer_desc *desc, struct cdp_model *m,
                                 cdp_device_t dev, struct cdp_optimizer **out)
 {
+    return cdp_optimizer_create_shard(desc, m, dev, 0, (uint64_t)cdp_model_param_floats(m), out);
+}
+
+void cdp_optimizer_shard(const struct cdp_optimizer *o, uint64_t *off, uint64_t *len)
+{
+    *off = o->off;
+    *len = o->len;
+}
+
+cdp_status cdp_optimizer_create_shard(const struct cdp_optimizer_desc *desc, struct cdp_model *m, cdp_device_t dev,
+                                      uint64_t off, uint64_t len, struct cdp_optimizer **out)
+{
+    CDP_ASSERT(off + len <= (uint64_t)cdp_model_param_floats(m));
     struct cdp_optimizer *o = calloc(1, sizeof *o);
     if (!o) return cdp_fail(CDP_ERR_NOMEM, "out of memory for the optimizer");
     o->d = *desc;
-    int64_t n = cdp_model_param_floats(m);
+    o->off = off;
+    o->len = len;
+    int64_t n = (int64_t)len;
     const int copies = desc->type == CDP_OPT_ADAMW ? 2 : 1;
     cdp_status st = cdp_buffer_create(dev, cdp_optimizer_state_bytes(desc, n), &o->state);
     if (st) {
@@ -95,19 +111,26 @@ double cdp_model_grad_sumsq(struct cdp_model *m)
     return NAN;
 }
 
+/* Each tensor's part within the shard, elementwise: the same updates as the
+ * whole tensor's, element by element. */
 static cdp_status step(struct cdp_optimizer *o, struct cdp_model *m, float lr, float grad_scale)
 {
     const struct cdp_kernels *k = cdp_model_kernels(m);
+    const uint64_t lo = o->off, hi = o->off + o->len;
     for (int i = 0; i < cdp_model_tensor_count(m); i++) {
         struct cdp_model_tensor *t = cdp_model_tensor(m, i);
-        size_t off = (size_t)(t->data - o->params_base), n = (size_t)t->numel;
+        const uint64_t a = (uint64_t)(t->data - o->params_base), b = a + (uint64_t)t->numel;
+        const uint64_t from = a > lo ? a : lo, to = b < hi ? b : hi;
+        if (from >= to) continue;
+        const size_t n = (size_t)(to - from), in_t = (size_t)(from - a), off = (size_t)(from - lo);
         float wd = t->decay ? (float)o->d.weight_decay : 0.0f;
-        if (grad_scale != 1.0f) CDP_KERNEL(k, scale, t->grad, n, grad_scale);
+        if (grad_scale != 1.0f) CDP_KERNEL(k, scale, t->grad + in_t, n, grad_scale);
         if (o->d.type == CDP_OPT_ADAMW)
-            CDP_KERNEL(k, adamw_step, t->data, t->grad, o->s1 + off, o->s2 + off, n, lr, (float)o->d.beta1,
-                       (float)o->d.beta2, (float)o->d.eps, wd, o->t);
+            CDP_KERNEL(k, adamw_step, t->data + in_t, t->grad + in_t, o->s1 + off, o->s2 + off, n, lr,
+                       (float)o->d.beta1, (float)o->d.beta2, (float)o->d.eps, wd, o->t);
         else
-            CDP_KERNEL(k, sgd_step, t->data, t->grad, o->s1 + off, n, lr, (float)o->d.momentum, wd, o->t);
+            CDP_KERNEL(k, sgd_step, t->data + in_t, t->grad + in_t, o->s1 + off, n, lr, (float)o->d.momentum, wd,
+                       o->t);
     }
     return CDP_OK;
 }

@@ -23,15 +23,22 @@ uint64_t cdp_optimizer_state_bytes(const struct cdp_optimizer_desc *desc, int64_
 
 cdp_status cdp_optimizer_create(const struct cdp_optimizer_desc *desc, struct cdp_model *m,
                                 cdp_device_t dev, struct cdp_optimizer **out);
+/* An optimizer of the floats [off, off + len) of the model's parameter buffer
+ * only (ZeRO-1: one replica's shard, cdp_shard): it keeps their state and
+ * steps them, each element exactly as the whole model's optimizer would. */
+cdp_status cdp_optimizer_create_shard(const struct cdp_optimizer_desc *desc, struct cdp_model *m, cdp_device_t dev,
+                                      uint64_t off, uint64_t len, struct cdp_optimizer **out);
+/* Its shard: [*off, *off + *len) of the parameters (the whole for cdp_optimizer_create). */
+void cdp_optimizer_shard(const struct cdp_optimizer *o, uint64_t *off, uint64_t *len);
 void cdp_optimizer_destroy(struct cdp_optimizer *o);
 
 /* Sum of squares of the model's gradients (each stored tensor once). NAN when
  * a kernel fails or failed before (see cdp_model_record_error). */
 double cdp_model_grad_sumsq(struct cdp_model *m);
 
-/* One update of every tensor of m: gradients are first multiplied by
- * grad_scale (1, or the clipping factor), then the optimizer steps with
- * learning rate lr. A kernel failure is recorded in the model
+/* One update of every tensor of m (of its shard): gradients are first
+ * multiplied by grad_scale (1, or the clipping factor), then the optimizer
+ * steps with learning rate lr. A kernel failure is recorded in the model
  * (cdp_model_record_error) and returned by its next pass. */
 void cdp_optimizer_step(struct cdp_optimizer *o, struct cdp_model *m, float lr, float grad_scale);
 
@@ -40,7 +47,7 @@ int cdp_optimizer_steps(const struct cdp_optimizer *o);
 void cdp_optimizer_set_steps(struct cdp_optimizer *o, int steps);
 
 /* The optimizer's type, and its state for tensor i of the model it was made for
- * (laid out like the tensor, in device memory): AdamW: first and second
+ * (laid out like the tensor, in device memory; a whole-model optimizer only): AdamW: first and second
  * moments; SGD: the velocity in *a and NULL in *b. Not owned. These are device
  * pointers (only computed here, never dereferenced): where the device is not
  * host visible, copy through cdp_device_read / cdp_device_write on

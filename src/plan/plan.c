@@ -654,7 +654,7 @@ static cdp_status load_train(struct ld *c, const json_t *t)
 /* ---- parallel ---------------------------------------------------------------- */
 
 static const char *const parallel_keys[] = {"stages", "replicas", "micro_batches", "schedule", "chunks",
-                                            "partition", "placement", "balance", "rebalance_every", NULL};
+                                            "partition", "placement", "balance", "rebalance_every", "zero", NULL};
 static const char *const balance_words[] = {"speed", "uniform", NULL};
 
 /* "speed" | "uniform" | [micro-batches of replica 0, 1, ...] */
@@ -947,6 +947,14 @@ static cdp_status load_parallel(struct ld *c, const json_t *v)
     const json_t *bal = v ? json_object_get(v, "balance") : NULL;
     if (bal && (st = load_balance(c, bal))) return st;
     if (v && (st = cdp_json_get_int(&c->in, v, P, "rebalance_every", 0, MAX_COUNT, 0, &pd->rebalance_every))) return st;
+    const json_t *zj = v ? json_object_get(v, "zero") : NULL;
+    if (json_is_integer(zj) && json_integer_value(zj) == 2)
+        return cdp_json_fail(&c->in, "/parallel/zero", "2 (ZeRO-2, sharded gradients) is not available yet; 0, 1 or "
+                             "\"auto\"");
+    if (v && (st = cdp_json_get_int(&c->in, v, P, "zero", 0, 1, 1, &pd->zero))) return st;
+    if (pd->zero == 1 && c->p->train.checkpoint.dir)
+        return cdp_json_fail(&c->in, "/parallel/zero", "1 with /train/checkpoint: checkpoints of ZeRO-1 runs are not "
+                             "written yet; 0, or \"auto\" (which then does not shard)");
     if ((st = check_shares(c))) return st;
     if ((st = batch_arithmetic(c))) return st;
     if (inter && pd->stages != CDP_AUTO && pd->micro_batches != CDP_AUTO && pd->micro_batches % pd->stages)
@@ -1096,6 +1104,7 @@ static void set_defaults(struct cdp_plan *p)
     p->parallel.schedule = CDP_SCHEDULE_1F1B;
     p->parallel.chunks = 1;
     p->parallel.placement = CDP_PLACEMENT_TOPOLOGY;
+    p->parallel.zero = CDP_AUTO;
     p->cluster.backend_auto = 1;
     p->cluster.nodes = 1;
     p->cluster.devices = CDP_AUTO;

@@ -213,6 +213,7 @@ static json_t *plan_json(struct emit *e, const struct cdp_plan *p)
         else
             set(e, o, "balance", json_string(pd->balance == CDP_BALANCE_UNIFORM ? "uniform" : "speed"));
         set(e, o, "rebalance_every", jint(pd->rebalance_every));
+        set(e, o, "zero", jint_auto(pd->zero));
     }
 
     const struct cdp_cluster_desc *cd = &p->cluster;
@@ -440,6 +441,10 @@ cdp_status cdp_plan_print(const struct cdp_plan *p, FILE *f)
     }
     if (pd->rebalance_every > 0)
         fprintf(f, ROW "every %lld steps, from measured step times\n", "rebalance", (long long)pd->rebalance_every);
+    fprintf(f, ROW "%s\n", "zero",
+            pd->zero == CDP_AUTO ? "auto (the planner's choice: sharded when it is needed to fit)"
+            : pd->zero == 1      ? "1 (optimizer state sharded over each stage's replicas)"
+                                 : "0 (every replica keeps all optimizer state)");
 
     const struct cdp_cluster_desc *cd = &p->cluster;
     fprintf(f, "\nCluster\n");
