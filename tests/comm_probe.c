@@ -709,6 +709,17 @@ static void scen_nccl_fake(void)
         }
         free(out);
         free(lens);
+        /* ZeRO's collectives hand the module every rank's shard, which the
+         * stand-in checks tile the buffer; this rank's is the rule's */
+        cdp_buffer_t zb = NULL;
+        size_t off = 0, len = 0;
+        cdp_comm_shard(1001, N, R, &off, &len);
+        OK(cdp_buffer_create(dev, 1001 * sizeof(float), &zb));
+        OK(cdp_nccl_reduce_scatter_f32(nw, cdp_buffer_data(zb), 1001, CDP_REDUCE_AVG, 30));
+        OK(cdp_nccl_allgather_f32(nw, cdp_buffer_data(zb), 1001, 30));
+        CHECK(fs->sharded == 2 && fs->shard_off == off && fs->shard_len == len, "%d calls, shard [%zu, +%zu), expected [%zu, +%zu)",
+              fs->sharded, fs->shard_off, fs->shard_len, off, len);
+        cdp_buffer_destroy(zb);
         cdp_nccl_free(nw);
         CHECK(fs->destroys == 1 && fs->live == 0, "freed: %d destroys, %d live", fs->destroys, fs->live);
     }
@@ -769,6 +780,53 @@ static void nccl_allreduce_checks(cdp_nccl_t nw)
     }
     OK(cdp_nccl_allreduce_f32(nw, NULL, 0, CDP_REDUCE_SUM, 10));
     CHECK(cdp_nccl_allreduce_f32(nw, NULL, 3, CDP_REDUCE_SUM, 10) == CDP_ERR_INVALID, "%s", cdp_last_error());
+}
+
+/* ZeRO's collectives on GPUs, for the sizes of zero_checks: the
+ * reduce-scatter's shard against the all-reduce of the same inputs, within
+ * rounding (NCCL may sum the two in different orders: each order is within
+ * (N - 1) u sum|x| of the exact sum, u = 2^-24, so they differ by at most
+ * 2 (N - 1) u sum|x|; an average that NCCL divides before summing adds at
+ * most one more rounding of each term, hence 2 N u sum|x|, over N for the
+ * average); the max bit for bit. Then an all-gather of every rank's shard of
+ * known values (the rest poisoned) rebuilds them bit for bit. */
+static void nccl_zero_checks(cdp_nccl_t nw)
+{
+    const size_t sizes[] = { 0, 1, (size_t)N - 1, 7, 1000, 1001 };
+    for (size_t k = 0; k < sizeof sizes / sizeof *sizes; k++) {
+        size_t n = sizes[k], off = 0, len = 0, bytes = n * sizeof(float);
+        cdp_comm_shard(n, N, R, &off, &len);
+        float *a = malloc(bytes + 4), *b = malloc(bytes + 4);
+        CHECK(a && b, "memory");
+        for (int op = 0; op < CDP_REDUCE_OP_COUNT; op++) {
+            for (size_t i = 0; i < n; i++) a[i] = zval(R, i);
+            cdp_buffer_t ab = gpu_buf(a, bytes), bb = gpu_buf(a, bytes);
+            OK(cdp_nccl_allreduce_f32(nw, n ? cdp_buffer_data(ab) : NULL, n, (enum cdp_reduce_op)op, 60));
+            OK(cdp_nccl_reduce_scatter_f32(nw, n ? cdp_buffer_data(bb) : NULL, n, (enum cdp_reduce_op)op, 60));
+            gpu_read(ab, a, bytes);
+            gpu_read(bb, b, bytes);
+            cdp_buffer_destroy(ab);
+            cdp_buffer_destroy(bb);
+            for (size_t i = off; i < off + len; i++) {
+                double mag = 0;
+                for (int r = 0; r < N; r++) mag += fabs((double)zval(r, i));
+                double tol = op == CDP_REDUCE_MAX ? 0 : 2.0 * N * ldexp(mag, -24) / (op == CDP_REDUCE_AVG ? N : 1);
+                CHECK(fabs((double)b[i] - (double)a[i]) <= tol, "nccl %d ranks, n %zu, op %d: reduce-scatter [%zu] = %.9g, "
+                      "all-reduce %.9g (tolerance %.3g)", N, n, op, i, (double)b[i], (double)a[i], tol);
+            }
+        }
+        for (size_t i = 0; i < n; i++) a[i] = zval(1000 + (int)i % 7, i);
+        for (size_t i = 0; i < n; i++) b[i] = i >= off && i < off + len ? a[i] : -12345.5f;
+        cdp_buffer_t gb = gpu_buf(b, bytes);
+        OK(cdp_nccl_allgather_f32(nw, n ? cdp_buffer_data(gb) : NULL, n, 60));
+        gpu_read(gb, b, bytes);
+        cdp_buffer_destroy(gb);
+        size_t d = first_diff(b, a, n);
+        CHECK(d == SIZE_MAX, "nccl %d ranks, n %zu: all-gather [%zu] = %.9g, expected %.9g", N, n, d, (double)b[d],
+              (double)a[d]);
+        free(a);
+        free(b);
+    }
 }
 
 /* The sum of the world ranks of c's members, checked against the expected members. */
@@ -836,6 +894,7 @@ static void scen_nccl(void)
     CHECK(cdp_nccl_rank(nw) == R && cdp_nccl_size(nw) == N, "world rank %d/%d", cdp_nccl_rank(nw),
           cdp_nccl_size(nw));
     nccl_allreduce_checks(nw);
+    nccl_zero_checks(nw);
     nccl_p2p_checks(nw);
 
     /* stages x replicas, as scen_split: world rank = replica * S + stage */

@@ -1,7 +1,8 @@
 /* Suite comm: the self communicator in process, and the mpi communicator
  * through tests/comm_probe.c run under `mpirun -np N` (1, 2, 3 and 4 ranks on
  * two cores, so 4 is oversubscribed), including a rank that aborts the job
- * and a rank that is killed. The nccl communicator: its refusals (no GPU, a
+ * and a rank that is killed; ZeRO's reduce-scatter and all-gather against the
+ * all-reduce. The nccl communicator: its refusals (no GPU, a
  * CPU device, no module) and its front's whole life cycle (through the
  * stand-in module of tests/fake-cuda) everywhere; NCCL itself in the tests
  * named `..._needs_gpu`, which skip where no GPU is lent. */
@@ -22,6 +23,7 @@
 #include "cdp_config.h"
 #include "comm/comm.h"
 #include "comm/nccl.h"
+#include "device/backend.h"
 #include "fake-cuda/fake_stats.h"
 
 static double now_s(void) { return (double)cdp_time_ns() * 1e-9; }
@@ -382,6 +384,26 @@ Test(comm, nccl_version_comes_from_the_module_without_a_gpu)
     cr_assert_eq(cdp_nccl_version(NULL), CDP_ERR_INVALID);
 }
 
+/* The real module's table, without a GPU: the ZeRO slots are filled (they
+ * run only where a GPU is lent: mpi_nccl_np1_needs_gpu). */
+Test(comm, nccl_module_table_has_reduce_scatter_and_allgather)
+{
+    const void *sym = NULL;
+    cdp_status st = cdp_device_module_symbol("cuda", CDP_NCCL_MODULE_SYMBOL, &sym);
+    if (CDP_HAVE_CUDA && CDP_HAVE_NCCL) {
+        cr_assert_eq(st, CDP_OK, "%s", cdp_last_error());
+        const struct cdp_nccl_ops *ops = sym;
+        cr_assert_not_null(ops, "the module exports %s", CDP_NCCL_MODULE_SYMBOL);
+        cr_assert_not_null(ops->reduce_scatter);
+        cr_assert_not_null(ops->all_gather);
+        cr_assert_not_null(ops->allreduce);
+        cr_assert_not_null(ops->p2p);
+        cr_assert_not_null(ops->destroy, "the slots after the new ones are there too");
+    } else {
+        cr_assert(st != CDP_OK || sym == NULL, "no NCCL table without NCCL");
+    }
+}
+
 Test(comm, nccl_calls_check_their_arguments)
 {
     cdp_comm_t c = self_comm();
@@ -391,6 +413,10 @@ Test(comm, nccl_calls_check_their_arguments)
     cr_assert_eq(cdp_nccl_split(NULL, 0, 0, &n), CDP_ERR_INVALID);
     float f = 0;
     cr_assert_eq(cdp_nccl_allreduce_f32(NULL, &f, 1, CDP_REDUCE_SUM, 1), CDP_ERR_INVALID);
+    cr_assert_eq(cdp_nccl_reduce_scatter_f32(NULL, &f, 1, CDP_REDUCE_SUM, 1), CDP_ERR_INVALID);
+    cr_assert(strstr(cdp_last_error(), "nccl reduce-scatter: NULL communicator"), "%s", cdp_last_error());
+    cr_assert_eq(cdp_nccl_allgather_f32(NULL, &f, 1, 1), CDP_ERR_INVALID);
+    cr_assert(strstr(cdp_last_error(), "nccl all-gather: NULL communicator"), "%s", cdp_last_error());
     cr_assert_eq(cdp_nccl_sendrecv(NULL, NULL, 0, 1), CDP_ERR_INVALID);
     cr_assert_eq(cdp_nccl_rank(NULL), 0);
     cr_assert_eq(cdp_nccl_size(NULL), 0);
@@ -484,6 +510,75 @@ Test(comm, nccl_front_world_split_and_free_through_a_stand_in_module)
     cr_assert_eq(fs->aborts, 0);
     cdp_buffer_destroy(b);
     cdp_buffer_destroy(r);
+    cdp_device_close(d);
+    cdp_comm_free(c);
+}
+
+Test(comm, nccl_front_reduce_scatter_and_allgather_through_a_stand_in_module)
+{
+    struct fake_stats *fs = use_fake_module();
+    cdp_comm_t c = self_comm();
+    cdp_device_t d = open_fake_gpu();
+    cdp_nccl_t w = NULL;
+    cr_assert_eq(cdp_nccl_world(c, d, 5, &w), CDP_OK, "%s", cdp_last_error());
+    float v[5] = { 1, 2, 3, 4, 5 };
+    cdp_buffer_t b = dev_floats(d, v, 5);
+    for (int op = 0; op < CDP_REDUCE_OP_COUNT; op++)
+        cr_assert_eq(cdp_nccl_reduce_scatter_f32(w, cdp_buffer_data(b), 5, (enum cdp_reduce_op)op, 5), CDP_OK, "%s",
+                     cdp_last_error());
+    cr_assert_eq(cdp_nccl_allgather_f32(w, cdp_buffer_data(b), 5, 5), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(fs->sharded, 4);
+    cr_assert(fs->shard_off == 0 && fs->shard_len == 5, "one rank: one shard, the whole buffer (%zu, %zu)",
+              fs->shard_off, fs->shard_len);
+    float got[5];
+    cr_assert_eq(cdp_buffer_read(b, 0, got, sizeof got), CDP_OK);
+    cr_assert_arr_eq(got, v, sizeof v);
+
+    cr_assert_eq(cdp_nccl_reduce_scatter_f32(w, NULL, 0, CDP_REDUCE_SUM, 5), CDP_OK);
+    cr_assert_eq(cdp_nccl_allgather_f32(w, NULL, 0, 5), CDP_OK);
+    cr_assert_eq(fs->sharded, 4, "n == 0 reaches no module");
+    cr_assert_eq(cdp_nccl_reduce_scatter_f32(w, cdp_buffer_data(b), 5, CDP_REDUCE_OP_COUNT, 5), CDP_ERR_INVALID);
+    cr_assert(strstr(cdp_last_error(), "nccl rank 0/1: reduce-scatter: unknown reduce op 3"), "%s", cdp_last_error());
+    cr_assert_eq(cdp_nccl_reduce_scatter_f32(w, NULL, 2, CDP_REDUCE_SUM, 5), CDP_ERR_INVALID);
+    cr_assert(strstr(cdp_last_error(), "nccl rank 0/1: reduce-scatter of 2 floats: buffer is NULL"), "%s",
+              cdp_last_error());
+    cr_assert_eq(cdp_nccl_allgather_f32(w, NULL, 2, 5), CDP_ERR_INVALID);
+    cr_assert(strstr(cdp_last_error(), "nccl rank 0/1: all-gather of 2 floats: buffer is NULL"), "%s",
+              cdp_last_error());
+    cr_assert_eq(cdp_nccl_reduce_scatter_f32(w, cdp_buffer_data(b), 5, CDP_REDUCE_SUM, 5), CDP_OK,
+                 "argument errors leave the communicator usable: %s", cdp_last_error());
+    cdp_nccl_free(w);
+    cr_assert_eq(fs->live, 0);
+    cdp_buffer_destroy(b);
+    cdp_device_close(d);
+    cdp_comm_free(c);
+}
+
+Test(comm, nccl_reduce_scatter_and_allgather_deadlines_name_the_operation)
+{
+    use_fake_module();
+    setenv("CDP_FAKE_NCCL", "hang", 1);
+    cdp_comm_t c = self_comm();
+    cdp_device_t d = open_fake_gpu();
+    cdp_nccl_t w = NULL, s = NULL;
+    cr_assert_eq(cdp_nccl_world(c, d, 5, &w), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(cdp_nccl_split(w, 0, 0, &s), CDP_OK, "%s", cdp_last_error());
+    cdp_buffer_t b = dev_floats(d, (float[3]){ 1, 2, 3 }, 3);
+    double t0 = now_s();
+    cr_assert_eq(cdp_nccl_reduce_scatter_f32(w, cdp_buffer_data(b), 3, CDP_REDUCE_AVG, 0.1), CDP_ERR_COMM);
+    cr_assert_geq(now_s() - t0, 0.1);
+    cr_assert_str_eq(cdp_last_error(),
+                     "nccl rank 0/1: reduce-scatter (average) of 3 floats: timed out after 0.1 s (ncclReduceScatter)");
+    cr_assert_eq(cdp_nccl_allgather_f32(w, cdp_buffer_data(b), 3, 0.1), CDP_ERR_COMM);
+    cr_assert(strstr(cdp_last_error(), "unusable after an earlier operation failed or timed out"), "%s",
+              cdp_last_error());
+    cr_assert_eq(cdp_nccl_allgather_f32(s, cdp_buffer_data(b), 3, 0.1), CDP_ERR_COMM);
+    cr_assert_str_eq(cdp_last_error(),
+                     "nccl[color 0] rank 0/1: all-gather of 3 floats: timed out after 0.1 s (ncclAllGather)");
+    cdp_nccl_abort_all();
+    cdp_nccl_free(s);
+    cdp_nccl_free(w);
+    cdp_buffer_destroy(b);
     cdp_device_close(d);
     cdp_comm_free(c);
 }

@@ -280,6 +280,55 @@ cdp_status cdp_nccl_allreduce_f64(cdp_nccl_t c, double *dev_buf, size_t n, enum 
     return allreduce(c, dev_buf, n, CDP_NCCL_F64, op, timeout_s);
 }
 
+/* ZeRO's collectives: the front checks, computes every rank's shard (the
+ * one rule, cdp_comm_shard) and hands them to the module. */
+static cdp_status sharded(struct cdp_nccl *c, const char *what, float *buf, size_t n, int is_reduce,
+                          enum cdp_reduce_op op, double timeout_s)
+{
+    if (!c) return cdp_fail(CDP_ERR_INVALID, "nccl %s: NULL communicator", what);
+    if (is_reduce && (unsigned)op >= CDP_REDUCE_OP_COUNT)
+        return cdp_fail(CDP_ERR_INVALID, "%s rank %d/%d: %s: unknown reduce op %d", c->label, c->rank, c->size,
+                        what, (int)op);
+    if (n > 0 && !buf)
+        return cdp_fail(CDP_ERR_INVALID, "%s rank %d/%d: %s of %zu floats: buffer is NULL", c->label, c->rank,
+                        c->size, what, n);
+    cdp_status st = usable(c);
+    if (!st && n == 0) return CDP_OK;
+    if (!st && (is_reduce ? !c->ops->reduce_scatter : !c->ops->all_gather))
+        st = cdp_fail(CDP_ERR_UNSUPPORTED, "the cuda module has no %s", what);
+    size_t *off = NULL, *len = NULL;
+    if (!st) {
+        size_t size = (size_t)(unsigned)c->size;
+        off = malloc(size * sizeof *off);
+        len = malloc(size * sizeof *len);
+        if (!off || !len) st = cdp_fail(CDP_ERR_NOMEM, "out of memory for %d shards", c->size);
+        for (int k = 0; !st && k < c->size; k++) cdp_comm_shard(n, c->size, k, &off[k], &len[k]);
+    }
+    if (!st) {
+        st = is_reduce ? c->ops->reduce_scatter(c->comm, c->state, buf, n, off, len, (int)op, timeout_s)
+                       : c->ops->all_gather(c->comm, c->state, buf, n, off, len, timeout_s);
+        if (st) c->broken = 1;
+    }
+    free(off);
+    free(len);
+    if (st && is_reduce)
+        return cdp_error_context(st, "%s rank %d/%d: %s (%s) of %zu floats", c->label, c->rank, c->size, what,
+                                 op_names[op], n);
+    if (st) return cdp_error_context(st, "%s rank %d/%d: %s of %zu floats", c->label, c->rank, c->size, what, n);
+    return CDP_OK;
+}
+
+cdp_status cdp_nccl_reduce_scatter_f32(cdp_nccl_t c, float *dev_buf, size_t n, enum cdp_reduce_op op,
+                                       double timeout_s)
+{
+    return sharded(c, "reduce-scatter", dev_buf, n, 1, op, timeout_s);
+}
+
+cdp_status cdp_nccl_allgather_f32(cdp_nccl_t c, float *dev_buf, size_t n, double timeout_s)
+{
+    return sharded(c, "all-gather", dev_buf, n, 0, CDP_REDUCE_SUM, timeout_s);
+}
+
 /* "send to 1 (4096 bytes), receive from 0 (4096 bytes)", the first few. */
 static void describe(const struct cdp_nccl_p2p *ops, int n, char *buf, size_t cap)
 {

@@ -84,6 +84,28 @@ cdp_status cdp_nccl_allreduce_f32(cdp_nccl_t c, float *dev_buf, size_t n, enum c
 cdp_status cdp_nccl_allreduce_f64(cdp_nccl_t c, double *dev_buf, size_t n, enum cdp_reduce_op op,
                                   double timeout_s);
 
+/* ZeRO's in-place reduce-scatter (sum, average — ncclAvg, max) and
+ * all-gather of n floats in device memory, over the host communicators'
+ * shards (cdp_comm_shard(n, size, rank)), within the deadline. After the
+ * reduce-scatter, this rank's shard of dev_buf holds the reduction over all
+ * ranks of that shard and the rest of dev_buf is unspecified; after the
+ * all-gather, every rank's shard has been copied to every rank, so dev_buf is
+ * whole everywhere. The caller passes its n floats as they are, no padding,
+ * and no scratch memory is taken: when the size divides n, the shards are
+ * NCCL's equal blocks and these are ncclReduceScatter / ncclAllGather in
+ * place (the fastest path: keep n a multiple of the size to take it);
+ * otherwise one NCCL group of in-place ncclReduce (shard k to rank k) or
+ * ncclBroadcast (shard k from rank k), one per non-empty shard. The sum and
+ * average are NCCL's, whose order of summation depends on the algorithm,
+ * the sizes and the topology: equal to cdp_nccl_allreduce_f32's within
+ * rounding, not bit-identical to it (unlike the mpi communicator's); the max
+ * is exact. Every rank passes the same n (and op); n == 0 is a no-op.
+ * Failures and timeouts as for the all-reduce; CDP_ERR_UNSUPPORTED from a
+ * module without these operations. */
+cdp_status cdp_nccl_reduce_scatter_f32(cdp_nccl_t c, float *dev_buf, size_t n, enum cdp_reduce_op op,
+                                       double timeout_s);
+cdp_status cdp_nccl_allgather_f32(cdp_nccl_t c, float *dev_buf, size_t n, double timeout_s);
+
 /* The n sends and receives of ops, posted together in one NCCL group
  * (ncclGroupStart / ncclGroupEnd), so that matched pairs between two ranks
  * (a stage sending its activations while receiving the gradient) cannot

@@ -7,7 +7,8 @@
  * fail(): the NCCL or CUDA call, its error string and NCCL's last error text.
  * Every call that waits takes a deadline (timeout_s <= 0: none) and fails with
  * CDP_ERR_COMM "timed out after N s" past it; it then leaves the communicator
- * as it is, for the caller to abort. */
+ * as it is, for the caller to abort. The table is part of the module's ABI
+ * (CDP_DEVICE_ABI, device/backend.h): a change of it bumps that. */
 #ifndef CDP_COMM_NCCL_MODULE_H
 #define CDP_COMM_NCCL_MODULE_H
 
@@ -56,6 +57,17 @@ struct cdp_nccl_ops {
      * has completed there (so it also waits for work queued before it). */
     cdp_status (*allreduce)(void *comm, void *dev_state, void *buf, size_t n, int dtype, int op,
                             double timeout_s);
+    /* ZeRO's in-place reduce-scatter (op: enum cdp_reduce_op) and all-gather
+     * of n > 0 floats, on the device's stream; return when they have
+     * completed there. Shard k of buf is [off[k], off[k] + len[k]) for every
+     * rank k of comm: the core computes them (cdp_comm_shard), the module only
+     * reads them. Equal shards in order: ncclReduceScatter / ncclAllGather in
+     * place; else one group of ncclReduce / ncclBroadcast, one per non-empty
+     * shard, rooted at its rank. */
+    cdp_status (*reduce_scatter)(void *comm, void *dev_state, float *buf, size_t n, const size_t *off,
+                                 const size_t *len, int op, double timeout_s);
+    cdp_status (*all_gather)(void *comm, void *dev_state, float *buf, size_t n, const size_t *off,
+                             const size_t *len, double timeout_s);
     /* The n sends and receives inside one ncclGroupStart / ncclGroupEnd (as
      * bytes), on the device's stream; returns when all have completed. */
     cdp_status (*p2p)(void *comm, void *dev_state, const struct cdp_nccl_p2p *ops, int n,

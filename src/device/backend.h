@@ -17,7 +17,7 @@ struct cdp_device;
 extern "C" {
 #endif
 
-#define CDP_DEVICE_ABI 5
+#define CDP_DEVICE_ABI 6
 
 enum cdp_copy_kind { CDP_COPY_H2D = 0, CDP_COPY_D2H, CDP_COPY_D2D };
 
@@ -48,7 +48,8 @@ struct cdp_device_backend {
     /* How busy the device has been lately (0..1, the driver's sampling
      * period; < 0 when unknown) and the bytes in use on it by every process
      * (0 when unknown). NULL: not supported. Added in ABI 4 (ABI 5 moved
-     * NCCL's table out of this one: cdp_device_module_symbol). */
+     * NCCL's table out of this one: cdp_device_module_symbol; ABI 6 added
+     * reduce_scatter and all_gather to that table, comm/nccl_module.h). */
     cdp_status (*usage)(void *state, double *util, uint64_t *mem_used);
 };
 

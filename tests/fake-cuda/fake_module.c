@@ -4,11 +4,13 @@
  * and an NCCL table that pretends, so that the nccl communicator's front
  * (comm/nccl.c: bootstrap, agreement, registry, abort, messages) and the
  * executor's GPU path (device buffers, host staging, the kernel table) run on
- * machines without a GPU. It never connects ranks: an
- * all-reduce leaves the buffer as it is, a send to another rank is dropped,
+ * machines without a GPU. It never connects ranks: an all-reduce,
+ * reduce-scatter or all-gather leaves the buffer as it is (the latter two
+ * check the shards the front hands them), a send to another rank is dropped,
  * and a split keeps the parent's rank and size; only sends to self move bytes.
  * CDP_FAKE_NCCL picks a failure: `fail_init:R` (rank R's init fails) or `hang`
- * (all-reduce and send/receive never complete: they end at the deadline).
+ * (all-reduce, reduce-scatter, all-gather and send/receive never complete:
+ * they end at the deadline).
  * What happened is counted in cdp_fake_nccl_stats, which tests read through
  * dlsym. */
 #include <stdint.h>
@@ -200,6 +202,39 @@ static cdp_status fake_allreduce(void *comm, void *dev_state, void *buf, size_t 
     return CDP_OK;
 }
 
+/* The shards the front computed must tile the buffer in rank order; this
+ * rank's is kept for the tests. The values stay as they are. */
+static cdp_status fake_sharded(struct fake_comm *c, size_t n, const size_t *off, const size_t *len)
+{
+    size_t next = 0;
+    for (int k = 0; k < c->size; k++) {
+        if (off[k] != next)
+            return host->fail(CDP_ERR_INTERNAL, "fake: shard %d starts at %zu, expected %zu", k, off[k], next);
+        next += len[k];
+    }
+    if (next != n) return host->fail(CDP_ERR_INTERNAL, "fake: the shards cover %zu of %zu floats", next, n);
+    cdp_fake_nccl_stats.sharded++;
+    cdp_fake_nccl_stats.shard_off = off[c->rank];
+    cdp_fake_nccl_stats.shard_len = len[c->rank];
+    return CDP_OK;
+}
+
+static cdp_status fake_reduce_scatter(void *comm, void *dev_state, float *buf, size_t n, const size_t *off,
+                                      const size_t *len, int op, double timeout_s)
+{
+    (void)dev_state, (void)buf, (void)op;
+    if (hanging()) return hang_until(timeout_s, "ncclReduceScatter");
+    return fake_sharded(comm, n, off, len);
+}
+
+static cdp_status fake_all_gather(void *comm, void *dev_state, float *buf, size_t n, const size_t *off,
+                                  const size_t *len, double timeout_s)
+{
+    (void)dev_state, (void)buf;
+    if (hanging()) return hang_until(timeout_s, "ncclAllGather");
+    return fake_sharded(comm, n, off, len);
+}
+
 /* Sends to self are matched with receives from self in order; the sizes must agree. */
 static cdp_status fake_p2p(void *comm, void *dev_state, const struct cdp_nccl_p2p *ops, int n, double timeout_s)
 {
@@ -242,6 +277,8 @@ __attribute__((visibility("default"))) const struct cdp_nccl_ops cdp_nccl_module
     .split = fake_split,
     .rank_size = fake_rank_size,
     .allreduce = fake_allreduce,
+    .reduce_scatter = fake_reduce_scatter,
+    .all_gather = fake_all_gather,
     .p2p = fake_p2p,
     .abort = fake_abort,
     .destroy = fake_destroy,

@@ -8,6 +8,8 @@
 struct fake_stats {
     int inits, splits, aborts, destroys, live; /* live: communicators made and not yet aborted or destroyed */
     unsigned char last_id[CDP_NCCL_ID_BYTES];  /* the id the last init was given */
+    int sharded;                               /* reduce-scatters and all-gathers */
+    size_t shard_off, shard_len;               /* this rank's shard in the last of them */
 };
 
 #endif

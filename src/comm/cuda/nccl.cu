@@ -223,13 +223,15 @@ static cdp_status nccl_rank_size(void *comm, int *rank, int *size)
     return CDP_OK;
 }
 
+/* enum cdp_reduce_op as NCCL's */
+static const ncclRedOp_t red_ops[] = {ncclSum, ncclAvg, ncclMax};
+CDP_TABLE_CHECK(red_ops, CDP_REDUCE_OP_COUNT);
+
 static cdp_status nccl_allreduce(void *comm, void *dev_state, void *buf, size_t n, int dtype, int op,
                                  double timeout_s)
 {
     ncclComm_t c = (ncclComm_t)comm;
     struct cdp_cuda_state *d = (struct cdp_cuda_state *)dev_state;
-    static const ncclRedOp_t ops[] = {ncclSum, ncclAvg, ncclMax};
-    CDP_TABLE_CHECK(ops, CDP_REDUCE_OP_COUNT);
     if ((unsigned)op >= CDP_REDUCE_OP_COUNT || (unsigned)dtype >= CDP_NCCL_DTYPE_COUNT)
         return host->fail(CDP_ERR_INVALID, "all-reduce: op %d / type %d unknown", op, dtype);
     ncclDataType_t type = dtype == CDP_NCCL_F32 ? ncclFloat32 : ncclFloat64;
@@ -237,9 +239,87 @@ static cdp_status nccl_allreduce(void *comm, void *dev_state, void *buf, size_t 
     CDP_CUDA_TRY(cudaSetDevice(d->index));
     struct waiter w;
     waiter_start(&w, timeout_s, n * esize);
-    ncclResult_t r = ncclAllReduce(buf, buf, n, type, ops[op], c, d->stream);
+    ncclResult_t r = ncclAllReduce(buf, buf, n, type, red_ops[op], c, d->stream);
     if (r != ncclSuccess && r != ncclInProgress) return nccl_fail(r, c, "ncclAllReduce");
     return wait_done(c, d, &w, "ncclAllReduce");
+}
+
+/* ---- ZeRO's shards ------------------------------------------------------------------ */
+
+/* 1 when the shards are `size` equal blocks in rank order (the size divides
+ * n): NCCL's own reduce-scatter and all-gather then apply, in place. */
+static int equal_shards(const size_t *off, const size_t *len, int size)
+{
+    for (int k = 0; k < size; k++)
+        if (len[k] != len[0] || off[k] != (size_t)k * len[0]) return 0;
+    return 1;
+}
+
+/* Uneven shards (NCCL's reduce-scatter and all-gather take equal counts):
+ * one NCCL group of one rooted collective per non-empty shard, in place, so
+ * that the caller pads nothing and no scratch is needed: ncclReduce of shard
+ * k to rank k, or ncclBroadcast of shard k from rank k. */
+static cdp_status grouped(ncclComm_t c, struct cdp_cuda_state *d, float *buf, const size_t *off,
+                          const size_t *len, int size, int is_reduce, int op, struct waiter *w)
+{
+    const char *call = is_reduce ? "ncclReduce" : "ncclBroadcast";
+    ncclResult_t r = ncclGroupStart();
+    if (r != ncclSuccess) return nccl_fail(r, c, "ncclGroupStart");
+    ncclResult_t first = ncclSuccess;
+    int bad = -1;
+    for (int k = 0; k < size && first == ncclSuccess; k++) {
+        if (!len[k]) continue;
+        float *p = buf + off[k];
+        r = is_reduce ? ncclReduce(p, p, len[k], ncclFloat32, red_ops[op], k, c, d->stream)
+                      : ncclBroadcast(p, p, len[k], ncclFloat32, k, c, d->stream);
+        if (r != ncclSuccess && r != ncclInProgress) first = r, bad = k;
+    }
+    /* the group is closed even after a failed call, so that later groups start clean */
+    r = ncclGroupEnd();
+    if (first != ncclSuccess) {
+        char what[96];
+        snprintf(what, sizeof what, "%s of shard %d (%zu floats)", call, bad, len[bad]);
+        return nccl_fail(first, c, what);
+    }
+    if (r != ncclSuccess && r != ncclInProgress) return nccl_fail(r, c, "ncclGroupEnd");
+    char what[64];
+    snprintf(what, sizeof what, "ncclGroupEnd (%s per shard)", call);
+    return wait_done(c, d, w, what);
+}
+
+static cdp_status nccl_reduce_scatter(void *comm, void *dev_state, float *buf, size_t n, const size_t *off,
+                                      const size_t *len, int op, double timeout_s)
+{
+    ncclComm_t c = (ncclComm_t)comm;
+    struct cdp_cuda_state *d = (struct cdp_cuda_state *)dev_state;
+    if ((unsigned)op >= CDP_REDUCE_OP_COUNT) return host->fail(CDP_ERR_INVALID, "reduce-scatter: op %d unknown", op);
+    int rank = 0, size = 0;
+    cdp_status st = nccl_rank_size(comm, &rank, &size);
+    if (st) return st;
+    CDP_CUDA_TRY(cudaSetDevice(d->index));
+    struct waiter w;
+    waiter_start(&w, timeout_s, n * sizeof *buf);
+    if (!equal_shards(off, len, size)) return grouped(c, d, buf, off, len, size, 1, op, &w);
+    ncclResult_t r = ncclReduceScatter(buf, buf + off[rank], len[rank], ncclFloat32, red_ops[op], c, d->stream);
+    if (r != ncclSuccess && r != ncclInProgress) return nccl_fail(r, c, "ncclReduceScatter");
+    return wait_done(c, d, &w, "ncclReduceScatter");
+}
+
+static cdp_status nccl_all_gather(void *comm, void *dev_state, float *buf, size_t n, const size_t *off,
+                                  const size_t *len, double timeout_s)
+{
+    ncclComm_t c = (ncclComm_t)comm;
+    struct cdp_cuda_state *d = (struct cdp_cuda_state *)dev_state;
+    int rank = 0, size = 0;
+    cdp_status st = nccl_rank_size(comm, &rank, &size);
+    if (st) return st;
+    CDP_CUDA_TRY(cudaSetDevice(d->index));
+    struct waiter w;
+    waiter_start(&w, timeout_s, n * sizeof *buf);
+    if (!equal_shards(off, len, size)) return grouped(c, d, buf, off, len, size, 0, 0, &w);
+    ncclResult_t r = ncclAllGather(buf + off[rank], buf, len[rank], ncclFloat32, c, d->stream);
+    if (r != ncclSuccess && r != ncclInProgress) return nccl_fail(r, c, "ncclAllGather");
+    return wait_done(c, d, &w, "ncclAllGather");
 }
 
 static cdp_status nccl_p2p(void *comm, void *dev_state, const struct cdp_nccl_p2p *ops, int n, double timeout_s)
@@ -305,6 +385,8 @@ extern "C" __attribute__((visibility("default"))) const struct cdp_nccl_ops cdp_
     nccl_split,
     nccl_rank_size,
     nccl_allreduce,
+    nccl_reduce_scatter,
+    nccl_all_gather,
     nccl_p2p,
     nccl_abort,
     nccl_destroy,
