@@ -606,7 +606,8 @@ static void scen_zero_timeout(void)
         double t0 = now_s();
         cdp_status st = cdp_comm_reduce_scatter_f32(world, v, 7, CDP_REDUCE_AVG, 0.3);
         double el = now_s() - t0;
-        CHECK(st == CDP_ERR_COMM && strstr(cdp_last_error(), "reduce-scatter (average) of 7 floats: timed out after 0.3 s"),
+        CHECK(st == CDP_ERR_COMM &&
+                  strstr(cdp_last_error(), "reduce-scatter (average) of 7 floats: timed out after 0.3 s"),
               "status %d: %s", (int)st, cdp_last_error());
         CHECK(el >= 0.3 && el < 1.3, "after %.3f s", el);
         printf("rank %d/%d: %s\n", R, N, cdp_last_error());
@@ -717,8 +718,8 @@ static void scen_nccl_fake(void)
         OK(cdp_buffer_create(dev, 1001 * sizeof(float), &zb));
         OK(cdp_nccl_reduce_scatter_f32(nw, cdp_buffer_data(zb), 1001, CDP_REDUCE_AVG, 30));
         OK(cdp_nccl_allgather_f32(nw, cdp_buffer_data(zb), 1001, 30));
-        CHECK(fs->sharded == 2 && fs->shard_off == off && fs->shard_len == len, "%d calls, shard [%zu, +%zu), expected [%zu, +%zu)",
-              fs->sharded, fs->shard_off, fs->shard_len, off, len);
+        CHECK(fs->sharded == 2 && fs->shard_off == off && fs->shard_len == len,
+              "%d calls, shard [%zu, +%zu), expected [%zu, +%zu)", fs->sharded, fs->shard_off, fs->shard_len, off, len);
         cdp_buffer_destroy(zb);
         cdp_nccl_free(nw);
         CHECK(fs->destroys == 1 && fs->live == 0, "freed: %d destroys, %d live", fs->destroys, fs->live);
@@ -811,8 +812,9 @@ static void nccl_zero_checks(cdp_nccl_t nw)
                 double mag = 0;
                 for (int r = 0; r < N; r++) mag += fabs((double)zval(r, i));
                 double tol = op == CDP_REDUCE_MAX ? 0 : 2.0 * N * ldexp(mag, -24) / (op == CDP_REDUCE_AVG ? N : 1);
-                CHECK(fabs((double)b[i] - (double)a[i]) <= tol, "nccl %d ranks, n %zu, op %d: reduce-scatter [%zu] = %.9g, "
-                      "all-reduce %.9g (tolerance %.3g)", N, n, op, i, (double)b[i], (double)a[i], tol);
+                CHECK(fabs((double)b[i] - (double)a[i]) <= tol,
+                      "nccl %d ranks, n %zu, op %d: reduce-scatter [%zu] = %.9g, all-reduce %.9g (tolerance %.3g)",
+                      N, n, op, i, (double)b[i], (double)a[i], tol);
             }
         }
         for (size_t i = 0; i < n; i++) a[i] = zval(1000 + (int)i % 7, i);
