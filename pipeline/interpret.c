@@ -112,11 +112,15 @@ static cdp_status allreduce_dev(struct exec *e, cdp_comm_t c, cdp_nccl_t nc, flo
 }
 
 /* ZeRO-1's collectives over a chunk's n gradient or parameter floats of device
- * memory, on the host communicator (through host memory for a GPU): the
- * replicas' sum of this replica's shard of the gradients (the rest left as it
- * was), and every replica's shard of the parameters to all. */
+ * memory: NCCL where the group has it, else the host communicator (through
+ * host memory for a GPU): the replicas' sum of this replica's shard of the
+ * gradients (the rest left as it was), and every replica's shard of the
+ * parameters to all. */
 static cdp_status staged(struct exec *e, float *dev, size_t n, int gather)
 {
+    if (e->nccl_dp)
+        return gather ? cdp_nccl_allgather_f32(e->nccl_dp, dev, n, e->timeout)
+                      : cdp_nccl_reduce_scatter_f32(e->nccl_dp, dev, n, CDP_REDUCE_SUM, e->timeout);
     if (e->hv)
         return gather ? cdp_comm_allgather_f32(e->dp, dev, n, e->timeout)
                       : cdp_comm_reduce_scatter_f32(e->dp, dev, n, CDP_REDUCE_SUM, e->timeout);
