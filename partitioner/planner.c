@@ -990,13 +990,12 @@ static void use_mode(struct ctx *c, enum cdp_recompute r)
 }
 
 /* ZeRO stages the search tries for a shape of R replicas: the plan's, or under
- * "auto" 0 then 1 (with replicas to shard over, and no checkpoints: a ZeRO-1
- * run does not write them yet). */
+ * "auto" 0 then 1 (with replicas to shard over). */
 static int zeros_of(const struct cdp_plan *plan, int R, int *out)
 {
     const int64_t z = plan->parallel.zero;
     out[0] = z == 1 && R > 1;
-    if (z != CDP_AUTO || R < 2 || plan->train.checkpoint.dir) return 1;
+    if (z != CDP_AUTO || R < 2) return 1;
     out[1] = 1;
     return 2;
 }

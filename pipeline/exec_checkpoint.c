@@ -1,7 +1,8 @@
 /* Checkpoints of a running layout: replica 0's ranks write their stages' parts
- * in parallel and rank 0 commits the step (src/model/checkpoint.h); a resume
- * loads every rank's ranges from the newest complete checkpoint, whatever the
- * layout that wrote it. */
+ * in parallel (under ZeRO-1 with the optimizer state gathered from the stage's
+ * replicas) and rank 0 commits the step (src/model/checkpoint.h); a resume
+ * loads every rank's ranges (and its shard of the state) from the newest
+ * complete checkpoint, whatever the layout that wrote it. */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -33,13 +34,18 @@ cdp_status cdp_exec_save_checkpoint(struct exec *e, int step)
     snprintf(cdp_exec_where_buf, sizeof cdp_exec_where_buf,
              "rank %d/%d (stage %d, replica %d), step %d: writing a checkpoint", e->rank, e->size, e->s, e->r, step);
     cdp_fault_in_save(&e->fault, e->rank, step, "part");
-    if (e->r == 0) {
+    /* ZeRO-1: the stage's other replicas hand replica 0 their shards of the state as it writes */
+    if (e->r == 0 || e->zero) {
         struct cdp_model **models = NULL;
         struct cdp_optimizer **opts = NULL;
         st = chunk_lists(e, &models, &opts);
         char part[32];
         snprintf(part, sizeof part, "stage-%d", e->s);
-        if (!st) st = cdp_ckpt_write_part(p->train.checkpoint.dir, step, part, models, opts, e->v);
+        if (!st && !e->zero) st = cdp_ckpt_write_part(p->train.checkpoint.dir, step, part, models, opts, e->v);
+        else if (!st && e->r == 0)
+            st = cdp_ckpt_write_part_gathered(p->train.checkpoint.dir, step, part, models, opts, e->v, e->dp,
+                                              e->timeout);
+        else if (!st) st = cdp_ckpt_send_shards(models, opts, e->v, e->dp, e->timeout);
         free(models);
         free(opts);
     }

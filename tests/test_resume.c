@@ -17,20 +17,27 @@
 
 /* A GPT of 6 blocks, 6 steps of 8 samples (B = 2); checkpoints every 2 steps;
  * cluster is the members of /cluster. */
-static const char *plan_on(const char *dir, const char *name, const char *cluster, int p, int R, int m, int steps)
+static const char *plan_on_z(const char *dir, const char *name, const char *cluster, int p, int R, int m, int steps,
+                             int zero)
 {
-    char json[2048], file[64];
+    char json[2048], file[64], z[32] = "";
+    if (zero >= 0) snprintf(z, sizeof z, ", \"zero\": %d", zero);
     snprintf(json, sizeof json,
              "{\"model\": {\"preset\": \"gpt\", \"vocab\": 32, \"context\": 8, \"layers\": 6, \"heads\": 2, "
              "\"embed\": 16}, \"data\": {\"source\": \"synthetic\", \"seed\": 5}, \"train\": {\"steps\": %d, "
              "\"micro_batch\": 2, \"optimizer\": {\"lr\": 0.01, \"eps\": 1e-6}, \"grad_clip\": 0.5, "
              "\"eval_batches\": 1, \"timeout_s\": 30, \"checkpoint\": {\"dir\": \"ckpt-%s\", \"every\": 2, "
-             "\"keep\": 2}}, \"parallel\": {\"stages\": %d, \"replicas\": %d, \"micro_batches\": %d}, "
+             "\"keep\": 2}}, \"parallel\": {\"stages\": %d, \"replicas\": %d, \"micro_batches\": %d%s}, "
              "\"cluster\": {%s}, \"output\": {\"metrics\": \"%s.jsonl\", \"weights\": "
              "\"%s.safetensors\"}}",
-             steps, name, p, R, m, cluster, name, name);
+             steps, name, p, R, m, z, cluster, name, name);
     snprintf(file, sizeof file, "%s.json", name);
     return cdp_test_write_file(dir, file, json);
+}
+
+static const char *plan_on(const char *dir, const char *name, const char *cluster, int p, int R, int m, int steps)
+{
+    return plan_on_z(dir, name, cluster, p, R, m, steps, -1);
 }
 
 static const char *plan(const char *dir, const char *name, int p, int R, int m, int steps)
@@ -112,13 +119,13 @@ static void need_mpi(void)
     if (!cdp_comm_have_mpi()) cr_skip_test("this build has no MPI (-Dmpi=disabled): multi-rank runs are not possible");
 }
 
-static void crash_and_resume(const char *fault, int resumed_from)
+static void crash_and_resume_z(const char *fault, int resumed_from, int zero)
 {
     need_mpi();
     char *dir = newdir();
-    const char *base = plan(dir, "base", 2, 2, 2, 6);
+    const char *base = plan_on_z(dir, "base", CPU_BACKEND, 2, 2, 2, 6, zero);
     run_ok((const char *[]){"-q", "--plan", base, NULL});
-    const char *crash = plan(dir, "crash", 2, 2, 2, 6);
+    const char *crash = plan_on_z(dir, "crash", CPU_BACKEND, 2, 2, 2, 6, zero);
     struct cdp_run r = run((const char *[]){"-q", "--plan", crash, NULL}, fault);
     cr_assert_neq(r.exit_code, 0, "the fault %s did not stop the run", fault);
     cdp_test_run_free(&r);
@@ -135,7 +142,43 @@ static void crash_and_resume(const char *fault, int resumed_from)
     cr_assert_eq(weights_error(dir, "base", "crash"), 0.0, "bitwise under the same plan");
 }
 
+static void crash_and_resume(const char *fault, int resumed_from) { crash_and_resume_z(fault, resumed_from, -1); }
+
 Test(resume, killed_rank_resumes_bitwise, .timeout = 120) { crash_and_resume("kill:1:5", 4); }
+/* ZeRO-1: the stage's replicas gather their shards into replica 0's part */
+Test(resume, zero_killed_rank_resumes_bitwise, .timeout = 120) { crash_and_resume_z("kill:1:5", 4, 1); }
+Test(resume, zero_killed_before_a_part_is_written, .timeout = 120) { crash_and_resume_z("killsave:1:4:part", 2, 1); }
+
+/* A ZeRO-1 checkpoint at 4 replicas resumes at 2 replicas with ZeRO-1 and at
+ * 2 stages without it; an unsharded one resumes sharded over 4 (uneven
+ * shards): every chain ends where an uninterrupted 2 x 2 run does. */
+Test(resume, zero_checkpoints_resume_across_layouts, .timeout = 180)
+{
+    need_mpi();
+    char *dir = newdir();
+    run_ok((const char *[]){"-q", "--plan", plan(dir, "base", 2, 2, 2, 6), NULL});
+    char ck[4200];
+    snprintf(ck, sizeof ck, "%s/ckpt-x", dir);
+    run_ok((const char *[]){"-q", "--plan", plan_on_z(dir, "x", CPU_BACKEND, 1, 4, 1, 2, 1), NULL});
+    run_ok((const char *[]){"-q", "--plan", plan_on_z(dir, "x", CPU_BACKEND, 1, 2, 2, 4, 1), "--resume", ck, NULL});
+    run_ok((const char *[]){"-q", "--plan", plan_on_z(dir, "x", CPU_BACKEND, 2, 1, 4, 6, 0), "--resume", ck, NULL});
+    snprintf(ck, sizeof ck, "%s/ckpt-y", dir);
+    run_ok((const char *[]){"-q", "--plan", plan_on_z(dir, "y", CPU_BACKEND, 2, 2, 2, 2, 0), NULL});
+    run_ok((const char *[]){"-q", "--plan", plan_on_z(dir, "y", CPU_BACKEND, 1, 4, 1, 6, 1), "--resume", ck, NULL});
+    double a[16], b[16];
+    cr_assert_eq(losses(dir, "base", a), 6);
+    static const char *const chains[] = {"x", "y"};
+    for (int c = 0; c < 2; c++) {
+        cr_assert_eq(losses(dir, chains[c], b), 6);
+        for (int i = 0; i < 6; i++)
+            cr_assert_leq(fabs(a[i] - b[i]), 1e-5 * fabs(a[i]), "%s step %d: %.9g vs %.9g", chains[c], i + 1, b[i],
+                          a[i]);
+        double e = weights_error(dir, "base", chains[c]);
+        cr_assert_leq(e, 1e-5, "%s: weights differ by %.3g", chains[c], e);
+        cr_log_info("%s: worst weight error %.3g", c ? "zero 0 2x2 -> zero 1 1x4" : "zero 1 1x4 -> 1x2 -> zero 0 2x1",
+                    e);
+    }
+}
 Test(resume, killed_before_a_part_is_written, .timeout = 120) { crash_and_resume("killsave:1:4:part", 2); }
 Test(resume, killed_before_the_manifest, .timeout = 120) { crash_and_resume("killsave:0:4:commit", 2); }
 

@@ -22,6 +22,7 @@
 #include "core/file.h"
 #include "core/hash.h"
 #include "core/json_check.h"
+#include "comm/comm.h"
 #include "model/safetensors.h"
 
 #define MANIFEST "manifest.json"
@@ -220,16 +221,92 @@ static cdp_device_t staging_device(struct cdp_optimizer *o)
     return dev && !cdp_device_host_visible(dev) ? dev : NULL;
 }
 
-/* cdp_safetensors_write_staged's source: tensor i of ts is on devs[i] (NULL: host memory). */
+/* A ZeRO-1 shard's part of one tensor's state, in host memory: where it lies
+ * (a device pointer), how many floats, and the device to copy it from (NULL:
+ * host visible). */
+static cdp_status shard_piece(struct cdp_optimizer *o, struct cdp_model *m, int i, int s, float **host,
+                              uint64_t *count)
+{
+    float *a, *b;
+    uint64_t from;
+    cdp_optimizer_state_range(o, m, i, &a, &b, &from, count);
+    const float *src = s == 0 ? a : b;
+    *host = malloc((size_t)*count * 4 + 1);
+    if (!*host) return cdp_fail(CDP_ERR_NOMEM, "out of memory gathering optimizer state");
+    if (!*count) return CDP_OK;
+    cdp_device_t dev = staging_device(o);
+    if (!dev) {
+        memcpy(*host, src, (size_t)*count * 4);
+        return CDP_OK;
+    }
+    return cdp_device_read(dev, *host, src, *count * 4);
+}
+
+/* What a sharded state tensor of a part is: the optimizer, model, tensor and
+ * state (0: m or velocity, 1: v) whose pieces the stage's replicas gather. */
+struct gathered {
+    struct cdp_optimizer *o;
+    struct cdp_model *m;
+    int i, s;
+};
+
+/* cdp_safetensors_write_staged's source: tensor i of ts is on devs[i] (NULL:
+ * host memory), or, where g[i].o is set, gathered from the replicas of group
+ * (one tensor at a time, when its first piece is asked for). */
 struct fetch_ctx {
     const struct cdp_safetensors_tensor *ts;
     const cdp_device_t *devs;
+    const struct gathered *g;
+    cdp_comm_t group;
+    double timeout;
+    uint8_t *held; /* the tensor being written, gathered */
 };
+
+/* Every replica's piece of state tensor g, in rank order (the shards are in
+ * rank order, so the pieces make the tensor): at rank 0 into *out (malloc'd,
+ * the tensor's bytes); the others send theirs. */
+static cdp_status gather_state(const struct gathered *g, cdp_comm_t group, double timeout, uint64_t nbytes,
+                               uint8_t **out)
+{
+    float *mine = NULL;
+    uint64_t count = 0;
+    cdp_status st = shard_piece(g->o, g->m, g->i, g->s, &mine, &count);
+    void *all = NULL;
+    size_t *lens = NULL;
+    if (!st) st = cdp_comm_gather_bytes(group, mine, (size_t)count * 4, &all, &lens, timeout);
+    free(mine);
+    if (!st && out) {
+        uint64_t total = 0;
+        for (int r = 0; r < cdp_comm_size(group); r++) total += lens[r];
+        if (total != nbytes)
+            st = cdp_fail(CDP_ERR_INTERNAL, "the replicas' shards hold %llu bytes of a %llu-byte tensor",
+                          (unsigned long long)total, (unsigned long long)nbytes);
+        else *out = all, all = NULL;
+    }
+    free(lens);
+    free(all);
+    return st;
+}
 
 static cdp_status fetch_tensor(void *ctx, const struct cdp_safetensors_tensor *t, uint64_t offset, void *dst,
                                uint64_t n)
 {
-    const struct fetch_ctx *c = ctx;
+    struct fetch_ctx *c = ctx;
+    const struct gathered *g = c->g ? &c->g[t - c->ts] : NULL;
+    if (g && g->o) {
+        if (offset == 0) {
+            free(c->held);
+            c->held = NULL;
+            cdp_status st = gather_state(g, c->group, c->timeout, t->nbytes, &c->held);
+            if (st) return cdp_error_context(st, "gathering its shards");
+        }
+        memcpy(dst, c->held + offset, (size_t)n);
+        if (offset + n >= t->nbytes) {
+            free(c->held);
+            c->held = NULL;
+        }
+        return CDP_OK;
+    }
     cdp_device_t dev = c->devs[t - c->ts];
     const uint8_t *src = (const uint8_t *)t->data + offset;
     if (!dev) {
@@ -250,7 +327,7 @@ struct stage {
  * device memory dst of dev, piece by piece: F32 straight from the mapped file,
  * 16-bit types widened into the stage first. */
 static cdp_status load_to_device(struct cdp_safetensors_file *f, const char *fpath, const char *name, cdp_device_t dev,
-                                 float *dst, uint64_t numel, struct stage *sb)
+                                 float *dst, uint64_t first, uint64_t numel, struct stage *sb)
 {
     const struct cdp_safetensors_tensor *x = cdp_safetensors_find(f, name);
     if (!x) return cdp_fail(CDP_ERR_INTERNAL, "%s: no tensor %s", fpath, name);
@@ -261,7 +338,7 @@ static cdp_status load_to_device(struct cdp_safetensors_file *f, const char *fpa
         const void *src;
         cdp_status st;
         if (f32) {
-            src = (const uint8_t *)x->data + 4 * at; /* the mapped file is host memory */
+            src = (const uint8_t *)x->data + 4 * (first + at); /* the mapped file is host memory */
         } else {
             if (sb->cap < k) {
                 float *p = realloc(sb->p, (size_t)k * 4);
@@ -270,7 +347,7 @@ static cdp_status load_to_device(struct cdp_safetensors_file *f, const char *fpa
                 sb->p = p;
                 sb->cap = k;
             }
-            if ((st = cdp_safetensors_read_f32_range(f, name, at, k, sb->p))) return st;
+            if ((st = cdp_safetensors_read_f32_range(f, name, first + at, k, sb->p))) return st;
             src = sb->p;
         }
         if ((st = cdp_device_write(dev, dst + at, src, k * 4)))
@@ -287,8 +364,53 @@ static int valid_part_name(const char *part)
     return part && *part && part[0] != '.' && !strchr(part, '/') && strlen(part) < 200;
 }
 
+/* Whether o holds only a shard of its model's state (ZeRO-1). */
+static int sharded(struct cdp_optimizer *o, struct cdp_model *m)
+{
+    uint64_t off, len;
+    if (!o) return 0;
+    cdp_optimizer_shard(o, &off, &len);
+    return len != (uint64_t)cdp_model_param_floats(m);
+}
+
+static cdp_status write_part(const char *dir, int64_t step, const char *part, struct cdp_model *const *models,
+                             struct cdp_optimizer *const *opts, int n, cdp_comm_t group, double timeout);
+
 cdp_status cdp_ckpt_write_part(const char *dir, int64_t step, const char *part, struct cdp_model *const *models,
                                struct cdp_optimizer *const *opts, int n)
+{
+    return write_part(dir, step, part, models, opts, n, NULL, 0);
+}
+
+cdp_status cdp_ckpt_write_part_gathered(const char *dir, int64_t step, const char *part,
+                                        struct cdp_model *const *models, struct cdp_optimizer *const *opts, int n,
+                                        cdp_comm_t group, double timeout_s)
+{
+    return write_part(dir, step, part, models, opts, n, group, timeout_s);
+}
+
+cdp_status cdp_ckpt_send_shards(struct cdp_model *const *models, struct cdp_optimizer *const *opts, int n,
+                                cdp_comm_t group, double timeout_s)
+{
+    cdp_status st = CDP_OK;
+    for (int k = 0; k < n && !st; k++) {
+        struct cdp_model *m = models[k];
+        struct cdp_optimizer *o = opts[k];
+        if (!sharded(o, m)) continue;
+        const int first = cdp_model_unit(m, 0)->index, states = cdp_optimizer_type_of(o) == CDP_OPT_ADAMW ? 2 : 1;
+        for (int i = 0; i < cdp_model_tensor_count(m) && !st; i++) {
+            if (cdp_model_tensor(m, i)->unit < first) continue; /* as write_part: a tied copy is not written */
+            for (int s = 0; s < states && !st; s++) {
+                const struct gathered g = {o, m, i, s};
+                st = gather_state(&g, group, timeout_s, 0, NULL);
+            }
+        }
+    }
+    return st;
+}
+
+static cdp_status write_part(const char *dir, int64_t step, const char *part, struct cdp_model *const *models,
+                             struct cdp_optimizer *const *opts, int n, cdp_comm_t group, double timeout)
 {
     CDP_ASSERT(dir && (n == 0 || models) && n >= 0);
     if (!valid_part_name(part))
@@ -297,6 +419,7 @@ cdp_status cdp_ckpt_write_part(const char *dir, int64_t step, const char *part, 
     cdp_status st;
     struct cdp_safetensors_tensor *ts = NULL;
     cdp_device_t *devs = NULL;
+    struct gathered *gs = NULL;
     char (*names)[96] = NULL;
     char *root = trimmed(dir), *folder = NULL, *path = NULL;
     if (!root) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
@@ -311,10 +434,11 @@ cdp_status cdp_ckpt_write_part(const char *dir, int64_t step, const char *part, 
     for (int k = 0; k < n; k++) total += cdp_model_tensor_count(models[k]) * 3;
     ts = calloc((size_t)total + 1, sizeof *ts);
     devs = calloc((size_t)total + 1, sizeof *devs);
+    gs = calloc((size_t)total + 1, sizeof *gs);
     names = calloc((size_t)total + 1, sizeof *names);
     size_t plen = strlen(folder) + strlen(part) + sizeof PART_SUFFIX + 2;
     path = malloc(plen);
-    if (!ts || !devs || !names || !path) {
+    if (!ts || !devs || !gs || !names || !path) {
         st = cdp_fail(CDP_ERR_NOMEM, "out of memory writing checkpoint part %s", part);
         goto fail;
     }
@@ -333,7 +457,18 @@ cdp_status cdp_ckpt_write_part(const char *dir, int64_t step, const char *part, 
             static const char *const adam_names[2] = {"optim.m.", "optim.v."};
             static const char *const sgd_names[2] = {"optim.velocity.", NULL};
             const char *const *snames = NULL;
-            if (o) {
+            const int shards = group && sharded(o, m);
+            if (o && sharded(o, m) && !group) {
+                st = cdp_fail(CDP_ERR_INTERNAL, "checkpoint part %s: a sharded optimizer without its group", part);
+                goto fail;
+            }
+            if (o && shards) {
+                /* ZeRO-1: gathered from the replicas as the part is written */
+                const int adam = cdp_optimizer_type_of(o) == CDP_OPT_ADAMW;
+                state[0] = (float *)(uintptr_t)1;
+                state[1] = adam ? (float *)(uintptr_t)1 : NULL;
+                snames = adam ? adam_names : sgd_names;
+            } else if (o) {
                 cdp_optimizer_state(o, m, i, &state[0], &state[1]);
                 snames = cdp_optimizer_type_of(o) == CDP_OPT_ADAMW ? adam_names : sgd_names;
             }
@@ -349,6 +484,10 @@ cdp_status cdp_ckpt_write_part(const char *dir, int64_t step, const char *part, 
                 x->data = s < 0 ? t->data : state[s]; /* device memory: read in place only where host visible */
                 x->nbytes = (uint64_t)t->numel * 4;
                 devs[nt] = dev;
+                if (s >= 0 && shards) {
+                    gs[nt] = (struct gathered){o, m, i, s};
+                    staged = 1;
+                }
                 nt++;
             }
         }
@@ -358,16 +497,18 @@ cdp_status cdp_ckpt_write_part(const char *dir, int64_t step, const char *part, 
     const char *meta[4] = {"format", "cdphybrid-checkpoint-part", "step", step_s};
     /* Host-visible memory is written from where it lies; a device's is copied
      * out piece by piece into one bounded host buffer. */
-    struct fetch_ctx fc = {ts, devs};
+    struct fetch_ctx fc = {ts, devs, gs, group, timeout, NULL};
     if (staged)
         st = cdp_safetensors_write_staged(path, ts, nt, meta, 2, fetch_tensor, &fc, STAGE_BYTES);
     else
         st = cdp_safetensors_write(path, ts, nt, meta, 2);
+    free(fc.held);
     if (st) goto fail;
     CDP_INFO(CKPT, "wrote %s (%d tensors%s)", path, nt, staged ? ", staged through host memory" : "");
 fail:
     free(ts);
     free(devs);
+    free(gs);
     free(names);
     free(path);
     free(folder);
@@ -993,19 +1134,23 @@ cdp_status cdp_ckpt_load(const char *path, const struct cdp_ckpt_info *info, str
                 if ((st = part_get(&pc, part, &f, fpath, sizeof fpath))) goto fail;
                 float *state[2] = {NULL, NULL};
                 const char *prefix[2] = {NULL, NULL};
+                uint64_t from = 0, count = 0; /* the state's part this optimizer holds */
                 if (o) {
-                    cdp_optimizer_state(o, m, i, &state[0], &state[1]);
+                    cdp_optimizer_state_range(o, m, i, &state[0], &state[1], &from, &count);
                     prefix[0] = cdp_optimizer_type_of(o) == CDP_OPT_ADAMW ? "optim.m." : "optim.velocity.";
                     prefix[1] = cdp_optimizer_type_of(o) == CDP_OPT_ADAMW ? "optim.v." : NULL;
                 }
                 for (int s = -1; s < 2; s++) {
-                    if (s >= 0 && (!prefix[s] || !state[s])) continue;
+                    if (s >= 0 && !prefix[s]) continue;
                     snprintf(sname, sizeof sname, "%s%s", s < 0 ? "" : prefix[s], t->name);
                     float *dst = s < 0 ? t->data : state[s]; /* device memory */
+                    const uint64_t at = s < 0 ? 0 : from, k = s < 0 ? (uint64_t)t->numel : count;
                     if (pass == 0) st = check_tensor(f, fpath, sname, t->name, t);
-                    else if (dev) st = load_to_device(f, fpath, sname, dev, dst, (uint64_t)t->numel, &sb);
-                    else
+                    else if (!k) st = CDP_OK;
+                    else if (dev) st = load_to_device(f, fpath, sname, dev, dst, at, k, &sb);
+                    else if (k == (uint64_t)t->numel)
                         st = cdp_safetensors_read_f32(f, sname, t->ndim, t->shape, dst); /* host visible: in place */
+                    else st = cdp_safetensors_read_f32_range(f, sname, at, k, dst);
                     if (st) goto fail;
                 }
             }

@@ -46,6 +46,20 @@ struct cdp_ckpt_info {
 cdp_status cdp_ckpt_write_part(const char *dir, int64_t step, const char *part, struct cdp_model *const *models,
                                struct cdp_optimizer *const *opts, int n);
 
+/* ZeRO-1 (optimizers that hold a shard, cdp_optimizer_create_shard): the
+ * stage's replicas form group, whose rank 0 writes the part as above, the
+ * state of each tensor gathered from every replica's shard while it is written
+ * (one tensor at a time in host memory), and whose other ranks call
+ * cdp_ckpt_send_shards with their models and optimizers at the same time. The
+ * file is the one an unsharded run writes: any layout, sharded or not, loads
+ * it. A failure on one side leaves the other waiting until timeout_s. */
+struct cdp_comm;
+cdp_status cdp_ckpt_write_part_gathered(const char *dir, int64_t step, const char *part,
+                                        struct cdp_model *const *models, struct cdp_optimizer *const *opts, int n,
+                                        struct cdp_comm *group, double timeout_s);
+cdp_status cdp_ckpt_send_shards(struct cdp_model *const *models, struct cdp_optimizer *const *opts, int n,
+                                struct cdp_comm *group, double timeout_s);
+
 /* Called once, after every part of the step is written: checksums (SHA-256)
  * every part in the step folder, writes manifest.json atomically (the commit
  * point), then removes older checkpoints beyond the newest `keep` complete
@@ -61,8 +75,9 @@ cdp_status cdp_ckpt_find_latest(const char *dir, char **path, struct cdp_ckpt_in
 void cdp_ckpt_info_free(struct cdp_ckpt_info *info);
 
 /* Loads every tensor of the n models (tied copies too, from their owner's
- * name) and, when opts is not NULL, their optimizer state, from the parts of a
- * verified checkpoint folder; sets the optimizers' step count. A missing
+ * name) and, when opts is not NULL, their optimizer state (of a sharded
+ * optimizer its shard's part only), from the parts of a verified checkpoint
+ * folder; sets the optimizers' step count. A missing
  * tensor, another shape, or state of another optimizer type is an error naming
  * the file and the tensor; nothing is changed on disk. These checks come before
  * any value is read, so such a load changes nothing; a device copy that fails

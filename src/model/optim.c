@@ -82,9 +82,27 @@ cdp_device_t cdp_optimizer_device(const struct cdp_optimizer *o) { return cdp_bu
 void cdp_optimizer_state(struct cdp_optimizer *o, struct cdp_model *m, int i, float **a, float **b)
 {
     struct cdp_model_tensor *t = cdp_model_tensor(m, i);
+    CDP_ASSERT(o->off == 0 && o->len == (uint64_t)cdp_model_param_floats(m)); /* a whole-model optimizer */
     size_t off = (size_t)(t->data - o->params_base);
     *a = o->s1 + off;
     *b = o->s2 ? o->s2 + off : NULL;
+}
+
+void cdp_optimizer_state_range(struct cdp_optimizer *o, struct cdp_model *m, int i, float **a, float **b,
+                               uint64_t *from, uint64_t *count)
+{
+    struct cdp_model_tensor *t = cdp_model_tensor(m, i);
+    const uint64_t lo = o->off, hi = o->off + o->len, s = (uint64_t)(t->data - o->params_base),
+                   e = s + (uint64_t)t->numel;
+    const uint64_t x = s > lo ? s : lo, y = e < hi ? e : hi;
+    *a = *b = NULL;
+    *from = 0;
+    *count = 0;
+    if (x >= y) return;
+    *from = x - s;
+    *count = y - x;
+    *a = o->s1 + (x - lo);
+    *b = o->s2 ? o->s2 + (x - lo) : NULL;
 }
 
 static cdp_status grad_sumsq(struct cdp_model *m, double *out)

@@ -54,6 +54,12 @@ void cdp_optimizer_set_steps(struct cdp_optimizer *o, int steps);
  * cdp_optimizer_device. */
 enum cdp_optimizer_type cdp_optimizer_type_of(const struct cdp_optimizer *o);
 void cdp_optimizer_state(struct cdp_optimizer *o, struct cdp_model *m, int i, float **a, float **b);
+/* The part of tensor i's state this optimizer holds (all of it, or under
+ * ZeRO-1 what its shard covers): elements [*from, *from + *count) of the
+ * tensor, whose state starts at *a and *b (device pointers, as above; NULL
+ * when count is 0, and *b NULL for SGD). */
+void cdp_optimizer_state_range(struct cdp_optimizer *o, struct cdp_model *m, int i, float **a, float **b,
+                               uint64_t *from, uint64_t *count);
 /* The device the state lives on: the one given to cdp_optimizer_create, which
  * is the model's (its kernels update the state and the parameters together). */
 cdp_device_t cdp_optimizer_device(const struct cdp_optimizer *o);

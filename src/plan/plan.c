@@ -952,9 +952,6 @@ static cdp_status load_parallel(struct ld *c, const json_t *v)
         return cdp_json_fail(&c->in, "/parallel/zero", "2 (ZeRO-2, sharded gradients) is not available yet; 0, 1 or "
                              "\"auto\"");
     if (v && (st = cdp_json_get_int(&c->in, v, P, "zero", 0, 1, 1, &pd->zero))) return st;
-    if (pd->zero == 1 && c->p->train.checkpoint.dir)
-        return cdp_json_fail(&c->in, "/parallel/zero", "1 with /train/checkpoint: checkpoints of ZeRO-1 runs are not "
-                             "written yet; 0, or \"auto\" (which then does not shard)");
     if ((st = check_shares(c))) return st;
     if ((st = batch_arithmetic(c))) return st;
     if (inter && pd->stages != CDP_AUTO && pd->micro_batches != CDP_AUTO && pd->micro_batches % pd->stages)
