@@ -157,6 +157,8 @@ ParameterizedTestParameters(pipeline, layouts_equal_one_rank)
         grid[n++] = (struct layout){model, 1, 4, 2, 1, "1f1b", "", 0, "", 1};
         grid[n++] = (struct layout){model, 2, 2, 4, 2, "interleaved", "", 0, "", 1};
         grid[n++] = (struct layout){model, 2, 2, 4, 1, "1f1b", "[6, 2]", 0, "full", 1};
+        grid[n++] = (struct layout){model, 2, 2, 4, 1, "gpipe", "", 0, "selective", 1};
+        grid[n++] = (struct layout){model, 2, 2, 4, 2, "interleaved", "", 0, "full", 1};
     }
     /* a layer list with silu */
     grid[n++] = (struct layout){MODEL_SILU, 2, 1, 4, 1, "1f1b", "", 0, "", 0};
