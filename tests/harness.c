@@ -31,7 +31,7 @@ static void growbuf_add(struct growbuf *b, const char *s, size_t n)
     b->p[b->n] = '\0';
 }
 
-static int run_once(struct cdp_run *r, const char *const *argv)
+int cdp_test_run(struct cdp_run *r, const char *const *argv)
 {
     const char *bin = getenv("CDP_BIN");
     int outp[2], errp[2];
@@ -149,21 +149,4 @@ char *cdp_test_read_file(const char *path)
     while ((k = fread(buf, 1, sizeof buf, f)) > 0) growbuf_add(&b, buf, k);
     fclose(f);
     return b.p;
-}
-
-/* LeakSanitizer's own tracer sometimes crashes while it stops a process's
- * threads at exit on a loaded machine ("Tracer caught signal 11 ... LeakSanitizer
- * has encountered a fatal error"): a failure of the sanitizer, not a leak report
- * (those say "ERROR: LeakSanitizer: detected memory leaks") and not a result of
- * the run. Such a run is run once more, with leak checking as before. */
-int cdp_test_run(struct cdp_run *r, const char *const *argv)
-{
-    int rc = run_once(r, argv);
-    if (rc == 0 && r->exit_code != 0 && r->err && strstr(r->err, "LeakSanitizer has encountered a fatal error") &&
-        !strstr(r->err, "detected memory leaks")) {
-        fprintf(stderr, "harness: LeakSanitizer's tracer failed in a run (not a leak report); running it again\n");
-        cdp_test_run_free(r);
-        rc = run_once(r, argv);
-    }
-    return rc;
 }

@@ -110,7 +110,11 @@ static void run_ok(const char *plan)
 {
     struct cdp_run r;
     cr_assert_eq(cdp_test_run(&r, (const char *[]){"-q", "--plan", plan, NULL}), 0);
-    cr_assert_eq(r.exit_code, 0, "%s failed (%d): %s", plan, r.exit_code, r.err);
+    if (r.exit_code != 0) {
+        char *text = cdp_test_read_file(plan);
+        const char *par = text ? strstr(text, "\"parallel\"") : NULL;
+        cr_assert_fail("%s failed (%d), %.200s: %s", plan, r.exit_code, par ? par : "", r.err);
+    }
     cdp_test_run_free(&r);
 }
 
