@@ -227,17 +227,21 @@ static cdp_status sim(struct ctx *c, const int *device, const int *trace_rank, s
     return sim_procs(c, device, trace_rank, NULL, out);
 }
 
-/* Whether some ranks of a layout share a processor (simulate_layout's rule):
- * the same CPU set on the cpu backend, the same GPU on cuda. */
+/* Whether ranks q and k of layout l run on the same processor: the same GPU
+ * on cuda, the same CPU set on the cpu backend. */
+static int same_processor(const struct cdp_layout *l, const struct cdp_layout_rank *q,
+                          const struct cdp_layout_rank *k)
+{
+    return l->backend == CDP_BACKEND_CUDA ? q->node == k->node && q->gpu == k->gpu
+                                          : q->node == k->node && k->cpuset[0] && !strcmp(q->cpuset, k->cpuset);
+}
+
+/* Whether some ranks of a layout share a processor. */
 static int layout_shares_processors(const struct cdp_layout *l)
 {
     for (int i = 0; i < l->n_ranks; i++)
-        for (int j = 0; j < i; j++) {
-            const struct cdp_layout_rank *q = &l->rank[j], *k = &l->rank[i];
-            if (l->backend == CDP_BACKEND_CUDA ? q->node == k->node && q->gpu == k->gpu
-                                               : q->node == k->node && k->cpuset[0] && !strcmp(q->cpuset, k->cpuset))
-                return 1;
-        }
+        for (int j = 0; j < i; j++)
+            if (same_processor(l, &l->rank[j], &l->rank[i])) return 1;
     return 0;
 }
 
@@ -259,10 +263,7 @@ static cdp_status simulate_layout(struct ctx *c, const struct cdp_layout *l, str
         /* the first rank with the same processor names it */
         for (int j = 0; j < i; j++) {
             const struct cdp_layout_rank *q = &l->rank[j];
-            const int same = l->backend == CDP_BACKEND_CUDA ? q->node == k->node && q->gpu == k->gpu
-                                                            : q->node == k->node && k->cpuset[0] &&
-                                                                  !strcmp(q->cpuset, k->cpuset);
-            if (same) {
+            if (same_processor(l, q, k)) {
                 proc[sr] = q->stage * l->replicas + q->replica;
                 break;
             }

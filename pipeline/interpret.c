@@ -93,19 +93,25 @@ static cdp_status recv_dev(struct exec *e, void *dev, void *host, size_t n, int 
     return st;
 }
 
+/* The host staging buffer of device collectives, at least n floats. */
+static cdp_status grow_grad_host(struct exec *e, size_t n)
+{
+    if (n <= e->grad_host_n) return CDP_OK;
+    float *h = realloc(e->grad_host, n * sizeof *h);
+    if (!h) return cdp_fail(CDP_ERR_NOMEM, "out of host memory staging a collective of %zu floats", n);
+    e->grad_host = h;
+    e->grad_host_n = n;
+    return CDP_OK;
+}
+
 /* Sum of n floats of device memory over a group: NCCL where the group has it,
  * else the host communicator (through host memory for a GPU). */
 static cdp_status allreduce_dev(struct exec *e, cdp_comm_t c, cdp_nccl_t nc, float *dev, size_t n)
 {
     if (nc) return cdp_nccl_allreduce_f32(nc, dev, n, CDP_REDUCE_SUM, e->timeout);
     if (e->hv) return cdp_comm_allreduce_f32(c, dev, n, CDP_REDUCE_SUM, e->timeout);
-    if (n > e->grad_host_n) {
-        float *h = realloc(e->grad_host, n * sizeof *h);
-        if (!h) return cdp_fail(CDP_ERR_NOMEM, "out of host memory staging an all-reduce of %zu floats", n);
-        e->grad_host = h;
-        e->grad_host_n = n;
-    }
-    cdp_status st = cdp_device_read(e->dev, e->grad_host, dev, n * sizeof *dev);
+    cdp_status st = grow_grad_host(e, n);
+    if (!st) st = cdp_device_read(e->dev, e->grad_host, dev, n * sizeof *dev);
     if (!st) st = cdp_comm_allreduce_f32(c, e->grad_host, n, CDP_REDUCE_SUM, e->timeout);
     if (!st) st = cdp_device_write(e->dev, dev, e->grad_host, n * sizeof *dev);
     return st;
@@ -124,15 +130,10 @@ static cdp_status staged(struct exec *e, float *dev, size_t n, int gather)
     if (e->hv)
         return gather ? cdp_comm_allgather_f32(e->dp, dev, n, e->timeout)
                       : cdp_comm_reduce_scatter_f32(e->dp, dev, n, CDP_REDUCE_SUM, e->timeout);
-    if (n > e->grad_host_n) {
-        float *h = realloc(e->grad_host, n * sizeof *h);
-        if (!h) return cdp_fail(CDP_ERR_NOMEM, "out of host memory staging %zu floats", n);
-        e->grad_host = h;
-        e->grad_host_n = n;
-    }
     uint64_t off, len;
     cdp_shard(n, e->R, e->r, &off, &len);
-    cdp_status st = cdp_device_read(e->dev, e->grad_host, dev, n * sizeof *dev);
+    cdp_status st = grow_grad_host(e, n);
+    if (!st) st = cdp_device_read(e->dev, e->grad_host, dev, n * sizeof *dev);
     if (!st)
         st = gather ? cdp_comm_allgather_f32(e->dp, e->grad_host, n, e->timeout)
                     : cdp_comm_reduce_scatter_f32(e->dp, e->grad_host, n, CDP_REDUCE_SUM, e->timeout);
@@ -149,19 +150,16 @@ static cdp_status chunk_sumsq(struct chunk *ch, double *out)
 {
     struct cdp_model *mdl = ch->model;
     const struct cdp_kernels *kk = cdp_model_kernels(mdl);
-    uint64_t lo, len;
-    cdp_optimizer_shard(ch->opt, &lo, &len);
-    const uint64_t hi = lo + len;
-    const float *base = cdp_model_tensor_count(mdl) ? cdp_model_tensor(mdl, 0)->data : NULL;
     double sq = 0;
     for (int i = 0; i < cdp_model_tensor_count(mdl); i++) {
         struct cdp_model_tensor *t = cdp_model_tensor(mdl, i);
         if (t->unit < ch->first_unit) continue;
-        const uint64_t a = (uint64_t)(t->data - base), b = a + (uint64_t)t->numel;
-        const uint64_t from = a > lo ? a : lo, to = b < hi ? b : hi;
-        if (from >= to) continue;
+        float *s1, *s2;
+        uint64_t from, count; /* the elements its optimizer steps */
+        cdp_optimizer_state_range(ch->opt, mdl, i, &s1, &s2, &from, &count);
+        if (!count) continue;
         double x = 0;
-        cdp_status st = kk->ops->sum_squares(kk->ks, t->grad + (from - a), (size_t)(to - from), &x);
+        cdp_status st = kk->ops->sum_squares(kk->ks, t->grad + from, (size_t)count, &x);
         if (st) return st;
         sq += x;
     }

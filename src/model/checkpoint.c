@@ -457,23 +457,18 @@ static cdp_status write_part(const char *dir, int64_t step, const char *part, st
             static const char *const adam_names[2] = {"optim.m.", "optim.v."};
             static const char *const sgd_names[2] = {"optim.velocity.", NULL};
             const char *const *snames = NULL;
-            const int shards = group && sharded(o, m);
-            if (o && sharded(o, m) && !group) {
+            const int shards = o && sharded(o, m);
+            if (shards && !group) {
                 st = cdp_fail(CDP_ERR_INTERNAL, "checkpoint part %s: a sharded optimizer without its group", part);
                 goto fail;
             }
-            if (o && shards) {
-                /* ZeRO-1: gathered from the replicas as the part is written */
-                const int adam = cdp_optimizer_type_of(o) == CDP_OPT_ADAMW;
-                state[0] = (float *)(uintptr_t)1;
-                state[1] = adam ? (float *)(uintptr_t)1 : NULL;
-                snames = adam ? adam_names : sgd_names;
-            } else if (o) {
-                cdp_optimizer_state(o, m, i, &state[0], &state[1]);
+            if (o) {
                 snames = cdp_optimizer_type_of(o) == CDP_OPT_ADAMW ? adam_names : sgd_names;
+                /* ZeRO-1: no local copy; gathered from the replicas as the part is written */
+                if (!shards) cdp_optimizer_state(o, m, i, &state[0], &state[1]);
             }
             for (int s = -1; s < 2; s++) {
-                if (s >= 0 && (!snames || !snames[s] || !state[s])) continue;
+                if (s >= 0 && (!snames || !snames[s] || (!shards && !state[s]))) continue;
                 struct cdp_safetensors_tensor *x = &ts[nt];
                 snprintf(names[nt], sizeof names[nt], "%s%s", s < 0 ? "" : snames[s], t->name);
                 x->name = names[nt];
@@ -482,6 +477,8 @@ static cdp_status write_part(const char *dir, int64_t step, const char *part, st
                 x->ndim = t->ndim;
                 for (int d = 0; d < t->ndim; d++) x->shape[d] = t->shape[d];
                 x->data = s < 0 ? t->data : state[s]; /* device memory: read in place only where host visible */
+                /* a gathered state's bytes come from fetch_tensor; the writer only asks that a source be named */
+                if (s >= 0 && shards) x->data = t->data;
                 x->nbytes = (uint64_t)t->numel * 4;
                 devs[nt] = dev;
                 if (s >= 0 && shards) {

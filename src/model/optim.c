@@ -134,21 +134,20 @@ double cdp_model_grad_sumsq(struct cdp_model *m)
 static cdp_status step(struct cdp_optimizer *o, struct cdp_model *m, float lr, float grad_scale)
 {
     const struct cdp_kernels *k = cdp_model_kernels(m);
-    const uint64_t lo = o->off, hi = o->off + o->len;
     for (int i = 0; i < cdp_model_tensor_count(m); i++) {
         struct cdp_model_tensor *t = cdp_model_tensor(m, i);
-        const uint64_t a = (uint64_t)(t->data - o->params_base), b = a + (uint64_t)t->numel;
-        const uint64_t from = a > lo ? a : lo, to = b < hi ? b : hi;
-        if (from >= to) continue;
-        const size_t n = (size_t)(to - from), in_t = (size_t)(from - a), off = (size_t)(from - lo);
+        float *s1, *s2;
+        uint64_t from, count;
+        cdp_optimizer_state_range(o, m, i, &s1, &s2, &from, &count);
+        if (!count) continue;
+        const size_t n = (size_t)count;
         float wd = t->decay ? (float)o->d.weight_decay : 0.0f;
-        if (grad_scale != 1.0f) CDP_KERNEL(k, scale, t->grad + in_t, n, grad_scale);
+        if (grad_scale != 1.0f) CDP_KERNEL(k, scale, t->grad + from, n, grad_scale);
         if (o->d.type == CDP_OPT_ADAMW)
-            CDP_KERNEL(k, adamw_step, t->data + in_t, t->grad + in_t, o->s1 + off, o->s2 + off, n, lr,
-                       (float)o->d.beta1, (float)o->d.beta2, (float)o->d.eps, wd, o->t);
+            CDP_KERNEL(k, adamw_step, t->data + from, t->grad + from, s1, s2, n, lr, (float)o->d.beta1,
+                       (float)o->d.beta2, (float)o->d.eps, wd, o->t);
         else
-            CDP_KERNEL(k, sgd_step, t->data + in_t, t->grad + in_t, o->s1 + off, n, lr, (float)o->d.momentum, wd,
-                       o->t);
+            CDP_KERNEL(k, sgd_step, t->data + from, t->grad + from, s1, n, lr, (float)o->d.momentum, wd, o->t);
     }
     return CDP_OK;
 }
