@@ -549,6 +549,22 @@ static void zero_checks(cdp_comm_t c)
             CHECK(d == SIZE_MAX, "%d ranks, n %zu, op %d: all-gather [%zu] = %.9g, all-reduce %.9g", size, n, op, d,
                   (double)b[d], (double)a[d]);
         }
+        /* over windows (ZeRO-2 reduces one layer at a time): this rank's
+         * shard's overlap with the window equals the all-reduce there */
+        const size_t windows[][2] = { { 0, n }, { n / 3, n / 2 }, { 1, n > 2 ? n - 2 : 0 }, { n ? n - 1 : 0, n ? 1 : 0 } };
+        for (size_t w = 0; w < sizeof windows / sizeof *windows && n; w++) {
+            const size_t from = windows[w][0], count = windows[w][1];
+            if (!count) continue;
+            for (size_t i = 0; i < n; i++) a[i] = zval(rank, i);
+            OK(cdp_comm_allreduce_f32(c, a, n, CDP_REDUCE_SUM, 30));
+            for (size_t i = 0; i < count; i++) b[i] = zval(rank, from + i);
+            OK(cdp_comm_reduce_scatter_window_f32(c, b, n, from, count, CDP_REDUCE_SUM, 30));
+            const size_t s0 = off > from ? off : from, s1 = off + len < from + count ? off + len : from + count;
+            for (size_t i = s0; i < s1; i++)
+                CHECK(memcmp(&b[i - from], &a[i], sizeof *a) == 0,
+                      "%d ranks, n %zu, window [%zu, %zu): [%zu] = %.9g, all-reduce %.9g", size, n, from,
+                      from + count, i, (double)b[i - from], (double)a[i]);
+        }
         /* the bit-identity above means something: on these inputs the order
          * of the sum changes the result (left fold against right fold) */
         if (size >= 3 && n == 1001) {
@@ -577,6 +593,9 @@ static void zero_checks(cdp_comm_t c)
               strstr(cdp_last_error(), "unknown reduce op"),
           "%s", cdp_last_error());
     CHECK(cdp_comm_allgather_f32(c, NULL, 3, 1) == CDP_ERR_INVALID, "%s", cdp_last_error());
+    CHECK(cdp_comm_reduce_scatter_window_f32(c, &f, 3, 2, 2, CDP_REDUCE_SUM, 1) == CDP_ERR_INVALID &&
+              strstr(cdp_last_error(), "reduce-scatter of floats [2, 4) of a 3-float buffer"),
+          "%s", cdp_last_error());
 }
 
 /* On 1 to N ranks of one job: the first R world ranks split off, R = N .. 1. */

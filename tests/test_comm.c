@@ -160,6 +160,11 @@ Test(comm, self_reduce_scatter_and_allgather_leave_the_values)
     cr_assert(strstr(cdp_last_error(), "self rank 0/1: all-gather of 3 floats: buffer is NULL"), "%s",
               cdp_last_error());
     cr_assert_eq(cdp_comm_reduce_scatter_f32(NULL, f, 3, CDP_REDUCE_SUM, 1), CDP_ERR_INVALID);
+    cr_assert_eq(cdp_comm_reduce_scatter_window_f32(c, f + 1, 3, 1, 2, CDP_REDUCE_SUM, 1), CDP_OK, "%s",
+                 cdp_last_error());
+    cr_assert_eq(cdp_comm_reduce_scatter_window_f32(c, f, 3, 1, 3, CDP_REDUCE_SUM, 1), CDP_ERR_INVALID);
+    cr_assert(strstr(cdp_last_error(), "reduce-scatter of floats [1, 4) of a 3-float buffer"), "%s",
+              cdp_last_error());
     cr_assert_eq(cdp_comm_allgather_f32(NULL, f, 3, 1), CDP_ERR_INVALID);
     cdp_comm_free(c);
 }
@@ -536,6 +541,17 @@ Test(comm, nccl_front_reduce_scatter_and_allgather_through_a_stand_in_module)
               cdp_last_error());
     cr_assert_eq(cdp_nccl_reduce_scatter_f32(w, cdp_buffer_data(b), 5, CDP_REDUCE_SUM, 5), CDP_OK,
                  "argument errors leave the communicator usable: %s", cdp_last_error());
+    /* a window: the module sees the window's own coordinates */
+    const int before = fs->sharded;
+    cr_assert_eq(cdp_nccl_reduce_scatter_window_f32(w, (float *)cdp_buffer_data(b) + 1, 5, 1, 3, CDP_REDUCE_SUM, 5),
+                 CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(fs->sharded, before + 1);
+    cr_assert(fs->shard_off == 0 && fs->shard_len == 3, "one rank: the whole window (%zu, %zu)", fs->shard_off,
+              fs->shard_len);
+    cr_assert_eq(cdp_nccl_reduce_scatter_window_f32(w, cdp_buffer_data(b), 5, 4, 2, CDP_REDUCE_SUM, 5),
+                 CDP_ERR_INVALID);
+    cr_assert(strstr(cdp_last_error(), "reduce-scatter of floats [4, 6) of a 5-float buffer"), "%s",
+              cdp_last_error());
     cdp_nccl_free(w);
     cr_assert_eq(fs->live, 0);
     cdp_buffer_destroy(b);

@@ -226,20 +226,33 @@ static cdp_status shard_args(cdp_comm_t c, const char *what, const float *buf, s
     return CDP_OK;
 }
 
-cdp_status cdp_comm_reduce_scatter_f32(cdp_comm_t c, float *buf, size_t n, enum cdp_reduce_op op,
-                                       double timeout_s)
+cdp_status cdp_comm_reduce_scatter_window_f32(cdp_comm_t c, float *buf, size_t n, size_t from, size_t count,
+                                              enum cdp_reduce_op op, double timeout_s)
 {
     int skip = 0;
-    cdp_status st = shard_args(c, "reduce-scatter", buf, n, &skip);
+    cdp_status st = shard_args(c, "reduce-scatter", buf, count, &skip);
     if (st) return st;
     if ((unsigned)op >= CDP_REDUCE_OP_COUNT)
         return cdp_fail(CDP_ERR_INVALID, "%s rank %d/%d: reduce-scatter: unknown reduce op %d", c->ops->name,
                         c->rank, c->size, (int)op);
+    if (from > n || count > n - from)
+        return cdp_fail(CDP_ERR_INVALID, "%s rank %d/%d: reduce-scatter of floats [%zu, %zu) of a %zu-float buffer",
+                        c->ops->name, c->rank, c->size, from, from + count, n);
     if (skip) return CDP_OK;
-    if ((st = c->ops->reduce_scatter_f32(c, buf, n, op, timeout_s)))
-        return cdp_error_context(st, "%s rank %d/%d: reduce-scatter (%s) of %zu floats", c->ops->name, c->rank,
-                                 c->size, op_names[op], n);
+    if ((st = c->ops->reduce_scatter_f32(c, buf, n, from, count, op, timeout_s))) {
+        if (from == 0 && count == n)
+            return cdp_error_context(st, "%s rank %d/%d: reduce-scatter (%s) of %zu floats", c->ops->name, c->rank,
+                                     c->size, op_names[op], n);
+        return cdp_error_context(st, "%s rank %d/%d: reduce-scatter (%s) of floats [%zu, %zu) of %zu", c->ops->name,
+                                 c->rank, c->size, op_names[op], from, from + count, n);
+    }
     return CDP_OK;
+}
+
+cdp_status cdp_comm_reduce_scatter_f32(cdp_comm_t c, float *buf, size_t n, enum cdp_reduce_op op,
+                                       double timeout_s)
+{
+    return cdp_comm_reduce_scatter_window_f32(c, buf, n, 0, n, op, timeout_s);
 }
 
 cdp_status cdp_comm_allgather_f32(cdp_comm_t c, float *buf, size_t n, double timeout_s)

@@ -93,6 +93,16 @@ void cdp_comm_shard(size_t n, int R, int r, size_t *off, size_t *len);
  * communicator unusable, as for an all-reduce. */
 cdp_status cdp_comm_reduce_scatter_f32(cdp_comm_t c, float *buf, size_t n, enum cdp_reduce_op op,
                                        double timeout_s);
+/* The same over a window (ZeRO-2 reduces one layer's gradients at a time):
+ * buf holds the count floats [from, from + count) of an n-float buffer whose
+ * shards are cdp_comm_shard(n, size, rank); on return this rank's part of
+ * the window, its shard's overlap with [from, from + count) (at buf + its
+ * start - from; possibly empty), holds the reduction, the rest of buf is
+ * unspecified. Every rank passes the same n, from, count and op. With from
+ * 0 and count n it is cdp_comm_reduce_scatter_f32; a window outside the
+ * buffer is an error. */
+cdp_status cdp_comm_reduce_scatter_window_f32(cdp_comm_t c, float *buf, size_t n, size_t from, size_t count,
+                                              enum cdp_reduce_op op, double timeout_s);
 
 /* In-place all-gather of n floats within the deadline: every rank's own
  * shard of buf (cdp_comm_shard(n, size, rank)) is copied into the same place

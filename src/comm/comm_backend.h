@@ -28,9 +28,12 @@ struct cdp_comm_ops {
                             enum cdp_reduce_op op, double timeout_s);
     /* ZeRO's in-place reduce-scatter and all-gather of n > 0 floats over the
      * shards of cdp_comm_shard(n, size, rank), run to completion within the
-     * deadline as the all-reduce is. */
-    cdp_status (*reduce_scatter_f32)(struct cdp_comm *c, float *buf, size_t n, enum cdp_reduce_op op,
-                                     double timeout_s);
+     * deadline as the all-reduce is. The reduce-scatter takes a window: buf
+     * holds the count > 0 floats [from, from + count) of the n-float buffer
+     * (the whole is from 0, count n), and each rank's part is its shard's
+     * overlap with the window. */
+    cdp_status (*reduce_scatter_f32)(struct cdp_comm *c, float *buf, size_t n, size_t from, size_t count,
+                                     enum cdp_reduce_op op, double timeout_s);
     cdp_status (*allgather_f32)(struct cdp_comm *c, float *buf, size_t n, double timeout_s);
     /* Start a send / receive described by r (buf, bytes, peer, tag): fill r->impl. */
     cdp_status (*isend)(struct cdp_comm *c, struct cdp_request *r);

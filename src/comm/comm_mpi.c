@@ -396,12 +396,15 @@ static void pieces_free(struct pieces *p, int in_flight)
     free(p->rq);
 }
 
-static cdp_status pieces_make(const struct cdp_comm *c, size_t n, struct pieces *p)
+/* Pieces of the window [from, from + count) of an n-float buffer sharded by
+ * cdp_comm_shard: counts and displacements are within the window (whose first
+ * float is piece 0's first). */
+static cdp_status pieces_make(const struct cdp_comm *c, size_t n, size_t from, size_t count, struct pieces *p)
 {
     size_t per = g.chunk / sizeof(float) ? g.chunk / sizeof(float) : 1;
-    size_t np = (n - 1) / per + 1, size = (size_t)(unsigned)c->size;
+    size_t np = (count - 1) / per + 1, size = (size_t)(unsigned)c->size;
     if (np > INT_MAX || np > SIZE_MAX / sizeof(int) / size)
-        return cdp_fail(CDP_ERR_INVALID, "%zu floats is too large a buffer", n);
+        return cdp_fail(CDP_ERR_INVALID, "%zu floats is too large a buffer", count);
     p->per = per;
     p->n = (int)np;
     p->counts = malloc(np * size * sizeof *p->counts);
@@ -414,8 +417,12 @@ static cdp_status pieces_make(const struct cdp_comm *c, size_t n, struct pieces 
     for (size_t k = 0; k < size; k++) {
         size_t off = 0, len = 0;
         cdp_comm_shard(n, c->size, (int)k, &off, &len);
+        /* the shard within the window, in the window's coordinates */
+        const size_t s0 = off > from ? off : from, s1 = off + len < from + count ? off + len : from + count;
+        off = s0 < s1 ? s0 - from : 0;
+        len = s0 < s1 ? s1 - s0 : 0;
         for (size_t i = 0; i < np; i++) {
-            size_t lo = i * per, hi = n - lo < per ? n : lo + per;
+            size_t lo = i * per, hi = count - lo < per ? count : lo + per;
             size_t a = off > lo ? off : lo, b = off + len < hi ? off + len : hi;
             p->counts[i * size + k] = a < b ? (int)(b - a) : 0;
             p->displs[i * size + k] = a < b ? (int)(a - lo) : 0;
@@ -424,14 +431,14 @@ static cdp_status pieces_make(const struct cdp_comm *c, size_t n, struct pieces 
     return CDP_OK;
 }
 
-static cdp_status mpi_reduce_scatter(struct cdp_comm *c, float *buf, size_t n, enum cdp_reduce_op op,
-                                     double timeout_s)
+static cdp_status mpi_reduce_scatter(struct cdp_comm *c, float *buf, size_t n, size_t from, size_t count,
+                                     enum cdp_reduce_op op, double timeout_s)
 {
     struct mpi_comm *m = c->impl;
     if (m->broken) return unusable(c);
     uint64_t t0 = cdp_time_ns();
     struct pieces p;
-    cdp_status st = pieces_make(c, n, &p);
+    cdp_status st = pieces_make(c, n, from, count, &p);
     if (st) return st;
     size_t size = (size_t)(unsigned)c->size, me = (size_t)(unsigned)c->rank;
     MPI_Op mop = op == CDP_REDUCE_MAX ? MPI_MAX : MPI_SUM;
@@ -446,7 +453,7 @@ static cdp_status mpi_reduce_scatter(struct cdp_comm *c, float *buf, size_t n, e
         }
         s.n++;
     }
-    if (!st) st = finish_collective(m, &s, t0, timeout_s, n * sizeof *buf);
+    if (!st) st = finish_collective(m, &s, t0, timeout_s, count * sizeof *buf);
     if (!st) {
         /* in place, MPI leaves a piece's reduced part at the piece's start:
          * move it to where it belongs */
@@ -458,7 +465,8 @@ static cdp_status mpi_reduce_scatter(struct cdp_comm *c, float *buf, size_t n, e
         if (op == CDP_REDUCE_AVG) {
             size_t off = 0, len = 0;
             cdp_comm_shard(n, c->size, c->rank, &off, &len);
-            average(buf + off, len, CDP_COMM_F32, c->size);
+            const size_t s0 = off > from ? off : from, s1 = off + len < from + count ? off + len : from + count;
+            if (s0 < s1) average(buf + (s0 - from), s1 - s0, CDP_COMM_F32, c->size);
         }
     }
     pieces_free(&p, st != CDP_OK);
@@ -471,7 +479,7 @@ static cdp_status mpi_allgather(struct cdp_comm *c, float *buf, size_t n, double
     if (m->broken) return unusable(c);
     uint64_t t0 = cdp_time_ns();
     struct pieces p;
-    cdp_status st = pieces_make(c, n, &p);
+    cdp_status st = pieces_make(c, n, 0, n, &p);
     if (st) return st;
     size_t size = (size_t)(unsigned)c->size;
     struct req_set s = { 0, p.rq, NULL, "MPI_Iallgatherv (test)" };

@@ -119,11 +119,11 @@ static cdp_status self_allreduce(struct cdp_comm *c, void *buf, size_t n, enum c
     return CDP_OK;
 }
 
-static cdp_status self_reduce_scatter(struct cdp_comm *c, float *buf, size_t n, enum cdp_reduce_op op,
-                                      double timeout_s)
+static cdp_status self_reduce_scatter(struct cdp_comm *c, float *buf, size_t n, size_t from, size_t count,
+                                      enum cdp_reduce_op op, double timeout_s)
 {
     /* one rank, one shard (the whole buffer): the reduction is the input */
-    (void)c, (void)buf, (void)n, (void)op, (void)timeout_s;
+    (void)c, (void)buf, (void)n, (void)from, (void)count, (void)op, (void)timeout_s;
     return CDP_OK;
 }
 

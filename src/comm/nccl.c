@@ -282,18 +282,21 @@ cdp_status cdp_nccl_allreduce_f64(cdp_nccl_t c, double *dev_buf, size_t n, enum 
 
 /* ZeRO's collectives: the front checks, computes every rank's shard (the
  * one rule, cdp_comm_shard) and hands them to the module. */
-static cdp_status sharded(struct cdp_nccl *c, const char *what, float *buf, size_t n, int is_reduce,
-                          enum cdp_reduce_op op, double timeout_s)
+static cdp_status sharded(struct cdp_nccl *c, const char *what, float *buf, size_t n, size_t from, size_t count,
+                          int is_reduce, enum cdp_reduce_op op, double timeout_s)
 {
     if (!c) return cdp_fail(CDP_ERR_INVALID, "nccl %s: NULL communicator", what);
     if (is_reduce && (unsigned)op >= CDP_REDUCE_OP_COUNT)
         return cdp_fail(CDP_ERR_INVALID, "%s rank %d/%d: %s: unknown reduce op %d", c->label, c->rank, c->size,
                         what, (int)op);
-    if (n > 0 && !buf)
+    if (count > 0 && !buf)
         return cdp_fail(CDP_ERR_INVALID, "%s rank %d/%d: %s of %zu floats: buffer is NULL", c->label, c->rank,
-                        c->size, what, n);
+                        c->size, what, count);
+    if (from > n || count > n - from)
+        return cdp_fail(CDP_ERR_INVALID, "%s rank %d/%d: %s of floats [%zu, %zu) of a %zu-float buffer", c->label,
+                        c->rank, c->size, what, from, from + count, n);
     cdp_status st = usable(c);
-    if (!st && n == 0) return CDP_OK;
+    if (!st && count == 0) return CDP_OK;
     if (!st && (is_reduce ? !c->ops->reduce_scatter : !c->ops->all_gather))
         st = cdp_fail(CDP_ERR_UNSUPPORTED, "the cuda module has no %s", what);
     size_t *off = NULL, *len = NULL;
@@ -302,15 +305,25 @@ static cdp_status sharded(struct cdp_nccl *c, const char *what, float *buf, size
         off = malloc(size * sizeof *off);
         len = malloc(size * sizeof *len);
         if (!off || !len) st = cdp_fail(CDP_ERR_NOMEM, "out of memory for %d shards", c->size);
-        for (int k = 0; !st && k < c->size; k++) cdp_comm_shard(n, c->size, k, &off[k], &len[k]);
+        for (int k = 0; !st && k < c->size; k++) {
+            cdp_comm_shard(n, c->size, k, &off[k], &len[k]);
+            /* the shard's overlap with the window, in the window's coordinates */
+            const size_t s0 = off[k] > from ? off[k] : from,
+                         s1 = off[k] + len[k] < from + count ? off[k] + len[k] : from + count;
+            off[k] = s0 < s1 ? s0 - from : 0;
+            len[k] = s0 < s1 ? s1 - s0 : 0;
+        }
     }
     if (!st) {
-        st = is_reduce ? c->ops->reduce_scatter(c->comm, c->state, buf, n, off, len, (int)op, timeout_s)
-                       : c->ops->all_gather(c->comm, c->state, buf, n, off, len, timeout_s);
+        st = is_reduce ? c->ops->reduce_scatter(c->comm, c->state, buf, count, off, len, (int)op, timeout_s)
+                       : c->ops->all_gather(c->comm, c->state, buf, count, off, len, timeout_s);
         if (st) c->broken = 1;
     }
     free(off);
     free(len);
+    if (st && is_reduce && (from || count != n))
+        return cdp_error_context(st, "%s rank %d/%d: %s (%s) of floats [%zu, %zu) of %zu", c->label, c->rank,
+                                 c->size, what, op_names[op], from, from + count, n);
     if (st && is_reduce)
         return cdp_error_context(st, "%s rank %d/%d: %s (%s) of %zu floats", c->label, c->rank, c->size, what,
                                  op_names[op], n);
@@ -321,12 +334,18 @@ static cdp_status sharded(struct cdp_nccl *c, const char *what, float *buf, size
 cdp_status cdp_nccl_reduce_scatter_f32(cdp_nccl_t c, float *dev_buf, size_t n, enum cdp_reduce_op op,
                                        double timeout_s)
 {
-    return sharded(c, "reduce-scatter", dev_buf, n, 1, op, timeout_s);
+    return sharded(c, "reduce-scatter", dev_buf, n, 0, n, 1, op, timeout_s);
+}
+
+cdp_status cdp_nccl_reduce_scatter_window_f32(cdp_nccl_t c, float *dev_buf, size_t n, size_t from, size_t count,
+                                              enum cdp_reduce_op op, double timeout_s)
+{
+    return sharded(c, "reduce-scatter", dev_buf, n, from, count, 1, op, timeout_s);
 }
 
 cdp_status cdp_nccl_allgather_f32(cdp_nccl_t c, float *dev_buf, size_t n, double timeout_s)
 {
-    return sharded(c, "all-gather", dev_buf, n, 0, CDP_REDUCE_SUM, timeout_s);
+    return sharded(c, "all-gather", dev_buf, n, 0, n, 0, CDP_REDUCE_SUM, timeout_s);
 }
 
 /* "send to 1 (4096 bytes), receive from 0 (4096 bytes)", the first few. */

@@ -105,6 +105,13 @@ cdp_status cdp_nccl_allreduce_f64(cdp_nccl_t c, double *dev_buf, size_t n, enum 
 cdp_status cdp_nccl_reduce_scatter_f32(cdp_nccl_t c, float *dev_buf, size_t n, enum cdp_reduce_op op,
                                        double timeout_s);
 cdp_status cdp_nccl_allgather_f32(cdp_nccl_t c, float *dev_buf, size_t n, double timeout_s);
+/* The reduce-scatter over a window, as cdp_comm_reduce_scatter_window_f32:
+ * dev_buf holds floats [from, from + count) of an n-float buffer; each
+ * rank's part is its shard's overlap with the window, reduced by one group
+ * of ncclReduce (or ncclReduceScatter where the overlaps are NCCL's equal
+ * blocks). */
+cdp_status cdp_nccl_reduce_scatter_window_f32(cdp_nccl_t c, float *dev_buf, size_t n, size_t from, size_t count,
+                                              enum cdp_reduce_op op, double timeout_s);
 
 /* The n sends and receives of ops, posted together in one NCCL group
  * (ncclGroupStart / ncclGroupEnd), so that matched pairs between two ranks
