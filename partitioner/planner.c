@@ -72,8 +72,8 @@ static int tied_model(const struct cdp_plan *plan)
 struct mem_index {
     int n, levels;
     struct cdp_unit_bytes *ub;   /* n */
-    uint64_t *held, *act;        /* n + 1 prefix sums */
-    uint64_t *scr, *io, *wrk;    /* levels x n sparse tables of maxima */
+    uint64_t *held, *act, *win;  /* n + 1 prefix sums */
+    uint64_t *scr, *io, *wrk, *wmx; /* levels x n sparse tables of maxima */
     int n_ties;
     int *tie_unit, *tie_owner;   /* units with a tied parameter and its owner */
     uint64_t *tie_floats;
@@ -87,6 +87,8 @@ static void mem_index_free(struct mem_index *m)
     free(m->scr);
     free(m->io);
     free(m->wrk);
+    free(m->win);
+    free(m->wmx);
     free(m->tie_unit);
     free(m->tie_owner);
     free(m->tie_floats);
@@ -107,10 +109,13 @@ static cdp_status mem_index_build(struct mem_index *m, const struct cdp_plan *pl
     m->scr = calloc((size_t)levels * n, sizeof *m->scr);
     m->io = calloc((size_t)levels * n, sizeof *m->io);
     m->wrk = calloc((size_t)levels * n, sizeof *m->wrk);
+    m->win = calloc((size_t)n + 1, sizeof *m->win);
+    m->wmx = calloc((size_t)levels * n, sizeof *m->wmx);
     m->tie_unit = calloc((size_t)n, sizeof *m->tie_unit);
     m->tie_owner = calloc((size_t)n, sizeof *m->tie_owner);
     m->tie_floats = calloc((size_t)n, sizeof *m->tie_floats);
-    if (!m->ub || !m->held || !m->act || !m->scr || !m->io || !m->wrk || !m->tie_unit || !m->tie_owner || !m->tie_floats)
+    if (!m->ub || !m->held || !m->act || !m->scr || !m->io || !m->wrk || !m->win || !m->wmx || !m->tie_unit ||
+        !m->tie_owner || !m->tie_floats)
         return cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
     for (int i = 0; i < n; i++) {
         cdp_unit_bytes(&u[i], B, loss, &m->ub[i]);
@@ -119,6 +124,8 @@ static cdp_status mem_index_build(struct mem_index *m, const struct cdp_plan *pl
         m->scr[i] = m->ub[i].scratch_bytes;
         m->io[i] = m->ub[i].io_bytes;
         m->wrk[i] = m->ub[i].work_bytes;
+        m->win[i + 1] = m->win[i] + m->ub[i].window_floats;
+        m->wmx[i] = m->ub[i].window_floats;
         if (m->ub[i].tied_owner >= 0) {
             m->tie_unit[m->n_ties] = i;
             m->tie_owner[m->n_ties] = m->ub[i].tied_owner;
@@ -128,11 +135,12 @@ static cdp_status mem_index_build(struct mem_index *m, const struct cdp_plan *pl
     for (int l = 1; l < levels; l++)
         for (int i = 0; i + (1 << l) <= n; i++) {
             const uint64_t *ps = m->scr + (size_t)(l - 1) * n, *pi = m->io + (size_t)(l - 1) * n,
-                           *pw = m->wrk + (size_t)(l - 1) * n;
+                           *pw = m->wrk + (size_t)(l - 1) * n, *px = m->wmx + (size_t)(l - 1) * n;
             const int h = 1 << (l - 1);
             m->scr[(size_t)l * n + i] = ps[i] > ps[i + h] ? ps[i] : ps[i + h];
             m->io[(size_t)l * n + i] = pi[i] > pi[i + h] ? pi[i] : pi[i + h];
             m->wrk[(size_t)l * n + i] = pw[i] > pw[i + h] ? pw[i] : pw[i + h];
+            m->wmx[(size_t)l * n + i] = px[i] > px[i + h] ? px[i] : px[i + h];
         }
     return CDP_OK;
 }
@@ -148,6 +156,8 @@ static void mem_terms(const struct mem_index *m, int first, int end, struct cdp_
     t->scratch_bytes = m->scr[a] > m->scr[b] ? m->scr[a] : m->scr[b];
     t->io_bytes = m->io[a] > m->io[b] ? m->io[a] : m->io[b];
     t->work_bytes = m->wrk[a] > m->wrk[b] ? m->wrk[a] : m->wrk[b];
+    t->window_sum = m->win[end] - m->win[first];
+    t->window_max = m->wmx[a] > m->wmx[b] ? m->wmx[a] : m->wmx[b];
     *shared = 0;
     for (int k = 0; k < m->n_ties; k++)
         if (m->tie_unit[k] >= first && m->tie_unit[k] < end && m->tie_owner[k] >= first && m->tie_owner[k] < end)
@@ -179,7 +189,7 @@ struct ctx {
         struct mem_index mi;
     } mode[CDP_RECOMPUTE_COUNT];
     enum cdp_recompute rc; /* the mode of u, cost and mi (use_mode) */
-    int zero;              /* ZeRO-1 for the candidate (its replicas > 1) */
+    int zero;              /* the candidate's ZeRO stage, 0, 1 or 2 (its replicas > 1) */
     struct cdp_unit *u;
     struct cdp_unit_cost *cost;
     struct mem_index *mi;
@@ -487,9 +497,9 @@ static double part_memory(void *vc, int s, int first, int end)
     uint64_t shared;
     mem_terms(c->mi, first, end, &t, &shared);
     struct cdp_rank_memory m;
-    /* ZeRO-1: the largest shard, the first */
+    /* ZeRO: the largest shard, the first */
     cdp_layout_chunk_memory(c->plan, &t, shared, &c->mi->ub[first], &c->mi->ub[end - 1], end == c->n, s, c->p,
-                            c->slots[s], c->hv, c->zero ? c->R : 1, 0, &m);
+                            c->slots[s], c->hv, c->R > 1 ? c->zero : 0, c->R, 0, &m);
     return (double)m.device;
 }
 
@@ -504,7 +514,7 @@ static cdp_status candidate_layout(const struct ctx *c, int p, int R, int m, con
     l->backend = c->plan->cluster.backend;
     l->schedule = c->kind;
     l->recompute = c->rc;
-    l->zero = c->zero && R > 1;
+    l->zero = R > 1 ? c->zero : 0;
     l->micro_batches = m;
     l->micro_batch = (int)c->plan->train.micro_batch;
     l->n_nodes = c->t->n_nodes;
@@ -573,15 +583,16 @@ static cdp_status split(struct ctx *c, int p, int R, int m, int objective, int64
             if (b > 0 && (bw[0] <= 0 || b < bw[0])) bw[0] = b;
         }
     }
-    /* ZeRO-1: a unit's optimizer state is spread over the replicas */
+    /* ZeRO: a unit's optimizer state (and under ZeRO-2 its gradient) is spread over the replicas */
     struct cdp_unit_cost *cost = c->cost, *sharded = NULL;
     if (c->zero && R > 1) {
         if (!(sharded = malloc((size_t)c->n * sizeof *sharded))) {
             st = cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
             goto done;
         }
+        /* ZeRO-2 shards the fp32 gradients (4 bytes) too */
         const double per = cdp_cost_state_bytes_per_param(c->plan),
-                     opt = (double)cdp_optimizer_state_bytes(&c->plan->train.optimizer, 1);
+                     opt = (double)cdp_optimizer_state_bytes(&c->plan->train.optimizer, 1) + (c->zero >= 2 ? 4 : 0);
         for (int i = 0; i < c->n; i++) {
             sharded[i] = c->cost[i];
             sharded[i].state_bytes *= (per - opt + opt / R) / per;
@@ -791,6 +802,10 @@ static cdp_status balance_result(const struct ctx *c, const int *device, int p, 
         memcpy(b->shares, pd->shares, (size_t)R * sizeof *b->shares);
         break;
     case CDP_BALANCE_SPEED: {
+        if (c->zero >= 2) { /* ZeRO-2: every replica the same micro-batches */
+            for (int r = 0; r < R; r++) b->shares[r] = m;
+            break;
+        }
         cdp_status st = cdp_balance_shares(b->t_s, R, p, (int64_t)R * m, c->v > 1 ? p : 1, 0, b->shares);
         if (st) return cdp_error_context(st, "%s: planner", c->plan->source);
         break;
@@ -991,14 +1006,18 @@ static void use_mode(struct ctx *c, enum cdp_recompute r)
 }
 
 /* ZeRO stages the search tries for a shape of R replicas: the plan's, or under
- * "auto" 0 then 1 (with replicas to shard over). */
+ * "auto" 0, 1, then 2 (with replicas to shard over; 2 only where every
+ * replica runs the same micro-batches: its reduction after each backward is
+ * a collective of the stage's replicas). */
 static int zeros_of(const struct cdp_plan *plan, int R, int *out)
 {
     const int64_t z = plan->parallel.zero;
-    out[0] = z == 1 && R > 1;
+    out[0] = R > 1 && (z == 1 || z == 2) ? (int)z : 0;
     if (z != CDP_AUTO || R < 2) return 1;
     out[1] = 1;
-    return 2;
+    if (!cdp_plan_zero2_allowed(plan, NULL, 0)) return 2;
+    out[2] = 2;
+    return 3;
 }
 
 /* The recompute modes the search tries for each shape, least first: the plan's,
@@ -1285,7 +1304,7 @@ static cdp_status try_shapes(struct ctx *c, struct search *s, int W, struct cdp_
              * faster), unsharded before sharded (ZeRO-1 moves the bytes an
              * all-reduce does, in two collectives) */
             enum cdp_recompute modes[CDP_RECOMPUTE_COUNT];
-            int zeros[2];
+            int zeros[3];
             const int n_modes = modes_of(plan, modes), n_zeros = zeros_of(plan, R, zeros), had = s->n_cand;
             for (int q = 0; q < n_modes * n_zeros && s->n_cand == had; q++) {
                 use_mode(c, modes[q / n_zeros]);

@@ -105,8 +105,10 @@ void cdp_planner_print(const struct cdp_planner_result *r, FILE *f)
                                                       : " (each unit's forward run again before its backward)");
     if (l->replicas > 1)
         fprintf(f, "  zero        %d%s\n", l->zero,
-                l->zero ? " (each replica keeps and steps its shard of its stage's optimizer state)"
-                        : " (every replica keeps all of its stage's optimizer state)");
+                l->zero == 2 ? " (each replica keeps its shard of its stage's reduced gradients and optimizer "
+                               "state, and steps it)"
+                : l->zero    ? " (each replica keeps and steps its shard of its stage's optimizer state)"
+                             : " (every replica keeps all of its stage's optimizer state)");
     fprintf(f, "\nPlan: partition (per micro-batch; memory: the most a rank of the stage allocates)\n"
                "  stage  units            fwd ms   bwd ms       memory     headroom\n");
     for (int s = 0; s < l->stages; s++) {
@@ -166,7 +168,7 @@ void cdp_planner_print_brief(const struct cdp_planner_result *r, FILE *f)
             l->replicas, l->replicas == 1 ? "" : "s", l->micro_batches, l->micro_batch, cdp_schedule_name(l->schedule));
     if (l->chunks > 1) fprintf(f, " x %d chunks", l->chunks);
     if (l->recompute != CDP_RECOMPUTE_NONE) fprintf(f, ", recompute %s", cdp_recompute_name(l->recompute));
-    if (l->zero) fprintf(f, ", zero 1");
+    if (l->zero) fprintf(f, ", zero %d", l->zero);
     fprintf(f, " on %s (planned in %.3f s)\n", l->topology, r->search_s);
     fprintf(f, "  stage  units            fwd ms   bwd ms       memory\n");
     for (int s = 0; s < l->stages && s < 16; s++) {

@@ -82,6 +82,7 @@ struct exec {
     double grad_norm; /* before clipping, of the last step */
     /* timing of the current step */
     uint64_t t_compute, t_comm, t_idle, t_fb, fb_end, step_start;
+    uint64_t t_reduce; /* ZeRO-2: time in cdp_exec_grad_reduce, so far */
     struct cdp_trace *trace;
     struct cdp_fault fault; /* CDP_FAULT, the testing knob */
     struct cdp_monitor *monitor;
@@ -108,6 +109,9 @@ void cdp_exec_set_share(struct exec *e);
 /* interpret.c: this rank's list for the step, instruction by instruction (or
  * NCCL groups); the sends still in flight; forward-only validation. */
 cdp_status cdp_exec_run_list(struct exec *e);
+/* ZeRO-2's reduce hook (cdp_grad_reduce_fn; ctx is the exec): the window's
+ * sum over the stage's replicas, into this replica's part of it. */
+cdp_status cdp_exec_grad_reduce(void *ctx, float *buf, uint64_t n, uint64_t from, uint64_t count);
 cdp_status cdp_exec_drain_sends(struct exec *e);
 cdp_status cdp_exec_validate(struct exec *e, double *val);
 

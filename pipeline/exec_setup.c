@@ -215,7 +215,12 @@ cdp_status cdp_exec_setup(struct exec *e)
     if (!e->share) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
     memcpy(e->share, L->shares, (size_t)e->R * sizeof *e->share);
     cdp_exec_set_share(e);
-    e->zero = L->zero && e->R > 1;
+    e->zero = e->R > 1 ? L->zero : 0;
+    for (int r = 1; e->zero >= 2 && r < e->R; r++)
+        if (e->share[r] != e->share[0])
+            return cdp_fail(CDP_ERR_INVALID, "%s: zero 2 (ZeRO-2) needs every replica to run the same micro-batches; "
+                            "the layout gives replica 0 %lld and replica %d %lld", p->source,
+                            (long long)e->share[0], r, (long long)e->share[r]);
     e->unit = e->v > 1 ? e->p : 1;
     e->G = (int64_t)e->R * L->micro_batches * e->B;
     int *stage_slots = malloc((size_t)e->p * sizeof *stage_slots);
@@ -254,13 +259,15 @@ cdp_status cdp_exec_setup(struct exec *e)
         c->first_unit = (int)L->ranges[c->vstage][0];
         c->end_unit = (int)L->ranges[c->vstage][1];
         c->nslots = slots;
-        if ((st = cdp_model_create_ex(&p->model, c->first_unit, c->end_unit, e->B, slots, p->train.seed,
-                                      L->recompute, e->dev, &c->model)))
+        if ((st = cdp_model_create_sharded(&p->model, c->first_unit, c->end_unit, e->B, slots, p->train.seed,
+                                           L->recompute, e->zero >= 2 ? e->R : 1, e->zero >= 2 ? e->r : 0, e->dev,
+                                           &c->model)))
             break;
+        if (e->zero >= 2) cdp_model_set_grad_reduce(c->model, cdp_exec_grad_reduce, e);
         if (p->model.weights && (st = cdp_model_load(c->model, p->model.weights))) break;
-        /* ZeRO-1: this replica's shard of the chunk's parameters (cdp_shard) */
+        /* ZeRO-1 and 2: this replica's shard of the chunk's parameters (cdp_shard) */
         uint64_t off = 0, len = (uint64_t)cdp_model_param_floats(c->model);
-        if (L->zero && e->R > 1) cdp_shard(len, e->R, e->r, &off, &len);
+        if (e->zero) cdp_shard(len, e->R, e->r, &off, &len);
         if ((st = cdp_optimizer_create_shard(&p->train.optimizer, c->model, e->dev, off, len, &c->opt))) break;
         struct cdp_unit_bytes u0, ul;
         cdp_unit_bytes(cdp_model_unit(c->model, 0), e->B, loss, &u0);

@@ -122,24 +122,44 @@ static cdp_status allreduce_dev(struct exec *e, cdp_comm_t c, cdp_nccl_t nc, flo
  * host memory for a GPU): the replicas' sum of this replica's shard of the
  * gradients (the rest left as it was), and every replica's shard of the
  * parameters to all. */
-static cdp_status staged(struct exec *e, float *dev, size_t n, int gather)
+/* The sum over the stage's replicas of the window [from, from + count) of an
+ * n-float device buffer (dev points at the window's first float), into this
+ * replica's part of it: NCCL, the host communicator, or through host memory. */
+static cdp_status reduce_window(struct exec *e, float *dev, size_t n, size_t from, size_t count)
 {
-    if (e->nccl_dp)
-        return gather ? cdp_nccl_allgather_f32(e->nccl_dp, dev, n, e->timeout)
-                      : cdp_nccl_reduce_scatter_f32(e->nccl_dp, dev, n, CDP_REDUCE_SUM, e->timeout);
-    if (e->hv)
-        return gather ? cdp_comm_allgather_f32(e->dp, dev, n, e->timeout)
-                      : cdp_comm_reduce_scatter_f32(e->dp, dev, n, CDP_REDUCE_SUM, e->timeout);
+    if (e->nccl_dp) return cdp_nccl_reduce_scatter_window_f32(e->nccl_dp, dev, n, from, count, CDP_REDUCE_SUM, e->timeout);
+    if (e->hv) return cdp_comm_reduce_scatter_window_f32(e->dp, dev, n, from, count, CDP_REDUCE_SUM, e->timeout);
     uint64_t off, len;
     cdp_shard(n, e->R, e->r, &off, &len);
+    const uint64_t lo = off > from ? off : from, hi = off + len < from + count ? off + len : from + count;
+    cdp_status st = grow_grad_host(e, count);
+    if (!st) st = cdp_device_read(e->dev, e->grad_host, dev, count * sizeof *dev);
+    if (!st) st = cdp_comm_reduce_scatter_window_f32(e->dp, e->grad_host, n, from, count, CDP_REDUCE_SUM, e->timeout);
+    if (!st && lo < hi)
+        st = cdp_device_write(e->dev, dev + (lo - from), e->grad_host + (lo - from), (size_t)(hi - lo) * sizeof *dev);
+    return st;
+}
+
+static cdp_status staged(struct exec *e, float *dev, size_t n, int gather)
+{
+    if (!gather) return reduce_window(e, dev, n, 0, n);
+    if (e->nccl_dp) return cdp_nccl_allgather_f32(e->nccl_dp, dev, n, e->timeout);
+    if (e->hv) return cdp_comm_allgather_f32(e->dp, dev, n, e->timeout);
     cdp_status st = grow_grad_host(e, n);
     if (!st) st = cdp_device_read(e->dev, e->grad_host, dev, n * sizeof *dev);
-    if (!st)
-        st = gather ? cdp_comm_allgather_f32(e->dp, e->grad_host, n, e->timeout)
-                    : cdp_comm_reduce_scatter_f32(e->dp, e->grad_host, n, CDP_REDUCE_SUM, e->timeout);
-    if (!st && gather) st = cdp_device_write(e->dev, dev, e->grad_host, n * sizeof *dev);
-    if (!st && !gather && len)
-        st = cdp_device_write(e->dev, dev + off, e->grad_host + off, (size_t)len * sizeof *dev);
+    if (!st) st = cdp_comm_allgather_f32(e->dp, e->grad_host, n, e->timeout);
+    if (!st) st = cdp_device_write(e->dev, dev, e->grad_host, n * sizeof *dev);
+    return st;
+}
+
+/* ZeRO-2: the model's hook after each unit's backward (and for its tied
+ * tensors at the step's end); its time is communication. */
+cdp_status cdp_exec_grad_reduce(void *ctx, float *buf, uint64_t n, uint64_t from, uint64_t count)
+{
+    struct exec *e = ctx;
+    const uint64_t t0 = cdp_time_ns();
+    cdp_status st = reduce_window(e, buf, (size_t)n, (size_t)from, (size_t)count);
+    e->t_reduce += cdp_time_ns() - t0;
     return st;
 }
 
@@ -159,7 +179,7 @@ static cdp_status chunk_sumsq(struct chunk *ch, double *out)
         cdp_optimizer_state_range(ch->opt, mdl, i, &s1, &s2, &from, &count);
         if (!count) continue;
         double x = 0;
-        cdp_status st = kk->ops->sum_squares(kk->ks, t->grad + from, (size_t)count, &x);
+        cdp_status st = kk->ops->sum_squares(kk->ks, cdp_model_reduced_grad(mdl, i, from), (size_t)count, &x);
         if (st) return st;
         sq += x;
     }
@@ -253,14 +273,15 @@ static cdp_status execute(struct exec *e, const struct cdp_instr *in)
             if ((st = k->ops->zero(k->ks, din, (size_t)c->in_bytes))) break;
             c->mb_grad_out[in->mb] = g;
         }
-        uint64_t tb = cdp_time_ns();
+        uint64_t tb = cdp_time_ns(), r0 = e->t_reduce;
         st = cdp_model_backward(c->model, slot, c->vstage == e->nv - 1 ? NULL : c->grad_in, din);
         if (!st) st = settle(e);
         cdp_fault_slow_down(&e->fault, e->rank, tb);
         c->slot_mb[slot] = -1;
         c->mb_slot[in->mb] = -1;
-        uint64_t t1 = cdp_time_ns();
-        e->t_compute += t1 - tb;
+        uint64_t t1 = cdp_time_ns(), reduced = e->t_reduce - r0; /* ZeRO-2's reductions inside */
+        e->t_compute += t1 - tb - reduced;
+        e->t_comm += reduced;
         e->t_fb += t1 - tb;
         e->fb_end = t1;
         trace_ev(e, CDP_EV_BACKWARD, in->mb, tb, t1);
@@ -288,6 +309,10 @@ static cdp_status execute(struct exec *e, const struct cdp_instr *in)
         for (int k = 0; k < e->v && !st && e->R > 1; k++) {
             struct cdp_model *mdl = e->ch[k].model;
             if (cdp_model_tensor_count(mdl) == 0) continue;
+            if (e->zero >= 2) { /* ZeRO-2: the rest was reduced after each backward */
+                st = cdp_model_reduce_tied_grads(mdl);
+                continue;
+            }
             float *g = cdp_model_tensor(mdl, 0)->grad;
             const size_t n = (size_t)cdp_model_param_floats(mdl);
             st = e->zero ? staged(e, g, n, 0) : allreduce_dev(e, e->dp, e->nccl_dp, g, n);

@@ -132,12 +132,13 @@ void cdp_layout_chunk_buffers(const struct cdp_unit_bytes *first, const struct c
 
 void cdp_layout_chunk_memory(const struct cdp_plan *plan, const struct cdp_range_terms *t, uint64_t shared_floats,
                              const struct cdp_unit_bytes *first, const struct cdp_unit_bytes *last, int ends_model,
-                             int vstage, int nv, int slots, int host_visible, int shards, int shard,
+                             int vstage, int nv, int slots, int host_visible, int zero, int shards, int shard,
                              struct cdp_rank_memory *out)
 {
     struct cdp_model_bytes mb;
     struct cdp_chunk_buffers cb;
-    cdp_model_bytes_of(t, shared_floats, first, last, ends_model, slots, &mb);
+    if (zero < 1) shards = 1;
+    cdp_model_bytes_of(t, shared_floats, first, last, ends_model, slots, zero >= 2 ? shards : 1, shard, &mb);
     cdp_layout_chunk_buffers(first, last, vstage, nv, slots, host_visible, &cb);
     memset(out, 0, sizeof *out);
     out->params = mb.params;
@@ -189,7 +190,7 @@ static cdp_status rank_memory(const struct cdp_plan *plan, struct cdp_layout *l,
             ul = ub;
         }
         struct cdp_rank_memory cm;
-        cdp_layout_chunk_memory(plan, &t, shared, &u0, &ul, end == n, vs, nv, slots, hv, l->zero ? l->replicas : 1,
+        cdp_layout_chunk_memory(plan, &t, shared, &u0, &ul, end == n, vs, nv, slots, hv, l->zero, l->replicas,
                                 k->replica, &cm);
         add_memory(&sum, &cm);
         if (cm.params > largest_grad) largest_grad = cm.params;

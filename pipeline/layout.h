@@ -57,8 +57,8 @@ struct cdp_layout {
     int micro_batch;      /* samples per micro-batch */
     enum cdp_schedule_kind schedule;
     enum cdp_recompute recompute; /* what every stage keeps for its backward (cdp_unit_set_recompute) */
-    int zero;                     /* 1: each stage's optimizer state sharded over its replicas (ZeRO-1;
-                                   * only with replicas > 1) */
+    int zero;                     /* 1: each stage's optimizer state sharded over its replicas (ZeRO-1),
+                                   * 2: its gradients too (ZeRO-2); only with replicas > 1 */
     int64_t *shares;      /* replicas entries: micro-batches of each replica per step (owned) */
     int64_t (*ranges)[2]; /* stages x chunks: [first, end) units of virtual stage k, which is chunk
                              k / stages of stage k % stages (owned) */
@@ -112,11 +112,12 @@ void cdp_layout_chunk_buffers(const struct cdp_unit_bytes *first, const struct c
  * (cdp_model_bytes_of), its optimizer state and the executor's chunk buffers.
  * The planner's partition evaluates this for every candidate range from terms
  * it keeps incrementally; cdp_layout_memory sums it over a rank's chunks.
- * shards > 1: ZeRO-1, the optimizer state of shard `shard` of the chunk's
- * parameters only (cdp_shard). */
+ * zero >= 1 with shards > 1: ZeRO-1, the optimizer state of shard `shard`
+ * of the chunk's parameters only (cdp_shard); zero 2 also its gradients
+ * (cdp_model_bytes_of). */
 void cdp_layout_chunk_memory(const struct cdp_plan *plan, const struct cdp_range_terms *t, uint64_t shared_floats,
                              const struct cdp_unit_bytes *first, const struct cdp_unit_bytes *last, int ends_model,
-                             int vstage, int nv, int slots, int host_visible, int shards, int shard,
+                             int vstage, int nv, int slots, int host_visible, int zero, int shards, int shard,
                              struct cdp_rank_memory *out);
 
 /* Host bytes every rank process holds whatever its stage (code, libraries,

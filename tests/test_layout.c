@@ -116,14 +116,17 @@ ParameterizedTestParameters(layout, measured_peak_is_the_predicted_memory)
                 snprintf(c.recompute, sizeof c.recompute, "%s", mode ? "full" : "selective");
                 grid[n++] = c;
             }
-    /* ZeRO-1: shards of 2, 3 and 4 replicas, each rank its own shard's state */
+    /* ZeRO-1 and 2: shards of 2, 3 and 4 replicas, each rank its own shard's state */
     static const int zc[][5] = {{1, 3, 3, 1, 0}, {2, 2, 4, 1, 0}, {1, 4, 4, 0, 0}, {2, 2, 4, 2, 0}, {2, 2, 4, 1, 1}};
     for (int model = 0; model < 2; model++)
         for (size_t i = 0; i < sizeof zc / sizeof zc[0]; i++) {
-            struct cell c = {model, zc[i][0], zc[i][1], zc[i][2], "", zc[i][4], 0, "", 1};
-            snprintf(c.schedule, sizeof c.schedule, "%s", kinds[zc[i][3]]);
-            grid[n++] = c;
+            for (int z = 1; z <= 2; z++) { /* ZeRO-2 also each rank's gradient shard and one unit's window */
+                struct cell c = {model, zc[i][0], zc[i][1], zc[i][2], "", zc[i][4], 0, "", z};
+                snprintf(c.schedule, sizeof c.schedule, "%s", kinds[zc[i][3]]);
+                grid[n++] = c;
+            }
         }
+    CDP_ASSERT((size_t)n <= sizeof grid / sizeof grid[0]);
     return cr_make_param_array(struct cell, grid, (size_t)n);
 }
 

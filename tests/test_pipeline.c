@@ -164,9 +164,20 @@ ParameterizedTestParameters(pipeline, layouts_equal_one_rank)
         grid[n++] = (struct layout){model, 2, 2, 4, 1, "gpipe", "", 0, "selective", 1};
         grid[n++] = (struct layout){model, 2, 2, 4, 2, "interleaved", "", 0, "full", 1};
     }
+    /* ZeRO-2: the same shapes (every replica the same micro-batches, which it needs) */
+    for (int model = 0; model < 2; model++) {
+        grid[n++] = (struct layout){model, 1, 2, 2, 1, "1f1b", "", 0, "", 2};
+        grid[n++] = (struct layout){model, 2, 3, 3, 1, "gpipe", "", 0, "", 2};
+        grid[n++] = (struct layout){model, 1, 4, 2, 1, "1f1b", "", 0, "", 2};
+        grid[n++] = (struct layout){model, 2, 2, 4, 2, "interleaved", "", 0, "", 2};
+        grid[n++] = (struct layout){model, 2, 2, 4, 1, "1f1b", "", 0, "full", 2};
+        grid[n++] = (struct layout){model, 2, 2, 4, 1, "gpipe", "", 0, "selective", 2};
+        grid[n++] = (struct layout){model, 2, 2, 4, 2, "interleaved", "", 0, "full", 2};
+    }
     /* a layer list with silu */
     grid[n++] = (struct layout){MODEL_SILU, 2, 1, 4, 1, "1f1b", "", 0, "", 0};
     grid[n++] = (struct layout){MODEL_SILU, 2, 2, 4, 1, "gpipe", "", 0, "", 0};
+    CDP_ASSERT((size_t)n <= sizeof grid / sizeof grid[0]);
     return cr_make_param_array(struct layout, grid, (size_t)n);
 }
 
@@ -198,7 +209,7 @@ ParameterizedTest(struct layout *l, pipeline, layouts_equal_one_rank, .timeout =
                   l->schedule, l->p, l->R, l->m, e);
     cr_log_info("%s %s p=%d R=%d m=%d %s%s%s%s: worst weight error %.3g",
                 l->model == MODEL_GPT ? "gpt" : l->model == MODEL_SILU ? "silu" : "mlp", l->schedule, l->p, l->R, l->m,
-                l->balance, l->recompute[0] ? " recompute " : "", l->recompute, l->zero ? " zero 1" : "", e);
+                l->balance, l->recompute[0] ? " recompute " : "", l->recompute, l->zero == 2 ? " zero 2" : l->zero ? " zero 1" : "", e);
 }
 
 /* The same layout with every recompute mode: the same kernels on the same
@@ -239,8 +250,10 @@ Test(pipeline, recomputation_trains_bit_identically, .timeout = 240)
 /* ZeRO-1 against every replica stepping everything: each replica steps its
  * shard with the same kernels on the same reduced gradients (the
  * reduce-scatter's shard is the all-reduce's sum, comm suite), so the same
- * losses and weights to the bit; each rank's peak memory is what the planner
- * predicted for its shard, and less than without sharding. */
+ * losses and weights to the bit. ZeRO-2 reduces each micro-batch's gradient
+ * as its backward makes it, so its sums are in another order: within 1e-5
+ * of the others, as the layout grid. Each rank's peak memory is what the
+ * planner predicted for its shard, and less with each stage. */
 Test(pipeline, zero_trains_bit_identically_and_keeps_less, .timeout = 240)
 {
     need_mpi();
@@ -248,8 +261,8 @@ Test(pipeline, zero_trains_bit_identically_and_keeps_less, .timeout = 240)
     snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
     static const int shapes[][3] = {{1, 3, 2}, {2, 2, 4}};
     for (size_t q = 0; q < sizeof shapes / sizeof shapes[0]; q++) {
-        double loss[2][8], peak[2] = {0, 0};
-        for (int z = 0; z < 2; z++) {
+        double loss[3][8], peak[3] = {0, 0, 0};
+        for (int z = 0; z < 3; z++) {
             struct layout l = {MODEL_GPT, shapes[q][0], shapes[q][1], shapes[q][2], 1, "1f1b", "", 0, "none", z};
             char name[32];
             snprintf(name, sizeof name, "z%zu-%d", q, z);
@@ -276,15 +289,22 @@ Test(pipeline, zero_trains_bit_identically_and_keeps_less, .timeout = 240)
             }
             free(text);
         }
-        for (int k = 0; k < 3; k++)
+        for (int k = 0; k < 3; k++) {
             cr_assert_eq(loss[1][k], loss[0][k], "shape %zu step %d: loss %.9g vs %.9g", q, k + 1, loss[1][k],
                          loss[0][k]);
+            cr_assert_leq(fabs(loss[2][k] - loss[0][k]), 1e-5 * fabs(loss[0][k]),
+                          "shape %zu step %d: ZeRO-2's loss %.9g vs %.9g", q, k + 1, loss[2][k], loss[0][k]);
+        }
         snprintf(a, sizeof a, "%s/z%zu-0.safetensors", dir, q);
         snprintf(b, sizeof b, "%s/z%zu-1.safetensors", dir, q);
         cr_assert_eq(compare_weights(a, b), 0.0, "shape %zu: ZeRO-1's weights differ", q);
+        snprintf(b, sizeof b, "%s/z%zu-2.safetensors", dir, q);
+        const double e2 = compare_weights(a, b);
+        cr_assert_leq(e2, 1e-5, "shape %zu: ZeRO-2's weights differ by %.3g", q, e2);
         cr_assert_lt(peak[1], peak[0], "shape %zu: peak %.0f with zero 1, %.0f without", q, peak[1], peak[0]);
-        cr_log_info("%d x %d: largest peak %.0f -> %.0f bytes with zero 1", shapes[q][0], shapes[q][1], peak[0],
-                    peak[1]);
+        cr_assert_lt(peak[2], peak[1], "shape %zu: peak %.0f with zero 2, %.0f with zero 1", q, peak[2], peak[1]);
+        cr_log_info("%d x %d: largest peak %.0f -> %.0f (zero 1) -> %.0f bytes (zero 2); zero 2 weights within %.3g",
+                    shapes[q][0], shapes[q][1], peak[0], peak[1], peak[2], e2);
     }
 }
 

@@ -56,6 +56,11 @@ cdp_status cdp_plan_print(const struct cdp_plan *plan, FILE *f);
 /* Names used in plan files ("1f1b", "adamw", ...), for printing. */
 const char *cdp_schedule_name(enum cdp_schedule_kind s);
 const char *cdp_recompute_name(enum cdp_recompute r);
+/* ZeRO-2 reduces each layer's gradient after every backward, a collective of
+ * the stage's replicas, so they must all run the same micro-batches: 1 when
+ * the plan's /parallel/balance and /parallel/rebalance_every allow that; else
+ * 0 and, where why is given, the reason naming the key. */
+int cdp_plan_zero2_allowed(const struct cdp_plan *plan, char *why, size_t cap);
 /* Whether a schedule runs several model chunks per rank (interleaved): the one
  * home of that rule. A loaded plan's /parallel/chunks is 1 for the others. */
 int cdp_schedule_has_chunks(enum cdp_schedule_kind s);

@@ -176,8 +176,9 @@ struct cdp_parallel_desc {
                                replicas x micro_batches (owned) */
     int n_shares;
     int64_t rebalance_every; /* re-measure and move micro-batches every N steps; 0 = never */
-    int64_t zero;            /* sharded optimizer state within each stage's replicas: 0 (none) or 1
-                              * (ZeRO-1: weights' optimizer state R ways), or CDP_AUTO: the planner's */
+    int64_t zero;            /* sharded state within each stage's replicas: 0 (none), 1 (ZeRO-1: the
+                              * optimizer state R ways), 2 (ZeRO-2: the gradients too), or CDP_AUTO:
+                              * the planner's */
 };
 
 struct cdp_cluster_desc {

@@ -68,6 +68,12 @@ cdp_status cdp_units_build(const struct cdp_model_desc *m, struct cdp_unit **out
         cdp_layer_def(u->desc.type)->cost(u);
         cdp_unit_set_recompute(u, CDP_RECOMPUTE_NONE);
     }
+    for (int i = 0; i < count; i++)
+        for (int p = 0; p < units[i].n_params; p++) {
+            const struct cdp_param_desc *pd = &units[i].params[p];
+            if (pd->tied_unit >= 0 && pd->tied_unit < count && pd->tied_param < units[pd->tied_unit].n_params)
+                units[pd->tied_unit].params[pd->tied_param].tie_target = 1;
+        }
     *out = units;
     *n = count;
     return CDP_OK;

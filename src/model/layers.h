@@ -47,6 +47,7 @@ struct cdp_param_desc {
     int decay;            /* weight decay applies (matrices, not biases or norms) */
     int tied_unit;        /* -1, or the global unit whose parameter this one is */
     int tied_param;       /* index of that parameter in its unit */
+    int tie_target;       /* a later unit's parameter is tied to this one (cdp_units_build sets it) */
 };
 
 struct cdp_unit {

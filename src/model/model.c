@@ -31,7 +31,21 @@ struct cdp_model {
     int n_tensors;
     float **pptr, **gptr; /* [n_units * CDP_UNIT_MAX_PARAMS] */
     cdp_buffer_t params_buf, grads_buf;
-    int64_t param_floats;
+    int64_t param_floats, grad_floats;
+    /* ZeRO-2 (cdp_model_create_sharded): the shard's reduced gradient, the
+     * one-unit window, and per unit its runs of windowed tensors (contiguous
+     * in the parameter buffer and in the window) */
+    int grad_shards;
+    uint64_t shard_off, shard_len;
+    float *acc, *window;
+    struct grad_run {
+        uint64_t from, count; /* floats of the parameter buffer */
+        float *win;           /* where they are in the window */
+    } *runs;
+    int *run_first;         /* [n_units + 1]: unit i's runs are run_first[i] .. run_first[i + 1] - 1 */
+    uint64_t *unit_window;  /* [n_units]: floats of the window its backward writes */
+    cdp_grad_reduce_fn reduce;
+    void *reduce_ctx;
 
     cdp_buffer_t acts_buf, input_buf, target_buf, scratch_buf, dbuf, loss_buf, work_buf;
     enum cdp_recompute recompute;
@@ -109,6 +123,8 @@ void cdp_unit_bytes(const struct cdp_unit *u, int B, enum cdp_loss loss, struct 
         if (u->params[p].tied_unit >= 0) {
             out->tied_floats += (uint64_t)u->params[p].numel;
             out->tied_owner = u->params[p].tied_unit;
+        } else if (!u->params[p].tie_target) {
+            out->window_floats += (uint64_t)u->params[p].numel;
         }
     }
     out->act_bytes = b * (uint64_t)u->keep_floats * 4;
@@ -131,14 +147,24 @@ void cdp_range_terms_add(struct cdp_range_terms *t, const struct cdp_unit_bytes 
     if (u->scratch_bytes > t->scratch_bytes) t->scratch_bytes = u->scratch_bytes;
     if (u->io_bytes > t->io_bytes) t->io_bytes = u->io_bytes;
     if (u->work_bytes > t->work_bytes) t->work_bytes = u->work_bytes;
+    t->window_sum += u->window_floats;
+    if (u->window_floats > t->window_max) t->window_max = u->window_floats;
 }
 
 void cdp_model_bytes_of(const struct cdp_range_terms *t, uint64_t shared_floats, const struct cdp_unit_bytes *first,
-                        const struct cdp_unit_bytes *last, int ends_model, int slots, struct cdp_model_bytes *out)
+                        const struct cdp_unit_bytes *last, int ends_model, int slots, int grad_shards, int grad_shard,
+                        struct cdp_model_bytes *out)
 {
     const uint64_t k = slots > 0 ? (uint64_t)slots : 0;
     memset(out, 0, sizeof *out);
-    out->params = out->grads = (t->held_floats - shared_floats) * 4;
+    const uint64_t held = t->held_floats - shared_floats;
+    out->params = out->grads = held * 4;
+    if (grad_shards > 1) {
+        /* the shard, the tensors in a tie whole, the largest unit's window */
+        uint64_t off, len;
+        cdp_shard(held, grad_shards, grad_shard, &off, &len);
+        out->grads = (len + (held - t->window_sum) + t->window_max) * 4;
+    }
     out->activations = k * t->act_bytes;
     out->inputs = k * first->input_bytes;
     if (ends_model) {
@@ -176,6 +202,9 @@ void cdp_model_destroy(struct cdp_model *m)
     free(m->gptr);
     free(m->act_off);
     free(m->loss_host);
+    free(m->runs);
+    free(m->run_first);
+    free(m->unit_window);
     free(m);
 }
 
@@ -202,7 +231,7 @@ static cdp_status init_params(struct cdp_model *m, const struct cdp_unit *all, u
 static cdp_status zero_grads(struct cdp_model *m)
 {
     /* a range of parameter-free units (activations, pooling) has no buffer */
-    if (m->param_floats) CDP_KERNEL(&m->k, zero, cdp_buffer_data(m->grads_buf), (size_t)m->param_floats * 4);
+    if (m->grad_floats) CDP_KERNEL(&m->k, zero, cdp_buffer_data(m->grads_buf), (size_t)m->grad_floats * 4);
     return CDP_OK;
 }
 
@@ -215,14 +244,63 @@ cdp_status cdp_model_create(const struct cdp_model_desc *desc, int first, int en
 cdp_status cdp_model_create_ex(const struct cdp_model_desc *desc, int first, int end, int B, int slots,
                                uint64_t seed, enum cdp_recompute r, cdp_device_t dev, struct cdp_model **out)
 {
+    return cdp_model_create_sharded(desc, first, end, B, slots, seed, r, 1, 0, dev, out);
+}
+
+/* Sharded gradients: where each tensor's gradient lives (tied ones after the
+ * shard, windowed ones in their unit's window) and the runs reduced after
+ * each unit's backward. */
+static cdp_status place_sharded_grads(struct cdp_model *m, float *gbase, uint64_t tied_floats)
+{
+    m->acc = gbase;
+    float *tied = gbase + m->shard_len;
+    m->window = tied + tied_floats;
+    m->runs = calloc((size_t)m->n_tensors + 1, sizeof *m->runs);
+    m->run_first = calloc((size_t)m->n_units + 1, sizeof *m->run_first);
+    m->unit_window = calloc((size_t)m->n_units + 1, sizeof *m->unit_window);
+    if (!m->runs || !m->run_first || !m->unit_window) return cdp_fail(CDP_ERR_NOMEM, "out of memory for a model");
+    int n_runs = 0, t = 0;
+    for (int i = 0; i < m->n_units; i++) {
+        m->run_first[i] = n_runs;
+        uint64_t w = 0;
+        /* tensors are made unit by unit, in parameter order */
+        for (; t < m->n_tensors && m->tensors[t].unit_local == i; t++) {
+            struct cdp_model_tensor *tt = &m->tensors[t];
+            const uint64_t at = (uint64_t)(intptr_t)tt->data;
+            if (!tt->windowed) {
+                tt->grad = tied;
+                tied += tt->numel;
+                continue;
+            }
+            tt->grad = m->window + w;
+            struct grad_run *last = n_runs > m->run_first[i] ? &m->runs[n_runs - 1] : NULL;
+            if (last && last->from + last->count == at) {
+                last->count += (uint64_t)tt->numel;
+            } else {
+                m->runs[n_runs++] = (struct grad_run){at, (uint64_t)tt->numel, m->window + w};
+            }
+            w += (uint64_t)tt->numel;
+        }
+        m->unit_window[i] = w;
+    }
+    m->run_first[m->n_units] = n_runs;
+    return CDP_OK;
+}
+
+cdp_status cdp_model_create_sharded(const struct cdp_model_desc *desc, int first, int end, int B, int slots,
+                                    uint64_t seed, enum cdp_recompute r, int shards, int shard, cdp_device_t dev,
+                                    struct cdp_model **out)
+{
     cdp_status st;
     struct cdp_unit *all = NULL;
     int n_all = 0;
     if ((st = cdp_units_build(desc, &all, &n_all))) return st;
-    if (first < 0 || end > n_all || first >= end || B < 1 || slots < 1) {
+    if (first < 0 || end > n_all || first >= end || B < 1 || slots < 1 || shards < 1 || shard < 0 ||
+        shard >= shards) {
         free(all);
-        return cdp_fail(CDP_ERR_INVALID, "model range [%d, %d) with B=%d, %d slots: the model has %d units",
-                        first, end, B, slots, n_all);
+        return cdp_fail(CDP_ERR_INVALID,
+                        "model range [%d, %d) with B=%d, %d slots, gradient shard %d of %d: the model has %d units",
+                        first, end, B, slots, shard, shards, n_all);
     }
     struct cdp_model *m = calloc(1, sizeof *m);
     if (!m) {
@@ -272,7 +350,7 @@ cdp_status cdp_model_create_ex(const struct cdp_model_desc *desc, int first, int
         ubl = ub;
     }
     struct cdp_model_bytes mb;
-    cdp_model_bytes_of(&terms, shared, &ub0, &ubl, m->ends_model, slots, &mb);
+    cdp_model_bytes_of(&terms, shared, &ub0, &ubl, m->ends_model, slots, shards, shard, &mb);
 
     /* Parameters: one tensor per parameter, except a tied one whose owner is in
      * range, which shares the owner's storage. */
@@ -292,19 +370,31 @@ cdp_status cdp_model_create_ex(const struct cdp_model_desc *desc, int first, int
             t->ndim = pd->ndim;
             memcpy(t->shape, pd->shape, sizeof t->shape);
             t->decay = pd->decay;
+            t->unit_local = i;
+            t->windowed = pd->tied_unit < 0 && !pd->tie_target;
             t->data = (float *)(intptr_t)off; /* offsets until the buffers exist */
             off += pd->numel;
         }
     }
     m->param_floats = off;
+    m->grad_floats = (int64_t)(mb.grads / 4);
     CDP_ASSERT((uint64_t)off * 4 == mb.params);
     if ((st = alloc(m, mb.params, "parameters", &m->params_buf))) goto fail;
-    if ((st = alloc(m, mb.grads, "gradients", &m->grads_buf))) goto fail;
+    if ((st = alloc(m, mb.grads, shards > 1 ? "gradients (this replica's shard, tied tensors, one unit's window)"
+                                             : "gradients", &m->grads_buf)))
+        goto fail;
     float *pbase = cdp_buffer_data(m->params_buf), *gbase = cdp_buffer_data(m->grads_buf);
+    if (shards > 1) {
+        m->grad_shards = shards;
+        cdp_shard((uint64_t)off, shards, shard, &m->shard_off, &m->shard_len);
+        const uint64_t tied = (uint64_t)off - terms.window_sum;
+        CDP_ASSERT(m->shard_len + tied + terms.window_max == (uint64_t)m->grad_floats);
+        if ((st = place_sharded_grads(m, gbase, tied))) goto fail;
+    }
     for (int t = 0; t < m->n_tensors; t++) {
         intptr_t o = (intptr_t)m->tensors[t].data;
         m->tensors[t].data = pbase + o;
-        m->tensors[t].grad = gbase + o;
+        if (shards == 1) m->tensors[t].grad = gbase + o;
     }
     for (int i = 0; i < m->n_units; i++) {
         const struct cdp_unit *u = &m->units[i];
@@ -469,6 +559,19 @@ static cdp_status zero_floats(struct cdp_model *m, float *p, int64_t n)
     return CDP_OK;
 }
 
+/* Sharded gradients: the floats [from, from + count) of the parameter buffer,
+ * at buf, reduced over the replicas (the hook), and this shard's part of them
+ * added to what the shard keeps. */
+static cdp_status reduce_into_shard(struct cdp_model *m, float *buf, uint64_t from, uint64_t count)
+{
+    cdp_status st;
+    if (m->reduce && (st = m->reduce(m->reduce_ctx, buf, (uint64_t)m->param_floats, from, count))) return st;
+    const uint64_t lo = m->shard_off > from ? m->shard_off : from,
+                   hi = m->shard_off + m->shard_len < from + count ? m->shard_off + m->shard_len : from + count;
+    if (lo < hi) CDP_KERNEL(&m->k, add, m->acc + (lo - m->shard_off), buf + (lo - from), (size_t)(hi - lo));
+    return CDP_OK;
+}
+
 cdp_status cdp_model_backward(struct cdp_model *m, int slot, const float *dout, float *din)
 {
     cdp_status st;
@@ -503,13 +606,51 @@ cdp_status cdp_model_backward(struct cdp_model *m, int slot, const float *dout, 
             st = cdp_unit_recompute_tail(&m->k, u, &m->pptr[i * CDP_UNIT_MAX_PARAMS], unit_input(m, slot, i), act,
                                          tail, scratch, m->B);
         if (st) return cdp_error_context(st, "recomputing unit %d (%s)", u->index, cdp_layer_name(u->desc.type));
+        /* sharded gradients: this unit's accumulate from zero in the window */
+        if (m->grad_shards > 1 && m->unit_window[i] && (st = zero_floats(m, m->window, (int64_t)m->unit_window[i])))
+            return cdp_error_context(st, "backward of unit %d (%s)", u->index, cdp_layer_name(u->desc.type));
         if ((st = cdp_unit_backward_split(&m->k, u, &m->pptr[i * CDP_UNIT_MAX_PARAMS],
                                           &m->gptr[i * CDP_UNIT_MAX_PARAMS], unit_input(m, slot, i), act, tail, cur,
                                           dst, scratch, m->B)))
             return cdp_error_context(st, "backward of unit %d (%s)", u->index, cdp_layer_name(u->desc.type));
+        for (int k = m->grad_shards > 1 ? m->run_first[i] : 0; m->grad_shards > 1 && k < m->run_first[i + 1]; k++)
+            if ((st = reduce_into_shard(m, m->runs[k].win, m->runs[k].from, m->runs[k].count)))
+                return cdp_error_context(st, "reducing the gradients of unit %d (%s)", u->index,
+                                         cdp_layer_name(u->desc.type));
         cur = dst;
     }
     return CDP_OK;
+}
+
+void cdp_model_set_grad_reduce(struct cdp_model *m, cdp_grad_reduce_fn fn, void *ctx)
+{
+    m->reduce = fn;
+    m->reduce_ctx = ctx;
+}
+
+int cdp_model_grads_sharded(const struct cdp_model *m) { return m->grad_shards > 1; }
+
+cdp_status cdp_model_reduce_tied_grads(struct cdp_model *m)
+{
+    cdp_status st;
+    if (m->grad_shards < 2) return CDP_OK;
+    if ((st = cdp_model_error(m))) return st;
+    for (int i = 0; i < m->n_tensors; i++) {
+        struct cdp_model_tensor *t = &m->tensors[i];
+        if (t->windowed) continue;
+        if ((st = reduce_into_shard(m, t->grad, tensor_offset(m, t) / 4, (uint64_t)t->numel)))
+            return cdp_error_context(st, "reducing the gradient of %s", t->name);
+    }
+    return CDP_OK;
+}
+
+float *cdp_model_reduced_grad(struct cdp_model *m, int i, uint64_t from)
+{
+    struct cdp_model_tensor *t = &m->tensors[i];
+    if (m->grad_shards < 2) return t->grad + from;
+    const uint64_t at = tensor_offset(m, t) / 4 + from;
+    CDP_ASSERT(at >= m->shard_off && at < m->shard_off + m->shard_len);
+    return m->acc + (at - m->shard_off);
 }
 
 /* ---- weights in and out ------------------------------------------------------ */

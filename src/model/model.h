@@ -23,7 +23,11 @@ extern "C" {
 struct cdp_model_tensor {
     char name[48];  /* "layers.<unit>.<param>" */
     int unit, param; /* the owning unit (global) and its parameter index */
-    float *data, *grad; /* not owned: inside the model's buffers (device memory) */
+    int unit_local;  /* the model's unit (0 .. units - 1) it was made for */
+    float *data, *grad; /* not owned: inside the model's buffers (device memory); under sharded
+                         * gradients (cdp_model_create_sharded) a windowed tensor's grad is its place in
+                         * the one-unit window, which holds a gradient only during its unit's backward */
+    int windowed;        /* sharded gradients: reduced after each of its unit's backwards (not tied) */
     int64_t numel;
     int ndim;
     int64_t shape[CDP_SHAPE_MAX];
@@ -34,7 +38,8 @@ struct cdp_model_tensor {
  * allocates them: the one home of those sizes, which the planner's memory
  * prediction (pipeline/layout.h) reads too. */
 struct cdp_model_bytes {
-    uint64_t params, grads;   /* fp32 parameters held (tied ones once), and their gradients */
+    uint64_t params, grads;   /* fp32 parameters held (tied ones once), and their gradients (sharded:
+                               * the shard, the tied tensors whole and the one-unit window) */
     uint64_t activations;     /* slots x the units' kept activations (in the model's recompute mode) */
     uint64_t inputs;          /* slots x the first unit's input */
     uint64_t targets, losses; /* slots x targets, and one micro-batch's per-row losses (ranges ending the model) */
@@ -51,6 +56,8 @@ struct cdp_unit_bytes {
     uint64_t held_floats;   /* sum: parameters it keeps, a tied one included (a range without its owner
                              * keeps its own copy) */
     uint64_t tied_floats;   /* of held_floats, those of a parameter tied to unit tied_owner */
+    uint64_t window_floats; /* of held_floats, those in no tie (neither tied nor tied to): what sharded
+                             * gradients reduce after the unit's backward */
     int tied_owner;         /* -1: none */
     uint64_t act_bytes;     /* sum: kept activations per slot (output included), in the unit's recompute mode */
     uint64_t work_bytes;    /* max: what its backward computes again into the work buffer */
@@ -68,15 +75,19 @@ void cdp_unit_bytes(const struct cdp_unit *u, int B, enum cdp_loss loss, struct 
 /* The sums and maxima of cdp_unit_bytes over a range; zero-initialise, then add each unit. */
 struct cdp_range_terms {
     uint64_t held_floats, act_bytes, scratch_bytes, io_bytes, work_bytes;
+    uint64_t window_sum, window_max; /* of the units' window_floats */
 };
 void cdp_range_terms_add(struct cdp_range_terms *t, const struct cdp_unit_bytes *u);
 
 /* The buffers of a range with terms t, whose first and last units are first and
  * last, holding shared_floats parameters once that two of its units use (a
  * tied head beside its embedding), with `slots` activation slots; ends_model:
- * the range holds the model's last unit (targets and losses). */
+ * the range holds the model's last unit (targets and losses). grad_shards > 1:
+ * sharded gradients (ZeRO-2, cdp_model_create_sharded) over that many
+ * replicas, grad_shard this one's index. */
 void cdp_model_bytes_of(const struct cdp_range_terms *t, uint64_t shared_floats, const struct cdp_unit_bytes *first,
-                        const struct cdp_unit_bytes *last, int ends_model, int slots, struct cdp_model_bytes *out);
+                        const struct cdp_unit_bytes *last, int ends_model, int slots, int grad_shards, int grad_shard,
+                        struct cdp_model_bytes *out);
 
 /* The loss a model trains with: cross-entropy for a GPT, else the plan's. */
 enum cdp_loss cdp_model_loss_of(const struct cdp_model_desc *desc);
@@ -95,7 +106,38 @@ cdp_status cdp_model_create(const struct cdp_model_desc *desc, int first, int en
                             uint64_t seed, cdp_device_t dev, struct cdp_model **out);
 cdp_status cdp_model_create_ex(const struct cdp_model_desc *desc, int first, int end, int B, int slots,
                                uint64_t seed, enum cdp_recompute r, cdp_device_t dev, struct cdp_model **out);
+/* ZeRO-2: gradients sharded over `shards` data-parallel replicas, this one
+ * `shard` (the shards of cdp_shard over the parameter buffer, as ZeRO-1's
+ * optimizer). The model keeps this shard's reduced gradient, the tensors in a
+ * tie whole (they are reduced at the step's end, after the tied reduction),
+ * and one window as large as its largest unit's other parameters: a unit's
+ * backward writes its gradient there, the reduce hook (cdp_model_set_grad_reduce)
+ * reduce-scatters it over the replicas and the model adds this shard's part
+ * to what it keeps. shards 1 is cdp_model_create_ex. */
+cdp_status cdp_model_create_sharded(const struct cdp_model_desc *desc, int first, int end, int B, int slots,
+                                    uint64_t seed, enum cdp_recompute r, int shards, int shard, cdp_device_t dev,
+                                    struct cdp_model **out);
 void cdp_model_destroy(struct cdp_model *m);
+
+/* Sharded gradients' reduction: fn reduce-scatters, over the replicas, the
+ * count floats at buf (device memory), which are floats [from, from + count)
+ * of the model's parameter buffer of n floats; on return this replica's part
+ * of them must hold the sum (cdp_comm_reduce_scatter_window_f32). Called once
+ * per run of a unit's untied tensors after each of its backwards, and once per
+ * tied tensor by cdp_model_reduce_tied_grads. Without one (a single replica),
+ * the gradient is its own sum. */
+typedef cdp_status (*cdp_grad_reduce_fn)(void *ctx, float *buf, uint64_t n, uint64_t from, uint64_t count);
+void cdp_model_set_grad_reduce(struct cdp_model *m, cdp_grad_reduce_fn fn, void *ctx);
+/* Sharded gradients: reduces the tied tensors (whole until now) and keeps
+ * this shard's part; after the step's last backward and the tied reduction.
+ * A no-op with whole gradients. */
+cdp_status cdp_model_reduce_tied_grads(struct cdp_model *m);
+/* The reduced gradient of elements [from, ...) of tensor i: with whole
+ * gradients t->grad + from; sharded, inside this shard (the elements the
+ * shard's optimizer steps, cdp_optimizer_state_range). Device memory. */
+float *cdp_model_reduced_grad(struct cdp_model *m, int i, uint64_t from);
+/* 1 when the model's gradients are sharded (cdp_model_create_sharded, shards > 1). */
+int cdp_model_grads_sharded(const struct cdp_model *m);
 
 int cdp_model_unit_count(const struct cdp_model *m);
 const struct cdp_unit *cdp_model_unit(const struct cdp_model *m, int i);

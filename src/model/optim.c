@@ -142,12 +142,13 @@ static cdp_status step(struct cdp_optimizer *o, struct cdp_model *m, float lr, f
         if (!count) continue;
         const size_t n = (size_t)count;
         float wd = t->decay ? (float)o->d.weight_decay : 0.0f;
-        if (grad_scale != 1.0f) CDP_KERNEL(k, scale, t->grad + from, n, grad_scale);
+        float *g = cdp_model_reduced_grad(m, i, from);
+        if (grad_scale != 1.0f) CDP_KERNEL(k, scale, g, n, grad_scale);
         if (o->d.type == CDP_OPT_ADAMW)
-            CDP_KERNEL(k, adamw_step, t->data + from, t->grad + from, s1, s2, n, lr, (float)o->d.beta1,
-                       (float)o->d.beta2, (float)o->d.eps, wd, o->t);
+            CDP_KERNEL(k, adamw_step, t->data + from, g, s1, s2, n, lr, (float)o->d.beta1, (float)o->d.beta2,
+                       (float)o->d.eps, wd, o->t);
         else
-            CDP_KERNEL(k, sgd_step, t->data + from, t->grad + from, s1, n, lr, (float)o->d.momentum, wd, o->t);
+            CDP_KERNEL(k, sgd_step, t->data + from, g, s1, n, lr, (float)o->d.momentum, wd, o->t);
     }
     return CDP_OK;
 }

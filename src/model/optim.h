@@ -32,8 +32,9 @@ cdp_status cdp_optimizer_create_shard(const struct cdp_optimizer_desc *desc, str
 void cdp_optimizer_shard(const struct cdp_optimizer *o, uint64_t *off, uint64_t *len);
 void cdp_optimizer_destroy(struct cdp_optimizer *o);
 
-/* Sum of squares of the model's gradients (each stored tensor once). NAN when
- * a kernel fails or failed before (see cdp_model_record_error). */
+/* Sum of squares of the model's gradients (each stored tensor once), for a
+ * model with whole gradients (not cdp_model_create_sharded's). NAN when a
+ * kernel fails or failed before (see cdp_model_record_error). */
 double cdp_model_grad_sumsq(struct cdp_model *m);
 
 /* One update of every tensor of m (of its shard): gradients are first

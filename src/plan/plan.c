@@ -55,6 +55,27 @@ const char *cdp_schedule_name(enum cdp_schedule_kind s)
     return (unsigned)s < CDP_SCHEDULE_COUNT ? cdp_plan_schedule_names[s] : "?";
 }
 
+int cdp_plan_zero2_allowed(const struct cdp_plan *plan, char *why, size_t cap)
+{
+    const struct cdp_parallel_desc *pd = &plan->parallel;
+    if (pd->rebalance_every > 0) {
+        if (why)
+            snprintf(why, cap, "2 (ZeRO-2) reduces the gradients after every backward, so the replicas must run "
+                     "the same micro-batches; /parallel/rebalance_every %lld moves them: use 0 or 1, or set "
+                     "rebalance_every to 0", (long long)pd->rebalance_every);
+        return 0;
+    }
+    for (int i = 1; pd->balance == CDP_BALANCE_EXPLICIT && i < pd->n_shares; i++)
+        if (pd->shares[i] != pd->shares[0]) {
+            if (why)
+                snprintf(why, cap, "2 (ZeRO-2) reduces the gradients after every backward, so the replicas must "
+                         "run the same micro-batches; /parallel/balance gives shares %lld and %lld: use 0 or 1, or "
+                         "equal shares", (long long)pd->shares[0], (long long)pd->shares[i]);
+            return 0;
+        }
+    return 1;
+}
+
 const char *cdp_recompute_name(enum cdp_recompute r)
 {
     return (unsigned)r < CDP_RECOMPUTE_COUNT ? cdp_plan_recompute_names[r] : "?";
@@ -947,11 +968,10 @@ static cdp_status load_parallel(struct ld *c, const json_t *v)
     const json_t *bal = v ? json_object_get(v, "balance") : NULL;
     if (bal && (st = load_balance(c, bal))) return st;
     if (v && (st = cdp_json_get_int(&c->in, v, P, "rebalance_every", 0, MAX_COUNT, 0, &pd->rebalance_every))) return st;
-    const json_t *zj = v ? json_object_get(v, "zero") : NULL;
-    if (json_is_integer(zj) && json_integer_value(zj) == 2)
-        return cdp_json_fail(&c->in, "/parallel/zero", "2 (ZeRO-2, sharded gradients) is not available yet; 0, 1 or "
-                             "\"auto\"");
-    if (v && (st = cdp_json_get_int(&c->in, v, P, "zero", 0, 1, 1, &pd->zero))) return st;
+    if (v && (st = cdp_json_get_int(&c->in, v, P, "zero", 0, 2, 1, &pd->zero))) return st;
+    char why[256];
+    if (pd->zero == 2 && !cdp_plan_zero2_allowed(c->p, why, sizeof why))
+        return cdp_json_fail(&c->in, "/parallel/zero", "%s", why);
     if ((st = check_shares(c))) return st;
     if ((st = batch_arithmetic(c))) return st;
     if (inter && pd->stages != CDP_AUTO && pd->micro_batches != CDP_AUTO && pd->micro_batches % pd->stages)

@@ -444,6 +444,7 @@ cdp_status cdp_plan_print(const struct cdp_plan *p, FILE *f)
     fprintf(f, ROW "%s\n", "zero",
             pd->zero == CDP_AUTO ? "auto (the planner's choice: sharded when it is needed to fit)"
             : pd->zero == 1      ? "1 (optimizer state sharded over each stage's replicas)"
+            : pd->zero == 2      ? "2 (optimizer state and gradients sharded over each stage's replicas)"
                                  : "0 (every replica keeps all optimizer state)");
 
     const struct cdp_cluster_desc *cd = &p->cluster;
