@@ -227,7 +227,7 @@ static cdp_status sim_procs(struct ctx *c, const int *device, const int *trace_r
                                 .tied_bytes = tied ? c->tied_bytes : 0, .device = device, .n_devices = c->nd,
                                 .bandwidth = c->bw, .latency = c->lat,
                                 .samples_per_mb = (double)c->plan->train.micro_batch, .trace_rank = trace_rank,
-                                .proc = proc};
+                                .proc = proc, .zero = c->R > 1 ? c->zero : 0};
     c->sims++;
     return cdp_sim_run(&sc, out);
 }
@@ -291,7 +291,7 @@ static cdp_status simulate_layout(struct ctx *c, const struct cdp_layout *l, str
 static uint64_t shape_key(const struct ctx *c)
 {
     uint64_t h = 1469598103934665603ull;
-    const int head[6] = {c->p, c->R, c->m, c->v, (int)c->kind, (int)c->rc};
+    const int head[7] = {c->p, c->R, c->m, c->v, (int)c->kind, (int)c->rc, c->zero};
     const unsigned char *b = (const unsigned char *)head;
     for (size_t q = 0; q < sizeof head; q++) h = (h ^ b[q]) * 1099511628211ull;
     b = (const unsigned char *)c->vs;
@@ -425,8 +425,9 @@ static cdp_status cheap_step(struct ctx *c, const int *device, int all, double *
             if (c->bw[a * c->nd + b] > 0) min_bw = fmin(min_bw, c->bw[a * c->nd + b]);
             max_lat = fmax(max_lat, c->lat[a * c->nd + b]);
         }
-        const double moved = 2.0 * (R - 1) / R * bytes;
-        ar = fmax(ar, (isinf(min_bw) ? 0 : moved / min_bw) + 2.0 * (R - 1) * max_lat);
+        /* ZeRO-2: a reduce-scatter after each backward, an all-gather after the step */
+        const double rounds = c->zero >= 2 ? (double)c->m * c->v + 1 : 2, moved = rounds * (R - 1) / R * bytes;
+        ar = fmax(ar, (isinf(min_bw) ? 0 : moved / min_bw) + rounds * (R - 1) * max_lat);
     }
     *step = slowest + ar;
     return CDP_OK;

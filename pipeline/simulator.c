@@ -34,6 +34,7 @@ struct rank_state {
     double work, started;
     enum cdp_event_kind kind;
     int mb;
+    int rs_chunk; /* ZeRO-2: the chunk whose gradient reduce-scatter follows the backward just run; -1 none */
 };
 
 struct sim {
@@ -48,6 +49,7 @@ struct sim {
     int n_links, cap_links;
     int *link_users;      /* transfers moving on each link now */
     int *ar_count, *tied_count; /* arrivals per stage (all-reduce), per replica (tied) */
+    int *rs_count;        /* ZeRO-2: arrivals per stage at the current reduce-scatter */
     int *proc_busy;       /* per processor: its sharing ranks computing now */
     int any_shared;       /* some ranks share a processor */
     struct cdp_sim_result *res;
@@ -148,7 +150,12 @@ static cdp_status send(struct sim *S, int kind, int s, int r, int from_k, int to
 
 /* Ring all-reduce of bytes among ranks idx[0..n-1]: 2(n-1)/n x bytes over the
  * slowest link of the ring, plus 2(n-1) latencies of the slowest hop. */
-static cdp_status collective(struct sim *S, const int *idx, int n, double bytes, double now)
+/* A ring collective of n ranks: an all-reduce moves 2(n-1)/n of bytes
+ * (rounds 2), a reduce-scatter or all-gather (n-1)/n (rounds 1). The ranks go
+ * on past the instruction they wait at when next_pc, else stay where they
+ * are (ZeRO-2's reduce-scatter follows a backward already counted). */
+static cdp_status collective_ex(struct sim *S, const int *idx, int n, double bytes, double rounds, int next_pc,
+                                double now)
 {
     double min_bw = INFINITY, max_lat = 0;
     for (int j = 0; j < n && n > 1; j++) {
@@ -157,8 +164,8 @@ static cdp_status collective(struct sim *S, const int *idx, int n, double bytes,
         if (bw_of(S, a, b) > 0) min_bw = fmin(min_bw, bw_of(S, a, b));
         max_lat = fmax(max_lat, lat_of(S, a, b));
     }
-    const double moved = n > 1 ? 2.0 * (n - 1) / n * bytes : 0;
-    const double dur = n > 1 ? (isinf(min_bw) ? 0 : moved / min_bw) + 2.0 * (n - 1) * max_lat : 0;
+    const double moved = n > 1 ? rounds * (n - 1) / n * bytes : 0;
+    const double dur = n > 1 ? (isinf(min_bw) ? 0 : moved / min_bw) + rounds * (n - 1) * max_lat : 0;
     for (int j = 0; j < n && n > 1; j++) {
         const int a = S->c->device[idx[j]], b = S->c->device[idx[(j + 1) % n]];
         if (a == b || bw_of(S, a, b) <= 0) continue;
@@ -172,9 +179,25 @@ static cdp_status collective(struct sim *S, const int *idx, int n, double bytes,
         struct rank_state *q = &S->rk[idx[j]];
         q->waiting_coll = 0;
         q->busy_until = now + dur;
-        q->pc++;
+        if (next_pc) q->pc++;
     }
     return CDP_OK;
+}
+
+static cdp_status collective(struct sim *S, const int *idx, int n, double bytes, double now)
+{
+    return collective_ex(S, idx, n, bytes, 2, 1, now);
+}
+
+/* The collective of stage s's R replicas (ranks s*R .. s*R + R-1). */
+static cdp_status stage_collective(struct sim *S, int s, double bytes, double rounds, int next_pc, double now)
+{
+    int *idx = malloc((size_t)S->R * sizeof *idx);
+    if (!idx) return cdp_fail(CDP_ERR_NOMEM, "simulator: out of memory");
+    for (int j = 0; j < S->R; j++) idx[j] = s * S->R + j;
+    cdp_status st = collective_ex(S, idx, S->R, bytes, rounds, next_pc, now);
+    free(idx);
+    return st;
 }
 
 /* A compute instruction of d seconds on rank i from now: a rank with a
@@ -209,6 +232,17 @@ static cdp_status step_rank(struct sim *S, int i, double now, int *progressed)
     const int len = c->sched->len[s];
     cdp_status st = CDP_OK;
     while (!q->done && !q->waiting_coll && q->busy_until <= now) {
+        if (q->rs_chunk >= 0) { /* ZeRO-2: the backward's gradient, reduce-scattered */
+            const double bytes = c->vstage[q->rs_chunk * S->p + s].grad_bytes;
+            q->rs_chunk = -1;
+            q->waiting_coll = 1;
+            *progressed = 1;
+            if (++S->rs_count[s] == S->R) {
+                S->rs_count[s] = 0;
+                if ((st = stage_collective(S, s, bytes, 1, 0, now))) return st;
+            }
+            continue;
+        }
         if (q->pc == len) {
             q->done = 1;
             *progressed = 1;
@@ -233,6 +267,7 @@ static cdp_status step_rank(struct sim *S, int i, double now, int *progressed)
             q->in_flight--;
             if ((st = compute(S, i, CDP_EV_BACKWARD, in->mb, vs->bwd_s, now))) return st;
             computes = 1;
+            if (c->zero >= 2 && S->R > 1) q->rs_chunk = in->chunk;
             break;
         case CDP_OP_SEND_ACT:
             if ((st = send(S, 0, s, r, k, k + 1, in->mb, vs->out_bytes, now))) return st;
@@ -252,12 +287,8 @@ static cdp_status step_rank(struct sim *S, int i, double now, int *progressed)
             if (++S->ar_count[s] == S->R) {
                 double bytes = 0;
                 for (int j = s; j < S->nv; j += S->p) bytes += c->vstage[j].grad_bytes;
-                int *idx = malloc((size_t)S->R * sizeof *idx);
-                if (!idx) return cdp_fail(CDP_ERR_NOMEM, "simulator: out of memory");
-                for (int j = 0; j < S->R; j++) idx[j] = s * S->R + j;
-                st = collective(S, idx, S->R, bytes, now);
-                free(idx);
-                if (st) return st;
+                /* ZeRO-2: only the parameters' all-gather is left */
+                if ((st = stage_collective(S, s, bytes, c->zero >= 2 ? 1 : 2, 1, now))) return st;
             }
             continue;
         }
@@ -427,6 +458,7 @@ cdp_status cdp_sim_run(const struct cdp_sim_config *c, struct cdp_sim_result **o
     S.link_of = malloc(nd * sizeof *S.link_of);
     S.ar_count = calloc((size_t)S.p, sizeof *S.ar_count);
     S.tied_count = calloc((size_t)S.R, sizeof *S.tied_count);
+    S.rs_count = calloc((size_t)S.p, sizeof *S.rs_count);
     S.proc_busy = calloc(c->proc ? (size_t)S.N : 1, sizeof *S.proc_busy);
     if (res) {
         res->ranks = S.N;
@@ -434,12 +466,13 @@ cdp_status cdp_sim_run(const struct cdp_sim_config *c, struct cdp_sim_result **o
         res->finish_s = calloc((size_t)S.N, sizeof *res->finish_s);
         res->peak_in_flight = calloc((size_t)S.N, sizeof *res->peak_in_flight);
     }
-    if (!res || !S.rk || !S.x || !S.active || !S.link_of || !S.ar_count || !S.tied_count || !S.proc_busy || !res->busy_s ||
-        !res->finish_s || !res->peak_in_flight) {
+    if (!res || !S.rk || !S.x || !S.active || !S.link_of || !S.ar_count || !S.tied_count || !S.rs_count ||
+        !S.proc_busy || !res->busy_s || !res->finish_s || !res->peak_in_flight) {
         st = cdp_fail(CDP_ERR_NOMEM, "simulator: out of memory for %d ranks", S.N);
         goto fail;
     }
     memset(S.link_of, 0xff, nd * sizeof *S.link_of);
+    for (int i = 0; i < S.N; i++) S.rk[i].rs_chunk = -1;
     /* ranks whose processor others share too run at its share when they compute together */
     for (int i = 0; c->proc && i < S.N; i++)
         for (int j = 0; j < S.N; j++)
@@ -492,6 +525,7 @@ cdp_status cdp_sim_run(const struct cdp_sim_config *c, struct cdp_sim_result **o
     free(S.link_users);
     free(S.ar_count);
     free(S.tied_count);
+    free(S.rs_count);
     free(S.proc_busy);
     *out = res;
     return CDP_OK;
@@ -504,6 +538,7 @@ fail:
     free(S.link_users);
     free(S.ar_count);
     free(S.tied_count);
+    free(S.rs_count);
     free(S.proc_busy);
     cdp_sim_result_free(res);
     return st;

@@ -21,7 +21,8 @@ extern "C" {
 struct cdp_sim_vstage {
     double fwd_s, bwd_s; /* summed unit times */
     double out_bytes;    /* output sent to the next virtual stage (its input gradient comes back) */
-    double grad_bytes;   /* per step: gradient bytes all-reduced over the replicas */
+    double grad_bytes;   /* per step: gradient bytes all-reduced over the replicas (ZeRO-2: reduce-scattered
+                          * after each backward) */
     double opt_s;        /* per step: optimizer time */
 };
 
@@ -40,6 +41,10 @@ struct cdp_sim_config {
     const int *proc;                      /* p*R: the processor (a CPU set, a GPU) (s, r) computes on,
                                              0..p*R-1; ranks on one processor that compute at the same
                                              time each get an equal share of it. NULL: each its own */
+    int zero;                             /* ZeRO stage: 2 reduce-scatters each chunk's gradient over the
+                                             stage's replicas after each of its backwards (a collective,
+                                             (R-1)/R of grad_bytes), and the step's collective is the
+                                             all-gather (the same); 0 and 1: one all-reduce's bytes */
 };
 
 struct cdp_sim_link_stat {

@@ -732,9 +732,38 @@ Test(plan, zero_key)
     cdp_plan_free(p);
     p = NULL;
     cr_assert_eq(cdp_plan_load_string("{\"model\": {\"preset\": \"gpt2\"}, \"parallel\": {\"zero\": 2}}", "t.json", NULL,
-                                      &p), CDP_ERR_INVALID);
-    cr_assert(strstr(cdp_last_error(), "t.json: /parallel/zero: 2 (ZeRO-2, sharded gradients) is not available yet"),
+                                      &p), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(p->parallel.zero, 2);
+    cr_assert_eq(cdp_plan_to_json(p, &json), CDP_OK);
+    cr_assert(strstr(json, "\"zero\": 2"), "%s", json);
+    free(json);
+    cr_assert(cdp_plan_zero2_allowed(p, NULL, 0));
+    cdp_plan_free(p);
+    /* ZeRO-2 reduces after every backward: the replicas must run the same micro-batches */
+    p = NULL;
+    cr_assert_eq(cdp_plan_load_string("{\"model\": {\"preset\": \"gpt2\"}, \"parallel\": {\"replicas\": 2, "
+                                      "\"micro_batches\": 4, \"balance\": [5, 3], \"zero\": 2}}",
+                                      "t.json", NULL, &p),
+                 CDP_ERR_INVALID);
+    cr_assert(strstr(cdp_last_error(), "t.json: /parallel/zero: 2 (ZeRO-2) reduces the gradients after every backward, "
+                                       "so the replicas must run the same micro-batches; /parallel/balance gives shares "
+                                       "5 and 3"),
               "%s", cdp_last_error());
+    p = NULL;
+    cr_assert_eq(cdp_plan_load_string("{\"model\": {\"preset\": \"gpt2\"}, \"parallel\": {\"rebalance_every\": 10, "
+                                      "\"zero\": 2}}", "t.json", NULL, &p),
+                 CDP_ERR_INVALID);
+    cr_assert(strstr(cdp_last_error(), "/parallel/rebalance_every 10 moves them"), "%s", cdp_last_error());
+    p = NULL;
+    cr_assert_eq(cdp_plan_load_string("{\"model\": {\"preset\": \"gpt2\"}, \"parallel\": {\"balance\": [4, 4], "
+                                      "\"replicas\": 2, \"micro_batches\": 4, \"zero\": 2}}", "t.json", NULL, &p),
+                 CDP_OK, "equal shares are fine: %s", cdp_last_error());
+    cdp_plan_free(p);
+    p = NULL;
+    cr_assert_eq(cdp_plan_load_string("{\"model\": {\"preset\": \"gpt2\"}, \"parallel\": {\"rebalance_every\": 10}}",
+                                      "t.json", NULL, &p), CDP_OK, "%s", cdp_last_error());
+    cr_assert_not(cdp_plan_zero2_allowed(p, NULL, 0), "auto does not consider 2 when replicas are rebalanced");
+    cdp_plan_free(p);
     p = NULL;
     cr_assert_eq(cdp_plan_load_string("{\"model\": {\"preset\": \"gpt2\"}, \"parallel\": {\"zero\": 3}}", "t.json", NULL,
                                       &p), CDP_ERR_INVALID);

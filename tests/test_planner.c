@@ -721,5 +721,13 @@ Test(planner, auto_zero_shards_when_that_is_what_fits)
     snprintf(cap, sizeof cap, "%.0fKiB", ceil(whole / 1024) + 1);
     zero_peak("\"auto\"", cap, "", &z, &rc);
     cr_assert_eq(z, 0, "it fits unsharded");
-    cr_log_info("largest rank: %.0f bytes, %.0f with zero 1", whole, sharded);
+    /* ZeRO-2: the gradients sharded too; chosen where ZeRO-1 is not enough */
+    const double grads = zero_peak("2", NULL, ", \"recompute\": \"none\"", &z, &rc);
+    cr_assert_eq(z, 2);
+    cr_assert_lt(grads, sharded);
+    snprintf(cap, sizeof cap, "%.0fKiB", ceil(0.5 * (sharded + grads) / 1024));
+    zero_peak("\"auto\"", cap, "", &z, &rc);
+    cr_assert_eq(z, 2, "cap %s", cap);
+    cr_assert_eq(rc, CDP_RECOMPUTE_NONE, "sharding before recomputing");
+    cr_log_info("largest rank: %.0f bytes, %.0f with zero 1, %.0f with zero 2", whole, sharded, grads);
 }

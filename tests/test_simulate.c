@@ -165,6 +165,31 @@ Test(simulate, allreduce_ring)
     done_fx(&f, r);
 }
 
+/* ZeRO-2 on one stage of two replicas, m micro-batches: after each backward
+ * a reduce-scatter of the gradient ((R-1)/R of it on the ring), and at the
+ * step's end the all-gather (the same); ZeRO-1 moves one all-reduce's bytes. */
+Test(simulate, zero2_reduce_scatters_after_every_backward)
+{
+    struct fixture f;
+    const double g = 1e9, bw = 1e10, lat = 1e-5;
+    for (int z = 1; z <= 2; z++) {
+        setup_fx(&f, CDP_SCHEDULE_1F1B, 1, 1, 3, 2, 1.0, 2.0);
+        f.c.zero = z;
+        f.vs[0].grad_bytes = g;
+        f.bw[0 * NDEV + 1] = f.bw[1 * NDEV + 0] = bw;
+        f.lat[0 * NDEV + 1] = f.lat[1 * NDEV + 0] = lat;
+        struct cdp_sim_result *r = run_fx(&f);
+        const double rs = 0.5 * g / bw + lat; /* one reduce-scatter or all-gather of two ranks */
+        const double want = z == 2 ? 3 * (3.0 + rs) + rs : 3 * 3.0 + 2 * rs;
+        cr_expect_float_eq(r->step_s, want, 1e-9, "zero %d: step %.15g, expected %.15g", z, r->step_s, want);
+        double bytes = 0;
+        for (int l = 0; l < r->n_links; l++) bytes += r->links[l].bytes;
+        const double moved = (z == 2 ? 4 : 2) * 0.5 * g * 2; /* both directions of the ring */
+        cr_expect_float_eq(bytes, moved, 1e-3, "zero %d: %.0f bytes on the links, expected %.0f", z, bytes, moved);
+        done_fx(&f, r);
+    }
+}
+
 /* Activations in flight: 1F1B holds p - s on stage s (stage 0 the most, p),
  * GPipe m everywhere, as the schedule's own count says. (Memory itself is the
  * layout's, cdp_layout_memory: suite layout checks it against the executor.) */
