@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cdp/core.h"
 #include "cdp/device.h"
 #include "cdp/plan.h"
 #include "harness.h"
@@ -148,13 +149,18 @@ struct rc_run {
     uint64_t peak;
 };
 
-static void rc_run(const char *json, enum cdp_recompute r, int B, struct rc_run *o)
+/* shards > 1: gradients sharded (ZeRO-2) over that many replicas, this one
+ * `shard`, with no reduce hook (one replica's sum is its own gradient): the
+ * gradients kept are the shard's, the rest of o->grads NAN. */
+static void rc_run_sharded(const char *json, enum cdp_recompute r, int B, int shards, int shard, struct rc_run *o)
 {
     struct cdp_plan *p = plan_from(json);
     cdp_device_t dev = cpu();
     struct cdp_model *m;
     const int n = (int)cdp_plan_model_units(p);
-    cr_assert_eq(cdp_model_create_ex(&p->model, 0, n, B, 2, 7, r, dev, &m), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(cdp_model_create_sharded(&p->model, 0, n, B, 2, 7, r, shards, shard, dev, &m), CDP_OK, "%s",
+                 cdp_last_error());
+    cr_assert_eq(cdp_model_grads_sharded(m), shards > 1);
     const struct cdp_unit *u0 = cdp_model_unit(m, 0), *ul = cdp_model_unit(m, n - 1);
     int64_t in_n = B;
     for (int d = 0; d < u0->in.ndim; d++) in_n *= u0->in.d[d];
@@ -189,12 +195,30 @@ static void rc_run(const char *json, enum cdp_recompute r, int B, struct rc_run 
         o->table_bwd += 2.0 * B * (cdp_model_unit(m, i)->bwd_flops + cdp_model_unit(m, i)->recompute_flops);
     o->n_grads = cdp_model_param_floats(m);
     o->grads = malloc((size_t)o->n_grads * 4);
-    memcpy(o->grads, cdp_model_tensor(m, 0)->grad, (size_t)o->n_grads * 4);
+    if (shards > 1) {
+        cr_assert_eq(cdp_model_reduce_tied_grads(m), CDP_OK, "%s", cdp_last_error());
+        uint64_t off, len;
+        cdp_shard((uint64_t)o->n_grads, shards, shard, &off, &len);
+        for (int64_t i = 0; i < o->n_grads; i++) o->grads[i] = NAN;
+        for (int i = 0; i < cdp_model_tensor_count(m); i++) {
+            const struct cdp_model_tensor *t = cdp_model_tensor(m, i);
+            const uint64_t at = (uint64_t)(t->data - cdp_model_tensor(m, 0)->data), end = at + (uint64_t)t->numel;
+            const uint64_t lo = at > off ? at : off, hi = end < off + len ? end : off + len;
+            if (lo < hi) memcpy(o->grads + lo, cdp_model_reduced_grad(m, i, lo - at), (size_t)(hi - lo) * 4);
+        }
+    } else {
+        memcpy(o->grads, cdp_model_tensor(m, 0)->grad, (size_t)o->n_grads * 4);
+    }
     o->peak = cdp_device_mem_peak(dev);
     free(dout);
     cdp_model_destroy(m);
     cdp_device_close(dev);
     cdp_plan_free(p);
+}
+
+static void rc_run(const char *json, enum cdp_recompute r, int B, struct rc_run *o)
+{
+    rc_run_sharded(json, r, B, 1, 0, o);
 }
 
 static void rc_free(struct rc_run *o)
@@ -251,6 +275,46 @@ Test(model, recomputation_is_bit_identical_and_keeps_less)
                     "{\"type\": \"relu\"}, {\"type\": \"maxpool2d\", \"kernel\": 2},"
                     "{\"type\": \"flatten\"}, {\"type\": \"linear\", \"out\": 7}, {\"type\": \"gelu\"},"
                     "{\"type\": \"layernorm\"}, {\"type\": \"linear\", \"out\": 3}]}}", 2, 0);
+}
+
+/* ZeRO-2's sharded gradients on one replica: each unit's gradient, made in
+ * the window after each backward and added to the shard, and the tied
+ * tensors kept whole, give the whole model's gradients on every shard (the
+ * shards together cover them all) within rounding (a sum of per-micro-batch
+ * gradients, not one accumulated in place), with less memory. */
+static void check_sharded(const char *json, int B, int shards)
+{
+    struct rc_run base, r;
+    rc_run(json, CDP_RECOMPUTE_NONE, B, &base);
+    int64_t covered = 0;
+    for (int k = 0; k < shards; k++) {
+        rc_run_sharded(json, CDP_RECOMPUTE_NONE, B, shards, k, &r);
+        cr_assert_eq(memcmp(r.out, base.out, (size_t)base.n_out * 4), 0, "shard %d: the outputs differ", k);
+        cr_assert_eq(memcmp(r.din, base.din, (size_t)base.n_din * 4), 0, "shard %d: the input gradient differs", k);
+        double num = 0, den = 0;
+        for (int64_t i = 0; i < base.n_grads; i++) {
+            if (isnan(r.grads[i])) continue;
+            covered++;
+            num += ((double)r.grads[i] - base.grads[i]) * ((double)r.grads[i] - base.grads[i]);
+            den += (double)base.grads[i] * base.grads[i];
+        }
+        const double e = sqrt(num / (den > 0 ? den : 1));
+        cr_assert_leq(e, 1e-6, "shard %d of %d: gradients differ by %.3g", k, shards, e);
+        cr_assert_lt(r.peak, base.peak, "shard %d: peak %llu, not below %llu", k, (unsigned long long)r.peak,
+                     (unsigned long long)base.peak);
+        rc_free(&r);
+    }
+    cr_assert_eq(covered, base.n_grads, "the shards cover every gradient once");
+    rc_free(&base);
+}
+
+Test(model, sharded_gradients_are_the_whole_models)
+{
+    /* tied head: the embedding's table is kept whole and reduced at the end */
+    check_sharded("{\"model\": {\"preset\": \"gpt\", \"vocab\": 37, \"context\": 9, \"layers\": 3, "
+                  "\"heads\": 3, \"embed\": 24}}", 2, 3);
+    check_sharded("{\"model\": {\"preset\": \"mlp\", \"input\": [12], \"hidden\": [32, 24, 16], \"classes\": 5}}", 3,
+                  2);
 }
 
 Test(model, table_memory_matches_hand_counts)

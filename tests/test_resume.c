@@ -148,10 +148,13 @@ Test(resume, killed_rank_resumes_bitwise, .timeout = 120) { crash_and_resume("ki
 /* ZeRO-1: the stage's replicas gather their shards into replica 0's part */
 Test(resume, zero_killed_rank_resumes_bitwise, .timeout = 120) { crash_and_resume_z("kill:1:5", 4, 1); }
 Test(resume, zero_killed_before_a_part_is_written, .timeout = 120) { crash_and_resume_z("killsave:1:4:part", 2, 1); }
+/* ZeRO-2: the same shards of the optimizer state (gradients are not saved) */
+Test(resume, zero2_killed_rank_resumes_bitwise, .timeout = 120) { crash_and_resume_z("kill:1:5", 4, 2); }
 
 /* A ZeRO-1 checkpoint at 4 replicas resumes at 2 replicas with ZeRO-1 and at
  * 2 stages without it; an unsharded one resumes sharded over 4 (uneven
- * shards): every chain ends where an uninterrupted 2 x 2 run does. */
+ * shards); a ZeRO-2 one at 2 x 2 with ZeRO-2, then unsharded: every chain
+ * ends where an uninterrupted 2 x 2 run does. */
 Test(resume, zero_checkpoints_resume_across_layouts, .timeout = 180)
 {
     need_mpi();
@@ -165,18 +168,23 @@ Test(resume, zero_checkpoints_resume_across_layouts, .timeout = 180)
     snprintf(ck, sizeof ck, "%s/ckpt-y", dir);
     run_ok((const char *[]){"-q", "--plan", plan_on_z(dir, "y", CPU_BACKEND, 2, 2, 2, 2, 0), NULL});
     run_ok((const char *[]){"-q", "--plan", plan_on_z(dir, "y", CPU_BACKEND, 1, 4, 1, 6, 1), "--resume", ck, NULL});
+    snprintf(ck, sizeof ck, "%s/ckpt-z", dir);
+    run_ok((const char *[]){"-q", "--plan", plan_on_z(dir, "z", CPU_BACKEND, 1, 4, 1, 2, 2), NULL});
+    run_ok((const char *[]){"-q", "--plan", plan_on_z(dir, "z", CPU_BACKEND, 2, 2, 2, 4, 2), "--resume", ck, NULL});
+    run_ok((const char *[]){"-q", "--plan", plan_on_z(dir, "z", CPU_BACKEND, 2, 1, 4, 6, 0), "--resume", ck, NULL});
     double a[16], b[16];
     cr_assert_eq(losses(dir, "base", a), 6);
-    static const char *const chains[] = {"x", "y"};
-    for (int c = 0; c < 2; c++) {
+    static const char *const chains[] = {"x", "y", "z"};
+    static const char *const said[] = {"zero 1 1x4 -> 1x2 -> zero 0 2x1", "zero 0 2x2 -> zero 1 1x4",
+                                       "zero 2 1x4 -> 2x2 -> zero 0 2x1"};
+    for (int c = 0; c < 3; c++) {
         cr_assert_eq(losses(dir, chains[c], b), 6);
         for (int i = 0; i < 6; i++)
             cr_assert_leq(fabs(a[i] - b[i]), 1e-5 * fabs(a[i]), "%s step %d: %.9g vs %.9g", chains[c], i + 1, b[i],
                           a[i]);
         double e = weights_error(dir, "base", chains[c]);
         cr_assert_leq(e, 1e-5, "%s: weights differ by %.3g", chains[c], e);
-        cr_log_info("%s: worst weight error %.3g", c ? "zero 0 2x2 -> zero 1 1x4" : "zero 1 1x4 -> 1x2 -> zero 0 2x1",
-                    e);
+        cr_log_info("%s: worst weight error %.3g", said[c], e);
     }
 }
 Test(resume, killed_before_a_part_is_written, .timeout = 120) { crash_and_resume("killsave:1:4:part", 2); }
