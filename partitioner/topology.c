@@ -190,7 +190,29 @@ void cdp_topology_free(struct cdp_topology *t)
 
 /* ---- finalize: checks, defaults, derived matrices --------------------------------------- */
 
-static int bad_rate(double v) { return !(v >= 0) || isinf(v); }
+/* 0 (not given) or a finite value in [lo, hi]; else an error naming the
+ * source, the place and the reader's attribute. */
+static cdp_status check_range(const char *what, const char *place, const char *attr, double v, double lo, double hi,
+                              const char *unit)
+{
+    if (v == 0 || (isfinite(v) && v >= lo && v <= hi)) return CDP_OK;
+    return cdp_fail(CDP_ERR_INVALID, "%s: %s: %s %.17g %s: expected 0 (not given) or from %g to %g %s", what, place,
+                    attr, v, unit, lo, hi, unit);
+}
+
+static cdp_status check_rate(const char *what, const char *place, const char *attr, double v)
+{
+    return check_range(what, place, attr, v, CDP_TOPO_RATE_MIN, CDP_TOPO_RATE_MAX, "bytes/s");
+}
+
+static const struct cdp_topo_attr_names model_names = {"NVLink bandwidth", "SYS bandwidth", "copy bandwidth",
+                                                       "PCIe bandwidth", "peak FLOP/s", "NIC rate",
+                                                       "network NIC rate", "network latency"};
+
+cdp_status cdp_topo_finalize(struct cdp_topology *t, const char *what)
+{
+    return cdp_topo_finalize_named(t, what, NULL);
+}
 
 static enum cdp_link_class pcie_class(const struct cdp_topo_gpu *a, const struct cdp_topo_gpu *b)
 {
@@ -280,9 +302,21 @@ static const struct cdp_topo_numa *find_numa(const struct cdp_topology *t, int n
     return NULL;
 }
 
-cdp_status cdp_topo_finalize(struct cdp_topology *t, const char *what)
+cdp_status cdp_topo_finalize_named(struct cdp_topology *t, const char *what, const struct cdp_topo_attr_names *an)
 {
     cdp_status st;
+    char place[96];
+    struct cdp_topo_attr_names nm = model_names;
+    if (an) {
+        if (an->nvlink) nm.nvlink = an->nvlink;
+        if (an->sys) nm.sys = an->sys;
+        if (an->copy) nm.copy = an->copy;
+        if (an->pcie) nm.pcie = an->pcie;
+        if (an->flops) nm.flops = an->flops;
+        if (an->nic) nm.nic = an->nic;
+        if (an->net_rate) nm.net_rate = an->net_rate;
+        if (an->net_latency) nm.net_latency = an->net_latency;
+    }
     if (t->n_nodes < 1) return cdp_fail(CDP_ERR_INVALID, "%s: no machine described", what);
     int seen = 0;
     for (int k = 0; k < t->n_nodes; k++) {
@@ -290,10 +324,10 @@ cdp_status cdp_topo_finalize(struct cdp_topology *t, const char *what)
         if (nd->first_gpu != seen || nd->n_gpus < 0)
             return cdp_fail(CDP_ERR_INTERNAL, "%s: node %d: device range broken", what, k);
         seen += nd->n_gpus;
-        if (bad_rate(nd->nvlink_bw) || bad_rate(nd->sys_bw) || bad_rate(nd->copy_bw))
-            return cdp_fail(CDP_ERR_INVALID, "%s: node %d: bandwidths must be non-negative numbers "
-                            "(nvlink %g, sys %g, copy %g bytes/s)", what, k, nd->nvlink_bw, nd->sys_bw,
-                            nd->copy_bw);
+        snprintf(place, sizeof place, "node %d (%s)", k, nd->name);
+        if ((st = check_rate(what, place, nm.nvlink, nd->nvlink_bw)) || (st = check_rate(what, place, nm.sys, nd->sys_bw)) ||
+            (st = check_rate(what, place, nm.copy, nd->copy_bw)))
+            return st;
         if (nd->nvlink_bw == 0) nd->nvlink_bw = CDP_TOPO_DEFAULT_NVLINK_BW;
         if (t->kind == CDP_TOPO_CPU && nd->copy_bw == 0) nd->copy_bw = CDP_TOPO_DEFAULT_COPY_BW;
         int n = nd->n_gpus;
@@ -325,15 +359,21 @@ cdp_status cdp_topo_finalize(struct cdp_topology *t, const char *what)
     }
     for (int i = 0; i < t->n_nics; i++) {
         struct cdp_topo_nic *c = &t->nics[i];
-        if (bad_rate(c->rate)) return cdp_fail(CDP_ERR_INVALID, "%s: NIC %s: negative rate %g", what, c->name, c->rate);
+        snprintf(place, sizeof place, "NIC %d (%s)", i, c->name);
+        if ((st = check_rate(what, place, nm.nic, c->rate))) return st;
         if (c->node < 0 || c->node >= t->n_nodes)
             return cdp_fail(CDP_ERR_INVALID, "%s: NIC %d: no node %d", what, i, c->node);
         if (!c->name[0]) snprintf(c->name, sizeof c->name, "nic%d", i);
         if (!c->pci_bus_id[0] && t->kind == CDP_TOPO_GPU)
             snprintf(c->pci_bus_id, sizeof c->pci_bus_id, "%04x:%02x:00.0", 0x300 + i / 256, i % 256);
     }
-    if (bad_rate(t->network.nic_rate) || bad_rate(t->network.latency) || t->network.nics_per_node < 0)
-        return cdp_fail(CDP_ERR_INVALID, "%s: network: rate, latency and NIC count must be non-negative", what);
+    if ((st = check_rate(what, "network", nm.net_rate, t->network.nic_rate)) ||
+        (st = check_range(what, "network", nm.net_latency, t->network.latency, CDP_TOPO_LATENCY_MIN,
+                          CDP_TOPO_LATENCY_MAX, "s")))
+        return st;
+    if (t->network.nics_per_node < 0)
+        return cdp_fail(CDP_ERR_INVALID, "%s: network: NIC count %d must be non-negative", what,
+                        t->network.nics_per_node);
     if (t->n_nodes > 1 && t->network.latency == 0) t->network.latency = CDP_TOPO_DEFAULT_NET_LATENCY;
 
     for (int g = 0; g < t->n_gpus; g++) {
@@ -341,8 +381,12 @@ cdp_status cdp_topo_finalize(struct cdp_topology *t, const char *what)
         if (gp->index != g || gp->node < 0 || gp->node >= t->n_nodes ||
             gp->local != g - t->nodes[gp->node].first_gpu)
             return cdp_fail(CDP_ERR_INTERNAL, "%s: device %d: numbering broken", what, g);
-        if (bad_rate(gp->pcie_bw) || bad_rate(gp->peak_fp32) || bad_rate(gp->peak_tf32) || bad_rate(gp->peak_bf16))
-            return cdp_fail(CDP_ERR_INVALID, "%s: GPU %d: bandwidth and FLOP/s must be non-negative", what, g);
+        snprintf(place, sizeof place, "GPU %d (%s)", g, gp->name[0] ? gp->name : "unnamed");
+        if ((st = check_rate(what, place, nm.pcie, gp->pcie_bw))) return st;
+        const double fl[3] = {gp->peak_fp32, gp->peak_tf32, gp->peak_bf16};
+        for (int q = 0; q < 3; q++)
+            if ((st = check_range(what, place, nm.flops, fl[q], CDP_TOPO_FLOPS_MIN, CDP_TOPO_FLOPS_MAX, "FLOP/s")))
+                return st;
         if (t->kind == CDP_TOPO_GPU) {
             const struct cdp_gpu_facts *f = cdp_gpu_facts_find(gp->name);
             if (f && gp->peak_fp32 == 0 && gp->peak_tf32 == 0 && gp->peak_bf16 == 0) {
@@ -498,7 +542,8 @@ cdp_status cdp_topology_cpu(int n_devices, double copy_bw, uint64_t memory_per_d
 {
     cdp_status st;
     if (n_devices < 1) return cdp_fail(CDP_ERR_INVALID, "topology: a CPU topology needs at least one device, got %d", n_devices);
-    if (bad_rate(copy_bw)) return cdp_fail(CDP_ERR_INVALID, "topology: copy bandwidth must be non-negative, got %g", copy_bw);
+    cdp_status cst = check_rate("topology", "cpu devices", "copy bandwidth", copy_bw);
+    if (cst) return cst;
     struct cdp_topology *t = calloc(1, sizeof *t);
     if (!t) return cdp_fail(CDP_ERR_NOMEM, "topology: out of memory");
     if ((st = cdp_topo_alloc(t, 1, 0, 0, 0, 0))) goto fail;
@@ -523,7 +568,7 @@ cdp_status cdp_topology_generic_gpus(int n_gpus, const char *name, uint64_t memo
     cdp_status st;
     if (n_gpus < 1 || n_gpus > 65536)
         return cdp_fail(CDP_ERR_INVALID, "topology: a GPU topology needs 1 to 65536 GPUs, got %d", n_gpus);
-    if (bad_rate(pcie_bw)) return cdp_fail(CDP_ERR_INVALID, "topology: bad PCIe rate %g", pcie_bw);
+    if ((st = check_rate("topology", "generic GPUs", "PCIe bandwidth", pcie_bw))) return st;
     struct cdp_topology *t = calloc(1, sizeof *t);
     if (!t) return cdp_fail(CDP_ERR_NOMEM, "topology: out of memory");
     if ((st = cdp_topo_alloc(t, 1, n_gpus, 0, 0, 0)) || (st = cdp_topo_node_alloc(&t->nodes[0], n_gpus))) goto fail;

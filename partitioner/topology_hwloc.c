@@ -190,6 +190,12 @@ static char *kid_text(const struct cdp_xml *x, const char *kid)
     return b.p;
 }
 
+/* The attributes this reader's values come from, for finalize's messages. */
+static const struct cdp_topo_attr_names hwloc_names = {
+    "info CDPNVLinkBandwidth (or NVLinkBandwidth)", "info CDPSysBandwidth", "info CDPCopyBandwidth",
+    "info CDPPCIeBandwidth (or pci_link_speed)", "info CDPPeakFP32/TF32/BF16", "info CDPRate", "info CDPNetworkRate",
+    "info CDPNetworkLatency"};
+
 static cdp_status read_nvlink_matrix(const struct hload *h, const struct cdp_xml *d, struct cdp_topology *t,
                                      const int *gpu_of_obj, double rate)
 {
@@ -483,7 +489,7 @@ cdp_status cdp_topo_load_hwloc_xml(const struct cdp_xml *root, const char *name,
     }
     if ((v = info(machine, "CDPSource"))) st = cdp_topo_set_source(t, "%s", v);
     else st = cdp_topo_set_source(t, "hwloc XML %s", name);
-    if (st || (st = cdp_topo_finalize(t, name))) goto fail;
+    if (st || (st = cdp_topo_finalize_named(t, name, &hwloc_names))) goto fail;
     CDP_INFO(TOPO, "%s: hwloc XML %s: %d GPUs, %d NVSwitches, %d NICs, %d NUMA nodes", name, ver, t->kind == CDP_TOPO_GPU ? t->n_gpus : 0,
              t->n_nvswitches, t->n_nics, t->n_numa);
     free(h.o);

@@ -24,6 +24,24 @@ cdp_status cdp_topo_switch_alloc(struct cdp_topo_nvswitch *sw, int n);
  * derives the link matrices. what names the source in messages. */
 cdp_status cdp_topo_finalize(struct cdp_topology *t, const char *what);
 
+/* What a reader calls the values finalize checks, for its messages (NULL:
+ * the model's own words). Every rate must be 0 (not given: a default or
+ * none) or within the ranges below (docs/topology.md, "Ranges"). */
+struct cdp_topo_attr_names {
+    const char *nvlink, *sys, *copy; /* a node's bandwidths */
+    const char *pcie, *flops;        /* a GPU's */
+    const char *nic;                 /* a NIC's rate */
+    const char *net_rate, *net_latency;
+};
+cdp_status cdp_topo_finalize_named(struct cdp_topology *t, const char *what, const struct cdp_topo_attr_names *names);
+
+#define CDP_TOPO_RATE_MIN 1e3      /* bytes/s: 1 kB/s */
+#define CDP_TOPO_RATE_MAX 1e15     /* bytes/s: 1 PB/s */
+#define CDP_TOPO_FLOPS_MIN 1e6     /* FLOP/s */
+#define CDP_TOPO_FLOPS_MAX 1e18
+#define CDP_TOPO_LATENCY_MIN 1e-9  /* seconds */
+#define CDP_TOPO_LATENCY_MAX 10.0
+
 /* Sets t->source (copied). */
 cdp_status cdp_topo_set_source(struct cdp_topology *t, const char *fmt, ...) CDP_PRINTF(2, 3);
 

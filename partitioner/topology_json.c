@@ -178,6 +178,11 @@ static cdp_status read_source(const struct jl *c, const json_t *o, struct cdp_to
     return st;
 }
 
+/* The attributes this reader's values come from, for finalize's messages. */
+static const struct cdp_topo_attr_names json_names = {"nvlink_bandwidth", "sys_bandwidth", "copy_bandwidth",
+                                                      "pcie_bandwidth", "peak_flops", "nics[].rate",
+                                                      "/network/nic_rate", "/network/latency_us (in seconds)"};
+
 static cdp_status read_network(const struct jl *c, const json_t *o, struct cdp_topo_network *net)
 {
     cdp_status st;
@@ -437,7 +442,7 @@ static cdp_status read_node(const struct jl *c, const json_t *o, struct cdp_topo
     free(L.v);
     L.v = NULL;
     L.n = 0;
-    if ((st = cdp_topo_finalize(t, c->in.file))) goto fail;
+    if ((st = cdp_topo_finalize_named(t, c->in.file, &json_names))) goto fail;
     *out = t;
     return CDP_OK;
 fail:

@@ -164,6 +164,11 @@ static int gpu_by_busid(const struct nload *L, const char *busid)
     return -1;
 }
 
+/* The attributes this reader's values come from, for finalize's messages. */
+static const struct cdp_topo_attr_names nccl_names = {"NVLink rate (of the GPU's sm)", NULL, NULL,
+                                                      "<pci link_speed x link_width>", NULL, "<net speed>", NULL,
+                                                      NULL};
+
 static int dev_cmp(const void *x, const void *y)
 {
     const struct ngpu *a = x, *b = y;
@@ -351,7 +356,7 @@ cdp_status cdp_topo_load_nccl_xml(const struct cdp_xml *root, const char *name, 
         c->rate = L->c[i].rate;
     }
     if ((st = cdp_topo_set_source(t, "NCCL topology XML %s", name))) goto fail;
-    if ((st = cdp_topo_finalize(t, name))) goto fail;
+    if ((st = cdp_topo_finalize_named(t, name, &nccl_names))) goto fail;
     CDP_INFO(TOPO, "%s: NCCL XML: %d GPUs, %d NVSwitches, %d NICs, %d NUMA nodes", name, t->n_gpus,
              t->n_nvswitches, t->n_nics, t->n_numa);
     free(L->g);

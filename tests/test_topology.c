@@ -1248,3 +1248,74 @@ Test(topology, cli_bad_files_and_multi_node_export)
               r.out);
     cdp_test_run_free(&r);
 }
+
+/* ---- rates out of range ------------------------------------------------------------------ */
+
+/* text with the first occurrence of `from` replaced by `to` (owned). */
+static char *replaced(const char *text, const char *from, const char *to)
+{
+    const char *at = strstr(text, from);
+    cr_assert_not_null(at, "no %s in the text", from);
+    char *out = malloc(strlen(text) + strlen(to) + 1);
+    cr_assert_not_null(out);
+    memcpy(out, text, (size_t)(at - text));
+    strcpy(out + (at - text), to);
+    strcat(out, at + strlen(from));
+    return out;
+}
+
+static void refused(const char *text, const char *file, const char *want)
+{
+    struct cdp_topology *t = NULL;
+    cr_assert_eq(cdp_topology_load_text(text, strlen(text), file, &t), CDP_ERR_INVALID, "%s: accepted (%s)", file,
+                 want);
+    cr_assert(strstr(cdp_last_error(), file) && strstr(cdp_last_error(), want), "%s: %s", want, cdp_last_error());
+    cr_assert(strstr(cdp_last_error(), "expected 0 (not given) or from") || strstr(cdp_last_error(), "expected a"),
+              "what is expected is named: %s", cdp_last_error());
+}
+
+/* inf, 1e308, 2^64 and 5e-324 bytes/s are refused from each reader, naming
+ * the file and the attribute (docs/topology.md, "Ranges"). */
+Test(topology, absurd_rates_are_refused_naming_file_and_attribute)
+{
+    static const char *const bad[] = {"inf", "1e308", "18446744073709551616", "5e-324", "nan"};
+    struct cdp_topology *t = load("dgx1-v100");
+    char *json = NULL, *xml = NULL;
+    cr_assert_eq(cdp_topology_to_native_json(t, &json), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(cdp_topology_to_hwloc_xml(t, &xml), CDP_OK, "%s", cdp_last_error());
+    char *nccl = cdp_test_read_file(cdp_test_source_path("tests/fixtures/topology/nccl-4gpu.xml"));
+    cr_assert_not_null(nccl);
+    char from[128], to[128];
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        /* JSON has no inf or nan numbers: as strings they are not rates */
+        const int number = strcmp(bad[i], "inf") && strcmp(bad[i], "nan");
+        /* (2^64 as an integer is beyond jansson's: "too big integer" at its line; as a real it reaches the check) */
+        const char *v = strcmp(bad[i], "18446744073709551616") ? bad[i] : "1.8446744073709552e19";
+        snprintf(to, sizeof to, number ? "\"nvlink_bandwidth\": %s," : "\"nvlink_bandwidth\": \"%sGB/s\",", v);
+        char *a = strstr(json, "\"nvlink_bandwidth\": ");
+        cr_assert_not_null(a);
+        const char *comma = strchr(a, ',');
+        snprintf(from, sizeof from, "%.*s", (int)(comma - a + 1), a);
+        char *x = replaced(json, from, to);
+        refused(x, "bad.json", number ? "nvlink_bandwidth" : "/nvlink_bandwidth");
+        free(x);
+        /* hwloc XML: the machine's SYS rate */
+        const char *s = strstr(xml, "name=\"CDPSysBandwidth\" value=\"");
+        cr_assert_not_null(s);
+        s += strlen("name=\"CDPSysBandwidth\" value=\"");
+        snprintf(from, sizeof from, "name=\"CDPSysBandwidth\" value=\"%.*s\"", (int)(strchr(s, '"') - s), s);
+        snprintf(to, sizeof to, "name=\"CDPSysBandwidth\" value=\"%s\"", bad[i]);
+        x = replaced(xml, from, to);
+        refused(x, "bad-hwloc.xml", "CDPSysBandwidth");
+        free(x);
+        /* NCCL XML: a NIC's speed in Mb/s (x 1e6 / 8 bytes/s: 5e-324 becomes 6e-319) */
+        snprintf(to, sizeof to, "speed=\"%s\"", bad[i]);
+        x = replaced(nccl, "speed=\"200000\"", to);
+        refused(x, "bad-nccl.xml", "<net speed>");
+        free(x);
+    }
+    free(json);
+    free(xml);
+    free(nccl);
+    cdp_topology_free(t);
+}
