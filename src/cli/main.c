@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -218,6 +219,24 @@ static int parse_args(int argc, char **argv, struct cli_args *a)
     return -1;
 }
 
+/* A launched rank's last word for the launcher (CDP_RANK_STATUS_DIR/rank-N.end,
+ * set by launch()): written when it ends by itself, fails, or is stopped by
+ * the launcher, so that a rank without one is the one that died. Only
+ * async-signal-safe calls: on_term writes it too. */
+static char status_path[4200];
+
+static void rank_status(const char *what)
+{
+    if (!status_path[0]) return;
+    const int fd = open(status_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0) return;
+    size_t n = 0;
+    while (what[n]) n++;
+    ssize_t ignored = write(fd, what, n);
+    (void)ignored;
+    close(fd);
+}
+
 /* When the launcher stops this rank because another failed, say what it was doing. */
 static void on_term(int sig)
 {
@@ -231,6 +250,7 @@ static void on_term(int sig)
     msg[n++] = '\n';
     ssize_t ignored = write(2, msg, n);
     (void)ignored;
+    rank_status("stopped\n");
     _exit(128 + sig);
 }
 
@@ -261,8 +281,10 @@ static int run_ranks(const struct cli_args *a, const struct cdp_plan *plan, cons
         fprintf(stderr, "cdphybrid: %s\n", cdp_last_error());
         return EXIT_RUN_FAILED;
     }
-    signal(SIGTERM, on_term);
     const int rank = cdp_comm_rank(world);
+    const char *sd = getenv("CDP_RANK_STATUS_DIR");
+    if (sd && *sd) snprintf(status_path, sizeof status_path, "%s/rank-%d.end", sd, rank);
+    signal(SIGTERM, on_term);
     struct cdp_train_opts opts = {.out = a->quiet || rank != 0 ? NULL : stdout, .progress = 0,
                                   .resume = resume_dir(a, plan)};
     cdp_status st = cdp_comm_size(world) == layout->n_ranks ? cdp_launch_check_node(layout, rank) : CDP_OK;
@@ -270,11 +292,13 @@ static int run_ranks(const struct cli_args *a, const struct cdp_plan *plan, cons
     if (st) {
         fprintf(stderr, "cdphybrid: %s\n", cdp_last_error());
         fflush(stdout);
+        rank_status("failed\n");
         /* the others may be waiting on this rank: end the whole job */
         cdp_comm_abort(world, cdp_cli_exit_code(st));
     }
     fflush(stdout);
     cdp_comm_free(world);
+    rank_status("done\n");
     return 0;
 }
 
@@ -383,7 +407,14 @@ static char **rank_args(const struct cli_args *a, const char *planned)
     return v;
 }
 
-/* Starts the layout's ranks (mpirun or srun) on the planned file and waits. */
+static const char *mpi_launcher_name(const struct cdp_launch_spec *s)
+{
+    return cdp_launch_which(s) == CDP_LAUNCHER_SRUN ? "srun" : "mpirun";
+}
+
+/* Starts the layout's ranks (mpirun or srun) on the planned file and waits.
+ * Exit codes stay 0, 1 and 2: a rank that died (mpirun's 137 for a SIGKILL)
+ * is 1, named with its place in the layout. */
 static int launch(const struct cli_args *a, const struct cdp_plan *plan, const struct cdp_layout *l,
                   const char *planned, const char *tmpdir)
 {
@@ -404,7 +435,12 @@ static int launch(const struct cli_args *a, const struct cdp_plan *plan, const s
     struct cdp_launch_spec spec = {.layout = l, .program = self, .args = args, .hostfile = a->hostfile,
                                    .tmpdir = tmpdir};
     int code = 0;
+    /* one node: the ranks leave their last word in the launcher's folder */
+    int nodes = 0;
+    for (int i = 0; i < l->n_ranks; i++) nodes += i == 0 || l->rank[i].node != l->rank[i - 1].node;
+    if (nodes == 1) setenv("CDP_RANK_STATUS_DIR", tmpdir, 1);
     cdp_status st = cdp_launch_run(&spec, &code);
+    unsetenv("CDP_RANK_STATUS_DIR");
     free(args);
     if (st) {
         fprintf(stderr, "cdphybrid: %s: the layout has %d ranks: %s; install openmpi-bin, or start the ranks "
@@ -412,16 +448,45 @@ static int launch(const struct cli_args *a, const struct cdp_plan *plan, const s
                 l->n_ranks, self, planned);
         return cdp_cli_exit_code(st);
     }
-    return code;
+    if (code == 0 || code == EXIT_RUN_FAILED || code == EXIT_USAGE) return code;
+    /* a rank died (a signal, or the launcher's own code): say which, and exit 1 */
+    char how[64];
+    if (code > 128 && code < 128 + 65) {
+        const char *name = strsignal(code - 128);
+        snprintf(how, sizeof how, "signal %d (%s)", code - 128, name ? name : "?");
+    } else {
+        snprintf(how, sizeof how, "exit code %d", code);
+    }
+    int named = 0;
+    for (int i = 0; nodes == 1 && i < l->n_ranks; i++) {
+        char path[4300];
+        snprintf(path, sizeof path, "%s/rank-%d.end", tmpdir, i);
+        if (access(path, F_OK) == 0) continue;
+        const struct cdp_layout_rank *k = &l->rank[i];
+        char host[256] = "";
+        if (gethostname(host, sizeof host - 1) != 0) snprintf(host, sizeof host, "?");
+        fprintf(stderr, "cdphybrid: rank %d/%d (stage %d, replica %d) on node %d (%s) died without a word; %s ended "
+                        "the job with %s; where the other ranks were is above\n", i, l->n_ranks, k->stage,
+                k->replica, k->node, host, mpi_launcher_name(&spec), how);
+        named++;
+    }
+    if (!named)
+        fprintf(stderr, "cdphybrid: %s ended the job with %s (a rank died; the lines above say where the others "
+                        "were)\n", mpi_launcher_name(&spec), how);
+    return EXIT_RUN_FAILED;
 }
 
 /* Removes a folder made for one launch and what the launch wrote in it
  * (planned: the planned file when it went there, else NULL). */
-static void remove_tmpdir(const char *dir, const char *planned)
+static void remove_tmpdir(const char *dir, const char *planned, int n_ranks)
 {
     char hosts[4200];
     snprintf(hosts, sizeof hosts, "%s/hosts.txt", dir);
     remove(hosts);
+    for (int i = 0; i < n_ranks; i++) { /* the ranks' last words (launch) */
+        snprintf(hosts, sizeof hosts, "%s/rank-%d.end", dir, i);
+        remove(hosts);
+    }
     if (planned) remove(planned);
     rmdir(dir);
 }
@@ -485,7 +550,7 @@ static int train(const struct cli_args *a, struct cdp_plan *plan, const struct c
         code = st ? cdp_cli_exit_code(st) : 0;
         if (st) fprintf(stderr, "cdphybrid: %s\n", cdp_last_error());
     }
-    if (tmpdir[0]) remove_tmpdir(tmpdir, dir ? NULL : planned);
+    if (tmpdir[0]) remove_tmpdir(tmpdir, dir ? NULL : planned, l->n_ranks);
     free(dir);
     if (!code && fflush(stdout) != 0) {
         fprintf(stderr, "cdphybrid: cannot write to standard output\n");
