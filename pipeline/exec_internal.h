@@ -141,6 +141,10 @@ struct cdp_exec_totals {
 
 void cdp_exec_print_shares(FILE *f, const int64_t *share, int R);
 cdp_status cdp_exec_write_layout_record(const struct exec *e, FILE *f);
+/* metrics.jsonl for this run (rank 0): new, or for a resume after step0 cut
+ * back to that step (the lines of later steps, and a line a crash left
+ * unfinished, removed; said on e->out) and appended to. */
+cdp_status cdp_exec_open_metrics(const struct exec *e, FILE **out);
 void cdp_exec_print_header(const struct exec *e, const struct cdp_exec_totals *t, FILE *out);
 cdp_status cdp_exec_write_step_record(const struct exec *e, const struct cdp_exec_step *s,
                                       const struct cdp_exec_totals *t, FILE *f);

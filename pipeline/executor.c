@@ -155,10 +155,7 @@ cdp_status cdp_exec_run(const struct cdp_plan *p, const struct cdp_layout *layou
     if ((st = cdp_exec_setup(&e))) goto fail;
     if (o && o->resume && (st = cdp_exec_resume(&e, o->resume))) goto fail;
     if ((st = cdp_monitor_create(e.s, e.r, e.dev, &e.monitor))) goto fail;
-    if (e.rank == 0 && p->output.metrics && !(metrics = fopen(p->output.metrics, e.step0 ? "a" : "w"))) {
-        st = cdp_fail(CDP_ERR_IO, "%s: cannot write: %s", p->output.metrics, strerror(errno));
-        goto fail;
-    }
+    if (e.rank == 0 && p->output.metrics && (st = cdp_exec_open_metrics(&e, &metrics))) goto fail;
     if (metrics && (st = cdp_exec_write_layout_record(&e, metrics))) goto fail;
     if ((st = totals_of(&e, &tot))) goto fail;
     if (e.rank == 0 && out) cdp_exec_print_header(&e, &tot, out);
@@ -186,15 +183,16 @@ cdp_status cdp_exec_run(const struct cdp_plan *p, const struct cdp_layout *layou
             if ((st = cdp_exec_validate(&e, &s.val_loss))) goto fail;
             sum.val_loss = s.val_loss;
         }
+        /* the step's record before its checkpoint: a resume from that
+         * checkpoint then always finds it (and cuts what came after) */
+        if (e.rank == 0 && metrics && (st = cdp_exec_write_step_record(&e, &s, &tot, metrics))) goto fail;
+        if (e.rank == 0 && out) cdp_exec_print_step(&e, &s, &tot, o->progress, out);
         if (p->train.checkpoint.dir && (step % p->train.checkpoint.every == 0 || last) &&
             (st = cdp_exec_save_checkpoint(&e, step)))
             goto fail;
         if (p->parallel.rebalance_every > 0 && e.R > 1 && step % p->parallel.rebalance_every == 0 && !last &&
             (st = cdp_exec_rebalance(&e, step)))
             goto fail;
-        if (e.rank != 0) continue;
-        if (metrics && (st = cdp_exec_write_step_record(&e, &s, &tot, metrics))) goto fail;
-        if (out) cdp_exec_print_step(&e, &s, &tot, o->progress, out);
     }
     summary_finish(&sum, &e, &tot, measured, (double)(cdp_time_ns() - t_start) / 1e9);
     if ((st = cdp_exec_write_traces(&e))) goto fail;

@@ -7,6 +7,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cdp/core.h"
 #include "model/safetensors.h"
@@ -36,6 +37,60 @@ static cdp_status write_line(const struct exec *e, json_t *o, FILE *f)
     const int bad = fputs(text, f) < 0 || fputc('\n', f) == EOF || fflush(f) != 0;
     free(text);
     return bad ? cdp_fail(CDP_ERR_IO, "%s: cannot write: %s", e->plan->output.metrics, strerror(errno)) : CDP_OK;
+}
+
+/* Where metrics.jsonl is cut for a run resumed after step step0: the start
+ * of the first line that records a later step (those steps run again), or of
+ * a line a crash left unfinished or unreadable; the file's length if none. */
+static long metrics_cut_at(const char *text, long len, int64_t step0, long *dropped)
+{
+    long at = 0;
+    *dropped = 0;
+    while (at < len) {
+        const char *nl = memchr(text + at, '\n', (size_t)(len - at));
+        if (!nl) break; /* an unfinished last line */
+        json_error_t err;
+        json_t *o = json_loadb(text + at, (size_t)(nl - (text + at)), 0, &err);
+        const json_t *step = o ? json_object_get(o, "step") : NULL;
+        const int later = !o || (json_is_integer(step) && json_integer_value(step) > step0);
+        json_decref(o);
+        if (later) break;
+        at = (long)(nl - text) + 1;
+    }
+    for (long i = at; i < len; i++) *dropped += text[i] == '\n';
+    if (at < len && text[len - 1] != '\n') ++*dropped; /* and the unfinished one */
+    return at;
+}
+
+cdp_status cdp_exec_open_metrics(const struct exec *e, FILE **out)
+{
+    const char *path = e->plan->output.metrics;
+    *out = NULL;
+    if (e->step0 > 0) {
+        /* a resume: the steps after the checkpoint run again, so their lines go */
+        FILE *f = fopen(path, "r+");
+        if (f) {
+            char *text = NULL;
+            long len = -1;
+            if (fseek(f, 0, SEEK_END) == 0 && (len = ftell(f)) >= 0 && fseek(f, 0, SEEK_SET) == 0 &&
+                (text = malloc((size_t)len + 1)) && fread(text, 1, (size_t)len, f) != (size_t)len)
+                len = -1;
+            long dropped = 0;
+            const long at = len >= 0 && text ? metrics_cut_at(text, len, e->step0, &dropped) : -1;
+            free(text);
+            const int bad = at < 0 || (at < len && ftruncate(fileno(f), (off_t)at) != 0);
+            const int err = errno;
+            fclose(f);
+            if (bad) return cdp_fail(CDP_ERR_IO, "%s: cannot cut it back to step %lld for the resume: %s", path,
+                                     (long long)e->step0, strerror(err));
+            if (dropped && e->out)
+                fprintf(e->out, "resuming after step %lld: %s: %ld later line%s removed (those steps run again)\n",
+                        (long long)e->step0, path, dropped, dropped == 1 ? "" : "s");
+        }
+    }
+    if (!(*out = fopen(path, e->step0 ? "a" : "w")))
+        return cdp_fail(CDP_ERR_IO, "%s: cannot write: %s", path, strerror(errno));
+    return CDP_OK;
 }
 
 /* metrics.jsonl's first record of a run: the layout it runs, every rank's

@@ -2,6 +2,7 @@
  * any point of a save, and under another layout. Runs the real binary (under
  * mpirun for several ranks). */
 #include <criterion/criterion.h>
+#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -79,6 +80,32 @@ static int losses(const char *dir, const char *name, double *out)
     return n;
 }
 
+/* Every line of name.jsonl is whole JSON, and the step records are 1..n,
+ * each once, in order (a resume cuts the lines of the steps it runs again). */
+static void steps_once(const char *dir, const char *name, int n)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/%s.jsonl", dir, name);
+    char *t = cdp_test_read_file(path);
+    cr_assert_not_null(t, "%s", path);
+    cr_assert(*t && t[strlen(t) - 1] == '\n', "%s ends inside a line", path);
+    int next = 1;
+    for (char *line = strtok(t, "\n"); line; line = strtok(NULL, "\n")) {
+        json_error_t e;
+        json_t *o = json_loads(line, 0, &e);
+        cr_assert_not_null(o, "%s: not JSON: %s", path, line);
+        const json_t *st = json_object_get(o, "step");
+        if (json_is_integer(st)) {
+            cr_assert_eq(json_integer_value(st), next, "%s: step %lld where %d was next", path,
+                         (long long)json_integer_value(st), next);
+            next++;
+        }
+        json_decref(o);
+    }
+    cr_assert_eq(next, n + 1, "%s: %d steps recorded, expected %d", path, next - 1, n);
+    free(t);
+}
+
 static double weights_error(const char *dir, const char *a, const char *b)
 {
     char pa[4200], pb[4200];
@@ -129,12 +156,21 @@ static void crash_and_resume_z(const char *fault, int resumed_from, int zero)
     struct cdp_run r = run((const char *[]){"-q", "--plan", crash, NULL}, fault);
     cr_assert_neq(r.exit_code, 0, "the fault %s did not stop the run", fault);
     cdp_test_run_free(&r);
+    /* as if the crash had cut a line in half */
+    char mpath[4200];
+    snprintf(mpath, sizeof mpath, "%s/crash.jsonl", dir);
+    FILE *mf = fopen(mpath, "a");
+    cr_assert_not_null(mf);
+    fputs("{\"step\": 9, \"lo", mf);
+    fclose(mf);
     r = run((const char *[]){"--plan", crash, "--resume", NULL}, NULL);
     cr_assert_eq(r.exit_code, 0, "resume after %s: %s", fault, r.err);
     char want[64];
     snprintf(want, sizeof want, "at step %d", resumed_from);
     cr_assert(strstr(r.out, want), "after %s, expected to resume %s: %s", fault, want, r.out);
+    cr_assert(strstr(r.out, "later line") && strstr(r.out, "removed (those steps run again)"), "%s", r.out);
     cdp_test_run_free(&r);
+    steps_once(dir, "crash", 6);
     double a[16], b[16];
     cr_assert_eq(losses(dir, "base", a), 6);
     cr_assert_eq(losses(dir, "crash", b), 6);
