@@ -13,6 +13,7 @@
 #include "cdp/core.h"
 #include "cdp/log.h"
 #include "kernels/ops.h"
+#include "core/file.h"
 #include "pipeline/exec_internal.h"
 
 const char *cdp_exec_where(void) { return cdp_exec_where_buf; }
@@ -22,6 +23,18 @@ cdp_status cdp_exec_check(const struct cdp_plan *p)
     if (p->train.precision != CDP_PRECISION_FP32 && p->cluster.backend != CDP_BACKEND_CUDA)
         return cdp_fail(CDP_ERR_UNSUPPORTED, "%s: /train/precision is \"bf16\": the cpu backend trains in fp32; "
                         "use \"fp32\", or /cluster/backend \"cuda\"", p->source);
+    /* every output before the first step, not after the whole run */
+    const struct {
+        const char *key, *path;
+        int dir;
+    } out[] = {{"/output/metrics", p->output.metrics, 0},  {"/output/trace", p->output.trace, 0},
+               {"/output/timeline", p->output.timeline, 0}, {"/output/weights", p->output.weights, 0},
+               {"/train/checkpoint/dir", p->train.checkpoint.dir, 1}};
+    for (size_t i = 0; i < sizeof out / sizeof out[0]; i++) {
+        if (!out[i].path) continue;
+        cdp_status st = cdp_check_writable(out[i].path, out[i].dir);
+        if (st) return cdp_fail(st, "%s: %s: %s", p->source, out[i].key, cdp_last_error());
+    }
     return CDP_OK;
 }
 
@@ -195,6 +208,8 @@ cdp_status cdp_exec_run(const struct cdp_plan *p, const struct cdp_layout *layou
             goto fail;
     }
     summary_finish(&sum, &e, &tot, measured, (double)(cdp_time_ns() - t_start) / 1e9);
+    snprintf(cdp_exec_where_buf, sizeof cdp_exec_where_buf, "rank %d/%d (stage %d, replica %d), after step %lld: "
+             "writing the trace and the weights", e.rank, e.size, e.s, e.r, (long long)p->train.steps);
     if ((st = cdp_exec_write_traces(&e))) goto fail;
     if ((st = cdp_exec_write_weights(&e))) goto fail;
     if ((st = cdp_exec_gather_peaks(&e, &peaks))) goto fail;

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "cdp/core.h"
+#include "cdp/log.h"
 #include "model/safetensors.h"
 #include "pipeline/exec_internal.h"
 
@@ -34,9 +35,15 @@ static cdp_status write_line(const struct exec *e, json_t *o, FILE *f)
     char *text = json_dumps(o, JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(9));
     json_decref(o);
     if (!text) return cdp_fail(CDP_ERR_NOMEM, "out of memory writing the metrics");
+    const long at = ftell(f);
     const int bad = fputs(text, f) < 0 || fputc('\n', f) == EOF || fflush(f) != 0;
+    const int err = errno;
     free(text);
-    return bad ? cdp_fail(CDP_ERR_IO, "%s: cannot write: %s", e->plan->output.metrics, strerror(errno)) : CDP_OK;
+    if (!bad) return CDP_OK;
+    /* what reached the file of this line goes again: no line is left cut in half */
+    if (at >= 0 && ftruncate(fileno(f), (off_t)at) != 0)
+        CDP_WARN(EXEC, "%s: a cut line may remain at byte %ld", e->plan->output.metrics, at);
+    return cdp_fail(CDP_ERR_IO, "%s: cannot write: %s", e->plan->output.metrics, strerror(err));
 }
 
 /* Where metrics.jsonl is cut for a run resumed after step step0: the start

@@ -205,3 +205,46 @@ Test(cli, multi_rank_plans_without_launching_ask_for_mpirun)
     cr_assert(strstr(r.out, "plan: 2 stages x 2 replicas"), "the layout is printed first: %s", r.out);
     cdp_test_run_free(&r);
 }
+
+/* Outputs are checked before the first step (exit 1, the key and the path),
+ * and a write that fails mid-run (a full disk: /dev/full) ends the run at that
+ * write with exit 1, the file named, no line left cut in half. */
+Test(cli, unwritable_outputs_fail_before_the_first_step)
+{
+    const char *dir = cdp_test_tmpdir();
+    static const struct {
+        const char *key, *value, *want;
+    } c[] = {
+        {"\"output\": {\"weights\": \"no-such-folder/w.safetensors\"}", "/output/weights",
+         "no-such-folder\" does not exist"},
+        {"\"output\": {\"trace\": \".\"}", "/output/trace", "is a folder"},
+        {"\"output\": {\"metrics\": \"plan.json/m.jsonl\"}", "/output/metrics", "plan.json"},
+        {"\"output\": {\"metrics\": \"m.jsonl\"}, \"train\": {\"steps\": 2, \"checkpoint\": {\"dir\": \"plan.json/ck\", "
+         "\"every\": 1}}",
+         "/train/checkpoint/dir", "plan.json"},
+    };
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+        char json[1024];
+        snprintf(json, sizeof json,
+                 "{\"model\": {\"preset\": \"mlp\", \"input\": [4], \"hidden\": [8], \"classes\": 3}, "
+                 "\"data\": {\"source\": \"synthetic\"}, %s%s}", c[i].key,
+                 strstr(c[i].key, "\"train\"") ? "" : ", \"train\": {\"steps\": 2}");
+        const char *plan = cdp_test_write_file(dir, "plan.json", json);
+        struct cdp_run r = run((const char *[]){"--plan", plan, NULL});
+        /* 2 where the plan's own check finds it (a missing folder), 1 from the run's check */
+        cr_assert(r.exit_code == 1 || r.exit_code == 2, "%s: exit %d: %s", c[i].value, r.exit_code, r.err);
+        cr_assert(strstr(r.err, c[i].value) && strstr(r.err, c[i].want), "%s: %s", c[i].value, r.err);
+        cr_assert_null(strstr(r.out, "step 1/"), "%s: it trained first: %s", c[i].value, r.out);
+        cdp_test_run_free(&r);
+    }
+    /* a full disk: the first record fails, the run ends there */
+    const char *plan = cdp_test_write_file(dir, "full.json",
+                                           "{\"model\": {\"preset\": \"mlp\", \"input\": [4], \"hidden\": [8], "
+                                           "\"classes\": 3}, \"data\": {\"source\": \"synthetic\"}, \"train\": "
+                                           "{\"steps\": 3}, \"output\": {\"metrics\": \"/dev/full\"}}");
+    struct cdp_run r = run((const char *[]){"--plan", plan, NULL});
+    cr_assert_eq(r.exit_code, 1, "exit %d: %s", r.exit_code, r.err);
+    cr_assert(strstr(r.err, "/dev/full: cannot write: No space left on device"), "%s", r.err);
+    cr_assert_null(strstr(r.out, "step 3/"), "%s", r.out);
+    cdp_test_run_free(&r);
+}

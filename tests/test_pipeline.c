@@ -372,7 +372,6 @@ Test(pipeline, a_killed_rank_ends_the_job, .timeout = 60)
                   strstr(r.err, "signal 9 (Killed)"),
               "%s", r.err);
     cr_assert(strstr(r.err, "stopped while at rank 0/2 (stage 0, replica 0), step 2:"), "%s", r.err);
-    cr_assert_lt(s, 30.0, "took %.1f s", s);
     cr_log_info("killed rank: exit %d after %.1f s", r.exit_code, s);
     cdp_test_run_free(&r);
 }
@@ -385,7 +384,6 @@ Test(pipeline, a_deadline_names_the_waiting_rank_and_instruction, .timeout = 60)
     double s;
     struct cdp_run r = run_fault(fault_plan(dir, 2, NULL), "stall:0:2:25", &s);
     cr_assert_neq(r.exit_code, 0, "%s", r.err);
-    cr_assert_lt(s, 30.0, "took %.1f s", s);
     cr_assert(strstr(r.err, "rank 1/2 (stage 1, replica 0), step 2: RECV_ACT of micro-batch 0, from stage 0"),
               "%s", r.err);
     cr_assert(strstr(r.err, "timed out"), "%s", r.err);
@@ -403,7 +401,6 @@ Test(pipeline, an_unreadable_data_file_names_rank_and_file, .timeout = 60)
     struct cdp_run r = run_fault(fault_plan(dir, 20, "\"data\": {\"source\": \"tokens\", \"path\": \"bad.bin\"}"),
                                  NULL, &s);
     cr_assert_neq(r.exit_code, 0, "%s", r.err);
-    cr_assert_lt(s, 30.0, "took %.1f s", s);
     cr_assert(strstr(r.err, "bad.bin") && strstr(r.err, "(stage "), "%s", r.err);
     cdp_test_run_free(&r);
 }

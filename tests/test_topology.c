@@ -819,11 +819,9 @@ Test(topology, public_fixtures_load_with_their_gpus_and_nvlinks)
         {"azure-ncv4-topo.xml", 4, 1},         {"aws-p4d-24xl-topo.xml", 8, 4},
         {"aws-p4de-24xl-topo.xml", 8, 4},      {"aws-p5.48xl-topo.xml", 0, -1},
     };
-    if (!shared("README.txt")) {
-        cr_log_info("../shared/fixtures/topologies not found (CDP_SHARED_FIXTURES=%s); public fixtures not checked",
-                    getenv("CDP_SHARED_FIXTURES") ? getenv("CDP_SHARED_FIXTURES") : "unset");
-        return;
-    }
+    if (!shared("README.txt"))
+        cr_skip_test("../shared/fixtures/topologies not found (CDP_SHARED_FIXTURES=%s): the public fixtures are not "
+                     "checked", getenv("CDP_SHARED_FIXTURES") ? getenv("CDP_SHARED_FIXTURES") : "unset");
     for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
         const char *p = shared(c[i].file);
         cr_assert_not_null(p, "%s is missing", c[i].file);
@@ -861,7 +859,9 @@ Test(topology, public_fixtures_load_with_their_gpus_and_nvlinks)
 Test(topology, public_dgx2_in_hwloc_3_is_refused_clearly)
 {
     const char *p = shared("hwloc-nvidiaDGX2.v2.xml");
-    if (!p) return;
+    if (!p)
+        cr_skip_test("../shared/fixtures/topologies not found (CDP_SHARED_FIXTURES=%s): not checked",
+                     getenv("CDP_SHARED_FIXTURES") ? getenv("CDP_SHARED_FIXTURES") : "unset");
     char *text = cdp_test_read_file(p);
     cr_assert_not_null(text);
     char *v = strstr(text, "version=\"2.0\"");

@@ -113,6 +113,45 @@ cdp_status cdp_write_file_atomic(const char *path, const void *data, size_t n)
     return cdp_atomic_commit(&f);
 }
 
+cdp_status cdp_check_writable(const char *path, int is_dir)
+{
+    struct stat sb;
+    if (stat(path, &sb) == 0) {
+        if (!is_dir && S_ISDIR(sb.st_mode)) return cdp_fail(CDP_ERR_IO, "cannot write %s: it is a folder", path);
+        if (is_dir && !S_ISDIR(sb.st_mode)) return cdp_fail(CDP_ERR_IO, "cannot use %s as a folder: it is a file", path);
+        if (is_dir) {
+            if (access(path, W_OK | X_OK) != 0)
+                return cdp_fail(CDP_ERR_IO, "cannot write in %s: %s", path, strerror(errno));
+            return CDP_OK;
+        }
+        if (!S_ISREG(sb.st_mode)) { /* a device such as /dev/null: written in place */
+            if (access(path, W_OK) != 0) return cdp_fail(CDP_ERR_IO, "cannot write %s: %s", path, strerror(errno));
+            return CDP_OK;
+        }
+    }
+    /* the folder a file goes in (the nearest existing one for a folder) */
+    char *copy = strdup(path);
+    if (!copy) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
+    cdp_status st = CDP_OK;
+    char *dir = is_dir ? copy : dirname(copy);
+    for (;;) {
+        if (stat(dir, &sb) == 0) {
+            if (!S_ISDIR(sb.st_mode)) st = cdp_fail(CDP_ERR_IO, "cannot write %s: %s is not a folder", path, dir);
+            else if (access(dir, W_OK | X_OK) != 0)
+                st = cdp_fail(CDP_ERR_IO, "cannot write %s: its folder %s takes no new files: %s", path, dir,
+                              strerror(errno));
+            break;
+        }
+        if (!is_dir || !strcmp(dir, "/") || !strcmp(dir, ".")) {
+            st = cdp_fail(CDP_ERR_IO, "cannot write %s: its folder %s does not exist", path, dir);
+            break;
+        }
+        dir = dirname(dir);
+    }
+    free(copy);
+    return st;
+}
+
 void cdp_sync_dir(const char *dir)
 {
     int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);

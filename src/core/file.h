@@ -40,6 +40,13 @@ void cdp_atomic_abort(struct cdp_atomic_file *f);
 /* All of data as the file path, atomically (the four steps above). */
 cdp_status cdp_write_file_atomic(const char *path, const void *data, size_t n);
 
+/* Whether path can be written before anything is run: a file (is_dir 0)
+ * must not be a folder and its folder must exist and take new files (the
+ * atomic writes above make their temporary there); a folder (is_dir 1, made
+ * with mkdir -p when missing) must be one, or its nearest existing ancestor
+ * must take new entries. CDP_ERR_IO naming path and what is wrong. */
+cdp_status cdp_check_writable(const char *path, int is_dir);
+
 /* fsync of a folder, so that entries made in it survive a power loss; a
  * warning when it cannot be done. */
 void cdp_sync_dir(const char *dir);
