@@ -1303,11 +1303,20 @@ static cdp_status try_shapes(struct ctx *c, struct search *s, int W, struct cdp_
             s->largest_tried = p;
             /* the least recomputation that fits this shape (less is always
              * faster), unsharded before sharded (ZeRO-1 moves the bytes an
-             * all-reduce does, in two collectives) */
+             * all-reduce does, in two collectives); ZeRO-2 only where nothing
+             * else fits */
             enum cdp_recompute modes[CDP_RECOMPUTE_COUNT];
             int zeros[3];
             const int n_modes = modes_of(plan, modes), n_zeros = zeros_of(plan, R, zeros), had = s->n_cand;
-            for (int q = 0; q < n_modes * n_zeros && s->n_cand == had; q++) {
+            /* ZeRO-2 last of all (a reduce-scatter after every backward: m x v
+             * per step), so (mode, zero) goes (none, 0), (none, 1), (selective,
+             * 0) ... (full, 1), then (none, 2) ... (full, 2) */
+            int order[3 * CDP_RECOMPUTE_COUNT], n_order = 0;
+            for (int pass = 0; pass < 2; pass++)
+                for (int q = 0; q < n_modes * n_zeros; q++)
+                    if ((zeros[q % n_zeros] >= 2) == pass) order[n_order++] = q;
+            for (int o = 0; o < n_order && s->n_cand == had; o++) {
+                const int q = order[o];
                 use_mode(c, modes[q / n_zeros]);
                 c->zero = zeros[q % n_zeros];
                 cdp_status st = try_shape(c, s, p, R, m);

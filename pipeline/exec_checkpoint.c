@@ -80,6 +80,7 @@ cdp_status cdp_exec_resume(struct exec *e, const char *dir)
                       "left to train", path, (long long)info.step, (long long)e->plan->train.steps);
     /* every rank has read its tensors before rank 0 tidies the folder */
     if (!st) st = cdp_comm_barrier(e->world, e->timeout);
+    if (!st && e->plan->train.checkpoint.dir) st = cdp_ckpt_check_no_later(e->plan->train.checkpoint.dir, info.step);
     if (!st && e->rank == 0 && e->plan->train.checkpoint.dir)
         cdp_ckpt_discard_incomplete_after(e->plan->train.checkpoint.dir, info.step);
     if (!st) {

@@ -3,6 +3,7 @@
  * folders skipped, every corrupt case a clear error that changes no file,
  * SHA-256 against the FIPS 180-4 vectors, export, and `cdphybrid export`. */
 #include <criterion/criterion.h>
+#include <jansson.h>
 #include <dirent.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -245,13 +246,15 @@ Test(checkpoint, manifest_lists_parts_with_checksums_and_which_part_holds_each_w
     cr_assert_eq(cdp_ckpt_write_part(dir, 5, "stage-0-chunk-0", &src.m[0], &src.o[0], 1), CDP_OK);
     cr_assert_eq(cdp_ckpt_write_part(dir, 5, "stage-1-chunk-0", &src.m[1], &src.o[1], 1), CDP_OK);
     /* a temporary left by a writer that died is not a part */
-    cdp_test_write_file(path_in(dir, "step-00000005"), ".stage-2-chunk-0.safetensors.tmp-abcdef", "partial");
+    cdp_test_write_file(path_in(dir, ".step-00000005.partial"), ".stage-2-chunk-0.safetensors.tmp-abcdef", "partial");
     struct cdp_ckpt_info info = {.step = 5, .samples_seen = 80, .seed = 9, .optimizer = "adamw"};
     cr_assert_eq(cdp_ckpt_commit(dir, 5, &info, 3), CDP_OK, "%s", cdp_last_error());
     char *text = cdp_test_read_file(path_in(dir, "step-00000005/manifest.json"));
     cr_assert_not_null(text);
     cr_assert(strstr(text, "\"format\": \"cdphybrid-checkpoint\""), "%s", text);
-    cr_assert(strstr(text, "\"version\": 1"), "%s", text);
+    cr_assert(strstr(text, "\"version\": 2"), "%s", text);
+    cr_assert(strstr(text, "\"manifest_sha256\": \""), "the manifest's own checksum: %s", text);
+    cr_assert(!exists(path_in(dir, ".step-00000005.partial")), "committed by a rename");
     cr_assert(strstr(text, "\"samples_seen\": 80"), "%s", text);
     cr_assert(strstr(text, "\"plan\": null"), "%s", text);
     cr_assert(strstr(text, "\"layers.0.wte\": \"stage-0-chunk-0.safetensors\""), "%s", text);
@@ -289,7 +292,7 @@ Test(checkpoint, incomplete_folder_is_skipped_then_removed_by_the_next_commit)
     const char *dir = cdp_test_tmpdir();
     struct split src = make_split(GPT(3, 8), two, 2, CDP_OPT_ADAMW, 1);
     save(&src, dir, 10, 3);
-    /* step 20: one part written, then a crash: no manifest */
+    /* step 20: one part written, then a crash: the save is still a hidden .partial folder */
     cr_assert_eq(cdp_ckpt_write_part(dir, 20, "stage-0-chunk-0", &src.m[0], &src.o[0], 1), CDP_OK);
     char *path = NULL;
     struct cdp_ckpt_info info;
@@ -298,11 +301,12 @@ Test(checkpoint, incomplete_folder_is_skipped_then_removed_by_the_next_commit)
     cr_assert_eq(info.step, 10);
     free(path);
     cdp_ckpt_info_free(&info);
+    cr_assert(exists(path_in(dir, ".step-00000020.partial")) && !exists(path_in(dir, "step-00000020")));
     /* the incomplete folder itself is not a checkpoint */
-    cr_assert_eq(cdp_ckpt_find_latest(path_in(dir, "step-00000020"), &path, &info), CDP_ERR_INVALID);
-    cr_assert(strstr(cdp_last_error(), "step-00000020/manifest.json: missing"), "%s", cdp_last_error());
+    cr_assert_eq(cdp_ckpt_find_latest(path_in(dir, ".step-00000020.partial"), &path, &info), CDP_ERR_INVALID);
+    cr_assert(strstr(cdp_last_error(), "no complete checkpoint"), "%s", cdp_last_error());
     save(&src, dir, 30, 3);
-    cr_assert(!exists(path_in(dir, "step-00000020")), "the leftover of the crash is removed");
+    cr_assert(!exists(path_in(dir, ".step-00000020.partial")), "the leftover of the crash is removed");
     cr_assert(exists(path_in(dir, "step-00000010/manifest.json")));
     cr_assert(exists(path_in(dir, "step-00000030/manifest.json")));
     free_split(&src);
@@ -321,10 +325,10 @@ Test(checkpoint, leftover_part_of_another_layout_at_the_same_step_is_refused)
     cr_assert_eq(cdp_ckpt_commit(dir, 9, &info, 3), CDP_ERR_INVALID);
     cr_assert(strstr(cdp_last_error(), "tensor layers.4.ln_f.bias is in both stage-1-chunk-0.safetensors and "
                                        "stage-2-chunk-0.safetensors"), "%s", cdp_last_error());
-    cr_assert(!exists(path_in(dir, "step-00000009/manifest.json")), "nothing is committed");
+    cr_assert(!exists(path_in(dir, "step-00000009")), "nothing is committed");
     /* a part whose metadata names another step is refused too */
-    cr_assert_eq(unlink(path_in(dir, "step-00000009/stage-2-chunk-0.safetensors")), 0);
-    cr_assert_eq(rename(path_in(dir, "step-00000009"), path_in(dir, "step-00000010")), 0);
+    cr_assert_eq(unlink(path_in(dir, ".step-00000009.partial/stage-2-chunk-0.safetensors")), 0);
+    cr_assert_eq(rename(path_in(dir, ".step-00000009.partial"), path_in(dir, ".step-00000010.partial")), 0);
     info.step = 10;
     cr_assert_eq(cdp_ckpt_commit(dir, 10, &info, 3), CDP_ERR_INVALID);
     cr_assert(strstr(cdp_last_error(), "not a part of checkpoint step 10 (its metadata says format "
@@ -451,6 +455,135 @@ Test(checkpoint, truncated_part_names_the_file_and_sizes)
     const char *want = fmt("%s: truncated: %lld bytes, the manifest says %lld", part,
              (long long)sb.st_size - 100, (long long)sb.st_size);
     expect_find_error(dir, want);
+    free_split(&src);
+}
+
+/* The manifest as JSON, edited by fn, written back with its own checksum
+ * recomputed as the writer computes it (what someone fixing it up would do);
+ * fix_sum 0 leaves the old checksum. */
+static void edit_manifest(const char *folder, void (*fn)(json_t *), int fix_sum)
+{
+    const char *path = path_in(folder, "manifest.json");
+    json_error_t e;
+    json_t *root = json_load_file(path, 0, &e);
+    cr_assert_not_null(root, "%s", e.text);
+    fn(root);
+    if (fix_sum) {
+        json_object_del(root, "manifest_sha256");
+        char *text = json_dumps(root, JSON_COMPACT | JSON_SORT_KEYS);
+        struct cdp_sha256 h;
+        char hex[65];
+        cdp_sha256_init(&h);
+        cdp_sha256_update(&h, text, strlen(text));
+        cdp_sha256_final(&h, hex);
+        free(text);
+        json_object_set_new(root, "manifest_sha256", json_string(hex));
+    }
+    cr_assert_eq(json_dump_file(root, path, JSON_INDENT(2)), 0);
+    json_decref(root);
+}
+
+static void flip_samples_seen(json_t *root)
+{
+    json_object_set_new(root, "samples_seen", json_integer(json_integer_value(json_object_get(root, "samples_seen")) + 1));
+}
+
+/* A flipped samples_seen (a different data position: another run) is caught
+ * by the manifest's own checksum. */
+Test(checkpoint, edited_manifest_fails_its_own_checksum)
+{
+    const char *dir = cdp_test_tmpdir();
+    struct split src = corrupt_fixture(dir);
+    edit_manifest(path_in(dir, "step-00000100"), flip_samples_seen, 0);
+    expect_find_error(dir, "step-00000100/manifest.json: /manifest_sha256: ");
+    cr_assert(strstr(cdp_last_error(), "does not match the manifest's contents"), "%s", cdp_last_error());
+    free_split(&src);
+}
+
+static const char *moved_part; /* for use_moved_part */
+static void use_moved_part(json_t *root)
+{
+    json_t *files = json_object_get(root, "files"), *f;
+    size_t i;
+    json_array_foreach(files, i, f) {
+        if (strcmp(json_string_value(json_object_get(f, "name")), "stage-0-chunk-0.safetensors")) continue;
+        char sha[65];
+        struct stat sb;
+        cr_assert_eq(stat(moved_part, &sb), 0);
+        cr_assert_eq(cdp_sha256_file(moved_part, sha), CDP_OK);
+        json_object_set_new(f, "sha256", json_string(sha));
+        json_object_set_new(f, "bytes", json_integer((json_int_t)sb.st_size));
+    }
+}
+
+/* A part of step 50 copied into step 100, sizes and checksums fixed up
+ * (the manifest's own too): its step metadata gives it away at the load. */
+Test(checkpoint, part_of_another_step_with_checksums_fixed_is_refused)
+{
+    const char *dir = cdp_test_tmpdir();
+    struct split src = corrupt_fixture(dir);
+    char from[4300], to[4300];
+    snprintf(from, sizeof from, "%s", path_in(dir, "step-00000050/stage-0-chunk-0.safetensors"));
+    snprintf(to, sizeof to, "%s", path_in(dir, "step-00000100/stage-0-chunk-0.safetensors"));
+    char *bytes = cdp_test_read_file(from);
+    struct stat sb;
+    cr_assert_eq(stat(from, &sb), 0);
+    FILE *f = fopen(to, "wb");
+    cr_assert_not_null(f);
+    cr_assert_eq(fwrite(bytes, 1, (size_t)sb.st_size, f), (size_t)sb.st_size);
+    fclose(f);
+    free(bytes);
+    moved_part = to;
+    edit_manifest(path_in(dir, "step-00000100"), use_moved_part, 1);
+    char *path = NULL;
+    struct cdp_ckpt_info info;
+    cr_assert_eq(cdp_ckpt_find_latest(dir, &path, &info), CDP_OK, "checksums agree: %s", cdp_last_error());
+    struct split dst = make_split(GPT(3, 8), two, 2, CDP_OPT_ADAMW, 1);
+    cr_assert_eq(cdp_ckpt_load(path, &info, dst.m, dst.o, 2), CDP_ERR_INVALID);
+    cr_assert(strstr(cdp_last_error(), "stage-0-chunk-0.safetensors: a part of step 50, not of the manifest's step "
+                                       "100"), "%s", cdp_last_error());
+    free(path);
+    cdp_ckpt_info_free(&info);
+    free_split(&dst);
+    free_split(&src);
+}
+
+/* A committed folder has had its manifest (it is renamed into place with
+ * it): one without is a loss, not an interrupted save, so it is not skipped
+ * for an older step (nor removed). */
+Test(checkpoint, deleted_manifest_is_an_error_not_an_older_resume)
+{
+    const char *dir = cdp_test_tmpdir();
+    struct split src = corrupt_fixture(dir);
+    cr_assert_eq(unlink(path_in(dir, "step-00000100/manifest.json")), 0);
+    expect_find_error(dir, "step-00000100/manifest.json is missing, though the folder was committed");
+    save(&src, dir, 60, 3); /* a commit meanwhile leaves it as it is */
+    cr_assert(exists(path_in(dir, "step-00000100/stage-0-chunk-0.safetensors")));
+    free_split(&src);
+}
+
+/* A save never touches a committed step: resuming from step 50 with step 100
+ * in the folder is refused before training (cdp_ckpt_check_no_later), and a
+ * commit onto a committed step fails with the old one intact. */
+Test(checkpoint, a_committed_step_is_never_written_over)
+{
+    const char *dir = cdp_test_tmpdir();
+    struct split src = corrupt_fixture(dir);
+    cr_assert_eq(cdp_ckpt_check_no_later(dir, 100), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(cdp_ckpt_check_no_later(dir, 50), CDP_ERR_INVALID);
+    cr_assert(strstr(cdp_last_error(), "checkpoints after step 50 are there (the newest ") &&
+                  strstr(cdp_last_error(), "step-00000100)"),
+              "%s", cdp_last_error());
+    struct snap s100 = snapshot(path_in(dir, "step-00000100"));
+    struct split other = make_split(GPT(3, 8), two, 2, CDP_OPT_ADAMW, 2);
+    cr_assert_eq(cdp_ckpt_write_part(dir, 100, "stage-0-chunk-0", &other.m[0], &other.o[0], 1), CDP_OK);
+    cr_assert_eq(cdp_ckpt_write_part(dir, 100, "stage-1-chunk-0", &other.m[1], &other.o[1], 1), CDP_OK);
+    struct cdp_ckpt_info info = {.step = 100, .optimizer = "adamw"};
+    cr_assert_eq(cdp_ckpt_commit(dir, 100, &info, 3), CDP_ERR_INVALID);
+    cr_assert(strstr(cdp_last_error(), "step-00000100 exists: a committed checkpoint is never written over"), "%s",
+              cdp_last_error());
+    assert_unchanged(&s100, path_in(dir, "step-00000100"));
+    free_split(&other);
     free_split(&src);
 }
 
@@ -769,9 +902,10 @@ Test(checkpoint, a_bf16_part_loads_into_device_memory_as_into_host_memory)
         }
         free(h);
     }
-    cr_assert_eq(mkdir(path_in(dir, "step-00000004"), 0755), 0);
+    cr_assert_eq(mkdir(path_in(dir, ".step-00000004.partial"), 0755), 0);
     const char *meta[4] = {"format", "cdphybrid-checkpoint-part", "step", "4"};
-    cr_assert_eq(cdp_safetensors_write(path_in(dir, "step-00000004/stage-0.safetensors"), ts, k, meta, 2), CDP_OK, "%s",
+    cr_assert_eq(cdp_safetensors_write(path_in(dir, ".step-00000004.partial/stage-0.safetensors"), ts, k, meta, 2),
+                 CDP_OK, "%s",
                  cdp_last_error());
     for (int i = 0; i < k; i++) free(bufs[i]);
     struct cdp_ckpt_info info = {.step = 4, .optimizer = "adamw"};

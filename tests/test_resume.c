@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/hash.h"
 #include "harness.h"
 #include "comm/comm.h"
 #include "model/safetensors.h"
@@ -223,6 +224,33 @@ Test(resume, zero_checkpoints_resume_across_layouts, .timeout = 180)
         cr_log_info("%s: worst weight error %.3g", said[c], e);
     }
 }
+/* The issue's worst case: a 2 x 2 run saved steps 4 and 6; a 1 x 1 plan with
+ * the same folder resumed from step 4 would save step 6 again under the old
+ * name. It is refused before training, and step 6 stays byte for byte. */
+Test(resume, resuming_an_earlier_step_never_writes_over_a_later_checkpoint, .timeout = 120)
+{
+    need_mpi();
+    char *dir = newdir();
+    run_ok((const char *[]){"-q", "--plan", plan(dir, "h", 2, 2, 2, 6), NULL});
+    char six[4300], four[4300], part[4400], sum_before[65], sum_after[65];
+    snprintf(six, sizeof six, "%s/ckpt-h/step-00000006/manifest.json", dir);
+    snprintf(four, sizeof four, "%s/ckpt-h/step-00000004", dir);
+    snprintf(part, sizeof part, "%s/ckpt-h/step-00000006/stage-0.safetensors", dir);
+    char *before = cdp_test_read_file(six);
+    cr_assert_not_null(before);
+    cr_assert_eq(cdp_sha256_file(part, sum_before), CDP_OK);
+    struct cdp_run r = run((const char *[]){"-q", "--plan", plan(dir, "h", 1, 1, 8, 6), "--resume", four, NULL}, NULL);
+    cr_assert_neq(r.exit_code, 0, "resumed over a later checkpoint: %s", r.out);
+    cr_assert(strstr(r.err, "checkpoints after step 4 are there") && strstr(r.err, "step-00000006"), "%s", r.err);
+    cdp_test_run_free(&r);
+    char *after = cdp_test_read_file(six);
+    cr_assert(after && !strcmp(before, after), "step 6's manifest changed");
+    cr_assert_eq(cdp_sha256_file(part, sum_after), CDP_OK);
+    cr_assert_str_eq(sum_after, sum_before, "step 6's part changed");
+    free(before);
+    free(after);
+}
+
 Test(resume, killed_before_a_part_is_written, .timeout = 120) { crash_and_resume("killsave:1:4:part", 2); }
 Test(resume, killed_before_the_manifest, .timeout = 120) { crash_and_resume("killsave:0:4:commit", 2); }
 

@@ -26,6 +26,9 @@
 #include "model/safetensors.h"
 
 #define MANIFEST "manifest.json"
+/* 2: the manifest carries its own checksum (manifest_sha256); 1 (read, with a
+ * warning) did not */
+#define MANIFEST_VERSION 2
 #define PART_SUFFIX ".safetensors"
 
 /* ---- paths and folders ------------------------------------------------------------ */
@@ -56,17 +59,38 @@ static char *step_folder(const char *dir, int64_t step)
     return join(dir, name);
 }
 
-/* "step-<digits>" -> step; 0 when the name is anything else. */
-static int parse_step_name(const char *name, int64_t *step)
+/* Where a step's save is written until it is complete: a hidden folder,
+ * renamed to step_folder's name by the commit (so a folder named step-N is
+ * only ever a complete save, and a save never writes into one). */
+#define PARTIAL_SUFFIX ".partial"
+static char *partial_folder(const char *dir, int64_t step)
 {
-    if (strncmp(name, "step-", 5) || !isdigit((unsigned char)name[5])) return 0;
+    char name[48];
+    snprintf(name, sizeof name, ".step-%08lld" PARTIAL_SUFFIX, (long long)step);
+    return join(dir, name);
+}
+
+/* "step-<digits>" -> step, *partial 0; ".step-<digits>.partial" -> step,
+ * *partial 1; 0 when the name is anything else. */
+static int parse_folder_name(const char *name, int64_t *step, int *partial)
+{
+    *partial = name[0] == '.';
+    const char *p = name + *partial;
+    if (strncmp(p, "step-", 5) || !isdigit((unsigned char)p[5])) return 0;
     int64_t v = 0;
-    for (const char *p = name + 5; *p; p++) {
-        if (!isdigit((unsigned char)*p) || v > (INT64_MAX - 9) / 10) return 0;
+    for (p += 5; *p && isdigit((unsigned char)*p); p++) {
+        if (v > (INT64_MAX - 9) / 10) return 0;
         v = v * 10 + (*p - '0');
     }
+    if (*partial ? strcmp(p, PARTIAL_SUFFIX) : *p != '\0') return 0;
     *step = v;
     return 1;
+}
+
+static int parse_step_name(const char *name, int64_t *step)
+{
+    int partial = 0;
+    return parse_folder_name(name, step, &partial) && !partial;
 }
 
 static int is_dir(const char *path)
@@ -108,7 +132,8 @@ static cdp_status make_dirs(const char *path)
 
 struct step_ent {
     int64_t step;
-    int complete; /* has a manifest */
+    int partial;  /* a save not yet committed (.step-N.partial) */
+    int complete; /* committed and has its manifest */
     char *path;
 };
 
@@ -140,7 +165,8 @@ static cdp_status list_steps(const char *dir, struct step_ent **out, int *n_out)
     struct dirent *de;
     while ((de = readdir(d))) {
         int64_t step;
-        if (!parse_step_name(de->d_name, &step)) continue;
+        int partial = 0;
+        if (!parse_folder_name(de->d_name, &step, &partial)) continue;
         char *path = join(dir, de->d_name);
         char *man = path ? join(path, MANIFEST) : NULL;
         if (!man) {
@@ -165,7 +191,8 @@ static cdp_status list_steps(const char *dir, struct step_ent **out, int *n_out)
             e = ne;
         }
         e[n].step = step;
-        e[n].complete = is_file(man);
+        e[n].partial = partial;
+        e[n].complete = !partial && is_file(man);
         e[n].path = path;
         n++;
         free(man);
@@ -424,7 +451,7 @@ static cdp_status write_part(const char *dir, int64_t step, const char *part, st
     char *root = trimmed(dir), *folder = NULL, *path = NULL;
     if (!root) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
     if ((st = make_dirs(root))) goto fail;
-    if (!(folder = step_folder(root, step))) {
+    if (!(folder = partial_folder(root, step))) {
         st = cdp_fail(CDP_ERR_NOMEM, "out of memory");
         goto fail;
     }
@@ -544,7 +571,27 @@ static int is_hex64(const char *s)
 
 static const char *optimizer_name(enum cdp_optimizer_type t) { return t == CDP_OPT_ADAMW ? "adamw" : "sgd"; }
 
-/* Reads folder/manifest.json and checks every key and its type; *root on success. */
+/* The manifest's own checksum: SHA-256 of root without manifest_sha256, as
+ * compact JSON with sorted keys (what is read back dumps the same: jansson
+ * writes reals with 17 digits). Nonzero when out of memory. */
+static int manifest_sum(const json_t *root, char hex[65])
+{
+    json_t *copy = json_copy((json_t *)root);
+    if (!copy) return 1;
+    json_object_del(copy, "manifest_sha256");
+    char *text = json_dumps(copy, JSON_COMPACT | JSON_SORT_KEYS);
+    json_decref(copy);
+    if (!text) return 1;
+    struct cdp_sha256 h;
+    cdp_sha256_init(&h);
+    cdp_sha256_update(&h, text, strlen(text));
+    cdp_sha256_final(&h, hex);
+    free(text);
+    return 0;
+}
+
+/* Reads folder/manifest.json and checks every key and its type, and (version
+ * 2) its own checksum; *root on success. */
 static cdp_status read_manifest(const char *folder, json_t **root_out)
 {
     char *path = join(folder, MANIFEST);
@@ -578,7 +625,21 @@ static cdp_status read_manifest(const char *folder, json_t **root_out)
         CHECK(cdp_json_expected(&in, "/format", "\"cdphybrid-checkpoint\"", v));
     v = json_object_get(root, "version");
     CHECK(cdp_json_int(&in, v, "/version", 1, INT64_MAX, 0, NULL, &x));
-    if (x > 1) CHECK(cdp_json_fail(&in, "/version", "%lld is newer than this cdphybrid reads (1)", (long long)x));
+    if (x > MANIFEST_VERSION)
+        CHECK(cdp_json_fail(&in, "/version", "%lld is newer than this cdphybrid reads (%d)", (long long)x,
+                            MANIFEST_VERSION));
+    v = json_object_get(root, "manifest_sha256");
+    if (x >= 2) {
+        char have[65];
+        if (!json_is_string(v) || !is_hex64(json_string_value(v)))
+            CHECK(cdp_json_expected(&in, "/manifest_sha256", "64 lowercase hex digits", v));
+        if (manifest_sum(root, have)) CHECK(cdp_fail(CDP_ERR_NOMEM, "out of memory"));
+        if (strcmp(have, json_string_value(v)))
+            CHECK(cdp_json_fail(&in, "/manifest_sha256", "%s does not match the manifest's contents (%s): it was "
+                                "edited or is corrupt", json_string_value(v), have));
+    } else {
+        CDP_WARN(CKPT, "%s: version 1 has no checksum of its own: its step and position are not verified", path);
+    }
     CHECK(cdp_json_int(&in, json_object_get(root, "step"), "/step", 0, INT64_MAX, 0, NULL, &x));
     CHECK(cdp_json_int(&in, json_object_get(root, "samples_seen"), "/samples_seen", 0, INT64_MAX, 0, NULL, &x));
     CHECK(cdp_json_int(&in, json_object_get(root, "seed"), "/seed", INT64_MIN, INT64_MAX, 0, "an integer", &x));
@@ -713,12 +774,27 @@ static void prune(const char *dir, int64_t step, int keep)
     for (int i = 0; i < n; i++) {
         int remove = 0;
         if (e[i].complete) remove = ++complete > keep && keep > 0 && e[i].step != step;
-        else remove = e[i].step < step;
+        else remove = e[i].partial && e[i].step < step; /* a committed folder without manifest is left as it is */
         if (!remove) continue;
         CDP_INFO(CKPT, "removing %s checkpoint %s", e[i].complete ? "old" : "incomplete", e[i].path);
         remove_folder(e[i].path);
     }
     free_steps(e, n);
+}
+
+cdp_status cdp_ckpt_check_no_later(const char *dir, int64_t step)
+{
+    struct step_ent *e = NULL;
+    int n = 0;
+    cdp_status st = list_steps(dir, &e, &n);
+    if (st) return st;
+    for (int i = 0; i < n && !st; i++) /* newest first */
+        if (!e[i].partial && e[i].step > step)
+            st = cdp_fail(CDP_ERR_INVALID, "%s: checkpoints after step %lld are there (the newest %s): this run would "
+                          "save its steps over another history; give /train/checkpoint/dir another folder, or move "
+                          "the later ones away", dir, (long long)step, e[i].path);
+    free_steps(e, n);
+    return st;
 }
 
 void cdp_ckpt_discard_incomplete_after(const char *dir, int64_t step)
@@ -730,7 +806,7 @@ void cdp_ckpt_discard_incomplete_after(const char *dir, int64_t step)
         return;
     }
     for (int i = 0; i < n; i++) {
-        if (e[i].complete || e[i].step <= step) continue;
+        if (!e[i].partial || e[i].step <= step) continue;
         CDP_INFO(CKPT, "removing incomplete checkpoint %s", e[i].path);
         remove_folder(e[i].path);
     }
@@ -741,15 +817,21 @@ cdp_status cdp_ckpt_commit(const char *dir, int64_t step, const struct cdp_ckpt_
 {
     CDP_ASSERT(dir && info);
     cdp_status st = CDP_OK;
-    char *root_dir = trimmed(dir), *folder = NULL, *text = NULL;
+    char *root_dir = trimmed(dir), *folder = NULL, *final = NULL, *text = NULL;
     struct part_ent *parts = NULL;
     struct cdp_safetensors_file **open = NULL;
     struct tensor_ent *ts = NULL;
     int np = 0, cap = 0, nt = 0, tcap = 0;
     json_t *root = NULL;
     DIR *d = NULL;
-    if (!root_dir || !(folder = step_folder(root_dir, step))) {
+    if (!root_dir || !(folder = partial_folder(root_dir, step)) || !(final = step_folder(root_dir, step))) {
         st = cdp_fail(CDP_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    if (is_dir(final) || access(final, F_OK) == 0) {
+        st = cdp_fail(CDP_ERR_INVALID, "%s exists: a committed checkpoint is never written over (this run resumed "
+                      "from an earlier step of the same folder?); give /train/checkpoint/dir another folder, or "
+                      "move that one away", final);
         goto fail;
     }
     if (memchr(info->optimizer, '\0', sizeof info->optimizer) == NULL ||
@@ -863,7 +945,7 @@ cdp_status cdp_ckpt_commit(const char *dir, int64_t step, const struct cdp_ckpt_
     }
     int bad = !root || !files || !tensors;
     bad |= json_object_set_new(root, "format", json_string("cdphybrid-checkpoint"));
-    bad |= json_object_set_new(root, "version", json_integer(1));
+    bad |= json_object_set_new(root, "version", json_integer(MANIFEST_VERSION));
     bad |= json_object_set_new(root, "step", json_integer(step));
     bad |= json_object_set_new(root, "samples_seen", json_integer(info->samples_seen));
     bad |= json_object_set_new(root, "seed", json_integer((json_int_t)info->seed));
@@ -880,6 +962,9 @@ cdp_status cdp_ckpt_commit(const char *dir, int64_t step, const struct cdp_ckpt_
     bad |= json_object_set_new(root, "files", files);
     bad |= json_object_set_new(root, "tensors", tensors);
     bad |= json_object_set_new(root, "plan", plan);
+    char sum[65];
+    bad |= !bad && manifest_sum(root, sum);
+    bad |= json_object_set_new(root, "manifest_sha256", json_string(sum));
     if (bad || !(text = json_dumps(root, JSON_INDENT(2)))) {
         st = cdp_fail(CDP_ERR_NOMEM, "%s: out of memory building the manifest", folder);
         goto fail;
@@ -895,7 +980,13 @@ cdp_status cdp_ckpt_commit(const char *dir, int64_t step, const struct cdp_ckpt_
     /* the step folder's own entry must be durable before the commit point */
     cdp_sync_dir(root_dir);
     if ((st = write_atomic(folder, MANIFEST, text))) goto fail;
-    CDP_INFO(CKPT, "committed checkpoint %s (%d parts, %d tensors)", folder, np, nt);
+    /* the commit point: the complete save takes its name */
+    if (rename(folder, final) != 0) {
+        st = cdp_fail(CDP_ERR_IO, "%s: cannot commit it as %s: %s", folder, final, strerror(errno));
+        goto fail;
+    }
+    cdp_sync_dir(root_dir);
+    CDP_INFO(CKPT, "committed checkpoint %s (%d parts, %d tensors)", final, np, nt);
     prune(root_dir, step, keep);
 fail:
     if (d) closedir(d);
@@ -909,6 +1000,7 @@ fail:
     json_decref(root);
     free(text);
     free(folder);
+    free(final);
     free(root_dir);
     return st;
 }
@@ -947,13 +1039,18 @@ cdp_status cdp_ckpt_find_latest(const char *dir, char **path, struct cdp_ckpt_in
         }
         if ((st = list_steps(root_dir, &e, &n))) goto fail;
         int found = -1;
-        for (int i = 0; i < n && found < 0; i++) {
+        for (int i = 0; i < n && found < 0 && !st; i++) {
             if (e[i].complete) found = i;
-            else CDP_INFO(CKPT, "skipping %s: no manifest (a save that did not finish)", e[i].path);
+            else if (e[i].partial) CDP_INFO(CKPT, "skipping %s: a save that did not finish", e[i].path);
+            else /* committed, so its manifest was there: not a crash, a loss */
+                st = cdp_fail(CDP_ERR_INVALID, "%s/" MANIFEST " is missing, though the folder was committed (a save "
+                              "takes this name only once complete): restore it, or move the folder away to resume "
+                              "from an earlier step", e[i].path);
         }
+        if (st) goto fail;
         if (found < 0) {
             st = cdp_fail(CDP_ERR_INVALID, "%s: no complete checkpoint%s", root_dir,
-                          n ? " (only folders without a manifest: saves that did not finish)" : "");
+                          n ? " (only saves that did not finish)" : "");
             goto fail;
         }
         folder = strdup(e[found].path);
@@ -994,6 +1091,7 @@ struct part_cache {
     int n;
     const char **names;
     struct cdp_safetensors_file **files;
+    int64_t step; /* the manifest's */
 };
 
 static cdp_status part_cache_init(struct part_cache *c, const char *folder, json_t *root)
@@ -1001,6 +1099,7 @@ static cdp_status part_cache_init(struct part_cache *c, const char *folder, json
     json_t *files = json_object_get(root, "files"), *f;
     size_t i;
     c->folder = folder;
+    c->step = json_integer_value(json_object_get(root, "step"));
     c->n = (int)json_array_size(files);
     c->names = calloc((size_t)c->n + 1, sizeof *c->names);
     c->files = calloc((size_t)c->n + 1, sizeof *c->files);
@@ -1026,6 +1125,13 @@ static cdp_status part_get(struct part_cache *c, const char *name, struct cdp_sa
         if (!c->files[i]) {
             cdp_status st = cdp_safetensors_open(buf, &c->files[i]);
             if (st) return st;
+            /* a part of another step, its checksum fixed up, is not this step's */
+            const char *ps = cdp_safetensors_metadata(c->files[i], "step");
+            char want[24];
+            snprintf(want, sizeof want, "%lld", (long long)c->step);
+            if (!ps || strcmp(ps, want))
+                return cdp_fail(CDP_ERR_INVALID, "%s: a part of step %s, not of the manifest's step %s", buf,
+                                ps ? ps : "(none)", want);
         }
         *out = c->files[i];
         return CDP_OK;

@@ -60,10 +60,12 @@ cdp_status cdp_ckpt_write_part_gathered(const char *dir, int64_t step, const cha
 cdp_status cdp_ckpt_send_shards(struct cdp_model *const *models, struct cdp_optimizer *const *opts, int n,
                                 struct cdp_comm *group, double timeout_s);
 
-/* Called once, after every part of the step is written: checksums (SHA-256)
- * every part in the step folder, writes manifest.json atomically (the commit
- * point), then removes older checkpoints beyond the newest `keep` complete
- * ones, and incomplete folders older than this step. */
+/* Called once, after every part of the step is written (into the hidden
+ * .step-N.partial folder): checksums (SHA-256) every part, writes
+ * manifest.json (with its own checksum) there, and renames the folder to
+ * step-N, the commit point; a committed step-N already there is never
+ * written over (CDP_ERR_INVALID). Then removes older checkpoints beyond the
+ * newest `keep` complete ones, and unfinished saves older than this step. */
 cdp_status cdp_ckpt_commit(const char *dir, int64_t step, const struct cdp_ckpt_info *info, int keep);
 
 /* The newest complete checkpoint under dir (a checkpoint folder itself is
@@ -85,10 +87,15 @@ void cdp_ckpt_info_free(struct cdp_ckpt_info *info);
 cdp_status cdp_ckpt_load(const char *path, const struct cdp_ckpt_info *info, struct cdp_model *const *models,
                          struct cdp_optimizer *const *opts, int n);
 
-/* Before training resumes from `step`: removes incomplete step folders (no
- * manifest) above it, the leftovers of a crash while saving, so that the run's
- * next saves start clean. Complete checkpoints are never touched. */
+/* Before training resumes from `step`: removes incomplete saves above it
+ * (.step-N.partial folders), the leftovers of a crash while saving, so that
+ * the run's next saves start clean. Committed checkpoints are never touched. */
 void cdp_ckpt_discard_incomplete_after(const char *dir, int64_t step);
+/* Before a run that resumed from `step` saves into dir: CDP_ERR_INVALID
+ * naming the newest when dir holds committed checkpoints of later steps
+ * (resuming from an earlier step of a folder would write another history
+ * under their names). */
+cdp_status cdp_ckpt_check_no_later(const char *dir, int64_t step);
 
 /* The whole model's weights (no optimizer state) from a checkpoint folder, as
  * one safetensors file readable by other tools, written atomically. */
