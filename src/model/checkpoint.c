@@ -208,27 +208,30 @@ static cdp_status list_steps(const char *dir, struct step_ent **out, int *n_out)
     return CDP_OK;
 }
 
-/* Removes a checkpoint folder: the manifest first, so that a crash halfway
- * leaves an incomplete folder (skipped) rather than a complete-looking one
- * with parts missing. Failures are warnings: the new checkpoint is in place. */
+/* Removes a checkpoint folder: first renamed out of sight (".removing-NAME",
+ * which no listing takes for a checkpoint), so that a crash halfway leaves
+ * neither a complete-looking folder with parts missing nor a committed one
+ * without its manifest. Failures are warnings: the new checkpoint is in place. */
 static void remove_folder(const char *path)
 {
-    char *man = join(path, MANIFEST);
-    if (man && unlink(man) != 0 && errno != ENOENT)
-        CDP_WARN(CKPT, "cannot remove %s: %s", man, strerror(errno));
-    free(man);
-    DIR *d = opendir(path);
+    const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+    const size_t dl = (size_t)(base - path), n = strlen(path) + 16;
+    char *gone = malloc(n);
+    if (gone) snprintf(gone, n, "%.*s.removing-%s", (int)dl, path, base);
+    const char *at = gone && rename(path, gone) == 0 ? gone : path;
+    DIR *d = opendir(at);
     if (d) {
         struct dirent *de;
         while ((de = readdir(d))) {
             if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
-            char *f = join(path, de->d_name);
+            char *f = join(at, de->d_name);
             if (f && unlink(f) != 0) CDP_WARN(CKPT, "cannot remove %s: %s", f, strerror(errno));
             free(f);
         }
         closedir(d);
     }
-    if (rmdir(path) != 0) CDP_WARN(CKPT, "cannot remove the folder %s: %s", path, strerror(errno));
+    if (rmdir(at) != 0) CDP_WARN(CKPT, "cannot remove the folder %s: %s", at, strerror(errno));
+    free(gone);
 }
 
 /* ---- device memory ---------------------------------------------------------------------- */
