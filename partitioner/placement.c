@@ -55,6 +55,23 @@ static int same_link(const struct machine *m, int a, int b, int x, int y)
            m->cls[a * n + b] == m->cls[x * n + y];
 }
 
+/* A hash of link u -> v seen at position `at` (a row entry, col 0, or a
+ * column entry, col 1): equal links at equal positions hash equal. */
+static uint64_t link_hash(const struct machine *m, int u, int v, int at, int col)
+{
+    const int n = m->n;
+    uint64_t bw, lat;
+    memcpy(&bw, &m->bw[u * n + v], sizeof bw);
+    memcpy(&lat, &m->lat[u * n + v], sizeof lat);
+    uint64_t x = ((uint64_t)(unsigned)at << 1 | (uint64_t)col) * 0x9e3779b97f4a7c15ull;
+    x ^= bw + 0x632be59bd9b4e019ull + (x << 6) + (x >> 2);
+    x ^= lat + 0x85ebca6b0bd47bd1ull + (x << 6) + (x >> 2);
+    x ^= (uint64_t)(unsigned)m->cls[u * n + v] * 0xc2b2ae3d27d4eb4full;
+    x ^= x >> 31;
+    x *= 0xbf58476d1ce4e5b9ull;
+    return x ^ (x >> 29);
+}
+
 /* Swapping a and b maps every link onto an equal one. */
 static int interchangeable(const struct cdp_topology *t, const struct machine *m, int a, int b)
 {
@@ -134,14 +151,31 @@ static cdp_status machine_build(const struct cdp_topology *t, int want_autos, st
             m->lat[a * n + b] = l.latency;
             m->cls[a * n + b] = (int)l.cls;
         }
+    /* Classes. interchangeable() is O(n) a pair, and a cluster has n / 8
+     * classes, so checking every representative is O(n^3) (minutes at 4096
+     * GPUs). Each device's links hash to a sum over positions, so that two
+     * interchangeable devices, whose rows and columns agree everywhere but
+     * at each other, have equal sums once their entries at each other are
+     * taken out: a cheap exact test that they are not (equal sums are then
+     * checked in full). */
+    uint64_t *h = calloc((size_t)n, sizeof *h);
+    if (!h) goto nomem;
+    for (int a = 0; a < n; a++)
+        for (int x = 0; x < n; x++)
+            if (x != a) h[a] += link_hash(m, a, x, x, 0) + link_hash(m, x, a, x, 1);
     for (int a = 0; a < n; a++) {
         m->klass[a] = a;
-        for (int b = 0; b < a; b++)
-            if (m->klass[b] == b && interchangeable(t, m, a, b)) {
+        for (int b = 0; b < a; b++) {
+            if (m->klass[b] != b) continue;
+            const uint64_t ha = h[a] - link_hash(m, a, b, b, 0) - link_hash(m, b, a, b, 1),
+                           hb = h[b] - link_hash(m, b, a, a, 0) - link_hash(m, a, b, a, 1);
+            if (ha == hb && interchangeable(t, m, a, b)) {
                 m->klass[a] = b;
                 break;
             }
+        }
     }
+    free(h);
     if (!want_autos) return CDP_OK;
     struct auto_search A = {.m = m, .t = t};
     A.cls_id = calloc((size_t)n, sizeof *A.cls_id);
