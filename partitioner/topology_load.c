@@ -108,7 +108,26 @@ done:
     return st;
 }
 
+/* Files that name other files (a cluster's "node", a join's terms): how deep
+ * the loads are now, so that a file that names itself, or two that name each
+ * other, is an error instead of a stack overflow. */
+#define MAX_FILE_DEPTH 8
+static _Thread_local int load_depth;
+
+static cdp_status load_spec(const char *spec, const char *base_dir, struct cdp_topology **out);
+
 cdp_status cdp_topology_load(const char *spec, const char *base_dir, struct cdp_topology **out)
+{
+    if (load_depth >= MAX_FILE_DEPTH)
+        return cdp_fail(CDP_ERR_INVALID, "topology \"%s\": topology files name each other more than %d deep (does "
+                        "one name itself?)", spec, MAX_FILE_DEPTH);
+    load_depth++;
+    cdp_status st = load_spec(spec, base_dir, out);
+    load_depth--;
+    return st;
+}
+
+static cdp_status load_spec(const char *spec, const char *base_dir, struct cdp_topology **out)
 {
     enum cdp_topo_spec_kind kind;
     char *path = NULL;

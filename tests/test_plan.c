@@ -714,6 +714,28 @@ Test(plan, recompute_key)
 
 /* /parallel/zero: "auto" unless given; 0 or 1; 2 is not there yet and says
  * so. */
+/* A validated value must not hang the planner: the context is at most 2^20
+ * (attention's T x T state beyond it fits no device), for a GPT and for an
+ * embedding layer, named by key. */
+Test(plan, context_has_a_limit_named_by_its_key)
+{
+    struct cdp_plan *p = NULL;
+    cr_assert_eq(cdp_plan_load_string("{\"model\": {\"preset\": \"gpt\", \"context\": 2147483647}}", "t.json", NULL,
+                                      &p), CDP_ERR_INVALID);
+    cr_assert(strstr(cdp_last_error(), "t.json: /model/context: expected a positive integer no larger than 1048576"),
+              "%s", cdp_last_error());
+    p = NULL;
+    cr_assert_eq(cdp_plan_load_string("{\"model\": {\"input\": [4], \"layers\": [{\"type\": \"embedding\", \"vocab\": 8, "
+                                      "\"dim\": 4, \"context\": 2000000}]}}", "t.json", NULL, &p),
+                 CDP_ERR_INVALID);
+    cr_assert(strstr(cdp_last_error(), "/model/layers/0/context") && strstr(cdp_last_error(), "1048576"), "%s",
+              cdp_last_error());
+    p = NULL;
+    cr_assert_eq(cdp_plan_load_string("{\"model\": {\"preset\": \"gpt\", \"context\": 1048576}}", "t.json", NULL, &p),
+                 CDP_OK, "%s", cdp_last_error());
+    cdp_plan_free(p);
+}
+
 Test(plan, zero_key)
 {
     struct cdp_plan *p = NULL;

@@ -1319,3 +1319,25 @@ Test(topology, absurd_rates_are_refused_naming_file_and_attribute)
     free(nccl);
     cdp_topology_free(t);
 }
+
+/* A cluster file whose node is itself (or two that name each other) is an
+ * error naming the chain, not a stack overflow. */
+Test(topology, a_file_that_names_itself_is_refused)
+{
+    const char *dir = cdp_test_tmpdir();
+    char self[4200];
+    snprintf(self, sizeof self, "%s", cdp_test_write_file(dir, "self.json", "{\"nodes\": 2, \"node\": \"self.json\"}"));
+    cdp_test_write_file(dir, "a.json", "{\"nodes\": 2, \"node\": \"b.json\"}");
+    cdp_test_write_file(dir, "b.json", "{\"nodes\": 2, \"node\": \"a.json\"}");
+    struct cdp_topology *t = NULL;
+    cr_assert_eq(cdp_topology_load(self, NULL, &t), CDP_ERR_INVALID);
+    cr_assert(strstr(cdp_last_error(), "self.json: /node: ") &&
+                  strstr(cdp_last_error(), "topology files name each other more than 8 deep"),
+              "%s", cdp_last_error());
+    char a[4200];
+    snprintf(a, sizeof a, "%s/a.json", dir);
+    cr_assert_eq(cdp_topology_load(a, NULL, &t), CDP_ERR_INVALID);
+    cr_assert(strstr(cdp_last_error(), "b.json: /node: ") && strstr(cdp_last_error(), "name each other"), "%s",
+              cdp_last_error());
+    cr_assert_null(t);
+}

@@ -95,10 +95,10 @@ double cdp_cpu_attention_gemm_flops(int T, int C, int causal, int backward)
 {
     /* S: score entries computed (rows x columns of each block); R: rows summed
      * over by the transposed products of the backward. Same loops as below. */
-    int blk = causal ? ATT_BLOCK : T;
+    const int64_t blk = causal ? ATT_BLOCK : T;
     double S = 0, R = 0;
-    for (int i0 = 0; i0 < T; i0 += blk) {
-        int i1 = i0 + blk < T ? i0 + blk : T;
+    for (int64_t i0 = 0; i0 < T; i0 += blk) { /* 64-bit: i0 + blk may pass INT_MAX */
+        const int64_t i1 = i0 + blk < T ? i0 + blk : T;
         S += (double)(i1 - i0) * (causal ? i1 : T);
         R += (double)(i1 - i0) * (T - (causal ? i0 : 0));
     }

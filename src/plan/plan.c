@@ -445,7 +445,7 @@ static cdp_status load_model(struct ld *c, const json_t *m)
             md->tie_embeddings = 1;
             if ((st = cdp_json_check_keys(&c->in, m, "/model", gpt_keys, "a gpt model"))) return st;
             if ((st = cdp_json_get_int(&c->in, m, "/model", "vocab", 1, MAX_COUNT, 0, &md->vocab))) return st;
-            if ((st = cdp_json_get_int(&c->in, m, "/model", "context", 1, MAX_COUNT, 0, &md->context))) return st;
+            if ((st = cdp_json_get_int(&c->in, m, "/model", "context", 1, CDP_PLAN_MAX_CONTEXT, 0, &md->context))) return st;
             if ((st = cdp_json_get_int(&c->in, m, "/model", "layers", 1, MAX_LAYERS, 0, &md->layers))) return st;
             if ((st = cdp_json_get_int(&c->in, m, "/model", "heads", 1, MAX_COUNT, 0, &md->heads))) return st;
             if ((st = cdp_json_get_int(&c->in, m, "/model", "embed", 1, MAX_COUNT, 0, &md->embed))) return st;

@@ -10,7 +10,7 @@ static cdp_status parse(const struct cdp_json_in *in, const json_t *v, const cha
     cdp_status st;
     if ((st = cdp_layer_get_required_int(in, v, ptr, "vocab", 1, who, &L->vocab))) return st;
     if ((st = cdp_layer_get_required_int(in, v, ptr, "dim", 1, who, &L->dim))) return st;
-    return cdp_json_get_int(in, v, ptr, "context", 0, CDP_PLAN_MAX_COUNT, 0, &L->context);
+    return cdp_json_get_int(in, v, ptr, "context", 0, CDP_PLAN_MAX_CONTEXT, 0, &L->context);
 }
 
 static int shape(const struct cdp_layer_desc *L, const struct cdp_shape *in, struct cdp_shape *out, char *why,
