@@ -663,8 +663,9 @@ Test(plan, deep_nesting_and_big_arrays)
     n = (size_t)sprintf(s, "{\"model\": {\"input\": [4], \"layers\": [");
     for (size_t i = 0; i < count; i++) n += (size_t)sprintf(s + n, "%s{\"type\":\"relu\"}", i ? "," : "");
     sprintf(s + n, "]}}");
-    load_fails(s, "/model/layers: expected a non-empty array");
+    load_fails(s, "/model/layers: 200000 layers: at most 4096 (what the planner partitions in seconds)");
     free(s);
+    load_fails("{\"model\": {\"preset\": \"gpt\", \"layers\": 5000}}", "/model/layers");
 
     /* The "got" part of a message stays short. */
     load_fails("{\"model\": {\"preset\": \"gpt\", \"heads\": [1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,"
