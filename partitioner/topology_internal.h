@@ -35,6 +35,9 @@ struct cdp_topo_attr_names {
 };
 cdp_status cdp_topo_finalize_named(struct cdp_topology *t, const char *what, const struct cdp_topo_attr_names *names);
 
+/* The most devices a joined cluster may have (docs/topology.md, "Limits"). */
+#define CDP_TOPO_MAX_DEVICES 10240
+
 #define CDP_TOPO_RATE_MIN 1e3      /* bytes/s: 1 kB/s */
 #define CDP_TOPO_RATE_MAX 1e15     /* bytes/s: 1 PB/s */
 #define CDP_TOPO_FLOPS_MIN 1e6     /* FLOP/s */

@@ -1341,3 +1341,14 @@ Test(topology, a_file_that_names_itself_is_refused)
               cdp_last_error());
     cr_assert_null(t);
 }
+
+/* The documented maximum: 10,240 devices; beyond it an error, not minutes. */
+Test(topology, clusters_beyond_the_device_limit_are_refused)
+{
+    struct cdp_topology *t = NULL;
+    cr_assert_eq(cdp_topology_load("65536 x dgx-a100", NULL, &t), CDP_ERR_INVALID);
+    cr_assert(strstr(cdp_last_error(), "65536 nodes with 524288 devices: at most 10240"), "%s", cdp_last_error());
+    cr_assert_eq(cdp_topology_load("1280 x dgx-a100", NULL, &t), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(t->n_gpus, 10240);
+    cdp_topology_free(t);
+}
