@@ -1,0 +1,339 @@
+/* Suite fuzz: a seeded mutation loop over every reader of outside input (the
+ * plan loader, the three topology readers, safetensors, the checkpoint
+ * manifest). Each target mutates real seed files (flipped bits, interesting
+ * bytes and tokens, cut and repeated ranges) for CDP_FUZZ_SECONDS (default 4)
+ * or at least 200 inputs, and every input must be accepted or refused with a
+ * message: never a crash, a hang (the test's timeout) or, under ASan and
+ * UBSan (CI's second pass), a memory error or undefined behaviour. The seed
+ * of a run is printed; CDP_FUZZ_SEED repeats it. */
+#include <criterion/criterion.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "cdp/log.h"
+#include "cdp/plan.h"
+#include "cdp/topology.h"
+#include "core/file.h"
+#include "harness.h"
+#include "model/checkpoint.h"
+#include "model/safetensors.h"
+
+struct rng {
+    uint64_t s;
+};
+
+static uint64_t next(struct rng *r)
+{
+    r->s += 0x9e3779b97f4a7c15ull;
+    uint64_t z = r->s;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static size_t below(struct rng *r, size_t n) { return n ? (size_t)(next(r) % n) : 0; }
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static double budget_s(void)
+{
+    const char *v = getenv("CDP_FUZZ_SECONDS");
+    const double s = v ? atof(v) : 4.0;
+    return s > 0 ? s : 4.0;
+}
+
+static uint64_t seed_of(const char *target)
+{
+    const char *v = getenv("CDP_FUZZ_SEED");
+    uint64_t s = v ? strtoull(v, NULL, 0) : (uint64_t)time(NULL);
+    for (const char *p = target; *p; p++) s = s * 131 + (unsigned char)*p;
+    return s;
+}
+
+struct blob {
+    char *p;
+    size_t n;
+};
+
+static struct blob read_blob(const char *path)
+{
+    struct blob b = {0};
+    FILE *f = fopen(path, "rb");
+    cr_assert_not_null(f, "%s", path);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    cr_assert_geq(n, 0);
+    b.p = malloc((size_t)n + 1);
+    cr_assert_not_null(b.p);
+    b.n = fread(b.p, 1, (size_t)n, f);
+    b.p[b.n] = '\0';
+    fclose(f);
+    return b;
+}
+
+static const char *const tokens[] = {"1e308", "-1", "0", "2147483648", "9223372036854775808", "null", "[]", "{}",
+                                     "\"\"", "nan", "inf", "-0", "1e-324", "\"auto\"", "true", "\"x\"", ",", ":",
+                                     "\"layers\"", "99999999999", "<", ">", "=\"", "\xff\xfe", "\\u0000"};
+
+/* One mutant of seed into out (malloc'd, NUL-terminated; *n its length). */
+static char *mutate(struct rng *r, const struct blob *seed, size_t *n)
+{
+    size_t cap = seed->n * 2 + 256, len = seed->n;
+    char *b = malloc(cap + 1);
+    cr_assert_not_null(b);
+    memcpy(b, seed->p, seed->n);
+    const int ops = 1 + (int)below(r, 6);
+    for (int k = 0; k < ops; k++) {
+        const size_t at = below(r, len + 1);
+        switch (below(r, 6)) {
+        case 0: /* a bit */
+            if (len) b[below(r, len)] ^= (char)(1u << below(r, 8));
+            break;
+        case 1: { /* an interesting byte */
+            static const char bytes[] = {0, '\xff', '"', '{', '}', '[', ']', '9', '-', '.', 'e', '<', '/', '\n'};
+            if (len) b[below(r, len)] = bytes[below(r, sizeof bytes)];
+            break;
+        }
+        case 2: { /* cut a range */
+            const size_t cut = below(r, len - (at < len ? at : len) + 1) % 64;
+            if (at + cut <= len) memmove(b + at, b + at + cut, len - at - cut), len -= cut;
+            break;
+        }
+        case 3: { /* repeat a range */
+            const size_t from = below(r, len + 1), m = below(r, 48);
+            if (from + m <= len && len + m <= cap) {
+                memmove(b + at + m, b + at, len - at);
+                memmove(b + at, b + (from < at ? from : from + m), m);
+                len += m;
+            }
+            break;
+        }
+        default: { /* a token, over what was there or inserted */
+            const char *t = tokens[below(r, sizeof tokens / sizeof *tokens)];
+            const size_t m = strlen(t);
+            if (len + m > cap) break;
+            if (below(r, 2) && at + m <= len) {
+                memcpy(b + at, t, m);
+            } else {
+                memmove(b + at + m, b + at, len - at);
+                memcpy(b + at, t, m);
+                len += m;
+            }
+            break;
+        }
+        }
+    }
+    b[len] = '\0';
+    *n = len;
+    return b;
+}
+
+/* Runs fn on mutants of the seeds for the budget; counts the refusals, each
+ * of which must come with a message. */
+typedef cdp_status (*target_fn)(const char *data, size_t n, void *ctx);
+
+static void fuzz(const char *name, const struct blob *seeds, int n_seeds, target_fn fn, void *ctx)
+{
+    struct rng r = {seed_of(name)};
+    const uint64_t first = r.s;
+    const double t0 = now_s(), budget = budget_s();
+    long runs = 0, refused = 0;
+    cdp_log_set_level(CDP_LOG_ERROR); /* the readers' warnings on mutants are expected */
+    while (runs < 200 || now_s() - t0 < budget) {
+        const struct blob *s = runs < n_seeds ? &seeds[runs] : &seeds[below(&r, (size_t)n_seeds)];
+        size_t n = 0;
+        char *m = runs < n_seeds ? NULL : mutate(&r, s, &n);
+        const cdp_status st = m ? fn(m, n, ctx) : fn(s->p, s->n, ctx);
+        if (!m) cr_assert_eq(st, CDP_OK, "%s: seed %ld is refused: %s", name, runs, cdp_last_error());
+        if (st) {
+            refused++;
+            cr_assert(cdp_last_error()[0], "%s: a refusal without a message (seed %#llx, input %ld)", name,
+                      (unsigned long long)first, runs);
+        }
+        free(m);
+        runs++;
+        if (runs > 100000) break;
+    }
+    cr_log_info("%s: %ld inputs in %.1f s, %ld refused with a message (CDP_FUZZ_SEED to repeat: seed %#llx)", name,
+                runs, now_s() - t0, refused, (unsigned long long)first);
+}
+
+/* ---- targets ----------------------------------------------------------------- */
+
+static cdp_status plan_target(const char *data, size_t n, void *ctx)
+{
+    (void)n;
+    struct cdp_plan *p = NULL;
+    cdp_status st = cdp_plan_load_string(data, "fuzz.json", (const char *)ctx, &p); /* relative to examples/ */
+    if (!st) cdp_plan_free(p);
+    return st;
+}
+
+static cdp_status topology_target(const char *data, size_t n, void *ctx)
+{
+    struct cdp_topology *t = NULL;
+    cdp_status st = cdp_topology_load_text(data, n, (const char *)ctx, &t);
+    if (!st) cdp_topology_free(t);
+    return st;
+}
+
+struct file_ctx {
+    char path[4200];
+    int manifest; /* write into a checkpoint folder and find it */
+    char folder[4096];
+};
+
+static cdp_status write_raw(const char *path, const char *data, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+    cr_assert_not_null(f, "%s", path);
+    cr_assert_eq(fwrite(data, 1, n, f), n);
+    fclose(f);
+    return CDP_OK;
+}
+
+static cdp_status safetensors_target(const char *data, size_t n, void *vctx)
+{
+    struct file_ctx *c = vctx;
+    write_raw(c->path, data, n);
+    struct cdp_safetensors_file *f = NULL;
+    cdp_status st = cdp_safetensors_open(c->path, &f);
+    if (st) return st;
+    /* read every tensor's bytes, as a load would */
+    volatile unsigned sum = 0;
+    for (int i = 0; i < cdp_safetensors_count(f); i++) {
+        const struct cdp_safetensors_tensor *t = cdp_safetensors_at(f, i);
+        const unsigned char *d = t->data;
+        for (uint64_t k = 0; k < t->nbytes; k += 61) sum += d[k];
+    }
+    (void)sum;
+    cdp_safetensors_close(f);
+    return CDP_OK;
+}
+
+static cdp_status manifest_target(const char *data, size_t n, void *vctx)
+{
+    struct file_ctx *c = vctx;
+    write_raw(c->path, data, n);
+    char *path = NULL;
+    struct cdp_ckpt_info info;
+    cdp_status st = cdp_ckpt_find_latest(c->folder, &path, &info);
+    if (st) return st;
+    free(path);
+    cdp_ckpt_info_free(&info);
+    return CDP_OK;
+}
+
+/* ---- tests ------------------------------------------------------------------- */
+
+Test(fuzz, plan_loader, .timeout = 300)
+{
+    static const char *const files[] = {"examples/quickstart.json", "examples/gpt-tiny.json", "examples/cnn.json",
+                                        "examples/gpt2-124m.json", "examples/larger-than-device.json"};
+    struct blob seeds[8];
+    int n = 0;
+    for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
+        struct stat sb;
+        const char *p = cdp_test_source_path(files[i]);
+        if (stat(p, &sb) == 0) seeds[n++] = read_blob(p);
+    }
+    cr_assert_geq(n, 3, "the example plans are the seeds");
+    char base[4096];
+    snprintf(base, sizeof base, "%s", cdp_test_source_path("examples"));
+    fuzz("plan", seeds, n, plan_target, base);
+    for (int i = 0; i < n; i++) free(seeds[i].p);
+}
+
+static void fuzz_topology(const char *name, const char *const *files, int n_files, const char *as)
+{
+    struct blob seeds[8];
+    for (int i = 0; i < n_files; i++) {
+        char rel[256];
+        snprintf(rel, sizeof rel, "tests/fixtures/topology/%s", files[i]);
+        seeds[i] = read_blob(cdp_test_source_path(rel));
+    }
+    fuzz(name, seeds, n_files, topology_target, (void *)as);
+    for (int i = 0; i < n_files; i++) free(seeds[i].p);
+}
+
+Test(fuzz, topology_json, .timeout = 300)
+{
+    /* our JSON: a preset's export and a cluster file */
+    struct cdp_topology *t = NULL;
+    cr_assert_eq(cdp_topology_load("dgx1-v100", NULL, &t), CDP_OK, "%s", cdp_last_error());
+    char *text = NULL;
+    cr_assert_eq(cdp_topology_to_native_json(t, &text), CDP_OK, "%s", cdp_last_error());
+    cdp_topology_free(t);
+    struct blob seeds[2] = {{text, strlen(text)},
+                            read_blob(cdp_test_source_path("tests/fixtures/topology/cluster-2x-custom.json"))};
+    fuzz("topology JSON", seeds, 2, topology_target, (void *)"fuzz.json");
+    free(seeds[0].p);
+    free(seeds[1].p);
+}
+
+Test(fuzz, topology_hwloc_xml, .timeout = 300)
+{
+    static const char *const files[] = {"hwloc-4gpu-nvlink.xml", "hwloc-nvswitch.xml"};
+    fuzz_topology("hwloc XML", files, 2, "fuzz-hwloc.xml");
+}
+
+Test(fuzz, topology_nccl_xml, .timeout = 300)
+{
+    static const char *const files[] = {"nccl-4gpu.xml", "nccl-nvswitch.xml"};
+    fuzz_topology("NCCL XML", files, 2, "fuzz-nccl.xml");
+}
+
+Test(fuzz, safetensors, .timeout = 300)
+{
+    const char *dir = cdp_test_tmpdir();
+    struct file_ctx c = {0};
+    snprintf(c.path, sizeof c.path, "%s/seed.safetensors", dir);
+    float a[6] = {1, 2, 3, 4, 5, 6};
+    uint16_t h[4] = {0x3f80, 0x4000, 0xc040, 0};
+    struct cdp_safetensors_tensor ts[2] = {
+        {.name = "layers.0.weight", .dtype = CDP_DTYPE_F32, .ndim = 2, .shape = {2, 3}, .data = a, .nbytes = 24},
+        {.name = "layers.1.bias", .dtype = CDP_DTYPE_BF16, .ndim = 1, .shape = {4}, .data = h, .nbytes = 8}};
+    const char *meta[2] = {"format", "pt"};
+    cr_assert_eq(cdp_safetensors_write(c.path, ts, 2, meta, 1), CDP_OK, "%s", cdp_last_error());
+    struct blob seed = read_blob(c.path);
+    snprintf(c.path, sizeof c.path, "%s/fuzz.safetensors", dir);
+    fuzz("safetensors", &seed, 1, safetensors_target, &c);
+    free(seed.p);
+}
+
+Test(fuzz, checkpoint_manifest, .timeout = 300)
+{
+    /* a real committed checkpoint of a one-unit model; its manifest is mutated */
+    const char *dir = cdp_test_tmpdir();
+    struct cdp_plan *p = NULL;
+    cr_assert_eq(cdp_plan_load_string("{\"model\": {\"preset\": \"mlp\", \"input\": [3], \"hidden\": [4], "
+                                      "\"classes\": 2}}", "m.json", NULL, &p),
+                 CDP_OK, "%s", cdp_last_error());
+    cdp_device_t dev = NULL;
+    cr_assert_eq(cdp_device_open(CDP_BACKEND_CPU, 0, 0, &dev), CDP_OK, "%s", cdp_last_error());
+    struct cdp_model *m = NULL;
+    cr_assert_eq(cdp_model_create(&p->model, 0, (int)cdp_plan_model_units(p), 1, 1, 1, dev, &m), CDP_OK, "%s",
+                 cdp_last_error());
+    cr_assert_eq(cdp_ckpt_write_part(dir, 3, "stage-0", &m, NULL, 1), CDP_OK, "%s", cdp_last_error());
+    struct cdp_ckpt_info info = {.step = 3, .samples_seen = 12, .seed = 1, .optimizer = "sgd"};
+    cr_assert_eq(cdp_ckpt_commit(dir, 3, &info, 2), CDP_OK, "%s", cdp_last_error());
+    cdp_model_destroy(m);
+    cdp_device_close(dev);
+    cdp_plan_free(p);
+    struct file_ctx c = {0};
+    snprintf(c.folder, sizeof c.folder, "%.4000s/step-00000003", dir);
+    snprintf(c.path, sizeof c.path, "%s/manifest.json", c.folder);
+    struct blob seed = read_blob(c.path);
+    fuzz("checkpoint manifest", &seed, 1, manifest_target, &c);
+    free(seed.p);
+}
