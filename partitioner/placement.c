@@ -160,9 +160,13 @@ static cdp_status machine_build(const struct cdp_topology *t, int want_autos, st
      * checked in full). */
     uint64_t *h = calloc((size_t)n, sizeof *h);
     if (!h) goto nomem;
+    /* row by row (contiguous): link a -> x is a's row entry at x and x's column entry at a */
     for (int a = 0; a < n; a++)
         for (int x = 0; x < n; x++)
-            if (x != a) h[a] += link_hash(m, a, x, x, 0) + link_hash(m, x, a, x, 1);
+            if (x != a) {
+                h[a] += link_hash(m, a, x, x, 0);
+                h[x] += link_hash(m, a, x, a, 1);
+            }
     for (int a = 0; a < n; a++) {
         m->klass[a] = a;
         for (int b = 0; b < a; b++) {

@@ -44,7 +44,12 @@ struct sim {
     struct xfer *x;       /* [((kind * R + r) * nv + k) * m + mb]: kind 0 act into k, 1 grad into k */
     int *active;          /* keys of transfers in T_LATENCY or T_MOVING */
     int n_active;
-    int *link_of;         /* n_devices^2 -> link index or -1 */
+    /* directed device pair -> link index: an open-addressing table of the pairs
+     * the ranks use (a few per rank), not a devices^2 array (10,000 devices:
+     * 400 MB, set for every simulation) */
+    uint64_t *lk_key;     /* a * n_devices + b + 1; 0 empty */
+    int *lk_val;
+    size_t lk_cap, lk_used; /* a power of two; used <= cap / 2 */
     struct cdp_sim_link_stat *links;
     int n_links, cap_links;
     int *link_users;      /* transfers moving on each link now */
@@ -69,9 +74,49 @@ static double lat_of(const struct sim *S, int a, int b)
     return a == b ? 0 : S->c->latency[a * S->c->n_devices + b];
 }
 
+static size_t lk_find(const struct sim *S, uint64_t key)
+{
+    size_t i = (size_t)((key * 0x9e3779b97f4a7c15ull) >> 17) & (S->lk_cap - 1);
+    while (S->lk_key[i] && S->lk_key[i] != key) i = (i + 1) & (S->lk_cap - 1);
+    return i;
+}
+
+static cdp_status lk_grow(struct sim *S)
+{
+    const size_t old = S->lk_cap;
+    uint64_t *k = S->lk_key;
+    int *v = S->lk_val;
+    S->lk_cap = old ? 2 * old : 64;
+    S->lk_key = calloc(S->lk_cap, sizeof *S->lk_key);
+    S->lk_val = malloc(S->lk_cap * sizeof *S->lk_val);
+    if (!S->lk_key || !S->lk_val) {
+        free(S->lk_key), free(S->lk_val);
+        S->lk_key = k, S->lk_val = v, S->lk_cap = old;
+        return cdp_fail(CDP_ERR_NOMEM, "simulator: out of memory");
+    }
+    for (size_t i = 0; i < old; i++)
+        if (k[i]) {
+            const size_t j = lk_find(S, k[i]);
+            S->lk_key[j] = k[i];
+            S->lk_val[j] = v[i];
+        }
+    free(k);
+    free(v);
+    return CDP_OK;
+}
+
 static cdp_status link_index(struct sim *S, int a, int b, int *out)
 {
-    int *slot = &S->link_of[a * S->c->n_devices + b];
+    cdp_status st;
+    if (2 * (S->lk_used + 1) > S->lk_cap && (st = lk_grow(S))) return st;
+    const uint64_t key = (uint64_t)a * (uint64_t)S->c->n_devices + (uint64_t)b + 1;
+    const size_t at = lk_find(S, key);
+    int *slot = &S->lk_val[at];
+    if (!S->lk_key[at]) {
+        S->lk_key[at] = key;
+        S->lk_used++;
+        *slot = -1;
+    }
     if (*slot < 0) {
         if (S->n_links == S->cap_links) {
             int cap = S->cap_links ? 2 * S->cap_links : 16;
@@ -449,13 +494,11 @@ cdp_status cdp_sim_run(const struct cdp_sim_config *c, struct cdp_sim_result **o
     S.nv = S.p * S.v;
     S.N = S.p * S.R;
     const size_t nx = (size_t)2 * S.R * S.nv * S.m;
-    const size_t nd = (size_t)c->n_devices * c->n_devices;
     struct cdp_sim_result *res = calloc(1, sizeof *res);
     S.res = res;
     S.rk = calloc((size_t)S.N, sizeof *S.rk);
     S.x = calloc(nx, sizeof *S.x);
     S.active = malloc(nx * sizeof *S.active);
-    S.link_of = malloc(nd * sizeof *S.link_of);
     S.ar_count = calloc((size_t)S.p, sizeof *S.ar_count);
     S.tied_count = calloc((size_t)S.R, sizeof *S.tied_count);
     S.rs_count = calloc((size_t)S.p, sizeof *S.rs_count);
@@ -466,12 +509,11 @@ cdp_status cdp_sim_run(const struct cdp_sim_config *c, struct cdp_sim_result **o
         res->finish_s = calloc((size_t)S.N, sizeof *res->finish_s);
         res->peak_in_flight = calloc((size_t)S.N, sizeof *res->peak_in_flight);
     }
-    if (!res || !S.rk || !S.x || !S.active || !S.link_of || !S.ar_count || !S.tied_count || !S.rs_count ||
+    if (!res || !S.rk || !S.x || !S.active || !S.ar_count || !S.tied_count || !S.rs_count ||
         !S.proc_busy || !res->busy_s || !res->finish_s || !res->peak_in_flight) {
         st = cdp_fail(CDP_ERR_NOMEM, "simulator: out of memory for %d ranks", S.N);
         goto fail;
     }
-    memset(S.link_of, 0xff, nd * sizeof *S.link_of);
     for (int i = 0; i < S.N; i++) S.rk[i].rs_chunk = -1;
     /* ranks whose processor others share too run at its share when they compute together */
     for (int i = 0; c->proc && i < S.N; i++)
@@ -521,7 +563,8 @@ cdp_status cdp_sim_run(const struct cdp_sim_config *c, struct cdp_sim_result **o
     free(S.rk);
     free(S.x);
     free(S.active);
-    free(S.link_of);
+    free(S.lk_key);
+    free(S.lk_val);
     free(S.link_users);
     free(S.ar_count);
     free(S.tied_count);
@@ -533,7 +576,8 @@ fail:
     free(S.rk);
     free(S.x);
     free(S.active);
-    free(S.link_of);
+    free(S.lk_key);
+    free(S.lk_val);
     free(S.links);
     free(S.link_users);
     free(S.ar_count);
