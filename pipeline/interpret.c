@@ -129,14 +129,12 @@ static cdp_status reduce_window(struct exec *e, float *dev, size_t n, size_t fro
 {
     if (e->nccl_dp) return cdp_nccl_reduce_scatter_window_f32(e->nccl_dp, dev, n, from, count, CDP_REDUCE_SUM, e->timeout);
     if (e->hv) return cdp_comm_reduce_scatter_window_f32(e->dp, dev, n, from, count, CDP_REDUCE_SUM, e->timeout);
-    uint64_t off, len;
-    cdp_shard(n, e->R, e->r, &off, &len);
-    const uint64_t lo = off > from ? off : from, hi = off + len < from + count ? off + len : from + count;
+    uint64_t at, len; /* this replica's part, in the window */
+    cdp_shard_in_window(n, e->R, e->r, from, count, &at, &len);
     cdp_status st = grow_grad_host(e, count);
     if (!st) st = cdp_device_read(e->dev, e->grad_host, dev, count * sizeof *dev);
     if (!st) st = cdp_comm_reduce_scatter_window_f32(e->dp, e->grad_host, n, from, count, CDP_REDUCE_SUM, e->timeout);
-    if (!st && lo < hi)
-        st = cdp_device_write(e->dev, dev + (lo - from), e->grad_host + (lo - from), (size_t)(hi - lo) * sizeof *dev);
+    if (!st && len) st = cdp_device_write(e->dev, dev + at, e->grad_host + at, (size_t)len * sizeof *dev);
     return st;
 }
 

@@ -10,6 +10,8 @@
 #include "cdp/log.h"
 #include "cdp/status.h"
 #include "cdp/tensor.h"
+#include "core/file.h"
+#include "harness.h"
 
 static cdp_status inner(void) { return cdp_fail(CDP_ERR_INVALID, "expected %s, got %d", "a positive integer", -2); }
 static cdp_status middle(void)
@@ -204,4 +206,48 @@ Test(core, bf16_rounds_to_nearest_even)
         float y = cdp_bf16_to_f32(cdp_f32_to_bf16(x));
         cr_assert_leq(fabsf(y - x), fabsf(x) * 0x1p-8f + 1e-30f, "%g -> %g", x, y);
     }
+}
+
+/* A shard's overlap with a window, in the window's coordinates: 10 floats in
+ * 3 shards are [0, 4), [4, 7), [7, 10). */
+Test(core, shard_in_window)
+{
+    uint64_t at, len;
+    cdp_shard_in_window(10, 3, 0, 2, 5, &at, &len); /* [2, 7) meets [0, 4) at [2, 4) */
+    cr_assert(at == 0 && len == 2, "%llu %llu", (unsigned long long)at, (unsigned long long)len);
+    cdp_shard_in_window(10, 3, 1, 2, 5, &at, &len); /* and [4, 7) whole */
+    cr_assert(at == 2 && len == 3, "%llu %llu", (unsigned long long)at, (unsigned long long)len);
+    cdp_shard_in_window(10, 3, 2, 2, 5, &at, &len); /* not [7, 10) */
+    cr_assert(at == 0 && len == 0, "%llu %llu", (unsigned long long)at, (unsigned long long)len);
+    uint64_t sum = 0;
+    for (int r = 0; r < 4; r++) {
+        cdp_shard_in_window(7, 4, r, 1, 5, &at, &len);
+        sum += len;
+    }
+    cr_assert_eq(sum, 5, "the overlaps cover the window once");
+}
+
+/* What cdp_exec_check asks of each output before the first step. */
+Test(core, check_writable_names_what_is_wrong)
+{
+    const char *dir = cdp_test_tmpdir();
+    const char *file = cdp_test_write_file(dir, "f.txt", "x");
+    char path[4300];
+    cr_assert_eq(cdp_check_writable(file, 0), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(cdp_check_writable(dir, 0), CDP_ERR_IO);
+    cr_assert(strstr(cdp_last_error(), "it is a folder"), "%s", cdp_last_error());
+    snprintf(path, sizeof path, "%s/f.txt/out.json", dir);
+    cr_assert_eq(cdp_check_writable(path, 0), CDP_ERR_IO);
+    cr_assert(strstr(cdp_last_error(), "f.txt is not a folder"), "%s", cdp_last_error());
+    snprintf(path, sizeof path, "%s/none/out.json", dir);
+    cr_assert_eq(cdp_check_writable(path, 0), CDP_ERR_IO);
+    cr_assert(strstr(cdp_last_error(), "none does not exist"), "%s", cdp_last_error());
+    snprintf(path, sizeof path, "%s/a/b/ckpt", dir); /* a folder made with mkdir -p */
+    cr_assert_eq(cdp_check_writable(path, 1), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(cdp_check_writable(file, 1), CDP_ERR_IO);
+    cr_assert(strstr(cdp_last_error(), "it is a file"), "%s", cdp_last_error());
+    snprintf(path, sizeof path, "%s/f.txt/ckpt", dir);
+    cr_assert_eq(cdp_check_writable(path, 1), CDP_ERR_IO);
+    cr_assert(strstr(cdp_last_error(), "is not a folder"), "%s", cdp_last_error());
+    cr_assert_eq(cdp_check_writable("/dev/null", 0), CDP_OK, "a device is written in place: %s", cdp_last_error());
 }

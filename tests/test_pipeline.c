@@ -154,26 +154,20 @@ ParameterizedTestParameters(pipeline, layouts_equal_one_rank)
             grid[n++] = b;
             grid[n++] = c;
         }
-    /* ZeRO-1: 2, 3 and 4 replicas (shards that do not divide evenly), every schedule */
-    for (int model = 0; model < 2; model++) {
-        grid[n++] = (struct layout){model, 1, 2, 2, 1, "1f1b", "", 0, "", 1};
-        grid[n++] = (struct layout){model, 2, 3, 3, 1, "gpipe", "", 0, "", 1};
-        grid[n++] = (struct layout){model, 1, 4, 2, 1, "1f1b", "", 0, "", 1};
-        grid[n++] = (struct layout){model, 2, 2, 4, 2, "interleaved", "", 0, "", 1};
-        grid[n++] = (struct layout){model, 2, 2, 4, 1, "1f1b", "[6, 2]", 0, "full", 1};
-        grid[n++] = (struct layout){model, 2, 2, 4, 1, "gpipe", "", 0, "selective", 1};
-        grid[n++] = (struct layout){model, 2, 2, 4, 2, "interleaved", "", 0, "full", 1};
-    }
-    /* ZeRO-2: the same shapes (every replica the same micro-batches, which it needs) */
-    for (int model = 0; model < 2; model++) {
-        grid[n++] = (struct layout){model, 1, 2, 2, 1, "1f1b", "", 0, "", 2};
-        grid[n++] = (struct layout){model, 2, 3, 3, 1, "gpipe", "", 0, "", 2};
-        grid[n++] = (struct layout){model, 1, 4, 2, 1, "1f1b", "", 0, "", 2};
-        grid[n++] = (struct layout){model, 2, 2, 4, 2, "interleaved", "", 0, "", 2};
-        grid[n++] = (struct layout){model, 2, 2, 4, 1, "1f1b", "", 0, "full", 2};
-        grid[n++] = (struct layout){model, 2, 2, 4, 1, "gpipe", "", 0, "selective", 2};
-        grid[n++] = (struct layout){model, 2, 2, 4, 2, "interleaved", "", 0, "full", 2};
-    }
+    /* ZeRO-1 and ZeRO-2: 2, 3 and 4 replicas (shards that do not divide evenly), every
+     * schedule, with recomputation; unequal shares for ZeRO-1 only (ZeRO-2 refuses them) */
+    for (int z = 1; z <= 2; z++)
+        for (int model = 0; model < 2; model++) {
+            grid[n++] = (struct layout){model, 1, 2, 2, 1, "1f1b", "", 0, "", z};
+            grid[n++] = (struct layout){model, 2, 3, 3, 1, "gpipe", "", 0, "", z};
+            grid[n++] = (struct layout){model, 1, 4, 2, 1, "1f1b", "", 0, "", z};
+            grid[n++] = (struct layout){model, 2, 2, 4, 2, "interleaved", "", 0, "", z};
+            struct layout f = {model, 2, 2, 4, 1, "1f1b", "", 0, "full", z};
+            if (z == 1) snprintf(f.balance, sizeof f.balance, "[6, 2]");
+            grid[n++] = f;
+            grid[n++] = (struct layout){model, 2, 2, 4, 1, "gpipe", "", 0, "selective", z};
+            grid[n++] = (struct layout){model, 2, 2, 4, 2, "interleaved", "", 0, "full", z};
+        }
     /* a layer list with silu */
     grid[n++] = (struct layout){MODEL_SILU, 2, 1, 4, 1, "1f1b", "", 0, "", 0};
     grid[n++] = (struct layout){MODEL_SILU, 2, 2, 4, 1, "gpipe", "", 0, "", 0};

@@ -22,6 +22,11 @@ const char *cdp_backend_name(enum cdp_backend b);
  * longer: [*off, *off + *len). The one home of that rule (ZeRO's optimizer
  * shards, the collectives that move them, the memory model). */
 void cdp_shard(uint64_t n, int R, int r, uint64_t *off, uint64_t *len);
+/* Shard r's overlap with the window [from, from + count) of those n elements
+ * (ZeRO-2 reduces one layer's window at a time): *at is where it starts in
+ * the window (from's coordinates), *len its length, 0 (and *at 0) when they
+ * do not meet. */
+void cdp_shard_in_window(uint64_t n, int R, int r, uint64_t from, uint64_t count, uint64_t *at, uint64_t *len);
 
 /* A compile-time check that table t has n entries: every table indexed by
  * one of our enums is checked against the enum's _COUNT. */

@@ -407,6 +407,14 @@ static char **rank_args(const struct cli_args *a, const char *planned)
     return v;
 }
 
+/* The nodes a layout's ranks run on (ranks are in node order). */
+static int layout_nodes(const struct cdp_layout *l)
+{
+    int nodes = 0;
+    for (int i = 0; i < l->n_ranks; i++) nodes += i == 0 || l->rank[i].node != l->rank[i - 1].node;
+    return nodes;
+}
+
 static const char *mpi_launcher_name(const struct cdp_launch_spec *s)
 {
     return cdp_launch_which(s) == CDP_LAUNCHER_SRUN ? "srun" : "mpirun";
@@ -436,8 +444,7 @@ static int launch(const struct cli_args *a, const struct cdp_plan *plan, const s
                                    .tmpdir = tmpdir};
     int code = 0;
     /* one node: the ranks leave their last word in the launcher's folder */
-    int nodes = 0;
-    for (int i = 0; i < l->n_ranks; i++) nodes += i == 0 || l->rank[i].node != l->rank[i - 1].node;
+    const int nodes = layout_nodes(l);
     if (nodes == 1) setenv("CDP_RANK_STATUS_DIR", tmpdir, 1);
     cdp_status st = cdp_launch_run(&spec, &code);
     unsetenv("CDP_RANK_STATUS_DIR");
@@ -507,8 +514,7 @@ static int train(const struct cli_args *a, struct cdp_plan *plan, const struct c
     }
     char *dir = output_dir(plan), tmpdir[4096] = "", planned[4200] = "";
     const int launching = l->n_ranks > 1 && !a->no_launch;
-    int nodes = 0;
-    for (int i = 0; i < l->n_ranks; i++) nodes += i == 0 || l->rank[i].node != l->rank[i - 1].node;
+    const int nodes = layout_nodes(l);
     if (launching && !dir && nodes > 1) {
         fprintf(stderr, "cdphybrid: %s: a layout on %d nodes needs a folder every node sees for planned.json: give "
                         "/output/metrics (or another output) on a shared filesystem\n", plan->source, nodes);

@@ -415,12 +415,8 @@ static cdp_status pieces_make(const struct cdp_comm *c, size_t n, size_t from, s
         return cdp_fail(CDP_ERR_NOMEM, "out of memory for %zu pieces", np);
     }
     for (size_t k = 0; k < size; k++) {
-        size_t off = 0, len = 0;
-        cdp_comm_shard(n, c->size, (int)k, &off, &len);
-        /* the shard within the window, in the window's coordinates */
-        const size_t s0 = off > from ? off : from, s1 = off + len < from + count ? off + len : from + count;
-        off = s0 < s1 ? s0 - from : 0;
-        len = s0 < s1 ? s1 - s0 : 0;
+        uint64_t off = 0, len = 0; /* the shard within the window, in the window's coordinates */
+        cdp_shard_in_window(n, c->size, (int)k, from, count, &off, &len);
         for (size_t i = 0; i < np; i++) {
             size_t lo = i * per, hi = count - lo < per ? count : lo + per;
             size_t a = off > lo ? off : lo, b = off + len < hi ? off + len : hi;
@@ -463,10 +459,9 @@ static cdp_status mpi_reduce_scatter(struct cdp_comm *c, float *buf, size_t n, s
             if (cnt && at) memmove(piece + at, piece, cnt * sizeof *buf);
         }
         if (op == CDP_REDUCE_AVG) {
-            size_t off = 0, len = 0;
-            cdp_comm_shard(n, c->size, c->rank, &off, &len);
-            const size_t s0 = off > from ? off : from, s1 = off + len < from + count ? off + len : from + count;
-            if (s0 < s1) average(buf + (s0 - from), s1 - s0, CDP_COMM_F32, c->size);
+            uint64_t at = 0, len = 0;
+            cdp_shard_in_window(n, c->size, c->rank, from, count, &at, &len);
+            if (len) average(buf + at, (size_t)len, CDP_COMM_F32, c->size);
         }
     }
     pieces_free(&p, st != CDP_OK);

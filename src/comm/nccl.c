@@ -305,13 +305,11 @@ static cdp_status sharded(struct cdp_nccl *c, const char *what, float *buf, size
         off = malloc(size * sizeof *off);
         len = malloc(size * sizeof *len);
         if (!off || !len) st = cdp_fail(CDP_ERR_NOMEM, "out of memory for %d shards", c->size);
-        for (int k = 0; !st && k < c->size; k++) {
-            cdp_comm_shard(n, c->size, k, &off[k], &len[k]);
-            /* the shard's overlap with the window, in the window's coordinates */
-            const size_t s0 = off[k] > from ? off[k] : from,
-                         s1 = off[k] + len[k] < from + count ? off[k] + len[k] : from + count;
-            off[k] = s0 < s1 ? s0 - from : 0;
-            len[k] = s0 < s1 ? s1 - s0 : 0;
+        for (int k = 0; !st && k < c->size; k++) { /* in the window's coordinates */
+            uint64_t at, l;
+            cdp_shard_in_window(n, c->size, k, from, count, &at, &l);
+            off[k] = (size_t)at;
+            len[k] = (size_t)l;
         }
     }
     if (!st) {

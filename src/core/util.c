@@ -187,3 +187,12 @@ void cdp_shard(uint64_t n, int R, int r, uint64_t *off, uint64_t *len)
     *len = q + (k < extra ? 1 : 0);
     *off = k * q + (k < extra ? k : extra);
 }
+
+void cdp_shard_in_window(uint64_t n, int R, int r, uint64_t from, uint64_t count, uint64_t *at, uint64_t *len)
+{
+    uint64_t off, l;
+    cdp_shard(n, R, r, &off, &l);
+    const uint64_t lo = off > from ? off : from, hi = off + l < from + count ? off + l : from + count;
+    *at = lo < hi ? lo - from : 0;
+    *len = lo < hi ? hi - lo : 0;
+}

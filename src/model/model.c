@@ -35,7 +35,7 @@ struct cdp_model {
     /* ZeRO-2 (cdp_model_create_sharded): the shard's reduced gradient, the
      * one-unit window, and per unit its runs of windowed tensors (contiguous
      * in the parameter buffer and in the window) */
-    int grad_shards;
+    int grad_shards, grad_shard;
     uint64_t shard_off, shard_len;
     float *acc, *window;
     struct grad_run {
@@ -386,6 +386,7 @@ cdp_status cdp_model_create_sharded(const struct cdp_model_desc *desc, int first
     float *pbase = cdp_buffer_data(m->params_buf), *gbase = cdp_buffer_data(m->grads_buf);
     if (shards > 1) {
         m->grad_shards = shards;
+        m->grad_shard = shard;
         cdp_shard((uint64_t)off, shards, shard, &m->shard_off, &m->shard_len);
         const uint64_t tied = (uint64_t)off - terms.window_sum;
         CDP_ASSERT(m->shard_len + tied + terms.window_max == (uint64_t)m->grad_floats);
@@ -566,9 +567,9 @@ static cdp_status reduce_into_shard(struct cdp_model *m, float *buf, uint64_t fr
 {
     cdp_status st;
     if (m->reduce && (st = m->reduce(m->reduce_ctx, buf, (uint64_t)m->param_floats, from, count))) return st;
-    const uint64_t lo = m->shard_off > from ? m->shard_off : from,
-                   hi = m->shard_off + m->shard_len < from + count ? m->shard_off + m->shard_len : from + count;
-    if (lo < hi) CDP_KERNEL(&m->k, add, m->acc + (lo - m->shard_off), buf + (lo - from), (size_t)(hi - lo));
+    uint64_t at, len;
+    cdp_shard_in_window((uint64_t)m->param_floats, m->grad_shards, m->grad_shard, from, count, &at, &len);
+    if (len) CDP_KERNEL(&m->k, add, m->acc + (from + at - m->shard_off), buf + at, (size_t)len);
     return CDP_OK;
 }
 
