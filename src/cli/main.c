@@ -223,6 +223,7 @@ static int parse_args(int argc, char **argv, struct cli_args *a)
  * set by launch()): written when it ends by itself, fails, or is stopped by
  * the launcher, so that a rank without one is the one that died. Only
  * async-signal-safe calls: on_term writes it too. */
+#define RANK_STATUS_FILE "%s/rank-%d.end" /* in the folder, of the rank */
 static char status_path[4200];
 
 static void rank_status(const char *what)
@@ -283,7 +284,7 @@ static int run_ranks(const struct cli_args *a, const struct cdp_plan *plan, cons
     }
     const int rank = cdp_comm_rank(world);
     const char *sd = getenv("CDP_RANK_STATUS_DIR");
-    if (sd && *sd) snprintf(status_path, sizeof status_path, "%s/rank-%d.end", sd, rank);
+    if (sd && *sd) snprintf(status_path, sizeof status_path, RANK_STATUS_FILE, sd, rank);
     signal(SIGTERM, on_term);
     struct cdp_train_opts opts = {.out = a->quiet || rank != 0 ? NULL : stdout, .progress = 0,
                                   .resume = resume_dir(a, plan)};
@@ -467,7 +468,7 @@ static int launch(const struct cli_args *a, const struct cdp_plan *plan, const s
     int named = 0;
     for (int i = 0; nodes == 1 && i < l->n_ranks; i++) {
         char path[4300];
-        snprintf(path, sizeof path, "%s/rank-%d.end", tmpdir, i);
+        snprintf(path, sizeof path, RANK_STATUS_FILE, tmpdir, i);
         if (access(path, F_OK) == 0) continue;
         const struct cdp_layout_rank *k = &l->rank[i];
         char host[256] = "";
@@ -491,7 +492,7 @@ static void remove_tmpdir(const char *dir, const char *planned, int n_ranks)
     snprintf(hosts, sizeof hosts, "%s/hosts.txt", dir);
     remove(hosts);
     for (int i = 0; i < n_ranks; i++) { /* the ranks' last words (launch) */
-        snprintf(hosts, sizeof hosts, "%s/rank-%d.end", dir, i);
+        snprintf(hosts, sizeof hosts, RANK_STATUS_FILE, dir, i);
         remove(hosts);
     }
     if (planned) remove(planned);
