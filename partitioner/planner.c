@@ -72,7 +72,8 @@ static int tied_model(const struct cdp_plan *plan)
 struct mem_index {
     int n, levels;
     struct cdp_unit_bytes *ub;   /* n */
-    uint64_t *held, *act, *win;  /* n + 1 prefix sums */
+    uint64_t *held, *win;        /* n + 1 prefix sums */
+    unsigned __int128 *act;      /* n + 1 prefix sums: each unit's below 2^62, their sum may pass 2^64 */
     uint64_t *scr, *io, *wrk, *wmx; /* levels x n sparse tables of maxima */
     int n_ties;
     int *tie_unit, *tie_owner;   /* units with a tied parameter and its owner */
@@ -152,7 +153,8 @@ static void mem_terms(const struct mem_index *m, int first, int end, struct cdp_
     while ((2 << l) <= end - first) l++;
     const size_t a = (size_t)l * m->n + first, b = (size_t)l * m->n + (size_t)(end - (1 << l));
     t->held_floats = m->held[end] - m->held[first];
-    t->act_bytes = m->act[end] - m->act[first];
+    const unsigned __int128 act = m->act[end] - m->act[first];
+    t->act_bytes = act > UINT64_MAX ? UINT64_MAX : (uint64_t)act; /* as cdp_range_terms_add saturates */
     t->scratch_bytes = m->scr[a] > m->scr[b] ? m->scr[a] : m->scr[b];
     t->io_bytes = m->io[a] > m->io[b] ? m->io[a] : m->io[b];
     t->work_bytes = m->wrk[a] > m->wrk[b] ? m->wrk[a] : m->wrk[b];

@@ -9,6 +9,7 @@
 #include "cdp/core.h"
 #include "cdp/log.h"
 #include "partitioner/host.h"
+#include "partitioner/topology_internal.h" /* CDP_TOPO_MAX_DEVICES */
 
 /* ---- the plan's topology ------------------------------------------------------- */
 
@@ -33,9 +34,12 @@ static cdp_status host_topology(const struct cdp_plan *plan, struct cdp_topology
     int64_t per = cd->devices != CDP_AUTO ? cd->devices : cores;
     const int64_t need = (fixed_ranks(plan) + nodes - 1) / nodes;
     if (cd->devices == CDP_AUTO && need > per) per = need;
-    if (per > 1 << 16 || nodes > 1 << 16 || per * nodes > 1 << 20)
-        return cdp_fail(CDP_ERR_INVALID, "%s: /cluster: %lld nodes x %lld CPU devices is more than this planner plans",
-                        plan->source, (long long)nodes, (long long)per);
+    if (per > CDP_TOPO_MAX_DEVICES || nodes > 1 << 16 || per * nodes > CDP_TOPO_MAX_DEVICES)
+        return cdp_fail(CDP_ERR_INVALID, "%s: %s: %lld nodes x %lld CPU devices%s is more than this planner plans "
+                        "(at most %d devices in all)", plan->source,
+                        cd->devices == CDP_AUTO ? "/parallel/stages" : "/cluster/devices", (long long)nodes,
+                        (long long)per, cd->devices == CDP_AUTO ? " (one for each of /parallel/stages x "
+                        "/parallel/replicas)" : "", CDP_TOPO_MAX_DEVICES);
     struct cdp_discover_options o = {.cpu_devices = (int)per, .cpu_only = 1};
     struct cdp_topology *one = NULL;
     if ((st = cdp_topology_discover(&o, &one))) return st;

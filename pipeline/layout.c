@@ -97,8 +97,11 @@ cdp_status cdp_layout_slots(const struct cdp_plan *plan, const struct cdp_layout
     const int R = l->replicas, unit = l->chunks > 1 ? l->stages : 1;
     int64_t cap = l->shares[r];
     if (plan->parallel.rebalance_every > 0 && R > 1) cap = (int64_t)R * l->micro_batches - (int64_t)(R - 1) * unit;
-    if (cap < 1 || cap > (1 << 24)) return cdp_fail(CDP_ERR_INVALID, "layout: replica %d may run %lld micro-batches", r,
-                                                    (long long)cap);
+    if (cap < 1 || cap > CDP_PLAN_MAX_MICRO_BATCHES)
+        return cdp_fail(CDP_ERR_INVALID, "layout: replica %d may run %lld micro-batches a step%s; at most %d "
+                        "(/parallel/micro_batches, /train/global_batch)", r, (long long)cap,
+                        plan->parallel.rebalance_every > 0 ? " (with /parallel/rebalance_every)" : "",
+                        CDP_PLAN_MAX_MICRO_BATCHES);
     for (int s = 0; s < l->stages; s++) slots[s] = 1;
     for (int rv = 0; rv < 2; rv++) {
         struct cdp_schedule *sc = NULL;
@@ -126,8 +129,8 @@ void cdp_layout_chunk_buffers(const struct cdp_unit_bytes *first, const struct c
         out->grad_out = first->input_bytes;
     }
     if (!host_visible) /* each device buffer's host copy, each slot's output, the arriving input */
-        out->host = out->grad_in + (uint64_t)out->n_grad_out * out->grad_out + (uint64_t)slots * last->output_bytes +
-                    first->input_bytes;
+        out->host = cdp_sat_add(cdp_sat_add(out->grad_in, cdp_sat_mul((uint64_t)out->n_grad_out, out->grad_out)),
+                                cdp_sat_add(cdp_sat_mul((uint64_t)slots, last->output_bytes), first->input_bytes));
 }
 
 void cdp_layout_chunk_memory(const struct cdp_plan *plan, const struct cdp_range_terms *t, uint64_t shared_floats,
@@ -146,23 +149,23 @@ void cdp_layout_chunk_memory(const struct cdp_plan *plan, const struct cdp_range
     uint64_t off = 0, len = mb.params / 4;
     if (shards > 1) cdp_shard(mb.params / 4, shards, shard, &off, &len);
     out->optimizer = cdp_optimizer_state_bytes(&plan->train.optimizer, (int64_t)len);
-    out->activations = mb.activations + mb.inputs + mb.targets;
-    out->buffers = mb.scratch + mb.grad_buffers + mb.recompute + mb.losses + cb.grad_in +
-                   (uint64_t)cb.n_grad_out * cb.grad_out;
-    out->device = out->params + out->grads + out->optimizer + out->activations + out->buffers;
+    out->activations = cdp_sat_add(cdp_sat_add(mb.activations, mb.inputs), mb.targets);
+    out->buffers = cdp_sat_add(mb.scratch + mb.grad_buffers + mb.recompute + mb.losses + cb.grad_in,
+                               cdp_sat_mul((uint64_t)cb.n_grad_out, cb.grad_out));
+    out->device = cdp_sat_add(cdp_sat_add(out->params + out->grads + out->optimizer, out->activations), out->buffers);
     /* the losses are read back into a host copy */
-    out->host = cb.host + (ends_model ? last->loss_bytes : 0);
+    out->host = cdp_sat_add(cb.host, ends_model ? last->loss_bytes : 0);
 }
 
 static void add_memory(struct cdp_rank_memory *a, const struct cdp_rank_memory *b)
 {
     a->params += b->params;
-    a->grads += b->grads;
-    a->optimizer += b->optimizer;
-    a->activations += b->activations;
-    a->buffers += b->buffers;
-    a->device += b->device;
-    a->host += b->host;
+    a->grads = cdp_sat_add(a->grads, b->grads);
+    a->optimizer = cdp_sat_add(a->optimizer, b->optimizer);
+    a->activations = cdp_sat_add(a->activations, b->activations);
+    a->buffers = cdp_sat_add(a->buffers, b->buffers);
+    a->device = cdp_sat_add(a->device, b->device);
+    a->host = cdp_sat_add(a->host, b->host);
 }
 
 /* Rank `rank`'s memory, given its replica's micro-batch cap and slots per stage. */
@@ -201,11 +204,11 @@ static cdp_status rank_memory(const struct cdp_plan *plan, struct cdp_layout *l,
         struct cdp_unit_bytes u0, ul;
         cdp_unit_bytes(&units[0], B, loss, &u0);
         cdp_unit_bytes(&units[n - 1], B, loss, &ul);
-        sum.host += (uint64_t)mcap * ul.target_bytes + u0.input_bytes;
+        sum.host = cdp_sat_add(sum.host, cdp_sat_add(cdp_sat_mul((uint64_t)mcap, ul.target_bytes), u0.input_bytes));
     }
     /* device gradients all-reduced through the host (ranks sharing a GPU) */
-    if (!hv && l->shared_devices && l->replicas > 1) sum.host += largest_grad;
-    sum.host += CDP_LAYOUT_PROCESS_BYTES;
+    if (!hv && l->shared_devices && l->replicas > 1) sum.host = cdp_sat_add(sum.host, largest_grad);
+    sum.host = cdp_sat_add(sum.host, CDP_LAYOUT_PROCESS_BYTES);
     k->memory = sum;
     return CDP_OK;
 }

@@ -116,6 +116,17 @@ Test(core, format_bytes)
     cr_assert_str_eq(cdp_format_bytes(512, buf, sizeof buf), "512 B");
     cr_assert_str_eq(cdp_format_bytes(1536, buf, sizeof buf), "1.50 KiB");
     cr_assert_str_eq(cdp_format_bytes(16ull << 30, buf, sizeof buf), "16.00 GiB");
+    cr_assert_str_eq(cdp_format_bytes(UINT64_MAX, buf, sizeof buf), "16 EiB or more", "a saturated size");
+}
+
+Test(core, saturating_sizes)
+{
+    cr_assert_eq(cdp_sat_add(1, 2), 3);
+    cr_assert_eq(cdp_sat_add(UINT64_MAX - 1, 1), UINT64_MAX);
+    cr_assert_eq(cdp_sat_add(UINT64_MAX - 1, 2), UINT64_MAX, "saturates, does not wrap to 0");
+    cr_assert_eq(cdp_sat_mul(1ull << 31, 1ull << 32), 1ull << 63);
+    cr_assert_eq(cdp_sat_mul(1ull << 32, 1ull << 32), UINT64_MAX, "saturates, does not wrap to 0");
+    cr_assert_eq(cdp_sat_add(cdp_sat_mul(1ull << 40, 1ull << 30), cdp_sat_mul(1ull << 40, 1ull << 30)), UINT64_MAX);
 }
 
 Test(core, closest_word)

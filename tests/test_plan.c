@@ -737,6 +737,67 @@ Test(plan, context_has_a_limit_named_by_its_key)
     cdp_plan_free(p);
 }
 
+/* Sizes past the limits that keep every size computation in 64 bits (issue 18):
+ * each an error naming its key, never an overflow (UBSan runs this suite). */
+struct limit_case {
+    char json[300];
+    char needle[120];
+};
+
+ParameterizedTestParameters(plan, sizes_past_their_limits_name_their_key)
+{
+    static struct limit_case cases[] = {
+        /* a micro-batch's input past 2^40 elements */
+        {"{\"model\": {\"preset\": \"mlp\", \"input\": [2147483647], \"hidden\": [8], \"classes\": 2}, "
+         "\"train\": {\"micro_batch\": 2147483647}}",
+         "/model/layers/0: the linear's input [2147483647] holds more than 2^40 elements in a micro-batch of "
+         "2147483647"},
+        {"{\"model\": {\"preset\": \"gpt\", \"context\": 1048576, \"embed\": 1048576, \"heads\": 1}, "
+         "\"train\": {\"micro_batch\": 2}}",
+         "/model: the embedding's output [1048576, 1048576] holds more than 2^40"},
+        /* a layer's parameters past 2^40, the model's past 2^44 */
+        {"{\"model\": {\"preset\": \"gpt\", \"embed\": 2147483647, \"heads\": 1, \"context\": 4}}",
+         "/model: the transformer_block has more than 2^40 parameters; one layer may have at most 2^40"},
+        {"{\"model\": {\"preset\": \"gpt\", \"embed\": 131072, \"heads\": 1, \"context\": 4, \"layers\": 4096}}",
+         "/model: the model has more than 2^44 parameters (17.6 trillion) up to this transformer_block"},
+        /* rows past what the kernels index with int */
+        {"{\"model\": {\"input\": [1073741824, 2], \"layers\": [{\"type\": \"linear\", \"out\": 2}]}, "
+         "\"train\": {\"micro_batch\": 4}}",
+         "/model/layers/0: the linear's input [1073741824, 2] has 1073741824 rows a sample"},
+        /* attention over more tokens than a context may have */
+        {"{\"model\": {\"input\": [2097152, 2], \"layers\": [{\"type\": \"attention\", \"heads\": 1}]}}",
+         "/model/layers/0: the attention's input has 2097152 tokens a sample; attention takes at most 1048576"},
+        /* a convolution whose im2col scratch overflows 64 bits */
+        {"{\"model\": {\"input\": [1, 1, 1], \"layers\": [{\"type\": \"conv2d\", \"out\": 1, \"kernel\": 32768, "
+         "\"padding\": 32768}]}}",
+         "/model/layers/0: the conv2d's scratch holds more than 2^60 elements"},
+        /* micro-batches per replica */
+        {"{\"model\": {\"preset\": \"gpt\"}, \"parallel\": {\"micro_batches\": 16385}}",
+         "/parallel/micro_batches: expected a positive integer or \"auto\" no larger than 16384"},
+        {"{\"model\": {\"preset\": \"gpt\"}, \"train\": {\"global_batch\": 32770}, \"parallel\": {\"replicas\": 2}}",
+         "/train/global_batch: 32770 gives each of /parallel/replicas 2 16385 micro-batches"},
+    };
+    return cr_make_param_array(struct limit_case, cases, sizeof cases / sizeof cases[0]);
+}
+
+ParameterizedTest(struct limit_case *c, plan, sizes_past_their_limits_name_their_key)
+{
+    load_fails(c->json, c->needle);
+}
+
+Test(plan, sizes_at_their_limits_load)
+{
+    /* the largest of each still loads: context 2^20 (one head of [2^20, 2^20]
+     * attention state is priced by the fit, not refused here), 16384
+     * micro-batches, a device count whose product with ranks_per_device
+     * overflows 64 bits */
+    cdp_plan_free(load_ok("{\"model\": {\"preset\": \"gpt\", \"context\": 1048576, \"heads\": 16, \"embed\": 64}, "
+                          "\"train\": {\"micro_batch\": 16}}"));
+    cdp_plan_free(load_ok("{\"model\": {\"preset\": \"gpt\"}, \"parallel\": {\"micro_batches\": 16384}}"));
+    cdp_plan_free(load_ok("{\"model\": {\"preset\": \"gpt\"}, \"cluster\": {\"backend\": \"cuda\", \"nodes\": "
+                          "2147483647, \"devices\": 2147483647, \"ranks_per_device\": 64}}"));
+}
+
 Test(plan, zero_key)
 {
     struct cdp_plan *p = NULL;

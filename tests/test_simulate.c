@@ -363,3 +363,20 @@ Test(simulate, cli_auto_counts_are_planned)
     cr_expect_eq(run.exit_code, 2, "--trace without --simulate: %s", run.err);
     cdp_test_run_free(&run);
 }
+
+/* More CPU ranks than the planner plans: an error naming the key, not a 32 GB
+ * link matrix (issue 18). */
+Test(simulate, cpu_ranks_past_the_device_limit_name_their_key)
+{
+    const char *plan = cdp_test_write_file(cdp_test_tmpdir(), "many.json",
+                                           "{\"model\": {\"preset\": \"gpt\", \"layers\": 2}, "
+                                           "\"parallel\": {\"stages\": 2, \"replicas\": 32768}, "
+                                           "\"cluster\": {\"backend\": \"cpu\"}}");
+    struct cdp_run run;
+    cr_assert_eq(cdp_test_run(&run, (const char *const[]){"--plan", plan, "--dry-run", NULL}), 0);
+    cr_expect_eq(run.exit_code, 2, "stderr: %s", run.err);
+    cr_expect(strstr(run.err, "/parallel/stages: 1 nodes x 65536 CPU devices") &&
+                  strstr(run.err, "at most 10240 devices"),
+              "%s", run.err);
+    cdp_test_run_free(&run);
+}

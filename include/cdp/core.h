@@ -18,6 +18,21 @@ enum cdp_backend { CDP_BACKEND_CPU = 0, CDP_BACKEND_CUDA, CDP_BACKEND_COUNT };
 /* "cpu" / "cuda"; "?" out of range. */
 const char *cdp_backend_name(enum cdp_backend b);
 
+/* Byte counts that saturate: a sum or product too large for 64 bits is
+ * UINT64_MAX, which no device holds, so a fit check refuses it (and
+ * cdp_format_bytes writes it as "16 EiB or more"). Memory models use these
+ * wherever a count of micro-batches or slots multiplies a size. */
+static inline uint64_t cdp_sat_add(uint64_t a, uint64_t b)
+{
+    uint64_t x;
+    return __builtin_add_overflow(a, b, &x) ? UINT64_MAX : x;
+}
+static inline uint64_t cdp_sat_mul(uint64_t a, uint64_t b)
+{
+    uint64_t x;
+    return __builtin_mul_overflow(a, b, &x) ? UINT64_MAX : x;
+}
+
 /* Shard r of n elements split R ways, contiguous, the first n % R shards one
  * longer: [*off, *off + *len). The one home of that rule (ZeRO's optimizer
  * shards, the collectives that move them, the memory model). */

@@ -41,6 +41,18 @@ enum cdp_layer_type {
  * context): 2^20 tokens; a T x T attention state beyond it is past any device. */
 #define CDP_PLAN_MAX_CONTEXT (1 << 20)
 
+/* The most micro-batches one replica may run in a step (/parallel/micro_batches,
+ * or what /train/global_batch gives it; the schedule lists every one). */
+#define CDP_PLAN_MAX_MICRO_BATCHES (1 << 14)
+
+/* The most elements one tensor may hold: a parameter, or one micro-batch's
+ * input or output of a layer (2^40, 4 TiB of fp32; the largest of a
+ * trillion-parameter model is under 2^36). With it (and the context limit)
+ * every unit's sizes fit 64 bits; memory sums saturate (cdp_sat_add). */
+#define CDP_PLAN_MAX_TENSOR ((int64_t)1 << 40)
+/* The most parameters a model may have in all (2^44, 17.6 trillion). */
+#define CDP_PLAN_MAX_PARAMS ((int64_t)1 << 44)
+
 /* One layer of an explicit list; only the fields of its type are meaningful. */
 struct cdp_layer_desc {
     enum cdp_layer_type type;

@@ -100,6 +100,10 @@ cdp_status cdp_parse_size(const char *s, uint64_t *out)
 char *cdp_format_bytes(uint64_t bytes, char *buf, size_t cap)
 {
     static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+    if (bytes == UINT64_MAX) { /* a saturated count (cdp_sat_add) */
+        snprintf(buf, cap, "16 EiB or more");
+        return buf;
+    }
     if (bytes < 1024) {
         snprintf(buf, cap, "%llu B", (unsigned long long)bytes);
         return buf;

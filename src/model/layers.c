@@ -11,6 +11,7 @@
 #include "core/hash.h"
 #include "kernels/ops.h"
 #include "model/layer_def.h"
+#include "model/layers/common.h" /* shape helpers, cdp_mul_add */
 
 static int64_t shape_numel(const struct cdp_shape *s)
 {
@@ -33,32 +34,122 @@ static void make_unit(struct cdp_unit *u, const struct cdp_layer_desc *d, struct
     if (def->build) def->build(u, m);
 }
 
-/* A GPT preset: the token and position embedding, the blocks, the head. */
-static void gpt_units(const struct cdp_model_desc *m, struct cdp_unit *units)
+/* The units of m: a layer list's, or a GPT preset's token and position
+ * embedding, its blocks and its head. */
+static int unit_count(const struct cdp_model_desc *m)
 {
-    const int64_t T = m->context, C = m->embed;
-    const struct cdp_layer_desc emb = {.type = CDP_LAYER_EMBEDDING, .vocab = m->vocab, .dim = C, .context = T};
-    const struct cdp_layer_desc block = {.type = CDP_LAYER_TRANSFORMER_BLOCK, .heads = m->heads, .causal = 1};
-    const struct cdp_layer_desc head = {.type = CDP_LAYER_LM_HEAD, .vocab = m->vocab};
-    make_unit(&units[0], &emb, (struct cdp_shape){1, {T}}, m);
-    for (int64_t l = 0; l < m->layers; l++) make_unit(&units[1 + l], &block, units[0].out, m);
-    make_unit(&units[1 + m->layers], &head, units[0].out, m);
+    return m->kind == CDP_MODEL_GPT ? (int)m->layers + 2 : m->n_layers;
+}
+
+static struct cdp_layer_desc unit_desc(const struct cdp_model_desc *m, int i)
+{
+    if (m->kind != CDP_MODEL_GPT) return m->layer_list[i];
+    if (i == 0)
+        return (struct cdp_layer_desc){.type = CDP_LAYER_EMBEDDING, .vocab = m->vocab, .dim = m->embed,
+                                       .context = m->context};
+    if (i <= m->layers) return (struct cdp_layer_desc){.type = CDP_LAYER_TRANSFORMER_BLOCK, .heads = m->heads, .causal = 1};
+    return (struct cdp_layer_desc){.type = CDP_LAYER_LM_HEAD, .vocab = m->vocab};
+}
+
+/* One sample's input of the first unit: token ids of a GPT, else the plan's input. */
+static struct cdp_shape model_input(const struct cdp_model_desc *m)
+{
+    struct cdp_shape s = {1, {m->context}};
+    if (m->kind == CDP_MODEL_GPT) return s;
+    s.ndim = m->input_ndim;
+    for (int i = 0; i < m->input_ndim; i++) s.d[i] = m->input[i];
+    return s;
+}
+
+/* -1 when a dimension is negative or the product overflows. */
+static int64_t numel_checked(const struct cdp_shape *s)
+{
+    int64_t n = 1;
+    for (int i = 0; i < s->ndim; i++)
+        if (s->d[i] < 0 || __builtin_mul_overflow(n, s->d[i], &n)) return -1;
+    return n;
+}
+
+/* per x B is above limit, or per is -1 (overflowed) */
+static int over(int64_t per, int64_t B, int64_t limit)
+{
+    int64_t x;
+    return per < 0 || __builtin_mul_overflow(per, B, &x) || x > limit;
+}
+
+int cdp_units_check_sizes(const struct cdp_model_desc *m, int64_t B, int *at, char *why, size_t cap)
+{
+    struct cdp_shape s = model_input(m);
+    int64_t total = 0;
+    const int count = unit_count(m);
+    for (int i = 0; i < count; i++) {
+        const struct cdp_layer_desc d = unit_desc(m, i);
+        const struct cdp_layer_def *def = cdp_layer_def(d.type);
+        struct cdp_shape out = s;
+        char sh[96];
+        *at = i;
+        if (def->shape && def->shape(&d, &s, &out, why, cap)) return -1;
+        const struct cdp_shape *io[2] = {&s, &out};
+        for (int k = 0; k < 2; k++) {
+            const int64_t n = numel_checked(io[k]), last = cdp_shape_last(io[k]);
+            cdp_shape_format(io[k], sh, sizeof sh);
+            if (over(n, B, CDP_PLAN_MAX_TENSOR)) {
+                snprintf(why, cap, "the %s's %s %s holds more than 2^40 elements in a micro-batch of %lld; "
+                         "one tensor may hold at most 2^40", def->name, k ? "output" : "input", sh, (long long)B);
+                return -1;
+            }
+            if (last > 0 && over(n / last, B, INT32_MAX)) {
+                snprintf(why, cap, "the %s's %s %s has %lld rows a sample, more than 2^31 - 1 in a micro-batch "
+                         "of %lld (the kernels index rows with int)", def->name, k ? "output" : "input", sh,
+                         (long long)(n / last), (long long)B);
+                return -1;
+            }
+        }
+        const int64_t p = def->params ? def->params(&d, &s) : 0;
+        if (p < 0 || p > CDP_PLAN_MAX_TENSOR) {
+            snprintf(why, cap, "the %s has more than 2^40 parameters; one layer may have at most 2^40", def->name);
+            return -1;
+        }
+        if (__builtin_add_overflow(total, p, &total) || total > CDP_PLAN_MAX_PARAMS) {
+            snprintf(why, cap, "the model has more than 2^44 parameters (17.6 trillion) up to this %s", def->name);
+            return -1;
+        }
+        /* heads x T x T then stays below 2^60 (heads <= C, T x C <= 2^40); a
+         * state that large is refused by the fit, not here: kernel tables may
+         * keep less (cdp_unit_fit_kernels) */
+        if (def->keeps_attention && s.d[0] > CDP_PLAN_MAX_CONTEXT) {
+            snprintf(why, cap, "the %s's input has %lld tokens a sample; attention takes at most %d (2^20, as "
+                     "/model/context)", def->name, (long long)s.d[0], CDP_PLAN_MAX_CONTEXT);
+            return -1;
+        }
+        /* what remains is products of the sizes checked above */
+        struct cdp_unit u;
+        memset(&u, 0, sizeof u);
+        make_unit(&u, &d, s, m);
+        u.out_floats = numel_checked(&out);
+        def->cost(&u);
+        const int64_t sc = def->scratch ? def->scratch(&u, (int)B) : 0;
+        /* a T x T attention scratch may pass 2^40 at a long context; the fit prices it */
+        if (sc < 0 || sc > (int64_t)1 << 60) {
+            snprintf(why, cap, "the %s's scratch holds more than 2^60 elements in a micro-batch of %lld",
+                     def->name, (long long)B);
+            return -1;
+        }
+        s = out;
+    }
+    return 0;
 }
 
 cdp_status cdp_units_build(const struct cdp_model_desc *m, struct cdp_unit **out, int *n)
 {
-    int count = m->kind == CDP_MODEL_GPT ? (int)m->layers + 2 : m->n_layers;
+    const int count = unit_count(m);
     struct cdp_unit *units = calloc((size_t)count, sizeof *units);
     if (!units) return cdp_fail(CDP_ERR_NOMEM, "out of memory for %d layer descriptions", count);
-    if (m->kind == CDP_MODEL_GPT) {
-        gpt_units(m, units);
-    } else {
-        struct cdp_shape s = {m->input_ndim, {0}};
-        for (int i = 0; i < m->input_ndim; i++) s.d[i] = m->input[i];
-        for (int i = 0; i < count; i++) {
-            make_unit(&units[i], &m->layer_list[i], s, m);
-            s = units[i].out;
-        }
+    struct cdp_shape s = model_input(m);
+    for (int i = 0; i < count; i++) {
+        const struct cdp_layer_desc d = unit_desc(m, i);
+        make_unit(&units[i], &d, s, m);
+        s = units[i].out;
     }
     for (int i = 0; i < count; i++) {
         struct cdp_unit *u = &units[i];

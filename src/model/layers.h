@@ -77,6 +77,15 @@ struct cdp_unit {
 /* The partition units of a model description; *out is malloc'd (n entries). */
 cdp_status cdp_units_build(const struct cdp_model_desc *m, struct cdp_unit **out, int *n);
 
+/* Checks, before any unit of m is built, that its sizes stay in bounds at
+ * micro-batches of B: every parameter tensor and every micro-batch's input,
+ * output within CDP_PLAN_MAX_TENSOR elements (its scratch within 2^60), the parameters in
+ * all within CDP_PLAN_MAX_PARAMS, an attention's tokens within
+ * CDP_PLAN_MAX_CONTEXT, and a micro-batch's rows (B x all but the last
+ * dimension) within INT32_MAX, which the kernels index with int. Its arithmetic is checked, so that cdp_units_build's need not be.
+ * 0, or -1 with *at the unit and why what is too large. */
+int cdp_units_check_sizes(const struct cdp_model_desc *m, int64_t B, int *at, char *why, size_t cap);
+
 /* Scratch floats a unit needs for a micro-batch of B samples (forward and
  * backward use the same scratch). */
 int64_t cdp_unit_scratch_floats(const struct cdp_unit *u, int B);

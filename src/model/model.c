@@ -143,7 +143,7 @@ void cdp_unit_bytes(const struct cdp_unit *u, int B, enum cdp_loss loss, struct 
 void cdp_range_terms_add(struct cdp_range_terms *t, const struct cdp_unit_bytes *u)
 {
     t->held_floats += u->held_floats;
-    t->act_bytes += u->act_bytes;
+    t->act_bytes = cdp_sat_add(t->act_bytes, u->act_bytes); /* each below 2^62, their sum may not be */
     if (u->scratch_bytes > t->scratch_bytes) t->scratch_bytes = u->scratch_bytes;
     if (u->io_bytes > t->io_bytes) t->io_bytes = u->io_bytes;
     if (u->work_bytes > t->work_bytes) t->work_bytes = u->work_bytes;
@@ -165,17 +165,20 @@ void cdp_model_bytes_of(const struct cdp_range_terms *t, uint64_t shared_floats,
         cdp_shard(held, grad_shards, grad_shard, &off, &len);
         out->grads = (len + (held - t->window_sum) + t->window_max) * 4;
     }
-    out->activations = k * t->act_bytes;
-    out->inputs = k * first->input_bytes;
+    /* the unit figures are bounded (cdp_units_check_sizes); slot counts are not */
+    out->activations = cdp_sat_mul(k, t->act_bytes);
+    out->inputs = cdp_sat_mul(k, first->input_bytes);
     if (ends_model) {
-        out->targets = k * last->target_bytes;
+        out->targets = cdp_sat_mul(k, last->target_bytes);
         out->losses = last->loss_bytes;
     }
     out->scratch = t->scratch_bytes;
     out->grad_buffers = 2 * t->io_bytes;
     out->recompute = t->work_bytes;
-    out->total = out->params + out->grads + out->activations + out->inputs + out->targets + out->losses +
-                 out->scratch + out->grad_buffers + out->recompute;
+    const uint64_t parts[] = {out->params, out->grads,   out->activations, out->inputs,   out->targets,
+                              out->losses, out->scratch, out->grad_buffers, out->recompute};
+    out->total = 0;
+    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) out->total = cdp_sat_add(out->total, parts[i]);
 }
 
 static cdp_status alloc(struct cdp_model *m, uint64_t bytes, const char *what, cdp_buffer_t *out)

@@ -335,6 +335,21 @@ static cdp_status check_shapes(struct ld *c, const struct cdp_model_desc *m, int
     return CDP_OK;
 }
 
+/* The model's sizes at the plan's micro-batch (cdp_units_check_sizes), before
+ * anything builds, sizes or costs its units. */
+static cdp_status check_sizes(struct ld *c)
+{
+    const struct cdp_model_desc *m = &c->p->model;
+    int at = 0;
+    char why[512], lp[CDP_JSON_PTR_CAP];
+    if (!cdp_units_check_sizes(m, c->p->train.micro_batch, &at, why, sizeof why)) return CDP_OK;
+    if (m->kind == CDP_MODEL_GPT)
+        return cdp_json_fail(&c->in, "/model", "%s (set by vocab, context, heads and embed, and /train/micro_batch)",
+                             why);
+    snprintf(lp, sizeof lp, "/model/layers/%d", at);
+    return cdp_json_fail(&c->in, lp, "%s (/train/micro_batch %lld)", why, (long long)c->p->train.micro_batch);
+}
+
 static cdp_status push_layer(struct cdp_model_desc *m, struct cdp_layer_desc L)
 {
     m->layer_list[m->n_layers++] = L;
@@ -917,6 +932,11 @@ static cdp_status batch_arithmetic(struct ld *c)
                                  "\"auto\" cannot be derived: /train/global_batch "
                                  "%lld is not a multiple of /parallel/replicas %lld x /train/micro_batch %lld",
                                  (long long)G, (long long)R, (long long)b);
+        if (G / prod > CDP_PLAN_MAX_MICRO_BATCHES)
+            return cdp_json_fail(&c->in, "/train/global_batch",
+                                 "%lld gives each of /parallel/replicas %lld %lld micro-batches of /train/micro_batch "
+                                 "%lld; a replica runs at most %d a step", (long long)G, (long long)R,
+                                 (long long)(G / prod), (long long)b, CDP_PLAN_MAX_MICRO_BATCHES);
         pd->micro_batches = G / prod;
         return CDP_OK;
     }
@@ -943,7 +963,8 @@ static cdp_status load_parallel(struct ld *c, const json_t *v)
         if ((st = cdp_json_check_keys(&c->in, v, P, parallel_keys, "/parallel"))) return st;
         if ((st = cdp_json_get_int(&c->in, v, P, "stages", 1, MAX_COUNT, 1, &pd->stages))) return st;
         if ((st = cdp_json_get_int(&c->in, v, P, "replicas", 1, MAX_COUNT, 1, &pd->replicas))) return st;
-        if ((st = cdp_json_get_int(&c->in, v, P, "micro_batches", 1, MAX_COUNT, 1, &pd->micro_batches))) return st;
+        if ((st = cdp_json_get_int(&c->in, v, P, "micro_batches", 1, CDP_PLAN_MAX_MICRO_BATCHES, 1, &pd->micro_batches)))
+            return st;
         const json_t *sj = json_object_get(v, "schedule");
         if (json_is_string(sj) && strcmp(json_string_value(sj), "auto") == 0) pd->schedule_auto = 1;
         else if ((st = cdp_json_get_enum(&c->in, v, P, "schedule", cdp_plan_schedule_names, &sch)))
@@ -1080,7 +1101,10 @@ static cdp_status check_fit(const char *name, const struct cdp_plan *p)
     const struct cdp_parallel_desc *pd = &p->parallel;
     const struct cdp_cluster_desc *cd = &p->cluster;
     if (cd->devices == CDP_AUTO) return CDP_OK;
-    int64_t total = cd->nodes * cd->devices * cd->ranks_per_device; /* <= INT32_MAX^2 x 64 */
+    int64_t total; /* more than any stages x replicas when it overflows */
+    if (__builtin_mul_overflow(cd->nodes, cd->devices, &total) ||
+        __builtin_mul_overflow(total, cd->ranks_per_device, &total))
+        total = INT64_MAX;
     if (pd->stages != CDP_AUTO && pd->replicas != CDP_AUTO && pd->stages * pd->replicas > total)
         return cdp_fail(CDP_ERR_INVALID, "%s: /parallel/stages: %lld stages x /parallel/replicas %lld = %lld "
                         "devices, but /cluster/nodes %lld x /cluster/devices %lld%s gives only %lld",
@@ -1145,6 +1169,7 @@ static cdp_status load_json(struct ld *c, const json_t *root)
     }
     if ((st = load_data(c, json_object_get(root, "data")))) return st;
     if ((st = load_train(c, json_object_get(root, "train")))) return st;
+    if ((st = check_sizes(c))) return st;
     if ((st = load_parallel(c, json_object_get(root, "parallel")))) return st;
     if ((st = load_cluster(c, json_object_get(root, "cluster")))) return st;
     if ((st = load_output(c, json_object_get(root, "output")))) return st;

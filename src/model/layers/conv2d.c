@@ -67,11 +67,12 @@ static void cost(struct cdp_unit *u)
     u->bwd_flops = 2.0 * gemm;
 }
 
-/* one image's im2col matrix */
+/* one image's im2col matrix (-1 when it overflows: cdp_units_check_sizes) */
 static int64_t scratch(const struct cdp_unit *u, int B)
 {
     (void)B;
-    return u->in.d[0] * u->desc.kernel * u->desc.kernel * u->out.d[1] * u->out.d[2];
+    const int64_t cols = cdp_mul_add(cdp_mul_add(u->in.d[0], u->desc.kernel, 0), u->desc.kernel, 0);
+    return cdp_mul_add(cdp_mul_add(cols, u->out.d[1], 0), u->out.d[2], 0);
 }
 
 static cdp_status forward(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p, const void *in,
