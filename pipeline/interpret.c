@@ -336,7 +336,7 @@ static cdp_status execute(struct exec *e, const struct cdp_instr *in)
         if (st) break;
         double norm = sqrt(sq), clip_at = e->plan->train.grad_clip;
         e->grad_norm = norm;
-        float clip = clip_at > 0 && norm > clip_at ? (float)(clip_at / norm) : 1.0f;
+        float clip = cdp_grad_clip_scale(norm, clip_at); /* torch's min(1, clip / (norm + 1e-6)) */
         if (!isfinite(norm)) {
             st = cdp_fail(CDP_ERR_INVALID, "the gradient norm is %g; lower /train/optimizer/lr or set "
                           "/train/grad_clip", norm);

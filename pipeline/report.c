@@ -360,9 +360,11 @@ cdp_status cdp_exec_write_weights(struct exec *e)
         }
         if (!ts) st = cdp_fail(CDP_ERR_NOMEM, "out of memory");
         else {
-            char steps[32];
-            snprintf(steps, sizeof steps, "%lld", (long long)e->plan->train.steps);
-            const char *meta[] = {"format", "cdphybrid", "steps", steps};
+            /* the metadata export writes too (docs/training.md#weights): the optimizer
+             * steps done, which is train.steps once training has ended */
+            char step[32];
+            snprintf(step, sizeof step, "%lld", (long long)e->plan->train.steps);
+            const char *meta[] = {"format", "cdphybrid", "step", step};
             st = cdp_safetensors_write(path, ts, (int)n, meta, 2);
         }
         free(ts);

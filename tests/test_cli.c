@@ -8,6 +8,7 @@
 
 #include "cdp_config.h"
 #include "harness.h"
+#include "model/safetensors.h"
 
 static struct cdp_run run(const char *const *argv)
 {
@@ -187,6 +188,14 @@ Test(cli, trains_a_plan_and_writes_metrics_and_weights)
     char *w = cdp_test_read_file(path);
     cr_assert_not_null(w, "weights written");
     free(w);
+    /* the metadata of cdphybrid export: "step", the optimizer steps done */
+    struct cdp_safetensors_file *sf;
+    cr_assert_eq(cdp_safetensors_open(path, &sf), CDP_OK, "%s", cdp_last_error());
+    cr_assert_str_eq(cdp_safetensors_metadata(sf, "format"), "cdphybrid");
+    const char *step = cdp_safetensors_metadata(sf, "step");
+    cr_assert(step && !strcmp(step, "6"), "metadata step: %s", step ? step : "(none)");
+    cr_assert_null(cdp_safetensors_metadata(sf, "steps"), "one name for the step");
+    cdp_safetensors_close(sf);
     cdp_test_run_free(&r);
 
     /* -q keeps stdout empty and still trains */

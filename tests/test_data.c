@@ -448,6 +448,184 @@ Test(data, idx_images_scaled_labels_matched_once_per_epoch)
     cdp_data_close(d);
 }
 
+/* ---- data order: the formulas of docs/training.md#data-order, reimplemented here ---- */
+
+static struct cdp_data *open_order(enum cdp_data_source src, const char *path, const char *labels, uint64_t seed,
+                                   enum cdp_data_order order, const struct cdp_model_desc *m)
+{
+    struct cdp_data_desc dd = {.source = src, .path = (char *)path, .labels = (char *)labels, .seed = seed,
+                               .order = order};
+    struct cdp_data *d = NULL;
+    cr_assert_eq(cdp_data_open(&dd, m, &d), CDP_OK, "%s", cdp_last_error());
+    return d;
+}
+
+/* Training index of row b of micro-batch j of step s (from 1) on replica r, with
+ * equal shares of m micro-batches of B rows (G = R * m * B). */
+static int64_t doc_index(int64_t s, int r, int m, int j, int B, int R, int b)
+{
+    return (s - 1) * (int64_t)R * m * B + ((int64_t)r * m + j) * B + b;
+}
+
+Test(data, sequential_windows_follow_the_documented_formula)
+{
+    enum { N = 2000, T = 8, B = 4, M = 2, R = 2 };
+    const char *dir = cdp_test_tmpdir();
+    char *path = path_in(dir, "seq.bin");
+    uint16_t toks[N];
+    for (int i = 0; i < N; i++) toks[i] = (uint16_t)i; /* a token is its offset */
+    write_tokens(path, 20240520, 1, N, toks, N);
+    struct cdp_model_desc g = gpt(N, T);
+    struct cdp_data *d = open_order(CDP_DATA_TOKENS, path, NULL, 9, CDP_DATA_ORDER_SEQUENTIAL, &g);
+    const int64_t ntr = (1800 - 1) / T, nva = (200 - 1) / T; /* 224 and 24 windows */
+    cr_assert_eq(cdp_data_split_size(d, CDP_SPLIT_TRAIN), ntr);
+    cr_assert_eq(cdp_data_split_size(d, CDP_SPLIT_VAL), nva);
+    int32_t x[B * T], y[B * T];
+    /* the first steps' micro-batches on every replica, and steps that wrap past the end */
+    const int64_t steps[] = {1, 2, 3, 14, 15, 29};
+    for (size_t si = 0; si < sizeof steps / sizeof *steps; si++)
+        for (int r = 0; r < R; r++)
+            for (int j = 0; j < M; j++) {
+                int64_t first = doc_index(steps[si], r, M, j, B, R, 0);
+                cr_assert_eq(cdp_data_fetch(d, CDP_SPLIT_TRAIN, first, B, x, y), CDP_OK);
+                for (int b = 0; b < B; b++) {
+                    int64_t p = (doc_index(steps[si], r, M, j, B, R, b) % ntr) * T;
+                    for (int t = 0; t < T; t++) {
+                        cr_assert_eq(x[b * T + t], p + t, "step %lld replica %d micro-batch %d row %d", (long long)steps[si],
+                                     r, j, b);
+                        cr_assert_eq(y[b * T + t], p + t + 1);
+                    }
+                }
+            }
+    /* step 1 is llm.c's first batch: B*T + 1 consecutive tokens from 0 */
+    cr_assert_eq(cdp_data_fetch(d, CDP_SPLIT_TRAIN, 0, B, x, y), CDP_OK);
+    for (int k = 0; k < B * T; k++) cr_assert(x[k] == k && y[k] == k + 1);
+    /* the last window ends inside the split; the next index starts again at 0 */
+    cr_assert_eq(cdp_data_fetch(d, CDP_SPLIT_TRAIN, ntr - 1, 2, x, y), CDP_OK);
+    cr_assert_eq(x[0], (ntr - 1) * T);
+    cr_assert_eq(y[T - 1], ntr * T);
+    cr_assert_lt(y[T - 1], 1800);
+    cr_assert_eq(x[T], 0);
+    /* validation micro-batch k: indices f..f+B-1, f = k*B mod (n_val - B + 1) */
+    for (int k = 0; k < 8; k++) {
+        int64_t f = ((int64_t)k * B) % (nva - B + 1);
+        cr_assert_eq(cdp_data_fetch(d, CDP_SPLIT_VAL, f, B, x, y), CDP_OK);
+        for (int b = 0; b < B; b++) cr_assert_eq(x[b * T], 1800 + (f + b) * T, "validation batch %d row %d", k, b);
+    }
+    cdp_data_close(d);
+    check_deterministic(CDP_DATA_TOKENS, path, NULL, &g, CDP_SPLIT_TRAIN, 200, 60);
+
+    /* the seed does not matter in file order; text reads the same windows of bytes */
+    enum { NB = 500 };
+    char *tpath = path_in(dir, "t.txt");
+    unsigned char bytes[NB];
+    for (int i = 0; i < NB; i++) bytes[i] = (unsigned char)(i * 7 + 3);
+    write_bytes(tpath, bytes, NB);
+    struct cdp_model_desc g2 = gpt(256, T);
+    struct cdp_data *a = open_order(CDP_DATA_TEXT, tpath, NULL, 1, CDP_DATA_ORDER_SEQUENTIAL, &g2),
+                    *c = open_order(CDP_DATA_TEXT, tpath, NULL, 2, CDP_DATA_ORDER_SEQUENTIAL, &g2);
+    int64_t n = cdp_data_split_size(a, CDP_SPLIT_TRAIN);
+    cr_assert_eq(n, (450 - 1) / T);
+    int32_t xa[3 * T], xc[3 * T], ya[3 * T];
+    cr_assert_eq(cdp_data_fetch(a, CDP_SPLIT_TRAIN, 5, 3, xa, ya), CDP_OK);
+    cr_assert_eq(cdp_data_fetch(c, CDP_SPLIT_TRAIN, 5, 3, xc, ya), CDP_OK);
+    cr_assert_eq(memcmp(xa, xc, sizeof xa), 0);
+    for (int b = 0; b < 3; b++)
+        for (int t = 0; t < T; t++) cr_assert_eq(xa[b * T + t], bytes[(5 + b) * T + t]);
+    cr_assert_eq(cdp_data_fetch(a, CDP_SPLIT_VAL, 1, 1, xa, ya), CDP_OK);
+    for (int t = 0; t < T; t++) cr_assert_eq(xa[t], bytes[450 + T + t]);
+    cdp_data_close(a);
+    cdp_data_close(c);
+}
+
+Test(data, sequential_idx_is_file_order)
+{
+    enum { N = 50, R = 4, CC = 5, C = 3 };
+    const char *dir = cdp_test_tmpdir();
+    char *img = path_in(dir, "img.idx"), *lab = path_in(dir, "lab.idx");
+    write_images(img, 0x803, N, R, CC, 0);
+    write_labels(lab, 0x801, N, C);
+    struct cdp_model_desc m = mlp(R * CC, C, CDP_LOSS_CROSS_ENTROPY);
+    struct cdp_data *d = open_order(CDP_DATA_IDX, img, lab, 2, CDP_DATA_ORDER_SEQUENTIAL, &m);
+    cr_assert_eq(cdp_data_split_size(d, CDP_SPLIT_TRAIN), 45);
+    cr_assert_eq(cdp_data_split_size(d, CDP_SPLIT_VAL), 5);
+    float x[100 * R * CC];
+    int32_t y[100];
+    cr_assert_eq(cdp_data_fetch(d, CDP_SPLIT_TRAIN, 40, 100, x, y), CDP_OK);
+    for (int i = 0; i < 100; i++) {
+        int want = (40 + i) % 45;
+        cr_assert_eq((int)lroundf(x[i * R * CC] * 255.0f), want, "index %d", 40 + i);
+        cr_assert_eq(y[i], want % C);
+    }
+    cr_assert_eq(cdp_data_fetch(d, CDP_SPLIT_VAL, 3, 4, x, y), CDP_OK);
+    for (int i = 0; i < 4; i++) cr_assert_eq((int)lroundf(x[i * R * CC] * 255.0f), 45 + (3 + i) % 5);
+    cdp_data_close(d);
+}
+
+/* The shuffle, as docs/training.md writes it. */
+static uint64_t doc_mix(uint64_t z)
+{
+    z += 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static uint64_t doc_perm(uint64_t seed, uint64_t split, uint64_t epoch, uint64_t n, uint64_t x)
+{
+    uint64_t key = doc_mix(doc_mix(doc_mix(doc_mix(seed ^ 0x6364706879627264ull) ^ 3) ^ split) ^ epoch);
+    int bits = 2;
+    while ((1ull << bits) < n) bits += 2;
+    int h = bits / 2;
+    uint64_t mask = (1ull << h) - 1, K[4];
+    for (int r = 0; r < 4; r++) K[r] = doc_mix(key + (uint64_t)r * 0x632be59bd9b4e019ull);
+    do {
+        uint64_t L = x >> h, R = x & mask;
+        for (int r = 0; r < 4; r++) {
+            uint64_t nl = R;
+            R = L ^ (doc_mix(R ^ K[r]) & mask);
+            L = nl;
+        }
+        x = L << h | R;
+    } while (x >= n);
+    return x;
+}
+
+Test(data, shuffle_follows_the_documented_permutation)
+{
+    enum { N = 3000, T = 8 };
+    const char *dir = cdp_test_tmpdir();
+    char *path = path_in(dir, "seq.bin");
+    uint16_t toks[N];
+    for (int i = 0; i < N; i++) toks[i] = (uint16_t)i;
+    write_tokens(path, 20240520, 1, N, toks, N);
+    struct cdp_model_desc g = gpt(N, T);
+    struct cdp_data *d = open_order(CDP_DATA_TOKENS, path, NULL, 77, CDP_DATA_ORDER_SHUFFLE, &g);
+    const int64_t ntr = 2700 - T, nva = 300 - T; /* 2692 (12 bits: cycle walking), 292 */
+    cr_assert_eq(cdp_data_split_size(d, CDP_SPLIT_TRAIN), ntr);
+    cr_assert_eq(cdp_data_split_size(d, CDP_SPLIT_VAL), nva);
+    int32_t x[64 * T], y[64 * T];
+    const int64_t firsts[] = {0, 1000, ntr - 20, 3 * ntr + 5};
+    for (int s = 0; s < 2; s++) {
+        int64_t n = s ? nva : ntr, begin = s ? 2700 : 0;
+        for (size_t f = 0; f < sizeof firsts / sizeof *firsts; f++) {
+            cr_assert_eq(cdp_data_fetch(d, (enum cdp_split)s, firsts[f], 64, x, y), CDP_OK);
+            for (int b = 0; b < 64; b++) {
+                int64_t i = firsts[f] + b;
+                int64_t p = begin + (int64_t)doc_perm(77, (uint64_t)s, (uint64_t)(i / n), (uint64_t)n, (uint64_t)(i % n));
+                cr_assert_eq(x[b * T], p, "split %d index %lld", s, (long long)i);
+                cr_assert_eq(y[b * T + T - 1], p + T);
+            }
+        }
+    }
+    cdp_data_close(d);
+    /* the default order is the shuffle */
+    struct cdp_data *a = open_ok(CDP_DATA_TOKENS, path, NULL, 77, &g);
+    cr_assert_eq(cdp_data_fetch(a, CDP_SPLIT_TRAIN, 1000, 64, y, x), CDP_OK);
+    cr_assert_eq(y[0], (int32_t)doc_perm(77, 0, 0, (uint64_t)ntr, 1000));
+    cdp_data_close(a);
+}
+
 /* ---- bad files ------------------------------------------------------------------------------ */
 
 static void expect_fail(enum cdp_data_source src, const char *path, const char *labels,

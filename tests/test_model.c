@@ -812,3 +812,77 @@ Test(model, a_kernel_failure_without_a_status_is_returned_by_the_next_pass)
     cdp_device_close(dev);
     cdp_plan_free(p);
 }
+
+/* Global-norm clipping scales by torch.nn.utils.clip_grad_norm_'s
+ * min(1, max_norm / (norm + 1e-6)), not max_norm / norm: at small norms, and at
+ * a norm equal to the limit, the two differ by far more than rounding. */
+Test(model, grad_clip_scale_is_torchs)
+{
+    static const struct {
+        double norm, max;
+        int differs; /* from the old factor: max / norm when norm > max, else 1 */
+    } cases[] = {
+        {1e-5, 5e-6, 1}, {1e-6, 1e-6, 1}, {3.0, 1.0, 1}, {2.5e-7, 1e-7, 1},
+        {5e-8, 1e-7, 1}, /* under a limit far below 1e-6, torch scales even a smaller norm */
+        {0.5, 1.0, 0},   {1.0, 1.0 + 2e-6, 0}, {1.0, 0.0, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        double n = cases[i].norm, c = cases[i].max;
+        float want = c > 0 && c / (n + 1e-6) < 1 ? (float)(c / (n + 1e-6)) : 1.0f;
+        float old = c > 0 && n > c ? (float)(c / n) : 1.0f;
+        float got = cdp_grad_clip_scale(n, c);
+        cr_assert_eq(got, want, "norm %g, clip %g: %.9g, torch %.9g", n, c, got, want);
+        if (cases[i].differs) cr_assert_neq(got, old, "norm %g, clip %g: the test cannot tell the formulas apart", n, c);
+    }
+    cr_assert_eq(cdp_grad_clip_scale(NAN, 1.0), 1.0f);
+
+    /* A real step: tiny gradients (the loss scaled by 1e-8), clipped at their
+     * own norm, then SGD with lr 1e6 moves every weight by lr * g * scale. */
+    struct cdp_plan *p = plan_from("{\"model\": {\"preset\": \"gpt\", \"vocab\": 16, \"context\": 4, "
+                                   "\"layers\": 1, \"heads\": 2, \"embed\": 8}}");
+    cdp_device_t dev = cpu();
+    struct cdp_model *m;
+    struct cdp_optimizer *o;
+    struct cdp_optimizer_desc od = {.type = CDP_OPT_SGD, .lr = 1e6};
+    cr_assert_eq(cdp_model_create(&p->model, 0, 3, 2, 1, 1, dev, &m), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(cdp_optimizer_create(&od, m, dev, &o), CDP_OK, "%s", cdp_last_error());
+    fill_inputs(m, cdp_model_unit(m, 0), 2, 16);
+    int32_t tg[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    double loss;
+    cr_assert_eq(cdp_model_forward(m, 0), CDP_OK);
+    cr_assert_eq(cdp_model_loss(m, 0, tg, 1e-8f, &loss), CDP_OK);
+    cr_assert_eq(cdp_model_backward(m, 0, NULL, NULL), CDP_OK);
+    double norm = sqrt(cdp_model_grad_sumsq(m));
+    cr_assert(norm > 1e-9 && norm < 1e-5, "gradient norm %g: not small enough to tell the formulas apart", norm);
+    double torch = norm / (norm + 1e-6);
+    float scale = cdp_grad_clip_scale(norm, norm);
+    cr_assert_float_eq(scale, torch, 1e-6 * torch, "scale %.9g, torch %.9g", scale, torch);
+    int n = cdp_model_tensor_count(m);
+    float **before = calloc((size_t)n, sizeof *before), **grad = calloc((size_t)n, sizeof *grad);
+    for (int i = 0; i < n; i++) {
+        struct cdp_model_tensor *t = cdp_model_tensor(m, i);
+        before[i] = malloc((size_t)t->numel * 4), grad[i] = malloc((size_t)t->numel * 4);
+        memcpy(before[i], t->data, (size_t)t->numel * 4);
+        memcpy(grad[i], t->grad, (size_t)t->numel * 4);
+    }
+    cdp_optimizer_step(o, m, 1e6f, scale);
+    double worst = 0, biggest = 0;
+    for (int i = 0; i < n; i++) {
+        struct cdp_model_tensor *t = cdp_model_tensor(m, i);
+        for (int64_t k = 0; k < t->numel; k++) {
+            double step = (double)before[i][k] - t->data[k], want = 1e6 * torch * grad[i][k];
+            if (fabs(step - want) > worst) worst = fabs(step - want);
+            if (fabs(want) > biggest) biggest = fabs(want);
+        }
+        free(before[i]), free(grad[i]);
+    }
+    free(before), free(grad);
+    /* the old factor (1) would be off by (1 - torch) * biggest, over half of it */
+    cr_assert_gt(1.0 - torch, 0.5, "the norm %g leaves too small a difference", norm);
+    cr_assert_leq(worst, 1e-3 * biggest, "step off by %.3g (largest step %.3g)", worst, biggest);
+    cr_log_info("clipping at norm %.3g: scale %.6f (torch %.6f; max/norm would give 1)", norm, scale, torch);
+    cdp_optimizer_destroy(o);
+    cdp_model_destroy(m);
+    cdp_device_close(dev);
+    cdp_plan_free(p);
+}

@@ -595,6 +595,67 @@ Test(plan, paths_are_relative_to_the_plan_folder)
     free(real);
 }
 
+/* /data/order: parsed, kept through planned.json (the ranks read it), printed;
+ * a bad value names the key and the accepted values. */
+Test(plan, data_order_round_trips_and_refuses_bad_values)
+{
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
+    cdp_test_write_file(dir, "corpus.txt", "hello world\n");
+    struct cdp_plan *p = NULL, *q = NULL;
+    cr_assert_eq(cdp_plan_load_string("{\"model\": {\"preset\": \"gpt\"}, \"data\": {\"source\": \"text\", \"path\": "
+                                      "\"corpus.txt\"}}",
+                                      "p.json", dir, &p),
+                 CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(p->data.order, CDP_DATA_ORDER_SHUFFLE, "the default");
+    cdp_plan_free(p);
+    p = NULL;
+    cr_assert_eq(cdp_plan_load_string("{\"model\": {\"preset\": \"gpt\"}, \"data\": {\"source\": \"text\", \"path\": "
+                                      "\"corpus.txt\", \"order\": \"sequential\"}}",
+                                      "p.json", dir, &p),
+                 CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(p->data.order, CDP_DATA_ORDER_SEQUENTIAL);
+    char *a = NULL, *b = NULL;
+    cr_assert_eq(cdp_plan_to_json(p, &a), CDP_OK);
+    cr_assert(strstr(a, "\"order\": \"sequential\""), "%s", a);
+    cr_assert_eq(cdp_plan_load_string(a, "planned.json", "/", &q), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(q->data.order, CDP_DATA_ORDER_SEQUENTIAL, "planned.json keeps the order");
+    cr_assert_eq(cdp_plan_to_json(q, &b), CDP_OK);
+    cr_assert_str_eq(a, b);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    cr_assert_eq(cdp_plan_print(p, f), CDP_OK);
+    fclose(f);
+    cr_assert(strstr(text, "order") && strstr(text, "sequential"), "%s", text);
+    free(text), free(a), free(b);
+    cdp_plan_free(p);
+    cdp_plan_free(q);
+
+    /* synthetic data keeps "shuffle" in planned.json, which loads back */
+    p = load_ok("{\"model\": {\"preset\": \"gpt\"}}");
+    cr_assert_eq(cdp_plan_to_json(p, &a), CDP_OK);
+    cr_assert(strstr(a, "\"order\": \"shuffle\""), "%s", a);
+    cdp_plan_free(load_ok(a));
+    free(a);
+    cdp_plan_free(p);
+
+    struct {
+        const char *data, *needle;
+    } bad[] = {
+        {"{\"source\": \"synthetic\", \"order\": \"random\"}", "/data/order: expected one of \"shuffle\", \"sequential\""},
+        {"{\"source\": \"synthetic\", \"order\": \"sequental\"}", "did you mean \"sequential\"?"},
+        {"{\"source\": \"synthetic\", \"order\": 1}", "/data/order: expected one of"},
+        {"{\"source\": \"synthetic\", \"order\": \"sequential\"}", "/data/order: \"sequential\" reads a file"},
+        {"{\"source\": \"synthetic\", \"ordre\": \"sequential\"}", "did you mean \"order\"?"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        char json[256];
+        snprintf(json, sizeof json, "{\"model\": {\"preset\": \"gpt\"}, \"data\": %s}", bad[i].data);
+        load_fails(json, bad[i].needle);
+    }
+}
+
 /* ---- never a crash ------------------------------------------------------------------- */
 
 struct weird_case {

@@ -276,6 +276,51 @@ Test(resume, across_layouts, .timeout = 120)
     cr_log_info("2x2 -> 4x1 -> 1x1: worst weight error %.3g", e);
 }
 
+/* data.order "sequential": a resumed run reads on from the checkpoint's
+ * samples_seen, so it sees the uninterrupted run's batches (the 33 windows of
+ * the text wrap at step 5, after the resume at step 3). */
+static const char *plan_text(const char *dir, const char *name, const char *order, int steps)
+{
+    char json[2048], file[64];
+    snprintf(json, sizeof json,
+             "{\"model\": {\"preset\": \"gpt\", \"vocab\": 256, \"context\": 8, \"layers\": 2, \"heads\": 2, "
+             "\"embed\": 16}, \"data\": {\"source\": \"text\", \"path\": \"corpus.txt\", \"order\": \"%s\"}, "
+             "\"train\": {\"steps\": %d, \"micro_batch\": 2, \"optimizer\": {\"lr\": 0.01}, \"grad_clip\": 0.5, "
+             "\"eval_batches\": 1, \"checkpoint\": {\"dir\": \"ckpt-%s\", \"every\": 2, \"keep\": 2}}, "
+             "\"parallel\": {\"stages\": 1, \"replicas\": 1, \"micro_batches\": 4}, \"cluster\": {" CPU_BACKEND
+             "}, \"output\": {\"metrics\": \"%s.jsonl\", \"weights\": \"%s.safetensors\"}}",
+             order, steps, name, name, name);
+    snprintf(file, sizeof file, "%s.json", name);
+    return cdp_test_write_file(dir, file, json);
+}
+
+Test(resume, sequential_data_resumes_bitwise, .timeout = 120)
+{
+    char *dir = newdir();
+    char text[301];
+    uint64_t z = 99;
+    for (int i = 0; i < 300; i++) {
+        z = z * 6364136223846793005ull + 1442695040888963407ull;
+        text[i] = (char)('a' + (z >> 59)); /* 32 letters from 'a' */
+    }
+    text[300] = 0;
+    cdp_test_write_file(dir, "corpus.txt", text);
+    run_ok((const char *[]){"-q", "--plan", plan_text(dir, "base", "sequential", 6), NULL});
+    run_ok((const char *[]){"-q", "--plan", plan_text(dir, "x", "sequential", 3), NULL});
+    struct cdp_run r = run((const char *[]){"--plan", plan_text(dir, "x", "sequential", 6), "--resume", NULL}, NULL);
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    cr_assert(strstr(r.out, "at step 3"), "%s", r.out);
+    cdp_test_run_free(&r);
+    run_ok((const char *[]){"-q", "--plan", plan_text(dir, "shuf", "shuffle", 6), NULL});
+    double a[16], b[16], c[16];
+    cr_assert_eq(losses(dir, "base", a), 6);
+    cr_assert_eq(losses(dir, "x", b), 6);
+    cr_assert_eq(losses(dir, "shuf", c), 6);
+    for (int i = 0; i < 6; i++) cr_assert_eq(a[i], b[i], "step %d: %.9g vs %.9g", i + 1, b[i], a[i]);
+    cr_assert_eq(weights_error(dir, "base", "x"), 0.0, "bitwise under the same plan");
+    cr_assert_neq(a[1], c[1], "the order changes the batches: step 2 loss %.9g under both", a[1]);
+}
+
 Test(resume, a_corrupt_checkpoint_is_named_and_left_alone, .timeout = 120)
 {
     char *dir = newdir();

@@ -105,11 +105,17 @@ enum cdp_data_source {
     CDP_DATA_SOURCE_COUNT
 };
 
+/* The order file sources are read in (docs/training.md#data-order): a seeded
+ * permutation of every sample per epoch, or the file's own order (token
+ * sources: consecutive non-overlapping windows, as llm.c's loader reads). */
+enum cdp_data_order { CDP_DATA_ORDER_SHUFFLE = 0, CDP_DATA_ORDER_SEQUENTIAL, CDP_DATA_ORDER_COUNT };
+
 struct cdp_data_desc {
     enum cdp_data_source source;
     char *path;   /* text, tokens: the file; idx: the images file (absolute, owned) */
     char *labels; /* idx: the labels file (absolute, owned); else NULL */
     uint64_t seed;
+    enum cdp_data_order order;
 };
 
 enum cdp_optimizer_type { CDP_OPT_SGD = 0, CDP_OPT_ADAMW, CDP_OPT_TYPE_COUNT };

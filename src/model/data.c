@@ -144,6 +144,7 @@ static uint64_t perm_apply(const struct perm *p, uint64_t x)
 
 struct cdp_data {
     enum cdp_data_source source;
+    enum cdp_data_order order;
     uint64_t seed;
     struct cdp_sample_shape shape;
     char *path, *labels_path; /* for messages (owned) */
@@ -157,6 +158,7 @@ struct cdp_data {
     int64_t item_numel;      /* idx: values per image */
     int64_t begin[CDP_SPLIT_COUNT]; /* first token / image of each split */
     int64_t count[CDP_SPLIT_COUNT]; /* samples in each split */
+    int64_t stride;                 /* sequential token windows: T; else 1 */
 
     /* synthetic teacher: y = W2 tanh(W1 x + b1) + b2 */
     int64_t out; /* C (classes) or regression outputs */
@@ -264,7 +266,10 @@ static int32_t le32(const uint8_t *p)
 }
 
 /* Token streams (text, tokens): the last n/10 tokens are validation; a sample is
- * a window of T+1 tokens starting inside its split. */
+ * a window of T+1 tokens starting inside its split. Shuffled, a window starts
+ * at any of the split's L - T positions; sequential, at the (L - 1) / T
+ * positions 0, T, 2T, ... (consecutive windows share one token: the last
+ * target of one is the first input of the next, as in llm.c). */
 static cdp_status split_tokens(struct cdp_data *d, int64_t n, const char *unit)
 {
     int64_t T = d->shape.input_numel;
@@ -277,9 +282,15 @@ static cdp_status split_tokens(struct cdp_data *d, int64_t n, const char *unit)
                         d->path, (long long)(T + 1), need, unit, (long long)n);
     }
     d->begin[CDP_SPLIT_TRAIN] = 0;
-    d->count[CDP_SPLIT_TRAIN] = n_train - T;
     d->begin[CDP_SPLIT_VAL] = n_train;
-    d->count[CDP_SPLIT_VAL] = n_val - T;
+    if (d->order == CDP_DATA_ORDER_SEQUENTIAL) {
+        d->stride = T;
+        d->count[CDP_SPLIT_TRAIN] = (n_train - 1) / T;
+        d->count[CDP_SPLIT_VAL] = (n_val - 1) / T;
+    } else {
+        d->count[CDP_SPLIT_TRAIN] = n_train - T;
+        d->count[CDP_SPLIT_VAL] = n_val - T;
+    }
     return CDP_OK;
 }
 
@@ -551,10 +562,14 @@ cdp_status cdp_data_open(const struct cdp_data_desc *desc, const struct cdp_mode
     CDP_ASSERT(desc && model && out);
     if ((unsigned)desc->source >= CDP_DATA_SOURCE_COUNT)
         return cdp_fail(CDP_ERR_INVALID, "data: unknown source %d", (int)desc->source);
+    if ((unsigned)desc->order >= CDP_DATA_ORDER_COUNT)
+        return cdp_fail(CDP_ERR_INVALID, "data: unknown order %d", (int)desc->order);
     struct cdp_data *d = calloc(1, sizeof *d);
     if (!d) return cdp_fail(CDP_ERR_NOMEM, "data: out of memory");
     d->source = desc->source;
+    d->order = desc->order;
     d->seed = desc->seed;
+    d->stride = 1;
     if ((st = shape_from_model(model, &d->shape))) goto fail;
     if (desc->source != CDP_DATA_SYNTHETIC) {
         if (!desc->path) {
@@ -579,8 +594,9 @@ cdp_status cdp_data_open(const struct cdp_data_desc *desc, const struct cdp_mode
                  d->shape.tokens ? "token" : d->shape.target_is_float ? "regression" : "classification",
                  (unsigned long long)d->seed);
     else
-        CDP_INFO(DATA, "%s data from %s: %lld training and %lld validation samples", source_names[d->source],
-                 d->path, (long long)d->count[CDP_SPLIT_TRAIN], (long long)d->count[CDP_SPLIT_VAL]);
+        CDP_INFO(DATA, "%s data from %s: %lld training and %lld validation samples, %s", source_names[d->source],
+                 d->path, (long long)d->count[CDP_SPLIT_TRAIN], (long long)d->count[CDP_SPLIT_VAL],
+                 d->order == CDP_DATA_ORDER_SEQUENTIAL ? "in file order" : "shuffled every epoch");
     *out = d;
     return CDP_OK;
 fail:
@@ -671,11 +687,15 @@ cdp_status cdp_data_fetch(struct cdp_data *d, enum cdp_split split, int64_t firs
             }
             continue;
         }
-        if (i / n != epoch) {
-            epoch = i / n;
-            perm_init(&p, (uint64_t)n, hash4(d->seed, DOM_PERM, (uint64_t)split, (uint64_t)epoch));
+        int64_t k = i % n;
+        if (d->order == CDP_DATA_ORDER_SHUFFLE) {
+            if (i / n != epoch) {
+                epoch = i / n;
+                perm_init(&p, (uint64_t)n, hash4(d->seed, DOM_PERM, (uint64_t)split, (uint64_t)epoch));
+            }
+            k = (int64_t)perm_apply(&p, (uint64_t)k);
         }
-        int64_t item = d->begin[split] + (int64_t)perm_apply(&p, (uint64_t)(i % n));
+        int64_t item = d->begin[split] + k * d->stride;
         if (s->tokens) {
             for (int64_t t = 0; t < D; t++) {
                 iin[t] = token_at(d, item + t);

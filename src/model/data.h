@@ -58,15 +58,19 @@ void cdp_data_close(struct cdp_data *d);
 
 const struct cdp_sample_shape *cdp_data_shape(const struct cdp_data *d);
 
-/* Number of distinct samples in a split (text/tokens: windows start anywhere, so
- * this is the number of start positions; synthetic: INT64_MAX). */
+/* Number of distinct samples in a split (text/tokens shuffled: windows start
+ * anywhere, so this is the number of start positions, L - T for a split of L
+ * tokens; text/tokens sequential: the (L - 1) / T windows at 0, T, 2T, ...;
+ * idx: the images; synthetic: INT64_MAX). */
 int64_t cdp_data_split_size(const struct cdp_data *d, enum cdp_split split);
 
 /* Writes samples first_index .. first_index+count-1 of a split into inputs
  * (int32 or float, count * input_numel) and targets (int32 or float,
  * count * target_numel). Sample i depends only on (seed, split, i): for
- * file sources, i is mapped onto the split by a seeded permutation of each
- * pass over it (epoch = i / split_size), so every sample is seen once per epoch. */
+ * file sources, with n = split_size, i is sample i % n of the split, in the
+ * data order: shuffled, through a seeded permutation of each pass over it
+ * (epoch = i / n); sequential, in file order (token windows at stride T). So
+ * every sample is seen once per epoch (docs/training.md#data-order). */
 /* Nothing changes in the source after open, so several threads may fetch at once.
  * Returns CDP_ERR_INVALID for a negative index or count, or an unknown split. */
 cdp_status cdp_data_fetch(struct cdp_data *d, enum cdp_split split, int64_t first_index,

@@ -119,6 +119,13 @@ static cdp_status grad_sumsq(struct cdp_model *m, double *out)
     return CDP_OK;
 }
 
+float cdp_grad_clip_scale(double norm, double max_norm)
+{
+    if (!(max_norm > 0)) return 1.0f;
+    double coef = max_norm / (norm + CDP_GRAD_CLIP_EPS);
+    return coef < 1.0 ? (float)coef : 1.0f; /* NaN: 1; the caller refuses the norm */
+}
+
 double cdp_model_grad_sumsq(struct cdp_model *m)
 {
     double s = 0;

@@ -37,6 +37,12 @@ void cdp_optimizer_destroy(struct cdp_optimizer *o);
  * kernel fails or failed before (see cdp_model_record_error). */
 double cdp_model_grad_sumsq(struct cdp_model *m);
 
+/* The factor global-norm clipping multiplies the gradients by, as
+ * torch.nn.utils.clip_grad_norm_ computes it: min(1, max_norm / (norm + 1e-6)).
+ * 1 when clipping is off (max_norm <= 0) or the norm is not a number. */
+#define CDP_GRAD_CLIP_EPS 1e-6
+float cdp_grad_clip_scale(double norm, double max_norm);
+
 /* One update of every tensor of m (of its shard): gradients are first
  * multiplied by grad_scale (1, or the clipping factor), then the optimizer
  * steps with learning rate lr. A kernel failure is recorded in the model

@@ -35,6 +35,8 @@ CDP_TABLE_CHECK(cdp_plan_activation_names, CDP_ACT_COUNT + 1);
 const char *const cdp_plan_source_names[] = {"synthetic", "text", "tokens",
                                                                       "idx", NULL};
 CDP_TABLE_CHECK(cdp_plan_source_names, CDP_DATA_SOURCE_COUNT + 1);
+const char *const cdp_plan_order_names[] = {"shuffle", "sequential", NULL};
+CDP_TABLE_CHECK(cdp_plan_order_names, CDP_DATA_ORDER_COUNT + 1);
 const char *const cdp_plan_optimizer_names[] = {"sgd", "adamw", NULL};
 CDP_TABLE_CHECK(cdp_plan_optimizer_names, CDP_OPT_TYPE_COUNT + 1);
 const char *const cdp_plan_precision_names[] = {"fp32", "bf16", NULL};
@@ -551,7 +553,7 @@ static cdp_status load_model(struct ld *c, const json_t *m)
 
 /* ---- data -------------------------------------------------------------------- */
 
-static const char *const data_keys[] = {"source", "path", "labels", "seed", NULL};
+static const char *const data_keys[] = {"source", "path", "labels", "seed", "order", NULL};
 
 static cdp_status load_data(struct ld *c, const json_t *d)
 {
@@ -565,6 +567,9 @@ static cdp_status load_data(struct ld *c, const json_t *d)
     if ((st = cdp_json_get_enum(&c->in, d, "/data", "source", cdp_plan_source_names, &src))) return st;
     dd->source = (enum cdp_data_source)src;
     if ((st = get_seed(c, d, "/data", &dd->seed))) return st;
+    int order = CDP_DATA_ORDER_SHUFFLE;
+    if ((st = cdp_json_get_enum(&c->in, d, "/data", "order", cdp_plan_order_names, &order))) return st;
+    dd->order = (enum cdp_data_order)order;
     const json_t *path = json_object_get(d, "path"), *labels = json_object_get(d, "labels");
     if (json_is_null(path)) path = NULL;
     if (json_is_null(labels)) labels = NULL;
@@ -572,6 +577,11 @@ static cdp_status load_data(struct ld *c, const json_t *d)
     if (dd->source == CDP_DATA_SYNTHETIC) {
         if (path)
             return cdp_json_fail(&c->in, "/data/path", "synthetic data has no file; remove it or set /data/source");
+        if (dd->order != CDP_DATA_ORDER_SHUFFLE)
+            return cdp_json_fail(&c->in, "/data/order",
+                                 "\"%s\" reads a file in its order; synthetic data has no file (each sample is "
+                                 "drawn from its index): remove /data/order or set /data/source",
+                                 cdp_plan_order_names[dd->order]);
     } else {
         if (!path) return cdp_json_fail(&c->in, "/data/path", "missing; /data/source \"%s\" needs a file", sn);
         if ((st = get_existing_file(c, path, "/data/path", &dd->path))) return st;

@@ -139,6 +139,7 @@ static json_t *plan_json(struct emit *e, const struct cdp_plan *p)
         set(e, o, "path", jstr_or_null(p->data.path));
         set(e, o, "labels", jstr_or_null(p->data.labels));
         set(e, o, "seed", jint((int64_t)p->data.seed));
+        set(e, o, "order", json_string(cdp_plan_order_names[p->data.order]));
     }
 
     const struct cdp_train_desc *t = &p->train;
@@ -353,6 +354,7 @@ cdp_status cdp_plan_print(const struct cdp_plan *p, FILE *f)
     if (p->data.path) fprintf(f, ROW "%s\n", "path", p->data.path);
     if (p->data.labels) fprintf(f, ROW "%s\n", "labels", p->data.labels);
     fprintf(f, ROW "%llu\n", "seed", (unsigned long long)p->data.seed);
+    if (p->data.path) fprintf(f, ROW "%s\n", "order", cdp_plan_order_names[p->data.order]);
 
     const struct cdp_train_desc *t = &p->train;
     const struct cdp_optimizer_desc *o = &t->optimizer;
