@@ -830,7 +830,7 @@ static int same_tensor(const struct cdp_safetensors_tensor *a, const struct cdp_
 }
 
 /* Appends to a message buffer. */
-static void add(char *buf, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void add(char *buf, size_t cap, const char *fmt, ...) CDP_PRINTF(3, 4);
 static void add(char *buf, size_t cap, const char *fmt, ...)
 {
     size_t n = strlen(buf);
