@@ -253,6 +253,8 @@ cdp_status cdp_exec_setup(struct exec *e)
     e->ch = calloc((size_t)e->v, sizeof *e->ch);
     if (!e->ch) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
     const enum cdp_loss loss = cdp_model_loss_of(&p->model);
+    /* a weights file holding tensors the model does not use is refused before anything loads */
+    if (p->model.weights && (st = cdp_model_check_weights(&p->model, p->model.weights))) return st;
     for (int k = 0; k < e->v && !st; k++) {
         struct chunk *c = &e->ch[k];
         c->vstage = k * e->p + e->s;

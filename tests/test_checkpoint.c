@@ -1055,3 +1055,247 @@ Test(checkpoint, export_command_exit_codes)
     cr_assert_eq(after.st_ino, before.st_ino, "the earlier export is left alone");
     free_split(&src);
 }
+
+/* ---- export in the Hugging Face GPT-2 layout (issue 19) -------------------------------- */
+
+/* Writes checkpoint `step` of split s (one part per range) into dir, its
+ * manifest holding s's resolved plan as a run writes it. */
+static void save_with_plan(struct split *s, const char *dir, int64_t step)
+{
+    char *plan = NULL;
+    cr_assert_eq(cdp_plan_to_json(s->plan, &plan), CDP_OK, "%s", cdp_last_error());
+    for (int k = 0; k < s->n; k++)
+        cr_assert_eq(cdp_ckpt_write_part(dir, step, fmt("stage-%d-chunk-0", k), &s->m[k], &s->o[k], 1), CDP_OK,
+                     "%s", cdp_last_error());
+    struct cdp_ckpt_info info = {.step = step, .samples_seen = 0, .seed = 1, .optimizer = "adamw", .plan_json = plan};
+    cr_assert_eq(cdp_ckpt_commit(dir, step, &info, 3), CDP_OK, "%s", cdp_last_error());
+    free(plan);
+}
+
+static json_t *read_json(const char *path)
+{
+    json_error_t e;
+    json_t *j = json_load_file(path, JSON_REJECT_DUPLICATES, &e);
+    cr_assert_not_null(j, "%s: %s", path, e.text);
+    return j;
+}
+
+/* The names save_pretrained gives GPT-2's tensors, written out here rather
+ * than taken from the name table the export uses. */
+static const char *const hf_block[] = {"ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias",
+                                       "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight", "ln_2.bias",
+                                       "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias"};
+
+Test(checkpoint, export_hf_writes_gpt2_names_layout_and_config)
+{
+    const char *dir = cdp_test_tmpdir();
+    struct split src = make_split(GPT(3, 8), two, 2, CDP_OPT_ADAMW, 1);
+    fill_split(&src);
+    save_with_plan(&src, dir, 7);
+    const char *out = path_in(dir, "hf/gpt"); /* made, parents too */
+    cr_assert_eq(cdp_ckpt_export_hf(path_in(dir, "step-00000007"), out), CDP_OK, "%s", cdp_last_error());
+
+    struct cdp_safetensors_file *f;
+    cr_assert_eq(cdp_safetensors_open(path_in(dir, "hf/gpt/model.safetensors"), &f), CDP_OK, "%s", cdp_last_error());
+    cr_assert_str_eq(cdp_safetensors_metadata(f, "format"), "pt", "transformers reads only format pt");
+    cr_assert_eq(cdp_safetensors_count(f), 2 + 3 * 12 + 2, "wte, wpe, 3 blocks, ln_f; a tied head once");
+    cr_assert_null(cdp_safetensors_find(f, "lm_head.weight"), "a tied head is the embedding");
+    const struct {
+        const char *name;
+        int64_t rows, cols; /* cols 0: a vector */
+    } want[] = {{"transformer.wte.weight", 40, 8}, {"transformer.wpe.weight", 5, 8},
+                {"transformer.ln_f.weight", 8, 0}, {"transformer.ln_f.bias", 8, 0}};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        const struct cdp_safetensors_tensor *x = cdp_safetensors_find(f, want[i].name);
+        cr_assert_not_null(x, "%s", want[i].name);
+        cr_assert_eq(x->ndim, want[i].cols ? 2 : 1, "%s", want[i].name);
+        cr_assert_eq(x->shape[0], want[i].rows, "%s", want[i].name);
+        if (want[i].cols) cr_assert_eq(x->shape[1], want[i].cols, "%s", want[i].name);
+    }
+    /* every block: Conv1D weights in x out, the values ours transposed */
+    for (int b = 0; b < 3; b++) {
+        for (size_t k = 0; k < sizeof hf_block / sizeof hf_block[0]; k++) {
+            char name[96], ours[96];
+            snprintf(name, sizeof name, "transformer.h.%d.%s", b, hf_block[k]);
+            snprintf(ours, sizeof ours, "layers.%d.%s", b + 1, hf_block[k]);
+            const struct cdp_safetensors_tensor *x = cdp_safetensors_find(f, name);
+            cr_assert_not_null(x, "%s", name);
+            cr_assert_str_eq(x->dtype_name, "F32");
+            float *sa, *sb;
+            const struct cdp_model_tensor *t = find_owner(&src, ours, &sa, &sb);
+            cr_assert_not_null(t, "%s", ours);
+            const float *theirs = x->data;
+            if (t->ndim == 1) {
+                cr_assert_eq(x->ndim, 1, "%s", name);
+                cr_assert_eq(memcmp(theirs, t->data, x->nbytes), 0, "%s", name);
+                continue;
+            }
+            cr_assert(x->ndim == 2 && x->shape[0] == t->shape[1] && x->shape[1] == t->shape[0],
+                      "%s: [%lld, %lld], ours [%lld, %lld] transposed", name, (long long)x->shape[0],
+                      (long long)x->shape[1], (long long)t->shape[0], (long long)t->shape[1]);
+            for (int64_t r = 0; r < t->shape[0]; r++)
+                for (int64_t c = 0; c < t->shape[1]; c++)
+                    cr_assert_eq(theirs[c * t->shape[0] + r], t->data[r * t->shape[1] + c], "%s[%lld][%lld]", name,
+                                 (long long)c, (long long)r);
+        }
+    }
+    cr_assert_eq(cdp_safetensors_find(f, "transformer.h.0.attn.c_attn.weight")->shape[1], 24, "in 8 x out 24");
+    cr_assert_eq(cdp_safetensors_find(f, "transformer.h.2.mlp.c_proj.weight")->shape[0], 32, "in 32 x out 8");
+    cdp_safetensors_close(f);
+
+    json_t *c = read_json(path_in(dir, "hf/gpt/config.json"));
+    cr_assert_str_eq(json_string_value(json_object_get(c, "model_type")), "gpt2");
+    cr_assert_str_eq(json_string_value(json_array_get(json_object_get(c, "architectures"), 0)), "GPT2LMHeadModel");
+    const struct {
+        const char *key;
+        json_int_t v;
+    } ints[] = {{"vocab_size", 40}, {"n_positions", 5}, {"n_embd", 8}, {"n_layer", 3}, {"n_head", 2}};
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
+        json_t *v = json_object_get(c, ints[i].key);
+        cr_assert(json_is_integer(v) && json_integer_value(v) == ints[i].v, "%s", ints[i].key);
+    }
+    cr_assert(json_is_null(json_object_get(c, "n_inner")), "4 x n_embd, as ours");
+    cr_assert_str_eq(json_string_value(json_object_get(c, "activation_function")), "gelu_new", "the tanh GELU");
+    cr_assert_float_eq(json_number_value(json_object_get(c, "layer_norm_epsilon")), 1e-5, 1e-12);
+    cr_assert(json_is_true(json_object_get(c, "tie_word_embeddings")));
+    for (const char *const *k = (const char *const[]){"resid_pdrop", "embd_pdrop", "attn_pdrop", NULL}; *k; k++)
+        cr_assert(json_number_value(json_object_get(c, *k)) == 0.0 && json_is_real(json_object_get(c, *k)), "%s",
+                  *k);
+    json_decref(c);
+
+    /* our Hugging Face import reads it back as the same weights */
+    struct split back = make_split(GPT(3, 8), whole, 1, CDP_OPT_ADAMW, 99);
+    cr_assert_eq(cdp_model_load(back.m[0], path_in(dir, "hf/gpt/model.safetensors")), CDP_OK, "%s",
+                 cdp_last_error());
+    for (int i = 0; i < cdp_model_tensor_count(back.m[0]); i++) {
+        struct cdp_model_tensor *t = cdp_model_tensor(back.m[0], i);
+        float *sa, *sb;
+        const struct cdp_model_tensor *o = find_owner(&src, t->name, &sa, &sb);
+        cr_assert_eq(memcmp(t->data, o->data, (size_t)t->numel * 4), 0, "%s after the round trip", t->name);
+    }
+    cr_assert_eq(cdp_model_check_weights(&back.plan->model, path_in(dir, "hf/gpt/model.safetensors")), CDP_OK,
+                 "%s", cdp_last_error());
+    free_split(&back);
+    free_split(&src);
+}
+
+/* The golden GPT's weights, through a checkpoint and the export, are the
+ * very bytes PyTorch wrote in the Hugging Face layout (tools/gen_golden.py,
+ * Conv1D weights transposed by torch), whose loss the model suite checks. */
+Test(checkpoint, export_hf_of_the_golden_gpt_is_what_pytorch_wrote)
+{
+    const char *dir = cdp_test_tmpdir();
+    struct split g = make_split("{\"model\": {\"preset\": \"gpt\", \"vocab\": 32, \"context\": 8, \"layers\": 2, "
+                                "\"heads\": 2, \"embed\": 16}}", (const int[]){0, 4}, 1, CDP_OPT_ADAMW, 1);
+    cr_assert_eq(cdp_model_load(g.m[0], cdp_test_source_path("tests/fixtures/golden/gpt-tiny.safetensors")), CDP_OK,
+                 "%s", cdp_last_error());
+    save_with_plan(&g, dir, 1);
+    cr_assert_eq(cdp_ckpt_export_hf(path_in(dir, "step-00000001"), path_in(dir, "hf")), CDP_OK, "%s",
+                 cdp_last_error());
+    struct cdp_safetensors_file *a, *b;
+    cr_assert_eq(cdp_safetensors_open(path_in(dir, "hf/model.safetensors"), &a), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(cdp_safetensors_open(cdp_test_source_path("tests/fixtures/golden/gpt-tiny-hf.safetensors"), &b),
+                 CDP_OK);
+    cr_assert_eq(cdp_safetensors_count(a), cdp_safetensors_count(b));
+    for (int i = 0; i < cdp_safetensors_count(b); i++) {
+        const struct cdp_safetensors_tensor *y = cdp_safetensors_at(b, i), *x = cdp_safetensors_find(a, y->name);
+        cr_assert_not_null(x, "%s", y->name);
+        cr_assert_eq(x->ndim, y->ndim, "%s", y->name);
+        for (int d = 0; d < y->ndim; d++) cr_assert_eq(x->shape[d], y->shape[d], "%s", y->name);
+        cr_assert_eq(memcmp(x->data, y->data, y->nbytes), 0, "%s differs from PyTorch's", y->name);
+    }
+    cdp_safetensors_close(a);
+    cdp_safetensors_close(b);
+    free_split(&g);
+}
+
+Test(checkpoint, export_hf_of_an_untied_head_writes_it)
+{
+    const char *dir = cdp_test_tmpdir();
+    struct split s = make_split("{\"model\": {\"preset\": \"gpt\", \"vocab\": 40, \"context\": 5, \"layers\": 1, "
+                                "\"heads\": 2, \"embed\": 8, \"tie_embeddings\": false}}", (const int[]){0, 3}, 1,
+                                CDP_OPT_ADAMW, 1);
+    fill_split(&s);
+    save_with_plan(&s, dir, 3);
+    cr_assert_eq(cdp_ckpt_export_hf(path_in(dir, "step-00000003"), path_in(dir, "hf")), CDP_OK, "%s",
+                 cdp_last_error());
+    struct cdp_safetensors_file *f;
+    cr_assert_eq(cdp_safetensors_open(path_in(dir, "hf/model.safetensors"), &f), CDP_OK, "%s", cdp_last_error());
+    const struct cdp_safetensors_tensor *x = cdp_safetensors_find(f, "lm_head.weight");
+    cr_assert(x && x->ndim == 2 && x->shape[0] == 40 && x->shape[1] == 8, "the head, unprefixed, [vocab, embed]");
+    float *sa, *sb;
+    cr_assert_eq(memcmp(x->data, find_owner(&s, "layers.2.lm_head.weight", &sa, &sb)->data, x->nbytes), 0);
+    cr_assert_eq(cdp_safetensors_count(f), 2 + 12 + 2 + 1);
+    cdp_safetensors_close(f);
+    json_t *c = read_json(path_in(dir, "hf/config.json"));
+    cr_assert(json_is_false(json_object_get(c, "tie_word_embeddings")));
+    json_decref(c);
+    free_split(&s);
+}
+
+Test(checkpoint, export_hf_refuses_what_is_not_a_gpt)
+{
+    const char *dir = cdp_test_tmpdir();
+    struct split m = make_split("{\"model\": {\"preset\": \"mlp\", \"input\": [4], \"hidden\": [8], \"classes\": 3}}",
+                                (const int[]){0, 3}, 1, CDP_OPT_ADAMW, 1);
+    fill_split(&m);
+    save_with_plan(&m, dir, 2);
+    cr_assert_eq(cdp_ckpt_export_hf(path_in(dir, "step-00000002"), path_in(dir, "hf")), CDP_ERR_INVALID);
+    cr_assert(strstr(cdp_last_error(), "step-00000002/manifest.json: /plan/model: a \"mlp\", not a GPT preset; only a "
+                                       "GPT (the gpt and gpt2* presets) has a Hugging Face GPT-2 layout"),
+              "%s", cdp_last_error());
+    struct stat sb;
+    cr_assert_neq(stat(path_in(dir, "hf"), &sb), 0, "nothing written");
+    /* a manifest without its plan: the heads are unknown */
+    struct split g = make_split(GPT(3, 8), two, 2, CDP_OPT_ADAMW, 1);
+    struct cdp_ckpt_info info = {.step = 5, .optimizer = "adamw"};
+    cr_assert_eq(cdp_ckpt_write_part(dir, 5, "stage-0-chunk-0", &g.m[0], &g.o[0], 1), CDP_OK);
+    cr_assert_eq(cdp_ckpt_write_part(dir, 5, "stage-1-chunk-0", &g.m[1], &g.o[1], 1), CDP_OK);
+    cr_assert_eq(cdp_ckpt_commit(dir, 5, &info, 3), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(cdp_ckpt_export_hf(path_in(dir, "step-00000005"), path_in(dir, "hf")), CDP_ERR_INVALID);
+    cr_assert(strstr(cdp_last_error(), "step-00000005/manifest.json: /plan: no plan in the manifest"), "%s",
+              cdp_last_error());
+    free_split(&g);
+    free_split(&m);
+}
+
+Test(checkpoint, export_command_format_hf)
+{
+    const char *dir = cdp_test_tmpdir();
+    struct split src = make_split(GPT(3, 8), two, 2, CDP_OPT_ADAMW, 1);
+    fill_split(&src);
+    save_with_plan(&src, dir, 4);
+    char ckpt[4096], out[4200];
+    snprintf(ckpt, sizeof ckpt, "%s", dir);
+    snprintf(out, sizeof out, "%s/gpt-hf", dir);
+    struct cdp_run r;
+    cr_assert_eq(cdp_test_run(&r, (const char *[]){"export", "--checkpoint", ckpt, "--format", "hf", "--out", out,
+                                                   NULL}), 0);
+    cr_assert_eq(r.exit_code, 0, "stderr: %s", r.err);
+    cr_assert(strstr(r.out, "exported step 4") && strstr(r.out, "(Hugging Face GPT-2: model.safetensors, "
+                                                               "config.json)"), "%s", r.out);
+    cdp_test_run_free(&r);
+    json_t *c = read_json(path_in(dir, "gpt-hf/config.json"));
+    cr_assert_eq(json_integer_value(json_object_get(c, "n_layer")), 3);
+    json_decref(c);
+    /* our names stay the default */
+    cr_assert_eq(cdp_test_run(&r, (const char *[]){"export", "--checkpoint", ckpt, "--out", path_in(dir, "w.st"),
+                                                   NULL}), 0);
+    cr_assert_eq(r.exit_code, 0, "stderr: %s", r.err);
+    struct cdp_safetensors_file *f;
+    cr_assert_eq(cdp_safetensors_open(path_in(dir, "w.st"), &f), CDP_OK);
+    cr_assert_str_eq(cdp_safetensors_metadata(f, "format"), "cdphybrid");
+    cr_assert_not_null(cdp_safetensors_find(f, "layers.0.wte"));
+    cdp_safetensors_close(f);
+    cdp_test_run_free(&r);
+    cr_assert_eq(cdp_test_run(&r, (const char *[]){"export", "--checkpoint", ckpt, "--format", "onnx", "--out", out,
+                                                   NULL}), 0);
+    cr_assert_eq(r.exit_code, 2);
+    cr_assert(strstr(r.err, "--format: expected cdphybrid or hf, got \"onnx\""), "%s", r.err);
+    cdp_test_run_free(&r);
+    cr_assert_eq(cdp_test_run(&r, (const char *[]){"export", "--help", NULL}), 0);
+    cr_assert(strstr(r.out, "--format hf --out DIR") && strstr(r.out, "GPT2LMHeadModel.from_pretrained"), "%s",
+              r.out);
+    cdp_test_run_free(&r);
+    free_split(&src);
+}

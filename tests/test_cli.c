@@ -257,3 +257,80 @@ Test(cli, unwritable_outputs_fail_before_the_first_step)
     cr_assert_null(strstr(r.out, "step 3/"), "%s", r.out);
     cdp_test_run_free(&r);
 }
+
+/* ---- weights files the plan does not fully use (issue 19) --------------------------------- */
+
+/* The Hugging Face fixture (2 blocks, vocab 32, width 16) at dir/name, its
+ * tensor `replace` (NULL: none) swapped for x, or x added. */
+static const char *hf_file(const char *dir, const char *name, const char *replace,
+                           const struct cdp_safetensors_tensor *x)
+{
+    static char path[4200];
+    struct cdp_safetensors_file *f;
+    cr_assert_eq(cdp_safetensors_open(cdp_test_source_path("tests/fixtures/golden/gpt-tiny-hf.safetensors"), &f),
+                 CDP_OK, "%s", cdp_last_error());
+    struct cdp_safetensors_tensor ts[40];
+    int n = 0;
+    for (int i = 0; i < cdp_safetensors_count(f); i++)
+        if (!replace || strcmp(cdp_safetensors_at(f, i)->name, replace)) ts[n++] = *cdp_safetensors_at(f, i);
+    ts[n++] = *x;
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    cr_assert_eq(cdp_safetensors_write(path, ts, n, (const char *[]){"format", "pt"}, 1), CDP_OK, "%s",
+                 cdp_last_error());
+    cdp_safetensors_close(f);
+    return path;
+}
+
+static const char *tiny_plan(const char *dir, const char *weights, const char *extra)
+{
+    char json[6000];
+    snprintf(json, sizeof json,
+             "{\"model\": {\"preset\": \"gpt\", \"vocab\": 32, \"context\": 8, \"layers\": 2, \"heads\": 2, "
+             "\"embed\": 16, \"weights\": \"%s\"%s}, \"train\": {\"steps\": 1, \"micro_batch\": 2}, "
+             "\"cluster\": {\"backend\": \"cpu\"}}", weights, extra);
+    return cdp_test_write_file(dir, "plan.json", json);
+}
+
+/* An untied lm_head.weight given to a tied plan was dropped without a word
+ * (the head became the embedding); the run now stops before its first step,
+ * naming the tensor and /model/tie_embeddings, unless the plan says "warn". */
+Test(cli, weights_the_plan_would_drop_stop_the_run)
+{
+    const char *dir = cdp_test_tmpdir();
+    static float head[32 * 16];
+    for (int i = 0; i < 32 * 16; i++) head[i] = 0.01f * (float)(i % 13) - 0.05f;
+    struct cdp_safetensors_tensor lm = {.name = "lm_head.weight", .dtype = CDP_DTYPE_F32, .ndim = 2,
+                                        .shape = {32, 16}, .data = head, .nbytes = sizeof head};
+    const char *w = hf_file(dir, "untied.safetensors", NULL, &lm);
+    struct cdp_run r = run((const char *[]){"--plan", tiny_plan(dir, w, ""), NULL});
+    cr_assert_eq(r.exit_code, 2, "exit %d: %s", r.exit_code, r.err);
+    cr_assert(strstr(r.err, "untied.safetensors: 1 tensor in the file is not used by the plan's model: "
+                            "lm_head.weight") && strstr(r.err, "/model/tie_embeddings"), "%s", r.err);
+    cr_assert_null(strstr(r.out, "step 1/1"), "no step is trained: %s", r.out);
+    cdp_test_run_free(&r);
+
+    r = run((const char *[]){"--plan", tiny_plan(dir, w, ", \"unused_tensors\": \"warn\""), NULL});
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    cr_assert(strstr(r.err, "lm_head.weight") && strstr(r.err, "loaded without them: /model/unused_tensors is "
+                                                                "\"warn\""), "%s", r.err);
+    cr_assert(strstr(r.out, "step 1/1"), "%s", r.out);
+    cdp_test_run_free(&r);
+}
+
+/* GPT-2's files have 1024 positions: a shorter context uses the first rows,
+ * and -v says so. */
+Test(cli, a_shorter_context_loads_the_first_positions)
+{
+    const char *dir = cdp_test_tmpdir();
+    static float rows[1024 * 16];
+    for (int i = 0; i < 1024 * 16; i++) rows[i] = 0.001f * (float)(i % 101);
+    struct cdp_safetensors_tensor wpe = {.name = "transformer.wpe.weight", .dtype = CDP_DTYPE_F32, .ndim = 2,
+                                         .shape = {1024, 16}, .data = rows, .nbytes = sizeof rows};
+    const char *w = hf_file(dir, "positions.safetensors", "transformer.wpe.weight", &wpe);
+    struct cdp_run r = run((const char *[]){"-v", "--plan", tiny_plan(dir, w, ""), NULL});
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    cr_assert(strstr(r.err, "tensor transformer.wpe.weight has 1024 positions; using the first 8 (/model/context 8)"),
+              "%s", r.err);
+    cr_assert(strstr(r.out, "step 1/1"), "%s", r.out);
+    cdp_test_run_free(&r);
+}

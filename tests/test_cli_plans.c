@@ -58,6 +58,8 @@ ParameterizedTestParameters(cli, bad_plans)
          "/train/optimizer/lr: expected a positive number, got \"fast\"", ""},
         {"schedule_typo", BAD_TEXT, "{" GPT ", \"parallel\": {\"schedule\": \"1fib\"}}",
          "/parallel/schedule: expected one of", "did you mean \"1f1b\""},
+        {"unused_tensors_value", BAD_TEXT, "{\"model\": {\"preset\": \"gpt\", \"unused_tensors\": \"ignore\"}}",
+         "/model/unused_tensors: expected one of", "\"warn\""},
         {"preset_unknown", BAD_TEXT, "{\"model\": {\"preset\": \"gtp2\"}}", "/model/preset", "did you mean \"gpt2\""},
         {"embed_heads", BAD_TEXT, "{\"model\": {\"preset\": \"gpt\", \"embed\": 100, \"heads\": 3}}",
          "/model/embed: 100 is not a multiple of /model/heads 3", ""},

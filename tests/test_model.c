@@ -506,6 +506,255 @@ Test(model, weights_round_trip_and_mismatches_are_named)
     cdp_plan_free(other);
 }
 
+/* ---- what a weights file holds that the plan does not use (issue 19) ---------------- */
+
+#define HF_FIXTURE "tests/fixtures/golden/gpt-tiny-hf.safetensors"
+
+/* A copy of the Hugging Face fixture at dir/name: without the tensor `drop`
+ * (NULL: none), with `n_extra` more tensors. */
+static const char *hf_variant(const char *name, const char *drop, const struct cdp_safetensors_tensor *extra,
+                              int n_extra)
+{
+    static char path[4200];
+    struct cdp_safetensors_file *f;
+    cr_assert_eq(cdp_safetensors_open(cdp_test_source_path(HF_FIXTURE), &f), CDP_OK, "%s", cdp_last_error());
+    struct cdp_safetensors_tensor ts[64];
+    int n = 0;
+    for (int i = 0; i < cdp_safetensors_count(f); i++)
+        if (!drop || strcmp(cdp_safetensors_at(f, i)->name, drop)) ts[n++] = *cdp_safetensors_at(f, i);
+    for (int i = 0; i < n_extra; i++) ts[n++] = extra[i];
+    snprintf(path, sizeof path, "%s/%s", cdp_test_tmpdir(), name);
+    const char *meta[] = {"format", "pt"};
+    cr_assert_eq(cdp_safetensors_write(path, ts, n, meta, 1), CDP_OK, "%s", cdp_last_error());
+    cdp_safetensors_close(f);
+    return path;
+}
+
+static const struct cdp_safetensors_tensor *fixture_tensor(struct cdp_safetensors_file **f, const char *name)
+{
+    cr_assert_eq(cdp_safetensors_open(cdp_test_source_path(HF_FIXTURE), f), CDP_OK, "%s", cdp_last_error());
+    const struct cdp_safetensors_tensor *x = cdp_safetensors_find(*f, name);
+    cr_assert_not_null(x, "%s", name);
+    return x;
+}
+
+/* Every tensor of a and b holds the same bytes. */
+static void assert_same_weights(struct cdp_model *a, struct cdp_model *b)
+{
+    cr_assert_eq(cdp_model_tensor_count(a), cdp_model_tensor_count(b));
+    for (int i = 0; i < cdp_model_tensor_count(a); i++) {
+        struct cdp_model_tensor *x = cdp_model_tensor(a, i), *y = cdp_model_tensor(b, i);
+        cr_assert_str_eq(x->name, y->name);
+        cr_assert_eq(memcmp(x->data, y->data, (size_t)x->numel * 4), 0, "%s differs", x->name);
+    }
+}
+
+/* The model of `plan` with the fixture's weights in our names (the reference). */
+static struct cdp_model *golden_model(struct cdp_plan *p, cdp_device_t dev)
+{
+    struct cdp_model *m;
+    cr_assert_eq(cdp_model_create(&p->model, 0, 4, 1, 1, 5, dev, &m), CDP_OK);
+    cr_assert_eq(cdp_model_load(m, cdp_test_source_path("tests/fixtures/golden/gpt-tiny.safetensors")), CDP_OK,
+                 "%s", cdp_last_error());
+    return m;
+}
+
+/* A 4-block Hugging Face file given to the 2-block plan: blocks 2 and 3 were
+ * ignored; now an error naming them and /model/layers, or (unused_tensors
+ * "warn") a load of blocks 0-1. */
+Test(model, weights_with_more_blocks_than_the_plan_are_refused)
+{
+    struct cdp_safetensors_file *f;
+    fixture_tensor(&f, "transformer.wte.weight");
+    struct cdp_safetensors_tensor extra[32];
+    static char names[32][64];
+    int n = 0;
+    for (int i = 0; i < cdp_safetensors_count(f); i++) {
+        const struct cdp_safetensors_tensor *x = cdp_safetensors_at(f, i);
+        if (strncmp(x->name, "transformer.h.", 14)) continue;
+        /* block 0 again as block 2, block 1 as block 3 */
+        snprintf(names[n], sizeof names[n], "transformer.h.%d.%s", x->name[14] - '0' + 2, x->name + 16);
+        extra[n] = *x;
+        extra[n].name = names[n];
+        n++;
+    }
+    cr_assert_eq(n, 24, "blocks 0 and 1 have 12 tensors each, not %d", n);
+    const char *path = hf_variant("four-blocks.safetensors", NULL, extra, n);
+    struct cdp_plan *p = plan_from(golden_plan);
+    cr_assert_eq(cdp_model_check_weights(&p->model, path), CDP_ERR_INVALID);
+    const char *e = cdp_last_error();
+    cr_assert(strstr(e, "four-blocks.safetensors: 24 tensors in the file are not used by the plan's model: "
+                        "transformer.h.2."), "%s", e);
+    cr_assert(strstr(e, "/model/layers: the file has blocks 2-3 (transformer.h.2.* .. transformer.h.3.*) beyond "
+                        "the plan's 2; layers 4 would use them"), "%s", e);
+    cr_assert(strstr(e, "/model/unused_tensors \"warn\""), "%s", e);
+    /* the opt-out: a warning, and the plan's blocks load */
+    p->model.unused_tensors = CDP_UNUSED_WARN;
+    cr_assert_eq(cdp_model_check_weights(&p->model, path), CDP_OK, "%s", cdp_last_error());
+    cdp_device_t dev = cpu();
+    struct cdp_model *ref = golden_model(p, dev), *m;
+    cr_assert_eq(cdp_model_create(&p->model, 0, 4, 1, 1, 9, dev, &m), CDP_OK);
+    cr_assert_eq(cdp_model_load(m, path), CDP_OK, "%s", cdp_last_error());
+    assert_same_weights(m, ref);
+    /* a 4-layer plan uses them all */
+    struct cdp_plan *four = plan_from("{\"model\": {\"preset\": \"gpt\", \"vocab\": 32, \"context\": 8, "
+                                      "\"layers\": 4, \"heads\": 2, \"embed\": 16}}");
+    cr_assert_eq(cdp_model_check_weights(&four->model, path), CDP_OK, "%s", cdp_last_error());
+    cdp_model_destroy(m);
+    cdp_model_destroy(ref);
+    cdp_device_close(dev);
+    cdp_plan_free(four);
+    cdp_plan_free(p);
+    cdp_safetensors_close(f);
+}
+
+/* Our own names: a 4-block file has units 0-5, the 2-block plan 0-3. */
+Test(model, our_weights_of_another_depth_are_refused)
+{
+    struct cdp_plan *four = plan_from("{\"model\": {\"preset\": \"gpt\", \"vocab\": 32, \"context\": 8, "
+                                      "\"layers\": 4, \"heads\": 2, \"embed\": 16}}");
+    struct cdp_plan *p = plan_from(golden_plan);
+    cdp_device_t dev = cpu();
+    struct cdp_model *m;
+    cr_assert_eq(cdp_model_create(&four->model, 0, 6, 1, 1, 3, dev, &m), CDP_OK);
+    char path[4200];
+    snprintf(path, sizeof path, "%s/four.safetensors", cdp_test_tmpdir());
+    cr_assert_eq(cdp_model_save(m, path, NULL, 0), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(cdp_model_check_weights(&four->model, path), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(cdp_model_check_weights(&p->model, path), CDP_ERR_INVALID);
+    const char *e = cdp_last_error();
+    cr_assert(strstr(e, "four.safetensors: ") && strstr(e, "tensors in the file are not used by the plan's model: "
+                                                        "layers.3.ln_1.weight"), "%s", e);
+    cr_assert(strstr(e, "/model/layers: the file has units 0-5, the plan's model 0-3"), "%s", e);
+    cdp_model_destroy(m);
+    cdp_device_close(dev);
+    cdp_plan_free(four);
+    cdp_plan_free(p);
+}
+
+/* An untied head given to a tied plan was dropped (the head became the
+ * embedding); now an error naming it and /model/tie_embeddings. The same
+ * bytes under both names are a tied head, and an untied plan uses it. */
+Test(model, an_untied_head_for_a_tied_plan_is_refused)
+{
+    struct cdp_safetensors_file *f;
+    const struct cdp_safetensors_tensor *wte = fixture_tensor(&f, "transformer.wte.weight");
+    float head[32 * 16];
+    memcpy(head, wte->data, sizeof head);
+    for (int i = 0; i < 32 * 16; i++) head[i] = -0.5f * head[i] + 0.01f * (float)(i % 7);
+    struct cdp_safetensors_tensor lm = *wte;
+    lm.name = "lm_head.weight";
+    lm.data = head;
+    const char *untied = hf_variant("untied.safetensors", NULL, &lm, 1);
+    struct cdp_plan *p = plan_from(golden_plan);
+    cr_assert_eq(cdp_model_check_weights(&p->model, untied), CDP_ERR_INVALID);
+    const char *e = cdp_last_error();
+    cr_assert(strstr(e, "untied.safetensors: 1 tensor in the file is not used by the plan's model: lm_head.weight"),
+              "%s", e);
+    cr_assert(strstr(e, "/model/tie_embeddings: the file has an untied head (lm_head.weight, not the embedding); "
+                        "tie_embeddings false would use it"), "%s", e);
+    /* untied, the plan loads it as its head */
+    struct cdp_plan *up = plan_from("{\"model\": {\"preset\": \"gpt\", \"vocab\": 32, \"context\": 8, \"layers\": 2, "
+                                    "\"heads\": 2, \"embed\": 16, \"tie_embeddings\": false}}");
+    cr_assert_eq(cdp_model_check_weights(&up->model, untied), CDP_OK, "%s", cdp_last_error());
+    cdp_device_t dev = cpu();
+    struct cdp_model *m;
+    cr_assert_eq(cdp_model_create(&up->model, 0, 4, 1, 1, 9, dev, &m), CDP_OK);
+    cr_assert_eq(cdp_model_load(m, untied), CDP_OK, "%s", cdp_last_error());
+    struct cdp_model_tensor *t = cdp_model_tensor(m, cdp_model_tensor_count(m) - 1);
+    cr_assert_str_eq(t->name, "layers.3.lm_head.weight");
+    cr_assert_eq(memcmp(t->data, head, sizeof head), 0, "the head is the file's lm_head.weight");
+    cr_assert_eq(memcmp(cdp_model_tensor(m, 0)->data, wte->data, sizeof head), 0, "the embedding its wte");
+    /* the tied head stored twice (torch.save of a state dict) is tied */
+    lm.data = wte->data;
+    const char *twice = hf_variant("twice.safetensors", NULL, &lm, 1);
+    cr_assert_eq(cdp_model_check_weights(&p->model, twice), CDP_OK, "%s", cdp_last_error());
+    cdp_model_destroy(m);
+    cdp_device_close(dev);
+    cdp_plan_free(up);
+    cdp_plan_free(p);
+    cdp_safetensors_close(f);
+}
+
+/* safetensors.torch.save_model keeps lm_head.weight of the tied pair and
+ * drops transformer.wte.weight: the same Hugging Face layout, the embedding
+ * read from the head. The causal-mask buffers (h.N.attn.bias) some files
+ * carry are not weights and not an error. */
+Test(model, save_model_files_and_mask_buffers_load_as_hugging_face)
+{
+    struct cdp_safetensors_file *f;
+    const struct cdp_safetensors_tensor *wte = fixture_tensor(&f, "transformer.wte.weight");
+    float mask[8 * 8];
+    for (int i = 0; i < 64; i++) mask[i] = (float)(i % 8 <= i / 8);
+    struct cdp_safetensors_tensor extra[3] = {*wte,
+                                              {.name = "transformer.h.0.attn.bias", .dtype = CDP_DTYPE_F32, .ndim = 4,
+                                               .shape = {1, 1, 8, 8}, .data = mask, .nbytes = sizeof mask},
+                                              {.name = "transformer.h.1.attn.bias", .dtype = CDP_DTYPE_F32, .ndim = 4,
+                                               .shape = {1, 1, 8, 8}, .data = mask, .nbytes = sizeof mask}};
+    extra[0].name = "lm_head.weight";
+    const char *path = hf_variant("save-model.safetensors", "transformer.wte.weight", extra, 3);
+    struct cdp_plan *p = plan_from(golden_plan);
+    cr_assert_eq(cdp_model_check_weights(&p->model, path), CDP_OK, "%s", cdp_last_error());
+    cdp_device_t dev = cpu();
+    struct cdp_model *ref = golden_model(p, dev), *m;
+    cr_assert_eq(cdp_model_create(&p->model, 0, 4, 1, 1, 9, dev, &m), CDP_OK);
+    cr_assert_eq(cdp_model_load(m, path), CDP_OK, "%s", cdp_last_error());
+    assert_same_weights(m, ref);
+    /* a stage holding only the head (the tied copy) finds it too */
+    struct cdp_model *last;
+    cr_assert_eq(cdp_model_create(&p->model, 3, 4, 1, 1, 9, dev, &last), CDP_OK);
+    cr_assert_eq(cdp_model_load(last, path), CDP_OK, "%s", cdp_last_error());
+    struct cdp_model_tensor *t = cdp_model_tensor(last, cdp_model_tensor_count(last) - 1);
+    cr_assert_str_eq(t->name, "layers.0.wte");
+    cr_assert_eq(memcmp(t->data, wte->data, (size_t)wte->nbytes), 0);
+    cdp_model_destroy(last);
+    cdp_model_destroy(m);
+    cdp_model_destroy(ref);
+    cdp_device_close(dev);
+    cdp_plan_free(p);
+    cdp_safetensors_close(f);
+}
+
+/* A real GPT-2 file has 1024 positions: a shorter context loads the first
+ * rows; a longer one is refused naming /model/context. */
+Test(model, learned_positions_load_their_first_rows)
+{
+    struct cdp_safetensors_file *f;
+    const struct cdp_safetensors_tensor *wpe = fixture_tensor(&f, "transformer.wpe.weight");
+    float rows[24 * 16];
+    memcpy(rows, wpe->data, (size_t)wpe->nbytes);
+    for (int i = 8 * 16; i < 24 * 16; i++) rows[i] = 100.0f + (float)i; /* rows 8-23: not to be read */
+    struct cdp_safetensors_tensor longer = *wpe;
+    longer.shape[0] = 24;
+    longer.data = rows;
+    longer.nbytes = sizeof rows;
+    /* the file's wpe replaced by the longer one */
+    const char *path = hf_variant("positions.safetensors", "transformer.wpe.weight", &longer, 1);
+    struct cdp_plan *p = plan_from(golden_plan);
+    cr_assert_eq(cdp_model_check_weights(&p->model, path), CDP_OK, "%s", cdp_last_error());
+    cdp_device_t dev = cpu();
+    struct cdp_model *ref = golden_model(p, dev), *m;
+    cr_assert_eq(cdp_model_create(&p->model, 0, 4, 1, 1, 9, dev, &m), CDP_OK);
+    cr_assert_eq(cdp_model_load(m, path), CDP_OK, "%s", cdp_last_error());
+    assert_same_weights(m, ref);
+    /* a context of 32 cannot come from 24 positions */
+    struct cdp_plan *wide = plan_from("{\"model\": {\"preset\": \"gpt\", \"vocab\": 32, \"context\": 32, "
+                                      "\"layers\": 2, \"heads\": 2, \"embed\": 16}}");
+    struct cdp_model *w;
+    cr_assert_eq(cdp_model_create(&wide->model, 0, 4, 1, 1, 9, dev, &w), CDP_OK);
+    cr_assert_eq(cdp_model_load(w, path), CDP_ERR_INVALID);
+    cr_assert(strstr(cdp_last_error(), "positions.safetensors: tensor transformer.wpe.weight: 24 learned positions, "
+                                       "fewer than the model's context 32 (/model/context); a context of at most "
+                                       "24 can load it"), "%s", cdp_last_error());
+    cdp_model_destroy(w);
+    cdp_model_destroy(m);
+    cdp_model_destroy(ref);
+    cdp_device_close(dev);
+    cdp_plan_free(wide);
+    cdp_plan_free(p);
+    cdp_safetensors_close(f);
+}
+
 Test(model, device_memory_cap_limits_the_model)
 {
     struct cdp_plan *p = plan_from(golden_plan);

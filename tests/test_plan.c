@@ -91,6 +91,24 @@ Test(plan, good_plans_round_trip)
     cr_assert_geq(roundtrip_folder("tests/plans/good"), 8);
 }
 
+/* /model/unused_tensors: "error" (the default) or "warn", for every kind of model, kept by --json. */
+Test(plan, unused_tensors_is_read_and_written)
+{
+    const char *plans[] = {"{\"model\": {\"preset\": \"gpt\", \"unused_tensors\": \"warn\"}}",
+                           "{\"model\": {\"preset\": \"mlp\", \"unused_tensors\": \"warn\"}}",
+                           "{\"model\": {\"input\": [4], \"layers\": [{\"type\": \"relu\"}], "
+                           "\"unused_tensors\": \"warn\"}}"};
+    for (size_t i = 0; i < sizeof plans / sizeof plans[0]; i++) {
+        struct cdp_plan *p = load_ok(plans[i]);
+        cr_assert_eq(p->model.unused_tensors, CDP_UNUSED_WARN, "%s", plans[i]);
+        char *j = NULL;
+        cr_assert_eq(cdp_plan_to_json(p, &j), CDP_OK);
+        cr_assert(strstr(j, "\"unused_tensors\": \"warn\""), "%s", j);
+        free(j);
+        cdp_plan_free(p);
+    }
+}
+
 /* ---- defaults ----------------------------------------------------------------- */
 
 Test(plan, defaults_filled)
@@ -104,6 +122,7 @@ Test(plan, defaults_filled)
     cr_assert_eq(p->model.heads, 4);
     cr_assert_eq(p->model.embed, 128);
     cr_assert_eq(p->model.tie_embeddings, 1);
+    cr_assert_eq(p->model.unused_tensors, CDP_UNUSED_ERROR, "a weights file's unused tensors are an error");
     cr_assert_eq(cdp_plan_model_units(p), 6);
     cr_assert_eq(p->data.source, CDP_DATA_SYNTHETIC);
     cr_assert_null(p->data.path);

@@ -74,6 +74,10 @@ enum cdp_activation { CDP_ACT_RELU = 0, CDP_ACT_GELU, CDP_ACT_COUNT };
 
 #define CDP_MAX_INPUT_DIMS 4
 
+/* What a weights file's tensors that the model does not use are: an error
+ * (the default) or a warning (cdp_model_check_weights). */
+enum cdp_unused_tensors { CDP_UNUSED_ERROR = 0, CDP_UNUSED_WARN, CDP_UNUSED_COUNT };
+
 struct cdp_model_desc {
     enum cdp_model_kind kind;
     char preset[32]; /* as resolved: "gpt2-medium", "mlp", ...; "" for an explicit list */
@@ -95,6 +99,7 @@ struct cdp_model_desc {
     int n_layers;
     enum cdp_loss loss;
     char *weights; /* initial weights (safetensors, ours or Hugging Face GPT-2); NULL = random (owned) */
+    enum cdp_unused_tensors unused_tensors; /* tensors of the weights file the model does not use */
 };
 
 enum cdp_data_source {

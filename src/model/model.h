@@ -186,11 +186,26 @@ void cdp_model_zero_grad(struct cdp_model *m);
 
 /* Weights: write every tensor (named as above) to a safetensors file,
  * atomically; read them back from one written by cdphybrid, or from a GPT-2
- * checkpoint in the Hugging Face layout (wte, wpe, h.N.*, Conv1D weights stored
- * in x out), detected by its names. Missing or mis-shaped tensors are errors
- * naming the file and the tensor. */
+ * checkpoint in the Hugging Face layout (model/hf_gpt2.h: wte, wpe, h.N.*,
+ * Conv1D weights stored in x out; with or without "transformer."; a tied head
+ * stored once as wte.weight or as lm_head.weight), detected by its names.
+ * Missing or mis-shaped tensors are errors naming the file and the tensor.
+ * Learned positions (wpe) with more rows than the model's context load their
+ * first rows (said at info level); fewer is an error naming the context key.
+ * A range loads its own tensors and ignores the rest of the file: what the
+ * whole model does not use is cdp_model_check_weights' business. */
 cdp_status cdp_model_save(struct cdp_model *m, const char *path, const char *const *meta, int n_meta);
 cdp_status cdp_model_load(struct cdp_model *m, const char *path);
+
+/* Before a run loads `path` into the model desc describes: every tensor in
+ * the file must be one the whole model loads (the causal-mask buffers some
+ * Hugging Face files carry, h.N.attn.bias, excepted). Others are an error
+ * (CDP_ERR_INVALID) naming the first few and how many, and the plan key that
+ * would use them (/model/layers for blocks beyond the plan's, /model/tie_embeddings
+ * for an untied lm_head.weight that a tied plan would drop); with
+ * desc->unused_tensors CDP_UNUSED_WARN the same words are a warning. A head
+ * stored beside the embedding with the same bytes is a tied head, used. */
+cdp_status cdp_model_check_weights(const struct cdp_model_desc *desc, const char *path);
 
 #ifdef __cplusplus
 }

@@ -30,6 +30,8 @@ const char *const cdp_plan_model_kind_names[] = {"gpt", "mlp", "cnn", "layers"};
 CDP_TABLE_CHECK(cdp_plan_model_kind_names, CDP_MODEL_KIND_COUNT);
 const char *const cdp_plan_loss_names[] = {"cross_entropy", "mse", NULL};
 CDP_TABLE_CHECK(cdp_plan_loss_names, CDP_LOSS_COUNT + 1);
+const char *const cdp_plan_unused_tensors_names[] = {"error", "warn", NULL};
+CDP_TABLE_CHECK(cdp_plan_unused_tensors_names, CDP_UNUSED_COUNT + 1);
 const char *const cdp_plan_activation_names[] = {"relu", "gelu", NULL};
 CDP_TABLE_CHECK(cdp_plan_activation_names, CDP_ACT_COUNT + 1);
 const char *const cdp_plan_source_names[] = {"synthetic", "text", "tokens",
@@ -277,11 +279,13 @@ done:
 /* ---- model ------------------------------------------------------------------- */
 
 static const char *const gpt_keys[] = {"preset", "vocab", "context", "layers", "heads", "embed",
-                                       "tie_embeddings", "weights", NULL};
+                                       "tie_embeddings", "weights", "unused_tensors", NULL};
 static const char *const mlp_keys[] = {"preset", "input", "hidden", "classes", "activation", "loss",
-                                       "weights", NULL};
-static const char *const cnn_keys[] = {"preset", "input", "channels", "classes", "loss", "weights", NULL};
-static const char *const explicit_keys[] = {"input", "layers", "loss", "preset", "weights", NULL};
+                                       "weights", "unused_tensors", NULL};
+static const char *const cnn_keys[] = {"preset", "input", "channels", "classes", "loss", "weights",
+                                       "unused_tensors", NULL};
+static const char *const explicit_keys[] = {"input", "layers", "loss", "preset", "weights", "unused_tensors",
+                                            NULL};
 
 static cdp_status load_layer(struct ld *c, const json_t *v, const char *ptr, struct cdp_layer_desc *L)
 {
@@ -443,6 +447,13 @@ static cdp_status load_model(struct ld *c, const json_t *m)
         if (!json_is_string(weights))
             return cdp_json_expected(&c->in, "/model/weights", "a safetensors file path or null", weights);
         if ((st = get_existing_file(c, weights, "/model/weights", &md->weights))) return st;
+    }
+    const json_t *unused = json_object_get(m, "unused_tensors");
+    if (unused) {
+        int ui = 0;
+        if ((st = cdp_json_enum(&c->in, unused, "/model/unused_tensors", cdp_plan_unused_tensors_names, &ui)))
+            return st;
+        md->unused_tensors = (enum cdp_unused_tensors)ui;
     }
     if (preset) {
         int pi = 0;

@@ -98,6 +98,7 @@ static json_t *model_json(struct emit *e, const struct cdp_model_desc *m)
         set(e, o, "embed", jint(m->embed));
         set(e, o, "tie_embeddings", json_boolean(m->tie_embeddings));
         set(e, o, "weights", jstr_or_null(m->weights));
+        set(e, o, "unused_tensors", json_string(cdp_plan_unused_tensors_names[m->unused_tensors]));
         return o;
     case CDP_MODEL_MLP:
         set(e, o, "preset", json_string("mlp"));
@@ -124,6 +125,7 @@ static json_t *model_json(struct emit *e, const struct cdp_model_desc *m)
     }
     set(e, o, "loss", json_string(cdp_plan_loss_names[m->loss]));
     set(e, o, "weights", jstr_or_null(m->weights));
+    set(e, o, "unused_tensors", json_string(cdp_plan_unused_tensors_names[m->unused_tensors]));
     return o;
 }
 
@@ -336,6 +338,9 @@ static void print_model(FILE *f, const struct cdp_plan *p)
         if (m->n_layers > 64) fprintf(f, "    ... %d more\n", m->n_layers - 64);
     }
     fprintf(f, ROW "%s\n", "weights", m->weights ? m->weights : "random (seeded by /train/seed)");
+    if (m->weights)
+        fprintf(f, ROW "%s\n", "unused tensors",
+                m->unused_tensors == CDP_UNUSED_WARN ? "a warning" : "an error (/model/unused_tensors)");
     if (params >= 0)
         fprintf(f, ROW "%s (%.1f M)\n", "parameters", group(params, b1, sizeof b1), (double)params / 1e6);
     else

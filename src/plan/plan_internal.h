@@ -7,6 +7,7 @@
 
 extern const char *const cdp_plan_model_kind_names[CDP_MODEL_KIND_COUNT];
 extern const char *const cdp_plan_loss_names[CDP_LOSS_COUNT + 1];
+extern const char *const cdp_plan_unused_tensors_names[CDP_UNUSED_COUNT + 1];
 extern const char *const cdp_plan_activation_names[CDP_ACT_COUNT + 1];
 extern const char *const cdp_plan_source_names[CDP_DATA_SOURCE_COUNT + 1];
 extern const char *const cdp_plan_order_names[CDP_DATA_ORDER_COUNT + 1];
