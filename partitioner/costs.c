@@ -71,6 +71,7 @@ void cdp_cost_analytic(const struct cdp_plan *plan, const struct cdp_unit *u, in
         if (u[i].keep_floats == u[i].act_floats) act += (double)(cdp_cost_att_floats(plan, &u[i]) - u[i].att_floats);
         c->act_bytes = act * B * elem;
         c->out_bytes = (double)u[i].out_floats * B * elem;
+        c->scratch_bytes = (double)cdp_unit_scratch_floats(&u[i], (int)B) * 4; /* as cdp_unit_bytes */
         c->opt_s = held * opt / r->mem_bw;
     }
 }

@@ -1074,6 +1074,27 @@ static cdp_status ctx_init_modes(struct ctx *c, const struct cdp_plan *plan, con
         if (x && (!cap || x < cap)) cap = x;
     }
     c->cap = (double)cap;
+    /* a unit's scratch is the same in every stage, mode and shape: one too
+     * large for the largest device ends the search before it starts (it took
+     * minutes to find no fit among 1,000 units' splits) */
+    uint64_t largest = 0;
+    char from[160];
+    for (int d = 0; d < c->nd; d++)
+        if (device_cap(plan, t, d) > largest) largest = device_cap(plan, t, d);
+    if (c->hv)
+        for (int nd = 0; nd < t->n_nodes; nd++)
+            if (node_capacity(plan, t, nd, from, sizeof from) > (double)largest)
+                largest = (uint64_t)node_capacity(plan, t, nd, from, sizeof from);
+    for (int i = 0; largest && i < c->n; i++)
+        if (c->mi->ub[i].scratch_bytes > largest) {
+            char a[32], b[32];
+            return cdp_fail(CDP_ERR_INVALID, "%s: planner: unit %d (%s) alone needs %s of scratch for a micro-batch "
+                            "of %lld, more than the largest %s has (%s); no layout fits (a smaller "
+                            "/train/micro_batch or /model/context would)", plan->source, i,
+                            cdp_layer_name(c->u[i].desc.type), cdp_format_bytes(c->mi->ub[i].scratch_bytes, a, sizeof a),
+                            (long long)plan->train.micro_batch, c->hv ? "node" : "device",
+                            cdp_format_bytes(largest, b, sizeof b));
+        }
     return CDP_OK;
 }
 

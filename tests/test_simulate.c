@@ -380,3 +380,21 @@ Test(simulate, cpu_ranks_past_the_device_limit_name_their_key)
               "%s", run.err);
     cdp_test_run_free(&run);
 }
+
+/* A unit whose scratch fits no device ends the search at once, naming the
+ * unit (it took minutes to find no fit among 1,000 units' splits). */
+Test(simulate, a_unit_too_large_for_every_device_is_named_at_once, .timeout = 60)
+{
+    const char *plan = cdp_test_write_file(cdp_test_tmpdir(), "long.json",
+                                           "{\"model\": {\"preset\": \"gpt\", \"context\": 1048576, \"heads\": 16, "
+                                           "\"embed\": 64, \"layers\": 1024}, \"train\": {\"micro_batch\": 16}, "
+                                           "\"parallel\": {\"stages\": \"auto\", \"replicas\": \"auto\"}, "
+                                           "\"cluster\": {\"backend\": \"cuda\", \"topology\": \"8 x dgx-a100\"}}");
+    struct cdp_run run;
+    cr_assert_eq(cdp_test_run(&run, (const char *const[]){"--plan", plan, "--dry-run", NULL}), 0);
+    cr_expect_eq(run.exit_code, 2, "stderr: %s", run.err);
+    cr_expect(strstr(run.err, "planner: unit 1 (transformer_block) alone needs 4.05 TiB of scratch for a micro-batch "
+                              "of 16, more than the largest device has (80.00 GiB)"),
+              "%s", run.err);
+    cdp_test_run_free(&run);
+}

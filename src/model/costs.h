@@ -25,6 +25,7 @@ struct cdp_unit_cost {
                              copy a stage keeps counts in the exact memory, cdp_layout_memory, not here) */
     double act_bytes;     /* activations kept from forward to backward, per micro-batch, fp32 */
     double out_bytes;     /* output sent to the next stage, per micro-batch */
+    double scratch_bytes; /* its scratch for a micro-batch (a stage holds its units' largest) */
     double opt_s;         /* optimizer step of its parameters */
 };
 
