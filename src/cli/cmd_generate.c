@@ -114,7 +114,7 @@ struct infer_args {
 };
 
 /* The plan (--plan, or the checkpoint's), the whole model on the CPU with its
- * weights. On failure an exit code, the message printed. */
+ * weights. */
 struct loaded {
     struct cdp_plan *plan;
     cdp_device_t dev;
@@ -138,6 +138,8 @@ static int fail(const char *cmd, cdp_status st)
     return cdp_cli_exit_code(st);
 }
 
+/* Fills l (B samples a micro-batch, 0: /train/micro_batch); -1, or an exit
+ * code with the message printed. l is loaded_free'd either way. */
 static int load_model(const struct infer_args *a, int B, struct loaded *l)
 {
     memset(l, 0, sizeof *l);
@@ -147,7 +149,10 @@ static int load_model(const struct infer_args *a, int B, struct loaded *l)
     struct cdp_ckpt_info info = {0};
     cdp_status st;
     if (a->ckpt) {
-        if ((st = cdp_ckpt_find_latest(a->ckpt, &l->ckpt_path, &info))) return fail(a->cmd, st);
+        if ((st = cdp_ckpt_find_latest(a->ckpt, &l->ckpt_path, &info))) {
+            fail(a->cmd, st);
+            return st == CDP_ERR_NOMEM ? EXIT_RUN_FAILED : EXIT_USAGE;
+        }
         l->step = info.step;
     }
     if (a->plan) {
@@ -171,17 +176,22 @@ static int load_model(const struct infer_args *a, int B, struct loaded *l)
                                    "(a model without trained weights is noise)", p->source);
     }
     const int64_t units = cdp_plan_model_units(p);
-    if (!(st = cdp_device_open(CDP_BACKEND_CPU, 0, 0, &l->dev)) &&
-        !(st = cdp_model_create(&p->model, 0, (int)units, B ? B : (int)p->train.micro_batch, 1, p->train.seed,
-                                l->dev, &l->model))) {
-        if (l->ckpt_path) {
-            st = cdp_ckpt_load(l->ckpt_path, &info, &l->model, NULL, 1);
-        } else if (!(st = cdp_model_check_weights(&p->model, l->weights))) {
-            st = cdp_model_load(l->model, l->weights);
+    int code = -1;
+    if ((st = cdp_device_open(CDP_BACKEND_CPU, 0, 0, &l->dev)) ||
+        (st = cdp_model_create(&p->model, 0, (int)units, B ? B : (int)p->train.micro_batch, 1, p->train.seed,
+                               l->dev, &l->model))) {
+        code = fail(a->cmd, st);
+    } else {
+        if (l->ckpt_path) st = cdp_ckpt_load(l->ckpt_path, &info, &l->model, NULL, 1);
+        else if (!(st = cdp_model_check_weights(&p->model, l->weights))) st = cdp_model_load(l->model, l->weights);
+        /* a weights file or checkpoint that cannot be read or does not fit the model is the user's to fix */
+        if (st) {
+            fail(a->cmd, st);
+            code = st == CDP_ERR_NOMEM ? EXIT_RUN_FAILED : EXIT_USAGE;
         }
     }
     cdp_ckpt_info_free(&info);
-    if (st) return fail(a->cmd, st);
+    if (code >= 0) return code;
     if (l->ckpt_path) CDP_INFO(CKPT, "%s: step %lld of %s", a->cmd, (long long)l->step, l->ckpt_path);
     else CDP_INFO(CKPT, "%s: weights %s", a->cmd, l->weights);
     return -1;
@@ -297,6 +307,7 @@ int cdp_cli_generate(int argc, char **argv)
     struct loaded l;
     if ((code = load_model(&a, 1, &l)) >= 0) {
         cdp_bpe_free(bpe);
+        loaded_free(&l);
         return code;
     }
     const struct cdp_plan *p = l.plan;
@@ -417,7 +428,10 @@ int cdp_cli_eval(int argc, char **argv)
     if (batches_s && (code = parse_count(a.cmd, "--batches", batches_s, 1, 1 << 30, &batches)) >= 0) return code;
     set_log(&a);
     struct loaded l;
-    if ((code = load_model(&a, 0, &l)) >= 0) return code;
+    if ((code = load_model(&a, 0, &l)) >= 0) {
+        loaded_free(&l);
+        return code;
+    }
     const struct cdp_plan *p = l.plan;
     if (!batches) batches = p->train.eval_batches;
     struct cdp_data *d = NULL;
