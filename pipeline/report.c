@@ -32,7 +32,7 @@ void cdp_exec_print_shares(FILE *f, const int64_t *share, int R)
  * half by a failed write: the file is flushed and checked). */
 static cdp_status write_line(const struct exec *e, json_t *o, FILE *f)
 {
-    char *text = json_dumps(o, JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(9));
+    char *text = json_dumps(o, JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
     json_decref(o);
     if (!text) return cdp_fail(CDP_ERR_NOMEM, "out of memory writing the metrics");
     const long at = ftell(f);

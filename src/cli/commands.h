@@ -23,6 +23,11 @@ int cdp_cli_topo(int argc, char **argv);
 /* `cdphybrid export ...`; argv[0] is "export". */
 int cdp_cli_export(int argc, char **argv);
 
+/* `cdphybrid generate ...` and `cdphybrid eval ...` (cmd_generate.c); argv[0]
+ * is the command. */
+int cdp_cli_generate(int argc, char **argv);
+int cdp_cli_eval(int argc, char **argv);
+
 /* `cdphybrid doctor ...`; argv[0] is "doctor". */
 int cdp_cli_doctor(int argc, char **argv);
 

@@ -1,0 +1,460 @@
+/* `cdphybrid generate` and `cdphybrid eval`: a trained model (a weights file
+ * or a checkpoint, written under any layout) loaded whole into one process on
+ * the CPU, then text continued from a prompt, or the validation loss computed
+ * as training computes it (docs/generate.md). */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cdp/core.h"
+#include "cdp/device.h"
+#include "cdp/log.h"
+#include "cdp/plan.h"
+#include "cli/commands.h"
+#include "model/bpe.h"
+#include "model/checkpoint.h"
+#include "model/data.h"
+#include "model/infer.h"
+#include "model/model.h"
+
+static void generate_usage(FILE *f)
+{
+    fputs("usage: cdphybrid generate --plan FILE [--weights FILE | --checkpoint DIR] --prompt TEXT\n"
+          "                          [--tokens N] [--temperature T] [--top-k K] [--seed S]\n"
+          "                          [--vocab vocab.json --merges merges.txt] [-v|-q]\n"
+          "       cdphybrid generate --checkpoint DIR --prompt TEXT ...   (the checkpoint's own plan)\n"
+          "\n"
+          "Continues TEXT with N tokens of a trained GPT and prints the prompt and what\n"
+          "follows on standard output, token by token. The model is loaded whole into this\n"
+          "one process on the CPU, whatever layout trained it (stages and replicas: a\n"
+          "checkpoint of any layout loads whole); generation is forward passes only.\n"
+          "\n"
+          "Tokens: without --vocab, the prompt's bytes are the tokens and the output is\n"
+          "bytes (byte-level models, such as the text data source trains: vocab 256; a\n"
+          "larger vocab chooses among ids 0..255 only). With --vocab and --merges, GPT-2's\n"
+          "byte-level BPE from those files (exact for ASCII; docs/generate.md says what\n"
+          "differs outside it); ids beyond the tokenizer's are never chosen.\n"
+          "\n"
+          "Context: the model sees at most /model/context tokens; when the prompt and what\n"
+          "was generated are longer, the last context tokens are kept (a sliding window).\n"
+          "\n"
+          "options:\n"
+          "  --plan FILE        the plan of the model (its /model); optional with --checkpoint\n"
+          "                     (then the plan saved in the checkpoint's manifest)\n"
+          "  --weights FILE     a safetensors file (/output/weights, export, Hugging Face GPT-2)\n"
+          "  --checkpoint DIR   a checkpoint folder (its newest complete checkpoint) or one step\n"
+          "                     folder; without either, the plan's /model/weights\n"
+          "  --prompt TEXT      the text to continue (at least one token)\n"
+          "  --tokens N         tokens to generate (default 64; 0 prints the prompt)\n"
+          "  --temperature T    softmax(logits / T) (default 1.0); 0: always the most likely\n"
+          "                     token (greedy)\n"
+          "  --top-k K          sample among the K most likely tokens (default 0: all)\n"
+          "  --seed S           the sampling stream (default 1): the same seed, model and\n"
+          "                     options give the same text\n"
+          "  --vocab FILE       GPT-2's vocab.json (with --merges)\n"
+          "  --merges FILE      GPT-2's merges.txt (with --vocab)\n"
+          "  -v, --verbose      say which weights are used (twice: debug)\n"
+          "  -q, --quiet        errors only\n"
+          "  -h, --help         this text\n"
+          "\n"
+          "examples:\n"
+          "  cdphybrid generate --plan examples/quickstart.json --weights runs/quickstart.safetensors \\\n"
+          "      --prompt \"Permission is \" --tokens 100 --temperature 0.8 --top-k 20\n"
+          "  cdphybrid generate --checkpoint runs/gpt/ckpt --prompt \"The \" --temperature 0\n"
+          "  cdphybrid generate --plan gpt2.json --weights model.safetensors --vocab vocab.json \\\n"
+          "      --merges merges.txt --prompt \"Hello, I'm a language model,\"\n"
+          "\n"
+          "exit codes: 0 success, 1 the run failed, 2 bad usage, a bad plan, weights,\n"
+          "checkpoint or tokenizer file\n",
+          f);
+}
+
+static void eval_usage(FILE *f)
+{
+    fputs("usage: cdphybrid eval --plan FILE [--weights FILE | --checkpoint DIR] [--batches N] [-v|-q]\n"
+          "       cdphybrid eval --checkpoint DIR [--batches N]   (the checkpoint's own plan)\n"
+          "\n"
+          "The validation loss of a trained model on the plan's data, computed as training's\n"
+          "validation computes it (the same micro-batches of /train/micro_batch samples of\n"
+          "the validation split, the same sum), so a checkpoint's value equals the val_loss\n"
+          "metrics.jsonl recorded at its step. Prints, with 17 significant digits:\n"
+          "  val_loss L\n"
+          "  perplexity exp(L)\n"
+          "  tokens N          (samples N for models that do not read tokens)\n"
+          "The model is loaded whole into this one process on the CPU, whatever layout\n"
+          "trained it.\n"
+          "\n"
+          "options:\n"
+          "  --plan FILE        the plan (its /model, /data and /train/micro_batch); optional\n"
+          "                     with --checkpoint (then the plan in the checkpoint's manifest)\n"
+          "  --weights FILE     a safetensors file\n"
+          "  --checkpoint DIR   a checkpoint folder (its newest complete one) or a step folder;\n"
+          "                     without either, the plan's /model/weights\n"
+          "  --batches N        micro-batches to evaluate (default /train/eval_batches)\n"
+          "  -v, --verbose      say which weights are used (twice: debug)\n"
+          "  -q, --quiet        only the three lines\n"
+          "  -h, --help         this text\n"
+          "\n"
+          "examples:\n"
+          "  cdphybrid eval --checkpoint runs/gpt/ckpt\n"
+          "  cdphybrid eval --plan examples/quickstart.json --weights runs/quickstart.safetensors --batches 64\n"
+          "\n"
+          "exit codes: 0 success, 1 the run failed, 2 bad usage, a bad plan, weights or\n"
+          "checkpoint\n",
+          f);
+}
+
+/* What both commands take. */
+struct infer_args {
+    const char *cmd;
+    const char *plan, *weights, *ckpt;
+    int verbose, quiet;
+};
+
+/* The plan (--plan, or the checkpoint's), the whole model on the CPU with its
+ * weights. */
+struct loaded {
+    struct cdp_plan *plan;
+    cdp_device_t dev;
+    struct cdp_model *model;
+    char *ckpt_path; /* the checkpoint folder used, or NULL */
+    int64_t step;    /* its step */
+    const char *weights; /* the weights file used, or NULL */
+};
+
+static void loaded_free(struct loaded *l)
+{
+    cdp_model_destroy(l->model);
+    cdp_device_close(l->dev);
+    cdp_plan_free(l->plan);
+    free(l->ckpt_path);
+}
+
+static int fail(const char *cmd, cdp_status st)
+{
+    fprintf(stderr, "cdphybrid %s: %s\n", cmd, cdp_last_error());
+    return cdp_cli_exit_code(st);
+}
+
+/* Fills l (B samples a micro-batch, 0: /train/micro_batch); -1, or an exit
+ * code with the message printed. l is loaded_free'd either way. */
+static int load_model(const struct infer_args *a, int B, struct loaded *l)
+{
+    memset(l, 0, sizeof *l);
+    if (a->weights && a->ckpt) return cdp_cli_usage_error(a->cmd, "%s", "give --weights or --checkpoint, not both");
+    if (!a->plan && !a->ckpt)
+        return cdp_cli_usage_error(a->cmd, "%s", "give --plan FILE (with --weights FILE), or --checkpoint DIR");
+    struct cdp_ckpt_info info = {0};
+    cdp_status st;
+    if (a->ckpt) {
+        if ((st = cdp_ckpt_find_latest(a->ckpt, &l->ckpt_path, &info))) {
+            fail(a->cmd, st);
+            return st == CDP_ERR_NOMEM ? EXIT_RUN_FAILED : EXIT_USAGE;
+        }
+        l->step = info.step;
+    }
+    if (a->plan) {
+        st = cdp_plan_load(a->plan, &l->plan);
+    } else if (!info.plan_json) {
+        st = cdp_fail(CDP_ERR_INVALID, "%s/manifest.json: holds no plan: give --plan FILE", l->ckpt_path);
+    } else {
+        char name[4200];
+        snprintf(name, sizeof name, "%s/manifest.json (its plan)", l->ckpt_path);
+        st = cdp_plan_load_string(info.plan_json, name, NULL, &l->plan);
+    }
+    if (st) {
+        cdp_ckpt_info_free(&info);
+        return fail(a->cmd, st);
+    }
+    const struct cdp_plan *p = l->plan;
+    l->weights = a->weights ? a->weights : !a->ckpt ? p->model.weights : NULL;
+    if (!l->ckpt_path && !l->weights) {
+        cdp_ckpt_info_free(&info);
+        return cdp_cli_usage_error(a->cmd, "%s has no /model/weights: give --weights FILE or --checkpoint DIR "
+                                   "(a model without trained weights is noise)", p->source);
+    }
+    const int64_t units = cdp_plan_model_units(p);
+    int code = -1;
+    if ((st = cdp_device_open(CDP_BACKEND_CPU, 0, 0, &l->dev)) ||
+        (st = cdp_model_create(&p->model, 0, (int)units, B ? B : (int)p->train.micro_batch, 1, p->train.seed,
+                               l->dev, &l->model))) {
+        code = fail(a->cmd, st);
+    } else {
+        if (l->ckpt_path) st = cdp_ckpt_load(l->ckpt_path, &info, &l->model, NULL, 1);
+        else if (!(st = cdp_model_check_weights(&p->model, l->weights))) st = cdp_model_load(l->model, l->weights);
+        /* a weights file or checkpoint that cannot be read or does not fit the model is the user's to fix */
+        if (st) {
+            fail(a->cmd, st);
+            code = st == CDP_ERR_NOMEM ? EXIT_RUN_FAILED : EXIT_USAGE;
+        }
+    }
+    cdp_ckpt_info_free(&info);
+    if (code >= 0) return code;
+    if (l->ckpt_path) CDP_INFO(CKPT, "%s: step %lld of %s", a->cmd, (long long)l->step, l->ckpt_path);
+    else CDP_INFO(CKPT, "%s: weights %s", a->cmd, l->weights);
+    return -1;
+}
+
+/* The options both commands share: 1 when s is one of them (*value: where
+ * its value goes, or NULL for a flag), else 0. */
+static int common_option(struct infer_args *a, const char *s, const char ***value)
+{
+    *value = NULL;
+    if (!strcmp(s, "--plan")) *value = &a->plan;
+    else if (!strcmp(s, "--weights")) *value = &a->weights;
+    else if (!strcmp(s, "--checkpoint")) *value = &a->ckpt;
+    else if (!strcmp(s, "-v") || !strcmp(s, "--verbose")) a->verbose++;
+    else if (!strcmp(s, "-vv")) a->verbose += 2;
+    else if (!strcmp(s, "-q") || !strcmp(s, "--quiet")) a->quiet = 1;
+    else return 0;
+    return 1;
+}
+
+static int take_value(const char *cmd, int argc, char **argv, int *i, const char **to)
+{
+    if (*i + 1 >= argc) return cdp_cli_usage_error(cmd, "%s needs a value", argv[*i]);
+    *to = argv[++*i];
+    return -1;
+}
+
+static int parse_count(const char *cmd, const char *opt, const char *v, int64_t lo, int64_t hi, int64_t *out)
+{
+    char *end;
+    errno = 0;
+    long long x = strtoll(v, &end, 10);
+    if (!*v || *end || errno || x < lo || x > hi) {
+        char msg[256];
+        snprintf(msg, sizeof msg, "%s: expected a whole number in [%lld, %lld], got \"%%s\"", opt, (long long)lo,
+                 (long long)hi);
+        return cdp_cli_usage_error(cmd, msg, v);
+    }
+    *out = x;
+    return -1;
+}
+
+static void set_log(const struct infer_args *a)
+{
+    if (!getenv("CDP_LOG") || !*getenv("CDP_LOG")) {
+        if (a->quiet) cdp_log_set_level(CDP_LOG_ERROR);
+        else if (a->verbose) cdp_log_set_level(a->verbose > 1 ? CDP_LOG_DEBUG : CDP_LOG_INFO);
+    }
+}
+
+static int finish_stdout(const char *cmd)
+{
+    if (fflush(stdout) != 0) {
+        fprintf(stderr, "cdphybrid %s: cannot write to standard output\n", cmd);
+        return EXIT_RUN_FAILED;
+    }
+    return 0;
+}
+
+int cdp_cli_generate(int argc, char **argv)
+{
+    struct infer_args a = {.cmd = "generate"};
+    const char *prompt = NULL, *tokens_s = "64", *temp_s = "1.0", *topk_s = "0", *seed_s = "1", *vocab = NULL,
+               *merges = NULL;
+    for (int i = 1; i < argc; i++) {
+        const char *s = argv[i];
+        const char **value = NULL;
+        if (!strcmp(s, "-h") || !strcmp(s, "--help")) {
+            generate_usage(stdout);
+            return 0;
+        }
+        if (common_option(&a, s, &value)) {
+        } else if (!strcmp(s, "--prompt")) value = &prompt;
+        else if (!strcmp(s, "--tokens")) value = &tokens_s;
+        else if (!strcmp(s, "--temperature")) value = &temp_s;
+        else if (!strcmp(s, "--top-k")) value = &topk_s;
+        else if (!strcmp(s, "--seed")) value = &seed_s;
+        else if (!strcmp(s, "--vocab")) value = &vocab;
+        else if (!strcmp(s, "--merges")) value = &merges;
+        else if (s[0] == '-') {
+            static const char *const known[] = {"--plan", "--weights", "--checkpoint", "--prompt", "--tokens",
+                                                "--temperature", "--top-k", "--seed", "--vocab", "--merges",
+                                                "--verbose", "--quiet", "--help", NULL};
+            return cdp_cli_unknown_option(a.cmd, s, known);
+        } else {
+            return cdp_cli_usage_error(a.cmd, "unexpected argument \"%s\"", s);
+        }
+        int code;
+        if (value && (code = take_value(a.cmd, argc, argv, &i, value)) >= 0) return code;
+    }
+    if (a.verbose && a.quiet) return cdp_cli_usage_error(a.cmd, "%s", "-v and -q cannot be used together");
+    if (!prompt) return cdp_cli_usage_error(a.cmd, "%s", "give --prompt TEXT");
+    int64_t n_new, top_k;
+    int code;
+    if ((code = parse_count(a.cmd, "--tokens", tokens_s, 0, 1000000000, &n_new)) >= 0) return code;
+    if ((code = parse_count(a.cmd, "--top-k", topk_s, 0, INT32_MAX, &top_k)) >= 0) return code;
+    char *end;
+    errno = 0;
+    const double temperature = strtod(temp_s, &end);
+    if (!*temp_s || *end || errno || !isfinite(temperature) || temperature < 0)
+        return cdp_cli_usage_error(a.cmd, "--temperature: expected a number >= 0 (0: greedy), got \"%s\"", temp_s);
+    errno = 0;
+    uint64_t seed = strtoull(seed_s, &end, 10);
+    if (!*seed_s || *end || errno || seed_s[0] == '-')
+        return cdp_cli_usage_error(a.cmd, "--seed: expected a whole number in [0, 2^64), got \"%s\"", seed_s);
+    if (!vocab != !merges)
+        return cdp_cli_usage_error(a.cmd, "%s", "--vocab and --merges go together (GPT-2's vocab.json and merges.txt)");
+    set_log(&a);
+
+    struct cdp_bpe *bpe = NULL;
+    cdp_status st;
+    if (vocab && (st = cdp_bpe_load(vocab, merges, &bpe))) return fail(a.cmd, st);
+    struct loaded l;
+    if ((code = load_model(&a, 1, &l)) >= 0) {
+        cdp_bpe_free(bpe);
+        loaded_free(&l);
+        return code;
+    }
+    const struct cdp_plan *p = l.plan;
+    const int64_t V = p->model.vocab, T = p->model.context;
+    int64_t choose = 256; /* ids that can be decoded */
+    code = -1;
+    if (p->model.kind != CDP_MODEL_GPT) {
+        code = cdp_cli_usage_error(a.cmd, "%s: /model is not a GPT preset: generate continues text with a GPT",
+                                   p->source);
+    } else if (bpe) {
+        choose = cdp_bpe_vocab_size(bpe) < V ? cdp_bpe_vocab_size(bpe) : V;
+    } else if (V < 256) {
+        char msg[256];
+        snprintf(msg, sizeof msg, "%%s: /model/vocab is %lld: bytes as tokens need 256; give the model's "
+                 "tokenizer as --vocab and --merges", (long long)V);
+        code = cdp_cli_usage_error(a.cmd, msg, p->source);
+    }
+    if (code < 0 && top_k > choose) {
+        char msg[256];
+        snprintf(msg, sizeof msg, "--top-k %%s is more than the %lld tokens the model chooses from", (long long)choose);
+        code = cdp_cli_usage_error(a.cmd, msg, topk_s);
+    }
+    int32_t *ids = NULL;
+    int64_t n = 0;
+    if (code < 0) {
+        if (bpe) {
+            if ((st = cdp_bpe_encode(bpe, prompt, strlen(prompt), &ids, &n))) {
+                cdp_error_context(st, "--prompt");
+                code = fail(a.cmd, st);
+            }
+        } else {
+            n = (int64_t)strlen(prompt);
+            if (n && !(ids = malloc((size_t)n * sizeof *ids))) code = fail(a.cmd, cdp_fail(CDP_ERR_NOMEM, "out of memory"));
+            for (int64_t i = 0; ids && i < n; i++) ids[i] = (unsigned char)prompt[i];
+        }
+    }
+    if (code < 0 && n == 0) code = cdp_cli_usage_error(a.cmd, "%s", "--prompt: give at least one character");
+    for (int64_t i = 0; code < 0 && i < n; i++)
+        if (ids[i] >= V) {
+            char msg[256];
+            snprintf(msg, sizeof msg, "--prompt: token %lld of %%s is id %d, and /model/vocab is %lld", (long long)i,
+                     ids[i], (long long)V);
+            code = cdp_cli_usage_error(a.cmd, msg, prompt);
+        }
+    if (code < 0 && n > T && !a.quiet)
+        fprintf(stderr, "cdphybrid generate: the prompt is %lld tokens and /model/context %lld: the model sees its "
+                "last %lld\n", (long long)n, (long long)T, (long long)T);
+    int32_t *all = NULL;
+    float *logits = NULL;
+    if (code < 0) {
+        all = malloc((size_t)(n + n_new) * sizeof *all);
+        logits = malloc((size_t)V * sizeof *logits);
+        if (!all || !logits) code = fail(a.cmd, cdp_fail(CDP_ERR_NOMEM, "out of memory"));
+        else memcpy(all, ids, (size_t)n * sizeof *all);
+    }
+    if (code < 0) {
+        fputs(prompt, stdout);
+        fflush(stdout);
+        uint64_t state = seed;
+        for (int64_t k = 0; k < n_new; k++) {
+            int32_t next;
+            if ((st = cdp_infer_next_logits(l.model, l.dev, all, n + k, T, V, logits)) ||
+                (st = cdp_infer_pick(logits, choose, temperature, top_k, &state, &next))) {
+                cdp_error_context(st, "token %lld", (long long)k + 1);
+                fputc('\n', stdout);
+                code = fail(a.cmd, st);
+                break;
+            }
+            all[n + k] = next;
+            if (bpe) {
+                size_t len = 0;
+                const char *b = cdp_bpe_decode(bpe, next, &len);
+                fwrite(b, 1, len, stdout);
+            } else {
+                fputc((unsigned char)next, stdout);
+            }
+            fflush(stdout);
+        }
+        if (code < 0) {
+            fputc('\n', stdout);
+            code = finish_stdout(a.cmd);
+        }
+    }
+    free(all);
+    free(logits);
+    free(ids);
+    cdp_bpe_free(bpe);
+    loaded_free(&l);
+    return code;
+}
+
+int cdp_cli_eval(int argc, char **argv)
+{
+    struct infer_args a = {.cmd = "eval"};
+    const char *batches_s = NULL;
+    for (int i = 1; i < argc; i++) {
+        const char *s = argv[i];
+        const char **value = NULL;
+        if (!strcmp(s, "-h") || !strcmp(s, "--help")) {
+            eval_usage(stdout);
+            return 0;
+        }
+        if (common_option(&a, s, &value)) {
+        } else if (!strcmp(s, "--batches")) value = &batches_s;
+        else if (s[0] == '-') {
+            static const char *const known[] = {"--plan", "--weights", "--checkpoint", "--batches", "--verbose",
+                                                "--quiet", "--help", NULL};
+            return cdp_cli_unknown_option(a.cmd, s, known);
+        } else {
+            return cdp_cli_usage_error(a.cmd, "unexpected argument \"%s\"", s);
+        }
+        int code;
+        if (value && (code = take_value(a.cmd, argc, argv, &i, value)) >= 0) return code;
+    }
+    if (a.verbose && a.quiet) return cdp_cli_usage_error(a.cmd, "%s", "-v and -q cannot be used together");
+    int64_t batches = 0;
+    int code;
+    if (batches_s && (code = parse_count(a.cmd, "--batches", batches_s, 1, 1 << 30, &batches)) >= 0) return code;
+    set_log(&a);
+    struct loaded l;
+    if ((code = load_model(&a, 0, &l)) >= 0) {
+        loaded_free(&l);
+        return code;
+    }
+    const struct cdp_plan *p = l.plan;
+    if (!batches) batches = p->train.eval_batches;
+    struct cdp_data *d = NULL;
+    double loss = 0;
+    int64_t rows = 0;
+    cdp_status st = cdp_data_open(&p->data, &p->model, &d);
+    if (!st) st = cdp_infer_val_loss(l.model, l.dev, d, (int)p->train.micro_batch, batches, &loss, &rows);
+    if (st) {
+        code = fail(a.cmd, st);
+    } else {
+        const int tokens = cdp_data_shape(d)->tokens;
+        if (!a.quiet) {
+            if (l.ckpt_path) printf("step %lld of %s", (long long)l.step, l.ckpt_path);
+            else printf("%s", l.weights);
+            printf(", on the validation split of %s: %lld micro-batches of %lld samples\n",
+                   p->data.path ? p->data.path : "the synthetic data", (long long)batches,
+                   (long long)p->train.micro_batch);
+        }
+        printf("val_loss %.17g\nperplexity %.17g\n%s %lld\n", loss, exp(loss), tokens ? "tokens" : "samples",
+               (long long)rows);
+        code = finish_stdout(a.cmd);
+    }
+    cdp_data_close(d);
+    loaded_free(&l);
+    return code;
+}

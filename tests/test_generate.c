@@ -1,0 +1,405 @@
+/* Using a trained model: GPT-2's BPE on a hand-written tokenizer
+ * (tests/fixtures/bpe), `cdphybrid generate` (seeded, greedy against an
+ * argmax computed here through the library, top-k 1, the sliding window,
+ * bad arguments) and `cdphybrid eval` (equal to the val_loss training wrote,
+ * on one rank and from a 2-stage pipeline's checkpoint). */
+#include <criterion/criterion.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cdp/core.h"
+#include "cdp/device.h"
+#include "cdp/plan.h"
+#include "harness.h"
+#include "model/bpe.h"
+#include "model/infer.h"
+#include "model/model.h"
+
+static const char *fixture(const char *name)
+{
+    static char path[4096];
+    snprintf(path, sizeof path, "%s", cdp_test_source_path("tests/fixtures/bpe"));
+    strncat(path, "/", sizeof path - strlen(path) - 1);
+    strncat(path, name, sizeof path - strlen(path) - 1);
+    return path;
+}
+
+static struct cdp_bpe *load_fixture(void)
+{
+    char vocab[4096];
+    snprintf(vocab, sizeof vocab, "%s", fixture("vocab.json"));
+    struct cdp_bpe *b = NULL;
+    cr_assert_eq(cdp_bpe_load(vocab, fixture("merges.txt"), &b), CDP_OK, "%s", cdp_last_error());
+    return b;
+}
+
+static void expect_ids(const struct cdp_bpe *b, const char *text, const int32_t *want, int64_t n)
+{
+    int32_t *ids = NULL;
+    int64_t got = 0;
+    cr_assert_eq(cdp_bpe_encode(b, text, strlen(text), &ids, &got), CDP_OK, "%s: %s", text, cdp_last_error());
+    cr_assert_eq(got, n, "\"%s\": %lld ids, expected %lld", text, (long long)got, (long long)n);
+    for (int64_t i = 0; i < n; i++)
+        cr_assert_eq(ids[i], want[i], "\"%s\": id %lld is %d, expected %d", text, (long long)i, ids[i], want[i]);
+    /* and back: decoding gives the bytes */
+    char out[256] = "";
+    size_t at = 0;
+    for (int64_t i = 0; i < n; i++) {
+        size_t len = 0;
+        const char *s = cdp_bpe_decode(b, ids[i], &len);
+        cr_assert_not_null(s);
+        cr_assert_lt(at + len, sizeof out);
+        memcpy(out + at, s, len);
+        at += len;
+    }
+    out[at] = '\0';
+    cr_assert_str_eq(out, text);
+    free(ids);
+}
+
+Test(bpe, merges_by_rank_and_gpt2_pieces)
+{
+    struct cdp_bpe *b = load_fixture();
+    cr_assert_eq(cdp_bpe_vocab_size(b), 31);
+    /* ids of the fixture: hello 21, Ġworld 26 (Ġ is the space) */
+    expect_ids(b, "hello world", (int32_t[]){21, 26}, 2);
+    /* "l l" (rank 1) goes before "e l" (rank 12), though "e l" is leftmost */
+    expect_ids(b, "ell", (int32_t[]){1, 19}, 2);
+    /* a contraction is a piece of its own */
+    expect_ids(b, "it's", (int32_t[]){11, 12, 27}, 3);
+    /* ... only where a piece starts: "!'" is one run of others, then "s" */
+    expect_ids(b, "!'s", (int32_t[]){8, 9, 10}, 3);
+    /* \s+(?!\S): of three spaces before a letter, two are a piece (ĠĠ) and the last starts " b" (Ġb) */
+    expect_ids(b, "a   b", (int32_t[]){13, 29, 28}, 3);
+    /* a newline before a letter is a piece alone (Ċ) */
+    expect_ids(b, "a\nb", (int32_t[]){13, 15, 14}, 3);
+    /* " ?\p{N}+": the space goes with the digits, which have no merges */
+    expect_ids(b, "a 12", (int32_t[]){13, 4, 16, 17}, 4);
+    expect_ids(b, "hello!!", (int32_t[]){21, 8, 8}, 3);
+    size_t len = 0;
+    cr_assert_null(cdp_bpe_decode(b, 31, &len));
+    cr_assert_null(cdp_bpe_decode(b, -1, &len));
+    cdp_bpe_free(b);
+}
+
+Test(bpe, text_outside_the_vocabulary_is_an_error)
+{
+    struct cdp_bpe *b = load_fixture();
+    int32_t *ids = NULL;
+    int64_t n = 0;
+    cr_assert_eq(cdp_bpe_encode(b, "hello z", 7, &ids, &n), CDP_ERR_INVALID);
+    cr_assert(strstr(cdp_last_error(), "\"z\""), "%s", cdp_last_error());
+    cr_assert_null(ids);
+    cdp_bpe_free(b);
+}
+
+Test(bpe, bad_files_name_the_line)
+{
+    const char *dir = cdp_test_tmpdir();
+    char vocab[4096];
+    snprintf(vocab, sizeof vocab, "%s", fixture("vocab.json"));
+    struct cdp_bpe *b = NULL;
+    const char *m = cdp_test_write_file(dir, "merges.txt", "#version: 0.2\nh e\nhe\n");
+    cr_assert_eq(cdp_bpe_load(vocab, m, &b), CDP_ERR_INVALID);
+    cr_assert(strstr(cdp_last_error(), "merges.txt:3: expected two tokens"), "%s", cdp_last_error());
+    m = cdp_test_write_file(dir, "merges.txt", "h e\nq u\n");
+    cr_assert_eq(cdp_bpe_load(vocab, m, &b), CDP_ERR_INVALID);
+    cr_assert(strstr(cdp_last_error(), "merges.txt:2: \"q\" is not a token"), "%s", cdp_last_error());
+    const char *v = cdp_test_write_file(dir, "vocab.json", "{\"a\": 0, \"b\": 0}");
+    cr_assert_eq(cdp_bpe_load(v, fixture("merges.txt"), &b), CDP_ERR_INVALID);
+    cr_assert(strstr(cdp_last_error(), "id 0 is given to two tokens"), "%s", cdp_last_error());
+    cr_assert_null(b);
+}
+
+Test(bpe, sampling_is_seeded_and_top_k_1_is_greedy)
+{
+    const float logits[6] = {0.5f, 2.0f, -1.0f, 2.0f, 1.5f, 0.0f};
+    int32_t id = -1;
+    uint64_t s = 7;
+    cr_assert_eq(cdp_infer_pick(logits, 6, 0, 0, &s, &id), CDP_OK);
+    cr_assert_eq(id, 1, "greedy takes the lowest id among equal logits");
+    cr_assert_eq(cdp_infer_pick(logits, 6, 1.0, 1, &s, &id), CDP_OK);
+    cr_assert_eq(id, 1);
+    /* top-k 2: only ids 1 and 3; a seed repeats its draws */
+    int seen[6] = {0};
+    int32_t first[50];
+    s = 42;
+    for (int i = 0; i < 50; i++) {
+        cr_assert_eq(cdp_infer_pick(logits, 6, 1.0, 2, &s, &first[i]), CDP_OK);
+        seen[first[i]]++;
+    }
+    cr_assert(seen[1] > 0 && seen[3] > 0 && seen[1] + seen[3] == 50, "%d %d", seen[1], seen[3]);
+    s = 42;
+    for (int i = 0; i < 50; i++) {
+        cr_assert_eq(cdp_infer_pick(logits, 6, 1.0, 2, &s, &id), CDP_OK);
+        cr_assert_eq(id, first[i]);
+    }
+    const float bad[2] = {0.0f, NAN};
+    cr_assert_eq(cdp_infer_pick(bad, 2, 1.0, 0, &s, &id), CDP_ERR_INVALID);
+}
+
+/* A tiny byte-level GPT trained in dir (stages 1 or 2), with metrics,
+ * weights and a checkpoint at its last step; returns the plan's path. */
+static const char *train_tiny(const char *dir, int stages)
+{
+    char text[2048];
+    snprintf(text, sizeof text,
+             "{\"model\": {\"preset\": \"gpt\", \"vocab\": 256, \"context\": 16, \"layers\": 2, \"heads\": 2, "
+             "\"embed\": 32},\n"
+             " \"data\": {\"source\": \"text\", \"path\": \"%s\", \"seed\": 3},\n"
+             " \"train\": {\"steps\": 12, \"micro_batch\": 4, \"optimizer\": {\"type\": \"adamw\", \"lr\": 0.01}, "
+             "\"log_every\": 6, \"eval_every\": 6, \"eval_batches\": 3, \"checkpoint\": {\"dir\": \"ck\"}},\n"
+             " \"parallel\": {\"stages\": %d, \"replicas\": 1, \"micro_batches\": 2},\n"
+             " \"cluster\": {\"backend\": \"cpu\"},\n"
+             " \"output\": {\"metrics\": \"m.jsonl\", \"weights\": \"w.safetensors\"}}\n",
+             cdp_test_source_path("examples/data/licenses.txt"), stages);
+    static char plan[4096];
+    snprintf(plan, sizeof plan, "%s", cdp_test_write_file(dir, "plan.json", text));
+    struct cdp_run r;
+    cr_assert_eq(cdp_test_run(&r, (const char *[]){"--plan", plan, "-q", NULL}), 0);
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    cdp_test_run_free(&r);
+    return plan;
+}
+
+/* The val_loss of the last record of dir/m.jsonl. */
+static double last_val_loss(const char *dir)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/m.jsonl", dir);
+    char *text = cdp_test_read_file(path);
+    cr_assert_not_null(text);
+    double v = NAN;
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+        json_t *o = json_loads(line, 0, NULL);
+        json_t *x = o ? json_object_get(o, "val_loss") : NULL;
+        if (x) v = json_real_value(x);
+        json_decref(o);
+    }
+    free(text);
+    cr_assert(!isnan(v), "no val_loss in %s", path);
+    return v;
+}
+
+static double eval_value(const char *const *argv)
+{
+    struct cdp_run r;
+    cr_assert_eq(cdp_test_run(&r, argv), 0);
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    const char *at = strstr(r.out, "val_loss ");
+    cr_assert_not_null(at, "%s", r.out);
+    const double v = strtod(at + 9, NULL);
+    const char *pp = strstr(r.out, "perplexity ");
+    cr_assert_not_null(pp, "%s", r.out);
+    cr_assert_float_eq(strtod(pp + 11, NULL), exp(v), 1e-12 * exp(v));
+    cr_assert(strstr(r.out, "tokens 192\n"), "3 micro-batches of 4 x 16 tokens: %s", r.out);
+    cdp_test_run_free(&r);
+    return v;
+}
+
+Test(eval, equals_the_val_loss_training_recorded, .timeout = 120)
+{
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
+    const char *plan = train_tiny(dir, 1);
+    char pl[4096], w[4200], ck[4200];
+    snprintf(pl, sizeof pl, "%s", plan);
+    snprintf(w, sizeof w, "%s/w.safetensors", dir);
+    snprintf(ck, sizeof ck, "%s/ck", dir);
+    const double want = last_val_loss(dir);
+    /* the same double: same micro-batches, same kernels, same sum */
+    cr_assert_eq(eval_value((const char *[]){"eval", "--checkpoint", ck, NULL}), want);
+    cr_assert_eq(eval_value((const char *[]){"eval", "--plan", pl, "--checkpoint", ck, "-q", NULL}), want);
+    cr_assert_eq(eval_value((const char *[]){"eval", "--plan", pl, "--weights", w, NULL}), want);
+}
+
+Test(eval, a_pipeline_checkpoint_loads_whole, .timeout = 180)
+{
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
+    train_tiny(dir, 2);
+    char ck[4200];
+    snprintf(ck, sizeof ck, "%s/ck", dir);
+    const double want = last_val_loss(dir), got = eval_value((const char *[]){"eval", "--checkpoint", ck, NULL});
+    cr_assert_float_eq(got, want, 1e-12 * want, "eval %.17g, the 2-stage run %.17g", got, want);
+}
+
+Test(eval, bad_arguments_exit_2)
+{
+    const char *dir = cdp_test_tmpdir();
+    const char *plan = cdp_test_write_file(dir, "p.json", "{\"model\": {\"preset\": \"gpt\", \"vocab\": 256, "
+                                           "\"context\": 16, \"layers\": 1, \"heads\": 2, \"embed\": 32}}");
+    struct {
+        const char *argv[8];
+        const char *says;
+    } cases[] = {
+        {{"eval", "--plan", plan, NULL}, "--weights FILE or --checkpoint DIR"},
+        {{"eval", "--plan", plan, "--weights", "w.st", "--checkpoint", "ck", NULL}, "not both"},
+        {{"eval", "--plan", plan, "--weights", "w.st", "--batches", "0", NULL}, "--batches"},
+        {{"eval", "--checkpoint", "/nonexistent/ck", NULL}, "/nonexistent/ck"},
+        {{"eval", "--batch", "3", NULL}, "did you mean --batches"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        struct cdp_run r;
+        cr_assert_eq(cdp_test_run(&r, cases[i].argv), 0);
+        cr_assert_eq(r.exit_code, 2, "case %zu: %d %s", i, r.exit_code, r.err);
+        cr_assert(strstr(r.err, cases[i].says), "case %zu: %s", i, r.err);
+        cdp_test_run_free(&r);
+    }
+}
+
+static char *generate(const char *const *argv)
+{
+    struct cdp_run r;
+    cr_assert_eq(cdp_test_run(&r, argv), 0);
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    char *out = r.out;
+    r.out = NULL;
+    cdp_test_run_free(&r);
+    return out;
+}
+
+/* Greedy continuation computed here: the library's model, our own window and argmax. */
+static void greedy_here(const char *plan_path, const char *weights, const char *prompt, int n_new, char *out)
+{
+    struct cdp_plan *p = NULL;
+    cr_assert_eq(cdp_plan_load(plan_path, &p), CDP_OK, "%s", cdp_last_error());
+    cdp_device_t dev = NULL;
+    struct cdp_model *m = NULL;
+    cr_assert_eq(cdp_device_open(CDP_BACKEND_CPU, 0, 0, &dev), CDP_OK);
+    cr_assert_eq(cdp_model_create(&p->model, 0, (int)cdp_plan_model_units(p), 1, 1, 1, dev, &m), CDP_OK);
+    cr_assert_eq(cdp_model_load(m, weights), CDP_OK, "%s", cdp_last_error());
+    const int T = (int)p->model.context, V = (int)p->model.vocab;
+    int n = (int)strlen(prompt);
+    strcpy(out, prompt);
+    for (int k = 0; k < n_new; k++, n++) {
+        int32_t *in = cdp_model_input(m, 0);
+        const int from = n > T ? n - T : 0, used = n - from;
+        for (int t = 0; t < T; t++) in[t] = t < used ? (unsigned char)out[from + t] : 0;
+        cr_assert_eq(cdp_model_forward(m, 0), CDP_OK);
+        const float *row = cdp_model_output(m, 0) + (size_t)(used - 1) * V;
+        int best = 0;
+        for (int v = 1; v < 256; v++)
+            if (row[v] > row[best]) best = v;
+        out[n] = (char)best;
+    }
+    out[n] = '\n';
+    out[n + 1] = '\0';
+    cdp_model_destroy(m);
+    cdp_device_close(dev);
+    cdp_plan_free(p);
+}
+
+Test(generate, greedy_seeded_top_k_and_window, .timeout = 120)
+{
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
+    char plan[4096], w[4200], ck[4200];
+    snprintf(plan, sizeof plan, "%s", train_tiny(dir, 1));
+    snprintf(w, sizeof w, "%s/w.safetensors", dir);
+    snprintf(ck, sizeof ck, "%s/ck", dir);
+    /* greedy = the argmax computed here, short prompt and one longer than the context (16) */
+    const char *prompts[] = {"The ", "Permission is hereby granted, "};
+    for (int i = 0; i < 2; i++) {
+        char want[256];
+        greedy_here(plan, w, prompts[i], 24, want);
+        char *got = generate((const char *[]){"generate", "--plan", plan, "--weights", w, "--prompt", prompts[i],
+                                              "--tokens", "24", "--temperature", "0", NULL});
+        cr_assert_str_eq(got, want);
+        /* top-k 1 at temperature 1 is greedy too; the checkpoint holds the same weights */
+        char *k1 = generate((const char *[]){"generate", "--checkpoint", ck, "--prompt", prompts[i], "--tokens", "24",
+                                             "--top-k", "1", "--seed", "9", NULL});
+        cr_assert_str_eq(k1, want);
+        free(got);
+        free(k1);
+    }
+    /* a seed gives the same text; another seed other text */
+    const char *a1[] = {"generate", "--plan", plan, "--weights", w, "--prompt", "The ", "--tokens", "40",
+                        "--seed", "5", "--temperature", "1.5", NULL};
+    const char *a2[] = {"generate", "--plan", plan, "--weights", w, "--prompt", "The ", "--tokens", "40",
+                        "--seed", "6", "--temperature", "1.5", NULL};
+    char *x = generate(a1), *y = generate(a1), *z = generate(a2);
+    cr_assert_str_eq(x, y);
+    cr_assert_str_neq(x, z);
+    cr_assert_eq(strlen(x), strlen("The ") + 40 + 1, "40 bytes and a newline: \"%s\"", x);
+    free(x);
+    free(y);
+    free(z);
+    /* the window note for a long prompt */
+    struct cdp_run r;
+    cr_assert_eq(cdp_test_run(&r, (const char *[]){"generate", "--plan", plan, "--weights", w, "--prompt",
+                                                   "Permission is hereby granted, ", "--tokens", "1", NULL}),
+                 0);
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    cr_assert(strstr(r.err, "the prompt is 30 tokens and /model/context 16: the model sees its last 16"), "%s", r.err);
+    cdp_test_run_free(&r);
+    /* GPT-2 BPE: the fixture's 31 tokens, so the prompt's ids and every id chosen are below 31 */
+    char vocab[4096], merges[4096];
+    snprintf(vocab, sizeof vocab, "%s", fixture("vocab.json"));
+    snprintf(merges, sizeof merges, "%s", fixture("merges.txt"));
+    char *b = generate((const char *[]){"generate", "--plan", plan, "--weights", w, "--prompt", "hello world",
+                                        "--tokens", "10", "--vocab", vocab, "--merges", merges, NULL});
+    cr_assert(!strncmp(b, "hello world", 11), "%s", b);
+    for (const char *c = b + 11; *c && c[1]; c++)
+        cr_assert(strchr("helowrd!'sitab\n12 ", *c), "a byte no fixture token holds: 0x%02x in \"%s\"",
+                  (unsigned char)*c, b);
+    free(b);
+}
+
+Test(generate, bad_arguments_exit_2_naming_the_option)
+{
+    const char *dir = cdp_test_tmpdir();
+    const char *plan = cdp_test_write_file(dir, "p.json", "{\"model\": {\"preset\": \"gpt\", \"vocab\": 256, "
+                                           "\"context\": 16, \"layers\": 1, \"heads\": 2, \"embed\": 32}}");
+    char p[4096];
+    snprintf(p, sizeof p, "%s", plan);
+    /* a weights file of this model, so that the checks after loading are reached */
+    struct cdp_plan *pl = NULL;
+    cr_assert_eq(cdp_plan_load(p, &pl), CDP_OK);
+    cdp_device_t dev = NULL;
+    struct cdp_model *m = NULL;
+    cr_assert_eq(cdp_device_open(CDP_BACKEND_CPU, 0, 0, &dev), CDP_OK);
+    cr_assert_eq(cdp_model_create(&pl->model, 0, (int)cdp_plan_model_units(pl), 1, 1, 1, dev, &m), CDP_OK);
+    char w[4200];
+    snprintf(w, sizeof w, "%s/w.safetensors", dir);
+    cr_assert_eq(cdp_model_save(m, w, NULL, 0), CDP_OK, "%s", cdp_last_error());
+    cdp_model_destroy(m);
+    cdp_device_close(dev);
+    cdp_plan_free(pl);
+    char vocab[4096];
+    snprintf(vocab, sizeof vocab, "%s", fixture("vocab.json"));
+    struct {
+        const char *argv[14];
+        const char *says;
+    } cases[] = {
+        {{"generate", "--plan", p, "--prompt", "a", NULL}, "--weights FILE or --checkpoint DIR"},
+        {{"generate", "--plan", p, "--weights", w, "--prompt", "a", "--tokens", "-3", NULL}, "--tokens: expected"},
+        {{"generate", "--plan", p, "--weights", w, "--prompt", "a", "--top-k", "300", NULL},
+         "--top-k 300 is more than the 256 tokens"},
+        {{"generate", "--plan", p, "--weights", w, "--prompt", "a", "--temperature", "-1", NULL}, "--temperature"},
+        {{"generate", "--plan", p, "--weights", w, "--prompt", "a", "--seed", "x", NULL}, "--seed"},
+        {{"generate", "--plan", p, "--weights", w, NULL}, "give --prompt"},
+        {{"generate", "--plan", p, "--weights", w, "--prompt", "", NULL}, "--prompt: give at least one"},
+        {{"generate", "--plan", p, "--weights", w, "--prompt", "a", "--vocab", vocab, NULL}, "--vocab and --merges"},
+        {{"generate", "--plan", p, "--weights", "/nonexistent.safetensors", "--prompt", "a", NULL},
+         "/nonexistent.safetensors"},
+        {{"generate", "--plan", p, "--weights", w, "--promt", "a", NULL}, "did you mean --prompt"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        struct cdp_run r;
+        cr_assert_eq(cdp_test_run(&r, cases[i].argv), 0);
+        cr_assert_eq(r.exit_code, 2, "case %zu: %d %s", i, r.exit_code, r.err);
+        cr_assert(strstr(r.err, cases[i].says), "case %zu: %s", i, r.err);
+        cdp_test_run_free(&r);
+    }
+    /* without an error, exit 0 and the prompt echoed */
+    struct cdp_run r;
+    cr_assert_eq(cdp_test_run(&r, (const char *[]){"generate", "--plan", p, "--weights", w, "--prompt", "ab",
+                                                   "--tokens", "0", NULL}), 0);
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    cr_assert_str_eq(r.out, "ab\n");
+    cdp_test_run_free(&r);
+}
