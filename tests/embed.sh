@@ -30,7 +30,13 @@ san=()
 # -I only the installed headers: the source tree is not on the path
 "$cc" -std=c11 -Wall -Wextra -Werror "${san[@]}" "$src/examples/embed/train_embed.c" $flags -lm \
     -Wl,-rpath,"$libdir" -o "$tmp/train_embed"
-ldd "$tmp/train_embed" | grep -q "$libdir/libcdphybrid" || fail "the program does not load the installed library"
+libs=$(ldd "$tmp/train_embed")
+grep -q "$libdir/libcdphybrid" <<< "$libs" || fail "the program does not load the installed library"
+
+# docs/embedding.md shows the program as it is
+sed -n '/^<!-- example: examples\/embed\/train_embed.c -->$/,/^<!-- \/example -->$/p' "$src/docs/embedding.md" \
+    | sed '1,2d;$d' | sed '$d' > "$tmp/doc.c"
+cmp -s "$tmp/doc.c" "$src/examples/embed/train_embed.c" || fail "docs/embedding.md's program differs from examples/embed/train_embed.c"
 
 plan="$src/examples/embed/mlp.json"
 cd "$tmp"
