@@ -21,7 +21,7 @@
 #include "pipeline/monitor.h"
 #include "pipeline/schedule.h"
 #include "pipeline/trace.h"
-#include "pipeline/train.h"
+#include "cdp/train.h"
 
 /* One virtual stage of this rank: its model range and what moves through it. */
 struct chunk {

@@ -153,12 +153,26 @@ static void summary_finish(struct cdp_train_summary *sum, const struct exec *e, 
     }
 }
 
+/* The caller's per-step callback (cdp/train.h): the figures of the step
+ * lines and the metrics record. */
+static void step_callback(const struct exec *e, const struct cdp_exec_step *s, const struct cdp_exec_totals *t,
+                          const struct cdp_train_opts *o)
+{
+    const double sps = (double)e->G / s->time_s;
+    const struct cdp_step_metrics m = {.size = sizeof m, .step = s->step, .steps = e->plan->train.steps,
+                                       .rank = e->rank, .ranks = e->size, .loss = s->loss, .val_loss = s->val_loss,
+                                       .lr = e->plan->train.optimizer.lr, .grad_norm = e->grad_norm,
+                                       .time_s = s->time_s, .samples_per_s = sps,
+                                       .tokens_per_s = t->tokens ? sps * t->sample_tokens : 0, .bubble = s->bubble};
+    o->on_step(&m, o->user);
+}
+
 cdp_status cdp_exec_run(const struct cdp_plan *p, const struct cdp_layout *layout, cdp_comm_t world,
                         const struct cdp_train_opts *o, struct cdp_train_summary *summary)
 {
     struct exec e = {.plan = p, .lay = layout, .world = world};
     double *peaks = NULL;
-    struct cdp_train_summary sum = {0};
+    struct cdp_train_summary sum = {.size = sizeof sum};
     struct cdp_exec_totals tot;
     struct monitor_acc acc = {0};
     cdp_status st;
@@ -200,6 +214,7 @@ cdp_status cdp_exec_run(const struct cdp_plan *p, const struct cdp_layout *layou
          * checkpoint then always finds it (and cuts what came after) */
         if (e.rank == 0 && metrics && (st = cdp_exec_write_step_record(&e, &s, &tot, metrics))) goto fail;
         if (e.rank == 0 && out) cdp_exec_print_step(&e, &s, &tot, o->progress, out);
+        if (o && o->on_step) step_callback(&e, &s, &tot, o);
         if (p->train.checkpoint.dir && (step % p->train.checkpoint.every == 0 || last) &&
             (st = cdp_exec_save_checkpoint(&e, step)))
             goto fail;

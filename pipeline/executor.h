@@ -10,7 +10,7 @@
 #include "cdp/status.h"
 #include "comm/comm.h"
 #include "pipeline/layout.h"
-#include "pipeline/train.h"
+#include "cdp/train.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -263,3 +263,27 @@ json_t *cdp_layout_ranks_json(const struct cdp_layout *l)
     }
     return a;
 }
+
+/* The public accessors (cdp/layout.h). */
+int cdp_layout_stages(const struct cdp_layout *l) { return l->stages; }
+int cdp_layout_chunks(const struct cdp_layout *l) { return l->chunks; }
+int cdp_layout_replicas(const struct cdp_layout *l) { return l->replicas; }
+int cdp_layout_micro_batches(const struct cdp_layout *l) { return l->micro_batches; }
+int cdp_layout_micro_batch(const struct cdp_layout *l) { return l->micro_batch; }
+int cdp_layout_ranks(const struct cdp_layout *l) { return l->n_ranks; }
+enum cdp_schedule_kind cdp_layout_schedule(const struct cdp_layout *l) { return l->schedule; }
+
+int cdp_layout_rank_stage(const struct cdp_layout *l, int r)
+{
+    return r >= 0 && r < l->n_ranks ? l->rank[r].stage : -1;
+}
+
+int cdp_layout_rank_replica(const struct cdp_layout *l, int r)
+{
+    return r >= 0 && r < l->n_ranks ? l->rank[r].replica : -1;
+}
+
+uint64_t cdp_layout_rank_memory(const struct cdp_layout *l, int r)
+{
+    return r >= 0 && r < l->n_ranks ? l->rank[r].memory.device : 0;
+}

@@ -17,6 +17,7 @@
 
 #include <jansson.h>
 
+#include "cdp/layout.h"
 #include "cdp/plan.h"
 #include "cdp/status.h"
 #include "model/layers.h"

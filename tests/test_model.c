@@ -19,7 +19,7 @@
 #include "model/optim.h"
 #include "model/safetensors.h"
 #include "partitioner/planner.h"
-#include "pipeline/train.h"
+#include "cdp/train.h"
 
 /* ---- counting GEMM work: this executable interposes cblas_sgemm -------------- */
 
@@ -774,14 +774,14 @@ Test(model, device_memory_cap_limits_the_model)
 static struct cdp_train_summary train(const char *json)
 {
     struct cdp_plan *p = plan_from(json);
-    struct cdp_train_summary s;
-    struct cdp_train_opts o = {.out = NULL};
+    struct cdp_train_summary s = CDP_TRAIN_SUMMARY_INIT;
+    struct cdp_train_opts o = CDP_TRAIN_OPTS_INIT;
     struct cdp_topology *t = NULL;
     struct cdp_planner_result r = {0};
     char note[256];
     cr_assert_eq(cdp_planner_topology(p, 0, &t, note, sizeof note), CDP_OK, "%s", cdp_last_error());
     cr_assert_eq(cdp_planner_run(p, t, NULL, 0, &r), CDP_OK, "%s", cdp_last_error());
-    cr_assert_eq(cdp_train_one_rank(p, r.layout, &o, &s), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(cdp_train(p, r.layout, &o, &s), CDP_OK, "%s", cdp_last_error());
     cdp_planner_result_clear(&r);
     cdp_topology_free(t);
     cdp_plan_free(p);

@@ -24,7 +24,7 @@
 #include "pipeline/executor.h"
 #include "pipeline/launch.h"
 #include "pipeline/schedule.h"
-#include "pipeline/train.h"
+#include "cdp/train.h"
 
 
 struct cli_args {
@@ -288,10 +288,10 @@ static int run_ranks(const struct cli_args *a, const struct cdp_plan *plan, cons
     const char *sd = getenv("CDP_RANK_STATUS_DIR");
     if (sd && *sd) snprintf(status_path, sizeof status_path, RANK_STATUS_FILE, sd, rank);
     signal(SIGTERM, on_term);
-    struct cdp_train_opts opts = {.out = a->quiet || rank != 0 ? NULL : stdout, .progress = 0,
-                                  .resume = resume_dir(a, plan)};
-    cdp_status st = cdp_comm_size(world) == layout->n_ranks ? cdp_launch_check_node(layout, rank) : CDP_OK;
-    if (!st) st = cdp_exec_run(plan, layout, world, &opts, NULL);
+    struct cdp_train_opts opts = {.size = sizeof opts, .out = a->quiet || rank != 0 ? NULL : stdout,
+                                  .progress = 0, .resume = resume_dir(a, plan), .world = CDP_TRAIN_MPI};
+    /* the entry an embedding program's ranks call (cdp/train.h) */
+    cdp_status st = cdp_train(plan, layout, &opts, NULL);
     if (st) {
         fprintf(stderr, "cdphybrid: %s\n", cdp_last_error());
         fflush(stdout);
@@ -553,9 +553,10 @@ static int train(const struct cli_args *a, struct cdp_plan *plan, const struct c
             code = launch(a, plan, l, planned, tmpdir);
         }
     } else {
-        struct cdp_train_opts opts = {.out = a->quiet ? NULL : stdout, .progress = isatty(1),
-                                      .resume = resume_dir(a, plan)};
-        st = cdp_train_one_rank(plan, l, &opts, NULL);
+        struct cdp_train_opts opts = {.size = sizeof opts, .out = a->quiet ? NULL : stdout,
+                                      .progress = isatty(1), .resume = resume_dir(a, plan),
+                                      .world = CDP_TRAIN_SELF};
+        st = cdp_train(plan, l, &opts, NULL);
         code = st ? cdp_cli_exit_code(st) : 0;
         if (st) fprintf(stderr, "cdphybrid: %s\n", cdp_last_error());
     }

@@ -1,0 +1,40 @@
+/* A layout, as a program that embeds cdphybrid sees it: the one answer to "how
+ * does this plan run" that the planner (cdp/planner.h) makes and the simulator
+ * (cdp/simulator.h) and the trainer (cdp/train.h) read. Opaque: only these
+ * accessors are public, so the layout can grow without breaking a program.
+ * A layout belongs to the planner's result it came from (cdp_planned_layout)
+ * and lives until that result is freed. Ranks are numbered as mpirun starts
+ * them: rank r of the layout is rank r of MPI_COMM_WORLD. */
+#ifndef CDP_LAYOUT_H
+#define CDP_LAYOUT_H
+
+#include <stdint.h>
+
+#include "cdp/plan_types.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct cdp_layout;
+
+int cdp_layout_stages(const struct cdp_layout *l);        /* pipeline stages */
+int cdp_layout_chunks(const struct cdp_layout *l);        /* model chunks per stage (interleaved schedules) */
+int cdp_layout_replicas(const struct cdp_layout *l);      /* data-parallel replicas */
+int cdp_layout_micro_batches(const struct cdp_layout *l); /* per replica per step (the replicas' mean share) */
+int cdp_layout_micro_batch(const struct cdp_layout *l);   /* samples per micro-batch */
+int cdp_layout_ranks(const struct cdp_layout *l);         /* stages x replicas: the processes it runs on */
+enum cdp_schedule_kind cdp_layout_schedule(const struct cdp_layout *l); /* cdp_schedule_name() prints it */
+
+/* Rank r's place (0 <= r < cdp_layout_ranks) and the device memory it is
+ * predicted to allocate (what the device accounting counts; the trainer's
+ * summary reports the measured peak beside it). -1 / 0 for r out of range. */
+int cdp_layout_rank_stage(const struct cdp_layout *l, int r);
+int cdp_layout_rank_replica(const struct cdp_layout *l, int r);
+uint64_t cdp_layout_rank_memory(const struct cdp_layout *l, int r);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
