@@ -300,8 +300,8 @@ static cdp_status compute(struct sim *S, int i, enum cdp_event_kind kind, int mb
     q->busy_until = now + d;
     if (kind == CDP_EV_BACKWARD) q->last_bwd_end = now + d;
     if (kind != CDP_EV_OPTIMIZER) S->res->busy_s[i] += d;
-    return d > 0 || kind == CDP_EV_FORWARD || kind == CDP_EV_BACKWARD ? add_event(S, i, kind, mb, q->chunk, now, now + d)
-                                                                      : CDP_OK;
+    const int recorded = d > 0 || kind == CDP_EV_FORWARD || kind == CDP_EV_BACKWARD;
+    return recorded ? add_event(S, i, kind, mb, chunk, now, now + d) : CDP_OK;
 }
 
 /* Runs rank i's instructions at time now until it is busy, blocked or done. */

@@ -98,7 +98,9 @@ cdp_status cdp_trace_set_layout(struct cdp_trace *t, const struct cdp_layout *l)
 
 static const char *group_name(int g)
 {
-    return g == CDP_EV_GROUP_REPLICAS ? "the stage's replicas" : g == CDP_EV_GROUP_TIED ? "the replica's first and last stage" : "";
+    return g == CDP_EV_GROUP_REPLICAS ? "the stage's replicas"
+           : g == CDP_EV_GROUP_TIED   ? "the replica's first and last stage"
+                                      : "";
 }
 
 /* "F3", "B3 c1", "send act mb3 c1", "all-reduce c0". */
@@ -151,7 +153,8 @@ cdp_status cdp_trace_write_chrome(const struct cdp_trace *t, const char *path)
         event_name(e, name, sizeof name);
         int n = snprintf(args, sizeof args, "\"step\": %d, \"micro_batch\": %d", e->step, e->mb);
         if (e->chunk >= 0) n += snprintf(args + n, sizeof args - (size_t)n, ", \"chunk\": %d", e->chunk);
-        if (is_comm) n += snprintf(args + n, sizeof args - (size_t)n, ", \"bytes\": %llu", (unsigned long long)e->bytes);
+        if (is_comm)
+            n += snprintf(args + n, sizeof args - (size_t)n, ", \"bytes\": %llu", (unsigned long long)e->bytes);
         if (is_comm && e->peer >= 0) n += snprintf(args + n, sizeof args - (size_t)n, ", \"peer\": %d", e->peer);
         if (is_comm && e->group)
             snprintf(args + n, sizeof args - (size_t)n, ", \"group\": \"%s\", \"ranks\": %d", group_name(e->group),

@@ -469,7 +469,8 @@ Test(pipeline, interleaved_trace_events_carry_their_chunk)
     json_t *e;
     json_array_foreach(v.events, i, e) {
         if (strcmp(json_string_value(json_object_get(e, "ph")), "X")) continue;
-        const char *cat = json_string_value(json_object_get(e, "cat")), *name = json_string_value(json_object_get(e, "name"));
+        const char *cat = json_string_value(json_object_get(e, "cat"));
+        const char *name = json_string_value(json_object_get(e, "name"));
         json_t *args = json_object_get(e, "args"), *chunk = json_object_get(args, "chunk");
         const int fwd = !strcmp(cat, "forward"), comm = !strcmp(cat, "comm");
         if (!fwd && strcmp(cat, "backward") && !(comm && !strncmp(name, "send act", 8))) continue;

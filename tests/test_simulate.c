@@ -375,7 +375,8 @@ Test(simulate, predicted_trace_has_comm_events_per_rank)
         if (!strncmp(name, "send", 4) || !strncmp(name, "recv", 4)) {
             const int peer = (int)json_integer_value(json_object_get(args, "peer"));
             cr_assert(peer >= 0 && peer < 4 && peer != tid - 4, "%s of rank %d with %d", name, tid - 4, peer);
-            (name[0] == 's' ? sends : recvs)[tid - 4]++;
+            if (name[0] == 's') sends[tid - 4]++;
+            else recvs[tid - 4]++;
         } else if (!strcmp(name, "all-reduce")) {
             cr_assert_eq(json_integer_value(json_object_get(args, "ranks")), 2);
             allreduce[tid - 4]++;
