@@ -302,7 +302,13 @@ cdp_status cdp_exec_setup(struct exec *e)
         e->scale = (float)(1.0 / ((double)e->G * rows));
     }
     if (p->output.trace || p->output.timeline) {
-        int64_t n = p->train.steps * (int64_t)(3 * e->mcap * e->v + 2);
+        /* per micro-batch and chunk: load, forward, backward and four
+         * transfers, with ZeRO-2 a reduce-scatter per unit; per step the
+         * optimizer and the reductions of each chunk */
+        int64_t per_step = 2 + 4 * (int64_t)e->v;
+        for (int k = 0; k < e->v; k++)
+            per_step += (int64_t)e->mcap * (7 + (e->zero >= 2 ? e->ch[k].end_unit - e->ch[k].first_unit + 1 : 0));
+        int64_t n = p->train.steps * per_step;
         if ((st = cdp_trace_create(e->size, n < 1000000 ? n : 1000000, &e->trace))) return st;
     }
     return CDP_OK;

@@ -65,9 +65,36 @@ static cdp_status acquire_slot(struct exec *e, struct chunk *c, int mb, int *slo
     return cdp_fail(CDP_ERR_INTERNAL, "no free activation slot for micro-batch %d (%d slots)", mb, c->nslots);
 }
 
-static void trace_ev(struct exec *e, enum cdp_event_kind k, int mb, uint64_t t0, uint64_t t1)
+/* The chunk a trace event names: only in an interleaved run. */
+static int ev_chunk(const struct exec *e, int chunk) { return e->v > 1 ? chunk : -1; }
+
+static void trace_ev(struct exec *e, enum cdp_event_kind k, int mb, int chunk, uint64_t t0, uint64_t t1)
 {
-    if (e->trace) cdp_trace_add(e->trace, e->rank, k, e->step, mb, t0, t1);
+    if (e->trace)
+        cdp_trace_add_event(e->trace, &(struct cdp_event_rec){.rank = e->rank, .kind = k, .step = e->step, .mb = mb,
+                                                              .start_ns = t0, .dur_ns = t1 - t0,
+                                                              .chunk = ev_chunk(e, chunk), .peer = -1});
+}
+
+/* A send or receive of n bytes with stage peer_stage of this replica. */
+static void trace_p2p(struct exec *e, enum cdp_event_kind k, const struct cdp_instr *in, size_t n, uint64_t t0,
+                      uint64_t t1)
+{
+    if (e->trace)
+        cdp_trace_add_event(e->trace, &(struct cdp_event_rec){
+            .rank = e->rank, .kind = k, .step = e->step, .mb = in->mb, .start_ns = t0, .dur_ns = t1 - t0,
+            .chunk = ev_chunk(e, in->chunk), .peer = cdp_layout_rank_of(e->lay, in->peer, e->r), .bytes = n});
+}
+
+/* A collective over n floats among the stage's replicas or the tied pair. */
+static void trace_coll(struct exec *e, enum cdp_event_kind k, int chunk, int group, size_t n, uint64_t t0,
+                       uint64_t t1)
+{
+    if (e->trace)
+        cdp_trace_add_event(e->trace, &(struct cdp_event_rec){
+            .rank = e->rank, .kind = k, .step = e->step, .mb = -1, .start_ns = t0, .dur_ns = t1 - t0,
+            .chunk = ev_chunk(e, chunk), .peer = -1, .group = group,
+            .members = group == CDP_EV_GROUP_TIED ? 2 : e->R, .bytes = (uint64_t)n * sizeof(float)});
 }
 
 /* Device memory to a peer: as is where the host sees device memory, else
@@ -157,7 +184,9 @@ cdp_status cdp_exec_grad_reduce(void *ctx, float *buf, uint64_t n, uint64_t from
     struct exec *e = ctx;
     const uint64_t t0 = cdp_time_ns();
     cdp_status st = reduce_window(e, buf, (size_t)n, (size_t)from, (size_t)count);
-    e->t_reduce += cdp_time_ns() - t0;
+    const uint64_t t1 = cdp_time_ns();
+    e->t_reduce += t1 - t0;
+    trace_coll(e, CDP_EV_REDUCE_SCATTER, -1, CDP_EV_GROUP_REPLICAS, (size_t)count, t0, t1);
     return st;
 }
 
@@ -222,13 +251,14 @@ static cdp_status execute(struct exec *e, const struct cdp_instr *in)
         st = load(e, in->mb);
         e->t_compute += cdp_time_ns() - t0;
         e->t_fb += cdp_time_ns() - t0;
-        trace_ev(e, CDP_EV_LOAD, in->mb, t0, cdp_time_ns());
+        trace_ev(e, CDP_EV_LOAD, in->mb, -1, t0, cdp_time_ns());
         break;
     case CDP_OP_RECV_ACT:
         if ((st = acquire_slot(e, c, in->mb, &slot))) break;
         st = recv_dev(e, cdp_model_input(c->model, slot), c->recv_host, (size_t)c->in_bytes, in->peer,
                       tag_of(TAG_ACT, c->vstage - 1, in->mb, e->m));
         e->t_idle += cdp_time_ns() - t0;
+        trace_p2p(e, CDP_EV_RECV_ACT, in, (size_t)c->in_bytes, t0, cdp_time_ns());
         break;
     case CDP_OP_FORWARD:
         if ((st = acquire_slot(e, c, in->mb, &slot))) break;
@@ -242,18 +272,20 @@ static cdp_status execute(struct exec *e, const struct cdp_instr *in)
         cdp_fault_slow_down(&e->fault, e->rank, t0);
         e->t_compute += cdp_time_ns() - t0;
         e->t_fb += cdp_time_ns() - t0;
-        trace_ev(e, CDP_EV_FORWARD, in->mb, t0, cdp_time_ns());
+        trace_ev(e, CDP_EV_FORWARD, in->mb, in->chunk, t0, cdp_time_ns());
         break;
     case CDP_OP_SEND_ACT:
         slot = c->mb_slot[in->mb];
         st = send_dev(e, cdp_model_output(c->model, slot), c->slot_host ? c->slot_host[slot] : NULL,
                       (size_t)c->out_bytes, in->peer, tag_of(TAG_ACT, c->vstage, in->mb, e->m), &c->slot_send[slot]);
         e->t_comm += cdp_time_ns() - t0;
+        trace_p2p(e, CDP_EV_SEND_ACT, in, (size_t)c->out_bytes, t0, cdp_time_ns());
         break;
     case CDP_OP_RECV_GRAD:
         st = recv_dev(e, c->grad_in, c->grad_in_host, (size_t)c->out_bytes, in->peer,
                       tag_of(TAG_GRAD, c->vstage + 1, in->mb, e->m));
         e->t_idle += cdp_time_ns() - t0;
+        trace_p2p(e, CDP_EV_RECV_GRAD, in, (size_t)c->out_bytes, t0, cdp_time_ns());
         break;
     case CDP_OP_BACKWARD: {
         float *din = NULL;
@@ -282,7 +314,7 @@ static cdp_status execute(struct exec *e, const struct cdp_instr *in)
         e->t_comm += reduced;
         e->t_fb += t1 - tb;
         e->fb_end = t1;
-        trace_ev(e, CDP_EV_BACKWARD, in->mb, tb, t1);
+        trace_ev(e, CDP_EV_BACKWARD, in->mb, in->chunk, tb, t1);
         break;
     }
     case CDP_OP_SEND_GRAD: {
@@ -290,6 +322,7 @@ static cdp_status execute(struct exec *e, const struct cdp_instr *in)
         st = send_dev(e, c->grad_out[g], c->grad_out_host ? c->grad_out_host[g] : NULL, (size_t)c->in_bytes,
                       in->peer, tag_of(TAG_GRAD, c->vstage, in->mb, e->m), &c->grad_out_req[g]);
         e->t_comm += cdp_time_ns() - t0;
+        trace_p2p(e, CDP_EV_SEND_GRAD, in, (size_t)c->in_bytes, t0, cdp_time_ns());
         break;
     }
     case CDP_OP_REDUCE_TIED_GRADS: {
@@ -297,8 +330,11 @@ static cdp_status execute(struct exec *e, const struct cdp_instr *in)
         struct chunk *tc = e->s == 0 ? &e->ch[0] : &e->ch[e->v - 1];
         for (int i = 0; i < cdp_model_tensor_count(tc->model) && !st; i++) {
             struct cdp_model_tensor *t = cdp_model_tensor(tc->model, i);
-            if (!strcmp(t->name, "layers.0.wte"))
-                st = allreduce_dev(e, e->tied, e->nccl_tied, t->grad, (size_t)t->numel);
+            if (strcmp(t->name, "layers.0.wte")) continue;
+            const uint64_t ta = cdp_time_ns();
+            st = allreduce_dev(e, e->tied, e->nccl_tied, t->grad, (size_t)t->numel);
+            trace_coll(e, CDP_EV_TIED_REDUCE, ev_chunk(e, (int)(tc - e->ch)), CDP_EV_GROUP_TIED, (size_t)t->numel, ta,
+                       cdp_time_ns());
         }
         e->t_comm += cdp_time_ns() - t0;
         break;
@@ -313,7 +349,10 @@ static cdp_status execute(struct exec *e, const struct cdp_instr *in)
             }
             float *g = cdp_model_tensor(mdl, 0)->grad;
             const size_t n = (size_t)cdp_model_param_floats(mdl);
+            const uint64_t ta = cdp_time_ns();
             st = e->zero ? staged(e, g, n, 0) : allreduce_dev(e, e->dp, e->nccl_dp, g, n);
+            trace_coll(e, e->zero ? CDP_EV_REDUCE_SCATTER : CDP_EV_ALLREDUCE, k, CDP_EV_GROUP_REPLICAS, n, ta,
+                       cdp_time_ns());
         }
         e->t_comm += cdp_time_ns() - t0;
         break;
@@ -349,13 +388,16 @@ static cdp_status execute(struct exec *e, const struct cdp_instr *in)
         /* a step ends when its update has: step times are whole */
         if (!st && !e->hv) st = cdp_device_synchronize(e->dev);
         e->t_compute += cdp_time_ns() - to;
-        trace_ev(e, CDP_EV_OPTIMIZER, -1, to, cdp_time_ns());
+        trace_ev(e, CDP_EV_OPTIMIZER, -1, -1, to, cdp_time_ns());
         /* ZeRO-1: every replica's updated shard to all */
         const uint64_t tg = cdp_time_ns();
         for (int k = 0; k < e->v && !st && e->zero; k++) {
             struct cdp_model *mdl = e->ch[k].model;
-            if (cdp_model_tensor_count(mdl))
-                st = staged(e, cdp_model_tensor(mdl, 0)->data, (size_t)cdp_model_param_floats(mdl), 1);
+            if (!cdp_model_tensor_count(mdl)) continue;
+            const uint64_t ta = cdp_time_ns();
+            st = staged(e, cdp_model_tensor(mdl, 0)->data, (size_t)cdp_model_param_floats(mdl), 1);
+            trace_coll(e, CDP_EV_ALLGATHER, k, CDP_EV_GROUP_REPLICAS, (size_t)cdp_model_param_floats(mdl), ta,
+                       cdp_time_ns());
         }
         if (e->zero) e->t_comm += cdp_time_ns() - tg;
         break;
@@ -414,7 +456,13 @@ static cdp_status execute_nccl_group(struct exec *e, const struct cdp_instr *lis
         }
     }
     if (!st) st = cdp_nccl_sendrecv(e->nccl_pipe, ops, n, e->timeout);
-    e->t_idle += cdp_time_ns() - t0;
+    const uint64_t t1 = cdp_time_ns();
+    e->t_idle += t1 - t0;
+    /* one group: each of its transfers spans the group's time */
+    static const enum cdp_event_kind kind_of[CDP_OP_COUNT] = {
+        [CDP_OP_SEND_ACT] = CDP_EV_SEND_ACT, [CDP_OP_RECV_ACT] = CDP_EV_RECV_ACT,
+        [CDP_OP_SEND_GRAD] = CDP_EV_SEND_GRAD, [CDP_OP_RECV_GRAD] = CDP_EV_RECV_GRAD};
+    for (int i = 0; i < n && !st; i++) trace_p2p(e, kind_of[list[i].op], &list[i], ops[i].bytes, t0, t1);
     return st;
 }
 

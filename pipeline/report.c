@@ -256,6 +256,8 @@ void cdp_exec_print_summary(const struct exec *e, const struct cdp_train_summary
                 "peers, %.2f ms executor overhead; bubble %.1f%%\n", sum->compute_s * 1e3, sum->comm_s * 1e3,
                 sum->idle_s * 1e3, sum->overhead_s * 1e3, 100 * sum->bubble);
     print_memory(e, peaks, out);
+    if (p->output.trace) fprintf(out, "trace written to %s\n", p->output.trace);
+    if (p->output.timeline) fprintf(out, "timeline written to %s\n", p->output.timeline);
     if (p->output.weights) fprintf(out, "weights written to %s\n", p->output.weights);
     if (p->train.checkpoint.dir) fprintf(out, "checkpoints in %s\n", p->train.checkpoint.dir);
 }
@@ -282,9 +284,7 @@ cdp_status cdp_exec_write_traces(struct exec *e)
         const struct cdp_event_rec *ev = all;
         cdp_trace_set_origin(t, 0);
         st = cdp_trace_set_layout(t, e->lay);
-        for (size_t i = 0; i < total; i++)
-            cdp_trace_add(t, ev[i].rank, ev[i].kind, ev[i].step, ev[i].mb, ev[i].start_ns,
-                          ev[i].start_ns + ev[i].dur_ns);
+        for (size_t i = 0; i < total; i++) cdp_trace_add_event(t, &ev[i]);
         if (!st && p->output.trace) st = cdp_trace_write_chrome(t, p->output.trace);
         if (!st && p->output.timeline)
             st = cdp_trace_write_svg(t, p->train.steps > 1 ? 2 : 1, p->output.timeline);

@@ -33,8 +33,11 @@ struct rank_state {
     int shared, computing;
     double work, started;
     enum cdp_event_kind kind;
-    int mb;
+    int mb, chunk;
     int rs_chunk; /* ZeRO-2: the chunk whose gradient reduce-scatter follows the backward just run; -1 none */
+    int wait_pc;      /* the receive it is blocked at since wait_since; -1 none */
+    double wait_since;
+    double coll_since; /* when it reached the collective it waits at */
 };
 
 struct sim {
@@ -135,7 +138,13 @@ static cdp_status link_index(struct sim *S, int a, int b, int *out)
     return CDP_OK;
 }
 
-static cdp_status add_event(struct sim *S, int i, enum cdp_event_kind k, int mb, double t0, double t1)
+static int row_of(const struct sim *S, int i)
+{
+    return S->c->trace_rank ? S->c->trace_rank[i] : (i % S->R) * S->p + i / S->R;
+}
+
+/* Event *e (its rank, times and duration filled here) of rank i over [t0, t1]. */
+static cdp_status add_rec(struct sim *S, int i, struct cdp_event_rec e, double t0, double t1)
 {
     struct cdp_sim_result *res = S->res;
     if (res->n_events == S->cap_events) {
@@ -145,11 +154,28 @@ static cdp_status add_event(struct sim *S, int i, enum cdp_event_kind k, int mb,
         res->events = e;
         S->cap_events = cap;
     }
-    const int s = i / S->R, r = i % S->R;
-    const int row = S->c->trace_rank ? S->c->trace_rank[i] : r * S->p + s;
     uint64_t a = (uint64_t)llround(t0 * 1e9), b = (uint64_t)llround(t1 * 1e9);
-    res->events[res->n_events++] = (struct cdp_event_rec){row, k, 1, mb, a, b - a};
+    e.rank = row_of(S, i);
+    e.step = 1;
+    e.start_ns = a;
+    e.dur_ns = b - a;
+    res->events[res->n_events++] = e;
     return CDP_OK;
+}
+
+static cdp_status add_event(struct sim *S, int i, enum cdp_event_kind k, int mb, int chunk, double t0, double t1)
+{
+    return add_rec(S, i, (struct cdp_event_rec){.kind = k, .mb = mb, .chunk = S->v > 1 ? chunk : -1, .peer = -1},
+                   t0, t1);
+}
+
+/* A send or receive of rank i with rank peer (same replica), as the executor traces it. */
+static cdp_status add_p2p(struct sim *S, int i, enum cdp_event_kind k, const struct cdp_instr *in, int peer,
+                          double bytes, double t0, double t1)
+{
+    return add_rec(S, i, (struct cdp_event_rec){.kind = k, .mb = in->mb, .chunk = S->v > 1 ? in->chunk : -1,
+                                                .peer = row_of(S, peer), .bytes = (uint64_t)llround(bytes)},
+                   t0, t1);
 }
 
 static int key_of(const struct sim *S, int kind, int r, int k, int mb)
@@ -157,16 +183,19 @@ static int key_of(const struct sim *S, int kind, int r, int k, int mb)
     return ((kind * S->R + r) * S->nv + k) * S->m + mb;
 }
 
-/* Starts the message into virtual stage `to` of replica r from rank (s, r). */
-static cdp_status send(struct sim *S, int kind, int s, int r, int from_k, int to_k, int mb, double bytes,
+/* Starts the message into virtual stage `to` of replica r from rank (s, r):
+ * a send event of no time (the executor's isend returns at once). */
+static cdp_status send(struct sim *S, int kind, int s, int r, const struct cdp_instr *in, int to_k, double bytes,
                        double now)
 {
-    const int to_rank = to_k % S->p;
+    const int to_rank = to_k % S->p, mb = in->mb;
     const int a = dev_of(S, s, r), b = dev_of(S, to_rank, r);
     struct xfer *x = &S->x[key_of(S, kind, r, to_k, mb)];
-    (void)from_k;
     if (x->state != T_NONE)
         return cdp_fail(CDP_ERR_INVALID, "simulator: rank (%d, %d) sends micro-batch %d twice", s, r, mb);
+    cdp_status est = add_p2p(S, s * S->R + r, kind ? CDP_EV_SEND_GRAD : CDP_EV_SEND_ACT, in, to_rank * S->R + r,
+                             bytes, now, now);
+    if (est) return est;
     const double bw = bw_of(S, a, b), lat = lat_of(S, a, b);
     x->remaining = bytes;
     x->enter = now + lat;
@@ -199,8 +228,11 @@ static cdp_status send(struct sim *S, int kind, int s, int r, int from_k, int to
  * (rounds 2), a reduce-scatter or all-gather (n-1)/n (rounds 1). The ranks go
  * on past the instruction they wait at when next_pc, else stay where they
  * are (ZeRO-2's reduce-scatter follows a backward already counted). */
+/* Each member's event spans its wait at the collective and the collective:
+ * kind among group, of chunk (-1: every chunk of the rank). A group of one
+ * (or of no bytes) moves nothing and records nothing. */
 static cdp_status collective_ex(struct sim *S, const int *idx, int n, double bytes, double rounds, int next_pc,
-                                double now)
+                                enum cdp_event_kind kind, int group, int chunk, double now)
 {
     double min_bw = INFINITY, max_lat = 0;
     for (int j = 0; j < n && n > 1; j++) {
@@ -225,22 +257,25 @@ static cdp_status collective_ex(struct sim *S, const int *idx, int n, double byt
         q->waiting_coll = 0;
         q->busy_until = now + dur;
         if (next_pc) q->pc++;
+        cdp_status st = n > 1 && bytes > 0 ? add_rec(S, idx[j], (struct cdp_event_rec){.kind = kind, .mb = -1,
+                                                                           .chunk = S->v > 1 ? chunk : -1, .peer = -1,
+                                                                           .group = group, .members = n,
+                                                                           .bytes = (uint64_t)llround(bytes)},
+                                        q->coll_since, now + dur)
+                                : CDP_OK;
+        if (st) return st;
     }
     return CDP_OK;
 }
 
-static cdp_status collective(struct sim *S, const int *idx, int n, double bytes, double now)
-{
-    return collective_ex(S, idx, n, bytes, 2, 1, now);
-}
-
 /* The collective of stage s's R replicas (ranks s*R .. s*R + R-1). */
-static cdp_status stage_collective(struct sim *S, int s, double bytes, double rounds, int next_pc, double now)
+static cdp_status stage_collective(struct sim *S, int s, double bytes, double rounds, int next_pc,
+                                   enum cdp_event_kind kind, int chunk, double now)
 {
     int *idx = malloc((size_t)S->R * sizeof *idx);
     if (!idx) return cdp_fail(CDP_ERR_NOMEM, "simulator: out of memory");
     for (int j = 0; j < S->R; j++) idx[j] = s * S->R + j;
-    cdp_status st = collective_ex(S, idx, S->R, bytes, rounds, next_pc, now);
+    cdp_status st = collective_ex(S, idx, S->R, bytes, rounds, next_pc, kind, CDP_EV_GROUP_REPLICAS, chunk, now);
     free(idx);
     return st;
 }
@@ -248,9 +283,10 @@ static cdp_status stage_collective(struct sim *S, int s, double bytes, double ro
 /* A compute instruction of d seconds on rank i from now: a rank with a
  * processor of its own is busy until now + d; one sharing it runs at the
  * processor's share, finished by advance(). The event is recorded when it ends. */
-static cdp_status compute(struct sim *S, int i, enum cdp_event_kind kind, int mb, double d, double now)
+static cdp_status compute(struct sim *S, int i, enum cdp_event_kind kind, int mb, int chunk, double d, double now)
 {
     struct rank_state *q = &S->rk[i];
+    q->chunk = chunk;
     if (q->shared && d > 0) {
         q->computing = 1;
         q->work = d;
@@ -264,7 +300,8 @@ static cdp_status compute(struct sim *S, int i, enum cdp_event_kind kind, int mb
     q->busy_until = now + d;
     if (kind == CDP_EV_BACKWARD) q->last_bwd_end = now + d;
     if (kind != CDP_EV_OPTIMIZER) S->res->busy_s[i] += d;
-    return d > 0 || kind == CDP_EV_FORWARD || kind == CDP_EV_BACKWARD ? add_event(S, i, kind, mb, now, now + d) : CDP_OK;
+    const int recorded = d > 0 || kind == CDP_EV_FORWARD || kind == CDP_EV_BACKWARD;
+    return recorded ? add_event(S, i, kind, mb, chunk, now, now + d) : CDP_OK;
 }
 
 /* Runs rank i's instructions at time now until it is busy, blocked or done. */
@@ -279,12 +316,14 @@ static cdp_status step_rank(struct sim *S, int i, double now, int *progressed)
     while (!q->done && !q->waiting_coll && q->busy_until <= now) {
         if (q->rs_chunk >= 0) { /* ZeRO-2: the backward's gradient, reduce-scattered */
             const double bytes = c->vstage[q->rs_chunk * S->p + s].grad_bytes;
+            const int chunk = q->rs_chunk;
             q->rs_chunk = -1;
             q->waiting_coll = 1;
+            q->coll_since = now;
             *progressed = 1;
             if (++S->rs_count[s] == S->R) {
                 S->rs_count[s] = 0;
-                if ((st = stage_collective(S, s, bytes, 1, 0, now))) return st;
+                if ((st = stage_collective(S, s, bytes, 1, 0, CDP_EV_REDUCE_SCATTER, chunk, now))) return st;
             }
             continue;
         }
@@ -300,55 +339,76 @@ static cdp_status step_rank(struct sim *S, int i, double now, int *progressed)
         int computes = 0;
         switch (in->op) {
         case CDP_OP_LOAD:
-            if ((st = compute(S, i, CDP_EV_LOAD, in->mb, c->load_s, now))) return st;
+            if ((st = compute(S, i, CDP_EV_LOAD, in->mb, -1, c->load_s, now))) return st;
             computes = 1;
             break;
         case CDP_OP_FORWARD:
             if (++q->in_flight > q->in_flight_peak) q->in_flight_peak = q->in_flight;
-            if ((st = compute(S, i, CDP_EV_FORWARD, in->mb, vs->fwd_s, now))) return st;
+            if ((st = compute(S, i, CDP_EV_FORWARD, in->mb, in->chunk, vs->fwd_s, now))) return st;
             computes = 1;
             break;
         case CDP_OP_BACKWARD:
             q->in_flight--;
-            if ((st = compute(S, i, CDP_EV_BACKWARD, in->mb, vs->bwd_s, now))) return st;
+            if ((st = compute(S, i, CDP_EV_BACKWARD, in->mb, in->chunk, vs->bwd_s, now))) return st;
             computes = 1;
             if (c->zero >= 2 && S->R > 1) q->rs_chunk = in->chunk;
             break;
         case CDP_OP_SEND_ACT:
-            if ((st = send(S, 0, s, r, k, k + 1, in->mb, vs->out_bytes, now))) return st;
+            if ((st = send(S, 0, s, r, in, k + 1, vs->out_bytes, now))) return st;
             break;
         case CDP_OP_SEND_GRAD: /* the gradient of this stage's input: the previous stage's output size */
-            if ((st = send(S, 1, s, r, k, k - 1, in->mb, c->vstage[k - 1].out_bytes, now))) return st;
+            if ((st = send(S, 1, s, r, in, k - 1, c->vstage[k - 1].out_bytes, now))) return st;
             break;
         case CDP_OP_RECV_ACT:
         case CDP_OP_RECV_GRAD: {
-            const struct xfer *x = &S->x[key_of(S, in->op == CDP_OP_RECV_GRAD, r, k, in->mb)];
-            if (x->state != T_ARRIVED || x->arrival > now) return CDP_OK; /* blocked */
+            const int grad = in->op == CDP_OP_RECV_GRAD;
+            const struct xfer *x = &S->x[key_of(S, grad, r, k, in->mb)];
+            if (x->state != T_ARRIVED || x->arrival > now) { /* blocked */
+                if (q->wait_pc != q->pc) {
+                    q->wait_pc = q->pc;
+                    q->wait_since = now;
+                }
+                return CDP_OK;
+            }
+            /* from reaching it to the message's arrival, as the executor's receive */
+            const double since = q->wait_pc == q->pc ? q->wait_since : now;
+            q->wait_pc = -1;
+            const int from = (grad ? k + 1 : k - 1) % S->p;
+            const double bytes = grad ? vs->out_bytes : c->vstage[k - 1].out_bytes;
+            if ((st = add_p2p(S, i, grad ? CDP_EV_RECV_GRAD : CDP_EV_RECV_ACT, in, from * S->R + r, bytes, since, now)))
+                return st;
             break;
         }
         case CDP_OP_ALLREDUCE_GRADS: {
             q->waiting_coll = 1;
+            q->coll_since = now;
             *progressed = 1;
             if (++S->ar_count[s] == S->R) {
                 double bytes = 0;
                 for (int j = s; j < S->nv; j += S->p) bytes += c->vstage[j].grad_bytes;
-                /* ZeRO-2: only the parameters' all-gather is left */
-                if ((st = stage_collective(S, s, bytes, c->zero >= 2 ? 1 : 2, 1, now))) return st;
+                /* ZeRO-2: only the parameters' all-gather is left; ZeRO-1's
+                 * reduce-scatter and all-gather move an all-reduce's bytes */
+                if ((st = stage_collective(S, s, bytes, c->zero >= 2 ? 1 : 2, 1,
+                                           c->zero >= 2 ? CDP_EV_ALLGATHER : CDP_EV_ALLREDUCE, -1, now)))
+                    return st;
             }
             continue;
         }
         case CDP_OP_REDUCE_TIED_GRADS: {
             q->waiting_coll = 1;
+            q->coll_since = now;
             *progressed = 1;
             if (++S->tied_count[r] == (S->p > 1 ? 2 : 1)) {
                 int idx[2] = {0 * S->R + r, (S->p - 1) * S->R + r};
-                if ((st = collective(S, idx, S->p > 1 ? 2 : 1, c->tied_bytes, now))) return st;
+                if ((st = collective_ex(S, idx, S->p > 1 ? 2 : 1, c->tied_bytes, 2, 1, CDP_EV_TIED_REDUCE,
+                                        CDP_EV_GROUP_TIED, -1, now)))
+                    return st;
             }
             continue;
         }
         case CDP_OP_OPTIMIZER_STEP:
             for (int j = s; j < S->nv; j += S->p) d += c->vstage[j].opt_s;
-            if ((st = compute(S, i, CDP_EV_OPTIMIZER, -1, d, now))) return st;
+            if ((st = compute(S, i, CDP_EV_OPTIMIZER, -1, -1, d, now))) return st;
             computes = 1;
             break;
         case CDP_OP_COUNT:
@@ -403,7 +463,7 @@ static cdp_status advance(struct sim *S, double now, double *next_out, int *move
         S->proc_busy[S->c->proc[i]]--;
         if (q->kind == CDP_EV_BACKWARD) q->last_bwd_end = next;
         if (q->kind != CDP_EV_OPTIMIZER) S->res->busy_s[i] += next - q->started;
-        cdp_status st = add_event(S, i, q->kind, q->mb, q->started, next);
+        cdp_status st = add_event(S, i, q->kind, q->mb, q->chunk, q->started, next);
         if (st) return st;
     }
     for (int l = 0; l < S->n_links; l++)
@@ -514,7 +574,7 @@ cdp_status cdp_sim_run(const struct cdp_sim_config *c, struct cdp_sim_result **o
         st = cdp_fail(CDP_ERR_NOMEM, "simulator: out of memory for %d ranks", S.N);
         goto fail;
     }
-    for (int i = 0; i < S.N; i++) S.rk[i].rs_chunk = -1;
+    for (int i = 0; i < S.N; i++) S.rk[i].rs_chunk = S.rk[i].wait_pc = -1;
     /* ranks whose processor others share too run at its share when they compute together */
     for (int i = 0; c->proc && i < S.N; i++)
         for (int j = 0; j < S.N; j++)
@@ -596,7 +656,7 @@ cdp_status cdp_sim_trace(const struct cdp_sim_result *r, int trace_ranks, struct
     cdp_trace_set_origin(t, 0);
     for (int64_t i = 0; i < r->n_events; i++) {
         const struct cdp_event_rec *e = &r->events[i];
-        cdp_trace_add(t, e->rank, e->kind, e->step, e->mb, e->start_ns, e->start_ns + e->dur_ns);
+        cdp_trace_add_event(t, e);
     }
     *out = t;
     return CDP_OK;

@@ -66,7 +66,11 @@ struct cdp_sim_result {
     int n_links;
     struct cdp_sim_link_stat *links; /* sorted by busy time, then bytes, descending */
     int64_t n_events;
-    struct cdp_event_rec *events;    /* forward, backward, load, optimizer; ns from the step start */
+    /* forward, backward, load, optimizer, and communication as the executor
+     * traces it: sends (no time: they never block), receives (from reaching
+     * one to the message's arrival), the collectives (from reaching one to its
+     * end, one event for the rank's chunks together); ns from the step start */
+    struct cdp_event_rec *events;
 };
 
 /* Runs one step. CDP_ERR_INVALID for inconsistent input (a device index out of

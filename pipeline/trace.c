@@ -20,8 +20,17 @@ struct cdp_trace {
     int has_origin;
 };
 
-static const char *const kind_names[] = {"load", "forward", "backward", "optimizer", "eval"};
+static const char *const kind_names[] = {"load",      "forward",   "backward",   "optimizer",
+                                         "eval",      "send act",  "recv act",   "send grad",
+                                         "recv grad", "all-reduce", "reduce-scatter", "all-gather",
+                                         "tied all-reduce"};
 CDP_TABLE_CHECK(kind_names, CDP_EV_KIND_COUNT);
+
+_Static_assert(sizeof(struct cdp_event_rec) == 4 * sizeof(int) + 2 * sizeof(uint64_t) + 4 * sizeof(int) +
+                   sizeof(uint64_t),
+               "struct cdp_event_rec has padding");
+
+int cdp_event_is_comm(enum cdp_event_kind k) { return k >= CDP_EV_SEND_ACT && k < CDP_EV_KIND_COUNT; }
 
 cdp_status cdp_trace_create(int ranks, int64_t max_events, struct cdp_trace **out)
 {
@@ -44,18 +53,19 @@ void cdp_trace_destroy(struct cdp_trace *t)
     free(t);
 }
 
-void cdp_trace_add(struct cdp_trace *t, int rank, enum cdp_event_kind kind, int step, int mb,
-                   uint64_t start_ns, uint64_t end_ns)
+void cdp_trace_add_event(struct cdp_trace *t, const struct cdp_event_rec *e)
 {
     if (!t->has_origin) {
-        t->origin = start_ns;
+        t->origin = e->start_ns;
         t->has_origin = 1;
     }
     if (t->n == t->cap) {
         t->dropped++;
         return;
     }
-    t->ev[t->n++] = (struct cdp_event_rec){rank, kind, step, mb, start_ns - t->origin, end_ns - start_ns};
+    struct cdp_event_rec *r = &t->ev[t->n++];
+    *r = *e;
+    r->start_ns = e->start_ns - t->origin;
 }
 
 struct cdp_event_rec *cdp_trace_events(struct cdp_trace *t, int64_t *n)
@@ -86,12 +96,39 @@ cdp_status cdp_trace_set_layout(struct cdp_trace *t, const struct cdp_layout *l)
     return CDP_OK;
 }
 
+static const char *group_name(int g)
+{
+    return g == CDP_EV_GROUP_REPLICAS ? "the stage's replicas"
+           : g == CDP_EV_GROUP_TIED   ? "the replica's first and last stage"
+                                      : "";
+}
+
+/* "F3", "B3 c1", "send act mb3 c1", "all-reduce c0". */
+static void event_name(const struct cdp_event_rec *e, char *buf, size_t cap)
+{
+    int n;
+    if (!cdp_event_is_comm(e->kind) && e->mb >= 0)
+        n = snprintf(buf, cap, "%c%d", e->kind == CDP_EV_FORWARD ? 'F' : e->kind == CDP_EV_BACKWARD ? 'B' : 'L', e->mb);
+    else if (e->mb >= 0)
+        n = snprintf(buf, cap, "%s mb%d", kind_names[e->kind], e->mb);
+    else
+        n = snprintf(buf, cap, "%s", kind_names[e->kind]);
+    if (e->chunk >= 0 && n >= 0 && (size_t)n < cap) snprintf(buf + n, cap - (size_t)n, " c%d", e->chunk);
+}
+
 cdp_status cdp_trace_write_chrome(const struct cdp_trace *t, const char *path)
 {
     struct cdp_atomic_file out;
     cdp_status st = cdp_atomic_open(path, &out);
     if (st) return st;
     FILE *f = out.stream;
+    char *comm = calloc((size_t)t->ranks, 1); /* ranks with communication events */
+    if (!comm) {
+        cdp_atomic_abort(&out);
+        return cdp_fail(CDP_ERR_NOMEM, "out of memory writing %s", path);
+    }
+    for (int64_t i = 0; i < t->n; i++)
+        if (cdp_event_is_comm(t->ev[i].kind) && t->ev[i].rank >= 0 && t->ev[i].rank < t->ranks) comm[t->ev[i].rank] = 1;
     fputs("{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n", f);
     for (int r = 0; r < t->ranks; r++) {
         char name[112];
@@ -99,19 +136,33 @@ cdp_status cdp_trace_write_chrome(const struct cdp_trace *t, const char *path)
         else snprintf(name, sizeof name, "rank %d", r);
         fprintf(f, "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 0, \"tid\": %d, \"args\": {\"name\": "
                    "\"%s\"}},\n", r, name);
+        fprintf(f, "{\"name\": \"thread_sort_index\", \"ph\": \"M\", \"pid\": 0, \"tid\": %d, \"args\": "
+                   "{\"sort_index\": %d}},\n", r, 2 * r);
+        if (!comm[r]) continue;
+        /* the rank's communication: its own row, under the rank's */
+        fprintf(f, "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 0, \"tid\": %d, \"args\": {\"name\": "
+                   "\"rank %d comm\"}},\n", t->ranks + r, r);
+        fprintf(f, "{\"name\": \"thread_sort_index\", \"ph\": \"M\", \"pid\": 0, \"tid\": %d, \"args\": "
+                   "{\"sort_index\": %d}},\n", t->ranks + r, 2 * r + 1);
     }
+    free(comm);
     for (int64_t i = 0; i < t->n; i++) {
         const struct cdp_event_rec *e = &t->ev[i];
-        char name[48];
-        if (e->mb >= 0)
-            snprintf(name, sizeof name, "%c%d", e->kind == CDP_EV_FORWARD ? 'F' : e->kind == CDP_EV_BACKWARD ? 'B' : 'L',
-                     e->mb);
-        else
-            snprintf(name, sizeof name, "%s", kind_names[e->kind]);
+        const int is_comm = cdp_event_is_comm(e->kind);
+        char name[64], args[256];
+        event_name(e, name, sizeof name);
+        int n = snprintf(args, sizeof args, "\"step\": %d, \"micro_batch\": %d", e->step, e->mb);
+        if (e->chunk >= 0) n += snprintf(args + n, sizeof args - (size_t)n, ", \"chunk\": %d", e->chunk);
+        if (is_comm)
+            n += snprintf(args + n, sizeof args - (size_t)n, ", \"bytes\": %llu", (unsigned long long)e->bytes);
+        if (is_comm && e->peer >= 0) n += snprintf(args + n, sizeof args - (size_t)n, ", \"peer\": %d", e->peer);
+        if (is_comm && e->group)
+            snprintf(args + n, sizeof args - (size_t)n, ", \"group\": \"%s\", \"ranks\": %d", group_name(e->group),
+                     e->members);
         fprintf(f, "{\"name\": \"%s\", \"cat\": \"%s\", \"ph\": \"X\", \"pid\": 0, \"tid\": %d, \"ts\": %.3f, "
-                   "\"dur\": %.3f, \"args\": {\"step\": %d, \"micro_batch\": %d}}%s\n",
-                name, kind_names[e->kind], e->rank, (double)e->start_ns / 1e3, (double)e->dur_ns / 1e3,
-                e->step, e->mb, i + 1 < t->n ? "," : "");
+                   "\"dur\": %.3f, \"args\": {%s}}%s\n",
+                name, is_comm ? "comm" : kind_names[e->kind], is_comm ? t->ranks + e->rank : e->rank,
+                (double)e->start_ns / 1e3, (double)e->dur_ns / 1e3, args, i + 1 < t->n ? "," : "");
     }
     fprintf(f, "], \"otherData\": {\"producer\": \"cdphybrid\", \"dropped_events\": %lld}}\n",
             (long long)t->dropped);
@@ -151,13 +202,15 @@ cdp_status cdp_trace_write_svg(const struct cdp_trace *t, int step, const char *
     }
     for (int64_t i = 0; i < t->n; i++) {
         const struct cdp_event_rec *e = &t->ev[i];
-        if (e->step != step || e->kind == CDP_EV_LOAD || e->kind == CDP_EV_EVAL) continue;
+        if (e->step != step || e->kind == CDP_EV_LOAD || e->kind == CDP_EV_EVAL || cdp_event_is_comm(e->kind)) continue;
         double x = left + W * (double)(e->start_ns - t0) / span, w = W * (double)e->dur_ns / span;
         double y = top + e->rank * row;
+        char chunk[24] = "";
+        if (e->chunk >= 0) snprintf(chunk, sizeof chunk, ", chunk %d", e->chunk);
         const char *fill = e->kind == CDP_EV_FORWARD ? "#9ecae1" : e->kind == CDP_EV_BACKWARD ? "#3182bd" : "#bdbdbd";
         fprintf(f, "<rect x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" height=\"%.1f\" fill=\"%s\" stroke=\"white\" "
-                   "stroke-width=\"0.5\"><title>%s %d</title></rect>\n",
-                x, y + 3, w > 0.3 ? w : 0.3, row - 6, fill, kind_names[e->kind], e->mb);
+                   "stroke-width=\"0.5\"><title>%s %d%s</title></rect>\n",
+                x, y + 3, w > 0.3 ? w : 0.3, row - 6, fill, kind_names[e->kind], e->mb, chunk);
         if (e->mb >= 0 && w > 14)
             fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\" fill=\"%s\">%d</text>\n", x + w / 2,
                     y + row * 0.65, e->kind == CDP_EV_BACKWARD ? "white" : "black", e->mb);

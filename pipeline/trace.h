@@ -1,8 +1,9 @@
 /* Execution traces: timed events per rank (forward / backward of a micro-batch,
- * loading, the optimizer step), written as a Chrome trace (Perfetto, chrome://
- * tracing) and as an SVG timeline of one training step, the picture of the
- * GPipe and Megatron papers. The executor records measured events; the
- * simulator will record predicted ones in the same form. */
+ * loading, the optimizer step, and communication: each send and receive of
+ * activations and gradients, each gradient reduction), written as a Chrome
+ * trace (Perfetto, chrome://tracing) and as an SVG timeline of one training
+ * step, the picture of the GPipe and Megatron papers. The executor records
+ * measured events; the simulator records predicted ones in the same form. */
 #ifndef CDP_PIPELINE_TRACE_H
 #define CDP_PIPELINE_TRACE_H
 
@@ -20,16 +21,41 @@ enum cdp_event_kind {
     CDP_EV_BACKWARD,
     CDP_EV_OPTIMIZER,
     CDP_EV_EVAL,
+    /* communication (cdp_event_is_comm): a track of its own per rank */
+    CDP_EV_SEND_ACT,       /* a micro-batch's activations to the next stage */
+    CDP_EV_RECV_ACT,       /* ... from the previous stage */
+    CDP_EV_SEND_GRAD,      /* a micro-batch's input gradient to the previous stage */
+    CDP_EV_RECV_GRAD,      /* ... from the next stage */
+    CDP_EV_ALLREDUCE,      /* the gradients' sum over the stage's replicas */
+    CDP_EV_REDUCE_SCATTER, /* ZeRO: this replica's shard of that sum */
+    CDP_EV_ALLGATHER,      /* ZeRO: every replica's updated shard to all */
+    CDP_EV_TIED_REDUCE,    /* a tied embedding's gradient over its first and last stage */
     CDP_EV_KIND_COUNT
 };
 
+/* Who a collective event ran among. */
+enum cdp_event_group {
+    CDP_EV_GROUP_NONE = 0,
+    CDP_EV_GROUP_REPLICAS, /* the replicas of the rank's stage */
+    CDP_EV_GROUP_TIED      /* the first and last stage of the rank's replica */
+};
+
+/* No padding: records are compared and sent between ranks as bytes. */
 struct cdp_event_rec {
     int rank;
     enum cdp_event_kind kind;
     int step;  /* 1-based */
     int mb;    /* micro-batch within the step, or -1 */
     uint64_t start_ns, dur_ns; /* from the trace's origin */
+    int chunk;   /* the chunk of an interleaved schedule (chunks > 1), else -1 */
+    int peer;    /* send / receive: the other end's world rank (trace row), else -1 */
+    int group;   /* collectives: enum cdp_event_group */
+    int members; /* collectives: ranks in the group, else 0 */
+    uint64_t bytes; /* communication: bytes this rank sends or receives, its buffer for a collective */
 };
+
+/* An event of the communication kinds (CDP_EV_SEND_ACT .. CDP_EV_TIED_REDUCE). */
+int cdp_event_is_comm(enum cdp_event_kind k);
 
 struct cdp_trace;
 
@@ -37,9 +63,9 @@ struct cdp_trace;
 cdp_status cdp_trace_create(int ranks, int64_t max_events, struct cdp_trace **out);
 void cdp_trace_destroy(struct cdp_trace *t);
 
-/* Times are taken with cdp_time_ns(); the first event sets the origin. */
-void cdp_trace_add(struct cdp_trace *t, int rank, enum cdp_event_kind kind, int step, int mb,
-                   uint64_t start_ns, uint64_t end_ns);
+/* Event e, kept as the trace's (its start from the origin). e->start_ns is
+ * on cdp_time_ns()'s clock, or the origin's; the first event sets the origin. */
+void cdp_trace_add_event(struct cdp_trace *t, const struct cdp_event_rec *e);
 
 /* The events kept so far (times from the trace's origin), and that origin. */
 struct cdp_event_rec *cdp_trace_events(struct cdp_trace *t, int64_t *n);
@@ -53,13 +79,19 @@ void cdp_trace_set_origin(struct cdp_trace *t, uint64_t origin);
 struct cdp_layout;
 cdp_status cdp_trace_set_layout(struct cdp_trace *t, const struct cdp_layout *l);
 
-/* Chrome trace event format (JSON object with "traceEvents"), one track per
- * rank; written atomically (temporary file, then rename). */
+/* Chrome trace event format (JSON object with "traceEvents"): one track per
+ * rank (tid = rank) for its compute, and one per rank that communicates (tid =
+ * ranks + rank, named "rank N comm", shown under the rank's track) for its
+ * sends, receives and reductions, with bytes and peer or group in args.
+ * Compute events are named F3 / B3 / L3 by micro-batch, "F3 c1" with their
+ * chunk in an interleaved run; args carry step, micro_batch and chunk.
+ * Written atomically (temporary file, then rename). */
 cdp_status cdp_trace_write_chrome(const struct cdp_trace *t, const char *path);
 
 /* SVG timeline of one step: a row per rank, a box per forward (light) and
- * backward (dark) of each micro-batch, numbered, idle time left blank.
- * Written atomically. */
+ * backward (dark) of each micro-batch, numbered by micro-batch (the tooltip
+ * names the chunk when interleaved), idle time left blank; communication is in the Chrome
+ * trace only. Written atomically. */
 cdp_status cdp_trace_write_svg(const struct cdp_trace *t, int step, const char *path);
 
 #ifdef __cplusplus

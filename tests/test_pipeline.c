@@ -4,6 +4,7 @@
  * message naming the rank, its stage and replica, and its instruction. */
 #include <criterion/criterion.h>
 #include <criterion/parameterized.h>
+#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -324,6 +325,178 @@ Test(pipeline, trace_has_a_track_per_rank_and_forward_backward_boxes)
     cr_assert(strstr(t, "stage 1, replica 1, node 0, device "), "%s", t);
     cr_assert(strstr(t, "\"name\": \"F3\"") && strstr(t, "\"name\": \"B0\""), "F and B boxes by micro-batch");
     free(t);
+}
+
+/* A run's Chrome trace: the stage of each rank (from its track's name) and its
+ * events. */
+struct trace_view {
+    json_t *root, *events;
+    int ranks, stage[8];
+};
+
+static void read_trace(const char *path, int ranks, struct trace_view *v)
+{
+    json_error_t err;
+    *v = (struct trace_view){.ranks = ranks};
+    v->root = json_load_file(path, 0, &err);
+    cr_assert_not_null(v->root, "%s: %s (line %d)", path, err.text, err.line);
+    v->events = json_object_get(v->root, "traceEvents");
+    cr_assert(json_is_array(v->events), "%s has no traceEvents", path);
+    for (int r = 0; r < ranks; r++) v->stage[r] = -1;
+    size_t i;
+    json_t *e;
+    json_array_foreach(v->events, i, e) {
+        if (strcmp(json_string_value(json_object_get(e, "ph")), "M")) continue;
+        const char *name = json_string_value(json_object_get(json_object_get(e, "args"), "name"));
+        int r, s;
+        if (name && sscanf(name, "rank %d: stage %d,", &r, &s) == 2 && r >= 0 && r < ranks) v->stage[r] = s;
+    }
+    for (int r = 0; r < ranks; r++) cr_assert_geq(v->stage[r], 0, "%s: no track named for rank %d", path, r);
+}
+
+/* The comm events of rank r named `kind` (up to " mb"), with step `step` (0: any). */
+static int count_comm(const struct trace_view *v, int r, const char *kind, int step)
+{
+    int n = 0;
+    size_t i;
+    json_t *e;
+    json_array_foreach(v->events, i, e) {
+        const char *name = json_string_value(json_object_get(e, "name"));
+        if (strcmp(json_string_value(json_object_get(e, "ph")), "X") || strncmp(name, kind, strlen(kind)) ||
+            (name[strlen(kind)] && name[strlen(kind)] != ' '))
+            continue;
+        json_t *args = json_object_get(e, "args");
+        if (step && json_integer_value(json_object_get(args, "step")) != step) continue;
+        if (json_integer_value(json_object_get(e, "tid")) != v->ranks + r) continue;
+        n++;
+    }
+    return n;
+}
+
+/* Communication in the trace (issue 19): every send and receive on its rank's
+ * own comm track (tid ranks + rank, named "rank N comm"), with bytes and the
+ * peer's rank; an all-reduce of the gradients per rank per step among the
+ * stage's replicas; and the compute tracks carry no communication. */
+Test(pipeline, trace_has_sends_receives_and_all_reduces_on_a_comm_track)
+{
+    need_mpi();
+    const char *d = cdp_test_tmpdir();
+    char dir[4096], plan[4200], path[4300];
+    snprintf(dir, sizeof dir, "%s", d);
+    struct layout l = {MODEL_GPT, 2, 2, 4, 1, "1f1b", "", 0, "", 0};
+    write_plan(dir, "comm", &l, 0);
+    snprintf(plan, sizeof plan, "%s/comm.json", dir);
+    run_ok(plan);
+    snprintf(path, sizeof path, "%s/comm-trace.json", dir);
+    struct trace_view v;
+    read_trace(path, 4, &v);
+    const int steps = 3, m = 4;
+    size_t i;
+    json_t *e;
+    int comm_named[4] = {0};
+    json_array_foreach(v.events, i, e) {
+        const int tid = (int)json_integer_value(json_object_get(e, "tid"));
+        const char *ph = json_string_value(json_object_get(e, "ph"));
+        json_t *args = json_object_get(e, "args");
+        if (!strcmp(ph, "M")) {
+            const char *name = json_string_value(json_object_get(args, "name"));
+            char want[32];
+            snprintf(want, sizeof want, "rank %d comm", tid - 4);
+            if (tid >= 4 && tid < 8 && name && !strcmp(name, want)) comm_named[tid - 4] = 1;
+            continue;
+        }
+        const int comm = !strcmp(json_string_value(json_object_get(e, "cat")), "comm");
+        cr_assert_eq(comm, tid >= 4, "event %s on tid %d: comm events on tids 4..7 only",
+                     json_string_value(json_object_get(e, "name")), tid);
+        if (!comm) continue;
+        cr_assert_gt(json_integer_value(json_object_get(args, "bytes")), 0, "event %zu has no bytes", i);
+        cr_assert_geq(json_real_value(json_object_get(e, "dur")), 0);
+        const char *name = json_string_value(json_object_get(e, "name"));
+        const int r = tid - 4;
+        if (!strncmp(name, "send", 4) || !strncmp(name, "recv", 4)) {
+            const int peer = (int)json_integer_value(json_object_get(args, "peer"));
+            cr_assert(peer >= 0 && peer < 4 && v.stage[peer] == 1 - v.stage[r], "%s of rank %d (stage %d) with "
+                      "rank %d", name, r, v.stage[r], peer);
+            cr_assert_geq(json_integer_value(json_object_get(args, "micro_batch")), 0, "%s", name);
+        } else {
+            cr_assert_eq(json_integer_value(json_object_get(args, "ranks")), 2, "%s of rank %d", name, r);
+            cr_assert(json_is_string(json_object_get(args, "group")), "%s of rank %d names no group", name, r);
+        }
+    }
+    for (int r = 0; r < 4; r++) {
+        cr_assert(comm_named[r], "no track named \"rank %d comm\"", r);
+        const int first = v.stage[r] == 0;
+        cr_assert_eq(count_comm(&v, r, first ? "send act" : "recv act", 0), steps * m, "rank %d", r);
+        cr_assert_eq(count_comm(&v, r, first ? "recv grad" : "send grad", 0), steps * m, "rank %d", r);
+        cr_assert_eq(count_comm(&v, r, first ? "recv act" : "send act", 0), 0, "rank %d", r);
+        for (int s = 1; s <= steps; s++) {
+            cr_assert_eq(count_comm(&v, r, "all-reduce", s), 1, "rank %d step %d: all-reduces", r, s);
+            /* the GPT's embedding is tied between its first and last stage */
+            cr_assert_eq(count_comm(&v, r, "tied all-reduce", s), 1, "rank %d step %d: tied reductions", r, s);
+        }
+    }
+    json_decref(v.root);
+}
+
+/* An interleaved run's compute and transfers name their chunk (args and
+ * name), and the run says where the trace and the timeline went. */
+Test(pipeline, interleaved_trace_events_carry_their_chunk)
+{
+    need_mpi();
+    const char *dir = cdp_test_tmpdir();
+    const char *plan = cdp_test_write_file(
+        dir, "inter.json",
+        "{\"model\": {\"preset\": \"gpt\", \"vocab\": 32, \"context\": 8, \"layers\": 6, \"heads\": 2, \"embed\": 16},"
+        " \"data\": {\"source\": \"synthetic\", \"seed\": 3}, \"train\": {\"steps\": 2, \"micro_batch\": 2,"
+        " \"eval_batches\": 1, \"timeout_s\": 60}, \"parallel\": {\"stages\": 2, \"replicas\": 1, \"micro_batches\": 4,"
+        " \"schedule\": \"interleaved\", \"chunks\": 2}, \"cluster\": {\"backend\": \"cpu\"},"
+        " \"output\": {\"trace\": \"inter-trace.json\", \"timeline\": \"inter.svg\"}}");
+    struct cdp_run run;
+    cr_assert_eq(cdp_test_run(&run, (const char *[]){"--plan", plan, NULL}), 0);
+    cr_assert_eq(run.exit_code, 0, "%s", run.err);
+    char path[4300], want[4400];
+    snprintf(path, sizeof path, "%s/inter-trace.json", dir);
+    snprintf(want, sizeof want, "trace written to %s\n", path);
+    cr_assert(strstr(run.out, want), "no \"%s\" in: %s", want, run.out);
+    snprintf(want, sizeof want, "timeline written to %s/inter.svg\n", dir);
+    cr_assert(strstr(run.out, want), "no \"%s\" in: %s", want, run.out);
+    cdp_test_run_free(&run);
+    struct trace_view v;
+    read_trace(path, 2, &v);
+    int seen[2][2][2] = {{{0}}}; /* [rank][forward, backward][chunk] */
+    int sends = 0;
+    size_t i;
+    json_t *e;
+    json_array_foreach(v.events, i, e) {
+        if (strcmp(json_string_value(json_object_get(e, "ph")), "X")) continue;
+        const char *cat = json_string_value(json_object_get(e, "cat"));
+        const char *name = json_string_value(json_object_get(e, "name"));
+        json_t *args = json_object_get(e, "args"), *chunk = json_object_get(args, "chunk");
+        const int fwd = !strcmp(cat, "forward"), comm = !strcmp(cat, "comm");
+        if (!fwd && strcmp(cat, "backward") && !(comm && !strncmp(name, "send act", 8))) continue;
+        cr_assert(json_is_integer(chunk), "%s has no chunk", name);
+        const int c = (int)json_integer_value(chunk);
+        cr_assert(c == 0 || c == 1, "%s: chunk %d", name, c);
+        char suffix[8];
+        snprintf(suffix, sizeof suffix, " c%d", c);
+        cr_assert(strlen(name) > 3 && !strcmp(name + strlen(name) - 3, suffix), "%s does not end in \"%s\"", name,
+                  suffix);
+        if (comm) {
+            sends++;
+            continue;
+        }
+        const int r = (int)json_integer_value(json_object_get(e, "tid"));
+        cr_assert(r == 0 || r == 1, "compute on tid %d", r);
+        seen[r][!fwd][c]++;
+    }
+    for (int r = 0; r < 2; r++)
+        for (int b = 0; b < 2; b++)
+            for (int c = 0; c < 2; c++)
+                cr_assert_eq(seen[r][b][c], 2 * 4, "rank %d %s of chunk %d: %d", r, b ? "backward" : "forward", c,
+                             seen[r][b][c]);
+    /* 3 of the 4 virtual stages send activations on: 3 x 4 micro-batches x 2 steps */
+    cr_assert_eq(sends, 3 * 4 * 2, "%d activation sends", sends);
+    json_decref(v.root);
 }
 
 /* Faults: the job ends non-zero within 30 s, naming rank, stage, replica and

@@ -338,6 +338,59 @@ Test(simulate, cli_cpu_plan_writes_trace_and_timeline)
     free(s);
 }
 
+/* The predicted trace has the measured trace's communication (issue 19): on
+ * each rank's comm track (tid ranks + rank) its sends and receives (with the
+ * peer's rank and bytes), and one all-reduce of the gradients per rank among
+ * its stage's 2 replicas; the run says where both files went. */
+Test(simulate, predicted_trace_has_comm_events_per_rank)
+{
+    const char *dir = cdp_test_tmpdir();
+    char trace[512], svg[512], want[600];
+    snprintf(trace, sizeof trace, "%s/pred.json", dir);
+    snprintf(svg, sizeof svg, "%s/pred.svg", dir);
+    struct cdp_run run;
+    cr_assert_eq(cdp_test_run(&run, (const char *const[]){"--plan", cdp_test_source_path("examples/pipeline.json"),
+                                                          "--simulate", "--trace", trace, "--timeline", svg, NULL}),
+                 0);
+    cr_assert_eq(run.exit_code, 0, "stderr: %s", run.err);
+    snprintf(want, sizeof want, "trace written to %s\n", trace);
+    cr_expect(strstr(run.out, want), "no \"%s\" in %s", want, run.out);
+    snprintf(want, sizeof want, "timeline written to %s\n", svg);
+    cr_expect(strstr(run.out, want), "no \"%s\" in %s", want, run.out);
+    cdp_test_run_free(&run);
+    json_error_t e;
+    json_t *j = json_load_file(trace, 0, &e);
+    cr_assert(j, "%s: %s", trace, e.text);
+    int sends[4] = {0}, recvs[4] = {0}, allreduce[4] = {0};
+    size_t i;
+    json_t *ev;
+    json_array_foreach(json_object_get(j, "traceEvents"), i, ev) {
+        const char *cat = json_string_value(json_object_get(ev, "cat"));
+        if (!cat || strcmp(cat, "comm")) continue;
+        const int tid = (int)json_integer_value(json_object_get(ev, "tid"));
+        cr_assert(tid >= 4 && tid < 8, "comm event on tid %d", tid);
+        const char *name = json_string_value(json_object_get(ev, "name"));
+        json_t *args = json_object_get(ev, "args");
+        cr_assert_gt(json_integer_value(json_object_get(args, "bytes")), 0, "%s", name);
+        if (!strncmp(name, "send", 4) || !strncmp(name, "recv", 4)) {
+            const int peer = (int)json_integer_value(json_object_get(args, "peer"));
+            cr_assert(peer >= 0 && peer < 4 && peer != tid - 4, "%s of rank %d with %d", name, tid - 4, peer);
+            if (name[0] == 's') sends[tid - 4]++;
+            else recvs[tid - 4]++;
+        } else if (!strcmp(name, "all-reduce")) {
+            cr_assert_eq(json_integer_value(json_object_get(args, "ranks")), 2);
+            allreduce[tid - 4]++;
+        }
+    }
+    for (int r = 0; r < 4; r++) {
+        /* 4 micro-batches: activations one way, gradients the other */
+        cr_expect_eq(sends[r], 4, "rank %d: %d sends", r, sends[r]);
+        cr_expect_eq(recvs[r], 4, "rank %d: %d receives", r, recvs[r]);
+        cr_expect_eq(allreduce[r], 1, "rank %d: %d all-reduces", r, allreduce[r]);
+    }
+    json_decref(j);
+}
+
 /* --simulate plans what the plan leaves "auto", as training would. */
 Test(simulate, cli_auto_counts_are_planned)
 {

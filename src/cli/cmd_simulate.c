@@ -158,6 +158,10 @@ int cdp_cli_simulate(const struct cdp_plan *plan, const struct cdp_sim_in *in_, 
         if (json) st = print_json(plan, &in);
         else print_text(plan, &in);
     }
+    /* as training says it; beside --json on stderr, so stdout stays one JSON document */
+    FILE *said = json ? stderr : stdout;
+    if (!st && trace) fprintf(said, "trace written to %s\n", trace);
+    if (!st && timeline) fprintf(said, "timeline written to %s\n", timeline);
     cdp_sim_result_free(res);
     if (st) {
         fprintf(stderr, "cdphybrid: %s\n", cdp_last_error());
