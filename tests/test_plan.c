@@ -852,10 +852,10 @@ ParameterizedTestParameters(plan, sizes_past_their_limits_name_their_key)
          "\"padding\": 32768}]}}",
          "/model/layers/0: the conv2d's scratch holds more than 2^60 elements"},
         /* micro-batches per replica */
-        {"{\"model\": {\"preset\": \"gpt\"}, \"parallel\": {\"micro_batches\": 16385}}",
-         "/parallel/micro_batches: expected a positive integer or \"auto\" no larger than 16384"},
-        {"{\"model\": {\"preset\": \"gpt\"}, \"train\": {\"global_batch\": 32770}, \"parallel\": {\"replicas\": 2}}",
-         "/train/global_batch: 32770 gives each of /parallel/replicas 2 16385 micro-batches"},
+        {"{\"model\": {\"preset\": \"gpt\"}, \"parallel\": {\"micro_batches\": 4097}}",
+         "/parallel/micro_batches: expected a positive integer or \"auto\" no larger than 4096"},
+        {"{\"model\": {\"preset\": \"gpt\"}, \"train\": {\"global_batch\": 8194}, \"parallel\": {\"replicas\": 2}}",
+         "/train/global_batch: 8194 gives each of /parallel/replicas 2 4097 micro-batches"},
     };
     return cr_make_param_array(struct limit_case, cases, sizeof cases / sizeof cases[0]);
 }
@@ -868,12 +868,12 @@ ParameterizedTest(struct limit_case *c, plan, sizes_past_their_limits_name_their
 Test(plan, sizes_at_their_limits_load)
 {
     /* the largest of each still loads: context 2^20 (one head of [2^20, 2^20]
-     * attention state is priced by the fit, not refused here), 16384
+     * attention state is priced by the fit, not refused here), 4096
      * micro-batches, a device count whose product with ranks_per_device
      * overflows 64 bits */
     cdp_plan_free(load_ok("{\"model\": {\"preset\": \"gpt\", \"context\": 1048576, \"heads\": 16, \"embed\": 64}, "
                           "\"train\": {\"micro_batch\": 16}}"));
-    cdp_plan_free(load_ok("{\"model\": {\"preset\": \"gpt\"}, \"parallel\": {\"micro_batches\": 16384}}"));
+    cdp_plan_free(load_ok("{\"model\": {\"preset\": \"gpt\"}, \"parallel\": {\"micro_batches\": 4096}}"));
     cdp_plan_free(load_ok("{\"model\": {\"preset\": \"gpt\"}, \"cluster\": {\"backend\": \"cuda\", \"nodes\": "
                           "2147483647, \"devices\": 2147483647, \"ranks_per_device\": 64}}"));
 }

@@ -43,7 +43,7 @@ enum cdp_layer_type {
 
 /* The most micro-batches one replica may run in a step (/parallel/micro_batches,
  * or what /train/global_batch gives it; the schedule lists every one). */
-#define CDP_PLAN_MAX_MICRO_BATCHES (1 << 14)
+#define CDP_PLAN_MAX_MICRO_BATCHES (1 << 12)
 
 /* The most elements one tensor may hold: a parameter, or one micro-batch's
  * input or output of a layer (2^40, 4 TiB of fp32; the largest of a
