@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "cdp/core.h"
+#include "core/hash.h"
 #include "model/optim.h"
 #include "pipeline/schedule.h"
 
@@ -286,4 +287,20 @@ int cdp_layout_rank_replica(const struct cdp_layout *l, int r)
 uint64_t cdp_layout_rank_memory(const struct cdp_layout *l, int r)
 {
     return r >= 0 && r < l->n_ranks ? l->rank[r].memory.device : 0;
+}
+
+void cdp_layout_digest(const struct cdp_layout *l, char hex[65])
+{
+    struct cdp_sha256 h;
+    cdp_sha256_init(&h);
+    const int64_t head[] = {l->backend,     l->stages,   l->chunks,   l->replicas, l->micro_batches,
+                            l->micro_batch, l->schedule, l->recompute, l->zero,    l->n_ranks};
+    cdp_sha256_update(&h, head, sizeof head);
+    cdp_sha256_update(&h, l->shares, (size_t)l->replicas * sizeof *l->shares);
+    cdp_sha256_update(&h, l->ranges, (size_t)l->stages * l->chunks * sizeof *l->ranges);
+    for (int i = 0; i < l->n_ranks; i++) {
+        const int32_t r[] = {l->rank[i].stage, l->rank[i].replica, l->rank[i].node, l->rank[i].device};
+        cdp_sha256_update(&h, r, sizeof r);
+    }
+    cdp_sha256_final(&h, hex);
 }

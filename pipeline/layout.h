@@ -79,6 +79,11 @@ void cdp_layout_free(struct cdp_layout *l);
 /* The world rank that runs stage s of replica r, or -1. */
 int cdp_layout_rank_of(const struct cdp_layout *l, int s, int r);
 
+/* SHA-256 (hex) of what every rank of a job must agree on: the shape, the
+ * schedule, recomputation, ZeRO, shares, ranges and each rank's stage,
+ * replica, node and device (not CPU sets or predictions). */
+void cdp_layout_digest(const struct cdp_layout *l, char hex[65]);
+
 /* Checks a layout against the plan it is for: every (stage, replica) on one
  * rank, ranks in node order, ranges contiguous over the model's n_units units,
  * shares positive and summing to replicas x micro_batches. CDP_ERR_INVALID

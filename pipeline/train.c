@@ -24,6 +24,29 @@ static cdp_status take_sized(void *dst, size_t cap, const void *src, const char 
     return CDP_OK;
 }
 
+/* Every rank of a job trains one layout: an embedding program whose ranks
+ * each plan may not get the same answer (each sees its own binding), and a
+ * rank of another layout would wait at a transfer its peer never makes. All
+ * ranks fail together, naming the first that differs. */
+static cdp_status same_layout(const struct cdp_plan *p, const struct cdp_layout *layout, cdp_comm_t world,
+                              int *agreed)
+{
+    char mine[65], root[65];
+    cdp_layout_digest(layout, mine);
+    memcpy(root, mine, sizeof root);
+    const double t = p->train.timeout_s;
+    cdp_status st = cdp_comm_bcast_bytes(world, root, sizeof root, 0, t);
+    if (st) return st;
+    double differs = memcmp(mine, root, sizeof mine) ? (double)cdp_comm_rank(world) : -1.0;
+    if ((st = cdp_comm_allreduce_f64(world, &differs, 1, CDP_REDUCE_MAX, t))) return st;
+    *agreed = 1; /* every rank has the answer */
+    if (differs < 0) return CDP_OK;
+    return cdp_fail(CDP_ERR_INVALID, "%s: rank %d's layout differs from rank 0's (%d stages x %d replicas, %d "
+                    "micro-batches here): every rank of a job must train the same layout; plan once and give "
+                    "every rank that plan (cdphybrid's ranks read planned.json), or fix /parallel's values",
+                    p->source, (int)differs, layout->stages, layout->replicas, layout->micro_batches);
+}
+
 cdp_status cdp_train(const struct cdp_plan *p, const struct cdp_layout *layout, const struct cdp_train_opts *opts,
                      struct cdp_train_summary *summary)
 {
@@ -48,6 +71,14 @@ cdp_status cdp_train(const struct cdp_plan *p, const struct cdp_layout *layout, 
     if (st) return st;
     /* the world's size is checked by the executor's set-up, which names both */
     if (cdp_comm_size(world) == layout->n_ranks) st = cdp_launch_check_node(layout, cdp_comm_rank(world));
+    if (!st && cdp_comm_size(world) > 1) {
+        int agreed = 0;
+        st = same_layout(p, layout, world, &agreed);
+        if (st && agreed) { /* all ranks fail here together: the world can go */
+            cdp_comm_free(world);
+            return st;
+        }
+    }
     if (!st) st = cdp_exec_run(p, layout, world, &o, summary ? &sum : NULL);
     /* a failed rank of a job keeps its world: the caller ends the job
      * (cdp_train_abort), and freeing it could wait on the other ranks */

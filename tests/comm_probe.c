@@ -4,7 +4,8 @@
  * and aborts the job with exit code 3.
  * usage: comm_probe world|split|allreduce|p2p|gather|barrier|timeout|errors|
  *                   bigmsg|allreduce_timeout|abort|kill|bcast|bcast_timeout|
- *                   nccl_refused|nccl_fake|nccl|nccl_timeout|zero|zero_timeout
+ *                   nccl_refused|nccl_fake|nccl|nccl_timeout|zero|zero_timeout|
+ *                   layout_mismatch
  * (nccl and nccl_timeout need one GPU per rank; nccl_fake loads the stand-in
  * CUDA module of tests/fake-cuda; the others run anywhere) */
 #include <dlfcn.h>
@@ -20,9 +21,13 @@
 
 #include "cdp/core.h"
 #include "cdp/device.h"
+#include "cdp/plan.h"
+#include "cdp/planner.h"
+#include "cdp/train.h"
 #include "comm/comm.h"
 #include "comm/nccl.h"
 #include "fake-cuda/fake_stats.h"
+#include "pipeline/layout.h"
 
 static cdp_comm_t world;
 static int R, N;
@@ -988,6 +993,37 @@ static void scen_nccl_timeout(void)
     CHECK(0, "rank %d should have ended the job", N - 1);
 }
 
+/* cdp_train under MPI with a layout that differs on the last rank (an
+ * embedding program whose ranks planned apart): every rank fails before the
+ * first step, naming that rank, instead of waiting at a transfer. */
+static void scen_layout_mismatch(void)
+{
+    struct cdp_plan *p = NULL;
+    char json[512];
+    snprintf(json, sizeof json,
+             "{\"model\": {\"preset\": \"gpt\", \"vocab\": 16, \"context\": 8, \"layers\": 2, \"heads\": 2, "
+             "\"embed\": 8}, \"train\": {\"steps\": 1, \"timeout_s\": 20}, \"parallel\": {\"stages\": %d, "
+             "\"replicas\": 1, \"micro_batches\": %d}, \"cluster\": {\"backend\": \"cpu\"}}", N, N);
+    CHECK(!cdp_plan_load_string(json, "mismatch.json", NULL, &p), "plan: %s", cdp_last_error());
+    struct cdp_planned *planned = NULL;
+    CHECK(!cdp_plan_layout(p, NULL, NULL, &planned), "planner: %s", cdp_last_error());
+    struct cdp_layout *l = (struct cdp_layout *)cdp_planned_layout(planned);
+    if (R == N - 1 && N > 1) { /* move the last boundary by one unit */
+        CHECK(l->ranges[N - 1][1] - l->ranges[N - 1][0] > 1, "the last stage has one unit");
+        l->ranges[N - 2][1]++;
+        l->ranges[N - 1][0]++;
+    }
+    struct cdp_train_opts o = CDP_TRAIN_OPTS_INIT;
+    o.world = CDP_TRAIN_MPI;
+    const cdp_status st = cdp_train(p, l, &o, NULL);
+    char want[64];
+    snprintf(want, sizeof want, "rank %d's layout differs from rank 0's", N - 1);
+    CHECK(st == CDP_ERR_INVALID && strstr(cdp_last_error(), want), "cdp_train gave %d: %s", (int)st,
+          cdp_last_error());
+    cdp_planned_free(planned);
+    cdp_plan_free(p);
+}
+
 static const struct {
     const char *name;
     void (*run)(void);
@@ -1001,6 +1037,7 @@ static const struct {
     { "nccl_fake", scen_nccl_fake },
     { "nccl_timeout", scen_nccl_timeout },
     { "zero", scen_zero },       { "zero_timeout", scen_zero_timeout },
+    { "layout_mismatch", scen_layout_mismatch },
 };
 
 int main(int argc, char **argv)

@@ -793,6 +793,9 @@ Test(comm, mpi_nccl_fake_init_failure_of_one_rank_fails_all_np3)
     expect_ok(3, "nccl_fake", "CDP_FAKE_NCCL=fail_init:1");
 }
 
+/* Ranks of one job given different layouts fail together, naming the rank. */
+Test(comm, mpi_ranks_with_different_layouts_fail_before_training_np2) { expect_ok(2, "layout_mismatch", NULL); }
+Test(comm, mpi_ranks_with_different_layouts_fail_before_training_np3) { expect_ok(3, "layout_mismatch", NULL); }
 Test(comm, mpi_bcast_np3) { expect_ok(3, "bcast", NULL); }
 Test(comm, mpi_chunked_bcast_np3) { expect_ok(3, "bcast", "CDP_COMM_CHUNK_BYTES=4096"); }
 Test(comm, mpi_allreduce_np3) { expect_ok(3, "allreduce", NULL); }

@@ -312,6 +312,44 @@ Test(layout, check_names_what_is_wrong)
     cr_expect_eq(cdp_layout_create(0, 1, 1, &l), CDP_ERR_INVALID);
 }
 
+/* What the ranks of a job compare before training (cdp_train under MPI): the
+ * same for equal layouts, different for any decision, not for predictions. */
+Test(layout, digest_names_every_decision)
+{
+    struct cdp_layout *a = NULL;
+    cr_assert_eq(cdp_layout_create(2, 1, 2, &a), CDP_OK);
+    a->micro_batches = 2;
+    a->micro_batch = 1;
+    for (int r = 0; r < 2; r++) a->shares[r] = 2;
+    a->ranges[0][0] = 0, a->ranges[0][1] = 3, a->ranges[1][0] = 3, a->ranges[1][1] = 5;
+    for (int i = 0; i < 4; i++) a->rank[i] = (struct cdp_layout_rank){.stage = i % 2, .replica = i / 2, .device = i};
+    char h0[65], h[65];
+    cdp_layout_digest(a, h0);
+    cr_assert_eq(strlen(h0), 64);
+    a->rank[2].memory.device = 12345; /* a prediction, not a decision */
+    snprintf(a->rank[1].cpuset, sizeof a->rank[1].cpuset, "0-3");
+    cdp_layout_digest(a, h);
+    cr_expect_str_eq(h, h0);
+#define CHANGES(stmt, undo)                                                     \
+    do {                                                                        \
+        stmt;                                                                   \
+        cdp_layout_digest(a, h);                                                \
+        cr_expect_str_neq(h, h0, "%s does not change the digest", #stmt);     \
+        undo;                                                                   \
+    } while (0)
+    CHANGES(a->shares[1] = 3, a->shares[1] = 2);
+    CHANGES(a->ranges[0][1] = 2, a->ranges[0][1] = 3);
+    CHANGES(a->rank[3].device = 7, a->rank[3].device = 3);
+    CHANGES(a->micro_batches = 4, a->micro_batches = 2);
+    const enum cdp_schedule_kind k0 = a->schedule;
+    CHANGES(a->schedule = k0 == CDP_SCHEDULE_1F1B ? CDP_SCHEDULE_GPIPE : CDP_SCHEDULE_1F1B, a->schedule = k0);
+    CHANGES(a->zero = 1, a->zero = 0);
+#undef CHANGES
+    cdp_layout_digest(a, h);
+    cr_expect_str_eq(h, h0, "every change undone");
+    cdp_layout_free(a);
+}
+
 /* Slots: what the schedule holds in flight (1F1B p - s, GPipe m), and with
  * rebalancing the most micro-batches a replica may be given. */
 Test(layout, slots_follow_the_schedule)
