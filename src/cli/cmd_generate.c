@@ -1,7 +1,8 @@
 /* `cdphybrid generate` and `cdphybrid eval`: a trained model (a weights file
  * or a checkpoint, written under any layout) loaded whole into one process on
- * the CPU, then text continued from a prompt, or the validation loss computed
- * as training computes it (docs/generate.md). */
+ * the CPU, or under mpirun one stage's units a rank, then text continued from
+ * a prompt, or the validation loss computed as training computes it
+ * (docs/generate.md). */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -31,6 +32,10 @@ static void generate_usage(FILE *f)
           "follows on standard output, token by token. The model is loaded whole into this\n"
           "one process on the CPU, whatever layout trained it (stages and replicas: a\n"
           "checkpoint of any layout loads whole); generation is forward passes only.\n"
+          "Under mpirun -np P (P > 1) it runs on a pipeline of P stages on the CPU: rank s\n"
+          "holds only stage s's units (the plan's /parallel/partition when it has P ranges,\n"
+          "else an even split), the activations go stage to stage, the last stage picks\n"
+          "each token and rank 0 prints: the same text as one rank for the same seed.\n"
           "\n"
           "Tokens: without --vocab, the prompt's bytes are the tokens and the output is\n"
           "bytes (byte-level models, such as the text data source trains: vocab 256; a\n"
@@ -64,6 +69,7 @@ static void generate_usage(FILE *f)
           "  cdphybrid generate --plan examples/quickstart.json --weights runs/quickstart.safetensors \\\n"
           "      --prompt \"Permission is \" --tokens 100 --temperature 0.8 --top-k 20\n"
           "  cdphybrid generate --checkpoint runs/gpt/ckpt --prompt \"The \" --temperature 0\n"
+          "  mpirun -np 2 cdphybrid generate --checkpoint runs/gpt/ckpt --prompt \"The \" --seed 5\n"
           "  cdphybrid generate --plan gpt2.json --weights model.safetensors --vocab vocab.json \\\n"
           "      --merges merges.txt --prompt \"Hello, I'm a language model,\"\n"
           "\n"
@@ -85,7 +91,10 @@ static void eval_usage(FILE *f)
           "  perplexity exp(L)\n"
           "  tokens N          (samples N for models that do not read tokens)\n"
           "The model is loaded whole into this one process on the CPU, whatever layout\n"
-          "trained it.\n"
+          "trained it. Under mpirun -np P (P > 1), a pipeline of P stages on the CPU, rank s\n"
+          "holding only stage s's units (the plan's /parallel/partition when it has P\n"
+          "ranges, else an even split); the last stage sums the loss and rank 0 prints the\n"
+          "same value as one rank.\n"
           "\n"
           "options:\n"
           "  --plan FILE        the plan (its /model, /data and /train/micro_batch); optional\n"
@@ -100,6 +109,7 @@ static void eval_usage(FILE *f)
           "\n"
           "examples:\n"
           "  cdphybrid eval --checkpoint runs/gpt/ckpt\n"
+          "  mpirun -np 2 cdphybrid eval --checkpoint runs/gpt/ckpt\n"
           "  cdphybrid eval --plan examples/quickstart.json --weights runs/quickstart.safetensors --batches 64\n"
           "\n"
           "exit codes: 0 success, 1 the run failed, 2 bad usage, a bad plan, weights or\n"
