@@ -501,6 +501,25 @@ Test(stages, generate_and_eval_on_a_pipeline_equal_one_rank, .timeout = 120)
     const double w3 = eval_ranks("3", (const char *[]){"eval", "--plan", plan, "--weights", w, NULL});
     cr_assert_eq(ck2, want, "2 stages %.17g, one rank %.17g", ck2, want);
     cr_assert_eq(w3, want, "3 stages %.17g, one rank %.17g", w3, want);
+    /* the plan's partition, when it has a range per rank: [0, 1) [1, 4) */
+    char *text = cdp_test_read_file(plan);
+    cr_assert_not_null(text);
+    char *at = strstr(text, "\"micro_batches\": 2}");
+    cr_assert_not_null(at, "%s", text);
+    char parted[2048];
+    snprintf(parted, sizeof parted, "%.*s\"micro_batches\": 2, \"partition\": [[0, 1], [1, 4]]}%s", (int)(at - text),
+             text, at + strlen("\"micro_batches\": 2}"));
+    free(text);
+    char pp[4096];
+    snprintf(pp, sizeof pp, "%s", cdp_test_write_file(dir, "parted.json", parted));
+    run_ranks(&r, "2", (const char *[]){"eval", "--plan", pp, "--weights", w, "-v", NULL});
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    cr_assert(strstr(r.err, "eval: stage 0 of 2 stages: units [0, 1) of 4"), "%s", r.err);
+    cr_assert(strstr(r.err, "eval: stage 1 of 2 stages: units [1, 4) of 4"), "%s", r.err);
+    at = strstr(r.out, "val_loss ");
+    cr_assert_not_null(at, "%s", r.out);
+    cr_assert_eq(strtod(at + 9, NULL), want, "%s", r.out);
+    cdp_test_run_free(&r);
     const double trained = last_val_loss(dir);
     cr_assert_float_eq(ck2, trained, 1e-12 * trained, "eval %.17g, the 2-stage run %.17g", ck2, trained);
     /* more ranks than units: exit 2, saying so */

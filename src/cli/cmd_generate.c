@@ -181,10 +181,11 @@ static void ranks_fail(const struct ranks *r, const char *cmd, cdp_status st)
 }
 
 /* Stage s of p over n units: the plan's /parallel/partition when it has p
- * ranges, else n / p units each, the first n % p stages one more. */
+ * ranges (contiguous from 0, as the plan checks) ending at n, else n / p units
+ * each, the first n % p stages one more. */
 static void stage_range(const struct cdp_plan *p, int64_t n, int stages, int s, int *first, int *end)
 {
-    if (p->parallel.partition && p->parallel.n_partition == stages) {
+    if (p->parallel.partition && p->parallel.n_partition == stages && p->parallel.partition[stages - 1][1] == n) {
         *first = (int)p->parallel.partition[s][0];
         *end = (int)p->parallel.partition[s][1];
         return;
