@@ -486,8 +486,13 @@ Test(stages, generate_and_eval_on_a_pipeline_equal_one_rank, .timeout = 120)
     cr_assert_str_eq(two, one);
     free(one);
     free(two);
-    /* which rank holds what, said with -v */
+    /* one process, a 2-stage plan: said with -v */
     struct cdp_run r;
+    cr_assert_eq(cdp_test_run(&r, (const char *[]){"eval", "--checkpoint", ck, "-v", NULL}), 0);
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    cr_assert(strstr(r.err, "the plan has 2 stages; this one process holds all 4 units"), "%s", r.err);
+    cdp_test_run_free(&r);
+    /* which rank holds what, said with -v */
     run_ranks(&r, "2", (const char *[]){"eval", "--checkpoint", ck, "-v", NULL});
     cr_assert_eq(r.exit_code, 0, "%s", r.err);
     cr_assert(strstr(r.err, "eval: stage 0 of 2 stages: units [0, 2) of 4"), "%s", r.err);

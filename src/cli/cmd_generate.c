@@ -355,6 +355,10 @@ static int load_model(const struct infer_args *a, int B, struct ranks *r, struct
     if (r->world)
         CDP_INFO(CKPT, "%s: stage %d of %d stages: units [%d, %d) of %lld", a->cmd, r->rank, r->size, r->first,
                  r->end, (long long)units);
+    else if (p->parallel.stages > 1)
+        CDP_INFO(CKPT, "%s: the plan has %lld stages; this one process holds all %lld units (under mpirun -np %lld "
+                 "each rank holds one stage's)", a->cmd, (long long)p->parallel.stages, (long long)units,
+                 (long long)p->parallel.stages);
     return -1;
 }
 
