@@ -487,7 +487,8 @@ static int generate_on(const struct infer_args *ap, struct ranks *rk, const char
         logits = malloc((size_t)V * sizeof *logits);
         win = malloc((size_t)T * sizeof *win);
         if (rk->world) buf = stage_buffer(l.model, 1, loss);
-        if (!all || !logits || !win || (rk->world && !buf)) code = fail(a.cmd, cdp_fail(CDP_ERR_NOMEM, "out of memory"));
+        if (!all || !logits || !win || (rk->world && !buf))
+            code = fail(a.cmd, cdp_fail(CDP_ERR_NOMEM, "out of memory"));
         else memcpy(all, ids, (size_t)n * sizeof *all);
     }
     /* the ranks agree that each can start, then stage 0 prints */
@@ -514,7 +515,8 @@ static int generate_on(const struct infer_args *ap, struct ranks *rk, const char
             }
             /* the last stage chooses, with the one stream of the seed; the others hear the token */
             if (!st && last) st = cdp_infer_pick(logits, choose, temperature, top_k, &state, &next);
-            if (!st && rk->world) st = cdp_comm_bcast_bytes(rk->world, &next, sizeof next, rk->size - 1, rk->timeout);
+            if (!st && rk->world)
+                st = cdp_comm_bcast_bytes(rk->world, &next, sizeof next, rk->size - 1, rk->timeout);
             if (st) {
                 cdp_error_context(st, "token %lld", (long long)k + 1);
                 if (printer) fputc('\n', stdout);
