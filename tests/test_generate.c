@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cdp/core.h"
 #include "cdp/device.h"
@@ -401,5 +402,134 @@ Test(generate, bad_arguments_exit_2_naming_the_option)
                                                    "--tokens", "0", NULL}), 0);
     cr_assert_eq(r.exit_code, 0, "%s", r.err);
     cr_assert_str_eq(r.out, "ab\n");
+    cdp_test_run_free(&r);
+}
+
+/* cdp_test_run under `mpirun -np np`: CDP_BIN is the rank's program. */
+static void run_ranks(struct cdp_run *r, const char *np, const char *const *argv)
+{
+    static char bin[4096], mpirun[4096];
+    snprintf(bin, sizeof bin, "%s", getenv("CDP_BIN"));
+    mpirun[0] = '\0';
+    const char *path = getenv("PATH");
+    for (const char *at = path; at && *at && !mpirun[0];) {
+        const char *colon = strchr(at, ':');
+        const size_t len = colon ? (size_t)(colon - at) : strlen(at);
+        char cand[4096];
+        snprintf(cand, sizeof cand, "%.*s/mpirun", (int)len, at);
+        if (access(cand, X_OK) == 0) snprintf(mpirun, sizeof mpirun, "%s", cand);
+        at = colon ? colon + 1 : at + len;
+    }
+    cr_assert(mpirun[0], "no mpirun on PATH");
+    const char *args[32] = {"-np", np, bin};
+    int k = 3;
+    for (int i = 0; argv[i]; i++) {
+        cr_assert_lt(k, 31);
+        args[k++] = argv[i];
+    }
+    args[k] = NULL;
+    setenv("CDP_BIN", mpirun, 1);
+    const int started = cdp_test_run(r, args);
+    setenv("CDP_BIN", bin, 1);
+    cr_assert_eq(started, 0);
+}
+
+static char *generate_ranks(const char *np, const char *const *argv)
+{
+    struct cdp_run r;
+    run_ranks(&r, np, argv);
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    char *out = r.out;
+    r.out = NULL;
+    cdp_test_run_free(&r);
+    return out;
+}
+
+static double eval_ranks(const char *np, const char *const *argv)
+{
+    struct cdp_run r;
+    run_ranks(&r, np, argv);
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    const char *at = strstr(r.out, "val_loss ");
+    cr_assert_not_null(at, "%s", r.out);
+    cr_assert(strstr(r.out, "tokens 192\n"), "%s", r.out);
+    const double v = strtod(at + 9, NULL);
+    cdp_test_run_free(&r);
+    return v;
+}
+
+Test(stages, generate_and_eval_on_a_pipeline_equal_one_rank, .timeout = 120)
+{
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
+    char plan[4096], w[4200], ck[4200];
+    snprintf(plan, sizeof plan, "%s", train_tiny(dir, 2));
+    snprintf(w, sizeof w, "%s/w.safetensors", dir);
+    snprintf(ck, sizeof ck, "%s/ck", dir);
+    /* sampled with a seed, from the 2-stage checkpoint: the one-rank text, on 2 and 3 stages
+     * (4 units: [0, 2) [2, 4), then [0, 2) [2, 3) [3, 4)) */
+    const char *sampled[] = {"generate", "--checkpoint", ck, "--prompt", "The ", "--tokens", "40", "--seed", "5",
+                             "--temperature", "1.5", NULL};
+    char *one = generate(sampled);
+    cr_assert_eq(strlen(one), strlen("The ") + 40 + 1, "%s", one);
+    for (int np = 2; np <= 3; np++) {
+        char *got = generate_ranks(np == 2 ? "2" : "3", sampled);
+        cr_assert_str_eq(got, one, "%d stages", np);
+        free(got);
+    }
+    free(one);
+    /* from the weights file, top-k, a prompt longer than the context (the window slides) */
+    const char *topk[] = {"generate", "--plan", plan, "--weights", w, "--prompt", "Permission is hereby granted, ",
+                          "--tokens", "24", "--seed", "11", "--top-k", "5", "--temperature", "0.8", "-q", NULL};
+    one = generate(topk);
+    char *two = generate_ranks("2", topk);
+    cr_assert_str_eq(two, one);
+    free(one);
+    free(two);
+    /* one process, a 2-stage plan: said with -v */
+    struct cdp_run r;
+    cr_assert_eq(cdp_test_run(&r, (const char *[]){"eval", "--checkpoint", ck, "-v", NULL}), 0);
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    cr_assert(strstr(r.err, "the plan has 2 stages; this one process holds all 4 units"), "%s", r.err);
+    cdp_test_run_free(&r);
+    /* which rank holds what, said with -v */
+    run_ranks(&r, "2", (const char *[]){"eval", "--checkpoint", ck, "-v", NULL});
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    cr_assert(strstr(r.err, "eval: stage 0 of 2 stages: units [0, 2) of 4"), "%s", r.err);
+    cr_assert(strstr(r.err, "eval: stage 1 of 2 stages: units [2, 4) of 4"), "%s", r.err);
+    cr_assert(strstr(r.out, "on 2 pipeline stages"), "%s", r.out);
+    cdp_test_run_free(&r);
+    /* eval: the same double as one rank (the same micro-batches, kernels and sum), and the
+     * val_loss the 2-stage training recorded */
+    const double want = eval_value((const char *[]){"eval", "--checkpoint", ck, NULL});
+    const double ck2 = eval_ranks("2", (const char *[]){"eval", "--checkpoint", ck, NULL});
+    const double w3 = eval_ranks("3", (const char *[]){"eval", "--plan", plan, "--weights", w, NULL});
+    cr_assert_eq(ck2, want, "2 stages %.17g, one rank %.17g", ck2, want);
+    cr_assert_eq(w3, want, "3 stages %.17g, one rank %.17g", w3, want);
+    /* the plan's partition, when it has a range per rank: [0, 1) [1, 4) */
+    char *text = cdp_test_read_file(plan);
+    cr_assert_not_null(text);
+    char *at = strstr(text, "\"micro_batches\": 2}");
+    cr_assert_not_null(at, "%s", text);
+    char parted[2048];
+    snprintf(parted, sizeof parted, "%.*s\"micro_batches\": 2, \"partition\": [[0, 1], [1, 4]]}%s", (int)(at - text),
+             text, at + strlen("\"micro_batches\": 2}"));
+    free(text);
+    char pp[4096];
+    snprintf(pp, sizeof pp, "%s", cdp_test_write_file(dir, "parted.json", parted));
+    run_ranks(&r, "2", (const char *[]){"eval", "--plan", pp, "--weights", w, "-v", NULL});
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    cr_assert(strstr(r.err, "eval: stage 0 of 2 stages: units [0, 1) of 4"), "%s", r.err);
+    cr_assert(strstr(r.err, "eval: stage 1 of 2 stages: units [1, 4) of 4"), "%s", r.err);
+    at = strstr(r.out, "val_loss ");
+    cr_assert_not_null(at, "%s", r.out);
+    cr_assert_eq(strtod(at + 9, NULL), want, "%s", r.out);
+    cdp_test_run_free(&r);
+    const double trained = last_val_loss(dir);
+    cr_assert_float_eq(ck2, trained, 1e-12 * trained, "eval %.17g, the 2-stage run %.17g", ck2, trained);
+    /* more ranks than units: exit 2, saying so */
+    run_ranks(&r, "5", (const char *[]){"eval", "--checkpoint", ck, NULL});
+    cr_assert_eq(r.exit_code, 2, "%d %s", r.exit_code, r.err);
+    cr_assert(strstr(r.err, "the model has 4 units and 5 ranks were started"), "%s", r.err);
     cdp_test_run_free(&r);
 }

@@ -1,7 +1,8 @@
 /* `cdphybrid generate` and `cdphybrid eval`: a trained model (a weights file
  * or a checkpoint, written under any layout) loaded whole into one process on
- * the CPU, then text continued from a prompt, or the validation loss computed
- * as training computes it (docs/generate.md). */
+ * the CPU, or under mpirun one stage's units a rank, then text continued from
+ * a prompt, or the validation loss computed as training computes it
+ * (docs/generate.md). */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -13,6 +14,7 @@
 #include "cdp/log.h"
 #include "cdp/plan.h"
 #include "cli/commands.h"
+#include "comm/comm.h"
 #include "model/bpe.h"
 #include "model/checkpoint.h"
 #include "model/data.h"
@@ -30,6 +32,10 @@ static void generate_usage(FILE *f)
           "follows on standard output, token by token. The model is loaded whole into this\n"
           "one process on the CPU, whatever layout trained it (stages and replicas: a\n"
           "checkpoint of any layout loads whole); generation is forward passes only.\n"
+          "Under mpirun -np P (P > 1) it runs on a pipeline of P stages on the CPU: rank s\n"
+          "holds only stage s's units (the plan's /parallel/partition when it has P ranges,\n"
+          "else an even split), the activations go stage to stage, the last stage picks\n"
+          "each token and rank 0 prints: the same text as one rank for the same seed.\n"
           "\n"
           "Tokens: without --vocab, the prompt's bytes are the tokens and the output is\n"
           "bytes (byte-level models, such as the text data source trains: vocab 256; a\n"
@@ -63,6 +69,7 @@ static void generate_usage(FILE *f)
           "  cdphybrid generate --plan examples/quickstart.json --weights runs/quickstart.safetensors \\\n"
           "      --prompt \"Permission is \" --tokens 100 --temperature 0.8 --top-k 20\n"
           "  cdphybrid generate --checkpoint runs/gpt/ckpt --prompt \"The \" --temperature 0\n"
+          "  mpirun -np 2 cdphybrid generate --checkpoint runs/gpt/ckpt --prompt \"The \" --seed 5\n"
           "  cdphybrid generate --plan gpt2.json --weights model.safetensors --vocab vocab.json \\\n"
           "      --merges merges.txt --prompt \"Hello, I'm a language model,\"\n"
           "\n"
@@ -84,7 +91,10 @@ static void eval_usage(FILE *f)
           "  perplexity exp(L)\n"
           "  tokens N          (samples N for models that do not read tokens)\n"
           "The model is loaded whole into this one process on the CPU, whatever layout\n"
-          "trained it.\n"
+          "trained it. Under mpirun -np P (P > 1), a pipeline of P stages on the CPU,\n"
+          "rank s holding only stage s's units (the plan's /parallel/partition when it has\n"
+          "P ranges, else an even split); the last stage sums the loss and rank 0 prints\n"
+          "the same value as one rank.\n"
           "\n"
           "options:\n"
           "  --plan FILE        the plan (its /model, /data and /train/micro_batch); optional\n"
@@ -99,6 +109,7 @@ static void eval_usage(FILE *f)
           "\n"
           "examples:\n"
           "  cdphybrid eval --checkpoint runs/gpt/ckpt\n"
+          "  mpirun -np 2 cdphybrid eval --checkpoint runs/gpt/ckpt\n"
           "  cdphybrid eval --plan examples/quickstart.json --weights runs/quickstart.safetensors --batches 64\n"
           "\n"
           "exit codes: 0 success, 1 the run failed, 2 bad usage, a bad plan, weights or\n"
@@ -112,6 +123,140 @@ struct infer_args {
     const char *plan, *weights, *ckpt;
     int verbose, quiet;
 };
+
+/* Where this process runs: one rank (world NULL, the whole model), or stage
+ * `rank` of a pipeline of `size` stages started by mpirun, holding units
+ * [first, end) (docs/generate.md, "On a pipeline"). */
+struct ranks {
+    cdp_comm_t world;
+    int rank, size;
+    int first, end;
+    double timeout; /* every wait's deadline: /train/timeout_s */
+};
+
+/* The world when started by mpirun with several ranks; else one rank. */
+static cdp_status ranks_open(struct ranks *r)
+{
+    memset(r, 0, sizeof *r);
+    r->size = 1;
+    r->timeout = 300; /* until the plan gives /train/timeout_s */
+    if (!cdp_comm_launched_by_mpi()) return CDP_OK;
+    cdp_status st = cdp_comm_world(&r->world);
+    if (st) return st;
+    r->rank = cdp_comm_rank(r->world);
+    r->size = cdp_comm_size(r->world);
+    if (r->size == 1) {
+        cdp_comm_free(r->world);
+        r->world = NULL;
+    }
+    return CDP_OK;
+}
+
+static void ranks_close(struct ranks *r)
+{
+    cdp_comm_free(r->world);
+    r->world = NULL;
+}
+
+/* Every rank's code (-1: fine) agreed on: the largest, so that all go on or
+ * all stop together. A rank that cannot agree ends the job. */
+static int ranks_agree(const struct ranks *r, int code)
+{
+    if (!r->world) return code;
+    double c = code;
+    if (cdp_comm_allreduce_f64(r->world, &c, 1, CDP_REDUCE_MAX, r->timeout)) {
+        fprintf(stderr, "cdphybrid: rank %d: %s\n", r->rank, cdp_last_error());
+        cdp_comm_abort(r->world, EXIT_RUN_FAILED);
+    }
+    return (int)c;
+}
+
+/* A failure in the middle of the pipeline: the other ranks may be waiting on
+ * this one, so the message, then the whole job ends with its code. */
+static void ranks_fail(const struct ranks *r, const char *cmd, cdp_status st)
+{
+    fprintf(stderr, "cdphybrid %s: rank %d of %d: %s\n", cmd, r->rank, r->size, cdp_last_error());
+    fflush(stdout);
+    cdp_comm_abort(r->world, cdp_cli_exit_code(st));
+}
+
+/* Stage s of p over n units: the plan's /parallel/partition when it has p
+ * ranges (contiguous from 0, as the plan checks) ending at n, else n / p units
+ * each, the first n % p stages one more. */
+static void stage_range(const struct cdp_plan *p, int64_t n, int stages, int s, int *first, int *end)
+{
+    if (p->parallel.partition && p->parallel.n_partition == stages && p->parallel.partition[stages - 1][1] == n) {
+        *first = (int)p->parallel.partition[s][0];
+        *end = (int)p->parallel.partition[s][1];
+        return;
+    }
+    const int64_t q = n / stages, extra = n % stages;
+    *first = (int)(s * q + (s < extra ? s : extra));
+    *end = (int)(*first + q + (s < extra));
+}
+
+/* Bytes of one micro-batch of B samples that stage r sends on (its last unit's
+ * output) and receives (its first unit's input). */
+static uint64_t stage_output_bytes(struct cdp_model *m, int B, enum cdp_loss loss)
+{
+    struct cdp_unit_bytes ub;
+    cdp_unit_bytes(cdp_model_unit(m, cdp_model_unit_count(m) - 1), B, loss, &ub);
+    return ub.output_bytes;
+}
+
+static uint64_t stage_input_bytes(struct cdp_model *m, int B, enum cdp_loss loss)
+{
+    struct cdp_unit_bytes ub;
+    cdp_unit_bytes(cdp_model_unit(m, 0), B, loss, &ub);
+    return ub.input_bytes;
+}
+
+static cdp_status send_wait(const struct ranks *r, const void *buf, uint64_t bytes, int peer)
+{
+    cdp_request_t q = NULL;
+    cdp_status st = cdp_comm_isend(r->world, buf, bytes, peer, 0, &q);
+    return st ? st : cdp_comm_wait(q, r->timeout);
+}
+
+static cdp_status recv_wait(const struct ranks *r, void *buf, uint64_t bytes, int peer)
+{
+    cdp_request_t q = NULL;
+    cdp_status st = cdp_comm_irecv(r->world, buf, bytes, peer, 0, &q);
+    return st ? st : cdp_comm_wait(q, r->timeout);
+}
+
+/* One micro-batch through a stage of the pipeline: stage 0's input is at the
+ * model's input already; a later stage receives it from the one before; all
+ * but the last send their output on (host buffer buf, at least the larger of
+ * the input and output bytes). */
+static cdp_status stage_forward(const struct ranks *r, struct cdp_model *m, cdp_device_t dev, int B,
+                                enum cdp_loss loss, void *buf)
+{
+    cdp_status st = CDP_OK;
+    if (r->rank > 0) {
+        const uint64_t in = stage_input_bytes(m, B, loss);
+        if ((st = recv_wait(r, buf, in, r->rank - 1)) ||
+            (st = cdp_device_write(dev, cdp_model_input(m, 0), buf, in))) {
+            cdp_error_context(st, "stage %d: the activation from stage %d", r->rank, r->rank - 1);
+            return st;
+        }
+    }
+    if ((st = cdp_model_forward(m, 0))) return st;
+    if (r->rank < r->size - 1) {
+        const uint64_t out = stage_output_bytes(m, B, loss);
+        if ((st = cdp_device_read(dev, buf, cdp_model_output(m, 0), out)) ||
+            (st = send_wait(r, buf, out, r->rank + 1)))
+            cdp_error_context(st, "stage %d: the activation to stage %d", r->rank, r->rank + 1);
+    }
+    return st;
+}
+
+/* The host buffer stage_forward needs. */
+static void *stage_buffer(struct cdp_model *m, int B, enum cdp_loss loss)
+{
+    const uint64_t in = stage_input_bytes(m, B, loss), out = stage_output_bytes(m, B, loss);
+    return malloc(in > out ? in : out);
+}
 
 /* The plan (--plan, or the checkpoint's), the whole model on the CPU with its
  * weights. */
@@ -140,7 +285,7 @@ static int fail(const char *cmd, cdp_status st)
 
 /* Fills l (B samples a micro-batch, 0: /train/micro_batch); -1, or an exit
  * code with the message printed. l is loaded_free'd either way. */
-static int load_model(const struct infer_args *a, int B, struct loaded *l)
+static int load_model(const struct infer_args *a, int B, struct ranks *r, struct loaded *l)
 {
     memset(l, 0, sizeof *l);
     if (a->weights && a->ckpt) return cdp_cli_usage_error(a->cmd, "%s", "give --weights or --checkpoint, not both");
@@ -176,9 +321,22 @@ static int load_model(const struct infer_args *a, int B, struct loaded *l)
                                    "(a model without trained weights is noise)", p->source);
     }
     const int64_t units = cdp_plan_model_units(p);
+    r->first = 0;
+    r->end = (int)units;
+    r->timeout = (double)p->train.timeout_s;
+    if (r->world) {
+        if (r->size > units) {
+            cdp_ckpt_info_free(&info);
+            char msg[256];
+            snprintf(msg, sizeof msg, "%%s: the model has %lld units and %d ranks were started: start at most "
+                     "%lld (one stage a rank)", (long long)units, r->size, (long long)units);
+            return cdp_cli_usage_error(a->cmd, msg, p->source);
+        }
+        stage_range(p, units, r->size, r->rank, &r->first, &r->end);
+    }
     int code = -1;
     if ((st = cdp_device_open(CDP_BACKEND_CPU, 0, 0, &l->dev)) ||
-        (st = cdp_model_create(&p->model, 0, (int)units, B ? B : (int)p->train.micro_batch, 1, p->train.seed,
+        (st = cdp_model_create(&p->model, r->first, r->end, B ? B : (int)p->train.micro_batch, 1, p->train.seed,
                                l->dev, &l->model))) {
         code = fail(a->cmd, st);
     } else {
@@ -194,6 +352,13 @@ static int load_model(const struct infer_args *a, int B, struct loaded *l)
     if (code >= 0) return code;
     if (l->ckpt_path) CDP_INFO(CKPT, "%s: step %lld of %s", a->cmd, (long long)l->step, l->ckpt_path);
     else CDP_INFO(CKPT, "%s: weights %s", a->cmd, l->weights);
+    if (r->world)
+        CDP_INFO(CKPT, "%s: stage %d of %d stages: units [%d, %d) of %lld", a->cmd, r->rank, r->size, r->first,
+                 r->end, (long long)units);
+    else if (p->parallel.stages > 1)
+        CDP_INFO(CKPT, "%s: the plan has %lld stages; this one process holds all %lld units (under mpirun -np %lld "
+                 "each rank holds one stage's)", a->cmd, (long long)p->parallel.stages, (long long)units,
+                 (long long)p->parallel.stages);
     return -1;
 }
 
@@ -251,6 +416,140 @@ static int finish_stdout(const char *cmd)
     return 0;
 }
 
+/* generate after its arguments are read, on one rank or a stage of the pipeline. */
+static int generate_on(const struct infer_args *ap, struct ranks *rk, const char *prompt, int64_t n_new,
+                       double temperature, int64_t top_k, const char *topk_s, uint64_t seed, const char *vocab,
+                       const char *merges)
+{
+    const struct infer_args a = *ap;
+    const int printer = rk->rank == 0, last = rk->rank == rk->size - 1;
+    int code;
+    struct cdp_bpe *bpe = NULL;
+    cdp_status st;
+    if (vocab && (st = cdp_bpe_load(vocab, merges, &bpe))) return fail(a.cmd, st);
+    struct loaded l;
+    if ((code = ranks_agree(rk, load_model(&a, 1, rk, &l))) >= 0) {
+        cdp_bpe_free(bpe);
+        loaded_free(&l);
+        return code;
+    }
+    const struct cdp_plan *p = l.plan;
+    const int64_t V = p->model.vocab, T = p->model.context;
+    int64_t choose = 256; /* ids that can be decoded */
+    code = -1;
+    if (p->model.kind != CDP_MODEL_GPT) {
+        code = cdp_cli_usage_error(a.cmd, "%s: /model is not a GPT preset: generate continues text with a GPT",
+                                   p->source);
+    } else if (bpe) {
+        choose = cdp_bpe_vocab_size(bpe) < V ? cdp_bpe_vocab_size(bpe) : V;
+    } else if (V < 256) {
+        char msg[256];
+        snprintf(msg, sizeof msg, "%%s: /model/vocab is %lld: bytes as tokens need 256; give the model's "
+                 "tokenizer as --vocab and --merges", (long long)V);
+        code = cdp_cli_usage_error(a.cmd, msg, p->source);
+    }
+    if (code < 0 && top_k > choose) {
+        char msg[256];
+        snprintf(msg, sizeof msg, "--top-k %%s is more than the %lld tokens the model chooses from", (long long)choose);
+        code = cdp_cli_usage_error(a.cmd, msg, topk_s);
+    }
+    int32_t *ids = NULL;
+    int64_t n = 0;
+    if (code < 0) {
+        if (bpe) {
+            if ((st = cdp_bpe_encode(bpe, prompt, strlen(prompt), &ids, &n))) {
+                cdp_error_context(st, "--prompt");
+                code = fail(a.cmd, st);
+            }
+        } else {
+            n = (int64_t)strlen(prompt);
+            if (n && !(ids = malloc((size_t)n * sizeof *ids))) code = fail(a.cmd, cdp_fail(CDP_ERR_NOMEM, "out of memory"));
+            for (int64_t i = 0; ids && i < n; i++) ids[i] = (unsigned char)prompt[i];
+        }
+    }
+    if (code < 0 && n == 0) code = cdp_cli_usage_error(a.cmd, "%s", "--prompt: give at least one character");
+    for (int64_t i = 0; code < 0 && i < n; i++)
+        if (ids[i] >= V) {
+            char msg[256];
+            snprintf(msg, sizeof msg, "--prompt: token %lld of %%s is id %d, and /model/vocab is %lld", (long long)i,
+                     ids[i], (long long)V);
+            code = cdp_cli_usage_error(a.cmd, msg, prompt);
+        }
+    if (code < 0 && n > T && !a.quiet && printer)
+        fprintf(stderr, "cdphybrid generate: the prompt is %lld tokens and /model/context %lld: the model sees its "
+                "last %lld\n", (long long)n, (long long)T, (long long)T);
+    int32_t *all = NULL, *win = NULL;
+    float *logits = NULL;
+    void *buf = NULL;
+    const enum cdp_loss loss = cdp_model_loss_of(&p->model);
+    if (code < 0) {
+        all = malloc((size_t)(n + n_new) * sizeof *all);
+        logits = malloc((size_t)V * sizeof *logits);
+        win = malloc((size_t)T * sizeof *win);
+        if (rk->world) buf = stage_buffer(l.model, 1, loss);
+        if (!all || !logits || !win || (rk->world && !buf))
+            code = fail(a.cmd, cdp_fail(CDP_ERR_NOMEM, "out of memory"));
+        else memcpy(all, ids, (size_t)n * sizeof *all);
+    }
+    /* the ranks agree that each can start, then stage 0 prints */
+    code = ranks_agree(rk, code);
+    if (code < 0) {
+        if (printer) {
+            fputs(prompt, stdout);
+            fflush(stdout);
+        }
+        uint64_t state = seed;
+        for (int64_t k = 0; k < n_new; k++) {
+            int32_t next = 0;
+            if (!rk->world) {
+                st = cdp_infer_next_logits(l.model, l.dev, all, n + k, T, V, logits);
+            } else {
+                /* stage 0 embeds the window; the last stage reads the logits of its last token */
+                const int64_t used = cdp_infer_window(all, n + k, T, win);
+                st = rk->rank == 0 ? cdp_device_write(l.dev, cdp_model_input(l.model, 0), win, (uint64_t)T * 4)
+                                   : CDP_OK;
+                if (!st) st = stage_forward(rk, l.model, l.dev, 1, loss, buf);
+                if (!st && last)
+                    st = cdp_device_read(l.dev, logits, cdp_model_output(l.model, 0) + (used - 1) * V,
+                                         (uint64_t)V * 4);
+            }
+            /* the last stage chooses, with the one stream of the seed; the others hear the token */
+            if (!st && last) st = cdp_infer_pick(logits, choose, temperature, top_k, &state, &next);
+            if (!st && rk->world)
+                st = cdp_comm_bcast_bytes(rk->world, &next, sizeof next, rk->size - 1, rk->timeout);
+            if (st) {
+                cdp_error_context(st, "token %lld", (long long)k + 1);
+                if (printer) fputc('\n', stdout);
+                if (rk->world) ranks_fail(rk, a.cmd, st);
+                code = fail(a.cmd, st);
+                break;
+            }
+            all[n + k] = next;
+            if (!printer) {
+            } else if (bpe) {
+                size_t len = 0;
+                const char *b = cdp_bpe_decode(bpe, next, &len);
+                fwrite(b, 1, len, stdout);
+            } else {
+                fputc((unsigned char)next, stdout);
+            }
+            fflush(stdout);
+        }
+        if (code < 0) {
+            if (printer) fputc('\n', stdout);
+            code = finish_stdout(a.cmd);
+        }
+    }
+    free(buf);
+    free(win);
+    free(all);
+    free(logits);
+    free(ids);
+    cdp_bpe_free(bpe);
+    loaded_free(&l);
+    return code;
+}
+
 int cdp_cli_generate(int argc, char **argv)
 {
     struct infer_args a = {.cmd = "generate"};
@@ -301,100 +600,98 @@ int cdp_cli_generate(int argc, char **argv)
         return cdp_cli_usage_error(a.cmd, "%s", "--vocab and --merges go together (GPT-2's vocab.json and merges.txt)");
     set_log(&a);
 
-    struct cdp_bpe *bpe = NULL;
+    struct ranks rk;
     cdp_status st;
-    if (vocab && (st = cdp_bpe_load(vocab, merges, &bpe))) return fail(a.cmd, st);
+    if ((st = ranks_open(&rk))) return fail(a.cmd, st);
+    code = generate_on(&a, &rk, prompt, n_new, temperature, top_k, topk_s, seed, vocab, merges);
+    ranks_close(&rk);
+    return code;
+}
+
+/* The validation loss on a pipeline: micro-batch k flows through the stages
+ * as cdp_infer_val_loss computes it on one rank (the same fetches, kernels and
+ * sum, in the same order); the last stage's sum reaches every rank. */
+static cdp_status pipeline_val_loss(const struct ranks *rk, struct cdp_model *m, cdp_device_t dev,
+                                    struct cdp_data *d, int B, int64_t batches, enum cdp_loss lossk, double *loss,
+                                    int64_t *rows)
+{
+    const struct cdp_sample_shape *sh = cdp_data_shape(d);
+    const int64_t per = sh->tokens ? sh->input_numel : 1, avail = cdp_data_split_size(d, CDP_SPLIT_VAL);
+    void *in = malloc((size_t)B * (size_t)sh->input_numel * 4), *tgt = malloc((size_t)B * (size_t)sh->target_numel * 4);
+    void *buf = stage_buffer(m, B, lossk);
+    cdp_status st = in && tgt && buf ? CDP_OK : cdp_fail(CDP_ERR_NOMEM, "out of memory");
+    const int first_stage = rk->rank == 0, last = rk->rank == rk->size - 1;
+    double sum = 0;
+    for (int64_t k = 0; k < batches && !st; k++) {
+        const int64_t first = (k * B) % (avail > B ? avail - B + 1 : 1);
+        if ((first_stage || last) && (st = cdp_data_fetch(d, CDP_SPLIT_VAL, first, B, in, tgt))) break;
+        if (first_stage &&
+            (st = cdp_device_write(dev, cdp_model_input(m, 0), in, (uint64_t)B * (uint64_t)sh->input_numel * 4)))
+            break;
+        if ((st = stage_forward(rk, m, dev, B, lossk, buf))) break;
+        if (last) {
+            double s = 0;
+            if ((st = cdp_model_loss(m, 0, tgt, 1.0f, &s))) break;
+            sum += s;
+        }
+    }
+    free(in);
+    free(tgt);
+    free(buf);
+    if (!st) st = cdp_comm_bcast_bytes(rk->world, &sum, sizeof sum, rk->size - 1, rk->timeout);
+    if (st) return st;
+    *rows = batches * B * per;
+    *loss = sum / ((double)batches * B * (double)per);
+    return CDP_OK;
+}
+
+/* eval after its arguments are read, on one rank or a stage of the pipeline. */
+static int eval_on(const struct infer_args *a, struct ranks *rk, int64_t batches)
+{
     struct loaded l;
-    if ((code = load_model(&a, 1, &l)) >= 0) {
-        cdp_bpe_free(bpe);
+    int code;
+    if ((code = ranks_agree(rk, load_model(a, 0, rk, &l))) >= 0) {
         loaded_free(&l);
         return code;
     }
     const struct cdp_plan *p = l.plan;
-    const int64_t V = p->model.vocab, T = p->model.context;
-    int64_t choose = 256; /* ids that can be decoded */
-    code = -1;
-    if (p->model.kind != CDP_MODEL_GPT) {
-        code = cdp_cli_usage_error(a.cmd, "%s: /model is not a GPT preset: generate continues text with a GPT",
-                                   p->source);
-    } else if (bpe) {
-        choose = cdp_bpe_vocab_size(bpe) < V ? cdp_bpe_vocab_size(bpe) : V;
-    } else if (V < 256) {
-        char msg[256];
-        snprintf(msg, sizeof msg, "%%s: /model/vocab is %lld: bytes as tokens need 256; give the model's "
-                 "tokenizer as --vocab and --merges", (long long)V);
-        code = cdp_cli_usage_error(a.cmd, msg, p->source);
+    if (!batches) batches = p->train.eval_batches;
+    struct cdp_data *d = NULL;
+    double loss = 0;
+    int64_t rows = 0;
+    cdp_status st = cdp_data_open(&p->data, &p->model, &d);
+    if ((code = ranks_agree(rk, st ? fail(a->cmd, st) : -1)) >= 0) {
+        cdp_data_close(d);
+        loaded_free(&l);
+        return code;
     }
-    if (code < 0 && top_k > choose) {
-        char msg[256];
-        snprintf(msg, sizeof msg, "--top-k %%s is more than the %lld tokens the model chooses from", (long long)choose);
-        code = cdp_cli_usage_error(a.cmd, msg, topk_s);
+    if (rk->world) {
+        st = pipeline_val_loss(rk, l.model, l.dev, d, (int)p->train.micro_batch, batches,
+                               cdp_model_loss_of(&p->model), &loss, &rows);
+        if (st) ranks_fail(rk, a->cmd, st);
+    } else {
+        st = cdp_infer_val_loss(l.model, l.dev, d, (int)p->train.micro_batch, batches, &loss, &rows);
     }
-    int32_t *ids = NULL;
-    int64_t n = 0;
-    if (code < 0) {
-        if (bpe) {
-            if ((st = cdp_bpe_encode(bpe, prompt, strlen(prompt), &ids, &n))) {
-                cdp_error_context(st, "--prompt");
-                code = fail(a.cmd, st);
-            }
-        } else {
-            n = (int64_t)strlen(prompt);
-            if (n && !(ids = malloc((size_t)n * sizeof *ids))) code = fail(a.cmd, cdp_fail(CDP_ERR_NOMEM, "out of memory"));
-            for (int64_t i = 0; ids && i < n; i++) ids[i] = (unsigned char)prompt[i];
+    if (st) {
+        code = fail(a->cmd, st);
+    } else if (rk->rank == 0) {
+        const int tokens = cdp_data_shape(d)->tokens;
+        if (!a->quiet) {
+            if (l.ckpt_path) printf("step %lld of %s", (long long)l.step, l.ckpt_path);
+            else printf("%s", l.weights);
+            printf(", on the validation split of %s: %lld micro-batches of %lld samples",
+                   p->data.path ? p->data.path : "the synthetic data", (long long)batches,
+                   (long long)p->train.micro_batch);
+            if (rk->world) printf(", on %d pipeline stages", rk->size);
+            printf("\n");
         }
+        printf("val_loss %.17g\nperplexity %.17g\n%s %lld\n", loss, exp(loss), tokens ? "tokens" : "samples",
+               (long long)rows);
+        code = finish_stdout(a->cmd);
+    } else {
+        code = 0;
     }
-    if (code < 0 && n == 0) code = cdp_cli_usage_error(a.cmd, "%s", "--prompt: give at least one character");
-    for (int64_t i = 0; code < 0 && i < n; i++)
-        if (ids[i] >= V) {
-            char msg[256];
-            snprintf(msg, sizeof msg, "--prompt: token %lld of %%s is id %d, and /model/vocab is %lld", (long long)i,
-                     ids[i], (long long)V);
-            code = cdp_cli_usage_error(a.cmd, msg, prompt);
-        }
-    if (code < 0 && n > T && !a.quiet)
-        fprintf(stderr, "cdphybrid generate: the prompt is %lld tokens and /model/context %lld: the model sees its "
-                "last %lld\n", (long long)n, (long long)T, (long long)T);
-    int32_t *all = NULL;
-    float *logits = NULL;
-    if (code < 0) {
-        all = malloc((size_t)(n + n_new) * sizeof *all);
-        logits = malloc((size_t)V * sizeof *logits);
-        if (!all || !logits) code = fail(a.cmd, cdp_fail(CDP_ERR_NOMEM, "out of memory"));
-        else memcpy(all, ids, (size_t)n * sizeof *all);
-    }
-    if (code < 0) {
-        fputs(prompt, stdout);
-        fflush(stdout);
-        uint64_t state = seed;
-        for (int64_t k = 0; k < n_new; k++) {
-            int32_t next;
-            if ((st = cdp_infer_next_logits(l.model, l.dev, all, n + k, T, V, logits)) ||
-                (st = cdp_infer_pick(logits, choose, temperature, top_k, &state, &next))) {
-                cdp_error_context(st, "token %lld", (long long)k + 1);
-                fputc('\n', stdout);
-                code = fail(a.cmd, st);
-                break;
-            }
-            all[n + k] = next;
-            if (bpe) {
-                size_t len = 0;
-                const char *b = cdp_bpe_decode(bpe, next, &len);
-                fwrite(b, 1, len, stdout);
-            } else {
-                fputc((unsigned char)next, stdout);
-            }
-            fflush(stdout);
-        }
-        if (code < 0) {
-            fputc('\n', stdout);
-            code = finish_stdout(a.cmd);
-        }
-    }
-    free(all);
-    free(logits);
-    free(ids);
-    cdp_bpe_free(bpe);
+    cdp_data_close(d);
     loaded_free(&l);
     return code;
 }
@@ -427,34 +724,10 @@ int cdp_cli_eval(int argc, char **argv)
     int code;
     if (batches_s && (code = parse_count(a.cmd, "--batches", batches_s, 1, 1 << 30, &batches)) >= 0) return code;
     set_log(&a);
-    struct loaded l;
-    if ((code = load_model(&a, 0, &l)) >= 0) {
-        loaded_free(&l);
-        return code;
-    }
-    const struct cdp_plan *p = l.plan;
-    if (!batches) batches = p->train.eval_batches;
-    struct cdp_data *d = NULL;
-    double loss = 0;
-    int64_t rows = 0;
-    cdp_status st = cdp_data_open(&p->data, &p->model, &d);
-    if (!st) st = cdp_infer_val_loss(l.model, l.dev, d, (int)p->train.micro_batch, batches, &loss, &rows);
-    if (st) {
-        code = fail(a.cmd, st);
-    } else {
-        const int tokens = cdp_data_shape(d)->tokens;
-        if (!a.quiet) {
-            if (l.ckpt_path) printf("step %lld of %s", (long long)l.step, l.ckpt_path);
-            else printf("%s", l.weights);
-            printf(", on the validation split of %s: %lld micro-batches of %lld samples\n",
-                   p->data.path ? p->data.path : "the synthetic data", (long long)batches,
-                   (long long)p->train.micro_batch);
-        }
-        printf("val_loss %.17g\nperplexity %.17g\n%s %lld\n", loss, exp(loss), tokens ? "tokens" : "samples",
-               (long long)rows);
-        code = finish_stdout(a.cmd);
-    }
-    cdp_data_close(d);
-    loaded_free(&l);
+    struct ranks rk;
+    cdp_status st;
+    if ((st = ranks_open(&rk))) return fail(a.cmd, st);
+    code = eval_on(&a, &rk, batches);
+    ranks_close(&rk);
     return code;
 }

@@ -9,14 +9,21 @@
 #include "cdp/core.h"
 #include "core/hash.h"
 
+int64_t cdp_infer_window(const int32_t *tokens, int64_t n, int64_t context, int32_t *win)
+{
+    const int64_t used = n < context ? n : context, from = n - used;
+    memset(win, 0, (size_t)context * sizeof *win);
+    memcpy(win, tokens + from, (size_t)used * sizeof *win);
+    return used;
+}
+
 cdp_status cdp_infer_next_logits(struct cdp_model *m, cdp_device_t dev, const int32_t *tokens, int64_t n,
                                  int64_t context, int64_t vocab, float *logits)
 {
     if (n < 1 || context < 1) return cdp_fail(CDP_ERR_INVALID, "no token to continue from");
-    const int64_t used = n < context ? n : context, from = n - used;
-    int32_t *win = calloc((size_t)context, sizeof *win);
+    int32_t *win = malloc((size_t)context * sizeof *win);
     if (!win) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
-    memcpy(win, tokens + from, (size_t)used * sizeof *win);
+    const int64_t used = cdp_infer_window(tokens, n, context, win);
     cdp_status st = cdp_device_write(dev, cdp_model_input(m, 0), win, (uint64_t)context * 4);
     free(win);
     if (!st) st = cdp_model_forward(m, 0);

@@ -15,6 +15,12 @@
 extern "C" {
 #endif
 
+/* The window the model sees after tokens[0 .. n) (n >= 1): the last
+ * `context` tokens when n is more, at win[0 ..], the rest of win's `context`
+ * entries token 0. Returns how many are tokens (the logits to read are those
+ * of position that - 1). */
+int64_t cdp_infer_window(const int32_t *tokens, int64_t n, int64_t context, int32_t *win);
+
 /* The logits of the token after tokens[0 .. n) (n >= 1) of a whole GPT made
  * for micro-batches of one sample of `context` tokens: the last `context`
  * tokens when n is more, placed at positions 0 .. and the rest of the window
