@@ -1081,10 +1081,10 @@ static cdp_status ctx_init_modes(struct ctx *c, const struct cdp_plan *plan, con
     char from[160];
     for (int d = 0; d < c->nd; d++)
         if (device_cap(plan, t, d) > largest) largest = device_cap(plan, t, d);
-    if (c->hv)
-        for (int nd = 0; nd < t->n_nodes; nd++)
-            if (node_capacity(plan, t, nd, from, sizeof from) > (double)largest)
-                largest = (uint64_t)node_capacity(plan, t, nd, from, sizeof from);
+    for (int nd = 0; c->hv && nd < t->n_nodes; nd++) {
+        const double x = node_capacity(plan, t, nd, from, sizeof from); /* may read /proc/meminfo */
+        if (x > (double)largest) largest = (uint64_t)x;
+    }
     for (int i = 0; largest && i < c->n; i++)
         if (c->mi->ub[i].scratch_bytes > largest) {
             char a[32], b[32];

@@ -501,18 +501,13 @@ static int generate_on(const struct infer_args *ap, struct ranks *rk, const char
         uint64_t state = seed;
         for (int64_t k = 0; k < n_new; k++) {
             int32_t next = 0;
-            if (!rk->world) {
-                st = cdp_infer_next_logits(l.model, l.dev, all, n + k, T, V, logits);
-            } else {
-                /* stage 0 embeds the window; the last stage reads the logits of its last token */
-                const int64_t used = cdp_infer_window(all, n + k, T, win);
-                st = rk->rank == 0 ? cdp_device_write(l.dev, cdp_model_input(l.model, 0), win, (uint64_t)T * 4)
-                                   : CDP_OK;
-                if (!st) st = stage_forward(rk, l.model, l.dev, 1, loss, buf);
-                if (!st && last)
-                    st = cdp_device_read(l.dev, logits, cdp_model_output(l.model, 0) + (used - 1) * V,
-                                         (uint64_t)V * 4);
-            }
+            /* stage 0 embeds the window; the last stage reads the logits of its
+             * last token (one rank is a pipeline of one stage) */
+            const int64_t used = cdp_infer_window(all, n + k, T, win);
+            st = rk->rank == 0 ? cdp_device_write(l.dev, cdp_model_input(l.model, 0), win, (uint64_t)T * 4) : CDP_OK;
+            if (!st) st = stage_forward(rk, l.model, l.dev, 1, loss, buf);
+            if (!st && last)
+                st = cdp_device_read(l.dev, logits, cdp_model_output(l.model, 0) + (used - 1) * V, (uint64_t)V * 4);
             /* the last stage chooses, with the one stream of the seed; the others hear the token */
             if (!st && last) st = cdp_infer_pick(logits, choose, temperature, top_k, &state, &next);
             if (!st && rk->world)
@@ -608,18 +603,22 @@ int cdp_cli_generate(int argc, char **argv)
     return code;
 }
 
-/* The validation loss on a pipeline: micro-batch k flows through the stages
- * as cdp_infer_val_loss computes it on one rank (the same fetches, kernels and
- * sum, in the same order); the last stage's sum reaches every rank. */
-static cdp_status pipeline_val_loss(const struct ranks *rk, struct cdp_model *m, cdp_device_t dev,
+/* Validation loss as training's validation computes it (pipeline/interpret.c
+ * cdp_exec_validate): `batches` micro-batches of B samples of the validation
+ * split, micro-batch k starting at sample (k B) mod (split - B + 1), flowing
+ * through the stages (one rank: a pipeline of one stage), the loss summed over
+ * every row by the last stage, in that order, and divided by batches x B x
+ * rows per sample; the sum reaches every rank. *rows: the rows (tokens, or
+ * samples for other models) it averaged over. */
+static cdp_status val_loss(const struct ranks *rk, struct cdp_model *m, cdp_device_t dev,
                                     struct cdp_data *d, int B, int64_t batches, enum cdp_loss lossk, double *loss,
                                     int64_t *rows)
 {
     const struct cdp_sample_shape *sh = cdp_data_shape(d);
     const int64_t per = sh->tokens ? sh->input_numel : 1, avail = cdp_data_split_size(d, CDP_SPLIT_VAL);
     void *in = malloc((size_t)B * (size_t)sh->input_numel * 4), *tgt = malloc((size_t)B * (size_t)sh->target_numel * 4);
-    void *buf = stage_buffer(m, B, lossk);
-    cdp_status st = in && tgt && buf ? CDP_OK : cdp_fail(CDP_ERR_NOMEM, "out of memory");
+    void *buf = rk->world ? stage_buffer(m, B, lossk) : NULL;
+    cdp_status st = in && tgt && (buf || !rk->world) ? CDP_OK : cdp_fail(CDP_ERR_NOMEM, "out of memory");
     const int first_stage = rk->rank == 0, last = rk->rank == rk->size - 1;
     double sum = 0;
     for (int64_t k = 0; k < batches && !st; k++) {
@@ -638,7 +637,7 @@ static cdp_status pipeline_val_loss(const struct ranks *rk, struct cdp_model *m,
     free(in);
     free(tgt);
     free(buf);
-    if (!st) st = cdp_comm_bcast_bytes(rk->world, &sum, sizeof sum, rk->size - 1, rk->timeout);
+    if (!st && rk->world) st = cdp_comm_bcast_bytes(rk->world, &sum, sizeof sum, rk->size - 1, rk->timeout);
     if (st) return st;
     *rows = batches * B * per;
     *loss = sum / ((double)batches * B * (double)per);
@@ -665,13 +664,9 @@ static int eval_on(const struct infer_args *a, struct ranks *rk, int64_t batches
         loaded_free(&l);
         return code;
     }
-    if (rk->world) {
-        st = pipeline_val_loss(rk, l.model, l.dev, d, (int)p->train.micro_batch, batches,
-                               cdp_model_loss_of(&p->model), &loss, &rows);
-        if (st) ranks_fail(rk, a->cmd, st);
-    } else {
-        st = cdp_infer_val_loss(l.model, l.dev, d, (int)p->train.micro_batch, batches, &loss, &rows);
-    }
+    st = val_loss(rk, l.model, l.dev, d, (int)p->train.micro_batch, batches, cdp_model_loss_of(&p->model), &loss,
+                  &rows);
+    if (st && rk->world) ranks_fail(rk, a->cmd, st);
     if (st) {
         code = fail(a->cmd, st);
     } else if (rk->rank == 0) {

@@ -13,13 +13,6 @@
 #include "model/layer_def.h"
 #include "model/layers/common.h" /* shape helpers, cdp_mul_add */
 
-static int64_t shape_numel(const struct cdp_shape *s)
-{
-    int64_t n = 1;
-    for (int i = 0; i < s->ndim; i++) n *= s->d[i];
-    return n;
-}
-
 /* A unit of type d->type on input in: its output shape, parameters, work. */
 static void make_unit(struct cdp_unit *u, const struct cdp_layer_desc *d, struct cdp_shape in,
                       const struct cdp_model_desc *m)
@@ -155,7 +148,7 @@ cdp_status cdp_units_build(const struct cdp_model_desc *m, struct cdp_unit **out
         struct cdp_unit *u = &units[i];
         u->index = i;
         u->T = m->kind == CDP_MODEL_GPT ? m->context : (units[0].in_tokens ? units[0].in.d[0] : 0);
-        u->out_floats = shape_numel(&u->out);
+        u->out_floats = cdp_shape_numel(&u->out);
         cdp_layer_def(u->desc.type)->cost(u);
         cdp_unit_set_recompute(u, CDP_RECOMPUTE_NONE);
     }
