@@ -3,11 +3,13 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -104,6 +106,29 @@ void cdp_test_run_free(struct cdp_run *r)
     r->out = r->err = NULL;
 }
 
+/* The folders this process made, removed when it exits (each Criterion test
+ * runs in a process of its own) unless CDP_TEST_KEEP is set, for a look at
+ * what a failed test left. A child made by fork inherits the list but not the
+ * duty: only the process that made a folder removes it. */
+static struct {
+    pid_t pid;
+    int n;
+    char path[64][4096];
+} made;
+
+static int remove_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)sb, (void)flag, (void)ftw;
+    remove(path);
+    return 0;
+}
+
+static void remove_made(void)
+{
+    if (made.pid != getpid()) return;
+    for (int i = 0; i < made.n; i++) nftw(made.path[i], remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
 const char *cdp_test_tmpdir(void)
 {
     static char path[4096];
@@ -112,6 +137,15 @@ const char *cdp_test_tmpdir(void)
     if (!mkdtemp(path)) {
         perror("mkdtemp");
         abort();
+    }
+    const char *keep = getenv("CDP_TEST_KEEP");
+    if (!(keep && *keep)) {
+        if (made.pid != getpid()) {
+            if (made.pid == 0) atexit(remove_made);
+            made.pid = getpid();
+            made.n = 0;
+        }
+        if (made.n < (int)(sizeof made.path / sizeof made.path[0])) snprintf(made.path[made.n++], 4096, "%s", path);
     }
     return path;
 }
