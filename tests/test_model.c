@@ -86,6 +86,12 @@ static void check_counted_work(const char *json, int B)
         const struct cdp_unit *u = cdp_model_unit(m, i);
         cr_assert_geq(u->fwd_flops, 0);
         cr_assert_geq(u->act_floats, u->out_floats, "%s keeps its output", cdp_layer_name(u->desc.type));
+        /* W's part of the backward; a type without parameters leaves W nothing */
+        cr_assert(u->bwd_weight_flops >= 0 && u->bwd_weight_flops <= u->bwd_flops, "%s",
+                  cdp_layer_name(u->desc.type));
+        cr_assert_geq(u->wstate_floats, 0);
+        if (!u->n_params) cr_assert(u->bwd_weight_flops == 0 && u->wstate_floats == 0, "%s", cdp_layer_name(u->desc.type));
+        else cr_assert_gt(u->wstate_floats, 0, "%s", cdp_layer_name(u->desc.type));
     }
     sgemm_flops = 0;
     cr_assert_eq(cdp_model_forward(m, 0), CDP_OK);
@@ -340,6 +346,18 @@ Test(model, table_memory_matches_hand_counts)
     cr_assert_eq(u[2].params[2].tied_unit, 0);
     cr_assert_eq(u[2].act_floats, 4 * 50 + 32 + 8);
     cr_assert_eq(u[0].param_count + u[1].param_count + u[2].param_count, cdp_plan_param_count(p));
+    /* split backward: W does the parameter products (block 24 T C^2, head 2 T C V) and holds copies
+     * of output gradients: the embedding's T C, the block's 11 T C (dout, dfch 4, dln2, dres2, dqkv 3,
+     * dln1), the head's dln T C (its logits' gradient is computed again) */
+    cr_assert_float_eq(u[0].bwd_weight_flops, 0, 1e-9);
+    cr_assert_eq(u[0].wstate_floats, 32);
+    cr_assert_float_eq(u[1].bwd_weight_flops, 24.0 * 4 * 64, 1e-9);
+    cr_assert_eq(u[1].wstate_floats, 11 * 32);
+    cr_assert_float_eq(u[2].bwd_weight_flops, 2.0 * 4 * 8 * 50, 1e-9);
+    cr_assert_eq(u[2].wstate_floats, 32);
+    struct cdp_unit_bytes ub;
+    cdp_unit_bytes(&u[1], 3, CDP_LOSS_CROSS_ENTROPY, &ub);
+    cr_assert_eq(ub.wstate_bytes, 3 * 11 * 32 * 4);
     free(u);
     cdp_plan_free(p);
 }

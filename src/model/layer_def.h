@@ -51,9 +51,10 @@ struct cdp_layer_def {
     /* Fills the parameters of u, whose desc, in and out are set; m is the
      * model (GPT presets initialise as GPT-2 does). NULL: no parameters. */
     void (*build)(struct cdp_unit *u, const struct cdp_model_desc *m);
-    /* Work and memory per sample: fwd_flops, bwd_flops, act_floats (output
-     * included), att_floats, and for a type with a recompute hook tail_floats
-     * and tail_flops; out_floats is set. */
+    /* Work and memory per sample: fwd_flops, bwd_flops and its part
+     * bwd_weight_flops, act_floats (output included), att_floats,
+     * wstate_floats, and for a type with a recompute hook tail_floats and
+     * tail_flops; out_floats is set. */
     void (*cost)(struct cdp_unit *u);
     /* Scratch floats for a micro-batch of B (forward and backward share
      * them). NULL: none. */

@@ -132,6 +132,7 @@ void cdp_unit_bytes(const struct cdp_unit *u, int B, enum cdp_loss loss, struct 
     }
     out->act_bytes = b * (uint64_t)u->keep_floats * 4;
     out->work_bytes = b * (uint64_t)u->work_floats * 4;
+    out->wstate_bytes = b * (uint64_t)u->wstate_floats * 4;
     out->scratch_bytes = (uint64_t)cdp_unit_scratch_floats(u, B) * 4;
     out->io_bytes = b * (in > o ? in : o) * 4;
     out->input_bytes = b * in * 4;
@@ -182,6 +183,13 @@ void cdp_model_bytes_of(const struct cdp_range_terms *t, uint64_t shared_floats,
                               out->losses, out->scratch, out->grad_buffers, out->recompute};
     out->total = 0;
     for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) out->total = cdp_sat_add(out->total, parts[i]);
+}
+
+void cdp_model_bytes_add_wstate(struct cdp_model_bytes *mb, uint64_t wstate_sum, int wslots)
+{
+    if (mb->total != UINT64_MAX) mb->total -= mb->wstate; /* a saturated total stays saturated */
+    mb->wstate = cdp_sat_mul(wslots > 0 ? (uint64_t)wslots : 0, wstate_sum);
+    mb->total = cdp_sat_add(mb->total, mb->wstate);
 }
 
 static cdp_status alloc(struct cdp_model *m, uint64_t bytes, const char *what, cdp_buffer_t *out)

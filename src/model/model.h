@@ -46,6 +46,9 @@ struct cdp_model_bytes {
     uint64_t scratch;         /* the largest unit scratch */
     uint64_t grad_buffers;    /* the backward's two gradients in flight: 2 x the widest input or output */
     uint64_t recompute;       /* the work buffer activations are computed again into: the largest unit's */
+    uint64_t wstate;          /* split backward (cdp_model_set_split_backward): wslots x the units'
+                               * wstate_bytes; cdp_model_bytes_of leaves it 0 (no W-state slots), a
+                               * range with wslots adds it with cdp_model_bytes_add_wstate */
     uint64_t total;
 };
 
@@ -61,6 +64,8 @@ struct cdp_unit_bytes {
     int tied_owner;         /* -1: none */
     uint64_t act_bytes;     /* sum: kept activations per slot (output included), in the unit's recompute mode */
     uint64_t work_bytes;    /* max: what its backward computes again into the work buffer */
+    uint64_t wstate_bytes;  /* sum: its W-state per micro-batch (wstate_floats x B x 4), held from its
+                             * backward's input half (B) to its weight half (W) under split backward */
     uint64_t scratch_bytes; /* max */
     uint64_t io_bytes;      /* max: its input or output, whichever is wider (floats x 4) */
     uint64_t input_bytes;   /* its input per slot (int32 tokens or floats, 4 bytes each) */
@@ -88,6 +93,10 @@ void cdp_range_terms_add(struct cdp_range_terms *t, const struct cdp_unit_bytes 
 void cdp_model_bytes_of(const struct cdp_range_terms *t, uint64_t shared_floats, const struct cdp_unit_bytes *first,
                         const struct cdp_unit_bytes *last, int ends_model, int slots, int grad_shards, int grad_shard,
                         struct cdp_model_bytes *out);
+
+/* Split backward: sets mb->wstate to wslots x wstate_sum (the range's units'
+ * wstate_bytes added up) and adds it to mb->total, saturating. */
+void cdp_model_bytes_add_wstate(struct cdp_model_bytes *mb, uint64_t wstate_sum, int wslots);
 
 /* The loss a model trains with: cross-entropy for a GPT, else the plan's. */
 enum cdp_loss cdp_model_loss_of(const struct cdp_model_desc *desc);

@@ -52,6 +52,9 @@ static void cost(struct cdp_unit *u)
     u->bwd_flops = 16.0 * T * C * C + cdp_attention_flops(T, C, u->desc.causal, 1);
     u->att_floats = u->desc.heads * T * T;
     u->act_floats = 3 * T * C + u->att_floats + T * C + T * C;
+    /* W: both projections' dw and db, from copies of their output gradients (dout, dqkv) */
+    u->bwd_weight_flops = 8.0 * T * C * C;
+    u->wstate_floats = T * C + 3 * T * C;
     /* selective: the attention's output and state, from the kept qkv */
     u->tail_floats = T * C;
     u->tail_flops = cdp_attention_flops(T, C, u->desc.causal, 0);

@@ -65,6 +65,9 @@ static void cost(struct cdp_unit *u)
     u->act_floats = u->out_floats;
     u->fwd_flops = gemm;
     u->bwd_flops = 2.0 * gemm;
+    /* W: dw += corr(in, dout) (and db) from a copy of the output gradient */
+    u->bwd_weight_flops = gemm;
+    u->wstate_floats = u->out_floats;
 }
 
 /* one image's im2col matrix (-1 when it overflows: cdp_units_check_sizes) */

@@ -61,7 +61,14 @@ static void build(struct cdp_unit *u, const struct cdp_model_desc *m)
         cdp_unit_add_param(u, "wpe", 2, d->context, d->dim, 0, 0, CDP_INIT_NORMAL, gpt ? 0.01f : 1.0f, 1);
 }
 
-static void cost(struct cdp_unit *u) { u->act_floats = u->out_floats; }
+static void cost(struct cdp_unit *u)
+{
+    u->act_floats = u->out_floats;
+    /* no input gradient (tokens): its whole backward, a scatter-add (no products), is W's, from a copy of
+     * the output gradient that B keeps */
+    u->bwd_weight_flops = 0;
+    u->wstate_floats = u->out_floats;
+}
 
 static cdp_status forward(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p, const void *in,
                           float *act, float *tail, float *scratch, int B)

@@ -28,7 +28,13 @@ static void build(struct cdp_unit *u, const struct cdp_model_desc *m)
     cdp_unit_add_norm_params(u, "", cdp_shape_last(&u->in));
 }
 
-static void cost(struct cdp_unit *u) { u->act_floats = u->out_floats + 2 * cdp_shape_rows(&u->in); }
+static void cost(struct cdp_unit *u)
+{
+    u->act_floats = u->out_floats + 2 * cdp_shape_rows(&u->in);
+    /* W (no products): the weight and bias gradients from a copy of the output gradient */
+    u->bwd_weight_flops = 0;
+    u->wstate_floats = u->out_floats;
+}
 
 static int64_t scratch(const struct cdp_unit *u, int B) { return (int64_t)B * cdp_shape_numel(&u->in); }
 

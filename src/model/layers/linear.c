@@ -46,6 +46,9 @@ static void cost(struct cdp_unit *u)
     u->fwd_flops = 2.0 * rows * last * (double)u->desc.out;
     u->bwd_flops = 4.0 * rows * last * (double)u->desc.out;
     u->act_floats = u->out_floats;
+    /* W: dw += dout^T . in (and db) from a copy of the output gradient */
+    u->bwd_weight_flops = 2.0 * rows * last * (double)u->desc.out;
+    u->wstate_floats = u->out_floats;
 }
 
 static cdp_status forward(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p, const void *in,

@@ -33,6 +33,11 @@ static void cost(struct cdp_unit *u)
     u->fwd_flops = 2.0 * T * C * V;
     u->bwd_flops = 4.0 * T * C * V;
     u->act_floats = T * V + T * C + 2 * T;
+    /* W: the head's dw += dlogits^T . ln, the norm's from dln (the W-state). The logits' gradient is not
+     * kept: the model computes it again at W from the kept logits and targets (the loss's backward, the
+     * same kernel on the same inputs), T x V floats a sample it would otherwise hold */
+    u->bwd_weight_flops = 2.0 * T * C * V;
+    u->wstate_floats = T * C;
 }
 
 /* the normalised input's gradient, and a sink for the input's when unwanted */

@@ -56,6 +56,10 @@ static void cost(struct cdp_unit *u)
     u->bwd_flops = 48.0 * T * C * C + cdp_attention_flops(T, C, 1, 1);
     u->att_floats = u->desc.heads * T * T;
     u->act_floats = 16 * T * C + 4 * T + u->att_floats;
+    /* W: the four projections' dw and db and the two norms', from the output gradients of each
+     * (block_wstate): dout C, dfch 4C, dln2 C, dres2 C, dqkv 3C, dln1 C */
+    u->bwd_weight_flops = 24.0 * T * C * C;
+    u->wstate_floats = 11 * T * C;
     /* selective: both layernorms' outputs, the attention's output and state,
      * the GELU's output (block_layout) */
     u->tail_floats = 7 * T * C;
