@@ -568,6 +568,27 @@ Test(model, split_backward_reduces_sharded_gradients_as_the_combined_backward)
                    cpu, 0);
 }
 
+/* The stand-in CUDA module of tests/fake-cuda: memory the host may not
+ * address (everything staged as for a GPU), the CPU kernels behind it. */
+static cdp_device_t fake_cuda(void)
+{
+    const char *fake = getenv("CDP_FAKE_CUDA_DIR");
+    cr_assert_not_null(fake, "CDP_FAKE_CUDA_DIR is not set (run the tests through meson test)");
+    setenv("CDP_MODULE_DIR", fake, 1);
+    cdp_device_t d = NULL;
+    cr_assert_eq(cdp_device_open(CDP_BACKEND_CUDA, 0, 0, &d), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(cdp_device_host_visible(d), 0);
+    return d;
+}
+
+Test(model, split_backward_on_a_device_the_host_cannot_address)
+{
+    check_split_on("{\"model\": {\"preset\": \"gpt\", \"vocab\": 37, \"context\": 9, \"layers\": 2, "
+                   "\"heads\": 3, \"embed\": 24}}", 2, 1, 1, fake_cuda, 0);
+    check_split_on("{\"model\": {\"preset\": \"mlp\", \"input\": [12], \"hidden\": [32, 24], \"classes\": 5}}", 2, 1, 2,
+                   fake_cuda, 0);
+}
+
 /* Bad calls are errors, not crashes. */
 Test(model, split_backward_refuses_bad_slots)
 {
