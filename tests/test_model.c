@@ -14,6 +14,7 @@
 #include "cdp/plan.h"
 #include "harness.h"
 #include "kernels/ops.h"
+#include "model/layer_def.h"
 #include "model/layers.h"
 #include "model/model.h"
 #include "model/optim.h"
@@ -524,6 +525,17 @@ static void check_split_on(const char *json, int B, int loss, int shards, cdp_de
 static void check_split(const char *json, int B, int loss)
 {
     check_split_on(json, B, loss, 1, cpu, 1);
+}
+
+/* Every type with parameters has both halves (layer_def.h); the others neither. */
+Test(model, every_type_with_parameters_splits_its_backward)
+{
+    for (int t = 0; t < CDP_LAYER_TYPE_COUNT; t++) {
+        const struct cdp_layer_def *d = cdp_layer_def((enum cdp_layer_type)t);
+        const int has_params = d->build != NULL;
+        cr_assert_eq(d->backward_input != NULL, has_params, "%s: backward_input", d->name);
+        cr_assert_eq(d->backward_weight != NULL, has_params, "%s: backward_weight", d->name);
+    }
 }
 
 /* Every layer type: explicit lists given an output gradient. */

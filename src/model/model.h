@@ -179,8 +179,8 @@ cdp_status cdp_model_forward(struct cdp_model *m, int slot);
 /* For a model that ends with the model's last unit: the loss of the slot's
  * micro-batch against targets (host memory: int32 classes / next tokens, or
  * float values; copied to the device), summed over its rows into *loss_sum, and
- * the output gradient scaled by `scale` (1 / rows in the global batch) kept for
- * cdp_model_backward. */
+ * the output gradient scaled by `scale` (1 / rows in the global batch) kept, per
+ * slot, for cdp_model_backward (and split backward's B and W). */
 cdp_status cdp_model_loss(struct cdp_model *m, int slot, const void *targets, float scale,
                           double *loss_sum);
 
