@@ -91,8 +91,9 @@ static void check_counted_work(const char *json, int B)
         cr_assert(u->bwd_weight_flops >= 0 && u->bwd_weight_flops <= u->bwd_flops, "%s",
                   cdp_layer_name(u->desc.type));
         cr_assert_geq(u->wstate_floats, 0);
-        if (!u->n_params) cr_assert(u->bwd_weight_flops == 0 && u->wstate_floats == 0, "%s", cdp_layer_name(u->desc.type));
-        else cr_assert_gt(u->wstate_floats, 0, "%s", cdp_layer_name(u->desc.type));
+        const char *name = cdp_layer_name(u->desc.type);
+        if (!u->n_params) cr_assert(u->bwd_weight_flops == 0 && u->wstate_floats == 0, "%s", name);
+        else cr_assert_gt(u->wstate_floats, 0, "%s", name);
     }
     sgemm_flops = 0;
     cr_assert_eq(cdp_model_forward(m, 0), CDP_OK);
