@@ -280,8 +280,6 @@ cdp_status cdp_unit_backward_split(const struct cdp_kernels *k, const struct cdp
     return cdp_layer_def(u->desc.type)->backward(k, u, p, g, in, act, tail, dout, din, scratch, B);
 }
 
-float *cdp_unit_tail_in(const struct cdp_unit *u, const float *act, int B) { return tail_in(u, act, B); }
-
 int cdp_unit_weight_takes_dout(const struct cdp_unit *u) { return cdp_layer_def(u->desc.type)->weight_takes_dout; }
 
 cdp_status cdp_unit_backward_input(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p,

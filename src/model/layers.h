@@ -181,9 +181,6 @@ cdp_status cdp_unit_backward_weight(const struct cdp_kernels *k, const struct cd
 /* 1 when u's backward_weight needs its output gradient again (lm_head: the
  * loss's gradient, computed again from the kept logits and targets). */
 int cdp_unit_weight_takes_dout(const struct cdp_unit *u);
-/* Where u's tail starts in a contiguous act of B samples (after the kept
- * activations), for callers of the split passes that keep everything. */
-float *cdp_unit_tail_in(const struct cdp_unit *u, const float *act, int B);
 
 /* The same passes with the kept activations (B x (act_floats - tail)) at act
  * and the selective tail (B x cdp_unit_tail_floats) at tail, anywhere; and the
