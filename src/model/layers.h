@@ -60,6 +60,15 @@ struct cdp_unit {
     struct cdp_param_desc params[CDP_UNIT_MAX_PARAMS];
     int64_t param_count;          /* parameters this unit owns (tied ones not counted) */
     double fwd_flops, bwd_flops;  /* per sample */
+    /* Split backward (cdp_unit_backward_input / cdp_unit_backward_weight; docs/training.md):
+     * B computes the input gradient, W the parameter gradients, later. */
+    double bwd_weight_flops;      /* per sample: the part of bwd_flops that W does (the parameter gradients'
+                                   * products); B does bwd_flops - bwd_weight_flops */
+    int64_t wstate_floats;        /* per sample: the W-state, what W needs that B leaves and nothing else keeps
+                                   * (copies of output gradients of the unit's products and norms), held by
+                                   * a micro-batch from its B to its W besides its activations (0: no
+                                   * parameters). Under recomputation W computes again what B did (the same
+                                   * work, recompute_flops, once more), so this does not depend on the mode */
     int64_t act_floats;           /* kept from forward to backward, output included */
     int64_t att_floats;           /* attention's saved state per sample, part of act_floats (heads*T*T
                                    * unless the kernel table keeps less: cdp_unit_fit_kernels) */
@@ -71,7 +80,8 @@ struct cdp_unit {
     enum cdp_recompute recompute; /* the mode its kept and work floats are for */
     int64_t keep_floats;          /* per sample, kept per micro-batch from forward to backward */
     int64_t work_floats;          /* per sample, computed again into the model's one work buffer */
-    double recompute_flops;       /* per sample: the matrix work its backward adds to compute them again */
+    double recompute_flops;       /* per sample: the matrix work its backward adds to compute them again
+                                   * (split backward: B adds it, and W adds it again) */
 };
 
 /* The partition units of a model description; *out is malloc'd (n entries). */
@@ -149,6 +159,28 @@ cdp_status cdp_unit_forward(const struct cdp_kernels *k, const struct cdp_unit *
 cdp_status cdp_unit_backward(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *params,
                              float *const *dparams, const void *in, const float *act, const float *dout,
                              float *din, float *scratch, int B);
+
+/* Split backward (docs/training.md): cdp_unit_backward as two calls, B then
+ * W, whose gradients are the combined backward's bits (the same kernels on
+ * the same values, each parameter gradient accumulated once per call as the
+ * combined backward does; across micro-batches, in the order the Ws run).
+ * backward_input: din (+=; NULL: not wanted) as cdp_unit_backward, no
+ * parameter gradient touched; fills ws, B x wstate_floats floats of k's
+ * device, with what W needs. backward_weight: dparams += from ws, the kept
+ * activations and the input, which must be unchanged since B; dout: the
+ * output gradient again where cdp_unit_weight_takes_dout says so (lm_head),
+ * else ignored (NULL). After it ws may be reused. The activations and tail
+ * are as for cdp_unit_backward_split: under recomputation the caller
+ * computes them again before each of the two calls. */
+cdp_status cdp_unit_backward_input(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *params,
+                                   const void *in, const float *act, const float *tail, const float *dout,
+                                   float *din, float *ws, float *scratch, int B);
+cdp_status cdp_unit_backward_weight(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *params,
+                                    float *const *dparams, const void *in, const float *act, const float *tail,
+                                    const float *dout, const float *ws, float *scratch, int B);
+/* 1 when u's backward_weight needs its output gradient again (lm_head: the
+ * loss's gradient, computed again from the kept logits and targets). */
+int cdp_unit_weight_takes_dout(const struct cdp_unit *u);
 
 /* The same passes with the kept activations (B x (act_floats - tail)) at act
  * and the selective tail (B x cdp_unit_tail_floats) at tail, anywhere; and the

@@ -61,7 +61,14 @@ static void build(struct cdp_unit *u, const struct cdp_model_desc *m)
         cdp_unit_add_param(u, "wpe", 2, d->context, d->dim, 0, 0, CDP_INIT_NORMAL, gpt ? 0.01f : 1.0f, 1);
 }
 
-static void cost(struct cdp_unit *u) { u->act_floats = u->out_floats; }
+static void cost(struct cdp_unit *u)
+{
+    u->act_floats = u->out_floats;
+    /* no input gradient (tokens): its whole backward, a scatter-add (no products), is W's, from a copy of
+     * the output gradient that B keeps */
+    u->bwd_weight_flops = 0;
+    u->wstate_floats = u->out_floats;
+}
 
 static cdp_status forward(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p, const void *in,
                           float *act, float *tail, float *scratch, int B)
@@ -84,6 +91,25 @@ static cdp_status backward(const struct cdp_kernels *k, const struct cdp_unit *u
     return CDP_OK;
 }
 
+/* B: no input gradient (tokens); the output gradient kept for W */
+static cdp_status backward_input(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p,
+                                 const void *in, const float *act, const float *tail, const float *dout,
+                                 float *din, float *ws, float *scratch, int B)
+{
+    (void)p, (void)in, (void)act, (void)tail, (void)din, (void)scratch;
+    K(copy, ws, dout, (size_t)B * u->out_floats * sizeof *ws);
+    return CDP_OK;
+}
+
+/* W: the whole backward, from that copy */
+static cdp_status backward_weight(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p,
+                                  float *const *g, const void *in, const float *act, const float *tail,
+                                  const float *dout, const float *ws, float *scratch, int B)
+{
+    (void)dout;
+    return backward(k, u, p, g, in, act, tail, ws, NULL, scratch, B);
+}
+
 const struct cdp_layer_def cdp_layer_embedding = {
     .type = CDP_LAYER_EMBEDDING,
     .name = "embedding",
@@ -98,4 +124,6 @@ const struct cdp_layer_def cdp_layer_embedding = {
     .cost = cost,
     .forward = forward,
     .backward = backward,
+    .backward_input = backward_input,
+    .backward_weight = backward_weight,
 };

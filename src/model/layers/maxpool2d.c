@@ -32,7 +32,13 @@ static void describe(const struct cdp_layer_desc *L, char *buf, size_t cap)
     snprintf(buf, cap, " kernel %lld, stride %lld", (long long)L->kernel, (long long)L->stride);
 }
 
-static void cost(struct cdp_unit *u) { u->act_floats = 2 * u->out_floats; /* output + argmax */ }
+static void cost(struct cdp_unit *u)
+{
+    u->act_floats = 2 * u->out_floats; /* output + argmax */
+    /* no parameters: its input gradient (B) is its whole backward, W has nothing to do */
+    u->bwd_weight_flops = 0;
+    u->wstate_floats = 0;
+}
 
 static cdp_status forward(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p, const void *in,
                           float *act, float *tail, float *scratch, int B)

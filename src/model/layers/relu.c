@@ -3,7 +3,13 @@
 
 static const char *const keys[] = {NULL};
 
-static void cost(struct cdp_unit *u) { u->act_floats = u->out_floats; }
+static void cost(struct cdp_unit *u)
+{
+    u->act_floats = u->out_floats;
+    /* no parameters: its input gradient (B) is its whole backward, W has nothing to do */
+    u->bwd_weight_flops = 0;
+    u->wstate_floats = 0;
+}
 
 static cdp_status forward(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p, const void *in,
                           float *act, float *tail, float *scratch, int B)
