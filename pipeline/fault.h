@@ -13,7 +13,9 @@ extern "C" {
 /* "kill:RANK:STEP", "stall:RANK:STEP:SECONDS", "killsave:RANK:STEP:PHASE" (PHASE
  * part: before writing its part; commit: after it, before the manifest) or
  * "slow:RANK:FACTOR" (that rank's forward and backward take FACTOR times as
- * long, 1 to 1000). */
+ * long, 1 to 1000). Any of them with "@A" after it is armed only in attempt A
+ * of a run the launcher restarts (train.restart): CDP_RESTART_ATTEMPT, which
+ * the launcher sets to 1, 2, ... for its restarts (absent: 0, the first). */
 struct cdp_fault {
     int kill, stall, save, slow; /* which one is armed */
     int rank, step, seconds;
