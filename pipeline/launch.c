@@ -233,6 +233,11 @@ cdp_status cdp_launch_argv(const struct cdp_launch_spec *s, enum cdp_launcher wh
             push(&a, hostpath);
             push(&a, "--map-by");
             push(&a, "slot");
+            for (int i = 0; s->pass_env && s->pass_env[i] && a.n < 56; i++)
+                if (getenv(s->pass_env[i])) {
+                    push(&a, "-x");
+                    push(&a, s->pass_env[i]);
+                }
         }
     }
     free(count);
