@@ -33,6 +33,9 @@ struct cdp_launch_spec {
     const char *tmpdir;              /* where the launcher may write the hostfile it passes on */
     const char *const *pass_env;     /* mpirun on several nodes: these variables reach every rank (-x NAME),
                                         NULL-terminated; NULL: none (srun passes the whole environment) */
+    int *died;                       /* not NULL: the launcher's output is read as it passes through, and this
+                                        gets the rank it said died first ("process rank N ... exited on
+                                        signal", srun's "task N: ..."), else -1 */
 };
 
 /* Which launcher a job uses: srun inside a Slurm allocation (SLURM_JOB_ID set)

@@ -453,8 +453,9 @@ static const char *mpi_launcher_name(const struct cdp_launch_spec *s)
  * (CDP_RESTART_ATTEMPT). *raw gets the launcher's own exit code. */
 static int launch(const struct cli_args *a, const struct cdp_plan *plan, const struct cdp_layout *l,
                   const char *planned, const char *tmpdir, const char *status_dir, const char *resume, int attempt,
-                  int *raw)
+                  int *raw, int *died)
 {
+    *died = -1;
     *raw = EXIT_RUN_FAILED;
     if (!cdp_comm_have_mpi()) {
         fprintf(stderr, "cdphybrid: %s: the layout has %d ranks and this build has no MPI (configure "
@@ -472,7 +473,8 @@ static int launch(const struct cli_args *a, const struct cdp_plan *plan, const s
     if (!args) return EXIT_RUN_FAILED;
     static const char *const pass[] = {"CDP_RANK_STATUS_DIR", "CDP_RESTART_ATTEMPT", "CDP_FAULT", NULL};
     struct cdp_launch_spec spec = {.layout = l, .program = self, .args = args, .hostfile = a->hostfile,
-                                   .tmpdir = tmpdir, .pass_env = pass};
+                                   .tmpdir = tmpdir, .pass_env = pass,
+                                   .died = plan->train.restart.max > 0 ? died : NULL};
     int code = 0;
     /* the ranks leave their last word in status_dir: none is left from before */
     for (int i = 0; status_dir && i < l->n_ranks; i++) {
@@ -567,15 +569,15 @@ static int launch_with_restarts(const struct cli_args *a, struct cdp_plan *plan,
     const int n_devices = rin->topo ? rin->topo->n_gpus : 0;
     unsigned char *dead = calloc((size_t)n_devices + 1, 1);
     char *resume = NULL;
-    int raw = 0, attempt = 0, streak = 0, code;
+    int raw = 0, died = -1, attempt = 0, streak = 0, code;
     int64_t last_fault_step = -2;
     if (!dead) return EXIT_RUN_FAILED;
     for (;;) {
-        code = launch(a, cur_plan, l, planned, tmpdir, status_dir, resume, attempt, &raw);
+        code = launch(a, cur_plan, l, planned, tmpdir, status_dir, resume, attempt, &raw, &died);
         if (code == 0 || rs->max <= 0 || !status_dir) break;
         struct cdp_job_end end;
         struct cdp_fault_report f;
-        if (cdp_restart_read_ends(status_dir, l->n_ranks, raw, &end)) {
+        if (cdp_restart_read_ends(status_dir, l->n_ranks, raw, died, &end)) {
             fprintf(stderr, "cdphybrid: %s\n", cdp_last_error());
             break;
         }

@@ -25,10 +25,11 @@ static int64_t step_of(const char *where)
     return -1;
 }
 
-cdp_status cdp_restart_read_ends(const char *dir, int n_ranks, int code, struct cdp_job_end *out)
+cdp_status cdp_restart_read_ends(const char *dir, int n_ranks, int code, int died, struct cdp_job_end *out)
 {
     memset(out, 0, sizeof *out);
     out->code = code;
+    out->died = died >= 0 && died < n_ranks ? died : -1;
     out->n_ranks = n_ranks;
     out->end = calloc((size_t)n_ranks, sizeof *out->end);
     out->step = calloc((size_t)n_ranks, sizeof *out->step);
@@ -114,8 +115,13 @@ cdp_status cdp_restart_decide(const struct cdp_layout *l, const struct cdp_job_e
         return CDP_OK;
     }
     out->restartable = 1;
-    for (int i = 0; i < n; i++)
-        if (e->end[i] == pick && !(pick == CDP_END_SILENT && silent == n)) out->failed[out->n_failed++] = i;
+    /* of several ranks without a word, the one the launcher saw die first (the
+     * others were killed before they answered its stop) */
+    if (pick == CDP_END_SILENT && e->died >= 0 && e->end[e->died] == CDP_END_SILENT && silent > 1)
+        out->failed[out->n_failed++] = e->died;
+    else
+        for (int i = 0; i < n; i++)
+            if (e->end[i] == pick && !(pick == CDP_END_SILENT && silent == n)) out->failed[out->n_failed++] = i;
     /* a node of a layout over several whose every rank died */
     if (pick == CDP_END_SILENT && l->n_nodes > 1) {
         for (int node = 0; node < l->n_nodes && out->node < 0; node++) {

@@ -39,10 +39,11 @@ struct cdp_job_end {
     int n_ranks;
     enum cdp_rank_end *end; /* n_ranks entries (owned) */
     int64_t *step;          /* n_ranks entries (owned) */
+    int died;               /* the rank the launcher said died first, or -1 */
 };
 
 /* Reads dir/rank-N.end for every rank (RANK_STATUS_FILE's names). */
-cdp_status cdp_restart_read_ends(const char *dir, int n_ranks, int code, struct cdp_job_end *out);
+cdp_status cdp_restart_read_ends(const char *dir, int n_ranks, int code, int died, struct cdp_job_end *out);
 void cdp_job_end_clear(struct cdp_job_end *e);
 
 /* What failed, decided from a job's end. */
