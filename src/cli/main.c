@@ -540,14 +540,15 @@ static void remove_tmpdir(const char *dir, const char *planned, int n_ranks)
     rmdir(dir);
 }
 
-/* Whether dir holds any step folder (committed or not): a restart before the
- * first checkpoint starts over only where none is there. */
+/* Whether dir holds a committed step folder (step-N, with its manifest or
+ * without): a restart before the first checkpoint starts over only where none
+ * is there. */
 static int has_step_folders(const char *dir)
 {
     DIR *d = opendir(dir);
     if (!d) return 0;
     int any = 0;
-    for (struct dirent *e; !any && (e = readdir(d));) any = strstr(e->d_name, "step-") != NULL;
+    for (struct dirent *e; !any && (e = readdir(d));) any = !strncmp(e->d_name, "step-", 5);
     closedir(d);
     return any;
 }
@@ -616,6 +617,9 @@ static int launch_with_restarts(const struct cli_args *a, struct cdp_plan *plan,
             fprintf(stderr, "cdphybrid: not restarting after %s: %s\n", f.what, cdp_last_error());
             cdp_fault_report_clear(&f);
             break;
+        } else {
+            /* from the start: the first save's leftovers go (another layout's parts would mix) */
+            cdp_ckpt_discard_incomplete_after(plan->train.checkpoint.dir, 0);
         }
         free(ck);
         const int64_t lost = last > from ? last - from : 0;
