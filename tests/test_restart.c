@@ -21,20 +21,25 @@ static void need_mpi(void)
 
 /* A GPT of 6 blocks, 6 steps of 8 samples (micro-batches of 2) on 2 stages x 2
  * replicas, checkpoints every 2 steps; restart: the /train/restart value. */
-static const char *plan(const char *dir, const char *name, const char *restart, int timeout_s)
+static const char *plan_data(const char *dir, const char *name, const char *restart, int timeout_s, const char *data)
 {
     char json[2048], file[64];
     snprintf(json, sizeof json,
              "{\"model\": {\"preset\": \"gpt\", \"vocab\": 32, \"context\": 8, \"layers\": 6, \"heads\": 2, "
-             "\"embed\": 16}, \"data\": {\"source\": \"synthetic\", \"seed\": 5}, \"train\": {\"steps\": 6, "
+             "\"embed\": 16}, \"data\": %s, \"train\": {\"steps\": 6, "
              "\"micro_batch\": 2, \"log_every\": 1, \"optimizer\": {\"lr\": 0.01, \"eps\": 1e-6}, \"grad_clip\": 0.5, "
              "\"eval_batches\": 1, \"timeout_s\": %d, \"checkpoint\": {\"dir\": \"ckpt-%s\", \"every\": 2, "
              "\"keep\": 3}, \"restart\": %s}, \"parallel\": {\"stages\": 2, \"replicas\": 2, \"micro_batches\": 2}, "
              "\"cluster\": {\"backend\": \"cpu\"}, \"output\": {\"metrics\": \"%s.jsonl\", \"weights\": "
              "\"%s.safetensors\"}}",
-             timeout_s, name, restart, name, name);
+             data, timeout_s, name, restart, name, name);
     snprintf(file, sizeof file, "%s.json", name);
     return cdp_test_write_file(dir, file, json);
+}
+
+static const char *plan(const char *dir, const char *name, const char *restart, int timeout_s)
+{
+    return plan_data(dir, name, restart, timeout_s, "{\"source\": \"synthetic\", \"seed\": 5}");
 }
 
 static struct cdp_run run(const char *const *argv, const char *fault)
@@ -206,6 +211,11 @@ Test(restart, a_hung_rank_is_replanned_around_and_resumed, .timeout = 240)
     restarts_like_a_resume_by_hand("stall:2:6:60@0", "stall:2:6:60", 2, "hung past the deadline", 3);
 }
 
+Test(restart, a_device_error_is_replanned_around_and_resumed, .timeout = 240)
+{
+    restarts_like_a_resume_by_hand("deverr:3:6@0", "deverr:3:6", 3, "reported a device error", 30);
+}
+
 /* The same fault at every attempt, on the same layout: 2 restarts, then it stops
  * with exit 1 and says so; each restart is on stdout and in metrics.jsonl. */
 Test(restart, a_fault_at_every_attempt_stops_after_max_restarts, .timeout = 240)
@@ -232,6 +242,23 @@ Test(restart, a_fault_at_every_attempt_stops_after_max_restarts, .timeout = 240)
     cr_assert_eq(n, 2, "%d restart records: %s", n, t);
     cr_assert(strstr(t, "\"same_layout\": true"), "%s", t);
     free(t);
+}
+
+/* A failure that is no death, hang or device error (a bad data file: bad
+ * input, exit 2) would fail the same again: not restarted, and said so. */
+Test(restart, a_bad_data_file_is_not_restarted, .timeout = 120)
+{
+    need_mpi();
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
+    cdp_test_write_file(dir, "bad.bin", "this is not an llm.c token file, it is too short and has no magic");
+    const char *p = plan_data(dir, "d", "{\"max\": 2}", 30, "{\"source\": \"tokens\", \"path\": \"bad.bin\"}");
+    struct cdp_run r = run((const char *[]){"--plan", p, NULL}, NULL);
+    cr_assert_eq(r.exit_code, 2, "exit %d: %s", r.exit_code, r.err);
+    cr_assert(strstr(r.err, "bad.bin") && strstr(r.err, "not restarting: bad input (exit code 2)"),
+              "%s", r.err);
+    cr_assert(!strstr(r.out, "restart 1:"), "%s", r.out);
+    cdp_test_run_free(&r);
 }
 
 /* Without a restart, a fault for another attempt is not armed. */

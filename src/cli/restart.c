@@ -83,8 +83,11 @@ cdp_status cdp_restart_decide(const struct cdp_layout *l, const struct cdp_job_e
         comm += e->end[i] == CDP_END_FAILED_COMM;
         other += e->end[i] == CDP_END_FAILED_OTHER;
     }
-    /* which ranks: the dead (no word), else those whose device failed, else
-     * for a deadline the ranks stopped while not waiting on anyone (hung) */
+    /* which ranks, from the strongest evidence: the rank the launcher saw die;
+     * the ranks that said their device failed (a rank without a word beside
+     * them was killed in the clean-up before it answered); the silent ranks
+     * of a job ended by a signal; for a deadline, the ranks stopped while not
+     * waiting on anyone (hung), else the silent ones */
     enum cdp_rank_end pick = CDP_END_SILENT;
     const char *why = "";
     char how[64];
@@ -94,36 +97,36 @@ cdp_status cdp_restart_decide(const struct cdp_layout *l, const struct cdp_job_e
         snprintf(out->what, sizeof out->what, "bad input (exit code 2)");
         return CDP_OK;
     }
-    if (silent && silent < n) {
+    int only = -1; /* the one rank named by the launcher */
+    int busy = 0;
+    for (int i = 0; i < n; i++) busy += e->end[i] == CDP_END_STOPPED_BUSY;
+    if (e->died >= 0 && e->end[e->died] == CDP_END_SILENT) {
+        only = e->died;
         snprintf(out->kind, sizeof out->kind, "died");
         why = "died";
     } else if (device) {
         pick = CDP_END_FAILED_DEVICE;
         snprintf(out->kind, sizeof out->kind, "device error");
         why = "reported a device error";
-    } else if (comm) {
-        pick = CDP_END_STOPPED_BUSY;
-        snprintf(out->kind, sizeof out->kind, "hang");
-        why = "hung past the deadline (train.timeout_s)";
-    } else if (silent == n && e->code != 0) {
-        /* no rank left a word: the job did not start, or every rank died at once */
+    } else if (silent && (e->code > 128 || (!comm && !other))) {
         snprintf(out->kind, sizeof out->kind, "died");
         why = "died";
+    } else if (comm && !other) {
+        pick = busy ? CDP_END_STOPPED_BUSY : CDP_END_SILENT;
+        snprintf(out->kind, sizeof out->kind, "hang");
+        why = "hung past the deadline (train.timeout_s)";
     } else {
         snprintf(out->what, sizeof out->what, "%s", other ? "a rank failed (not a device, a hang or a death)"
                                                           : "the job failed");
         return CDP_OK;
     }
     out->restartable = 1;
-    /* of several ranks without a word, the one the launcher saw die first (the
-     * others were killed before they answered its stop) */
-    if (pick == CDP_END_SILENT && e->died >= 0 && e->end[e->died] == CDP_END_SILENT && silent > 1)
-        out->failed[out->n_failed++] = e->died;
+    if (only >= 0) out->failed[out->n_failed++] = only;
     else
         for (int i = 0; i < n; i++)
             if (e->end[i] == pick && !(pick == CDP_END_SILENT && silent == n)) out->failed[out->n_failed++] = i;
     /* a node of a layout over several whose every rank died */
-    if (pick == CDP_END_SILENT && l->n_nodes > 1) {
+    if (!strcmp(out->kind, "died") && l->n_nodes > 1) {
         for (int node = 0; node < l->n_nodes && out->node < 0; node++) {
             int on = 0, dead = 0;
             for (int i = 0; i < n; i++)
