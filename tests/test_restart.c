@@ -316,3 +316,144 @@ Test(restart, the_plan_key_is_checked_and_written_back)
     cr_assert(strstr(r.err, "/train/restart: needs /train/checkpoint"), "%s", r.err);
     cdp_test_run_free(&r);
 }
+
+/* ---- the decision, on made-up ends of a 2 x 2 layout over 2 nodes -------------------- */
+
+#include "cli/restart.h"
+
+static struct cdp_layout *two_nodes(void)
+{
+    struct cdp_layout *l = NULL;
+    cr_assert_eq(cdp_layout_create(2, 1, 2, &l), CDP_OK);
+    l->n_nodes = 2;
+    for (int i = 0; i < 4; i++) l->rank[i] = (struct cdp_layout_rank){.stage = i / 2, .replica = i % 2, .node = i / 2,
+                                                                        .device = i};
+    return l;
+}
+
+static struct cdp_fault_report decide(const struct cdp_layout *l, int code, int died, const enum cdp_rank_end *end,
+                                      int64_t last)
+{
+    int64_t step[4] = {-1, -1, -1, -1};
+    struct cdp_job_end e = {.code = code, .n_ranks = 4, .end = (enum cdp_rank_end *)end, .step = step, .died = died};
+    struct cdp_fault_report f;
+    cr_assert_eq(cdp_restart_decide(l, &e, last, &f), CDP_OK);
+    return f;
+}
+
+Test(restart, what_failed_is_decided_from_the_strongest_evidence)
+{
+    struct cdp_layout *l = two_nodes();
+    const enum cdp_rank_end W = CDP_END_STOPPED_WAITING, S = CDP_END_SILENT, B = CDP_END_STOPPED_BUSY,
+                            C = CDP_END_FAILED_COMM, D = CDP_END_FAILED_DEVICE, O = CDP_END_FAILED_OTHER;
+    /* node 1 vanished: both its ranks silent, the job ended by a signal */
+    struct cdp_fault_report f = decide(l, 137, -1, (enum cdp_rank_end[]){W, W, S, S}, 5);
+    cr_assert(f.restartable && !strcmp(f.kind, "died") && f.node == 1 && f.n_failed == 2 && f.step == 6, "%s", f.what);
+    cr_assert(strstr(f.what, "node 1 (all its ranks) died"), "%s", f.what);
+    cdp_fault_report_clear(&f);
+    /* two silent, mpirun named one: that one */
+    f = decide(l, 137, 1, (enum cdp_rank_end[]){W, S, S, W}, -1);
+    cr_assert(f.restartable && f.n_failed == 1 && f.failed[0] == 1 && f.node == -1, "%s", f.what);
+    cdp_fault_report_clear(&f);
+    /* a device error beside a rank killed in the clean-up */
+    f = decide(l, 1, -1, (enum cdp_rank_end[]){W, W, S, D}, 5);
+    cr_assert(f.restartable && !strcmp(f.kind, "device error") && f.n_failed == 1 && f.failed[0] == 3, "%s", f.what);
+    cdp_fault_report_clear(&f);
+    /* a deadline: the busy rank hung */
+    f = decide(l, 1, -1, (enum cdp_rank_end[]){C, W, B, C}, 5);
+    cr_assert(f.restartable && !strcmp(f.kind, "hang") && f.n_failed == 1 && f.failed[0] == 2, "%s", f.what);
+    cdp_fault_report_clear(&f);
+    /* a deadline, no rank busy: not known which */
+    f = decide(l, 1, -1, (enum cdp_rank_end[]){C, W, W, W}, 5);
+    cr_assert(f.restartable && !strcmp(f.kind, "hang") && f.n_failed == 0, "%s", f.what);
+    cr_assert(strstr(f.what, "which one is not known"), "%s", f.what);
+    cdp_fault_report_clear(&f);
+    /* another error, a silent rank beside it: not restarted */
+    f = decide(l, 1, -1, (enum cdp_rank_end[]){O, S, W, W}, 5);
+    cr_assert(!f.restartable, "%s", f.what);
+    cdp_fault_report_clear(&f);
+    /* bad input */
+    f = decide(l, 2, -1, (enum cdp_rank_end[]){O, O, O, O}, 5);
+    cr_assert(!f.restartable && strstr(f.what, "bad input"), "%s", f.what);
+    cdp_fault_report_clear(&f);
+    cdp_layout_free(l);
+}
+
+/* The ranks' files: the word, and the step from where each was. */
+Test(restart, the_ranks_last_words_are_read_with_their_step)
+{
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
+    cdp_test_write_file(dir, "rank-0.end", "failed comm\nrank 0/3 (stage 0, replica 0), step 6: RECV_GRAD of micro-batch 0\n");
+    cdp_test_write_file(dir, "rank-1.end", "stopped busy\nrank 1/3 (stage 1, replica 0), after step 5: writing\n");
+    struct cdp_job_end e;
+    cr_assert_eq(cdp_restart_read_ends(dir, 3, 1, -1, &e), CDP_OK);
+    cr_assert(e.end[0] == CDP_END_FAILED_COMM && e.end[1] == CDP_END_STOPPED_BUSY && e.end[2] == CDP_END_SILENT);
+    cr_assert(e.step[0] == 6 && e.step[1] == 6 && e.step[2] == -1, "%lld %lld", (long long)e.step[0],
+              (long long)e.step[1]);
+    cdp_job_end_clear(&e);
+}
+
+/* The re-plan of a layout over 2 DGX nodes (16 GPUs) when node 1 vanished, and
+ * then one GPU of node 0 too: the same global batch, on what is left only. */
+#include "partitioner/planner.h"
+
+static struct cdp_plan *load_resolved(const char *path)
+{
+    struct cdp_plan *p = NULL;
+    const struct cdp_machine_info none = {.gpus = 0};
+    cr_assert_eq(cdp_plan_load(path, &p), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(cdp_plan_resolve(p, &none), CDP_OK, "%s", cdp_last_error());
+    return p;
+}
+
+Test(restart, a_vanished_node_is_planned_around)
+{
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
+    const char *path = cdp_test_write_file(
+        dir, "dgx.json",
+        "{\"model\": {\"preset\": \"gpt\", \"layers\": 8}, \"train\": {\"micro_batch\": 2, \"global_batch\": 64, "
+        "\"checkpoint\": {\"dir\": \"ck\"}, \"restart\": {\"max\": 1}}, \"parallel\": {\"stages\": 4, "
+        "\"replicas\": 4}, \"cluster\": {\"backend\": \"cuda\", \"topology\": \"2 x dgx-a100\"}}");
+    struct cdp_plan *p = load_resolved(path);
+    struct cdp_topology *t = NULL;
+    char note[512];
+    cr_assert_eq(cdp_planner_topology(p, 0, &t, note, sizeof note), CDP_OK, "%s", cdp_last_error());
+    struct cdp_planner_result r0 = {0};
+    cr_assert_eq(cdp_planner_run(p, t, NULL, 0, &r0), CDP_OK, "%s", cdp_last_error());
+    const struct cdp_layout *l = r0.layout;
+    cr_assert_eq(l->n_ranks, 16);
+    unsigned char dead[16] = {0};
+    for (int i = 0; i < 16; i++)
+        if (l->rank[i].node == 1) dead[l->rank[i].device] = 1;
+    const struct cdp_machine_info none = {.gpus = 0};
+    const struct cdp_replan_in in = {.plan_path = path, .machine = &none, .table = NULL, .topo = t};
+    struct cdp_plan *np = NULL;
+    struct cdp_planner_result nr = {0};
+    cr_assert_eq(cdp_restart_replan(&in, l, dead, t->n_gpus, &np, &nr), CDP_OK, "%s", cdp_last_error());
+    const struct cdp_layout *n = nr.layout;
+    int64_t mb = 0;
+    for (int r = 0; r < n->replicas; r++) mb += n->shares[r];
+    cr_assert_eq(mb * n->micro_batch, 64, "the global batch stays");
+    cr_assert(n->n_ranks >= 1 && n->n_ranks <= 8, "%d ranks", n->n_ranks);
+    for (int i = 0; i < n->n_ranks; i++) cr_assert(n->rank[i].node == 0 && !dead[n->rank[i].device], "rank %d", i);
+    cr_assert_eq(np->train.global_batch, 64);
+    cr_log_info("node 1 gone: %dx%d on node 0", n->stages, n->replicas);
+    /* then the GPU of its rank 0 as well: planned on what is still left */
+    dead[n->rank[0].device] = 1;
+    struct cdp_plan *np2 = NULL;
+    struct cdp_planner_result nr2 = {0};
+    cr_assert_eq(cdp_restart_replan(&in, n, dead, t->n_gpus, &np2, &nr2), CDP_OK, "%s", cdp_last_error());
+    for (int i = 0; i < nr2.layout->n_ranks; i++)
+        cr_assert(!dead[nr2.layout->rank[i].device] && nr2.layout->rank[i].node == 0, "rank %d", i);
+    cr_assert_leq(nr2.layout->n_ranks, 7);
+    cr_assert_eq(np2->train.global_batch, 64);
+    cdp_planner_result_clear(&nr2);
+    cdp_plan_free(np2);
+    cdp_planner_result_clear(&nr);
+    cdp_plan_free(np);
+    cdp_planner_result_clear(&r0);
+    cdp_topology_free(t);
+    cdp_plan_free(p);
+}
