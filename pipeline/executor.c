@@ -51,7 +51,7 @@ static cdp_status run_step(struct exec *e, int step, struct cdp_exec_step *s)
     e->step_start = e->fb_end = cdp_time_ns();
     for (int k = 0; k < e->v; k++) cdp_model_zero_grad(e->ch[k].model);
     e->t_compute += cdp_time_ns() - e->step_start;
-    cdp_fault_at_step(&e->fault, e->rank, step);
+    if ((st = cdp_fault_at_step(&e->fault, e->rank, step))) return st;
     if ((st = cdp_exec_run_list(e)) || (st = cdp_exec_drain_sends(e))) return st;
     const uint64_t t_end = cdp_time_ns();
     double red[6] = {e->loss_sum, (double)e->t_fb / 1e9, (double)e->t_compute / 1e9, (double)e->t_comm / 1e9,

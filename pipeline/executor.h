@@ -37,6 +37,14 @@ cdp_status cdp_exec_run(const struct cdp_plan *plan, const struct cdp_layout *la
  * what this process is doing now; safe to read from a signal handler. */
 const char *cdp_exec_where(void);
 
+/* metrics.jsonl of a run resumed after step0: cuts the lines of later steps
+ * (which run again) and a line a crash left unfinished; *dropped says how many
+ * lines went. A missing file is no error (nothing to cut); CDP_ERR_IO. */
+cdp_status cdp_metrics_cut(const char *path, int64_t step0, long *dropped);
+
+/* The highest "step" recorded in metrics.jsonl, or -1 (no file, no step). */
+int64_t cdp_metrics_last_step(const char *path);
+
 #ifdef __cplusplus
 }
 #endif

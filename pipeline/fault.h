@@ -6,16 +6,21 @@
 
 #include <stdint.h>
 
+#include "cdp/status.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* "kill:RANK:STEP", "stall:RANK:STEP:SECONDS", "killsave:RANK:STEP:PHASE" (PHASE
+/* "kill:RANK:STEP", "stall:RANK:STEP:SECONDS", "deverr:RANK:STEP" (the rank's
+ * step fails as if its device had reported an error, CDP_ERR_DEVICE), "killsave:RANK:STEP:PHASE" (PHASE
  * part: before writing its part; commit: after it, before the manifest) or
  * "slow:RANK:FACTOR" (that rank's forward and backward take FACTOR times as
- * long, 1 to 1000). */
+ * long, 1 to 1000). Any of them with "@A" after it is armed only in attempt A
+ * of a run the launcher restarts (train.restart): CDP_RESTART_ATTEMPT, which
+ * the launcher sets to 1, 2, ... for its restarts (absent: 0, the first). */
 struct cdp_fault {
-    int kill, stall, save, slow; /* which one is armed */
+    int kill, stall, save, slow, deverr; /* which one is armed */
     int rank, step, seconds;
     double factor;
     char phase[16];
@@ -24,8 +29,9 @@ struct cdp_fault {
 /* Reads CDP_FAULT; text that is none of the above is a warning and arms nothing. */
 void cdp_fault_parse(struct cdp_fault *f);
 
-/* At the start of `step` on `rank`: kill or stall it when armed for them. */
-void cdp_fault_at_step(const struct cdp_fault *f, int rank, int step);
+/* At the start of `step` on `rank`: kill or stall it when armed for them, or
+ * return the device error of deverr (else CDP_OK). */
+cdp_status cdp_fault_at_step(const struct cdp_fault *f, int rank, int step);
 
 /* While `rank` saves `step`'s checkpoint, at `phase` ("part", "commit"): killed when armed. */
 void cdp_fault_in_save(const struct cdp_fault *f, int rank, int step, const char *phase);

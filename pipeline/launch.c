@@ -233,6 +233,11 @@ cdp_status cdp_launch_argv(const struct cdp_launch_spec *s, enum cdp_launcher wh
             push(&a, hostpath);
             push(&a, "--map-by");
             push(&a, "slot");
+            for (int i = 0; s->pass_env && s->pass_env[i] && a.n < 56; i++)
+                if (getenv(s->pass_env[i])) {
+                    push(&a, "-x");
+                    push(&a, s->pass_env[i]);
+                }
         }
     }
     free(count);
@@ -261,6 +266,41 @@ cdp_status cdp_launch_argv(const struct cdp_launch_spec *s, enum cdp_launcher wh
 
 static volatile pid_t launched;
 
+/* The rank a line of mpirun's or srun's output says died, or -1. */
+static int died_rank(const char *line)
+{
+    int r = -1;
+    const char *m = strstr(line, "process rank ");
+    if (m && strstr(line, "exited on signal") && sscanf(m, "process rank %d", &r) == 1) return r;
+    m = strstr(line, ": task ");
+    if (m && strstr(line, "srun: error") && sscanf(m, ": task %d", &r) == 1) return r;
+    return -1;
+}
+
+/* Passes the launcher's stderr (fd) on to ours, line by line, noting the
+ * first rank it says died. */
+static void pass_through(int fd, int *died)
+{
+    char buf[4096], line[1024];
+    size_t n = 0;
+    for (;;) {
+        const ssize_t got = read(fd, buf, sizeof buf);
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0) break;
+        ssize_t w = write(2, buf, (size_t)got);
+        (void)w;
+        for (ssize_t i = 0; i < got; i++) {
+            if (buf[i] != '\n' && n < sizeof line - 1) {
+                line[n++] = buf[i];
+                continue;
+            }
+            line[n] = '\0';
+            n = 0;
+            if (*died < 0) *died = died_rank(line);
+        }
+    }
+}
+
 static void pass_on(int sig)
 {
     if (launched > 0) kill(launched, sig);
@@ -287,7 +327,11 @@ cdp_status cdp_launch_run(const struct cdp_launch_spec *s, int *exit_code)
     }
     fflush(stdout);
     fflush(stderr);
-    int fds[2];
+    int fds[2], err_fds[2] = {-1, -1};
+    if (s->died) {
+        *s->died = -1;
+        if (pipe2(err_fds, O_CLOEXEC) != 0) err_fds[0] = err_fds[1] = -1;
+    }
     if (pipe2(fds, O_CLOEXEC) != 0) { /* closed by a successful exec: the read below then returns 0 */
         st = cdp_fail(CDP_ERR_UNSUPPORTED, "cannot start %s: pipe: %s", argv[0], strerror(errno));
         free(argv);
@@ -297,12 +341,17 @@ cdp_status cdp_launch_run(const struct cdp_launch_spec *s, int *exit_code)
     if (pid < 0) {
         close(fds[0]);
         close(fds[1]);
+        if (err_fds[0] >= 0) {
+            close(err_fds[0]);
+            close(err_fds[1]);
+        }
         st = cdp_fail(CDP_ERR_UNSUPPORTED, "cannot start %s: fork: %s", argv[0], strerror(errno));
         free(argv);
         return st;
     }
     if (pid == 0) {
         close(fds[0]);
+        if (err_fds[1] >= 0) dup2(err_fds[1], 2); /* dup2 clears close-on-exec of the copy */
         execvp(argv[0], argv);
         /* tell the parent why, then go */
         const int e = errno;
@@ -319,6 +368,11 @@ cdp_status cdp_launch_run(const struct cdp_launch_spec *s, int *exit_code)
     int e = 0;
     const ssize_t got = read(fds[0], &e, sizeof e);
     close(fds[0]);
+    if (err_fds[1] >= 0) {
+        close(err_fds[1]);
+        pass_through(err_fds[0], s->died);
+        close(err_fds[0]);
+    }
     int status = 0;
     while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
     }

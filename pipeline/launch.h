@@ -31,6 +31,11 @@ struct cdp_launch_spec {
     const char *hostfile;            /* mpirun: hosts, one per layout node in order (Open MPI hostfile
                                         syntax: the first word of each line; '#' comments); NULL: this host */
     const char *tmpdir;              /* where the launcher may write the hostfile it passes on */
+    const char *const *pass_env;     /* mpirun on several nodes: these variables reach every rank (-x NAME),
+                                        NULL-terminated; NULL: none (srun passes the whole environment) */
+    int *died;                       /* not NULL: the launcher's output is read as it passes through, and this
+                                        gets the rank it said died first ("process rank N ... exited on
+                                        signal", srun's "task N: ..."), else -1 */
 };
 
 /* Which launcher a job uses: srun inside a Slurm allocation (SLURM_JOB_ID set)

@@ -69,31 +69,73 @@ static long metrics_cut_at(const char *text, long len, int64_t step0, long *drop
     return at;
 }
 
+/* Reads a whole file; *len -1 when it cannot be read (NULL text). */
+static char *read_all(FILE *f, long *len)
+{
+    char *text = NULL;
+    *len = -1;
+    if (fseek(f, 0, SEEK_END) == 0 && (*len = ftell(f)) >= 0 && fseek(f, 0, SEEK_SET) == 0 &&
+        (text = malloc((size_t)*len + 1)) && fread(text, 1, (size_t)*len, f) != (size_t)*len)
+        *len = -1;
+    if (*len < 0) {
+        free(text);
+        return NULL;
+    }
+    text[*len] = '\0';
+    return text;
+}
+
+cdp_status cdp_metrics_cut(const char *path, int64_t step0, long *dropped)
+{
+    *dropped = 0;
+    FILE *f = fopen(path, "r+");
+    if (!f) return CDP_OK;
+    long len = -1;
+    char *text = read_all(f, &len);
+    const long at = text ? metrics_cut_at(text, len, step0, dropped) : -1;
+    free(text);
+    const int bad = at < 0 || (at < len && ftruncate(fileno(f), (off_t)at) != 0);
+    const int err = errno;
+    fclose(f);
+    if (bad) return cdp_fail(CDP_ERR_IO, "%s: cannot cut it back to step %lld for the resume: %s", path,
+                             (long long)step0, strerror(err));
+    return CDP_OK;
+}
+
+int64_t cdp_metrics_last_step(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    long len = -1;
+    char *text = read_all(f, &len);
+    fclose(f);
+    int64_t last = -1;
+    for (long at = 0; text && at < len;) {
+        const char *nl = memchr(text + at, '\n', (size_t)(len - at));
+        if (!nl) break;
+        json_error_t err;
+        json_t *o = json_loadb(text + at, (size_t)(nl - (text + at)), 0, &err);
+        const json_t *step = o ? json_object_get(o, "step") : NULL;
+        if (json_is_integer(step) && json_integer_value(step) > last) last = json_integer_value(step);
+        json_decref(o);
+        at = (long)(nl - text) + 1;
+    }
+    free(text);
+    return last;
+}
+
 cdp_status cdp_exec_open_metrics(const struct exec *e, FILE **out)
 {
     const char *path = e->plan->output.metrics;
     *out = NULL;
     if (e->step0 > 0) {
         /* a resume: the steps after the checkpoint run again, so their lines go */
-        FILE *f = fopen(path, "r+");
-        if (f) {
-            char *text = NULL;
-            long len = -1;
-            if (fseek(f, 0, SEEK_END) == 0 && (len = ftell(f)) >= 0 && fseek(f, 0, SEEK_SET) == 0 &&
-                (text = malloc((size_t)len + 1)) && fread(text, 1, (size_t)len, f) != (size_t)len)
-                len = -1;
-            long dropped = 0;
-            const long at = len >= 0 && text ? metrics_cut_at(text, len, e->step0, &dropped) : -1;
-            free(text);
-            const int bad = at < 0 || (at < len && ftruncate(fileno(f), (off_t)at) != 0);
-            const int err = errno;
-            fclose(f);
-            if (bad) return cdp_fail(CDP_ERR_IO, "%s: cannot cut it back to step %lld for the resume: %s", path,
-                                     (long long)e->step0, strerror(err));
-            if (dropped && e->out)
-                fprintf(e->out, "resuming after step %lld: %s: %ld later line%s removed (those steps run again)\n",
-                        (long long)e->step0, path, dropped, dropped == 1 ? "" : "s");
-        }
+        long dropped = 0;
+        cdp_status st = cdp_metrics_cut(path, e->step0, &dropped);
+        if (st) return st;
+        if (dropped && e->out)
+            fprintf(e->out, "resuming after step %lld: %s: %ld later line%s removed (those steps run again)\n",
+                    (long long)e->step0, path, dropped, dropped == 1 ? "" : "s");
     }
     if (!(*out = fopen(path, e->step0 ? "a" : "w")))
         return cdp_fail(CDP_ERR_IO, "%s: cannot write: %s", path, strerror(errno));

@@ -45,6 +45,9 @@ enum cdp_layer_type {
  * or what /train/global_batch gives it; the schedule lists every one). */
 #define CDP_PLAN_MAX_MICRO_BATCHES (1 << 12)
 
+/* The most restarts in a row /train/restart/max may allow. */
+#define CDP_RESTART_MAX 100
+
 /* The most elements one tensor may hold: a parameter, or one micro-batch's
  * input or output of a layer (2^40, 4 TiB of fp32; the largest of a
  * trillion-parameter model is under 2^36). With it (and the context limit)
@@ -151,6 +154,13 @@ struct cdp_checkpoint_desc {
     int64_t keep;  /* how many to keep */
 };
 
+/* What the launcher does when a job fails (docs/checkpoints.md, "Restarts"):
+ * max 0 = off; else at most max restarts in a row that fail at the same step. */
+struct cdp_restart_desc {
+    int64_t max;        /* 0: no restart */
+    int exclude_failed; /* 1: re-plan without the failed devices; 0: the same layout again */
+};
+
 struct cdp_train_desc {
     int64_t steps;
     int64_t global_batch; /* = replicas * micro_batches * micro_batch; CDP_AUTO until known */
@@ -166,6 +176,7 @@ struct cdp_train_desc {
     int64_t eval_batches; /* micro-batches of validation data per evaluation */
     double timeout_s;     /* deadline of every wait between ranks */
     struct cdp_checkpoint_desc checkpoint;
+    struct cdp_restart_desc restart;
 };
 
 enum cdp_schedule_kind { CDP_SCHEDULE_GPIPE = 0, CDP_SCHEDULE_1F1B, CDP_SCHEDULE_INTERLEAVED, CDP_SCHEDULE_COUNT };

@@ -8,7 +8,9 @@
 #include <string.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <dirent.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "cdp/core.h"
@@ -17,8 +19,10 @@
 #include "cdp/plan.h"
 #include "cdp_config.h"
 #include "cli/commands.h"
+#include "cli/restart.h"
 #include "comm/comm.h"
 #include "core/file.h"
+#include "model/checkpoint.h"
 #include "partitioner/costs.h"
 #include "partitioner/planner.h"
 #include "pipeline/executor.h"
@@ -227,15 +231,20 @@ static int parse_args(int argc, char **argv, struct cli_args *a)
  * async-signal-safe calls: on_term writes it too. */
 #define RANK_STATUS_FILE "%s/rank-%d.end" /* in the folder, of the rank */
 static char status_path[4200];
+static volatile sig_atomic_t status_final; /* "failed" or "done" is written: a stop after it changes nothing */
 
-static void rank_status(const char *what)
+static void rank_status(const char *what, const char *where)
 {
-    if (!status_path[0]) return;
+    if (!status_path[0] || status_final) return;
     const int fd = open(status_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (fd < 0) return;
+    char msg[600];
     size_t n = 0;
-    while (what[n]) n++;
-    ssize_t ignored = write(fd, what, n);
+    for (const char *p = what; *p && n < sizeof msg - 3; p++) msg[n++] = *p;
+    msg[n++] = '\n';
+    for (const char *p = where; *p && n < sizeof msg - 2; p++) msg[n++] = *p;
+    msg[n++] = '\n';
+    ssize_t ignored = write(fd, msg, n);
     (void)ignored;
     close(fd);
 }
@@ -246,6 +255,8 @@ static void on_term(int sig)
     char msg[400];
     const char *w = cdp_exec_where();
     if (!*w) w = "start-up (before its first instruction)";
+    /* the last word first: stderr may be a pipe the launcher has closed already */
+    rank_status(cdp_comm_waiting() ? "stopped waiting" : "stopped busy", w);
     size_t n = 0;
     const char *head = "cdphybrid: stopped while at ";
     for (const char *p = head; *p && n < sizeof msg - 2; p++) msg[n++] = *p;
@@ -253,7 +264,6 @@ static void on_term(int sig)
     msg[n++] = '\n';
     ssize_t ignored = write(2, msg, n);
     (void)ignored;
-    rank_status("stopped\n");
     _exit(128 + sig);
 }
 
@@ -288,6 +298,7 @@ static int run_ranks(const struct cli_args *a, const struct cdp_plan *plan, cons
     const char *sd = getenv("CDP_RANK_STATUS_DIR");
     if (sd && *sd) snprintf(status_path, sizeof status_path, RANK_STATUS_FILE, sd, rank);
     signal(SIGTERM, on_term);
+    signal(SIGPIPE, SIG_IGN); /* a write to the launcher's closed pipe fails; it does not end the rank unheard */
     struct cdp_train_opts opts = {.size = sizeof opts, .out = a->quiet || rank != 0 ? NULL : stdout,
                                   .progress = 0, .resume = resume_dir(a, plan), .world = CDP_TRAIN_MPI};
     /* the entry an embedding program's ranks call (cdp/train.h) */
@@ -295,13 +306,15 @@ static int run_ranks(const struct cli_args *a, const struct cdp_plan *plan, cons
     if (st) {
         fprintf(stderr, "cdphybrid: %s\n", cdp_last_error());
         fflush(stdout);
-        rank_status("failed\n");
+        rank_status(st == CDP_ERR_DEVICE ? "failed device" : st == CDP_ERR_COMM ? "failed comm" : "failed other",
+                    cdp_exec_where());
+        status_final = 1;
         /* the others may be waiting on this rank: end the whole job */
         cdp_comm_abort(world, cdp_cli_exit_code(st));
     }
     fflush(stdout);
     cdp_comm_free(world);
-    rank_status("done\n");
+    rank_status("done", "");
     return 0;
 }
 
@@ -389,10 +402,11 @@ static cdp_status write_planned(const struct cdp_plan *plan, const struct cdp_pl
 }
 
 /* The arguments of every rank: this command's, with --plan naming the planned
- * file and without --hostfile (the launcher's). */
-static char **rank_args(const struct cli_args *a, const char *planned)
+ * file and without --hostfile (the launcher's); resume not NULL (a restart):
+ * --resume resume instead of the command's own --resume. */
+static char **rank_args(const struct cli_args *a, const char *planned, const char *resume)
 {
-    char **v = calloc((size_t)a->argc + 3, sizeof *v);
+    char **v = calloc((size_t)a->argc + 5, sizeof *v);
     if (!v) return NULL;
     int k = 0;
     v[k++] = "--plan";
@@ -404,7 +418,15 @@ static char **rank_args(const struct cli_args *a, const char *planned)
             continue;
         }
         if (!strncmp(s, "--plan=", 7)) continue;
+        if (resume && !strncmp(s, "--resume", 8)) {
+            if (!s[8] && i + 1 < a->argc && a->argv[i + 1][0] != '-') i++; /* its folder */
+            continue;
+        }
         v[k++] = a->argv[i];
+    }
+    if (resume) {
+        v[k++] = "--resume";
+        v[k++] = (char *)resume;
     }
     v[k] = NULL;
     return v;
@@ -425,14 +447,20 @@ static const char *mpi_launcher_name(const struct cdp_launch_spec *s)
 
 /* Starts the layout's ranks (mpirun or srun) on the planned file and waits.
  * Exit codes stay 0, 1 and 2: a rank that died (mpirun's 137 for a SIGKILL)
- * is 1, named with its place in the layout. */
+ * is 1, named with its place in the layout. The ranks leave their last word in
+ * status_dir (NULL: none); resume: the folder a restart resumes from (NULL:
+ * the command's own arguments); attempt: 0, or the restart's number
+ * (CDP_RESTART_ATTEMPT). *raw gets the launcher's own exit code. */
 static int launch(const struct cli_args *a, const struct cdp_plan *plan, const struct cdp_layout *l,
-                  const char *planned, const char *tmpdir)
+                  const char *planned, const char *tmpdir, const char *status_dir, const char *resume, int attempt,
+                  int *raw, int *died)
 {
+    *died = -1;
+    *raw = EXIT_RUN_FAILED;
     if (!cdp_comm_have_mpi()) {
         fprintf(stderr, "cdphybrid: %s: the layout has %d ranks and this build has no MPI (configure "
                         "with -Dmpi=enabled after installing libopenmpi-dev)\n", plan->source, l->n_ranks);
-        return EXIT_USAGE;
+        return *raw = EXIT_USAGE;
     }
     char self[4096];
     ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
@@ -441,23 +469,34 @@ static int launch(const struct cli_args *a, const struct cdp_plan *plan, const s
         return EXIT_RUN_FAILED;
     }
     self[n] = '\0';
-    char **args = rank_args(a, planned);
+    char **args = rank_args(a, planned, resume);
     if (!args) return EXIT_RUN_FAILED;
+    static const char *const pass[] = {"CDP_RANK_STATUS_DIR", "CDP_RESTART_ATTEMPT", "CDP_FAULT", NULL};
     struct cdp_launch_spec spec = {.layout = l, .program = self, .args = args, .hostfile = a->hostfile,
-                                   .tmpdir = tmpdir};
+                                   .tmpdir = tmpdir, .pass_env = pass,
+                                   .died = plan->train.restart.max > 0 ? died : NULL};
     int code = 0;
-    /* one node: the ranks leave their last word in the launcher's folder */
-    const int nodes = layout_nodes(l);
-    if (nodes == 1) setenv("CDP_RANK_STATUS_DIR", tmpdir, 1);
+    /* the ranks leave their last word in status_dir: none is left from before */
+    for (int i = 0; status_dir && i < l->n_ranks; i++) {
+        char path[4300];
+        snprintf(path, sizeof path, RANK_STATUS_FILE, status_dir, i);
+        remove(path);
+    }
+    if (status_dir) setenv("CDP_RANK_STATUS_DIR", status_dir, 1);
+    char num[16];
+    snprintf(num, sizeof num, "%d", attempt);
+    if (attempt > 0) setenv("CDP_RESTART_ATTEMPT", num, 1);
     cdp_status st = cdp_launch_run(&spec, &code);
     unsetenv("CDP_RANK_STATUS_DIR");
+    if (attempt > 0) unsetenv("CDP_RESTART_ATTEMPT");
     free(args);
     if (st) {
         fprintf(stderr, "cdphybrid: %s: the layout has %d ranks: %s; install openmpi-bin, or start the ranks "
                         "yourself: mpirun -np %d %s --plan %s\n", plan->source, l->n_ranks, cdp_last_error(),
                 l->n_ranks, self, planned);
-        return cdp_cli_exit_code(st);
+        return *raw = cdp_cli_exit_code(st);
     }
+    *raw = code;
     if (code == 0 || code == EXIT_RUN_FAILED || code == EXIT_USAGE) return code;
     /* a rank died (a signal, or the launcher's own code): say which, and exit 1 */
     char how[64];
@@ -468,16 +507,16 @@ static int launch(const struct cli_args *a, const struct cdp_plan *plan, const s
         snprintf(how, sizeof how, "exit code %d", code);
     }
     int named = 0;
-    for (int i = 0; nodes == 1 && i < l->n_ranks; i++) {
+    for (int i = 0; status_dir && i < l->n_ranks; i++) {
         char path[4300];
-        snprintf(path, sizeof path, RANK_STATUS_FILE, tmpdir, i);
+        snprintf(path, sizeof path, RANK_STATUS_FILE, status_dir, i);
         if (access(path, F_OK) == 0) continue;
         const struct cdp_layout_rank *k = &l->rank[i];
         char host[256] = "";
         if (gethostname(host, sizeof host - 1) != 0) snprintf(host, sizeof host, "?");
         fprintf(stderr, "cdphybrid: rank %d/%d (stage %d, replica %d) on node %d (%s) died without a word; %s ended "
                         "the job with %s; where the other ranks were is above\n", i, l->n_ranks, k->stage,
-                k->replica, k->node, host, mpi_launcher_name(&spec), how);
+                k->replica, k->node, layout_nodes(l) == 1 ? host : "its host", mpi_launcher_name(&spec), how);
         named++;
     }
     if (!named)
@@ -501,9 +540,170 @@ static void remove_tmpdir(const char *dir, const char *planned, int n_ranks)
     rmdir(dir);
 }
 
+/* Whether dir holds a committed step folder (step-N, with its manifest or
+ * without): a restart before the first checkpoint starts over only where none
+ * is there. */
+static int has_step_folders(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    int any = 0;
+    for (struct dirent *e; !any && (e = readdir(d));) any = !strncmp(e->d_name, "step-", 5);
+    closedir(d);
+    return any;
+}
+
+/* A launched job with /train/restart: runs it, and while it fails by a death,
+ * a hang or a device error and restarts remain, decides what failed,
+ * re-plans on what is left (or keeps the layout), writes planned.json again
+ * and resumes from the last committed checkpoint (docs/checkpoints.md,
+ * "Restarts"). Returns the exit code; *plan and *r may be replaced (owned by
+ * *owned_plan and *owned_r then). */
+static int launch_with_restarts(const struct cli_args *a, struct cdp_plan *plan, const struct cdp_planner_result *r0,
+                                const struct cdp_replan_in *rin, const char *planned, const char *tmpdir,
+                                const char *status_dir)
+{
+    const struct cdp_restart_desc *rs = &plan->train.restart;
+    struct cdp_plan *cur_plan = plan;
+    struct cdp_planner_result owned = {0};
+    const struct cdp_layout *l = r0->layout;
+    const int n_devices = rin->topo ? rin->topo->n_gpus : 0;
+    unsigned char *dead = calloc((size_t)n_devices + 1, 1);
+    char *resume = NULL;
+    int raw = 0, died = -1, attempt = 0, streak = 0, code;
+    int64_t last_fault_step = -2;
+    if (!dead) return EXIT_RUN_FAILED;
+    for (;;) {
+        code = launch(a, cur_plan, l, planned, tmpdir, status_dir, resume, attempt, &raw, &died);
+        if (code == 0 || rs->max <= 0 || !status_dir) break;
+        struct cdp_job_end end;
+        struct cdp_fault_report f;
+        if (cdp_restart_read_ends(status_dir, l->n_ranks, raw, died, &end)) {
+            fprintf(stderr, "cdphybrid: %s\n", cdp_last_error());
+            break;
+        }
+        const char *metrics = plan->output.metrics;
+        const int64_t last = metrics ? cdp_metrics_last_step(metrics) : -1;
+        cdp_status st = cdp_restart_decide(l, &end, last, &f);
+        cdp_job_end_clear(&end);
+        if (st) {
+            fprintf(stderr, "cdphybrid: %s\n", cdp_last_error());
+            break;
+        }
+        if (!f.restartable) {
+            fprintf(stderr, "cdphybrid: not restarting: %s; /train/restart restarts after a death, a hang or a "
+                            "device error\n", f.what);
+            cdp_fault_report_clear(&f);
+            break;
+        }
+        /* the same step as the fault before: one more in a row */
+        streak = f.step == last_fault_step ? streak + 1 : 1;
+        last_fault_step = f.step;
+        if (streak > rs->max) {
+            fprintf(stderr, "cdphybrid: stopping: the fault repeated at step %lld on %d attempts in a row (%s); "
+                            "/train/restart/max is %lld\n", (long long)f.step, streak, f.what, (long long)rs->max);
+            cdp_fault_report_clear(&f);
+            code = EXIT_RUN_FAILED;
+            break;
+        }
+        /* the last committed checkpoint; none yet: from the start, where no save was begun */
+        char *ck = NULL;
+        struct cdp_ckpt_info info = {0};
+        int64_t from = 0;
+        if (!cdp_ckpt_find_latest(plan->train.checkpoint.dir, &ck, &info)) {
+            from = info.step;
+            cdp_ckpt_info_free(&info);
+        } else if (has_step_folders(plan->train.checkpoint.dir)) {
+            fprintf(stderr, "cdphybrid: not restarting after %s: %s\n", f.what, cdp_last_error());
+            cdp_fault_report_clear(&f);
+            break;
+        } else {
+            /* from the start: the first save's leftovers go (another layout's parts would mix) */
+            cdp_ckpt_discard_incomplete_after(plan->train.checkpoint.dir, 0);
+        }
+        free(ck);
+        const int64_t lost = last > from ? last - from : 0;
+        /* the layout: re-planned without the failed devices, or the same */
+        int same = !rs->exclude_failed || f.n_failed == 0;
+        struct cdp_plan *np = NULL;
+        struct cdp_planner_result nr = {0};
+        if (!same) {
+            for (int k = 0; k < f.n_failed; k++) {
+                const int d = l->rank[f.failed[k]].device;
+                if (d >= 0 && d < n_devices) dead[d] = 1;
+            }
+            for (int i = 0; f.node >= 0 && i < l->n_ranks; i++)
+                if (l->rank[i].node == f.node && l->rank[i].device < n_devices) dead[l->rank[i].device] = 1;
+            if ((st = cdp_restart_replan(rin, l, dead, n_devices, &np, &nr))) {
+                fprintf(stderr, "cdphybrid: not restarting after %s: %s: cannot plan on what is left: %s\n", f.what,
+                        plan->source, cdp_last_error());
+                cdp_fault_report_clear(&f);
+                code = EXIT_RUN_FAILED;
+                break;
+            }
+        }
+        const struct cdp_layout *nl = same ? l : nr.layout;
+        attempt++;
+        char was[32], now[32];
+        cdp_restart_shape(l, was, sizeof was);
+        cdp_restart_shape(nl, now, sizeof now);
+        if (metrics) {
+            long dropped = 0;
+            if ((st = cdp_metrics_cut(metrics, from, &dropped)) ||
+                (st = cdp_restart_record(metrics, attempt, &f, l, nl, from, lost, same))) {
+                fprintf(stderr, "cdphybrid: %s\n", cdp_last_error());
+                cdp_fault_report_clear(&f);
+                if (!same) {
+                    cdp_planner_result_clear(&nr);
+                    cdp_plan_free(np);
+                }
+                code = EXIT_RUN_FAILED;
+                break;
+            }
+        }
+        char devs[256] = "";
+        for (int i = 0, o = 0; i < nl->n_ranks && o < (int)sizeof devs - 12; i++)
+            o += snprintf(devs + o, sizeof devs - (size_t)o, "%s%d", i ? "," : "", nl->rank[i].device);
+        if (!a->quiet) {
+            printf("restart %d: %s at step %lld; %s from step %lld (%lld step%s lost) on %s%s%s (devices %s)\n",
+                   attempt, f.what, (long long)f.step, from ? "resuming" : "starting again", (long long)from,
+                   (long long)lost, lost == 1 ? "" : "s", now, same ? ", the same layout" : ", was ",
+                   same ? "" : was, devs);
+            fflush(stdout);
+        }
+        cdp_fault_report_clear(&f);
+        if (!same) {
+            if (planned[0] && (st = write_planned(np, &nr, planned))) {
+                fprintf(stderr, "cdphybrid: %s\n", cdp_last_error());
+                cdp_planner_result_clear(&nr);
+                cdp_plan_free(np);
+                code = EXIT_RUN_FAILED;
+                break;
+            }
+            if (cur_plan != plan) cdp_plan_free(cur_plan);
+            cdp_planner_result_clear(&owned);
+            cur_plan = np;
+            owned = nr;
+            l = owned.layout;
+        }
+        free(resume);
+        resume = from ? strdup(plan->train.checkpoint.dir) : NULL;
+        if (from && !resume) {
+            code = EXIT_RUN_FAILED;
+            break;
+        }
+    }
+    free(resume);
+    free(dead);
+    if (cur_plan != plan) cdp_plan_free(cur_plan);
+    cdp_planner_result_clear(&owned);
+    return code;
+}
+
 /* Training: the layout printed once, written as planned.json beside the
  * outputs, then run here (one rank) or launched (several). */
-static int train(const struct cli_args *a, struct cdp_plan *plan, const struct cdp_planner_result *r)
+static int train(const struct cli_args *a, struct cdp_plan *plan, const struct cdp_planner_result *r,
+                 const struct cdp_replan_in *rin)
 {
     const struct cdp_layout *l = r->layout;
     if (!a->quiet) {
@@ -542,6 +742,14 @@ static int train(const struct cli_args *a, struct cdp_plan *plan, const struct c
         }
         if (!a->quiet && dir) printf("  layout written to %s\n", planned);
     }
+    /* where the ranks leave their last word: the launcher's folder on one node;
+     * on several, a folder beside planned.json (which every node sees) */
+    char status_dir[4300] = "";
+    if (launching && nodes == 1) snprintf(status_dir, sizeof status_dir, "%s", tmpdir);
+    else if (launching && dir) {
+        snprintf(status_dir, sizeof status_dir, "%s/.cdphybrid-ranks", dir);
+        if (mkdir(status_dir, 0700) != 0 && errno != EEXIST) status_dir[0] = '\0';
+    }
     int code;
     if (l->n_ranks > 1) {
         if (a->no_launch) {
@@ -550,9 +758,12 @@ static int train(const struct cli_args *a, struct cdp_plan *plan, const struct c
                     planned[0] ? planned : plan->source);
             code = EXIT_USAGE;
         } else {
-            code = launch(a, plan, l, planned, tmpdir);
+            code = launch_with_restarts(a, plan, r, rin, planned, tmpdir, status_dir[0] ? status_dir : NULL);
         }
     } else {
+        if (plan->train.restart.max > 0)
+            CDP_WARN(CLI, "%s: /train/restart: a one-rank run is the launcher itself; nothing restarts it",
+                     plan->source);
         struct cdp_train_opts opts = {.size = sizeof opts, .out = a->quiet ? NULL : stdout,
                                       .progress = isatty(1), .resume = resume_dir(a, plan),
                                       .world = CDP_TRAIN_SELF};
@@ -560,7 +771,15 @@ static int train(const struct cli_args *a, struct cdp_plan *plan, const struct c
         code = st ? cdp_cli_exit_code(st) : 0;
         if (st) fprintf(stderr, "cdphybrid: %s\n", cdp_last_error());
     }
-    if (tmpdir[0]) remove_tmpdir(tmpdir, dir ? NULL : planned, l->n_ranks);
+    if (tmpdir[0]) remove_tmpdir(tmpdir, dir ? NULL : planned, l->n_ranks > 64 ? l->n_ranks : 64);
+    if (status_dir[0] && strcmp(status_dir, tmpdir) != 0) {
+        for (int i = 0; i < l->n_ranks * 2 + 64; i++) {
+            char path[4400];
+            snprintf(path, sizeof path, RANK_STATUS_FILE, status_dir, i);
+            remove(path);
+        }
+        rmdir(status_dir);
+    }
     free(dir);
     if (!code && fflush(stdout) != 0) {
         fprintf(stderr, "cdphybrid: cannot write to standard output\n");
@@ -643,7 +862,9 @@ static int run_plan(const struct cli_args *a)
         code = run_ranks(a, plan, pr.layout);
     } else {
         if ((st = cdp_planner_apply(&pr, plan))) goto failed;
-        code = train(a, plan, &pr);
+        const struct cdp_replan_in rin = {.plan_path = a->plan, .machine = &machine,
+                                          .table = have_table ? &table : NULL, .topo = topo};
+        code = train(a, plan, &pr, &rin);
     }
     cdp_planner_result_clear(&pr);
     cdp_topology_free(topo);

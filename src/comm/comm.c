@@ -5,6 +5,7 @@
 #include "comm/comm.h"
 
 #include <errno.h>
+#include <signal.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -39,8 +40,26 @@ static void poll_config(void)
     }
 }
 
+/* 1 while this process waits in cdp_comm_poll (cdp_comm_waiting). */
+static volatile sig_atomic_t in_wait;
+
+int cdp_comm_waiting(void) { return in_wait; }
+
+static cdp_status poll_loop(cdp_comm_test_fn test, void *arg, uint64_t t0, double timeout_s, size_t bytes,
+                            double spin_gbps);
+
 cdp_status cdp_comm_poll(cdp_comm_test_fn test, void *arg, uint64_t t0, double timeout_s,
                          size_t bytes, double spin_gbps)
+{
+    in_wait = 1;
+    const cdp_status st = poll_loop(test, arg, t0, timeout_s, bytes, spin_gbps);
+    /* a wait that failed (its deadline, a peer gone) ends the run: the rank was waiting */
+    if (!st) in_wait = 0;
+    return st;
+}
+
+static cdp_status poll_loop(cdp_comm_test_fn test, void *arg, uint64_t t0, double timeout_s, size_t bytes,
+                            double spin_gbps)
 {
     pthread_once(&poll_once, poll_config);
     uint64_t spin_ns = poll_spin_ns;

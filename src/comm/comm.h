@@ -38,6 +38,13 @@ int cdp_comm_have_mpi(void);
  * a build without MPI, so that the caller can refuse a multi-rank launch. */
 int cdp_comm_launched_by_mpi(void);
 
+/* 1 while this process waits on its peers (a receive, a send's completion, a
+ * collective: every wait with a deadline), else 0; after a wait that failed
+ * (past its deadline, a peer gone) it stays 1. Async-signal-safe: the
+ * launcher's report of a stopped rank says whether it was waiting or busy,
+ * which tells a hung rank from the ones waiting on it. */
+int cdp_comm_waiting(void);
+
 /* The world: `mpi` when launched by mpirun (MPI_Init_thread happens here, once,
  * unless the program initialised MPI itself), else `self` (also when launched
  * by mpirun in a build without MPI). A second call while the mpi world lives

@@ -631,10 +631,33 @@ static cdp_status load_data(struct ld *c, const json_t *d)
 
 static const char *const train_keys[] = {"steps", "global_batch", "micro_batch", "optimizer",
                                          "grad_clip", "precision", "recompute", "seed", "log_every", "eval_every",
-                                         "eval_batches", "timeout_s", "checkpoint", NULL};
+                                         "eval_batches", "timeout_s", "checkpoint", "restart", NULL};
 static const char *const opt_keys[] = {"type", "lr", "weight_decay", "momentum", "beta1", "beta2",
                                        "eps", NULL};
 static const char *const ckpt_keys[] = {"dir", "every", "keep", NULL};
+static const char *const restart_keys[] = {"max", "exclude_failed", NULL};
+
+/* /train/restart: null (off) or {"max": N, "exclude_failed": true}; a restart
+ * resumes from the last checkpoint, so it needs /train/checkpoint. */
+static cdp_status load_restart(struct ld *c, const json_t *r)
+{
+    struct cdp_train_desc *td = &c->p->train;
+    const char *RP = "/train/restart";
+    td->restart.max = 0;
+    td->restart.exclude_failed = 1;
+    if (!r || json_is_null(r)) return CDP_OK;
+    if (!json_is_object(r)) return cdp_json_expected(&c->in, RP, "an object or null", r);
+    cdp_status st;
+    if ((st = cdp_json_check_keys(&c->in, r, RP, restart_keys, RP))) return st;
+    if (!json_object_get(r, "max"))
+        return cdp_json_fail(&c->in, "/train/restart/max", "missing; how many restarts in a row (1 to %d)",
+                             CDP_RESTART_MAX);
+    if ((st = cdp_json_get_int(&c->in, r, RP, "max", 1, CDP_RESTART_MAX, 0, &td->restart.max))) return st;
+    if ((st = cdp_json_get_bool(&c->in, r, RP, "exclude_failed", &td->restart.exclude_failed))) return st;
+    if (!td->checkpoint.dir)
+        return cdp_json_fail(&c->in, RP, "needs /train/checkpoint: a restart resumes from the last checkpoint");
+    return CDP_OK;
+}
 
 static cdp_status load_optimizer(struct ld *c, const json_t *o)
 {
@@ -702,7 +725,7 @@ static cdp_status load_train(struct ld *c, const json_t *t)
     if ((st = cdp_json_get_int(&c->in, t, P, "eval_batches", 1, MAX_COUNT, 0, &td->eval_batches))) return st;
     if ((st = cdp_json_get_number(&c->in, t, P, "timeout_s", CDP_JSON_POSITIVE, &td->timeout_s))) return st;
     const json_t *ck = json_object_get(t, "checkpoint");
-    if (!ck || json_is_null(ck)) return CDP_OK;
+    if (!ck || json_is_null(ck)) return load_restart(c, json_object_get(t, "restart"));
     const char *CP = "/train/checkpoint";
     if (!json_is_object(ck)) return cdp_json_expected(&c->in, CP, "an object or null", ck);
     if ((st = cdp_json_check_keys(&c->in, ck, CP, ckpt_keys, "/train/checkpoint"))) return st;
@@ -710,7 +733,8 @@ static cdp_status load_train(struct ld *c, const json_t *t)
     if (!dir) return cdp_json_fail(&c->in, "/train/checkpoint/dir", "missing; checkpoints need a folder");
     if ((st = cdp_json_get_int(&c->in, ck, CP, "every", 1, INT64_MAX, 0, &td->checkpoint.every))) return st;
     if ((st = cdp_json_get_int(&c->in, ck, CP, "keep", 1, INT64_MAX, 0, &td->checkpoint.keep))) return st;
-    return get_output_path(c, dir, "/train/checkpoint/dir", 1, &td->checkpoint.dir);
+    if ((st = get_output_path(c, dir, "/train/checkpoint/dir", 1, &td->checkpoint.dir))) return st;
+    return load_restart(c, json_object_get(t, "restart"));
 }
 
 /* ---- parallel ---------------------------------------------------------------- */
@@ -1165,6 +1189,8 @@ static void set_defaults(struct cdp_plan *p)
     p->train.timeout_s = 300;
     p->train.checkpoint.every = 100;
     p->train.checkpoint.keep = 3;
+    p->train.restart.max = 0;
+    p->train.restart.exclude_failed = 1;
     p->parallel.stages = 1;
     p->parallel.replicas = 1;
     p->parallel.micro_batches = CDP_AUTO;

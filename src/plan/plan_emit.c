@@ -183,6 +183,16 @@ static json_t *plan_json(struct emit *e, const struct cdp_plan *p)
         } else {
             set(e, o, "checkpoint", json_null());
         }
+        if (t->restart.max > 0) {
+            json_t *rs;
+            set(e, o, "restart", rs = json_object());
+            if (rs) {
+                set(e, rs, "max", jint(t->restart.max));
+                set(e, rs, "exclude_failed", json_boolean(t->restart.exclude_failed));
+            }
+        } else {
+            set(e, o, "restart", json_null());
+        }
     }
 
     const struct cdp_parallel_desc *pd = &p->parallel;
@@ -394,6 +404,11 @@ cdp_status cdp_plan_print(const struct cdp_plan *p, FILE *f)
                 (long long)t->checkpoint.every, (long long)t->checkpoint.keep);
     else
         fprintf(f, ROW "none\n", "checkpoint");
+    if (t->restart.max > 0)
+        fprintf(f, ROW "up to %lld in a row at one step, %s\n", "restart", (long long)t->restart.max,
+                t->restart.exclude_failed ? "re-planned without the failed devices" : "on the same layout");
+    else
+        fprintf(f, ROW "none\n", "restart");
 
     const struct cdp_parallel_desc *pd = &p->parallel;
     fprintf(f, "\nParallel\n");

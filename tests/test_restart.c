@@ -1,0 +1,459 @@
+/* Suite restart: /train/restart. A launched job whose rank dies or hangs is
+ * ended, re-planned on the devices left (or on the same layout) and resumed
+ * from its last checkpoint by the launcher, with no one there; it ends with
+ * the weights of a run resumed by hand under the same new layout, bitwise, and
+ * a loss curve with every step once. A fault at every attempt stops. Runs the
+ * real binary under mpirun, with the CDP_FAULT knob (docs/pipeline.md). */
+#include <criterion/criterion.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "comm/comm.h"
+#include "harness.h"
+
+static void need_mpi(void)
+{
+    if (!cdp_comm_have_mpi()) cr_skip_test("this build has no MPI (-Dmpi=disabled): multi-rank runs are not possible");
+}
+
+/* A GPT of 6 blocks, 6 steps of 8 samples (micro-batches of 2) on 2 stages x 2
+ * replicas, checkpoints every 2 steps; restart: the /train/restart value. */
+static const char *plan_data(const char *dir, const char *name, const char *restart, int timeout_s, const char *data)
+{
+    char json[2048], file[64];
+    snprintf(json, sizeof json,
+             "{\"model\": {\"preset\": \"gpt\", \"vocab\": 32, \"context\": 8, \"layers\": 6, \"heads\": 2, "
+             "\"embed\": 16}, \"data\": %s, \"train\": {\"steps\": 6, "
+             "\"micro_batch\": 2, \"log_every\": 1, \"optimizer\": {\"lr\": 0.01, \"eps\": 1e-6}, \"grad_clip\": 0.5, "
+             "\"eval_batches\": 1, \"timeout_s\": %d, \"checkpoint\": {\"dir\": \"ckpt-%s\", \"every\": 2, "
+             "\"keep\": 3}, \"restart\": %s}, \"parallel\": {\"stages\": 2, \"replicas\": 2, \"micro_batches\": 2}, "
+             "\"cluster\": {\"backend\": \"cpu\"}, \"output\": {\"metrics\": \"%s.jsonl\", \"weights\": "
+             "\"%s.safetensors\"}}",
+             data, timeout_s, name, restart, name, name);
+    snprintf(file, sizeof file, "%s.json", name);
+    return cdp_test_write_file(dir, file, json);
+}
+
+static const char *plan(const char *dir, const char *name, const char *restart, int timeout_s)
+{
+    return plan_data(dir, name, restart, timeout_s, "{\"source\": \"synthetic\", \"seed\": 5}");
+}
+
+static struct cdp_run run(const char *const *argv, const char *fault)
+{
+    struct cdp_run r;
+    if (fault) setenv("CDP_FAULT", fault, 1);
+    cr_assert_eq(cdp_test_run(&r, argv), 0);
+    unsetenv("CDP_FAULT");
+    return r;
+}
+
+static json_t *load(const char *path)
+{
+    json_error_t e;
+    json_t *j = json_load_file(path, 0, &e);
+    cr_assert_not_null(j, "%s: %s", path, e.text);
+    return j;
+}
+
+/* The records of name.jsonl: step records 1..n, each once, in order; returns
+ * the restart records (a new array) and the losses in loss[0..n-1]. */
+static json_t *records(const char *dir, const char *name, int n, double *loss)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/%s.jsonl", dir, name);
+    char *t = cdp_test_read_file(path);
+    cr_assert_not_null(t, "%s", path);
+    cr_assert(*t && t[strlen(t) - 1] == '\n', "%s ends inside a line", path);
+    json_t *restarts = json_array();
+    int next = 1;
+    for (char *line = strtok(t, "\n"); line; line = strtok(NULL, "\n")) {
+        json_error_t e;
+        json_t *o = json_loads(line, 0, &e);
+        cr_assert_not_null(o, "%s: not JSON: %s", path, line);
+        const json_t *st = json_object_get(o, "step");
+        if (json_is_integer(st)) {
+            cr_assert_eq(json_integer_value(st), next, "%s: step %lld where %d was next", path,
+                         (long long)json_integer_value(st), next);
+            loss[next - 1] = json_real_value(json_object_get(o, "loss"));
+            next++;
+        }
+        if (json_object_get(o, "restart")) json_array_append(restarts, o);
+        json_decref(o);
+    }
+    cr_assert_eq(next, n + 1, "%s: %d steps recorded, expected %d", path, next - 1, n);
+    free(t);
+    return restarts;
+}
+
+static void files_equal(const char *a, const char *b)
+{
+    FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
+    cr_assert(fa && fb);
+    fseek(fa, 0, SEEK_END);
+    fseek(fb, 0, SEEK_END);
+    const long na = ftell(fa), nb = ftell(fb);
+    fclose(fa);
+    fclose(fb);
+    cr_assert(na > 0 && na == nb, "%s: %ld bytes, %s: %ld", a, na, b, nb);
+    fa = fopen(a, "rb");
+    fb = fopen(b, "rb");
+    for (long i = 0; i < na; i++) cr_assert_eq(fgetc(fa), fgetc(fb), "%s and %s differ at byte %ld", a, b, i);
+    fclose(fa);
+    fclose(fb);
+}
+
+/* 1 when the array (or an array in it) holds the integer v. */
+static int holds(const json_t *a, json_int_t v)
+{
+    size_t i;
+    const json_t *x;
+    json_array_foreach(a, i, x) if ((json_is_array(x) && holds(x, v)) || (json_is_integer(x) && json_integer_value(x) == v)) return 1;
+    return 0;
+}
+
+/* Integers in the array and its arrays. */
+static int count(const json_t *a)
+{
+    size_t i;
+    const json_t *x;
+    int n = 0;
+    json_array_foreach(a, i, x) n += json_is_array(x) ? count(x) : 1;
+    return n;
+}
+
+/* A fault of the first attempt only (fault names it with @0) at step 6 on the
+ * rank `failed`: the job re-plans on the 3 devices left, resumes from step 4
+ * and ends with exit 0; against a run with the same fault and no restart,
+ * resumed by hand from its step-4 checkpoint under the restart's planned.json:
+ * the same losses and the same weights file, byte for byte. */
+static void restarts_like_a_resume_by_hand(const char *fault, const char *fault_alone, int failed, const char *said,
+                                           int timeout_s)
+{
+    need_mpi();
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
+    const char *a = plan(dir, "a", "{\"max\": 2, \"exclude_failed\": true}", timeout_s);
+    struct cdp_run r = run((const char *[]){"--plan", a, NULL}, fault);
+    cr_assert_eq(r.exit_code, 0, "exit %d: %s", r.exit_code, r.err);
+    char want[200];
+    snprintf(want, sizeof want, "restart 1: rank %d (", failed);
+    cr_assert(strstr(r.out, want) && strstr(r.out, said), "%s", r.out);
+    cr_assert(strstr(r.out, "at step 6; resuming from step 4 (1 step lost)"), "%s", r.out);
+    cr_assert(!strstr(r.out, "restart 2:"), "%s", r.out);
+    cr_log_info("%s", strstr(r.out, "restart 1:"));
+    cdp_test_run_free(&r);
+    /* the new planned.json: the same global batch on 3 devices, none the failed rank's */
+    char planned[4200];
+    snprintf(planned, sizeof planned, "%s/planned.json", dir);
+    json_t *p = load(planned);
+    json_t *train = json_object_get(p, "train"), *par = json_object_get(p, "parallel");
+    cr_assert_eq(json_integer_value(json_object_get(train, "global_batch")), 8);
+    const json_t *place = json_object_get(par, "placement");
+    cr_assert(json_is_array(place), "the placement is written out");
+    const int ranks = (int)(json_integer_value(json_object_get(par, "stages")) *
+                            json_integer_value(json_object_get(par, "replicas")));
+    cr_assert(ranks >= 1 && ranks <= 3 && count(place) == ranks, "%d ranks", ranks);
+    cr_assert(!holds(place, failed), "device %d failed and is placed again", failed);
+    /* the record */
+    double la[6], lc[6];
+    json_t *rec = records(dir, "a", 6, la);
+    cr_assert_eq(json_array_size(rec), 1);
+    const json_t *r1 = json_array_get(rec, 0), *f = json_object_get(r1, "failed");
+    cr_assert(holds(json_object_get(f, "ranks"), failed) && json_array_size(json_object_get(f, "ranks")) == 1);
+    cr_assert_eq(json_integer_value(json_object_get(r1, "resumed_from")), 4);
+    cr_assert_eq(json_integer_value(json_object_get(r1, "fault_step")), 6);
+    cr_assert_eq(json_integer_value(json_object_get(r1, "steps_lost")), 1);
+    cr_assert_eq(json_integer_value(json_object_get(json_object_get(r1, "old_layout"), "replicas")), 2);
+    cr_assert(!holds(json_object_get(json_object_get(r1, "new_layout"), "devices"), failed));
+    json_decref(rec);
+    /* by hand: the same fault without restarts, then --resume under the restart's layout */
+    char sub[4200];
+    snprintf(sub, sizeof sub, "%s/c", dir);
+    cr_assert_eq(mkdir(sub, 0700), 0);
+    const char *c = plan(sub, "c", "null", timeout_s);
+    r = run((const char *[]){"-q", "--plan", c, NULL}, fault_alone);
+    cr_assert_neq(r.exit_code, 0, "the fault %s did not stop the run", fault_alone);
+    cdp_test_run_free(&r);
+    char ck[4300], metrics[4300], weights[4300];
+    snprintf(ck, sizeof ck, "%s/ckpt-c", sub);
+    snprintf(metrics, sizeof metrics, "%s/c.jsonl", sub);
+    snprintf(weights, sizeof weights, "%s/c.safetensors", sub);
+    json_object_set_new(json_object_get(train, "checkpoint"), "dir", json_string(ck));
+    json_object_set_new(train, "restart", json_null());
+    json_object_set_new(json_object_get(p, "output"), "metrics", json_string(metrics));
+    json_object_set_new(json_object_get(p, "output"), "weights", json_string(weights));
+    char hand[4300];
+    snprintf(hand, sizeof hand, "%s/by-hand.json", sub);
+    cr_assert_eq(json_dump_file(p, hand, JSON_INDENT(2)), 0);
+    json_decref(p);
+    r = run((const char *[]){"--plan", hand, "--resume", ck, NULL}, NULL);
+    cr_assert_eq(r.exit_code, 0, "resume by hand: %s", r.err);
+    cr_assert(strstr(r.out, "at step 4"), "%s", r.out);
+    cdp_test_run_free(&r);
+    json_decref(records(sub, "c", 6, lc));
+    for (int i = 0; i < 6; i++) cr_assert_eq(la[i], lc[i], "step %d: %.17g restarted, %.17g by hand", i + 1, la[i], lc[i]);
+    char wa[4300];
+    snprintf(wa, sizeof wa, "%s/a.safetensors", dir);
+    files_equal(wa, weights);
+}
+
+Test(restart, a_killed_rank_is_replanned_around_and_resumed, .timeout = 240)
+{
+    restarts_like_a_resume_by_hand("kill:1:6@0", "kill:1:6", 1, "died", 30);
+}
+
+Test(restart, a_hung_rank_is_replanned_around_and_resumed, .timeout = 240)
+{
+    restarts_like_a_resume_by_hand("stall:2:6:60@0", "stall:2:6:60", 2, "hung past the deadline", 3);
+}
+
+Test(restart, a_device_error_is_replanned_around_and_resumed, .timeout = 240)
+{
+    restarts_like_a_resume_by_hand("deverr:3:6@0", "deverr:3:6", 3, "reported a device error", 30);
+}
+
+/* The same fault at every attempt, on the same layout: 2 restarts, then it stops
+ * with exit 1 and says so; each restart is on stdout and in metrics.jsonl. */
+Test(restart, a_fault_at_every_attempt_stops_after_max_restarts, .timeout = 240)
+{
+    need_mpi();
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
+    const char *b = plan(dir, "b", "{\"max\": 2, \"exclude_failed\": false}", 30);
+    struct cdp_run r = run((const char *[]){"--plan", b, NULL}, "kill:1:6");
+    cr_assert_eq(r.exit_code, 1, "exit %d: %s", r.exit_code, r.err);
+    cr_assert(strstr(r.out, "restart 1: rank 1 (") && strstr(r.out, "restart 2: rank 1 ("), "%s", r.out);
+    cr_assert(strstr(r.out, "on 2x2, the same layout"), "%s", r.out);
+    cr_assert(!strstr(r.out, "restart 3:"), "%s", r.out);
+    cr_assert(strstr(r.err, "stopping: the fault repeated at step 6 on 3 attempts in a row") &&
+                  strstr(r.err, "/train/restart/max is 2"),
+              "%s", r.err);
+    cdp_test_run_free(&r);
+    char path[4200];
+    snprintf(path, sizeof path, "%s/b.jsonl", dir);
+    char *t = cdp_test_read_file(path);
+    cr_assert_not_null(t);
+    int n = 0;
+    for (char *c = strstr(t, "{\"restart\": "); c; c = strstr(c + 1, "{\"restart\": ")) n++;
+    cr_assert_eq(n, 2, "%d restart records: %s", n, t);
+    cr_assert(strstr(t, "\"same_layout\": true"), "%s", t);
+    free(t);
+}
+
+/* A failure that is no death, hang or device error (a bad data file: bad
+ * input, exit 2) would fail the same again: not restarted, and said so. */
+Test(restart, a_bad_data_file_is_not_restarted, .timeout = 120)
+{
+    need_mpi();
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
+    cdp_test_write_file(dir, "bad.bin", "this is not an llm.c token file, it is too short and has no magic");
+    const char *p = plan_data(dir, "d", "{\"max\": 2}", 30, "{\"source\": \"tokens\", \"path\": \"bad.bin\"}");
+    struct cdp_run r = run((const char *[]){"--plan", p, NULL}, NULL);
+    cr_assert_eq(r.exit_code, 2, "exit %d: %s", r.exit_code, r.err);
+    cr_assert(strstr(r.err, "bad.bin") && strstr(r.err, "not restarting: bad input (exit code 2)"),
+              "%s", r.err);
+    cr_assert(!strstr(r.out, "restart 1:"), "%s", r.out);
+    cdp_test_run_free(&r);
+}
+
+/* Without a restart, a fault for another attempt is not armed. */
+Test(restart, a_fault_for_another_attempt_is_not_armed, .timeout = 120)
+{
+    need_mpi();
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
+    struct cdp_run r = run((const char *[]){"-q", "--plan", plan(dir, "n", "null", 30), NULL}, "kill:1:3@1");
+    cr_assert_eq(r.exit_code, 0, "exit %d: %s", r.exit_code, r.err);
+    cdp_test_run_free(&r);
+}
+
+/* The key: written back by --dry-run --json; bad values name the key. */
+Test(restart, the_plan_key_is_checked_and_written_back)
+{
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
+    struct cdp_run r = run((const char *[]){"--dry-run", "--json", "--plan",
+                                            plan(dir, "k", "{\"max\": 3, \"exclude_failed\": false}", 30), NULL},
+                           NULL);
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    cr_assert(strstr(r.out, "\"restart\": {\n      \"max\": 3,\n      \"exclude_failed\": false\n    }"), "%s", r.out);
+    cdp_test_run_free(&r);
+    r = run((const char *[]){"--dry-run", "--json", "--plan", plan(dir, "k", "null", 30), NULL}, NULL);
+    cr_assert(r.exit_code == 0 && strstr(r.out, "\"restart\": null"), "%s", r.out);
+    cdp_test_run_free(&r);
+    r = run((const char *[]){"--dry-run", "--plan", plan(dir, "k", "{\"max\": 1}", 30), NULL}, NULL);
+    cr_assert(r.exit_code == 0 && strstr(r.out, "up to 1 in a row at one step, re-planned without the failed"),
+              "%s", r.out);
+    cdp_test_run_free(&r);
+    static const struct {
+        const char *value, *said;
+    } bad[] = {
+        {"{\"max\": 0}", "/train/restart/max"},
+        {"{\"max\": 101}", "/train/restart/max"},
+        {"{\"max\": 2.0}", "/train/restart/max"},
+        {"{\"exclude_failed\": true}", "/train/restart/max: missing"},
+        {"{\"max\": 2, \"exclude_failed\": 1}", "/train/restart/exclude_failed"},
+        {"{\"max\": 2, \"exclude\": true}", "did you mean \"exclude_failed\""},
+        {"true", "/train/restart"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        r = run((const char *[]){"--dry-run", "--plan", plan(dir, "k", bad[i].value, 30), NULL}, NULL);
+        cr_assert_eq(r.exit_code, 2, "%s: %s", bad[i].value, r.out);
+        cr_assert(strstr(r.err, bad[i].said), "%s: %s", bad[i].value, r.err);
+        cdp_test_run_free(&r);
+    }
+    /* a restart resumes from a checkpoint: it needs one */
+    const char *nock = cdp_test_write_file(dir, "nock.json",
+                                           "{\"model\": {\"preset\": \"gpt\"}, \"train\": {\"restart\": {\"max\": 1}}, "
+                                           "\"cluster\": {\"backend\": \"cpu\"}}");
+    r = run((const char *[]){"--dry-run", "--plan", nock, NULL}, NULL);
+    cr_assert_eq(r.exit_code, 2, "%s", r.out);
+    cr_assert(strstr(r.err, "/train/restart: needs /train/checkpoint"), "%s", r.err);
+    cdp_test_run_free(&r);
+}
+
+/* ---- the decision, on made-up ends of a 2 x 2 layout over 2 nodes -------------------- */
+
+#include "cli/restart.h"
+
+static struct cdp_layout *two_nodes(void)
+{
+    struct cdp_layout *l = NULL;
+    cr_assert_eq(cdp_layout_create(2, 1, 2, &l), CDP_OK);
+    l->n_nodes = 2;
+    for (int i = 0; i < 4; i++) l->rank[i] = (struct cdp_layout_rank){.stage = i / 2, .replica = i % 2, .node = i / 2,
+                                                                        .device = i};
+    return l;
+}
+
+static struct cdp_fault_report decide(const struct cdp_layout *l, int code, int died, const enum cdp_rank_end *end,
+                                      int64_t last)
+{
+    int64_t step[4] = {-1, -1, -1, -1};
+    struct cdp_job_end e = {.code = code, .n_ranks = 4, .end = (enum cdp_rank_end *)end, .step = step, .died = died};
+    struct cdp_fault_report f;
+    cr_assert_eq(cdp_restart_decide(l, &e, last, &f), CDP_OK);
+    return f;
+}
+
+Test(restart, what_failed_is_decided_from_the_strongest_evidence)
+{
+    struct cdp_layout *l = two_nodes();
+    const enum cdp_rank_end W = CDP_END_STOPPED_WAITING, S = CDP_END_SILENT, B = CDP_END_STOPPED_BUSY,
+                            C = CDP_END_FAILED_COMM, D = CDP_END_FAILED_DEVICE, O = CDP_END_FAILED_OTHER;
+    /* node 1 vanished: both its ranks silent, the job ended by a signal */
+    struct cdp_fault_report f = decide(l, 137, -1, (enum cdp_rank_end[]){W, W, S, S}, 5);
+    cr_assert(f.restartable && !strcmp(f.kind, "died") && f.node == 1 && f.n_failed == 2 && f.step == 6, "%s", f.what);
+    cr_assert(strstr(f.what, "node 1 (all its ranks) died"), "%s", f.what);
+    cdp_fault_report_clear(&f);
+    /* two silent, mpirun named one: that one */
+    f = decide(l, 137, 1, (enum cdp_rank_end[]){W, S, S, W}, -1);
+    cr_assert(f.restartable && f.n_failed == 1 && f.failed[0] == 1 && f.node == -1, "%s", f.what);
+    cdp_fault_report_clear(&f);
+    /* a device error beside a rank killed in the clean-up */
+    f = decide(l, 1, -1, (enum cdp_rank_end[]){W, W, S, D}, 5);
+    cr_assert(f.restartable && !strcmp(f.kind, "device error") && f.n_failed == 1 && f.failed[0] == 3, "%s", f.what);
+    cdp_fault_report_clear(&f);
+    /* a deadline: the busy rank hung */
+    f = decide(l, 1, -1, (enum cdp_rank_end[]){C, W, B, C}, 5);
+    cr_assert(f.restartable && !strcmp(f.kind, "hang") && f.n_failed == 1 && f.failed[0] == 2, "%s", f.what);
+    cdp_fault_report_clear(&f);
+    /* a deadline, no rank busy: not known which */
+    f = decide(l, 1, -1, (enum cdp_rank_end[]){C, W, W, W}, 5);
+    cr_assert(f.restartable && !strcmp(f.kind, "hang") && f.n_failed == 0, "%s", f.what);
+    cr_assert(strstr(f.what, "which one is not known"), "%s", f.what);
+    cdp_fault_report_clear(&f);
+    /* another error, a silent rank beside it: not restarted */
+    f = decide(l, 1, -1, (enum cdp_rank_end[]){O, S, W, W}, 5);
+    cr_assert(!f.restartable, "%s", f.what);
+    cdp_fault_report_clear(&f);
+    /* bad input */
+    f = decide(l, 2, -1, (enum cdp_rank_end[]){O, O, O, O}, 5);
+    cr_assert(!f.restartable && strstr(f.what, "bad input"), "%s", f.what);
+    cdp_fault_report_clear(&f);
+    cdp_layout_free(l);
+}
+
+/* The ranks' files: the word, and the step from where each was. */
+Test(restart, the_ranks_last_words_are_read_with_their_step)
+{
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
+    cdp_test_write_file(dir, "rank-0.end", "failed comm\nrank 0/3 (stage 0, replica 0), step 6: RECV_GRAD of micro-batch 0\n");
+    cdp_test_write_file(dir, "rank-1.end", "stopped busy\nrank 1/3 (stage 1, replica 0), after step 5: writing\n");
+    struct cdp_job_end e;
+    cr_assert_eq(cdp_restart_read_ends(dir, 3, 1, -1, &e), CDP_OK);
+    cr_assert(e.end[0] == CDP_END_FAILED_COMM && e.end[1] == CDP_END_STOPPED_BUSY && e.end[2] == CDP_END_SILENT);
+    cr_assert(e.step[0] == 6 && e.step[1] == 6 && e.step[2] == -1, "%lld %lld", (long long)e.step[0],
+              (long long)e.step[1]);
+    cdp_job_end_clear(&e);
+}
+
+/* The re-plan of a layout over 2 DGX nodes (16 GPUs) when node 1 vanished, and
+ * then one GPU of node 0 too: the same global batch, on what is left only. */
+#include "partitioner/planner.h"
+
+static struct cdp_plan *load_resolved(const char *path)
+{
+    struct cdp_plan *p = NULL;
+    const struct cdp_machine_info none = {.gpus = 0};
+    cr_assert_eq(cdp_plan_load(path, &p), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(cdp_plan_resolve(p, &none), CDP_OK, "%s", cdp_last_error());
+    return p;
+}
+
+Test(restart, a_vanished_node_is_planned_around)
+{
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
+    const char *path = cdp_test_write_file(
+        dir, "dgx.json",
+        "{\"model\": {\"preset\": \"gpt\", \"layers\": 8}, \"train\": {\"micro_batch\": 2, \"global_batch\": 64, "
+        "\"checkpoint\": {\"dir\": \"ck\"}, \"restart\": {\"max\": 1}}, \"parallel\": {\"stages\": 4, "
+        "\"replicas\": 4}, \"cluster\": {\"backend\": \"cuda\", \"topology\": \"2 x dgx-a100\"}}");
+    struct cdp_plan *p = load_resolved(path);
+    struct cdp_topology *t = NULL;
+    char note[512];
+    cr_assert_eq(cdp_planner_topology(p, 0, &t, note, sizeof note), CDP_OK, "%s", cdp_last_error());
+    struct cdp_planner_result r0 = {0};
+    cr_assert_eq(cdp_planner_run(p, t, NULL, 0, &r0), CDP_OK, "%s", cdp_last_error());
+    const struct cdp_layout *l = r0.layout;
+    cr_assert_eq(l->n_ranks, 16);
+    unsigned char dead[16] = {0};
+    for (int i = 0; i < 16; i++)
+        if (l->rank[i].node == 1) dead[l->rank[i].device] = 1;
+    const struct cdp_machine_info none = {.gpus = 0};
+    const struct cdp_replan_in in = {.plan_path = path, .machine = &none, .table = NULL, .topo = t};
+    struct cdp_plan *np = NULL;
+    struct cdp_planner_result nr = {0};
+    cr_assert_eq(cdp_restart_replan(&in, l, dead, t->n_gpus, &np, &nr), CDP_OK, "%s", cdp_last_error());
+    const struct cdp_layout *n = nr.layout;
+    int64_t mb = 0;
+    for (int r = 0; r < n->replicas; r++) mb += n->shares[r];
+    cr_assert_eq(mb * n->micro_batch, 64, "the global batch stays");
+    cr_assert(n->n_ranks >= 1 && n->n_ranks <= 8, "%d ranks", n->n_ranks);
+    for (int i = 0; i < n->n_ranks; i++) cr_assert(n->rank[i].node == 0 && !dead[n->rank[i].device], "rank %d", i);
+    cr_assert_eq(np->train.global_batch, 64);
+    cr_log_info("node 1 gone: %dx%d on node 0", n->stages, n->replicas);
+    /* then the GPU of its rank 0 as well: planned on what is still left */
+    dead[n->rank[0].device] = 1;
+    struct cdp_plan *np2 = NULL;
+    struct cdp_planner_result nr2 = {0};
+    cr_assert_eq(cdp_restart_replan(&in, n, dead, t->n_gpus, &np2, &nr2), CDP_OK, "%s", cdp_last_error());
+    for (int i = 0; i < nr2.layout->n_ranks; i++)
+        cr_assert(!dead[nr2.layout->rank[i].device] && nr2.layout->rank[i].node == 0, "rank %d", i);
+    cr_assert_leq(nr2.layout->n_ranks, 7);
+    cr_assert_eq(np2->train.global_batch, 64);
+    cdp_planner_result_clear(&nr2);
+    cdp_plan_free(np2);
+    cdp_planner_result_clear(&nr);
+    cdp_plan_free(np);
+    cdp_planner_result_clear(&r0);
+    cdp_topology_free(t);
+    cdp_plan_free(p);
+}
