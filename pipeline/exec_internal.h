@@ -13,7 +13,6 @@
 #include "cdp/device.h"
 #include "cdp/plan.h"
 #include "comm/comm.h"
-#include "comm/nccl.h"
 #include "model/data.h"
 #include "model/model.h"
 #include "pipeline/fault.h"
@@ -36,11 +35,7 @@ struct chunk {
     cdp_request_t *slot_send;   /* the SEND_ACT still in flight from a slot's output */
     float *grad_in;             /* RECV_GRAD lands here; the next BACKWARD reads it */
     float **grad_out;           /* a ring of SEND_GRAD buffers */
-    /* device memory the host cannot see (GPUs): grad_in and grad_out live in
-     * device buffers, and point-to-point messages are staged through host
-     * copies that stay untouched until their request completes */
-    cdp_buffer_t grad_in_buf, *grad_out_buf;
-    void **slot_host, *recv_host, *grad_in_host, **grad_out_host;
+    cdp_buffer_t grad_in_buf, *grad_out_buf; /* device memory of grad_in and grad_out */
     cdp_request_t *grad_out_req;
     int n_grad_out, next_grad_out;
     int *mb_grad_out;           /* mb -> ring index of its input gradient */
@@ -51,7 +46,12 @@ struct exec {
     const struct cdp_plan *plan;
     const struct cdp_layout *lay;   /* what runs where (not owned) */
     const struct cdp_layout_rank *me; /* this rank's entry of it */
-    cdp_comm_t world, pipe, dp, tied;
+    /* one communicator per role: the caller's host world (host values: losses,
+     * timings, the monitor), and on this rank's device memory the world, the
+     * pipeline of its replica, the replicas of its stage and the tied pair;
+     * comm/ chose how each carries device memory (cdp_comm_for_device) and
+     * cdp_comm_host gives each one's host group */
+    cdp_comm_t world, dev_world, pipe, dp, tied;
     int rank, size, p, R, v, m, s, r, B, nv;
     int64_t G;
     /* load balance: micro-batches of each replica this step (the shares sum
@@ -66,9 +66,6 @@ struct exec {
     cdp_device_t dev;
     int hv;                /* the host sees the device's memory (cpu) */
     int zero;              /* ZeRO-1: the optimizer steps this replica's shard (layout zero, R > 1) */
-    cdp_nccl_t nccl_world, nccl_pipe, nccl_dp, nccl_tied; /* GPU ranks with a GPU each: NCCL for device memory */
-    float *grad_host;      /* host staging for all-reduces of device memory without NCCL */
-    size_t grad_host_n;
     struct chunk *ch;
     struct cdp_schedule *sched;
     struct cdp_data *data;
