@@ -22,6 +22,19 @@
 #include "pipeline/trace.h"
 #include "cdp/train.h"
 
+/* A gradient bucket of a chunk (exec_buckets.c): floats [from, from + count)
+ * of its parameter buffer, whole units from `unit` up. */
+struct bucket {
+    size_t from, count;
+    int unit;          /* its lowest unit: it is ready once that unit's backward is done */
+    int late;          /* holds the tied embedding: reduced at ALLREDUCE_GRADS */
+    int posted;        /* started this step */
+    cdp_request_t req; /* in flight */
+    uint64_t t_post;
+};
+
+struct exec;
+
 /* One virtual stage of this rank: its model range and what moves through it. */
 struct chunk {
     int vstage;
@@ -39,6 +52,12 @@ struct chunk {
     cdp_request_t *grad_out_req;
     int n_grad_out, next_grad_out;
     int *mb_grad_out;           /* mb -> ring index of its input gradient */
+    /* gradient buckets (NULL: one reduction at ALLREDUCE_GRADS) */
+    struct exec *e;
+    struct bucket *bk;
+    int nbk, next_bk;           /* next_bk: the next one the backward hook may start */
+    int bw_left, last_bw;       /* BACKWARDs left this step; 1 during the last */
+    uint64_t bk_first, bk_last; /* this step's first bucket start, last completion */
 };
 
 /* This rank's run. */
@@ -111,6 +130,19 @@ cdp_status cdp_exec_run_list(struct exec *e);
 cdp_status cdp_exec_grad_reduce(void *ctx, float *buf, uint64_t n, uint64_t from, uint64_t count);
 cdp_status cdp_exec_drain_sends(struct exec *e);
 cdp_status cdp_exec_validate(struct exec *e, double *val);
+
+/* exec_buckets.c: the chunk's gradient buckets and the model's backward hook
+ * (when the plan's bucket_mb, the replicas and the dp communicator allow);
+ * per step: armed at its start, the last BACKWARD of each chunk starts them,
+ * progress after every instruction, ALLREDUCE_GRADS starts what is left and
+ * waits for all. cdp_exec_buckets_on: this step reduces by buckets. */
+cdp_status cdp_exec_buckets_setup(struct exec *e, struct chunk *c);
+int cdp_exec_buckets_on(const struct exec *e);
+void cdp_exec_buckets_start_step(struct exec *e);
+void cdp_exec_buckets_before_backward(struct exec *e, struct chunk *c);
+cdp_status cdp_exec_buckets_progress(struct exec *e);
+cdp_status cdp_exec_buckets_finish(struct exec *e);
+void cdp_exec_buckets_free(struct chunk *c);
 
 /* exec_balance.c: new shares from the measured times, every N steps. */
 cdp_status cdp_exec_rebalance(struct exec *e, int step);

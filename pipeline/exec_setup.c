@@ -24,6 +24,7 @@ void cdp_exec_free(struct exec *e)
             if (c->grad_out_req)
                 for (int i = 0; i < c->n_grad_out; i++)
                     if (c->grad_out_req[i]) cdp_comm_wait(c->grad_out_req[i], 1.0);
+            cdp_exec_buckets_free(c);
             cdp_optimizer_destroy(c->opt);
             cdp_model_destroy(c->model);
             free(c->slot_mb);
@@ -255,6 +256,7 @@ cdp_status cdp_exec_setup(struct exec *e)
             break;
         }
         if ((st = chunk_buffers(e, c, &u0, &ul))) break;
+        if ((st = cdp_exec_buckets_setup(e, c))) break;
         for (int i = 0; i < slots; i++) c->slot_mb[i] = -1;
         for (int i = 0; i < e->mcap; i++) c->mb_slot[i] = -1;
     }

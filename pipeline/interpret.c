@@ -249,6 +249,7 @@ static cdp_status execute(struct exec *e, const struct cdp_instr *in)
             c->mb_grad_out[in->mb] = g;
         }
         uint64_t tb = cdp_time_ns(), r0 = e->t_reduce;
+        cdp_exec_buckets_before_backward(e, c); /* the last one starts the gradient buckets */
         st = cdp_model_backward(c->model, slot, c->vstage == e->nv - 1 ? NULL : c->grad_in, din);
         if (!st) st = settle(e);
         cdp_fault_slow_down(&e->fault, e->rank, tb);
@@ -285,6 +286,11 @@ static cdp_status execute(struct exec *e, const struct cdp_instr *in)
         break;
     }
     case CDP_OP_ALLREDUCE_GRADS:
+        if (cdp_exec_buckets_on(e)) { /* what the backward has not started, then every bucket done */
+            st = cdp_exec_buckets_finish(e);
+            e->t_comm += cdp_time_ns() - t0;
+            break;
+        }
         for (int k = 0; k < e->v && !st && e->R > 1; k++) {
             struct cdp_model *mdl = e->ch[k].model;
             if (cdp_model_tensor_count(mdl) == 0) continue;
@@ -419,6 +425,8 @@ cdp_status cdp_exec_run_list(struct exec *e)
     const struct cdp_instr *list = e->sched->list[e->s];
     const int n = e->sched->len[e->s];
     cdp_status st = CDP_OK;
+    cdp_exec_buckets_start_step(e);
+    const int buckets = cdp_exec_buckets_on(e);
     for (int i = 0; i < n && !st;) {
         int end = cdp_comm_p2p_grouped(e->pipe) ? cdp_schedule_p2p_group_end(e->sched, e->s, i) : i;
         if (end > i) {
@@ -427,6 +435,8 @@ cdp_status cdp_exec_run_list(struct exec *e)
         } else {
             st = execute(e, &list[i++]);
         }
+        /* gradient buckets in flight move on (MPI moves data inside its calls) */
+        if (!st && buckets) st = cdp_exec_buckets_progress(e);
     }
     return st;
 }

@@ -142,6 +142,7 @@ const char *cdp_comm_name(cdp_comm_t c) { return c ? c->name : "(null)"; }
 enum cdp_comm_memory cdp_comm_memory(cdp_comm_t c) { return c ? c->ops->memory : CDP_COMM_HOST_MEMORY; }
 cdp_comm_t cdp_comm_host(cdp_comm_t c) { return c ? c->host : NULL; }
 int cdp_comm_p2p_grouped(cdp_comm_t c) { return c && c->ops->group; }
+int cdp_comm_collectives_async(cdp_comm_t c) { return c && c->ops->icoll && c->size > 1; }
 int cdp_comm_rank(cdp_comm_t c) { return c ? c->rank : 0; }
 int cdp_comm_size(cdp_comm_t c) { return c ? c->size : 0; }
 

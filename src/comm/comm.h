@@ -78,6 +78,10 @@ cdp_comm_t cdp_comm_host(cdp_comm_t c);
  * transfers are then posted in batches (cdp_comm_group), in an order that
  * cannot deadlock under that rule (cdp_schedule_build_ex, rendezvous). */
 int cdp_comm_p2p_grouped(cdp_comm_t c);
+/* 1 when c's non-blocking collectives run while the caller computes (mpi,
+ * and the host-staging adapter over it); 0 where they complete within the
+ * call that starts them (self, and nccl in this version). */
+int cdp_comm_collectives_async(cdp_comm_t c);
 int cdp_comm_rank(cdp_comm_t c);
 int cdp_comm_size(cdp_comm_t c);
 

@@ -48,6 +48,8 @@ struct cdp_model {
     int *run_first;         /* [n_units + 1]: unit i's runs are run_first[i] .. run_first[i + 1] - 1 */
     uint64_t *unit_window;  /* [n_units]: floats of the window its backward writes */
     cdp_grad_reduce_fn reduce;
+    cdp_unit_done_fn unit_done;
+    void *unit_done_ctx;
     void *reduce_ctx;
 
     cdp_buffer_t acts_buf, input_buf, target_buf, scratch_buf, dbuf, loss_buf, work_buf;
@@ -625,9 +627,16 @@ cdp_status cdp_model_backward(struct cdp_model *m, int slot, const float *dout, 
             if ((st = reduce_into_shard(m, m->runs[k].win, m->runs[k].from, m->runs[k].count)))
                 return cdp_error_context(st, "reducing the gradients of unit %d (%s)", u->index,
                                          cdp_layer_name(u->desc.type));
+        if (m->unit_done && (st = m->unit_done(m->unit_done_ctx, i))) return st;
         cur = dst;
     }
     return CDP_OK;
+}
+
+void cdp_model_set_backward_hook(struct cdp_model *m, cdp_unit_done_fn fn, void *ctx)
+{
+    m->unit_done = fn;
+    m->unit_done_ctx = ctx;
 }
 
 void cdp_model_set_grad_reduce(struct cdp_model *m, cdp_grad_reduce_fn fn, void *ctx)
