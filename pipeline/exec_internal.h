@@ -50,6 +50,9 @@ struct chunk {
     float **grad_out;           /* a ring of SEND_GRAD buffers */
     cdp_buffer_t grad_in_buf, *grad_out_buf; /* device memory of grad_in and grad_out */
     cdp_request_t *grad_out_req;
+    cdp_request_t grad_in_req;  /* the next RECV_GRAD, posted early (after the BACKWARD that read grad_in) */
+    int grad_in_mb;             /* its micro-batch */
+    uint64_t grad_in_posted;
     int n_grad_out, next_grad_out;
     int *mb_grad_out;           /* mb -> ring index of its input gradient */
     /* gradient buckets (NULL: one reduction at ALLREDUCE_GRADS) */

@@ -25,6 +25,7 @@ void cdp_exec_free(struct exec *e)
                 for (int i = 0; i < c->n_grad_out; i++)
                     if (c->grad_out_req[i]) cdp_comm_wait(c->grad_out_req[i], 1.0);
             cdp_exec_buckets_free(c);
+            if (c->grad_in_req) cdp_comm_wait(c->grad_in_req, 1.0);
             cdp_optimizer_destroy(c->opt);
             cdp_model_destroy(c->model);
             free(c->slot_mb);

@@ -115,6 +115,28 @@ static cdp_status recv_dev(struct exec *e, void *dev, size_t n, int peer, int ta
     return st;
 }
 
+/* Receives posted early: after the BACKWARD of micro-batch k of a chunk has
+ * read grad_in, the chunk's next RECV_GRAD of the list is posted at once, so
+ * the gradient can land while the rank computes (where the pipeline's
+ * transfers are not batched: a batch posts them together anyway). */
+static cdp_status post_next_grad(struct exec *e, struct chunk *c, const struct cdp_instr *in)
+{
+    const struct cdp_instr *list = e->sched->list[e->s];
+    const int n = e->sched->len[e->s];
+    if (cdp_comm_p2p_grouped(e->pipe) || c->vstage == e->nv - 1 || c->grad_in_req) return CDP_OK;
+    for (int i = (int)(in - list) + 1; i < n; i++) {
+        const struct cdp_instr *x = &list[i];
+        if (x->chunk != in->chunk) continue;
+        if (x->op == CDP_OP_BACKWARD) return CDP_OK; /* not a list this knows */
+        if (x->op != CDP_OP_RECV_GRAD) continue;
+        c->grad_in_mb = x->mb;
+        c->grad_in_posted = cdp_time_ns();
+        return cdp_comm_irecv(e->pipe, c->grad_in, (size_t)c->out_bytes, x->peer,
+                              tag_of(TAG_GRAD, c->vstage + 1, x->mb, e->m), &c->grad_in_req);
+    }
+    return CDP_OK;
+}
+
 /* The sum over the stage's replicas of the window [from, from + count) of an
  * n-float device buffer (dev points at the window's first float), into this
  * replica's part of it. */
@@ -227,11 +249,24 @@ static cdp_status execute(struct exec *e, const struct cdp_instr *in)
         e->t_comm += cdp_time_ns() - t0;
         trace_p2p(e, CDP_EV_SEND_ACT, in, (size_t)c->out_bytes, t0, cdp_time_ns());
         break;
-    case CDP_OP_RECV_GRAD:
-        st = recv_dev(e, c->grad_in, (size_t)c->out_bytes, in->peer, tag_of(TAG_GRAD, c->vstage + 1, in->mb, e->m));
+    case CDP_OP_RECV_GRAD: {
+        uint64_t from = t0;
+        if (c->grad_in_req && c->grad_in_mb != in->mb) {
+            st = cdp_fail(CDP_ERR_INTERNAL, "the gradient of micro-batch %d was posted early, not %d's", c->grad_in_mb,
+                          in->mb);
+            break;
+        }
+        if (c->grad_in_req) { /* posted early */
+            from = c->grad_in_posted;
+            st = cdp_comm_wait(c->grad_in_req, e->timeout);
+            c->grad_in_req = NULL;
+        } else {
+            st = recv_dev(e, c->grad_in, (size_t)c->out_bytes, in->peer, tag_of(TAG_GRAD, c->vstage + 1, in->mb, e->m));
+        }
         e->t_idle += cdp_time_ns() - t0;
-        trace_p2p(e, CDP_EV_RECV_GRAD, in, (size_t)c->out_bytes, t0, cdp_time_ns());
+        trace_p2p(e, CDP_EV_RECV_GRAD, in, (size_t)c->out_bytes, from, cdp_time_ns());
         break;
+    }
     case CDP_OP_BACKWARD: {
         float *din = NULL;
         slot = c->mb_slot[in->mb];
@@ -261,6 +296,7 @@ static cdp_status execute(struct exec *e, const struct cdp_instr *in)
         e->t_fb += t1 - tb;
         e->fb_end = t1;
         trace_ev(e, CDP_EV_BACKWARD, in->mb, in->chunk, tb, t1);
+        if (!st) st = post_next_grad(e, c, in);
         break;
     }
     case CDP_OP_SEND_GRAD: {

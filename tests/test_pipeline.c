@@ -530,6 +530,46 @@ Test(pipeline, gradient_buckets_reduce_while_the_last_backward_runs, .timeout = 
     cr_assert_eq(d, 0.0, "the weights do not depend on the buckets: they differ by up to %g", d);
 }
 
+/* Receives posted early (issue 17): on 2 stages with 1F1B, stage 0 posts the
+ * gradient of its next micro-batch as soon as a BACKWARD has read the last,
+ * so some "recv grad" event (from its posting to the arrival) spans a
+ * forward the rank ran meanwhile; a blocking receive never would. */
+Test(pipeline, gradients_are_received_while_the_rank_computes, .timeout = 120)
+{
+    need_mpi();
+    const char *d = cdp_test_tmpdir();
+    char dir[4096], plan[4200], path[4300];
+    snprintf(dir, sizeof dir, "%s", d);
+    struct layout l = {MODEL_GPT, 2, 1, 4, 1, "1f1b", "", 0, "", 0};
+    write_plan(dir, "early", &l, 0);
+    snprintf(plan, sizeof plan, "%s/early.json", dir);
+    run_ok(plan);
+    snprintf(path, sizeof path, "%s/early-trace.json", dir);
+    struct trace_view v;
+    read_trace(path, 2, &v);
+    const int r0 = v.stage[0] == 0 ? 0 : 1;
+    int spanning = 0;
+    size_t i, j;
+    json_t *a, *b;
+    json_array_foreach(v.events, i, a) {
+        if (strcmp(json_string_value(json_object_get(a, "ph")), "X") ||
+            json_integer_value(json_object_get(a, "tid")) != 2 + r0 ||
+            strncmp(json_string_value(json_object_get(a, "name")), "recv grad", 9))
+            continue;
+        const double s0 = json_number_value(json_object_get(a, "ts")), s1 = s0 + json_number_value(json_object_get(a, "dur"));
+        json_array_foreach(v.events, j, b) {
+            if (strcmp(json_string_value(json_object_get(b, "ph")), "X") ||
+                json_integer_value(json_object_get(b, "tid")) != r0 || json_string_value(json_object_get(b, "name"))[0] != 'F')
+                continue;
+            const double f0 = json_number_value(json_object_get(b, "ts")), f1 = f0 + json_number_value(json_object_get(b, "dur"));
+            spanning += f0 >= s0 && f1 <= s1;
+        }
+    }
+    cr_assert_geq(spanning, 3, "stage 0's early receives span %d forwards (1F1B, m 4, 3 steps: at least one a step)",
+                  spanning);
+    json_decref(v.root);
+}
+
 /* An interleaved run's compute and transfers name their chunk (args and
  * name), and the run says where the trace and the timeline went. */
 Test(pipeline, interleaved_trace_events_carry_their_chunk)
