@@ -101,7 +101,9 @@ cdp_status cdp_exec_buckets_setup(struct exec *e, struct chunk *c)
 
 int cdp_exec_buckets_on(const struct exec *e)
 {
-    if (!e->ch || !e->ch[0].bk) return 0;
+    int any = 0;
+    for (int k = 0; e->ch && k < e->v; k++) any |= e->ch[k].bk != NULL;
+    if (!any) return 0;
     for (int r = 1; e->v > 1 && r < e->R; r++)
         if (e->share[r] != e->share[0]) return 0;
     return 1;
@@ -201,6 +203,14 @@ cdp_status cdp_exec_buckets_finish(struct exec *e)
         for (int i = 0; i < c->nbk && !st; i++)
             if (!c->bk[i].posted) st = post(e, c, &c->bk[i]);
         c->next_bk = c->nbk;
+        if (c->bk || !cdp_model_tensor_count(c->model)) continue;
+        /* a chunk without buckets (a buffer they do not know): its one reduction, as without them */
+        float *g = cdp_model_tensor(c->model, 0)->grad;
+        const size_t n = (size_t)cdp_model_param_floats(c->model);
+        const uint64_t t0 = cdp_time_ns();
+        st = e->zero ? cdp_comm_reduce_scatter_window_f32(e->dp, g, n, 0, n, CDP_REDUCE_SUM, e->timeout)
+                     : cdp_comm_allreduce_f32(e->dp, g, n, CDP_REDUCE_SUM, e->timeout);
+        trace_coll(e, c, e->zero ? CDP_EV_REDUCE_SCATTER : CDP_EV_ALLREDUCE, t0, cdp_time_ns(), n);
     }
     for (int k = 0; k < e->v && !st; k++) {
         struct chunk *c = &e->ch[k];
@@ -215,6 +225,7 @@ cdp_status cdp_exec_buckets_finish(struct exec *e)
             bucket_done(e, c, b, cdp_time_ns());
         }
         c->last_bw = 0;
+        if (!c->bk) continue;
         /* the chunk's whole reduction: from its first bucket's start to its last's end */
         trace_coll(e, c, e->zero ? CDP_EV_REDUCE_SCATTER : CDP_EV_ALLREDUCE, c->bk_first, c->bk_last,
                    (size_t)cdp_model_param_floats(c->model));
