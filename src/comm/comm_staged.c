@@ -53,8 +53,9 @@ cdp_status cdp_comm_staged(cdp_comm_t inner, cdp_device_t dev, cdp_comm_t *out)
         return cdp_fail(CDP_ERR_INVALID, "cdp_comm_staged: NULL communicator, device or out");
     }
     if (inner->ops->memory != CDP_COMM_HOST_MEMORY) {
+        cdp_status st = cdp_fail(CDP_ERR_INVALID, "cdp_comm_staged: %s does not take host memory", inner->name);
         cdp_comm_free(inner);
-        return cdp_fail(CDP_ERR_INVALID, "cdp_comm_staged: %s does not take host memory", inner->name);
+        return st;
     }
     return staged_wrap(inner, dev, out);
 }
