@@ -23,7 +23,40 @@
 
 /* ---- costs and links --------------------------------------------------------------- */
 
-static void vstages_of(const struct cdp_unit_cost *cost, int nv, const int64_t (*ranges)[2], struct cdp_sim_vstage *vs)
+/* The executor's gradient buckets of a virtual stage (pipeline/exec_buckets.c):
+ * whole units from the last down, at most cap bytes (a larger unit alone),
+ * each ready when its lowest unit's backward is done; more than the
+ * simulator's CDP_SIM_MAX_BUCKETS merge into the last. A unit holding a tied
+ * embedding, which the executor reduces at ALLREDUCE_GRADS, is not told apart
+ * here. */
+static void buckets_of(const struct cdp_unit_cost *cost, int64_t first, int64_t end, double cap,
+                       struct cdp_sim_vstage *o)
+{
+    double open = 0, done_s = 0;
+    o->n_buckets = 0;
+    if (cap <= 0 || o->grad_bytes <= 0 || o->bwd_s <= 0) return;
+    for (int64_t i = end - 1; i >= first; i--) {
+        const double b = cost[i].param_bytes;
+        done_s += cost[i].bwd_s;
+        if (b <= 0) continue;
+        int k = o->n_buckets;
+        if (k > 0 && open + b <= cap) {
+            open += b;
+            o->bucket_share[k - 1] += b / o->grad_bytes;
+            o->bucket_ready[k - 1] = done_s / o->bwd_s;
+            continue;
+        }
+        if (k == CDP_SIM_MAX_BUCKETS) k--, o->n_buckets--;
+        o->bucket_share[k] += b / o->grad_bytes;
+        o->bucket_ready[k] = done_s / o->bwd_s;
+        o->n_buckets++;
+        open = b;
+    }
+    if (o->n_buckets) o->bucket_ready[o->n_buckets - 1] = 1;
+}
+
+static void vstages_of(const struct cdp_unit_cost *cost, int nv, const int64_t (*ranges)[2], double bucket_bytes,
+                       struct cdp_sim_vstage *vs)
 {
     for (int k = 0; k < nv; k++) {
         struct cdp_sim_vstage *o = &vs[k];
@@ -35,6 +68,7 @@ static void vstages_of(const struct cdp_unit_cost *cost, int nv, const int64_t (
             o->opt_s += cost[i].opt_s;
         }
         if (ranges[k][1] > ranges[k][0]) o->out_bytes = cost[ranges[k][1] - 1].out_bytes;
+        buckets_of(cost, ranges[k][0], ranges[k][1], bucket_bytes, o);
     }
 }
 
@@ -469,7 +503,12 @@ static cdp_status prepare(struct ctx *c, int p, int R, int m, const int64_t (*ra
     c->lbw = malloc((size_t)p * p * sizeof *c->lbw);
     c->llat = malloc((size_t)p * p * sizeof *c->llat);
     if (!c->vs || !c->lbw || !c->llat) return cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
-    vstages_of(c->cost, p * c->v, ranges, c->vs);
+    /* the executor's buckets: several replicas on host memory (NCCL's
+     * collectives do not overlap in this version; ZeRO-2 reduces after every
+     * backward already) */
+    const double bucket = R > 1 && c->zero < 2 && c->plan->cluster.backend == CDP_BACKEND_CPU
+                              ? c->plan->parallel.bucket_mb * 1048576.0 : 0;
+    vstages_of(c->cost, p * c->v, ranges, bucket, c->vs);
     return cdp_schedule_build(c->kind, p, c->v, m, tied, &c->sched);
 }
 

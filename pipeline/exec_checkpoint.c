@@ -43,9 +43,9 @@ cdp_status cdp_exec_save_checkpoint(struct exec *e, int step)
         snprintf(part, sizeof part, "stage-%d", e->s);
         if (!st && !e->zero) st = cdp_ckpt_write_part(p->train.checkpoint.dir, step, part, models, opts, e->v);
         else if (!st && e->r == 0)
-            st = cdp_ckpt_write_part_gathered(p->train.checkpoint.dir, step, part, models, opts, e->v, e->dp,
+            st = cdp_ckpt_write_part_gathered(p->train.checkpoint.dir, step, part, models, opts, e->v, cdp_comm_host(e->dp),
                                               e->timeout);
-        else if (!st) st = cdp_ckpt_send_shards(models, opts, e->v, e->dp, e->timeout);
+        else if (!st) st = cdp_ckpt_send_shards(models, opts, e->v, cdp_comm_host(e->dp), e->timeout);
         free(models);
         free(opts);
     }

@@ -13,7 +13,6 @@
 #include "cdp/device.h"
 #include "cdp/plan.h"
 #include "comm/comm.h"
-#include "comm/nccl.h"
 #include "model/data.h"
 #include "model/model.h"
 #include "pipeline/fault.h"
@@ -22,6 +21,19 @@
 #include "pipeline/schedule.h"
 #include "pipeline/trace.h"
 #include "cdp/train.h"
+
+/* A gradient bucket of a chunk (exec_buckets.c): floats [from, from + count)
+ * of its parameter buffer, whole units from `unit` up. */
+struct bucket {
+    size_t from, count;
+    int unit;          /* its lowest unit: it is ready once that unit's backward is done */
+    int late;          /* holds the tied embedding: reduced at ALLREDUCE_GRADS */
+    int posted;        /* started this step */
+    cdp_request_t req; /* in flight */
+    uint64_t t_post;
+};
+
+struct exec;
 
 /* One virtual stage of this rank: its model range and what moves through it. */
 struct chunk {
@@ -36,14 +48,19 @@ struct chunk {
     cdp_request_t *slot_send;   /* the SEND_ACT still in flight from a slot's output */
     float *grad_in;             /* RECV_GRAD lands here; the next BACKWARD reads it */
     float **grad_out;           /* a ring of SEND_GRAD buffers */
-    /* device memory the host cannot see (GPUs): grad_in and grad_out live in
-     * device buffers, and point-to-point messages are staged through host
-     * copies that stay untouched until their request completes */
-    cdp_buffer_t grad_in_buf, *grad_out_buf;
-    void **slot_host, *recv_host, *grad_in_host, **grad_out_host;
+    cdp_buffer_t grad_in_buf, *grad_out_buf; /* device memory of grad_in and grad_out */
     cdp_request_t *grad_out_req;
+    cdp_request_t grad_in_req;  /* the next RECV_GRAD, posted early (after the BACKWARD that read grad_in) */
+    int grad_in_mb;             /* its micro-batch */
+    uint64_t grad_in_posted;
     int n_grad_out, next_grad_out;
     int *mb_grad_out;           /* mb -> ring index of its input gradient */
+    /* gradient buckets (NULL: one reduction at ALLREDUCE_GRADS) */
+    struct exec *e;
+    struct bucket *bk;
+    int nbk, next_bk;           /* next_bk: the next one the backward hook may start */
+    int bw_left, last_bw;       /* BACKWARDs left this step; 1 during the last */
+    uint64_t bk_first, bk_last; /* this step's first bucket start, last completion */
 };
 
 /* This rank's run. */
@@ -51,7 +68,12 @@ struct exec {
     const struct cdp_plan *plan;
     const struct cdp_layout *lay;   /* what runs where (not owned) */
     const struct cdp_layout_rank *me; /* this rank's entry of it */
-    cdp_comm_t world, pipe, dp, tied;
+    /* one communicator per role: the caller's host world (host values: losses,
+     * timings, the monitor), and on this rank's device memory the world, the
+     * pipeline of its replica, the replicas of its stage and the tied pair;
+     * comm/ chose how each carries device memory (cdp_comm_for_device) and
+     * cdp_comm_host gives each one's host group */
+    cdp_comm_t world, dev_world, pipe, dp, tied;
     int rank, size, p, R, v, m, s, r, B, nv;
     int64_t G;
     /* load balance: micro-batches of each replica this step (the shares sum
@@ -66,9 +88,6 @@ struct exec {
     cdp_device_t dev;
     int hv;                /* the host sees the device's memory (cpu) */
     int zero;              /* ZeRO-1: the optimizer steps this replica's shard (layout zero, R > 1) */
-    cdp_nccl_t nccl_world, nccl_pipe, nccl_dp, nccl_tied; /* GPU ranks with a GPU each: NCCL for device memory */
-    float *grad_host;      /* host staging for all-reduces of device memory without NCCL */
-    size_t grad_host_n;
     struct chunk *ch;
     struct cdp_schedule *sched;
     struct cdp_data *data;
@@ -114,6 +133,19 @@ cdp_status cdp_exec_run_list(struct exec *e);
 cdp_status cdp_exec_grad_reduce(void *ctx, float *buf, uint64_t n, uint64_t from, uint64_t count);
 cdp_status cdp_exec_drain_sends(struct exec *e);
 cdp_status cdp_exec_validate(struct exec *e, double *val);
+
+/* exec_buckets.c: the chunk's gradient buckets and the model's backward hook
+ * (when the plan's bucket_mb, the replicas and the dp communicator allow);
+ * per step: armed at its start, the last BACKWARD of each chunk starts them,
+ * progress after every instruction, ALLREDUCE_GRADS starts what is left and
+ * waits for all. cdp_exec_buckets_on: this step reduces by buckets. */
+cdp_status cdp_exec_buckets_setup(struct exec *e, struct chunk *c);
+int cdp_exec_buckets_on(const struct exec *e);
+void cdp_exec_buckets_start_step(struct exec *e);
+void cdp_exec_buckets_before_backward(struct exec *e, struct chunk *c);
+cdp_status cdp_exec_buckets_progress(struct exec *e);
+cdp_status cdp_exec_buckets_finish(struct exec *e);
+void cdp_exec_buckets_free(struct chunk *c);
 
 /* exec_balance.c: new shares from the measured times, every N steps. */
 cdp_status cdp_exec_rebalance(struct exec *e, int step);

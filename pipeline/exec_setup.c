@@ -1,6 +1,6 @@
 /* The executor's setup of one rank from the layout: its entry, shares and
- * slots; its CPU binding; the pipeline, data-parallel and tied groups (and
- * their NCCL twins); its device; its schedule; the models, optimizers and
+ * slots; its CPU binding; its device; the pipeline, data-parallel and tied
+ * groups on its memory; its schedule; the models, optimizers and
  * pipeline buffers of its chunks; data and trace; and the teardown. */
 #include <stdlib.h>
 #include <string.h>
@@ -24,24 +24,18 @@ void cdp_exec_free(struct exec *e)
             if (c->grad_out_req)
                 for (int i = 0; i < c->n_grad_out; i++)
                     if (c->grad_out_req[i]) cdp_comm_wait(c->grad_out_req[i], 1.0);
+            cdp_exec_buckets_free(c);
+            if (c->grad_in_req) cdp_comm_wait(c->grad_in_req, 1.0);
             cdp_optimizer_destroy(c->opt);
             cdp_model_destroy(c->model);
             free(c->slot_mb);
             free(c->mb_slot);
             free(c->slot_send);
             cdp_buffer_destroy(c->grad_in_buf);
-            for (int i = 0; i < c->n_grad_out; i++) {
+            for (int i = 0; i < c->n_grad_out; i++)
                 if (c->grad_out_buf) cdp_buffer_destroy(c->grad_out_buf[i]);
-                if (c->grad_out_host) free(c->grad_out_host[i]);
-            }
             free(c->grad_out);
             free(c->grad_out_buf);
-            free(c->grad_out_host);
-            if (c->slot_host)
-                for (int i = 0; i < c->nslots; i++) free(c->slot_host[i]);
-            free(c->slot_host);
-            free(c->recv_host);
-            free(c->grad_in_host);
             free(c->grad_out_req);
             free(c->mb_grad_out);
         }
@@ -54,20 +48,15 @@ void cdp_exec_free(struct exec *e)
     cdp_data_close(e->data);
     free(e->tgt);
     free(e->in_scratch);
-    free(e->grad_host);
     cdp_comm_free(e->tied);
     cdp_comm_free(e->dp);
     cdp_comm_free(e->pipe);
-    cdp_nccl_free(e->nccl_tied);
-    cdp_nccl_free(e->nccl_dp);
-    cdp_nccl_free(e->nccl_pipe);
-    cdp_nccl_free(e->nccl_world);
+    cdp_comm_free(e->dev_world);
     cdp_device_close(e->dev);
 }
 
 /* The pipeline's gradient buffers of a chunk (device memory, sized by
- * cdp_layout_chunk_buffers, so the planner counts them), and where the host
- * does not see the device the host copies that messages travel through. */
+ * cdp_layout_chunk_buffers, so the planner counts them). */
 static cdp_status chunk_buffers(struct exec *e, struct chunk *c, const struct cdp_unit_bytes *first,
                                 const struct cdp_unit_bytes *last)
 {
@@ -87,26 +76,13 @@ static cdp_status chunk_buffers(struct exec *e, struct chunk *c, const struct cd
         if ((st = cdp_buffer_create(e->dev, cb.grad_out, &c->grad_out_buf[i]))) return st;
         c->grad_out[i] = cdp_buffer_data(c->grad_out_buf[i]);
     }
-    if (e->hv) return CDP_OK;
-    const size_t in_b = c->in_bytes ? (size_t)c->in_bytes : 1, out_b = c->out_bytes ? (size_t)c->out_bytes : 1;
-    c->grad_out_host = calloc((size_t)c->n_grad_out + 1, sizeof *c->grad_out_host);
-    c->slot_host = calloc((size_t)c->nslots, sizeof *c->slot_host);
-    c->recv_host = malloc(in_b);
-    c->grad_in_host = malloc(out_b);
-    if (!c->grad_out_host || !c->slot_host || !c->recv_host || !c->grad_in_host)
-        return cdp_fail(CDP_ERR_NOMEM, "out of memory");
-    for (int i = 0; i < c->n_grad_out; i++)
-        if (!(c->grad_out_host[i] = malloc(in_b))) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
-    for (int i = 0; i < c->nslots; i++)
-        if (!(c->slot_host[i] = malloc(out_b))) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
     return CDP_OK;
 }
 
 /* This rank's device, as the layout says: the host's CPU (under the
- * layout's memory cap), or GPU `gpu` of its node in the plan's precision.
- * Ranks with a GPU each use NCCL for device memory when the CUDA module has
- * it; where the layout has ranks sharing a GPU they stage through the host
- * communicator. */
+ * layout's memory cap), or GPU `gpu` of its node in the plan's precision;
+ * then the world on its memory (comm/ chooses how: host memory as is, NCCL
+ * with a GPU each, else staged through the host communicator). */
 static cdp_status open_device(struct exec *e)
 {
     const struct cdp_plan *p = e->plan;
@@ -115,7 +91,7 @@ static cdp_status open_device(struct exec *e)
     if (e->lay->backend != CDP_BACKEND_CUDA) {
         if ((st = cdp_device_open(CDP_BACKEND_CPU, 0, k->capacity, &e->dev))) return st;
         e->hv = 1;
-        return CDP_OK;
+        return cdp_comm_for_device(e->world, e->dev, 0, e->timeout, &e->dev_world, NULL, 0);
     }
     int n = 0;
     if ((st = cdp_device_count(CDP_BACKEND_CUDA, &n)))
@@ -131,14 +107,12 @@ static cdp_status open_device(struct exec *e)
     if ((st = ops->set_precision(cdp_device_kernel_state(e->dev), p->train.precision))) return st;
     CDP_INFO(EXEC, "rank %d: %s (%s), %s", e->rank, cdp_device_name(e->dev), cdp_device_description(e->dev),
              p->train.precision == CDP_PRECISION_BF16 ? "bf16 matrix products" : "fp32");
-    /* every rank makes the same choice: NCCL only when the layout shares no
-     * GPU, and every rank can use it (the world call checks that) */
-    if (e->lay->shared_devices || cdp_nccl_available() != CDP_OK) {
-        CDP_INFO(EXEC, "rank %d: device memory travels through the host communicator (%s)", e->rank,
-                 e->lay->shared_devices ? "ranks share a GPU" : cdp_last_error());
-        return CDP_OK;
-    }
-    return cdp_nccl_world(e->world, e->dev, e->timeout, &e->nccl_world);
+    char why[512];
+    if ((st = cdp_comm_for_device(e->world, e->dev, e->lay->shared_devices, e->timeout, &e->dev_world, why,
+                                  sizeof why)))
+        return st;
+    CDP_INFO(EXEC, "rank %d: %s", e->rank, why);
+    return CDP_OK;
 }
 
 /* The first and last stage of each replica share a tied embedding. */
@@ -148,12 +122,14 @@ static int tied_grads(const struct exec *e)
     return p->model.kind == CDP_MODEL_GPT && p->model.tie_embeddings && e->nv > 1 && e->p > 1;
 }
 
-/* This replica's schedule for its current share; where activations travel
- * by NCCL, in the order that is safe under its rendezvous sends. */
+/* This replica's schedule for its current share; where the pipeline's
+ * communicator batches its transfers (NCCL), in the order that is safe under
+ * its rendezvous sends. */
 cdp_status cdp_exec_build_schedule(struct exec *e)
 {
     struct cdp_schedule *s = NULL;
-    cdp_status st = cdp_schedule_build_ex(e->lay->schedule, e->p, e->v, e->m, tied_grads(e), e->nccl_pipe != NULL, &s);
+    cdp_status st = cdp_schedule_build_ex(e->lay->schedule, e->p, e->v, e->m, tied_grads(e),
+                                          cdp_comm_p2p_grouped(e->pipe), &s);
     /* build_ex has validated the lists (under rendezvous rules too for NCCL) */
     if (st) return cdp_error_context(st, "%s: /parallel", e->plan->source);
     cdp_schedule_free(e->sched);
@@ -234,19 +210,14 @@ cdp_status cdp_exec_setup(struct exec *e)
     cdp_log_set_rank(e->rank, e->size);
     /* before any memory is touched, so that it lands near the rank's CPUs */
     bind_rank(e);
-    /* groups: the pipeline of each replica, the replicas of each stage, and the
-     * first and last stage of each replica for tied embeddings */
-    if ((st = cdp_comm_split(e->world, e->r, e->s, &e->pipe))) return st;
-    if ((st = cdp_comm_split(e->world, e->s, e->r, &e->dp))) return st;
-    const int tied = tied_grads(e);
-    if ((st = cdp_comm_split(e->world, tied && (e->s == 0 || e->s == e->p - 1) ? e->r : -1, e->s, &e->tied)))
-        return st;
     if ((st = open_device(e))) return st;
-    /* NCCL groups, split like the host ones */
-    if (e->nccl_world && ((st = cdp_nccl_split(e->nccl_world, e->r, e->s, &e->nccl_pipe)) ||
-                      (st = cdp_nccl_split(e->nccl_world, e->s, e->r, &e->nccl_dp)) ||
-                      (st = cdp_nccl_split(e->nccl_world, tied && (e->s == 0 || e->s == e->p - 1) ? e->r : -1, e->s,
-                                           &e->nccl_tied))))
+    /* groups on the device's memory: the pipeline of each replica, the
+     * replicas of each stage, and the first and last stage of each replica
+     * for tied embeddings */
+    const int tied = tied_grads(e);
+    if ((st = cdp_comm_split(e->dev_world, e->r, e->s, &e->pipe))) return st;
+    if ((st = cdp_comm_split(e->dev_world, e->s, e->r, &e->dp))) return st;
+    if ((st = cdp_comm_split(e->dev_world, tied && (e->s == 0 || e->s == e->p - 1) ? e->r : -1, e->s, &e->tied)))
         return st;
     if ((st = cdp_exec_build_schedule(e))) return st;
 
@@ -286,6 +257,7 @@ cdp_status cdp_exec_setup(struct exec *e)
             break;
         }
         if ((st = chunk_buffers(e, c, &u0, &ul))) break;
+        if ((st = cdp_exec_buckets_setup(e, c))) break;
         for (int i = 0; i < slots; i++) c->slot_mb[i] = -1;
         for (int i = 0; i < e->mcap; i++) c->mb_slot[i] = -1;
     }

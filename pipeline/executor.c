@@ -14,6 +14,7 @@
 #include "cdp/log.h"
 #include "kernels/ops.h"
 #include "core/file.h"
+#include "comm/nccl.h"
 #include "pipeline/exec_internal.h"
 
 const char *cdp_exec_where(void) { return cdp_exec_where_buf; }
@@ -247,7 +248,7 @@ fail:
     /* other ranks may wait on this one: the caller aborts the job; no clean-up
      * that could block (pending requests) is attempted. NCCL communicators are
      * aborted now, so no kernel of theirs waits on a peer that is gone. */
-    if (e.nccl_world) cdp_nccl_abort_all();
+    cdp_nccl_abort_all();
     if (e.size == 1) cdp_exec_free(&e);
     return st;
 }

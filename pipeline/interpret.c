@@ -1,8 +1,10 @@
 /* The interpreter: runs this rank's instruction list of one step (LOAD,
  * FORWARD, SEND/RECV of activations and gradients, BACKWARD, the reductions,
  * the optimizer step) over its chunks' models and its communicators, and
- * forward-only validation. With NCCL point-to-point each run of transfers is
- * one group. */
+ * forward-only validation. It hands buffers of device memory to the
+ * communicators of its roles and never chooses a transport (comm/ did); where
+ * the pipeline's communicator batches transfers (NCCL), each run of
+ * transfers is one batch. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -97,84 +99,50 @@ static void trace_coll(struct exec *e, enum cdp_event_kind k, int chunk, int gro
             .members = group == CDP_EV_GROUP_TIED ? 2 : e->R, .bytes = (uint64_t)n * sizeof(float)});
 }
 
-/* Device memory to a peer: as is where the host sees device memory, else
- * copied to `host` first (which stays untouched until the request completes). */
-static cdp_status send_dev(struct exec *e, const void *dev, void *host, size_t n, int peer, int tag,
-                           cdp_request_t *req)
+/* A message of n bytes of device memory to a peer of the pipeline; the
+ * buffer stays untouched until the request completes. */
+static cdp_status send_dev(struct exec *e, const void *dev, size_t n, int peer, int tag, cdp_request_t *req)
 {
-    if (!e->hv) {
-        cdp_status st = cdp_device_read(e->dev, host, dev, n);
-        if (st) return st;
-        dev = host;
-    }
     return cdp_comm_isend(e->pipe, dev, n, peer, tag, req);
 }
 
-/* A peer's message into device memory, through `host` where needed. */
-static cdp_status recv_dev(struct exec *e, void *dev, void *host, size_t n, int peer, int tag)
+/* A peer's message into device memory. */
+static cdp_status recv_dev(struct exec *e, void *dev, size_t n, int peer, int tag)
 {
     cdp_request_t req = NULL;
-    cdp_status st = cdp_comm_irecv(e->pipe, e->hv ? dev : host, n, peer, tag, &req);
+    cdp_status st = cdp_comm_irecv(e->pipe, dev, n, peer, tag, &req);
     if (!st) st = cdp_comm_wait(req, e->timeout);
-    if (!st && !e->hv) st = cdp_device_write(e->dev, dev, host, n);
     return st;
 }
 
-/* The host staging buffer of device collectives, at least n floats. */
-static cdp_status grow_grad_host(struct exec *e, size_t n)
+/* Receives posted early: after the BACKWARD of micro-batch k of a chunk has
+ * read grad_in, the chunk's next RECV_GRAD of the list is posted at once, so
+ * the gradient can land while the rank computes (where the pipeline's
+ * transfers are not batched: a batch posts them together anyway). */
+static cdp_status post_next_grad(struct exec *e, struct chunk *c, const struct cdp_instr *in)
 {
-    if (n <= e->grad_host_n) return CDP_OK;
-    float *h = realloc(e->grad_host, n * sizeof *h);
-    if (!h) return cdp_fail(CDP_ERR_NOMEM, "out of host memory staging a collective of %zu floats", n);
-    e->grad_host = h;
-    e->grad_host_n = n;
+    const struct cdp_instr *list = e->sched->list[e->s];
+    const int n = e->sched->len[e->s];
+    if (cdp_comm_p2p_grouped(e->pipe) || c->vstage == e->nv - 1 || c->grad_in_req) return CDP_OK;
+    for (int i = (int)(in - list) + 1; i < n; i++) {
+        const struct cdp_instr *x = &list[i];
+        if (x->chunk != in->chunk) continue;
+        if (x->op == CDP_OP_BACKWARD) return CDP_OK; /* not a list this knows */
+        if (x->op != CDP_OP_RECV_GRAD) continue;
+        c->grad_in_mb = x->mb;
+        c->grad_in_posted = cdp_time_ns();
+        return cdp_comm_irecv(e->pipe, c->grad_in, (size_t)c->out_bytes, x->peer,
+                              tag_of(TAG_GRAD, c->vstage + 1, x->mb, e->m), &c->grad_in_req);
+    }
     return CDP_OK;
 }
 
-/* Sum of n floats of device memory over a group: NCCL where the group has it,
- * else the host communicator (through host memory for a GPU). */
-static cdp_status allreduce_dev(struct exec *e, cdp_comm_t c, cdp_nccl_t nc, float *dev, size_t n)
-{
-    if (nc) return cdp_nccl_allreduce_f32(nc, dev, n, CDP_REDUCE_SUM, e->timeout);
-    if (e->hv) return cdp_comm_allreduce_f32(c, dev, n, CDP_REDUCE_SUM, e->timeout);
-    cdp_status st = grow_grad_host(e, n);
-    if (!st) st = cdp_device_read(e->dev, e->grad_host, dev, n * sizeof *dev);
-    if (!st) st = cdp_comm_allreduce_f32(c, e->grad_host, n, CDP_REDUCE_SUM, e->timeout);
-    if (!st) st = cdp_device_write(e->dev, dev, e->grad_host, n * sizeof *dev);
-    return st;
-}
-
-/* ZeRO-1's collectives over a chunk's n gradient or parameter floats of device
- * memory: NCCL where the group has it, else the host communicator (through
- * host memory for a GPU): the replicas' sum of this replica's shard of the
- * gradients (the rest left as it was), and every replica's shard of the
- * parameters to all. */
 /* The sum over the stage's replicas of the window [from, from + count) of an
  * n-float device buffer (dev points at the window's first float), into this
- * replica's part of it: NCCL, the host communicator, or through host memory. */
+ * replica's part of it. */
 static cdp_status reduce_window(struct exec *e, float *dev, size_t n, size_t from, size_t count)
 {
-    if (e->nccl_dp) return cdp_nccl_reduce_scatter_window_f32(e->nccl_dp, dev, n, from, count, CDP_REDUCE_SUM, e->timeout);
-    if (e->hv) return cdp_comm_reduce_scatter_window_f32(e->dp, dev, n, from, count, CDP_REDUCE_SUM, e->timeout);
-    uint64_t at, len; /* this replica's part, in the window */
-    cdp_shard_in_window(n, e->R, e->r, from, count, &at, &len);
-    cdp_status st = grow_grad_host(e, count);
-    if (!st) st = cdp_device_read(e->dev, e->grad_host, dev, count * sizeof *dev);
-    if (!st) st = cdp_comm_reduce_scatter_window_f32(e->dp, e->grad_host, n, from, count, CDP_REDUCE_SUM, e->timeout);
-    if (!st && len) st = cdp_device_write(e->dev, dev + at, e->grad_host + at, (size_t)len * sizeof *dev);
-    return st;
-}
-
-static cdp_status staged(struct exec *e, float *dev, size_t n, int gather)
-{
-    if (!gather) return reduce_window(e, dev, n, 0, n);
-    if (e->nccl_dp) return cdp_nccl_allgather_f32(e->nccl_dp, dev, n, e->timeout);
-    if (e->hv) return cdp_comm_allgather_f32(e->dp, dev, n, e->timeout);
-    cdp_status st = grow_grad_host(e, n);
-    if (!st) st = cdp_device_read(e->dev, e->grad_host, dev, n * sizeof *dev);
-    if (!st) st = cdp_comm_allgather_f32(e->dp, e->grad_host, n, e->timeout);
-    if (!st) st = cdp_device_write(e->dev, dev, e->grad_host, n * sizeof *dev);
-    return st;
+    return cdp_comm_reduce_scatter_window_f32(e->dp, dev, n, from, count, CDP_REDUCE_SUM, e->timeout);
 }
 
 /* ZeRO-2: the model's hook after each unit's backward (and for its tied
@@ -255,7 +223,7 @@ static cdp_status execute(struct exec *e, const struct cdp_instr *in)
         break;
     case CDP_OP_RECV_ACT:
         if ((st = acquire_slot(e, c, in->mb, &slot))) break;
-        st = recv_dev(e, cdp_model_input(c->model, slot), c->recv_host, (size_t)c->in_bytes, in->peer,
+        st = recv_dev(e, cdp_model_input(c->model, slot), (size_t)c->in_bytes, in->peer,
                       tag_of(TAG_ACT, c->vstage - 1, in->mb, e->m));
         e->t_idle += cdp_time_ns() - t0;
         trace_p2p(e, CDP_EV_RECV_ACT, in, (size_t)c->in_bytes, t0, cdp_time_ns());
@@ -276,17 +244,29 @@ static cdp_status execute(struct exec *e, const struct cdp_instr *in)
         break;
     case CDP_OP_SEND_ACT:
         slot = c->mb_slot[in->mb];
-        st = send_dev(e, cdp_model_output(c->model, slot), c->slot_host ? c->slot_host[slot] : NULL,
-                      (size_t)c->out_bytes, in->peer, tag_of(TAG_ACT, c->vstage, in->mb, e->m), &c->slot_send[slot]);
+        st = send_dev(e, cdp_model_output(c->model, slot), (size_t)c->out_bytes, in->peer,
+                      tag_of(TAG_ACT, c->vstage, in->mb, e->m), &c->slot_send[slot]);
         e->t_comm += cdp_time_ns() - t0;
         trace_p2p(e, CDP_EV_SEND_ACT, in, (size_t)c->out_bytes, t0, cdp_time_ns());
         break;
-    case CDP_OP_RECV_GRAD:
-        st = recv_dev(e, c->grad_in, c->grad_in_host, (size_t)c->out_bytes, in->peer,
-                      tag_of(TAG_GRAD, c->vstage + 1, in->mb, e->m));
+    case CDP_OP_RECV_GRAD: {
+        uint64_t from = t0;
+        if (c->grad_in_req && c->grad_in_mb != in->mb) {
+            st = cdp_fail(CDP_ERR_INTERNAL, "the gradient of micro-batch %d was posted early, not %d's", c->grad_in_mb,
+                          in->mb);
+            break;
+        }
+        if (c->grad_in_req) { /* posted early */
+            from = c->grad_in_posted;
+            st = cdp_comm_wait(c->grad_in_req, e->timeout);
+            c->grad_in_req = NULL;
+        } else {
+            st = recv_dev(e, c->grad_in, (size_t)c->out_bytes, in->peer, tag_of(TAG_GRAD, c->vstage + 1, in->mb, e->m));
+        }
         e->t_idle += cdp_time_ns() - t0;
-        trace_p2p(e, CDP_EV_RECV_GRAD, in, (size_t)c->out_bytes, t0, cdp_time_ns());
+        trace_p2p(e, CDP_EV_RECV_GRAD, in, (size_t)c->out_bytes, from, cdp_time_ns());
         break;
+    }
     case CDP_OP_BACKWARD: {
         float *din = NULL;
         slot = c->mb_slot[in->mb];
@@ -304,6 +284,7 @@ static cdp_status execute(struct exec *e, const struct cdp_instr *in)
             c->mb_grad_out[in->mb] = g;
         }
         uint64_t tb = cdp_time_ns(), r0 = e->t_reduce;
+        cdp_exec_buckets_before_backward(e, c); /* the last one starts the gradient buckets */
         st = cdp_model_backward(c->model, slot, c->vstage == e->nv - 1 ? NULL : c->grad_in, din);
         if (!st) st = settle(e);
         cdp_fault_slow_down(&e->fault, e->rank, tb);
@@ -315,12 +296,13 @@ static cdp_status execute(struct exec *e, const struct cdp_instr *in)
         e->t_fb += t1 - tb;
         e->fb_end = t1;
         trace_ev(e, CDP_EV_BACKWARD, in->mb, in->chunk, tb, t1);
+        if (!st) st = post_next_grad(e, c, in);
         break;
     }
     case CDP_OP_SEND_GRAD: {
         int g = c->mb_grad_out[in->mb];
-        st = send_dev(e, c->grad_out[g], c->grad_out_host ? c->grad_out_host[g] : NULL, (size_t)c->in_bytes,
-                      in->peer, tag_of(TAG_GRAD, c->vstage, in->mb, e->m), &c->grad_out_req[g]);
+        st = send_dev(e, c->grad_out[g], (size_t)c->in_bytes, in->peer, tag_of(TAG_GRAD, c->vstage, in->mb, e->m),
+                      &c->grad_out_req[g]);
         e->t_comm += cdp_time_ns() - t0;
         trace_p2p(e, CDP_EV_SEND_GRAD, in, (size_t)c->in_bytes, t0, cdp_time_ns());
         break;
@@ -332,7 +314,7 @@ static cdp_status execute(struct exec *e, const struct cdp_instr *in)
             struct cdp_model_tensor *t = cdp_model_tensor(tc->model, i);
             if (strcmp(t->name, "layers.0.wte")) continue;
             const uint64_t ta = cdp_time_ns();
-            st = allreduce_dev(e, e->tied, e->nccl_tied, t->grad, (size_t)t->numel);
+            st = cdp_comm_allreduce_f32(e->tied, t->grad, (size_t)t->numel, CDP_REDUCE_SUM, e->timeout);
             trace_coll(e, CDP_EV_TIED_REDUCE, ev_chunk(e, (int)(tc - e->ch)), CDP_EV_GROUP_TIED, (size_t)t->numel, ta,
                        cdp_time_ns());
         }
@@ -340,6 +322,11 @@ static cdp_status execute(struct exec *e, const struct cdp_instr *in)
         break;
     }
     case CDP_OP_ALLREDUCE_GRADS:
+        if (cdp_exec_buckets_on(e)) { /* what the backward has not started, then every bucket done */
+            st = cdp_exec_buckets_finish(e);
+            e->t_comm += cdp_time_ns() - t0;
+            break;
+        }
         for (int k = 0; k < e->v && !st && e->R > 1; k++) {
             struct cdp_model *mdl = e->ch[k].model;
             if (cdp_model_tensor_count(mdl) == 0) continue;
@@ -350,7 +337,7 @@ static cdp_status execute(struct exec *e, const struct cdp_instr *in)
             float *g = cdp_model_tensor(mdl, 0)->grad;
             const size_t n = (size_t)cdp_model_param_floats(mdl);
             const uint64_t ta = cdp_time_ns();
-            st = e->zero ? staged(e, g, n, 0) : allreduce_dev(e, e->dp, e->nccl_dp, g, n);
+            st = e->zero ? reduce_window(e, g, n, 0, n) : cdp_comm_allreduce_f32(e->dp, g, n, CDP_REDUCE_SUM, e->timeout);
             trace_coll(e, e->zero ? CDP_EV_REDUCE_SCATTER : CDP_EV_ALLREDUCE, k, CDP_EV_GROUP_REPLICAS, n, ta,
                        cdp_time_ns());
         }
@@ -369,8 +356,8 @@ static cdp_status execute(struct exec *e, const struct cdp_instr *in)
         uint64_t tc = cdp_time_ns();
         e->t_compute += tc - t0;
         /* ZeRO-1: each replica holds its shard's part of the sum */
-        if (e->zero) st = cdp_comm_allreduce_f64(e->dp, &sq, 1, CDP_REDUCE_SUM, e->timeout);
-        if (!st && e->p > 1) st = cdp_comm_allreduce_f64(e->pipe, &sq, 1, CDP_REDUCE_SUM, e->timeout);
+        if (e->zero) st = cdp_comm_allreduce_f64(cdp_comm_host(e->dp), &sq, 1, CDP_REDUCE_SUM, e->timeout);
+        if (!st && e->p > 1) st = cdp_comm_allreduce_f64(cdp_comm_host(e->pipe), &sq, 1, CDP_REDUCE_SUM, e->timeout);
         e->t_comm += cdp_time_ns() - tc;
         if (st) break;
         double norm = sqrt(sq), clip_at = e->plan->train.grad_clip;
@@ -395,7 +382,8 @@ static cdp_status execute(struct exec *e, const struct cdp_instr *in)
             struct cdp_model *mdl = e->ch[k].model;
             if (!cdp_model_tensor_count(mdl)) continue;
             const uint64_t ta = cdp_time_ns();
-            st = staged(e, cdp_model_tensor(mdl, 0)->data, (size_t)cdp_model_param_floats(mdl), 1);
+            st = cdp_comm_allgather_f32(e->dp, cdp_model_tensor(mdl, 0)->data, (size_t)cdp_model_param_floats(mdl),
+                                        e->timeout);
             trace_coll(e, CDP_EV_ALLGATHER, k, CDP_EV_GROUP_REPLICAS, (size_t)cdp_model_param_floats(mdl), ta,
                        cdp_time_ns());
         }
@@ -409,12 +397,12 @@ static cdp_status execute(struct exec *e, const struct cdp_instr *in)
     return st;
 }
 
-/* A run of point-to-point instructions as one NCCL group (the schedule was
- * built so that such groups cannot deadlock): every transfer of the group
+/* A run of point-to-point instructions as one batch (the schedule was built
+ * so that such batches cannot deadlock): every transfer of the batch
  * completes before it returns, so no send buffer stays in flight. */
-static cdp_status execute_nccl_group(struct exec *e, const struct cdp_instr *list, int n)
+static cdp_status execute_group(struct exec *e, const struct cdp_instr *list, int n)
 {
-    struct cdp_nccl_p2p ops[64];
+    struct cdp_comm_p2p ops[64];
     cdp_status st = CDP_OK;
     uint64_t t0 = cdp_time_ns();
     if (n > (int)(sizeof ops / sizeof ops[0]))
@@ -427,21 +415,21 @@ static cdp_status execute_nccl_group(struct exec *e, const struct cdp_instr *lis
         switch (in->op) {
         case CDP_OP_SEND_ACT:
             slot = c->mb_slot[in->mb];
-            ops[i] = (struct cdp_nccl_p2p){1, in->peer, cdp_model_output(c->model, slot), (size_t)c->out_bytes};
+            ops[i] = (struct cdp_comm_p2p){1, in->peer, cdp_model_output(c->model, slot), (size_t)c->out_bytes};
             break;
         case CDP_OP_RECV_ACT:
             st = acquire_slot(e, c, in->mb, &slot);
-            ops[i] = (struct cdp_nccl_p2p){0, in->peer, st ? NULL : cdp_model_input(c->model, slot),
+            ops[i] = (struct cdp_comm_p2p){0, in->peer, st ? NULL : cdp_model_input(c->model, slot),
                                            (size_t)c->in_bytes};
             break;
         case CDP_OP_SEND_GRAD:
-            ops[i] = (struct cdp_nccl_p2p){1, in->peer, c->grad_out[c->mb_grad_out[in->mb]], (size_t)c->in_bytes};
+            ops[i] = (struct cdp_comm_p2p){1, in->peer, c->grad_out[c->mb_grad_out[in->mb]], (size_t)c->in_bytes};
             break;
         case CDP_OP_RECV_GRAD:
             for (int j = 0; j < i; j++)
                 if (list[j].op == CDP_OP_RECV_GRAD && list[j].chunk == in->chunk)
                     st = cdp_fail(CDP_ERR_INTERNAL, "two gradients for chunk %d in one group", in->chunk);
-            ops[i] = (struct cdp_nccl_p2p){0, in->peer, c->grad_in, (size_t)c->out_bytes};
+            ops[i] = (struct cdp_comm_p2p){0, in->peer, c->grad_in, (size_t)c->out_bytes};
             break;
         case CDP_OP_LOAD:
         case CDP_OP_FORWARD:
@@ -455,7 +443,7 @@ static cdp_status execute_nccl_group(struct exec *e, const struct cdp_instr *lis
             break;
         }
     }
-    if (!st) st = cdp_nccl_sendrecv(e->nccl_pipe, ops, n, e->timeout);
+    if (!st) st = cdp_comm_group(e->pipe, ops, n, e->timeout);
     const uint64_t t1 = cdp_time_ns();
     e->t_idle += t1 - t0;
     /* one group: each of its transfers spans the group's time */
@@ -466,21 +454,25 @@ static cdp_status execute_nccl_group(struct exec *e, const struct cdp_instr *lis
     return st;
 }
 
-/* This rank's list for the step: instruction by instruction, or with NCCL
- * point-to-point, each run of transfers as one group. */
+/* This rank's list for the step: instruction by instruction, or where the
+ * pipeline batches its transfers, each run of transfers as one batch. */
 cdp_status cdp_exec_run_list(struct exec *e)
 {
     const struct cdp_instr *list = e->sched->list[e->s];
     const int n = e->sched->len[e->s];
     cdp_status st = CDP_OK;
+    cdp_exec_buckets_start_step(e);
+    const int buckets = cdp_exec_buckets_on(e);
     for (int i = 0; i < n && !st;) {
-        int end = e->nccl_pipe ? cdp_schedule_p2p_group_end(e->sched, e->s, i) : i;
+        int end = cdp_comm_p2p_grouped(e->pipe) ? cdp_schedule_p2p_group_end(e->sched, e->s, i) : i;
         if (end > i) {
-            st = execute_nccl_group(e, list + i, end - i);
+            st = execute_group(e, list + i, end - i);
             i = end;
         } else {
             st = execute(e, &list[i++]);
         }
+        /* gradient buckets in flight move on (MPI moves data inside its calls) */
+        if (!st && buckets) st = cdp_exec_buckets_progress(e);
     }
     return st;
 }
@@ -519,7 +511,7 @@ cdp_status cdp_exec_validate(struct exec *e, double *val)
                 if (!st && ch->vstage == 0 && !e->hv)
                     st = cdp_device_write(e->dev, input, e->in_scratch, (uint64_t)ch->in_bytes);
                 if (!st && ch->vstage > 0)
-                    st = recv_dev(e, input, ch->recv_host, (size_t)ch->in_bytes, (e->s + e->p - 1) % e->p,
+                    st = recv_dev(e, input, (size_t)ch->in_bytes, (e->s + e->p - 1) % e->p,
                                   tag_of(TAG_VAL, ch->vstage - 1, (int)(k % e->m), e->m));
                 if (!st) st = cdp_model_forward(ch->model, 0);
                 if (!st && ch->vstage == e->nv - 1) {
@@ -529,8 +521,7 @@ cdp_status cdp_exec_validate(struct exec *e, double *val)
                 } else if (!st) {
                     /* slot 0's output is overwritten by the next micro-batch: complete the send first */
                     cdp_request_t req = NULL;
-                    st = send_dev(e, cdp_model_output(ch->model, 0), ch->slot_host ? ch->slot_host[0] : NULL,
-                                  (size_t)ch->out_bytes, (e->s + 1) % e->p,
+                    st = send_dev(e, cdp_model_output(ch->model, 0), (size_t)ch->out_bytes, (e->s + 1) % e->p,
                                   tag_of(TAG_VAL, ch->vstage, (int)(k % e->m), e->m), &req);
                     if (!st) st = cdp_comm_wait(req, e->timeout);
                 }

@@ -27,7 +27,7 @@ struct rank_state {
     int waiting_coll; /* 1 while at a collective that has not started */
     int done;
     int in_flight, in_flight_peak;
-    double last_bwd_end;
+    double last_bwd_end, last_bwd_start;
     /* a rank sharing its processor: the compute it runs now, in seconds of
      * the processor to itself, done at the processor's share */
     int shared, computing;
@@ -59,6 +59,7 @@ struct sim {
     int *ar_count, *tied_count; /* arrivals per stage (all-reduce), per replica (tied) */
     int *rs_count;        /* ZeRO-2: arrivals per stage at the current reduce-scatter */
     int *proc_busy;       /* per processor: its sharing ranks computing now */
+    int bucket_stage;     /* the stage whose bucketed all-reduce collective_ex runs now; -1 none */
     int any_shared;       /* some ranks share a processor */
     struct cdp_sim_result *res;
     int64_t cap_events;
@@ -228,6 +229,36 @@ static cdp_status send(struct sim *S, int kind, int s, int r, const struct cdp_i
  * (rounds 2), a reduce-scatter or all-gather (n-1)/n (rounds 1). The ranks go
  * on past the instruction they wait at when next_pc, else stay where they
  * are (ZeRO-2's reduce-scatter follows a backward already counted). */
+/* Gradient buckets: the end of stage s's all-reduce of dur seconds when its
+ * chunks' buckets start during each replica's last backward (bucket b of a
+ * chunk once bucket_ready[b] of it has passed on every replica, one bucket
+ * after another, each its share of dur), and in *start the first bucket's
+ * start; NAN when no chunk of s has buckets. */
+static double bucketed_end(const struct sim *S, int s, double dur, double *start)
+{
+    double total = 0, t = -INFINITY;
+    int any = 0;
+    for (int j = s; j < S->nv; j += S->p) total += S->c->vstage[j].grad_bytes;
+    *start = INFINITY;
+    for (int j = s; j < S->nv; j += S->p) {
+        const struct cdp_sim_vstage *vs = &S->c->vstage[j];
+        const double part = total > 0 ? dur * vs->grad_bytes / total : 0;
+        if (vs->n_buckets <= 0) continue; /* this chunk's reduction waits for ALLREDUCE_GRADS */
+        any = 1;
+        for (int b = 0; b < vs->n_buckets; b++) {
+            double ready = -INFINITY;
+            for (int r = 0; r < S->R; r++) {
+                const struct rank_state *q = &S->rk[s * S->R + r];
+                ready = fmax(ready, q->last_bwd_start + vs->bucket_ready[b] * (q->last_bwd_end - q->last_bwd_start));
+            }
+            t = fmax(t, ready);
+            *start = fmin(*start, t);
+            t += part * vs->bucket_share[b];
+        }
+    }
+    return any ? t : NAN;
+}
+
 /* Each member's event spans its wait at the collective and the collective:
  * kind among group, of chunk (-1: every chunk of the rank). A group of one
  * (or of no bytes) moves nothing and records nothing. */
@@ -243,6 +274,20 @@ static cdp_status collective_ex(struct sim *S, const int *idx, int n, double byt
     }
     const double moved = n > 1 ? rounds * (n - 1) / n * bytes : 0;
     const double dur = n > 1 ? (isinf(min_bw) ? 0 : moved / min_bw) + rounds * (n - 1) * max_lat : 0;
+    /* with buckets the all-reduce ran during the last backward: what is left
+     * after now (the chunks without buckets after the bucketed ones) */
+    double end = now + dur, from = INFINITY;
+    if (kind == CDP_EV_ALLREDUCE && S->bucket_stage >= 0 && n > 1) {
+        const double e = bucketed_end(S, S->bucket_stage, dur, &from);
+        if (!isnan(e)) {
+            double unbucketed = 0, total = 0;
+            for (int j = S->bucket_stage; j < S->nv; j += S->p) {
+                total += S->c->vstage[j].grad_bytes;
+                if (S->c->vstage[j].n_buckets <= 0) unbucketed += S->c->vstage[j].grad_bytes;
+            }
+            end = fmax(e, now) + (total > 0 ? dur * unbucketed / total : 0);
+        }
+    }
     for (int j = 0; j < n && n > 1; j++) {
         const int a = S->c->device[idx[j]], b = S->c->device[idx[(j + 1) % n]];
         if (a == b || bw_of(S, a, b) <= 0) continue;
@@ -255,13 +300,13 @@ static cdp_status collective_ex(struct sim *S, const int *idx, int n, double byt
     for (int j = 0; j < n; j++) {
         struct rank_state *q = &S->rk[idx[j]];
         q->waiting_coll = 0;
-        q->busy_until = now + dur;
+        q->busy_until = end;
         if (next_pc) q->pc++;
         cdp_status st = n > 1 && bytes > 0 ? add_rec(S, idx[j], (struct cdp_event_rec){.kind = kind, .mb = -1,
                                                                            .chunk = S->v > 1 ? chunk : -1, .peer = -1,
                                                                            .group = group, .members = n,
                                                                            .bytes = (uint64_t)llround(bytes)},
-                                        q->coll_since, now + dur)
+                                        fmin(q->coll_since, from), end)
                                 : CDP_OK;
         if (st) return st;
     }
@@ -298,7 +343,7 @@ static cdp_status compute(struct sim *S, int i, enum cdp_event_kind kind, int mb
         return CDP_OK;
     }
     q->busy_until = now + d;
-    if (kind == CDP_EV_BACKWARD) q->last_bwd_end = now + d;
+    if (kind == CDP_EV_BACKWARD) q->last_bwd_start = now, q->last_bwd_end = now + d;
     if (kind != CDP_EV_OPTIMIZER) S->res->busy_s[i] += d;
     const int recorded = d > 0 || kind == CDP_EV_FORWARD || kind == CDP_EV_BACKWARD;
     return recorded ? add_event(S, i, kind, mb, chunk, now, now + d) : CDP_OK;
@@ -388,9 +433,11 @@ static cdp_status step_rank(struct sim *S, int i, double now, int *progressed)
                 for (int j = s; j < S->nv; j += S->p) bytes += c->vstage[j].grad_bytes;
                 /* ZeRO-2: only the parameters' all-gather is left; ZeRO-1's
                  * reduce-scatter and all-gather move an all-reduce's bytes */
-                if ((st = stage_collective(S, s, bytes, c->zero >= 2 ? 1 : 2, 1,
-                                           c->zero >= 2 ? CDP_EV_ALLGATHER : CDP_EV_ALLREDUCE, -1, now)))
-                    return st;
+                S->bucket_stage = c->zero >= 2 ? -1 : s;
+                st = stage_collective(S, s, bytes, c->zero >= 2 ? 1 : 2, 1,
+                                      c->zero >= 2 ? CDP_EV_ALLGATHER : CDP_EV_ALLREDUCE, -1, now);
+                S->bucket_stage = -1;
+                if (st) return st;
             }
             continue;
         }
@@ -461,7 +508,7 @@ static cdp_status advance(struct sim *S, double now, double *next_out, int *move
         q->computing = 0;
         q->busy_until = next;
         S->proc_busy[S->c->proc[i]]--;
-        if (q->kind == CDP_EV_BACKWARD) q->last_bwd_end = next;
+        if (q->kind == CDP_EV_BACKWARD) q->last_bwd_start = q->started, q->last_bwd_end = next;
         if (q->kind != CDP_EV_OPTIMIZER) S->res->busy_s[i] += next - q->started;
         cdp_status st = add_event(S, i, q->kind, q->mb, q->chunk, q->started, next);
         if (st) return st;
@@ -550,7 +597,8 @@ cdp_status cdp_sim_run(const struct cdp_sim_config *c, struct cdp_sim_result **o
 {
     cdp_status st = check(c);
     if (st) return st;
-    struct sim S = {.c = c, .p = c->sched->p, .v = c->sched->v, .m = c->sched->m, .R = c->replicas};
+    struct sim S = {.c = c, .p = c->sched->p, .v = c->sched->v, .m = c->sched->m, .R = c->replicas,
+                    .bucket_stage = -1};
     S.nv = S.p * S.v;
     S.N = S.p * S.R;
     const size_t nx = (size_t)2 * S.R * S.nv * S.m;

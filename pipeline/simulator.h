@@ -24,6 +24,14 @@ struct cdp_sim_vstage {
     double grad_bytes;   /* per step: gradient bytes all-reduced over the replicas (ZeRO-2: reduce-scattered
                           * after each backward) */
     double opt_s;        /* per step: optimizer time */
+    /* gradient buckets (the executor's /parallel/bucket_mb): n_buckets > 0
+     * reduce over the replicas bucket by bucket during the step's last
+     * backward; bucket b holds bucket_share[b] of grad_bytes and is ready
+     * once bucket_ready[b] of that backward's time has passed (the last: 1).
+     * 0: one reduction at ALLREDUCE_GRADS. */
+#define CDP_SIM_MAX_BUCKETS 64
+    int n_buckets;
+    double bucket_share[CDP_SIM_MAX_BUCKETS], bucket_ready[CDP_SIM_MAX_BUCKETS];
 };
 
 struct cdp_sim_config {

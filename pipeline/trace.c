@@ -23,7 +23,7 @@ struct cdp_trace {
 static const char *const kind_names[] = {"load",      "forward",   "backward",   "optimizer",
                                          "eval",      "send act",  "recv act",   "send grad",
                                          "recv grad", "all-reduce", "reduce-scatter", "all-gather",
-                                         "tied all-reduce"};
+                                         "tied all-reduce", "bucket"};
 CDP_TABLE_CHECK(kind_names, CDP_EV_KIND_COUNT);
 
 _Static_assert(sizeof(struct cdp_event_rec) == 4 * sizeof(int) + 2 * sizeof(uint64_t) + 4 * sizeof(int) +

@@ -30,6 +30,8 @@ enum cdp_event_kind {
     CDP_EV_REDUCE_SCATTER, /* ZeRO: this replica's shard of that sum */
     CDP_EV_ALLGATHER,      /* ZeRO: every replica's updated shard to all */
     CDP_EV_TIED_REDUCE,    /* a tied embedding's gradient over its first and last stage */
+    CDP_EV_BUCKET,         /* one gradient bucket's part of the all-reduce (or ZeRO-1 reduce-scatter), from
+                            * its start in the backward to its completion; the all-reduce's event spans them */
     CDP_EV_KIND_COUNT
 };
 
@@ -54,7 +56,7 @@ struct cdp_event_rec {
     uint64_t bytes; /* communication: bytes this rank sends or receives, its buffer for a collective */
 };
 
-/* An event of the communication kinds (CDP_EV_SEND_ACT .. CDP_EV_TIED_REDUCE). */
+/* An event of the communication kinds (CDP_EV_SEND_ACT .. CDP_EV_BUCKET). */
 int cdp_event_is_comm(enum cdp_event_kind k);
 
 struct cdp_trace;

@@ -5,7 +5,7 @@
  * usage: comm_probe world|split|allreduce|p2p|gather|barrier|timeout|errors|
  *                   bigmsg|allreduce_timeout|abort|kill|bcast|bcast_timeout|
  *                   nccl_refused|nccl_fake|nccl|nccl_timeout|zero|zero_timeout|
- *                   layout_mismatch
+ *                   layout_mismatch|iallreduce
  * (nccl and nccl_timeout need one GPU per rank; nccl_fake loads the stand-in
  * CUDA module of tests/fake-cuda; the others run anywhere) */
 #include <dlfcn.h>
@@ -1024,6 +1024,84 @@ static void scen_layout_mismatch(void)
     cdp_plan_free(p);
 }
 
+/* Non-blocking collectives (issue 17): several all-reduces, a windowed
+ * reduce-scatter and an all-gather in flight at once on one communicator,
+ * progressed by cdp_comm_test while the rank "computes", each bit-identical to
+ * the blocking call on the same inputs; then a request whose peer never
+ * joins times out at its wait, names the operation, and leaves the
+ * communicator unusable. */
+static void scen_iallreduce(void)
+{
+    enum { K = 3, NF = 1000 };
+    float *a[K], *b[K];
+    cdp_request_t rq[K + 2];
+    for (int k = 0; k < K; k++) {
+        a[k] = malloc(NF * sizeof(float));
+        b[k] = malloc(NF * sizeof(float));
+        CHECK(a[k] && b[k], "malloc");
+        for (int i = 0; i < NF; i++) a[k][i] = b[k][i] = (float)(R + 1) * 0.1f + (float)(i * (k + 1)) * 1e-3f;
+        OK(cdp_comm_allreduce_f32(world, b[k], NF, k == 2 ? CDP_REDUCE_MAX : CDP_REDUCE_SUM, 30));
+    }
+    float *w = malloc(NF * sizeof(float)), *wb = malloc(NF * sizeof(float)), *g = malloc(NF * sizeof(float));
+    CHECK(w && wb && g, "malloc");
+    for (int i = 0; i < NF; i++) w[i] = wb[i] = (float)(R * 7 + i) * 0.25f, g[i] = -1;
+    OK(cdp_comm_reduce_scatter_window_f32(world, wb + 100, NF, 100, 500, CDP_REDUCE_SUM, 30));
+    size_t off, len;
+    cdp_comm_shard(NF, N, R, &off, &len);
+    for (size_t i = off; i < off + len; i++) g[i] = (float)(R * 3 + (int)i);
+    for (int k = 0; k < K; k++)
+        OK(cdp_comm_iallreduce_f32(world, a[k], NF, k == 2 ? CDP_REDUCE_MAX : CDP_REDUCE_SUM, 30, &rq[k]));
+    OK(cdp_comm_ireduce_scatter_window_f32(world, w + 100, NF, 100, 500, CDP_REDUCE_SUM, 30, &rq[K]));
+    OK(cdp_comm_iallgather_f32(world, g, NF, 30, &rq[K + 1]));
+    int left = K + 2;
+    double t0 = now_s();
+    while (left && now_s() - t0 < 30) {
+        for (int k = 0; k < K + 2; k++) {
+            if (!rq[k]) continue;
+            int r = cdp_comm_test(rq[k]);
+            CHECK(r >= 0, "request %d: %s", k, cdp_last_error());
+            if (r) rq[k] = NULL, left--;
+        }
+        sleep_s(1e-4); /* the rank's compute */
+    }
+    CHECK(!left, "%d requests left after 30 s", left);
+    for (int k = 0; k < K; k++)
+        CHECK(!memcmp(a[k], b[k], NF * sizeof(float)), "all-reduce %d differs from the blocking one", k);
+    uint64_t at, n;
+    cdp_shard_in_window(NF, N, R, 100, 500, &at, &n);
+    CHECK(!memcmp(w + 100 + at, wb + 100 + at, n * sizeof(float)), "the window's reduce-scatter differs");
+    for (int r = 0; r < N; r++) {
+        cdp_comm_shard(NF, N, r, &off, &len);
+        for (size_t i = off; i < off + len; i++)
+            CHECK(g[i] == (float)(r * 3 + (int)i), "all-gather [%zu] = %g", i, (double)g[i]);
+    }
+    for (int k = 0; k < K; k++) free(a[k]), free(b[k]);
+    free(w), free(wb), free(g);
+    cdp_request_t none = NULL;
+    CHECK(cdp_comm_iallreduce_f32(world, NULL, 0, CDP_REDUCE_SUM, 1, &none) == CDP_OK && none, "empty");
+    CHECK(cdp_comm_wait(none, 1) == CDP_OK, "%s", cdp_last_error());
+    OK(cdp_comm_barrier(world, 30));
+    if (N == 1) return;
+    /* rank 1 never joins the next one */
+    if (R == 0) {
+        float v = 1;
+        cdp_request_t q = NULL;
+        OK(cdp_comm_iallreduce_f32(world, &v, 1, CDP_REDUCE_SUM, 0.3, &q));
+        double t1 = now_s();
+        cdp_status st = cdp_comm_wait(q, 0.3);
+        CHECK(st == CDP_ERR_COMM && now_s() - t1 >= 0.3, "status %d after %.3f s", (int)st, now_s() - t1);
+        CHECK(strstr(cdp_last_error(), "mpi rank 0/") && strstr(cdp_last_error(), "all-reduce (sum) of 1 floats: "
+              "timed out after 0.3 s"), "%s", cdp_last_error());
+        CHECK(cdp_comm_barrier(world, 1) == CDP_ERR_COMM && strstr(cdp_last_error(), "unusable"), "%s",
+              cdp_last_error());
+        printf("rank %d/%d: iallreduce ok\n", R, N);
+        fflush(stdout);
+        cdp_comm_abort(world, 42);
+    }
+    sleep_s(10); /* mpirun ends this rank within about a second of the abort */
+    CHECK(0, "rank 0 should have ended the job");
+}
+
 static const struct {
     const char *name;
     void (*run)(void);
@@ -1038,6 +1116,7 @@ static const struct {
     { "nccl_timeout", scen_nccl_timeout },
     { "zero", scen_zero },       { "zero_timeout", scen_zero_timeout },
     { "layout_mismatch", scen_layout_mismatch },
+    { "iallreduce", scen_iallreduce },
 };
 
 int main(int argc, char **argv)

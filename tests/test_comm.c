@@ -310,6 +310,102 @@ Test(comm, self_abort_ends_the_process_with_the_code, .exit_code = 5)
     cdp_comm_abort(c, 5);
 }
 
+/* ---- the one front: non-blocking collectives, batches, the staging adapter ---------- */
+
+/* Every argument is checked in the front, once for every backend, with the
+ * communicator, the rank and the operation in the message. */
+Test(comm, nonblocking_collectives_and_batches_check_their_arguments)
+{
+    cdp_comm_t c = self_comm();
+    float f[4] = {1, 2, 3, 4};
+    cdp_request_t r = (cdp_request_t)&r;
+    cr_assert_eq(cdp_comm_iallreduce_f32(c, f, 4, CDP_REDUCE_SUM, 1, NULL), CDP_ERR_INVALID);
+    cr_assert_str_eq(cdp_last_error(), "non-blocking all-reduce: request is NULL");
+    cr_assert_eq(cdp_comm_iallreduce_f32(NULL, f, 4, CDP_REDUCE_SUM, 1, &r), CDP_ERR_INVALID);
+    cr_assert_str_eq(cdp_last_error(), "all-reduce: NULL communicator");
+    cr_assert_eq(cdp_comm_iallreduce_f32(c, f, 4, CDP_REDUCE_OP_COUNT, 1, &r), CDP_ERR_INVALID);
+    cr_assert_str_eq(cdp_last_error(), "self rank 0/1: all-reduce: unknown reduce op 3");
+    cr_assert_eq(cdp_comm_iallreduce_f32(c, NULL, 4, CDP_REDUCE_SUM, 1, &r), CDP_ERR_INVALID);
+    cr_assert_str_eq(cdp_last_error(), "self rank 0/1: all-reduce of 4 floats: buffer is NULL");
+    cr_assert_eq(cdp_comm_ireduce_scatter_window_f32(c, f, 4, 3, 2, CDP_REDUCE_SUM, 1, &r), CDP_ERR_INVALID);
+    cr_assert_str_eq(cdp_last_error(), "self rank 0/1: reduce-scatter of floats [3, 5) of a 4-float buffer");
+    cr_assert_eq(cdp_comm_iallgather_f32(c, NULL, 2, 1, &r), CDP_ERR_INVALID);
+    cr_assert_str_eq(cdp_last_error(), "self rank 0/1: all-gather of 2 floats: buffer is NULL");
+    cr_assert_eq(r, (cdp_request_t)&r, "no request on a refusal");
+    /* the blocking calls share the checks */
+    cr_assert_eq(cdp_comm_allreduce_f64(c, NULL, 1, CDP_REDUCE_MAX, 1), CDP_ERR_INVALID);
+    cr_assert_str_eq(cdp_last_error(), "self rank 0/1: all-reduce of 1 doubles: buffer is NULL");
+    cr_assert_eq(cdp_comm_reduce_scatter_window_f32(c, f, 4, 5, 0, CDP_REDUCE_SUM, 1), CDP_ERR_INVALID);
+    cr_assert_str_eq(cdp_last_error(), "self rank 0/1: reduce-scatter of floats [5, 5) of a 4-float buffer");
+    /* batches */
+    cr_assert_eq(cdp_comm_group(NULL, NULL, 0, 1), CDP_ERR_INVALID);
+    cr_assert_str_eq(cdp_last_error(), "send/receive group: NULL communicator");
+    cr_assert_eq(cdp_comm_group(c, NULL, -1, 1), CDP_ERR_INVALID);
+    cr_assert_str_eq(cdp_last_error(), "self rank 0/1: send/receive group of -1 operations: negative count");
+    cr_assert_eq(cdp_comm_group(c, NULL, 2, 1), CDP_ERR_INVALID);
+    cr_assert_str_eq(cdp_last_error(), "self rank 0/1: send/receive group of 2 operations: ops is NULL");
+    struct cdp_comm_p2p bad_peer[] = {{1, 1, f, 4}}, no_buf[] = {{0, 0, NULL, 8}};
+    cr_assert_eq(cdp_comm_group(c, bad_peer, 1, 1), CDP_ERR_INVALID);
+    cr_assert_str_eq(cdp_last_error(), "self rank 0/1: send to rank 1: no such rank (0..0)");
+    cr_assert_eq(cdp_comm_group(c, no_buf, 1, 1), CDP_ERR_INVALID);
+    cr_assert_str_eq(cdp_last_error(), "self rank 0/1: receive from rank 0 (8 bytes): buffer is NULL");
+    cr_assert_eq(cdp_comm_group(c, NULL, 0, 1), CDP_OK);
+    /* the same words for a single transfer, with its tag */
+    cdp_request_t q = NULL;
+    cr_assert_eq(cdp_comm_irecv(c, NULL, 8, 0, 5, &q), CDP_ERR_INVALID);
+    cr_assert_str_eq(cdp_last_error(), "self rank 0/1: receive from rank 0 (tag 5, 8 bytes): buffer is NULL");
+    cr_assert_eq(cdp_comm_isend(c, f, 4, 0, -1, &q), CDP_ERR_INVALID);
+    cr_assert_str_eq(cdp_last_error(), "self rank 0/1: send to rank 0: tag -1 is outside 0..1048575");
+    cr_assert_eq(cdp_comm_memory(c), CDP_COMM_HOST_MEMORY);
+    cr_assert_eq(cdp_comm_host(c), c, "a host communicator is its own host group");
+    cr_assert_eq(cdp_comm_p2p_grouped(c), 0);
+    cr_assert_eq(cdp_comm_collectives_async(c), 0, "one rank: collectives complete at once");
+    cdp_comm_free(c);
+}
+
+/* On self the non-blocking collectives come back completed, leave the data
+ * as it is (the reduction of one rank) and free with wait or test; a batch
+ * delivers its send to its receive whatever their order. */
+Test(comm, nonblocking_collectives_and_a_batch_on_self)
+{
+    cdp_comm_t c = self_comm();
+    float f[4] = {1, 2, 3, 4};
+    cdp_request_t a = NULL, b = NULL, g = NULL;
+    cr_assert_eq(cdp_comm_iallreduce_f32(c, f, 4, CDP_REDUCE_AVG, 1, &a), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(cdp_comm_ireduce_scatter_window_f32(c, f + 1, 4, 1, 2, CDP_REDUCE_SUM, 1, &b), CDP_OK);
+    cr_assert_eq(cdp_comm_iallgather_f32(c, f, 4, 1, &g), CDP_OK);
+    cr_assert_eq(cdp_comm_test(a), 1);
+    cr_assert_eq(cdp_comm_wait(b, 1), CDP_OK);
+    cr_assert_eq(cdp_comm_wait(g, 1), CDP_OK);
+    cr_assert(f[0] == 1 && f[1] == 2 && f[2] == 3 && f[3] == 4);
+    char in[16] = "batched message", out[16] = "";
+    struct cdp_comm_p2p ops[] = {{0, 0, out, sizeof out}, {1, 0, in, sizeof in}};
+    cr_assert_eq(cdp_comm_group(c, ops, 2, 1), CDP_OK, "%s", cdp_last_error());
+    cr_assert_str_eq(out, "batched message");
+    struct cdp_comm_p2p lone[] = {{0, 0, out, sizeof out}};
+    cr_assert_eq(cdp_comm_group(c, lone, 1, 0.05), CDP_ERR_COMM, "a receive without its send");
+    cr_assert(strstr(cdp_last_error(), "self rank 0/1: send/receive group (receive from 0 (16 bytes)): timed out "
+                                       "after 0.05 s"), "%s", cdp_last_error());
+    cdp_comm_free(c);
+}
+
+/* Which communicator carries a device's memory: on a CPU the host
+ * communicator's own group. */
+Test(comm, the_cpu_device_is_carried_by_the_host_communicator)
+{
+    cdp_comm_t c = self_comm(), dc = NULL;
+    cdp_device_t cpu = NULL;
+    cr_assert_eq(cdp_device_open(CDP_BACKEND_CPU, 0, 0, &cpu), CDP_OK, "%s", cdp_last_error());
+    char why[128];
+    cr_assert_eq(cdp_comm_for_device(c, cpu, 0, 5, &dc, why, sizeof why), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(cdp_comm_memory(dc), CDP_COMM_HOST_MEMORY);
+    cr_assert_str_eq(why, "self on host memory");
+    cr_assert_eq(cdp_comm_for_device(NULL, cpu, 0, 5, &dc, NULL, 0), CDP_ERR_INVALID);
+    cdp_comm_free(dc);
+    cdp_device_close(cpu);
+    cdp_comm_free(c);
+}
+
 /* ---- nccl, in process: what this machine and build allow ----------------------------- */
 
 /* The refusal the module, the build and the machine give: NULL when NCCL is
@@ -452,6 +548,58 @@ static cdp_buffer_t dev_floats(cdp_device_t d, const float *v, size_t n)
     cr_assert_eq(cdp_buffer_create(d, n * sizeof *v, &b), CDP_OK, "%s", cdp_last_error());
     cr_assert_eq(cdp_buffer_write(b, 0, v, n * sizeof *v), CDP_OK, "%s", cdp_last_error());
     return b;
+}
+
+/* The host-staging adapter over self on the stand-in GPU: device memory
+ * goes to the host and back for a transfer, a batch and the collectives;
+ * it says it takes device memory and its host group is the inner one. */
+Test(comm, the_staging_adapter_moves_device_memory_through_the_host)
+{
+    use_fake_module();
+    cdp_device_t d = open_fake_gpu();
+    cdp_comm_t inner = self_comm(), s = NULL, t = NULL;
+    cr_assert_eq(cdp_comm_staged(inner, d, &s), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(cdp_comm_memory(s), CDP_COMM_DEVICE_MEMORY);
+    cr_assert_eq(cdp_comm_host(s), inner);
+    cr_assert_str_eq(cdp_comm_name(s), "self", "messages name the communicator the bytes travel on");
+    cr_assert_eq(cdp_comm_split(s, 0, 0, &t), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(cdp_comm_memory(t), CDP_COMM_DEVICE_MEMORY);
+    cdp_buffer_t src = dev_floats(d, (float[4]){1, 2, 3, 4}, 4), dst = dev_floats(d, (float[4]){0, 0, 0, 0}, 4);
+    cdp_request_t rs = NULL, rr = NULL;
+    cr_assert_eq(cdp_comm_irecv(t, cdp_buffer_data(dst), 16, 0, 7, &rr), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(cdp_comm_isend(t, cdp_buffer_data(src), 16, 0, 7, &rs), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(cdp_comm_wait(rs, 1), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(cdp_comm_wait(rr, 1), CDP_OK, "%s", cdp_last_error());
+    float h[4] = {0};
+    cr_assert_eq(cdp_buffer_read(dst, 0, h, sizeof h), CDP_OK);
+    cr_assert(h[0] == 1 && h[1] == 2 && h[2] == 3 && h[3] == 4, "%g %g %g %g", h[0], h[1], h[2], h[3]);
+    cdp_buffer_t z = dev_floats(d, (float[4]){0, 0, 0, 0}, 4);
+    struct cdp_comm_p2p ops[] = {{1, 0, cdp_buffer_data(src), 8}, {0, 0, cdp_buffer_data(z), 8}};
+    cr_assert_eq(cdp_comm_group(t, ops, 2, 1), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(cdp_buffer_read(z, 0, h, sizeof h), CDP_OK);
+    cr_assert(h[0] == 1 && h[1] == 2 && h[2] == 0, "a batch moves its 8 bytes: %g %g %g", h[0], h[1], h[2]);
+    cdp_request_t q = NULL;
+    cr_assert_eq(cdp_comm_iallreduce_f32(t, cdp_buffer_data(src), 4, CDP_REDUCE_SUM, 1, &q), CDP_OK);
+    cr_assert_eq(cdp_comm_wait(q, 1), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(cdp_comm_allgather_f32(t, cdp_buffer_data(src), 4, 1), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(cdp_comm_reduce_scatter_window_f32(t, (float *)cdp_buffer_data(src) + 1, 4, 1, 2, CDP_REDUCE_MAX, 1),
+                 CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(cdp_buffer_read(src, 0, h, sizeof h), CDP_OK);
+    cr_assert(h[0] == 1 && h[1] == 2 && h[2] == 3 && h[3] == 4, "one rank's reductions are its values");
+    cr_assert_eq(cdp_comm_iallreduce_f32(t, NULL, 4, CDP_REDUCE_SUM, 1, &q), CDP_ERR_INVALID);
+    cr_assert_str_eq(cdp_last_error(), "self rank 0/1: all-reduce of 4 floats: buffer is NULL");
+    cr_assert_eq(cdp_comm_staged(NULL, d, &t), CDP_ERR_INVALID);
+    cdp_comm_t again = self_comm(), nested = NULL;
+    cr_assert_eq(cdp_comm_staged(again, d, &nested), CDP_OK);
+    cdp_comm_t twice = NULL;
+    cr_assert_eq(cdp_comm_staged(nested, d, &twice), CDP_ERR_INVALID, "an adapter over device memory");
+    cr_assert(strstr(cdp_last_error(), "does not take host memory"), "%s", cdp_last_error());
+    cdp_buffer_destroy(src);
+    cdp_buffer_destroy(dst);
+    cdp_buffer_destroy(z);
+    cdp_comm_free(t);
+    cdp_comm_free(s); /* frees inner */
+    cdp_device_close(d);
 }
 
 Test(comm, nccl_front_world_split_and_free_through_a_stand_in_module)
@@ -841,6 +989,25 @@ Test(comm, mpi_allreduce_deadline_then_abort_np2, .timeout = 60)
     cr_log_info("took %.1f s", j.secs); /* the upper bound is the test's timeout */
     free(j.out);
 }
+
+/* Non-blocking collectives over MPI (issue 17): in flight together, tested to
+ * completion, equal to the blocking ones; a wait past its deadline names the
+ * operation and breaks the communicator, and the job ends with the abort. */
+Test(comm, mpi_iallreduce_np1) { expect_ok(1, "iallreduce", NULL); }
+
+static void iallreduce_deadline(int np)
+{
+    skip_without_mpi();
+    struct job j;
+    run_probe(&j, np, "iallreduce", NULL, 60);
+    cr_assert_not(j.timed_out, "%s", j.out);
+    cr_assert_eq(count(j.out, "iallreduce ok"), 1, "rank 0 saw the timeout:\n%s", j.out);
+    cr_assert_eq(j.code, 42, "mpirun exits with the abort code, got %d:\n%s", j.code, j.out);
+    free(j.out);
+}
+
+Test(comm, mpi_iallreduce_then_deadline_np2, .timeout = 60) { iallreduce_deadline(2); }
+Test(comm, mpi_iallreduce_then_deadline_np3_oversubscribed, .timeout = 60) { iallreduce_deadline(3); }
 
 Test(comm, mpi_bcast_deadline_then_abort_np2, .timeout = 60)
 {

@@ -438,6 +438,138 @@ Test(pipeline, trace_has_sends_receives_and_all_reduces_on_a_comm_track)
     json_decref(v.root);
 }
 
+/* Gradient buckets (issue 17): per rank and step, the start of the first
+ * "bucket" event on the comm track and the end of the last backward ("B")
+ * on the compute track, from the executor's own event times. */
+struct overlap_view {
+    double first_bucket[2][4], last_bwd_end[2][4]; /* [rank][step]; -1: none */
+    int buckets[2][4], allreduces[2][4];
+};
+
+static void overlap_of(const char *path, struct overlap_view *o)
+{
+    struct trace_view v;
+    read_trace(path, 2, &v);
+    for (int r = 0; r < 2; r++)
+        for (int s = 0; s < 4; s++) {
+            o->first_bucket[r][s] = o->last_bwd_end[r][s] = -1;
+            o->buckets[r][s] = o->allreduces[r][s] = 0;
+        }
+    size_t i;
+    json_t *e;
+    json_array_foreach(v.events, i, e) {
+        if (strcmp(json_string_value(json_object_get(e, "ph")), "X")) continue;
+        const char *name = json_string_value(json_object_get(e, "name"));
+        const int tid = (int)json_integer_value(json_object_get(e, "tid"));
+        const int step = (int)json_integer_value(json_object_get(json_object_get(e, "args"), "step"));
+        const double ts = json_number_value(json_object_get(e, "ts")), dur = json_number_value(json_object_get(e, "dur"));
+        if (step < 1 || step > 3) continue;
+        if (tid < 2 && name[0] == 'B') {
+            if (ts + dur > o->last_bwd_end[tid][step]) o->last_bwd_end[tid][step] = ts + dur;
+        } else if (tid >= 2 && !strcmp(name, "bucket")) {
+            double *f = &o->first_bucket[tid - 2][step];
+            if (*f < 0 || ts < *f) *f = ts;
+            o->buckets[tid - 2][step]++;
+        } else if (tid >= 2 && !strcmp(name, "all-reduce")) {
+            o->allreduces[tid - 2][step]++;
+            if (o->first_bucket[tid - 2][step] < 0 && !o->buckets[tid - 2][step])
+                o->first_bucket[tid - 2][step] = -ts - 1; /* the whole buffer's reduction: its start, negated */
+        }
+    }
+    json_decref(v.root);
+}
+
+static void run_buckets(const char *dir, const char *name, double bucket_mb)
+{
+    char json[1536], file[64];
+    snprintf(json, sizeof json,
+             "{\"model\": {\"preset\": \"gpt\", \"vocab\": 64, \"context\": 16, \"layers\": 6, \"heads\": 2,"
+             " \"embed\": 32}, \"data\": {\"source\": \"synthetic\", \"seed\": 3}, \"train\": {\"steps\": 3,"
+             " \"micro_batch\": 2, \"eval_batches\": 1, \"timeout_s\": 60}, \"parallel\": {\"stages\": 1,"
+             " \"replicas\": 2, \"micro_batches\": 2, \"bucket_mb\": %g}, \"cluster\": {\"backend\": \"cpu\"},"
+             " \"output\": {\"trace\": \"%s-trace.json\", \"weights\": \"%s.safetensors\"}}",
+             bucket_mb, name, name);
+    snprintf(file, sizeof file, "%s.json", name);
+    const char *plan = cdp_test_write_file(dir, file, json);
+    run_ok(plan);
+}
+
+/* The first bucket's reduction starts while the step's last backward still
+ * runs (the test fails when it starts only after it); with bucket_mb 0 there
+ * are no buckets and the one reduction starts after the last backward; and
+ * the weights are the same bits either way. */
+Test(pipeline, gradient_buckets_reduce_while_the_last_backward_runs, .timeout = 240)
+{
+    need_mpi();
+    const char *dir = cdp_test_tmpdir();
+    char path[4300], wa[4300], wb[4300];
+    run_buckets(dir, "bk", 0.001); /* 1 KiB: a bucket per unit */
+    run_buckets(dir, "nobk", 0);
+    struct overlap_view o;
+    snprintf(path, sizeof path, "%s/bk-trace.json", dir);
+    overlap_of(path, &o);
+    for (int r = 0; r < 2; r++)
+        for (int s = 1; s <= 3; s++) {
+            cr_assert_geq(o.buckets[r][s], 7, "rank %d step %d: %d buckets (a GPT of 6 blocks)", r, s, o.buckets[r][s]);
+            cr_assert_eq(o.allreduces[r][s], 1, "rank %d step %d: one all-reduce spanning the buckets", r, s);
+            cr_assert(o.first_bucket[r][s] >= 0 && o.first_bucket[r][s] < o.last_bwd_end[r][s],
+                      "rank %d step %d: the first bucket starts at %.1f us, the last backward ends at %.1f us", r, s,
+                      o.first_bucket[r][s], o.last_bwd_end[r][s]);
+        }
+    snprintf(path, sizeof path, "%s/nobk-trace.json", dir);
+    overlap_of(path, &o);
+    for (int r = 0; r < 2; r++)
+        for (int s = 1; s <= 3; s++) {
+            cr_assert_eq(o.buckets[r][s], 0, "rank %d step %d: no buckets with bucket_mb 0", r, s);
+            cr_assert(o.first_bucket[r][s] < 0 && -o.first_bucket[r][s] - 1 >= o.last_bwd_end[r][s],
+                      "rank %d step %d: without buckets the reduction starts after the last backward", r, s);
+        }
+    snprintf(wa, sizeof wa, "%s/bk.safetensors", dir);
+    snprintf(wb, sizeof wb, "%s/nobk.safetensors", dir);
+    const double d = compare_weights(wa, wb);
+    cr_assert_eq(d, 0.0, "the weights do not depend on the buckets: they differ by up to %g", d);
+}
+
+/* Receives posted early (issue 17): on 2 stages with 1F1B, stage 0 posts the
+ * gradient of its next micro-batch as soon as a BACKWARD has read the last,
+ * so some "recv grad" event (from its posting to the arrival) spans a
+ * forward the rank ran meanwhile; a blocking receive never would. */
+Test(pipeline, gradients_are_received_while_the_rank_computes, .timeout = 120)
+{
+    need_mpi();
+    const char *d = cdp_test_tmpdir();
+    char dir[4096], plan[4200], path[4300];
+    snprintf(dir, sizeof dir, "%s", d);
+    struct layout l = {MODEL_GPT, 2, 1, 4, 1, "1f1b", "", 0, "", 0};
+    write_plan(dir, "early", &l, 0);
+    snprintf(plan, sizeof plan, "%s/early.json", dir);
+    run_ok(plan);
+    snprintf(path, sizeof path, "%s/early-trace.json", dir);
+    struct trace_view v;
+    read_trace(path, 2, &v);
+    const int r0 = v.stage[0] == 0 ? 0 : 1;
+    int spanning = 0;
+    size_t i, j;
+    json_t *a, *b;
+    json_array_foreach(v.events, i, a) {
+        if (strcmp(json_string_value(json_object_get(a, "ph")), "X") ||
+            json_integer_value(json_object_get(a, "tid")) != 2 + r0 ||
+            strncmp(json_string_value(json_object_get(a, "name")), "recv grad", 9))
+            continue;
+        const double s0 = json_number_value(json_object_get(a, "ts")), s1 = s0 + json_number_value(json_object_get(a, "dur"));
+        json_array_foreach(v.events, j, b) {
+            if (strcmp(json_string_value(json_object_get(b, "ph")), "X") ||
+                json_integer_value(json_object_get(b, "tid")) != r0 || json_string_value(json_object_get(b, "name"))[0] != 'F')
+                continue;
+            const double f0 = json_number_value(json_object_get(b, "ts")), f1 = f0 + json_number_value(json_object_get(b, "dur"));
+            spanning += f0 >= s0 && f1 <= s1;
+        }
+    }
+    cr_assert_geq(spanning, 3, "stage 0's early receives span %d forwards (1F1B, m 4, 3 steps: at least one a step)",
+                  spanning);
+    json_decref(v.root);
+}
+
 /* An interleaved run's compute and transfers name their chunk (args and
  * name), and the run says where the trace and the timeline went. */
 Test(pipeline, interleaved_trace_events_carry_their_chunk)

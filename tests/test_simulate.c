@@ -165,6 +165,45 @@ Test(simulate, allreduce_ring)
     done_fx(&f, r);
 }
 
+/* Gradient buckets (issue 17), as the executor runs them: bucket b starts
+ * once bucket_ready[b] of the last backward has passed (and the previous one
+ * is done), each its share of the all-reduce's time. One stage of two
+ * replicas, m = 1, backward [1, 3): the first half is ready at 2 and done at
+ * 2.05, the second at 3 and 3.05, so the step is 0.05 shorter than one
+ * reduction after the backward, and the all-reduce's event starts at 2. */
+Test(simulate, gradient_buckets_overlap_the_last_backward)
+{
+    struct fixture f;
+    setup_fx(&f, CDP_SCHEDULE_1F1B, 1, 1, 1, 2, 1.0, 2.0);
+    f.vs[0].grad_bytes = 1e9;
+    f.vs[0].opt_s = 0.25;
+    f.bw[0 * NDEV + 1] = f.bw[1 * NDEV + 0] = 1e10;
+    struct cdp_sim_result *r = run_fx(&f);
+    cr_expect_float_eq(r->step_s, 3.0 + 0.1 + 0.25, 1e-12, "no buckets: step %.15g", r->step_s);
+    done_fx(&f, r);
+    setup_fx(&f, CDP_SCHEDULE_1F1B, 1, 1, 1, 2, 1.0, 2.0);
+    f.vs[0].grad_bytes = 1e9;
+    f.vs[0].opt_s = 0.25;
+    f.bw[0 * NDEV + 1] = f.bw[1 * NDEV + 0] = 1e10;
+    f.vs[0].n_buckets = 2;
+    f.vs[0].bucket_share[0] = f.vs[0].bucket_share[1] = 0.5;
+    f.vs[0].bucket_ready[0] = 0.5;
+    f.vs[0].bucket_ready[1] = 1.0;
+    r = run_fx(&f);
+    cr_expect_float_eq(r->step_s, 3.0 + 0.05 + 0.25, 1e-12, "buckets: step %.15g", r->step_s);
+    int seen = 0;
+    for (int64_t i = 0; i < r->n_events; i++) {
+        const struct cdp_event_rec *e = &r->events[i];
+        if (e->kind != CDP_EV_ALLREDUCE) continue;
+        seen++;
+        cr_expect_float_eq((double)e->start_ns * 1e-9, 2.0, 1e-9, "rank %d: the all-reduce starts at %.9g", e->rank,
+                           (double)e->start_ns * 1e-9);
+        cr_expect_float_eq((double)(e->start_ns + e->dur_ns) * 1e-9, 3.05, 1e-9);
+    }
+    cr_expect_eq(seen, 2, "one all-reduce event per replica");
+    done_fx(&f, r);
+}
+
 /* ZeRO-2 on one stage of two replicas, m micro-batches: after each backward
  * a reduce-scatter of the gradient ((R-1)/R of it on the ring), and at the
  * step's end the all-gather (the same); ZeRO-1 moves one all-reduce's bytes. */

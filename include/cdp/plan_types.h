@@ -18,6 +18,11 @@ extern "C" {
 
 /* An integer field the plan left as "auto": the planner chooses it. */
 #define CDP_AUTO (-1)
+/* /parallel/bucket_mb's default: a bucket holds whole units up to 1 MiB (a
+ * larger unit is a bucket of its own), so GPT-2 124M's blocks (28 MiB) and
+ * the CPU examples' (0.8 MiB) each reduce on their own while the units
+ * before them run backward, and many small units share one reduction */
+#define CDP_PLAN_BUCKET_MB_DEFAULT 1.0
 
 enum cdp_model_kind {
     CDP_MODEL_GPT = 0, /* presets "gpt", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl" */
@@ -213,6 +218,10 @@ struct cdp_parallel_desc {
                                replicas x micro_batches (owned) */
     int n_shares;
     int64_t rebalance_every; /* re-measure and move micro-batches every N steps; 0 = never */
+    /* gradient buckets of the data-parallel reduction, MiB: each reduces as
+     * soon as the step's last backward has produced it; 0 = one reduction
+     * after the last backward (no overlap) */
+    double bucket_mb;
     int64_t zero;            /* sharded state within each stage's replicas: 0 (none), 1 (ZeRO-1: the
                               * optimizer state R ways), 2 (ZeRO-2: the gradients too), or CDP_AUTO:
                               * the planner's */

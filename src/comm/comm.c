@@ -1,7 +1,9 @@
-/* The communicator front: picks the backend (self or mpi), checks every
- * argument once for all backends, keeps the request bookkeeping, and runs the
- * deadline loop that every wait goes through. Messages name the backend, the
- * rank, the operation and its peer, so a hung pipeline says who waits on what. */
+/* The communicator front: picks the host backend (self or mpi), checks every
+ * argument once for all backends (nccl and the host-staging adapter too),
+ * keeps the request bookkeeping of point-to-point transfers and non-blocking
+ * collectives, and runs the deadline loop that every wait goes through.
+ * Messages name the communicator, the rank, the operation and its peer, so a
+ * hung pipeline says who waits on what; they are written here only. */
 #include "comm/comm.h"
 
 #include <errno.h>
@@ -93,6 +95,8 @@ struct cdp_comm *cdp_comm_alloc(const struct cdp_comm_ops *ops, int rank, int si
     struct cdp_comm *c = calloc(1, sizeof *c);
     if (!c) return NULL;
     c->ops = ops;
+    snprintf(c->name, sizeof c->name, "%s", ops->name);
+    c->host = ops->memory == CDP_COMM_HOST_MEMORY ? c : NULL;
     c->rank = rank;
     c->size = size;
     c->refs = 1;
@@ -153,7 +157,11 @@ cdp_status cdp_comm_self(cdp_comm_t *out)
     return cdp_comm_self_create(out);
 }
 
-const char *cdp_comm_name(cdp_comm_t c) { return c ? c->ops->name : "(null)"; }
+const char *cdp_comm_name(cdp_comm_t c) { return c ? c->name : "(null)"; }
+enum cdp_comm_memory cdp_comm_memory(cdp_comm_t c) { return c ? c->ops->memory : CDP_COMM_HOST_MEMORY; }
+cdp_comm_t cdp_comm_host(cdp_comm_t c) { return c ? c->host : NULL; }
+int cdp_comm_p2p_grouped(cdp_comm_t c) { return c && c->ops->group; }
+int cdp_comm_collectives_async(cdp_comm_t c) { return c && c->ops->icoll && c->size > 1; }
 int cdp_comm_rank(cdp_comm_t c) { return c ? c->rank : 0; }
 int cdp_comm_size(cdp_comm_t c) { return c ? c->size : 0; }
 
@@ -185,41 +193,10 @@ cdp_status cdp_comm_split(cdp_comm_t c, int color, int key, cdp_comm_t *out)
     struct cdp_comm *n = NULL;
     cdp_status st = c->ops->split(c, color, key, &n);
     if (st)
-        return cdp_error_context(st, "%s rank %d/%d: split (color %d, key %d)", c->ops->name,
-                                 c->rank, c->size, color, key);
+        return cdp_error_context(st, "%s rank %d/%d: split (color %d, key %d)", c->name, c->rank, c->size, color,
+                                 key);
     *out = n;
     return CDP_OK;
-}
-
-static cdp_status allreduce(cdp_comm_t c, void *buf, size_t n, enum cdp_comm_dtype dt,
-                            enum cdp_reduce_op op, double timeout_s)
-{
-    const char *what = dt == CDP_COMM_F32 ? "floats" : "doubles";
-    if (!c) return cdp_fail(CDP_ERR_INVALID, "all-reduce: NULL communicator");
-    if ((unsigned)op >= CDP_REDUCE_OP_COUNT)
-        return cdp_fail(CDP_ERR_INVALID, "%s rank %d/%d: all-reduce: unknown reduce op %d",
-                        c->ops->name, c->rank, c->size, (int)op);
-    if (n > 0 && !buf)
-        return cdp_fail(CDP_ERR_INVALID, "%s rank %d/%d: all-reduce of %zu %s: buffer is NULL",
-                        c->ops->name, c->rank, c->size, n, what);
-    if (n == 0) return CDP_OK;
-    cdp_status st = c->ops->allreduce(c, buf, n, dt, op, timeout_s);
-    if (st)
-        return cdp_error_context(st, "%s rank %d/%d: all-reduce (%s) of %zu %s", c->ops->name,
-                                 c->rank, c->size, op_names[op], n, what);
-    return CDP_OK;
-}
-
-cdp_status cdp_comm_allreduce_f32(cdp_comm_t c, float *buf, size_t n, enum cdp_reduce_op op,
-                                  double timeout_s)
-{
-    return allreduce(c, buf, n, CDP_COMM_F32, op, timeout_s);
-}
-
-cdp_status cdp_comm_allreduce_f64(cdp_comm_t c, double *buf, size_t n, enum cdp_reduce_op op,
-                                  double timeout_s)
-{
-    return allreduce(c, buf, n, CDP_COMM_F64, op, timeout_s);
 }
 
 void cdp_comm_shard(size_t n, int R, int r, size_t *off, size_t *len)
@@ -231,41 +208,147 @@ void cdp_comm_shard(size_t n, int R, int r, size_t *off, size_t *len)
     *len = (size_t)l;
 }
 
-/* The checks the reduce-scatter and the all-gather share with the all-reduce;
- * CDP_OK with *skip = 1 for n == 0 (every rank passes the same n, so every
- * rank skips). */
-static cdp_status shard_args(cdp_comm_t c, const char *what, const float *buf, size_t n, int *skip)
+static size_t dtype_size(enum cdp_comm_dtype dt) { return dt == CDP_COMM_F32 ? 4 : 8; }
+
+/* "all-reduce (sum) of 4 floats", "reduce-scatter (max) of floats [1, 4) of 5",
+ * "all-gather of 3 floats": what a collective request is, for its messages. */
+static void describe_coll(const struct cdp_request *r, char *buf, size_t cap)
 {
+    const char *what = r->dt == CDP_COMM_F32 ? "floats" : "doubles";
+    switch (r->kind) {
+    case CDP_REQ_ALLREDUCE:
+        snprintf(buf, cap, "all-reduce (%s) of %zu %s", op_names[r->op], r->n, what);
+        break;
+    case CDP_REQ_REDUCE_SCATTER:
+        if (r->from == 0 && r->count == r->n)
+            snprintf(buf, cap, "reduce-scatter (%s) of %zu floats", op_names[r->op], r->n);
+        else
+            snprintf(buf, cap, "reduce-scatter (%s) of floats [%zu, %zu) of %zu", op_names[r->op], r->from,
+                     r->from + r->count, r->n);
+        break;
+    case CDP_REQ_ALLGATHER:
+        snprintf(buf, cap, "all-gather of %zu floats", r->n);
+        break;
+    case CDP_REQ_P2P:
+        snprintf(buf, cap, "%s rank %d (tag %d, %zu bytes)", r->is_send ? "send to" : "receive from", r->peer, r->tag,
+                 r->bytes);
+        break;
+    }
+}
+
+static cdp_status request_context(struct cdp_request *r, cdp_status st)
+{
+    struct cdp_comm *c = r->comm;
+    char what[160];
+    describe_coll(r, what, sizeof what);
+    return cdp_error_context(st, "%s rank %d/%d: %s", c->name, c->rank, c->size, what);
+}
+
+/* The checks every collective shares: the communicator, the op, the buffer
+ * and the window; CDP_OK with *skip = 1 when there is nothing to move (every
+ * rank passes the same sizes, so every rank skips). */
+static cdp_status coll_args(cdp_comm_t c, const char *what, enum cdp_req_kind kind, const void *buf, size_t n,
+                            size_t from, size_t count, enum cdp_comm_dtype dt, enum cdp_reduce_op op, int *skip)
+{
+    const char *elems = dt == CDP_COMM_F32 ? "floats" : "doubles";
     *skip = 0;
     if (!c) return cdp_fail(CDP_ERR_INVALID, "%s: NULL communicator", what);
-    if (n > 0 && !buf)
-        return cdp_fail(CDP_ERR_INVALID, "%s rank %d/%d: %s of %zu floats: buffer is NULL", c->ops->name,
-                        c->rank, c->size, what, n);
-    *skip = n == 0;
+    if (kind != CDP_REQ_ALLGATHER && (unsigned)op >= CDP_REDUCE_OP_COUNT)
+        return cdp_fail(CDP_ERR_INVALID, "%s rank %d/%d: %s: unknown reduce op %d", c->name, c->rank, c->size, what,
+                        (int)op);
+    if (count > 0 && !buf)
+        return cdp_fail(CDP_ERR_INVALID, "%s rank %d/%d: %s of %zu %s: buffer is NULL", c->name, c->rank, c->size,
+                        what, count, elems);
+    if (from > n || count > n - from)
+        return cdp_fail(CDP_ERR_INVALID, "%s rank %d/%d: %s of floats [%zu, %zu) of a %zu-float buffer", c->name,
+                        c->rank, c->size, what, from, from + count, n);
+    *skip = count == 0;
     return CDP_OK;
+}
+
+static void request_free(struct cdp_request *r)
+{
+    if (r->impl) r->comm->ops->release(r);
+    r->comm->pending--;
+    free(r);
+}
+
+/* Starts a checked collective: the backend's icoll, or its blocking slot run
+ * now within timeout_s (the request then comes back completed). n == 0 (a
+ * skipped one) also comes back completed. */
+static cdp_status coll_start(cdp_comm_t c, enum cdp_req_kind kind, void *buf, size_t n, size_t from, size_t count,
+                             enum cdp_comm_dtype dt, enum cdp_reduce_op op, int skip, double timeout_s,
+                             cdp_request_t *req)
+{
+    struct cdp_request *r = calloc(1, sizeof *r);
+    if (!r) return cdp_fail(CDP_ERR_NOMEM, "%s rank %d/%d: out of memory for a request", c->name, c->rank, c->size);
+    *r = (struct cdp_request){.comm = c, .kind = kind, .peer = -1, .tag = -1, .buf = buf,
+                              .bytes = count * dtype_size(dt), .n = n, .from = from, .count = count, .dt = dt,
+                              .op = op};
+    cdp_status st = CDP_OK;
+    if (skip) {
+        r->done = 1;
+    } else if (c->ops->icoll) {
+        st = c->ops->icoll(c, r);
+    } else {
+        switch (kind) {
+        case CDP_REQ_ALLREDUCE: st = c->ops->allreduce(c, buf, n, dt, op, timeout_s); break;
+        case CDP_REQ_REDUCE_SCATTER: st = c->ops->reduce_scatter_f32(c, buf, n, from, count, op, timeout_s); break;
+        case CDP_REQ_ALLGATHER: st = c->ops->allgather_f32(c, buf, n, timeout_s); break;
+        case CDP_REQ_P2P: st = cdp_fail(CDP_ERR_INTERNAL, "not a collective"); break;
+        }
+        r->done = 1;
+    }
+    if (st) {
+        st = request_context(r, st);
+        free(r);
+        return st;
+    }
+    c->pending++;
+    *req = r;
+    return CDP_OK;
+}
+
+static cdp_status coll_blocking(cdp_comm_t c, enum cdp_req_kind kind, void *buf, size_t n, size_t from,
+                                size_t count, enum cdp_comm_dtype dt, enum cdp_reduce_op op, double timeout_s)
+{
+    static const char *const names[] = {"", "all-reduce", "reduce-scatter", "all-gather"};
+    int skip = 0;
+    cdp_status st = coll_args(c, names[kind], kind, buf, n, from, count, dt, op, &skip);
+    if (st || skip) return st;
+    cdp_request_t r = NULL;
+    if ((st = coll_start(c, kind, buf, n, from, count, dt, op, 0, timeout_s, &r))) return st;
+    return cdp_comm_wait(r, timeout_s);
+}
+
+static cdp_status coll_nonblocking(cdp_comm_t c, enum cdp_req_kind kind, void *buf, size_t n, size_t from,
+                                   size_t count, enum cdp_comm_dtype dt, enum cdp_reduce_op op, double timeout_s,
+                                   cdp_request_t *req)
+{
+    static const char *const names[] = {"", "all-reduce", "reduce-scatter", "all-gather"};
+    if (!req) return cdp_fail(CDP_ERR_INVALID, "non-blocking %s: request is NULL", names[kind]);
+    int skip = 0;
+    cdp_status st = coll_args(c, names[kind], kind, buf, n, from, count, dt, op, &skip);
+    if (st) return st;
+    return coll_start(c, kind, buf, n, from, count, dt, op, skip, timeout_s, req);
+}
+
+cdp_status cdp_comm_allreduce_f32(cdp_comm_t c, float *buf, size_t n, enum cdp_reduce_op op,
+                                  double timeout_s)
+{
+    return coll_blocking(c, CDP_REQ_ALLREDUCE, buf, n, 0, n, CDP_COMM_F32, op, timeout_s);
+}
+
+cdp_status cdp_comm_allreduce_f64(cdp_comm_t c, double *buf, size_t n, enum cdp_reduce_op op,
+                                  double timeout_s)
+{
+    return coll_blocking(c, CDP_REQ_ALLREDUCE, buf, n, 0, n, CDP_COMM_F64, op, timeout_s);
 }
 
 cdp_status cdp_comm_reduce_scatter_window_f32(cdp_comm_t c, float *buf, size_t n, size_t from, size_t count,
                                               enum cdp_reduce_op op, double timeout_s)
 {
-    int skip = 0;
-    cdp_status st = shard_args(c, "reduce-scatter", buf, count, &skip);
-    if (st) return st;
-    if ((unsigned)op >= CDP_REDUCE_OP_COUNT)
-        return cdp_fail(CDP_ERR_INVALID, "%s rank %d/%d: reduce-scatter: unknown reduce op %d", c->ops->name,
-                        c->rank, c->size, (int)op);
-    if (from > n || count > n - from)
-        return cdp_fail(CDP_ERR_INVALID, "%s rank %d/%d: reduce-scatter of floats [%zu, %zu) of a %zu-float buffer",
-                        c->ops->name, c->rank, c->size, from, from + count, n);
-    if (skip) return CDP_OK;
-    if ((st = c->ops->reduce_scatter_f32(c, buf, n, from, count, op, timeout_s))) {
-        if (from == 0 && count == n)
-            return cdp_error_context(st, "%s rank %d/%d: reduce-scatter (%s) of %zu floats", c->ops->name, c->rank,
-                                     c->size, op_names[op], n);
-        return cdp_error_context(st, "%s rank %d/%d: reduce-scatter (%s) of floats [%zu, %zu) of %zu", c->ops->name,
-                                 c->rank, c->size, op_names[op], from, from + count, n);
-    }
-    return CDP_OK;
+    return coll_blocking(c, CDP_REQ_REDUCE_SCATTER, buf, n, from, count, CDP_COMM_F32, op, timeout_s);
 }
 
 cdp_status cdp_comm_reduce_scatter_f32(cdp_comm_t c, float *buf, size_t n, enum cdp_reduce_op op,
@@ -276,20 +359,31 @@ cdp_status cdp_comm_reduce_scatter_f32(cdp_comm_t c, float *buf, size_t n, enum 
 
 cdp_status cdp_comm_allgather_f32(cdp_comm_t c, float *buf, size_t n, double timeout_s)
 {
-    int skip = 0;
-    cdp_status st = shard_args(c, "all-gather", buf, n, &skip);
-    if (st || skip) return st;
-    if ((st = c->ops->allgather_f32(c, buf, n, timeout_s)))
-        return cdp_error_context(st, "%s rank %d/%d: all-gather of %zu floats", c->ops->name, c->rank, c->size,
-                                 n);
-    return CDP_OK;
+    return coll_blocking(c, CDP_REQ_ALLGATHER, buf, n, 0, n, CDP_COMM_F32, CDP_REDUCE_SUM, timeout_s);
+}
+
+cdp_status cdp_comm_iallreduce_f32(cdp_comm_t c, float *buf, size_t n, enum cdp_reduce_op op, double timeout_s,
+                                   cdp_request_t *req)
+{
+    return coll_nonblocking(c, CDP_REQ_ALLREDUCE, buf, n, 0, n, CDP_COMM_F32, op, timeout_s, req);
+}
+
+cdp_status cdp_comm_ireduce_scatter_window_f32(cdp_comm_t c, float *buf, size_t n, size_t from, size_t count,
+                                               enum cdp_reduce_op op, double timeout_s, cdp_request_t *req)
+{
+    return coll_nonblocking(c, CDP_REQ_REDUCE_SCATTER, buf, n, from, count, CDP_COMM_F32, op, timeout_s, req);
+}
+
+cdp_status cdp_comm_iallgather_f32(cdp_comm_t c, float *buf, size_t n, double timeout_s, cdp_request_t *req)
+{
+    return coll_nonblocking(c, CDP_REQ_ALLGATHER, buf, n, 0, n, CDP_COMM_F32, CDP_REDUCE_SUM, timeout_s, req);
 }
 
 cdp_status cdp_comm_barrier(cdp_comm_t c, double timeout_s)
 {
     if (!c) return cdp_fail(CDP_ERR_INVALID, "barrier: NULL communicator");
     cdp_status st = c->ops->barrier(c, timeout_s);
-    if (st) return cdp_error_context(st, "%s rank %d/%d: barrier", c->ops->name, c->rank, c->size);
+    if (st) return cdp_error_context(st, "%s rank %d/%d: barrier", c->name, c->rank, c->size);
     return CDP_OK;
 }
 
@@ -298,14 +392,17 @@ cdp_status cdp_comm_gather_bytes(cdp_comm_t c, const void *buf, size_t bytes, vo
 {
     if (!c || !out || !lens) return cdp_fail(CDP_ERR_INVALID, "gather: NULL communicator, out or lens");
     if (bytes > 0 && !buf)
-        return cdp_fail(CDP_ERR_INVALID, "%s rank %d/%d: gather of %zu bytes: buffer is NULL",
-                        c->ops->name, c->rank, c->size, bytes);
+        return cdp_fail(CDP_ERR_INVALID, "%s rank %d/%d: gather of %zu bytes: buffer is NULL", c->name, c->rank,
+                        c->size, bytes);
+    if (!c->ops->gather_bytes)
+        return cdp_fail(CDP_ERR_UNSUPPORTED, "%s rank %d/%d: gather: %s carries no host bytes (use its host "
+                        "communicator, cdp_comm_host)", c->name, c->rank, c->size, c->name);
     void *o = NULL;
     size_t *l = NULL;
     cdp_status st = c->ops->gather_bytes(c, buf, bytes, &o, &l, timeout_s);
     if (st)
-        return cdp_error_context(st, "%s rank %d/%d: gather of %zu bytes to rank 0", c->ops->name,
-                                 c->rank, c->size, bytes);
+        return cdp_error_context(st, "%s rank %d/%d: gather of %zu bytes to rank 0", c->name, c->rank, c->size,
+                                 bytes);
     *out = o;
     *lens = l;
     return CDP_OK;
@@ -315,15 +412,18 @@ cdp_status cdp_comm_bcast_bytes(cdp_comm_t c, void *buf, size_t bytes, int root,
 {
     if (!c) return cdp_fail(CDP_ERR_INVALID, "broadcast: NULL communicator");
     if (root < 0 || root >= c->size)
-        return cdp_fail(CDP_ERR_INVALID, "%s rank %d/%d: broadcast from rank %d: no such rank (0..%d)",
-                        c->ops->name, c->rank, c->size, root, c->size - 1);
+        return cdp_fail(CDP_ERR_INVALID, "%s rank %d/%d: broadcast from rank %d: no such rank (0..%d)", c->name,
+                        c->rank, c->size, root, c->size - 1);
     if (bytes > 0 && !buf)
-        return cdp_fail(CDP_ERR_INVALID, "%s rank %d/%d: broadcast of %zu bytes: buffer is NULL",
-                        c->ops->name, c->rank, c->size, bytes);
+        return cdp_fail(CDP_ERR_INVALID, "%s rank %d/%d: broadcast of %zu bytes: buffer is NULL", c->name, c->rank,
+                        c->size, bytes);
+    if (!c->ops->bcast_bytes)
+        return cdp_fail(CDP_ERR_UNSUPPORTED, "%s rank %d/%d: broadcast: %s carries no host bytes (use its host "
+                        "communicator, cdp_comm_host)", c->name, c->rank, c->size, c->name);
     cdp_status st = c->ops->bcast_bytes(c, buf, bytes, root, timeout_s);
     if (st)
-        return cdp_error_context(st, "%s rank %d/%d: broadcast of %zu bytes from rank %d", c->ops->name,
-                                 c->rank, c->size, bytes, root);
+        return cdp_error_context(st, "%s rank %d/%d: broadcast of %zu bytes from rank %d", c->name, c->rank,
+                                 c->size, bytes, root);
     return CDP_OK;
 }
 
@@ -339,36 +439,54 @@ void cdp_comm_abort(cdp_comm_t c, int code)
 
 /* ---- point to point -------------------------------------------------------------- */
 
+/* The checks of one send or receive; batch: one of a batch (no tag). */
+static cdp_status p2p_args(cdp_comm_t c, int is_send, const void *buf, size_t bytes, int peer, int tag, int batch)
+{
+    const char *verb = is_send ? "send to" : "receive from";
+    char t[48] = "";
+    if (!batch) snprintf(t, sizeof t, "tag %d, ", tag);
+    if (peer < 0 || peer >= c->size)
+        return cdp_fail(CDP_ERR_INVALID, "%s rank %d/%d: %s rank %d: no such rank (0..%d)", c->name, c->rank,
+                        c->size, verb, peer, c->size - 1);
+    if (!batch && (tag < 0 || tag >= CDP_COMM_TAG_LIMIT))
+        return cdp_fail(CDP_ERR_INVALID, "%s rank %d/%d: %s rank %d: tag %d is outside 0..%d", c->name, c->rank,
+                        c->size, verb, peer, tag, CDP_COMM_TAG_LIMIT - 1);
+    if (bytes > 0 && !buf)
+        return cdp_fail(CDP_ERR_INVALID, "%s rank %d/%d: %s rank %d (%s%zu bytes): buffer is NULL", c->name, c->rank,
+                        c->size, verb, peer, t, bytes);
+    return CDP_OK;
+}
+
+/* Posts a checked send or receive (no context on failure). */
+static cdp_status p2p_start(cdp_comm_t c, int is_send, void *buf, size_t bytes, int peer, int tag,
+                            struct cdp_request **out)
+{
+    if (!c->ops->isend)
+        return cdp_fail(CDP_ERR_UNSUPPORTED, "%s sends and receives only in batches (cdp_comm_group)", c->name);
+    struct cdp_request *r = calloc(1, sizeof *r);
+    if (!r) return cdp_fail(CDP_ERR_NOMEM, "out of memory for a request");
+    *r = (struct cdp_request){.comm = c, .kind = CDP_REQ_P2P, .is_send = is_send, .peer = peer, .tag = tag,
+                              .buf = buf, .bytes = bytes};
+    cdp_status st = is_send ? c->ops->isend(c, r) : c->ops->irecv(c, r);
+    if (st) {
+        free(r);
+        return st;
+    }
+    c->pending++;
+    *out = r;
+    return CDP_OK;
+}
+
 static cdp_status post(cdp_comm_t c, int is_send, void *buf, size_t bytes, int peer, int tag,
                        cdp_request_t *req)
 {
     const char *verb = is_send ? "send to" : "receive from";
     if (!c || !req) return cdp_fail(CDP_ERR_INVALID, "%s: NULL communicator or request", is_send ? "isend" : "irecv");
-    if (peer < 0 || peer >= c->size)
-        return cdp_fail(CDP_ERR_INVALID, "%s rank %d/%d: %s rank %d: no such rank (0..%d)",
-                        c->ops->name, c->rank, c->size, verb, peer, c->size - 1);
-    if (tag < 0 || tag >= CDP_COMM_TAG_LIMIT)
-        return cdp_fail(CDP_ERR_INVALID, "%s rank %d/%d: %s rank %d: tag %d is outside 0..%d",
-                        c->ops->name, c->rank, c->size, verb, peer, tag, CDP_COMM_TAG_LIMIT - 1);
-    if (bytes > 0 && !buf)
-        return cdp_fail(CDP_ERR_INVALID, "%s rank %d/%d: %s rank %d (tag %d, %zu bytes): buffer is NULL",
-                        c->ops->name, c->rank, c->size, verb, peer, tag, bytes);
-    struct cdp_request *r = calloc(1, sizeof *r);
-    if (!r) return cdp_fail(CDP_ERR_NOMEM, "%s rank %d/%d: out of memory for a request", c->ops->name, c->rank, c->size);
-    r->comm = c;
-    r->is_send = is_send;
-    r->peer = peer;
-    r->tag = tag;
-    r->buf = buf;
-    r->bytes = bytes;
-    cdp_status st = is_send ? c->ops->isend(c, r) : c->ops->irecv(c, r);
-    if (st) {
-        free(r);
-        return cdp_error_context(st, "%s rank %d/%d: %s rank %d (tag %d, %zu bytes)", c->ops->name,
-                                 c->rank, c->size, verb, peer, tag, bytes);
-    }
-    c->pending++;
-    *req = r;
+    cdp_status st = p2p_args(c, is_send, buf, bytes, peer, tag, 0);
+    if (st) return st;
+    if ((st = p2p_start(c, is_send, buf, bytes, peer, tag, req)))
+        return cdp_error_context(st, "%s rank %d/%d: %s rank %d (tag %d, %zu bytes)", c->name, c->rank, c->size,
+                                 verb, peer, tag, bytes);
     return CDP_OK;
 }
 
@@ -383,31 +501,23 @@ cdp_status cdp_comm_irecv(cdp_comm_t c, void *buf, size_t bytes, int peer, int t
     return post(c, 0, buf, bytes, peer, tag, req);
 }
 
-static void request_free(struct cdp_request *r)
-{
-    r->comm->ops->release(r);
-    r->comm->pending--;
-    free(r);
-}
-
 static cdp_status request_test(void *arg, int *done)
 {
     struct cdp_request *r = arg;
-    return r->comm->ops->test(r, done);
-}
-
-static cdp_status request_context(struct cdp_request *r, cdp_status st)
-{
-    struct cdp_comm *c = r->comm;
-    return cdp_error_context(st, "%s rank %d/%d: %s rank %d (tag %d, %zu bytes)", c->ops->name,
-                             c->rank, c->size, r->is_send ? "send to" : "receive from", r->peer,
-                             r->tag, r->bytes);
+    if (r->done) {
+        *done = 1;
+        return CDP_OK;
+    }
+    cdp_status st = r->comm->ops->test(r, done);
+    if (!st && *done) r->done = 1;
+    return st;
 }
 
 cdp_status cdp_comm_wait(cdp_request_t req, double timeout_s)
 {
     if (!req) return cdp_fail(CDP_ERR_INVALID, "cdp_comm_wait: NULL request");
-    cdp_status st = cdp_comm_poll(request_test, req, cdp_time_ns(), timeout_s, req->bytes, CDP_COMM_SPIN_P2P_GBPS);
+    cdp_status st = cdp_comm_poll(request_test, req, cdp_time_ns(), timeout_s, req->bytes,
+                                  req->kind == CDP_REQ_P2P ? CDP_COMM_SPIN_P2P_GBPS : CDP_COMM_SPIN_COLL_GBPS);
     if (st) st = request_context(req, st);
     request_free(req);
     return st;
@@ -417,7 +527,7 @@ int cdp_comm_test(cdp_request_t req)
 {
     if (!req) return 0;
     int done = 0;
-    cdp_status st = req->comm->ops->test(req, &done);
+    cdp_status st = request_test(req, &done);
     if (st) {
         request_context(req, st);
         request_free(req);
@@ -426,4 +536,55 @@ int cdp_comm_test(cdp_request_t req)
     if (!done) return 0;
     request_free(req);
     return 1;
+}
+
+/* "send to 1 (4096 bytes), receive from 0 (4096 bytes)", the first few. */
+static void describe_group(const struct cdp_comm_p2p *ops, int n, char *buf, size_t cap)
+{
+    size_t used = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < n && i < 4 && used < cap; i++) {
+        int w = snprintf(buf + used, cap - used, "%s%s %d (%zu bytes)", i ? ", " : "",
+                         ops[i].is_send ? "send to" : "receive from", ops[i].peer, ops[i].bytes);
+        if (w < 0) return;
+        used += (size_t)w;
+    }
+    if (n > 4 && used < cap) snprintf(buf + used, cap - used, ", and %d more", n - 4);
+}
+
+/* A batch without a backend's group: every transfer posted (tag 0: MPI keeps
+ * the messages of a pair in order, and a batch pairs its sends and receives
+ * in the same order on both sides), then all waited for within one deadline. */
+static cdp_status group_by_requests(cdp_comm_t c, const struct cdp_comm_p2p *ops, int n, double timeout_s)
+{
+    struct cdp_request **rq = calloc((size_t)n, sizeof *rq);
+    if (!rq) return cdp_fail(CDP_ERR_NOMEM, "out of memory for %d requests", n);
+    cdp_status st = CDP_OK;
+    const uint64_t t0 = cdp_time_ns();
+    for (int i = 0; i < n && !st; i++) st = p2p_start(c, ops[i].is_send, ops[i].buf, ops[i].bytes, ops[i].peer, 0, &rq[i]);
+    for (int i = 0; i < n && !st; i++)
+        st = cdp_comm_poll(request_test, rq[i], t0, timeout_s, rq[i]->bytes, CDP_COMM_SPIN_P2P_GBPS);
+    for (int i = 0; i < n; i++)
+        if (rq[i]) request_free(rq[i]);
+    free(rq);
+    return st;
+}
+
+cdp_status cdp_comm_group(cdp_comm_t c, const struct cdp_comm_p2p *ops, int n, double timeout_s)
+{
+    if (!c) return cdp_fail(CDP_ERR_INVALID, "send/receive group: NULL communicator");
+    if (n < 0 || (n > 0 && !ops))
+        return cdp_fail(CDP_ERR_INVALID, "%s rank %d/%d: send/receive group of %d operations: %s", c->name, c->rank,
+                        c->size, n, n < 0 ? "negative count" : "ops is NULL");
+    cdp_status st;
+    for (int i = 0; i < n; i++)
+        if ((st = p2p_args(c, ops[i].is_send, ops[i].buf, ops[i].bytes, ops[i].peer, 0, 1))) return st;
+    if (n == 0) return CDP_OK;
+    st = c->ops->group ? c->ops->group(c, ops, n, timeout_s) : group_by_requests(c, ops, n, timeout_s);
+    if (st) {
+        char what[256];
+        describe_group(ops, n, what, sizeof what);
+        return cdp_error_context(st, "%s rank %d/%d: send/receive group (%s)", c->name, c->rank, c->size, what);
+    }
+    return CDP_OK;
 }

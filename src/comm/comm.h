@@ -1,11 +1,16 @@
-/* Communicators: one API over `self` (one rank, no MPI) and `mpi` (Open MPI,
- * host memory). A communicator is a group of ranks; split() makes the
+/* Communicators: one API over `self` (one rank, no MPI), `mpi` (Open MPI,
+ * host memory), `nccl` (GPU memory, comm/nccl.h makes it) and the host
+ * staging of device memory (cdp_comm_staged). A communicator says which
+ * memory its buffers are (cdp_comm_memory); every call checks its arguments
+ * here, once for all backends, and every message is written here. A communicator is a group of ranks; split() makes the
  * data-parallel group of each stage and the pipeline of each replica, and a
  * rank creates only the groups it belongs to. Every wait has a deadline: past
  * it the call fails with CDP_ERR_COMM and "timed out after N s", and the caller
  * decides to abort the job. ZeRO's reduce-scatter and all-gather split a
- * buffer into one shard per rank (cdp_comm_shard). Buffers are host memory (the CPU backend; GPU ranks
- * that share one GPU stage through the host).
+ * buffer into one shard per rank (cdp_comm_shard). Collectives also come
+ * non-blocking (cdp_comm_iallreduce_f32 and friends), returning a request
+ * that cdp_comm_test progresses and cdp_comm_wait completes within its
+ * deadline.
  *
  * Threads: MPI is initialised MPI_THREAD_FUNNELED, so call every function on
  * a communicator from the thread that created the world.
@@ -19,6 +24,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "cdp/device.h"
 #include "cdp/status.h"
 
 #ifdef __cplusplus
@@ -29,6 +35,19 @@ typedef struct cdp_comm *cdp_comm_t;
 typedef struct cdp_request *cdp_request_t;
 
 enum cdp_reduce_op { CDP_REDUCE_SUM = 0, CDP_REDUCE_AVG, CDP_REDUCE_MAX, CDP_REDUCE_OP_COUNT };
+
+/* The memory a communicator's buffers are: the host's, or its device's (a
+ * GPU's memory, which the host cannot read). */
+enum cdp_comm_memory { CDP_COMM_HOST_MEMORY = 0, CDP_COMM_DEVICE_MEMORY };
+
+/* One half of a matched pair of a batch (cdp_comm_group): bytes go to /
+ * come from `peer`, a rank of the communicator; buf is not owned. */
+struct cdp_comm_p2p {
+    int is_send;
+    int peer;
+    void *buf;
+    size_t bytes;
+};
 
 /* 1 when this build has the mpi communicator. */
 int cdp_comm_have_mpi(void);
@@ -56,7 +75,20 @@ cdp_status cdp_comm_world(cdp_comm_t *out);
 /* The world of one rank without MPI, whatever the environment. */
 cdp_status cdp_comm_self(cdp_comm_t *out);
 
-const char *cdp_comm_name(cdp_comm_t c); /* "self" / "mpi" */
+const char *cdp_comm_name(cdp_comm_t c); /* "self" / "mpi" / "nccl" / "nccl[color 3]" */
+enum cdp_comm_memory cdp_comm_memory(cdp_comm_t c);
+/* The same group on host memory, for small host values (a loss, a norm)
+ * beside device buffers: c itself where c takes host memory, else the host
+ * communicator it was made over (not owned; it lives as long as c). */
+cdp_comm_t cdp_comm_host(cdp_comm_t c);
+/* 1 when c's sends may wait for their receive (NCCL): point-to-point
+ * transfers are then posted in batches (cdp_comm_group), in an order that
+ * cannot deadlock under that rule (cdp_schedule_build_ex, rendezvous). */
+int cdp_comm_p2p_grouped(cdp_comm_t c);
+/* 1 when c's non-blocking collectives run while the caller computes (mpi,
+ * and the host-staging adapter over it); 0 where they complete within the
+ * call that starts them (self, and nccl in this version). */
+int cdp_comm_collectives_async(cdp_comm_t c);
 int cdp_comm_rank(cdp_comm_t c);
 int cdp_comm_size(cdp_comm_t c);
 
@@ -139,6 +171,27 @@ cdp_status cdp_comm_wait(cdp_request_t req, double timeout_s);
  * request is freed in both non-zero cases. */
 int cdp_comm_test(cdp_request_t req);
 
+/* The n sends and receives of ops posted together, complete on return
+ * within the deadline (on nccl one NCCL group; elsewhere posted one by one,
+ * then waited for). Peers and buffers are checked as for isend / irecv; n == 0
+ * is a no-op; ops is not kept. */
+cdp_status cdp_comm_group(cdp_comm_t c, const struct cdp_comm_p2p *ops, int n, double timeout_s);
+
+/* Non-blocking collectives: the same operations, arguments and rules as the
+ * blocking ones above, started now and completed by cdp_comm_wait (within
+ * its deadline, which counts from the wait) or cdp_comm_test; buf must stay
+ * untouched until then. Every rank of c starts the same collectives in the
+ * same order. On mpi they are MPI_Iallreduce / MPI_Ireduce_scatter /
+ * MPI_Iallgatherv, progressed by every test and wait; on a backend that has
+ * only blocking collectives the operation runs within timeout_s here and the
+ * request comes back completed. A request that fails or passes its deadline
+ * leaves the communicator unusable, as a blocking collective does. */
+cdp_status cdp_comm_iallreduce_f32(cdp_comm_t c, float *buf, size_t n, enum cdp_reduce_op op, double timeout_s,
+                                   cdp_request_t *req);
+cdp_status cdp_comm_ireduce_scatter_window_f32(cdp_comm_t c, float *buf, size_t n, size_t from, size_t count,
+                                               enum cdp_reduce_op op, double timeout_s, cdp_request_t *req);
+cdp_status cdp_comm_iallgather_f32(cdp_comm_t c, float *buf, size_t n, double timeout_s, cdp_request_t *req);
+
 cdp_status cdp_comm_barrier(cdp_comm_t c, double timeout_s);
 
 /* Rank 0 receives every rank's bytes (sizes may differ): *out (malloc'd) holds
@@ -162,6 +215,24 @@ void cdp_comm_abort(cdp_comm_t c, int code);
 
 /* Frees a communicator; NULL is a no-op. Freeing the world finalises MPI. */
 void cdp_comm_free(cdp_comm_t c);
+
+/* The host-staging adapter: a communicator on dev's memory over `inner`, a
+ * host-memory communicator, for ranks whose device the host cannot read and
+ * that cannot use NCCL (ranks sharing a GPU): each operation copies its
+ * device buffer to the host, runs on inner, and copies the result back (a
+ * receive, once it completes). Takes inner over (freed with the adapter, also
+ * when this fails); dev is not owned and must outlive it. Splits are
+ * adapters over inner's splits. */
+cdp_status cdp_comm_staged(cdp_comm_t inner, cdp_device_t dev, cdp_comm_t *out);
+
+/* Collective over host_world: the communicator that carries this rank's
+ * device memory. A device the host reads (cpu): host_world itself (a new
+ * handle of it, to free). Else nccl when every rank can use it and no two
+ * ranks share a GPU (shared_gpu = 0; every rank passes the same), else the
+ * host-staging adapter over a split of host_world; *why (when not NULL) says
+ * which and why, for the log. */
+cdp_status cdp_comm_for_device(cdp_comm_t host_world, cdp_device_t dev, int shared_gpu, double timeout_s,
+                               cdp_comm_t *out, char *why, size_t why_len);
 
 #ifdef __cplusplus
 }

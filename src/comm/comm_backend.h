@@ -1,6 +1,7 @@
 /* The communicator backend table, shared by the front (comm.c) and the
- * backends (comm_self.c, comm_mpi.c). The front checks arguments, keeps the
- * request bookkeeping and runs every deadline; a backend only moves bytes. */
+ * backends (comm_self.c, comm_mpi.c, nccl.c) and the host-staging adapter
+ * (comm_staged.c). The front checks arguments, keeps the request bookkeeping,
+ * runs every deadline and writes every message; a backend only moves bytes. */
 #ifndef CDP_COMM_BACKEND_H
 #define CDP_COMM_BACKEND_H
 
@@ -16,11 +17,19 @@
 
 enum cdp_comm_dtype { CDP_COMM_F32 = 0, CDP_COMM_F64, CDP_COMM_U64, CDP_COMM_DTYPE_COUNT };
 
+/* What a request is. */
+enum cdp_req_kind { CDP_REQ_P2P = 0, CDP_REQ_ALLREDUCE, CDP_REQ_REDUCE_SCATTER, CDP_REQ_ALLGATHER };
+
 /* NULL in a slot means "not supported". Every call of a backend comes from the
  * front with checked arguments (peer in range, tag in range, buffers non-NULL
- * when bytes > 0). */
+ * when bytes > 0, a window inside its buffer). A collective is either
+ * blocking (allreduce, reduce_scatter_f32, allgather_f32) or started by icoll
+ * and completed through test; the front uses icoll where a backend has it, and
+ * otherwise runs the blocking slot (a non-blocking call then returns a
+ * request that has completed). */
 struct cdp_comm_ops {
     const char *name;
+    enum cdp_comm_memory memory; /* which memory its buffers are */
     cdp_status (*split)(struct cdp_comm *c, int color, int key, struct cdp_comm **out);
     /* In-place all-reduce, barrier, gather and broadcast run to completion within the
      * deadline, polling with cdp_comm_poll(). */
@@ -35,6 +44,17 @@ struct cdp_comm_ops {
     cdp_status (*reduce_scatter_f32)(struct cdp_comm *c, float *buf, size_t n, size_t from, size_t count,
                                      enum cdp_reduce_op op, double timeout_s);
     cdp_status (*allgather_f32)(struct cdp_comm *c, float *buf, size_t n, double timeout_s);
+    /* Starts the collective described by r (kind, buf, n, dt, op, from,
+     * count; every rank of c starts the same collectives in the same order):
+     * fills r->impl. test completes it; release of one that has not completed
+     * (past its deadline) leaves the communicator unusable, since no backend
+     * can cancel a collective that may still write its buffer. */
+    cdp_status (*icoll)(struct cdp_comm *c, struct cdp_request *r);
+    /* A batch of sends and receives posted together, complete on return
+     * within the deadline (NCCL's group: sends may wait for their receive, so
+     * the batch is what keeps matched pairs from deadlocking). NULL: the
+     * front posts them one by one and waits for all. */
+    cdp_status (*group)(struct cdp_comm *c, const struct cdp_comm_p2p *ops, int n, double timeout_s);
     /* Start a send / receive described by r (buf, bytes, peer, tag): fill r->impl. */
     cdp_status (*isend)(struct cdp_comm *c, struct cdp_request *r);
     cdp_status (*irecv)(struct cdp_comm *c, struct cdp_request *r);
@@ -53,7 +73,11 @@ struct cdp_comm_ops {
 
 struct cdp_comm {
     const struct cdp_comm_ops *ops;
+    char name[40];     /* in messages: the backend's name, or "nccl[color 3]" */
     int rank, size;
+    /* The same group on host memory (for the host scalars of a communicator
+     * on device memory), not owned; c itself where c takes host memory. */
+    struct cdp_comm *host;
     long pending;  /* requests handed out and not yet freed */
     int refs;      /* the world is shared by every cdp_comm_world() caller */
     int is_world;
@@ -62,10 +86,17 @@ struct cdp_comm {
 
 struct cdp_request {
     struct cdp_comm *comm;
+    enum cdp_req_kind kind;
     int is_send;
     int peer, tag;
     void *buf;     /* not owned */
     size_t bytes;
+    /* collectives: n elements of dt (the whole buffer), the window [from,
+     * from + count) of a reduce-scatter (buf points at its first float) */
+    size_t n, from, count;
+    enum cdp_comm_dtype dt;
+    enum cdp_reduce_op op;
+    int done;      /* a collective run by a blocking slot: completed at once */
     void *impl;    /* the backend's state */
 };
 
@@ -81,7 +112,13 @@ int cdp_comm_mpi_active(void);
 void cdp_comm_mpi_abort_world(int code);
 #endif
 
-/* Allocates a communicator handle for a backend; NULL when out of memory. */
+/* The nccl backend (nccl.c) and the host-staging adapter (comm_staged.c). */
+extern const struct cdp_comm_ops cdp_comm_nccl_ops;
+extern const struct cdp_comm_ops cdp_comm_staged_ops;
+
+/* Allocates a communicator handle for a backend (named after it, its own
+ * host communicator when the backend takes host memory); NULL when out of
+ * memory. */
 struct cdp_comm *cdp_comm_alloc(const struct cdp_comm_ops *ops, int rank, int size, void *impl);
 
 /* Polls test(arg) until it reports done, it fails, or the deadline passes

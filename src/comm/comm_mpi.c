@@ -299,10 +299,20 @@ static cdp_status mpi_irecv(struct cdp_comm *c, struct cdp_request *r)
     return req_post(m, 0, r->buf, r->bytes, r->peer, r->tag, (struct mpi_req **)&r->impl);
 }
 
-static cdp_status mpi_test(struct cdp_request *r, int *done) { return req_test(r->impl, done); }
+static cdp_status coll_test(struct cdp_request *r, int *done);
+static void coll_release(struct cdp_request *r);
+
+static cdp_status mpi_test(struct cdp_request *r, int *done)
+{
+    return r->kind == CDP_REQ_P2P ? req_test(r->impl, done) : coll_test(r, done);
+}
 
 static void mpi_release(struct cdp_request *r)
 {
+    if (r->kind != CDP_REQ_P2P) {
+        coll_release(r);
+        return;
+    }
     req_free(r->impl);
     r->impl = NULL;
 }
@@ -333,40 +343,6 @@ static void average(void *buf, size_t n, enum cdp_comm_dtype dt, int size)
         double *d = buf, k = (double)size;
         for (size_t i = 0; i < n; i++) d[i] /= k;
     }
-}
-
-static cdp_status mpi_allreduce(struct cdp_comm *c, void *buf, size_t n, enum cdp_comm_dtype dt,
-                                enum cdp_reduce_op op, double timeout_s)
-{
-    struct mpi_comm *m = c->impl;
-    if (m->broken) return unusable(c);
-    uint64_t t0 = cdp_time_ns();
-    MPI_Datatype type = dt == CDP_COMM_F32 ? MPI_FLOAT : dt == CDP_COMM_F64 ? MPI_DOUBLE : MPI_UINT64_T;
-    size_t esize = dt == CDP_COMM_F32 ? sizeof(float) : 8;
-    MPI_Op mop = op == CDP_REDUCE_MAX ? MPI_MAX : MPI_SUM;
-    size_t per = g.chunk / esize ? g.chunk / esize : 1;
-    size_t nchunks = (n - 1) / per + 1;
-    if (nchunks > INT_MAX) return cdp_fail(CDP_ERR_INVALID, "too many elements");
-    MPI_Request one, *rq = nchunks == 1 ? &one : malloc(nchunks * sizeof *rq);
-    if (!rq) return cdp_fail(CDP_ERR_NOMEM, "out of memory for %zu requests", nchunks);
-    struct req_set s = { 0, rq, NULL, "MPI_Iallreduce (test)" };
-    cdp_status st = CDP_OK;
-    for (size_t i = 0; i < nchunks; i++) {
-        size_t off = i * per;
-        int cnt = (int)(n - off < per ? n - off : per);
-        int rc = MPI_Iallreduce(MPI_IN_PLACE, (char *)buf + off * esize, cnt, type, mop, m->comm, &rq[i]);
-        if (rc) {
-            st = mpi_fail(rc, "MPI_Iallreduce");
-            m->broken = g.broken = 1; /* the ranks no longer agree on the collectives posted */
-            break;
-        }
-        s.n++;
-    }
-    if (!st) st = finish_collective(m, &s, t0, timeout_s, n * esize);
-    if (rq != &one) free(rq);
-    if (st) return st;
-    if (op == CDP_REDUCE_AVG) average(buf, n, dt, c->size);
-    return CDP_OK;
 }
 
 /* ---- ZeRO's shards ---------------------------------------------------------------- */
@@ -427,72 +403,132 @@ static cdp_status pieces_make(const struct cdp_comm *c, size_t n, size_t from, s
     return CDP_OK;
 }
 
-static cdp_status mpi_reduce_scatter(struct cdp_comm *c, float *buf, size_t n, size_t from, size_t count,
-                                     enum cdp_reduce_op op, double timeout_s)
-{
-    struct mpi_comm *m = c->impl;
-    if (m->broken) return unusable(c);
-    uint64_t t0 = cdp_time_ns();
+/* ---- non-blocking collectives ------------------------------------------------------ */
+
+/* One collective: its MPI requests (one per piece of at most the chunk size),
+ * and for the reduce-scatter and all-gather the pieces' counts. */
+struct mpi_coll {
+    struct req_set s;
     struct pieces p;
-    cdp_status st = pieces_make(c, n, from, count, &p);
-    if (st) return st;
-    size_t size = (size_t)(unsigned)c->size, me = (size_t)(unsigned)c->rank;
-    MPI_Op mop = op == CDP_REDUCE_MAX ? MPI_MAX : MPI_SUM;
-    struct req_set s = { 0, p.rq, NULL, "MPI_Ireduce_scatter (test)" };
-    for (int i = 0; i < p.n; i++) {
-        int rc = MPI_Ireduce_scatter(MPI_IN_PLACE, buf + (size_t)i * p.per, p.counts + (size_t)i * size, MPI_FLOAT,
-                                     mop, m->comm, &p.rq[i]);
-        if (rc) {
-            st = mpi_fail(rc, "MPI_Ireduce_scatter");
-            m->broken = g.broken = 1; /* the ranks no longer agree on the collectives posted */
-            break;
-        }
-        s.n++;
+    MPI_Request one;
+    int has_pieces;
+};
+
+static cdp_status coll_posted(struct mpi_comm *m, struct mpi_coll *q, int rc, const char *call)
+{
+    if (!rc) {
+        q->s.n++;
+        return CDP_OK;
     }
-    if (!st) st = finish_collective(m, &s, t0, timeout_s, count * sizeof *buf);
-    if (!st) {
-        /* in place, MPI leaves a piece's reduced part at the piece's start:
-         * move it to where it belongs */
-        for (int i = 0; i < p.n; i++) {
-            size_t at = (size_t)p.displs[(size_t)i * size + me], cnt = (size_t)p.counts[(size_t)i * size + me];
-            float *piece = buf + (size_t)i * p.per;
-            if (cnt && at) memmove(piece + at, piece, cnt * sizeof *buf);
-        }
-        if (op == CDP_REDUCE_AVG) {
-            uint64_t at = 0, len = 0;
-            cdp_shard_in_window(n, c->size, c->rank, from, count, &at, &len);
-            if (len) average(buf + at, (size_t)len, CDP_COMM_F32, c->size);
-        }
-    }
-    pieces_free(&p, st != CDP_OK);
-    return st;
+    m->broken = g.broken = 1; /* the ranks no longer agree on the collectives posted */
+    return mpi_fail(rc, "%s", call);
 }
 
-static cdp_status mpi_allgather(struct cdp_comm *c, float *buf, size_t n, double timeout_s)
+static cdp_status mpi_icoll(struct cdp_comm *c, struct cdp_request *r)
 {
     struct mpi_comm *m = c->impl;
     if (m->broken) return unusable(c);
-    uint64_t t0 = cdp_time_ns();
-    struct pieces p;
-    cdp_status st = pieces_make(c, n, 0, n, &p);
-    if (st) return st;
+    struct mpi_coll *q = calloc(1, sizeof *q);
+    if (!q) return cdp_fail(CDP_ERR_NOMEM, "out of memory for a request");
+    cdp_status st = CDP_OK;
     size_t size = (size_t)(unsigned)c->size;
-    struct req_set s = { 0, p.rq, NULL, "MPI_Iallgatherv (test)" };
-    for (int i = 0; i < p.n; i++) {
-        /* in place: each rank's part is already where the others' parts go */
-        int rc = MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf + (size_t)i * p.per,
-                                 p.counts + (size_t)i * size, p.displs + (size_t)i * size, MPI_FLOAT, m->comm,
-                                 &p.rq[i]);
-        if (rc) {
-            st = mpi_fail(rc, "MPI_Iallgatherv");
-            m->broken = g.broken = 1;
-            break;
+    if (r->kind == CDP_REQ_ALLREDUCE) {
+        MPI_Datatype type = r->dt == CDP_COMM_F32 ? MPI_FLOAT : r->dt == CDP_COMM_F64 ? MPI_DOUBLE : MPI_UINT64_T;
+        size_t esize = r->dt == CDP_COMM_F32 ? sizeof(float) : 8;
+        MPI_Op mop = r->op == CDP_REDUCE_MAX ? MPI_MAX : MPI_SUM;
+        size_t per = g.chunk / esize ? g.chunk / esize : 1, n = r->n;
+        size_t nchunks = (n - 1) / per + 1;
+        if (nchunks > INT_MAX) {
+            free(q);
+            return cdp_fail(CDP_ERR_INVALID, "too many elements");
         }
-        s.n++;
+        q->s.rq = nchunks == 1 ? &q->one : malloc(nchunks * sizeof *q->s.rq);
+        if (!q->s.rq) {
+            free(q);
+            return cdp_fail(CDP_ERR_NOMEM, "out of memory for %zu requests", nchunks);
+        }
+        q->s.call = "MPI_Iallreduce (test)";
+        for (size_t i = 0; i < nchunks && !st; i++) {
+            size_t off = i * per;
+            int cnt = (int)(n - off < per ? n - off : per);
+            st = coll_posted(m, q, MPI_Iallreduce(MPI_IN_PLACE, (char *)r->buf + off * esize, cnt, type, mop, m->comm,
+                                                  &q->s.rq[i]), "MPI_Iallreduce");
+        }
+    } else {
+        const int rs = r->kind == CDP_REQ_REDUCE_SCATTER;
+        if ((st = pieces_make(c, r->n, rs ? r->from : 0, rs ? r->count : r->n, &q->p))) {
+            free(q);
+            return st;
+        }
+        q->has_pieces = 1;
+        q->s.rq = q->p.rq;
+        q->s.call = rs ? "MPI_Ireduce_scatter (test)" : "MPI_Iallgatherv (test)";
+        float *buf = r->buf;
+        MPI_Op mop = r->op == CDP_REDUCE_MAX ? MPI_MAX : MPI_SUM;
+        for (int i = 0; i < q->p.n && !st; i++) {
+            float *piece = buf + (size_t)i * q->p.per;
+            const int *counts = q->p.counts + (size_t)i * size, *displs = q->p.displs + (size_t)i * size;
+            /* in place: each rank's part is already where the others' parts go */
+            st = rs ? coll_posted(m, q, MPI_Ireduce_scatter(MPI_IN_PLACE, piece, counts, MPI_FLOAT, mop, m->comm,
+                                                            &q->p.rq[i]), "MPI_Ireduce_scatter")
+                    : coll_posted(m, q, MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, piece, counts, displs,
+                                                        MPI_FLOAT, m->comm, &q->p.rq[i]), "MPI_Iallgatherv");
+        }
     }
-    if (!st) st = finish_collective(m, &s, t0, timeout_s, n * sizeof *buf);
-    pieces_free(&p, st != CDP_OK);
-    return st;
+    r->impl = q;
+    return st; /* on failure the front frees r; release then never runs: leave q to MPI */
+}
+
+/* What a completed collective still does on the host: the average's division,
+ * and a reduce-scatter's parts moved to their places. */
+static void coll_finish(struct cdp_comm *c, struct cdp_request *r, struct mpi_coll *q)
+{
+    if (r->kind == CDP_REQ_ALLREDUCE) {
+        if (r->op == CDP_REDUCE_AVG) average(r->buf, r->n, r->dt, c->size);
+        return;
+    }
+    if (r->kind != CDP_REQ_REDUCE_SCATTER) return;
+    size_t size = (size_t)(unsigned)c->size, me = (size_t)(unsigned)c->rank;
+    float *buf = r->buf;
+    /* in place, MPI leaves a piece's reduced part at the piece's start: move
+     * it to where it belongs */
+    for (int i = 0; i < q->p.n; i++) {
+        size_t at = (size_t)q->p.displs[(size_t)i * size + me], cnt = (size_t)q->p.counts[(size_t)i * size + me];
+        float *piece = buf + (size_t)i * q->p.per;
+        if (cnt && at) memmove(piece + at, piece, cnt * sizeof *buf);
+    }
+    if (r->op == CDP_REDUCE_AVG) {
+        uint64_t at = 0, len = 0;
+        cdp_shard_in_window(r->n, c->size, c->rank, r->from, r->count, &at, &len);
+        if (len) average(buf + at, (size_t)len, CDP_COMM_F32, c->size);
+    }
+}
+
+static cdp_status coll_test(struct cdp_request *r, int *done)
+{
+    struct mpi_coll *q = r->impl;
+    struct mpi_comm *m = r->comm->impl;
+    cdp_status st = testall(&q->s, done);
+    if (st) {
+        m->broken = g.broken = 1;
+        return st;
+    }
+    if (*done) coll_finish(r->comm, r, q);
+    return CDP_OK;
+}
+
+/* A collective that has not completed (past its deadline, or failed) cannot
+ * be cancelled: MPI may still write its buffer and read its counts, so the
+ * communicator is marked unusable and the counts are left behind. */
+static void coll_release(struct cdp_request *r)
+{
+    struct mpi_coll *q = r->impl;
+    struct mpi_comm *m = r->comm->impl;
+    if (!r->done) m->broken = g.broken = 1;
+    if (q->has_pieces) pieces_free(&q->p, !r->done);
+    else if (q->s.rq != &q->one) free(q->s.rq);
+    free(q);
+    r->impl = NULL;
 }
 
 static cdp_status mpi_barrier(struct cdp_comm *c, double timeout_s)
@@ -621,10 +657,9 @@ static void mpi_abort(struct cdp_comm *c, int code)
 
 const struct cdp_comm_ops cdp_comm_mpi_ops = {
     .name = "mpi",
+    .memory = CDP_COMM_HOST_MEMORY,
     .split = mpi_split,
-    .allreduce = mpi_allreduce,
-    .reduce_scatter_f32 = mpi_reduce_scatter,
-    .allgather_f32 = mpi_allgather,
+    .icoll = mpi_icoll,
     .isend = mpi_isend,
     .irecv = mpi_irecv,
     .test = mpi_test,

@@ -187,6 +187,7 @@ static void self_free(struct cdp_comm *c)
 
 const struct cdp_comm_ops cdp_comm_self_ops = {
     .name = "self",
+    .memory = CDP_COMM_HOST_MEMORY,
     .split = self_split,
     .allreduce = self_allreduce,
     .reduce_scatter_f32 = self_reduce_scatter,

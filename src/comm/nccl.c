@@ -1,8 +1,11 @@
-/* The nccl communicator's front, in the core: bootstraps the world through
- * the host communicator, checks every argument, keeps the registry that
- * cdp_nccl_abort_all() walks, and names the communicator, the rank and the
- * operation in every message. NCCL itself is behind the CUDA module's table
- * (comm/cuda/nccl.cu), which runs every deadline. */
+/* The nccl backend of the one communicator interface (comm/comm_backend.h):
+ * bootstraps the world through the host communicator, keeps the registry
+ * that cdp_nccl_abort_all() walks, and lends the front (comm.c, which checks
+ * every argument and writes every message) NCCL's collectives and batches of
+ * sends and receives on device memory. Each communicator keeps the host
+ * communicator of the same group beside it (cdp_comm_host). NCCL itself is
+ * behind the CUDA module's table (comm/cuda/nccl.cu), which runs every
+ * deadline. */
 #include "comm/nccl.h"
 
 #include <pthread.h>
@@ -12,16 +15,18 @@
 
 #include "cdp/core.h"
 #include "cdp/log.h"
+#include "comm/comm_backend.h"
 #include "device/backend.h"
 
+/* The backend's state of one communicator (struct cdp_comm's impl). */
 struct cdp_nccl {
+    struct cdp_comm *self;
     const struct cdp_nccl_ops *ops;
     cdp_device_t dev;   /* not owned */
     void *state;        /* dev's backend state */
     void *comm;         /* ncclComm_t; NULL once aborted */
-    int rank, size;
     double timeout_s;   /* of split and free */
-    char label[40];     /* "nccl", "nccl[color 3]" */
+    int host_owned;     /* self->host was split for this one (the world's is the caller's) */
     int broken;         /* an operation failed or timed out: it may still run */
     int aborted;
     struct cdp_nccl *prev, *next; /* the registry, newest first */
@@ -123,20 +128,26 @@ static cdp_status agree(cdp_comm_t host, int failed, double timeout_s, int *firs
     return CDP_OK;
 }
 
-static struct cdp_nccl *wrap(const struct cdp_nccl_ops *ops, cdp_device_t dev, void *state, void *comm,
-                             int rank, int size, double timeout_s, const char *label)
+static struct cdp_comm *wrap(const struct cdp_nccl_ops *ops, cdp_device_t dev, void *state, void *comm,
+                             int rank, int size, double timeout_s, const char *label, struct cdp_comm *host,
+                             int host_owned)
 {
-    struct cdp_nccl *c = calloc(1, sizeof *c);
-    if (!c) return NULL;
-    c->ops = ops;
-    c->dev = dev;
-    c->state = state;
-    c->comm = comm;
-    c->rank = rank;
-    c->size = size;
-    c->timeout_s = timeout_s;
-    snprintf(c->label, sizeof c->label, "%s", label);
-    registry_add(c);
+    struct cdp_nccl *n = calloc(1, sizeof *n);
+    struct cdp_comm *c = n ? cdp_comm_alloc(&cdp_comm_nccl_ops, rank, size, n) : NULL;
+    if (!c) {
+        free(n);
+        return NULL;
+    }
+    n->self = c;
+    n->ops = ops;
+    n->dev = dev;
+    n->state = state;
+    n->comm = comm;
+    n->timeout_s = timeout_s;
+    n->host_owned = host_owned;
+    snprintf(c->name, sizeof c->name, "%s", label);
+    c->host = host;
+    registry_add(n);
     return c;
 }
 
@@ -190,7 +201,7 @@ cdp_status cdp_nccl_world(cdp_comm_t host, cdp_device_t dev, double timeout_s, c
         return cdp_fail(CDP_ERR_COMM, "nccl rank %d/%d: rank %d failed to create its member of the world "
                         "communicator (its message says why); this rank's was aborted", rank, size, first - 1);
     }
-    struct cdp_nccl *c = wrap(ops, dev, state, comm, rank, size, timeout_s, "nccl");
+    struct cdp_comm *c = wrap(ops, dev, state, comm, rank, size, timeout_s, "nccl", host, 0);
     if (!c) {
         ops->abort(comm);
         return cdp_fail(CDP_ERR_NOMEM, "nccl rank %d/%d: out of memory", rank, size);
@@ -200,7 +211,7 @@ cdp_status cdp_nccl_world(cdp_comm_t host, cdp_device_t dev, double timeout_s, c
     return CDP_OK;
 }
 
-/* ---- using a communicator ---------------------------------------------------- */
+/* ---- the backend ----------------------------------------------------------------- */
 
 /* CDP_OK when c may run another operation; else why not. */
 static cdp_status usable(struct cdp_nccl *c)
@@ -213,178 +224,197 @@ static cdp_status usable(struct cdp_nccl *c)
     return CDP_OK;
 }
 
-int cdp_nccl_rank(cdp_nccl_t c) { return c ? c->rank : 0; }
-int cdp_nccl_size(cdp_nccl_t c) { return c ? c->size : 0; }
-
-cdp_status cdp_nccl_split(cdp_nccl_t c, int color, int key, cdp_nccl_t *out)
+/* An operation's status; a failure leaves c broken (it may still run). */
+static cdp_status ran(struct cdp_nccl *c, cdp_status st)
 {
-    if (!c || !out) return cdp_fail(CDP_ERR_INVALID, "cdp_nccl_split: NULL communicator or out");
+    if (st) c->broken = 1;
+    return st;
+}
+
+static cdp_status nccl_split(struct cdp_comm *pc, int color, int key, struct cdp_comm **out)
+{
+    struct cdp_nccl *c = pc->impl;
     cdp_status st = usable(c);
     void *comm = NULL;
     int rank = -1, size = -1;
-    if (!st && (st = c->ops->split(c->comm, color, key, c->timeout_s, &comm))) c->broken = 1;
+    if (!st) st = ran(c, c->ops->split(c->comm, color, key, c->timeout_s, &comm));
     if (!st && comm && (st = c->ops->rank_size(comm, &rank, &size))) c->ops->abort(comm);
-    if (st)
-        return cdp_error_context(st, "%s rank %d/%d: split (color %d, key %d)", c->label, c->rank, c->size,
-                                 color, key);
+    if (st) return st;
+    /* the host group of the same ranks, for the host values beside */
+    struct cdp_comm *host = NULL;
+    if ((st = cdp_comm_split(pc->host, color, key, &host))) {
+        if (comm) c->ops->abort(comm);
+        return st;
+    }
     if (!comm) {
         *out = NULL;
         return CDP_OK;
     }
     char label[40];
     snprintf(label, sizeof label, "nccl[color %d]", color);
-    struct cdp_nccl *n = wrap(c->ops, c->dev, c->state, comm, rank, size, c->timeout_s, label);
+    struct cdp_comm *n = wrap(c->ops, c->dev, c->state, comm, rank, size, c->timeout_s, label, host, 1);
     if (!n) {
         c->ops->abort(comm);
-        return cdp_fail(CDP_ERR_NOMEM, "%s rank %d/%d: split: out of memory", c->label, c->rank, c->size);
+        cdp_comm_free(host);
+        return cdp_fail(CDP_ERR_NOMEM, "out of memory");
     }
-    CDP_DEBUG(COMM, "%s: rank %d of %d (from %s rank %d of %d)", n->label, rank, size, c->label, c->rank, c->size);
+    CDP_DEBUG(COMM, "%s: rank %d of %d (from %s rank %d of %d)", n->name, rank, size, pc->name, pc->rank, pc->size);
     *out = n;
     return CDP_OK;
 }
 
-static const char *const op_names[] = {
-    [CDP_REDUCE_SUM] = "sum", [CDP_REDUCE_AVG] = "average", [CDP_REDUCE_MAX] = "max"
-};
-CDP_TABLE_CHECK(op_names, CDP_REDUCE_OP_COUNT);
-
-static cdp_status allreduce(struct cdp_nccl *c, void *buf, size_t n, enum cdp_nccl_dtype dt,
-                            enum cdp_reduce_op op, double timeout_s)
+static cdp_status nccl_allreduce(struct cdp_comm *pc, void *buf, size_t n, enum cdp_comm_dtype dt,
+                                 enum cdp_reduce_op op, double timeout_s)
 {
-    const char *what = dt == CDP_NCCL_F32 ? "floats" : "doubles";
-    if (!c) return cdp_fail(CDP_ERR_INVALID, "nccl all-reduce: NULL communicator");
-    if ((unsigned)op >= CDP_REDUCE_OP_COUNT)
-        return cdp_fail(CDP_ERR_INVALID, "%s rank %d/%d: all-reduce: unknown reduce op %d", c->label, c->rank,
-                        c->size, (int)op);
-    if (n > 0 && !buf)
-        return cdp_fail(CDP_ERR_INVALID, "%s rank %d/%d: all-reduce of %zu %s: buffer is NULL", c->label,
-                        c->rank, c->size, n, what);
+    struct cdp_nccl *c = pc->impl;
     cdp_status st = usable(c);
-    if (!st && n == 0) return CDP_OK;
-    if (!st && (st = c->ops->allreduce(c->comm, c->state, buf, n, (int)dt, (int)op, timeout_s))) c->broken = 1;
-    if (st)
-        return cdp_error_context(st, "%s rank %d/%d: all-reduce (%s) of %zu %s", c->label, c->rank, c->size,
-                                 op_names[op], n, what);
-    return CDP_OK;
+    if (st) return st;
+    if (dt != CDP_COMM_F32 && dt != CDP_COMM_F64) return cdp_fail(CDP_ERR_UNSUPPORTED, "nccl: floats and doubles only");
+    return ran(c, c->ops->allreduce(c->comm, c->state, buf, n, dt == CDP_COMM_F32 ? CDP_NCCL_F32 : CDP_NCCL_F64,
+                                    (int)op, timeout_s));
 }
+
+/* ZeRO's collectives: every rank's shard (the one rule, cdp_comm_shard) in
+ * the window's coordinates, handed to the module. */
+static cdp_status sharded(struct cdp_comm *pc, float *buf, size_t n, size_t from, size_t count, int is_reduce,
+                          enum cdp_reduce_op op, double timeout_s)
+{
+    struct cdp_nccl *c = pc->impl;
+    cdp_status st = usable(c);
+    if (st) return st;
+    if (is_reduce ? !c->ops->reduce_scatter : !c->ops->all_gather)
+        return cdp_fail(CDP_ERR_UNSUPPORTED, "the cuda module has no %s", is_reduce ? "reduce-scatter" : "all-gather");
+    size_t size = (size_t)(unsigned)pc->size;
+    size_t *off = malloc(size * sizeof *off), *len = malloc(size * sizeof *len);
+    if (!off || !len) st = cdp_fail(CDP_ERR_NOMEM, "out of memory for %d shards", pc->size);
+    for (int k = 0; !st && k < pc->size; k++) {
+        uint64_t at, l;
+        cdp_shard_in_window(n, pc->size, k, from, count, &at, &l);
+        off[k] = (size_t)at;
+        len[k] = (size_t)l;
+    }
+    if (!st)
+        st = ran(c, is_reduce ? c->ops->reduce_scatter(c->comm, c->state, buf, count, off, len, (int)op, timeout_s)
+                              : c->ops->all_gather(c->comm, c->state, buf, count, off, len, timeout_s));
+    free(off);
+    free(len);
+    return st;
+}
+
+static cdp_status nccl_reduce_scatter(struct cdp_comm *pc, float *buf, size_t n, size_t from, size_t count,
+                                      enum cdp_reduce_op op, double timeout_s)
+{
+    return sharded(pc, buf, n, from, count, 1, op, timeout_s);
+}
+
+static cdp_status nccl_allgather(struct cdp_comm *pc, float *buf, size_t n, double timeout_s)
+{
+    return sharded(pc, buf, n, 0, n, 0, CDP_REDUCE_SUM, timeout_s);
+}
+
+static cdp_status nccl_group(struct cdp_comm *pc, const struct cdp_comm_p2p *ops, int n, double timeout_s)
+{
+    struct cdp_nccl *c = pc->impl;
+    cdp_status st = usable(c);
+    if (st) return st;
+    struct cdp_nccl_p2p one[16], *p = n <= 16 ? one : malloc((size_t)n * sizeof *p);
+    if (!p) return cdp_fail(CDP_ERR_NOMEM, "out of memory for %d transfers", n);
+    for (int i = 0; i < n; i++) p[i] = (struct cdp_nccl_p2p){ops[i].is_send, ops[i].peer, ops[i].buf, ops[i].bytes};
+    st = ran(c, c->ops->p2p(c->comm, c->state, p, n, timeout_s));
+    if (p != one) free(p);
+    return st;
+}
+
+/* Ending the job: NCCL's communicators first (nothing of theirs waits on a
+ * peer that is gone), then the host world. */
+static void nccl_abort(struct cdp_comm *pc, int code)
+{
+    cdp_nccl_abort_all();
+    cdp_comm_abort(pc->host, code);
+}
+
+static void nccl_free(struct cdp_comm *pc)
+{
+    struct cdp_nccl *c = pc->impl;
+    registry_remove(c);
+    if (c->aborted) {
+        /* nothing left to end */
+    } else if (c->broken) {
+        c->ops->abort(c->comm);
+    } else if (c->ops->destroy(c->comm, c->timeout_s)) {
+        CDP_WARN(COMM, "%s rank %d/%d: freeing: %s (aborted instead)", pc->name, pc->rank, pc->size, cdp_last_error());
+    }
+    if (c->host_owned) cdp_comm_free(pc->host);
+    free(c);
+}
+
+const struct cdp_comm_ops cdp_comm_nccl_ops = {
+    .name = "nccl",
+    .memory = CDP_COMM_DEVICE_MEMORY,
+    .split = nccl_split,
+    .allreduce = nccl_allreduce,
+    .reduce_scatter_f32 = nccl_reduce_scatter,
+    .allgather_f32 = nccl_allgather,
+    .group = nccl_group,
+    .abort = nccl_abort,
+    .free = nccl_free,
+};
+
+/* ---- the nccl API: the front's calls under NCCL's names --------------------------- */
+
+cdp_status cdp_nccl_split(cdp_nccl_t c, int color, int key, cdp_nccl_t *out)
+{
+    if (!c || !out) return cdp_fail(CDP_ERR_INVALID, "cdp_nccl_split: NULL communicator or out");
+    return cdp_comm_split(c, color, key, out);
+}
+
+int cdp_nccl_rank(cdp_nccl_t c) { return cdp_comm_rank(c); }
+int cdp_nccl_size(cdp_nccl_t c) { return cdp_comm_size(c); }
 
 cdp_status cdp_nccl_allreduce_f32(cdp_nccl_t c, float *dev_buf, size_t n, enum cdp_reduce_op op,
                                   double timeout_s)
 {
-    return allreduce(c, dev_buf, n, CDP_NCCL_F32, op, timeout_s);
+    if (!c) return cdp_fail(CDP_ERR_INVALID, "nccl all-reduce: NULL communicator");
+    return cdp_comm_allreduce_f32(c, dev_buf, n, op, timeout_s);
 }
 
 cdp_status cdp_nccl_allreduce_f64(cdp_nccl_t c, double *dev_buf, size_t n, enum cdp_reduce_op op,
                                   double timeout_s)
 {
-    return allreduce(c, dev_buf, n, CDP_NCCL_F64, op, timeout_s);
-}
-
-/* ZeRO's collectives: the front checks, computes every rank's shard (the
- * one rule, cdp_comm_shard) and hands them to the module. */
-static cdp_status sharded(struct cdp_nccl *c, const char *what, float *buf, size_t n, size_t from, size_t count,
-                          int is_reduce, enum cdp_reduce_op op, double timeout_s)
-{
-    if (!c) return cdp_fail(CDP_ERR_INVALID, "nccl %s: NULL communicator", what);
-    if (is_reduce && (unsigned)op >= CDP_REDUCE_OP_COUNT)
-        return cdp_fail(CDP_ERR_INVALID, "%s rank %d/%d: %s: unknown reduce op %d", c->label, c->rank, c->size,
-                        what, (int)op);
-    if (count > 0 && !buf)
-        return cdp_fail(CDP_ERR_INVALID, "%s rank %d/%d: %s of %zu floats: buffer is NULL", c->label, c->rank,
-                        c->size, what, count);
-    if (from > n || count > n - from)
-        return cdp_fail(CDP_ERR_INVALID, "%s rank %d/%d: %s of floats [%zu, %zu) of a %zu-float buffer", c->label,
-                        c->rank, c->size, what, from, from + count, n);
-    cdp_status st = usable(c);
-    if (!st && count == 0) return CDP_OK;
-    if (!st && (is_reduce ? !c->ops->reduce_scatter : !c->ops->all_gather))
-        st = cdp_fail(CDP_ERR_UNSUPPORTED, "the cuda module has no %s", what);
-    size_t *off = NULL, *len = NULL;
-    if (!st) {
-        size_t size = (size_t)(unsigned)c->size;
-        off = malloc(size * sizeof *off);
-        len = malloc(size * sizeof *len);
-        if (!off || !len) st = cdp_fail(CDP_ERR_NOMEM, "out of memory for %d shards", c->size);
-        for (int k = 0; !st && k < c->size; k++) { /* in the window's coordinates */
-            uint64_t at, l;
-            cdp_shard_in_window(n, c->size, k, from, count, &at, &l);
-            off[k] = (size_t)at;
-            len[k] = (size_t)l;
-        }
-    }
-    if (!st) {
-        st = is_reduce ? c->ops->reduce_scatter(c->comm, c->state, buf, count, off, len, (int)op, timeout_s)
-                       : c->ops->all_gather(c->comm, c->state, buf, count, off, len, timeout_s);
-        if (st) c->broken = 1;
-    }
-    free(off);
-    free(len);
-    if (st && is_reduce && (from || count != n))
-        return cdp_error_context(st, "%s rank %d/%d: %s (%s) of floats [%zu, %zu) of %zu", c->label, c->rank,
-                                 c->size, what, op_names[op], from, from + count, n);
-    if (st && is_reduce)
-        return cdp_error_context(st, "%s rank %d/%d: %s (%s) of %zu floats", c->label, c->rank, c->size, what,
-                                 op_names[op], n);
-    if (st) return cdp_error_context(st, "%s rank %d/%d: %s of %zu floats", c->label, c->rank, c->size, what, n);
-    return CDP_OK;
+    if (!c) return cdp_fail(CDP_ERR_INVALID, "nccl all-reduce: NULL communicator");
+    return cdp_comm_allreduce_f64(c, dev_buf, n, op, timeout_s);
 }
 
 cdp_status cdp_nccl_reduce_scatter_f32(cdp_nccl_t c, float *dev_buf, size_t n, enum cdp_reduce_op op,
                                        double timeout_s)
 {
-    return sharded(c, "reduce-scatter", dev_buf, n, 0, n, 1, op, timeout_s);
+    if (!c) return cdp_fail(CDP_ERR_INVALID, "nccl reduce-scatter: NULL communicator");
+    return cdp_comm_reduce_scatter_f32(c, dev_buf, n, op, timeout_s);
 }
 
 cdp_status cdp_nccl_reduce_scatter_window_f32(cdp_nccl_t c, float *dev_buf, size_t n, size_t from, size_t count,
                                               enum cdp_reduce_op op, double timeout_s)
 {
-    return sharded(c, "reduce-scatter", dev_buf, n, from, count, 1, op, timeout_s);
+    if (!c) return cdp_fail(CDP_ERR_INVALID, "nccl reduce-scatter: NULL communicator");
+    return cdp_comm_reduce_scatter_window_f32(c, dev_buf, n, from, count, op, timeout_s);
 }
 
 cdp_status cdp_nccl_allgather_f32(cdp_nccl_t c, float *dev_buf, size_t n, double timeout_s)
 {
-    return sharded(c, "all-gather", dev_buf, n, 0, n, 0, CDP_REDUCE_SUM, timeout_s);
-}
-
-/* "send to 1 (4096 bytes), receive from 0 (4096 bytes)", the first few. */
-static void describe(const struct cdp_nccl_p2p *ops, int n, char *buf, size_t cap)
-{
-    size_t used = 0;
-    buf[0] = '\0';
-    for (int i = 0; i < n && i < 4 && used < cap; i++) {
-        int w = snprintf(buf + used, cap - used, "%s%s %d (%zu bytes)", i ? ", " : "",
-                         ops[i].is_send ? "send to" : "receive from", ops[i].peer, ops[i].bytes);
-        if (w < 0) return;
-        used += (size_t)w;
-    }
-    if (n > 4 && used < cap) snprintf(buf + used, cap - used, ", and %d more", n - 4);
+    if (!c) return cdp_fail(CDP_ERR_INVALID, "nccl all-gather: NULL communicator");
+    return cdp_comm_allgather_f32(c, dev_buf, n, timeout_s);
 }
 
 cdp_status cdp_nccl_sendrecv(cdp_nccl_t c, const struct cdp_nccl_p2p *ops, int n, double timeout_s)
 {
     if (!c) return cdp_fail(CDP_ERR_INVALID, "nccl send/receive: NULL communicator");
-    if (n < 0 || (n > 0 && !ops))
-        return cdp_fail(CDP_ERR_INVALID, "%s rank %d/%d: send/receive group of %d operations: %s", c->label,
-                        c->rank, c->size, n, n < 0 ? "negative count" : "ops is NULL");
-    for (int i = 0; i < n; i++) {
-        const struct cdp_nccl_p2p *p = &ops[i];
-        const char *verb = p->is_send ? "send to" : "receive from";
-        if (p->peer < 0 || p->peer >= c->size)
-            return cdp_fail(CDP_ERR_INVALID, "%s rank %d/%d: %s rank %d: no such rank (0..%d)", c->label,
-                            c->rank, c->size, verb, p->peer, c->size - 1);
-        if (p->bytes > 0 && !p->buf)
-            return cdp_fail(CDP_ERR_INVALID, "%s rank %d/%d: %s rank %d (%zu bytes): buffer is NULL", c->label,
-                            c->rank, c->size, verb, p->peer, p->bytes);
-    }
-    cdp_status st = usable(c);
-    if (!st && n == 0) return CDP_OK;
-    if (!st && (st = c->ops->p2p(c->comm, c->state, ops, n, timeout_s))) c->broken = 1;
-    if (st) {
-        char what[256];
-        describe(ops, n, what, sizeof what);
-        return cdp_error_context(st, "%s rank %d/%d: send/receive group (%s)", c->label, c->rank, c->size, what);
-    }
-    return CDP_OK;
+    if (n <= 0 || !ops) return cdp_comm_group(c, NULL, n, timeout_s);
+    struct cdp_comm_p2p one[16], *p = n <= 16 ? one : malloc((size_t)n * sizeof *p);
+    if (!p) return cdp_fail(CDP_ERR_NOMEM, "out of memory for %d transfers", n);
+    for (int i = 0; i < n; i++) p[i] = (struct cdp_comm_p2p){ops[i].is_send, ops[i].peer, ops[i].buf, ops[i].bytes};
+    cdp_status st = cdp_comm_group(c, p, n, timeout_s);
+    if (p != one) free(p);
+    return st;
 }
 
 /* ---- ending ------------------------------------------------------------------- */
@@ -404,19 +434,4 @@ void cdp_nccl_abort_all(void)
     if (n) CDP_INFO(COMM, "nccl: aborted %d communicator%s", n, n == 1 ? "" : "s");
 }
 
-void cdp_nccl_free(cdp_nccl_t c)
-{
-    if (!c) return;
-    registry_remove(c);
-    if (c->aborted) {
-        free(c);
-        return;
-    }
-    if (c->broken) {
-        c->ops->abort(c->comm);
-    } else if (c->ops->destroy(c->comm, c->timeout_s)) {
-        CDP_WARN(COMM, "%s rank %d/%d: freeing: %s (aborted instead)", c->label, c->rank, c->size,
-                 cdp_last_error());
-    }
-    free(c);
-}
+void cdp_nccl_free(cdp_nccl_t c) { cdp_comm_free(c); }

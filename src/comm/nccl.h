@@ -1,4 +1,5 @@
-/* The nccl communicator: collectives and point to point on GPU memory, for
+/* The nccl communicator, a backend of comm/comm.h (cdp_comm_memory says
+ * CDP_COMM_DEVICE_MEMORY): collectives and point to point on GPU memory, for
  * ranks that each own one GPU. One world communicator per job, bootstrapped
  * through the host communicator (rank 0 makes NCCL's unique id, the host
  * world broadcasts it), then ncclCommSplit for each stage's data-parallel
@@ -38,7 +39,13 @@
 extern "C" {
 #endif
 
-typedef struct cdp_nccl *cdp_nccl_t;
+/* An nccl communicator is a communicator of the one interface (comm/comm.h):
+ * cdp_comm_allreduce_f32, cdp_comm_group, the non-blocking collectives,
+ * cdp_comm_host (the host group of the same ranks, made beside it) and
+ * cdp_comm_free all take it, and check and word everything as for the host
+ * communicators. The cdp_nccl_* calls below are those calls under NCCL's
+ * names (and the bootstrap, which only this backend has). */
+typedef cdp_comm_t cdp_nccl_t;
 
 /* CDP_OK when this process can make nccl communicators: the CUDA module
  * loads, it was built with NCCL, and the CUDA runtime sees a GPU. Else

@@ -48,6 +48,8 @@ struct cdp_model {
     int *run_first;         /* [n_units + 1]: unit i's runs are run_first[i] .. run_first[i + 1] - 1 */
     uint64_t *unit_window;  /* [n_units]: floats of the window its backward writes */
     cdp_grad_reduce_fn reduce;
+    cdp_unit_done_fn unit_done;
+    void *unit_done_ctx;
     void *reduce_ctx;
 
     cdp_buffer_t acts_buf, input_buf, target_buf, scratch_buf, dbuf, loss_buf, work_buf;
@@ -662,12 +664,16 @@ static cdp_status window_open(struct cdp_model *m, int i)
     return CDP_OK;
 }
 
-static cdp_status window_reduce(struct cdp_model *m, int i)
+/* Unit i's gradients of this micro-batch are in place (after its combined
+ * backward, or its W): sharded gradients reduce their windows, and the
+ * backward hook (gradient buckets) hears of it. */
+static cdp_status unit_grads_done(struct cdp_model *m, int i)
 {
     cdp_status st;
     for (int k = m->grad_shards > 1 ? m->run_first[i] : 0; m->grad_shards > 1 && k < m->run_first[i + 1]; k++)
         if ((st = reduce_into_shard(m, m->runs[k].win, m->runs[k].from, m->runs[k].count)))
             return UNIT_CTX(st, "reducing the gradients", &m->units[i]);
+    if (m->unit_done && (st = m->unit_done(m->unit_done_ctx, i))) return st;
     return CDP_OK;
 }
 
@@ -688,7 +694,7 @@ cdp_status cdp_model_backward(struct cdp_model *m, int slot, const float *dout, 
                                           &m->gptr[i * CDP_UNIT_MAX_PARAMS], unit_input(m, slot, i), act, tail, cur,
                                           dst, scratch, m->B)))
             return UNIT_CTX(st, "backward", u);
-        if ((st = window_reduce(m, i))) return st;
+        if ((st = unit_grads_done(m, i))) return st;
         cur = dst;
     }
     return CDP_OK;
@@ -781,9 +787,15 @@ cdp_status cdp_model_backward_weight(struct cdp_model *m, int slot, int wslot)
                                            &m->gptr[i * CDP_UNIT_MAX_PARAMS], unit_input(m, slot, i), act, tail, dout,
                                            unit_wstate(m, wslot, i), scratch, m->B)))
             return UNIT_CTX(st, "backward (weight gradient)", u);
-        if ((st = window_reduce(m, i))) return st;
+        if ((st = unit_grads_done(m, i))) return st;
     }
     return CDP_OK;
+}
+
+void cdp_model_set_backward_hook(struct cdp_model *m, cdp_unit_done_fn fn, void *ctx)
+{
+    m->unit_done = fn;
+    m->unit_done_ctx = ctx;
 }
 
 void cdp_model_set_grad_reduce(struct cdp_model *m, cdp_grad_reduce_fn fn, void *ctx)

@@ -137,6 +137,14 @@ void cdp_model_destroy(struct cdp_model *m);
  * the gradient is its own sum. */
 typedef cdp_status (*cdp_grad_reduce_fn)(void *ctx, float *buf, uint64_t n, uint64_t from, uint64_t count);
 void cdp_model_set_grad_reduce(struct cdp_model *m, cdp_grad_reduce_fn fn, void *ctx);
+/* Called after each unit's backward (unit: 0 .. cdp_model_unit_count - 1,
+ * the last first; with split backward after its W, cdp_model_backward_weight,
+ * and only for units with parameters), once its kernels are queued: that micro-batch's gradient
+ * of the unit's tensors is then in place (on a GPU, in stream order). The
+ * executor starts reducing the gradient buckets of the step's last backward
+ * here, while earlier units' backward still runs. NULL: none. */
+typedef cdp_status (*cdp_unit_done_fn)(void *ctx, int unit);
+void cdp_model_set_backward_hook(struct cdp_model *m, cdp_unit_done_fn fn, void *ctx);
 /* Sharded gradients: reduces the tied tensors (whole until now) and keeps
  * this shard's part; after the step's last backward and the tied reduction.
  * A no-op with whole gradients. */

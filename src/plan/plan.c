@@ -740,7 +740,8 @@ static cdp_status load_train(struct ld *c, const json_t *t)
 /* ---- parallel ---------------------------------------------------------------- */
 
 static const char *const parallel_keys[] = {"stages", "replicas", "micro_batches", "schedule", "chunks",
-                                            "partition", "placement", "balance", "rebalance_every", "zero", NULL};
+                                            "partition", "placement", "balance", "rebalance_every", "zero", "bucket_mb",
+                                            NULL};
 static const char *const balance_words[] = {"speed", "uniform", NULL};
 
 /* "speed" | "uniform" | [micro-batches of replica 0, 1, ...] */
@@ -1040,6 +1041,11 @@ static cdp_status load_parallel(struct ld *c, const json_t *v)
     if (bal && (st = load_balance(c, bal))) return st;
     if (v && (st = cdp_json_get_int(&c->in, v, P, "rebalance_every", 0, MAX_COUNT, 0, &pd->rebalance_every))) return st;
     if (v && (st = cdp_json_get_int(&c->in, v, P, "zero", 0, 2, 1, &pd->zero))) return st;
+    pd->bucket_mb = CDP_PLAN_BUCKET_MB_DEFAULT;
+    if (v && (st = cdp_json_get_number(&c->in, v, P, "bucket_mb", CDP_JSON_NONNEG, &pd->bucket_mb))) return st;
+    if (pd->bucket_mb > 1048576)
+        return cdp_json_fail(&c->in, "/parallel/bucket_mb", "%g MiB is more than 1 TiB; use 0 for no buckets",
+                             pd->bucket_mb);
     char why[256];
     if (pd->zero == 2 && !cdp_plan_zero2_allowed(c->p, why, sizeof why))
         return cdp_json_fail(&c->in, "/parallel/zero", "%s", why);

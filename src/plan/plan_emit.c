@@ -227,6 +227,7 @@ static json_t *plan_json(struct emit *e, const struct cdp_plan *p)
             set(e, o, "balance", json_string(pd->balance == CDP_BALANCE_UNIFORM ? "uniform" : "speed"));
         set(e, o, "rebalance_every", jint(pd->rebalance_every));
         set(e, o, "zero", jint_auto(pd->zero));
+        set(e, o, "bucket_mb", json_real(pd->bucket_mb));
     }
 
     const struct cdp_cluster_desc *cd = &p->cluster;
