@@ -205,6 +205,10 @@ cdp_status cdp_exec_setup(struct exec *e)
     e->timeout = p->train.timeout_s;
     if ((st = cdp_exec_check(p))) return st;
     if ((st = cdp_layout_check(L, cdp_plan_model_units(p)))) return cdp_error_context(st, "%s", p->source);
+    if (cdp_schedule_splits_backward(L->schedule))
+        return cdp_fail(CDP_ERR_INVALID, "%s: /parallel/schedule \"%s\" splits the backward (input and weight "
+                        "gradients), which training does not run yet; --simulate and the planner take it, "
+                        "or train with gpipe, 1f1b or interleaved", p->source, cdp_schedule_name(L->schedule));
     if (e->size != L->n_ranks)
         return cdp_fail(CDP_ERR_INVALID, "%s: the layout has %d ranks (%d stages x %d replicas); this job has %d",
                         p->source, L->n_ranks, e->p, e->R, e->size);
@@ -221,7 +225,7 @@ cdp_status cdp_exec_setup(struct exec *e)
             return cdp_fail(CDP_ERR_INVALID, "%s: zero 2 (ZeRO-2) needs every replica to run the same micro-batches; "
                             "the layout gives replica 0 %lld and replica %d %lld", p->source,
                             (long long)e->share[0], r, (long long)e->share[r]);
-    e->unit = e->v > 1 ? e->p : 1;
+    e->unit = L->schedule == CDP_SCHEDULE_INTERLEAVED ? e->p : 1;
     e->G = (int64_t)e->R * L->micro_batches * e->B;
     int *stage_slots = malloc((size_t)e->p * sizeof *stage_slots);
     if (!stage_slots) return cdp_fail(CDP_ERR_NOMEM, "out of memory");

@@ -18,7 +18,7 @@ enum { TAG_ACT = 0, TAG_GRAD = 1, TAG_VAL = 2 };
 
 static const char *const op_names[] = {
     "LOAD", "FORWARD", "SEND_ACT", "RECV_ACT", "BACKWARD", "SEND_GRAD", "RECV_GRAD",
-    "REDUCE_TIED_GRADS", "ALLREDUCE_GRADS", "OPTIMIZER_STEP"};
+    "BACKWARD_INPUT", "BACKWARD_WEIGHT", "REDUCE_TIED_GRADS", "ALLREDUCE_GRADS", "OPTIMIZER_STEP"};
 CDP_TABLE_CHECK(op_names, CDP_OP_COUNT);
 
 static void set_where(struct exec *e, const struct cdp_instr *in)
@@ -402,6 +402,11 @@ static cdp_status execute(struct exec *e, const struct cdp_instr *in)
         if (e->zero) e->t_comm += cdp_time_ns() - tg;
         break;
     }
+    case CDP_OP_BACKWARD_INPUT:
+    case CDP_OP_BACKWARD_WEIGHT:
+        /* exec_setup refuses the lists that hold these until the model splits its backward */
+        st = cdp_fail(CDP_ERR_INTERNAL, "%s: the executor does not split the backward", op_names[in->op]);
+        break;
     case CDP_OP_COUNT:
         st = cdp_fail(CDP_ERR_INTERNAL, "unknown instruction %d", (int)in->op);
         break;
@@ -446,6 +451,8 @@ static cdp_status execute_nccl_group(struct exec *e, const struct cdp_instr *lis
         case CDP_OP_LOAD:
         case CDP_OP_FORWARD:
         case CDP_OP_BACKWARD:
+        case CDP_OP_BACKWARD_INPUT:
+        case CDP_OP_BACKWARD_WEIGHT:
         case CDP_OP_REDUCE_TIED_GRADS:
         case CDP_OP_ALLREDUCE_GRADS:
         case CDP_OP_OPTIMIZER_STEP:

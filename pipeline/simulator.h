@@ -20,6 +20,8 @@ extern "C" {
 /* One virtual stage (a chunk of a rank), per micro-batch unless said otherwise. */
 struct cdp_sim_vstage {
     double fwd_s, bwd_s; /* summed unit times */
+    double bwd_w_s;      /* of bwd_s, the weight-gradient part: a split backward's W takes it, its I the
+                          * rest (the cost model's bwd_weight_flops share; 0 for no parameters) */
     double out_bytes;    /* output sent to the next virtual stage (its input gradient comes back) */
     double grad_bytes;   /* per step: gradient bytes all-reduced over the replicas (ZeRO-2: reduce-scattered
                           * after each backward) */
@@ -29,7 +31,7 @@ struct cdp_sim_vstage {
 struct cdp_sim_config {
     const struct cdp_schedule *sched;     /* p, v, m and the lists (not owned) */
     int replicas;                         /* R >= 1 */
-    const struct cdp_sim_vstage *vstage;  /* p*v entries, virtual stage k = chunk k/p of rank k%p (not owned) */
+    const struct cdp_sim_vstage *vstage;  /* p*v entries by virtual stage (cdp_schedule_vstage places them) (not owned) */
     double tied_bytes;                    /* REDUCE_TIED_GRADS payload (0 when the lists have none) */
     const int *device;                    /* p*R: device of (stage s, replica r) at [s*R + r] (not owned) */
     int n_devices;
@@ -61,8 +63,11 @@ struct cdp_sim_result {
     int ranks;            /* p*R; the arrays below are indexed [s*R + r] */
     double *busy_s;       /* own load + forward + backward time */
     double *finish_s;     /* when the rank's list ends */
-    int *peak_in_flight;  /* most (micro-batch, chunk) activations held at once (memory: the layout's,
-                             cdp_layout_memory, which sizes the executor's buffers) */
+    int *peak_in_flight;  /* most (micro-batch, chunk) activations held at once, a split backward's until
+                             its W (memory: the layout's, cdp_layout_memory, which sizes the executor's
+                             buffers) */
+    int *peak_w_pending;  /* most W-states held at once (split backward: from I to W), each one chunk's
+                             wstate_bytes */
     int n_links;
     struct cdp_sim_link_stat *links; /* sorted by busy time, then bytes, descending */
     int64_t n_events;

@@ -168,7 +168,15 @@ struct cdp_train_desc {
     struct cdp_checkpoint_desc checkpoint;
 };
 
-enum cdp_schedule_kind { CDP_SCHEDULE_GPIPE = 0, CDP_SCHEDULE_1F1B, CDP_SCHEDULE_INTERLEAVED, CDP_SCHEDULE_COUNT };
+enum cdp_schedule_kind {
+    CDP_SCHEDULE_GPIPE = 0,
+    CDP_SCHEDULE_1F1B,
+    CDP_SCHEDULE_INTERLEAVED,
+    CDP_SCHEDULE_ZB_H1, /* zero bubble (Qi et al. 2024), split backward: pipeline/schedule.h */
+    CDP_SCHEDULE_ZB_H2,
+    CDP_SCHEDULE_ZBV,   /* two chunks per rank in a V */
+    CDP_SCHEDULE_COUNT
+};
 
 enum cdp_placement_kind {
     CDP_PLACEMENT_TOPOLOGY = 0,     /* chosen by the planner from the topology */

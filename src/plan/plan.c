@@ -46,8 +46,8 @@ CDP_TABLE_CHECK(cdp_plan_precision_names, CDP_PRECISION_COUNT + 1);
 /* /train/recompute: the modes in enum order, then "auto" */
 const char *const cdp_plan_recompute_names[] = {"none", "selective", "full", "auto", NULL};
 CDP_TABLE_CHECK(cdp_plan_recompute_names, CDP_RECOMPUTE_COUNT + 2);
-const char *const cdp_plan_schedule_names[] = {"gpipe", "1f1b", "interleaved",
-                                                                     NULL};
+const char *const cdp_plan_schedule_names[] = {"gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zbv",
+                                                NULL};
 CDP_TABLE_CHECK(cdp_plan_schedule_names, CDP_SCHEDULE_COUNT + 1);
 /* /cluster/backend: "auto", then the backends in enum order */
 const char *const cdp_plan_backend_names[] = {"auto", "cpu", "cuda", NULL};
@@ -87,7 +87,7 @@ const char *cdp_recompute_name(enum cdp_recompute r)
     return (unsigned)r < CDP_RECOMPUTE_COUNT ? cdp_plan_recompute_names[r] : "?";
 }
 
-int cdp_schedule_has_chunks(enum cdp_schedule_kind s) { return s == CDP_SCHEDULE_INTERLEAVED; }
+int cdp_schedule_has_chunks(enum cdp_schedule_kind s) { return s == CDP_SCHEDULE_INTERLEAVED || s == CDP_SCHEDULE_ZBV; }
 
 const char *cdp_layer_type_name(enum cdp_layer_type t) { return cdp_layer_name(t); }
 
@@ -775,7 +775,7 @@ static cdp_status check_shares(struct ld *c)
                              (long long)sum, (long long)pd->replicas, (long long)pd->micro_batches,
                              (long long)(pd->replicas * pd->micro_batches));
     }
-    if (cdp_schedule_has_chunks(pd->schedule) && pd->stages != CDP_AUTO) {
+    if (pd->schedule == CDP_SCHEDULE_INTERLEAVED && pd->stages != CDP_AUTO) {
         for (int i = 0; i < pd->n_shares; i++)
             if (pd->shares[i] % pd->stages) {
                 char kp[CDP_JSON_PTR_CAP];
@@ -992,11 +992,16 @@ static cdp_status load_parallel(struct ld *c, const json_t *v)
             return st;
     }
     pd->schedule = (enum cdp_schedule_kind)sch;
-    int inter = cdp_schedule_has_chunks(pd->schedule);
-    pd->chunks = inter ? 2 : 1;
+    int inter = pd->schedule == CDP_SCHEDULE_INTERLEAVED;
+    pd->chunks = cdp_schedule_has_chunks(pd->schedule) ? 2 : 1;
     if (v && (st = cdp_json_get_int(&c->in, v, P, "chunks", 1, MAX_COUNT, 0, &pd->chunks))) return st;
-    if (pd->chunks > 1 && !inter)
-        return cdp_json_fail(&c->in, "/parallel/chunks", "%lld needs /parallel/schedule \"interleaved\", not \"%s\"",
+    if (pd->schedule == CDP_SCHEDULE_ZBV && pd->chunks != 2)
+        return cdp_json_fail(&c->in, "/parallel/chunks",
+                             "%lld, but /parallel/schedule \"zbv\" runs exactly 2 chunks per rank (a V); "
+                             "leave chunks out or give 2",
+                             (long long)pd->chunks);
+    if (pd->chunks > 1 && !cdp_schedule_has_chunks(pd->schedule))
+        return cdp_json_fail(&c->in, "/parallel/chunks", "%lld needs /parallel/schedule \"interleaved\" (or \"zbv\", 2), not \"%s\"",
                              (long long)pd->chunks, cdp_plan_schedule_names[sch]);
     if (inter && pd->chunks < 2)
         return cdp_json_fail(&c->in, "/parallel/chunks",
