@@ -31,6 +31,7 @@ static void vstages_of(const struct cdp_unit_cost *cost, int nv, const int64_t (
         for (int64_t i = ranges[k][0]; i < ranges[k][1]; i++) {
             o->fwd_s += cost[i].fwd_s;
             o->bwd_s += cost[i].bwd_s;
+            o->bwd_w_s += cost[i].bwd_w_s;
             o->grad_bytes += cost[i].param_bytes;
             o->opt_s += cost[i].opt_s;
         }
@@ -354,7 +355,10 @@ static cdp_status cheap_step(struct ctx *c, const int *device, int all, double *
         for (int r = 0; r < R; r++) {
             double t = 0;
             for (int k = 0; k + 1 < p * c->v; k++) {
-                const int a = device[(k % p) * R + r], b = device[((k + 1) % p) * R + r];
+                int sa, sb, ca, cb;
+                cdp_schedule_vstage_place(c->kind, p, c->v, k, &sa, &ca);
+                cdp_schedule_vstage_place(c->kind, p, c->v, k + 1, &sb, &cb);
+                const int a = device[sa * R + r], b = device[sb * R + r];
                 const double fw = c->bw[a * c->nd + b], bw = c->bw[b * c->nd + a];
                 t += (fw > 0 ? c->vs[k].out_bytes / fw : 0) + (bw > 0 ? c->vs[k].out_bytes / bw : 0) +
                      c->lat[a * c->nd + b] + c->lat[b * c->nd + a];

@@ -261,7 +261,7 @@ cdp_status cdp_exec_setup(struct exec *e)
     if (p->model.weights && (st = cdp_model_check_weights(&p->model, p->model.weights))) return st;
     for (int k = 0; k < e->v && !st; k++) {
         struct chunk *c = &e->ch[k];
-        c->vstage = k * e->p + e->s;
+        c->vstage = cdp_schedule_vstage(L->schedule, e->p, e->v, e->s, k);
         c->first_unit = (int)L->ranges[c->vstage][0];
         c->end_unit = (int)L->ranges[c->vstage][1];
         c->nslots = slots;

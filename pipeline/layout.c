@@ -180,7 +180,7 @@ static cdp_status rank_memory(const struct cdp_plan *plan, struct cdp_layout *l,
     struct cdp_rank_memory sum = {0};
     uint64_t largest_grad = 0;
     for (int c = 0; c < l->chunks; c++) {
-        const int vs = c * p + k->stage, first = (int)l->ranges[vs][0], end = (int)l->ranges[vs][1];
+        const int vs = cdp_schedule_vstage(l->schedule, p, l->chunks, k->stage, c), first = (int)l->ranges[vs][0], end = (int)l->ranges[vs][1];
         if (first < 0 || end > n || first >= end)
             return cdp_fail(CDP_ERR_INVALID, "layout: virtual stage %d holds units [%d, %d) of %d", vs, first, end, n);
         struct cdp_range_terms t = {0};

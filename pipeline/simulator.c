@@ -71,6 +71,24 @@ double cdp_sim_bubble_closed_form(int p, int v, int m)
     return (double)(p - 1) / ((double)v * m + p - 1);
 }
 
+double cdp_sim_bubble_closed_form_kind(enum cdp_schedule_kind kind, int p, int v, int m)
+{
+    switch (kind) {
+    case CDP_SCHEDULE_ZB_H1:
+    case CDP_SCHEDULE_ZB_H2: return (double)(p - 1) / (3.0 * m + p - 1);
+    case CDP_SCHEDULE_ZBV: {
+        const int extra = 2 * p - 2 - m > 0 ? 2 * p - 2 - m : 0;
+        return (double)(p - 1 + extra) / (6.0 * m + p - 1 + extra);
+    }
+    case CDP_SCHEDULE_GPIPE:
+    case CDP_SCHEDULE_1F1B:
+    case CDP_SCHEDULE_INTERLEAVED:
+    case CDP_SCHEDULE_COUNT:
+        break;
+    }
+    return cdp_sim_bubble_closed_form(p, v, m);
+}
+
 static int dev_of(const struct sim *S, int s, int r) { return S->c->device[s * S->R + r]; }
 
 static double bw_of(const struct sim *S, int a, int b) { return S->c->bandwidth[a * S->c->n_devices + b]; }

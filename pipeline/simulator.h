@@ -92,6 +92,12 @@ cdp_status cdp_sim_trace(const struct cdp_sim_result *r, int trace_ranks, struct
  * simulator defines the bubble: (p-1) / (v*m + p-1). */
 double cdp_sim_bubble_closed_form(int p, int v, int m);
 
+/* The same for every kind, m >= p: gpipe, 1f1b, interleaved as above (forward
+ * and backward in any ratio); zb-h1 and zb-h2 (p-1) / (3m + p-1) and zbv
+ * (p-1 + e) / (6m + p-1 + e), e = max(0, 2p-2-m), when the forward, the input
+ * gradient and the weight gradient take equal times (docs/simulator.md). */
+double cdp_sim_bubble_closed_form_kind(enum cdp_schedule_kind kind, int p, int v, int m);
+
 #ifdef __cplusplus
 }
 #endif
