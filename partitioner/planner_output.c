@@ -47,6 +47,7 @@ cdp_status cdp_planner_apply(const struct cdp_planner_result *r, struct cdp_plan
     }
     pd->stages = l->stages;
     pd->schedule = l->schedule;
+    pd->chunks = l->chunks; /* zbv, chosen by "auto", runs two */
     pd->schedule_auto = 0;
     plan->train.recompute = l->recompute;
     pd->zero = l->zero;
