@@ -17,6 +17,17 @@
  * table's fused bf16 kernels keep row statistics and a copy of the output,
  * B*T*(NH + C) floats (kernels/cuda/flash_attention.h).
  *
+ * Split backward (model/layers.h: B, the input gradient, then W, the
+ * parameter gradients, later) runs on every table through the ops that
+ * compute both: linear_bwd, layernorm_bwd and conv2d_bwd take NULL for any
+ * of their outputs, so B calls them with the weight outputs NULL and W with
+ * din NULL; embedding_bwd has only weight outputs (all W). Every table
+ * computes each output the same way whichever others are asked for (its own
+ * products and sums, on the same operands), so B's din and W's dweight and
+ * dbias are the bits of one call asking for all three. linear_gelu_bwd's dw
+ * and db are linear_bwd's (din NULL) on the same operands, bit for bit; B
+ * calls it with both NULL.
+ *
  * On a GPU an op is queued on the device's stream and returns at once; the
  * status reports a launch, cuBLAS or cuDNN error (with the library's error
  * string in cdp_last_error()). Only sum_squares waits for the stream (it

@@ -1349,3 +1349,118 @@ GPU_OPS_TEST_BF16(bf16_leaves_other_ops_fp32)
     embedding_bwd_case(3, 37, 45, 53, 1, 1);
     maxpool2d_fwd_case(pool_shapes[0], 1);
 }
+
+/* ---- split backward: B and W as two calls of the same op -------------------------- */
+
+/* The bits of n floats at device pointer got against host want. */
+static void expect_bits(const float *got_dev, const float *want, size_t n, const char *what)
+{
+    float *got = dgetf(got_dev, n);
+    size_t i = first_diff((const unsigned char *)got, (const unsigned char *)want, n * sizeof(float));
+    if (i < n * sizeof(float))
+        cr_assert_fail("%s: %s: float %zu is %.9g, the combined call's %.9g (not the same bits)", where(), what,
+                       i / sizeof(float), got[i / sizeof(float)], want[i / sizeof(float)]);
+}
+
+/* ops.h: B calls an op with the weight outputs NULL, W with din NULL; each
+ * output must be the bits of the call asking for all three. */
+static void split_linear_case(struct linear_shape s)
+{
+    struct scope sc = scope_begin();
+    size_t nin = (size_t)s.N * s.IC, nw = (size_t)s.OC * s.IC, nout = (size_t)s.N * s.OC;
+    float *in = dputf(hrand(nin, -1, 1), nin), *w = dputf(hrand(nw, -1, 1), nw), *dy = dputf(hrand(nout, -1, 1), nout);
+    float *din0 = hrand(nin, -1, 1), *dw0 = hrand(nw, -1, 1), *db0 = hrand(s.OC, -1, 1);
+    float *a_in = dputf(din0, nin), *a_w = dputf(dw0, nw), *a_b = dputf(db0, s.OC);
+    OP(linear_bwd, a_in, a_w, a_b, dy, in, w, s.N, s.IC, s.OC);
+    float *r_in = dgetf(a_in, nin), *r_w = dgetf(a_w, nw), *r_b = dgetf(a_b, s.OC);
+    float *b_in = dputf(din0, nin), *w_w = dputf(dw0, nw), *w_b = dputf(db0, s.OC);
+    OP(linear_bwd, b_in, NULL, NULL, dy, in, w, s.N, s.IC, s.OC);
+    OP(linear_bwd, NULL, w_w, w_b, dy, in, w, s.N, s.IC, s.OC);
+    char what[96];
+    snprintf(what, sizeof what, "linear_bwd N=%d IC=%d OC=%d: B's din", s.N, s.IC, s.OC);
+    expect_bits(b_in, r_in, nin, what);
+    snprintf(what, sizeof what, "linear_bwd N=%d IC=%d OC=%d: W's dw", s.N, s.IC, s.OC);
+    expect_bits(w_w, r_w, nw, what);
+    snprintf(what, sizeof what, "linear_bwd N=%d IC=%d OC=%d: W's db", s.N, s.IC, s.OC);
+    expect_bits(w_b, r_b, s.OC, what);
+    if (G.ops->linear_gelu_bwd) {
+        /* the fused op in the combined backward; B asks it for dpre only, W asks linear_bwd for dw and db */
+        float *pre = dputf(hrand(nin, -3, 3), nin), *dpre = dputf(hzeros(nin), nin);
+        float *f_w = dputf(dw0, nw), *f_b = dputf(db0, s.OC);
+        OP(linear_gelu_bwd, dpre, f_w, f_b, dy, in, pre, w, s.N, s.IC, s.OC);
+        float *r_pre = dgetf(dpre, nin), *r_fw = dgetf(f_w, nw), *r_fb = dgetf(f_b, s.OC);
+        float *b_pre = dputf(hzeros(nin), nin), *g_w = dputf(dw0, nw), *g_b = dputf(db0, s.OC);
+        OP(linear_gelu_bwd, b_pre, NULL, NULL, dy, in, pre, w, s.N, s.IC, s.OC);
+        OP(linear_bwd, NULL, g_w, g_b, dy, in, w, s.N, s.IC, s.OC);
+        snprintf(what, sizeof what, "linear_gelu_bwd N=%d IC=%d OC=%d: B's dpre", s.N, s.IC, s.OC);
+        expect_bits(b_pre, r_pre, nin, what);
+        snprintf(what, sizeof what, "linear_gelu_bwd N=%d IC=%d OC=%d: W's dw (linear_bwd)", s.N, s.IC, s.OC);
+        expect_bits(g_w, r_fw, nw, what);
+        snprintf(what, sizeof what, "linear_gelu_bwd N=%d IC=%d OC=%d: W's db (linear_bwd)", s.N, s.IC, s.OC);
+        expect_bits(g_b, r_fb, s.OC, what);
+    }
+    scope_end(sc);
+}
+
+static void split_layernorm_case(int N, int C)
+{
+    struct scope sc = scope_begin();
+    size_t n = (size_t)N * C;
+    float *hin = hrand(n, -2, 2), *hw = hrand(C, 0.5f, 1.5f), *hb = hrand(C, -1, 1);
+    float *y = hzeros(n), *hmean = hzeros(N), *hrstd = hzeros(N);
+    cdp_cpu_layernorm_fwd(y, hmean, hrstd, hin, hw, hb, N, C, 1e-5f);
+    float *in = dputf(hin, n), *w = dputf(hw, C), *mean = dputf(hmean, N), *rstd = dputf(hrstd, N);
+    float *dy = dputf(hrand(n, -1, 1), n);
+    float *din0 = hrand(n, -1, 1), *dw0 = hrand(C, -1, 1), *db0 = hrand(C, -1, 1);
+    float *a_in = dputf(din0, n), *a_w = dputf(dw0, C), *a_b = dputf(db0, C);
+    OP(layernorm_bwd, a_in, a_w, a_b, dy, in, w, mean, rstd, N, C);
+    float *b_in = dputf(din0, n), *w_w = dputf(dw0, C), *w_b = dputf(db0, C);
+    OP(layernorm_bwd, b_in, NULL, NULL, dy, in, w, mean, rstd, N, C);
+    OP(layernorm_bwd, NULL, w_w, w_b, dy, in, w, mean, rstd, N, C);
+    char what[96];
+    snprintf(what, sizeof what, "layernorm_bwd N=%d C=%d: B's din", N, C);
+    expect_bits(b_in, dgetf(a_in, n), n, what);
+    snprintf(what, sizeof what, "layernorm_bwd N=%d C=%d: W's dweight", N, C);
+    expect_bits(w_w, dgetf(a_w, C), C, what);
+    snprintf(what, sizeof what, "layernorm_bwd N=%d C=%d: W's dbias", N, C);
+    expect_bits(w_b, dgetf(a_b, C), C, what);
+    scope_end(sc);
+}
+
+static void split_conv2d_case(struct conv_shape s)
+{
+    struct scope sc = scope_begin();
+    int OH = conv_oh(s), OW = conv_ow(s);
+    size_t nin = (size_t)s.B * s.IC * s.H * s.W, nw = (size_t)s.OC * s.IC * s.K * s.K;
+    size_t nout = (size_t)s.B * s.OC * OH * OW, ncol = (size_t)s.IC * s.K * s.K * OH * OW;
+    float *in = dputf(hrand(nin, -1, 1), nin), *w = dputf(hrand(nw, -1, 1), nw), *dy = dputf(hrand(nout, -1, 1), nout);
+    float *col = dputf(hzeros(ncol), ncol);
+    float *din0 = hrand(nin, -1, 1), *dw0 = hrand(nw, -1, 1), *db0 = hrand(s.OC, -1, 1);
+    float *a_in = dputf(din0, nin), *a_w = dputf(dw0, nw), *a_b = dputf(db0, s.OC);
+    OP(conv2d_bwd, a_in, a_w, a_b, col, dy, in, w, s.B, s.IC, s.H, s.W, s.OC, s.K, s.S, s.P);
+    float *b_in = dputf(din0, nin), *w_w = dputf(dw0, nw), *w_b = dputf(db0, s.OC);
+    OP(conv2d_bwd, b_in, NULL, NULL, col, dy, in, w, s.B, s.IC, s.H, s.W, s.OC, s.K, s.S, s.P);
+    OP(conv2d_bwd, NULL, w_w, w_b, col, dy, in, w, s.B, s.IC, s.H, s.W, s.OC, s.K, s.S, s.P);
+    char what[128];
+    snprintf(what, sizeof what, "conv2d_bwd B=%d IC=%d OC=%d K=%d S=%d P=%d: B's din", s.B, s.IC, s.OC, s.K, s.S,
+             s.P);
+    expect_bits(b_in, dgetf(a_in, nin), nin, what);
+    snprintf(what, sizeof what, "conv2d_bwd B=%d IC=%d OC=%d K=%d S=%d P=%d: W's dw", s.B, s.IC, s.OC, s.K, s.S, s.P);
+    expect_bits(w_w, dgetf(a_w, nw), nw, what);
+    snprintf(what, sizeof what, "conv2d_bwd B=%d IC=%d OC=%d K=%d S=%d P=%d: W's db", s.B, s.IC, s.OC, s.K, s.S, s.P);
+    expect_bits(w_b, dgetf(a_b, s.OC), s.OC, what);
+    scope_end(sc);
+}
+
+static void body_split_backward(void)
+{
+    for (size_t k = 0; k < N_LINEAR; k++)
+        split_linear_case(linear_shapes[k]);
+    split_layernorm_case(37, 45);
+    split_layernorm_case(64, 1001);
+    for (size_t k = 0; k < N_CONV; k++)
+        split_conv2d_case(conv_shapes[k]);
+}
+
+GPU_OPS_TEST(split_backward_is_the_combined_calls_bits_fp32) { body_split_backward(); }
+GPU_OPS_TEST_BF16(split_backward_is_the_combined_calls_bits_bf16) { body_split_backward(); }

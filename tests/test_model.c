@@ -14,6 +14,7 @@
 #include "cdp/plan.h"
 #include "harness.h"
 #include "kernels/ops.h"
+#include "model/layer_def.h"
 #include "model/layers.h"
 #include "model/model.h"
 #include "model/optim.h"
@@ -321,6 +322,310 @@ Test(model, sharded_gradients_are_the_whole_models)
                   "\"heads\": 3, \"embed\": 24}}", 2, 3);
     check_sharded("{\"model\": {\"preset\": \"mlp\", \"input\": [12], \"hidden\": [32, 24, 16], \"classes\": 5}}", 3,
                   2);
+}
+
+/* ---- split backward ----------------------------------------------------------- */
+
+/* How a run takes its three micro-batches' backwards (forwards of slots 0, 1,
+ * 2 first; backwards from slot 2 down, as a pipeline's last stage would):
+ * combined; every B, then every W (W-state slots permuted); and interleaved,
+ * a W before the next Bs, its W-state slot reused at once. */
+enum sb_order { SB_COMBINED, SB_DEFERRED, SB_INTERLEAVED };
+
+struct sb_run {
+    float *grads, *din;
+    int64_t n_grads, n_din;
+    double b_flops, w_flops, table_b, table_w; /* counted GEMM work of the Bs and the Ws, and the table's */
+    uint64_t peak_grew, wstate_table, wstate_held;
+    int reduces;
+};
+
+static cdp_status count_reduce(void *ctx, float *buf, uint64_t n, uint64_t from, uint64_t count)
+{
+    (void)buf, (void)n, (void)from, (void)count;
+    ++*(int *)ctx;
+    return CDP_OK;
+}
+
+/* loss: the range ends with its loss (targets; dout NULL), else a given
+ * output gradient. shards > 1: sharded gradients, this replica shard 0, with
+ * a reduce hook that counts (one replica: the sum is its own). Everything
+ * passes through device buffers, so dev may be a GPU's. */
+static void sb_run(const char *json, enum cdp_recompute r, int B, int loss, int shards, enum sb_order order,
+                   cdp_device_t (*open_dev)(void), struct sb_run *o)
+{
+    struct cdp_plan *p = plan_from(json);
+    cdp_device_t dev = open_dev(); /* a fresh one: its high-water mark is this run's */
+    struct cdp_model *m;
+    const int n = (int)cdp_plan_model_units(p), S = 3;
+    memset(o, 0, sizeof *o);
+    cr_assert_eq(cdp_model_create_sharded(&p->model, 0, n, B, S, 7, r, shards, 0, dev, &m), CDP_OK, "%s",
+                 cdp_last_error());
+    if (shards > 1) cdp_model_set_grad_reduce(m, count_reduce, &o->reduces);
+    const struct cdp_unit *u0 = cdp_model_unit(m, 0), *ul = cdp_model_unit(m, n - 1);
+    int64_t in_n = B;
+    for (int d = 0; d < u0->in.ndim; d++) in_n *= u0->in.d[d];
+    uint64_t sd = 12345;
+    void *host_in = malloc((size_t)in_n * 4);
+    for (int slot = 0; slot < S; slot++) {
+        for (int64_t i = 0; i < in_n; i++) {
+            sd = sd * 6364136223846793005ull + 1;
+            if (u0->in_tokens) ((int32_t *)host_in)[i] = (int32_t)((sd >> 33) % (uint64_t)u0->desc.vocab);
+            else ((float *)host_in)[i] = (float)((sd >> 40) % 1000) / 500.0f - 1.0f;
+        }
+        cr_assert_eq(cdp_device_write(dev, cdp_model_input(m, slot), host_in, (uint64_t)in_n * 4), CDP_OK);
+        cr_assert_eq(cdp_model_forward(m, slot), CDP_OK, "%s", cdp_last_error());
+        if (loss) {
+            const int64_t V = ul->out.d[ul->out.ndim - 1], rows = B * ul->out_floats / V;
+            int32_t *tg = malloc((size_t)rows * 4);
+            for (int64_t i = 0; i < rows; i++) tg[i] = (int32_t)((i * 7 + slot) % V);
+            double ls;
+            cr_assert_eq(cdp_model_loss(m, slot, tg, 1.0f / (float)(3 * rows), &ls), CDP_OK, "%s", cdp_last_error());
+            free(tg);
+        }
+    }
+    free(host_in);
+    const int64_t n_out = B * ul->out_floats;
+    float *hd = malloc((size_t)n_out * 4);
+    for (int64_t i = 0; i < n_out; i++) hd[i] = 0.01f * (float)((i % 7) - 3);
+    cdp_buffer_t dout_b, din_b;
+    cr_assert_eq(cdp_buffer_create(dev, (uint64_t)n_out * 4, &dout_b), CDP_OK);
+    cr_assert_eq(cdp_buffer_create(dev, (uint64_t)in_n * 4, &din_b), CDP_OK);
+    cr_assert_eq(cdp_buffer_write(dout_b, 0, hd, (uint64_t)n_out * 4), CDP_OK);
+    cr_assert_eq(cdp_buffer_memset(din_b, 0, 0, (uint64_t)in_n * 4), CDP_OK);
+    free(hd);
+    const float *dout = loss ? NULL : cdp_buffer_data(dout_b);
+    float *din = u0->in_tokens ? NULL : cdp_buffer_data(din_b);
+    for (int i = 0; i < n; i++) {
+        const struct cdp_unit *u = cdp_model_unit(m, i);
+        o->table_b += 3.0 * B * (u->bwd_flops - u->bwd_weight_flops + u->recompute_flops);
+        o->table_w += 3.0 * B * (u->bwd_weight_flops + (u->n_params ? u->recompute_flops : 0));
+        o->wstate_table += 3ull * (uint64_t)B * (uint64_t)u->wstate_floats * 4;
+    }
+    if (order == SB_COMBINED) {
+        sgemm_flops = 0;
+        for (int slot = S - 1; slot >= 0; slot--)
+            cr_assert_eq(cdp_model_backward(m, slot, dout, din), CDP_OK, "%s", cdp_last_error());
+        o->b_flops = sgemm_flops;
+    } else {
+        const uint64_t peak = cdp_device_mem_peak(dev);
+        cr_assert_eq(cdp_device_mem_in_use(dev), peak, "nothing transient before");
+        cr_assert_eq(cdp_model_set_split_backward(m, S), CDP_OK, "%s", cdp_last_error());
+        o->peak_grew = cdp_device_mem_peak(dev) - peak;
+        struct cdp_model_bytes mb;
+        cdp_model_memory(m, &mb);
+        o->wstate_held = mb.wstate;
+        /* B(slot) into W-state ws[slot]; the Ws in the same slot order as the combined backwards */
+        const int ws_deferred[3] = {1, 2, 0}, ws_inter[3] = {1, 0, 1};
+        const int *ws = order == SB_DEFERRED ? ws_deferred : ws_inter;
+#define SB_B(slot)                                                                                                   \
+    do {                                                                                                             \
+        sgemm_flops = 0;                                                                                             \
+        cr_assert_eq(cdp_model_backward_input(m, slot, ws[slot], dout, din), CDP_OK, "%s", cdp_last_error());      \
+        o->b_flops += sgemm_flops;                                                                                   \
+    } while (0)
+#define SB_W(slot)                                                                                                   \
+    do {                                                                                                             \
+        sgemm_flops = 0;                                                                                             \
+        cr_assert_eq(cdp_model_backward_weight(m, slot, ws[slot]), CDP_OK, "%s", cdp_last_error());                \
+        o->w_flops += sgemm_flops;                                                                                   \
+    } while (0)
+        if (order == SB_DEFERRED) {
+            SB_B(2);
+            SB_B(1);
+            SB_B(0);
+            SB_W(2);
+            SB_W(1);
+            SB_W(0);
+        } else {
+            SB_B(2);
+            SB_W(2);
+            SB_B(1);
+            SB_B(0);
+            SB_W(1);
+            SB_W(0);
+        }
+#undef SB_B
+#undef SB_W
+    }
+    o->n_din = din ? in_n : 0;
+    o->din = calloc((size_t)in_n + 1, 4);
+    if (din) cr_assert_eq(cdp_buffer_read(din_b, 0, o->din, (uint64_t)in_n * 4), CDP_OK);
+    o->n_grads = cdp_model_param_floats(m);
+    o->grads = calloc((size_t)o->n_grads + 1, 4);
+    if (shards > 1) {
+        cr_assert_eq(cdp_model_reduce_tied_grads(m), CDP_OK, "%s", cdp_last_error());
+        uint64_t off, len;
+        cdp_shard((uint64_t)o->n_grads, shards, 0, &off, &len);
+        for (int i = 0; i < cdp_model_tensor_count(m); i++) {
+            const struct cdp_model_tensor *t = cdp_model_tensor(m, i);
+            const uint64_t at = (uint64_t)(t->data - cdp_model_tensor(m, 0)->data), end = at + (uint64_t)t->numel;
+            const uint64_t lo = at > off ? at : off, hi = end < off + len ? end : off + len;
+            if (lo < hi)
+                cr_assert_eq(cdp_device_read(dev, o->grads + lo, cdp_model_reduced_grad(m, i, lo - at), (hi - lo) * 4),
+                             CDP_OK);
+        }
+    } else if (o->n_grads) {
+        cr_assert_eq(cdp_device_read(dev, o->grads, cdp_model_tensor(m, 0)->grad, (uint64_t)o->n_grads * 4), CDP_OK);
+    }
+    cdp_buffer_destroy(dout_b);
+    cdp_buffer_destroy(din_b);
+    /* 0 frees the W-states */
+    const uint64_t held = cdp_device_mem_in_use(dev);
+    cr_assert_eq(cdp_model_set_split_backward(m, 0), CDP_OK);
+    cr_assert_eq(held - cdp_device_mem_in_use(dev), o->wstate_held);
+    cdp_model_destroy(m);
+    cdp_device_close(dev);
+    cdp_plan_free(p);
+}
+
+static void sb_free(struct sb_run *o)
+{
+    free(o->grads);
+    free(o->din);
+}
+
+/* B then W gives the combined backward's bits, deferred or interleaved, in
+ * every recompute mode; the Bs and the Ws do the table's work (W computes
+ * again what B did); the W-states add exactly their figure to the peak. */
+static void check_split_on(const char *json, int B, int loss, int shards, cdp_device_t (*dev)(void), int count_work)
+{
+    static const char *const mode_name[] = {"none", "selective", "full"};
+    static const char *const order_name[] = {"combined", "deferred", "interleaved"};
+    for (int mode = CDP_RECOMPUTE_NONE; mode <= CDP_RECOMPUTE_FULL; mode++) {
+        struct sb_run base, r;
+        sb_run(json, (enum cdp_recompute)mode, B, loss, shards, SB_COMBINED, dev, &base);
+        cr_assert_gt(base.n_grads, 0);
+        for (int order = SB_DEFERRED; order <= SB_INTERLEAVED; order++) {
+            sb_run(json, (enum cdp_recompute)mode, B, loss, shards, (enum sb_order)order, dev, &r);
+            const char *mn = mode_name[mode], *on = order_name[order];
+            cr_assert_eq(r.n_grads, base.n_grads);
+            cr_assert_eq(memcmp(r.grads, base.grads, (size_t)base.n_grads * 4), 0, "%s, %s: the gradients differ", on,
+                         mn);
+            cr_assert_eq(memcmp(r.din, base.din, (size_t)base.n_din * 4), 0, "%s, %s: the input gradient differs", on,
+                         mn);
+            cr_assert_eq(r.reduces, base.reduces, "%s, %s: %d reductions, the combined backward's %d", on, mn,
+                         r.reduces, base.reduces);
+            cr_assert_gt(r.wstate_table, 0);
+            cr_assert_eq(r.peak_grew, r.wstate_table, "%s, %s: the peak grew by %llu, the W-states are %llu", on, mn,
+                         (unsigned long long)r.peak_grew, (unsigned long long)r.wstate_table);
+            cr_assert_eq(r.wstate_held, r.wstate_table);
+            if (count_work) {
+                cr_assert_float_eq(r.b_flops, r.table_b, 0.5, "%s, %s: B counted %.0f, table %.0f", on, mn, r.b_flops,
+                                   r.table_b);
+                cr_assert_float_eq(r.w_flops, r.table_w, 0.5, "%s, %s: W counted %.0f, table %.0f", on, mn, r.w_flops,
+                                   r.table_w);
+            }
+            sb_free(&r);
+        }
+        sb_free(&base);
+    }
+}
+
+static void check_split(const char *json, int B, int loss)
+{
+    check_split_on(json, B, loss, 1, cpu, 1);
+}
+
+/* Every type with parameters has both halves (layer_def.h); the others neither. */
+Test(model, every_type_with_parameters_splits_its_backward)
+{
+    for (int t = 0; t < CDP_LAYER_TYPE_COUNT; t++) {
+        const struct cdp_layer_def *d = cdp_layer_def((enum cdp_layer_type)t);
+        const int has_params = d->build != NULL;
+        cr_assert_eq(d->backward_input != NULL, has_params, "%s: backward_input", d->name);
+        cr_assert_eq(d->backward_weight != NULL, has_params, "%s: backward_weight", d->name);
+    }
+}
+
+/* Every layer type: explicit lists given an output gradient. */
+Test(model, split_backward_is_the_combined_backwards_bits_for_every_layer_type)
+{
+    check_split("{\"model\": {\"input\": [3, 11, 10], \"layers\": ["
+                "{\"type\": \"conv2d\", \"out\": 5, \"kernel\": 3, \"stride\": 2, \"padding\": 1},"
+                "{\"type\": \"relu\"}, {\"type\": \"maxpool2d\", \"kernel\": 2},"
+                "{\"type\": \"conv2d\", \"out\": 4, \"kernel\": 1, \"bias\": false},"
+                "{\"type\": \"flatten\"}, {\"type\": \"linear\", \"out\": 7}, {\"type\": \"gelu\"},"
+                "{\"type\": \"layernorm\"}, {\"type\": \"silu\"},"
+                "{\"type\": \"linear\", \"out\": 3, \"bias\": false}]}}",
+                2, 0);
+    check_split("{\"model\": {\"input\": [6], \"layers\": ["
+                "{\"type\": \"embedding\", \"vocab\": 11, \"dim\": 8, \"context\": 6},"
+                "{\"type\": \"attention\", \"heads\": 2, \"causal\": false},"
+                "{\"type\": \"attention\", \"heads\": 1},"
+                "{\"type\": \"transformer_block\", \"heads\": 4},"
+                "{\"type\": \"layernorm\"}, {\"type\": \"linear\", \"out\": 11}]}}", 2, 0);
+    /* a float input: the first unit's input gradient, a block's included */
+    check_split("{\"model\": {\"input\": [5, 8], \"layers\": [{\"type\": \"layernorm\"},"
+                "{\"type\": \"transformer_block\", \"heads\": 2}, {\"type\": \"attention\", \"heads\": 2}]}}", 2, 0);
+}
+
+/* GPT (tied and untied head, the loss's gradient computed again at W) and MLP
+ * presets ending with their loss. */
+Test(model, split_backward_is_the_combined_backwards_bits_for_gpt_and_mlp)
+{
+    check_split("{\"model\": {\"preset\": \"gpt\", \"vocab\": 37, \"context\": 33, \"layers\": 2, "
+                "\"heads\": 3, \"embed\": 24}}", 2, 1);
+    check_split("{\"model\": {\"preset\": \"gpt\", \"vocab\": 37, \"context\": 9, \"layers\": 1, "
+                "\"heads\": 3, \"embed\": 24, \"tie_embeddings\": false}}", 2, 1);
+    check_split("{\"model\": {\"preset\": \"mlp\", \"input\": [12], \"hidden\": [32, 24], \"classes\": 5}}", 3, 1);
+}
+
+/* Sharded gradients: W reduces each unit's window where the combined backward does. */
+Test(model, split_backward_reduces_sharded_gradients_as_the_combined_backward)
+{
+    check_split_on("{\"model\": {\"preset\": \"gpt\", \"vocab\": 37, \"context\": 9, \"layers\": 2, "
+                   "\"heads\": 3, \"embed\": 24}}", 2, 1, 3, cpu, 0);
+    check_split_on("{\"model\": {\"preset\": \"mlp\", \"input\": [12], \"hidden\": [32, 24], \"classes\": 5}}", 2, 1, 2,
+                   cpu, 0);
+}
+
+/* The stand-in CUDA module of tests/fake-cuda: memory the host may not
+ * address (everything staged as for a GPU), the CPU kernels behind it. */
+static cdp_device_t fake_cuda(void)
+{
+    const char *fake = getenv("CDP_FAKE_CUDA_DIR");
+    cr_assert_not_null(fake, "CDP_FAKE_CUDA_DIR is not set (run the tests through meson test)");
+    setenv("CDP_MODULE_DIR", fake, 1);
+    cdp_device_t d = NULL;
+    cr_assert_eq(cdp_device_open(CDP_BACKEND_CUDA, 0, 0, &d), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(cdp_device_host_visible(d), 0);
+    return d;
+}
+
+Test(model, split_backward_on_a_device_the_host_cannot_address)
+{
+    check_split_on("{\"model\": {\"preset\": \"gpt\", \"vocab\": 37, \"context\": 9, \"layers\": 2, "
+                   "\"heads\": 3, \"embed\": 24}}", 2, 1, 1, fake_cuda, 0);
+    check_split_on("{\"model\": {\"preset\": \"mlp\", \"input\": [12], \"hidden\": [32, 24], \"classes\": 5}}", 2, 1, 2,
+                   fake_cuda, 0);
+}
+
+/* Bad calls are errors, not crashes. */
+Test(model, split_backward_refuses_bad_slots)
+{
+    struct cdp_plan *p = plan_from("{\"model\": {\"preset\": \"gpt\", \"vocab\": 37, \"context\": 9, \"layers\": 1, "
+                                   "\"heads\": 3, \"embed\": 24}}");
+    cdp_device_t dev = cpu();
+    struct cdp_model *m;
+    cr_assert_eq(cdp_model_create(&p->model, 0, 3, 2, 2, 7, dev, &m), CDP_OK);
+    cr_assert_eq(cdp_model_backward_input(m, 0, 0, NULL, NULL), CDP_ERR_INVALID);
+    cr_assert(strstr(cdp_last_error(), "no W-state slots"), "%s", cdp_last_error());
+    cr_assert_eq(cdp_model_set_split_backward(m, -1), CDP_ERR_INVALID);
+    cr_assert_eq(cdp_model_set_split_backward(m, 2), CDP_OK);
+    cr_assert_eq(cdp_model_wstate_slots(m), 2);
+    cr_assert_eq(cdp_model_backward_weight(m, 0, 2), CDP_ERR_INVALID);
+    cr_assert(strstr(cdp_last_error(), "W-state slot 2 of 2"), "%s", cdp_last_error());
+    cr_assert_eq(cdp_model_backward_input(m, 2, 0, NULL, NULL), CDP_ERR_INVALID);
+    cr_assert(strstr(cdp_last_error(), "slot 2 of a model with 2"), "%s", cdp_last_error());
+    /* the head's W computes the loss's gradient again: a given one is refused */
+    float *dout = calloc((size_t)2 * 9 * 37, 4);
+    cr_assert_eq(cdp_model_backward_input(m, 0, 0, dout, NULL), CDP_ERR_INVALID);
+    cr_assert(strstr(cdp_last_error(), "lm_head"), "%s", cdp_last_error());
+    free(dout);
+    cdp_model_destroy(m);
+    cdp_device_close(dev);
+    cdp_plan_free(p);
 }
 
 Test(model, table_memory_matches_hand_counts)

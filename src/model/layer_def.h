@@ -69,6 +69,30 @@ struct cdp_layer_def {
     cdp_status (*backward)(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p,
                            float *const *g, const void *in, const float *act, const float *tail, const float *dout,
                            float *din, float *scratch, int B);
+    /* Split backward (cdp_unit_backward_input, cdp_unit_backward_weight):
+     * backward as two calls whose gradients are its bits, the same kernels
+     * on the same values (each parameter gradient one call of the combined
+     * backward, with din NULL; each input-gradient call one of it with the
+     * weight outputs NULL). backward_input: din as backward computes it, no
+     * parameter gradient touched; it writes into ws (B x wstate_floats)
+     * what backward_weight needs that nothing else keeps: copies of the
+     * output gradients of the unit's products and norms (dout itself, and
+     * the scratch and the caller's gradient buffers, are reused before W).
+     * backward_weight: g += from ws, the kept activations, the tail and the
+     * input, which must be as backward_input saw them; dout is the unit's
+     * output gradient again for a type with weight_takes_dout, else NULL.
+     * Both NULL: the type has no parameters, backward is its input gradient
+     * and W has nothing to do. */
+    cdp_status (*backward_input)(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p,
+                                 const void *in, const float *act, const float *tail, const float *dout,
+                                 float *din, float *ws, float *scratch, int B);
+    cdp_status (*backward_weight)(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p,
+                                  float *const *g, const void *in, const float *act, const float *tail,
+                                  const float *dout, const float *ws, float *scratch, int B);
+    /* Its backward_weight takes the output gradient again rather than a copy
+     * in the W-state: lm_head, whose logits' gradient (T x V a sample) the
+     * model computes again from the kept logits and targets. */
+    int weight_takes_dout;
     /* Selective recomputation: the tail again, from the input and the kept
      * activations (which it may write again with the values they have), as the
      * forward computed it. NULL: the type has no tail, and selective keeps all. */

@@ -280,6 +280,31 @@ cdp_status cdp_unit_backward_split(const struct cdp_kernels *k, const struct cdp
     return cdp_layer_def(u->desc.type)->backward(k, u, p, g, in, act, tail, dout, din, scratch, B);
 }
 
+float *cdp_unit_tail_in(const struct cdp_unit *u, const float *act, int B) { return tail_in(u, act, B); }
+
+int cdp_unit_weight_takes_dout(const struct cdp_unit *u) { return cdp_layer_def(u->desc.type)->weight_takes_dout; }
+
+cdp_status cdp_unit_backward_input(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p,
+                                   const void *in, const float *act, const float *tail, const float *dout,
+                                   float *din, float *ws, float *scratch, int B)
+{
+    const struct cdp_layer_def *def = cdp_layer_def(u->desc.type);
+    /* no parameters: the backward is all input gradient */
+    if (!def->backward_input) return def->backward(k, u, p, NULL, in, act, tail, dout, din, scratch, B);
+    return def->backward_input(k, u, p, in, act, tail, dout, din, ws, scratch, B);
+}
+
+cdp_status cdp_unit_backward_weight(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p,
+                                    float *const *g, const void *in, const float *act, const float *tail,
+                                    const float *dout, const float *ws, float *scratch, int B)
+{
+    const struct cdp_layer_def *def = cdp_layer_def(u->desc.type);
+    if (!def->backward_weight) return CDP_OK;
+    if (def->weight_takes_dout && !dout)
+        return cdp_fail(CDP_ERR_INTERNAL, "the weight gradient of a %s needs its output gradient again", def->name);
+    return def->backward_weight(k, u, p, g, in, act, tail, dout, ws, scratch, B);
+}
+
 cdp_status cdp_unit_recompute_tail(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p,
                                    const void *in, float *act, float *tail, float *scratch, int B)
 {

@@ -160,6 +160,31 @@ cdp_status cdp_unit_backward(const struct cdp_kernels *k, const struct cdp_unit 
                              float *const *dparams, const void *in, const float *act, const float *dout,
                              float *din, float *scratch, int B);
 
+/* Split backward (docs/training.md): cdp_unit_backward as two calls, B then
+ * W, whose gradients are the combined backward's bits (the same kernels on
+ * the same values, each parameter gradient accumulated once per call as the
+ * combined backward does; across micro-batches, in the order the Ws run).
+ * backward_input: din (+=; NULL: not wanted) as cdp_unit_backward, no
+ * parameter gradient touched; fills ws, B x wstate_floats floats of k's
+ * device, with what W needs. backward_weight: dparams += from ws, the kept
+ * activations and the input, which must be unchanged since B; dout: the
+ * output gradient again where cdp_unit_weight_takes_dout says so (lm_head),
+ * else ignored (NULL). After it ws may be reused. The activations and tail
+ * are as for cdp_unit_backward_split: under recomputation the caller
+ * computes them again before each of the two calls. */
+cdp_status cdp_unit_backward_input(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *params,
+                                   const void *in, const float *act, const float *tail, const float *dout,
+                                   float *din, float *ws, float *scratch, int B);
+cdp_status cdp_unit_backward_weight(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *params,
+                                    float *const *dparams, const void *in, const float *act, const float *tail,
+                                    const float *dout, const float *ws, float *scratch, int B);
+/* 1 when u's backward_weight needs its output gradient again (lm_head: the
+ * loss's gradient, computed again from the kept logits and targets). */
+int cdp_unit_weight_takes_dout(const struct cdp_unit *u);
+/* Where u's tail starts in a contiguous act of B samples (after the kept
+ * activations), for callers of the split passes that keep everything. */
+float *cdp_unit_tail_in(const struct cdp_unit *u, const float *act, int B);
+
 /* The same passes with the kept activations (B x (act_floats - tail)) at act
  * and the selective tail (B x cdp_unit_tail_floats) at tail, anywhere; and the
  * tail computed again from the input and the kept ones, as the forward wrote

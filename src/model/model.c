@@ -56,7 +56,13 @@ struct cdp_model {
     int64_t *act_off; /* per unit, within a slot */
     int64_t loss_rows; /* rows of the loss per micro-batch */
     float *loss_host;  /* [loss_rows]: the losses read back */
-    float loss_scale;
+    float *loss_scale; /* [slots]: each slot's, from cdp_model_loss, for its backward (and its W) */
+    struct cdp_model_bytes mb; /* what the model holds, as allocated (cdp_model_memory) */
+    /* split backward (cdp_model_set_split_backward): wslots W-states of wstate_per_slot floats, unit i's
+     * at wstate_off[i] in each */
+    cdp_buffer_t wstate_buf;
+    int wslots;
+    int64_t wstate_per_slot, *wstate_off;
 };
 
 int cdp_model_unit_count(const struct cdp_model *m) { return m->n_units; }
@@ -210,6 +216,9 @@ void cdp_model_destroy(struct cdp_model *m)
     cdp_buffer_destroy(m->dbuf);
     cdp_buffer_destroy(m->loss_buf);
     cdp_buffer_destroy(m->work_buf);
+    cdp_buffer_destroy(m->wstate_buf);
+    free(m->wstate_off);
+    free(m->loss_scale);
     free(m->units);
     free(m->tensors);
     free(m->pptr);
@@ -339,8 +348,10 @@ cdp_status cdp_model_create_sharded(const struct cdp_model_desc *desc, int first
     m->pptr = calloc((size_t)m->n_units * CDP_UNIT_MAX_PARAMS, sizeof *m->pptr);
     m->gptr = calloc((size_t)m->n_units * CDP_UNIT_MAX_PARAMS, sizeof *m->gptr);
     m->act_off = calloc((size_t)m->n_units, sizeof *m->act_off);
+    m->wstate_off = calloc((size_t)m->n_units, sizeof *m->wstate_off);
+    m->loss_scale = calloc((size_t)slots, sizeof *m->loss_scale);
     m->tensors = calloc((size_t)m->n_units * CDP_UNIT_MAX_PARAMS, sizeof *m->tensors);
-    if (!m->units || !m->pptr || !m->gptr || !m->act_off || !m->tensors) {
+    if (!m->units || !m->pptr || !m->gptr || !m->act_off || !m->wstate_off || !m->loss_scale || !m->tensors) {
         st = cdp_fail(CDP_ERR_NOMEM, "out of memory for a model");
         goto fail;
     }
@@ -436,6 +447,13 @@ cdp_status cdp_model_create_sharded(const struct cdp_model_desc *desc, int first
         acts += (int64_t)B * m->units[i].keep_floats;
     }
     m->acts_per_slot = acts;
+    int64_t wst = 0;
+    for (int i = 0; i < m->n_units; i++) {
+        m->wstate_off[i] = wst;
+        wst += (int64_t)B * m->units[i].wstate_floats;
+    }
+    m->wstate_per_slot = wst;
+    m->mb = mb;
     m->dfloats = (int64_t)(mb.grad_buffers / 8);
     m->input_bytes_per_slot = (int64_t)ub0.input_bytes;
     if (m->ends_model) {
@@ -551,7 +569,7 @@ cdp_status cdp_model_loss(struct cdp_model *m, int slot, const void *targets, fl
     double s = 0;
     for (int64_t r = 0; r < m->loss_rows; r++) s += m->loss_host[r];
     *loss_sum = s;
-    m->loss_scale = scale;
+    m->loss_scale[slot] = scale;
     return CDP_OK;
 }
 
@@ -561,10 +579,10 @@ static cdp_status loss_bwd(struct cdp_model *m, int slot, float *d)
     const struct cdp_unit *ul = &m->units[m->n_units - 1];
     const void *tslot = (char *)cdp_buffer_data(m->target_buf) + slot * m->target_bytes_per_slot;
     if (m->loss == CDP_LOSS_MSE)
-        CDP_KERNEL(&m->k, mse_bwd, d, cdp_model_output(m, slot), tslot, m->B, (int)ul->out_floats, m->loss_scale);
+        CDP_KERNEL(&m->k, mse_bwd, d, cdp_model_output(m, slot), tslot, m->B, (int)ul->out_floats, m->loss_scale[slot]);
     else
         CDP_KERNEL(&m->k, crossentropy_bwd, d, cdp_model_output(m, slot), tslot, (int)m->loss_rows,
-                   (int)ul->out.d[ul->out.ndim - 1], m->loss_scale);
+                   (int)ul->out.d[ul->out.ndim - 1], m->loss_scale[slot]);
     return CDP_OK;
 }
 
@@ -588,52 +606,182 @@ static cdp_status reduce_into_shard(struct cdp_model *m, float *buf, uint64_t fr
     return CDP_OK;
 }
 
+/* The unit's name in a message's context. */
+#define UNIT_CTX(st, what, u) cdp_error_context(st, what " of unit %d (%s)", (u)->index, cdp_layer_name((u)->desc.type))
+
+/* The output gradient of the range for a backward over a slot: dout, or the
+ * loss's gradient into d0 when the range holds the loss. */
+static cdp_status range_dout(struct cdp_model *m, int slot, const float **dout, float *d0)
+{
+    cdp_status st;
+    if (*dout) return CDP_OK;
+    if (!m->ends_model) return cdp_fail(CDP_ERR_INTERNAL, "backward without an output gradient on a middle range");
+    if ((st = loss_bwd(m, slot, d0))) return cdp_error_context(st, "the loss gradient");
+    *dout = d0;
+    return CDP_OK;
+}
+
+/* Where unit i's input gradient goes in a backward whose output gradient is
+ * at cur: din (or nowhere, tokens) for the first unit, else the other of the
+ * two gradient buffers, zeroed. */
+static cdp_status unit_din(struct cdp_model *m, int i, const float *cur, float *din, float **dst)
+{
+    const struct cdp_unit *u = &m->units[i];
+    float *d0 = cdp_buffer_data(m->dbuf), *d1 = d0 + m->dfloats;
+    if (i == 0) {
+        *dst = u->in_tokens ? NULL : din;
+        return CDP_OK;
+    }
+    *dst = cur == d0 ? d1 : d0;
+    cdp_status st = zero_floats(m, *dst, m->B * shape_numel(&u->in));
+    return st ? UNIT_CTX(st, "backward", u) : CDP_OK;
+}
+
+/* Unit i's activations for a backward pass over a slot, what the slot does
+ * not keep computed again (unit_acts). */
+static cdp_status unit_backward_acts(struct cdp_model *m, int slot, int i, float **act, float **tail)
+{
+    const struct cdp_unit *u = &m->units[i];
+    float *scratch = cdp_buffer_data(m->scratch_buf);
+    cdp_status st = CDP_OK;
+    unit_acts(m, slot, i, act, tail);
+    if (u->work_floats && u->recompute == CDP_RECOMPUTE_FULL) st = unit_forward(m, slot, i, *act, *tail, scratch);
+    else if (u->work_floats)
+        st = cdp_unit_recompute_tail(&m->k, u, &m->pptr[i * CDP_UNIT_MAX_PARAMS], unit_input(m, slot, i), *act,
+                                     *tail, scratch, m->B);
+    return st ? UNIT_CTX(st, "recomputing", u) : CDP_OK;
+}
+
+/* Sharded gradients: unit i's accumulate from zero in the window before its
+ * parameter gradients, and are reduced into the shard after them. */
+static cdp_status window_open(struct cdp_model *m, int i)
+{
+    cdp_status st;
+    if (m->grad_shards > 1 && m->unit_window[i] && (st = zero_floats(m, m->window, (int64_t)m->unit_window[i])))
+        return UNIT_CTX(st, "backward", &m->units[i]);
+    return CDP_OK;
+}
+
+static cdp_status window_reduce(struct cdp_model *m, int i)
+{
+    cdp_status st;
+    for (int k = m->grad_shards > 1 ? m->run_first[i] : 0; m->grad_shards > 1 && k < m->run_first[i + 1]; k++)
+        if ((st = reduce_into_shard(m, m->runs[k].win, m->runs[k].from, m->runs[k].count)))
+            return UNIT_CTX(st, "reducing the gradients", &m->units[i]);
+    return CDP_OK;
+}
+
 cdp_status cdp_model_backward(struct cdp_model *m, int slot, const float *dout, float *din)
 {
     cdp_status st;
     if ((st = cdp_model_error(m))) return st;
     float *scratch = cdp_buffer_data(m->scratch_buf);
-    float *d0 = cdp_buffer_data(m->dbuf), *d1 = d0 + m->dfloats;
-    if (!dout) {
-        if (!m->ends_model)
-            return cdp_fail(CDP_ERR_INTERNAL, "backward without an output gradient on a middle range");
-        if ((st = loss_bwd(m, slot, d0))) return cdp_error_context(st, "the loss gradient");
-        dout = d0;
-    }
+    if ((st = range_dout(m, slot, &dout, cdp_buffer_data(m->dbuf)))) return st;
     const float *cur = dout;
     for (int i = m->n_units - 1; i >= 0; i--) {
         const struct cdp_unit *u = &m->units[i];
-        float *dst;
-        if (i == 0) {
-            dst = u->in_tokens ? NULL : din;
-        } else {
-            dst = cur == d0 ? d1 : d0;
-            int64_t n = 1;
-            for (int d = 0; d < u->in.ndim; d++) n *= u->in.d[d];
-            if ((st = zero_floats(m, dst, m->B * n)))
-                return cdp_error_context(st, "backward of unit %d (%s)", u->index, cdp_layer_name(u->desc.type));
-        }
-        float *act, *tail;
-        unit_acts(m, slot, i, &act, &tail);
-        /* what the slot does not keep, computed again */
-        st = CDP_OK;
-        if (u->work_floats && u->recompute == CDP_RECOMPUTE_FULL) st = unit_forward(m, slot, i, act, tail, scratch);
-        else if (u->work_floats)
-            st = cdp_unit_recompute_tail(&m->k, u, &m->pptr[i * CDP_UNIT_MAX_PARAMS], unit_input(m, slot, i), act,
-                                         tail, scratch, m->B);
-        if (st) return cdp_error_context(st, "recomputing unit %d (%s)", u->index, cdp_layer_name(u->desc.type));
-        /* sharded gradients: this unit's accumulate from zero in the window */
-        if (m->grad_shards > 1 && m->unit_window[i] && (st = zero_floats(m, m->window, (int64_t)m->unit_window[i])))
-            return cdp_error_context(st, "backward of unit %d (%s)", u->index, cdp_layer_name(u->desc.type));
+        float *dst, *act, *tail;
+        if ((st = unit_din(m, i, cur, din, &dst))) return st;
+        if ((st = unit_backward_acts(m, slot, i, &act, &tail))) return st;
+        if ((st = window_open(m, i))) return st;
         if ((st = cdp_unit_backward_split(&m->k, u, &m->pptr[i * CDP_UNIT_MAX_PARAMS],
                                           &m->gptr[i * CDP_UNIT_MAX_PARAMS], unit_input(m, slot, i), act, tail, cur,
                                           dst, scratch, m->B)))
-            return cdp_error_context(st, "backward of unit %d (%s)", u->index, cdp_layer_name(u->desc.type));
-        for (int k = m->grad_shards > 1 ? m->run_first[i] : 0; m->grad_shards > 1 && k < m->run_first[i + 1]; k++)
-            if ((st = reduce_into_shard(m, m->runs[k].win, m->runs[k].from, m->runs[k].count)))
-                return cdp_error_context(st, "reducing the gradients of unit %d (%s)", u->index,
-                                         cdp_layer_name(u->desc.type));
+            return UNIT_CTX(st, "backward", u);
+        if ((st = window_reduce(m, i))) return st;
         cur = dst;
+    }
+    return CDP_OK;
+}
+
+/* ---- split backward ------------------------------------------------------------ */
+
+cdp_status cdp_model_set_split_backward(struct cdp_model *m, int wslots)
+{
+    if (wslots < 0)
+        return cdp_fail(CDP_ERR_INVALID, "split backward: %d W-state slots asked for; 0 or more", wslots);
+    cdp_buffer_destroy(m->wstate_buf);
+    m->wstate_buf = NULL;
+    m->wslots = 0;
+    cdp_model_bytes_add_wstate(&m->mb, 0, 0);
+    if (!wslots) return CDP_OK;
+    const uint64_t bytes = cdp_sat_mul((uint64_t)wslots, (uint64_t)m->wstate_per_slot * 4);
+    cdp_status st = alloc(m, bytes, "W-state (split backward)", &m->wstate_buf);
+    if (st) return st;
+    m->wslots = wslots;
+    cdp_model_bytes_add_wstate(&m->mb, (uint64_t)m->wstate_per_slot * 4, wslots);
+    return CDP_OK;
+}
+
+int cdp_model_wstate_slots(const struct cdp_model *m) { return m->wslots; }
+
+void cdp_model_memory(const struct cdp_model *m, struct cdp_model_bytes *out) { *out = m->mb; }
+
+/* Unit i's W-state in W-state slot wslot. */
+static float *unit_wstate(struct cdp_model *m, int wslot, int i)
+{
+    return (float *)cdp_buffer_data(m->wstate_buf) + (int64_t)wslot * m->wstate_per_slot + m->wstate_off[i];
+}
+
+static cdp_status check_split(const struct cdp_model *m, const char *what, int slot, int wslot)
+{
+    if (slot < 0 || slot >= m->slots)
+        return cdp_fail(CDP_ERR_INVALID, "%s: slot %d of a model with %d activation slots", what, slot, m->slots);
+    if (!m->wslots)
+        return cdp_fail(CDP_ERR_INVALID, "%s: the model has no W-state slots (cdp_model_set_split_backward)", what);
+    if (wslot < 0 || wslot >= m->wslots)
+        return cdp_fail(CDP_ERR_INVALID, "%s: W-state slot %d of %d", what, wslot, m->wslots);
+    return cdp_model_error(m);
+}
+
+cdp_status cdp_model_backward_input(struct cdp_model *m, int slot, int wslot, const float *dout, float *din)
+{
+    cdp_status st;
+    if ((st = check_split(m, "the backward's input gradient", slot, wslot))) return st;
+    if (dout && cdp_unit_weight_takes_dout(&m->units[m->n_units - 1]))
+        return cdp_fail(CDP_ERR_INVALID, "split backward: a range ending with unit %d (%s) takes its output gradient "
+                        "from the loss (dout NULL), which its W computes again", m->units[m->n_units - 1].index,
+                        cdp_layer_name(m->units[m->n_units - 1].desc.type));
+    float *scratch = cdp_buffer_data(m->scratch_buf);
+    if ((st = range_dout(m, slot, &dout, cdp_buffer_data(m->dbuf)))) return st;
+    const float *cur = dout;
+    for (int i = m->n_units - 1; i >= 0; i--) {
+        const struct cdp_unit *u = &m->units[i];
+        float *dst, *act, *tail;
+        if ((st = unit_din(m, i, cur, din, &dst))) return st;
+        if ((st = unit_backward_acts(m, slot, i, &act, &tail))) return st;
+        if ((st = cdp_unit_backward_input(&m->k, u, &m->pptr[i * CDP_UNIT_MAX_PARAMS], unit_input(m, slot, i), act,
+                                          tail, cur, dst, unit_wstate(m, wslot, i), scratch, m->B)))
+            return UNIT_CTX(st, "backward (input gradient)", u);
+        cur = dst;
+    }
+    return CDP_OK;
+}
+
+cdp_status cdp_model_backward_weight(struct cdp_model *m, int slot, int wslot)
+{
+    cdp_status st;
+    if ((st = check_split(m, "the backward's weight gradient", slot, wslot))) return st;
+    float *scratch = cdp_buffer_data(m->scratch_buf);
+    for (int i = m->n_units - 1; i >= 0; i--) {
+        const struct cdp_unit *u = &m->units[i];
+        if (!u->n_params) continue;
+        float *act, *tail;
+        const float *dout = NULL;
+        if (cdp_unit_weight_takes_dout(u)) {
+            /* the loss's gradient again, from the kept output and targets: the same kernel on the same values */
+            if (i != m->n_units - 1 || !m->ends_model)
+                return cdp_fail(CDP_ERR_INTERNAL, "unit %d (%s) needs the loss's gradient but does not end the model",
+                                u->index, cdp_layer_name(u->desc.type));
+            if ((st = range_dout(m, slot, &dout, cdp_buffer_data(m->dbuf)))) return st;
+        }
+        if ((st = unit_backward_acts(m, slot, i, &act, &tail))) return st;
+        if ((st = window_open(m, i))) return st;
+        if ((st = cdp_unit_backward_weight(&m->k, u, &m->pptr[i * CDP_UNIT_MAX_PARAMS],
+                                           &m->gptr[i * CDP_UNIT_MAX_PARAMS], unit_input(m, slot, i), act, tail, dout,
+                                           unit_wstate(m, wslot, i), scratch, m->B)))
+            return UNIT_CTX(st, "backward (weight gradient)", u);
+        if ((st = window_reduce(m, i))) return st;
     }
     return CDP_OK;
 }

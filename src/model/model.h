@@ -179,8 +179,8 @@ cdp_status cdp_model_forward(struct cdp_model *m, int slot);
 /* For a model that ends with the model's last unit: the loss of the slot's
  * micro-batch against targets (host memory: int32 classes / next tokens, or
  * float values; copied to the device), summed over its rows into *loss_sum, and
- * the output gradient scaled by `scale` (1 / rows in the global batch) kept for
- * cdp_model_backward. */
+ * the output gradient scaled by `scale` (1 / rows in the global batch) kept, per
+ * slot, for cdp_model_backward (and split backward's B and W). */
 cdp_status cdp_model_loss(struct cdp_model *m, int slot, const void *targets, float scale,
                           double *loss_sum);
 
@@ -192,6 +192,39 @@ cdp_status cdp_model_loss(struct cdp_model *m, int slot, const void *targets, fl
  * the message. */
 cdp_status cdp_model_backward(struct cdp_model *m, int slot, const float *dout, float *din);
 void cdp_model_zero_grad(struct cdp_model *m);
+
+/* Split backward (zero-bubble schedules; docs/training.md): cdp_model_backward
+ * as B, the input gradient, then W, the parameter gradients, later, with the
+ * combined backward's bits (the same kernels on the same values) when the
+ * Ws run in the order the combined backwards would (float addition is not
+ * associative: the order in which micro-batches add into a gradient shows).
+ * Between its B and its W a micro-batch holds its activations (its slot:
+ * schedules count it in flight from F to W), its input and targets, and a
+ * W-state: copies of the output gradients of the units' products and norms
+ * (the units' wstate_floats). Under recomputation W computes again what B did.
+ *
+ * set_split_backward allocates wslots W-states on the model's device (each
+ * B x the range's wstate_floats summed; in the device's high-water mark and
+ * in cdp_model_memory's wstate), freeing those there were; 0 frees them. */
+cdp_status cdp_model_set_split_backward(struct cdp_model *m, int wslots);
+int cdp_model_wstate_slots(const struct cdp_model *m);
+/* B: as cdp_model_backward for din (dout likewise: NULL on the range holding
+ * the loss), the activations of `slot`, filling W-state `wslot`; no
+ * parameter gradient changes. CDP_ERR_INVALID for a slot or W-state slot out
+ * of range, or none allocated, and for a dout given to a range ending with a
+ * unit whose W takes the loss's gradient again (lm_head). */
+cdp_status cdp_model_backward_input(struct cdp_model *m, int slot, int wslot, const float *dout, float *din);
+/* W: accumulates that micro-batch's parameter gradients from W-state wslot
+ * and the slot's activations, input (and, on the range holding the loss, its
+ * targets and the loss's scale, whose gradient it computes again), which must
+ * be unchanged since its B; calls the gradient reduce hook where
+ * cdp_model_backward does (after each unit's, sharded gradients). After it
+ * the slot and the W-state slot may be reused. */
+cdp_status cdp_model_backward_weight(struct cdp_model *m, int slot, int wslot);
+
+/* The device bytes the model holds, buffer by buffer (cdp_model_bytes_of's
+ * figures, and the W-state that split backward adds). */
+void cdp_model_memory(const struct cdp_model *m, struct cdp_model_bytes *out);
 
 /* Weights: write every tensor (named as above) to a safetensors file,
  * atomically; read them back from one written by cdphybrid, or from a GPT-2

@@ -104,6 +104,46 @@ static cdp_status backward(const struct cdp_kernels *k, const struct cdp_unit *u
     return CDP_OK;
 }
 
+/* The W-state: the output gradient of each projection. */
+static void attention_wstate(float *ws, int64_t NC, float **dout, float **dqkv)
+{
+    *dout = ws;
+    *dqkv = ws + NC;
+}
+
+/* B: backward's input-gradient calls, the weight outputs NULL, with dqkv in the W-state */
+static cdp_status backward_input(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p,
+                                 const void *in, const float *act, const float *tail, const float *dout,
+                                 float *din, float *ws, float *scratch_, int B)
+{
+    const int T = (int)u->in.d[0], C = (int)u->in.d[1], N = B * T;
+    const float *qkv = act + (int64_t)N * C, *atty = tail, *att = atty + (int64_t)N * C;
+    float *datty = scratch_, *tt = datty + 4 * (int64_t)N * C, *wdout, *dqkv;
+    attention_wstate(ws, (int64_t)N * C, &wdout, &dqkv);
+    K(copy, wdout, dout, (size_t)N * C * sizeof *wdout);
+    K(zero, datty, (size_t)N * C * sizeof *datty);
+    K(linear_bwd, datty, NULL, NULL, dout, atty, p[2], N, C, C);
+    K(zero, dqkv, (size_t)3 * N * C * sizeof *dqkv);
+    K(attention_bwd, dqkv, datty, qkv, att, tt, B, T, C, (int)u->desc.heads, u->desc.causal);
+    if (din) K(linear_bwd, din, NULL, NULL, dqkv, (const float *)in, p[0], N, C, 3 * C);
+    return CDP_OK;
+}
+
+/* W: both projections' dw and db, din NULL */
+static cdp_status backward_weight(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p,
+                                  float *const *g, const void *in, const float *act, const float *tail,
+                                  const float *dout, const float *ws, float *scratch_, int B)
+{
+    (void)act, (void)dout, (void)scratch_;
+    const int T = (int)u->in.d[0], C = (int)u->in.d[1], N = B * T;
+    const float *atty = tail;
+    float *wdout, *dqkv;
+    attention_wstate((float *)ws, (int64_t)N * C, &wdout, &dqkv);
+    K(linear_bwd, NULL, g[2], g[3], wdout, atty, p[2], N, C, C);
+    K(linear_bwd, NULL, g[0], g[1], dqkv, (const float *)in, p[0], N, C, 3 * C);
+    return CDP_OK;
+}
+
 const struct cdp_layer_def cdp_layer_attention = {
     .type = CDP_LAYER_ATTENTION,
     .name = "attention",
@@ -120,5 +160,7 @@ const struct cdp_layer_def cdp_layer_attention = {
     .scratch = scratch,
     .forward = forward,
     .backward = backward,
+    .backward_input = backward_input,
+    .backward_weight = backward_weight,
     .recompute = recompute,
 };

@@ -100,6 +100,32 @@ static cdp_status backward(const struct cdp_kernels *k, const struct cdp_unit *u
     return CDP_OK;
 }
 
+/* B: din with the weight outputs NULL; the output gradient kept for W */
+static cdp_status backward_input(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p,
+                                 const void *in, const float *act, const float *tail, const float *dout,
+                                 float *din, float *ws, float *scratch_, int B)
+{
+    (void)act, (void)tail;
+    const struct cdp_layer_desc *d = &u->desc;
+    K(copy, ws, dout, (size_t)B * u->out_floats * sizeof *ws);
+    if (din)
+        K(conv2d_bwd, din, NULL, NULL, scratch_, dout, (const float *)in, p[0], B, (int)u->in.d[0],
+          (int)u->in.d[1], (int)u->in.d[2], (int)d->out, (int)d->kernel, (int)d->stride, (int)d->padding);
+    return CDP_OK;
+}
+
+/* W: dw and db with din NULL, from that copy */
+static cdp_status backward_weight(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p,
+                                  float *const *g, const void *in, const float *act, const float *tail,
+                                  const float *dout, const float *ws, float *scratch_, int B)
+{
+    (void)act, (void)tail, (void)dout;
+    const struct cdp_layer_desc *d = &u->desc;
+    K(conv2d_bwd, NULL, g[0], d->bias ? g[1] : NULL, scratch_, ws, (const float *)in, p[0], B, (int)u->in.d[0],
+      (int)u->in.d[1], (int)u->in.d[2], (int)d->out, (int)d->kernel, (int)d->stride, (int)d->padding);
+    return CDP_OK;
+}
+
 const struct cdp_layer_def cdp_layer_conv2d = {
     .type = CDP_LAYER_CONV2D,
     .name = "conv2d",
@@ -115,4 +141,6 @@ const struct cdp_layer_def cdp_layer_conv2d = {
     .scratch = scratch,
     .forward = forward,
     .backward = backward,
+    .backward_input = backward_input,
+    .backward_weight = backward_weight,
 };

@@ -91,6 +91,25 @@ static cdp_status backward(const struct cdp_kernels *k, const struct cdp_unit *u
     return CDP_OK;
 }
 
+/* B: no input gradient (tokens); the output gradient kept for W */
+static cdp_status backward_input(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p,
+                                 const void *in, const float *act, const float *tail, const float *dout,
+                                 float *din, float *ws, float *scratch, int B)
+{
+    (void)p, (void)in, (void)act, (void)tail, (void)din, (void)scratch;
+    K(copy, ws, dout, (size_t)B * u->out_floats * sizeof *ws);
+    return CDP_OK;
+}
+
+/* W: the whole backward, from that copy */
+static cdp_status backward_weight(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p,
+                                  float *const *g, const void *in, const float *act, const float *tail,
+                                  const float *dout, const float *ws, float *scratch, int B)
+{
+    (void)dout;
+    return backward(k, u, p, g, in, act, tail, ws, NULL, scratch, B);
+}
+
 const struct cdp_layer_def cdp_layer_embedding = {
     .type = CDP_LAYER_EMBEDDING,
     .name = "embedding",
@@ -105,4 +124,6 @@ const struct cdp_layer_def cdp_layer_embedding = {
     .cost = cost,
     .forward = forward,
     .backward = backward,
+    .backward_input = backward_input,
+    .backward_weight = backward_weight,
 };

@@ -64,6 +64,34 @@ static cdp_status backward(const struct cdp_kernels *k, const struct cdp_unit *u
     return CDP_OK;
 }
 
+/* B: din with the weight outputs NULL (nothing when din is not wanted); the
+ * output gradient kept for W */
+static cdp_status backward_input(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p,
+                                 const void *in, const float *act, const float *tail, const float *dout,
+                                 float *din, float *ws, float *scratch_, int B)
+{
+    (void)tail, (void)scratch_;
+    const int64_t n_in = (int64_t)B * cdp_shape_numel(&u->in);
+    const int rows = (int)(B * cdp_shape_rows(&u->in)), last = (int)cdp_shape_last(&u->in);
+    const float *mean = act + n_in, *rstd = mean + rows;
+    K(copy, ws, dout, (size_t)n_in * sizeof *ws);
+    if (din) K(layernorm_bwd, din, NULL, NULL, dout, (const float *)in, p[0], mean, rstd, rows, last);
+    return CDP_OK;
+}
+
+/* W: the weight and bias gradients with din NULL, from that copy */
+static cdp_status backward_weight(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p,
+                                  float *const *g, const void *in, const float *act, const float *tail,
+                                  const float *dout, const float *ws, float *scratch_, int B)
+{
+    (void)tail, (void)dout, (void)scratch_;
+    const int64_t n_in = (int64_t)B * cdp_shape_numel(&u->in);
+    const int rows = (int)(B * cdp_shape_rows(&u->in)), last = (int)cdp_shape_last(&u->in);
+    const float *mean = act + n_in, *rstd = mean + rows;
+    K(layernorm_bwd, NULL, g[0], g[1], ws, (const float *)in, p[0], mean, rstd, rows, last);
+    return CDP_OK;
+}
+
 const struct cdp_layer_def cdp_layer_layernorm = {
     .type = CDP_LAYER_LAYERNORM,
     .name = "layernorm",
@@ -78,4 +106,6 @@ const struct cdp_layer_def cdp_layer_layernorm = {
     .scratch = scratch,
     .forward = forward,
     .backward = backward,
+    .backward_input = backward_input,
+    .backward_weight = backward_weight,
 };

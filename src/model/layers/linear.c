@@ -72,6 +72,30 @@ static cdp_status backward(const struct cdp_kernels *k, const struct cdp_unit *u
     return CDP_OK;
 }
 
+/* B: din with the weight outputs NULL; the output gradient kept for W */
+static cdp_status backward_input(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p,
+                                 const void *in, const float *act, const float *tail, const float *dout,
+                                 float *din, float *ws, float *scratch, int B)
+{
+    (void)act, (void)tail, (void)scratch;
+    const int N = (int)(B * cdp_shape_rows(&u->in));
+    K(copy, ws, dout, (size_t)N * u->desc.out * sizeof *ws);
+    if (din) K(linear_bwd, din, NULL, NULL, dout, (const float *)in, p[0], N, (int)cdp_shape_last(&u->in),
+               (int)u->desc.out);
+    return CDP_OK;
+}
+
+/* W: dw and db with din NULL, from that copy */
+static cdp_status backward_weight(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p,
+                                  float *const *g, const void *in, const float *act, const float *tail,
+                                  const float *dout, const float *ws, float *scratch, int B)
+{
+    (void)act, (void)tail, (void)dout, (void)scratch;
+    K(linear_bwd, NULL, g[0], u->desc.bias ? g[1] : NULL, ws, (const float *)in, p[0],
+      (int)(B * cdp_shape_rows(&u->in)), (int)cdp_shape_last(&u->in), (int)u->desc.out);
+    return CDP_OK;
+}
+
 const struct cdp_layer_def cdp_layer_linear = {
     .type = CDP_LAYER_LINEAR,
     .name = "linear",
@@ -86,4 +110,6 @@ const struct cdp_layer_def cdp_layer_linear = {
     .cost = cost,
     .forward = forward,
     .backward = backward,
+    .backward_input = backward_input,
+    .backward_weight = backward_weight,
 };

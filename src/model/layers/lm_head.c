@@ -74,6 +74,36 @@ static cdp_status backward(const struct cdp_kernels *k, const struct cdp_unit *u
     return CDP_OK;
 }
 
+/* B: dln (the W-state) with the head's weight output NULL, then din through
+ * the norm with its weight outputs NULL (nothing when din is not wanted) */
+static cdp_status backward_input(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p,
+                                 const void *in, const float *act, const float *tail, const float *dout,
+                                 float *din, float *ws, float *scratch_, int B)
+{
+    (void)tail, (void)scratch_;
+    const int T = (int)u->in.d[0], C = (int)u->in.d[1], N = B * T, V = (int)u->desc.vocab;
+    const float *ln = act + (int64_t)N * V, *mean = ln + (int64_t)N * C, *rstd = mean + N;
+    float *dln = ws;
+    K(zero, dln, (size_t)N * C * sizeof *dln);
+    K(linear_bwd, dln, NULL, NULL, dout, ln, p[2], N, C, V);
+    if (din) K(layernorm_bwd, din, NULL, NULL, dln, (const float *)in, p[0], mean, rstd, N, C);
+    return CDP_OK;
+}
+
+/* W: the head's dw from dout (the logits' gradient again: weight_takes_dout)
+ * and the norm's from dln, din NULL */
+static cdp_status backward_weight(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p,
+                                  float *const *g, const void *in, const float *act, const float *tail,
+                                  const float *dout, const float *ws, float *scratch_, int B)
+{
+    (void)tail, (void)scratch_;
+    const int T = (int)u->in.d[0], C = (int)u->in.d[1], N = B * T, V = (int)u->desc.vocab;
+    const float *ln = act + (int64_t)N * V, *mean = ln + (int64_t)N * C, *rstd = mean + N;
+    K(linear_bwd, NULL, g[2], NULL, dout, ln, p[2], N, C, V);
+    K(layernorm_bwd, NULL, g[0], g[1], ws, (const float *)in, p[0], mean, rstd, N, C);
+    return CDP_OK;
+}
+
 const struct cdp_layer_def cdp_layer_lm_head = {
     .type = CDP_LAYER_LM_HEAD,
     .name = "lm_head",
@@ -85,4 +115,7 @@ const struct cdp_layer_def cdp_layer_lm_head = {
     .scratch = scratch,
     .forward = forward,
     .backward = backward,
+    .backward_input = backward_input,
+    .backward_weight = backward_weight,
+    .weight_takes_dout = 1,
 };

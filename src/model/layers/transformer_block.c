@@ -190,6 +190,89 @@ static cdp_status backward(const struct cdp_kernels *k, const struct cdp_unit *u
     return CDP_OK;
 }
 
+/* Split backward's W-state, per micro-batch of B (11 T C a sample): the
+ * output gradient of each product and norm, as backward computes it. */
+struct block_wstate {
+    float *dout;  /* the block's: mlp.c_proj's */
+    float *dfch;  /* mlp.c_fc's (through the GELU) */
+    float *dln2;  /* ln_2's */
+    float *dres2; /* attn.c_proj's: the residual stream's after ln_2 */
+    float *dqkv;  /* attn.c_attn's */
+    float *dln1;  /* ln_1's */
+};
+
+static struct block_wstate block_wstate(float *w, int B, int64_t T, int64_t C)
+{
+    const int64_t BTC = (int64_t)B * T * C;
+    struct block_wstate r;
+    r.dout = w;
+    r.dfch = r.dout + BTC;
+    r.dln2 = r.dfch + 4 * BTC;
+    r.dres2 = r.dln2 + BTC;
+    r.dqkv = r.dres2 + BTC;
+    r.dln1 = r.dqkv + 3 * BTC;
+    return r;
+}
+
+/* B: backward's input-gradient calls in its order, the weight outputs NULL,
+ * with the gradients W reads written in the W-state rather than scratch. */
+static cdp_status backward_input(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p,
+                                 const void *in, const float *act, const float *tail, const float *dout,
+                                 float *din, float *ws, float *scratch, int B)
+{
+    const float *x = (const float *)in;
+    const int T = (int)u->in.d[0], C = (int)u->in.d[1], NH = (int)u->desc.heads, N = B * T;
+    const size_t BTC = (size_t)N * C;
+    struct block_acts a = block_layout((float *)act, (float *)tail, B, T, C);
+    struct block_wstate w = block_wstate(ws, B, T, C);
+    /* scratch as backward lays it out; dres2, dfch and dqkv unused */
+    float *dg = scratch + BTC, *dln = dg + 8 * BTC, *att_scratch = dln + 4 * BTC;
+    K(copy, w.dout, dout, BTC * sizeof *w.dout);
+    K(copy, w.dres2, dout, BTC * sizeof *w.dres2);
+    if (k->ops->linear_gelu_bwd) {
+        K(linear_gelu_bwd, w.dfch, NULL, NULL, dout, a.fch_gelu, a.fch, p[10], N, 4 * C, C);
+    } else {
+        K(zero, dg, 4 * BTC * sizeof *dg);
+        K(linear_bwd, dg, NULL, NULL, dout, a.fch_gelu, p[10], N, 4 * C, C);
+        K(zero, w.dfch, 4 * BTC * sizeof *w.dfch);
+        K(gelu_bwd, w.dfch, dg, a.fch, 4 * BTC);
+    }
+    K(zero, w.dln2, BTC * sizeof *w.dln2);
+    K(linear_bwd, w.dln2, NULL, NULL, w.dfch, a.ln2, p[8], N, C, 4 * C);
+    K(layernorm_bwd, w.dres2, NULL, NULL, w.dln2, a.res2, p[6], a.ln2_mean, a.ln2_rstd, N, C);
+    K(zero, dln, BTC * sizeof *dln);
+    K(linear_bwd, dln, NULL, NULL, w.dres2, a.atty, p[4], N, C, C);
+    K(zero, w.dqkv, 3 * BTC * sizeof *w.dqkv);
+    K(attention_bwd, w.dqkv, dln, a.qkv, a.att, att_scratch, B, T, C, NH, 1);
+    K(zero, w.dln1, BTC * sizeof *w.dln1);
+    K(linear_bwd, w.dln1, NULL, NULL, w.dqkv, a.ln1, p[2], N, C, 3 * C);
+    if (din) {
+        K(add, din, w.dres2, BTC);
+        K(layernorm_bwd, din, NULL, NULL, w.dln1, x, p[0], a.ln1_mean, a.ln1_rstd, N, C);
+    }
+    return CDP_OK;
+}
+
+/* W: each parameter's call of backward, din NULL, from the W-state (the fused
+ * linear_gelu_bwd's dw and db are linear_bwd's: kernels/ops.h). */
+static cdp_status backward_weight(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p,
+                                  float *const *g, const void *in, const float *act, const float *tail,
+                                  const float *dout, const float *ws, float *scratch, int B)
+{
+    (void)dout, (void)scratch;
+    const float *x = (const float *)in;
+    const int T = (int)u->in.d[0], C = (int)u->in.d[1], N = B * T;
+    struct block_acts a = block_layout((float *)act, (float *)tail, B, T, C);
+    struct block_wstate w = block_wstate((float *)ws, B, T, C);
+    K(linear_bwd, NULL, g[10], g[11], w.dout, a.fch_gelu, p[10], N, 4 * C, C);
+    K(linear_bwd, NULL, g[8], g[9], w.dfch, a.ln2, p[8], N, C, 4 * C);
+    K(layernorm_bwd, NULL, g[6], g[7], w.dln2, a.res2, p[6], a.ln2_mean, a.ln2_rstd, N, C);
+    K(linear_bwd, NULL, g[4], g[5], w.dres2, a.atty, p[4], N, C, C);
+    K(linear_bwd, NULL, g[2], g[3], w.dqkv, a.ln1, p[2], N, C, 3 * C);
+    K(layernorm_bwd, NULL, g[0], g[1], w.dln1, x, p[0], a.ln1_mean, a.ln1_rstd, N, C);
+    return CDP_OK;
+}
+
 const struct cdp_layer_def cdp_layer_transformer_block = {
     .type = CDP_LAYER_TRANSFORMER_BLOCK,
     .name = "transformer_block",
@@ -206,5 +289,7 @@ const struct cdp_layer_def cdp_layer_transformer_block = {
     .scratch = scratch,
     .forward = forward,
     .backward = backward,
+    .backward_input = backward_input,
+    .backward_weight = backward_weight,
     .recompute = recompute,
 };
