@@ -44,6 +44,14 @@ struct chunk {
     cdp_request_t *grad_out_req;
     int n_grad_out, next_grad_out;
     int *mb_grad_out;           /* mb -> ring index of its input gradient */
+    /* split backward: W-state slots, assigned like activation slots (from
+     * the BACKWARD_INPUT to the BACKWARD_WEIGHT) */
+    int nwslots;
+    int *wslot_mb, *mb_wslot;
+    /* the chunks of this rank holding the virtual stages before and after
+     * this one (zbv's turn of the V on the last rank), -1 when another rank
+     * does: activations and gradients pass between them by a device copy */
+    int local_prev, local_next;
 };
 
 /* This rank's run. */
@@ -65,6 +73,8 @@ struct exec {
     double timeout;
     cdp_device_t dev;
     int hv;                /* the host sees the device's memory (cpu) */
+    int last_rank;         /* the pipeline rank of the last virtual stage (0 under zbv) */
+    int tied_local;        /* a tied embedding whose two copies are chunks of this rank (zbv's rank 0) */
     int zero;              /* ZeRO-1: the optimizer steps this replica's shard (layout zero, R > 1) */
     cdp_nccl_t nccl_world, nccl_pipe, nccl_dp, nccl_tied; /* GPU ranks with a GPU each: NCCL for device memory */
     float *grad_host;      /* host staging for all-reduces of device memory without NCCL */

@@ -28,6 +28,8 @@ void cdp_exec_free(struct exec *e)
             cdp_model_destroy(c->model);
             free(c->slot_mb);
             free(c->mb_slot);
+            free(c->wslot_mb);
+            free(c->mb_wslot);
             free(c->slot_send);
             cdp_buffer_destroy(c->grad_in_buf);
             for (int i = 0; i < c->n_grad_out; i++) {
@@ -141,12 +143,16 @@ static cdp_status open_device(struct exec *e)
     return cdp_nccl_world(e->world, e->dev, e->timeout, &e->nccl_world);
 }
 
-/* The first and last stage of each replica share a tied embedding. */
-static int tied_grads(const struct exec *e)
+/* A tied embedding in two chunk models: the first and the last virtual stage. */
+static int tied_model(const struct exec *e)
 {
     const struct cdp_plan *p = e->plan;
-    return p->model.kind == CDP_MODEL_GPT && p->model.tie_embeddings && e->nv > 1 && e->p > 1;
+    return p->model.kind == CDP_MODEL_GPT && p->model.tie_embeddings && e->nv > 1;
 }
+
+/* ... held by two ranks, which sum its gradient (REDUCE_TIED_GRADS); under
+ * zbv one rank holds both and sums them itself (e->tied_local). */
+static int tied_grads(const struct exec *e) { return tied_model(e) && e->last_rank != 0; }
 
 /* This replica's schedule for its current share; where activations travel
  * by NCCL, in the order that is safe under its rendezvous sends. */
@@ -201,14 +207,14 @@ cdp_status cdp_exec_setup(struct exec *e)
     e->R = L->replicas;
     e->v = L->chunks;
     e->nv = e->p * e->v;
+    {
+        int lc;
+        cdp_schedule_vstage_place(L->schedule, e->p, e->v, e->nv - 1, &e->last_rank, &lc);
+    }
     e->B = L->micro_batch;
     e->timeout = p->train.timeout_s;
     if ((st = cdp_exec_check(p))) return st;
     if ((st = cdp_layout_check(L, cdp_plan_model_units(p)))) return cdp_error_context(st, "%s", p->source);
-    if (cdp_schedule_splits_backward(L->schedule))
-        return cdp_fail(CDP_ERR_INVALID, "%s: /parallel/schedule \"%s\" splits the backward (input and weight "
-                        "gradients), which training does not run yet; --simulate and the planner take it, "
-                        "or train with gpipe, 1f1b or interleaved", p->source, cdp_schedule_name(L->schedule));
     if (e->size != L->n_ranks)
         return cdp_fail(CDP_ERR_INVALID, "%s: the layout has %d ranks (%d stages x %d replicas); this job has %d",
                         p->source, L->n_ranks, e->p, e->R, e->size);
@@ -227,10 +233,10 @@ cdp_status cdp_exec_setup(struct exec *e)
                             (long long)e->share[0], r, (long long)e->share[r]);
     e->unit = L->schedule == CDP_SCHEDULE_INTERLEAVED ? e->p : 1;
     e->G = (int64_t)e->R * L->micro_batches * e->B;
-    int *stage_slots = malloc((size_t)e->p * sizeof *stage_slots);
+    int *stage_slots = malloc((size_t)e->p * 2 * sizeof *stage_slots);
     if (!stage_slots) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
-    st = cdp_layout_slots(p, L, e->r, &e->mcap, stage_slots);
-    const int slots = stage_slots[e->s];
+    st = cdp_layout_slots_ex(p, L, e->r, &e->mcap, stage_slots, stage_slots + e->p);
+    const int slots = stage_slots[e->s], wslots = stage_slots[e->p + e->s];
     free(stage_slots);
     if (st) return cdp_error_context(st, "%s", p->source);
     snprintf(cdp_exec_where_buf, sizeof cdp_exec_where_buf, "rank %d/%d (stage %d, replica %d): setting up", e->rank,
@@ -243,13 +249,14 @@ cdp_status cdp_exec_setup(struct exec *e)
     if ((st = cdp_comm_split(e->world, e->r, e->s, &e->pipe))) return st;
     if ((st = cdp_comm_split(e->world, e->s, e->r, &e->dp))) return st;
     const int tied = tied_grads(e);
-    if ((st = cdp_comm_split(e->world, tied && (e->s == 0 || e->s == e->p - 1) ? e->r : -1, e->s, &e->tied)))
+    e->tied_local = tied_model(e) && e->last_rank == 0 && e->s == 0;
+    if ((st = cdp_comm_split(e->world, tied && (e->s == 0 || e->s == e->last_rank) ? e->r : -1, e->s, &e->tied)))
         return st;
     if ((st = open_device(e))) return st;
     /* NCCL groups, split like the host ones */
     if (e->nccl_world && ((st = cdp_nccl_split(e->nccl_world, e->r, e->s, &e->nccl_pipe)) ||
                       (st = cdp_nccl_split(e->nccl_world, e->s, e->r, &e->nccl_dp)) ||
-                      (st = cdp_nccl_split(e->nccl_world, tied && (e->s == 0 || e->s == e->p - 1) ? e->r : -1, e->s,
+                      (st = cdp_nccl_split(e->nccl_world, tied && (e->s == 0 || e->s == e->last_rank) ? e->r : -1, e->s,
                                            &e->nccl_tied))))
         return st;
     if ((st = cdp_exec_build_schedule(e))) return st;
@@ -271,6 +278,19 @@ cdp_status cdp_exec_setup(struct exec *e)
             break;
         if (e->zero >= 2) cdp_model_set_grad_reduce(c->model, cdp_exec_grad_reduce, e);
         if (p->model.weights && (st = cdp_model_load(c->model, p->model.weights))) break;
+        /* split backward: W-states for the micro-batches between their I and W */
+        c->nwslots = wslots;
+        if (wslots > 0 && (st = cdp_model_set_split_backward(c->model, wslots))) break;
+        int pr, pc, nr, nc;
+        c->local_prev = c->local_next = -1;
+        if (c->vstage > 0) {
+            cdp_schedule_vstage_place(L->schedule, e->p, e->v, c->vstage - 1, &pr, &pc);
+            if (pr == e->s) c->local_prev = pc;
+        }
+        if (c->vstage < e->nv - 1) {
+            cdp_schedule_vstage_place(L->schedule, e->p, e->v, c->vstage + 1, &nr, &nc);
+            if (nr == e->s) c->local_next = nc;
+        }
         /* ZeRO-1 and 2: this replica's shard of the chunk's parameters (cdp_shard) */
         uint64_t off = 0, len = (uint64_t)cdp_model_param_floats(c->model);
         if (e->zero) cdp_shard(len, e->R, e->r, &off, &len);
@@ -285,17 +305,20 @@ cdp_status cdp_exec_setup(struct exec *e)
         c->mb_slot = malloc((size_t)e->mcap * sizeof *c->mb_slot);
         c->mb_grad_out = calloc((size_t)e->mcap, sizeof *c->mb_grad_out);
         c->slot_send = calloc((size_t)slots, sizeof *c->slot_send);
-        if (!c->slot_mb || !c->mb_slot || !c->mb_grad_out || !c->slot_send) {
+        c->wslot_mb = malloc((size_t)(wslots > 0 ? wslots : 1) * sizeof *c->wslot_mb);
+        c->mb_wslot = malloc((size_t)e->mcap * sizeof *c->mb_wslot);
+        if (!c->slot_mb || !c->mb_slot || !c->mb_grad_out || !c->slot_send || !c->wslot_mb || !c->mb_wslot) {
             st = cdp_fail(CDP_ERR_NOMEM, "out of memory");
             break;
         }
         if ((st = chunk_buffers(e, c, &u0, &ul))) break;
         for (int i = 0; i < slots; i++) c->slot_mb[i] = -1;
-        for (int i = 0; i < e->mcap; i++) c->mb_slot[i] = -1;
+        for (int i = 0; i < e->mcap; i++) c->mb_slot[i] = c->mb_wslot[i] = -1;
+        for (int i = 0; i < wslots; i++) c->wslot_mb[i] = -1;
     }
     if (st) return st;
-    /* data: the first stage reads inputs, the last reads targets */
-    if (e->s == 0 || e->s == e->p - 1) {
+    /* data: the first stage reads inputs, the last reads targets (zbv: rank 0 both) */
+    if (e->s == 0 || e->s == e->last_rank) {
         if ((st = cdp_data_open(&p->data, &p->model, &e->data))) return st;
         e->shape = cdp_data_shape(e->data);
         e->tgt_bytes = (int64_t)e->B * e->shape->target_numel * 4;
@@ -311,7 +334,7 @@ cdp_status cdp_exec_setup(struct exec *e)
          * optimizer and the reductions of each chunk */
         int64_t per_step = 2 + 4 * (int64_t)e->v;
         for (int k = 0; k < e->v; k++)
-            per_step += (int64_t)e->mcap * (7 + (e->zero >= 2 ? e->ch[k].end_unit - e->ch[k].first_unit + 1 : 0));
+            per_step += (int64_t)e->mcap * (8 + (e->zero >= 2 ? e->ch[k].end_unit - e->ch[k].first_unit + 1 : 0));
         int64_t n = p->train.steps * per_step;
         if ((st = cdp_trace_create(e->size, n < 1000000 ? n : 1000000, &e->trace))) return st;
     }

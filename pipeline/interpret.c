@@ -65,6 +65,18 @@ static cdp_status acquire_slot(struct exec *e, struct chunk *c, int mb, int *slo
     return cdp_fail(CDP_ERR_INTERNAL, "no free activation slot for micro-batch %d (%d slots)", mb, c->nslots);
 }
 
+static cdp_status acquire_wslot(struct chunk *c, int mb, int *wslot)
+{
+    for (int i = 0; i < c->nwslots; i++) {
+        if (c->wslot_mb[i] >= 0) continue;
+        c->wslot_mb[i] = mb;
+        c->mb_wslot[mb] = i;
+        *wslot = i;
+        return CDP_OK;
+    }
+    return cdp_fail(CDP_ERR_INTERNAL, "no free W-state slot for micro-batch %d (%d slots)", mb, c->nwslots);
+}
+
 /* The chunk a trace event names: only in an interleaved run. */
 static int ev_chunk(const struct exec *e, int chunk) { return e->v > 1 ? chunk : -1; }
 
@@ -239,6 +251,54 @@ static cdp_status load(struct exec *e, int mb)
     return st;
 }
 
+/* zbv's turn of the V: the input of chunk c's micro-batch mb is the output
+ * of the chunk of this rank before it, copied into c's slot. */
+static cdp_status local_input(struct exec *e, struct chunk *c, int mb, int slot)
+{
+    struct chunk *pc = &e->ch[c->local_prev];
+    const int ps = pc->mb_slot[mb];
+    if (ps < 0) return cdp_fail(CDP_ERR_INTERNAL, "chunk %d's input of micro-batch %d: chunk %d has no output of it",
+                                (int)(c - e->ch), mb, c->local_prev);
+    const struct cdp_kernels *k = cdp_model_kernels(c->model);
+    return k->ops->copy(k->ks, cdp_model_input(c->model, slot), cdp_model_output(pc->model, ps), (size_t)c->in_bytes);
+}
+
+/* ... and the gradient of that input, din, is the output gradient of the
+ * chunk before, which it reads where a received one lands (grad_in; the
+ * lists run that chunk's backward of the micro-batch before c's next). */
+static cdp_status local_grad(struct exec *e, struct chunk *c, const float *din)
+{
+    struct chunk *pc = &e->ch[c->local_prev];
+    const struct cdp_kernels *k = cdp_model_kernels(c->model);
+    return k->ops->copy(k->ks, pc->grad_in, din, (size_t)c->in_bytes);
+}
+
+/* zbv with tied embeddings: rank 0 holds the embedding (chunk 0) and the
+ * head's copy of it (the chunk of the last virtual stage); each gets the sum
+ * of both gradients, as REDUCE_TIED_GRADS gives two ranks. */
+static cdp_status sum_tied_locally(struct exec *e)
+{
+    struct chunk *a = &e->ch[0], *b = NULL;
+    for (int k = 0; k < e->v; k++)
+        if (e->ch[k].vstage == e->nv - 1) b = &e->ch[k];
+    if (!b || b == a) return CDP_OK;
+    struct cdp_model_tensor *ta = NULL, *tb = NULL;
+    for (int i = 0; i < cdp_model_tensor_count(a->model); i++)
+        if (!strcmp(cdp_model_tensor(a->model, i)->name, "layers.0.wte")) ta = cdp_model_tensor(a->model, i);
+    for (int i = 0; i < cdp_model_tensor_count(b->model); i++)
+        if (!strcmp(cdp_model_tensor(b->model, i)->name, "layers.0.wte")) tb = cdp_model_tensor(b->model, i);
+    if (!ta || !tb) return CDP_OK;
+    if (ta->numel != tb->numel)
+        return cdp_fail(CDP_ERR_INTERNAL, "tied embedding of %lld and %lld floats", (long long)ta->numel,
+                        (long long)tb->numel);
+    const uint64_t t0 = cdp_time_ns();
+    const struct cdp_kernels *k = cdp_model_kernels(a->model);
+    cdp_status st = k->ops->add(k->ks, ta->grad, tb->grad, (size_t)ta->numel);
+    if (!st) st = k->ops->copy(k->ks, tb->grad, ta->grad, (size_t)ta->numel * sizeof(float));
+    e->t_compute += cdp_time_ns() - t0;
+    return st;
+}
+
 static cdp_status execute(struct exec *e, const struct cdp_instr *in)
 {
     struct chunk *c = in->chunk >= 0 ? &e->ch[in->chunk] : NULL;
@@ -262,6 +322,7 @@ static cdp_status execute(struct exec *e, const struct cdp_instr *in)
         break;
     case CDP_OP_FORWARD:
         if ((st = acquire_slot(e, c, in->mb, &slot))) break;
+        if (c->local_prev >= 0 && (st = local_input(e, c, in->mb, slot))) break;
         if ((st = cdp_model_forward(c->model, slot))) break;
         if (c->vstage == e->nv - 1) {
             double s = 0;
@@ -287,13 +348,17 @@ static cdp_status execute(struct exec *e, const struct cdp_instr *in)
         e->t_idle += cdp_time_ns() - t0;
         trace_p2p(e, CDP_EV_RECV_GRAD, in, (size_t)c->out_bytes, t0, cdp_time_ns());
         break;
-    case CDP_OP_BACKWARD: {
+    case CDP_OP_BACKWARD:
+    case CDP_OP_BACKWARD_INPUT: {
         float *din = NULL;
+        int wslot = -1;
+        const int split = in->op == CDP_OP_BACKWARD_INPUT;
         slot = c->mb_slot[in->mb];
         if (slot < 0) {
             st = cdp_fail(CDP_ERR_INTERNAL, "backward of micro-batch %d that was never forwarded", in->mb);
             break;
         }
+        if (split && (st = acquire_wslot(c, in->mb, &wslot))) break;
         if (c->vstage > 0 && !c->in_tokens) {
             int g = c->next_grad_out;
             c->next_grad_out = (g + 1) % c->n_grad_out;
@@ -304,17 +369,46 @@ static cdp_status execute(struct exec *e, const struct cdp_instr *in)
             c->mb_grad_out[in->mb] = g;
         }
         uint64_t tb = cdp_time_ns(), r0 = e->t_reduce;
-        st = cdp_model_backward(c->model, slot, c->vstage == e->nv - 1 ? NULL : c->grad_in, din);
+        const float *dout = c->vstage == e->nv - 1 ? NULL : c->grad_in;
+        st = split ? cdp_model_backward_input(c->model, slot, wslot, dout, din)
+                   : cdp_model_backward(c->model, slot, dout, din);
+        /* zbv's turn: the previous virtual stage is a chunk of this rank */
+        if (!st && din && c->local_prev >= 0) st = local_grad(e, c, din);
         if (!st) st = settle(e);
         cdp_fault_slow_down(&e->fault, e->rank, tb);
-        c->slot_mb[slot] = -1;
-        c->mb_slot[in->mb] = -1;
+        if (!split) { /* a split backward's activations stay until its W */
+            c->slot_mb[slot] = -1;
+            c->mb_slot[in->mb] = -1;
+        }
         uint64_t t1 = cdp_time_ns(), reduced = e->t_reduce - r0; /* ZeRO-2's reductions inside */
         e->t_compute += t1 - tb - reduced;
         e->t_comm += reduced;
         e->t_fb += t1 - tb;
         e->fb_end = t1;
-        trace_ev(e, CDP_EV_BACKWARD, in->mb, in->chunk, tb, t1);
+        trace_ev(e, split ? CDP_EV_BACKWARD_INPUT : CDP_EV_BACKWARD, in->mb, in->chunk, tb, t1);
+        break;
+    }
+    case CDP_OP_BACKWARD_WEIGHT: {
+        slot = c->mb_slot[in->mb];
+        const int wslot = c->mb_wslot[in->mb];
+        if (slot < 0 || wslot < 0) {
+            st = cdp_fail(CDP_ERR_INTERNAL, "weight gradient of micro-batch %d without its input gradient", in->mb);
+            break;
+        }
+        uint64_t tb = cdp_time_ns(), r0 = e->t_reduce;
+        st = cdp_model_backward_weight(c->model, slot, wslot);
+        if (!st) st = settle(e);
+        cdp_fault_slow_down(&e->fault, e->rank, tb);
+        c->slot_mb[slot] = -1;
+        c->mb_slot[in->mb] = -1;
+        c->wslot_mb[wslot] = -1;
+        c->mb_wslot[in->mb] = -1;
+        uint64_t t1 = cdp_time_ns(), reduced = e->t_reduce - r0;
+        e->t_compute += t1 - tb - reduced;
+        e->t_comm += reduced;
+        e->t_fb += t1 - tb;
+        e->fb_end = t1;
+        trace_ev(e, CDP_EV_BACKWARD_WEIGHT, in->mb, in->chunk, tb, t1);
         break;
     }
     case CDP_OP_SEND_GRAD: {
@@ -340,6 +434,9 @@ static cdp_status execute(struct exec *e, const struct cdp_instr *in)
         break;
     }
     case CDP_OP_ALLREDUCE_GRADS:
+        /* zbv: the embedding and the head tied to it are chunks of this rank,
+         * summed here, where two ranks would run REDUCE_TIED_GRADS */
+        if (e->tied_local) st = sum_tied_locally(e);
         for (int k = 0; k < e->v && !st && e->R > 1; k++) {
             struct cdp_model *mdl = e->ch[k].model;
             if (cdp_model_tensor_count(mdl) == 0) continue;
@@ -402,11 +499,6 @@ static cdp_status execute(struct exec *e, const struct cdp_instr *in)
         if (e->zero) e->t_comm += cdp_time_ns() - tg;
         break;
     }
-    case CDP_OP_BACKWARD_INPUT:
-    case CDP_OP_BACKWARD_WEIGHT:
-        /* exec_setup refuses the lists that hold these until the model splits its backward */
-        st = cdp_fail(CDP_ERR_INTERNAL, "%s: the executor does not split the backward", op_names[in->op]);
-        break;
     case CDP_OP_COUNT:
         st = cdp_fail(CDP_ERR_INTERNAL, "unknown instruction %d", (int)in->op);
         break;
@@ -525,19 +617,27 @@ cdp_status cdp_exec_validate(struct exec *e, double *val)
                                         ch->vstage == 0 && e->hv ? input : e->in_scratch, e->tgt);
                 if (!st && ch->vstage == 0 && !e->hv)
                     st = cdp_device_write(e->dev, input, e->in_scratch, (uint64_t)ch->in_bytes);
-                if (!st && ch->vstage > 0)
-                    st = recv_dev(e, input, ch->recv_host, (size_t)ch->in_bytes, (e->s + e->p - 1) % e->p,
+                int peer, pc;
+                if (!st && ch->vstage > 0 && ch->local_prev >= 0) { /* zbv's turn: the chunk before is here */
+                    const struct cdp_kernels *kk = cdp_model_kernels(ch->model);
+                    st = kk->ops->copy(kk->ks, input, cdp_model_output(e->ch[ch->local_prev].model, 0),
+                                       (size_t)ch->in_bytes);
+                } else if (!st && ch->vstage > 0) {
+                    cdp_schedule_vstage_place(e->lay->schedule, e->p, e->v, ch->vstage - 1, &peer, &pc);
+                    st = recv_dev(e, input, ch->recv_host, (size_t)ch->in_bytes, peer,
                                   tag_of(TAG_VAL, ch->vstage - 1, (int)(k % e->m), e->m));
+                }
                 if (!st) st = cdp_model_forward(ch->model, 0);
                 if (!st && ch->vstage == e->nv - 1) {
                     double s = 0;
                     st = cdp_model_loss(ch->model, 0, e->tgt, 1.0f, &s);
                     sum += s;
-                } else if (!st) {
+                } else if (!st && ch->local_next < 0) {
                     /* slot 0's output is overwritten by the next micro-batch: complete the send first */
                     cdp_request_t req = NULL;
+                    cdp_schedule_vstage_place(e->lay->schedule, e->p, e->v, ch->vstage + 1, &peer, &pc);
                     st = send_dev(e, cdp_model_output(ch->model, 0), ch->slot_host ? ch->slot_host[0] : NULL,
-                                  (size_t)ch->out_bytes, (e->s + 1) % e->p,
+                                  (size_t)ch->out_bytes, peer,
                                   tag_of(TAG_VAL, ch->vstage, (int)(k % e->m), e->m), &req);
                     if (!st) st = cdp_comm_wait(req, e->timeout);
                 }

@@ -121,7 +121,7 @@ static void run_ok(const char *plan)
 
 ParameterizedTestParameters(pipeline, layouts_equal_one_rank)
 {
-    static struct layout grid[96];
+    static struct layout grid[128];
     static const int shapes[][3] = {{1, 1, 4}, {2, 1, 4}, {1, 2, 2}, {2, 2, 4}, {4, 1, 8}, {2, 3, 3}, {3, 2, 6}};
     int n = 0;
     for (int model = 0; model < 2; model++)
@@ -169,6 +169,21 @@ ParameterizedTestParameters(pipeline, layouts_equal_one_rank)
             grid[n++] = (struct layout){model, 2, 2, 4, 1, "gpipe", "", 0, "selective", z};
             grid[n++] = (struct layout){model, 2, 2, 4, 2, "interleaved", "", 0, "full", z};
         }
+    /* the zero-bubble schedules (split backward): GPT (tied embeddings: between
+     * two ranks, or within rank 0 under zbv) and MLP, with replicas, unequal
+     * shares, recomputation and ZeRO */
+    for (int model = 0; model < 2; model++) {
+        grid[n++] = (struct layout){model, 2, 1, 4, 1, "zb-h1", "", 0, "", 0};
+        grid[n++] = (struct layout){model, 3, 2, 6, 1, "zb-h1", "", 0, "", 0};
+        grid[n++] = (struct layout){model, 2, 2, 4, 1, "zb-h2", "", 0, "", 0};
+        grid[n++] = (struct layout){model, 4, 1, 8, 1, "zb-h2", "", 0, "", 0};
+        grid[n++] = (struct layout){model, 2, 1, 4, 2, "zbv", "", 0, "", 0};
+        grid[n++] = (struct layout){model, 3, 2, 3, 2, "zbv", "", 0, "", 0};
+        grid[n++] = (struct layout){model, 1, 2, 2, 2, "zbv", "", 0, "", 0};
+        grid[n++] = (struct layout){model, 2, 2, 4, 2, "zbv", "[6, 2]", 0, "", 0};
+        grid[n++] = (struct layout){model, 2, 2, 4, 1, "zb-h1", "", 0, "full", 1};
+        grid[n++] = (struct layout){model, 2, 2, 4, 2, "zbv", "", 0, "selective", 2};
+    }
     /* a layer list with silu */
     grid[n++] = (struct layout){MODEL_SILU, 2, 1, 4, 1, "1f1b", "", 0, "", 0};
     grid[n++] = (struct layout){MODEL_SILU, 2, 2, 4, 1, "gpipe", "", 0, "", 0};

@@ -550,3 +550,39 @@ Test(simulate, split_backward_events)
     cr_expect_eq(nw[1], 0);
     done_fx(&f, r);
 }
+
+/* A zbv plan simulated through the binary: the timeline draws input and
+ * weight gradients in their own colours, with the legend; the trace names
+ * them I and W by micro-batch and chunk; the closed form printed is zbv's. */
+Test(simulate, cli_zbv_timeline_draws_i_and_w_apart)
+{
+    const char *dir = cdp_test_tmpdir();
+    char trace[512], svg[512];
+    const char *plan = cdp_test_write_file(
+        dir, "zbv.json",
+        "{\"model\": {\"preset\": \"gpt\", \"vocab\": 64, \"context\": 16, \"layers\": 4, \"heads\": 2, \"embed\": 32}, "
+        "\"train\": {\"micro_batch\": 2}, \"parallel\": {\"stages\": 2, \"replicas\": 1, \"micro_batches\": 4, "
+        "\"schedule\": \"zbv\"}, \"cluster\": {\"backend\": \"cpu\"}}");
+    snprintf(trace, sizeof trace, "%s/zbv-trace.json", dir);
+    snprintf(svg, sizeof svg, "%s/zbv.svg", dir);
+    struct cdp_run run;
+    cr_assert_eq(cdp_test_run(&run, (const char *const[]){"--plan", plan, "--simulate", "--trace", trace, "--timeline",
+                                                          svg, NULL}),
+                 0);
+    cr_expect_eq(run.exit_code, 0, "stderr: %s", run.err);
+    cr_expect(strstr(run.out, "zbv"), "%s", run.out);
+    char want[64];
+    snprintf(want, sizeof want, "(p-1+e)/(6m+p-1+e), e = max(0, 2p-2-m) = %.2f%%",
+             100.0 * cdp_sim_bubble_closed_form_kind(CDP_SCHEDULE_ZBV, 2, 2, 4));
+    cr_expect(strstr(run.out, want), "closed form %s: %s", want, run.out);
+    cdp_test_run_free(&run);
+    char *t = cdp_test_read_file(trace), *s = cdp_test_read_file(svg);
+    cr_assert(t && s, "trace or timeline not written");
+    cr_expect(strstr(t, "\"name\": \"I0 c1\"") && strstr(t, "\"name\": \"W3 c0\""), "I and W boxes by chunk");
+    cr_expect(!strstr(t, "\"name\": \"B0"), "no combined backward");
+    cr_expect(strstr(s, "input grad (I)") && strstr(s, "weight grad (W)"), "the legend");
+    cr_expect(strstr(s, "fill=\"#e6550d\" stroke") && strstr(s, "fill=\"#31a354\" stroke"), "I and W boxes");
+    cr_expect(strstr(s, "<title>backward input 0, chunk 1</title>"), "%s", s);
+    free(t);
+    free(s);
+}

@@ -58,8 +58,12 @@ static void print_text(const struct cdp_plan *plan, const struct cdp_sim_in *in)
     printf("\nPredicted\n");
     printf("  step time   %.3f ms (forward/backward phase %.3f ms)\n", res->step_s * 1e3, res->phase_s * 1e3);
     printf("  throughput  %.1f samples/s\n", res->samples_per_s);
-    printf("  bubble      %.2f%% (closed form (p-1)/(v*m+p-1) = %.2f%% for equal stages without communication)\n",
-           100 * res->bubble, 100 * closed);
+    const char *form = l->schedule == CDP_SCHEDULE_ZBV ? "(p-1+e)/(6m+p-1+e), e = max(0, 2p-2-m)"
+                       : cdp_schedule_splits_backward(l->schedule) ? "(p-1)/(3m+p-1)"
+                                                                    : "(p-1)/(v*m+p-1)";
+    printf("  bubble      %.2f%% (closed form %s = %.2f%% for equal stages%s without communication)\n",
+           100 * res->bubble, form, 100 * closed,
+           cdp_schedule_splits_backward(l->schedule) ? " and equal F, I and W times" : "");
     printf("\nRanks\n  rank  node  stage  replica  device  busy ms       memory  in flight  of capacity\n");
     for (int i = 0; i < l->n_ranks; i++) {
         const struct cdp_layout_rank *k = &l->rank[i];
