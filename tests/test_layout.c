@@ -128,6 +128,18 @@ ParameterizedTestParameters(layout, measured_peak_is_the_predicted_memory)
                 grid[n++] = c;
             }
         }
+    /* split backward: activations until W and the W-state slots, both paths,
+     * with recomputation and ZeRO-2 */
+    for (int model = 0; model < 2; model++) {
+        grid[n++] = (struct cell){model, 2, 1, 4, "zb-h1", 0, 0, "", 0};
+        grid[n++] = (struct cell){model, 2, 2, 4, "zb-h2", 0, 0, "", 0};
+        grid[n++] = (struct cell){model, 2, 1, 4, "zbv", 0, 0, "", 0};
+        grid[n++] = (struct cell){model, 3, 1, 6, "zbv", 0, 0, "", 0};
+        grid[n++] = (struct cell){model, 2, 1, 4, "zb-h1", 1, 0, "", 0};
+        grid[n++] = (struct cell){model, 2, 2, 4, "zbv", 1, 0, "", 0};
+        grid[n++] = (struct cell){model, 2, 1, 4, "zbv", 0, 0, "full", 0};
+        grid[n++] = (struct cell){model, 2, 2, 4, "zb-h1", 0, 0, "", 2};
+    }
     CDP_ASSERT((size_t)n <= sizeof grid / sizeof grid[0]);
     return cr_make_param_array(struct cell, grid, (size_t)n);
 }
