@@ -481,7 +481,7 @@ static cdp_status prepare(struct ctx *c, int p, int R, int m, const int64_t (*ra
     c->llat = malloc((size_t)p * p * sizeof *c->llat);
     if (!c->vs || !c->lbw || !c->llat) return cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
     vstages_of(c->cost, p * c->v, ranges, c->vs);
-    return cdp_schedule_build(c->kind, p, c->v, m, tied, &c->sched);
+    return cdp_schedule_for_plan(c->plan, c->kind, p, c->v, m, tied, 0, &c->sched);
 }
 
 /* The device of (s, r) under the plan's fixed placement, or ordered-pp-inner. */

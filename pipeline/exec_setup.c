@@ -159,7 +159,8 @@ static int tied_grads(const struct exec *e) { return tied_model(e) && e->last_ra
 cdp_status cdp_exec_build_schedule(struct exec *e)
 {
     struct cdp_schedule *s = NULL;
-    cdp_status st = cdp_schedule_build_ex(e->lay->schedule, e->p, e->v, e->m, tied_grads(e), e->nccl_pipe != NULL, &s);
+    cdp_status st = cdp_schedule_for_plan(e->plan, e->lay->schedule, e->p, e->v, e->m, tied_grads(e),
+                                          e->nccl_pipe != NULL, &s);
     /* build_ex has validated the lists (under rendezvous rules too for NCCL) */
     if (st) return cdp_error_context(st, "%s: /parallel", e->plan->source);
     cdp_schedule_free(e->sched);

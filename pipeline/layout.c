@@ -113,7 +113,7 @@ cdp_status cdp_layout_slots_ex(const struct cdp_plan *plan, const struct cdp_lay
     for (int s = 0; wslots && s < l->stages; s++) wslots[s] = 0;
     for (int rv = 0; rv < 2; rv++) {
         struct cdp_schedule *sc = NULL;
-        cdp_status st = cdp_schedule_build_ex(l->schedule, l->stages, l->chunks, (int)cap, 0, rv, &sc);
+        cdp_status st = cdp_schedule_for_plan(plan, l->schedule, l->stages, l->chunks, (int)cap, 0, rv, &sc);
         if (st) return st;
         for (int s = 0; s < l->stages; s++) {
             const int k = cdp_schedule_peak_in_flight(sc, s), w = cdp_schedule_peak_w_pending(sc, s);
@@ -121,8 +121,11 @@ cdp_status cdp_layout_slots_ex(const struct cdp_plan *plan, const struct cdp_lay
             if (wslots && w > wslots[s]) wslots[s] = w;
         }
         cdp_schedule_free(sc);
-        /* only the interleaved and the split lists have a rendezvous order of their own */
-        if (l->schedule != CDP_SCHEDULE_INTERLEAVED && !cdp_schedule_splits_backward(l->schedule)) break;
+        /* only the interleaved and the split lists have a rendezvous order of their own; a file's
+         * lists are the same for both transports (the executor proves them for NCCL where it uses it) */
+        if ((l->schedule != CDP_SCHEDULE_INTERLEAVED && !cdp_schedule_splits_backward(l->schedule)) ||
+            plan->parallel.schedule_file)
+            break;
     }
     *mcap = (int)cap;
     return CDP_OK;

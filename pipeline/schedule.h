@@ -201,15 +201,25 @@ cdp_status cdp_schedule_print_json(const struct cdp_schedule *s, FILE *f);
  * cdp_schedule_validate. CDP_ERR_INVALID naming what was expected. */
 cdp_status cdp_instr_parse(const char *str, int v, struct cdp_instr *out);
 
-/* Reads a user's lists from a file: the JSON object cdp_schedule_print_json
- * writes ("schedule" may be any name; "stages", "chunks", "micro_batches",
- * "ranks"), or a CSV with one line per rank, its instructions separated by
- * commas (torch.distributed.pipelining's _load_csv form; shape from the
- * arguments). p, v and m are the job's: the file must agree. The result passes
- * cdp_schedule_validate (and cdp_schedule_validate_rendezvous when rendezvous
- * != 0); failures name the file, the rank, the instruction and what was
- * expected (CDP_ERR_INVALID, CDP_ERR_IO for a file that cannot be read). */
-cdp_status cdp_schedule_load(const char *path, int p, int v, int m, int rendezvous, struct cdp_schedule **out);
+/* Reads a user's lists from a file (docs/pipeline.md): the JSON object
+ * cdp_schedule_print_json writes ("stages", "micro_batches", "ranks",
+ * optionally "chunks" and "schedule", a kind's name that gives its placement
+ * of virtual stages, zbv's V; else kind's), or CSV, a row per rank and an
+ * instruction per cell (torch.distributed.pipelining's _load_csv layout, our
+ * instructions; empty cells skipped), whose shape is p, v, m. p, v, m > 0 are
+ * the job's, which a JSON file must agree with; 0 takes the file's. The result
+ * passes cdp_schedule_validate; failures name the file and, from the parser
+ * or the validator, the rank, the instruction and what was expected
+ * (CDP_ERR_INVALID; CDP_ERR_IO when it cannot be read). */
+cdp_status cdp_schedule_load(const char *path, enum cdp_schedule_kind kind, int p, int v, int m,
+                             struct cdp_schedule **out);
+
+/* The lists a plan's job runs: its /parallel/schedule file when it names one
+ * (cdp_schedule_load with the job's shape; with tied != 0 the two tied ranks
+ * must have their T; under rendezvous != 0 they must pass
+ * cdp_schedule_validate_rendezvous), else cdp_schedule_build_ex. */
+cdp_status cdp_schedule_for_plan(const struct cdp_plan *plan, enum cdp_schedule_kind kind, int p, int v, int m,
+                                 int tied, int rendezvous, struct cdp_schedule **out);
 
 /* Activations a rank keeps, for tests and the simulator: the maximum over its
  * list of (micro-batches taken - BACKWARDs and BACKWARD_WEIGHTs issued), each

@@ -1026,3 +1026,71 @@ Test(schedule, rejects_broken_split_backwards)
                   "rank 0, instruction 5 (B0): micro-batch 0 has a split backward at instruction 4 too: a backward "
                   "is either one B or an I and a W");
 }
+
+/* ---- schedules from a file ------------------------------------------------ */
+
+/* Every generated list, printed as JSON and as CSV and read back, is the same
+ * lists; cdp_instr_parse takes back what cdp_instr_str writes. */
+Test(schedule, files_read_back_every_generated_schedule)
+{
+    const char *dir = cdp_test_tmpdir();
+    char path[4200];
+    for (int kind = 0; kind < CDP_SCHEDULE_COUNT; kind++)
+        for (int p = 1; p <= 4; p++)
+            for (int m = p; m <= 2 * p; m += p) {
+                const int v = kind == CDP_SCHEDULE_ZBV || kind == CDP_SCHEDULE_INTERLEAVED ? 2 : 1;
+                if (kind == CDP_SCHEDULE_INTERLEAVED && p < 2) continue;
+                struct cdp_schedule *s = build((enum cdp_schedule_kind)kind, p, v, m, 1), *t = NULL;
+                snprintf(path, sizeof path, "%s/s.json", dir);
+                FILE *f = fopen(path, "w");
+                cr_assert_eq(cdp_schedule_print_json(s, f), CDP_OK);
+                fclose(f);
+                cr_assert_eq(cdp_schedule_load(path, CDP_SCHEDULE_1F1B, 0, 0, 0, &t), CDP_OK, "%s", cdp_last_error());
+                cr_assert(same_lists(s, t), "%s p=%d m=%d: JSON", cdp_schedule_name(s->kind), p, m);
+                cdp_schedule_free(t);
+                snprintf(path, sizeof path, "%s/s.csv", dir);
+                f = fopen(path, "w");
+                char b[64];
+                for (int r = 0; r < p; r++)
+                    for (int i = 0; i < s->len[r]; i++)
+                        fprintf(f, "%s%s", cdp_instr_str(&s->list[r][i], v, b, sizeof b), i + 1 < s->len[r] ? "," : "\n");
+                fclose(f);
+                cr_assert_eq(cdp_schedule_load(path, s->kind, p, v, m, &t), CDP_OK, "%s", cdp_last_error());
+                cr_assert(same_lists(s, t), "%s p=%d m=%d: CSV", cdp_schedule_name(s->kind), p, m);
+                cdp_schedule_free(t);
+                cdp_schedule_free(s);
+            }
+}
+
+/* A bad file: the file, the rank, the instruction and what was expected. */
+static void expect_bad_file(const char *name, const char *text, int p, int v, int m, const char *msg)
+{
+    const char *path = cdp_test_write_file(cdp_test_tmpdir(), name, text);
+    struct cdp_schedule *s = NULL;
+    cr_assert_eq(cdp_schedule_load(path, CDP_SCHEDULE_1F1B, p, v, m, &s), CDP_ERR_INVALID, "accepted %s", text);
+    char want[4400];
+    snprintf(want, sizeof want, "%s%s", path, msg);
+    cr_assert_str_eq(cdp_last_error(), want);
+}
+
+Test(schedule, files_name_what_is_wrong)
+{
+    expect_bad_file("a.json", "{\"stages\": 2, \"micro_batches\": 1, \"ranks\": [[\"" "L0\", \"F0\", \"sa0>1\", \"rg0<1\", "
+                    "\"I0\", \"W0\", \"A\", \"O\"], [\"L0\", \"ra0<0\", \"F0\", \"W0\", \"I0\", \"sg0>0\", \"A\", \"O\"]]}",
+                    0, 0, 0, ": rank 1, instruction 3 (W0): weight gradient of micro-batch 0 before its input "
+                    "gradient (no I0 before it)");
+    expect_bad_file("b.json", "{\"stages\": 1, \"micro_batches\": 1, \"ranks\": [[\"L0\", \"F0\", \"X0\"]]}", 0, 0, 0,
+                    ": rank 0, instruction 2: \"X0\": expected an instruction such as \"L0\", \"F0\", \"B3\", \"I3\", "
+                    "\"W3\", \"sa3>1\", \"ra3<0\", \"sg3>0\", \"rg3<1\", \"T\", \"A\" or \"O\"");
+    expect_bad_file("c.json", "{\"stages\": 2, \"micro_batches\": 4, \"ranks\": [[], []]}", 2, 1, 8,
+                    ": the file is for 2 stages x 1 chunks x 4 micro-batches; the job runs 2 x 1 x 8");
+    expect_bad_file("d.csv", "L0,F0,B0,A,O\nL0,F0\n", 1, 1, 1, ": more than 1 rows; expected one per stage");
+    expect_bad_file("e.csv", "L0,F0,sg0>1,A,O\n", 1, 1, 1,
+                    ": rank 0, instruction 2 (sg0>1): virtual stage 0 is the first: there is no previous stage, so no "
+                    "matching receive");
+    /* a deadlock: both ranks receive first, every pending instruction named */
+    expect_bad_file("f.json", "{\"stages\": 2, \"micro_batches\": 1, \"ranks\": [[\"L0\", \"F0\", \"rg0<1\", \"sa0>1\", "
+                    "\"I0\", \"W0\", \"A\", \"O\"], [\"L0\", \"ra0<0\", \"F0\", \"I0\", \"sg0>0\", \"W0\", \"A\", \"O\"]]}",
+                    0, 0, 0, ": deadlock: no rank can go on; rank 0 waits at instruction 2 (rg0<1) for rank 1, rank 1 "
+                    "waits at instruction 1 (ra0<0) for rank 0");
+}
