@@ -61,8 +61,8 @@ struct cdp_layout {
     int zero;                     /* 1: each stage's optimizer state sharded over its replicas (ZeRO-1),
                                    * 2: its gradients too (ZeRO-2); only with replicas > 1 */
     int64_t *shares;      /* replicas entries: micro-batches of each replica per step (owned) */
-    int64_t (*ranges)[2]; /* stages x chunks: [first, end) units of virtual stage k, which is chunk
-                             k / stages of stage k % stages (owned) */
+    int64_t (*ranges)[2]; /* stages x chunks: [first, end) units of virtual stage k, placed on a stage
+                             and chunk by cdp_schedule_vstage (owned) */
     int n_ranks;          /* stages x replicas */
     struct cdp_layout_rank *rank; /* by world rank (owned) */
     int n_nodes;          /* nodes of the planned topology */
