@@ -64,6 +64,7 @@ void cdp_cost_analytic(const struct cdp_plan *plan, const struct cdp_unit *u, in
         struct cdp_unit_cost *c = &out[i];
         c->fwd_s = fmax(u[i].fwd_flops * B / rate, CDP_COST_UNIT_FLOOR_S);
         c->bwd_s = fmax(u[i].bwd_flops * B / rate, CDP_COST_UNIT_FLOOR_S);
+        c->bwd_w_s = u[i].bwd_flops > 0 ? c->bwd_s * u[i].bwd_weight_flops / u[i].bwd_flops : 0;
         c->param_bytes = (double)u[i].param_count * grad;
         c->state_bytes = (double)u[i].param_count * state;
         /* what its recompute mode keeps; attention's saved state, where kept, as the plan's backend keeps it */
@@ -82,6 +83,8 @@ void cdp_cost_apply(const struct cdp_cost_table *t, const struct cdp_unit *u, in
     for (int i = 0; i < n; i++) {
         out[i].fwd_s = t->units[i].fwd_s;
         out[i].bwd_s = t->units[i].bwd_s;
+        /* a measured backward splits as its flops do */
+        out[i].bwd_w_s = u[i].bwd_flops > 0 ? out[i].bwd_s * u[i].bwd_weight_flops / u[i].bwd_flops : 0;
         out[i].opt_s = held_params(&u[i]) * t->optimizer_s_per_param;
     }
 }

@@ -64,6 +64,7 @@ static void vstages_of(const struct cdp_unit_cost *cost, int nv, const int64_t (
         for (int64_t i = ranges[k][0]; i < ranges[k][1]; i++) {
             o->fwd_s += cost[i].fwd_s;
             o->bwd_s += cost[i].bwd_s;
+            o->bwd_w_s += cost[i].bwd_w_s;
             o->grad_bytes += cost[i].param_bytes;
             o->opt_s += cost[i].opt_s;
         }
@@ -108,6 +109,7 @@ struct mem_index {
     struct cdp_unit_bytes *ub;   /* n */
     uint64_t *held, *win;        /* n + 1 prefix sums */
     unsigned __int128 *act;      /* n + 1 prefix sums: each unit's below 2^62, their sum may pass 2^64 */
+    unsigned __int128 *wst;      /* n + 1 prefix sums of wstate_bytes (split backward's W-state) */
     uint64_t *scr, *io, *wrk, *wmx; /* levels x n sparse tables of maxima */
     int n_ties;
     int *tie_unit, *tie_owner;   /* units with a tied parameter and its owner */
@@ -119,6 +121,7 @@ static void mem_index_free(struct mem_index *m)
     free(m->ub);
     free(m->held);
     free(m->act);
+    free(m->wst);
     free(m->scr);
     free(m->io);
     free(m->wrk);
@@ -141,6 +144,7 @@ static cdp_status mem_index_build(struct mem_index *m, const struct cdp_plan *pl
     m->ub = calloc((size_t)n, sizeof *m->ub);
     m->held = calloc((size_t)n + 1, sizeof *m->held);
     m->act = calloc((size_t)n + 1, sizeof *m->act);
+    m->wst = calloc((size_t)n + 1, sizeof *m->wst);
     m->scr = calloc((size_t)levels * n, sizeof *m->scr);
     m->io = calloc((size_t)levels * n, sizeof *m->io);
     m->wrk = calloc((size_t)levels * n, sizeof *m->wrk);
@@ -149,13 +153,14 @@ static cdp_status mem_index_build(struct mem_index *m, const struct cdp_plan *pl
     m->tie_unit = calloc((size_t)n, sizeof *m->tie_unit);
     m->tie_owner = calloc((size_t)n, sizeof *m->tie_owner);
     m->tie_floats = calloc((size_t)n, sizeof *m->tie_floats);
-    if (!m->ub || !m->held || !m->act || !m->scr || !m->io || !m->wrk || !m->win || !m->wmx || !m->tie_unit ||
+    if (!m->ub || !m->held || !m->act || !m->wst || !m->scr || !m->io || !m->wrk || !m->win || !m->wmx || !m->tie_unit ||
         !m->tie_owner || !m->tie_floats)
         return cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
     for (int i = 0; i < n; i++) {
         cdp_unit_bytes(&u[i], B, loss, &m->ub[i]);
         m->held[i + 1] = m->held[i] + m->ub[i].held_floats;
         m->act[i + 1] = m->act[i] + m->ub[i].act_bytes;
+        m->wst[i + 1] = m->wst[i] + m->ub[i].wstate_bytes;
         m->scr[i] = m->ub[i].scratch_bytes;
         m->io[i] = m->ub[i].io_bytes;
         m->wrk[i] = m->ub[i].work_bytes;
@@ -181,8 +186,11 @@ static cdp_status mem_index_build(struct mem_index *m, const struct cdp_plan *pl
 }
 
 /* The terms of units [first, end), as cdp_range_terms_add over them gives. */
-static void mem_terms(const struct mem_index *m, int first, int end, struct cdp_range_terms *t, uint64_t *shared)
+static void mem_terms(const struct mem_index *m, int first, int end, struct cdp_range_terms *t, uint64_t *shared,
+                      uint64_t *wstate)
 {
+    const unsigned __int128 w = m->wst[end] - m->wst[first];
+    *wstate = w > UINT64_MAX ? UINT64_MAX : (uint64_t)w;
     int l = 0;
     while ((2 << l) <= end - first) l++;
     const size_t a = (size_t)l * m->n + first, b = (size_t)l * m->n + (size_t)(end - (1 << l));
@@ -252,7 +260,7 @@ struct ctx {
     int p, R, m;
     struct cdp_schedule *sched;
     struct cdp_sim_vstage *vs;
-    int *slots;        /* p: activation slots of each stage (the partition's memory) */
+    int *slots;        /* 2p: activation slots of each stage (the partition's memory), then its W-state slots */
 };
 
 static cdp_status sim_procs(struct ctx *c, const int *device, const int *trace_rank, const int *proc,
@@ -388,7 +396,10 @@ static cdp_status cheap_step(struct ctx *c, const int *device, int all, double *
         for (int r = 0; r < R; r++) {
             double t = 0;
             for (int k = 0; k + 1 < p * c->v; k++) {
-                const int a = device[(k % p) * R + r], b = device[((k + 1) % p) * R + r];
+                int sa, sb, ca, cb;
+                cdp_schedule_vstage_place(c->kind, p, c->v, k, &sa, &ca);
+                cdp_schedule_vstage_place(c->kind, p, c->v, k + 1, &sb, &cb);
+                const int a = device[sa * R + r], b = device[sb * R + r];
                 const double fw = c->bw[a * c->nd + b], bw = c->bw[b * c->nd + a];
                 t += (fw > 0 ? c->vs[k].out_bytes / fw : 0) + (bw > 0 ? c->vs[k].out_bytes / bw : 0) +
                      c->lat[a * c->nd + b] + c->lat[b * c->nd + a];
@@ -454,7 +465,7 @@ static cdp_status cheap_step(struct ctx *c, const int *device, int all, double *
     double ar = 0;
     for (int s = 0; s < p && R > 1; s++) {
         double bytes = 0, min_bw = INFINITY, max_lat = 0;
-        for (int k = s; k < p * c->v; k += p) bytes += c->vs[k].grad_bytes;
+        for (int ch = 0; ch < c->v; ch++) bytes += c->vs[cdp_schedule_vstage(c->kind, p, c->v, s, ch)].grad_bytes;
         for (int r = 0; r < R; r++) {
             const int a = device[s * R + r], b = device[s * R + (r + 1) % R];
             if (a == b) continue;
@@ -509,7 +520,7 @@ static cdp_status prepare(struct ctx *c, int p, int R, int m, const int64_t (*ra
     const double bucket = R > 1 && c->zero < 2 && c->plan->cluster.backend == CDP_BACKEND_CPU
                               ? c->plan->parallel.bucket_mb * 1048576.0 : 0;
     vstages_of(c->cost, p * c->v, ranges, bucket, c->vs);
-    return cdp_schedule_build(c->kind, p, c->v, m, tied, &c->sched);
+    return cdp_schedule_for_plan(c->plan, c->kind, p, c->v, m, tied, 0, &c->sched);
 }
 
 /* The device of (s, r) under the plan's fixed placement, or ordered-pp-inner. */
@@ -536,12 +547,12 @@ static double part_memory(void *vc, int s, int first, int end)
 {
     const struct ctx *c = vc;
     struct cdp_range_terms t;
-    uint64_t shared;
-    mem_terms(c->mi, first, end, &t, &shared);
+    uint64_t shared, wstate;
+    mem_terms(c->mi, first, end, &t, &shared, &wstate);
     struct cdp_rank_memory m;
     /* ZeRO: the largest shard, the first */
     cdp_layout_chunk_memory(c->plan, &t, shared, &c->mi->ub[first], &c->mi->ub[end - 1], end == c->n, s, c->p,
-                            c->slots[s], c->hv, c->R > 1 ? c->zero : 0, c->R, 0, &m);
+                            c->slots[s], wstate, c->slots[c->p + s], c->hv, c->R > 1 ? c->zero : 0, c->R, 0, &m);
     return (double)m.device;
 }
 
@@ -594,7 +605,7 @@ static cdp_status split(struct ctx *c, int p, int R, int m, int objective, int64
         free(w);
         return st;
     }
-    int *inf = malloc((size_t)p * sizeof *inf);
+    int *inf = malloc((size_t)p * 2 * sizeof *inf); /* slots, then W-state slots */
     double *cap = malloc((size_t)p * sizeof *cap), *bw = malloc((size_t)p * sizeof *bw);
     struct cdp_partition_stage *ps = malloc((size_t)p * sizeof *ps);
     int *dev = malloc((size_t)p * sizeof *dev);
@@ -606,7 +617,8 @@ static cdp_status split(struct ctx *c, int p, int R, int m, int objective, int64
     }
     /* the slots each stage's chunk gets, as the executor counts them */
     int mcap;
-    if ((st = candidate_layout(c, p, R, m, NULL, NULL, &l)) || (st = cdp_layout_slots(c->plan, l, 0, &mcap, inf)))
+    if ((st = candidate_layout(c, p, R, m, NULL, NULL, &l)) ||
+        (st = cdp_layout_slots_ex(c->plan, l, 0, &mcap, inf, inf + p)))
         goto done;
     free(c->slots);
     c->slots = inf;
@@ -739,6 +751,13 @@ static int misfit(const struct ctx *c, const struct cdp_layout *l, double *peak,
     }
     free(node);
     return bad;
+}
+
+/* The schedule of the candidate being evaluated, and its chunks per rank. */
+static void set_kind(struct ctx *c, enum cdp_schedule_kind kind)
+{
+    c->kind = kind;
+    c->v = cdp_schedule_chunks_of(kind, (int)c->plan->parallel.chunks);
 }
 
 static int cand_better(const struct cand *a, const struct cand *b)
@@ -1083,7 +1102,7 @@ static cdp_status ctx_init_modes(struct ctx *c, const struct cdp_plan *plan, con
     c->t = t;
     c->nd = t->n_gpus;
     c->kind = plan->parallel.schedule;
-    c->v = cdp_schedule_has_chunks(plan->parallel.schedule) ? (int)plan->parallel.chunks : 1;
+    c->v = cdp_schedule_chunks_of(plan->parallel.schedule, (int)plan->parallel.chunks);
     c->hv = plan->cluster.backend != CDP_BACKEND_CUDA;
     const struct cdp_device_rate rate = cdp_device_rate_of(t, 0, plan->train.precision);
     cdp_status st = CDP_OK;
@@ -1160,7 +1179,8 @@ static void stage_predictions(const struct ctx *c, const struct cdp_layout *l, s
     for (int s = 0; s < l->stages; s++) {
         struct cdp_planner_stage *st = &stage[s];
         memset(st, 0, sizeof *st);
-        for (int k = s; k < l->stages * l->chunks; k += l->stages) {
+        for (int ch = 0; ch < l->chunks; ch++) {
+            const int k = cdp_schedule_vstage(l->schedule, l->stages, l->chunks, s, ch);
             for (int64_t i = l->ranges[k][0]; i < l->ranges[k][1]; i++) {
                 st->fwd_s += c->cost[i].fwd_s;
                 st->bwd_s += c->cost[i].bwd_s;
@@ -1186,11 +1206,11 @@ static void smallest_cap(struct ctx *c, const struct cand *shapes, int n, char *
     c->cap = 0;
     for (int i = 0; i < n; i++) {
         const struct cand *k = &shapes[i];
+        set_kind(c, k->kind);
         free(ranges);
         ranges = calloc((size_t)k->p * c->v, sizeof *ranges);
         int *dev = malloc((size_t)k->p * k->R * sizeof *dev);
         struct cdp_layout *l = NULL;
-        c->kind = k->kind;
         use_mode(c, k->rc);
         c->zero = k->zero;
         double peak = 0;
@@ -1332,10 +1352,12 @@ static cdp_status try_shapes(struct ctx *c, struct search *s, int W, struct cdp_
     const struct cdp_parallel_desc *pd = &plan->parallel;
     const int64_t b = plan->train.micro_batch, G = plan->train.global_batch;
     const int64_t S = G != CDP_AUTO ? G / b : 0; /* samples-per-step in micro-batches, when fixed */
+    set_kind(c, pd->schedule_auto ? CDP_SCHEDULE_1F1B : pd->schedule);
     const int pmin = c->v > 1 ? 2 : 1, pmax = (int)(c->n / c->v < W ? c->n / c->v : W);
     int p_lo = pmin, p_hi = pmax;
     if (pd->stages != CDP_AUTO) p_lo = p_hi = (int)pd->stages;
     for (int p = p_lo; p <= p_hi; p++) {
+        set_kind(c, pd->schedule_auto ? CDP_SCHEDULE_1F1B : pd->schedule); /* the kinds loop below moves it */
         int R;
         if (pd->replicas != CDP_AUTO) {
             R = (int)pd->replicas;
@@ -1353,14 +1375,18 @@ static cdp_status try_shapes(struct ctx *c, struct search *s, int W, struct cdp_
         else if (p == 1 && c->v == 1) ms[n_m++] = 1; /* no pipeline to fill: no accumulation made up */
         else
             for (int64_t q = pow2_at_least(p); n_m < CDP_PLANNER_MB_CHOICES; q *= 2) ms[n_m++] = q;
-        /* "auto" schedule: 1F1B and GPipe (interleaved needs chunks, which the plan gives) */
-        const enum cdp_schedule_kind kinds[2] = {CDP_SCHEDULE_1F1B, CDP_SCHEDULE_GPIPE};
-        const int n_kinds = pd->schedule_auto ? 2 : 1;
+        /* "auto" schedule: 1F1B, GPipe and the zero-bubble kinds (interleaved
+         * needs a number of chunks, which the plan gives); zbv's two chunks per
+         * rank set c->v (set_kind) */
+        const enum cdp_schedule_kind kinds[] = {CDP_SCHEDULE_1F1B, CDP_SCHEDULE_GPIPE, CDP_SCHEDULE_ZB_H1,
+                                                CDP_SCHEDULE_ZB_H2, CDP_SCHEDULE_ZBV};
+        const int n_kinds = pd->schedule_auto ? (int)(sizeof kinds / sizeof *kinds) : 1;
         for (int ik = 0; ik < n_m * n_kinds; ik++) {
             const int i = ik / n_kinds;
-            c->kind = pd->schedule_auto ? kinds[ik % n_kinds] : pd->schedule;
+            set_kind(c, pd->schedule_auto ? kinds[ik % n_kinds] : pd->schedule);
             const int m = (int)ms[i];
-            if (m < 1 || (c->v > 1 && (m % p || !shares_fit(pd, p)))) continue;
+            if (p * c->v > c->n) continue; /* zbv: two chunks of at least one unit per rank */
+            if (m < 1 || (c->kind == CDP_SCHEDULE_INTERLEAVED && (m % p || !shares_fit(pd, p)))) continue;
             res->shapes++;
             s->largest_tried = p;
             /* the least recomputation that fits this shape (less is always
@@ -1423,7 +1449,7 @@ static cdp_status place_best(struct ctx *c, struct search *s, struct cdp_planner
     if (pd->placement != CDP_PLACEMENT_TOPOLOGY) return CDP_OK;
     for (int i = 0; i < s->n_cand && i < CDP_PLANNER_PLACED_SHAPES; i++) {
         struct cand *k = &s->cand[i];
-        c->kind = k->kind;
+        set_kind(c, k->kind);
         use_mode(c, k->rc);
         c->zero = k->zero;
         if ((st = prepare(c, k->p, k->R, k->m, (const int64_t(*)[2])k->ranges))) break;
@@ -1465,7 +1491,7 @@ static cdp_status finish(struct ctx *c, struct search *s, const struct cand *k, 
     const struct cdp_plan *plan = c->plan;
     const struct cdp_topology *t = c->t;
     cdp_status st;
-    c->kind = k->kind;
+    set_kind(c, k->kind);
     use_mode(c, k->rc);
     c->zero = k->zero;
     res->stage = calloc((size_t)k->p, sizeof *res->stage);

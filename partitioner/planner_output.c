@@ -47,6 +47,7 @@ cdp_status cdp_planner_apply(const struct cdp_planner_result *r, struct cdp_plan
     }
     pd->stages = l->stages;
     pd->schedule = l->schedule;
+    pd->chunks = l->chunks; /* zbv, chosen by "auto", runs two */
     pd->schedule_auto = 0;
     plan->train.recompute = l->recompute;
     pd->zero = l->zero;
@@ -61,9 +62,11 @@ static void units_of(const struct cdp_layout *l, int s, char *buf, size_t cap)
 {
     size_t o = 0;
     buf[0] = '\0';
-    for (int k = s; k < l->stages * l->chunks && o < cap; k += l->stages)
-        o += (size_t)snprintf(buf + o, cap - o, "%s[%lld,%lld)", k == s ? "" : " ", (long long)l->ranges[k][0],
+    for (int ch = 0; ch < l->chunks && o < cap; ch++) {
+        const int k = cdp_schedule_vstage(l->schedule, l->stages, l->chunks, s, ch);
+        o += (size_t)snprintf(buf + o, cap - o, "%s[%lld,%lld)", ch == 0 ? "" : " ", (long long)l->ranges[k][0],
                               (long long)l->ranges[k][1]);
+    }
 }
 
 static void balance_print(const struct cdp_planner_result *r, FILE *f)
@@ -218,8 +221,10 @@ json_t *cdp_planner_to_json(const struct cdp_planner_result *r)
            *host = json_array();
     for (int s = 0; s < l->stages; s++) {
         json_t *ch = json_array();
-        for (int k = s; k < l->stages * l->chunks; k += l->stages)
+        for (int c = 0; c < l->chunks; c++) {
+            const int k = cdp_schedule_vstage(l->schedule, l->stages, l->chunks, s, c);
             json_array_append_new(ch, json_pack("[I,I]", (json_int_t)l->ranges[k][0], (json_int_t)l->ranges[k][1]));
+        }
         json_t *st = json_pack("{s:i}", "index", s);
         if (l->chunks == 1) json_object_set(st, "layers", json_array_get(ch, 0));
         else json_object_set(st, "chunks", ch);

@@ -33,7 +33,10 @@ static cdp_status unit_done(void *ctx, int unit);
 /* Which units hold the tied embedding whose pair reduction comes first. */
 static int unit_is_tied(const struct exec *e, const struct chunk *c, int unit)
 {
-    if (!e->tied || c != (e->s == 0 ? &e->ch[0] : &e->ch[e->v - 1])) return 0;
+    /* the chunks of the first and the last virtual stage, when their tied
+     * copies are summed at the step's end: by two ranks (e->tied) or on this
+     * one (zbv's rank 0, e->tied_local) */
+    if (!(e->tied || e->tied_local) || (c->vstage != 0 && c->vstage != e->nv - 1)) return 0;
     struct cdp_model *m = c->model;
     for (int i = 0; i < cdp_model_tensor_count(m); i++) {
         const struct cdp_model_tensor *t = cdp_model_tensor(m, i);
@@ -121,7 +124,7 @@ void cdp_exec_buckets_start_step(struct exec *e)
         c->bk_first = c->bk_last = 0;
         for (int i = 0; i < c->nbk; i++) c->bk[i].posted = 0;
         for (int i = 0; on && c->bk && i < e->sched->len[e->s]; i++)
-            c->bw_left += list[i].op == CDP_OP_BACKWARD && list[i].chunk == k;
+            c->bw_left += cdp_op_makes_weight_grads(list[i].op) && list[i].chunk == k;
     }
 }
 

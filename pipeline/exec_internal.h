@@ -55,6 +55,14 @@ struct chunk {
     uint64_t grad_in_posted;
     int n_grad_out, next_grad_out;
     int *mb_grad_out;           /* mb -> ring index of its input gradient */
+    /* split backward: W-state slots, assigned like activation slots (from
+     * the BACKWARD_INPUT to the BACKWARD_WEIGHT) */
+    int nwslots;
+    int *wslot_mb, *mb_wslot;
+    /* the chunks of this rank holding the virtual stages before and after
+     * this one (zbv's turn of the V on the last rank), -1 when another rank
+     * does: activations and gradients pass between them by a device copy */
+    int local_prev, local_next;
     /* gradient buckets (NULL: one reduction at ALLREDUCE_GRADS) */
     struct exec *e;
     struct bucket *bk;
@@ -87,6 +95,8 @@ struct exec {
     double timeout;
     cdp_device_t dev;
     int hv;                /* the host sees the device's memory (cpu) */
+    int last_rank;         /* the pipeline rank of the last virtual stage (0 under zbv) */
+    int tied_local;        /* a tied embedding whose two copies are chunks of this rank (zbv's rank 0) */
     int zero;              /* ZeRO-1: the optimizer steps this replica's shard (layout zero, R > 1) */
     struct chunk *ch;
     struct cdp_schedule *sched;

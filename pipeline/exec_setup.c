@@ -30,6 +30,8 @@ void cdp_exec_free(struct exec *e)
             cdp_model_destroy(c->model);
             free(c->slot_mb);
             free(c->mb_slot);
+            free(c->wslot_mb);
+            free(c->mb_wslot);
             free(c->slot_send);
             cdp_buffer_destroy(c->grad_in_buf);
             for (int i = 0; i < c->n_grad_out; i++)
@@ -115,20 +117,23 @@ static cdp_status open_device(struct exec *e)
     return CDP_OK;
 }
 
-/* The first and last stage of each replica share a tied embedding. */
-static int tied_grads(const struct exec *e)
+/* A tied embedding in two chunk models: the first and the last virtual stage. */
+static int tied_model(const struct exec *e)
 {
     const struct cdp_plan *p = e->plan;
-    return p->model.kind == CDP_MODEL_GPT && p->model.tie_embeddings && e->nv > 1 && e->p > 1;
+    return p->model.kind == CDP_MODEL_GPT && p->model.tie_embeddings && e->nv > 1;
 }
 
-/* This replica's schedule for its current share; where the pipeline's
- * communicator batches its transfers (NCCL), in the order that is safe under
- * its rendezvous sends. */
+/* ... held by two ranks, which sum its gradient (REDUCE_TIED_GRADS); under
+ * zbv one rank holds both and sums them itself (e->tied_local). */
+static int tied_grads(const struct exec *e) { return tied_model(e) && e->last_rank != 0; }
+
+/* This replica's schedule for its current share; where activations travel
+ * by NCCL, in the order that is safe under its rendezvous sends. */
 cdp_status cdp_exec_build_schedule(struct exec *e)
 {
     struct cdp_schedule *s = NULL;
-    cdp_status st = cdp_schedule_build_ex(e->lay->schedule, e->p, e->v, e->m, tied_grads(e),
+    cdp_status st = cdp_schedule_for_plan(e->plan, e->lay->schedule, e->p, e->v, e->m, tied_grads(e),
                                           cdp_comm_p2p_grouped(e->pipe), &s);
     /* build_ex has validated the lists (under rendezvous rules too for NCCL) */
     if (st) return cdp_error_context(st, "%s: /parallel", e->plan->source);
@@ -177,6 +182,10 @@ cdp_status cdp_exec_setup(struct exec *e)
     e->R = L->replicas;
     e->v = L->chunks;
     e->nv = e->p * e->v;
+    {
+        int lc;
+        cdp_schedule_vstage_place(L->schedule, e->p, e->v, e->nv - 1, &e->last_rank, &lc);
+    }
     e->B = L->micro_batch;
     e->timeout = p->train.timeout_s;
     if ((st = cdp_exec_check(p))) return st;
@@ -197,12 +206,12 @@ cdp_status cdp_exec_setup(struct exec *e)
             return cdp_fail(CDP_ERR_INVALID, "%s: zero 2 (ZeRO-2) needs every replica to run the same micro-batches; "
                             "the layout gives replica 0 %lld and replica %d %lld", p->source,
                             (long long)e->share[0], r, (long long)e->share[r]);
-    e->unit = e->v > 1 ? e->p : 1;
+    e->unit = L->schedule == CDP_SCHEDULE_INTERLEAVED ? e->p : 1;
     e->G = (int64_t)e->R * L->micro_batches * e->B;
-    int *stage_slots = malloc((size_t)e->p * sizeof *stage_slots);
+    int *stage_slots = malloc((size_t)e->p * 2 * sizeof *stage_slots);
     if (!stage_slots) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
-    st = cdp_layout_slots(p, L, e->r, &e->mcap, stage_slots);
-    const int slots = stage_slots[e->s];
+    st = cdp_layout_slots_ex(p, L, e->r, &e->mcap, stage_slots, stage_slots + e->p);
+    const int slots = stage_slots[e->s], wslots = stage_slots[e->p + e->s];
     free(stage_slots);
     if (st) return cdp_error_context(st, "%s", p->source);
     snprintf(cdp_exec_where_buf, sizeof cdp_exec_where_buf, "rank %d/%d (stage %d, replica %d): setting up", e->rank,
@@ -215,9 +224,10 @@ cdp_status cdp_exec_setup(struct exec *e)
      * replicas of each stage, and the first and last stage of each replica
      * for tied embeddings */
     const int tied = tied_grads(e);
+    e->tied_local = tied_model(e) && e->last_rank == 0 && e->s == 0;
     if ((st = cdp_comm_split(e->dev_world, e->r, e->s, &e->pipe))) return st;
     if ((st = cdp_comm_split(e->dev_world, e->s, e->r, &e->dp))) return st;
-    if ((st = cdp_comm_split(e->dev_world, tied && (e->s == 0 || e->s == e->p - 1) ? e->r : -1, e->s, &e->tied)))
+    if ((st = cdp_comm_split(e->dev_world, tied && (e->s == 0 || e->s == e->last_rank) ? e->r : -1, e->s, &e->tied)))
         return st;
     if ((st = cdp_exec_build_schedule(e))) return st;
 
@@ -228,7 +238,7 @@ cdp_status cdp_exec_setup(struct exec *e)
     if (p->model.weights && (st = cdp_model_check_weights(&p->model, p->model.weights))) return st;
     for (int k = 0; k < e->v && !st; k++) {
         struct chunk *c = &e->ch[k];
-        c->vstage = k * e->p + e->s;
+        c->vstage = cdp_schedule_vstage(L->schedule, e->p, e->v, e->s, k);
         c->first_unit = (int)L->ranges[c->vstage][0];
         c->end_unit = (int)L->ranges[c->vstage][1];
         c->nslots = slots;
@@ -238,6 +248,19 @@ cdp_status cdp_exec_setup(struct exec *e)
             break;
         if (e->zero >= 2) cdp_model_set_grad_reduce(c->model, cdp_exec_grad_reduce, e);
         if (p->model.weights && (st = cdp_model_load(c->model, p->model.weights))) break;
+        /* split backward: W-states for the micro-batches between their I and W */
+        c->nwslots = wslots;
+        if (wslots > 0 && (st = cdp_model_set_split_backward(c->model, wslots))) break;
+        int pr, pc, nr, nc;
+        c->local_prev = c->local_next = -1;
+        if (c->vstage > 0) {
+            cdp_schedule_vstage_place(L->schedule, e->p, e->v, c->vstage - 1, &pr, &pc);
+            if (pr == e->s) c->local_prev = pc;
+        }
+        if (c->vstage < e->nv - 1) {
+            cdp_schedule_vstage_place(L->schedule, e->p, e->v, c->vstage + 1, &nr, &nc);
+            if (nr == e->s) c->local_next = nc;
+        }
         /* ZeRO-1 and 2: this replica's shard of the chunk's parameters (cdp_shard) */
         uint64_t off = 0, len = (uint64_t)cdp_model_param_floats(c->model);
         if (e->zero) cdp_shard(len, e->R, e->r, &off, &len);
@@ -252,18 +275,21 @@ cdp_status cdp_exec_setup(struct exec *e)
         c->mb_slot = malloc((size_t)e->mcap * sizeof *c->mb_slot);
         c->mb_grad_out = calloc((size_t)e->mcap, sizeof *c->mb_grad_out);
         c->slot_send = calloc((size_t)slots, sizeof *c->slot_send);
-        if (!c->slot_mb || !c->mb_slot || !c->mb_grad_out || !c->slot_send) {
+        c->wslot_mb = malloc((size_t)(wslots > 0 ? wslots : 1) * sizeof *c->wslot_mb);
+        c->mb_wslot = malloc((size_t)e->mcap * sizeof *c->mb_wslot);
+        if (!c->slot_mb || !c->mb_slot || !c->mb_grad_out || !c->slot_send || !c->wslot_mb || !c->mb_wslot) {
             st = cdp_fail(CDP_ERR_NOMEM, "out of memory");
             break;
         }
         if ((st = chunk_buffers(e, c, &u0, &ul))) break;
         if ((st = cdp_exec_buckets_setup(e, c))) break;
         for (int i = 0; i < slots; i++) c->slot_mb[i] = -1;
-        for (int i = 0; i < e->mcap; i++) c->mb_slot[i] = -1;
+        for (int i = 0; i < e->mcap; i++) c->mb_slot[i] = c->mb_wslot[i] = -1;
+        for (int i = 0; i < wslots; i++) c->wslot_mb[i] = -1;
     }
     if (st) return st;
-    /* data: the first stage reads inputs, the last reads targets */
-    if (e->s == 0 || e->s == e->p - 1) {
+    /* data: the first stage reads inputs, the last reads targets (zbv: rank 0 both) */
+    if (e->s == 0 || e->s == e->last_rank) {
         if ((st = cdp_data_open(&p->data, &p->model, &e->data))) return st;
         e->shape = cdp_data_shape(e->data);
         e->tgt_bytes = (int64_t)e->B * e->shape->target_numel * 4;
@@ -279,7 +305,7 @@ cdp_status cdp_exec_setup(struct exec *e)
          * optimizer and the reductions of each chunk */
         int64_t per_step = 2 + 4 * (int64_t)e->v;
         for (int k = 0; k < e->v; k++)
-            per_step += (int64_t)e->mcap * (7 + (e->zero >= 2 ? e->ch[k].end_unit - e->ch[k].first_unit + 1 : 0));
+            per_step += (int64_t)e->mcap * (8 + (e->zero >= 2 ? e->ch[k].end_unit - e->ch[k].first_unit + 1 : 0));
         int64_t n = p->train.steps * per_step;
         if ((st = cdp_trace_create(e->size, n < 1000000 ? n : 1000000, &e->trace))) return st;
     }

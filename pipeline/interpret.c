@@ -20,7 +20,7 @@ enum { TAG_ACT = 0, TAG_GRAD = 1, TAG_VAL = 2 };
 
 static const char *const op_names[] = {
     "LOAD", "FORWARD", "SEND_ACT", "RECV_ACT", "BACKWARD", "SEND_GRAD", "RECV_GRAD",
-    "REDUCE_TIED_GRADS", "ALLREDUCE_GRADS", "OPTIMIZER_STEP"};
+    "BACKWARD_INPUT", "BACKWARD_WEIGHT", "REDUCE_TIED_GRADS", "ALLREDUCE_GRADS", "OPTIMIZER_STEP"};
 CDP_TABLE_CHECK(op_names, CDP_OP_COUNT);
 
 static void set_where(struct exec *e, const struct cdp_instr *in)
@@ -65,6 +65,18 @@ static cdp_status acquire_slot(struct exec *e, struct chunk *c, int mb, int *slo
         return CDP_OK;
     }
     return cdp_fail(CDP_ERR_INTERNAL, "no free activation slot for micro-batch %d (%d slots)", mb, c->nslots);
+}
+
+static cdp_status acquire_wslot(struct chunk *c, int mb, int *wslot)
+{
+    for (int i = 0; i < c->nwslots; i++) {
+        if (c->wslot_mb[i] >= 0) continue;
+        c->wslot_mb[i] = mb;
+        c->mb_wslot[mb] = i;
+        *wslot = i;
+        return CDP_OK;
+    }
+    return cdp_fail(CDP_ERR_INTERNAL, "no free W-state slot for micro-batch %d (%d slots)", mb, c->nwslots);
 }
 
 /* The chunk a trace event names: only in an interleaved run. */
@@ -127,7 +139,7 @@ static cdp_status post_next_grad(struct exec *e, struct chunk *c, const struct c
     for (int i = (int)(in - list) + 1; i < n; i++) {
         const struct cdp_instr *x = &list[i];
         if (x->chunk != in->chunk) continue;
-        if (x->op == CDP_OP_BACKWARD) return CDP_OK; /* not a list this knows */
+        if (x->op == CDP_OP_BACKWARD || x->op == CDP_OP_BACKWARD_INPUT) return CDP_OK; /* not a list this knows */
         if (x->op != CDP_OP_RECV_GRAD) continue;
         c->grad_in_mb = x->mb;
         c->grad_in_posted = cdp_time_ns();
@@ -207,6 +219,54 @@ static cdp_status load(struct exec *e, int mb)
     return st;
 }
 
+/* zbv's turn of the V: the input of chunk c's micro-batch mb is the output
+ * of the chunk of this rank before it, copied into c's slot. */
+static cdp_status local_input(struct exec *e, struct chunk *c, int mb, int slot)
+{
+    struct chunk *pc = &e->ch[c->local_prev];
+    const int ps = pc->mb_slot[mb];
+    if (ps < 0) return cdp_fail(CDP_ERR_INTERNAL, "chunk %d's input of micro-batch %d: chunk %d has no output of it",
+                                (int)(c - e->ch), mb, c->local_prev);
+    const struct cdp_kernels *k = cdp_model_kernels(c->model);
+    return k->ops->copy(k->ks, cdp_model_input(c->model, slot), cdp_model_output(pc->model, ps), (size_t)c->in_bytes);
+}
+
+/* ... and the gradient of that input, din, is the output gradient of the
+ * chunk before, which it reads where a received one lands (grad_in; the
+ * lists run that chunk's backward of the micro-batch before c's next). */
+static cdp_status local_grad(struct exec *e, struct chunk *c, const float *din)
+{
+    struct chunk *pc = &e->ch[c->local_prev];
+    const struct cdp_kernels *k = cdp_model_kernels(c->model);
+    return k->ops->copy(k->ks, pc->grad_in, din, (size_t)c->in_bytes);
+}
+
+/* zbv with tied embeddings: rank 0 holds the embedding (chunk 0) and the
+ * head's copy of it (the chunk of the last virtual stage); each gets the sum
+ * of both gradients, as REDUCE_TIED_GRADS gives two ranks. */
+static cdp_status sum_tied_locally(struct exec *e)
+{
+    struct chunk *a = &e->ch[0], *b = NULL;
+    for (int k = 0; k < e->v; k++)
+        if (e->ch[k].vstage == e->nv - 1) b = &e->ch[k];
+    if (!b || b == a) return CDP_OK;
+    struct cdp_model_tensor *ta = NULL, *tb = NULL;
+    for (int i = 0; i < cdp_model_tensor_count(a->model); i++)
+        if (!strcmp(cdp_model_tensor(a->model, i)->name, "layers.0.wte")) ta = cdp_model_tensor(a->model, i);
+    for (int i = 0; i < cdp_model_tensor_count(b->model); i++)
+        if (!strcmp(cdp_model_tensor(b->model, i)->name, "layers.0.wte")) tb = cdp_model_tensor(b->model, i);
+    if (!ta || !tb) return CDP_OK;
+    if (ta->numel != tb->numel)
+        return cdp_fail(CDP_ERR_INTERNAL, "tied embedding of %lld and %lld floats", (long long)ta->numel,
+                        (long long)tb->numel);
+    const uint64_t t0 = cdp_time_ns();
+    const struct cdp_kernels *k = cdp_model_kernels(a->model);
+    cdp_status st = k->ops->add(k->ks, ta->grad, tb->grad, (size_t)ta->numel);
+    if (!st) st = k->ops->copy(k->ks, tb->grad, ta->grad, (size_t)ta->numel * sizeof(float));
+    e->t_compute += cdp_time_ns() - t0;
+    return st;
+}
+
 static cdp_status execute(struct exec *e, const struct cdp_instr *in)
 {
     struct chunk *c = in->chunk >= 0 ? &e->ch[in->chunk] : NULL;
@@ -230,6 +290,7 @@ static cdp_status execute(struct exec *e, const struct cdp_instr *in)
         break;
     case CDP_OP_FORWARD:
         if ((st = acquire_slot(e, c, in->mb, &slot))) break;
+        if (c->local_prev >= 0 && (st = local_input(e, c, in->mb, slot))) break;
         if ((st = cdp_model_forward(c->model, slot))) break;
         if (c->vstage == e->nv - 1) {
             double s = 0;
@@ -267,13 +328,17 @@ static cdp_status execute(struct exec *e, const struct cdp_instr *in)
         trace_p2p(e, CDP_EV_RECV_GRAD, in, (size_t)c->out_bytes, from, cdp_time_ns());
         break;
     }
-    case CDP_OP_BACKWARD: {
+    case CDP_OP_BACKWARD:
+    case CDP_OP_BACKWARD_INPUT: {
         float *din = NULL;
+        int wslot = -1;
+        const int split = in->op == CDP_OP_BACKWARD_INPUT;
         slot = c->mb_slot[in->mb];
         if (slot < 0) {
             st = cdp_fail(CDP_ERR_INTERNAL, "backward of micro-batch %d that was never forwarded", in->mb);
             break;
         }
+        if (split && (st = acquire_wslot(c, in->mb, &wslot))) break;
         if (c->vstage > 0 && !c->in_tokens) {
             int g = c->next_grad_out;
             c->next_grad_out = (g + 1) % c->n_grad_out;
@@ -284,19 +349,49 @@ static cdp_status execute(struct exec *e, const struct cdp_instr *in)
             c->mb_grad_out[in->mb] = g;
         }
         uint64_t tb = cdp_time_ns(), r0 = e->t_reduce;
-        cdp_exec_buckets_before_backward(e, c); /* the last one starts the gradient buckets */
-        st = cdp_model_backward(c->model, slot, c->vstage == e->nv - 1 ? NULL : c->grad_in, din);
+        if (!split) cdp_exec_buckets_before_backward(e, c); /* the last one starts the gradient buckets */
+        const float *dout = c->vstage == e->nv - 1 ? NULL : c->grad_in;
+        st = split ? cdp_model_backward_input(c->model, slot, wslot, dout, din)
+                   : cdp_model_backward(c->model, slot, dout, din);
+        /* zbv's turn: the previous virtual stage is a chunk of this rank */
+        if (!st && din && c->local_prev >= 0) st = local_grad(e, c, din);
         if (!st) st = settle(e);
         cdp_fault_slow_down(&e->fault, e->rank, tb);
-        c->slot_mb[slot] = -1;
-        c->mb_slot[in->mb] = -1;
+        if (!split) { /* a split backward's activations stay until its W */
+            c->slot_mb[slot] = -1;
+            c->mb_slot[in->mb] = -1;
+        }
         uint64_t t1 = cdp_time_ns(), reduced = e->t_reduce - r0; /* ZeRO-2's reductions inside */
         e->t_compute += t1 - tb - reduced;
         e->t_comm += reduced;
         e->t_fb += t1 - tb;
         e->fb_end = t1;
-        trace_ev(e, CDP_EV_BACKWARD, in->mb, in->chunk, tb, t1);
+        trace_ev(e, split ? CDP_EV_BACKWARD_INPUT : CDP_EV_BACKWARD, in->mb, in->chunk, tb, t1);
         if (!st) st = post_next_grad(e, c, in);
+        break;
+    }
+    case CDP_OP_BACKWARD_WEIGHT: {
+        slot = c->mb_slot[in->mb];
+        const int wslot = c->mb_wslot[in->mb];
+        if (slot < 0 || wslot < 0) {
+            st = cdp_fail(CDP_ERR_INTERNAL, "weight gradient of micro-batch %d without its input gradient", in->mb);
+            break;
+        }
+        uint64_t tb = cdp_time_ns(), r0 = e->t_reduce;
+        cdp_exec_buckets_before_backward(e, c); /* the last W starts the gradient buckets */
+        st = cdp_model_backward_weight(c->model, slot, wslot);
+        if (!st) st = settle(e);
+        cdp_fault_slow_down(&e->fault, e->rank, tb);
+        c->slot_mb[slot] = -1;
+        c->mb_slot[in->mb] = -1;
+        c->wslot_mb[wslot] = -1;
+        c->mb_wslot[in->mb] = -1;
+        uint64_t t1 = cdp_time_ns(), reduced = e->t_reduce - r0;
+        e->t_compute += t1 - tb - reduced;
+        e->t_comm += reduced;
+        e->t_fb += t1 - tb;
+        e->fb_end = t1;
+        trace_ev(e, CDP_EV_BACKWARD_WEIGHT, in->mb, in->chunk, tb, t1);
         break;
     }
     case CDP_OP_SEND_GRAD: {
@@ -322,7 +417,10 @@ static cdp_status execute(struct exec *e, const struct cdp_instr *in)
         break;
     }
     case CDP_OP_ALLREDUCE_GRADS:
-        if (cdp_exec_buckets_on(e)) { /* what the backward has not started, then every bucket done */
+        /* zbv: the embedding and the head tied to it are chunks of this rank,
+         * summed here, where two ranks would run REDUCE_TIED_GRADS */
+        if (e->tied_local) st = sum_tied_locally(e);
+        if (!st && cdp_exec_buckets_on(e)) { /* what the backward has not started, then every bucket done */
             st = cdp_exec_buckets_finish(e);
             e->t_comm += cdp_time_ns() - t0;
             break;
@@ -434,6 +532,8 @@ static cdp_status execute_group(struct exec *e, const struct cdp_instr *list, in
         case CDP_OP_LOAD:
         case CDP_OP_FORWARD:
         case CDP_OP_BACKWARD:
+        case CDP_OP_BACKWARD_INPUT:
+        case CDP_OP_BACKWARD_WEIGHT:
         case CDP_OP_REDUCE_TIED_GRADS:
         case CDP_OP_ALLREDUCE_GRADS:
         case CDP_OP_OPTIMIZER_STEP:
@@ -510,18 +610,26 @@ cdp_status cdp_exec_validate(struct exec *e, double *val)
                                         ch->vstage == 0 && e->hv ? input : e->in_scratch, e->tgt);
                 if (!st && ch->vstage == 0 && !e->hv)
                     st = cdp_device_write(e->dev, input, e->in_scratch, (uint64_t)ch->in_bytes);
-                if (!st && ch->vstage > 0)
-                    st = recv_dev(e, input, (size_t)ch->in_bytes, (e->s + e->p - 1) % e->p,
+                int peer, pc;
+                if (!st && ch->vstage > 0 && ch->local_prev >= 0) { /* zbv's turn: the chunk before is here */
+                    const struct cdp_kernels *kk = cdp_model_kernels(ch->model);
+                    st = kk->ops->copy(kk->ks, input, cdp_model_output(e->ch[ch->local_prev].model, 0),
+                                       (size_t)ch->in_bytes);
+                } else if (!st && ch->vstage > 0) {
+                    cdp_schedule_vstage_place(e->lay->schedule, e->p, e->v, ch->vstage - 1, &peer, &pc);
+                    st = recv_dev(e, input, (size_t)ch->in_bytes, peer,
                                   tag_of(TAG_VAL, ch->vstage - 1, (int)(k % e->m), e->m));
+                }
                 if (!st) st = cdp_model_forward(ch->model, 0);
                 if (!st && ch->vstage == e->nv - 1) {
                     double s = 0;
                     st = cdp_model_loss(ch->model, 0, e->tgt, 1.0f, &s);
                     sum += s;
-                } else if (!st) {
+                } else if (!st && ch->local_next < 0) {
                     /* slot 0's output is overwritten by the next micro-batch: complete the send first */
                     cdp_request_t req = NULL;
-                    st = send_dev(e, cdp_model_output(ch->model, 0), (size_t)ch->out_bytes, (e->s + 1) % e->p,
+                    cdp_schedule_vstage_place(e->lay->schedule, e->p, e->v, ch->vstage + 1, &peer, &pc);
+                    st = send_dev(e, cdp_model_output(ch->model, 0), (size_t)ch->out_bytes, peer,
                                   tag_of(TAG_VAL, ch->vstage, (int)(k % e->m), e->m), &req);
                     if (!st) st = cdp_comm_wait(req, e->timeout);
                 }

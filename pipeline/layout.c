@@ -95,6 +95,12 @@ cdp_status cdp_layout_check(const struct cdp_layout *l, int64_t n_units)
 
 cdp_status cdp_layout_slots(const struct cdp_plan *plan, const struct cdp_layout *l, int r, int *mcap, int *slots)
 {
+    return cdp_layout_slots_ex(plan, l, r, mcap, slots, NULL);
+}
+
+cdp_status cdp_layout_slots_ex(const struct cdp_plan *plan, const struct cdp_layout *l, int r, int *mcap, int *slots,
+                               int *wslots)
+{
     const int R = l->replicas, unit = l->chunks > 1 ? l->stages : 1;
     int64_t cap = l->shares[r];
     if (plan->parallel.rebalance_every > 0 && R > 1) cap = (int64_t)R * l->micro_batches - (int64_t)(R - 1) * unit;
@@ -104,17 +110,22 @@ cdp_status cdp_layout_slots(const struct cdp_plan *plan, const struct cdp_layout
                         plan->parallel.rebalance_every > 0 ? " (with /parallel/rebalance_every)" : "",
                         CDP_PLAN_MAX_MICRO_BATCHES);
     for (int s = 0; s < l->stages; s++) slots[s] = 1;
+    for (int s = 0; wslots && s < l->stages; s++) wslots[s] = 0;
     for (int rv = 0; rv < 2; rv++) {
         struct cdp_schedule *sc = NULL;
-        cdp_status st = cdp_schedule_build_ex(l->schedule, l->stages, l->chunks, (int)cap, 0, rv, &sc);
+        cdp_status st = cdp_schedule_for_plan(plan, l->schedule, l->stages, l->chunks, (int)cap, 0, rv, &sc);
         if (st) return st;
         for (int s = 0; s < l->stages; s++) {
-            const int k = cdp_schedule_peak_in_flight(sc, s);
+            const int k = cdp_schedule_peak_in_flight(sc, s), w = cdp_schedule_peak_w_pending(sc, s);
             if (k > slots[s]) slots[s] = k;
+            if (wslots && w > wslots[s]) wslots[s] = w;
         }
         cdp_schedule_free(sc);
-        /* only the interleaved lists have a rendezvous order of their own */
-        if (l->schedule != CDP_SCHEDULE_INTERLEAVED) break;
+        /* only the interleaved and the split lists have a rendezvous order of their own; a file's
+         * lists are the same for both transports (the executor proves them for NCCL where it uses it) */
+        if ((l->schedule != CDP_SCHEDULE_INTERLEAVED && !cdp_schedule_splits_backward(l->schedule)) ||
+            plan->parallel.schedule_file)
+            break;
     }
     *mcap = (int)cap;
     return CDP_OK;
@@ -136,13 +147,14 @@ void cdp_layout_chunk_buffers(const struct cdp_unit_bytes *first, const struct c
 
 void cdp_layout_chunk_memory(const struct cdp_plan *plan, const struct cdp_range_terms *t, uint64_t shared_floats,
                              const struct cdp_unit_bytes *first, const struct cdp_unit_bytes *last, int ends_model,
-                             int vstage, int nv, int slots, int host_visible, int zero, int shards, int shard,
-                             struct cdp_rank_memory *out)
+                             int vstage, int nv, int slots, uint64_t wstate_sum, int wslots, int host_visible, int zero,
+                             int shards, int shard, struct cdp_rank_memory *out)
 {
     struct cdp_model_bytes mb;
     struct cdp_chunk_buffers cb;
     if (zero < 1) shards = 1;
     cdp_model_bytes_of(t, shared_floats, first, last, ends_model, slots, zero >= 2 ? shards : 1, shard, &mb);
+    cdp_model_bytes_add_wstate(&mb, wstate_sum, wslots);
     cdp_layout_chunk_buffers(first, last, vstage, nv, slots, host_visible, &cb);
     memset(out, 0, sizeof *out);
     out->params = mb.params;
@@ -150,7 +162,7 @@ void cdp_layout_chunk_memory(const struct cdp_plan *plan, const struct cdp_range
     uint64_t off = 0, len = mb.params / 4;
     if (shards > 1) cdp_shard(mb.params / 4, shards, shard, &off, &len);
     out->optimizer = cdp_optimizer_state_bytes(&plan->train.optimizer, (int64_t)len);
-    out->activations = cdp_sat_add(cdp_sat_add(mb.activations, mb.inputs), mb.targets);
+    out->activations = cdp_sat_add(cdp_sat_add(cdp_sat_add(mb.activations, mb.inputs), mb.targets), mb.wstate);
     out->buffers = cdp_sat_add(mb.scratch + mb.grad_buffers + mb.recompute + mb.losses + cb.grad_in,
                                cdp_sat_mul((uint64_t)cb.n_grad_out, cb.grad_out));
     out->device = cdp_sat_add(cdp_sat_add(out->params + out->grads + out->optimizer, out->activations), out->buffers);
@@ -171,7 +183,7 @@ static void add_memory(struct cdp_rank_memory *a, const struct cdp_rank_memory *
 
 /* Rank `rank`'s memory, given its replica's micro-batch cap and slots per stage. */
 static cdp_status rank_memory(const struct cdp_plan *plan, struct cdp_layout *l, const struct cdp_unit *units, int n,
-                              int rank, int mcap, int slots)
+                              int rank, int mcap, int slots, int wslots)
 {
     struct cdp_layout_rank *k = &l->rank[rank];
     const int p = l->stages, nv = p * l->chunks, B = l->micro_batch;
@@ -180,21 +192,23 @@ static cdp_status rank_memory(const struct cdp_plan *plan, struct cdp_layout *l,
     struct cdp_rank_memory sum = {0};
     uint64_t largest_grad = 0;
     for (int c = 0; c < l->chunks; c++) {
-        const int vs = c * p + k->stage, first = (int)l->ranges[vs][0], end = (int)l->ranges[vs][1];
+        const int vs = cdp_schedule_vstage(l->schedule, p, l->chunks, k->stage, c), first = (int)l->ranges[vs][0], end = (int)l->ranges[vs][1];
         if (first < 0 || end > n || first >= end)
             return cdp_fail(CDP_ERR_INVALID, "layout: virtual stage %d holds units [%d, %d) of %d", vs, first, end, n);
         struct cdp_range_terms t = {0};
         struct cdp_unit_bytes ub, u0, ul;
-        uint64_t shared = 0;
+        uint64_t shared = 0, wstate = 0;
         for (int i = first; i < end; i++) {
             cdp_unit_bytes(&units[i], B, loss, &ub);
             cdp_range_terms_add(&t, &ub);
+            wstate = cdp_sat_add(wstate, ub.wstate_bytes);
             if (ub.tied_owner >= first && ub.tied_owner < end) shared += ub.tied_floats;
             if (i == first) u0 = ub;
             ul = ub;
         }
         struct cdp_rank_memory cm;
-        cdp_layout_chunk_memory(plan, &t, shared, &u0, &ul, end == n, vs, nv, slots, hv, l->zero, l->replicas,
+        cdp_layout_chunk_memory(plan, &t, shared, &u0, &ul, end == n, vs, nv, slots, wstate, wslots, hv, l->zero,
+                                l->replicas,
                                 k->replica, &cm);
         add_memory(&sum, &cm);
         if (cm.params > largest_grad) largest_grad = cm.params;
@@ -217,7 +231,8 @@ static cdp_status rank_memory(const struct cdp_plan *plan, struct cdp_layout *l,
 cdp_status cdp_layout_memory(const struct cdp_plan *plan, struct cdp_layout *l, const struct cdp_unit *units, int n)
 {
     const int p = l->stages, N = l->n_ranks;
-    int *slots = malloc((size_t)p * sizeof *slots), *first_of = malloc((size_t)p * sizeof *first_of);
+    int *slots = malloc((size_t)p * 2 * sizeof *slots), *first_of = malloc((size_t)p * sizeof *first_of);
+    int *wslots = slots ? slots + p : NULL;
     unsigned char *done = calloc((size_t)N, 1);
     cdp_status st = !slots || !first_of || !done ? cdp_fail(CDP_ERR_NOMEM, "layout: out of memory") : CDP_OK;
     /* replicas with the same share have the same slots, and their ranks of one stage the same memory */
@@ -225,14 +240,14 @@ cdp_status cdp_layout_memory(const struct cdp_plan *plan, struct cdp_layout *l, 
         if (done[i]) continue;
         const int64_t share = l->shares[l->rank[i].replica];
         int mcap = 0;
-        if ((st = cdp_layout_slots(plan, l, l->rank[i].replica, &mcap, slots))) break;
+        if ((st = cdp_layout_slots_ex(plan, l, l->rank[i].replica, &mcap, slots, wslots))) break;
         for (int s = 0; s < p; s++) first_of[s] = -1;
         for (int j = i; j < N && !st; j++) {
             if (done[j] || l->shares[l->rank[j].replica] != share) continue;
             const int s = l->rank[j].stage;
             /* ZeRO-1 shards may differ by a float: each rank its own */
             if (first_of[s] >= 0 && !l->zero) l->rank[j].memory = l->rank[first_of[s]].memory;
-            else if (!(st = rank_memory(plan, l, units, n, j, mcap, slots[s]))) first_of[s] = j;
+            else if (!(st = rank_memory(plan, l, units, n, j, mcap, slots[s], wslots[s]))) first_of[s] = j;
             done[j] = 1;
         }
     }

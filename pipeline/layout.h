@@ -61,8 +61,8 @@ struct cdp_layout {
     int zero;                     /* 1: each stage's optimizer state sharded over its replicas (ZeRO-1),
                                    * 2: its gradients too (ZeRO-2); only with replicas > 1 */
     int64_t *shares;      /* replicas entries: micro-batches of each replica per step (owned) */
-    int64_t (*ranges)[2]; /* stages x chunks: [first, end) units of virtual stage k, which is chunk
-                             k / stages of stage k % stages (owned) */
+    int64_t (*ranges)[2]; /* stages x chunks: [first, end) units of virtual stage k, placed on a stage
+                             and chunk by cdp_schedule_vstage (owned) */
     int n_ranks;          /* stages x replicas */
     struct cdp_layout_rank *rank; /* by world rank (owned) */
     int n_nodes;          /* nodes of the planned topology */
@@ -99,6 +99,13 @@ cdp_status cdp_layout_check(const struct cdp_layout *l, int64_t n_units);
  * transport. CDP_ERR_INVALID / CDP_ERR_NOMEM from the schedule builder. */
 cdp_status cdp_layout_slots(const struct cdp_plan *plan, const struct cdp_layout *l, int r, int *mcap, int *slots);
 
+/* The same, and (wslots, l->stages entries, unless NULL) the W-state slots
+ * each stage needs: the most micro-batches its schedule holds between a
+ * BACKWARD_INPUT and its BACKWARD_WEIGHT (cdp_schedule_peak_w_pending), the
+ * larger of both orders; 0 for the schedules that do not split the backward. */
+cdp_status cdp_layout_slots_ex(const struct cdp_plan *plan, const struct cdp_layout *l, int r, int *mcap, int *slots,
+                               int *wslots);
+
 /* The executor's own buffers of one chunk (virtual stage vstage of nv) whose
  * first unit is `first` and last `last` with `slots` activation slots: the
  * gradient arriving from the next stage (vstage < nv - 1) and a ring of
@@ -115,7 +122,9 @@ void cdp_layout_chunk_buffers(const struct cdp_unit_bytes *first, const struct c
                               int nv, int slots, int host_visible, struct cdp_chunk_buffers *out);
 
 /* The device and host bytes of one chunk: the model range's buffers
- * (cdp_model_bytes_of), its optimizer state and the executor's chunk buffers.
+ * (cdp_model_bytes_of), its W-states (wslots x wstate_sum, the range's
+ * units' wstate_bytes added up, cdp_model_bytes_add_wstate; counted with the
+ * activations), its optimizer state and the executor's chunk buffers.
  * The planner's partition evaluates this for every candidate range from terms
  * it keeps incrementally; cdp_layout_memory sums it over a rank's chunks.
  * zero >= 1 with shards > 1: ZeRO-1, the optimizer state of shard `shard`
@@ -123,8 +132,8 @@ void cdp_layout_chunk_buffers(const struct cdp_unit_bytes *first, const struct c
  * (cdp_model_bytes_of). */
 void cdp_layout_chunk_memory(const struct cdp_plan *plan, const struct cdp_range_terms *t, uint64_t shared_floats,
                              const struct cdp_unit_bytes *first, const struct cdp_unit_bytes *last, int ends_model,
-                             int vstage, int nv, int slots, int host_visible, int zero, int shards, int shard,
-                             struct cdp_rank_memory *out);
+                             int vstage, int nv, int slots, uint64_t wstate_sum, int wslots, int host_visible, int zero,
+                             int shards, int shard, struct cdp_rank_memory *out);
 
 /* Host bytes every rank process holds whatever its stage (code, libraries,
  * MPI and BLAS buffers), measured on the development machines (docs/planner.md). */

@@ -29,11 +29,60 @@
 
 /* ---- virtual stages ------------------------------------------------------- */
 
-static int vstage(const struct cdp_schedule *s, int rank, int chunk) { return chunk * s->p + rank; }
-static int vrank(const struct cdp_schedule *s, int k) { return k % s->p; }
-static int nvstages(const struct cdp_schedule *s) { return s->p * s->v; }
+int cdp_schedule_vstage(enum cdp_schedule_kind kind, int p, int v, int rank, int chunk)
+{
+    if (p < 1 || v < 1 || rank < 0 || rank >= p || chunk < 0 || chunk >= v) return -1;
+    if (kind == CDP_SCHEDULE_ZBV && v == 2) return chunk == 0 ? rank : 2 * p - 1 - rank;
+    return chunk * p + rank;
+}
 
-static int per_mb_op(enum cdp_op op) { return op >= CDP_OP_LOAD && op <= CDP_OP_RECV_GRAD; }
+void cdp_schedule_vstage_place(enum cdp_schedule_kind kind, int p, int v, int k, int *rank, int *chunk)
+{
+    CDP_ASSERT(p >= 1 && v >= 1 && k >= 0 && k < p * v);
+    if (kind == CDP_SCHEDULE_ZBV && v == 2) {
+        *rank = k < p ? k : 2 * p - 1 - k;
+        *chunk = k >= p;
+        return;
+    }
+    *rank = k % p;
+    *chunk = k / p;
+}
+
+int cdp_schedule_chunks_of(enum cdp_schedule_kind kind, int chunks)
+{
+    if (kind == CDP_SCHEDULE_ZBV) return 2;
+    return kind == CDP_SCHEDULE_INTERLEAVED ? chunks : 1;
+}
+
+int cdp_schedule_splits_backward(enum cdp_schedule_kind kind)
+{
+    return kind == CDP_SCHEDULE_ZB_H1 || kind == CDP_SCHEDULE_ZB_H2 || kind == CDP_SCHEDULE_ZBV;
+}
+
+static int vstage(const struct cdp_schedule *s, int rank, int chunk)
+{
+    return cdp_schedule_vstage(s->kind, s->p, s->v, rank, chunk);
+}
+static int vrank(const struct cdp_schedule *s, int k)
+{
+    int r, c;
+    cdp_schedule_vstage_place(s->kind, s->p, s->v, k, &r, &c);
+    return r;
+}
+static int vchunk(const struct cdp_schedule *s, int k)
+{
+    int r, c;
+    cdp_schedule_vstage_place(s->kind, s->p, s->v, k, &r, &c);
+    return c;
+}
+static int nvstages(const struct cdp_schedule *s) { return s->p * s->v; }
+/* The ranks holding the first and the last virtual stage (the same under zbv
+ * and with one rank): they load, and they reduce tied gradients when they differ. */
+static int last_rank(const struct cdp_schedule *s) { return vrank(s, nvstages(s) - 1); }
+static int tied_other(const struct cdp_schedule *s, int r) { return r == 0 ? last_rank(s) : 0; }
+
+static int is_send(enum cdp_op op) { return op == CDP_OP_SEND_ACT || op == CDP_OP_SEND_GRAD; }
+static int per_mb_op(enum cdp_op op) { return op >= CDP_OP_LOAD && op <= CDP_OP_BACKWARD_WEIGHT; }
 static int is_comm(enum cdp_op op)
 {
     return op == CDP_OP_SEND_ACT || op == CDP_OP_RECV_ACT || op == CDP_OP_SEND_GRAD ||
@@ -52,6 +101,8 @@ const char *cdp_instr_str(const struct cdp_instr *in, int v, char *buf, size_t c
     case CDP_OP_LOAD: snprintf(buf, cap, "L%d", in->mb); break;
     case CDP_OP_FORWARD: snprintf(buf, cap, "%sF%d", pre, in->mb); break;
     case CDP_OP_BACKWARD: snprintf(buf, cap, "%sB%d", pre, in->mb); break;
+    case CDP_OP_BACKWARD_INPUT: snprintf(buf, cap, "%sI%d", pre, in->mb); break;
+    case CDP_OP_BACKWARD_WEIGHT: snprintf(buf, cap, "%sW%d", pre, in->mb); break;
     case CDP_OP_SEND_ACT: snprintf(buf, cap, "%ssa%d>%d", pre, in->mb, in->peer); break;
     case CDP_OP_RECV_ACT: snprintf(buf, cap, "%sra%d<%d", pre, in->mb, in->peer); break;
     case CDP_OP_SEND_GRAD: snprintf(buf, cap, "%ssg%d>%d", pre, in->mb, in->peer); break;
@@ -97,6 +148,7 @@ cdp_status cdp_schedule_print_json(const struct cdp_schedule *s, FILE *f)
 /* ---- building --------------------------------------------------------------- */
 
 static cdp_status rendezvous_run(const struct cdp_schedule *s);
+static cdp_status rendezvous_fix(struct cdp_schedule *s);
 
 void cdp_schedule_free(struct cdp_schedule *s)
 {
@@ -131,8 +183,8 @@ static void emit_forward_in(struct builder *b, int r, int mb, int c)
     const struct cdp_schedule *s = b->s;
     int k = vstage(s, r, c), last = nvstages(s) - 1;
     /* The first virtual stage loads inputs, the last targets; when one rank
-     * holds both (p == 1) the LOAD before the first serves the last too. */
-    if (k == 0 || (k == last && s->p > 1)) emit(b, r, CDP_OP_LOAD, mb, c, -1);
+     * holds both (p == 1, zbv) the LOAD before the first serves the last too. */
+    if (k == 0 || (k == last && last_rank(s) != 0)) emit(b, r, CDP_OP_LOAD, mb, c, -1);
     if (k > 0 && vrank(s, k - 1) != r) emit(b, r, CDP_OP_RECV_ACT, mb, c, vrank(s, k - 1));
 }
 
@@ -171,11 +223,24 @@ static void emit_backward(struct builder *b, int r, int mb, int c)
     emit_backward_out(b, r, mb, c);
 }
 
+/* The split backward: the input half with its communication, as
+ * emit_backward; the weight half on its own (it talks to no one). */
+static void emit_backward_input(struct builder *b, int r, int mb, int c)
+{
+    emit_backward_in(b, r, mb, c);
+    emit(b, r, CDP_OP_BACKWARD_INPUT, mb, c, -1);
+    emit_backward_out(b, r, mb, c);
+}
+
+static void emit_backward_weight(struct builder *b, int r, int mb, int c) { emit(b, r, CDP_OP_BACKWARD_WEIGHT, mb, c, -1); }
+
 static void emit_step_end(struct builder *b, int r, int tied)
 {
     const struct cdp_schedule *s = b->s;
-    /* With one rank the tied embedding and head share one tensor: nothing to sum. */
-    if (tied && s->p > 1 && (r == 0 || r == s->p - 1)) emit(b, r, CDP_OP_REDUCE_TIED_GRADS, -1, -1, -1);
+    /* When one rank holds the first and the last virtual stage (p == 1, zbv)
+     * the executor sums the tied embedding and head within that rank. */
+    if (tied && last_rank(s) != 0 && (r == 0 || r == last_rank(s)))
+        emit(b, r, CDP_OP_REDUCE_TIED_GRADS, -1, -1, -1);
     emit(b, r, CDP_OP_ALLREDUCE_GRADS, -1, -1, -1);
     emit(b, r, CDP_OP_OPTIMIZER_STEP, -1, -1, -1);
 }
@@ -204,6 +269,238 @@ static void gen_1f1b(struct builder *b, int r)
         emit_backward(b, r, i, 0);
     }
     for (int i = steady; i < m; i++) emit_backward(b, r, i, 0);
+}
+
+/* ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism", 2024; as
+ * torch.distributed.pipelining's ScheduleInterleavedZeroBubble with one
+ * chunk): 1F1B's order of forwards and input gradients, min(p-r-1, m) warm-up
+ * forwards, then pairs of a forward and the oldest input gradient, then the
+ * remaining input gradients; rank r defers its weight gradients by r: after
+ * each input gradient past the r-th, the oldest pending weight gradient, and
+ * the last r at the end. The weight gradients fill the cool-down's bubble.
+ * Rank r keeps at most p micro-batches in flight (F until W), 1F1B's rank-0
+ * peak, and r + 1 W-states. At T_F = T_B = T_W = t without communication the
+ * step is (3m + p - 1) t (docs/simulator.md). */
+static void gen_zb_h1(struct builder *b, int r)
+{
+    const int m = b->s->m, p = b->s->p;
+    int warm = p - r - 1 < m ? p - r - 1 : m, nb = 0, nw = 0;
+    for (int i = 0; i < warm; i++) emit_forward(b, r, i, 0);
+    for (int i = 0; i < m; i++) {
+        if (warm + i < m) emit_forward(b, r, warm + i, 0);
+        emit_backward_input(b, r, i, 0);
+        if (++nb > r) emit_backward_weight(b, r, nw++, 0);
+    }
+    while (nw < m) emit_backward_weight(b, r, nw++, 0);
+}
+
+/* ZB-H2: the lists of a greedy list schedule of all ranks together at unit
+ * times (T_F = T_B = T_W, no communication time), the heuristic of Qi et al.
+ * with a memory limit of 2p - 1 micro-batches in flight per rank: at each
+ * tick a rank runs its next input gradient if its output gradient has
+ * arrived, else its next forward if the input has arrived and fewer than
+ * 2p - 1 micro-batches are in flight, else its oldest pending weight
+ * gradient, else waits. So the warm-up runs up to 2p - 1 forwards ahead, and
+ * weight gradients fill every wait. Every rank idles exactly p - 1 ticks of
+ * the 3m + p - 1 (its start-up; nothing in the cool-down), at unit times;
+ * unlike zb-h1 its step stays (3m + p - 1) T_F-ish when T_W is smaller than
+ * T_F (docs/simulator.md). Fills all ranks' lists; CDP_ERR_NOMEM. */
+static cdp_status gen_zb_h2(struct builder *b)
+{
+    const int m = b->s->m, p = b->s->p, lim = 2 * p - 1;
+    int *nf = calloc((size_t)p * 3, sizeof *nf), *fdone = malloc((size_t)p * m * 2 * sizeof *fdone);
+    if (!nf || !fdone) {
+        free(nf);
+        free(fdone);
+        return cdp_fail(CDP_ERR_NOMEM, "schedule zb-h2: out of memory");
+    }
+    int *ni = nf + p, *nw = nf + 2 * p, *idone = fdone + (size_t)p * m;
+    for (size_t j = 0; j < (size_t)p * m * 2; j++) fdone[j] = INT32_MAX;
+    int64_t left = (int64_t)3 * m * p;
+    for (int t = 0; left > 0; t++) {
+        for (int r = 0; r < p; r++) {
+            const int i = ni[r], f = nf[r];
+            if (i < f && (r == p - 1 || idone[(size_t)(r + 1) * m + i] <= t)) {
+                emit_backward_input(b, r, i, 0);
+                idone[(size_t)r * m + i] = t + 1;
+                ni[r]++;
+            } else if (f < m && (r == 0 || fdone[(size_t)(r - 1) * m + f] <= t) && f - nw[r] < lim) {
+                emit_forward(b, r, f, 0);
+                fdone[(size_t)r * m + f] = t + 1;
+                nf[r]++;
+            } else if (nw[r] < ni[r]) {
+                emit_backward_weight(b, r, nw[r]++, 0);
+            } else {
+                continue;
+            }
+            left--;
+        }
+        /* every tick some rank can work: a micro-batch's next step is always ready somewhere */
+        CDP_ASSERT(t <= 6 * m * p + 2 * p);
+    }
+    free(nf);
+    free(fdone);
+    return CDP_OK;
+}
+
+/* ZB-V (Qi et al. 2024, as torch.distributed.pipelining's
+ * ScheduleZBVZeroBubble): two chunks per rank in a V, rank r holding virtual
+ * stages r (chunk 0) and 2p-1-r (chunk 1). Warm-up: 2(p-r)-1 forwards of
+ * chunk 0; r pairs of a chunk-1 forward and a chunk-0 forward; p-r rounds of
+ * a chunk-1 forward and a chunk-1 backward (input then weight gradient).
+ * Steady: rounds of a chunk-0 forward (while any is left), a chunk-0 backward,
+ * a chunk-1 forward, a chunk-1 backward, until every forward is issued. Cool-
+ * down: r pairs of a chunk-0 and a chunk-1 input gradient, then input
+ * gradients of chunk 1 and chunk 0 in turn (chunk 0's with its weight
+ * gradient right after), then every weight gradient still pending, in the
+ * order of their input gradients. Each step is skipped when its micro-batch
+ * does not exist (m < 2p-1 shortens the phases). Peak 2p chunk activations
+ * (half a stage each: 1F1B's rank-0 memory). At unit chunk times the step is
+ * 6m + p - 1 + max(0, 2p - 2 - m) (docs/simulator.md). CDP_ERR_NOMEM. */
+struct zbv_state {
+    struct builder *b;
+    int r, m, f0, f1, b0, b1;
+    unsigned char *wdone; /* [mb * 2 + chunk]: weight gradient emitted */
+};
+
+static void zbv_f0(struct zbv_state *z)
+{
+    if (z->f0 < z->m) emit_forward(z->b, z->r, z->f0++, 0);
+}
+static void zbv_f1(struct zbv_state *z)
+{
+    if (z->f1 < z->m && z->f1 < z->f0) emit_forward(z->b, z->r, z->f1++, 1);
+}
+/* chunk c's next input gradient, and its weight gradient when w */
+static void zbv_bwd(struct zbv_state *z, int c, int w)
+{
+    int *n = c ? &z->b1 : &z->b0, lim = c ? z->f1 : z->b1;
+    if (*n >= z->m || *n >= lim) return;
+    emit_backward_input(z->b, z->r, *n, c);
+    if (w) {
+        emit_backward_weight(z->b, z->r, *n, c);
+        z->wdone[*n * 2 + c] = 1;
+    }
+    (*n)++;
+}
+
+static cdp_status gen_zbv(struct builder *b, int r)
+{
+    const int p = b->s->p;
+    struct zbv_state z = {.b = b, .r = r, .m = b->s->m};
+    z.wdone = calloc((size_t)z.m * 2, 1);
+    if (!z.wdone) return cdp_fail(CDP_ERR_NOMEM, "schedule zbv: out of memory");
+    for (int i = 0; i < 2 * (p - r) - 1; i++) zbv_f0(&z);
+    for (int i = 0; i < r; i++) {
+        zbv_f1(&z);
+        zbv_f0(&z);
+    }
+    for (int i = 0; i < p - r; i++) {
+        zbv_f1(&z);
+        zbv_bwd(&z, 1, 1);
+    }
+    while (z.f0 < z.m || z.f1 < z.m) {
+        zbv_f0(&z);
+        zbv_bwd(&z, 0, 1);
+        zbv_f1(&z);
+        zbv_bwd(&z, 1, 1);
+    }
+    const int cool = b->s->len[r];
+    for (int i = 0; i < r; i++) {
+        zbv_bwd(&z, 0, 0);
+        zbv_bwd(&z, 1, 0);
+    }
+    while (z.b0 < z.m || z.b1 < z.m) {
+        zbv_bwd(&z, 1, 0);
+        zbv_bwd(&z, 0, 1);
+    }
+    const int end = b->s->len[r];
+    for (int i = cool; i < end; i++) {
+        const struct cdp_instr in = b->s->list[r][i];
+        if (in.op == CDP_OP_BACKWARD_INPUT && !z.wdone[in.mb * 2 + in.chunk])
+            emit_backward_weight(b, r, in.mb, in.chunk);
+    }
+    free(z.wdone);
+    return CDP_OK;
+}
+
+/* For NCCL's rendezvous send/receive, the zero-bubble lists keep their order
+ * of compute and their communication but move every LOAD back over the sends
+ * and receives right before it, so that the sends of one compute and the
+ * receives of the next form one group: zb-h2's and zbv's warm-ups run more
+ * forwards than 1F1B's, and with the LOAD between them rank 0's send of an
+ * activation and rank 1's send of a gradient wait on each other (p = 2,
+ * m = 3 already). A LOAD needs nothing, so it may run earlier. */
+static void loads_before_exchanges(struct builder *b, int r)
+{
+    struct cdp_instr *l = b->s->list[r];
+    for (int i = 1; i < b->s->len[r]; i++) {
+        if (l[i].op != CDP_OP_LOAD) continue;
+        int j = i;
+        while (j > 0 && is_comm(l[j - 1].op)) j--;
+        const struct cdp_instr ld = l[i];
+        memmove(l + j + 1, l + j, (size_t)(i - j) * sizeof *l);
+        l[j] = ld;
+    }
+}
+
+/* What travels: activation or gradient, micro-batch, and the sending virtual
+ * stage. A send and a receive match when these are equal. */
+struct wire {
+    int grad, mb, from;
+};
+
+static struct wire wire_of(const struct cdp_schedule *s, int r, const struct cdp_instr *in);
+
+/* NCCL has no tags: the k-th send from rank a to rank b lands in the k-th
+ * receive b posts from a. zbv's V sends a rank's chunk-0 activations and its
+ * chunk-1 gradients to the same neighbour in an order of its own; so, for
+ * NCCL, each rank b posts its receives from each peer a in the order a sends:
+ * at the place of its k-th receive from a it puts the receive that matches a's
+ * k-th send, taken from where it was (always later in the list: the ones
+ * before are the matches of a's earlier sends). A receive so moved earlier
+ * only waits earlier. CDP_ERR_INTERNAL if a gradient would then arrive in its
+ * chunk's one gradient buffer before the backward of the previous one (a
+ * generator bug); CDP_ERR_NOMEM. */
+static cdp_status receives_in_send_order(struct builder *b)
+{
+    struct cdp_schedule *s = b->s;
+    const int p = s->p;
+    int *sends = malloc(((size_t)b->cap + 1) * sizeof *sends);
+    if (!sends) return cdp_fail(CDP_ERR_NOMEM, "schedule: out of memory");
+    cdp_status st = CDP_OK;
+    for (int r = 0; r < p && !st; r++)
+        for (int a = 0; a < p && !st; a++) {
+            if (a == r) continue;
+            int ns = 0, k = 0;
+            for (int i = 0; i < s->len[a]; i++)
+                if (is_comm(s->list[a][i].op) && is_send(s->list[a][i].op) && s->list[a][i].peer == r) sends[ns++] = i;
+            struct cdp_instr *l = s->list[r];
+            for (int i = 0; i < s->len[r] && k < ns; i++) {
+                if (!is_comm(l[i].op) || is_send(l[i].op) || l[i].peer != a) continue;
+                const struct wire w = wire_of(s, a, &s->list[a][sends[k++]]);
+                int j = i;
+                for (; j < s->len[r]; j++) {
+                    if (!is_comm(l[j].op) || is_send(l[j].op) || l[j].peer != a) continue;
+                    const struct wire x = wire_of(s, r, &l[j]);
+                    if (x.grad == w.grad && x.mb == w.mb && x.from == w.from) break;
+                }
+                if (j == s->len[r] || j == i) continue; /* unmatched: the validator names it */
+                const struct cdp_instr rc = l[j];
+                for (int q = i; q < j && rc.op == CDP_OP_RECV_GRAD; q++)
+                    if ((l[q].op == CDP_OP_BACKWARD || l[q].op == CDP_OP_BACKWARD_INPUT) && l[q].chunk == rc.chunk) {
+                        st = cdp_fail(CDP_ERR_INTERNAL, "schedule %s: rank %d would receive the gradient of "
+                                      "micro-batch %d on chunk %d before the backward of micro-batch %d",
+                                      cdp_schedule_name(s->kind), r, rc.mb, rc.chunk, l[q].mb);
+                        break;
+                    }
+                if (st) break;
+                memmove(l + i + 1, l + i, (size_t)(j - i) * sizeof *l);
+                l[i] = rc;
+            }
+        }
+    free(sends);
+    return st;
 }
 
 /* Megatron's get_model_chunk_id and micro-batch of the k-th forward (or
@@ -332,9 +629,11 @@ cdp_status cdp_schedule_build_ex(enum cdp_schedule_kind kind, int p, int v, int 
     if ((int64_t)p * v * m > MAX_CELLS)
         return cdp_fail(CDP_ERR_INVALID, "schedule %s: %d stages x %d chunks x %d micro-batches is more "
                         "than %d", name, p, v, m, MAX_CELLS);
+    if (kind == CDP_SCHEDULE_ZBV && v != 2)
+        return cdp_fail(CDP_ERR_INVALID, "schedule zbv: runs exactly 2 chunks per rank (a V), got %d", v);
     if (!cdp_schedule_has_chunks(kind) && v != 1)
         return cdp_fail(CDP_ERR_INVALID, "schedule %s: needs 1 chunk per rank, got %d (only interleaved "
-                        "takes several)", name, v);
+                        "and zbv take several)", name, v);
     if (kind == CDP_SCHEDULE_INTERLEAVED) {
         if (v < 2)
             return cdp_fail(CDP_ERR_INVALID, "schedule interleaved: needs at least 2 chunks per rank, got %d", v);
@@ -345,7 +644,7 @@ cdp_status cdp_schedule_build_ex(enum cdp_schedule_kind kind, int p, int v, int 
                             "%d stages", m, p);
     }
 
-    struct builder b = {.s = NULL, .cap = 7 * m * v + 3, .rendezvous = rendezvous != 0};
+    struct builder b = {.s = NULL, .cap = 8 * m * v + 3, .rendezvous = rendezvous != 0};
     struct cdp_schedule *s = calloc(1, sizeof *s);
     if (!s) return cdp_fail(CDP_ERR_NOMEM, "schedule: out of memory");
     *s = (struct cdp_schedule){.kind = kind, .p = p, .v = v, .m = m};
@@ -356,16 +655,33 @@ cdp_status cdp_schedule_build_ex(enum cdp_schedule_kind kind, int p, int v, int 
     for (int r = 0; r < p; r++) {
         s->list[r] = malloc((size_t)b.cap * sizeof *s->list[r]);
         if (!s->list[r]) goto nomem;
+    }
+    if (kind == CDP_SCHEDULE_ZB_H2 && (st = gen_zb_h2(&b))) goto fail;
+    for (int r = 0; r < p; r++) {
         switch (kind) {
         case CDP_SCHEDULE_GPIPE: gen_gpipe(&b, r); break;
         case CDP_SCHEDULE_1F1B: gen_1f1b(&b, r); break;
+        case CDP_SCHEDULE_ZB_H1: gen_zb_h1(&b, r); break;
+        case CDP_SCHEDULE_ZB_H2: break; /* above: all ranks together */
+        case CDP_SCHEDULE_ZBV:
+            if ((st = gen_zbv(&b, r))) goto fail;
+            break;
         case CDP_SCHEDULE_INTERLEAVED:
         case CDP_SCHEDULE_COUNT:
             if (b.rendezvous) gen_interleaved_batched(&b, r);
             else gen_interleaved(&b, r);
             break;
         }
-        emit_step_end(&b, r, tied);
+    }
+    if (b.rendezvous && cdp_schedule_splits_backward(kind)) {
+        if ((st = receives_in_send_order(&b))) goto fail;
+        for (int r = 0; r < p; r++) loads_before_exchanges(&b, r);
+    }
+    for (int r = 0; r < p; r++) emit_step_end(&b, r, tied);
+    if (b.rendezvous && cdp_schedule_splits_backward(kind) && (st = rendezvous_fix(s))) {
+        st = cdp_error_context(CDP_ERR_INTERNAL, "schedule %s (p=%d, v=%d, m=%d, rendezvous) is broken: ", name, p,
+                               v, m);
+        goto fail;
     }
     /* Every list handed out is proven for buffered (MPI) send/receive, and
      * for rendezvous (NCCL) send/receive too when it is meant for that; a
@@ -417,12 +733,12 @@ static cdp_status check_fields(const struct cdp_schedule *s, int r, int i)
         if (in->mb != -1 || in->chunk != -1 || in->peer != -1)
             return bad_at(s, r, i, "a step-level instruction has micro-batch, chunk and peer -1, got %d, %d, %d",
                           in->mb, in->chunk, in->peer);
-        if (in->op == CDP_OP_REDUCE_TIED_GRADS && s->p == 1)
+        if (in->op == CDP_OP_REDUCE_TIED_GRADS && last_rank(s) == 0)
             return bad_at(s, r, i, "one rank holds the first and the last virtual stage: there are no tied "
                           "gradients to sum");
-        if (in->op == CDP_OP_REDUCE_TIED_GRADS && r != 0 && r != s->p - 1)
+        if (in->op == CDP_OP_REDUCE_TIED_GRADS && r != 0 && r != last_rank(s))
             return bad_at(s, r, i, "only the ranks holding the first and the last virtual stage (0 and %d) "
-                          "reduce tied gradients", s->p - 1);
+                          "reduce tied gradients", last_rank(s));
         return CDP_OK;
     }
     if (in->mb < 0 || in->mb >= s->m)
@@ -431,9 +747,9 @@ static cdp_status check_fields(const struct cdp_schedule *s, int r, int i)
         return bad_at(s, r, i, "chunk %d out of range 0..%d", in->chunk, s->v - 1);
     int k = vstage(s, r, in->chunk);
     if (in->op == CDP_OP_LOAD) {
-        if (r != 0 && r != s->p - 1)
+        if (r != 0 && r != last_rank(s))
             return bad_at(s, r, i, "rank %d holds neither the first nor the last virtual stage: it loads nothing", r);
-        int want = r == 0 ? 0 : s->v - 1;
+        int want = r == 0 ? 0 : vchunk(s, last);
         if (in->chunk != want)
             return bad_at(s, r, i, "a LOAD on rank %d feeds chunk %d, not %d", r, want, in->chunk);
         if (in->peer != -1) return bad_at(s, r, i, "peer %d on an instruction that talks to no one", in->peer);
@@ -460,7 +776,7 @@ static cdp_status check_fields(const struct cdp_schedule *s, int r, int i)
 }
 
 /* Positions of each rank's instructions, per (mb, chunk); -1 = not seen. */
-enum { P_LOAD, P_RA, P_F, P_SA, P_RG, P_B, P_SG, P_COUNT };
+enum { P_LOAD, P_RA, P_F, P_SA, P_RG, P_B, P_SG, P_I, P_W, P_COUNT };
 
 static cdp_status check_rank(const struct cdp_schedule *s, int r, int *pos /* m*v*P_COUNT */)
 {
@@ -473,12 +789,13 @@ static cdp_status check_rank(const struct cdp_schedule *s, int r, int *pos /* m*
     static const int slot[] = {
         [CDP_OP_LOAD] = P_LOAD,     [CDP_OP_FORWARD] = P_F,   [CDP_OP_SEND_ACT] = P_SA,
         [CDP_OP_RECV_ACT] = P_RA,   [CDP_OP_BACKWARD] = P_B,  [CDP_OP_SEND_GRAD] = P_SG,
-        [CDP_OP_RECV_GRAD] = P_RG,
+        [CDP_OP_RECV_GRAD] = P_RG,  [CDP_OP_BACKWARD_INPUT] = P_I, [CDP_OP_BACKWARD_WEIGHT] = P_W,
     };
     static const char *const verb[] = {
         [P_LOAD] = "loaded", [P_RA] = "has its input received", [P_F] = "forwarded",
         [P_SA] = "has its activation sent", [P_RG] = "has its output gradient received",
         [P_B] = "backwarded", [P_SG] = "has its input gradient sent",
+        [P_I] = "input-gradient backwarded (I)", [P_W] = "weight-gradient backwarded (W)",
     };
 
     for (int i = 0; i < s->len[r]; i++) {
@@ -517,23 +834,40 @@ static cdp_status check_rank(const struct cdp_schedule *s, int r, int *pos /* m*
                 return bad_at(s, r, i, "forward of %s before its input is received (no %s before it)", NM,
                               cdp_instr_str(&(struct cdp_instr){CDP_OP_RECV_ACT, mb, c, vrank(s, k - 1)}, v,
                                             b, sizeof b));
-            if (k > 0 && vrank(s, k - 1) == r && POS(mb, c - 1, P_F) < 0)
-                return bad_at(s, r, i, "forward of %s before the forward of chunk %d that feeds it", NM, c - 1);
+            if (k > 0 && vrank(s, k - 1) == r && POS(mb, vchunk(s, k - 1), P_F) < 0)
+                return bad_at(s, r, i, "forward of %s before the forward of chunk %d that feeds it", NM,
+                              vchunk(s, k - 1));
             break;
         case CDP_OP_SEND_ACT:
             if (POS(mb, c, P_F) < 0) return bad_at(s, r, i, "sends the activation of %s before its forward", NM);
             break;
         case CDP_OP_BACKWARD:
+        case CDP_OP_BACKWARD_INPUT: {
+            const int other = in->op == CDP_OP_BACKWARD ? P_I : P_B;
+            if (POS(mb, c, other) >= 0)
+                return bad_at(s, r, i, "%s has a %s backward at instruction %d too: a backward is either one B "
+                              "or an I and a W", NM, other == P_I ? "split" : "combined", POS(mb, c, other));
             if (POS(mb, c, P_F) < 0) return bad_at(s, r, i, "backward of %s before its forward", NM);
             if (k < last && vrank(s, k + 1) != r && POS(mb, c, P_RG) < 0)
                 return bad_at(s, r, i, "backward of %s before its output gradient is received (no %s before it)",
                               NM, cdp_instr_str(&(struct cdp_instr){CDP_OP_RECV_GRAD, mb, c, vrank(s, k + 1)},
                                                 v, b, sizeof b));
-            if (k < last && vrank(s, k + 1) == r && POS(mb, c + 1, P_B) < 0)
-                return bad_at(s, r, i, "backward of %s before the backward of chunk %d that feeds it", NM, c + 1);
+            const int nc = k < last ? vchunk(s, k + 1) : 0;
+            if (k < last && vrank(s, k + 1) == r && POS(mb, nc, P_B) < 0 && POS(mb, nc, P_I) < 0)
+                return bad_at(s, r, i, "backward of %s before the backward of chunk %d that feeds it", NM, nc);
+            break;
+        }
+        case CDP_OP_BACKWARD_WEIGHT:
+            if (POS(mb, c, P_B) >= 0)
+                return bad_at(s, r, i, "%s has a combined backward (B) at instruction %d: a backward is either one "
+                              "B or an I and a W", NM, POS(mb, c, P_B));
+            if (POS(mb, c, P_I) < 0)
+                return bad_at(s, r, i, "weight gradient of %s before its input gradient (no %s before it)", NM,
+                              cdp_instr_str(&(struct cdp_instr){CDP_OP_BACKWARD_INPUT, mb, c, -1}, v, b, sizeof b));
             break;
         case CDP_OP_SEND_GRAD:
-            if (POS(mb, c, P_B) < 0) return bad_at(s, r, i, "sends the input gradient of %s before its backward", NM);
+            if (POS(mb, c, P_B) < 0 && POS(mb, c, P_I) < 0)
+                return bad_at(s, r, i, "sends the input gradient of %s before its backward", NM);
             break;
         case CDP_OP_LOAD:
         case CDP_OP_RECV_ACT:
@@ -549,12 +883,17 @@ static cdp_status check_rank(const struct cdp_schedule *s, int r, int *pos /* m*
 
     /* Everything that must be there is there. */
     for (int mb = 0; mb < m; mb++) {
-        if ((r == 0 || r == s->p - 1) && POS(mb, 0, P_LOAD) < 0)
+        if ((r == 0 || r == last_rank(s)) && POS(mb, 0, P_LOAD) < 0)
             return cdp_fail(CDP_ERR_INVALID, "rank %d: micro-batch %d is never loaded (no L%d)", r, mb, mb);
         for (int c = 0; c < v; c++) {
             int k = vstage(s, r, c);
             if (POS(mb, c, P_F) < 0) return cdp_fail(CDP_ERR_INVALID, "rank %d: %s is never forwarded", r, NM);
-            if (POS(mb, c, P_B) < 0) return cdp_fail(CDP_ERR_INVALID, "rank %d: %s is never backwarded", r, NM);
+            if (POS(mb, c, P_B) < 0 && POS(mb, c, P_I) < 0)
+                return cdp_fail(CDP_ERR_INVALID, "rank %d: %s is never backwarded", r, NM);
+            if (POS(mb, c, P_I) >= 0 && POS(mb, c, P_W) < 0)
+                return cdp_fail(CDP_ERR_INVALID, "rank %d: %s has its input gradient (I%d at instruction %d) but "
+                                "never its weight gradient (no W%d before the step-end instructions)", r, NM, mb,
+                                POS(mb, c, P_I), mb);
             if (k < last && vrank(s, k + 1) != r && POS(mb, c, P_SA) < 0)
                 return cdp_fail(CDP_ERR_INVALID, "rank %d: the activation of %s is never sent to rank %d, "
                                 "which receives it", r, NM, vrank(s, k + 1));
@@ -617,7 +956,7 @@ static cdp_status dry_run(const struct cdp_schedule *s)
                 continue;
             }
             const struct cdp_instr *in = &s->list[r][pc[r]];
-            int other = in->op == CDP_OP_REDUCE_TIED_GRADS ? (r == 0 ? p - 1 : 0) : in->peer;
+            int other = in->op == CDP_OP_REDUCE_TIED_GRADS ? tied_other(s, r) : in->peer;
             n += (size_t)snprintf(msg + n, sizeof msg - n, "%s rank %d waits at instruction %d (%s) for rank %d",
                                   r ? "," : "", r, pc[r], cdp_instr_str(in, s->v, b, sizeof b), other);
         }
@@ -653,15 +992,15 @@ cdp_status cdp_schedule_validate(const struct cdp_schedule *s)
     free(pos);
     if (st) return st;
     /* Tied gradients are summed by the first and the last rank together. */
-    if (s->p > 1) {
-        int has[2] = {0, 0};
+    if (last_rank(s) != 0) {
+        int has[2] = {0, 0}, lr = last_rank(s);
         for (int e = 0; e < 2; e++) {
-            int r = e ? s->p - 1 : 0;
+            int r = e ? lr : 0;
             for (int i = 0; i < s->len[r]; i++) has[e] |= s->list[r][i].op == CDP_OP_REDUCE_TIED_GRADS;
         }
         if (has[0] != has[1])
             return cdp_fail(CDP_ERR_INVALID, "rank %d reduces tied gradients (T) but rank %d does not",
-                            has[0] ? 0 : s->p - 1, has[0] ? s->p - 1 : 0);
+                            has[0] ? 0 : lr, has[0] ? lr : 0);
     }
     return dry_run(s);
 }
@@ -688,11 +1027,6 @@ int cdp_schedule_p2p_group_end(const struct cdp_schedule *s, int rank, int i)
  * and one FIFO, so it is always side 0. */
 static int side_of(const struct cdp_schedule *s, int r, int peer) { return peer == (r + 1) % s->p ? 0 : 1; }
 
-/* What travels: activation or gradient, micro-batch, and the sending virtual
- * stage. A send and a receive match when these are equal. */
-struct wire {
-    int grad, mb, from;
-};
 
 static struct wire wire_of(const struct cdp_schedule *s, int r, const struct cdp_instr *in)
 {
@@ -705,6 +1039,8 @@ static struct wire wire_of(const struct cdp_schedule *s, int r, const struct cdp
     case CDP_OP_LOAD:
     case CDP_OP_FORWARD:
     case CDP_OP_BACKWARD:
+    case CDP_OP_BACKWARD_INPUT:
+    case CDP_OP_BACKWARD_WEIGHT:
     case CDP_OP_REDUCE_TIED_GRADS:
     case CDP_OP_ALLREDUCE_GRADS:
     case CDP_OP_OPTIMIZER_STEP:
@@ -715,7 +1051,6 @@ static struct wire wire_of(const struct cdp_schedule *s, int r, const struct cdp
     return (struct wire){0, 0, 0};
 }
 
-static int is_send(enum cdp_op op) { return op == CDP_OP_SEND_ACT || op == CDP_OP_SEND_GRAD; }
 
 static const char *ordinal(int n, char *buf, size_t cap)
 {
@@ -845,7 +1180,7 @@ static void rv_advance(struct rv *x, int r)
         }
         if (in->op == CDP_OP_REDUCE_TIED_GRADS) {
             /* A collective of the first and the last rank: both must be there. */
-            int other = r == 0 ? s->p - 1 : 0;
+            int other = tied_other(s, r);
             me->at_tied = 1;
             if (!x->rank[other].at_tied) return;
             rv_push(x, other);
@@ -895,17 +1230,97 @@ static cdp_status rv_report(const struct rv *x)
                     msg_add(&m, " %s", cdp_instr_str(&s->list[r][i], s->v, b, sizeof b));
         } else {
             msg_add(&m, "%s rank %d waits at instruction %d (%s) for rank %d", sep, r, me->at,
-                    cdp_instr_str(&s->list[r][me->at], s->v, b, sizeof b), r == 0 ? s->p - 1 : 0);
+                    cdp_instr_str(&s->list[r][me->at], s->v, b, sizeof b), tied_other(s, r));
         }
     }
     return cdp_fail(CDP_ERR_INTERNAL, "%s", m.s);
 }
 
-/* The lists under rendezvous semantics; s has passed cdp_schedule_validate. */
-static cdp_status rendezvous_run(const struct cdp_schedule *s)
+/* Moves the sends of rank r's posted group that no receive has met yet to the
+ * front of its next group, over the computes between (keeping the order of
+ * every send and receive, so NCCL's pairing is unchanged): the group then
+ * also waits for what the peer sends first. Not over the weight gradient or
+ * backward of an activation's own micro-batch and chunk (which frees its
+ * slot), nor over a backward of a gradient's own chunk (which reuses the
+ * ring of gradient buffers). Returns 1 when it moved something. */
+static int rv_delay_sends(const struct rv *x, struct cdp_schedule *s, int r)
+{
+    const struct rv_rank *me = &x->rank[r];
+    struct cdp_instr *l = s->list[r];
+    if (me->end <= me->at) return 0;
+    int next = me->end;
+    while (next < s->len[r] && !is_comm(l[next].op)) next++;
+    if (next == s->len[r]) return 0;
+    int moved = 0;
+    for (int i = me->end - 1; i >= me->at; i--) {
+        if (!is_send(l[i].op) || x->done[x->off[r] + (size_t)i]) continue;
+        int ok = 1;
+        for (int q = me->end; q < next && ok; q++) {
+            if (l[i].op == CDP_OP_SEND_ACT)
+                ok = !((l[q].op == CDP_OP_BACKWARD_WEIGHT || l[q].op == CDP_OP_BACKWARD) && l[q].mb == l[i].mb &&
+                       l[q].chunk == l[i].chunk);
+            else
+                ok = !((l[q].op == CDP_OP_BACKWARD_INPUT || l[q].op == CDP_OP_BACKWARD) && l[q].chunk == l[i].chunk);
+        }
+        if (!ok) continue;
+        /* over the rest of its group too, to sit right before the next group
+         * (the rest are done transfers or receives: their order among
+         * themselves stays, and no send passes another to the same peer) */
+        const struct cdp_instr t = l[i];
+        int to = next - 1;
+        for (int q = i + 1; q <= to; q++)
+            if (is_send(l[q].op) && l[q].peer == t.peer) to = -1; /* would pass a send to the same peer */
+        if (to < 0) continue;
+        memmove(l + i, l + i + 1, (size_t)(to - i) * sizeof *l);
+        l[to] = t;
+        next--;
+        moved = 1;
+    }
+    return moved;
+}
+
+/* For an unmatched send of rank r's posted group whose receive lies beyond
+ * the group the peer b is blocked in, moves that receive up into b's group
+ * (b then receives it earlier, which only waits earlier): not past another
+ * receive from r (NCCL pairs them in order), and a gradient not past a
+ * backward of its chunk (whose one gradient buffer it would overwrite).
+ * Returns 1 when it moved one. */
+static int rv_hoist_receive(const struct rv *x, struct cdp_schedule *s, int r)
+{
+    const struct rv_rank *me = &x->rank[r];
+    for (int i = me->at; i < me->end; i++) {
+        const struct cdp_instr *in = &s->list[r][i];
+        if (!is_send(in->op) || x->done[x->off[r] + (size_t)i]) continue;
+        const int b = in->peer, j = x->partner[x->off[r] + (size_t)i];
+        const struct rv_rank *pe = &x->rank[b];
+        if (pe->end <= pe->at || j < pe->end) continue;
+        struct cdp_instr *l = s->list[b];
+        int ok = 1;
+        for (int q = pe->end; q < j && ok; q++) {
+            if (is_comm(l[q].op) && !is_send(l[q].op) && l[q].peer == r) ok = 0;
+            if (l[j].op == CDP_OP_RECV_GRAD && (l[q].op == CDP_OP_BACKWARD_INPUT || l[q].op == CDP_OP_BACKWARD) &&
+                l[q].chunk == l[j].chunk)
+                ok = 0;
+            if (l[j].op == CDP_OP_RECV_ACT && l[q].op == CDP_OP_BACKWARD_WEIGHT) ok = 0; /* keeps the slots */
+        }
+        if (!ok) continue;
+        const struct cdp_instr t = l[j];
+        memmove(l + pe->end + 1, l + pe->end, (size_t)(j - pe->end) * sizeof *l);
+        l[pe->end] = t;
+        return 1;
+    }
+    return 0;
+}
+
+/* The lists under rendezvous semantics; s has passed cdp_schedule_validate.
+ * With fix (a generator's own lists), a run that deadlocks delays the
+ * unmatched sends of the first rank that can (rv_delay_sends) and runs again,
+ * until it passes or nothing can move. */
+static cdp_status rendezvous_exec(const struct cdp_schedule *s, struct cdp_schedule *fix)
 {
     int p = s->p;
     cdp_status st = CDP_OK;
+again:;
     struct rv x = {.s = s};
     x.off = malloc(((size_t)p + 1) * sizeof *x.off);
     x.rank = calloc((size_t)p, sizeof *x.rank);
@@ -926,6 +1341,18 @@ static cdp_status rendezvous_run(const struct cdp_schedule *s)
     }
     for (int r = 0; r < p; r++)
         if (x.rank[r].at < s->len[r]) {
+            int moved = 0;
+            for (int q = 0; fix && q < p && !moved; q++) moved = rv_hoist_receive(&x, fix, q);
+            for (int q = 0; fix && q < p && !moved; q++) moved = rv_delay_sends(&x, fix, q);
+            if (moved) {
+                free(x.off);
+                free(x.rank);
+                free(x.stack);
+                free(x.queued);
+                free(x.partner);
+                free(x.done);
+                goto again;
+            }
             st = rv_report(&x);
             break;
         }
@@ -942,6 +1369,16 @@ done:
     return st;
 }
 
+static cdp_status rendezvous_run(const struct cdp_schedule *s) { return rendezvous_exec(s, NULL); }
+
+/* Generator lists for NCCL: every deadlock under rendezvous semantics
+ * resolved by delaying sends into the next group (rendezvous_exec). */
+static cdp_status rendezvous_fix(struct cdp_schedule *s)
+{
+    cdp_status st = cdp_schedule_validate(s);
+    return st ? st : rendezvous_exec(s, s);
+}
+
 cdp_status cdp_schedule_validate_rendezvous(const struct cdp_schedule *s)
 {
     cdp_status st;
@@ -954,8 +1391,27 @@ int cdp_schedule_peak_in_flight(const struct cdp_schedule *s, int rank)
     CDP_ASSERT(s && rank >= 0 && rank < s->p);
     int now = 0, peak = 0;
     for (int i = 0; i < s->len[rank]; i++) {
-        if (s->list[rank][i].op == CDP_OP_FORWARD && ++now > peak) peak = now;
-        if (s->list[rank][i].op == CDP_OP_BACKWARD) now--;
+        const struct cdp_instr *in = &s->list[rank][i];
+        /* a slot is taken by the receive of the input when there is one (lists
+         * for NCCL may receive it ahead of the forward), else by the forward */
+        int takes = in->op == CDP_OP_RECV_ACT;
+        if (in->op == CDP_OP_FORWARD) {
+            const int k = vstage(s, rank, in->chunk);
+            takes = k == 0 || vrank(s, k - 1) == rank;
+        }
+        if (takes && ++now > peak) peak = now;
+        if (in->op == CDP_OP_BACKWARD || in->op == CDP_OP_BACKWARD_WEIGHT) now--;
+    }
+    return peak;
+}
+
+int cdp_schedule_peak_w_pending(const struct cdp_schedule *s, int rank)
+{
+    CDP_ASSERT(s && rank >= 0 && rank < s->p);
+    int now = 0, peak = 0;
+    for (int i = 0; i < s->len[rank]; i++) {
+        if (s->list[rank][i].op == CDP_OP_BACKWARD_INPUT && ++now > peak) peak = now;
+        if (s->list[rank][i].op == CDP_OP_BACKWARD_WEIGHT) now--;
     }
     return peak;
 }

@@ -27,7 +27,9 @@ struct rank_state {
     int waiting_coll; /* 1 while at a collective that has not started */
     int done;
     int in_flight, in_flight_peak;
-    double last_bwd_end, last_bwd_start;
+    int w_pending, w_pending_peak; /* split backward: W-states held (after I, until W) */
+    double last_bwd_end;
+    double grad_start, grad_end; /* the last BACKWARD or W: gradient buckets start during it */
     /* a rank sharing its processor: the compute it runs now, in seconds of
      * the processor to itself, done at the processor's share */
     int shared, computing;
@@ -42,6 +44,7 @@ struct rank_state {
 
 struct sim {
     const struct cdp_sim_config *c;
+    enum cdp_schedule_kind kind; /* places the virtual stages (cdp_schedule_vstage) */
     int p, v, m, R, nv, N;
     struct rank_state *rk;
     struct xfer *x;       /* [((kind * R + r) * nv + k) * m + mb]: kind 0 act into k, 1 grad into k */
@@ -68,6 +71,24 @@ struct sim {
 double cdp_sim_bubble_closed_form(int p, int v, int m)
 {
     return (double)(p - 1) / ((double)v * m + p - 1);
+}
+
+double cdp_sim_bubble_closed_form_kind(enum cdp_schedule_kind kind, int p, int v, int m)
+{
+    switch (kind) {
+    case CDP_SCHEDULE_ZB_H1:
+    case CDP_SCHEDULE_ZB_H2: return (double)(p - 1) / (3.0 * m + p - 1);
+    case CDP_SCHEDULE_ZBV: {
+        const int extra = 2 * p - 2 - m > 0 ? 2 * p - 2 - m : 0;
+        return (double)(p - 1 + extra) / (6.0 * m + p - 1 + extra);
+    }
+    case CDP_SCHEDULE_GPIPE:
+    case CDP_SCHEDULE_1F1B:
+    case CDP_SCHEDULE_INTERLEAVED:
+    case CDP_SCHEDULE_COUNT:
+        break;
+    }
+    return cdp_sim_bubble_closed_form(p, v, m);
 }
 
 static int dev_of(const struct sim *S, int s, int r) { return S->c->device[s * S->R + r]; }
@@ -179,6 +200,14 @@ static cdp_status add_p2p(struct sim *S, int i, enum cdp_event_kind k, const str
                    t0, t1);
 }
 
+static int vs_of(const struct sim *S, int s, int chunk) { return cdp_schedule_vstage(S->kind, S->p, S->v, s, chunk); }
+static int rank_of_vs(const struct sim *S, int k)
+{
+    int r, c;
+    cdp_schedule_vstage_place(S->kind, S->p, S->v, k, &r, &c);
+    return r;
+}
+
 static int key_of(const struct sim *S, int kind, int r, int k, int mb)
 {
     return ((kind * S->R + r) * S->nv + k) * S->m + mb;
@@ -189,7 +218,7 @@ static int key_of(const struct sim *S, int kind, int r, int k, int mb)
 static cdp_status send(struct sim *S, int kind, int s, int r, const struct cdp_instr *in, int to_k, double bytes,
                        double now)
 {
-    const int to_rank = to_k % S->p, mb = in->mb;
+    const int to_rank = rank_of_vs(S, to_k), mb = in->mb;
     const int a = dev_of(S, s, r), b = dev_of(S, to_rank, r);
     struct xfer *x = &S->x[key_of(S, kind, r, to_k, mb)];
     if (x->state != T_NONE)
@@ -249,7 +278,7 @@ static double bucketed_end(const struct sim *S, int s, double dur, double *start
             double ready = -INFINITY;
             for (int r = 0; r < S->R; r++) {
                 const struct rank_state *q = &S->rk[s * S->R + r];
-                ready = fmax(ready, q->last_bwd_start + vs->bucket_ready[b] * (q->last_bwd_end - q->last_bwd_start));
+                ready = fmax(ready, q->grad_start + vs->bucket_ready[b] * (q->grad_end - q->grad_start));
             }
             t = fmax(t, ready);
             *start = fmin(*start, t);
@@ -343,9 +372,11 @@ static cdp_status compute(struct sim *S, int i, enum cdp_event_kind kind, int mb
         return CDP_OK;
     }
     q->busy_until = now + d;
-    if (kind == CDP_EV_BACKWARD) q->last_bwd_start = now, q->last_bwd_end = now + d;
+    if (kind == CDP_EV_BACKWARD || kind == CDP_EV_BACKWARD_INPUT || kind == CDP_EV_BACKWARD_WEIGHT)
+        q->last_bwd_end = now + d;
+    if (kind == CDP_EV_BACKWARD || kind == CDP_EV_BACKWARD_WEIGHT) q->grad_start = now, q->grad_end = now + d;
     if (kind != CDP_EV_OPTIMIZER) S->res->busy_s[i] += d;
-    const int recorded = d > 0 || kind == CDP_EV_FORWARD || kind == CDP_EV_BACKWARD;
+    const int recorded = d > 0 || kind == CDP_EV_FORWARD || kind == CDP_EV_BACKWARD || kind == CDP_EV_BACKWARD_INPUT;
     return recorded ? add_event(S, i, kind, mb, chunk, now, now + d) : CDP_OK;
 }
 
@@ -360,7 +391,7 @@ static cdp_status step_rank(struct sim *S, int i, double now, int *progressed)
     cdp_status st = CDP_OK;
     while (!q->done && !q->waiting_coll && q->busy_until <= now) {
         if (q->rs_chunk >= 0) { /* ZeRO-2: the backward's gradient, reduce-scattered */
-            const double bytes = c->vstage[q->rs_chunk * S->p + s].grad_bytes;
+            const double bytes = c->vstage[vs_of(S, s, q->rs_chunk)].grad_bytes;
             const int chunk = q->rs_chunk;
             q->rs_chunk = -1;
             q->waiting_coll = 1;
@@ -378,7 +409,7 @@ static cdp_status step_rank(struct sim *S, int i, double now, int *progressed)
             break;
         }
         const struct cdp_instr *in = &list[q->pc];
-        const int k = in->chunk >= 0 ? in->chunk * S->p + s : -1;
+        const int k = in->chunk >= 0 ? vs_of(S, s, in->chunk) : -1;
         const struct cdp_sim_vstage *vs = k >= 0 ? &c->vstage[k] : NULL;
         double d = 0;
         int computes = 0;
@@ -396,6 +427,21 @@ static cdp_status step_rank(struct sim *S, int i, double now, int *progressed)
             q->in_flight--;
             if ((st = compute(S, i, CDP_EV_BACKWARD, in->mb, in->chunk, vs->bwd_s, now))) return st;
             computes = 1;
+            if (c->zero >= 2 && S->R > 1) q->rs_chunk = in->chunk;
+            break;
+        case CDP_OP_BACKWARD_INPUT:
+            /* the activations stay until the W; the W-state is held from here */
+            if (++q->w_pending > q->w_pending_peak) q->w_pending_peak = q->w_pending;
+            if ((st = compute(S, i, CDP_EV_BACKWARD_INPUT, in->mb, in->chunk, fmax(vs->bwd_s - vs->bwd_w_s, 0), now)))
+                return st;
+            computes = 1;
+            break;
+        case CDP_OP_BACKWARD_WEIGHT:
+            q->in_flight--;
+            q->w_pending--;
+            if ((st = compute(S, i, CDP_EV_BACKWARD_WEIGHT, in->mb, in->chunk, vs->bwd_w_s, now))) return st;
+            computes = 1;
+            /* the chunk's gradient of this micro-batch is complete only now */
             if (c->zero >= 2 && S->R > 1) q->rs_chunk = in->chunk;
             break;
         case CDP_OP_SEND_ACT:
@@ -418,7 +464,7 @@ static cdp_status step_rank(struct sim *S, int i, double now, int *progressed)
             /* from reaching it to the message's arrival, as the executor's receive */
             const double since = q->wait_pc == q->pc ? q->wait_since : now;
             q->wait_pc = -1;
-            const int from = (grad ? k + 1 : k - 1) % S->p;
+            const int from = rank_of_vs(S, grad ? k + 1 : k - 1);
             const double bytes = grad ? vs->out_bytes : c->vstage[k - 1].out_bytes;
             if ((st = add_p2p(S, i, grad ? CDP_EV_RECV_GRAD : CDP_EV_RECV_ACT, in, from * S->R + r, bytes, since, now)))
                 return st;
@@ -430,7 +476,7 @@ static cdp_status step_rank(struct sim *S, int i, double now, int *progressed)
             *progressed = 1;
             if (++S->ar_count[s] == S->R) {
                 double bytes = 0;
-                for (int j = s; j < S->nv; j += S->p) bytes += c->vstage[j].grad_bytes;
+                for (int ch = 0; ch < S->v; ch++) bytes += c->vstage[vs_of(S, s, ch)].grad_bytes;
                 /* ZeRO-2: only the parameters' all-gather is left; ZeRO-1's
                  * reduce-scatter and all-gather move an all-reduce's bytes */
                 S->bucket_stage = c->zero >= 2 ? -1 : s;
@@ -445,16 +491,17 @@ static cdp_status step_rank(struct sim *S, int i, double now, int *progressed)
             q->waiting_coll = 1;
             q->coll_since = now;
             *progressed = 1;
-            if (++S->tied_count[r] == (S->p > 1 ? 2 : 1)) {
-                int idx[2] = {0 * S->R + r, (S->p - 1) * S->R + r};
-                if ((st = collective_ex(S, idx, S->p > 1 ? 2 : 1, c->tied_bytes, 2, 1, CDP_EV_TIED_REDUCE,
+            const int lr = rank_of_vs(S, S->nv - 1);
+            if (++S->tied_count[r] == (lr > 0 ? 2 : 1)) {
+                int idx[2] = {0 * S->R + r, lr * S->R + r};
+                if ((st = collective_ex(S, idx, lr > 0 ? 2 : 1, c->tied_bytes, 2, 1, CDP_EV_TIED_REDUCE,
                                         CDP_EV_GROUP_TIED, -1, now)))
                     return st;
             }
             continue;
         }
         case CDP_OP_OPTIMIZER_STEP:
-            for (int j = s; j < S->nv; j += S->p) d += c->vstage[j].opt_s;
+            for (int ch = 0; ch < S->v; ch++) d += c->vstage[vs_of(S, s, ch)].opt_s;
             if ((st = compute(S, i, CDP_EV_OPTIMIZER, -1, -1, d, now))) return st;
             computes = 1;
             break;
@@ -508,7 +555,9 @@ static cdp_status advance(struct sim *S, double now, double *next_out, int *move
         q->computing = 0;
         q->busy_until = next;
         S->proc_busy[S->c->proc[i]]--;
-        if (q->kind == CDP_EV_BACKWARD) q->last_bwd_start = q->started, q->last_bwd_end = next;
+        if (q->kind == CDP_EV_BACKWARD || q->kind == CDP_EV_BACKWARD_INPUT || q->kind == CDP_EV_BACKWARD_WEIGHT)
+            q->last_bwd_end = next;
+        if (q->kind == CDP_EV_BACKWARD || q->kind == CDP_EV_BACKWARD_WEIGHT) q->grad_start = q->started, q->grad_end = next;
         if (q->kind != CDP_EV_OPTIMIZER) S->res->busy_s[i] += next - q->started;
         cdp_status st = add_event(S, i, q->kind, q->mb, q->chunk, q->started, next);
         if (st) return st;
@@ -570,6 +619,7 @@ void cdp_sim_result_free(struct cdp_sim_result *r)
     free(r->busy_s);
     free(r->finish_s);
     free(r->peak_in_flight);
+    free(r->peak_w_pending);
     free(r->links);
     free(r->events);
     free(r);
@@ -597,7 +647,7 @@ cdp_status cdp_sim_run(const struct cdp_sim_config *c, struct cdp_sim_result **o
 {
     cdp_status st = check(c);
     if (st) return st;
-    struct sim S = {.c = c, .p = c->sched->p, .v = c->sched->v, .m = c->sched->m, .R = c->replicas,
+    struct sim S = {.c = c, .kind = c->sched->kind, .p = c->sched->p, .v = c->sched->v, .m = c->sched->m, .R = c->replicas,
                     .bucket_stage = -1};
     S.nv = S.p * S.v;
     S.N = S.p * S.R;
@@ -616,9 +666,11 @@ cdp_status cdp_sim_run(const struct cdp_sim_config *c, struct cdp_sim_result **o
         res->busy_s = calloc((size_t)S.N, sizeof *res->busy_s);
         res->finish_s = calloc((size_t)S.N, sizeof *res->finish_s);
         res->peak_in_flight = calloc((size_t)S.N, sizeof *res->peak_in_flight);
+        res->peak_w_pending = calloc((size_t)S.N, sizeof *res->peak_w_pending);
     }
     if (!res || !S.rk || !S.x || !S.active || !S.ar_count || !S.tied_count || !S.rs_count ||
-        !S.proc_busy || !res->busy_s || !res->finish_s || !res->peak_in_flight) {
+        !S.proc_busy || !res->busy_s || !res->finish_s || !res->peak_in_flight ||
+        !res->peak_w_pending) {
         st = cdp_fail(CDP_ERR_NOMEM, "simulator: out of memory for %d ranks", S.N);
         goto fail;
     }
@@ -660,6 +712,7 @@ cdp_status cdp_sim_run(const struct cdp_sim_config *c, struct cdp_sim_result **o
         res->step_s = fmax(res->step_s, S.rk[i].busy_until);
         res->phase_s = fmax(res->phase_s, S.rk[i].last_bwd_end);
         res->peak_in_flight[i] = S.rk[i].in_flight_peak;
+        res->peak_w_pending[i] = S.rk[i].w_pending_peak;
         busy += res->busy_s[i];
     }
     res->bubble = res->phase_s > 0 ? fmax(0.0, 1.0 - busy / (S.N * res->phase_s)) : 0;

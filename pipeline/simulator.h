@@ -20,6 +20,8 @@ extern "C" {
 /* One virtual stage (a chunk of a rank), per micro-batch unless said otherwise. */
 struct cdp_sim_vstage {
     double fwd_s, bwd_s; /* summed unit times */
+    double bwd_w_s;      /* of bwd_s, the weight-gradient part: a split backward's W takes it, its I the
+                          * rest (the cost model's bwd_weight_flops share; 0 for no parameters) */
     double out_bytes;    /* output sent to the next virtual stage (its input gradient comes back) */
     double grad_bytes;   /* per step: gradient bytes all-reduced over the replicas (ZeRO-2: reduce-scattered
                           * after each backward) */
@@ -37,7 +39,7 @@ struct cdp_sim_vstage {
 struct cdp_sim_config {
     const struct cdp_schedule *sched;     /* p, v, m and the lists (not owned) */
     int replicas;                         /* R >= 1 */
-    const struct cdp_sim_vstage *vstage;  /* p*v entries, virtual stage k = chunk k/p of rank k%p (not owned) */
+    const struct cdp_sim_vstage *vstage;  /* p*v entries by virtual stage (cdp_schedule_vstage places them) (not owned) */
     double tied_bytes;                    /* REDUCE_TIED_GRADS payload (0 when the lists have none) */
     const int *device;                    /* p*R: device of (stage s, replica r) at [s*R + r] (not owned) */
     int n_devices;
@@ -69,8 +71,11 @@ struct cdp_sim_result {
     int ranks;            /* p*R; the arrays below are indexed [s*R + r] */
     double *busy_s;       /* own load + forward + backward time */
     double *finish_s;     /* when the rank's list ends */
-    int *peak_in_flight;  /* most (micro-batch, chunk) activations held at once (memory: the layout's,
-                             cdp_layout_memory, which sizes the executor's buffers) */
+    int *peak_in_flight;  /* most (micro-batch, chunk) activations held at once, a split backward's until
+                             its W (memory: the layout's, cdp_layout_memory, which sizes the executor's
+                             buffers) */
+    int *peak_w_pending;  /* most W-states held at once (split backward: from I to W), each one chunk's
+                             wstate_bytes */
     int n_links;
     struct cdp_sim_link_stat *links; /* sorted by busy time, then bytes, descending */
     int64_t n_events;
@@ -94,6 +99,12 @@ cdp_status cdp_sim_trace(const struct cdp_sim_result *r, int trace_ranks, struct
 /* The closed-form bubble of uniform stages without communication, as this
  * simulator defines the bubble: (p-1) / (v*m + p-1). */
 double cdp_sim_bubble_closed_form(int p, int v, int m);
+
+/* The same for every kind, m >= p: gpipe, 1f1b, interleaved as above (forward
+ * and backward in any ratio); zb-h1 and zb-h2 (p-1) / (3m + p-1) and zbv
+ * (p-1 + e) / (6m + p-1 + e), e = max(0, 2p-2-m), when the forward, the input
+ * gradient and the weight gradient take equal times (docs/simulator.md). */
+double cdp_sim_bubble_closed_form_kind(enum cdp_schedule_kind kind, int p, int v, int m);
 
 #ifdef __cplusplus
 }

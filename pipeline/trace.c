@@ -21,7 +21,7 @@ struct cdp_trace {
 };
 
 static const char *const kind_names[] = {"load",      "forward",   "backward",   "optimizer",
-                                         "eval",      "send act",  "recv act",   "send grad",
+                                         "eval",      "backward input", "backward weight", "send act",  "recv act",   "send grad",
                                          "recv grad", "all-reduce", "reduce-scatter", "all-gather",
                                          "tied all-reduce", "bucket"};
 CDP_TABLE_CHECK(kind_names, CDP_EV_KIND_COUNT);
@@ -103,12 +103,21 @@ static const char *group_name(int g)
                                       : "";
 }
 
+/* the timeline's colours */
+#define FILL_F "#9ecae1"
+#define FILL_B "#3182bd"
+#define FILL_I "#e6550d"
+#define FILL_W "#31a354"
+#define FILL_O "#bdbdbd"
+
 /* "F3", "B3 c1", "send act mb3 c1", "all-reduce c0". */
 static void event_name(const struct cdp_event_rec *e, char *buf, size_t cap)
 {
     int n;
     if (!cdp_event_is_comm(e->kind) && e->mb >= 0)
-        n = snprintf(buf, cap, "%c%d", e->kind == CDP_EV_FORWARD ? 'F' : e->kind == CDP_EV_BACKWARD ? 'B' : 'L', e->mb);
+        n = snprintf(buf, cap, "%c%d", e->kind == CDP_EV_FORWARD ? 'F' : e->kind == CDP_EV_BACKWARD ? 'B'
+                                       : e->kind == CDP_EV_BACKWARD_INPUT ? 'I' : e->kind == CDP_EV_BACKWARD_WEIGHT ? 'W'
+                                       : 'L', e->mb);
     else if (e->mb >= 0)
         n = snprintf(buf, cap, "%s mb%d", kind_names[e->kind], e->mb);
     else
@@ -181,6 +190,10 @@ cdp_status cdp_trace_write_svg(const struct cdp_trace *t, int step, const char *
     if (t0 == UINT64_MAX)
         return cdp_fail(CDP_ERR_INVALID, "%s: no events of step %d to draw", path, step);
     const double W = 1000.0, row = 28.0, left = 70.0, top = 30.0;
+    static const struct {
+        const char *name, *fill;
+    } legend[] = {{"forward", FILL_F}, {"backward", FILL_B}, {"input grad (I)", FILL_I},
+                  {"weight grad (W)", FILL_W}, {"optimizer", FILL_O}};
     const double span = (double)(t1 - t0 > 0 ? t1 - t0 : 1);
     const double H = top + row * t->ranks + 30.0;
     struct cdp_atomic_file out;
@@ -189,8 +202,12 @@ cdp_status cdp_trace_write_svg(const struct cdp_trace *t, int step, const char *
     FILE *f = out.stream;
     fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
                "font-family=\"sans-serif\" font-size=\"11\">\n", left + W + 20, H);
-    fprintf(f, "<text x=\"%.0f\" y=\"18\">step %d: %.2f ms (forward light, backward dark, "
-               "optimizer grey; blank is idle)</text>\n", left, step, span / 1e6);
+    fprintf(f, "<text x=\"%.0f\" y=\"18\">step %d: %.2f ms (blank is idle)</text>\n", left, step, span / 1e6);
+    /* the legend: every compute colour, on the title line */
+    for (int k = 0; k < (int)(sizeof legend / sizeof *legend); k++)
+        fprintf(f, "<rect x=\"%.0f\" y=\"8\" width=\"12\" height=\"12\" fill=\"%s\"/><text x=\"%.0f\" "
+                   "y=\"18\">%s</text>\n", left + 250 + 120 * k, legend[k].fill, left + 266 + 120 * k,
+                legend[k].name);
     for (int r = 0; r < t->ranks; r++) {
         double y = top + r * row;
         if (t->label && t->label[r][0])
@@ -207,13 +224,15 @@ cdp_status cdp_trace_write_svg(const struct cdp_trace *t, int step, const char *
         double y = top + e->rank * row;
         char chunk[24] = "";
         if (e->chunk >= 0) snprintf(chunk, sizeof chunk, ", chunk %d", e->chunk);
-        const char *fill = e->kind == CDP_EV_FORWARD ? "#9ecae1" : e->kind == CDP_EV_BACKWARD ? "#3182bd" : "#bdbdbd";
+        const char *fill = e->kind == CDP_EV_FORWARD ? FILL_F : e->kind == CDP_EV_BACKWARD ? FILL_B
+                           : e->kind == CDP_EV_BACKWARD_INPUT ? FILL_I : e->kind == CDP_EV_BACKWARD_WEIGHT ? FILL_W
+                           : FILL_O;
         fprintf(f, "<rect x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" height=\"%.1f\" fill=\"%s\" stroke=\"white\" "
                    "stroke-width=\"0.5\"><title>%s %d%s</title></rect>\n",
                 x, y + 3, w > 0.3 ? w : 0.3, row - 6, fill, kind_names[e->kind], e->mb, chunk);
         if (e->mb >= 0 && w > 14)
             fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\" fill=\"%s\">%d</text>\n", x + w / 2,
-                    y + row * 0.65, e->kind == CDP_EV_BACKWARD ? "white" : "black", e->mb);
+                    y + row * 0.65, e->kind == CDP_EV_FORWARD || e->kind == CDP_EV_OPTIMIZER ? "black" : "white", e->mb);
     }
     fprintf(f, "<text x=\"%.0f\" y=\"%.0f\">0 ms</text><text x=\"%.0f\" y=\"%.0f\" text-anchor=\"end\">%.2f ms"
                "</text>\n</svg>\n", left, H - 8, left + W, H - 8, span / 1e6);

@@ -21,6 +21,8 @@ enum cdp_event_kind {
     CDP_EV_BACKWARD,
     CDP_EV_OPTIMIZER,
     CDP_EV_EVAL,
+    CDP_EV_BACKWARD_INPUT,  /* a split backward's input gradient (I) */
+    CDP_EV_BACKWARD_WEIGHT, /* ... and its weight gradient (W) */
     /* communication (cdp_event_is_comm): a track of its own per rank */
     CDP_EV_SEND_ACT,       /* a micro-batch's activations to the next stage */
     CDP_EV_RECV_ACT,       /* ... from the previous stage */
@@ -85,14 +87,16 @@ cdp_status cdp_trace_set_layout(struct cdp_trace *t, const struct cdp_layout *l)
  * rank (tid = rank) for its compute, and one per rank that communicates (tid =
  * ranks + rank, named "rank N comm", shown under the rank's track) for its
  * sends, receives and reductions, with bytes and peer or group in args.
- * Compute events are named F3 / B3 / L3 by micro-batch, "F3 c1" with their
+ * Compute events are named F3 / B3 / I3 / W3 / L3 by micro-batch, "F3 c1" with their
  * chunk in an interleaved run; args carry step, micro_batch and chunk.
  * Written atomically (temporary file, then rename). */
 cdp_status cdp_trace_write_chrome(const struct cdp_trace *t, const char *path);
 
-/* SVG timeline of one step: a row per rank, a box per forward (light) and
- * backward (dark) of each micro-batch, numbered by micro-batch (the tooltip
- * names the chunk when interleaved), idle time left blank; communication is in the Chrome
+/* SVG timeline of one step: a row per rank, a box per forward (light blue)
+ * and backward (dark blue) of each micro-batch, a split backward's input
+ * gradient (orange) and weight gradient (green) apart, numbered by
+ * micro-batch (the tooltip names the chunk when there are several), idle time
+ * left blank, with a legend of the colours; communication is in the Chrome
  * trace only. Written atomically. */
 cdp_status cdp_trace_write_svg(const struct cdp_trace *t, int step, const char *path);
 

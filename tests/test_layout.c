@@ -20,6 +20,8 @@
 #include "comm/comm.h"
 #include "harness.h"
 #include "pipeline/launch.h"
+#include "model/layers.h"
+#include "model/model.h"
 #include "pipeline/layout.h"
 
 enum { GPT = 0, MLP = 1 };
@@ -126,6 +128,18 @@ ParameterizedTestParameters(layout, measured_peak_is_the_predicted_memory)
                 grid[n++] = c;
             }
         }
+    /* split backward: activations until W and the W-state slots, both paths,
+     * with recomputation and ZeRO-2 */
+    for (int model = 0; model < 2; model++) {
+        grid[n++] = (struct cell){model, 2, 1, 4, "zb-h1", 0, 0, "", 0};
+        grid[n++] = (struct cell){model, 2, 2, 4, "zb-h2", 0, 0, "", 0};
+        grid[n++] = (struct cell){model, 2, 1, 4, "zbv", 0, 0, "", 0};
+        grid[n++] = (struct cell){model, 3, 1, 6, "zbv", 0, 0, "", 0};
+        grid[n++] = (struct cell){model, 2, 1, 4, "zb-h1", 1, 0, "", 0};
+        grid[n++] = (struct cell){model, 2, 2, 4, "zbv", 1, 0, "", 0};
+        grid[n++] = (struct cell){model, 2, 1, 4, "zbv", 0, 0, "full", 0};
+        grid[n++] = (struct cell){model, 2, 2, 4, "zb-h1", 0, 0, "", 2};
+    }
     CDP_ASSERT((size_t)n <= sizeof grid / sizeof grid[0]);
     return cr_make_param_array(struct cell, grid, (size_t)n);
 }
@@ -373,6 +387,55 @@ Test(layout, slots_follow_the_schedule)
     cr_expect_eq(mcap, 15, "all but one of the other replica's 8");
     cr_expect_eq(slots[2], 15);
     cdp_layout_free(l);
+    cdp_plan_free(plan);
+}
+
+/* Split backward: W-state slots are the schedule's W-pending peak (zb-h1:
+ * s + 1, zbv: the V's), activation slots count until the W (zb-h1: p on every
+ * stage), and the chunk's memory holds wslots x the range's W-state bytes,
+ * counted with its activations. */
+Test(layout, split_backward_memory_counts_the_w_states)
+{
+    struct cdp_plan *plan = NULL;
+    cr_assert_eq(cdp_plan_load_string("{\"model\": {\"preset\": \"gpt\"}}", "t.json", NULL, &plan), CDP_OK);
+    struct cdp_layout *l = NULL;
+    cr_assert_eq(cdp_layout_create(4, 1, 1, &l), CDP_OK);
+    l->micro_batches = 8;
+    l->shares[0] = 8;
+    l->schedule = CDP_SCHEDULE_ZB_H1;
+    int mcap, slots[4], wslots[4];
+    cr_assert_eq(cdp_layout_slots_ex(plan, l, 0, &mcap, slots, wslots), CDP_OK, "%s", cdp_last_error());
+    for (int s = 0; s < 4; s++) {
+        cr_expect_eq(slots[s], 4, "stage %d", s);
+        cr_expect_eq(wslots[s], s + 1, "stage %d", s);
+    }
+    l->schedule = CDP_SCHEDULE_1F1B;
+    cr_assert_eq(cdp_layout_slots_ex(plan, l, 0, &mcap, slots, wslots), CDP_OK);
+    for (int s = 0; s < 4; s++) cr_expect_eq(wslots[s], 0);
+    cdp_layout_free(l);
+
+    /* one chunk of the GPT's units 1..3: 3 W-states more, 3 x their bytes more */
+    struct cdp_unit *u = NULL;
+    int n = 0;
+    cr_assert_eq(cdp_units_build(&plan->model, &u, &n), CDP_OK, "%s", cdp_last_error());
+    struct cdp_range_terms t = {0};
+    struct cdp_unit_bytes ub, u0, ul;
+    uint64_t wsum = 0;
+    for (int i = 1; i < 4; i++) {
+        cdp_unit_bytes(&u[i], 2, cdp_model_loss_of(&plan->model), &ub);
+        cdp_range_terms_add(&t, &ub);
+        wsum += ub.wstate_bytes;
+        if (i == 1) u0 = ub;
+        ul = ub;
+    }
+    cr_assert_gt(wsum, 0, "a transformer block keeps a W-state");
+    struct cdp_rank_memory m0, m3;
+    cdp_layout_chunk_memory(plan, &t, 0, &u0, &ul, 0, 1, 4, 2, wsum, 0, 1, 0, 1, 0, &m0);
+    cdp_layout_chunk_memory(plan, &t, 0, &u0, &ul, 0, 1, 4, 2, wsum, 3, 1, 0, 1, 0, &m3);
+    cr_expect_eq(m3.activations - m0.activations, 3 * wsum);
+    cr_expect_eq(m3.device - m0.device, 3 * wsum);
+    cr_expect_eq(m3.params, m0.params);
+    free(u);
     cdp_plan_free(plan);
 }
 

@@ -121,7 +121,7 @@ static void run_ok(const char *plan)
 
 ParameterizedTestParameters(pipeline, layouts_equal_one_rank)
 {
-    static struct layout grid[96];
+    static struct layout grid[128];
     static const int shapes[][3] = {{1, 1, 4}, {2, 1, 4}, {1, 2, 2}, {2, 2, 4}, {4, 1, 8}, {2, 3, 3}, {3, 2, 6}};
     int n = 0;
     for (int model = 0; model < 2; model++)
@@ -169,6 +169,21 @@ ParameterizedTestParameters(pipeline, layouts_equal_one_rank)
             grid[n++] = (struct layout){model, 2, 2, 4, 1, "gpipe", "", 0, "selective", z};
             grid[n++] = (struct layout){model, 2, 2, 4, 2, "interleaved", "", 0, "full", z};
         }
+    /* the zero-bubble schedules (split backward): GPT (tied embeddings: between
+     * two ranks, or within rank 0 under zbv) and MLP, with replicas, unequal
+     * shares, recomputation and ZeRO */
+    for (int model = 0; model < 2; model++) {
+        grid[n++] = (struct layout){model, 2, 1, 4, 1, "zb-h1", "", 0, "", 0};
+        grid[n++] = (struct layout){model, 3, 2, 6, 1, "zb-h1", "", 0, "", 0};
+        grid[n++] = (struct layout){model, 2, 2, 4, 1, "zb-h2", "", 0, "", 0};
+        grid[n++] = (struct layout){model, 4, 1, 8, 1, "zb-h2", "", 0, "", 0};
+        grid[n++] = (struct layout){model, 2, 1, 4, 2, "zbv", "", 0, "", 0};
+        grid[n++] = (struct layout){model, 3, 2, 3, 2, "zbv", "", 0, "", 0};
+        grid[n++] = (struct layout){model, 1, 2, 2, 2, "zbv", "", 0, "", 0};
+        grid[n++] = (struct layout){model, 2, 2, 4, 2, "zbv", "[6, 2]", 0, "", 0};
+        grid[n++] = (struct layout){model, 2, 2, 4, 1, "zb-h1", "", 0, "full", 1};
+        grid[n++] = (struct layout){model, 2, 2, 4, 2, "zbv", "", 0, "selective", 2};
+    }
     /* a layer list with silu */
     grid[n++] = (struct layout){MODEL_SILU, 2, 1, 4, 1, "1f1b", "", 0, "", 0};
     grid[n++] = (struct layout){MODEL_SILU, 2, 2, 4, 1, "gpipe", "", 0, "", 0};
@@ -882,4 +897,56 @@ ParameterizedTest(struct gpu_layout *g, pipeline, the_gpu_path_equals_the_cpu_ba
     snprintf(b, sizeof b, "%s/gpu.safetensors", dir);
     double e = compare_weights(a, b);
     cr_assert_eq(e, 0.0, "%s p=%d R=%d: weights differ by %.3g", g->schedule, g->p, g->R, e);
+}
+
+/* "schedule": a file: the lists `--schedule --json` prints for zbv (GPT, tied
+ * embeddings within rank 0), read back, train to the generated run's bits; a
+ * file with a weight gradient before its input gradient is refused naming the
+ * file, the rank, the instruction and what it waits for. */
+Test(pipeline, a_schedule_file_trains_as_its_generated_lists, .timeout = 120)
+{
+    need_mpi();
+    const char *d = cdp_test_tmpdir();
+    char dir[4096], plan[4200], a[4300], b[4300];
+    snprintf(dir, sizeof dir, "%s", d);
+    struct layout l = {MODEL_GPT, 2, 2, 4, 2, "zbv", "", 0, "", 0};
+    write_plan(dir, "gen", &l, 0);
+    snprintf(plan, sizeof plan, "%s/gen.json", dir);
+    struct cdp_run r;
+    cr_assert_eq(cdp_test_run(&r, (const char *[]){"--plan", plan, "--schedule", "--json", NULL}), 0);
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    cdp_test_write_file(dir, "lists.json", r.out);
+    cdp_test_run_free(&r);
+    run_ok(plan);
+    snprintf(l.schedule, sizeof l.schedule, "lists.json");
+    l.v = 1; /* the file gives the chunks */
+    write_plan(dir, "file", &l, 0);
+    snprintf(plan, sizeof plan, "%s/file.json", dir);
+    run_ok(plan);
+    double la[8], lb[8];
+    snprintf(a, sizeof a, "%s/gen.jsonl", dir);
+    snprintf(b, sizeof b, "%s/file.jsonl", dir);
+    cr_assert_eq(read_losses(a, la, 8), 3);
+    cr_assert_eq(read_losses(b, lb, 8), 3);
+    for (int i = 0; i < 3; i++) cr_assert_eq(la[i], lb[i], "step %d: %.17g vs %.17g", i + 1, lb[i], la[i]);
+    snprintf(a, sizeof a, "%s/gen.safetensors", dir);
+    snprintf(b, sizeof b, "%s/file.safetensors", dir);
+    cr_assert_eq(compare_weights(a, b), 0.0, "the same lists, the same bits");
+
+    /* rank 1's first I and W swapped */
+    char *text = cdp_test_read_file(strcat(strcpy(a, dir), "/lists.json"));
+    cr_assert_not_null(text);
+    char *i0 = strstr(strstr(text, "],"), "\"1I0\""), *w0 = strstr(strstr(text, "],"), "\"1W0\"");
+    cr_assert(i0 && w0 && i0 < w0);
+    memcpy(i0, "\"1W0\"", 5);
+    memcpy(w0, "\"1I0\"", 5);
+    cdp_test_write_file(dir, "lists.json", text);
+    free(text);
+    cr_assert_eq(cdp_test_run(&r, (const char *[]){"-q", "--plan", plan, NULL}), 0);
+    cr_assert_eq(r.exit_code, 2, "%s", r.err);
+    cr_assert(strstr(r.err, "lists.json: rank 1, instruction ") &&
+                  strstr(r.err, "(1W0): weight gradient of micro-batch 0 on chunk 1 before its input gradient (no 1I0 "
+                                "before it)"),
+              "%s", r.err);
+    cdp_test_run_free(&r);
 }

@@ -243,8 +243,9 @@ Test(planner, explore_placements_prints_the_spread)
     cdp_test_run_free(&r);
 }
 
-/* "auto" schedule: GPipe and 1F1B are both evaluated (twice the shapes), the
- * faster prediction wins, and the planned plan names it. */
+/* "auto" schedule: GPipe, 1F1B and the zero-bubble kinds are all evaluated
+ * (five times the shapes), the fastest prediction wins, and the planned plan
+ * names it. */
 #define AUTO_SCHED(s)                                                                                         \
     "{\"model\": {\"preset\": \"gpt\", \"vocab\": 64, \"context\": 16, \"layers\": 4, \"heads\": 2, "     \
     "\"embed\": 32}, \"train\": {\"micro_batch\": 2}, \"parallel\": {\"stages\": 2, \"replicas\": 1, "          \
@@ -268,9 +269,26 @@ Test(planner, auto_schedule_is_searched_and_written_back)
     const double s_auto = planned_sps(AUTO_SCHED("auto"), &a);
     const double s_gpipe = planned_sps(AUTO_SCHED("gpipe"), &g);
     const double s_1f1b = planned_sps(AUTO_SCHED("1f1b"), &f);
-    cr_expect_eq(a.shapes, 2, "one shape, two schedules: %lld", (long long)a.shapes);
-    cr_expect_eq(s_auto, s_gpipe > s_1f1b ? s_gpipe : s_1f1b, "auto %g, gpipe %g, 1f1b %g", s_auto, s_gpipe, s_1f1b);
-    cr_expect_eq(a.layout->schedule, s_gpipe > s_1f1b ? CDP_SCHEDULE_GPIPE : CDP_SCHEDULE_1F1B);
+    cr_expect_eq(a.shapes, 5, "one shape, five schedules: %lld", (long long)a.shapes);
+    /* the fastest of all five, 1F1B on a tie */
+    const char *const zb[3] = {"zb-h1", "zb-h2", "zbv"};
+    const enum cdp_schedule_kind zk[3] = {CDP_SCHEDULE_ZB_H1, CDP_SCHEDULE_ZB_H2, CDP_SCHEDULE_ZBV};
+    double best = s_1f1b;
+    enum cdp_schedule_kind best_kind = CDP_SCHEDULE_1F1B;
+    if (s_gpipe > best) best = s_gpipe, best_kind = CDP_SCHEDULE_GPIPE;
+    for (int k = 0; k < 3; k++) {
+        char json[1024];
+        struct cdp_planner_result z = {0};
+        snprintf(json, sizeof json, AUTO_SCHED("%s"), zb[k]);
+        const double sz = planned_sps(json, &z);
+        cr_expect_eq(z.layout->schedule, zk[k]);
+        if (sz > best) best = sz, best_kind = zk[k];
+        cdp_planner_result_clear(&z);
+    }
+    cr_expect_eq(s_auto, best, "auto %g, best %g (%s)", s_auto, best, cdp_schedule_name(best_kind));
+    cr_expect_eq(a.layout->schedule, best_kind, "auto picked %s, the best is %s", cdp_schedule_name(a.layout->schedule),
+                 cdp_schedule_name(best_kind));
+    cr_expect_gt(best, s_1f1b, "a split backward fills 1F1B's bubble (%g against %g)", best, s_1f1b);
     struct cdp_plan *p = load(AUTO_SCHED("auto"));
     cr_assert(p->parallel.schedule_auto);
     char *text = NULL;

@@ -276,6 +276,58 @@ Test(resume, across_layouts, .timeout = 120)
     cr_log_info("2x2 -> 4x1 -> 1x1: worst weight error %.3g", e);
 }
 
+/* The plan of plan_on with a schedule. */
+static const char *plan_sched(const char *dir, const char *name, int p, int R, int m, int steps, const char *sched)
+{
+    char json[2048], file[64];
+    snprintf(json, sizeof json,
+             "{\"model\": {\"preset\": \"gpt\", \"vocab\": 32, \"context\": 8, \"layers\": 6, \"heads\": 2, "
+             "\"embed\": 16}, \"data\": {\"source\": \"synthetic\", \"seed\": 5}, \"train\": {\"steps\": %d, "
+             "\"micro_batch\": 2, \"optimizer\": {\"lr\": 0.01, \"eps\": 1e-6}, \"grad_clip\": 0.5, "
+             "\"eval_batches\": 1, \"timeout_s\": 30, \"checkpoint\": {\"dir\": \"ckpt-%s\", \"every\": 2, "
+             "\"keep\": 2}}, \"parallel\": {\"stages\": %d, \"replicas\": %d, \"micro_batches\": %d, "
+             "\"schedule\": \"%s\"}, \"cluster\": {" CPU_BACKEND "}, \"output\": {\"metrics\": \"%s.jsonl\", "
+             "\"weights\": \"%s.safetensors\"}}",
+             steps, name, p, R, m, sched, name, name);
+    snprintf(file, sizeof file, "%s.json", name);
+    return cdp_test_write_file(dir, file, json);
+}
+
+/* The zero-bubble schedules across a resume: zbv 2 x 2 -> zb-h1 4 x 1 ->
+ * zb-h2 2 x 1 (tied embeddings within rank 0, then between ranks), against
+ * an uninterrupted 1f1b run; and a zbv run killed mid-step resumes bitwise. */
+Test(resume, zero_bubble_schedules_resume, .timeout = 180)
+{
+    need_mpi();
+    char *dir = newdir();
+    run_ok((const char *[]){"-q", "--plan", plan_sched(dir, "base", 2, 2, 2, 6, "1f1b"), NULL});
+    run_ok((const char *[]){"-q", "--plan", plan_sched(dir, "x", 2, 2, 2, 2, "zbv"), NULL});
+    char ck[4200];
+    snprintf(ck, sizeof ck, "%s/ckpt-x", dir);
+    run_ok((const char *[]){"-q", "--plan", plan_sched(dir, "x", 4, 1, 4, 4, "zb-h1"), "--resume", ck, NULL});
+    run_ok((const char *[]){"-q", "--plan", plan_sched(dir, "x", 2, 1, 4, 6, "zb-h2"), "--resume", ck, NULL});
+    double a[16], b[16];
+    cr_assert_eq(losses(dir, "base", a), 6);
+    cr_assert_eq(losses(dir, "x", b), 6);
+    for (int i = 0; i < 6; i++)
+        cr_assert_leq(fabs(a[i] - b[i]), 1e-5 * fabs(a[i]), "step %d: %.9g vs %.9g", i + 1, b[i], a[i]);
+    double e = weights_error(dir, "base", "x");
+    cr_assert_leq(e, 1e-5, "weights differ by %.3g", e);
+    cr_log_info("1f1b against zbv 2x2 -> zb-h1 4x1 -> zb-h2 2x1: worst weight error %.3g", e);
+
+    const char *v = plan_sched(dir, "v", 2, 2, 2, 6, "zbv");
+    run_ok((const char *[]){"-q", "--plan", v, NULL});
+    const char *crash = plan_sched(dir, "vcrash", 2, 2, 2, 6, "zbv");
+    struct cdp_run r = run((const char *[]){"-q", "--plan", crash, NULL}, "kill:1:5");
+    cr_assert_neq(r.exit_code, 0, "the kill did not stop the run");
+    cdp_test_run_free(&r);
+    run_ok((const char *[]){"-q", "--plan", crash, "--resume", NULL});
+    cr_assert_eq(losses(dir, "v", a), 6);
+    cr_assert_eq(losses(dir, "vcrash", b), 6);
+    for (int i = 0; i < 6; i++) cr_assert_eq(a[i], b[i], "step %d: %.9g vs %.9g", i + 1, b[i], a[i]);
+    cr_assert_eq(weights_error(dir, "v", "vcrash"), 0.0, "bitwise under the same plan");
+}
+
 /* data.order "sequential": a resumed run reads on from the checkpoint's
  * samples_seen, so it sees the uninterrupted run's batches (the 33 windows of
  * the text wrap at step 5, after the resume at step 3). */

@@ -78,6 +78,7 @@ static struct cdp_instr parse_instr(const char *w, int v)
     static const struct { const char *pre; enum cdp_op op; } ops[] = {
         {"sa", CDP_OP_SEND_ACT}, {"ra", CDP_OP_RECV_ACT}, {"sg", CDP_OP_SEND_GRAD}, {"rg", CDP_OP_RECV_GRAD},
         {"L", CDP_OP_LOAD},      {"F", CDP_OP_FORWARD},   {"B", CDP_OP_BACKWARD},
+        {"I", CDP_OP_BACKWARD_INPUT}, {"W", CDP_OP_BACKWARD_WEIGHT},
     };
     for (size_t k = 0; k < sizeof ops / sizeof *ops; k++) {
         size_t n = strlen(ops[k].pre);
@@ -160,7 +161,8 @@ static void check_counts(const struct cdp_schedule *s, int tied)
 Test(schedule, every_generated_schedule_validates_with_right_counts)
 {
     int cases = 0;
-    for (int kind = 0; kind < CDP_SCHEDULE_COUNT; kind++)
+    /* the kinds with a combined backward; the split ones: zero_bubble_* below */
+    for (int kind = 0; kind <= CDP_SCHEDULE_INTERLEAVED; kind++)
         for (int p = 1; p <= 8; p++)
             for (int v = 1; v <= 4; v++)
                 for (int m = 1; m <= 32; m++)
@@ -504,7 +506,7 @@ Test(schedule, p2p_group_end_finds_the_maximal_runs_of_sends_and_receives)
 Test(schedule, every_generated_schedule_passes_rendezvous)
 {
     int cases = 0, groups = 0;
-    for (int kind = 0; kind < CDP_SCHEDULE_COUNT; kind++)
+    for (int kind = 0; kind <= CDP_SCHEDULE_INTERLEAVED; kind++)
         for (int p = 1; p <= 8; p++)
             for (int v = 1; v <= 3; v++)
                 for (int m = 1; m <= 16; m++)
@@ -686,7 +688,7 @@ Test(schedule, only_interleaved_changes_with_the_transport)
      * p = m = 2 (where rank 0's warm-up holds every forward), the NCCL order
      * never does; both are well formed. */
     int inter_fail = 0, inter = 0;
-    for (int kind = 0; kind < CDP_SCHEDULE_COUNT; kind++)
+    for (int kind = 0; kind <= CDP_SCHEDULE_INTERLEAVED; kind++)
         for (int p = 1; p <= 8; p++)
             for (int v = 1; v <= 3; v++)
                 for (int m = 1; m <= 16; m++)
@@ -839,4 +841,256 @@ Test(schedule, cli_auto_stages_or_micro_batches_are_planned)
     cr_expect_geq(json_integer_value(json_object_get(j, "micro_batches")), 2, "a planned count");
     json_decref(j);
     cdp_test_run_free(&r);
+}
+
+/* ---- zero bubble: split backward ------------------------------------------ */
+
+static const enum cdp_schedule_kind zb_kinds[] = {CDP_SCHEDULE_ZB_H1, CDP_SCHEDULE_ZB_H2, CDP_SCHEDULE_ZBV};
+
+/* The counts of a split-backward list, counted again: each (mb, chunk)
+ * forwarded, input- and weight-backwarded once, W after I, no combined B,
+ * every W before the step end; loads on the ranks of the first and last
+ * virtual stage, sends and receives at every boundary that crosses ranks. */
+static void check_split_counts(const struct cdp_schedule *s, int tied)
+{
+    const int p = s->p, v = s->v, m = s->m, V = p * v;
+    int crossings = 0;
+    for (int k = 0; k + 1 < V; k++) {
+        int r0, c0, r1, c1;
+        cdp_schedule_vstage_place(s->kind, p, v, k, &r0, &c0);
+        cdp_schedule_vstage_place(s->kind, p, v, k + 1, &r1, &c1);
+        crossings += r0 != r1;
+    }
+    int lr, lc, sends = 0;
+    cdp_schedule_vstage_place(s->kind, p, v, V - 1, &lr, &lc);
+    for (int r = 0; r < p; r++) {
+        int *at = malloc((size_t)m * v * 3 * sizeof *at);
+        for (int j = 0; j < m * v * 3; j++) at[j] = -1;
+        cr_assert_eq(count_op(s, r, CDP_OP_BACKWARD), 0, "rank %d has a combined backward", r);
+        for (int i = 0; i < s->len[r]; i++) {
+            const struct cdp_instr *in = &s->list[r][i];
+            int w = in->op == CDP_OP_FORWARD ? 0 : in->op == CDP_OP_BACKWARD_INPUT ? 1 : in->op == CDP_OP_BACKWARD_WEIGHT ? 2 : -1;
+            if (w < 0) continue;
+            int *a = &at[(in->mb * v + in->chunk) * 3 + w];
+            cr_assert_eq(*a, -1, "rank %d: %d of mb %d chunk %d twice", r, w, in->mb, in->chunk);
+            *a = i;
+        }
+        for (int j = 0; j < m * v; j++) {
+            cr_assert(at[j * 3] >= 0 && at[j * 3 + 1] > at[j * 3] && at[j * 3 + 2] > at[j * 3 + 1],
+                      "rank %d mb %d chunk %d: F %d, I %d, W %d", r, j / v, j % v, at[j * 3], at[j * 3 + 1],
+                      at[j * 3 + 2]);
+            cr_assert_lt(at[j * 3 + 2], s->len[r] - 2, "rank %d: W after the step end", r);
+        }
+        free(at);
+        cr_assert_eq(count_op(s, r, CDP_OP_LOAD), r == 0 || r == lr ? m : 0, "rank %d loads", r);
+        cr_assert_eq(count_op(s, r, CDP_OP_REDUCE_TIED_GRADS), tied && lr != 0 && (r == 0 || r == lr), "rank %d T", r);
+        sends += count_op(s, r, CDP_OP_SEND_ACT);
+        cr_assert_eq(count_op(s, r, CDP_OP_SEND_ACT) + count_op(s, r, CDP_OP_SEND_GRAD),
+                     count_op(s, r, CDP_OP_RECV_ACT) + count_op(s, r, CDP_OP_RECV_GRAD) +
+                         (r == 0 ? 0 : 0) + count_op(s, r, CDP_OP_SEND_ACT) - count_op(s, r, CDP_OP_RECV_GRAD) +
+                         count_op(s, r, CDP_OP_SEND_GRAD) - count_op(s, r, CDP_OP_RECV_ACT),
+                     "rank %d", r);
+        cr_assert_eq(s->list[r][s->len[r] - 1].op, CDP_OP_OPTIMIZER_STEP, "rank %d", r);
+    }
+    cr_assert_eq(sends, m * crossings);
+}
+
+/* The issue's grid: p = 2..8, m = p..4p, tied or not, the lists for MPI
+ * through cdp_schedule_validate and those for NCCL through both validators;
+ * plus p = 1 and m below p, which the generators take too. */
+Test(schedule, zero_bubble_lists_pass_both_validators)
+{
+    int cases = 0;
+    for (size_t k = 0; k < sizeof zb_kinds / sizeof *zb_kinds; k++)
+        for (int p = 1; p <= 8; p++)
+            for (int m = 1; m <= 4 * p; m++)
+                for (int tied = 0; tied <= 1; tied++)
+                    for (int rv = 0; rv <= 1; rv++) {
+                        const int v = zb_kinds[k] == CDP_SCHEDULE_ZBV ? 2 : 1;
+                        struct cdp_schedule *s = build_ex(zb_kinds[k], p, v, m, tied, rv);
+                        cr_assert_eq(cdp_schedule_validate(s), CDP_OK, "%s", cdp_last_error());
+                        /* the lists for NCCL under its semantics too */
+                        if (rv)
+                            cr_assert_eq(cdp_schedule_validate_rendezvous(s), CDP_OK, "%s p=%d m=%d tied=%d: %s",
+                                         cdp_schedule_name(zb_kinds[k]), p, m, tied, cdp_last_error());
+                        check_split_counts(s, tied);
+                        cdp_schedule_free(s);
+                        cases++;
+                    }
+    cr_assert_eq(cases, 3 * 2 * 2 * (4 * (1 + 2 + 3 + 4 + 5 + 6 + 7 + 8)));
+}
+
+/* Memory: a micro-batch counts from its F to its W. zb-h1 holds p on every
+ * rank (1F1B's rank 0) and r + 1 W-states; zb-h2 at most 2p - 1, 2p - 1 on
+ * rank 0 once m >= 2p - 1; zbv 2p chunk activations on every rank (each half
+ * a stage: p stages' worth, 1F1B's rank 0) once m >= 2p - 1. */
+Test(schedule, zero_bubble_peaks)
+{
+    for (int p = 2; p <= 8; p++)
+        for (int m = p; m <= 4 * p; m++) {
+            struct cdp_schedule *h1 = build(CDP_SCHEDULE_ZB_H1, p, 1, m, 0);
+            struct cdp_schedule *h2 = build(CDP_SCHEDULE_ZB_H2, p, 1, m, 0);
+            struct cdp_schedule *zv = build(CDP_SCHEDULE_ZBV, p, 2, m, 0);
+            struct cdp_schedule *f1 = build(CDP_SCHEDULE_1F1B, p, 1, m, 0);
+            for (int r = 0; r < p; r++) {
+                cr_assert_eq(cdp_schedule_peak_in_flight(h1, r), p, "zb-h1 p=%d m=%d rank %d", p, m, r);
+                cr_assert_eq(cdp_schedule_peak_w_pending(h1, r), r + 1, "zb-h1 p=%d m=%d rank %d", p, m, r);
+                cr_assert_leq(cdp_schedule_peak_in_flight(h2, r), 2 * p - 1, "zb-h2 p=%d m=%d rank %d", p, m, r);
+                if (m >= 2 * p - 1) {
+                    cr_assert_eq(cdp_schedule_peak_in_flight(zv, r), 2 * p, "zbv p=%d m=%d rank %d", p, m, r);
+                }
+                cr_assert_leq(cdp_schedule_peak_in_flight(zv, r), 2 * p, "zbv p=%d m=%d rank %d", p, m, r);
+                cr_assert_eq(cdp_schedule_peak_w_pending(f1, r), 0);
+            }
+            if (m >= 2 * p - 1) cr_assert_eq(cdp_schedule_peak_in_flight(h2, 0), 2 * p - 1, "p=%d m=%d", p, m);
+            cdp_schedule_free(h1);
+            cdp_schedule_free(h2);
+            cdp_schedule_free(zv);
+            cdp_schedule_free(f1);
+        }
+}
+
+Test(schedule, vstage_places_the_v_and_megatron_order)
+{
+    for (int p = 1; p <= 8; p++)
+        for (int kind = 0; kind < CDP_SCHEDULE_COUNT; kind++) {
+            const int v = kind == CDP_SCHEDULE_ZBV ? 2 : kind == CDP_SCHEDULE_INTERLEAVED ? 3 : 1;
+            for (int k = 0; k < p * v; k++) {
+                int r, c;
+                cdp_schedule_vstage_place((enum cdp_schedule_kind)kind, p, v, k, &r, &c);
+                cr_assert_eq(cdp_schedule_vstage((enum cdp_schedule_kind)kind, p, v, r, c), k);
+                if (kind == CDP_SCHEDULE_ZBV) {
+                    cr_assert_eq(r, k < p ? k : 2 * p - 1 - k);
+                    cr_assert_eq(c, k >= p);
+                } else {
+                    cr_assert_eq(r, k % p);
+                    cr_assert_eq(c, k / p);
+                }
+            }
+        }
+    /* zbv: rank 0 holds the first and the last virtual stage */
+    cr_assert_eq(cdp_schedule_vstage(CDP_SCHEDULE_ZBV, 4, 2, 0, 1), 7);
+    cr_assert_eq(cdp_schedule_vstage(CDP_SCHEDULE_ZBV, 4, 2, 3, 1), 4);
+    cr_assert_eq(cdp_schedule_vstage(CDP_SCHEDULE_ZBV, 4, 2, 4, 0), -1);
+    cr_assert_eq(cdp_schedule_chunks_of(CDP_SCHEDULE_ZBV, 1), 2);
+    cr_assert_eq(cdp_schedule_chunks_of(CDP_SCHEDULE_ZB_H1, 4), 1);
+}
+
+/* zb-h1 at p = 2, m = 3, written by hand: rank 1 defers its W by one. */
+Test(schedule, small_zb_h1_and_zbv_match_the_hand_written_lists)
+{
+    struct cdp_schedule *s = build(CDP_SCHEDULE_ZB_H1, 2, 1, 3, 0);
+    cr_assert_str_eq(rank_str(s, 0), "L0 F0 sa0>1 L1 F1 sa1>1 rg0<1 I0 W0 L2 F2 sa2>1 rg1<1 I1 W1 rg2<1 I2 W2 A O");
+    cr_assert_str_eq(rank_str(s, 1), "L0 ra0<0 F0 I0 sg0>0 L1 ra1<0 F1 I1 sg1>0 W0 L2 ra2<0 F2 I2 sg2>0 W1 W2 A O");
+    cdp_schedule_free(s);
+    /* zbv p = 2, m = 3: rank 0 holds virtual stages 0 and 3, rank 1 stages 1 and 2 */
+    s = build(CDP_SCHEDULE_ZBV, 2, 2, 3, 1);
+    cr_assert_str_eq(rank_str(s, 0), "L0 0F0 0sa0>1 L1 0F1 0sa1>1 L2 0F2 0sa2>1 1ra0<1 1F0 1I0 1sg0>1 1W0 1ra1<1 "
+                                     "1F1 1I1 1sg1>1 1W1 0rg0<1 0I0 0W0 1ra2<1 1F2 1I2 1sg2>1 1W2 0rg1<1 0I1 0W1 "
+                                     "0rg2<1 0I2 0W2 A O");
+    /* rank 1: one chunk-0 forward, a chunk-1 and a chunk-0 forward, a chunk-1
+     * forward and backward; then F0 B0 F1 B1; cool-down I0 I1 (W later), I0 W0,
+     * then the pending W1 and W2 */
+    cr_assert_str_eq(rank_str(s, 1), "0ra0<0 0F0 1F0 1sa0>0 0ra1<0 0F1 1F1 1sa1>0 1rg0<0 1I0 1W0 0ra2<0 0F2 0I0 "
+                                     "0sg0>0 0W0 1F2 1sa2>0 1rg1<0 1I1 1W1 0I1 0sg1>0 1rg2<0 1I2 0I2 0sg2>0 0W2 "
+                                     "0W1 1W2 A O");
+    cdp_schedule_free(s);
+}
+
+/* Hand-broken split lists, each failing with its message. */
+#define Z0 "L0 F0 sa0>1 rg0<1 I0 W0 A O"
+#define Z1 "L0 ra0<0 F0 I0 sg0>0 W0 A O"
+Test(schedule, rejects_broken_split_backwards)
+{
+    struct cdp_schedule *s = parse(2, 1, 1, (const char *[]){Z0, Z1});
+    cr_assert_eq(cdp_schedule_validate(s), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(cdp_schedule_validate_rendezvous(s), CDP_OK, "%s", cdp_last_error());
+    cdp_schedule_free(s);
+    expect_broken(2, 1, 1, (const char *[]){Z0, "L0 ra0<0 F0 W0 I0 sg0>0 A O"},
+                  "rank 1, instruction 3 (W0): weight gradient of micro-batch 0 before its input gradient (no I0 "
+                  "before it)");
+    expect_broken(2, 1, 1, (const char *[]){Z0, "L0 ra0<0 F0 I0 sg0>0 A O"},
+                  "rank 1: micro-batch 0 has its input gradient (I0 at instruction 3) but never its weight gradient "
+                  "(no W0 before the step-end instructions)");
+    expect_broken(2, 1, 1, (const char *[]){Z0, "L0 ra0<0 F0 I0 sg0>0 A W0 O"},
+                  "rank 1, instruction 6 (W0): micro-batch 0 after the step-end instructions began (instruction 5)");
+    expect_broken(2, 1, 1, (const char *[]){Z0, "L0 ra0<0 F0 B0 I0 sg0>0 W0 A O"},
+                  "rank 1, instruction 4 (I0): micro-batch 0 has a combined backward at instruction 3 too: a "
+                  "backward is either one B or an I and a W");
+    expect_broken(2, 1, 1, (const char *[]){Z0, "L0 ra0<0 F0 sg0>0 I0 W0 A O"},
+                  "rank 1, instruction 3 (sg0>0): sends the input gradient of micro-batch 0 before its backward");
+    expect_broken(2, 1, 1, (const char *[]){Z0, "L0 ra0<0 F0 I0 sg0>0 W0 W0 A O"},
+                  "rank 1, instruction 6 (W0): micro-batch 0 weight-gradient backwarded (W) a second time (first "
+                  "at instruction 5)");
+    expect_broken(2, 1, 1, (const char *[]){"L0 F0 sa0>1 rg0<1 I0 B0 A O", Z1},
+                  "rank 0, instruction 5 (B0): micro-batch 0 has a split backward at instruction 4 too: a backward "
+                  "is either one B or an I and a W");
+}
+
+/* ---- schedules from a file ------------------------------------------------ */
+
+/* Every generated list, printed as JSON and as CSV and read back, is the same
+ * lists; cdp_instr_parse takes back what cdp_instr_str writes. */
+Test(schedule, files_read_back_every_generated_schedule)
+{
+    const char *dir = cdp_test_tmpdir();
+    char path[4200];
+    for (int kind = 0; kind < CDP_SCHEDULE_COUNT; kind++)
+        for (int p = 1; p <= 4; p++)
+            for (int m = p; m <= 2 * p; m += p) {
+                const int v = kind == CDP_SCHEDULE_ZBV || kind == CDP_SCHEDULE_INTERLEAVED ? 2 : 1;
+                if (kind == CDP_SCHEDULE_INTERLEAVED && p < 2) continue;
+                struct cdp_schedule *s = build((enum cdp_schedule_kind)kind, p, v, m, 1), *t = NULL;
+                snprintf(path, sizeof path, "%s/s.json", dir);
+                FILE *f = fopen(path, "w");
+                cr_assert_eq(cdp_schedule_print_json(s, f), CDP_OK);
+                fclose(f);
+                cr_assert_eq(cdp_schedule_load(path, CDP_SCHEDULE_1F1B, 0, 0, 0, &t), CDP_OK, "%s", cdp_last_error());
+                cr_assert(same_lists(s, t), "%s p=%d m=%d: JSON", cdp_schedule_name(s->kind), p, m);
+                cdp_schedule_free(t);
+                snprintf(path, sizeof path, "%s/s.csv", dir);
+                f = fopen(path, "w");
+                char b[64];
+                for (int r = 0; r < p; r++)
+                    for (int i = 0; i < s->len[r]; i++)
+                        fprintf(f, "%s%s", cdp_instr_str(&s->list[r][i], v, b, sizeof b), i + 1 < s->len[r] ? "," : "\n");
+                fclose(f);
+                cr_assert_eq(cdp_schedule_load(path, s->kind, p, v, m, &t), CDP_OK, "%s", cdp_last_error());
+                cr_assert(same_lists(s, t), "%s p=%d m=%d: CSV", cdp_schedule_name(s->kind), p, m);
+                cdp_schedule_free(t);
+                cdp_schedule_free(s);
+            }
+}
+
+/* A bad file: the file, the rank, the instruction and what was expected. */
+static void expect_bad_file(const char *name, const char *text, int p, int v, int m, const char *msg)
+{
+    const char *path = cdp_test_write_file(cdp_test_tmpdir(), name, text);
+    struct cdp_schedule *s = NULL;
+    cr_assert_eq(cdp_schedule_load(path, CDP_SCHEDULE_1F1B, p, v, m, &s), CDP_ERR_INVALID, "accepted %s", text);
+    char want[4400];
+    snprintf(want, sizeof want, "%s%s", path, msg);
+    cr_assert_str_eq(cdp_last_error(), want);
+}
+
+Test(schedule, files_name_what_is_wrong)
+{
+    expect_bad_file("a.json", "{\"stages\": 2, \"micro_batches\": 1, \"ranks\": [[\"" "L0\", \"F0\", \"sa0>1\", \"rg0<1\", "
+                    "\"I0\", \"W0\", \"A\", \"O\"], [\"L0\", \"ra0<0\", \"F0\", \"W0\", \"I0\", \"sg0>0\", \"A\", \"O\"]]}",
+                    0, 0, 0, ": rank 1, instruction 3 (W0): weight gradient of micro-batch 0 before its input "
+                    "gradient (no I0 before it)");
+    expect_bad_file("b.json", "{\"stages\": 1, \"micro_batches\": 1, \"ranks\": [[\"L0\", \"F0\", \"X0\"]]}", 0, 0, 0,
+                    ": rank 0, instruction 2: \"X0\": expected an instruction such as \"L0\", \"F0\", \"B3\", \"I3\", "
+                    "\"W3\", \"sa3>1\", \"ra3<0\", \"sg3>0\", \"rg3<1\", \"T\", \"A\" or \"O\"");
+    expect_bad_file("c.json", "{\"stages\": 2, \"micro_batches\": 4, \"ranks\": [[], []]}", 2, 1, 8,
+                    ": the file is for 2 stages x 1 chunks x 4 micro-batches; the job runs 2 x 1 x 8");
+    expect_bad_file("d.csv", "L0,F0,B0,A,O\nL0,F0\n", 1, 1, 1, ": more than 1 rows; expected one per stage");
+    expect_bad_file("e.csv", "L0,F0,sg0>1,A,O\n", 1, 1, 1,
+                    ": rank 0, instruction 2 (sg0>1): virtual stage 0 is the first: there is no previous stage, so no "
+                    "matching receive");
+    /* a deadlock: both ranks receive first, every pending instruction named */
+    expect_bad_file("f.json", "{\"stages\": 2, \"micro_batches\": 1, \"ranks\": [[\"L0\", \"F0\", \"rg0<1\", \"sa0>1\", "
+                    "\"I0\", \"W0\", \"A\", \"O\"], [\"L0\", \"ra0<0\", \"F0\", \"I0\", \"sg0>0\", \"W0\", \"A\", \"O\"]]}",
+                    0, 0, 0, ": deadlock: no rank can go on; rank 0 waits at instruction 2 (rg0<1) for rank 1, rank 1 "
+                    "waits at instruction 1 (ra0<0) for rank 0");
 }

@@ -490,3 +490,138 @@ Test(simulate, a_unit_too_large_for_every_device_is_named_at_once, .timeout = 60
               "%s", run.err);
     cdp_test_run_free(&run);
 }
+
+/* ---- zero bubble ------------------------------------------------------------ */
+
+/* Equal stages of a split backward: forward tf, input gradient tb and weight
+ * gradient tw per rank, each split evenly over v chunks; no communication. */
+static void setup_split(struct fixture *f, enum cdp_schedule_kind kind, int p, int v, int m, double tf, double tb,
+                        double tw)
+{
+    setup_fx(f, kind, p, v, m, 1, tf, tb + tw);
+    for (int k = 0; k < p * v; k++) f->vs[k].bwd_w_s = tw / v;
+}
+
+/* The closed forms of docs/simulator.md at T_F = T_B = T_W = 1 (powers of two
+ * throughout, so the sums are exact): zb-h1 and zb-h2 idle p - 1 of a step of
+ * 3m + p - 1 on every rank, so the bubble is (p-1) / (3m + p - 1), a third of
+ * 1F1B's (p-1)/(m+p-1) in time ((p-1) against 3(p-1)); zbv, chunks of 1/2,
+ * idles (p - 1 + max(0, 2p - 2 - m)) / 2 of a step of (6m + p - 1 + max(0,
+ * 2p - 2 - m)) / 2. Over p = 2..8 and m = p..4p. */
+Test(simulate, zero_bubble_closed_forms)
+{
+    for (int p = 2; p <= 8; p++)
+        for (int m = p; m <= 4 * p; m++) {
+            const enum cdp_schedule_kind kinds[] = {CDP_SCHEDULE_ZB_H1, CDP_SCHEDULE_ZB_H2, CDP_SCHEDULE_ZBV};
+            for (int k = 0; k < 3; k++) {
+                const int v = kinds[k] == CDP_SCHEDULE_ZBV ? 2 : 1;
+                struct fixture f;
+                setup_split(&f, kinds[k], p, v, m, 1.0, 1.0, 1.0);
+                struct cdp_sim_result *r = run_fx(&f);
+                double idle = p - 1, step = 3.0 * m + p - 1;
+                if (v == 2) {
+                    const int extra = 2 * p - 2 - m > 0 ? 2 * p - 2 - m : 0;
+                    idle = (p - 1 + extra) / 2.0;
+                    step = (6.0 * m + p - 1 + extra) / 2.0;
+                }
+                cr_expect_eq(r->step_s, step, "%s p=%d m=%d: step %.15g, want %.15g", cdp_schedule_name(kinds[k]),
+                             p, m, r->step_s, step);
+                cr_expect_float_eq(r->bubble, idle / step, 1e-12, "%s p=%d m=%d: bubble %.15g, want %.15g",
+                                   cdp_schedule_name(kinds[k]), p, m, r->bubble, idle / step);
+                cr_expect_float_eq(r->bubble, cdp_sim_bubble_closed_form_kind(kinds[k], p, v, m), 1e-12, "%s p=%d m=%d",
+                                   cdp_schedule_name(kinds[k]), p, m);
+                for (int s = 0; s < p; s++) {
+                    cr_expect_eq(r->peak_in_flight[s], cdp_schedule_peak_in_flight(f.sched, s));
+                    cr_expect_eq(r->peak_w_pending[s], cdp_schedule_peak_w_pending(f.sched, s));
+                    cr_expect_float_eq(r->busy_s[s], 3.0 * m, 1e-12);
+                }
+                done_fx(&f, r);
+            }
+            /* the same pipeline under 1F1B with the backward unsplit (tb + tw): 3(p-1) idle */
+            struct fixture f;
+            setup_fx(&f, CDP_SCHEDULE_1F1B, p, 1, m, 1, 1.0, 2.0);
+            struct cdp_sim_result *r = run_fx(&f);
+            cr_expect_eq(r->step_s, 3.0 * (m + p - 1));
+            done_fx(&f, r);
+        }
+}
+
+/* A weight gradient cheaper than the forward (tw = 1/2): zb-h1 idles (p-1)
+ * (tf + tb - tw), the paper's figure, while zb-h2's deeper warm-up keeps it
+ * at (p-1) tf, the start-up no schedule avoids, once m >= 2p. */
+Test(simulate, zb_h2_fills_what_zb_h1_cannot)
+{
+    for (int p = 2; p <= 8; p *= 2)
+        for (int m = 2 * p; m <= 4 * p; m += p) {
+            struct fixture f;
+            setup_split(&f, CDP_SCHEDULE_ZB_H1, p, 1, m, 1.0, 1.0, 0.5);
+            struct cdp_sim_result *r = run_fx(&f);
+            cr_expect_eq(r->step_s, 2.5 * m + 1.5 * (p - 1), "zb-h1 p=%d m=%d: %.15g", p, m, r->step_s);
+            done_fx(&f, r);
+            setup_split(&f, CDP_SCHEDULE_ZB_H2, p, 1, m, 1.0, 1.0, 0.5);
+            r = run_fx(&f);
+            cr_expect_eq(r->step_s, 2.5 * m + (p - 1), "zb-h2 p=%d m=%d: %.15g", p, m, r->step_s);
+            done_fx(&f, r);
+        }
+}
+
+/* A unit without parameters has no weight gradient: the I takes the whole
+ * backward and no W event is drawn; the trace names I and W apart. */
+Test(simulate, split_backward_events)
+{
+    struct fixture f;
+    setup_split(&f, CDP_SCHEDULE_ZB_H1, 2, 1, 2, 1.0, 1.0, 1.0);
+    f.vs[1].bwd_w_s = 0; /* stage 1: nothing to weight-backward */
+    struct cdp_sim_result *r = run_fx(&f);
+    int ni[2] = {0, 0}, nw[2] = {0, 0};
+    for (int64_t i = 0; i < r->n_events; i++) {
+        const struct cdp_event_rec *e = &r->events[i];
+        cr_assert_neq(e->kind, CDP_EV_BACKWARD);
+        if (e->kind == CDP_EV_BACKWARD_INPUT) {
+            ni[e->rank]++;
+            cr_expect_float_eq(e->dur_ns / 1e9, e->rank ? 2.0 : 1.0, 1e-9);
+        }
+        if (e->kind == CDP_EV_BACKWARD_WEIGHT) nw[e->rank]++;
+    }
+    cr_expect_eq(ni[0], 2);
+    cr_expect_eq(ni[1], 2);
+    cr_expect_eq(nw[0], 2);
+    cr_expect_eq(nw[1], 0);
+    done_fx(&f, r);
+}
+
+/* A zbv plan simulated through the binary: the timeline draws input and
+ * weight gradients in their own colours, with the legend; the trace names
+ * them I and W by micro-batch and chunk; the closed form printed is zbv's. */
+Test(simulate, cli_zbv_timeline_draws_i_and_w_apart)
+{
+    const char *dir = cdp_test_tmpdir();
+    char trace[512], svg[512];
+    const char *plan = cdp_test_write_file(
+        dir, "zbv.json",
+        "{\"model\": {\"preset\": \"gpt\", \"vocab\": 64, \"context\": 16, \"layers\": 4, \"heads\": 2, \"embed\": 32}, "
+        "\"train\": {\"micro_batch\": 2}, \"parallel\": {\"stages\": 2, \"replicas\": 1, \"micro_batches\": 4, "
+        "\"schedule\": \"zbv\"}, \"cluster\": {\"backend\": \"cpu\"}}");
+    snprintf(trace, sizeof trace, "%s/zbv-trace.json", dir);
+    snprintf(svg, sizeof svg, "%s/zbv.svg", dir);
+    struct cdp_run run;
+    cr_assert_eq(cdp_test_run(&run, (const char *const[]){"--plan", plan, "--simulate", "--trace", trace, "--timeline",
+                                                          svg, NULL}),
+                 0);
+    cr_expect_eq(run.exit_code, 0, "stderr: %s", run.err);
+    cr_expect(strstr(run.out, "zbv"), "%s", run.out);
+    char want[64];
+    snprintf(want, sizeof want, "(p-1+e)/(6m+p-1+e), e = max(0, 2p-2-m) = %.2f%%",
+             100.0 * cdp_sim_bubble_closed_form_kind(CDP_SCHEDULE_ZBV, 2, 2, 4));
+    cr_expect(strstr(run.out, want), "closed form %s: %s", want, run.out);
+    cdp_test_run_free(&run);
+    char *t = cdp_test_read_file(trace), *s = cdp_test_read_file(svg);
+    cr_assert(t && s, "trace or timeline not written");
+    cr_expect(strstr(t, "\"name\": \"I0 c1\"") && strstr(t, "\"name\": \"W3 c0\""), "I and W boxes by chunk");
+    cr_expect(!strstr(t, "\"name\": \"B0"), "no combined backward");
+    cr_expect(strstr(s, "input grad (I)") && strstr(s, "weight grad (W)"), "the legend");
+    cr_expect(strstr(s, "fill=\"#e6550d\" stroke") && strstr(s, "fill=\"#31a354\" stroke"), "I and W boxes");
+    cr_expect(strstr(s, "<title>backward input 0, chunk 1</title>"), "%s", s);
+    free(t);
+    free(s);
+}

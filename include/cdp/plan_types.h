@@ -184,7 +184,15 @@ struct cdp_train_desc {
     struct cdp_restart_desc restart;
 };
 
-enum cdp_schedule_kind { CDP_SCHEDULE_GPIPE = 0, CDP_SCHEDULE_1F1B, CDP_SCHEDULE_INTERLEAVED, CDP_SCHEDULE_COUNT };
+enum cdp_schedule_kind {
+    CDP_SCHEDULE_GPIPE = 0,
+    CDP_SCHEDULE_1F1B,
+    CDP_SCHEDULE_INTERLEAVED,
+    CDP_SCHEDULE_ZB_H1, /* zero bubble (Qi et al. 2024), split backward: pipeline/schedule.h */
+    CDP_SCHEDULE_ZB_H2,
+    CDP_SCHEDULE_ZBV,   /* two chunks per rank in a V */
+    CDP_SCHEDULE_COUNT
+};
 
 enum cdp_placement_kind {
     CDP_PLACEMENT_TOPOLOGY = 0,     /* chosen by the planner from the topology */
@@ -207,7 +215,10 @@ struct cdp_parallel_desc {
     int64_t replicas;      /* or CDP_AUTO */
     int64_t micro_batches; /* per replica per step, or CDP_AUTO */
     enum cdp_schedule_kind schedule;
-    int schedule_auto;     /* "auto": the planner chooses gpipe or 1f1b (schedule holds 1f1b until then) */
+    int schedule_auto;     /* "auto": the planner chooses the kind (schedule holds 1f1b until then) */
+    char *schedule_file;   /* a schedule from a file (absolute path; owned), or NULL; schedule then holds
+                            * the kind whose placement of virtual stages it uses */
+    int64_t file_stages, file_chunks, file_micro_batches; /* a JSON schedule file's shape; 0: CSV */
     int64_t chunks;        /* model chunks per rank (interleaved); 1 otherwise */
     int64_t (*partition)[2]; /* [first, end) unit ranges per stage; NULL = auto (owned) */
     int n_partition;

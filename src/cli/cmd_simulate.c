@@ -29,7 +29,7 @@ static void print_text(const struct cdp_plan *plan, const struct cdp_sim_in *in)
     const struct cdp_layout *l = in->r->layout;
     const struct cdp_sim_result *res = in->res;
     const int v = l->chunks;
-    const double closed = cdp_sim_bubble_closed_form(l->stages, v, l->micro_batches);
+    const double closed = cdp_sim_bubble_closed_form_kind(l->schedule, l->stages, v, l->micro_batches);
     printf("Simulation of %s (predicted; nothing runs)\n", plan->source);
     printf("  topology    %s (%d %s)%s%s\n", in->t->name, in->t->n_gpus,
            in->t->kind == CDP_TOPO_CPU ? "CPU devices" : "GPUs", in->note[0] ? "; " : "", in->note);
@@ -45,9 +45,11 @@ static void print_text(const struct cdp_plan *plan, const struct cdp_sim_in *in)
     for (int s = 0; s < l->stages; s++) {
         char units[128] = "";
         size_t o = 0;
-        for (int k = s; k < l->stages * v; k += l->stages)
+        for (int ch = 0; ch < v; ch++) {
+            const int k = cdp_schedule_vstage(l->schedule, l->stages, v, s, ch);
             o += (size_t)snprintf(units + o, o < sizeof units ? sizeof units - o : 0, "%s[%lld,%lld)",
-                                  k == s ? "" : " ", (long long)l->ranges[k][0], (long long)l->ranges[k][1]);
+                                  ch == 0 ? "" : " ", (long long)l->ranges[k][0], (long long)l->ranges[k][1]);
+        }
         char mem[32];
         cdp_format_bytes((uint64_t)in->r->stage[s].memory_bytes, mem, sizeof mem);
         printf("  %5d  %-15s %8.3f %8.3f   %s\n", s, units, in->r->stage[s].fwd_s * 1e3, in->r->stage[s].bwd_s * 1e3,
@@ -56,8 +58,12 @@ static void print_text(const struct cdp_plan *plan, const struct cdp_sim_in *in)
     printf("\nPredicted\n");
     printf("  step time   %.3f ms (forward/backward phase %.3f ms)\n", res->step_s * 1e3, res->phase_s * 1e3);
     printf("  throughput  %.1f samples/s\n", res->samples_per_s);
-    printf("  bubble      %.2f%% (closed form (p-1)/(v*m+p-1) = %.2f%% for equal stages without communication)\n",
-           100 * res->bubble, 100 * closed);
+    const char *form = l->schedule == CDP_SCHEDULE_ZBV ? "(p-1+e)/(6m+p-1+e), e = max(0, 2p-2-m)"
+                       : cdp_schedule_splits_backward(l->schedule) ? "(p-1)/(3m+p-1)"
+                                                                    : "(p-1)/(v*m+p-1)";
+    printf("  bubble      %.2f%% (closed form %s = %.2f%% for equal stages%s without communication)\n",
+           100 * res->bubble, form, 100 * closed,
+           cdp_schedule_splits_backward(l->schedule) ? " and equal F, I and W times" : "");
     printf("\nRanks\n  rank  node  stage  replica  device  busy ms       memory  in flight  of capacity\n");
     for (int i = 0; i < l->n_ranks; i++) {
         const struct cdp_layout_rank *k = &l->rank[i];
@@ -99,8 +105,10 @@ static cdp_status print_json(const struct cdp_plan *plan, const struct cdp_sim_i
     json_object_set_new(o, "costs", in->costs ? json_string(in->costs) : json_string("analytic"));
     for (int s = 0; s < l->stages; s++) {
         json_t *st = json_object(), *ch = json_array();
-        for (int k = s; k < l->stages * l->chunks; k += l->stages)
+        for (int c = 0; c < l->chunks; c++) {
+            const int k = cdp_schedule_vstage(l->schedule, l->stages, l->chunks, s, c);
             json_array_append_new(ch, json_pack("[I,I]", (json_int_t)l->ranges[k][0], (json_int_t)l->ranges[k][1]));
+        }
         json_object_set_new(st, "index", json_integer(s));
         if (l->chunks == 1) json_object_set(st, "layers", json_array_get(ch, 0));
         json_object_set_new(st, "chunks", ch);
@@ -122,7 +130,7 @@ static cdp_status print_json(const struct cdp_plan *plan, const struct cdp_sim_i
     json_object_set_new(pr, "phase_s", json_real(res->phase_s));
     json_object_set_new(pr, "bubble", json_real(res->bubble));
     json_object_set_new(pr, "bubble_closed_form",
-                        json_real(cdp_sim_bubble_closed_form(l->stages, l->chunks, l->micro_batches)));
+                        json_real(cdp_sim_bubble_closed_form_kind(l->schedule, l->stages, l->chunks, l->micro_batches)));
     json_object_set_new(pr, "samples_per_s", json_real(res->samples_per_s));
     json_object_set_new(pr, "peak_memory_bytes", mem);
     json_object_set_new(o, "predicted", pr);

@@ -323,7 +323,7 @@ static int print_schedule(const struct cdp_plan *plan, const struct cdp_layout *
 {
     const int tied = plan->model.kind == CDP_MODEL_GPT && plan->model.tie_embeddings && l->stages * l->chunks > 1;
     struct cdp_schedule *s = NULL;
-    cdp_status st = cdp_schedule_build(l->schedule, l->stages, l->chunks, l->micro_batches, tied, &s);
+    cdp_status st = cdp_schedule_for_plan(plan, l->schedule, l->stages, l->chunks, l->micro_batches, tied, 0, &s);
     if (!st) st = json ? cdp_schedule_print_json(s, stdout) : cdp_schedule_print(s, stdout);
     cdp_schedule_free(s);
     if (st) {

@@ -20,6 +20,8 @@ extern "C" {
 /* One unit on one device, per micro-batch of B = train.micro_batch samples. */
 struct cdp_unit_cost {
     double fwd_s, bwd_s;  /* forward, backward time */
+    double bwd_w_s;       /* of bwd_s, the weight gradients' part (a split backward's W; the rest, and any
+                             recomputation, is its I): bwd_weight_flops / bwd_flops of it */
     double param_bytes;   /* gradient bytes of the parameters it owns (what data parallelism reduces) */
     double state_bytes;   /* fp32 weights + gradients + optimizer state of the parameters it owns (a tied
                              copy a stage keeps counts in the exact memory, cdp_layout_memory, not here) */

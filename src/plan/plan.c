@@ -46,8 +46,8 @@ CDP_TABLE_CHECK(cdp_plan_precision_names, CDP_PRECISION_COUNT + 1);
 /* /train/recompute: the modes in enum order, then "auto" */
 const char *const cdp_plan_recompute_names[] = {"none", "selective", "full", "auto", NULL};
 CDP_TABLE_CHECK(cdp_plan_recompute_names, CDP_RECOMPUTE_COUNT + 2);
-const char *const cdp_plan_schedule_names[] = {"gpipe", "1f1b", "interleaved",
-                                                                     NULL};
+const char *const cdp_plan_schedule_names[] = {"gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zbv",
+                                                NULL};
 CDP_TABLE_CHECK(cdp_plan_schedule_names, CDP_SCHEDULE_COUNT + 1);
 /* /cluster/backend: "auto", then the backends in enum order */
 const char *const cdp_plan_backend_names[] = {"auto", "cpu", "cuda", NULL};
@@ -87,7 +87,7 @@ const char *cdp_recompute_name(enum cdp_recompute r)
     return (unsigned)r < CDP_RECOMPUTE_COUNT ? cdp_plan_recompute_names[r] : "?";
 }
 
-int cdp_schedule_has_chunks(enum cdp_schedule_kind s) { return s == CDP_SCHEDULE_INTERLEAVED; }
+int cdp_schedule_has_chunks(enum cdp_schedule_kind s) { return s == CDP_SCHEDULE_INTERLEAVED || s == CDP_SCHEDULE_ZBV; }
 
 const char *cdp_layer_type_name(enum cdp_layer_type t) { return cdp_layer_name(t); }
 
@@ -800,7 +800,7 @@ static cdp_status check_shares(struct ld *c)
                              (long long)sum, (long long)pd->replicas, (long long)pd->micro_batches,
                              (long long)(pd->replicas * pd->micro_batches));
     }
-    if (cdp_schedule_has_chunks(pd->schedule) && pd->stages != CDP_AUTO) {
+    if (pd->schedule == CDP_SCHEDULE_INTERLEAVED && !pd->schedule_file && pd->stages != CDP_AUTO) {
         for (int i = 0; i < pd->n_shares; i++)
             if (pd->shares[i] % pd->stages) {
                 char kp[CDP_JSON_PTR_CAP];
@@ -998,6 +998,77 @@ static cdp_status batch_arithmetic(struct ld *c)
     return CDP_OK;
 }
 
+/* /parallel/schedule naming a file (docs/pipeline.md): its path, and from a
+ * JSON file its shape ("stages", "chunks", "micro_batches") and the kind whose
+ * placement of virtual stages it uses ("schedule", a kind's name; else
+ * Megatron's). The lists themselves are read and validated where they run
+ * (cdp_schedule_for_plan): the planner, the executor, --schedule. */
+static cdp_status load_schedule_file(struct ld *c, const json_t *sj, int *sch)
+{
+    struct cdp_parallel_desc *pd = &c->p->parallel;
+    const char *P = "/parallel/schedule";
+    cdp_status st = get_existing_file(c, sj, P, &pd->schedule_file);
+    if (st) return st;
+    *sch = CDP_SCHEDULE_1F1B;
+    pd->chunks = 0;
+    FILE *f = fopen(pd->schedule_file, "rb");
+    if (!f) return cdp_json_fail(&c->in, P, "cannot read \"%s\": %s", pd->schedule_file, strerror(errno));
+    int ch = fgetc(f);
+    while (ch == ' ' || ch == '\t' || ch == '\n' || ch == '\r') ch = fgetc(f);
+    fclose(f);
+    if (ch != '{') return CDP_OK; /* CSV: the plan gives the shape */
+    json_error_t je;
+    json_t *root = json_load_file(pd->schedule_file, 0, &je);
+    if (!root)
+        return cdp_json_fail(&c->in, P, "%s: line %d: %s", pd->schedule_file, je.line, je.text);
+    const json_t *jp = json_object_get(root, "stages"), *jv = json_object_get(root, "chunks"),
+                 *jm = json_object_get(root, "micro_batches"), *jk = json_object_get(root, "schedule");
+    if (!json_is_integer(jp) || !json_is_integer(jm) || (jv && !json_is_integer(jv))) {
+        json_decref(root);
+        return cdp_json_fail(&c->in, P, "%s: expected \"stages\", \"micro_batches\" (and \"chunks\") as integers, "
+                             "as `cdphybrid --plan P --schedule --json` writes", pd->schedule_file);
+    }
+    pd->file_stages = json_integer_value(jp);
+    pd->file_micro_batches = json_integer_value(jm);
+    pd->file_chunks = jv ? json_integer_value(jv) : 1;
+    for (int k = 0; json_is_string(jk) && k < CDP_SCHEDULE_COUNT; k++)
+        if (!strcmp(json_string_value(jk), cdp_plan_schedule_names[k])) *sch = k;
+    pd->chunks = pd->file_chunks;
+    json_decref(root);
+    return CDP_OK;
+}
+
+/* A file's lists fix the shape: stages and micro-batches its own (taken when
+ * "auto", else equal), the same micro-batches for every replica. */
+static cdp_status check_schedule_file_shape(struct ld *c)
+{
+    struct cdp_parallel_desc *pd = &c->p->parallel;
+    const char *f = pd->schedule_file;
+    if (pd->rebalance_every > 0)
+        return cdp_json_fail(&c->in, "/parallel/rebalance_every", "%lld, but the schedule file %s runs the same "
+                             "micro-batches on every replica: use 0", (long long)pd->rebalance_every, f);
+    for (int i = 1; pd->balance == CDP_BALANCE_EXPLICIT && i < pd->n_shares; i++)
+        if (pd->shares[i] != pd->shares[0])
+            return cdp_json_fail(&c->in, "/parallel/balance", "shares %lld and %lld, but the schedule file %s runs the "
+                                 "same micro-batches on every replica: give equal shares",
+                                 (long long)pd->shares[0], (long long)pd->shares[i], f);
+    if (pd->file_stages <= 0) { /* CSV */
+        if (pd->stages == CDP_AUTO || pd->micro_batches == CDP_AUTO)
+            return cdp_json_fail(&c->in, "/parallel/schedule", "the CSV schedule %s has no shape of its own: give "
+                                 "/parallel/stages and /parallel/micro_batches", f);
+        return CDP_OK;
+    }
+    if (pd->stages == CDP_AUTO) pd->stages = pd->file_stages;
+    if (pd->micro_batches == CDP_AUTO) pd->micro_batches = pd->file_micro_batches;
+    if (pd->stages != pd->file_stages)
+        return cdp_json_fail(&c->in, "/parallel/stages", "%lld, but the schedule file %s has lists for %lld ranks",
+                             (long long)pd->stages, f, (long long)pd->file_stages);
+    if (pd->micro_batches != pd->file_micro_batches)
+        return cdp_json_fail(&c->in, "/parallel/micro_batches", "%lld, but the schedule file %s runs %lld",
+                             (long long)pd->micro_batches, f, (long long)pd->file_micro_batches);
+    return CDP_OK;
+}
+
 static cdp_status load_parallel(struct ld *c, const json_t *v)
 {
     struct cdp_parallel_desc *pd = &c->p->parallel;
@@ -1013,15 +1084,28 @@ static cdp_status load_parallel(struct ld *c, const json_t *v)
             return st;
         const json_t *sj = json_object_get(v, "schedule");
         if (json_is_string(sj) && strcmp(json_string_value(sj), "auto") == 0) pd->schedule_auto = 1;
-        else if ((st = cdp_json_get_enum(&c->in, v, P, "schedule", cdp_plan_schedule_names, &sch)))
+        else if (json_is_string(sj) && (strchr(json_string_value(sj), '/') || strchr(json_string_value(sj), '.'))) {
+            if ((st = load_schedule_file(c, sj, &sch))) return st;
+        } else if ((st = cdp_json_get_enum(&c->in, v, P, "schedule", cdp_plan_schedule_names, &sch)))
             return st;
     }
     pd->schedule = (enum cdp_schedule_kind)sch;
-    int inter = cdp_schedule_has_chunks(pd->schedule);
-    pd->chunks = inter ? 2 : 1;
+    int inter = pd->schedule == CDP_SCHEDULE_INTERLEAVED && !pd->schedule_file; /* a file's lists need no m % p */
+    pd->chunks = pd->schedule_file && pd->chunks > 0 ? pd->chunks : cdp_schedule_has_chunks(pd->schedule) ? 2 : 1;
     if (v && (st = cdp_json_get_int(&c->in, v, P, "chunks", 1, MAX_COUNT, 0, &pd->chunks))) return st;
-    if (pd->chunks > 1 && !inter)
-        return cdp_json_fail(&c->in, "/parallel/chunks", "%lld needs /parallel/schedule \"interleaved\", not \"%s\"",
+    if (pd->schedule_file) {
+        if (pd->file_chunks > 0 && pd->chunks != pd->file_chunks)
+            return cdp_json_fail(&c->in, "/parallel/chunks", "%lld, but the schedule file %s has %lld chunks per rank",
+                                 (long long)pd->chunks, pd->schedule_file, (long long)pd->file_chunks);
+        if (pd->chunks > 1 && pd->schedule != CDP_SCHEDULE_ZBV) pd->schedule = CDP_SCHEDULE_INTERLEAVED;
+    }
+    if (pd->schedule == CDP_SCHEDULE_ZBV && pd->chunks != 2)
+        return cdp_json_fail(&c->in, "/parallel/chunks",
+                             "%lld, but /parallel/schedule \"zbv\" runs exactly 2 chunks per rank (a V); "
+                             "leave chunks out or give 2",
+                             (long long)pd->chunks);
+    if (pd->chunks > 1 && !cdp_schedule_has_chunks(pd->schedule))
+        return cdp_json_fail(&c->in, "/parallel/chunks", "%lld needs /parallel/schedule \"interleaved\" (or \"zbv\", 2), not \"%s\"",
                              (long long)pd->chunks, cdp_plan_schedule_names[sch]);
     if (inter && pd->chunks < 2)
         return cdp_json_fail(&c->in, "/parallel/chunks",
@@ -1040,6 +1124,7 @@ static cdp_status load_parallel(struct ld *c, const json_t *v)
     const json_t *bal = v ? json_object_get(v, "balance") : NULL;
     if (bal && (st = load_balance(c, bal))) return st;
     if (v && (st = cdp_json_get_int(&c->in, v, P, "rebalance_every", 0, MAX_COUNT, 0, &pd->rebalance_every))) return st;
+    if (pd->schedule_file && (st = check_schedule_file_shape(c))) return st;
     if (v && (st = cdp_json_get_int(&c->in, v, P, "zero", 0, 2, 1, &pd->zero))) return st;
     pd->bucket_mb = CDP_PLAN_BUCKET_MB_DEFAULT;
     if (v && (st = cdp_json_get_number(&c->in, v, P, "bucket_mb", CDP_JSON_NONNEG, &pd->bucket_mb))) return st;
@@ -1417,6 +1502,7 @@ void cdp_plan_free(struct cdp_plan *plan)
     free(plan->data.labels);
     free(plan->train.checkpoint.dir);
     free(plan->parallel.partition);
+    free(plan->parallel.schedule_file);
     free(plan->parallel.placement_map);
     free(plan->parallel.shares);
     free(plan->cluster.topology);

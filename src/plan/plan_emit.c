@@ -201,7 +201,9 @@ static json_t *plan_json(struct emit *e, const struct cdp_plan *p)
         set(e, o, "stages", jint_auto(pd->stages));
         set(e, o, "replicas", jint_auto(pd->replicas));
         set(e, o, "micro_batches", jint_auto(pd->micro_batches));
-        set(e, o, "schedule", json_string(pd->schedule_auto ? "auto" : cdp_schedule_name(pd->schedule)));
+        set(e, o, "schedule", json_string(pd->schedule_auto   ? "auto"
+                                          : pd->schedule_file ? pd->schedule_file
+                                                              : cdp_schedule_name(pd->schedule)));
         set(e, o, "chunks", jint(pd->chunks));
         if (pd->partition) {
             json_t *a = json_array();
@@ -427,8 +429,11 @@ cdp_status cdp_plan_print(const struct cdp_plan *p, FILE *f)
                 (long long)t->global_batch, pd->replicas == CDP_AUTO ? "auto" : b1,
                 pd->micro_batches == CDP_AUTO ? "auto" : b2, (long long)t->micro_batch);
     }
-    fprintf(f, ROW "%s", "schedule", pd->schedule_auto ? "auto (gpipe or 1f1b, chosen by the planner)"
-                                                       : cdp_schedule_name(pd->schedule));
+    if (pd->schedule_file)
+        fprintf(f, ROW "from %s (%s's placement)", "schedule", pd->schedule_file, cdp_schedule_name(pd->schedule));
+    else
+        fprintf(f, ROW "%s", "schedule", pd->schedule_auto ? "auto (chosen by the planner)"
+                                                           : cdp_schedule_name(pd->schedule));
     if (cdp_schedule_has_chunks(pd->schedule)) fprintf(f, ", %lld chunks per rank", (long long)pd->chunks);
     fputc('\n', f);
     if (pd->partition) {
