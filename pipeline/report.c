@@ -380,7 +380,7 @@ cdp_status cdp_exec_write_weights(struct exec *e)
             struct wrec w;
             memcpy(&w, c, sizeof w);
             int dup = 0;
-            for (size_t j = 0; j < n; j++) dup |= !strcmp(ts[j].name, ((struct wrec *)c)->name);
+            for (size_t j = 0; j < n; j++) dup |= !strcmp(ts[j].name, c);
             if (!dup) {
                 if (n == cap) {
                     struct cdp_safetensors_tensor *nt = realloc(ts, 2 * cap * sizeof *ts);
@@ -388,8 +388,10 @@ cdp_status cdp_exec_write_weights(struct exec *e)
                     ts = nt;
                     cap *= 2;
                 }
-                /* the name stays inside `all`; the header copy keeps shape and count */
-                ts[n] = (struct cdp_safetensors_tensor){.name = ((struct wrec *)c)->name,
+                /* the name stays inside `all` (name[] is the record's first field: read through c, as a
+                 * record after a tensor of an odd count of floats is not 8-byte aligned); the header
+                 * copy keeps shape and count */
+                ts[n] = (struct cdp_safetensors_tensor){.name = c,
                                                         .dtype = CDP_DTYPE_F32,
                                                         .dtype_name = "F32",
                                                         .ndim = (int)w.ndim,
