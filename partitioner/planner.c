@@ -514,11 +514,8 @@ static cdp_status prepare(struct ctx *c, int p, int R, int m, const int64_t (*ra
     c->lbw = malloc((size_t)p * p * sizeof *c->lbw);
     c->llat = malloc((size_t)p * p * sizeof *c->llat);
     if (!c->vs || !c->lbw || !c->llat) return cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
-    /* the executor's buckets: several replicas on host memory (NCCL's
-     * collectives do not overlap in this version; ZeRO-2 reduces after every
-     * backward already) */
-    const double bucket = R > 1 && c->zero < 2 && c->plan->cluster.backend == CDP_BACKEND_CPU
-                              ? c->plan->parallel.bucket_mb * 1048576.0 : 0;
+    /* the executor's buckets (the one rule: cdp_plan_bucket_bytes) */
+    const double bucket = cdp_plan_bucket_bytes(c->plan, R, c->zero);
     vstages_of(c->cost, p * c->v, ranges, bucket, c->vs);
     return cdp_schedule_for_plan(c->plan, c->kind, p, c->v, m, tied, 0, &c->sched);
 }

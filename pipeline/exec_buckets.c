@@ -49,9 +49,9 @@ cdp_status cdp_exec_buckets_setup(struct exec *e, struct chunk *c)
 {
     struct cdp_model *m = c->model;
     const int U = cdp_model_unit_count(m), T = cdp_model_tensor_count(m);
-    const double cap = e->plan->parallel.bucket_mb * 1048576.0 / sizeof(float);
+    const double cap = cdp_plan_bucket_bytes(e->plan, e->R, e->zero) / sizeof(float);
     c->e = e;
-    if (e->R < 2 || e->zero >= 2 || cap <= 0 || T == 0 || !cdp_comm_collectives_async(e->dp)) return CDP_OK;
+    if (cap <= 0 || T == 0 || !cdp_comm_collectives_async(e->dp)) return CDP_OK;
     /* each unit's floats of the parameter buffer: contiguous, in unit order */
     size_t *lo = malloc((size_t)U * sizeof *lo), *hi = malloc((size_t)U * sizeof *hi);
     c->bk = calloc((size_t)U, sizeof *c->bk);

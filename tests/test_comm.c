@@ -707,6 +707,70 @@ Test(comm, nccl_front_reduce_scatter_and_allgather_through_a_stand_in_module)
     cdp_comm_free(c);
 }
 
+/* The non-blocking collectives on nccl: started on the communicator's own
+ * stream (the stand-in completes one at its second test), tested until
+ * done, the compute stream made to wait once each completed; the blocking
+ * calls go the same way; past the deadline the wait names the operation and
+ * NCCL's call, and the communicator refuses what follows. */
+Test(comm, nccl_nonblocking_collectives_complete_on_their_own_stream_through_a_stand_in_module)
+{
+    struct fake_stats *fs = use_fake_module();
+    cdp_comm_t c = self_comm();
+    cdp_device_t d = open_fake_gpu();
+    cdp_nccl_t w = NULL;
+    cr_assert_eq(cdp_nccl_world(c, d, 5, &w), CDP_OK, "%s", cdp_last_error());
+    float v[5] = { 1, 2, 3, 4, 5 };
+    cdp_buffer_t b = dev_floats(d, v, 5);
+    float *p = cdp_buffer_data(b);
+    cdp_request_t ra = NULL, rs = NULL, rg = NULL;
+    cr_assert_eq(cdp_comm_iallreduce_f32(w, p, 5, CDP_REDUCE_SUM, 5, &ra), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(cdp_comm_ireduce_scatter_window_f32(w, p + 1, 5, 1, 3, CDP_REDUCE_AVG, 5, &rs), CDP_OK, "%s",
+                 cdp_last_error());
+    cr_assert(fs->shard_off == 0 && fs->shard_len == 3, "the window's shards reach the module (%zu, %zu)",
+              fs->shard_off, fs->shard_len);
+    cr_assert_eq(cdp_comm_iallgather_f32(w, p, 5, 5, &rg), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(fs->starts, 3);
+    cr_assert_eq(fs->in_flight, 3, "nothing completes within the call that starts it");
+    cr_assert_eq(fs->compute_waits, 0);
+    cr_assert_eq(cdp_comm_test(ra), 0, "the first test finds the all-reduce running");
+    cr_assert_eq(cdp_comm_test(ra), 1, "%s", cdp_last_error());
+    cr_assert_eq(fs->compute_waits, 1, "the compute stream waits on the completed all-reduce");
+    cr_assert_eq(cdp_comm_wait(rs, 5), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(cdp_comm_wait(rg, 5), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(fs->compute_waits, 3);
+    cr_assert_eq(fs->in_flight, 0);
+    /* a blocking call: the same start, completed within it */
+    cr_assert_eq(cdp_nccl_allreduce_f32(w, p, 5, CDP_REDUCE_MAX, 5), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(fs->starts, 4);
+    cr_assert_eq(fs->compute_waits, 4);
+    float got[5];
+    cr_assert_eq(cdp_buffer_read(b, 0, got, sizeof got), CDP_OK);
+    cr_assert_arr_eq(got, v, sizeof v, "one rank's reduction leaves the data as it is");
+    cr_assert_eq(cdp_comm_collectives_async(w), 0, "one rank: no overlap to be had");
+
+    /* past the deadline */
+    setenv("CDP_FAKE_NCCL", "hang", 1);
+    cr_assert_eq(cdp_comm_iallreduce_f32(w, p, 5, CDP_REDUCE_SUM, 0.1, &ra), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(cdp_comm_test(ra), 0);
+    double t0 = now_s();
+    cr_assert_eq(cdp_comm_wait(ra, 0.1), CDP_ERR_COMM);
+    cr_assert_geq(now_s() - t0, 0.1);
+    cr_assert_str_eq(cdp_last_error(), "nccl rank 0/1: all-reduce (sum) of 5 floats: timed out after 0.1 s (ncclAllReduce)");
+    cr_assert_eq(fs->in_flight, 0, "the request was released");
+    cr_assert_eq(cdp_comm_iallgather_f32(w, p, 5, 5, &rg), CDP_ERR_COMM);
+    cr_assert(strstr(cdp_last_error(), "nccl rank 0/1: all-gather of 5 floats: this communicator is unusable after an "
+                                       "earlier operation failed or timed out"),
+              "%s", cdp_last_error());
+    cr_assert_eq(fs->starts, 5, "a broken communicator starts nothing");
+    unsetenv("CDP_FAKE_NCCL");
+    cdp_nccl_free(w);
+    cr_assert_eq(fs->aborts, 1, "the broken communicator is aborted, not finalised");
+    cr_assert_eq(fs->live, 0);
+    cdp_buffer_destroy(b);
+    cdp_device_close(d);
+    cdp_comm_free(c);
+}
+
 Test(comm, nccl_reduce_scatter_and_allgather_deadlines_name_the_operation)
 {
     use_fake_module();

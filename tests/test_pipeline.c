@@ -494,19 +494,30 @@ static void overlap_of(const char *path, struct overlap_view *o)
     json_decref(v.root);
 }
 
-static void run_buckets(const char *dir, const char *name, double bucket_mb)
+/* cluster: the plan's /cluster object. Returns the run's messages (stderr, -v: info), to be freed. */
+static char *run_buckets_on(const char *dir, const char *name, double bucket_mb, const char *cluster)
 {
     char json[1536], file[64];
     snprintf(json, sizeof json,
              "{\"model\": {\"preset\": \"gpt\", \"vocab\": 64, \"context\": 16, \"layers\": 6, \"heads\": 2,"
              " \"embed\": 32}, \"data\": {\"source\": \"synthetic\", \"seed\": 3}, \"train\": {\"steps\": 3,"
              " \"micro_batch\": 2, \"eval_batches\": 1, \"timeout_s\": 60}, \"parallel\": {\"stages\": 1,"
-             " \"replicas\": 2, \"micro_batches\": 2, \"bucket_mb\": %g}, \"cluster\": {\"backend\": \"cpu\"},"
+             " \"replicas\": 2, \"micro_batches\": 2, \"bucket_mb\": %g}, \"cluster\": %s,"
              " \"output\": {\"trace\": \"%s-trace.json\", \"weights\": \"%s.safetensors\"}}",
-             bucket_mb, name, name);
+             bucket_mb, cluster, name, name);
     snprintf(file, sizeof file, "%s.json", name);
     const char *plan = cdp_test_write_file(dir, file, json);
-    run_ok(plan);
+    struct cdp_run r;
+    cr_assert_eq(cdp_test_run(&r, (const char *[]){"-v", "--plan", plan, NULL}), 0);
+    cr_assert_eq(r.exit_code, 0, "%s failed (%d): %s", plan, r.exit_code, r.err);
+    char *err = strdup(r.err ? r.err : "");
+    cdp_test_run_free(&r);
+    return err;
+}
+
+static void run_buckets(const char *dir, const char *name, double bucket_mb)
+{
+    free(run_buckets_on(dir, name, bucket_mb, "{\"backend\": \"cpu\"}"));
 }
 
 /* The first bucket's reduction starts while the step's last backward still
@@ -541,6 +552,54 @@ Test(pipeline, gradient_buckets_reduce_while_the_last_backward_runs, .timeout = 
         }
     snprintf(wa, sizeof wa, "%s/bk.safetensors", dir);
     snprintf(wb, sizeof wb, "%s/nobk.safetensors", dir);
+    const double d = compare_weights(wa, wb);
+    cr_assert_eq(d, 0.0, "the weights do not depend on the buckets: they differ by up to %g", d);
+}
+
+/* The same on the cuda backend with a GPU per rank, so that the replicas'
+ * reduction is the nccl communicator's non-blocking collectives (its own
+ * stream, ordered by events), on the stand-in CUDA module (tests/fake-cuda:
+ * its pretend NCCL completes a collective at its second test and does not
+ * connect ranks, so each replica keeps its own gradients: the weights are
+ * compared between buckets on and off, not with the cpu run). */
+Test(pipeline, gradient_buckets_on_nccl_reduce_while_the_last_backward_runs, .timeout = 240)
+{
+    need_mpi();
+    const char *fake = getenv("CDP_FAKE_CUDA_DIR");
+    cr_assert_not_null(fake, "CDP_FAKE_CUDA_DIR is not set (run the tests through meson test)");
+    const char *dir = cdp_test_tmpdir();
+    char path[4300], wa[4300], wb[4300];
+    setenv("CDP_MODULE_DIR", fake, 1);
+    setenv("CDP_FAKE_GPUS", "2", 1);
+    const char *cluster = "{\"backend\": \"cuda\", \"devices\": 2}";
+    char *ea = run_buckets_on(dir, "nbk", 0.001, cluster); /* 1 KiB: a bucket per unit */
+    char *eb = run_buckets_on(dir, "nnobk", 0, cluster);
+    unsetenv("CDP_FAKE_GPUS");
+    unsetenv("CDP_MODULE_DIR");
+    cr_assert(strstr(ea, "rank 1: nccl, one GPU per rank"), "the replicas reduce through nccl: %s", ea);
+    cr_assert(strstr(eb, "rank 0: nccl, one GPU per rank"), "the replicas reduce through nccl: %s", eb);
+    free(ea);
+    free(eb);
+    struct overlap_view o;
+    snprintf(path, sizeof path, "%s/nbk-trace.json", dir);
+    overlap_of(path, &o);
+    for (int r = 0; r < 2; r++)
+        for (int s = 1; s <= 3; s++) {
+            cr_assert_geq(o.buckets[r][s], 7, "rank %d step %d: %d buckets (a GPT of 6 blocks)", r, s, o.buckets[r][s]);
+            cr_assert(o.first_bucket[r][s] >= 0 && o.first_bucket[r][s] < o.last_bwd_end[r][s],
+                      "rank %d step %d: the first bucket starts at %.1f us, the last backward ends at %.1f us", r, s,
+                      o.first_bucket[r][s], o.last_bwd_end[r][s]);
+        }
+    snprintf(path, sizeof path, "%s/nnobk-trace.json", dir);
+    overlap_of(path, &o);
+    for (int r = 0; r < 2; r++)
+        for (int s = 1; s <= 3; s++) {
+            cr_assert_eq(o.buckets[r][s], 0, "rank %d step %d: no buckets with bucket_mb 0", r, s);
+            cr_assert(o.first_bucket[r][s] < 0 && -o.first_bucket[r][s] - 1 >= o.last_bwd_end[r][s],
+                      "rank %d step %d: without buckets the reduction starts after the last backward", r, s);
+        }
+    snprintf(wa, sizeof wa, "%s/nbk.safetensors", dir);
+    snprintf(wb, sizeof wb, "%s/nnobk.safetensors", dir);
     const double d = compare_weights(wa, wb);
     cr_assert_eq(d, 0.0, "the weights do not depend on the buckets: they differ by up to %g", d);
 }

@@ -751,3 +751,31 @@ Test(planner, auto_zero_shards_when_that_is_what_fits)
     cr_assert(z < 2 && rc != CDP_RECOMPUTE_NONE, "cap %s: zero %d, recompute %d", cap, z, (int)rc);
     cr_log_info("largest rank: %.0f bytes, %.0f with zero 1, %.0f with zero 2", whole, sharded, grads);
 }
+
+/* Gradient buckets are one rule (cdp_plan_bucket_bytes) for the executor, the
+ * planner and the simulator, and the same on cpu and cuda (nccl overlaps its
+ * collectives on a stream of its own): on with several replicas below ZeRO-2,
+ * off with one replica, ZeRO-2 or bucket_mb 0. */
+Test(planner, gradient_buckets_are_one_rule_on_every_backend)
+{
+    static const char *const backends[] = {"cpu", "cuda"};
+    for (int k = 0; k < 2; k++)
+        for (int off = 0; off < 2; off++) {
+            char text[1024];
+            snprintf(text, sizeof text,
+                     "{\"model\": {\"preset\": \"gpt\", \"vocab\": 64, \"context\": 16, \"layers\": 2, \"heads\": 2,"
+                     " \"embed\": 32}, \"data\": {\"source\": \"synthetic\"}, \"train\": {\"steps\": 1,"
+                     " \"micro_batch\": 2}, \"parallel\": {\"bucket_mb\": %s}, \"cluster\": {\"backend\": \"%s\"}}",
+                     off ? "0" : "2.5", backends[k]);
+            struct cdp_plan *p = NULL;
+            cr_assert_eq(cdp_plan_load_string(text, "test.json", NULL, &p), CDP_OK, "%s", cdp_last_error());
+            const double on = off ? 0 : 2.5 * 1048576.0;
+            cr_assert_eq(cdp_plan_bucket_bytes(p, 2, 0), on, "%s: 2 replicas: %g bytes", backends[k],
+                         cdp_plan_bucket_bytes(p, 2, 0));
+            cr_assert_eq(cdp_plan_bucket_bytes(p, 4, 1), on, "%s: ZeRO-1", backends[k]);
+            cr_assert_eq(cdp_plan_bucket_bytes(p, 1, 0), 0.0, "%s: one replica", backends[k]);
+            cr_assert_eq(cdp_plan_bucket_bytes(p, 2, 2), 0.0, "%s: ZeRO-2", backends[k]);
+            cdp_plan_free(p);
+        }
+    cr_assert_eq(cdp_plan_bucket_bytes(NULL, 2, 0), 0.0);
+}

@@ -61,6 +61,15 @@ const char *cdp_recompute_name(enum cdp_recompute r);
  * the plan's /parallel/balance and /parallel/rebalance_every allow that; else
  * 0 and, where why is given, the reason naming the key. */
 int cdp_plan_zero2_allowed(const struct cdp_plan *plan, char *why, size_t cap);
+/* Gradient buckets' size in bytes for `replicas` replicas under ZeRO stage
+ * `zero`: /parallel/bucket_mb, or 0 (one reduction after the last backward)
+ * with bucket_mb 0, one replica, or ZeRO-2 (which reduces after every
+ * backward already). The one home of the rule for the executor
+ * (pipeline/exec_buckets.c), the planner and so the simulator; it holds on
+ * every backend (cpu: mpi; cuda: nccl, or the host-staging adapter where
+ * ranks share a GPU), since every communicator with several ranks overlaps
+ * its collectives (the executor still checks cdp_comm_collectives_async). */
+double cdp_plan_bucket_bytes(const struct cdp_plan *plan, int replicas, int zero);
 /* Whether a schedule runs several model chunks per rank (interleaved): the one
  * home of that rule. A loaded plan's /parallel/chunks is 1 for the others. */
 int cdp_schedule_has_chunks(enum cdp_schedule_kind s);

@@ -509,6 +509,7 @@ static cdp_status request_test(void *arg, int *done)
         return CDP_OK;
     }
     cdp_status st = r->comm->ops->test(r, done);
+    if (st) r->failed = 1;
     if (!st && *done) r->done = 1;
     return st;
 }
@@ -518,6 +519,7 @@ cdp_status cdp_comm_wait(cdp_request_t req, double timeout_s)
     if (!req) return cdp_fail(CDP_ERR_INVALID, "cdp_comm_wait: NULL request");
     cdp_status st = cdp_comm_poll(request_test, req, cdp_time_ns(), timeout_s, req->bytes,
                                   req->kind == CDP_REQ_P2P ? CDP_COMM_SPIN_P2P_GBPS : CDP_COMM_SPIN_COLL_GBPS);
+    if (st && !req->failed && req->call) st = cdp_fail(st, "timed out after %g s (%s)", timeout_s, req->call);
     if (st) st = request_context(req, st);
     request_free(req);
     return st;

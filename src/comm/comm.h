@@ -86,8 +86,9 @@ cdp_comm_t cdp_comm_host(cdp_comm_t c);
  * cannot deadlock under that rule (cdp_schedule_build_ex, rendezvous). */
 int cdp_comm_p2p_grouped(cdp_comm_t c);
 /* 1 when c's non-blocking collectives run while the caller computes (mpi,
- * and the host-staging adapter over it); 0 where they complete within the
- * call that starts them (self, and nccl in this version). */
+ * the host-staging adapter over it, and nccl on each communicator's own
+ * stream); 0 where they complete within the call that starts them (self, and
+ * any communicator of one rank). */
 int cdp_comm_collectives_async(cdp_comm_t c);
 int cdp_comm_rank(cdp_comm_t c);
 int cdp_comm_size(cdp_comm_t c);
@@ -182,7 +183,9 @@ cdp_status cdp_comm_group(cdp_comm_t c, const struct cdp_comm_p2p *ops, int n, d
  * its deadline, which counts from the wait) or cdp_comm_test; buf must stay
  * untouched until then. Every rank of c starts the same collectives in the
  * same order. On mpi they are MPI_Iallreduce / MPI_Ireduce_scatter /
- * MPI_Iallgatherv, progressed by every test and wait; on a backend that has
+ * MPI_Iallgatherv, progressed by every test and wait; on nccl they run on the
+ * communicator's own stream behind an event of the compute stream, and a
+ * completed one makes the compute stream wait on its event; on a backend that has
  * only blocking collectives the operation runs within timeout_s here and the
  * request comes back completed. A request that fails or passes its deadline
  * leaves the communicator unusable, as a blocking collective does. */

@@ -97,6 +97,10 @@ struct cdp_request {
     enum cdp_comm_dtype dt;
     enum cdp_reduce_op op;
     int done;      /* a collective run by a blocking slot: completed at once */
+    int failed;    /* the backend's test failed (else a failed wait is past the deadline) */
+    /* the backend's call, named in the deadline's message ("timed out after
+     * 2 s (ncclAllReduce)"); NULL: none named */
+    const char *call;
     void *impl;    /* the backend's state */
 };
 

@@ -274,8 +274,31 @@ static cdp_status nccl_allreduce(struct cdp_comm *pc, void *buf, size_t n, enum 
                                     (int)op, timeout_s));
 }
 
-/* ZeRO's collectives: every rank's shard (the one rule, cdp_comm_shard) in
- * the window's coordinates, handed to the module. */
+/* Every rank's shard (the one rule, cdp_comm_shard) of the window [from,
+ * from + count) of an n-float buffer, in the window's coordinates: malloc'd
+ * arrays for the module. */
+static cdp_status shards(struct cdp_comm *pc, size_t n, size_t from, size_t count, size_t **off_out,
+                         size_t **len_out)
+{
+    size_t size = (size_t)(unsigned)pc->size;
+    size_t *off = malloc(size * sizeof *off), *len = malloc(size * sizeof *len);
+    if (!off || !len) {
+        free(off);
+        free(len);
+        return cdp_fail(CDP_ERR_NOMEM, "out of memory for %d shards", pc->size);
+    }
+    for (int k = 0; k < pc->size; k++) {
+        uint64_t at, l;
+        cdp_shard_in_window(n, pc->size, k, from, count, &at, &l);
+        off[k] = (size_t)at;
+        len[k] = (size_t)l;
+    }
+    *off_out = off;
+    *len_out = len;
+    return CDP_OK;
+}
+
+/* ZeRO's collectives: the shards handed to the module. */
 static cdp_status sharded(struct cdp_comm *pc, float *buf, size_t n, size_t from, size_t count, int is_reduce,
                           enum cdp_reduce_op op, double timeout_s)
 {
@@ -284,15 +307,8 @@ static cdp_status sharded(struct cdp_comm *pc, float *buf, size_t n, size_t from
     if (st) return st;
     if (is_reduce ? !c->ops->reduce_scatter : !c->ops->all_gather)
         return cdp_fail(CDP_ERR_UNSUPPORTED, "the cuda module has no %s", is_reduce ? "reduce-scatter" : "all-gather");
-    size_t size = (size_t)(unsigned)pc->size;
-    size_t *off = malloc(size * sizeof *off), *len = malloc(size * sizeof *len);
-    if (!off || !len) st = cdp_fail(CDP_ERR_NOMEM, "out of memory for %d shards", pc->size);
-    for (int k = 0; !st && k < pc->size; k++) {
-        uint64_t at, l;
-        cdp_shard_in_window(n, pc->size, k, from, count, &at, &l);
-        off[k] = (size_t)at;
-        len[k] = (size_t)l;
-    }
+    size_t *off = NULL, *len = NULL;
+    st = shards(pc, n, from, count, &off, &len);
     if (!st)
         st = ran(c, is_reduce ? c->ops->reduce_scatter(c->comm, c->state, buf, count, off, len, (int)op, timeout_s)
                               : c->ops->all_gather(c->comm, c->state, buf, count, off, len, timeout_s));
@@ -310,6 +326,53 @@ static cdp_status nccl_reduce_scatter(struct cdp_comm *pc, float *buf, size_t n,
 static cdp_status nccl_allgather(struct cdp_comm *pc, float *buf, size_t n, double timeout_s)
 {
     return sharded(pc, buf, n, 0, n, 0, CDP_REDUCE_SUM, timeout_s);
+}
+
+/* The non-blocking collectives: on the communicator's own stream, ordered
+ * behind the compute stream by an event, completed by testing the event
+ * (comm/cuda/nccl.cu). The front runs the deadline; a request released
+ * before it completed (past its deadline, or failed) leaves the
+ * communicator broken, since the collective may still write its buffer. */
+static cdp_status nccl_icoll(struct cdp_comm *pc, struct cdp_request *r)
+{
+    struct cdp_nccl *c = pc->impl;
+    cdp_status st = usable(c);
+    if (st) return st;
+    if (!c->ops->start) return cdp_fail(CDP_ERR_UNSUPPORTED, "the cuda module has no non-blocking collectives");
+    static const char *const calls[] = {"", "ncclAllReduce", "ncclReduceScatter", "ncclAllGather"};
+    r->call = calls[r->kind];
+    if (r->kind == CDP_REQ_ALLREDUCE) {
+        if (r->dt != CDP_COMM_F32 && r->dt != CDP_COMM_F64)
+            return cdp_fail(CDP_ERR_UNSUPPORTED, "nccl: floats and doubles only");
+        return ran(c, c->ops->start(c->comm, c->state, CDP_NCCL_ALLREDUCE, r->buf, r->n,
+                                    r->dt == CDP_COMM_F32 ? CDP_NCCL_F32 : CDP_NCCL_F64, (int)r->op, NULL, NULL,
+                                    c->timeout_s, &r->impl));
+    }
+    if (r->kind != CDP_REQ_REDUCE_SCATTER && r->kind != CDP_REQ_ALLGATHER)
+        return cdp_fail(CDP_ERR_INTERNAL, "nccl: not a collective");
+    size_t *off = NULL, *len = NULL;
+    if ((st = shards(pc, r->n, r->from, r->count, &off, &len))) return st;
+    const int is_reduce = r->kind == CDP_REQ_REDUCE_SCATTER;
+    st = ran(c, c->ops->start(c->comm, c->state, is_reduce ? CDP_NCCL_REDUCE_SCATTER : CDP_NCCL_ALLGATHER, r->buf,
+                              r->count, CDP_NCCL_F32, is_reduce ? (int)r->op : 0, off, len, c->timeout_s, &r->impl));
+    free(off);
+    free(len);
+    return st;
+}
+
+static cdp_status nccl_test(struct cdp_request *r, int *done)
+{
+    struct cdp_nccl *c = r->comm->impl;
+    if (c->aborted) return cdp_fail(CDP_ERR_COMM, "this communicator was aborted (cdp_nccl_abort_all)");
+    return ran(c, c->ops->test(r->impl, done));
+}
+
+static void nccl_release(struct cdp_request *r)
+{
+    struct cdp_nccl *c = r->comm->impl;
+    if (!r->done) c->broken = 1;
+    c->ops->release(r->impl);
+    r->impl = NULL;
 }
 
 static cdp_status nccl_group(struct cdp_comm *pc, const struct cdp_comm_p2p *ops, int n, double timeout_s)
@@ -355,7 +418,10 @@ const struct cdp_comm_ops cdp_comm_nccl_ops = {
     .allreduce = nccl_allreduce,
     .reduce_scatter_f32 = nccl_reduce_scatter,
     .allgather_f32 = nccl_allgather,
+    .icoll = nccl_icoll,
     .group = nccl_group,
+    .test = nccl_test,
+    .release = nccl_release,
     .abort = nccl_abort,
     .free = nccl_free,
 };

@@ -25,6 +25,9 @@ extern "C" {
 
 enum cdp_nccl_dtype { CDP_NCCL_F32 = 0, CDP_NCCL_F64, CDP_NCCL_DTYPE_COUNT };
 
+/* What a non-blocking collective (start) is. */
+enum cdp_nccl_coll { CDP_NCCL_ALLREDUCE = 0, CDP_NCCL_REDUCE_SCATTER, CDP_NCCL_ALLGATHER, CDP_NCCL_COLL_COUNT };
+
 /* One half of a matched pair: bytes go to / come from `peer` (a rank of the
  * communicator). buf is device memory of the communicator's GPU, not owned. */
 struct cdp_nccl_p2p {
@@ -72,6 +75,25 @@ struct cdp_nccl_ops {
      * bytes), on the device's stream; returns when all have completed. */
     cdp_status (*p2p)(void *comm, void *dev_state, const struct cdp_nccl_p2p *ops, int n,
                       double timeout_s);
+    /* Non-blocking collectives on the communicator's own stream (made with
+     * the communicator in init / split, one per communicator). start records
+     * an event on the device's compute stream (behind the kernels that made
+     * buf), makes the communicator's stream wait on it, issues the collective
+     * there (coll: enum cdp_nccl_coll; allreduce: n elements of dtype;
+     * reduce_scatter / all_gather: n > 0 floats with the shards off/len as
+     * for the blocking slots, read during the call only) and records a
+     * completion event behind it; *req is written on success. timeout_s
+     * bounds only the wait for an earlier operation of comm to be issued.
+     * test: *done = 1 once the completion event has passed
+     * (cudaEventQuery), and then the compute stream is made to wait on it,
+     * so that whatever is queued there later (the optimizer) reads the
+     * result; NCCL's own errors (ncclCommGetAsyncError) fail it. release
+     * frees req, complete or not (an incomplete one still runs: the caller
+     * must abort the communicator). */
+    cdp_status (*start)(void *comm, void *dev_state, int coll, void *buf, size_t n, int dtype, int op,
+                        const size_t *off, const size_t *len, double timeout_s, void **req);
+    cdp_status (*test)(void *req, int *done);
+    void (*release)(void *req);
     /* ncclCommAbort: ends whatever is in flight and frees the communicator.
      * comm is gone afterwards. */
     void (*abort)(void *comm);

@@ -17,7 +17,7 @@ struct cdp_device;
 extern "C" {
 #endif
 
-#define CDP_DEVICE_ABI 6
+#define CDP_DEVICE_ABI 7
 
 enum cdp_copy_kind { CDP_COPY_H2D = 0, CDP_COPY_D2H, CDP_COPY_D2D };
 

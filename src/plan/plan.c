@@ -61,6 +61,12 @@ const char *cdp_schedule_name(enum cdp_schedule_kind s)
     return (unsigned)s < CDP_SCHEDULE_COUNT ? cdp_plan_schedule_names[s] : "?";
 }
 
+double cdp_plan_bucket_bytes(const struct cdp_plan *plan, int replicas, int zero)
+{
+    if (!plan || replicas < 2 || zero >= 2 || !(plan->parallel.bucket_mb > 0)) return 0;
+    return plan->parallel.bucket_mb * 1048576.0;
+}
+
 int cdp_plan_zero2_allowed(const struct cdp_plan *plan, char *why, size_t cap)
 {
     const struct cdp_parallel_desc *pd = &plan->parallel;

@@ -8,6 +8,8 @@
  * reduce-scatter or all-gather leaves the buffer as it is (the latter two
  * check the shards the front hands them), a send to another rank is dropped,
  * and a split keeps the parent's rank and size; only sends to self move bytes.
+ * The non-blocking collectives do their work at the start and complete at
+ * their second test (a stream that finishes later).
  * CDP_FAKE_NCCL picks a failure: `fail_init:R` (rank R's init fails) or `hang`
  * (all-reduce, reduce-scatter, all-gather and send/receive never complete:
  * they end at the deadline).
@@ -31,9 +33,12 @@ __attribute__((visibility("default"))) struct fake_stats cdp_fake_nccl_stats;
 
 /* ---- the device: host memory ---------------------------------------------------- */
 
+/* CDP_FAKE_GPUS=N: N devices (default 1), so that ranks get one each and
+ * take the nccl communicator rather than the host-staging adapter. */
 static cdp_status fake_count(int *out)
 {
-    *out = 1;
+    const char *v = getenv("CDP_FAKE_GPUS");
+    *out = v && atoi(v) > 0 ? atoi(v) : 1;
     return CDP_OK;
 }
 
@@ -254,6 +259,56 @@ static cdp_status fake_p2p(void *comm, void *dev_state, const struct cdp_nccl_p2
     return CDP_OK;
 }
 
+/* The non-blocking collectives: the work is done (or checked) at the start
+ * as the blocking slots do it, and the request reports completion only at
+ * its second test, as a collective on its own stream would some time
+ * later; "hang": never. Completion counts the compute stream's wait. */
+struct fake_req {
+    int tests;
+    int hang;
+};
+
+static cdp_status fake_start(void *comm, void *dev_state, int coll, void *buf, size_t n, int dtype, int op,
+                             const size_t *off, const size_t *len, double timeout_s, void **req)
+{
+    (void)dev_state, (void)buf, (void)dtype, (void)op, (void)timeout_s;
+    if ((unsigned)coll >= CDP_NCCL_COLL_COUNT) return host->fail(CDP_ERR_INVALID, "fake: collective %d unknown", coll);
+    struct fake_req *q = calloc(1, sizeof *q);
+    if (!q) return host->fail(CDP_ERR_NOMEM, "fake: out of memory");
+    q->hang = hanging();
+    cdp_status st = CDP_OK;
+    if (!q->hang && coll != CDP_NCCL_ALLREDUCE) st = fake_sharded(comm, n, off, len);
+    if (st) {
+        free(q);
+        return st;
+    }
+    cdp_fake_nccl_stats.starts++;
+    cdp_fake_nccl_stats.in_flight++;
+    *req = q;
+    return CDP_OK;
+}
+
+static cdp_status fake_test(void *req, int *done)
+{
+    struct fake_req *q = req;
+    *done = 0;
+    if (q->hang) return CDP_OK;
+    if (++q->tests < 2) return CDP_OK;
+    if (q->tests == 2) {
+        cdp_fake_nccl_stats.compute_waits++;
+        cdp_fake_nccl_stats.in_flight--;
+    }
+    *done = 1;
+    return CDP_OK;
+}
+
+static void fake_release(void *req)
+{
+    struct fake_req *q = req;
+    if (q->hang || q->tests < 2) cdp_fake_nccl_stats.in_flight--;
+    free(q);
+}
+
 static void fake_abort(void *comm)
 {
     cdp_fake_nccl_stats.aborts++;
@@ -280,6 +335,9 @@ __attribute__((visibility("default"))) const struct cdp_nccl_ops cdp_nccl_module
     .reduce_scatter = fake_reduce_scatter,
     .all_gather = fake_all_gather,
     .p2p = fake_p2p,
+    .start = fake_start,
+    .test = fake_test,
+    .release = fake_release,
     .abort = fake_abort,
     .destroy = fake_destroy,
 };

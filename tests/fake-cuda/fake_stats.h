@@ -10,6 +10,9 @@ struct fake_stats {
     unsigned char last_id[CDP_NCCL_ID_BYTES];  /* the id the last init was given */
     int sharded;                               /* reduce-scatters and all-gathers */
     size_t shard_off, shard_len;               /* this rank's shard in the last of them */
+    int starts;                                /* non-blocking collectives started */
+    int compute_waits;                         /* ... completed: the compute stream made to wait */
+    int in_flight;                             /* started and neither completed nor released */
 };
 
 #endif
