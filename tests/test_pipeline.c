@@ -520,6 +520,40 @@ static void run_buckets(const char *dir, const char *name, double bucket_mb)
     free(run_buckets_on(dir, name, bucket_mb, "{\"backend\": \"cpu\"}"));
 }
 
+/* From the traces and weights of the runs `on` (buckets) and `off`
+ * (bucket_mb 0) in dir: every step of both ranks has at least 7 buckets (a GPT
+ * of 6 blocks), the first starting before the last backward ends (one
+ * all-reduce event spanning them where one_span); without buckets none, and
+ * the one reduction starts after the last backward; the same weights. */
+static void check_buckets(const char *dir, const char *on, const char *off, int one_span)
+{
+    char path[4300], wa[4300], wb[4300];
+    struct overlap_view o;
+    snprintf(path, sizeof path, "%s/%s-trace.json", dir, on);
+    overlap_of(path, &o);
+    for (int r = 0; r < 2; r++)
+        for (int s = 1; s <= 3; s++) {
+            cr_assert_geq(o.buckets[r][s], 7, "rank %d step %d: %d buckets (a GPT of 6 blocks)", r, s, o.buckets[r][s]);
+            if (one_span)
+                cr_assert_eq(o.allreduces[r][s], 1, "rank %d step %d: one all-reduce spanning the buckets", r, s);
+            cr_assert(o.first_bucket[r][s] >= 0 && o.first_bucket[r][s] < o.last_bwd_end[r][s],
+                      "rank %d step %d: the first bucket starts at %.1f us, the last backward ends at %.1f us", r, s,
+                      o.first_bucket[r][s], o.last_bwd_end[r][s]);
+        }
+    snprintf(path, sizeof path, "%s/%s-trace.json", dir, off);
+    overlap_of(path, &o);
+    for (int r = 0; r < 2; r++)
+        for (int s = 1; s <= 3; s++) {
+            cr_assert_eq(o.buckets[r][s], 0, "rank %d step %d: no buckets with bucket_mb 0", r, s);
+            cr_assert(o.first_bucket[r][s] < 0 && -o.first_bucket[r][s] - 1 >= o.last_bwd_end[r][s],
+                      "rank %d step %d: without buckets the reduction starts after the last backward", r, s);
+        }
+    snprintf(wa, sizeof wa, "%s/%s.safetensors", dir, on);
+    snprintf(wb, sizeof wb, "%s/%s.safetensors", dir, off);
+    const double d = compare_weights(wa, wb);
+    cr_assert_eq(d, 0.0, "the weights do not depend on the buckets: they differ by up to %g", d);
+}
+
 /* The first bucket's reduction starts while the step's last backward still
  * runs (the test fails when it starts only after it); with bucket_mb 0 there
  * are no buckets and the one reduction starts after the last backward; and
@@ -528,32 +562,9 @@ Test(pipeline, gradient_buckets_reduce_while_the_last_backward_runs, .timeout = 
 {
     need_mpi();
     const char *dir = cdp_test_tmpdir();
-    char path[4300], wa[4300], wb[4300];
     run_buckets(dir, "bk", 0.001); /* 1 KiB: a bucket per unit */
     run_buckets(dir, "nobk", 0);
-    struct overlap_view o;
-    snprintf(path, sizeof path, "%s/bk-trace.json", dir);
-    overlap_of(path, &o);
-    for (int r = 0; r < 2; r++)
-        for (int s = 1; s <= 3; s++) {
-            cr_assert_geq(o.buckets[r][s], 7, "rank %d step %d: %d buckets (a GPT of 6 blocks)", r, s, o.buckets[r][s]);
-            cr_assert_eq(o.allreduces[r][s], 1, "rank %d step %d: one all-reduce spanning the buckets", r, s);
-            cr_assert(o.first_bucket[r][s] >= 0 && o.first_bucket[r][s] < o.last_bwd_end[r][s],
-                      "rank %d step %d: the first bucket starts at %.1f us, the last backward ends at %.1f us", r, s,
-                      o.first_bucket[r][s], o.last_bwd_end[r][s]);
-        }
-    snprintf(path, sizeof path, "%s/nobk-trace.json", dir);
-    overlap_of(path, &o);
-    for (int r = 0; r < 2; r++)
-        for (int s = 1; s <= 3; s++) {
-            cr_assert_eq(o.buckets[r][s], 0, "rank %d step %d: no buckets with bucket_mb 0", r, s);
-            cr_assert(o.first_bucket[r][s] < 0 && -o.first_bucket[r][s] - 1 >= o.last_bwd_end[r][s],
-                      "rank %d step %d: without buckets the reduction starts after the last backward", r, s);
-        }
-    snprintf(wa, sizeof wa, "%s/bk.safetensors", dir);
-    snprintf(wb, sizeof wb, "%s/nobk.safetensors", dir);
-    const double d = compare_weights(wa, wb);
-    cr_assert_eq(d, 0.0, "the weights do not depend on the buckets: they differ by up to %g", d);
+    check_buckets(dir, "bk", "nobk", 1);
 }
 
 /* The same on the cuda backend with a GPU per rank, so that the replicas'
@@ -568,7 +579,6 @@ Test(pipeline, gradient_buckets_on_nccl_reduce_while_the_last_backward_runs, .ti
     const char *fake = getenv("CDP_FAKE_CUDA_DIR");
     cr_assert_not_null(fake, "CDP_FAKE_CUDA_DIR is not set (run the tests through meson test)");
     const char *dir = cdp_test_tmpdir();
-    char path[4300], wa[4300], wb[4300];
     setenv("CDP_MODULE_DIR", fake, 1);
     setenv("CDP_FAKE_GPUS", "2", 1);
     const char *cluster = "{\"backend\": \"cuda\", \"devices\": 2}";
@@ -580,28 +590,7 @@ Test(pipeline, gradient_buckets_on_nccl_reduce_while_the_last_backward_runs, .ti
     cr_assert(strstr(eb, "rank 0: nccl, one GPU per rank"), "the replicas reduce through nccl: %s", eb);
     free(ea);
     free(eb);
-    struct overlap_view o;
-    snprintf(path, sizeof path, "%s/nbk-trace.json", dir);
-    overlap_of(path, &o);
-    for (int r = 0; r < 2; r++)
-        for (int s = 1; s <= 3; s++) {
-            cr_assert_geq(o.buckets[r][s], 7, "rank %d step %d: %d buckets (a GPT of 6 blocks)", r, s, o.buckets[r][s]);
-            cr_assert(o.first_bucket[r][s] >= 0 && o.first_bucket[r][s] < o.last_bwd_end[r][s],
-                      "rank %d step %d: the first bucket starts at %.1f us, the last backward ends at %.1f us", r, s,
-                      o.first_bucket[r][s], o.last_bwd_end[r][s]);
-        }
-    snprintf(path, sizeof path, "%s/nnobk-trace.json", dir);
-    overlap_of(path, &o);
-    for (int r = 0; r < 2; r++)
-        for (int s = 1; s <= 3; s++) {
-            cr_assert_eq(o.buckets[r][s], 0, "rank %d step %d: no buckets with bucket_mb 0", r, s);
-            cr_assert(o.first_bucket[r][s] < 0 && -o.first_bucket[r][s] - 1 >= o.last_bwd_end[r][s],
-                      "rank %d step %d: without buckets the reduction starts after the last backward", r, s);
-        }
-    snprintf(wa, sizeof wa, "%s/nbk.safetensors", dir);
-    snprintf(wb, sizeof wb, "%s/nnobk.safetensors", dir);
-    const double d = compare_weights(wa, wb);
-    cr_assert_eq(d, 0.0, "the weights do not depend on the buckets: they differ by up to %g", d);
+    check_buckets(dir, "nbk", "nnobk", 0);
 }
 
 /* Receives posted early (issue 17): on 2 stages with 1F1B, stage 0 posts the
