@@ -1312,6 +1312,16 @@ static int rv_hoist_receive(const struct rv *x, struct cdp_schedule *s, int r)
     return 0;
 }
 
+static void rv_free(struct rv *x)
+{
+    free(x->off);
+    free(x->rank);
+    free(x->stack);
+    free(x->queued);
+    free(x->partner);
+    free(x->done);
+}
+
 /* The lists under rendezvous semantics; s has passed cdp_schedule_validate.
  * With fix (a generator's own lists), a run that deadlocks delays the
  * unmatched sends of the first rank that can (rv_delay_sends) and runs again,
@@ -1345,12 +1355,7 @@ again:;
             for (int q = 0; fix && q < p && !moved; q++) moved = rv_hoist_receive(&x, fix, q);
             for (int q = 0; fix && q < p && !moved; q++) moved = rv_delay_sends(&x, fix, q);
             if (moved) {
-                free(x.off);
-                free(x.rank);
-                free(x.stack);
-                free(x.queued);
-                free(x.partner);
-                free(x.done);
+                rv_free(&x);
                 goto again;
             }
             st = rv_report(&x);
@@ -1360,12 +1365,7 @@ again:;
 nomem:
     st = cdp_fail(CDP_ERR_NOMEM, "schedule validation: out of memory");
 done:
-    free(x.off);
-    free(x.rank);
-    free(x.stack);
-    free(x.queued);
-    free(x.partner);
-    free(x.done);
+    rv_free(&x);
     return st;
 }
 
