@@ -184,3 +184,24 @@ char *cdp_test_read_file(const char *path)
     fclose(f);
     return b.p;
 }
+
+long cdp_test_files_differ(const char *a, const char *b)
+{
+    FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
+    long n = 0, at = 0;
+    if (fa && fb)
+        for (;; n++) {
+            int x = fgetc(fa), y = fgetc(fb);
+            if (x != y) {
+                at = n;
+                break;
+            }
+            if (x == EOF) {
+                at = n > 0 ? -1 : 0;
+                break;
+            }
+        }
+    if (fa) fclose(fa);
+    if (fb) fclose(fb);
+    return at;
+}

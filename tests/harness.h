@@ -27,6 +27,11 @@ const char *cdp_test_write_file(const char *dir, const char *name, const char *t
 /* Path of a file in the source tree ($CDP_SOURCE_ROOT/rel); static storage, reused. */
 const char *cdp_test_source_path(const char *rel);
 
+/* Compares two files byte for byte: -1 when they are equal and not empty,
+ * else the offset of the first byte that differs (0 when one cannot be read
+ * or both are empty). */
+long cdp_test_files_differ(const char *a, const char *b);
+
 /* Reads a whole file; NULL if it cannot. Caller frees. */
 char *cdp_test_read_file(const char *path);
 

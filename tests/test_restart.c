@@ -91,19 +91,8 @@ static json_t *records(const char *dir, const char *name, int n, double *loss)
 
 static void files_equal(const char *a, const char *b)
 {
-    FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
-    cr_assert(fa && fb);
-    fseek(fa, 0, SEEK_END);
-    fseek(fb, 0, SEEK_END);
-    const long na = ftell(fa), nb = ftell(fb);
-    fclose(fa);
-    fclose(fb);
-    cr_assert(na > 0 && na == nb, "%s: %ld bytes, %s: %ld", a, na, b, nb);
-    fa = fopen(a, "rb");
-    fb = fopen(b, "rb");
-    for (long i = 0; i < na; i++) cr_assert_eq(fgetc(fa), fgetc(fb), "%s and %s differ at byte %ld", a, b, i);
-    fclose(fa);
-    fclose(fb);
+    const long at = cdp_test_files_differ(a, b);
+    cr_assert_eq(at, -1, "%s and %s differ at byte %ld (or one is missing or empty)", a, b, at);
 }
 
 /* 1 when the array (or an array in it) holds the integer v. */

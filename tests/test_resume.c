@@ -416,17 +416,8 @@ Test(resume, resume_needs_a_folder)
  * same plan does; the parts it writes are byte for byte the cpu run's. */
 static void files_equal(const char *a, const char *b)
 {
-    FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
-    cr_assert(fa && fb, "%s, %s", a, b);
-    long n = 0;
-    for (;; n++) {
-        int x = fgetc(fa), y = fgetc(fb);
-        cr_assert_eq(x, y, "%s and %s differ at byte %ld", a, b, n);
-        if (x == EOF) break;
-    }
-    cr_assert_gt(n, 0, "%s is empty", a);
-    fclose(fa);
-    fclose(fb);
+    const long at = cdp_test_files_differ(a, b);
+    cr_assert_eq(at, -1, "%s and %s differ at byte %ld (or one is missing or empty)", a, b, at);
 }
 
 static void gpu_crash_and_resume(int p, int R, int m, const char *fault, int resumed_from)
