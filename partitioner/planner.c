@@ -1671,7 +1671,7 @@ cdp_status cdp_planner_explore(const struct cdp_plan *plan, const struct cdp_top
         }
         const double step = place_cost(dev, &c);
         if (!isfinite(step)) {
-            st = cdp_fail(CDP_ERR_INTERNAL, "planner: explore: %s", cdp_last_error());
+            st = cdp_error_context(CDP_ERR_INTERNAL, "planner: explore");
             goto fail;
         }
         if (which == 0) sp.chosen_s = step;

@@ -37,7 +37,7 @@ static cdp_status get_rate(const struct jl *c, const json_t *v, const char *ptr,
     if (json_is_number(v)) return cdp_json_number(&c->in, v, ptr, CDP_JSON_NONNEG, out);
     if (json_is_string(v)) {
         if (cdp_parse_rate(json_string_value(v), out) == CDP_OK) return CDP_OK;
-        return cdp_json_fail(&c->in, ptr, "%s", cdp_last_error());
+        return cdp_json_context(&c->in, ptr);
     }
     return cdp_json_expected(&c->in, ptr, "a rate: bytes/s, or a string like \"25GB/s\" or \"200Gb/s\"", v);
 }
@@ -50,7 +50,7 @@ static cdp_status get_size(const struct jl *c, const json_t *v, const char *ptr,
     }
     if (json_is_string(v)) {
         if (cdp_parse_size(json_string_value(v), out) == CDP_OK) return CDP_OK;
-        return cdp_json_fail(&c->in, ptr, "%s", cdp_last_error());
+        return cdp_json_context(&c->in, ptr);
     }
     return cdp_json_expected(&c->in, ptr, "a size: bytes, or a string like \"80GiB\"", v);
 }
@@ -98,7 +98,7 @@ static cdp_status read_gpu(const struct jl *c, const json_t *o, const char *ptr,
         if ((st = cdp_json_string(&c->in, v, AT("cpus"), g->cpuset, sizeof g->cpuset))) return st;
         int *cpus = NULL, k = 0;
         if (cdp_cpuset_parse_list(g->cpuset, &cpus, &k))
-            return cdp_json_fail(&c->in, AT("cpus"), "%s", cdp_last_error());
+            return cdp_json_context(&c->in, AT("cpus"));
         free(cpus);
     }
     if ((v = json_object_get(o, "pci_bus_id"))) {
@@ -293,7 +293,7 @@ static cdp_status read_node(const struct jl *c, const json_t *o, struct cdp_topo
             if ((st = cdp_json_string(&c->in, v, p, nm->cpuset, sizeof nm->cpuset))) goto fail;
             int *cpus = NULL, k = 0;
             if (cdp_cpuset_parse_list(nm->cpuset, &cpus, &k)) {
-                st = cdp_json_fail(&c->in, p, "%s", cdp_last_error());
+                st = cdp_json_context(&c->in, p);
                 goto fail;
             }
             free(cpus);

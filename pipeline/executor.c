@@ -34,7 +34,7 @@ cdp_status cdp_exec_check(const struct cdp_plan *p)
     for (size_t i = 0; i < sizeof out / sizeof out[0]; i++) {
         if (!out[i].path) continue;
         cdp_status st = cdp_check_writable(out[i].path, out[i].dir);
-        if (st) return cdp_fail(st, "%s: %s: %s", p->source, out[i].key, cdp_last_error());
+        if (st) return cdp_error_context(st, "%s: %s", p->source, out[i].key);
     }
     return CDP_OK;
 }

@@ -31,6 +31,19 @@ Test(core, error_context_chains_outward)
     cr_assert_str_eq(cdp_last_error(), "plan.json: /parallel/stages: expected a positive integer, got -2");
 }
 
+/* The message so far as an argument of the next message: formatted whole,
+ * once (it was vsnprintf from the buffer into itself, undefined behaviour,
+ * and glibc printed the context twice). */
+Test(core, a_message_may_quote_the_last_error)
+{
+    cdp_fail(CDP_ERR_IO, "%s: %s", "kA/w/ck", "Read-only file system");
+    cdp_fail(CDP_ERR_IO, "%s: %s: %s", "p.json", "/train/checkpoint/dir", cdp_last_error());
+    cr_assert_str_eq(cdp_last_error(), "p.json: /train/checkpoint/dir: kA/w/ck: Read-only file system");
+    cdp_fail(CDP_ERR_IO, "%s", "inner");
+    cdp_error_context(CDP_ERR_IO, "[%s]", cdp_last_error());
+    cr_assert_str_eq(cdp_last_error(), "[inner]: inner");
+}
+
 Test(core, context_without_message_uses_status_name)
 {
     cdp_clear_error();

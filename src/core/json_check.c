@@ -63,6 +63,11 @@ cdp_status cdp_json_fail(const struct cdp_json_in *in, const char *ptr, const ch
     return cdp_fail(CDP_ERR_INVALID, "%s: %s: %s", in->file, ptr, msg);
 }
 
+cdp_status cdp_json_context(const struct cdp_json_in *in, const char *ptr)
+{
+    return cdp_error_context(CDP_ERR_INVALID, "%s: %s", in->file, ptr);
+}
+
 cdp_status cdp_json_expected(const struct cdp_json_in *in, const char *ptr, const char *what, const json_t *got)
 {
     char g[CDP_JSON_GOT_CAP];

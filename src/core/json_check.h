@@ -33,6 +33,9 @@ const char *cdp_json_got(const json_t *v, char *buf, size_t cap);
 
 /* CDP_ERR_INVALID with "FILE: PTR: message". */
 cdp_status cdp_json_fail(const struct cdp_json_in *in, const char *ptr, const char *fmt, ...) CDP_PRINTF(3, 4);
+/* CDP_ERR_INVALID with "FILE: PTR: " before the message a callee set (a size,
+ * rate or CPU list that did not parse). */
+cdp_status cdp_json_context(const struct cdp_json_in *in, const char *ptr);
 /* CDP_ERR_INVALID with "FILE: PTR: expected WHAT, got VALUE". */
 cdp_status cdp_json_expected(const struct cdp_json_in *in, const char *ptr, const char *what, const json_t *got);
 

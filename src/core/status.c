@@ -34,26 +34,33 @@ const char *cdp_last_error(void) { return cdp_error_buf; }
 
 void cdp_clear_error(void) { cdp_error_buf[0] = '\0'; }
 
+/* Both format into a buffer of their own first and then copy: an argument may
+ * be cdp_last_error() itself (the message so far), and vsnprintf from a
+ * buffer into the same buffer is undefined behaviour. */
 cdp_status cdp_fail(cdp_status st, const char *fmt, ...)
 {
+    char msg[CDP_ERROR_CAP];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(cdp_error_buf, sizeof cdp_error_buf, fmt, ap);
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    memcpy(cdp_error_buf, msg, strlen(msg) + 1);
     return st;
 }
 
 cdp_status cdp_error_context(cdp_status st, const char *fmt, ...)
 {
-    char old[CDP_ERROR_CAP];
+    char old[CDP_ERROR_CAP], ctx[CDP_ERROR_CAP];
     va_list ap;
     memcpy(old, cdp_error_buf, sizeof old);
     if (!old[0]) snprintf(old, sizeof old, "%s", cdp_status_str(st));
     va_start(ap, fmt);
-    int n = vsnprintf(cdp_error_buf, sizeof cdp_error_buf, fmt, ap);
+    int n = vsnprintf(ctx, sizeof ctx, fmt, ap);
     va_end(ap);
     if (n < 0) n = 0;
-    size_t used = (size_t)n < sizeof cdp_error_buf ? (size_t)n : sizeof cdp_error_buf - 1;
+    size_t used = (size_t)n < sizeof ctx ? (size_t)n : sizeof ctx - 1;
+    memcpy(cdp_error_buf, ctx, used);
+    cdp_error_buf[used] = '\0';
     /* The message keeps its tail when context and message together overflow. */
     size_t room = sizeof cdp_error_buf - used;
     if (room > 2) {

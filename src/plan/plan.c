@@ -1206,7 +1206,7 @@ static cdp_status load_cluster(struct ld *c, const json_t *v)
         /* Presets and "N x preset" are kept as written, files become absolute;
          * the file itself is read by the planner. */
         if (cdp_topology_check_spec(json_string_value(topo), c->base, &spec))
-            return cdp_json_fail(&c->in, "/cluster/topology", "%s", cdp_last_error());
+            return cdp_json_context(&c->in, "/cluster/topology");
         free(cd->topology);
         cd->topology = spec;
     }
