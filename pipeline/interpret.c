@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "cdp/core.h"
+#include "kernels/cpu/ops.h" /* cdp_cpu_set_threads */
 #include "kernels/ops.h"
 #include "model/optim.h"
 #include "pipeline/exec_internal.h"
@@ -596,6 +597,9 @@ cdp_status cdp_exec_validate(struct exec *e, double *val)
     double sum = 0;
     cdp_status st = CDP_OK;
     const int64_t n = e->plan->train.eval_batches;
+    /* the same BLAS threads as `cdphybrid eval`, whatever this rank got */
+    const int threads = cdp_cpu_threads();
+    cdp_cpu_set_threads(CDP_CPU_EXACT_THREADS);
     if (e->r == 0) {
         int64_t avail = e->data ? cdp_data_split_size(e->data, CDP_SPLIT_VAL) : 0;
         for (int64_t k = 0; k < n && !st; k++) {
@@ -638,6 +642,7 @@ cdp_status cdp_exec_validate(struct exec *e, double *val)
     }
     /* rows per sample (every token of a token model, else 1) are known where
      * the data is read */
+    cdp_cpu_set_threads(threads);
     double red[2] = {sum, e->shape ? (e->shape->tokens ? (double)e->shape->input_numel : 1.0) : 0};
     if (!st) st = cdp_comm_allreduce_f64(e->world, &red[0], 1, CDP_REDUCE_SUM, e->timeout);
     if (!st) st = cdp_comm_allreduce_f64(e->world, &red[1], 1, CDP_REDUCE_MAX, e->timeout);

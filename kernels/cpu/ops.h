@@ -136,6 +136,14 @@ void cdp_cpu_scale(float *x, size_t n, float s);
  * (OPENBLAS_NUM_THREADS, OMP_NUM_THREADS) is kept; returns the count in use. */
 int cdp_cpu_threads(void);
 int cdp_cpu_set_threads(int n);
+/* The count a validation loss is computed with, in training and in `cdphybrid
+ * eval` (and the logits of `generate`): one. OpenBLAS's kernels (Haswell's,
+ * Zen's) give a product's rows different rounding depending on how many
+ * threads split it, so a loss computed by a rank with 2 threads differs in
+ * its last bits from one computed with 1; with one thread everywhere the
+ * value is the same double whatever the layout and the cores each rank got
+ * (docs/generate.md). */
+#define CDP_CPU_EXACT_THREADS 1
 
 #ifdef __cplusplus
 }

@@ -15,6 +15,7 @@
 #include "cdp/plan.h"
 #include "cli/commands.h"
 #include "comm/comm.h"
+#include "kernels/cpu/ops.h" /* cdp_cpu_set_threads */
 #include "model/bpe.h"
 #include "model/checkpoint.h"
 #include "model/data.h"
@@ -423,6 +424,7 @@ static int generate_on(const struct infer_args *ap, struct ranks *rk, const char
 {
     const struct infer_args a = *ap;
     const int printer = rk->rank == 0, last = rk->rank == rk->size - 1;
+    cdp_cpu_set_threads(CDP_CPU_EXACT_THREADS); /* the same logits on one rank and on a pipeline */
     int code;
     struct cdp_bpe *bpe = NULL;
     cdp_status st;
@@ -655,6 +657,7 @@ static int eval_on(const struct infer_args *a, struct ranks *rk, int64_t batches
     }
     const struct cdp_plan *p = l.plan;
     if (!batches) batches = p->train.eval_batches;
+    cdp_cpu_set_threads(CDP_CPU_EXACT_THREADS); /* as training's validation: the same double */
     struct cdp_data *d = NULL;
     double loss = 0;
     int64_t rows = 0;
