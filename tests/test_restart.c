@@ -357,6 +357,20 @@ Test(restart, what_failed_is_decided_from_the_strongest_evidence)
     cr_assert(f.restartable && !strcmp(f.kind, "hang") && f.n_failed == 0, "%s", f.what);
     cr_assert(strstr(f.what, "which one is not known"), "%s", f.what);
     cdp_fault_report_clear(&f);
+    /* a deadline, then mpirun crashed while it aborted the job (signal 11) and
+     * never stopped the hung rank: the ranks' words decide, a hang of the
+     * silent rank, not a death; the same when mpirun named it */
+    f = decide(l, 139, -1, (enum cdp_rank_end[]){C, C, S, C}, 5);
+    cr_assert(f.restartable && !strcmp(f.kind, "hang") && f.n_failed == 1 && f.failed[0] == 2, "%s", f.what);
+    cr_assert(strstr(f.what, "rank 2 (") && strstr(f.what, "hung past the deadline"), "%s", f.what);
+    cdp_fault_report_clear(&f);
+    f = decide(l, 137, 2, (enum cdp_rank_end[]){C, W, S, C}, 5);
+    cr_assert(f.restartable && !strcmp(f.kind, "hang") && f.n_failed == 1 && f.failed[0] == 2, "%s", f.what);
+    cdp_fault_report_clear(&f);
+    /* ... and a busy rank beside a silent one: the busy one hung */
+    f = decide(l, 139, -1, (enum cdp_rank_end[]){C, S, B, C}, 5);
+    cr_assert(f.restartable && !strcmp(f.kind, "hang") && f.n_failed == 1 && f.failed[0] == 2, "%s", f.what);
+    cdp_fault_report_clear(&f);
     /* another error, a silent rank beside it: not restarted */
     f = decide(l, 1, -1, (enum cdp_rank_end[]){O, S, W, W}, 5);
     cr_assert(!f.restartable, "%s", f.what);

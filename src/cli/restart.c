@@ -83,11 +83,15 @@ cdp_status cdp_restart_decide(const struct cdp_layout *l, const struct cdp_job_e
         comm += e->end[i] == CDP_END_FAILED_COMM;
         other += e->end[i] == CDP_END_FAILED_OTHER;
     }
-    /* which ranks, from the strongest evidence: the rank the launcher saw die;
-     * the ranks that said their device failed (a rank without a word beside
-     * them was killed in the clean-up before it answered); the silent ranks
-     * of a job ended by a signal; for a deadline, the ranks stopped while not
-     * waiting on anyone (hung), else the silent ones */
+    /* which ranks, from the strongest evidence, the ranks' own words first:
+     * a deadline some rank reported (with no device or other error) is a
+     * hang, whatever mpirun did next (Open MPI 4.1's mpirun may crash while
+     * it aborts the job, and a hung rank it never stopped is silent), and the
+     * hung ranks are those stopped while not waiting on anyone, else the
+     * silent ones; then the rank the launcher saw die; the ranks that said
+     * their device failed (a rank without a word beside them was killed in
+     * the clean-up before it answered); the silent ranks of a job ended by a
+     * signal */
     enum cdp_rank_end pick = CDP_END_SILENT;
     const char *why = "";
     char how[64];
@@ -100,7 +104,11 @@ cdp_status cdp_restart_decide(const struct cdp_layout *l, const struct cdp_job_e
     int only = -1; /* the one rank named by the launcher */
     int busy = 0;
     for (int i = 0; i < n; i++) busy += e->end[i] == CDP_END_STOPPED_BUSY;
-    if (e->died >= 0 && e->end[e->died] == CDP_END_SILENT) {
+    if (comm && !device && !other) {
+        pick = busy ? CDP_END_STOPPED_BUSY : CDP_END_SILENT;
+        snprintf(out->kind, sizeof out->kind, "hang");
+        why = "hung past the deadline (train.timeout_s)";
+    } else if (e->died >= 0 && e->end[e->died] == CDP_END_SILENT) {
         only = e->died;
         snprintf(out->kind, sizeof out->kind, "died");
         why = "died";
@@ -111,10 +119,6 @@ cdp_status cdp_restart_decide(const struct cdp_layout *l, const struct cdp_job_e
     } else if (silent && (e->code > 128 || (!comm && !other))) {
         snprintf(out->kind, sizeof out->kind, "died");
         why = "died";
-    } else if (comm && !other) {
-        pick = busy ? CDP_END_STOPPED_BUSY : CDP_END_SILENT;
-        snprintf(out->kind, sizeof out->kind, "hang");
-        why = "hung past the deadline (train.timeout_s)";
     } else {
         snprintf(out->what, sizeof out->what, "%s", other ? "a rank failed (not a device, a hang or a death)"
                                                           : "the job failed");
