@@ -1480,6 +1480,71 @@ static cdp_status place_best(struct ctx *c, struct search *s, struct cdp_planner
     return st;
 }
 
+/* The step of candidate k placed on device (p*R, stage-major) as training
+ * would run it: its own layout (these shares, its CPU sets), simulated with
+ * the ranks that share a processor (a GPU with /cluster/ranks_per_device, a
+ * core on a small host) sharing its time. *fits: whether every rank fits its
+ * device (NULL: not asked). */
+static cdp_status layout_step(struct ctx *c, struct search *s, const struct cand *k, const int *device,
+                              const int64_t *shares, struct cdp_planner_prediction *pred, int *fits)
+{
+    struct cdp_layout *l = NULL;
+    double phase;
+    cdp_status st = build_layout(c, k, device, shares, &l);
+    if (st) return st;
+    if (fits) {
+        double peak;
+        char why[512];
+        *fits = !misfit(c, l, &peak, why, sizeof why);
+    }
+    if (layout_shares_processors(l)) {
+        st = simulate_layout(c, l, &s->sr);
+        if (!st) {
+            *pred = (struct cdp_planner_prediction){s->sr->step_s, s->sr->bubble, s->sr->samples_per_s};
+            cdp_sim_result_free(s->sr);
+            s->sr = NULL;
+        }
+    } else {
+        st = sim_numbers(c, device, pred, &phase);
+    }
+    cdp_layout_free(l);
+    return st;
+}
+
+/* 2b. The search's placement against the two fixed orders, each as training
+ * would run it (layout_step): an order that is faster and fits is taken.
+ * The search's cost leaves out ranks that share a processor, so with
+ * /cluster/ranks_per_device it could choose two stages of one replica on
+ * a GPU where an order puts them on two. */
+static cdp_status prefer_orders(struct ctx *c, struct search *s, const struct cand *k, int *best_dev,
+                                struct cdp_planner_result *res)
+{
+    const int N = k->p * k->R;
+    int64_t *uniform = malloc((size_t)k->R * sizeof *uniform);
+    if (!uniform) return cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
+    for (int r = 0; r < k->R; r++) uniform[r] = k->m;
+    set_kind(c, k->kind);
+    use_mode(c, k->rc);
+    c->zero = k->zero;
+    struct cdp_planner_prediction best, pr;
+    int fits = 1;
+    cdp_status st = prepare(c, k->p, k->R, k->m, (const int64_t(*)[2])k->ranges);
+    if (!st) st = layout_step(c, s, k, best_dev, uniform, &best, NULL);
+    for (int i = 0; i < 2 && !st; i++) {
+        if (i == 0) cdp_placement_ordered_pp_inner(k->p, k->R, s->dev);
+        else cdp_placement_ordered_dp_inner(k->p, k->R, s->dev);
+        if ((st = layout_step(c, s, k, s->dev, uniform, &pr, &fits))) break;
+        if (fits && pr.step_s < best.step_s) {
+            best = pr;
+            memcpy(best_dev, s->dev, (size_t)N * sizeof *best_dev);
+            snprintf(res->placement_method, sizeof res->placement_method, "%s (faster than the search's, ranks "
+                     "sharing processors counted)", i == 0 ? "ordered-pp-inner" : "ordered-dp-inner");
+        }
+    }
+    free(uniform);
+    return st;
+}
+
 /* 3. The chosen layout: balance, ranks, memory, fit; then its prediction and
  * the baselines. */
 static cdp_status finish(struct ctx *c, struct search *s, const struct cand *k, const int *best_dev,
@@ -1530,12 +1595,13 @@ static cdp_status finish(struct ctx *c, struct search *s, const struct cand *k, 
     }
     res->predicted_ok = 1;
     if ((st = balance_predict(k->p, k->R, k->m, res->predicted.step_s, phase, &res->balance))) return st;
+    /* each baseline predicted as the chosen layout is (layout_step) */
     static const char *const names[2] = {"ordered-pp-inner", "ordered-dp-inner"};
     for (int i = 0; i < 2; i++) {
         if (i == 0) cdp_placement_ordered_pp_inner(k->p, k->R, s->dev);
         else cdp_placement_ordered_dp_inner(k->p, k->R, s->dev);
         res->baseline[i].name = names[i];
-        if ((st = sim_numbers(c, s->dev, &res->baseline[i].pred, &phase))) return st;
+        if ((st = layout_step(c, s, k, s->dev, res->balance.shares, &res->baseline[i].pred, NULL))) return st;
     }
     return CDP_OK;
 }
@@ -1573,6 +1639,9 @@ cdp_status cdp_planner_run(const struct cdp_plan *plan, const struct cdp_topolog
             s.cand[j - 1] = tmp;
         }
     if ((st = place_best(&c, &s, &res, &best, best_dev))) goto fail;
+    if (!s.layout_only && plan->parallel.placement == CDP_PLACEMENT_TOPOLOGY &&
+        (st = prefer_orders(&c, &s, &s.cand[best], best_dev, &res)))
+        goto fail;
     res.world = W;
     if ((st = finish(&c, &s, &s.cand[best], best_dev, &res))) goto fail;
     res.simulations = c.sims;

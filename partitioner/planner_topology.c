@@ -119,6 +119,20 @@ cdp_status cdp_planner_topology(const struct cdp_plan *plan, int live_gpus, stru
             if ((st = cdp_topology_load(spec, NULL, &real))) return st;
         }
     }
+    /* /cluster/devices fewer than a node has: the job's ranks use devices 0 to
+     * devices-1 of each node (as CUDA numbers them), so only those are planned on */
+    int more = 0;
+    for (int i = 0; cd->devices != CDP_AUTO && i < real->n_nodes; i++) more |= real->nodes[i].n_gpus > cd->devices;
+    if (more) {
+        struct cdp_topology *first = NULL;
+        st = cdp_topology_first(real, real->n_nodes, (int)cd->devices, &first);
+        cdp_topology_free(real);
+        if (st) return st;
+        real = first;
+        size_t o = strlen(note);
+        snprintf(note + o, cap - o, "%sdevices 0 to %lld of each node (/cluster/devices %lld)", o ? "; " : "",
+                 (long long)cd->devices - 1, (long long)cd->devices);
+    }
     if (k == 1) {
         *t = real;
         return CDP_OK;

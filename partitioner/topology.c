@@ -740,6 +740,65 @@ cdp_status cdp_topology_cluster(const struct cdp_topology *node, int n_nodes,
     return cdp_topology_join(nodes, &n_nodes, 1, net, out);
 }
 
+cdp_status cdp_topology_first(const struct cdp_topology *t, int n_nodes, int per_node, struct cdp_topology **out)
+{
+    if (n_nodes < 1 || n_nodes > t->n_nodes || per_node < 1)
+        return cdp_fail(CDP_ERR_INVALID, "topology: %s: the first %d node%s x %d device%s: it has %d node%s",
+                        t->name, n_nodes, n_nodes == 1 ? "" : "s", per_node, per_node == 1 ? "" : "s", t->n_nodes,
+                        t->n_nodes == 1 ? "" : "s");
+    int n_gpus = 0, n_numa = 0, n_sw = 0, n_nics = 0;
+    for (int k = 0; k < n_nodes; k++) n_gpus += t->nodes[k].n_gpus < per_node ? t->nodes[k].n_gpus : per_node;
+    for (int i = 0; i < t->n_numa; i++) n_numa += t->numa[i].node < n_nodes;
+    for (int i = 0; i < t->n_nvswitches; i++) n_sw += t->nvswitches[i].node < n_nodes;
+    for (int i = 0; i < t->n_nics; i++) n_nics += t->nics[i].node < n_nodes;
+    struct cdp_topology *x = calloc(1, sizeof *x);
+    if (!x) return cdp_fail(CDP_ERR_NOMEM, "topology: out of memory");
+    cdp_status st = cdp_topo_alloc(x, n_nodes, n_gpus, n_numa, n_sw, n_nics);
+    if (st) goto fail;
+    x->kind = t->kind;
+    memcpy(x->name, t->name, sizeof x->name);
+    x->network = t->network;
+    int g0 = 0, q = 0;
+    for (int k = 0; k < n_nodes; k++) {
+        const struct cdp_topo_node *src = &t->nodes[k];
+        struct cdp_topo_node *nd = &x->nodes[k];
+        const int n = src->n_gpus < per_node ? src->n_gpus : per_node;
+        memcpy(nd->name, src->name, sizeof nd->name);
+        nd->nvlink_bw = src->nvlink_bw;
+        nd->sys_bw = src->sys_bw;
+        nd->copy_bw = src->copy_bw;
+        nd->first_gpu = g0;
+        if ((st = cdp_topo_node_alloc(nd, n))) goto fail;
+        for (int i = 0; i < n; i++) {
+            for (int j = 0; j < n; j++) nd->nvlink_direct[i * n + j] = src->nvlink_direct[i * src->n_gpus + j];
+            struct cdp_topo_gpu *g = &x->gpus[g0 + i];
+            *g = t->gpus[src->first_gpu + i];
+            g->index = g0 + i;
+        }
+        g0 += n;
+        for (int s = 0; s < t->n_nvswitches; s++) {
+            if (t->nvswitches[s].node != k) continue;
+            struct cdp_topo_nvswitch *sw = &x->nvswitches[q++];
+            *sw = t->nvswitches[s];
+            sw->gpu_links = NULL;
+            if ((st = cdp_topo_switch_alloc(sw, n))) goto fail;
+            memcpy(sw->gpu_links, t->nvswitches[s].gpu_links, (size_t)n * sizeof *sw->gpu_links);
+        }
+    }
+    for (int i = 0, k = 0; i < t->n_numa; i++)
+        if (t->numa[i].node < n_nodes) x->numa[k++] = t->numa[i];
+    for (int i = 0, k = 0; i < t->n_nics; i++)
+        if (t->nics[i].node < n_nodes) x->nics[k++] = t->nics[i];
+    if ((st = cdp_topo_set_source(x, "%s", t->source ? t->source : t->name)) ||
+        (st = cdp_topo_finalize(x, x->name)))
+        goto fail;
+    *out = x;
+    return CDP_OK;
+fail:
+    cdp_topology_free(x);
+    return st;
+}
+
 /* Two nodes of t alike: the same devices (names, memory, peaks), links and rates. */
 int cdp_topo_nodes_alike(const struct cdp_topology *t, int a, int b)
 {

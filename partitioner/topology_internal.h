@@ -19,6 +19,11 @@ cdp_status cdp_topo_node_alloc(struct cdp_topo_node *nd, int n);
 /* Allocates sw->gpu_links for n local GPUs. */
 cdp_status cdp_topo_switch_alloc(struct cdp_topo_nvswitch *sw, int n);
 
+/* The first n_nodes nodes of t with the first per_node devices of each (all
+ * of a node that has fewer): the devices a job of that shape has, numbered
+ * node by node as its ranks number them. */
+cdp_status cdp_topology_first(const struct cdp_topology *t, int n_nodes, int per_node, struct cdp_topology **out);
+
 /* Checks what a loader filled in, fills defaults (GPU facts by model name, bus
  * ids, NUMA nodes, CPU sets, PCIe rates), renumbers PCIe paths canonically and
  * derives the link matrices. what names the source in messages. */
