@@ -125,19 +125,91 @@ static void event_name(const struct cdp_event_rec *e, char *buf, size_t cap)
     if (e->chunk >= 0 && n >= 0 && (size_t)n < cap) snprintf(buf + n, cap - (size_t)n, " c%d", e->chunk);
 }
 
+/* Communication lanes: Chrome's "X" events on one track must nest (one
+ * inside another, or one after another), and a rank's communication overlaps
+ * (gradient buckets in flight together, a send beside a receive). Each comm
+ * event goes on the first lane of its rank where it nests, lane 0 being the
+ * rank's comm track (tid ranks + rank), lane j > 0 a track of its own (tid
+ * ranks * (j + 1) + rank). */
+#define TRACE_LANES 64
+
+struct lane_ev {
+    int64_t i;
+    int rank;
+    uint64_t start, end;
+};
+
+static int lane_ev_cmp(const void *a, const void *b)
+{
+    const struct lane_ev *x = a, *y = b;
+    if (x->rank != y->rank) return x->rank < y->rank ? -1 : 1;
+    if (x->start != y->start) return x->start < y->start ? -1 : 1;
+    if (x->end != y->end) return x->end > y->end ? -1 : 1; /* the enclosing one first */
+    return x->i < y->i ? -1 : x->i > y->i;
+}
+
+/* lane[i] for every comm event i (else 0); lanes[r]: how many rank r uses. */
+static cdp_status comm_lanes(const struct cdp_trace *t, int *lane, int *lanes)
+{
+    int64_t n = 0;
+    for (int64_t i = 0; i < t->n; i++) n += cdp_event_is_comm(t->ev[i].kind);
+    struct lane_ev *ev = malloc((size_t)(n ? n : 1) * sizeof *ev);
+    /* per lane, the ends of the events still open on it (a stack: each inside the one below) */
+    uint64_t *open[TRACE_LANES] = {NULL};
+    int depth[TRACE_LANES], cap[TRACE_LANES] = {0};
+    cdp_status st = ev ? CDP_OK : cdp_fail(CDP_ERR_NOMEM, "out of memory");
+    int64_t k = 0;
+    for (int64_t i = 0; !st && i < t->n; i++)
+        if (cdp_event_is_comm(t->ev[i].kind))
+            ev[k++] = (struct lane_ev){i, t->ev[i].rank, t->ev[i].start_ns, t->ev[i].start_ns + t->ev[i].dur_ns};
+    if (!st) qsort(ev, (size_t)n, sizeof *ev, lane_ev_cmp);
+    for (int64_t a = 0; !st && a < n;) {
+        int64_t b = a;
+        while (b < n && ev[b].rank == ev[a].rank) b++;
+        memset(depth, 0, sizeof depth);
+        int used = 1;
+        for (int64_t q = a; !st && q < b; q++) {
+            int j = 0;
+            for (; j < TRACE_LANES - 1; j++) { /* a bound on tracks: the last lane takes the rest */
+                while (depth[j] > 0 && open[j][depth[j] - 1] <= ev[q].start) depth[j]--;
+                if (depth[j] == 0 || ev[q].end <= open[j][depth[j] - 1]) break;
+            }
+            if (depth[j] == cap[j]) {
+                const int c = cap[j] ? 2 * cap[j] : 16;
+                uint64_t *x = realloc(open[j], (size_t)c * sizeof *x);
+                if (!x) {
+                    st = cdp_fail(CDP_ERR_NOMEM, "out of memory");
+                    break;
+                }
+                open[j] = x;
+                cap[j] = c;
+            }
+            open[j][depth[j]++] = ev[q].end;
+            lane[ev[q].i] = j;
+            if (j + 1 > used) used = j + 1;
+        }
+        if (ev[a].rank >= 0 && ev[a].rank < t->ranks) lanes[ev[a].rank] = used;
+        a = b;
+    }
+    for (int j = 0; j < TRACE_LANES; j++) free(open[j]);
+    free(ev);
+    return st;
+}
+
 cdp_status cdp_trace_write_chrome(const struct cdp_trace *t, const char *path)
 {
     struct cdp_atomic_file out;
     cdp_status st = cdp_atomic_open(path, &out);
     if (st) return st;
     FILE *f = out.stream;
-    char *comm = calloc((size_t)t->ranks, 1); /* ranks with communication events */
-    if (!comm) {
+    int *comm = calloc((size_t)t->ranks + 1, sizeof *comm); /* per rank: comm lanes (0: no comm events) */
+    int *lane = calloc((size_t)t->n + 1, sizeof *lane);
+    if (!comm || !lane || comm_lanes(t, lane, comm)) {
+        free(comm);
+        free(lane);
         cdp_atomic_abort(&out);
         return cdp_fail(CDP_ERR_NOMEM, "out of memory writing %s", path);
     }
-    for (int64_t i = 0; i < t->n; i++)
-        if (cdp_event_is_comm(t->ev[i].kind) && t->ev[i].rank >= 0 && t->ev[i].rank < t->ranks) comm[t->ev[i].rank] = 1;
     fputs("{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n", f);
     for (int r = 0; r < t->ranks; r++) {
         char name[112];
@@ -147,12 +219,15 @@ cdp_status cdp_trace_write_chrome(const struct cdp_trace *t, const char *path)
                    "\"%s\"}},\n", r, name);
         fprintf(f, "{\"name\": \"thread_sort_index\", \"ph\": \"M\", \"pid\": 0, \"tid\": %d, \"args\": "
                    "{\"sort_index\": %d}},\n", r, 2 * r);
-        if (!comm[r]) continue;
-        /* the rank's communication: its own row, under the rank's */
-        fprintf(f, "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 0, \"tid\": %d, \"args\": {\"name\": "
-                   "\"rank %d comm\"}},\n", t->ranks + r, r);
-        fprintf(f, "{\"name\": \"thread_sort_index\", \"ph\": \"M\", \"pid\": 0, \"tid\": %d, \"args\": "
-                   "{\"sort_index\": %d}},\n", t->ranks + r, 2 * r + 1);
+        /* the rank's communication: its own rows, under the rank's */
+        for (int j = 0; j < comm[r]; j++) {
+            char more[16] = "";
+            if (j) snprintf(more, sizeof more, " %d", j + 1);
+            fprintf(f, "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 0, \"tid\": %d, \"args\": "
+                       "{\"name\": \"rank %d comm%s\"}},\n", t->ranks * (j + 1) + r, r, more);
+            fprintf(f, "{\"name\": \"thread_sort_index\", \"ph\": \"M\", \"pid\": 0, \"tid\": %d, \"args\": "
+                       "{\"sort_index\": %d}},\n", t->ranks * (j + 1) + r, 2 * r + 1);
+        }
     }
     free(comm);
     for (int64_t i = 0; i < t->n; i++) {
@@ -170,9 +245,10 @@ cdp_status cdp_trace_write_chrome(const struct cdp_trace *t, const char *path)
                      e->members);
         fprintf(f, "{\"name\": \"%s\", \"cat\": \"%s\", \"ph\": \"X\", \"pid\": 0, \"tid\": %d, \"ts\": %.3f, "
                    "\"dur\": %.3f, \"args\": {%s}}%s\n",
-                name, is_comm ? "comm" : kind_names[e->kind], is_comm ? t->ranks + e->rank : e->rank,
+                name, is_comm ? "comm" : kind_names[e->kind], is_comm ? t->ranks * (lane[i] + 1) + e->rank : e->rank,
                 (double)e->start_ns / 1e3, (double)e->dur_ns / 1e3, args, i + 1 < t->n ? "," : "");
     }
+    free(lane);
     fprintf(f, "], \"otherData\": {\"producer\": \"cdphybrid\", \"dropped_events\": %lld}}\n",
             (long long)t->dropped);
     return cdp_atomic_commit(&out);
@@ -192,8 +268,15 @@ cdp_status cdp_trace_write_svg(const struct cdp_trace *t, int step, const char *
     const double W = 1000.0, row = 28.0, left = 70.0, top = 30.0;
     static const struct {
         const char *name, *fill;
-    } legend[] = {{"forward", FILL_F}, {"backward", FILL_B}, {"input grad (I)", FILL_I},
-                  {"weight grad (W)", FILL_W}, {"optimizer", FILL_O}};
+        enum cdp_event_kind kind;
+    } legend[] = {{"forward", FILL_F, CDP_EV_FORWARD}, {"backward", FILL_B, CDP_EV_BACKWARD},
+                  {"input grad (I)", FILL_I, CDP_EV_BACKWARD_INPUT}, {"weight grad (W)", FILL_W, CDP_EV_BACKWARD_WEIGHT},
+                  {"optimizer", FILL_O, CDP_EV_OPTIMIZER}};
+    /* the legend names the kinds the step drew, not a split backward on a 1F1B run */
+    int drawn[sizeof legend / sizeof *legend] = {0};
+    for (int64_t i = 0; i < t->n; i++)
+        for (size_t k = 0; k < sizeof legend / sizeof *legend; k++)
+            drawn[k] |= t->ev[i].step == step && t->ev[i].kind == legend[k].kind;
     const double span = (double)(t1 - t0 > 0 ? t1 - t0 : 1);
     const double H = top + row * t->ranks + 30.0;
     struct cdp_atomic_file out;
@@ -204,10 +287,13 @@ cdp_status cdp_trace_write_svg(const struct cdp_trace *t, int step, const char *
                "font-family=\"sans-serif\" font-size=\"11\">\n", left + W + 20, H);
     fprintf(f, "<text x=\"%.0f\" y=\"18\">step %d: %.2f ms (blank is idle)</text>\n", left, step, span / 1e6);
     /* the legend: every compute colour, on the title line */
-    for (int k = 0; k < (int)(sizeof legend / sizeof *legend); k++)
+    for (int k = 0, at = 0; k < (int)(sizeof legend / sizeof *legend); k++) {
+        if (!drawn[k]) continue;
         fprintf(f, "<rect x=\"%.0f\" y=\"8\" width=\"12\" height=\"12\" fill=\"%s\"/><text x=\"%.0f\" "
-                   "y=\"18\">%s</text>\n", left + 250 + 120 * k, legend[k].fill, left + 266 + 120 * k,
+                   "y=\"18\">%s</text>\n", left + 250 + 120 * at, legend[k].fill, left + 266 + 120 * at,
                 legend[k].name);
+        at++;
+    }
     for (int r = 0; r < t->ranks; r++) {
         double y = top + r * row;
         if (t->label && t->label[r][0])
