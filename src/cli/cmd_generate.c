@@ -67,7 +67,7 @@ static void generate_usage(FILE *f)
           "  -h, --help         this text\n"
           "\n"
           "examples:\n"
-          "  cdphybrid generate --plan examples/quickstart.json --weights runs/quickstart.safetensors \\\n"
+          "  cdphybrid generate --plan examples/quickstart.json --weights examples/runs/quickstart.safetensors \\\n"
           "      --prompt \"Permission is \" --tokens 100 --temperature 0.8 --top-k 20\n"
           "  cdphybrid generate --checkpoint runs/gpt/ckpt --prompt \"The \" --temperature 0\n"
           "  mpirun -np 2 cdphybrid generate --checkpoint runs/gpt/ckpt --prompt \"The \" --seed 5\n"
@@ -111,7 +111,7 @@ static void eval_usage(FILE *f)
           "examples:\n"
           "  cdphybrid eval --checkpoint runs/gpt/ckpt\n"
           "  mpirun -np 2 cdphybrid eval --checkpoint runs/gpt/ckpt\n"
-          "  cdphybrid eval --plan examples/quickstart.json --weights runs/quickstart.safetensors --batches 64\n"
+          "  cdphybrid eval --plan examples/quickstart.json --weights examples/runs/quickstart.safetensors --batches 64\n"
           "\n"
           "exit codes: 0 success, 1 the run failed, 2 bad usage, a bad plan, weights or\n"
           "checkpoint\n",

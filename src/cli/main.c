@@ -76,8 +76,10 @@ static void usage(FILE *f)
           "                 nothing is trained and no file is written\n"
           "                 (without it, the plan is trained: one step line per log_every)\n"
           "  --schedule     print each pipeline rank's instruction list for one step (L load,\n"
-          "                 F/B forward/backward of a micro-batch, sa/ra send/receive activation,\n"
-          "                 sg/rg gradient, T tied reduce, A all-reduce, O optimizer step);\n"
+          "                 F/B forward/backward of a micro-batch, I/W the input/weight half of\n"
+          "                 a split backward (zero-bubble schedules), sa/ra send/receive\n"
+          "                 activation, sg/rg gradient, T tied reduce, A all-reduce, O optimizer\n"
+          "                 step; a chunk's number goes before it: 1F0);\n"
           "                 nothing is trained\n"
           "  --simulate     predict one step on the cost model and the plan's topology: stages,\n"
           "                 step time, samples/s, bubble, per-rank memory, busiest links\n"
@@ -98,8 +100,9 @@ static void usage(FILE *f)
           "  -q, --quiet    errors only\n"
           "  --resume [DIR] continue from the newest complete checkpoint in DIR (default: the\n"
           "                 plan's /train/checkpoint/dir), under this plan or another layout\n"
-          "  --no-launch    a plan with several ranks is not restarted under mpirun by itself;\n"
-          "                 start it as `mpirun -np N cdphybrid --plan planned.json`\n"
+          "  --no-launch    a plan with several ranks is not started under mpirun: print the\n"
+          "                 command line that starts it (mpirun ... cdphybrid --plan planned.json,\n"
+          "                 with the variables Open MPI needs as root) and exit 0\n"
           "  -h, --help     this text\n"
           "  -V, --version  version, backends and libraries this build has\n"
           "\n"
@@ -417,7 +420,7 @@ static char **rank_args(const struct cli_args *a, const char *planned, const cha
             i++;
             continue;
         }
-        if (!strncmp(s, "--plan=", 7)) continue;
+        if (!strncmp(s, "--plan=", 7) || !strcmp(s, "--no-launch")) continue;
         if (resume && !strncmp(s, "--resume", 8)) {
             if (!s[8] && i + 1 < a->argc && a->argv[i + 1][0] != '-') i++; /* its folder */
             continue;
@@ -700,6 +703,64 @@ static int launch_with_restarts(const struct cli_args *a, struct cdp_plan *plan,
     return code;
 }
 
+/* A word of a command line as sh reads it back: as is when it is made of
+ * safe characters, else in single quotes. */
+static void print_sh_word(const char *s, FILE *f)
+{
+    int safe = *s != '\0';
+    for (const char *c = s; *c && safe; c++)
+        safe = (*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') ||
+               strchr("-_./=:,+@%", *c);
+    if (safe) {
+        fputs(s, f);
+        return;
+    }
+    fputc('\'', f);
+    for (const char *c = s; *c; c++)
+        if (*c == '\'') fputs("'\\''", f);
+        else fputc(*c, f);
+    fputc('\'', f);
+}
+
+/* --no-launch: the command line the launcher would run, on stdout, with the
+ * variables it would set (Open MPI refuses root, and more ranks than cores,
+ * unless told), so that pasted into a shell it starts the job. */
+static int print_launch(const struct cli_args *a, const struct cdp_plan *plan, const struct cdp_layout *l,
+                        const char *planned, const char *dir)
+{
+    char self[4096];
+    const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0) {
+        fprintf(stderr, "cdphybrid: cannot find the running program to name it\n");
+        return EXIT_RUN_FAILED;
+    }
+    self[n] = '\0';
+    char **args = rank_args(a, planned, resume_dir(a, plan)), **argv = NULL;
+    if (!args) return EXIT_RUN_FAILED;
+    const struct cdp_launch_spec spec = {.layout = l, .program = self, .args = args, .hostfile = a->hostfile,
+                                         .tmpdir = dir ? dir : "."}; /* its hosts.txt, with --hostfile */
+    cdp_status st = cdp_launch_argv(&spec, CDP_LAUNCHER_MPIRUN, &argv);
+    if (st) {
+        free(args);
+        fprintf(stderr, "cdphybrid: %s: %s\n", plan->source, cdp_last_error());
+        return cdp_cli_exit_code(st);
+    }
+    if (geteuid() == 0) fputs("OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ", stdout);
+    if (l->n_ranks > sysconf(_SC_NPROCESSORS_ONLN)) fputs("OMPI_MCA_rmaps_base_oversubscribe=1 ", stdout);
+    for (int i = 0; argv[i]; i++) {
+        if (i) fputc(' ', stdout);
+        print_sh_word(argv[i], stdout);
+    }
+    fputc('\n', stdout);
+    free(argv);
+    free(args);
+    if (fflush(stdout) != 0) {
+        fprintf(stderr, "cdphybrid: cannot write to standard output\n");
+        return EXIT_RUN_FAILED;
+    }
+    return 0;
+}
+
 /* Training: the layout printed once, written as planned.json beside the
  * outputs, then run here (one rank) or launched (several). */
 static int train(const struct cli_args *a, struct cdp_plan *plan, const struct cdp_planner_result *r,
@@ -753,10 +814,9 @@ static int train(const struct cli_args *a, struct cdp_plan *plan, const struct c
     int code;
     if (l->n_ranks > 1) {
         if (a->no_launch) {
-            fprintf(stderr, "cdphybrid: %s: the layout has %d ranks; start them with mpirun -np %d cdphybrid --plan "
-                            "%s, or leave out --no-launch\n", plan->source, l->n_ranks, l->n_ranks,
-                    planned[0] ? planned : plan->source);
-            code = EXIT_USAGE;
+            if (!a->quiet)
+                printf("  the layout has %d ranks: start them with\n", l->n_ranks);
+            code = print_launch(a, plan, l, planned[0] ? planned : plan->source, dir);
         } else {
             code = launch_with_restarts(a, plan, r, rin, planned, tmpdir, status_dir[0] ? status_dir : NULL);
         }
