@@ -16,6 +16,7 @@
 #include "cdp/device.h"
 #include "cdp/plan.h"
 #include "harness.h"
+#include "kernels/cpu/ops.h" /* cdp_cpu_set_threads */
 #include "model/bpe.h"
 #include "model/infer.h"
 #include "model/model.h"
@@ -272,9 +273,11 @@ static char *generate(const char *const *argv)
     return out;
 }
 
-/* Greedy continuation computed here: the library's model, our own window and argmax. */
+/* Greedy continuation computed here: the library's model, our own window and
+ * argmax, with generate's BLAS threads (one), so the logits are its bits. */
 static void greedy_here(const char *plan_path, const char *weights, const char *prompt, int n_new, char *out)
 {
+    cdp_cpu_set_threads(CDP_CPU_EXACT_THREADS);
     struct cdp_plan *p = NULL;
     cr_assert_eq(cdp_plan_load(plan_path, &p), CDP_OK, "%s", cdp_last_error());
     cdp_device_t dev = NULL;
