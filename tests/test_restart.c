@@ -320,6 +320,21 @@ static struct cdp_layout *two_nodes(void)
     return l;
 }
 
+/* A rank's last word, read back: the word, where, and a failed rank's exit code. */
+Test(restart, a_failed_rank_s_word_carries_its_exit_code)
+{
+    const char *dir = cdp_test_tmpdir();
+    cdp_test_write_file(dir, "rank-0.end", "failed other\nrank 0/2 (stage 0, replica 0): setting up\nexit 2\n");
+    cdp_test_write_file(dir, "rank-1.end", "stopped waiting\nrank 1/2 (stage 1, replica 0), step 3: RECV_ACT\n");
+    struct cdp_job_end e;
+    cr_assert_eq(cdp_restart_read_ends(dir, 2, 139, -1, &e), CDP_OK);
+    cr_assert_eq(e.end[0], CDP_END_FAILED_OTHER);
+    cr_assert_eq(e.end[1], CDP_END_STOPPED_WAITING);
+    cr_assert_eq(e.step[1], 3);
+    cr_assert_eq(e.rank_code, 2);
+    cdp_job_end_clear(&e);
+}
+
 static struct cdp_fault_report decide(const struct cdp_layout *l, int code, int died, const enum cdp_rank_end *end,
                                       int64_t last)
 {
@@ -379,6 +394,16 @@ Test(restart, what_failed_is_decided_from_the_strongest_evidence)
     f = decide(l, 2, -1, (enum cdp_rank_end[]){O, O, O, O}, 5);
     cr_assert(!f.restartable && strstr(f.what, "bad input"), "%s", f.what);
     cdp_fault_report_clear(&f);
+    /* bad input the ranks said (exit 2 in their words), and mpirun crashed on the abort
+     * (signal 11) before it could pass the 2 on, two ranks killed silent: no restart */
+    {
+        int64_t step[4] = {-1, -1, -1, -1};
+        enum cdp_rank_end end[4] = {S, O, S, O};
+        struct cdp_job_end e = {.code = 139, .n_ranks = 4, .end = end, .step = step, .died = -1, .rank_code = 2};
+        cr_assert_eq(cdp_restart_decide(l, &e, 5, &f), CDP_OK);
+        cr_assert(!f.restartable && strstr(f.what, "bad input"), "%s", f.what);
+        cdp_fault_report_clear(&f);
+    }
     cdp_layout_free(l);
 }
 

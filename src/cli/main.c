@@ -309,8 +309,10 @@ static int run_ranks(const struct cli_args *a, const struct cdp_plan *plan, cons
     if (st) {
         fprintf(stderr, "cdphybrid: %s\n", cdp_last_error());
         fflush(stdout);
+        char said[400]; /* where, then its exit code: the launcher's evidence if mpirun dies on the abort */
+        snprintf(said, sizeof said, "%s\nexit %d", cdp_exec_where(), cdp_cli_exit_code(st));
         rank_status(st == CDP_ERR_DEVICE ? "failed device" : st == CDP_ERR_COMM ? "failed comm" : "failed other",
-                    cdp_exec_where());
+                    said);
         status_final = 1;
         /* the others may be waiting on this rank: end the whole job */
         cdp_comm_abort(world, cdp_cli_exit_code(st));
@@ -588,6 +590,7 @@ static int launch_with_restarts(const struct cli_args *a, struct cdp_plan *plan,
         const char *metrics = plan->output.metrics;
         const int64_t last = metrics ? cdp_metrics_last_step(metrics) : -1;
         cdp_status st = cdp_restart_decide(l, &end, last, &f);
+        const int rank_code = end.rank_code;
         cdp_job_end_clear(&end);
         if (st) {
             fprintf(stderr, "cdphybrid: %s\n", cdp_last_error());
@@ -597,6 +600,7 @@ static int launch_with_restarts(const struct cli_args *a, struct cdp_plan *plan,
             fprintf(stderr, "cdphybrid: not restarting: %s; /train/restart restarts after a death, a hang or a "
                             "device error\n", f.what);
             cdp_fault_report_clear(&f);
+            if (rank_code == EXIT_USAGE) code = EXIT_USAGE; /* the ranks' own exit, when mpirun did not pass it on */
             break;
         }
         /* the same step as the fault before: one more in a row */

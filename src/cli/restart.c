@@ -38,13 +38,16 @@ cdp_status cdp_restart_read_ends(const char *dir, int n_ranks, int code, int die
         return cdp_fail(CDP_ERR_NOMEM, "out of memory");
     }
     for (int i = 0; i < n_ranks; i++) {
-        char path[4300], line[512] = "", where[512] = "";
+        char path[4300], line[512] = "", where[512] = "", code_line[64] = "";
         snprintf(path, sizeof path, "%s/rank-%d.end", dir, i);
         out->step[i] = -1;
         FILE *f = fopen(path, "r");
         if (!f) continue; /* CDP_END_SILENT */
         if (!fgets(line, sizeof line, f)) line[0] = '\0';
         if (!fgets(where, sizeof where, f)) where[0] = '\0';
+        int rc = 0; /* a failed rank's exit code, its word's third line */
+        if (fgets(code_line, sizeof code_line, f) && sscanf(code_line, "exit %d", &rc) == 1 && rc > out->rank_code)
+            out->rank_code = rc;
         fclose(f);
         line[strcspn(line, "\n")] = '\0';
         out->end[i] = CDP_END_FAILED_OTHER; /* a word this version does not know */
@@ -97,7 +100,9 @@ cdp_status cdp_restart_decide(const struct cdp_layout *l, const struct cdp_job_e
     char how[64];
     if (e->code > 128 && e->code < 128 + 65) snprintf(how, sizeof how, "signal %d", e->code - 128);
     else snprintf(how, sizeof how, "exit code %d", e->code);
-    if (e->code == 2) {
+    /* the ranks' words first: a rank that said its exit was 2 had bad input, even
+     * when mpirun crashed on its abort instead of passing the 2 on */
+    if (e->code == 2 || e->rank_code == 2) {
         snprintf(out->what, sizeof out->what, "bad input (exit code 2)");
         return CDP_OK;
     }

@@ -40,6 +40,7 @@ struct cdp_job_end {
     enum cdp_rank_end *end; /* n_ranks entries (owned) */
     int64_t *step;          /* n_ranks entries (owned) */
     int died;               /* the rank the launcher said died first, or -1 */
+    int rank_code;          /* the largest exit code a failed rank gave in its last word ("exit N"), else 0 */
 };
 
 /* Reads dir/rank-N.end for every rank (RANK_STATUS_FILE's names). */
