@@ -4,13 +4,18 @@
  * tokenizer.json errors, and `cdphybrid tokenize` (shards, end-of-text
  * tokens, the validation split, the same bytes with any number of threads). */
 #include <criterion/criterion.h>
+#include <dirent.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "harness.h"
 #include "model/bpe.h"
+#include "model/data.h"
+#include "model/tokenize.h"
 
 static const char *fixture(const char *name)
 {
@@ -191,4 +196,234 @@ Test(tokenize, bad_tokenizer_json_names_the_key)
     struct cdp_bpe *b = NULL;
     cr_assert_eq(cdp_bpe_load_json(cdp_test_write_file(dir, "x.json", "{\"model\": "), &b), CDP_ERR_INVALID);
     cr_assert(strstr(cdp_last_error(), "x.json:1:"), "%s", cdp_last_error());
+}
+
+/* ---- cdphybrid tokenize ------------------------------------------------------------ */
+
+static char *read_all(const char *path, size_t *n)
+{
+    FILE *f = fopen(path, "rb");
+    cr_assert_not_null(f, "%s", path);
+    fseek(f, 0, SEEK_END);
+    long l = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = malloc((size_t)l + 1);
+    cr_assert_eq(fread(b, 1, (size_t)l, f), (size_t)l);
+    fclose(f);
+    *n = (size_t)l;
+    return b;
+}
+
+/* A corpus: 25 text files (two of them empty) in a folder, and a JSONL file
+ * (a blank line and an empty text among its lines). */
+static const char *make_corpus(const char *dir)
+{
+    static char in[4200];
+    snprintf(in, sizeof in, "%s/in", dir);
+    char sub[4300];
+    snprintf(sub, sizeof sub, "%s/in/texts", dir);
+    cr_assert_eq(mkdir(in, 0755), 0);
+    cr_assert_eq(mkdir(sub, 0755), 0);
+    size_t n = 0;
+    char *m = read_all(fixture("multilingual.txt"), &n);
+    for (int i = 0; i < 25; i++) {
+        char name[32], text[2048];
+        snprintf(name, sizeof name, "doc%02d.txt", i);
+        const size_t k = i == 7 ? 0 : (size_t)(40 * i) % n;
+        snprintf(text, sizeof text, "%.*s", (int)k, m);
+        cdp_test_write_file(sub, name, text);
+    }
+    free(m);
+    cdp_test_write_file(in, "web.jsonl",
+                        "{\"text\": \"first line of the web\", \"id\": 1}\n"
+                        "\n"
+                        "{\"text\": \"Größe — второй документ, 第三\", \"id\": 2}\n"
+                        "{\"text\": \"\", \"id\": 3}\n"
+                        "{\"id\": 4, \"text\": \"last one\\nwith a newline\"}\n");
+    return in;
+}
+
+static struct cdp_run tok(const char *const *argv)
+{
+    struct cdp_run r;
+    cr_assert_eq(cdp_test_run(&r, argv), 0);
+    return r;
+}
+
+Test(tokenize, shards_hold_every_document_after_its_end_of_text_in_input_order)
+{
+    const char *dir = cdp_test_tmpdir();
+    const char *in = make_corpus(dir);
+    char out1[4200], out3[4200];
+    snprintf(out1, sizeof out1, "%s/out1", dir);
+    snprintf(out3, sizeof out3, "%s/out3", dir);
+    const char *tj = fixture("llama3/tokenizer.json");
+    struct cdp_run r = tok((const char *[]){"tokenize", in, "--out", out1, "--tokenizer", tj, "--val-fraction",
+                                            "0.2", "--shard-tokens", "300", "--threads", "1", NULL});
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    cr_assert(strstr(r.out, "tokenized 26 documents"), "%s", r.out); /* 23 texts + 3 lines: the empty ones skipped */
+    cr_assert(strstr(r.out, "train: 21 documents"), "%s", r.out);
+    cr_assert(strstr(r.out, "val:   5 documents"), "%s", r.out);
+    cdp_test_run_free(&r);
+    r = tok((const char *[]){"tokenize", in, "--out", out3, "--tokenizer", tj, "--val-fraction", "0.2",
+                             "--shard-tokens", "300", "--threads", "3", "-q", NULL});
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    cr_assert_str_eq(r.out, "");
+    cdp_test_run_free(&r);
+
+    /* the documents in input order, each encoded here */
+    struct cdp_bpe *b = llama3_fixture();
+    const int32_t eot = cdp_bpe_token_id(b, "<|end_of_text|>");
+    int32_t *want[2] = {NULL, NULL};
+    int64_t nw[2] = {0, 0}, doc = 0;
+    for (int i = 0; i < 25 + 3; i++) {
+        char *text = NULL;
+        size_t len = 0;
+        if (i < 25) {
+            char p[4300];
+            snprintf(p, sizeof p, "%s/texts/doc%02d.txt", in, i);
+            text = read_all(p, &len);
+        } else {
+            static const char *const lines[] = {"first line of the web", "Größe — второй документ, 第三",
+                                                "last one\nwith a newline"};
+            text = strdup(lines[i - 25]);
+            len = strlen(text);
+        }
+        if (len) {
+            int32_t *ids;
+            int64_t n;
+            cr_assert_eq(cdp_bpe_encode(b, text, len, &ids, &n), CDP_OK);
+            const int s = cdp_tokenize_is_val(doc++, 0.2);
+            want[s] = realloc(want[s], (size_t)(nw[s] + n + 1) * sizeof *want[s]);
+            want[s][nw[s]++] = eot;
+            memcpy(want[s] + nw[s], ids, (size_t)n * sizeof *ids);
+            nw[s] += n;
+            free(ids);
+        }
+        free(text);
+    }
+    cr_assert_eq(doc, 26);
+    /* read back through the data source: every shard, in order, as one stream */
+    for (int s = 0; s < 2; s++) {
+        char *paths[64];
+        int np = 0;
+        for (int k = 0; k < 64; k++) {
+            char p[4300];
+            snprintf(p, sizeof p, "%s/data_%s_%06d.bin", out1, s ? "val" : "train", k);
+            if (access(p, F_OK)) break;
+            paths[np++] = strdup(p);
+            /* the same bytes with 3 threads */
+            char q[4300];
+            snprintf(q, sizeof q, "%s/data_%s_%06d.bin", out3, s ? "val" : "train", k);
+            cr_assert_eq(cdp_test_files_differ(p, q), -1, "%s and %s differ", p, q);
+        }
+        cr_assert_eq(np, (int)((nw[s] + 299) / 300), "%s: %d shards of 300 for %lld tokens", s ? "val" : "train",
+                     np, (long long)nw[s]);
+        struct cdp_model_desc g = {.kind = CDP_MODEL_GPT, .vocab = 602, .context = 1, .layers = 1, .heads = 1,
+                                   .embed = 8};
+        /* val_paths: the same stream again, so that the training split is every token */
+        struct cdp_data_desc dd = {.source = CDP_DATA_TOKENS, .path = paths[0], .paths = paths, .n_paths = np,
+                                   .val_paths = paths, .n_val_paths = np, .order = CDP_DATA_ORDER_SEQUENTIAL};
+        struct cdp_data *d = NULL;
+        cr_assert_eq(cdp_data_open(&dd, &g, &d), CDP_OK, "%s", cdp_last_error());
+        cr_assert_eq(cdp_data_split_size(d, CDP_SPLIT_TRAIN), nw[s] - 1);
+        int32_t *x = malloc((size_t)nw[s] * sizeof *x), *y = malloc((size_t)nw[s] * sizeof *y);
+        cr_assert_eq(cdp_data_fetch(d, CDP_SPLIT_TRAIN, 0, (int)(nw[s] - 1), x, y), CDP_OK, "%s", cdp_last_error());
+        for (int64_t k = 0; k + 1 < nw[s]; k++) cr_assert_eq(x[k], want[s][k], "%d: token %lld", s, (long long)k);
+        cr_assert_eq(y[nw[s] - 2], want[s][nw[s] - 1]);
+        cdp_data_close(d);
+        free(x), free(y);
+        for (int k = 0; k < np; k++) free(paths[k]);
+        free(want[s]);
+    }
+    cdp_bpe_free(b);
+
+    /* a second run into the same folder is refused, and leaves it alone */
+    r = tok((const char *[]){"tokenize", in, "--out", out1, "--tokenizer", tj, NULL});
+    cr_assert_eq(r.exit_code, 2);
+    cr_assert(strstr(r.err, "shards of prefix \"data\" are there already"), "%s", r.err);
+    cdp_test_run_free(&r);
+}
+
+Test(tokenize, npy_shards_and_uint16_gpt2_form)
+{
+    const char *dir = cdp_test_tmpdir();
+    const char *in = make_corpus(dir);
+    char out[4200];
+    snprintf(out, sizeof out, "%s/o", dir);
+    struct cdp_run r = tok((const char *[]){"tokenize", in, "--out", out, "--vocab", fixture("gpt2/vocab.json"),
+                                            "--merges", fixture("gpt2/merges.txt"), "--format", "npy",
+                                            "--val-fraction", "0", "--prefix", "web", NULL});
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    cr_assert(strstr(r.out, "val:   none"), "%s", r.out);
+    cr_assert(strstr(r.out, "\"path\": \""), "%s", r.out);
+    cdp_test_run_free(&r);
+    char p[4300];
+    snprintf(p, sizeof p, "%s/web_train_000000.npy", out);
+    size_t n = 0;
+    char *b = read_all(p, &n);
+    cr_assert(n > 128 && !memcmp(b, "\x93NUMPY\x01\x00", 8) && strstr(b + 10, "'descr': '<u2'"));
+    const uint16_t *t = (const uint16_t *)(b + 128);
+    cr_assert_eq(t[0], 0, "<|endoftext|> (id 0 in the fixture) first");
+    free(b);
+    char *paths[1] = {p};
+    struct cdp_model_desc g = {.kind = CDP_MODEL_GPT, .vocab = 600, .context = 8, .layers = 1, .heads = 1, .embed = 8};
+    struct cdp_data_desc dd = {.source = CDP_DATA_TOKENS, .path = p, .paths = paths, .n_paths = 1};
+    struct cdp_data *d = NULL;
+    cr_assert_eq(cdp_data_open(&dd, &g, &d), CDP_OK, "%s", cdp_last_error());
+    cdp_data_close(d);
+}
+
+Test(tokenize, bad_input_names_the_file_and_line_and_leaves_nothing)
+{
+    const char *dir = cdp_test_tmpdir();
+    const char *tj = fixture("llama3/tokenizer.json");
+    char out[4200];
+    snprintf(out, sizeof out, "%s/o", dir);
+    char bad[4200], good[4200]; /* cdp_test_write_file's result is reused by its next call */
+    snprintf(bad, sizeof bad, "%s", cdp_test_write_file(dir, "bad.jsonl", "{\"text\": \"ok\"}\n{\"text\": 3}\n"));
+    snprintf(good, sizeof good, "%s", cdp_test_write_file(dir, "good.txt", "some text that is fine"));
+    struct cdp_run r = tok((const char *[]){"tokenize", good, bad, "--out", out, "--tokenizer", tj, "--shard-tokens",
+                                            "2", NULL});
+    cr_assert_eq(r.exit_code, 2);
+    cr_assert(strstr(r.err, "bad.jsonl:2: /text: expected a string"), "%s", r.err);
+    cdp_test_run_free(&r);
+    struct dirent *e;
+    DIR *dd = opendir(out);
+    int left = 0;
+    while (dd && (e = readdir(dd)))
+        if (e->d_name[0] != '.') left++;
+    if (dd) closedir(dd);
+    cr_assert_eq(left, 0, "the shards written before the bad line are removed");
+
+    snprintf(bad, sizeof bad, "%s", cdp_test_write_file(dir, "bad2.jsonl", "{\"text\": \"ok\"}\n{\"text\": \"unterminated\n"));
+    r = tok((const char *[]){"tokenize", bad, "--out", out, "--tokenizer", tj, NULL});
+    cr_assert_eq(r.exit_code, 2);
+    cr_assert(strstr(r.err, "bad2.jsonl:2:"), "%s", r.err);
+    cdp_test_run_free(&r);
+
+    r = tok((const char *[]){"tokenize", good, "--out", out, "--tokenizer", tj, "--val-fraction", "0.5", NULL});
+    cr_assert_eq(r.exit_code, 2);
+    cr_assert(strstr(r.err, "the validation split is empty: 1 documents give none at fraction 0.5"), "%s", r.err);
+    cdp_test_run_free(&r);
+
+    r = tok((const char *[]){"tokenize", good, "--out", out, "--tokenizer", tj, "--eot", "<|nope|>", NULL});
+    cr_assert_eq(r.exit_code, 2);
+    cr_assert(strstr(r.err, "--eot: \"<|nope|>\" is not a token of"), "%s", r.err);
+    cdp_test_run_free(&r);
+
+    r = tok((const char *[]){"tokenize", good, "--out", out, "--vocab", fixture("gpt2/vocab.json"), NULL});
+    cr_assert_eq(r.exit_code, 2);
+    cr_assert(strstr(r.err, "--vocab needs --merges"), "%s", r.err);
+    cdp_test_run_free(&r);
+
+    r = tok((const char *[]){"tokenize", good, "--out", out, "--tokenizer", tj, "--shard-tokens", "3G", NULL});
+    cr_assert_eq(r.exit_code, 2);
+    cr_assert(strstr(r.err, "--shard-tokens: expected a count in [1, 2^31 - 1]"), "%s", r.err);
+    cdp_test_run_free(&r);
+
+    r = tok((const char *[]){"tokenize", "/nonexistent/x.txt", "--out", out, "--tokenizer", tj, NULL});
+    cr_assert_eq(r.exit_code, 2);
+    cr_assert(strstr(r.err, "/nonexistent/x.txt: cannot open"), "%s", r.err);
+    cdp_test_run_free(&r);
 }
