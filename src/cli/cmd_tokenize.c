@@ -256,13 +256,14 @@ int cdp_cli_tokenize(int argc, char **argv)
         human((double)s.bytes, by, sizeof by);
         human((double)s.bytes / (dt > 1e-9 ? dt : 1e-9), rate, sizeof rate);
         const char *ext = o.format == CDP_SHARD_NPY ? "npy" : "bin";
-        printf("tokenized %lld documents (%sB) in %.1f s (%sB/s, %d thread%s)\n",
-               (long long)(s.docs[0] + s.docs[1]), by, dt, rate, o.threads, o.threads > 1 ? "s" : "");
-        printf("  train: %lld documents, %s tokens in %d shard%s %s/%s_train_*.%s\n", (long long)s.docs[0], tt,
-               s.shards[0], s.shards[0] == 1 ? "" : "s", out, prefix, ext);
+        const int64_t docs = s.docs[0] + s.docs[1];
+        printf("tokenized %lld document%s (%sB) in %.1f s (%sB/s, %d thread%s)\n", (long long)docs,
+               docs == 1 ? "" : "s", by, dt, rate, o.threads, o.threads > 1 ? "s" : "");
+        printf("  train: %lld document%s, %s tokens in %d shard%s %s/%s_train_*.%s\n", (long long)s.docs[0],
+               s.docs[0] == 1 ? "" : "s", tt, s.shards[0], s.shards[0] == 1 ? "" : "s", out, prefix, ext);
         if (s.shards[1])
-            printf("  val:   %lld documents, %s tokens in %d shard%s %s/%s_val_*.%s\n", (long long)s.docs[1], tv,
-                   s.shards[1], s.shards[1] == 1 ? "" : "s", out, prefix, ext);
+            printf("  val:   %lld document%s, %s tokens in %d shard%s %s/%s_val_*.%s\n", (long long)s.docs[1],
+                   s.docs[1] == 1 ? "" : "s", tv, s.shards[1], s.shards[1] == 1 ? "" : "s", out, prefix, ext);
         else
             printf("  val:   none (training takes the last 10%% of the training tokens unless data.val_path is set)\n");
         printf("  tokens: uint%d, vocabulary of %lld ids; end-of-text %s\n", 8 * s.token_bytes,
