@@ -527,9 +527,56 @@ static cdp_status push_id(struct ids *o, int32_t id)
     return CDP_OK;
 }
 
-/* One piece: its bytes' tokens merged, lowest rank first, every occurrence of
- * the chosen pair left to right, until no pair has a merge. sym: n slots. */
-static cdp_status encode_piece(const struct cdp_bpe *b, const unsigned char *s, size_t n, int32_t *sym,
+/* Scratch of one encode call, sized for the text: the piece's symbols as a
+ * linked list and a min-heap of candidate merges (rank, then position). */
+struct scratch {
+    int32_t *id, *prev, *next;
+    uint64_t *heap; /* rank << 32 | position */
+    size_t n_heap;
+};
+
+static void heap_push(struct scratch *w, uint64_t v)
+{
+    size_t i = w->n_heap++;
+    while (i > 0) {
+        const size_t up = (i - 1) / 2;
+        if (w->heap[up] <= v) break;
+        w->heap[i] = w->heap[up];
+        i = up;
+    }
+    w->heap[i] = v;
+}
+
+static uint64_t heap_pop(struct scratch *w)
+{
+    const uint64_t top = w->heap[0], v = w->heap[--w->n_heap];
+    size_t i = 0;
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= w->n_heap) break;
+        if (c + 1 < w->n_heap && w->heap[c + 1] < w->heap[c]) c++;
+        if (v <= w->heap[c]) break;
+        w->heap[i] = w->heap[c];
+        i = c;
+    }
+    if (w->n_heap) w->heap[i] = v;
+    return top;
+}
+
+static void push_pair(const struct cdp_bpe *b, struct scratch *w, int32_t pos)
+{
+    const int32_t nx = w->next[pos];
+    if (nx < 0) return;
+    const struct merge *mg = merge_find(b, w->id[pos], w->id[nx]);
+    if (mg) heap_push(w, (uint64_t)(uint32_t)mg->rank << 32 | (uint32_t)pos);
+}
+
+/* One piece: its bytes' tokens merged as the tokenizers library merges them
+ * (models/bpe/word.rs): the candidate of lowest rank first, the leftmost of
+ * equal ranks, each merge offering the pairs it forms with its neighbours;
+ * O(n log n) in the piece's length, so a long run of letters without spaces
+ * (Chinese, Japanese) costs no more than its size. */
+static cdp_status encode_piece(const struct cdp_bpe *b, const unsigned char *s, size_t n, struct scratch *w,
                                struct ids *o)
 {
     if (b->ignore_merges) { /* the whole piece, when it is a token */
@@ -544,35 +591,32 @@ static cdp_status encode_piece(const struct cdp_bpe *b, const unsigned char *s, 
         const json_t *id = k + 3 < sizeof buf ? json_object_get(b->vocab, buf) : NULL;
         if (id) return push_id(o, (int32_t)json_integer_value(id));
     }
-    size_t m = n;
     for (size_t i = 0; i < n; i++) {
-        if ((sym[i] = b->byte_id[s[i]]) < 0)
+        if ((w->id[i] = b->byte_id[s[i]]) < 0)
             return cdp_fail(CDP_ERR_INVALID, "the text holds \"%s\" (byte 0x%02x), which is not a token of the "
                             "vocabulary", b->sym[s[i]], s[i]);
+        w->prev[i] = (int32_t)i - 1;
+        w->next[i] = i + 1 < n ? (int32_t)i + 1 : -1;
     }
-    while (m > 1) {
-        int32_t best = INT32_MAX, a = -1, c = -1, joined = -1;
-        for (size_t i = 0; i + 1 < m; i++) {
-            const struct merge *mg = merge_find(b, sym[i], sym[i + 1]);
-            if (mg && mg->rank < best) {
-                best = mg->rank;
-                a = sym[i], c = sym[i + 1], joined = mg->id;
-            }
-        }
-        if (joined < 0) break;
-        size_t w = 0;
-        for (size_t i = 0; i < m; i++) {
-            if (i + 1 < m && sym[i] == a && sym[i + 1] == c) {
-                sym[w++] = joined;
-                i++;
-            } else {
-                sym[w++] = sym[i];
-            }
-        }
-        m = w;
+    w->n_heap = 0;
+    for (size_t i = 0; i + 1 < n; i++) push_pair(b, w, (int32_t)i);
+    while (w->n_heap) {
+        const uint64_t top = heap_pop(w);
+        const int32_t pos = (int32_t)(uint32_t)top, rank = (int32_t)(top >> 32);
+        if (w->id[pos] < 0) continue; /* merged into its left neighbour */
+        const int32_t nx = w->next[pos];
+        if (nx < 0) continue;
+        const struct merge *mg = merge_find(b, w->id[pos], w->id[nx]);
+        if (!mg || mg->rank != rank) continue; /* an expired candidate */
+        w->id[pos] = mg->id;
+        w->id[nx] = -1;
+        w->next[pos] = w->next[nx];
+        if (w->next[nx] >= 0) w->prev[w->next[nx]] = pos;
+        if (w->prev[pos] >= 0) push_pair(b, w, w->prev[pos]);
+        push_pair(b, w, pos);
     }
-    for (size_t i = 0; i < m; i++) {
-        cdp_status st = push_id(o, sym[i]);
+    for (int32_t i = 0; i >= 0; i = w->next[i]) {
+        cdp_status st = push_id(o, w->id[i]);
         if (st) return st;
     }
     return CDP_OK;
@@ -588,10 +632,12 @@ cdp_status cdp_bpe_encode(const struct cdp_bpe *b, const char *text, size_t n, i
     *ids = NULL;
     *count = 0;
     if (n == 0) return CDP_OK;
-    int32_t *sym = malloc(n * sizeof *sym);
+    if (n > (size_t)INT32_MAX) return cdp_fail(CDP_ERR_INVALID, "a text of %zu bytes: at most 2^31 - 1 at once", n);
+    struct scratch w = {malloc(n * sizeof *w.id), malloc(n * sizeof *w.prev), malloc(n * sizeof *w.next),
+                        malloc(3 * n * sizeof *w.heap), 0};
     pcre2_match_data *md = pcre2_match_data_create_from_pattern(b->re, NULL);
     cdp_status st = CDP_OK;
-    if (!sym || !md) st = cdp_fail(CDP_ERR_NOMEM, "out of memory");
+    if (!w.id || !w.prev || !w.next || !w.heap || !md) st = cdp_fail(CDP_ERR_NOMEM, "out of memory");
     /* the pattern's matches are the pieces; bytes no match covers (invalid
      * UTF-8, or what a pattern leaves) are pieces too, as the tokenizers
      * library's Split (behavior Isolated) keeps them */
@@ -610,13 +656,13 @@ cdp_status cdp_bpe_encode(const struct cdp_bpe *b, const char *text, size_t n, i
             pos = ov[0] + utf8_len(s[ov[0]]);
             continue;
         }
-        if (ov[0] > gap) st = encode_piece(b, s + gap, ov[0] - gap, sym, &o);
-        if (!st) st = encode_piece(b, s + ov[0], ov[1] - ov[0], sym, &o);
+        if (ov[0] > gap) st = encode_piece(b, s + gap, ov[0] - gap, &w, &o);
+        if (!st) st = encode_piece(b, s + ov[0], ov[1] - ov[0], &w, &o);
         pos = gap = ov[1];
     }
-    if (!st && gap < n) st = encode_piece(b, s + gap, n - gap, sym, &o);
+    if (!st && gap < n) st = encode_piece(b, s + gap, n - gap, &w, &o);
     pcre2_match_data_free(md);
-    free(sym);
+    free(w.id), free(w.prev), free(w.next), free(w.heap);
     if (st) {
         free(o.v);
         return st;
