@@ -531,11 +531,9 @@ static cdp_status token_header(const char *path, const uint8_t *p, size_t size, 
 static uint32_t shard_token(const struct shard *h, int64_t i)
 {
     const uint8_t *q = h->tok + i * h->width;
-    switch (h->width) {
-    case 1: return q[0];
-    case 2: return (uint32_t)q[0] | (uint32_t)q[1] << 8;
-    default: return (uint32_t)q[0] | (uint32_t)q[1] << 8 | (uint32_t)q[2] << 16 | (uint32_t)q[3] << 24;
-    }
+    if (h->width == 1) return q[0];
+    if (h->width == 2) return (uint32_t)q[0] | (uint32_t)q[1] << 8;
+    return (uint32_t)q[0] | (uint32_t)q[1] << 8 | (uint32_t)q[2] << 16 | (uint32_t)q[3] << 24;
 }
 
 static cdp_status vocab_error(const struct cdp_data *d, const struct shard *h, int64_t i, uint32_t v)
