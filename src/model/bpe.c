@@ -532,8 +532,27 @@ static cdp_status push_id(struct ids *o, int32_t id)
 struct scratch {
     int32_t *id, *prev, *next;
     uint64_t *heap; /* rank << 32 | position */
-    size_t n_heap;
+    size_t n_heap, cap; /* cap: the longest piece it holds */
 };
+
+/* Room for a piece of n bytes (grown to the longest piece seen, not the text). */
+static cdp_status scratch_fit(struct scratch *w, size_t n)
+{
+    if (n <= w->cap) return CDP_OK;
+    size_t c = w->cap ? w->cap : 256;
+    while (c < n) c *= 2;
+    int32_t *id = realloc(w->id, c * sizeof *id);
+    if (id) w->id = id;
+    int32_t *pv = id ? realloc(w->prev, c * sizeof *pv) : NULL;
+    if (pv) w->prev = pv;
+    int32_t *nx = pv ? realloc(w->next, c * sizeof *nx) : NULL;
+    if (nx) w->next = nx;
+    uint64_t *hp = nx ? realloc(w->heap, 3 * c * sizeof *hp) : NULL;
+    if (!hp) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
+    w->heap = hp;
+    w->cap = c;
+    return CDP_OK;
+}
 
 static void heap_push(struct scratch *w, uint64_t v)
 {
@@ -591,6 +610,8 @@ static cdp_status encode_piece(const struct cdp_bpe *b, const unsigned char *s, 
         const json_t *id = k + 3 < sizeof buf ? json_object_get(b->vocab, buf) : NULL;
         if (id) return push_id(o, (int32_t)json_integer_value(id));
     }
+    cdp_status st = scratch_fit(w, n);
+    if (st) return st;
     for (size_t i = 0; i < n; i++) {
         if ((w->id[i] = b->byte_id[s[i]]) < 0)
             return cdp_fail(CDP_ERR_INVALID, "the text holds \"%s\" (byte 0x%02x), which is not a token of the "
@@ -615,11 +636,8 @@ static cdp_status encode_piece(const struct cdp_bpe *b, const unsigned char *s, 
         if (w->prev[pos] >= 0) push_pair(b, w, w->prev[pos]);
         push_pair(b, w, pos);
     }
-    for (int32_t i = 0; i >= 0; i = w->next[i]) {
-        cdp_status st = push_id(o, w->id[i]);
-        if (st) return st;
-    }
-    return CDP_OK;
+    for (int32_t i = 0; i >= 0 && !st; i = w->next[i]) st = push_id(o, w->id[i]);
+    return st;
 }
 
 /* Bytes in a UTF-8 sequence that starts with c (1 for a byte that starts none). */
@@ -633,11 +651,10 @@ cdp_status cdp_bpe_encode(const struct cdp_bpe *b, const char *text, size_t n, i
     *count = 0;
     if (n == 0) return CDP_OK;
     if (n > (size_t)INT32_MAX) return cdp_fail(CDP_ERR_INVALID, "a text of %zu bytes: at most 2^31 - 1 at once", n);
-    struct scratch w = {malloc(n * sizeof *w.id), malloc(n * sizeof *w.prev), malloc(n * sizeof *w.next),
-                        malloc(3 * n * sizeof *w.heap), 0};
+    struct scratch w = {0};
     pcre2_match_data *md = pcre2_match_data_create_from_pattern(b->re, NULL);
     cdp_status st = CDP_OK;
-    if (!w.id || !w.prev || !w.next || !w.heap || !md) st = cdp_fail(CDP_ERR_NOMEM, "out of memory");
+    if (!md) st = cdp_fail(CDP_ERR_NOMEM, "out of memory");
     /* the pattern's matches are the pieces; bytes no match covers (invalid
      * UTF-8, or what a pattern leaves) are pieces too, as the tokenizers
      * library's Split (behavior Isolated) keeps them */
