@@ -1054,6 +1054,32 @@ Test(data, a_file_that_shrinks_while_mapped_is_an_error_not_a_signal)
     free(t);
 }
 
+/* The same for idx images and labels. */
+Test(data, a_shrunk_idx_file_is_an_error_naming_it)
+{
+    enum { N = 2000, R = 28, CC = 28, C = 10 };
+    const char *dir = cdp_test_tmpdir();
+    char *img = path_in(dir, "img.idx"), *lab = path_in(dir, "lab.idx");
+    write_images(img, 0x803, N, R, CC, 0);
+    write_labels(lab, 0x801, N, C);
+    struct cdp_model_desc m = mlp(R * CC, C, CDP_LOSS_CROSS_ENTROPY);
+    struct cdp_data_desc dd = {.source = CDP_DATA_IDX, .path = img, .labels = lab, .seed = 1,
+                               .order = CDP_DATA_ORDER_SEQUENTIAL};
+    struct cdp_data *d = NULL;
+    cr_assert_eq(cdp_data_open(&dd, &m, &d), CDP_OK, "%s", cdp_last_error());
+    static float x[4 * R * CC];
+    int32_t y[4];
+    cr_assert_eq(truncate(img, 4096), 0);
+    cr_assert_eq(cdp_data_fetch(d, CDP_SPLIT_VAL, 0, 4, x, y), CDP_ERR_IO);
+    cr_assert(strstr(cdp_last_error(), "img.idx: the file changed while training read it: it has 4096 bytes now"),
+              "%s", cdp_last_error());
+    cr_assert_eq(truncate(lab, 0), 0);
+    cr_assert_eq(cdp_data_fetch(d, CDP_SPLIT_TRAIN, 0, 1, x, y), CDP_ERR_IO);
+    cr_assert(strstr(cdp_last_error(), "lab.idx: the file changed while training read it: it has 0 bytes now"),
+              "%s", cdp_last_error());
+    cdp_data_close(d);
+}
+
 /* A SIGBUS that is not a data read keeps its usual meaning (the guard passes it on). */
 Test(data, other_bus_errors_are_not_swallowed, .signal = SIGBUS)
 {

@@ -427,3 +427,27 @@ Test(tokenize, bad_input_names_the_file_and_line_and_leaves_nothing)
     cr_assert(strstr(r.err, "/nonexistent/x.txt: cannot open"), "%s", r.err);
     cdp_test_run_free(&r);
 }
+
+/* On a terminal (here the pseudo-terminal of util-linux's script(1)), a progress
+ * bar goes to stderr; -q leaves it out. */
+Test(tokenize, a_progress_bar_on_a_terminal)
+{
+    if (access("/usr/bin/script", X_OK)) cr_skip_test("no /usr/bin/script (util-linux) to give the run a terminal");
+    const char *dir = cdp_test_tmpdir();
+    char good[4200], cmd[16384], outp[4300];
+    snprintf(good, sizeof good, "%s", cdp_test_write_file(dir, "t.txt", "some text for a bar"));
+    for (int quiet = 0; quiet < 2; quiet++) {
+        snprintf(outp, sizeof outp, "%s/typescript%d", dir, quiet);
+        snprintf(cmd, sizeof cmd, "/usr/bin/script -qec \"'%s' tokenize '%s' --out '%s/o%d' --tokenizer '%s'%s\" '%s' "
+                 "> /dev/null 2>&1 < /dev/null",
+                 getenv("CDP_BIN"), good, dir, quiet, fixture("llama3/tokenizer.json"), quiet ? " -q" : "", outp);
+        cr_assert_eq(system(cmd), 0, "%s", cmd);
+        char *t = cdp_test_read_file(outp);
+        cr_assert_not_null(t);
+        if (quiet)
+            cr_assert_null(strstr(t, "tokenize ["), "-q: %s", t);
+        else
+            cr_assert(strstr(t, "\rtokenize [##############################] 100%"), "%s", t);
+        free(t);
+    }
+}
