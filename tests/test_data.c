@@ -4,10 +4,12 @@
 #include <criterion/criterion.h>
 #include <criterion/parameterized.h>
 #include <math.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "harness.h"
 #include "model/data.h"
@@ -778,4 +780,315 @@ Test(data, plan_fixture_idx_is_too_small)
     snprintf(img, sizeof img, "%s", cdp_test_source_path("tests/plans/data/images.idx"));
     expect_fail(CDP_DATA_IDX, img, cdp_test_source_path("tests/plans/data/labels.idx"), &m, CDP_ERR_INVALID,
                 "images.idx: too short for one sample in the validation split");
+}
+
+/* ---- shards: lists of files, llm.c uint32 files, .npy arrays, val_path ---------- */
+
+/* An llm.c file of uint32 tokens (llm.c's Llama 3 header: 20240801, version 7). */
+static void write_tokens32(const char *path, const uint32_t *toks, size_t n)
+{
+    unsigned char *buf = calloc(1, 1024 + 4 * n);
+    int32_t hdr[3] = {20240801, 7, (int32_t)n};
+    memcpy(buf, hdr, sizeof hdr);
+    memcpy(buf + 1024, toks, 4 * n);
+    write_bytes(path, buf, 1024 + 4 * n);
+    free(buf);
+}
+
+/* A .npy file as numpy.save writes it (version 1.0, header padded to 64 bytes),
+ * with the header's dictionary given as text. */
+static void write_npy_dict(const char *path, const char *dict, const void *data, size_t bytes)
+{
+    char hdr[256];
+    int len = snprintf(hdr, sizeof hdr, "%s", dict);
+    while ((10 + len + 1) % 64) hdr[len++] = ' ';
+    hdr[len++] = '\n';
+    unsigned char *buf = malloc(10 + (size_t)len + bytes);
+    memcpy(buf, "\x93NUMPY\x01\x00", 8);
+    buf[8] = (unsigned char)(len & 0xff), buf[9] = (unsigned char)(len >> 8);
+    memcpy(buf + 10, hdr, (size_t)len);
+    if (bytes) memcpy(buf + 10 + len, data, bytes);
+    write_bytes(path, buf, 10 + (size_t)len + bytes);
+    free(buf);
+}
+
+static void write_npy(const char *path, const char *descr, const void *data, size_t n, size_t width)
+{
+    char dict[128];
+    snprintf(dict, sizeof dict, "{'descr': '%s', 'fortran_order': False, 'shape': (%zu,), }", descr, n);
+    write_npy_dict(path, dict, data, n * width);
+}
+
+static struct cdp_data *open_files(enum cdp_data_source src, char **paths, int n, char **val, int nv,
+                                   enum cdp_data_order order, const struct cdp_model_desc *m)
+{
+    struct cdp_data_desc dd = {.source = src, .path = paths[0], .paths = paths, .n_paths = n, .val_paths = val,
+                               .n_val_paths = nv, .seed = 7, .order = order};
+    struct cdp_data *d = NULL;
+    cr_assert_eq(cdp_data_open(&dd, m, &d), CDP_OK, "%s", cdp_last_error());
+    return d;
+}
+
+/* Every sample of both splits of a and b, equal. */
+static void same_samples(struct cdp_data *a, struct cdp_data *b, int64_t T)
+{
+    for (int s = 0; s < CDP_SPLIT_COUNT; s++) {
+        int64_t n = cdp_data_split_size(a, (enum cdp_split)s);
+        cr_assert_eq(cdp_data_split_size(b, (enum cdp_split)s), n, "split %d", s);
+        int32_t *ia = malloc((size_t)(2 * n * T) * sizeof *ia), *ib = malloc((size_t)(2 * n * T) * sizeof *ib);
+        int32_t *ta = malloc((size_t)(2 * n * T) * sizeof *ta), *tb = malloc((size_t)(2 * n * T) * sizeof *tb);
+        /* two epochs, in one fetch each */
+        cr_assert_eq(cdp_data_fetch(a, (enum cdp_split)s, 0, (int)(2 * n), ia, ta), CDP_OK, "%s", cdp_last_error());
+        cr_assert_eq(cdp_data_fetch(b, (enum cdp_split)s, 0, (int)(2 * n), ib, tb), CDP_OK, "%s", cdp_last_error());
+        cr_assert(!memcmp(ia, ib, (size_t)(2 * n * T) * sizeof *ia), "split %d: inputs differ", s);
+        cr_assert(!memcmp(ta, tb, (size_t)(2 * n * T) * sizeof *ta), "split %d: targets differ", s);
+        free(ia), free(ib), free(ta), free(tb);
+    }
+}
+
+Test(data, shards_of_any_format_read_as_the_one_file_they_cut)
+{
+    const char *dir = cdp_test_tmpdir();
+    enum { N = 3000, T = 8 };
+    struct cdp_model_desc g = gpt(70000, T);
+    uint16_t t16[N];
+    uint32_t t32[N];
+    for (int i = 0; i < N; i++) t16[i] = (uint16_t)((i * 7919u) % 65000u), t32[i] = t16[i];
+    char *whole = path_in(dir, "whole.bin");
+    write_tokens(whole, 20240520, 1, N, t16, N);
+    /* [0, 1000) llm.c v1, [1000, 1001) npy uint32, an empty shard, [1001, 1700) llm.c uint32,
+     * [1700, 3000) npy uint16: windows cross every boundary */
+    char *parts[5] = {path_in(dir, "a.bin"), path_in(dir, "b.npy"), path_in(dir, "c.bin"), path_in(dir, "d.bin"),
+                      path_in(dir, "e.npy")};
+    write_tokens(parts[0], 20240520, 1, 1000, t16, 1000);
+    write_npy(parts[1], "<u4", t32 + 1000, 1, 4);
+    write_tokens(parts[2], 20240520, 1, 0, t16, 0);
+    write_tokens32(parts[3], t32 + 1001, 699);
+    write_npy(parts[4], "<u2", t16 + 1700, 1300, 2);
+    for (int o = 0; o < CDP_DATA_ORDER_COUNT; o++) {
+        char *one[1] = {whole};
+        struct cdp_data *a = open_files(CDP_DATA_TOKENS, one, 1, NULL, 0, (enum cdp_data_order)o, &g);
+        struct cdp_data *b = open_files(CDP_DATA_TOKENS, parts, 5, NULL, 0, (enum cdp_data_order)o, &g);
+        same_samples(a, b, T);
+        cdp_data_close(a);
+        cdp_data_close(b);
+    }
+}
+
+Test(data, text_files_concatenate_too)
+{
+    const char *dir = cdp_test_tmpdir();
+    struct cdp_model_desc g = gpt(256, 16);
+    char text[2001];
+    for (int i = 0; i < 2000; i++) text[i] = (char)('a' + (i * 31) % 26);
+    text[2000] = '\0';
+    cdp_test_write_file(dir, "whole.txt", text);
+    char second[1200];
+    memcpy(second, text + 800, 1200);
+    text[800] = '\0';
+    cdp_test_write_file(dir, "p1.txt", text);
+    char *f2 = path_in(dir, "p2.txt");
+    write_bytes(f2, second, 1200);
+    char *one[1] = {path_in(dir, "whole.txt")}, *two[2] = {path_in(dir, "p1.txt"), f2};
+    struct cdp_data *a = open_files(CDP_DATA_TEXT, one, 1, NULL, 0, CDP_DATA_ORDER_SHUFFLE, &g);
+    struct cdp_data *b = open_files(CDP_DATA_TEXT, two, 2, NULL, 0, CDP_DATA_ORDER_SHUFFLE, &g);
+    same_samples(a, b, 16);
+    cdp_data_close(a);
+    cdp_data_close(b);
+}
+
+Test(data, val_path_is_the_validation_split)
+{
+    const char *dir = cdp_test_tmpdir();
+    enum { T = 4 };
+    struct cdp_model_desc g = gpt(1000, T);
+    uint16_t tr[500], va[41];
+    for (int i = 0; i < 500; i++) tr[i] = (uint16_t)i;
+    for (int i = 0; i < 41; i++) va[i] = (uint16_t)(900 + i);
+    char *train[1] = {path_in(dir, "train.bin")}, *val[1] = {path_in(dir, "val.bin")};
+    write_tokens(train[0], 20240520, 1, 500, tr, 500);
+    write_tokens(val[0], 20240520, 1, 41, va, 41);
+    struct cdp_data *d = open_files(CDP_DATA_TOKENS, train, 1, val, 1, CDP_DATA_ORDER_SEQUENTIAL, &g);
+    /* all 500 training tokens are training now: (500 - 1) / 4 windows */
+    cr_assert_eq(cdp_data_split_size(d, CDP_SPLIT_TRAIN), 124);
+    cr_assert_eq(cdp_data_split_size(d, CDP_SPLIT_VAL), 10);
+    int32_t in[2 * T], tg[2 * T];
+    cr_assert_eq(cdp_data_fetch(d, CDP_SPLIT_VAL, 9, 2, in, tg), CDP_OK, "%s", cdp_last_error());
+    for (int t = 0; t < T; t++) {
+        cr_assert_eq(in[t], 900 + 36 + t);   /* window 9 starts at 36 */
+        cr_assert_eq(tg[t], 900 + 37 + t);
+        cr_assert_eq(in[T + t], 900 + t);    /* index 10 is window 0 again */
+    }
+    cr_assert_eq(cdp_data_fetch(d, CDP_SPLIT_TRAIN, 123, 1, in, tg), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(in[0], 492);
+    cr_assert_eq(tg[T - 1], 496);
+    cdp_data_close(d);
+
+    /* a validation file too short for one window */
+    write_tokens(val[0], 20240520, 1, 4, va, 4);
+    struct cdp_data_desc dd = {.source = CDP_DATA_TOKENS, .path = train[0], .paths = train, .n_paths = 1,
+                               .val_paths = val, .n_val_paths = 1, .seed = 1};
+    cr_assert_eq(cdp_data_open(&dd, &g, &d), CDP_ERR_INVALID);
+    cr_assert(strstr(cdp_last_error(), "val.bin: too short for one sample of 5 tokens in the validation split "
+                                       "(the file has 4 tokens)"), "%s", cdp_last_error());
+}
+
+Test(data, uint32_tokens_beyond_65535)
+{
+    const char *dir = cdp_test_tmpdir();
+    struct cdp_model_desc g = gpt(128256, 4);
+    uint32_t t[200];
+    for (int i = 0; i < 200; i++) t[i] = 128000u + (uint32_t)i;
+    char *files[2] = {path_in(dir, "l3.bin"), path_in(dir, "l3.npy")};
+    write_tokens32(files[0], t, 200);
+    write_npy(files[1], "<u4", t, 200, 4);
+    for (int f = 0; f < 2; f++) {
+        struct cdp_data *d = open_files(CDP_DATA_TOKENS, files + f, 1, NULL, 0, CDP_DATA_ORDER_SEQUENTIAL, &g);
+        int32_t in[4], tg[4];
+        cr_assert_eq(cdp_data_fetch(d, CDP_SPLIT_TRAIN, 3, 1, in, tg), CDP_OK, "%s", cdp_last_error());
+        cr_assert_eq(in[0], 128012, "%s", files[f]);
+        cr_assert_eq(tg[3], 128016, "%s", files[f]);
+        cdp_data_close(d);
+    }
+    t[150] = 128256;
+    write_npy(files[1], "<u4", t, 200, 4);
+    expect_fail(CDP_DATA_TOKENS, files[1], NULL, &g, CDP_ERR_INVALID,
+                "l3.npy: token 128256 at position 150 is outside the model's vocabulary (vocab 128256)");
+}
+
+Test(data, bad_npy_and_uint32_files)
+{
+    const char *dir = cdp_test_tmpdir();
+    struct cdp_model_desc g = gpt(100, 4);
+    uint16_t t[100] = {0};
+    char *p = path_in(dir, "x.npy");
+    write_npy(p, "<i4", t, 50, 4);
+    expect_fail(CDP_DATA_TOKENS, p, NULL, &g, CDP_ERR_INVALID,
+                "x.npy: a .npy array of '<i4'; token arrays must be uint16 ('<u2') or uint32 ('<u4')");
+    write_npy(p, ">u2", t, 100, 2);
+    expect_fail(CDP_DATA_TOKENS, p, NULL, &g, CDP_ERR_INVALID, "x.npy: a .npy array of '>u2'");
+    write_npy_dict(p, "{'descr': '<u2', 'fortran_order': False, 'shape': (10, 10), }", t, 200);
+    expect_fail(CDP_DATA_TOKENS, p, NULL, &g, CDP_ERR_INVALID, "x.npy: a .npy array of 2 dimensions");
+    write_npy_dict(p, "{'descr': '<u2', 'shape': (100,), }", t, 200);
+    expect_fail(CDP_DATA_TOKENS, p, NULL, &g, CDP_ERR_INVALID, "x.npy: .npy header lacks 'fortran_order'");
+    write_npy_dict(p, "{'descr': '<u2', 'fortran_order': False, 'shape': (100,), }", t, 150);
+    expect_fail(CDP_DATA_TOKENS, p, NULL, &g, CDP_ERR_INVALID,
+                "x.npy: truncated: header says 100 tokens (200 bytes), the file has 150 bytes after the header");
+    write_npy_dict(p, "{'descr': '<u2', 'fortran_order': False, 'shape': (100,), 'x': 1}", t, 200);
+    expect_fail(CDP_DATA_TOKENS, p, NULL, &g, CDP_ERR_INVALID, "x.npy: .npy header: unknown key 'x'");
+    write_bytes(p, "\x93NUMPY\x01\x00\xff\x00{", 11);
+    expect_fail(CDP_DATA_TOKENS, p, NULL, &g, CDP_ERR_INVALID, "x.npy: truncated .npy header (255 bytes announced");
+    write_bytes(p, "\x93NUMPY\x04\x00\x10\x00", 10);
+    expect_fail(CDP_DATA_TOKENS, p, NULL, &g, CDP_ERR_INVALID, "x.npy: .npy format version 4.0");
+    char *b = path_in(dir, "v.bin");
+    write_tokens(b, 20240801, 1, 100, t, 100);
+    expect_fail(CDP_DATA_TOKENS, b, NULL, &g, CDP_ERR_INVALID,
+                "v.bin: unsupported token file version 1 for magic 20240801 (expected 7: uint32 tokens)");
+}
+
+/* A file too large to be checked whole at open (a sparse file of zeros, no disk
+ * used) is checked window by window as it is read. */
+Test(data, large_files_are_checked_as_read)
+{
+    const char *dir = cdp_test_tmpdir();
+    struct cdp_model_desc g = gpt(100, 4);
+    char *p = path_in(dir, "big.bin");
+    const int64_t n = 40 << 20; /* 80 MiB of tokens */
+    FILE *f = fopen(p, "wb");
+    int32_t hdr[256] = {20240520, 1, (int32_t)n};
+    fwrite(hdr, sizeof hdr, 1, f);
+    cr_assert_eq(fseeko(f, 1024 + 2 * (n - 1000), SEEK_SET), 0);
+    uint16_t bad = 4242;
+    fwrite(&bad, 2, 1, f);
+    cr_assert_eq(fseeko(f, 1024 + 2 * n - 1, SEEK_SET), 0);
+    fputc(0, f);
+    fclose(f);
+    char *one[1] = {p};
+    struct cdp_data *d = open_files(CDP_DATA_TOKENS, one, 1, NULL, 0, CDP_DATA_ORDER_SEQUENTIAL, &g);
+    int32_t in[4], tg[4];
+    cr_assert_eq(cdp_data_fetch(d, CDP_SPLIT_VAL, 0, 1, in, tg), CDP_OK, "%s", cdp_last_error());
+    /* validation begins at n - n/10; window k starts at k*4 */
+    const int64_t k = (n - 1000 - (n - n / 10)) / 4;
+    cr_assert_eq(cdp_data_fetch(d, CDP_SPLIT_VAL, k, 1, in, tg), CDP_ERR_INVALID);
+    cr_assert(strstr(cdp_last_error(), "big.bin: token 4242 at position 41942040 is outside the model's vocabulary"),
+              "%s", cdp_last_error());
+    cdp_data_close(d);
+}
+
+/* A file that shrinks while it is mapped: the read that would raise SIGBUS is an
+ * error naming the file (issue: a shrunk data file killed the rank with a signal). */
+Test(data, a_file_that_shrinks_while_mapped_is_an_error_not_a_signal)
+{
+    const char *dir = cdp_test_tmpdir();
+    struct cdp_model_desc g = gpt(1000, 16);
+    enum { N = 100000 };
+    uint16_t *t = malloc(N * sizeof *t);
+    for (int i = 0; i < N; i++) t[i] = (uint16_t)(i % 1000);
+    char *p = path_in(dir, "shrink.bin");
+    write_tokens(p, 20240520, 1, N, t, N);
+    char *one[1] = {p};
+    struct cdp_data *d = open_files(CDP_DATA_TOKENS, one, 1, NULL, 0, CDP_DATA_ORDER_SEQUENTIAL, &g);
+    int32_t in[16 * 4], tg[16 * 4];
+    cr_assert_eq(cdp_data_fetch(d, CDP_SPLIT_TRAIN, 5000, 4, in, tg), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(truncate(p, 8192), 0);
+    cr_assert_eq(cdp_data_fetch(d, CDP_SPLIT_TRAIN, 5000, 4, in, tg), CDP_ERR_IO);
+    char want[512];
+    snprintf(want, sizeof want, "%s: the file changed while training read it: it has 8192 bytes now, %d when opened",
+             p, 1024 + 2 * N);
+    cr_assert(strstr(cdp_last_error(), want), "got: %s\nwant: %s", cdp_last_error(), want);
+    /* the first page is still there: reading it works */
+    cr_assert_eq(cdp_data_fetch(d, CDP_SPLIT_TRAIN, 0, 1, in, tg), CDP_OK, "%s", cdp_last_error());
+    cdp_data_close(d);
+
+    /* text, and a file that is gone */
+    char *txt = path_in(dir, "shrink.txt");
+    write_bytes(txt, t, N * sizeof *t);
+    struct cdp_model_desc b = gpt(256, 16);
+    char *tx[1] = {txt};
+    d = open_files(CDP_DATA_TEXT, tx, 1, NULL, 0, CDP_DATA_ORDER_SEQUENTIAL, &b);
+    cr_assert_eq(truncate(txt, 0), 0);
+    cr_assert_eq(cdp_data_fetch(d, CDP_SPLIT_VAL, 10, 1, in, tg), CDP_ERR_IO);
+    cr_assert(strstr(cdp_last_error(), "shrink.txt: the file changed while training read it: it has 0 bytes now"),
+              "%s", cdp_last_error());
+    cdp_data_close(d);
+    free(t);
+}
+
+/* The same for idx images and labels. */
+Test(data, a_shrunk_idx_file_is_an_error_naming_it)
+{
+    enum { N = 2000, R = 28, CC = 28, C = 10 };
+    const char *dir = cdp_test_tmpdir();
+    char *img = path_in(dir, "img.idx"), *lab = path_in(dir, "lab.idx");
+    write_images(img, 0x803, N, R, CC, 0);
+    write_labels(lab, 0x801, N, C);
+    struct cdp_model_desc m = mlp(R * CC, C, CDP_LOSS_CROSS_ENTROPY);
+    struct cdp_data_desc dd = {.source = CDP_DATA_IDX, .path = img, .labels = lab, .seed = 1,
+                               .order = CDP_DATA_ORDER_SEQUENTIAL};
+    struct cdp_data *d = NULL;
+    cr_assert_eq(cdp_data_open(&dd, &m, &d), CDP_OK, "%s", cdp_last_error());
+    static float x[4 * R * CC];
+    int32_t y[4];
+    cr_assert_eq(truncate(img, 4096), 0);
+    cr_assert_eq(cdp_data_fetch(d, CDP_SPLIT_VAL, 0, 4, x, y), CDP_ERR_IO);
+    cr_assert(strstr(cdp_last_error(), "img.idx: the file changed while training read it: it has 4096 bytes now"),
+              "%s", cdp_last_error());
+    cr_assert_eq(truncate(lab, 0), 0);
+    cr_assert_eq(cdp_data_fetch(d, CDP_SPLIT_TRAIN, 0, 1, x, y), CDP_ERR_IO);
+    cr_assert(strstr(cdp_last_error(), "lab.idx: the file changed while training read it: it has 0 bytes now"),
+              "%s", cdp_last_error());
+    cdp_data_close(d);
+}
+
+/* A SIGBUS that is not a data read keeps its usual meaning (the guard passes it on). */
+Test(data, other_bus_errors_are_not_swallowed, .signal = SIGBUS)
+{
+    signal(SIGBUS, SIG_DFL); /* the disposition the guard passes on (a sanitizer's own handler would exit otherwise) */
+    const char *dir = cdp_test_tmpdir();
+    struct cdp_model_desc g = gpt(256, 4);
+    cdp_test_write_file(dir, "t.txt", "abcdefghijklmnopqrstuvwxyz abcdefghijklmnopqrstuvwxyz abcdefghijklmnopqrstuvwxyz");
+    char *one[1] = {path_in(dir, "t.txt")};
+    struct cdp_data *d = open_files(CDP_DATA_TEXT, one, 1, NULL, 0, CDP_DATA_ORDER_SHUFFLE, &g);
+    raise(SIGBUS);
+    cdp_data_close(d);
 }

@@ -1,6 +1,6 @@
 /* Suite fuzz: a seeded mutation loop over every reader of outside input (the
  * plan loader, the three topology readers, safetensors, the checkpoint
- * manifest). Each target mutates real seed files (flipped bits, interesting
+ * manifest, token files (.npy, llm.c uint32), tokenizer.json). Each target mutates real seed files (flipped bits, interesting
  * bytes and tokens, cut and repeated ranges) for CDP_FUZZ_SECONDS (default 4)
  * or at least 200 inputs, and every input must be accepted or refused with a
  * message: never a crash, a hang (the test's timeout) or, under ASan and
@@ -19,7 +19,9 @@
 #include "cdp/topology.h"
 #include "core/file.h"
 #include "harness.h"
+#include "model/bpe.h"
 #include "model/checkpoint.h"
+#include "model/data.h"
 #include "model/safetensors.h"
 
 struct rng {
@@ -234,6 +236,44 @@ static cdp_status manifest_target(const char *data, size_t n, void *vctx)
     return CDP_OK;
 }
 
+/* A token file (any of the kinds data.h reads): open it, then read every
+ * sample of both splits. */
+static cdp_status tokens_target(const char *data, size_t n, void *vctx)
+{
+    struct file_ctx *c = vctx;
+    write_raw(c->path, data, n);
+    struct cdp_model_desc g = {.kind = CDP_MODEL_GPT, .vocab = 70000, .context = 4, .layers = 1, .heads = 1,
+                               .embed = 8};
+    char *paths[1] = {c->path};
+    struct cdp_data_desc dd = {.source = CDP_DATA_TOKENS, .path = c->path, .paths = paths, .n_paths = 1, .seed = 1};
+    struct cdp_data *d = NULL;
+    cdp_status st = cdp_data_open(&dd, &g, &d);
+    if (st) return st;
+    int32_t in[4 * 8], tg[4 * 8];
+    for (int s = 0; s < CDP_SPLIT_COUNT && !st; s++)
+        for (int64_t i = 0; i < cdp_data_split_size(d, (enum cdp_split)s) && i < 512 && !st; i += 8)
+            st = cdp_data_fetch(d, (enum cdp_split)s, i, 8, in, tg);
+    cdp_data_close(d);
+    return st;
+}
+
+/* A tokenizer.json: load it, then encode a few scripts with it. */
+static cdp_status tokenizer_target(const char *data, size_t n, void *vctx)
+{
+    struct file_ctx *c = vctx;
+    write_raw(c->path, data, n);
+    struct cdp_bpe *b = NULL;
+    cdp_status st = cdp_bpe_load_json(c->path, &b);
+    if (st) return st;
+    static const char text[] = "Hello, wörld! Привет 123456 你好 \t\r\n  x";
+    int32_t *ids = NULL;
+    int64_t k = 0;
+    st = cdp_bpe_encode(b, text, sizeof text - 1, &ids, &k);
+    free(ids);
+    cdp_bpe_free(b);
+    return st;
+}
+
 /* ---- tests ------------------------------------------------------------------- */
 
 Test(fuzz, plan_loader, .timeout = 300)
@@ -335,5 +375,43 @@ Test(fuzz, checkpoint_manifest, .timeout = 300)
     snprintf(c.path, sizeof c.path, "%s/manifest.json", c.folder);
     struct blob seed = read_blob(c.path);
     fuzz("checkpoint manifest", &seed, 1, manifest_target, &c);
+    free(seed.p);
+}
+
+Test(fuzz, token_files, .timeout = 300)
+{
+    const char *dir = cdp_test_tmpdir();
+    struct file_ctx c = {0};
+    snprintf(c.path, sizeof c.path, "%s/fuzz.tokens", dir);
+    struct blob seeds[2];
+    /* a .npy of 200 uint16 tokens, and an llm.c uint32 file of 200 */
+    char npy[128 + 400];
+    memset(npy, ' ', 128);
+    memcpy(npy, "\x93NUMPY\x01\x00\x76\x00", 10);
+    int l = snprintf(npy + 10, 118, "{'descr': '<u2', 'fortran_order': False, 'shape': (200,), }");
+    npy[10 + l] = ' ';
+    npy[127] = '\n';
+    for (int i = 0; i < 200; i++) npy[128 + 2 * i] = (char)i, npy[129 + 2 * i] = (char)(i % 3);
+    seeds[0] = (struct blob){malloc(sizeof npy), sizeof npy};
+    memcpy(seeds[0].p, npy, sizeof npy);
+    seeds[1] = (struct blob){calloc(1, 1024 + 800), 1024 + 800};
+    const int32_t hdr[3] = {20240801, 7, 200};
+    memcpy(seeds[1].p, hdr, sizeof hdr);
+    for (int i = 0; i < 200; i++) {
+        const uint32_t v = 65000u + (uint32_t)i;
+        memcpy(seeds[1].p + 1024 + 4 * i, &v, 4);
+    }
+    fuzz("token files", seeds, 2, tokens_target, &c);
+    free(seeds[0].p);
+    free(seeds[1].p);
+}
+
+Test(fuzz, tokenizer_json, .timeout = 300)
+{
+    const char *dir = cdp_test_tmpdir();
+    struct file_ctx c = {0};
+    snprintf(c.path, sizeof c.path, "%s/tokenizer.json", dir);
+    struct blob seed = read_blob(cdp_test_source_path("tests/fixtures/tokenize/llama3/tokenizer.json"));
+    fuzz("tokenizer.json", &seed, 1, tokenizer_target, &c);
     free(seed.p);
 }

@@ -933,3 +933,64 @@ Test(plan, zero_key)
                                       &p), CDP_ERR_INVALID);
     cr_assert(strstr(cdp_last_error(), "/parallel/zero"), "%s", cdp_last_error());
 }
+
+/* data.path / data.val_path: a file, a list, a glob (sorted, expanded in the
+ * resolved plan, which loads back the same). */
+Test(plan, data_paths_take_lists_and_globs)
+{
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
+    char *real = realpath(dir, NULL);
+    cdp_test_write_file(dir, "s_train_002.bin", "x");
+    cdp_test_write_file(dir, "s_train_001.bin", "x");
+    cdp_test_write_file(dir, "s_val_000.bin", "x");
+    cdp_test_write_file(dir, "extra.bin", "x");
+    struct cdp_plan *p = NULL;
+    const char *json = "{\"model\": {\"preset\": \"gpt\"}, \"data\": {\"source\": \"tokens\", \"path\": "
+                       "[\"s_train_*.bin\", \"extra.bin\"], \"val_path\": \"s_val_*.bin\"}}";
+    cr_assert_eq(cdp_plan_load_string(json, "p.json", dir, &p), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(p->data.n_paths, 3);
+    cr_assert_eq(p->data.n_val_paths, 1);
+    char want[PATH_MAX + 32];
+    snprintf(want, sizeof want, "%s/s_train_001.bin", real);
+    cr_assert_str_eq(p->data.paths[0], want);
+    cr_assert_str_eq(p->data.path, want);
+    snprintf(want, sizeof want, "%s/s_train_002.bin", real);
+    cr_assert_str_eq(p->data.paths[1], want);
+    snprintf(want, sizeof want, "%s/extra.bin", real);
+    cr_assert_str_eq(p->data.paths[2], want);
+    snprintf(want, sizeof want, "%s/s_val_000.bin", real);
+    cr_assert_str_eq(p->data.val_paths[0], want);
+    char *out = NULL;
+    cr_assert_eq(cdp_plan_to_json(p, &out), CDP_OK, "%s", cdp_last_error());
+    struct cdp_plan *q = NULL;
+    cr_assert_eq(cdp_plan_load_string(out, "resolved.json", "/", &q), CDP_OK, "%s\n%s", cdp_last_error(), out);
+    cr_assert_eq(q->data.n_paths, 3);
+    for (int i = 0; i < 3; i++) cr_assert_str_eq(q->data.paths[i], p->data.paths[i]);
+    cr_assert_str_eq(q->data.val_paths[0], p->data.val_paths[0]);
+    free(out);
+    cdp_plan_free(q);
+    cdp_plan_free(p);
+    free(real);
+
+    static const struct {
+        const char *data, *msg;
+    } bad[] = {
+        {"{\"source\": \"tokens\", \"path\": \"none_*.bin\"}", "/data/path: the pattern \""},
+        {"{\"source\": \"tokens\", \"path\": []}", "/data/path: expected a file path, a glob pattern or a non-empty "
+                                               "list of them"},
+        {"{\"source\": \"tokens\", \"path\": [\"extra.bin\", 3]}", "/data/path/1: expected a file path"},
+        {"{\"source\": \"tokens\", \"path\": [\"extra.bin\", \"gone.bin\"]}", "/data/path/1: cannot open"},
+        {"{\"source\": \"synthetic\", \"val_path\": \"extra.bin\"}", "/data/val_path: only /data/source \"text\" and "
+                                                                    "\"tokens\" take validation files"},
+        {"{\"source\": \"tokens\", \"path\": \"extra.bin\", \"val_path\": \"nope*\"}", "/data/val_path: the pattern"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char plan[512];
+        snprintf(plan, sizeof plan, "{\"model\": {\"preset\": \"gpt\"}, \"data\": %s}", bad[i].data);
+        p = NULL;
+        cr_assert_eq(cdp_plan_load_string(plan, "p.json", dir, &p), CDP_ERR_INVALID, "%s", plan);
+        cr_assert(strstr(cdp_last_error(), bad[i].msg), "%s\ngot: %s\nwant: %s", plan, cdp_last_error(), bad[i].msg);
+        cr_assert_null(p);
+    }
+}

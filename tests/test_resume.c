@@ -373,6 +373,96 @@ Test(resume, sequential_data_resumes_bitwise, .timeout = 120)
     cr_assert_neq(a[1], c[1], "the order changes the batches: step 2 loss %.9g under both", a[1]);
 }
 
+/* Sharded token data (docs/data.md): a glob of three files in three formats
+ * reads as the one file they cut, and a run on them resumes exactly, under the
+ * same layout (bitwise) and under another (2 replicas, to the same weights). */
+static const char *plan_shards(const char *dir, const char *name, const char *path, int R, int steps)
+{
+    char json[2048], file[64];
+    snprintf(json, sizeof json,
+             "{\"model\": {\"preset\": \"gpt\", \"vocab\": 300, \"context\": 8, \"layers\": 2, \"heads\": 2, "
+             "\"embed\": 16}, \"data\": {\"source\": \"tokens\", \"path\": %s, \"val_path\": \"val.npy\"}, "
+             "\"train\": {\"steps\": %d, \"micro_batch\": 2, \"optimizer\": {\"lr\": 0.01, \"eps\": 1e-6}, "
+             "\"grad_clip\": 0.5, \"eval_batches\": 1, \"checkpoint\": {\"dir\": \"ckpt-%s\", \"every\": 3, \"keep\": 2}}, "
+             "\"parallel\": {\"stages\": 1, \"replicas\": %d, \"micro_batches\": %d}, \"cluster\": {" CPU_BACKEND
+             "}, \"output\": {\"metrics\": \"%s.jsonl\", \"weights\": \"%s.safetensors\"}}",
+             path, steps, name, R, 4 / R, name, name);
+    snprintf(file, sizeof file, "%s.json", name);
+    return cdp_test_write_file(dir, file, json);
+}
+
+static void write_file_bytes(const char *dir, const char *name, const void *head, size_t nh, const void *body,
+                             size_t nb)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "wb");
+    cr_assert_not_null(f, "%s", path);
+    cr_assert_eq(fwrite(head, 1, nh, f), nh);
+    cr_assert_eq(fwrite(body, 1, nb, f), nb);
+    fclose(f);
+}
+
+static void write_llmc(const char *dir, const char *name, int magic, int version, const void *toks, int n, int width)
+{
+    int32_t hdr[256] = {magic, version, n};
+    write_file_bytes(dir, name, hdr, sizeof hdr, toks, (size_t)n * (size_t)width);
+}
+
+static void write_npy16(const char *dir, const char *name, const uint16_t *toks, int n)
+{
+    char h[128];
+    int len = snprintf(h, sizeof h, "\x93NUMPY\x01%c%c%c{'descr': '<u2', 'fortran_order': False, 'shape': (%d,), }",
+                       0, 0, 0, n);
+    while ((len + 1) % 64) h[len++] = ' ';
+    h[len++] = '\n';
+    h[8] = (char)((len - 10) & 0xff), h[9] = (char)((len - 10) >> 8);
+    write_file_bytes(dir, name, h, (size_t)len, toks, 2 * (size_t)n);
+}
+
+Test(resume, sharded_tokens_read_as_one_file_and_resume, .timeout = 120)
+{
+    char *dir = newdir();
+    enum { N = 900, V = 200 };
+    uint16_t t16[N], v16[V];
+    uint32_t t32[N];
+    uint64_t z = 7;
+    for (int i = 0; i < N; i++) {
+        z = z * 6364136223846793005ull + 1442695040888963407ull;
+        t16[i] = (uint16_t)((z >> 33) % 300), t32[i] = t16[i];
+    }
+    for (int i = 0; i < V; i++) v16[i] = t16[(i * 37) % N];
+    write_llmc(dir, "whole.bin", 20240520, 1, t16, N, 2);
+    write_llmc(dir, "tok_000.bin", 20240520, 1, t16, 250, 2);
+    write_npy16(dir, "tok_001.npy", t16 + 250, 333);
+    write_llmc(dir, "tok_002.bin", 20240801, 7, t32 + 583, N - 583, 4);
+    write_npy16(dir, "val.npy", v16, V);
+    run_ok((const char *[]){"-q", "--plan", plan_shards(dir, "base", "\"whole.bin\"", 1, 6), NULL});
+    run_ok((const char *[]){"-q", "--plan", plan_shards(dir, "glob", "\"tok_*\"", 1, 6), NULL});
+    double a[16], b[16];
+    cr_assert_eq(losses(dir, "base", a), 6);
+    cr_assert_eq(losses(dir, "glob", b), 6);
+    for (int i = 0; i < 6; i++) cr_assert_eq(a[i], b[i], "step %d: %.17g vs %.17g", i + 1, b[i], a[i]);
+    cr_assert_eq(weights_error(dir, "base", "glob"), 0.0, "the shards are the file they cut");
+
+    const char *list = "[\"tok_000.bin\", \"tok_001.npy\", \"tok_002.bin\"]";
+    run_ok((const char *[]){"-q", "--plan", plan_shards(dir, "x", list, 1, 3), NULL});
+    run_ok((const char *[]){"-q", "--plan", plan_shards(dir, "x", list, 1, 6), "--resume", NULL});
+    cr_assert_eq(losses(dir, "x", b), 6);
+    for (int i = 0; i < 6; i++) cr_assert_eq(a[i], b[i], "step %d: %.17g vs %.17g", i + 1, b[i], a[i]);
+    cr_assert_eq(weights_error(dir, "base", "x"), 0.0, "resumed bitwise");
+
+    need_mpi();
+    run_ok((const char *[]){"-q", "--plan", plan_shards(dir, "y", list, 1, 3), NULL});
+    run_ok((const char *[]){"-q", "--plan", plan_shards(dir, "y", list, 2, 6), "--resume", NULL});
+    cr_assert_eq(losses(dir, "y", b), 6);
+    for (int i = 0; i < 6; i++)
+        cr_assert_leq(fabs(a[i] - b[i]), 1e-5 * fabs(a[i]), "step %d: %.9g vs %.9g", i + 1, b[i], a[i]);
+    double e = weights_error(dir, "base", "y");
+    cr_assert_leq(e, 1e-5, "weights differ by %.3g", e);
+    cr_log_info("shards, 1 x 1 -> 1 x 2: worst weight error %.3g", e);
+}
+
 Test(resume, a_corrupt_checkpoint_is_named_and_left_alone, .timeout = 120)
 {
     char *dir = newdir();

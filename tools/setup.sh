@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages=(gcc libc6-dev meson ninja-build pkg-config libjansson-dev libopenblas-dev
+packages=(gcc libc6-dev meson ninja-build pkg-config libjansson-dev libopenblas-dev libpcre2-dev
           libhwloc-dev hwloc libopenmpi-dev openmpi-bin libcriterion-dev)
 missing=()
 for p in "${packages[@]}"; do

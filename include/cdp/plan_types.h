@@ -125,10 +125,18 @@ enum cdp_data_order { CDP_DATA_ORDER_SHUFFLE = 0, CDP_DATA_ORDER_SEQUENTIAL, CDP
 
 struct cdp_data_desc {
     enum cdp_data_source source;
-    char *path;   /* text, tokens: the file; idx: the images file (absolute, owned) */
+    char *path;   /* text, tokens: the first file; idx: the images file (absolute, owned) */
     char *labels; /* idx: the labels file (absolute, owned); else NULL */
     uint64_t seed;
     enum cdp_data_order order;
+    /* text, tokens: every file of data.path in order (a list, globs expanded and
+     * sorted), read as one token stream; n_paths 0 means path alone (owned) */
+    char **paths;
+    int n_paths;
+    /* text, tokens: data.val_path's files, the validation split; n_val_paths 0:
+     * the last 10% of data.path's tokens are validation (owned) */
+    char **val_paths;
+    int n_val_paths;
 };
 
 enum cdp_optimizer_type { CDP_OPT_SGD = 0, CDP_OPT_ADAMW, CDP_OPT_TYPE_COUNT };

@@ -28,6 +28,9 @@ int cdp_cli_export(int argc, char **argv);
 int cdp_cli_generate(int argc, char **argv);
 int cdp_cli_eval(int argc, char **argv);
 
+/* `cdphybrid tokenize ...` (cmd_tokenize.c); argv[0] is "tokenize". */
+int cdp_cli_tokenize(int argc, char **argv);
+
 /* `cdphybrid doctor ...`; argv[0] is "doctor". */
 int cdp_cli_doctor(int argc, char **argv);
 

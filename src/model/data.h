@@ -42,16 +42,21 @@ struct cdp_data;
  * other models get inputs N(0,1) and targets from a fixed random teacher network
  * built from the seed (argmax for classes, its outputs for regression).
  * text: bytes are tokens (needs vocab >= 256). tokens: llm.c files (header of 256
- * int32: 20240520, 1, count; then uint16 tokens). idx: images 0x00000803 (n, rows,
+ * int32: 20240520, 1, count, then uint16 tokens; or 20240801, 7, count, then
+ * uint32 tokens) or .npy arrays of uint16 / uint32, told apart by content.
+ * Text and tokens take several files (desc->paths), read end to end as one
+ * token stream (docs/data.md). idx: images 0x00000803 (n, rows,
  * cols) or 0x00000804 (n, channels, rows, cols), unsigned bytes scaled to [0, 1],
- * and labels 0x00000801. Files are mapped read-only and stay mapped until close.
- * Files are read and checked here: a bad magic number, a truncated file, a
+ * and labels 0x00000801. Files are mapped read-only and stay mapped until close;
+ * nothing is read whole, except that the first 64 MiB of token data are checked
+ * against the vocabulary here (the rest as each window is read).
+ * Headers are checked here: a bad magic number, a truncated file, a
  * token id >= vocab, images of another size than the model's input, a label
  * outside [0, classes), or a file too short for one sample of each split gives
  * CDP_ERR_INVALID (or CDP_ERR_IO) naming the file and what was wrong.
- * The last 10% of a file's samples (text/tokens: of its tokens; idx: of its
- * images) form the validation split; synthetic data draws both splits from
- * disjoint index streams. */
+ * Validation: desc->val_paths' tokens when given; else the last 10% of the
+ * samples (text/tokens: of the tokens; idx: of the images); synthetic data
+ * draws both splits from disjoint index streams. */
 cdp_status cdp_data_open(const struct cdp_data_desc *desc, const struct cdp_model_desc *model,
                          struct cdp_data **out);
 void cdp_data_close(struct cdp_data *d);
@@ -72,7 +77,11 @@ int64_t cdp_data_split_size(const struct cdp_data *d, enum cdp_split split);
  * (epoch = i / n); sequential, in file order (token windows at stride T). So
  * every sample is seen once per epoch (docs/training.md#data-order). */
 /* Nothing changes in the source after open, so several threads may fetch at once.
- * Returns CDP_ERR_INVALID for a negative index or count, or an unknown split. */
+ * Returns CDP_ERR_INVALID for a negative index or count, an unknown split, or a
+ * token >= vocab in a window read; CDP_ERR_IO naming the file when a mapped
+ * file shrank or vanished under the read (caught as SIGBUS: the first open
+ * installs a process-wide SIGBUS handler that passes every other SIGBUS on to
+ * the disposition it replaced; docs/data.md). */
 cdp_status cdp_data_fetch(struct cdp_data *d, enum cdp_split split, int64_t first_index,
                           int count, void *inputs, void *targets);
 

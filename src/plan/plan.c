@@ -4,6 +4,7 @@
 #include "cdp/plan.h"
 
 #include <errno.h>
+#include <glob.h>
 #include <jansson.h>
 #include <limits.h>
 #include <stdarg.h>
@@ -570,7 +571,86 @@ static cdp_status load_model(struct ld *c, const json_t *m)
 
 /* ---- data -------------------------------------------------------------------- */
 
-static const char *const data_keys[] = {"source", "path", "labels", "seed", "order", NULL};
+static const char *const data_keys[] = {"source", "path", "val_path", "labels", "seed", "order", NULL};
+
+#define MAX_DATA_FILES 1000000
+
+static cdp_status push_path(struct ld *c, const char *ptr, char ***list, int *n, char *path)
+{
+    if (*n >= MAX_DATA_FILES) {
+        free(path);
+        return cdp_json_fail(&c->in, ptr, "more than %d files", MAX_DATA_FILES);
+    }
+    char **nl = realloc(*list, (size_t)(*n + 1) * sizeof *nl);
+    if (!nl) {
+        free(path);
+        return cdp_fail(CDP_ERR_NOMEM, "%s: %s: out of memory", c->in.file, ptr);
+    }
+    nl[(*n)++] = path;
+    *list = nl;
+    return CDP_OK;
+}
+
+/* One entry of a data path list: a file, or a glob pattern (it holds * ? or [)
+ * that names at least one regular file, its matches in sorted order. */
+static cdp_status get_data_entry(struct ld *c, const json_t *v, const char *ptr, char ***list, int *n)
+{
+    cdp_status st;
+    if (!json_is_string(v) || json_string_length(v) == 0 || strlen(json_string_value(v)) != json_string_length(v))
+        return cdp_json_expected(&c->in, ptr, "a file path, a glob pattern or a list of them", v);
+    const char *s = json_string_value(v);
+    if (!strpbrk(s, "*?[")) {
+        char *one = NULL;
+        if ((st = get_existing_file(c, v, ptr, &one))) return st;
+        return push_path(c, ptr, list, n, one);
+    }
+    char *joined = join_path(c->base, s);
+    if (!joined) return cdp_fail(CDP_ERR_NOMEM, "%s: %s: out of memory", c->in.file, ptr);
+    glob_t g;
+    int rc = glob(joined, GLOB_ERR, NULL, &g);
+    if (rc != 0) {
+        st = rc == GLOB_NOMATCH ? cdp_json_fail(&c->in, ptr, "the pattern \"%s\" matches no file", joined)
+             : rc == GLOB_NOSPACE ? cdp_fail(CDP_ERR_NOMEM, "%s: %s: out of memory", c->in.file, ptr)
+                                  : cdp_json_fail(&c->in, ptr, "cannot read the folders of \"%s\"", joined);
+        if (rc != GLOB_NOMATCH) globfree(&g);
+        free(joined);
+        return st;
+    }
+    free(joined);
+    st = CDP_OK;
+    int regular = 0;
+    for (size_t i = 0; i < g.gl_pathc && !st; i++) {
+        struct stat sb;
+        if (stat(g.gl_pathv[i], &sb) != 0 || !S_ISREG(sb.st_mode)) continue; /* folders a pattern also matches */
+        char *abs = realpath(g.gl_pathv[i], NULL);
+        if (!abs) {
+            st = cdp_json_fail(&c->in, ptr, "cannot open \"%s\": %s", g.gl_pathv[i], strerror(errno));
+            break;
+        }
+        st = push_path(c, ptr, list, n, abs);
+        regular++;
+    }
+    if (!st && !regular) st = cdp_json_fail(&c->in, ptr, "the pattern \"%s\" matches no regular file", s);
+    globfree(&g);
+    return st;
+}
+
+/* data.path / data.val_path: a file, a glob, or a non-empty list of either. */
+static cdp_status get_data_paths(struct ld *c, const json_t *v, const char *ptr, char ***list, int *n)
+{
+    cdp_status st;
+    if (!json_is_array(v)) return get_data_entry(c, v, ptr, list, n);
+    if (json_array_size(v) == 0)
+        return cdp_json_expected(&c->in, ptr, "a file path, a glob pattern or a non-empty list of them", v);
+    size_t k;
+    json_t *e;
+    json_array_foreach(v, k, e) {
+        char ep[CDP_JSON_PTR_CAP];
+        cdp_json_ptr_index(ep, ptr, k);
+        if ((st = get_data_entry(c, e, ep, list, n))) return st;
+    }
+    return CDP_OK;
+}
 
 static cdp_status load_data(struct ld *c, const json_t *d)
 {
@@ -588,8 +668,10 @@ static cdp_status load_data(struct ld *c, const json_t *d)
     if ((st = cdp_json_get_enum(&c->in, d, "/data", "order", cdp_plan_order_names, &order))) return st;
     dd->order = (enum cdp_data_order)order;
     const json_t *path = json_object_get(d, "path"), *labels = json_object_get(d, "labels");
+    const json_t *val_path = json_object_get(d, "val_path");
     if (json_is_null(path)) path = NULL;
     if (json_is_null(labels)) labels = NULL;
+    if (json_is_null(val_path)) val_path = NULL;
     const char *sn = cdp_plan_source_names[src];
     if (dd->source == CDP_DATA_SYNTHETIC) {
         if (path)
@@ -601,7 +683,19 @@ static cdp_status load_data(struct ld *c, const json_t *d)
                                  cdp_plan_order_names[dd->order]);
     } else {
         if (!path) return cdp_json_fail(&c->in, "/data/path", "missing; /data/source \"%s\" needs a file", sn);
-        if ((st = get_existing_file(c, path, "/data/path", &dd->path))) return st;
+        if (dd->source == CDP_DATA_IDX) {
+            if ((st = get_existing_file(c, path, "/data/path", &dd->path))) return st;
+        } else {
+            if ((st = get_data_paths(c, path, "/data/path", &dd->paths, &dd->n_paths))) return st;
+            if (!(dd->path = strdup(dd->paths[0])))
+                return cdp_fail(CDP_ERR_NOMEM, "%s: /data/path: out of memory", c->in.file);
+        }
+    }
+    if (val_path) {
+        if (dd->source != CDP_DATA_TEXT && dd->source != CDP_DATA_TOKENS)
+            return cdp_json_fail(&c->in, "/data/val_path",
+                                 "only /data/source \"text\" and \"tokens\" take validation files, not \"%s\"", sn);
+        if ((st = get_data_paths(c, val_path, "/data/val_path", &dd->val_paths, &dd->n_val_paths))) return st;
     }
     if (dd->source == CDP_DATA_IDX) {
         if (!labels)
@@ -1506,6 +1600,10 @@ void cdp_plan_free(struct cdp_plan *plan)
     free(plan->model.layer_list);
     free(plan->data.path);
     free(plan->data.labels);
+    for (int i = 0; i < plan->data.n_paths; i++) free(plan->data.paths[i]);
+    free(plan->data.paths);
+    for (int i = 0; i < plan->data.n_val_paths; i++) free(plan->data.val_paths[i]);
+    free(plan->data.val_paths);
     free(plan->train.checkpoint.dir);
     free(plan->parallel.partition);
     free(plan->parallel.schedule_file);

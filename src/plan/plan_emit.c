@@ -43,6 +43,20 @@ static void set_size(struct emit *e, json_t *o, const char *key, uint64_t v)
 
 static json_t *jstr_or_null(const char *s) { return s ? json_string(s) : json_null(); }
 
+/* data.path / data.val_path: one file as a string, several as a list (globs
+ * come out expanded), none as null. */
+static json_t *data_paths_json(const char *one, char *const *list, int n)
+{
+    if (n <= 1) return jstr_or_null(n == 1 ? list[0] : one);
+    json_t *a = json_array();
+    for (int i = 0; a && i < n; i++)
+        if (json_array_append_new(a, json_string(list[i]))) {
+            json_decref(a);
+            return NULL;
+        }
+    return a;
+}
+
 /* Notes a real that 15 digits do not keep. */
 static void note_exact(struct emit *e, double v)
 {
@@ -138,7 +152,8 @@ static json_t *plan_json(struct emit *e, const struct cdp_plan *p)
     set(e, root, "data", o = json_object());
     if (o) {
         set(e, o, "source", json_string(cdp_plan_source_names[p->data.source]));
-        set(e, o, "path", jstr_or_null(p->data.path));
+        set(e, o, "path", data_paths_json(p->data.path, p->data.paths, p->data.n_paths));
+        set(e, o, "val_path", data_paths_json(NULL, p->data.val_paths, p->data.n_val_paths));
         set(e, o, "labels", jstr_or_null(p->data.labels));
         set(e, o, "seed", jint((int64_t)p->data.seed));
         set(e, o, "order", json_string(cdp_plan_order_names[p->data.order]));
@@ -369,7 +384,15 @@ cdp_status cdp_plan_print(const struct cdp_plan *p, FILE *f)
 
     fprintf(f, "\nData\n");
     fprintf(f, ROW "%s\n", "source", cdp_plan_source_names[p->data.source]);
-    if (p->data.path) fprintf(f, ROW "%s\n", "path", p->data.path);
+    if (p->data.path) {
+        if (p->data.n_paths > 1)
+            fprintf(f, ROW "%s and %d more files\n", "path", p->data.path, p->data.n_paths - 1);
+        else
+            fprintf(f, ROW "%s\n", "path", p->data.path);
+    }
+    if (p->data.n_val_paths == 1) fprintf(f, ROW "%s\n", "val_path", p->data.val_paths[0]);
+    if (p->data.n_val_paths > 1)
+        fprintf(f, ROW "%s and %d more files\n", "val_path", p->data.val_paths[0], p->data.n_val_paths - 1);
     if (p->data.labels) fprintf(f, ROW "%s\n", "labels", p->data.labels);
     fprintf(f, ROW "%llu\n", "seed", (unsigned long long)p->data.seed);
     if (p->data.path) fprintf(f, ROW "%s\n", "order", cdp_plan_order_names[p->data.order]);
