@@ -779,3 +779,37 @@ Test(planner, gradient_buckets_are_one_rule_on_every_backend)
         }
     cr_assert_eq(cdp_plan_bucket_bytes(NULL, 2, 0), 0.0);
 }
+
+/* The step lines' MFU divides by each rank's device peak, which the planner
+ * copies from the topology for the plan's precision; a CPU device has none. */
+Test(planner, layout_ranks_carry_their_device_peak)
+{
+    static const struct {
+        const char *precision, *topology;
+        double peak;
+    } cases[] = {{"bf16", "hgx-h100", 989.5e12}, {"fp32", "hgx-h100", 67e12}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char json[1024];
+        snprintf(json, sizeof json, "{\"model\": {\"preset\": \"gpt\", \"vocab\": 1024, \"context\": 256, \"layers\": 4, "
+                 "\"heads\": 8, \"embed\": 512}, \"train\": {\"micro_batch\": 4, \"precision\": \"%s\"}, \"parallel\": "
+                 "{\"stages\": 2, \"replicas\": 2, \"micro_batches\": 4}, \"cluster\": {\"backend\": \"cuda\", "
+                 "\"topology\": \"%s\"}}", cases[i].precision, cases[i].topology);
+        struct cdp_plan *p = load(json);
+        struct cdp_planner_result r = {0};
+        cr_assert_eq(plan_on(p, cases[i].topology, &r), CDP_OK, "%s", cdp_last_error());
+        for (int k = 0; k < r.layout->n_ranks; k++)
+            cr_assert_eq(r.layout->rank[k].peak_flops, cases[i].peak, "%s rank %d: %g", cases[i].precision, k,
+                         r.layout->rank[k].peak_flops);
+        cdp_planner_result_clear(&r);
+        cdp_plan_free(p);
+    }
+    struct cdp_plan *p = load(AUTO_CPU);
+    struct cdp_planner_result r = {0};
+    struct cdp_topology *t = NULL;
+    cr_assert_eq(cdp_topology_cpu(4, 0, 0, &t), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(cdp_planner_run(p, t, NULL, 0, &r), CDP_OK, "%s", cdp_last_error());
+    for (int k = 0; k < r.layout->n_ranks; k++) cr_assert_eq(r.layout->rank[k].peak_flops, 0.0, "rank %d", k);
+    cdp_topology_free(t);
+    cdp_planner_result_clear(&r);
+    cdp_plan_free(p);
+}

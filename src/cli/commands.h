@@ -28,6 +28,9 @@ int cdp_cli_export(int argc, char **argv);
 int cdp_cli_generate(int argc, char **argv);
 int cdp_cli_eval(int argc, char **argv);
 
+/* `cdphybrid plot METRICS.jsonl -o OUT.svg` (cmd_plot.c); argv[0] is "plot". */
+int cdp_cli_plot(int argc, char **argv);
+
 /* `cdphybrid doctor ...`; argv[0] is "doctor". */
 int cdp_cli_doctor(int argc, char **argv);
 
