@@ -192,6 +192,8 @@ cdp_status cdp_exec_write_layout_record(const struct exec *e, FILE *f);
  * unfinished, removed; said on e->out) and appended to. */
 cdp_status cdp_exec_open_metrics(const struct exec *e, FILE **out);
 void cdp_exec_print_header(const struct exec *e, const struct cdp_exec_totals *t, FILE *out);
+/* The step's record: a line of metrics.jsonl into f (NULL: none) and, with
+ * e->tb, its numbers as one TensorBoard event. */
 cdp_status cdp_exec_write_step_record(const struct exec *e, const struct cdp_exec_step *s,
                                       const struct cdp_exec_totals *t, FILE *f);
 void cdp_exec_print_step(const struct exec *e, const struct cdp_exec_step *s, const struct cdp_exec_totals *t,

@@ -813,3 +813,28 @@ Test(planner, layout_ranks_carry_their_device_peak)
     cdp_planner_result_clear(&r);
     cdp_plan_free(p);
 }
+
+/* The learning-rate schedule and the weight-decay groups change no cost: the
+ * planner chooses the same layout and predicts the same step with them. */
+Test(planner, the_lr_schedule_changes_no_plan)
+{
+    struct cdp_planner_result r[2] = {{0}};
+    for (int k = 0; k < 2; k++) {
+        char json[1024];
+        snprintf(json, sizeof json, "{\"model\": {\"preset\": \"gpt\", \"vocab\": 1024, \"context\": 256, \"layers\": 4, "
+                 "\"heads\": 8, \"embed\": 512}, \"train\": {\"steps\": 100, \"micro_batch\": 4, \"optimizer\": "
+                 "{\"weight_decay\": 0.1%s}%s}, \"parallel\": {\"stages\": \"auto\", \"replicas\": \"auto\"}, "
+                 "\"cluster\": {\"backend\": \"cuda\", \"topology\": \"hgx-h100\"}}",
+                 k ? ", \"no_decay\": []" : "",
+                 k ? ", \"lr_schedule\": {\"type\": \"wsd\", \"warmup_steps\": 10, \"decay_steps\": 20}" : "");
+        struct cdp_plan *p = load(json);
+        cr_assert_eq(plan_on(p, "hgx-h100", &r[k]), CDP_OK, "%s", cdp_last_error());
+        cdp_plan_free(p);
+    }
+    char a[65], b[65];
+    cdp_layout_digest(r[0].layout, a);
+    cdp_layout_digest(r[1].layout, b);
+    cr_assert_str_eq(a, b, "the same layout");
+    cr_assert_eq(r[0].predicted.step_s, r[1].predicted.step_s);
+    for (int k = 0; k < 2; k++) cdp_planner_result_clear(&r[k]);
+}
