@@ -445,3 +445,43 @@ Test(cli, plot_reads_resumes_and_names_bad_lines)
     cr_assert(strstr(r.err, "nope.jsonl: cannot open"), "%s", r.err);
     cdp_test_run_free(&r);
 }
+
+/* MFU where the devices' peak is known: a GPU of a topology preset (here the
+ * stand-in CUDA module's device, planned as one H100 of hgx-h100, fp32 peak
+ * 67 TFLOP/s): metrics.jsonl's mfu is its flops_per_s over that peak, and the
+ * step lines show it. */
+Test(cli, mfu_over_the_topologys_gpu_peak)
+{
+    const char *fake = getenv("CDP_FAKE_CUDA_DIR");
+    cr_assert_not_null(fake, "CDP_FAKE_CUDA_DIR is not set (run the tests through meson test)");
+    const char *dir = cdp_test_tmpdir();
+    const char *plan = cdp_test_write_file(
+        dir, "g.json",
+        "{\"model\": {\"preset\": \"gpt\", \"vocab\": 32, \"context\": 8, \"layers\": 2, \"heads\": 2, \"embed\": 16}, "
+        "\"train\": {\"steps\": 3, \"micro_batch\": 2, \"log_every\": 1}, \"parallel\": {\"stages\": 1, "
+        "\"replicas\": 1, \"micro_batches\": 2}, \"cluster\": {\"backend\": \"cuda\", \"topology\": \"hgx-h100\"}, "
+        "\"output\": {\"metrics\": \"g.jsonl\"}}");
+    char *saved = getenv("CDP_MODULE_DIR") ? strdup(getenv("CDP_MODULE_DIR")) : NULL;
+    setenv("CDP_MODULE_DIR", fake, 1);
+    struct cdp_run r = run((const char *[]){"--plan", plan, NULL});
+    if (saved) setenv("CDP_MODULE_DIR", saved, 1);
+    else unsetenv("CDP_MODULE_DIR");
+    free(saved);
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    cr_assert_eq(count_of(r.out, "  MFU "), 3, "%s", r.out);
+    cdp_test_run_free(&r);
+    char path[4200];
+    snprintf(path, sizeof path, "%s/g.jsonl", dir);
+    char *text = cdp_test_read_file(path);
+    int n = 0;
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+        const char *m = strstr(line, "\"mfu\": "), *f = strstr(line, "\"flops_per_s\": ");
+        if (!strstr(line, "\"step\": ")) continue;
+        cr_assert(m && f, "%s", line);
+        const double mfu = strtod(m + 7, NULL), fps = strtod(f + 15, NULL);
+        cr_assert_float_eq(mfu, fps / 67e12, 1e-12 * mfu, "%s", line);
+        n++;
+    }
+    free(text);
+    cr_assert_eq(n, 3);
+}
