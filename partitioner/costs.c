@@ -14,12 +14,17 @@ static const struct { const char *name; double bw; } mem_bw_table[] = {
     {"V100", 0.9e12}, {"P100", 0.732e12},
 };
 
+double cdp_device_peak_flops(const struct cdp_topo_gpu *g, enum cdp_precision prec)
+{
+    const double fp32 = g->peak_fp32 > 0 ? g->peak_fp32 : g->peak_tf32;
+    return prec == CDP_PRECISION_BF16 && g->peak_bf16 > 0 ? g->peak_bf16 : fp32;
+}
+
 struct cdp_device_rate cdp_device_rate_of(const struct cdp_topology *t, int gpu, enum cdp_precision prec)
 {
     const struct cdp_topo_gpu *g = &t->gpus[gpu];
     struct cdp_device_rate r = {0};
-    double fp32 = g->peak_fp32 > 0 ? g->peak_fp32 : g->peak_tf32;
-    r.flops = prec == CDP_PRECISION_BF16 && g->peak_bf16 > 0 ? g->peak_bf16 : fp32;
+    r.flops = cdp_device_peak_flops(g, prec);
     if (t->kind == CDP_TOPO_CPU) {
         if (r.flops <= 0) r.flops = CDP_COST_CPU_FLOPS;
         r.efficiency = CDP_COST_CPU_EFFICIENCY;

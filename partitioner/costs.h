@@ -33,6 +33,11 @@ struct cdp_device_rate {
     double mem_bw;    /* bytes/s, for the optimizer step */
 };
 
+/* A device's dense peak FLOP/s for precision prec, as the topology states it:
+ * fp32 -> peak_fp32 (peak_tf32 when fp32 is 0), bf16 -> peak_bf16 (the fp32
+ * rule when 0); 0 when the topology knows none. The step lines' MFU divides by it. */
+double cdp_device_peak_flops(const struct cdp_topo_gpu *g, enum cdp_precision prec);
+
 /* The rate of device `gpu` of topology t for precision prec: fp32 -> peak_fp32
  * (peak_tf32 when fp32 is 0), bf16 -> peak_bf16 (the fp32 rule when 0); CPU
  * devices without a rate: CDP_COST_CPU_FLOPS. GPUs with no rate at all get

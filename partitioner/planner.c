@@ -1007,6 +1007,9 @@ static cdp_status build_layout(const struct ctx *c, const struct cand *k, const 
         q->node = c->t->gpus[d].node;
         q->gpu = c->t->gpus[d].local / share_k;
         q->capacity = device_cap(c->plan, c->t, d);
+        /* a GPU's peak only: a CPU device's figure is the cost model's assumption, not a known peak */
+        q->peak_flops =
+            c->t->kind == CDP_TOPO_CPU ? 0 : cdp_device_peak_flops(&c->t->gpus[d], c->plan->train.precision);
     }
     free(order);
     for (int i = 0; i < N && l->backend == CDP_BACKEND_CUDA; i++)

@@ -109,6 +109,10 @@ struct exec {
     int step;
     double loss_sum;
     double grad_norm; /* before clipping, of the last step */
+    double lr;        /* the current step's learning rate (cdp_lr_at) */
+    double peak_flops; /* every rank's device peak summed (MFU's denominator); 0 when one is unknown */
+    uint64_t t_start;  /* when the steps began (the time left is measured from it) */
+    struct cdp_tb *tb; /* rank 0: the TensorBoard event file (output.tensorboard), or NULL */
     /* timing of the current step */
     uint64_t t_compute, t_comm, t_idle, t_fb, fb_end, step_start;
     uint64_t t_reduce; /* ZeRO-2: time in cdp_exec_grad_reduce, so far */
@@ -188,6 +192,8 @@ cdp_status cdp_exec_write_layout_record(const struct exec *e, FILE *f);
  * unfinished, removed; said on e->out) and appended to. */
 cdp_status cdp_exec_open_metrics(const struct exec *e, FILE **out);
 void cdp_exec_print_header(const struct exec *e, const struct cdp_exec_totals *t, FILE *out);
+/* The step's record: a line of metrics.jsonl into f (NULL: none) and, with
+ * e->tb, its numbers as one TensorBoard event. */
 cdp_status cdp_exec_write_step_record(const struct exec *e, const struct cdp_exec_step *s,
                                       const struct cdp_exec_totals *t, FILE *f);
 void cdp_exec_print_step(const struct exec *e, const struct cdp_exec_step *s, const struct cdp_exec_totals *t,

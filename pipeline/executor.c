@@ -15,6 +15,8 @@
 #include "kernels/ops.h"
 #include "core/file.h"
 #include "comm/nccl.h"
+#include "model/optim.h"
+#include "pipeline/tensorboard.h"
 #include "pipeline/exec_internal.h"
 
 const char *cdp_exec_where(void) { return cdp_exec_where_buf; }
@@ -30,7 +32,7 @@ cdp_status cdp_exec_check(const struct cdp_plan *p)
         int dir;
     } out[] = {{"/output/metrics", p->output.metrics, 0},  {"/output/trace", p->output.trace, 0},
                {"/output/timeline", p->output.timeline, 0}, {"/output/weights", p->output.weights, 0},
-               {"/train/checkpoint/dir", p->train.checkpoint.dir, 1}};
+               {"/train/checkpoint/dir", p->train.checkpoint.dir, 1}, {"/output/tensorboard", p->output.tensorboard, 1}};
     for (size_t i = 0; i < sizeof out / sizeof out[0]; i++) {
         if (!out[i].path) continue;
         cdp_status st = cdp_check_writable(out[i].path, out[i].dir);
@@ -47,6 +49,7 @@ static cdp_status run_step(struct exec *e, int step, struct cdp_exec_step *s)
 {
     cdp_status st;
     e->step = step;
+    e->lr = cdp_lr_at(&e->plan->train, step);
     e->loss_sum = 0;
     e->t_compute = e->t_comm = e->t_idle = e->t_fb = 0;
     e->step_start = e->fb_end = cdp_time_ns();
@@ -124,6 +127,18 @@ static cdp_status totals_of(struct exec *e, struct cdp_exec_totals *t)
     return CDP_OK;
 }
 
+/* The layout's devices' peak FLOP/s together, or 0 when any is unknown (an
+ * MFU over part of the devices would flatter the run). */
+static double peak_flops_of(const struct cdp_layout *l)
+{
+    double sum = 0;
+    for (int r = 0; r < l->n_ranks; r++) {
+        if (!(l->rank[r].peak_flops > 0)) return 0;
+        sum += l->rank[r].peak_flops;
+    }
+    return sum;
+}
+
 /* The summary's per-step means over the measured steps (the first is a
  * warm-up, unless it is the only one). */
 static void summary_add(struct cdp_train_summary *sum, const struct cdp_exec_step *s, int measured)
@@ -162,7 +177,7 @@ static void step_callback(const struct exec *e, const struct cdp_exec_step *s, c
     const double sps = (double)e->G / s->time_s;
     const struct cdp_step_metrics m = {.size = sizeof m, .step = s->step, .steps = e->plan->train.steps,
                                        .rank = e->rank, .ranks = e->size, .loss = s->loss, .val_loss = s->val_loss,
-                                       .lr = e->plan->train.optimizer.lr, .grad_norm = e->grad_norm,
+                                       .lr = e->lr, .grad_norm = e->grad_norm,
                                        .time_s = s->time_s, .samples_per_s = sps,
                                        .tokens_per_s = t->tokens ? sps * t->sample_tokens : 0, .bubble = s->bubble};
     o->on_step(&m, o->user);
@@ -185,11 +200,14 @@ cdp_status cdp_exec_run(const struct cdp_plan *p, const struct cdp_layout *layou
     if ((st = cdp_monitor_create(e.s, e.r, e.dev, &e.monitor))) goto fail;
     if (e.rank == 0 && p->output.metrics && (st = cdp_exec_open_metrics(&e, &metrics))) goto fail;
     if (metrics && (st = cdp_exec_write_layout_record(&e, metrics))) goto fail;
+    if (e.rank == 0 && p->output.tensorboard && (st = cdp_tb_open(p->output.tensorboard, e.step0, &e.tb))) goto fail;
     if ((st = totals_of(&e, &tot))) goto fail;
+    e.peak_flops = peak_flops_of(layout);
     if (e.rank == 0 && out) cdp_exec_print_header(&e, &tot, out);
     if ((st = cdp_comm_barrier(world, e.timeout))) goto fail;
     /* every rank's events are timed from the barrier, on its own clock */
     const uint64_t t_start = cdp_time_ns();
+    e.t_start = t_start;
     if (e.trace) cdp_trace_set_origin(e.trace, t_start);
     int measured = 0;
     for (int step = e.step0 + 1; step <= p->train.steps; step++) {
@@ -213,7 +231,7 @@ cdp_status cdp_exec_run(const struct cdp_plan *p, const struct cdp_layout *layou
         }
         /* the step's record before its checkpoint: a resume from that
          * checkpoint then always finds it (and cuts what came after) */
-        if (e.rank == 0 && metrics && (st = cdp_exec_write_step_record(&e, &s, &tot, metrics))) goto fail;
+        if (e.rank == 0 && (metrics || e.tb) && (st = cdp_exec_write_step_record(&e, &s, &tot, metrics))) goto fail;
         if (e.rank == 0 && out) cdp_exec_print_step(&e, &s, &tot, o->progress, out);
         if (o && o->on_step) step_callback(&e, &s, &tot, o);
         if (p->train.checkpoint.dir && (step % p->train.checkpoint.every == 0 || last) &&
@@ -233,12 +251,15 @@ cdp_status cdp_exec_run(const struct cdp_plan *p, const struct cdp_layout *layou
     sum.predicted_memory_bytes = (double)e.me->memory.device;
     if (e.rank == 0 && out) cdp_exec_print_summary(&e, &sum, peaks, out);
     if (metrics) fclose(metrics);
+    cdp_tb_close(e.tb);
     free(peaks);
     cdp_exec_free(&e);
     if (summary) *summary = sum;
     return CDP_OK;
 fail:
     if (metrics) fclose(metrics);
+    cdp_tb_close(e.tb);
+    e.tb = NULL;
     free(peaks);
     {
         char msg[4096];

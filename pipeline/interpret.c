@@ -469,7 +469,7 @@ static cdp_status execute(struct exec *e, const struct cdp_instr *in)
         }
         uint64_t to = cdp_time_ns();
         for (int k = 0; k < e->v; k++)
-            cdp_optimizer_step(e->ch[k].opt, e->ch[k].model, (float)e->plan->train.optimizer.lr, clip);
+            cdp_optimizer_step(e->ch[k].opt, e->ch[k].model, (float)e->lr, clip);
         for (int k = 0; k < e->v && !st; k++) st = cdp_model_error(e->ch[k].model);
         /* a step ends when its update has: step times are whole */
         if (!st && !e->hv) st = cdp_device_synchronize(e->dev);

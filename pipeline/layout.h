@@ -48,6 +48,8 @@ struct cdp_layout_rank {
     int gpu;      /* the device it opens on its node: the GPU index (cuda); on cpu the host (shown only) */
     char cpuset[CDP_LAYOUT_CPUSET_MAX]; /* CPUs it is bound to, Linux list form ("0-3"); "" = not bound */
     uint64_t capacity; /* device memory cap it runs under (the planner's); 0 = the device's own */
+    double peak_flops; /* its device's dense peak FLOP/s at the plan's precision (its share of a shared
+                        * GPU), for the step lines' MFU; 0 = unknown (CPU devices, unknown GPUs) */
     struct cdp_rank_memory memory; /* predicted */
 };
 

@@ -7,12 +7,14 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cdp/core.h"
 #include "cdp/log.h"
 #include "model/safetensors.h"
 #include "pipeline/exec_internal.h"
+#include "pipeline/tensorboard.h"
 
 static void human_rate(double v, char *buf, size_t cap)
 {
@@ -21,6 +23,22 @@ static void human_rate(double v, char *buf, size_t cap)
     else if (v >= 1e4) snprintf(buf, cap, "%.1fk", v / 1e3);
     else if (v >= 10) snprintf(buf, cap, "%.0f", v);
     else snprintf(buf, cap, "%.2f", v);
+}
+
+/* "45s", "3m20s", "1h02m", "2d03h": the time left, to the unit that matters */
+static void human_duration(double s, char *buf, size_t cap)
+{
+    const long long t = (long long)(s + 0.5);
+    if (t < 60) snprintf(buf, cap, "%llds", t);
+    else if (t < 3600) snprintf(buf, cap, "%lldm%02llds", t / 60, t % 60);
+    else if (t < 86400) snprintf(buf, cap, "%lldh%02lldm", t / 3600, t % 3600 / 60);
+    else snprintf(buf, cap, "%lldd%02lldh", t / 86400, t % 86400 / 3600);
+}
+
+/* The model FLOP/s of a step over the devices' peak, or NAN where a peak is unknown. */
+static double mfu_of(const struct exec *e, const struct cdp_exec_totals *t, double time_s)
+{
+    return e->peak_flops > 0 && time_s > 0 ? t->flops_per_step / time_s / e->peak_flops : NAN;
 }
 
 void cdp_exec_print_shares(FILE *f, const int64_t *share, int R)
@@ -181,20 +199,22 @@ void cdp_exec_print_header(const struct exec *e, const struct cdp_exec_totals *t
     }
 }
 
-cdp_status cdp_exec_write_step_record(const struct exec *e, const struct cdp_exec_step *s,
-                                      const struct cdp_exec_totals *t, FILE *f)
+/* The step's record: metrics.jsonl's line, and the scalars of TensorBoard's event. */
+static json_t *step_record(const struct exec *e, const struct cdp_exec_step *s, const struct cdp_exec_totals *t)
 {
     const double sps = (double)e->G / s->time_s;
     json_t *o = json_object();
-    if (!o) return cdp_fail(CDP_ERR_NOMEM, "out of memory writing the metrics");
+    if (!o) return NULL;
     json_object_set_new(o, "step", json_integer(s->step));
     json_object_set_new(o, "loss", json_real(s->loss));
-    json_object_set_new(o, "lr", json_real(e->plan->train.optimizer.lr));
+    json_object_set_new(o, "lr", json_real(e->lr));
     json_object_set_new(o, "grad_norm", json_real(e->grad_norm));
     json_object_set_new(o, "time_s", json_real(s->time_s));
     json_object_set_new(o, "samples_per_s", json_real(sps));
     json_object_set_new(o, "tokens_per_s", json_real(t->tokens ? sps * t->sample_tokens : 0));
     json_object_set_new(o, "flops_per_s", json_real(t->flops_per_step / s->time_s));
+    const double mfu = mfu_of(e, t, s->time_s);
+    if (!isnan(mfu)) json_object_set_new(o, "mfu", json_real(mfu));
     json_object_set_new(o, "bubble", json_real(s->bubble));
     if (!isnan(s->val_loss)) json_object_set_new(o, "val_loss", json_real(s->val_loss));
     if (e->R > 1) {
@@ -206,6 +226,38 @@ cdp_status cdp_exec_write_step_record(const struct exec *e, const struct cdp_exe
         json_object_set_new(o, "ranks", cdp_monitor_ranks_json(&s->mon, e->lay));
         json_object_set_new(o, "slowest_rank", json_integer(s->mon.slowest));
         if (s->mon.straggler >= 0) json_object_set_new(o, "straggler", json_integer(s->mon.straggler));
+    }
+    return o;
+}
+
+/* Every number of the record but the step itself, as TensorBoard scalars
+ * named by their metrics.jsonl keys. */
+static cdp_status write_tensorboard(const struct exec *e, const json_t *o, int64_t step)
+{
+    const char *tags[32];
+    double values[32];
+    int n = 0;
+    const char *key;
+    const json_t *v;
+    json_object_foreach((json_t *)o, key, v) {
+        if (n == 32 || !strcmp(key, "step") || !json_is_number(v)) continue;
+        tags[n] = key;
+        values[n++] = json_number_value(v);
+    }
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return cdp_tb_scalars(e->tb, step, (double)ts.tv_sec + (double)ts.tv_nsec / 1e9, tags, values, n);
+}
+
+cdp_status cdp_exec_write_step_record(const struct exec *e, const struct cdp_exec_step *s,
+                                      const struct cdp_exec_totals *t, FILE *f)
+{
+    json_t *o = step_record(e, s, t);
+    if (!o) return cdp_fail(CDP_ERR_NOMEM, "out of memory writing the metrics");
+    cdp_status st = e->tb ? write_tensorboard(e, o, s->step) : CDP_OK;
+    if (st || !f) {
+        json_decref(o);
+        return st;
     }
     return write_line(e, o, f);
 }
@@ -220,7 +272,8 @@ void cdp_exec_print_step(const struct exec *e, const struct cdp_exec_step *s, co
                      !isnan(s->val_loss);
     if (!line) {
         if (progress) {
-            fprintf(out, "\r\033[Kstep %d/%lld  loss %.4f", s->step, (long long)p->train.steps, s->loss);
+            fprintf(out, "\r\033[Kstep %d/%lld  loss %.4f  lr %.3e", s->step, (long long)p->train.steps, s->loss,
+                    e->lr);
             fflush(out);
         }
         return;
@@ -233,10 +286,21 @@ void cdp_exec_print_step(const struct exec *e, const struct cdp_exec_step *s, co
     fprintf(out, "step %*d/%lld  loss %.4f", (int)snprintf(NULL, 0, "%lld", (long long)p->train.steps), s->step,
             (long long)p->train.steps, s->loss);
     if (!isnan(s->val_loss)) fprintf(out, "  val %.4f", s->val_loss);
+    fprintf(out, "  lr %.3e", e->lr);
     fprintf(out, "  | %s samples/s", s1);
     if (tps > 0) fprintf(out, "  %s tokens/s", s2);
-    fprintf(out, s->time_s < 0.01 ? "  %sFLOP/s  %.2f ms/step" : "  %sFLOP/s  %.0f ms/step", s3, s->time_s * 1e3);
+    fprintf(out, "  %sFLOP/s", s3);
+    const double mfu = mfu_of(e, t, s->time_s);
+    if (!isnan(mfu)) fprintf(out, "  MFU %.1f%%", 100.0 * mfu);
+    fprintf(out, s->time_s < 0.01 ? "  %.2f ms/step" : "  %.0f ms/step", s->time_s * 1e3);
     if (e->size > 1) fprintf(out, "  bubble %.0f%%", 100.0 * s->bubble);
+    if (s->step < p->train.steps) {
+        /* the steps left at this run's mean pace so far, validation and checkpoints included */
+        char left[32];
+        const double per = (double)(cdp_time_ns() - e->t_start) / 1e9 / (s->step - e->step0);
+        human_duration(per * (double)(p->train.steps - s->step), left, sizeof left);
+        fprintf(out, "  eta %s", left);
+    }
     if (s->report) {
         char mb[160];
         cdp_monitor_format(&s->mon, mb, sizeof mb);

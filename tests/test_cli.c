@@ -339,3 +339,154 @@ Test(cli, a_shorter_context_loads_the_first_positions)
     cr_assert(strstr(r.out, "step 1/1"), "%s", r.out);
     cdp_test_run_free(&r);
 }
+
+/* ---- step lines with the learning rate and the time left; cdphybrid plot ---------- */
+
+static int count_of(const char *s, const char *needle)
+{
+    int n = 0;
+    for (const char *c = strstr(s, needle); c; c = strstr(c + 1, needle)) n++;
+    return n;
+}
+
+/* The step lines show the scheduled rate and the time left (not on the last
+ * step); a CPU device has no known peak, so no MFU. The run's metrics.jsonl
+ * then plots: the training loss of every step, the validation points and the
+ * rate on its own axis. */
+Test(cli, step_lines_show_the_rate_and_the_run_plots)
+{
+    const char *dir = cdp_test_tmpdir();
+    const char *plan = cdp_test_write_file(
+        dir, "p.json",
+        "{\"model\": {\"preset\": \"gpt\", \"vocab\": 16, \"context\": 8, \"layers\": 1, \"heads\": 2, "
+        "\"embed\": 16}, \"train\": {\"steps\": 6, \"micro_batch\": 4, \"log_every\": 1, \"eval_every\": 3, "
+        "\"optimizer\": {\"lr\": 0.01}, \"lr_schedule\": {\"type\": \"linear\", \"warmup_steps\": 2, "
+        "\"min_lr\": 0.002}}, \"parallel\": {\"micro_batches\": 2}, \"cluster\": {\"backend\": \"cpu\"}, "
+        "\"output\": {\"metrics\": \"m.jsonl\"}}");
+    struct cdp_run r = run((const char *[]){"--plan", plan, NULL});
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    static const char *const want[] = {"step 1/6  loss ", "lr 5.000e-03", "step 2/6", "lr 1.000e-02",
+                                       "lr 8.000e-03", "lr 6.000e-03", "lr 4.000e-03", "lr 2.000e-03"};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+        cr_assert(strstr(r.out, want[i]), "no \"%s\" in:\n%s", want[i], r.out);
+    cr_assert_eq(count_of(r.out, "  eta "), 5, "the time left on steps 1 to 5:\n%s", r.out);
+    cr_assert_null(strstr(r.out, "MFU"), "a CPU has no known peak:\n%s", r.out);
+    char m[4200], svg[4200];
+    snprintf(m, sizeof m, "%s/m.jsonl", dir);
+    snprintf(svg, sizeof svg, "%s/loss.svg", dir);
+    cdp_test_run_free(&r);
+    r = run((const char *[]){"plot", m, "-o", svg, NULL});
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    cr_assert(strstr(r.out, "6 steps"), "%s", r.out);
+    cdp_test_run_free(&r);
+    char *s = cdp_test_read_file(svg);
+    cr_assert_not_null(s);
+    cr_assert(!strncmp(s, "<svg ", 5) && strstr(s, "</svg>\n"), "%s", s);
+    cr_assert_eq(count_of(s, "<polyline"), 3, "loss, validation loss and rate:\n%s", s);
+    cr_assert_eq(count_of(s, "<circle"), 2, "validation at steps 3 and 6:\n%s", s);
+    cr_assert(strstr(s, ">learning rate</text>") && strstr(s, ">validation loss</text>"), "%s", s);
+    /* the training loss: 6 points, the rate's line from 0.005 up to 0.01 and down to 0.002 */
+    static const char head[] = "stroke=\"#1f6fb4\" stroke-width=\"1.5\" points=\"";
+    const char *loss = strstr(s, head);
+    cr_assert_not_null(loss, "%s", s);
+    loss += sizeof head - 1;
+    const char *end = strchr(loss, '"');
+    int pts = 0;
+    for (const char *c = loss; c < end; c++) pts += *c == ',';
+    cr_assert_eq(pts, 6, "%.*s", (int)(end - loss), loss);
+    free(s);
+}
+
+/* A resumed run records steps again: the later records replace the earlier
+ * ones. Bad lines are named by file and line, exit 2, and nothing is written
+ * (an older picture stays as it was). */
+Test(cli, plot_reads_resumes_and_names_bad_lines)
+{
+    const char *dir = cdp_test_tmpdir();
+    const char *m = cdp_test_write_file(dir, "m.jsonl",
+                                        "{\"layout\": {\"stages\": 1}}\n"
+                                        "{\"step\": 1, \"loss\": 3.0, \"lr\": 0.001}\n"
+                                        "{\"step\": 2, \"loss\": 2.5, \"lr\": 0.001, \"val_loss\": 2.6}\n"
+                                        "{\"step\": 3, \"loss\": 9.0, \"lr\": 0.001}\n"
+                                        "{\"step\": 3, \"loss\": 2.0, \"lr\": 0.001}\n"
+                                        "{\"step\": 4, \"loss\": 1.5, \"lr\": 0.001, \"val_loss\": 1.9}\n");
+    char svg[4200];
+    snprintf(svg, sizeof svg, "%s/loss.svg", dir);
+    struct cdp_run r = run((const char *[]){"plot", m, "--out", svg, "--title", "a <run> & more", NULL});
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    cr_assert(strstr(r.out, "4 steps"), "%s", r.out);
+    cdp_test_run_free(&r);
+    char *s = cdp_test_read_file(svg);
+    cr_assert(strstr(s, ">a &lt;run&gt; &amp; more</text>"), "the title, escaped: %s", s);
+    cr_assert_eq(count_of(s, "<circle"), 2);
+    free(s);
+    static const struct {
+        const char *text, *error;
+    } bad[] = {
+        {"{\"step\": 1, \"loss\": 3.0}\n{\"step\": 2, \"loss\": \n", "bad.jsonl:2: expected a JSON object per line"},
+        {"{\"step\": 1, \"loss\": \"3.0\"}\n", "bad.jsonl:1: /loss: expected a number"},
+        {"{\"step\": -1, \"loss\": 3.0}\n", "bad.jsonl:1: /step: expected a non-negative integer"},
+        {"[1, 2]\n", "bad.jsonl:1: expected a JSON object per line (metrics.jsonl), got another value"},
+        {"{\"layout\": {}}\n", "bad.jsonl: no step records"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        const char *b = cdp_test_write_file(dir, "bad.jsonl", bad[i].text);
+        r = run((const char *[]){"plot", b, "-o", svg, NULL});
+        cr_assert_eq(r.exit_code, 2, "%s: exit %d", bad[i].text, r.exit_code);
+        cr_assert(strstr(r.err, bad[i].error), "%s: %s", bad[i].text, r.err);
+        cdp_test_run_free(&r);
+        s = cdp_test_read_file(svg);
+        cr_assert(strstr(s, ">a &lt;run&gt; &amp; more</text>"), "the earlier picture was replaced");
+        free(s);
+    }
+    r = run((const char *[]){"plot", m, NULL});
+    cr_assert_eq(r.exit_code, 2);
+    cr_assert(strstr(r.err, "-o OUT.svg"), "%s", r.err);
+    cdp_test_run_free(&r);
+    char missing[4200];
+    snprintf(missing, sizeof missing, "%s/nope.jsonl", dir);
+    r = run((const char *[]){"plot", missing, "-o", svg, NULL});
+    cr_assert_eq(r.exit_code, 2);
+    cr_assert(strstr(r.err, "nope.jsonl: cannot open"), "%s", r.err);
+    cdp_test_run_free(&r);
+}
+
+/* MFU where the devices' peak is known: a GPU of a topology preset (here the
+ * stand-in CUDA module's device, planned as one H100 of hgx-h100, fp32 peak
+ * 67 TFLOP/s): metrics.jsonl's mfu is its flops_per_s over that peak, and the
+ * step lines show it. */
+Test(cli, mfu_over_the_topologys_gpu_peak)
+{
+    const char *fake = getenv("CDP_FAKE_CUDA_DIR");
+    cr_assert_not_null(fake, "CDP_FAKE_CUDA_DIR is not set (run the tests through meson test)");
+    const char *dir = cdp_test_tmpdir();
+    const char *plan = cdp_test_write_file(
+        dir, "g.json",
+        "{\"model\": {\"preset\": \"gpt\", \"vocab\": 32, \"context\": 8, \"layers\": 2, \"heads\": 2, \"embed\": 16}, "
+        "\"train\": {\"steps\": 3, \"micro_batch\": 2, \"log_every\": 1}, \"parallel\": {\"stages\": 1, "
+        "\"replicas\": 1, \"micro_batches\": 2}, \"cluster\": {\"backend\": \"cuda\", \"topology\": \"hgx-h100\"}, "
+        "\"output\": {\"metrics\": \"g.jsonl\"}}");
+    char *saved = getenv("CDP_MODULE_DIR") ? strdup(getenv("CDP_MODULE_DIR")) : NULL;
+    setenv("CDP_MODULE_DIR", fake, 1);
+    struct cdp_run r = run((const char *[]){"--plan", plan, NULL});
+    if (saved) setenv("CDP_MODULE_DIR", saved, 1);
+    else unsetenv("CDP_MODULE_DIR");
+    free(saved);
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    cr_assert_eq(count_of(r.out, "  MFU "), 3, "%s", r.out);
+    cdp_test_run_free(&r);
+    char path[4200];
+    snprintf(path, sizeof path, "%s/g.jsonl", dir);
+    char *text = cdp_test_read_file(path);
+    int n = 0;
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+        const char *m = strstr(line, "\"mfu\": "), *f = strstr(line, "\"flops_per_s\": ");
+        if (!strstr(line, "\"step\": ")) continue;
+        cr_assert(m && f, "%s", line);
+        const double mfu = strtod(m + 7, NULL), fps = strtod(f + 15, NULL);
+        cr_assert_float_eq(mfu, fps / 67e12, 1e-12 * mfu, "%s", line);
+        n++;
+    }
+    free(text);
+    cr_assert_eq(n, 3);
+}

@@ -755,7 +755,10 @@ Test(model, golden_gpt_step_matches_pytorch)
         free(ref);
     }
     struct cdp_optimizer *o;
+    /* the fixture's recipe (tools/gen_golden.py): every matrix decays, the embeddings too */
     struct cdp_optimizer_desc od = {.type = CDP_OPT_ADAMW, .lr = 1e-3, .weight_decay = 0.1,
+                                    .no_decay = CDP_PARAM_GROUP_BIT(CDP_PARAM_BIAS) |
+                                                CDP_PARAM_GROUP_BIT(CDP_PARAM_NORM),
                                     .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8};
     cr_assert_eq(cdp_optimizer_create(&od, m, dev, &o), CDP_OK);
     cdp_optimizer_step(o, m, 1e-3f, 1.0f);
@@ -1374,7 +1377,7 @@ Test(model, a_kernel_failure_without_a_status_is_returned_by_the_next_pass)
     cr_assert_eq(cdp_model_backward(m, 0, NULL, NULL), CDP_ERR_DEVICE);
     cr_assert(isnan(cdp_model_grad_sumsq(m)));
     struct cdp_model_tensor *t = cdp_model_tensor(m, 0);
-    cr_assert(t->decay, "%s decays: a step would change it", t->name);
+    cr_assert(cdp_optimizer_decays(&od, t->group), "%s decays: a step would change it", t->name);
     float *before = malloc((size_t)t->numel * 4);
     memcpy(before, t->data, (size_t)t->numel * 4);
     cdp_optimizer_step(o, m, 1.0f, 1.0f);
@@ -1458,4 +1461,100 @@ Test(model, grad_clip_scale_is_torchs)
     cdp_model_destroy(m);
     cdp_device_close(dev);
     cdp_plan_free(p);
+}
+
+/* ---- learning-rate schedules and weight-decay groups ----------------------------- */
+
+static double lr_of(const char *schedule, int64_t steps, int64_t step)
+{
+    char json[512];
+    snprintf(json, sizeof json, "{\"model\": {\"preset\": \"gpt\"}, \"train\": {\"steps\": %lld, \"optimizer\": "
+             "{\"lr\": 0.001}, \"lr_schedule\": %s}}", (long long)steps, schedule);
+    struct cdp_plan *p = plan_from(json);
+    const double lr = cdp_lr_at(&p->train, step);
+    cdp_plan_free(p);
+    return lr;
+}
+
+/* Warmup reaches the peak on its last step and every decay reaches min_lr on
+ * the run's last step, as llm.c's and nanoGPT's schedules do (1-based steps). */
+Test(model, lr_schedules_hit_their_ends)
+{
+    for (int64_t s = 1; s <= 20; s++) cr_assert_eq(lr_of("null", 20, s), 0.001, "constant at step %lld", (long long)s);
+    const char *cs = "{\"type\": \"cosine\", \"warmup_steps\": 10, \"min_lr\": 1e-4}";
+    cr_assert_float_eq(lr_of(cs, 110, 1), 1e-4, 1e-18, "warmup starts at lr / warmup_steps");
+    cr_assert_float_eq(lr_of(cs, 110, 5), 5e-4, 1e-18);
+    cr_assert_eq(lr_of(cs, 110, 10), 0.001, "the warmup's last step is the peak, exactly");
+    cr_assert_float_eq(lr_of(cs, 110, 60), 5.5e-4, 1e-15, "half way down the cosine");
+    cr_assert_float_eq(lr_of(cs, 110, 35), 1e-4 + 0.5 * 9e-4 * (1 + cos(M_PI / 4)), 1e-15);
+    cr_assert_eq(lr_of(cs, 110, 110), 1e-4, "min_lr on the last step, exactly");
+    for (int64_t s = 11; s <= 110; s++) cr_assert_leq(lr_of(cs, 110, s), lr_of(cs, 110, s - 1) + 1e-18);
+    const char *lin = "{\"type\": \"linear\", \"warmup_steps\": 10, \"min_lr\": 0}";
+    cr_assert_float_eq(lr_of(lin, 110, 60), 5e-4, 1e-15);
+    cr_assert_float_eq(lr_of(lin, 110, 85), 2.5e-4, 1e-15);
+    cr_assert_eq(lr_of(lin, 110, 110), 0.0);
+    const char *wsd = "{\"type\": \"wsd\", \"warmup_steps\": 5, \"min_lr\": 1e-4, \"decay_steps\": 20}";
+    cr_assert_float_eq(lr_of(wsd, 100, 3), 6e-4, 1e-15);
+    cr_assert_eq(lr_of(wsd, 100, 5), 0.001);
+    cr_assert_eq(lr_of(wsd, 100, 50), 0.001, "stable");
+    cr_assert_eq(lr_of(wsd, 100, 80), 0.001, "the last stable step");
+    cr_assert_float_eq(lr_of(wsd, 100, 90), 5.5e-4, 1e-15, "half way through the decay");
+    cr_assert_eq(lr_of(wsd, 100, 100), 1e-4);
+    cr_assert_eq(lr_of("{\"warmup_steps\": 4}", 10, 2), 0.0005, "warmup, then constant");
+    cr_assert_eq(lr_of("{\"warmup_steps\": 4}", 10, 7), 0.001);
+}
+
+/* The plan's default decays the weight matrices only: after an AdamW step on
+ * zero gradients a matrix has shrunk by exactly lr x weight_decay and every
+ * embedding, bias and norm is untouched; "no_decay": [] decays them all. */
+Test(model, weight_decay_follows_the_parameter_groups)
+{
+    for (int all = 0; all < 2; all++) {
+        char json[512];
+        snprintf(json, sizeof json, "{\"model\": {\"preset\": \"gpt\", \"vocab\": 16, \"context\": 4, \"layers\": 1, "
+                 "\"heads\": 2, \"embed\": 8, \"tie_embeddings\": false}, \"train\": {\"optimizer\": {\"lr\": 0.25, "
+                 "\"weight_decay\": 0.5%s}}}", all ? ", \"no_decay\": []" : "");
+        struct cdp_plan *p = plan_from(json);
+        cdp_device_t dev = cpu();
+        struct cdp_model *m;
+        struct cdp_optimizer *o;
+        cr_assert_eq(cdp_model_create(&p->model, 0, cdp_plan_model_units(p), 2, 1, 1, dev, &m), CDP_OK, "%s",
+                     cdp_last_error());
+        cr_assert_eq(cdp_optimizer_create(&p->train.optimizer, m, dev, &o), CDP_OK, "%s", cdp_last_error());
+        cdp_model_zero_grad(m);
+        const int n = cdp_model_tensor_count(m);
+        float **before = calloc((size_t)n, sizeof *before);
+        int seen[CDP_PARAM_GROUP_COUNT] = {0};
+        for (int i = 0; i < n; i++) {
+            struct cdp_model_tensor *t = cdp_model_tensor(m, i);
+            const char *base = strrchr(t->name, '.') + 1;
+            const enum cdp_param_group want = !strcmp(base, "wte") || !strcmp(base, "wpe") ? CDP_PARAM_EMBEDDING
+                                              : strstr(t->name, ".ln")                      ? CDP_PARAM_NORM
+                                              : !strcmp(base, "bias")                       ? CDP_PARAM_BIAS
+                                                                                            : CDP_PARAM_WEIGHT;
+            cr_assert_eq(t->group, want, "%s: group %d, expected %d", t->name, t->group, want);
+            seen[t->group]++;
+            before[i] = malloc((size_t)t->numel * 4);
+            memcpy(before[i], t->data, (size_t)t->numel * 4);
+        }
+        for (int g = 0; g < CDP_PARAM_GROUP_COUNT; g++) cr_assert_gt(seen[g], 0, "no tensor of group %d", g);
+        cdp_optimizer_step(o, m, 0.25f, 1.0f);
+        cr_assert_eq(cdp_model_error(m), CDP_OK);
+        for (int i = 0; i < n; i++) {
+            struct cdp_model_tensor *t = cdp_model_tensor(m, i);
+            const int decays = all || t->group == CDP_PARAM_WEIGHT;
+            cr_assert_eq(cdp_optimizer_decays(&p->train.optimizer, t->group), decays, "%s", t->name);
+            for (int64_t j = 0; j < t->numel; j++) {
+                const float want = decays ? before[i][j] * (1.0f - 0.25f * 0.5f) : before[i][j];
+                cr_assert_float_eq(t->data[j], want, 1e-6f * fabsf(want) + 1e-30f, "%s[%lld]: %g, expected %g%s",
+                                   t->name, (long long)j, t->data[j], want, decays ? " (decayed)" : " (untouched)");
+            }
+            free(before[i]);
+        }
+        free(before);
+        cdp_optimizer_destroy(o);
+        cdp_model_destroy(m);
+        cdp_device_close(dev);
+        cdp_plan_free(p);
+    }
 }

@@ -993,4 +993,73 @@ Test(plan, data_paths_take_lists_and_globs)
         cr_assert(strstr(cdp_last_error(), bad[i].msg), "%s\ngot: %s\nwant: %s", plan, cdp_last_error(), bad[i].msg);
         cr_assert_null(p);
     }
+/* ---- learning-rate schedule and weight-decay groups --------------------------- */
+
+Test(plan, lr_schedule_and_no_decay_defaults)
+{
+    struct cdp_plan *p = load_ok("{\"model\": {\"preset\": \"gpt\"}}");
+    cr_assert_eq(p->train.lr_schedule.type, CDP_LR_CONSTANT);
+    cr_assert_eq(p->train.lr_schedule.warmup_steps, 0);
+    cr_assert_eq(p->train.optimizer.no_decay, CDP_NO_DECAY_DEFAULT);
+    cdp_plan_free(p);
+    p = load_ok("{\"model\": {\"preset\": \"gpt\"}, \"train\": {\"steps\": 50, \"optimizer\": {\"no_decay\": []}, "
+                "\"lr_schedule\": {\"type\": \"cosine\", \"warmup_steps\": 5, \"min_lr\": 1e-5}}}");
+    cr_assert_eq(p->train.optimizer.no_decay, 0u);
+    cr_assert_eq(p->train.lr_schedule.type, CDP_LR_COSINE);
+    cr_assert_eq(p->train.lr_schedule.warmup_steps, 5);
+    cr_assert_eq(p->train.lr_schedule.min_lr, 1e-5);
+    cdp_plan_free(p);
+}
+
+struct lr_bad {
+    char train[200];
+    char error[240];
+};
+
+ParameterizedTestParameters(plan, lr_schedule_errors_name_the_key)
+{
+    static struct lr_bad cases[] = {
+        {"\"lr_schedule\": \"cosine\"", "t.json: /train/lr_schedule: expected an object or null, got \"cosine\""},
+        {"\"lr_schedule\": {\"type\": \"cosin\"}",
+         "t.json: /train/lr_schedule/type: expected one of \"constant\", \"cosine\", \"linear\", \"wsd\", got "
+         "\"cosin\" (did you mean \"cosine\"?)"},
+        {"\"lr_schedule\": {\"warmup\": 10}", "t.json: /train/lr_schedule/warmup: unknown key (did you mean"},
+        {"\"lr_schedule\": {\"warmup_steps\": -1}",
+         "t.json: /train/lr_schedule/warmup_steps: expected a non-negative integer, got -1"},
+        {"\"lr_schedule\": {\"warmup_steps\": 11}", "t.json: /train/lr_schedule/warmup_steps: 11 is more than "
+         "/train/steps 10"},
+        {"\"lr_schedule\": {\"type\": \"cosine\", \"warmup_steps\": 10}",
+         "t.json: /train/lr_schedule/warmup_steps: 10 leaves no step for the cosine decay: expected fewer than "
+         "/train/steps 10"},
+        {"\"lr_schedule\": {\"min_lr\": 0.1}", "t.json: /train/lr_schedule/min_lr: unknown key for "
+         "/train/lr_schedule/type \"constant\""},
+        {"\"lr_schedule\": {\"type\": \"linear\", \"min_lr\": 0.1}",
+         "t.json: /train/lr_schedule/min_lr: 0.1 is above /train/optimizer/lr 0.0003"},
+        {"\"lr_schedule\": {\"type\": \"linear\", \"min_lr\": -1e-5}",
+         "t.json: /train/lr_schedule/min_lr: expected a non-negative number"},
+        {"\"lr_schedule\": {\"type\": \"cosine\", \"decay_steps\": 3}",
+         "t.json: /train/lr_schedule/decay_steps: unknown key for /train/lr_schedule/type \"cosine\""},
+        {"\"lr_schedule\": {\"type\": \"wsd\"}", "t.json: /train/lr_schedule/decay_steps: missing; \"wsd\" decays "
+         "over the last decay_steps steps"},
+        {"\"lr_schedule\": {\"type\": \"wsd\", \"warmup_steps\": 4, \"decay_steps\": 7}",
+         "t.json: /train/lr_schedule/decay_steps: 7 does not fit after warmup_steps 4 within /train/steps 10: "
+         "expected at most 6"},
+        {"\"lr_schedule\": {\"type\": \"wsd\", \"decay_steps\": 0}",
+         "t.json: /train/lr_schedule/decay_steps: expected a positive integer, got 0"},
+        {"\"optimizer\": {\"no_decay\": \"bias\"}", "t.json: /train/optimizer/no_decay: expected a list of "
+         "parameter groups"},
+        {"\"optimizer\": {\"no_decay\": [\"bias\", \"norms\"]}",
+         "t.json: /train/optimizer/no_decay/1: expected one of \"weight\", \"embedding\", \"bias\", \"norm\", got "
+         "\"norms\" (did you mean \"norm\"?)"},
+        {"\"optimizer\": {\"no_decay\": [\"bias\", \"bias\"]}",
+         "t.json: /train/optimizer/no_decay/1: \"bias\" is listed twice"},
+    };
+    return cr_make_param_array(struct lr_bad, cases, sizeof cases / sizeof cases[0]);
+}
+
+ParameterizedTest(struct lr_bad *c, plan, lr_schedule_errors_name_the_key)
+{
+    char json[512];
+    snprintf(json, sizeof json, "{\"model\": {\"preset\": \"gpt\"}, \"train\": {\"steps\": 10, %s}}", c->train);
+    load_fails(json, c->error);
 }

@@ -852,3 +852,62 @@ Test(planner, the_chosen_layout_is_no_slower_than_either_order, .timeout = 60)
     }
     json_decref(j);
 }
+
+/* The step lines' MFU divides by each rank's device peak, which the planner
+ * copies from the topology for the plan's precision; a CPU device has none. */
+Test(planner, layout_ranks_carry_their_device_peak)
+{
+    static const struct {
+        const char *precision, *topology;
+        double peak;
+    } cases[] = {{"bf16", "hgx-h100", 989.5e12}, {"fp32", "hgx-h100", 67e12}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char json[1024];
+        snprintf(json, sizeof json, "{\"model\": {\"preset\": \"gpt\", \"vocab\": 1024, \"context\": 256, \"layers\": 4, "
+                 "\"heads\": 8, \"embed\": 512}, \"train\": {\"micro_batch\": 4, \"precision\": \"%s\"}, \"parallel\": "
+                 "{\"stages\": 2, \"replicas\": 2, \"micro_batches\": 4}, \"cluster\": {\"backend\": \"cuda\", "
+                 "\"topology\": \"%s\"}}", cases[i].precision, cases[i].topology);
+        struct cdp_plan *p = load(json);
+        struct cdp_planner_result r = {0};
+        cr_assert_eq(plan_on(p, cases[i].topology, &r), CDP_OK, "%s", cdp_last_error());
+        for (int k = 0; k < r.layout->n_ranks; k++)
+            cr_assert_eq(r.layout->rank[k].peak_flops, cases[i].peak, "%s rank %d: %g", cases[i].precision, k,
+                         r.layout->rank[k].peak_flops);
+        cdp_planner_result_clear(&r);
+        cdp_plan_free(p);
+    }
+    struct cdp_plan *p = load(AUTO_CPU);
+    struct cdp_planner_result r = {0};
+    struct cdp_topology *t = NULL;
+    cr_assert_eq(cdp_topology_cpu(4, 0, 0, &t), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(cdp_planner_run(p, t, NULL, 0, &r), CDP_OK, "%s", cdp_last_error());
+    for (int k = 0; k < r.layout->n_ranks; k++) cr_assert_eq(r.layout->rank[k].peak_flops, 0.0, "rank %d", k);
+    cdp_topology_free(t);
+    cdp_planner_result_clear(&r);
+    cdp_plan_free(p);
+}
+
+/* The learning-rate schedule and the weight-decay groups change no cost: the
+ * planner chooses the same layout and predicts the same step with them. */
+Test(planner, the_lr_schedule_changes_no_plan)
+{
+    struct cdp_planner_result r[2] = {{0}};
+    for (int k = 0; k < 2; k++) {
+        char json[1024];
+        snprintf(json, sizeof json, "{\"model\": {\"preset\": \"gpt\", \"vocab\": 1024, \"context\": 256, \"layers\": 4, "
+                 "\"heads\": 8, \"embed\": 512}, \"train\": {\"steps\": 100, \"micro_batch\": 4, \"optimizer\": "
+                 "{\"weight_decay\": 0.1%s}%s}, \"parallel\": {\"stages\": \"auto\", \"replicas\": \"auto\"}, "
+                 "\"cluster\": {\"backend\": \"cuda\", \"topology\": \"hgx-h100\"}}",
+                 k ? ", \"no_decay\": []" : "",
+                 k ? ", \"lr_schedule\": {\"type\": \"wsd\", \"warmup_steps\": 10, \"decay_steps\": 20}" : "");
+        struct cdp_plan *p = load(json);
+        cr_assert_eq(plan_on(p, "hgx-h100", &r[k]), CDP_OK, "%s", cdp_last_error());
+        cdp_plan_free(p);
+    }
+    char a[65], b[65];
+    cdp_layout_digest(r[0].layout, a);
+    cdp_layout_digest(r[1].layout, b);
+    cr_assert_str_eq(a, b, "the same layout");
+    cr_assert_eq(r[0].predicted.step_s, r[1].predicted.step_s);
+    for (int k = 0; k < 2; k++) cdp_planner_result_clear(&r[k]);
+}

@@ -8,10 +8,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <dirent.h>
+
 #include "core/hash.h"
 #include "harness.h"
 #include "comm/comm.h"
 #include "model/safetensors.h"
+#include "pipeline/tensorboard.h"
 
 #define CPU_BACKEND "\"backend\": \"cpu\""
 /* the stand-in CUDA module's one device, shared by every rank */
@@ -557,4 +560,277 @@ Test(resume, cuda_2x2_killed_rank_resumes_bitwise_to_the_cpu_run, .timeout = 120
 Test(resume, cuda_2x2_killed_before_the_manifest_resumes_bitwise_to_the_cpu_run, .timeout = 120)
 {
     gpu_crash_and_resume(2, 2, 2, "killsave:0:4:commit", 2);
+}
+
+/* A learning-rate schedule is a function of the step: a run killed in its
+ * decay resumes on the same rates (metrics.jsonl's lr, step by step) and ends
+ * on the uninterrupted run's weights, bitwise. */
+static const char *plan_lr(const char *dir, const char *name)
+{
+    char json[2048], file[64];
+    snprintf(json, sizeof json,
+             "{\"model\": {\"preset\": \"gpt\", \"vocab\": 32, \"context\": 8, \"layers\": 2, \"heads\": 2, "
+             "\"embed\": 16}, \"data\": {\"source\": \"synthetic\", \"seed\": 5}, \"train\": {\"steps\": 6, "
+             "\"micro_batch\": 2, \"optimizer\": {\"lr\": 0.01, \"weight_decay\": 0.1}, \"lr_schedule\": "
+             "{\"type\": \"cosine\", \"warmup_steps\": 2, \"min_lr\": 0.001}, \"eval_batches\": 1, "
+             "\"checkpoint\": {\"dir\": \"ckpt-%s\", \"every\": 2, \"keep\": 2}}, \"parallel\": {\"stages\": 1, "
+             "\"replicas\": 1, \"micro_batches\": 2}, \"cluster\": {" CPU_BACKEND "}, \"output\": {\"metrics\": "
+             "\"%s.jsonl\", \"weights\": \"%s.safetensors\", \"tensorboard\": \"tb-%s\"}}",
+             name, name, name, name);
+    snprintf(file, sizeof file, "%s.json", name);
+    return cdp_test_write_file(dir, file, json);
+}
+
+static void lrs(const char *dir, const char *name, double *out, int n)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/%s.jsonl", dir, name);
+    char *t = cdp_test_read_file(path);
+    cr_assert_not_null(t, "%s", path);
+    int seen = 0;
+    for (char *line = strtok(t, "\n"); line; line = strtok(NULL, "\n")) {
+        json_error_t e;
+        json_t *o = json_loads(line, 0, &e);
+        cr_assert_not_null(o, "%s: %s", path, line);
+        const json_t *st = json_object_get(o, "step"), *lr = json_object_get(o, "lr");
+        if (json_is_integer(st)) {
+            const int s = (int)json_integer_value(st);
+            cr_assert(s >= 1 && s <= n && json_is_real(lr), "%s: %s", path, line);
+            out[s - 1] = json_real_value(lr);
+            seen++;
+        }
+        json_decref(o);
+    }
+    cr_assert_eq(seen, n, "%s: %d step records", path, seen);
+    free(t);
+}
+
+Test(resume, lr_schedule_resumes_bitwise, .timeout = 120)
+{
+    char *dir = newdir();
+    run_ok((const char *[]){"-q", "--plan", plan_lr(dir, "base"), NULL});
+    const char *crash = plan_lr(dir, "crash");
+    struct cdp_run r = run((const char *[]){"-q", "--plan", crash, NULL}, "kill:0:5");
+    cr_assert_neq(r.exit_code, 0, "the fault did not stop the run");
+    cdp_test_run_free(&r);
+    r = run((const char *[]){"--plan", crash, "--resume", NULL}, NULL);
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    cr_assert(strstr(r.out, "at step 4"), "%s", r.out);
+    cdp_test_run_free(&r);
+    double a[6], b[6];
+    lrs(dir, "base", a, 6);
+    lrs(dir, "crash", b, 6);
+    const double want[6] = {0.005, 0.01, 0.001 + 0.0045 * (1 + cos(M_PI / 4)), 0.0055,
+                            0.001 + 0.0045 * (1 + cos(3 * M_PI / 4)), 0.001};
+    for (int i = 0; i < 6; i++) {
+        cr_assert_float_eq(a[i], want[i], 1e-15, "step %d: lr %.17g, expected %.17g", i + 1, a[i], want[i]);
+        cr_assert_eq(a[i], b[i], "step %d: lr %.17g after the resume, %.17g uninterrupted", i + 1, b[i], a[i]);
+    }
+    double la[16], lb[16];
+    cr_assert_eq(losses(dir, "base", la), 6);
+    cr_assert_eq(losses(dir, "crash", lb), 6);
+    for (int i = 0; i < 6; i++) cr_assert_eq(la[i], lb[i], "step %d: %.9g vs %.9g", i + 1, lb[i], la[i]);
+    cr_assert_eq(weights_error(dir, "base", "crash"), 0.0, "bitwise under the same plan");
+}
+
+/* ---- TensorBoard event files, read back record by record -------------------------- */
+
+/* What one event file holds: its scalars and its session starts. */
+struct tb_read {
+    int n, starts, start_step, versions;
+    int64_t step[256];
+    char tag[256][32];
+    float value[256];
+};
+
+static uint64_t rd_varint(const unsigned char **p, const unsigned char *end)
+{
+    uint64_t v = 0;
+    for (int sh = 0; *p < end && sh < 64; sh += 7) {
+        const unsigned char b = *(*p)++;
+        v |= (uint64_t)(b & 0x7F) << sh;
+        if (!(b & 0x80)) return v;
+    }
+    cr_assert_fail("a varint runs past its message");
+    return 0;
+}
+
+static uint32_t rd_le32(const unsigned char *p) { return p[0] | p[1] << 8 | p[2] << 16 | (uint32_t)p[3] << 24; }
+
+/* A Summary's Values: tag = 1, simple_value = 2 */
+static void tb_summary(struct tb_read *r, int64_t step, const unsigned char *p, const unsigned char *end)
+{
+    while (p < end) {
+        const uint64_t key = rd_varint(&p, end), len = rd_varint(&p, end);
+        cr_assert_eq(key, (1 << 3) | 2, "Summary field %llu", (unsigned long long)key);
+        const unsigned char *v = p, *ve = p + len;
+        cr_assert_lt(r->n, 256);
+        while (v < ve) {
+            const uint64_t k = rd_varint(&v, ve);
+            if (k == ((1 << 3) | 2)) {
+                const uint64_t n = rd_varint(&v, ve);
+                cr_assert_lt(n, sizeof r->tag[0]);
+                memcpy(r->tag[r->n], v, n);
+                r->tag[r->n][n] = 0;
+                v += n;
+            } else {
+                cr_assert_eq(k, (2 << 3) | 5, "Value field %llu", (unsigned long long)k);
+                uint32_t u = rd_le32(v);
+                memcpy(&r->value[r->n], &u, 4);
+                v += 4;
+            }
+        }
+        r->step[r->n++] = step;
+        p = ve;
+    }
+}
+
+/* Every record's two masked CRC-32Cs checked, every Event decoded. */
+static void tb_read_file(const char *path, struct tb_read *r)
+{
+    memset(r, 0, sizeof *r);
+    FILE *f = fopen(path, "rb");
+    cr_assert_not_null(f, "%s", path);
+    unsigned char *buf = malloc(1 << 20);
+    const size_t len = fread(buf, 1, 1 << 20, f);
+    fclose(f);
+    for (size_t at = 0; at < len;) {
+        cr_assert_leq(at + 12, len, "%s: a record cut at byte %zu", path, at);
+        uint64_t n = 0;
+        for (int i = 0; i < 8; i++) n |= (uint64_t)buf[at + i] << (8 * i);
+        cr_assert_eq(rd_le32(buf + at + 8), cdp_tb_masked_crc(cdp_crc32c(buf + at, 8)), "%s: length CRC at %zu", path,
+                     at);
+        cr_assert_leq(at + 12 + n + 4, len, "%s: a record cut at byte %zu", path, at);
+        const unsigned char *p = buf + at + 12, *end = p + n;
+        cr_assert_eq(rd_le32(end), cdp_tb_masked_crc(cdp_crc32c(p, n)), "%s: data CRC at %zu", path, at);
+        int64_t step = 0;
+        while (p < end) {
+            const uint64_t key = rd_varint(&p, end);
+            switch (key) {
+            case (1 << 3) | 1: p += 8; break; /* wall_time */
+            case (2 << 3) | 0: step = (int64_t)rd_varint(&p, end); break;
+            case (3 << 3) | 2: {
+                const uint64_t m = rd_varint(&p, end);
+                cr_assert(m == 13 && !memcmp(p, "brain.Event:2", 13), "%s: file_version", path);
+                r->versions++;
+                p += m;
+                break;
+            }
+            case (5 << 3) | 2: {
+                const uint64_t m = rd_varint(&p, end);
+                tb_summary(r, step, p, p + m);
+                p += m;
+                break;
+            }
+            case (7 << 3) | 2: {
+                const uint64_t m = rd_varint(&p, end);
+                cr_assert(m == 2 && p[0] == 0x08 && p[1] == 0x01, "%s: a SessionLog other than START", path);
+                r->starts++;
+                r->start_step = (int)step;
+                p += m;
+                break;
+            }
+            default: cr_assert_fail("%s: Event field key %llu", path, (unsigned long long)key);
+            }
+        }
+        at += 12 + n + 4;
+    }
+    free(buf);
+}
+
+/* The event files of dir, oldest first (by name: the start time, then the pid). */
+static int tb_files(const char *dir, char names[4][512])
+{
+    DIR *d = opendir(dir);
+    cr_assert_not_null(d, "%s", dir);
+    int n = 0;
+    struct dirent *de;
+    while ((de = readdir(d)))
+        if (strstr(de->d_name, "events.out.tfevents.")) {
+            cr_assert_lt(n, 4);
+            snprintf(names[n++], 512, "%s/%s", dir, de->d_name);
+        }
+    closedir(d);
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && strcmp(names[j], names[j - 1]) < 0; j--) {
+            char t[512];
+            memcpy(t, names[j], 512);
+            memcpy(names[j], names[j - 1], 512);
+            memcpy(names[j - 1], t, 512);
+        }
+    return n;
+}
+
+static float tb_value(const struct tb_read *r, int64_t step, const char *tag)
+{
+    for (int i = 0; i < r->n; i++)
+        if (r->step[i] == step && !strcmp(r->tag[i], tag)) return r->value[i];
+    cr_assert_fail("no %s at step %lld", tag, (long long)step);
+    return 0;
+}
+
+Test(resume, crc32c_is_castagnolis)
+{
+    cr_assert_eq(cdp_crc32c("123456789", 9), 0xE3069283u); /* the check value of CRC-32C */
+    cr_assert_eq(cdp_crc32c("", 0), 0u);
+    unsigned char zeros[32] = {0};
+    cr_assert_eq(cdp_crc32c(zeros, 32), 0x8A9136AAu); /* RFC 3720 B.4 */
+}
+
+/* The event files of the run above: the uninterrupted run's holds every
+ * step's scalars, equal (as float) to metrics.jsonl's; the resumed run's
+ * second file starts a session at step 5, where TensorBoard drops the
+ * first file's later steps. */
+Test(resume, tensorboard_files_hold_every_step_and_mark_the_resume, .timeout = 120)
+{
+    char *dir = newdir();
+    run_ok((const char *[]){"-q", "--plan", plan_lr(dir, "base"), NULL});
+    const char *crash = plan_lr(dir, "crash");
+    struct cdp_run r = run((const char *[]){"-q", "--plan", crash, NULL}, "kill:0:5");
+    cr_assert_neq(r.exit_code, 0);
+    cdp_test_run_free(&r);
+    run_ok((const char *[]){"-q", "--plan", crash, "--resume", NULL});
+    char names[4][512], tbdir[4200];
+    snprintf(tbdir, sizeof tbdir, "%s/tb-base", dir);
+    cr_assert_eq(tb_files(tbdir, names), 1);
+    static struct tb_read a, b0, b1;
+    tb_read_file(names[0], &a);
+    cr_assert_eq(a.versions, 1);
+    cr_assert_eq(a.starts, 0);
+    double lr[6];
+    lrs(dir, "base", lr, 6);
+    char path[4200];
+    snprintf(path, sizeof path, "%s/base.jsonl", dir);
+    char *text = cdp_test_read_file(path);
+    int records = 0;
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+        json_error_t e;
+        json_t *o = json_loads(line, 0, &e);
+        const json_t *st = json_object_get(o, "step");
+        if (json_is_integer(st)) {
+            const char *key;
+            json_t *v;
+            json_object_foreach(o, key, v) {
+                if (!strcmp(key, "step") || !json_is_number(v)) continue;
+                const float want = (float)json_number_value(v);
+                cr_assert_eq(tb_value(&a, json_integer_value(st), key), want, "step %lld %s",
+                             (long long)json_integer_value(st), key);
+                records++;
+            }
+        }
+        json_decref(o);
+    }
+    free(text);
+    cr_assert_eq(records, a.n, "%d scalars in the event file, %d numbers in metrics.jsonl", a.n, records);
+    for (int s = 1; s <= 6; s++) cr_assert_eq(tb_value(&a, s, "lr"), (float)lr[s - 1]);
+    snprintf(tbdir, sizeof tbdir, "%s/tb-crash", dir);
+    cr_assert_eq(tb_files(tbdir, names), 2, "one file per run");
+    tb_read_file(names[0], &b0);
+    tb_read_file(names[1], &b1);
+    cr_assert_eq(b0.starts, 0);
+    cr_assert_eq(b1.starts, 1);
+    cr_assert_eq(b1.start_step, 5, "the resume after step 4 starts at 5");
+    for (int i = 0; i < b1.n; i++) cr_assert_geq(b1.step[i], 5);
+    for (int s = 5; s <= 6; s++)
+        cr_assert_eq(tb_value(&b1, s, "loss"), tb_value(&a, s, "loss"), "step %d: the resumed loss", s);
 }

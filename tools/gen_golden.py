@@ -81,7 +81,8 @@ def main(out_dir):
     loss = gpt(p)
     loss.backward()
     grads = {k: v.grad.clone() for k, v in p.items()}
-    # Weight decay on matrices only (embeddings and linear weights), as cdphybrid does.
+    # Weight decay on matrices only (embeddings and linear weights): the test states this
+    # recipe in its optimizer (no_decay bias and norm; a plan's default also skips embeddings).
     decay = [v for k, v in p.items() if v.dim() >= 2]
     no_decay = [v for k, v in p.items() if v.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": WD},

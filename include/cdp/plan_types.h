@@ -141,10 +141,31 @@ struct cdp_data_desc {
 
 enum cdp_optimizer_type { CDP_OPT_SGD = 0, CDP_OPT_ADAMW, CDP_OPT_TYPE_COUNT };
 
+/* What a parameter tensor is, for weight decay (/train/optimizer/no_decay):
+ * the matrices (and kernels) of linear, attention, convolution and untied
+ * output layers; the token and position embeddings (a tied output layer is
+ * the embedding); biases; the gains and shifts of normalisation layers. */
+enum cdp_param_group {
+    CDP_PARAM_WEIGHT = 0,
+    CDP_PARAM_EMBEDDING,
+    CDP_PARAM_BIAS,
+    CDP_PARAM_NORM,
+    CDP_PARAM_GROUP_COUNT
+};
+#define CDP_PARAM_GROUP_BIT(g) (1u << (g))
+/* The plan's default no_decay: embeddings, biases and norms are not decayed;
+ * only the weight matrices are. */
+#define CDP_NO_DECAY_DEFAULT                                                                               \
+    (CDP_PARAM_GROUP_BIT(CDP_PARAM_EMBEDDING) | CDP_PARAM_GROUP_BIT(CDP_PARAM_BIAS) |                    \
+     CDP_PARAM_GROUP_BIT(CDP_PARAM_NORM))
+
 struct cdp_optimizer_desc {
     enum cdp_optimizer_type type;
     double lr;
     double weight_decay;
+    /* the groups weight decay skips: CDP_PARAM_GROUP_BIT()s; 0 decays every
+     * tensor (a plan's default is CDP_NO_DECAY_DEFAULT) */
+    unsigned no_decay;
     double momentum;      /* sgd */
     double beta1, beta2;  /* adamw */
     double eps;           /* adamw */
@@ -159,6 +180,20 @@ enum cdp_recompute {
     CDP_RECOMPUTE_SELECTIVE, /* the large ones cheap to recompute are dropped (per layer type) */
     CDP_RECOMPUTE_FULL,      /* only each unit's output is kept; its forward runs again before its backward */
     CDP_RECOMPUTE_COUNT
+};
+
+/* The learning rate over the steps (/train/lr_schedule, docs/training.md):
+ * a linear warmup from 0 to /train/optimizer/lr over warmup_steps, then
+ * constant, a cosine or linear decay to min_lr at the last step, or
+ * warmup-stable-decay (constant, then a linear decay to min_lr over the last
+ * decay_steps). cdp_lr_at (model/optim.h) computes it. */
+enum cdp_lr_schedule_kind { CDP_LR_CONSTANT = 0, CDP_LR_COSINE, CDP_LR_LINEAR, CDP_LR_WSD, CDP_LR_SCHEDULE_COUNT };
+
+struct cdp_lr_schedule_desc {
+    enum cdp_lr_schedule_kind type;
+    int64_t warmup_steps; /* 0 = none */
+    double min_lr;        /* the rate at the last step (cosine, linear, wsd) */
+    int64_t decay_steps;  /* wsd: the steps of the decay, ending at the last step */
 };
 
 struct cdp_checkpoint_desc {
@@ -179,6 +214,7 @@ struct cdp_train_desc {
     int64_t global_batch; /* = replicas * micro_batches * micro_batch; CDP_AUTO until known */
     int64_t micro_batch;  /* samples per micro-batch */
     struct cdp_optimizer_desc optimizer;
+    struct cdp_lr_schedule_desc lr_schedule;
     double grad_clip; /* global-norm clipping threshold; 0 = off */
     enum cdp_precision precision;
     enum cdp_recompute recompute; /* meaningful once recompute_auto is 0 */
@@ -262,6 +298,7 @@ struct cdp_output_desc {
     char *trace;
     char *timeline;
     char *weights;  /* the trained weights, as safetensors */
+    char *tensorboard; /* a folder for TensorBoard event files (docs/training.md#tensorboard) */
 };
 
 struct cdp_plan {

@@ -36,7 +36,7 @@ struct cdp_step_metrics {
     double loss;            /* mean over the global batch */
     double val_loss;        /* validation loss when evaluated after this step (/train/eval_every, the
                                last step), else NAN */
-    double lr;              /* the optimizer's learning rate */
+    double lr;              /* this step's learning rate (/train/lr_schedule) */
     double grad_norm;       /* global gradient norm before clipping */
     double time_s;          /* this step's wall time */
     double samples_per_s, tokens_per_s; /* global batch / time_s; tokens 0 for models without tokens */

@@ -30,6 +30,8 @@ int cdp_cli_eval(int argc, char **argv);
 
 /* `cdphybrid tokenize ...` (cmd_tokenize.c); argv[0] is "tokenize". */
 int cdp_cli_tokenize(int argc, char **argv);
+/* `cdphybrid plot METRICS.jsonl -o OUT.svg` (cmd_plot.c); argv[0] is "plot". */
+int cdp_cli_plot(int argc, char **argv);
 
 /* `cdphybrid doctor ...`; argv[0] is "doctor". */
 int cdp_cli_doctor(int argc, char **argv);

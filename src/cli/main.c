@@ -64,6 +64,7 @@ static void usage(FILE *f)
           "       cdphybrid generate --plan FILE --weights FILE --prompt TEXT   (see generate --help)\n"
           "       cdphybrid eval --checkpoint DIR   (validation loss; see eval --help)\n"
           "       cdphybrid tokenize INPUT... --out DIR --tokenizer FILE   (text to token shards; see tokenize --help)\n"
+          "       cdphybrid plot METRICS.jsonl -o OUT.svg   (loss curves; see plot --help)\n"
           "       cdphybrid --help | --version\n"
           "\n"
           "Trains a neural network across pipeline stages and data-parallel replicas,\n"
@@ -965,6 +966,7 @@ int main(int argc, char **argv)
     if (argc > 1 && !strcmp(argv[1], "generate")) return cdp_cli_generate(argc - 1, argv + 1);
     if (argc > 1 && !strcmp(argv[1], "eval")) return cdp_cli_eval(argc - 1, argv + 1);
     if (argc > 1 && !strcmp(argv[1], "tokenize")) return cdp_cli_tokenize(argc - 1, argv + 1);
+    if (argc > 1 && !strcmp(argv[1], "plot")) return cdp_cli_plot(argc - 1, argv + 1);
     int code = parse_args(argc, argv, &a);
     if (code >= 0) return code;
     if (!getenv("CDP_LOG") || !*getenv("CDP_LOG")) {

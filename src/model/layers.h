@@ -44,7 +44,7 @@ struct cdp_param_desc {
     int64_t numel;
     enum cdp_init init;
     float init_scale;     /* std or bound */
-    int decay;            /* weight decay applies (matrices, not biases or norms) */
+    enum cdp_param_group group; /* for weight decay: a matrix, an embedding, a bias or a norm's */
     int tied_unit;        /* -1, or the global unit whose parameter this one is */
     int tied_param;       /* index of that parameter in its unit */
     int tie_target;       /* a later unit's parameter is tied to this one (cdp_units_build sets it) */

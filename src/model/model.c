@@ -397,7 +397,7 @@ cdp_status cdp_model_create_sharded(const struct cdp_model_desc *desc, int first
             t->numel = pd->numel;
             t->ndim = pd->ndim;
             memcpy(t->shape, pd->shape, sizeof t->shape);
-            t->decay = pd->decay;
+            t->group = all[owner].params[oparam].group;
             t->unit_local = i;
             t->windowed = pd->tied_unit < 0 && !pd->tie_target;
             t->data = (float *)(intptr_t)off; /* offsets until the buffers exist */

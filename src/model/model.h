@@ -31,7 +31,7 @@ struct cdp_model_tensor {
     int64_t numel;
     int ndim;
     int64_t shape[CDP_SHAPE_MAX];
-    int decay;
+    enum cdp_param_group group; /* for weight decay: the owner's (a tied copy is its embedding) */
 };
 
 /* Device bytes of a model range, buffer by buffer, exactly as cdp_model_create

@@ -148,7 +148,7 @@ static cdp_status step(struct cdp_optimizer *o, struct cdp_model *m, float lr, f
         cdp_optimizer_state_range(o, m, i, &s1, &s2, &from, &count);
         if (!count) continue;
         const size_t n = (size_t)count;
-        float wd = t->decay ? (float)o->d.weight_decay : 0.0f;
+        float wd = cdp_optimizer_decays(&o->d, t->group) ? (float)o->d.weight_decay : 0.0f;
         float *g = cdp_model_reduced_grad(m, i, from);
         if (grad_scale != 1.0f) CDP_KERNEL(k, scale, g, n, grad_scale);
         if (o->d.type == CDP_OPT_ADAMW)
@@ -158,6 +158,43 @@ static cdp_status step(struct cdp_optimizer *o, struct cdp_model *m, float lr, f
             CDP_KERNEL(k, sgd_step, t->data + from, g, s1, n, lr, (float)o->d.momentum, wd, o->t);
     }
     return CDP_OK;
+}
+
+int cdp_optimizer_decays(const struct cdp_optimizer_desc *d, enum cdp_param_group g)
+{
+    return d->weight_decay > 0 && !(d->no_decay & CDP_PARAM_GROUP_BIT(g));
+}
+
+/* Steps are 1-based: step s runs with cdp_lr_at(t, s); the warmup's last step
+ * and every decay's last step (train.steps) land exactly on lr and min_lr. */
+double cdp_lr_at(const struct cdp_train_desc *t, int64_t step)
+{
+    const struct cdp_lr_schedule_desc *s = &t->lr_schedule;
+    const double lr = t->optimizer.lr, lo = s->min_lr;
+    const int64_t n = t->steps, w = s->warmup_steps;
+    if (step <= w) return lr * (double)step / (double)w;
+    switch (s->type) {
+    case CDP_LR_CONSTANT:
+        return lr;
+    case CDP_LR_COSINE: {
+        const double x = (double)(step - w) / (double)(n - w);
+        return x >= 1 ? lo : lo + 0.5 * (lr - lo) * (1.0 + cos(M_PI * x));
+    }
+    case CDP_LR_LINEAR: {
+        const double x = (double)(step - w) / (double)(n - w);
+        return x >= 1 ? lo : lr + (lo - lr) * x;
+    }
+    case CDP_LR_WSD: {
+        const int64_t d0 = n - s->decay_steps; /* the last stable step */
+        if (step <= d0) return lr;
+        const double x = (double)(step - d0) / (double)s->decay_steps;
+        return x >= 1 ? lo : lr + (lo - lr) * x;
+    }
+    case CDP_LR_SCHEDULE_COUNT:
+        break;
+    }
+    CDP_ASSERT(!"an lr schedule type");
+    return lr;
 }
 
 void cdp_optimizer_step(struct cdp_optimizer *o, struct cdp_model *m, float lr, float grad_scale)

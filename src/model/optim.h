@@ -1,7 +1,8 @@
 /* Optimizers over a model's tensors: AdamW (decoupled weight decay) and SGD with
  * momentum, with the same semantics as torch.optim; weight decay applies to
- * matrices only (not biases or norms), as GPT-2 training does. State lives in
- * buffers of the model's device. */
+ * the parameter groups the plan decays (cdp_optimizer_desc.no_decay: by
+ * default matrices only, not embeddings, biases or norms). The learning-rate
+ * schedule (cdp_lr_at). State lives in buffers of the model's device. */
 #ifndef CDP_MODEL_OPTIM_H
 #define CDP_MODEL_OPTIM_H
 
@@ -48,6 +49,16 @@ float cdp_grad_clip_scale(double norm, double max_norm);
  * steps with learning rate lr. A kernel failure is recorded in the model
  * (cdp_model_record_error) and returned by its next pass. */
 void cdp_optimizer_step(struct cdp_optimizer *o, struct cdp_model *m, float lr, float grad_scale);
+
+/* Whether tensors of group g are decayed under d: weight_decay > 0 and g not
+ * in d->no_decay. */
+int cdp_optimizer_decays(const struct cdp_optimizer_desc *d, enum cdp_param_group g);
+
+/* The learning rate of step `step` (1-based, 1 .. t->steps) under
+ * t->lr_schedule and t->optimizer.lr (the peak): a function of the step alone,
+ * so a resumed run continues the schedule exactly. The plan loader has
+ * checked the schedule against t->steps. */
+double cdp_lr_at(const struct cdp_train_desc *t, int64_t step);
 
 /* Steps taken so far; set when resuming from a checkpoint. */
 int cdp_optimizer_steps(const struct cdp_optimizer *o);

@@ -42,6 +42,10 @@ const char *const cdp_plan_order_names[] = {"shuffle", "sequential", NULL};
 CDP_TABLE_CHECK(cdp_plan_order_names, CDP_DATA_ORDER_COUNT + 1);
 const char *const cdp_plan_optimizer_names[] = {"sgd", "adamw", NULL};
 CDP_TABLE_CHECK(cdp_plan_optimizer_names, CDP_OPT_TYPE_COUNT + 1);
+const char *const cdp_plan_param_group_names[] = {"weight", "embedding", "bias", "norm", NULL};
+CDP_TABLE_CHECK(cdp_plan_param_group_names, CDP_PARAM_GROUP_COUNT + 1);
+const char *const cdp_plan_lr_schedule_names[] = {"constant", "cosine", "linear", "wsd", NULL};
+CDP_TABLE_CHECK(cdp_plan_lr_schedule_names, CDP_LR_SCHEDULE_COUNT + 1);
 const char *const cdp_plan_precision_names[] = {"fp32", "bf16", NULL};
 CDP_TABLE_CHECK(cdp_plan_precision_names, CDP_PRECISION_COUNT + 1);
 /* /train/recompute: the modes in enum order, then "auto" */
@@ -729,10 +733,10 @@ static cdp_status load_data(struct ld *c, const json_t *d)
 
 /* ---- train ------------------------------------------------------------------- */
 
-static const char *const train_keys[] = {"steps", "global_batch", "micro_batch", "optimizer",
+static const char *const train_keys[] = {"steps", "global_batch", "micro_batch", "optimizer", "lr_schedule",
                                          "grad_clip", "precision", "recompute", "seed", "log_every", "eval_every",
                                          "eval_batches", "timeout_s", "checkpoint", "restart", NULL};
-static const char *const opt_keys[] = {"type", "lr", "weight_decay", "momentum", "beta1", "beta2",
+static const char *const opt_keys[] = {"type", "lr", "weight_decay", "no_decay", "momentum", "beta1", "beta2",
                                        "eps", NULL};
 static const char *const ckpt_keys[] = {"dir", "every", "keep", NULL};
 static const char *const restart_keys[] = {"max", "exclude_failed", NULL};
@@ -759,6 +763,90 @@ static cdp_status load_restart(struct ld *c, const json_t *r)
     return CDP_OK;
 }
 
+/* /train/optimizer/no_decay: the parameter groups weight decay skips, a list
+ * of "weight", "embedding", "bias", "norm" (each at most once); [] decays
+ * every tensor. */
+static cdp_status load_no_decay(struct ld *c, const json_t *v, unsigned *out)
+{
+    const char *P = "/train/optimizer/no_decay";
+    if (!v) return CDP_OK;
+    if (!json_is_array(v))
+        return cdp_json_expected(&c->in, P, "a list of parameter groups (\"embedding\", \"bias\", \"norm\", "
+                                 "\"weight\")", v);
+    unsigned mask = 0;
+    for (size_t i = 0; i < json_array_size(v); i++) {
+        char kp[CDP_JSON_PTR_CAP];
+        cdp_json_ptr_index(kp, P, i);
+        int g = 0;
+        cdp_status st = cdp_json_enum(&c->in, json_array_get(v, i), kp, cdp_plan_param_group_names, &g);
+        if (st) return st;
+        if (mask & CDP_PARAM_GROUP_BIT(g))
+            return cdp_json_fail(&c->in, kp, "\"%s\" is listed twice", cdp_plan_param_group_names[g]);
+        mask |= CDP_PARAM_GROUP_BIT(g);
+    }
+    *out = mask;
+    return CDP_OK;
+}
+
+/* /train/lr_schedule (after /train/steps and /train/optimizer/lr are known):
+ * {"type", "warmup_steps", "min_lr", "decay_steps"}; each key only where its
+ * type uses it, and the phases within /train/steps. */
+static const char *const lr_schedule_keys[] = {"type", "warmup_steps", "min_lr", "decay_steps", NULL};
+
+static cdp_status load_lr_schedule(struct ld *c, const json_t *v)
+{
+    struct cdp_train_desc *td = &c->p->train;
+    struct cdp_lr_schedule_desc *s = &td->lr_schedule;
+    const char *P = "/train/lr_schedule";
+    *s = (struct cdp_lr_schedule_desc){.type = CDP_LR_CONSTANT};
+    if (!v || json_is_null(v)) return CDP_OK;
+    if (!json_is_object(v)) return cdp_json_expected(&c->in, P, "an object or null", v);
+    cdp_status st;
+    if ((st = cdp_json_check_keys(&c->in, v, P, lr_schedule_keys, P))) return st;
+    int t = CDP_LR_CONSTANT;
+    if ((st = cdp_json_get_enum(&c->in, v, P, "type", cdp_plan_lr_schedule_names, &t))) return st;
+    s->type = (enum cdp_lr_schedule_kind)t;
+    const char *tn = cdp_plan_lr_schedule_names[t];
+    if (s->type == CDP_LR_CONSTANT && json_object_get(v, "min_lr"))
+        return cdp_json_fail(&c->in, "/train/lr_schedule/min_lr",
+                             "unknown key for /train/lr_schedule/type \"constant\" (the rate a decay ends at: "
+                             "\"cosine\", \"linear\" or \"wsd\")");
+    if (s->type != CDP_LR_WSD && json_object_get(v, "decay_steps"))
+        return cdp_json_fail(&c->in, "/train/lr_schedule/decay_steps",
+                             "unknown key for /train/lr_schedule/type \"%s\" (the length of \"wsd\"'s decay; "
+                             "\"%s\" decays from the warmup's end to the last step)", tn, tn);
+    if ((st = cdp_json_get_int(&c->in, v, P, "warmup_steps", 0, INT64_MAX, 0, &s->warmup_steps))) return st;
+    if (s->warmup_steps > td->steps)
+        return cdp_json_fail(&c->in, "/train/lr_schedule/warmup_steps", "%lld is more than /train/steps %lld",
+                             (long long)s->warmup_steps, (long long)td->steps);
+    if ((st = cdp_json_get_number(&c->in, v, P, "min_lr", CDP_JSON_NONNEG, &s->min_lr))) return st;
+    if (s->min_lr > td->optimizer.lr)
+        return cdp_json_fail(&c->in, "/train/lr_schedule/min_lr",
+                             "%g is above /train/optimizer/lr %g: a decay ends at most at the peak rate", s->min_lr,
+                             td->optimizer.lr);
+    if ((s->type == CDP_LR_COSINE || s->type == CDP_LR_LINEAR) && s->warmup_steps >= td->steps)
+        return cdp_json_fail(&c->in, "/train/lr_schedule/warmup_steps",
+                             "%lld leaves no step for the %s decay: expected fewer than /train/steps %lld",
+                             (long long)s->warmup_steps, tn, (long long)td->steps);
+    if (s->type != CDP_LR_WSD) return CDP_OK;
+    if (!json_object_get(v, "decay_steps"))
+        return cdp_json_fail(&c->in, "/train/lr_schedule/decay_steps",
+                             "missing; \"wsd\" decays over the last decay_steps steps (1 to /train/steps %lld "
+                             "minus warmup_steps %lld)", (long long)td->steps, (long long)s->warmup_steps);
+    const int64_t room = td->steps - s->warmup_steps;
+    if (room < 1)
+        return cdp_json_fail(&c->in, "/train/lr_schedule/warmup_steps",
+                             "%lld leaves no step for the decay: expected fewer than /train/steps %lld",
+                             (long long)s->warmup_steps, (long long)td->steps);
+    if ((st = cdp_json_get_int(&c->in, v, P, "decay_steps", 1, INT64_MAX, 0, &s->decay_steps))) return st;
+    if (s->decay_steps > room)
+        return cdp_json_fail(&c->in, "/train/lr_schedule/decay_steps",
+                             "%lld does not fit after warmup_steps %lld within /train/steps %lld: expected at most "
+                             "%lld", (long long)s->decay_steps, (long long)s->warmup_steps, (long long)td->steps,
+                             (long long)room);
+    return CDP_OK;
+}
+
 static cdp_status load_optimizer(struct ld *c, const json_t *o)
 {
     struct cdp_optimizer_desc *od = &c->p->train.optimizer;
@@ -773,6 +861,7 @@ static cdp_status load_optimizer(struct ld *c, const json_t *o)
     od->type = (enum cdp_optimizer_type)t;
     od->lr = od->type == CDP_OPT_SGD ? 0.01 : 3e-4;
     od->weight_decay = 0;
+    od->no_decay = CDP_NO_DECAY_DEFAULT;
     od->momentum = 0.9;
     od->beta1 = 0.9;
     od->beta2 = 0.999;
@@ -793,6 +882,7 @@ static cdp_status load_optimizer(struct ld *c, const json_t *o)
     }
     if ((st = cdp_json_get_number(&c->in, o, P, "lr", CDP_JSON_POSITIVE, &od->lr))) return st;
     if ((st = cdp_json_get_number(&c->in, o, P, "weight_decay", CDP_JSON_NONNEG, &od->weight_decay))) return st;
+    if ((st = load_no_decay(c, json_object_get(o, "no_decay"), &od->no_decay))) return st;
     if ((st = cdp_json_get_number(&c->in, o, P, "momentum", CDP_JSON_UNIT, &od->momentum))) return st;
     if ((st = cdp_json_get_number(&c->in, o, P, "beta1", CDP_JSON_UNIT, &od->beta1))) return st;
     if ((st = cdp_json_get_number(&c->in, o, P, "beta2", CDP_JSON_UNIT, &od->beta2))) return st;
@@ -810,6 +900,7 @@ static cdp_status load_train(struct ld *c, const json_t *t)
     if ((st = load_optimizer(c, t ? json_object_get(t, "optimizer") : NULL))) return st;
     if (!t) return CDP_OK;
     if ((st = cdp_json_get_int(&c->in, t, P, "steps", 1, INT64_MAX, 0, &td->steps))) return st;
+    if ((st = load_lr_schedule(c, json_object_get(t, "lr_schedule")))) return st;
     if ((st = cdp_json_get_int(&c->in, t, P, "global_batch", 1, MAX_COUNT, 1, &td->global_batch))) return st;
     if ((st = cdp_json_get_int(&c->in, t, P, "micro_batch", 1, MAX_COUNT, 0, &td->micro_batch))) return st;
     if ((st = cdp_json_get_number(&c->in, t, P, "grad_clip", CDP_JSON_NONNEG, &td->grad_clip))) return st;
@@ -1248,7 +1339,7 @@ static cdp_status load_parallel(struct ld *c, const json_t *v)
 
 static const char *const cluster_keys[] = {"backend", "topology", "nodes", "devices", "device_memory", "host_memory",
                                            "ranks_per_device", NULL};
-static const char *const output_keys[] = {"metrics", "trace", "timeline", "weights", NULL};
+static const char *const output_keys[] = {"metrics", "trace", "timeline", "weights", "tensorboard", NULL};
 
 /* /cluster/KEY: a size ("16GiB", "512MB"), a number of bytes, or "auto" (0). */
 static cdp_status get_size(struct ld *c, const json_t *v, const char *key, uint64_t *out)
@@ -1315,7 +1406,8 @@ static cdp_status load_cluster(struct ld *c, const json_t *v)
 static cdp_status load_output(struct ld *c, const json_t *v)
 {
     struct cdp_output_desc *od = &c->p->output;
-    char **slots[] = {&od->metrics, &od->trace, &od->timeline, &od->weights};
+    char **slots[] = {&od->metrics, &od->trace, &od->timeline, &od->weights, &od->tensorboard};
+    const int folder[] = {0, 0, 0, 0, 1}; /* tensorboard: a folder of event files */
     cdp_status st;
     if ((st = cdp_json_need_object(&c->in, v, "/output"))) return st;
     if (!v) return CDP_OK;
@@ -1325,8 +1417,9 @@ static cdp_status load_output(struct ld *c, const json_t *v)
         char kp[CDP_JSON_PTR_CAP];
         if (!e || json_is_null(e)) continue;
         cdp_json_ptr_key(kp, "/output", output_keys[i]);
-        if (!json_is_string(e)) return cdp_json_expected(&c->in, kp, "a file path or null", e);
-        if ((st = get_output_path(c, e, kp, 0, slots[i]))) return st;
+        if (!json_is_string(e)) return cdp_json_expected(&c->in, kp, folder[i] ? "a folder path or null"
+                                                                                   : "a file path or null", e);
+        if ((st = get_output_path(c, e, kp, folder[i], slots[i]))) return st;
     }
     return CDP_OK;
 }
@@ -1614,6 +1707,7 @@ void cdp_plan_free(struct cdp_plan *plan)
     free(plan->output.trace);
     free(plan->output.timeline);
     free(plan->output.weights);
+    free(plan->output.tensorboard);
     free(plan->model.weights);
     free(plan);
 }

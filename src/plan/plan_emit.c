@@ -143,6 +143,26 @@ static json_t *model_json(struct emit *e, const struct cdp_model_desc *m)
     return o;
 }
 
+static json_t *no_decay_json(unsigned mask)
+{
+    json_t *a = json_array();
+    for (int g = 0; a && g < CDP_PARAM_GROUP_COUNT; g++)
+        if (mask & CDP_PARAM_GROUP_BIT(g)) json_array_append_new(a, json_string(cdp_plan_param_group_names[g]));
+    return a;
+}
+
+/* /train/lr_schedule with only the keys its type reads (the loader refuses the others). */
+static json_t *lr_schedule_json(struct emit *e, const struct cdp_lr_schedule_desc *s)
+{
+    json_t *o = json_object();
+    if (!o) return NULL;
+    set(e, o, "type", json_string(cdp_plan_lr_schedule_names[s->type]));
+    set(e, o, "warmup_steps", jint(s->warmup_steps));
+    if (s->type != CDP_LR_CONSTANT) set(e, o, "min_lr", jreal(e, s->min_lr));
+    if (s->type == CDP_LR_WSD) set(e, o, "decay_steps", jint(s->decay_steps));
+    return o;
+}
+
 static json_t *plan_json(struct emit *e, const struct cdp_plan *p)
 {
     json_t *root = json_object(), *o;
@@ -171,6 +191,7 @@ static json_t *plan_json(struct emit *e, const struct cdp_plan *p)
             set(e, opt, "type", json_string(cdp_plan_optimizer_names[t->optimizer.type]));
             set(e, opt, "lr", jreal(e, t->optimizer.lr));
             set(e, opt, "weight_decay", jreal(e, t->optimizer.weight_decay));
+            set(e, opt, "no_decay", no_decay_json(t->optimizer.no_decay));
             if (t->optimizer.type == CDP_OPT_SGD) {
                 set(e, opt, "momentum", jreal(e, t->optimizer.momentum));
             } else {
@@ -179,6 +200,7 @@ static json_t *plan_json(struct emit *e, const struct cdp_plan *p)
                 set(e, opt, "eps", jreal(e, t->optimizer.eps));
             }
         }
+        set(e, o, "lr_schedule", lr_schedule_json(e, &t->lr_schedule));
         set(e, o, "grad_clip", jreal(e, t->grad_clip));
         set(e, o, "precision", json_string(cdp_plan_precision_names[t->precision]));
         set(e, o, "recompute",
@@ -265,6 +287,7 @@ static json_t *plan_json(struct emit *e, const struct cdp_plan *p)
         set(e, o, "trace", jstr_or_null(p->output.trace));
         set(e, o, "timeline", jstr_or_null(p->output.timeline));
         set(e, o, "weights", jstr_or_null(p->output.weights));
+        set(e, o, "tensorboard", jstr_or_null(p->output.tensorboard));
     }
     return root;
 }
@@ -289,6 +312,31 @@ cdp_status cdp_plan_to_json(const struct cdp_plan *plan, char **out)
 /* ---- the table --------------------------------------------------------------- */
 
 #define ROW "  %-16s "
+
+/* The learning-rate schedule in words. */
+static void print_lr_schedule(FILE *f, const struct cdp_train_desc *t)
+{
+    const struct cdp_lr_schedule_desc *s = &t->lr_schedule;
+    char warm[64] = "";
+    if (s->warmup_steps > 0)
+        snprintf(warm, sizeof warm, "linear warmup over %lld steps, then ", (long long)s->warmup_steps);
+    switch (s->type) {
+    case CDP_LR_CONSTANT:
+        fprintf(f, ROW "%sconstant %g\n", "lr_schedule", warm, t->optimizer.lr);
+        return;
+    case CDP_LR_COSINE:
+    case CDP_LR_LINEAR:
+        fprintf(f, ROW "%s%s decay from %g to %g at step %lld\n", "lr_schedule", warm,
+                cdp_plan_lr_schedule_names[s->type], t->optimizer.lr, s->min_lr, (long long)t->steps);
+        return;
+    case CDP_LR_WSD:
+        fprintf(f, ROW "%s%g, then linear decay over the last %lld steps to %g (wsd)\n", "lr_schedule", warm,
+                t->optimizer.lr, (long long)s->decay_steps, s->min_lr);
+        return;
+    case CDP_LR_SCHEDULE_COUNT:
+        break;
+    }
+}
 
 /* 124439808 -> "124,439,808" */
 static const char *group(int64_t v, char *buf, size_t cap)
@@ -409,6 +457,15 @@ cdp_status cdp_plan_print(const struct cdp_plan *p, FILE *f)
     else
         fprintf(f, ROW "adamw, lr %g, weight_decay %g, betas (%g, %g), eps %g\n", "optimizer", o->lr,
                 o->weight_decay, o->beta1, o->beta2, o->eps);
+    if (o->weight_decay > 0) {
+        char groups[96] = "";
+        for (int g = 0; g < CDP_PARAM_GROUP_COUNT; g++)
+            if (o->no_decay & CDP_PARAM_GROUP_BIT(g))
+                snprintf(groups + strlen(groups), sizeof groups - strlen(groups), "%s%s", *groups ? ", " : "",
+                         cdp_plan_param_group_names[g]);
+        fprintf(f, ROW "%s\n", "no_decay", *groups ? groups : "(none: every tensor decays)");
+    }
+    print_lr_schedule(f, t);
     if (t->grad_clip > 0)
         fprintf(f, ROW "%g (global norm)\n", "grad_clip", t->grad_clip);
     else
@@ -526,5 +583,6 @@ cdp_status cdp_plan_print(const struct cdp_plan *p, FILE *f)
     fprintf(f, ROW "%s\n", "trace", p->output.trace ? p->output.trace : "(not written)");
     fprintf(f, ROW "%s\n", "timeline", p->output.timeline ? p->output.timeline : "(not written)");
     fprintf(f, ROW "%s\n", "weights", p->output.weights ? p->output.weights : "(not written)");
+    fprintf(f, ROW "%s\n", "tensorboard", p->output.tensorboard ? p->output.tensorboard : "(not written)");
     return ferror(f) ? cdp_fail(CDP_ERR_IO, "writing the plan table failed") : CDP_OK;
 }

@@ -12,6 +12,8 @@ extern const char *const cdp_plan_activation_names[CDP_ACT_COUNT + 1];
 extern const char *const cdp_plan_source_names[CDP_DATA_SOURCE_COUNT + 1];
 extern const char *const cdp_plan_order_names[CDP_DATA_ORDER_COUNT + 1];
 extern const char *const cdp_plan_optimizer_names[CDP_OPT_TYPE_COUNT + 1];
+extern const char *const cdp_plan_param_group_names[CDP_PARAM_GROUP_COUNT + 1];
+extern const char *const cdp_plan_lr_schedule_names[CDP_LR_SCHEDULE_COUNT + 1];
 extern const char *const cdp_plan_recompute_names[CDP_RECOMPUTE_COUNT + 2];
 extern const char *const cdp_plan_precision_names[CDP_PRECISION_COUNT + 1];
 extern const char *const cdp_plan_schedule_names[CDP_SCHEDULE_COUNT + 1];

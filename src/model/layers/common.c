@@ -28,7 +28,8 @@ void cdp_shape_format(const struct cdp_shape *s, char *buf, size_t cap)
 }
 
 struct cdp_param_desc *cdp_unit_add_param(struct cdp_unit *u, const char *name, int ndim, int64_t d0, int64_t d1,
-                                          int64_t d2, int64_t d3, enum cdp_init init, float scale, int decay)
+                                          int64_t d2, int64_t d3, enum cdp_init init, float scale,
+                                          enum cdp_param_group group)
 {
     CDP_ASSERT(u->n_params < CDP_UNIT_MAX_PARAMS);
     struct cdp_param_desc *p = &u->params[u->n_params++];
@@ -43,7 +44,7 @@ struct cdp_param_desc *cdp_unit_add_param(struct cdp_unit *u, const char *name, 
     }
     p->init = init;
     p->init_scale = scale;
-    p->decay = decay;
+    p->group = group;
     p->tied_unit = -1;
     p->tied_param = -1;
     u->param_count += p->numel;
@@ -58,11 +59,11 @@ void cdp_unit_add_linear_params(struct cdp_unit *u, const char *prefix, int64_t 
     float bound = 1.0f / sqrtf((float)in);
     snprintf(name, sizeof name, "%s%sweight", prefix, *prefix ? "." : "");
     cdp_unit_add_param(u, name, 2, out, in, 0, 0, gpt ? CDP_INIT_NORMAL : CDP_INIT_UNIFORM, gpt ? gpt_std : bound,
-                       1);
+                       CDP_PARAM_WEIGHT);
     if (bias) {
         snprintf(name, sizeof name, "%s%sbias", prefix, *prefix ? "." : "");
         cdp_unit_add_param(u, name, 1, out, 0, 0, 0, gpt ? CDP_INIT_ZERO : CDP_INIT_UNIFORM, gpt ? 0.0f : bound,
-                           0);
+                           CDP_PARAM_BIAS);
     }
 }
 
@@ -70,9 +71,9 @@ void cdp_unit_add_norm_params(struct cdp_unit *u, const char *prefix, int64_t C)
 {
     char name[24];
     snprintf(name, sizeof name, "%s%sweight", prefix, *prefix ? "." : "");
-    cdp_unit_add_param(u, name, 1, C, 0, 0, 0, CDP_INIT_ONE, 0.0f, 0);
+    cdp_unit_add_param(u, name, 1, C, 0, 0, 0, CDP_INIT_ONE, 0.0f, CDP_PARAM_NORM);
     snprintf(name, sizeof name, "%s%sbias", prefix, *prefix ? "." : "");
-    cdp_unit_add_param(u, name, 1, C, 0, 0, 0, CDP_INIT_ZERO, 0.0f, 0);
+    cdp_unit_add_param(u, name, 1, C, 0, 0, 0, CDP_INIT_ZERO, 0.0f, CDP_PARAM_NORM);
 }
 
 double cdp_attention_flops(int64_t T, int64_t C, int causal, int backward)

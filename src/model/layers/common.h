@@ -21,7 +21,8 @@ void cdp_shape_format(const struct cdp_shape *s, char *buf, size_t cap);
 
 /* Adds a parameter descriptor to u (its numel counted in u->param_count). */
 struct cdp_param_desc *cdp_unit_add_param(struct cdp_unit *u, const char *name, int ndim, int64_t d0, int64_t d1,
-                                          int64_t d2, int64_t d3, enum cdp_init init, float scale, int decay);
+                                          int64_t d2, int64_t d3, enum cdp_init init, float scale,
+                                          enum cdp_param_group group);
 /* A linear map's weight [out, in] and bias: PyTorch's U(-1/sqrt(in), 1/sqrt(in)),
  * or GPT-2's N(0, gpt_std) and zero bias where gpt. Names "prefix.weight". */
 void cdp_unit_add_linear_params(struct cdp_unit *u, const char *prefix, int64_t out, int64_t in, int bias, int gpt,

@@ -53,8 +53,8 @@ static void build(struct cdp_unit *u, const struct cdp_model_desc *m)
     const struct cdp_layer_desc *d = &u->desc;
     const int64_t K = d->kernel;
     const float bound = 1.0f / sqrtf((float)(u->in.d[0] * K * K));
-    cdp_unit_add_param(u, "weight", 4, d->out, u->in.d[0], K, K, CDP_INIT_UNIFORM, bound, 1);
-    if (d->bias) cdp_unit_add_param(u, "bias", 1, d->out, 0, 0, 0, CDP_INIT_UNIFORM, bound, 0);
+    cdp_unit_add_param(u, "weight", 4, d->out, u->in.d[0], K, K, CDP_INIT_UNIFORM, bound, CDP_PARAM_WEIGHT);
+    if (d->bias) cdp_unit_add_param(u, "bias", 1, d->out, 0, 0, 0, CDP_INIT_UNIFORM, bound, CDP_PARAM_BIAS);
 }
 
 static void cost(struct cdp_unit *u)

@@ -56,9 +56,11 @@ static void build(struct cdp_unit *u, const struct cdp_model_desc *m)
     const int gpt = m->kind == CDP_MODEL_GPT;
     const struct cdp_layer_desc *d = &u->desc;
     u->in_tokens = 1;
-    cdp_unit_add_param(u, "wte", 2, d->vocab, d->dim, 0, 0, CDP_INIT_NORMAL, gpt ? 0.02f : 1.0f, 1);
+    cdp_unit_add_param(u, "wte", 2, d->vocab, d->dim, 0, 0, CDP_INIT_NORMAL, gpt ? 0.02f : 1.0f,
+                       CDP_PARAM_EMBEDDING);
     if (d->context > 0)
-        cdp_unit_add_param(u, "wpe", 2, d->context, d->dim, 0, 0, CDP_INIT_NORMAL, gpt ? 0.01f : 1.0f, 1);
+        cdp_unit_add_param(u, "wpe", 2, d->context, d->dim, 0, 0, CDP_INIT_NORMAL, gpt ? 0.01f : 1.0f,
+                           CDP_PARAM_EMBEDDING);
 }
 
 static void cost(struct cdp_unit *u)

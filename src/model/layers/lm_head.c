@@ -19,7 +19,8 @@ static void build(struct cdp_unit *u, const struct cdp_model_desc *m)
     const int64_t C = cdp_shape_last(&u->in);
     cdp_unit_add_norm_params(u, "ln_f", C);
     struct cdp_param_desc *w =
-        cdp_unit_add_param(u, "lm_head.weight", 2, u->desc.vocab, C, 0, 0, CDP_INIT_NORMAL, 0.02f, 1);
+        cdp_unit_add_param(u, "lm_head.weight", 2, u->desc.vocab, C, 0, 0, CDP_INIT_NORMAL, 0.02f,
+                           CDP_PARAM_WEIGHT);
     if (m->tie_embeddings) {
         w->tied_unit = 0;
         w->tied_param = 0;
