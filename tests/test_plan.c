@@ -993,6 +993,8 @@ Test(plan, data_paths_take_lists_and_globs)
         cr_assert(strstr(cdp_last_error(), bad[i].msg), "%s\ngot: %s\nwant: %s", plan, cdp_last_error(), bad[i].msg);
         cr_assert_null(p);
     }
+}
+
 /* ---- learning-rate schedule and weight-decay groups --------------------------- */
 
 Test(plan, lr_schedule_and_no_decay_defaults)
