@@ -32,7 +32,8 @@
  * its plans and an empty runs/), so that one command's outputs are the next
  * one's inputs, as a reader running them would find them. The copies train
  * one step (/train/steps) and validate on one micro-batch
- * (/train/eval_batches), so that a doc's 300-step demo takes a second, not a
+ * (/train/eval_batches), a learning-rate schedule's warmup and decay made to
+ * fit that step (warmup_steps 0, decay_steps 1), so that a doc's 300-step demo takes a second, not a
  * minute: the test checks that each command works and exits as documented,
  * not its numbers; everything else is the plan as written. Each command has
  * 120 s. */
@@ -97,6 +98,11 @@ static const char *make_tree(const char *src)
         if (json_is_object(train)) {
             if (!json_is_integer(steps) || json_integer_value(steps) > MAX_STEPS)
                 json_object_set_new(train, "steps", json_integer(MAX_STEPS));
+            json_t *lrs = json_object_get(train, "lr_schedule");
+            if (json_is_object(lrs)) {
+                if (json_object_get(lrs, "warmup_steps")) json_object_set_new(lrs, "warmup_steps", json_integer(0));
+                if (json_object_get(lrs, "decay_steps")) json_object_set_new(lrs, "decay_steps", json_integer(1));
+            }
             const json_t *eb = json_object_get(train, "eval_batches");
             if (!json_is_integer(eb) || json_integer_value(eb) > 1) json_object_set_new(train, "eval_batches", json_integer(1));
             cr_assert_eq(json_dump_file(plan, b, JSON_INDENT(2)), 0, "%s", b);
