@@ -232,6 +232,7 @@ int cdp_test_start(struct cdp_job *j, const char *const *argv, const struct cdp_
         dup2(fe, 2);
         setenv("CDP_TEST_TAG", j->tag, 1);
         for (int i = 0; o && o->unset && o->unset[i]; i++) unsetenv(o->unset[i]);
+        for (int i = 0; o && o->set && o->set[i]; i++) putenv((char *)o->set[i]);
         struct rlimit r;
         if (o && o->as_bytes) {
             r.rlim_cur = r.rlim_max = o->as_bytes;

@@ -57,6 +57,7 @@ struct cdp_job_opts {
     unsigned long long as_bytes, fsize_bytes, nofile;
     const char *cpus;
     const char *const *unset;
+    const char *const *set; /* "NAME=VALUE" strings put into its environment (NULL-terminated), or NULL */
 };
 
 /* Starts $CDP_BIN with argv (NULL-terminated); opts may be NULL. 0 or -1. */
