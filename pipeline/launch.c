@@ -308,6 +308,7 @@ static void pass_through(int fd, int *died)
 static volatile sig_atomic_t stop_sig;   /* the first signal that asked the job to stop */
 static volatile sig_atomic_t stop_level; /* 1: the ranks were asked to save and end; 2: ended; 3: killed */
 static volatile sig_atomic_t saves;      /* the spec's stop_saves */
+static volatile sig_atomic_t grace_s;    /* cdp_launch_stop_grace(), read before the handlers are set */
 
 int cdp_launch_stop_grace(void)
 {
@@ -350,11 +351,10 @@ static void on_stop(int sig)
     }
     if (launched <= 0) return;
     if (sig != SIGINT && saves && stop_level == 0) {
-        const int grace = cdp_launch_stop_grace();
         stop_level = 1;
-        if (grace > 0) {
+        if (grace_s > 0) {
             kill(launched, SIGUSR1); /* mpirun and srun pass it to every rank: save and end */
-            alarm((unsigned)grace);
+            alarm((unsigned)grace_s);
             return;
         }
     }
@@ -373,9 +373,9 @@ static int allowed_cpus(char *list, size_t cap)
     return CPU_COUNT(&set);
 }
 
-/* This process's children (ranks the launcher left behind are reparented
- * here: this process is their subreaper), at most cap, in pids; all of them
- * signalled with sig when it is not 0. Returns how many there are. */
+/* How many live children this process has (ranks the launcher left behind
+ * are reparented here: this process is their subreaper); each gets sig when
+ * it is not 0. */
 static int children(int sig)
 {
     const pid_t me = getpid();
@@ -508,6 +508,7 @@ cdp_status cdp_launch_run(const struct cdp_launch_spec *s, int *exit_code)
     stop_sig = 0;
     stop_level = 0;
     saves = s->stop_saves;
+    grace_s = cdp_launch_stop_grace();
     struct sigaction sa = {.sa_handler = on_stop}, old[5];
     sigemptyset(&sa.sa_mask);
     const int sigs[5] = {SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGALRM};

@@ -566,7 +566,11 @@ static const char *mpi_launcher_name(const struct cdp_launch_spec *s)
 
 static const char *signal_name(int sig)
 {
-    return sig == SIGINT ? "SIGINT (Ctrl-C)" : sig == SIGTERM ? "SIGTERM" : sig == SIGHUP ? "SIGHUP" : sig == SIGUSR1 ? "SIGUSR1" : "a signal";
+    return sig == SIGINT    ? "SIGINT (Ctrl-C)"
+           : sig == SIGTERM ? "SIGTERM"
+           : sig == SIGHUP  ? "SIGHUP"
+           : sig == SIGUSR1 ? "SIGUSR1"
+                            : "a signal";
 }
 
 /* A job stopped by a signal to the launcher: what was stopped, where, and
@@ -594,11 +598,11 @@ static int stopped_job(const struct cdp_plan *plan, const struct cdp_layout *l, 
     else {
         const char *ck = plan->train.checkpoint.dir;
         const int saved = ck && cdp_ckpt_check_fresh(ck) != CDP_OK; /* committed checkpoints are there */
-        fprintf(stderr, "cdphybrid: stopped by %s: the job's %d ranks (%s) were ended%s%s; %s%s%s\n", signal_name(sig),
+        fprintf(stderr, "cdphybrid: stopped by %s: the job's %d ranks (%s) were ended%s%s; %s%s\n", signal_name(sig),
                 l->n_ranks, launcher, where[0] ? "; where they were: " : "", where,
                 saved ? "--resume continues from the last checkpoint in " : ck ? "no checkpoint was saved yet in "
                                                                              : "nothing was saved (no /train/checkpoint)",
-                ck ? ck : "", "");
+                ck ? ck : "");
     }
     return 128 + sig;
 }
