@@ -211,6 +211,24 @@ long cdp_test_files_differ(const char *a, const char *b)
 
 /* ---- jobs in the background ---------------------------------------------------------- */
 
+/* The tags of the jobs this process started: whatever of them is alive when
+ * it exits (a test that failed half way) is killed then, not left to train. */
+static struct {
+    pid_t pid;
+    int n;
+    char tag[32][40];
+} started;
+
+static void kill_started(void)
+{
+    if (started.pid != getpid()) return;
+    for (int i = 0; i < started.n; i++) {
+        int pids[64];
+        const int k = cdp_test_tagged(started.tag[i], pids, 64);
+        for (int p = 0; p < k && p < 64; p++) kill(pids[p], SIGKILL);
+    }
+}
+
 int cdp_test_start(struct cdp_job *j, const char *const *argv, const struct cdp_job_opts *o)
 {
     const char *bin = getenv("CDP_BIN");
@@ -218,6 +236,12 @@ int cdp_test_start(struct cdp_job *j, const char *const *argv, const struct cdp_
     if (!bin) return -1;
     static int serial;
     snprintf(j->tag, sizeof j->tag, "%ld-%d-%ld", (long)getpid(), ++serial, (long)time(NULL));
+    if (started.pid != getpid()) {
+        if (started.pid == 0) atexit(kill_started);
+        started.pid = getpid();
+        started.n = 0;
+    }
+    if (started.n < 32) snprintf(started.tag[started.n++], sizeof started.tag[0], "%s", j->tag);
     const char *dir = cdp_test_tmpdir();
     snprintf(j->out, sizeof j->out, "%s/stdout", dir);
     snprintf(j->err, sizeof j->err, "%s/stderr", dir);

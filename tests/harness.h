@@ -43,7 +43,9 @@ char *cdp_test_read_file(const char *path);
 /* A run of the binary in the background, as a shell starts a job: in a
  * process group of its own, stdout and stderr into files of a fresh folder,
  * and every process it starts marked with CDP_TEST_TAG=tag (its environment),
- * so that a test can find what is left of it (cdp_test_tagged). */
+ * so that a test can find what is left of it (cdp_test_tagged). Whatever of
+ * it is alive when the test's process exits (a test that failed half way) is
+ * killed then. */
 struct cdp_job {
     int pid;
     char tag[40];
