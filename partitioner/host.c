@@ -16,8 +16,9 @@
 #endif
 
 #if CDP_HAVE_HWLOC
-/* PUs of the allowed cores, core by core. 0 when hwloc gives nothing. */
-static int cpus_hwloc(int *cpus, int *core_of, int cap, int *cores)
+/* PUs of the allowed cores that the affinity mask holds (taskset, a
+ * launcher's binding: never widened), core by core. 0 when hwloc gives nothing. */
+static int cpus_hwloc(const cpu_set_t *mask, int *cpus, int *core_of, int cap, int *cores)
 {
     hwloc_topology_t topo;
     int n = 0, k = 0;
@@ -32,7 +33,8 @@ static int cpus_hwloc(int *cpus, int *core_of, int cap, int *cores)
             hwloc_obj_t core = hwloc_get_obj_by_type(topo, HWLOC_OBJ_CORE, (unsigned)c);
             int any = 0;
             for (int pu = hwloc_bitmap_first(core->cpuset); pu >= 0 && n < cap; pu = hwloc_bitmap_next(core->cpuset, pu))
-                if (hwloc_bitmap_isset(allowed, (unsigned)pu)) {
+                if (hwloc_bitmap_isset(allowed, (unsigned)pu) && (!CPU_COUNT(mask) || (pu < CPU_SETSIZE &&
+                                                                                     CPU_ISSET(pu, mask)))) {
                     cpus[n] = pu;
                     core_of[n++] = k;
                     any = 1;
@@ -59,7 +61,7 @@ cdp_status cdp_host_cpus(int **cpus_out, int **core_out, int *n_out, int *cores_
     }
     int n = 0, cores = 0;
 #if CDP_HAVE_HWLOC
-    n = cpus_hwloc(cpus, core, cap, &cores);
+    n = cpus_hwloc(&set, cpus, core, cap, &cores);
 #endif
     if (n == 0) {
         for (int c = 0; c < CPU_SETSIZE && n < cap; c++)
@@ -196,4 +198,40 @@ cdp_status cdp_host_memory(uint64_t *avail, char *why, size_t cap)
         *avail = mem;
     }
     return CDP_OK;
+}
+
+int64_t cdp_host_oom_kills_in(const char *events_file)
+{
+    FILE *f = fopen(events_file, "r");
+    if (!f) return -1;
+    char line[256];
+    long long n = -1;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "oom_kill %lld", &n) == 1) break;
+    fclose(f);
+    return n;
+}
+
+int64_t cdp_host_oom_kills(void)
+{
+    FILE *f = fopen("/proc/self/cgroup", "r");
+    if (!f) return -1;
+    char line[4096], path[4400];
+    int64_t n = -1;
+    while (n < 0 && fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\n")] = '\0';
+        char *rest = NULL;
+        if (!strncmp(line, "0::", 3)) { /* v2 */
+            rest = line + 3;
+            snprintf(path, sizeof path, "/sys/fs/cgroup%s/memory.events", strcmp(rest, "/") ? rest : "");
+        } else if ((rest = strstr(line, ":memory:"))) { /* v1 */
+            rest += 8;
+            snprintf(path, sizeof path, "/sys/fs/cgroup/memory%s/memory.oom_control", strcmp(rest, "/") ? rest : "");
+        } else {
+            continue;
+        }
+        n = cdp_host_oom_kills_in(path);
+    }
+    fclose(f);
+    return n;
 }

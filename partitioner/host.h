@@ -28,6 +28,15 @@ cdp_status cdp_host_cpus(int **cpus, int **core_of, int *n, int *cores);
  * CDP_ERR_UNSUPPORTED where the host does not say (no /proc/meminfo). */
 cdp_status cdp_host_memory(uint64_t *avail, char *why, size_t cap);
 
+/* Processes the kernel's OOM killer has ended in this process's memory
+ * cgroup (cgroup v2 memory.events "oom_kill", hierarchical; v1
+ * memory.oom_control), or -1 where the host does not say. A job's ranks run
+ * in the launcher's cgroup (or below it), so the count going up while they ran
+ * says one of them was killed for memory. */
+int64_t cdp_host_oom_kills(void);
+/* The "oom_kill N" of such a file, or -1. */
+int64_t cdp_host_oom_kills_in(const char *events_file);
+
 #ifdef __cplusplus
 }
 #endif

@@ -123,6 +123,8 @@ struct exec {
     int step0;
     int64_t sample_base;
     FILE *out;
+    int ckpt_lock; /* rank 0: the checkpoint folder's lock (an open file), or -1 */
+    const char *resume_allow; /* plan keys a resume may change (cdp_train_opts; not owned) */
 };
 
 /* What the executor is doing now ("rank 1/4 (stage 1, replica 0), step 2:
@@ -168,6 +170,10 @@ cdp_status cdp_exec_rebalance(struct exec *e, int step);
  * resuming from the newest complete one in dir. */
 cdp_status cdp_exec_save_checkpoint(struct exec *e, int step);
 cdp_status cdp_exec_resume(struct exec *e, const char *dir);
+/* Rank 0 takes the checkpoint folder's lock for the run's life (another run
+ * holding it: CDP_ERR_INVALID naming the holder) and hands every rank the
+ * run's id, which its parts carry (cdp_ckpt_set_run). A collective. */
+cdp_status cdp_exec_hold_checkpoint_dir(struct exec *e);
 
 /* report.c: what a run prints and writes. One step's figures, reduced over the
  * ranks (sums / size where it says mean). */
@@ -176,6 +182,7 @@ struct cdp_exec_step {
     double loss, bubble, time_s, val_loss; /* val_loss NAN when not validated */
     double compute_s, comm_s, idle_s, step_s; /* mean over ranks */
     int report;                           /* a monitor report was taken */
+    int stop;                             /* a rank was asked to stop (cdp_exec_request_stop) */
     struct cdp_monitor_report mon;
 };
 

@@ -4,6 +4,7 @@
  * pipeline buffers of its chunks; data and trace; and the teardown. */
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cdp/core.h"
 #include "cdp/log.h"
@@ -15,6 +16,8 @@
 
 void cdp_exec_free(struct exec *e)
 {
+    if (e->ckpt_lock > 0) close(e->ckpt_lock); /* the checkpoint folder is free again */
+    e->ckpt_lock = -1;
     if (e->ch) {
         for (int k = 0; k < e->v; k++) {
             struct chunk *c = &e->ch[k];

@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +21,19 @@
 #include "pipeline/exec_internal.h"
 
 const char *cdp_exec_where(void) { return cdp_exec_where_buf; }
+
+/* A stop asked of this rank (cdp_exec_request_stop, from a signal handler),
+ * and where the run stopped for it. */
+static volatile sig_atomic_t stop_asked;
+static int64_t stopped_after = -1, stop_saved = -1;
+
+void cdp_exec_request_stop(void) { stop_asked = 1; }
+
+int64_t cdp_exec_stopped(int64_t *saved)
+{
+    if (saved) *saved = stop_saved;
+    return stopped_after;
+}
 
 cdp_status cdp_exec_check(const struct cdp_plan *p)
 {
@@ -60,14 +74,15 @@ static cdp_status run_step(struct exec *e, int step, struct cdp_exec_step *s)
     const uint64_t t_end = cdp_time_ns();
     double red[6] = {e->loss_sum, (double)e->t_fb / 1e9, (double)e->t_compute / 1e9, (double)e->t_comm / 1e9,
                      (double)e->t_idle / 1e9, (double)(t_end - e->step_start) / 1e9};
-    double mx[2] = {e->shape ? (double)e->scale : 0, (double)(e->fb_end - e->step_start) / 1e9};
+    /* a stop asked of any rank ends every rank after this step */
+    double mx[3] = {e->shape ? (double)e->scale : 0, (double)(e->fb_end - e->step_start) / 1e9, (double)stop_asked};
     if ((st = cdp_comm_allreduce_f64(e->world, red, 6, CDP_REDUCE_SUM, e->timeout))) return st;
-    if ((st = cdp_comm_allreduce_f64(e->world, mx, 2, CDP_REDUCE_MAX, e->timeout))) return st;
+    if ((st = cdp_comm_allreduce_f64(e->world, mx, 3, CDP_REDUCE_MAX, e->timeout))) return st;
     *s = (struct cdp_exec_step){.step = step, .loss = red[0] * mx[0],
                                 .bubble = mx[1] > 0 ? fmax(0.0, 1.0 - red[1] / e->size / mx[1]) : 0,
                                 .time_s = (double)(t_end - e->step_start) / 1e9, .val_loss = NAN,
                                 .compute_s = red[2] / e->size, .comm_s = red[3] / e->size,
-                                .idle_s = red[4] / e->size, .step_s = red[5] / e->size};
+                                .idle_s = red[4] / e->size, .step_s = red[5] / e->size, .stop = mx[2] > 0};
     if (!isfinite(s->loss))
         return cdp_fail(CDP_ERR_INVALID, "step %d: the loss is %g; lower /train/optimizer/lr or set "
                         "/train/grad_clip", step, s->loss);
@@ -186,7 +201,7 @@ static void step_callback(const struct exec *e, const struct cdp_exec_step *s, c
 cdp_status cdp_exec_run(const struct cdp_plan *p, const struct cdp_layout *layout, cdp_comm_t world,
                         const struct cdp_train_opts *o, struct cdp_train_summary *summary)
 {
-    struct exec e = {.plan = p, .lay = layout, .world = world};
+    struct exec e = {.plan = p, .lay = layout, .world = world, .ckpt_lock = -1};
     double *peaks = NULL;
     struct cdp_train_summary sum = {.size = sizeof sum};
     struct cdp_exec_totals tot;
@@ -194,8 +209,14 @@ cdp_status cdp_exec_run(const struct cdp_plan *p, const struct cdp_layout *layou
     cdp_status st;
     FILE *out = o ? o->out : NULL, *metrics = NULL;
     e.out = out;
+    e.resume_allow = o ? o->resume_allow : NULL;
     cdp_fault_parse(&e.fault);
+    /* CDP_FAULT at step 0: at start-up, before the rank has set up or written anything */
+    if ((st = cdp_fault_at_step(&e.fault, cdp_comm_rank(world), 0))) goto fail;
+    stopped_after = stop_saved = -1;
     if ((st = cdp_exec_setup(&e))) goto fail;
+    if (!(o && o->resume) && e.rank == 0 && (st = cdp_exec_check_checkpoint_dir(p, NULL))) goto fail;
+    if ((st = cdp_exec_hold_checkpoint_dir(&e))) goto fail;
     if (o && o->resume && (st = cdp_exec_resume(&e, o->resume))) goto fail;
     if ((st = cdp_monitor_create(e.s, e.r, e.dev, &e.monitor))) goto fail;
     if (e.rank == 0 && p->output.metrics && (st = cdp_exec_open_metrics(&e, &metrics))) goto fail;
@@ -234,9 +255,25 @@ cdp_status cdp_exec_run(const struct cdp_plan *p, const struct cdp_layout *layou
         if (e.rank == 0 && (metrics || e.tb) && (st = cdp_exec_write_step_record(&e, &s, &tot, metrics))) goto fail;
         if (e.rank == 0 && out) cdp_exec_print_step(&e, &s, &tot, o->progress, out);
         if (o && o->on_step) step_callback(&e, &s, &tot, o);
-        if (p->train.checkpoint.dir && (step % p->train.checkpoint.every == 0 || last) &&
-            (st = cdp_exec_save_checkpoint(&e, step)))
-            goto fail;
+        const int saved = p->train.checkpoint.dir && (step % p->train.checkpoint.every == 0 || last);
+        if (saved && (st = cdp_exec_save_checkpoint(&e, step))) goto fail;
+        if (s.stop && !last) { /* asked to stop: save what there is, and end */
+            if (p->train.checkpoint.dir && !saved && (st = cdp_exec_save_checkpoint(&e, step))) goto fail;
+            stopped_after = step;
+            stop_saved = p->train.checkpoint.dir ? step : -1;
+            sum.steps = step;
+            if (e.rank == 0 && out) {
+                fprintf(out, "stopped after step %d, as asked%s%s%s\n", step,
+                        p->train.checkpoint.dir ? ": checkpoint saved in " : " (no /train/checkpoint: nothing saved)",
+                        p->train.checkpoint.dir ? p->train.checkpoint.dir : "",
+                        p->train.checkpoint.dir ? "; continue with --resume" : "");
+                fflush(out);
+            }
+            if (metrics) fclose(metrics);
+            cdp_exec_free(&e);
+            if (summary) *summary = sum;
+            return CDP_OK;
+        }
         if (p->parallel.rebalance_every > 0 && e.R > 1 && step % p->parallel.rebalance_every == 0 && !last &&
             (st = cdp_exec_rebalance(&e, step)))
             goto fail;

@@ -33,6 +33,20 @@ cdp_status cdp_exec_check(const struct cdp_plan *plan);
 cdp_status cdp_exec_run(const struct cdp_plan *plan, const struct cdp_layout *layout, cdp_comm_t world,
                         const struct cdp_train_opts *opts, struct cdp_train_summary *summary);
 
+/* A fresh run (resume NULL) into a checkpoint folder that holds committed
+ * checkpoints of an earlier run: CDP_ERR_INVALID naming the plan's key and
+ * the newest, before any step is trained. */
+cdp_status cdp_exec_check_checkpoint_dir(const struct cdp_plan *plan, const char *resume);
+
+/* Asks the running cdp_exec_run of this process to stop (async-signal-safe):
+ * after the step under way, every rank (the request of one is shared at the
+ * step's end) saves a checkpoint when the plan has /train/checkpoint, and the
+ * run returns CDP_OK early. */
+void cdp_exec_request_stop(void);
+/* The step after which the last run stopped as asked, or -1; *saved (not
+ * NULL) gets the step of the checkpoint it saved then, or -1. */
+int64_t cdp_exec_stopped(int64_t *saved);
+
 /* "rank 1/4 (stage 1, replica 0): RECV_ACT of micro-batch 3, chunk 0, from stage 0",
  * what this process is doing now; safe to read from a signal handler. */
 const char *cdp_exec_where(void);

@@ -36,11 +36,12 @@ void cdp_fault_parse(struct cdp_fault *f)
     if (sscanf(v, "killsave:%d:%d:%15s", &f->rank, &f->step, f->phase) == 3) f->save = 1;
     else if (sscanf(v, "kill:%d:%d", &f->rank, &f->step) == 2) f->kill = 1;
     else if (sscanf(v, "deverr:%d:%d", &f->rank, &f->step) == 2) f->deverr = 1;
+    else if (sscanf(v, "sigbus:%d:%d", &f->rank, &f->step) == 2) f->sigbus = 1;
     else if (sscanf(v, "stall:%d:%d:%d", &f->rank, &f->step, &f->seconds) == 3) f->stall = 1;
     else if (sscanf(v, "slow:%d:%lf", &f->rank, &f->factor) == 2 && f->factor >= 1.0 && f->factor <= 1000.0)
         f->slow = 1;
     else CDP_WARN(EXEC, "CDP_FAULT=\"%s\" is not kill:RANK:STEP, stall:RANK:STEP:SECONDS, deverr:RANK:STEP, "
-                  "killsave:RANK:STEP:PHASE or slow:RANK:FACTOR (1 to 1000), with @ATTEMPT or without; ignored", env);
+                  "sigbus:RANK:STEP, killsave:RANK:STEP:PHASE or slow:RANK:FACTOR (1 to 1000), with @ATTEMPT or without; ignored", env);
     const char *now = getenv("CDP_RESTART_ATTEMPT");
     if (attempt >= 0 && attempt != (now && *now ? atoi(now) : 0)) {
         CDP_DEBUG(EXEC, "CDP_FAULT=\"%s\" is for attempt %d; not armed", env, attempt);
@@ -52,6 +53,7 @@ cdp_status cdp_fault_at_step(const struct cdp_fault *f, int rank, int step)
 {
     if (rank != f->rank || step != f->step) return CDP_OK;
     if (f->kill) raise(SIGKILL);
+    if (f->sigbus) raise(SIGBUS);
     if (f->stall) sleep((unsigned)f->seconds);
     if (f->deverr) return cdp_fail(CDP_ERR_DEVICE, "CDP_FAULT=deverr:%d:%d: a device error, as a test asked", rank, step);
     return CDP_OK;

@@ -13,14 +13,15 @@ extern "C" {
 #endif
 
 /* "kill:RANK:STEP", "stall:RANK:STEP:SECONDS", "deverr:RANK:STEP" (the rank's
- * step fails as if its device had reported an error, CDP_ERR_DEVICE), "killsave:RANK:STEP:PHASE" (PHASE
+ * step fails as if its device had reported an error, CDP_ERR_DEVICE), "sigbus:RANK:STEP" (the rank gets
+ * SIGBUS, as from a mapped file that shrank), "killsave:RANK:STEP:PHASE" (PHASE
  * part: before writing its part; commit: after it, before the manifest) or
  * "slow:RANK:FACTOR" (that rank's forward and backward take FACTOR times as
  * long, 1 to 1000). Any of them with "@A" after it is armed only in attempt A
  * of a run the launcher restarts (train.restart): CDP_RESTART_ATTEMPT, which
  * the launcher sets to 1, 2, ... for its restarts (absent: 0, the first). */
 struct cdp_fault {
-    int kill, stall, save, slow, deverr; /* which one is armed */
+    int kill, stall, save, slow, deverr, sigbus; /* which one is armed */
     int rank, step, seconds;
     double factor;
     char phase[16];

@@ -10,8 +10,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cdp/core.h"
@@ -301,9 +303,118 @@ static void pass_through(int fd, int *died)
     }
 }
 
-static void pass_on(int sig)
+/* ---- stopping: signals to this process -------------------------------------------- */
+
+static volatile sig_atomic_t stop_sig;   /* the first signal that asked the job to stop */
+static volatile sig_atomic_t stop_level; /* 1: the ranks were asked to save and end; 2: ended; 3: killed */
+static volatile sig_atomic_t saves;      /* the spec's stop_saves */
+static volatile sig_atomic_t grace_s;    /* cdp_launch_stop_grace(), read before the handlers are set */
+
+int cdp_launch_stop_grace(void)
 {
-    if (launched > 0) kill(launched, sig);
+    const char *v = getenv("CDP_STOP_GRACE_S");
+    if (!v || !*v) return 25;
+    char *end = NULL;
+    const long g = strtol(v, &end, 10);
+    if (*end || g < 0 || g > 3600) {
+        CDP_WARN(EXEC, "CDP_STOP_GRACE_S=\"%s\" is not a number of seconds 0 to 3600; 25 is used", v);
+        return 25;
+    }
+    return (int)g;
+}
+
+static void stop_escalate(void)
+{
+    const pid_t p = launched;
+    if (p <= 0) return;
+    if (stop_level < 2) {
+        stop_level = 2;
+        kill(p, SIGTERM); /* mpirun and srun end their ranks */
+        alarm(10);        /* and if they do not, the whole group goes */
+    } else {
+        stop_level = 3;
+        kill(-p, SIGKILL);
+        kill(p, SIGKILL);
+    }
+}
+
+static void on_stop(int sig)
+{
+    if (!stop_sig) stop_sig = sig;
+    else if (sig != SIGALRM) {
+        stop_escalate(); /* a second signal: now */
+        return;
+    }
+    if (sig == SIGALRM) {
+        stop_escalate(); /* the grace is over */
+        return;
+    }
+    if (launched <= 0) return;
+    if (sig != SIGINT && saves && stop_level == 0) {
+        stop_level = 1;
+        if (grace_s > 0) {
+            kill(launched, SIGUSR1); /* mpirun and srun pass it to every rank: save and end */
+            alarm((unsigned)grace_s);
+            return;
+        }
+    }
+    stop_escalate();
+}
+
+/* The CPUs this process may run on (its affinity mask), or the CPUs online. */
+static int allowed_cpus(char *list, size_t cap)
+{
+    cpu_set_t set;
+    list[0] = '\0';
+    if (sched_getaffinity(0, sizeof set, &set) != 0) return (int)sysconf(_SC_NPROCESSORS_ONLN);
+    size_t o = 0;
+    for (int c = 0; c < CPU_SETSIZE && o + 12 < cap; c++)
+        if (CPU_ISSET(c, &set)) o += (size_t)snprintf(list + o, cap - o, "%s%d", o ? "," : "", c);
+    return CPU_COUNT(&set);
+}
+
+/* How many live children this process has (ranks the launcher left behind
+ * are reparented here: this process is their subreaper); each gets sig when
+ * it is not 0. */
+static int children(int sig)
+{
+    const pid_t me = getpid();
+    DIR *d = opendir("/proc");
+    if (!d) return 0;
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        if (e->d_name[0] < '1' || e->d_name[0] > '9') continue;
+        char path[300], buf[512];
+        snprintf(path, sizeof path, "/proc/%s/stat", e->d_name);
+        FILE *f = fopen(path, "r");
+        if (!f) continue;
+        const size_t got = fread(buf, 1, sizeof buf - 1, f);
+        fclose(f);
+        buf[got] = '\0';
+        const char *close_paren = strrchr(buf, ')'); /* the name may hold spaces */
+        char state = 0;
+        long ppid = 0;
+        if (!close_paren || sscanf(close_paren + 1, " %c %ld", &state, &ppid) != 2 || ppid != me) continue;
+        if (state == 'Z') continue; /* reaped below */
+        n++;
+        if (sig) kill((pid_t)atol(e->d_name), sig);
+    }
+    closedir(d);
+    return n;
+}
+
+/* After the launcher has ended: every rank it left behind (reparented here)
+ * is gone before this returns, ended when it outlives a short wait. */
+static void end_orphans(void)
+{
+    for (int i = 0; i < 140; i++) { /* 5 s to finish their own ending, then SIGTERM, then SIGKILL */
+        while (waitpid(-1, NULL, WNOHANG) > 0) {
+        }
+        if (!children(i == 100 ? SIGTERM : i == 130 ? SIGKILL : 0)) return;
+        if (i == 100) CDP_WARN(EXEC, "ranks of the job outlived its launcher: ending them");
+        struct timespec ts = {0, 50 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
 }
 
 cdp_status cdp_launch_run(const struct cdp_launch_spec *s, int *exit_code)
@@ -317,7 +428,18 @@ cdp_status cdp_launch_run(const struct cdp_launch_spec *s, int *exit_code)
         setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 0);
         setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 0);
     }
-    if (s->layout->n_ranks > sysconf(_SC_NPROCESSORS_ONLN)) setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 0);
+    /* more ranks on this host than the CPUs it lets this process use (taskset,
+     * a cpuset): oversubscribed, and said so */
+    int here = 0;
+    for (int i = 0; i < s->layout->n_ranks; i++) here += s->layout->rank[i].node == 0;
+    char cpus[512];
+    const int allowed = allowed_cpus(cpus, sizeof cpus);
+    if (here > allowed) {
+        setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 0);
+        CDP_WARN(EXEC, "%d ranks on this host and %d CPU%s this process may use (%s%s): the ranks share them "
+                 "(oversubscribed), each runs slower", here, allowed, allowed == 1 ? "" : "s",
+                 cpus[0] ? "CPUs " : "", cpus[0] ? cpus : "online");
+    }
     if (cdp_log_enabled(CDP_LOG_INFO, CDP_SUBSYS_EXEC)) {
         char line[2048];
         size_t o = 0;
@@ -332,13 +454,28 @@ cdp_status cdp_launch_run(const struct cdp_launch_spec *s, int *exit_code)
         *s->died = -1;
         if (pipe2(err_fds, O_CLOEXEC) != 0) err_fds[0] = err_fds[1] = -1;
     }
+    if (s->stopped_by) *s->stopped_by = 0;
     if (pipe2(fds, O_CLOEXEC) != 0) { /* closed by a successful exec: the read below then returns 0 */
         st = cdp_fail(CDP_ERR_UNSUPPORTED, "cannot start %s: pipe: %s", argv[0], strerror(errno));
         free(argv);
         return st;
     }
+    /* ranks the launcher leaves behind are reparented here, to be reaped and
+     * ended (Open MPI starts each rank in a process group of its own) */
+    prctl(PR_SET_CHILD_SUBREAPER, 1);
+    /* the signals that stop the job are held until the child is known */
+    sigset_t block, old_mask;
+    sigemptyset(&block);
+    sigaddset(&block, SIGINT);
+    sigaddset(&block, SIGTERM);
+    sigaddset(&block, SIGHUP);
+    sigaddset(&block, SIGUSR1);
+    sigaddset(&block, SIGALRM);
+    sigprocmask(SIG_BLOCK, &block, &old_mask);
+    const pid_t parent = getpid();
     const pid_t pid = fork();
     if (pid < 0) {
+        sigprocmask(SIG_SETMASK, &old_mask, NULL);
         close(fds[0]);
         close(fds[1]);
         if (err_fds[0] >= 0) {
@@ -350,6 +487,12 @@ cdp_status cdp_launch_run(const struct cdp_launch_spec *s, int *exit_code)
         return st;
     }
     if (pid == 0) {
+        /* a group of its own: a terminal's Ctrl-C reaches this process only,
+         * which decides; and when this process dies, so does the launcher */
+        setpgid(0, 0);
+        prctl(PR_SET_PDEATHSIG, SIGTERM);
+        if (getppid() != parent) _exit(127);
+        sigprocmask(SIG_SETMASK, &old_mask, NULL);
         close(fds[0]);
         if (err_fds[1] >= 0) dup2(err_fds[1], 2); /* dup2 clears close-on-exec of the copy */
         execvp(argv[0], argv);
@@ -359,14 +502,22 @@ cdp_status cdp_launch_run(const struct cdp_launch_spec *s, int *exit_code)
         (void)w;
         _exit(127);
     }
+    setpgid(pid, pid); /* also here: whichever runs first */
     close(fds[1]);
     launched = pid;
-    struct sigaction sa = {.sa_handler = pass_on}, old_int, old_term;
+    stop_sig = 0;
+    stop_level = 0;
+    saves = s->stop_saves;
+    grace_s = cdp_launch_stop_grace();
+    struct sigaction sa = {.sa_handler = on_stop}, old[5];
     sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, &old_int);
-    sigaction(SIGTERM, &sa, &old_term);
+    const int sigs[5] = {SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGALRM};
+    for (int i = 0; i < 5; i++) sigaction(sigs[i], &sa, &old[i]);
+    sigprocmask(SIG_SETMASK, &old_mask, NULL);
     int e = 0;
-    const ssize_t got = read(fds[0], &e, sizeof e);
+    ssize_t got;
+    while ((got = read(fds[0], &e, sizeof e)) < 0 && errno == EINTR) {
+    }
     close(fds[0]);
     if (err_fds[1] >= 0) {
         close(err_fds[1]);
@@ -376,9 +527,11 @@ cdp_status cdp_launch_run(const struct cdp_launch_spec *s, int *exit_code)
     int status = 0;
     while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
     }
-    sigaction(SIGINT, &old_int, NULL);
-    sigaction(SIGTERM, &old_term, NULL);
+    end_orphans();
+    alarm(0);
+    for (int i = 0; i < 5; i++) sigaction(sigs[i], &old[i], NULL);
     launched = 0;
+    if (s->stopped_by) *s->stopped_by = stop_sig;
     if (got == (ssize_t)sizeof e) {
         st = cdp_fail(CDP_ERR_UNSUPPORTED, "%s could not be started (%s)", argv[0], strerror(e));
         free(argv);

@@ -36,7 +36,15 @@ struct cdp_launch_spec {
     int *died;                       /* not NULL: the launcher's output is read as it passes through, and this
                                         gets the rank it said died first ("process rank N ... exited on
                                         signal", srun's "task N: ..."), else -1 */
+    int stop_saves;                  /* a stop asked with SIGTERM, SIGHUP or SIGUSR1 lets the ranks save a
+                                        checkpoint first: they get SIGUSR1 and CDP_STOP_GRACE_S seconds */
+    int *stopped_by;                 /* not NULL: gets the signal that stopped the job (0: none came) */
 };
+
+/* Seconds a stop waits for the ranks to save and end before they are made
+ * to end (CDP_STOP_GRACE_S, 0 to 3600; default 25: under Slurm's default
+ * KillWait of 30 s). */
+int cdp_launch_stop_grace(void);
 
 /* Which launcher a job uses: srun inside a Slurm allocation (SLURM_JOB_ID set)
  * when srun is on PATH and no hostfile is given, else mpirun. */
@@ -52,9 +60,19 @@ enum cdp_launcher cdp_launch_which(const struct cdp_launch_spec *s);
 cdp_status cdp_launch_argv(const struct cdp_launch_spec *s, enum cdp_launcher which, char ***argv);
 
 /* Starts the ranks and waits for them; *exit_code gets the launcher's exit
- * status (128 + signal when it was killed). SIGINT and SIGTERM sent to this
- * process are passed on. CDP_ERR_UNSUPPORTED when the launcher cannot be
- * started (named, with the system's reason). */
+ * status (128 + signal when it was killed). The launcher (mpirun, srun) runs
+ * in a process group of its own (a terminal's Ctrl-C reaches this process
+ * only) and dies with this process (PR_SET_PDEATHSIG: SIGTERM, on which it
+ * ends its ranks); ranks it leaves behind are reparented here (a subreaper)
+ * and ended, so none is left when this returns.
+ * A signal to this process stops the job (docs/jobs.md): SIGINT ends it now
+ * (SIGTERM to the launcher); SIGTERM, SIGHUP and SIGUSR1 do the same, or with
+ * stop_saves first pass SIGUSR1 on (the ranks save and end) and end it after
+ * the grace; a second signal ends it now. *s->stopped_by says which came.
+ * Where the ranks outnumber the CPUs this process may use (its affinity
+ * mask, not the CPUs online), the launcher is told to oversubscribe, with a
+ * warning. CDP_ERR_UNSUPPORTED when the launcher cannot be started (named,
+ * with the system's reason). */
 cdp_status cdp_launch_run(const struct cdp_launch_spec *s, int *exit_code);
 
 /* Whether this rank runs where the layout says: under mpirun or srun, its

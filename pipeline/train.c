@@ -91,6 +91,8 @@ cdp_status cdp_train(const struct cdp_plan *p, const struct cdp_layout *layout, 
     return st;
 }
 
+void cdp_train_request_stop(void) { cdp_exec_request_stop(); }
+
 void cdp_train_abort(int code)
 {
     cdp_comm_t world = NULL;

@@ -32,7 +32,48 @@ const char *cdp_test_source_path(const char *rel);
  * or both are empty). */
 long cdp_test_files_differ(const char *a, const char *b);
 
+/* cdp_test_files_differ for two checkpoint parts of different runs: the value
+ * of their "run" metadata (the id of the run that wrote each, the same length
+ * in both) is not compared; every other byte is. */
+long cdp_test_parts_differ(const char *a, const char *b);
+
 /* Reads a whole file; NULL if it cannot. Caller frees. */
 char *cdp_test_read_file(const char *path);
+
+/* A run of the binary in the background, as a shell starts a job: in a
+ * process group of its own, stdout and stderr into files of a fresh folder,
+ * and every process it starts marked with CDP_TEST_TAG=tag (its environment),
+ * so that a test can find what is left of it (cdp_test_tagged). Whatever of
+ * it is alive when the test's process exits (a test that failed half way) is
+ * killed then. */
+struct cdp_job {
+    int pid;
+    char tag[40];
+    char out[4200], err[4200];
+};
+
+/* What the child gets before exec: limits (0: as it is), its CPUs ("" or NULL:
+ * as it is; "1": CPU 1 only), variables to take out of its environment
+ * (NULL-terminated, or NULL). */
+struct cdp_job_opts {
+    unsigned long long as_bytes, fsize_bytes, nofile;
+    const char *cpus;
+    const char *const *unset;
+    const char *const *set; /* "NAME=VALUE" strings put into its environment (NULL-terminated), or NULL */
+};
+
+/* Starts $CDP_BIN with argv (NULL-terminated); opts may be NULL. 0 or -1. */
+int cdp_test_start(struct cdp_job *j, const char *const *argv, const struct cdp_job_opts *opts);
+/* Waits up to timeout_s for it to end (then kills its group with SIGKILL and
+ * says so in r->err); r gets the exit code and what it wrote. */
+void cdp_test_finish(struct cdp_job *j, int timeout_s, struct cdp_run *r);
+/* Waits up to timeout_s until the file holds text; 1 when it does. */
+int cdp_test_wait_for(const char *path, const char *text, int timeout_s);
+/* Processes alive (not zombies) whose environment holds CDP_TEST_TAG=tag;
+ * their pids go to pids (up to cap) when it is not NULL. */
+int cdp_test_tagged(const char *tag, int *pids, int cap);
+/* The pid of a live process of the job that is rank `rank` of its MPI job
+ * (OMPI_COMM_WORLD_RANK in its environment), or -1. */
+int cdp_test_rank_pid(const char *tag, int rank);
 
 #endif

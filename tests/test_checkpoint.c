@@ -4,6 +4,7 @@
  * SHA-256 against the FIPS 180-4 vectors, export, and `cdphybrid export`. */
 #include <criterion/criterion.h>
 #include <jansson.h>
+#include <math.h>
 #include <dirent.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -1297,5 +1298,72 @@ Test(checkpoint, export_command_format_hf)
     cr_assert(strstr(r.out, "--format hf --out DIR") && strstr(r.out, "GPT2LMHeadModel.from_pretrained"), "%s",
               r.out);
     cdp_test_run_free(&r);
+    free_split(&src);
+}
+
+/* ---- a job's life (docs/jobs.md) ------------------------------------------------------ */
+
+/* Two runs saving into one folder: each part carries its run's id, and a
+ * commit refuses a step whose parts come from another run, naming the part. */
+Test(checkpoint, a_part_of_another_run_is_refused_at_commit)
+{
+    const char *dir = cdp_test_tmpdir();
+    struct split src = make_split(GPT(3, 8), two, 2, CDP_OPT_ADAMW, 1);
+    fill_split(&src);
+    cdp_ckpt_set_run("aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa");
+    cr_assert_eq(cdp_ckpt_write_part(dir, 4, "stage-0-chunk-0", &src.m[0], &src.o[0], 1), CDP_OK);
+    cdp_ckpt_set_run("bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb"); /* the other job's rank writes stage 1 */
+    cr_assert_eq(cdp_ckpt_write_part(dir, 4, "stage-1-chunk-0", &src.m[1], &src.o[1], 1), CDP_OK);
+    cdp_ckpt_set_run("aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa");
+    struct cdp_ckpt_info info = {.step = 4, .optimizer = "adamw"};
+    cr_assert_eq(cdp_ckpt_commit(dir, 4, &info, 3), CDP_ERR_INVALID);
+    cr_assert(strstr(cdp_last_error(), "stage-1-chunk-0.safetensors: written by run bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb, "
+                                       "not by this run (aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa)"), "%s", cdp_last_error());
+    cr_assert(!exists(path_in(dir, "step-00000004")), "nothing is committed");
+    /* the same run's parts commit, and the manifest names the run */
+    cr_assert_eq(cdp_ckpt_write_part(dir, 6, "stage-0-chunk-0", &src.m[0], &src.o[0], 1), CDP_OK);
+    cr_assert_eq(cdp_ckpt_write_part(dir, 6, "stage-1-chunk-0", &src.m[1], &src.o[1], 1), CDP_OK);
+    info.step = 6;
+    cr_assert_eq(cdp_ckpt_commit(dir, 6, &info, 3), CDP_OK, "%s", cdp_last_error());
+    char *man = cdp_test_read_file(path_in(dir, "step-00000006/manifest.json"));
+    cr_assert(man && strstr(man, "\"run\": \"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\""), "%s", man);
+    free(man);
+    cdp_ckpt_set_run(NULL);
+    free_split(&src);
+}
+
+/* The newest step folder a link to nothing: an error naming it, not a resume
+ * from an older one. */
+Test(checkpoint, a_dangling_link_as_the_newest_step_is_an_error)
+{
+    const char *dir = cdp_test_tmpdir();
+    struct split src = corrupt_fixture(dir);
+    cr_assert_eq(symlink("/nonexistent/step-00000150", path_in(dir, "step-00000150")), 0);
+    expect_find_error(dir, fmt("%s is a symbolic link to /nonexistent/step-00000150, which is not there",
+                               path_in(dir, "step-00000150")));
+    free_split(&src);
+}
+
+/* A checkpoint whose weights hold a NaN: the load names the file and the
+ * tensor (not a learning rate to lower after the first step's loss). */
+Test(checkpoint, a_weight_that_is_not_a_number_is_named_at_load)
+{
+    const char *dir = cdp_test_tmpdir();
+    struct split src = make_split(GPT(3, 8), two, 2, CDP_OPT_ADAMW, 1);
+    fill_split(&src);
+    struct cdp_model_tensor *t = cdp_model_tensor(src.m[1], 1);
+    t->data[3] = NAN;
+    save(&src, dir, 8, 3);
+    struct split dst = make_split(GPT(3, 8), whole, 1, CDP_OPT_ADAMW, 2);
+    char *path = NULL;
+    struct cdp_ckpt_info info;
+    cr_assert_eq(cdp_ckpt_find_latest(dir, &path, &info), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(cdp_ckpt_load(path, &info, dst.m, dst.o, dst.n), CDP_ERR_INVALID);
+    cr_assert(strstr(cdp_last_error(), fmt("stage-1-chunk-0.safetensors: tensor %s holds NaN at element 3", t->name)),
+              "%s", cdp_last_error());
+    cr_assert(!strstr(cdp_last_error(), "lr"), "%s", cdp_last_error());
+    free(path);
+    cdp_ckpt_info_free(&info);
+    free_split(&dst);
     free_split(&src);
 }

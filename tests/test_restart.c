@@ -485,3 +485,42 @@ Test(restart, a_vanished_node_is_planned_around)
     cdp_topology_free(t);
     cdp_plan_free(p);
 }
+
+/* Out of memory (the kernel's OOM killer, counted in the cgroup's
+ * memory.events) is named and not restarted: no device failed. A rank killed
+ * from outside the job (SIGTERM, not by its launcher) is a death, that rank's. */
+Test(restart, out_of_memory_is_named_and_a_killed_rank_is_a_death)
+{
+    struct cdp_layout *l = two_nodes();
+    const enum cdp_rank_end W = CDP_END_STOPPED_WAITING, S = CDP_END_SILENT, K = CDP_END_KILLED;
+    int64_t step[4] = {-1, -1, -1, -1};
+    struct cdp_job_end e = {.code = 137, .n_ranks = 4, .end = (enum cdp_rank_end[]){W, S, W, W}, .step = step,
+                            .died = 1, .oom_kills = 1};
+    struct cdp_fault_report f;
+    cr_assert_eq(cdp_restart_decide(l, &e, 5, &f), CDP_OK);
+    cr_assert(!f.restartable && !strcmp(f.kind, "out of memory") && f.n_failed == 0, "%s", f.what);
+    cr_assert(strstr(f.what, "OOM killer ended 1 process of this job") && strstr(f.what, "without a word: 1"), "%s",
+              f.what);
+    cdp_fault_report_clear(&f);
+    f = decide(l, 143, -1, (enum cdp_rank_end[]){W, W, K, W}, 5);
+    cr_assert(f.restartable && !strcmp(f.kind, "died") && f.n_failed == 1 && f.failed[0] == 2, "%s", f.what);
+    cr_assert(strstr(f.what, "was killed (SIGTERM from outside the job)"), "%s", f.what);
+    cdp_fault_report_clear(&f);
+    cdp_layout_free(l);
+}
+
+/* The count the launcher reads before and after a job: "oom_kill N" of
+ * memory.events (v2) or memory.oom_control (v1). */
+#include "partitioner/host.h"
+
+Test(restart, the_oom_kill_count_is_read_from_the_cgroup_file)
+{
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
+    const char *v2 = cdp_test_write_file(dir, "memory.events", "low 0\nhigh 0\nmax 3\noom 2\noom_kill 2\n");
+    cr_assert_eq(cdp_host_oom_kills_in(v2), 2);
+    const char *v1 = cdp_test_write_file(dir, "memory.oom_control", "oom_kill_disable 0\nunder_oom 0\noom_kill 7\n");
+    cr_assert_eq(cdp_host_oom_kills_in(v1), 7);
+    cr_assert_eq(cdp_host_oom_kills_in("/nonexistent/memory.events"), -1);
+    cr_assert_geq(cdp_host_oom_kills(), -1);
+}

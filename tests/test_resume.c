@@ -506,10 +506,11 @@ Test(resume, resume_needs_a_folder)
  * as device memory the host cannot address: weights and optimizer state are
  * staged through host copies both ways). A run killed part way resumes from
  * its checkpoint and ends bitwise where an uninterrupted cpu-backend run of the
- * same plan does; the parts it writes are byte for byte the cpu run's. */
+ * same plan does; the parts it writes are byte for byte the cpu run's (but for
+ * the id of the run that wrote each, in their metadata). */
 static void files_equal(const char *a, const char *b)
 {
-    const long at = cdp_test_files_differ(a, b);
+    const long at = cdp_test_parts_differ(a, b);
     cr_assert_eq(at, -1, "%s and %s differ at byte %ld (or one is missing or empty)", a, b, at);
 }
 

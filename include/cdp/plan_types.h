@@ -42,6 +42,8 @@ enum cdp_layer_type {
 
 /* The largest size or count a plan may give (keeps every product of two below 2^63). */
 #define CDP_PLAN_MAX_COUNT INT32_MAX
+/* /train/eval_batches at most (docs/plan.md) */
+#define CDP_PLAN_MAX_EVAL_BATCHES 100000
 /* The longest sequence a model takes (/model/context, an embedding's
  * context): 2^20 tokens; a T x T attention state beyond it is past any device. */
 #define CDP_PLAN_MAX_CONTEXT (1 << 20)

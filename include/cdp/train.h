@@ -63,6 +63,12 @@ struct cdp_train_opts {
      * checkpoint; m is valid during the call only. NULL = none. */
     void (*on_step)(const struct cdp_step_metrics *m, void *user);
     void *user;             /* passed to on_step */
+    /* with resume: the plan keys that may differ from the checkpoint writer's
+     * plan, comma-separated JSON paths ("/data/path,/train/optimizer/lr"; a
+     * path takes the keys under it), or NULL. Without them a resume under
+     * another /model, /data, /train/seed or /train/optimizer is refused,
+     * naming the key (docs/checkpoints.md, "What a resume checks"). */
+    const char *resume_allow;
 };
 
 #define CDP_TRAIN_OPTS_INIT {.size = sizeof(struct cdp_train_opts)}
@@ -101,6 +107,14 @@ struct cdp_train_summary {
  * cdp_train_abort (or MPI_Abort). */
 cdp_status cdp_train(const struct cdp_plan *plan, const struct cdp_layout *layout, const struct cdp_train_opts *opts,
                      struct cdp_train_summary *summary);
+
+/* Asks a cdp_train running in this process to stop early; safe to call from
+ * a signal handler (a rank's SIGUSR1, a job's pre-emption). After the step
+ * under way, every rank (one rank's request reaches all at the step's end)
+ * saves a checkpoint when the plan has /train/checkpoint, and cdp_train
+ * returns CDP_OK with summary->steps the last step trained, before
+ * /train/steps; the final outputs (weights, trace) are not written. */
+void cdp_train_request_stop(void);
 
 /* Ends the whole job after a failed cdp_train under MPI (MPI_Abort on the
  * world with code; exit(code) when MPI is not up). Does not return. */

@@ -10,6 +10,8 @@
 #include <fcntl.h>
 #include <dirent.h>
 #include <signal.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -19,11 +21,13 @@
 #include "cdp/plan.h"
 #include "cdp_config.h"
 #include "cli/commands.h"
+#include "cli/limits.h"
 #include "cli/restart.h"
 #include "comm/comm.h"
 #include "core/file.h"
 #include "model/checkpoint.h"
 #include "partitioner/costs.h"
+#include "partitioner/host.h"
 #include "partitioner/planner.h"
 #include "pipeline/executor.h"
 #include "pipeline/launch.h"
@@ -48,6 +52,7 @@ struct cli_args {
     int no_launch;
     int resume;             /* --resume given */
     const char *resume_dir; /* its folder, or NULL: the plan's /train/checkpoint/dir */
+    const char *resume_allow; /* --resume-allow KEYS: plan keys that may differ from the checkpoint's */
     int argc;
     char **argv;
 };
@@ -102,6 +107,9 @@ static void usage(FILE *f)
           "  -q, --quiet    errors only\n"
           "  --resume [DIR] continue from the newest complete checkpoint in DIR (default: the\n"
           "                 plan's /train/checkpoint/dir), under this plan or another layout\n"
+          "  --resume-allow KEYS  with --resume: these plan keys (JSON paths, comma-separated,\n"
+          "                 e.g. /train/optimizer/lr) may differ from the checkpoint's plan; without\n"
+          "                 it another /model, /data, /train/seed or /train/optimizer is refused\n"
           "  --no-launch    a plan with several ranks is not started under mpirun: print the\n"
           "                 command line that starts it (mpirun ... cdphybrid --plan planned.json,\n"
           "                 with the variables Open MPI needs as root) and exit 0\n"
@@ -119,7 +127,11 @@ static void usage(FILE *f)
           "  cdphybrid --plan examples/gpt2-dgx.json --dry-run --json > resolved.json\n"
           "  cdphybrid --plan examples/gpt-tiny.json --schedule\n"
           "\n"
-          "exit codes: 0 success, 1 the run failed, 2 bad usage or bad input\n",
+          "signals: SIGTERM, SIGHUP, SIGUSR1 stop the job after the step under way, saving a\n"
+          "  checkpoint when the plan has one (CDP_STOP_GRACE_S, default 25 s); Ctrl-C stops it now\n"
+          "\n"
+          "exit codes: 0 success, 1 the run failed, 2 bad usage or bad input, 128+N stopped by\n"
+          "  signal N (docs/jobs.md)\n",
           f);
 }
 
@@ -196,6 +208,11 @@ static int parse_args(int argc, char **argv, struct cli_args *a)
             a->quiet = 1;
         } else if (!strcmp(s, "--no-launch")) {
             a->no_launch = 1;
+        } else if (!strcmp(s, "--resume-allow")) {
+            if (i + 1 >= argc || !*argv[i + 1] || argv[i + 1][0] != '/')
+                return cdp_cli_usage_error(NULL, "%s needs plan keys as JSON paths, e.g. /train/optimizer/lr,/data/path",
+                                           s);
+            a->resume_allow = argv[++i];
         } else if (!strcmp(s, "--resume") || !strncmp(s, "--resume=", 9)) {
             a->resume = 1;
             if (s[8] == '=') a->resume_dir = s + 9;
@@ -205,7 +222,7 @@ static int parse_args(int argc, char **argv, struct cli_args *a)
             static const char *const known[] = {"--plan", "--dry-run", "--json", "--verbose",
                                                 "--quiet", "--help", "--version", "--no-launch", "--resume",
                                                 "--schedule", "--simulate", "--trace", "--timeline", "--profile",
-                                                "--costs", "--explore", "--hostfile", NULL};
+                                                "--costs", "--explore", "--hostfile", "--resume-allow", NULL};
             return cdp_cli_unknown_option(NULL, s, known);
         } else {
             return cdp_cli_usage_error(NULL, "unexpected argument \"%s\"", s);
@@ -225,6 +242,7 @@ static int parse_args(int argc, char **argv, struct cli_args *a)
     if (a->hostfile && (a->dry_run || a->schedule || a->simulate || a->profile))
         return cdp_cli_usage_error(NULL, "%s", "--hostfile goes with training");
     if (!a->plan) return cdp_cli_usage_error(NULL, "%s", "nothing to do: give --plan FILE");
+    if (a->resume_allow && !a->resume) return cdp_cli_usage_error(NULL, "%s", "--resume-allow goes with --resume");
     if (a->resume && (a->dry_run || a->schedule || a->simulate || a->profile))
         return cdp_cli_usage_error(NULL, "%s", "--resume goes with training, not with --dry-run, --schedule or --simulate");
     return -1;
@@ -254,22 +272,113 @@ static void rank_status(const char *what, const char *where)
     close(fd);
 }
 
-/* When the launcher stops this rank because another failed, say what it was doing. */
-static void on_term(int sig)
+/* Appends async-signal-safe text to msg at *n. */
+static void put(char *msg, size_t cap, size_t *n, const char *t)
 {
-    char msg[400];
+    for (; *t && *n < cap - 2; t++) msg[(*n)++] = *t;
+}
+
+static void put_num(char *msg, size_t cap, size_t *n, long v)
+{
+    char d[24];
+    int k = 0;
+    if (v < 0) {
+        put(msg, cap, n, "-");
+        v = -v;
+    }
+    do d[k++] = (char)('0' + v % 10); while ((v /= 10) && k < 23);
+    while (k && *n < cap - 2) msg[(*n)++] = d[--k];
+}
+
+/* SIGTERM to a rank. From its launcher (mpirun, srun: the parent), which
+ * stops the job because another rank failed or it was asked to: say what this
+ * rank was doing. From anyone else (kill -TERM on this rank alone): this rank
+ * was killed, a death of the job (a restart counts it as one). */
+static pid_t rank_launcher; /* the parent this rank started under (mpirun, orted, slurmstepd) */
+
+static void on_term(int sig, siginfo_t *info, void *ctx)
+{
+    (void)ctx;
+    char msg[600], where[460];
+    size_t n = 0;
     const char *w = cdp_exec_where();
     if (!*w) w = "start-up (before its first instruction)";
-    /* the last word first: stderr may be a pipe the launcher has closed already */
-    rank_status(cdp_comm_waiting() ? "stopped waiting" : "stopped busy", w);
-    size_t n = 0;
-    const char *head = "cdphybrid: stopped while at ";
-    for (const char *p = head; *p && n < sizeof msg - 2; p++) msg[n++] = *p;
-    for (const char *p = w; *p && n < sizeof msg - 2; p++) msg[n++] = *p;
+    const int outside = info && info->si_code == SI_USER && info->si_pid > 0 && info->si_pid != rank_launcher &&
+                        info->si_pid != getppid();
+    if (outside) {
+        put(where, sizeof where, &n, "by signal ");
+        put_num(where, sizeof where, &n, sig);
+        put(where, sizeof where, &n, " from pid ");
+        put_num(where, sizeof where, &n, (long)info->si_pid);
+        put(where, sizeof where, &n, ", at ");
+        put(where, sizeof where, &n, w);
+        where[n] = '\0';
+        rank_status("killed", where);
+    } else {
+        /* the last word first: stderr may be a pipe the launcher has closed already */
+        rank_status(cdp_comm_waiting() ? "stopped waiting" : "stopped busy", w);
+    }
+    n = 0;
+    put(msg, sizeof msg, &n, outside ? "cdphybrid: killed (SIGTERM from outside the job) at " : "cdphybrid: stopped while at ");
+    put(msg, sizeof msg, &n, w);
     msg[n++] = '\n';
     ssize_t ignored = write(2, msg, n);
     (void)ignored;
     _exit(128 + sig);
+}
+
+/* SIGUSR1 to a rank (passed on by the launcher when it is asked to stop, or
+ * a scheduler's warning): save a checkpoint after this step, and end. */
+static void on_stop_request(int sig)
+{
+    (void)sig;
+    cdp_train_request_stop();
+}
+
+/* SIGBUS: a mapped file changed under the run (a data file shrank or was
+ * replaced): a failure that a restart would meet again, not a device's. */
+static void on_bus(int sig)
+{
+    char msg[600];
+    size_t n = 0;
+    const char *w = cdp_exec_where();
+    put(msg, sizeof msg, &n, "SIGBUS (a mapped file shrank or changed under the run, e.g. the data file) at ");
+    put(msg, sizeof msg, &n, *w ? w : "start-up");
+    msg[n] = '\0';
+    rank_status("failed other", msg);
+    status_final = 1;
+    ssize_t ignored = write(2, "cdphybrid: ", 11);
+    ignored = write(2, msg, n);
+    ignored = write(2, "\n", 1);
+    (void)ignored;
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+/* How this process handles the signals of a job's life (docs/jobs.md). */
+static void rank_signals(void)
+{
+    rank_launcher = getppid();
+    struct sigaction sa = {.sa_sigaction = on_term, .sa_flags = SA_SIGINFO};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGUSR1, on_stop_request);
+    signal(SIGBUS, on_bus);
+    signal(SIGPIPE, SIG_IGN); /* a write to the launcher's closed pipe fails; it does not end the rank unheard */
+    /* the launcher (mpirun, srun) gone: this rank goes too, not trains on unwatched */
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != rank_launcher) raise(SIGTERM);
+}
+
+/* A failure's line; a file too large for the file size limit names the limit. */
+static void print_failure(const char *msg)
+{
+    struct rlimit fs;
+    if (strstr(msg, strerror(EFBIG)) && getrlimit(RLIMIT_FSIZE, &fs) == 0 && fs.rlim_cur != RLIM_INFINITY)
+        fprintf(stderr, "cdphybrid: %s (the file size limit, ulimit -f / RLIMIT_FSIZE, is %llu bytes)\n", msg,
+                (unsigned long long)fs.rlim_cur);
+    else
+        fprintf(stderr, "cdphybrid: %s\n", msg);
 }
 
 /* --resume DIR, or --resume alone: the plan's checkpoint folder (checked in run_plan). */
@@ -302,14 +411,14 @@ static int run_ranks(const struct cli_args *a, const struct cdp_plan *plan, cons
     const int rank = cdp_comm_rank(world);
     const char *sd = getenv("CDP_RANK_STATUS_DIR");
     if (sd && *sd) snprintf(status_path, sizeof status_path, RANK_STATUS_FILE, sd, rank);
-    signal(SIGTERM, on_term);
-    signal(SIGPIPE, SIG_IGN); /* a write to the launcher's closed pipe fails; it does not end the rank unheard */
+    rank_signals();
     struct cdp_train_opts opts = {.size = sizeof opts, .out = a->quiet || rank != 0 ? NULL : stdout,
-                                  .progress = 0, .resume = resume_dir(a, plan), .world = CDP_TRAIN_MPI};
+                                  .progress = 0, .resume = resume_dir(a, plan), .world = CDP_TRAIN_MPI,
+                                  .resume_allow = a->resume_allow};
     /* the entry an embedding program's ranks call (cdp/train.h) */
     cdp_status st = cdp_train(plan, layout, &opts, NULL);
     if (st) {
-        fprintf(stderr, "cdphybrid: %s\n", cdp_last_error());
+        print_failure(cdp_last_error());
         fflush(stdout);
         char said[400]; /* where, then its exit code: the launcher's evidence if mpirun dies on the abort */
         snprintf(said, sizeof said, "%s\nexit %d", cdp_exec_where(), cdp_cli_exit_code(st));
@@ -321,6 +430,16 @@ static int run_ranks(const struct cli_args *a, const struct cdp_plan *plan, cons
     }
     fflush(stdout);
     cdp_comm_free(world);
+    int64_t saved = -1;
+    const int64_t stopped = cdp_exec_stopped(&saved);
+    if (stopped >= 0) {
+        char where[4400];
+        if (saved >= 0) snprintf(where, sizeof where, "after step %lld: checkpoint saved in %s", (long long)stopped,
+                                 plan->train.checkpoint.dir);
+        else snprintf(where, sizeof where, "after step %lld: nothing saved (no /train/checkpoint)", (long long)stopped);
+        rank_status("stopped on request", where);
+        return 0;
+    }
     rank_status("done", "");
     return 0;
 }
@@ -425,7 +544,7 @@ static char **rank_args(const struct cli_args *a, const char *planned, const cha
             continue;
         }
         if (!strncmp(s, "--plan=", 7) || !strcmp(s, "--no-launch")) continue;
-        if (resume && !strncmp(s, "--resume", 8)) {
+        if (resume && (!strcmp(s, "--resume") || !strncmp(s, "--resume=", 9))) {
             if (!s[8] && i + 1 < a->argc && a->argv[i + 1][0] != '-') i++; /* its folder */
             continue;
         }
@@ -452,6 +571,49 @@ static const char *mpi_launcher_name(const struct cdp_launch_spec *s)
     return cdp_launch_which(s) == CDP_LAUNCHER_SRUN ? "srun" : "mpirun";
 }
 
+static const char *signal_name(int sig)
+{
+    return sig == SIGINT    ? "SIGINT (Ctrl-C)"
+           : sig == SIGTERM ? "SIGTERM"
+           : sig == SIGHUP  ? "SIGHUP"
+           : sig == SIGUSR1 ? "SIGUSR1"
+                            : "a signal";
+}
+
+/* A job stopped by a signal to the launcher: what was stopped, where, and
+ * what was saved (rank 0's last word); 128 + the signal. A stop is never
+ * taken for a fault: nothing restarts it. */
+static int stopped_job(const struct cdp_plan *plan, const struct cdp_layout *l, const char *status_dir,
+                       const char *launcher, int sig)
+{
+    char word[512] = "", where[4400] = "";
+    if (status_dir) {
+        char path[4300];
+        snprintf(path, sizeof path, RANK_STATUS_FILE, status_dir, 0);
+        FILE *f = fopen(path, "r");
+        if (f) {
+            if (!fgets(word, sizeof word, f)) word[0] = '\0';
+            if (!fgets(where, sizeof where, f)) where[0] = '\0';
+            fclose(f);
+        }
+        word[strcspn(word, "\n")] = '\0';
+        where[strcspn(where, "\n")] = '\0';
+    }
+    if (!strcmp(word, "stopped on request"))
+        fprintf(stderr, "cdphybrid: stopped by %s: the job's %d ranks (%s) ended %s\n", signal_name(sig), l->n_ranks,
+                launcher, where);
+    else {
+        const char *ck = plan->train.checkpoint.dir;
+        const int saved = ck && cdp_ckpt_check_fresh(ck) != CDP_OK; /* committed checkpoints are there */
+        fprintf(stderr, "cdphybrid: stopped by %s: the job's %d ranks (%s) were ended%s%s; %s%s\n", signal_name(sig),
+                l->n_ranks, launcher, where[0] ? "; where they were: " : "", where,
+                saved ? "--resume continues from the last checkpoint in " : ck ? "no checkpoint was saved yet in "
+                                                                             : "nothing was saved (no /train/checkpoint)",
+                ck ? ck : "");
+    }
+    return 128 + sig;
+}
+
 /* Starts the layout's ranks (mpirun or srun) on the planned file and waits.
  * Exit codes stay 0, 1 and 2: a rank that died (mpirun's 137 for a SIGKILL)
  * is 1, named with its place in the layout. The ranks leave their last word in
@@ -460,9 +622,11 @@ static const char *mpi_launcher_name(const struct cdp_launch_spec *s)
  * (CDP_RESTART_ATTEMPT). *raw gets the launcher's own exit code. */
 static int launch(const struct cli_args *a, const struct cdp_plan *plan, const struct cdp_layout *l,
                   const char *planned, const char *tmpdir, const char *status_dir, const char *resume, int attempt,
-                  int *raw, int *died)
+                  int *raw, int *died, int *stopped_by, int64_t *oom_kills)
 {
     *died = -1;
+    *stopped_by = 0;
+    *oom_kills = 0;
     *raw = EXIT_RUN_FAILED;
     if (!cdp_comm_have_mpi()) {
         fprintf(stderr, "cdphybrid: %s: the layout has %d ranks and this build has no MPI (configure "
@@ -481,7 +645,8 @@ static int launch(const struct cli_args *a, const struct cdp_plan *plan, const s
     static const char *const pass[] = {"CDP_RANK_STATUS_DIR", "CDP_RESTART_ATTEMPT", "CDP_FAULT", NULL};
     struct cdp_launch_spec spec = {.layout = l, .program = self, .args = args, .hostfile = a->hostfile,
                                    .tmpdir = tmpdir, .pass_env = pass,
-                                   .died = plan->train.restart.max > 0 ? died : NULL};
+                                   .died = plan->train.restart.max > 0 ? died : NULL,
+                                   .stop_saves = plan->train.checkpoint.dir != NULL, .stopped_by = stopped_by};
     int code = 0;
     /* the ranks leave their last word in status_dir: none is left from before */
     for (int i = 0; status_dir && i < l->n_ranks; i++) {
@@ -493,7 +658,10 @@ static int launch(const struct cli_args *a, const struct cdp_plan *plan, const s
     char num[16];
     snprintf(num, sizeof num, "%d", attempt);
     if (attempt > 0) setenv("CDP_RESTART_ATTEMPT", num, 1);
+    const int64_t oom0 = cdp_host_oom_kills();
     cdp_status st = cdp_launch_run(&spec, &code);
+    const int64_t oom1 = cdp_host_oom_kills();
+    if (oom0 >= 0 && oom1 > oom0) *oom_kills = oom1 - oom0;
     unsetenv("CDP_RANK_STATUS_DIR");
     if (attempt > 0) unsetenv("CDP_RESTART_ATTEMPT");
     free(args);
@@ -504,6 +672,7 @@ static int launch(const struct cli_args *a, const struct cdp_plan *plan, const s
         return *raw = cdp_cli_exit_code(st);
     }
     *raw = code;
+    if (*stopped_by) return stopped_job(plan, l, status_dir, mpi_launcher_name(&spec), *stopped_by);
     if (code == 0 || code == EXIT_RUN_FAILED || code == EXIT_USAGE) return code;
     /* a rank died (a signal, or the launcher's own code): say which, and exit 1 */
     char how[64];
@@ -529,6 +698,10 @@ static int launch(const struct cli_args *a, const struct cdp_plan *plan, const s
     if (!named)
         fprintf(stderr, "cdphybrid: %s ended the job with %s (a rank died; the lines above say where the others "
                         "were)\n", mpi_launcher_name(&spec), how);
+    if (*oom_kills > 0)
+        fprintf(stderr, "cdphybrid: out of memory: the kernel's OOM killer ended %lld process%s of this job (its "
+                        "cgroup's memory.events oom_kill); plan smaller micro-batches or fewer ranks per host\n",
+                (long long)*oom_kills, *oom_kills == 1 ? "" : "es");
     return EXIT_RUN_FAILED;
 }
 
@@ -577,20 +750,33 @@ static int launch_with_restarts(const struct cli_args *a, struct cdp_plan *plan,
     const int n_devices = rin->topo ? rin->topo->n_gpus : 0;
     unsigned char *dead = calloc((size_t)n_devices + 1, 1);
     char *resume = NULL;
-    int raw = 0, died = -1, attempt = 0, streak = 0, code;
+    int raw = 0, died = -1, attempt = 0, streak = 0, code, stopped_by = 0;
+    int64_t oom_kills = 0;
     int64_t last_fault_step = -2;
     if (!dead) return EXIT_RUN_FAILED;
     for (;;) {
-        code = launch(a, cur_plan, l, planned, tmpdir, status_dir, resume, attempt, &raw, &died);
-        if (code == 0 || rs->max <= 0 || !status_dir) break;
+        /* metrics.jsonl as it was: a fresh attempt that never wrote it leaves
+         * another run's steps there, which are not this run's */
+        const char *mpath = plan->output.metrics;
+        struct stat m0, m1;
+        const int fresh = attempt == 0 ? !a->resume : resume == NULL;
+        const int had = mpath && stat(mpath, &m0) == 0;
+        code = launch(a, cur_plan, l, planned, tmpdir, status_dir, resume, attempt, &raw, &died, &stopped_by,
+                      &oom_kills);
+        const int untouched = fresh && had && stat(mpath, &m1) == 0 && m1.st_ino == m0.st_ino &&
+                              m1.st_size == m0.st_size && m1.st_mtim.tv_sec == m0.st_mtim.tv_sec &&
+                              m1.st_mtim.tv_nsec == m0.st_mtim.tv_nsec;
+        /* a signal to the launcher is a stop, never a fault */
+        if (code == 0 || stopped_by || rs->max <= 0 || !status_dir) break;
         struct cdp_job_end end;
         struct cdp_fault_report f;
         if (cdp_restart_read_ends(status_dir, l->n_ranks, raw, died, &end)) {
             fprintf(stderr, "cdphybrid: %s\n", cdp_last_error());
             break;
         }
+        end.oom_kills = oom_kills;
         const char *metrics = plan->output.metrics;
-        const int64_t last = metrics ? cdp_metrics_last_step(metrics) : -1;
+        const int64_t last = metrics && !untouched ? cdp_metrics_last_step(metrics) : -1;
         cdp_status st = cdp_restart_decide(l, &end, last, &f);
         const int rank_code = end.rank_code;
         cdp_job_end_clear(&end);
@@ -674,8 +860,11 @@ static int launch_with_restarts(const struct cli_args *a, struct cdp_plan *plan,
         for (int i = 0, o = 0; i < nl->n_ranks && o < (int)sizeof devs - 12; i++)
             o += snprintf(devs + o, sizeof devs - (size_t)o, "%s%d", i ? "," : "", nl->rank[i].device);
         if (!a->quiet) {
-            printf("restart %d: %s at step %lld; %s from step %lld (%lld step%s lost) on %s%s%s (devices %s)\n",
-                   attempt, f.what, (long long)f.step, from ? "resuming" : "starting again", (long long)from,
+            char at[48];
+            if (f.step >= 0) snprintf(at, sizeof at, "at step %lld", (long long)f.step);
+            else snprintf(at, sizeof at, "before its first step");
+            printf("restart %d: %s %s; %s from step %lld (%lld step%s lost) on %s%s%s (devices %s)\n",
+                   attempt, f.what, at, from ? "resuming" : "starting again", (long long)from,
                    (long long)lost, lost == 1 ? "" : "s", now, same ? ", the same layout" : ", was ",
                    same ? "" : was, devs);
             fflush(stdout);
@@ -767,6 +956,34 @@ static int print_launch(const struct cli_args *a, const struct cdp_plan *plan, c
     return 0;
 }
 
+/* A one-rank run's own stop: the signal that asked for it. */
+static volatile sig_atomic_t self_stop;
+
+static void on_self_stop(int sig)
+{
+    if (self_stop) { /* a second signal: now */
+        signal(sig, SIG_DFL);
+        raise(sig);
+        return;
+    }
+    self_stop = sig;
+    cdp_train_request_stop();
+}
+
+/* Ctrl-C on a one-rank run: it ends now, saying where it was. */
+static void on_self_int(int sig)
+{
+    char msg[600];
+    size_t n = 0;
+    const char *w = cdp_exec_where();
+    put(msg, sizeof msg, &n, "cdphybrid: stopped by SIGINT (Ctrl-C) at ");
+    put(msg, sizeof msg, &n, *w ? w : "start-up (before its first step)");
+    put(msg, sizeof msg, &n, "; nothing was saved since the last checkpoint\n");
+    ssize_t ignored = write(2, msg, n);
+    (void)ignored;
+    _exit(128 + sig);
+}
+
 /* Training: the layout printed once, written as planned.json beside the
  * outputs, then run here (one rank) or launched (several). */
 static int train(const struct cli_args *a, struct cdp_plan *plan, const struct cdp_planner_result *r,
@@ -778,11 +995,20 @@ static int train(const struct cli_args *a, struct cdp_plan *plan, const struct c
         fflush(stdout);
     }
     cdp_status st = cdp_exec_check(plan);
+    /* a fresh run into a folder of another run's checkpoints: said before step 1, not at the first save */
+    if (!st) st = cdp_exec_check_checkpoint_dir(plan, resume_dir(a, plan));
     if (st) {
         fprintf(stderr, "cdphybrid: %s\n", cdp_last_error());
         return cdp_cli_exit_code(st);
     }
     char *dir = output_dir(plan), tmpdir[4096] = "", planned[4200] = "";
+    /* one job at a time per output folder: planned.json, metrics and the ranks' words are its alone */
+    int lock = -1;
+    if (dir && access(dir, F_OK) == 0 && (st = cdp_dir_lock(dir, ".cdphybrid.lock", "an output folder", &lock))) {
+        fprintf(stderr, "cdphybrid: %s: %s\n", plan->source, cdp_last_error());
+        free(dir);
+        return cdp_cli_exit_code(st);
+    }
     const int launching = l->n_ranks > 1 && !a->no_launch;
     const int nodes = layout_nodes(l);
     if (launching && !dir && nodes > 1) {
@@ -790,12 +1016,23 @@ static int train(const struct cli_args *a, struct cdp_plan *plan, const struct c
                         "/output/metrics (or another output) on a shared filesystem\n", plan->source, nodes);
         return EXIT_USAGE;
     }
+    {
+        /* the limits this job runs under, named before it starts rather than met as a hang */
+        const char *base = getenv("TMPDIR");
+        if ((st = cdp_cli_check_limits(l, launching, base && *base ? base : "/tmp"))) {
+            fprintf(stderr, "cdphybrid: %s: %s\n", plan->source, cdp_last_error());
+            free(dir);
+            if (lock >= 0) close(lock);
+            return cdp_cli_exit_code(st);
+        }
+    }
     if (launching) { /* the launcher's own files: its hostfile, and planned.json of a run without outputs */
         const char *base = getenv("TMPDIR");
         snprintf(tmpdir, sizeof tmpdir, "%s/cdphybrid-XXXXXX", base && *base ? base : "/tmp");
         if (!mkdtemp(tmpdir)) {
-            fprintf(stderr, "cdphybrid: cannot make a folder in %s: %s\n", tmpdir, strerror(errno));
+            fprintf(stderr, "cdphybrid: cannot make a folder in %s: %s (TMPDIR)\n", tmpdir, strerror(errno));
             free(dir);
+            if (lock >= 0) close(lock);
             return EXIT_RUN_FAILED;
         }
     }
@@ -805,6 +1042,7 @@ static int train(const struct cli_args *a, struct cdp_plan *plan, const struct c
             fprintf(stderr, "cdphybrid: %s\n", cdp_last_error());
             free(dir);
             if (tmpdir[0]) rmdir(tmpdir);
+            if (lock >= 0) close(lock);
             return EXIT_RUN_FAILED;
         }
         if (!a->quiet && dir) printf("  layout written to %s\n", planned);
@@ -832,10 +1070,29 @@ static int train(const struct cli_args *a, struct cdp_plan *plan, const struct c
                      plan->source);
         struct cdp_train_opts opts = {.size = sizeof opts, .out = a->quiet ? NULL : stdout,
                                       .progress = isatty(1), .resume = resume_dir(a, plan),
-                                      .world = CDP_TRAIN_SELF};
+                                      .world = CDP_TRAIN_SELF, .resume_allow = a->resume_allow};
+        /* a signal stops the run: SIGTERM, SIGHUP, SIGUSR1 after the step with a checkpoint, Ctrl-C now */
+        signal(SIGTERM, on_self_stop);
+        signal(SIGHUP, on_self_stop);
+        signal(SIGUSR1, on_self_stop);
+        signal(SIGINT, on_self_int);
+        signal(SIGBUS, on_bus);
         st = cdp_train(plan, l, &opts, NULL);
+        signal(SIGINT, SIG_DFL);
         code = st ? cdp_cli_exit_code(st) : 0;
-        if (st) fprintf(stderr, "cdphybrid: %s\n", cdp_last_error());
+        if (st) print_failure(cdp_last_error());
+        int64_t saved = -1;
+        const int64_t stopped = cdp_exec_stopped(&saved);
+        if (!st && stopped >= 0) {
+            const int sig = self_stop ? self_stop : SIGTERM;
+            if (saved >= 0)
+                fprintf(stderr, "cdphybrid: stopped by %s after step %lld: checkpoint saved in %s; continue with "
+                                "--resume\n", signal_name(sig), (long long)stopped, plan->train.checkpoint.dir);
+            else
+                fprintf(stderr, "cdphybrid: stopped by %s after step %lld (no /train/checkpoint: nothing saved)\n",
+                        signal_name(sig), (long long)stopped);
+            code = 128 + sig;
+        }
     }
     if (tmpdir[0]) remove_tmpdir(tmpdir, dir ? NULL : planned, l->n_ranks > 64 ? l->n_ranks : 64);
     if (status_dir[0] && strcmp(status_dir, tmpdir) != 0) {
@@ -847,6 +1104,7 @@ static int train(const struct cli_args *a, struct cdp_plan *plan, const struct c
         rmdir(status_dir);
     }
     free(dir);
+    if (lock >= 0) close(lock);
     if (!code && fflush(stdout) != 0) {
         fprintf(stderr, "cdphybrid: cannot write to standard output\n");
         return EXIT_RUN_FAILED;
@@ -956,6 +1214,10 @@ int main(int argc, char **argv)
      * planner's topology comes from, number them in PCI bus order: make the
      * layout's GPU k CUDA's device k (a user's own setting is kept) */
     setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID", 0);
+    /* past the file size limit (ulimit -f) a write fails with EFBIG, named
+     * with its file, instead of a silent SIGXFSZ death; mpirun and the ranks
+     * inherit this */
+    signal(SIGXFSZ, SIG_IGN);
     if (cdp_log_init_from_env()) {
         fprintf(stderr, "cdphybrid: %s\n", cdp_last_error());
         return EXIT_USAGE;

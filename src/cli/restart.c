@@ -13,7 +13,7 @@
 #include "partitioner/planner.h"
 
 const char *const cdp_rank_end_words[] = {"", "done", "failed device", "failed comm", "failed other",
-                                          "stopped waiting", "stopped busy", NULL};
+                                          "stopped waiting", "stopped busy", "killed", "stopped on request", NULL};
 
 /* "..., step 5: ..." -> 5; "after step 5: ..." -> 6 (the next); else -1. */
 static int64_t step_of(const char *where)
@@ -106,10 +106,28 @@ cdp_status cdp_restart_decide(const struct cdp_layout *l, const struct cdp_job_e
         snprintf(out->what, sizeof out->what, "bad input (exit code 2)");
         return CDP_OK;
     }
+    /* the kernel's OOM killer: the same layout runs out of memory again, and no
+     * device failed (none is excluded) */
+    if (e->oom_kills > 0) {
+        snprintf(out->kind, sizeof out->kind, "out of memory");
+        size_t o = (size_t)snprintf(out->what, sizeof out->what, "out of memory: the kernel's OOM killer ended %lld "
+                                    "process%s of this job (its cgroup's memory.events oom_kill)",
+                                    (long long)e->oom_kills, e->oom_kills == 1 ? "" : "es");
+        for (int i = 0, k = 0; i < n && o < sizeof out->what - 40; i++)
+            if (e->end[i] == CDP_END_SILENT) o += (size_t)snprintf(out->what + o, sizeof out->what - o, "%s%d",
+                                                                  k++ ? ", " : "; ranks without a word: ", i);
+        return CDP_OK;
+    }
+    int killed = 0;
+    for (int i = 0; i < n; i++) killed += e->end[i] == CDP_END_KILLED;
     int only = -1; /* the one rank named by the launcher */
     int busy = 0;
     for (int i = 0; i < n; i++) busy += e->end[i] == CDP_END_STOPPED_BUSY;
-    if (comm && !device && !other) {
+    if (killed) {
+        pick = CDP_END_KILLED;
+        snprintf(out->kind, sizeof out->kind, "died");
+        why = "was killed (SIGTERM from outside the job)";
+    } else if (comm && !device && !other) {
         pick = busy ? CDP_END_STOPPED_BUSY : CDP_END_SILENT;
         snprintf(out->kind, sizeof out->kind, "hang");
         why = "hung past the deadline (train.timeout_s)";

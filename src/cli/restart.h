@@ -27,6 +27,8 @@ enum cdp_rank_end {
     CDP_END_FAILED_OTHER,    /* "failed other": bad data, memory, a file: a restart would fail the same */
     CDP_END_STOPPED_WAITING, /* "stopped waiting": stopped by the launcher while waiting on a peer */
     CDP_END_STOPPED_BUSY,    /* "stopped busy": stopped while not waiting (computing, or hung) */
+    CDP_END_KILLED,          /* "killed": SIGTERM from outside the job (not its launcher): a death */
+    CDP_END_STOPPED_ASKED,   /* "stopped on request": asked to stop (SIGUSR1), it saved and ended */
 };
 
 /* The words of the files (index: enum cdp_rank_end; [0] unused). */
@@ -41,6 +43,7 @@ struct cdp_job_end {
     int64_t *step;          /* n_ranks entries (owned) */
     int died;               /* the rank the launcher said died first, or -1 */
     int rank_code;          /* the largest exit code a failed rank gave in its last word ("exit N"), else 0 */
+    int64_t oom_kills;      /* processes the kernel's OOM killer ended in this job's cgroup meanwhile */
 };
 
 /* Reads dir/rank-N.end for every rank (RANK_STATUS_FILE's names). */
@@ -50,7 +53,7 @@ void cdp_job_end_clear(struct cdp_job_end *e);
 /* What failed, decided from a job's end. */
 struct cdp_fault_report {
     int restartable;     /* a death, a hang or a device error (not bad input, not another error) */
-    char kind[16];       /* "died", "hang", "device error" */
+    char kind[16];       /* "died", "hang", "device error"; "out of memory" (not restartable) */
     char what[400];      /* one line: "rank 1 (stage 1, replica 0) on device 1 died (signal 9)" */
     int n_failed;        /* ranks found failed (0: a hang whose rank is not known) */
     int *failed;         /* their world ranks (owned) */

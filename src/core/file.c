@@ -6,6 +6,7 @@
 #include <libgen.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -157,4 +158,33 @@ void cdp_sync_dir(const char *dir)
     int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0 || fsync(fd) != 0) CDP_WARN(CORE, "cannot sync the folder %s: %s", dir, strerror(errno));
     if (fd >= 0) close(fd);
+}
+
+cdp_status cdp_dir_lock(const char *dir, const char *name, const char *what, int *fd)
+{
+    char path[4352];
+    if (snprintf(path, sizeof path, "%s/%s", dir, name) >= (int)sizeof path)
+        return cdp_fail(CDP_ERR_INVALID, "%s: the path is too long", dir);
+    const int f = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (f < 0) return cdp_fail(CDP_ERR_IO, "%s: cannot lock %s: %s", dir, what, strerror(errno));
+    if (flock(f, LOCK_EX | LOCK_NB) != 0) {
+        const int e = errno;
+        char holder[256] = "";
+        const ssize_t got = pread(f, holder, sizeof holder - 1, 0);
+        close(f);
+        if (got > 0) holder[got] = '\0';
+        holder[strcspn(holder, "\n")] = '\0';
+        if (e == EWOULDBLOCK)
+            return cdp_fail(CDP_ERR_INVALID, "%s (%s) is in use by another job: %s (%s is locked); one job at a "
+                            "time uses it: wait for that one to end, or give this job another folder", dir, what,
+                            holder[0] ? holder : "it did not say who it is", path);
+        return cdp_fail(CDP_ERR_IO, "%s: cannot lock %s: %s", dir, what, strerror(e));
+    }
+    char me[320], host[256] = "";
+    if (gethostname(host, sizeof host - 1) != 0) snprintf(host, sizeof host, "?");
+    const int n = snprintf(me, sizeof me, "pid %ld on %s\n", (long)getpid(), host);
+    /* who holds it, for the next one's message; a failure here changes nothing about the lock */
+    if (ftruncate(f, 0) == 0 && pwrite(f, me, (size_t)n, 0) != n) CDP_DEBUG(CORE, "%s: cannot write the holder", path);
+    *fd = f;
+    return CDP_OK;
 }

@@ -47,6 +47,16 @@ cdp_status cdp_write_file_atomic(const char *path, const void *data, size_t n);
  * must take new entries. CDP_ERR_IO naming path and what is wrong. */
 cdp_status cdp_check_writable(const char *path, int is_dir);
 
+/* An exclusive lock on a folder for as long as a job uses it: the file
+ * dir/name (made when missing; the folder must exist), locked with flock and
+ * holding "pid PID on HOST" of the holder, so that a second job is refused
+ * with who holds it. *fd gets the open file (keep it open for the lock's
+ * life; closing it, or the process's end, releases it; it is close-on-exec).
+ * CDP_ERR_INVALID "DIR is in use by pid PID on HOST (DIR/NAME is locked)"
+ * when another open file holds it (`what` names the folder's use: "the
+ * output folder"); CDP_ERR_IO when the file cannot be made. */
+cdp_status cdp_dir_lock(const char *dir, const char *name, const char *what, int *fd);
+
 /* fsync of a folder, so that entries made in it survive a power loss; a
  * warning when it cannot be done. */
 void cdp_sync_dir(const char *dir);

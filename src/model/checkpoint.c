@@ -11,6 +11,7 @@
 #include <inttypes.h>
 #include <jansson.h>
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,6 +32,11 @@
  * warning) did not */
 #define MANIFEST_VERSION 2
 #define PART_SUFFIX ".safetensors"
+
+/* The run this process's parts and commits belong to (cdp_ckpt_set_run). */
+static char run_id[40];
+
+void cdp_ckpt_set_run(const char *id) { snprintf(run_id, sizeof run_id, "%s", id ? id : ""); }
 
 /* ---- paths and folders ------------------------------------------------------------ */
 
@@ -135,6 +141,7 @@ struct step_ent {
     int64_t step;
     int partial;  /* a save not yet committed (.step-N.partial) */
     int complete; /* committed and has its manifest */
+    int broken;   /* a symbolic link to nothing (or to no folder) */
     char *path;
 };
 
@@ -175,7 +182,11 @@ static cdp_status list_steps(const char *dir, struct step_ent **out, int *n_out)
             st = cdp_fail(CDP_ERR_NOMEM, "out of memory");
             break;
         }
-        if (!is_dir(path)) {
+        struct stat lsb;
+        /* a step folder that is a link to nothing is listed, so that the
+         * newest checkpoint gone is an error and not an older one's resume */
+        const int broken = lstat(path, &lsb) == 0 && S_ISLNK(lsb.st_mode) && !is_dir(path) && !partial;
+        if (!broken && !is_dir(path)) {
             free(path);
             free(man);
             continue;
@@ -193,7 +204,8 @@ static cdp_status list_steps(const char *dir, struct step_ent **out, int *n_out)
         }
         e[n].step = step;
         e[n].partial = partial;
-        e[n].complete = !partial && is_file(man);
+        e[n].complete = !partial && !broken && is_file(man);
+        e[n].broken = broken;
         e[n].path = path;
         n++;
         free(man);
@@ -354,6 +366,20 @@ struct stage {
     uint64_t cap; /* floats */
 };
 
+/* A tensor read from a checkpoint holds only finite values: a NaN or an
+ * infinity there is a damaged (or diverged) checkpoint, named with the
+ * tensor, not a learning rate to lower. at: the element index of p[0]. */
+static cdp_status check_finite(const char *fpath, const char *name, const float *p, uint64_t n, uint64_t at)
+{
+    for (uint64_t i = 0; i < n; i++)
+        if (!isfinite(p[i]))
+            return cdp_fail(CDP_ERR_INVALID, "%s: tensor %s holds %s at element %llu: the checkpoint's values are "
+                            "not numbers (a diverged run or a damaged file); resume from an earlier checkpoint",
+                            fpath, name, isnan(p[i]) ? "NaN" : p[i] > 0 ? "+Inf" : "-Inf",
+                            (unsigned long long)(at + i));
+    return CDP_OK;
+}
+
 /* Tensor `name` of a part (checked: a float tensor of numel elements) into
  * device memory dst of dev, piece by piece: F32 straight from the mapped file,
  * 16-bit types widened into the stage first. */
@@ -381,6 +407,7 @@ static cdp_status load_to_device(struct cdp_safetensors_file *f, const char *fpa
             if ((st = cdp_safetensors_read_f32_range(f, name, first + at, k, sb->p))) return st;
             src = sb->p;
         }
+        if ((st = check_finite(fpath, name, src, k, first + at))) return st;
         if ((st = cdp_device_write(dev, dst + at, src, k * 4)))
             return cdp_error_context(st, "%s: tensor %s: copying it to %s", fpath, name, cdp_device_name(dev));
         at += k;
@@ -522,14 +549,15 @@ static cdp_status write_part(const char *dir, int64_t step, const char *part, st
     }
     char step_s[24];
     snprintf(step_s, sizeof step_s, "%lld", (long long)step);
-    const char *meta[4] = {"format", "cdphybrid-checkpoint-part", "step", step_s};
+    const char *meta[6] = {"format", "cdphybrid-checkpoint-part", "step", step_s, "run", run_id};
+    const int n_meta = run_id[0] ? 3 : 2;
     /* Host-visible memory is written from where it lies; a device's is copied
      * out piece by piece into one bounded host buffer. */
     struct fetch_ctx fc = {ts, devs, gs, group, timeout, NULL};
     if (staged)
-        st = cdp_safetensors_write_staged(path, ts, nt, meta, 2, fetch_tensor, &fc, STAGE_BYTES);
+        st = cdp_safetensors_write_staged(path, ts, nt, meta, n_meta, fetch_tensor, &fc, STAGE_BYTES);
     else
-        st = cdp_safetensors_write(path, ts, nt, meta, 2);
+        st = cdp_safetensors_write(path, ts, nt, meta, n_meta);
     free(fc.held);
     if (st) goto fail;
     CDP_INFO(CKPT, "wrote %s (%d tensors%s)", path, nt, staged ? ", staged through host memory" : "");
@@ -801,6 +829,21 @@ cdp_status cdp_ckpt_check_no_later(const char *dir, int64_t step)
     return st;
 }
 
+cdp_status cdp_ckpt_check_fresh(const char *dir)
+{
+    struct step_ent *e = NULL;
+    int n = 0;
+    cdp_status st = list_steps(dir, &e, &n);
+    if (st) return st;
+    for (int i = 0; i < n && !st; i++) /* newest first */
+        if (!e[i].partial)
+            st = cdp_fail(CDP_ERR_INVALID, "%s holds checkpoints of an earlier run (the newest %s): this run starts "
+                          "from step 0 and would save its steps beside them; continue that run with --resume, or "
+                          "give /train/checkpoint/dir another folder, or move them away", dir, e[i].path);
+    free_steps(e, n);
+    return st;
+}
+
 void cdp_ckpt_discard_incomplete_after(const char *dir, int64_t step)
 {
     struct step_ent *e = NULL;
@@ -903,6 +946,13 @@ cdp_status cdp_ckpt_commit(const char *dir, int64_t step, const struct cdp_ckpt_
                               "%s: not a part of checkpoint step %s (its metadata says format %s, step %s)", path,
                               step_s, fmt ? fmt : "(none)", ps ? ps : "(none)");
         }
+        if (!st && run_id[0]) {
+            /* two runs saving into one folder: a step of parts from both must not commit */
+            const char *pr = cdp_safetensors_metadata(open[p], "run");
+            if (!pr || strcmp(pr, run_id))
+                st = cdp_fail(CDP_ERR_INVALID, "%s: written by run %s, not by this run (%s): another job saves into "
+                              "%s too; not committing step %s", path, pr ? pr : "(none)", run_id, root_dir, step_s);
+        }
         free(path);
         if (st) goto fail;
         for (int i = 0; i < cdp_safetensors_count(open[p]); i++) {
@@ -954,6 +1004,8 @@ cdp_status cdp_ckpt_commit(const char *dir, int64_t step, const struct cdp_ckpt_
     bad |= json_object_set_new(root, "samples_seen", json_integer(info->samples_seen));
     bad |= json_object_set_new(root, "seed", json_integer((json_int_t)info->seed));
     bad |= json_object_set_new(root, "optimizer", json_string(info->optimizer));
+    if (run_id[0]) bad |= json_object_set_new(root, "run", json_string(run_id));
+    if (info->data_file[0]) bad |= json_object_set_new(root, "data_file", json_string(info->data_file));
     for (int p = 0; p < np; p++) {
         json_t *f = json_object();
         bad |= !f;
@@ -1009,6 +1061,40 @@ fail:
     return st;
 }
 
+void cdp_ckpt_data_signature(const char *path, char out[160])
+{
+    out[0] = '\0';
+    struct stat sb;
+    if (!path || stat(path, &sb) != 0 || !S_ISREG(sb.st_mode)) return;
+    FILE *f = fopen(path, "rb");
+    if (!f) return;
+    struct cdp_sha256 h;
+    cdp_sha256_init(&h);
+    unsigned char *buf = malloc(1 << 16);
+    if (!buf) {
+        fclose(f);
+        return;
+    }
+    const long long mib = 1 << 20, size = (long long)sb.st_size;
+    /* the first MiB, and the last (they overlap in a small file) */
+    for (int part = 0; part < 2; part++) {
+        const long long from = part == 0 ? 0 : (size > mib ? size - mib : 0);
+        long long left = size - from < mib ? size - from : mib;
+        if (fseeko(f, (off_t)from, SEEK_SET) != 0) break;
+        while (left > 0) {
+            const size_t got = fread(buf, 1, (size_t)(left < (1 << 16) ? left : (1 << 16)), f);
+            if (!got) break;
+            cdp_sha256_update(&h, buf, got);
+            left -= (long long)got;
+        }
+    }
+    fclose(f);
+    free(buf);
+    char hex[65];
+    cdp_sha256_final(&h, hex);
+    snprintf(out, 160, "bytes %lld sha256 %.16s", size, hex);
+}
+
 /* ---- finding and loading ------------------------------------------------------------ */
 
 void cdp_ckpt_info_free(struct cdp_ckpt_info *info)
@@ -1046,7 +1132,14 @@ cdp_status cdp_ckpt_find_latest(const char *dir, char **path, struct cdp_ckpt_in
         for (int i = 0; i < n && found < 0 && !st; i++) {
             if (e[i].complete) found = i;
             else if (e[i].partial) CDP_INFO(CKPT, "skipping %s: a save that did not finish", e[i].path);
-            else /* committed, so its manifest was there: not a crash, a loss */
+            else if (e[i].broken) {
+                char to[4096] = "?";
+                const ssize_t k = readlink(e[i].path, to, sizeof to - 1);
+                if (k > 0) to[k] = '\0';
+                st = cdp_fail(CDP_ERR_INVALID, "%s is a symbolic link to %s, which is %s: the newest checkpoint is "
+                              "gone; restore it, or remove the link to resume from an earlier step", e[i].path, to,
+                              access(e[i].path, F_OK) ? "not there" : "not a folder");
+            } else /* committed, so its manifest was there: not a crash, a loss */
                 st = cdp_fail(CDP_ERR_INVALID, "%s/" MANIFEST " is missing, though the folder was committed (a save "
                               "takes this name only once complete): restore it, or move the folder away to resume "
                               "from an earlier step", e[i].path);
@@ -1077,6 +1170,8 @@ cdp_status cdp_ckpt_find_latest(const char *dir, char **path, struct cdp_ckpt_in
     info->seed = (uint64_t)json_integer_value(json_object_get(root, "seed"));
     snprintf(info->optimizer, sizeof info->optimizer, "%s", json_string_value(json_object_get(root, "optimizer")));
     info->plan_json = plan_text;
+    const char *df = json_string_value(json_object_get(root, "data_file"));
+    snprintf(info->data_file, sizeof info->data_file, "%s", df ? df : "");
     *path = folder;
     folder = NULL;
     CDP_INFO(CKPT, "latest checkpoint: %s (step %lld, checksums verified)", *path, (long long)info->step);
@@ -1258,6 +1353,7 @@ cdp_status cdp_ckpt_load(const char *path, const struct cdp_ckpt_info *info, str
                     else if (k == (uint64_t)t->numel)
                         st = cdp_safetensors_read_f32(f, sname, t->ndim, t->shape, dst); /* host visible: in place */
                     else st = cdp_safetensors_read_f32_range(f, sname, at, k, dst);
+                    if (!st && pass == 1 && k && !dev) st = check_finite(fpath, sname, dst, k, at);
                     if (st) goto fail;
                 }
             }

@@ -37,7 +37,20 @@ struct cdp_ckpt_info {
     uint64_t seed;        /* the data and init seed of the run */
     char optimizer[16];   /* "adamw" / "sgd" */
     char *plan_json;      /* the resolved plan that wrote it (owned; may be NULL when writing) */
+    char data_file[160];  /* what the data file was ("bytes N sha256 H" of its size and its first and last MiB;
+                             cdp_ckpt_data_signature), or "" */
 };
+
+/* The signature of a data file kept in the manifest: its size and the
+ * SHA-256 of its first and last MiB, so that a resume notices a file replaced
+ * or cut without reading it whole. "" for a path that is not a regular file. */
+void cdp_ckpt_data_signature(const char *path, char out[160]);
+
+/* The run this process's saves belong to (an id every rank of a job shares,
+ * e.g. 32 hex digits; at most 39 characters; NULL or "": none). Parts carry it
+ * in their metadata ("run"), the manifest too, and a commit refuses a part of
+ * another run (two jobs saving into one folder), naming it. */
+void cdp_ckpt_set_run(const char *id);
 
 /* Writes one part of checkpoint `step`: the tensors the n models own (a tied
  * copy of another range's tensor is skipped) with their optimizer state, into
@@ -83,7 +96,9 @@ void cdp_ckpt_info_free(struct cdp_ckpt_info *info);
  * tensor, another shape, or state of another optimizer type is an error naming
  * the file and the tensor; nothing is changed on disk. These checks come before
  * any value is read, so such a load changes nothing; a device copy that fails
- * during the load (after them) can leave the ranges partly loaded. */
+ * during the load (after them), or a value that is not a finite number (a NaN
+ * or an infinity: an error naming the file, the tensor and the element), can
+ * leave the ranges partly loaded. */
 cdp_status cdp_ckpt_load(const char *path, const struct cdp_ckpt_info *info, struct cdp_model *const *models,
                          struct cdp_optimizer *const *opts, int n);
 
@@ -96,6 +111,11 @@ void cdp_ckpt_discard_incomplete_after(const char *dir, int64_t step);
  * (resuming from an earlier step of a folder would write another history
  * under their names). */
 cdp_status cdp_ckpt_check_no_later(const char *dir, int64_t step);
+
+/* Before a fresh run (no resume) saves into dir: CDP_ERR_INVALID naming the
+ * newest when dir holds committed checkpoints (of an earlier run, whose
+ * history this run's saves would mix with); unfinished saves are no matter. */
+cdp_status cdp_ckpt_check_fresh(const char *dir);
 
 /* The whole model's weights (no optimizer state) from a checkpoint folder, as
  * one safetensors file readable by other tools, written atomically. */

@@ -913,7 +913,10 @@ static cdp_status load_train(struct ld *c, const json_t *t)
     if ((st = get_seed(c, t, P, &td->seed))) return st;
     if ((st = cdp_json_get_int(&c->in, t, P, "log_every", 1, INT64_MAX, 0, &td->log_every))) return st;
     if ((st = cdp_json_get_int(&c->in, t, P, "eval_every", 0, INT64_MAX, 0, &td->eval_every))) return st;
-    if ((st = cdp_json_get_int(&c->in, t, P, "eval_batches", 1, MAX_COUNT, 0, &td->eval_batches))) return st;
+    /* validation is a check of a few micro-batches, the same each time: a
+     * count past this is a mistake (it would outlast the training) */
+    if ((st = cdp_json_get_int(&c->in, t, P, "eval_batches", 1, CDP_PLAN_MAX_EVAL_BATCHES, 0, &td->eval_batches)))
+        return st;
     if ((st = cdp_json_get_number(&c->in, t, P, "timeout_s", CDP_JSON_POSITIVE, &td->timeout_s))) return st;
     const json_t *ck = json_object_get(t, "checkpoint");
     if (!ck || json_is_null(ck)) return load_restart(c, json_object_get(t, "restart"));
