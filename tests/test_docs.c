@@ -36,7 +36,7 @@
  * fit that step (warmup_steps 0, decay_steps 1), so that a doc's 300-step demo takes a second, not a
  * minute: the test checks that each command works and exits as documented,
  * not its numbers; everything else is the plan as written. Each command has
- * 120 s. */
+ * 120 s (timeout(1) ends it and all it started). */
 #include <criterion/criterion.h>
 #include <dirent.h>
 #include <jansson.h>
@@ -45,6 +45,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -189,28 +190,41 @@ static void run_command(struct tally *t, const char *root, const char *doc, int 
         cr_log_info("%s:%d: not run (%s): %s", doc, line, why, cmd0);
         return;
     }
-    char *script = malloc(strlen(cmd) + 2 * PATH_MAX + 256);
+    /* sh, not the harness's runner: its 60 s deadline kills only the shell and
+     * would leave a slow (sanitizer-built, loaded machine) job's ranks behind;
+     * timeout ends the whole command, and its output is kept for the message */
+    char *script = malloc(2 * strlen(cmd) + 2 * PATH_MAX + 256);
     cr_assert_not_null(script);
-    sprintf(script, "cd '%s' && PATH='%s/build':\"$PATH\" && export PATH && exec timeout 120 sh -c \"$1\" </dev/null",
-            root, root);
-    static char bin[PATH_MAX];
-    snprintf(bin, sizeof bin, "%s", getenv("CDP_BIN"));
-    setenv("CDP_BIN", "/bin/sh", 1);
-    struct cdp_run r;
-    const int started = cdp_test_run(&r, (const char *[]){"-c", script, "docs", cmd, NULL});
-    setenv("CDP_BIN", bin, 1);
-    cr_assert_eq(started, 0);
+    size_t k = (size_t)sprintf(script, "cd '%s' && PATH='%s/build':\"$PATH\" && export PATH && timeout -k 5 120 sh -c '",
+                               root, root);
+    for (const char *c = cmd; *c; c++) k += (size_t)(*c == '\'' ? sprintf(script + k, "'\\''") : sprintf(script + k, "%c", *c));
+    sprintf(script + k, "' </dev/null 2>&1");
+    fflush(NULL);
+    FILE *p = popen(script, "r");
+    cr_assert_not_null(p, "popen: %s", script);
+    char out[4096] = "", buf[4096];
+    size_t n_out = 0;
+    for (size_t got; (got = fread(buf, 1, sizeof buf, p)) > 0;) /* the tail: where a failure says why */
+        for (size_t i = 0; i < got; i++) {
+            if (n_out == sizeof out - 1) {
+                memmove(out, out + 1024, n_out - 1024);
+                n_out -= 1024;
+            }
+            out[n_out++] = buf[i];
+        }
+    out[n_out] = '\0';
+    const int status = pclose(p);
+    const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
     t->ran++;
-    if (r.exit_code != want) {
+    if (code != want) {
         const size_t n = strlen(t->text);
         t->failures++;
         if (n + 1 < sizeof t->text)
-            snprintf(t->text + n, sizeof t->text - n, "%s:%d: exit %d, documented %d: %s\n  %.600s\n", doc, line,
-                     r.exit_code, want, cmd, r.err && *r.err ? r.err : r.out);
+            snprintf(t->text + n, sizeof t->text - n, "%s:%d: exit %d, documented %d: %s\n  %.800s\n", doc, line,
+                     code, want, cmd, n_out > 800 ? out + n_out - 800 : out);
     } else {
-        cr_log_info("%s:%d: exit %d: %s", doc, line, r.exit_code, cmd);
+        cr_log_info("%s:%d: exit %d: %s", doc, line, code, cmd);
     }
-    cdp_test_run_free(&r);
     free(script);
 }
 
