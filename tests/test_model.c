@@ -697,6 +697,14 @@ Test(model, initialisation_is_independent_of_the_partition)
     cdp_plan_free(p);
 }
 
+/* The golden Llama of tools/gen_golden_llama.py: transformers' LlamaForCausalLM in
+ * float64, grouped-query attention, llama3 rope scaling, untied head. */
+static const char *golden_llama_plan =
+    "{\"model\": {\"preset\": \"llama\", \"vocab\": 48, \"context\": 12, \"layers\": 2, \"dim\": 32, "
+    "\"heads\": 4, \"kv_heads\": 2, \"hidden\": 48, \"rope_theta\": 10000, \"norm_eps\": 1e-5, "
+    "\"rope_scaling\": {\"type\": \"llama3\", \"factor\": 8, \"low_freq_factor\": 1, "
+    "\"high_freq_factor\": 4, \"original_context\": 64}}}";
+
 static const char *golden_plan =
     "{\"model\": {\"preset\": \"gpt\", \"vocab\": 32, \"context\": 8, \"layers\": 2, \"heads\": 2, "
     "\"embed\": 16}}";
@@ -710,6 +718,56 @@ static double rel_err(const float *a, const float *ref, int64_t n)
         den += (double)ref[i] * ref[i];
     }
     return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+/* One forward + backward of the golden Llama against transformers (float64
+ * there, fp32 here): the loss within 1e-5 relative, every gradient within
+ * 1e-4 relative (two orders of magnitude above fp32 summation noise; a wrong
+ * rotation pairing, head grouping or norm gives errors of order one). */
+Test(model, golden_llama_step_matches_transformers)
+{
+    enum { B = 2, T = 12 };
+    struct cdp_plan *p = plan_from(golden_llama_plan);
+    const char *path = cdp_test_source_path("tests/fixtures/golden/llama-tiny.safetensors");
+    struct cdp_safetensors_file *f;
+    cr_assert_eq(cdp_safetensors_open(path, &f), CDP_OK, "%s", cdp_last_error());
+    cdp_device_t dev = cpu();
+    struct cdp_model *m;
+    cr_assert_eq(cdp_model_create(&p->model, 0, 4, B, 1, 1, dev, &m), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(cdp_model_load(m, path), CDP_OK, "%s", cdp_last_error());
+    const struct cdp_safetensors_tensor *tok = cdp_safetensors_find(f, "tokens"),
+                                        *tgt = cdp_safetensors_find(f, "targets");
+    cr_assert(tok && tgt);
+    memcpy(cdp_model_input(m, 0), tok->data, B * T * 4);
+    float want_loss;
+    cr_assert_eq(cdp_safetensors_read_f32(f, "loss", 1, (int64_t[]){1}, &want_loss), CDP_OK);
+    double loss = 0;
+    cr_assert_eq(cdp_model_forward(m, 0), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(cdp_model_loss(m, 0, tgt->data, 1.0f / (B * T), &loss), CDP_OK);
+    loss /= B * T;
+    cr_assert_float_eq(loss, want_loss, 1e-5 * want_loss, "loss %.8f, transformers %.8f", loss, want_loss);
+    cr_assert_eq(cdp_model_backward(m, 0, NULL, NULL), CDP_OK, "%s", cdp_last_error());
+    double worst = 0;
+    int checked = 0;
+    for (int i = 0; i < cdp_model_tensor_count(m); i++) {
+        struct cdp_model_tensor *t = cdp_model_tensor(m, i);
+        char name[96];
+        snprintf(name, sizeof name, "grad.%s", t->name);
+        float *ref = malloc((size_t)t->numel * 4);
+        cr_assert_eq(cdp_safetensors_read_f32(f, name, t->ndim, t->shape, ref), CDP_OK, "%s", cdp_last_error());
+        double e = rel_err(t->grad, ref, t->numel);
+        cr_assert_leq(e, 1e-4, "gradient of %s: relative error %.3g", t->name, e);
+        if (e > worst) worst = e;
+        checked++;
+        free(ref);
+    }
+    /* wte, 9 per block, the final norm and the untied head */
+    cr_assert_eq(checked, 1 + 2 * 9 + 2);
+    cr_log_info("golden Llama step: loss %.8f vs %.8f, worst gradient relative error %.3g", loss, want_loss, worst);
+    cdp_model_destroy(m);
+    cdp_safetensors_close(f);
+    cdp_device_close(dev);
+    cdp_plan_free(p);
 }
 
 /* One forward + backward + AdamW step of a tiny GPT-2 against PyTorch
