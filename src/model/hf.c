@@ -1,0 +1,322 @@
+/* Hugging Face folders (model/hf.h): config.json read into a model's
+ * description and written from one, one table per architecture. */
+#include "model/hf.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "cdp/core.h"
+#include "core/json_check.h"
+
+enum hf_type { HF_INT, HF_BOOL };
+
+/* One config key of an architecture and the plan key it fills. */
+struct hf_key {
+    const char *hf;   /* "n_layer" */
+    const char *plan; /* "layers" */
+};
+
+/* A config key that fills a field of the description. */
+struct hf_field {
+    struct hf_key key;
+    size_t off;        /* int64_t (HF_INT) or int (HF_BOOL) in struct cdp_model_desc */
+    enum hf_type type;
+    int required;      /* else def */
+    int64_t def;
+    const char *alias; /* an older name transformers also reads ("n_ctx"), or NULL */
+};
+
+/* One architecture: its names, our family, its fields, what else its
+ * config must say for our model to be it, and what else export writes. */
+struct hf_arch {
+    const char *architecture, *model_type;
+    enum cdp_model_kind kind;
+    const struct hf_field *fields;
+    cdp_status (*check)(const struct cdp_json_in *in, const json_t *cfg, const struct cdp_model_desc *md);
+    int (*extra)(json_t *cfg, const struct cdp_model_desc *md);
+};
+
+#define F(field) offsetof(struct cdp_model_desc, field)
+
+/* ---- GPT-2 ---------------------------------------------------------------------------- */
+
+static const struct hf_field gpt2_fields[] = {
+    {{"vocab_size", "vocab"}, F(vocab), HF_INT, 1, 0, NULL},
+    {{"n_positions", "context"}, F(context), HF_INT, 1, 0, "n_ctx"},
+    {{"n_embd", "embed"}, F(embed), HF_INT, 1, 0, NULL},
+    {{"n_layer", "layers"}, F(layers), HF_INT, 1, 0, NULL},
+    {{"n_head", "heads"}, F(heads), HF_INT, 1, 0, NULL},
+    {{"tie_word_embeddings", "tie_embeddings"}, F(tie_embeddings), HF_BOOL, 0, 1, NULL},
+    {{NULL, NULL}, 0, HF_INT, 0, 0, NULL},
+};
+/* What our GPT fixes: GPT-2's layernorm eps, the tanh GELU, a 4C MLP,
+ * attention scaled by 1/sqrt(head size) alone. */
+static cdp_status gpt2_check(const struct cdp_json_in *in, const json_t *cfg, const struct cdp_model_desc *md)
+{
+    char got[CDP_JSON_GOT_CAP];
+    const json_t *eps = json_object_get(cfg, "layer_norm_epsilon");
+    if (eps && (!json_is_number(eps) || fabs(json_number_value(eps) - 1e-5) > 1e-12))
+        return cdp_json_fail(in, "/layer_norm_epsilon", "%s; cdphybrid's GPT normalises with eps 1e-5 (GPT-2's)",
+                             cdp_json_got(eps, got, sizeof got));
+    static const char *const gelus[] = {"gelu_new", "gelu_pytorch_tanh", "gelu_fast", NULL};
+    const json_t *act = json_object_get(cfg, "activation_function");
+    if (act && (!json_is_string(act) || cdp_json_word_index(json_string_value(act), gelus) < 0))
+        return cdp_json_fail(in, "/activation_function", "%s; cdphybrid's GPT has GELU's tanh form (\"gelu_new\", "
+                             "\"gelu_pytorch_tanh\", \"gelu_fast\")", cdp_json_got(act, got, sizeof got));
+    const json_t *inner = json_object_get(cfg, "n_inner");
+    if (inner && !json_is_null(inner) && (!json_is_integer(inner) || json_integer_value(inner) != 4 * md->embed))
+        return cdp_json_fail(in, "/n_inner", "%s; cdphybrid's GPT has an MLP of 4 x n_embd (%lld): null or that",
+                             cdp_json_got(inner, got, sizeof got), (long long)(4 * md->embed));
+    const json_t *inv = json_object_get(cfg, "scale_attn_by_inverse_layer_idx");
+    if (json_is_true(inv))
+        return cdp_json_fail(in, "/scale_attn_by_inverse_layer_idx", "true is not implemented (false: attention "
+                             "scaled by 1/sqrt(head size) alone)");
+    const json_t *scale = json_object_get(cfg, "scale_attn_weights");
+    if (json_is_false(scale))
+        return cdp_json_fail(in, "/scale_attn_weights", "false is not implemented (true: scaled by 1/sqrt(head "
+                             "size))");
+    if (md->embed % md->heads)
+        return cdp_json_fail(in, "/n_head", "%lld does not divide n_embd %lld", (long long)md->heads,
+                             (long long)md->embed);
+    return CDP_OK;
+}
+
+static int gpt2_extra(json_t *c, const struct cdp_model_desc *md)
+{
+    json_t *eos = md->vocab == 50257 ? json_integer(50256) : json_null(); /* GPT-2's tokenizer's <|endoftext|> */
+    int bad = json_object_set_new(c, "n_ctx", json_integer(md->context));
+    bad |= json_object_set_new(c, "n_inner", json_null()); /* 4 x n_embd, as ours */
+    bad |= json_object_set_new(c, "activation_function", json_string("gelu_new")); /* the tanh form, as ours */
+    bad |= json_object_set_new(c, "layer_norm_epsilon", json_real(1e-5));
+    bad |= json_object_set_new(c, "initializer_range", json_real(0.02));
+    /* cdphybrid trains without dropout */
+    bad |= json_object_set_new(c, "resid_pdrop", json_real(0.0));
+    bad |= json_object_set_new(c, "embd_pdrop", json_real(0.0));
+    bad |= json_object_set_new(c, "attn_pdrop", json_real(0.0));
+    bad |= json_object_set_new(c, "scale_attn_weights", json_true());
+    bad |= json_object_set_new(c, "scale_attn_by_inverse_layer_idx", json_false());
+    bad |= json_object_set_new(c, "reorder_and_upcast_attn", json_false());
+    bad |= json_object_set_new(c, "bos_token_id", json_incref(eos));
+    bad |= json_object_set_new(c, "eos_token_id", eos);
+    return bad;
+}
+
+/* ---- the architectures ------------------------------------------------------------------- */
+
+static const struct hf_arch archs[] = {
+    {"GPT2LMHeadModel", "gpt2", CDP_MODEL_GPT, gpt2_fields, gpt2_check, gpt2_extra},
+};
+#define N_ARCHS ((int)(sizeof archs / sizeof archs[0]))
+
+static const struct hf_arch *arch_of(const struct cdp_model_desc *md)
+{
+    for (int i = 0; i < N_ARCHS; i++)
+        if (archs[i].kind == md->kind) return &archs[i];
+    return NULL;
+}
+
+const char *cdp_hf_family(const struct cdp_model_desc *md)
+{
+    const struct hf_arch *a = arch_of(md);
+    return a ? a->architecture : NULL;
+}
+
+/* "a", "b" of every architecture's name, for messages. */
+static void arch_names(char *buf, size_t cap)
+{
+    buf[0] = '\0';
+    for (int i = 0; i < N_ARCHS; i++) {
+        size_t n = strlen(buf);
+        snprintf(buf + n, cap - n, "%s\"%s\" (model_type \"%s\")", i ? ", " : "", archs[i].architecture,
+                 archs[i].model_type);
+    }
+}
+
+static int is_file(const char *path)
+{
+    struct stat sb;
+    return stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
+}
+
+cdp_status cdp_hf_read_config(const char *dir, struct cdp_model_desc *md, char **weights)
+{
+    CDP_ASSERT(dir && md && weights);
+    char path[PATH_MAX + 32], known[512];
+    struct stat sb;
+    if (stat(dir, &sb) != 0) return cdp_fail(CDP_ERR_IO, "%s: cannot open: %s", dir, strerror(errno));
+    if (!S_ISDIR(sb.st_mode))
+        return cdp_fail(CDP_ERR_INVALID, "%s: not a folder; expected a Hugging Face model folder (config.json and "
+                        "model.safetensors)", dir);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    const struct cdp_json_in in = {.file = path};
+    json_error_t jerr;
+    json_t *cfg = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
+    if (!cfg) {
+        if (!is_file(path)) return cdp_fail(CDP_ERR_INVALID, "%s: missing: a Hugging Face model folder has a "
+                                            "config.json", path);
+        return cdp_fail(CDP_ERR_INVALID, "%s: line %d, column %d: %s", path, jerr.line, jerr.column, jerr.text);
+    }
+    cdp_status st = CDP_OK;
+    char got[CDP_JSON_GOT_CAP];
+    const struct hf_arch *a = NULL;
+    const json_t *archv = json_object_get(cfg, "architectures"), *type = json_object_get(cfg, "model_type");
+    arch_names(known, sizeof known);
+    if (!json_is_object(cfg)) {
+        st = cdp_json_expected(&in, "", "an object", cfg);
+        goto done;
+    }
+    if (json_is_array(archv) && json_array_size(archv) > 0) {
+        const char *name = json_string_value(json_array_get(archv, 0));
+        for (int i = 0; name && i < N_ARCHS && !a; i++)
+            if (!strcmp(archs[i].architecture, name)) a = &archs[i];
+        if (!a) {
+            st = cdp_json_fail(&in, "/architectures/0", "%s: not an architecture cdphybrid reads; it reads %s",
+                               cdp_json_got(json_array_get(archv, 0), got, sizeof got), known);
+            goto done;
+        }
+    } else {
+        const char *name = json_string_value(type);
+        for (int i = 0; name && i < N_ARCHS && !a; i++)
+            if (!strcmp(archs[i].model_type, name)) a = &archs[i];
+        if (!a) {
+            st = cdp_json_fail(&in, type ? "/model_type" : "/architectures", "%s: not an architecture cdphybrid "
+                               "reads; it reads %s", cdp_json_got(type ? type : archv, got, sizeof got), known);
+            goto done;
+        }
+    }
+    memset(md, 0, sizeof *md);
+    md->kind = a->kind;
+    md->loss = CDP_LOSS_CROSS_ENTROPY;
+    snprintf(md->preset, sizeof md->preset, "%s", "gpt");
+    for (const struct hf_field *f = a->fields; f->key.hf; f++) {
+        char ptr[CDP_JSON_PTR_CAP];
+        const json_t *v = json_object_get(cfg, f->key.hf);
+        const char *name = f->key.hf;
+        if (!v && f->alias && (v = json_object_get(cfg, f->alias))) name = f->alias;
+        cdp_json_ptr_key(ptr, "", name);
+        if (!v && f->required) {
+            st = cdp_json_fail(&in, ptr, "missing; a %s config gives it (our /model/%s)", a->architecture,
+                               f->key.plan);
+            goto done;
+        }
+        switch (f->type) {
+        case HF_INT: {
+            int64_t x = f->def;
+            if (v && (st = cdp_json_int(&in, v, ptr, 1, f->off == F(layers) ? 4096 : CDP_PLAN_MAX_COUNT, 0, NULL,
+                                        &x)))
+                goto done;
+            if (f->off == F(context) && x > CDP_PLAN_MAX_CONTEXT) x = CDP_PLAN_MAX_CONTEXT;
+            *(int64_t *)((char *)md + f->off) = x;
+            break;
+        }
+        case HF_BOOL:
+            if (v && !json_is_boolean(v)) {
+                st = cdp_json_expected(&in, ptr, "true or false", v);
+                goto done;
+            }
+            *(int *)((char *)md + f->off) = v ? json_is_true(v) : (int)f->def;
+            break;
+        }
+    }
+    if ((st = a->check(&in, cfg, md))) goto done;
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    if (!is_file(path)) snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    if (!is_file(path)) {
+        snprintf(path, sizeof path, "%s/pytorch_model.bin", dir);
+        st = cdp_fail(CDP_ERR_INVALID, "%s: no model.safetensors and no model.safetensors.index.json (sharded)%s; "
+                      "cdphybrid reads safetensors: save_pretrained(dir) writes them", dir,
+                      is_file(path) ? ", only pytorch_model.bin (torch's pickle format)" : "");
+        goto done;
+    }
+    if (!(*weights = realpath(path, NULL))) st = cdp_fail(CDP_ERR_IO, "%s: %s", path, strerror(errno));
+done:
+    json_decref(cfg);
+    return st;
+}
+
+json_t *cdp_hf_config_json(const struct cdp_model_desc *md)
+{
+    const struct hf_arch *a = arch_of(md);
+    if (!a) return NULL;
+    json_t *c = json_object(), *arch = json_array();
+    int bad = !c || !arch || json_array_append_new(arch, json_string(a->architecture));
+    bad |= json_object_set_new(c, "architectures", arch);
+    bad |= json_object_set_new(c, "model_type", json_string(a->model_type));
+    for (const struct hf_field *f = a->fields; !bad && f->key.hf; f++) {
+        const char *at = (const char *)md + f->off;
+        switch (f->type) {
+        case HF_INT: bad |= json_object_set_new(c, f->key.hf, json_integer(*(const int64_t *)at)); break;
+        case HF_BOOL: bad |= json_object_set_new(c, f->key.hf, json_boolean(*(const int *)at)); break;
+        }
+    }
+    bad |= a->extra(c, md);
+    bad |= json_object_set_new(c, "use_cache", json_true());
+    bad |= json_object_set_new(c, "torch_dtype", json_string("float32"));
+    if (bad) {
+        json_decref(c);
+        return NULL;
+    }
+    return c;
+}
+
+json_t *cdp_hf_generation_config_json(const struct cdp_model_desc *md)
+{
+    json_t *cfg = cdp_hf_config_json(md);
+    if (!cfg) return NULL;
+    json_t *g = json_object();
+    int bad = !g;
+    static const char *const keys[] = {"bos_token_id", "eos_token_id", NULL};
+    for (int i = 0; !bad && keys[i]; i++) {
+        json_t *v = json_object_get(cfg, keys[i]);
+        if (v && !json_is_null(v)) bad |= json_object_set(g, keys[i], v);
+    }
+    bad |= json_object_set_new(g, "_from_model_config", json_true());
+    json_decref(cfg);
+    if (bad) {
+        json_decref(g);
+        return NULL;
+    }
+    return g;
+}
+
+cdp_status cdp_hf_plan_keys(const struct cdp_json_in *in, const json_t *m, const char *config,
+                            struct cdp_model_desc *md)
+{
+    const struct hf_arch *a = arch_of(md);
+    CDP_ASSERT(a);
+    for (const struct hf_field *f = a->fields; f->key.hf; f++) {
+        const json_t *v = json_object_get(m, f->key.plan);
+        if (!v) continue;
+        char ptr[CDP_JSON_PTR_CAP];
+        cdp_json_ptr_key(ptr, "/model", f->key.plan);
+        cdp_status st;
+        int64_t x = 0, have = 0;
+        switch (f->type) {
+        case HF_INT:
+            if ((st = cdp_json_int(in, v, ptr, 1, CDP_PLAN_MAX_COUNT, 0, NULL, &x))) return st;
+            have = *(int64_t *)((char *)md + f->off);
+            break;
+        case HF_BOOL:
+            if (!json_is_boolean(v)) return cdp_json_expected(in, ptr, "true or false", v);
+            x = json_is_true(v);
+            have = *(int *)((char *)md + f->off);
+            break;
+        }
+        if (f->off == F(context) && x <= have) {
+            md->context = x;
+            continue;
+        }
+        if (x == have) continue;
+        char got[CDP_JSON_GOT_CAP];
+        return cdp_json_fail(in, ptr, "%s, but %s has %s %lld%s; with /model/from only /model/context may differ "
+                             "(a shorter one)", cdp_json_got(v, got, sizeof got), config, f->key.hf,
+                             (long long)have, f->type == HF_BOOL ? (have ? " (true)" : " (false)") : "");
+    }
+    return CDP_OK;
+}
