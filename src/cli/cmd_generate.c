@@ -433,6 +433,7 @@ static int32_t bpe_end_of_text(const struct cdp_bpe *b)
 /* generate's options past the common ones. */
 struct gen_opts {
     const char *prompt;
+    int ids; /* --prompt-ids: prompt holds token ids, and ids are printed */
     int64_t n_new, top_k;
     double temperature, top_p;
     const char *topk_s, *stop_s, *vocab, *merges;
@@ -466,6 +467,8 @@ static int generate_on(const struct infer_args *ap, struct ranks *rk, const stru
                                    p->source);
     } else if (bpe) {
         choose = cdp_bpe_vocab_size(bpe) < V ? cdp_bpe_vocab_size(bpe) : V;
+    } else if (o->ids) {
+        choose = V;
     } else if (V < 256) {
         char msg[256];
         snprintf(msg, sizeof msg, "%%s: /model/vocab is %lld: bytes as tokens need 256; give the model's "
@@ -488,7 +491,27 @@ static int generate_on(const struct infer_args *ap, struct ranks *rk, const stru
     int32_t *ids = NULL;
     int64_t n = 0;
     if (code < 0) {
-        if (bpe) {
+        if (o->ids) {
+            /* ids separated by commas or spaces */
+            const size_t cap = strlen(prompt) / 2 + 2;
+            if (!(ids = malloc(cap * sizeof *ids))) code = fail(a.cmd, cdp_fail(CDP_ERR_NOMEM, "out of memory"));
+            for (const char *c = prompt; ids && code < 0 && *c;) {
+                if (*c == ',' || *c == ' ') {
+                    c++;
+                    continue;
+                }
+                char *end;
+                errno = 0;
+                const long long x = strtoll(c, &end, 10);
+                if (end == c || errno || x < 0 || x > INT32_MAX || (*end && *end != ',' && *end != ' ')) {
+                    code = cdp_cli_usage_error(a.cmd, "--prompt-ids: expected token ids separated by commas, got "
+                                               "\"%s\"", prompt);
+                    break;
+                }
+                ids[n++] = (int32_t)x;
+                c = end;
+            }
+        } else if (bpe) {
             if ((st = cdp_bpe_encode(bpe, prompt, strlen(prompt), &ids, &n))) {
                 cdp_error_context(st, "--prompt");
                 code = fail(a.cmd, st);
@@ -527,7 +550,9 @@ static int generate_on(const struct infer_args *ap, struct ranks *rk, const stru
     code = ranks_agree(rk, code);
     if (code < 0) {
         if (printer) {
-            fputs(prompt, stdout);
+            if (o->ids)
+                for (int64_t i = 0; i < n; i++) printf("%s%d", i ? " " : "", ids[i]);
+            else fputs(prompt, stdout);
             fflush(stdout);
         }
         uint64_t state = seed;
@@ -565,6 +590,8 @@ static int generate_on(const struct infer_args *ap, struct ranks *rk, const stru
             if (next == stop) break; /* the end of the text: not printed */
             all[n + k] = next;
             if (!printer) {
+            } else if (o->ids) {
+                printf(" %d", next);
             } else if (bpe) {
                 size_t len = 0;
                 const char *b = cdp_bpe_decode(bpe, next, &len);
@@ -595,6 +622,7 @@ int cdp_cli_generate(int argc, char **argv)
     struct infer_args a = {.cmd = "generate"};
     const char *prompt = NULL, *tokens_s = "64", *temp_s = "1.0", *topk_s = "0", *seed_s = "1", *vocab = NULL,
                *merges = NULL, *topp_s = "1", *stop_s = NULL;
+    int ids = 0;
     for (int i = 1; i < argc; i++) {
         const char *s = argv[i];
         const char **value = NULL;
@@ -604,6 +632,10 @@ int cdp_cli_generate(int argc, char **argv)
         }
         if (common_option(&a, s, &value)) {
         } else if (!strcmp(s, "--prompt")) value = &prompt;
+        else if (!strcmp(s, "--prompt-ids")) {
+            value = &prompt;
+            ids = 1;
+        }
         else if (!strcmp(s, "--tokens")) value = &tokens_s;
         else if (!strcmp(s, "--temperature")) value = &temp_s;
         else if (!strcmp(s, "--top-k")) value = &topk_s;
@@ -613,7 +645,7 @@ int cdp_cli_generate(int argc, char **argv)
         else if (!strcmp(s, "--vocab")) value = &vocab;
         else if (!strcmp(s, "--merges")) value = &merges;
         else if (s[0] == '-') {
-            static const char *const known[] = {"--plan", "--weights", "--checkpoint", "--prompt", "--tokens",
+            static const char *const known[] = {"--plan", "--weights", "--checkpoint", "--prompt", "--prompt-ids", "--tokens",
                                                 "--temperature", "--top-k", "--top-p", "--stop-token", "--seed",
                                                 "--vocab", "--merges",
                                                 "--verbose", "--quiet", "--help", NULL};
@@ -625,7 +657,7 @@ int cdp_cli_generate(int argc, char **argv)
         if (value && (code = take_value(a.cmd, argc, argv, &i, value)) >= 0) return code;
     }
     if (a.verbose && a.quiet) return cdp_cli_usage_error(a.cmd, "%s", "-v and -q cannot be used together");
-    if (!prompt) return cdp_cli_usage_error(a.cmd, "%s", "give --prompt TEXT");
+    if (!prompt) return cdp_cli_usage_error(a.cmd, "%s", "give --prompt TEXT (or --prompt-ids IDS)");
     int64_t n_new, top_k;
     int code;
     if ((code = parse_count(a.cmd, "--tokens", tokens_s, 0, 1000000000, &n_new)) >= 0) return code;
@@ -650,7 +682,7 @@ int cdp_cli_generate(int argc, char **argv)
     struct ranks rk;
     cdp_status st;
     if ((st = ranks_open(&rk))) return fail(a.cmd, st);
-    const struct gen_opts o = {.prompt = prompt, .n_new = n_new, .top_k = top_k, .temperature = temperature,
+    const struct gen_opts o = {.prompt = prompt, .ids = ids, .n_new = n_new, .top_k = top_k, .temperature = temperature,
                                .top_p = top_p, .topk_s = topk_s, .stop_s = stop_s, .vocab = vocab,
                                .merges = merges, .seed = seed};
     code = generate_on(&a, &rk, &o);

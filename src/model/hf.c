@@ -10,9 +10,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "cdp/core.h"
+#include "core/file.h"
 #include "core/json_check.h"
+#include "model/hf_gpt2.h"
+#include "model/model.h"
 
 enum hf_type { HF_INT, HF_BOOL };
 
@@ -319,4 +323,176 @@ cdp_status cdp_hf_plan_keys(const struct cdp_json_in *in, const json_t *m, const
                              (long long)have, f->type == HF_BOOL ? (have ? " (true)" : " (false)") : "");
     }
     return CDP_OK;
+}
+
+/* mkdir -p */
+static cdp_status make_dirs(const char *path)
+{
+    char buf[PATH_MAX];
+    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf) return cdp_fail(CDP_ERR_INVALID, "%s: path too long", path);
+    for (char *q = buf + 1;; q++) {
+        const int end = *q == '\0';
+        if (*q == '/' || end) {
+            *q = '\0';
+            struct stat sb;
+            if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+                return cdp_fail(CDP_ERR_IO, "%s: cannot make the folder: %s", buf, strerror(errno));
+            if (stat(buf, &sb) != 0 || !S_ISDIR(sb.st_mode))
+                return cdp_fail(CDP_ERR_IO, "%s: not a folder", buf);
+            if (end) break;
+            *q = '/';
+        }
+    }
+    return CDP_OK;
+}
+
+/* A JSON document written whole, two-space indented, with a final newline. */
+static cdp_status write_json(const char *path, json_t *doc)
+{
+    char *text = doc ? json_dumps(doc, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(15)) : NULL;
+    json_decref(doc);
+    if (!text) return cdp_fail(CDP_ERR_NOMEM, "%s: out of memory", path);
+    size_t len = strlen(text);
+    text[len] = '\n'; /* the NUL's byte becomes the last line's end; the NUL is not written */
+    cdp_status st = cdp_write_file_atomic(path, text, len + 1);
+    free(text);
+    return st;
+}
+
+#define STAGE ((uint64_t)8 << 20)
+
+cdp_status cdp_hf_write_folder(const char *dir, const struct cdp_model_desc *md,
+                               const struct cdp_safetensors_tensor *ts, int n, const char *const *meta, int n_meta,
+                               cdp_safetensors_fetch_fn fetch, void *ctx, uint64_t shard_bytes)
+{
+    char path[PATH_MAX + 64], file[64];
+    cdp_status st = make_dirs(dir);
+    if (st) return st;
+    /* shard k holds tensors [first[k], first[k + 1]) */
+    int *first = calloc((size_t)n + 2, sizeof *first), shards = 0;
+    json_t *map = json_object(), *index = json_object(), *imeta = json_object();
+    if (!first || !map || !index || !imeta) {
+        st = cdp_fail(CDP_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    uint64_t at = 0, total = 0;
+    for (int i = 0; i < n; i++) {
+        if (i == 0 || (at > 0 && at + ts[i].nbytes > shard_bytes)) {
+            first[shards++] = i;
+            at = 0;
+        }
+        at += ts[i].nbytes;
+        total += ts[i].nbytes;
+    }
+    first[shards] = n;
+    for (int k = 0; k < shards && !st; k++) {
+        if (shards == 1) snprintf(file, sizeof file, "model.safetensors");
+        else snprintf(file, sizeof file, "model-%05d-of-%05d.safetensors", k + 1, shards);
+        snprintf(path, sizeof path, "%s/%s", dir, file);
+        st = cdp_safetensors_write_staged(path, ts + first[k], first[k + 1] - first[k], meta, n_meta, fetch, ctx,
+                                          STAGE);
+        for (int i = first[k]; !st && i < first[k + 1]; i++)
+            if (json_object_set_new(map, ts[i].name, json_string(file))) st = cdp_fail(CDP_ERR_NOMEM, "out of memory");
+    }
+    if (st) goto done;
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    if (shards > 1) {
+        if (json_object_set_new(imeta, "total_size", json_integer((json_int_t)total)) ||
+            json_object_set(index, "metadata", imeta) || json_object_set(index, "weight_map", map)) {
+            st = cdp_fail(CDP_ERR_NOMEM, "out of memory");
+            goto done;
+        }
+        if ((st = write_json(path, json_incref(index)))) goto done;
+        snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    }
+    if (unlink(path) != 0 && errno != ENOENT) {
+        st = cdp_fail(CDP_ERR_IO, "%s: cannot remove the earlier export's file: %s", path, strerror(errno));
+        goto done;
+    }
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    if ((st = write_json(path, cdp_hf_config_json(md)))) goto done;
+    snprintf(path, sizeof path, "%s/generation_config.json", dir);
+    st = write_json(path, cdp_hf_generation_config_json(md));
+done:
+    json_decref(map);
+    json_decref(index);
+    json_decref(imeta);
+    free(first);
+    return st;
+}
+
+/* cdp_hf_export_model's tensors: host memory, a transposed one through a buffer. */
+struct model_src {
+    const float *data;
+    int64_t rows, cols; /* ours [rows, cols]; transposed: written [cols, rows] */
+    int transposed;
+};
+
+struct model_fetch {
+    const struct cdp_safetensors_tensor *ts;
+    const struct model_src *src;
+    float *held;
+};
+
+static cdp_status model_fetch(void *ctx, const struct cdp_safetensors_tensor *t, uint64_t offset, void *dst,
+                              uint64_t n)
+{
+    struct model_fetch *c = ctx;
+    const struct model_src *s = &c->src[t - c->ts];
+    if (!s->transposed) {
+        memcpy(dst, (const uint8_t *)s->data + offset, (size_t)n);
+        return CDP_OK;
+    }
+    if (offset == 0) {
+        free(c->held);
+        if (!(c->held = malloc((size_t)(s->rows * s->cols) * 4 + 1)))
+            return cdp_fail(CDP_ERR_NOMEM, "out of memory transposing %s", t->name);
+        for (int64_t r = 0; r < s->rows; r++)
+            for (int64_t k = 0; k < s->cols; k++) c->held[k * s->rows + r] = s->data[r * s->cols + k];
+    }
+    memcpy(dst, (const uint8_t *)c->held + offset, (size_t)n);
+    return CDP_OK;
+}
+
+cdp_status cdp_hf_export_model(struct cdp_model *m, const struct cdp_model_desc *md, const char *dir,
+                               uint64_t shard_bytes, const char *const *meta, int n_meta)
+{
+    if (md->kind != CDP_MODEL_GPT)
+        return cdp_fail(CDP_ERR_INVALID, "only a GPT (the gpt and gpt2* presets, or /model/from a GPT-2 folder) "
+                        "has a Hugging Face form");
+    const int n = cdp_model_tensor_count(m), units = cdp_model_unit_count(m);
+    struct cdp_safetensors_tensor *ts = calloc((size_t)n + 1, sizeof *ts);
+    struct model_src *src = calloc((size_t)n + 1, sizeof *src);
+    char *names = calloc((size_t)n + 1, 96);
+    struct model_fetch fc = {ts, src, NULL};
+    cdp_status st = ts && src && names ? CDP_OK : cdp_fail(CDP_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < n && !st; i++) {
+        const struct cdp_model_tensor *t = cdp_model_tensor(m, i);
+        const char *param = strchr(strchr(t->name, '.') + 1, '.') + 1;
+        const enum cdp_hf_part part = t->unit == 0 ? CDP_HF_EMBED : t->unit == units - 1 ? CDP_HF_HEAD : CDP_HF_BLOCK;
+        char *hf = names + (size_t)i * 96;
+        int conv1d = 0;
+        if (!cdp_hf_gpt2_name(part, t->unit - 1, param, "transformer.", hf, 96, &conv1d)) {
+            st = cdp_fail(CDP_ERR_INTERNAL, "%s: no Hugging Face GPT-2 name", t->name);
+            break;
+        }
+        ts[i].name = hf;
+        ts[i].dtype = CDP_DTYPE_F32;
+        ts[i].dtype_name = "F32";
+        ts[i].ndim = t->ndim;
+        memcpy(ts[i].shape, t->shape, sizeof t->shape);
+        ts[i].nbytes = (uint64_t)t->numel * 4;
+        ts[i].data = t->data;
+        src[i] = (struct model_src){t->data, t->shape[0], t->ndim == 2 ? t->shape[1] : 1, conv1d};
+        if (conv1d) {
+            ts[i].shape[0] = t->shape[1];
+            ts[i].shape[1] = t->shape[0];
+        }
+    }
+    if (!st) st = cdp_hf_write_folder(dir, md, ts, n, meta, n_meta, model_fetch, &fc, shard_bytes);
+    free(fc.held);
+    free(names);
+    free(src);
+    free(ts);
+    return st;
 }

@@ -11,6 +11,9 @@
 #include "cdp/plan_types.h"
 #include "cdp/status.h"
 #include "core/json_check.h"
+#include "model/safetensors.h"
+
+struct cdp_model;
 
 #ifdef __cplusplus
 extern "C" {
@@ -43,6 +46,29 @@ json_t *cdp_hf_generation_config_json(const struct cdp_model_desc *md);
 /* The name of md's Hugging Face architecture ("GPT2LMHeadModel"), or NULL
  * when it has none. */
 const char *cdp_hf_family(const struct cdp_model_desc *md);
+
+/* transformers' save_pretrained default: shards of at most 5 GB. */
+#define CDP_HF_SHARD_BYTES ((uint64_t)5000000000)
+
+/* Writes a Hugging Face folder dir (made when missing): the tensors ts[0 ..
+ * n) (their Hugging Face names and shapes; bytes through fetch, as
+ * cdp_safetensors_write_staged takes them) as model.safetensors, or, when
+ * they pass shard_bytes, as shards model-0000k-of-0000N.safetensors of at
+ * most shard_bytes each (a tensor larger alone is a shard of its own) listed
+ * by model.safetensors.index.json; then config.json and
+ * generation_config.json of md. Every file is written atomically; the other
+ * form's file left by an earlier export (model.safetensors or the index) is
+ * removed, so transformers reads what was written. */
+cdp_status cdp_hf_write_folder(const char *dir, const struct cdp_model_desc *md,
+                               const struct cdp_safetensors_tensor *ts, int n, const char *const *meta, int n_meta,
+                               cdp_safetensors_fetch_fn fetch, void *ctx, uint64_t shard_bytes);
+
+/* The weights of m (the whole model md describes, on the CPU device) as a
+ * Hugging Face folder (cdp_hf_write_folder): names by md's architecture
+ * (model/hf_gpt2.h), Conv1D weights transposed. CDP_ERR_INVALID when md's
+ * family has no Hugging Face form. */
+cdp_status cdp_hf_export_model(struct cdp_model *m, const struct cdp_model_desc *md, const char *dir,
+                               uint64_t shard_bytes, const char *const *meta, int n_meta);
 
 #ifdef __cplusplus
 }
