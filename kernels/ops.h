@@ -52,7 +52,7 @@
 extern "C" {
 #endif
 
-#define CDP_OPS_ABI 3
+#define CDP_OPS_ABI 4
 
 struct cdp_ops {
     int abi;
@@ -113,6 +113,19 @@ struct cdp_ops {
                              float beta1, float beta2, float eps, float weight_decay, int t);
     cdp_status (*sgd_step)(void *ks, float *param, const float *grad, float *velocity, size_t n, float lr,
                            float momentum, float weight_decay, int t);
+    /* The Llama family's ops (docs/models.md): RMS norm, rotary embeddings
+     * with grouped-query packing, the SwiGLU product. */
+    cdp_status (*rmsnorm_fwd)(void *ks, float *out, float *rstd, const float *in, const float *weight, int N, int C,
+                              float eps);
+    cdp_status (*rmsnorm_bwd)(void *ks, float *din, float *dweight, const float *dout, const float *in,
+                              const float *weight, const float *rstd, int N, int C);
+    cdp_status (*rope_fwd)(void *ks, float *qkv, const float *q, const float *k, const float *v, int B, int T,
+                           int NH, int NKV, int HD, int pos0, struct cdp_rope rope);
+    cdp_status (*rope_bwd)(void *ks, float *dq, float *dk, float *dv, const float *dqkv, int B, int T, int NH,
+                           int NKV, int HD, int pos0, struct cdp_rope rope);
+    cdp_status (*swiglu_fwd)(void *ks, float *out, const float *gate, const float *up, size_t n);
+    cdp_status (*swiglu_bwd)(void *ks, float *dgate, float *dup, const float *dout, const float *gate,
+                             const float *up, size_t n);
 
     /* Optional entries: NULL in a table that has none (each table says, for
      * every one, what it has). */
@@ -146,7 +159,8 @@ struct cdp_ops {
     X(relu_bwd) X(gelu_fwd) X(gelu_bwd) X(layernorm_fwd) X(layernorm_bwd) X(residual_fwd) X(residual_bwd)   \
     X(embedding_fwd) X(embedding_bwd) X(attention_fwd) X(attention_bwd) X(crossentropy_fwd)                 \
     X(crossentropy_bwd) X(mse_fwd) X(mse_bwd) X(conv2d_fwd) X(conv2d_bwd) X(maxpool2d_fwd) X(maxpool2d_bwd) \
-    X(adamw_step) X(sgd_step)
+    X(adamw_step) X(sgd_step) X(rmsnorm_fwd) X(rmsnorm_bwd) X(rope_fwd) X(rope_bwd) X(swiglu_fwd)           \
+    X(swiglu_bwd)
 #define CDP_KERNEL_OPS_OPTIONAL(X) X(attention_state_floats) X(linear_gelu_bwd) X(silu_fwd) X(silu_bwd)
 
 enum cdp_kernel_op {

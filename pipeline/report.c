@@ -338,9 +338,9 @@ cdp_status cdp_exec_write_traces(struct exec *e)
 }
 
 /* Replica 0's stages send their tensors to rank 0, which writes one file named
- * by global unit, as one-rank training does. Record: name[48], ndim, shape[4], numel, data. */
+ * by global unit, as one-rank training does. Record: name[64], ndim, shape[4], numel, data. */
 struct wrec {
-    char name[48];
+    char name[64];
     int64_t ndim, shape[CDP_SHAPE_MAX], numel;
 };
 

@@ -28,8 +28,8 @@
  *   residual, embedding forward, maxpool forward (values and argmax).
  * - 1e-6 for scatter-adds whose order a parallel backend may change
  *   (embedding and maxpool backward): a few fp32 adds of O(1) terms.
- * - 1e-5 for elementwise ops with transcendental functions (gelu), the losses,
- *   layernorm, sum_squares (relative) and the optimizer steps: a few ulp per
+ * - 1e-5 for elementwise ops with transcendental functions (gelu, swiglu, the
+ *   rotary embeddings' cosines and sines), the losses, layernorm, rmsnorm, sum_squares (relative) and the optimizer steps: a few ulp per
  *   element or an fp32 row reduction over <= 1001 terms (~1e-6). Two cases
  *   allow 1e-4, each explained where it is: layernorm on rows offset by 100
  *   and cross-entropy on logits near +-1e4.
@@ -381,6 +381,12 @@ GPU_OPS_TEST(table_complete)
     NEED(maxpool2d_bwd);
     NEED(adamw_step);
     NEED(sgd_step);
+    NEED(rmsnorm_fwd);
+    NEED(rmsnorm_bwd);
+    NEED(rope_fwd);
+    NEED(rope_bwd);
+    NEED(swiglu_fwd);
+    NEED(swiglu_bwd);
     if (G.type == CDP_BACKEND_CUDA) { /* optional ops (ops.h) that the CUDA table has */
         NEED(linear_gelu_bwd);
     } else { /* and those the CPU table has */
@@ -829,6 +835,146 @@ GPU_OPS_TEST(layernorm_bwd)
     layernorm_bwd_case(64, 1001, all);
     layernorm_bwd_case(37, 45, (struct grads3){0, 1, 1});
     layernorm_bwd_case(37, 45, (struct grads3){1, 0, 0});
+}
+
+/* ---- the Llama ops: rmsnorm, rope, swiglu ---------------------------------------- */
+
+static void rmsnorm_fwd_case(int N, int C)
+{
+    struct scope sc = scope_begin();
+    size_t n = (size_t)N * C;
+    float *in = hrand(n, -2, 2), *w = hrand(C, 0.5f, 1.5f);
+    float *ref = hzeros(n), *rs = hzeros(N);
+    cdp_cpu_rmsnorm_fwd(ref, rs, in, w, N, C, 1e-5f);
+    float *dout = dputf(hrand(n, 5, 6), n), *ds = dputf(hrand(N, 5, 6), N);
+    OP(rmsnorm_fwd, dout, ds, dputf(in, n), dputf(w, C), N, C, 1e-5f);
+    expect_close(dgetf(dout, n), ref, n, TOL_ROW, "rmsnorm_fwd out N=%d C=%d", N, C);
+    expect_close(dgetf(ds, N), rs, N, TOL_ROW, "rmsnorm_fwd rstd N=%d C=%d", N, C);
+    scope_end(sc);
+}
+
+GPU_OPS_TEST(rmsnorm_fwd)
+{
+    rmsnorm_fwd_case(37, 45);
+    rmsnorm_fwd_case(1, 7);
+    rmsnorm_fwd_case(64, 1001);
+}
+
+static void rmsnorm_bwd_case(int N, int C, int want_din, int want_dw)
+{
+    struct scope sc = scope_begin();
+    size_t n = (size_t)N * C;
+    float *in = hrand(n, -2, 2), *w = hrand(C, 0.5f, 1.5f), *dy = hrand(n, -1, 1);
+    float *y = hzeros(n), *rstd = hzeros(N);
+    cdp_cpu_rmsnorm_fwd(y, rstd, in, w, N, C, 1e-5f);
+    float *din = hrand(n, -1, 1), *dw = hrand(C, -1, 1);
+    float *rin = hdup(din, n), *rw = hdup(dw, C);
+    cdp_cpu_rmsnorm_bwd(want_din ? rin : NULL, want_dw ? rw : NULL, dy, in, w, rstd, N, C);
+    float *d_din = dputf(din, n), *d_dw = dputf(dw, C);
+    OP(rmsnorm_bwd, want_din ? d_din : NULL, want_dw ? d_dw : NULL, dputf(dy, n), dputf(in, n), dputf(w, C),
+       dputf(rstd, N), N, C);
+    expect_close(dgetf(d_din, n), rin, n, TOL_ROW, "rmsnorm_bwd din N=%d C=%d (wanted %d)", N, C, want_din);
+    expect_close(dgetf(d_dw, C), rw, C, TOL_ROW, "rmsnorm_bwd dweight N=%d C=%d (wanted %d)", N, C, want_dw);
+    scope_end(sc);
+}
+
+GPU_OPS_TEST(rmsnorm_bwd)
+{
+    rmsnorm_bwd_case(37, 45, 1, 1);
+    rmsnorm_bwd_case(1, 7, 1, 1);
+    rmsnorm_bwd_case(300, 1001, 1, 1); /* more rows than one weight-gradient chunk */
+    rmsnorm_bwd_case(37, 45, 0, 1);
+    rmsnorm_bwd_case(37, 45, 1, 0);
+}
+
+struct rope_shape {
+    int B, T, NH, NKV, HD, pos0;
+};
+
+static const struct cdp_rope rope_plain = {.theta = 10000.0};
+static const struct cdp_rope rope_llama3 = {.theta = 500000.0, .factor = 8, .low_freq_factor = 1,
+                                            .high_freq_factor = 4, .original_context = 64};
+
+static void rope_fwd_case(struct rope_shape s, struct cdp_rope r)
+{
+    struct scope sc = scope_begin();
+    const size_t N = (size_t)s.B * s.T, nq = N * s.NH * s.HD, nk = N * s.NKV * s.HD;
+    float *q = hrand(nq, -1, 1), *k = hrand(nk, -1, 1), *v = hrand(nk, -1, 1), *ref = hzeros(3 * nq);
+    cdp_cpu_rope_fwd(ref, q, k, v, s.B, s.T, s.NH, s.NKV, s.HD, s.pos0, &r);
+    float *dqkv = dputf(hrand(3 * nq, 5, 6), 3 * nq);
+    OP(rope_fwd, dqkv, dputf(q, nq), dputf(k, nk), dputf(v, nk), s.B, s.T, s.NH, s.NKV, s.HD, s.pos0, r);
+    expect_close(dgetf(dqkv, 3 * nq), ref, 3 * nq, TOL_ELEM, "rope_fwd B=%d T=%d NH=%d NKV=%d HD=%d pos0=%d factor=%g",
+                 s.B, s.T, s.NH, s.NKV, s.HD, s.pos0, r.factor);
+    scope_end(sc);
+}
+
+GPU_OPS_TEST(rope_fwd)
+{
+    rope_fwd_case((struct rope_shape){2, 37, 4, 2, 8, 0}, rope_plain);
+    rope_fwd_case((struct rope_shape){1, 1, 1, 1, 2, 0}, rope_plain);
+    rope_fwd_case((struct rope_shape){3, 45, 6, 1, 64, 0}, rope_llama3);
+    rope_fwd_case((struct rope_shape){1, 5, 8, 8, 128, 1000}, rope_llama3);
+}
+
+static void rope_bwd_case(struct rope_shape s, struct cdp_rope r)
+{
+    struct scope sc = scope_begin();
+    const size_t N = (size_t)s.B * s.T, nq = N * s.NH * s.HD, nk = N * s.NKV * s.HD;
+    float *dy = hrand(3 * nq, -1, 1), *dq = hrand(nq, -1, 1), *dk = hrand(nk, -1, 1), *dv = hrand(nk, -1, 1);
+    float *rq = hdup(dq, nq), *rk = hdup(dk, nk), *rv = hdup(dv, nk);
+    cdp_cpu_rope_bwd(rq, rk, rv, dy, s.B, s.T, s.NH, s.NKV, s.HD, s.pos0, &r);
+    float *d_q = dputf(dq, nq), *d_k = dputf(dk, nk), *d_v = dputf(dv, nk);
+    OP(rope_bwd, d_q, d_k, d_v, dputf(dy, 3 * nq), s.B, s.T, s.NH, s.NKV, s.HD, s.pos0, r);
+    expect_close(dgetf(d_q, nq), rq, nq, TOL_ELEM, "rope_bwd dq B=%d T=%d NH=%d NKV=%d HD=%d", s.B, s.T, s.NH, s.NKV,
+                 s.HD);
+    expect_close(dgetf(d_k, nk), rk, nk, TOL_ELEM, "rope_bwd dk B=%d T=%d NH=%d NKV=%d HD=%d", s.B, s.T, s.NH, s.NKV,
+                 s.HD);
+    expect_close(dgetf(d_v, nk), rv, nk, TOL_ELEM, "rope_bwd dv B=%d T=%d NH=%d NKV=%d HD=%d", s.B, s.T, s.NH, s.NKV,
+                 s.HD);
+    scope_end(sc);
+}
+
+GPU_OPS_TEST(rope_bwd)
+{
+    rope_bwd_case((struct rope_shape){2, 37, 4, 2, 8, 0}, rope_plain);
+    rope_bwd_case((struct rope_shape){1, 1, 1, 1, 2, 0}, rope_plain);
+    rope_bwd_case((struct rope_shape){3, 45, 6, 1, 64, 0}, rope_llama3);
+    rope_bwd_case((struct rope_shape){1, 5, 8, 8, 128, 1000}, rope_llama3);
+}
+
+GPU_OPS_TEST(swiglu_fwd)
+{
+    const size_t sizes[] = {1, 1000, 100003};
+    for (size_t c = 0; c < sizeof sizes / sizeof *sizes; c++) {
+        struct scope sc = scope_begin();
+        const size_t n = sizes[c];
+        float *g = hrand(n, -8, 8), *u = hrand(n, -2, 2), *ref = hzeros(n);
+        cdp_cpu_swiglu_fwd(ref, g, u, n);
+        float *dout = dputf(hrand(n, 5, 6), n), *dg = dputf(g, n);
+        OP(swiglu_fwd, dout, dg, dputf(u, n), n);
+        expect_close(dgetf(dout, n), ref, n, TOL_ELEM, "swiglu_fwd n=%zu", n);
+        OP(swiglu_fwd, dg, dg, dputf(u, n), n);
+        expect_close(dgetf(dg, n), ref, n, TOL_ELEM, "swiglu_fwd in place n=%zu", n);
+        scope_end(sc);
+    }
+}
+
+GPU_OPS_TEST(swiglu_bwd)
+{
+    const size_t sizes[] = {1, 1000, 100003};
+    for (size_t c = 0; c < sizeof sizes / sizeof *sizes; c++)
+        for (int want = 1; want <= 3; want++) { /* bit 0: dgate, bit 1: dup */
+            struct scope sc = scope_begin();
+            const size_t n = sizes[c];
+            float *g = hrand(n, -8, 8), *u = hrand(n, -2, 2), *dy = hrand(n, -1, 1);
+            float *dg = hrand(n, -1, 1), *du = hrand(n, -1, 1), *rg = hdup(dg, n), *ru = hdup(du, n);
+            cdp_cpu_swiglu_bwd(want & 1 ? rg : NULL, want & 2 ? ru : NULL, dy, g, u, n);
+            float *d_g = dputf(dg, n), *d_u = dputf(du, n);
+            OP(swiglu_bwd, want & 1 ? d_g : NULL, want & 2 ? d_u : NULL, dputf(dy, n), dputf(g, n), dputf(u, n), n);
+            expect_close(dgetf(d_g, n), rg, n, TOL_ELEM, "swiglu_bwd dgate n=%zu (wanted %d)", n, want & 1);
+            expect_close(dgetf(d_u, n), ru, n, TOL_ELEM, "swiglu_bwd dup n=%zu (wanted %d)", n, want >> 1);
+            scope_end(sc);
+        }
 }
 
 /* ---- embedding ------------------------------------------------------------------ */

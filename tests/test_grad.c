@@ -384,6 +384,147 @@ Test(grad, attention)
     }
 }
 
+/* ---- the Llama ops: rmsnorm, rope, swiglu --------------------------------------- */
+
+struct rms_ctx {
+    float *in, *w, *out, *rstd, *R;
+    int N, C;
+};
+
+static double rms_loss(void *p)
+{
+    struct rms_ctx *c = p;
+    cdp_cpu_rmsnorm_fwd(c->out, c->rstd, c->in, c->w, c->N, c->C, 1e-5f);
+    return dot_out(c->out, c->R, (size_t)c->N * c->C);
+}
+
+static void check_rmsnorm(int N, int C)
+{
+    size_t n = (size_t)N * C;
+    struct rms_ctx c = {randv(n, -2, 2), randv(C, 0.5f, 1.5f), falloc(n), falloc(N), randv(n, -1, 1), N, C};
+    rms_loss(&c); /* rstd for backward */
+    struct gbuf din, dw;
+    gbuf_init(&din, n), gbuf_init(&dw, C);
+    for (int call = 0; call < 2; call++) {
+        cdp_cpu_rmsnorm_bwd(din.g, dw.g, c.R, c.in, c.w, c.rstd, N, C);
+        if (call == 0) gbuf_first(&din), gbuf_first(&dw);
+    }
+    check_fd("rmsnorm din", rms_loss, &c, c.in, n, din.d1);
+    check_fd("rmsnorm dweight", rms_loss, &c, c.w, C, dw.d1);
+    gbuf_check_twice("rmsnorm din", &din);
+    gbuf_check_twice("rmsnorm dweight", &dw);
+    /* either gradient alone is the same */
+    float *only = calloc(n, sizeof *only), *only_w = calloc((size_t)C, sizeof *only_w);
+    cdp_cpu_rmsnorm_bwd(only, NULL, c.R, c.in, c.w, c.rstd, N, C);
+    cdp_cpu_rmsnorm_bwd(NULL, only_w, c.R, c.in, c.w, c.rstd, N, C);
+    for (size_t i = 0; i < n; i++)
+        cr_assert(fabs(only[i] - din.d1[i]) <= 1e-5 * (1 + fabs(din.d1[i])), "rmsnorm din alone");
+    for (int j = 0; j < C; j++)
+        cr_assert(fabs(only_w[j] - dw.d1[j]) <= 1e-5 * (1 + fabs(dw.d1[j])), "rmsnorm dweight alone");
+    free(only), free(only_w);
+    gbuf_free(&din), gbuf_free(&dw);
+    free(c.in), free(c.w), free(c.out), free(c.rstd), free(c.R);
+}
+
+Test(grad, rmsnorm)
+{
+    rng_seed(31);
+    check_rmsnorm(1, 7);
+    check_rmsnorm(5, 33);
+    check_rmsnorm(3, 2);
+    check_rmsnorm(2, 64);
+}
+
+struct rope_ctx {
+    float *q, *k, *v, *qkv, *R;
+    int B, T, NH, NKV, HD, pos0;
+    struct cdp_rope rope;
+};
+
+static double rope_loss(void *p)
+{
+    struct rope_ctx *c = p;
+    cdp_cpu_rope_fwd(c->qkv, c->q, c->k, c->v, c->B, c->T, c->NH, c->NKV, c->HD, c->pos0, &c->rope);
+    return dot_out(c->qkv, c->R, (size_t)c->B * c->T * 3 * c->NH * c->HD);
+}
+
+static void check_rope(int B, int T, int NH, int NKV, int HD, int pos0, struct cdp_rope rope)
+{
+    const size_t N = (size_t)B * T, nq = N * NH * HD, nk = N * NKV * HD, nqkv = 3 * nq;
+    struct rope_ctx c = {randv(nq, -1, 1), randv(nk, -1, 1), randv(nk, -1, 1), falloc(nqkv), randv(nqkv, -1, 1),
+                         B, T, NH, NKV, HD, pos0, rope};
+    struct gbuf dq, dk, dv;
+    gbuf_init(&dq, nq), gbuf_init(&dk, nk), gbuf_init(&dv, nk);
+    for (int call = 0; call < 2; call++) {
+        cdp_cpu_rope_bwd(dq.g, dk.g, dv.g, c.R, B, T, NH, NKV, HD, pos0, &rope);
+        if (call == 0) gbuf_first(&dq), gbuf_first(&dk), gbuf_first(&dv);
+    }
+    char what[128];
+    snprintf(what, sizeof what, "rope B=%d T=%d NH=%d NKV=%d HD=%d pos0=%d factor=%g", B, T, NH, NKV, HD, pos0,
+             rope.factor);
+    check_fd(what, rope_loss, &c, c.q, nq, dq.d1);
+    check_fd(what, rope_loss, &c, c.k, nk, dk.d1);
+    check_fd(what, rope_loss, &c, c.v, nk, dv.d1);
+    gbuf_check_twice(what, &dq), gbuf_check_twice(what, &dk), gbuf_check_twice(what, &dv);
+    /* position 0 is not rotated; the rotation keeps each pair's length */
+    rope_loss(&c);
+    const int C = NH * HD, half = HD / 2;
+    for (size_t n = 0; n < N; n++)
+        for (int h = 0; h < NH; h++)
+            for (int i = 0; i < half; i++) {
+                const float *x = c.q + n * C + h * HD, *y = c.qkv + n * 3 * C + h * HD;
+                double lx = hypot(x[i], x[i + half]), ly = hypot(y[i], y[i + half]);
+                cr_assert(fabs(lx - ly) <= 1e-6 * (1 + lx), "%s: pair length %g -> %g", what, lx, ly);
+                if (pos0 == 0 && n % (size_t)T == 0)
+                    cr_assert(y[i] == x[i] && y[i + half] == x[i + half], "%s: position 0 rotated", what);
+            }
+    gbuf_free(&dq), gbuf_free(&dk), gbuf_free(&dv);
+    free(c.q), free(c.k), free(c.v), free(c.qkv), free(c.R);
+}
+
+Test(grad, rope)
+{
+    rng_seed(32);
+    const struct cdp_rope plain = {.theta = 10000.0};
+    const struct cdp_rope llama3 = {.theta = 500000.0, .factor = 8, .low_freq_factor = 1, .high_freq_factor = 4,
+                                    .original_context = 64};
+    check_rope(1, 1, 1, 1, 2, 0, plain);
+    check_rope(2, 5, 4, 2, 8, 0, plain);   /* grouped: two query heads a key/value head */
+    check_rope(1, 7, 6, 1, 4, 0, plain);   /* multi-query */
+    check_rope(2, 9, 4, 4, 16, 0, llama3); /* every frequency band of the scaling */
+    check_rope(1, 3, 2, 1, 6, 37, llama3); /* positions from an offset (a KV cache's) */
+}
+
+struct swiglu_ctx {
+    float *gate, *up, *out, *R;
+    size_t n;
+};
+
+static double swiglu_loss(void *p)
+{
+    struct swiglu_ctx *c = p;
+    cdp_cpu_swiglu_fwd(c->out, c->gate, c->up, c->n);
+    return dot_out(c->out, c->R, c->n);
+}
+
+Test(grad, swiglu)
+{
+    rng_seed(33);
+    size_t n = 197;
+    struct swiglu_ctx c = {randv(n, -8, 8), randv(n, -2, 2), falloc(n), randv(n, -1, 1), n};
+    struct gbuf dg, du;
+    gbuf_init(&dg, n), gbuf_init(&du, n);
+    for (int call = 0; call < 2; call++) {
+        cdp_cpu_swiglu_bwd(dg.g, du.g, c.R, c.gate, c.up, n);
+        if (call == 0) gbuf_first(&dg), gbuf_first(&du);
+    }
+    check_fd("swiglu dgate", swiglu_loss, &c, c.gate, n, dg.d1);
+    check_fd("swiglu dup", swiglu_loss, &c, c.up, n, du.d1);
+    gbuf_check_twice("swiglu dgate", &dg), gbuf_check_twice("swiglu dup", &du);
+    gbuf_free(&dg), gbuf_free(&du);
+    free(c.gate), free(c.up), free(c.out), free(c.R);
+}
+
 /* ---- losses (their backwards overwrite) ------------------------------------------- */
 
 struct ce_ctx {

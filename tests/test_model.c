@@ -142,6 +142,26 @@ Test(model, table_flops_equal_counted_gemm_work_layers)
                        "{\"type\": \"attention\", \"heads\": 1},"
                        "{\"type\": \"transformer_block\", \"heads\": 4},"
                        "{\"type\": \"layernorm\"}, {\"type\": \"linear\", \"out\": 11}]}}", 1);
+    /* the Llama types */
+    check_counted_work("{\"model\": {\"input\": [7], \"layers\": ["
+                       "{\"type\": \"embedding\", \"vocab\": 11, \"dim\": 16},"
+                       "{\"type\": \"llama_block\", \"heads\": 4, \"kv_heads\": 2, \"hidden\": 24},"
+                       "{\"type\": \"rmsnorm\"},"
+                       "{\"type\": \"rotary_attention\", \"heads\": 2, \"kv_heads\": 1, "
+                       "\"rope_scaling\": {\"type\": \"llama3\", \"factor\": 4, \"low_freq_factor\": 1, "
+                       "\"high_freq_factor\": 2, \"original_context\": 8}},"
+                       "{\"type\": \"swiglu_mlp\", \"hidden\": 20},"
+                       "{\"type\": \"llama_block\", \"heads\": 2},"
+                       "{\"type\": \"linear\", \"out\": 11, \"bias\": false}]}}", 2);
+}
+
+/* The llama preset: embedding, blocks with grouped-query attention, RMS norm and untied head. */
+Test(model, table_flops_equal_counted_gemm_work_llama)
+{
+    check_counted_work("{\"model\": {\"preset\": \"llama\", \"vocab\": 37, \"context\": 9, \"layers\": 2, "
+                       "\"heads\": 4, \"kv_heads\": 2, \"dim\": 24, \"hidden\": 40}}", 3);
+    check_counted_work("{\"model\": {\"preset\": \"llama\", \"vocab\": 37, \"context\": 70, \"layers\": 2, "
+                       "\"heads\": 4, \"kv_heads\": 2, \"dim\": 24, \"hidden\": 40}}", 1);
 }
 
 /* ---- activation recomputation ------------------------------------------------ */
@@ -283,6 +303,18 @@ Test(model, recomputation_is_bit_identical_and_keeps_less)
                     "{\"type\": \"relu\"}, {\"type\": \"maxpool2d\", \"kernel\": 2},"
                     "{\"type\": \"flatten\"}, {\"type\": \"linear\", \"out\": 7}, {\"type\": \"gelu\"},"
                     "{\"type\": \"layernorm\"}, {\"type\": \"linear\", \"out\": 3}]}}", 2, 0);
+    check_recompute("{\"model\": {\"preset\": \"llama\", \"vocab\": 37, \"context\": 33, \"layers\": 2, "
+                       "\"heads\": 4, \"kv_heads\": 2, \"dim\": 24, \"hidden\": 40}}", 2, 1);
+    check_recompute("{\"model\": {\"input\": [7], \"layers\": ["
+                       "{\"type\": \"embedding\", \"vocab\": 11, \"dim\": 16},"
+                       "{\"type\": \"llama_block\", \"heads\": 4, \"kv_heads\": 2, \"hidden\": 24},"
+                       "{\"type\": \"rmsnorm\"},"
+                       "{\"type\": \"rotary_attention\", \"heads\": 2, \"kv_heads\": 1, "
+                       "\"rope_scaling\": {\"type\": \"llama3\", \"factor\": 4, \"low_freq_factor\": 1, "
+                       "\"high_freq_factor\": 2, \"original_context\": 8}},"
+                       "{\"type\": \"swiglu_mlp\", \"hidden\": 20},"
+                       "{\"type\": \"llama_block\", \"heads\": 2},"
+                       "{\"type\": \"linear\", \"out\": 11, \"bias\": false}]}}", 2, 1);
 }
 
 /* ZeRO-2's sharded gradients on one replica: each unit's gradient, made in
@@ -323,6 +355,8 @@ Test(model, sharded_gradients_are_the_whole_models)
                   "\"heads\": 3, \"embed\": 24}}", 2, 3);
     check_sharded("{\"model\": {\"preset\": \"mlp\", \"input\": [12], \"hidden\": [32, 24, 16], \"classes\": 5}}", 3,
                   2);
+    check_sharded("{\"model\": {\"preset\": \"llama\", \"vocab\": 37, \"context\": 9, \"layers\": 2, "
+                       "\"heads\": 4, \"kv_heads\": 2, \"dim\": 24, \"hidden\": 40}}", 2, 2);
 }
 
 /* ---- split backward ----------------------------------------------------------- */
@@ -570,6 +604,28 @@ Test(model, split_backward_is_the_combined_backwards_bits_for_gpt_and_mlp)
     check_split("{\"model\": {\"preset\": \"gpt\", \"vocab\": 37, \"context\": 9, \"layers\": 1, "
                 "\"heads\": 3, \"embed\": 24, \"tie_embeddings\": false}}", 2, 1);
     check_split("{\"model\": {\"preset\": \"mlp\", \"input\": [12], \"hidden\": [32, 24], \"classes\": 5}}", 3, 1);
+    check_split("{\"model\": {\"preset\": \"llama\", \"vocab\": 37, \"context\": 9, \"layers\": 2, "
+                       "\"heads\": 4, \"kv_heads\": 2, \"dim\": 24, \"hidden\": 40}}", 2, 1);
+    check_split("{\"model\": {\"preset\": \"llama\", \"vocab\": 37, \"context\": 9, \"layers\": 1, "
+                "\"heads\": 2, \"kv_heads\": 1, \"dim\": 8, \"tie_embeddings\": true}}", 2, 1);
+}
+
+/* Every Llama layer type in a list given an output gradient, a float input first. */
+Test(model, split_backward_is_the_combined_backwards_bits_for_the_llama_types)
+{
+    check_split("{\"model\": {\"input\": [7], \"layers\": ["
+                       "{\"type\": \"embedding\", \"vocab\": 11, \"dim\": 16},"
+                       "{\"type\": \"llama_block\", \"heads\": 4, \"kv_heads\": 2, \"hidden\": 24},"
+                       "{\"type\": \"rmsnorm\"},"
+                       "{\"type\": \"rotary_attention\", \"heads\": 2, \"kv_heads\": 1, "
+                       "\"rope_scaling\": {\"type\": \"llama3\", \"factor\": 4, \"low_freq_factor\": 1, "
+                       "\"high_freq_factor\": 2, \"original_context\": 8}},"
+                       "{\"type\": \"swiglu_mlp\", \"hidden\": 20},"
+                       "{\"type\": \"llama_block\", \"heads\": 2},"
+                       "{\"type\": \"linear\", \"out\": 11, \"bias\": false}]}}", 2, 0);
+    check_split("{\"model\": {\"input\": [5, 8], \"layers\": [{\"type\": \"rotary_attention\", \"heads\": 4, "
+                "\"kv_heads\": 2}, {\"type\": \"swiglu_mlp\"}, {\"type\": \"llama_block\", \"heads\": 2}, "
+                "{\"type\": \"rmsnorm\"}]}}", 2, 0);
 }
 
 /* Sharded gradients: W reduces each unit's window where the combined backward does. */
@@ -668,6 +724,56 @@ Test(model, table_memory_matches_hand_counts)
     cdp_plan_free(p);
 }
 
+/* The llama preset's units by hand: T 4, C 8, 2 heads of 4, 1 key/value head (KVD 4), hidden 12,
+ * vocab 50, untied head. */
+Test(model, table_memory_matches_hand_counts_llama)
+{
+    struct cdp_plan *p = plan_from("{\"model\": {\"preset\": \"llama\", \"vocab\": 50, \"context\": 4, "
+                                   "\"layers\": 1, \"heads\": 2, \"kv_heads\": 1, \"dim\": 8, \"hidden\": 12}}");
+    struct cdp_unit *u;
+    int n;
+    cr_assert_eq(cdp_units_build(&p->model, &u, &n), CDP_OK);
+    cr_assert_eq(n, 3);
+    /* embedding: wte 50x8, no positions */
+    cr_assert_eq(u[0].n_params, 1);
+    cr_assert_eq(u[0].param_count, 400);
+    /* block: 2 C^2 (q, o) + 2 C KVD (k, v) + 3 C H + 2 C = 128 + 64 + 288 + 16 */
+    cr_assert_eq(u[1].n_params, 9);
+    cr_assert_str_eq(u[1].params[0].name, "input_layernorm.weight");
+    cr_assert_str_eq(u[1].params[2].name, "self_attn.k_proj.weight");
+    cr_assert_eq(u[1].params[2].shape[0], 4);
+    cr_assert_str_eq(u[1].params[5].name, "post_attention_layernorm.weight");
+    cr_assert_str_eq(u[1].params[8].name, "mlp.down_proj.weight");
+    cr_assert_eq(u[1].param_count, 496);
+    /* kept: out, 1/rms, qkv (3), res2, 1/rms, gate, up (H each); tail: ln1, atty, ln2, the product (H);
+     * attention probabilities NH T^2 */
+    cr_assert_eq(u[1].act_floats, 4 * (8 * 8 + 3 * 12 + 2) + 2 * 16);
+    cr_assert_eq(u[1].tail_floats, 4 * (3 * 8 + 12));
+    /* matrices 2 T (2 C^2 + 2 C KVD + 3 C H), attention 4 T^2 C */
+    cr_assert_float_eq(u[1].fwd_flops, 2.0 * 4 * (128 + 64 + 288) + 4.0 * 16 * 8, 1e-9);
+    cr_assert_float_eq(u[1].bwd_weight_flops, 2.0 * 4 * (128 + 64 + 288), 1e-9);
+    /* W-state: dout, dgate, dup, dln2, dres2, dq, dk, dv, dln1 */
+    cr_assert_eq(u[1].wstate_floats, 4 * (5 * 8 + 2 * 12 + 2 * 4));
+    /* head: the RMS norm's weight and the untied vocabulary matrix */
+    cr_assert_str_eq(u[2].params[0].name, "norm.weight");
+    cr_assert_str_eq(u[2].params[1].name, "lm_head.weight");
+    cr_assert_eq(u[2].param_count, 8 + 400);
+    cr_assert_eq(u[2].act_floats, 4 * 50 + 32 + 4);
+    cr_assert_eq(u[0].param_count + u[1].param_count + u[2].param_count, cdp_plan_param_count(p));
+    free(u);
+    cdp_plan_free(p);
+}
+
+/* Llama's MLP width rule: Meta's sizes. */
+Test(model, llama_hidden_rule_gives_metas_widths)
+{
+    cr_assert_eq(cdp_llama_hidden(4096, 256, 0), 11008);    /* Llama 2 7B */
+    cr_assert_eq(cdp_llama_hidden(5120, 256, 0), 13824);    /* Llama 2 13B */
+    cr_assert_eq(cdp_llama_hidden(8192, 4096, 1.3), 28672); /* Llama 2 70B */
+    cr_assert_eq(cdp_llama_hidden(4096, 1024, 1.3), 14336); /* Llama 3 8B */
+    cr_assert_eq(cdp_llama_hidden(128, 256, 0), 512);
+}
+
 Test(model, initialisation_is_independent_of_the_partition)
 {
     struct cdp_plan *p = plan_from("{\"model\": {\"preset\": \"gpt\", \"vocab\": 40, \"context\": 5, "
@@ -697,6 +803,14 @@ Test(model, initialisation_is_independent_of_the_partition)
     cdp_plan_free(p);
 }
 
+/* The golden Llama of tools/gen_golden_llama.py: transformers' LlamaForCausalLM in
+ * float64, grouped-query attention, llama3 rope scaling, untied head. */
+static const char *golden_llama_plan =
+    "{\"model\": {\"preset\": \"llama\", \"vocab\": 48, \"context\": 12, \"layers\": 2, \"dim\": 32, "
+    "\"heads\": 4, \"kv_heads\": 2, \"hidden\": 48, \"rope_theta\": 10000, \"norm_eps\": 1e-5, "
+    "\"rope_scaling\": {\"type\": \"llama3\", \"factor\": 8, \"low_freq_factor\": 1, "
+    "\"high_freq_factor\": 4, \"original_context\": 64}}}";
+
 static const char *golden_plan =
     "{\"model\": {\"preset\": \"gpt\", \"vocab\": 32, \"context\": 8, \"layers\": 2, \"heads\": 2, "
     "\"embed\": 16}}";
@@ -710,6 +824,56 @@ static double rel_err(const float *a, const float *ref, int64_t n)
         den += (double)ref[i] * ref[i];
     }
     return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+/* One forward + backward of the golden Llama against transformers (float64
+ * there, fp32 here): the loss within 1e-5 relative, every gradient within
+ * 1e-4 relative (two orders of magnitude above fp32 summation noise; a wrong
+ * rotation pairing, head grouping or norm gives errors of order one). */
+Test(model, golden_llama_step_matches_transformers)
+{
+    enum { B = 2, T = 12 };
+    struct cdp_plan *p = plan_from(golden_llama_plan);
+    const char *path = cdp_test_source_path("tests/fixtures/golden/llama-tiny.safetensors");
+    struct cdp_safetensors_file *f;
+    cr_assert_eq(cdp_safetensors_open(path, &f), CDP_OK, "%s", cdp_last_error());
+    cdp_device_t dev = cpu();
+    struct cdp_model *m;
+    cr_assert_eq(cdp_model_create(&p->model, 0, 4, B, 1, 1, dev, &m), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(cdp_model_load(m, path), CDP_OK, "%s", cdp_last_error());
+    const struct cdp_safetensors_tensor *tok = cdp_safetensors_find(f, "tokens"),
+                                        *tgt = cdp_safetensors_find(f, "targets");
+    cr_assert(tok && tgt);
+    memcpy(cdp_model_input(m, 0), tok->data, B * T * 4);
+    float want_loss;
+    cr_assert_eq(cdp_safetensors_read_f32(f, "loss", 1, (int64_t[]){1}, &want_loss), CDP_OK);
+    double loss = 0;
+    cr_assert_eq(cdp_model_forward(m, 0), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(cdp_model_loss(m, 0, tgt->data, 1.0f / (B * T), &loss), CDP_OK);
+    loss /= B * T;
+    cr_assert_float_eq(loss, want_loss, 1e-5 * want_loss, "loss %.8f, transformers %.8f", loss, want_loss);
+    cr_assert_eq(cdp_model_backward(m, 0, NULL, NULL), CDP_OK, "%s", cdp_last_error());
+    double worst = 0;
+    int checked = 0;
+    for (int i = 0; i < cdp_model_tensor_count(m); i++) {
+        struct cdp_model_tensor *t = cdp_model_tensor(m, i);
+        char name[96];
+        snprintf(name, sizeof name, "grad.%s", t->name);
+        float *ref = malloc((size_t)t->numel * 4);
+        cr_assert_eq(cdp_safetensors_read_f32(f, name, t->ndim, t->shape, ref), CDP_OK, "%s", cdp_last_error());
+        double e = rel_err(t->grad, ref, t->numel);
+        cr_assert_leq(e, 1e-4, "gradient of %s: relative error %.3g", t->name, e);
+        if (e > worst) worst = e;
+        checked++;
+        free(ref);
+    }
+    /* wte, 9 per block, the final norm and the untied head */
+    cr_assert_eq(checked, 1 + 2 * 9 + 2);
+    cr_log_info("golden Llama step: loss %.8f vs %.8f, worst gradient relative error %.3g", loss, want_loss, worst);
+    cdp_model_destroy(m);
+    cdp_safetensors_close(f);
+    cdp_device_close(dev);
+    cdp_plan_free(p);
 }
 
 /* One forward + backward + AdamW step of a tiny GPT-2 against PyTorch
@@ -1120,6 +1284,17 @@ Test(model, loss_falls_on_synthetic_tokens)
         "{\"model\": {\"preset\": \"gpt\", \"vocab\": 32, \"context\": 16, \"layers\": 2, \"heads\": 2, "
         "\"embed\": 32}, \"train\": {\"steps\": 80, \"micro_batch\": 8, \"optimizer\": {\"lr\": 0.003}}, "
         "\"parallel\": {\"micro_batches\": 2}, \"cluster\": {\"backend\": \"cpu\"}}");
+    cr_assert_gt(s.first_loss, 3.0, "starts near log(32): %g", s.first_loss);
+    cr_assert_lt(s.last_loss, 2.0, "after 80 steps: %g", s.last_loss);
+    cr_assert_lt(s.val_loss, 2.2, "validation: %g", s.val_loss);
+}
+
+Test(model, loss_falls_on_synthetic_tokens_llama)
+{
+    struct cdp_train_summary s = train(
+        "{\"model\": {\"preset\": \"llama\", \"vocab\": 32, \"context\": 16, \"layers\": 2, \"heads\": 4, "
+        "\"kv_heads\": 2, \"dim\": 32, \"hidden\": 64}, \"train\": {\"steps\": 80, \"micro_batch\": 8, "
+        "\"optimizer\": {\"lr\": 0.003}}, \"parallel\": {\"micro_batches\": 2}, \"cluster\": {\"backend\": \"cpu\"}}");
     cr_assert_gt(s.first_loss, 3.0, "starts near log(32): %g", s.first_loss);
     cr_assert_lt(s.last_loss, 2.0, "after 80 steps: %g", s.last_loss);
     cr_assert_lt(s.val_loss, 2.2, "validation: %g", s.val_loss);

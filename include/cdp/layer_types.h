@@ -19,6 +19,10 @@
     X(MAXPOOL2D, maxpool2d)                                                                                  \
     X(FLATTEN, flatten)                                                                                      \
     X(LM_HEAD, lm_head)                     /* GPT: final layernorm + vocabulary projection; GPT presets only */ \
-    X(SILU, silu)
+    X(SILU, silu)                                                                                            \
+    X(RMSNORM, rmsnorm)                                                                                      \
+    X(ROTARY_ATTENTION, rotary_attention)   /* q, k, v projections + rotary + grouped-query attention + o */ \
+    X(SWIGLU_MLP, swiglu_mlp)               /* gate, up, SiLU(gate) * up, down; no biases */                 \
+    X(LLAMA_BLOCK, llama_block)             /* Llama pre-norm block: rmsnorm, rotary attention, SwiGLU */
 
 #endif

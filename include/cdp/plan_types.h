@@ -25,7 +25,8 @@ extern "C" {
 #define CDP_PLAN_BUCKET_MB_DEFAULT 1.0
 
 enum cdp_model_kind {
-    CDP_MODEL_GPT = 0, /* presets "gpt", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl" */
+    CDP_MODEL_GPT = 0, /* a decoder-only language model of one of the families of enum cdp_model_arch:
+                        * presets "gpt", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "llama" */
     CDP_MODEL_MLP,     /* preset "mlp", expanded into layers[] at load */
     CDP_MODEL_CNN,     /* preset "cnn", expanded into layers[] at load */
     CDP_MODEL_LAYERS,  /* an explicit layer list */
@@ -61,6 +62,17 @@ enum cdp_layer_type {
 /* The most parameters a model may have in all (2^44, 17.6 trillion). */
 #define CDP_PLAN_MAX_PARAMS ((int64_t)1 << 44)
 
+/* Rotary position embeddings (docs/models.md): the frequencies of a head of
+ * HD dimensions are theta^(-2i/HD), i < HD/2, rescaled as Llama 3 does when
+ * factor > 0 (Hugging Face's rope_type "llama3"); kernels/rope.h computes them. */
+struct cdp_rope {
+    double theta;            /* base, 10000 for Llama 2, 500000 for Llama 3 */
+    double factor;           /* llama3 scaling: 0 = none */
+    double low_freq_factor;  /* llama3 scaling */
+    double high_freq_factor; /* llama3 scaling */
+    int64_t original_context; /* llama3 scaling: the context the model was trained at */
+};
+
 /* One layer of an explicit list; only the fields of its type are meaningful. */
 struct cdp_layer_desc {
     enum cdp_layer_type type;
@@ -74,7 +86,18 @@ struct cdp_layer_desc {
     int64_t context; /* embedding: learned positions (0 = none) */
     int64_t heads;   /* attention, transformer_block */
     int causal;      /* attention */
-    double eps;      /* layernorm */
+    double eps;      /* layernorm, rmsnorm, llama_block */
+    int64_t kv_heads; /* rotary_attention, llama_block: key/value heads (grouped-query), dividing heads */
+    int64_t hidden;   /* swiglu_mlp, llama_block: the MLP's width */
+    struct cdp_rope rope; /* rotary_attention, llama_block */
+    int rms;          /* lm_head: an RMS norm (Llama) rather than a layernorm (GPT-2) */
+};
+
+/* The families of decoder-only language models (kind CDP_MODEL_GPT). */
+enum cdp_model_arch {
+    CDP_ARCH_GPT2 = 0, /* learned positions, layernorm, GELU MLP, biases */
+    CDP_ARCH_LLAMA,    /* rotary positions, RMS norm, SwiGLU MLP, grouped-query attention, no biases */
+    CDP_ARCH_COUNT
 };
 
 enum cdp_loss { CDP_LOSS_CROSS_ENTROPY = 0, CDP_LOSS_MSE, CDP_LOSS_COUNT };
@@ -90,9 +113,17 @@ struct cdp_model_desc {
     enum cdp_model_kind kind;
     char preset[32]; /* as resolved: "gpt2-medium", "mlp", ...; "" for an explicit list */
 
-    /* GPT family (kind == CDP_MODEL_GPT) */
+    /* GPT family (kind == CDP_MODEL_GPT); embed is a llama plan's "dim" */
+    enum cdp_model_arch arch;
     int64_t vocab, context, layers, heads, embed;
     int tie_embeddings;
+    /* arch CDP_ARCH_LLAMA (docs/models.md) */
+    int64_t kv_heads;          /* key/value heads, dividing heads */
+    int64_t ffn_hidden;        /* the MLP's width, as given or from the rule below */
+    int64_t multiple_of;       /* the rule's rounding, when hidden was not given (0: given) */
+    double ffn_dim_multiplier; /* the rule's multiplier (0: none) */
+    double norm_eps;           /* the RMS norms' epsilon */
+    struct cdp_rope rope;
 
     /* mlp, cnn and explicit lists */
     int64_t input[CDP_MAX_INPUT_DIMS]; /* input shape of one sample */

@@ -91,3 +91,26 @@ void cdp_cpu_residual_bwd(float *restrict da, float *restrict db, const float *r
         db[i] += dout[i];
     }
 }
+
+CDP_CLONES
+void cdp_cpu_swiglu_fwd(float *out, const float *gate, const float *up, size_t n)
+{
+    CDP_SIMD
+    for (size_t i = 0; i < n; i++) {
+        float g = gate[i];
+        out[i] = g / (1.0f + cdp_vexpf(-g)) * up[i];
+    }
+}
+
+CDP_CLONES
+void cdp_cpu_swiglu_bwd(float *restrict dgate, float *restrict dup, const float *restrict dout,
+                        const float *restrict gate, const float *restrict up, size_t n)
+{
+    CDP_SIMD
+    for (size_t i = 0; i < n; i++) {
+        float g = gate[i];
+        float s = 1.0f / (1.0f + cdp_vexpf(-g));
+        if (dgate) dgate[i] += dout[i] * up[i] * s * (1.0f + g * (1.0f - s));
+        if (dup) dup[i] += dout[i] * g * s;
+    }
+}

@@ -20,6 +20,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "cdp/plan_types.h" /* struct cdp_rope */
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -52,6 +54,30 @@ void cdp_cpu_layernorm_fwd(float *out, float *mean, float *rstd, const float *in
 void cdp_cpu_layernorm_bwd(float *din, float *dweight, float *dbias, const float *dout,
                            const float *in, const float *weight, const float *mean,
                            const float *rstd, int N, int C);
+
+/* SwiGLU's product: out = silu(gate) * up over n elements. Backward:
+ * dgate += dout * up * silu'(gate), dup += dout * silu(gate); either may be NULL. */
+void cdp_cpu_swiglu_fwd(float *out, const float *gate, const float *up, size_t n);
+void cdp_cpu_swiglu_bwd(float *dgate, float *dup, const float *dout, const float *gate, const float *up, size_t n);
+
+/* RMS normalisation over the last dimension C of in[N,C] (Llama's RMSNorm):
+ * out = weight * (x * rstd), rstd[N] = 1 / sqrt(mean(x^2) + eps), saved for
+ * backward. In backward, din and dweight may each be NULL (not wanted). */
+void cdp_cpu_rmsnorm_fwd(float *out, float *rstd, const float *in, const float *weight, int N, int C, float eps);
+void cdp_cpu_rmsnorm_bwd(float *din, float *dweight, const float *dout, const float *in, const float *weight,
+                         const float *rstd, int N, int C);
+
+/* Rotary position embeddings with grouped-query packing: q[B,T,NH*HD],
+ * k and v [B,T,NKV*HD] (NKV dividing NH) -> qkv[B,T,3C], C = NH*HD, as
+ * attention_fwd takes it: q and k rotated (rotate_half convention: dimension
+ * i pairs with i + HD/2, angle (t + pos0) * freq i of kernels/rope.h), and k
+ * and v's head j repeated for the NH/NKV query heads j*NH/NKV ... that share
+ * it (Hugging Face's repeat_kv). Backward: dq, dk, dv += the transpose (the
+ * repeated heads' gradients summed); dqkv as attention_bwd leaves it. */
+void cdp_cpu_rope_fwd(float *qkv, const float *q, const float *k, const float *v, int B, int T, int NH, int NKV,
+                      int HD, int pos0, const struct cdp_rope *rope);
+void cdp_cpu_rope_bwd(float *dq, float *dk, float *dv, const float *dqkv, int B, int T, int NH, int NKV, int HD,
+                      int pos0, const struct cdp_rope *rope);
 
 /* out = a + b over n elements. Backward: da += dout, db += dout. */
 void cdp_cpu_residual_fwd(float *out, const float *a, const float *b, size_t n);

@@ -251,6 +251,53 @@ static cdp_status cpu_sgd_step(void *ks, float *param, const float *grad, float 
     return CDP_OK;
 }
 
+static cdp_status cpu_rmsnorm_fwd(void *ks, float *out, float *rstd, const float *in, const float *weight, int N,
+                                  int C, float eps)
+{
+    (void)ks;
+    cdp_cpu_rmsnorm_fwd(out, rstd, in, weight, N, C, eps);
+    return CDP_OK;
+}
+
+static cdp_status cpu_rmsnorm_bwd(void *ks, float *din, float *dweight, const float *dout, const float *in,
+                                  const float *weight, const float *rstd, int N, int C)
+{
+    (void)ks;
+    cdp_cpu_rmsnorm_bwd(din, dweight, dout, in, weight, rstd, N, C);
+    return CDP_OK;
+}
+
+static cdp_status cpu_rope_fwd(void *ks, float *qkv, const float *q, const float *k, const float *v, int B, int T,
+                               int NH, int NKV, int HD, int pos0, struct cdp_rope rope)
+{
+    (void)ks;
+    cdp_cpu_rope_fwd(qkv, q, k, v, B, T, NH, NKV, HD, pos0, &rope);
+    return CDP_OK;
+}
+
+static cdp_status cpu_rope_bwd(void *ks, float *dq, float *dk, float *dv, const float *dqkv, int B, int T, int NH,
+                               int NKV, int HD, int pos0, struct cdp_rope rope)
+{
+    (void)ks;
+    cdp_cpu_rope_bwd(dq, dk, dv, dqkv, B, T, NH, NKV, HD, pos0, &rope);
+    return CDP_OK;
+}
+
+static cdp_status cpu_swiglu_fwd(void *ks, float *out, const float *gate, const float *up, size_t n)
+{
+    (void)ks;
+    cdp_cpu_swiglu_fwd(out, gate, up, n);
+    return CDP_OK;
+}
+
+static cdp_status cpu_swiglu_bwd(void *ks, float *dgate, float *dup, const float *dout, const float *gate,
+                                 const float *up, size_t n)
+{
+    (void)ks;
+    cdp_cpu_swiglu_bwd(dgate, dup, dout, gate, up, n);
+    return CDP_OK;
+}
+
 const struct cdp_ops cdp_cpu_ops = {
     .abi = CDP_OPS_ABI,
     .name = "cpu",

@@ -77,6 +77,19 @@ cdp_status cdp_cuda_conv2d_bwd(void *ks, float *din, float *dw, float *db, float
                                const float *in, const float *w, int B, int IC, int H, int W, int OC, int K,
                                int S, int P);
 
+/* llama.cu */
+cdp_status cdp_cuda_rmsnorm_fwd(void *ks, float *out, float *rstd, const float *in, const float *weight, int N, int C,
+                                float eps);
+cdp_status cdp_cuda_rmsnorm_bwd(void *ks, float *din, float *dweight, const float *dout, const float *in,
+                                const float *weight, const float *rstd, int N, int C);
+cdp_status cdp_cuda_rope_fwd(void *ks, float *qkv, const float *q, const float *k, const float *v, int B, int T,
+                             int NH, int NKV, int HD, int pos0, struct cdp_rope rope);
+cdp_status cdp_cuda_rope_bwd(void *ks, float *dq, float *dk, float *dv, const float *dqkv, int B, int T, int NH,
+                             int NKV, int HD, int pos0, struct cdp_rope rope);
+cdp_status cdp_cuda_swiglu_fwd(void *ks, float *out, const float *gate, const float *up, size_t n);
+cdp_status cdp_cuda_swiglu_bwd(void *ks, float *dgate, float *dup, const float *dout, const float *gate,
+                               const float *up, size_t n);
+
 /* pool.cu */
 cdp_status cdp_cuda_maxpool2d_fwd(void *ks, float *out, int32_t *argmax, const float *in, int B, int C, int H,
                                   int W, int K, int S);

@@ -18,7 +18,7 @@
 #include "model/hf_gpt2.h"
 #include "model/model.h"
 
-enum hf_type { HF_INT, HF_BOOL };
+enum hf_type { HF_INT, HF_BOOL, HF_REAL };
 
 /* One config key of an architecture and the plan key it fills. */
 struct hf_key {
@@ -29,10 +29,10 @@ struct hf_key {
 /* A config key that fills a field of the description. */
 struct hf_field {
     struct hf_key key;
-    size_t off;        /* int64_t (HF_INT) or int (HF_BOOL) in struct cdp_model_desc */
+    size_t off;        /* int64_t (HF_INT), int (HF_BOOL) or double (HF_REAL) in struct cdp_model_desc */
     enum hf_type type;
     int required;      /* else def */
-    int64_t def;
+    double def;
     const char *alias; /* an older name transformers also reads ("n_ctx"), or NULL */
 };
 
@@ -40,9 +40,10 @@ struct hf_field {
  * config must say for our model to be it, and what else export writes. */
 struct hf_arch {
     const char *architecture, *model_type;
-    enum cdp_model_kind kind;
+    enum cdp_model_arch arch;
+    const char *preset;
     const struct hf_field *fields;
-    cdp_status (*check)(const struct cdp_json_in *in, const json_t *cfg, const struct cdp_model_desc *md);
+    cdp_status (*check)(const struct cdp_json_in *in, const json_t *cfg, struct cdp_model_desc *md);
     int (*extra)(json_t *cfg, const struct cdp_model_desc *md);
 };
 
@@ -61,7 +62,7 @@ static const struct hf_field gpt2_fields[] = {
 };
 /* What our GPT fixes: GPT-2's layernorm eps, the tanh GELU, a 4C MLP,
  * attention scaled by 1/sqrt(head size) alone. */
-static cdp_status gpt2_check(const struct cdp_json_in *in, const json_t *cfg, const struct cdp_model_desc *md)
+static cdp_status gpt2_check(const struct cdp_json_in *in, const json_t *cfg, struct cdp_model_desc *md)
 {
     char got[CDP_JSON_GOT_CAP];
     const json_t *eps = json_object_get(cfg, "layer_norm_epsilon");
@@ -111,17 +112,143 @@ static int gpt2_extra(json_t *c, const struct cdp_model_desc *md)
     return bad;
 }
 
+/* ---- Llama ----------------------------------------------------------------------------------- */
+
+static const struct hf_field llama_fields[] = {
+    {{"vocab_size", "vocab"}, F(vocab), HF_INT, 1, 0, NULL},
+    {{"max_position_embeddings", "context"}, F(context), HF_INT, 1, 0, NULL},
+    {{"hidden_size", "dim"}, F(embed), HF_INT, 1, 0, NULL},
+    {{"num_hidden_layers", "layers"}, F(layers), HF_INT, 1, 0, NULL},
+    {{"num_attention_heads", "heads"}, F(heads), HF_INT, 1, 0, NULL},
+    {{"num_key_value_heads", "kv_heads"}, F(kv_heads), HF_INT, 0, 0, NULL}, /* absent: heads */
+    {{"intermediate_size", "hidden"}, F(ffn_hidden), HF_INT, 1, 0, NULL},
+    {{"rms_norm_eps", "norm_eps"}, F(norm_eps), HF_REAL, 0, 1e-6, NULL}, /* LlamaConfig's default */
+    {{"rope_theta", "rope_theta"}, F(rope.theta), HF_REAL, 0, 10000, NULL}, /* or in rope_parameters */
+    {{"tie_word_embeddings", "tie_embeddings"}, F(tie_embeddings), HF_BOOL, 0, 0, NULL},
+    {{NULL, NULL}, 0, HF_INT, 0, 0, NULL},
+};
+
+/* A number of a rope object at ptr/key into *out. */
+static cdp_status rope_number(const struct cdp_json_in *in, const json_t *o, const char *ptr, const char *key,
+                              double *out)
+{
+    char p[CDP_JSON_PTR_CAP];
+    cdp_json_ptr_key(p, ptr, key);
+    const json_t *v = json_object_get(o, key);
+    if (!v) return cdp_json_fail(in, p, "missing; the llama3 rope scaling needs it");
+    return cdp_json_number(in, v, p, CDP_JSON_POSITIVE, out);
+}
+
+/* What our Llama fixes (SiLU, no biases, head_dim = hidden_size / heads) and
+ * its rotary embeddings: transformers 5's rope_parameters, or 4's rope_theta
+ * and rope_scaling; of the scalings, llama3 (and none). */
+static cdp_status llama_check(const struct cdp_json_in *in, const json_t *cfg, struct cdp_model_desc *md)
+{
+    char got[CDP_JSON_GOT_CAP];
+    cdp_status st;
+    const json_t *act = json_object_get(cfg, "hidden_act");
+    if (act && (!json_is_string(act) || strcmp(json_string_value(act), "silu")))
+        return cdp_json_fail(in, "/hidden_act", "%s; cdphybrid's Llama has a SwiGLU MLP (\"silu\")",
+                             cdp_json_got(act, got, sizeof got));
+    static const char *const biases[] = {"attention_bias", "mlp_bias", NULL};
+    for (int i = 0; biases[i]; i++) {
+        const json_t *b = json_object_get(cfg, biases[i]);
+        char p[CDP_JSON_PTR_CAP];
+        cdp_json_ptr_key(p, "", biases[i]);
+        if (b && !json_is_false(b)) return cdp_json_fail(in, p, "%s; cdphybrid's Llama has no biases (false)",
+                                                         cdp_json_got(b, got, sizeof got));
+    }
+    if (!json_object_get(cfg, "num_key_value_heads")) md->kv_heads = md->heads;
+    if (md->embed % md->heads)
+        return cdp_json_fail(in, "/num_attention_heads", "%lld does not divide hidden_size %lld", (long long)md->heads,
+                             (long long)md->embed);
+    if (md->heads % md->kv_heads)
+        return cdp_json_fail(in, "/num_key_value_heads", "%lld does not divide num_attention_heads %lld",
+                             (long long)md->kv_heads, (long long)md->heads);
+    const json_t *hd = json_object_get(cfg, "head_dim");
+    if (hd && !json_is_null(hd) && (!json_is_integer(hd) || json_integer_value(hd) != md->embed / md->heads))
+        return cdp_json_fail(in, "/head_dim", "%s; cdphybrid's Llama has heads of hidden_size / num_attention_heads "
+                             "(%lld)", cdp_json_got(hd, got, sizeof got), (long long)(md->embed / md->heads));
+    if ((md->embed / md->heads) % 2)
+        return cdp_json_fail(in, "/num_attention_heads", "heads of %lld dimensions; rotary embeddings need an even "
+                             "number", (long long)(md->embed / md->heads));
+    /* the rotary embeddings */
+    const json_t *params = json_object_get(cfg, "rope_parameters");
+    const char *pptr = "/rope_parameters";
+    if (!params || json_is_null(params)) {
+        params = json_object_get(cfg, "rope_scaling");
+        pptr = "/rope_scaling";
+    } else if (!json_is_object(params)) {
+        return cdp_json_expected(in, pptr, "an object", params);
+    } else if (json_object_get(params, "rope_theta") &&
+               (st = rope_number(in, params, pptr, "rope_theta", &md->rope.theta))) {
+        return st;
+    }
+    if (!params || json_is_null(params)) return CDP_OK;
+    if (!json_is_object(params)) return cdp_json_expected(in, pptr, "null or an object", params);
+    const json_t *type = json_object_get(params, "rope_type");
+    const char *tkey = "rope_type";
+    if (!type) {
+        type = json_object_get(params, "type");
+        tkey = "type";
+    }
+    char tptr[CDP_JSON_PTR_CAP];
+    cdp_json_ptr_key(tptr, pptr, tkey);
+    if (!type || (json_is_string(type) && !strcmp(json_string_value(type), "default"))) return CDP_OK;
+    if (!json_is_string(type) || strcmp(json_string_value(type), "llama3"))
+        return cdp_json_fail(in, tptr, "%s: a rope scaling cdphybrid does not implement (it implements \"llama3\" "
+                             "and \"default\": none)", cdp_json_got(type, got, sizeof got));
+    double old = 0;
+    if ((st = rope_number(in, params, pptr, "factor", &md->rope.factor)) ||
+        (st = rope_number(in, params, pptr, "low_freq_factor", &md->rope.low_freq_factor)) ||
+        (st = rope_number(in, params, pptr, "high_freq_factor", &md->rope.high_freq_factor)) ||
+        (st = rope_number(in, params, pptr, "original_max_position_embeddings", &old)))
+        return st;
+    md->rope.original_context = (int64_t)old;
+    if (md->rope.high_freq_factor <= md->rope.low_freq_factor)
+        return cdp_json_fail(in, pptr, "high_freq_factor %g is not above low_freq_factor %g", md->rope.high_freq_factor,
+                             md->rope.low_freq_factor);
+    return CDP_OK;
+}
+
+static int llama_extra(json_t *c, const struct cdp_model_desc *md)
+{
+    int bad = json_object_set_new(c, "head_dim", json_integer(md->embed / md->heads));
+    bad |= json_object_set_new(c, "hidden_act", json_string("silu"));
+    bad |= json_object_set_new(c, "attention_bias", json_false());
+    bad |= json_object_set_new(c, "mlp_bias", json_false());
+    bad |= json_object_set_new(c, "attention_dropout", json_real(0.0));
+    bad |= json_object_set_new(c, "initializer_range", json_real(0.02));
+    bad |= json_object_set_new(c, "pretraining_tp", json_integer(1));
+    /* transformers 4's keys, which 5 reads too */
+    json_t *scaling = json_null();
+    if (md->rope.factor > 0) {
+        scaling = json_object();
+        bad |= !scaling || json_object_set_new(scaling, "rope_type", json_string("llama3")) ||
+               json_object_set_new(scaling, "factor", json_real(md->rope.factor)) ||
+               json_object_set_new(scaling, "low_freq_factor", json_real(md->rope.low_freq_factor)) ||
+               json_object_set_new(scaling, "high_freq_factor", json_real(md->rope.high_freq_factor)) ||
+               json_object_set_new(scaling, "original_max_position_embeddings",
+                                   json_integer(md->rope.original_context));
+    }
+    bad |= json_object_set_new(c, "rope_scaling", scaling);
+    bad |= json_object_set_new(c, "bos_token_id", json_null()); /* the tokenizer's, which cdphybrid does not know */
+    bad |= json_object_set_new(c, "eos_token_id", json_null());
+    return bad;
+}
+
 /* ---- the architectures ------------------------------------------------------------------- */
 
 static const struct hf_arch archs[] = {
-    {"GPT2LMHeadModel", "gpt2", CDP_MODEL_GPT, gpt2_fields, gpt2_check, gpt2_extra},
+    {"GPT2LMHeadModel", "gpt2", CDP_ARCH_GPT2, "gpt", gpt2_fields, gpt2_check, gpt2_extra},
+    {"LlamaForCausalLM", "llama", CDP_ARCH_LLAMA, "llama", llama_fields, llama_check, llama_extra},
 };
 #define N_ARCHS ((int)(sizeof archs / sizeof archs[0]))
 
 static const struct hf_arch *arch_of(const struct cdp_model_desc *md)
 {
-    for (int i = 0; i < N_ARCHS; i++)
-        if (archs[i].kind == md->kind) return &archs[i];
+    for (int i = 0; md->kind == CDP_MODEL_GPT && i < N_ARCHS; i++)
+        if (archs[i].arch == md->arch) return &archs[i];
     return NULL;
 }
 
@@ -195,9 +322,10 @@ cdp_status cdp_hf_read_config(const char *dir, struct cdp_model_desc *md, char *
         }
     }
     memset(md, 0, sizeof *md);
-    md->kind = a->kind;
+    md->kind = CDP_MODEL_GPT;
+    md->arch = a->arch;
     md->loss = CDP_LOSS_CROSS_ENTROPY;
-    snprintf(md->preset, sizeof md->preset, "%s", "gpt");
+    snprintf(md->preset, sizeof md->preset, "%s", a->preset);
     for (const struct hf_field *f = a->fields; f->key.hf; f++) {
         char ptr[CDP_JSON_PTR_CAP];
         const json_t *v = json_object_get(cfg, f->key.hf);
@@ -210,8 +338,13 @@ cdp_status cdp_hf_read_config(const char *dir, struct cdp_model_desc *md, char *
             goto done;
         }
         switch (f->type) {
+        case HF_REAL:
+            *(double *)((char *)md + f->off) = f->def;
+            if (v && (st = cdp_json_number(&in, v, ptr, CDP_JSON_POSITIVE, (double *)((char *)md + f->off))))
+                goto done;
+            break;
         case HF_INT: {
-            int64_t x = f->def;
+            int64_t x = (int64_t)f->def;
             if (v && (st = cdp_json_int(&in, v, ptr, 1, f->off == F(layers) ? 4096 : CDP_PLAN_MAX_COUNT, 0, NULL,
                                         &x)))
                 goto done;
@@ -255,6 +388,7 @@ json_t *cdp_hf_config_json(const struct cdp_model_desc *md)
     for (const struct hf_field *f = a->fields; !bad && f->key.hf; f++) {
         const char *at = (const char *)md + f->off;
         switch (f->type) {
+        case HF_REAL: bad |= json_object_set_new(c, f->key.hf, json_real(*(const double *)at)); break;
         case HF_INT: bad |= json_object_set_new(c, f->key.hf, json_integer(*(const int64_t *)at)); break;
         case HF_BOOL: bad |= json_object_set_new(c, f->key.hf, json_boolean(*(const int *)at)); break;
         }
@@ -294,14 +428,29 @@ cdp_status cdp_hf_plan_keys(const struct cdp_json_in *in, const json_t *m, const
 {
     const struct hf_arch *a = arch_of(md);
     CDP_ASSERT(a);
+    const char *known[24] = {"from", "unused_tensors"};
+    int nk = 2;
+    for (const struct hf_field *f = a->fields; f->key.hf && nk < 23; f++) known[nk++] = f->key.plan;
+    known[nk] = NULL;
+    char what[96];
+    snprintf(what, sizeof what, "a %s read /from a Hugging Face folder", a->model_type);
+    cdp_status st = cdp_json_check_keys(in, m, "/model", known, what);
+    if (st) return st;
     for (const struct hf_field *f = a->fields; f->key.hf; f++) {
         const json_t *v = json_object_get(m, f->key.plan);
         if (!v) continue;
         char ptr[CDP_JSON_PTR_CAP];
         cdp_json_ptr_key(ptr, "/model", f->key.plan);
-        cdp_status st;
         int64_t x = 0, have = 0;
         switch (f->type) {
+        case HF_REAL: {
+            double d = 0, hd = *(double *)((char *)md + f->off);
+            if ((st = cdp_json_number(in, v, ptr, CDP_JSON_POSITIVE, &d))) return st;
+            if (d == hd) continue;
+            char got[CDP_JSON_GOT_CAP];
+            return cdp_json_fail(in, ptr, "%s, but %s has %s %g; with /model/from only /model/context may differ "
+                                 "(a shorter one)", cdp_json_got(v, got, sizeof got), config, f->key.hf, hd);
+        }
         case HF_INT:
             if ((st = cdp_json_int(in, v, ptr, 1, CDP_PLAN_MAX_COUNT, 0, NULL, &x))) return st;
             have = *(int64_t *)((char *)md + f->off);
@@ -457,9 +606,9 @@ static cdp_status model_fetch(void *ctx, const struct cdp_safetensors_tensor *t,
 cdp_status cdp_hf_export_model(struct cdp_model *m, const struct cdp_model_desc *md, const char *dir,
                                uint64_t shard_bytes, const char *const *meta, int n_meta)
 {
-    if (md->kind != CDP_MODEL_GPT)
-        return cdp_fail(CDP_ERR_INVALID, "only a GPT (the gpt and gpt2* presets, or /model/from a GPT-2 folder) "
-                        "has a Hugging Face form");
+    if (!arch_of(md))
+        return cdp_fail(CDP_ERR_INVALID, "only the GPT-2 and Llama families (their presets, or /model/from a "
+                        "Hugging Face folder) have a Hugging Face form");
     const int n = cdp_model_tensor_count(m), units = cdp_model_unit_count(m);
     struct cdp_safetensors_tensor *ts = calloc((size_t)n + 1, sizeof *ts);
     struct model_src *src = calloc((size_t)n + 1, sizeof *src);
@@ -472,8 +621,8 @@ cdp_status cdp_hf_export_model(struct cdp_model *m, const struct cdp_model_desc 
         const enum cdp_hf_part part = t->unit == 0 ? CDP_HF_EMBED : t->unit == units - 1 ? CDP_HF_HEAD : CDP_HF_BLOCK;
         char *hf = names + (size_t)i * 96;
         int conv1d = 0;
-        if (!cdp_hf_gpt2_name(part, t->unit - 1, param, "transformer.", hf, 96, &conv1d)) {
-            st = cdp_fail(CDP_ERR_INTERNAL, "%s: no Hugging Face GPT-2 name", t->name);
+        if (!cdp_hf_gpt2_name(part, t->unit - 1, param, cdp_hf_prefix(md->arch), hf, 96, &conv1d)) {
+            st = cdp_fail(CDP_ERR_INTERNAL, "%s: no Hugging Face name", t->name);
             break;
         }
         ts[i].name = hf;

@@ -16,16 +16,19 @@
 #include "cdp/core.h"
 #include "core/hash.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/rope.h"
 #include "model/model.h"
 
-enum unit_kind { U_EMBED, U_GPT_BLOCK, U_HEAD };
+enum unit_kind { U_EMBED, U_GPT_BLOCK, U_LLAMA_BLOCK, U_HEAD };
 
 struct infer_unit {
     enum unit_kind kind;
     const struct cdp_unit *u;
-    float *const *p; /* the unit's parameters (model/model.h cdp_model_unit_params) */
-    int64_t heads;
-    float *k, *v;    /* blocks: the cache, [context, C] each */
+    float *const *p;           /* the unit's parameters (model/model.h cdp_model_unit_params) */
+    int64_t heads, kv_heads;   /* blocks */
+    int64_t hidden;            /* llama blocks: the MLP's width */
+    float *k, *v;              /* blocks: the cache, [context, kv_heads x head size] each (keys rotated) */
+    float *inv_freq;           /* llama blocks: the rotary frequencies of a head (kernels/rope.h) */
 };
 
 struct cdp_infer {
@@ -43,6 +46,7 @@ void cdp_infer_destroy(struct cdp_infer *s)
     for (int i = 0; i < s->n; i++) {
         free(s->units[i].k);
         free(s->units[i].v);
+        free(s->units[i].inv_freq);
     }
     free(s->units);
     free(s->x);
@@ -71,6 +75,7 @@ cdp_status cdp_infer_create(struct cdp_model *m, int64_t context, struct cdp_inf
     s->n = n;
     s->context = context;
     cdp_status st = CDP_OK;
+    int64_t wide = 0; /* the widest MLP: 4C (GPT-2), 2 hidden (llama: gate and up) */
     for (int i = 0; i < n && !st; i++) {
         struct infer_unit *iu = &s->units[i];
         const struct cdp_unit *u = cdp_model_unit(m, i);
@@ -89,13 +94,31 @@ cdp_status cdp_infer_create(struct cdp_model *m, int64_t context, struct cdp_inf
             iu->kind = U_GPT_BLOCK;
             s->C = last_dim(&u->in);
             iu->heads = u->desc.heads;
+            iu->kv_heads = iu->heads;
+            if (4 * s->C > wide) wide = 4 * s->C;
             if (!(iu->k = floats(context * s->C)) || !(iu->v = floats(context * s->C)))
                 st = cdp_fail(CDP_ERR_NOMEM, "out of memory for the KV cache of unit %d", u->index);
             break;
+        case CDP_LAYER_LLAMA_BLOCK: {
+            iu->kind = U_LLAMA_BLOCK;
+            s->C = last_dim(&u->in);
+            iu->heads = u->desc.heads;
+            iu->kv_heads = u->desc.kv_heads;
+            iu->hidden = u->desc.hidden;
+            if (2 * iu->hidden > wide) wide = 2 * iu->hidden;
+            const int64_t HD = s->C / iu->heads, KVD = HD * iu->kv_heads;
+            if (!(iu->k = floats(context * KVD)) || !(iu->v = floats(context * KVD)) ||
+                !(iu->inv_freq = floats(HD / 2))) {
+                st = cdp_fail(CDP_ERR_NOMEM, "out of memory for the KV cache of unit %d", u->index);
+                break;
+            }
+            for (int64_t i = 0; i < HD / 2; i++) iu->inv_freq[i] = cdp_rope_inv_freq(&u->desc.rope, (int)i, (int)HD);
+            break;
+        }
         case CDP_LAYER_LM_HEAD:
             iu->kind = U_HEAD;
             s->C = last_dim(&u->in);
-            s->V = u->params[2].shape[0];
+            s->V = u->params[u->n_params - 1].shape[0];
             if (i == n - 1) s->ends = 1;
             break;
         case CDP_LAYER_LINEAR:
@@ -107,16 +130,19 @@ cdp_status cdp_infer_create(struct cdp_model *m, int64_t context, struct cdp_inf
         case CDP_LAYER_MAXPOOL2D:
         case CDP_LAYER_FLATTEN:
         case CDP_LAYER_SILU:
+        case CDP_LAYER_RMSNORM:
+        case CDP_LAYER_ROTARY_ATTENTION:
+        case CDP_LAYER_SWIGLU_MLP:
         case CDP_LAYER_TYPE_COUNT:
             st = cdp_fail(CDP_ERR_INVALID, "unit %d: a %s layer, which the KV-cache decoder does not run (it "
-                          "runs a GPT: embedding, transformer_block, lm_head)", u->index,
+                          "runs the GPT-2 and Llama families: embedding, transformer_block, llama_block, lm_head)", u->index,
                           cdp_layer_name(u->desc.type));
             break;
         }
     }
     const int64_t T = context, C = s->C;
     if (!st && (!(s->x = floats(T * C)) || !(s->ln = floats(T * C)) || !(s->qkv = floats(T * 3 * C)) ||
-                !(s->att = floats(T * C)) || !(s->fc = floats(T * 4 * C)) || !(s->scores = floats(T)) ||
+                !(s->att = floats(T * C)) || !(s->fc = floats(T * wide)) || !(s->scores = floats(T)) ||
                 !(s->mean = floats(T)) || !(s->rstd = floats(T))))
         st = cdp_fail(CDP_ERR_NOMEM, "out of memory");
     if (st) {
@@ -155,17 +181,19 @@ static void linear(float *out, const float *in, const float *w, const float *b, 
 
 /* Causal attention of n new rows (positions pos ..) over the cache [0, pos + n):
  * q from qkv[n, 3C], keys and values already in the cache; out[n, C]. */
-static void attend(struct cdp_infer *s, const struct infer_unit *iu, const float *qkv, float *out, int64_t n)
+static void attend(struct cdp_infer *s, const struct infer_unit *iu, const float *q_rows, int64_t q_stride,
+                   float *out, int64_t n)
 {
-    const int64_t C = s->C, NH = iu->heads, HS = C / NH;
+    const int64_t C = s->C, NH = iu->heads, HS = C / NH, KVD = HS * iu->kv_heads, rep = NH / iu->kv_heads;
     const float scale = 1.0f / sqrtf((float)HS);
     for (int64_t r = 0; r < n; r++) {
         const int64_t L = s->pos + r + 1;
         for (int64_t h = 0; h < NH; h++) {
-            const float *q = qkv + r * 3 * C + h * HS;
+            const float *q = q_rows + r * q_stride + h * HS;
+            const int64_t g = h / rep; /* its key/value head */
             float *sc = s->scores, best = -INFINITY;
             for (int64_t t = 0; t < L; t++) {
-                const float *k = iu->k + t * C + h * HS;
+                const float *k = iu->k + t * KVD + g * HS;
                 float d = 0;
                 for (int64_t j = 0; j < HS; j++) d += q[j] * k[j];
                 sc[t] = d * scale;
@@ -177,7 +205,7 @@ static void attend(struct cdp_infer *s, const struct infer_unit *iu, const float
             float *o = out + r * C + h * HS;
             memset(o, 0, (size_t)HS * sizeof *o);
             for (int64_t t = 0; t < L; t++) {
-                const float *v = iu->v + t * C + h * HS, a = sc[t] * inv;
+                const float *v = iu->v + t * KVD + g * HS, a = sc[t] * inv;
                 for (int64_t j = 0; j < HS; j++) o[j] += a * v[j];
             }
         }
@@ -196,12 +224,53 @@ static void gpt_block(struct cdp_infer *s, struct infer_unit *iu, int64_t n)
         memcpy(iu->k + (s->pos + r) * C, s->qkv + r * 3 * C + C, (size_t)C * sizeof(float));
         memcpy(iu->v + (s->pos + r) * C, s->qkv + r * 3 * C + 2 * C, (size_t)C * sizeof(float));
     }
-    attend(s, iu, s->qkv, s->att, n);
+    attend(s, iu, s->qkv, 3 * C, s->att, n);
     linear(s->x, s->att, p[4], p[5], n, C, C, 1);
     cdp_cpu_layernorm_fwd(s->ln, s->mean, s->rstd, s->x, p[6], p[7], (int)n, (int)C, 1e-5f);
     linear(s->fc, s->ln, p[8], p[9], n, C, 4 * C, 0);
     cdp_cpu_gelu_fwd(s->fc, s->fc, (size_t)(n * 4 * C));
     linear(s->x, s->fc, p[10], p[11], n, 4 * C, C, 1);
+}
+
+/* A Llama block on x[n, C] in place (model/layers/llama_block.c's
+ * parameters: input_layernorm, q, k, v, o projections, post_attention_layernorm,
+ * gate, up, down): keys rotated at their positions before they are cached. */
+static void llama_block(struct cdp_infer *s, struct infer_unit *iu, int64_t n)
+{
+    float *const *p = iu->p;
+    const int64_t C = s->C, HD = C / iu->heads, KVD = HD * iu->kv_heads, H = iu->hidden, half = HD / 2;
+    const float eps = (float)iu->u->desc.eps;
+    float *q = s->qkv, *k = q + n * C, *v = k + n * KVD;
+    cdp_cpu_rmsnorm_fwd(s->ln, s->rstd, s->x, p[0], (int)n, (int)C, eps);
+    linear(q, s->ln, p[1], NULL, n, C, C, 0);
+    linear(k, s->ln, p[2], NULL, n, C, KVD, 0);
+    linear(v, s->ln, p[3], NULL, n, C, KVD, 0);
+    for (int64_t r = 0; r < n; r++) {
+        float *qr = q + r * C, *kr = k + r * KVD;
+        for (int64_t i = 0; i < half; i++) {
+            const float a = (float)(s->pos + r) * iu->inv_freq[i], c = cosf(a), sn = sinf(a);
+            for (int64_t h = 0; h < iu->heads; h++) {
+                const float x1 = qr[h * HD + i], x2 = qr[h * HD + i + half];
+                qr[h * HD + i] = x1 * c - x2 * sn;
+                qr[h * HD + i + half] = x2 * c + x1 * sn;
+            }
+            for (int64_t j = 0; j < iu->kv_heads; j++) {
+                const float x1 = kr[j * HD + i], x2 = kr[j * HD + i + half];
+                kr[j * HD + i] = x1 * c - x2 * sn;
+                kr[j * HD + i + half] = x2 * c + x1 * sn;
+            }
+        }
+        memcpy(iu->k + (s->pos + r) * KVD, kr, (size_t)KVD * sizeof(float));
+        memcpy(iu->v + (s->pos + r) * KVD, v + r * KVD, (size_t)KVD * sizeof(float));
+    }
+    attend(s, iu, q, C, s->att, n);
+    linear(s->x, s->att, p[4], NULL, n, C, C, 1);
+    cdp_cpu_rmsnorm_fwd(s->ln, s->rstd, s->x, p[5], (int)n, (int)C, eps);
+    float *gate = s->fc, *up = gate + n * H;
+    linear(gate, s->ln, p[6], NULL, n, C, H, 0);
+    linear(up, s->ln, p[7], NULL, n, C, H, 0);
+    cdp_cpu_swiglu_fwd(gate, gate, up, (size_t)(n * H));
+    linear(s->x, gate, p[8], NULL, n, H, C, 1);
 }
 
 cdp_status cdp_infer_step(struct cdp_infer *s, const void *in, int64_t n, float *out)
@@ -230,10 +299,16 @@ cdp_status cdp_infer_step(struct cdp_infer *s, const void *in, int64_t n, float 
         case U_GPT_BLOCK:
             gpt_block(s, iu, n);
             break;
+        case U_LLAMA_BLOCK:
+            llama_block(s, iu, n);
+            break;
         case U_HEAD: {
             const float *last = s->x + (n - 1) * C;
-            cdp_cpu_layernorm_fwd(s->ln, s->mean, s->rstd, last, p[0], p[1], 1, (int)C, 1e-5f);
-            cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)s->V, (int)C, 1.0f, p[2], (int)C, s->ln, 1, 0.0f, out, 1);
+            if (iu->u->desc.rms)
+                cdp_cpu_rmsnorm_fwd(s->ln, s->rstd, last, p[0], 1, (int)C, (float)iu->u->desc.eps);
+            else cdp_cpu_layernorm_fwd(s->ln, s->mean, s->rstd, last, p[0], p[1], 1, (int)C, 1e-5f);
+            cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)s->V, (int)C, 1.0f, p[iu->u->n_params - 1], (int)C, s->ln,
+                        1, 0.0f, out, 1);
             break;
         }
         }

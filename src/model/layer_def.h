@@ -100,6 +100,19 @@ struct cdp_layer_def {
                             float *act, float *tail, float *scratch, int B);
 };
 
+/* Shared by the Llama layer types and the llama preset (model/layers/common.c). */
+/* Llama's MLP width for model width dim: 4 dim, two thirds of it, times
+ * ffn_dim_multiplier when positive, rounded up to a multiple of multiple_of
+ * (Meta's llama/model.py); -1 when it overflows. */
+int64_t cdp_llama_hidden(int64_t dim, int64_t multiple_of, double ffn_dim_multiplier);
+
+/* Reads "rope_theta" (default 10000) and "rope_scaling" (absent or null: none;
+ * else {"type": "llama3", "factor", "low_freq_factor", "high_freq_factor",
+ * "original_context"}) of the object obj at ptr into *r. */
+cdp_status cdp_rope_parse(const struct cdp_json_in *in, const json_t *obj, const char *ptr, struct cdp_rope *r);
+/* Writes them into o; nonzero when jansson runs out of memory. */
+int cdp_rope_emit(const struct cdp_rope *r, json_t *o);
+
 /* The description of type t (every type has one). */
 const struct cdp_layer_def *cdp_layer_def(enum cdp_layer_type t);
 /* The type named name among the listable ones (a plan's "type"); -1 when none. */

@@ -29,19 +29,27 @@ static void make_unit(struct cdp_unit *u, const struct cdp_layer_desc *d, struct
 
 /* The units of m: a layer list's, or a GPT preset's token and position
  * embedding, its blocks and its head. */
-static int unit_count(const struct cdp_model_desc *m)
+int cdp_model_desc_units(const struct cdp_model_desc *m)
 {
     return m->kind == CDP_MODEL_GPT ? (int)m->layers + 2 : m->n_layers;
 }
 
-static struct cdp_layer_desc unit_desc(const struct cdp_model_desc *m, int i)
+struct cdp_layer_desc cdp_model_desc_unit(const struct cdp_model_desc *m, int i)
 {
     if (m->kind != CDP_MODEL_GPT) return m->layer_list[i];
-    if (i == 0)
+    const int llama = m->arch == CDP_ARCH_LLAMA;
+    if (i == 0) /* Llama: no learned positions (rotary ones in every block) */
         return (struct cdp_layer_desc){.type = CDP_LAYER_EMBEDDING, .vocab = m->vocab, .dim = m->embed,
-                                       .context = m->context};
-    if (i <= m->layers) return (struct cdp_layer_desc){.type = CDP_LAYER_TRANSFORMER_BLOCK, .heads = m->heads, .causal = 1};
-    return (struct cdp_layer_desc){.type = CDP_LAYER_LM_HEAD, .vocab = m->vocab};
+                                       .context = llama ? 0 : m->context};
+    if (i <= m->layers) {
+        if (llama)
+            return (struct cdp_layer_desc){.type = CDP_LAYER_LLAMA_BLOCK, .heads = m->heads, .causal = 1,
+                                           .kv_heads = m->kv_heads, .hidden = m->ffn_hidden, .eps = m->norm_eps,
+                                           .rope = m->rope};
+        return (struct cdp_layer_desc){.type = CDP_LAYER_TRANSFORMER_BLOCK, .heads = m->heads, .causal = 1};
+    }
+    return (struct cdp_layer_desc){.type = CDP_LAYER_LM_HEAD, .vocab = m->vocab, .rms = llama,
+                                   .eps = llama ? m->norm_eps : 1e-5};
 }
 
 /* One sample's input of the first unit: token ids of a GPT, else the plan's input. */
@@ -74,9 +82,9 @@ int cdp_units_check_sizes(const struct cdp_model_desc *m, int64_t B, int *at, ch
 {
     struct cdp_shape s = model_input(m);
     int64_t total = 0;
-    const int count = unit_count(m);
+    const int count = cdp_model_desc_units(m);
     for (int i = 0; i < count; i++) {
-        const struct cdp_layer_desc d = unit_desc(m, i);
+        const struct cdp_layer_desc d = cdp_model_desc_unit(m, i);
         const struct cdp_layer_def *def = cdp_layer_def(d.type);
         struct cdp_shape out = s;
         char sh[96];
@@ -135,12 +143,12 @@ int cdp_units_check_sizes(const struct cdp_model_desc *m, int64_t B, int *at, ch
 
 cdp_status cdp_units_build(const struct cdp_model_desc *m, struct cdp_unit **out, int *n)
 {
-    const int count = unit_count(m);
+    const int count = cdp_model_desc_units(m);
     struct cdp_unit *units = calloc((size_t)count, sizeof *units);
     if (!units) return cdp_fail(CDP_ERR_NOMEM, "out of memory for %d layer descriptions", count);
     struct cdp_shape s = model_input(m);
     for (int i = 0; i < count; i++) {
-        const struct cdp_layer_desc d = unit_desc(m, i);
+        const struct cdp_layer_desc d = cdp_model_desc_unit(m, i);
         make_unit(&units[i], &d, s, m);
         s = units[i].out;
     }

@@ -38,7 +38,7 @@ enum cdp_init {
 };
 
 struct cdp_param_desc {
-    char name[24];        /* within the unit: "weight", "qkv.weight", "wte" ... */
+    char name[32];        /* within the unit: "weight", "qkv.weight", "wte" ... */
     int ndim;
     int64_t shape[CDP_SHAPE_MAX];
     int64_t numel;
@@ -83,6 +83,11 @@ struct cdp_unit {
     double recompute_flops;       /* per sample: the matrix work its backward adds to compute them again
                                    * (split backward: B adds it, and W adds it again) */
 };
+
+/* How many partition units m has, and the description of unit i: a layer
+ * list's, or a GPT preset's (embedding, blocks of its family, head). */
+int cdp_model_desc_units(const struct cdp_model_desc *m);
+struct cdp_layer_desc cdp_model_desc_unit(const struct cdp_model_desc *m, int i);
 
 /* The partition units of a model description; *out is malloc'd (n entries). */
 cdp_status cdp_units_build(const struct cdp_model_desc *m, struct cdp_unit **out, int *n);

@@ -21,7 +21,7 @@ extern "C" {
 /* One stored tensor of the model: parameters shared by two units (a tied LM
  * head) are one tensor. */
 struct cdp_model_tensor {
-    char name[48];  /* "layers.<unit>.<param>" */
+    char name[64];  /* "layers.<unit>.<param>" */
     int unit, param; /* the owning unit (global) and its parameter index */
     int unit_local;  /* the model's unit (0 .. units - 1) it was made for */
     float *data, *grad; /* not owned: inside the model's buffers (device memory); under sharded

@@ -115,7 +115,7 @@ static const struct gpt_preset gpt_presets[] = {
 #define N_GPT_PRESETS ((int)(sizeof gpt_presets / sizeof gpt_presets[0]))
 
 static const char *const preset_names[] = {"gpt", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl",
-                                           "mlp", "cnn",  NULL};
+                                           "llama", "mlp", "cnn",  NULL};
 
 /* ---- the loading context and messages ---------------------------------------- */
 
@@ -287,6 +287,10 @@ done:
 
 static const char *const gpt_keys[] = {"preset", "vocab", "context", "layers", "heads", "embed",
                                        "tie_embeddings", "weights", "unused_tensors", NULL};
+static const char *const llama_keys[] = {"preset", "vocab", "context", "layers", "heads", "kv_heads", "dim",
+                                         "hidden", "multiple_of", "ffn_dim_multiplier", "rope_theta",
+                                         "rope_scaling", "norm_eps", "tie_embeddings", "weights", "unused_tensors",
+                                         NULL};
 static const char *const mlp_keys[] = {"preset", "input", "hidden", "classes", "activation", "loss",
                                        "weights", "unused_tensors", NULL};
 static const char *const cnn_keys[] = {"preset", "input", "channels", "classes", "loss", "weights",
@@ -444,8 +448,6 @@ static cdp_status get_input(struct ld *c, const json_t *m, size_t min_n, size_t 
  * agree with it, or shorten the context. */
 static cdp_status load_from(struct ld *c, const json_t *m, const json_t *from, struct cdp_model_desc *md)
 {
-    static const char *const from_keys[] = {"from", "vocab", "context", "layers", "heads", "embed",
-                                            "tie_embeddings", "unused_tensors", NULL};
     if (!json_is_string(from) || json_string_length(from) == 0 ||
         strlen(json_string_value(from)) != json_string_length(from))
         return cdp_json_expected(&c->in, "/model/from", "a Hugging Face model folder (config.json, model.safetensors)",
@@ -458,8 +460,7 @@ static cdp_status load_from(struct ld *c, const json_t *m, const json_t *from, s
                                  "not with /model/from: the folder's config.json gives the model and its "
                                  "safetensors the weights");
     }
-    cdp_status st = cdp_json_check_keys(&c->in, m, "/model", from_keys, "a model read /from a Hugging Face folder");
-    if (st) return st;
+    cdp_status st;
     char *dir = join_path(c->base, json_string_value(from));
     if (!dir) return cdp_fail(CDP_ERR_NOMEM, "%s: /model/from: out of memory", c->in.file);
     char *weights = NULL;
@@ -480,6 +481,66 @@ static cdp_status load_from(struct ld *c, const json_t *m, const json_t *from, s
             return st;
         md->unused_tensors = (enum cdp_unused_tensors)ui;
     }
+    return CDP_OK;
+}
+
+/* The llama preset (docs/models.md): a small Llama by default; every size
+ * can be set, the MLP's width as "hidden" or by Llama's rule from
+ * "multiple_of" (256) and "ffn_dim_multiplier". */
+static cdp_status load_llama(struct ld *c, const json_t *m, struct cdp_model_desc *md)
+{
+    cdp_status st;
+    md->kind = CDP_MODEL_GPT;
+    md->arch = CDP_ARCH_LLAMA;
+    md->vocab = 256;
+    md->context = 64;
+    md->layers = 4;
+    md->heads = 4;
+    md->embed = 128;
+    md->tie_embeddings = 0;
+    md->multiple_of = 256;
+    md->norm_eps = 1e-5;
+    if ((st = cdp_json_check_keys(&c->in, m, "/model", llama_keys, "a llama model"))) return st;
+    if ((st = cdp_json_get_int(&c->in, m, "/model", "vocab", 1, MAX_COUNT, 0, &md->vocab))) return st;
+    if ((st = cdp_json_get_int(&c->in, m, "/model", "context", 1, CDP_PLAN_MAX_CONTEXT, 0, &md->context))) return st;
+    if ((st = cdp_json_get_int(&c->in, m, "/model", "layers", 1, MAX_LAYERS, 0, &md->layers))) return st;
+    if ((st = cdp_json_get_int(&c->in, m, "/model", "heads", 1, MAX_COUNT, 0, &md->heads))) return st;
+    md->kv_heads = md->heads;
+    if ((st = cdp_json_get_int(&c->in, m, "/model", "kv_heads", 1, MAX_COUNT, 0, &md->kv_heads))) return st;
+    if ((st = cdp_json_get_int(&c->in, m, "/model", "dim", 1, MAX_COUNT, 0, &md->embed))) return st;
+    if ((st = cdp_json_get_number(&c->in, m, "/model", "norm_eps", CDP_JSON_POSITIVE, &md->norm_eps))) return st;
+    if ((st = cdp_json_get_bool(&c->in, m, "/model", "tie_embeddings", &md->tie_embeddings))) return st;
+    if ((st = cdp_rope_parse(&c->in, m, "/model", &md->rope))) return st;
+    if (md->embed % md->heads != 0)
+        return cdp_json_fail(&c->in, "/model/dim", "%lld is not a multiple of /model/heads %lld",
+                             (long long)md->embed, (long long)md->heads);
+    if (md->heads % md->kv_heads != 0)
+        return cdp_json_fail(&c->in, "/model/kv_heads", "%lld does not divide /model/heads %lld",
+                             (long long)md->kv_heads, (long long)md->heads);
+    if ((md->embed / md->heads) % 2)
+        return cdp_json_fail(&c->in, "/model/heads", "the head width /model/dim / heads = %lld is odd; rotary "
+                             "embeddings need an even one", (long long)(md->embed / md->heads));
+    const json_t *hidden = json_object_get(m, "hidden");
+    if (hidden) {
+        const char *rule = json_object_get(m, "multiple_of") ? "multiple_of"
+                           : json_object_get(m, "ffn_dim_multiplier") ? "ffn_dim_multiplier" : NULL;
+        if (rule)
+            return cdp_json_fail(&c->in, "/model/hidden", "given together with /model/%s; give the MLP's width "
+                                 "either as hidden or by Llama's rule (multiple_of, ffn_dim_multiplier)", rule);
+        md->multiple_of = 0;
+        return cdp_json_get_int(&c->in, m, "/model", "hidden", 1, MAX_COUNT, 0, &md->ffn_hidden);
+    }
+    if ((st = cdp_json_get_int(&c->in, m, "/model", "multiple_of", 1, MAX_COUNT, 0, &md->multiple_of))) return st;
+    const json_t *mult = json_object_get(m, "ffn_dim_multiplier");
+    if (mult && !json_is_null(mult) &&
+        (st = cdp_json_get_number(&c->in, m, "/model", "ffn_dim_multiplier", CDP_JSON_POSITIVE,
+                                  &md->ffn_dim_multiplier)))
+        return st;
+    md->ffn_hidden = cdp_llama_hidden(md->embed, md->multiple_of, md->ffn_dim_multiplier);
+    if (md->ffn_hidden < 1 || md->ffn_hidden > MAX_COUNT)
+        return cdp_json_fail(&c->in, "/model/multiple_of", "Llama's rule gives an MLP width out of range (dim "
+                             "%lld, multiple_of %lld, ffn_dim_multiplier %g)", (long long)md->embed,
+                             (long long)md->multiple_of, md->ffn_dim_multiplier);
     return CDP_OK;
 }
 
@@ -538,6 +599,7 @@ static cdp_status load_model(struct ld *c, const json_t *m)
                                      (long long)md->embed, (long long)md->heads);
             return CDP_OK;
         }
+        if (strcmp(md->preset, "llama") == 0) return load_llama(c, m, md);
         if (strcmp(md->preset, "mlp") == 0) {
             static const int64_t hidden_default[] = {256, 256};
             md->kind = CDP_MODEL_MLP;
@@ -1528,16 +1590,14 @@ int64_t cdp_plan_param_count(const struct cdp_plan *plan)
         /* The list was checked at load, so this cannot fail. */
         return check_shapes(&c, m, &total) ? -1 : total;
     }
-    /* the embedding (wte + wpe) and the blocks as their types count them, the
-     * head's final layernorm 2E and its projection unless tied */
+    /* the embedding and the blocks as their types count them (cdp_model_desc_unit), the head's final norm
+     * (2E: weight and bias; E: an RMS norm's weight) and its projection unless tied */
     const struct cdp_shape tokens = {1, {m->context}}, rows = {2, {m->context, E}};
-    const struct cdp_layer_desc emb = {.type = CDP_LAYER_EMBEDDING, .vocab = m->vocab, .dim = E,
-                                       .context = m->context};
-    const struct cdp_layer_desc block = {.type = CDP_LAYER_TRANSFORMER_BLOCK, .heads = m->heads};
-    total = cdp_layer_def(CDP_LAYER_EMBEDDING)->params(&emb, &tokens);
-    t = cdp_layer_def(CDP_LAYER_TRANSFORMER_BLOCK)->params(&block, &rows);
+    const struct cdp_layer_desc emb = cdp_model_desc_unit(m, 0), block = cdp_model_desc_unit(m, 1);
+    total = cdp_layer_def(emb.type)->params(&emb, &tokens);
+    t = cdp_layer_def(block.type)->params(&block, &rows);
     if (total < 0 || t < 0 || __builtin_mul_overflow(t, m->layers, &t) || __builtin_add_overflow(total, t, &total) ||
-        __builtin_add_overflow(total, 2 * E, &total))
+        __builtin_add_overflow(total, (m->arch == CDP_ARCH_LLAMA ? 1 : 2) * E, &total))
         return -1;
     if (!m->tie_embeddings && (__builtin_mul_overflow(m->vocab, E, &t) || __builtin_add_overflow(total, t, &total)))
         return -1;

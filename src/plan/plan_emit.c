@@ -90,6 +90,29 @@ static json_t *model_json(struct emit *e, const struct cdp_model_desc *m)
     if (!o) return NULL;
     switch (m->kind) {
     case CDP_MODEL_GPT:
+        if (m->arch == CDP_ARCH_LLAMA) {
+            set(e, o, "preset", json_string(m->preset));
+            set(e, o, "vocab", jint(m->vocab));
+            set(e, o, "context", jint(m->context));
+            set(e, o, "layers", jint(m->layers));
+            set(e, o, "heads", jint(m->heads));
+            set(e, o, "kv_heads", jint(m->kv_heads));
+            set(e, o, "dim", jint(m->embed));
+            /* the width as the plan gave it: the rule again, or hidden */
+            if (m->multiple_of > 0) {
+                set(e, o, "multiple_of", jint(m->multiple_of));
+                set(e, o, "ffn_dim_multiplier", m->ffn_dim_multiplier > 0 ? json_real(m->ffn_dim_multiplier)
+                                                                           : json_null());
+            } else {
+                set(e, o, "hidden", jint(m->ffn_hidden));
+            }
+            set(e, o, "norm_eps", json_real(m->norm_eps));
+            if (cdp_rope_emit(&m->rope, o)) e->ok = 0;
+            set(e, o, "tie_embeddings", json_boolean(m->tie_embeddings));
+            set(e, o, "weights", jstr_or_null(m->weights));
+            set(e, o, "unused_tensors", json_string(cdp_plan_unused_tensors_names[m->unused_tensors]));
+            return o;
+        }
         set(e, o, "preset", json_string(m->preset));
         set(e, o, "vocab", jint(m->vocab));
         set(e, o, "context", jint(m->context));
@@ -317,15 +340,28 @@ static void print_model(FILE *f, const struct cdp_plan *p)
     int64_t params = cdp_plan_param_count(p), units = cdp_plan_model_units(p);
     fprintf(f, "Model\n");
     if (m->kind == CDP_MODEL_GPT) {
-        fprintf(f, ROW "%s (GPT)\n", "preset", m->preset);
+        const int llama = m->arch == CDP_ARCH_LLAMA;
+        fprintf(f, ROW "%s (%s)\n", "preset", m->preset, llama ? "Llama" : "GPT");
         fprintf(f, ROW "%lld\n", "vocab", (long long)m->vocab);
         fprintf(f, ROW "%lld\n", "context", (long long)m->context);
         fprintf(f, ROW "%lld\n", "layers", (long long)m->layers);
         fprintf(f, ROW "%lld\n", "heads", (long long)m->heads);
-        fprintf(f, ROW "%lld\n", "embed", (long long)m->embed);
+        if (llama) {
+            fprintf(f, ROW "%lld\n", "kv_heads", (long long)m->kv_heads);
+            fprintf(f, ROW "%lld\n", "dim", (long long)m->embed);
+            fprintf(f, ROW "%lld\n", "hidden", (long long)m->ffn_hidden);
+            fprintf(f, ROW "%g\n", "rope_theta", m->rope.theta);
+            if (m->rope.factor > 0)
+                fprintf(f, ROW "llama3, factor %g, low %g, high %g, original context %lld\n", "rope_scaling",
+                        m->rope.factor, m->rope.low_freq_factor, m->rope.high_freq_factor,
+                        (long long)m->rope.original_context);
+            fprintf(f, ROW "%g\n", "norm_eps", m->norm_eps);
+        } else {
+            fprintf(f, ROW "%lld\n", "embed", (long long)m->embed);
+        }
         fprintf(f, ROW "%s\n", "tie_embeddings", m->tie_embeddings ? "yes" : "no");
-        fprintf(f, ROW "%lld (embedding, %lld blocks, final layernorm + head)\n", "units",
-                (long long)units, (long long)m->layers);
+        fprintf(f, ROW "%lld (embedding, %lld blocks, final %s + head)\n", "units", (long long)units,
+                (long long)m->layers, llama ? "RMS norm" : "layernorm");
     } else {
         if (m->kind == CDP_MODEL_LAYERS)
             fprintf(f, ROW "explicit layer list\n", "model");

@@ -54,7 +54,7 @@ struct cdp_param_desc *cdp_unit_add_param(struct cdp_unit *u, const char *name, 
 void cdp_unit_add_linear_params(struct cdp_unit *u, const char *prefix, int64_t out, int64_t in, int bias, int gpt,
                                 float gpt_std)
 {
-    char name[24];
+    char name[32];
     float bound = 1.0f / sqrtf((float)in);
     snprintf(name, sizeof name, "%s%sweight", prefix, *prefix ? "." : "");
     cdp_unit_add_param(u, name, 2, out, in, 0, 0, gpt ? CDP_INIT_NORMAL : CDP_INIT_UNIFORM, gpt ? gpt_std : bound,
@@ -68,11 +68,114 @@ void cdp_unit_add_linear_params(struct cdp_unit *u, const char *prefix, int64_t 
 
 void cdp_unit_add_norm_params(struct cdp_unit *u, const char *prefix, int64_t C)
 {
-    char name[24];
+    char name[32];
     snprintf(name, sizeof name, "%s%sweight", prefix, *prefix ? "." : "");
     cdp_unit_add_param(u, name, 1, C, 0, 0, 0, CDP_INIT_ONE, 0.0f, 0);
     snprintf(name, sizeof name, "%s%sbias", prefix, *prefix ? "." : "");
     cdp_unit_add_param(u, name, 1, C, 0, 0, 0, CDP_INIT_ZERO, 0.0f, 0);
+}
+
+void cdp_unit_add_rmsnorm_param(struct cdp_unit *u, const char *prefix, int64_t C)
+{
+    char name[32];
+    snprintf(name, sizeof name, "%s%sweight", prefix, *prefix ? "." : "");
+    cdp_unit_add_param(u, name, 1, C, 0, 0, 0, CDP_INIT_ONE, 0.0f, 0);
+}
+
+int64_t cdp_llama_hidden(int64_t dim, int64_t multiple_of, double ffn_dim_multiplier)
+{
+    int64_t h = cdp_mul_add(dim, 4, 0);
+    if (h < 0 || multiple_of < 1) return -1;
+    h = 2 * (h / 3) + (2 * (h % 3)) / 3; /* int(2 * h / 3) without overflow */
+    if (ffn_dim_multiplier > 0) {
+        const double x = ffn_dim_multiplier * (double)h;
+        if (!(x < 9e18)) return -1;
+        h = (int64_t)x;
+    }
+    if (h > INT64_MAX - multiple_of) return -1;
+    return cdp_mul_add(multiple_of, (h + multiple_of - 1) / multiple_of, 0);
+}
+
+int cdp_rotary_shape(const char *type_name, const struct cdp_layer_desc *L, const struct cdp_shape *in,
+                     struct cdp_shape *out, char *why, size_t cap)
+{
+    if (cdp_heads_shape(type_name, L, in, out, why, cap)) return -1;
+    const int64_t C = cdp_shape_last(in);
+    if (L->heads % L->kv_heads) {
+        snprintf(why, cap, "%s heads %lld is not a multiple of kv_heads %lld", type_name, (long long)L->heads,
+                 (long long)L->kv_heads);
+        return -1;
+    }
+    if ((C / L->heads) % 2) {
+        snprintf(why, cap, "%s head width %lld (width %lld / heads %lld) is odd; rotary embeddings pair its halves",
+                 type_name, (long long)(C / L->heads), (long long)C, (long long)L->heads);
+        return -1;
+    }
+    return 0;
+}
+
+static const char *const rope_scaling_keys[] = {"type", "factor", "low_freq_factor", "high_freq_factor",
+                                                "original_context", NULL};
+static const char *const rope_types[] = {"llama3", NULL};
+
+cdp_status cdp_rope_parse(const struct cdp_json_in *in, const json_t *obj, const char *ptr, struct cdp_rope *r)
+{
+    cdp_status st;
+    char sp[CDP_JSON_PTR_CAP], kp[CDP_JSON_PTR_CAP];
+    int t = 0;
+    r->theta = 10000.0;
+    if ((st = cdp_json_get_number(in, obj, ptr, "rope_theta", CDP_JSON_POSITIVE, &r->theta))) return st;
+    const json_t *s = json_object_get(obj, "rope_scaling");
+    if (!s || json_is_null(s)) return CDP_OK;
+    cdp_json_ptr_key(sp, ptr, "rope_scaling");
+    if (!json_is_object(s))
+        return cdp_json_expected(in, sp, "null or an object {\"type\": \"llama3\", \"factor\", ...}", s);
+    if ((st = cdp_json_check_keys(in, s, sp, rope_scaling_keys, "rope_scaling"))) return st;
+    cdp_json_ptr_key(kp, sp, "type");
+    if (!json_object_get(s, "type")) return cdp_json_fail(in, kp, "missing; rope_scaling needs \"type\": \"llama3\"");
+    if ((st = cdp_json_get_enum(in, s, sp, "type", rope_types, &t))) return st;
+    static const char *const need[] = {"factor", "low_freq_factor", "high_freq_factor", "original_context"};
+    for (int i = 0; i < 4; i++)
+        if (!json_object_get(s, need[i])) {
+            cdp_json_ptr_key(kp, sp, need[i]);
+            return cdp_json_fail(in, kp, "missing; rope_scaling \"llama3\" needs factor, low_freq_factor, "
+                                         "high_freq_factor and original_context");
+        }
+    if ((st = cdp_json_get_number(in, s, sp, "factor", CDP_JSON_POSITIVE, &r->factor))) return st;
+    if ((st = cdp_json_get_number(in, s, sp, "low_freq_factor", CDP_JSON_POSITIVE, &r->low_freq_factor))) return st;
+    if ((st = cdp_json_get_number(in, s, sp, "high_freq_factor", CDP_JSON_POSITIVE, &r->high_freq_factor)))
+        return st;
+    if ((st = cdp_json_get_int(in, s, sp, "original_context", 1, CDP_PLAN_MAX_CONTEXT, 0, &r->original_context)))
+        return st;
+    if (!(r->high_freq_factor > r->low_freq_factor)) {
+        cdp_json_ptr_key(kp, sp, "high_freq_factor");
+        return cdp_json_fail(in, kp, "%g must be larger than low_freq_factor %g", r->high_freq_factor,
+                             r->low_freq_factor);
+    }
+    return CDP_OK;
+}
+
+int cdp_rope_emit(const struct cdp_rope *r, json_t *o)
+{
+    int bad = json_object_set_new(o, "rope_theta", json_real(r->theta));
+    if (r->factor <= 0) return bad | json_object_set_new(o, "rope_scaling", json_null());
+    json_t *s = json_object();
+    if (!s) return 1;
+    bad |= json_object_set_new(s, "type", json_string("llama3"));
+    bad |= json_object_set_new(s, "factor", json_real(r->factor));
+    bad |= json_object_set_new(s, "low_freq_factor", json_real(r->low_freq_factor));
+    bad |= json_object_set_new(s, "high_freq_factor", json_real(r->high_freq_factor));
+    bad |= json_object_set_new(s, "original_context", CDP_JINT(r->original_context));
+    return bad | json_object_set_new(o, "rope_scaling", s);
+}
+
+void cdp_rope_describe(const struct cdp_rope *r, char *buf, size_t cap)
+{
+    if (r->factor > 0)
+        snprintf(buf, cap, " rope_theta %g (llama3 scaling x%g from %lld)", r->theta, r->factor,
+                 (long long)r->original_context);
+    else
+        snprintf(buf, cap, " rope_theta %g", r->theta);
 }
 
 double cdp_attention_flops(int64_t T, int64_t C, int causal, int backward)

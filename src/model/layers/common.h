@@ -29,6 +29,18 @@ void cdp_unit_add_linear_params(struct cdp_unit *u, const char *prefix, int64_t 
 /* A layernorm's weight (ones) and bias (zeros) of width C. */
 void cdp_unit_add_norm_params(struct cdp_unit *u, const char *prefix, int64_t C);
 
+/* An RMS norm's weight (ones) of width C, "prefix.weight". */
+void cdp_unit_add_rmsnorm_param(struct cdp_unit *u, const char *prefix, int64_t C);
+
+/* The shape check of the rotary types: a [T, C] input passes through when C
+ * is a multiple of heads, heads a multiple of kv_heads and the head width
+ * C / heads even; else -1 with why naming the type. */
+int cdp_rotary_shape(const char *type_name, const struct cdp_layer_desc *L, const struct cdp_shape *in,
+                     struct cdp_shape *out, char *why, size_t cap);
+
+/* " rope_theta 10000" and its scaling, for describe(). */
+void cdp_rope_describe(const struct cdp_rope *r, char *buf, size_t cap);
+
 /* Work of attention over [T, C]: the kernel's own count of its GEMMs, which
  * skip the masked blocks of causal attention. */
 double cdp_attention_flops(int64_t T, int64_t C, int causal, int backward);

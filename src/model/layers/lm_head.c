@@ -1,7 +1,9 @@
-/* lm_head: a GPT's final layernorm and vocabulary projection, [T, C] ->
- * [T, vocab] logits (the weight tied to the token embedding unless the plan
- * says tie_embeddings false). GPT presets only: a layer list cannot name it.
- * Kept: the logits, the normalised input, each row's mean and 1/std. */
+/* lm_head: a language model's final norm and vocabulary projection, [T, C]
+ * -> [T, vocab] logits (the weight tied to the token embedding when the plan
+ * says tie_embeddings). The norm is GPT-2's layernorm ("ln_f") or, with rms
+ * set, Llama's RMS norm ("norm", eps from the desc). GPT presets only: a
+ * layer list cannot name it. Kept: the logits, the normalised input, each
+ * row's mean (layernorm) and 1/std. */
 #include "model/layers/common.h"
 
 static const char *const keys[] = {NULL};
@@ -17,7 +19,10 @@ static int shape(const struct cdp_layer_desc *L, const struct cdp_shape *in, str
 static void build(struct cdp_unit *u, const struct cdp_model_desc *m)
 {
     const int64_t C = cdp_shape_last(&u->in);
-    cdp_unit_add_norm_params(u, "ln_f", C);
+    if (u->desc.rms)
+        cdp_unit_add_rmsnorm_param(u, "norm", C);
+    else
+        cdp_unit_add_norm_params(u, "ln_f", C);
     struct cdp_param_desc *w =
         cdp_unit_add_param(u, "lm_head.weight", 2, u->desc.vocab, C, 0, 0, CDP_INIT_NORMAL, 0.02f, 1);
     if (m->tie_embeddings) {
@@ -32,12 +37,48 @@ static void cost(struct cdp_unit *u)
     const int64_t T = u->in.d[0], C = u->in.d[1], V = u->desc.vocab;
     u->fwd_flops = 2.0 * T * C * V;
     u->bwd_flops = 4.0 * T * C * V;
-    u->act_floats = T * V + T * C + 2 * T;
+    u->act_floats = T * V + T * C + (u->desc.rms ? 1 : 2) * T;
     /* W: the head's dw += dlogits^T . ln, the norm's from dln (the W-state). The logits' gradient is not
      * kept: the model computes it again at W from the kept logits and targets (the loss's backward, the
      * same kernel on the same inputs), T x V floats a sample it would otherwise hold */
     u->bwd_weight_flops = 2.0 * T * C * V;
     u->wstate_floats = T * C;
+}
+
+/* Where the kept activations are: the logits, the normalised input, the
+ * rows' mean (layernorm only) and 1/std. */
+struct head_acts {
+    float *logits, *ln, *mean, *rstd;
+    int w; /* the projection's parameter index: after the norm's one or two */
+};
+
+static struct head_acts head_layout(const struct cdp_unit *u, const float *act, int B)
+{
+    const int64_t N = (int64_t)B * u->in.d[0], C = u->in.d[1], V = u->desc.vocab;
+    struct head_acts h;
+    h.logits = (float *)act;
+    h.ln = h.logits + N * V;
+    h.mean = u->desc.rms ? NULL : h.ln + N * C;
+    h.rstd = h.ln + N * C + (u->desc.rms ? 0 : N);
+    h.w = u->desc.rms ? 1 : 2;
+    return h;
+}
+
+/* The norm's forward and backward (din, dweight and dbias may be NULL). */
+static cdp_status norm_fwd(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p,
+                           const struct head_acts *h, const float *x, int N, int C)
+{
+    if (u->desc.rms) K(rmsnorm_fwd, h->ln, h->rstd, x, p[0], N, C, (float)u->desc.eps);
+    else K(layernorm_fwd, h->ln, h->mean, h->rstd, x, p[0], p[1], N, C, 1e-5f);
+    return CDP_OK;
+}
+
+static cdp_status norm_bwd(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p, float *din,
+                           float *const *g, const float *dln, const struct head_acts *h, const float *x, int N, int C)
+{
+    if (u->desc.rms) K(rmsnorm_bwd, din, g ? g[0] : NULL, dln, x, p[0], h->rstd, N, C);
+    else K(layernorm_bwd, din, g ? g[0] : NULL, g ? g[1] : NULL, dln, x, p[0], h->mean, h->rstd, N, C);
+    return CDP_OK;
 }
 
 /* the normalised input's gradient, and a sink for the input's when unwanted */
@@ -49,9 +90,10 @@ static cdp_status forward(const struct cdp_kernels *k, const struct cdp_unit *u,
     (void)tail;
     (void)scratch_;
     const int T = (int)u->in.d[0], C = (int)u->in.d[1], N = B * T, V = (int)u->desc.vocab;
-    float *ln = act + (int64_t)N * V, *mean = ln + (int64_t)N * C, *rstd = mean + N;
-    K(layernorm_fwd, ln, mean, rstd, (const float *)in, p[0], p[1], N, C, 1e-5f);
-    K(linear_fwd, act, ln, p[2], NULL, N, C, V);
+    const struct head_acts h = head_layout(u, act, B);
+    cdp_status st = norm_fwd(k, u, p, &h, (const float *)in, N, C);
+    if (st) return st;
+    K(linear_fwd, act, h.ln, p[h.w], NULL, N, C, V);
     return CDP_OK;
 }
 
@@ -61,17 +103,16 @@ static cdp_status backward(const struct cdp_kernels *k, const struct cdp_unit *u
 {
     (void)tail;
     const int T = (int)u->in.d[0], C = (int)u->in.d[1], N = B * T, V = (int)u->desc.vocab;
-    const float *ln = act + (int64_t)N * V, *mean = ln + (int64_t)N * C, *rstd = mean + N;
+    const struct head_acts h = head_layout(u, act, B);
     float *dln = scratch_;
     K(zero, dln, (size_t)N * C * sizeof *dln);
-    K(linear_bwd, dln, g[2], NULL, dout, ln, p[2], N, C, V);
+    K(linear_bwd, dln, g[h.w], NULL, dout, h.ln, p[h.w], N, C, V);
     float *target = din;
     if (!target) {
         target = dln + (int64_t)N * C;
         K(zero, target, (size_t)N * C * sizeof *target);
     }
-    K(layernorm_bwd, target, g[0], g[1], dln, (const float *)in, p[0], mean, rstd, N, C);
-    return CDP_OK;
+    return norm_bwd(k, u, p, target, g, dln, &h, (const float *)in, N, C);
 }
 
 /* B: dln (the W-state) with the head's weight output NULL, then din through
@@ -82,12 +123,11 @@ static cdp_status backward_input(const struct cdp_kernels *k, const struct cdp_u
 {
     (void)tail, (void)scratch_;
     const int T = (int)u->in.d[0], C = (int)u->in.d[1], N = B * T, V = (int)u->desc.vocab;
-    const float *ln = act + (int64_t)N * V, *mean = ln + (int64_t)N * C, *rstd = mean + N;
+    const struct head_acts h = head_layout(u, act, B);
     float *dln = ws;
     K(zero, dln, (size_t)N * C * sizeof *dln);
-    K(linear_bwd, dln, NULL, NULL, dout, ln, p[2], N, C, V);
-    if (din) K(layernorm_bwd, din, NULL, NULL, dln, (const float *)in, p[0], mean, rstd, N, C);
-    return CDP_OK;
+    K(linear_bwd, dln, NULL, NULL, dout, h.ln, p[h.w], N, C, V);
+    return din ? norm_bwd(k, u, p, din, NULL, dln, &h, (const float *)in, N, C) : CDP_OK;
 }
 
 /* W: the head's dw from dout (the logits' gradient again: weight_takes_dout)
@@ -98,10 +138,9 @@ static cdp_status backward_weight(const struct cdp_kernels *k, const struct cdp_
 {
     (void)tail, (void)scratch_;
     const int T = (int)u->in.d[0], C = (int)u->in.d[1], N = B * T, V = (int)u->desc.vocab;
-    const float *ln = act + (int64_t)N * V, *mean = ln + (int64_t)N * C, *rstd = mean + N;
-    K(linear_bwd, NULL, g[2], NULL, dout, ln, p[2], N, C, V);
-    K(layernorm_bwd, NULL, g[0], g[1], ws, (const float *)in, p[0], mean, rstd, N, C);
-    return CDP_OK;
+    const struct head_acts h = head_layout(u, act, B);
+    K(linear_bwd, NULL, g[h.w], NULL, dout, h.ln, p[h.w], N, C, V);
+    return norm_bwd(k, u, p, NULL, g, ws, &h, (const float *)in, N, C);
 }
 
 const struct cdp_layer_def cdp_layer_lm_head = {

@@ -1,0 +1,370 @@
+/* llama_block: a Llama pre-norm block over [T, C], as Hugging Face's
+ * LlamaDecoderLayer: RMS norm, rotary grouped-query causal self-attention
+ * (q, k, v and o projections without biases), residual, RMS norm, SwiGLU MLP
+ * (gate, up, down without biases), residual. Keys: heads (required),
+ * kv_heads (default heads), hidden (default Llama's rule with multiple_of
+ * 256), eps (1e-5), rope_theta (10000), rope_scaling (none). Parameter names
+ * are Hugging Face's within a layer (docs/models.md). */
+#include "model/layers/common.h"
+
+static const char *const keys[] = {"heads", "kv_heads", "hidden", "eps", "rope_theta", "rope_scaling", NULL};
+
+/* a llama_block's width, for the default of "hidden"; the loader checks shapes after parse */
+static cdp_status parse(const struct cdp_json_in *in, const json_t *v, const char *ptr, const char *who,
+                        struct cdp_layer_desc *L)
+{
+    cdp_status st;
+    if ((st = cdp_layer_get_required_int(in, v, ptr, "heads", 1, who, &L->heads))) return st;
+    L->kv_heads = L->heads;
+    if ((st = cdp_json_get_int(in, v, ptr, "kv_heads", 1, CDP_PLAN_MAX_COUNT, 0, &L->kv_heads))) return st;
+    L->hidden = 0; /* 0: Llama's rule on the input width (shape() and build() resolve it) */
+    if ((st = cdp_json_get_int(in, v, ptr, "hidden", 1, CDP_PLAN_MAX_COUNT, 0, &L->hidden))) return st;
+    L->eps = 1e-5;
+    if ((st = cdp_json_get_number(in, v, ptr, "eps", CDP_JSON_POSITIVE, &L->eps))) return st;
+    return cdp_rope_parse(in, v, ptr, &L->rope);
+}
+
+static int64_t hidden_of(const struct cdp_layer_desc *L, int64_t C)
+{
+    return L->hidden > 0 ? L->hidden : cdp_llama_hidden(C, 256, 0);
+}
+
+static int shape(const struct cdp_layer_desc *L, const struct cdp_shape *in, struct cdp_shape *out, char *why,
+                 size_t cap)
+{
+    if (cdp_rotary_shape("llama_block", L, in, out, why, cap)) return -1;
+    if (hidden_of(L, cdp_shape_last(in)) < 0) {
+        snprintf(why, cap, "llama_block's MLP width overflows");
+        return -1;
+    }
+    return 0;
+}
+
+/* 2 C^2 + 2 C KVD (q, o; k, v) + 3 C H (gate, up, down) + 2 C (the norms) */
+static int64_t params(const struct cdp_layer_desc *L, const struct cdp_shape *in)
+{
+    const int64_t C = cdp_shape_last(in), KVD = C / L->heads * L->kv_heads, H = hidden_of(L, C);
+    int64_t n = cdp_mul_add(cdp_mul_add(C, C, 0), 2, cdp_mul_add(2, C, 0));
+    n = cdp_mul_add(cdp_mul_add(C, KVD, 0), 2, n);
+    return cdp_mul_add(cdp_mul_add(C, H, 0), 3, n);
+}
+
+static int emit(const struct cdp_layer_desc *L, json_t *o)
+{
+    return json_object_set_new(o, "heads", CDP_JINT(L->heads)) |
+           json_object_set_new(o, "kv_heads", CDP_JINT(L->kv_heads)) |
+           (L->hidden > 0 ? json_object_set_new(o, "hidden", CDP_JINT(L->hidden)) : 0) |
+           json_object_set_new(o, "eps", json_real(L->eps)) | cdp_rope_emit(&L->rope, o);
+}
+
+static void describe(const struct cdp_layer_desc *L, char *buf, size_t cap)
+{
+    char r[96];
+    cdp_rope_describe(&L->rope, r, sizeof r);
+    snprintf(buf, cap, " heads %lld, kv_heads %lld, hidden %s%lld,%s", (long long)L->heads, (long long)L->kv_heads,
+             L->hidden > 0 ? "" : "rule ", (long long)L->hidden, r);
+}
+
+/* Llama presets start every matrix at N(0, 0.02) (Hugging Face's
+ * initializer_range), explicit lists at PyTorch's default. */
+static void build(struct cdp_unit *u, const struct cdp_model_desc *m)
+{
+    const int64_t C = cdp_shape_last(&u->in), KVD = C / u->desc.heads * u->desc.kv_heads;
+    const int64_t H = hidden_of(&u->desc, C);
+    const int lm = m->kind == CDP_MODEL_GPT;
+    u->desc.hidden = H;
+    cdp_unit_add_rmsnorm_param(u, "input_layernorm", C);
+    cdp_unit_add_linear_params(u, "self_attn.q_proj", C, C, 0, lm, 0.02f);
+    cdp_unit_add_linear_params(u, "self_attn.k_proj", KVD, C, 0, lm, 0.02f);
+    cdp_unit_add_linear_params(u, "self_attn.v_proj", KVD, C, 0, lm, 0.02f);
+    cdp_unit_add_linear_params(u, "self_attn.o_proj", C, C, 0, lm, 0.02f);
+    cdp_unit_add_rmsnorm_param(u, "post_attention_layernorm", C);
+    cdp_unit_add_linear_params(u, "mlp.gate_proj", H, C, 0, lm, 0.02f);
+    cdp_unit_add_linear_params(u, "mlp.up_proj", H, C, 0, lm, 0.02f);
+    cdp_unit_add_linear_params(u, "mlp.down_proj", C, H, 0, lm, 0.02f);
+}
+
+static void cost(struct cdp_unit *u)
+{
+    const int64_t T = u->in.d[0], C = u->in.d[1], KVD = C / u->desc.heads * u->desc.kv_heads, H = u->desc.hidden;
+    const double gemm = 2.0 * T * (2.0 * C * C + 2.0 * C * KVD + 3.0 * C * H);
+    u->fwd_flops = gemm + cdp_attention_flops(T, C, 1, 0);
+    u->bwd_flops = 2.0 * gemm + cdp_attention_flops(T, C, 1, 1);
+    u->att_floats = u->desc.heads * T * T;
+    /* kept 5C + 2 + 2H, tail 3C + H (block_layout) */
+    u->act_floats = T * (8 * C + 3 * H + 2) + u->att_floats;
+    /* W: the seven projections' dw and the two norms', from the output gradients of each (block_wstate) */
+    u->bwd_weight_flops = gemm;
+    u->wstate_floats = T * (5 * C + 2 * H + 2 * KVD);
+    /* selective: both norms' outputs, the attention's output and state, the SwiGLU product */
+    u->tail_floats = T * (3 * C + H);
+    u->tail_flops = cdp_attention_flops(T, C, 1, 0);
+}
+
+/* forward: q, k, v, the o projection; backward: dres2, dhmid, dgate, dup,
+ * dln, datty, dqkv, dq, dk, dv, T x T */
+static int64_t scratch(const struct cdp_unit *u, int B)
+{
+    const int64_t T = u->in.d[0], C = u->in.d[1], KVD = C / u->desc.heads * u->desc.kv_heads, H = u->desc.hidden;
+    return (int64_t)B * T * (7 * C + 3 * H + 2 * KVD) + T * T;
+}
+
+/* A llama block's activations, per micro-batch of B. Kept (at act): the
+ * output, the norms' 1/rms, the rotated and expanded qkv, the residual
+ * stream after attention, the gate and up projections. The tail (at tail),
+ * which selective recomputation drops: the norms' outputs, the attention's
+ * output and state, the SwiGLU product. */
+struct block_acts {
+    float *out, *rstd1, *qkv, *res2, *rstd2, *gate, *up; /* kept */
+    float *ln1, *atty, *ln2, *hmid, *att;                /* tail */
+};
+
+static struct block_acts block_layout(float *a, float *t, int B, int64_t T, int64_t C, int64_t H)
+{
+    struct block_acts r;
+    const int64_t BT = (int64_t)B * T, BTC = BT * C;
+    r.out = a;
+    r.rstd1 = r.out + BTC;
+    r.qkv = r.rstd1 + BT;
+    r.res2 = r.qkv + 3 * BTC;
+    r.rstd2 = r.res2 + BTC;
+    r.gate = r.rstd2 + BT;
+    r.up = r.gate + BT * H;
+    r.ln1 = t;
+    r.atty = r.ln1 + BTC;
+    r.ln2 = r.atty + BTC;
+    r.hmid = r.ln2 + BTC;
+    r.att = r.hmid + BT * H;
+    return r;
+}
+
+struct dims {
+    int T, C, NH, NKV, HD, KVD, H, N;
+    float eps;
+};
+
+static struct dims dims_of(const struct cdp_unit *u, int B)
+{
+    struct dims d;
+    d.T = (int)u->in.d[0];
+    d.C = (int)u->in.d[1];
+    d.NH = (int)u->desc.heads;
+    d.NKV = (int)u->desc.kv_heads;
+    d.HD = d.C / d.NH;
+    d.KVD = d.HD * d.NKV;
+    d.H = (int)u->desc.hidden;
+    d.N = B * d.T;
+    d.eps = (float)u->desc.eps;
+    return d;
+}
+
+static cdp_status forward(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p, const void *in,
+                          float *act, float *tail, float *scratch_, int B)
+{
+    const float *x = (const float *)in;
+    const struct dims d = dims_of(u, B);
+    const size_t NC = (size_t)d.N * d.C;
+    struct block_acts a = block_layout(act, tail, B, d.T, d.C, d.H);
+    float *q = scratch_, *kk = q + NC, *v = kk + (size_t)d.N * d.KVD, *proj = v + (size_t)d.N * d.KVD;
+    K(rmsnorm_fwd, a.ln1, a.rstd1, x, p[0], d.N, d.C, d.eps);
+    K(linear_fwd, q, a.ln1, p[1], NULL, d.N, d.C, d.C);
+    K(linear_fwd, kk, a.ln1, p[2], NULL, d.N, d.C, d.KVD);
+    K(linear_fwd, v, a.ln1, p[3], NULL, d.N, d.C, d.KVD);
+    K(rope_fwd, a.qkv, q, kk, v, B, d.T, d.NH, d.NKV, d.HD, 0, u->desc.rope);
+    K(attention_fwd, a.atty, a.att, a.qkv, B, d.T, d.C, d.NH, 1);
+    K(linear_fwd, proj, a.atty, p[4], NULL, d.N, d.C, d.C);
+    K(residual_fwd, a.res2, x, proj, NC);
+    K(rmsnorm_fwd, a.ln2, a.rstd2, a.res2, p[5], d.N, d.C, d.eps);
+    K(linear_fwd, a.gate, a.ln2, p[6], NULL, d.N, d.C, d.H);
+    K(linear_fwd, a.up, a.ln2, p[7], NULL, d.N, d.C, d.H);
+    K(swiglu_fwd, a.hmid, a.gate, a.up, (size_t)d.N * d.H);
+    K(linear_fwd, proj, a.hmid, p[8], NULL, d.N, d.H, d.C);
+    K(residual_fwd, a.out, a.res2, proj, NC);
+    return CDP_OK;
+}
+
+/* The tail again: the kernels of the forward that wrote it, on the same
+ * inputs (the norms write their 1/rms again, the same values). */
+static cdp_status recompute(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p, const void *in,
+                            float *act, float *tail, float *scratch_, int B)
+{
+    (void)scratch_;
+    const struct dims d = dims_of(u, B);
+    struct block_acts a = block_layout(act, tail, B, d.T, d.C, d.H);
+    K(rmsnorm_fwd, a.ln1, a.rstd1, (const float *)in, p[0], d.N, d.C, d.eps);
+    K(attention_fwd, a.atty, a.att, a.qkv, B, d.T, d.C, d.NH, 1);
+    K(rmsnorm_fwd, a.ln2, a.rstd2, a.res2, p[5], d.N, d.C, d.eps);
+    K(swiglu_fwd, a.hmid, a.gate, a.up, (size_t)d.N * d.H);
+    return CDP_OK;
+}
+
+/* Backward's buffers in scratch. */
+struct block_grads {
+    float *dres2, *dhmid, *dgate, *dup, *dln, *datty, *dqkv, *dq, *dk, *dv, *att_scratch;
+};
+
+static struct block_grads grads_layout(float *s, const struct dims *d)
+{
+    struct block_grads g;
+    const size_t NC = (size_t)d->N * d->C, NH_ = (size_t)d->N * d->H, NK = (size_t)d->N * d->KVD;
+    g.dres2 = s;
+    g.dhmid = g.dres2 + NC;
+    g.dgate = g.dhmid + NH_;
+    g.dup = g.dgate + NH_;
+    g.dln = g.dup + NH_;
+    g.datty = g.dln + NC;
+    g.dqkv = g.datty + NC;
+    g.dq = g.dqkv + 3 * NC;
+    g.dk = g.dq + NC;
+    g.dv = g.dk + NK;
+    g.att_scratch = g.dv + NK;
+    return g;
+}
+
+static cdp_status backward(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p,
+                           float *const *g, const void *in, const float *act, const float *tail,
+                           const float *dout, float *din, float *scratch_, int B)
+{
+    const float *x = (const float *)in;
+    const struct dims d = dims_of(u, B);
+    const size_t NC = (size_t)d.N * d.C, NHd = (size_t)d.N * d.H, NK = (size_t)d.N * d.KVD;
+    struct block_acts a = block_layout((float *)act, (float *)tail, B, d.T, d.C, d.H);
+    struct block_grads s = grads_layout(scratch_, &d);
+    K(copy, s.dres2, dout, NC * sizeof *s.dres2);
+    K(zero, s.dhmid, NHd * sizeof *s.dhmid);
+    K(linear_bwd, s.dhmid, g[8], NULL, dout, a.hmid, p[8], d.N, d.H, d.C);
+    K(zero, s.dgate, 2 * NHd * sizeof *s.dgate); /* dgate and dup */
+    K(swiglu_bwd, s.dgate, s.dup, s.dhmid, a.gate, a.up, NHd);
+    K(zero, s.dln, NC * sizeof *s.dln);
+    K(linear_bwd, s.dln, g[6], NULL, s.dgate, a.ln2, p[6], d.N, d.C, d.H);
+    K(linear_bwd, s.dln, g[7], NULL, s.dup, a.ln2, p[7], d.N, d.C, d.H);
+    K(rmsnorm_bwd, s.dres2, g[5], s.dln, a.res2, p[5], a.rstd2, d.N, d.C);
+    K(zero, s.datty, NC * sizeof *s.datty);
+    K(linear_bwd, s.datty, g[4], NULL, s.dres2, a.atty, p[4], d.N, d.C, d.C);
+    K(zero, s.dqkv, 3 * NC * sizeof *s.dqkv);
+    K(attention_bwd, s.dqkv, s.datty, a.qkv, a.att, s.att_scratch, B, d.T, d.C, d.NH, 1);
+    K(zero, s.dq, (NC + 2 * NK) * sizeof *s.dq); /* dq, dk, dv */
+    K(rope_bwd, s.dq, s.dk, s.dv, s.dqkv, B, d.T, d.NH, d.NKV, d.HD, 0, u->desc.rope);
+    K(zero, s.dln, NC * sizeof *s.dln);
+    K(linear_bwd, s.dln, g[1], NULL, s.dq, a.ln1, p[1], d.N, d.C, d.C);
+    K(linear_bwd, s.dln, g[2], NULL, s.dk, a.ln1, p[2], d.N, d.C, d.KVD);
+    K(linear_bwd, s.dln, g[3], NULL, s.dv, a.ln1, p[3], d.N, d.C, d.KVD);
+    if (din) {
+        K(add, din, s.dres2, NC);
+        K(rmsnorm_bwd, din, g[0], s.dln, x, p[0], a.rstd1, d.N, d.C);
+    } else {
+        /* no input gradient wanted: still accumulate the norm's weight gradient */
+        K(rmsnorm_bwd, NULL, g[0], s.dln, x, p[0], a.rstd1, d.N, d.C);
+    }
+    return CDP_OK;
+}
+
+/* Split backward's W-state, per micro-batch of B (5C + 2H + 2KVD a token):
+ * the output gradient of each product and norm, as backward computes it. */
+struct block_wstate {
+    float *dout;  /* the block's: mlp.down_proj's */
+    float *dgate; /* mlp.gate_proj's */
+    float *dup;   /* mlp.up_proj's */
+    float *dln2;  /* post_attention_layernorm's */
+    float *dres2; /* self_attn.o_proj's: the residual stream's after the second norm */
+    float *dq, *dk, *dv; /* the q, k, v projections' (through the rotation and the head repeat) */
+    float *dln1;  /* input_layernorm's */
+};
+
+static struct block_wstate block_wstate(float *w, const struct dims *d)
+{
+    const size_t NC = (size_t)d->N * d->C, NHd = (size_t)d->N * d->H, NK = (size_t)d->N * d->KVD;
+    struct block_wstate r;
+    r.dout = w;
+    r.dgate = r.dout + NC;
+    r.dup = r.dgate + NHd;
+    r.dln2 = r.dup + NHd;
+    r.dres2 = r.dln2 + NC;
+    r.dq = r.dres2 + NC;
+    r.dk = r.dq + NC;
+    r.dv = r.dk + NK;
+    r.dln1 = r.dv + NK;
+    return r;
+}
+
+/* B: backward's input-gradient calls in its order, the weight outputs NULL,
+ * with the gradients W reads written in the W-state rather than scratch. */
+static cdp_status backward_input(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p,
+                                 const void *in, const float *act, const float *tail, const float *dout,
+                                 float *din, float *ws, float *scratch_, int B)
+{
+    const float *x = (const float *)in;
+    const struct dims d = dims_of(u, B);
+    const size_t NC = (size_t)d.N * d.C, NHd = (size_t)d.N * d.H;
+    struct block_acts a = block_layout((float *)act, (float *)tail, B, d.T, d.C, d.H);
+    struct block_grads s = grads_layout(scratch_, &d);
+    struct block_wstate w = block_wstate(ws, &d);
+    K(copy, w.dout, dout, NC * sizeof *w.dout);
+    K(copy, w.dres2, dout, NC * sizeof *w.dres2);
+    K(zero, s.dhmid, NHd * sizeof *s.dhmid);
+    K(linear_bwd, s.dhmid, NULL, NULL, dout, a.hmid, p[8], d.N, d.H, d.C);
+    K(zero, w.dgate, 2 * NHd * sizeof *w.dgate); /* dgate and dup */
+    K(swiglu_bwd, w.dgate, w.dup, s.dhmid, a.gate, a.up, NHd);
+    K(zero, w.dln2, NC * sizeof *w.dln2);
+    K(linear_bwd, w.dln2, NULL, NULL, w.dgate, a.ln2, p[6], d.N, d.C, d.H);
+    K(linear_bwd, w.dln2, NULL, NULL, w.dup, a.ln2, p[7], d.N, d.C, d.H);
+    K(rmsnorm_bwd, w.dres2, NULL, w.dln2, a.res2, p[5], a.rstd2, d.N, d.C);
+    K(zero, s.datty, NC * sizeof *s.datty);
+    K(linear_bwd, s.datty, NULL, NULL, w.dres2, a.atty, p[4], d.N, d.C, d.C);
+    K(zero, s.dqkv, 3 * NC * sizeof *s.dqkv);
+    K(attention_bwd, s.dqkv, s.datty, a.qkv, a.att, s.att_scratch, B, d.T, d.C, d.NH, 1);
+    K(zero, w.dq, (NC + 2 * (size_t)d.N * d.KVD) * sizeof *w.dq); /* dq, dk, dv */
+    K(rope_bwd, w.dq, w.dk, w.dv, s.dqkv, B, d.T, d.NH, d.NKV, d.HD, 0, u->desc.rope);
+    K(zero, w.dln1, NC * sizeof *w.dln1);
+    K(linear_bwd, w.dln1, NULL, NULL, w.dq, a.ln1, p[1], d.N, d.C, d.C);
+    K(linear_bwd, w.dln1, NULL, NULL, w.dk, a.ln1, p[2], d.N, d.C, d.KVD);
+    K(linear_bwd, w.dln1, NULL, NULL, w.dv, a.ln1, p[3], d.N, d.C, d.KVD);
+    if (din) {
+        K(add, din, w.dres2, NC);
+        K(rmsnorm_bwd, din, NULL, w.dln1, x, p[0], a.rstd1, d.N, d.C);
+    }
+    return CDP_OK;
+}
+
+/* W: each parameter's call of backward, din NULL, from the W-state. */
+static cdp_status backward_weight(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p,
+                                  float *const *g, const void *in, const float *act, const float *tail,
+                                  const float *dout, const float *ws, float *scratch_, int B)
+{
+    (void)dout, (void)scratch_;
+    const float *x = (const float *)in;
+    const struct dims d = dims_of(u, B);
+    struct block_acts a = block_layout((float *)act, (float *)tail, B, d.T, d.C, d.H);
+    struct block_wstate w = block_wstate((float *)ws, &d);
+    K(linear_bwd, NULL, g[8], NULL, w.dout, a.hmid, p[8], d.N, d.H, d.C);
+    K(linear_bwd, NULL, g[6], NULL, w.dgate, a.ln2, p[6], d.N, d.C, d.H);
+    K(linear_bwd, NULL, g[7], NULL, w.dup, a.ln2, p[7], d.N, d.C, d.H);
+    K(rmsnorm_bwd, NULL, g[5], w.dln2, a.res2, p[5], a.rstd2, d.N, d.C);
+    K(linear_bwd, NULL, g[4], NULL, w.dres2, a.atty, p[4], d.N, d.C, d.C);
+    K(linear_bwd, NULL, g[1], NULL, w.dq, a.ln1, p[1], d.N, d.C, d.C);
+    K(linear_bwd, NULL, g[2], NULL, w.dk, a.ln1, p[2], d.N, d.C, d.KVD);
+    K(linear_bwd, NULL, g[3], NULL, w.dv, a.ln1, p[3], d.N, d.C, d.KVD);
+    K(rmsnorm_bwd, NULL, g[0], w.dln1, x, p[0], a.rstd1, d.N, d.C);
+    return CDP_OK;
+}
+
+const struct cdp_layer_def cdp_layer_llama_block = {
+    .type = CDP_LAYER_LLAMA_BLOCK,
+    .name = "llama_block",
+    .listable = 1,
+    .keys = keys,
+    .keeps_attention = 1,
+    .parse = parse,
+    .shape = shape,
+    .params = params,
+    .emit = emit,
+    .describe = describe,
+    .build = build,
+    .cost = cost,
+    .scratch = scratch,
+    .forward = forward,
+    .backward = backward,
+    .backward_input = backward_input,
+    .backward_weight = backward_weight,
+    .recompute = recompute,
+};

@@ -1,0 +1,243 @@
+/* rotary_attention: Llama's self-attention over [T, C]: q, k and v
+ * projections without biases (k and v with kv_heads heads: grouped-query
+ * attention), rotary position embeddings on q and k, causal scaled
+ * dot-product attention over the heads, the o projection. Keys: heads
+ * (required), kv_heads (default heads), rope_theta (10000), rope_scaling
+ * (none). Kept: the output, the rotated and expanded qkv; the tail: the
+ * attention's output, then its state. */
+#include "model/layers/common.h"
+
+static const char *const keys[] = {"heads", "kv_heads", "rope_theta", "rope_scaling", NULL};
+
+static cdp_status parse(const struct cdp_json_in *in, const json_t *v, const char *ptr, const char *who,
+                        struct cdp_layer_desc *L)
+{
+    cdp_status st;
+    if ((st = cdp_layer_get_required_int(in, v, ptr, "heads", 1, who, &L->heads))) return st;
+    L->kv_heads = L->heads;
+    if ((st = cdp_json_get_int(in, v, ptr, "kv_heads", 1, CDP_PLAN_MAX_COUNT, 0, &L->kv_heads))) return st;
+    return cdp_rope_parse(in, v, ptr, &L->rope);
+}
+
+static int shape(const struct cdp_layer_desc *L, const struct cdp_shape *in, struct cdp_shape *out, char *why,
+                 size_t cap)
+{
+    return cdp_rotary_shape("rotary_attention", L, in, out, why, cap);
+}
+
+/* q and o: C x C each; k and v: KVD x C each */
+static int64_t params(const struct cdp_layer_desc *L, const struct cdp_shape *in)
+{
+    const int64_t C = cdp_shape_last(in), KVD = C / L->heads * L->kv_heads;
+    return cdp_mul_add(cdp_mul_add(C, C, 0), 2, cdp_mul_add(cdp_mul_add(C, KVD, 0), 2, 0));
+}
+
+static int emit(const struct cdp_layer_desc *L, json_t *o)
+{
+    return json_object_set_new(o, "heads", CDP_JINT(L->heads)) |
+           json_object_set_new(o, "kv_heads", CDP_JINT(L->kv_heads)) | cdp_rope_emit(&L->rope, o);
+}
+
+static void describe(const struct cdp_layer_desc *L, char *buf, size_t cap)
+{
+    char r[96];
+    cdp_rope_describe(&L->rope, r, sizeof r);
+    snprintf(buf, cap, " heads %lld, kv_heads %lld,%s", (long long)L->heads, (long long)L->kv_heads, r);
+}
+
+static void build(struct cdp_unit *u, const struct cdp_model_desc *m)
+{
+    (void)m;
+    const int64_t C = cdp_shape_last(&u->in), KVD = C / u->desc.heads * u->desc.kv_heads;
+    cdp_unit_add_linear_params(u, "q_proj", C, C, 0, 0, 0.0f);
+    cdp_unit_add_linear_params(u, "k_proj", KVD, C, 0, 0, 0.0f);
+    cdp_unit_add_linear_params(u, "v_proj", KVD, C, 0, 0, 0.0f);
+    cdp_unit_add_linear_params(u, "o_proj", C, C, 0, 0, 0.0f);
+}
+
+static void cost(struct cdp_unit *u)
+{
+    const int64_t T = u->in.d[0], C = u->in.d[1], KVD = C / u->desc.heads * u->desc.kv_heads;
+    const double gemm = 2.0 * T * (2.0 * C * C + 2.0 * C * KVD);
+    u->fwd_flops = gemm + cdp_attention_flops(T, C, 1, 0);
+    u->bwd_flops = 2.0 * gemm + cdp_attention_flops(T, C, 1, 1);
+    u->att_floats = u->desc.heads * T * T;
+    u->act_floats = T * C + 3 * T * C + T * C + u->att_floats;
+    /* W: the four projections' dw, from copies of their output gradients (dout, dq, dk, dv) */
+    u->bwd_weight_flops = gemm;
+    u->wstate_floats = T * (2 * C + 2 * KVD);
+    /* selective: the attention's output and state, from the kept qkv */
+    u->tail_floats = T * C;
+    u->tail_flops = cdp_attention_flops(T, C, 1, 0);
+}
+
+/* forward: q, k, v; backward: datty, dqkv, dq, dk, dv, T x T */
+static int64_t scratch(const struct cdp_unit *u, int B)
+{
+    const int64_t T = u->in.d[0], C = u->in.d[1], KVD = C / u->desc.heads * u->desc.kv_heads;
+    return (int64_t)B * T * (5 * C + 2 * KVD) + T * T;
+}
+
+struct dims {
+    int T, C, NH, NKV, HD, KVD, N;
+};
+
+static struct dims dims_of(const struct cdp_unit *u, int B)
+{
+    struct dims d;
+    d.T = (int)u->in.d[0];
+    d.C = (int)u->in.d[1];
+    d.NH = (int)u->desc.heads;
+    d.NKV = (int)u->desc.kv_heads;
+    d.HD = d.C / d.NH;
+    d.KVD = d.HD * d.NKV;
+    d.N = B * d.T;
+    return d;
+}
+
+static cdp_status forward(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p, const void *in,
+                          float *act, float *tail, float *scratch_, int B)
+{
+    const struct dims d = dims_of(u, B);
+    const float *x = (const float *)in;
+    float *qkv = act + (size_t)d.N * d.C, *atty = tail, *att = atty + (size_t)d.N * d.C;
+    float *q = scratch_, *kk = q + (size_t)d.N * d.C, *v = kk + (size_t)d.N * d.KVD;
+    K(linear_fwd, q, x, p[0], NULL, d.N, d.C, d.C);
+    K(linear_fwd, kk, x, p[1], NULL, d.N, d.C, d.KVD);
+    K(linear_fwd, v, x, p[2], NULL, d.N, d.C, d.KVD);
+    K(rope_fwd, qkv, q, kk, v, B, d.T, d.NH, d.NKV, d.HD, 0, u->desc.rope);
+    K(attention_fwd, atty, att, qkv, B, d.T, d.C, d.NH, 1);
+    K(linear_fwd, act, atty, p[3], NULL, d.N, d.C, d.C);
+    return CDP_OK;
+}
+
+static cdp_status recompute(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p, const void *in,
+                            float *act, float *tail, float *scratch_, int B)
+{
+    (void)p, (void)in, (void)scratch_;
+    const struct dims d = dims_of(u, B);
+    const float *qkv = act + (size_t)d.N * d.C;
+    K(attention_fwd, tail, tail + (size_t)d.N * d.C, qkv, B, d.T, d.C, d.NH, 1);
+    return CDP_OK;
+}
+
+/* backward's buffers in scratch, and the W-state's (dout, dq, dk, dv) */
+struct grads {
+    float *datty, *dqkv, *dq, *dk, *dv, *tt;
+};
+
+static struct grads grads_layout(float *s, const struct dims *d)
+{
+    struct grads g;
+    const size_t NC = (size_t)d->N * d->C, NK = (size_t)d->N * d->KVD;
+    g.datty = s;
+    g.dqkv = g.datty + NC;
+    g.dq = g.dqkv + 3 * NC;
+    g.dk = g.dq + NC;
+    g.dv = g.dk + NK;
+    g.tt = g.dv + NK;
+    return g;
+}
+
+/* The common part of backward and B: dq, dk, dv (zeroed, then accumulated)
+ * from dout through o, the attention and the rotation; o's dw into go (NULL: not). */
+static cdp_status to_qkv(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p, float *go,
+                         const float *act, const float *tail, const float *dout, struct grads *s, float *dq,
+                         float *dk, float *dv, int B)
+{
+    const struct dims d = dims_of(u, B);
+    const size_t NC = (size_t)d.N * d.C, NK = (size_t)d.N * d.KVD;
+    const float *qkv = act + NC, *atty = tail, *att = atty + NC;
+    K(zero, s->datty, NC * sizeof *s->datty);
+    K(linear_bwd, s->datty, go, NULL, dout, atty, p[3], d.N, d.C, d.C);
+    K(zero, s->dqkv, 3 * NC * sizeof *s->dqkv);
+    K(attention_bwd, s->dqkv, s->datty, qkv, att, s->tt, B, d.T, d.C, d.NH, 1);
+    K(zero, dq, NC * sizeof *dq);
+    K(zero, dk, NK * sizeof *dk);
+    K(zero, dv, NK * sizeof *dv);
+    K(rope_bwd, dq, dk, dv, s->dqkv, B, d.T, d.NH, d.NKV, d.HD, 0, u->desc.rope);
+    return CDP_OK;
+}
+
+static cdp_status backward(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p,
+                           float *const *g, const void *in, const float *act, const float *tail,
+                           const float *dout, float *din, float *scratch_, int B)
+{
+    const struct dims d = dims_of(u, B);
+    const float *x = (const float *)in;
+    struct grads s = grads_layout(scratch_, &d);
+    cdp_status st = to_qkv(k, u, p, g[3], act, tail, dout, &s, s.dq, s.dk, s.dv, B);
+    if (st) return st;
+    K(linear_bwd, din, g[0], NULL, s.dq, x, p[0], d.N, d.C, d.C);
+    K(linear_bwd, din, g[1], NULL, s.dk, x, p[1], d.N, d.C, d.KVD);
+    K(linear_bwd, din, g[2], NULL, s.dv, x, p[2], d.N, d.C, d.KVD);
+    return CDP_OK;
+}
+
+static void rot_wstate(float *ws, const struct dims *d, float **dout, float **dq, float **dk, float **dv)
+{
+    *dout = ws;
+    *dq = ws + (size_t)d->N * d->C;
+    *dk = *dq + (size_t)d->N * d->C;
+    *dv = *dk + (size_t)d->N * d->KVD;
+}
+
+/* B: backward's input-gradient calls, the weight outputs NULL, with the
+ * projections' output gradients in the W-state */
+static cdp_status backward_input(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p,
+                                 const void *in, const float *act, const float *tail, const float *dout,
+                                 float *din, float *ws, float *scratch_, int B)
+{
+    const struct dims d = dims_of(u, B);
+    const float *x = (const float *)in;
+    struct grads s = grads_layout(scratch_, &d);
+    float *wdout, *dq, *dk, *dv;
+    rot_wstate(ws, &d, &wdout, &dq, &dk, &dv);
+    K(copy, wdout, dout, (size_t)d.N * d.C * sizeof *wdout);
+    cdp_status st = to_qkv(k, u, p, NULL, act, tail, dout, &s, dq, dk, dv, B);
+    if (st) return st;
+    if (din) {
+        K(linear_bwd, din, NULL, NULL, dq, x, p[0], d.N, d.C, d.C);
+        K(linear_bwd, din, NULL, NULL, dk, x, p[1], d.N, d.C, d.KVD);
+        K(linear_bwd, din, NULL, NULL, dv, x, p[2], d.N, d.C, d.KVD);
+    }
+    return CDP_OK;
+}
+
+/* W: the four projections' dw, din NULL */
+static cdp_status backward_weight(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p,
+                                  float *const *g, const void *in, const float *act, const float *tail,
+                                  const float *dout, const float *ws, float *scratch_, int B)
+{
+    (void)act, (void)dout, (void)scratch_;
+    const struct dims d = dims_of(u, B);
+    const float *x = (const float *)in;
+    float *wdout, *dq, *dk, *dv;
+    rot_wstate((float *)ws, &d, &wdout, &dq, &dk, &dv);
+    K(linear_bwd, NULL, g[3], NULL, wdout, tail, p[3], d.N, d.C, d.C);
+    K(linear_bwd, NULL, g[0], NULL, dq, x, p[0], d.N, d.C, d.C);
+    K(linear_bwd, NULL, g[1], NULL, dk, x, p[1], d.N, d.C, d.KVD);
+    K(linear_bwd, NULL, g[2], NULL, dv, x, p[2], d.N, d.C, d.KVD);
+    return CDP_OK;
+}
+
+const struct cdp_layer_def cdp_layer_rotary_attention = {
+    .type = CDP_LAYER_ROTARY_ATTENTION,
+    .name = "rotary_attention",
+    .listable = 1,
+    .keys = keys,
+    .keeps_attention = 1,
+    .parse = parse,
+    .shape = shape,
+    .params = params,
+    .emit = emit,
+    .describe = describe,
+    .build = build,
+    .cost = cost,
+    .scratch = scratch,
+    .forward = forward,
+    .backward = backward,
+    .backward_input = backward_input,
+    .backward_weight = backward_weight,
+    .recompute = recompute,
+};
