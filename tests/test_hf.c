@@ -24,7 +24,13 @@
 #define T 16
 #define V 64
 
-static const char *tiny(void) { return cdp_test_source_path("tests/fixtures/hf/gpt2-tiny"); }
+static const char *fixture_dir(const char *name)
+{
+    static char path[4096];
+    snprintf(path, sizeof path, "%s/%s", cdp_test_source_path("tests/fixtures/hf"), name);
+    return path;
+}
+static const char *tiny(void) { return fixture_dir("gpt2-tiny"); }
 
 /* A plan of the model at /model (a JSON object's text), loaded from dir. */
 static cdp_status plan_of(const char *model, const char *dir, struct cdp_plan **out)
@@ -40,10 +46,10 @@ struct expect {
     float last[V];
 };
 
-static void read_expect(struct expect *e)
+static void read_expect(const char *dir, struct expect *e)
 {
     char path[4200];
-    snprintf(path, sizeof path, "%s/expect.json", tiny());
+    snprintf(path, sizeof path, "%s/expect.json", dir);
     json_error_t err;
     json_t *j = json_load_file(path, 0, &err);
     cr_assert(j, "%s: %s", path, err.text);
@@ -69,22 +75,12 @@ static struct cdp_model *load(const struct cdp_plan *p, cdp_device_t *dev)
     return m;
 }
 
-Test(hf, a_sharded_transformers_folder_gives_its_loss)
+/* The fixture's loss through the model, and its last logits through the
+ * KV-cache decoder (the prompt at once, then one token at a time). */
+static void gives_its_loss(const char *dir, const struct cdp_plan *p)
 {
     struct expect e;
-    read_expect(&e);
-    char model[4400];
-    snprintf(model, sizeof model, "{\"from\": \"%s\"}", tiny());
-    struct cdp_plan *p = NULL;
-    cr_assert_eq(plan_of(model, "/", &p), CDP_OK, "%s", cdp_last_error());
-    cr_assert_eq(p->model.kind, CDP_MODEL_GPT);
-    cr_assert_eq(p->model.layers, 2);
-    cr_assert_eq(p->model.heads, 4);
-    cr_assert_eq(p->model.embed, 32);
-    cr_assert_eq(p->model.vocab, V);
-    cr_assert_eq(p->model.context, T);
-    cr_assert(p->model.tie_embeddings);
-    cr_assert(strstr(p->model.weights, "model.safetensors.index.json"), "%s", p->model.weights);
+    read_expect(dir, &e);
     cdp_device_t dev = NULL;
     struct cdp_model *m = load(p, &dev);
     memcpy(cdp_model_input(m, 0), e.tokens, sizeof e.tokens);
@@ -112,6 +108,51 @@ Test(hf, a_sharded_transformers_folder_gives_its_loss)
     cdp_infer_destroy(inf);
     cdp_model_destroy(m);
     cdp_device_close(dev);
+}
+
+Test(hf, a_sharded_transformers_gpt2_gives_its_loss)
+{
+    char model[4400];
+    snprintf(model, sizeof model, "{\"from\": \"%s\"}", tiny());
+    struct cdp_plan *p = NULL;
+    cr_assert_eq(plan_of(model, "/", &p), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(p->model.kind, CDP_MODEL_GPT);
+    cr_assert_eq(p->model.arch, CDP_ARCH_GPT2);
+    cr_assert_eq(p->model.layers, 2);
+    cr_assert_eq(p->model.heads, 4);
+    cr_assert_eq(p->model.embed, 32);
+    cr_assert_eq(p->model.vocab, V);
+    cr_assert_eq(p->model.context, T);
+    cr_assert(p->model.tie_embeddings);
+    cr_assert(strstr(p->model.weights, "model.safetensors.index.json"), "%s", p->model.weights);
+    gives_its_loss(tiny(), p);
+    cdp_plan_free(p);
+}
+
+Test(hf, a_sharded_transformers_llama_gives_its_loss)
+{
+    char model[4400];
+    snprintf(model, sizeof model, "{\"from\": \"%s\", \"kv_heads\": 2, \"rope_theta\": 10000}",
+             fixture_dir("llama-tiny"));
+    struct cdp_plan *p = NULL;
+    cr_assert_eq(plan_of(model, "/", &p), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(p->model.arch, CDP_ARCH_LLAMA);
+    cr_assert_str_eq(p->model.preset, "llama");
+    cr_assert_eq(p->model.layers, 2);
+    cr_assert_eq(p->model.heads, 4);
+    cr_assert_eq(p->model.kv_heads, 2);
+    cr_assert_eq(p->model.embed, 32);
+    cr_assert_eq(p->model.ffn_hidden, 48);
+    cr_assert_eq(p->model.context, T);
+    cr_assert(!p->model.tie_embeddings);
+    cr_assert_float_eq(p->model.norm_eps, 1e-5, 1e-12);
+    /* transformers 5's rope_parameters with llama3 scaling */
+    cr_assert_float_eq(p->model.rope.theta, 10000, 1e-9);
+    cr_assert_float_eq(p->model.rope.factor, 8, 1e-9);
+    cr_assert_float_eq(p->model.rope.low_freq_factor, 1, 1e-9);
+    cr_assert_float_eq(p->model.rope.high_freq_factor, 4, 1e-9);
+    cr_assert_eq(p->model.rope.original_context, 8);
+    gives_its_loss(fixture_dir("llama-tiny"), p);
     cdp_plan_free(p);
 }
 
@@ -149,15 +190,16 @@ Test(hf, plan_keys_beside_from_may_only_shorten_the_context)
 }
 
 /* A copy of the fixture in a new folder, for breaking. */
-static const char *copy_tiny(const char *name)
+static const char *copy_of(const char *from, const char *name)
 {
     static char dir[4200];
     snprintf(dir, sizeof dir, "%s/%s", cdp_test_tmpdir(), name);
     char cmd[9000];
-    snprintf(cmd, sizeof cmd, "cp -r '%s' '%s'", tiny(), dir);
+    snprintf(cmd, sizeof cmd, "cp -r '%s' '%s'", from, dir);
     cr_assert_eq(system(cmd), 0);
     return dir;
 }
+static const char *copy_tiny(const char *name) { return copy_of(tiny(), name); }
 
 /* /model/from dir fails naming each of words. */
 static void refused(const char *dir, const char *const *words, int n)
@@ -241,6 +283,28 @@ Test(hf, mismatches_name_the_key_or_the_file)
     json_dump_file(c, path, 0);
     json_decref(c);
     refused(d, (const char *[]){"/weight_map/transformer.wte.weight", "has no tensor"}, 2);
+
+    /* Llama: a rope scaling not implemented, biases, another activation, heads that do not divide */
+    d = copy_of(fixture_dir("llama-tiny"), "yarn");
+    json_t *rope = json_pack("{s:s, s:f, s:f}", "rope_type", "yarn", "factor", 4.0, "rope_theta", 10000.0);
+    set_config(d, "rope_parameters", rope);
+    refused(d, (const char *[]){"config.json: /rope_parameters/rope_type", "\"yarn\"", "llama3"}, 3);
+    d = copy_of(fixture_dir("llama-tiny"), "yarn4");
+    set_config(d, "rope_parameters", json_null());
+    set_config(d, "rope_scaling", json_pack("{s:s, s:f}", "type", "linear", "factor", 2.0));
+    refused(d, (const char *[]){"/rope_scaling/type", "\"linear\""}, 2);
+    d = copy_of(fixture_dir("llama-tiny"), "bias");
+    set_config(d, "attention_bias", json_true());
+    refused(d, (const char *[]){"/attention_bias", "no biases"}, 2);
+    d = copy_of(fixture_dir("llama-tiny"), "gelu");
+    set_config(d, "hidden_act", json_string("gelu"));
+    refused(d, (const char *[]){"/hidden_act", "silu"}, 2);
+    d = copy_of(fixture_dir("llama-tiny"), "kv3");
+    set_config(d, "num_key_value_heads", json_integer(3));
+    refused(d, (const char *[]){"/num_key_value_heads", "does not divide"}, 2);
+    d = copy_of(fixture_dir("llama-tiny"), "scaling");
+    set_config(d, "rope_parameters", json_pack("{s:s, s:f}", "rope_type", "llama3", "factor", 8.0));
+    refused(d, (const char *[]){"/rope_parameters/low_freq_factor", "missing"}, 2);
 
     /* a folder that is not one */
     refused("/nonexistent-hf-folder", (const char *[]){"/model/from", "/nonexistent-hf-folder", "cannot open"}, 3);
@@ -329,6 +393,32 @@ Test(hf, export_writes_shards_an_index_and_configs_that_read_back_the_same, .tim
     cr_assert_eq(memcmp(a, b, (size_t)n * 4), 0);
     free(a);
     free(b);
+    /* a Llama the same way, in shards: nothing transposed, the untied head beside the embedding */
+    snprintf(text, sizeof text, "{\"model\": {\"from\": \"%s\"}}\n", fixture_dir("llama-tiny"));
+    char lplan[4400], lout[4400];
+    snprintf(lplan, sizeof lplan, "%s", cdp_test_write_file(dir, "llama.json", text));
+    snprintf(lout, sizeof lout, "%s/llama-exported", dir);
+    cr_assert_eq(cdp_test_run(&r, (const char *[]){"export", "--plan", lplan, "--format", "hf", "--shard-size",
+                                                   "30kB", "--out", lout, NULL}), 0);
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    cr_assert(strstr(r.out, "LlamaForCausalLM"), "%s", r.out);
+    cdp_test_run_free(&r);
+    cr_assert(is_file(lout, "model.safetensors.index.json"));
+    a = params_of(fixture_dir("llama-tiny"), &n);
+    b = params_of(lout, &n2);
+    cr_assert_eq(n, n2);
+    cr_assert_eq(memcmp(a, b, (size_t)n * 4), 0, "the exported Llama reads back differently");
+    free(a);
+    free(b);
+    snprintf(cfg, sizeof cfg, "%s/config.json", lout);
+    c = json_load_file(cfg, 0, NULL);
+    cr_assert(c);
+    cr_assert_str_eq(json_string_value(json_array_get(json_object_get(c, "architectures"), 0)), "LlamaForCausalLM");
+    cr_assert_eq(json_integer_value(json_object_get(c, "num_key_value_heads")), 2);
+    cr_assert_eq(json_integer_value(json_object_get(c, "intermediate_size")), 48);
+    cr_assert_str_eq(json_string_value(json_object_get(json_object_get(c, "rope_scaling"), "rope_type")), "llama3");
+    cr_assert(json_is_false(json_object_get(c, "tie_word_embeddings")));
+    json_decref(c);
     /* ours: one file in our names, loaded back by a plan of the same model */
     snprintf(weights, sizeof weights, "%s/ours.safetensors", dir);
     cr_assert_eq(cdp_test_run(&r, (const char *[]){"export", "--plan", plan, "--out", weights, NULL}), 0);
