@@ -488,3 +488,49 @@ Test(hf, generate_stops_at_the_end_of_text_token, .timeout = 60)
     cr_assert_str_eq(r.out, want);
     cdp_test_run_free(&r);
 }
+
+/* A Llama read from a Hugging Face folder trains (2 stages), and its
+ * checkpoint exports to a folder with the weights training wrote. */
+Test(hf, an_imported_llama_trains_and_its_checkpoint_exports, .timeout = 120)
+{
+    const char *dir = cdp_test_tmpdir();
+    char text[8192], plan[4400], out[4400], wout[4400], w[4400];
+    snprintf(text, sizeof text,
+             "{\"model\": {\"from\": \"%s\"},\n"
+             " \"data\": {\"source\": \"synthetic\", \"seed\": 3},\n"
+             " \"train\": {\"steps\": 3, \"micro_batch\": 1, \"global_batch\": 2, \"checkpoint\": {\"dir\": \"ck\"},\n"
+             "           \"optimizer\": {\"type\": \"adamw\", \"lr\": 0.01}},\n"
+             " \"parallel\": {\"stages\": 2, \"replicas\": 1},\n"
+             " \"cluster\": {\"backend\": \"cpu\"},\n"
+             " \"output\": {\"weights\": \"w.safetensors\"}}\n",
+             fixture_dir("llama-tiny"));
+    snprintf(plan, sizeof plan, "%s", cdp_test_write_file(dir, "plan.json", text));
+    struct cdp_run r;
+    cr_assert_eq(cdp_test_run(&r, (const char *[]){"--plan", plan, "-q", NULL}), 0);
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    cdp_test_run_free(&r);
+    char ck[4400];
+    snprintf(ck, sizeof ck, "%s/ck", dir);
+    snprintf(out, sizeof out, "%s/from-ckpt", dir);
+    snprintf(wout, sizeof wout, "%s/from-weights", dir);
+    snprintf(w, sizeof w, "%s/w.safetensors", dir);
+    cr_assert_eq(cdp_test_run(&r, (const char *[]){"export", "--checkpoint", ck, "--format", "hf", "--out", out, NULL}),
+                 0);
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    cr_assert(strstr(r.out, "LlamaForCausalLM"), "%s", r.out);
+    cdp_test_run_free(&r);
+    cr_assert_eq(cdp_test_run(&r, (const char *[]){"export", "--plan", plan, "--weights", w, "--format", "hf", "--out",
+                                                   wout, NULL}),
+                 0);
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    cdp_test_run_free(&r);
+    int64_t n = 0, n2 = 0, n0 = 0;
+    float *a = params_of(out, &n), *b = params_of(wout, &n2), *start = params_of(fixture_dir("llama-tiny"), &n0);
+    cr_assert_eq(n, n2);
+    cr_assert_eq(n, n0);
+    cr_assert_eq(memcmp(a, b, (size_t)n * 4), 0, "the checkpoint's export differs from the weights' export");
+    cr_assert_neq(memcmp(a, start, (size_t)n * 4), 0, "3 steps of AdamW changed nothing");
+    free(a);
+    free(b);
+    free(start);
+}

@@ -115,6 +115,33 @@ done:
     return code;
 }
 
+/* A checkpoint's model loaded whole on the CPU and written as a Hugging Face folder. */
+static int export_checkpoint_model(const struct cdp_plan *p, const char *path, struct cdp_ckpt_info *info,
+                                   const char *out, uint64_t shard, int quiet)
+{
+    cdp_device_t dev = NULL;
+    struct cdp_model *m = NULL;
+    char step_s[24];
+    snprintf(step_s, sizeof step_s, "%lld", (long long)info->step);
+    const char *meta[4] = {"format", "pt", "cdphybrid_step", step_s};
+    cdp_status st = cdp_device_open(CDP_BACKEND_CPU, 0, 0, &dev);
+    if (!st) st = cdp_model_create(&p->model, 0, (int)cdp_plan_model_units(p), 1, 1, p->train.seed, dev, &m);
+    if (!st) st = cdp_ckpt_load(path, info, &m, NULL, 1);
+    int code = 0;
+    if (st) {
+        code = st == CDP_ERR_NOMEM ? EXIT_RUN_FAILED : EXIT_USAGE;
+    } else if ((st = cdp_hf_export_model(m, &p->model, out, shard, meta, 2))) {
+        code = st == CDP_ERR_INVALID ? EXIT_USAGE : EXIT_RUN_FAILED;
+    }
+    if (st) fprintf(stderr, "cdphybrid export: %s\n", cdp_last_error());
+    else if (!quiet)
+        printf("exported step %lld of %s to %s (Hugging Face %s)\n", (long long)info->step, path, out,
+               cdp_hf_family(&p->model));
+    cdp_model_destroy(m);
+    cdp_device_close(dev);
+    return code;
+}
+
 int cdp_cli_export(int argc, char **argv)
 {
     const char *ckpt = NULL, *out = NULL, *format = "cdphybrid", *plan = NULL, *weights = NULL, *shard_s = NULL;
@@ -197,6 +224,21 @@ int cdp_cli_export(int argc, char **argv)
     if (st) {
         fprintf(stderr, "cdphybrid export: %s\n", cdp_last_error());
         return st == CDP_ERR_NOMEM ? EXIT_RUN_FAILED : EXIT_USAGE;
+    }
+    if (hf && info.plan_json) {
+        /* a Llama through the model (the checkpoint's export streams GPT-2's layout only) */
+        struct cdp_plan *p = NULL;
+        char name[4200];
+        snprintf(name, sizeof name, "%s/manifest.json (its plan)", path);
+        if (!cdp_plan_load_string(info.plan_json, name, NULL, &p) && p->model.kind == CDP_MODEL_GPT &&
+            p->model.arch == CDP_ARCH_LLAMA) {
+            int code = export_checkpoint_model(p, path, &info, out, shard, quiet);
+            cdp_plan_free(p);
+            free(path);
+            cdp_ckpt_info_free(&info);
+            return code;
+        }
+        cdp_plan_free(p);
     }
     st = hf ? cdp_ckpt_export_hf(path, out, shard) : cdp_ckpt_export(path, out);
     if (st) {

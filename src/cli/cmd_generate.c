@@ -557,8 +557,12 @@ static int generate_on(const struct infer_args *ap, struct ranks *rk, const stru
         }
         uint64_t state = seed;
         int64_t from = 0; /* the cache holds the positions of tokens all[from ..] */
+        /* timings (-v): the first step (the prompt's positions and the first token), then the rest */
+        uint64_t t0 = cdp_time_ns(), t1 = t0;
+        int64_t made = 0, prompt_positions = 0;
         for (int64_t k = 0; k < n_new; k++) {
             int32_t next = 0;
+            if (k == 1) t1 = cdp_time_ns();
             const int64_t known = n + k, pos = cdp_infer_position(inf);
             /* the newest token alone when the cache holds the rest and has room; else (the start, or the
              * window slides past the context) the window again from position 0 */
@@ -587,6 +591,8 @@ static int generate_on(const struct infer_args *ap, struct ranks *rk, const stru
                 code = fail(a.cmd, st);
                 break;
             }
+            if (k == 0) prompt_positions = feed;
+            made = k + 1;
             if (next == stop) break; /* the end of the text: not printed */
             all[n + k] = next;
             if (!printer) {
@@ -604,6 +610,14 @@ static int generate_on(const struct infer_args *ap, struct ranks *rk, const stru
         if (code < 0) {
             if (printer) fputc('\n', stdout);
             code = finish_stdout(a.cmd);
+        }
+        const uint64_t t2 = cdp_time_ns();
+        if (code == 0 && printer && made > 0) {
+            const double first = (double)(t1 - t0) * 1e-9, rest = (double)(t2 - t1) * 1e-9;
+            CDP_INFO(EXEC, "%s: the prompt's %lld positions and the first token in %.3f s; %lld more tokens in "
+                     "%.3f s: %.2f tokens/s (a forward of one position each, KV cache)", a.cmd,
+                     (long long)prompt_positions, first, (long long)(made - 1), made > 1 ? rest : 0.0,
+                     made > 1 && rest > 0 ? (double)(made - 1) / rest : 0.0);
         }
     }
     cdp_infer_destroy(inf);
