@@ -1273,11 +1273,14 @@ Test(checkpoint, export_command_format_hf)
     cr_assert_eq(cdp_test_run(&r, (const char *[]){"export", "--checkpoint", ckpt, "--format", "hf", "--out", out,
                                                    NULL}), 0);
     cr_assert_eq(r.exit_code, 0, "stderr: %s", r.err);
-    cr_assert(strstr(r.out, "exported step 4") && strstr(r.out, "(Hugging Face GPT-2: model.safetensors, "
-                                                               "config.json)"), "%s", r.out);
+    cr_assert(strstr(r.out, "exported step 4") && strstr(r.out, "(Hugging Face GPT-2: config.json, "
+                                                               "generation_config.json, safetensors)"), "%s", r.out);
     cdp_test_run_free(&r);
     json_t *c = read_json(path_in(dir, "gpt-hf/config.json"));
     cr_assert_eq(json_integer_value(json_object_get(c, "n_layer")), 3);
+    json_decref(c);
+    c = read_json(path_in(dir, "gpt-hf/generation_config.json"));
+    cr_assert(json_is_object(c));
     json_decref(c);
     /* our names stay the default */
     cr_assert_eq(cdp_test_run(&r, (const char *[]){"export", "--checkpoint", ckpt, "--out", path_in(dir, "w.st"),

@@ -1,6 +1,6 @@
 /* Suite fuzz: a seeded mutation loop over every reader of outside input (the
- * plan loader, the three topology readers, safetensors, the checkpoint
- * manifest). Each target mutates real seed files (flipped bits, interesting
+ * plan loader, the three topology readers, safetensors and its index of
+ * shards, a Hugging Face config.json, the checkpoint manifest). Each target mutates real seed files (flipped bits, interesting
  * bytes and tokens, cut and repeated ranges) for CDP_FUZZ_SECONDS (default 4)
  * or at least 200 inputs, and every input must be accepted or refused with a
  * message: never a crash, a hang (the test's timeout) or, under ASan and
@@ -20,6 +20,7 @@
 #include "core/file.h"
 #include "harness.h"
 #include "model/checkpoint.h"
+#include "model/hf.h"
 #include "model/safetensors.h"
 
 struct rng {
@@ -234,6 +235,18 @@ static cdp_status manifest_target(const char *data, size_t n, void *vctx)
     return CDP_OK;
 }
 
+/* A Hugging Face folder's config.json (ctx: the folder, its weights beside). */
+static cdp_status hf_config_target(const char *data, size_t n, void *vctx)
+{
+    struct file_ctx *c = vctx;
+    write_raw(c->path, data, n);
+    struct cdp_model_desc md;
+    char *weights = NULL;
+    cdp_status st = cdp_hf_read_config(c->folder, &md, &weights);
+    free(weights);
+    return st;
+}
+
 /* ---- tests ------------------------------------------------------------------- */
 
 Test(fuzz, plan_loader, .timeout = 300)
@@ -335,5 +348,45 @@ Test(fuzz, checkpoint_manifest, .timeout = 300)
     snprintf(c.path, sizeof c.path, "%s/manifest.json", c.folder);
     struct blob seed = read_blob(c.path);
     fuzz("checkpoint manifest", &seed, 1, manifest_target, &c);
+    free(seed.p);
+}
+
+/* A copy of a fixture folder of tests/fixtures/hf in dir/name. */
+static void copy_fixture(const char *name, const char *to)
+{
+    char cmd[9000];
+    snprintf(cmd, sizeof cmd, "cp -r '%s/%s' '%s'", cdp_test_source_path("tests/fixtures/hf"), name, to);
+    cr_assert_eq(system(cmd), 0);
+}
+
+Test(fuzz, hf_config, .timeout = 300)
+{
+    const char *dir = cdp_test_tmpdir();
+    struct blob seeds[2];
+    const char *names[2] = {"gpt2-tiny", "llama-tiny"};
+    struct file_ctx c = {0};
+    for (int i = 0; i < 2; i++) {
+        char path[4400];
+        snprintf(path, sizeof path, "%s/%s/config.json", cdp_test_source_path("tests/fixtures/hf"), names[i]);
+        seeds[i] = read_blob(path);
+    }
+    snprintf(c.folder, sizeof c.folder, "%.4000s/hf", dir);
+    copy_fixture("gpt2-tiny", c.folder);
+    snprintf(c.path, sizeof c.path, "%s/config.json", c.folder);
+    fuzz("hf config.json", seeds, 2, hf_config_target, &c);
+    free(seeds[0].p);
+    free(seeds[1].p);
+}
+
+Test(fuzz, safetensors_index, .timeout = 300)
+{
+    /* the index of transformers' four shards, mutated beside them */
+    const char *dir = cdp_test_tmpdir();
+    struct file_ctx c = {0};
+    snprintf(c.folder, sizeof c.folder, "%.4000s/hf", dir);
+    copy_fixture("gpt2-tiny", c.folder);
+    snprintf(c.path, sizeof c.path, "%s/model.safetensors.index.json", c.folder);
+    struct blob seed = read_blob(c.path);
+    fuzz("safetensors index", &seed, 1, safetensors_target, &c);
     free(seed.p);
 }
