@@ -239,6 +239,47 @@ static void roundtrip(enum cdp_optimizer_type type)
 Test(checkpoint, two_ranges_load_bitwise_into_whole_and_three_ranges_adamw) { roundtrip(CDP_OPT_ADAMW); }
 Test(checkpoint, two_ranges_load_bitwise_into_whole_and_three_ranges_sgd) { roundtrip(CDP_OPT_SGD); }
 
+/* A Llama (grouped-query attention; the head tied, which this file's checks
+ * of tied copies need) saved by two ranges loads bitwise into one and into
+ * three: its tensors are named by global unit and Hugging Face's names inside
+ * a unit (docs/models.md). */
+Test(checkpoint, llama_two_ranges_load_bitwise_into_whole_and_three_ranges)
+{
+    const char *llama = "{\"model\": {\"preset\": \"llama\", \"vocab\": 40, \"context\": 5, \"layers\": 3, "
+                        "\"heads\": 4, \"kv_heads\": 2, \"dim\": 8, \"hidden\": 12, "
+                        "\"tie_embeddings\": true}}";
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/runs/llama/ckpt", cdp_test_tmpdir());
+    struct split src = make_split(llama, two, 2, CDP_OPT_ADAMW, 1);
+    fill_split(&src);
+    save(&src, dir, 7, 3);
+    struct cdp_safetensors_file *f;
+    cr_assert_eq(cdp_safetensors_open(path_in(dir, "step-00000007/stage-1-chunk-0.safetensors"), &f), CDP_OK, "%s",
+                 cdp_last_error());
+    cr_assert_null(cdp_safetensors_find(f, "layers.4.lm_head.weight")); /* the tied copy: its owner's part */
+    static const char *const names[] = {"layers.4.norm.weight",
+                                        "layers.3.self_attn.k_proj.weight", "layers.3.post_attention_layernorm.weight",
+                                        "optim.m.layers.3.mlp.down_proj.weight"};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++)
+        cr_assert_not_null(cdp_safetensors_find(f, names[i]), "%s", names[i]);
+    cr_assert_eq(cdp_safetensors_find(f, "layers.3.self_attn.k_proj.weight")->shape[0], 4);
+    cdp_safetensors_close(f);
+    char *path = NULL;
+    struct cdp_ckpt_info info;
+    cr_assert_eq(cdp_ckpt_find_latest(dir, &path, &info), CDP_OK, "%s", cdp_last_error());
+    struct split w = make_split(llama, whole, 1, CDP_OPT_ADAMW, 2);
+    cr_assert_eq(cdp_ckpt_load(path, &info, w.m, w.o, w.n), CDP_OK, "%s", cdp_last_error());
+    assert_same(&w, &src, 7);
+    struct split t3 = make_split(llama, three, 3, CDP_OPT_ADAMW, 3);
+    cr_assert_eq(cdp_ckpt_load(path, &info, t3.m, t3.o, t3.n), CDP_OK, "%s", cdp_last_error());
+    assert_same(&t3, &src, 7);
+    free(path);
+    cdp_ckpt_info_free(&info);
+    free_split(&t3);
+    free_split(&w);
+    free_split(&src);
+}
+
 Test(checkpoint, manifest_lists_parts_with_checksums_and_which_part_holds_each_weight)
 {
     const char *dir = cdp_test_tmpdir();

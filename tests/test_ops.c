@@ -579,3 +579,97 @@ Test(ops, sum_squares_and_scale)
         cr_assert(y[i] == x[i] * 0.37f, "scale[%zu]", i);
     free(x), free(y);
 }
+
+/* ---- the Llama ops ------------------------------------------------------------- */
+
+Test(ops, swiglu_fwd)
+{
+    rng_seed(41);
+    size_t n = 1031;
+    float *g = randv(n, -12, 12), *u = randv(n, -3, 3), *out = falloc(n);
+    cdp_cpu_swiglu_fwd(out, g, u, n);
+    for (size_t i = 0; i < n; i++) {
+        const double want = silu_ref(g[i]) * u[i];
+        cr_assert(fabs(out[i] - want) <= 1e-6 * fmax(1.0, fabs(want)), "swiglu(%g, %g) = %.9g, want %.9g", g[i],
+                  u[i], out[i], want);
+    }
+    free(g), free(u), free(out);
+}
+
+Test(ops, rmsnorm_fwd)
+{
+    rng_seed(42);
+    const int shapes[][2] = {{1, 1}, {3, 7}, {5, 33}, {2, 200}};
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        const int N = shapes[s][0], C = shapes[s][1];
+        const size_t n = (size_t)N * C;
+        float *x = randv(n, -3, 3), *w = randv(C, 0.5f, 1.5f), *out = falloc(n), *rstd = falloc(N);
+        double *ref = calloc(n, sizeof *ref);
+        for (int i = 0; i < N; i++) {
+            double ss = 0;
+            for (int j = 0; j < C; j++) ss += (double)x[i * C + j] * x[i * C + j];
+            const double r = 1.0 / sqrt(ss / C + 1e-5);
+            for (int j = 0; j < C; j++) ref[i * C + j] = w[j] * x[i * C + j] * r;
+        }
+        cdp_cpu_rmsnorm_fwd(out, rstd, x, w, N, C, 1e-5f);
+        cr_assert(nerr(out, ref, n) <= 1e-5, "rmsnorm N=%d C=%d: error %g", N, C, nerr(out, ref, n));
+        free(x), free(w), free(out), free(rstd), free(ref);
+    }
+}
+
+/* Llama 3's frequency rule in double, from its definition (Meta's
+ * apply_scaling), independent of kernels/rope.h's float32 steps. */
+static double llama3_freq(double theta, int i, int HD, const struct cdp_rope *r)
+{
+    const double f = pow(theta, -2.0 * i / HD);
+    if (r->factor <= 0) return f;
+    const double wavelen = 2 * M_PI / f, lo = r->original_context / r->low_freq_factor,
+                 hi = r->original_context / r->high_freq_factor;
+    if (wavelen < hi) return f;
+    if (wavelen > lo) return f / r->factor;
+    const double smooth = (r->original_context / wavelen - r->low_freq_factor) /
+                          (r->high_freq_factor - r->low_freq_factor);
+    return (1 - smooth) * f / r->factor + smooth * f;
+}
+
+/* q and k rotated pairwise (dimension i with i + HD/2) by (t + pos0) * freq i,
+ * key/value head j repeated for query heads j * NH/NKV onwards, v copied */
+Test(ops, rope_fwd)
+{
+    rng_seed(43);
+    const struct cdp_rope ropes[] = {{.theta = 10000.0},
+                                     {.theta = 500000.0, .factor = 8, .low_freq_factor = 1, .high_freq_factor = 4,
+                                      .original_context = 64}};
+    const int shapes[][6] = {{1, 1, 1, 1, 2, 0}, {2, 5, 4, 2, 8, 0}, {1, 9, 6, 3, 16, 0}, {1, 4, 4, 1, 64, 30}};
+    for (size_t r = 0; r < 2; r++)
+        for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+            const int B = shapes[s][0], T = shapes[s][1], NH = shapes[s][2], NKV = shapes[s][3], HD = shapes[s][4],
+                      pos0 = shapes[s][5];
+            const int C = NH * HD, KVD = NKV * HD, half = HD / 2;
+            const size_t N = (size_t)B * T;
+            float *q = randv(N * C, -1, 1), *k = randv(N * KVD, -1, 1), *v = randv(N * KVD, -1, 1),
+                  *out = falloc(3 * N * C);
+            double *ref = calloc(3 * N * C, sizeof *ref);
+            for (size_t n = 0; n < N; n++) {
+                const int t = (int)(n % (size_t)T) + pos0;
+                for (int h = 0; h < NH; h++) {
+                    const int j = h / (NH / NKV);
+                    for (int i = 0; i < half; i++) {
+                        const double a = t * llama3_freq(ropes[r].theta, i, HD, &ropes[r]), c = cos(a), sn = sin(a);
+                        const float *qx = q + n * C + h * HD, *kx = k + n * KVD + j * HD;
+                        double *o = ref + n * 3 * C + h * HD;
+                        o[i] = qx[i] * c - qx[i + half] * sn;
+                        o[i + half] = qx[i + half] * c + qx[i] * sn;
+                        o[C + i] = kx[i] * c - kx[i + half] * sn;
+                        o[C + i + half] = kx[i + half] * c + kx[i] * sn;
+                    }
+                    for (int d = 0; d < HD; d++) ref[n * 3 * C + 2 * C + h * HD + d] = v[n * KVD + j * HD + d];
+                }
+            }
+            cdp_cpu_rope_fwd(out, q, k, v, B, T, NH, NKV, HD, pos0, &ropes[r]);
+            const double e = nerr(out, ref, 3 * N * C);
+            cr_assert(e <= 1e-5, "rope B=%d T=%d NH=%d NKV=%d HD=%d pos0=%d factor=%g: error %g", B, T, NH, NKV, HD,
+                      pos0, ropes[r].factor, e);
+            free(q), free(k), free(v), free(out), free(ref);
+        }
+}

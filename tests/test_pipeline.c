@@ -15,7 +15,13 @@
 #include "comm/comm.h"
 #include "model/safetensors.h"
 
-enum { MODEL_MLP = 0, MODEL_GPT = 1, MODEL_SILU = 2 };
+enum { MODEL_MLP = 0, MODEL_GPT = 1, MODEL_SILU = 2, MODEL_LLAMA = 3, MODEL_LLAMA_TIED = 4 };
+
+static const char *model_name(int model)
+{
+    static const char *const names[] = {"mlp", "gpt", "silu", "llama", "llama (tied)"};
+    return names[model];
+}
 
 struct layout {
     int model, p, R, m, v;
@@ -39,8 +45,16 @@ static void write_plan(const char *dir, const char *name, const struct layout *l
              "%s%s, \"zero\": %d}",
              p, R, m, one_rank ? "1f1b" : l->schedule, !one_rank && l->v > 1 ? ", \"chunks\": 2" : "", bal,
              one_rank ? 0 : l->zero);
+    /* llama: grouped-query attention, llama3 rope scaling, untied (or tied) head */
     const char *model = l->model == MODEL_GPT
         ? "\"model\": {\"preset\": \"gpt\", \"vocab\": 32, \"context\": 8, \"layers\": 6, \"heads\": 2, \"embed\": 16}"
+        : l->model == MODEL_LLAMA || l->model == MODEL_LLAMA_TIED
+        ? (l->model == MODEL_LLAMA
+               ? "\"model\": {\"preset\": \"llama\", \"vocab\": 32, \"context\": 8, \"layers\": 6, \"heads\": 4, "
+                 "\"kv_heads\": 2, \"dim\": 16, \"hidden\": 24, \"rope_scaling\": {\"type\": \"llama3\", "
+                 "\"factor\": 4, \"low_freq_factor\": 1, \"high_freq_factor\": 2, \"original_context\": 8}}"
+               : "\"model\": {\"preset\": \"llama\", \"vocab\": 32, \"context\": 8, \"layers\": 6, \"heads\": 2, "
+                 "\"kv_heads\": 1, \"dim\": 16, \"hidden\": 24, \"tie_embeddings\": true}")
         : l->model == MODEL_SILU
         ? "\"model\": {\"input\": [12], \"layers\": [{\"type\": \"linear\", \"out\": 32}, {\"type\": \"silu\"}, "
           "{\"type\": \"linear\", \"out\": 24}, {\"type\": \"silu\"}, {\"type\": \"linear\", \"out\": 5}]}"
@@ -51,7 +65,7 @@ static void write_plan(const char *dir, const char *name, const struct layout *l
      * with eps 1e-8 Adam turns that noise into steps of up to lr. */
     char rc[48] = "";
     if (!one_rank && l->recompute[0]) snprintf(rc, sizeof rc, ", \"recompute\": \"%s\"", l->recompute);
-    const char *opt = l->model == MODEL_GPT
+    const char *opt = l->model == MODEL_GPT || l->model == MODEL_LLAMA || l->model == MODEL_LLAMA_TIED
                           ? "{\"type\": \"adamw\", \"lr\": 0.01, \"weight_decay\": 0.1, \"eps\": 1e-6}"
                           : "{\"type\": \"sgd\", \"lr\": 0.05, \"momentum\": 0.9}";
     snprintf(json, sizeof json,
@@ -184,6 +198,20 @@ ParameterizedTestParameters(pipeline, layouts_equal_one_rank)
         grid[n++] = (struct layout){model, 2, 2, 4, 1, "zb-h1", "", 0, "full", 1};
         grid[n++] = (struct layout){model, 2, 2, 4, 2, "zbv", "", 0, "selective", 2};
     }
+    /* the llama preset: every schedule, replicas, unequal shares, recomputation, ZeRO; a tied head
+     * across two ranks and within rank 0 under zbv */
+    grid[n++] = (struct layout){MODEL_LLAMA, 2, 1, 4, 1, "gpipe", "", 0, "", 0};
+    grid[n++] = (struct layout){MODEL_LLAMA, 2, 2, 4, 1, "1f1b", "", 0, "", 0};
+    grid[n++] = (struct layout){MODEL_LLAMA, 4, 1, 8, 1, "1f1b", "", 0, "", 0};
+    grid[n++] = (struct layout){MODEL_LLAMA, 2, 2, 4, 2, "interleaved", "", 0, "", 0};
+    grid[n++] = (struct layout){MODEL_LLAMA, 2, 2, 4, 1, "1f1b", "[6, 2]", 0, "selective", 0};
+    grid[n++] = (struct layout){MODEL_LLAMA, 2, 2, 4, 2, "interleaved", "", 0, "full", 1};
+    grid[n++] = (struct layout){MODEL_LLAMA, 2, 3, 3, 1, "gpipe", "", 0, "", 2};
+    grid[n++] = (struct layout){MODEL_LLAMA, 3, 2, 6, 1, "zb-h1", "", 0, "", 0};
+    grid[n++] = (struct layout){MODEL_LLAMA, 2, 2, 4, 1, "zb-h2", "", 0, "full", 1};
+    grid[n++] = (struct layout){MODEL_LLAMA, 2, 2, 4, 2, "zbv", "", 0, "selective", 2};
+    grid[n++] = (struct layout){MODEL_LLAMA_TIED, 2, 1, 4, 1, "1f1b", "", 0, "", 0};
+    grid[n++] = (struct layout){MODEL_LLAMA_TIED, 2, 2, 4, 2, "zbv", "", 0, "", 1};
     /* a layer list with silu */
     grid[n++] = (struct layout){MODEL_SILU, 2, 1, 4, 1, "1f1b", "", 0, "", 0};
     grid[n++] = (struct layout){MODEL_SILU, 2, 2, 4, 1, "gpipe", "", 0, "", 0};
@@ -215,10 +243,10 @@ ParameterizedTest(struct layout *l, pipeline, layouts_equal_one_rank, .timeout =
     snprintf(path_a, sizeof path_a, "%s/one.safetensors", dir);
     snprintf(path_b, sizeof path_b, "%s/pipe.safetensors", dir);
     double e = compare_weights(path_a, path_b);
-    cr_assert_leq(e, 1e-5, "%s %s p=%d R=%d m=%d: weights differ by %.3g", l->model == MODEL_GPT ? "gpt" : l->model == MODEL_SILU ? "silu" : "mlp",
+    cr_assert_leq(e, 1e-5, "%s %s p=%d R=%d m=%d: weights differ by %.3g", model_name(l->model),
                   l->schedule, l->p, l->R, l->m, e);
     cr_log_info("%s %s p=%d R=%d m=%d %s%s%s%s: worst weight error %.3g",
-                l->model == MODEL_GPT ? "gpt" : l->model == MODEL_SILU ? "silu" : "mlp", l->schedule, l->p, l->R, l->m,
+                model_name(l->model), l->schedule, l->p, l->R, l->m,
                 l->balance, l->recompute[0] ? " recompute " : "", l->recompute, l->zero == 2 ? " zero 2" : l->zero ? " zero 1" : "", e);
 }
 

@@ -238,6 +238,92 @@ Test(plan, gpt2_param_count_in_print)
     cdp_plan_free(p);
 }
 
+/* The llama preset: its defaults, the MLP width by Meta's rule or as given, and
+ * its parameter count. */
+Test(plan, llama_defaults_and_widths)
+{
+    struct cdp_plan *p = load_ok("{\"model\": {\"preset\": \"llama\"}}");
+    const struct cdp_model_desc *m = &p->model;
+    cr_assert_eq(m->kind, CDP_MODEL_GPT);
+    cr_assert_eq(m->arch, CDP_ARCH_LLAMA);
+    cr_assert_eq(m->vocab, 256);
+    cr_assert_eq(m->context, 64);
+    cr_assert_eq(m->layers, 4);
+    cr_assert_eq(m->heads, 4);
+    cr_assert_eq(m->kv_heads, 4);
+    cr_assert_eq(m->embed, 128);
+    cr_assert_eq(m->ffn_hidden, 512); /* 2/3 of 4 x 128, up to a multiple of 256 */
+    cr_assert_eq(m->tie_embeddings, 0);
+    cr_assert_float_eq(m->norm_eps, 1e-5, 1e-12);
+    cr_assert_float_eq(m->rope.theta, 10000.0, 1e-9);
+    cr_assert_eq(m->rope.factor, 0);
+    cr_assert_eq(cdp_plan_model_units(p), 6);
+    /* wte 256 x 128, 4 blocks of 2 C^2 + 2 C^2 (kv = q here) + 3 C 512 + 2 C, the norm, the untied head */
+    cr_assert_eq(cdp_plan_param_count(p), 2 * 256 * 128 + 4 * (4 * 128 * 128 + 3 * 128 * 512 + 2 * 128) + 128);
+    cdp_plan_free(p);
+
+    /* Llama 3 8B's shape: 14336 by the rule, 8 key/value heads */
+    p = load_ok("{\"model\": {\"preset\": \"llama\", \"dim\": 4096, \"heads\": 32, \"kv_heads\": 8, "
+                "\"layers\": 1, \"multiple_of\": 1024, \"ffn_dim_multiplier\": 1.3, \"vocab\": 128, "
+                "\"context\": 8}}");
+    cr_assert_eq(p->model.ffn_hidden, 14336);
+    cr_assert_eq(cdp_plan_param_count(p), 2 * 128 * 4096 + 2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336 +
+                                              2 * 4096 + 4096);
+    cdp_plan_free(p);
+
+    p = load_ok("{\"model\": {\"preset\": \"llama\", \"hidden\": 100, \"tie_embeddings\": true, "
+                "\"rope_scaling\": {\"type\": \"llama3\", \"factor\": 8, \"low_freq_factor\": 1, "
+                "\"high_freq_factor\": 4, \"original_context\": 8192}, \"rope_theta\": 500000}}");
+    cr_assert_eq(p->model.ffn_hidden, 100);
+    cr_assert_eq(p->model.multiple_of, 0);
+    cr_assert_float_eq(p->model.rope.factor, 8.0, 1e-12);
+    cr_assert_eq(p->model.rope.original_context, 8192);
+    cr_assert_float_eq(p->model.rope.theta, 500000.0, 1e-9);
+    char *j = NULL;
+    cr_assert_eq(cdp_plan_to_json(p, &j), CDP_OK);
+    cr_assert(strstr(j, "\"hidden\": 100") && !strstr(j, "multiple_of") && strstr(j, "\"llama3\""), "%s", j);
+    free(j);
+    cdp_plan_free(p);
+}
+
+/* Every bad llama key is named, with what was expected. */
+Test(plan, llama_errors_name_the_key)
+{
+    static const char *const cases[][2] = {
+        {"{\"model\": {\"preset\": \"llama\", \"embed\": 64}}", "/model/embed: unknown key"},
+        {"{\"model\": {\"preset\": \"llama\", \"dim\": 100, \"heads\": 3}}", "/model/dim: 100 is not a multiple"},
+        {"{\"model\": {\"preset\": \"llama\", \"heads\": 4, \"kv_heads\": 3}}", "/model/kv_heads: 3 does not divide"},
+        {"{\"model\": {\"preset\": \"llama\", \"dim\": 12, \"heads\": 4}}", "/model/heads: the head width"},
+        {"{\"model\": {\"preset\": \"llama\", \"hidden\": 64, \"multiple_of\": 32}}",
+         "/model/hidden: given together with /model/multiple_of"},
+        {"{\"model\": {\"preset\": \"llama\", \"hidden\": 64, \"ffn_dim_multiplier\": 1.5}}",
+         "/model/hidden: given together with /model/ffn_dim_multiplier"},
+        {"{\"model\": {\"preset\": \"llama\", \"ffn_dim_multiplier\": -1}}", "/model/ffn_dim_multiplier"},
+        {"{\"model\": {\"preset\": \"llama\", \"norm_eps\": 0}}", "/model/norm_eps"},
+        {"{\"model\": {\"preset\": \"llama\", \"rope_theta\": \"big\"}}", "/model/rope_theta"},
+        {"{\"model\": {\"preset\": \"llama\", \"rope_scaling\": {\"type\": \"yarn\", \"factor\": 4}}}",
+         "/model/rope_scaling/type"},
+        {"{\"model\": {\"preset\": \"llama\", \"rope_scaling\": {\"type\": \"llama3\", \"factor\": 8}}}",
+         "/model/rope_scaling/low_freq_factor: missing"},
+        {"{\"model\": {\"preset\": \"llama\", \"rope_scaling\": {\"factor\": 8}}}", "/model/rope_scaling/type: missing"},
+        {"{\"model\": {\"preset\": \"llama\", \"rope_scaling\": {\"type\": \"llama3\", \"factor\": 8, "
+         "\"low_freq_factor\": 4, \"high_freq_factor\": 1, \"original_context\": 64}}}",
+         "/model/rope_scaling/high_freq_factor: 1 must be larger"},
+        {"{\"model\": {\"preset\": \"llama\", \"rope_scaling\": {\"type\": \"llama3\", \"factor\": 8, "
+         "\"low_freq_factor\": 1, \"high_freq_factor\": 4, \"original_context\": 64, \"beta\": 1}}}",
+         "/model/rope_scaling/beta: unknown key"},
+        {"{\"model\": {\"preset\": \"llama\", \"rope_scaling\": 3}}", "/model/rope_scaling: expected null or an object"},
+        {"{\"model\": {\"input\": [8], \"layers\": [{\"type\": \"embedding\", \"vocab\": 4, \"dim\": 12}, "
+         "{\"type\": \"rotary_attention\", \"heads\": 4, \"kv_heads\": 3}]}}",
+         "/model/layers/1: rotary_attention heads 4 is not a multiple of kv_heads 3"},
+        {"{\"model\": {\"input\": [8], \"layers\": [{\"type\": \"embedding\", \"vocab\": 4, \"dim\": 12}, "
+         "{\"type\": \"llama_block\", \"heads\": 4}]}}", "/model/layers/1: llama_block head width 3"},
+        {"{\"model\": {\"input\": [8], \"layers\": [{\"type\": \"rmsnorm\", \"bias\": true}]}}",
+         "/model/layers/0/bias: unknown key for a rmsnorm layer"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) load_fails(cases[i][0], cases[i][1]);
+}
+
 Test(plan, mlp_expansion)
 {
     struct cdp_plan *p = load_ok("{\"model\": {\"preset\": \"mlp\", \"input\": [1, 28, 28], \"hidden\": [32, 16], "

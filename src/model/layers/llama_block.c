@@ -59,10 +59,11 @@ static int emit(const struct cdp_layer_desc *L, json_t *o)
 
 static void describe(const struct cdp_layer_desc *L, char *buf, size_t cap)
 {
-    char r[96];
+    char r[96], h[48];
     cdp_rope_describe(&L->rope, r, sizeof r);
-    snprintf(buf, cap, " heads %lld, kv_heads %lld, hidden %s%lld,%s", (long long)L->heads, (long long)L->kv_heads,
-             L->hidden > 0 ? "" : "rule ", (long long)L->hidden, r);
+    if (L->hidden > 0) snprintf(h, sizeof h, "hidden %lld", (long long)L->hidden);
+    else snprintf(h, sizeof h, "hidden by Llama's rule");
+    snprintf(buf, cap, " heads %lld, kv_heads %lld, %s,%s", (long long)L->heads, (long long)L->kv_heads, h, r);
 }
 
 /* Llama presets start every matrix at N(0, 0.02) (Hugging Face's
