@@ -18,6 +18,7 @@
 #include "core/hash.h"
 #include "harness.h"
 #include "model/checkpoint.h"
+#include "model/hf.h"
 #include "model/model.h"
 #include "model/optim.h"
 #include "model/safetensors.h"
@@ -1135,7 +1136,7 @@ Test(checkpoint, export_hf_writes_gpt2_names_layout_and_config)
     fill_split(&src);
     save_with_plan(&src, dir, 7);
     const char *out = path_in(dir, "hf/gpt"); /* made, parents too */
-    cr_assert_eq(cdp_ckpt_export_hf(path_in(dir, "step-00000007"), out), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(cdp_ckpt_export_hf(path_in(dir, "step-00000007"), out, CDP_HF_SHARD_BYTES), CDP_OK, "%s", cdp_last_error());
 
     struct cdp_safetensors_file *f;
     cr_assert_eq(cdp_safetensors_open(path_in(dir, "hf/gpt/model.safetensors"), &f), CDP_OK, "%s", cdp_last_error());
@@ -1232,7 +1233,7 @@ Test(checkpoint, export_hf_of_the_golden_gpt_is_what_pytorch_wrote)
     cr_assert_eq(cdp_model_load(g.m[0], cdp_test_source_path("tests/fixtures/golden/gpt-tiny.safetensors")), CDP_OK,
                  "%s", cdp_last_error());
     save_with_plan(&g, dir, 1);
-    cr_assert_eq(cdp_ckpt_export_hf(path_in(dir, "step-00000001"), path_in(dir, "hf")), CDP_OK, "%s",
+    cr_assert_eq(cdp_ckpt_export_hf(path_in(dir, "step-00000001"), path_in(dir, "hf"), CDP_HF_SHARD_BYTES), CDP_OK, "%s",
                  cdp_last_error());
     struct cdp_safetensors_file *a, *b;
     cr_assert_eq(cdp_safetensors_open(path_in(dir, "hf/model.safetensors"), &a), CDP_OK, "%s", cdp_last_error());
@@ -1259,7 +1260,7 @@ Test(checkpoint, export_hf_of_an_untied_head_writes_it)
                                 CDP_OPT_ADAMW, 1);
     fill_split(&s);
     save_with_plan(&s, dir, 3);
-    cr_assert_eq(cdp_ckpt_export_hf(path_in(dir, "step-00000003"), path_in(dir, "hf")), CDP_OK, "%s",
+    cr_assert_eq(cdp_ckpt_export_hf(path_in(dir, "step-00000003"), path_in(dir, "hf"), CDP_HF_SHARD_BYTES), CDP_OK, "%s",
                  cdp_last_error());
     struct cdp_safetensors_file *f;
     cr_assert_eq(cdp_safetensors_open(path_in(dir, "hf/model.safetensors"), &f), CDP_OK, "%s", cdp_last_error());
@@ -1282,7 +1283,7 @@ Test(checkpoint, export_hf_refuses_what_is_not_a_gpt)
                                 (const int[]){0, 3}, 1, CDP_OPT_ADAMW, 1);
     fill_split(&m);
     save_with_plan(&m, dir, 2);
-    cr_assert_eq(cdp_ckpt_export_hf(path_in(dir, "step-00000002"), path_in(dir, "hf")), CDP_ERR_INVALID);
+    cr_assert_eq(cdp_ckpt_export_hf(path_in(dir, "step-00000002"), path_in(dir, "hf"), CDP_HF_SHARD_BYTES), CDP_ERR_INVALID);
     cr_assert(strstr(cdp_last_error(), "step-00000002/manifest.json: /plan/model: a \"mlp\", not a GPT preset; only a "
                                        "GPT (the gpt and gpt2* presets) has a Hugging Face GPT-2 layout"),
               "%s", cdp_last_error());
@@ -1294,7 +1295,7 @@ Test(checkpoint, export_hf_refuses_what_is_not_a_gpt)
     cr_assert_eq(cdp_ckpt_write_part(dir, 5, "stage-0-chunk-0", &g.m[0], &g.o[0], 1), CDP_OK);
     cr_assert_eq(cdp_ckpt_write_part(dir, 5, "stage-1-chunk-0", &g.m[1], &g.o[1], 1), CDP_OK);
     cr_assert_eq(cdp_ckpt_commit(dir, 5, &info, 3), CDP_OK, "%s", cdp_last_error());
-    cr_assert_eq(cdp_ckpt_export_hf(path_in(dir, "step-00000005"), path_in(dir, "hf")), CDP_ERR_INVALID);
+    cr_assert_eq(cdp_ckpt_export_hf(path_in(dir, "step-00000005"), path_in(dir, "hf"), CDP_HF_SHARD_BYTES), CDP_ERR_INVALID);
     cr_assert(strstr(cdp_last_error(), "step-00000005/manifest.json: /plan: no plan in the manifest"), "%s",
               cdp_last_error());
     free_split(&g);
@@ -1314,11 +1315,14 @@ Test(checkpoint, export_command_format_hf)
     cr_assert_eq(cdp_test_run(&r, (const char *[]){"export", "--checkpoint", ckpt, "--format", "hf", "--out", out,
                                                    NULL}), 0);
     cr_assert_eq(r.exit_code, 0, "stderr: %s", r.err);
-    cr_assert(strstr(r.out, "exported step 4") && strstr(r.out, "(Hugging Face GPT-2: model.safetensors, "
-                                                               "config.json)"), "%s", r.out);
+    cr_assert(strstr(r.out, "exported step 4") && strstr(r.out, "(Hugging Face GPT-2: config.json, "
+                                                               "generation_config.json, safetensors)"), "%s", r.out);
     cdp_test_run_free(&r);
     json_t *c = read_json(path_in(dir, "gpt-hf/config.json"));
     cr_assert_eq(json_integer_value(json_object_get(c, "n_layer")), 3);
+    json_decref(c);
+    c = read_json(path_in(dir, "gpt-hf/generation_config.json"));
+    cr_assert(json_is_object(c));
     json_decref(c);
     /* our names stay the default */
     cr_assert_eq(cdp_test_run(&r, (const char *[]){"export", "--checkpoint", ckpt, "--out", path_in(dir, "w.st"),

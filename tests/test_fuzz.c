@@ -1,6 +1,7 @@
 /* Suite fuzz: a seeded mutation loop over every reader of outside input (the
- * plan loader, the three topology readers, safetensors, the checkpoint
- * manifest, token files (.npy, llm.c uint32), tokenizer.json). Each target mutates real seed files (flipped bits, interesting
+ * plan loader, the three topology readers, safetensors and its index of
+ * shards, a Hugging Face config.json, the checkpoint manifest, token files
+ * (.npy, llm.c uint32), tokenizer.json). Each target mutates real seed files (flipped bits, interesting
  * bytes and tokens, cut and repeated ranges) for CDP_FUZZ_SECONDS (default 4)
  * or at least 200 inputs, and every input must be accepted or refused with a
  * message: never a crash, a hang (the test's timeout) or, under ASan and
@@ -22,6 +23,7 @@
 #include "model/bpe.h"
 #include "model/checkpoint.h"
 #include "model/data.h"
+#include "model/hf.h"
 #include "model/safetensors.h"
 
 struct rng {
@@ -274,6 +276,18 @@ static cdp_status tokenizer_target(const char *data, size_t n, void *vctx)
     return st;
 }
 
+/* A Hugging Face folder's config.json (ctx: the folder, its weights beside). */
+static cdp_status hf_config_target(const char *data, size_t n, void *vctx)
+{
+    struct file_ctx *c = vctx;
+    write_raw(c->path, data, n);
+    struct cdp_model_desc md;
+    char *weights = NULL;
+    cdp_status st = cdp_hf_read_config(c->folder, &md, &weights);
+    free(weights);
+    return st;
+}
+
 /* ---- tests ------------------------------------------------------------------- */
 
 Test(fuzz, plan_loader, .timeout = 300)
@@ -406,6 +420,33 @@ Test(fuzz, token_files, .timeout = 300)
     free(seeds[1].p);
 }
 
+/* A copy of a fixture folder of tests/fixtures/hf in dir/name. */
+static void copy_fixture(const char *name, const char *to)
+{
+    char cmd[9000];
+    snprintf(cmd, sizeof cmd, "cp -r '%s/%s' '%s'", cdp_test_source_path("tests/fixtures/hf"), name, to);
+    cr_assert_eq(system(cmd), 0);
+}
+
+Test(fuzz, hf_config, .timeout = 300)
+{
+    const char *dir = cdp_test_tmpdir();
+    struct blob seeds[2];
+    const char *names[2] = {"gpt2-tiny", "llama-tiny"};
+    struct file_ctx c = {0};
+    for (int i = 0; i < 2; i++) {
+        char path[4400];
+        snprintf(path, sizeof path, "%s/%s/config.json", cdp_test_source_path("tests/fixtures/hf"), names[i]);
+        seeds[i] = read_blob(path);
+    }
+    snprintf(c.folder, sizeof c.folder, "%.4000s/hf", dir);
+    copy_fixture("gpt2-tiny", c.folder);
+    snprintf(c.path, sizeof c.path, "%s/config.json", c.folder);
+    fuzz("hf config.json", seeds, 2, hf_config_target, &c);
+    free(seeds[0].p);
+    free(seeds[1].p);
+}
+
 Test(fuzz, tokenizer_json, .timeout = 300)
 {
     const char *dir = cdp_test_tmpdir();
@@ -413,5 +454,18 @@ Test(fuzz, tokenizer_json, .timeout = 300)
     snprintf(c.path, sizeof c.path, "%s/tokenizer.json", dir);
     struct blob seed = read_blob(cdp_test_source_path("tests/fixtures/tokenize/llama3/tokenizer.json"));
     fuzz("tokenizer.json", &seed, 1, tokenizer_target, &c);
+    free(seed.p);
+}
+
+Test(fuzz, safetensors_index, .timeout = 300)
+{
+    /* the index of transformers' four shards, mutated beside them */
+    const char *dir = cdp_test_tmpdir();
+    struct file_ctx c = {0};
+    snprintf(c.folder, sizeof c.folder, "%.4000s/hf", dir);
+    copy_fixture("gpt2-tiny", c.folder);
+    snprintf(c.path, sizeof c.path, "%s/model.safetensors.index.json", c.folder);
+    struct blob seed = read_blob(c.path);
+    fuzz("safetensors index", &seed, 1, safetensors_target, &c);
     free(seed.p);
 }

@@ -122,26 +122,54 @@ Test(bpe, sampling_is_seeded_and_top_k_1_is_greedy)
     const float logits[6] = {0.5f, 2.0f, -1.0f, 2.0f, 1.5f, 0.0f};
     int32_t id = -1;
     uint64_t s = 7;
-    cr_assert_eq(cdp_infer_pick(logits, 6, 0, 0, &s, &id), CDP_OK);
+    cr_assert_eq(cdp_infer_pick(logits, 6, 0, 0, 1.0, &s, &id), CDP_OK);
     cr_assert_eq(id, 1, "greedy takes the lowest id among equal logits");
-    cr_assert_eq(cdp_infer_pick(logits, 6, 1.0, 1, &s, &id), CDP_OK);
+    cr_assert_eq(cdp_infer_pick(logits, 6, 1.0, 1, 1.0, &s, &id), CDP_OK);
     cr_assert_eq(id, 1);
     /* top-k 2: only ids 1 and 3; a seed repeats its draws */
     int seen[6] = {0};
     int32_t first[50];
     s = 42;
     for (int i = 0; i < 50; i++) {
-        cr_assert_eq(cdp_infer_pick(logits, 6, 1.0, 2, &s, &first[i]), CDP_OK);
+        cr_assert_eq(cdp_infer_pick(logits, 6, 1.0, 2, 1.0, &s, &first[i]), CDP_OK);
         seen[first[i]]++;
     }
     cr_assert(seen[1] > 0 && seen[3] > 0 && seen[1] + seen[3] == 50, "%d %d", seen[1], seen[3]);
     s = 42;
     for (int i = 0; i < 50; i++) {
-        cr_assert_eq(cdp_infer_pick(logits, 6, 1.0, 2, &s, &id), CDP_OK);
+        cr_assert_eq(cdp_infer_pick(logits, 6, 1.0, 2, 1.0, &s, &id), CDP_OK);
         cr_assert_eq(id, first[i]);
     }
     const float bad[2] = {0.0f, NAN};
-    cr_assert_eq(cdp_infer_pick(bad, 2, 1.0, 0, &s, &id), CDP_ERR_INVALID);
+    cr_assert_eq(cdp_infer_pick(bad, 2, 1.0, 0, 1.0, &s, &id), CDP_ERR_INVALID);
+}
+
+/* top-p keeps the fewest most likely tokens whose probabilities reach p:
+ * softmax of the logits above is 1 and 3 at 0.332 each, 4 at 0.201, 0 at
+ * 0.074, 5 at 0.045, 2 at 0.017 */
+Test(bpe, top_p_keeps_the_fewest_most_likely)
+{
+    const float logits[6] = {0.5f, 2.0f, -1.0f, 2.0f, 1.5f, 0.0f};
+    const double ps[] = {0.2, 0.5, 0.7, 0.95};
+    const int allowed[][6] = {{0, 1, 0, 0, 0, 0}, {0, 1, 0, 1, 0, 0}, {0, 1, 0, 1, 1, 0}, {1, 1, 0, 1, 1, 1}};
+    for (int c = 0; c < 4; c++) {
+        int seen[6] = {0};
+        uint64_t s = 3;
+        for (int i = 0; i < 400; i++) {
+            int32_t id = -1;
+            cr_assert_eq(cdp_infer_pick(logits, 6, 1.0, 0, ps[c], &s, &id), CDP_OK);
+            cr_assert(allowed[c][id], "top-p %g drew %d", ps[c], id);
+            seen[id]++;
+        }
+        for (int v = 0; v < 6; v++) cr_assert(!allowed[c][v] || seen[v] > 0, "top-p %g never drew %d", ps[c], v);
+    }
+    /* with top-k 2 first, p is a share of those two */
+    uint64_t s = 3;
+    int32_t id = -1;
+    for (int i = 0; i < 100; i++) {
+        cr_assert_eq(cdp_infer_pick(logits, 6, 1.0, 2, 0.4, &s, &id), CDP_OK);
+        cr_assert_eq(id, 1, "top-k 2 then top-p 0.4 keeps id 1 alone (half of the two)");
+    }
 }
 
 /* A tiny byte-level GPT trained in dir (stages 1 or 2), with metrics,

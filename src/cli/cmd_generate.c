@@ -25,14 +25,16 @@
 static void generate_usage(FILE *f)
 {
     fputs("usage: cdphybrid generate --plan FILE [--weights FILE | --checkpoint DIR] --prompt TEXT\n"
-          "                          [--tokens N] [--temperature T] [--top-k K] [--seed S]\n"
-          "                          [--vocab vocab.json --merges merges.txt] [-v|-q]\n"
+          "                          [--tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S]\n"
+          "                          [--stop-token ID|none] [--vocab vocab.json --merges merges.txt] [-v|-q]\n"
+          "       cdphybrid generate --plan FILE --prompt-ids 1,2,3 ...   (token ids in and out)\n"
           "       cdphybrid generate --checkpoint DIR --prompt TEXT ...   (the checkpoint's own plan)\n"
           "\n"
-          "Continues TEXT with N tokens of a trained GPT and prints the prompt and what\n"
-          "follows on standard output, token by token. The model is loaded whole into this\n"
-          "one process on the CPU, whatever layout trained it (stages and replicas: a\n"
-          "checkpoint of any layout loads whole); generation is forward passes only.\n"
+          "Continues TEXT with N tokens of a trained GPT-2 or Llama and prints the prompt and\n"
+          "what follows on standard output, token by token. The model is loaded whole into\n"
+          "this one process on the CPU, whatever layout trained it (stages and replicas: a\n"
+          "checkpoint of any layout loads whole); generation keeps a KV cache, so each new\n"
+          "token is one forward of one position.\n"
           "Under mpirun -np P (P > 1) it runs on a pipeline of P stages on the CPU: rank s\n"
           "holds only stage s's units (the plan's /parallel/partition when it has P ranges,\n"
           "else an even split), the activations go stage to stage, the last stage picks\n"
@@ -50,19 +52,24 @@ static void generate_usage(FILE *f)
           "options:\n"
           "  --plan FILE        the plan of the model (its /model); optional with --checkpoint\n"
           "                     (then the plan saved in the checkpoint's manifest)\n"
-          "  --weights FILE     a safetensors file (/output/weights, export, Hugging Face GPT-2)\n"
+          "  --weights FILE     a safetensors file (/output/weights, export, Hugging Face, an index)\n"
           "  --checkpoint DIR   a checkpoint folder (its newest complete checkpoint) or one step\n"
           "                     folder; without either, the plan's /model/weights\n"
           "  --prompt TEXT      the text to continue (at least one token)\n"
+          "  --prompt-ids IDS   the prompt as token ids (commas or spaces); ids are printed\n"
           "  --tokens N         tokens to generate (default 64; 0 prints the prompt)\n"
           "  --temperature T    softmax(logits / T) (default 1.0); 0: always the most likely\n"
           "                     token (greedy)\n"
           "  --top-k K          sample among the K most likely tokens (default 0: all)\n"
+          "  --top-p P          then among the fewest most likely whose probabilities add up\n"
+          "                     to P (default 1: all; nucleus sampling)\n"
+          "  --stop-token ID    stop at this end-of-text token, not printed (default: the\n"
+          "                     tokenizer's <|endoftext|>; none: never stop early)\n"
           "  --seed S           the sampling stream (default 1): the same seed, model and\n"
           "                     options give the same text\n"
           "  --vocab FILE       GPT-2's vocab.json (with --merges)\n"
           "  --merges FILE      GPT-2's merges.txt (with --vocab)\n"
-          "  -v, --verbose      say which weights are used (twice: debug)\n"
+          "  -v, --verbose      say which weights are used and the tokens/s (twice: debug)\n"
           "  -q, --quiet        errors only\n"
           "  -h, --help         this text\n"
           "\n"
@@ -418,11 +425,36 @@ static int finish_stdout(const char *cmd)
 }
 
 /* generate after its arguments are read, on one rank or a stage of the pipeline. */
-static int generate_on(const struct infer_args *ap, struct ranks *rk, const char *prompt, int64_t n_new,
-                       double temperature, int64_t top_k, const char *topk_s, uint64_t seed, const char *vocab,
-                       const char *merges)
+/* The end-of-text token of a tokenizer: the id whose text is
+ * "<|endoftext|>" (GPT-2's 50256), or -1. */
+static int32_t bpe_end_of_text(const struct cdp_bpe *b)
+{
+    static const char eot[] = "<|endoftext|>";
+    for (int64_t id = cdp_bpe_vocab_size(b) - 1; id >= 0; id--) {
+        size_t len = 0;
+        const char *t = cdp_bpe_decode(b, (int32_t)id, &len);
+        if (t && len == sizeof eot - 1 && !memcmp(t, eot, len)) return (int32_t)id;
+    }
+    return -1;
+}
+
+/* generate's options past the common ones. */
+struct gen_opts {
+    const char *prompt;
+    int ids; /* --prompt-ids: prompt holds token ids, and ids are printed */
+    int64_t n_new, top_k;
+    double temperature, top_p;
+    const char *topk_s, *stop_s, *vocab, *merges;
+    uint64_t seed;
+};
+
+static int generate_on(const struct infer_args *ap, struct ranks *rk, const struct gen_opts *o)
 {
     const struct infer_args a = *ap;
+    const char *prompt = o->prompt, *topk_s = o->topk_s, *vocab = o->vocab, *merges = o->merges;
+    const int64_t n_new = o->n_new, top_k = o->top_k;
+    const double temperature = o->temperature, top_p = o->top_p;
+    const uint64_t seed = o->seed;
     const int printer = rk->rank == 0, last = rk->rank == rk->size - 1;
     cdp_cpu_set_threads(CDP_CPU_EXACT_THREADS); /* the same logits on one rank and on a pipeline */
     int code;
@@ -444,6 +476,8 @@ static int generate_on(const struct infer_args *ap, struct ranks *rk, const char
                                    p->source);
     } else if (bpe) {
         choose = cdp_bpe_vocab_size(bpe) < V ? cdp_bpe_vocab_size(bpe) : V;
+    } else if (o->ids) {
+        choose = V;
     } else if (V < 256) {
         char msg[256];
         snprintf(msg, sizeof msg, "%%s: /model/vocab is %lld: bytes as tokens need 256; give the model's "
@@ -455,10 +489,38 @@ static int generate_on(const struct infer_args *ap, struct ranks *rk, const char
         snprintf(msg, sizeof msg, "--top-k %%s is more than the %lld tokens the model chooses from", (long long)choose);
         code = cdp_cli_usage_error(a.cmd, msg, topk_s);
     }
+    /* the end of the text: --stop-token, else the tokenizer's */
+    int32_t stop = bpe ? bpe_end_of_text(bpe) : -1;
+    if (code < 0 && o->stop_s) {
+        int64_t id = -1;
+        if (strcmp(o->stop_s, "none") && (code = parse_count(a.cmd, "--stop-token", o->stop_s, 0, V - 1, &id)) >= 0)
+            id = -1;
+        stop = (int32_t)id;
+    }
     int32_t *ids = NULL;
     int64_t n = 0;
     if (code < 0) {
-        if (bpe) {
+        if (o->ids) {
+            /* ids separated by commas or spaces */
+            const size_t cap = strlen(prompt) / 2 + 2;
+            if (!(ids = malloc(cap * sizeof *ids))) code = fail(a.cmd, cdp_fail(CDP_ERR_NOMEM, "out of memory"));
+            for (const char *c = prompt; ids && code < 0 && *c;) {
+                if (*c == ',' || *c == ' ') {
+                    c++;
+                    continue;
+                }
+                char *end;
+                errno = 0;
+                const long long x = strtoll(c, &end, 10);
+                if (end == c || errno || x < 0 || x > INT32_MAX || (*end && *end != ',' && *end != ' ')) {
+                    code = cdp_cli_usage_error(a.cmd, "--prompt-ids: expected token ids separated by commas, got "
+                                               "\"%s\"", prompt);
+                    break;
+                }
+                ids[n++] = (int32_t)x;
+                c = end;
+            }
+        } else if (bpe) {
             if ((st = cdp_bpe_encode(bpe, prompt, strlen(prompt), &ids, &n))) {
                 cdp_error_context(st, "--prompt");
                 code = fail(a.cmd, st);
@@ -480,16 +542,16 @@ static int generate_on(const struct infer_args *ap, struct ranks *rk, const char
     if (code < 0 && n > T && !a.quiet && printer)
         fprintf(stderr, "cdphybrid generate: the prompt is %lld tokens and /model/context %lld: the model sees its "
                 "last %lld\n", (long long)n, (long long)T, (long long)T);
-    int32_t *all = NULL, *win = NULL;
-    float *logits = NULL;
-    void *buf = NULL;
-    const enum cdp_loss loss = cdp_model_loss_of(&p->model);
+    int32_t *all = NULL;
+    float *logits = NULL, *xin = NULL, *xout = NULL;
+    struct cdp_infer *inf = NULL;
+    if (code < 0 && (st = cdp_infer_create(l.model, T, &inf))) code = fail(a.cmd, st);
     if (code < 0) {
         all = malloc((size_t)(n + n_new) * sizeof *all);
         logits = malloc((size_t)V * sizeof *logits);
-        win = malloc((size_t)T * sizeof *win);
-        if (rk->world) buf = stage_buffer(l.model, 1, loss);
-        if (!all || !logits || !win || (rk->world && !buf))
+        if (rk->rank > 0) xin = malloc((size_t)cdp_infer_in_floats(inf, T) * sizeof *xin);
+        if (!last) xout = malloc((size_t)cdp_infer_out_floats(inf, T) * sizeof *xout);
+        if (!all || !logits || (rk->rank > 0 && !xin) || (!last && !xout))
             code = fail(a.cmd, cdp_fail(CDP_ERR_NOMEM, "out of memory"));
         else memcpy(all, ids, (size_t)n * sizeof *all);
     }
@@ -497,21 +559,38 @@ static int generate_on(const struct infer_args *ap, struct ranks *rk, const char
     code = ranks_agree(rk, code);
     if (code < 0) {
         if (printer) {
-            fputs(prompt, stdout);
+            if (o->ids)
+                for (int64_t i = 0; i < n; i++) printf("%s%d", i ? " " : "", ids[i]);
+            else fputs(prompt, stdout);
             fflush(stdout);
         }
         uint64_t state = seed;
+        int64_t from = 0; /* the cache holds the positions of tokens all[from ..] */
+        /* timings (-v): the first step (the prompt's positions and the first token), then the rest */
+        uint64_t t0 = cdp_time_ns(), t1 = t0;
+        int64_t made = 0, prompt_positions = 0;
         for (int64_t k = 0; k < n_new; k++) {
             int32_t next = 0;
-            /* stage 0 embeds the window; the last stage reads the logits of its
-             * last token (one rank is a pipeline of one stage) */
-            const int64_t used = cdp_infer_window(all, n + k, T, win);
-            st = rk->rank == 0 ? cdp_device_write(l.dev, cdp_model_input(l.model, 0), win, (uint64_t)T * 4) : CDP_OK;
-            if (!st) st = stage_forward(rk, l.model, l.dev, 1, loss, buf);
-            if (!st && last)
-                st = cdp_device_read(l.dev, logits, cdp_model_output(l.model, 0) + (used - 1) * V, (uint64_t)V * 4);
+            if (k == 1) t1 = cdp_time_ns();
+            const int64_t known = n + k, pos = cdp_infer_position(inf);
+            /* the newest token alone when the cache holds the rest and has room; else (the start, or the
+             * window slides past the context) the window again from position 0 */
+            int64_t feed = 1;
+            if (!(pos > 0 && from + pos == known - 1 && pos < T)) {
+                feed = known < T ? known : T;
+                from = known - feed;
+                cdp_infer_reset(inf);
+            }
+            /* stage 0 embeds the tokens; the others take the activations of the stage before; the last
+             * stage gives the logits of the newest position (one rank is a pipeline of one stage) */
+            const uint64_t in_bytes = (uint64_t)cdp_infer_in_floats(inf, feed) * 4,
+                           out_bytes = (uint64_t)cdp_infer_out_floats(inf, feed) * 4;
+            st = rk->rank > 0 ? recv_wait(rk, xin, in_bytes, rk->rank - 1) : CDP_OK;
+            if (!st) st = cdp_infer_step(inf, rk->rank > 0 ? (const void *)xin : all + known - feed, feed,
+                                         last ? logits : xout);
+            if (!st && !last) st = send_wait(rk, xout, out_bytes, rk->rank + 1);
             /* the last stage chooses, with the one stream of the seed; the others hear the token */
-            if (!st && last) st = cdp_infer_pick(logits, choose, temperature, top_k, &state, &next);
+            if (!st && last) st = cdp_infer_pick(logits, choose, temperature, top_k, top_p, &state, &next);
             if (!st && rk->world)
                 st = cdp_comm_bcast_bytes(rk->world, &next, sizeof next, rk->size - 1, rk->timeout);
             if (st) {
@@ -521,8 +600,13 @@ static int generate_on(const struct infer_args *ap, struct ranks *rk, const char
                 code = fail(a.cmd, st);
                 break;
             }
+            if (k == 0) prompt_positions = feed;
+            made = k + 1;
+            if (next == stop) break; /* the end of the text: not printed */
             all[n + k] = next;
             if (!printer) {
+            } else if (o->ids) {
+                printf(" %d", next);
             } else if (bpe) {
                 size_t len = 0;
                 const char *b = cdp_bpe_decode(bpe, next, &len);
@@ -536,9 +620,18 @@ static int generate_on(const struct infer_args *ap, struct ranks *rk, const char
             if (printer) fputc('\n', stdout);
             code = finish_stdout(a.cmd);
         }
+        const uint64_t t2 = cdp_time_ns();
+        if (code == 0 && printer && made > 0) {
+            const double first = (double)(t1 - t0) * 1e-9, rest = (double)(t2 - t1) * 1e-9;
+            CDP_INFO(EXEC, "%s: the prompt's %lld positions and the first token in %.3f s; %lld more tokens in "
+                     "%.3f s: %.2f tokens/s (a forward of one position each, KV cache)", a.cmd,
+                     (long long)prompt_positions, first, (long long)(made - 1), made > 1 ? rest : 0.0,
+                     made > 1 && rest > 0 ? (double)(made - 1) / rest : 0.0);
+        }
     }
-    free(buf);
-    free(win);
+    cdp_infer_destroy(inf);
+    free(xin);
+    free(xout);
     free(all);
     free(logits);
     free(ids);
@@ -551,7 +644,8 @@ int cdp_cli_generate(int argc, char **argv)
 {
     struct infer_args a = {.cmd = "generate"};
     const char *prompt = NULL, *tokens_s = "64", *temp_s = "1.0", *topk_s = "0", *seed_s = "1", *vocab = NULL,
-               *merges = NULL;
+               *merges = NULL, *topp_s = "1", *stop_s = NULL;
+    int ids = 0;
     for (int i = 1; i < argc; i++) {
         const char *s = argv[i];
         const char **value = NULL;
@@ -561,15 +655,22 @@ int cdp_cli_generate(int argc, char **argv)
         }
         if (common_option(&a, s, &value)) {
         } else if (!strcmp(s, "--prompt")) value = &prompt;
+        else if (!strcmp(s, "--prompt-ids")) {
+            value = &prompt;
+            ids = 1;
+        }
         else if (!strcmp(s, "--tokens")) value = &tokens_s;
         else if (!strcmp(s, "--temperature")) value = &temp_s;
         else if (!strcmp(s, "--top-k")) value = &topk_s;
+        else if (!strcmp(s, "--top-p")) value = &topp_s;
+        else if (!strcmp(s, "--stop-token")) value = &stop_s;
         else if (!strcmp(s, "--seed")) value = &seed_s;
         else if (!strcmp(s, "--vocab")) value = &vocab;
         else if (!strcmp(s, "--merges")) value = &merges;
         else if (s[0] == '-') {
-            static const char *const known[] = {"--plan", "--weights", "--checkpoint", "--prompt", "--tokens",
-                                                "--temperature", "--top-k", "--seed", "--vocab", "--merges",
+            static const char *const known[] = {"--plan", "--weights", "--checkpoint", "--prompt", "--prompt-ids", "--tokens",
+                                                "--temperature", "--top-k", "--top-p", "--stop-token", "--seed",
+                                                "--vocab", "--merges",
                                                 "--verbose", "--quiet", "--help", NULL};
             return cdp_cli_unknown_option(a.cmd, s, known);
         } else {
@@ -579,7 +680,7 @@ int cdp_cli_generate(int argc, char **argv)
         if (value && (code = take_value(a.cmd, argc, argv, &i, value)) >= 0) return code;
     }
     if (a.verbose && a.quiet) return cdp_cli_usage_error(a.cmd, "%s", "-v and -q cannot be used together");
-    if (!prompt) return cdp_cli_usage_error(a.cmd, "%s", "give --prompt TEXT");
+    if (!prompt) return cdp_cli_usage_error(a.cmd, "%s", "give --prompt TEXT (or --prompt-ids IDS)");
     int64_t n_new, top_k;
     int code;
     if ((code = parse_count(a.cmd, "--tokens", tokens_s, 0, 1000000000, &n_new)) >= 0) return code;
@@ -589,6 +690,10 @@ int cdp_cli_generate(int argc, char **argv)
     const double temperature = strtod(temp_s, &end);
     if (!*temp_s || *end || errno || !isfinite(temperature) || temperature < 0)
         return cdp_cli_usage_error(a.cmd, "--temperature: expected a number >= 0 (0: greedy), got \"%s\"", temp_s);
+    errno = 0;
+    const double top_p = strtod(topp_s, &end);
+    if (!*topp_s || *end || errno || !(top_p > 0 && top_p <= 1))
+        return cdp_cli_usage_error(a.cmd, "--top-p: expected a number in (0, 1] (1: all tokens), got \"%s\"", topp_s);
     errno = 0;
     uint64_t seed = strtoull(seed_s, &end, 10);
     if (!*seed_s || *end || errno || seed_s[0] == '-')
@@ -600,7 +705,10 @@ int cdp_cli_generate(int argc, char **argv)
     struct ranks rk;
     cdp_status st;
     if ((st = ranks_open(&rk))) return fail(a.cmd, st);
-    code = generate_on(&a, &rk, prompt, n_new, temperature, top_k, topk_s, seed, vocab, merges);
+    const struct gen_opts o = {.prompt = prompt, .ids = ids, .n_new = n_new, .top_k = top_k, .temperature = temperature,
+                               .top_p = top_p, .topk_s = topk_s, .stop_s = stop_s, .vocab = vocab,
+                               .merges = merges, .seed = seed};
+    code = generate_on(&a, &rk, &o);
     ranks_close(&rk);
     return code;
 }

@@ -24,6 +24,7 @@
 #include "core/hash.h"
 #include "core/json_check.h"
 #include "comm/comm.h"
+#include "model/hf.h"
 #include "model/hf_gpt2.h"
 #include "model/safetensors.h"
 
@@ -1512,52 +1513,16 @@ static cdp_status hf_fetch_tensor(void *ctx, const struct cdp_safetensors_tensor
     return CDP_OK;
 }
 
-/* config.json: the GPT2Config transformers builds GPT2LMHeadModel from. */
-static json_t *hf_config(const struct cdp_model_desc *md)
-{
-    json_t *c = json_object(), *arch = json_array();
-    json_t *eos = md->vocab == 50257 ? json_integer(50256) : json_null(); /* GPT-2's tokenizer's <|endoftext|> */
-    int bad = !c || !arch || json_array_append_new(arch, json_string("GPT2LMHeadModel"));
-    bad |= json_object_set_new(c, "architectures", arch);
-    bad |= json_object_set_new(c, "model_type", json_string("gpt2"));
-    bad |= json_object_set_new(c, "vocab_size", json_integer(md->vocab));
-    bad |= json_object_set_new(c, "n_positions", json_integer(md->context));
-    bad |= json_object_set_new(c, "n_embd", json_integer(md->embed));
-    bad |= json_object_set_new(c, "n_layer", json_integer(md->layers));
-    bad |= json_object_set_new(c, "n_head", json_integer(md->heads));
-    bad |= json_object_set_new(c, "n_inner", json_null()); /* 4 x n_embd, as ours */
-    bad |= json_object_set_new(c, "activation_function", json_string("gelu_new")); /* the tanh form, as ours */
-    bad |= json_object_set_new(c, "layer_norm_epsilon", json_real(1e-5));
-    bad |= json_object_set_new(c, "initializer_range", json_real(0.02));
-    /* cdphybrid trains without dropout */
-    bad |= json_object_set_new(c, "resid_pdrop", json_real(0.0));
-    bad |= json_object_set_new(c, "embd_pdrop", json_real(0.0));
-    bad |= json_object_set_new(c, "attn_pdrop", json_real(0.0));
-    bad |= json_object_set_new(c, "scale_attn_weights", json_true());
-    bad |= json_object_set_new(c, "scale_attn_by_inverse_layer_idx", json_false());
-    bad |= json_object_set_new(c, "reorder_and_upcast_attn", json_false());
-    bad |= json_object_set_new(c, "tie_word_embeddings", json_boolean(md->tie_embeddings));
-    bad |= json_object_set_new(c, "bos_token_id", json_incref(eos));
-    bad |= json_object_set_new(c, "eos_token_id", eos);
-    bad |= json_object_set_new(c, "use_cache", json_true());
-    bad |= json_object_set_new(c, "torch_dtype", json_string("float32"));
-    if (bad) {
-        json_decref(c);
-        return NULL;
-    }
-    return c;
-}
-
-cdp_status cdp_ckpt_export_hf(const char *path, const char *dir)
+cdp_status cdp_ckpt_export_hf(const char *path, const char *dir, uint64_t shard_bytes)
 {
     CDP_ASSERT(path && dir);
     cdp_status st;
-    json_t *root = NULL, *config = NULL;
+    json_t *root = NULL;
     struct part_cache pc = {0};
     struct cdp_unit *units = NULL;
     struct cdp_safetensors_tensor *ts = NULL;
     struct hf_src *src = NULL;
-    char *cfg_text = NULL, *names = NULL;
+    char *names = NULL;
     struct hf_fetch fc = {0};
     char *folder = trimmed(path);
     if (!folder) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
@@ -1626,33 +1591,19 @@ cdp_status cdp_ckpt_export_hf(const char *path, const char *dir)
                       json_object_size(tensors), n);
         goto fail;
     }
-    if ((st = make_dirs(dir))) goto fail;
-    char out[4200], step_s[24];
+    char step_s[24];
     snprintf(step_s, sizeof step_s, "%lld", (long long)pc.step);
     /* transformers refuses a safetensors file whose format is not "pt" */
     const char *meta[4] = {"format", "pt", "cdphybrid_step", step_s};
     fc.ts = ts;
     fc.src = src;
-    snprintf(out, sizeof out, "%s/model.safetensors", dir);
-    if ((st = cdp_safetensors_write_staged(out, ts, n, meta, 2, hf_fetch_tensor, &fc, STAGE_BYTES))) {
+    if ((st = cdp_hf_write_folder(dir, &md, ts, n, meta, 2, hf_fetch_tensor, &fc, shard_bytes))) {
         if (st == CDP_ERR_INVALID) st = CDP_ERR_IO;
         goto fail;
     }
-    if (!(config = hf_config(&md)) ||
-        !(cfg_text = json_dumps(config, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(15)))) {
-        st = cdp_fail(CDP_ERR_NOMEM, "out of memory");
-        goto fail;
-    }
-    snprintf(out, sizeof out, "%s/config.json", dir);
-    size_t len = strlen(cfg_text);
-    cfg_text[len] = '\n'; /* the NUL's byte becomes the last line's end; the NUL is not written */
-    if ((st = cdp_write_file_atomic(out, cfg_text, len + 1))) goto fail;
-    CDP_INFO(CKPT, "exported %d tensors of %s to %s (Hugging Face GPT-2: model.safetensors, config.json)", n, folder,
-             dir);
+    CDP_INFO(CKPT, "exported %d tensors of %s to %s (Hugging Face %s)", n, folder, dir, cdp_hf_family(&md));
 fail:
     free(fc.held);
-    free(cfg_text);
-    json_decref(config);
     free(names);
     free(src);
     free(ts);

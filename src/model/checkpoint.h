@@ -122,15 +122,17 @@ cdp_status cdp_ckpt_check_fresh(const char *dir);
 cdp_status cdp_ckpt_export(const char *path, const char *out);
 
 /* The same weights as Hugging Face's GPT2LMHeadModel.from_pretrained(dir)
- * reads them: dir (made when missing) gets model.safetensors, named and laid
+ * reads them (model/hf.h cdp_hf_write_folder): model.safetensors, or shards
+ * of at most shard_bytes with model.safetensors.index.json, named and laid
  * out as save_pretrained writes GPT-2 (transformer.wte.weight, transformer.h.N.*,
  * Conv1D weights in x out, lm_head.weight only when the head is untied; the
- * one name table of model/hf_gpt2.h), with metadata {"format": "pt"}, and
+ * one name table of model/hf_gpt2.h), with metadata {"format": "pt"};
  * config.json (GPT2Config: the sizes from the manifest's plan, gelu_new,
- * layer_norm_epsilon 1e-5, no dropout, tie_word_embeddings). Both atomically.
+ * layer_norm_epsilon 1e-5, no dropout, tie_word_embeddings) and
+ * generation_config.json. Each file atomically.
  * A checkpoint of a model that is not a GPT preset, or without its plan, is
  * CDP_ERR_INVALID naming the manifest and the key. */
-cdp_status cdp_ckpt_export_hf(const char *path, const char *dir);
+cdp_status cdp_ckpt_export_hf(const char *path, const char *dir, uint64_t shard_bytes);
 
 #ifdef __cplusplus
 }

@@ -69,6 +69,12 @@ struct cdp_model {
 
 int cdp_model_unit_count(const struct cdp_model *m) { return m->n_units; }
 const struct cdp_unit *cdp_model_unit(const struct cdp_model *m, int i) { return &m->units[i]; }
+float *const *cdp_model_unit_params(const struct cdp_model *m, int i)
+{
+    CDP_ASSERT(i >= 0 && i < m->n_units);
+    return &m->pptr[(size_t)i * CDP_UNIT_MAX_PARAMS];
+}
+
 int cdp_model_tensor_count(const struct cdp_model *m) { return m->n_tensors; }
 struct cdp_model_tensor *cdp_model_tensor(struct cdp_model *m, int i) { return &m->tensors[i]; }
 int64_t cdp_model_param_floats(const struct cdp_model *m) { return m->param_floats; }

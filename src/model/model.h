@@ -158,6 +158,10 @@ int cdp_model_grads_sharded(const struct cdp_model *m);
 
 int cdp_model_unit_count(const struct cdp_model *m);
 const struct cdp_unit *cdp_model_unit(const struct cdp_model *m, int i);
+/* The parameters of the model's unit i (0 .. units - 1): CDP_UNIT_MAX_PARAMS
+ * pointers in the order of its params (device memory; a tied one is its
+ * owner's tensor, or the range's own copy). Not owned. */
+float *const *cdp_model_unit_params(const struct cdp_model *m, int i);
 int cdp_model_tensor_count(const struct cdp_model *m);
 struct cdp_model_tensor *cdp_model_tensor(struct cdp_model *m, int i);
 int64_t cdp_model_param_floats(const struct cdp_model *m);

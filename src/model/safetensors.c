@@ -63,6 +63,9 @@ struct cdp_safetensors_file {
     char **names;
     int n_meta;
     char **meta; /* key, value pairs (owned) */
+    struct cdp_safetensors_file **shards; /* a sharded set (an index): its files, which own the
+                                             tensors' names and data; names is NULL then */
+    int n_shards;
 };
 
 void cdp_safetensors_close(struct cdp_safetensors_file *f)
@@ -71,6 +74,8 @@ void cdp_safetensors_close(struct cdp_safetensors_file *f)
     if (f->map) munmap(f->map, f->map_size);
     for (int i = 0; i < f->n; i++) free(f->names ? f->names[i] : NULL);
     for (int i = 0; i < 2 * f->n_meta; i++) free(f->meta[i]);
+    for (int i = 0; i < f->n_shards; i++) cdp_safetensors_close(f->shards[i]);
+    free(f->shards);
     free(f->names);
     free(f->meta);
     free(f->tensors);
@@ -183,9 +188,19 @@ static cdp_status parse_metadata(struct cdp_safetensors_file *f, const json_t *v
     return CDP_OK;
 }
 
+static cdp_status open_index(const char *path, struct cdp_safetensors_file **out);
+
+static int ends_with(const char *s, const char *tail)
+{
+    size_t n = strlen(s), k = strlen(tail);
+    return n >= k && !strcmp(s + n - k, tail);
+}
+
 cdp_status cdp_safetensors_open(const char *path, struct cdp_safetensors_file **out)
 {
     cdp_status st;
+    CDP_ASSERT(path && out);
+    if (ends_with(path, ".json")) return open_index(path, out);
     json_t *root = NULL;
     int *order = NULL;
     CDP_ASSERT(path && out);
@@ -319,6 +334,110 @@ cdp_status cdp_safetensors_open(const char *path, struct cdp_safetensors_file **
 fail:
     json_decref(root);
     free(order);
+    cdp_safetensors_close(f);
+    return st;
+}
+
+/* ---- sharded sets: model.safetensors.index.json --------------------------------- */
+
+/* An index, as transformers' save_pretrained writes it beside the shards:
+ * {"metadata": {...}, "weight_map": {"tensor": "model-00001-of-00002.safetensors", ...}}.
+ * The set reads as one file: every shard's tensors, shard by shard in the
+ * order the index first names them. Each listed tensor must be in its shard,
+ * and each shard's tensor listed there, so nothing is read from the wrong file. */
+static cdp_status open_index(const char *path, struct cdp_safetensors_file **out)
+{
+    cdp_status st = CDP_OK;
+    json_error_t jerr;
+    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
+    char *dir = NULL;
+    struct cdp_safetensors_file *f = calloc(1, sizeof *f);
+    if (!f || !(f->path = strdup(path)) || !(dir = strdup(path))) {
+        st = cdp_fail(CDP_ERR_NOMEM, "%s: out of memory", path);
+        goto fail;
+    }
+    if (!root) {
+        struct stat sb;
+        st = stat(path, &sb) != 0 ? cdp_fail(CDP_ERR_IO, "%s: cannot open: %s", path, strerror(errno))
+                                  : cdp_fail(CDP_ERR_INVALID, "%s: line %d, column %d: %s", path, jerr.line,
+                                             jerr.column, jerr.text);
+        goto fail;
+    }
+    json_t *map = json_object_get(root, "weight_map");
+    if (!json_is_object(root) || !json_is_object(map) || json_object_size(map) == 0) {
+        st = cdp_fail(CDP_ERR_INVALID, "%s: /weight_map: expected an object naming each tensor's shard file "
+                      "(a model.safetensors.index.json)", path);
+        goto fail;
+    }
+    char *slash = strrchr(dir, '/');
+    if (slash) slash[1] = '\0';
+    else dir[0] = '\0';
+    const size_t cap = json_object_size(map);
+    char **shard_name = calloc(cap + 1, sizeof *shard_name);
+    f->shards = calloc(cap + 1, sizeof *f->shards);
+    if (!shard_name || !f->shards) {
+        free(shard_name);
+        st = cdp_fail(CDP_ERR_NOMEM, "%s: out of memory", path);
+        goto fail;
+    }
+    const char *key;
+    json_t *val;
+    /* the shards, in the order first named */
+    json_object_foreach(map, key, val) {
+        const char *file = json_string_value(val);
+        if (!file || !*file || strchr(file, '/') || !strcmp(file, "..")) {
+            st = cdp_fail(CDP_ERR_INVALID, "%s: /weight_map/%s: expected the file name of a shard beside the "
+                          "index", path, key);
+            break;
+        }
+        int k = 0;
+        while (k < f->n_shards && strcmp(shard_name[k], file)) k++;
+        if (k < f->n_shards) continue;
+        char spath[4200];
+        snprintf(spath, sizeof spath, "%s%s", dir, file);
+        shard_name[f->n_shards] = (char *)file;
+        if ((st = cdp_safetensors_open(spath, &f->shards[f->n_shards]))) {
+            cdp_error_context(st, "%s: /weight_map/%s: shard \"%s\"", path, key, file);
+            break;
+        }
+        f->n_shards++;
+    }
+    /* listed tensors in their shards, shard tensors listed there */
+    json_object_foreach(map, key, val) {
+        if (st) break;
+        int k = 0;
+        while (strcmp(shard_name[k], json_string_value(val))) k++;
+        if (!cdp_safetensors_find(f->shards[k], key))
+            st = cdp_fail(CDP_ERR_INVALID, "%s: /weight_map/%s: shard \"%s\" has no tensor \"%s\"", path, key,
+                          shard_name[k], key);
+    }
+    int total = 0;
+    for (int k = 0; !st && k < f->n_shards; k++) {
+        for (int i = 0; !st && i < f->shards[k]->n; i++) {
+            const char *name = f->shards[k]->tensors[i].name;
+            const char *listed = json_string_value(json_object_get(map, name));
+            if (!listed || strcmp(listed, shard_name[k]))
+                st = cdp_fail(CDP_ERR_INVALID, "%s: shard \"%s\" holds tensor \"%s\", which /weight_map %s", path,
+                              shard_name[k], name, listed ? "puts in another shard" : "does not list");
+        }
+        total += f->shards[k]->n;
+    }
+    free(shard_name);
+    if (st) goto fail;
+    if (!(f->tensors = calloc((size_t)total + 1, sizeof *f->tensors))) {
+        st = cdp_fail(CDP_ERR_NOMEM, "%s: out of memory", path);
+        goto fail;
+    }
+    for (int k = 0; k < f->n_shards; k++)
+        for (int i = 0; i < f->shards[k]->n; i++) f->tensors[f->n++] = f->shards[k]->tensors[i];
+    CDP_DEBUG(CKPT, "%s: %d tensors in %d shards", path, f->n, f->n_shards);
+    json_decref(root);
+    free(dir);
+    *out = f;
+    return CDP_OK;
+fail:
+    json_decref(root);
+    free(dir);
     cdp_safetensors_close(f);
     return st;
 }

@@ -17,6 +17,7 @@
 #include "cdp/log.h"
 #include "cdp/topology_spec.h"
 #include "core/json_check.h"
+#include "model/hf.h"
 #include "model/layer_def.h"
 #include "plan/plan_internal.h"
 
@@ -447,6 +448,47 @@ static cdp_status get_input(struct ld *c, const json_t *m, size_t min_n, size_t 
     return CDP_OK;
 }
 
+/* /model/from: a Hugging Face model folder (model/hf.h): its config.json
+ * gives the model, its safetensors the weights; the plan's own keys may only
+ * agree with it, or shorten the context. */
+static cdp_status load_from(struct ld *c, const json_t *m, const json_t *from, struct cdp_model_desc *md)
+{
+    if (!json_is_string(from) || json_string_length(from) == 0 ||
+        strlen(json_string_value(from)) != json_string_length(from))
+        return cdp_json_expected(&c->in, "/model/from", "a Hugging Face model folder (config.json, model.safetensors)",
+                                 from);
+    static const char *const clash[] = {"preset", "weights", "layers", NULL};
+    for (int i = 0; clash[i]; i++) {
+        const json_t *v = json_object_get(m, clash[i]);
+        if (v && (i < 2 || json_is_array(v)))
+            return cdp_json_fail(&c->in, i == 0 ? "/model/preset" : i == 1 ? "/model/weights" : "/model/layers",
+                                 "not with /model/from: the folder's config.json gives the model and its "
+                                 "safetensors the weights");
+    }
+    cdp_status st;
+    char *dir = join_path(c->base, json_string_value(from));
+    if (!dir) return cdp_fail(CDP_ERR_NOMEM, "%s: /model/from: out of memory", c->in.file);
+    char *weights = NULL;
+    if ((st = cdp_hf_read_config(dir, md, &weights))) {
+        cdp_error_context(st, "%s: /model/from", c->in.file);
+        free(dir);
+        return st;
+    }
+    md->weights = weights;
+    char config[PATH_MAX + 16];
+    snprintf(config, sizeof config, "%s/config.json", dir);
+    free(dir);
+    if ((st = cdp_hf_plan_keys(&c->in, m, config, md))) return st;
+    const json_t *unused = json_object_get(m, "unused_tensors");
+    if (unused) {
+        int ui = 0;
+        if ((st = cdp_json_enum(&c->in, unused, "/model/unused_tensors", cdp_plan_unused_tensors_names, &ui)))
+            return st;
+        md->unused_tensors = (enum cdp_unused_tensors)ui;
+    }
+    return CDP_OK;
+}
+
 /* The llama preset (docs/models.md): a small Llama by default; every size
  * can be set, the MLP's width as "hidden" or by Llama's rule from
  * "multiple_of" (256) and "ffn_dim_multiplier". */
@@ -517,6 +559,8 @@ static cdp_status load_model(struct ld *c, const json_t *m)
     if (!json_is_object(m)) return cdp_json_expected(&c->in, "/model", "an object", m);
     const json_t *preset = json_object_get(m, "preset"), *layers = json_object_get(m, "layers");
     md->loss = CDP_LOSS_CROSS_ENTROPY;
+    const json_t *from = json_object_get(m, "from");
+    if (from) return load_from(c, m, from, md);
     const json_t *weights = json_object_get(m, "weights");
     if (weights && !json_is_null(weights)) {
         if (!json_is_string(weights))
