@@ -119,7 +119,13 @@ struct exec {
     int step0;
     int64_t sample_base;
     FILE *out;
+    /* every rank's host name (CDP_EXEC_HOST_MAX bytes each, by world rank),
+     * and how many distinct hosts the job spans (exec_hosts.c) */
+    char *hosts;
+    int n_hosts;
 };
+
+#define CDP_EXEC_HOST_MAX 64
 
 /* What the executor is doing now ("rank 1/4 (stage 1, replica 0), step 2:
  * RECV_ACT of micro-batch 3, from stage 0"), for failure messages and the
@@ -197,5 +203,14 @@ void cdp_exec_print_summary(const struct exec *e, const struct cdp_train_summary
 cdp_status cdp_exec_gather_peaks(const struct exec *e, double **out);
 cdp_status cdp_exec_write_traces(struct exec *e);
 cdp_status cdp_exec_write_weights(struct exec *e);
+
+/* exec_hosts.c: every rank's host name into e->hosts and e->n_hosts (a
+ * collective). */
+cdp_status cdp_exec_gather_hosts(struct exec *e);
+/* Whether every host of a job over several sees the same folder `dir` (what
+ * rank 0 writes there the others read): CDP_ERR_INVALID naming the folder,
+ * `what` it is ("/train/checkpoint/dir") and the hosts that do not. A
+ * collective; a job on one host returns CDP_OK at once. */
+cdp_status cdp_exec_check_shared(const struct exec *e, const char *dir, const char *what);
 
 #endif

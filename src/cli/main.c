@@ -54,7 +54,7 @@ struct cli_args {
 
 static void usage(FILE *f)
 {
-    fputs("usage: cdphybrid --plan FILE [--dry-run | --schedule | --resume [DIR]] [--costs FILE] [--json] [-v|-q]\n"
+    fputs("usage: cdphybrid --plan FILE [--dry-run | --schedule | --resume [DIR|auto]] [--costs FILE] [--json] [-v|-q]\n"
           "       cdphybrid --plan FILE [--hostfile FILE]   (a layout over several nodes)\n"
           "       cdphybrid --plan FILE --simulate [--costs FILE] [--trace OUT.json] [--timeline OUT.svg] [--json]\n"
           "       cdphybrid --plan FILE --profile [--costs OUT.json]\n"
@@ -97,7 +97,9 @@ static void usage(FILE *f)
           "  -v, --verbose  more log output (twice: debug); CDP_LOG=debug does the same\n"
           "  -q, --quiet    errors only\n"
           "  --resume [DIR] continue from the newest complete checkpoint in DIR (default: the\n"
-          "                 plan's /train/checkpoint/dir), under this plan or another layout\n"
+          "                 plan's /train/checkpoint/dir), under this plan or another layout;\n"
+          "                 --resume auto: from the plan's folder when a checkpoint was begun\n"
+          "                 there, else from the start (a job a scheduler may requeue)\n"
           "  --no-launch    a plan with several ranks is not restarted under mpirun by itself;\n"
           "                 start it as `mpirun -np N cdphybrid --plan planned.json`\n"
           "  -h, --help     this text\n"
@@ -267,10 +269,18 @@ static void on_term(int sig)
     _exit(128 + sig);
 }
 
-/* --resume DIR, or --resume alone: the plan's checkpoint folder (checked in run_plan). */
+static int has_step_folders(const char *dir);
+
+/* Whether --resume is "--resume auto". */
+static int resume_auto(const struct cli_args *a) { return a->resume && a->resume_dir && !strcmp(a->resume_dir, "auto"); }
+
+/* --resume DIR, or --resume alone: the plan's checkpoint folder (checked in
+ * run_plan); --resume auto: that folder when a checkpoint was begun there,
+ * else NULL (the first run of a job that a scheduler may start again). */
 static const char *resume_dir(const struct cli_args *a, const struct cdp_plan *plan)
 {
     if (!a->resume) return NULL;
+    if (resume_auto(a)) return has_step_folders(plan->train.checkpoint.dir) ? plan->train.checkpoint.dir : NULL;
     return a->resume_dir ? a->resume_dir : plan->train.checkpoint.dir;
 }
 
@@ -279,6 +289,17 @@ static const char *resume_dir(const struct cli_args *a, const struct cdp_plan *p
 static int launched_rank(void)
 {
     static const char *const keys[] = {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID", NULL};
+    for (int i = 0; keys[i]; i++) {
+        const char *v = getenv(keys[i]);
+        if (v && *v) return atoi(v);
+    }
+    return 0;
+}
+
+/* Its place among the ranks of its host, or 0 when the launcher does not say. */
+static int launched_local_rank(void)
+{
+    static const char *const keys[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID", NULL};
     for (int i = 0; keys[i]; i++) {
         const char *v = getenv(keys[i]);
         if (v && *v) return atoi(v);
@@ -440,6 +461,41 @@ static int layout_nodes(const struct cdp_layout *l)
     return nodes;
 }
 
+/* What reaches the ranks on other hosts (mpirun -x; docs/multinode.md): ours,
+ * the BLAS's and OpenMP's threads, CUDA's and NCCL's settings, the sanitizers'. */
+static const char *const forwarded_env[] = {"CDP_*", "OPENBLAS_*", "GOTO_*", "OMP_*", "MKL_*", "CUDA_*", "NCCL_*",
+                                            "ASAN_OPTIONS", "UBSAN_OPTIONS", "LSAN_OPTIONS", NULL};
+
+/* After a rank says it failed, how long the launcher may take to end the job
+ * by itself before it is ended (mpirun waits on a host it cannot reach). */
+#define LAUNCH_GRACE_S 10.0
+/* How long a host has to answer the question whether it is there. */
+#define PROBE_TIMEOUT_S 5
+
+static int job_stopped; /* the last launch was stopped by a signal to this process */
+
+struct rank_watch {
+    const char *dir;
+    int n_ranks;
+};
+
+/* Whether a rank has left the word "failed ..." (launch's failing()). */
+static int rank_failed(void *ctx)
+{
+    const struct rank_watch *w = ctx;
+    for (int i = 0; i < w->n_ranks; i++) {
+        char path[4300], word[16] = "";
+        snprintf(path, sizeof path, RANK_STATUS_FILE, w->dir, i);
+        FILE *f = fopen(path, "r");
+        if (!f) continue;
+        const size_t n = fread(word, 1, sizeof word - 1, f);
+        fclose(f);
+        word[n] = '\0';
+        if (!strncmp(word, "failed", 6)) return 1;
+    }
+    return 0;
+}
+
 static const char *mpi_launcher_name(const struct cdp_launch_spec *s)
 {
     return cdp_launch_which(s) == CDP_LAUNCHER_SRUN ? "srun" : "mpirun";
@@ -453,9 +509,10 @@ static const char *mpi_launcher_name(const struct cdp_launch_spec *s)
  * (CDP_RESTART_ATTEMPT). *raw gets the launcher's own exit code. */
 static int launch(const struct cli_args *a, const struct cdp_plan *plan, const struct cdp_layout *l,
                   const char *planned, const char *tmpdir, const char *status_dir, const char *resume, int attempt,
-                  int *raw, int *died)
+                  int *raw, int *died, int *lost_node)
 {
     *died = -1;
+    if (lost_node) *lost_node = -1;
     *raw = EXIT_RUN_FAILED;
     if (!cdp_comm_have_mpi()) {
         fprintf(stderr, "cdphybrid: %s: the layout has %d ranks and this build has no MPI (configure "
@@ -471,10 +528,13 @@ static int launch(const struct cli_args *a, const struct cdp_plan *plan, const s
     self[n] = '\0';
     char **args = rank_args(a, planned, resume);
     if (!args) return EXIT_RUN_FAILED;
-    static const char *const pass[] = {"CDP_RANK_STATUS_DIR", "CDP_RESTART_ATTEMPT", "CDP_FAULT", NULL};
+    struct rank_watch watch = {.dir = status_dir, .n_ranks = l->n_ranks};
+    int stopped = 0;
     struct cdp_launch_spec spec = {.layout = l, .program = self, .args = args, .hostfile = a->hostfile,
-                                   .tmpdir = tmpdir, .pass_env = pass,
-                                   .died = plan->train.restart.max > 0 ? died : NULL};
+                                   .tmpdir = tmpdir, .pass_env = forwarded_env,
+                                   .died = plan->train.restart.max > 0 ? died : NULL,
+                                   .failing = status_dir ? rank_failed : NULL, .ctx = &watch,
+                                   .grace_s = LAUNCH_GRACE_S, .stopped = &stopped};
     int code = 0;
     /* the ranks leave their last word in status_dir: none is left from before */
     for (int i = 0; status_dir && i < l->n_ranks; i++) {
@@ -491,12 +551,37 @@ static int launch(const struct cli_args *a, const struct cdp_plan *plan, const s
     if (attempt > 0) unsetenv("CDP_RESTART_ATTEMPT");
     free(args);
     if (st) {
-        fprintf(stderr, "cdphybrid: %s: the layout has %d ranks: %s; install openmpi-bin, or start the ranks "
-                        "yourself: mpirun -np %d %s --plan %s\n", plan->source, l->n_ranks, cdp_last_error(),
-                l->n_ranks, self, planned);
+        fprintf(stderr, "cdphybrid: %s: the layout has %d ranks: %s; or start the ranks yourself: mpirun -np %d "
+                        "%s --plan %s\n", plan->source, l->n_ranks, cdp_last_error(), l->n_ranks, self, planned);
         return *raw = cdp_cli_exit_code(st);
     }
     *raw = code;
+    job_stopped = stopped > 0;
+    if (stopped > 0) {
+        /* scancel, a time limit, Ctrl-C: the job was stopped, no rank failed */
+        const char *name = strsignal(stopped);
+        fprintf(stderr, "cdphybrid: the job was stopped by signal %d (%s) sent to cdphybrid (scancel, a time limit, "
+                        "Ctrl-C), not by a failure; --resume continues it from its last checkpoint\n", stopped,
+                name ? name : "?");
+        *raw = 128 + stopped;
+        return EXIT_RUN_FAILED;
+    }
+    if (code != 0 && layout_nodes(l) > 1 && a->hostfile) {
+        /* a host cut off or gone: ask every host; the ranks' words cannot tell it from a hang */
+        unsigned char *lost = calloc((size_t)l->n_nodes, 1);
+        if (lost && !cdp_launch_probe_hosts(&spec, PROBE_TIMEOUT_S, lost)) {
+            for (int node = 0; node < l->n_nodes; node++) {
+                if (!lost[node]) continue;
+                char *h = cdp_launch_host_of(&spec, node);
+                fprintf(stderr, "cdphybrid: host %s (node %d) does not answer: its ranks are cut off or gone%s\n",
+                        h ? h : "?", node, stopped < 0 ? "; the job was ended after the ranks that are left timed out"
+                                                      : "");
+                free(h);
+                if (lost_node && *lost_node < 0) *lost_node = node;
+            }
+        }
+        free(lost);
+    }
     if (code == 0 || code == EXIT_RUN_FAILED || code == EXIT_USAGE) return code;
     /* a rank died (a signal, or the launcher's own code): say which, and exit 1 */
     char how[64];
@@ -514,9 +599,11 @@ static int launch(const struct cli_args *a, const struct cdp_plan *plan, const s
         const struct cdp_layout_rank *k = &l->rank[i];
         char host[256] = "";
         if (gethostname(host, sizeof host - 1) != 0) snprintf(host, sizeof host, "?");
+        char *h = layout_nodes(l) == 1 ? NULL : cdp_launch_host_of(&spec, k->node);
         fprintf(stderr, "cdphybrid: rank %d/%d (stage %d, replica %d) on node %d (%s) died without a word; %s ended "
                         "the job with %s; where the other ranks were is above\n", i, l->n_ranks, k->stage,
-                k->replica, k->node, layout_nodes(l) == 1 ? host : "its host", mpi_launcher_name(&spec), how);
+                k->replica, k->node, layout_nodes(l) == 1 ? host : h ? h : "its host", mpi_launcher_name(&spec), how);
+        free(h);
         named++;
     }
     if (!named)
@@ -574,8 +661,9 @@ static int launch_with_restarts(const struct cli_args *a, struct cdp_plan *plan,
     int64_t last_fault_step = -2;
     if (!dead) return EXIT_RUN_FAILED;
     for (;;) {
-        code = launch(a, cur_plan, l, planned, tmpdir, status_dir, resume, attempt, &raw, &died);
-        if (code == 0 || rs->max <= 0 || !status_dir) break;
+        int lost_node = -1;
+        code = launch(a, cur_plan, l, planned, tmpdir, status_dir, resume, attempt, &raw, &died, &lost_node);
+        if (code == 0 || rs->max <= 0 || !status_dir || job_stopped) break;
         struct cdp_job_end end;
         struct cdp_fault_report f;
         if (cdp_restart_read_ends(status_dir, l->n_ranks, raw, died, &end)) {
@@ -590,6 +678,8 @@ static int launch_with_restarts(const struct cli_args *a, struct cdp_plan *plan,
             fprintf(stderr, "cdphybrid: %s\n", cdp_last_error());
             break;
         }
+        if (lost_node >= 0) /* a host that does not answer outweighs what its peers said */
+            cdp_restart_node_lost(l, lost_node, &f);
         if (!f.restartable) {
             fprintf(stderr, "cdphybrid: not restarting: %s; /train/restart restarts after a death, a hang or a "
                             "device error\n", f.what);
@@ -797,7 +887,11 @@ static int run_plan(const struct cli_args *a)
     char why[1024] = "", note[512] = "";
     int code = EXIT_USAGE, have_table = 0;
     /* ranks of a launched job: only rank 0 says what every rank would */
-    const int ranked = cdp_comm_launched_by_mpi(), quiet_errors = ranked && launched_rank() != 0;
+    /* ranks of a launched job: only rank 0 says what every rank would, and
+     * the first rank of each other host what its host may see alone (a file
+     * that host cannot read) */
+    const int ranked = cdp_comm_launched_by_mpi(), rank = ranked ? launched_rank() : 0;
+    const int quiet_errors = ranked && rank != 0 && launched_local_rank() != 0;
     if (cdp_plan_load(a->plan, &plan)) goto bad_input;
 
     struct cdp_machine_info machine = {.gpus = 0, .no_gpu_why = NULL};
@@ -810,9 +904,9 @@ static int run_plan(const struct cli_args *a)
         }
     }
     if (cdp_plan_resolve(plan, &machine)) goto bad_input;
-    if (a->resume && !a->resume_dir && !plan->train.checkpoint.dir) {
-        cdp_fail(CDP_ERR_INVALID, "%s: --resume without a folder needs /train/checkpoint/dir in the plan",
-                 plan->source);
+    if (a->resume && (!a->resume_dir || resume_auto(a)) && !plan->train.checkpoint.dir) {
+        cdp_fail(CDP_ERR_INVALID, "%s: --resume %s needs /train/checkpoint/dir in the plan", plan->source,
+                 resume_auto(a) ? "auto" : "without a folder");
         goto bad_input;
     }
     cdp_status st;
@@ -875,7 +969,13 @@ static int run_plan(const struct cli_args *a)
 failed:
     code = cdp_cli_exit_code(st);
 bad_input:
-    if (!quiet_errors) fprintf(stderr, "cdphybrid: %s\n", cdp_last_error());
+    if (!quiet_errors && rank != 0) {
+        char host[256] = "?";
+        if (gethostname(host, sizeof host - 1) != 0) snprintf(host, sizeof host, "?");
+        fprintf(stderr, "cdphybrid: rank %d on %s: %s\n", rank, host, cdp_last_error());
+    } else if (!quiet_errors) {
+        fprintf(stderr, "cdphybrid: %s\n", cdp_last_error());
+    }
     cdp_planner_result_clear(&pr);
     cdp_topology_free(topo);
     cdp_cost_table_clear(&table);
