@@ -244,6 +244,11 @@ cdp_status cdp_launch_argv(const struct cdp_launch_spec *s, enum cdp_launcher wh
         push(&a, "--distribution=block");
         push(&a, "--cpu-bind=none");
         push(&a, "--kill-on-bad-exit=1");
+        /* the ranks find each other through PMIx whatever MpiDefault says
+         * (under "none" every task would be a launcher); SLURM_MPI_TYPE set
+         * by the user wins */
+        const char *mpi = getenv("SLURM_MPI_TYPE");
+        if (!mpi || !*mpi) push(&a, "--mpi=pmix");
     } else {
         push(&a, "mpirun");
         push(&a, "-np");

@@ -55,7 +55,7 @@ enum cdp_launcher cdp_launch_which(const struct cdp_launch_spec *s);
 
 /* The command line that starts s's ranks with launcher `which`: rank i of the
  * layout on its node, consecutive ranks per node, no binding by the launcher
- * (each rank binds itself). mpirun with several nodes writes
+ * (each rank binds itself); srun with --mpi=pmix unless SLURM_MPI_TYPE is set. mpirun with several nodes writes
  * tmpdir/hosts.txt ("HOST slots=K" per layout node). *argv is malloc'd and
  * NULL-terminated; its strings live in it (one free). CDP_ERR_INVALID naming
  * the hostfile when it has fewer hosts than the layout has nodes, or the

@@ -51,8 +51,8 @@ static void restore_hosts(void)
     if (!cluster_dir()) return;
     for (int k = 0; k < 3; k++) {
         char a[32];
-        snprintf(a, sizeof a, "%d up", k);
-        cluster("cable", a);
+        snprintf(a, sizeof a, "%d", k);
+        cluster("revive", a);
     }
 }
 
@@ -78,9 +78,9 @@ static const char *mlp_plan(const char *dir, const char *name, int stages, int n
              "\"data\": {\"source\": \"synthetic\", \"seed\": 5}, \"train\": {\"steps\": %d, \"micro_batch\": 3, "
              "\"optimizer\": {\"type\": \"sgd\"}, \"log_every\": 1, \"timeout_s\": %d%s}, "
              "\"parallel\": {\"stages\": %d, \"replicas\": 2, \"micro_batches\": 2, \"schedule\": \"1f1b\"}, "
-             "\"cluster\": {\"backend\": \"cpu\", \"nodes\": %d}, "
+             "\"cluster\": {\"backend\": \"cpu\"%s%.0d}, "
              "\"output\": {\"metrics\": \"%s/%s.jsonl\", \"weights\": \"%s/%s.safetensors\"}}",
-             steps, timeout_s, extra, stages, nodes, dir, name, dir, name);
+             steps, timeout_s, extra, stages, nodes ? ", \"nodes\": " : "", nodes, dir, name, dir, name);
     snprintf(file, sizeof file, "%s.json", name);
     return cdp_test_write_file(dir, file, json);
 }
@@ -99,7 +99,15 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
+/* argv: the arguments of cdphybrid, or with prog not NULL, of prog (argv[0] included). */
+static void job_exec(struct job *j, const char *dir, const char *name, const char *prog, const char *const *argv);
+
 static void job_start(struct job *j, const char *dir, const char *name, const char *const *argv)
+{
+    job_exec(j, dir, name, NULL, argv);
+}
+
+static void job_exec(struct job *j, const char *dir, const char *name, const char *prog, const char *const *argv)
 {
     snprintf(j->out, sizeof j->out, "%s/%s.out", dir, name);
     snprintf(j->err, sizeof j->err, "%s/%s.err", dir, name);
@@ -114,6 +122,10 @@ static void job_start(struct job *j, const char *dir, const char *name, const ch
         dup2(e, 2);
         size_t n = 0;
         while (argv[n]) n++;
+        if (prog) {
+            execvp(prog, (char *const *)argv);
+            _exit(127);
+        }
         char **args = calloc(n + 2, sizeof *args);
         args[0] = getenv("CDP_BIN");
         for (size_t i = 0; i < n; i++) args[i + 1] = (char *)argv[i];
@@ -137,6 +149,40 @@ static int job_wait(struct job *j, double limit_s)
         usleep(50000);
     }
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+static void need_slurm(void)
+{
+    need_cluster();
+    if (!getenv("SLURM_CONF")) cr_skip_test("no Slurm: %s", getenv("CDP_SLURM_WHY") ? getenv("CDP_SLURM_WHY") : "?");
+}
+
+/* salloc -N nodes --ntasks-per-node 2 PROGRAM ARGS... (cdphybrid when argv[0]
+ * is NULL), waited for at most limit_s; its output in *out and *err. */
+static int salloc_run(const char *dir, const char *name, int nodes, const char *const *argv, double limit_s,
+                      char **out, char **err)
+{
+    const char *v[32];
+    char n[16];
+    snprintf(n, sizeof n, "%d", nodes);
+    int k = 0;
+    v[k++] = "salloc";
+    v[k++] = "-N";
+    v[k++] = n;
+    v[k++] = "--ntasks-per-node";
+    v[k++] = "2";
+    v[k++] = "--quiet";
+    v[k++] = argv[0] ? argv[0] : getenv("CDP_BIN");
+    for (int i = 1; argv[i] && k < 31; i++) v[k++] = argv[i];
+    v[k] = NULL;
+    struct job j;
+    job_exec(&j, dir, name, "salloc", v);
+    const int code = job_wait(&j, limit_s);
+    *out = cdp_test_read_file(j.out);
+    *err = cdp_test_read_file(j.err);
+    if (!*out) *out = strdup("");
+    if (!*err) *err = strdup("");
+    return code;
 }
 
 /* The last step metrics.jsonl records (-1: none yet). */
@@ -208,18 +254,27 @@ static char *read_all(const char *path)
  * rsh agent: every rank on the host of its layout node (hostnames in
  * metrics.jsonl), and losses and weights bitwise those of the same layout on
  * one host. */
-static void trains_as_one_host(int n)
+static void trains_as_one_host(int n, int slurm)
 {
-    need_cluster();
+    if (slurm) need_slurm();
+    else need_cluster();
     char dir[4096], plan[4200], one[4200], hosts[4200], path[4400], path1[4400];
     snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
     snprintf(hosts, sizeof hosts, "%s", hostfile(dir, n));
     snprintf(plan, sizeof plan, "%s", mlp_plan(dir, "hosts", n, n, 4, 30, ""));
     snprintf(one, sizeof one, "%s", mlp_plan(dir, "one", n, 1, 4, 30, ""));
     struct cdp_run r;
-    cr_assert_eq(cdp_test_run(&r, (const char *[]){"--plan", plan, "--hostfile", hosts, NULL}), 0);
-    cr_assert_eq(r.exit_code, 0, "%s\n%s", r.out, r.err);
-    cdp_test_run_free(&r);
+    if (slurm) {
+        char *out, *err;
+        const int code = salloc_run(dir, "salloc", n, (const char *[]){NULL, "--plan", plan, NULL}, 120, &out, &err);
+        cr_assert_eq(code, 0, "%s\n%s", out, err);
+        free(out);
+        free(err);
+    } else {
+        cr_assert_eq(cdp_test_run(&r, (const char *[]){"--plan", plan, "--hostfile", hosts, NULL}), 0);
+        cr_assert_eq(r.exit_code, 0, "%s\n%s", r.out, r.err);
+        cdp_test_run_free(&r);
+    }
     cr_assert_eq(cdp_test_run(&r, (const char *[]){"--plan", one, NULL}), 0);
     cr_assert_eq(r.exit_code, 0, "%s\n%s", r.out, r.err);
     cdp_test_run_free(&r);
@@ -246,8 +301,50 @@ static void trains_as_one_host(int n)
     json_decref(ranks);
 }
 
-Test(multinode, two_hosts_under_mpirun_train_as_one_host, .timeout = 120) { trains_as_one_host(2); }
-Test(multinode, three_hosts_under_mpirun_train_as_one_host, .timeout = 120) { trains_as_one_host(3); }
+Test(multinode, two_hosts_under_mpirun_train_as_one_host, .timeout = 120) { trains_as_one_host(2, 0); }
+Test(multinode, three_hosts_under_mpirun_train_as_one_host, .timeout = 120) { trains_as_one_host(3, 0); }
+Test(multinode, two_hosts_under_srun_train_as_one_host, .timeout = 180) { trains_as_one_host(2, 1); }
+Test(multinode, three_hosts_under_srun_train_as_one_host, .timeout = 180) { trains_as_one_host(3, 1); }
+
+/* A plan that does not say how many nodes, started in a Slurm allocation of
+ * 2: planned on both (it was planned on one, --nodes 1). */
+Test(multinode, a_plan_without_nodes_uses_the_allocation, .timeout = 180)
+{
+    need_slurm();
+    char dir[4096], plan[4200], path[4400], *out, *err;
+    snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
+    snprintf(plan, sizeof plan, "%s", mlp_plan(dir, "alloc", 2, 0, 2, 30, ""));
+    const int code = salloc_run(dir, "alloc", 2, (const char *[]){NULL, "--plan", plan, NULL}, 120, &out, &err);
+    cr_assert_eq(code, 0, "%s\n%s", out, err);
+    free(out);
+    free(err);
+    double loss[4];
+    json_t *ranks = NULL;
+    snprintf(path, sizeof path, "%s/alloc.jsonl", dir);
+    cr_assert_eq(losses_of(path, loss, 4, &ranks), 2);
+    cr_assert_eq(json_array_size(ranks), 4);
+    const char *h = json_string_value(json_object_get(json_array_get(ranks, 3), "host"));
+    cr_expect(h && !strcmp(h, "h1"), "rank 3 on the allocation's second node, not %s", h ? h : "?");
+    json_decref(ranks);
+}
+
+/* Tasks that srun started without PMIx (MpiDefault=none): each would be a
+ * launcher and run srun again inside the step, a deadlock; refused at once. */
+Test(multinode, tasks_started_without_pmix_are_refused, .timeout = 180)
+{
+    need_slurm();
+    char dir[4096], plan[4200], *out, *err;
+    snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
+    snprintf(plan, sizeof plan, "%s", mlp_plan(dir, "nompi", 2, 2, 2, 30, ""));
+    const int code = salloc_run(dir, "nompi", 2,
+                                (const char *[]){"srun", "--mpi=none", "-n", "4", getenv("CDP_BIN"), "--plan", plan,
+                                                 NULL}, 90, &out, &err);
+    cr_expect_neq(code, 0, "%s", err);
+    cr_expect_neq(code, 137, "no deadlock: %s", err);
+    cr_expect(strstr(err, "started without PMIx"), "%s", err);
+    free(out);
+    free(err);
+}
 
 /* ---- failures ----------------------------------------------------------------------- */
 

@@ -296,6 +296,24 @@ static int launched_rank(void)
     return 0;
 }
 
+/* The nodes of the Slurm allocation a launcher runs in (srun starts its ranks
+ * there: no --hostfile), else 0. */
+static int allocation_nodes(const struct cli_args *a)
+{
+    const char *job = getenv("SLURM_JOB_ID"), *n = getenv("SLURM_JOB_NUM_NODES");
+    if (!n || !*n) n = getenv("SLURM_NNODES");
+    if (a->hostfile || !job || !*job || !n) return 0;
+    return atoi(n) > 0 ? atoi(n) : 0;
+}
+
+/* A task of a Slurm job step of several tasks that has no MPI world (srun
+ * without PMIx): its rank would not know the others. */
+static int slurm_task_without_mpi(void)
+{
+    const char *step = getenv("SLURM_STEP_ID"), *n = getenv("SLURM_STEP_NUM_TASKS");
+    return step && *step && n && atoi(n) > 1 && !cdp_comm_launched_by_mpi();
+}
+
 /* Its place among the ranks of its host, or 0 when the launcher does not say. */
 static int launched_local_rank(void)
 {
@@ -893,8 +911,23 @@ static int run_plan(const struct cli_args *a)
     const int ranked = cdp_comm_launched_by_mpi(), rank = ranked ? launched_rank() : 0;
     const int quiet_errors = ranked && rank != 0 && launched_local_rank() != 0;
     if (cdp_plan_load(a->plan, &plan)) goto bad_input;
+    if (!ranked && slurm_task_without_mpi()) {
+        /* every task would be a launcher and start srun again: a deadlock */
+        cdp_fail(CDP_ERR_INVALID, "%s: this is task %s of a Slurm step of %s tasks that srun started without "
+                 "PMIx (Slurm's MpiDefault or SLURM_MPI_TYPE is \"%s\"): start cdphybrid once (it runs srun "
+                 "--mpi=pmix itself), or srun --mpi=pmix -n N cdphybrid --plan planned.json", plan->source,
+                 getenv("SLURM_PROCID"), getenv("SLURM_STEP_NUM_TASKS"),
+                 getenv("SLURM_MPI_TYPE") ? getenv("SLURM_MPI_TYPE") : "none");
+        goto bad_input;
+    }
 
     struct cdp_machine_info machine = {.gpus = 0, .no_gpu_why = NULL};
+    /* a plan that does not say how many nodes, started inside an allocation: all of them */
+    const int alloc = ranked ? 0 : allocation_nodes(a);
+    if (alloc > 1 && !plan->cluster.nodes_given) {
+        CDP_INFO(PLAN, "%s: /cluster/nodes: %d, the nodes of this Slurm allocation", plan->source, alloc);
+        plan->cluster.nodes = alloc;
+    }
     /* Only plans that may run on GPUs pay for loading the CUDA module. */
     if (plan->cluster.backend_auto || plan->cluster.backend == CDP_BACKEND_CUDA) {
         if (cdp_device_count(CDP_BACKEND_CUDA, &machine.gpus)) {

@@ -13,6 +13,8 @@
 #   cluster.sh ssh DIR [OPTS] HOST CMD...  the rsh agent Open MPI calls (DIR/bin/ssh)
 #   cluster.sh cable DIR K up|down  plug or pull host K's cable (its end at the bridge)
 #   cluster.sh kill DIR K     end every process on host K (a crashed host), cable pulled
+#   cluster.sh revive DIR K   host K back: cable plugged, its slurmd running and idle
+#   cluster.sh slurm DIR      munge, slurmctld on h0 and a slurmd per host (DIR/slurm)
 #   cluster.sh down DIR       end every process the cluster holds, remove it all
 #
 # Exit 77 (meson's "skipped") with one line saying why when not root or when
@@ -30,7 +32,8 @@ n_hosts() { cat "$dir/hosts"; }
 # them were started through this script, nothing else can enter it.
 procs_in() {
     local ns p
-    ns=$(readlink "/proc/$(pid_of "$1")/ns/net") || return 0
+    ns=$(cat "$dir/ns.$1" 2>/dev/null) || return 0
+    [ -n "$ns" ] || return 0
     for p in /proc/[0-9]*; do
         [ "$(readlink "$p/ns/net" 2>/dev/null)" = "$ns" ] && echo "${p#/proc/}"
     done
@@ -66,12 +69,13 @@ up)
     [ -n "$subnet" ] || { echo "multinode: no free /24 in 10.213.0.0/16" >&2; exit 1; }
     echo "$subnet" > "$dir/subnet"
     # the bridge's namespace
-    unshare --net sh -c 'ip link set lo up; ip link add br0 type bridge; ip link set br0 up; exec sleep 1000000' </dev/null >/dev/null 2>&1 &
+    # holders in sessions of their own: a signal to the caller's process group leaves them for `down`
+    setsid unshare --net sh -c 'ip link set lo up; ip link add br0 type bridge; ip link set br0 up; exec sleep 1000000' </dev/null >/dev/null 2>&1 &
     echo $! > "$dir/pid.bridge"
     for k in $(seq 0 $((n - 1))); do
         mkdir -p "$dir/h$k"
         # a host: hostname, private /tmp, /dev/shm and node-local /mnt, then wait
-        unshare --net --uts --mount --propagation private sh -c "
+        setsid unshare --net --uts --mount --propagation private sh -c "
             hostname h$k && mount -t tmpfs -o size=1g,mode=1777 cdp-tmp /tmp &&
             mount -t tmpfs -o size=256m cdp-shm /dev/shm && mount -t tmpfs -o size=512m cdp-local /mnt &&
             ip link set lo up && touch '$dir/h$k/ready' && exec sleep 1000000" </dev/null >/dev/null 2>"$dir/h$k/log" &
@@ -85,9 +89,12 @@ up)
         done
     done
     b=$(pid_of bridge)
+    readlink "/proc/$b/ns/net" > "$dir/ns.bridge"
     for k in $(seq 0 $((n - 1))); do
         [ -e "$dir/h$k/ready" ] || { echo "multinode: host h$k did not come up" >&2; exit 1; }
         p=$(pid_of "$k")
+        # what `down` ends: every process in this namespace, holder or not
+        readlink "/proc/$p/ns/net" > "$dir/ns.$k"
         # the cable: made in the bridge's namespace, its far end moved into the host
         nsenter -t "$b" -n ip link add "c$k" type veth peer name eth0 netns "$p"
         nsenter -t "$b" -n ip link set "c$k" master br0
@@ -143,6 +150,98 @@ ssh)
     # shellcheck disable=SC2046
     exec nsenter -t "$(pid_of "$k")" -n -u -m -- $(fresh_env) /bin/sh -c "$*"
     ;;
+slurm)
+    # munge (one daemon on h0; its socket is a file every host sees), slurmctld
+    # on h0 and one slurmd per host, all state, logs and config under DIR/slurm,
+    # each node's spool and TmpFS in its node-local /mnt
+    for t in munged slurmctld slurmd srun sinfo; do
+        command -v $t >/dev/null || { echo "multinode: Slurm skipped: no $t (apt-get install slurmctld slurmd slurm-client munge)"; exit 77; }
+    done
+    n=$(n_hosts)
+    net=$(cat "$dir/subnet")
+    s="$dir/slurm"
+    mkdir -p "$s/munge" "$s/state" "$s/log"
+    chmod 700 "$s/munge"
+    head -c 1024 /dev/urandom > "$s/munge/munge.key"
+    chmod 400 "$s/munge/munge.key"
+    nodes=
+    for k in $(seq 0 $((n - 1))); do
+        nodes="${nodes}NodeName=h$k NodeAddr=$net.$((k + 1)) NodeHostname=h$k CPUs=2 RealMemory=2000 State=UNKNOWN
+"
+    done
+    cat > "$s/slurm.conf" <<CONF
+ClusterName=cdp
+SlurmctldHost=h0($net.1)
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+AuthInfo=socket=$s/munge/munge.socket
+CredType=cred/munge
+SlurmctldPort=6817
+SlurmdPort=6818
+StateSaveLocation=$s/state
+SlurmdSpoolDir=/mnt/slurmd
+TmpFS=/mnt
+SlurmctldPidFile=$s/slurmctld.pid
+SlurmdPidFile=/tmp/slurmd.pid
+SlurmctldLogFile=$s/log/slurmctld.log
+SlurmdLogFile=$s/log/slurmd-%n.log
+SlurmctldDebug=info
+SlurmdDebug=info
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+SwitchType=switch/none
+MpiDefault=pmix
+ReturnToService=2
+SlurmdTimeout=30
+InactiveLimit=0
+KillWait=5
+MinJobAge=30
+SchedulerType=sched/builtin
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+$nodes
+PartitionName=main Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
+CONF
+    echo "SLURM_CONF=$s/slurm.conf" > "$s/env"
+    "$self" nsexec "$dir" 0 munged --force --socket="$s/munge/munge.socket" --key-file="$s/munge/munge.key" \
+        --pid-file="$s/munge/munged.pid" --log-file="$s/log/munged.log" --seed-file="$s/munge/seed" </dev/null >/dev/null 2>&1
+    "$self" nsexec "$dir" 0 slurmctld -f "$s/slurm.conf" -i </dev/null >"$s/log/slurmctld.out" 2>&1
+    for k in $(seq 0 $((n - 1))); do
+        "$self" nsexec "$dir" "$k" slurmd -f "$s/slurm.conf" -N "h$k" </dev/null >"$s/log/slurmd-h$k.out" 2>&1
+    done
+    for _ in $(seq 100); do
+        idle=$("$self" nsexec "$dir" 0 env SLURM_CONF="$s/slurm.conf" sinfo -h -o '%t %D' 2>/dev/null | awk '$1=="idle"{print $2}')
+        [ "$idle" = "$n" ] && exit 0
+        sleep 0.2
+    done
+    echo "multinode: Slurm did not come up: $("$self" nsexec "$dir" 0 env SLURM_CONF="$s/slurm.conf" sinfo 2>&1)" >&2
+    tail -5 "$s/log/slurmctld.log" "$s"/log/slurmd-h*.log >&2 2>/dev/null
+    exit 1
+    ;;
+revive)
+    # host K back as after a reboot: its cable plugged, its slurmd started again
+    k=${1:?cluster.sh revive DIR K}
+    nsenter -t "$(pid_of bridge)" -n ip link set "c$k" up
+    s="$dir/slurm"
+    [ -e "$s/slurm.conf" ] || exit 0
+    running=
+    for p in $(procs_in "$k"); do [ "$(cat "/proc/$p/comm" 2>/dev/null)" = slurmd ] && running=1; done
+    [ -n "$running" ] || "$self" nsexec "$dir" "$k" slurmd -f "$s/slurm.conf" -N "h$k" </dev/null >>"$s/log/slurmd-h$k.out" 2>&1
+    for _ in $(seq 300); do
+        state=$("$self" nsexec "$dir" 0 env SLURM_CONF="$s/slurm.conf" sinfo -h -n "h$k" -o '%t' 2>/dev/null)
+        [ "$state" = idle ] && exit 0
+        # a node Slurm marked down for not answering comes back when told
+        case "$state" in down*|drain*) "$self" nsexec "$dir" 0 env SLURM_CONF="$s/slurm.conf" \
+            scontrol update nodename="h$k" state=resume >/dev/null 2>&1 ;; esac
+        sleep 0.2
+    done
+    echo "multinode: h$k did not come back to Slurm: $state" >&2
+    exit 1
+    ;;
 cable)
     k=${1:?cluster.sh cable DIR K up|down}
     nsenter -t "$(pid_of bridge)" -n ip link set "c$k" "${2:?up or down}"
@@ -160,17 +259,15 @@ down)
         [ -e "$dir/pid.$k" ] || continue
         for p in $(procs_in "$k"); do kill -KILL "$p" 2>/dev/null || true; done
     done
-    [ -e "$dir/pid.bridge" ] && kill -KILL "$(pid_of bridge)" 2>/dev/null || true
+    for p in $(procs_in bridge); do kill -KILL "$p" 2>/dev/null || true; done
     for _ in $(seq 50); do
-        alive=0
-        for k in bridge $(seq 0 $((n - 1))); do
-            [ -e "$dir/pid.$k" ] && kill -0 "$(pid_of "$k")" 2>/dev/null && alive=1
-        done
-        [ $alive = 0 ] && break
+        alive=
+        for k in bridge $(seq 0 $((n - 1))); do alive="$alive$(procs_in "$k")"; done
+        [ -z "$alive" ] && break
         sleep 0.1
     done
     [ -e "$dir/subnet" ] && ip route del blackhole "$(cat "$dir/subnet").0/24" 2>/dev/null || true
-    rm -f "$dir"/pid.* "$dir/subnet" "$dir/hosts" "$dir/addresses"
+    rm -f "$dir"/pid.* "$dir"/ns.* "$dir/subnet" "$dir/hosts" "$dir/addresses"
     ;;
 *)
     echo "cluster.sh: unknown command $cmd" >&2
