@@ -626,6 +626,11 @@ Test(multinode, resume_auto_starts_or_continues, .timeout = 60)
         else cr_expect(strstr(r.out, "step 3/4") && !strstr(r.out, "step 1/4"), "from step 2's: %s", r.out);
         cdp_test_run_free(&r);
     }
+    /* requeued once more after the last checkpoint: nothing to do, exit 0 */
+    cr_assert_eq(cdp_test_run(&r, (const char *[]){"--plan", plan, "--resume", "auto", NULL}), 0);
+    cr_expect_eq(r.exit_code, 0, "%s", r.err);
+    cr_expect(strstr(r.out, "nothing left to train") && !strstr(r.out, "step 4/4"), "%s", r.out);
+    cdp_test_run_free(&r);
 }
 
 /* A hostfile naming one host twice: refused before Open MPI merges the two

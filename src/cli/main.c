@@ -814,6 +814,17 @@ static int train(const struct cli_args *a, struct cdp_plan *plan, const struct c
                  const struct cdp_replan_in *rin)
 {
     const struct cdp_layout *l = r->layout;
+    if (resume_auto(a) && resume_dir(a, plan)) {
+        /* a job requeued after its last checkpoint: done already */
+        char *ck = NULL;
+        struct cdp_ckpt_info info = {0};
+        const int done = !cdp_ckpt_find_latest(plan->train.checkpoint.dir, &ck, &info) && info.step >= plan->train.steps;
+        if (done && !a->quiet) printf("--resume auto: %s holds step %lld of %lld: nothing left to train\n", ck,
+                                      (long long)info.step, (long long)plan->train.steps);
+        free(ck);
+        cdp_ckpt_info_free(&info);
+        if (done) return 0;
+    }
     if (!a->quiet) {
         cdp_planner_print_brief(r, stdout);
         fflush(stdout);
