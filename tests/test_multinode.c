@@ -427,8 +427,11 @@ static int cut_at_step_2(const char *dir, const char *name, int restart, int kil
 
 /* The grace the launcher gives a job after a rank failed (LAUNCH_GRACE_S),
  * and the time a host has to answer (PROBE_TIMEOUT_S + 2): what a cut costs
- * beyond timeout_s. */
+ * beyond timeout_s. The bound below adds SLACK_S for a loaded machine: it
+ * tells "ended by the launcher" from "waited for TCP" (about 16 minutes),
+ * not one speed from another. */
 #define GRACE_S (10 + 7)
+#define SLACK_S 30
 
 /* A cable pulled: the ranks time out at timeout_s (4 s), the launcher ends
  * mpirun (which waits for the cut host's daemon) and names the host. */
@@ -441,7 +444,7 @@ Test(multinode, a_pulled_cable_ends_the_job_naming_the_host, .timeout = 240, .fi
     const int code = cut_at_step_2(dir, "cable", 0, 0, &t, &out, &err);
     fprintf(stderr, "multinode: cable pulled: the job ended %.1f s later\n", t);
     cr_expect_eq(code, 1, "%s", err);
-    cr_expect_lt(t, 4 + GRACE_S + 5, "the job ended %.1f s after the cut (timeout_s 4 + grace %d)", t, GRACE_S);
+    cr_expect_lt(t, 4 + GRACE_S + SLACK_S, "the job ended %.1f s after the cut (timeout_s 4 + grace %d)", t, GRACE_S);
     cr_expect(strstr(err, "host h1 (node 1) does not answer"), "%s", err);
     free(out);
     free(err);
@@ -458,7 +461,7 @@ Test(multinode, a_pulled_cable_is_restarted_around_on_the_survivors, .timeout = 
     fprintf(stderr, "multinode: cable pulled: the restart line came %.1f s later\n", t);
     cr_expect_eq(code, 0, "%s\n%s", out, err);
     cr_expect(strstr(out, "restart 1: node 1 lost"), "%s", out);
-    cr_expect(t > 0 && t < 4 + GRACE_S + 5, "restart line %.1f s after the cut", t);
+    cr_expect(t > 0 && t < 4 + GRACE_S + SLACK_S, "restart line %.1f s after the cut", t);
     snprintf(path, sizeof path, "%s/cable2.jsonl", dir);
     cr_expect_eq(last_step(path), 8);
     /* after the restart no rank runs on h1 */
