@@ -95,7 +95,10 @@ cdp_status cdp_exec_check_shared(const struct exec *e, const char *dir, const ch
         if (!said && o < sizeof list - w - 8) o += (size_t)snprintf(list + o, sizeof list - o, "%s%s", n++ ? ", " : "", h);
     }
     free(missing);
-    if (!n) return CDP_OK;
+    /* every rank knows; rank 0 alone says it and ends the job (several ranks
+     * in MPI_Abort at once can crash Open MPI 4.1's mpirun: exit 139, not 2);
+     * the others go on into the next collective, where the abort stops them */
+    if (!n || e->rank != 0) return CDP_OK;
     return cdp_fail(CDP_ERR_INVALID, "%s (%s) is not one folder on every host: what rank 0 wrote there on %s is "
                     "not seen on %s; a job over %d hosts needs it on a filesystem they all share (NFS, Lustre, "
                     "...), not a node-local one", dir, what, e->hosts, list, e->n_hosts);

@@ -208,9 +208,10 @@ cdp_status cdp_exec_write_weights(struct exec *e);
  * collective). */
 cdp_status cdp_exec_gather_hosts(struct exec *e);
 /* Whether every host of a job over several sees the same folder `dir` (what
- * rank 0 writes there the others read): CDP_ERR_INVALID naming the folder,
- * `what` it is ("/train/checkpoint/dir") and the hosts that do not. A
- * collective; a job on one host returns CDP_OK at once. */
+ * rank 0 writes there the others read): CDP_ERR_INVALID on rank 0 naming the
+ * folder, `what` it is ("/train/checkpoint/dir") and the hosts that do not
+ * (the other ranks return CDP_OK: rank 0's abort ends them). A collective; a
+ * job on one host returns CDP_OK at once. */
 cdp_status cdp_exec_check_shared(const struct exec *e, const char *dir, const char *what);
 
 #endif
