@@ -125,7 +125,13 @@ struct exec {
     FILE *out;
     int ckpt_lock; /* rank 0: the checkpoint folder's lock (an open file), or -1 */
     const char *resume_allow; /* plan keys a resume may change (cdp_train_opts; not owned) */
+    /* every rank's host name (CDP_EXEC_HOST_MAX bytes each, by world rank),
+     * and how many distinct hosts the job spans (exec_hosts.c) */
+    char *hosts;
+    int n_hosts;
 };
+
+#define CDP_EXEC_HOST_MAX 64
 
 /* What the executor is doing now ("rank 1/4 (stage 1, replica 0), step 2:
  * RECV_ACT of micro-batch 3, from stage 0"), for failure messages and the
@@ -210,5 +216,15 @@ void cdp_exec_print_summary(const struct exec *e, const struct cdp_train_summary
 cdp_status cdp_exec_gather_peaks(const struct exec *e, double **out);
 cdp_status cdp_exec_write_traces(struct exec *e);
 cdp_status cdp_exec_write_weights(struct exec *e);
+
+/* exec_hosts.c: every rank's host name into e->hosts and e->n_hosts (a
+ * collective). */
+cdp_status cdp_exec_gather_hosts(struct exec *e);
+/* Whether every host of a job over several sees the same folder `dir` (what
+ * rank 0 writes there the others read): CDP_ERR_INVALID on rank 0 naming the
+ * folder, `what` it is ("/train/checkpoint/dir") and the hosts that do not
+ * (the other ranks return CDP_OK: rank 0's abort ends them). A collective; a
+ * job on one host returns CDP_OK at once. */
+cdp_status cdp_exec_check_shared(const struct exec *e, const char *dir, const char *what);
 
 #endif

@@ -49,6 +49,7 @@ void cdp_exec_free(struct exec *e)
     cdp_trace_destroy(e->trace);
     cdp_monitor_destroy(e->monitor);
     free(e->share);
+    free(e->hosts);
     cdp_schedule_free(e->sched);
     cdp_data_close(e->data);
     free(e->tgt);

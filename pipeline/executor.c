@@ -217,6 +217,9 @@ cdp_status cdp_exec_run(const struct cdp_plan *p, const struct cdp_layout *layou
     if ((st = cdp_exec_setup(&e))) goto fail;
     if (!(o && o->resume) && e.rank == 0 && (st = cdp_exec_check_checkpoint_dir(p, NULL))) goto fail;
     if ((st = cdp_exec_hold_checkpoint_dir(&e))) goto fail;
+    if ((st = cdp_exec_gather_hosts(&e))) goto fail;
+    /* a checkpoint folder that is not shared would be committed with one host's parts */
+    if ((st = cdp_exec_check_shared(&e, p->train.checkpoint.dir, "/train/checkpoint/dir"))) goto fail;
     if (o && o->resume && (st = cdp_exec_resume(&e, o->resume))) goto fail;
     if ((st = cdp_monitor_create(e.s, e.r, e.dev, &e.monitor))) goto fail;
     if (e.rank == 0 && p->output.metrics && (st = cdp_exec_open_metrics(&e, &metrics))) goto fail;

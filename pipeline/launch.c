@@ -5,6 +5,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdio.h>
@@ -136,6 +137,14 @@ static cdp_status read_hosts(const char *path, char ***hosts, int *n)
     }
     fclose(f);
     if (!st && k == 0) st = cdp_fail(CDP_ERR_INVALID, "%s: no hosts in the hostfile", path);
+    /* Open MPI counts a host once, however many lines name it: two layout
+     * nodes on one host would be merged into one and their ranks misplaced */
+    for (int i = 1; !st && i < k; i++)
+        for (int j = 0; j < i && !st; j++)
+            if (!strcmp(h[i], h[j]))
+                st = cdp_fail(CDP_ERR_INVALID, "%s: host %d and host %d are both \"%s\": each layout node needs a "
+                              "host of its own (Open MPI takes one host once); name each host once, or plan fewer "
+                              "/cluster/nodes", path, j + 1, i + 1, h[i]);
     if (st) {
         for (int i = 0; i < k; i++) free(h[i]);
         free(h);
@@ -166,12 +175,44 @@ enum cdp_launcher cdp_launch_which(const struct cdp_launch_spec *s)
 
 /* argv under construction: strings are copied into one arena at the end. */
 struct args {
-    char *item[64];
+    char *item[256];
     int n;
     char num[4][24];
+    char env[96][128]; /* names of variables passed by prefix */
+    int n_env;
 };
 
 static void push(struct args *a, const char *s) { a->item[a->n++] = (char *)s; }
+
+#define ARGS_FOR_ENV 200 /* -x NAME pairs end here: the rest is for the program's own */
+
+extern char **environ;
+
+/* -x NAME for each name of pass (and, for an entry "PREFIX*", every variable
+ * of this environment that starts with PREFIX) that is set here. */
+static void push_env(struct args *a, const char *const *pass)
+{
+    for (int i = 0; pass && pass[i]; i++) {
+        const size_t n = strlen(pass[i]);
+        if (n && pass[i][n - 1] == '*') {
+            for (char **e = environ; e && *e && a->n < ARGS_FOR_ENV; e++) {
+                const char *eq = strchr(*e, '=');
+                if (!eq || strncmp(*e, pass[i], n - 1) != 0) continue;
+                /* the name only: -x NAME passes this process's value */
+                const size_t len = (size_t)(eq - *e);
+                if (len >= sizeof a->env[0] || a->n_env == 96) continue;
+                memcpy(a->env[a->n_env], *e, len);
+                a->env[a->n_env][len] = '\0';
+                push(a, "-x");
+                push(a, a->env[a->n_env++]);
+            }
+        } else if (getenv(pass[i]) && a->n < ARGS_FOR_ENV) {
+            push(a, "-x");
+            push(a, pass[i]);
+        }
+    }
+}
+
 
 cdp_status cdp_launch_argv(const struct cdp_launch_spec *s, enum cdp_launcher which, char ***out)
 {
@@ -179,7 +220,7 @@ cdp_status cdp_launch_argv(const struct cdp_launch_spec *s, enum cdp_launcher wh
     int *count = calloc((size_t)l->n_nodes, sizeof *count);
     if (!count) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
     const int used = ranks_per_node(l, count);
-    struct args a = {.n = 0};
+    struct args a = {.n = 0, .n_env = 0};
     char hostpath[4200] = "";
     cdp_status st = CDP_OK;
     snprintf(a.num[0], sizeof a.num[0], "%d", l->n_ranks);
@@ -204,6 +245,11 @@ cdp_status cdp_launch_argv(const struct cdp_launch_spec *s, enum cdp_launcher wh
         push(&a, "--distribution=block");
         push(&a, "--cpu-bind=none");
         push(&a, "--kill-on-bad-exit=1");
+        /* the ranks find each other through PMIx whatever MpiDefault says
+         * (under "none" every task would be a launcher); SLURM_MPI_TYPE set
+         * by the user wins */
+        const char *mpi = getenv("SLURM_MPI_TYPE");
+        if (!mpi || !*mpi) push(&a, "--mpi=pmix");
     } else {
         push(&a, "mpirun");
         push(&a, "-np");
@@ -235,11 +281,7 @@ cdp_status cdp_launch_argv(const struct cdp_launch_spec *s, enum cdp_launcher wh
             push(&a, hostpath);
             push(&a, "--map-by");
             push(&a, "slot");
-            for (int i = 0; s->pass_env && s->pass_env[i] && a.n < 56; i++)
-                if (getenv(s->pass_env[i])) {
-                    push(&a, "-x");
-                    push(&a, s->pass_env[i]);
-                }
+            push_env(&a, s->pass_env);
         }
     }
     free(count);
@@ -279,27 +321,26 @@ static int died_rank(const char *line)
     return -1;
 }
 
-/* Passes the launcher's stderr (fd) on to ours, line by line, noting the
- * first rank it says died. */
-static void pass_through(int fd, int *died)
+/* The launcher's stderr passed on to ours, read line by line for the first
+ * rank it says died. */
+struct relay {
+    char line[1024];
+    size_t n;
+    int *died;
+};
+
+static void relay_bytes(struct relay *r, const char *buf, ssize_t got)
 {
-    char buf[4096], line[1024];
-    size_t n = 0;
-    for (;;) {
-        const ssize_t got = read(fd, buf, sizeof buf);
-        if (got < 0 && errno == EINTR) continue;
-        if (got <= 0) break;
-        ssize_t w = write(2, buf, (size_t)got);
-        (void)w;
-        for (ssize_t i = 0; i < got; i++) {
-            if (buf[i] != '\n' && n < sizeof line - 1) {
-                line[n++] = buf[i];
-                continue;
-            }
-            line[n] = '\0';
-            n = 0;
-            if (*died < 0) *died = died_rank(line);
+    ssize_t w = write(2, buf, (size_t)got);
+    (void)w;
+    for (ssize_t i = 0; i < got; i++) {
+        if (buf[i] != '\n' && r->n < sizeof r->line - 1) {
+            r->line[r->n++] = buf[i];
+            continue;
         }
+        r->line[r->n] = '\0';
+        r->n = 0;
+        if (*r->died < 0) *r->died = died_rank(r->line);
     }
 }
 
@@ -417,6 +458,74 @@ static void end_orphans(void)
     }
 }
 
+/* Reads what fd holds within wait_ms; 0 at its end (or an error), 1 else. */
+static int relay_some(struct relay *r, int fd, int wait_ms)
+{
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    const int k = poll(&p, 1, wait_ms);
+    if (k <= 0) return k == 0 || errno == EINTR;
+    char buf[4096];
+    const ssize_t got = read(fd, buf, sizeof buf);
+    if (got < 0) return errno == EINTR || errno == EAGAIN;
+    if (got == 0) return 0;
+    relay_bytes(r, buf, got);
+    return 1;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* Waits for the launcher (pid), passing its stderr (fd, or -1) on. It does
+ * not wait for the end of that stream: daemons on other hosts hold it open
+ * after mpirun is gone (until TCP gives up on a host cut off, minutes), so
+ * once mpirun has exited only what is there already is read. While it runs,
+ * s->failing says whether a rank has failed; grace_s after that the job is
+ * ended (SIGTERM, SIGKILL 3 s later): mpirun itself waits for the daemon of
+ * a host it can no longer reach. *ended gets 1 then. */
+static int wait_launcher(const struct cdp_launch_spec *s, pid_t pid, int fd, int *ended)
+{
+    struct relay r = {.n = 0, .died = s->died};
+    int status = 0, term_sent = 0;
+    double failed_at = -1, term_at = 0;
+    *ended = 0;
+    for (;;) {
+        const pid_t w = waitpid(pid, &status, WNOHANG);
+        if (w == pid || (w < 0 && errno != EINTR)) break;
+        if (fd >= 0) {
+            if (!relay_some(&r, fd, 250)) {
+                close(fd);
+                fd = -1;
+            }
+        } else {
+            poll(NULL, 0, 250);
+        }
+        const double t = now_s();
+        if (failed_at < 0 && s->failing && s->failing(s->ctx)) failed_at = t;
+        if (failed_at >= 0 && !term_sent && t - failed_at > s->grace_s) {
+            CDP_WARN(EXEC, "a rank failed %.0f s ago and the launcher has not ended the job: ending it", s->grace_s);
+            kill(pid, SIGTERM);
+            term_sent = 1;
+            term_at = t;
+            *ended = 1;
+        } else if (term_sent == 1 && t - term_at > 3) {
+            kill(pid, SIGKILL);
+            term_sent = 2;
+        }
+    }
+    /* what is in the pipe already: the launcher's last lines */
+    if (fd >= 0) {
+        const double until = now_s() + 1.0;
+        while (now_s() < until && relay_some(&r, fd, 100)) {
+        }
+        close(fd);
+    }
+    return status;
+}
+
 cdp_status cdp_launch_run(const struct cdp_launch_spec *s, int *exit_code)
 {
     const enum cdp_launcher which = cdp_launch_which(s);
@@ -519,21 +628,19 @@ cdp_status cdp_launch_run(const struct cdp_launch_spec *s, int *exit_code)
     while ((got = read(fds[0], &e, sizeof e)) < 0 && errno == EINTR) {
     }
     close(fds[0]);
-    if (err_fds[1] >= 0) {
-        close(err_fds[1]);
-        pass_through(err_fds[0], s->died);
-        close(err_fds[0]);
-    }
-    int status = 0;
-    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-    }
+    if (err_fds[1] >= 0) close(err_fds[1]);
+    int ended = 0;
+    const int status = wait_launcher(s, pid, err_fds[0], &ended);
     end_orphans();
     alarm(0);
     for (int i = 0; i < 5; i++) sigaction(sigs[i], &old[i], NULL);
     launched = 0;
     if (s->stopped_by) *s->stopped_by = stop_sig;
+    if (s->stopped) *s->stopped = stop_sig ? stop_sig : ended ? -1 : 0;
     if (got == (ssize_t)sizeof e) {
-        st = cdp_fail(CDP_ERR_UNSUPPORTED, "%s could not be started (%s)", argv[0], strerror(e));
+        st = cdp_fail(CDP_ERR_UNSUPPORTED, "%s could not be started (%s)%s", argv[0], strerror(e),
+                      e != ENOENT ? "" : which == CDP_LAUNCHER_SRUN ? ": Slurm's srun is not on PATH"
+                                                                    : ": install openmpi-bin (Open MPI's mpirun)");
         free(argv);
         return st;
     }
@@ -554,4 +661,107 @@ cdp_status cdp_launch_check_node(const struct cdp_layout *l, int rank)
     return cdp_fail(CDP_ERR_INVALID, "rank %d is local rank %s on its host, but the layout makes it rank %d of node %d: "
                     "start the ranks node by node in order (cdphybrid --hostfile FILE does; with mpirun give "
                     "--map-by slot and a hostfile with the layout's ranks per node as slots)", rank, v, place, node);
+}
+
+char *cdp_launch_host_of(const struct cdp_launch_spec *s, int node)
+{
+    char **hosts = NULL, *h = NULL;
+    int nh = 0;
+    if (!s->hostfile || read_hosts(s->hostfile, &hosts, &nh)) return NULL;
+    if (node >= 0 && node < nh) h = strdup(hosts[node]);
+    for (int i = 0; i < nh; i++) free(hosts[i]);
+    free(hosts);
+    return h;
+}
+
+cdp_status cdp_launch_probe_hosts(const struct cdp_launch_spec *s, int timeout_s, unsigned char *lost)
+{
+    const struct cdp_layout *l = s->layout;
+    char **hosts = NULL;
+    int nh = 0;
+    if (!s->hostfile) return CDP_OK;
+    cdp_status st = read_hosts(s->hostfile, &hosts, &nh);
+    if (st) return st;
+    int *count = calloc((size_t)l->n_nodes, sizeof *count);
+    pid_t *pid = calloc((size_t)l->n_nodes, sizeof *pid);
+    if (!count || !pid) {
+        st = cdp_fail(CDP_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    ranks_per_node(l, count);
+    /* the agent: Open MPI's first choice of "ssh : rsh", in words */
+    const char *env = getenv("OMPI_MCA_plm_rsh_agent");
+    char agent[1024], *word[16];
+    snprintf(agent, sizeof agent, "%s", env && *env ? env : "ssh");
+    agent[strcspn(agent, ":")] = '\0';
+    int nw = 0;
+    for (char *t = strtok(agent, " \t"); t && nw < 8; t = strtok(NULL, " \t")) word[nw++] = t;
+    if (!nw) word[nw++] = "ssh";
+    const char *base = strrchr(word[0], '/');
+    const int is_ssh = !strcmp(base ? base + 1 : word[0], "ssh");
+    char opt[64], self[256] = "";
+    snprintf(opt, sizeof opt, "ConnectTimeout=%d", timeout_s);
+    if (gethostname(self, sizeof self - 1) != 0) self[0] = '\0';
+    for (int i = 0; i < l->n_nodes && i < nh; i++) {
+        if (!count[i] || !strcmp(hosts[i], self) || !strcmp(hosts[i], "localhost")) continue;
+        char *argv[32];
+        int k = 0;
+        for (int j = 0; j < nw; j++) argv[k++] = word[j];
+        if (is_ssh) {
+            argv[k++] = "-o";
+            argv[k++] = "BatchMode=yes";
+            argv[k++] = "-o";
+            argv[k++] = opt;
+        }
+        argv[k++] = hosts[i];
+        argv[k++] = "true";
+        argv[k] = NULL;
+        pid[i] = fork();
+        if (pid[i] == 0) {
+            const int null = open("/dev/null", O_RDWR);
+            if (null >= 0) {
+                dup2(null, 0);
+                dup2(null, 1);
+                dup2(null, 2);
+            }
+            execvp(argv[0], argv);
+            _exit(127);
+        }
+        if (pid[i] < 0) pid[i] = 0;
+    }
+    const double until = now_s() + timeout_s + 2;
+    for (;;) {
+        int left = 0;
+        for (int i = 0; i < l->n_nodes; i++) {
+            if (pid[i] <= 0) continue;
+            int status = 0;
+            const pid_t w = waitpid(pid[i], &status, WNOHANG);
+            if (w == pid[i]) {
+                lost[i] = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+                pid[i] = 0;
+            } else if (w < 0 && errno != EINTR) {
+                pid[i] = 0;
+            } else {
+                left++;
+            }
+        }
+        if (!left) break;
+        if (now_s() > until) {
+            for (int i = 0; i < l->n_nodes; i++)
+                if (pid[i] > 0) {
+                    kill(pid[i], SIGKILL);
+                    while (waitpid(pid[i], NULL, 0) < 0 && errno == EINTR) {
+                    }
+                    lost[i] = 1;
+                }
+            break;
+        }
+        poll(NULL, 0, 50);
+    }
+done:
+    for (int i = 0; i < nh; i++) free(hosts[i]);
+    free(hosts);
+    free(count);
+    free(pid);
+    return st;
 }

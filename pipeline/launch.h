@@ -31,14 +31,25 @@ struct cdp_launch_spec {
     const char *hostfile;            /* mpirun: hosts, one per layout node in order (Open MPI hostfile
                                         syntax: the first word of each line; '#' comments); NULL: this host */
     const char *tmpdir;              /* where the launcher may write the hostfile it passes on */
-    const char *const *pass_env;     /* mpirun on several nodes: these variables reach every rank (-x NAME),
-                                        NULL-terminated; NULL: none (srun passes the whole environment) */
+    const char *const *pass_env;     /* mpirun on several nodes: these variables reach every rank (-x NAME);
+                                        an entry "PREFIX*": every variable of this environment whose name
+                                        starts with PREFIX; NULL-terminated; NULL: none (srun passes the
+                                        whole environment) */
     int *died;                       /* not NULL: the launcher's output is read as it passes through, and this
                                         gets the rank it said died first ("process rank N ... exited on
                                         signal", srun's "task N: ..."), else -1 */
     int stop_saves;                  /* a stop asked with SIGTERM, SIGHUP or SIGUSR1 lets the ranks save a
                                         checkpoint first: they get SIGUSR1 and CDP_STOP_GRACE_S seconds */
     int *stopped_by;                 /* not NULL: gets the signal that stopped the job (0: none came) */
+    /* not NULL: asked about every 250 ms while the job runs whether a rank
+     * has failed; grace_s seconds after it first says so, a launcher still
+     * running is ended (mpirun waits minutes for the daemon of a host it can
+     * no longer reach) */
+    int (*failing)(void *ctx);
+    void *ctx;
+    double grace_s;
+    int *stopped; /* not NULL: gets the signal (SIGINT, SIGTERM) this process got and passed on to the launcher,
+                     -1 when the launcher was ended after grace_s, else 0 */
 };
 
 /* Seconds a stop waits for the ranks to save and end before they are made
@@ -52,7 +63,7 @@ enum cdp_launcher cdp_launch_which(const struct cdp_launch_spec *s);
 
 /* The command line that starts s's ranks with launcher `which`: rank i of the
  * layout on its node, consecutive ranks per node, no binding by the launcher
- * (each rank binds itself). mpirun with several nodes writes
+ * (each rank binds itself); srun with --mpi=pmix unless SLURM_MPI_TYPE is set. mpirun with several nodes writes
  * tmpdir/hosts.txt ("HOST slots=K" per layout node). *argv is malloc'd and
  * NULL-terminated; its strings live in it (one free). CDP_ERR_INVALID naming
  * the hostfile when it has fewer hosts than the layout has nodes, or the
@@ -71,9 +82,23 @@ cdp_status cdp_launch_argv(const struct cdp_launch_spec *s, enum cdp_launcher wh
  * the grace; a second signal ends it now. *s->stopped_by says which came.
  * Where the ranks outnumber the CPUs this process may use (its affinity
  * mask, not the CPUs online), the launcher is told to oversubscribe, with a
- * warning. CDP_ERR_UNSUPPORTED when the launcher cannot be started (named,
+ * warning. The launcher's stderr (when s->died asks for it) is read while it
+ * runs, not to its end: daemons of other hosts may hold it open long after.
+ * CDP_ERR_UNSUPPORTED when the launcher cannot be started (named,
  * with the system's reason). */
 cdp_status cdp_launch_run(const struct cdp_launch_spec *s, int *exit_code);
+
+/* The hosts of a layout's nodes that do not answer: each host of the
+ * hostfile that runs ranks (not this one) is asked to run `true` through the
+ * agent Open MPI uses (OMPI_MCA_plm_rsh_agent, else ssh; with BatchMode and a
+ * ConnectTimeout of timeout_s when it is ssh), all at once. lost[node] is set
+ * to 1 for a host that did not answer within timeout_s + 2 s. CDP_OK with
+ * nothing set where there is no hostfile. */
+cdp_status cdp_launch_probe_hosts(const struct cdp_launch_spec *s, int timeout_s, unsigned char *lost);
+
+/* The host name the hostfile gives layout node `node` (NULL without a hostfile
+ * or past its end); malloc'd. */
+char *cdp_launch_host_of(const struct cdp_launch_spec *s, int node);
 
 /* Whether this rank runs where the layout says: under mpirun or srun, its
  * local rank on its host (OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID) must be

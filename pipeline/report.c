@@ -166,6 +166,10 @@ cdp_status cdp_exec_write_layout_record(const struct exec *e, FILE *f)
 {
     const struct cdp_layout *l = e->lay;
     json_t *ranks = cdp_layout_ranks_json(l);
+    /* where each rank ran: the host it found itself on */
+    for (int i = 0; ranks && e->hosts && i < e->size && i < l->n_ranks; i++)
+        json_object_set_new(json_array_get(ranks, (size_t)i), "host",
+                            json_string(e->hosts + (size_t)i * CDP_EXEC_HOST_MAX));
     json_t *o = ranks
                     ? json_pack("{s:{s:s,s:s,s:s,s:i,s:i,s:i,s:i,s:i,s:i,s:o}}", "layout", "topology",
                                 l->topology, "schedule", cdp_schedule_name(l->schedule), "recompute",
@@ -307,6 +311,9 @@ void cdp_exec_print_step(const struct exec *e, const struct cdp_exec_step *s, co
         fprintf(out, "  | %s", mb);
     }
     fputc('\n', out);
+    /* a whole line at once: a job cancelled or timed out (under Slurm, its
+     * output a file) keeps every line it printed, none cut in the middle */
+    fflush(out);
 }
 
 /* Every rank's device high-water mark, gathered on every rank (n_ranks

@@ -649,7 +649,7 @@ Test(layout, launch_command_lines)
     line[0] = '\0';
     for (int i = 0; v[i]; i++) snprintf(line + strlen(line), sizeof line - strlen(line), "%s%s", i ? " " : "", v[i]);
     cr_expect_str_eq(line, "srun --ntasks 4 --nodes 2 --ntasks-per-node 2 --distribution=block --cpu-bind=none "
-                           "--kill-on-bad-exit=1 /bin/cdphybrid --plan planned.json");
+                           "--kill-on-bad-exit=1 --mpi=pmix /bin/cdphybrid --plan planned.json");
     free(v);
     /* inside a Slurm allocation with srun on PATH and no hostfile: srun */
     cdp_test_write_file(dir, "srun", "#!/bin/sh\nexit 0\n");

@@ -324,6 +324,8 @@ struct cdp_cluster_desc {
     uint64_t device_memory;   /* per device cap in bytes; 0 = the device's own */
     uint64_t host_memory;     /* host memory a node's ranks may use together; 0 = what the host has free */
     int64_t ranks_per_device; /* ranks that share one device (1; more to test a pipeline on one GPU) */
+    int nodes_given;          /* /cluster/nodes is in the file (else 1; the command line makes it a Slurm
+                                 allocation's nodes) */
 };
 
 struct cdp_output_desc {

@@ -59,7 +59,7 @@ struct cli_args {
 
 static void usage(FILE *f)
 {
-    fputs("usage: cdphybrid --plan FILE [--dry-run | --schedule | --resume [DIR]] [--costs FILE] [--json] [-v|-q]\n"
+    fputs("usage: cdphybrid --plan FILE [--dry-run | --schedule | --resume [DIR|auto]] [--costs FILE] [--json] [-v|-q]\n"
           "       cdphybrid --plan FILE [--hostfile FILE]   (a layout over several nodes)\n"
           "       cdphybrid --plan FILE --simulate [--costs FILE] [--trace OUT.json] [--timeline OUT.svg] [--json]\n"
           "       cdphybrid --plan FILE --profile [--costs OUT.json]\n"
@@ -106,7 +106,9 @@ static void usage(FILE *f)
           "  -v, --verbose  more log output (twice: debug); CDP_LOG=debug does the same\n"
           "  -q, --quiet    errors only\n"
           "  --resume [DIR] continue from the newest complete checkpoint in DIR (default: the\n"
-          "                 plan's /train/checkpoint/dir), under this plan or another layout\n"
+          "                 plan's /train/checkpoint/dir), under this plan or another layout;\n"
+          "                 --resume auto: from the plan's folder when a checkpoint was begun\n"
+          "                 there, else from the start (a job a scheduler may requeue)\n"
           "  --resume-allow KEYS  with --resume: these plan keys (JSON paths, comma-separated,\n"
           "                 e.g. /train/optimizer/lr) may differ from the checkpoint's plan; without\n"
           "                 it another /model, /data, /train/seed or /train/optimizer is refused\n"
@@ -381,10 +383,18 @@ static void print_failure(const char *msg)
         fprintf(stderr, "cdphybrid: %s\n", msg);
 }
 
-/* --resume DIR, or --resume alone: the plan's checkpoint folder (checked in run_plan). */
+static int has_step_folders(const char *dir);
+
+/* Whether --resume is "--resume auto". */
+static int resume_auto(const struct cli_args *a) { return a->resume && a->resume_dir && !strcmp(a->resume_dir, "auto"); }
+
+/* --resume DIR, or --resume alone: the plan's checkpoint folder (checked in
+ * run_plan); --resume auto: that folder when a checkpoint was begun there,
+ * else NULL (the first run of a job that a scheduler may start again). */
 static const char *resume_dir(const struct cli_args *a, const struct cdp_plan *plan)
 {
     if (!a->resume) return NULL;
+    if (resume_auto(a)) return has_step_folders(plan->train.checkpoint.dir) ? plan->train.checkpoint.dir : NULL;
     return a->resume_dir ? a->resume_dir : plan->train.checkpoint.dir;
 }
 
@@ -393,6 +403,35 @@ static const char *resume_dir(const struct cli_args *a, const struct cdp_plan *p
 static int launched_rank(void)
 {
     static const char *const keys[] = {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID", NULL};
+    for (int i = 0; keys[i]; i++) {
+        const char *v = getenv(keys[i]);
+        if (v && *v) return atoi(v);
+    }
+    return 0;
+}
+
+/* The nodes of the Slurm allocation a launcher runs in (srun starts its ranks
+ * there: no --hostfile), else 0. */
+static int allocation_nodes(const struct cli_args *a)
+{
+    const char *job = getenv("SLURM_JOB_ID"), *n = getenv("SLURM_JOB_NUM_NODES");
+    if (!n || !*n) n = getenv("SLURM_NNODES");
+    if (a->hostfile || !job || !*job || !n) return 0;
+    return atoi(n) > 0 ? atoi(n) : 0;
+}
+
+/* A task of a Slurm job step of several tasks that has no MPI world (srun
+ * without PMIx): its rank would not know the others. */
+static int slurm_task_without_mpi(void)
+{
+    const char *step = getenv("SLURM_STEP_ID"), *n = getenv("SLURM_STEP_NUM_TASKS");
+    return step && *step && n && atoi(n) > 1 && !cdp_comm_launched_by_mpi();
+}
+
+/* Its place among the ranks of its host, or 0 when the launcher does not say. */
+static int launched_local_rank(void)
+{
+    static const char *const keys[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID", NULL};
     for (int i = 0; keys[i]; i++) {
         const char *v = getenv(keys[i]);
         if (v && *v) return atoi(v);
@@ -566,6 +605,39 @@ static int layout_nodes(const struct cdp_layout *l)
     return nodes;
 }
 
+/* What reaches the ranks on other hosts (mpirun -x; docs/multinode.md): ours,
+ * the BLAS's and OpenMP's threads, CUDA's and NCCL's settings, the sanitizers'. */
+static const char *const forwarded_env[] = {"CDP_*", "OPENBLAS_*", "GOTO_*", "OMP_*", "MKL_*", "CUDA_*", "NCCL_*",
+                                            "ASAN_OPTIONS", "UBSAN_OPTIONS", "LSAN_OPTIONS", NULL};
+
+/* After a rank says it failed, how long the launcher may take to end the job
+ * by itself before it is ended (mpirun waits on a host it cannot reach). */
+#define LAUNCH_GRACE_S 10.0
+/* How long a host has to answer the question whether it is there. */
+#define PROBE_TIMEOUT_S 5
+
+struct rank_watch {
+    const char *dir;
+    int n_ranks;
+};
+
+/* Whether a rank has left the word "failed ..." (launch's failing()). */
+static int rank_failed(void *ctx)
+{
+    const struct rank_watch *w = ctx;
+    for (int i = 0; i < w->n_ranks; i++) {
+        char path[4300], word[16] = "";
+        snprintf(path, sizeof path, RANK_STATUS_FILE, w->dir, i);
+        FILE *f = fopen(path, "r");
+        if (!f) continue;
+        const size_t n = fread(word, 1, sizeof word - 1, f);
+        fclose(f);
+        word[n] = '\0';
+        if (!strncmp(word, "failed", 6)) return 1;
+    }
+    return 0;
+}
+
 static const char *mpi_launcher_name(const struct cdp_launch_spec *s)
 {
     return cdp_launch_which(s) == CDP_LAUNCHER_SRUN ? "srun" : "mpirun";
@@ -622,11 +694,12 @@ static int stopped_job(const struct cdp_plan *plan, const struct cdp_layout *l, 
  * (CDP_RESTART_ATTEMPT). *raw gets the launcher's own exit code. */
 static int launch(const struct cli_args *a, const struct cdp_plan *plan, const struct cdp_layout *l,
                   const char *planned, const char *tmpdir, const char *status_dir, const char *resume, int attempt,
-                  int *raw, int *died, int *stopped_by, int64_t *oom_kills)
+                  int *raw, int *died, int *stopped_by, int64_t *oom_kills, int *lost_node)
 {
     *died = -1;
     *stopped_by = 0;
     *oom_kills = 0;
+    if (lost_node) *lost_node = -1;
     *raw = EXIT_RUN_FAILED;
     if (!cdp_comm_have_mpi()) {
         fprintf(stderr, "cdphybrid: %s: the layout has %d ranks and this build has no MPI (configure "
@@ -642,11 +715,14 @@ static int launch(const struct cli_args *a, const struct cdp_plan *plan, const s
     self[n] = '\0';
     char **args = rank_args(a, planned, resume);
     if (!args) return EXIT_RUN_FAILED;
-    static const char *const pass[] = {"CDP_RANK_STATUS_DIR", "CDP_RESTART_ATTEMPT", "CDP_FAULT", NULL};
+    struct rank_watch watch = {.dir = status_dir, .n_ranks = l->n_ranks};
+    int stopped = 0;
     struct cdp_launch_spec spec = {.layout = l, .program = self, .args = args, .hostfile = a->hostfile,
-                                   .tmpdir = tmpdir, .pass_env = pass,
+                                   .tmpdir = tmpdir, .pass_env = forwarded_env,
                                    .died = plan->train.restart.max > 0 ? died : NULL,
-                                   .stop_saves = plan->train.checkpoint.dir != NULL, .stopped_by = stopped_by};
+                                   .stop_saves = plan->train.checkpoint.dir != NULL, .stopped_by = stopped_by,
+                                   .failing = status_dir ? rank_failed : NULL, .ctx = &watch,
+                                   .grace_s = LAUNCH_GRACE_S, .stopped = &stopped};
     int code = 0;
     /* the ranks leave their last word in status_dir: none is left from before */
     for (int i = 0; status_dir && i < l->n_ranks; i++) {
@@ -666,13 +742,28 @@ static int launch(const struct cli_args *a, const struct cdp_plan *plan, const s
     if (attempt > 0) unsetenv("CDP_RESTART_ATTEMPT");
     free(args);
     if (st) {
-        fprintf(stderr, "cdphybrid: %s: the layout has %d ranks: %s; install openmpi-bin, or start the ranks "
-                        "yourself: mpirun -np %d %s --plan %s\n", plan->source, l->n_ranks, cdp_last_error(),
-                l->n_ranks, self, planned);
+        fprintf(stderr, "cdphybrid: %s: the layout has %d ranks: %s; or start the ranks yourself: mpirun -np %d "
+                        "%s --plan %s\n", plan->source, l->n_ranks, cdp_last_error(), l->n_ranks, self, planned);
         return *raw = cdp_cli_exit_code(st);
     }
     *raw = code;
     if (*stopped_by) return stopped_job(plan, l, status_dir, mpi_launcher_name(&spec), *stopped_by);
+    if (code != 0 && layout_nodes(l) > 1 && a->hostfile) {
+        /* a host cut off or gone: ask every host; the ranks' words cannot tell it from a hang */
+        unsigned char *lost = calloc((size_t)l->n_nodes, 1);
+        if (lost && !cdp_launch_probe_hosts(&spec, PROBE_TIMEOUT_S, lost)) {
+            for (int node = 0; node < l->n_nodes; node++) {
+                if (!lost[node]) continue;
+                char *h = cdp_launch_host_of(&spec, node);
+                fprintf(stderr, "cdphybrid: host %s (node %d) does not answer: its ranks are cut off or gone%s\n",
+                        h ? h : "?", node, stopped < 0 ? "; the job was ended after the ranks that are left timed out"
+                                                      : "");
+                free(h);
+                if (lost_node && *lost_node < 0) *lost_node = node;
+            }
+        }
+        free(lost);
+    }
     if (code == 0 || code == EXIT_RUN_FAILED || code == EXIT_USAGE) return code;
     /* a rank died (a signal, or the launcher's own code): say which, and exit 1 */
     char how[64];
@@ -690,9 +781,11 @@ static int launch(const struct cli_args *a, const struct cdp_plan *plan, const s
         const struct cdp_layout_rank *k = &l->rank[i];
         char host[256] = "";
         if (gethostname(host, sizeof host - 1) != 0) snprintf(host, sizeof host, "?");
+        char *h = layout_nodes(l) == 1 ? NULL : cdp_launch_host_of(&spec, k->node);
         fprintf(stderr, "cdphybrid: rank %d/%d (stage %d, replica %d) on node %d (%s) died without a word; %s ended "
                         "the job with %s; where the other ranks were is above\n", i, l->n_ranks, k->stage,
-                k->replica, k->node, layout_nodes(l) == 1 ? host : "its host", mpi_launcher_name(&spec), how);
+                k->replica, k->node, layout_nodes(l) == 1 ? host : h ? h : "its host", mpi_launcher_name(&spec), how);
+        free(h);
         named++;
     }
     if (!named)
@@ -761,8 +854,9 @@ static int launch_with_restarts(const struct cli_args *a, struct cdp_plan *plan,
         struct stat m0, m1;
         const int fresh = attempt == 0 ? !a->resume : resume == NULL;
         const int had = mpath && stat(mpath, &m0) == 0;
+        int lost_node = -1;
         code = launch(a, cur_plan, l, planned, tmpdir, status_dir, resume, attempt, &raw, &died, &stopped_by,
-                      &oom_kills);
+                      &oom_kills, &lost_node);
         const int untouched = fresh && had && stat(mpath, &m1) == 0 && m1.st_ino == m0.st_ino &&
                               m1.st_size == m0.st_size && m1.st_mtim.tv_sec == m0.st_mtim.tv_sec &&
                               m1.st_mtim.tv_nsec == m0.st_mtim.tv_nsec;
@@ -784,6 +878,8 @@ static int launch_with_restarts(const struct cli_args *a, struct cdp_plan *plan,
             fprintf(stderr, "cdphybrid: %s\n", cdp_last_error());
             break;
         }
+        if (lost_node >= 0) /* a host that does not answer outweighs what its peers said */
+            cdp_restart_node_lost(l, lost_node, &f);
         if (!f.restartable) {
             fprintf(stderr, "cdphybrid: not restarting: %s; /train/restart restarts after a death, a hang or a "
                             "device error\n", f.what);
@@ -990,6 +1086,17 @@ static int train(const struct cli_args *a, struct cdp_plan *plan, const struct c
                  const struct cdp_replan_in *rin)
 {
     const struct cdp_layout *l = r->layout;
+    if (resume_auto(a) && resume_dir(a, plan)) {
+        /* a job requeued after its last checkpoint: done already */
+        char *ck = NULL;
+        struct cdp_ckpt_info info = {0};
+        const int done = !cdp_ckpt_find_latest(plan->train.checkpoint.dir, &ck, &info) && info.step >= plan->train.steps;
+        if (done && !a->quiet) printf("--resume auto: %s holds step %lld of %lld: nothing left to train\n", ck,
+                                      (long long)info.step, (long long)plan->train.steps);
+        free(ck);
+        cdp_ckpt_info_free(&info);
+        if (done) return 0;
+    }
     if (!a->quiet) {
         cdp_planner_print_brief(r, stdout);
         fflush(stdout);
@@ -1121,10 +1228,29 @@ static int run_plan(const struct cli_args *a)
     char why[1024] = "", note[512] = "";
     int code = EXIT_USAGE, have_table = 0;
     /* ranks of a launched job: only rank 0 says what every rank would */
-    const int ranked = cdp_comm_launched_by_mpi(), quiet_errors = ranked && launched_rank() != 0;
+    /* ranks of a launched job: only rank 0 says what every rank would, and
+     * the first rank of each other host what its host may see alone (a file
+     * that host cannot read) */
+    const int ranked = cdp_comm_launched_by_mpi(), rank = ranked ? launched_rank() : 0;
+    const int quiet_errors = ranked && rank != 0 && launched_local_rank() != 0;
     if (cdp_plan_load(a->plan, &plan)) goto bad_input;
+    if (!ranked && slurm_task_without_mpi()) {
+        /* every task would be a launcher and start srun again: a deadlock */
+        cdp_fail(CDP_ERR_INVALID, "%s: this is task %s of a Slurm step of %s tasks that srun started without "
+                 "PMIx (Slurm's MpiDefault or SLURM_MPI_TYPE is \"%s\"): start cdphybrid once (it runs srun "
+                 "--mpi=pmix itself), or srun --mpi=pmix -n N cdphybrid --plan planned.json", plan->source,
+                 getenv("SLURM_PROCID"), getenv("SLURM_STEP_NUM_TASKS"),
+                 getenv("SLURM_MPI_TYPE") ? getenv("SLURM_MPI_TYPE") : "none");
+        goto bad_input;
+    }
 
     struct cdp_machine_info machine = {.gpus = 0, .no_gpu_why = NULL};
+    /* a plan that does not say how many nodes, started inside an allocation: all of them */
+    const int alloc = ranked ? 0 : allocation_nodes(a);
+    if (alloc > 1 && !plan->cluster.nodes_given) {
+        CDP_INFO(PLAN, "%s: /cluster/nodes: %d, the nodes of this Slurm allocation", plan->source, alloc);
+        plan->cluster.nodes = alloc;
+    }
     /* Only plans that may run on GPUs pay for loading the CUDA module. */
     if (plan->cluster.backend_auto || plan->cluster.backend == CDP_BACKEND_CUDA) {
         if (cdp_device_count(CDP_BACKEND_CUDA, &machine.gpus)) {
@@ -1134,9 +1260,9 @@ static int run_plan(const struct cli_args *a)
         }
     }
     if (cdp_plan_resolve(plan, &machine)) goto bad_input;
-    if (a->resume && !a->resume_dir && !plan->train.checkpoint.dir) {
-        cdp_fail(CDP_ERR_INVALID, "%s: --resume without a folder needs /train/checkpoint/dir in the plan",
-                 plan->source);
+    if (a->resume && (!a->resume_dir || resume_auto(a)) && !plan->train.checkpoint.dir) {
+        cdp_fail(CDP_ERR_INVALID, "%s: --resume %s needs /train/checkpoint/dir in the plan", plan->source,
+                 resume_auto(a) ? "auto" : "without a folder");
         goto bad_input;
     }
     cdp_status st;
@@ -1199,7 +1325,13 @@ static int run_plan(const struct cli_args *a)
 failed:
     code = cdp_cli_exit_code(st);
 bad_input:
-    if (!quiet_errors) fprintf(stderr, "cdphybrid: %s\n", cdp_last_error());
+    if (!quiet_errors && rank != 0) {
+        char host[256] = "?";
+        if (gethostname(host, sizeof host - 1) != 0) snprintf(host, sizeof host, "?");
+        fprintf(stderr, "cdphybrid: rank %d on %s: %s\n", rank, host, cdp_last_error());
+    } else if (!quiet_errors) {
+        fprintf(stderr, "cdphybrid: %s\n", cdp_last_error());
+    }
     cdp_planner_result_clear(&pr);
     cdp_topology_free(topo);
     cdp_cost_table_clear(&table);

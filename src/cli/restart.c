@@ -186,6 +186,18 @@ cdp_status cdp_restart_decide(const struct cdp_layout *l, const struct cdp_job_e
     return CDP_OK;
 }
 
+void cdp_restart_node_lost(const struct cdp_layout *l, int node, struct cdp_fault_report *f)
+{
+    f->restartable = 1;
+    f->node = node;
+    snprintf(f->kind, sizeof f->kind, "died");
+    snprintf(f->what, sizeof f->what, "node %d lost (its host does not answer)", node);
+    f->n_failed = 0;
+    if (f->failed)
+        for (int i = 0; i < l->n_ranks; i++)
+            if (l->rank[i].node == node) f->failed[f->n_failed++] = i;
+}
+
 void cdp_restart_shape(const struct cdp_layout *l, char *buf, size_t cap)
 {
     snprintf(buf, cap, "%dx%d", l->stages, l->replicas);

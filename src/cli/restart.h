@@ -67,6 +67,11 @@ cdp_status cdp_restart_decide(const struct cdp_layout *l, const struct cdp_job_e
                               struct cdp_fault_report *out);
 void cdp_fault_report_clear(struct cdp_fault_report *f);
 
+/* Makes f say that node `node` of l was lost (its host does not answer: cut
+ * off or gone), whatever its peers' words said (they time out waiting on it,
+ * and it on them): every rank of it failed, restartable, the step kept. */
+void cdp_restart_node_lost(const struct cdp_layout *l, int node, struct cdp_fault_report *f);
+
 /* What the re-plan is given: the plan file (loaded and resolved again, so
  * that what it leaves "auto" is planned again), the machine, the cost table
  * or NULL, and the topology the first layout was planned on. */

@@ -1508,6 +1508,7 @@ static cdp_status load_cluster(struct ld *c, const json_t *v)
         cd->topology = spec;
     }
     if ((st = cdp_json_get_int(&c->in, v, P, "nodes", 1, MAX_COUNT, 0, &cd->nodes))) return st;
+    cd->nodes_given = json_object_get(v, "nodes") != NULL;
     if ((st = cdp_json_get_int(&c->in, v, P, "devices", 1, MAX_COUNT, 1, &cd->devices))) return st;
     if ((st = cdp_json_get_int(&c->in, v, P, "ranks_per_device", 1, 64, 0, &cd->ranks_per_device))) return st;
     if ((st = get_size(c, v, "device_memory", &cd->device_memory))) return st;
