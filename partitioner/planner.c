@@ -568,6 +568,11 @@ static cdp_status candidate_layout(const struct ctx *c, int p, int R, int m, con
     l->micro_batches = m;
     l->micro_batch = (int)c->plan->train.micro_batch;
     l->n_nodes = c->t->n_nodes;
+    l->rebalance_every = c->plan->parallel.rebalance_every;
+    if (c->plan->parallel.schedule_file && !(l->schedule_file = strdup(c->plan->parallel.schedule_file))) {
+        cdp_layout_free(l);
+        return cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
+    }
     for (int r = 0; r < R; r++) l->shares[r] = m;
     if (ranges) memcpy(l->ranges, ranges, (size_t)p * c->v * sizeof *ranges);
     for (int s = 0; s < p; s++)
@@ -615,7 +620,7 @@ static cdp_status split(struct ctx *c, int p, int R, int m, int objective, int64
     /* the slots each stage's chunk gets, as the executor counts them */
     int mcap;
     if ((st = candidate_layout(c, p, R, m, NULL, NULL, &l)) ||
-        (st = cdp_layout_slots_ex(c->plan, l, 0, &mcap, inf, inf + p)))
+        (st = cdp_layout_slots_ex(l, 0, &mcap, inf, inf + p)))
         goto done;
     free(c->slots);
     c->slots = inf;

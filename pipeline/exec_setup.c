@@ -133,8 +133,7 @@ static int tied_grads(const struct exec *e) { return tied_model(e) && e->last_ra
 cdp_status cdp_exec_build_schedule(struct exec *e)
 {
     struct cdp_schedule *s = NULL;
-    cdp_status st = cdp_schedule_for_plan(e->plan, e->lay->schedule, e->p, e->v, e->m, tied_grads(e),
-                                          cdp_comm_p2p_grouped(e->pipe), &s);
+    cdp_status st = cdp_schedule_for_layout(e->lay, e->m, tied_grads(e), cdp_comm_p2p_grouped(e->pipe), &s);
     /* build_ex has validated the lists (under rendezvous rules too for NCCL) */
     if (st) return cdp_error_context(st, "%s: /parallel", e->plan->source);
     cdp_schedule_free(e->sched);
@@ -210,7 +209,7 @@ cdp_status cdp_exec_setup(struct exec *e)
     e->G = (int64_t)e->R * L->micro_batches * e->B;
     int *stage_slots = malloc((size_t)e->p * 2 * sizeof *stage_slots);
     if (!stage_slots) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
-    st = cdp_layout_slots_ex(p, L, e->r, &e->mcap, stage_slots, stage_slots + e->p);
+    st = cdp_layout_slots_ex(L, e->r, &e->mcap, stage_slots, stage_slots + e->p);
     const int slots = stage_slots[e->s], wslots = stage_slots[e->p + e->s];
     free(stage_slots);
     if (st) return cdp_error_context(st, "%s", p->source);

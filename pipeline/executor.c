@@ -97,7 +97,7 @@ static cdp_status monitor_step(struct exec *e, struct monitor_acc *acc, struct c
                  "reports running: %.2f ms per micro-batch against their median %.2f ms%s", mon->straggler,
                  mon->ranks[mon->straggler].stage, mon->ranks[mon->straggler].replica,
                  mon->ranks[mon->straggler].stage, CDP_MONITOR_STRAGGLER_REPORTS, 1e3 * mon->straggler_mb_s,
-                 1e3 * mon->median_mb_s, p->parallel.rebalance_every > 0
+                 1e3 * mon->median_mb_s, e->lay->rebalance_every > 0
                  ? "; rebalancing gives its replica fewer micro-batches"
                  : "; /parallel/rebalance_every would move micro-batches away from it");
     return CDP_OK;
@@ -196,7 +196,7 @@ cdp_status cdp_exec_run(const struct cdp_plan *p, const struct cdp_layout *layou
         struct cdp_exec_step s;
         if ((st = run_step(&e, step, &s))) goto fail;
         if ((st = monitor_step(&e, &acc, &s))) goto fail;
-        if (step > e.step0 + 1 || p->parallel.rebalance_every == 1) { /* the first step warms up */
+        if (step > e.step0 + 1 || e.lay->rebalance_every == 1) { /* the first step warms up */
             e.rb_busy += (double)e.t_fb / 1e9;
             e.rb_mb += e.m;
         }
@@ -219,7 +219,7 @@ cdp_status cdp_exec_run(const struct cdp_plan *p, const struct cdp_layout *layou
         if (p->train.checkpoint.dir && (step % p->train.checkpoint.every == 0 || last) &&
             (st = cdp_exec_save_checkpoint(&e, step)))
             goto fail;
-        if (p->parallel.rebalance_every > 0 && e.R > 1 && step % p->parallel.rebalance_every == 0 && !last &&
+        if (e.lay->rebalance_every > 0 && e.R > 1 && step % e.lay->rebalance_every == 0 && !last &&
             (st = cdp_exec_rebalance(&e, step)))
             goto fail;
     }

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "cdp/core.h"
+#include "pipeline/layout.h"
 #include "pipeline/schedule.h"
 
 /* "12" at *s: the number, and s moved past it; -1 when there are no digits. */
@@ -287,7 +288,18 @@ cdp_status cdp_schedule_load(const char *path, enum cdp_schedule_kind kind, int 
 cdp_status cdp_schedule_for_plan(const struct cdp_plan *plan, enum cdp_schedule_kind kind, int p, int v, int m,
                                  int tied, int rendezvous, struct cdp_schedule **out)
 {
-    const char *path = plan ? plan->parallel.schedule_file : NULL;
+    return cdp_schedule_for_file(plan ? plan->parallel.schedule_file : NULL, kind, p, v, m, tied, rendezvous, out);
+}
+
+cdp_status cdp_schedule_for_layout(const struct cdp_layout *l, int m, int tied, int rendezvous,
+                                   struct cdp_schedule **out)
+{
+    return cdp_schedule_for_file(l->schedule_file, l->schedule, l->stages, l->chunks, m, tied, rendezvous, out);
+}
+
+cdp_status cdp_schedule_for_file(const char *path, enum cdp_schedule_kind kind, int p, int v, int m, int tied,
+                                 int rendezvous, struct cdp_schedule **out)
+{
     if (!path) return cdp_schedule_build_ex(kind, p, v, m, tied, rendezvous, out);
     struct cdp_schedule *s = NULL;
     cdp_status st = cdp_schedule_load(path, kind, p, v, m, &s);

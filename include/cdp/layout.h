@@ -11,6 +11,9 @@
 #include <stdint.h>
 
 #include "cdp/plan_types.h"
+#include "cdp/status.h"
+
+struct cdp_plan;
 
 #ifdef __cplusplus
 extern "C" {
@@ -32,6 +35,19 @@ enum cdp_schedule_kind cdp_layout_schedule(const struct cdp_layout *l); /* cdp_s
 int cdp_layout_rank_stage(const struct cdp_layout *l, int r);
 int cdp_layout_rank_replica(const struct cdp_layout *l, int r);
 uint64_t cdp_layout_rank_memory(const struct cdp_layout *l, int r);
+
+/* The layout a planned file holds: cdphybrid writes the one it runs under
+ * "layout" in planned.json, and its ranks run that file's layout as written
+ * (docs/plan.md, "The layout"). plan is that file loaded and resolved
+ * (cdp_plan_load, cdp_plan_resolve); the layout is checked against it (every
+ * value the plan fixes must agree). CDP_ERR_INVALID naming the key
+ * ("planned.json: /layout/ranks/2/stage: ...") or the file without a layout;
+ * CDP_ERR_IO. On success *out is the caller's: cdp_layout_free. */
+cdp_status cdp_layout_load(const char *path, const struct cdp_plan *plan, struct cdp_layout **out);
+
+/* Frees a layout from cdp_layout_load; NULL is a no-op. (A planner's layout,
+ * cdp_planned_layout, belongs to its result.) */
+void cdp_layout_free(struct cdp_layout *l);
 
 #ifdef __cplusplus
 }

@@ -59,6 +59,16 @@ double cdp_planned_samples_per_s(const struct cdp_planned *r);
  * partition, ranks with their memory, the predicted step. */
 void cdp_planned_print(const struct cdp_planned *r, FILE *f);
 
+/* Re-planning as a check: plans plan (as cdp_plan_layout does) on this
+ * machine and compares the answer with l, a layout read from a planned file
+ * (cdp_layout_load). The ranks of a job run their file's layout without
+ * planning again; a program that wants to know the file still is what its
+ * plan gives here asks this. CDP_ERR_INVALID naming the first difference
+ * ("/ranks/3/device: 2 here, 5 there": the layout's, then the planner's), or the
+ * planner's error. */
+cdp_status cdp_layout_replan_check(struct cdp_plan *plan, const struct cdp_machine_info *machine,
+                                   const struct cdp_layout *l);
+
 /* Frees r and everything it owns (its layout too); NULL is a no-op. */
 void cdp_planned_free(struct cdp_planned *r);
 

@@ -1268,9 +1268,10 @@ static cdp_status check_fit(const char *name, const struct cdp_plan *p)
 
 /* ---- entry points ------------------------------------------------------------ */
 
-/* "planner": written by --dry-run --json beside the plan; ignored on load. */
+/* "planner" and "layout": written by --dry-run --json and training beside the plan; the loader skips
+ * them (the layout is read by cdp_layout_of_planned, pipeline/layout.h). */
 static const char *const top_keys[] = {"model", "data", "train", "parallel", "cluster", "output", "planner",
-                                       NULL};
+                                       "layout", NULL};
 
 static void set_defaults(struct cdp_plan *p)
 {
