@@ -86,13 +86,13 @@ cdp_status cdp_planner_topology(const struct cdp_plan *plan, int live_gpus, stru
                                 size_t cap)
 {
     const struct cdp_cluster_desc *cd = &plan->cluster;
-    const int k = cd->backend == CDP_BACKEND_CUDA && cd->ranks_per_device > 1 ? (int)cd->ranks_per_device : 1;
+    const int k = cdp_backend_is_gpu(cd->backend) && cd->ranks_per_device > 1 ? (int)cd->ranks_per_device : 1;
     struct cdp_topology *real = NULL;
     cdp_status st;
     note[0] = '\0';
     if (strcmp(cd->topology, "auto") != 0) {
         if ((st = cdp_topology_load(cd->topology, NULL, &real))) return st;
-    } else if (cd->backend != CDP_BACKEND_CUDA) {
+    } else if (!cdp_backend_is_gpu(cd->backend)) {
         return host_topology(plan, t, note, cap);
     } else {
         const int want = cd->devices != CDP_AUTO ? (int)(cd->devices < 65536 ? cd->devices : 65536) : live_gpus;

@@ -12,7 +12,6 @@
 
 #include "cdp/core.h"
 #include "cdp/log.h"
-#include "kernels/ops.h"
 #include "core/file.h"
 #include "comm/nccl.h"
 #include "pipeline/exec_internal.h"
@@ -21,7 +20,7 @@ const char *cdp_exec_where(void) { return cdp_exec_where_buf; }
 
 cdp_status cdp_exec_check(const struct cdp_plan *p)
 {
-    if (p->train.precision != CDP_PRECISION_FP32 && p->cluster.backend != CDP_BACKEND_CUDA)
+    if (p->train.precision != CDP_PRECISION_FP32 && !cdp_backend_is_gpu(p->cluster.backend))
         return cdp_fail(CDP_ERR_UNSUPPORTED, "%s: /train/precision is \"bf16\": the cpu backend trains in fp32; "
                         "use \"fp32\", or /cluster/backend \"cuda\"", p->source);
     /* every output before the first step, not after the whole run */

@@ -9,6 +9,7 @@
 #include "core/hash.h"
 #include "model/optim.h"
 #include "pipeline/schedule.h"
+#include "plan/schedule_kind.h"
 
 cdp_status cdp_layout_create(int p, int v, int R, struct cdp_layout **out)
 {
@@ -147,8 +148,7 @@ cdp_status cdp_layout_slots_ex(const struct cdp_layout *l, int r, int *mcap, int
         cdp_schedule_free(sc);
         /* only the interleaved and the split lists have a rendezvous order of their own; a file's
          * lists are the same for both transports (the executor proves them for NCCL where it uses it) */
-        if ((l->schedule != CDP_SCHEDULE_INTERLEAVED && !cdp_schedule_splits_backward(l->schedule)) ||
-            l->schedule_file)
+        if (!cdp_schedule_def(l->schedule)->rendezvous_order || l->schedule_file)
             break;
     }
     *mcap = (int)cap;
@@ -211,7 +211,7 @@ static cdp_status rank_memory(const struct cdp_plan *plan, struct cdp_layout *l,
 {
     struct cdp_layout_rank *k = &l->rank[rank];
     const int p = l->stages, nv = p * l->chunks, B = l->micro_batch;
-    const int hv = l->backend != CDP_BACKEND_CUDA;
+    const int hv = cdp_backend_host_visible(l->backend);
     const enum cdp_loss loss = cdp_model_loss_of(&plan->model);
     struct cdp_rank_memory sum = {0};
     uint64_t largest_grad = 0;
@@ -283,8 +283,8 @@ cdp_status cdp_layout_memory(const struct cdp_plan *plan, struct cdp_layout *l, 
 
 void cdp_layout_device_name(const struct cdp_layout *l, int rank, char *buf, size_t cap)
 {
-    if (l->backend == CDP_BACKEND_CUDA) snprintf(buf, cap, "cuda:%d", l->rank[rank].gpu);
-    else snprintf(buf, cap, "cpu");
+    if (cdp_backend_is_gpu(l->backend)) snprintf(buf, cap, "%s:%d", cdp_backend_name(l->backend), l->rank[rank].gpu);
+    else snprintf(buf, cap, "%s", cdp_backend_name(l->backend));
 }
 
 json_t *cdp_layout_ranks_json(const struct cdp_layout *l)

@@ -1,4 +1,8 @@
-/* The layout: the one resolved answer to "how does this plan run". Shape
+/* Internal: the layout's fields, read and written by the planner, the
+ * executor and the simulator; programs that embed cdphybrid see it opaque
+ * through cdp/layout.h.
+ *
+ * The layout: the one resolved answer to "how does this plan run". Shape
  * (stages, chunks, replicas, micro-batches), schedule, each replica's share of
  * a step's micro-batches, the unit range of every virtual stage, and for every
  * rank its node, device, stage, replica, CPU set and memory cap, with the

@@ -5,6 +5,8 @@
 #ifndef CDP_TOPOLOGY_H
 #define CDP_TOPOLOGY_H
 
+#include "cdp/api.h"
+
 #include <stdint.h>
 #include <stdio.h>
 
@@ -143,13 +145,13 @@ struct cdp_topo_link {
  * with the file, the line or JSON path, and what was expected), CDP_ERR_IO,
  * CDP_ERR_UNSUPPORTED (hwloc 3.0 XML), CDP_ERR_NOMEM. *out is set only on success;
  * free it with cdp_topology_free. */
-cdp_status cdp_topology_load(const char *spec, const char *base_dir, struct cdp_topology **out);
+CDP_API cdp_status cdp_topology_load(const char *spec, const char *base_dir, struct cdp_topology **out);
 
 /* Loads a file; the format is recognised from its content. */
-cdp_status cdp_topology_load_file(const char *path, struct cdp_topology **out);
+CDP_API cdp_status cdp_topology_load_file(const char *path, struct cdp_topology **out);
 
 /* Loads text in any of the file formats; name is used in messages. */
-cdp_status cdp_topology_load_text(const char *text, size_t len, const char *name,
+CDP_API cdp_status cdp_topology_load_text(const char *text, size_t len, const char *name,
                                   struct cdp_topology **out);
 
 /* Optional CUDA peer query a caller that may touch devices can supply (the
@@ -171,61 +173,61 @@ struct cdp_discover_options {
  * ancestors), then the caller's CUDA peer query, each step optional and logged
  * at -v (subsystem TOPO). With no GPU found the result is a CPU topology
  * (kind CDP_TOPO_CPU). opts may be NULL. */
-cdp_status cdp_topology_discover(const struct cdp_discover_options *opts, struct cdp_topology **out);
+CDP_API cdp_status cdp_topology_discover(const struct cdp_discover_options *opts, struct cdp_topology **out);
 
 /* A one-node CPU topology: n devices spread over the NUMA nodes given (n_numa
  * may be 0 for one unnamed node), copy_bw bytes/s between any two, memory per
  * device (0 = unknown). */
-cdp_status cdp_topology_cpu(int n_devices, double copy_bw, uint64_t memory_per_device,
+CDP_API cdp_status cdp_topology_cpu(int n_devices, double copy_bw, uint64_t memory_per_device,
                             struct cdp_topology **out);
 
 /* A one-node GPU topology of n_gpus GPUs known only by their count (and a
  * name and memory, 0 = unknown): PCIe through one host bridge between any two
  * at pcie_bw bytes/s (0: the default rate). For machines whose GPUs the
  * discovery could not see, and for ranks that share GPUs. */
-cdp_status cdp_topology_generic_gpus(int n_gpus, const char *name, uint64_t memory, double pcie_bw,
+CDP_API cdp_status cdp_topology_generic_gpus(int n_gpus, const char *name, uint64_t memory, double pcie_bw,
                                      struct cdp_topology **out);
 
 /* n_nodes copies of a one-node topology joined by net. */
-cdp_status cdp_topology_cluster(const struct cdp_topology *node, int n_nodes,
+CDP_API cdp_status cdp_topology_cluster(const struct cdp_topology *node, int n_nodes,
                                 const struct cdp_topo_network *net, struct cdp_topology **out);
 
 /* The link between two devices (global indices). Across nodes: the network
  * (one NIC's rate, the network's latency). CDP_ERR_INVALID for a bad index. */
-cdp_status cdp_topology_link(const struct cdp_topology *t, int a, int b, struct cdp_topo_link *out);
+CDP_API cdp_status cdp_topology_link(const struct cdp_topology *t, int a, int b, struct cdp_topo_link *out);
 
 /* Writes hwloc v2 XML of a one-node topology: the machine, NUMA nodes and PUs,
  * a PCI tree (host bridges, switches, GPUs, NVSwitches, NICs) and an
  * NVLinkBandwidth distances matrix (MB/s), plus cdphybrid's own values as info
  * attributes so the file loads back identically. *text owned by the caller. */
-cdp_status cdp_topology_to_hwloc_xml(const struct cdp_topology *t, char **text);
-cdp_status cdp_topology_export_xml(const struct cdp_topology *t, const char *path);
+CDP_API cdp_status cdp_topology_to_hwloc_xml(const struct cdp_topology *t, char **text);
+CDP_API cdp_status cdp_topology_export_xml(const struct cdp_topology *t, const char *path);
 
 /* JSON for scripts: {"name", "kind", "nodes": [...], "gpus": [...], "links":
  * [[class, ...]], "bandwidth_gbps": [[...]], "latency_us", "nvswitches", "nics",
  * "network"}; GPU order as listed, GB/s one direction. Owned by the caller. */
-cdp_status cdp_topology_to_json(const struct cdp_topology *t, char **text);
+CDP_API cdp_status cdp_topology_to_json(const struct cdp_topology *t, char **text);
 
 /* Our own file format (docs/topology.md): loads back to an equal topology. */
-cdp_status cdp_topology_to_native_json(const struct cdp_topology *t, char **text);
+CDP_API cdp_status cdp_topology_to_native_json(const struct cdp_topology *t, char **text);
 
 /* nvidia-smi topo -m style: link classes, then GB/s, then NUMA/CPU affinity,
  * NVSwitches, NICs and the network. */
-cdp_status cdp_topology_print(const struct cdp_topology *t, FILE *f);
+CDP_API cdp_status cdp_topology_print(const struct cdp_topology *t, FILE *f);
 
 /* Nonzero when a and b describe the same machine (every field); otherwise 0 and
  * the first difference written to why (may be NULL). */
-int cdp_topology_equal(const struct cdp_topology *a, const struct cdp_topology *b, char *why,
+CDP_API int cdp_topology_equal(const struct cdp_topology *a, const struct cdp_topology *b, char *why,
                        size_t cap);
 
 /* NULL is a no-op. */
-void cdp_topology_free(struct cdp_topology *t);
+CDP_API void cdp_topology_free(struct cdp_topology *t);
 
 /* "NV", "PIX", ... (NVLINK and NVSWITCH are both "NV"); "?" when out of range. */
-const char *cdp_link_class_name(enum cdp_link_class c);
+CDP_API const char *cdp_link_class_name(enum cdp_link_class c);
 
 /* The matrix label of a link: "X", "NV12", "PIX", "SYS", "MEM", "NET". */
-const char *cdp_topology_link_label(const struct cdp_topo_link *l, char *buf, size_t cap);
+CDP_API const char *cdp_topology_link_label(const struct cdp_topo_link *l, char *buf, size_t cap);
 
 #ifdef __cplusplus
 }

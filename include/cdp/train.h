@@ -14,6 +14,8 @@
 #ifndef CDP_TRAIN_H
 #define CDP_TRAIN_H
 
+#include "cdp/api.h"
+
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -99,15 +101,15 @@ struct cdp_train_summary {
  * under CDP_TRAIN_SELF. Under CDP_TRAIN_MPI a failed rank leaves the job to
  * its caller: the other ranks may be waiting on it, so end the job with
  * cdp_train_abort (or MPI_Abort). */
-cdp_status cdp_train(const struct cdp_plan *plan, const struct cdp_layout *layout, const struct cdp_train_opts *opts,
-                     struct cdp_train_summary *summary);
+CDP_API cdp_status cdp_train(const struct cdp_plan *plan, const struct cdp_layout *layout,
+                             const struct cdp_train_opts *opts, struct cdp_train_summary *summary);
 
 /* Ends the whole job after a failed cdp_train under MPI (MPI_Abort on the
  * world with code; exit(code) when MPI is not up). Does not return. */
 #if defined(__GNUC__)
 __attribute__((noreturn))
 #endif
-void cdp_train_abort(int code);
+CDP_API void cdp_train_abort(int code);
 
 #ifdef __cplusplus
 }

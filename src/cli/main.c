@@ -321,7 +321,7 @@ static int run_ranks(const struct cli_args *a, const struct cdp_plan *plan, cons
 /* --schedule: the lists of one step of the layout (every replica alike). */
 static int print_schedule(const struct cdp_plan *plan, const struct cdp_layout *l, int json)
 {
-    const int tied = plan->model.kind == CDP_MODEL_GPT && plan->model.tie_embeddings && l->stages * l->chunks > 1;
+    const int tied = cdp_model_ties_embeddings(&plan->model) && l->stages * l->chunks > 1;
     struct cdp_schedule *s = NULL;
     cdp_status st = cdp_schedule_for_layout(l, l->micro_batches, tied, 0, &s);
     if (!st) st = json ? cdp_schedule_print_json(s, stdout) : cdp_schedule_print(s, stdout);

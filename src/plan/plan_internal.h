@@ -14,8 +14,6 @@ extern const char *const cdp_plan_order_names[CDP_DATA_ORDER_COUNT + 1];
 extern const char *const cdp_plan_optimizer_names[CDP_OPT_TYPE_COUNT + 1];
 extern const char *const cdp_plan_recompute_names[CDP_RECOMPUTE_COUNT + 2];
 extern const char *const cdp_plan_precision_names[CDP_PRECISION_COUNT + 1];
-extern const char *const cdp_plan_schedule_names[CDP_SCHEDULE_COUNT + 1];
-extern const char *const cdp_plan_backend_names[CDP_BACKEND_COUNT + 2];
 /* Placement strings; CDP_PLACEMENT_EXPLICIT has no string (it is an array). */
 extern const char *const cdp_plan_placement_names[CDP_PLACEMENT_KIND_COUNT];
 

@@ -17,6 +17,7 @@
 
 #include "cdp/core.h"
 #include "cdp/log.h"
+#include "core/path.h"
 #include "plan/topology_paths.h"
 
 /* ---- presets ------------------------------------------------------------------ */
@@ -145,14 +146,6 @@ cdp_status cdp_topology_preset_path(const char *name, char **path)
 
 /* ---- specs ------------------------------------------------------------------------- */
 
-static char *join(const char *base, const char *rel)
-{
-    if (rel[0] == '/' || !base || !*base) return strdup(rel);
-    size_t n = strlen(base) + strlen(rel) + 2;
-    char *p = malloc(n);
-    if (p) snprintf(p, n, "%s/%s", base, rel);
-    return p;
-}
 
 int cdp_topo_spec_is_path(const char *s)
 {
@@ -181,7 +174,7 @@ static int parse_cluster(const char *spec, long *nodes, const char **rest)
 /* Whether spec names an existing regular file (relative to base_dir). */
 static int existing_file(const char *spec, const char *base_dir)
 {
-    char *joined = join(base_dir, spec);
+    char *joined = cdp_path_join(base_dir, spec);
     char *abs = joined ? realpath(joined, NULL) : NULL;
     int yes = abs && is_regular(abs);
     free(joined);
@@ -233,7 +226,7 @@ cdp_status cdp_topo_spec_classify(const char *spec, const char *base_dir, enum c
         *kind = CDP_TOPO_SPEC_PRESET;
         return CDP_OK;
     }
-    char *joined = join(base_dir, spec);
+    char *joined = cdp_path_join(base_dir, spec);
     if (!joined) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
     char *abs = realpath(joined, NULL);
     if (!abs) {

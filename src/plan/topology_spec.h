@@ -1,4 +1,7 @@
-/* The grammar of a topology spec (src/plan/topology_spec.c): what a string
+/* Internal: the spec grammar's helpers for the plan loader and the
+ * partitioner; the public part is cdp/topology_spec.h.
+ *
+ * The grammar of a topology spec (src/plan/topology_spec.c): what a string
  * names, without reading any topology. Shared by the plan loader (which
  * checks /cluster/topology) and the partitioner's loader (which loads what a
  * spec names). The public part is cdp/topology_spec.h. */
