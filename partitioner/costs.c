@@ -16,11 +16,11 @@ static const struct { const char *name; double bw; } mem_bw_table[] = {
 
 struct cdp_device_rate cdp_device_rate_of(const struct cdp_topology *t, int gpu, enum cdp_precision prec)
 {
-    const struct cdp_topo_gpu *g = &t->gpus[gpu];
+    const struct cdp_topology_gpu *g = &t->gpus[gpu];
     struct cdp_device_rate r = {0};
     double fp32 = g->peak_fp32 > 0 ? g->peak_fp32 : g->peak_tf32;
     r.flops = prec == CDP_PRECISION_BF16 && g->peak_bf16 > 0 ? g->peak_bf16 : fp32;
-    if (t->kind == CDP_TOPO_CPU) {
+    if (t->kind == CDP_TOPOLOGY_CPU) {
         if (r.flops <= 0) r.flops = CDP_COST_CPU_FLOPS;
         r.efficiency = CDP_COST_CPU_EFFICIENCY;
         r.mem_bw = t->nodes[g->node].copy_bw > 0 ? t->nodes[g->node].copy_bw : CDP_COST_CPU_MEM_BW;

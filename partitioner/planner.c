@@ -79,7 +79,7 @@ static void links_of(const struct cdp_topology *t, double *bw, double *lat)
     const int nd = t->n_gpus;
     for (int a = 0; a < nd; a++)
         for (int b = 0; b < nd; b++) {
-            struct cdp_topo_link l;
+            struct cdp_topology_link l;
             bw[a * nd + b] = 0;
             lat[a * nd + b] = 0;
             if (a == b || cdp_topology_link(t, a, b, &l)) continue;
@@ -792,7 +792,7 @@ static int64_t pow2_at_least(int64_t x)
 static const char *short_name(const struct cdp_topology *t, int d)
 {
     const char *n = t->gpus[d].name;
-    if (t->kind == CDP_TOPO_CPU) return "CPU";
+    if (t->kind == CDP_TOPOLOGY_CPU) return "CPU";
     if (!strncmp(n, "NVIDIA ", 7)) n += 7;
     if (!strncmp(n, "Tesla ", 6)) n += 6;
     return n;
@@ -803,7 +803,7 @@ static const char *short_name(const struct cdp_topology *t, int d)
 static double slowdown(const struct cdp_plan *plan, const struct cdp_topology *t, const struct cdp_device_rate *r0,
                        int d)
 {
-    const struct cdp_topo_gpu *a = &t->gpus[0], *g = &t->gpus[d];
+    const struct cdp_topology_gpu *a = &t->gpus[0], *g = &t->gpus[d];
     if (a->peak_fp32 == g->peak_fp32 && a->peak_tf32 == g->peak_tf32 && a->peak_bf16 == g->peak_bf16) return 1;
     const struct cdp_device_rate r = cdp_device_rate_of(t, d, plan->train.precision);
     return (r0->flops * r0->efficiency) / (r.flops * r.efficiency);

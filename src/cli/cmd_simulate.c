@@ -33,7 +33,7 @@ static void print_text(const struct cdp_plan *plan, const struct cdp_sim_in *in)
     const double closed = cdp_sim_bubble_closed_form_kind(l->schedule, l->stages, v, l->micro_batches);
     printf("Simulation of %s (predicted; nothing runs)\n", plan->source);
     printf("  topology    %s (%d %s)%s%s\n", in->t->name, in->t->n_gpus,
-           in->t->kind == CDP_TOPO_CPU ? "CPU devices" : "GPUs", in->note[0] ? "; " : "", in->note);
+           in->t->kind == CDP_TOPOLOGY_CPU ? "CPU devices" : "GPUs", in->note[0] ? "; " : "", in->note);
     printf("  placement   %s\n", in->r->placement_method);
     printf("  schedule    %s, %d stages", cdp_schedule_name(l->schedule), l->stages);
     if (v > 1) printf(" x %d chunks", v);
@@ -77,7 +77,7 @@ static void print_text(const struct cdp_plan *plan, const struct cdp_sim_in *in)
     printf("\nBusiest links\n");
     if (res->n_links == 0) printf("  (no traffic between devices)\n");
     for (int q = 0; q < res->n_links && q < 8; q++) {
-        struct cdp_topo_link tl;
+        struct cdp_topology_link tl;
         char lab[16] = "?";
         if (!cdp_topology_link(in->t, res->links[q].src, res->links[q].dst, &tl))
             cdp_topology_link_label(&tl, lab, sizeof lab);
