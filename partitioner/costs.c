@@ -22,10 +22,10 @@ double cdp_device_peak_flops(const struct cdp_topo_gpu *g, enum cdp_precision pr
 
 struct cdp_device_rate cdp_device_rate_of(const struct cdp_topology *t, int gpu, enum cdp_precision prec)
 {
-    const struct cdp_topo_gpu *g = &t->gpus[gpu];
+    const struct cdp_topology_gpu *g = &t->gpus[gpu];
     struct cdp_device_rate r = {0};
     r.flops = cdp_device_peak_flops(g, prec);
-    if (t->kind == CDP_TOPO_CPU) {
+    if (t->kind == CDP_TOPOLOGY_CPU) {
         if (r.flops <= 0) r.flops = CDP_COST_CPU_FLOPS;
         r.efficiency = CDP_COST_CPU_EFFICIENCY;
         r.mem_bw = t->nodes[g->node].copy_bw > 0 ? t->nodes[g->node].copy_bw : CDP_COST_CPU_MEM_BW;

@@ -73,6 +73,21 @@ cdp_status cdp_plan_layout(struct cdp_plan *plan, const struct cdp_machine_info 
     return CDP_OK;
 }
 
+cdp_status cdp_layout_replan_check(struct cdp_plan *plan, const struct cdp_machine_info *machine,
+                                   const struct cdp_layout *l)
+{
+    if (!plan || !l) return cdp_fail(CDP_ERR_INVALID, "cdp_layout_replan_check: the plan and the layout are required");
+    struct cdp_planned *x = NULL;
+    cdp_status st = cdp_plan_layout(plan, machine, NULL, &x);
+    if (st) return st;
+    char diff[400];
+    if (cdp_layout_diff(l, x->r.layout, diff, sizeof diff))
+        st = cdp_fail(CDP_ERR_INVALID, "%s: the layout is not what its plan plans on this machine: %s (\"here\": the "
+                      "layout, \"there\": planned now)", plan->source, diff);
+    cdp_planned_free(x);
+    return st;
+}
+
 const struct cdp_layout *cdp_planned_layout(const struct cdp_planned *x) { return x->r.layout; }
 double cdp_planned_step_s(const struct cdp_planned *x) { return x->r.predicted.step_s; }
 double cdp_planned_bubble(const struct cdp_planned *x) { return x->r.predicted.bubble; }

@@ -104,15 +104,15 @@ static double boundary_bw(const struct cdp_partition_spec *sp, int s)
  * i-1 down to c, the order the DP uses, so that every place computing a stage
  * gets the same floating-point value. */
 static void stage_from(const struct cdp_partition_spec *sp, const struct part_rules *ru, int c, int i, int s,
-                       double comp, double state, double act, struct cdp_partition_stage *st)
+                       double comp, double state, double act, struct cdp_partition_stage *out)
 {
     const double bw = boundary_bw(sp, s);
-    st->first = c;
-    st->end = i;
-    st->compute_s = comp;
-    st->send_s = s < ru->k - 1 && bw > 0 ? sp->unit[i - 1].out_bytes / bw : 0;
-    st->time_s = comp + st->send_s;
-    st->memory_bytes = sp->memory ? sp->memory(sp->memory_ctx, s, c, i)
+    out->first = c;
+    out->end = i;
+    out->compute_s = comp;
+    out->send_s = s < ru->k - 1 && bw > 0 ? sp->unit[i - 1].out_bytes / bw : 0;
+    out->time_s = comp + out->send_s;
+    out->memory_bytes = sp->memory ? sp->memory(sp->memory_ctx, s, c, i)
                                   : state + act * ru->in_flight[s] + sp->workspace_bytes;
 }
 
@@ -125,9 +125,9 @@ static void grow_left(const struct cdp_partition_spec *sp, int u, double *comp, 
 }
 
 /* What the split minimises for a stage. */
-static double value_of(const struct cdp_partition_spec *sp, const struct cdp_partition_stage *st)
+static double value_of(const struct cdp_partition_spec *sp, const struct cdp_partition_stage *stage)
 {
-    return sp->objective == CDP_PARTITION_MEMORY ? st->memory_bytes : st->time_s;
+    return sp->objective == CDP_PARTITION_MEMORY ? stage->memory_bytes : stage->time_s;
 }
 
 static int fits(const struct part_rules *ru, int s, double mem)
@@ -194,7 +194,7 @@ static void rebuild(const struct cdp_partition_spec *sp, const struct part_rules
                     unsigned char *ok, struct cdp_partition_stage *stage)
 {
     const int n = sp->n, k = ru->k;
-    struct cdp_partition_stage st;
+    struct cdp_partition_stage cand;
 #define OK(j, i) ok[(size_t)(j) * (size_t)(n + 1) + (size_t)(i)]
     memset(ok, 0, (size_t)(k + 1) * (size_t)(n + 1));
     OK(0, 0) = 1;
@@ -210,8 +210,8 @@ static void rebuild(const struct cdp_partition_spec *sp, const struct part_rules
                 /* as in solve: the time only grows to the left */
                 if (sp->objective != CDP_PARTITION_MEMORY && comp + send > opt) break;
                 if (!OK(j - 1, c)) continue;
-                stage_from(sp, ru, c, i, j - 1, comp, state, act, &st);
-                OK(j, i) = value_of(sp, &st) <= opt && fits(ru, j - 1, st.memory_bytes);
+                stage_from(sp, ru, c, i, j - 1, comp, state, act, &cand);
+                OK(j, i) = value_of(sp, &cand) <= opt && fits(ru, j - 1, cand.memory_bytes);
             }
         }
     /* from the last stage: each starts at the earliest unit that leaves a completable prefix */
@@ -223,8 +223,8 @@ static void rebuild(const struct cdp_partition_spec *sp, const struct part_rules
         for (int c = end - 1; c >= j - 1; c--) {
             grow_left(sp, c, &comp, &state, &act);
             if (!OK(j - 1, c)) continue;
-            stage_from(sp, ru, c, end, j - 1, comp, state, act, &st);
-            if (value_of(sp, &st) <= opt && fits(ru, j - 1, st.memory_bytes)) best = st, found = 1;
+            stage_from(sp, ru, c, end, j - 1, comp, state, act, &cand);
+            if (value_of(sp, &cand) <= opt && fits(ru, j - 1, cand.memory_bytes)) best = cand, found = 1;
         }
         CDP_ASSERT(found); /* opt came from the DP: a split within it exists */
         stage[j - 1] = best;

@@ -43,7 +43,7 @@ static void machine_free(struct machine *m)
 
 static int same_device(const struct cdp_topology *t, int a, int b)
 {
-    const struct cdp_topo_gpu *x = &t->gpus[a], *y = &t->gpus[b];
+    const struct cdp_topology_gpu *x = &t->gpus[a], *y = &t->gpus[b];
     return strcmp(x->name, y->name) == 0 && x->memory_bytes == y->memory_bytes && x->peak_fp32 == y->peak_fp32 &&
            x->peak_tf32 == y->peak_tf32 && x->peak_bf16 == y->peak_bf16;
 }
@@ -140,7 +140,7 @@ static cdp_status machine_build(const struct cdp_topology *t, int want_autos, st
     if (!m->bw || !m->lat || !m->cls || !m->klass) goto nomem;
     for (int a = 0; a < n; a++)
         for (int b = 0; b < n; b++) {
-            struct cdp_topo_link l;
+            struct cdp_topology_link l;
             if (a == b) continue;
             cdp_status st = cdp_topology_link(t, a, b, &l);
             if (st) {

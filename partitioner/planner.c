@@ -20,6 +20,7 @@
 #include "partitioner/placement.h"
 #include "pipeline/balance.h"
 #include "pipeline/schedule.h"
+#include "plan/schedule_kind.h"
 
 /* ---- costs and links --------------------------------------------------------------- */
 
@@ -78,7 +79,7 @@ static void links_of(const struct cdp_topology *t, double *bw, double *lat)
     const int nd = t->n_gpus;
     for (int a = 0; a < nd; a++)
         for (int b = 0; b < nd; b++) {
-            struct cdp_topo_link l;
+            struct cdp_topology_link l;
             bw[a * nd + b] = 0;
             lat[a * nd + b] = 0;
             if (a == b || cdp_topology_link(t, a, b, &l)) continue;
@@ -99,7 +100,7 @@ static double tied_bytes_of(const struct cdp_plan *plan, const struct cdp_unit *
 
 static int tied_model(const struct cdp_plan *plan)
 {
-    return plan->model.kind == CDP_MODEL_GPT && plan->model.tie_embeddings;
+    return cdp_model_ties_embeddings(&plan->model);
 }
 
 /* ---- memory of unit ranges in O(1): prefix sums and range maxima ----------------------------- */
@@ -286,7 +287,7 @@ static cdp_status sim(struct ctx *c, const int *device, const int *trace_rank, s
 static int same_processor(const struct cdp_layout *l, const struct cdp_layout_rank *q,
                           const struct cdp_layout_rank *k)
 {
-    return l->backend == CDP_BACKEND_CUDA ? q->node == k->node && q->gpu == k->gpu
+    return cdp_backend_is_gpu(l->backend) ? q->node == k->node && q->gpu == k->gpu
                                           : q->node == k->node && k->cpuset[0] && !strcmp(q->cpuset, k->cpuset);
 }
 
@@ -568,6 +569,11 @@ static cdp_status candidate_layout(const struct ctx *c, int p, int R, int m, con
     l->micro_batches = m;
     l->micro_batch = (int)c->plan->train.micro_batch;
     l->n_nodes = c->t->n_nodes;
+    l->rebalance_every = c->plan->parallel.rebalance_every;
+    if (c->plan->parallel.schedule_file && !(l->schedule_file = strdup(c->plan->parallel.schedule_file))) {
+        cdp_layout_free(l);
+        return cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
+    }
     for (int r = 0; r < R; r++) l->shares[r] = m;
     if (ranges) memcpy(l->ranges, ranges, (size_t)p * c->v * sizeof *ranges);
     for (int s = 0; s < p; s++)
@@ -615,7 +621,7 @@ static cdp_status split(struct ctx *c, int p, int R, int m, int objective, int64
     /* the slots each stage's chunk gets, as the executor counts them */
     int mcap;
     if ((st = candidate_layout(c, p, R, m, NULL, NULL, &l)) ||
-        (st = cdp_layout_slots_ex(c->plan, l, 0, &mcap, inf, inf + p)))
+        (st = cdp_layout_slots_ex(l, 0, &mcap, inf, inf + p)))
         goto done;
     free(c->slots);
     c->slots = inf;
@@ -681,7 +687,7 @@ static double node_capacity(const struct cdp_plan *plan, const struct cdp_topolo
     }
     /* ranks run here: on the cpu backend always (their devices are this host's
      * memory), on cuda when the topology is this machine */
-    if (plan->cluster.backend != CDP_BACKEND_CUDA || !strcmp(plan->cluster.topology, "auto")) {
+    if (cdp_backend_host_visible(plan->cluster.backend) || !strcmp(plan->cluster.topology, "auto")) {
         uint64_t avail = 0;
         char why[140];
         if (!cdp_host_memory(&avail, why, sizeof why)) {
@@ -786,7 +792,7 @@ static int64_t pow2_at_least(int64_t x)
 static const char *short_name(const struct cdp_topology *t, int d)
 {
     const char *n = t->gpus[d].name;
-    if (t->kind == CDP_TOPO_CPU) return "CPU";
+    if (t->kind == CDP_TOPOLOGY_CPU) return "CPU";
     if (!strncmp(n, "NVIDIA ", 7)) n += 7;
     if (!strncmp(n, "Tesla ", 6)) n += 6;
     return n;
@@ -797,7 +803,7 @@ static const char *short_name(const struct cdp_topology *t, int d)
 static double slowdown(const struct cdp_plan *plan, const struct cdp_topology *t, const struct cdp_device_rate *r0,
                        int d)
 {
-    const struct cdp_topo_gpu *a = &t->gpus[0], *g = &t->gpus[d];
+    const struct cdp_topology_gpu *a = &t->gpus[0], *g = &t->gpus[d];
     if (a->peak_fp32 == g->peak_fp32 && a->peak_tf32 == g->peak_tf32 && a->peak_bf16 == g->peak_bf16) return 1;
     const struct cdp_device_rate r = cdp_device_rate_of(t, d, plan->train.precision);
     return (r0->flops * r0->efficiency) / (r.flops * r.efficiency);
@@ -996,7 +1002,7 @@ static cdp_status build_layout(const struct ctx *c, const struct cand *k, const 
             order[j] = order[j - 1];
             order[j - 1] = x;
         }
-    const int share_k = c->plan->cluster.backend == CDP_BACKEND_CUDA && c->plan->cluster.ranks_per_device > 1
+    const int share_k = cdp_backend_is_gpu(c->plan->cluster.backend) && c->plan->cluster.ranks_per_device > 1
                             ? (int)c->plan->cluster.ranks_per_device : 1;
     for (int i = 0; i < N; i++) {
         struct cdp_layout_rank *q = &l->rank[i];
@@ -1012,7 +1018,7 @@ static cdp_status build_layout(const struct ctx *c, const struct cand *k, const 
             c->t->kind == CDP_TOPO_CPU ? 0 : cdp_device_peak_flops(&c->t->gpus[d], c->plan->train.precision);
     }
     free(order);
-    for (int i = 0; i < N && l->backend == CDP_BACKEND_CUDA; i++)
+    for (int i = 0; i < N && cdp_backend_is_gpu(l->backend); i++)
         for (int j = 0; j < i; j++)
             if (l->rank[j].node == l->rank[i].node && l->rank[j].gpu == l->rank[i].gpu) l->shared_devices = 1;
     if (!(st = assign_cpus(c, l)) && !(st = layout_memory(c, l))) {
@@ -1103,7 +1109,7 @@ static cdp_status ctx_init_modes(struct ctx *c, const struct cdp_plan *plan, con
     c->nd = t->n_gpus;
     c->kind = plan->parallel.schedule;
     c->v = cdp_schedule_chunks_of(plan->parallel.schedule, (int)plan->parallel.chunks);
-    c->hv = plan->cluster.backend != CDP_BACKEND_CUDA;
+    c->hv = cdp_backend_host_visible(plan->cluster.backend);
     const struct cdp_device_rate rate = cdp_device_rate_of(t, 0, plan->train.precision);
     cdp_status st = CDP_OK;
     for (int i = 0; i < n_modes && !st; i++) {
@@ -1177,21 +1183,21 @@ static cdp_status ctx_init_for(struct ctx *c, const struct cdp_plan *plan, const
 static void stage_predictions(const struct ctx *c, const struct cdp_layout *l, struct cdp_planner_stage *stage)
 {
     for (int s = 0; s < l->stages; s++) {
-        struct cdp_planner_stage *st = &stage[s];
-        memset(st, 0, sizeof *st);
+        struct cdp_planner_stage *ps = &stage[s];
+        memset(ps, 0, sizeof *ps);
         for (int ch = 0; ch < l->chunks; ch++) {
             const int k = cdp_schedule_vstage(l->schedule, l->stages, l->chunks, s, ch);
             for (int64_t i = l->ranges[k][0]; i < l->ranges[k][1]; i++) {
-                st->fwd_s += c->cost[i].fwd_s;
-                st->bwd_s += c->cost[i].bwd_s;
+                ps->fwd_s += c->cost[i].fwd_s;
+                ps->bwd_s += c->cost[i].bwd_s;
             }
         }
     }
     for (int i = 0; i < l->n_ranks; i++) {
-        struct cdp_planner_stage *st = &stage[l->rank[i].stage];
-        st->memory_bytes = fmax(st->memory_bytes, (double)l->rank[i].memory.device);
+        struct cdp_planner_stage *ps = &stage[l->rank[i].stage];
+        ps->memory_bytes = fmax(ps->memory_bytes, (double)l->rank[i].memory.device);
         const double cap = (double)l->rank[i].capacity;
-        if (cap > 0 && (st->capacity_bytes <= 0 || cap < st->capacity_bytes)) st->capacity_bytes = cap;
+        if (cap > 0 && (ps->capacity_bytes <= 0 || cap < ps->capacity_bytes)) ps->capacity_bytes = cap;
     }
 }
 
@@ -1375,18 +1381,22 @@ static cdp_status try_shapes(struct ctx *c, struct search *s, int W, struct cdp_
         else if (p == 1 && c->v == 1) ms[n_m++] = 1; /* no pipeline to fill: no accumulation made up */
         else
             for (int64_t q = pow2_at_least(p); n_m < CDP_PLANNER_MB_CHOICES; q *= 2) ms[n_m++] = q;
-        /* "auto" schedule: 1F1B, GPipe and the zero-bubble kinds (interleaved
-         * needs a number of chunks, which the plan gives); zbv's two chunks per
-         * rank set c->v (set_kind) */
-        const enum cdp_schedule_kind kinds[] = {CDP_SCHEDULE_1F1B, CDP_SCHEDULE_GPIPE, CDP_SCHEDULE_ZB_H1,
-                                                CDP_SCHEDULE_ZB_H2, CDP_SCHEDULE_ZBV};
-        const int n_kinds = pd->schedule_auto ? (int)(sizeof kinds / sizeof *kinds) : 1;
+        /* "auto" schedule: the kinds the table marks (not interleaved: it needs a
+         * number of chunks, which the plan gives), in its order; zbv's two chunks
+         * per rank set c->v (set_kind) */
+        enum cdp_schedule_kind kinds[CDP_SCHEDULE_COUNT];
+        int n_auto = 0;
+        for (int order = 1; order <= CDP_SCHEDULE_COUNT; order++)
+            for (int k = 0; k < CDP_SCHEDULE_COUNT; k++)
+                if (cdp_schedule_def((enum cdp_schedule_kind)k)->auto_order == order)
+                    kinds[n_auto++] = (enum cdp_schedule_kind)k;
+        const int n_kinds = pd->schedule_auto ? n_auto : 1;
         for (int ik = 0; ik < n_m * n_kinds; ik++) {
             const int i = ik / n_kinds;
             set_kind(c, pd->schedule_auto ? kinds[ik % n_kinds] : pd->schedule);
             const int m = (int)ms[i];
             if (p * c->v > c->n) continue; /* zbv: two chunks of at least one unit per rank */
-            if (m < 1 || (c->kind == CDP_SCHEDULE_INTERLEAVED && (m % p || !shares_fit(pd, p)))) continue;
+            if (m < 1 || (cdp_schedule_def(c->kind)->mb_multiple_of_stages && (m % p || !shares_fit(pd, p)))) continue;
             res->shapes++;
             s->largest_tried = p;
             /* the least recomputation that fits this shape (less is always

@@ -1,4 +1,8 @@
-/* The planner: chooses what a plan leaves "auto" (stages, replicas,
+/* Internal: the planner as the program and the library see it (the result's
+ * fields, the search's knobs); programs that embed cdphybrid use cdp/planner.h,
+ * which hides all of this behind struct cdp_planned.
+ *
+ * The planner: chooses what a plan leaves "auto" (stages, replicas,
  * micro-batches, partition, placement) for the best predicted throughput, by
  * searching shapes, splitting each with the memory-aware partition, placing the
  * best few with the placement search and simulating every candidate; then

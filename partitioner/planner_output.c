@@ -117,10 +117,10 @@ void cdp_planner_print(const struct cdp_planner_result *r, FILE *f)
     for (int s = 0; s < l->stages; s++) {
         char units[128], head[32] = "unlimited", mem[32];
         units_of(l, s, units, sizeof units);
-        const struct cdp_planner_stage *st = &r->stage[s];
-        mib(st->memory_bytes, mem, sizeof mem);
-        if (st->capacity_bytes > 0) mib(st->capacity_bytes - st->memory_bytes, head, sizeof head);
-        fprintf(f, "  %5d  %-15s %8.3f %8.3f %12s %12s\n", s, units, st->fwd_s * 1e3, st->bwd_s * 1e3, mem, head);
+        const struct cdp_planner_stage *ps = &r->stage[s];
+        mib(ps->memory_bytes, mem, sizeof mem);
+        if (ps->capacity_bytes > 0) mib(ps->capacity_bytes - ps->memory_bytes, head, sizeof head);
+        fprintf(f, "  %5d  %-15s %8.3f %8.3f %12s %12s\n", s, units, ps->fwd_s * 1e3, ps->bwd_s * 1e3, mem, head);
     }
     fprintf(f, "\nPlan: placement (%s)\n  rank  node  gpu  device  stage  replica  cpus         memory\n",
             r->placement_method);
@@ -225,17 +225,17 @@ json_t *cdp_planner_to_json(const struct cdp_planner_result *r)
             const int k = cdp_schedule_vstage(l->schedule, l->stages, l->chunks, s, c);
             json_array_append_new(ch, json_pack("[I,I]", (json_int_t)l->ranges[k][0], (json_int_t)l->ranges[k][1]));
         }
-        json_t *st = json_pack("{s:i}", "index", s);
-        if (l->chunks == 1) json_object_set(st, "layers", json_array_get(ch, 0));
-        else json_object_set(st, "chunks", ch);
+        json_t *js = json_pack("{s:i}", "index", s);
+        if (l->chunks == 1) json_object_set(js, "layers", json_array_get(ch, 0));
+        else json_object_set(js, "chunks", ch);
         json_decref(ch);
-        json_object_set_new(st, "fwd_s", json_real(r->stage[s].fwd_s));
-        json_object_set_new(st, "bwd_s", json_real(r->stage[s].bwd_s));
-        json_object_set_new(st, "memory_bytes", json_real(r->stage[s].memory_bytes));
-        json_object_set_new(st, "headroom_bytes", r->stage[s].capacity_bytes > 0
+        json_object_set_new(js, "fwd_s", json_real(r->stage[s].fwd_s));
+        json_object_set_new(js, "bwd_s", json_real(r->stage[s].bwd_s));
+        json_object_set_new(js, "memory_bytes", json_real(r->stage[s].memory_bytes));
+        json_object_set_new(js, "headroom_bytes", r->stage[s].capacity_bytes > 0
                                                        ? json_real(r->stage[s].capacity_bytes - r->stage[s].memory_bytes)
                                                        : json_null());
-        json_array_append_new(stages, st);
+        json_array_append_new(stages, js);
     }
     for (int i = 0; i < l->n_ranks; i++) json_array_append_new(mem, json_real((double)l->rank[i].memory.device));
     for (int n = 0; n < l->n_nodes; n++) {

@@ -9,7 +9,7 @@
 #include "cdp/core.h"
 #include "cdp/log.h"
 #include "partitioner/host.h"
-#include "partitioner/topology_internal.h" /* CDP_TOPO_MAX_DEVICES */
+#include "partitioner/topology_internal.h" /* CDP_TOPOLOGY_MAX_DEVICES */
 
 /* ---- the plan's topology ------------------------------------------------------- */
 
@@ -34,12 +34,12 @@ static cdp_status host_topology(const struct cdp_plan *plan, struct cdp_topology
     int64_t per = cd->devices != CDP_AUTO ? cd->devices : cores;
     const int64_t need = (fixed_ranks(plan) + nodes - 1) / nodes;
     if (cd->devices == CDP_AUTO && need > per) per = need;
-    if (per > CDP_TOPO_MAX_DEVICES || nodes > 1 << 16 || per * nodes > CDP_TOPO_MAX_DEVICES)
+    if (per > CDP_TOPOLOGY_MAX_DEVICES || nodes > 1 << 16 || per * nodes > CDP_TOPOLOGY_MAX_DEVICES)
         return cdp_fail(CDP_ERR_INVALID, "%s: %s: %lld nodes x %lld CPU devices%s is more than this planner plans "
                         "(at most %d devices in all)", plan->source,
                         cd->devices == CDP_AUTO ? "/parallel/stages" : "/cluster/devices", (long long)nodes,
                         (long long)per, cd->devices == CDP_AUTO ? " (one for each of /parallel/stages x "
-                        "/parallel/replicas)" : "", CDP_TOPO_MAX_DEVICES);
+                        "/parallel/replicas)" : "", CDP_TOPOLOGY_MAX_DEVICES);
     struct cdp_discover_options o = {.cpu_devices = (int)per, .cpu_only = 1};
     struct cdp_topology *one = NULL;
     if ((st = cdp_topology_discover(&o, &one))) return st;
@@ -51,7 +51,7 @@ static cdp_status host_topology(const struct cdp_plan *plan, struct cdp_topology
                  cores, cores == 1 ? "" : "s");
         return CDP_OK;
     }
-    const struct cdp_topo_network net = {.name = "Ethernet 100Gb/s (assumed)", .nics_per_node = 1,
+    const struct cdp_topology_network net = {.name = "Ethernet 100Gb/s (assumed)", .nics_per_node = 1,
                                          .nic_rate = 12.5e9, .latency = 10e-6};
     st = cdp_topology_cluster(one, (int)nodes, &net, t);
     cdp_topology_free(one);
@@ -64,14 +64,14 @@ static cdp_status host_topology(const struct cdp_plan *plan, struct cdp_topology
 /* Ranks sharing GPUs (/cluster/ranks_per_device k): GPUs x k devices, device d on GPU d / k. */
 static cdp_status shared_topology(const struct cdp_topology *real, int k, struct cdp_topology **t)
 {
-    const struct cdp_topo_gpu *g = &real->gpus[0];
+    const struct cdp_topology_gpu *g = &real->gpus[0];
     /* a rank's share of its GPU: 1/k of its memory; copies between ranks go through the host */
     cdp_status st = cdp_topology_generic_gpus(real->n_gpus * k, g->name, g->memory_bytes / (uint64_t)k,
                                               g->pcie_bw / 2, t);
     if (st) return st;
     for (int i = 0; i < (*t)->n_gpus; i++) {
-        struct cdp_topo_gpu *d = &(*t)->gpus[i];
-        const struct cdp_topo_gpu *r = &real->gpus[i / k];
+        struct cdp_topology_gpu *d = &(*t)->gpus[i];
+        const struct cdp_topology_gpu *r = &real->gpus[i / k];
         d->peak_fp32 = r->peak_fp32 / k;
         d->peak_tf32 = r->peak_tf32 / k;
         d->peak_bf16 = r->peak_bf16 / k;
@@ -86,19 +86,19 @@ cdp_status cdp_planner_topology(const struct cdp_plan *plan, int live_gpus, stru
                                 size_t cap)
 {
     const struct cdp_cluster_desc *cd = &plan->cluster;
-    const int k = cd->backend == CDP_BACKEND_CUDA && cd->ranks_per_device > 1 ? (int)cd->ranks_per_device : 1;
+    const int k = cdp_backend_is_gpu(cd->backend) && cd->ranks_per_device > 1 ? (int)cd->ranks_per_device : 1;
     struct cdp_topology *real = NULL;
     cdp_status st;
     note[0] = '\0';
     if (strcmp(cd->topology, "auto") != 0) {
         if ((st = cdp_topology_load(cd->topology, NULL, &real))) return st;
-    } else if (cd->backend != CDP_BACKEND_CUDA) {
+    } else if (!cdp_backend_is_gpu(cd->backend)) {
         return host_topology(plan, t, note, cap);
     } else {
         const int want = cd->devices != CDP_AUTO ? (int)(cd->devices < 65536 ? cd->devices : 65536) : live_gpus;
         struct cdp_discover_options o = {0};
         if (!cdp_topology_discover(&o, &real)) {
-            if (real->kind == CDP_TOPO_GPU && real->n_gpus >= (want ? want : 1) && cd->nodes == 1) {
+            if (real->kind == CDP_TOPOLOGY_GPU && real->n_gpus >= (want ? want : 1) && cd->nodes == 1) {
                 snprintf(note, cap, "auto: this machine");
             } else {
                 cdp_topology_free(real);

@@ -13,7 +13,7 @@
 #include "cdp/log.h"
 #include "partitioner/topology_internal.h"
 
-void cdp_topo_copy_str(char *dst, size_t cap, const char *src)
+void cdp_topology_copy_str(char *dst, size_t cap, const char *src)
 {
     if (!cap) return;
     if (!src) src = "";
@@ -73,14 +73,14 @@ const char *cdp_gpu_name_by_pci_id(unsigned device)
     return NULL;
 }
 
-double cdp_topo_class_latency(enum cdp_link_class c)
+double cdp_topology_class_latency(enum cdp_link_class c)
 {
     /* Small-message one-way estimates; the planner only compares them. */
     static const double lat[] = {
         [CDP_LINK_SELF] = 0,       [CDP_LINK_NVLINK] = 2e-6, [CDP_LINK_NVSWITCH] = 2.5e-6,
         [CDP_LINK_PIX] = 4e-6,     [CDP_LINK_PXB] = 5e-6,    [CDP_LINK_PHB] = 6e-6,
         [CDP_LINK_NODE] = 7e-6,    [CDP_LINK_SYS] = 10e-6,   [CDP_LINK_MEM] = 1e-6,
-        [CDP_LINK_NET] = CDP_TOPO_DEFAULT_NET_LATENCY,
+        [CDP_LINK_NET] = CDP_TOPOLOGY_DEFAULT_NET_LATENCY,
     };
     CDP_TABLE_CHECK(lat, CDP_LINK_CLASS_COUNT);
     return (unsigned)c < CDP_LINK_CLASS_COUNT ? lat[c] : 0;
@@ -98,7 +98,7 @@ const char *cdp_link_class_name(enum cdp_link_class c)
     return (unsigned)c < CDP_LINK_CLASS_COUNT ? names[c] : "?";
 }
 
-const char *cdp_topology_link_label(const struct cdp_topo_link *l, char *buf, size_t cap)
+const char *cdp_topology_link_label(const struct cdp_topology_link *l, char *buf, size_t cap)
 {
     if (l->cls == CDP_LINK_NVLINK || l->cls == CDP_LINK_NVSWITCH)
         snprintf(buf, cap, "NV%d", l->nvlinks);
@@ -109,7 +109,7 @@ const char *cdp_topology_link_label(const struct cdp_topo_link *l, char *buf, si
 
 /* ---- allocation ------------------------------------------------------------------- */
 
-cdp_status cdp_topo_alloc(struct cdp_topology *t, int n_nodes, int n_gpus, int n_numa,
+cdp_status cdp_topology_alloc(struct cdp_topology *t, int n_nodes, int n_gpus, int n_numa,
                           int n_nvswitches, int n_nics)
 {
     t->n_nodes = n_nodes;
@@ -129,7 +129,7 @@ cdp_status cdp_topo_alloc(struct cdp_topology *t, int n_nodes, int n_gpus, int n
     return CDP_OK;
 }
 
-cdp_status cdp_topo_node_alloc(struct cdp_topo_node *nd, int n)
+cdp_status cdp_topology_node_alloc(struct cdp_topology_node *nd, int n)
 {
     size_t nn = n > 0 ? (size_t)n * (size_t)n : 1;
     free(nd->nvlink_direct);
@@ -148,14 +148,14 @@ cdp_status cdp_topo_node_alloc(struct cdp_topo_node *nd, int n)
     return CDP_OK;
 }
 
-cdp_status cdp_topo_switch_alloc(struct cdp_topo_nvswitch *sw, int n)
+cdp_status cdp_topology_switch_alloc(struct cdp_topology_nvswitch *sw, int n)
 {
     free(sw->gpu_links);
     sw->gpu_links = calloc(n > 0 ? (size_t)n : 1, sizeof *sw->gpu_links);
     return sw->gpu_links ? CDP_OK : cdp_fail(CDP_ERR_NOMEM, "topology: out of memory");
 }
 
-cdp_status cdp_topo_set_source(struct cdp_topology *t, const char *fmt, ...)
+cdp_status cdp_topology_set_source(struct cdp_topology *t, const char *fmt, ...)
 {
     char buf[4096];
     va_list ap;
@@ -171,7 +171,7 @@ void cdp_topology_free(struct cdp_topology *t)
 {
     if (!t) return;
     for (int i = 0; t->nodes && i < t->n_nodes; i++) {
-        struct cdp_topo_node *nd = &t->nodes[i];
+        struct cdp_topology_node *nd = &t->nodes[i];
         free(nd->nvlink_direct);
         free(nd->link_class);
         free(nd->nvlinks);
@@ -202,19 +202,19 @@ static cdp_status check_range(const char *what, const char *place, const char *a
 
 static cdp_status check_rate(const char *what, const char *place, const char *attr, double v)
 {
-    return check_range(what, place, attr, v, CDP_TOPO_RATE_MIN, CDP_TOPO_RATE_MAX, "bytes/s");
+    return check_range(what, place, attr, v, CDP_TOPOLOGY_RATE_MIN, CDP_TOPOLOGY_RATE_MAX, "bytes/s");
 }
 
-static const struct cdp_topo_attr_names model_names = {"NVLink bandwidth", "SYS bandwidth", "copy bandwidth",
+static const struct cdp_topology_attr_names model_names = {"NVLink bandwidth", "SYS bandwidth", "copy bandwidth",
                                                        "PCIe bandwidth", "peak FLOP/s", "NIC rate",
                                                        "network NIC rate", "network latency"};
 
-cdp_status cdp_topo_finalize(struct cdp_topology *t, const char *what)
+cdp_status cdp_topology_finalize(struct cdp_topology *t, const char *what)
 {
-    return cdp_topo_finalize_named(t, what, NULL);
+    return cdp_topology_finalize_named(t, what, NULL);
 }
 
-static enum cdp_link_class pcie_class(const struct cdp_topo_gpu *a, const struct cdp_topo_gpu *b)
+static enum cdp_link_class pcie_class(const struct cdp_topology_gpu *a, const struct cdp_topology_gpu *b)
 {
     int c = 0;
     while (c < a->pcie_depth && c < b->pcie_depth && a->pcie_path[c] == b->pcie_path[c]) c++;
@@ -225,7 +225,7 @@ static enum cdp_link_class pcie_class(const struct cdp_topo_gpu *a, const struct
 
 static cdp_status derive_node(struct cdp_topology *t, int k)
 {
-    struct cdp_topo_node *nd = &t->nodes[k];
+    struct cdp_topology_node *nd = &t->nodes[k];
     int n = nd->n_gpus;
     int *sw_links = calloc(n > 0 ? (size_t)n : 1, sizeof *sw_links);
     if (!sw_links) return cdp_fail(CDP_ERR_NOMEM, "topology: out of memory");
@@ -233,9 +233,9 @@ static cdp_status derive_node(struct cdp_topology *t, int k)
         if (t->nvswitches[s].node == k)
             for (int i = 0; i < n; i++) sw_links[i] += t->nvswitches[s].gpu_links[i];
     for (int i = 0; i < n; i++) {
-        const struct cdp_topo_gpu *a = &t->gpus[nd->first_gpu + i];
+        const struct cdp_topology_gpu *a = &t->gpus[nd->first_gpu + i];
         for (int j = 0; j < n; j++) {
-            const struct cdp_topo_gpu *b = &t->gpus[nd->first_gpu + j];
+            const struct cdp_topology_gpu *b = &t->gpus[nd->first_gpu + j];
             size_t ij = (size_t)i * (size_t)n + (size_t)j;
             enum cdp_link_class cls;
             int links = 0;
@@ -243,7 +243,7 @@ static cdp_status derive_node(struct cdp_topology *t, int k)
             if (i == j) {
                 cls = CDP_LINK_SELF;
                 bw = 0;
-            } else if (t->kind == CDP_TOPO_CPU) {
+            } else if (t->kind == CDP_TOPOLOGY_CPU) {
                 cls = CDP_LINK_MEM;
                 bw = nd->copy_bw;
             } else {
@@ -267,7 +267,7 @@ static cdp_status derive_node(struct cdp_topology *t, int k)
             nd->link_class[ij] = cls;
             nd->nvlinks[ij] = links;
             nd->bandwidth[ij] = bw;
-            nd->latency[ij] = cdp_topo_class_latency(cls);
+            nd->latency[ij] = cdp_topology_class_latency(cls);
         }
     }
     free(sw_links);
@@ -278,7 +278,7 @@ static cdp_status ensure_numa(struct cdp_topology *t, int node, int os_index)
 {
     for (int i = 0; i < t->n_numa; i++)
         if (t->numa[i].node == node && t->numa[i].os_index == os_index) return CDP_OK;
-    struct cdp_topo_numa *p = realloc(t->numa, (size_t)(t->n_numa + 1) * sizeof *p);
+    struct cdp_topology_numa *p = realloc(t->numa, (size_t)(t->n_numa + 1) * sizeof *p);
     if (!p) return cdp_fail(CDP_ERR_NOMEM, "topology: out of memory");
     t->numa = p;
     memset(&p[t->n_numa], 0, sizeof *p);
@@ -290,23 +290,23 @@ static cdp_status ensure_numa(struct cdp_topology *t, int node, int os_index)
 
 static int numa_cmp(const void *x, const void *y)
 {
-    const struct cdp_topo_numa *a = x, *b = y;
+    const struct cdp_topology_numa *a = x, *b = y;
     if (a->node != b->node) return a->node < b->node ? -1 : 1;
     return (a->os_index > b->os_index) - (a->os_index < b->os_index);
 }
 
-static const struct cdp_topo_numa *find_numa(const struct cdp_topology *t, int node, int os_index)
+static const struct cdp_topology_numa *find_numa(const struct cdp_topology *t, int node, int os_index)
 {
     for (int i = 0; i < t->n_numa; i++)
         if (t->numa[i].node == node && t->numa[i].os_index == os_index) return &t->numa[i];
     return NULL;
 }
 
-cdp_status cdp_topo_finalize_named(struct cdp_topology *t, const char *what, const struct cdp_topo_attr_names *an)
+cdp_status cdp_topology_finalize_named(struct cdp_topology *t, const char *what, const struct cdp_topology_attr_names *an)
 {
     cdp_status st;
     char place[96];
-    struct cdp_topo_attr_names nm = model_names;
+    struct cdp_topology_attr_names nm = model_names;
     if (an) {
         if (an->nvlink) nm.nvlink = an->nvlink;
         if (an->sys) nm.sys = an->sys;
@@ -320,7 +320,7 @@ cdp_status cdp_topo_finalize_named(struct cdp_topology *t, const char *what, con
     if (t->n_nodes < 1) return cdp_fail(CDP_ERR_INVALID, "%s: no machine described", what);
     int seen = 0;
     for (int k = 0; k < t->n_nodes; k++) {
-        struct cdp_topo_node *nd = &t->nodes[k];
+        struct cdp_topology_node *nd = &t->nodes[k];
         if (nd->first_gpu != seen || nd->n_gpus < 0)
             return cdp_fail(CDP_ERR_INTERNAL, "%s: node %d: device range broken", what, k);
         seen += nd->n_gpus;
@@ -328,8 +328,8 @@ cdp_status cdp_topo_finalize_named(struct cdp_topology *t, const char *what, con
         if ((st = check_rate(what, place, nm.nvlink, nd->nvlink_bw)) || (st = check_rate(what, place, nm.sys, nd->sys_bw)) ||
             (st = check_rate(what, place, nm.copy, nd->copy_bw)))
             return st;
-        if (nd->nvlink_bw == 0) nd->nvlink_bw = CDP_TOPO_DEFAULT_NVLINK_BW;
-        if (t->kind == CDP_TOPO_CPU && nd->copy_bw == 0) nd->copy_bw = CDP_TOPO_DEFAULT_COPY_BW;
+        if (nd->nvlink_bw == 0) nd->nvlink_bw = CDP_TOPOLOGY_DEFAULT_NVLINK_BW;
+        if (t->kind == CDP_TOPOLOGY_CPU && nd->copy_bw == 0) nd->copy_bw = CDP_TOPOLOGY_DEFAULT_COPY_BW;
         int n = nd->n_gpus;
         for (int i = 0; i < n; i++) {
             for (int j = 0; j < n; j++) {
@@ -347,7 +347,7 @@ cdp_status cdp_topo_finalize_named(struct cdp_topology *t, const char *what, con
     }
     if (seen != t->n_gpus) return cdp_fail(CDP_ERR_INTERNAL, "%s: devices and nodes disagree", what);
     for (int s = 0; s < t->n_nvswitches; s++) {
-        struct cdp_topo_nvswitch *sw = &t->nvswitches[s];
+        struct cdp_topology_nvswitch *sw = &t->nvswitches[s];
         if (sw->node < 0 || sw->node >= t->n_nodes)
             return cdp_fail(CDP_ERR_INVALID, "%s: NVSwitch %d: no node %d", what, s, sw->node);
         for (int i = 0; i < t->nodes[sw->node].n_gpus; i++)
@@ -358,26 +358,26 @@ cdp_status cdp_topo_finalize_named(struct cdp_topology *t, const char *what, con
         if (!sw->pci_bus_id[0]) snprintf(sw->pci_bus_id, sizeof sw->pci_bus_id, "%04x:%02x:00.0", 0x200 + s / 256, s % 256);
     }
     for (int i = 0; i < t->n_nics; i++) {
-        struct cdp_topo_nic *c = &t->nics[i];
+        struct cdp_topology_nic *c = &t->nics[i];
         snprintf(place, sizeof place, "NIC %d (%s)", i, c->name);
         if ((st = check_rate(what, place, nm.nic, c->rate))) return st;
         if (c->node < 0 || c->node >= t->n_nodes)
             return cdp_fail(CDP_ERR_INVALID, "%s: NIC %d: no node %d", what, i, c->node);
         if (!c->name[0]) snprintf(c->name, sizeof c->name, "nic%d", i);
-        if (!c->pci_bus_id[0] && t->kind == CDP_TOPO_GPU)
+        if (!c->pci_bus_id[0] && t->kind == CDP_TOPOLOGY_GPU)
             snprintf(c->pci_bus_id, sizeof c->pci_bus_id, "%04x:%02x:00.0", 0x300 + i / 256, i % 256);
     }
     if ((st = check_rate(what, "network", nm.net_rate, t->network.nic_rate)) ||
-        (st = check_range(what, "network", nm.net_latency, t->network.latency, CDP_TOPO_LATENCY_MIN,
-                          CDP_TOPO_LATENCY_MAX, "s")))
+        (st = check_range(what, "network", nm.net_latency, t->network.latency, CDP_TOPOLOGY_LATENCY_MIN,
+                          CDP_TOPOLOGY_LATENCY_MAX, "s")))
         return st;
     if (t->network.nics_per_node < 0)
         return cdp_fail(CDP_ERR_INVALID, "%s: network: NIC count %d must be non-negative", what,
                         t->network.nics_per_node);
-    if (t->n_nodes > 1 && t->network.latency == 0) t->network.latency = CDP_TOPO_DEFAULT_NET_LATENCY;
+    if (t->n_nodes > 1 && t->network.latency == 0) t->network.latency = CDP_TOPOLOGY_DEFAULT_NET_LATENCY;
 
     for (int g = 0; g < t->n_gpus; g++) {
-        struct cdp_topo_gpu *gp = &t->gpus[g];
+        struct cdp_topology_gpu *gp = &t->gpus[g];
         if (gp->index != g || gp->node < 0 || gp->node >= t->n_nodes ||
             gp->local != g - t->nodes[gp->node].first_gpu)
             return cdp_fail(CDP_ERR_INTERNAL, "%s: device %d: numbering broken", what, g);
@@ -385,9 +385,9 @@ cdp_status cdp_topo_finalize_named(struct cdp_topology *t, const char *what, con
         if ((st = check_rate(what, place, nm.pcie, gp->pcie_bw))) return st;
         const double fl[3] = {gp->peak_fp32, gp->peak_tf32, gp->peak_bf16};
         for (int q = 0; q < 3; q++)
-            if ((st = check_range(what, place, nm.flops, fl[q], CDP_TOPO_FLOPS_MIN, CDP_TOPO_FLOPS_MAX, "FLOP/s")))
+            if ((st = check_range(what, place, nm.flops, fl[q], CDP_TOPOLOGY_FLOPS_MIN, CDP_TOPOLOGY_FLOPS_MAX, "FLOP/s")))
                 return st;
-        if (t->kind == CDP_TOPO_GPU) {
+        if (t->kind == CDP_TOPOLOGY_GPU) {
             const struct cdp_gpu_facts *f = cdp_gpu_facts_find(gp->name);
             if (f && gp->peak_fp32 == 0 && gp->peak_tf32 == 0 && gp->peak_bf16 == 0) {
                 gp->peak_fp32 = f->fp32;
@@ -395,14 +395,14 @@ cdp_status cdp_topo_finalize_named(struct cdp_topology *t, const char *what, con
                 gp->peak_bf16 = f->bf16;
             }
             if (f && gp->memory_bytes == 0) gp->memory_bytes = f->memory_bytes;
-            if (!gp->name[0]) cdp_topo_copy_str(gp->name, sizeof gp->name, "NVIDIA GPU");
+            if (!gp->name[0]) cdp_topology_copy_str(gp->name, sizeof gp->name, "NVIDIA GPU");
             if (!gp->pci_bus_id[0])
                 snprintf(gp->pci_bus_id, sizeof gp->pci_bus_id, "%04x:%02x:00.0", 0x100 + gp->local / 256,
                          gp->local % 256);
-            if (gp->pcie_bw == 0) gp->pcie_bw = CDP_TOPO_DEFAULT_PCIE_BW;
+            if (gp->pcie_bw == 0) gp->pcie_bw = CDP_TOPOLOGY_DEFAULT_PCIE_BW;
         }
-        if (gp->pcie_depth < 0 || gp->pcie_depth > CDP_TOPO_PCIE_DEPTH)
-            return cdp_fail(CDP_ERR_INVALID, "%s: GPU %d: PCIe path deeper than %d", what, g, CDP_TOPO_PCIE_DEPTH);
+        if (gp->pcie_depth < 0 || gp->pcie_depth > CDP_TOPOLOGY_PCIE_DEPTH)
+            return cdp_fail(CDP_ERR_INVALID, "%s: GPU %d: PCIe path deeper than %d", what, g, CDP_TOPOLOGY_PCIE_DEPTH);
     }
     /* Every machine has NUMA nodes; a GPU with none on a one-NUMA machine is on it. */
     for (int k = 0; k < t->n_nodes; k++) {
@@ -438,16 +438,16 @@ cdp_status cdp_topo_finalize_named(struct cdp_topology *t, const char *what, con
         }
     }
     for (int g = 0; g < t->n_gpus; g++) {
-        struct cdp_topo_gpu *gp = &t->gpus[g];
-        const struct cdp_topo_numa *nm = gp->numa >= 0 ? find_numa(t, gp->node, gp->numa) : NULL;
-        if (!gp->cpuset[0] && nm) cdp_topo_copy_str(gp->cpuset, sizeof gp->cpuset, nm->cpuset);
+        struct cdp_topology_gpu *gp = &t->gpus[g];
+        const struct cdp_topology_numa *nm = gp->numa >= 0 ? find_numa(t, gp->node, gp->numa) : NULL;
+        if (!gp->cpuset[0] && nm) cdp_topology_copy_str(gp->cpuset, sizeof gp->cpuset, nm->cpuset);
     }
     /* PCIe path ids renumbered in order of first use, so equal trees compare equal. */
     for (int k = 0; k < t->n_nodes; k++) {
-        const struct cdp_topo_node *nd = &t->nodes[k];
-        int map_from[CDP_TOPO_PCIE_DEPTH * 64], map_to[CDP_TOPO_PCIE_DEPTH * 64], used = 0, next = 0;
+        const struct cdp_topology_node *nd = &t->nodes[k];
+        int map_from[CDP_TOPOLOGY_PCIE_DEPTH * 64], map_to[CDP_TOPOLOGY_PCIE_DEPTH * 64], used = 0, next = 0;
         for (int g = nd->first_gpu; g < nd->first_gpu + nd->n_gpus; g++) {
-            struct cdp_topo_gpu *gp = &t->gpus[g];
+            struct cdp_topology_gpu *gp = &t->gpus[g];
             for (int d = 0; d < gp->pcie_depth; d++) {
                 int v = gp->pcie_path[d], m = -1;
                 for (int q = 0; q < used; q++)
@@ -460,23 +460,23 @@ cdp_status cdp_topo_finalize_named(struct cdp_topology *t, const char *what, con
                 }
                 gp->pcie_path[d] = m;
             }
-            for (int d = gp->pcie_depth; d < CDP_TOPO_PCIE_DEPTH; d++) gp->pcie_path[d] = 0;
+            for (int d = gp->pcie_depth; d < CDP_TOPOLOGY_PCIE_DEPTH; d++) gp->pcie_path[d] = 0;
         }
     }
     for (int k = 0; k < t->n_nodes; k++)
         if ((st = derive_node(t, k))) return st;
-    if (!t->source && (st = cdp_topo_set_source(t, "%s", what))) return st;
+    if (!t->source && (st = cdp_topology_set_source(t, "%s", what))) return st;
     return CDP_OK;
 }
 
 /* ---- links --------------------------------------------------------------------------- */
 
-cdp_status cdp_topology_link(const struct cdp_topology *t, int a, int b, struct cdp_topo_link *out)
+cdp_status cdp_topology_link(const struct cdp_topology *t, int a, int b, struct cdp_topology_link *out)
 {
     if (!t || a < 0 || b < 0 || a >= t->n_gpus || b >= t->n_gpus)
         return cdp_fail(CDP_ERR_INVALID, "topology: no device pair (%d, %d) among %d devices", a, b,
                         t ? t->n_gpus : 0);
-    const struct cdp_topo_gpu *x = &t->gpus[a], *y = &t->gpus[b];
+    const struct cdp_topology_gpu *x = &t->gpus[a], *y = &t->gpus[b];
     if (x->node != y->node) {
         out->cls = CDP_LINK_NET;
         out->nvlinks = 0;
@@ -484,7 +484,7 @@ cdp_status cdp_topology_link(const struct cdp_topology *t, int a, int b, struct 
         out->latency = t->network.latency;
         return CDP_OK;
     }
-    const struct cdp_topo_node *nd = &t->nodes[x->node];
+    const struct cdp_topology_node *nd = &t->nodes[x->node];
     size_t ij = (size_t)x->local * (size_t)nd->n_gpus + (size_t)y->local;
     out->cls = nd->link_class[ij];
     out->nvlinks = nd->nvlinks[ij];
@@ -495,7 +495,7 @@ cdp_status cdp_topology_link(const struct cdp_topology *t, int a, int b, struct 
 
 /* ---- CPU and cluster topologies ---------------------------------------------------------- */
 
-cdp_status cdp_topo_make_cpu(struct cdp_topology *t, int n_devices, double copy_bw)
+cdp_status cdp_topology_make_cpu(struct cdp_topology *t, int n_devices, double copy_bw)
 {
     cdp_status st;
     if (t->n_nodes != 1) return cdp_fail(CDP_ERR_INVALID, "topology: a CPU topology has one node");
@@ -508,15 +508,15 @@ cdp_status cdp_topo_make_cpu(struct cdp_topology *t, int n_devices, double copy_
     t->gpus = calloc((size_t)n_devices, sizeof *t->gpus);
     if (!t->gpus) return cdp_fail(CDP_ERR_NOMEM, "topology: out of memory");
     t->n_gpus = n_devices;
-    t->kind = CDP_TOPO_CPU;
+    t->kind = CDP_TOPOLOGY_CPU;
     for (int s = 0; s < t->n_nvswitches; s++) free(t->nvswitches[s].gpu_links);
     t->n_nvswitches = 0;
-    struct cdp_topo_node *nd = &t->nodes[0];
+    struct cdp_topology_node *nd = &t->nodes[0];
     nd->first_gpu = 0;
-    if ((st = cdp_topo_node_alloc(nd, n_devices))) return st;
-    nd->copy_bw = copy_bw > 0 ? copy_bw : CDP_TOPO_DEFAULT_COPY_BW;
+    if ((st = cdp_topology_node_alloc(nd, n_devices))) return st;
+    nd->copy_bw = copy_bw > 0 ? copy_bw : CDP_TOPOLOGY_DEFAULT_COPY_BW;
     for (int i = 0; i < n_devices; i++) {
-        struct cdp_topo_gpu *g = &t->gpus[i];
+        struct cdp_topology_gpu *g = &t->gpus[i];
         g->index = g->local = i;
         g->node = 0;
         snprintf(g->name, sizeof g->name, "cpu%d", i);
@@ -528,7 +528,7 @@ cdp_status cdp_topo_make_cpu(struct cdp_topology *t, int n_devices, double copy_
                 if (t->numa[k].node != 0) continue;
                 if (q == i % numa_here) {
                     g->numa = t->numa[k].os_index;
-                    cdp_topo_copy_str(g->cpuset, sizeof g->cpuset, t->numa[k].cpuset);
+                    cdp_topology_copy_str(g->cpuset, sizeof g->cpuset, t->numa[k].cpuset);
                 }
                 q++;
             }
@@ -546,15 +546,15 @@ cdp_status cdp_topology_cpu(int n_devices, double copy_bw, uint64_t memory_per_d
     if (cst) return cst;
     struct cdp_topology *t = calloc(1, sizeof *t);
     if (!t) return cdp_fail(CDP_ERR_NOMEM, "topology: out of memory");
-    if ((st = cdp_topo_alloc(t, 1, 0, 0, 0, 0))) goto fail;
-    if ((st = cdp_topo_make_cpu(t, n_devices, copy_bw))) goto fail;
+    if ((st = cdp_topology_alloc(t, 1, 0, 0, 0, 0))) goto fail;
+    if ((st = cdp_topology_make_cpu(t, n_devices, copy_bw))) goto fail;
     for (int i = 0; i < n_devices; i++) t->gpus[i].memory_bytes = memory_per_device;
     snprintf(t->name, sizeof t->name, "cpu x %d", n_devices);
-    cdp_topo_copy_str(t->nodes[0].name, sizeof t->nodes[0].name, "cpu");
-    if ((st = cdp_topo_set_source(t, "%d CPU devices, %.3g GB/s copies between them", n_devices,
+    cdp_topology_copy_str(t->nodes[0].name, sizeof t->nodes[0].name, "cpu");
+    if ((st = cdp_topology_set_source(t, "%d CPU devices, %.3g GB/s copies between them", n_devices,
                                   t->nodes[0].copy_bw / 1e9)))
         goto fail;
-    if ((st = cdp_topo_finalize(t, "cpu topology"))) goto fail;
+    if ((st = cdp_topology_finalize(t, "cpu topology"))) goto fail;
     *out = t;
     return CDP_OK;
 fail:
@@ -571,22 +571,22 @@ cdp_status cdp_topology_generic_gpus(int n_gpus, const char *name, uint64_t memo
     if ((st = check_rate("topology", "generic GPUs", "PCIe bandwidth", pcie_bw))) return st;
     struct cdp_topology *t = calloc(1, sizeof *t);
     if (!t) return cdp_fail(CDP_ERR_NOMEM, "topology: out of memory");
-    if ((st = cdp_topo_alloc(t, 1, n_gpus, 0, 0, 0)) || (st = cdp_topo_node_alloc(&t->nodes[0], n_gpus))) goto fail;
-    t->kind = CDP_TOPO_GPU;
+    if ((st = cdp_topology_alloc(t, 1, n_gpus, 0, 0, 0)) || (st = cdp_topology_node_alloc(&t->nodes[0], n_gpus))) goto fail;
+    t->kind = CDP_TOPOLOGY_GPU;
     snprintf(t->name, sizeof t->name, "%d x %s", n_gpus, name && *name ? name : "GPU");
-    cdp_topo_copy_str(t->nodes[0].name, sizeof t->nodes[0].name, "this machine");
+    cdp_topology_copy_str(t->nodes[0].name, sizeof t->nodes[0].name, "this machine");
     for (int i = 0; i < n_gpus; i++) {
-        struct cdp_topo_gpu *g = &t->gpus[i];
+        struct cdp_topology_gpu *g = &t->gpus[i];
         g->index = g->local = i;
-        cdp_topo_copy_str(g->name, sizeof g->name, name && *name ? name : "NVIDIA GPU");
+        cdp_topology_copy_str(g->name, sizeof g->name, name && *name ? name : "NVIDIA GPU");
         g->memory_bytes = memory;
         g->pcie_bw = pcie_bw;
         g->pcie_depth = 1; /* every GPU under one host bridge: PHB between any two */
     }
-    if ((st = cdp_topo_set_source(t, "%d GPUs known only by their count: PCIe (PHB) between any two at %.3g GB/s",
-                                  n_gpus, (pcie_bw > 0 ? pcie_bw : CDP_TOPO_DEFAULT_PCIE_BW) / 1e9)))
+    if ((st = cdp_topology_set_source(t, "%d GPUs known only by their count: PCIe (PHB) between any two at %.3g GB/s",
+                                  n_gpus, (pcie_bw > 0 ? pcie_bw : CDP_TOPOLOGY_DEFAULT_PCIE_BW) / 1e9)))
         goto fail;
-    if ((st = cdp_topo_finalize(t, "generic GPU topology"))) goto fail;
+    if ((st = cdp_topology_finalize(t, "generic GPU topology"))) goto fail;
     *out = t;
     return CDP_OK;
 fail:
@@ -598,19 +598,19 @@ fail:
  * when they agree; else one network for every pair of nodes, no faster than
  * its slowest part: the least NIC rate and NIC count, the largest latency,
  * named after the network whose rate it took. */
-static struct cdp_topo_network join_network(const struct cdp_topology *const *nodes, int n_terms)
+static struct cdp_topology_network join_network(const struct cdp_topology *const *nodes, int n_terms)
 {
-    struct cdp_topo_network net = nodes[0]->network;
+    struct cdp_topology_network net = nodes[0]->network;
     int same = 1;
     for (int i = 1; i < n_terms; i++) {
-        const struct cdp_topo_network *x = &nodes[i]->network;
+        const struct cdp_topology_network *x = &nodes[i]->network;
         same &= !strcmp(x->name, net.name) && x->nics_per_node == net.nics_per_node && x->nic_rate == net.nic_rate &&
                 x->latency == net.latency;
     }
     if (same) return net;
     for (int i = 0; i < n_terms; i++) {
-        const struct cdp_topo_network *x = &nodes[i]->network;
-        const double lat = x->latency > 0 ? x->latency : CDP_TOPO_DEFAULT_NET_LATENCY;
+        const struct cdp_topology_network *x = &nodes[i]->network;
+        const double lat = x->latency > 0 ? x->latency : CDP_TOPOLOGY_DEFAULT_NET_LATENCY;
         if (i == 0 || lat > net.latency) net.latency = lat;
         if (x->nics_per_node > 0 && (net.nics_per_node <= 0 || x->nics_per_node < net.nics_per_node))
             net.nics_per_node = x->nics_per_node;
@@ -623,11 +623,11 @@ static struct cdp_topo_network join_network(const struct cdp_topology *const *no
 }
 
 cdp_status cdp_topology_join(const struct cdp_topology *const *nodes, const int *counts, int n_terms,
-                             const struct cdp_topo_network *net, struct cdp_topology **out)
+                             const struct cdp_topology_network *net, struct cdp_topology **out)
 {
     cdp_status st;
-    if (n_terms < 1 || n_terms > CDP_TOPO_JOIN_MAX_TERMS)
-        return cdp_fail(CDP_ERR_INVALID, "topology: a join has 1 to %d terms, got %d", CDP_TOPO_JOIN_MAX_TERMS,
+    if (n_terms < 1 || n_terms > CDP_TOPOLOGY_JOIN_MAX_TERMS)
+        return cdp_fail(CDP_ERR_INVALID, "topology: a join has 1 to %d terms, got %d", CDP_TOPOLOGY_JOIN_MAX_TERMS,
                         n_terms);
     long long n_nodes = 0, n_gpus = 0, n_numa = 0, n_sw = 0, n_nics = 0;
     for (int i = 0; i < n_terms; i++) {
@@ -637,8 +637,8 @@ cdp_status cdp_topology_join(const struct cdp_topology *const *nodes, const int 
                             i + 1);
         if (nd->kind != nodes[0]->kind)
             return cdp_fail(CDP_ERR_INVALID, "topology: term %d (%s) has %s devices, term 1 (%s) %s devices",
-                            i + 1, nd->name, nd->kind == CDP_TOPO_CPU ? "CPU" : "GPU", nodes[0]->name,
-                            nodes[0]->kind == CDP_TOPO_CPU ? "CPU" : "GPU");
+                            i + 1, nd->name, nd->kind == CDP_TOPOLOGY_CPU ? "CPU" : "GPU", nodes[0]->name,
+                            nodes[0]->kind == CDP_TOPOLOGY_CPU ? "CPU" : "GPU");
         if (counts[i] < 1 || counts[i] > 65536)
             return cdp_fail(CDP_ERR_INVALID, "topology: a cluster needs 1 to 65536 nodes, got %d", counts[i]);
         n_nodes += counts[i];
@@ -649,18 +649,18 @@ cdp_status cdp_topology_join(const struct cdp_topology *const *nodes, const int 
     }
     if (n_nodes > 65536)
         return cdp_fail(CDP_ERR_INVALID, "topology: a cluster needs 1 to 65536 nodes, got %lld", n_nodes);
-    if (n_gpus > CDP_TOPO_MAX_DEVICES)
+    if (n_gpus > CDP_TOPOLOGY_MAX_DEVICES)
         return cdp_fail(CDP_ERR_INVALID, "topology: %lld nodes with %lld devices: at most %d (the planner keeps "
                         "devices x devices link matrices: 10,000 GPUs plan in about 8 s and 3.7 GB here)", n_nodes,
-                        n_gpus, CDP_TOPO_MAX_DEVICES);
+                        n_gpus, CDP_TOPOLOGY_MAX_DEVICES);
     if (n_numa > INT_MAX || n_sw > INT_MAX || n_nics > INT_MAX)
         return cdp_fail(CDP_ERR_INVALID, "topology: %lld nodes: too many NUMA nodes, switches or NICs", n_nodes);
     struct cdp_topology *t = calloc(1, sizeof *t);
     if (!t) return cdp_fail(CDP_ERR_NOMEM, "topology: out of memory");
-    if ((st = cdp_topo_alloc(t, (int)n_nodes, (int)n_gpus, (int)n_numa, (int)n_sw, (int)n_nics))) goto fail;
+    if ((st = cdp_topology_alloc(t, (int)n_nodes, (int)n_gpus, (int)n_numa, (int)n_sw, (int)n_nics))) goto fail;
     t->kind = nodes[0]->kind;
     if (n_terms == 1 && counts[0] == 1) {
-        cdp_topo_copy_str(t->name, sizeof t->name, nodes[0]->name);
+        cdp_topology_copy_str(t->name, sizeof t->name, nodes[0]->name);
     } else if (n_terms == 1) {
         snprintf(t->name, sizeof t->name, "%d x %.50s", counts[0], nodes[0]->name);
     } else {
@@ -673,20 +673,20 @@ cdp_status cdp_topology_join(const struct cdp_topology *const *nodes, const int 
     int k = 0, g0 = 0, q_numa = 0, q_sw = 0, q_nic = 0;
     for (int term = 0; term < n_terms; term++) {
         const struct cdp_topology *node = nodes[term];
-        const struct cdp_topo_node *src = &node->nodes[0];
+        const struct cdp_topology_node *src = &node->nodes[0];
         const int g1 = node->n_gpus;
         for (int c = 0; c < counts[term]; c++, k++, g0 += g1) {
-            struct cdp_topo_node *nd = &t->nodes[k];
-            *nd = (struct cdp_topo_node){0};
+            struct cdp_topology_node *nd = &t->nodes[k];
+            *nd = (struct cdp_topology_node){0};
             memcpy(nd->name, src->name, sizeof nd->name);
             nd->nvlink_bw = src->nvlink_bw;
             nd->sys_bw = src->sys_bw;
             nd->copy_bw = src->copy_bw;
             nd->first_gpu = g0;
-            if ((st = cdp_topo_node_alloc(nd, g1))) goto fail;
+            if ((st = cdp_topology_node_alloc(nd, g1))) goto fail;
             memcpy(nd->nvlink_direct, src->nvlink_direct, (size_t)g1 * g1 * sizeof *nd->nvlink_direct);
             for (int i = 0; i < g1; i++) {
-                struct cdp_topo_gpu *g = &t->gpus[g0 + i];
+                struct cdp_topology_gpu *g = &t->gpus[g0 + i];
                 *g = node->gpus[i];
                 g->index = g0 + i;
                 g->node = k;
@@ -700,11 +700,11 @@ cdp_status cdp_topology_join(const struct cdp_topology *const *nodes, const int 
                 t->nics[q_nic].node = k;
             }
             for (int s = 0; s < node->n_nvswitches; s++, q_sw++) {
-                struct cdp_topo_nvswitch *sw = &t->nvswitches[q_sw];
+                struct cdp_topology_nvswitch *sw = &t->nvswitches[q_sw];
                 *sw = node->nvswitches[s];
                 sw->gpu_links = NULL;
                 sw->node = k;
-                if ((st = cdp_topo_switch_alloc(sw, g1))) goto fail;
+                if ((st = cdp_topology_switch_alloc(sw, g1))) goto fail;
                 memcpy(sw->gpu_links, node->nvswitches[s].gpu_links, (size_t)g1 * sizeof *sw->gpu_links);
             }
         }
@@ -712,16 +712,16 @@ cdp_status cdp_topology_join(const struct cdp_topology *const *nodes, const int 
     if (n_nodes > 1 && t->network.nic_rate <= 0)
         CDP_WARN(TOPO, "%s: no network rate known between the nodes; inter-node links get 0 bytes/s", t->name);
     if (n_terms == 1) {
-        st = cdp_topo_set_source(t, "%s", nodes[0]->source ? nodes[0]->source : nodes[0]->name);
+        st = cdp_topology_set_source(t, "%s", nodes[0]->source ? nodes[0]->source : nodes[0]->name);
     } else {
         char src[4096];
         size_t len = 0;
         for (int i = 0; i < n_terms && len < sizeof src; i++)
             len += (size_t)snprintf(src + len, sizeof src - len, "%s%s: %s", i ? "; " : "", nodes[i]->name,
                                     nodes[i]->source ? nodes[i]->source : "(no source)");
-        st = cdp_topo_set_source(t, "%s", src);
+        st = cdp_topology_set_source(t, "%s", src);
     }
-    if (st || (st = cdp_topo_finalize(t, t->name))) goto fail;
+    if (st || (st = cdp_topology_finalize(t, t->name))) goto fail;
     *out = t;
     return CDP_OK;
 fail:
@@ -730,7 +730,7 @@ fail:
 }
 
 cdp_status cdp_topology_cluster(const struct cdp_topology *node, int n_nodes,
-                                const struct cdp_topo_network *net, struct cdp_topology **out)
+                                const struct cdp_topology_network *net, struct cdp_topology **out)
 {
     if (!node || node->n_nodes != 1)
         return cdp_fail(CDP_ERR_INVALID, "topology: a cluster is built from a one-node topology");
@@ -800,9 +800,9 @@ fail:
 }
 
 /* Two nodes of t alike: the same devices (names, memory, peaks), links and rates. */
-int cdp_topo_nodes_alike(const struct cdp_topology *t, int a, int b)
+int cdp_topology_nodes_alike(const struct cdp_topology *t, int a, int b)
 {
-    const struct cdp_topo_node *x = &t->nodes[a], *y = &t->nodes[b];
+    const struct cdp_topology_node *x = &t->nodes[a], *y = &t->nodes[b];
     if (x->n_gpus != y->n_gpus || x->nvlink_bw != y->nvlink_bw || x->sys_bw != y->sys_bw || x->copy_bw != y->copy_bw ||
         strcmp(x->name, y->name))
         return 0;
@@ -812,7 +812,7 @@ int cdp_topo_nodes_alike(const struct cdp_topology *t, int a, int b)
         memcmp(x->latency, y->latency, n * sizeof *x->latency))
         return 0;
     for (int i = 0; i < x->n_gpus; i++) {
-        const struct cdp_topo_gpu *g = &t->gpus[x->first_gpu + i], *h = &t->gpus[y->first_gpu + i];
+        const struct cdp_topology_gpu *g = &t->gpus[x->first_gpu + i], *h = &t->gpus[y->first_gpu + i];
         if (strcmp(g->name, h->name) || g->memory_bytes != h->memory_bytes || g->peak_fp32 != h->peak_fp32 ||
             g->peak_tf32 != h->peak_tf32 || g->peak_bf16 != h->peak_bf16 || g->pcie_bw != h->pcie_bw)
             return 0;
@@ -836,7 +836,7 @@ int cdp_topology_equal(const struct cdp_topology *a, const struct cdp_topology *
     if (a->n_nvswitches != b->n_nvswitches) DIFF("%d vs %d NVSwitches", a->n_nvswitches, b->n_nvswitches);
     if (a->n_nics != b->n_nics) DIFF("%d vs %d NICs", a->n_nics, b->n_nics);
     for (int k = 0; k < a->n_nodes; k++) {
-        const struct cdp_topo_node *x = &a->nodes[k], *y = &b->nodes[k];
+        const struct cdp_topology_node *x = &a->nodes[k], *y = &b->nodes[k];
         if (strcmp(x->name, y->name)) DIFF("node %d: name \"%s\" vs \"%s\"", k, x->name, y->name);
         if (x->n_gpus != y->n_gpus || x->first_gpu != y->first_gpu) DIFF("node %d: devices differ", k);
         if (!same_real(x->nvlink_bw, y->nvlink_bw)) DIFF("node %d: NVLink rate %g vs %g", k, x->nvlink_bw, y->nvlink_bw);
@@ -853,7 +853,7 @@ int cdp_topology_equal(const struct cdp_topology *a, const struct cdp_topology *
         }
     }
     for (int g = 0; g < a->n_gpus; g++) {
-        const struct cdp_topo_gpu *x = &a->gpus[g], *y = &b->gpus[g];
+        const struct cdp_topology_gpu *x = &a->gpus[g], *y = &b->gpus[g];
         if (strcmp(x->name, y->name)) DIFF("GPU %d: name \"%s\" vs \"%s\"", g, x->name, y->name);
         if (strcmp(x->pci_bus_id, y->pci_bus_id)) DIFF("GPU %d: bus id %s vs %s", g, x->pci_bus_id, y->pci_bus_id);
         if (x->memory_bytes != y->memory_bytes)
@@ -868,21 +868,21 @@ int cdp_topology_equal(const struct cdp_topology *a, const struct cdp_topology *
             DIFF("GPU %d: PCIe path differs (depth %d vs %d)", g, x->pcie_depth, y->pcie_depth);
     }
     for (int i = 0; i < a->n_numa; i++) {
-        const struct cdp_topo_numa *x = &a->numa[i], *y = &b->numa[i];
+        const struct cdp_topology_numa *x = &a->numa[i], *y = &b->numa[i];
         if (x->node != y->node || x->os_index != y->os_index || strcmp(x->cpuset, y->cpuset) ||
             x->memory_bytes != y->memory_bytes)
             DIFF("NUMA entry %d differs (node %d/%d, #%d/#%d, CPUs %s/%s)", i, x->node, y->node, x->os_index,
                  y->os_index, x->cpuset, y->cpuset);
     }
     for (int s = 0; s < a->n_nvswitches; s++) {
-        const struct cdp_topo_nvswitch *x = &a->nvswitches[s], *y = &b->nvswitches[s];
+        const struct cdp_topology_nvswitch *x = &a->nvswitches[s], *y = &b->nvswitches[s];
         if (x->node != y->node || strcmp(x->name, y->name) || strcmp(x->pci_bus_id, y->pci_bus_id))
             DIFF("NVSwitch %d: %s %s vs %s %s", s, x->name, x->pci_bus_id, y->name, y->pci_bus_id);
         for (int i = 0; i < a->nodes[x->node].n_gpus; i++)
             if (x->gpu_links[i] != y->gpu_links[i]) DIFF("NVSwitch %d: links to GPU %d differ", s, i);
     }
     for (int i = 0; i < a->n_nics; i++) {
-        const struct cdp_topo_nic *x = &a->nics[i], *y = &b->nics[i];
+        const struct cdp_topology_nic *x = &a->nics[i], *y = &b->nics[i];
         if (x->node != y->node || strcmp(x->name, y->name) || strcmp(x->pci_bus_id, y->pci_bus_id) ||
             x->numa != y->numa || !same_real(x->rate, y->rate))
             DIFF("NIC %d: %s vs %s", i, x->name, y->name);
@@ -937,5 +937,5 @@ void cdp_busid_normalize(const char *s, char *out, size_t cap)
 {
     unsigned d, b, v, f;
     if (cdp_busid_parse(s, &d, &b, &v, &f) == 0) snprintf(out, cap, "%04x:%02x:%02x.%x", d, b, v, f);
-    else cdp_topo_copy_str(out, cap, s);
+    else cdp_topology_copy_str(out, cap, s);
 }

@@ -49,9 +49,9 @@ static cdp_status from_hwloc(struct cdp_topology **out, char *why, size_t cap)
     cdp_status st = cdp_xml_parse(xml, len > 0 ? (size_t)len - 1 : 0, name, &root);
     hwloc_free_xmlbuffer(topo, xml);
     hwloc_topology_destroy(topo);
-    if (!st) st = cdp_topo_load_hwloc_xml(root, name, out);
+    if (!st) st = cdp_topology_load_hwloc_xml(root, name, out);
     cdp_xml_free(root);
-    if (!st && (st = cdp_topo_set_source(*out, "live discovery: %s", name))) {
+    if (!st && (st = cdp_topology_set_source(*out, "live discovery: %s", name))) {
         cdp_topology_free(*out);
         *out = NULL;
     }
@@ -70,15 +70,15 @@ static cdp_status from_sysconf(struct cdp_topology **out)
     cdp_status st;
     struct cdp_topology *t = calloc(1, sizeof *t);
     if (!t) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
-    if ((st = cdp_topo_alloc(t, 1, 0, 1, 0, 0)) || (st = cdp_topo_node_alloc(&t->nodes[0], 0))) goto fail;
+    if ((st = cdp_topology_alloc(t, 1, 0, 1, 0, 0)) || (st = cdp_topology_node_alloc(&t->nodes[0], 0))) goto fail;
     long cpus = sysconf(_SC_NPROCESSORS_ONLN), pages = sysconf(_SC_PHYS_PAGES), psize = sysconf(_SC_PAGESIZE);
     if (cpus > 1) snprintf(t->numa[0].cpuset, sizeof t->numa[0].cpuset, "0-%ld", cpus - 1);
     else snprintf(t->numa[0].cpuset, sizeof t->numa[0].cpuset, "0");
     if (pages > 0 && psize > 0) t->numa[0].memory_bytes = (uint64_t)pages * (uint64_t)psize;
-    if (gethostname(t->name, sizeof t->name - 1) != 0 || !t->name[0]) cdp_topo_copy_str(t->name, sizeof t->name, "localhost");
-    cdp_topo_copy_str(t->nodes[0].name, sizeof t->nodes[0].name, t->name);
-    if ((st = cdp_topo_set_source(t, "live (sysconf: %ld CPUs)", cpus))) goto fail;
-    if ((st = cdp_topo_finalize(t, "live discovery"))) goto fail;
+    if (gethostname(t->name, sizeof t->name - 1) != 0 || !t->name[0]) cdp_topology_copy_str(t->name, sizeof t->name, "localhost");
+    cdp_topology_copy_str(t->nodes[0].name, sizeof t->nodes[0].name, t->name);
+    if ((st = cdp_topology_set_source(t, "live (sysconf: %ld CPUs)", cpus))) goto fail;
+    if ((st = cdp_topology_finalize(t, "live discovery"))) goto fail;
     *out = t;
     return CDP_OK;
 fail:
@@ -144,7 +144,7 @@ static void paths_from_classes(struct cdp_topology *t, const enum cdp_link_class
         }
     }
     for (int i = 0; i < n; i++) {
-        struct cdp_topo_gpu *g = &t->gpus[i];
+        struct cdp_topology_gpu *g = &t->gpus[i];
         int pxb_size = 0;
         for (int j = 0; j < n; j++) pxb_size += grp[2 * n + j] == grp[2 * n + i];
         g->numa = grp[0 * n + i];
@@ -159,7 +159,7 @@ static void paths_from_classes(struct cdp_topology *t, const enum cdp_link_class
     free(grp);
 }
 
-cdp_status cdp_topo_apply_nvml(struct cdp_topology *t, const struct cdp_nvml_api *api)
+cdp_status cdp_topology_apply_nvml(struct cdp_topology *t, const struct cdp_nvml_api *api)
 {
     cdp_status st = CDP_OK;
     unsigned n = 0;
@@ -167,8 +167,8 @@ cdp_status cdp_topo_apply_nvml(struct cdp_topology *t, const struct cdp_nvml_api
     if ((rc = api->init()) != NVML_SUCCESS)
         return cdp_fail(CDP_ERR_UNSUPPORTED, "nvmlInit_v2: %s", nvml_err(api, rc));
     cdp_nvml_device *dev = NULL;
-    struct cdp_topo_gpu *gpus = NULL;
-    struct cdp_topo_nvswitch *sws = NULL;
+    struct cdp_topology_gpu *gpus = NULL;
+    struct cdp_topology_nvswitch *sws = NULL;
     int nsw = 0, have_paths = 1;
     enum cdp_link_class *cls = NULL;
     if ((rc = api->device_count(&n)) != NVML_SUCCESS) {
@@ -195,7 +195,7 @@ cdp_status cdp_topo_apply_nvml(struct cdp_topology *t, const struct cdp_nvml_api
             st = cdp_fail(CDP_ERR_UNSUPPORTED, "NVML GPU %u: %s", i, nvml_err(api, rc));
             goto done;
         }
-        struct cdp_topo_gpu *g = &gpus[i];
+        struct cdp_topology_gpu *g = &gpus[i];
         g->numa = -1;
         for (int k = 0; k < t->n_gpus; k++)
             if (busid_eq(t->gpus[k].pci_bus_id, pci.bus_id)) *g = t->gpus[k];
@@ -206,7 +206,7 @@ cdp_status cdp_topo_apply_nvml(struct cdp_topology *t, const struct cdp_nvml_api
         char name[96];
         if (api->device_name(dev[i], name, sizeof name) == NVML_SUCCESS) {
             name[sizeof name - 1] = '\0';
-            cdp_topo_copy_str(g->name, sizeof g->name, name);
+            cdp_topology_copy_str(g->name, sizeof g->name, name);
             g->peak_fp32 = g->peak_tf32 = g->peak_bf16 = 0; /* refilled from the real name */
         }
         if (api->device_memory && api->device_memory(dev[i], &mem) == NVML_SUCCESS) g->memory_bytes = mem.total;
@@ -219,8 +219,8 @@ cdp_status cdp_topo_apply_nvml(struct cdp_topology *t, const struct cdp_nvml_api
                 cls[(size_t)i * n + j] = ancestor_class(level);
         }
     }
-    struct cdp_topo_node *nd = &t->nodes[0];
-    if ((st = cdp_topo_node_alloc(nd, (int)n))) goto done;
+    struct cdp_topology_node *nd = &t->nodes[0];
+    if ((st = cdp_topology_node_alloc(nd, (int)n))) goto done;
     int links_total = 0;
     for (unsigned i = 0; i < n; i++) {
         for (unsigned l = 0; l < NVML_NVLINK_MAX_LINKS; l++) {
@@ -245,22 +245,22 @@ cdp_status cdp_topo_apply_nvml(struct cdp_topology *t, const struct cdp_nvml_api
                 continue;
             }
             if (type == NVML_DEV_SWITCH || (type < 0 && peer < 0)) {
-                char b[CDP_TOPO_BUSID_MAX];
+                char b[CDP_TOPOLOGY_BUSID_MAX];
                 cdp_busid_normalize(rp.bus_id, b, sizeof b);
                 int s = -1;
                 for (int q = 0; q < nsw; q++)
                     if (!strcmp(sws[q].pci_bus_id, b)) s = q;
                 if (s < 0) {
-                    struct cdp_topo_nvswitch *p = realloc(sws, (size_t)(nsw + 1) * sizeof *p);
+                    struct cdp_topology_nvswitch *p = realloc(sws, (size_t)(nsw + 1) * sizeof *p);
                     if (!p) {
                         st = cdp_fail(CDP_ERR_NOMEM, "out of memory");
                         goto done;
                     }
                     sws = p;
                     memset(&sws[nsw], 0, sizeof *sws);
-                    cdp_topo_copy_str(sws[nsw].pci_bus_id, sizeof sws[nsw].pci_bus_id, b);
+                    cdp_topology_copy_str(sws[nsw].pci_bus_id, sizeof sws[nsw].pci_bus_id, b);
                     snprintf(sws[nsw].name, sizeof sws[nsw].name, "nvswitch%d", nsw);
-                    if ((st = cdp_topo_switch_alloc(&sws[nsw], (int)n))) {
+                    if ((st = cdp_topology_switch_alloc(&sws[nsw], (int)n))) {
                         nsw++;
                         goto done;
                     }
@@ -386,7 +386,7 @@ cdp_status cdp_topology_discover(const struct cdp_discover_options *opts, struct
             CDP_INFO(TOPO, "live discovery: NVML not loaded (%s): no NVLink information%s", why,
                      t->n_gpus ? "; GPU links from the PCI tree" : "");
         } else {
-            cdp_status nst = cdp_topo_apply_nvml(t, &L.api);
+            cdp_status nst = cdp_topology_apply_nvml(t, &L.api);
             if (nst == CDP_ERR_NOMEM) {
                 dlclose(L.h);
                 cdp_topology_free(t);
@@ -394,7 +394,7 @@ cdp_status cdp_topology_discover(const struct cdp_discover_options *opts, struct
             }
             if (nst) CDP_INFO(TOPO, "live discovery: NVML loaded but not used: %s", cdp_last_error());
             dlclose(L.h);
-            if ((st = cdp_topo_finalize(t, "live discovery"))) {
+            if ((st = cdp_topology_finalize(t, "live discovery"))) {
                 cdp_topology_free(t);
                 return st;
             }
@@ -413,8 +413,8 @@ cdp_status cdp_topology_discover(const struct cdp_discover_options *opts, struct
         CDP_INFO(TOPO, "live discovery: no CUDA peer query supplied (the planner never opens a device)");
     }
     if (t->n_gpus == 0) {
-        double bw = o.cpu_copy_bw > 0 ? o.cpu_copy_bw : CDP_TOPO_DEFAULT_COPY_BW;
-        if ((st = cdp_topo_make_cpu(t, o.cpu_devices, bw)) || (st = cdp_topo_finalize(t, "live discovery"))) {
+        double bw = o.cpu_copy_bw > 0 ? o.cpu_copy_bw : CDP_TOPOLOGY_DEFAULT_COPY_BW;
+        if ((st = cdp_topology_make_cpu(t, o.cpu_devices, bw)) || (st = cdp_topology_finalize(t, "live discovery"))) {
             cdp_topology_free(t);
             return st;
         }

@@ -110,7 +110,7 @@ static double info_real(const struct hload *h, int i, const char *key, double df
 static int first_bit(const char *mask, int *count)
 {
     /* nodeset "0x00000003" (words most significant first). */
-    char list[CDP_TOPO_CPUSET_MAX];
+    char list[CDP_TOPOLOGY_CPUSET_MAX];
     *count = 0;
     if (!mask || cdp_cpuset_from_mask(mask, list, sizeof list)) return -1;
     int *v = NULL, n = 0;
@@ -149,7 +149,7 @@ static int pcie_path(const struct hload *h, int i, int *path)
         int g0 = k;
         while (k >= 0 && !strcmp(h->o[chain[k]].ids, h->o[chain[g0]].ids)) k--;
         int len = g0 - k;
-        for (int s = 0; s + 1 < len && depth < CDP_TOPO_PCIE_DEPTH; s += 2) path[depth++] = chain[g0 - s];
+        for (int s = 0; s + 1 < len && depth < CDP_TOPOLOGY_PCIE_DEPTH; s += 2) path[depth++] = chain[g0 - s];
     }
     return depth;
 }
@@ -191,7 +191,7 @@ static char *kid_text(const struct cdp_xml *x, const char *kid)
 }
 
 /* The attributes this reader's values come from, for finalize's messages. */
-static const struct cdp_topo_attr_names hwloc_names = {
+static const struct cdp_topology_attr_names hwloc_names = {
     "info CDPNVLinkBandwidth (or NVLinkBandwidth)", "info CDPSysBandwidth", "info CDPCopyBandwidth",
     "info CDPPCIeBandwidth (or pci_link_speed)", "info CDPPeakFP32/TF32/BF16", "info CDPRate", "info CDPNetworkRate",
     "info CDPNetworkLatency"};
@@ -287,7 +287,7 @@ static cdp_status read_nvlink_matrix(const struct hload *h, const struct cdp_xml
         sw_of[i] = h->o[o].role == R_SWITCH ? h->o[o].slot : -1;
         gpu_at[i] = h->o[o].role == R_GPU ? gpu_of_obj[o] : -1;
     }
-    struct cdp_topo_node *nd = &t->nodes[0];
+    struct cdp_topology_node *nd = &t->nodes[0];
     int ng = nd->n_gpus, linked = 0;
     for (long i = 0; i < n; i++) {
         for (long j = 0; j < n; j++) {
@@ -325,7 +325,7 @@ done:
     return st;
 }
 
-cdp_status cdp_topo_load_hwloc_xml(const struct cdp_xml *root, const char *name, struct cdp_topology **out)
+cdp_status cdp_topology_load_hwloc_xml(const struct cdp_xml *root, const char *name, struct cdp_topology **out)
 {
     cdp_status st;
     struct hload h = {.name = name};
@@ -359,23 +359,23 @@ cdp_status cdp_topo_load_hwloc_xml(const struct cdp_xml *root, const char *name,
         nnuma += !strcmp(h.o[i].type, "NUMANode");
     }
     t = calloc(1, sizeof *t);
-    if (!t || (st = cdp_topo_alloc(t, 1, ng, nnuma, nsw, nnic))) {
+    if (!t || (st = cdp_topology_alloc(t, 1, ng, nnuma, nsw, nnic))) {
         st = t ? st : cdp_fail(CDP_ERR_NOMEM, "%s: out of memory", name);
         goto fail;
     }
-    struct cdp_topo_node *nd = &t->nodes[0];
-    if ((st = cdp_topo_node_alloc(nd, ng))) goto fail;
+    struct cdp_topology_node *nd = &t->nodes[0];
+    if ((st = cdp_topology_node_alloc(nd, ng))) goto fail;
     const char *v;
     if ((v = info(machine, "CDPTopologyName")) || (v = info(machine, "HostName")))
-        cdp_topo_copy_str(t->name, sizeof t->name, v);
+        cdp_topology_copy_str(t->name, sizeof t->name, v);
     else {
         const char *base = strrchr(name, '/');
-        cdp_topo_copy_str(t->name, sizeof t->name, base ? base + 1 : name);
+        cdp_topology_copy_str(t->name, sizeof t->name, base ? base + 1 : name);
     }
-    cdp_topo_copy_str(nd->name, sizeof nd->name, (v = info(machine, "CDPNodeName")) ? v : t->name);
+    cdp_topology_copy_str(nd->name, sizeof nd->name, (v = info(machine, "CDPNodeName")) ? v : t->name);
     nd->sys_bw = (v = info(machine, "CDPSysBandwidth")) ? strtod(v, NULL) : 0;
     nd->copy_bw = (v = info(machine, "CDPCopyBandwidth")) ? strtod(v, NULL) : 0;
-    if ((v = info(machine, "CDPNetworkName"))) cdp_topo_copy_str(t->network.name, sizeof t->network.name, v);
+    if ((v = info(machine, "CDPNetworkName"))) cdp_topology_copy_str(t->network.name, sizeof t->network.name, v);
     if ((v = info(machine, "CDPNetworkNICs"))) t->network.nics_per_node = atoi(v);
     if ((v = info(machine, "CDPNetworkRate"))) t->network.nic_rate = strtod(v, NULL);
     if ((v = info(machine, "CDPNetworkLatency"))) t->network.latency = strtod(v, NULL);
@@ -410,11 +410,11 @@ cdp_status cdp_topo_load_hwloc_xml(const struct cdp_xml *root, const char *name,
             goto fail;
         }
         gpu_of_obj[i] = g;
-        struct cdp_topo_gpu *gp = &t->gpus[g];
+        struct cdp_topology_gpu *gp = &t->gpus[g];
         gp->index = gp->local = g;
         const char *model = info_deep(&h, i, "GPUModel");
         if (!model) model = cdp_gpu_name_by_pci_id(h.o[i].device);
-        if (model) cdp_topo_copy_str(gp->name, sizeof gp->name, model);
+        if (model) cdp_topology_copy_str(gp->name, sizeof gp->name, model);
         else snprintf(gp->name, sizeof gp->name, "NVIDIA GPU [10de:%04x]", h.o[i].device & 0xffff);
         cdp_busid_normalize(cdp_xml_attr(h.o[i].x, "pci_busid"), gp->pci_bus_id, sizeof gp->pci_bus_id);
         if ((v = info_deep(&h, i, "CDPMemoryBytes"))) gp->memory_bytes = strtoull(v, NULL, 10);
@@ -430,7 +430,7 @@ cdp_status cdp_topo_load_hwloc_xml(const struct cdp_xml *root, const char *name,
     int q = 0;
     for (int i = 0; i < h.n; i++) {
         if (strcmp(h.o[i].type, "NUMANode")) continue;
-        struct cdp_topo_numa *nm = &t->numa[q++];
+        struct cdp_topology_numa *nm = &t->numa[q++];
         const char *os = cdp_xml_attr(h.o[i].x, "os_index");
         nm->os_index = os ? atoi(os) : q - 1;
         const char *cs = cdp_xml_attr(h.o[i].x, "cpuset");
@@ -441,13 +441,13 @@ cdp_status cdp_topo_load_hwloc_xml(const struct cdp_xml *root, const char *name,
     }
     for (int i = 0; i < h.n; i++) {
         if (h.o[i].role == R_SWITCH) {
-            struct cdp_topo_nvswitch *sw = &t->nvswitches[h.o[i].slot];
-            if ((st = cdp_topo_switch_alloc(sw, ng))) goto fail;
+            struct cdp_topology_nvswitch *sw = &t->nvswitches[h.o[i].slot];
+            if ((st = cdp_topology_switch_alloc(sw, ng))) goto fail;
             cdp_busid_normalize(cdp_xml_attr(h.o[i].x, "pci_busid"), sw->pci_bus_id, sizeof sw->pci_bus_id);
-            if ((v = info(h.o[i].x, "CDPName"))) cdp_topo_copy_str(sw->name, sizeof sw->name, v);
+            if ((v = info(h.o[i].x, "CDPName"))) cdp_topology_copy_str(sw->name, sizeof sw->name, v);
             else snprintf(sw->name, sizeof sw->name, "nvswitch%d", h.o[i].slot);
         } else if (h.o[i].role == R_NIC) {
-            struct cdp_topo_nic *c = &t->nics[h.o[i].slot];
+            struct cdp_topology_nic *c = &t->nics[h.o[i].slot];
             cdp_busid_normalize(cdp_xml_attr(h.o[i].x, "pci_busid"), c->pci_bus_id, sizeof c->pci_bus_id);
             const char *nm = NULL;
             for (int k = i + 1; k < h.n; k++) {
@@ -455,17 +455,17 @@ cdp_status cdp_topo_load_hwloc_xml(const struct cdp_xml *root, const char *name,
                 const char *ot = cdp_xml_attr(h.o[k].x, "osdev_type");
                 if (!nm || (ot && !strcmp(ot, "3"))) nm = cdp_xml_attr(h.o[k].x, "name");
             }
-            if (nm) cdp_topo_copy_str(c->name, sizeof c->name, nm);
+            if (nm) cdp_topology_copy_str(c->name, sizeof c->name, nm);
             else snprintf(c->name, sizeof c->name, "nic-%s", c->pci_bus_id);
             c->rate = info_real(&h, i, "CDPRate", 0);
-            char cpus[CDP_TOPO_CPUSET_MAX];
+            char cpus[CDP_TOPOLOGY_CPUSET_MAX];
             locality(&h, i, &c->numa, cpus, sizeof cpus);
         }
     }
     double rate = info_real(&h, 0, "CDPNVLinkBandwidth", 0);
     if (rate <= 0) {
         const struct cdp_gpu_facts *f = ng ? cdp_gpu_facts_find(t->gpus[0].name) : NULL;
-        rate = f ? f->nvlink_rate : CDP_TOPO_DEFAULT_NVLINK_BW;
+        rate = f ? f->nvlink_rate : CDP_TOPOLOGY_DEFAULT_NVLINK_BW;
     }
     nd->nvlink_bw = rate;
     int matrices = 0;
@@ -483,14 +483,14 @@ cdp_status cdp_topo_load_hwloc_xml(const struct cdp_xml *root, const char *name,
                  "from the PCI tree only", name);
     if ((v = info(machine, "CDPKind")) && !strcmp(v, "cpu")) {
         const char *nd_s = info(machine, "CDPDevices");
-        if ((st = cdp_topo_make_cpu(t, nd_s ? atoi(nd_s) : 0, nd->copy_bw))) goto fail;
+        if ((st = cdp_topology_make_cpu(t, nd_s ? atoi(nd_s) : 0, nd->copy_bw))) goto fail;
         if ((v = info(machine, "CDPDeviceMemory")))
             for (int g = 0; g < t->n_gpus; g++) t->gpus[g].memory_bytes = strtoull(v, NULL, 10);
     }
-    if ((v = info(machine, "CDPSource"))) st = cdp_topo_set_source(t, "%s", v);
-    else st = cdp_topo_set_source(t, "hwloc XML %s", name);
-    if (st || (st = cdp_topo_finalize_named(t, name, &hwloc_names))) goto fail;
-    CDP_INFO(TOPO, "%s: hwloc XML %s: %d GPUs, %d NVSwitches, %d NICs, %d NUMA nodes", name, ver, t->kind == CDP_TOPO_GPU ? t->n_gpus : 0,
+    if ((v = info(machine, "CDPSource"))) st = cdp_topology_set_source(t, "%s", v);
+    else st = cdp_topology_set_source(t, "hwloc XML %s", name);
+    if (st || (st = cdp_topology_finalize_named(t, name, &hwloc_names))) goto fail;
+    CDP_INFO(TOPO, "%s: hwloc XML %s: %d GPUs, %d NVSwitches, %d NICs, %d NUMA nodes", name, ver, t->kind == CDP_TOPOLOGY_GPU ? t->n_gpus : 0,
              t->n_nvswitches, t->n_nics, t->n_numa);
     free(h.o);
     free(gpu_of_obj);
@@ -556,7 +556,7 @@ static void bridge_open(struct hw *w, int d, int depth)
 
 static void gpu_obj(struct hw *w, int d, int g)
 {
-    const struct cdp_topo_gpu *gp = &w->t->gpus[g];
+    const struct cdp_topology_gpu *gp = &w->t->gpus[g];
     indent(w, d);
     cdp_buf_printf(&w->b, "<object type=\"PCIDev\" gp_index=\"%d\" pci_busid=\"%s\" pci_type=\"0302 [10de:0000] "
                    "[10de:0000] a1\" pci_link_speed=\"%.17g\">\n", w->gp++, gp->pci_bus_id, gp->pcie_bw / 1e9);
@@ -585,7 +585,7 @@ static void emit_level(struct hw *w, int d, const int *prefix, int level, int nu
     const struct cdp_topology *t = w->t;
     int n = t->nodes[0].n_gpus;
     for (int g = 0; g < n; g++) {
-        const struct cdp_topo_gpu *gp = &t->gpus[g];
+        const struct cdp_topology_gpu *gp = &t->gpus[g];
         if (gp->pcie_depth != level || memcmp(gp->pcie_path, prefix, (size_t)level * sizeof *prefix)) continue;
         if (level == 0 && gp->numa != numa) continue;
         if (level > 1) bridge_open(w, d, level); /* the switch's downstream port */
@@ -596,7 +596,7 @@ static void emit_level(struct hw *w, int d, const int *prefix, int level, int nu
         }
     }
     for (int g = 0; g < n; g++) {
-        const struct cdp_topo_gpu *gp = &t->gpus[g];
+        const struct cdp_topology_gpu *gp = &t->gpus[g];
         if (gp->pcie_depth <= level || memcmp(gp->pcie_path, prefix, (size_t)level * sizeof *prefix)) continue;
         int id = gp->pcie_path[level], first = 1;
         for (int h = 0; h < g; h++)
@@ -604,7 +604,7 @@ static void emit_level(struct hw *w, int d, const int *prefix, int level, int nu
                 t->gpus[h].pcie_path[level] == id)
                 first = 0;
         if (!first) continue;
-        int sub[CDP_TOPO_PCIE_DEPTH];
+        int sub[CDP_TOPOLOGY_PCIE_DEPTH];
         memcpy(sub, prefix, (size_t)level * sizeof *sub);
         sub[level] = id;
         if (level == 0) {
@@ -635,7 +635,7 @@ static void emit_level(struct hw *w, int d, const int *prefix, int level, int nu
 static void matrix(struct hw *w, int ng, int nsw)
 {
     const struct cdp_topology *t = w->t;
-    const struct cdp_topo_node *nd = &t->nodes[0];
+    const struct cdp_topology_node *nd = &t->nodes[0];
     int n = ng + nsw;
     struct cdp_buf line = {0};
     if (nsw)
@@ -671,8 +671,8 @@ cdp_status cdp_topology_to_hwloc_xml(const struct cdp_topology *t, char **text)
         return cdp_fail(CDP_ERR_INVALID, "topology %s: hwloc XML describes one machine, and this has %d nodes; "
                         "export the node preset instead", t->name, t->n_nodes);
     cdp_status st = CDP_OK;
-    const struct cdp_topo_node *nd = &t->nodes[0];
-    int ng = t->kind == CDP_TOPO_GPU ? nd->n_gpus : 0;
+    const struct cdp_topology_node *nd = &t->nodes[0];
+    int ng = t->kind == CDP_TOPOLOGY_GPU ? nd->n_gpus : 0;
     struct hw w = {.t = t, .gp = 2, .bus = 1};
     w.gpu_gp = calloc((size_t)ng + 1, sizeof *w.gpu_gp);
     w.sw_gp = calloc((size_t)t->n_nvswitches + 1, sizeof *w.sw_gp);
@@ -706,13 +706,13 @@ cdp_status cdp_topology_to_hwloc_xml(const struct cdp_topology *t, char **text)
     info_line(&w, 2, "CDPNetworkNICs", "%d", t->network.nics_per_node);
     info_line(&w, 2, "CDPNetworkRate", "%.17g", t->network.nic_rate);
     info_line(&w, 2, "CDPNetworkLatency", "%.17g", t->network.latency);
-    if (t->kind == CDP_TOPO_CPU) {
+    if (t->kind == CDP_TOPOLOGY_CPU) {
         info_line(&w, 2, "CDPKind", "cpu");
         info_line(&w, 2, "CDPDevices", "%d", t->n_gpus);
         info_line(&w, 2, "CDPDeviceMemory", "%llu", (unsigned long long)(t->n_gpus ? t->gpus[0].memory_bytes : 0));
     }
     for (int i = 0; i < t->n_numa; i++) {
-        const struct cdp_topo_numa *nm = &t->numa[i];
+        const struct cdp_topology_numa *nm = &t->numa[i];
         char *cm = NULL, *nmk = NULL, idx[16];
         snprintf(idx, sizeof idx, "%d", nm->os_index);
         if ((st = cdp_cpuset_to_mask(nm->cpuset, &cm)) || (st = cdp_cpuset_to_mask(idx, &nmk))) {
@@ -765,7 +765,7 @@ cdp_status cdp_topology_to_hwloc_xml(const struct cdp_topology *t, char **text)
             cdp_buf_printf(&w.b, "      </object>\n");
         }
         for (int k = 0; k < t->n_nics; k++) {
-            const struct cdp_topo_nic *c = &t->nics[k];
+            const struct cdp_topology_nic *c = &t->nics[k];
             if (c->numa != nm->os_index) continue;
             cdp_buf_printf(&w.b, "      <object type=\"Bridge\" gp_index=\"%d\" bridge_type=\"0-1\" depth=\"0\" "
                            "bridge_pci=\"fe%02x:[00-ff]\">\n", w.gp++, k & 0xff);

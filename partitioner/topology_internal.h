@@ -7,17 +7,17 @@
 #include <stdint.h>
 
 #include "cdp/topology.h"
-#include "plan/topology_spec.h" /* CDP_TOPO_JOIN_MAX_TERMS */
+#include "plan/topology_spec.h" /* CDP_TOPOLOGY_JOIN_MAX_TERMS */
 
 /* ---- building -------------------------------------------------------------- */
 
 /* Allocates the arrays of t (zeroed; numa and nodes' matrices not yet). */
-cdp_status cdp_topo_alloc(struct cdp_topology *t, int n_nodes, int n_gpus, int n_numa,
+cdp_status cdp_topology_alloc(struct cdp_topology *t, int n_nodes, int n_gpus, int n_numa,
                           int n_nvswitches, int n_nics);
 /* Allocates a node's input and derived matrices for n local GPUs. */
-cdp_status cdp_topo_node_alloc(struct cdp_topo_node *nd, int n);
+cdp_status cdp_topology_node_alloc(struct cdp_topology_node *nd, int n);
 /* Allocates sw->gpu_links for n local GPUs. */
-cdp_status cdp_topo_switch_alloc(struct cdp_topo_nvswitch *sw, int n);
+cdp_status cdp_topology_switch_alloc(struct cdp_topology_nvswitch *sw, int n);
 
 /* The first n_nodes nodes of t with the first per_node devices of each (all
  * of a node that has fewer): the devices a job of that shape has, numbered
@@ -27,33 +27,33 @@ cdp_status cdp_topology_first(const struct cdp_topology *t, int n_nodes, int per
 /* Checks what a loader filled in, fills defaults (GPU facts by model name, bus
  * ids, NUMA nodes, CPU sets, PCIe rates), renumbers PCIe paths canonically and
  * derives the link matrices. what names the source in messages. */
-cdp_status cdp_topo_finalize(struct cdp_topology *t, const char *what);
+cdp_status cdp_topology_finalize(struct cdp_topology *t, const char *what);
 
 /* What a reader calls the values finalize checks, for its messages (NULL:
  * the model's own words). Every rate must be 0 (not given: a default or
  * none) or within the ranges below (docs/topology.md, "Ranges"). */
-struct cdp_topo_attr_names {
+struct cdp_topology_attr_names {
     const char *nvlink, *sys, *copy; /* a node's bandwidths */
     const char *pcie, *flops;        /* a GPU's */
     const char *nic;                 /* a NIC's rate */
     const char *net_rate, *net_latency;
 };
-cdp_status cdp_topo_finalize_named(struct cdp_topology *t, const char *what, const struct cdp_topo_attr_names *names);
+cdp_status cdp_topology_finalize_named(struct cdp_topology *t, const char *what, const struct cdp_topology_attr_names *names);
 
 /* The most devices a joined cluster may have (docs/topology.md, "Limits"). */
-#define CDP_TOPO_MAX_DEVICES 10240
+#define CDP_TOPOLOGY_MAX_DEVICES 10240
 
-#define CDP_TOPO_RATE_MIN 1e3      /* bytes/s: 1 kB/s */
-#define CDP_TOPO_RATE_MAX 1e15     /* bytes/s: 1 PB/s */
-#define CDP_TOPO_FLOPS_MIN 1e6     /* FLOP/s */
-#define CDP_TOPO_FLOPS_MAX 1e18
-#define CDP_TOPO_LATENCY_MIN 1e-9  /* seconds */
-#define CDP_TOPO_LATENCY_MAX 10.0
+#define CDP_TOPOLOGY_RATE_MIN 1e3      /* bytes/s: 1 kB/s */
+#define CDP_TOPOLOGY_RATE_MAX 1e15     /* bytes/s: 1 PB/s */
+#define CDP_TOPOLOGY_FLOPS_MIN 1e6     /* FLOP/s */
+#define CDP_TOPOLOGY_FLOPS_MAX 1e18
+#define CDP_TOPOLOGY_LATENCY_MIN 1e-9  /* seconds */
+#define CDP_TOPOLOGY_LATENCY_MAX 10.0
 
 /* Sets t->source (copied). */
-cdp_status cdp_topo_set_source(struct cdp_topology *t, const char *fmt, ...) CDP_PRINTF(2, 3);
+cdp_status cdp_topology_set_source(struct cdp_topology *t, const char *fmt, ...) CDP_PRINTF(2, 3);
 
-void cdp_topo_copy_str(char *dst, size_t cap, const char *src);
+void cdp_topology_copy_str(char *dst, size_t cap, const char *src);
 
 /* Facts about a GPU model, found by a substring of its name. */
 struct cdp_gpu_facts {
@@ -77,18 +77,18 @@ const char *cdp_gpu_name_by_pci_id(unsigned device);
  * CDP_ERR_INVALID (a term that is not one node, CPU and GPU terms mixed, bad
  * counts, too many devices), CDP_ERR_NOMEM; *out set only on success. */
 cdp_status cdp_topology_join(const struct cdp_topology *const *nodes, const int *counts, int n_terms,
-                             const struct cdp_topo_network *net, struct cdp_topology **out);
+                             const struct cdp_topology_network *net, struct cdp_topology **out);
 
 /* Nonzero when nodes a and b of t have the same devices (names, memory,
  * peaks, PCIe rates), links and rates. */
-int cdp_topo_nodes_alike(const struct cdp_topology *t, int a, int b);
+int cdp_topology_nodes_alike(const struct cdp_topology *t, int a, int b);
 
 /* Latency estimate of a link class (seconds). */
-double cdp_topo_class_latency(enum cdp_link_class c);
-#define CDP_TOPO_DEFAULT_PCIE_BW 12e9   /* PCIe Gen3 x16, achievable */
-#define CDP_TOPO_DEFAULT_NVLINK_BW 25e9
-#define CDP_TOPO_DEFAULT_COPY_BW 20e9
-#define CDP_TOPO_DEFAULT_NET_LATENCY 5e-6
+double cdp_topology_class_latency(enum cdp_link_class c);
+#define CDP_TOPOLOGY_DEFAULT_PCIE_BW 12e9   /* PCIe Gen3 x16, achievable */
+#define CDP_TOPOLOGY_DEFAULT_NVLINK_BW 25e9
+#define CDP_TOPOLOGY_DEFAULT_COPY_BW 20e9
+#define CDP_TOPOLOGY_DEFAULT_NET_LATENCY 5e-6
 
 /* ---- rates ------------------------------------------------------------------- */
 
@@ -132,15 +132,15 @@ void cdp_buf_escaped(struct cdp_buf *b, const char *s);
 
 /* ---- loaders --------------------------------------------------------------------- */
 
-cdp_status cdp_topo_load_native_json(const char *text, size_t len, const char *name,
+cdp_status cdp_topology_load_native_json(const char *text, size_t len, const char *name,
                                      struct cdp_topology **out);
-cdp_status cdp_topo_load_hwloc_xml(const struct cdp_xml *root, const char *name,
+cdp_status cdp_topology_load_hwloc_xml(const struct cdp_xml *root, const char *name,
                                    struct cdp_topology **out);
-cdp_status cdp_topo_load_nccl_xml(const struct cdp_xml *root, const char *name,
+cdp_status cdp_topology_load_nccl_xml(const struct cdp_xml *root, const char *name,
                                   struct cdp_topology **out);
 
 /* Turns a GPU topology with no GPUs into a CPU topology on the same NUMA nodes. */
-cdp_status cdp_topo_make_cpu(struct cdp_topology *t, int n_devices, double copy_bw);
+cdp_status cdp_topology_make_cpu(struct cdp_topology *t, int n_devices, double copy_bw);
 
 /* ---- NVML (live discovery), a table so tests can stand in for the library ---------- */
 
@@ -175,6 +175,6 @@ struct cdp_nvml_api {
 /* Adds what NVML knows to t (from hwloc, possibly without GPUs): GPUs, names,
  * memory, NVLinks, NVSwitches, PCIe classes where hwloc gave none. t must not
  * be finalized yet. Logs what it used. */
-cdp_status cdp_topo_apply_nvml(struct cdp_topology *t, const struct cdp_nvml_api *api);
+cdp_status cdp_topology_apply_nvml(struct cdp_topology *t, const struct cdp_nvml_api *api);
 
 #endif

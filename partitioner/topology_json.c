@@ -77,7 +77,7 @@ static int label_id(struct labels *L, const char *s)
     return L->n++;
 }
 
-static cdp_status read_gpu(const struct jl *c, const json_t *o, const char *ptr, struct cdp_topo_gpu *g,
+static cdp_status read_gpu(const struct jl *c, const json_t *o, const char *ptr, struct cdp_topology_gpu *g,
                            struct labels *L)
 {
     cdp_status st;
@@ -102,7 +102,7 @@ static cdp_status read_gpu(const struct jl *c, const json_t *o, const char *ptr,
         free(cpus);
     }
     if ((v = json_object_get(o, "pci_bus_id"))) {
-        char b[CDP_TOPO_BUSID_MAX];
+        char b[CDP_TOPOLOGY_BUSID_MAX];
         unsigned d, bus, dev, fn;
         if ((st = cdp_json_string(&c->in, v, AT("pci_bus_id"), b, sizeof b))) return st;
         if (cdp_busid_parse(b, &d, &bus, &dev, &fn))
@@ -126,7 +126,7 @@ static cdp_status read_gpu(const struct jl *c, const json_t *o, const char *ptr,
         }
     }
     if ((v = json_object_get(o, "pcie"))) {
-        if (!json_is_array(v) || json_array_size(v) > CDP_TOPO_PCIE_DEPTH)
+        if (!json_is_array(v) || json_array_size(v) > CDP_TOPOLOGY_PCIE_DEPTH)
             return cdp_json_expected(&c->in, AT("pcie"),
                                      "an array of up to 8 names: the host bridge, then each PCIe switch", v);
         g->pcie_depth = (int)json_array_size(v);
@@ -158,8 +158,8 @@ static const char *const net_keys[] = {"name", "nics_per_node", "nic_rate", "lat
 static cdp_status read_source(const struct jl *c, const json_t *o, struct cdp_topology *t)
 {
     const json_t *s = json_object_get(o, "source");
-    if (!s) return cdp_topo_set_source(t, "%s", c->in.file);
-    if (json_is_string(s)) return cdp_topo_set_source(t, "%s", json_string_value(s));
+    if (!s) return cdp_topology_set_source(t, "%s", c->in.file);
+    if (json_is_string(s)) return cdp_topology_set_source(t, "%s", json_string_value(s));
     if (!json_is_array(s))
         return cdp_json_expected(&c->in, "/source", "a string or an array of strings (what the file cites)", s);
     struct cdp_buf b = {0};
@@ -173,17 +173,17 @@ static cdp_status read_source(const struct jl *c, const json_t *o, struct cdp_to
         }
         cdp_buf_printf(&b, "%s%s", i ? "; " : "", json_string_value(x));
     }
-    cdp_status st = b.failed ? cdp_fail(CDP_ERR_NOMEM, "out of memory") : cdp_topo_set_source(t, "%s", b.p ? b.p : "");
+    cdp_status st = b.failed ? cdp_fail(CDP_ERR_NOMEM, "out of memory") : cdp_topology_set_source(t, "%s", b.p ? b.p : "");
     free(b.p);
     return st;
 }
 
 /* The attributes this reader's values come from, for finalize's messages. */
-static const struct cdp_topo_attr_names json_names = {"nvlink_bandwidth", "sys_bandwidth", "copy_bandwidth",
+static const struct cdp_topology_attr_names json_names = {"nvlink_bandwidth", "sys_bandwidth", "copy_bandwidth",
                                                       "pcie_bandwidth", "peak_flops", "nics[].rate",
                                                       "/network/nic_rate", "/network/latency_us (in seconds)"};
 
-static cdp_status read_network(const struct jl *c, const json_t *o, struct cdp_topo_network *net)
+static cdp_status read_network(const struct jl *c, const json_t *o, struct cdp_topology_network *net)
 {
     cdp_status st;
     const json_t *v;
@@ -253,20 +253,20 @@ static cdp_status read_node(const struct jl *c, const json_t *o, struct cdp_topo
         if (cnt && (st = get_int(c, cnt, p, 1, 1024, &k))) goto fail;
         nsw += (int)k;
     }
-    if ((st = cdp_topo_alloc(t, 1, cpu ? 0 : (int)ng, numa ? (int)json_array_size(numa) : 0, cpu ? 0 : nsw,
+    if ((st = cdp_topology_alloc(t, 1, cpu ? 0 : (int)ng, numa ? (int)json_array_size(numa) : 0, cpu ? 0 : nsw,
                              nics ? (int)json_array_size(nics) : 0)))
         goto fail;
-    struct cdp_topo_node *nd = &t->nodes[0];
-    if ((st = cdp_topo_node_alloc(nd, cpu ? 0 : (int)ng))) goto fail;
+    struct cdp_topology_node *nd = &t->nodes[0];
+    if ((st = cdp_topology_node_alloc(nd, cpu ? 0 : (int)ng))) goto fail;
     if ((v = json_object_get(o, "name")) && (st = cdp_json_string(&c->in, v, "/name", t->name, sizeof t->name)))
         goto fail;
     if (!t->name[0]) {
         const char *base = strrchr(c->in.file, '/');
-        cdp_topo_copy_str(t->name, sizeof t->name, base ? base + 1 : c->in.file);
+        cdp_topology_copy_str(t->name, sizeof t->name, base ? base + 1 : c->in.file);
         char *dot = strrchr(t->name, '.');
         if (dot && !strcmp(dot, ".json")) *dot = '\0';
     }
-    cdp_topo_copy_str(nd->name, sizeof nd->name, t->name);
+    cdp_topology_copy_str(nd->name, sizeof nd->name, t->name);
     if ((st = read_source(c, o, t))) goto fail;
     if ((v = json_object_get(o, "nvlink_bandwidth")) && (st = get_rate(c, v, "/nvlink_bandwidth", &nd->nvlink_bw)))
         goto fail;
@@ -275,7 +275,7 @@ static cdp_status read_node(const struct jl *c, const json_t *o, struct cdp_topo
     if ((v = json_object_get(o, "network")) && (st = read_network(c, v, &t->network))) goto fail;
     for (size_t i = 0; numa && i < json_array_size(numa); i++) {
         const json_t *x = json_array_get(numa, i);
-        struct cdp_topo_numa *nm = &t->numa[i];
+        struct cdp_topology_numa *nm = &t->numa[i];
         snprintf(p, sizeof p, "/numa/%zu", i);
         if (!json_is_object(x)) {
             st = cdp_json_expected(&c->in, p, "an object {\"os_index\", \"cpus\", \"memory\"}", x);
@@ -310,7 +310,7 @@ static cdp_status read_node(const struct jl *c, const json_t *o, struct cdp_topo
         devices = ng;
         uint64_t mem = 0;
         if ((v = json_object_get(o, "device_memory")) && (st = get_size(c, v, "/device_memory", &mem))) goto fail;
-        if ((st = cdp_topo_make_cpu(t, (int)devices, nd->copy_bw))) goto fail;
+        if ((st = cdp_topology_make_cpu(t, (int)devices, nd->copy_bw))) goto fail;
         if (v)
             for (int g = 0; g < t->n_gpus; g++) t->gpus[g].memory_bytes = mem;
         if (links || sws) {
@@ -319,10 +319,10 @@ static cdp_status read_node(const struct jl *c, const json_t *o, struct cdp_topo
         }
     } else {
         if (defaults && (st = read_gpu(c, defaults, "/gpu", &t->gpus[0], &L))) goto fail;
-        struct cdp_topo_gpu base = t->gpus[0];
-        if (!defaults) base = (struct cdp_topo_gpu){.numa = -1};
+        struct cdp_topology_gpu base = t->gpus[0];
+        if (!defaults) base = (struct cdp_topology_gpu){.numa = -1};
         for (long i = 0; i < ng; i++) {
-            struct cdp_topo_gpu *g = &t->gpus[i];
+            struct cdp_topology_gpu *g = &t->gpus[i];
             *g = base;
             g->index = g->local = (int)i;
             g->node = 0;
@@ -387,8 +387,8 @@ static cdp_status read_node(const struct jl *c, const json_t *o, struct cdp_topo
                 goto fail;
             }
             for (long r = 0; r < count; r++, s++) {
-                struct cdp_topo_nvswitch *sw = &t->nvswitches[s];
-                if ((st = cdp_topo_switch_alloc(sw, (int)ng))) goto fail;
+                struct cdp_topology_nvswitch *sw = &t->nvswitches[s];
+                if ((st = cdp_topology_switch_alloc(sw, (int)ng))) goto fail;
                 for (long g = 0; g < ng; g++) {
                     snprintf(p, sizeof p, "/nvswitches/%zu/gpu_links/%ld", i, g);
                     if ((st = get_int(c, json_array_get(gl, (size_t)g), p, 0, 64, &n))) goto fail;
@@ -398,9 +398,9 @@ static cdp_status read_node(const struct jl *c, const json_t *o, struct cdp_topo
                     snprintf(p, sizeof p, "/nvswitches/%zu/name", i);
                     if ((st = cdp_json_string(&c->in, v, p, sw->name, sizeof sw->name))) goto fail;
                     if (count > 1) {
-                        char nm[CDP_TOPO_NAME_MAX + 32];
+                        char nm[CDP_TOPOLOGY_NAME_MAX + 32];
                         snprintf(nm, sizeof nm, "%s%ld", sw->name, r);
-                        cdp_topo_copy_str(sw->name, sizeof sw->name, nm);
+                        cdp_topology_copy_str(sw->name, sizeof sw->name, nm);
                     }
                 }
                 if ((v = json_object_get(x, "pci_bus_id"))) {
@@ -416,7 +416,7 @@ static cdp_status read_node(const struct jl *c, const json_t *o, struct cdp_topo
     }
     for (size_t i = 0; nics && i < json_array_size(nics); i++) {
         const json_t *x = json_array_get(nics, i);
-        struct cdp_topo_nic *nc = &t->nics[i];
+        struct cdp_topology_nic *nc = &t->nics[i];
         snprintf(p, sizeof p, "/nics/%zu", i);
         if (!json_is_object(x)) {
             st = cdp_json_expected(&c->in, p, "an object {\"name\", \"numa\", \"rate\"}", x);
@@ -442,7 +442,7 @@ static cdp_status read_node(const struct jl *c, const json_t *o, struct cdp_topo
     free(L.v);
     L.v = NULL;
     L.n = 0;
-    if ((st = cdp_topo_finalize_named(t, c->in.file, &json_names))) goto fail;
+    if ((st = cdp_topology_finalize_named(t, c->in.file, &json_names))) goto fail;
     *out = t;
     return CDP_OK;
 fail:
@@ -475,7 +475,7 @@ static cdp_status read_cluster(const struct jl *c, const json_t *o, struct cdp_t
         cdp_topology_free(node);
         return cdp_json_fail(&c->in, "/node", "must describe one machine");
     }
-    struct cdp_topo_network net = node->network;
+    struct cdp_topology_network net = node->network;
     const json_t *v;
     if ((v = json_object_get(o, "network")) && (st = read_network(c, v, &net))) goto done;
     if ((st = cdp_topology_cluster(node, (int)nodes, &net, &t))) goto done;
@@ -490,7 +490,7 @@ done:
     return st;
 }
 
-cdp_status cdp_topo_load_native_json(const char *text, size_t len, const char *name, struct cdp_topology **out)
+cdp_status cdp_topology_load_native_json(const char *text, size_t len, const char *name, struct cdp_topology **out)
 {
     json_error_t err;
     json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &err);
@@ -545,14 +545,14 @@ static void push(struct jw *w, json_t *a, json_t *v)
 
 static json_t *node_json(struct jw *w, const struct cdp_topology *t, int k)
 {
-    const struct cdp_topo_node *nd = &t->nodes[k];
+    const struct cdp_topology_node *nd = &t->nodes[k];
     json_t *o = json_object();
     if (!o) {
         w->ok = 0;
         return NULL;
     }
     put(w, o, "name", json_string(t->n_nodes > 1 ? nd->name : t->name));
-    put(w, o, "kind", json_string(t->kind == CDP_TOPO_CPU ? "cpu" : "gpu"));
+    put(w, o, "kind", json_string(t->kind == CDP_TOPOLOGY_CPU ? "cpu" : "gpu"));
     if (t->source) put(w, o, "source", json_string(t->source));
     json_t *numa = json_array();
     for (int i = 0; i < t->n_numa; i++) {
@@ -564,7 +564,7 @@ static json_t *node_json(struct jw *w, const struct cdp_topology *t, int k)
         push(w, numa, x);
     }
     put(w, o, "numa", numa);
-    if (t->kind == CDP_TOPO_CPU) {
+    if (t->kind == CDP_TOPOLOGY_CPU) {
         put(w, o, "gpus", json_integer(nd->n_gpus));
         put(w, o, "copy_bandwidth", json_real(nd->copy_bw));
         put(w, o, "device_memory", json_integer(nd->n_gpus ? (json_int_t)t->gpus[nd->first_gpu].memory_bytes : 0));
@@ -573,7 +573,7 @@ static json_t *node_json(struct jw *w, const struct cdp_topology *t, int k)
         put(w, o, "sys_bandwidth", json_real(nd->sys_bw));
         json_t *gpus = json_array();
         for (int i = 0; i < nd->n_gpus; i++) {
-            const struct cdp_topo_gpu *g = &t->gpus[nd->first_gpu + i];
+            const struct cdp_topology_gpu *g = &t->gpus[nd->first_gpu + i];
             json_t *x = json_object(), *f = json_object(), *path = json_array();
             put(w, x, "name", json_string(g->name));
             put(w, x, "memory", json_integer((json_int_t)g->memory_bytes));
@@ -603,7 +603,7 @@ static json_t *node_json(struct jw *w, const struct cdp_topology *t, int k)
         put(w, o, "nvlinks", links);
         json_t *sws = json_array();
         for (int s = 0; s < t->n_nvswitches; s++) {
-            const struct cdp_topo_nvswitch *sw = &t->nvswitches[s];
+            const struct cdp_topology_nvswitch *sw = &t->nvswitches[s];
             if (sw->node != k) continue;
             json_t *x = json_object(), *gl = json_array();
             put(w, x, "name", json_string(sw->name));
@@ -616,7 +616,7 @@ static json_t *node_json(struct jw *w, const struct cdp_topology *t, int k)
     }
     json_t *nics = json_array();
     for (int i = 0; i < t->n_nics; i++) {
-        const struct cdp_topo_nic *c = &t->nics[i];
+        const struct cdp_topology_nic *c = &t->nics[i];
         if (c->node != k) continue;
         json_t *x = json_object();
         put(w, x, "name", json_string(c->name));
@@ -629,7 +629,7 @@ static json_t *node_json(struct jw *w, const struct cdp_topology *t, int k)
     return o;
 }
 
-static json_t *network_json(struct jw *w, const struct cdp_topo_network *n)
+static json_t *network_json(struct jw *w, const struct cdp_topology_network *n)
 {
     json_t *o = json_object();
     put(w, o, "name", json_string(n->name));
@@ -653,7 +653,7 @@ cdp_status cdp_topology_to_native_json(const struct cdp_topology *t, char **text
     struct jw w = {1};
     json_t *root;
     for (int k = 1; k < t->n_nodes; k++)
-        if (!cdp_topo_nodes_alike(t, 0, k))
+        if (!cdp_topology_nodes_alike(t, 0, k))
             return cdp_fail(CDP_ERR_INVALID, "%s: node %d (%s) differs from node 0 (%s): our JSON describes a "
                             "cluster of one kind of node; export each node and join them in a spec "
                             "(\"1 x a.json + 1 x b.json\")", t->name, k, t->nodes[k].name, t->nodes[0].name);
@@ -687,16 +687,16 @@ cdp_status cdp_topology_to_json(const struct cdp_topology *t, char **text)
     json_t *root = json_object(), *nodes = json_array(), *gpus = json_array(), *links = json_array(),
            *bw = json_array(), *lat = json_array(), *sws = json_array(), *nics = json_array();
     put(&w, root, "name", json_string(t->name));
-    put(&w, root, "kind", json_string(t->kind == CDP_TOPO_CPU ? "cpu" : "gpu"));
+    put(&w, root, "kind", json_string(t->kind == CDP_TOPOLOGY_CPU ? "cpu" : "gpu"));
     put(&w, root, "source", json_string(t->source ? t->source : ""));
     for (int k = 0; k < t->n_nodes; k++) {
-        const struct cdp_topo_node *nd = &t->nodes[k];
+        const struct cdp_topology_node *nd = &t->nodes[k];
         json_t *x = json_object(), *numa = json_array();
         put(&w, x, "name", json_string(nd->name));
         put(&w, x, "first_gpu", json_integer(nd->first_gpu));
         put(&w, x, "gpus", json_integer(nd->n_gpus));
         put(&w, x, "nvlink_gbps", json_real(nd->nvlink_bw / 1e9));
-        if (t->kind == CDP_TOPO_CPU) put(&w, x, "copy_gbps", json_real(nd->copy_bw / 1e9));
+        if (t->kind == CDP_TOPOLOGY_CPU) put(&w, x, "copy_gbps", json_real(nd->copy_bw / 1e9));
         for (int i = 0; i < t->n_numa; i++) {
             if (t->numa[i].node != k) continue;
             push(&w, numa, json_pack("{s:i, s:s, s:I}", "os_index", t->numa[i].os_index, "cpus", t->numa[i].cpuset,
@@ -706,7 +706,7 @@ cdp_status cdp_topology_to_json(const struct cdp_topology *t, char **text)
         push(&w, nodes, x);
     }
     for (int g = 0; g < t->n_gpus; g++) {
-        const struct cdp_topo_gpu *gp = &t->gpus[g];
+        const struct cdp_topology_gpu *gp = &t->gpus[g];
         json_t *x = json_object();
         put(&w, x, "index", json_integer(gp->index));
         put(&w, x, "node", json_integer(gp->node));
@@ -722,7 +722,7 @@ cdp_status cdp_topology_to_json(const struct cdp_topology *t, char **text)
         push(&w, gpus, x);
         json_t *lr = json_array(), *br = json_array(), *tr = json_array();
         for (int h = 0; h < t->n_gpus; h++) {
-            struct cdp_topo_link l;
+            struct cdp_topology_link l;
             char lab[16];
             cdp_topology_link(t, g, h, &l);
             push(&w, lr, json_string(cdp_topology_link_label(&l, lab, sizeof lab)));
@@ -734,7 +734,7 @@ cdp_status cdp_topology_to_json(const struct cdp_topology *t, char **text)
         push(&w, lat, tr);
     }
     for (int s = 0; s < t->n_nvswitches; s++) {
-        const struct cdp_topo_nvswitch *sw = &t->nvswitches[s];
+        const struct cdp_topology_nvswitch *sw = &t->nvswitches[s];
         json_t *x = json_object(), *gl = json_array();
         put(&w, x, "node", json_integer(sw->node));
         put(&w, x, "name", json_string(sw->name));
@@ -744,7 +744,7 @@ cdp_status cdp_topology_to_json(const struct cdp_topology *t, char **text)
         push(&w, sws, x);
     }
     for (int i = 0; i < t->n_nics; i++) {
-        const struct cdp_topo_nic *c = &t->nics[i];
+        const struct cdp_topology_nic *c = &t->nics[i];
         push(&w, nics, json_pack("{s:i, s:s, s:s, s:i, s:f}", "node", c->node, "name", c->name, "pci_bus_id",
                                  c->pci_bus_id, "numa", c->numa, "rate_gbps", c->rate / 1e9));
     }

@@ -23,15 +23,15 @@ cdp_status cdp_topology_load_text(const char *text, size_t len, const char *name
     if (len >= 3 && !memcmp(text, "\xef\xbb\xbf", 3)) i = 3;
     while (i < len && isspace((unsigned char)text[i])) i++;
     if (i == len) return cdp_fail(CDP_ERR_INVALID, "%s: the file is empty", name);
-    if (text[i] == '{') return cdp_topo_load_native_json(text, len, name, out);
+    if (text[i] == '{') return cdp_topology_load_native_json(text, len, name, out);
     if (text[i] != '<')
         return cdp_fail(CDP_ERR_INVALID, "%s: not a topology file: expected hwloc XML, NCCL topology XML or "
                         "cdphybrid JSON (docs/topology.md)", name);
     struct cdp_xml *root = NULL;
     cdp_status st = cdp_xml_parse(text, len, name, &root);
     if (st) return st;
-    if (!strcmp(root->name, "topology")) st = cdp_topo_load_hwloc_xml(root, name, out);
-    else if (!strcmp(root->name, "system")) st = cdp_topo_load_nccl_xml(root, name, out);
+    if (!strcmp(root->name, "topology")) st = cdp_topology_load_hwloc_xml(root, name, out);
+    else if (!strcmp(root->name, "system")) st = cdp_topology_load_nccl_xml(root, name, out);
     else
         st = cdp_fail(CDP_ERR_INVALID, "%s: line %d: root element <%s>: expected <topology> (hwloc XML) or "
                       "<system> (NCCL topology XML)", name, root->line, root->name);
@@ -75,9 +75,9 @@ cdp_status cdp_topology_load_file(const char *path, struct cdp_topology **out)
 /* Loads each term's node and joins them. */
 static cdp_status load_join(const char *spec, const char *base_dir, struct cdp_topology **out)
 {
-    struct cdp_topo_term *v = NULL;
+    struct cdp_topology_term *v = NULL;
     int n = 0;
-    cdp_status st = cdp_topo_spec_terms(spec, base_dir, &v, &n);
+    cdp_status st = cdp_topology_spec_terms(spec, base_dir, &v, &n);
     if (st) return st;
     struct cdp_topology **nodes = calloc((size_t)n, sizeof *nodes);
     int *counts = calloc((size_t)n, sizeof *counts);
@@ -104,7 +104,7 @@ done:
     for (int i = 0; nodes && i < n; i++) cdp_topology_free(nodes[i]);
     free(nodes);
     free(counts);
-    cdp_topo_spec_terms_free(v, n);
+    cdp_topology_spec_terms_free(v, n);
     return st;
 }
 
@@ -129,27 +129,27 @@ cdp_status cdp_topology_load(const char *spec, const char *base_dir, struct cdp_
 
 static cdp_status load_spec(const char *spec, const char *base_dir, struct cdp_topology **out)
 {
-    enum cdp_topo_spec_kind kind;
+    enum cdp_topology_spec_kind kind;
     char *path = NULL;
     long nodes = 0;
     const char *node_spec = NULL;
-    cdp_status st = cdp_topo_spec_classify(spec, base_dir, &kind, &path, &nodes, &node_spec);
+    cdp_status st = cdp_topology_spec_classify(spec, base_dir, &kind, &path, &nodes, &node_spec);
     if (st) return st;
     struct cdp_topology *t = NULL;
     switch (kind) {
-    case CDP_TOPO_SPEC_AUTO:
+    case CDP_TOPOLOGY_SPEC_AUTO:
         st = cdp_topology_discover(NULL, &t);
         break;
-    case CDP_TOPO_SPEC_PRESET:
-    case CDP_TOPO_SPEC_FILE:
-        CDP_INFO(TOPO, "topology \"%s\": %s %s", spec, kind == CDP_TOPO_SPEC_PRESET ? "preset" : "file", path);
+    case CDP_TOPOLOGY_SPEC_PRESET:
+    case CDP_TOPOLOGY_SPEC_FILE:
+        CDP_INFO(TOPO, "topology \"%s\": %s %s", spec, kind == CDP_TOPOLOGY_SPEC_PRESET ? "preset" : "file", path);
         st = cdp_topology_load_file(path, &t);
-        if (st && kind == CDP_TOPO_SPEC_PRESET) st = cdp_error_context(st, "preset \"%s\"", spec);
+        if (st && kind == CDP_TOPOLOGY_SPEC_PRESET) st = cdp_error_context(st, "preset \"%s\"", spec);
         break;
-    case CDP_TOPO_SPEC_JOIN:
+    case CDP_TOPOLOGY_SPEC_JOIN:
         st = load_join(spec, base_dir, &t);
         break;
-    case CDP_TOPO_SPEC_CLUSTER: {
+    case CDP_TOPOLOGY_SPEC_CLUSTER: {
         struct cdp_topology *node = NULL;
         CDP_INFO(TOPO, "topology \"%s\": %ld nodes of %s", spec, nodes, path);
         if (!(st = cdp_topology_load_file(path, &node))) {

@@ -15,16 +15,16 @@
 
 struct ngpu {
     const struct cdp_xml *pci, *gpu;
-    char busid[CDP_TOPO_BUSID_MAX];
+    char busid[CDP_TOPOLOGY_BUSID_MAX];
     unsigned device;
     int sm, dev, numa;
-    char cpuset[CDP_TOPO_CPUSET_MAX];
+    char cpuset[CDP_TOPOLOGY_CPUSET_MAX];
     double pcie_bw;
-    int depth, path[CDP_TOPO_PCIE_DEPTH];
+    int depth, path[CDP_TOPOLOGY_PCIE_DEPTH];
 };
 
 struct nnic {
-    char name[CDP_TOPO_NAME_MAX], busid[CDP_TOPO_BUSID_MAX];
+    char name[CDP_TOPOLOGY_NAME_MAX], busid[CDP_TOPOLOGY_BUSID_MAX];
     int numa;
     double rate;
 };
@@ -35,7 +35,7 @@ struct nload {
     int ng, capg;
     struct nnic *c;
     int nc, capc;
-    struct cdp_topo_numa *numa;
+    struct cdp_topology_numa *numa;
     int nn, capn;
     int next_id;
 };
@@ -79,7 +79,7 @@ static cdp_status add_nets(struct nload *L, const struct cdp_xml *nic, const cha
         struct nnic *c = &L->c[L->nc++];
         memset(c, 0, sizeof *c);
         const char *nm = cdp_xml_attr(net, "name"), *sp = cdp_xml_attr(net, "speed");
-        cdp_topo_copy_str(c->name, sizeof c->name, nm ? nm : "net");
+        cdp_topology_copy_str(c->name, sizeof c->name, nm ? nm : "net");
         if (busid) cdp_busid_normalize(busid, c->busid, sizeof c->busid);
         c->numa = numa;
         if (sp) {
@@ -110,7 +110,7 @@ static cdp_status walk_pci(struct nload *L, const struct cdp_xml *x, int numa, c
         else if (!strcmp(x->kids[i]->name, "pci")) pci_kids++;
     }
     const char *busid = cdp_xml_attr(x, "busid");
-    int here[CDP_TOPO_PCIE_DEPTH];
+    int here[CDP_TOPOLOGY_PCIE_DEPTH];
     memcpy(here, path, (size_t)depth * sizeof *here);
     /* A device directly under a CPU sits on its own host bridge. */
     if (depth == 0) here[depth++] = L->next_id++;
@@ -127,7 +127,7 @@ static cdp_status walk_pci(struct nload *L, const struct cdp_xml *x, int numa, c
         g->sm = gpu && cdp_xml_attr(gpu, "sm") ? atoi(cdp_xml_attr(gpu, "sm")) : 0;
         g->dev = gpu && cdp_xml_attr(gpu, "dev") ? atoi(cdp_xml_attr(gpu, "dev")) : -1;
         g->numa = numa;
-        cdp_topo_copy_str(g->cpuset, sizeof g->cpuset, cpuset);
+        cdp_topology_copy_str(g->cpuset, sizeof g->cpuset, cpuset);
         g->pcie_bw = pcie_rate(x);
         g->depth = depth;
         memcpy(g->path, here, sizeof g->path);
@@ -144,7 +144,7 @@ static cdp_status walk_pci(struct nload *L, const struct cdp_xml *x, int numa, c
         return CDP_OK;
     }
     if (pci_kids || (ok && cls == 0x060400)) {
-        if (depth < CDP_TOPO_PCIE_DEPTH) here[depth++] = L->next_id++;
+        if (depth < CDP_TOPOLOGY_PCIE_DEPTH) here[depth++] = L->next_id++;
         for (int i = 0; i < x->n_kids; i++)
             if (!strcmp(x->kids[i]->name, "pci") && (st = walk_pci(L, x->kids[i], numa, cpuset, depth, here)))
                 return st;
@@ -157,7 +157,7 @@ static cdp_status walk_pci(struct nload *L, const struct cdp_xml *x, int numa, c
 
 static int gpu_by_busid(const struct nload *L, const char *busid)
 {
-    char b[CDP_TOPO_BUSID_MAX];
+    char b[CDP_TOPOLOGY_BUSID_MAX];
     cdp_busid_normalize(busid, b, sizeof b);
     for (int i = 0; i < L->ng; i++)
         if (!strcasecmp(L->g[i].busid, b)) return i;
@@ -165,7 +165,7 @@ static int gpu_by_busid(const struct nload *L, const char *busid)
 }
 
 /* The attributes this reader's values come from, for finalize's messages. */
-static const struct cdp_topo_attr_names nccl_names = {"NVLink rate (of the GPU's sm)", NULL, NULL,
+static const struct cdp_topology_attr_names nccl_names = {"NVLink rate (of the GPU's sm)", NULL, NULL,
                                                       "<pci link_speed x link_width>", NULL, "<net speed>", NULL,
                                                       NULL};
 
@@ -175,12 +175,12 @@ static int dev_cmp(const void *x, const void *y)
     return (a->dev > b->dev) - (a->dev < b->dev);
 }
 
-cdp_status cdp_topo_load_nccl_xml(const struct cdp_xml *root, const char *name, struct cdp_topology **out)
+cdp_status cdp_topology_load_nccl_xml(const struct cdp_xml *root, const char *name, struct cdp_topology **out)
 {
     cdp_status st = CDP_OK;
     struct nload Lv = {.name = name}, *L = &Lv;
     struct cdp_topology *t = NULL;
-    char (*sw_bus)[CDP_TOPO_BUSID_MAX] = NULL;
+    char (*sw_bus)[CDP_TOPOLOGY_BUSID_MAX] = NULL;
     const char *ver = cdp_xml_attr(root, "version");
     if (ver && strcmp(ver, "1"))
         CDP_WARN(TOPO, "%s: NCCL topology version \"%s\" (version 1 expected); reading it anyway", name, ver);
@@ -196,7 +196,7 @@ cdp_status cdp_topo_load_nccl_xml(const struct cdp_xml *root, const char *name, 
         }
         if (L->nn == L->capn) {
             int c = L->capn ? L->capn * 2 : 8;
-            struct cdp_topo_numa *p = realloc(L->numa, (size_t)c * sizeof *p);
+            struct cdp_topology_numa *p = realloc(L->numa, (size_t)c * sizeof *p);
             if (!p) {
                 st = cdp_fail(CDP_ERR_NOMEM, "%s: out of memory", name);
                 goto fail;
@@ -204,7 +204,7 @@ cdp_status cdp_topo_load_nccl_xml(const struct cdp_xml *root, const char *name, 
             L->numa = p;
             L->capn = c;
         }
-        struct cdp_topo_numa *nm = &L->numa[L->nn++];
+        struct cdp_topology_numa *nm = &L->numa[L->nn++];
         memset(nm, 0, sizeof *nm);
         nm->os_index = numa;
         const char *aff = cdp_xml_attr(cpu, "affinity");
@@ -214,7 +214,7 @@ cdp_status cdp_topo_load_nccl_xml(const struct cdp_xml *root, const char *name, 
         }
         for (int k = 0; k < cpu->n_kids; k++) {
             const struct cdp_xml *x = cpu->kids[k];
-            if (!strcmp(x->name, "pci")) st = walk_pci(L, x, numa, nm->cpuset, 0, (int[CDP_TOPO_PCIE_DEPTH]){0});
+            if (!strcmp(x->name, "pci")) st = walk_pci(L, x, numa, nm->cpuset, 0, (int[CDP_TOPOLOGY_PCIE_DEPTH]){0});
             else if (!strcmp(x->name, "nic")) st = add_nets(L, x, NULL, numa);
             if (st) goto fail;
         }
@@ -244,26 +244,26 @@ cdp_status cdp_topo_load_nccl_xml(const struct cdp_xml *root, const char *name, 
             }
     int ng = L->ng, nsw = 0;
     t = calloc(1, sizeof *t);
-    if (!t || (st = cdp_topo_alloc(t, 1, ng, L->nn, 0, L->nc))) {
+    if (!t || (st = cdp_topology_alloc(t, 1, ng, L->nn, 0, L->nc))) {
         st = t ? st : cdp_fail(CDP_ERR_NOMEM, "%s: out of memory", name);
         goto fail;
     }
     memcpy(t->numa, L->numa, (size_t)L->nn * sizeof *L->numa);
-    struct cdp_topo_node *nd = &t->nodes[0];
-    if ((st = cdp_topo_node_alloc(nd, ng))) goto fail;
+    struct cdp_topology_node *nd = &t->nodes[0];
+    if ((st = cdp_topology_node_alloc(nd, ng))) goto fail;
     const char *base = strrchr(name, '/');
-    cdp_topo_copy_str(t->name, sizeof t->name, base ? base + 1 : name);
-    cdp_topo_copy_str(nd->name, sizeof nd->name, t->name);
+    cdp_topology_copy_str(t->name, sizeof t->name, base ? base + 1 : name);
+    cdp_topology_copy_str(nd->name, sizeof nd->name, t->name);
     for (int i = 0; i < ng; i++) {
-        struct cdp_topo_gpu *g = &t->gpus[i];
+        struct cdp_topology_gpu *g = &t->gpus[i];
         const struct ngpu *s = &L->g[i];
         g->index = g->local = i;
         const char *model = cdp_gpu_name_by_pci_id(s->device);
-        if (model) cdp_topo_copy_str(g->name, sizeof g->name, model);
+        if (model) cdp_topology_copy_str(g->name, sizeof g->name, model);
         else if (s->sm) snprintf(g->name, sizeof g->name, "NVIDIA GPU (sm_%d)", s->sm);
-        cdp_topo_copy_str(g->pci_bus_id, sizeof g->pci_bus_id, s->busid);
+        cdp_topology_copy_str(g->pci_bus_id, sizeof g->pci_bus_id, s->busid);
         g->numa = s->numa;
-        cdp_topo_copy_str(g->cpuset, sizeof g->cpuset, s->cpuset);
+        cdp_topology_copy_str(g->cpuset, sizeof g->cpuset, s->cpuset);
         g->pcie_bw = s->pcie_bw;
         g->pcie_depth = s->depth;
         memcpy(g->pcie_path, s->path, sizeof g->pcie_path);
@@ -291,7 +291,7 @@ cdp_status cdp_topo_load_nccl_xml(const struct cdp_xml *root, const char *name, 
                               "count, got count=\"%s\"", name, nv->line, cnt ? cnt : "");
                 goto fail_seen;
             }
-            char tb[CDP_TOPO_BUSID_MAX];
+            char tb[CDP_TOPOLOGY_BUSID_MAX];
             cdp_busid_normalize(target, tb, sizeof tb);
             if (!strcasecmp(tb, L->g[a].busid)) {
                 CDP_DEBUG(TOPO, "%s: line %d: GPU %s lists an NVLink to itself (a placeholder some cloud files "
@@ -305,18 +305,18 @@ cdp_status cdp_topo_load_nccl_xml(const struct cdp_xml *root, const char *name, 
                 if (s < 0) {
                     void *p = realloc(sw_bus, (size_t)(nsw + 1) * sizeof *sw_bus);
                     if (p) sw_bus = p;
-                    struct cdp_topo_nvswitch *ps = p ? realloc(t->nvswitches, (size_t)(nsw + 1) * sizeof *ps) : NULL;
+                    struct cdp_topology_nvswitch *ps = p ? realloc(t->nvswitches, (size_t)(nsw + 1) * sizeof *ps) : NULL;
                     if (ps) t->nvswitches = ps;
                     if (!p || !ps) {
                         st = cdp_fail(CDP_ERR_NOMEM, "%s: out of memory", name);
                         goto fail_seen;
                     }
                     memset(&ps[nsw], 0, sizeof *ps);
-                    cdp_topo_copy_str(sw_bus[nsw], sizeof sw_bus[nsw], tb);
-                    cdp_topo_copy_str(ps[nsw].pci_bus_id, sizeof ps[nsw].pci_bus_id, tb);
+                    cdp_topology_copy_str(sw_bus[nsw], sizeof sw_bus[nsw], tb);
+                    cdp_topology_copy_str(ps[nsw].pci_bus_id, sizeof ps[nsw].pci_bus_id, tb);
                     snprintf(ps[nsw].name, sizeof ps[nsw].name, "nvswitch%d", nsw);
                     t->n_nvswitches = ++nsw;
-                    if ((st = cdp_topo_switch_alloc(&ps[nsw - 1], ng))) goto fail_seen;
+                    if ((st = cdp_topology_switch_alloc(&ps[nsw - 1], ng))) goto fail_seen;
                     s = nsw - 1;
                 }
                 t->nvswitches[s].gpu_links[a] += count;
@@ -349,14 +349,14 @@ cdp_status cdp_topo_load_nccl_xml(const struct cdp_xml *root, const char *name, 
     }
     free(seen);
     for (int i = 0; i < L->nc; i++) {
-        struct cdp_topo_nic *c = &t->nics[i];
-        cdp_topo_copy_str(c->name, sizeof c->name, L->c[i].name);
-        cdp_topo_copy_str(c->pci_bus_id, sizeof c->pci_bus_id, L->c[i].busid);
+        struct cdp_topology_nic *c = &t->nics[i];
+        cdp_topology_copy_str(c->name, sizeof c->name, L->c[i].name);
+        cdp_topology_copy_str(c->pci_bus_id, sizeof c->pci_bus_id, L->c[i].busid);
         c->numa = L->c[i].numa;
         c->rate = L->c[i].rate;
     }
-    if ((st = cdp_topo_set_source(t, "NCCL topology XML %s", name))) goto fail;
-    if ((st = cdp_topo_finalize_named(t, name, &nccl_names))) goto fail;
+    if ((st = cdp_topology_set_source(t, "NCCL topology XML %s", name))) goto fail;
+    if ((st = cdp_topology_finalize_named(t, name, &nccl_names))) goto fail;
     CDP_INFO(TOPO, "%s: NCCL XML: %d GPUs, %d NVSwitches, %d NICs, %d NUMA nodes", name, t->n_gpus,
              t->n_nvswitches, t->n_nics, t->n_numa);
     free(L->g);

@@ -9,12 +9,12 @@
 
 static void dev_label(const struct cdp_topology *t, int g, char *buf, size_t cap)
 {
-    snprintf(buf, cap, "%s%d", t->kind == CDP_TOPO_CPU ? "CPU" : "GPU", g);
+    snprintf(buf, cap, "%s%d", t->kind == CDP_TOPOLOGY_CPU ? "CPU" : "GPU", g);
 }
 
 static int node_same(const struct cdp_topology *t, int k)
 {
-    const struct cdp_topo_node *a = &t->nodes[0], *b = &t->nodes[k];
+    const struct cdp_topology_node *a = &t->nodes[0], *b = &t->nodes[k];
     if (a->n_gpus != b->n_gpus) return 0;
     size_t n = (size_t)a->n_gpus * (size_t)a->n_gpus;
     return !memcmp(a->link_class, b->link_class, n * sizeof *a->link_class) &&
@@ -28,7 +28,7 @@ static void node_kinds(const struct cdp_topology *t, int *rep)
     for (int k = 0; k < t->n_nodes; k++) {
         rep[k] = k;
         for (int j = 0; j < k; j++)
-            if (rep[j] == j && cdp_topo_nodes_alike(t, j, k)) {
+            if (rep[j] == j && cdp_topology_nodes_alike(t, j, k)) {
                 rep[k] = j;
                 break;
             }
@@ -45,11 +45,11 @@ static int node_count(const struct cdp_topology *t, const int *rep, int k)
 
 static void print_node(const struct cdp_topology *t, int k, FILE *f)
 {
-    const struct cdp_topo_node *nd = &t->nodes[k];
+    const struct cdp_topology_node *nd = &t->nodes[k];
     int n = nd->n_gpus, w = 7;
     char lab[32];
     if (n == 0) {
-        fprintf(f, "no %s found\n", t->kind == CDP_TOPO_CPU ? "devices" : "GPUs");
+        fprintf(f, "no %s found\n", t->kind == CDP_TOPOLOGY_CPU ? "devices" : "GPUs");
         return;
     }
     fprintf(f, "%-*s", w, "");
@@ -64,11 +64,11 @@ static void print_node(const struct cdp_topology *t, int k, FILE *f)
     }
     fprintf(f, "%-*s%s\n", cw, "CPU Affinity", "NUMA Affinity");
     for (int i = 0; i < n; i++) {
-        const struct cdp_topo_gpu *g = &t->gpus[nd->first_gpu + i];
+        const struct cdp_topology_gpu *g = &t->gpus[nd->first_gpu + i];
         dev_label(t, g->index, lab, sizeof lab);
         fprintf(f, "%-*s", w, lab);
         for (int j = 0; j < n; j++) {
-            struct cdp_topo_link l;
+            struct cdp_topology_link l;
             cdp_topology_link(t, nd->first_gpu + i, nd->first_gpu + j, &l);
             fprintf(f, "%-*s", w, cdp_topology_link_label(&l, lab, sizeof lab));
         }
@@ -99,15 +99,15 @@ static void print_node(const struct cdp_topology *t, int k, FILE *f)
 static void print_node_parts(const struct cdp_topology *t, const int *rep, int k, FILE *f)
 {
     char b1[32];
-    const struct cdp_topo_node *nd = &t->nodes[k];
-    fprintf(f, "\n%s:\n", t->kind == CDP_TOPO_CPU ? "devices" : "GPUs");
+    const struct cdp_topology_node *nd = &t->nodes[k];
+    fprintf(f, "\n%s:\n", t->kind == CDP_TOPOLOGY_CPU ? "devices" : "GPUs");
     for (int g = nd->first_gpu; g < nd->first_gpu + nd->n_gpus; g++) {
-        const struct cdp_topo_gpu *gp = &t->gpus[g];
+        const struct cdp_topology_gpu *gp = &t->gpus[g];
         char lab[16];
         dev_label(t, g, lab, sizeof lab);
         fprintf(f, "  %-6s %-28s %10s", lab, gp->name,
                 gp->memory_bytes ? cdp_format_bytes(gp->memory_bytes, b1, sizeof b1) : "memory ?");
-        if (t->kind == CDP_TOPO_GPU) {
+        if (t->kind == CDP_TOPOLOGY_GPU) {
             fprintf(f, "  %s  PCIe %.1f GB/s", gp->pci_bus_id, gp->pcie_bw / 1e9);
             if (gp->peak_fp32 > 0) fprintf(f, "  FP32 %.1f", gp->peak_fp32 / 1e12);
             if (gp->peak_tf32 > 0) fprintf(f, "  TF32 %.1f", gp->peak_tf32 / 1e12);
@@ -142,7 +142,7 @@ static void print_node_parts(const struct cdp_topology *t, const int *rep, int k
     if (nn) {
         fprintf(f, "\nNICs:\n");
         for (int i = 0; i < t->n_nics; i++) {
-            const struct cdp_topo_nic *c = &t->nics[i];
+            const struct cdp_topology_nic *c = &t->nics[i];
             if (c->node != k) continue;
             fprintf(f, "  %-12s %-14s NUMA %-3d", c->name, c->pci_bus_id, c->numa);
             if (c->rate > 0) fprintf(f, " %.0f Gb/s", c->rate * 8 / 1e9);
@@ -154,7 +154,7 @@ static void print_node_parts(const struct cdp_topology *t, const int *rep, int k
 cdp_status cdp_topology_print(const struct cdp_topology *t, FILE *f)
 {
     fprintf(f, "topology %s: %d node%s, %d %s%s\n", t->name, t->n_nodes, t->n_nodes == 1 ? "" : "s", t->n_gpus,
-            t->kind == CDP_TOPO_CPU ? "CPU device" : "GPU", t->n_gpus == 1 ? "" : "s");
+            t->kind == CDP_TOPOLOGY_CPU ? "CPU device" : "GPU", t->n_gpus == 1 ? "" : "s");
     if (t->source) fprintf(f, "source: %s\n", t->source);
     int *rep = malloc((size_t)t->n_nodes * sizeof *rep), kinds = 0;
     if (!rep) return cdp_fail(CDP_ERR_NOMEM, "topology: out of memory");
@@ -166,7 +166,7 @@ cdp_status cdp_topology_print(const struct cdp_topology *t, FILE *f)
             if (rep[k] != k) continue;
             const int last = t->nodes[k].first_gpu + t->nodes[k].n_gpus - 1;
             fprintf(f, "\n== node %d (%s): %s%d to %d", k, t->nodes[k].name,
-                    t->kind == CDP_TOPO_CPU ? "CPU" : "GPU", t->nodes[k].first_gpu, last);
+                    t->kind == CDP_TOPOLOGY_CPU ? "CPU" : "GPU", t->nodes[k].first_gpu, last);
             if (node_count(t, rep, k) > 1) fprintf(f, "; %d nodes like it", node_count(t, rep, k));
             fprintf(f, " ==\n\n");
             print_node(t, k, f);

@@ -37,12 +37,8 @@ static int unit_is_tied(const struct exec *e, const struct chunk *c, int unit)
      * copies are summed at the step's end: by two ranks (e->tied) or on this
      * one (zbv's rank 0, e->tied_local) */
     if (!(e->tied || e->tied_local) || (c->vstage != 0 && c->vstage != e->nv - 1)) return 0;
-    struct cdp_model *m = c->model;
-    for (int i = 0; i < cdp_model_tensor_count(m); i++) {
-        const struct cdp_model_tensor *t = cdp_model_tensor(m, i);
-        if (t->unit_local == unit && !strcmp(t->name, "layers.0.wte")) return 1;
-    }
-    return 0;
+    const struct cdp_model_tensor *t = cdp_model_tied_tensor(c->model);
+    return t && t->unit_local == unit;
 }
 
 cdp_status cdp_exec_buckets_setup(struct exec *e, struct chunk *c)

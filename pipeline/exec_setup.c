@@ -8,11 +8,11 @@
 
 #include "cdp/core.h"
 #include "cdp/log.h"
-#include "kernels/ops.h"
 #include "model/optim.h"
 #include "pipeline/exec_internal.h"
 #include "pipeline/executor.h"
 #include "pipeline/launch.h"
+#include "plan/schedule_kind.h"
 
 void cdp_exec_free(struct exec *e)
 {
@@ -94,23 +94,22 @@ static cdp_status open_device(struct exec *e)
     const struct cdp_plan *p = e->plan;
     const struct cdp_layout_rank *k = e->me;
     cdp_status st;
-    if (e->lay->backend != CDP_BACKEND_CUDA) {
-        if ((st = cdp_device_open(CDP_BACKEND_CPU, 0, k->capacity, &e->dev))) return st;
-        e->hv = 1;
+    const enum cdp_backend be = e->lay->backend;
+    if (!cdp_backend_is_gpu(be)) {
+        if ((st = cdp_device_open(be, 0, k->capacity, &e->dev))) return st;
+        e->hv = cdp_backend_host_visible(be);
         return cdp_comm_for_device(e->world, e->dev, 0, e->timeout, &e->dev_world, NULL, 0);
     }
     int n = 0;
-    if ((st = cdp_device_count(CDP_BACKEND_CUDA, &n)))
-        return cdp_error_context(st, "%s: /cluster/backend is \"cuda\"", p->source);
+    if ((st = cdp_device_count(be, &n)))
+        return cdp_error_context(st, "%s: /cluster/backend is \"%s\"", p->source, cdp_backend_name(be));
     if (k->gpu >= n)
         return cdp_fail(CDP_ERR_INVALID, "%s: the layout puts rank %d on GPU %d of node %d, and this machine has %d "
                         "usable GPU%s (topology %s)", p->source, e->rank, k->gpu, k->node, n, n == 1 ? "" : "s",
                         e->lay->topology);
-    if ((st = cdp_device_open(CDP_BACKEND_CUDA, k->gpu, k->capacity, &e->dev))) return st;
-    e->hv = 0;
-    const struct cdp_ops *ops = cdp_device_ops(e->dev);
-    if (!ops) return cdp_fail(CDP_ERR_UNSUPPORTED, "%s has no kernels", cdp_device_name(e->dev));
-    if ((st = ops->set_precision(cdp_device_kernel_state(e->dev), p->train.precision))) return st;
+    if ((st = cdp_device_open(be, k->gpu, k->capacity, &e->dev))) return st;
+    e->hv = cdp_backend_host_visible(be);
+    if ((st = cdp_device_set_precision(e->dev, p->train.precision))) return st;
     CDP_INFO(EXEC, "rank %d: %s (%s), %s", e->rank, cdp_device_name(e->dev), cdp_device_description(e->dev),
              p->train.precision == CDP_PRECISION_BF16 ? "bf16 matrix products" : "fp32");
     char why[512];
@@ -124,8 +123,7 @@ static cdp_status open_device(struct exec *e)
 /* A tied embedding in two chunk models: the first and the last virtual stage. */
 static int tied_model(const struct exec *e)
 {
-    const struct cdp_plan *p = e->plan;
-    return p->model.kind == CDP_MODEL_GPT && p->model.tie_embeddings && e->nv > 1;
+    return cdp_model_ties_embeddings(&e->plan->model) && e->nv > 1;
 }
 
 /* ... held by two ranks, which sum its gradient (REDUCE_TIED_GRADS); under
@@ -137,8 +135,7 @@ static int tied_grads(const struct exec *e) { return tied_model(e) && e->last_ra
 cdp_status cdp_exec_build_schedule(struct exec *e)
 {
     struct cdp_schedule *s = NULL;
-    cdp_status st = cdp_schedule_for_plan(e->plan, e->lay->schedule, e->p, e->v, e->m, tied_grads(e),
-                                          cdp_comm_p2p_grouped(e->pipe), &s);
+    cdp_status st = cdp_schedule_for_layout(e->lay, e->m, tied_grads(e), cdp_comm_p2p_grouped(e->pipe), &s);
     /* build_ex has validated the lists (under rendezvous rules too for NCCL) */
     if (st) return cdp_error_context(st, "%s: /parallel", e->plan->source);
     cdp_schedule_free(e->sched);
@@ -210,11 +207,11 @@ cdp_status cdp_exec_setup(struct exec *e)
             return cdp_fail(CDP_ERR_INVALID, "%s: zero 2 (ZeRO-2) needs every replica to run the same micro-batches; "
                             "the layout gives replica 0 %lld and replica %d %lld", p->source,
                             (long long)e->share[0], r, (long long)e->share[r]);
-    e->unit = L->schedule == CDP_SCHEDULE_INTERLEAVED ? e->p : 1;
+    e->unit = cdp_schedule_def(L->schedule)->mb_multiple_of_stages ? e->p : 1;
     e->G = (int64_t)e->R * L->micro_batches * e->B;
     int *stage_slots = malloc((size_t)e->p * 2 * sizeof *stage_slots);
     if (!stage_slots) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
-    st = cdp_layout_slots_ex(p, L, e->r, &e->mcap, stage_slots, stage_slots + e->p);
+    st = cdp_layout_slots_ex(L, e->r, &e->mcap, stage_slots, stage_slots + e->p);
     const int slots = stage_slots[e->s], wslots = stage_slots[e->p + e->s];
     free(stage_slots);
     if (st) return cdp_error_context(st, "%s", p->source);

@@ -13,7 +13,6 @@
 
 #include "cdp/core.h"
 #include "cdp/log.h"
-#include "kernels/ops.h"
 #include "core/file.h"
 #include "comm/nccl.h"
 #include "model/optim.h"
@@ -37,7 +36,7 @@ int64_t cdp_exec_stopped(int64_t *saved)
 
 cdp_status cdp_exec_check(const struct cdp_plan *p)
 {
-    if (p->train.precision != CDP_PRECISION_FP32 && p->cluster.backend != CDP_BACKEND_CUDA)
+    if (p->train.precision != CDP_PRECISION_FP32 && !cdp_backend_is_gpu(p->cluster.backend))
         return cdp_fail(CDP_ERR_UNSUPPORTED, "%s: /train/precision is \"bf16\": the cpu backend trains in fp32; "
                         "use \"fp32\", or /cluster/backend \"cuda\"", p->source);
     /* every output before the first step, not after the whole run */
@@ -115,7 +114,7 @@ static cdp_status monitor_step(struct exec *e, struct monitor_acc *acc, struct c
                  "reports running: %.2f ms per micro-batch against their median %.2f ms%s", mon->straggler,
                  mon->ranks[mon->straggler].stage, mon->ranks[mon->straggler].replica,
                  mon->ranks[mon->straggler].stage, CDP_MONITOR_STRAGGLER_REPORTS, 1e3 * mon->straggler_mb_s,
-                 1e3 * mon->median_mb_s, p->parallel.rebalance_every > 0
+                 1e3 * mon->median_mb_s, e->lay->rebalance_every > 0
                  ? "; rebalancing gives its replica fewer micro-batches"
                  : "; /parallel/rebalance_every would move micro-batches away from it");
     return CDP_OK;
@@ -238,7 +237,7 @@ cdp_status cdp_exec_run(const struct cdp_plan *p, const struct cdp_layout *layou
         struct cdp_exec_step s;
         if ((st = run_step(&e, step, &s))) goto fail;
         if ((st = monitor_step(&e, &acc, &s))) goto fail;
-        if (step > e.step0 + 1 || p->parallel.rebalance_every == 1) { /* the first step warms up */
+        if (step > e.step0 + 1 || e.lay->rebalance_every == 1) { /* the first step warms up */
             e.rb_busy += (double)e.t_fb / 1e9;
             e.rb_mb += e.m;
         }
@@ -277,7 +276,7 @@ cdp_status cdp_exec_run(const struct cdp_plan *p, const struct cdp_layout *layou
             if (summary) *summary = sum;
             return CDP_OK;
         }
-        if (p->parallel.rebalance_every > 0 && e.R > 1 && step % p->parallel.rebalance_every == 0 && !last &&
+        if (e.lay->rebalance_every > 0 && e.R > 1 && step % e.lay->rebalance_every == 0 && !last &&
             (st = cdp_exec_rebalance(&e, step)))
             goto fail;
     }

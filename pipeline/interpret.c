@@ -11,7 +11,6 @@
 
 #include "cdp/core.h"
 #include "kernels/cpu/ops.h" /* cdp_cpu_set_threads */
-#include "kernels/ops.h"
 #include "model/optim.h"
 #include "pipeline/exec_internal.h"
 
@@ -177,7 +176,6 @@ cdp_status cdp_exec_grad_reduce(void *ctx, float *buf, uint64_t n, uint64_t from
 static cdp_status chunk_sumsq(struct chunk *ch, double *out)
 {
     struct cdp_model *mdl = ch->model;
-    const struct cdp_kernels *kk = cdp_model_kernels(mdl);
     double sq = 0;
     for (int i = 0; i < cdp_model_tensor_count(mdl); i++) {
         struct cdp_model_tensor *t = cdp_model_tensor(mdl, i);
@@ -187,7 +185,7 @@ static cdp_status chunk_sumsq(struct chunk *ch, double *out)
         cdp_optimizer_state_range(ch->opt, mdl, i, &s1, &s2, &from, &count);
         if (!count) continue;
         double x = 0;
-        cdp_status st = kk->ops->sum_squares(kk->ks, cdp_model_reduced_grad(mdl, i, from), (size_t)count, &x);
+        cdp_status st = cdp_model_sum_squares(mdl, cdp_model_reduced_grad(mdl, i, from), (size_t)count, &x);
         if (st) return st;
         sq += x;
     }
@@ -228,8 +226,8 @@ static cdp_status local_input(struct exec *e, struct chunk *c, int mb, int slot)
     const int ps = pc->mb_slot[mb];
     if (ps < 0) return cdp_fail(CDP_ERR_INTERNAL, "chunk %d's input of micro-batch %d: chunk %d has no output of it",
                                 (int)(c - e->ch), mb, c->local_prev);
-    const struct cdp_kernels *k = cdp_model_kernels(c->model);
-    return k->ops->copy(k->ks, cdp_model_input(c->model, slot), cdp_model_output(pc->model, ps), (size_t)c->in_bytes);
+    return cdp_model_copy(c->model, cdp_model_input(c->model, slot), cdp_model_output(pc->model, ps),
+                          (size_t)c->in_bytes);
 }
 
 /* ... and the gradient of that input, din, is the output gradient of the
@@ -238,8 +236,7 @@ static cdp_status local_input(struct exec *e, struct chunk *c, int mb, int slot)
 static cdp_status local_grad(struct exec *e, struct chunk *c, const float *din)
 {
     struct chunk *pc = &e->ch[c->local_prev];
-    const struct cdp_kernels *k = cdp_model_kernels(c->model);
-    return k->ops->copy(k->ks, pc->grad_in, din, (size_t)c->in_bytes);
+    return cdp_model_copy(c->model, pc->grad_in, din, (size_t)c->in_bytes);
 }
 
 /* zbv with tied embeddings: rank 0 holds the embedding (chunk 0) and the
@@ -251,249 +248,300 @@ static cdp_status sum_tied_locally(struct exec *e)
     for (int k = 0; k < e->v; k++)
         if (e->ch[k].vstage == e->nv - 1) b = &e->ch[k];
     if (!b || b == a) return CDP_OK;
-    struct cdp_model_tensor *ta = NULL, *tb = NULL;
-    for (int i = 0; i < cdp_model_tensor_count(a->model); i++)
-        if (!strcmp(cdp_model_tensor(a->model, i)->name, "layers.0.wte")) ta = cdp_model_tensor(a->model, i);
-    for (int i = 0; i < cdp_model_tensor_count(b->model); i++)
-        if (!strcmp(cdp_model_tensor(b->model, i)->name, "layers.0.wte")) tb = cdp_model_tensor(b->model, i);
+    struct cdp_model_tensor *ta = cdp_model_tied_tensor(a->model), *tb = cdp_model_tied_tensor(b->model);
     if (!ta || !tb) return CDP_OK;
     if (ta->numel != tb->numel)
         return cdp_fail(CDP_ERR_INTERNAL, "tied embedding of %lld and %lld floats", (long long)ta->numel,
                         (long long)tb->numel);
     const uint64_t t0 = cdp_time_ns();
-    const struct cdp_kernels *k = cdp_model_kernels(a->model);
-    cdp_status st = k->ops->add(k->ks, ta->grad, tb->grad, (size_t)ta->numel);
-    if (!st) st = k->ops->copy(k->ks, tb->grad, ta->grad, (size_t)ta->numel * sizeof(float));
+    cdp_status st = cdp_model_add(a->model, ta->grad, tb->grad, (size_t)ta->numel);
+    if (!st) st = cdp_model_copy(a->model, tb->grad, ta->grad, (size_t)ta->numel * sizeof(float));
     e->t_compute += cdp_time_ns() - t0;
     return st;
 }
 
+static cdp_status op_load(struct exec *e, const struct cdp_instr *in, struct chunk *c, uint64_t t0)
+{
+    (void)c;
+    cdp_status st = load(e, in->mb);
+    e->t_compute += cdp_time_ns() - t0;
+    e->t_fb += cdp_time_ns() - t0;
+    trace_ev(e, CDP_EV_LOAD, in->mb, -1, t0, cdp_time_ns());
+    return st;
+}
+
+static cdp_status op_recv_act(struct exec *e, const struct cdp_instr *in, struct chunk *c, uint64_t t0)
+{
+    cdp_status st = CDP_OK;
+    int slot;
+    if ((st = acquire_slot(e, c, in->mb, &slot))) return st;
+    st = recv_dev(e, cdp_model_input(c->model, slot), (size_t)c->in_bytes, in->peer,
+                  tag_of(TAG_ACT, c->vstage - 1, in->mb, e->m));
+    e->t_idle += cdp_time_ns() - t0;
+    trace_p2p(e, CDP_EV_RECV_ACT, in, (size_t)c->in_bytes, t0, cdp_time_ns());
+    return st;
+}
+
+static cdp_status op_forward(struct exec *e, const struct cdp_instr *in, struct chunk *c, uint64_t t0)
+{
+    cdp_status st = CDP_OK;
+    int slot;
+    if ((st = acquire_slot(e, c, in->mb, &slot))) return st;
+    if (c->local_prev >= 0 && (st = local_input(e, c, in->mb, slot))) return st;
+    if ((st = cdp_model_forward(c->model, slot))) return st;
+    if (c->vstage == e->nv - 1) {
+        double s = 0;
+        st = cdp_model_loss(c->model, slot, (char *)e->tgt + in->mb * e->tgt_bytes, e->scale, &s);
+        e->loss_sum += s;
+    }
+    if (!st) st = settle(e);
+    cdp_fault_slow_down(&e->fault, e->rank, t0);
+    e->t_compute += cdp_time_ns() - t0;
+    e->t_fb += cdp_time_ns() - t0;
+    trace_ev(e, CDP_EV_FORWARD, in->mb, in->chunk, t0, cdp_time_ns());
+    return st;
+}
+
+static cdp_status op_send_act(struct exec *e, const struct cdp_instr *in, struct chunk *c, uint64_t t0)
+{
+    const int slot = c->mb_slot[in->mb];
+    cdp_status st = send_dev(e, cdp_model_output(c->model, slot), (size_t)c->out_bytes, in->peer,
+                  tag_of(TAG_ACT, c->vstage, in->mb, e->m), &c->slot_send[slot]);
+    e->t_comm += cdp_time_ns() - t0;
+    trace_p2p(e, CDP_EV_SEND_ACT, in, (size_t)c->out_bytes, t0, cdp_time_ns());
+    return st;
+}
+
+static cdp_status op_recv_grad(struct exec *e, const struct cdp_instr *in, struct chunk *c, uint64_t t0)
+{
+    cdp_status st = CDP_OK;
+    uint64_t from = t0;
+    if (c->grad_in_req && c->grad_in_mb != in->mb) {
+        return cdp_fail(CDP_ERR_INTERNAL, "the gradient of micro-batch %d was posted early, not %d's", c->grad_in_mb,
+                        in->mb);
+    }
+    if (c->grad_in_req) { /* posted early */
+        from = c->grad_in_posted;
+        st = cdp_comm_wait(c->grad_in_req, e->timeout);
+        c->grad_in_req = NULL;
+    } else {
+        st = recv_dev(e, c->grad_in, (size_t)c->out_bytes, in->peer, tag_of(TAG_GRAD, c->vstage + 1, in->mb, e->m));
+    }
+    e->t_idle += cdp_time_ns() - t0;
+    trace_p2p(e, CDP_EV_RECV_GRAD, in, (size_t)c->out_bytes, from, cdp_time_ns());
+    return st;
+}
+
+static cdp_status op_backward(struct exec *e, const struct cdp_instr *in, struct chunk *c, uint64_t t0)
+{
+    (void)t0;
+    cdp_status st = CDP_OK;
+    int slot;
+    float *din = NULL;
+    int wslot = -1;
+    const int split = in->op == CDP_OP_BACKWARD_INPUT;
+    slot = c->mb_slot[in->mb];
+    if (slot < 0) {
+        return cdp_fail(CDP_ERR_INTERNAL, "backward of micro-batch %d that was never forwarded", in->mb);
+    }
+    if (split && (st = acquire_wslot(c, in->mb, &wslot))) return st;
+    if (c->vstage > 0 && !c->in_tokens) {
+        int g = c->next_grad_out;
+        c->next_grad_out = (g + 1) % c->n_grad_out;
+        if ((st = wait_req(e, &c->grad_out_req[g]))) return st;
+        din = c->grad_out[g];
+        if ((st = cdp_model_zero(c->model, din, (size_t)c->in_bytes))) return st;
+        c->mb_grad_out[in->mb] = g;
+    }
+    uint64_t tb = cdp_time_ns(), r0 = e->t_reduce;
+    if (!split) cdp_exec_buckets_before_backward(e, c); /* the last one starts the gradient buckets */
+    const float *dout = c->vstage == e->nv - 1 ? NULL : c->grad_in;
+    st = split ? cdp_model_backward_input(c->model, slot, wslot, dout, din)
+               : cdp_model_backward(c->model, slot, dout, din);
+    /* zbv's turn: the previous virtual stage is a chunk of this rank */
+    if (!st && din && c->local_prev >= 0) st = local_grad(e, c, din);
+    if (!st) st = settle(e);
+    cdp_fault_slow_down(&e->fault, e->rank, tb);
+    if (!split) { /* a split backward's activations stay until its W */
+        c->slot_mb[slot] = -1;
+        c->mb_slot[in->mb] = -1;
+    }
+    uint64_t t1 = cdp_time_ns(), reduced = e->t_reduce - r0; /* ZeRO-2's reductions inside */
+    e->t_compute += t1 - tb - reduced;
+    e->t_comm += reduced;
+    e->t_fb += t1 - tb;
+    e->fb_end = t1;
+    trace_ev(e, split ? CDP_EV_BACKWARD_INPUT : CDP_EV_BACKWARD, in->mb, in->chunk, tb, t1);
+    if (!st) st = post_next_grad(e, c, in);
+    return st;
+}
+
+static cdp_status op_backward_weight(struct exec *e, const struct cdp_instr *in, struct chunk *c, uint64_t t0)
+{
+    (void)t0;
+    cdp_status st = CDP_OK;
+    int slot;
+    slot = c->mb_slot[in->mb];
+    const int wslot = c->mb_wslot[in->mb];
+    if (slot < 0 || wslot < 0) {
+        return cdp_fail(CDP_ERR_INTERNAL, "weight gradient of micro-batch %d without its input gradient", in->mb);
+    }
+    uint64_t tb = cdp_time_ns(), r0 = e->t_reduce;
+    cdp_exec_buckets_before_backward(e, c); /* the last W starts the gradient buckets */
+    st = cdp_model_backward_weight(c->model, slot, wslot);
+    if (!st) st = settle(e);
+    cdp_fault_slow_down(&e->fault, e->rank, tb);
+    c->slot_mb[slot] = -1;
+    c->mb_slot[in->mb] = -1;
+    c->wslot_mb[wslot] = -1;
+    c->mb_wslot[in->mb] = -1;
+    uint64_t t1 = cdp_time_ns(), reduced = e->t_reduce - r0;
+    e->t_compute += t1 - tb - reduced;
+    e->t_comm += reduced;
+    e->t_fb += t1 - tb;
+    e->fb_end = t1;
+    trace_ev(e, CDP_EV_BACKWARD_WEIGHT, in->mb, in->chunk, tb, t1);
+    return st;
+}
+
+static cdp_status op_send_grad(struct exec *e, const struct cdp_instr *in, struct chunk *c, uint64_t t0)
+{
+    cdp_status st = CDP_OK;
+    int g = c->mb_grad_out[in->mb];
+    st = send_dev(e, c->grad_out[g], (size_t)c->in_bytes, in->peer, tag_of(TAG_GRAD, c->vstage, in->mb, e->m),
+                  &c->grad_out_req[g]);
+    e->t_comm += cdp_time_ns() - t0;
+    trace_p2p(e, CDP_EV_SEND_GRAD, in, (size_t)c->in_bytes, t0, cdp_time_ns());
+    return st;
+}
+
+static cdp_status op_reduce_tied_grads(struct exec *e, const struct cdp_instr *in, struct chunk *c, uint64_t t0)
+{
+    (void)in;
+    (void)c;
+    cdp_status st = CDP_OK;
+    if (!e->tied) return st;
+    struct chunk *tc = e->s == 0 ? &e->ch[0] : &e->ch[e->v - 1];
+    struct cdp_model_tensor *t = cdp_model_tied_tensor(tc->model);
+    if (t) {
+        const uint64_t ta = cdp_time_ns();
+        st = cdp_comm_allreduce_f32(e->tied, t->grad, (size_t)t->numel, CDP_REDUCE_SUM, e->timeout);
+        trace_coll(e, CDP_EV_TIED_REDUCE, ev_chunk(e, (int)(tc - e->ch)), CDP_EV_GROUP_TIED, (size_t)t->numel, ta,
+                   cdp_time_ns());
+    }
+    e->t_comm += cdp_time_ns() - t0;
+    return st;
+}
+
+static cdp_status op_allreduce_grads(struct exec *e, const struct cdp_instr *in, struct chunk *c, uint64_t t0)
+{
+    (void)in;
+    (void)c;
+    cdp_status st = CDP_OK;
+    /* zbv: the embedding and the head tied to it are chunks of this rank,
+     * summed here, where two ranks would run REDUCE_TIED_GRADS */
+    if (e->tied_local) st = sum_tied_locally(e);
+    if (!st && cdp_exec_buckets_on(e)) { /* what the backward has not started, then every bucket done */
+        st = cdp_exec_buckets_finish(e);
+        e->t_comm += cdp_time_ns() - t0;
+        return st;
+    }
+    for (int k = 0; k < e->v && !st && e->R > 1; k++) {
+        struct cdp_model *mdl = e->ch[k].model;
+        if (cdp_model_tensor_count(mdl) == 0) continue;
+        if (e->zero >= 2) { /* ZeRO-2: the rest was reduced after each backward */
+            st = cdp_model_reduce_tied_grads(mdl);
+            continue;
+        }
+        float *g = cdp_model_tensor(mdl, 0)->grad;
+        const size_t n = (size_t)cdp_model_param_floats(mdl);
+        const uint64_t ta = cdp_time_ns();
+        st = e->zero ? reduce_window(e, g, n, 0, n) : cdp_comm_allreduce_f32(e->dp, g, n, CDP_REDUCE_SUM, e->timeout);
+        trace_coll(e, e->zero ? CDP_EV_REDUCE_SCATTER : CDP_EV_ALLREDUCE, k, CDP_EV_GROUP_REPLICAS, n, ta,
+                   cdp_time_ns());
+    }
+    e->t_comm += cdp_time_ns() - t0;
+    return st;
+}
+
+static cdp_status op_optimizer_step(struct exec *e, const struct cdp_instr *in, struct chunk *c, uint64_t t0)
+{
+    (void)in;
+    (void)c;
+    cdp_status st = CDP_OK;
+    /* The global gradient norm: every stored tensor once; the last stage's
+     * copy of a tied embedding is the first stage's tensor. */
+    double sq = 0;
+    for (int k = 0; k < e->v && !st; k++) {
+        double x = 0;
+        st = chunk_sumsq(&e->ch[k], &x);
+        sq += x;
+    }
+    if (st) return st;
+    uint64_t tc = cdp_time_ns();
+    e->t_compute += tc - t0;
+    /* ZeRO-1: each replica holds its shard's part of the sum */
+    if (e->zero) st = cdp_comm_allreduce_f64(cdp_comm_host(e->dp), &sq, 1, CDP_REDUCE_SUM, e->timeout);
+    if (!st && e->p > 1) st = cdp_comm_allreduce_f64(cdp_comm_host(e->pipe), &sq, 1, CDP_REDUCE_SUM, e->timeout);
+    e->t_comm += cdp_time_ns() - tc;
+    if (st) return st;
+    double norm = sqrt(sq), clip_at = e->plan->train.grad_clip;
+    e->grad_norm = norm;
+    float clip = cdp_grad_clip_scale(norm, clip_at); /* torch's min(1, clip / (norm + 1e-6)) */
+    if (!isfinite(norm)) {
+        st = cdp_fail(CDP_ERR_INVALID, "the gradient norm is %g; lower /train/optimizer/lr or set "
+                      "/train/grad_clip", norm);
+        return st;
+    }
+    uint64_t to = cdp_time_ns();
+    for (int k = 0; k < e->v; k++)
+        cdp_optimizer_step(e->ch[k].opt, e->ch[k].model, (float)e->lr, clip);
+    for (int k = 0; k < e->v && !st; k++) st = cdp_model_error(e->ch[k].model);
+    /* a step ends when its update has: step times are whole */
+    if (!st && !e->hv) st = cdp_device_synchronize(e->dev);
+    e->t_compute += cdp_time_ns() - to;
+    trace_ev(e, CDP_EV_OPTIMIZER, -1, -1, to, cdp_time_ns());
+    /* ZeRO-1: every replica's updated shard to all */
+    const uint64_t tg = cdp_time_ns();
+    for (int k = 0; k < e->v && !st && e->zero; k++) {
+        struct cdp_model *mdl = e->ch[k].model;
+        if (!cdp_model_tensor_count(mdl)) continue;
+        const uint64_t ta = cdp_time_ns();
+        st = cdp_comm_allgather_f32(e->dp, cdp_model_tensor(mdl, 0)->data, (size_t)cdp_model_param_floats(mdl),
+                                    e->timeout);
+        trace_coll(e, CDP_EV_ALLGATHER, k, CDP_EV_GROUP_REPLICAS, (size_t)cdp_model_param_floats(mdl), ta,
+                   cdp_time_ns());
+    }
+    if (e->zero) e->t_comm += cdp_time_ns() - tg;
+    return st;
+}
+
+/* One function per instruction, by enum value: the table check fails to compile when an
+ * instruction is added without its entry. */
+typedef cdp_status (*op_fn)(struct exec *e, const struct cdp_instr *in, struct chunk *c, uint64_t t0);
+static const op_fn op_table[] = {
+    [CDP_OP_LOAD] = op_load,
+    [CDP_OP_FORWARD] = op_forward,
+    [CDP_OP_SEND_ACT] = op_send_act,
+    [CDP_OP_RECV_ACT] = op_recv_act,
+    [CDP_OP_BACKWARD] = op_backward,
+    [CDP_OP_SEND_GRAD] = op_send_grad,
+    [CDP_OP_RECV_GRAD] = op_recv_grad,
+    [CDP_OP_BACKWARD_INPUT] = op_backward,
+    [CDP_OP_BACKWARD_WEIGHT] = op_backward_weight,
+    [CDP_OP_REDUCE_TIED_GRADS] = op_reduce_tied_grads,
+    [CDP_OP_ALLREDUCE_GRADS] = op_allreduce_grads,
+    [CDP_OP_OPTIMIZER_STEP] = op_optimizer_step,
+};
+CDP_TABLE_CHECK(op_table, CDP_OP_COUNT);
+
 static cdp_status execute(struct exec *e, const struct cdp_instr *in)
 {
     struct chunk *c = in->chunk >= 0 ? &e->ch[in->chunk] : NULL;
-    cdp_status st = CDP_OK;
-    int slot;
-    uint64_t t0 = cdp_time_ns();
+    const uint64_t t0 = cdp_time_ns();
     set_where(e, in);
-    switch (in->op) {
-    case CDP_OP_LOAD:
-        st = load(e, in->mb);
-        e->t_compute += cdp_time_ns() - t0;
-        e->t_fb += cdp_time_ns() - t0;
-        trace_ev(e, CDP_EV_LOAD, in->mb, -1, t0, cdp_time_ns());
-        break;
-    case CDP_OP_RECV_ACT:
-        if ((st = acquire_slot(e, c, in->mb, &slot))) break;
-        st = recv_dev(e, cdp_model_input(c->model, slot), (size_t)c->in_bytes, in->peer,
-                      tag_of(TAG_ACT, c->vstage - 1, in->mb, e->m));
-        e->t_idle += cdp_time_ns() - t0;
-        trace_p2p(e, CDP_EV_RECV_ACT, in, (size_t)c->in_bytes, t0, cdp_time_ns());
-        break;
-    case CDP_OP_FORWARD:
-        if ((st = acquire_slot(e, c, in->mb, &slot))) break;
-        if (c->local_prev >= 0 && (st = local_input(e, c, in->mb, slot))) break;
-        if ((st = cdp_model_forward(c->model, slot))) break;
-        if (c->vstage == e->nv - 1) {
-            double s = 0;
-            st = cdp_model_loss(c->model, slot, (char *)e->tgt + in->mb * e->tgt_bytes, e->scale, &s);
-            e->loss_sum += s;
-        }
-        if (!st) st = settle(e);
-        cdp_fault_slow_down(&e->fault, e->rank, t0);
-        e->t_compute += cdp_time_ns() - t0;
-        e->t_fb += cdp_time_ns() - t0;
-        trace_ev(e, CDP_EV_FORWARD, in->mb, in->chunk, t0, cdp_time_ns());
-        break;
-    case CDP_OP_SEND_ACT:
-        slot = c->mb_slot[in->mb];
-        st = send_dev(e, cdp_model_output(c->model, slot), (size_t)c->out_bytes, in->peer,
-                      tag_of(TAG_ACT, c->vstage, in->mb, e->m), &c->slot_send[slot]);
-        e->t_comm += cdp_time_ns() - t0;
-        trace_p2p(e, CDP_EV_SEND_ACT, in, (size_t)c->out_bytes, t0, cdp_time_ns());
-        break;
-    case CDP_OP_RECV_GRAD: {
-        uint64_t from = t0;
-        if (c->grad_in_req && c->grad_in_mb != in->mb) {
-            st = cdp_fail(CDP_ERR_INTERNAL, "the gradient of micro-batch %d was posted early, not %d's", c->grad_in_mb,
-                          in->mb);
-            break;
-        }
-        if (c->grad_in_req) { /* posted early */
-            from = c->grad_in_posted;
-            st = cdp_comm_wait(c->grad_in_req, e->timeout);
-            c->grad_in_req = NULL;
-        } else {
-            st = recv_dev(e, c->grad_in, (size_t)c->out_bytes, in->peer, tag_of(TAG_GRAD, c->vstage + 1, in->mb, e->m));
-        }
-        e->t_idle += cdp_time_ns() - t0;
-        trace_p2p(e, CDP_EV_RECV_GRAD, in, (size_t)c->out_bytes, from, cdp_time_ns());
-        break;
-    }
-    case CDP_OP_BACKWARD:
-    case CDP_OP_BACKWARD_INPUT: {
-        float *din = NULL;
-        int wslot = -1;
-        const int split = in->op == CDP_OP_BACKWARD_INPUT;
-        slot = c->mb_slot[in->mb];
-        if (slot < 0) {
-            st = cdp_fail(CDP_ERR_INTERNAL, "backward of micro-batch %d that was never forwarded", in->mb);
-            break;
-        }
-        if (split && (st = acquire_wslot(c, in->mb, &wslot))) break;
-        if (c->vstage > 0 && !c->in_tokens) {
-            int g = c->next_grad_out;
-            c->next_grad_out = (g + 1) % c->n_grad_out;
-            if ((st = wait_req(e, &c->grad_out_req[g]))) break;
-            din = c->grad_out[g];
-            const struct cdp_kernels *k = cdp_model_kernels(c->model);
-            if ((st = k->ops->zero(k->ks, din, (size_t)c->in_bytes))) break;
-            c->mb_grad_out[in->mb] = g;
-        }
-        uint64_t tb = cdp_time_ns(), r0 = e->t_reduce;
-        if (!split) cdp_exec_buckets_before_backward(e, c); /* the last one starts the gradient buckets */
-        const float *dout = c->vstage == e->nv - 1 ? NULL : c->grad_in;
-        st = split ? cdp_model_backward_input(c->model, slot, wslot, dout, din)
-                   : cdp_model_backward(c->model, slot, dout, din);
-        /* zbv's turn: the previous virtual stage is a chunk of this rank */
-        if (!st && din && c->local_prev >= 0) st = local_grad(e, c, din);
-        if (!st) st = settle(e);
-        cdp_fault_slow_down(&e->fault, e->rank, tb);
-        if (!split) { /* a split backward's activations stay until its W */
-            c->slot_mb[slot] = -1;
-            c->mb_slot[in->mb] = -1;
-        }
-        uint64_t t1 = cdp_time_ns(), reduced = e->t_reduce - r0; /* ZeRO-2's reductions inside */
-        e->t_compute += t1 - tb - reduced;
-        e->t_comm += reduced;
-        e->t_fb += t1 - tb;
-        e->fb_end = t1;
-        trace_ev(e, split ? CDP_EV_BACKWARD_INPUT : CDP_EV_BACKWARD, in->mb, in->chunk, tb, t1);
-        if (!st) st = post_next_grad(e, c, in);
-        break;
-    }
-    case CDP_OP_BACKWARD_WEIGHT: {
-        slot = c->mb_slot[in->mb];
-        const int wslot = c->mb_wslot[in->mb];
-        if (slot < 0 || wslot < 0) {
-            st = cdp_fail(CDP_ERR_INTERNAL, "weight gradient of micro-batch %d without its input gradient", in->mb);
-            break;
-        }
-        uint64_t tb = cdp_time_ns(), r0 = e->t_reduce;
-        cdp_exec_buckets_before_backward(e, c); /* the last W starts the gradient buckets */
-        st = cdp_model_backward_weight(c->model, slot, wslot);
-        if (!st) st = settle(e);
-        cdp_fault_slow_down(&e->fault, e->rank, tb);
-        c->slot_mb[slot] = -1;
-        c->mb_slot[in->mb] = -1;
-        c->wslot_mb[wslot] = -1;
-        c->mb_wslot[in->mb] = -1;
-        uint64_t t1 = cdp_time_ns(), reduced = e->t_reduce - r0;
-        e->t_compute += t1 - tb - reduced;
-        e->t_comm += reduced;
-        e->t_fb += t1 - tb;
-        e->fb_end = t1;
-        trace_ev(e, CDP_EV_BACKWARD_WEIGHT, in->mb, in->chunk, tb, t1);
-        break;
-    }
-    case CDP_OP_SEND_GRAD: {
-        int g = c->mb_grad_out[in->mb];
-        st = send_dev(e, c->grad_out[g], (size_t)c->in_bytes, in->peer, tag_of(TAG_GRAD, c->vstage, in->mb, e->m),
-                      &c->grad_out_req[g]);
-        e->t_comm += cdp_time_ns() - t0;
-        trace_p2p(e, CDP_EV_SEND_GRAD, in, (size_t)c->in_bytes, t0, cdp_time_ns());
-        break;
-    }
-    case CDP_OP_REDUCE_TIED_GRADS: {
-        if (!e->tied) break;
-        struct chunk *tc = e->s == 0 ? &e->ch[0] : &e->ch[e->v - 1];
-        for (int i = 0; i < cdp_model_tensor_count(tc->model) && !st; i++) {
-            struct cdp_model_tensor *t = cdp_model_tensor(tc->model, i);
-            if (strcmp(t->name, "layers.0.wte")) continue;
-            const uint64_t ta = cdp_time_ns();
-            st = cdp_comm_allreduce_f32(e->tied, t->grad, (size_t)t->numel, CDP_REDUCE_SUM, e->timeout);
-            trace_coll(e, CDP_EV_TIED_REDUCE, ev_chunk(e, (int)(tc - e->ch)), CDP_EV_GROUP_TIED, (size_t)t->numel, ta,
-                       cdp_time_ns());
-        }
-        e->t_comm += cdp_time_ns() - t0;
-        break;
-    }
-    case CDP_OP_ALLREDUCE_GRADS:
-        /* zbv: the embedding and the head tied to it are chunks of this rank,
-         * summed here, where two ranks would run REDUCE_TIED_GRADS */
-        if (e->tied_local) st = sum_tied_locally(e);
-        if (!st && cdp_exec_buckets_on(e)) { /* what the backward has not started, then every bucket done */
-            st = cdp_exec_buckets_finish(e);
-            e->t_comm += cdp_time_ns() - t0;
-            break;
-        }
-        for (int k = 0; k < e->v && !st && e->R > 1; k++) {
-            struct cdp_model *mdl = e->ch[k].model;
-            if (cdp_model_tensor_count(mdl) == 0) continue;
-            if (e->zero >= 2) { /* ZeRO-2: the rest was reduced after each backward */
-                st = cdp_model_reduce_tied_grads(mdl);
-                continue;
-            }
-            float *g = cdp_model_tensor(mdl, 0)->grad;
-            const size_t n = (size_t)cdp_model_param_floats(mdl);
-            const uint64_t ta = cdp_time_ns();
-            st = e->zero ? reduce_window(e, g, n, 0, n) : cdp_comm_allreduce_f32(e->dp, g, n, CDP_REDUCE_SUM, e->timeout);
-            trace_coll(e, e->zero ? CDP_EV_REDUCE_SCATTER : CDP_EV_ALLREDUCE, k, CDP_EV_GROUP_REPLICAS, n, ta,
-                       cdp_time_ns());
-        }
-        e->t_comm += cdp_time_ns() - t0;
-        break;
-    case CDP_OP_OPTIMIZER_STEP: {
-        /* The global gradient norm: every stored tensor once; the last stage's
-         * copy of a tied embedding is the first stage's tensor. */
-        double sq = 0;
-        for (int k = 0; k < e->v && !st; k++) {
-            double x = 0;
-            st = chunk_sumsq(&e->ch[k], &x);
-            sq += x;
-        }
-        if (st) break;
-        uint64_t tc = cdp_time_ns();
-        e->t_compute += tc - t0;
-        /* ZeRO-1: each replica holds its shard's part of the sum */
-        if (e->zero) st = cdp_comm_allreduce_f64(cdp_comm_host(e->dp), &sq, 1, CDP_REDUCE_SUM, e->timeout);
-        if (!st && e->p > 1) st = cdp_comm_allreduce_f64(cdp_comm_host(e->pipe), &sq, 1, CDP_REDUCE_SUM, e->timeout);
-        e->t_comm += cdp_time_ns() - tc;
-        if (st) break;
-        double norm = sqrt(sq), clip_at = e->plan->train.grad_clip;
-        e->grad_norm = norm;
-        float clip = cdp_grad_clip_scale(norm, clip_at); /* torch's min(1, clip / (norm + 1e-6)) */
-        if (!isfinite(norm)) {
-            st = cdp_fail(CDP_ERR_INVALID, "the gradient norm is %g; lower /train/optimizer/lr or set "
-                          "/train/grad_clip", norm);
-            break;
-        }
-        uint64_t to = cdp_time_ns();
-        for (int k = 0; k < e->v; k++)
-            cdp_optimizer_step(e->ch[k].opt, e->ch[k].model, (float)e->lr, clip);
-        for (int k = 0; k < e->v && !st; k++) st = cdp_model_error(e->ch[k].model);
-        /* a step ends when its update has: step times are whole */
-        if (!st && !e->hv) st = cdp_device_synchronize(e->dev);
-        e->t_compute += cdp_time_ns() - to;
-        trace_ev(e, CDP_EV_OPTIMIZER, -1, -1, to, cdp_time_ns());
-        /* ZeRO-1: every replica's updated shard to all */
-        const uint64_t tg = cdp_time_ns();
-        for (int k = 0; k < e->v && !st && e->zero; k++) {
-            struct cdp_model *mdl = e->ch[k].model;
-            if (!cdp_model_tensor_count(mdl)) continue;
-            const uint64_t ta = cdp_time_ns();
-            st = cdp_comm_allgather_f32(e->dp, cdp_model_tensor(mdl, 0)->data, (size_t)cdp_model_param_floats(mdl),
-                                        e->timeout);
-            trace_coll(e, CDP_EV_ALLGATHER, k, CDP_EV_GROUP_REPLICAS, (size_t)cdp_model_param_floats(mdl), ta,
-                       cdp_time_ns());
-        }
-        if (e->zero) e->t_comm += cdp_time_ns() - tg;
-        break;
-    }
-    case CDP_OP_COUNT:
-        st = cdp_fail(CDP_ERR_INTERNAL, "unknown instruction %d", (int)in->op);
-        break;
-    }
-    return st;
+    if ((unsigned)in->op >= CDP_OP_COUNT) return cdp_fail(CDP_ERR_INTERNAL, "unknown instruction %d", (int)in->op);
+    return op_table[in->op](e, in, c, t0);
 }
 
 /* A run of point-to-point instructions as one batch (the schedule was built
@@ -616,9 +664,8 @@ cdp_status cdp_exec_validate(struct exec *e, double *val)
                     st = cdp_device_write(e->dev, input, e->in_scratch, (uint64_t)ch->in_bytes);
                 int peer, pc;
                 if (!st && ch->vstage > 0 && ch->local_prev >= 0) { /* zbv's turn: the chunk before is here */
-                    const struct cdp_kernels *kk = cdp_model_kernels(ch->model);
-                    st = kk->ops->copy(kk->ks, input, cdp_model_output(e->ch[ch->local_prev].model, 0),
-                                       (size_t)ch->in_bytes);
+                    st = cdp_model_copy(ch->model, input, cdp_model_output(e->ch[ch->local_prev].model, 0),
+                                        (size_t)ch->in_bytes);
                 } else if (!st && ch->vstage > 0) {
                     cdp_schedule_vstage_place(e->lay->schedule, e->p, e->v, ch->vstage - 1, &peer, &pc);
                     st = recv_dev(e, input, (size_t)ch->in_bytes, peer,

@@ -9,6 +9,7 @@
 #include "core/hash.h"
 #include "model/optim.h"
 #include "pipeline/schedule.h"
+#include "plan/schedule_kind.h"
 
 cdp_status cdp_layout_create(int p, int v, int R, struct cdp_layout **out)
 {
@@ -38,7 +39,32 @@ void cdp_layout_free(struct cdp_layout *l)
     free(l->shares);
     free(l->ranges);
     free(l->rank);
+    free(l->schedule_file);
     free(l);
+}
+
+cdp_status cdp_layout_copy(const struct cdp_layout *l, struct cdp_layout **out)
+{
+    struct cdp_layout *c = NULL;
+    cdp_status st = cdp_layout_create(l->stages, l->chunks, l->replicas, &c);
+    if (st) return st;
+    int64_t *shares = c->shares;
+    int64_t(*ranges)[2] = c->ranges;
+    struct cdp_layout_rank *rank = c->rank;
+    *c = *l;
+    c->shares = shares;
+    c->ranges = ranges;
+    c->rank = rank;
+    c->schedule_file = NULL;
+    memcpy(c->shares, l->shares, (size_t)l->replicas * sizeof *l->shares);
+    memcpy(c->ranges, l->ranges, (size_t)l->stages * l->chunks * sizeof *l->ranges);
+    memcpy(c->rank, l->rank, (size_t)l->n_ranks * sizeof *l->rank);
+    if (l->schedule_file && !(c->schedule_file = strdup(l->schedule_file))) {
+        cdp_layout_free(c);
+        return cdp_fail(CDP_ERR_NOMEM, "layout: out of memory");
+    }
+    *out = c;
+    return CDP_OK;
 }
 
 int cdp_layout_rank_of(const struct cdp_layout *l, int s, int r)
@@ -93,27 +119,26 @@ cdp_status cdp_layout_check(const struct cdp_layout *l, int64_t n_units)
     return CDP_OK;
 }
 
-cdp_status cdp_layout_slots(const struct cdp_plan *plan, const struct cdp_layout *l, int r, int *mcap, int *slots)
+cdp_status cdp_layout_slots(const struct cdp_layout *l, int r, int *mcap, int *slots)
 {
-    return cdp_layout_slots_ex(plan, l, r, mcap, slots, NULL);
+    return cdp_layout_slots_ex(l, r, mcap, slots, NULL);
 }
 
-cdp_status cdp_layout_slots_ex(const struct cdp_plan *plan, const struct cdp_layout *l, int r, int *mcap, int *slots,
-                               int *wslots)
+cdp_status cdp_layout_slots_ex(const struct cdp_layout *l, int r, int *mcap, int *slots, int *wslots)
 {
     const int R = l->replicas, unit = l->chunks > 1 ? l->stages : 1;
     int64_t cap = l->shares[r];
-    if (plan->parallel.rebalance_every > 0 && R > 1) cap = (int64_t)R * l->micro_batches - (int64_t)(R - 1) * unit;
+    if (l->rebalance_every > 0 && R > 1) cap = (int64_t)R * l->micro_batches - (int64_t)(R - 1) * unit;
     if (cap < 1 || cap > CDP_PLAN_MAX_MICRO_BATCHES)
         return cdp_fail(CDP_ERR_INVALID, "layout: replica %d may run %lld micro-batches a step%s; at most %d "
                         "(/parallel/micro_batches, /train/global_batch)", r, (long long)cap,
-                        plan->parallel.rebalance_every > 0 ? " (with /parallel/rebalance_every)" : "",
+                        l->rebalance_every > 0 ? " (with /parallel/rebalance_every)" : "",
                         CDP_PLAN_MAX_MICRO_BATCHES);
     for (int s = 0; s < l->stages; s++) slots[s] = 1;
     for (int s = 0; wslots && s < l->stages; s++) wslots[s] = 0;
     for (int rv = 0; rv < 2; rv++) {
         struct cdp_schedule *sc = NULL;
-        cdp_status st = cdp_schedule_for_plan(plan, l->schedule, l->stages, l->chunks, (int)cap, 0, rv, &sc);
+        cdp_status st = cdp_schedule_for_layout(l, (int)cap, 0, rv, &sc);
         if (st) return st;
         for (int s = 0; s < l->stages; s++) {
             const int k = cdp_schedule_peak_in_flight(sc, s), w = cdp_schedule_peak_w_pending(sc, s);
@@ -123,8 +148,7 @@ cdp_status cdp_layout_slots_ex(const struct cdp_plan *plan, const struct cdp_lay
         cdp_schedule_free(sc);
         /* only the interleaved and the split lists have a rendezvous order of their own; a file's
          * lists are the same for both transports (the executor proves them for NCCL where it uses it) */
-        if ((l->schedule != CDP_SCHEDULE_INTERLEAVED && !cdp_schedule_splits_backward(l->schedule)) ||
-            plan->parallel.schedule_file)
+        if (!cdp_schedule_def(l->schedule)->rendezvous_order || l->schedule_file)
             break;
     }
     *mcap = (int)cap;
@@ -187,7 +211,7 @@ static cdp_status rank_memory(const struct cdp_plan *plan, struct cdp_layout *l,
 {
     struct cdp_layout_rank *k = &l->rank[rank];
     const int p = l->stages, nv = p * l->chunks, B = l->micro_batch;
-    const int hv = l->backend != CDP_BACKEND_CUDA;
+    const int hv = cdp_backend_host_visible(l->backend);
     const enum cdp_loss loss = cdp_model_loss_of(&plan->model);
     struct cdp_rank_memory sum = {0};
     uint64_t largest_grad = 0;
@@ -240,7 +264,7 @@ cdp_status cdp_layout_memory(const struct cdp_plan *plan, struct cdp_layout *l, 
         if (done[i]) continue;
         const int64_t share = l->shares[l->rank[i].replica];
         int mcap = 0;
-        if ((st = cdp_layout_slots_ex(plan, l, l->rank[i].replica, &mcap, slots, wslots))) break;
+        if ((st = cdp_layout_slots_ex(l, l->rank[i].replica, &mcap, slots, wslots))) break;
         for (int s = 0; s < p; s++) first_of[s] = -1;
         for (int j = i; j < N && !st; j++) {
             if (done[j] || l->shares[l->rank[j].replica] != share) continue;
@@ -259,8 +283,8 @@ cdp_status cdp_layout_memory(const struct cdp_plan *plan, struct cdp_layout *l, 
 
 void cdp_layout_device_name(const struct cdp_layout *l, int rank, char *buf, size_t cap)
 {
-    if (l->backend == CDP_BACKEND_CUDA) snprintf(buf, cap, "cuda:%d", l->rank[rank].gpu);
-    else snprintf(buf, cap, "cpu");
+    if (cdp_backend_is_gpu(l->backend)) snprintf(buf, cap, "%s:%d", cdp_backend_name(l->backend), l->rank[rank].gpu);
+    else snprintf(buf, cap, "%s", cdp_backend_name(l->backend));
 }
 
 json_t *cdp_layout_ranks_json(const struct cdp_layout *l)
@@ -308,9 +332,11 @@ void cdp_layout_digest(const struct cdp_layout *l, char hex[65])
 {
     struct cdp_sha256 h;
     cdp_sha256_init(&h);
-    const int64_t head[] = {l->backend,     l->stages,   l->chunks,   l->replicas, l->micro_batches,
-                            l->micro_batch, l->schedule, l->recompute, l->zero,    l->n_ranks};
+    const int64_t head[] = {l->backend,     l->stages,   l->chunks,    l->replicas, l->micro_batches,
+                            l->micro_batch, l->schedule, l->recompute, l->zero,     l->n_ranks,
+                            l->rebalance_every};
     cdp_sha256_update(&h, head, sizeof head);
+    if (l->schedule_file) cdp_sha256_update(&h, l->schedule_file, strlen(l->schedule_file) + 1);
     cdp_sha256_update(&h, l->shares, (size_t)l->replicas * sizeof *l->shares);
     cdp_sha256_update(&h, l->ranges, (size_t)l->stages * l->chunks * sizeof *l->ranges);
     for (int i = 0; i < l->n_ranks; i++) {
@@ -318,4 +344,52 @@ void cdp_layout_digest(const struct cdp_layout *l, char hex[65])
         cdp_sha256_update(&h, r, sizeof r);
     }
     cdp_sha256_final(&h, hex);
+}
+
+int cdp_layout_diff(const struct cdp_layout *a, const struct cdp_layout *b, char *buf, size_t cap)
+{
+    buf[0] = '\0';
+#define DIFF(cond, ...)                                                                                          \
+    do {                                                                                                         \
+        if (cond) {                                                                                              \
+            snprintf(buf, cap, __VA_ARGS__);                                                                     \
+            return 1;                                                                                            \
+        }                                                                                                        \
+    } while (0)
+#define DIFF_INT(field, key) DIFF(a->field != b->field, "/%s: %lld here, %lld there", key, (long long)a->field, \
+                                  (long long)b->field)
+    DIFF(a->backend != b->backend, "/backend: \"%s\" here, \"%s\" there", cdp_backend_name(a->backend),
+         cdp_backend_name(b->backend));
+    DIFF_INT(stages, "stages");
+    DIFF_INT(chunks, "chunks");
+    DIFF_INT(replicas, "replicas");
+    DIFF_INT(micro_batches, "micro_batches");
+    DIFF_INT(micro_batch, "micro_batch");
+    DIFF(a->schedule != b->schedule, "/schedule: \"%s\" here, \"%s\" there", cdp_schedule_name(a->schedule),
+         cdp_schedule_name(b->schedule));
+    DIFF(!a->schedule_file != !b->schedule_file || (a->schedule_file && strcmp(a->schedule_file, b->schedule_file)),
+         "/schedule_file: %s here, %s there", a->schedule_file ? a->schedule_file : "none",
+         b->schedule_file ? b->schedule_file : "none");
+    DIFF(a->recompute != b->recompute, "/recompute: \"%s\" here, \"%s\" there", cdp_recompute_name(a->recompute),
+         cdp_recompute_name(b->recompute));
+    DIFF_INT(zero, "zero");
+    DIFF_INT(rebalance_every, "rebalance_every");
+    for (int r = 0; r < a->replicas; r++)
+        DIFF(a->shares[r] != b->shares[r], "/shares/%d: %lld here, %lld there", r, (long long)a->shares[r],
+             (long long)b->shares[r]);
+    for (int k = 0; k < a->stages * a->chunks; k++)
+        DIFF(a->ranges[k][0] != b->ranges[k][0] || a->ranges[k][1] != b->ranges[k][1],
+             "/ranges/%d: [%lld, %lld] here, [%lld, %lld] there", k, (long long)a->ranges[k][0],
+             (long long)a->ranges[k][1], (long long)b->ranges[k][0], (long long)b->ranges[k][1]);
+    for (int i = 0; i < a->n_ranks; i++) {
+        const struct cdp_layout_rank *x = &a->rank[i], *y = &b->rank[i];
+        DIFF(x->stage != y->stage || x->replica != y->replica,
+             "/ranks/%d: stage %d of replica %d here, stage %d of replica %d there", i, x->stage, x->replica,
+             y->stage, y->replica);
+        DIFF(x->node != y->node, "/ranks/%d/node: %d here, %d there", i, x->node, y->node);
+        DIFF(x->device != y->device, "/ranks/%d/device: %d here, %d there", i, x->device, y->device);
+    }
+#undef DIFF_INT
+#undef DIFF
+    return 0;
 }

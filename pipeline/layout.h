@@ -1,4 +1,8 @@
-/* The layout: the one resolved answer to "how does this plan run". Shape
+/* Internal: the layout's fields, read and written by the planner, the
+ * executor and the simulator; programs that embed cdphybrid see it opaque
+ * through cdp/layout.h.
+ *
+ * The layout: the one resolved answer to "how does this plan run". Shape
  * (stages, chunks, replicas, micro-batches), schedule, each replica's share of
  * a step's micro-batches, the unit range of every virtual stage, and for every
  * rank its node, device, stage, replica, CPU set and memory cap, with the
@@ -70,6 +74,8 @@ struct cdp_layout {
     int n_nodes;          /* nodes of the planned topology */
     int shared_devices;   /* some ranks share a device: device memory between ranks travels through the host */
     char topology[128];   /* the planned topology's name, for messages */
+    int64_t rebalance_every; /* re-measure and move micro-batches every N steps; 0 = never */
+    char *schedule_file;  /* the lists come from this file (absolute path; owned), or NULL: generated */
 };
 
 /* A zeroed layout of p stages, v chunks, R replicas with its arrays allocated
@@ -82,9 +88,52 @@ void cdp_layout_free(struct cdp_layout *l);
 int cdp_layout_rank_of(const struct cdp_layout *l, int s, int r);
 
 /* SHA-256 (hex) of what every rank of a job must agree on: the shape, the
- * schedule, recomputation, ZeRO, shares, ranges and each rank's stage,
- * replica, node and device (not CPU sets or predictions). */
+ * schedule (and its file), recomputation, ZeRO, rebalancing, shares, ranges
+ * and each rank's stage, replica, node and device (not CPU sets or
+ * predictions). */
 void cdp_layout_digest(const struct cdp_layout *l, char hex[65]);
+
+/* A copy of l (its arrays and schedule file too). CDP_ERR_NOMEM. */
+cdp_status cdp_layout_copy(const struct cdp_layout *l, struct cdp_layout **out);
+
+/* Where a and b first differ in what cdp_layout_digest covers, as
+ * "/ranks/3/device: 2 here, 5 there" (a's value, then b's) into buf; returns
+ * 0 when they agree (buf ""), 1 otherwise. */
+int cdp_layout_diff(const struct cdp_layout *a, const struct cdp_layout *b, char *buf, size_t cap);
+
+/* ---- the layout's JSON form (layout_json.c; docs/plan.md, "The layout") ---- */
+
+#define CDP_LAYOUT_JSON_VERSION 1
+
+/* The layout as JSON: {"version", "backend", "topology", "nodes", "stages",
+ * "chunks", "replicas", "micro_batches", "micro_batch", "schedule",
+ * "schedule_file", "recompute", "zero", "rebalance_every", "shares",
+ * "ranges" (by virtual stage), "shared_devices", "ranks": [{"stage",
+ * "replica", "node", "device", "gpu", "cpuset", "capacity_bytes", "memory":
+ * {...}}]}. New reference; NULL: out of memory. */
+json_t *cdp_layout_to_json(const struct cdp_layout *l);
+
+/* Reads the layout at JSON pointer ptr ("/layout" in planned.json, "" for a
+ * file of its own) of file (for messages), checked as a plan is: every key
+ * known (else "unknown key", with "did you mean"), every value of its type
+ * and range, arrays of the shape's length, the version one this library
+ * reads; then cdp_layout_check's rules but the unit count's. CDP_ERR_INVALID
+ * "FILE: /layout/ranks/2/stage: expected ..."; CDP_ERR_NOMEM. */
+cdp_status cdp_layout_from_json(const json_t *j, const char *file, const char *ptr, struct cdp_layout **out);
+
+/* Checks a layout against the plan it runs: the model's units
+ * (cdp_layout_check), and every value the plan fixes (backend, stages,
+ * chunks, replicas, micro-batches and their size, schedule and its file,
+ * recompute, ZeRO, rebalancing, partition, placement, shares) agrees with the
+ * layout's; CDP_ERR_INVALID naming both places ("planned.json: /layout/ranks/
+ * 0/device is 1, /parallel/placement/0/0 is 0"), file being the layout's. */
+cdp_status cdp_layout_check_plan(const struct cdp_layout *l, const struct cdp_plan *plan, const char *file);
+
+/* The layout a planned file holds (its "layout" key; a run of cdphybrid
+ * writes it into planned.json), read and checked against plan (loaded from
+ * the same file) with cdp_layout_check_plan; *out NULL when the file has
+ * none. CDP_ERR_IO when it cannot be read. */
+cdp_status cdp_layout_of_planned(const char *path, const struct cdp_plan *plan, struct cdp_layout **out);
 
 /* Checks a layout against the plan it is for: every (stage, replica) on one
  * rank, ranks in node order, ranges contiguous over the model's n_units units,
@@ -99,14 +148,13 @@ cdp_status cdp_layout_check(const struct cdp_layout *l, int64_t n_units);
  * activations the stage's schedule holds at once, the larger of the MPI and
  * the NCCL (rendezvous) orders, so the count does not depend on the
  * transport. CDP_ERR_INVALID / CDP_ERR_NOMEM from the schedule builder. */
-cdp_status cdp_layout_slots(const struct cdp_plan *plan, const struct cdp_layout *l, int r, int *mcap, int *slots);
+cdp_status cdp_layout_slots(const struct cdp_layout *l, int r, int *mcap, int *slots);
 
 /* The same, and (wslots, l->stages entries, unless NULL) the W-state slots
  * each stage needs: the most micro-batches its schedule holds between a
  * BACKWARD_INPUT and its BACKWARD_WEIGHT (cdp_schedule_peak_w_pending), the
  * larger of both orders; 0 for the schedules that do not split the backward. */
-cdp_status cdp_layout_slots_ex(const struct cdp_plan *plan, const struct cdp_layout *l, int r, int *mcap, int *slots,
-                               int *wslots);
+cdp_status cdp_layout_slots_ex(const struct cdp_layout *l, int r, int *mcap, int *slots, int *wslots);
 
 /* The executor's own buffers of one chunk (virtual stage vstage of nv) whose
  * first unit is `first` and last `last` with `slots` activation slots: the

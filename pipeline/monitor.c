@@ -100,7 +100,7 @@ cdp_status cdp_monitor_collect(struct cdp_monitor *m, cdp_comm_t world, double b
     memset(m->buf, 0, (size_t)size * F_COUNT * sizeof *m->buf);
     mine[F_STAGE] = m->stage;
     mine[F_REPLICA] = m->replica;
-    if (cdp_device_backend_of(m->dev) == CDP_BACKEND_CPU) {
+    if (!cdp_backend_is_gpu(cdp_device_backend_of(m->dev))) {
         mine[F_UTIL] = wall > m->wall0 ? (cpu - m->cpu0) / (wall - m->wall0) : 0;
         mine[F_MEM] = resident_bytes();
     } else {
@@ -121,7 +121,7 @@ cdp_status cdp_monitor_collect(struct cdp_monitor *m, cdp_comm_t world, double b
     if (st) return st;
 
     out->size = size;
-    out->gpu = cdp_device_backend_of(m->dev) != CDP_BACKEND_CPU;
+    out->gpu = cdp_backend_is_gpu(cdp_device_backend_of(m->dev));
     out->ranks = m->ranks;
     out->slowest = 0;
     out->straggler = -1;

@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "cdp/core.h"
+#include "plan/schedule_kind.h"
 
 /* Largest p * v * m a schedule may have: about 100 MB of lists. */
 #define MAX_CELLS (1 << 20)
@@ -32,14 +33,14 @@
 int cdp_schedule_vstage(enum cdp_schedule_kind kind, int p, int v, int rank, int chunk)
 {
     if (p < 1 || v < 1 || rank < 0 || rank >= p || chunk < 0 || chunk >= v) return -1;
-    if (kind == CDP_SCHEDULE_ZBV && v == 2) return chunk == 0 ? rank : 2 * p - 1 - rank;
+    if (cdp_schedule_def(kind)->placement == CDP_VSTAGE_V && v == 2) return chunk == 0 ? rank : 2 * p - 1 - rank;
     return chunk * p + rank;
 }
 
 void cdp_schedule_vstage_place(enum cdp_schedule_kind kind, int p, int v, int k, int *rank, int *chunk)
 {
     CDP_ASSERT(p >= 1 && v >= 1 && k >= 0 && k < p * v);
-    if (kind == CDP_SCHEDULE_ZBV && v == 2) {
+    if (cdp_schedule_def(kind)->placement == CDP_VSTAGE_V && v == 2) {
         *rank = k < p ? k : 2 * p - 1 - k;
         *chunk = k >= p;
         return;
@@ -50,14 +51,15 @@ void cdp_schedule_vstage_place(enum cdp_schedule_kind kind, int p, int v, int k,
 
 int cdp_schedule_chunks_of(enum cdp_schedule_kind kind, int chunks)
 {
-    if (kind == CDP_SCHEDULE_ZBV) return 2;
-    return kind == CDP_SCHEDULE_INTERLEAVED ? chunks : 1;
+    switch (cdp_schedule_def(kind)->chunks) {
+    case CDP_CHUNKS_ONE: return 1;
+    case CDP_CHUNKS_PLAN: return chunks;
+    case CDP_CHUNKS_TWO: return 2;
+    }
+    return 1;
 }
 
-int cdp_schedule_splits_backward(enum cdp_schedule_kind kind)
-{
-    return kind == CDP_SCHEDULE_ZB_H1 || kind == CDP_SCHEDULE_ZB_H2 || kind == CDP_SCHEDULE_ZBV;
-}
+int cdp_schedule_splits_backward(enum cdp_schedule_kind kind) { return cdp_schedule_def(kind)->splits_backward; }
 
 static int vstage(const struct cdp_schedule *s, int rank, int chunk)
 {
@@ -629,20 +631,18 @@ cdp_status cdp_schedule_build_ex(enum cdp_schedule_kind kind, int p, int v, int 
     if ((int64_t)p * v * m > MAX_CELLS)
         return cdp_fail(CDP_ERR_INVALID, "schedule %s: %d stages x %d chunks x %d micro-batches is more "
                         "than %d", name, p, v, m, MAX_CELLS);
-    if (kind == CDP_SCHEDULE_ZBV && v != 2)
-        return cdp_fail(CDP_ERR_INVALID, "schedule zbv: runs exactly 2 chunks per rank (a V), got %d", v);
-    if (!cdp_schedule_has_chunks(kind) && v != 1)
+    const struct cdp_schedule_def *def = cdp_schedule_def(kind);
+    if (def->chunks == CDP_CHUNKS_TWO && v != 2)
+        return cdp_fail(CDP_ERR_INVALID, "schedule %s: runs exactly 2 chunks per rank (a V), got %d", name, v);
+    if (def->chunks == CDP_CHUNKS_ONE && v != 1)
         return cdp_fail(CDP_ERR_INVALID, "schedule %s: needs 1 chunk per rank, got %d (only interleaved "
                         "and zbv take several)", name, v);
-    if (kind == CDP_SCHEDULE_INTERLEAVED) {
-        if (v < 2)
-            return cdp_fail(CDP_ERR_INVALID, "schedule interleaved: needs at least 2 chunks per rank, got %d", v);
-        if (p < 2)
-            return cdp_fail(CDP_ERR_INVALID, "schedule interleaved: needs at least 2 stages, got %d", p);
-        if (m % p)
-            return cdp_fail(CDP_ERR_INVALID, "schedule interleaved: %d micro-batches is not a multiple of "
-                            "%d stages", m, p);
-    }
+    if (def->chunks == CDP_CHUNKS_PLAN && v < 2)
+        return cdp_fail(CDP_ERR_INVALID, "schedule %s: needs at least 2 chunks per rank, got %d", name, v);
+    if (p < def->min_stages)
+        return cdp_fail(CDP_ERR_INVALID, "schedule %s: needs at least %d stages, got %d", name, def->min_stages, p);
+    if (def->mb_multiple_of_stages && m % p)
+        return cdp_fail(CDP_ERR_INVALID, "schedule %s: %d micro-batches is not a multiple of %d stages", name, m, p);
 
     struct builder b = {.s = NULL, .cap = 8 * m * v + 3, .rendezvous = rendezvous != 0};
     struct cdp_schedule *s = calloc(1, sizeof *s);

@@ -27,6 +27,7 @@
 
 #include <stdio.h>
 
+#include "cdp/layout.h"
 #include "cdp/plan.h"
 #include "cdp/status.h"
 
@@ -221,12 +222,19 @@ cdp_status cdp_instr_parse(const char *str, int v, struct cdp_instr *out);
 cdp_status cdp_schedule_load(const char *path, enum cdp_schedule_kind kind, int p, int v, int m,
                              struct cdp_schedule **out);
 
-/* The lists a plan's job runs: its /parallel/schedule file when it names one
+/* The lists a job runs: its schedule file (path) when it names one
  * (cdp_schedule_load with the job's shape; with tied != 0 the two tied ranks
  * must have their T; under rendezvous != 0 they must pass
  * cdp_schedule_validate_rendezvous), else cdp_schedule_build_ex. */
+cdp_status cdp_schedule_for_file(const char *path, enum cdp_schedule_kind kind, int p, int v, int m, int tied,
+                                 int rendezvous, struct cdp_schedule **out);
+/* The same for the plan's file (/parallel/schedule_file; the planner, before
+ * a layout exists) and for a layout's (what runs: the executor, --schedule,
+ * the layout's memory), with m micro-batches. */
 cdp_status cdp_schedule_for_plan(const struct cdp_plan *plan, enum cdp_schedule_kind kind, int p, int v, int m,
                                  int tied, int rendezvous, struct cdp_schedule **out);
+cdp_status cdp_schedule_for_layout(const struct cdp_layout *l, int m, int tied, int rendezvous,
+                                   struct cdp_schedule **out);
 
 /* Activations a rank keeps, for tests and the simulator: the maximum over its
  * list of (micro-batches taken - BACKWARDs and BACKWARD_WEIGHTs issued), each

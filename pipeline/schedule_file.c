@@ -10,7 +10,10 @@
 #include <string.h>
 
 #include "cdp/core.h"
+#include "pipeline/layout.h"
 #include "pipeline/schedule.h"
+#include "plan/schedule_header.h"
+#include "plan/schedule_kind.h"
 
 /* "12" at *s: the number, and s moved past it; -1 when there are no digits. */
 static int number(const char **s)
@@ -129,30 +132,20 @@ static struct cdp_schedule *empty(enum cdp_schedule_kind kind, int p, int v, int
 static cdp_status load_json(const char *path, json_t *root, enum cdp_schedule_kind kind, int p, int v, int m,
                             struct cdp_schedule **out)
 {
-    const json_t *jp = json_object_get(root, "stages"), *jv = json_object_get(root, "chunks"),
-                 *jm = json_object_get(root, "micro_batches"), *jr = json_object_get(root, "ranks"),
-                 *jk = json_object_get(root, "schedule");
-    if (!json_is_integer(jp) || !json_is_integer(jm) || !json_is_array(jr))
-        return cdp_fail(CDP_ERR_INVALID, "%s: expected an object with \"stages\" and \"micro_batches\" (integers), "
-                        "\"ranks\" (an array of lists of instructions) and optionally \"chunks\" and \"schedule\", "
+    const json_t *jr = json_object_get(root, "ranks");
+    struct cdp_schedule_header h;
+    cdp_status hst = cdp_schedule_header_read(path, root, &h);
+    if (hst) return hst;
+    if (!json_is_array(jr))
+        return cdp_fail(CDP_ERR_INVALID, "%s: \"ranks\": expected an array of lists of instructions, one per stage, "
                         "as `cdphybrid --plan P --schedule --json` writes", path);
-    const json_int_t fp = json_integer_value(jp), fm = json_integer_value(jm),
-                     fv = jv ? (json_is_integer(jv) ? json_integer_value(jv) : -1) : 1;
-    if (fp < 1 || fp > 4096 || fm < 1 || fm > 1 << 20 || fv < 1 || fv > 64)
-        return cdp_fail(CDP_ERR_INVALID, "%s: stages %lld, chunks %lld, micro_batches %lld: expected positive "
-                        "integers (at most 4096, 64 and 2^20)", path, (long long)fp, (long long)fv, (long long)fm);
+    const json_int_t fp = h.stages, fm = h.micro_batches, fv = h.chunks;
     if ((p > 0 && fp != p) || (v > 0 && fv != v) || (m > 0 && fm != m))
         return cdp_fail(CDP_ERR_INVALID, "%s: the file is for %lld stages x %lld chunks x %lld micro-batches; the "
                         "job runs %d x %d x %d", path, (long long)fp, (long long)fv, (long long)fm, p, v, m);
-    if (jk) {
-        if (!json_is_string(jk)) return cdp_fail(CDP_ERR_INVALID, "%s: \"schedule\": expected a string", path);
-        /* a kind's name gives its placement of virtual stages (zbv: the V) */
-        for (int k = 0; k < CDP_SCHEDULE_COUNT; k++)
-            if (!strcmp(json_string_value(jk), cdp_schedule_name((enum cdp_schedule_kind)k)))
-                kind = (enum cdp_schedule_kind)k;
-    }
-    if (kind == CDP_SCHEDULE_ZBV && fv != 2)
-        return cdp_fail(CDP_ERR_INVALID, "%s: \"schedule\": \"zbv\" places 2 chunks per rank, the file has %lld", path,
+    if (h.kind >= 0) kind = (enum cdp_schedule_kind)h.kind;
+    if (cdp_schedule_def(kind)->chunks == CDP_CHUNKS_TWO && fv != 2)
+        return cdp_fail(CDP_ERR_INVALID, "%s: \"schedule\": \"%s\" places 2 chunks per rank, the file has %lld", path, cdp_schedule_name(kind),
                         (long long)fv);
     if ((json_int_t)json_array_size(jr) != fp)
         return cdp_fail(CDP_ERR_INVALID, "%s: \"ranks\" has %zu lists; expected one per stage, %lld", path,
@@ -287,7 +280,18 @@ cdp_status cdp_schedule_load(const char *path, enum cdp_schedule_kind kind, int 
 cdp_status cdp_schedule_for_plan(const struct cdp_plan *plan, enum cdp_schedule_kind kind, int p, int v, int m,
                                  int tied, int rendezvous, struct cdp_schedule **out)
 {
-    const char *path = plan ? plan->parallel.schedule_file : NULL;
+    return cdp_schedule_for_file(plan ? plan->parallel.schedule_file : NULL, kind, p, v, m, tied, rendezvous, out);
+}
+
+cdp_status cdp_schedule_for_layout(const struct cdp_layout *l, int m, int tied, int rendezvous,
+                                   struct cdp_schedule **out)
+{
+    return cdp_schedule_for_file(l->schedule_file, l->schedule, l->stages, l->chunks, m, tied, rendezvous, out);
+}
+
+cdp_status cdp_schedule_for_file(const char *path, enum cdp_schedule_kind kind, int p, int v, int m, int tied,
+                                 int rendezvous, struct cdp_schedule **out)
+{
     if (!path) return cdp_schedule_build_ex(kind, p, v, m, tied, rendezvous, out);
     struct cdp_schedule *s = NULL;
     cdp_status st = cdp_schedule_load(path, kind, p, v, m, &s);

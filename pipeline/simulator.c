@@ -11,6 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "plan/schedule_kind.h"
+
 enum { T_NONE = 0, T_LATENCY, T_MOVING, T_ARRIVED };
 
 struct xfer {
@@ -70,25 +72,12 @@ struct sim {
 
 double cdp_sim_bubble_closed_form(int p, int v, int m)
 {
-    return (double)(p - 1) / ((double)v * m + p - 1);
+    return cdp_schedule_def(CDP_SCHEDULE_1F1B)->bubble(p, v, m);
 }
 
 double cdp_sim_bubble_closed_form_kind(enum cdp_schedule_kind kind, int p, int v, int m)
 {
-    switch (kind) {
-    case CDP_SCHEDULE_ZB_H1:
-    case CDP_SCHEDULE_ZB_H2: return (double)(p - 1) / (3.0 * m + p - 1);
-    case CDP_SCHEDULE_ZBV: {
-        const int extra = 2 * p - 2 - m > 0 ? 2 * p - 2 - m : 0;
-        return (double)(p - 1 + extra) / (6.0 * m + p - 1 + extra);
-    }
-    case CDP_SCHEDULE_GPIPE:
-    case CDP_SCHEDULE_1F1B:
-    case CDP_SCHEDULE_INTERLEAVED:
-    case CDP_SCHEDULE_COUNT:
-        break;
-    }
-    return cdp_sim_bubble_closed_form(p, v, m);
+    return cdp_schedule_def(kind)->bubble(p, v, m);
 }
 
 static int dev_of(const struct sim *S, int s, int r) { return S->c->device[s * S->R + r]; }

@@ -1,4 +1,7 @@
-/* The simulator: a discrete-event execution of one training step's schedule
+/* Internal: the simulator's inputs and results in full; programs that embed
+ * cdphybrid use cdp/simulator.h (cdp_simulate and its summary).
+ *
+ * The simulator: a discrete-event execution of one training step's schedule
  * lists (pipeline/schedule.h) on every rank of p stages x R replicas, with
  * compute times from the cost model (partitioner/costs.h) and transfers over
  * the links between the ranks' devices, ranks that share a processor (CPU

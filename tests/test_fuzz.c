@@ -25,6 +25,7 @@
 #include "model/data.h"
 #include "model/hf.h"
 #include "model/safetensors.h"
+#include "pipeline/layout.h"
 
 struct rng {
     uint64_t s;
@@ -288,7 +289,48 @@ static cdp_status hf_config_target(const char *data, size_t n, void *vctx)
     return st;
 }
 
+static cdp_status layout_target(const char *data, size_t n, void *ctx)
+{
+    (void)ctx;
+    json_error_t je;
+    json_t *j = json_loadb(data, n, 0, &je);
+    if (!j) return cdp_fail(CDP_ERR_INVALID, "fuzz.json: line %d: %s", je.line, je.text);
+    struct cdp_layout *l = NULL;
+    cdp_status st = cdp_layout_from_json(j, "fuzz.json", "/layout", &l);
+    json_decref(j);
+    cdp_layout_free(l);
+    return st;
+}
+
 /* ---- tests ------------------------------------------------------------------- */
+
+/* planned.json's "layout" (pipeline/layout_json.c): seeds written by
+ * cdp_layout_to_json, an interleaved 2 x 2 x 2 with CPU sets and a one-rank one. */
+Test(fuzz, layout_json, .timeout = 300)
+{
+    struct blob seeds[2];
+    for (int k = 0; k < 2; k++) {
+        struct cdp_layout *l = NULL;
+        const int p = k ? 1 : 2, v = k ? 1 : 2, R = k ? 1 : 2;
+        cr_assert_eq(cdp_layout_create(p, v, R, &l), CDP_OK);
+        l->schedule = k ? CDP_SCHEDULE_GPIPE : CDP_SCHEDULE_INTERLEAVED;
+        l->micro_batches = 4, l->micro_batch = 2;
+        for (int r = 0; r < R; r++) l->shares[r] = 4;
+        for (int i = 0; i < p * v; i++) l->ranges[i][0] = i, l->ranges[i][1] = i + 1;
+        for (int i = 0; i < p * R; i++) {
+            l->rank[i] = (struct cdp_layout_rank){.stage = i / R, .replica = i % R, .device = i, .gpu = i};
+            snprintf(l->rank[i].cpuset, sizeof l->rank[i].cpuset, "%d-%d", 2 * i, 2 * i + 1);
+        }
+        json_t *j = cdp_layout_to_json(l);
+        char *text = json_dumps(j, JSON_INDENT(2));
+        cr_assert_not_null(text);
+        seeds[k] = (struct blob){.p = text, .n = strlen(text)};
+        json_decref(j);
+        cdp_layout_free(l);
+    }
+    fuzz("layout", seeds, 2, layout_target, NULL);
+    for (int i = 0; i < 2; i++) free(seeds[i].p);
+}
 
 Test(fuzz, plan_loader, .timeout = 300)
 {

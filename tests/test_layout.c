@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "cdp/plan.h"
+#include "cdp/planner.h"
 #include "comm/comm.h"
 #include "harness.h"
 #include "pipeline/launch.h"
@@ -376,14 +377,14 @@ Test(layout, slots_follow_the_schedule)
     l->shares[0] = l->shares[1] = 8;
     l->schedule = CDP_SCHEDULE_1F1B;
     int mcap, slots[4];
-    cr_assert_eq(cdp_layout_slots(plan, l, 0, &mcap, slots), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(cdp_layout_slots(l, 0, &mcap, slots), CDP_OK, "%s", cdp_last_error());
     for (int s = 0; s < 4; s++) cr_expect_eq(slots[s], 4 - s);
     cr_expect_eq(mcap, 8);
     l->schedule = CDP_SCHEDULE_GPIPE;
-    cr_assert_eq(cdp_layout_slots(plan, l, 1, &mcap, slots), CDP_OK);
+    cr_assert_eq(cdp_layout_slots(l, 1, &mcap, slots), CDP_OK);
     cr_expect_eq(slots[2], 8);
-    plan->parallel.rebalance_every = 10;
-    cr_assert_eq(cdp_layout_slots(plan, l, 1, &mcap, slots), CDP_OK);
+    l->rebalance_every = 10;
+    cr_assert_eq(cdp_layout_slots(l, 1, &mcap, slots), CDP_OK);
     cr_expect_eq(mcap, 15, "all but one of the other replica's 8");
     cr_expect_eq(slots[2], 15);
     cdp_layout_free(l);
@@ -404,13 +405,13 @@ Test(layout, split_backward_memory_counts_the_w_states)
     l->shares[0] = 8;
     l->schedule = CDP_SCHEDULE_ZB_H1;
     int mcap, slots[4], wslots[4];
-    cr_assert_eq(cdp_layout_slots_ex(plan, l, 0, &mcap, slots, wslots), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(cdp_layout_slots_ex(l, 0, &mcap, slots, wslots), CDP_OK, "%s", cdp_last_error());
     for (int s = 0; s < 4; s++) {
         cr_expect_eq(slots[s], 4, "stage %d", s);
         cr_expect_eq(wslots[s], s + 1, "stage %d", s);
     }
     l->schedule = CDP_SCHEDULE_1F1B;
-    cr_assert_eq(cdp_layout_slots_ex(plan, l, 0, &mcap, slots, wslots), CDP_OK);
+    cr_assert_eq(cdp_layout_slots_ex(l, 0, &mcap, slots, wslots), CDP_OK);
     for (int s = 0; s < 4; s++) cr_expect_eq(wslots[s], 0);
     cdp_layout_free(l);
 
@@ -671,4 +672,199 @@ Test(layout, launch_command_lines)
     cr_expect_eq(cdp_launch_argv(&s, CDP_LAUNCHER_MPIRUN, &v), CDP_ERR_INVALID);
     cr_expect(strstr(cdp_last_error(), "--hostfile"), "%s", cdp_last_error());
     cdp_layout_free(l);
+}
+
+/* ---- the layout's JSON form ------------------------------------------------------- */
+
+/* A layout's "layout" in a planned file's JSON, with one change made by edit. */
+static cdp_status layout_read(json_t *j, char *err, size_t cap)
+{
+    struct cdp_layout *l = NULL;
+    cdp_status st = cdp_layout_from_json(j, "planned.json", "/layout", &l);
+    snprintf(err, cap, "%s", st ? cdp_last_error() : "");
+    cdp_layout_free(l);
+    return st;
+}
+
+/* cdp_layout_to_json / cdp_layout_from_json: every decision and every rank's
+ * place, CPU set, cap and prediction read back as written; what is wrong is
+ * named by its JSON pointer. */
+Test(layout, json_round_trips_and_names_what_is_wrong)
+{
+    struct cdp_layout *a = NULL, *b = NULL;
+    cr_assert_eq(cdp_layout_create(2, 1, 2, &a), CDP_OK);
+    a->micro_batches = 2;
+    a->micro_batch = 3;
+    a->schedule = CDP_SCHEDULE_GPIPE;
+    a->recompute = CDP_RECOMPUTE_SELECTIVE;
+    a->zero = 1;
+    a->rebalance_every = 5;
+    a->shares[0] = 1, a->shares[1] = 3;
+    a->ranges[0][0] = 0, a->ranges[0][1] = 3, a->ranges[1][0] = 3, a->ranges[1][1] = 5;
+    a->schedule_file = strdup("/tmp/lists.csv");
+    snprintf(a->topology, sizeof a->topology, "dgx1-v100");
+    for (int i = 0; i < 4; i++)
+        a->rank[i] = (struct cdp_layout_rank){.stage = i / 2, .replica = i % 2, .device = 3 - i, .gpu = i,
+                                              .capacity = 1000u + (unsigned)i, .memory = {.device = 77u * i, .host = 9}};
+    snprintf(a->rank[2].cpuset, sizeof a->rank[2].cpuset, "4-7,12");
+    json_t *j = cdp_layout_to_json(a);
+    cr_assert_not_null(j);
+    cr_assert_eq(cdp_layout_from_json(j, "planned.json", "/layout", &b), CDP_OK, "%s", cdp_last_error());
+    char diff[256], ha[65], hb[65];
+    cr_expect_eq(cdp_layout_diff(a, b, diff, sizeof diff), 0, "%s", diff);
+    cdp_layout_digest(a, ha);
+    cdp_layout_digest(b, hb);
+    cr_expect_str_eq(ha, hb);
+    cr_expect_str_eq(b->rank[2].cpuset, "4-7,12");
+    cr_expect_str_eq(b->topology, "dgx1-v100");
+    cr_expect_str_eq(b->schedule_file, "/tmp/lists.csv");
+    for (int i = 0; i < 4; i++) {
+        cr_expect_eq(b->rank[i].capacity, a->rank[i].capacity);
+        cr_expect_eq(b->rank[i].gpu, i);
+        cr_expect_eq(b->rank[i].memory.device, 77u * i);
+    }
+    b->rank[3].device = 9;
+    cr_expect_eq(cdp_layout_diff(a, b, diff, sizeof diff), 1);
+    cr_expect_str_eq(diff, "/ranks/3/device: 0 here, 9 there");
+    cdp_layout_free(b);
+
+    static const struct {
+        const char *pointer, *value; /* where, and the JSON written there ("" deletes it) */
+        const char *said;            /* what the message must hold */
+    } bad[] = {
+        {"stagez", "2", "/layout/stagez: unknown key (did you mean \"stages\"?)"},
+        {"version", "2", "/layout/version: version 2"},
+        {"schedule", "\"1f2b\"", "/layout/schedule"},
+        {"shares", "[2]", "/layout/shares: expected an array of micro-batches, one per replica: 2 entries, got 1"},
+        {"ranks", "[]", "/layout/ranks: expected an array of ranks"},
+        {"micro_batch", "", "/layout/micro_batch: missing"},
+        {"zero", "3", "/layout/zero"},
+        {"schedule_file", "\"lists.csv\"", "/layout/schedule_file: expected an absolute path"},
+    };
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        json_t *c = json_deep_copy(j);
+        if (bad[k].value[0]) json_object_set_new(c, bad[k].pointer, json_loads(bad[k].value, JSON_DECODE_ANY, NULL));
+        else json_object_del(c, bad[k].pointer);
+        char err[1024];
+        cr_expect_eq(layout_read(c, err, sizeof err), CDP_ERR_INVALID, "%s", bad[k].pointer);
+        cr_expect(strstr(err, "planned.json: ") && strstr(err, bad[k].said), "%s: %s", bad[k].pointer, err);
+        json_decref(c);
+    }
+    /* in a rank */
+    json_t *c = json_deep_copy(j), *r1 = json_array_get(json_object_get(c, "ranks"), 1);
+    json_object_set_new(r1, "stage", json_string("one"));
+    char err[1024];
+    cr_expect_eq(layout_read(c, err, sizeof err), CDP_ERR_INVALID);
+    cr_expect(strstr(err, "/layout/ranks/1/stage: expected"), "%s", err);
+    json_object_set_new(r1, "stage", json_integer(0));
+    json_object_set_new(r1, "replica", json_integer(0)); /* rank 0's place */
+    cr_expect_eq(layout_read(c, err, sizeof err), CDP_ERR_INVALID);
+    cr_expect(strstr(err, "stage 0 of replica 0 runs on two ranks"), "%s", err);
+    json_object_set_new(r1, "replica", json_integer(1));
+    json_object_set_new(r1, "cpuset", json_string("0-3; rm -rf"));
+    cr_expect_eq(layout_read(c, err, sizeof err), CDP_ERR_INVALID);
+    cr_expect(strstr(err, "/layout/ranks/1/cpuset: expected a CPU list"), "%s", err);
+    json_decref(c);
+    json_decref(j);
+    cdp_layout_free(a);
+}
+
+/* A planned file is what runs: the ranks read its "layout". Edited by hand,
+ * it runs as edited when the plan agrees (a placement swapped in both
+ * /parallel/placement and /layout), and is refused naming both places when
+ * only one was edited. */
+Test(layout, a_hand_edited_planned_file_runs_as_edited_or_is_refused, .timeout = 120)
+{
+    if (!cdp_comm_have_mpi()) cr_skip_test("this build has no MPI");
+    char dir[4096], path[4200];
+    snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
+    struct cell c = {GPT, 2, 2, 4, "1f1b", 0, 2, "none", 0};
+    const char *plan = cell_plan(dir, "edit", &c, "");
+    struct cdp_run r;
+    cr_assert_eq(cdp_test_run(&r, (const char *[]){"--plan", plan, "--dry-run", "--json", NULL}), 0);
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    json_t *j = json_loads(r.out, 0, NULL);
+    cdp_test_run_free(&r);
+    cr_assert_not_null(j);
+    json_t *pl = json_object_get(json_object_get(j, "parallel"), "placement");
+    json_t *ranks = json_object_get(json_object_get(j, "layout"), "ranks");
+    cr_assert_eq(json_array_size(ranks), 4);
+    /* rank 0 holds (stage 0, replica 0) and rank 2 (stage 1, replica 0): swap them in the layout only */
+    int d0 = -1, d2 = -1;
+    for (int i = 0; i < 4; i++) {
+        json_t *k = json_array_get(ranks, (size_t)i);
+        const int s = (int)json_integer_value(json_object_get(k, "stage")),
+                  q = (int)json_integer_value(json_object_get(k, "replica"));
+        if (s == 0 && q == 0) d0 = i;
+        if (s == 1 && q == 0) d2 = i;
+    }
+    cr_assert(d0 >= 0 && d2 >= 0);
+    json_object_set_new(json_array_get(ranks, (size_t)d0), "stage", json_integer(1));
+    json_object_set_new(json_array_get(ranks, (size_t)d2), "stage", json_integer(0));
+    char *text = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    const char *half = cdp_test_write_file(dir, "half.json", text);
+    free(text);
+    cr_assert_eq(cdp_test_run(&r, (const char *[]){"--plan", half, "--dry-run", NULL}), 0);
+    cr_expect_eq(r.exit_code, 2, "%s", r.err);
+    char want[128];
+    snprintf(want, sizeof want, "/layout/ranks/%d (stage 1, replica 0) is on device", d0);
+    cr_expect(strstr(r.err, "half.json: the layout and its plan disagree: ") && strstr(r.err, want) &&
+                  strstr(r.err, "/parallel/placement/1/0 is"), "%s", r.err);
+    cdp_test_run_free(&r);
+    /* the same swap in the plan: it trains, every rank where the edited file puts it */
+    json_t *s0 = json_array_get(pl, 0), *s1 = json_array_get(pl, 1);
+    json_t *a = json_incref(json_array_get(s0, 0)), *b = json_incref(json_array_get(s1, 0));
+    json_array_set_new(s0, 0, b);
+    json_array_set_new(s1, 0, a);
+    text = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    const char *both = cdp_test_write_file(dir, "both.json", text);
+    free(text);
+    cr_assert_eq(cdp_test_run(&r, (const char *[]){"-q", "--plan", both, NULL}), 0);
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    cdp_test_run_free(&r);
+    snprintf(path, sizeof path, "%s/edit.jsonl", dir);
+    json_t *last = last_ranks(path), *ran = json_object_get(last, "ranks");
+    cr_assert_eq(json_array_size(ran), 4);
+    for (size_t i = 0; i < 4; i++)
+        for (const char *const *k = (const char *const[]){"stage", "replica", "device", NULL}; *k; k++)
+            cr_expect_eq(json_integer_value(json_object_get(json_array_get(ran, i), *k)),
+                         json_integer_value(json_object_get(json_array_get(ranks, i), *k)), "rank %zu: %s", i, *k);
+    cr_expect_eq(json_integer_value(json_object_get(json_array_get(ran, (size_t)d0), "stage")), 1);
+    json_decref(last);
+    json_decref(j);
+}
+
+/* The API an embedding program's ranks use: the planned file's layout read
+ * back (cdp_layout_load), and re-planning only as a check
+ * (cdp_layout_replan_check), which names what differs. */
+Test(layout, a_planned_file_loads_and_replanning_is_a_check)
+{
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
+    struct cell c = {MLP, 2, 1, 2, "gpipe", 0, 1, "none", 0};
+    char src[4200];
+    snprintf(src, sizeof src, "%s", cell_plan(dir, "api", &c, ""));
+    struct cdp_run r;
+    cr_assert_eq(cdp_test_run(&r, (const char *[]){"--plan", src, "--dry-run", "--json", NULL}), 0);
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    const char *planned = cdp_test_write_file(dir, "planned.json", r.out);
+    cdp_test_run_free(&r);
+    struct cdp_plan *plan = NULL;
+    struct cdp_layout *l = NULL;
+    cr_assert_eq(cdp_plan_load(planned, &plan), CDP_OK, "%s", cdp_last_error());
+    const struct cdp_machine_info none = {.gpus = 0};
+    cr_assert_eq(cdp_plan_resolve(plan, &none), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(cdp_layout_load(planned, plan, &l), CDP_OK, "%s", cdp_last_error());
+    cr_expect_eq(cdp_layout_stages(l), 2);
+    cr_expect_eq(cdp_layout_schedule(l), CDP_SCHEDULE_GPIPE);
+    cr_expect_eq(cdp_layout_replan_check(plan, NULL, l), CDP_OK, "%s", cdp_last_error());
+    l->ranges[0][1]--, l->ranges[1][0]--;
+    cr_expect_eq(cdp_layout_replan_check(plan, NULL, l), CDP_ERR_INVALID);
+    cr_expect(strstr(cdp_last_error(), "the layout is not what its plan plans on this machine: /ranges/0: "),
+              "%s", cdp_last_error());
+    cdp_layout_free(l);
+    /* a plan without a layout */
+    cr_expect_eq(cdp_layout_load(src, plan, &l), CDP_ERR_INVALID);
+    cr_expect(strstr(cdp_last_error(), "/layout: missing"), "%s", cdp_last_error());
+    cdp_plan_free(plan);
 }

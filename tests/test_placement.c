@@ -44,7 +44,7 @@ static void objective_init(struct objective *o, const char *preset, int p, int R
     cr_assert(o->bw && o->lat);
     for (int a = 0; a < n; a++)
         for (int b = 0; b < n; b++) {
-            struct cdp_topo_link l;
+            struct cdp_topology_link l;
             if (a == b) continue;
             cr_assert_eq(cdp_topology_link(o->topo, a, b, &l), CDP_OK);
             o->bw[a * n + b] = l.bandwidth;
@@ -94,7 +94,7 @@ static void brute_rec(struct objective *o, int *a, int *used, int d, double *bes
 
 static int nvlinks(const struct cdp_topology *t, int a, int b)
 {
-    struct cdp_topo_link l;
+    struct cdp_topology_link l;
     cr_assert_eq(cdp_topology_link(t, a, b, &l), CDP_OK);
     return l.nvlinks;
 }

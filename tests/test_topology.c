@@ -37,9 +37,9 @@ static struct cdp_topology *load_fixture(const char *name)
     return load(cdp_test_source_path(rel));
 }
 
-static struct cdp_topo_link link_of(const struct cdp_topology *t, int a, int b)
+static struct cdp_topology_link link_of(const struct cdp_topology *t, int a, int b)
 {
-    struct cdp_topo_link l;
+    struct cdp_topology_link l;
     cr_assert_eq(cdp_topology_link(t, a, b, &l), CDP_OK, "%s", cdp_last_error());
     return l;
 }
@@ -47,7 +47,7 @@ static struct cdp_topo_link link_of(const struct cdp_topology *t, int a, int b)
 static const char *label(const struct cdp_topology *t, int a, int b)
 {
     static char buf[16];
-    struct cdp_topo_link l = link_of(t, a, b);
+    struct cdp_topology_link l = link_of(t, a, b);
     return cdp_topology_link_label(&l, buf, sizeof buf);
 }
 
@@ -92,7 +92,7 @@ Test(topology, every_preset_is_listed_and_loads_with_sources)
         for (char **p = names; *p; p++) found |= !strcmp(*p, want[i]);
         cr_assert(found, "preset %s not listed", want[i]);
         struct cdp_topology *t = load(want[i]);
-        cr_assert_eq(t->kind, CDP_TOPO_GPU);
+        cr_assert_eq(t->kind, CDP_TOPOLOGY_GPU);
         cr_assert_str_eq(t->name, want[i]);
         cr_assert(t->source && strlen(t->source) > 20, "%s cites nothing", want[i]);
         cr_assert_gt(t->network.nic_rate, 0, "%s: no network", want[i]);
@@ -227,7 +227,7 @@ Test(topology, cluster_spec_joins_nodes_with_the_network)
     cr_assert_eq(t->n_nics, 32);
     cr_assert_str_eq(t->name, "4 x dgx-a100");
     cr_assert_str_eq(label(t, 8, 15), "NV12");
-    struct cdp_topo_link l = link_of(t, 0, 8);
+    struct cdp_topology_link l = link_of(t, 0, 8);
     cr_assert_eq(l.cls, CDP_LINK_NET);
     cr_assert_float_eq(l.bandwidth, 200e9 / 8, 1, "HDR 200 Gb/s per NIC");
     cr_assert_gt(l.latency, 0);
@@ -248,7 +248,7 @@ Test(topology, cluster_file_with_its_own_node_and_network)
     cr_assert_str_eq(t->name, "two boxes");
     cr_assert_str_eq(label(t, 0, 1), "NV12");
     cr_assert_str_eq(label(t, 2, 3), "NV12");
-    struct cdp_topo_link l = link_of(t, 1, 2);
+    struct cdp_topology_link l = link_of(t, 1, 2);
     cr_assert_eq(l.cls, CDP_LINK_NET);
     cr_assert_float_eq(l.bandwidth, 12.5e9, 1);
     cr_assert_float_eq(l.latency, 10e-6, 1e-12);
@@ -269,7 +269,7 @@ Test(topology, mixed_cluster_keeps_each_nodes_gpus_and_links)
     cr_assert_str_eq(t->nodes[0].name, "dgx-a100");
     cr_assert_str_eq(t->nodes[1].name, "dgx1-v100");
     for (int g = 0; g < 16; g++) {
-        const struct cdp_topo_gpu *gp = &t->gpus[g];
+        const struct cdp_topology_gpu *gp = &t->gpus[g];
         cr_assert_eq(gp->node, g / 8);
         cr_assert_eq(gp->local, g % 8);
         cr_assert_str_eq(gp->name, g < 8 ? "NVIDIA A100-SXM4-80GB" : "Tesla V100-SXM2-16GB", "GPU %d", g);
@@ -290,7 +290,7 @@ Test(topology, mixed_cluster_keeps_each_nodes_gpus_and_links)
     cr_assert_str_eq(t->network.name, "InfiniBand EDR");
     cr_assert_eq(t->network.nics_per_node, 4);
     cr_assert(strstr(t->source, "dgx-a100: ") && strstr(t->source, "; dgx1-v100: "), "%s", t->source);
-    cr_assert(!cdp_topo_nodes_alike(t, 0, 1));
+    cr_assert(!cdp_topology_nodes_alike(t, 0, 1));
     cdp_topology_free(t);
 
     /* bare presets are one node; counts repeat a term; order is kept */
@@ -301,7 +301,7 @@ Test(topology, mixed_cluster_keeps_each_nodes_gpus_and_links)
     cr_assert_str_eq(t->gpus[7].name, "Tesla V100-SXM2-16GB");
     cr_assert_str_eq(t->gpus[16].name, "NVIDIA A100-SXM4-80GB");
     cr_assert_eq(t->gpus[16].node, 2);
-    cr_assert(cdp_topo_nodes_alike(t, 1, 2));
+    cr_assert(cdp_topology_nodes_alike(t, 1, 2));
     expect_label(t, 8, 16, "NET");
     cr_assert_float_eq(link_of(t, 8, 16).bandwidth, 100e9 / 8, 1, "one network for the whole cluster");
     cdp_topology_free(t);
@@ -322,7 +322,7 @@ Test(topology, one_term_join_is_the_cluster)
     const int ones[2] = {1, 1};
     cr_assert_eq(cdp_topology_join(two, ones, 2, NULL, &a), CDP_OK, "%s", cdp_last_error());
     cr_assert_str_eq(a->name, "1 x dgx2 + 1 x dgx2");
-    cr_assert(cdp_topo_nodes_alike(a, 0, 1));
+    cr_assert(cdp_topology_nodes_alike(a, 0, 1));
     cr_assert_float_eq(link_of(a, 0, 16).bandwidth, 100e9 / 8, 1);
     cdp_topology_free(a);
     const int zero[2] = {1, 0};
@@ -347,7 +347,7 @@ Test(topology, mixed_network_takes_the_slower_rate_and_the_larger_latency)
                  cdp_last_error());
     cr_assert_str_eq(t->name, "2 x fast + 1 x slow + 1 x far");
     cr_assert_eq(t->n_gpus, 8);
-    struct cdp_topo_link l = link_of(t, 0, 2); /* two "fast" nodes: still the one network */
+    struct cdp_topology_link l = link_of(t, 0, 2); /* two "fast" nodes: still the one network */
     cr_assert_eq(l.cls, CDP_LINK_NET);
     cr_assert_float_eq(l.bandwidth, 100e9 / 8, 1, "the slowest NIC rate");
     cr_assert_float_eq(l.latency, 9e-6, 1e-12, "the largest latency");
@@ -445,7 +445,7 @@ Test(topology, cpu_topology_has_memory_copy_links)
 {
     struct cdp_topology *t = NULL;
     cr_assert_eq(cdp_topology_cpu(4, 30e9, 1ull << 30, &t), CDP_OK, "%s", cdp_last_error());
-    cr_assert_eq(t->kind, CDP_TOPO_CPU);
+    cr_assert_eq(t->kind, CDP_TOPOLOGY_CPU);
     cr_assert_eq(t->n_gpus, 4);
     cr_assert_str_eq(label(t, 0, 3), "MEM");
     cr_assert_float_eq(link_of(t, 2, 1).bandwidth, 30e9, 1);
@@ -458,7 +458,7 @@ Test(topology, cpu_topology_has_memory_copy_links)
 
 static void check_cpu_only(const struct cdp_topology *t, int devices)
 {
-    cr_assert_eq(t->kind, CDP_TOPO_CPU, "this machine has no GPU: expected a CPU topology");
+    cr_assert_eq(t->kind, CDP_TOPOLOGY_CPU, "this machine has no GPU: expected a CPU topology");
     cr_assert_eq(t->n_nodes, 1);
     if (devices) cr_assert_eq(t->n_gpus, devices);
     else cr_assert_geq(t->n_gpus, 1);
@@ -486,7 +486,7 @@ Test(topology, live_discovery_without_gpu_is_a_cpu_topology)
     check_cpu_only(t, 2);
     cdp_topology_free(t);
     cr_assert_eq(cdp_topology_load("auto", NULL, &t), CDP_OK, "%s", cdp_last_error());
-    cr_assert_eq(t->kind, CDP_TOPO_CPU);
+    cr_assert_eq(t->kind, CDP_TOPOLOGY_CPU);
     cdp_topology_free(t);
 }
 
@@ -585,9 +585,9 @@ static struct cdp_topology *with_fake_nvml(int mode)
     fake_mode = mode;
     cr_assert_eq(cdp_topology_discover(&o, &t), CDP_OK, "%s", cdp_last_error());
     /* discover() made it a CPU topology; start again from its NUMA node. */
-    t->kind = CDP_TOPO_GPU;
-    cr_assert_eq(cdp_topo_apply_nvml(t, &fake_api), CDP_OK, "%s", cdp_last_error());
-    cr_assert_eq(cdp_topo_finalize(t, "fake NVML"), CDP_OK, "%s", cdp_last_error());
+    t->kind = CDP_TOPOLOGY_GPU;
+    cr_assert_eq(cdp_topology_apply_nvml(t, &fake_api), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(cdp_topology_finalize(t, "fake NVML"), CDP_OK, "%s", cdp_last_error());
     return t;
 }
 

@@ -8,9 +8,14 @@
 #ifndef CDP_LAYOUT_H
 #define CDP_LAYOUT_H
 
+#include "cdp/api.h"
+
 #include <stdint.h>
 
 #include "cdp/plan_types.h"
+#include "cdp/status.h"
+
+struct cdp_plan;
 
 #ifdef __cplusplus
 extern "C" {
@@ -18,20 +23,33 @@ extern "C" {
 
 struct cdp_layout;
 
-int cdp_layout_stages(const struct cdp_layout *l);        /* pipeline stages */
-int cdp_layout_chunks(const struct cdp_layout *l);        /* model chunks per stage (interleaved schedules) */
-int cdp_layout_replicas(const struct cdp_layout *l);      /* data-parallel replicas */
-int cdp_layout_micro_batches(const struct cdp_layout *l); /* per replica per step (the replicas' mean share) */
-int cdp_layout_micro_batch(const struct cdp_layout *l);   /* samples per micro-batch */
-int cdp_layout_ranks(const struct cdp_layout *l);         /* stages x replicas: the processes it runs on */
-enum cdp_schedule_kind cdp_layout_schedule(const struct cdp_layout *l); /* cdp_schedule_name() prints it */
+CDP_API int cdp_layout_stages(const struct cdp_layout *l);        /* pipeline stages */
+CDP_API int cdp_layout_chunks(const struct cdp_layout *l);        /* model chunks per stage (interleaved schedules) */
+CDP_API int cdp_layout_replicas(const struct cdp_layout *l);      /* data-parallel replicas */
+CDP_API int cdp_layout_micro_batches(const struct cdp_layout *l); /* per replica per step (the replicas' mean share) */
+CDP_API int cdp_layout_micro_batch(const struct cdp_layout *l);   /* samples per micro-batch */
+CDP_API int cdp_layout_ranks(const struct cdp_layout *l);         /* stages x replicas: the processes it runs on */
+CDP_API enum cdp_schedule_kind cdp_layout_schedule(const struct cdp_layout *l); /* cdp_schedule_name() prints it */
 
 /* Rank r's place (0 <= r < cdp_layout_ranks) and the device memory it is
  * predicted to allocate (what the device accounting counts; the trainer's
  * summary reports the measured peak beside it). -1 / 0 for r out of range. */
-int cdp_layout_rank_stage(const struct cdp_layout *l, int r);
-int cdp_layout_rank_replica(const struct cdp_layout *l, int r);
-uint64_t cdp_layout_rank_memory(const struct cdp_layout *l, int r);
+CDP_API int cdp_layout_rank_stage(const struct cdp_layout *l, int r);
+CDP_API int cdp_layout_rank_replica(const struct cdp_layout *l, int r);
+CDP_API uint64_t cdp_layout_rank_memory(const struct cdp_layout *l, int r);
+
+/* The layout a planned file holds: cdphybrid writes the one it runs under
+ * "layout" in planned.json, and its ranks run that file's layout as written
+ * (docs/plan.md, "The layout"). plan is that file loaded and resolved
+ * (cdp_plan_load, cdp_plan_resolve); the layout is checked against it (every
+ * value the plan fixes must agree). CDP_ERR_INVALID naming the key
+ * ("planned.json: /layout/ranks/2/stage: ...") or the file without a layout;
+ * CDP_ERR_IO. On success *out is the caller's: cdp_layout_free. */
+CDP_API cdp_status cdp_layout_load(const char *path, const struct cdp_plan *plan, struct cdp_layout **out);
+
+/* Frees a layout from cdp_layout_load; NULL is a no-op. (A planner's layout,
+ * cdp_planned_layout, belongs to its result.) */
+CDP_API void cdp_layout_free(struct cdp_layout *l);
 
 #ifdef __cplusplus
 }

@@ -4,6 +4,8 @@
 #ifndef CDP_LOG_H
 #define CDP_LOG_H
 
+#include "cdp/api.h"
+
 #include "cdp/status.h"
 
 #ifdef __cplusplus
@@ -35,31 +37,31 @@ enum cdp_log_subsys {
 };
 
 /* Upper-case subsystem name ("PLAN"); "?" for an out-of-range value. */
-const char *cdp_log_subsys_name(enum cdp_log_subsys s);
+CDP_API const char *cdp_log_subsys_name(enum cdp_log_subsys s);
 
 /* Reads CDP_LOG and CDP_LOG_SUBSYS. An unknown value is reported through
  * cdp_last_error() and CDP_ERR_INVALID; the settings are then left unchanged. */
-cdp_status cdp_log_init_from_env(void);
+CDP_API cdp_status cdp_log_init_from_env(void);
 
 /* Parses "error" / "warn" / "info" / "debug" (case-insensitive). */
-cdp_status cdp_log_parse_level(const char *s, enum cdp_log_level *out);
+CDP_API cdp_status cdp_log_parse_level(const char *s, enum cdp_log_level *out);
 
-void cdp_log_set_level(enum cdp_log_level level);
-enum cdp_log_level cdp_log_get_level(void);
+CDP_API void cdp_log_set_level(enum cdp_log_level level);
+CDP_API enum cdp_log_level cdp_log_get_level(void);
 
 /* Enables only the subsystems named in a comma-separated list ("comm,exec");
  * NULL or "" or "all" enables every subsystem. */
-cdp_status cdp_log_set_subsystems(const char *list);
+CDP_API cdp_status cdp_log_set_subsystems(const char *list);
 
 /* Rank prefix for multi-rank runs: every line starts with "[rank R/N]" when
  * size > 1. */
-void cdp_log_set_rank(int rank, int size);
+CDP_API void cdp_log_set_rank(int rank, int size);
 
 /* Nonzero when a message at this level and subsystem would be printed. */
-int cdp_log_enabled(enum cdp_log_level level, enum cdp_log_subsys s);
+CDP_API int cdp_log_enabled(enum cdp_log_level level, enum cdp_log_subsys s);
 
 /* Prints one line to stderr (a newline is added). Prefer the macros below. */
-void cdp_log_write(enum cdp_log_level level, enum cdp_log_subsys s, const char *fmt, ...)
+CDP_API void cdp_log_write(enum cdp_log_level level, enum cdp_log_subsys s, const char *fmt, ...)
     CDP_PRINTF(3, 4);
 
 #define CDP_LOG_AT(level, subsys, ...)                                               \

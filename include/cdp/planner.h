@@ -7,6 +7,8 @@
 #ifndef CDP_PLANNER_H
 #define CDP_PLANNER_H
 
+#include "cdp/api.h"
+
 #include <stddef.h>
 #include <stdio.h>
 
@@ -42,25 +44,35 @@ struct cdp_plan_layout_opts {
  * not suit the machine; CDP_ERR_NOMEM; CDP_ERR_IO for an unreadable cost
  * table. On success *out is the caller's: cdp_planned_free. The plan must
  * outlive *out's use by cdp_simulate and cdp_train. */
-cdp_status cdp_plan_layout(struct cdp_plan *plan, const struct cdp_machine_info *machine,
+CDP_API cdp_status cdp_plan_layout(struct cdp_plan *plan, const struct cdp_machine_info *machine,
                            const struct cdp_plan_layout_opts *opts, struct cdp_planned **out);
 
 /* The chosen layout (cdp/layout.h): owned by r, valid until cdp_planned_free. */
-const struct cdp_layout *cdp_planned_layout(const struct cdp_planned *r);
+CDP_API const struct cdp_layout *cdp_planned_layout(const struct cdp_planned *r);
 
 /* The predicted step of the chosen layout, as cdphybrid prints it before
  * training: seconds, the bubble (idle share of the forward/backward phase,
  * 0..1) and samples per second. */
-double cdp_planned_step_s(const struct cdp_planned *r);
-double cdp_planned_bubble(const struct cdp_planned *r);
-double cdp_planned_samples_per_s(const struct cdp_planned *r);
+CDP_API double cdp_planned_step_s(const struct cdp_planned *r);
+CDP_API double cdp_planned_bubble(const struct cdp_planned *r);
+CDP_API double cdp_planned_samples_per_s(const struct cdp_planned *r);
 
 /* The layout in a few lines, as training prints it before it starts: shape,
  * partition, ranks with their memory, the predicted step. */
-void cdp_planned_print(const struct cdp_planned *r, FILE *f);
+CDP_API void cdp_planned_print(const struct cdp_planned *r, FILE *f);
+
+/* Re-planning as a check: plans plan (as cdp_plan_layout does) on this
+ * machine and compares the answer with l, a layout read from a planned file
+ * (cdp_layout_load). The ranks of a job run their file's layout without
+ * planning again; a program that wants to know the file still is what its
+ * plan gives here asks this. CDP_ERR_INVALID naming the first difference
+ * ("/ranks/3/device: 2 here, 5 there": the layout's, then the planner's), or the
+ * planner's error. */
+CDP_API cdp_status cdp_layout_replan_check(struct cdp_plan *plan, const struct cdp_machine_info *machine,
+                                   const struct cdp_layout *l);
 
 /* Frees r and everything it owns (its layout too); NULL is a no-op. */
-void cdp_planned_free(struct cdp_planned *r);
+CDP_API void cdp_planned_free(struct cdp_planned *r);
 
 #ifdef __cplusplus
 }

@@ -5,6 +5,8 @@
 #ifndef CDP_SIMULATOR_H
 #define CDP_SIMULATOR_H
 
+#include "cdp/api.h"
+
 #include <stddef.h>
 
 #include "cdp/plan.h"
@@ -33,7 +35,8 @@ struct cdp_simulation {
  * on the topology and costs it was planned with. out->size must be set
  * (CDP_SIMULATION_INIT); only that many bytes are written. CDP_ERR_INVALID
  * for a bad size, CDP_ERR_NOMEM. */
-cdp_status cdp_simulate(const struct cdp_plan *plan, const struct cdp_planned *planned, struct cdp_simulation *out);
+CDP_API cdp_status cdp_simulate(const struct cdp_plan *plan, const struct cdp_planned *planned,
+                             struct cdp_simulation *out);
 
 #ifdef __cplusplus
 }

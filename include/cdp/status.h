@@ -4,6 +4,8 @@
 #ifndef CDP_STATUS_H
 #define CDP_STATUS_H
 
+#include "cdp/api.h"
+
 #include <stddef.h>
 
 #ifdef __cplusplus
@@ -29,27 +31,27 @@ typedef enum cdp_status {
 } cdp_status;
 
 /* Short name of a status ("invalid input", ...); never NULL. */
-const char *cdp_status_str(cdp_status st);
+CDP_API const char *cdp_status_str(cdp_status st);
 
 /* The message of the last error set on this thread ("" when none). The pointer
  * stays valid until the next cdp_fail / cdp_error_context on this thread. */
-const char *cdp_last_error(void);
+CDP_API const char *cdp_last_error(void);
 
 /* Sets this thread's message (printf-style) and returns st, so a failure reads
  * `return cdp_fail(CDP_ERR_INVALID, "...", ...);`. To add context to the
  * message a callee set, use cdp_error_context, not cdp_fail with
  * cdp_last_error() as an argument (that is defined, but repeats by hand what
  * cdp_error_context does). */
-cdp_status cdp_fail(cdp_status st, const char *fmt, ...) CDP_PRINTF(2, 3);
+CDP_API cdp_status cdp_fail(cdp_status st, const char *fmt, ...) CDP_PRINTF(2, 3);
 
 /* Prefixes the current message with context ("plan.json: " + message) and
  * returns st unchanged, so a caller can write `return cdp_error_context(st, ...)`.
  * Both functions format into a buffer of their own first, so an argument may
  * point into the current message. */
-cdp_status cdp_error_context(cdp_status st, const char *fmt, ...) CDP_PRINTF(2, 3);
+CDP_API cdp_status cdp_error_context(cdp_status st, const char *fmt, ...) CDP_PRINTF(2, 3);
 
 /* Clears this thread's message. */
-void cdp_clear_error(void);
+CDP_API void cdp_clear_error(void);
 
 #ifdef __cplusplus
 }

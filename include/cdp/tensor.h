@@ -4,6 +4,8 @@
 #ifndef CDP_TENSOR_H
 #define CDP_TENSOR_H
 
+#include "cdp/api.h"
+
 #include <stdint.h>
 
 #include "cdp/device.h"
@@ -27,33 +29,33 @@ struct cdp_tensor {
 };
 
 /* Bytes per element; "f32" / "bf16" / "i32". */
-size_t cdp_dtype_size(enum cdp_dtype t);
-const char *cdp_dtype_name(enum cdp_dtype t);
+CDP_API size_t cdp_dtype_size(enum cdp_dtype t);
+CDP_API const char *cdp_dtype_name(enum cdp_dtype t);
 
 /* Fills a contiguous (row-major) view. Fails on ndim outside 0..CDP_MAX_DIMS or a
  * negative dimension. */
-cdp_status cdp_tensor_init(struct cdp_tensor *t, enum cdp_dtype dtype, int ndim,
+CDP_API cdp_status cdp_tensor_init(struct cdp_tensor *t, enum cdp_dtype dtype, int ndim,
                            const int64_t *shape, void *data, cdp_device_t device);
 
 /* A view of the whole buffer as a contiguous tensor; fails when the buffer is
  * smaller than the shape needs. */
-cdp_status cdp_tensor_from_buffer(struct cdp_tensor *t, enum cdp_dtype dtype, int ndim,
+CDP_API cdp_status cdp_tensor_from_buffer(struct cdp_tensor *t, enum cdp_dtype dtype, int ndim,
                                   const int64_t *shape, cdp_buffer_t buf);
 
-int64_t cdp_tensor_numel(const struct cdp_tensor *t);
+CDP_API int64_t cdp_tensor_numel(const struct cdp_tensor *t);
 /* Bytes spanned by the elements of a contiguous tensor (numel * dtype size). */
-uint64_t cdp_tensor_nbytes(const struct cdp_tensor *t);
-int cdp_tensor_is_contiguous(const struct cdp_tensor *t);
+CDP_API uint64_t cdp_tensor_nbytes(const struct cdp_tensor *t);
+CDP_API int cdp_tensor_is_contiguous(const struct cdp_tensor *t);
 
 /* Swaps two dimensions of the view (no data moves). */
-cdp_status cdp_tensor_transpose(struct cdp_tensor *t, int a, int b);
+CDP_API cdp_status cdp_tensor_transpose(struct cdp_tensor *t, int a, int b);
 
 /* "f32[4, 64, 128]" into buf; returns buf. */
-char *cdp_tensor_describe(const struct cdp_tensor *t, char *buf, size_t cap);
+CDP_API char *cdp_tensor_describe(const struct cdp_tensor *t, char *buf, size_t cap);
 
 /* bfloat16 conversions: round to nearest even; NaN stays NaN. */
-uint16_t cdp_f32_to_bf16(float f);
-float cdp_bf16_to_f32(uint16_t h);
+CDP_API uint16_t cdp_f32_to_bf16(float f);
+CDP_API float cdp_bf16_to_f32(uint16_t h);
 
 #ifdef __cplusplus
 }

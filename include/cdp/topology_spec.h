@@ -4,6 +4,8 @@
 #ifndef CDP_TOPOLOGY_SPEC_H
 #define CDP_TOPOLOGY_SPEC_H
 
+#include "cdp/api.h"
+
 #include "cdp/status.h"
 
 #ifdef __cplusplus
@@ -15,17 +17,17 @@ extern "C" {
  * the caller, may be NULL if not wanted) is the spec to keep: the preset or
  * cluster spec as written, or the file's absolute path. On failure the message
  * says what was tried and, for a name close to a preset, "did you mean". */
-cdp_status cdp_topology_check_spec(const char *spec, const char *base_dir, char **normalized);
+CDP_API cdp_status cdp_topology_check_spec(const char *spec, const char *base_dir, char **normalized);
 
 /* Where presets are looked for, in order: $CDP_TOPOLOGY_DIR, the source tree's
  * topologies/ (uninstalled builds), <datadir>/cdphybrid/topologies. *path owned
  * by the caller. CDP_ERR_INVALID with a "did you mean" when not found. */
-cdp_status cdp_topology_preset_path(const char *name, char **path);
+CDP_API cdp_status cdp_topology_preset_path(const char *name, char **path);
 
 /* The preset names found (sorted, no duplicates), NULL-terminated; free with
  * cdp_topology_preset_names_free. */
-cdp_status cdp_topology_preset_names(char ***names);
-void cdp_topology_preset_names_free(char **names);
+CDP_API cdp_status cdp_topology_preset_names(char ***names);
+CDP_API void cdp_topology_preset_names_free(char **names);
 
 #ifdef __cplusplus
 }

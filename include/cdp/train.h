@@ -14,6 +14,8 @@
 #ifndef CDP_TRAIN_H
 #define CDP_TRAIN_H
 
+#include "cdp/api.h"
+
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -105,8 +107,8 @@ struct cdp_train_summary {
  * under CDP_TRAIN_SELF. Under CDP_TRAIN_MPI a failed rank leaves the job to
  * its caller: the other ranks may be waiting on it, so end the job with
  * cdp_train_abort (or MPI_Abort). */
-cdp_status cdp_train(const struct cdp_plan *plan, const struct cdp_layout *layout, const struct cdp_train_opts *opts,
-                     struct cdp_train_summary *summary);
+CDP_API cdp_status cdp_train(const struct cdp_plan *plan, const struct cdp_layout *layout,
+                             const struct cdp_train_opts *opts, struct cdp_train_summary *summary);
 
 /* Asks a cdp_train running in this process to stop early; safe to call from
  * a signal handler (a rank's SIGUSR1, a job's pre-emption). After the step
@@ -121,7 +123,7 @@ void cdp_train_request_stop(void);
 #if defined(__GNUC__)
 __attribute__((noreturn))
 #endif
-void cdp_train_abort(int code);
+CDP_API void cdp_train_abort(int code);
 
 #ifdef __cplusplus
 }

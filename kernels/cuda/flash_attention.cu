@@ -408,29 +408,29 @@ static __global__ void __launch_bounds__(FA_THREADS)
         const __nv_bfloat16 *Qs = sm + cur * 2 * FA_TILE(D), *Os = Qs + FA_TILE(D);
         const float *Ls = LD[cur][0], *Ds = LD[cur][1];
 
-        float st[8][4], dp[8][4];
-        mma_abt<D>(st, kf, Qs); /* S^T */
+        float s_t[8][4], dp[8][4];
+        mma_abt<D>(s_t, kf, Qs); /* S^T */
         const bool edge = q0 + FA_ROWS > T || k0 + FA_ROWS > T || (causal && k0 + FA_ROWS - 1 > q0);
 #pragma unroll
         for (int nt = 0; nt < 8; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int qi = nt * 8 + 2 * t + (e & 1);
-                float p = exp2f(st[nt][e] * sl2 - Ls[qi]);
+                float p = exp2f(s_t[nt][e] * sl2 - Ls[qi]);
                 if (edge) {
                     const int query = q0 + qi, key = key0 + (e >> 1) * 8;
                     if (query >= T || key >= T || (causal && key > query)) p = 0.0f;
                 }
-                st[nt][e] = p;
+                s_t[nt][e] = p;
             }
-        mma_pv<D>(dv, st, Os);  /* dV += P^T dO */
+        mma_pv<D>(dv, s_t, Os);  /* dV += P^T dO */
         mma_abt<D>(dp, vf, Os); /* dP^T = V dO^T */
 #pragma unroll
         for (int nt = 0; nt < 8; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++)
-                st[nt][e] *= dp[nt][e] - Ds[nt * 8 + 2 * t + (e & 1)]; /* dS^T */
-        mma_pv<D>(dk, st, Qs); /* dK += dS^T Q (times scale below) */
+                s_t[nt][e] *= dp[nt][e] - Ds[nt * 8 + 2 * t + (e & 1)]; /* dS^T */
+        mma_pv<D>(dk, s_t, Qs); /* dK += dS^T Q (times scale below) */
         __syncthreads();       /* this buffer is the next iteration's prefetch target */
     }
 

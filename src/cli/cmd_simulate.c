@@ -17,6 +17,7 @@
 #include "pipeline/schedule.h"
 #include "pipeline/simulator.h"
 #include "pipeline/trace.h"
+#include "plan/schedule_kind.h"
 
 /* Row i of the simulator's per-(stage, replica) arrays for world rank i. */
 static int sim_index(const struct cdp_layout *l, int rank)
@@ -32,7 +33,7 @@ static void print_text(const struct cdp_plan *plan, const struct cdp_sim_in *in)
     const double closed = cdp_sim_bubble_closed_form_kind(l->schedule, l->stages, v, l->micro_batches);
     printf("Simulation of %s (predicted; nothing runs)\n", plan->source);
     printf("  topology    %s (%d %s)%s%s\n", in->t->name, in->t->n_gpus,
-           in->t->kind == CDP_TOPO_CPU ? "CPU devices" : "GPUs", in->note[0] ? "; " : "", in->note);
+           in->t->kind == CDP_TOPOLOGY_CPU ? "CPU devices" : "GPUs", in->note[0] ? "; " : "", in->note);
     printf("  placement   %s\n", in->r->placement_method);
     printf("  schedule    %s, %d stages", cdp_schedule_name(l->schedule), l->stages);
     if (v > 1) printf(" x %d chunks", v);
@@ -58,12 +59,9 @@ static void print_text(const struct cdp_plan *plan, const struct cdp_sim_in *in)
     printf("\nPredicted\n");
     printf("  step time   %.3f ms (forward/backward phase %.3f ms)\n", res->step_s * 1e3, res->phase_s * 1e3);
     printf("  throughput  %.1f samples/s\n", res->samples_per_s);
-    const char *form = l->schedule == CDP_SCHEDULE_ZBV ? "(p-1+e)/(6m+p-1+e), e = max(0, 2p-2-m)"
-                       : cdp_schedule_splits_backward(l->schedule) ? "(p-1)/(3m+p-1)"
-                                                                    : "(p-1)/(v*m+p-1)";
+    const struct cdp_schedule_def *def = cdp_schedule_def(l->schedule);
     printf("  bubble      %.2f%% (closed form %s = %.2f%% for equal stages%s without communication)\n",
-           100 * res->bubble, form, 100 * closed,
-           cdp_schedule_splits_backward(l->schedule) ? " and equal F, I and W times" : "");
+           100 * res->bubble, def->bubble_text, 100 * closed, def->bubble_assumes);
     printf("\nRanks\n  rank  node  stage  replica  device  busy ms       memory  in flight  of capacity\n");
     for (int i = 0; i < l->n_ranks; i++) {
         const struct cdp_layout_rank *k = &l->rank[i];
@@ -79,7 +77,7 @@ static void print_text(const struct cdp_plan *plan, const struct cdp_sim_in *in)
     printf("\nBusiest links\n");
     if (res->n_links == 0) printf("  (no traffic between devices)\n");
     for (int q = 0; q < res->n_links && q < 8; q++) {
-        struct cdp_topo_link tl;
+        struct cdp_topology_link tl;
         char lab[16] = "?";
         if (!cdp_topology_link(in->t, res->links[q].src, res->links[q].dst, &tl))
             cdp_topology_link_label(&tl, lab, sizeof lab);
@@ -104,18 +102,18 @@ static cdp_status print_json(const struct cdp_plan *plan, const struct cdp_sim_i
     json_object_set_new(o, "replicas", json_integer(l->replicas));
     json_object_set_new(o, "costs", in->costs ? json_string(in->costs) : json_string("analytic"));
     for (int s = 0; s < l->stages; s++) {
-        json_t *st = json_object(), *ch = json_array();
+        json_t *js = json_object(), *ch = json_array();
         for (int c = 0; c < l->chunks; c++) {
             const int k = cdp_schedule_vstage(l->schedule, l->stages, l->chunks, s, c);
             json_array_append_new(ch, json_pack("[I,I]", (json_int_t)l->ranges[k][0], (json_int_t)l->ranges[k][1]));
         }
-        json_object_set_new(st, "index", json_integer(s));
-        if (l->chunks == 1) json_object_set(st, "layers", json_array_get(ch, 0));
-        json_object_set_new(st, "chunks", ch);
-        json_object_set_new(st, "fwd_s", json_real(in->r->stage[s].fwd_s));
-        json_object_set_new(st, "bwd_s", json_real(in->r->stage[s].bwd_s));
-        json_object_set_new(st, "memory_bytes", json_real(in->r->stage[s].memory_bytes));
-        json_array_append_new(stages, st);
+        json_object_set_new(js, "index", json_integer(s));
+        if (l->chunks == 1) json_object_set(js, "layers", json_array_get(ch, 0));
+        json_object_set_new(js, "chunks", ch);
+        json_object_set_new(js, "fwd_s", json_real(in->r->stage[s].fwd_s));
+        json_object_set_new(js, "bwd_s", json_real(in->r->stage[s].bwd_s));
+        json_object_set_new(js, "memory_bytes", json_real(in->r->stage[s].memory_bytes));
+        json_array_append_new(stages, js);
     }
     json_object_set_new(o, "stages", stages);
     for (int i = 0; i < l->n_ranks; i++) {

@@ -486,9 +486,9 @@ static int run_ranks(const struct cli_args *a, const struct cdp_plan *plan, cons
 /* --schedule: the lists of one step of the layout (every replica alike). */
 static int print_schedule(const struct cdp_plan *plan, const struct cdp_layout *l, int json)
 {
-    const int tied = plan->model.kind == CDP_MODEL_GPT && plan->model.tie_embeddings && l->stages * l->chunks > 1;
+    const int tied = cdp_model_ties_embeddings(&plan->model) && l->stages * l->chunks > 1;
     struct cdp_schedule *s = NULL;
-    cdp_status st = cdp_schedule_for_plan(plan, l->schedule, l->stages, l->chunks, l->micro_batches, tied, 0, &s);
+    cdp_status st = cdp_schedule_for_layout(l, l->micro_batches, tied, 0, &s);
     if (!st) st = json ? cdp_schedule_print_json(s, stdout) : cdp_schedule_print(s, stdout);
     cdp_schedule_free(s);
     if (st) {
@@ -502,35 +502,48 @@ static int print_schedule(const struct cdp_plan *plan, const struct cdp_layout *
     return 0;
 }
 
-/* The plan's JSON with the planner's result under one more top-level key. */
+/* The plan's JSON, then the planner's result ("planner": what it predicted,
+ * for people and scripts) and the layout ("layout": what the ranks run,
+ * cdp_layout_to_json) as two more top-level members. Each part is dumped by
+ * its own rules (the plan's reals in their shortest exact form, the
+ * predictions with 17 digits), so the members are written one after another. */
 static cdp_status print_plan_json(const struct cdp_plan *plan, const struct cdp_planner_result *r, FILE *f)
 {
-    char *text = NULL, *extra = NULL;
+    char *text = NULL;
     cdp_status st = cdp_plan_to_json(plan, &text);
     if (st) return st;
     size_t n = strlen(text);
-    if (r && n >= 2 && text[n - 1] == '}' && text[n - 2] == '\n') {
-        json_t *j = cdp_planner_to_json(r);
-        extra = j ? json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17)) : NULL;
-        json_decref(j);
-        if (!extra) {
-            free(text);
-            return cdp_fail(CDP_ERR_NOMEM, "out of memory writing the plan as JSON");
-        }
+    if (!r || n < 2 || text[n - 1] != '}' || text[n - 2] != '\n') {
+        fputs(text, f);
+        fputc('\n', f);
+        free(text);
+        return CDP_OK;
+    }
+    const char *const keys[] = {"planner", "layout"};
+    json_t *members[] = {cdp_planner_to_json(r), cdp_layout_to_json(r->layout)};
+    char *dumped[2] = {NULL, NULL};
+    for (int i = 0; i < 2; i++)
+        dumped[i] = members[i] ? json_dumps(members[i], JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17))
+                               : NULL;
+    if (dumped[0] && dumped[1]) {
         fwrite(text, 1, n - 2, f);
-        fputs(",\n  \"planner\": ", f);
-        for (const char *c = extra; *c; c++) {
-            fputc(*c, f);
-            if (*c == '\n') fputs("  ", f);
+        for (int i = 0; i < 2; i++) {
+            fprintf(f, ",\n  \"%s\": ", keys[i]);
+            for (const char *c = dumped[i]; *c; c++) {
+                fputc(*c, f);
+                if (*c == '\n') fputs("  ", f);
+            }
         }
         fputs("\n}\n", f);
     } else {
-        fputs(text, f);
-        fputc('\n', f);
+        st = cdp_fail(CDP_ERR_NOMEM, "out of memory writing the plan as JSON");
     }
-    free(extra);
+    for (int i = 0; i < 2; i++) {
+        json_decref(members[i]);
+        free(dumped[i]);
+    }
     free(text);
-    return CDP_OK;
+    return st;
 }
 
 /* The folder of the run's first output (metrics, trace, timeline, weights,
@@ -1225,6 +1238,7 @@ static int run_plan(const struct cli_args *a)
     struct cdp_topology *topo = NULL;
     struct cdp_cost_table table = {0};
     struct cdp_planner_result pr = {0};
+    struct cdp_layout *given_layout = NULL;
     char why[1024] = "", note[512] = "";
     int code = EXIT_USAGE, have_table = 0;
     /* ranks of a launched job: only rank 0 says what every rank would */
@@ -1266,6 +1280,17 @@ static int run_plan(const struct cli_args *a)
         goto bad_input;
     }
     cdp_status st;
+    /* a planned file (planned.json) holds its layout: the ranks and --schedule run it as written; the
+     * other commands run it once its plan, fixed, plans the same (below) */
+    if ((st = cdp_layout_of_planned(a->plan, plan, &given_layout))) goto bad_input;
+    if (given_layout && ranked && !a->dry_run && !a->simulate && !a->schedule && !a->profile) {
+        code = run_ranks(a, plan, given_layout);
+        goto done;
+    }
+    if (given_layout && a->schedule) {
+        code = print_schedule(plan, given_layout, a->json);
+        goto done;
+    }
     if (a->costs && !a->profile) {
         struct cdp_unit *u = NULL;
         int n = 0;
@@ -1282,8 +1307,21 @@ static int run_plan(const struct cli_args *a)
         goto failed;
     }
     if (note[0]) CDP_INFO(PART, "topology %s: %s", topo->name, note);
+    if (given_layout) { /* the planned file's layout, if its plan (fixed) plans the same one */
+        char diff[400];
+        if ((st = cdp_planner_run(plan, topo, have_table ? &table : NULL, 0, &pr))) goto failed;
+        if (cdp_layout_diff(given_layout, pr.layout, diff, sizeof diff)) {
+            st = cdp_fail(CDP_ERR_INVALID, "%s: /layout%s in the file, its plan on %s plans another layout (edit "
+                          "the plan and the layout alike, or plan again)", plan->source, diff, topo->name);
+            goto failed;
+        }
+        cdp_layout_free(pr.layout); /* what runs is the file's: its CPU sets and caps as written */
+        pr.layout = given_layout;
+        given_layout = NULL;
+    } else {
     const int flags = ranked && !a->dry_run && !a->simulate && !a->schedule ? CDP_PLANNER_LAYOUT_ONLY : 0;
     if ((st = cdp_planner_run(plan, topo, have_table ? &table : NULL, flags, &pr))) goto failed;
+    }
     if (a->profile) {
         code = cdp_cli_profile(plan, a->plan, a->costs, pr.layout->rank[0].cpuset);
     } else if (a->explore) {
@@ -1316,6 +1354,8 @@ static int run_plan(const struct cli_args *a)
                                           .table = have_table ? &table : NULL, .topo = topo};
         code = train(a, plan, &pr, &rin);
     }
+done:
+    cdp_layout_free(given_layout);
     cdp_planner_result_clear(&pr);
     cdp_topology_free(topo);
     cdp_cost_table_clear(&table);
@@ -1332,6 +1372,7 @@ bad_input:
     } else if (!quiet_errors) {
         fprintf(stderr, "cdphybrid: %s\n", cdp_last_error());
     }
+    cdp_layout_free(given_layout);
     cdp_planner_result_clear(&pr);
     cdp_topology_free(topo);
     cdp_cost_table_clear(&table);

@@ -290,7 +290,7 @@ cdp_status cdp_restart_replan(const struct cdp_replan_in *in, const struct cdp_l
     /* planned again on the first topology: the same nodes and devices as before */
     p->cluster.nodes = nodes0;
     p->cluster.devices = devices0;
-    if (devices0 == CDP_AUTO && !strcmp(p->cluster.topology, "auto") && p->cluster.backend != CDP_BACKEND_CUDA)
+    if (devices0 == CDP_AUTO && !strcmp(p->cluster.topology, "auto") && !cdp_backend_is_gpu(p->cluster.backend))
         p->cluster.devices = t->n_gpus / nodes; /* a cpu host's devices follow the shape: keep the first count */
     if ((st = cdp_planner_topology(p, in->machine->gpus, &t2, note, sizeof note))) goto done;
     if ((st = cdp_planner_run(p, t2, in->table, 0, out))) goto done;

@@ -231,7 +231,7 @@ cdp_status cdp_comm_for_device(cdp_comm_t host_world, cdp_device_t dev, int shar
     cdp_status st;
     struct cdp_comm *dup = NULL;
     const int rank = cdp_comm_rank(host_world);
-    if (cdp_device_backend_of(dev) == CDP_BACKEND_CPU) {
+    if (cdp_backend_host_visible(cdp_device_backend_of(dev))) {
         snprintf(why, why_len, "%s on host memory", host_world->name);
         return cdp_comm_split(host_world, 0, rank, out);
     }

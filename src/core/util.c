@@ -118,16 +118,26 @@ char *cdp_format_bytes(uint64_t bytes, char *buf, size_t cap)
     return buf;
 }
 
-static const char *const backend_names[] = {
-    [CDP_BACKEND_CPU] = "cpu",
-    [CDP_BACKEND_CUDA] = "cuda",
+/* What each backend is, in enum order: asked (cdp_backend_host_visible,
+ * cdp_backend_is_gpu) wherever a rule depends on it, never compared by value. */
+static const struct {
+    const char *name;
+    int host_visible; /* the host reads and writes device memory directly */
+    int gpu;          /* devices are accelerators of a node, counted and opened by index */
+} backends[] = {
+    {"cpu", 1, 0},
+    {"cuda", 0, 1},
 };
-CDP_TABLE_CHECK(backend_names, CDP_BACKEND_COUNT);
+CDP_TABLE_CHECK(backends, CDP_BACKEND_COUNT);
 
 const char *cdp_backend_name(enum cdp_backend b)
 {
-    return (unsigned)b < CDP_BACKEND_COUNT ? backend_names[b] : "?";
+    return (unsigned)b < CDP_BACKEND_COUNT ? backends[b].name : "?";
 }
+
+int cdp_backend_host_visible(enum cdp_backend b) { return (unsigned)b < CDP_BACKEND_COUNT && backends[b].host_visible; }
+
+int cdp_backend_is_gpu(enum cdp_backend b) { return (unsigned)b < CDP_BACKEND_COUNT && backends[b].gpu; }
 
 /* Optimal string alignment distance: insertions, deletions, substitutions and
  * swaps of neighbours ("setps" -> "steps") each cost 1; case is ignored. */

@@ -12,6 +12,7 @@
 #include "cdp/core.h"
 #include "cdp/log.h"
 #include "device/backend.h"
+#include "kernels/ops.h"
 
 struct cdp_device {
     const struct cdp_device_backend *be;
@@ -108,6 +109,13 @@ const char *cdp_device_description(cdp_device_t d) { return d->info.description;
 uint64_t cdp_device_mem_cap(cdp_device_t d) { return d->cap; }
 const struct cdp_ops *cdp_device_ops(cdp_device_t d) { return d->be->ops; }
 void *cdp_device_kernel_state(cdp_device_t d) { return d->state; }
+
+cdp_status cdp_device_set_precision(cdp_device_t d, enum cdp_precision p)
+{
+    const struct cdp_ops *ops = cdp_device_ops(d);
+    if (!ops) return cdp_fail(CDP_ERR_UNSUPPORTED, "%s has no kernels", cdp_device_name(d));
+    return ops->set_precision(d->state, p);
+}
 uint64_t cdp_device_mem_total(cdp_device_t d) { return d->info.total_memory; }
 
 uint64_t cdp_device_mem_in_use(cdp_device_t d)

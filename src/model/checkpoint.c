@@ -20,6 +20,7 @@
 
 #include "cdp/core.h"
 #include "cdp/log.h"
+#include "core/path.h"
 #include "core/file.h"
 #include "core/hash.h"
 #include "core/json_check.h"
@@ -41,15 +42,6 @@ void cdp_ckpt_set_run(const char *id) { snprintf(run_id, sizeof run_id, "%s", id
 
 /* ---- paths and folders ------------------------------------------------------------ */
 
-/* a + "/" + b, malloc'd; NULL when out of memory. */
-static char *join(const char *a, const char *b)
-{
-    size_t n = strlen(a) + strlen(b) + 2;
-    char *s = malloc(n);
-    if (s) snprintf(s, n, "%s/%s", a, b);
-    return s;
-}
-
 /* A copy of a path without trailing slashes (except a lone "/"). */
 static char *trimmed(const char *p)
 {
@@ -64,7 +56,7 @@ static char *step_folder(const char *dir, int64_t step)
 {
     char name[40];
     snprintf(name, sizeof name, "step-%08lld", (long long)step);
-    return join(dir, name);
+    return cdp_path_join(dir, name);
 }
 
 /* Where a step's save is written until it is complete: a hidden folder,
@@ -75,7 +67,7 @@ static char *partial_folder(const char *dir, int64_t step)
 {
     char name[48];
     snprintf(name, sizeof name, ".step-%08lld" PARTIAL_SUFFIX, (long long)step);
-    return join(dir, name);
+    return cdp_path_join(dir, name);
 }
 
 /* "step-<digits>" -> step, *partial 0; ".step-<digits>.partial" -> step,
@@ -176,8 +168,8 @@ static cdp_status list_steps(const char *dir, struct step_ent **out, int *n_out)
         int64_t step;
         int partial = 0;
         if (!parse_folder_name(de->d_name, &step, &partial)) continue;
-        char *path = join(dir, de->d_name);
-        char *man = path ? join(path, MANIFEST) : NULL;
+        char *path = cdp_path_join(dir, de->d_name);
+        char *man = path ? cdp_path_join(path, MANIFEST) : NULL;
         if (!man) {
             free(path);
             st = cdp_fail(CDP_ERR_NOMEM, "out of memory");
@@ -238,7 +230,7 @@ static void remove_folder(const char *path)
         struct dirent *de;
         while ((de = readdir(d))) {
             if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
-            char *f = join(at, de->d_name);
+            char *f = cdp_path_join(at, de->d_name);
             if (f && unlink(f) != 0) CDP_WARN(CKPT, "cannot remove %s: %s", f, strerror(errno));
             free(f);
         }
@@ -578,7 +570,7 @@ fail:
 /* Writes text to folder/name atomically (core/file.h). */
 static cdp_status write_atomic(const char *folder, const char *name, const char *text)
 {
-    char *path = join(folder, name);
+    char *path = cdp_path_join(folder, name);
     if (!path) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
     cdp_status st = cdp_write_file_atomic(path, text, strlen(text));
     free(path);
@@ -627,7 +619,7 @@ static int manifest_sum(const json_t *root, char hex[65])
  * 2) its own checksum; *root on success. */
 static cdp_status read_manifest(const char *folder, json_t **root_out)
 {
-    char *path = join(folder, MANIFEST);
+    char *path = cdp_path_join(folder, MANIFEST);
     if (!path) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
     cdp_status st = CDP_OK;
     json_error_t jerr;
@@ -728,7 +720,7 @@ static cdp_status verify_files(const char *folder, json_t *root)
         const char *name = json_string_value(json_object_get(f, "name"));
         const char *want = json_string_value(json_object_get(f, "sha256"));
         long long bytes = (long long)json_integer_value(json_object_get(f, "bytes"));
-        char *path = join(folder, name);
+        char *path = cdp_path_join(folder, name);
         if (!path) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
         struct stat sb;
         if (stat(path, &sb) != 0) {
@@ -926,7 +918,7 @@ cdp_status cdp_ckpt_commit(const char *dir, int64_t step, const struct cdp_ckpt_
     char step_s[24];
     snprintf(step_s, sizeof step_s, "%lld", (long long)step);
     for (int p = 0; p < np; p++) {
-        char *path = join(folder, parts[p].name);
+        char *path = cdp_path_join(folder, parts[p].name);
         if (!path) {
             st = cdp_fail(CDP_ERR_NOMEM, "out of memory");
             goto fail;
@@ -1109,7 +1101,7 @@ cdp_status cdp_ckpt_find_latest(const char *dir, char **path, struct cdp_ckpt_in
 {
     CDP_ASSERT(dir && path && info);
     cdp_status st = CDP_OK;
-    char *root_dir = trimmed(dir), *man = root_dir ? join(root_dir, MANIFEST) : NULL, *folder = NULL;
+    char *root_dir = trimmed(dir), *man = root_dir ? cdp_path_join(root_dir, MANIFEST) : NULL, *folder = NULL;
     struct step_ent *e = NULL;
     int n = 0;
     json_t *root = NULL;
@@ -1282,7 +1274,7 @@ cdp_status cdp_ckpt_load(const char *path, const struct cdp_ckpt_info *info, str
     json_t *root = NULL;
     struct part_cache pc = {0};
     struct stage sb = {NULL, 0};
-    char *folder = trimmed(path), *man = folder ? join(folder, MANIFEST) : NULL;
+    char *folder = trimmed(path), *man = folder ? cdp_path_join(folder, MANIFEST) : NULL;
     if (!man) {
         free(folder);
         return cdp_fail(CDP_ERR_NOMEM, "out of memory");

@@ -57,7 +57,7 @@ int64_t cdp_cost_att_floats(const struct cdp_plan *plan, const struct cdp_unit *
     if (!cdp_layer_def(u->desc.type)->keeps_attention) return 0;
     const int64_t T = u->in.d[0], C = u->in.d[1], NH = u->desc.heads;
     const int64_t HS = NH > 0 ? C / NH : 0;
-    if (plan->cluster.backend == CDP_BACKEND_CUDA && plan->train.precision == CDP_PRECISION_BF16 &&
+    if (cdp_backend_is_gpu(plan->cluster.backend) && plan->train.precision == CDP_PRECISION_BF16 &&
         (HS == 32 || HS == 64) && C % NH == 0 && T > HS)
         return T * (NH + C);
     return u->att_floats;

@@ -317,3 +317,8 @@ cdp_status cdp_unit_recompute_tail(const struct cdp_kernels *k, const struct cdp
     const struct cdp_layer_def *def = cdp_layer_def(u->desc.type);
     return def->recompute ? def->recompute(k, u, p, in, act, tail, scratch, B) : CDP_OK;
 }
+
+int cdp_model_ties_embeddings(const struct cdp_model_desc *m)
+{
+    return m->kind == CDP_MODEL_GPT && m->tie_embeddings;
+}

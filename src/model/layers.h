@@ -92,6 +92,12 @@ struct cdp_layer_desc cdp_model_desc_unit(const struct cdp_model_desc *m, int i)
 /* The partition units of a model description; *out is malloc'd (n entries). */
 cdp_status cdp_units_build(const struct cdp_model_desc *m, struct cdp_unit **out, int *n);
 
+/* The one description of a tie: whether the model's head reuses its token
+ * embedding (a GPT with /model/tie_embeddings; its units then carry the tie as
+ * tied_unit / tie_target, cdp_units_build). Split over several virtual
+ * stages, the two copies' gradients are summed (REDUCE_TIED_GRADS). */
+int cdp_model_ties_embeddings(const struct cdp_model_desc *m);
+
 /* Checks, before any unit of m is built, that its sizes stay in bounds at
  * micro-batches of B: every parameter tensor and every micro-batch's input,
  * output within CDP_PLAN_MAX_TENSOR elements (its scratch within 2^60), the parameters in

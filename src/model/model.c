@@ -77,6 +77,20 @@ float *const *cdp_model_unit_params(const struct cdp_model *m, int i)
 
 int cdp_model_tensor_count(const struct cdp_model *m) { return m->n_tensors; }
 struct cdp_model_tensor *cdp_model_tensor(struct cdp_model *m, int i) { return &m->tensors[i]; }
+
+struct cdp_model_tensor *cdp_model_tied_tensor(struct cdp_model *m)
+{
+    int owner = -1, param = -1; /* the tied parameter's home: (global unit, parameter) */
+    for (int u = 0; u < m->n_units && owner < 0; u++)
+        for (int p = 0; p < m->units[u].n_params && owner < 0; p++) {
+            const struct cdp_param_desc *pd = &m->units[u].params[p];
+            if (pd->tied_unit >= 0) owner = pd->tied_unit, param = pd->tied_param;
+            else if (pd->tie_target) owner = m->units[u].index, param = p;
+        }
+    for (int i = 0; owner >= 0 && i < m->n_tensors; i++)
+        if (m->tensors[i].unit == owner && m->tensors[i].param == param) return &m->tensors[i];
+    return NULL;
+}
 int64_t cdp_model_param_floats(const struct cdp_model *m) { return m->param_floats; }
 const struct cdp_kernels *cdp_model_kernels(const struct cdp_model *m) { return &m->k; }
 

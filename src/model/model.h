@@ -164,6 +164,19 @@ const struct cdp_unit *cdp_model_unit(const struct cdp_model *m, int i);
 float *const *cdp_model_unit_params(const struct cdp_model *m, int i);
 int cdp_model_tensor_count(const struct cdp_model *m);
 struct cdp_model_tensor *cdp_model_tensor(struct cdp_model *m, int i);
+
+/* The model's copy of the tied parameter (the embedding the head reuses:
+ * the parameter its units mark tied_unit / tie_target), or NULL when this
+ * range holds none. The one lookup of it: nothing finds it by name. */
+struct cdp_model_tensor *cdp_model_tied_tensor(struct cdp_model *m);
+
+/* Device work on the model's buffers (model_ops.c), on its device's stream
+ * (as the layers' kernels): bytes copied or zeroed, dst += src over n floats,
+ * the sum of squares of n floats (which waits for the stream). */
+cdp_status cdp_model_copy(struct cdp_model *m, void *dst, const void *src, size_t bytes);
+cdp_status cdp_model_zero(struct cdp_model *m, void *dst, size_t bytes);
+cdp_status cdp_model_add(struct cdp_model *m, float *dst, const float *src, size_t n);
+cdp_status cdp_model_sum_squares(struct cdp_model *m, const float *x, size_t n, double *out);
 int64_t cdp_model_param_floats(const struct cdp_model *m);
 /* Matrix-multiply FLOPs of one forward + backward of one micro-batch. */
 double cdp_model_step_flops(const struct cdp_model *m);

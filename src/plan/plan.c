@@ -14,6 +14,9 @@
 #include <unistd.h>
 
 #include "cdp/core.h"
+#include "core/path.h"
+#include "plan/schedule_header.h"
+#include "plan/schedule_kind.h"
 #include "cdp/log.h"
 #include "cdp/topology_spec.h"
 #include "core/json_check.h"
@@ -52,20 +55,10 @@ CDP_TABLE_CHECK(cdp_plan_precision_names, CDP_PRECISION_COUNT + 1);
 /* /train/recompute: the modes in enum order, then "auto" */
 const char *const cdp_plan_recompute_names[] = {"none", "selective", "full", "auto", NULL};
 CDP_TABLE_CHECK(cdp_plan_recompute_names, CDP_RECOMPUTE_COUNT + 2);
-const char *const cdp_plan_schedule_names[] = {"gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zbv",
-                                                NULL};
-CDP_TABLE_CHECK(cdp_plan_schedule_names, CDP_SCHEDULE_COUNT + 1);
-/* /cluster/backend: "auto", then the backends in enum order */
-const char *const cdp_plan_backend_names[] = {"auto", "cpu", "cuda", NULL};
-CDP_TABLE_CHECK(cdp_plan_backend_names, CDP_BACKEND_COUNT + 2);
 const char *const cdp_plan_placement_names[] = {
     "topology", "ordered-pp-inner", "ordered-dp-inner", NULL};
 CDP_TABLE_CHECK(cdp_plan_placement_names, CDP_PLACEMENT_KIND_COUNT);
 
-const char *cdp_schedule_name(enum cdp_schedule_kind s)
-{
-    return (unsigned)s < CDP_SCHEDULE_COUNT ? cdp_plan_schedule_names[s] : "?";
-}
 
 double cdp_plan_bucket_bytes(const struct cdp_plan *plan, int replicas, int zero)
 {
@@ -99,7 +92,6 @@ const char *cdp_recompute_name(enum cdp_recompute r)
     return (unsigned)r < CDP_RECOMPUTE_COUNT ? cdp_plan_recompute_names[r] : "?";
 }
 
-int cdp_schedule_has_chunks(enum cdp_schedule_kind s) { return s == CDP_SCHEDULE_INTERLEAVED || s == CDP_SCHEDULE_ZBV; }
 
 const char *cdp_layer_type_name(enum cdp_layer_type t) { return cdp_layer_name(t); }
 
@@ -164,19 +156,6 @@ static cdp_status int_array(struct ld *c, const json_t *v, const char *ptr, size
 
 /* ---- paths ------------------------------------------------------------------- */
 
-static char *join_path(const char *base, const char *rel)
-{
-    size_t nb = strlen(base), nr = strlen(rel);
-    char *s;
-    if (rel[0] == '/') return strdup(rel);
-    s = malloc(nb + nr + 2);
-    if (!s) return NULL;
-    memcpy(s, base, nb);
-    s[nb] = '/';
-    memcpy(s + nb + 1, rel, nr + 1);
-    return s;
-}
-
 static const char *file_kind(mode_t m)
 {
     return S_ISDIR(m) ? "a folder" : "not a regular file";
@@ -187,7 +166,7 @@ static cdp_status get_existing_file(struct ld *c, const json_t *v, const char *p
 {
     if (!json_is_string(v) || json_string_length(v) == 0 || strlen(json_string_value(v)) != json_string_length(v))
         return cdp_json_expected(&c->in, ptr, "a file path", v);
-    char *joined = join_path(c->base, json_string_value(v));
+    char *joined = cdp_path_join(c->base, json_string_value(v));
     if (!joined) return cdp_fail(CDP_ERR_NOMEM, "%s: %s: out of memory", c->in.file, ptr);
     char *abs = realpath(joined, NULL);
     if (!abs) {
@@ -217,7 +196,7 @@ static cdp_status get_output_path(struct ld *c, const json_t *v, const char *ptr
     const char *what = dir_ok ? "a folder path" : "a file path";
     if (!json_is_string(v) || json_string_length(v) == 0 || strlen(json_string_value(v)) != json_string_length(v))
         return cdp_json_expected(&c->in, ptr, what, v);
-    char *joined = join_path(c->base, json_string_value(v));
+    char *joined = cdp_path_join(c->base, json_string_value(v));
     if (!joined) return cdp_fail(CDP_ERR_NOMEM, "%s: %s: out of memory", c->in.file, ptr);
     size_t n = strlen(joined);
     while (n > 1 && joined[n - 1] == '/') joined[--n] = '\0';
@@ -1324,18 +1303,16 @@ static cdp_status load_schedule_file(struct ld *c, const json_t *sj, int *sch)
     json_t *root = json_load_file(pd->schedule_file, 0, &je);
     if (!root)
         return cdp_json_fail(&c->in, P, "%s: line %d: %s", pd->schedule_file, je.line, je.text);
-    const json_t *jp = json_object_get(root, "stages"), *jv = json_object_get(root, "chunks"),
-                 *jm = json_object_get(root, "micro_batches"), *jk = json_object_get(root, "schedule");
-    if (!json_is_integer(jp) || !json_is_integer(jm) || (jv && !json_is_integer(jv))) {
+    struct cdp_schedule_header h;
+    st = cdp_schedule_header_read(pd->schedule_file, root, &h);
+    if (st) {
         json_decref(root);
-        return cdp_json_fail(&c->in, P, "%s: expected \"stages\", \"micro_batches\" (and \"chunks\") as integers, "
-                             "as `cdphybrid --plan P --schedule --json` writes", pd->schedule_file);
+        return cdp_error_context(st, "%s: %s", c->in.file, P);
     }
-    pd->file_stages = json_integer_value(jp);
-    pd->file_micro_batches = json_integer_value(jm);
-    pd->file_chunks = jv ? json_integer_value(jv) : 1;
-    for (int k = 0; json_is_string(jk) && k < CDP_SCHEDULE_COUNT; k++)
-        if (!strcmp(json_string_value(jk), cdp_plan_schedule_names[k])) *sch = k;
+    pd->file_stages = h.stages;
+    pd->file_micro_batches = h.micro_batches;
+    pd->file_chunks = h.chunks;
+    if (h.kind >= 0) *sch = h.kind;
     pd->chunks = pd->file_chunks;
     json_decref(root);
     return CDP_OK;
@@ -1389,8 +1366,11 @@ static cdp_status load_parallel(struct ld *c, const json_t *v)
         if (json_is_string(sj) && strcmp(json_string_value(sj), "auto") == 0) pd->schedule_auto = 1;
         else if (json_is_string(sj) && (strchr(json_string_value(sj), '/') || strchr(json_string_value(sj), '.'))) {
             if ((st = load_schedule_file(c, sj, &sch))) return st;
-        } else if ((st = cdp_json_get_enum(&c->in, v, P, "schedule", cdp_plan_schedule_names, &sch)))
-            return st;
+        } else {
+            const char *names[CDP_SCHEDULE_COUNT + 1];
+            cdp_schedule_names(names);
+            if ((st = cdp_json_get_enum(&c->in, v, P, "schedule", names, &sch))) return st;
+        }
     }
     pd->schedule = (enum cdp_schedule_kind)sch;
     int inter = pd->schedule == CDP_SCHEDULE_INTERLEAVED && !pd->schedule_file; /* a file's lists need no m % p */
@@ -1409,7 +1389,7 @@ static cdp_status load_parallel(struct ld *c, const json_t *v)
                              (long long)pd->chunks);
     if (pd->chunks > 1 && !cdp_schedule_has_chunks(pd->schedule))
         return cdp_json_fail(&c->in, "/parallel/chunks", "%lld needs /parallel/schedule \"interleaved\" (or \"zbv\", 2), not \"%s\"",
-                             (long long)pd->chunks, cdp_plan_schedule_names[sch]);
+                             (long long)pd->chunks, cdp_schedule_name((enum cdp_schedule_kind)sch));
     if (inter && pd->chunks < 2)
         return cdp_json_fail(&c->in, "/parallel/chunks",
                              "/parallel/schedule \"interleaved\" needs at least 2 chunks "
@@ -1488,7 +1468,10 @@ static cdp_status load_cluster(struct ld *c, const json_t *v)
     if ((st = cdp_json_need_object(&c->in, v, P))) return st;
     if (!v) return CDP_OK;
     if ((st = cdp_json_check_keys(&c->in, v, P, cluster_keys, "/cluster"))) return st;
-    if ((st = cdp_json_get_enum(&c->in, v, P, "backend", cdp_plan_backend_names, &be))) return st;
+    /* "auto", then the backends in enum order (cdp_backend_name) */
+    const char *backends[CDP_BACKEND_COUNT + 2] = {"auto"};
+    for (int k = 0; k < CDP_BACKEND_COUNT; k++) backends[k + 1] = cdp_backend_name((enum cdp_backend)k);
+    if ((st = cdp_json_get_enum(&c->in, v, P, "backend", backends, &be))) return st;
     cd->backend_auto = be == 0;
     cd->backend = be == 0 ? CDP_BACKEND_CPU : (enum cdp_backend)(be - 1);
     const json_t *topo = json_object_get(v, "topology");
@@ -1568,9 +1551,10 @@ static cdp_status check_fit(const char *name, const struct cdp_plan *p)
 
 /* ---- entry points ------------------------------------------------------------ */
 
-/* "planner": written by --dry-run --json beside the plan; ignored on load. */
+/* "planner" and "layout": written by --dry-run --json and training beside the plan; the loader skips
+ * them (the layout is read by cdp_layout_of_planned, pipeline/layout.h). */
 static const char *const top_keys[] = {"model", "data", "train", "parallel", "cluster", "output", "planner",
-                                       NULL};
+                                       "layout", NULL};
 
 static void set_defaults(struct cdp_plan *p)
 {
@@ -1751,7 +1735,7 @@ cdp_status cdp_plan_resolve(struct cdp_plan *plan, const struct cdp_machine_info
     struct cdp_cluster_desc *cd = &plan->cluster;
     if (cd->backend_auto) cd->backend = machine->gpus > 0 ? CDP_BACKEND_CUDA : CDP_BACKEND_CPU;
     cd->backend_auto = 0;
-    if (cd->backend == CDP_BACKEND_CUDA && cd->devices == CDP_AUTO) {
+    if (cdp_backend_is_gpu(cd->backend) && cd->devices == CDP_AUTO) {
         if (machine->gpus > 0) {
             cd->devices = machine->gpus;
         } else if (strcmp(cd->topology, "auto") == 0) {

@@ -600,7 +600,7 @@ cdp_status cdp_plan_print(const struct cdp_plan *p, FILE *f)
     fprintf(f, ROW "%lld\n", "nodes", (long long)cd->nodes);
     if (cd->devices == CDP_AUTO)
         fprintf(f, ROW "auto (%s)\n", "devices per node",
-                cd->backend == CDP_BACKEND_CPU ? "one CPU device per rank" : "as found");
+                !cdp_backend_is_gpu(cd->backend) ? "one CPU device per rank" : "as found");
     else
         fprintf(f, ROW "%lld\n", "devices per node", (long long)cd->devices);
     if (cd->device_memory)

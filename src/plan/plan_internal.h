@@ -16,8 +16,6 @@ extern const char *const cdp_plan_param_group_names[CDP_PARAM_GROUP_COUNT + 1];
 extern const char *const cdp_plan_lr_schedule_names[CDP_LR_SCHEDULE_COUNT + 1];
 extern const char *const cdp_plan_recompute_names[CDP_RECOMPUTE_COUNT + 2];
 extern const char *const cdp_plan_precision_names[CDP_PRECISION_COUNT + 1];
-extern const char *const cdp_plan_schedule_names[CDP_SCHEDULE_COUNT + 1];
-extern const char *const cdp_plan_backend_names[CDP_BACKEND_COUNT + 2];
 /* Placement strings; CDP_PLACEMENT_EXPLICIT has no string (it is an array). */
 extern const char *const cdp_plan_placement_names[CDP_PLACEMENT_KIND_COUNT];
 

@@ -17,6 +17,7 @@
 
 #include "cdp/core.h"
 #include "cdp/log.h"
+#include "core/path.h"
 #include "plan/topology_paths.h"
 
 /* ---- presets ------------------------------------------------------------------ */
@@ -145,16 +146,8 @@ cdp_status cdp_topology_preset_path(const char *name, char **path)
 
 /* ---- specs ------------------------------------------------------------------------- */
 
-static char *join(const char *base, const char *rel)
-{
-    if (rel[0] == '/' || !base || !*base) return strdup(rel);
-    size_t n = strlen(base) + strlen(rel) + 2;
-    char *p = malloc(n);
-    if (p) snprintf(p, n, "%s/%s", base, rel);
-    return p;
-}
 
-int cdp_topo_spec_is_path(const char *s)
+int cdp_topology_spec_is_path(const char *s)
 {
     size_t n = strlen(s);
     return strchr(s, '/') || (n > 4 && (!strcmp(s + n - 4, ".xml") || !strcmp(s + n - 5, ".json")));
@@ -181,7 +174,7 @@ static int parse_cluster(const char *spec, long *nodes, const char **rest)
 /* Whether spec names an existing regular file (relative to base_dir). */
 static int existing_file(const char *spec, const char *base_dir)
 {
-    char *joined = join(base_dir, spec);
+    char *joined = cdp_path_join(base_dir, spec);
     char *abs = joined ? realpath(joined, NULL) : NULL;
     int yes = abs && is_regular(abs);
     free(joined);
@@ -200,46 +193,46 @@ static int is_join(const char *spec, const char *base_dir)
 }
 
 /* Classifies spec; *path (owned) is the preset or file path when there is one. */
-cdp_status cdp_topo_spec_classify(const char *spec, const char *base_dir, enum cdp_topo_spec_kind *kind,
+cdp_status cdp_topology_spec_classify(const char *spec, const char *base_dir, enum cdp_topology_spec_kind *kind,
                                   char **path, long *nodes, const char **node_spec)
 {
     *path = NULL;
     if (!spec || !*spec) return cdp_fail(CDP_ERR_INVALID, "empty topology spec");
     if (!strcmp(spec, "auto")) {
-        *kind = CDP_TOPO_SPEC_AUTO;
+        *kind = CDP_TOPOLOGY_SPEC_AUTO;
         return CDP_OK;
     }
     if (is_join(spec, base_dir)) {
-        *kind = CDP_TOPO_SPEC_JOIN;
+        *kind = CDP_TOPOLOGY_SPEC_JOIN;
         return CDP_OK;
     }
     if (parse_cluster(spec, nodes, node_spec)) {
         if (*nodes < 1 || *nodes > 65536)
             return cdp_fail(CDP_ERR_INVALID, "topology \"%s\": a cluster has 1 to 65536 nodes", spec);
-        enum cdp_topo_spec_kind k;
+        enum cdp_topology_spec_kind k;
         long inner_nodes;
         const char *inner;
-        cdp_status st = cdp_topo_spec_classify(*node_spec, base_dir, &k, path, &inner_nodes, &inner);
+        cdp_status st = cdp_topology_spec_classify(*node_spec, base_dir, &k, path, &inner_nodes, &inner);
         if (st) return cdp_error_context(st, "topology \"%s\"", spec);
-        if (k == CDP_TOPO_SPEC_AUTO || k == CDP_TOPO_SPEC_CLUSTER || k == CDP_TOPO_SPEC_JOIN) {
+        if (k == CDP_TOPOLOGY_SPEC_AUTO || k == CDP_TOPOLOGY_SPEC_CLUSTER || k == CDP_TOPOLOGY_SPEC_JOIN) {
             free(*path);
             *path = NULL;
             return cdp_fail(CDP_ERR_INVALID, "topology \"%s\": a cluster is N x a preset or a one-node file", spec);
         }
-        *kind = CDP_TOPO_SPEC_CLUSTER;
+        *kind = CDP_TOPOLOGY_SPEC_CLUSTER;
         return CDP_OK;
     }
-    if (!cdp_topo_spec_is_path(spec) && (*path = preset_find(spec))) {
-        *kind = CDP_TOPO_SPEC_PRESET;
+    if (!cdp_topology_spec_is_path(spec) && (*path = preset_find(spec))) {
+        *kind = CDP_TOPOLOGY_SPEC_PRESET;
         return CDP_OK;
     }
-    char *joined = join(base_dir, spec);
+    char *joined = cdp_path_join(base_dir, spec);
     if (!joined) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
     char *abs = realpath(joined, NULL);
     if (!abs) {
         int e = errno;
         char hint[1024] = "";
-        if (!cdp_topo_spec_is_path(spec)) {
+        if (!cdp_topology_spec_is_path(spec)) {
             char sub[900];
             suggest(spec, sub, sizeof sub);
             snprintf(hint, sizeof hint, ", and \"%s\" is not a preset either%s", spec, sub);
@@ -255,11 +248,11 @@ cdp_status cdp_topo_spec_classify(const char *spec, const char *base_dir, enum c
         return st;
     }
     *path = abs;
-    *kind = CDP_TOPO_SPEC_FILE;
+    *kind = CDP_TOPOLOGY_SPEC_FILE;
     return CDP_OK;
 }
 
-void cdp_topo_spec_terms_free(struct cdp_topo_term *v, int n)
+void cdp_topology_spec_terms_free(struct cdp_topology_term *v, int n)
 {
     for (int i = 0; v && i < n; i++) {
         free(v[i].text);
@@ -277,14 +270,14 @@ static char *trimmed(const char *s, size_t n)
 }
 
 /* Splits a join at '+' and classifies each term; messages name the term. */
-cdp_status cdp_topo_spec_terms(const char *spec, const char *base_dir, struct cdp_topo_term **out, int *n_out)
+cdp_status cdp_topology_spec_terms(const char *spec, const char *base_dir, struct cdp_topology_term **out, int *n_out)
 {
     int n = 1;
     for (const char *c = spec; *c; c++) n += *c == '+';
-    if (n > CDP_TOPO_JOIN_MAX_TERMS)
+    if (n > CDP_TOPOLOGY_JOIN_MAX_TERMS)
         return cdp_fail(CDP_ERR_INVALID, "topology \"%s\": %d terms; a cluster joins at most %d", spec, n,
-                        CDP_TOPO_JOIN_MAX_TERMS);
-    struct cdp_topo_term *v = calloc((size_t)n, sizeof *v);
+                        CDP_TOPOLOGY_JOIN_MAX_TERMS);
+    struct cdp_topology_term *v = calloc((size_t)n, sizeof *v);
     if (!v) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
     cdp_status st = CDP_OK;
     long total = 0;
@@ -292,7 +285,7 @@ cdp_status cdp_topo_spec_terms(const char *spec, const char *base_dir, struct cd
     for (int i = 0; i < n; i++) {
         const char *end = strchr(start, '+');
         if (!end) end = start + strlen(start);
-        struct cdp_topo_term *tm = &v[i];
+        struct cdp_topology_term *tm = &v[i];
         if (!(tm->text = trimmed(start, (size_t)(end - start)))) {
             st = cdp_fail(CDP_ERR_NOMEM, "out of memory");
             goto fail;
@@ -316,19 +309,19 @@ cdp_status cdp_topo_spec_terms(const char *spec, const char *base_dir, struct cd
             st = cdp_fail(CDP_ERR_NOMEM, "out of memory");
             goto fail;
         }
-        enum cdp_topo_spec_kind k;
+        enum cdp_topology_spec_kind k;
         long inner_nodes;
         const char *inner;
-        if ((st = cdp_topo_spec_classify(tm->node, base_dir, &k, &tm->path, &inner_nodes, &inner))) {
+        if ((st = cdp_topology_spec_classify(tm->node, base_dir, &k, &tm->path, &inner_nodes, &inner))) {
             st = cdp_error_context(st, "topology \"%s\": term %d \"%s\"", spec, i + 1, tm->text);
             goto fail;
         }
-        if (k != CDP_TOPO_SPEC_PRESET && k != CDP_TOPO_SPEC_FILE) {
+        if (k != CDP_TOPOLOGY_SPEC_PRESET && k != CDP_TOPOLOGY_SPEC_FILE) {
             st = cdp_fail(CDP_ERR_INVALID, "topology \"%s\": term %d \"%s\": a term is N x a preset or a "
                           "one-node file", spec, i + 1, tm->text);
             goto fail;
         }
-        tm->is_file = k == CDP_TOPO_SPEC_FILE;
+        tm->is_file = k == CDP_TOPOLOGY_SPEC_FILE;
     }
     if (total > 65536) {
         st = cdp_fail(CDP_ERR_INVALID, "topology \"%s\": %ld nodes; a cluster has 1 to 65536", spec, total);
@@ -338,16 +331,16 @@ cdp_status cdp_topo_spec_terms(const char *spec, const char *base_dir, struct cd
     *n_out = n;
     return CDP_OK;
 fail:
-    cdp_topo_spec_terms_free(v, n);
+    cdp_topology_spec_terms_free(v, n);
     return st;
 }
 
 /* The join spec to keep: files as absolute paths, every term "N x node". */
 static cdp_status normalize_join(const char *spec, const char *base_dir, char **norm)
 {
-    struct cdp_topo_term *v = NULL;
+    struct cdp_topology_term *v = NULL;
     int n = 0, files = 0;
-    cdp_status st = cdp_topo_spec_terms(spec, base_dir, &v, &n);
+    cdp_status st = cdp_topology_spec_terms(spec, base_dir, &v, &n);
     if (st) return st;
     size_t cap = 1;
     for (int i = 0; i < n; i++) {
@@ -361,25 +354,25 @@ static cdp_status normalize_join(const char *spec, const char *base_dir, char **
             len += (size_t)snprintf(*norm + len, cap - len, "%s%d x %s", i ? " + " : "", v[i].count,
                                     v[i].is_file ? v[i].path : v[i].node);
     }
-    cdp_topo_spec_terms_free(v, n);
+    cdp_topology_spec_terms_free(v, n);
     return *norm ? CDP_OK : cdp_fail(CDP_ERR_NOMEM, "out of memory");
 }
 
 cdp_status cdp_topology_check_spec(const char *spec, const char *base_dir, char **normalized)
 {
-    enum cdp_topo_spec_kind kind;
+    enum cdp_topology_spec_kind kind;
     char *path = NULL;
     long nodes = 0;
     const char *node_spec = NULL;
-    cdp_status st = cdp_topo_spec_classify(spec, base_dir, &kind, &path, &nodes, &node_spec);
+    cdp_status st = cdp_topology_spec_classify(spec, base_dir, &kind, &path, &nodes, &node_spec);
     if (st) return st;
     char *norm = NULL;
-    if (kind == CDP_TOPO_SPEC_JOIN) {
+    if (kind == CDP_TOPOLOGY_SPEC_JOIN) {
         if ((st = normalize_join(spec, base_dir, &norm))) return st;
-    } else if (kind == CDP_TOPO_SPEC_FILE) {
+    } else if (kind == CDP_TOPOLOGY_SPEC_FILE) {
         norm = path;
         path = NULL;
-    } else if (kind == CDP_TOPO_SPEC_CLUSTER && cdp_topo_spec_is_path(node_spec)) {
+    } else if (kind == CDP_TOPOLOGY_SPEC_CLUSTER && cdp_topology_spec_is_path(node_spec)) {
         size_t n = strlen(path) + 32;
         norm = malloc(n);
         if (norm) snprintf(norm, n, "%ld x %s", nodes, path);
