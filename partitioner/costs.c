@@ -14,7 +14,7 @@ static const struct { const char *name; double bw; } mem_bw_table[] = {
     {"V100", 0.9e12}, {"P100", 0.732e12},
 };
 
-double cdp_device_peak_flops(const struct cdp_topo_gpu *g, enum cdp_precision prec)
+double cdp_device_peak_flops(const struct cdp_topology_gpu *g, enum cdp_precision prec)
 {
     const double fp32 = g->peak_fp32 > 0 ? g->peak_fp32 : g->peak_tf32;
     return prec == CDP_PRECISION_BF16 && g->peak_bf16 > 0 ? g->peak_bf16 : fp32;

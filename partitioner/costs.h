@@ -36,7 +36,7 @@ struct cdp_device_rate {
 /* A device's dense peak FLOP/s for precision prec, as the topology states it:
  * fp32 -> peak_fp32 (peak_tf32 when fp32 is 0), bf16 -> peak_bf16 (the fp32
  * rule when 0); 0 when the topology knows none. The step lines' MFU divides by it. */
-double cdp_device_peak_flops(const struct cdp_topo_gpu *g, enum cdp_precision prec);
+double cdp_device_peak_flops(const struct cdp_topology_gpu *g, enum cdp_precision prec);
 
 /* The rate of device `gpu` of topology t for precision prec: fp32 -> peak_fp32
  * (peak_tf32 when fp32 is 0), bf16 -> peak_bf16 (the fp32 rule when 0); CPU

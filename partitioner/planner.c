@@ -1015,7 +1015,7 @@ static cdp_status build_layout(const struct ctx *c, const struct cand *k, const 
         q->capacity = device_cap(c->plan, c->t, d);
         /* a GPU's peak only: a CPU device's figure is the cost model's assumption, not a known peak */
         q->peak_flops =
-            c->t->kind == CDP_TOPO_CPU ? 0 : cdp_device_peak_flops(&c->t->gpus[d], c->plan->train.precision);
+            c->t->kind == CDP_TOPOLOGY_CPU ? 0 : cdp_device_peak_flops(&c->t->gpus[d], c->plan->train.precision);
     }
     free(order);
     for (int i = 0; i < N && cdp_backend_is_gpu(l->backend); i++)

@@ -753,35 +753,35 @@ cdp_status cdp_topology_first(const struct cdp_topology *t, int n_nodes, int per
     for (int i = 0; i < t->n_nics; i++) n_nics += t->nics[i].node < n_nodes;
     struct cdp_topology *x = calloc(1, sizeof *x);
     if (!x) return cdp_fail(CDP_ERR_NOMEM, "topology: out of memory");
-    cdp_status st = cdp_topo_alloc(x, n_nodes, n_gpus, n_numa, n_sw, n_nics);
+    cdp_status st = cdp_topology_alloc(x, n_nodes, n_gpus, n_numa, n_sw, n_nics);
     if (st) goto fail;
     x->kind = t->kind;
     memcpy(x->name, t->name, sizeof x->name);
     x->network = t->network;
     int g0 = 0, q = 0;
     for (int k = 0; k < n_nodes; k++) {
-        const struct cdp_topo_node *src = &t->nodes[k];
-        struct cdp_topo_node *nd = &x->nodes[k];
+        const struct cdp_topology_node *src = &t->nodes[k];
+        struct cdp_topology_node *nd = &x->nodes[k];
         const int n = src->n_gpus < per_node ? src->n_gpus : per_node;
         memcpy(nd->name, src->name, sizeof nd->name);
         nd->nvlink_bw = src->nvlink_bw;
         nd->sys_bw = src->sys_bw;
         nd->copy_bw = src->copy_bw;
         nd->first_gpu = g0;
-        if ((st = cdp_topo_node_alloc(nd, n))) goto fail;
+        if ((st = cdp_topology_node_alloc(nd, n))) goto fail;
         for (int i = 0; i < n; i++) {
             for (int j = 0; j < n; j++) nd->nvlink_direct[i * n + j] = src->nvlink_direct[i * src->n_gpus + j];
-            struct cdp_topo_gpu *g = &x->gpus[g0 + i];
+            struct cdp_topology_gpu *g = &x->gpus[g0 + i];
             *g = t->gpus[src->first_gpu + i];
             g->index = g0 + i;
         }
         g0 += n;
         for (int s = 0; s < t->n_nvswitches; s++) {
             if (t->nvswitches[s].node != k) continue;
-            struct cdp_topo_nvswitch *sw = &x->nvswitches[q++];
+            struct cdp_topology_nvswitch *sw = &x->nvswitches[q++];
             *sw = t->nvswitches[s];
             sw->gpu_links = NULL;
-            if ((st = cdp_topo_switch_alloc(sw, n))) goto fail;
+            if ((st = cdp_topology_switch_alloc(sw, n))) goto fail;
             memcpy(sw->gpu_links, t->nvswitches[s].gpu_links, (size_t)n * sizeof *sw->gpu_links);
         }
     }
@@ -789,8 +789,8 @@ cdp_status cdp_topology_first(const struct cdp_topology *t, int n_nodes, int per
         if (t->numa[i].node < n_nodes) x->numa[k++] = t->numa[i];
     for (int i = 0, k = 0; i < t->n_nics; i++)
         if (t->nics[i].node < n_nodes) x->nics[k++] = t->nics[i];
-    if ((st = cdp_topo_set_source(x, "%s", t->source ? t->source : t->name)) ||
-        (st = cdp_topo_finalize(x, x->name)))
+    if ((st = cdp_topology_set_source(x, "%s", t->source ? t->source : t->name)) ||
+        (st = cdp_topology_finalize(x, x->name)))
         goto fail;
     *out = x;
     return CDP_OK;

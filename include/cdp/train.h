@@ -116,7 +116,7 @@ CDP_API cdp_status cdp_train(const struct cdp_plan *plan, const struct cdp_layou
  * saves a checkpoint when the plan has /train/checkpoint, and cdp_train
  * returns CDP_OK with summary->steps the last step trained, before
  * /train/steps; the final outputs (weights, trace) are not written. */
-void cdp_train_request_stop(void);
+CDP_API void cdp_train_request_stop(void);
 
 /* Ends the whole job after a failed cdp_train under MPI (MPI_Abort on the
  * world with code; exit(code) when MPI is not up). Does not return. */
