@@ -445,7 +445,7 @@ static cdp_status load_from(struct ld *c, const json_t *m, const json_t *from, s
                                  "safetensors the weights");
     }
     cdp_status st;
-    char *dir = join_path(c->base, json_string_value(from));
+    char *dir = cdp_path_join(c->base, json_string_value(from));
     if (!dir) return cdp_fail(CDP_ERR_NOMEM, "%s: /model/from: out of memory", c->in.file);
     char *weights = NULL;
     if ((st = cdp_hf_read_config(dir, md, &weights))) {
@@ -696,7 +696,7 @@ static cdp_status get_data_entry(struct ld *c, const json_t *v, const char *ptr,
         if ((st = get_existing_file(c, v, ptr, &one))) return st;
         return push_path(c, ptr, list, n, one);
     }
-    char *joined = join_path(c->base, s);
+    char *joined = cdp_path_join(c->base, s);
     if (!joined) return cdp_fail(CDP_ERR_NOMEM, "%s: %s: out of memory", c->in.file, ptr);
     glob_t g;
     int rc = glob(joined, GLOB_ERR, NULL, &g);
