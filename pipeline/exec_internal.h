@@ -129,6 +129,15 @@ struct exec {
      * and how many distinct hosts the job spans (exec_hosts.c) */
     char *hosts;
     int n_hosts;
+    /* forward-only mode (cdp_exec_validate): the forward schedule through the
+     * same instruction table, LOAD reading the validation split from
+     * micro-batch fwd_base on, the last virtual stage summing its loss into
+     * fwd_sum, and a slot free again as soon as its output has been taken
+     * (no activation is kept for a backward) */
+    int fwd;
+    int64_t fwd_base;
+    double fwd_sum;
+    int eval_only; /* set up for forward passes alone (cdp_exec_eval): no optimizer */
 };
 
 #define CDP_EXEC_HOST_MAX 64
@@ -154,7 +163,13 @@ cdp_status cdp_exec_run_list(struct exec *e);
  * sum over the stage's replicas, into this replica's part of it. */
 cdp_status cdp_exec_grad_reduce(void *ctx, float *buf, uint64_t n, uint64_t from, uint64_t count);
 cdp_status cdp_exec_drain_sends(struct exec *e);
-cdp_status cdp_exec_validate(struct exec *e, double *val);
+/* The validation loss over n micro-batches (training's, `cdphybrid eval`'s):
+ * replica 0 runs the forward-only schedule (cdp_schedule_build_forward) in
+ * windows of at most mcap micro-batches in forward-only mode; *val, on every
+ * rank, is the loss summed over every row divided by n x B x rows a sample
+ * (*rows_per_sample when not NULL: every token of a token model, else 1). A
+ * collective of the world. */
+cdp_status cdp_exec_validate(struct exec *e, int64_t n, double *val, double *rows_per_sample);
 
 /* exec_buckets.c: the chunk's gradient buckets and the model's backward hook
  * (when the plan's bucket_mb, the replicas and the dp communicator allow);

@@ -265,7 +265,9 @@ cdp_status cdp_exec_setup(struct exec *e)
         /* ZeRO-1 and 2: this replica's shard of the chunk's parameters (cdp_shard) */
         uint64_t off = 0, len = (uint64_t)cdp_model_param_floats(c->model);
         if (e->zero) cdp_shard(len, e->R, e->r, &off, &len);
-        if ((st = cdp_optimizer_create_shard(&p->train.optimizer, c->model, e->dev, off, len, &c->opt))) break;
+        if (!e->eval_only && (st = cdp_optimizer_create_shard(&p->train.optimizer, c->model, e->dev, off, len,
+                                                             &c->opt)))
+            break;
         struct cdp_unit_bytes u0, ul;
         cdp_unit_bytes(cdp_model_unit(c->model, 0), e->B, loss, &u0);
         cdp_unit_bytes(cdp_model_unit(c->model, cdp_model_unit_count(c->model) - 1), e->B, loss, &ul);

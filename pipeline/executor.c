@@ -249,7 +249,7 @@ cdp_status cdp_exec_run(const struct cdp_plan *p, const struct cdp_layout *layou
         summary_add(&sum, &s, counted);
         const int last = step == p->train.steps;
         if ((p->train.eval_every > 0 && step % p->train.eval_every == 0) || last) {
-            if ((st = cdp_exec_validate(&e, &s.val_loss))) goto fail;
+            if ((st = cdp_exec_validate(&e, p->train.eval_batches, &s.val_loss, NULL))) goto fail;
             sum.val_loss = s.val_loss;
         }
         /* the step's record before its checkpoint: a resume from that

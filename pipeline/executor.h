@@ -33,6 +33,29 @@ cdp_status cdp_exec_check(const struct cdp_plan *plan);
 cdp_status cdp_exec_run(const struct cdp_plan *plan, const struct cdp_layout *layout, cdp_comm_t world,
                         const struct cdp_train_opts *opts, struct cdp_train_summary *summary);
 
+/* What cdp_exec_eval evaluates. */
+struct cdp_ckpt_info;
+struct cdp_exec_eval_opts {
+    const char *ckpt_path;             /* a checkpoint step folder whose tensors load over the plan's
+                                          /model/weights, or NULL (not owned) */
+    const struct cdp_ckpt_info *ckpt;  /* its manifest (cdp_ckpt_find_latest; not owned) */
+    int64_t batches;                   /* validation micro-batches (> 0) */
+};
+
+/* The validation loss of the plan's model on the ranks of `world` as
+ * `layout` (not owned) places them, with the plan's /model/weights or o's
+ * checkpoint: each rank sets up as training does (its chunks, no optimizer),
+ * then replica 0 runs the forward-only schedule (cdp_exec_validate), the
+ * same sum as training's validation. *out on every rank. A failure says which rank; the
+ * caller then aborts a job of several ranks (cdp_comm_abort). */
+struct cdp_exec_eval_result {
+    double loss;            /* the mean over every row */
+    double rows_per_sample; /* every token of a token model, else 1 */
+    int tokens;             /* the model reads tokens */
+};
+cdp_status cdp_exec_eval(const struct cdp_plan *plan, const struct cdp_layout *layout, cdp_comm_t world,
+                         const struct cdp_exec_eval_opts *o, struct cdp_exec_eval_result *out);
+
 /* A fresh run (resume NULL) into a checkpoint folder that holds committed
  * checkpoints of an earlier run: CDP_ERR_INVALID naming the plan's key and
  * the newest, before any step is trained. */

@@ -16,7 +16,7 @@
 
 char cdp_exec_where_buf[256];
 
-enum { TAG_ACT = 0, TAG_GRAD = 1, TAG_VAL = 2 };
+enum { TAG_ACT = 0, TAG_GRAD = 1 };
 
 static const char *const op_names[] = {
     "LOAD", "FORWARD", "SEND_ACT", "RECV_ACT", "BACKWARD", "SEND_GRAD", "RECV_GRAD",
@@ -202,9 +202,29 @@ static cdp_status settle(const struct exec *e)
     return e->hv || (e->size == 1 && !e->trace) ? CDP_OK : cdp_device_synchronize(e->dev);
 }
 
+/* Forward-only mode: micro-batch k of validation starts at sample (k B) mod
+ * (split - B + 1) of the validation split, wrapping round a small split. */
+static int64_t val_first(const struct exec *e, int mb)
+{
+    const int64_t avail = cdp_data_split_size(e->data, CDP_SPLIT_VAL), k = e->fwd_base + mb;
+    return (k * e->B) % (avail > e->B ? avail - e->B + 1 : 1);
+}
+
+/* Forward-only mode: the slot of mb on chunk c is free once its output has
+ * been taken (the loss, a send posted, the next chunk's copy); a send still
+ * in flight is waited for before the slot is taken again (acquire_slot). */
+static void fwd_release(struct exec *e, struct chunk *c, int mb)
+{
+    if (!e->fwd || c->mb_slot[mb] < 0) return;
+    c->slot_mb[c->mb_slot[mb]] = -1;
+    c->mb_slot[mb] = -1;
+}
+
 static cdp_status load(struct exec *e, int mb)
 {
-    const int64_t first = e->sample_base + (int64_t)(e->step - 1 - e->step0) * e->G + ((int64_t)e->moff + mb) * e->B;
+    const int64_t first = e->fwd ? val_first(e, mb)
+                                 : e->sample_base + (int64_t)(e->step - 1 - e->step0) * e->G +
+                                       ((int64_t)e->moff + mb) * e->B;
     void *inputs = e->in_scratch, *dev_in = NULL;
     cdp_status st;
     if (e->s == 0) {
@@ -213,7 +233,8 @@ static cdp_status load(struct exec *e, int mb)
         dev_in = cdp_model_input(e->ch[0].model, slot);
         if (e->hv) inputs = dev_in;
     }
-    st = cdp_data_fetch(e->data, CDP_SPLIT_TRAIN, first, e->B, inputs, (char *)e->tgt + mb * e->tgt_bytes);
+    st = cdp_data_fetch(e->data, e->fwd ? CDP_SPLIT_VAL : CDP_SPLIT_TRAIN, first, e->B, inputs,
+                        (char *)e->tgt + mb * e->tgt_bytes);
     if (!st && dev_in && !e->hv) st = cdp_device_write(e->dev, dev_in, inputs, (uint64_t)e->ch[0].in_bytes);
     return st;
 }
@@ -288,14 +309,18 @@ static cdp_status op_forward(struct exec *e, const struct cdp_instr *in, struct 
     int slot;
     if ((st = acquire_slot(e, c, in->mb, &slot))) return st;
     if (c->local_prev >= 0 && (st = local_input(e, c, in->mb, slot))) return st;
+    if (c->local_prev >= 0) fwd_release(e, &e->ch[c->local_prev], in->mb);
     if ((st = cdp_model_forward(c->model, slot))) return st;
     if (c->vstage == e->nv - 1) {
         double s = 0;
-        st = cdp_model_loss(c->model, slot, (char *)e->tgt + in->mb * e->tgt_bytes, e->scale, &s);
-        e->loss_sum += s;
+        /* validation sums the loss unscaled, in micro-batch order */
+        st = cdp_model_loss(c->model, slot, (char *)e->tgt + in->mb * e->tgt_bytes, e->fwd ? 1.0f : e->scale, &s);
+        if (e->fwd) e->fwd_sum += s;
+        else e->loss_sum += s;
+        fwd_release(e, c, in->mb);
     }
     if (!st) st = settle(e);
-    cdp_fault_slow_down(&e->fault, e->rank, t0);
+    if (!e->fwd) cdp_fault_slow_down(&e->fault, e->rank, t0);
     e->t_compute += cdp_time_ns() - t0;
     e->t_fb += cdp_time_ns() - t0;
     trace_ev(e, CDP_EV_FORWARD, in->mb, in->chunk, t0, cdp_time_ns());
@@ -307,6 +332,7 @@ static cdp_status op_send_act(struct exec *e, const struct cdp_instr *in, struct
     const int slot = c->mb_slot[in->mb];
     cdp_status st = send_dev(e, cdp_model_output(c->model, slot), (size_t)c->out_bytes, in->peer,
                   tag_of(TAG_ACT, c->vstage, in->mb, e->m), &c->slot_send[slot]);
+    fwd_release(e, c, in->mb);
     e->t_comm += cdp_time_ns() - t0;
     trace_p2p(e, CDP_EV_SEND_ACT, in, (size_t)c->out_bytes, t0, cdp_time_ns());
     return st;
@@ -600,6 +626,8 @@ static cdp_status execute_group(struct exec *e, const struct cdp_instr *list, in
         [CDP_OP_SEND_ACT] = CDP_EV_SEND_ACT, [CDP_OP_RECV_ACT] = CDP_EV_RECV_ACT,
         [CDP_OP_SEND_GRAD] = CDP_EV_SEND_GRAD, [CDP_OP_RECV_GRAD] = CDP_EV_RECV_GRAD};
     for (int i = 0; i < n && !st; i++) trace_p2p(e, kind_of[list[i].op], &list[i], ops[i].bytes, t0, t1);
+    for (int i = 0; i < n && !st; i++)
+        if (list[i].op == CDP_OP_SEND_ACT) fwd_release(e, &e->ch[list[i].chunk], list[i].mb);
     return st;
 }
 
@@ -610,8 +638,8 @@ cdp_status cdp_exec_run_list(struct exec *e)
     const struct cdp_instr *list = e->sched->list[e->s];
     const int n = e->sched->len[e->s];
     cdp_status st = CDP_OK;
-    cdp_exec_buckets_start_step(e);
-    const int buckets = cdp_exec_buckets_on(e);
+    if (!e->fwd) cdp_exec_buckets_start_step(e); /* a forward-only list reduces nothing */
+    const int buckets = !e->fwd && cdp_exec_buckets_on(e);
     for (int i = 0; i < n && !st;) {
         int end = cdp_comm_p2p_grouped(e->pipe) ? cdp_schedule_p2p_group_end(e->sched, e->s, i) : i;
         if (end > i) {
@@ -638,61 +666,59 @@ cdp_status cdp_exec_drain_sends(struct exec *e)
     return st;
 }
 
-/* Forward-only validation on replica 0; the loss is the same sum as one-rank
- * validation's, over the same samples. */
-cdp_status cdp_exec_validate(struct exec *e, double *val)
+/* The forward-only schedule of n micro-batches in windows of at most mcap
+ * (what the slots' bookkeeping holds), run as a step's list is: the same
+ * table of instructions, in forward-only mode, with no trace. */
+static cdp_status run_forward(struct exec *e, int64_t n)
 {
-    double sum = 0;
+    struct cdp_schedule *const train = e->sched;
+    struct cdp_trace *const trace = e->trace;
+    const int m = e->m, w = (int)(n < e->mcap ? n : e->mcap);
+    struct cdp_schedule *fs = NULL;
     cdp_status st = CDP_OK;
-    const int64_t n = e->plan->train.eval_batches;
-    /* the same BLAS threads as `cdphybrid eval`, whatever this rank got */
+    e->fwd = 1;
+    e->fwd_sum = 0;
+    e->trace = NULL;
+    for (int64_t base = 0; base < n && !st; base += w) {
+        const int mw = (int)(n - base < w ? n - base : w);
+        if (!fs || fs->m != mw) {
+            cdp_schedule_free(fs);
+            fs = NULL;
+            if ((st = cdp_schedule_build_forward(e->lay->schedule, e->p, e->v, mw, &fs))) break;
+        }
+        e->sched = fs;
+        e->m = mw; /* the tags of this window's transfers */
+        e->fwd_base = base;
+        st = cdp_exec_run_list(e);
+        if (!st) st = cdp_exec_drain_sends(e);
+    }
+    for (int k = 0; k < e->v; k++) /* a failed window may leave slots taken */
+        for (int i = 0; i < e->ch[k].nslots; i++)
+            if (e->ch[k].slot_mb[i] >= 0) fwd_release(e, &e->ch[k], e->ch[k].slot_mb[i]);
+    cdp_schedule_free(fs);
+    e->sched = train;
+    e->m = m;
+    e->trace = trace;
+    e->fwd = 0;
+    return st;
+}
+
+/* Validation on replica 0: the forward-only schedule; the loss is the same
+ * sum as one-rank validation's, over the same samples in the same order. */
+cdp_status cdp_exec_validate(struct exec *e, int64_t n, double *val, double *rows_per_sample)
+{
+    cdp_status st = CDP_OK;
+    /* the same BLAS threads as `cdphybrid eval` on one rank, whatever this rank got */
     const int threads = cdp_cpu_threads();
     cdp_cpu_set_threads(CDP_CPU_EXACT_THREADS);
-    if (e->r == 0) {
-        int64_t avail = e->data ? cdp_data_split_size(e->data, CDP_SPLIT_VAL) : 0;
-        for (int64_t k = 0; k < n && !st; k++) {
-            int64_t first = (k * e->B) % (avail > e->B ? avail - e->B + 1 : 1);
-            for (int c = 0; c < e->v && !st; c++) {
-                struct chunk *ch = &e->ch[c];
-                void *input = cdp_model_input(ch->model, 0);
-                snprintf(cdp_exec_where_buf, sizeof cdp_exec_where_buf, "rank %d/%d (stage %d, replica %d): validation "
-                         "micro-batch %lld, chunk %d", e->rank, e->size, e->s, e->r, (long long)k, c);
-                if (ch->vstage == 0 || ch->vstage == e->nv - 1)
-                    st = cdp_data_fetch(e->data, CDP_SPLIT_VAL, first, e->B,
-                                        ch->vstage == 0 && e->hv ? input : e->in_scratch, e->tgt);
-                if (!st && ch->vstage == 0 && !e->hv)
-                    st = cdp_device_write(e->dev, input, e->in_scratch, (uint64_t)ch->in_bytes);
-                int peer, pc;
-                if (!st && ch->vstage > 0 && ch->local_prev >= 0) { /* zbv's turn: the chunk before is here */
-                    st = cdp_model_copy(ch->model, input, cdp_model_output(e->ch[ch->local_prev].model, 0),
-                                        (size_t)ch->in_bytes);
-                } else if (!st && ch->vstage > 0) {
-                    cdp_schedule_vstage_place(e->lay->schedule, e->p, e->v, ch->vstage - 1, &peer, &pc);
-                    st = recv_dev(e, input, (size_t)ch->in_bytes, peer,
-                                  tag_of(TAG_VAL, ch->vstage - 1, (int)(k % e->m), e->m));
-                }
-                if (!st) st = cdp_model_forward(ch->model, 0);
-                if (!st && ch->vstage == e->nv - 1) {
-                    double s = 0;
-                    st = cdp_model_loss(ch->model, 0, e->tgt, 1.0f, &s);
-                    sum += s;
-                } else if (!st && ch->local_next < 0) {
-                    /* slot 0's output is overwritten by the next micro-batch: complete the send first */
-                    cdp_request_t req = NULL;
-                    cdp_schedule_vstage_place(e->lay->schedule, e->p, e->v, ch->vstage + 1, &peer, &pc);
-                    st = send_dev(e, cdp_model_output(ch->model, 0), (size_t)ch->out_bytes, peer,
-                                  tag_of(TAG_VAL, ch->vstage, (int)(k % e->m), e->m), &req);
-                    if (!st) st = cdp_comm_wait(req, e->timeout);
-                }
-            }
-        }
-    }
+    if (e->r == 0) st = run_forward(e, n);
+    cdp_cpu_set_threads(threads);
     /* rows per sample (every token of a token model, else 1) are known where
      * the data is read */
-    cdp_cpu_set_threads(threads);
-    double red[2] = {sum, e->shape ? (e->shape->tokens ? (double)e->shape->input_numel : 1.0) : 0};
+    double red[2] = {e->r == 0 ? e->fwd_sum : 0, e->shape ? (e->shape->tokens ? (double)e->shape->input_numel : 1.0) : 0};
     if (!st) st = cdp_comm_allreduce_f64(e->world, &red[0], 1, CDP_REDUCE_SUM, e->timeout);
     if (!st) st = cdp_comm_allreduce_f64(e->world, &red[1], 1, CDP_REDUCE_MAX, e->timeout);
     if (!st) *val = red[0] / ((double)n * e->B * red[1]);
+    if (!st && rows_per_sample) *rows_per_sample = red[1];
     return st;
 }

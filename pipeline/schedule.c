@@ -800,6 +800,9 @@ static cdp_status check_rank(const struct cdp_schedule *s, int r, int *pos /* m*
 
     for (int i = 0; i < s->len[r]; i++) {
         const struct cdp_instr *in = &s->list[r][i];
+        if (s->forward_only && in->op != CDP_OP_LOAD && in->op != CDP_OP_RECV_ACT && in->op != CDP_OP_FORWARD &&
+            in->op != CDP_OP_SEND_ACT)
+            return bad_at(s, r, i, "a forward-only schedule holds only LOAD, RECV_ACT, FORWARD and SEND_ACT");
         if (!per_mb_op(in->op)) {
             if (step_at[in->op] >= 0)
                 return bad_at(s, r, i, "repeated (first at instruction %d)", step_at[in->op]);
@@ -888,7 +891,7 @@ static cdp_status check_rank(const struct cdp_schedule *s, int r, int *pos /* m*
         for (int c = 0; c < v; c++) {
             int k = vstage(s, r, c);
             if (POS(mb, c, P_F) < 0) return cdp_fail(CDP_ERR_INVALID, "rank %d: %s is never forwarded", r, NM);
-            if (POS(mb, c, P_B) < 0 && POS(mb, c, P_I) < 0)
+            if (!s->forward_only && POS(mb, c, P_B) < 0 && POS(mb, c, P_I) < 0)
                 return cdp_fail(CDP_ERR_INVALID, "rank %d: %s is never backwarded", r, NM);
             if (POS(mb, c, P_I) >= 0 && POS(mb, c, P_W) < 0)
                 return cdp_fail(CDP_ERR_INVALID, "rank %d: %s has its input gradient (I%d at instruction %d) but "
@@ -897,11 +900,12 @@ static cdp_status check_rank(const struct cdp_schedule *s, int r, int *pos /* m*
             if (k < last && vrank(s, k + 1) != r && POS(mb, c, P_SA) < 0)
                 return cdp_fail(CDP_ERR_INVALID, "rank %d: the activation of %s is never sent to rank %d, "
                                 "which receives it", r, NM, vrank(s, k + 1));
-            if (k > 0 && vrank(s, k - 1) != r && POS(mb, c, P_SG) < 0)
+            if (!s->forward_only && k > 0 && vrank(s, k - 1) != r && POS(mb, c, P_SG) < 0)
                 return cdp_fail(CDP_ERR_INVALID, "rank %d: the input gradient of %s is never sent to rank %d, "
                                 "which receives it", r, NM, vrank(s, k - 1));
         }
     }
+    if (s->forward_only) return CDP_OK;
     if (step_at[CDP_OP_ALLREDUCE_GRADS] < 0)
         return cdp_fail(CDP_ERR_INVALID, "rank %d: no ALLREDUCE_GRADS (A) at the end of the list", r);
     if (step_at[CDP_OP_OPTIMIZER_STEP] < 0)

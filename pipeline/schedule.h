@@ -69,6 +69,7 @@ struct cdp_schedule {
     int p, v, m;            /* ranks, chunks per rank, micro-batches */
     int *len;               /* len[r]: instructions of rank r */
     struct cdp_instr **list; /* list[r][i] */
+    int forward_only;       /* LOAD, RECV_ACT, FORWARD and SEND_ACT only (cdp_schedule_build_forward) */
 };
 
 /* Virtual stage of (rank, chunk) under kind's placement (see the top of this
@@ -139,8 +140,23 @@ cdp_status cdp_schedule_build_ex(enum cdp_schedule_kind kind, int p, int v, int 
                                  struct cdp_schedule **out);
 void cdp_schedule_free(struct cdp_schedule *s);
 
+/* The forward-only lists (forward_only set) of m micro-batches over p ranks
+ * of v chunks, placed as kind places virtual stages (pipeline/schedule_forward.c):
+ * no backward, no step-end instructions; each rank takes micro-batch after
+ * micro-batch through its chunks in virtual-stage order: LOAD where a training
+ * step has it (the first virtual stage's inputs, the last's targets), RECV_ACT
+ * from the virtual stage before when another rank holds it, FORWARD (the last
+ * virtual stage also computes the loss), SEND_ACT to the next when another
+ * rank holds it. Validation, `cdphybrid eval` and the executor's forward-only
+ * mode run these. The result passes cdp_schedule_validate and
+ * cdp_schedule_validate_rendezvous (run before it is returned). Any kind and
+ * any v >= 1 (kind gives only the placement); CDP_ERR_INVALID for shapes out
+ * of range, CDP_ERR_NOMEM. *out is the caller's (cdp_schedule_free). */
+cdp_status cdp_schedule_build_forward(enum cdp_schedule_kind kind, int p, int v, int m, struct cdp_schedule **out);
+
 /* Proves the lists well formed: every micro-batch is loaded, forwarded and
- * backwarded exactly once per virtual stage, forward before backward,
+ * (unless the lists are forward_only, which hold no backward nor step-end
+ * instruction) backwarded exactly once per virtual stage, forward before backward,
  * inputs received before the forward that needs them and gradients before the
  * backward; a backward is either one BACKWARD or a BACKWARD_INPUT followed on
  * the same rank by its BACKWARD_WEIGHT (never both forms for one micro-batch

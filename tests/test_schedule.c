@@ -1094,3 +1094,92 @@ Test(schedule, files_name_what_is_wrong)
                     0, 0, 0, ": deadlock: no rank can go on; rank 0 waits at instruction 2 (rg0<1) for rank 1, rank 1 "
                     "waits at instruction 1 (ra0<0) for rank 0");
 }
+
+/* ---- the forward-only schedule (validation, eval) ---- */
+
+/* Every placement (one chunk; interleaved's several; zbv's V) on 1 to 3 stages:
+ * the lists pass both validators, hold m x v FORWARDs a rank and nothing of a
+ * backward or a step's end, and send every boundary that crosses ranks once. */
+Test(schedule, forward_only_lists_validate_for_stages_1_to_3_and_chunks)
+{
+    const struct {
+        enum cdp_schedule_kind kind;
+        int v;
+    } shapes[] = {{CDP_SCHEDULE_GPIPE, 1}, {CDP_SCHEDULE_1F1B, 1}, {CDP_SCHEDULE_INTERLEAVED, 2},
+                  {CDP_SCHEDULE_INTERLEAVED, 3}, {CDP_SCHEDULE_ZBV, 2}};
+    int cases = 0;
+    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++)
+        for (int p = 1; p <= 3; p++)
+            for (int m = 1; m <= 6; m++) {
+                const int v = shapes[k].v;
+                struct cdp_schedule *s = NULL;
+                cr_assert_eq(cdp_schedule_build_forward(shapes[k].kind, p, v, m, &s), CDP_OK, "%s p=%d v=%d m=%d: %s",
+                             cdp_schedule_name(shapes[k].kind), p, v, m, cdp_last_error());
+                cr_assert(s->forward_only);
+                cr_assert_eq(cdp_schedule_validate(s), CDP_OK, "%s", cdp_last_error());
+                cr_assert_eq(cdp_schedule_validate_rendezvous(s), CDP_OK, "%s", cdp_last_error());
+                int sends = 0, recvs = 0;
+                for (int r = 0; r < p; r++) {
+                    cr_assert_eq(count_op(s, r, CDP_OP_FORWARD), m * v);
+                    for (int op = CDP_OP_BACKWARD; op < CDP_OP_COUNT; op++)
+                        if (op != CDP_OP_SEND_ACT && op != CDP_OP_RECV_ACT)
+                            cr_assert_eq(count_op(s, r, (enum cdp_op)op), 0, "rank %d: %s", r, rank_str(s, r));
+                    sends += count_op(s, r, CDP_OP_SEND_ACT);
+                    recvs += count_op(s, r, CDP_OP_RECV_ACT);
+                }
+                int crossings = 0; /* boundaries k | k + 1 between two ranks */
+                for (int b = 0; b + 1 < p * v; b++) {
+                    int r0, r1, c;
+                    cdp_schedule_vstage_place(shapes[k].kind, p, v, b, &r0, &c);
+                    cdp_schedule_vstage_place(shapes[k].kind, p, v, b + 1, &r1, &c);
+                    crossings += r0 != r1;
+                }
+                cr_assert_eq(sends, m * crossings);
+                cr_assert_eq(recvs, m * crossings);
+                cdp_schedule_free(s);
+                cases++;
+            }
+    cr_assert_eq(cases, 5 * 3 * 6);
+}
+
+Test(schedule, forward_only_small_lists_match_the_hand_written_ones)
+{
+    struct cdp_schedule *s = NULL;
+    cr_assert_eq(cdp_schedule_build_forward(CDP_SCHEDULE_1F1B, 2, 1, 2, &s), CDP_OK, "%s", cdp_last_error());
+    cr_assert_str_eq(rank_str(s, 0), "L0 F0 sa0>1 L1 F1 sa1>1");
+    cr_assert_str_eq(rank_str(s, 1), "L0 ra0<0 F0 L1 ra1<0 F1");
+    cdp_schedule_free(s);
+    /* one rank, two chunks: chunk 1 takes chunk 0's output on the rank, no transfer */
+    cr_assert_eq(cdp_schedule_build_forward(CDP_SCHEDULE_INTERLEAVED, 1, 2, 1, &s), CDP_OK, "%s", cdp_last_error());
+    cr_assert_str_eq(rank_str(s, 0), "L0 0F0 1F0");
+    cdp_schedule_free(s);
+    /* zbv on 2 ranks: down 0, 1 and back up 1, 0; rank 0 loads once for both ends */
+    cr_assert_eq(cdp_schedule_build_forward(CDP_SCHEDULE_ZBV, 2, 2, 1, &s), CDP_OK, "%s", cdp_last_error());
+    cr_assert_str_eq(rank_str(s, 0), "L0 0F0 0sa0>1 1ra0<1 1F0");
+    cr_assert_str_eq(rank_str(s, 1), "0ra0<0 0F0 1F0 1sa0>0");
+    cdp_schedule_free(s);
+    s = NULL;
+    cr_assert_eq(cdp_schedule_build_forward(CDP_SCHEDULE_GPIPE, 0, 1, 2, &s), CDP_ERR_INVALID);
+    cr_assert_null(s);
+}
+
+Test(schedule, forward_only_rejects_a_backward_and_a_missing_send)
+{
+    struct cdp_schedule *s = parse(2, 1, 1, (const char *[]){"L0 F0 sa0>1", "L0 ra0<0 F0 B0"});
+    s->forward_only = 1;
+    cr_assert_eq(cdp_schedule_validate(s), CDP_ERR_INVALID);
+    cr_assert_str_eq(cdp_last_error(), "rank 1, instruction 3 (B0): a forward-only schedule holds only LOAD, "
+                     "RECV_ACT, FORWARD and SEND_ACT");
+    cdp_schedule_free(s);
+    s = parse(2, 1, 1, (const char *[]){"L0 F0", "L0 ra0<0 F0"});
+    s->forward_only = 1;
+    cr_assert_eq(cdp_schedule_validate(s), CDP_ERR_INVALID);
+    cr_assert(strstr(cdp_last_error(), "never sent to rank 1"), "%s", cdp_last_error());
+    cdp_schedule_free(s);
+    /* the same lists are not a training step: a backward is missing */
+    s = parse(2, 1, 1, (const char *[]){"L0 F0 sa0>1", "L0 ra0<0 F0"});
+    cr_assert_eq(cdp_schedule_validate(s), CDP_ERR_INVALID);
+    s->forward_only = 1;
+    cr_assert_eq(cdp_schedule_validate(s), CDP_OK, "%s", cdp_last_error());
+    cdp_schedule_free(s);
+}

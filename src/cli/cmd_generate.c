@@ -21,6 +21,7 @@
 #include "model/data.h"
 #include "model/infer.h"
 #include "model/model.h"
+#include "pipeline/executor.h"
 
 static void generate_usage(FILE *f)
 {
@@ -188,37 +189,6 @@ static void ranks_fail(const struct ranks *r, const char *cmd, cdp_status st)
     cdp_comm_abort(r->world, cdp_cli_exit_code(st));
 }
 
-/* Stage s of p over n units: the plan's /parallel/partition when it has p
- * ranges (contiguous from 0, as the plan checks) ending at n, else n / p units
- * each, the first n % p stages one more. */
-static void stage_range(const struct cdp_plan *p, int64_t n, int stages, int s, int *first, int *end)
-{
-    if (p->parallel.partition && p->parallel.n_partition == stages && p->parallel.partition[stages - 1][1] == n) {
-        *first = (int)p->parallel.partition[s][0];
-        *end = (int)p->parallel.partition[s][1];
-        return;
-    }
-    const int64_t q = n / stages, extra = n % stages;
-    *first = (int)(s * q + (s < extra ? s : extra));
-    *end = (int)(*first + q + (s < extra));
-}
-
-/* Bytes of one micro-batch of B samples that stage r sends on (its last unit's
- * output) and receives (its first unit's input). */
-static uint64_t stage_output_bytes(struct cdp_model *m, int B, enum cdp_loss loss)
-{
-    struct cdp_unit_bytes ub;
-    cdp_unit_bytes(cdp_model_unit(m, cdp_model_unit_count(m) - 1), B, loss, &ub);
-    return ub.output_bytes;
-}
-
-static uint64_t stage_input_bytes(struct cdp_model *m, int B, enum cdp_loss loss)
-{
-    struct cdp_unit_bytes ub;
-    cdp_unit_bytes(cdp_model_unit(m, 0), B, loss, &ub);
-    return ub.input_bytes;
-}
-
 static cdp_status send_wait(const struct ranks *r, const void *buf, uint64_t bytes, int peer)
 {
     cdp_request_t q = NULL;
@@ -233,46 +203,15 @@ static cdp_status recv_wait(const struct ranks *r, void *buf, uint64_t bytes, in
     return st ? st : cdp_comm_wait(q, r->timeout);
 }
 
-/* One micro-batch through a stage of the pipeline: stage 0's input is at the
- * model's input already; a later stage receives it from the one before; all
- * but the last send their output on (host buffer buf, at least the larger of
- * the input and output bytes). */
-static cdp_status stage_forward(const struct ranks *r, struct cdp_model *m, cdp_device_t dev, int B,
-                                enum cdp_loss loss, void *buf)
-{
-    cdp_status st = CDP_OK;
-    if (r->rank > 0) {
-        const uint64_t in = stage_input_bytes(m, B, loss);
-        if ((st = recv_wait(r, buf, in, r->rank - 1)) ||
-            (st = cdp_device_write(dev, cdp_model_input(m, 0), buf, in))) {
-            cdp_error_context(st, "stage %d: the activation from stage %d", r->rank, r->rank - 1);
-            return st;
-        }
-    }
-    if ((st = cdp_model_forward(m, 0))) return st;
-    if (r->rank < r->size - 1) {
-        const uint64_t out = stage_output_bytes(m, B, loss);
-        if ((st = cdp_device_read(dev, buf, cdp_model_output(m, 0), out)) ||
-            (st = send_wait(r, buf, out, r->rank + 1)))
-            cdp_error_context(st, "stage %d: the activation to stage %d", r->rank, r->rank + 1);
-    }
-    return st;
-}
-
-/* The host buffer stage_forward needs. */
-static void *stage_buffer(struct cdp_model *m, int B, enum cdp_loss loss)
-{
-    const uint64_t in = stage_input_bytes(m, B, loss), out = stage_output_bytes(m, B, loss);
-    return malloc(in > out ? in : out);
-}
-
 /* The plan (--plan, or the checkpoint's), the whole model on the CPU with its
  * weights. */
 struct loaded {
     struct cdp_plan *plan;
+    struct cdp_layout *layout; /* the planner's, for the ranks of this job (cdp_cli_forward_layout) */
     cdp_device_t dev;
     struct cdp_model *model;
     char *ckpt_path; /* the checkpoint folder used, or NULL */
+    struct cdp_ckpt_info info; /* its manifest */
     int64_t step;    /* its step */
     const char *weights; /* the weights file used, or NULL */
 };
@@ -281,7 +220,9 @@ static void loaded_free(struct loaded *l)
 {
     cdp_model_destroy(l->model);
     cdp_device_close(l->dev);
+    cdp_layout_free(l->layout);
     cdp_plan_free(l->plan);
+    cdp_ckpt_info_free(&l->info);
     free(l->ckpt_path);
 }
 
@@ -291,82 +232,91 @@ static int fail(const char *cmd, cdp_status st)
     return cdp_cli_exit_code(st);
 }
 
-/* Fills l (B samples a micro-batch, 0: /train/micro_batch); -1, or an exit
- * code with the message printed. l is loaded_free'd either way. */
-static int load_model(const struct infer_args *a, int B, struct ranks *r, struct loaded *l)
+/* The plan (--plan, or the checkpoint's) and the weights or checkpoint to
+ * use; -1, or an exit code with the message printed. l is loaded_free'd
+ * either way. */
+static int load_plan(const struct infer_args *a, struct ranks *r, struct loaded *l)
 {
     memset(l, 0, sizeof *l);
     if (a->weights && a->ckpt) return cdp_cli_usage_error(a->cmd, "%s", "give --weights or --checkpoint, not both");
     if (!a->plan && !a->ckpt)
         return cdp_cli_usage_error(a->cmd, "%s", "give --plan FILE (with --weights FILE), or --checkpoint DIR");
-    struct cdp_ckpt_info info = {0};
+    struct cdp_ckpt_info *info = &l->info;
     cdp_status st;
     if (a->ckpt) {
-        if ((st = cdp_ckpt_find_latest(a->ckpt, &l->ckpt_path, &info))) {
+        if ((st = cdp_ckpt_find_latest(a->ckpt, &l->ckpt_path, info))) {
             fail(a->cmd, st);
             return st == CDP_ERR_NOMEM ? EXIT_RUN_FAILED : EXIT_USAGE;
         }
-        l->step = info.step;
+        l->step = info->step;
     }
     if (a->plan) {
         st = cdp_plan_load(a->plan, &l->plan);
-    } else if (!info.plan_json) {
+    } else if (!info->plan_json) {
         st = cdp_fail(CDP_ERR_INVALID, "%s/manifest.json: holds no plan: give --plan FILE", l->ckpt_path);
     } else {
         char name[4200];
         snprintf(name, sizeof name, "%s/manifest.json (its plan)", l->ckpt_path);
-        st = cdp_plan_load_string(info.plan_json, name, NULL, &l->plan);
+        st = cdp_plan_load_string(info->plan_json, name, NULL, &l->plan);
     }
-    if (st) {
-        cdp_ckpt_info_free(&info);
-        return fail(a->cmd, st);
-    }
-    const struct cdp_plan *p = l->plan;
+    if (st) return fail(a->cmd, st);
+    struct cdp_plan *p = l->plan;
     l->weights = a->weights ? a->weights : !a->ckpt ? p->model.weights : NULL;
-    if (!l->ckpt_path && !l->weights) {
-        cdp_ckpt_info_free(&info);
+    if (!l->ckpt_path && !l->weights)
         return cdp_cli_usage_error(a->cmd, "%s has no /model/weights: give --weights FILE or --checkpoint DIR "
                                    "(a model without trained weights is noise)", p->source);
-    }
     const int64_t units = cdp_plan_model_units(p);
-    r->first = 0;
-    r->end = (int)units;
     r->timeout = (double)p->train.timeout_s;
-    if (r->world) {
-        if (r->size > units) {
-            cdp_ckpt_info_free(&info);
-            char msg[256];
-            snprintf(msg, sizeof msg, "%%s: the model has %lld units and %d ranks were started: start at most "
-                     "%lld (one stage a rank)", (long long)units, r->size, (long long)units);
-            return cdp_cli_usage_error(a->cmd, msg, p->source);
-        }
-        stage_range(p, units, r->size, r->rank, &r->first, &r->end);
+    if (r->size > units) {
+        char msg[256];
+        snprintf(msg, sizeof msg, "%%s: the model has %lld units and %d ranks were started: start at most "
+                 "%lld (one stage a rank)", (long long)units, r->size, (long long)units);
+        return cdp_cli_usage_error(a->cmd, msg, p->source);
     }
-    int code = -1;
-    if ((st = cdp_device_open(CDP_BACKEND_CPU, 0, 0, &l->dev)) ||
-        (st = cdp_model_create(&p->model, r->first, r->end, B ? B : (int)p->train.micro_batch, 1, p->train.seed,
-                               l->dev, &l->model))) {
-        code = fail(a->cmd, st);
-    } else {
-        if (l->ckpt_path) st = cdp_ckpt_load(l->ckpt_path, &info, &l->model, NULL, 1);
-        else if (!(st = cdp_model_check_weights(&p->model, l->weights))) st = cdp_model_load(l->model, l->weights);
-        /* a weights file or checkpoint that cannot be read or does not fit the model is the user's to fix */
-        if (st) {
-            fail(a->cmd, st);
-            code = st == CDP_ERR_NOMEM ? EXIT_RUN_FAILED : EXIT_USAGE;
-        }
-    }
-    cdp_ckpt_info_free(&info);
-    if (code >= 0) return code;
+    return -1;
+}
+
+/* After load_plan: the planner's layout for this job's ranks, m micro-batches
+ * a pass, and this rank's units. */
+static int plan_layout(const struct infer_args *a, int64_t m, struct ranks *r, struct loaded *l)
+{
+    struct cdp_plan *p = l->plan;
+    cdp_status st;
+    const int64_t units = cdp_plan_model_units(p), plan_stages = p->parallel.stages;
+    if ((st = cdp_cli_forward_layout(p, r->size, m, &l->layout))) return fail(a->cmd, st);
+    r->first = (int)l->layout->ranges[r->rank][0];
+    r->end = (int)l->layout->ranges[r->rank][1];
     if (l->ckpt_path) CDP_INFO(CKPT, "%s: step %lld of %s", a->cmd, (long long)l->step, l->ckpt_path);
     else CDP_INFO(CKPT, "%s: weights %s", a->cmd, l->weights);
     if (r->world)
         CDP_INFO(CKPT, "%s: stage %d of %d stages: units [%d, %d) of %lld", a->cmd, r->rank, r->size, r->first,
                  r->end, (long long)units);
-    else if (p->parallel.stages > 1)
+    else if (plan_stages > 1)
         CDP_INFO(CKPT, "%s: the plan has %lld stages; this one process holds all %lld units (under mpirun -np %lld "
-                 "each rank holds one stage's)", a->cmd, (long long)p->parallel.stages, (long long)units,
-                 (long long)p->parallel.stages);
+                 "each rank holds one stage's)", a->cmd, (long long)plan_stages, (long long)units,
+                 (long long)plan_stages);
+    return -1;
+}
+
+/* load_plan, then this rank's stage of the model (units [r->first, r->end)
+ * of the layout) on the CPU with its weights, B samples a micro-batch. */
+static int load_model(const struct infer_args *a, int B, struct ranks *r, struct loaded *l)
+{
+    int code = load_plan(a, r, l);
+    if (code < 0) code = plan_layout(a, 1, r, l);
+    if (code >= 0) return code;
+    const struct cdp_plan *p = l->plan;
+    cdp_status st;
+    if ((st = cdp_device_open(CDP_BACKEND_CPU, 0, 0, &l->dev)) ||
+        (st = cdp_model_create(&p->model, r->first, r->end, B, 1, p->train.seed, l->dev, &l->model)))
+        return fail(a->cmd, st);
+    if (l->ckpt_path) st = cdp_ckpt_load(l->ckpt_path, &l->info, &l->model, NULL, 1);
+    else if (!(st = cdp_model_check_weights(&p->model, l->weights))) st = cdp_model_load(l->model, l->weights);
+    /* a weights file or checkpoint that cannot be read or does not fit the model is the user's to fix */
+    if (st) {
+        fail(a->cmd, st);
+        return st == CDP_ERR_NOMEM ? EXIT_RUN_FAILED : EXIT_USAGE;
+    }
     return -1;
 }
 
@@ -713,75 +663,53 @@ int cdp_cli_generate(int argc, char **argv)
     return code;
 }
 
-/* Validation loss as training's validation computes it (pipeline/interpret.c
- * cdp_exec_validate): `batches` micro-batches of B samples of the validation
- * split, micro-batch k starting at sample (k B) mod (split - B + 1), flowing
- * through the stages (one rank: a pipeline of one stage), the loss summed over
- * every row by the last stage, in that order, and divided by batches x B x
- * rows per sample; the sum reaches every rank. *rows: the rows (tokens, or
- * samples for other models) it averaged over. */
-static cdp_status val_loss(const struct ranks *rk, struct cdp_model *m, cdp_device_t dev,
-                                    struct cdp_data *d, int B, int64_t batches, enum cdp_loss lossk, double *loss,
-                                    int64_t *rows)
-{
-    const struct cdp_sample_shape *sh = cdp_data_shape(d);
-    const int64_t per = sh->tokens ? sh->input_numel : 1, avail = cdp_data_split_size(d, CDP_SPLIT_VAL);
-    void *in = malloc((size_t)B * (size_t)sh->input_numel * 4), *tgt = malloc((size_t)B * (size_t)sh->target_numel * 4);
-    void *buf = rk->world ? stage_buffer(m, B, lossk) : NULL;
-    cdp_status st = in && tgt && (buf || !rk->world) ? CDP_OK : cdp_fail(CDP_ERR_NOMEM, "out of memory");
-    const int first_stage = rk->rank == 0, last = rk->rank == rk->size - 1;
-    double sum = 0;
-    for (int64_t k = 0; k < batches && !st; k++) {
-        const int64_t first = (k * B) % (avail > B ? avail - B + 1 : 1);
-        if ((first_stage || last) && (st = cdp_data_fetch(d, CDP_SPLIT_VAL, first, B, in, tgt))) break;
-        if (first_stage &&
-            (st = cdp_device_write(dev, cdp_model_input(m, 0), in, (uint64_t)B * (uint64_t)sh->input_numel * 4)))
-            break;
-        if ((st = stage_forward(rk, m, dev, B, lossk, buf))) break;
-        if (last) {
-            double s = 0;
-            if ((st = cdp_model_loss(m, 0, tgt, 1.0f, &s))) break;
-            sum += s;
-        }
-    }
-    free(in);
-    free(tgt);
-    free(buf);
-    if (!st && rk->world) st = cdp_comm_bcast_bytes(rk->world, &sum, sizeof sum, rk->size - 1, rk->timeout);
-    if (st) return st;
-    *rows = batches * B * per;
-    *loss = sum / ((double)batches * B * (double)per);
-    return CDP_OK;
-}
+/* Validation micro-batches a forward pass of eval takes at once (the
+ * pipeline fills once per pass). */
+#define EVAL_WINDOW 16
 
-/* eval after its arguments are read, on one rank or a stage of the pipeline. */
+/* eval after its arguments are read: the validation loss as training's
+ * validation computes it, by the executor (cdp_exec_eval: the same set-up,
+ * forward-only schedule and sum) on the layout the planner gives this job's
+ * ranks (one rank: a pipeline of one stage): `batches` micro-batches of B
+ * samples of the validation split, micro-batch k starting at sample (k B) mod
+ * (split - B + 1), the loss summed over every row by the last stage, in that
+ * order, and divided by batches x B x rows per sample. */
 static int eval_on(const struct infer_args *a, struct ranks *rk, int64_t batches)
 {
     struct loaded l;
-    int code;
-    if ((code = ranks_agree(rk, load_model(a, 0, rk, &l))) >= 0) {
+    int code = load_plan(a, rk, &l);
+    if (code < 0 && !batches) batches = l.plan->train.eval_batches;
+    if (code < 0) code = plan_layout(a, batches < EVAL_WINDOW ? batches : EVAL_WINDOW, rk, &l);
+    struct cdp_plan *p = l.plan;
+    cdp_status st = CDP_OK;
+    /* the weights chosen load where training's initial weights do; a checkpoint over the chunks */
+    if (code < 0 && p->model.weights != l.weights) {
+        char *w = l.weights ? strdup(l.weights) : NULL;
+        if (l.weights && !w) code = fail(a->cmd, cdp_fail(CDP_ERR_NOMEM, "out of memory"));
+        free(p->model.weights);
+        p->model.weights = w;
+        l.weights = w;
+    }
+    if ((code = ranks_agree(rk, code)) >= 0) {
         loaded_free(&l);
         return code;
     }
-    const struct cdp_plan *p = l.plan;
-    if (!batches) batches = p->train.eval_batches;
-    cdp_cpu_set_threads(CDP_CPU_EXACT_THREADS); /* as training's validation: the same double */
-    struct cdp_data *d = NULL;
-    double loss = 0;
-    int64_t rows = 0;
-    cdp_status st = cdp_data_open(&p->data, &p->model, &d);
-    if ((code = ranks_agree(rk, st ? fail(a->cmd, st) : -1)) >= 0) {
-        cdp_data_close(d);
+    cdp_comm_t world = rk->world;
+    if (!world && (st = cdp_comm_self(&world))) {
         loaded_free(&l);
-        return code;
+        return fail(a->cmd, st);
     }
-    st = val_loss(rk, l.model, l.dev, d, (int)p->train.micro_batch, batches, cdp_model_loss_of(&p->model), &loss,
-                  &rows);
+    const struct cdp_exec_eval_opts o = {.ckpt_path = l.ckpt_path, .ckpt = &l.info, .batches = batches};
+    struct cdp_exec_eval_result res = {0};
+    st = cdp_exec_eval(p, l.layout, world, &o, &res);
     if (st && rk->world) ranks_fail(rk, a->cmd, st);
+    if (!rk->world) cdp_comm_free(world);
     if (st) {
-        code = fail(a->cmd, st);
+        /* weights or a checkpoint that do not fit the model are the user's to fix */
+        fail(a->cmd, st);
+        code = st == CDP_ERR_INVALID || st == CDP_ERR_IO ? EXIT_USAGE : EXIT_RUN_FAILED;
     } else if (rk->rank == 0) {
-        const int tokens = cdp_data_shape(d)->tokens;
+        const int64_t rows = batches * p->train.micro_batch * (int64_t)res.rows_per_sample;
         if (!a->quiet) {
             if (l.ckpt_path) printf("step %lld of %s", (long long)l.step, l.ckpt_path);
             else printf("%s", l.weights);
@@ -791,13 +719,12 @@ static int eval_on(const struct infer_args *a, struct ranks *rk, int64_t batches
             if (rk->world) printf(", on %d pipeline stages", rk->size);
             printf("\n");
         }
-        printf("val_loss %.17g\nperplexity %.17g\n%s %lld\n", loss, exp(loss), tokens ? "tokens" : "samples",
+        printf("val_loss %.17g\nperplexity %.17g\n%s %lld\n", res.loss, exp(res.loss), res.tokens ? "tokens" : "samples",
                (long long)rows);
         code = finish_stdout(a->cmd);
     } else {
         code = 0;
     }
-    cdp_data_close(d);
     loaded_free(&l);
     return code;
 }

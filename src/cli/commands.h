@@ -28,6 +28,16 @@ int cdp_cli_export(int argc, char **argv);
 int cdp_cli_generate(int argc, char **argv);
 int cdp_cli_eval(int argc, char **argv);
 
+/* The layout eval and generate run on (src/cli/forward_layout.c): plan, the
+ * trained model's (changed in place), becomes a plan of `ranks` pipeline
+ * stages of one replica on this host's CPU in fp32, micro_batches
+ * micro-batches of /train/micro_batch, writing nothing; the planner's answer
+ * for it (the plan's partition when it has `ranks` ranges). *out is the
+ * caller's (cdp_layout_free). */
+struct cdp_plan;
+struct cdp_layout;
+cdp_status cdp_cli_forward_layout(struct cdp_plan *plan, int ranks, int64_t micro_batches, struct cdp_layout **out);
+
 /* `cdphybrid tokenize ...` (cmd_tokenize.c); argv[0] is "tokenize". */
 int cdp_cli_tokenize(int argc, char **argv);
 /* `cdphybrid plot METRICS.jsonl -o OUT.svg` (cmd_plot.c); argv[0] is "plot". */
