@@ -174,7 +174,17 @@ Test(bpe, top_p_keeps_the_fewest_most_likely)
 
 /* A tiny byte-level GPT trained in dir (stages 1 or 2), with metrics,
  * weights and a checkpoint at its last step; returns the plan's path. */
+static const char *train_tiny_on(const char *dir, const char *parallel);
+
 static const char *train_tiny(const char *dir, int stages)
+{
+    char parallel[128];
+    snprintf(parallel, sizeof parallel, "\"stages\": %d, \"replicas\": 1, \"micro_batches\": 2", stages);
+    return train_tiny_on(dir, parallel);
+}
+
+/* ... with /parallel's keys as given. */
+static const char *train_tiny_on(const char *dir, const char *parallel)
 {
     char text[2048];
     snprintf(text, sizeof text,
@@ -183,10 +193,10 @@ static const char *train_tiny(const char *dir, int stages)
              " \"data\": {\"source\": \"text\", \"path\": \"%s\", \"seed\": 3},\n"
              " \"train\": {\"steps\": 12, \"micro_batch\": 4, \"optimizer\": {\"type\": \"adamw\", \"lr\": 0.01}, "
              "\"log_every\": 6, \"eval_every\": 6, \"eval_batches\": 3, \"checkpoint\": {\"dir\": \"ck\"}},\n"
-             " \"parallel\": {\"stages\": %d, \"replicas\": 1, \"micro_batches\": 2},\n"
+             " \"parallel\": {%s},\n"
              " \"cluster\": {\"backend\": \"cpu\"},\n"
              " \"output\": {\"metrics\": \"m.jsonl\", \"weights\": \"w.safetensors\"}}\n",
-             cdp_test_source_path("examples/data/licenses.txt"), stages);
+             cdp_test_source_path("examples/data/licenses.txt"), parallel);
     static char plan[4096];
     snprintf(plan, sizeof plan, "%s", cdp_test_write_file(dir, "plan.json", text));
     struct cdp_run r;
@@ -572,4 +582,27 @@ Test(stages, generate_and_eval_on_a_pipeline_equal_one_rank, .timeout = 120)
     cr_assert_eq(r.exit_code, 2, "%d %s", r.exit_code, r.err);
     cr_assert(strstr(r.err, "the model has 4 units and 5 ranks were started"), "%s", r.err);
     cdp_test_run_free(&r);
+}
+
+/* Validation runs the forward-only schedule through the executor's
+ * instruction table on every placement of virtual stages: chunks handed on
+ * between ranks (interleaved), the turn of zbv's V on one rank. The loss is
+ * the double one rank computes, and eval's on one and on 2 stages. */
+Test(stages, validation_with_chunks_equals_eval_on_1_and_2_stages, .timeout = 240)
+{
+    static const char *const parallel[] = {
+        "\"stages\": 2, \"replicas\": 1, \"micro_batches\": 2, \"schedule\": \"interleaved\", \"chunks\": 2",
+        "\"stages\": 2, \"replicas\": 1, \"micro_batches\": 2, \"schedule\": \"zbv\"",
+    };
+    for (size_t i = 0; i < sizeof parallel / sizeof parallel[0]; i++) {
+        char dir[4096], ck[4200];
+        snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
+        train_tiny_on(dir, parallel[i]);
+        snprintf(ck, sizeof ck, "%s/ck", dir);
+        const double trained = last_val_loss(dir);
+        const double one = eval_value((const char *[]){"eval", "--checkpoint", ck, NULL});
+        const double two = eval_ranks("2", (const char *[]){"eval", "--checkpoint", ck, NULL});
+        cr_assert_eq(one, trained, "%s: eval %.17g, training's validation %.17g", parallel[i], one, trained);
+        cr_assert_eq(two, one, "%s: 2 stages %.17g, one rank %.17g", parallel[i], two, one);
+    }
 }
