@@ -21,8 +21,9 @@ struct cdp_infer;
 /* A decoder over the units of m (a whole model or a pipeline stage's range,
  * on the CPU device: its parameters are read in place), with a cache of
  * `context` positions (the model's /model/context). Unit types it runs:
- * embedding, transformer_block, lm_head (a GPT); others are
- * CDP_ERR_INVALID naming the unit. */
+ * those whose description has a decode hook (model/layer_def.h: embedding,
+ * transformer_block, llama_block, lm_head); others are CDP_ERR_INVALID
+ * naming the unit. */
 cdp_status cdp_infer_create(struct cdp_model *m, int64_t context, struct cdp_infer **out);
 void cdp_infer_destroy(struct cdp_infer *s);
 

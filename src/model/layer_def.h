@@ -20,6 +20,20 @@
 extern "C" {
 #endif
 
+/* What a unit's decode hook works on (model/infer.c, the KV-cache decoder):
+ * n new positions pos .. pos + n - 1 of one sequence, on the CPU, C the
+ * width; the scratch holds as many rows as the decoder's context. */
+struct cdp_decode {
+    int64_t pos, n, C;
+    int64_t context;       /* positions the caches hold (decode_size's) */
+    const int32_t *tokens; /* the new tokens [n], for a unit that reads tokens */
+    float *x;              /* the residual stream [n, C], read and written in place */
+    float *logits;         /* for a unit that gives logits: those of the last new position [V] */
+    /* scratch: [rows, C] ln and att, [rows, 3C] qkv, [rows, row] fc (row: decode_size's),
+     * [rows] scores, mean and rstd */
+    float *ln, *qkv, *att, *fc, *scores, *mean, *rstd;
+};
+
 struct cdp_layer_def {
     enum cdp_layer_type type;
     const char *name;        /* the plan's "type", and the unit's name in cost tables and messages */
@@ -98,7 +112,36 @@ struct cdp_layer_def {
      * forward computed it. NULL: the type has no tail, and selective keeps all. */
     cdp_status (*recompute)(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p, const void *in,
                             float *act, float *tail, float *scratch, int B);
+
+    /* ---- decoding with a KV cache (model/infer.c; `cdphybrid generate`) ---- */
+    /* For a cache of `context` positions: the floats of the unit's cache (its
+     * keys and values; 0: none) into *cache, the width of its widest scratch
+     * row (an MLP's; 0: none) into *row, and the logits it gives (the
+     * vocabulary; 0: it gives none) into *logits. CDP_ERR_INVALID naming the
+     * unit when it cannot decode that context. */
+    cdp_status (*decode_size)(const struct cdp_unit *u, int64_t context, int64_t *cache, int64_t *row,
+                              int64_t *logits);
+    /* The new positions of d through the unit, with its parameters p, on the
+     * CPU: a unit that reads tokens writes d->x from d->tokens, one that gives
+     * logits writes d->logits from d->x, the others change d->x in place; the
+     * cache holds the unit's keys and values of positions [0, pos) and gets
+     * those of the new ones. The same kernels and order on one position or
+     * several, so that a step of n positions gives the bits of n steps of one.
+     * Both NULL: the decoder does not run the type. */
+    cdp_status (*decode)(const struct cdp_unit *u, float *const *p, const struct cdp_decode *d, float *cache);
 };
+
+/* Shared by the decode hooks (model/layers/common.c). out[n, OC] (+)= in[n,
+ * IC] w[OC, IC]^T + b: accumulate adds to what out holds (the residual
+ * stream); one row is a matrix-vector product, several a matrix product. */
+void cdp_decode_linear(float *out, const float *in, const float *w, const float *b, int64_t n, int64_t IC, int64_t OC,
+                       int accumulate);
+/* Causal attention of d's n new rows over the cache [0, pos + n) of keys kc
+ * and values vc ([context, kv_heads x C / heads] each, the new rows already
+ * in): queries from q (row stride q_stride), heads heads sharing kv_heads key
+ * and value heads; out [n, C]. */
+void cdp_decode_attend(const struct cdp_decode *d, const float *kc, const float *vc, int64_t heads, int64_t kv_heads,
+                       const float *q, int64_t q_stride, float *out);
 
 /* Shared by the Llama layer types and the llama preset (model/layers/common.c). */
 /* Llama's MLP width for model width dim: 4 dim, two thirds of it, times

@@ -1,6 +1,7 @@
 /* The helpers the layer types share (common.h). */
 #include "model/layers/common.h"
 
+#include <cblas.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -239,4 +240,56 @@ int64_t cdp_mul_add(int64_t a, int64_t b, int64_t c)
     int64_t x;
     if (a < 0 || b < 0 || c < 0 || __builtin_mul_overflow(a, b, &x) || __builtin_add_overflow(x, c, &x)) return -1;
     return x;
+}
+
+/* ---- decoding with a KV cache (the decode hooks) ---- */
+
+void cdp_decode_linear(float *out, const float *in, const float *w, const float *b, int64_t n, int64_t IC, int64_t OC,
+                       int accumulate)
+{
+    if (b) {
+        for (int64_t r = 0; r < n; r++) {
+            float *o = out + r * OC;
+            if (accumulate)
+                for (int64_t j = 0; j < OC; j++) o[j] += b[j];
+            else memcpy(o, b, (size_t)OC * sizeof *o);
+        }
+    }
+    const float beta = b || accumulate ? 1.0f : 0.0f;
+    if (n == 1)
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)OC, (int)IC, 1.0f, w, (int)IC, in, 1, beta, out, 1);
+    else
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)OC, (int)IC, 1.0f, in, (int)IC, w,
+                    (int)IC, beta, out, (int)OC);
+}
+
+void cdp_decode_attend(const struct cdp_decode *d, const float *kc, const float *vc, int64_t heads, int64_t kv_heads,
+                       const float *q_rows, int64_t q_stride, float *out)
+{
+    const int64_t C = d->C, NH = heads, HS = C / NH, KVD = HS * kv_heads, rep = NH / kv_heads;
+    const float scale = 1.0f / sqrtf((float)HS);
+    for (int64_t r = 0; r < d->n; r++) {
+        const int64_t L = d->pos + r + 1;
+        for (int64_t h = 0; h < NH; h++) {
+            const float *q = q_rows + r * q_stride + h * HS;
+            const int64_t g = h / rep; /* its key/value head */
+            float *sc = d->scores, best = -INFINITY;
+            for (int64_t t = 0; t < L; t++) {
+                const float *k = kc + t * KVD + g * HS;
+                float dot = 0;
+                for (int64_t j = 0; j < HS; j++) dot += q[j] * k[j];
+                sc[t] = dot * scale;
+                if (sc[t] > best) best = sc[t];
+            }
+            float sum = 0;
+            for (int64_t t = 0; t < L; t++) sum += sc[t] = expf(sc[t] - best);
+            const float inv = 1.0f / sum;
+            float *o = out + r * C + h * HS;
+            memset(o, 0, (size_t)HS * sizeof *o);
+            for (int64_t t = 0; t < L; t++) {
+                const float *v = vc + t * KVD + g * HS, a = sc[t] * inv;
+                for (int64_t j = 0; j < HS; j++) o[j] += a * v[j];
+            }
+        }
+    }
 }

@@ -1,5 +1,6 @@
 /* embedding: token ids [T] -> [T, dim] rows of a table, plus learned
  * positions when context > 0. Keys: vocab, dim (required), context. */
+#include "cdp/core.h"
 #include "model/layers/common.h"
 
 static const char *const keys[] = {"vocab", "dim", "context", NULL};
@@ -112,6 +113,32 @@ static cdp_status backward_weight(const struct cdp_kernels *k, const struct cdp_
     return backward(k, u, p, g, in, act, tail, ws, NULL, scratch, B);
 }
 
+/* Decoding: the token's row plus its position's (when learned), which the
+ * context must not pass. */
+static cdp_status decode_size(const struct cdp_unit *u, int64_t context, int64_t *cache, int64_t *row,
+                              int64_t *logits)
+{
+    if (u->n_params > 1 && u->params[1].shape[0] < context)
+        return cdp_fail(CDP_ERR_INVALID, "unit %d: %lld learned positions, fewer than the context %lld", u->index,
+                        (long long)u->params[1].shape[0], (long long)context);
+    *cache = *row = *logits = 0;
+    return CDP_OK;
+}
+
+static cdp_status decode(const struct cdp_unit *u, float *const *p, const struct cdp_decode *d, float *cache)
+{
+    (void)cache;
+    const int64_t C = d->C, V = u->params[0].shape[0];
+    for (int64_t r = 0; r < d->n; r++) {
+        const int32_t tok = d->tokens[r];
+        if (tok < 0 || tok >= V)
+            return cdp_fail(CDP_ERR_INVALID, "token %d is outside the vocabulary of %lld", tok, (long long)V);
+        const float *e = p[0] + tok * C, *pe = u->n_params > 1 ? p[1] + (d->pos + r) * C : NULL;
+        for (int64_t j = 0; j < C; j++) d->x[r * C + j] = e[j] + (pe ? pe[j] : 0.0f);
+    }
+    return CDP_OK;
+}
+
 const struct cdp_layer_def cdp_layer_embedding = {
     .type = CDP_LAYER_EMBEDDING,
     .name = "embedding",
@@ -128,4 +155,6 @@ const struct cdp_layer_def cdp_layer_embedding = {
     .backward = backward,
     .backward_input = backward_input,
     .backward_weight = backward_weight,
+    .decode_size = decode_size,
+    .decode = decode,
 };

@@ -5,6 +5,11 @@
  * kv_heads (default heads), hidden (default Llama's rule with multiple_of
  * 256), eps (1e-5), rope_theta (10000), rope_scaling (none). Parameter names
  * are Hugging Face's within a layer (docs/models.md). */
+#include <math.h>
+#include <string.h>
+
+#include "kernels/cpu/ops.h" /* the decoder's CPU kernels */
+#include "kernels/rope.h"
 #include "model/layers/common.h"
 
 static const char *const keys[] = {"heads", "kv_heads", "hidden", "eps", "rope_theta", "rope_scaling", NULL};
@@ -349,6 +354,62 @@ static cdp_status backward_weight(const struct cdp_kernels *k, const struct cdp_
     return CDP_OK;
 }
 
+/* Decoding: keys (rotated at their positions) and values of every
+ * position, [context, kv_heads x head width] each, then the rotary
+ * frequencies of a head (kernels/rope.h); the MLP's gate and up rows, 2
+ * hidden wide. Parameters as build() lays them: input_layernorm, q, k, v, o
+ * projections, post_attention_layernorm, gate, up, down. */
+static cdp_status decode_size(const struct cdp_unit *u, int64_t context, int64_t *cache, int64_t *row,
+                              int64_t *logits)
+{
+    const int64_t C = cdp_shape_last(&u->in), HD = C / u->desc.heads, KVD = HD * u->desc.kv_heads;
+    *cache = 2 * context * KVD + HD / 2;
+    *row = 2 * u->desc.hidden;
+    *logits = 0;
+    return CDP_OK;
+}
+
+static cdp_status decode(const struct cdp_unit *u, float *const *p, const struct cdp_decode *d, float *cache)
+{
+    const int64_t C = d->C, n = d->n, NH = u->desc.heads, NKV = u->desc.kv_heads, HD = C / NH, KVD = HD * NKV,
+                  H = u->desc.hidden, half = HD / 2;
+    const float eps = (float)u->desc.eps;
+    float *kc = cache, *vc = kc + d->context * KVD, *inv_freq = vc + d->context * KVD;
+    for (int64_t i = 0; i < half; i++) inv_freq[i] = cdp_rope_inv_freq(&u->desc.rope, (int)i, (int)HD);
+    float *q = d->qkv, *k = q + n * C, *v = k + n * KVD;
+    cdp_cpu_rmsnorm_fwd(d->ln, d->rstd, d->x, p[0], (int)n, (int)C, eps);
+    cdp_decode_linear(q, d->ln, p[1], NULL, n, C, C, 0);
+    cdp_decode_linear(k, d->ln, p[2], NULL, n, C, KVD, 0);
+    cdp_decode_linear(v, d->ln, p[3], NULL, n, C, KVD, 0);
+    for (int64_t r = 0; r < n; r++) {
+        float *qr = q + r * C, *kr = k + r * KVD;
+        for (int64_t i = 0; i < half; i++) {
+            const float a = (float)(d->pos + r) * inv_freq[i], c = cosf(a), sn = sinf(a);
+            for (int64_t h = 0; h < NH; h++) {
+                const float x1 = qr[h * HD + i], x2 = qr[h * HD + i + half];
+                qr[h * HD + i] = x1 * c - x2 * sn;
+                qr[h * HD + i + half] = x2 * c + x1 * sn;
+            }
+            for (int64_t j = 0; j < NKV; j++) {
+                const float x1 = kr[j * HD + i], x2 = kr[j * HD + i + half];
+                kr[j * HD + i] = x1 * c - x2 * sn;
+                kr[j * HD + i + half] = x2 * c + x1 * sn;
+            }
+        }
+        memcpy(kc + (d->pos + r) * KVD, kr, (size_t)KVD * sizeof(float));
+        memcpy(vc + (d->pos + r) * KVD, v + r * KVD, (size_t)KVD * sizeof(float));
+    }
+    cdp_decode_attend(d, kc, vc, NH, NKV, q, C, d->att);
+    cdp_decode_linear(d->x, d->att, p[4], NULL, n, C, C, 1);
+    cdp_cpu_rmsnorm_fwd(d->ln, d->rstd, d->x, p[5], (int)n, (int)C, eps);
+    float *gate = d->fc, *up = gate + n * H;
+    cdp_decode_linear(gate, d->ln, p[6], NULL, n, C, H, 0);
+    cdp_decode_linear(up, d->ln, p[7], NULL, n, C, H, 0);
+    cdp_cpu_swiglu_fwd(gate, gate, up, (size_t)(n * H));
+    cdp_decode_linear(d->x, gate, p[8], NULL, n, H, C, 1);
+    return CDP_OK;
+}
+
 const struct cdp_layer_def cdp_layer_llama_block = {
     .type = CDP_LAYER_LLAMA_BLOCK,
     .name = "llama_block",
@@ -368,4 +429,6 @@ const struct cdp_layer_def cdp_layer_llama_block = {
     .backward_input = backward_input,
     .backward_weight = backward_weight,
     .recompute = recompute,
+    .decode_size = decode_size,
+    .decode = decode,
 };

@@ -4,6 +4,9 @@
  * set, Llama's RMS norm ("norm", eps from the desc). GPT presets only: a
  * layer list cannot name it. Kept: the logits, the normalised input, each
  * row's mean (layernorm) and 1/std. */
+#include <cblas.h>
+
+#include "kernels/cpu/ops.h" /* the decoder's CPU kernels */
 #include "model/layers/common.h"
 
 static const char *const keys[] = {NULL};
@@ -144,6 +147,28 @@ static cdp_status backward_weight(const struct cdp_kernels *k, const struct cdp_
     return norm_bwd(k, u, p, NULL, g, ws, &h, (const float *)in, N, C);
 }
 
+/* Decoding: the logits of the last new position, no cache. */
+static cdp_status decode_size(const struct cdp_unit *u, int64_t context, int64_t *cache, int64_t *row,
+                              int64_t *logits)
+{
+    (void)context;
+    *cache = *row = 0;
+    *logits = u->params[u->n_params - 1].shape[0];
+    return CDP_OK;
+}
+
+static cdp_status decode(const struct cdp_unit *u, float *const *p, const struct cdp_decode *d, float *cache)
+{
+    (void)cache;
+    const int64_t C = d->C, V = u->params[u->n_params - 1].shape[0];
+    const float *last = d->x + (d->n - 1) * C;
+    if (u->desc.rms) cdp_cpu_rmsnorm_fwd(d->ln, d->rstd, last, p[0], 1, (int)C, (float)u->desc.eps);
+    else cdp_cpu_layernorm_fwd(d->ln, d->mean, d->rstd, last, p[0], p[1], 1, (int)C, 1e-5f);
+    cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)V, (int)C, 1.0f, p[u->n_params - 1], (int)C, d->ln, 1, 0.0f,
+                d->logits, 1);
+    return CDP_OK;
+}
+
 const struct cdp_layer_def cdp_layer_lm_head = {
     .type = CDP_LAYER_LM_HEAD,
     .name = "lm_head",
@@ -158,4 +183,6 @@ const struct cdp_layer_def cdp_layer_lm_head = {
     .backward_input = backward_input,
     .backward_weight = backward_weight,
     .weight_takes_dout = 1,
+    .decode_size = decode_size,
+    .decode = decode,
 };

@@ -2,7 +2,9 @@
  * self-attention, residual, layernorm, 4C GELU MLP, residual). Keys: heads
  * (required). GPT presets start its residual projections at 0.02/sqrt(2L). */
 #include <math.h>
+#include <string.h>
 
+#include "kernels/cpu/ops.h" /* the decoder's CPU kernels */
 #include "model/layers/common.h"
 
 static const char *const keys[] = {"heads", NULL};
@@ -273,6 +275,38 @@ static cdp_status backward_weight(const struct cdp_kernels *k, const struct cdp_
     return CDP_OK;
 }
 
+/* Decoding: keys and values of every position, [context, C] each; the MLP's
+ * rows are 4C wide. Parameters as build() lays them: ln_1, attn.c_attn,
+ * attn.c_proj, ln_2, mlp.c_fc, mlp.c_proj. */
+static cdp_status decode_size(const struct cdp_unit *u, int64_t context, int64_t *cache, int64_t *row,
+                              int64_t *logits)
+{
+    const int64_t C = cdp_shape_last(&u->in);
+    *cache = 2 * context * C;
+    *row = 4 * C;
+    *logits = 0;
+    return CDP_OK;
+}
+
+static cdp_status decode(const struct cdp_unit *u, float *const *p, const struct cdp_decode *d, float *cache)
+{
+    const int64_t C = d->C, n = d->n;
+    float *kc = cache, *vc = cache + d->context * C;
+    cdp_cpu_layernorm_fwd(d->ln, d->mean, d->rstd, d->x, p[0], p[1], (int)n, (int)C, 1e-5f);
+    cdp_decode_linear(d->qkv, d->ln, p[2], p[3], n, C, 3 * C, 0);
+    for (int64_t r = 0; r < n; r++) {
+        memcpy(kc + (d->pos + r) * C, d->qkv + r * 3 * C + C, (size_t)C * sizeof(float));
+        memcpy(vc + (d->pos + r) * C, d->qkv + r * 3 * C + 2 * C, (size_t)C * sizeof(float));
+    }
+    cdp_decode_attend(d, kc, vc, u->desc.heads, u->desc.heads, d->qkv, 3 * C, d->att);
+    cdp_decode_linear(d->x, d->att, p[4], p[5], n, C, C, 1);
+    cdp_cpu_layernorm_fwd(d->ln, d->mean, d->rstd, d->x, p[6], p[7], (int)n, (int)C, 1e-5f);
+    cdp_decode_linear(d->fc, d->ln, p[8], p[9], n, C, 4 * C, 0);
+    cdp_cpu_gelu_fwd(d->fc, d->fc, (size_t)(n * 4 * C));
+    cdp_decode_linear(d->x, d->fc, p[10], p[11], n, 4 * C, C, 1);
+    return CDP_OK;
+}
+
 const struct cdp_layer_def cdp_layer_transformer_block = {
     .type = CDP_LAYER_TRANSFORMER_BLOCK,
     .name = "transformer_block",
@@ -292,4 +326,6 @@ const struct cdp_layer_def cdp_layer_transformer_block = {
     .backward_input = backward_input,
     .backward_weight = backward_weight,
     .recompute = recompute,
+    .decode_size = decode_size,
+    .decode = decode,
 };
