@@ -63,6 +63,10 @@ struct chunk {
      * this one (zbv's turn of the V on the last rank), -1 when another rank
      * does: activations and gradients pass between them by a device copy */
     int local_prev, local_next;
+    /* decoding (exec_forward.c): the chunk's KV-cache decoder and the rows
+     * it takes from and gives to other ranks ([context, C] floats each) */
+    struct cdp_infer *inf;
+    float *dec_in, *dec_out;
     /* gradient buckets (NULL: one reduction at ALLREDUCE_GRADS) */
     struct exec *e;
     struct bucket *bk;
@@ -137,7 +141,16 @@ struct exec {
     int fwd;
     int64_t fwd_base;
     double fwd_sum;
-    int eval_only; /* set up for forward passes alone (cdp_exec_eval): no optimizer */
+    int eval_only; /* set up for forward passes alone (cdp_exec_eval, the decoder): no optimizer */
+    int no_data;   /* ... and reading no data (the decoder: its caller gives the tokens) */
+    /* decoding mode (cdp_exec_decoder_step): the forward-only schedule of one
+     * micro-batch, each FORWARD a step of the chunk's KV-cache decoder on
+     * dec_n new positions (the first virtual stage reads dec_tokens, the
+     * last writes dec_logits), each RECV_ACT / SEND_ACT their rows */
+    int dec;
+    const int32_t *dec_tokens;
+    int64_t dec_n;
+    float *dec_logits;
 };
 
 #define CDP_EXEC_HOST_MAX 64

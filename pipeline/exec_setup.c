@@ -8,6 +8,7 @@
 
 #include "cdp/core.h"
 #include "cdp/log.h"
+#include "model/infer.h"
 #include "model/optim.h"
 #include "pipeline/exec_internal.h"
 #include "pipeline/executor.h"
@@ -28,6 +29,9 @@ void cdp_exec_free(struct exec *e)
                 for (int i = 0; i < c->n_grad_out; i++)
                     if (c->grad_out_req[i]) cdp_comm_wait(c->grad_out_req[i], 1.0);
             cdp_exec_buckets_free(c);
+            cdp_infer_destroy(c->inf);
+            free(c->dec_in);
+            free(c->dec_out);
             if (c->grad_in_req) cdp_comm_wait(c->grad_in_req, 1.0);
             cdp_optimizer_destroy(c->opt);
             cdp_model_destroy(c->model);
@@ -292,7 +296,7 @@ cdp_status cdp_exec_setup(struct exec *e)
     }
     if (st) return st;
     /* data: the first stage reads inputs, the last reads targets (zbv: rank 0 both) */
-    if (e->s == 0 || e->s == e->last_rank) {
+    if (!e->no_data && (e->s == 0 || e->s == e->last_rank)) {
         if ((st = cdp_data_open(&p->data, &p->model, &e->data))) return st;
         e->shape = cdp_data_shape(e->data);
         e->tgt_bytes = (int64_t)e->B * e->shape->target_numel * 4;

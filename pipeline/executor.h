@@ -6,6 +6,8 @@
 #ifndef CDP_PIPELINE_EXECUTOR_H
 #define CDP_PIPELINE_EXECUTOR_H
 
+#include <stdint.h>
+
 #include "cdp/plan.h"
 #include "cdp/status.h"
 #include "comm/comm.h"
@@ -55,6 +57,30 @@ struct cdp_exec_eval_result {
 };
 cdp_status cdp_exec_eval(const struct cdp_plan *plan, const struct cdp_layout *layout, cdp_comm_t world,
                          const struct cdp_exec_eval_opts *o, struct cdp_exec_eval_result *out);
+
+/* Decoding with a KV cache over the ranks of `world` as `layout` (not owned;
+ * the cpu backend) places them: each rank sets up its chunks as training
+ * does (no optimizer, no data), with the plan's /model/weights or, when
+ * ckpt_path is not NULL, that checkpoint (ckpt its manifest), and a decoder
+ * of `context` positions per chunk (model/infer.h). Each step runs the
+ * forward-only schedule of one micro-batch through the interpreter, each
+ * FORWARD a decoder step of the chunk: n new positions, whose tokens the rank
+ * holding the first virtual stage reads, whose rows go stage to stage, and
+ * whose logits (of the last position) the rank holding the last virtual stage
+ * (cdp_exec_decoder_last) writes into logits (elsewhere NULL will do). BLAS
+ * runs CDP_CPU_EXACT_THREADS threads from open on. Every rank of the job
+ * calls each function together. A failure says which rank; the caller then
+ * aborts a job of several ranks. */
+struct cdp_exec_decoder;
+cdp_status cdp_exec_decoder_open(const struct cdp_plan *plan, const struct cdp_layout *layout, cdp_comm_t world,
+                                 const char *ckpt_path, const struct cdp_ckpt_info *ckpt, int64_t context,
+                                 struct cdp_exec_decoder **out);
+int cdp_exec_decoder_last(const struct cdp_exec_decoder *d);
+/* Positions the caches hold; reset forgets them all (the next step starts at 0). */
+int64_t cdp_exec_decoder_position(const struct cdp_exec_decoder *d);
+void cdp_exec_decoder_reset(struct cdp_exec_decoder *d);
+cdp_status cdp_exec_decoder_step(struct cdp_exec_decoder *d, const int32_t *tokens, int64_t n, float *logits);
+void cdp_exec_decoder_close(struct cdp_exec_decoder *d);
 
 /* A fresh run (resume NULL) into a checkpoint folder that holds committed
  * checkpoints of an earlier run: CDP_ERR_INVALID naming the plan's key and

@@ -11,6 +11,7 @@
 
 #include "cdp/core.h"
 #include "kernels/cpu/ops.h" /* cdp_cpu_set_threads */
+#include "model/infer.h"
 #include "model/optim.h"
 #include "pipeline/exec_internal.h"
 
@@ -281,10 +282,33 @@ static cdp_status sum_tied_locally(struct exec *e)
     return st;
 }
 
+/* Decoding mode: the bytes of a chunk's rows in and out this step. */
+static size_t dec_in_bytes(const struct exec *e, const struct chunk *c)
+{
+    return (size_t)cdp_infer_in_floats(c->inf, e->dec_n) * sizeof(float);
+}
+
+static size_t dec_out_bytes(const struct exec *e, const struct chunk *c)
+{
+    return (size_t)cdp_infer_out_floats(c->inf, e->dec_n) * sizeof(float);
+}
+
+/* Decoding mode's FORWARD: a step of the chunk's decoder on the new
+ * positions, from the tokens (the first virtual stage), the chunk before on
+ * this rank (zbv's turn) or the rows received; into the logits (the last
+ * virtual stage) or the rows to send. */
+static cdp_status dec_forward(struct exec *e, struct chunk *c)
+{
+    const void *from = c->vstage == 0 ? (const void *)e->dec_tokens
+                       : c->local_prev >= 0 ? (const void *)e->ch[c->local_prev].dec_out
+                                            : (const void *)c->dec_in;
+    return cdp_infer_step(c->inf, from, e->dec_n, c->vstage == e->nv - 1 ? e->dec_logits : c->dec_out);
+}
+
 static cdp_status op_load(struct exec *e, const struct cdp_instr *in, struct chunk *c, uint64_t t0)
 {
     (void)c;
-    cdp_status st = load(e, in->mb);
+    cdp_status st = e->dec ? CDP_OK : load(e, in->mb); /* decoding: the caller's tokens */
     e->t_compute += cdp_time_ns() - t0;
     e->t_fb += cdp_time_ns() - t0;
     trace_ev(e, CDP_EV_LOAD, in->mb, -1, t0, cdp_time_ns());
@@ -295,9 +319,13 @@ static cdp_status op_recv_act(struct exec *e, const struct cdp_instr *in, struct
 {
     cdp_status st = CDP_OK;
     int slot;
-    if ((st = acquire_slot(e, c, in->mb, &slot))) return st;
-    st = recv_dev(e, cdp_model_input(c->model, slot), (size_t)c->in_bytes, in->peer,
-                  tag_of(TAG_ACT, c->vstage - 1, in->mb, e->m));
+    if (e->dec) {
+        st = recv_dev(e, c->dec_in, dec_in_bytes(e, c), in->peer, tag_of(TAG_ACT, c->vstage - 1, in->mb, e->m));
+    } else {
+        if ((st = acquire_slot(e, c, in->mb, &slot))) return st;
+        st = recv_dev(e, cdp_model_input(c->model, slot), (size_t)c->in_bytes, in->peer,
+                      tag_of(TAG_ACT, c->vstage - 1, in->mb, e->m));
+    }
     e->t_idle += cdp_time_ns() - t0;
     trace_p2p(e, CDP_EV_RECV_ACT, in, (size_t)c->in_bytes, t0, cdp_time_ns());
     return st;
@@ -307,6 +335,12 @@ static cdp_status op_forward(struct exec *e, const struct cdp_instr *in, struct 
 {
     cdp_status st = CDP_OK;
     int slot;
+    if (e->dec) {
+        st = dec_forward(e, c);
+        e->t_compute += cdp_time_ns() - t0;
+        trace_ev(e, CDP_EV_FORWARD, in->mb, in->chunk, t0, cdp_time_ns());
+        return st;
+    }
     if ((st = acquire_slot(e, c, in->mb, &slot))) return st;
     if (c->local_prev >= 0 && (st = local_input(e, c, in->mb, slot))) return st;
     if (c->local_prev >= 0) fwd_release(e, &e->ch[c->local_prev], in->mb);
@@ -329,6 +363,12 @@ static cdp_status op_forward(struct exec *e, const struct cdp_instr *in, struct 
 
 static cdp_status op_send_act(struct exec *e, const struct cdp_instr *in, struct chunk *c, uint64_t t0)
 {
+    if (e->dec) { /* decoding: the rows, complete before the next step writes them again (drain) */
+        cdp_status st = send_dev(e, c->dec_out, dec_out_bytes(e, c), in->peer, tag_of(TAG_ACT, c->vstage, in->mb, e->m),
+                                 &c->slot_send[0]);
+        e->t_comm += cdp_time_ns() - t0;
+        return st;
+    }
     const int slot = c->mb_slot[in->mb];
     cdp_status st = send_dev(e, cdp_model_output(c->model, slot), (size_t)c->out_bytes, in->peer,
                   tag_of(TAG_ACT, c->vstage, in->mb, e->m), &c->slot_send[slot]);
@@ -587,10 +627,18 @@ static cdp_status execute_group(struct exec *e, const struct cdp_instr *list, in
         set_where(e, in);
         switch (in->op) {
         case CDP_OP_SEND_ACT:
+            if (e->dec) {
+                ops[i] = (struct cdp_comm_p2p){1, in->peer, c->dec_out, dec_out_bytes(e, c)};
+                break;
+            }
             slot = c->mb_slot[in->mb];
             ops[i] = (struct cdp_comm_p2p){1, in->peer, cdp_model_output(c->model, slot), (size_t)c->out_bytes};
             break;
         case CDP_OP_RECV_ACT:
+            if (e->dec) {
+                ops[i] = (struct cdp_comm_p2p){0, in->peer, c->dec_in, dec_in_bytes(e, c)};
+                break;
+            }
             st = acquire_slot(e, c, in->mb, &slot);
             ops[i] = (struct cdp_comm_p2p){0, in->peer, st ? NULL : cdp_model_input(c->model, slot),
                                            (size_t)c->in_bytes};
@@ -638,8 +686,9 @@ cdp_status cdp_exec_run_list(struct exec *e)
     const struct cdp_instr *list = e->sched->list[e->s];
     const int n = e->sched->len[e->s];
     cdp_status st = CDP_OK;
-    if (!e->fwd) cdp_exec_buckets_start_step(e); /* a forward-only list reduces nothing */
-    const int buckets = !e->fwd && cdp_exec_buckets_on(e);
+    const int forward_only = e->fwd || e->dec; /* a forward-only list reduces nothing */
+    if (!forward_only) cdp_exec_buckets_start_step(e);
+    const int buckets = !forward_only && cdp_exec_buckets_on(e);
     for (int i = 0; i < n && !st;) {
         int end = cdp_comm_p2p_grouped(e->pipe) ? cdp_schedule_p2p_group_end(e->sched, e->s, i) : i;
         if (end > i) {

@@ -10,7 +10,6 @@
 #include <string.h>
 
 #include "cdp/core.h"
-#include "cdp/device.h"
 #include "cdp/log.h"
 #include "cdp/plan.h"
 #include "cli/commands.h"
@@ -18,9 +17,7 @@
 #include "kernels/cpu/ops.h" /* cdp_cpu_set_threads */
 #include "model/bpe.h"
 #include "model/checkpoint.h"
-#include "model/data.h"
 #include "model/infer.h"
-#include "model/model.h"
 #include "pipeline/executor.h"
 
 static void generate_usage(FILE *f)
@@ -189,27 +186,11 @@ static void ranks_fail(const struct ranks *r, const char *cmd, cdp_status st)
     cdp_comm_abort(r->world, cdp_cli_exit_code(st));
 }
 
-static cdp_status send_wait(const struct ranks *r, const void *buf, uint64_t bytes, int peer)
-{
-    cdp_request_t q = NULL;
-    cdp_status st = cdp_comm_isend(r->world, buf, bytes, peer, 0, &q);
-    return st ? st : cdp_comm_wait(q, r->timeout);
-}
-
-static cdp_status recv_wait(const struct ranks *r, void *buf, uint64_t bytes, int peer)
-{
-    cdp_request_t q = NULL;
-    cdp_status st = cdp_comm_irecv(r->world, buf, bytes, peer, 0, &q);
-    return st ? st : cdp_comm_wait(q, r->timeout);
-}
-
-/* The plan (--plan, or the checkpoint's), the whole model on the CPU with its
- * weights. */
+/* The plan (--plan, or the checkpoint's), the weights or checkpoint chosen,
+ * and the layout this job's ranks run. */
 struct loaded {
     struct cdp_plan *plan;
     struct cdp_layout *layout; /* the planner's, for the ranks of this job (cdp_cli_forward_layout) */
-    cdp_device_t dev;
-    struct cdp_model *model;
     char *ckpt_path; /* the checkpoint folder used, or NULL */
     struct cdp_ckpt_info info; /* its manifest */
     int64_t step;    /* its step */
@@ -218,8 +199,6 @@ struct loaded {
 
 static void loaded_free(struct loaded *l)
 {
-    cdp_model_destroy(l->model);
-    cdp_device_close(l->dev);
     cdp_layout_free(l->layout);
     cdp_plan_free(l->plan);
     cdp_ckpt_info_free(&l->info);
@@ -298,26 +277,27 @@ static int plan_layout(const struct infer_args *a, int64_t m, struct ranks *r, s
     return -1;
 }
 
-/* load_plan, then this rank's stage of the model (units [r->first, r->end)
- * of the layout) on the CPU with its weights, B samples a micro-batch. */
-static int load_model(const struct infer_args *a, int B, struct ranks *r, struct loaded *l)
+/* After plan_layout: the weights chosen (--weights, else the plan's) are
+ * the plan's /model/weights, which every rank loads as training loads its
+ * initial weights (a checkpoint loads over them). -1, or the exit code. */
+static int use_weights(const struct infer_args *a, struct loaded *l)
 {
-    int code = load_plan(a, r, l);
-    if (code < 0) code = plan_layout(a, 1, r, l);
-    if (code >= 0) return code;
-    const struct cdp_plan *p = l->plan;
-    cdp_status st;
-    if ((st = cdp_device_open(CDP_BACKEND_CPU, 0, 0, &l->dev)) ||
-        (st = cdp_model_create(&p->model, r->first, r->end, B, 1, p->train.seed, l->dev, &l->model)))
-        return fail(a->cmd, st);
-    if (l->ckpt_path) st = cdp_ckpt_load(l->ckpt_path, &l->info, &l->model, NULL, 1);
-    else if (!(st = cdp_model_check_weights(&p->model, l->weights))) st = cdp_model_load(l->model, l->weights);
-    /* a weights file or checkpoint that cannot be read or does not fit the model is the user's to fix */
-    if (st) {
-        fail(a->cmd, st);
-        return st == CDP_ERR_NOMEM ? EXIT_RUN_FAILED : EXIT_USAGE;
-    }
+    struct cdp_plan *p = l->plan;
+    if (p->model.weights == l->weights) return -1;
+    char *w = l->weights ? strdup(l->weights) : NULL;
+    if (l->weights && !w) return fail(a->cmd, cdp_fail(CDP_ERR_NOMEM, "out of memory"));
+    free(p->model.weights);
+    p->model.weights = w;
+    l->weights = w;
     return -1;
+}
+
+/* The exit code of a failure to set up the forward passes: a weights file,
+ * a checkpoint or data that cannot be read or do not fit the model are the
+ * user's to fix (2); the rest a failed run (1). */
+static int setup_exit_code(cdp_status st)
+{
+    return st == CDP_ERR_INVALID || st == CDP_ERR_IO || st == CDP_ERR_UNSUPPORTED ? EXIT_USAGE : EXIT_RUN_FAILED;
 }
 
 /* The options both commands share: 1 when s is one of them (*value: where
@@ -405,14 +385,19 @@ static int generate_on(const struct infer_args *ap, struct ranks *rk, const stru
     const int64_t n_new = o->n_new, top_k = o->top_k;
     const double temperature = o->temperature, top_p = o->top_p;
     const uint64_t seed = o->seed;
-    const int printer = rk->rank == 0, last = rk->rank == rk->size - 1;
+    const int printer = rk->rank == 0;
     cdp_cpu_set_threads(CDP_CPU_EXACT_THREADS); /* the same logits on one rank and on a pipeline */
     int code;
     struct cdp_bpe *bpe = NULL;
     cdp_status st;
     if (vocab && (st = cdp_bpe_load(vocab, merges, &bpe))) return fail(a.cmd, st);
     struct loaded l;
-    if ((code = ranks_agree(rk, load_model(&a, 1, rk, &l))) >= 0) {
+    /* one sequence: micro-batches of one sample */
+    code = load_plan(&a, rk, &l);
+    if (code < 0) l.plan->train.micro_batch = 1;
+    if (code < 0) code = plan_layout(&a, 1, rk, &l);
+    if (code < 0) code = use_weights(&a, &l);
+    if ((code = ranks_agree(rk, code)) >= 0) {
         cdp_bpe_free(bpe);
         loaded_free(&l);
         return code;
@@ -493,16 +478,22 @@ static int generate_on(const struct infer_args *ap, struct ranks *rk, const stru
         fprintf(stderr, "cdphybrid generate: the prompt is %lld tokens and /model/context %lld: the model sees its "
                 "last %lld\n", (long long)n, (long long)T, (long long)T);
     int32_t *all = NULL;
-    float *logits = NULL, *xin = NULL, *xout = NULL;
-    struct cdp_infer *inf = NULL;
-    if (code < 0 && (st = cdp_infer_create(l.model, T, &inf))) code = fail(a.cmd, st);
+    float *logits = NULL;
+    /* the executor's decoder: the layout's stages, each step a forward through the interpreter */
+    struct cdp_exec_decoder *dec = NULL;
+    cdp_comm_t world = rk->world;
+    if (code < 0 && !world && (st = cdp_comm_self(&world))) code = fail(a.cmd, st);
+    if (code < 0 && (st = cdp_exec_decoder_open(p, l.layout, world, l.ckpt_path, &l.info, T, &dec))) {
+        fail(a.cmd, st);
+        code = setup_exit_code(st);
+    }
+    const int last = dec && cdp_exec_decoder_last(dec);
+    /* the rank that picks each token: the one holding the last stage */
+    const int picker = cdp_layout_rank_of(l.layout, l.layout->stages - 1, 0);
     if (code < 0) {
         all = malloc((size_t)(n + n_new) * sizeof *all);
         logits = malloc((size_t)V * sizeof *logits);
-        if (rk->rank > 0) xin = malloc((size_t)cdp_infer_in_floats(inf, T) * sizeof *xin);
-        if (!last) xout = malloc((size_t)cdp_infer_out_floats(inf, T) * sizeof *xout);
-        if (!all || !logits || (rk->rank > 0 && !xin) || (!last && !xout))
-            code = fail(a.cmd, cdp_fail(CDP_ERR_NOMEM, "out of memory"));
+        if (!all || !logits) code = fail(a.cmd, cdp_fail(CDP_ERR_NOMEM, "out of memory"));
         else memcpy(all, ids, (size_t)n * sizeof *all);
     }
     /* the ranks agree that each can start, then stage 0 prints */
@@ -522,27 +513,22 @@ static int generate_on(const struct infer_args *ap, struct ranks *rk, const stru
         for (int64_t k = 0; k < n_new; k++) {
             int32_t next = 0;
             if (k == 1) t1 = cdp_time_ns();
-            const int64_t known = n + k, pos = cdp_infer_position(inf);
+            const int64_t known = n + k, pos = cdp_exec_decoder_position(dec);
             /* the newest token alone when the cache holds the rest and has room; else (the start, or the
              * window slides past the context) the window again from position 0 */
             int64_t feed = 1;
             if (!(pos > 0 && from + pos == known - 1 && pos < T)) {
                 feed = known < T ? known : T;
                 from = known - feed;
-                cdp_infer_reset(inf);
+                cdp_exec_decoder_reset(dec);
             }
-            /* stage 0 embeds the tokens; the others take the activations of the stage before; the last
+            /* the first stage embeds the tokens; the others take the rows of the stage before; the last
              * stage gives the logits of the newest position (one rank is a pipeline of one stage) */
-            const uint64_t in_bytes = (uint64_t)cdp_infer_in_floats(inf, feed) * 4,
-                           out_bytes = (uint64_t)cdp_infer_out_floats(inf, feed) * 4;
-            st = rk->rank > 0 ? recv_wait(rk, xin, in_bytes, rk->rank - 1) : CDP_OK;
-            if (!st) st = cdp_infer_step(inf, rk->rank > 0 ? (const void *)xin : all + known - feed, feed,
-                                         last ? logits : xout);
-            if (!st && !last) st = send_wait(rk, xout, out_bytes, rk->rank + 1);
+            st = cdp_exec_decoder_step(dec, all + known - feed, feed, last ? logits : NULL);
             /* the last stage chooses, with the one stream of the seed; the others hear the token */
             if (!st && last) st = cdp_infer_pick(logits, choose, temperature, top_k, top_p, &state, &next);
             if (!st && rk->world)
-                st = cdp_comm_bcast_bytes(rk->world, &next, sizeof next, rk->size - 1, rk->timeout);
+                st = cdp_comm_bcast_bytes(rk->world, &next, sizeof next, picker, rk->timeout);
             if (st) {
                 cdp_error_context(st, "token %lld", (long long)k + 1);
                 if (printer) fputc('\n', stdout);
@@ -579,9 +565,8 @@ static int generate_on(const struct infer_args *ap, struct ranks *rk, const stru
                      made > 1 && rest > 0 ? (double)(made - 1) / rest : 0.0);
         }
     }
-    cdp_infer_destroy(inf);
-    free(xin);
-    free(xout);
+    cdp_exec_decoder_close(dec);
+    if (!rk->world) cdp_comm_free(world);
     free(all);
     free(logits);
     free(ids);
@@ -682,14 +667,7 @@ static int eval_on(const struct infer_args *a, struct ranks *rk, int64_t batches
     if (code < 0) code = plan_layout(a, batches < EVAL_WINDOW ? batches : EVAL_WINDOW, rk, &l);
     struct cdp_plan *p = l.plan;
     cdp_status st = CDP_OK;
-    /* the weights chosen load where training's initial weights do; a checkpoint over the chunks */
-    if (code < 0 && p->model.weights != l.weights) {
-        char *w = l.weights ? strdup(l.weights) : NULL;
-        if (l.weights && !w) code = fail(a->cmd, cdp_fail(CDP_ERR_NOMEM, "out of memory"));
-        free(p->model.weights);
-        p->model.weights = w;
-        l.weights = w;
-    }
+    if (code < 0) code = use_weights(a, &l);
     if ((code = ranks_agree(rk, code)) >= 0) {
         loaded_free(&l);
         return code;
@@ -707,7 +685,7 @@ static int eval_on(const struct infer_args *a, struct ranks *rk, int64_t batches
     if (st) {
         /* weights or a checkpoint that do not fit the model are the user's to fix */
         fail(a->cmd, st);
-        code = st == CDP_ERR_INVALID || st == CDP_ERR_IO ? EXIT_USAGE : EXIT_RUN_FAILED;
+        code = setup_exit_code(st);
     } else if (rk->rank == 0) {
         const int64_t rows = batches * p->train.micro_batch * (int64_t)res.rows_per_sample;
         if (!a->quiet) {
