@@ -1,8 +1,9 @@
 /* `cdphybrid generate` and `cdphybrid eval`: a trained model (a weights file
- * or a checkpoint, written under any layout) loaded whole into one process on
- * the CPU, or under mpirun one stage's units a rank, then text continued from
- * a prompt, or the validation loss computed as training computes it
- * (docs/generate.md). */
+ * or a checkpoint, written under any layout) on the layout the planner gives
+ * this job's ranks (one process: the whole model; under mpirun one stage a
+ * rank), run by the executor's forward pipeline: text continued from a prompt
+ * (its KV-cache decoder), or the validation loss computed as training
+ * computes it (docs/generate.md). */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -35,7 +36,7 @@ static void generate_usage(FILE *f)
           "token is one forward of one position.\n"
           "Under mpirun -np P (P > 1) it runs on a pipeline of P stages on the CPU: rank s\n"
           "holds only stage s's units (the plan's /parallel/partition when it has P ranges,\n"
-          "else an even split), the activations go stage to stage, the last stage picks\n"
+          "else the planner's), the activations go stage to stage, the last stage picks\n"
           "each token and rank 0 prints: the same text as one rank for the same seed.\n"
           "\n"
           "Tokens: without --vocab, the prompt's bytes are the tokens and the output is\n"
@@ -99,7 +100,7 @@ static void eval_usage(FILE *f)
           "The model is loaded whole into this one process on the CPU, whatever layout\n"
           "trained it. Under mpirun -np P (P > 1), a pipeline of P stages on the CPU,\n"
           "rank s holding only stage s's units (the plan's /parallel/partition when it has\n"
-          "P ranges, else an even split); the last stage sums the loss and rank 0 prints\n"
+          "P ranges, else the planner's); the last stage sums the loss and rank 0 prints\n"
           "the same value as one rank.\n"
           "\n"
           "options:\n"

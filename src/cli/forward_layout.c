@@ -23,9 +23,10 @@ static void drop(char **s)
 cdp_status cdp_cli_forward_layout(struct cdp_plan *p, int ranks, int64_t micro_batches, struct cdp_layout **out)
 {
     struct cdp_parallel_desc *par = &p->parallel;
-    /* the plan's partition when it cuts the model in as many stages (and no
-     * chunks); else the planner's */
-    if (par->partition && (par->n_partition != ranks || par->chunks != 1)) {
+    /* the plan's partition when it cuts the model in as many ranges (an
+     * interleaved plan's stages x chunks ranges in unit order, each then one
+     * rank's); else the planner's */
+    if (par->partition && par->n_partition != ranks) {
         free(par->partition);
         par->partition = NULL;
         par->n_partition = 0;
@@ -62,7 +63,12 @@ cdp_status cdp_cli_forward_layout(struct cdp_plan *p, int ranks, int64_t micro_b
     cl->devices = CDP_AUTO;
     cl->device_memory = 0;
     cl->ranks_per_device = 1;
+    cl->host_memory = 0;
     p->train.precision = CDP_PRECISION_FP32;
+    /* no optimizer state is made (the executor's forward passes have none),
+     * so the planner counts none: plain SGD keeps nothing */
+    p->train.optimizer.type = CDP_OPT_SGD;
+    p->train.optimizer.momentum = 0;
     p->train.recompute = CDP_RECOMPUTE_NONE;
     p->train.recompute_auto = 0;
     p->train.global_batch = micro_batches * p->train.micro_batch;
