@@ -27,8 +27,11 @@ CDP_TABLE_CHECK(op_names, CDP_OP_COUNT);
 static void set_where(struct exec *e, const struct cdp_instr *in)
 {
     char buf[256];
-    int n = snprintf(buf, sizeof buf, "rank %d/%d (stage %d, replica %d), step %d: %s", e->rank, e->size,
-                     e->s, e->r, e->step, op_names[in->op]);
+    /* forward-only lists run after a step (validation) or alone (eval, decoding) */
+    int n = e->eval_only ? snprintf(buf, sizeof buf, "rank %d/%d (stage %d), %s: %s", e->rank, e->size, e->s,
+                                    e->dec ? "decoding" : "evaluating", op_names[in->op])
+                   : snprintf(buf, sizeof buf, "rank %d/%d (stage %d, replica %d), %s %d: %s", e->rank, e->size, e->s,
+                              e->r, e->fwd ? "validation after step" : "step", e->step, op_names[in->op]);
     if (in->mb >= 0) n += snprintf(buf + n, sizeof buf - (size_t)n, " of micro-batch %d", in->mb);
     if (in->chunk >= 0 && e->v > 1) n += snprintf(buf + n, sizeof buf - (size_t)n, ", chunk %d", in->chunk);
     if (in->peer >= 0)
