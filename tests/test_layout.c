@@ -142,7 +142,7 @@ ParameterizedTestParameters(layout, measured_peak_is_the_predicted_memory)
         grid[n++] = (struct cell){model, 2, 2, 4, "zb-h1", 0, 0, "", 2};
     }
     CDP_ASSERT((size_t)n <= sizeof grid / sizeof grid[0]);
-    return cr_make_param_array(struct cell, grid, (size_t)n);
+    return cr_make_param_array(struct cell, grid, cdp_test_sample_cells(grid, (size_t)n, sizeof grid[0]));
 }
 
 /* Within 3% on every rank (the prediction is the allocation rule itself, so
