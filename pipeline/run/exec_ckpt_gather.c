@@ -9,7 +9,7 @@
 #include "cdp/core.h"
 #include "comm/comm.h"
 #include "model/checkpoint.h"
-#include "pipeline/exec_internal.h"
+#include "pipeline/run/exec_internal.h"
 
 /* The group and timeout a gather runs over. */
 struct gather_ctx {

@@ -1,4 +1,4 @@
-/* The executor's parts (pipeline/executor.h is its interface): the state of
+/* The executor's parts (pipeline/run/executor.h is its interface): the state of
  * one rank's run, shared by the step driver (executor.c), the setup
  * (exec_setup.c), the interpreter of the schedule (interpret.c), load
  * balancing (exec_balance.c), checkpoints (exec_checkpoint.c) and reporting
@@ -16,9 +16,9 @@
 #include "model/data.h"
 #include "model/model.h"
 #include "model/optim.h"
-#include "pipeline/fault.h"
+#include "pipeline/run/fault.h"
 #include "pipeline/layout.h"
-#include "pipeline/monitor.h"
+#include "pipeline/run/monitor.h"
 #include "pipeline/schedule.h"
 #include "pipeline/trace.h"
 #include "cdp/train.h"

@@ -17,7 +17,7 @@
 #include "cdp/log.h"
 #include "core/file.h"
 #include "model/checkpoint.h"
-#include "pipeline/exec_internal.h"
+#include "pipeline/run/exec_internal.h"
 
 /* The lock file of a checkpoint folder (docs/checkpoints.md, "One run per folder"). */
 #define CKPT_LOCK ".cdphybrid-checkpoint.lock"
