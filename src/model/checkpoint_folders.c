@@ -30,7 +30,6 @@ char ckpt_run_id[40];
 
 void cdp_ckpt_set_run(const char *id) { snprintf(ckpt_run_id, sizeof ckpt_run_id, "%s", id ? id : ""); }
 
-
 /* ---- paths and folders ------------------------------------------------------------ */
 
 /* A copy of a path without trailing slashes (except a lone "/"). */
