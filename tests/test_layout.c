@@ -20,7 +20,7 @@
 #include "cdp/planner.h"
 #include "comm/comm.h"
 #include "harness.h"
-#include "pipeline/launch.h"
+#include "pipeline/run/launch.h"
 #include "model/layers.h"
 #include "model/model.h"
 #include "pipeline/layout.h"
