@@ -19,7 +19,7 @@
 #include "model/bpe.h"
 #include "model/checkpoint.h"
 #include "model/infer.h"
-#include "pipeline/executor.h"
+#include "pipeline/run/executor.h"
 
 static void generate_usage(FILE *f)
 {

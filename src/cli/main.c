@@ -29,8 +29,8 @@
 #include "partitioner/costs.h"
 #include "partitioner/host.h"
 #include "partitioner/planner.h"
-#include "pipeline/executor.h"
-#include "pipeline/launch.h"
+#include "pipeline/run/executor.h"
+#include "pipeline/run/launch.h"
 #include "pipeline/schedule.h"
 #include "cdp/train.h"
 

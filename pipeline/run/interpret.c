@@ -13,7 +13,7 @@
 #include "kernels/cpu/ops.h" /* cdp_cpu_set_threads */
 #include "model/infer.h"
 #include "model/optim.h"
-#include "pipeline/exec_internal.h"
+#include "pipeline/run/exec_internal.h"
 
 char cdp_exec_where_buf[256];
 

@@ -12,8 +12,8 @@
 #include "cdp/core.h"
 #include "comm/nccl.h"
 #include "model/checkpoint.h"
-#include "pipeline/exec_internal.h"
-#include "pipeline/executor.h"
+#include "pipeline/run/exec_internal.h"
+#include "pipeline/run/executor.h"
 
 /* A checkpoint's tensors of this rank's chunks, wherever they were trained. */
 static cdp_status load_checkpoint(struct exec *e, const char *path, const struct cdp_ckpt_info *info)
