@@ -60,6 +60,32 @@ static cdp_status load_balance(struct ld *c, const json_t *v)
     return CDP_OK;
 }
 
+/* The first kind of the table that runs c chunks per rank. */
+static enum cdp_schedule_kind kind_of_chunks(enum cdp_schedule_chunks c)
+{
+    for (int k = 0; k < CDP_SCHEDULE_COUNT; k++)
+        if (cdp_schedule_def((enum cdp_schedule_kind)k)->chunks == c) return (enum cdp_schedule_kind)k;
+    CDP_ASSERT(!"no schedule kind runs these chunks");
+    return CDP_SCHEDULE_1F1B;
+}
+
+/* The kinds that run more than one chunk per rank, for a message: "\"a\" (or
+ * \"b\", 2)", those that run exactly two with the 2. */
+static void chunk_kinds(char *buf, size_t cap)
+{
+    size_t o = 0;
+    int n = 0;
+    buf[0] = '\0';
+    for (int k = 0; k < CDP_SCHEDULE_COUNT && o < cap; k++) {
+        const struct cdp_schedule_def *d = cdp_schedule_def((enum cdp_schedule_kind)k);
+        if (d->chunks == CDP_CHUNKS_ONE) continue;
+        o += (size_t)snprintf(buf + o, cap - o, "%s\"%s\"%s", n ? (n == 1 ? " (or " : ", or ") : "", d->name,
+                              d->chunks == CDP_CHUNKS_TWO ? ", 2" : "");
+        n++;
+    }
+    if (n > 1 && o < cap) snprintf(buf + o, cap - o, ")");
+}
+
 /* Explicit shares against replicas, micro_batches and the schedule; settles
  * micro_batches when it is "auto". */
 static cdp_status check_shares(struct ld *c)
@@ -87,22 +113,23 @@ static cdp_status check_shares(struct ld *c)
                              (long long)sum, (long long)pd->replicas, (long long)pd->micro_batches,
                              (long long)(pd->replicas * pd->micro_batches));
     }
-    if (pd->schedule == CDP_SCHEDULE_INTERLEAVED && !pd->schedule_file && pd->stages != CDP_AUTO) {
+    const struct cdp_schedule_def *sd = cdp_schedule_def(pd->schedule);
+    if (sd->mb_multiple_of_stages && !pd->schedule_file && pd->stages != CDP_AUTO) {
         for (int i = 0; i < pd->n_shares; i++)
             if (pd->shares[i] % pd->stages) {
                 char kp[CDP_JSON_PTR_CAP];
                 snprintf(kp, sizeof kp, "%s/%d", P, i);
                 return cdp_json_fail(&c->in, kp,
-                                     "%lld is not a multiple of /parallel/stages %lld, as the interleaved "
+                                     "%lld is not a multiple of /parallel/stages %lld, as the %s "
                                      "schedule needs",
-                                     (long long)pd->shares[i], (long long)pd->stages);
+                                     (long long)pd->shares[i], (long long)pd->stages, sd->name);
             }
         /* said here, not as a /parallel/micro_batches the file may not have */
         if (pd->micro_batches % pd->stages)
             return cdp_json_fail(&c->in, P,
                                  "the shares sum to %lld, so /parallel/micro_batches is %lld, not a multiple of "
-                                 "/parallel/stages %lld as the interleaved schedule needs of it too",
-                                 (long long)sum, (long long)pd->micro_batches, (long long)pd->stages);
+                                 "/parallel/stages %lld as the %s schedule needs of it too",
+                                 (long long)sum, (long long)pd->micro_batches, (long long)pd->stages, sd->name);
     }
     return CDP_OK;
 }
@@ -379,35 +406,42 @@ cdp_status cdp_plan_load_parallel(struct ld *c, const json_t *v)
         }
     }
     pd->schedule = (enum cdp_schedule_kind)sch;
-    int inter = pd->schedule == CDP_SCHEDULE_INTERLEAVED && !pd->schedule_file; /* a file's lists need no m % p */
+    /* the named kind's shape rules (schedule_kind.c); a file's lists carry their own */
+    const struct cdp_schedule_def *named = pd->schedule_file ? NULL : cdp_schedule_def(pd->schedule);
     pd->chunks = pd->schedule_file && pd->chunks > 0 ? pd->chunks : cdp_schedule_has_chunks(pd->schedule) ? 2 : 1;
     if (v && (st = cdp_json_get_int(&c->in, v, P, "chunks", 1, MAX_COUNT, 0, &pd->chunks))) return st;
     if (pd->schedule_file) {
         if (pd->file_chunks > 0 && pd->chunks != pd->file_chunks)
             return cdp_json_fail(&c->in, "/parallel/chunks", "%lld, but the schedule file %s has %lld chunks per rank",
                                  (long long)pd->chunks, pd->schedule_file, (long long)pd->file_chunks);
-        if (pd->chunks > 1 && pd->schedule != CDP_SCHEDULE_ZBV) pd->schedule = CDP_SCHEDULE_INTERLEAVED;
+        /* lists of more chunks than their kind runs place them as the kind that runs the plan's chunks */
+        if (pd->chunks > 1 && cdp_schedule_def(pd->schedule)->chunks == CDP_CHUNKS_ONE)
+            pd->schedule = kind_of_chunks(CDP_CHUNKS_PLAN);
     }
-    if (pd->schedule == CDP_SCHEDULE_ZBV && pd->chunks != 2)
+    const struct cdp_schedule_def *sd = cdp_schedule_def(pd->schedule);
+    if (sd->chunks == CDP_CHUNKS_TWO && pd->chunks != 2)
         return cdp_json_fail(&c->in, "/parallel/chunks",
-                             "%lld, but /parallel/schedule \"zbv\" runs exactly 2 chunks per rank (a V); "
+                             "%lld, but /parallel/schedule \"%s\" runs exactly 2 chunks per rank%s; "
                              "leave chunks out or give 2",
-                             (long long)pd->chunks);
-    if (pd->chunks > 1 && !cdp_schedule_has_chunks(pd->schedule))
-        return cdp_json_fail(&c->in, "/parallel/chunks", "%lld needs /parallel/schedule \"interleaved\" (or \"zbv\", 2), not \"%s\"",
-                             (long long)pd->chunks, cdp_schedule_name((enum cdp_schedule_kind)sch));
-    if (inter && pd->chunks < 2)
+                             (long long)pd->chunks, sd->name, sd->placement == CDP_VSTAGE_V ? " (a V)" : "");
+    if (pd->chunks > 1 && !cdp_schedule_has_chunks(pd->schedule)) {
+        char kinds[256];
+        chunk_kinds(kinds, sizeof kinds);
+        return cdp_json_fail(&c->in, "/parallel/chunks", "%lld needs /parallel/schedule %s, not \"%s\"",
+                             (long long)pd->chunks, kinds, cdp_schedule_name((enum cdp_schedule_kind)sch));
+    }
+    if (named && named->chunks == CDP_CHUNKS_PLAN && pd->chunks < 2)
         return cdp_json_fail(&c->in, "/parallel/chunks",
-                             "/parallel/schedule \"interleaved\" needs at least 2 chunks "
+                             "/parallel/schedule \"%s\" needs at least 2 chunks "
                              "per rank, got %lld",
-                             (long long)pd->chunks);
+                             named->name, (long long)pd->chunks);
     const json_t *part = v ? json_object_get(v, "partition") : NULL;
     if (part && (st = load_partition(c, part))) return st;
-    if (inter && pd->stages != CDP_AUTO && pd->stages < 2)
+    if (named && pd->stages != CDP_AUTO && pd->stages < named->min_stages)
         return cdp_json_fail(&c->in, "/parallel/stages",
-                             "/parallel/schedule \"interleaved\" needs at least 2 stages, "
+                             "/parallel/schedule \"%s\" needs at least %d stages, "
                              "got %lld",
-                             (long long)pd->stages);
+                             named->name, named->min_stages, (long long)pd->stages);
     const json_t *pl = v ? json_object_get(v, "placement") : NULL;
     if (pl && (st = load_placement(c, pl))) return st;
     const json_t *bal = v ? json_object_get(v, "balance") : NULL;
@@ -425,10 +459,11 @@ cdp_status cdp_plan_load_parallel(struct ld *c, const json_t *v)
         return cdp_json_fail(&c->in, "/parallel/zero", "%s", why);
     if ((st = check_shares(c))) return st;
     if ((st = batch_arithmetic(c))) return st;
-    if (inter && pd->stages != CDP_AUTO && pd->micro_batches != CDP_AUTO && pd->micro_batches % pd->stages)
+    if (named && named->mb_multiple_of_stages && pd->stages != CDP_AUTO && pd->micro_batches != CDP_AUTO &&
+        pd->micro_batches % pd->stages)
         return cdp_json_fail(&c->in, "/parallel/micro_batches",
                              "%lld is not a multiple of /parallel/stages %lld, as "
-                             "the interleaved schedule needs",
-                             (long long)pd->micro_batches, (long long)pd->stages);
+                             "the %s schedule needs",
+                             (long long)pd->micro_batches, (long long)pd->stages, named->name);
     return CDP_OK;
 }
