@@ -15,11 +15,15 @@
 #include "cdp/core.h"
 #include "cdp/device.h"
 #include "cdp/plan.h"
+#include "cdp/topology.h"
+#include "comm/comm.h"
 #include "harness.h"
 #include "kernels/cpu/ops.h" /* cdp_cpu_set_threads */
 #include "model/bpe.h"
 #include "model/infer.h"
 #include "model/model.h"
+#include "partitioner/planner.h"
+#include "pipeline/run/executor.h"
 
 static const char *fixture(const char *name)
 {
@@ -605,4 +609,74 @@ Test(stages, validation_with_chunks_equals_eval_on_1_and_2_stages, .timeout = 24
         cr_assert_eq(one, trained, "%s: eval %.17g, training's validation %.17g", parallel[i], one, trained);
         cr_assert_eq(two, one, "%s: 2 stages %.17g, one rank %.17g", parallel[i], two, one);
     }
+}
+
+/* The executor's decoder (pipeline/run/executor.h) on one rank, as the layout
+ * the planner gives a plan of `parallel` (the model random from its seed). */
+static struct cdp_exec_decoder *open_decoder(const char *parallel, struct cdp_plan **plan, struct cdp_layout **lay,
+                                             cdp_comm_t *self)
+{
+    char text[1024];
+    snprintf(text, sizeof text,
+             "{\"model\": {\"preset\": \"gpt\", \"vocab\": 64, \"context\": 16, \"layers\": 3, \"heads\": 2, "
+             "\"embed\": 16}, \"train\": {\"micro_batch\": 1, \"seed\": 5}, \"parallel\": {%s}, "
+             "\"cluster\": {\"backend\": \"cpu\"}}",
+             parallel);
+    cr_assert_eq(cdp_plan_load_string(text, "decode.json", NULL, plan), CDP_OK, "%s", cdp_last_error());
+    struct cdp_machine_info m = {0};
+    cr_assert_eq(cdp_plan_resolve(*plan, &m), CDP_OK, "%s", cdp_last_error());
+    struct cdp_topology *t = NULL;
+    char note[256];
+    cr_assert_eq(cdp_planner_topology(*plan, 0, &t, note, sizeof note), CDP_OK, "%s", cdp_last_error());
+    struct cdp_planner_result r = {0};
+    cr_assert_eq(cdp_planner_run(*plan, t, NULL, CDP_PLANNER_LAYOUT_ONLY, &r), CDP_OK, "%s", cdp_last_error());
+    cdp_topology_free(t);
+    *lay = r.layout;
+    r.layout = NULL;
+    cdp_planner_result_clear(&r);
+    cr_assert_eq(cdp_comm_self(self), CDP_OK);
+    struct cdp_exec_decoder *d = NULL;
+    cr_assert_eq(cdp_exec_decoder_open(*plan, *lay, *self, NULL, NULL, 16, &d), CDP_OK, "%s", cdp_last_error());
+    return d;
+}
+
+/* Decoding runs the forward-only lists through the interpreter on any
+ * placement: zbv's two chunks on one rank (the second takes the first's rows
+ * on the rank, no transfer) give the logits of one chunk, bit for bit, for the
+ * prompt's positions at once and then one position a step. */
+Test(generate, decoder_over_two_local_chunks_equals_one_chunk)
+{
+    struct cdp_plan *pa, *pb;
+    struct cdp_layout *la, *lb;
+    cdp_comm_t sa, sb;
+    struct cdp_exec_decoder *a = open_decoder("\"stages\": 1, \"micro_batches\": 1", &pa, &la, &sa);
+    struct cdp_exec_decoder *b =
+        open_decoder("\"stages\": 1, \"micro_batches\": 1, \"schedule\": \"zbv\"", &pb, &lb, &sb);
+    cr_assert_eq(lb->chunks, 2, "zbv runs two chunks");
+    cr_assert(cdp_exec_decoder_last(a) && cdp_exec_decoder_last(b));
+    const int32_t tokens[] = {3, 14, 15, 9, 2, 6, 5, 35};
+    float la_[64], lb_[64];
+    int64_t at = 0;
+    for (int step = 0; step < 4; step++) {
+        const int64_t n = step == 0 ? 5 : 1; /* the prompt, then a position a step */
+        cr_assert_eq(cdp_exec_decoder_step(a, tokens + at, n, la_), CDP_OK, "%s", cdp_last_error());
+        cr_assert_eq(cdp_exec_decoder_step(b, tokens + at, n, lb_), CDP_OK, "%s", cdp_last_error());
+        at += n;
+        cr_assert_eq(cdp_exec_decoder_position(a), at);
+        cr_assert_eq(cdp_exec_decoder_position(b), at);
+        cr_assert(!memcmp(la_, lb_, sizeof la_), "step %d: the logits differ", step);
+        int finite = 1;
+        for (int i = 0; i < 64; i++) finite &= isfinite(la_[i]);
+        cr_assert(finite);
+    }
+    cdp_exec_decoder_reset(b);
+    cr_assert_eq(cdp_exec_decoder_position(b), 0);
+    cdp_exec_decoder_close(a);
+    cdp_exec_decoder_close(b);
+    cdp_comm_free(sa);
+    cdp_comm_free(sb);
+    cdp_layout_free(la);
+    cdp_layout_free(lb);
+    cdp_plan_free(pa);
+    cdp_plan_free(pb);
 }
