@@ -171,13 +171,15 @@ cdp_status cdp_exec_build_schedule(struct exec *e);
 void cdp_exec_set_share(struct exec *e);
 
 /* interpret.c: this rank's list for the step, instruction by instruction (or
- * NCCL groups); the sends still in flight; forward-only validation. */
+ * NCCL groups), in the mode e says (a step, forward-only, decoding); the sends
+ * still in flight. */
 cdp_status cdp_exec_run_list(struct exec *e);
 /* ZeRO-2's reduce hook (cdp_grad_reduce_fn; ctx is the exec): the window's
  * sum over the stage's replicas, into this replica's part of it. */
 cdp_status cdp_exec_grad_reduce(void *ctx, float *buf, uint64_t n, uint64_t from, uint64_t count);
 cdp_status cdp_exec_drain_sends(struct exec *e);
-/* The validation loss over n micro-batches (training's, `cdphybrid eval`'s):
+/* exec_forward.c: the validation loss over n micro-batches (training's,
+ * `cdphybrid eval`'s):
  * replica 0 runs the forward-only schedule (cdp_schedule_build_forward) in
  * windows of at most mcap micro-batches in forward-only mode; *val, on every
  * rank, is the loss summed over every row divided by n x B x rows a sample

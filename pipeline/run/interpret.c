@@ -1,7 +1,8 @@
 /* The interpreter: runs this rank's instruction list of one step (LOAD,
  * FORWARD, SEND/RECV of activations and gradients, BACKWARD, the reductions,
- * the optimizer step) over its chunks' models and its communicators, and
- * forward-only validation. It hands buffers of device memory to the
+ * the optimizer step) over its chunks' models and its communicators, and the
+ * forward-only lists (validation, eval, decoding: exec_forward.c) in their
+ * modes. It hands buffers of device memory to the
  * communicators of its roles and never chooses a transport (comm/ did); where
  * the pipeline's communicator batches transfers (NCCL), each run of
  * transfers is one batch. */
@@ -10,7 +11,6 @@
 #include <string.h>
 
 #include "cdp/core.h"
-#include "kernels/cpu/ops.h" /* cdp_cpu_set_threads */
 #include "model/infer.h"
 #include "model/optim.h"
 #include "pipeline/run/exec_internal.h"
@@ -715,62 +715,5 @@ cdp_status cdp_exec_drain_sends(struct exec *e)
         for (int i = 0; i < c->nslots && !st; i++) st = wait_req(e, &c->slot_send[i]);
         for (int i = 0; i < c->n_grad_out && !st; i++) st = wait_req(e, &c->grad_out_req[i]);
     }
-    return st;
-}
-
-/* The forward-only schedule of n micro-batches in windows of at most mcap
- * (what the slots' bookkeeping holds), run as a step's list is: the same
- * table of instructions, in forward-only mode, with no trace. */
-static cdp_status run_forward(struct exec *e, int64_t n)
-{
-    struct cdp_schedule *const train = e->sched;
-    struct cdp_trace *const trace = e->trace;
-    const int m = e->m, w = (int)(n < e->mcap ? n : e->mcap);
-    struct cdp_schedule *fs = NULL;
-    cdp_status st = CDP_OK;
-    e->fwd = 1;
-    e->fwd_sum = 0;
-    e->trace = NULL;
-    for (int64_t base = 0; base < n && !st; base += w) {
-        const int mw = (int)(n - base < w ? n - base : w);
-        if (!fs || fs->m != mw) {
-            cdp_schedule_free(fs);
-            fs = NULL;
-            if ((st = cdp_schedule_build_forward(e->lay->schedule, e->p, e->v, mw, &fs))) break;
-        }
-        e->sched = fs;
-        e->m = mw; /* the tags of this window's transfers */
-        e->fwd_base = base;
-        st = cdp_exec_run_list(e);
-        if (!st) st = cdp_exec_drain_sends(e);
-    }
-    for (int k = 0; k < e->v; k++) /* a failed window may leave slots taken */
-        for (int i = 0; i < e->ch[k].nslots; i++)
-            if (e->ch[k].slot_mb[i] >= 0) fwd_release(e, &e->ch[k], e->ch[k].slot_mb[i]);
-    cdp_schedule_free(fs);
-    e->sched = train;
-    e->m = m;
-    e->trace = trace;
-    e->fwd = 0;
-    return st;
-}
-
-/* Validation on replica 0: the forward-only schedule; the loss is the same
- * sum as one-rank validation's, over the same samples in the same order. */
-cdp_status cdp_exec_validate(struct exec *e, int64_t n, double *val, double *rows_per_sample)
-{
-    cdp_status st = CDP_OK;
-    /* the same BLAS threads as `cdphybrid eval` on one rank, whatever this rank got */
-    const int threads = cdp_cpu_threads();
-    cdp_cpu_set_threads(CDP_CPU_EXACT_THREADS);
-    if (e->r == 0) st = run_forward(e, n);
-    cdp_cpu_set_threads(threads);
-    /* rows per sample (every token of a token model, else 1) are known where
-     * the data is read */
-    double red[2] = {e->r == 0 ? e->fwd_sum : 0, e->shape ? (e->shape->tokens ? (double)e->shape->input_numel : 1.0) : 0};
-    if (!st) st = cdp_comm_allreduce_f64(e->world, &red[0], 1, CDP_REDUCE_SUM, e->timeout);
-    if (!st) st = cdp_comm_allreduce_f64(e->world, &red[1], 1, CDP_REDUCE_MAX, e->timeout);
-    if (!st) *val = red[0] / ((double)n * e->B * red[1]);
-    if (!st && rows_per_sample) *rows_per_sample = red[1];
     return st;
 }
