@@ -74,10 +74,13 @@ up)
     echo $! > "$dir/pid.bridge"
     for k in $(seq 0 $((n - 1))); do
         mkdir -p "$dir/h$k"
-        # a host: hostname, private /tmp, /dev/shm and node-local /mnt, then wait
+        # a host: hostname, private /tmp, /dev/shm and node-local /mnt, no IPv6
+        # (Open MPI takes every address of the subnet's interface, the IPv6
+        # link-local one too, tentative for its first seconds), then wait
         setsid unshare --net --uts --mount --propagation private sh -c "
             hostname h$k && mount -t tmpfs -o size=1g,mode=1777 cdp-tmp /tmp &&
             mount -t tmpfs -o size=256m cdp-shm /dev/shm && mount -t tmpfs -o size=512m cdp-local /mnt &&
+            { sysctl -qw net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1 2>/dev/null || :; } &&
             ip link set lo up && touch '$dir/h$k/ready' && exec sleep 1000000" </dev/null >/dev/null 2>"$dir/h$k/log" &
         echo $! > "$dir/pid.$k"
     done
