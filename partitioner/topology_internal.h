@@ -177,4 +177,10 @@ struct cdp_nvml_api {
  * be finalized yet. Logs what it used. */
 cdp_status cdp_topology_apply_nvml(struct cdp_topology *t, const struct cdp_nvml_api *api);
 
+/* ---- topology_finalize.c: checks, defaults and derived matrices of a loaded topology */
+
+/* 0 (not given) or a rate in bytes/s within docs/topology.md's "Ranges"; else
+ * an error naming what (the source), the place and the reader's attribute. */
+cdp_status cdp_topology_check_rate(const char *what, const char *place, const char *attr, double v);
+
 #endif

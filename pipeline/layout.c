@@ -13,18 +13,25 @@
 
 cdp_status cdp_layout_create(int p, int v, int R, struct cdp_layout **out)
 {
-    if (p < 1 || v < 1 || R < 1 || (int64_t)p * v * R > (1 << 24))
-        return cdp_fail(CDP_ERR_INVALID, "layout: %d stages x %d chunks x %d replicas is not a layout", p, v, R);
+    return cdp_layout_create_tensor(p, v, R, 1, out);
+}
+
+cdp_status cdp_layout_create_tensor(int p, int v, int R, int t, struct cdp_layout **out)
+{
+    if (p < 1 || v < 1 || R < 1 || t < 1 || (int64_t)p * v * R * t > (1 << 24))
+        return cdp_fail(CDP_ERR_INVALID, "layout: %d stages x %d chunks x %d replicas x tensor %d is not a layout",
+                        p, v, R, t);
     struct cdp_layout *l = calloc(1, sizeof *l);
     if (!l) return cdp_fail(CDP_ERR_NOMEM, "layout: out of memory");
     l->stages = p;
     l->chunks = v;
     l->replicas = R;
-    l->n_ranks = p * R;
+    l->tensor = t;
+    l->n_ranks = p * R * t;
     l->n_nodes = 1;
     l->shares = calloc((size_t)R, sizeof *l->shares);
     l->ranges = calloc((size_t)p * v, sizeof *l->ranges);
-    l->rank = calloc((size_t)p * R, sizeof *l->rank);
+    l->rank = calloc((size_t)l->n_ranks, sizeof *l->rank);
     if (!l->shares || !l->ranges || !l->rank) {
         cdp_layout_free(l);
         return cdp_fail(CDP_ERR_NOMEM, "layout: out of memory");
@@ -46,7 +53,7 @@ void cdp_layout_free(struct cdp_layout *l)
 cdp_status cdp_layout_copy(const struct cdp_layout *l, struct cdp_layout **out)
 {
     struct cdp_layout *c = NULL;
-    cdp_status st = cdp_layout_create(l->stages, l->chunks, l->replicas, &c);
+    cdp_status st = cdp_layout_create_tensor(l->stages, l->chunks, l->replicas, l->tensor, &c);
     if (st) return st;
     int64_t *shares = c->shares;
     int64_t(*ranges)[2] = c->ranges;
@@ -69,16 +76,22 @@ cdp_status cdp_layout_copy(const struct cdp_layout *l, struct cdp_layout **out)
 
 int cdp_layout_rank_of(const struct cdp_layout *l, int s, int r)
 {
+    return cdp_layout_rank_at(l, s, r, 0);
+}
+
+int cdp_layout_rank_at(const struct cdp_layout *l, int s, int r, int k)
+{
     for (int i = 0; i < l->n_ranks; i++)
-        if (l->rank[i].stage == s && l->rank[i].replica == r) return i;
+        if (l->rank[i].stage == s && l->rank[i].replica == r && l->rank[i].tensor == k) return i;
     return -1;
 }
 
 cdp_status cdp_layout_check(const struct cdp_layout *l, int64_t n_units)
 {
-    const int p = l->stages, R = l->replicas, nv = p * l->chunks;
-    if (l->n_ranks != p * R)
-        return cdp_fail(CDP_ERR_INVALID, "layout: %d ranks for %d stages x %d replicas", l->n_ranks, p, R);
+    const int p = l->stages, R = l->replicas, t = l->tensor, nv = p * l->chunks;
+    if (t < 1 || l->n_ranks != p * R * t)
+        return cdp_fail(CDP_ERR_INVALID, "layout: %d ranks for %d stages x %d replicas x tensor %d", l->n_ranks, p,
+                        R, t);
     if (l->micro_batches < 1 || l->micro_batch < 1)
         return cdp_fail(CDP_ERR_INVALID, "layout: %d micro-batches of %d samples", l->micro_batches, l->micro_batch);
     unsigned char *seen = calloc((size_t)l->n_ranks, 1);
@@ -89,8 +102,12 @@ cdp_status cdp_layout_check(const struct cdp_layout *l, int64_t n_units)
         if (k->stage < 0 || k->stage >= p || k->replica < 0 || k->replica >= R)
             st = cdp_fail(CDP_ERR_INVALID, "layout: rank %d runs stage %d of replica %d; the layout has %d x %d", i,
                           k->stage, k->replica, p, R);
-        else if (seen[k->stage * R + k->replica]++)
-            st = cdp_fail(CDP_ERR_INVALID, "layout: stage %d of replica %d runs on two ranks", k->stage, k->replica);
+        else if (k->tensor < 0 || k->tensor >= t)
+            st = cdp_fail(CDP_ERR_INVALID, "layout: rank %d holds tensor slice %d; the layout's tensor groups have %d",
+                          i, k->tensor, t);
+        else if (seen[((size_t)k->stage * R + k->replica) * t + k->tensor]++)
+            st = cdp_fail(CDP_ERR_INVALID, "layout: stage %d of replica %d%s runs on two ranks", k->stage, k->replica,
+                          t > 1 ? " (one tensor slice)" : "");
         else if (k->node < 0 || k->node >= l->n_nodes || (i > 0 && k->node < l->rank[i - 1].node))
             st = cdp_fail(CDP_ERR_INVALID, "layout: rank %d is on node %d: ranks go node by node over %d nodes", i,
                           k->node, l->n_nodes);
@@ -292,8 +309,9 @@ json_t *cdp_layout_ranks_json(const struct cdp_layout *l)
     json_t *a = json_array();
     for (int i = 0; a && i < l->n_ranks; i++) {
         const struct cdp_layout_rank *k = &l->rank[i];
-        json_t *o = json_pack("{s:i,s:i,s:i,s:i,s:i,s:i,s:s,s:I,s:I}", "rank", i, "node", k->node, "device",
-                              k->device, "gpu", k->gpu, "stage", k->stage, "replica", k->replica, "cpuset",
+        json_t *o = json_pack("{s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:s,s:I,s:I}", "rank", i, "node", k->node, "device",
+                              k->device, "gpu", k->gpu, "stage", k->stage, "replica", k->replica, "tensor",
+                              k->tensor, "cpuset",
                               k->cpuset, "memory_bytes", (json_int_t)k->memory.device, "host_bytes",
                               (json_int_t)k->memory.host);
         if (!o || json_array_append_new(a, o)) {
@@ -311,6 +329,7 @@ int cdp_layout_replicas(const struct cdp_layout *l) { return l->replicas; }
 int cdp_layout_micro_batches(const struct cdp_layout *l) { return l->micro_batches; }
 int cdp_layout_micro_batch(const struct cdp_layout *l) { return l->micro_batch; }
 int cdp_layout_ranks(const struct cdp_layout *l) { return l->n_ranks; }
+int cdp_layout_tensor(const struct cdp_layout *l) { return l->tensor; }
 enum cdp_schedule_kind cdp_layout_schedule(const struct cdp_layout *l) { return l->schedule; }
 
 int cdp_layout_rank_stage(const struct cdp_layout *l, int r)
@@ -321,6 +340,11 @@ int cdp_layout_rank_stage(const struct cdp_layout *l, int r)
 int cdp_layout_rank_replica(const struct cdp_layout *l, int r)
 {
     return r >= 0 && r < l->n_ranks ? l->rank[r].replica : -1;
+}
+
+int cdp_layout_rank_tensor(const struct cdp_layout *l, int r)
+{
+    return r >= 0 && r < l->n_ranks ? l->rank[r].tensor : -1;
 }
 
 uint64_t cdp_layout_rank_memory(const struct cdp_layout *l, int r)
@@ -334,13 +358,14 @@ void cdp_layout_digest(const struct cdp_layout *l, char hex[65])
     cdp_sha256_init(&h);
     const int64_t head[] = {l->backend,     l->stages,   l->chunks,    l->replicas, l->micro_batches,
                             l->micro_batch, l->schedule, l->recompute, l->zero,     l->n_ranks,
-                            l->rebalance_every};
+                            l->rebalance_every, l->tensor};
     cdp_sha256_update(&h, head, sizeof head);
     if (l->schedule_file) cdp_sha256_update(&h, l->schedule_file, strlen(l->schedule_file) + 1);
     cdp_sha256_update(&h, l->shares, (size_t)l->replicas * sizeof *l->shares);
     cdp_sha256_update(&h, l->ranges, (size_t)l->stages * l->chunks * sizeof *l->ranges);
     for (int i = 0; i < l->n_ranks; i++) {
-        const int32_t r[] = {l->rank[i].stage, l->rank[i].replica, l->rank[i].node, l->rank[i].device};
+        const int32_t r[] = {l->rank[i].stage, l->rank[i].replica, l->rank[i].node, l->rank[i].device,
+                             l->rank[i].tensor};
         cdp_sha256_update(&h, r, sizeof r);
     }
     cdp_sha256_final(&h, hex);
@@ -363,6 +388,7 @@ int cdp_layout_diff(const struct cdp_layout *a, const struct cdp_layout *b, char
     DIFF_INT(stages, "stages");
     DIFF_INT(chunks, "chunks");
     DIFF_INT(replicas, "replicas");
+    DIFF_INT(tensor, "tensor");
     DIFF_INT(micro_batches, "micro_batches");
     DIFF_INT(micro_batch, "micro_batch");
     DIFF(a->schedule != b->schedule, "/schedule: \"%s\" here, \"%s\" there", cdp_schedule_name(a->schedule),
@@ -386,6 +412,7 @@ int cdp_layout_diff(const struct cdp_layout *a, const struct cdp_layout *b, char
         DIFF(x->stage != y->stage || x->replica != y->replica,
              "/ranks/%d: stage %d of replica %d here, stage %d of replica %d there", i, x->stage, x->replica,
              y->stage, y->replica);
+        DIFF(x->tensor != y->tensor, "/ranks/%d/tensor: %d here, %d there", i, x->tensor, y->tensor);
         DIFF(x->node != y->node, "/ranks/%d/node: %d here, %d there", i, x->node, y->node);
         DIFF(x->device != y->device, "/ranks/%d/device: %d here, %d there", i, x->device, y->device);
     }

@@ -47,6 +47,7 @@ struct cdp_rank_memory {
 
 struct cdp_layout_rank {
     int stage, replica;
+    int tensor;   /* its index in its stage's tensor group, 0 .. layout tensor - 1 */
     int node;     /* node of the planned topology */
     int device;   /* global device index in the planned topology */
     int gpu;      /* the device it opens on its node: the GPU index (cuda); on cpu the host (shown only) */
@@ -60,6 +61,8 @@ struct cdp_layout_rank {
 struct cdp_layout {
     enum cdp_backend backend;
     int stages, chunks, replicas;
+    int tensor;           /* t: the ranks of one stage of one replica (its tensor group), each holding a
+                           * 1/t slice of the stage's split layers; 1: a stage is one device */
     int micro_batches;    /* per replica per step, before shares (the shares' mean) */
     int micro_batch;      /* samples per micro-batch */
     enum cdp_schedule_kind schedule;
@@ -69,7 +72,7 @@ struct cdp_layout {
     int64_t *shares;      /* replicas entries: micro-batches of each replica per step (owned) */
     int64_t (*ranges)[2]; /* stages x chunks: [first, end) units of virtual stage k, placed on a stage
                              and chunk by cdp_schedule_vstage (owned) */
-    int n_ranks;          /* stages x replicas */
+    int n_ranks;          /* stages x replicas x tensor */
     struct cdp_layout_rank *rank; /* by world rank (owned) */
     int n_nodes;          /* nodes of the planned topology */
     int shared_devices;   /* some ranks share a device: device memory between ranks travels through the host */
@@ -78,14 +81,20 @@ struct cdp_layout {
     char *schedule_file;  /* the lists come from this file (absolute path; owned), or NULL: generated */
 };
 
-/* A zeroed layout of p stages, v chunks, R replicas with its arrays allocated
- * (shares, ranges, ranks). CDP_ERR_INVALID for counts below 1 or p*R*v past
- * 2^24; CDP_ERR_NOMEM. Free with cdp_layout_free (NULL is a no-op). */
+/* A zeroed layout of p stages, v chunks, R replicas (tensor 1) with its
+ * arrays allocated (shares, ranges, ranks). CDP_ERR_INVALID for counts below
+ * 1 or p*R*v past 2^24; CDP_ERR_NOMEM. Free with cdp_layout_free (NULL is a
+ * no-op). */
 cdp_status cdp_layout_create(int p, int v, int R, struct cdp_layout **out);
+/* The same with t ranks per stage and replica (a tensor group each):
+ * p x R x t ranks. CDP_ERR_INVALID also for t below 1 or p*R*t*v past 2^24. */
+cdp_status cdp_layout_create_tensor(int p, int v, int R, int t, struct cdp_layout **out);
 void cdp_layout_free(struct cdp_layout *l);
 
-/* The world rank that runs stage s of replica r, or -1. */
+/* The world rank that runs stage s of replica r (its tensor index 0), or -1. */
 int cdp_layout_rank_of(const struct cdp_layout *l, int s, int r);
+/* The world rank that runs tensor slice k of stage s of replica r, or -1. */
+int cdp_layout_rank_at(const struct cdp_layout *l, int s, int r, int k);
 
 /* SHA-256 (hex) of what every rank of a job must agree on: the shape, the
  * schedule (and its file), recomputation, ZeRO, rebalancing, shares, ranges
@@ -106,10 +115,10 @@ int cdp_layout_diff(const struct cdp_layout *a, const struct cdp_layout *b, char
 #define CDP_LAYOUT_JSON_VERSION 1
 
 /* The layout as JSON: {"version", "backend", "topology", "nodes", "stages",
- * "chunks", "replicas", "micro_batches", "micro_batch", "schedule",
+ * "chunks", "replicas", "tensor", "micro_batches", "micro_batch", "schedule",
  * "schedule_file", "recompute", "zero", "rebalance_every", "shares",
  * "ranges" (by virtual stage), "shared_devices", "ranks": [{"stage",
- * "replica", "node", "device", "gpu", "cpuset", "capacity_bytes", "memory":
+ * "replica", "tensor", "node", "device", "gpu", "cpuset", "capacity_bytes", "memory":
  * {...}}]}. New reference; NULL: out of memory. */
 json_t *cdp_layout_to_json(const struct cdp_layout *l);
 

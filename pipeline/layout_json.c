@@ -32,8 +32,9 @@ json_t *cdp_layout_to_json(const struct cdp_layout *l)
                                                       (json_int_t)l->ranges[k][1]));
     for (int i = 0; ok && i < l->n_ranks; i++) {
         const struct cdp_layout_rank *k = &l->rank[i];
-        ok = !json_array_append_new(ranks, json_pack("{s:i,s:i,s:i,s:i,s:i,s:s,s:I,s:o}", "stage", k->stage,
-                                                     "replica", k->replica, "node", k->node, "device", k->device,
+        ok = !json_array_append_new(ranks, json_pack("{s:i,s:i,s:i,s:i,s:i,s:i,s:s,s:I,s:o}", "stage", k->stage,
+                                                     "replica", k->replica, "tensor", k->tensor, "node", k->node,
+                                                     "device", k->device,
                                                      "gpu", k->gpu, "cpuset", k->cpuset, "capacity_bytes",
                                                      (json_int_t)k->capacity, "memory", memory_json(&k->memory)));
     }
@@ -45,6 +46,7 @@ json_t *cdp_layout_to_json(const struct cdp_layout *l)
              !json_object_set_new(o, "stages", json_integer(l->stages)) &&
              !json_object_set_new(o, "chunks", json_integer(l->chunks)) &&
              !json_object_set_new(o, "replicas", json_integer(l->replicas)) &&
+             !json_object_set_new(o, "tensor", json_integer(l->tensor)) &&
              !json_object_set_new(o, "micro_batches", json_integer(l->micro_batches)) &&
              !json_object_set_new(o, "micro_batch", json_integer(l->micro_batch)) &&
              !json_object_set_new(o, "schedule", json_string(cdp_schedule_name(l->schedule))) &&
@@ -69,10 +71,10 @@ json_t *cdp_layout_to_json(const struct cdp_layout *l)
 /* ---- reading ---------------------------------------------------------------------- */
 
 static const char *const layout_keys[] = {"version", "backend", "topology", "nodes", "stages", "chunks", "replicas",
-                                          "micro_batches", "micro_batch", "schedule", "schedule_file", "recompute",
+                                          "tensor", "micro_batches", "micro_batch", "schedule", "schedule_file", "recompute",
                                           "zero", "rebalance_every", "shares", "ranges", "shared_devices", "ranks",
                                           NULL};
-static const char *const rank_keys[] = {"stage", "replica", "node", "device", "gpu", "cpuset", "capacity_bytes",
+static const char *const rank_keys[] = {"stage", "replica", "tensor", "node", "device", "gpu", "cpuset", "capacity_bytes",
                                         "memory", NULL};
 static const char *const memory_keys[] = {"params", "grads", "optimizer", "activations", "buffers", "device", "host",
                                           NULL};
@@ -147,6 +149,7 @@ static cdp_status read_rank(const struct cdp_json_in *in, const json_t *o, const
     if ((st = cdp_json_check_keys(in, o, ptr, rank_keys, "a rank"))) return st;
     GET_INT(o, ptr, "stage", 0, (1 << 24), k->stage);
     GET_INT(o, ptr, "replica", 0, (1 << 24), k->replica);
+    if (json_object_get(o, "tensor")) GET_INT(o, ptr, "tensor", 0, (1 << 24), k->tensor); /* absent: 0 */
     GET_INT(o, ptr, "node", 0, (1 << 24), k->node);
     GET_INT(o, ptr, "device", 0, (1 << 24), k->device);
     GET_INT(o, ptr, "gpu", 0, (1 << 24), k->gpu);
@@ -185,7 +188,7 @@ cdp_status cdp_layout_from_json(const json_t *j, const char *file, const char *p
     cdp_status st;
     if (!json_is_object(j)) return cdp_json_expected(in, ptr[0] ? ptr : "/", "a layout (an object)", j);
     if ((st = cdp_json_check_keys(in, j, ptr, layout_keys, "a layout"))) return st;
-    int64_t version, p_, v_, R_;
+    int64_t version, p_, v_, R_, t_ = 1;
     if ((st = get_int(in, j, ptr, "version", 1, INT32_MAX, &version))) return st;
     if (version != CDP_LAYOUT_JSON_VERSION) {
         cdp_json_ptr_key(p, ptr, "version");
@@ -193,9 +196,10 @@ cdp_status cdp_layout_from_json(const json_t *j, const char *file, const char *p
                              "with this cdphybrid to write one)", (long long)version, CDP_LAYOUT_JSON_VERSION);
     }
     if ((st = get_int(in, j, ptr, "stages", 1, 1 << 24, &p_)) || (st = get_int(in, j, ptr, "chunks", 1, 1 << 24, &v_)) ||
-        (st = get_int(in, j, ptr, "replicas", 1, 1 << 24, &R_)))
+        (st = get_int(in, j, ptr, "replicas", 1, 1 << 24, &R_)) ||
+        (json_object_get(j, "tensor") && (st = get_int(in, j, ptr, "tensor", 1, 1 << 24, &t_)))) /* absent: 1 */
         return st;
-    if ((st = cdp_layout_create((int)p_, (int)v_, (int)R_, &l))) {
+    if ((st = cdp_layout_create_tensor((int)p_, (int)v_, (int)R_, (int)t_, &l))) {
         cdp_json_ptr_key(p, ptr, "stages");
         return cdp_error_context(st, "%s: %s", file, p);
     }
@@ -257,7 +261,7 @@ cdp_status cdp_layout_from_json(const json_t *j, const char *file, const char *p
                 goto fail;
         }
     }
-    if ((st = get_array(in, j, ptr, "ranks", (size_t)l->n_ranks, "an array of ranks, stages x replicas", &v)))
+    if ((st = get_array(in, j, ptr, "ranks", (size_t)l->n_ranks, "an array of ranks, stages x replicas x tensor", &v)))
         goto fail;
     cdp_json_ptr_key(q, ptr, "ranks");
     for (int i = 0; i < l->n_ranks; i++) {

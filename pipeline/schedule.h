@@ -105,12 +105,12 @@ cdp_status cdp_schedule_build(enum cdp_schedule_kind kind, int p, int v, int m, 
  * Order within a list is execution order. gpipe: forwards 0..m-1, then
  * backwards 0..m-1. 1f1b: min(p-r-1, m) warm-up forwards, 1F1B pairs,
  * cool-down backwards. interleaved: Megatron's order of compute
- * (pipeline/schedule.c). zb-h1: 1F1B's order with the backward split, rank r
+ * (pipeline/schedule_gen.c). zb-h1: 1F1B's order with the backward split, rank r
  * deferring its weight gradients by r micro-batches (peak p in flight, as
  * 1F1B's rank 0). zb-h2: a greedy list schedule at unit times that keeps at
  * most 2p-1 micro-batches in flight (peak 2p-1). zbv: two chunks in a V
  * (peak 2p chunk activations, each half a stage's: 1F1B's rank-0 memory).
- * Exact order and bubbles: pipeline/schedule.c and docs/simulator.md.
+ * Exact order and bubbles: pipeline/schedule_gen.c and docs/simulator.md.
  * rendezvous selects the transport the lists are for:
  * - 0 (MPI, whose sends never block): each RECV_* sits right before the
  *   instruction that needs it (after the LOAD, if any, so that loading

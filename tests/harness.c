@@ -132,6 +132,29 @@ static void remove_made(void)
     for (int i = 0; i < made.n; i++) nftw(made.path[i], remove_entry, 16, FTW_DEPTH | FTW_PHYS);
 }
 
+int cdp_test_sample(void)
+{
+    const char *v = getenv("CDP_TEST_SAMPLE");
+    if (!v || !*v) return 1;
+    char *end = NULL;
+    const long k = strtol(v, &end, 10);
+    if (*end || k < 1 || k > 1000) {
+        fprintf(stderr, "CDP_TEST_SAMPLE=%s: expected an integer from 1 to 1000\n", v);
+        abort();
+    }
+    return (int)k;
+}
+
+size_t cdp_test_sample_cells(void *cells, size_t n, size_t size)
+{
+    const size_t k = (size_t)cdp_test_sample();
+    char *c = cells;
+    size_t kept = 0;
+    for (size_t i = 0; i < n; i += k, kept++)
+        if (kept != i) memcpy(c + kept * size, c + i * size, size);
+    return kept;
+}
+
 const char *cdp_test_tmpdir(void)
 {
     static char path[4096];

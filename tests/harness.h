@@ -37,6 +37,16 @@ long cdp_test_files_differ(const char *a, const char *b);
  * in both) is not compared; every other byte is. */
 long cdp_test_parts_differ(const char *a, const char *b);
 
+/* The grid stride of this run: $CDP_TEST_SAMPLE (an integer >= 1), else 1.
+ * CI's sanitizer pass sets it so that each parameterized grid runs every
+ * stride-th cell (the first always among them); the plain pass runs every
+ * cell. */
+int cdp_test_sample(void);
+
+/* Keeps every cdp_test_sample()-th of the n cells of size bytes at cells
+ * (cells 0, k, 2k, ...), moved to the front; returns how many remain. */
+size_t cdp_test_sample_cells(void *cells, size_t n, size_t size);
+
 /* Reads a whole file; NULL if it cannot. Caller frees. */
 char *cdp_test_read_file(const char *path);
 

@@ -20,7 +20,7 @@
 #include "cdp/planner.h"
 #include "comm/comm.h"
 #include "harness.h"
-#include "pipeline/launch.h"
+#include "pipeline/run/launch.h"
 #include "model/layers.h"
 #include "model/model.h"
 #include "pipeline/layout.h"
@@ -142,7 +142,7 @@ ParameterizedTestParameters(layout, measured_peak_is_the_predicted_memory)
         grid[n++] = (struct cell){model, 2, 2, 4, "zb-h1", 0, 0, "", 2};
     }
     CDP_ASSERT((size_t)n <= sizeof grid / sizeof grid[0]);
-    return cr_make_param_array(struct cell, grid, (size_t)n);
+    return cr_make_param_array(struct cell, grid, cdp_test_sample_cells(grid, (size_t)n, sizeof grid[0]));
 }
 
 /* Within 3% on every rank (the prediction is the allocation rule itself, so
@@ -800,6 +800,63 @@ Test(layout, json_round_trips_and_names_what_is_wrong)
     json_object_set_new(r1, "cpuset", json_string("0-3; rm -rf"));
     cr_expect_eq(layout_read(c, err, sizeof err), CDP_ERR_INVALID);
     cr_expect(strstr(err, "/layout/ranks/1/cpuset: expected a CPU list"), "%s", err);
+    json_decref(c);
+    json_decref(j);
+    cdp_layout_free(a);
+}
+
+/* The tensor dimension: p x R x t ranks, each (stage, replica, tensor slice)
+ * on one rank, carried through JSON, the digest and the diff; a layout
+ * written without it (tensor 1) still reads. */
+Test(layout, the_tensor_dimension_round_trips_and_is_checked)
+{
+    struct cdp_layout *a = NULL, *b = NULL;
+    cr_expect_eq(cdp_layout_create_tensor(2, 1, 1, 0, &a), CDP_ERR_INVALID);
+    cr_assert_eq(cdp_layout_create_tensor(2, 1, 2, 2, &a), CDP_OK);
+    cr_assert_eq(a->n_ranks, 8);
+    a->micro_batches = 2;
+    a->micro_batch = 1;
+    a->shares[0] = a->shares[1] = 2;
+    a->ranges[0][0] = 0, a->ranges[0][1] = 2, a->ranges[1][0] = 2, a->ranges[1][1] = 4;
+    for (int i = 0; i < 8; i++) /* tensor slices on consecutive ranks */
+        a->rank[i] = (struct cdp_layout_rank){.stage = i / 4, .replica = (i / 2) % 2, .tensor = i % 2, .device = i};
+    cr_assert_eq(cdp_layout_check(a, 4), CDP_OK, "%s", cdp_last_error());
+    cr_expect_eq(cdp_layout_rank_at(a, 1, 0, 1), 5);
+    cr_expect_eq(cdp_layout_rank_of(a, 1, 1), 6);
+    cr_expect_eq(cdp_layout_tensor(a), 2);
+    cr_expect_eq(cdp_layout_rank_tensor(a, 3), 1);
+    json_t *j = cdp_layout_to_json(a);
+    cr_assert_not_null(j);
+    cr_expect_eq(json_integer_value(json_object_get(j, "tensor")), 2);
+    cr_assert_eq(cdp_layout_from_json(j, "planned.json", "/layout", &b), CDP_OK, "%s", cdp_last_error());
+    char diff[256], ha[65], hb[65];
+    cr_expect_eq(cdp_layout_diff(a, b, diff, sizeof diff), 0, "%s", diff);
+    cdp_layout_digest(a, ha);
+    cdp_layout_digest(b, hb);
+    cr_expect_str_eq(ha, hb);
+    b->rank[5].tensor = 0;
+    b->rank[4].tensor = 1;
+    cr_expect_eq(cdp_layout_diff(a, b, diff, sizeof diff), 1);
+    cr_expect_str_eq(diff, "/ranks/4/tensor: 0 here, 1 there");
+    cdp_layout_digest(b, hb);
+    cr_expect_str_neq(ha, hb);
+    cdp_layout_free(b);
+    /* a slice twice, a slice out of range */
+    json_t *c = json_deep_copy(j), *r1 = json_array_get(json_object_get(c, "ranks"), 1);
+    json_object_set_new(r1, "tensor", json_integer(0));
+    char err[1024];
+    cr_expect_eq(layout_read(c, err, sizeof err), CDP_ERR_INVALID);
+    cr_expect(strstr(err, "stage 0 of replica 0 (one tensor slice) runs on two ranks"), "%s", err);
+    json_object_set_new(r1, "tensor", json_integer(2));
+    cr_expect_eq(layout_read(c, err, sizeof err), CDP_ERR_INVALID);
+    cr_expect(strstr(err, "rank 1 holds tensor slice 2; the layout's tensor groups have 2"), "%s", err);
+    json_decref(c);
+    /* without the key: tensor 1, and then 8 ranks are too many */
+    c = json_deep_copy(j);
+    json_object_del(c, "tensor");
+    cr_expect_eq(layout_read(c, err, sizeof err), CDP_ERR_INVALID);
+    cr_expect(strstr(err, "/layout/ranks: expected an array of ranks, stages x replicas x tensor: 4 entries, got 8"),
+              "%s", err);
     json_decref(c);
     json_decref(j);
     cdp_layout_free(a);

@@ -216,7 +216,7 @@ ParameterizedTestParameters(pipeline, layouts_equal_one_rank)
     grid[n++] = (struct layout){MODEL_SILU, 2, 1, 4, 1, "1f1b", "", 0, "", 0};
     grid[n++] = (struct layout){MODEL_SILU, 2, 2, 4, 1, "gpipe", "", 0, "", 0};
     CDP_ASSERT((size_t)n <= sizeof grid / sizeof grid[0]);
-    return cr_make_param_array(struct layout, grid, (size_t)n);
+    return cr_make_param_array(struct layout, grid, cdp_test_sample_cells(grid, (size_t)n, sizeof grid[0]));
 }
 
 ParameterizedTest(struct layout *l, pipeline, layouts_equal_one_rank, .timeout = 240)

@@ -14,7 +14,7 @@
 #include "harness.h"
 #include "comm/comm.h"
 #include "model/safetensors.h"
-#include "pipeline/tensorboard.h"
+#include "pipeline/run/tensorboard.h"
 
 #define CPU_BACKEND "\"backend\": \"cpu\""
 /* the stand-in CUDA module's one device, shared by every rank */

@@ -28,7 +28,8 @@ CDP_API int cdp_layout_chunks(const struct cdp_layout *l);        /* model chunk
 CDP_API int cdp_layout_replicas(const struct cdp_layout *l);      /* data-parallel replicas */
 CDP_API int cdp_layout_micro_batches(const struct cdp_layout *l); /* per replica per step (the replicas' mean share) */
 CDP_API int cdp_layout_micro_batch(const struct cdp_layout *l);   /* samples per micro-batch */
-CDP_API int cdp_layout_ranks(const struct cdp_layout *l);         /* stages x replicas: the processes it runs on */
+CDP_API int cdp_layout_tensor(const struct cdp_layout *l);        /* ranks per stage and replica (tensor group) */
+CDP_API int cdp_layout_ranks(const struct cdp_layout *l);         /* stages x replicas x tensor: its processes */
 CDP_API enum cdp_schedule_kind cdp_layout_schedule(const struct cdp_layout *l); /* cdp_schedule_name() prints it */
 
 /* Rank r's place (0 <= r < cdp_layout_ranks) and the device memory it is
@@ -36,6 +37,7 @@ CDP_API enum cdp_schedule_kind cdp_layout_schedule(const struct cdp_layout *l); 
  * summary reports the measured peak beside it). -1 / 0 for r out of range. */
 CDP_API int cdp_layout_rank_stage(const struct cdp_layout *l, int r);
 CDP_API int cdp_layout_rank_replica(const struct cdp_layout *l, int r);
+CDP_API int cdp_layout_rank_tensor(const struct cdp_layout *l, int r); /* its index in its tensor group */
 CDP_API uint64_t cdp_layout_rank_memory(const struct cdp_layout *l, int r);
 
 /* The layout a planned file holds: cdphybrid writes the one it runs under

@@ -67,7 +67,7 @@ CDP_API int cdp_plan_zero2_allowed(const struct cdp_plan *plan, char *why, size_
  * `zero`: /parallel/bucket_mb, or 0 (one reduction after the last backward)
  * with bucket_mb 0, one replica, or ZeRO-2 (which reduces after every
  * backward already). The one home of the rule for the executor
- * (pipeline/exec_buckets.c), the planner and so the simulator; it holds on
+ * (pipeline/run/exec_buckets.c), the planner and so the simulator; it holds on
  * every backend (cpu: mpi; cuda: nccl, or the host-staging adapter where
  * ranks share a GPU), since every communicator with several ranks overlaps
  * its collectives (the executor still checks cdp_comm_collectives_async). */

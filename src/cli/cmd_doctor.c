@@ -25,7 +25,7 @@
 #include "comm/comm.h"
 #include "comm/nccl.h"
 #include "partitioner/planner.h"
-#include "pipeline/executor.h"
+#include "pipeline/run/executor.h"
 
 #if CDP_HAVE_HWLOC
 #include <hwloc.h>

@@ -713,7 +713,7 @@ int cdp_cli_generate(int argc, char **argv)
     return code;
 }
 
-/* Validation loss as training's validation computes it (pipeline/interpret.c
+/* Validation loss as training's validation computes it (pipeline/run/interpret.c
  * cdp_exec_validate): `batches` micro-batches of B samples of the validation
  * split, micro-batch k starting at sample (k B) mod (split - B + 1), flowing
  * through the stages (one rank: a pipeline of one stage), the loss summed over

@@ -9,7 +9,7 @@
 #include "cdp/plan.h"
 #include "cdp/log.h"
 #include "cli/commands.h"
-#include "pipeline/launch.h"
+#include "pipeline/run/launch.h"
 #include "model/profile.h"
 #include "model/costs.h"
 

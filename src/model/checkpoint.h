@@ -59,19 +59,31 @@ void cdp_ckpt_set_run(const char *id);
 cdp_status cdp_ckpt_write_part(const char *dir, int64_t step, const char *part, struct cdp_model *const *models,
                                struct cdp_optimizer *const *opts, int n);
 
-/* ZeRO-1 (optimizers that hold a shard, cdp_optimizer_create_shard): the
- * stage's replicas form group, whose rank 0 writes the part as above, the
- * state of each tensor gathered from every replica's shard while it is written
- * (one tensor at a time in host memory), and whose other ranks call
- * cdp_ckpt_send_shards with their models and optimizers at the same time. The
- * file is the one an unsharded run writes: any layout, sharded or not, loads
- * it. A failure on one side leaves the other waiting until timeout_s. */
-struct cdp_comm;
-cdp_status cdp_ckpt_write_part_gathered(const char *dir, int64_t step, const char *part,
-                                        struct cdp_model *const *models, struct cdp_optimizer *const *opts, int n,
-                                        struct cdp_comm *group, double timeout_s);
-cdp_status cdp_ckpt_send_shards(struct cdp_model *const *models, struct cdp_optimizer *const *opts, int n,
-                                struct cdp_comm *group, double timeout_s);
+/* ZeRO-1 (optimizers that hold a shard, cdp_optimizer_create_shard): a part
+ * written as above, except that the state of each tensor a sharded optimizer
+ * holds is put together by gather->state (into *out, malloc'd, the whole
+ * tensor's nbytes) while the part is written, one tensor at a time in host
+ * memory. The file is the one an unsharded run writes: any layout, sharded or
+ * not, loads it. The executor gathers over the stage's replicas
+ * (pipeline/run/exec_ckpt_gather.c); this layer has no communicator. */
+struct cdp_ckpt_gather {
+    /* state s (0: m or velocity, 1: v) of tensor i of m, whole */
+    cdp_status (*state)(void *ctx, struct cdp_optimizer *o, struct cdp_model *m, int i, int s, uint64_t nbytes,
+                        uint8_t **out);
+    void *ctx;
+};
+cdp_status cdp_ckpt_write_part_sharded(const char *dir, int64_t step, const char *part,
+                                       struct cdp_model *const *models, struct cdp_optimizer *const *opts, int n,
+                                       const struct cdp_ckpt_gather *gather);
+
+/* Whether o (NULL: no) holds only a shard of its model's state (ZeRO-1). */
+int cdp_ckpt_sharded(struct cdp_optimizer *o, struct cdp_model *m);
+
+/* A ZeRO-1 shard's part of state s of tensor i, copied into host memory:
+ * *host (malloc'd, *count floats), read from the optimizer's device where the
+ * host cannot address it. */
+cdp_status cdp_ckpt_shard_piece(struct cdp_optimizer *o, struct cdp_model *m, int i, int s, float **host,
+                                uint64_t *count);
 
 /* Called once, after every part of the step is written (into the hidden
  * .step-N.partial folder): checksums (SHA-256) every part, writes

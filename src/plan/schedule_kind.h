@@ -3,7 +3,7 @@
  * shape rules, whether the backward is split, how virtual stages sit on
  * ranks, the closed-form bubble (the number and the text the CLI prints, from
  * one place), and whether "schedule": "auto" tries it. The plan loader, the
- * generators (pipeline/schedule.c, which add the lists themselves), the
+ * generators (pipeline/schedule_gen.c, which add the lists themselves), the
  * layout, the simulator, the planner and the CLI ask this table; nothing else
  * compares kinds. Adding a schedule: docs/contributing.md. */
 #ifndef CDP_PLAN_SCHEDULE_KIND_H

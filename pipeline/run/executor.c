@@ -2,7 +2,7 @@
  * runs every step (the interpreter, the reductions of the step's figures, the
  * monitor, validation, checkpoints, rebalancing, the reports), and ends with
  * the outputs and the summary. Its parts are in exec_internal.h. */
-#include "pipeline/executor.h"
+#include "pipeline/run/executor.h"
 
 #include <errno.h>
 #include <math.h>
@@ -16,8 +16,8 @@
 #include "core/file.h"
 #include "comm/nccl.h"
 #include "model/optim.h"
-#include "pipeline/tensorboard.h"
-#include "pipeline/exec_internal.h"
+#include "pipeline/run/tensorboard.h"
+#include "pipeline/run/exec_internal.h"
 
 const char *cdp_exec_where(void) { return cdp_exec_where_buf; }
 

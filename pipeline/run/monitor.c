@@ -1,5 +1,5 @@
 /* The live device monitor (monitor.h). */
-#include "pipeline/monitor.h"
+#include "pipeline/run/monitor.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -12,7 +12,7 @@
 #include "cdp/core.h"
 #include "kernels/cpu/ops.h" /* cdp_cpu_set_threads */
 #include "model/optim.h"
-#include "pipeline/exec_internal.h"
+#include "pipeline/run/exec_internal.h"
 
 char cdp_exec_where_buf[256];
 

@@ -26,7 +26,7 @@
 #include <string.h>
 
 #include "cdp/core.h"
-#include "pipeline/exec_internal.h"
+#include "pipeline/run/exec_internal.h"
 
 static cdp_status unit_done(void *ctx, int unit);
 

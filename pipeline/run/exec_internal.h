@@ -1,4 +1,4 @@
-/* The executor's parts (pipeline/executor.h is its interface): the state of
+/* The executor's parts (pipeline/run/executor.h is its interface): the state of
  * one rank's run, shared by the step driver (executor.c), the setup
  * (exec_setup.c), the interpreter of the schedule (interpret.c), load
  * balancing (exec_balance.c), checkpoints (exec_checkpoint.c) and reporting
@@ -15,9 +15,10 @@
 #include "comm/comm.h"
 #include "model/data.h"
 #include "model/model.h"
-#include "pipeline/fault.h"
+#include "model/optim.h"
+#include "pipeline/run/fault.h"
 #include "pipeline/layout.h"
-#include "pipeline/monitor.h"
+#include "pipeline/run/monitor.h"
 #include "pipeline/schedule.h"
 #include "pipeline/trace.h"
 #include "cdp/train.h"
@@ -176,6 +177,17 @@ cdp_status cdp_exec_rebalance(struct exec *e, int step);
  * resuming from the newest complete one in dir. */
 cdp_status cdp_exec_save_checkpoint(struct exec *e, int step);
 cdp_status cdp_exec_resume(struct exec *e, const char *dir);
+/* exec_ckpt_gather.c, ZeRO-1: replica 0 of a stage writes its part with the
+ * optimizer state gathered from the replicas of group (the stage's
+ * data-parallel group, host memory) while the others send their shards at the
+ * same time (model/checkpoint.h cdp_ckpt_write_part_sharded). A failure on one
+ * side leaves the other waiting until timeout_s. */
+cdp_status cdp_exec_ckpt_write_gathered(const char *dir, int64_t step, const char *part,
+                                        struct cdp_model *const *models, struct cdp_optimizer *const *opts, int n,
+                                        cdp_comm_t group, double timeout_s);
+cdp_status cdp_exec_ckpt_send_shards(struct cdp_model *const *models, struct cdp_optimizer *const *opts, int n,
+                                     cdp_comm_t group, double timeout_s);
+
 /* Rank 0 takes the checkpoint folder's lock for the run's life (another run
  * holding it: CDP_ERR_INVALID naming the holder) and hands every rank the
  * run's id, which its parts carry (cdp_ckpt_set_run). A collective. */

@@ -11,7 +11,7 @@
 #include <unistd.h>
 
 #include "cdp/core.h"
-#include "pipeline/exec_internal.h"
+#include "pipeline/run/exec_internal.h"
 
 cdp_status cdp_exec_gather_hosts(struct exec *e)
 {

@@ -8,8 +8,8 @@
 #include <string.h>
 
 #include "comm/comm.h"
-#include "pipeline/executor.h"
-#include "pipeline/launch.h"
+#include "pipeline/run/executor.h"
+#include "pipeline/run/launch.h"
 
 /* A caller's versioned struct into the library's own, zero beyond its size. */
 static cdp_status take_sized(void *dst, size_t cap, const void *src, const char *what)

@@ -9,9 +9,9 @@
 #include "cdp/core.h"
 #include "cdp/log.h"
 #include "model/optim.h"
-#include "pipeline/exec_internal.h"
-#include "pipeline/executor.h"
-#include "pipeline/launch.h"
+#include "pipeline/run/exec_internal.h"
+#include "pipeline/run/executor.h"
+#include "pipeline/run/launch.h"
 #include "plan/schedule_kind.h"
 
 void cdp_exec_free(struct exec *e)

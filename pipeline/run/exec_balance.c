@@ -7,7 +7,7 @@
 #include "cdp/core.h"
 #include "cdp/log.h"
 #include "pipeline/balance.h"
-#include "pipeline/exec_internal.h"
+#include "pipeline/run/exec_internal.h"
 
 /* Every rank measured its busy time per micro-batch since the last look; a
  * replica's is that of its slowest stage. New shares for those speeds replace

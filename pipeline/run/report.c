@@ -13,8 +13,8 @@
 #include "cdp/core.h"
 #include "cdp/log.h"
 #include "model/safetensors.h"
-#include "pipeline/exec_internal.h"
-#include "pipeline/tensorboard.h"
+#include "pipeline/run/exec_internal.h"
+#include "pipeline/run/tensorboard.h"
 
 static void human_rate(double v, char *buf, size_t cap)
 {

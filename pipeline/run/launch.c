@@ -1,6 +1,6 @@
 /* The launcher (launch.h): binding a rank to its CPUs, and the mpirun / srun
  * command line that starts a layout's ranks on their nodes. */
-#include "pipeline/launch.h"
+#include "pipeline/run/launch.h"
 
 #include <dirent.h>
 #include <errno.h>

@@ -7,7 +7,7 @@
  *   SessionLog { SessionStatus status = 1; }  (START = 1)
  * A record is: uint64 length, uint32 masked CRC-32C of those 8 bytes, the
  * bytes, uint32 masked CRC-32C of the bytes, every integer little-endian. */
-#include "pipeline/tensorboard.h"
+#include "pipeline/run/tensorboard.h"
 
 #include <errno.h>
 #include <stdio.h>

@@ -1,6 +1,6 @@
 /* Checkpoints of a running layout: replica 0's ranks write their stages' parts
  * in parallel (under ZeRO-1 with the optimizer state gathered from the stage's
- * replicas) and rank 0 commits the step (src/model/checkpoint.h); a resume
+ * replicas, exec_ckpt_gather.c) and rank 0 commits the step (src/model/checkpoint.h); a resume
  * loads every rank's ranges (and its shard of the state) from the newest
  * complete checkpoint, whatever the layout that wrote it. */
 #include <errno.h>
@@ -17,7 +17,7 @@
 #include "cdp/log.h"
 #include "core/file.h"
 #include "model/checkpoint.h"
-#include "pipeline/exec_internal.h"
+#include "pipeline/run/exec_internal.h"
 
 /* The lock file of a checkpoint folder (docs/checkpoints.md, "One run per folder"). */
 #define CKPT_LOCK ".cdphybrid-checkpoint.lock"
@@ -110,9 +110,9 @@ cdp_status cdp_exec_save_checkpoint(struct exec *e, int step)
         snprintf(part, sizeof part, "stage-%d", e->s);
         if (!st && !e->zero) st = cdp_ckpt_write_part(p->train.checkpoint.dir, step, part, models, opts, e->v);
         else if (!st && e->r == 0)
-            st = cdp_ckpt_write_part_gathered(p->train.checkpoint.dir, step, part, models, opts, e->v, cdp_comm_host(e->dp),
-                                              e->timeout);
-        else if (!st) st = cdp_ckpt_send_shards(models, opts, e->v, cdp_comm_host(e->dp), e->timeout);
+            st = cdp_exec_ckpt_write_gathered(p->train.checkpoint.dir, step, part, models, opts, e->v,
+                                              cdp_comm_host(e->dp), e->timeout);
+        else if (!st) st = cdp_exec_ckpt_send_shards(models, opts, e->v, cdp_comm_host(e->dp), e->timeout);
         free(models);
         free(opts);
     }

@@ -1,5 +1,5 @@
 /* The CDP_FAULT testing knob (fault.h). */
-#include "pipeline/fault.h"
+#include "pipeline/run/fault.h"
 
 #include <errno.h>
 #include <math.h>

@@ -1,0 +1,143 @@
+/* Internal to the planner (partitioner/planner*.c): the search's context and
+ * candidates, and the parts of the search that live in files of their own.
+ * The public side is partitioner/planner.h. */
+#ifndef CDP_PLANNER_INTERNAL_H
+#define CDP_PLANNER_INTERNAL_H
+
+#include <stdint.h>
+#include "model/layers.h"
+#include "partitioner/planner.h"
+#include "pipeline/schedule.h"
+
+struct mem_index {
+    int n, levels;
+    struct cdp_unit_bytes *ub;   /* n */
+    uint64_t *held, *win;        /* n + 1 prefix sums */
+    unsigned __int128 *act;      /* n + 1 prefix sums: each unit's below 2^62, their sum may pass 2^64 */
+    unsigned __int128 *wst;      /* n + 1 prefix sums of wstate_bytes (split backward's W-state) */
+    uint64_t *scr, *io, *wrk, *wmx; /* levels x n sparse tables of maxima */
+    int n_ties;
+    int *tie_unit, *tie_owner;   /* units with a tied parameter and its owner */
+    uint64_t *tie_floats;
+};
+
+struct cand {
+    int p, R, m;
+    enum cdp_schedule_kind kind;
+    enum cdp_recompute rc;
+    int zero;
+    int64_t (*ranges)[2]; /* p*v */
+    double step_s, sps;   /* with the screening placement */
+    double peak;          /* the largest rank's device bytes */
+};
+
+struct ctx {
+    const struct cdp_plan *plan;
+    const struct cdp_topology *t;
+    int n, nd, v, hv;
+    enum cdp_schedule_kind kind;
+    /* per recompute mode: the plan's units (attention state as the backend
+     * keeps it, activations as the mode keeps them), their costs and memory */
+    struct {
+        struct cdp_unit *u;
+        struct cdp_unit_cost *cost;
+        struct mem_index mi;
+    } mode[CDP_RECOMPUTE_COUNT];
+    enum cdp_recompute rc; /* the mode of u, cost and mi (cdp_planner_use_mode) */
+    int zero;              /* the candidate's ZeRO stage, 0, 1 or 2 (its replicas > 1) */
+    struct cdp_unit *u;
+    struct cdp_unit_cost *cost;
+    struct mem_index *mi;
+    double *bw, *lat;
+    double cap;        /* bytes per device; 0 unlimited */
+    double tied_bytes; /* of the model; used when p*v > 1 */
+    int64_t sims, cheap_sims;
+    int cheap;         /* 1: screen and place on the one-replica model (large worlds) */
+    int *rdev;         /* p: devices of one replica (cheap model scratch) */
+    double *keys;      /* cheap model cache: link signature of each distinct replica pipeline */
+    double *key_val;   /* its step time */
+    uint64_t *key_hash;
+    int n_keys, cap_keys;
+    double *lbw, *llat; /* p*p: links among one replica's devices */
+    /* full simulations' numbers, by shape and devices (place_best, finish) */
+    struct sim_memo {
+        uint64_t key;
+        int *device; /* p*R */
+        struct cdp_planner_prediction pred;
+        double phase_s;
+    } memo[CDP_PLANNER_PLACED_SHAPES + 3];
+    int n_memo;
+    /* the candidate being simulated */
+    int p, R, m;
+    struct cdp_schedule *sched;
+    struct cdp_sim_vstage *vs;
+    int *slots;        /* 2p: activation slots of each stage (the partition's memory), then its W-state slots */
+};
+
+/* What the search over shapes keeps: the candidates that fit (cand) and every
+ * shape tried (tried, for the smallest-capacity message), and why the last
+ * shape that did not fit did not. */
+struct search {
+    struct cand *cand, *tried;
+    int n_cand, n_tried, cap;
+    char why[1024];
+    int device_short; /* a shape did not fit for device memory (not host memory) */
+    int largest_tried;
+    int layout_only;  /* every choice is the plan's: no simulation */
+    int *dev;         /* scratch placement, nd entries */
+    struct cdp_layout *cl;
+    struct cdp_sim_result *sr;
+};
+
+/* ---- planner_context.c: the search's context: units, costs, links and memory per recompute mode */
+
+void cdp_planner_set_kind(struct ctx *c, enum cdp_schedule_kind kind);
+void cdp_planner_ctx_free(struct ctx *c);
+void cdp_planner_use_mode(struct ctx *c, enum cdp_recompute r);
+int cdp_planner_zeros_of(const struct cdp_plan *plan, int R, int *out);
+int cdp_planner_modes_of(const struct cdp_plan *plan, enum cdp_recompute *out);
+cdp_status cdp_planner_ctx_init(struct ctx *c, const struct cdp_plan *plan, const struct cdp_topology *t,
+                                const struct cdp_cost_table *costs);
+cdp_status cdp_planner_ctx_init_for(struct ctx *c, const struct cdp_plan *plan, const struct cdp_topology *t,
+                                    const struct cdp_cost_table *costs, enum cdp_recompute r);
+
+/* ---- planner_memory.c: memory: unit ranges in O(1), what a layout needs, whether it fits */
+
+void cdp_planner_mem_index_free(struct mem_index *m);
+cdp_status cdp_planner_mem_index_build(struct mem_index *m, const struct cdp_plan *plan, const struct cdp_unit *u, int n);
+uint64_t cdp_planner_device_cap(const struct cdp_plan *plan, const struct cdp_topology *t, int d);
+double cdp_planner_part_memory(void *vc, int s, int first, int end);
+double cdp_planner_node_capacity(const struct cdp_plan *plan, const struct cdp_topology *t, int node, char *from,
+                                 size_t cap);
+double cdp_planner_rank_host_bytes(const struct ctx *c, const struct cdp_layout_rank *k);
+cdp_status cdp_planner_layout_memory(const struct ctx *c, struct cdp_layout *l);
+int cdp_planner_misfit(const struct ctx *c, const struct cdp_layout *l, double *peak, char *why, size_t cap);
+
+/* ---- planner_predict.c: a candidate on the simulator: full, memoised and the cheap one-replica model */
+
+int cdp_planner_tied_model(const struct cdp_plan *plan);
+cdp_status cdp_planner_sim(struct ctx *c, const int *device, const int *trace_rank, struct cdp_sim_result **out);
+int cdp_planner_layout_shares_processors(const struct cdp_layout *l);
+cdp_status cdp_planner_simulate_layout(struct ctx *c, const struct cdp_layout *l, struct cdp_sim_result **out);
+cdp_status cdp_planner_sim_numbers(struct ctx *c, const int *device, struct cdp_planner_prediction *pred, double *phase);
+cdp_status cdp_planner_cheap_step(struct ctx *c, const int *device, int all, double *step);
+double cdp_planner_place_cost(const int *device, void *vctx);
+cdp_status cdp_planner_prepare(struct ctx *c, int p, int R, int m, const int64_t (*ranges)[2]);
+
+/* ---- planner_layout.c: layouts of candidates: ranges, placement, ranks, CPU sets, memory */
+
+void cdp_planner_fixed_placement(const struct cdp_plan *plan, int p, int R, int *device);
+cdp_status cdp_planner_candidate_layout(const struct ctx *c, int p, int R, int m, const int64_t (*ranges)[2],
+                                        const int *device, struct cdp_layout **out);
+cdp_status cdp_planner_split(struct ctx *c, int p, int R, int m, int objective, int64_t (*ranges)[2]);
+cdp_status cdp_planner_build_layout(const struct ctx *c, const struct cand *k, const int *device,
+                                    const int64_t *shares, struct cdp_layout **out);
+
+/* ---- planner_balance.c: per-stage predictions and the balance of replicas on mixed devices */
+
+cdp_status cdp_planner_balance_result(const struct ctx *c, const int *device, int p, int R, int m,
+                                      const struct cdp_planner_stage *stage, struct cdp_planner_balance *b);
+cdp_status cdp_planner_balance_predict(int p, int R, int m, double step_s, double phase_s, struct cdp_planner_balance *b);
+void cdp_planner_stage_predictions(const struct ctx *c, const struct cdp_layout *l, struct cdp_planner_stage *stage);
+
+#endif
