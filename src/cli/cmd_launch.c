@@ -244,6 +244,18 @@ static int launch(const struct cli_args *a, const struct cdp_plan *plan, const s
     } else {
         snprintf(how, sizeof how, "exit code %d", code);
     }
+    /* Open MPI 4.1's mpirun may crash (signal 11) while it aborts a job a
+     * rank ended on bad input: the rank's own word says exit 2 */
+    struct cdp_job_end said;
+    if (code > 128 && status_dir && !cdp_restart_read_ends(status_dir, l->n_ranks, code, -1, &said)) {
+        const int rank_code = said.rank_code;
+        cdp_job_end_clear(&said);
+        if (rank_code == EXIT_USAGE) {
+            fprintf(stderr, "cdphybrid: %s ended with %s after a rank stopped on bad input (its message is above): "
+                            "exit 2\n", mpi_launcher_name(&spec), how);
+            return EXIT_USAGE;
+        }
+    }
     int named = 0, silent = 0;
     for (int i = 0; status_dir && i < l->n_ranks; i++) {
         char path[4300];
