@@ -394,6 +394,11 @@ Test(restart, what_failed_is_decided_from_the_strongest_evidence)
               "%s", f.what);
     cr_assert(strstr(f.what, "node 1 (all its ranks) died"), "%s", f.what);
     cdp_fault_report_clear(&f);
+    /* ... with a rank of node 0 killed in the clean-up before it said a word: node 1 still */
+    f = decide(l, 1, -1, (enum cdp_rank_end[]){B, S, S, S}, 5);
+    cr_assert(f.restartable && f.node == 1 && f.n_failed == 2 && f.failed[0] == 2 && f.failed[1] == 3, "%s",
+              f.what);
+    cdp_fault_report_clear(&f);
     /* no rank said a word (a relaunch whose ranks never started): no node is
      * named (node 0 was, for being the first all silent) */
     f = decide(l, 1, -1, (enum cdp_rank_end[]){S, S, S, S}, 5);

@@ -126,7 +126,7 @@ cdp_status cdp_restart_decide(const struct cdp_layout *l, const struct cdp_job_e
     /* a node of a layout over several whose ranks all left no word while
      * ranks elsewhere did: its host went (killed, cut off), and its peers'
      * deadlines and a rank stopped while computing are what followed */
-    int silent_node = -1;
+    int silent_node = -1, node_died = 0;
     for (int node = 0; node < l->n_nodes && silent_node < 0 && l->n_nodes > 1 && silent < n; node++) {
         int on = 0, dead = 0;
         for (int i = 0; i < n; i++)
@@ -138,6 +138,7 @@ cdp_status cdp_restart_decide(const struct cdp_layout *l, const struct cdp_job_e
         snprintf(out->kind, sizeof out->kind, "died");
         why = "was killed (SIGTERM from outside the job)";
     } else if (silent_node >= 0 && !device && !other) {
+        node_died = 1;
         snprintf(out->kind, sizeof out->kind, "died");
         why = "died";
     } else if (comm && !device && !other) {
@@ -162,6 +163,10 @@ cdp_status cdp_restart_decide(const struct cdp_layout *l, const struct cdp_job_e
     }
     out->restartable = 1;
     if (only >= 0) out->failed[out->n_failed++] = only;
+    else if (node_died) /* that node's ranks, not a rank silent elsewhere (killed in the clean-up) */
+        for (int i = 0; i < n; i++) {
+            if (l->rank[i].node == silent_node) out->failed[out->n_failed++] = i;
+        }
     else
         for (int i = 0; i < n; i++)
             if (e->end[i] == pick && !(pick == CDP_END_SILENT && silent == n)) out->failed[out->n_failed++] = i;
