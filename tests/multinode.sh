@@ -34,10 +34,13 @@ case $? in
 *) echo "multinode: Slurm did not come up: $why" >&2; exit 1 ;;
 esac
 # the program runs on host 0 with this environment; what it starts elsewhere
-# goes through the agent. In the background, so that a TERM runs the trap at once.
+# goes through the agent. Open MPI's daemons and ranks talk over the cluster's
+# subnet only, IPv4 only (an address outside it, or a link-local IPv6 one,
+# is one more for a connection to try and fail on). In the background, so that a TERM runs the trap at once.
 "$cl" nsexec "$dir" 0 env CDP_CLUSTER="$cl" CDP_CLUSTER_DIR="$dir" TMPDIR="$dir/shared" \
     OMPI_MCA_plm_rsh_agent="$dir/bin/ssh" OMPI_MCA_oob_tcp_if_include="$subnet" \
-    OMPI_MCA_btl_tcp_if_include="$subnet" "${slurm[@]}" "$prog" --jobs 1 "$@" &
+    OMPI_MCA_btl_tcp_if_include="$subnet" OMPI_MCA_oob_tcp_disable_ipv6_family=1 OMPI_MCA_btl_tcp_disable_family=6 \
+    "${slurm[@]}" "$prog" --jobs 1 "$@" &
 wait $!
 rc=$?
 echo "multinode: $(( $(date +%s) - start )) s in all"

@@ -650,8 +650,24 @@ Test(layout, launch_command_lines)
     line[0] = '\0';
     for (int i = 0; v[i]; i++) snprintf(line + strlen(line), sizeof line - strlen(line), "%s%s", i ? " " : "", v[i]);
     cr_expect_str_eq(line, "srun --ntasks 4 --nodes 2 --ntasks-per-node 2 --distribution=block --cpu-bind=none "
-                           "--kill-on-bad-exit=1 --mpi=pmix /bin/cdphybrid --plan planned.json");
+                           "--kill-on-bad-exit=1 --overlap --mpi=pmix /bin/cdphybrid --plan planned.json");
     free(v);
+    /* in an allocation: the nodes that hold ranks by name, node i the i-th of
+     * the allocation (node 1 left out after a restart: not the first two) */
+    setenv("SLURM_JOB_NODELIST", "n[07-09]", 1);
+    l->n_nodes = 3;
+    l->rank[2].node = l->rank[3].node = 2;
+    cr_assert_eq(cdp_launch_argv(&s, CDP_LAUNCHER_SRUN, &v), CDP_OK, "%s", cdp_last_error());
+    line[0] = '\0';
+    for (int i = 0; v[i]; i++) snprintf(line + strlen(line), sizeof line - strlen(line), "%s%s", i ? " " : "", v[i]);
+    cr_expect(strstr(line, " --nodes 2 --ntasks-per-node 2 --nodelist n07,n09 "), "%s", line);
+    free(v);
+    setenv("SLURM_JOB_NODELIST", "n07", 1);
+    cr_expect_eq(cdp_launch_argv(&s, CDP_LAUNCHER_SRUN, &v), CDP_ERR_INVALID);
+    cr_expect(strstr(cdp_last_error(), "the layout has 3 nodes and the Slurm allocation 1"), "%s", cdp_last_error());
+    unsetenv("SLURM_JOB_NODELIST");
+    l->n_nodes = 2;
+    l->rank[2].node = l->rank[3].node = 1;
     /* inside a Slurm allocation with srun on PATH and no hostfile: srun */
     cdp_test_write_file(dir, "srun", "#!/bin/sh\nexit 0\n");
     snprintf(path, sizeof path, "%s/srun", dir);
@@ -672,6 +688,26 @@ Test(layout, launch_command_lines)
     cr_expect_eq(cdp_launch_argv(&s, CDP_LAUNCHER_MPIRUN, &v), CDP_ERR_INVALID);
     cr_expect(strstr(cdp_last_error(), "--hostfile"), "%s", cdp_last_error());
     cdp_layout_free(l);
+}
+
+/* Slurm's host lists, as SLURM_JOB_NODELIST writes them. */
+Test(layout, slurm_host_lists_are_read_in_order)
+{
+    char **h = NULL;
+    int n = 0;
+    cr_assert_eq(cdp_launch_hostlist("h[0-2],gpu07,n[01-02,10]x", &h, &n), CDP_OK, "%s", cdp_last_error());
+    const char *want[] = {"h0", "h1", "h2", "gpu07", "n01x", "n02x", "n10x"};
+    cr_assert_eq(n, 7);
+    for (int i = 0; i < n; i++) {
+        cr_expect_str_eq(h[i], want[i]);
+        free(h[i]);
+    }
+    free(h);
+    cr_expect_eq(cdp_launch_hostlist("h[0-2", &h, &n), CDP_ERR_INVALID);
+    cr_expect(strstr(cdp_last_error(), "host list \"h[0-2\": a '[' without its ']'"), "%s", cdp_last_error());
+    cr_expect_eq(cdp_launch_hostlist("h[3-1]", &h, &n), CDP_ERR_INVALID);
+    cr_expect_eq(cdp_launch_hostlist("h[a]", &h, &n), CDP_ERR_INVALID);
+    cr_expect_eq(cdp_launch_hostlist("", &h, &n), CDP_ERR_INVALID);
 }
 
 /* ---- the layout's JSON form ------------------------------------------------------- */

@@ -46,14 +46,18 @@ static void cluster(const char *cmd, const char *args)
 
 /* Every host back as it was (a test that pulled a cable or killed a host
  * leaves them dead otherwise). */
+static double now_s(void);
+
 static void restore_hosts(void)
 {
     if (!cluster_dir()) return;
+    const double t0 = now_s();
     for (int k = 0; k < 3; k++) {
         char a[32];
         snprintf(a, sizeof a, "%d", k);
         cluster("revive", a);
     }
+    fprintf(stderr, "multinode: hosts restored in %.1f s\n", now_s() - t0);
 }
 
 /* A hostfile of hosts h0..h(n-1) in dir. */
@@ -157,10 +161,10 @@ static void need_slurm(void)
     if (!getenv("SLURM_CONF")) cr_skip_test("no Slurm: %s", getenv("CDP_SLURM_WHY") ? getenv("CDP_SLURM_WHY") : "?");
 }
 
-/* salloc -N nodes --ntasks-per-node 2 PROGRAM ARGS... (cdphybrid when argv[0]
- * is NULL), waited for at most limit_s; its output in *out and *err. */
-static int salloc_run(const char *dir, const char *name, int nodes, const char *const *argv, double limit_s,
-                      char **out, char **err)
+/* salloc -N nodes --ntasks-per-node 2 --no-kill PROGRAM ARGS... (cdphybrid
+ * when argv[0] is NULL) started in the background (--no-kill: the allocation
+ * outlives a node that fails, so that a job can go on without it). */
+static void salloc_start(struct job *j, const char *dir, const char *name, int nodes, const char *const *argv)
 {
     const char *v[32];
     char n[16];
@@ -171,12 +175,20 @@ static int salloc_run(const char *dir, const char *name, int nodes, const char *
     v[k++] = n;
     v[k++] = "--ntasks-per-node";
     v[k++] = "2";
+    v[k++] = "--no-kill";
     v[k++] = "--quiet";
     v[k++] = argv[0] ? argv[0] : getenv("CDP_BIN");
     for (int i = 1; argv[i] && k < 31; i++) v[k++] = argv[i];
     v[k] = NULL;
+    job_exec(j, dir, name, "salloc", v);
+}
+
+/* salloc_start, waited for at most limit_s; its output in *out and *err. */
+static int salloc_run(const char *dir, const char *name, int nodes, const char *const *argv, double limit_s,
+                      char **out, char **err)
+{
     struct job j;
-    job_exec(&j, dir, name, "salloc", v);
+    salloc_start(&j, dir, name, nodes, argv);
     const int code = job_wait(&j, limit_s);
     *out = cdp_test_read_file(j.out);
     *err = cdp_test_read_file(j.err);
@@ -357,32 +369,47 @@ static const char *restart_plan(const char *dir, const char *name, int steps, in
     return mlp_plan(dir, name, 3, 3, steps, timeout_s, extra);
 }
 
-/* A rank killed on host 1: the job is planned again without it and finishes. */
-Test(multinode, a_rank_killed_on_host_1_is_restarted_around, .timeout = 180)
+/* A rank killed on host 1: the job is planned again without it and finishes
+ * (under mpirun with a hostfile, or under srun in a Slurm allocation). */
+static void rank_killed_on_host_1(int slurm)
 {
-    need_cluster();
-    char dir[4096], plan[4200], hosts[4200];
+    if (slurm) need_slurm();
+    else need_cluster();
+    char dir[4096], plan[4200], hosts[4200], *out, *err;
     snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
     snprintf(hosts, sizeof hosts, "%s", hostfile(dir, 3));
     snprintf(plan, sizeof plan, "%s", restart_plan(dir, "kill", 6, 20, 1));
     setenv("CDP_FAULT", "kill:3:4@0", 1); /* rank 3: node 1, host h1 */
-    struct cdp_run r;
-    cr_assert_eq(cdp_test_run(&r, (const char *[]){"--plan", plan, "--hostfile", hosts, NULL}), 0);
+    int code;
+    if (slurm) {
+        code = salloc_run(dir, "kill", 3, (const char *[]){NULL, "--plan", plan, NULL}, 150, &out, &err);
+    } else {
+        struct cdp_run r;
+        cr_assert_eq(cdp_test_run(&r, (const char *[]){"--plan", plan, "--hostfile", hosts, NULL}), 0);
+        code = r.exit_code;
+        out = strdup(r.out ? r.out : "");
+        err = strdup(r.err ? r.err : "");
+        cdp_test_run_free(&r);
+    }
     unsetenv("CDP_FAULT");
-    cr_assert_eq(r.exit_code, 0, "%s\n%s", r.out, r.err);
-    cr_expect(strstr(r.out, "restart 1: rank 3 (") && strstr(r.out, ", node 1, device 3) died"), "%s", r.out);
-    cr_expect(strstr(r.err, "on node 1 (h1) died"), "the host is named: %s", r.err);
-    cdp_test_run_free(&r);
+    cr_assert_eq(code, 0, "%s\n%s", out, err);
+    cr_expect(strstr(out, "restart 1: rank 3 (") && strstr(out, ", node 1, device 3) died"), "%s", out);
+    cr_expect(strstr(err, "on node 1 (h1) died"), "the host is named: %s", err);
+    free(out);
+    free(err);
     char path[4400];
     snprintf(path, sizeof path, "%s/kill.jsonl", dir);
     cr_expect_eq(last_step(path), 6);
 }
 
+Test(multinode, a_rank_killed_on_host_1_is_restarted_around, .timeout = 180) { rank_killed_on_host_1(0); }
+Test(multinode, a_rank_killed_on_host_1_under_srun_is_restarted_around, .timeout = 180) { rank_killed_on_host_1(1); }
+
 /* Pulls host 1's cable (or kills host 1) at step 2 of a 3-host job that
  * stalls there; returns the exit code and the seconds from the cut to the end
  * of the job (restart 0) or to the restart line (restart 1). */
-static int cut_at_step_2(const char *dir, const char *name, int restart, int kill_host, double *after_cut, char **out,
-                         char **err)
+static int cut_at_step_2(const char *dir, const char *name, int restart, int kill_host, int slurm, double *after_cut,
+                         char **out, char **err)
 {
     char plan[4200], hosts[4200], metrics[4400];
     snprintf(hosts, sizeof hosts, "%s", hostfile(dir, 3));
@@ -390,7 +417,8 @@ static int cut_at_step_2(const char *dir, const char *name, int restart, int kil
     snprintf(metrics, sizeof metrics, "%s/%s.jsonl", dir, name);
     setenv("CDP_FAULT", "stall:0:3:2@0", 1); /* a window to cut in */
     struct job j;
-    job_start(&j, dir, name, (const char *[]){"--plan", plan, "--hostfile", hosts, NULL});
+    if (slurm) salloc_start(&j, dir, name, 3, (const char *[]){NULL, "--plan", plan, NULL});
+    else job_start(&j, dir, name, (const char *[]){"--plan", plan, "--hostfile", hosts, NULL});
     unsetenv("CDP_FAULT");
     wait_for_step(&j, metrics, 2, 60);
     cluster(kill_host ? "kill" : "cable", kill_host ? "1" : "1 down");
@@ -434,14 +462,15 @@ static int cut_at_step_2(const char *dir, const char *name, int restart, int kil
 #define SLACK_S 30
 
 /* A cable pulled: the ranks time out at timeout_s (4 s), the launcher ends
- * mpirun (which waits for the cut host's daemon) and names the host. */
+ * mpirun (which waits for the cut host's daemon) and names the host. (Under
+ * srun the same path: the test with restart below checks it there.) */
 Test(multinode, a_pulled_cable_ends_the_job_naming_the_host, .timeout = 240, .fini = restore_hosts)
 {
     need_cluster();
     char dir[4096], *out, *err;
     snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
     double t;
-    const int code = cut_at_step_2(dir, "cable", 0, 0, &t, &out, &err);
+    const int code = cut_at_step_2(dir, "cable", 0, 0, 0, &t, &out, &err);
     fprintf(stderr, "multinode: cable pulled: the job ended %.1f s later\n", t);
     cr_expect_eq(code, 1, "%s", err);
     cr_expect_lt(t, 4 + GRACE_S + SLACK_S, "the job ended %.1f s after the cut (timeout_s 4 + grace %d)", t, GRACE_S);
@@ -450,41 +479,54 @@ Test(multinode, a_pulled_cable_ends_the_job_naming_the_host, .timeout = 240, .fi
     free(err);
 }
 
-/* The same with restart on: planned again on the hosts that answer. */
-Test(multinode, a_pulled_cable_is_restarted_around_on_the_survivors, .timeout = 240, .fini = restore_hosts)
+/* A cable pulled or a whole host killed (every process on it, its cable
+ * with it) with restart on: within timeout_s + the grace, the host named and
+ * planned again on the hosts that answer, node 1 told as lost (not a healthy rank of another node that was computing when
+ * the job was stopped), and no rank on h1 after the restart. */
+static void cut_is_restarted_around(int kill_host, int slurm)
 {
-    need_cluster();
+    if (slurm) need_slurm();
+    else need_cluster();
     char dir[4096], *out, *err, path[4400];
     snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
     double t;
-    const int code = cut_at_step_2(dir, "cable2", 1, 0, &t, &out, &err);
-    fprintf(stderr, "multinode: cable pulled: the restart line came %.1f s later\n", t);
+    const int code = cut_at_step_2(dir, "cut", 1, kill_host, slurm, &t, &out, &err);
+    fprintf(stderr, "multinode: %s%s: the restart line came %.1f s later\n", kill_host ? "host killed" : "cable pulled",
+            slurm ? " (srun)" : "", t);
     cr_expect_eq(code, 0, "%s\n%s", out, err);
-    cr_expect(strstr(out, "restart 1: node 1 lost"), "%s", out);
+    cr_expect(strstr(out, "restart 1: node 1 lost"), "%s\n%s", out, err);
+    cr_expect(strstr(err, "host h1 (node 1) does not answer"), "the host is named: %s", err);
     cr_expect(t > 0 && t < 4 + GRACE_S + SLACK_S, "restart line %.1f s after the cut", t);
-    snprintf(path, sizeof path, "%s/cable2.jsonl", dir);
+    snprintf(path, sizeof path, "%s/cut.jsonl", dir);
     cr_expect_eq(last_step(path), 8);
     /* after the restart no rank runs on h1 */
     char *text = read_all(path), *restart = strstr(text, "\"restart\"");
-    cr_expect(restart && !strstr(restart, "\"host\": \"h1\""), "h1 is not used after the restart");
+    cr_expect(restart && !strstr(restart, "\"host\": \"h1\""), "h1 is not used after the restart: %s\n%s", out,
+              restart ? restart : text);
     free(text);
     free(out);
     free(err);
 }
 
-/* A whole host killed (every process on it, its cable with it): restarted around. */
+Test(multinode, a_pulled_cable_is_restarted_around_on_the_survivors, .timeout = 240, .fini = restore_hosts)
+{
+    cut_is_restarted_around(0, 0);
+}
+
 Test(multinode, a_killed_host_is_restarted_around, .timeout = 240, .fini = restore_hosts)
 {
-    need_cluster();
-    char dir[4096], *out, *err;
-    snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
-    double t;
-    const int code = cut_at_step_2(dir, "host", 1, 1, &t, &out, &err);
-    fprintf(stderr, "multinode: host killed: the restart line came %.1f s later\n", t);
-    cr_expect_eq(code, 0, "%s\n%s", out, err);
-    cr_expect(strstr(out, "restart 1: node 1 lost"), "%s", out);
-    free(out);
-    free(err);
+    cut_is_restarted_around(1, 0);
+}
+
+Test(multinode, a_pulled_cable_under_srun_is_restarted_around_on_the_survivors, .timeout = 240,
+     .fini = restore_hosts)
+{
+    cut_is_restarted_around(0, 1);
+}
+
+Test(multinode, a_killed_host_under_srun_is_restarted_around, .timeout = 240, .fini = restore_hosts)
+{
+    cut_is_restarted_around(1, 1);
 }
 
 /* A checkpoint folder on each host's own disk (/mnt is node-local here):
@@ -550,6 +592,153 @@ Test(multinode, the_environment_reaches_other_hosts, .timeout = 120)
     cr_assert_eq(r.exit_code, 0, "%s\n%s", r.out, r.err);
     cr_expect(strstr(r.err, "rank 3 (stage 1, replica 1) on node 1"), "no info line of rank 3: %s", r.err);
     cdp_test_run_free(&r);
+}
+
+/* ---- batch jobs: scancel, a time limit, a requeue ------------------------------------ */
+
+/* SLURM command (squeue, scancel, sbatch...) on host 0, its first line of output in out. */
+static int slurm_cmd(const char *cmd, char *out, size_t cap)
+{
+    FILE *p = popen(cmd, "r");
+    cr_assert_not_null(p, "%s", cmd);
+    if (!out) {
+        char sink[256];
+        while (fgets(sink, sizeof sink, p)) {
+        }
+    } else if (!fgets(out, (int)cap, p)) {
+        out[0] = '\0';
+    }
+    const int rc = pclose(p);
+    if (out) out[strcspn(out, "\n")] = '\0';
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+/* The requeue script of docs/multinode.md for a plan of 2 nodes: sbatch
+ * OPTIONS of it; the job's id in id. */
+static void sbatch_job(const char *dir, const char *plan, const char *options, char *id, size_t cap)
+{
+    char script[8192], cmd[12000];
+    snprintf(script, sizeof script,
+             "#!/bin/bash\n#SBATCH --nodes=2 --ntasks-per-node=2\n#SBATCH --requeue --open-mode=append\n"
+             "#SBATCH --signal=B:TERM@50\n# the same line on the first run and every requeue\n"
+             "exec '%s' --plan '%s' --resume auto\n", getenv("CDP_BIN"), plan);
+    const char *file = cdp_test_write_file(dir, "job.sh", script);
+    snprintf(cmd, sizeof cmd, "sbatch --parsable --output '%s/job.log' %s '%s'", dir, options, file);
+    cr_assert_eq(slurm_cmd(cmd, id, cap), 0, "%s: %s", cmd, id);
+    cr_assert(id[0], "sbatch gave no job id");
+}
+
+/* Waits until job id has left squeue's list of running and pending jobs (at most limit_s). */
+static void wait_job_gone(const char *id, double limit_s)
+{
+    const double t0 = now_s();
+    char cmd[256], state[128];
+    snprintf(cmd, sizeof cmd, "squeue -h -j %s -t PD,R,CG,S,CF,RQ,RS -o %%T 2>/dev/null", id);
+    for (;;) {
+        slurm_cmd(cmd, state, sizeof state);
+        if (!state[0]) return;
+        cr_assert_lt(now_s() - t0, limit_s, "job %s still %s after %.0f s", id, state, limit_s);
+        usleep(200000);
+    }
+}
+
+/* Waits for metrics to record step `step` while job id runs (at most limit_s). */
+static void wait_job_step(const char *id, const char *metrics, int step, double limit_s)
+{
+    const double t0 = now_s();
+    while (last_step(metrics) < step) {
+        cr_assert_lt(now_s() - t0, limit_s, "job %s: no step %d in %s after %.0f s", id, step, metrics, limit_s);
+        usleep(50000);
+    }
+}
+
+/* A 2-node plan of steps steps that checkpoints every 2 (timeout_s long: a
+ * rank stalled by CDP_FAULT keeps the others waiting). */
+static const char *batch_plan(const char *dir, const char *name, int steps)
+{
+    char extra[8192];
+    snprintf(extra, sizeof extra, ", \"checkpoint\": {\"dir\": \"%s/ckpt\", \"every\": 2}", dir);
+    return mlp_plan(dir, name, 2, 2, steps, 200, extra);
+}
+
+/* scancel: the job ends as a stop (said so, exit 143, no "died"), every step
+ * line in the log whole, the checkpoint of step 2 committed and intact; the
+ * job requeued runs the same line and --resume auto continues from it. */
+Test(multinode, a_batch_job_cancelled_ends_cleanly_and_continues_when_requeued, .timeout = 240)
+{
+    need_slurm();
+    char dir[4096], plan[4200], metrics[4400], log[4400], id[64], cmd[256], path[4400];
+    snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
+    snprintf(plan, sizeof plan, "%s", batch_plan(dir, "cancel", 6));
+    snprintf(metrics, sizeof metrics, "%s/cancel.jsonl", dir);
+    snprintf(log, sizeof log, "%s/job.log", dir);
+    setenv("CDP_FAULT", "stall:0:3:5", 1); /* a window to cancel in, at every run */
+    sbatch_job(dir, plan, "", id, sizeof id);
+    unsetenv("CDP_FAULT");
+    wait_job_step(id, metrics, 2, 90);
+    snprintf(cmd, sizeof cmd, "scancel %s", id);
+    cr_assert_eq(slurm_cmd(cmd, NULL, 0), 0, "%s", cmd);
+    wait_job_gone(id, 60);
+    char *text = read_all(log);
+    cr_expect(strstr(text, "stopped by SIGTERM"), "the stop is told as one: %s", text);
+    cr_expect(!strstr(text, "died"), "no rank died: %s", text);
+    cr_expect(strstr(text, "step 2/6"), "step 2's line is there: %s", text);
+    const size_t n = strlen(text);
+    cr_expect(n > 0 && text[n - 1] == '\n', "no line is cut: [%s]", text);
+    free(text);
+    snprintf(path, sizeof path, "%s/ckpt/step-00000002/manifest.json", dir);
+    cr_expect_eq(access(path, R_OK), 0, "step 2's checkpoint is committed");
+    /* requeued: the same script again, appending to the log */
+    snprintf(cmd, sizeof cmd, "scontrol requeue %s", id);
+    cr_assert_eq(slurm_cmd(cmd, NULL, 0), 0, "%s", cmd);
+    /* (Slurm holds a requeued job back two minutes: let it start now) */
+    snprintf(cmd, sizeof cmd, "scontrol update jobid=%s StartTime=now", id);
+    cr_assert_eq(slurm_cmd(cmd, NULL, 0), 0, "%s", cmd);
+    const double t0 = now_s();
+    while (!strstr((text = read_all(log)), "step 6/6")) {
+        free(text);
+        cr_assert_lt(now_s() - t0, 120, "the requeued job did not reach step 6: %s", text);
+        usleep(200000);
+    }
+    free(text);
+    wait_job_gone(id, 60);
+    text = read_all(log);
+    const char *stop = strstr(text, "stopped by SIGTERM");
+    cr_expect(stop && strstr(stop, "step 3/6"), "the requeued run continues after step 2: %s", text);
+    free(text);
+    cr_expect_eq(last_step(metrics), 6);
+}
+
+/* A time limit with the script's --signal=B:TERM@50: the batch shell (the
+ * script exec's cdphybrid) gets SIGTERM before the limit, the ranks save the
+ * step under way and end: "stopped by SIGTERM ... checkpoint saved", exit 143,
+ * before Slurm kills anything. */
+Test(multinode, a_batch_job_at_its_time_limit_saves_and_stops, .timeout = 240)
+{
+    need_slurm();
+    char dir[4096], plan[4200], metrics[4400], log[4400], id[64], path[4400];
+    snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
+    snprintf(plan, sizeof plan, "%s", batch_plan(dir, "limit", 6));
+    snprintf(metrics, sizeof metrics, "%s/limit.jsonl", dir);
+    snprintf(log, sizeof log, "%s/job.log", dir);
+    setenv("CDP_FAULT", "stall:0:3:150", 1); /* in step 3 until the signal comes */
+    sbatch_job(dir, plan, "--time=1", id, sizeof id);
+    unsetenv("CDP_FAULT");
+    wait_job_gone(id, 150);
+    char *text = read_all(log);
+    /* the step under way when the signal came (3, where rank 0 stalls, unless
+     * the signal came sooner on a slow start) */
+    const char *said = strstr(text, "cdphybrid: stopped by SIGTERM: the job's 4 ranks (srun) ended after step ");
+    cr_expect(said, "%s", text);
+    const int step = said ? atoi(said + strlen("cdphybrid: stopped by SIGTERM: the job's 4 ranks (srun) ended after step "))
+                          : -1;
+    cr_expect(said && strstr(said, ": checkpoint saved in"), "%s", text);
+    /* (slurmstepd's "*** JOB N ON h0 CANCELLED AT ... ***" comes with the signal itself) */
+    cr_expect(!strstr(text, "died") && !strstr(text, "DUE TO TIME LIMIT"), "%s", text);
+    free(text);
+    snprintf(path, sizeof path, "%s/ckpt/step-%08d/manifest.json", dir, step);
+    cr_expect(step > 0 && access(path, R_OK) == 0, "the step under way (%d) is saved", step);
+    cr_expect_eq(last_step(metrics), step);
 }
 
 /* ---- what needs no cluster ---------------------------------------------------------- */
@@ -633,6 +822,34 @@ Test(multinode, resume_auto_starts_or_continues, .timeout = 60)
     cr_assert_eq(cdp_test_run(&r, (const char *[]){"--plan", plan, "--resume", "auto", NULL}), 0);
     cr_expect_eq(r.exit_code, 0, "%s", r.err);
     cr_expect(strstr(r.out, "nothing left to train") && !strstr(r.out, "step 4/4"), "%s", r.out);
+    cdp_test_run_free(&r);
+}
+
+/* mpirun crashing (Open MPI 4.1's does, now and then, in MPI_Abort) after a
+ * rank stopped on bad input: exit 2 as the rank said, not "a rank died". A
+ * stand-in mpirun leaves rank 0's word and dies of SIGSEGV. */
+Test(multinode, a_launcher_crash_after_bad_input_is_exit_2, .timeout = 60)
+{
+    if (!cdp_comm_have_mpi()) cr_skip_test("this build has no MPI");
+    char dir[4096], plan[4200], path[4400];
+    snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
+    cdp_test_write_file(dir, "mpirun", "#!/bin/sh\n"
+                        "printf 'failed other\\nrank 0/4 (stage 0, replica 0): setting up\\nexit 2\\n' "
+                        "> \"$CDP_RANK_STATUS_DIR/rank-0.end\"\n"
+                        "echo 'cdphybrid: rank 0/4 (stage 0, replica 0): setting up: bad input' >&2\n"
+                        "kill -SEGV $$\n");
+    snprintf(path, sizeof path, "%s/mpirun", dir);
+    chmod(path, 0755);
+    snprintf(plan, sizeof plan, "%s", mlp_plan(dir, "crash", 2, 1, 1, 20, ""));
+    char *old = strdup(getenv("PATH"));
+    setenv("PATH", dir, 1);
+    struct cdp_run r;
+    cr_assert_eq(cdp_test_run(&r, (const char *[]){"--plan", plan, NULL}), 0);
+    setenv("PATH", old, 1);
+    free(old);
+    cr_expect_eq(r.exit_code, 2, "%s", r.err);
+    cr_expect(strstr(r.err, "mpirun ended with signal 11") && strstr(r.err, "bad input") && !strstr(r.err, "died"),
+              "%s", r.err);
     cdp_test_run_free(&r);
 }
 

@@ -386,6 +386,25 @@ Test(restart, what_failed_is_decided_from_the_strongest_evidence)
     f = decide(l, 139, -1, (enum cdp_rank_end[]){C, S, B, C}, 5);
     cr_assert(f.restartable && !strcmp(f.kind, "hang") && f.n_failed == 1 && f.failed[0] == 2, "%s", f.what);
     cdp_fault_report_clear(&f);
+    /* node 1's host went (killed or cut off): its ranks silent, node 0's
+     * timed out on it, one stopped while computing; the node died, not the
+     * busy rank of the healthy node (it was taken for a hang) */
+    f = decide(l, 1, -1, (enum cdp_rank_end[]){B, C, S, S}, 5);
+    cr_assert(f.restartable && !strcmp(f.kind, "died") && f.node == 1 && f.n_failed == 2 && f.failed[0] == 2,
+              "%s", f.what);
+    cr_assert(strstr(f.what, "node 1 (all its ranks) died"), "%s", f.what);
+    cdp_fault_report_clear(&f);
+    /* ... with a rank of node 0 killed in the clean-up before it said a word: node 1 still */
+    f = decide(l, 1, -1, (enum cdp_rank_end[]){B, S, S, S}, 5);
+    cr_assert(f.restartable && f.node == 1 && f.n_failed == 2 && f.failed[0] == 2 && f.failed[1] == 3, "%s",
+              f.what);
+    cdp_fault_report_clear(&f);
+    /* no rank said a word (a relaunch whose ranks never started): no node is
+     * named (node 0 was, for being the first all silent) */
+    f = decide(l, 1, -1, (enum cdp_rank_end[]){S, S, S, S}, 5);
+    cr_assert(f.node == -1 && f.n_failed == 0, "%s", f.what);
+    cr_assert(strstr(f.what, "no rank left a word (none started") && !strstr(f.what, "node 0"), "%s", f.what);
+    cdp_fault_report_clear(&f);
     /* another error, a silent rank beside it: not restarted */
     f = decide(l, 1, -1, (enum cdp_rank_end[]){O, S, W, W}, 5);
     cr_assert(!f.restartable, "%s", f.what);

@@ -155,6 +155,115 @@ static cdp_status read_hosts(const char *path, char ***hosts, int *n)
     return CDP_OK;
 }
 
+/* Appends host name `name` to *h (k of cap). */
+static cdp_status add_host(char ***h, int *k, int *cap, const char *name, size_t len)
+{
+    if (*k == *cap) {
+        char **q = realloc(*h, (size_t)(*cap = *cap ? 2 * *cap : 16) * sizeof *q);
+        if (!q) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
+        *h = q;
+    }
+    if (!((*h)[*k] = strndup(name, len))) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
+    (*k)++;
+    return CDP_OK;
+}
+
+cdp_status cdp_launch_hostlist(const char *list, char ***hosts, int *n)
+{
+    char **h = NULL;
+    int k = 0, cap = 0;
+    cdp_status st = CDP_OK;
+    const char *p = list ? list : "";
+    while (!st && *p) {
+        /* one item: up to a comma outside brackets */
+        const char *e = p;
+        int depth = 0;
+        while (*e && (depth || *e != ',')) depth += *e == '[' ? 1 : *e == ']' ? -1 : 0, e++;
+        const char *open = memchr(p, '[', (size_t)(e - p));
+        if (e == p) {
+        } else if (!open) {
+            st = add_host(&h, &k, &cap, p, (size_t)(e - p));
+        } else {
+            const char *close = memchr(open, ']', (size_t)(e - open));
+            if (!close) {
+                st = cdp_fail(CDP_ERR_INVALID, "host list \"%.80s\": a '[' without its ']'", list);
+                break;
+            }
+            /* prefix[a-b,c]suffix: each number keeps the width it is written with */
+            if (memchr(close + 1, '[', (size_t)(e - close - 1)))
+                st = cdp_fail(CDP_ERR_INVALID, "host list \"%.80s\": one [...] per name is understood", list);
+            for (const char *r = open + 1; !st;) {
+                char *end = NULL;
+                const long a = strtol(r, &end, 10);
+                long b = a;
+                const int width = (int)(end - r);
+                if (*r == '-' || *r == '+' || end == r || width > 18) {
+                    st = cdp_fail(CDP_ERR_INVALID, "host list \"%.80s\": \"%.*s\" is not a number range", list,
+                                  (int)(close - r), r);
+                    break;
+                }
+                if (*end == '-') {
+                    const char *r2 = end + 1;
+                    b = strtol(r2, &end, 10);
+                    if (end == r2 || b < a || b - a > 100000) {
+                        st = cdp_fail(CDP_ERR_INVALID, "host list \"%.80s\": a range that does not count up", list);
+                        break;
+                    }
+                }
+                for (long v = a; !st && v <= b; v++) {
+                    char name[512];
+                    snprintf(name, sizeof name, "%.*s%0*ld%.*s", (int)(open - p), p, width, v, (int)(e - close - 1),
+                             close + 1);
+                    st = add_host(&h, &k, &cap, name, strlen(name));
+                }
+                if (st || end == close) break;
+                if (*end != ',') {
+                    st = cdp_fail(CDP_ERR_INVALID, "host list \"%.80s\": unexpected \"%c\" in brackets", list, *end);
+                    break;
+                }
+                r = end + 1;
+            }
+        }
+        p = *e ? e + 1 : e;
+    }
+    if (!st && !k) st = cdp_fail(CDP_ERR_INVALID, "host list \"%.80s\" names no host", list ? list : "");
+    if (st) {
+        for (int i = 0; i < k; i++) free(h[i]);
+        free(h);
+        return st;
+    }
+    *hosts = h;
+    *n = k;
+    return CDP_OK;
+}
+
+/* The hosts of the Slurm allocation this process runs in, in Slurm's order
+ * (SLURM_JOB_NODELIST): CDP_ERR_UNSUPPORTED, with no message, outside one. */
+static cdp_status alloc_hosts(char ***hosts, int *n)
+{
+    const char *list = getenv("SLURM_JOB_NODELIST");
+    if (!list || !*list) list = getenv("SLURM_NODELIST");
+    if (!list || !*list) return CDP_ERR_UNSUPPORTED;
+    cdp_status st = cdp_launch_hostlist(list, hosts, n);
+    if (st) return cdp_fail(st, "SLURM_JOB_NODELIST: %s", cdp_last_error());
+    return CDP_OK;
+}
+
+/* The hosts layout node i runs on: the hostfile's lines, or under srun the
+ * allocation's nodes (CDP_ERR_UNSUPPORTED, with no message: neither is known). */
+static cdp_status node_hosts(const struct cdp_launch_spec *s, char ***hosts, int *n)
+{
+    if (s->hostfile) return read_hosts(s->hostfile, hosts, n);
+    if (cdp_launch_which(s) == CDP_LAUNCHER_SRUN) return alloc_hosts(hosts, n);
+    return CDP_ERR_UNSUPPORTED;
+}
+
+static void free_hosts(char **hosts, int n)
+{
+    for (int i = 0; i < n; i++) free(hosts[i]);
+    free(hosts);
+}
+
 enum cdp_launcher cdp_launch_which(const struct cdp_launch_spec *s)
 {
     const char *job = getenv("SLURM_JOB_ID");
@@ -180,6 +289,7 @@ struct args {
     char num[4][24];
     char env[96][128]; /* names of variables passed by prefix */
     int n_env;
+    char nodelist[4096];
 };
 
 static void push(struct args *a, const char *s) { a->item[a->n++] = (char *)s; }
@@ -220,7 +330,7 @@ cdp_status cdp_launch_argv(const struct cdp_launch_spec *s, enum cdp_launcher wh
     int *count = calloc((size_t)l->n_nodes, sizeof *count);
     if (!count) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
     const int used = ranks_per_node(l, count);
-    struct args a = {.n = 0, .n_env = 0};
+    struct args a = {.n = 0, .n_env = 0, .nodelist = ""};
     char hostpath[4200] = "";
     cdp_status st = CDP_OK;
     snprintf(a.num[0], sizeof a.num[0], "%d", l->n_ranks);
@@ -242,9 +352,35 @@ cdp_status cdp_launch_argv(const struct cdp_launch_spec *s, enum cdp_launcher wh
         push(&a, a.num[1]);
         push(&a, "--ntasks-per-node");
         push(&a, a.num[2]);
+        /* node i of the layout on the allocation's i-th node: after a restart
+         * that left a node out, the nodes that hold ranks are not the first */
+        char **hosts = NULL;
+        int nh = 0;
+        const cdp_status ha = st ? CDP_ERR_UNSUPPORTED : alloc_hosts(&hosts, &nh);
+        if (ha == CDP_OK && hosts) {
+            if (nh < l->n_nodes)
+                st = cdp_fail(CDP_ERR_INVALID, "the layout has %d nodes and the Slurm allocation %d "
+                              "(SLURM_JOB_NODELIST): ask for as many nodes as the plan's /cluster/nodes",
+                              l->n_nodes, nh);
+            size_t o = 0;
+            for (int i = 0; !st && i < l->n_nodes; i++)
+                if (count[i] && o + strlen(hosts[i]) + 2 < sizeof a.nodelist)
+                    o += (size_t)snprintf(a.nodelist + o, sizeof a.nodelist - o, "%s%s", o ? "," : "", hosts[i]);
+            free_hosts(hosts, nh);
+        } else if (ha != CDP_ERR_UNSUPPORTED) {
+            st = ha;
+        }
+        if (a.nodelist[0]) {
+            push(&a, "--nodelist");
+            push(&a, a.nodelist);
+        }
         push(&a, "--distribution=block");
         push(&a, "--cpu-bind=none");
         push(&a, "--kill-on-bad-exit=1");
+        /* a step whose node was lost keeps its CPUs on the other nodes until
+         * Slurm declares that node down (SlurmdTimeout): the relaunch on the
+         * nodes left may share them (this process runs one step at a time) */
+        push(&a, "--overlap");
         /* the ranks find each other through PMIx whatever MpiDefault says
          * (under "none" every task would be a launcher); SLURM_MPI_TYPE set
          * by the user wins */
@@ -563,7 +699,6 @@ cdp_status cdp_launch_run(const struct cdp_launch_spec *s, int *exit_code)
         *s->died = -1;
         if (pipe2(err_fds, O_CLOEXEC) != 0) err_fds[0] = err_fds[1] = -1;
     }
-    if (s->stopped_by) *s->stopped_by = 0;
     if (pipe2(fds, O_CLOEXEC) != 0) { /* closed by a successful exec: the read below then returns 0 */
         st = cdp_fail(CDP_ERR_UNSUPPORTED, "cannot start %s: pipe: %s", argv[0], strerror(errno));
         free(argv);
@@ -635,7 +770,6 @@ cdp_status cdp_launch_run(const struct cdp_launch_spec *s, int *exit_code)
     alarm(0);
     for (int i = 0; i < 5; i++) sigaction(sigs[i], &old[i], NULL);
     launched = 0;
-    if (s->stopped_by) *s->stopped_by = stop_sig;
     if (s->stopped) *s->stopped = stop_sig ? stop_sig : ended ? -1 : 0;
     if (got == (ssize_t)sizeof e) {
         st = cdp_fail(CDP_ERR_UNSUPPORTED, "%s could not be started (%s)%s", argv[0], strerror(e),
@@ -667,10 +801,9 @@ char *cdp_launch_host_of(const struct cdp_launch_spec *s, int node)
 {
     char **hosts = NULL, *h = NULL;
     int nh = 0;
-    if (!s->hostfile || read_hosts(s->hostfile, &hosts, &nh)) return NULL;
+    if (node_hosts(s, &hosts, &nh)) return NULL;
     if (node >= 0 && node < nh) h = strdup(hosts[node]);
-    for (int i = 0; i < nh; i++) free(hosts[i]);
-    free(hosts);
+    free_hosts(hosts, nh);
     return h;
 }
 
@@ -679,9 +812,10 @@ cdp_status cdp_launch_probe_hosts(const struct cdp_launch_spec *s, int timeout_s
     const struct cdp_layout *l = s->layout;
     char **hosts = NULL;
     int nh = 0;
-    if (!s->hostfile) return CDP_OK;
-    cdp_status st = read_hosts(s->hostfile, &hosts, &nh);
+    cdp_status st = node_hosts(s, &hosts, &nh);
+    if (st == CDP_ERR_UNSUPPORTED && !hosts) return CDP_OK;
     if (st) return st;
+    const int slurm = !s->hostfile;
     int *count = calloc((size_t)l->n_nodes, sizeof *count);
     pid_t *pid = calloc((size_t)l->n_nodes, sizeof *pid);
     if (!count || !pid) {
@@ -706,8 +840,15 @@ cdp_status cdp_launch_probe_hosts(const struct cdp_launch_spec *s, int timeout_s
         if (!count[i] || !strcmp(hosts[i], self) || !strcmp(hosts[i], "localhost")) continue;
         char *argv[32];
         int k = 0;
-        for (int j = 0; j < nw; j++) argv[k++] = word[j];
-        if (is_ssh) {
+        if (slurm) {
+            /* a task of one more step there: what a relaunch needs of the host */
+            static char *const probe[] = {"srun", "--overlap", "--nodes", "1", "--ntasks", "1", "--mpi=none",
+                                          "--quiet", "--nodelist", NULL};
+            while (probe[k]) argv[k] = probe[k], k++;
+        } else {
+            for (int j = 0; j < nw; j++) argv[k++] = word[j];
+        }
+        if (is_ssh && !slurm) {
             argv[k++] = "-o";
             argv[k++] = "BatchMode=yes";
             argv[k++] = "-o";
@@ -759,8 +900,7 @@ cdp_status cdp_launch_probe_hosts(const struct cdp_launch_spec *s, int timeout_s
         poll(NULL, 0, 50);
     }
 done:
-    for (int i = 0; i < nh; i++) free(hosts[i]);
-    free(hosts);
+    free_hosts(hosts, nh);
     free(count);
     free(pid);
     return st;

@@ -40,7 +40,6 @@ struct cdp_launch_spec {
                                         signal", srun's "task N: ..."), else -1 */
     int stop_saves;                  /* a stop asked with SIGTERM, SIGHUP or SIGUSR1 lets the ranks save a
                                         checkpoint first: they get SIGUSR1 and CDP_STOP_GRACE_S seconds */
-    int *stopped_by;                 /* not NULL: gets the signal that stopped the job (0: none came) */
     /* not NULL: asked about every 250 ms while the job runs whether a rank
      * has failed; grace_s seconds after it first says so, a launcher still
      * running is ended (mpirun waits minutes for the daemon of a host it can
@@ -48,8 +47,9 @@ struct cdp_launch_spec {
     int (*failing)(void *ctx);
     void *ctx;
     double grace_s;
-    int *stopped; /* not NULL: gets the signal (SIGINT, SIGTERM) this process got and passed on to the launcher,
-                     -1 when the launcher was ended after grace_s, else 0 */
+    int *stopped; /* not NULL: how the job was stopped: the signal this process got and passed on to the
+                     launcher (SIGINT, SIGTERM, SIGHUP, SIGUSR1: a stop), -1 when the launcher was ended
+                     grace_s after a rank failed, else 0 */
 };
 
 /* Seconds a stop waits for the ranks to save and end before they are made
@@ -63,7 +63,9 @@ enum cdp_launcher cdp_launch_which(const struct cdp_launch_spec *s);
 
 /* The command line that starts s's ranks with launcher `which`: rank i of the
  * layout on its node, consecutive ranks per node, no binding by the launcher
- * (each rank binds itself); srun with --mpi=pmix unless SLURM_MPI_TYPE is set. mpirun with several nodes writes
+ * (each rank binds itself); srun with --mpi=pmix unless SLURM_MPI_TYPE is set,
+ * --overlap, and --nodelist of the allocation's nodes (SLURM_JOB_NODELIST:
+ * node i of the layout on the i-th) that hold ranks. mpirun with several nodes writes
  * tmpdir/hosts.txt ("HOST slots=K" per layout node). *argv is malloc'd and
  * NULL-terminated; its strings live in it (one free). CDP_ERR_INVALID naming
  * the hostfile when it has fewer hosts than the layout has nodes, or the
@@ -79,7 +81,7 @@ cdp_status cdp_launch_argv(const struct cdp_launch_spec *s, enum cdp_launcher wh
  * A signal to this process stops the job (docs/jobs.md): SIGINT ends it now
  * (SIGTERM to the launcher); SIGTERM, SIGHUP and SIGUSR1 do the same, or with
  * stop_saves first pass SIGUSR1 on (the ranks save and end) and end it after
- * the grace; a second signal ends it now. *s->stopped_by says which came.
+ * the grace; a second signal ends it now. *s->stopped says which came.
  * Where the ranks outnumber the CPUs this process may use (its affinity
  * mask, not the CPUs online), the launcher is told to oversubscribe, with a
  * warning. The launcher's stderr (when s->died asks for it) is read while it
@@ -88,18 +90,25 @@ cdp_status cdp_launch_argv(const struct cdp_launch_spec *s, enum cdp_launcher wh
  * with the system's reason). */
 cdp_status cdp_launch_run(const struct cdp_launch_spec *s, int *exit_code);
 
-/* The hosts of a layout's nodes that do not answer: each host of the
- * hostfile that runs ranks (not this one) is asked to run `true` through the
- * agent Open MPI uses (OMPI_MCA_plm_rsh_agent, else ssh; with BatchMode and a
- * ConnectTimeout of timeout_s when it is ssh), all at once. lost[node] is set
- * to 1 for a host that did not answer within timeout_s + 2 s. CDP_OK with
- * nothing set where there is no hostfile. */
+/* The hosts of a layout's nodes that do not answer: each host that runs
+ * ranks (not this one) is asked to run `true`, all at once: with a hostfile
+ * through the agent Open MPI uses (OMPI_MCA_plm_rsh_agent, else ssh; with
+ * BatchMode and a ConnectTimeout of timeout_s when it is ssh), under srun as
+ * a one-task step on that node of the allocation (srun --overlap --nodelist
+ * HOST). lost[node] is set to 1 for a host that did not answer within
+ * timeout_s + 2 s. CDP_OK with nothing set where neither a hostfile nor an
+ * allocation names the hosts. */
 cdp_status cdp_launch_probe_hosts(const struct cdp_launch_spec *s, int timeout_s, unsigned char *lost);
 
-/* The host name the hostfile gives layout node `node` (NULL without a hostfile
- * or past its end); malloc'd. */
+/* The host layout node `node` runs on: the hostfile's line, or under srun the
+ * allocation's node (SLURM_JOB_NODELIST) of that place; NULL where neither
+ * says, or past its end; malloc'd. */
 char *cdp_launch_host_of(const struct cdp_launch_spec *s, int node);
 
+/* The names of a Slurm host list ("h[0-2],gpu07", "n[01-03,7]"), in order,
+ * numbers as wide as written; *hosts malloc'd (each name too). CDP_ERR_INVALID
+ * naming the list when it does not parse. */
+cdp_status cdp_launch_hostlist(const char *list, char ***hosts, int *n);
 /* Whether this rank runs where the layout says: under mpirun or srun, its
  * local rank on its host (OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID) must be
  * its place among its layout node's ranks. CDP_ERR_INVALID saying both, and

@@ -190,7 +190,7 @@ static int launch(const struct cli_args *a, const struct cdp_plan *plan, const s
     struct cdp_launch_spec spec = {.layout = l, .program = self, .args = args, .hostfile = a->hostfile,
                                    .tmpdir = tmpdir, .pass_env = forwarded_env,
                                    .died = plan->train.restart.max > 0 ? died : NULL,
-                                   .stop_saves = plan->train.checkpoint.dir != NULL, .stopped_by = stopped_by,
+                                   .stop_saves = plan->train.checkpoint.dir != NULL,
                                    .failing = status_dir ? rank_failed : NULL, .ctx = &watch,
                                    .grace_s = LAUNCH_GRACE_S, .stopped = &stopped};
     int code = 0;
@@ -217,8 +217,9 @@ static int launch(const struct cli_args *a, const struct cdp_plan *plan, const s
         return *raw = cdp_cli_exit_code(st);
     }
     *raw = code;
+    *stopped_by = stopped > 0 ? stopped : 0;
     if (*stopped_by) return stopped_job(plan, l, status_dir, mpi_launcher_name(&spec), *stopped_by);
-    if (code != 0 && cdp_cli_layout_nodes(l) > 1 && a->hostfile) {
+    if (code != 0 && cdp_cli_layout_nodes(l) > 1 && (a->hostfile || cdp_launch_which(&spec) == CDP_LAUNCHER_SRUN)) {
         /* a host cut off or gone: ask every host; the ranks' words cannot tell it from a hang */
         unsigned char *lost = calloc((size_t)l->n_nodes, 1);
         if (lost && !cdp_launch_probe_hosts(&spec, PROBE_TIMEOUT_S, lost)) {
@@ -243,8 +244,33 @@ static int launch(const struct cli_args *a, const struct cdp_plan *plan, const s
     } else {
         snprintf(how, sizeof how, "exit code %d", code);
     }
-    int named = 0;
+    /* Open MPI 4.1's mpirun may crash (signal 11) while it aborts a job a
+     * rank ended on bad input: the rank's own word says exit 2 */
+    struct cdp_job_end said;
+    if (code > 128 && status_dir && !cdp_restart_read_ends(status_dir, l->n_ranks, code, -1, &said)) {
+        const int rank_code = said.rank_code;
+        cdp_job_end_clear(&said);
+        if (rank_code == EXIT_USAGE) {
+            fprintf(stderr, "cdphybrid: %s ended with %s after a rank stopped on bad input (its message is above): "
+                            "exit 2\n", mpi_launcher_name(&spec), how);
+            return EXIT_USAGE;
+        }
+    }
+    int named = 0, silent = 0;
     for (int i = 0; status_dir && i < l->n_ranks; i++) {
+        char path[4300];
+        snprintf(path, sizeof path, RANK_STATUS_FILE, status_dir, i);
+        silent += access(path, F_OK) != 0;
+    }
+    if (l->n_ranks > 1 && silent == l->n_ranks) {
+        /* not one rank said a word: they did not start (the launcher's
+         * daemons did not), or every one went at once */
+        fprintf(stderr, "cdphybrid: no rank of the job's %d left a word: they never started, or all ended at once; "
+                        "%s ended the job with %s (its lines above say why)\n", l->n_ranks,
+                mpi_launcher_name(&spec), how);
+        named = -1;
+    }
+    for (int i = 0; status_dir && named >= 0 && i < l->n_ranks; i++) {
         char path[4300];
         snprintf(path, sizeof path, RANK_STATUS_FILE, status_dir, i);
         if (access(path, F_OK) == 0) continue;

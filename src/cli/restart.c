@@ -123,10 +123,24 @@ cdp_status cdp_restart_decide(const struct cdp_layout *l, const struct cdp_job_e
     int only = -1; /* the one rank named by the launcher */
     int busy = 0;
     for (int i = 0; i < n; i++) busy += e->end[i] == CDP_END_STOPPED_BUSY;
+    /* a node of a layout over several whose ranks all left no word while
+     * ranks elsewhere did: its host went (killed, cut off), and its peers'
+     * deadlines and a rank stopped while computing are what followed */
+    int silent_node = -1, node_died = 0;
+    for (int node = 0; node < l->n_nodes && silent_node < 0 && l->n_nodes > 1 && silent < n; node++) {
+        int on = 0, dead = 0;
+        for (int i = 0; i < n; i++)
+            if (l->rank[i].node == node) on++, dead += e->end[i] == CDP_END_SILENT;
+        if (on && dead == on) silent_node = node;
+    }
     if (killed) {
         pick = CDP_END_KILLED;
         snprintf(out->kind, sizeof out->kind, "died");
         why = "was killed (SIGTERM from outside the job)";
+    } else if (silent_node >= 0 && !device && !other) {
+        node_died = 1;
+        snprintf(out->kind, sizeof out->kind, "died");
+        why = "died";
     } else if (comm && !device && !other) {
         pick = busy ? CDP_END_STOPPED_BUSY : CDP_END_SILENT;
         snprintf(out->kind, sizeof out->kind, "hang");
@@ -149,18 +163,16 @@ cdp_status cdp_restart_decide(const struct cdp_layout *l, const struct cdp_job_e
     }
     out->restartable = 1;
     if (only >= 0) out->failed[out->n_failed++] = only;
+    else if (node_died) /* that node's ranks, not a rank silent elsewhere (killed in the clean-up) */
+        for (int i = 0; i < n; i++) {
+            if (l->rank[i].node == silent_node) out->failed[out->n_failed++] = i;
+        }
     else
         for (int i = 0; i < n; i++)
             if (e->end[i] == pick && !(pick == CDP_END_SILENT && silent == n)) out->failed[out->n_failed++] = i;
-    /* a node of a layout over several whose every rank died */
-    if (!strcmp(out->kind, "died") && l->n_nodes > 1) {
-        for (int node = 0; node < l->n_nodes && out->node < 0; node++) {
-            int on = 0, dead = 0;
-            for (int i = 0; i < n; i++)
-                if (l->rank[i].node == node) on++, dead += e->end[i] == CDP_END_SILENT;
-            if (on && dead == on) out->node = node;
-        }
-    }
+    /* a node of a layout over several whose every rank died (not when no
+     * rank of any node said a word: nothing tells one node from another) */
+    if (!strcmp(out->kind, "died")) out->node = silent_node;
     /* the step: after the last one metrics.jsonl recorded, else the ranks' reports */
     if (metrics_last >= 0) out->step = metrics_last + 1;
     else
@@ -169,6 +181,9 @@ cdp_status cdp_restart_decide(const struct cdp_layout *l, const struct cdp_job_e
     size_t o = 0;
     if (out->node >= 0) {
         o += (size_t)snprintf(out->what, sizeof out->what, "node %d (all its ranks) %s", out->node, why);
+    } else if (!out->n_failed && silent == n) {
+        o += (size_t)snprintf(out->what, sizeof out->what, "no rank left a word (none started, or all ended at "
+                              "once: which one failed is not known)");
     } else if (!out->n_failed) {
         o += (size_t)snprintf(out->what, sizeof out->what, "a rank %s (which one is not known: no rank was "
                               "stopped busy)", why);

@@ -13,7 +13,7 @@
 #   cluster.sh ssh DIR [OPTS] HOST CMD...  the rsh agent Open MPI calls (DIR/bin/ssh)
 #   cluster.sh cable DIR K up|down  plug or pull host K's cable (its end at the bridge)
 #   cluster.sh kill DIR K     end every process on host K (a crashed host), cable pulled
-#   cluster.sh revive DIR K   host K back: cable plugged, its slurmd running and idle
+#   cluster.sh revive DIR K   host K back (rebooted when it was cut off): cable plugged, its slurmd up
 #   cluster.sh slurm DIR      munge, slurmctld on h0 and a slurmd per host (DIR/slurm)
 #   cluster.sh down DIR       end every process the cluster holds, remove it all
 #
@@ -74,10 +74,13 @@ up)
     echo $! > "$dir/pid.bridge"
     for k in $(seq 0 $((n - 1))); do
         mkdir -p "$dir/h$k"
-        # a host: hostname, private /tmp, /dev/shm and node-local /mnt, then wait
+        # a host: hostname, private /tmp, /dev/shm and node-local /mnt, no IPv6
+        # (Open MPI takes every address of the subnet's interface, the IPv6
+        # link-local one too, tentative for its first seconds), then wait
         setsid unshare --net --uts --mount --propagation private sh -c "
             hostname h$k && mount -t tmpfs -o size=1g,mode=1777 cdp-tmp /tmp &&
             mount -t tmpfs -o size=256m cdp-shm /dev/shm && mount -t tmpfs -o size=512m cdp-local /mnt &&
+            { sysctl -qw net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1 2>/dev/null || :; } &&
             ip link set lo up && touch '$dir/h$k/ready' && exec sleep 1000000" </dev/null >/dev/null 2>"$dir/h$k/log" &
         echo $! > "$dir/pid.$k"
     done
@@ -223,8 +226,21 @@ CONF
     exit 1
     ;;
 revive)
-    # host K back as after a reboot: its cable plugged, its slurmd started again
+    # host K back as after a reboot: its cable plugged, its slurmd started again.
+    # A host whose cable was pulled is rebooted too (what ran there ended):
+    # a slurmd that starts registers at once, where one that was cut off
+    # keeps the node "completing" until slurmctld asks again (a minute)
     k=${1:?cluster.sh revive DIR K}
+    rebooted=
+    if ! nsenter -t "$(pid_of bridge)" -n ip link show "c$k" | grep -q 'state UP'; then
+        rebooted=1
+        holder=$(pid_of "$k")
+        for p in $(procs_in "$k"); do [ "$p" = "$holder" ] || kill -KILL "$p" 2>/dev/null || true; done
+        for _ in $(seq 50); do
+            [ "$(procs_in "$k")" = "$holder" ] && break
+            sleep 0.1
+        done
+    fi
     nsenter -t "$(pid_of bridge)" -n ip link set "c$k" up
     s="$dir/slurm"
     [ -e "$s/slurm.conf" ] || exit 0
@@ -234,9 +250,18 @@ revive)
     for _ in $(seq 300); do
         state=$("$self" nsexec "$dir" 0 env SLURM_CONF="$s/slurm.conf" sinfo -h -n "h$k" -o '%t' 2>/dev/null)
         [ "$state" = idle ] && exit 0
-        # a node Slurm marked down for not answering comes back when told
-        case "$state" in down*|drain*) "$self" nsexec "$dir" 0 env SLURM_CONF="$s/slurm.conf" \
-            scontrol update nodename="h$k" state=resume >/dev/null 2>&1 ;; esac
+        # a node that was not cut off finishes ending its last job by itself
+        # (a job that needs it waits for that)
+        [ -z "$rebooted" ] && [ "$state" = comp ] && exit 0
+        # a node Slurm marked down for not answering comes back when told; a
+        # rebooted one still "completing" the job it was cut from is told down
+        # (what ran there is gone) and back
+        case "$state" in
+        down* | drain*) "$self" nsexec "$dir" 0 env SLURM_CONF="$s/slurm.conf" \
+            scontrol update nodename="h$k" state=resume >/dev/null 2>&1 ;;
+        comp*) [ -z "$rebooted" ] || "$self" nsexec "$dir" 0 env SLURM_CONF="$s/slurm.conf" \
+            scontrol update nodename="h$k" state=down reason=rebooted >/dev/null 2>&1 ;;
+        esac
         sleep 0.2
     done
     echo "multinode: h$k did not come back to Slurm: $state" >&2
