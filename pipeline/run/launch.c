@@ -1,6 +1,9 @@
-/* The launcher (launch.h): binding a rank to its CPUs, and the mpirun / srun
- * command line that starts a layout's ranks on their nodes. */
+/* The launcher (launch.h): the mpirun / srun command line that starts a
+ * layout's ranks on their nodes, running it, and stopping it. Binding a rank
+ * to its CPUs is launch_bind.c; the hosts (hostfiles, Slurm's node list, the
+ * probe of a lost host) are launch_hosts.c. */
 #include "pipeline/run/launch.h"
+#include "pipeline/run/launch_internal.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -26,243 +29,7 @@
 #include <hwloc.h>
 #endif
 
-/* ---- binding ------------------------------------------------------------------- */
-
-#if CDP_HAVE_HWLOC
-static cdp_status bind_hwloc(const char *cpuset, int *n_cpus)
-{
-    hwloc_topology_t topo;
-    if (hwloc_topology_init(&topo) != 0) return cdp_fail(CDP_ERR_UNSUPPORTED, "hwloc_topology_init failed");
-    /* CPUs only: no PCI scan */
-    hwloc_topology_set_all_types_filter(topo, HWLOC_TYPE_FILTER_KEEP_NONE);
-    hwloc_topology_set_type_filter(topo, HWLOC_OBJ_PU, HWLOC_TYPE_FILTER_KEEP_ALL);
-    hwloc_topology_set_type_filter(topo, HWLOC_OBJ_NUMANODE, HWLOC_TYPE_FILTER_KEEP_ALL);
-    cdp_status st = CDP_OK;
-    hwloc_bitmap_t set = hwloc_bitmap_alloc();
-    if (!set || hwloc_topology_load(topo) != 0) {
-        st = cdp_fail(CDP_ERR_UNSUPPORTED, "hwloc could not read this machine");
-    } else if (hwloc_bitmap_list_sscanf(set, cpuset) != 0) {
-        st = cdp_fail(CDP_ERR_INVALID, "CPU list \"%.60s\" does not parse", cpuset);
-    } else {
-        hwloc_bitmap_and(set, set, hwloc_topology_get_allowed_cpuset(topo));
-        if (hwloc_bitmap_iszero(set))
-            st = cdp_fail(CDP_ERR_INVALID, "none of CPUs %s is available to this process", cpuset);
-        else if (hwloc_set_cpubind(topo, set, HWLOC_CPUBIND_PROCESS) != 0)
-            st = cdp_fail(CDP_ERR_UNSUPPORTED, "hwloc_set_cpubind(%s): %s", cpuset, strerror(errno));
-        else
-            *n_cpus = hwloc_bitmap_weight(set);
-    }
-    hwloc_bitmap_free(set);
-    hwloc_topology_destroy(topo);
-    return st;
-}
-#endif
-
-/* Without hwloc: sched_setaffinity on every thread of the process. */
-static cdp_status bind_sched(const char *cpuset, int *n_cpus)
-{
-    int *cpus = NULL, n = 0;
-    cdp_status st = cdp_cpuset_parse_list(cpuset, &cpus, &n);
-    if (st) return st;
-    cpu_set_t allowed, want;
-    CPU_ZERO(&want);
-    if (sched_getaffinity(0, sizeof allowed, &allowed) != 0) CPU_ZERO(&allowed);
-    for (int i = 0; i < n; i++)
-        if (cpus[i] < CPU_SETSIZE && CPU_ISSET(cpus[i], &allowed)) CPU_SET(cpus[i], &want);
-    free(cpus);
-    const int k = CPU_COUNT(&want);
-    if (!k) return cdp_fail(CDP_ERR_INVALID, "none of CPUs %s is available to this process", cpuset);
-    DIR *d = opendir("/proc/self/task");
-    int bad = 0;
-    if (d) {
-        for (struct dirent *t; (t = readdir(d));)
-            if (t->d_name[0] != '.' && sched_setaffinity((pid_t)atoi(t->d_name), sizeof want, &want) != 0) bad = errno;
-        closedir(d);
-    } else if (sched_setaffinity(0, sizeof want, &want) != 0) {
-        bad = errno;
-    }
-    if (bad) return cdp_fail(CDP_ERR_UNSUPPORTED, "sched_setaffinity(%s): %s", cpuset, strerror(bad));
-    *n_cpus = k;
-    return CDP_OK;
-}
-
-cdp_status cdp_launch_bind(const char *cpuset, int *n_cpus)
-{
-#if CDP_HAVE_HWLOC
-    cdp_status st = bind_hwloc(cpuset, n_cpus);
-    if (st != CDP_ERR_UNSUPPORTED) return st;
-    CDP_DEBUG(EXEC, "%s; binding with sched_setaffinity", cdp_last_error());
-#endif
-    return bind_sched(cpuset, n_cpus);
-}
-
-int cdp_launch_blas_threads(int n_cpus) { return cdp_cpu_set_threads(n_cpus); }
-
 /* ---- the command line -------------------------------------------------------------- */
-
-/* Ranks of each layout node, and how many nodes hold any. */
-static int ranks_per_node(const struct cdp_layout *l, int *count)
-{
-    int used = 0;
-    for (int i = 0; i < l->n_nodes; i++) count[i] = 0;
-    for (int i = 0; i < l->n_ranks; i++) count[l->rank[i].node]++;
-    for (int i = 0; i < l->n_nodes; i++) used += count[i] > 0;
-    return used;
-}
-
-/* The first word of every line of an Open MPI hostfile, in order. */
-static cdp_status read_hosts(const char *path, char ***hosts, int *n)
-{
-    FILE *f = fopen(path, "r");
-    if (!f) return cdp_fail(CDP_ERR_INVALID, "%s: cannot read the hostfile: %s", path, strerror(errno));
-    char line[1024];
-    char **h = NULL;
-    int k = 0, cap = 0;
-    cdp_status st = CDP_OK;
-    while (!st && fgets(line, sizeof line, f)) {
-        char *c = strchr(line, '#');
-        if (c) *c = '\0';
-        char *w = strtok(line, " \t\r\n");
-        if (!w) continue;
-        if (k == cap) {
-            char **q = realloc(h, (size_t)(cap = cap ? 2 * cap : 16) * sizeof *q);
-            if (!q) {
-                st = cdp_fail(CDP_ERR_NOMEM, "out of memory");
-                break;
-            }
-            h = q;
-        }
-        if (!(h[k] = strdup(w))) st = cdp_fail(CDP_ERR_NOMEM, "out of memory");
-        else k++;
-    }
-    fclose(f);
-    if (!st && k == 0) st = cdp_fail(CDP_ERR_INVALID, "%s: no hosts in the hostfile", path);
-    /* Open MPI counts a host once, however many lines name it: two layout
-     * nodes on one host would be merged into one and their ranks misplaced */
-    for (int i = 1; !st && i < k; i++)
-        for (int j = 0; j < i && !st; j++)
-            if (!strcmp(h[i], h[j]))
-                st = cdp_fail(CDP_ERR_INVALID, "%s: host %d and host %d are both \"%s\": each layout node needs a "
-                              "host of its own (Open MPI takes one host once); name each host once, or plan fewer "
-                              "/cluster/nodes", path, j + 1, i + 1, h[i]);
-    if (st) {
-        for (int i = 0; i < k; i++) free(h[i]);
-        free(h);
-        return st;
-    }
-    *hosts = h;
-    *n = k;
-    return CDP_OK;
-}
-
-/* Appends host name `name` to *h (k of cap). */
-static cdp_status add_host(char ***h, int *k, int *cap, const char *name, size_t len)
-{
-    if (*k == *cap) {
-        char **q = realloc(*h, (size_t)(*cap = *cap ? 2 * *cap : 16) * sizeof *q);
-        if (!q) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
-        *h = q;
-    }
-    if (!((*h)[*k] = strndup(name, len))) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
-    (*k)++;
-    return CDP_OK;
-}
-
-cdp_status cdp_launch_hostlist(const char *list, char ***hosts, int *n)
-{
-    char **h = NULL;
-    int k = 0, cap = 0;
-    cdp_status st = CDP_OK;
-    const char *p = list ? list : "";
-    while (!st && *p) {
-        /* one item: up to a comma outside brackets */
-        const char *e = p;
-        int depth = 0;
-        while (*e && (depth || *e != ',')) depth += *e == '[' ? 1 : *e == ']' ? -1 : 0, e++;
-        const char *open = memchr(p, '[', (size_t)(e - p));
-        if (e == p) {
-        } else if (!open) {
-            st = add_host(&h, &k, &cap, p, (size_t)(e - p));
-        } else {
-            const char *close = memchr(open, ']', (size_t)(e - open));
-            if (!close) {
-                st = cdp_fail(CDP_ERR_INVALID, "host list \"%.80s\": a '[' without its ']'", list);
-                break;
-            }
-            /* prefix[a-b,c]suffix: each number keeps the width it is written with */
-            if (memchr(close + 1, '[', (size_t)(e - close - 1)))
-                st = cdp_fail(CDP_ERR_INVALID, "host list \"%.80s\": one [...] per name is understood", list);
-            for (const char *r = open + 1; !st;) {
-                char *end = NULL;
-                const long a = strtol(r, &end, 10);
-                long b = a;
-                const int width = (int)(end - r);
-                if (*r == '-' || *r == '+' || end == r || width > 18) {
-                    st = cdp_fail(CDP_ERR_INVALID, "host list \"%.80s\": \"%.*s\" is not a number range", list,
-                                  (int)(close - r), r);
-                    break;
-                }
-                if (*end == '-') {
-                    const char *r2 = end + 1;
-                    b = strtol(r2, &end, 10);
-                    if (end == r2 || b < a || b - a > 100000) {
-                        st = cdp_fail(CDP_ERR_INVALID, "host list \"%.80s\": a range that does not count up", list);
-                        break;
-                    }
-                }
-                for (long v = a; !st && v <= b; v++) {
-                    char name[512];
-                    snprintf(name, sizeof name, "%.*s%0*ld%.*s", (int)(open - p), p, width, v, (int)(e - close - 1),
-                             close + 1);
-                    st = add_host(&h, &k, &cap, name, strlen(name));
-                }
-                if (st || end == close) break;
-                if (*end != ',') {
-                    st = cdp_fail(CDP_ERR_INVALID, "host list \"%.80s\": unexpected \"%c\" in brackets", list, *end);
-                    break;
-                }
-                r = end + 1;
-            }
-        }
-        p = *e ? e + 1 : e;
-    }
-    if (!st && !k) st = cdp_fail(CDP_ERR_INVALID, "host list \"%.80s\" names no host", list ? list : "");
-    if (st) {
-        for (int i = 0; i < k; i++) free(h[i]);
-        free(h);
-        return st;
-    }
-    *hosts = h;
-    *n = k;
-    return CDP_OK;
-}
-
-/* The hosts of the Slurm allocation this process runs in, in Slurm's order
- * (SLURM_JOB_NODELIST): CDP_ERR_UNSUPPORTED, with no message, outside one. */
-static cdp_status alloc_hosts(char ***hosts, int *n)
-{
-    const char *list = getenv("SLURM_JOB_NODELIST");
-    if (!list || !*list) list = getenv("SLURM_NODELIST");
-    if (!list || !*list) return CDP_ERR_UNSUPPORTED;
-    cdp_status st = cdp_launch_hostlist(list, hosts, n);
-    if (st) return cdp_fail(st, "SLURM_JOB_NODELIST: %s", cdp_last_error());
-    return CDP_OK;
-}
-
-/* The hosts layout node i runs on: the hostfile's lines, or under srun the
- * allocation's nodes (CDP_ERR_UNSUPPORTED, with no message: neither is known). */
-static cdp_status node_hosts(const struct cdp_launch_spec *s, char ***hosts, int *n)
-{
-    if (s->hostfile) return read_hosts(s->hostfile, hosts, n);
-    if (cdp_launch_which(s) == CDP_LAUNCHER_SRUN) return alloc_hosts(hosts, n);
-    return CDP_ERR_UNSUPPORTED;
-}
-
-static void free_hosts(char **hosts, int n)
-{
-    for (int i = 0; i < n; i++) free(hosts[i]);
-    free(hosts);
-}
 
 enum cdp_launcher cdp_launch_which(const struct cdp_launch_spec *s)
 {
@@ -329,7 +96,7 @@ cdp_status cdp_launch_argv(const struct cdp_launch_spec *s, enum cdp_launcher wh
     const struct cdp_layout *l = s->layout;
     int *count = calloc((size_t)l->n_nodes, sizeof *count);
     if (!count) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
-    const int used = ranks_per_node(l, count);
+    const int used = cdp_launch_ranks_per_node(l, count);
     struct args a = {.n = 0, .n_env = 0, .nodelist = ""};
     char hostpath[4200] = "";
     cdp_status st = CDP_OK;
@@ -356,7 +123,7 @@ cdp_status cdp_launch_argv(const struct cdp_launch_spec *s, enum cdp_launcher wh
          * that left a node out, the nodes that hold ranks are not the first */
         char **hosts = NULL;
         int nh = 0;
-        const cdp_status ha = st ? CDP_ERR_UNSUPPORTED : alloc_hosts(&hosts, &nh);
+        const cdp_status ha = st ? CDP_ERR_UNSUPPORTED : cdp_launch_alloc_hosts(&hosts, &nh);
         if (ha == CDP_OK && hosts) {
             if (nh < l->n_nodes)
                 st = cdp_fail(CDP_ERR_INVALID, "the layout has %d nodes and the Slurm allocation %d "
@@ -366,7 +133,7 @@ cdp_status cdp_launch_argv(const struct cdp_launch_spec *s, enum cdp_launcher wh
             for (int i = 0; !st && i < l->n_nodes; i++)
                 if (count[i] && o + strlen(hosts[i]) + 2 < sizeof a.nodelist)
                     o += (size_t)snprintf(a.nodelist + o, sizeof a.nodelist - o, "%s%s", o ? "," : "", hosts[i]);
-            free_hosts(hosts, nh);
+            cdp_launch_free_hosts(hosts, nh);
         } else if (ha != CDP_ERR_UNSUPPORTED) {
             st = ha;
         }
@@ -400,7 +167,7 @@ cdp_status cdp_launch_argv(const struct cdp_launch_spec *s, enum cdp_launcher wh
                 st = cdp_fail(CDP_ERR_INVALID, "the layout puts ranks on %d nodes: give the hosts (cdphybrid --plan P "
                               "--hostfile FILE, one host per line), or start it yourself (mpirun --hostfile FILE -np %d "
                               "cdphybrid --plan planned.json)", used, l->n_ranks);
-            } else if (!(st = read_hosts(s->hostfile, &hosts, &nh))) {
+            } else if (!(st = cdp_launch_read_hosts(s->hostfile, &hosts, &nh))) {
                 if (nh < l->n_nodes)
                     st = cdp_fail(CDP_ERR_INVALID, "%s: %d host%s for a layout of %d nodes (node i runs on the i-th "
                                   "host)", s->hostfile, nh, nh == 1 ? "" : "s", l->n_nodes);
@@ -781,127 +548,4 @@ cdp_status cdp_launch_run(const struct cdp_launch_spec *s, int *exit_code)
     free(argv);
     *exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : WIFSIGNALED(status) ? 128 + WTERMSIG(status) : 1;
     return CDP_OK;
-}
-
-cdp_status cdp_launch_check_node(const struct cdp_layout *l, int rank)
-{
-    const char *v = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
-    if (!v || !*v) v = getenv("SLURM_LOCALID");
-    if (!v || !*v) return CDP_OK;
-    const int node = l->rank[rank].node;
-    int place = 0;
-    for (int i = 0; i < rank; i++) place += l->rank[i].node == node;
-    if (atoi(v) == place) return CDP_OK;
-    return cdp_fail(CDP_ERR_INVALID, "rank %d is local rank %s on its host, but the layout makes it rank %d of node %d: "
-                    "start the ranks node by node in order (cdphybrid --hostfile FILE does; with mpirun give "
-                    "--map-by slot and a hostfile with the layout's ranks per node as slots)", rank, v, place, node);
-}
-
-char *cdp_launch_host_of(const struct cdp_launch_spec *s, int node)
-{
-    char **hosts = NULL, *h = NULL;
-    int nh = 0;
-    if (node_hosts(s, &hosts, &nh)) return NULL;
-    if (node >= 0 && node < nh) h = strdup(hosts[node]);
-    free_hosts(hosts, nh);
-    return h;
-}
-
-cdp_status cdp_launch_probe_hosts(const struct cdp_launch_spec *s, int timeout_s, unsigned char *lost)
-{
-    const struct cdp_layout *l = s->layout;
-    char **hosts = NULL;
-    int nh = 0;
-    cdp_status st = node_hosts(s, &hosts, &nh);
-    if (st == CDP_ERR_UNSUPPORTED && !hosts) return CDP_OK;
-    if (st) return st;
-    const int slurm = !s->hostfile;
-    int *count = calloc((size_t)l->n_nodes, sizeof *count);
-    pid_t *pid = calloc((size_t)l->n_nodes, sizeof *pid);
-    if (!count || !pid) {
-        st = cdp_fail(CDP_ERR_NOMEM, "out of memory");
-        goto done;
-    }
-    ranks_per_node(l, count);
-    /* the agent: Open MPI's first choice of "ssh : rsh", in words */
-    const char *env = getenv("OMPI_MCA_plm_rsh_agent");
-    char agent[1024], *word[16];
-    snprintf(agent, sizeof agent, "%s", env && *env ? env : "ssh");
-    agent[strcspn(agent, ":")] = '\0';
-    int nw = 0;
-    for (char *t = strtok(agent, " \t"); t && nw < 8; t = strtok(NULL, " \t")) word[nw++] = t;
-    if (!nw) word[nw++] = "ssh";
-    const char *base = strrchr(word[0], '/');
-    const int is_ssh = !strcmp(base ? base + 1 : word[0], "ssh");
-    char opt[64], self[256] = "";
-    snprintf(opt, sizeof opt, "ConnectTimeout=%d", timeout_s);
-    if (gethostname(self, sizeof self - 1) != 0) self[0] = '\0';
-    for (int i = 0; i < l->n_nodes && i < nh; i++) {
-        if (!count[i] || !strcmp(hosts[i], self) || !strcmp(hosts[i], "localhost")) continue;
-        char *argv[32];
-        int k = 0;
-        if (slurm) {
-            /* a task of one more step there: what a relaunch needs of the host */
-            static char *const probe[] = {"srun", "--overlap", "--nodes", "1", "--ntasks", "1", "--mpi=none",
-                                          "--quiet", "--nodelist", NULL};
-            while (probe[k]) argv[k] = probe[k], k++;
-        } else {
-            for (int j = 0; j < nw; j++) argv[k++] = word[j];
-        }
-        if (is_ssh && !slurm) {
-            argv[k++] = "-o";
-            argv[k++] = "BatchMode=yes";
-            argv[k++] = "-o";
-            argv[k++] = opt;
-        }
-        argv[k++] = hosts[i];
-        argv[k++] = "true";
-        argv[k] = NULL;
-        pid[i] = fork();
-        if (pid[i] == 0) {
-            const int null = open("/dev/null", O_RDWR);
-            if (null >= 0) {
-                dup2(null, 0);
-                dup2(null, 1);
-                dup2(null, 2);
-            }
-            execvp(argv[0], argv);
-            _exit(127);
-        }
-        if (pid[i] < 0) pid[i] = 0;
-    }
-    const double until = now_s() + timeout_s + 2;
-    for (;;) {
-        int left = 0;
-        for (int i = 0; i < l->n_nodes; i++) {
-            if (pid[i] <= 0) continue;
-            int status = 0;
-            const pid_t w = waitpid(pid[i], &status, WNOHANG);
-            if (w == pid[i]) {
-                lost[i] = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-                pid[i] = 0;
-            } else if (w < 0 && errno != EINTR) {
-                pid[i] = 0;
-            } else {
-                left++;
-            }
-        }
-        if (!left) break;
-        if (now_s() > until) {
-            for (int i = 0; i < l->n_nodes; i++)
-                if (pid[i] > 0) {
-                    kill(pid[i], SIGKILL);
-                    while (waitpid(pid[i], NULL, 0) < 0 && errno == EINTR) {
-                    }
-                    lost[i] = 1;
-                }
-            break;
-        }
-        poll(NULL, 0, 50);
-    }
-done:
-    free_hosts(hosts, nh);
-    free(count);
-    free(pid);
-    return st;
 }
