@@ -56,6 +56,8 @@ void cdp_planner_set_kind(struct ctx *c, enum cdp_schedule_kind kind)
 void cdp_planner_ctx_free(struct ctx *c)
 {
     cdp_schedule_free(c->sched);
+    cdp_schedule_free(c->lin_sched[0]);
+    cdp_schedule_free(c->lin_sched[1]);
     free(c->vs);
     free(c->keys);
     free(c->key_val);

@@ -70,6 +70,10 @@ struct ctx {
     /* the candidate being simulated */
     int p, R, m;
     struct cdp_schedule *sched;
+    /* the cheap model's long pipelines: the schedules of lin_m[0] and lin_m[1]
+     * micro-batches, whose steps extrapolate to m (NULL: m is simulated) */
+    struct cdp_schedule *lin_sched[2];
+    int lin_m[2];
     struct cdp_sim_vstage *vs;
     int *slots;        /* 2p: activation slots of each stage (the partition's memory), then its W-state slots */
 };

@@ -79,10 +79,22 @@ cdp_status cdp_planner_split(struct ctx *c, int p, int R, int m, int objective, 
         /* interleaved chunks are not contiguous per rank: balanced on time,
          * memory checked on the layout's memory afterwards */
         double *w = malloc((size_t)c->n * sizeof *w);
-        if (!w) return cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
+        int *owner = malloc((size_t)nv * sizeof *owner);
+        if (!w || !owner) {
+            free(w);
+            free(owner);
+            return cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
+        }
         for (int i = 0; i < c->n; i++) w[i] = c->cost[i].fwd_s + c->cost[i].bwd_s;
-        cdp_status st = cdp_partition_balanced(w, c->n, nv, ranges);
+        /* each rank's chunks together are what the schedule waits on (zbv puts
+         * the first and the last chunk, embedding and head, on rank 0) */
+        for (int j = 0; j < nv; j++) {
+            int chunk;
+            cdp_schedule_vstage_place(c->kind, p, c->v, j, &owner[j], &chunk);
+        }
+        cdp_status st = cdp_partition_balanced_ranks(w, c->n, nv, owner, p, ranges);
         free(w);
+        free(owner);
         return st;
     }
     int *inf = malloc((size_t)p * 2 * sizeof *inf); /* slots, then W-state slots */
