@@ -122,6 +122,34 @@ static void search_free(struct search *s)
     cdp_sim_result_free(s->sr);
 }
 
+/* The most samples per second candidate k could give: R x m x micro_batch
+ * over a lower bound of its step on any placement. Every rank runs m forwards
+ * and backwards of its chunks; without chunks rank s cannot start before its
+ * first micro-batch has passed the stages before it, and (without split
+ * backward) the gradient of its last backward still has to pass back through
+ * them: max over s of sum_{j<s} f_j + m (f_s + b_s) + sum_{j<s} b_j, the 1F1B
+ * closed form (m + p - 1)(f + b) for equal stages (chunks or a schedule file:
+ * m (f_s + b_s) alone). Links, collectives and the optimizer only add to it. */
+static double bound_sps(const struct ctx *c, const struct cand *k)
+{
+    const int p = k->p, v = cdp_schedule_chunks_of(k->kind, (int)c->plan->parallel.chunks);
+    const struct cdp_unit_cost *cost = c->mode[k->rc].cost;
+    const int split = cdp_schedule_def(k->kind)->splits_backward;
+    double before_f = 0, before_b = 0, lb = 0;
+    for (int r = 0; r < p; r++) {
+        double f = 0, b = 0;
+        for (int ch = 0; ch < v; ch++) {
+            const int j = cdp_schedule_vstage(k->kind, p, v, r, ch);
+            for (int64_t u = k->ranges[j][0]; u < k->ranges[j][1]; u++) f += cost[u].fwd_s, b += cost[u].bwd_s;
+        }
+        const double here = v > 1 || c->plan->parallel.schedule_file ? k->m * (f + b) : before_f + k->m * (f + b) + (split ? 0 : before_b);
+        if (here > lb) lb = here;
+        before_f += f;
+        before_b += b;
+    }
+    return lb > 0 ? (double)k->R * k->m * (double)c->plan->train.micro_batch / lb : INFINITY;
+}
+
 /* One shape (p stages, R replicas, m micro-batches, c->kind): split it, check
  * the memory every rank allocates under the fixed placement, and simulate it.
  * It becomes a candidate when it fits; otherwise s->why says why not. */
@@ -173,24 +201,73 @@ static cdp_status try_shape(struct ctx *c, struct search *s, int p, int R, int m
         return CDP_OK;
     }
     k->peak = peak;
-    if (s->layout_only) { /* nothing to compare: no simulation */
-        s->n_cand++;
-        return CDP_OK;
-    }
+    k->lb_sps = bound_sps(c, k);
+    s->n_cand++; /* simulated later (screen), when its bound can still win */
+    return CDP_OK;
+}
+
+/* Simulates candidate k under the fixed placement (the screening step). */
+static cdp_status screen_one(struct ctx *c, struct search *s, struct cand *k)
+{
+    cdp_status st;
     double step = 0;
-    if (!(st = cdp_planner_prepare(c, p, R, m, (const int64_t(*)[2])k->ranges))) {
+    cdp_planner_set_kind(c, k->kind);
+    cdp_planner_use_mode(c, k->rc);
+    c->zero = k->zero;
+    cdp_planner_fixed_placement(c->plan, k->p, k->R, s->dev);
+    if (!(st = cdp_planner_prepare(c, k->p, k->R, k->m, (const int64_t(*)[2])k->ranges))) {
         if (c->cheap) st = cdp_planner_cheap_step(c, s->dev, 0, &step);
         else if (!(st = cdp_planner_sim(c, s->dev, NULL, &s->sr))) step = s->sr->step_s;
     }
-    if (st) {
-        free(k->ranges);
-        return st;
-    }
+    if (st) return st;
     k->step_s = step;
-    k->sps = s->sr ? s->sr->samples_per_s : (double)R * m * (double)plan->train.micro_batch / step;
-    s->n_cand++;
+    k->sps = s->sr ? s->sr->samples_per_s : (double)k->R * k->m * (double)c->plan->train.micro_batch / step;
+    k->screened = 1;
     cdp_sim_result_free(s->sr);
     s->sr = NULL;
+    return CDP_OK;
+}
+
+/* Branch and bound over the candidates: simulated in the order of their
+ * bounds, until the bound of the next is no better than the
+ * CDP_PLANNER_PLACED_SHAPES-th best simulated throughput (then no candidate
+ * left could enter the shapes placed); the rest are dropped unsimulated
+ * (res->pruned). The same candidates are placed as with every one simulated. */
+static int by_bound(const void *a, const void *b)
+{
+    const struct cand *x = a, *y = b;
+    if (x->lb_sps != y->lb_sps) return x->lb_sps < y->lb_sps ? 1 : -1;
+    if (x->p != y->p) return x->p - y->p;
+    return x->m - y->m;
+}
+
+static cdp_status screen(struct ctx *c, struct search *s, struct cdp_planner_result *res)
+{
+    qsort(s->cand, (size_t)s->n_cand, sizeof *s->cand, by_bound);
+    double top[CDP_PLANNER_PLACED_SHAPES] = {0}; /* descending */
+    int w = 0;
+    for (int i = 0; i < s->n_cand; i++) {
+        struct cand *k = &s->cand[i];
+        if (i >= CDP_PLANNER_PLACED_SHAPES && k->lb_sps <= top[CDP_PLANNER_PLACED_SHAPES - 1]) {
+            free(k->ranges);
+            res->pruned++;
+            continue;
+        }
+        cdp_status st = screen_one(c, s, k);
+        if (st) {
+            for (int j = i; j < s->n_cand; j++) free(s->cand[j].ranges);
+            s->n_cand = w;
+            return st;
+        }
+        for (int q = 0; q < CDP_PLANNER_PLACED_SHAPES; q++)
+            if (k->sps > top[q]) {
+                memmove(&top[q + 1], &top[q], (CDP_PLANNER_PLACED_SHAPES - 1 - q) * sizeof *top);
+                top[q] = k->sps;
+                break;
+            }
+        s->cand[w++] = *k;
+    }
+    s->n_cand = w;
     return CDP_OK;
 }
 
@@ -489,6 +566,7 @@ cdp_status cdp_planner_run(const struct cdp_plan *plan, const struct cdp_topolog
         st = none_fits(&c, &s, W, &res);
         goto fail;
     }
+    if (!s.layout_only && (st = screen(&c, &s, &res))) goto fail;
     /* best first; equal throughput: fewer stages, fewer micro-batches */
     for (int i = 1; i < s.n_cand; i++)
         for (int j = i; j > 0 && cand_better(&s.cand[j], &s.cand[j - 1]); j--) {

@@ -86,6 +86,7 @@ struct cdp_planner_result {
     /* what was searched */
     int64_t shapes;          /* (stages, replicas, micro_batches) candidates */
     int64_t feasible;        /* of them, those whose partition fits */
+    int64_t pruned;          /* of those, dropped unsimulated: their bound could not reach the shapes placed */
     int64_t simulations;     /* simulator runs of every rank, placement search included */
     int64_t replica_simulations; /* runs of one replica's pipeline (the cheap model of large worlds) */
     int64_t placed_shapes;   /* shapes whose placement was searched */

@@ -28,6 +28,8 @@ struct cand {
     int zero;
     int64_t (*ranges)[2]; /* p*v */
     double step_s, sps;   /* with the screening placement */
+    double lb_sps;        /* the most it could give (a lower bound on its step: planner.c, bound_sps) */
+    int screened;         /* simulated (step_s, sps set) */
     double peak;          /* the largest rank's device bytes */
 };
 

@@ -156,8 +156,9 @@ void cdp_planner_print(const struct cdp_planner_result *r, FILE *f)
             fprintf(f, "  %-17s %9.3f %12.1f   %+.1f%%\n", r->baseline[i].name, r->baseline[i].pred.step_s * 1e3,
                     r->baseline[i].pred.samples_per_s, 100 * (r->baseline[i].pred.step_s / r->predicted.step_s - 1));
     }
-    fprintf(f, "\nPlan: searched %lld shapes (%lld fit), %lld placed, %lld simulations", (long long)r->shapes,
-            (long long)r->feasible, (long long)r->placed_shapes, (long long)r->simulations);
+    fprintf(f, "\nPlan: searched %lld shapes (%lld fit", (long long)r->shapes, (long long)r->feasible);
+    if (r->pruned) fprintf(f, "; %lld of them not simulated: their bound could not win", (long long)r->pruned);
+    fprintf(f, "), %lld placed, %lld simulations", (long long)r->placed_shapes, (long long)r->simulations);
     if (r->replica_simulations)
         fprintf(f, " + %lld of one replica (large world: docs/planner.md)", (long long)r->replica_simulations);
     fprintf(f, " in %.3f s\n", r->search_s);
