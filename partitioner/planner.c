@@ -82,7 +82,7 @@ static void smallest_cap(struct ctx *c, const struct cand *shapes, int n, char *
         double peak = 0;
         char why[8];
         if (ranges && dev && !cdp_planner_split(c, k->p, k->R, k->m, CDP_PARTITION_MEMORY, ranges)) {
-            cdp_planner_fixed_placement(c->plan, k->p, k->R, dev);
+            cdp_planner_fixed_groups(c, k->p, k->R, dev);
             if (!cdp_planner_candidate_layout(c, k->p, k->R, k->m, (const int64_t(*)[2])ranges, dev, &l) && !cdp_planner_layout_memory(c, l)) {
                 cdp_planner_misfit(c, l, &peak, why, sizeof why);
                 if (best < 0 || peak < best) best = peak, bi = i;
@@ -180,7 +180,7 @@ static cdp_status try_shape(struct ctx *c, struct search *s, int p, int R, int m
         return CDP_OK;
     }
     /* the memory every rank allocates, under the fixed placement */
-    cdp_planner_fixed_placement(plan, p, R, s->dev);
+    cdp_planner_fixed_groups(c, p, R, s->dev);
     cdp_layout_free(s->cl);
     s->cl = NULL;
     double peak = 0;
@@ -295,7 +295,7 @@ static cdp_status try_shapes(struct ctx *c, struct search *s, int W, struct cdp_
                 while (R > 0 && (S % R || (pd->micro_batches != CDP_AUTO && S % ((int64_t)R * pd->micro_batches))))
                     R--;
         }
-        if (R < 1 || (int64_t)p * R > c->nd) continue;
+        if (R < 1 || (int64_t)p * R > c->n_groups) continue;
         int64_t ms[CDP_PLANNER_MB_CHOICES];
         int n_m = 0;
         if (pd->micro_batches != CDP_AUTO) ms[n_m++] = pd->micro_batches;
@@ -373,12 +373,16 @@ static cdp_status place_best(struct ctx *c, struct search *s, struct cdp_planner
     cdp_status st = CDP_OK;
     double best_sps = s->cand[0].sps;
     *best = 0;
-    cdp_planner_fixed_placement(plan, s->cand[0].p, s->cand[0].R, best_dev);
+    cdp_planner_fixed_groups(c, s->cand[0].p, s->cand[0].R, best_dev);
     snprintf(res->placement_method, sizeof res->placement_method, "%s",
              pd->placement == CDP_PLACEMENT_EXPLICIT           ? "explicit (from the plan)"
              : pd->placement == CDP_PLACEMENT_ORDERED_DP_INNER ? "ordered-dp-inner (from the plan)"
                                                                : "ordered-pp-inner (from the plan)");
-    if (pd->placement != CDP_PLACEMENT_TOPOLOGY) return CDP_OK;
+    if (c->tp > 1 && pd->placement == CDP_PLACEMENT_TOPOLOGY)
+        snprintf(res->placement_method, sizeof res->placement_method,
+                 "ordered-pp-inner over tensor groups of %d devices (the search places one device per stage "
+                 "and replica; placing groups is not built yet)", c->tp);
+    if (pd->placement != CDP_PLACEMENT_TOPOLOGY || c->tp > 1) return CDP_OK;
     for (int i = 0; i < s->n_cand && i < CDP_PLANNER_PLACED_SHAPES; i++) {
         struct cand *k = &s->cand[i];
         cdp_planner_set_kind(c, k->kind);
@@ -468,6 +472,7 @@ static cdp_status prefer_orders(struct ctx *c, struct search *s, const struct ca
     for (int i = 0; i < 2 && !st; i++) {
         if (i == 0) cdp_placement_ordered_pp_inner(k->p, k->R, s->dev);
         else cdp_placement_ordered_dp_inner(k->p, k->R, s->dev);
+        cdp_planner_to_leaders(c, N, s->dev);
         if ((st = layout_step(c, s, k, s->dev, uniform, &pr, &fits))) break;
         if (fits && pr.step_s < best.step_s) {
             best = pr;
@@ -524,7 +529,7 @@ static cdp_status finish(struct ctx *c, struct search *s, const struct cand *k, 
     } else {
         for (int i = 0; i < res->layout->n_ranks; i++) {
             const struct cdp_layout_rank *q = &res->layout->rank[i];
-            s->dev[q->stage * k->R + q->replica] = q->device;
+            if (q->tensor == 0) s->dev[q->stage * k->R + q->replica] = q->device;
         }
         if ((st = cdp_planner_sim_numbers(c, s->dev, &res->predicted, &phase))) return st;
     }
@@ -535,6 +540,7 @@ static cdp_status finish(struct ctx *c, struct search *s, const struct cand *k, 
     for (int i = 0; i < 2; i++) {
         if (i == 0) cdp_placement_ordered_pp_inner(k->p, k->R, s->dev);
         else cdp_placement_ordered_dp_inner(k->p, k->R, s->dev);
+        cdp_planner_to_leaders(c, k->p * k->R, s->dev);
         res->baseline[i].name = names[i];
         if ((st = layout_step(c, s, k, s->dev, res->balance.shares, &res->baseline[i].pred, NULL))) return st;
     }
@@ -561,6 +567,11 @@ cdp_status cdp_planner_run(const struct cdp_plan *plan, const struct cdp_topolog
     int W = c.nd;
     if (plan->cluster.devices != CDP_AUTO && plan->cluster.nodes * plan->cluster.devices < W)
         W = (int)(plan->cluster.nodes * plan->cluster.devices);
+    if (c.tp > 1) { /* the search places (stage, replica) on tensor groups */
+        int g = 0;
+        while (g < c.n_groups && c.leader[g] + c.tp <= W) g++;
+        W = g;
+    }
     if ((st = try_shapes(&c, &s, W, &res))) goto fail;
     if (s.n_cand == 0) {
         st = none_fits(&c, &s, W, &res);

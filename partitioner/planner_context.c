@@ -65,6 +65,7 @@ void cdp_planner_ctx_free(struct ctx *c)
     free(c->lbw);
     free(c->llat);
     free(c->rdev);
+    free(c->leader);
     for (int r = 0; r < CDP_RECOMPUTE_COUNT; r++) {
         free(c->mode[r].u);
         free(c->mode[r].cost);
@@ -113,6 +114,8 @@ int cdp_planner_modes_of(const struct cdp_plan *plan, enum cdp_recompute *out)
 }
 
 /* Units, costs at device 0's rate, links and memory terms for plan on t. */
+static cdp_status tensor_groups(struct ctx *c, const struct cdp_plan *plan, const struct cdp_topology *t);
+
 static cdp_status ctx_init_modes(struct ctx *c, const struct cdp_plan *plan, const struct cdp_topology *t,
                                  const struct cdp_cost_table *costs, const enum cdp_recompute *modes, int n_modes)
 {
@@ -144,6 +147,7 @@ static cdp_status ctx_init_modes(struct ctx *c, const struct cdp_plan *plan, con
     c->rdev = malloc((size_t)c->nd * sizeof *c->rdev);
     if (!c->bw || !c->lat || !c->rdev) return cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
     links_of(t, c->bw, c->lat);
+    if ((st = tensor_groups(c, plan, t))) return st;
     c->tied_bytes = cdp_planner_tied_model(plan) ? tied_bytes_of(plan, c->u, c->n) : 0;
     uint64_t cap = 0;
     for (int d = 0; d < c->nd; d++) {
@@ -172,6 +176,43 @@ static cdp_status ctx_init_modes(struct ctx *c, const struct cdp_plan *plan, con
                             (long long)plan->train.micro_batch, c->hv ? "node" : "device",
                             cdp_format_bytes(largest, b, sizeof b));
         }
+    return CDP_OK;
+}
+
+/* The tensor groups of t: on each node, its devices in order, cut into runs
+ * of t (a node's last devices that make no whole group stay idle). The ranks
+ * of a group are then consecutive (ranks follow devices, node by node), as
+ * Megatron-LM's tensor-fastest order has them. */
+static cdp_status tensor_groups(struct ctx *c, const struct cdp_plan *plan, const struct cdp_topology *t)
+{
+    /* "auto": t = 1 until the planner searches t (the search replaces this line) */
+    c->tp = plan->parallel.tensor == CDP_AUTO ? 1 : (int)plan->parallel.tensor;
+    c->n_groups = 0;
+    if (!(c->leader = malloc((size_t)(c->nd ? c->nd : 1) * sizeof *c->leader)))
+        return cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
+    for (int d = 0; d + c->tp <= c->nd;) {
+        int k = 1;
+        while (k < c->tp && t->gpus[d + k].node == t->gpus[d].node) k++;
+        if (k == c->tp) c->leader[c->n_groups++] = d;
+        d += k;
+    }
+    const struct cdp_parallel_desc *pd = &plan->parallel;
+    if (c->tp > 1 && pd->placement == CDP_PLACEMENT_EXPLICIT)
+        for (int64_t i = 0; i < pd->stages * pd->replicas; i++) {
+            const int64_t d = pd->placement_map[i];
+            int ok = d >= 0 && d + c->tp <= c->nd;
+            for (int k = 1; ok && k < c->tp; k++) ok = t->gpus[d + k].node == t->gpus[d].node;
+            if (!ok)
+                return cdp_fail(CDP_ERR_INVALID, "%s: /parallel/placement/%lld/%lld: device %lld starts a tensor "
+                                "group of /parallel/tensor %d devices, but devices %lld to %lld are not all on one "
+                                "node of %s", plan->source, (long long)(i / pd->replicas),
+                                (long long)(i % pd->replicas), (long long)d, c->tp, (long long)d,
+                                (long long)(d + c->tp - 1), t->name);
+        }
+    if (c->tp > 1 && c->n_groups == 0)
+        return cdp_fail(CDP_ERR_INVALID, "%s: /parallel/tensor: %d, but no node of the topology %s has %d devices "
+                        "for a tensor group (a group is t devices of one node)", plan->source, c->tp, t->name,
+                        c->tp);
     return CDP_OK;
 }
 

@@ -37,6 +37,13 @@ struct ctx {
     const struct cdp_plan *plan;
     const struct cdp_topology *t;
     int n, nd, v, hv;
+    /* tensor groups (/parallel/tensor t; "auto" plans t = 1 until the search
+     * over t decides it): t consecutive devices of one node each. The search
+     * places (stage, replica) on a group, named by its first device (leader),
+     * so every device[] the search handles is a leader; the layout gives
+     * tensor index k the device leader + k. t = 1: every device is a group. */
+    int tp, n_groups;
+    int *leader; /* n_groups devices (owned) */
     enum cdp_schedule_kind kind;
     /* per recompute mode: the plan's units (attention state as the backend
      * keeps it, activations as the mode keeps them), their costs and memory */
@@ -133,6 +140,11 @@ cdp_status cdp_planner_prepare(struct ctx *c, int p, int R, int m, const int64_t
 /* ---- planner_layout.c: layouts of candidates: ranges, placement, ranks, CPU sets, memory */
 
 void cdp_planner_fixed_placement(const struct cdp_plan *plan, int p, int R, int *device);
+/* The groups' leaders for the n group indices in dev (the fixed orders count
+ * groups): a no-op at t = 1. */
+void cdp_planner_to_leaders(const struct ctx *c, int n, int *dev);
+/* cdp_planner_fixed_placement as the groups' first devices (explicit lists name them). */
+void cdp_planner_fixed_groups(const struct ctx *c, int p, int R, int *device);
 cdp_status cdp_planner_candidate_layout(const struct ctx *c, int p, int R, int m, const int64_t (*ranges)[2],
                                         const int *device, struct cdp_layout **out);
 cdp_status cdp_planner_split(struct ctx *c, int p, int R, int m, int objective, int64_t (*ranges)[2]);

@@ -29,7 +29,8 @@ cdp_status cdp_planner_apply(const struct cdp_planner_result *r, struct cdp_plan
     if (pd->placement == CDP_PLACEMENT_TOPOLOGY) {
         int64_t *map = malloc((size_t)N * sizeof *map);
         if (!map) return cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
-        for (int i = 0; i < N; i++) map[l->rank[i].stage * l->replicas + l->rank[i].replica] = l->rank[i].device;
+        for (int i = 0; i < N; i++) /* a tensor group by its first device */
+            if (l->rank[i].tensor == 0) map[l->rank[i].stage * l->replicas + l->rank[i].replica] = l->rank[i].device;
         free(pd->placement_map);
         pd->placement_map = map;
         pd->placement = CDP_PLACEMENT_EXPLICIT;
@@ -53,6 +54,7 @@ cdp_status cdp_planner_apply(const struct cdp_planner_result *r, struct cdp_plan
     pd->zero = l->zero;
     plan->train.recompute_auto = 0;
     pd->replicas = l->replicas;
+    pd->tensor = l->tensor;
     pd->micro_batches = l->micro_batches;
     plan->train.global_batch = (int64_t)l->replicas * l->micro_batches * l->micro_batch;
     return CDP_OK;
@@ -97,9 +99,10 @@ void cdp_planner_print(const struct cdp_planner_result *r, FILE *f)
     const struct cdp_layout *l = r->layout;
     const int N = l->n_ranks;
     fprintf(f, "\nPlan (on %s, %d devices usable)\n", l->topology, r->world);
-    fprintf(f, "  shape       %d stage%s x %d replica%s, %d micro-batches of %d, %s", l->stages,
-            l->stages == 1 ? "" : "s", l->replicas, l->replicas == 1 ? "" : "s", l->micro_batches, l->micro_batch,
-            cdp_schedule_name(l->schedule));
+    fprintf(f, "  shape       %d stage%s x %d replica%s", l->stages, l->stages == 1 ? "" : "s", l->replicas,
+            l->replicas == 1 ? "" : "s");
+    if (l->tensor > 1) fprintf(f, " x tensor %d", l->tensor);
+    fprintf(f, ", %d micro-batches of %d, %s", l->micro_batches, l->micro_batch, cdp_schedule_name(l->schedule));
     if (l->chunks > 1) fprintf(f, " x %d chunks", l->chunks);
     fprintf(f, ", global batch %lld\n", (long long)l->replicas * l->micro_batches * l->micro_batch);
     fprintf(f, "  recompute   %s%s\n", cdp_recompute_name(l->recompute),
@@ -122,15 +125,18 @@ void cdp_planner_print(const struct cdp_planner_result *r, FILE *f)
         if (ps->capacity_bytes > 0) mib(ps->capacity_bytes - ps->memory_bytes, head, sizeof head);
         fprintf(f, "  %5d  %-15s %8.3f %8.3f %12s %12s\n", s, units, ps->fwd_s * 1e3, ps->bwd_s * 1e3, mem, head);
     }
-    fprintf(f, "\nPlan: placement (%s)\n  rank  node  gpu  device  stage  replica  cpus         memory\n",
-            r->placement_method);
+    /* the tensor column only where there are tensor groups */
+    fprintf(f, "\nPlan: placement (%s)\n  rank  node  gpu  device  stage  replica  %scpus         memory\n",
+            r->placement_method, l->tensor > 1 ? "tensor  " : "");
     const int show = N > 64 ? 32 : N;
     for (int i = 0; i < show; i++) {
         const struct cdp_layout_rank *k = &l->rank[i];
         char mem[32];
         mib((double)k->memory.device, mem, sizeof mem);
-        fprintf(f, "  %4d  %4d  %3d  %6d  %5d  %7d  %-11s  %s\n", i, k->node, k->gpu, k->device, k->stage, k->replica,
-                k->cpuset[0] ? k->cpuset : "-", mem);
+        char tc[16] = "";
+        if (l->tensor > 1) snprintf(tc, sizeof tc, "%6d  ", k->tensor);
+        fprintf(f, "  %4d  %4d  %3d  %6d  %5d  %7d  %s%-11s  %s\n", i, k->node, k->gpu, k->device, k->stage,
+                k->replica, tc, k->cpuset[0] ? k->cpuset : "-", mem);
     }
     if (show < N) fprintf(f, "  ... %d more ranks (--json lists them all)\n", N - show);
     fprintf(f, "\nPlan: host memory\n  node  ranks        bytes     capacity  from\n");
@@ -168,8 +174,10 @@ void cdp_planner_print_brief(const struct cdp_planner_result *r, FILE *f)
 {
     const struct cdp_layout *l = r->layout;
     const int N = l->n_ranks;
-    fprintf(f, "plan: %d stage%s x %d replica%s, %d micro-batches of %d, %s", l->stages, l->stages == 1 ? "" : "s",
-            l->replicas, l->replicas == 1 ? "" : "s", l->micro_batches, l->micro_batch, cdp_schedule_name(l->schedule));
+    fprintf(f, "plan: %d stage%s x %d replica%s", l->stages, l->stages == 1 ? "" : "s", l->replicas,
+            l->replicas == 1 ? "" : "s");
+    if (l->tensor > 1) fprintf(f, " x tensor %d", l->tensor);
+    fprintf(f, ", %d micro-batches of %d, %s", l->micro_batches, l->micro_batch, cdp_schedule_name(l->schedule));
     if (l->chunks > 1) fprintf(f, " x %d chunks", l->chunks);
     if (l->recompute != CDP_RECOMPUTE_NONE) fprintf(f, ", recompute %s", cdp_recompute_name(l->recompute));
     if (l->zero) fprintf(f, ", zero %d", l->zero);
@@ -182,13 +190,15 @@ void cdp_planner_print_brief(const struct cdp_planner_result *r, FILE *f)
         fprintf(f, "  %5d  %-15s %8.3f %8.3f %12s\n", s, units, r->stage[s].fwd_s * 1e3, r->stage[s].bwd_s * 1e3, mem);
     }
     if (l->stages > 16) fprintf(f, "  ... %d more stages (--dry-run lists them all)\n", l->stages - 16);
-    fprintf(f, "  rank  node  device  gpu  stage  replica  cpus         memory\n");
+    fprintf(f, "  rank  node  device  gpu  stage  replica  %scpus         memory\n", l->tensor > 1 ? "tensor  " : "");
     for (int i = 0; i < N && i < 16; i++) {
         const struct cdp_layout_rank *k = &l->rank[i];
         char mem[32];
         mib((double)k->memory.device, mem, sizeof mem);
-        fprintf(f, "  %4d  %4d  %6d  %3d  %5d  %7d  %-11s  %s\n", i, k->node, k->device, k->gpu, k->stage, k->replica,
-                k->cpuset[0] ? k->cpuset : "-", mem);
+        char tc[16] = "";
+        if (l->tensor > 1) snprintf(tc, sizeof tc, "%6d  ", k->tensor);
+        fprintf(f, "  %4d  %4d  %6d  %3d  %5d  %7d  %s%-11s  %s\n", i, k->node, k->device, k->gpu, k->stage,
+                k->replica, tc, k->cpuset[0] ? k->cpuset : "-", mem);
     }
     if (N > 16) fprintf(f, "  ... %d more ranks (--dry-run lists them all)\n", N - 16);
     if (r->predicted_ok)

@@ -122,8 +122,11 @@ cdp_status cdp_planner_simulate_layout(struct ctx *c, const struct cdp_layout *l
     int *device = malloc((size_t)N * sizeof *device), *row = malloc((size_t)N * sizeof *row);
     int *proc = malloc((size_t)N * sizeof *proc);
     cdp_status st = !device || !row || !proc ? cdp_fail(CDP_ERR_NOMEM, "planner: out of memory") : CDP_OK;
+    /* a tensor group is simulated as its first rank (index 0), the group's
+     * collectives not yet among the simulator's events */
     for (int i = 0; !st && i < N; i++) {
         const struct cdp_layout_rank *k = &l->rank[i];
+        if (k->tensor) continue;
         const int sr = k->stage * l->replicas + k->replica;
         device[sr] = k->device;
         row[sr] = i;
@@ -131,7 +134,7 @@ cdp_status cdp_planner_simulate_layout(struct ctx *c, const struct cdp_layout *l
         /* the first rank with the same processor names it */
         for (int j = 0; j < i; j++) {
             const struct cdp_layout_rank *q = &l->rank[j];
-            if (same_processor(l, q, k)) {
+            if (!q->tensor && same_processor(l, q, k)) {
                 proc[sr] = q->stage * l->replicas + q->replica;
                 break;
             }

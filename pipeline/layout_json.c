@@ -330,10 +330,12 @@ cdp_status cdp_layout_check_plan(const struct cdp_layout *l, const struct cdp_pl
     if (pd->placement == CDP_PLACEMENT_EXPLICIT && pd->stages == p && pd->replicas == R)
         for (int i = 0; i < l->n_ranks; i++) {
             const struct cdp_layout_rank *k = &l->rank[i];
-            const int64_t d = pd->placement_map[k->stage * R + k->replica];
+            /* a tensor group's devices follow the first, which the placement names */
+            const int64_t d = pd->placement_map[k->stage * R + k->replica] + k->tensor;
             if (d != k->device)
-                DIFFERS("/layout/ranks/%d (stage %d, replica %d) is on device %d, /parallel/placement/%d/%d is %lld",
-                        file, i, k->stage, k->replica, k->device, k->stage, k->replica, (long long)d);
+                DIFFERS("/layout/ranks/%d (stage %d, replica %d, tensor %d) is on device %d, /parallel/placement/%d/%d "
+                        "gives %lld", file, i, k->stage, k->replica, k->tensor, k->device, k->stage, k->replica,
+                        (long long)d);
         }
     for (int r = 0; r < R; r++) {
         const int64_t want = pd->balance == CDP_BALANCE_EXPLICIT && pd->n_shares == R ? pd->shares[r]

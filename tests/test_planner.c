@@ -911,3 +911,74 @@ Test(planner, the_lr_schedule_changes_no_plan)
     cr_assert_eq(r[0].predicted.step_s, r[1].predicted.step_s);
     for (int k = 0; k < 2; k++) cdp_planner_result_clear(&r[k]);
 }
+
+/* /parallel/tensor t (docs/parallelism.md): t ranks per (stage, replica), the
+ * ranks of a tensor group consecutive, on consecutive devices of one node,
+ * with tensor indices 0 .. t-1; "auto" plans t = 1 for now. */
+#define TENSOR_MLP(t, extra)                                                                                   \
+    "{\"model\": {\"input\": [64], \"layers\": [{\"type\": \"linear\", \"out\": 256}, {\"type\": \"relu\"}, "    \
+    "{\"type\": \"linear\", \"out\": 64}, {\"type\": \"gelu\"}, {\"type\": \"linear\", \"out\": 10}], "          \
+    "\"loss\": \"cross_entropy\"}, \"train\": {\"micro_batch\": 4}, \"parallel\": {\"stages\": 2, "               \
+    "\"replicas\": 2, \"micro_batches\": 4, \"tensor\": " t extra "}, \"cluster\": {\"backend\": \"cuda\", "     \
+    "\"topology\": \"2 x hgx-h100\"}}"
+
+Test(planner, tensor_groups_are_consecutive_devices_of_one_node)
+{
+    static const char *const placements[] = {"", ", \"placement\": \"ordered-dp-inner\"",
+                                             ", \"placement\": [[0, 4], [8, 12]]"};
+    for (int t = 2; t <= 4; t *= 2)
+        for (int pl = 0; pl < 3; pl++) {
+            char json[1024];
+            char ts[8];
+            snprintf(ts, sizeof ts, "%d", t);
+            snprintf(json, sizeof json, TENSOR_MLP("%s", "%s"), ts, placements[pl]);
+            struct cdp_plan *p = load(json);
+            struct cdp_planner_result r = {0};
+            cr_assert_eq(plan_on(p, "2 x hgx-h100", &r), CDP_OK, "t %d: %s", t, cdp_last_error());
+            const struct cdp_layout *l = r.layout;
+            cr_assert_eq(l->tensor, t);
+            cr_assert_eq(l->n_ranks, 2 * 2 * t);
+            cr_assert_eq(cdp_layout_check(l, 5), CDP_OK, "%s", cdp_last_error());
+            for (int i = 0; i < l->n_ranks; i++) {
+                const struct cdp_layout_rank *k = &l->rank[i];
+                const int first = cdp_layout_rank_at(l, k->stage, k->replica, 0);
+                cr_assert_eq(i, first + k->tensor, "t %d placement %d: rank %d (tensor %d) not after its group's first "
+                             "rank %d", t, pl, i, k->tensor, first);
+                cr_assert_eq(k->device, l->rank[first].device + k->tensor);
+                cr_assert_eq(k->node, l->rank[first].node, "a tensor group spans nodes");
+                if (i) cr_assert_gt(k->device, l->rank[i - 1].device, "ranks follow devices");
+            }
+            /* the layout's JSON keeps every tensor index */
+            json_t *j = cdp_layout_to_json(l);
+            cr_assert_eq(json_integer_value(json_object_get(j, "tensor")), t);
+            json_t *rk = json_array_get(json_object_get(j, "ranks"), (size_t)l->n_ranks - 1);
+            cr_assert_eq(json_integer_value(json_object_get(rk, "tensor")), t - 1);
+            json_decref(j);
+            cdp_planner_result_clear(&r);
+            cdp_plan_free(p);
+        }
+    /* auto: t = 1 until the planner searches t */
+    struct cdp_plan *p = load(TENSOR_MLP("\"auto\"", ""));
+    struct cdp_planner_result r = {0};
+    cr_assert_eq(plan_on(p, "2 x hgx-h100", &r), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(r.layout->tensor, 1);
+    cr_assert_eq(r.layout->n_ranks, 4);
+    cdp_planner_result_clear(&r);
+    cdp_plan_free(p);
+}
+
+Test(planner, tensor_groups_that_do_not_fit_a_node_are_refused)
+{
+    struct cdp_plan *p = load(TENSOR_MLP("16", ""));
+    struct cdp_planner_result r = {0};
+    cr_assert_eq(plan_on(p, "2 x hgx-h100", &r), CDP_ERR_INVALID);
+    cr_assert(strstr(cdp_last_error(), "/parallel/tensor: 16, but no node of the topology"), "%s", cdp_last_error());
+    cdp_plan_free(p);
+    /* an explicit group must start where t devices of one node follow */
+    p = load(TENSOR_MLP("4", ", \"placement\": [[0, 6], [8, 12]]"));
+    cr_assert_eq(plan_on(p, "2 x hgx-h100", &r), CDP_ERR_INVALID);
+    cr_assert(strstr(cdp_last_error(), "/parallel/placement/0/1: device 6 starts a tensor group of /parallel/tensor 4 "
+                                       "devices, but devices 6 to 9 are not all on one node"),
+              "%s", cdp_last_error());
+    cdp_plan_free(p);
+}

@@ -53,6 +53,9 @@ enum cdp_layer_type {
  * or what /train/global_batch gives it; the schedule lists every one). */
 #define CDP_PLAN_MAX_MICRO_BATCHES (1 << 12)
 
+/* The largest tensor group a plan may give (/parallel/tensor). */
+#define CDP_PLAN_MAX_TENSOR_GROUP 1024
+
 /* The most restarts in a row /train/restart/max may allow. */
 #define CDP_RESTART_MAX 100
 
@@ -290,6 +293,8 @@ enum cdp_balance_kind {
 struct cdp_parallel_desc {
     int64_t stages;        /* or CDP_AUTO */
     int64_t replicas;      /* or CDP_AUTO */
+    int64_t tensor;        /* t: ranks per stage and replica (its tensor group), or CDP_AUTO (the planner's;
+                            * until it searches t, "auto" plans t = 1) */
     int64_t micro_batches; /* per replica per step, or CDP_AUTO */
     enum cdp_schedule_kind schedule;
     int schedule_auto;     /* "auto": the planner chooses the kind (schedule holds 1f1b until then) */

@@ -194,6 +194,9 @@ cdp_status cdp_exec_setup(struct exec *e)
     if (e->size != L->n_ranks)
         return cdp_fail(CDP_ERR_INVALID, "%s: the layout has %d ranks (%d stages x %d replicas); this job has %d",
                         p->source, L->n_ranks, e->p, e->R, e->size);
+    if (L->tensor > 1)
+        return cdp_fail(CDP_ERR_INVALID, "%s: the layout has tensor groups of %d ranks; the executor runs one rank per "
+                        "stage and replica so far (--dry-run plans them)", p->source, L->tensor);
     e->me = &L->rank[e->rank];
     e->s = e->me->stage;
     e->r = e->me->replica;

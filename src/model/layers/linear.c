@@ -100,6 +100,7 @@ const struct cdp_layer_def cdp_layer_linear = {
     .type = CDP_LAYER_LINEAR,
     .name = "linear",
     .listable = 1,
+    .tensor_ok = 1,
     .keys = keys,
     .parse = parse,
     .shape = shape,
