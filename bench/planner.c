@@ -18,7 +18,7 @@ static const char *const PLAN_FMT =
     " \"embed\": %d},"
     " \"train\": {\"global_batch\": 1536, \"micro_batch\": 1, \"precision\": \"bf16\","
     " \"optimizer\": {\"type\": \"adamw\"}},"
-    " \"parallel\": {\"stages\": \"auto\", \"replicas\": \"auto\", \"micro_batches\": \"auto\"},"
+    " \"parallel\": {\"stages\": \"auto\", \"replicas\": \"auto\", \"micro_batches\": \"auto\", \"tensor\": \"auto\"},"
     " \"cluster\": {\"backend\": \"cuda\", \"topology\": \"128 x hgx-h100\"}}";
 
 /* The predicted rate per GPU the layout uses: model FLOPs (forward and

@@ -155,7 +155,6 @@ static double bound_sps(const struct ctx *c, const struct cand *k)
  * It becomes a candidate when it fits; otherwise s->why says why not. */
 static cdp_status try_shape(struct ctx *c, struct search *s, int p, int R, int m)
 {
-    const struct cdp_plan *plan = c->plan;
     cdp_status st;
     /* every shape tried is a candidate until it does not fit: both lists grow alike */
     if (s->n_tried == s->cap) {
@@ -547,8 +546,8 @@ static cdp_status finish(struct ctx *c, struct search *s, const struct cand *k, 
     return CDP_OK;
 }
 
-cdp_status cdp_planner_run(const struct cdp_plan *plan, const struct cdp_topology *t,
-                           const struct cdp_cost_table *costs, int flags, struct cdp_planner_result *out)
+static cdp_status run_fixed(const struct cdp_plan *plan, const struct cdp_topology *t,
+                            const struct cdp_cost_table *costs, int flags, struct cdp_planner_result *out)
 {
     const uint64_t t0 = cdp_time_ns();
     struct ctx c;
@@ -606,4 +605,72 @@ fail:
     cdp_planner_ctx_free(&c);
     free(best_dev);
     return st;
+}
+
+/* The search over t (docs/parallelism.md, "How the planner chooses t"): the
+ * plan's t, or under "auto" each t the model and the topology allow
+ * (cdp_planner_tensor_choices), each planned as a fixed t; the fastest
+ * predicted is kept and the others are its runners-up. */
+cdp_status cdp_planner_run(const struct cdp_plan *plan, const struct cdp_topology *t,
+                           const struct cdp_cost_table *costs, int flags, struct cdp_planner_result *out)
+{
+    if (plan->parallel.tensor != CDP_AUTO) return run_fixed(plan, t, costs, flags, out);
+    const uint64_t t0 = cdp_time_ns();
+    int ts[CDP_PLANNER_TENSOR_CHOICES];
+    char why[256];
+    const int n = cdp_planner_tensor_choices(plan, t, ts, CDP_PLANNER_TENSOR_CHOICES, why, sizeof why);
+    struct cdp_planner_result best = {0}, r;
+    struct cdp_planner_tensor_alt alt[CDP_PLANNER_TENSOR_CHOICES];
+    int n_alt = 0, have = 0;
+    int64_t shapes = 0, feasible = 0, pruned = 0, sims = 0, rsims = 0;
+    cdp_status st = CDP_OK, first_err = CDP_OK;
+    char first_msg[1024] = "";
+    for (int i = 0; i < n; i++) {
+        struct cdp_plan copy = *plan; /* shallow: read only, never freed */
+        copy.parallel.tensor = ts[i];
+        memset(&r, 0, sizeof r);
+        st = run_fixed(&copy, t, costs, flags, &r);
+        struct cdp_planner_tensor_alt *a = &alt[n_alt++];
+        memset(a, 0, sizeof *a);
+        a->tensor = ts[i];
+        if (st) {
+            if (st != CDP_ERR_INVALID) {
+                cdp_planner_result_clear(&best);
+                return st;
+            }
+            snprintf(a->why, sizeof a->why, "%s", cdp_last_error());
+            if (!first_err) {
+                first_err = st;
+                snprintf(first_msg, sizeof first_msg, "%s", cdp_last_error());
+            }
+            continue;
+        }
+        shapes += r.shapes, feasible += r.feasible, pruned += r.pruned;
+        sims += r.simulations, rsims += r.replica_simulations;
+        a->ok = 1;
+        a->stages = r.layout->stages;
+        a->replicas = r.layout->replicas;
+        a->micro_batches = r.layout->micro_batches;
+        a->schedule = r.layout->schedule;
+        a->recompute = r.layout->recompute;
+        a->step_s = r.predicted.step_s;
+        a->samples_per_s = r.predicted.samples_per_s;
+        a->bubble = r.predicted.bubble;
+        if (!have || (r.predicted_ok && r.predicted.samples_per_s > best.predicted.samples_per_s)) {
+            cdp_planner_result_clear(&best);
+            best = r;
+            have = 1;
+        } else {
+            cdp_planner_result_clear(&r);
+        }
+    }
+    if (!have) return cdp_fail(first_err ? first_err : CDP_ERR_INVALID, "%s", first_msg);
+    memcpy(best.tensor_alt, alt, sizeof alt);
+    best.n_tensor_alt = n_alt;
+    snprintf(best.tensor_why, sizeof best.tensor_why, "%s", why);
+    best.shapes = shapes, best.feasible = feasible, best.pruned = pruned;
+    best.simulations = sims, best.replica_simulations = rsims;
+    best.search_s = (double)(cdp_time_ns() - t0) * 1e-9;
+    *out = best;
+    return CDP_OK;
 }

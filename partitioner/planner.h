@@ -72,6 +72,18 @@ struct cdp_planner_node {
     char capacity_from[160]; /* where the capacity comes from ("/cluster/host_memory", "MemAvailable 23.2 GiB") */
 };
 
+#define CDP_PLANNER_TENSOR_CHOICES 8 /* t values /parallel/tensor "auto" tries at most */
+
+/* What one t of the search over t gave (/parallel/tensor "auto"). */
+struct cdp_planner_tensor_alt {
+    int tensor, ok;          /* ok 0: nothing fits at this t (why) */
+    int stages, replicas, micro_batches;
+    enum cdp_schedule_kind schedule;
+    enum cdp_recompute recompute;
+    double step_s, samples_per_s, bubble;
+    char why[256];
+};
+
 struct cdp_planner_result {
     struct cdp_layout *layout;       /* the chosen layout: shape, ranges, shares, every rank's place,
                                         CPU set, cap and predicted memory (owned) */
@@ -91,6 +103,11 @@ struct cdp_planner_result {
     int64_t replica_simulations; /* runs of one replica's pipeline (the cheap model of large worlds) */
     int64_t placed_shapes;   /* shapes whose placement was searched */
     double search_s;         /* wall time of cdp_planner_run */
+    /* /parallel/tensor "auto": the best plan of each t tried (the chosen one
+     * among them), and why larger t were not tried ("" none) */
+    struct cdp_planner_tensor_alt tensor_alt[CDP_PLANNER_TENSOR_CHOICES];
+    int n_tensor_alt;
+    char tensor_why[256];
 };
 
 /* cdp_planner_run flags. */

@@ -127,17 +127,24 @@ static cdp_status ctx_init_modes(struct ctx *c, const struct cdp_plan *plan, con
     c->v = cdp_schedule_chunks_of(plan->parallel.schedule, (int)plan->parallel.chunks);
     c->hv = cdp_backend_host_visible(plan->cluster.backend);
     const struct cdp_device_rate rate = cdp_device_rate_of(t, 0, plan->train.precision);
+    /* a rank of a tensor group: its share of the split units, and the group's collectives */
+    const int tp = plan->parallel.tensor == CDP_AUTO ? 1 : (int)plan->parallel.tensor;
+    double tp_bw = 0, tp_lat = 0;
+    if (tp > 1) cdp_planner_tensor_links(t, tp, &tp_bw, &tp_lat);
     cdp_status st = CDP_OK;
     for (int i = 0; i < n_modes && !st; i++) {
         const enum cdp_recompute r = modes[i];
         if ((st = cdp_units_build(&plan->model, &c->mode[r].u, &c->n))) return st;
         for (int k = 0; k < c->n; k++) cdp_unit_set_recompute(&c->mode[r].u[k], r);
         cdp_cost_fit_units(plan, c->mode[r].u, c->n);
+        cdp_planner_tensor_units(plan, tp, c->mode[r].u, c->n);
         if (!(c->mode[r].cost = calloc((size_t)c->n, sizeof *c->mode[r].cost)))
             return cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
         cdp_cost_analytic(plan, c->mode[r].u, c->n, &rate, c->mode[r].cost);
         if (costs) cdp_cost_apply(costs, c->mode[r].u, c->n, c->mode[r].cost);
+        if (costs) cdp_planner_tensor_measured(tp, c->mode[r].u, c->n, c->mode[r].cost);
         cdp_cost_add_recompute(c->mode[r].u, c->n, c->mode[r].cost);
+        cdp_planner_tensor_costs(plan, tp, tp_bw, tp_lat, c->mode[r].u, c->n, c->mode[r].cost);
         st = cdp_planner_mem_index_build(&c->mode[r].mi, plan, c->mode[r].u, c->n);
     }
     if (st) return st;

@@ -158,4 +158,29 @@ cdp_status cdp_planner_balance_result(const struct ctx *c, const int *device, in
 cdp_status cdp_planner_balance_predict(int p, int R, int m, double step_s, double phase_s, struct cdp_planner_balance *b);
 void cdp_planner_stage_predictions(const struct ctx *c, const struct cdp_layout *l, struct cdp_planner_stage *stage);
 
+/* ---- planner_tensor.c: the tensor groups' t, units and collectives (docs/parallelism.md) */
+
+/* The t the search tries (out, at most cap; 1 first): the plan's fixed t, or
+ * under "auto" 1 and every power of two dividing the model's heads and widths
+ * whose groups (t consecutive devices of a node) are all inside one node's
+ * NVLink/NVSwitch domain; why: what stopped the list ("" when nothing did). */
+int cdp_planner_tensor_choices(const struct cdp_plan *plan, const struct cdp_topology *t, int *out, int cap,
+                               char *why, size_t why_cap);
+/* A unit as one rank of a group of tp holds and runs it: split FLOPs,
+ * parameters and activations divided by tp, layernorm and residual whole. */
+void cdp_planner_tensor_units(const struct cdp_plan *plan, int tp, struct cdp_unit *u, int n);
+/* The slowest link and the largest latency of the ring over devices 0..tp-1. */
+void cdp_planner_tensor_links(const struct cdp_topology *t, int tp, double *bw, double *lat);
+/* One all-reduce of a micro-batch's activations (micro_batch x context x
+ * embed x the activation element size) over the group's ring, and how many
+ * unit u runs forward and backward. */
+double cdp_planner_tensor_collective_s(const struct cdp_plan *plan, int tp, double bw, double lat,
+                                       const struct cdp_unit *u, int *count_fwd, int *count_bwd);
+/* A measured table's times (measured on one device) for a rank of a group
+ * of tp: each split unit's divided by tp (the table carries no per-t times). */
+void cdp_planner_tensor_measured(int tp, const struct cdp_unit *u, int n, struct cdp_unit_cost *cost);
+/* Adds every unit's tensor collectives to its forward and backward time. */
+void cdp_planner_tensor_costs(const struct cdp_plan *plan, int tp, double bw, double lat, const struct cdp_unit *u,
+                              int n, struct cdp_unit_cost *cost);
+
 #endif

@@ -162,6 +162,21 @@ void cdp_planner_print(const struct cdp_planner_result *r, FILE *f)
             fprintf(f, "  %-17s %9.3f %12.1f   %+.1f%%\n", r->baseline[i].name, r->baseline[i].pred.step_s * 1e3,
                     r->baseline[i].pred.samples_per_s, 100 * (r->baseline[i].pred.step_s / r->predicted.step_s - 1));
     }
+    if (r->n_tensor_alt) {
+        fprintf(f, "\nPlan: tensor parallelism (/parallel/tensor \"auto\"; each t planned as fixed, the fastest "
+                   "kept)\n  t  stages  replicas  micro-batches  schedule  recompute    step ms   samples/s  bubble\n");
+        for (int i = 0; i < r->n_tensor_alt; i++) {
+            const struct cdp_planner_tensor_alt *a = &r->tensor_alt[i];
+            if (!a->ok) {
+                fprintf(f, "  %-2d no plan: %s\n", a->tensor, a->why);
+                continue;
+            }
+            fprintf(f, "  %-2d %6d %9d %14d  %-8s  %-9s %10.3f %11.1f  %5.1f%%%s\n", a->tensor, a->stages, a->replicas,
+                    a->micro_batches, cdp_schedule_name(a->schedule), cdp_recompute_name(a->recompute),
+                    a->step_s * 1e3, a->samples_per_s, 100 * a->bubble, a->tensor == l->tensor ? "  <- chosen" : "");
+        }
+        if (r->tensor_why[0]) fprintf(f, "  not tried: %s\n", r->tensor_why);
+    }
     fprintf(f, "\nPlan: searched %lld shapes (%lld fit", (long long)r->shapes, (long long)r->feasible);
     if (r->pruned) fprintf(f, "; %lld of them not simulated: their bound could not win", (long long)r->pruned);
     fprintf(f, "), %lld placed, %lld simulations", (long long)r->placed_shapes, (long long)r->simulations);
