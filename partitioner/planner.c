@@ -240,14 +240,15 @@ static int by_bound(const void *a, const void *b)
     return x->m - y->m;
 }
 
-static cdp_status screen(struct ctx *c, struct search *s, struct cdp_planner_result *res)
+static cdp_status screen(struct ctx *c, struct search *s, struct cdp_planner_result *res, double floor_sps)
 {
     qsort(s->cand, (size_t)s->n_cand, sizeof *s->cand, by_bound);
     double top[CDP_PLANNER_PLACED_SHAPES] = {0}; /* descending */
     int w = 0;
     for (int i = 0; i < s->n_cand; i++) {
         struct cand *k = &s->cand[i];
-        if (i >= CDP_PLANNER_PLACED_SHAPES && k->lb_sps <= top[CDP_PLANNER_PLACED_SHAPES - 1]) {
+        if ((i >= CDP_PLANNER_PLACED_SHAPES && k->lb_sps <= top[CDP_PLANNER_PLACED_SHAPES - 1]) ||
+            k->lb_sps <= floor_sps) {
             free(k->ranges);
             res->pruned++;
             continue;
@@ -546,8 +547,11 @@ static cdp_status finish(struct ctx *c, struct search *s, const struct cand *k, 
     return CDP_OK;
 }
 
+/* floor_sps: shapes whose bound is no more are not simulated (another t's
+ * plan is faster); CDP_ERR_UNSUPPORTED when that leaves none. */
 static cdp_status run_fixed(const struct cdp_plan *plan, const struct cdp_topology *t,
-                            const struct cdp_cost_table *costs, int flags, struct cdp_planner_result *out)
+                            const struct cdp_cost_table *costs, int flags, double floor_sps,
+                            struct cdp_planner_result *out)
 {
     const uint64_t t0 = cdp_time_ns();
     struct ctx c;
@@ -576,7 +580,13 @@ static cdp_status run_fixed(const struct cdp_plan *plan, const struct cdp_topolo
         st = none_fits(&c, &s, W, &res);
         goto fail;
     }
-    if (!s.layout_only && (st = screen(&c, &s, &res))) goto fail;
+    if (!s.layout_only && (st = screen(&c, &s, &res, floor_sps))) goto fail;
+    if (s.n_cand == 0) { /* every shape's bound below another t's plan */
+        res.pruned = res.feasible;
+        st = CDP_ERR_UNSUPPORTED;
+        cdp_fail(st, "every shape's bound is below the plan of another t");
+        goto fail;
+    }
     /* best first; equal throughput: fewer stages, fewer micro-batches */
     for (int i = 1; i < s.n_cand; i++)
         for (int j = i; j > 0 && cand_better(&s.cand[j], &s.cand[j - 1]); j--) {
@@ -614,7 +624,7 @@ fail:
 cdp_status cdp_planner_run(const struct cdp_plan *plan, const struct cdp_topology *t,
                            const struct cdp_cost_table *costs, int flags, struct cdp_planner_result *out)
 {
-    if (plan->parallel.tensor != CDP_AUTO) return run_fixed(plan, t, costs, flags, out);
+    if (plan->parallel.tensor != CDP_AUTO) return run_fixed(plan, t, costs, flags, 0, out);
     const uint64_t t0 = cdp_time_ns();
     int ts[CDP_PLANNER_TENSOR_CHOICES];
     char why[256];
@@ -625,20 +635,27 @@ cdp_status cdp_planner_run(const struct cdp_plan *plan, const struct cdp_topolog
     int64_t shapes = 0, feasible = 0, pruned = 0, sims = 0, rsims = 0;
     cdp_status st = CDP_OK, first_err = CDP_OK;
     char first_msg[1024] = "";
-    for (int i = 0; i < n; i++) {
+    /* the largest t first: its plan's throughput bounds the shapes of the
+     * next (their bounds no higher are not simulated) */
+    for (int i = n - 1; i >= 0; i--) {
         struct cdp_plan copy = *plan; /* shallow: read only, never freed */
         copy.parallel.tensor = ts[i];
         memset(&r, 0, sizeof r);
-        st = run_fixed(&copy, t, costs, flags, &r);
+        st = run_fixed(&copy, t, costs, flags, have ? best.predicted.samples_per_s : 0, &r);
         struct cdp_planner_tensor_alt *a = &alt[n_alt++];
         memset(a, 0, sizeof *a);
         a->tensor = ts[i];
+        if (st == CDP_ERR_UNSUPPORTED) {
+            snprintf(a->why, sizeof a->why, "not simulated: no shape's bound reaches the t = %d plan (%.1f samples/s)",
+                     best.layout->tensor, best.predicted.samples_per_s);
+            continue;
+        }
         if (st) {
             if (st != CDP_ERR_INVALID) {
                 cdp_planner_result_clear(&best);
                 return st;
             }
-            snprintf(a->why, sizeof a->why, "%s", cdp_last_error());
+            snprintf(a->why, sizeof a->why, "no plan: %s", cdp_last_error());
             if (!first_err) {
                 first_err = st;
                 snprintf(first_msg, sizeof first_msg, "%s", cdp_last_error());

@@ -168,7 +168,7 @@ void cdp_planner_print(const struct cdp_planner_result *r, FILE *f)
         for (int i = 0; i < r->n_tensor_alt; i++) {
             const struct cdp_planner_tensor_alt *a = &r->tensor_alt[i];
             if (!a->ok) {
-                fprintf(f, "  %-2d no plan: %s\n", a->tensor, a->why);
+                fprintf(f, "  %-2d %s\n", a->tensor, a->why);
                 continue;
             }
             fprintf(f, "  %-2d %6d %9d %14d  %-8s  %-9s %10.3f %11.1f  %5.1f%%%s\n", a->tensor, a->stages, a->replicas,
