@@ -663,6 +663,7 @@ cdp_status cdp_planner_run(const struct cdp_plan *plan, const struct cdp_topolog
             continue;
         }
         shapes += r.shapes, feasible += r.feasible, pruned += r.pruned;
+        a->bounded = have; /* shapes under the plan found were not simulated: its best of the rest */
         sims += r.simulations, rsims += r.replica_simulations;
         a->ok = 1;
         a->stages = r.layout->stages;

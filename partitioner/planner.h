@@ -77,6 +77,8 @@ struct cdp_planner_node {
 /* What one t of the search over t gave (/parallel/tensor "auto"). */
 struct cdp_planner_tensor_alt {
     int tensor, ok;          /* ok 0: nothing fits at this t (why) */
+    int bounded;             /* shapes whose bound was under another t's plan were not simulated: this is
+                                the best of the others */
     int stages, replicas, micro_batches;
     enum cdp_schedule_kind schedule;
     enum cdp_recompute recompute;
