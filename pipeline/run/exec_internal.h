@@ -16,6 +16,7 @@
 #include "model/data.h"
 #include "model/model.h"
 #include "model/optim.h"
+#include "model/tensor_group.h"
 #include "pipeline/run/fault.h"
 #include "pipeline/layout.h"
 #include "pipeline/run/monitor.h"
@@ -83,7 +84,14 @@ struct exec {
      * comm/ chose how each carries device memory (cdp_comm_for_device) and
      * cdp_comm_host gives each one's host group */
     cdp_comm_t world, dev_world, pipe, dp, tied;
+    /* tensor parallelism (docs/parallelism.md): this rank's tensor group
+     * (stage, replica) on device memory, NULL at t = 1; the model's view of
+     * it (its split units' collective) and the time spent in it this step */
+    cdp_comm_t tpc;
+    struct cdp_tensor_group tg;
+    uint64_t t_tensor;
     int rank, size, p, R, v, m, s, r, B, nv;
+    int t, k; /* tensor group size and this rank's index in it */
     int64_t G;
     /* load balance: micro-batches of each replica this step (the shares sum
      * to R x micro_batches), those of the replicas before this one, and the

@@ -64,14 +64,15 @@ static cdp_status run_step(struct exec *e, int step, struct cdp_exec_step *s)
     e->step = step;
     e->lr = cdp_lr_at(&e->plan->train, step);
     e->loss_sum = 0;
-    e->t_compute = e->t_comm = e->t_idle = e->t_fb = 0;
+    e->t_compute = e->t_comm = e->t_idle = e->t_fb = e->t_tensor = 0;
     e->step_start = e->fb_end = cdp_time_ns();
     for (int k = 0; k < e->v; k++) cdp_model_zero_grad(e->ch[k].model);
     e->t_compute += cdp_time_ns() - e->step_start;
     if ((st = cdp_fault_at_step(&e->fault, e->rank, step))) return st;
     if ((st = cdp_exec_run_list(e)) || (st = cdp_exec_drain_sends(e))) return st;
     const uint64_t t_end = cdp_time_ns();
-    double red[6] = {e->loss_sum, (double)e->t_fb / 1e9, (double)e->t_compute / 1e9, (double)e->t_comm / 1e9,
+    /* a tensor group's ranks compute the same loss: its index 0 counts it */
+    double red[6] = {e->k == 0 ? e->loss_sum : 0, (double)e->t_fb / 1e9, (double)e->t_compute / 1e9, (double)e->t_comm / 1e9,
                      (double)e->t_idle / 1e9, (double)(t_end - e->step_start) / 1e9};
     /* a stop asked of any rank ends every rank after this step */
     double mx[3] = {e->shape ? (double)e->scale : 0, (double)(e->fb_end - e->step_start) / 1e9, (double)stop_asked};
