@@ -274,13 +274,22 @@ void cdp_param_init(const struct cdp_unit *u, int p, uint64_t seed, float *dst)
     float *all = malloc((size_t)whole.numel * sizeof *all);
     CDP_ASSERT(all); /* as large as the whole tensor one rank would hold */
     param_init_whole(u, &whole, p, seed, all);
+    cdp_param_slice_copy(pd, all, dst, 0);
+    free(all);
+}
+
+void cdp_param_slice_copy(const struct cdp_param_desc *pd, void *whole, void *slice, int to_whole)
+{
     int64_t outer = 1, inner = 1; /* dimensions before and after the sliced one */
     for (int i = 0; i < pd->shard_dim; i++) outer *= pd->shape[i];
     for (int i = pd->shard_dim + 1; i < pd->ndim; i++) inner *= pd->shape[i];
-    const int64_t len = pd->shape[pd->shard_dim] * inner;
-    for (int64_t o = 0; o < outer; o++)
-        memcpy(dst + o * len, all + (o * pd->shard_full + pd->shard_off) * inner, (size_t)len * sizeof *dst);
-    free(all);
+    const size_t len = (size_t)(pd->shape[pd->shard_dim] * inner) * sizeof(float);
+    for (int64_t o = 0; o < outer; o++) {
+        char *w = (char *)whole + (size_t)((o * pd->shard_full + pd->shard_off) * inner) * sizeof(float),
+             *s = (char *)slice + (size_t)o * len;
+        if (to_whole) memcpy(w, s, len);
+        else memcpy(s, w, len);
+    }
 }
 
 static void param_init_whole(const struct cdp_unit *u, const struct cdp_param_desc *pd, int p, uint64_t seed,

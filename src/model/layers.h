@@ -113,6 +113,10 @@ cdp_status cdp_units_build_tensor(const struct cdp_model_desc *m, int t, int k, 
 /* Makes parameter p of u the slice k of t along dimension dim (its size a
  * multiple of t), as cdp_param_shard's fields describe; u->param_count follows. */
 void cdp_param_shard(struct cdp_unit *u, int p, int dim, int t, int k);
+/* Copies the slice pd describes between the whole tensor and the slice's
+ * own storage (float data, any alignment): into whole when to_whole, else out
+ * of it. pd->shard_dim must be 0 or more. */
+void cdp_param_slice_copy(const struct cdp_param_desc *pd, void *whole, void *slice, int to_whole);
 
 /* The one description of a tie: whether the model's head reuses its token
  * embedding (a GPT with /model/tie_embeddings; its units then carry the tie as
