@@ -13,6 +13,7 @@
 #include "cdp/device.h"
 #include "cdp/plan.h"
 #include "comm/comm.h"
+#include "model/checkpoint.h"
 #include "model/data.h"
 #include "model/model.h"
 #include "model/optim.h"
@@ -190,6 +191,11 @@ cdp_status cdp_exec_resume(struct exec *e, const char *dir);
  * data-parallel group, host memory) while the others send their shards at the
  * same time (model/checkpoint.h cdp_ckpt_write_part_sharded). A failure on one
  * side leaves the other waiting until timeout_s. */
+/* Tensor groups (exec_ckpt_tensor.c): replica 0's group writes part as whole
+ * tensors (every rank of the group calls it); a resume loads the whole
+ * tensors and keeps each rank's slices (every rank). Not under ZeRO. */
+cdp_status cdp_exec_ckpt_write_tensor(struct exec *e, int step, const char *part);
+cdp_status cdp_exec_ckpt_load_tensor(struct exec *e, const char *path, const struct cdp_ckpt_info *info);
 cdp_status cdp_exec_ckpt_write_gathered(const char *dir, int64_t step, const char *part,
                                         struct cdp_model *const *models, struct cdp_optimizer *const *opts, int n,
                                         cdp_comm_t group, double timeout_s);
