@@ -131,7 +131,9 @@ static cdp_status totals_of(struct exec *e, struct cdp_exec_totals *t)
         if (e->r == 0)
             for (int i = 0; i < cdp_model_tensor_count(e->ch[k].model); i++) {
                 const struct cdp_model_tensor *x = cdp_model_tensor(e->ch[k].model, i);
-                if (x->unit >= e->ch[k].first_unit) sums[1] += (double)x->numel;
+                /* a tensor group: each rank's slices, and its index 0's replicated tensors */
+                const int sliced = cdp_model_unit(e->ch[k].model, x->unit_local)->params[x->param].shard_dim >= 0;
+                if (x->unit >= e->ch[k].first_unit && (sliced || e->k == 0)) sums[1] += (double)x->numel;
             }
     }
     cdp_status st = cdp_comm_allreduce_f64(e->world, sums, 2, CDP_REDUCE_SUM, e->timeout);

@@ -171,10 +171,11 @@ cdp_status cdp_exec_write_layout_record(const struct exec *e, FILE *f)
         json_object_set_new(json_array_get(ranks, (size_t)i), "host",
                             json_string(e->hosts + (size_t)i * CDP_EXEC_HOST_MAX));
     json_t *o = ranks
-                    ? json_pack("{s:{s:s,s:s,s:s,s:i,s:i,s:i,s:i,s:i,s:i,s:o}}", "layout", "topology",
+                    ? json_pack("{s:{s:s,s:s,s:s,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:o}}", "layout", "topology",
                                 l->topology, "schedule", cdp_schedule_name(l->schedule), "recompute",
                                 cdp_recompute_name(l->recompute), "zero", l->zero, "stages", l->stages, "chunks", l->chunks, "replicas",
-                                l->replicas, "micro_batches", l->micro_batches, "nodes", l->n_nodes, "ranks", ranks)
+                                l->replicas, "tensor", l->tensor, "micro_batches", l->micro_batches, "nodes", l->n_nodes,
+                                "ranks", ranks)
                     : NULL;
     if (!o) return cdp_fail(CDP_ERR_NOMEM, "out of memory writing the metrics");
     return write_line(e, o, f);
@@ -192,8 +193,9 @@ void cdp_exec_print_header(const struct exec *e, const struct cdp_exec_totals *t
     }
     int equal = 1;
     for (int r = 1; r < e->R; r++) equal &= e->share[r] == e->share[0];
-    fprintf(out, " on %d ranks: %d stages x %d replicas, %s, ", e->size, e->p, e->R,
-            cdp_schedule_name(e->lay->schedule));
+    fprintf(out, " on %d ranks: %d stages x %d replicas", e->size, e->p, e->R);
+    if (e->t > 1) fprintf(out, " x tensor %d", e->t);
+    fprintf(out, ", %s, ", cdp_schedule_name(e->lay->schedule));
     if (equal) {
         fprintf(out, "%lld micro-batches of %d per replica\n", (long long)e->share[0], e->B);
     } else {
