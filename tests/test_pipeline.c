@@ -1166,3 +1166,62 @@ Test(pipeline, a_schedule_file_trains_as_its_generated_lists, .timeout = 120)
               "%s", r.err);
     cdp_test_run_free(&r);
 }
+
+/* A checkpoint of tensor groups holds whole tensors (docs/parallelism.md):
+ * exported, it is bitwise the weights the run wrote; it resumes at t = 1 and
+ * at t = 2, each training on as one rank does. */
+Test(pipeline, tensor_checkpoints_resume_at_any_t, .timeout = 240)
+{
+    need_mpi();
+    char dir[4096], path[4300], a[4300], b[4300];
+    snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
+    static const struct {
+        const char *name;
+        int steps, p, t;
+        const char *ckpt;
+    } runs[] = {{"write", 2, 2, 2, "\"checkpoint\": {\"dir\": \"ckpt\", \"every\": 2}, "},
+                {"at1", 4, 1, 1, "\"checkpoint\": {\"dir\": \"ckpt1\", \"every\": 100}, "},
+                {"at2", 4, 2, 2, "\"checkpoint\": {\"dir\": \"ckpt2\", \"every\": 100}, "},
+                {"one", 4, 1, 1, ""}};
+    for (int i = 0; i < 4; i++) {
+        char json[2048], file[64];
+        snprintf(json, sizeof json,
+                 "{" SPLIT_MLP ", \"data\": {\"source\": \"synthetic\", \"seed\": 3}, \"train\": {\"steps\": %d, "
+                 "\"global_batch\": 8, \"micro_batch\": 2, %s\"optimizer\": {\"type\": \"adamw\", \"lr\": 0.01}, "
+                 "\"eval_batches\": 1}, \"parallel\": {\"stages\": %d, \"tensor\": %d}, \"cluster\": {\"backend\": "
+                 "\"cpu\"}, \"output\": {\"weights\": \"%s.safetensors\"}}",
+                 runs[i].steps, runs[i].ckpt, runs[i].p, runs[i].t, runs[i].name);
+        snprintf(file, sizeof file, "%s.json", runs[i].name);
+        cdp_test_write_file(dir, file, json);
+    }
+    snprintf(path, sizeof path, "%s/write.json", dir);
+    run_ok(path);
+    /* the checkpoint's tensors are the whole ones the run ended with, to the bit */
+    struct cdp_run r;
+    snprintf(a, sizeof a, "%s/ckpt", dir);
+    snprintf(b, sizeof b, "%s/exported.safetensors", dir);
+    cr_assert_eq(cdp_test_run(&r, (const char *[]){"export", "--checkpoint", a, "--out", b, NULL}), 0);
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    cdp_test_run_free(&r);
+    snprintf(a, sizeof a, "%s/write.safetensors", dir);
+    cr_assert_eq(compare_weights(a, b), 0.0, "the checkpoint holds the weights the run wrote");
+    /* resumed at t = 1 and t = 2 (each from its own copy), then as one rank */
+    for (int i = 1; i <= 2; i++) {
+        char cmd[13000];
+        snprintf(cmd, sizeof cmd, "cp -r '%s/ckpt' '%s/ckpt%d'", dir, dir, i);
+        cr_assert_eq(system(cmd), 0);
+        snprintf(path, sizeof path, "%s/%s.json", dir, runs[i].name);
+        snprintf(a, sizeof a, "%s/ckpt%d", dir, i);
+        cr_assert_eq(cdp_test_run(&r, (const char *[]){"-q", "--plan", path, "--resume", a, NULL}), 0);
+        cr_assert_eq(r.exit_code, 0, "t=%d: %s", runs[i].t, r.err);
+        cdp_test_run_free(&r);
+    }
+    snprintf(path, sizeof path, "%s/one.json", dir);
+    run_ok(path);
+    snprintf(a, sizeof a, "%s/one.safetensors", dir);
+    for (int i = 1; i <= 2; i++) {
+        snprintf(b, sizeof b, "%s/%s.safetensors", dir, runs[i].name);
+        const double e = compare_weights(a, b);
+        cr_assert_leq(e, 1e-5, "resumed at t=%d: weights differ by %.3g", runs[i].t, e);
+    }
+}
