@@ -90,8 +90,10 @@ cdp_status cdp_trace_set_layout(struct cdp_trace *t, const struct cdp_layout *l)
         const struct cdp_layout_rank *k = &l->rank[r];
         char dev[32];
         cdp_layout_device_name(l, r, dev, sizeof dev);
-        snprintf(t->label[r], sizeof t->label[r], "rank %d: stage %d, replica %d, node %d, device %d (%s)", r,
-                 k->stage, k->replica, k->node, k->device, dev);
+        char tensor[24] = "";
+        if (l->tensor > 1) snprintf(tensor, sizeof tensor, ", tensor %d", k->tensor);
+        snprintf(t->label[r], sizeof t->label[r], "rank %d: stage %d, replica %d%s, node %d, device %d (%s)", r,
+                 k->stage, k->replica, tensor, k->node, k->device, dev);
     }
     return CDP_OK;
 }

@@ -13,9 +13,11 @@
 #include "cdp/device.h"
 #include "cdp/plan.h"
 #include "comm/comm.h"
+#include "model/checkpoint.h"
 #include "model/data.h"
 #include "model/model.h"
 #include "model/optim.h"
+#include "model/tensor_group.h"
 #include "pipeline/run/fault.h"
 #include "pipeline/layout.h"
 #include "pipeline/run/monitor.h"
@@ -83,7 +85,14 @@ struct exec {
      * comm/ chose how each carries device memory (cdp_comm_for_device) and
      * cdp_comm_host gives each one's host group */
     cdp_comm_t world, dev_world, pipe, dp, tied;
+    /* tensor parallelism (docs/parallelism.md): this rank's tensor group
+     * (stage, replica) on device memory, NULL at t = 1; the model's view of
+     * it (its split units' collective) and the time spent in it this step */
+    cdp_comm_t tpc;
+    struct cdp_tensor_group tg;
+    uint64_t t_tensor;
     int rank, size, p, R, v, m, s, r, B, nv;
+    int t, k; /* tensor group size and this rank's index in it */
     int64_t G;
     /* load balance: micro-batches of each replica this step (the shares sum
      * to R x micro_batches), those of the replicas before this one, and the
@@ -182,6 +191,11 @@ cdp_status cdp_exec_resume(struct exec *e, const char *dir);
  * data-parallel group, host memory) while the others send their shards at the
  * same time (model/checkpoint.h cdp_ckpt_write_part_sharded). A failure on one
  * side leaves the other waiting until timeout_s. */
+/* Tensor groups (exec_ckpt_tensor.c): replica 0's group writes part as whole
+ * tensors (every rank of the group calls it); a resume loads the whole
+ * tensors and keeps each rank's slices (every rank). Not under ZeRO. */
+cdp_status cdp_exec_ckpt_write_tensor(struct exec *e, int step, const char *part);
+cdp_status cdp_exec_ckpt_load_tensor(struct exec *e, const char *path, const struct cdp_ckpt_info *info);
 cdp_status cdp_exec_ckpt_write_gathered(const char *dir, int64_t step, const char *part,
                                         struct cdp_model *const *models, struct cdp_optimizer *const *opts, int n,
                                         cdp_comm_t group, double timeout_s);

@@ -55,6 +55,7 @@ void cdp_exec_free(struct exec *e)
     free(e->tgt);
     free(e->in_scratch);
     cdp_comm_free(e->tied);
+    cdp_comm_free(e->tpc);
     cdp_comm_free(e->dp);
     cdp_comm_free(e->pipe);
     cdp_comm_free(e->dev_world);
@@ -172,6 +173,17 @@ static void bind_rank(const struct exec *e)
              e->r, k->node, dev, k->cpuset, threads, threads == 1 ? "" : "s");
 }
 
+/* The split units' collective: a sum over this rank's tensor group, on the
+ * device's memory, timed as communication. */
+static cdp_status tensor_all_reduce(void *ctx, float *buf, int64_t n)
+{
+    struct exec *e = ctx;
+    const uint64_t t0 = cdp_time_ns();
+    cdp_status st = cdp_comm_allreduce_f32(e->tpc, buf, (size_t)n, CDP_REDUCE_SUM, e->timeout);
+    e->t_tensor += cdp_time_ns() - t0;
+    return st;
+}
+
 cdp_status cdp_exec_setup(struct exec *e)
 {
     const struct cdp_plan *p = e->plan;
@@ -194,12 +206,11 @@ cdp_status cdp_exec_setup(struct exec *e)
     if (e->size != L->n_ranks)
         return cdp_fail(CDP_ERR_INVALID, "%s: the layout has %d ranks (%d stages x %d replicas); this job has %d",
                         p->source, L->n_ranks, e->p, e->R, e->size);
-    if (L->tensor > 1)
-        return cdp_fail(CDP_ERR_INVALID, "%s: the layout has tensor groups of %d ranks; the executor runs one rank per "
-                        "stage and replica so far (--dry-run plans them)", p->source, L->tensor);
     e->me = &L->rank[e->rank];
     e->s = e->me->stage;
     e->r = e->me->replica;
+    e->t = L->tensor;
+    e->k = e->me->tensor;
     e->share = malloc((size_t)e->R * sizeof *e->share);
     if (!e->share) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
     memcpy(e->share, L->shares, (size_t)e->R * sizeof *e->share);
@@ -210,6 +221,10 @@ cdp_status cdp_exec_setup(struct exec *e)
             return cdp_fail(CDP_ERR_INVALID, "%s: zero 2 (ZeRO-2) needs every replica to run the same micro-batches; "
                             "the layout gives replica 0 %lld and replica %d %lld", p->source,
                             (long long)e->share[0], r, (long long)e->share[r]);
+    if (e->t > 1 && e->zero && p->train.checkpoint.dir)
+        return cdp_fail(CDP_ERR_UNSUPPORTED, "%s: /train/checkpoint with /parallel/tensor %d and /parallel/zero %d: "
+                        "checkpoints of tensor groups under ZeRO are not built yet; set zero 0 or leave "
+                        "checkpoints out", p->source, e->t, e->zero);
     e->unit = cdp_schedule_def(L->schedule)->mb_multiple_of_stages ? e->p : 1;
     e->G = (int64_t)e->R * L->micro_batches * e->B;
     int *stage_slots = malloc((size_t)e->p * 2 * sizeof *stage_slots);
@@ -229,10 +244,17 @@ cdp_status cdp_exec_setup(struct exec *e)
      * for tied embeddings */
     const int tied = tied_grads(e);
     e->tied_local = tied_model(e) && e->last_rank == 0 && e->s == 0;
-    if ((st = cdp_comm_split(e->dev_world, e->r, e->s, &e->pipe))) return st;
-    if ((st = cdp_comm_split(e->dev_world, e->s, e->r, &e->dp))) return st;
-    if ((st = cdp_comm_split(e->dev_world, tied && (e->s == 0 || e->s == e->last_rank) ? e->r : -1, e->s, &e->tied)))
+    /* with tensor groups: the pipeline of (replica, tensor index), the
+     * replicas of (stage, tensor index), the group of (stage, replica); the
+     * same three colors make every rank's groups at once */
+    const int t = e->t, k = e->k;
+    if ((st = cdp_comm_split(e->dev_world, e->r * t + k, e->s, &e->pipe))) return st;
+    if ((st = cdp_comm_split(e->dev_world, e->s * t + k, e->r, &e->dp))) return st;
+    if ((st = cdp_comm_split(e->dev_world, tied && (e->s == 0 || e->s == e->last_rank) ? e->r * t + k : -1, e->s,
+                             &e->tied)))
         return st;
+    if ((st = cdp_comm_split(e->dev_world, t > 1 ? e->s * e->R + e->r : -1, k, &e->tpc))) return st;
+    e->tg = (struct cdp_tensor_group){.size = t, .index = k, .all_reduce = tensor_all_reduce, .ctx = e};
     if ((st = cdp_exec_build_schedule(e))) return st;
 
     e->ch = calloc((size_t)e->v, sizeof *e->ch);
@@ -246,9 +268,9 @@ cdp_status cdp_exec_setup(struct exec *e)
         c->first_unit = (int)L->ranges[c->vstage][0];
         c->end_unit = (int)L->ranges[c->vstage][1];
         c->nslots = slots;
-        if ((st = cdp_model_create_sharded(&p->model, c->first_unit, c->end_unit, e->B, slots, p->train.seed,
-                                           L->recompute, e->zero >= 2 ? e->R : 1, e->zero >= 2 ? e->r : 0, e->dev,
-                                           &c->model)))
+        if ((st = cdp_model_create_tensor(&p->model, c->first_unit, c->end_unit, e->B, slots, p->train.seed,
+                                          L->recompute, e->zero >= 2 ? e->R : 1, e->zero >= 2 ? e->r : 0,
+                                          t > 1 ? &e->tg : NULL, e->dev, &c->model)))
             break;
         if (e->zero >= 2) cdp_model_set_grad_reduce(c->model, cdp_exec_grad_reduce, e);
         if (p->model.weights && (st = cdp_model_load(c->model, p->model.weights))) break;

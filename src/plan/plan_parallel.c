@@ -401,6 +401,40 @@ static cdp_status check_tensor_layers(struct ld *c)
 {
     const struct cdp_parallel_desc *pd = &c->p->parallel;
     const struct cdp_model_desc *md = &c->p->model;
+    /* splits pair, whatever t: a column, elementwise layers, a row */
+    int open = -1; /* the column split whose slice flows, or -1 */
+    for (int i = 0; md->kind != CDP_MODEL_GPT && i < md->n_layers; i++) {
+        const struct cdp_layer_desc *L = &md->layer_list[i];
+        const struct cdp_layer_def *d = cdp_layer_def(L->type);
+        char at[64];
+        if (L->type == CDP_LAYER_LINEAR && L->split == CDP_TSPLIT_COLUMN) {
+            snprintf(at, sizeof at, "/model/layers/%d/split", i);
+            if (open >= 0)
+                return cdp_json_fail(&c->in, at, "\"column\", but the slice of the column split of layer %d has not "
+                                     "been summed by a \"row\" split linear yet", open);
+            snprintf(at, sizeof at, "/model/layers/%d/out", i);
+            if (pd->tensor != CDP_AUTO && L->out % pd->tensor)
+                return cdp_json_fail(&c->in, at, "%lld is not a multiple of /parallel/tensor %lld (a column split "
+                                     "holds out / tensor rows a rank)", (long long)L->out, (long long)pd->tensor);
+            open = i;
+        } else if (L->type == CDP_LAYER_LINEAR && L->split == CDP_TSPLIT_ROW) {
+            snprintf(at, sizeof at, "/model/layers/%d/split", i);
+            if (open < 0)
+                return cdp_json_fail(&c->in, at, "\"row\" needs a \"column\" split linear before it, with only "
+                                     "relu, gelu or silu between (its input is the column's slice)");
+            open = -1;
+        } else if (open >= 0 && (L->type == CDP_LAYER_LINEAR || !d->tensor_ok)) {
+            snprintf(at, sizeof at, "/model/layers/%d", i);
+            return cdp_json_fail(&c->in, at, "%s gets the slice of the column split of layer %d; only relu, gelu "
+                                 "or silu may pass it on, to a \"row\" split linear", d->name, open);
+        }
+    }
+    if (open >= 0) {
+        char at[64];
+        snprintf(at, sizeof at, "/model/layers/%d/split", open);
+        return cdp_json_fail(&c->in, at, "\"column\", but its slice reaches the end of the model; a \"row\" split "
+                             "linear must sum it");
+    }
     if (pd->tensor == 1 || pd->tensor == CDP_AUTO) return CDP_OK;
     char types[256];
     tensor_types(types, sizeof types);
