@@ -134,7 +134,9 @@ static cdp_status ctx_init_modes(struct ctx *c, const struct cdp_plan *plan, con
     cdp_status st = CDP_OK;
     for (int i = 0; i < n_modes && !st; i++) {
         const enum cdp_recompute r = modes[i];
-        if ((st = cdp_units_build(&plan->model, &c->mode[r].u, &c->n))) return st;
+        /* tensor index 0's slice: the layer types that split say how (the others are estimated
+         * below, cdp_planner_tensor_units) */
+        if ((st = cdp_units_build_tensor(&plan->model, tp, 0, &c->mode[r].u, &c->n))) return st;
         for (int k = 0; k < c->n; k++) cdp_unit_set_recompute(&c->mode[r].u[k], r);
         cdp_cost_fit_units(plan, c->mode[r].u, c->n);
         cdp_planner_tensor_units(plan, tp, c->mode[r].u, c->n);

@@ -174,7 +174,7 @@ void cdp_planner_print(const struct cdp_planner_result *r, FILE *f)
             fprintf(f, "  %-2d %6d %9d %14d  %-8s  %-9s %10.3f %11.1f  %5.1f%%%s\n", a->tensor, a->stages, a->replicas,
                     a->micro_batches, cdp_schedule_name(a->schedule), cdp_recompute_name(a->recompute),
                     a->step_s * 1e3, a->samples_per_s, 100 * a->bubble,
-                    a->tensor == l->tensor ? "  <- chosen" : a->bounded ? "  (of the shapes whose bound beat the chosen)" : "");
+                    a->tensor == l->tensor ? "  <- chosen" : a->bounded ? "  (only shapes whose bound beat a larger t's plan simulated)" : "");
         }
         if (r->tensor_why[0]) fprintf(f, "  not tried: %s\n", r->tensor_why);
     }

@@ -13,6 +13,7 @@
 
 #include "cdp/core.h"
 #include "model/costs.h"
+#include "model/layer_def.h"
 #include "model/layers.h"
 
 /* Units that split over a tensor group in the planner's cost model: the GPT
@@ -22,6 +23,14 @@ static int splits(enum cdp_layer_type ty)
 {
     return ty == CDP_LAYER_TRANSFORMER_BLOCK || ty == CDP_LAYER_LLAMA_BLOCK || ty == CDP_LAYER_EMBEDDING ||
            ty == CDP_LAYER_LM_HEAD;
+}
+
+/* Whether the planner estimates unit u's slice here: a GPT-family unit whose
+ * type does not split itself yet (a type that does is built as its slice by
+ * cdp_units_build_tensor, and must not be divided twice). */
+static int estimated(const struct cdp_unit *u)
+{
+    return splits(u->desc.type) && !cdp_layer_def(u->desc.type)->tensor_ok;
 }
 
 static int is_block(enum cdp_layer_type ty)
@@ -117,7 +126,7 @@ void cdp_planner_tensor_units(const struct cdp_plan *plan, int tp, struct cdp_un
     if (tp <= 1) return;
     for (int i = 0; i < n; i++) {
         struct cdp_unit *x = &u[i];
-        if (!splits(x->desc.type)) continue;
+        if (!estimated(x)) continue;
         x->fwd_flops /= tp;
         x->bwd_flops /= tp;
         x->bwd_weight_flops /= tp;
@@ -180,6 +189,16 @@ double cdp_planner_tensor_collective_s(const struct cdp_plan *plan, int tp, doub
                                        const struct cdp_unit *u, int *count_fwd, int *count_bwd)
 {
     *count_fwd = *count_bwd = 0;
+    const double B = (double)plan->train.micro_batch, elem = cdp_cost_act_elem_bytes(plan);
+    if (tp > 1 && u->desc.type == CDP_LAYER_LINEAR && u->desc.split != CDP_TSPLIT_NONE) {
+        /* a row split sums its output forward; a column split its input's gradient backward */
+        if (u->desc.split == CDP_TSPLIT_ROW) *count_fwd = 1;
+        else *count_bwd = 1;
+        const struct cdp_shape *whole = u->desc.split == CDP_TSPLIT_ROW ? &u->out : &u->in;
+        double numel = 1;
+        for (int q = 0; q < whole->ndim; q++) numel *= (double)whole->d[q];
+        return ring(B * numel * elem, tp, bw, lat);
+    }
     if (tp <= 1 || !splits(u->desc.type)) return 0;
     if (is_block(u->desc.type)) {
         /* attention's output projection and the MLP's second product: one
@@ -192,9 +211,7 @@ double cdp_planner_tensor_collective_s(const struct cdp_plan *plan, int tp, doub
     } else {
         *count_bwd = 1; /* the head's input gradient; its max and sum of exponentials are counted below */
     }
-    const double B = (double)plan->train.micro_batch;
-    return ring(B * (double)plan->model.context * (double)plan->model.embed * cdp_cost_act_elem_bytes(plan), tp, bw,
-                lat);
+    return ring(B * (double)plan->model.context * (double)plan->model.embed * elem, tp, bw, lat);
 }
 
 void cdp_planner_tensor_costs(const struct cdp_plan *plan, int tp, double bw, double lat, const struct cdp_unit *u,
@@ -217,7 +234,7 @@ void cdp_planner_tensor_measured(int tp, const struct cdp_unit *u, int n, struct
 {
     if (tp <= 1) return;
     for (int i = 0; i < n; i++)
-        if (splits(u[i].desc.type)) {
+        if (splits(u[i].desc.type) || u[i].desc.split != CDP_TSPLIT_NONE) {
             cost[i].fwd_s /= tp;
             cost[i].bwd_s /= tp;
             cost[i].bwd_w_s /= tp;
