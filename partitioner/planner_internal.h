@@ -163,7 +163,8 @@ void cdp_planner_stage_predictions(const struct ctx *c, const struct cdp_layout 
 /* The t the search tries (out, at most cap; 1 first): the plan's fixed t, or
  * under "auto" 1 and every power of two dividing the model's heads and widths
  * whose groups (t consecutive devices of a node) are all inside one node's
- * NVLink/NVSwitch domain; why: what stopped the list ("" when nothing did). */
+ * NVLink/NVSwitch domain (a layer list: where its linears split, t dividing the
+ * column splits' widths); why: what stopped the list ("" when nothing did). */
 int cdp_planner_tensor_choices(const struct cdp_plan *plan, const struct cdp_topology *t, int *out, int cap,
                                char *why, size_t why_cap);
 /* A unit as one rank of a group of tp holds and runs it: split FLOPs,

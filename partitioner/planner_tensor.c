@@ -71,9 +71,29 @@ int cdp_planner_tensor_choices(const struct cdp_plan *plan, const struct cdp_top
         out[0] = (int)plan->parallel.tensor;
         return 1;
     }
+    /* a layer list splits where its linears say so ("split"), every other layer passing slices on */
+    int64_t widths = 0; /* the gcd of the column splits' widths */
     if (m->kind != CDP_MODEL_GPT) {
-        snprintf(why, why_cap, "t = 1: only GPT-family models split over a tensor group in the planner's cost model");
-        return 1;
+        int any = 0;
+        for (int i = 0; i < m->n_layers; i++) {
+            const struct cdp_layer_desc *L = &m->layer_list[i];
+            if (!cdp_layer_def(L->type)->tensor_ok) {
+                snprintf(why, why_cap, "t = 1: layer %d (%s) does not split over a tensor group", i,
+                         cdp_layer_name(L->type));
+                return 1;
+            }
+            if (L->type == CDP_LAYER_LINEAR && L->split != CDP_TSPLIT_NONE) any = 1;
+            if (L->type == CDP_LAYER_LINEAR && L->split == CDP_TSPLIT_COLUMN)
+                for (int64_t a = widths, b = L->out; ; ) { /* gcd */
+                    if (!b) { widths = a; break; }
+                    const int64_t r = a % b;
+                    a = b, b = r;
+                }
+        }
+        if (!any) {
+            snprintf(why, why_cap, "t = 1: no linear of /model/layers has a \"split\"");
+            return 1;
+        }
     }
     if (t->kind == CDP_TOPOLOGY_CPU || !cdp_backend_is_gpu(plan->cluster.backend)) {
         snprintf(why, why_cap, "t = 1: the devices are CPUs (no NVLink domain)");
@@ -89,7 +109,13 @@ int cdp_planner_tensor_choices(const struct cdp_plan *plan, const struct cdp_top
     const int64_t ffn = m->arch == CDP_ARCH_LLAMA ? m->ffn_hidden : 4 * m->embed;
     char last[256] = "";
     for (int tp = 2; tp <= per_node && n < cap; tp *= 2) {
-        if (m->heads % tp || m->embed % tp || ffn % tp || (m->arch == CDP_ARCH_LLAMA && m->kv_heads % tp)) {
+        if (m->kind != CDP_MODEL_GPT && widths % tp) {
+            snprintf(last, sizeof last, "t = %d does not divide the column splits' widths (their gcd %lld)", tp,
+                     (long long)widths);
+            break;
+        }
+        if (m->kind == CDP_MODEL_GPT &&
+            (m->heads % tp || m->embed % tp || ffn % tp || (m->arch == CDP_ARCH_LLAMA && m->kv_heads % tp))) {
             snprintf(last, sizeof last, "t = %d does not divide /model/heads (%lld), /model/embed (%lld) or the MLP "
                      "width (%lld)", tp, (long long)m->heads, (long long)m->embed, (long long)ffn);
             break;
