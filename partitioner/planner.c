@@ -599,6 +599,12 @@ static cdp_status run_fixed(const struct cdp_plan *plan, const struct cdp_topolo
         (st = prefer_orders(&c, &s, &s.cand[best], best_dev, &res)))
         goto fail;
     res.world = W;
+    /* devices left idle: the best simulated shape that would use more, for the dry-run's why */
+    for (int i = 0; i < s.n_cand; i++) {
+        const struct cand *k = &s.cand[i], *b = &s.cand[best];
+        if (k->p * k->R > b->p * b->R && k->screened && k->sps > res.more.samples_per_s)
+            res.more = (struct cdp_planner_more){k->p, k->R, k->m, k->sps};
+    }
     if ((st = finish(&c, &s, &s.cand[best], best_dev, &res))) goto fail;
     res.simulations = c.sims;
     res.replica_simulations = c.cheap_sims;

@@ -86,6 +86,12 @@ struct cdp_planner_tensor_alt {
     char why[256];
 };
 
+/* The best shape simulated that uses more devices than the chosen one (none: stages 0). */
+struct cdp_planner_more {
+    int stages, replicas, micro_batches;
+    double samples_per_s; /* screened: under the fixed placement */
+};
+
 struct cdp_planner_result {
     struct cdp_layout *layout;       /* the chosen layout: shape, ranges, shares, every rank's place,
                                         CPU set, cap and predicted memory (owned) */
@@ -94,7 +100,8 @@ struct cdp_planner_result {
     int predicted_ok;                /* 0 when the step was not simulated (CDP_PLANNER_LAYOUT_ONLY) */
     struct cdp_planner_prediction predicted;
     struct cdp_planner_baseline baseline[2];
-    int world;                       /* devices the search could use */
+    int world;                       /* devices (tensor groups with t > 1) the search could use */
+    struct cdp_planner_more more;    /* why devices stay idle (docs/planner.md) */
     char placement_method[200];
     struct cdp_planner_balance balance;
     /* what was searched */

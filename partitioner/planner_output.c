@@ -105,6 +105,18 @@ void cdp_planner_print(const struct cdp_planner_result *r, FILE *f)
     fprintf(f, ", %d micro-batches of %d, %s", l->micro_batches, l->micro_batch, cdp_schedule_name(l->schedule));
     if (l->chunks > 1) fprintf(f, " x %d chunks", l->chunks);
     fprintf(f, ", global batch %lld\n", (long long)l->replicas * l->micro_batches * l->micro_batch);
+    if (l->stages * l->replicas < r->world) {
+        fprintf(f, "  idle        %d of %d %s unused: ", r->world - l->stages * l->replicas, r->world,
+                l->tensor > 1 ? "tensor groups" : "devices");
+        if (r->more.stages)
+            fprintf(f, "the best shape simulated that uses more, %d stage%s x %d replica%s with %d micro-batches, is "
+                       "predicted %.4g samples/s (fixed placement) against %.4g\n", r->more.stages,
+                    r->more.stages == 1 ? "" : "s", r->more.replicas, r->more.replicas == 1 ? "" : "s",
+                    r->more.micro_batches, r->more.samples_per_s, r->predicted.samples_per_s);
+        else
+            fprintf(f, "no shape using more fits device memory with replicas dividing the step's micro-batches "
+                       "and at least one unit per stage, or its bound is below this plan's\n");
+    }
     fprintf(f, "  recompute   %s%s\n", cdp_recompute_name(l->recompute),
             l->recompute == CDP_RECOMPUTE_NONE        ? " (every activation kept)"
             : l->recompute == CDP_RECOMPUTE_SELECTIVE ? " (attention, norm and GELU outputs computed again)"
