@@ -25,7 +25,9 @@ cdp_status cdp_planner_simulate(const struct cdp_plan *plan, const struct cdp_to
                                 struct cdp_sim_result **out)
 {
     struct ctx c;
-    cdp_status st = cdp_planner_ctx_init_for(&c, plan, t, costs, l->recompute);
+    struct cdp_plan at = *plan; /* the layout's t ("auto" planned it); shallow, read only */
+    at.parallel.tensor = l->tensor;
+    cdp_status st = cdp_planner_ctx_init_for(&c, &at, t, costs, l->recompute);
     if (!st) {
         c.kind = l->schedule;
         c.zero = l->zero;
@@ -62,7 +64,9 @@ cdp_status cdp_planner_explore(const struct cdp_plan *plan, const struct cdp_top
     int *dev = NULL, *perm = NULL, *chosen = NULL;
     struct ctx c;
     if (n_random < 1 || N * l->tensor > t->n_gpus) return cdp_fail(CDP_ERR_INVALID, "planner: explore: bad sample count or shape");
-    cdp_status st = cdp_planner_ctx_init_for(&c, plan, t, costs, l->recompute);
+    struct cdp_plan at = *plan; /* the layout's t ("auto" planned it); shallow, read only */
+    at.parallel.tensor = l->tensor;
+    cdp_status st = cdp_planner_ctx_init_for(&c, &at, t, costs, l->recompute);
     if (st) goto fail;
     c.kind = l->schedule;
     c.zero = l->zero;

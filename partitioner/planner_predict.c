@@ -66,6 +66,10 @@ static void vstages_of(const struct cdp_unit_cost *cost, int nv, const int64_t (
             o->bwd_w_s += cost[i].bwd_w_s;
             o->grad_bytes += cost[i].param_bytes;
             o->opt_s += cost[i].opt_s;
+            o->tp_fwd_s += cost[i].tp_fwd_s;
+            o->tp_bwd_s += cost[i].tp_bwd_s;
+            o->tp_fwd_bytes += cost[i].tp_fwd_bytes;
+            o->tp_bwd_bytes += cost[i].tp_bwd_bytes;
         }
         if (ranges[k][1] > ranges[k][0]) o->out_bytes = cost[ranges[k][1] - 1].out_bytes;
         buckets_of(cost, ranges[k][0], ranges[k][1], bucket_bytes, o);
@@ -85,7 +89,7 @@ static cdp_status sim_procs(struct ctx *c, const int *device, const int *trace_r
                                 .tied_bytes = tied ? c->tied_bytes : 0, .device = device, .n_devices = c->nd,
                                 .bandwidth = c->bw, .latency = c->lat,
                                 .samples_per_mb = (double)c->plan->train.micro_batch, .trace_rank = trace_rank,
-                                .proc = proc, .zero = c->R > 1 ? c->zero : 0};
+                                .proc = proc, .zero = c->R > 1 ? c->zero : 0, .tensor = c->tp};
     c->sims++;
     return cdp_sim_run(&sc, out);
 }

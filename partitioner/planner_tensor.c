@@ -211,22 +211,29 @@ void cdp_planner_tensor_links(const struct cdp_topology *t, int tp, double *bw, 
     if (isinf(*bw)) *bw = 0;
 }
 
+/* The bytes one all-reduce of a unit moves (before the ring's 2(t-1)/t), 0 when it runs none. */
+static double collective_bytes(const struct cdp_plan *plan, const struct cdp_unit *u)
+{
+    const double B = (double)plan->train.micro_batch, elem = cdp_cost_act_elem_bytes(plan);
+    if (u->desc.type == CDP_LAYER_LINEAR && u->desc.split != CDP_TSPLIT_NONE) {
+        const struct cdp_shape *whole = u->desc.split == CDP_TSPLIT_ROW ? &u->out : &u->in;
+        double numel = 1;
+        for (int q = 0; q < whole->ndim; q++) numel *= (double)whole->d[q];
+        return B * numel * elem;
+    }
+    return splits(u->desc.type) ? B * (double)plan->model.context * (double)plan->model.embed * elem : 0;
+}
+
 double cdp_planner_tensor_collective_s(const struct cdp_plan *plan, int tp, double bw, double lat,
                                        const struct cdp_unit *u, int *count_fwd, int *count_bwd)
 {
     *count_fwd = *count_bwd = 0;
-    const double B = (double)plan->train.micro_batch, elem = cdp_cost_act_elem_bytes(plan);
-    if (tp > 1 && u->desc.type == CDP_LAYER_LINEAR && u->desc.split != CDP_TSPLIT_NONE) {
+    if (tp <= 1) return 0;
+    if (u->desc.type == CDP_LAYER_LINEAR && u->desc.split != CDP_TSPLIT_NONE) {
         /* a row split sums its output forward; a column split its input's gradient backward */
         if (u->desc.split == CDP_TSPLIT_ROW) *count_fwd = 1;
         else *count_bwd = 1;
-        const struct cdp_shape *whole = u->desc.split == CDP_TSPLIT_ROW ? &u->out : &u->in;
-        double numel = 1;
-        for (int q = 0; q < whole->ndim; q++) numel *= (double)whole->d[q];
-        return ring(B * numel * elem, tp, bw, lat);
-    }
-    if (tp <= 1 || !splits(u->desc.type)) return 0;
-    if (is_block(u->desc.type)) {
+    } else if (is_block(u->desc.type)) {
         /* attention's output projection and the MLP's second product: one
          * all-reduce each forward, and their inputs' gradients one each backward;
          * full recomputation runs the forward's two again */
@@ -234,10 +241,12 @@ double cdp_planner_tensor_collective_s(const struct cdp_plan *plan, int tp, doub
         *count_bwd = 2 + (u->recompute == CDP_RECOMPUTE_FULL ? 2 : 0);
     } else if (u->desc.type == CDP_LAYER_EMBEDDING) {
         *count_fwd = 1; /* after the lookup of each rank's vocab slice */
+    } else if (u->desc.type == CDP_LAYER_LM_HEAD) {
+        *count_bwd = 1; /* the head's input gradient; its max and sum of exponentials are counted apart */
     } else {
-        *count_bwd = 1; /* the head's input gradient; its max and sum of exponentials are counted below */
+        return 0;
     }
-    return ring(B * (double)plan->model.context * (double)plan->model.embed * elem, tp, bw, lat);
+    return ring(collective_bytes(plan, u), tp, bw, lat);
 }
 
 void cdp_planner_tensor_costs(const struct cdp_plan *plan, int tp, double bw, double lat, const struct cdp_unit *u,
@@ -251,8 +260,17 @@ void cdp_planner_tensor_costs(const struct cdp_plan *plan, int tp, double bw, do
         /* split backward: the collectives are the input half's (B); W stays free of tensor-group traffic */
         cost[i].fwd_s += f * one;
         cost[i].bwd_s += b * one;
-        if (u[i].desc.type == CDP_LAYER_LM_HEAD) /* the loss's max and sum over the vocab slices: B x T floats each */
-            cost[i].fwd_s += 2 * ring(B * T * 4, tp, bw, lat);
+        const double link = 2.0 * (tp - 1) / tp * collective_bytes(plan, &u[i]);
+        cost[i].tp_fwd_s = f * one;
+        cost[i].tp_bwd_s = b * one;
+        cost[i].tp_fwd_bytes = f * link;
+        cost[i].tp_bwd_bytes = b * link;
+        if (u[i].desc.type == CDP_LAYER_LM_HEAD) { /* the loss's max and sum over the vocab slices: B x T floats each */
+            const double small = 2 * ring(B * T * 4, tp, bw, lat);
+            cost[i].fwd_s += small;
+            cost[i].tp_fwd_s += small;
+            cost[i].tp_fwd_bytes += 2 * 2.0 * (tp - 1) / tp * B * T * 4;
+        }
     }
 }
 

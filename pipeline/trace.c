@@ -23,7 +23,7 @@ struct cdp_trace {
 static const char *const kind_names[] = {"load",      "forward",   "backward",   "optimizer",
                                          "eval",      "backward input", "backward weight", "send act",  "recv act",   "send grad",
                                          "recv grad", "all-reduce", "reduce-scatter", "all-gather",
-                                         "tied all-reduce", "bucket"};
+                                         "tied all-reduce", "bucket", "tensor all-reduce"};
 CDP_TABLE_CHECK(kind_names, CDP_EV_KIND_COUNT);
 
 _Static_assert(sizeof(struct cdp_event_rec) == 4 * sizeof(int) + 2 * sizeof(uint64_t) + 4 * sizeof(int) +
@@ -102,6 +102,7 @@ static const char *group_name(int g)
 {
     return g == CDP_EV_GROUP_REPLICAS ? "the stage's replicas"
            : g == CDP_EV_GROUP_TIED   ? "the replica's first and last stage"
+           : g == CDP_EV_GROUP_TENSOR ? "the stage's tensor group"
                                       : "";
 }
 
