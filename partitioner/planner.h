@@ -163,7 +163,10 @@ void cdp_planner_print_brief(const struct cdp_planner_result *r, FILE *f);
 
 /* {"stages", "placement", "predicted", "balance", "baselines", "host"}: what
  * a fixed plan gives again (nothing about the search, nor whether the shares
- * were computed or given, so --dry-run --json round-trips). New ref. */
+ * were computed or given, so --dry-run --json round-trips); with
+ * /parallel/tensor "auto" also "tensor_search" (each t's plan, why larger t
+ * were not tried), which the resolved plan, its t fixed, does not repeat.
+ * New ref. */
 json_t *cdp_planner_to_json(const struct cdp_planner_result *r);
 
 #define CDP_PLANNER_EXPLORE_SAMPLES 200 /* random placements --explore placements evaluates */

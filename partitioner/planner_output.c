@@ -291,6 +291,28 @@ json_t *cdp_planner_to_json(const struct cdp_planner_result *r)
     json_object_set_new(o, "stages", stages);
     json_object_set_new(o, "placement", cdp_layout_ranks_json(l));
     json_object_set_new(o, "host", host);
+    if (r->n_tensor_alt) { /* the search over t ("tensor": "auto"; a plan with t fixed has none) */
+        json_t *ts = json_array();
+        for (int i = 0; i < r->n_tensor_alt; i++) {
+            const struct cdp_planner_tensor_alt *a = &r->tensor_alt[i];
+            json_t *x = json_pack("{s:i,s:b}", "tensor", a->tensor, "chosen", a->ok && a->tensor == l->tensor);
+            if (a->ok) {
+                json_object_set_new(x, "stages", json_integer(a->stages));
+                json_object_set_new(x, "replicas", json_integer(a->replicas));
+                json_object_set_new(x, "micro_batches", json_integer(a->micro_batches));
+                json_object_set_new(x, "schedule", json_string(cdp_schedule_name(a->schedule)));
+                json_object_set_new(x, "recompute", json_string(cdp_recompute_name(a->recompute)));
+                json_object_set_new(x, "step_s", json_real(a->step_s));
+                json_object_set_new(x, "samples_per_s", json_real(a->samples_per_s));
+                json_object_set_new(x, "bubble", json_real(a->bubble));
+                json_object_set_new(x, "bounded", json_boolean(a->bounded));
+            } else {
+                json_object_set_new(x, "why", json_string(a->why));
+            }
+            json_array_append_new(ts, x);
+        }
+        json_object_set_new(o, "tensor_search", json_pack("{s:o,s:s}", "tried", ts, "not_tried", r->tensor_why));
+    }
     if (r->predicted_ok) {
         json_t *pr = pred_json(&r->predicted);
         json_object_set_new(pr, "peak_memory_bytes", mem);

@@ -1101,6 +1101,19 @@ Test(planner, tensor_auto_keeps_the_fastest_t_and_lists_the_others, .timeout = 1
     }
     cr_expect_eq(chosen, 1);
     cr_expect_eq(r.layout->n_ranks, r.layout->stages * r.layout->replicas * r.layout->tensor);
+    /* --json carries the same */
+    json_t *j = cdp_planner_to_json(&r), *tried = json_object_get(json_object_get(j, "tensor_search"), "tried");
+    cr_assert_eq(json_array_size(tried), 4);
+    int marked = 0;
+    for (size_t i = 0; i < 4; i++) {
+        json_t *x = json_array_get(tried, i);
+        if (json_is_true(json_object_get(x, "chosen"))) {
+            marked++;
+            cr_expect_eq(json_integer_value(json_object_get(x, "tensor")), r.layout->tensor);
+        }
+    }
+    cr_expect_eq(marked, 1);
+    json_decref(j);
     cdp_planner_result_clear(&r);
     cdp_plan_free(p);
 }
