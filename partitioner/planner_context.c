@@ -125,10 +125,11 @@ static cdp_status ctx_init_modes(struct ctx *c, const struct cdp_plan *plan, con
     c->v = cdp_schedule_chunks_of(plan->parallel.schedule, (int)plan->parallel.chunks);
     c->hv = cdp_backend_host_visible(plan->cluster.backend);
     const struct cdp_device_rate rate = cdp_device_rate_of(t, 0, plan->train.precision);
-    cdp_status st = CDP_OK;
+    cdp_status st = tensor_groups(c, plan, t);
+    /* a rank's units: with tensor groups, its slices of the split layers (every index's are alike) */
     for (int i = 0; i < n_modes && !st; i++) {
         const enum cdp_recompute r = modes[i];
-        if ((st = cdp_units_build(&plan->model, &c->mode[r].u, &c->n))) return st;
+        if ((st = cdp_units_build_tensor(&plan->model, c->tp, 0, &c->mode[r].u, &c->n))) return st;
         for (int k = 0; k < c->n; k++) cdp_unit_set_recompute(&c->mode[r].u[k], r);
         cdp_cost_fit_units(plan, c->mode[r].u, c->n);
         if (!(c->mode[r].cost = calloc((size_t)c->n, sizeof *c->mode[r].cost)))
@@ -145,7 +146,6 @@ static cdp_status ctx_init_modes(struct ctx *c, const struct cdp_plan *plan, con
     c->rdev = malloc((size_t)c->nd * sizeof *c->rdev);
     if (!c->bw || !c->lat || !c->rdev) return cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
     links_of(t, c->bw, c->lat);
-    if ((st = tensor_groups(c, plan, t))) return st;
     c->tied_bytes = cdp_planner_tied_model(plan) ? tied_bytes_of(plan, c->u, c->n) : 0;
     uint64_t cap = 0;
     for (int d = 0; d < c->nd; d++) {
