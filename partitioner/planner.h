@@ -100,7 +100,7 @@ struct cdp_planner_result {
     int predicted_ok;                /* 0 when the step was not simulated (CDP_PLANNER_LAYOUT_ONLY) */
     struct cdp_planner_prediction predicted;
     struct cdp_planner_baseline baseline[2];
-    int world;                       /* devices (tensor groups with t > 1) the search could use */
+    int world;                       /* devices the search could use (tensor groups with t > 1) */
     struct cdp_planner_more more;    /* why devices stay idle (docs/planner.md) */
     char placement_method[200];
     struct cdp_planner_balance balance;

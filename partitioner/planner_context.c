@@ -127,15 +127,15 @@ static cdp_status ctx_init_modes(struct ctx *c, const struct cdp_plan *plan, con
     c->v = cdp_schedule_chunks_of(plan->parallel.schedule, (int)plan->parallel.chunks);
     c->hv = cdp_backend_host_visible(plan->cluster.backend);
     const struct cdp_device_rate rate = cdp_device_rate_of(t, 0, plan->train.precision);
-    /* a rank of a tensor group: its share of the split units, and the group's collectives */
-    const int tp = plan->parallel.tensor == CDP_AUTO ? 1 : (int)plan->parallel.tensor;
+    cdp_status st = tensor_groups(c, plan, t);
+    /* a rank of a tensor group: the group's ring for its collectives */
+    const int tp = c->tp;
     double tp_bw = 0, tp_lat = 0;
     if (tp > 1) cdp_planner_tensor_links(t, tp, &tp_bw, &tp_lat);
-    cdp_status st = CDP_OK;
+    /* a rank's units: with tensor groups, its slices of the split layers (every index's are alike);
+     * the GPT family's, whose types do not split yet, estimated (cdp_planner_tensor_units) */
     for (int i = 0; i < n_modes && !st; i++) {
         const enum cdp_recompute r = modes[i];
-        /* tensor index 0's slice: the layer types that split say how (the others are estimated
-         * below, cdp_planner_tensor_units) */
         if ((st = cdp_units_build_tensor(&plan->model, tp, 0, &c->mode[r].u, &c->n))) return st;
         for (int k = 0; k < c->n; k++) cdp_unit_set_recompute(&c->mode[r].u[k], r);
         cdp_cost_fit_units(plan, c->mode[r].u, c->n);
@@ -156,7 +156,6 @@ static cdp_status ctx_init_modes(struct ctx *c, const struct cdp_plan *plan, con
     c->rdev = malloc((size_t)c->nd * sizeof *c->rdev);
     if (!c->bw || !c->lat || !c->rdev) return cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
     links_of(t, c->bw, c->lat);
-    if ((st = tensor_groups(c, plan, t))) return st;
     c->tied_bytes = cdp_planner_tied_model(plan) ? tied_bytes_of(plan, c->u, c->n) : 0;
     uint64_t cap = 0;
     for (int d = 0; d < c->nd; d++) {

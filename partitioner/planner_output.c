@@ -98,7 +98,10 @@ void cdp_planner_print(const struct cdp_planner_result *r, FILE *f)
 {
     const struct cdp_layout *l = r->layout;
     const int N = l->n_ranks;
-    fprintf(f, "\nPlan (on %s, %d devices usable)\n", l->topology, r->world);
+    if (l->tensor > 1)
+        fprintf(f, "\nPlan (on %s, %d tensor groups of %d devices usable)\n", l->topology, r->world, l->tensor);
+    else
+        fprintf(f, "\nPlan (on %s, %d devices usable)\n", l->topology, r->world);
     fprintf(f, "  shape       %d stage%s x %d replica%s", l->stages, l->stages == 1 ? "" : "s", l->replicas,
             l->replicas == 1 ? "" : "s");
     if (l->tensor > 1) fprintf(f, " x tensor %d", l->tensor);

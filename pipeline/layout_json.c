@@ -302,6 +302,7 @@ cdp_status cdp_layout_check_plan(const struct cdp_layout *l, const struct cdp_pl
                 cdp_backend_name(plan->cluster.backend));
     FIXED(pd->stages, "parallel/stages", "stages", p);
     FIXED(pd->replicas, "parallel/replicas", "replicas", R);
+    FIXED(pd->tensor, "parallel/tensor", "tensor", l->tensor);
     FIXED(pd->micro_batches, "parallel/micro_batches", "micro_batches", l->micro_batches);
     if (!pd->schedule_auto) FIXED(pd->chunks, "parallel/chunks", "chunks", l->chunks);
     FIXED(plan->train.micro_batch, "train/micro_batch", "micro_batch", l->micro_batch);

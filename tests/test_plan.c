@@ -1154,6 +1154,11 @@ ParameterizedTest(struct lr_bad *c, plan, lr_schedule_errors_name_the_key)
 
 /* /parallel/tensor: a positive count or "auto", emitted back; with t above
  * 1 every layer must split or pass a slice through, else the layer is named. */
+#define SPLITS(l1, l2, l3, t)                                                                                 \
+    "{\"model\": {\"input\": [8], \"layers\": [" l1 ", " l2 ", " l3 "]}, \"parallel\": {\"tensor\": " t "}}"
+#define COL "{\"type\": \"linear\", \"out\": 10, \"split\": \"column\"}"
+#define ROW "{\"type\": \"linear\", \"out\": 4, \"split\": \"row\"}"
+
 Test(plan, tensor_key)
 {
     struct cdp_plan *p = load_ok("{\"model\": {\"preset\": \"mlp\"}}");
@@ -1170,6 +1175,15 @@ Test(plan, tensor_key)
     p = load_ok("{\"model\": {\"preset\": \"gpt\"}, \"parallel\": {\"tensor\": \"auto\"}}");
     cr_assert_eq(p->parallel.tensor, CDP_AUTO);
     cdp_plan_free(p);
+    /* splits load, pair and are written back; at t = 1 they are whole */
+    p = load_ok(SPLITS(COL, "{\"type\": \"gelu\"}", ROW, "2"));
+    cr_assert_eq(p->model.layer_list[0].split, CDP_TSPLIT_COLUMN);
+    cr_assert_eq(p->model.layer_list[2].split, CDP_TSPLIT_ROW);
+    cr_assert_eq(cdp_plan_to_json(p, &json), CDP_OK);
+    cr_assert(strstr(json, "\"split\": \"column\"") && strstr(json, "\"split\": \"row\""), "%s", json);
+    free(json);
+    cdp_plan_free(p);
+    cdp_plan_free(load_ok(SPLITS(COL, "{\"type\": \"relu\"}", ROW, "\"auto\"")));
     static const struct {
         const char *plan, *error;
     } bad[] = {
@@ -1186,6 +1200,20 @@ Test(plan, tensor_key)
          "t.json: /model/layers/1: layernorm (layer 1) does not split over /parallel/tensor 2 yet"},
         {"{\"model\": {\"preset\": \"cnn\"}, \"parallel\": {\"tensor\": 2}}",
          "t.json: /model/preset: conv2d (layer 0) does not split"},
+        {SPLITS(COL, "{\"type\": \"relu\"}", ROW, "4"),
+         "t.json: /model/layers/0/out: 10 is not a multiple of /parallel/tensor 4"},
+        {SPLITS("{\"type\": \"relu\"}", "{\"type\": \"linear\", \"out\": 4}", ROW, "1"),
+         "t.json: /model/layers/2/split: \"row\" needs a \"column\" split linear before it"},
+        {SPLITS(COL, "{\"type\": \"linear\", \"out\": 6}", ROW, "2"),
+         "t.json: /model/layers/1: linear gets the slice of the column split of layer 0"},
+        {SPLITS(COL, COL, ROW, "2"),
+         "t.json: /model/layers/1/split: \"column\", but the slice of the column split of layer 0"},
+        {SPLITS(ROW, "{\"type\": \"relu\"}", COL, "2"), "t.json: /model/layers/0/split: \"row\" needs"},
+        {SPLITS("{\"type\": \"relu\"}", "{\"type\": \"relu\"}", COL, "2"),
+         "t.json: /model/layers/2/split: \"column\", but its slice reaches the end of the model"},
+        {SPLITS(COL, "{\"type\": \"relu\"}", "{\"type\": \"linear\", \"out\": 4, \"split\": \"rows\"}", "2"),
+         "t.json: /model/layers/2/split: expected one of \"none\", \"column\", \"row\", got \"rows\" (did you mean "
+         "\"row\"?)"},
         {"{\"model\": {\"preset\": \"mlp\"}, \"parallel\": {\"stages\": 2, \"replicas\": 2, \"tensor\": 2}, "
          "\"cluster\": {\"devices\": 4}}",
          "t.json: /parallel/stages: 2 stages x /parallel/replicas 2 x /parallel/tensor = 8 devices, but "
