@@ -333,10 +333,12 @@ cdp_status cdp_layout_check_plan(const struct cdp_layout *l, const struct cdp_pl
             const struct cdp_layout_rank *k = &l->rank[i];
             /* a tensor group's devices follow the first, which the placement names */
             const int64_t d = pd->placement_map[k->stage * R + k->replica] + k->tensor;
+            char tensor[24] = "";
+            if (l->tensor > 1) snprintf(tensor, sizeof tensor, ", tensor %d", k->tensor);
             if (d != k->device)
-                DIFFERS("/layout/ranks/%d (stage %d, replica %d, tensor %d) is on device %d, /parallel/placement/%d/%d "
-                        "gives %lld", file, i, k->stage, k->replica, k->tensor, k->device, k->stage, k->replica,
-                        (long long)d);
+                DIFFERS("/layout/ranks/%d (stage %d, replica %d%s) is on device %d, /parallel/placement/%d/%d %s %lld",
+                        file, i, k->stage, k->replica, tensor, k->device, k->stage, k->replica,
+                        l->tensor > 1 ? "gives" : "is", (long long)d);
         }
     for (int r = 0; r < R; r++) {
         const int64_t want = pd->balance == CDP_BALANCE_EXPLICIT && pd->n_shares == R ? pd->shares[r]
