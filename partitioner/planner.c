@@ -639,8 +639,8 @@ cdp_status cdp_planner_run(const struct cdp_plan *plan, const struct cdp_topolog
     struct cdp_planner_tensor_alt alt[CDP_PLANNER_TENSOR_CHOICES];
     int n_alt = 0, have = 0;
     int64_t shapes = 0, feasible = 0, pruned = 0, sims = 0, rsims = 0;
-    cdp_status st = CDP_OK, first_err = CDP_OK;
-    char first_msg[1024] = "";
+    cdp_status st = CDP_OK, last_err = CDP_OK;
+    char last_msg[1024] = "";
     /* the largest t first: its plan's throughput bounds the shapes of the
      * next (their bounds no higher are not simulated) */
     for (int i = n - 1; i >= 0; i--) {
@@ -662,10 +662,9 @@ cdp_status cdp_planner_run(const struct cdp_plan *plan, const struct cdp_topolog
                 return st;
             }
             snprintf(a->why, sizeof a->why, "no plan: %s", cdp_last_error());
-            if (!first_err) {
-                first_err = st;
-                snprintf(first_msg, sizeof first_msg, "%s", cdp_last_error());
-            }
+            /* the smallest t's reason is the one kept (t = 1 last: the plan as it would be without groups) */
+            last_err = st;
+            snprintf(last_msg, sizeof last_msg, "%s", cdp_last_error());
             continue;
         }
         shapes += r.shapes, feasible += r.feasible, pruned += r.pruned;
@@ -688,7 +687,7 @@ cdp_status cdp_planner_run(const struct cdp_plan *plan, const struct cdp_topolog
             cdp_planner_result_clear(&r);
         }
     }
-    if (!have) return cdp_fail(first_err ? first_err : CDP_ERR_INVALID, "%s", first_msg);
+    if (!have) return cdp_fail(last_err ? last_err : CDP_ERR_INVALID, "%s", last_msg);
     memcpy(best.tensor_alt, alt, sizeof alt);
     best.n_tensor_alt = n_alt;
     snprintf(best.tensor_why, sizeof best.tensor_why, "%s", why);
