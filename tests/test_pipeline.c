@@ -308,6 +308,7 @@ ParameterizedTest(struct layout *l, pipeline, tensor_layouts_equal_one_rank, .ti
     char want[64];
     snprintf(want, sizeof want, "\"tensor\": %d", l->t - 1);
     cr_assert(text && strstr(text, "\"tensor\": ") && strstr(text, want), "%s names every rank's tensor index", b);
+    cr_assert(strstr(text, "\"tensor_comm_s\": "), "%s has the tensor groups' all-reduce time", b);
     free(text);
     snprintf(a, sizeof a, "%s/pipe-trace.json", dir);
     text = cdp_test_read_file(a);

@@ -219,6 +219,7 @@ struct cdp_exec_step {
     int step;
     double loss, bubble, time_s, val_loss; /* val_loss NAN when not validated */
     double compute_s, comm_s, idle_s, step_s; /* mean over ranks */
+    double tensor_s;                      /* of comm_s: the split layers' all-reduces (mean over ranks) */
     int report;                           /* a monitor report was taken */
     int stop;                             /* a rank was asked to stop (cdp_exec_request_stop) */
     struct cdp_monitor_report mon;
