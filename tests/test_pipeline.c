@@ -308,6 +308,7 @@ ParameterizedTest(struct layout *l, pipeline, tensor_layouts_equal_one_rank, .ti
     char want[64];
     snprintf(want, sizeof want, "\"tensor\": %d", l->t - 1);
     cr_assert(text && strstr(text, "\"tensor\": ") && strstr(text, want), "%s names every rank's tensor index", b);
+    cr_assert(strstr(text, "\"tensor_comm_s\": "), "%s has the tensor groups' all-reduce time", b);
     free(text);
     snprintf(a, sizeof a, "%s/pipe-trace.json", dir);
     text = cdp_test_read_file(a);
@@ -1168,8 +1169,9 @@ Test(pipeline, a_schedule_file_trains_as_its_generated_lists, .timeout = 120)
 }
 
 /* A checkpoint of tensor groups holds whole tensors (docs/parallelism.md):
- * exported, it is bitwise the weights the run wrote; it resumes at t = 1 and
- * at t = 2, each training on as one rank does. */
+ * written at t = 2 under ZeRO-1 and exported, it is bitwise the weights the
+ * run wrote; it resumes at t = 1 and at t = 2 (under ZeRO-2), each training
+ * on as one rank does. */
 Test(pipeline, tensor_checkpoints_resume_at_any_t, .timeout = 240)
 {
     need_mpi();
@@ -1177,20 +1179,20 @@ Test(pipeline, tensor_checkpoints_resume_at_any_t, .timeout = 240)
     snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
     static const struct {
         const char *name;
-        int steps, p, t;
+        int steps, p, t, R, zero;
         const char *ckpt;
-    } runs[] = {{"write", 2, 2, 2, "\"checkpoint\": {\"dir\": \"ckpt\", \"every\": 2}, "},
-                {"at1", 4, 1, 1, "\"checkpoint\": {\"dir\": \"ckpt1\", \"every\": 100}, "},
-                {"at2", 4, 2, 2, "\"checkpoint\": {\"dir\": \"ckpt2\", \"every\": 100}, "},
-                {"one", 4, 1, 1, ""}};
+    } runs[] = {{"write", 2, 2, 2, 2, 1, "\"checkpoint\": {\"dir\": \"ckpt\", \"every\": 2}, "},
+                {"at1", 4, 1, 1, 1, 0, "\"checkpoint\": {\"dir\": \"ckpt1\", \"every\": 100}, "},
+                {"at2", 4, 2, 2, 2, 2, "\"checkpoint\": {\"dir\": \"ckpt2\", \"every\": 100}, "},
+                {"one", 4, 1, 1, 1, 0, ""}};
     for (int i = 0; i < 4; i++) {
         char json[2048], file[64];
         snprintf(json, sizeof json,
                  "{" SPLIT_MLP ", \"data\": {\"source\": \"synthetic\", \"seed\": 3}, \"train\": {\"steps\": %d, "
                  "\"global_batch\": 8, \"micro_batch\": 2, %s\"optimizer\": {\"type\": \"adamw\", \"lr\": 0.01}, "
-                 "\"eval_batches\": 1}, \"parallel\": {\"stages\": %d, \"tensor\": %d}, \"cluster\": {\"backend\": "
-                 "\"cpu\"}, \"output\": {\"weights\": \"%s.safetensors\"}}",
-                 runs[i].steps, runs[i].ckpt, runs[i].p, runs[i].t, runs[i].name);
+                 "\"eval_batches\": 1}, \"parallel\": {\"stages\": %d, \"tensor\": %d, \"replicas\": %d, \"zero\": "
+                 "%d}, \"cluster\": {\"backend\": \"cpu\"}, \"output\": {\"weights\": \"%s.safetensors\"}}",
+                 runs[i].steps, runs[i].ckpt, runs[i].p, runs[i].t, runs[i].R, runs[i].zero, runs[i].name);
         snprintf(file, sizeof file, "%s.json", runs[i].name);
         cdp_test_write_file(dir, file, json);
     }

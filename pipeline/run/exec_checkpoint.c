@@ -102,7 +102,7 @@ cdp_status cdp_exec_save_checkpoint(struct exec *e, int step)
              "rank %d/%d (stage %d, replica %d), step %d: writing a checkpoint", e->rank, e->size, e->s, e->r, step);
     cdp_fault_in_save(&e->fault, e->rank, step, "part");
     /* ZeRO-1: the stage's other replicas hand replica 0 their shards of the state as it writes */
-    if (e->t > 1 && e->r == 0) {
+    if (e->t > 1 && (e->r == 0 || e->zero)) {
         char part[32];
         snprintf(part, sizeof part, "stage-%d", e->s);
         st = cdp_exec_ckpt_write_tensor(e, step, part);
@@ -248,9 +248,6 @@ cdp_status cdp_exec_resume(struct exec *e, const char *dir)
     struct cdp_model **models = NULL;
     struct cdp_optimizer **opts = NULL;
     st = check_same_run(e, path, &info);
-    if (!st && e->t > 1 && e->zero)
-        st = cdp_fail(CDP_ERR_UNSUPPORTED, "%s: resuming tensor groups of %d under /parallel/zero %d is not built "
-                      "yet; resume with zero 0", path, e->t, e->zero);
     if (!st) st = chunk_lists(e, &models, &opts);
     if (!st && e->t > 1) st = cdp_exec_ckpt_load_tensor(e, path, &info);
     else if (!st) st = cdp_ckpt_load(path, &info, models, opts, e->v);

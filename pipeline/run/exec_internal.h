@@ -191,9 +191,15 @@ cdp_status cdp_exec_resume(struct exec *e, const char *dir);
  * data-parallel group, host memory) while the others send their shards at the
  * same time (model/checkpoint.h cdp_ckpt_write_part_sharded). A failure on one
  * side leaves the other waiting until timeout_s. */
-/* Tensor groups (exec_ckpt_tensor.c): replica 0's group writes part as whole
- * tensors (every rank of the group calls it); a resume loads the whole
- * tensors and keeps each rank's slices (every rank). Not under ZeRO. */
+/* ZeRO: every replica's piece of state s of tensor i of m, in rank order of
+ * group: at its rank 0 into *out (malloc'd, nbytes), the others (out NULL)
+ * send theirs (exec_ckpt_gather.c). */
+cdp_status cdp_exec_ckpt_gather_state(struct cdp_optimizer *o, struct cdp_model *m, int i, int s, cdp_comm_t group,
+                                      double timeout, uint64_t nbytes, uint8_t **out);
+/* Tensor groups (exec_ckpt_tensor.c): replica 0's groups write part as whole
+ * tensors (every rank of replica 0 calls it; under ZeRO every rank, the
+ * other replicas sending their shards of the state); a resume loads the
+ * whole tensors and keeps each rank's slices and shards (every rank). */
 cdp_status cdp_exec_ckpt_write_tensor(struct exec *e, int step, const char *part);
 cdp_status cdp_exec_ckpt_load_tensor(struct exec *e, const char *path, const struct cdp_ckpt_info *info);
 cdp_status cdp_exec_ckpt_write_gathered(const char *dir, int64_t step, const char *part,
@@ -213,6 +219,7 @@ struct cdp_exec_step {
     int step;
     double loss, bubble, time_s, val_loss; /* val_loss NAN when not validated */
     double compute_s, comm_s, idle_s, step_s; /* mean over ranks */
+    double tensor_s;                      /* of comm_s: the split layers' all-reduces (mean over ranks) */
     int report;                           /* a monitor report was taken */
     int stop;                             /* a rank was asked to stop (cdp_exec_request_stop) */
     struct cdp_monitor_report mon;

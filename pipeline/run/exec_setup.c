@@ -221,10 +221,6 @@ cdp_status cdp_exec_setup(struct exec *e)
             return cdp_fail(CDP_ERR_INVALID, "%s: zero 2 (ZeRO-2) needs every replica to run the same micro-batches; "
                             "the layout gives replica 0 %lld and replica %d %lld", p->source,
                             (long long)e->share[0], r, (long long)e->share[r]);
-    if (e->t > 1 && e->zero && p->train.checkpoint.dir)
-        return cdp_fail(CDP_ERR_UNSUPPORTED, "%s: /train/checkpoint with /parallel/tensor %d and /parallel/zero %d: "
-                        "checkpoints of tensor groups under ZeRO are not built yet; set zero 0 or leave "
-                        "checkpoints out", p->source, e->t, e->zero);
     e->unit = cdp_schedule_def(L->schedule)->mb_multiple_of_stages ? e->p : 1;
     e->G = (int64_t)e->R * L->micro_batches * e->B;
     int *stage_slots = malloc((size_t)e->p * 2 * sizeof *stage_slots);

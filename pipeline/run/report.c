@@ -222,6 +222,7 @@ static json_t *step_record(const struct exec *e, const struct cdp_exec_step *s, 
     const double mfu = mfu_of(e, t, s->time_s);
     if (!isnan(mfu)) json_object_set_new(o, "mfu", json_real(mfu));
     json_object_set_new(o, "bubble", json_real(s->bubble));
+    if (e->t > 1) json_object_set_new(o, "tensor_comm_s", json_real(s->tensor_s));
     if (!isnan(s->val_loss)) json_object_set_new(o, "val_loss", json_real(s->val_loss));
     if (e->R > 1) {
         json_t *sh = json_array();

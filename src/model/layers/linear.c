@@ -10,7 +10,7 @@
 
 static const char *const keys[] = {"out", "bias", "split", NULL};
 static const char *const split_names[] = {"none", "column", "row", NULL};
-_Static_assert(CDP_TSPLIT_COUNT == 3, "a name for every split");
+CDP_TABLE_CHECK(split_names, CDP_TSPLIT_COUNT + 1);
 
 static cdp_status parse(const struct cdp_json_in *in, const json_t *v, const char *ptr, const char *who,
                         struct cdp_layer_desc *L)
