@@ -310,6 +310,18 @@ ParameterizedTest(struct layout *l, pipeline, tensor_layouts_equal_one_rank, .ti
     cr_assert(text && strstr(text, "\"tensor\": ") && strstr(text, want), "%s names every rank's tensor index", b);
     cr_assert(strstr(text, "\"tensor_comm_s\": "), "%s has the tensor groups' all-reduce time", b);
     free(text);
+    /* the model's FLOPs of a step whatever t: a slice each, a replicated unit once */
+    double flops[2];
+    for (int f = 0; f < 2; f++) {
+        snprintf(a, sizeof a, "%s/%s.jsonl", dir, f ? "pipe" : "one");
+        text = cdp_test_read_file(a);
+        const char *fl = text ? strstr(text, "\"flops_per_s\": ") : NULL, *ti = text ? strstr(text, "\"time_s\": ") : NULL;
+        cr_assert(fl && ti, "%s: a step record", a);
+        flops[f] = strtod(fl + 15, NULL) * strtod(ti + 10, NULL);
+        free(text);
+    }
+    cr_assert_leq(fabs(flops[1] - flops[0]), 1e-6 * flops[0], "FLOPs of a step: %g at t=%d, %g on one rank", flops[1],
+                  l->t, flops[0]);
     snprintf(a, sizeof a, "%s/pipe-trace.json", dir);
     text = cdp_test_read_file(a);
     snprintf(want, sizeof want, ", tensor %d,", l->t - 1);

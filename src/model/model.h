@@ -186,7 +186,9 @@ cdp_status cdp_model_zero(struct cdp_model *m, void *dst, size_t bytes);
 cdp_status cdp_model_add(struct cdp_model *m, float *dst, const float *src, size_t n);
 cdp_status cdp_model_sum_squares(struct cdp_model *m, const float *x, size_t n, double *out);
 int64_t cdp_model_param_floats(const struct cdp_model *m);
-/* Matrix-multiply FLOPs of one forward + backward of one micro-batch. */
+/* Matrix-multiply FLOPs of one forward + backward of one micro-batch: the
+ * model's work, so with tensor groups a split unit's slice, and a replicated
+ * unit only at index 0 (summed over a group, each unit counts once). */
 double cdp_model_step_flops(const struct cdp_model *m);
 /* The kernels of the model's device, which every pass runs on. Not owned. */
 const struct cdp_kernels *cdp_model_kernels(const struct cdp_model *m);
