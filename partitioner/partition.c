@@ -62,6 +62,72 @@ cdp_status cdp_partition_balanced(const double *cost, int n, int k, int64_t (*ra
     return CDP_OK;
 }
 
+/* The objective of a chunked split: the largest rank total, then the sum of
+ * squared totals (which moves off plateaus of the largest). */
+static void rank_objective(const double *load, int ranks, double *worst, double *squares)
+{
+    *worst = 0;
+    *squares = 0;
+    for (int r = 0; r < ranks; r++) {
+        if (load[r] > *worst) *worst = load[r];
+        *squares += load[r] * load[r];
+    }
+}
+
+cdp_status cdp_partition_balanced_ranks(const double *cost, int n, int k, const int *owner, int ranks,
+                                        int64_t (*ranges)[2])
+{
+    cdp_status st = cdp_partition_balanced(cost, n, k, ranges);
+    if (st) return st;
+    for (int j = 0; j < k; j++)
+        if (owner[j] < 0 || owner[j] >= ranks)
+            return cdp_fail(CDP_ERR_INVALID, "range %d belongs to rank %d, outside 0..%d", j, owner[j], ranks - 1);
+    double *prefix = malloc((size_t)(n + 1) * sizeof *prefix), *load = calloc((size_t)ranks, sizeof *load);
+    if (!prefix || !load) {
+        free(prefix);
+        free(load);
+        return cdp_fail(CDP_ERR_NOMEM, "out of memory partitioning %d units", n);
+    }
+    prefix[0] = 0;
+    for (int i = 0; i < n; i++) prefix[i + 1] = prefix[i] + cost[i];
+    for (int j = 0; j < k; j++) load[owner[j]] += prefix[ranges[j][1]] - prefix[ranges[j][0]];
+    double worst, squares;
+    rank_objective(load, ranks, &worst, &squares);
+    /* boundary j (1..k-1) is ranges[j][0] == ranges[j-1][1]: each pass puts
+     * every boundary where the objective is least between its neighbours */
+    for (int pass = 0, moved = 1; moved && pass < 4 * n; pass++) {
+        moved = 0;
+        for (int j = 1; j < k; j++) {
+            const int a = owner[j - 1], b = owner[j];
+            if (a == b) continue;
+            const int64_t lo = ranges[j - 1][0] + 1, hi = ranges[j][1] - 1, at = ranges[j][0];
+            const double la = load[a] - (prefix[at] - prefix[ranges[j - 1][0]]),
+                         lb = load[b] - (prefix[ranges[j][1]] - prefix[at]);
+            int64_t best = at;
+            double bw = worst, bs = squares;
+            for (int64_t x = lo; x <= hi; x++) {
+                if (x == at) continue;
+                load[a] = la + prefix[x] - prefix[ranges[j - 1][0]];
+                load[b] = lb + prefix[ranges[j][1]] - prefix[x];
+                double w, q;
+                rank_objective(load, ranks, &w, &q);
+                /* a relative margin: rounding alone never moves a boundary */
+                if (w < bw * (1 - 1e-12) || (w <= bw * (1 + 1e-12) && q < bs * (1 - 1e-12))) best = x, bw = w, bs = q;
+            }
+            load[a] = la + prefix[best] - prefix[ranges[j - 1][0]];
+            load[b] = lb + prefix[ranges[j][1]] - prefix[best];
+            if (best != at) {
+                ranges[j - 1][1] = ranges[j][0] = best;
+                worst = bw, squares = bs;
+                moved = 1;
+            }
+        }
+    }
+    free(prefix);
+    free(load);
+    return CDP_OK;
+}
+
 /* ---- memory-aware partition ---------------------------------------------- */
 
 cdp_status cdp_partition_in_flight(enum cdp_schedule_kind kind, int p, int m, int *in_flight)

@@ -20,6 +20,15 @@ extern "C" {
  * whose ranges end earliest. Fails with CDP_ERR_INVALID when k > n or k < 1. */
 cdp_status cdp_partition_balanced(const double *cost, int n, int k, int64_t (*ranges)[2]);
 
+/* The same for chunked schedules, where rank owner[j] (0..ranks-1) runs range
+ * j: k non-empty contiguous ranges minimising the largest rank's total (its
+ * chunks together), then the spread of the ranks' totals. Starts from
+ * cdp_partition_balanced and moves one boundary by one unit at a time while
+ * that lowers (largest total, sum of squared totals): a local optimum, not
+ * proven the best. CDP_ERR_INVALID as cdp_partition_balanced. */
+cdp_status cdp_partition_balanced_ranks(const double *cost, int n, int k, const int *owner, int ranks,
+                                        int64_t (*ranges)[2]);
+
 /* Memory-aware partition (cdp_partition_plan): the stage's time is its units'
  * forward + backward plus sending its last unit's output over the boundary's
  * link; its memory is its units' state + activations x micro-batches in flight

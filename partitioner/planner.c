@@ -82,7 +82,7 @@ static void smallest_cap(struct ctx *c, const struct cand *shapes, int n, char *
         double peak = 0;
         char why[8];
         if (ranges && dev && !cdp_planner_split(c, k->p, k->R, k->m, CDP_PARTITION_MEMORY, ranges)) {
-            cdp_planner_fixed_placement(c->plan, k->p, k->R, dev);
+            cdp_planner_fixed_groups(c, k->p, k->R, dev);
             if (!cdp_planner_candidate_layout(c, k->p, k->R, k->m, (const int64_t(*)[2])ranges, dev, &l) && !cdp_planner_layout_memory(c, l)) {
                 cdp_planner_misfit(c, l, &peak, why, sizeof why);
                 if (best < 0 || peak < best) best = peak, bi = i;
@@ -122,12 +122,39 @@ static void search_free(struct search *s)
     cdp_sim_result_free(s->sr);
 }
 
+/* The most samples per second candidate k could give: R x m x micro_batch
+ * over a lower bound of its step on any placement. Every rank runs m forwards
+ * and backwards of its chunks; without chunks rank s cannot start before its
+ * first micro-batch has passed the stages before it, and (without split
+ * backward) the gradient of its last backward still has to pass back through
+ * them: max over s of sum_{j<s} f_j + m (f_s + b_s) + sum_{j<s} b_j, the 1F1B
+ * closed form (m + p - 1)(f + b) for equal stages (chunks or a schedule file:
+ * m (f_s + b_s) alone). Links, collectives and the optimizer only add to it. */
+static double bound_sps(const struct ctx *c, const struct cand *k)
+{
+    const int p = k->p, v = cdp_schedule_chunks_of(k->kind, (int)c->plan->parallel.chunks);
+    const struct cdp_unit_cost *cost = c->mode[k->rc].cost;
+    const int split = cdp_schedule_def(k->kind)->splits_backward;
+    double before_f = 0, before_b = 0, lb = 0;
+    for (int r = 0; r < p; r++) {
+        double f = 0, b = 0;
+        for (int ch = 0; ch < v; ch++) {
+            const int j = cdp_schedule_vstage(k->kind, p, v, r, ch);
+            for (int64_t u = k->ranges[j][0]; u < k->ranges[j][1]; u++) f += cost[u].fwd_s, b += cost[u].bwd_s;
+        }
+        const double here = v > 1 || c->plan->parallel.schedule_file ? k->m * (f + b) : before_f + k->m * (f + b) + (split ? 0 : before_b);
+        if (here > lb) lb = here;
+        before_f += f;
+        before_b += b;
+    }
+    return lb > 0 ? (double)k->R * k->m * (double)c->plan->train.micro_batch / lb : INFINITY;
+}
+
 /* One shape (p stages, R replicas, m micro-batches, c->kind): split it, check
  * the memory every rank allocates under the fixed placement, and simulate it.
  * It becomes a candidate when it fits; otherwise s->why says why not. */
 static cdp_status try_shape(struct ctx *c, struct search *s, int p, int R, int m)
 {
-    const struct cdp_plan *plan = c->plan;
     cdp_status st;
     /* every shape tried is a candidate until it does not fit: both lists grow alike */
     if (s->n_tried == s->cap) {
@@ -152,7 +179,7 @@ static cdp_status try_shape(struct ctx *c, struct search *s, int p, int R, int m
         return CDP_OK;
     }
     /* the memory every rank allocates, under the fixed placement */
-    cdp_planner_fixed_placement(plan, p, R, s->dev);
+    cdp_planner_fixed_groups(c, p, R, s->dev);
     cdp_layout_free(s->cl);
     s->cl = NULL;
     double peak = 0;
@@ -173,24 +200,74 @@ static cdp_status try_shape(struct ctx *c, struct search *s, int p, int R, int m
         return CDP_OK;
     }
     k->peak = peak;
-    if (s->layout_only) { /* nothing to compare: no simulation */
-        s->n_cand++;
-        return CDP_OK;
-    }
+    k->lb_sps = bound_sps(c, k);
+    s->n_cand++; /* simulated later (screen), when its bound can still win */
+    return CDP_OK;
+}
+
+/* Simulates candidate k under the fixed placement (the screening step). */
+static cdp_status screen_one(struct ctx *c, struct search *s, struct cand *k)
+{
+    cdp_status st;
     double step = 0;
-    if (!(st = cdp_planner_prepare(c, p, R, m, (const int64_t(*)[2])k->ranges))) {
+    cdp_planner_set_kind(c, k->kind);
+    cdp_planner_use_mode(c, k->rc);
+    c->zero = k->zero;
+    cdp_planner_fixed_placement(c->plan, k->p, k->R, s->dev);
+    if (!(st = cdp_planner_prepare(c, k->p, k->R, k->m, (const int64_t(*)[2])k->ranges))) {
         if (c->cheap) st = cdp_planner_cheap_step(c, s->dev, 0, &step);
         else if (!(st = cdp_planner_sim(c, s->dev, NULL, &s->sr))) step = s->sr->step_s;
     }
-    if (st) {
-        free(k->ranges);
-        return st;
-    }
+    if (st) return st;
     k->step_s = step;
-    k->sps = s->sr ? s->sr->samples_per_s : (double)R * m * (double)plan->train.micro_batch / step;
-    s->n_cand++;
+    k->sps = s->sr ? s->sr->samples_per_s : (double)k->R * k->m * (double)c->plan->train.micro_batch / step;
+    k->screened = 1;
     cdp_sim_result_free(s->sr);
     s->sr = NULL;
+    return CDP_OK;
+}
+
+/* Branch and bound over the candidates: simulated in the order of their
+ * bounds, until the bound of the next is no better than the
+ * CDP_PLANNER_PLACED_SHAPES-th best simulated throughput (then no candidate
+ * left could enter the shapes placed); the rest are dropped unsimulated
+ * (res->pruned). The same candidates are placed as with every one simulated. */
+static int by_bound(const void *a, const void *b)
+{
+    const struct cand *x = a, *y = b;
+    if (x->lb_sps != y->lb_sps) return x->lb_sps < y->lb_sps ? 1 : -1;
+    if (x->p != y->p) return x->p - y->p;
+    return x->m - y->m;
+}
+
+static cdp_status screen(struct ctx *c, struct search *s, struct cdp_planner_result *res, double floor_sps)
+{
+    qsort(s->cand, (size_t)s->n_cand, sizeof *s->cand, by_bound);
+    double top[CDP_PLANNER_PLACED_SHAPES] = {0}; /* descending */
+    int w = 0;
+    for (int i = 0; i < s->n_cand; i++) {
+        struct cand *k = &s->cand[i];
+        if ((i >= CDP_PLANNER_PLACED_SHAPES && k->lb_sps <= top[CDP_PLANNER_PLACED_SHAPES - 1]) ||
+            k->lb_sps <= floor_sps) {
+            free(k->ranges);
+            res->pruned++;
+            continue;
+        }
+        cdp_status st = screen_one(c, s, k);
+        if (st) {
+            for (int j = i; j < s->n_cand; j++) free(s->cand[j].ranges);
+            s->n_cand = w;
+            return st;
+        }
+        for (int q = 0; q < CDP_PLANNER_PLACED_SHAPES; q++)
+            if (k->sps > top[q]) {
+                memmove(&top[q + 1], &top[q], (CDP_PLANNER_PLACED_SHAPES - 1 - q) * sizeof *top);
+                top[q] = k->sps;
+                break;
+            }
+        s->cand[w++] = *k;
+    }
+    s->n_cand = w;
     return CDP_OK;
 }
 
@@ -218,7 +295,7 @@ static cdp_status try_shapes(struct ctx *c, struct search *s, int W, struct cdp_
                 while (R > 0 && (S % R || (pd->micro_batches != CDP_AUTO && S % ((int64_t)R * pd->micro_batches))))
                     R--;
         }
-        if (R < 1 || (int64_t)p * R > c->nd) continue;
+        if (R < 1 || (int64_t)p * R > c->n_groups) continue;
         int64_t ms[CDP_PLANNER_MB_CHOICES];
         int n_m = 0;
         if (pd->micro_batches != CDP_AUTO) ms[n_m++] = pd->micro_batches;
@@ -296,12 +373,16 @@ static cdp_status place_best(struct ctx *c, struct search *s, struct cdp_planner
     cdp_status st = CDP_OK;
     double best_sps = s->cand[0].sps;
     *best = 0;
-    cdp_planner_fixed_placement(plan, s->cand[0].p, s->cand[0].R, best_dev);
+    cdp_planner_fixed_groups(c, s->cand[0].p, s->cand[0].R, best_dev);
     snprintf(res->placement_method, sizeof res->placement_method, "%s",
              pd->placement == CDP_PLACEMENT_EXPLICIT           ? "explicit (from the plan)"
              : pd->placement == CDP_PLACEMENT_ORDERED_DP_INNER ? "ordered-dp-inner (from the plan)"
                                                                : "ordered-pp-inner (from the plan)");
-    if (pd->placement != CDP_PLACEMENT_TOPOLOGY) return CDP_OK;
+    if (c->tp > 1 && pd->placement == CDP_PLACEMENT_TOPOLOGY)
+        snprintf(res->placement_method, sizeof res->placement_method,
+                 "ordered-pp-inner over tensor groups of %d devices (the search places one device per stage "
+                 "and replica; placing groups is not built yet)", c->tp);
+    if (pd->placement != CDP_PLACEMENT_TOPOLOGY || c->tp > 1) return CDP_OK;
     for (int i = 0; i < s->n_cand && i < CDP_PLANNER_PLACED_SHAPES; i++) {
         struct cand *k = &s->cand[i];
         cdp_planner_set_kind(c, k->kind);
@@ -391,6 +472,7 @@ static cdp_status prefer_orders(struct ctx *c, struct search *s, const struct ca
     for (int i = 0; i < 2 && !st; i++) {
         if (i == 0) cdp_placement_ordered_pp_inner(k->p, k->R, s->dev);
         else cdp_placement_ordered_dp_inner(k->p, k->R, s->dev);
+        cdp_planner_to_leaders(c, N, s->dev);
         if ((st = layout_step(c, s, k, s->dev, uniform, &pr, &fits))) break;
         if (fits && pr.step_s < best.step_s) {
             best = pr;
@@ -447,7 +529,7 @@ static cdp_status finish(struct ctx *c, struct search *s, const struct cand *k, 
     } else {
         for (int i = 0; i < res->layout->n_ranks; i++) {
             const struct cdp_layout_rank *q = &res->layout->rank[i];
-            s->dev[q->stage * k->R + q->replica] = q->device;
+            if (q->tensor == 0) s->dev[q->stage * k->R + q->replica] = q->device;
         }
         if ((st = cdp_planner_sim_numbers(c, s->dev, &res->predicted, &phase))) return st;
     }
@@ -458,14 +540,18 @@ static cdp_status finish(struct ctx *c, struct search *s, const struct cand *k, 
     for (int i = 0; i < 2; i++) {
         if (i == 0) cdp_placement_ordered_pp_inner(k->p, k->R, s->dev);
         else cdp_placement_ordered_dp_inner(k->p, k->R, s->dev);
+        cdp_planner_to_leaders(c, k->p * k->R, s->dev);
         res->baseline[i].name = names[i];
         if ((st = layout_step(c, s, k, s->dev, res->balance.shares, &res->baseline[i].pred, NULL))) return st;
     }
     return CDP_OK;
 }
 
-cdp_status cdp_planner_run(const struct cdp_plan *plan, const struct cdp_topology *t,
-                           const struct cdp_cost_table *costs, int flags, struct cdp_planner_result *out)
+/* floor_sps: shapes whose bound is no more are not simulated (another t's
+ * plan is faster); CDP_ERR_UNSUPPORTED when that leaves none. */
+static cdp_status run_fixed(const struct cdp_plan *plan, const struct cdp_topology *t,
+                            const struct cdp_cost_table *costs, int flags, double floor_sps,
+                            struct cdp_planner_result *out)
 {
     const uint64_t t0 = cdp_time_ns();
     struct ctx c;
@@ -484,9 +570,21 @@ cdp_status cdp_planner_run(const struct cdp_plan *plan, const struct cdp_topolog
     int W = c.nd;
     if (plan->cluster.devices != CDP_AUTO && plan->cluster.nodes * plan->cluster.devices < W)
         W = (int)(plan->cluster.nodes * plan->cluster.devices);
+    if (c.tp > 1) { /* the search places (stage, replica) on tensor groups */
+        int g = 0;
+        while (g < c.n_groups && c.leader[g] + c.tp <= W) g++;
+        W = g;
+    }
     if ((st = try_shapes(&c, &s, W, &res))) goto fail;
     if (s.n_cand == 0) {
         st = none_fits(&c, &s, W, &res);
+        goto fail;
+    }
+    if (!s.layout_only && (st = screen(&c, &s, &res, floor_sps))) goto fail;
+    if (s.n_cand == 0) { /* every shape's bound below another t's plan */
+        res.pruned = res.feasible;
+        st = CDP_ERR_UNSUPPORTED;
+        cdp_fail(st, "every shape's bound is below the plan of another t");
         goto fail;
     }
     /* best first; equal throughput: fewer stages, fewer micro-batches */
@@ -501,6 +599,12 @@ cdp_status cdp_planner_run(const struct cdp_plan *plan, const struct cdp_topolog
         (st = prefer_orders(&c, &s, &s.cand[best], best_dev, &res)))
         goto fail;
     res.world = W;
+    /* devices left idle: the best simulated shape that would use more, for the dry-run's why */
+    for (int i = 0; i < s.n_cand; i++) {
+        const struct cand *k = &s.cand[i], *b = &s.cand[best];
+        if (k->p * k->R > b->p * b->R && k->screened && k->sps > res.more.samples_per_s)
+            res.more = (struct cdp_planner_more){k->p, k->R, k->m, k->sps};
+    }
     if ((st = finish(&c, &s, &s.cand[best], best_dev, &res))) goto fail;
     res.simulations = c.sims;
     res.replica_simulations = c.cheap_sims;
@@ -517,4 +621,79 @@ fail:
     cdp_planner_ctx_free(&c);
     free(best_dev);
     return st;
+}
+
+/* The search over t (docs/parallelism.md, "How the planner chooses t"): the
+ * plan's t, or under "auto" each t the model and the topology allow
+ * (cdp_planner_tensor_choices), each planned as a fixed t; the fastest
+ * predicted is kept and the others are its runners-up. */
+cdp_status cdp_planner_run(const struct cdp_plan *plan, const struct cdp_topology *t,
+                           const struct cdp_cost_table *costs, int flags, struct cdp_planner_result *out)
+{
+    if (plan->parallel.tensor != CDP_AUTO) return run_fixed(plan, t, costs, flags, 0, out);
+    const uint64_t t0 = cdp_time_ns();
+    int ts[CDP_PLANNER_TENSOR_CHOICES];
+    char why[256];
+    const int n = cdp_planner_tensor_choices(plan, t, ts, CDP_PLANNER_TENSOR_CHOICES, why, sizeof why);
+    struct cdp_planner_result best = {0}, r;
+    struct cdp_planner_tensor_alt alt[CDP_PLANNER_TENSOR_CHOICES];
+    int n_alt = 0, have = 0;
+    int64_t shapes = 0, feasible = 0, pruned = 0, sims = 0, rsims = 0;
+    cdp_status st = CDP_OK, last_err = CDP_OK;
+    char last_msg[1024] = "";
+    /* the largest t first: its plan's throughput bounds the shapes of the
+     * next (their bounds no higher are not simulated) */
+    for (int i = n - 1; i >= 0; i--) {
+        struct cdp_plan copy = *plan; /* shallow: read only, never freed */
+        copy.parallel.tensor = ts[i];
+        memset(&r, 0, sizeof r);
+        st = run_fixed(&copy, t, costs, flags, have ? best.predicted.samples_per_s : 0, &r);
+        struct cdp_planner_tensor_alt *a = &alt[n_alt++];
+        memset(a, 0, sizeof *a);
+        a->tensor = ts[i];
+        if (st == CDP_ERR_UNSUPPORTED) {
+            snprintf(a->why, sizeof a->why, "not simulated: no shape's bound reaches the t = %d plan (%.1f samples/s)",
+                     best.layout->tensor, best.predicted.samples_per_s);
+            continue;
+        }
+        if (st) {
+            if (st != CDP_ERR_INVALID) {
+                cdp_planner_result_clear(&best);
+                return st;
+            }
+            snprintf(a->why, sizeof a->why, "no plan: %s", cdp_last_error());
+            /* the smallest t's reason is the one kept (t = 1 last: the plan as it would be without groups) */
+            last_err = st;
+            snprintf(last_msg, sizeof last_msg, "%s", cdp_last_error());
+            continue;
+        }
+        shapes += r.shapes, feasible += r.feasible, pruned += r.pruned;
+        a->bounded = have; /* shapes under the plan found were not simulated: its best of the rest */
+        sims += r.simulations, rsims += r.replica_simulations;
+        a->ok = 1;
+        a->stages = r.layout->stages;
+        a->replicas = r.layout->replicas;
+        a->micro_batches = r.layout->micro_batches;
+        a->schedule = r.layout->schedule;
+        a->recompute = r.layout->recompute;
+        a->step_s = r.predicted.step_s;
+        a->samples_per_s = r.predicted.samples_per_s;
+        a->bubble = r.predicted.bubble;
+        if (!have || (r.predicted_ok && r.predicted.samples_per_s > best.predicted.samples_per_s)) {
+            cdp_planner_result_clear(&best);
+            best = r;
+            have = 1;
+        } else {
+            cdp_planner_result_clear(&r);
+        }
+    }
+    if (!have) return cdp_fail(last_err ? last_err : CDP_ERR_INVALID, "%s", last_msg);
+    memcpy(best.tensor_alt, alt, sizeof alt);
+    best.n_tensor_alt = n_alt;
+    snprintf(best.tensor_why, sizeof best.tensor_why, "%s", why);
+    best.shapes = shapes, best.feasible = feasible, best.pruned = pruned;
+    best.simulations = sims, best.replica_simulations = rsims;
+    best.search_s = (double)(cdp_time_ns() - t0) * 1e-9;
+    *out = best;
+    return CDP_OK;
 }

@@ -72,6 +72,26 @@ struct cdp_planner_node {
     char capacity_from[160]; /* where the capacity comes from ("/cluster/host_memory", "MemAvailable 23.2 GiB") */
 };
 
+#define CDP_PLANNER_TENSOR_CHOICES 8 /* t values /parallel/tensor "auto" tries at most */
+
+/* What one t of the search over t gave (/parallel/tensor "auto"). */
+struct cdp_planner_tensor_alt {
+    int tensor, ok;          /* ok 0: nothing fits at this t (why) */
+    int bounded;             /* shapes whose bound was under another t's plan were not simulated: this is
+                                the best of the others */
+    int stages, replicas, micro_batches;
+    enum cdp_schedule_kind schedule;
+    enum cdp_recompute recompute;
+    double step_s, samples_per_s, bubble;
+    char why[256];
+};
+
+/* The best shape simulated that uses more devices than the chosen one (none: stages 0). */
+struct cdp_planner_more {
+    int stages, replicas, micro_batches;
+    double samples_per_s; /* screened: under the fixed placement */
+};
+
 struct cdp_planner_result {
     struct cdp_layout *layout;       /* the chosen layout: shape, ranges, shares, every rank's place,
                                         CPU set, cap and predicted memory (owned) */
@@ -80,16 +100,23 @@ struct cdp_planner_result {
     int predicted_ok;                /* 0 when the step was not simulated (CDP_PLANNER_LAYOUT_ONLY) */
     struct cdp_planner_prediction predicted;
     struct cdp_planner_baseline baseline[2];
-    int world;                       /* devices the search could use */
+    int world;                       /* devices the search could use (tensor groups with t > 1) */
+    struct cdp_planner_more more;    /* why devices stay idle (docs/planner.md) */
     char placement_method[200];
     struct cdp_planner_balance balance;
     /* what was searched */
     int64_t shapes;          /* (stages, replicas, micro_batches) candidates */
     int64_t feasible;        /* of them, those whose partition fits */
+    int64_t pruned;          /* of those, dropped unsimulated: their bound could not reach the shapes placed */
     int64_t simulations;     /* simulator runs of every rank, placement search included */
     int64_t replica_simulations; /* runs of one replica's pipeline (the cheap model of large worlds) */
     int64_t placed_shapes;   /* shapes whose placement was searched */
     double search_s;         /* wall time of cdp_planner_run */
+    /* /parallel/tensor "auto": the best plan of each t tried (the chosen one
+     * among them), and why larger t were not tried ("" none) */
+    struct cdp_planner_tensor_alt tensor_alt[CDP_PLANNER_TENSOR_CHOICES];
+    int n_tensor_alt;
+    char tensor_why[256];
 };
 
 /* cdp_planner_run flags. */
@@ -136,7 +163,10 @@ void cdp_planner_print_brief(const struct cdp_planner_result *r, FILE *f);
 
 /* {"stages", "placement", "predicted", "balance", "baselines", "host"}: what
  * a fixed plan gives again (nothing about the search, nor whether the shares
- * were computed or given, so --dry-run --json round-trips). New ref. */
+ * were computed or given, so --dry-run --json round-trips); with
+ * /parallel/tensor "auto" also "tensor_search" (each t's plan, why larger t
+ * were not tried), which the resolved plan, its t fixed, does not repeat.
+ * New ref. */
 json_t *cdp_planner_to_json(const struct cdp_planner_result *r);
 
 #define CDP_PLANNER_EXPLORE_SAMPLES 200 /* random placements --explore placements evaluates */

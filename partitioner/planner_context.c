@@ -56,6 +56,8 @@ void cdp_planner_set_kind(struct ctx *c, enum cdp_schedule_kind kind)
 void cdp_planner_ctx_free(struct ctx *c)
 {
     cdp_schedule_free(c->sched);
+    cdp_schedule_free(c->lin_sched[0]);
+    cdp_schedule_free(c->lin_sched[1]);
     free(c->vs);
     free(c->keys);
     free(c->key_val);
@@ -63,6 +65,7 @@ void cdp_planner_ctx_free(struct ctx *c)
     free(c->lbw);
     free(c->llat);
     free(c->rdev);
+    free(c->leader);
     for (int r = 0; r < CDP_RECOMPUTE_COUNT; r++) {
         free(c->mode[r].u);
         free(c->mode[r].cost);
@@ -111,6 +114,8 @@ int cdp_planner_modes_of(const struct cdp_plan *plan, enum cdp_recompute *out)
 }
 
 /* Units, costs at device 0's rate, links and memory terms for plan on t. */
+static cdp_status tensor_groups(struct ctx *c, const struct cdp_plan *plan, const struct cdp_topology *t);
+
 static cdp_status ctx_init_modes(struct ctx *c, const struct cdp_plan *plan, const struct cdp_topology *t,
                                  const struct cdp_cost_table *costs, const enum cdp_recompute *modes, int n_modes)
 {
@@ -122,17 +127,26 @@ static cdp_status ctx_init_modes(struct ctx *c, const struct cdp_plan *plan, con
     c->v = cdp_schedule_chunks_of(plan->parallel.schedule, (int)plan->parallel.chunks);
     c->hv = cdp_backend_host_visible(plan->cluster.backend);
     const struct cdp_device_rate rate = cdp_device_rate_of(t, 0, plan->train.precision);
-    cdp_status st = CDP_OK;
+    cdp_status st = tensor_groups(c, plan, t);
+    /* a rank of a tensor group: the group's ring for its collectives */
+    const int tp = c->tp;
+    double tp_bw = 0, tp_lat = 0;
+    if (tp > 1) cdp_planner_tensor_links(t, tp, &tp_bw, &tp_lat);
+    /* a rank's units: with tensor groups, its slices of the split layers (every index's are alike);
+     * the GPT family's, whose types do not split yet, estimated (cdp_planner_tensor_units) */
     for (int i = 0; i < n_modes && !st; i++) {
         const enum cdp_recompute r = modes[i];
-        if ((st = cdp_units_build(&plan->model, &c->mode[r].u, &c->n))) return st;
+        if ((st = cdp_units_build_tensor(&plan->model, tp, 0, &c->mode[r].u, &c->n))) return st;
         for (int k = 0; k < c->n; k++) cdp_unit_set_recompute(&c->mode[r].u[k], r);
         cdp_cost_fit_units(plan, c->mode[r].u, c->n);
+        cdp_planner_tensor_units(plan, tp, c->mode[r].u, c->n);
         if (!(c->mode[r].cost = calloc((size_t)c->n, sizeof *c->mode[r].cost)))
             return cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
         cdp_cost_analytic(plan, c->mode[r].u, c->n, &rate, c->mode[r].cost);
         if (costs) cdp_cost_apply(costs, c->mode[r].u, c->n, c->mode[r].cost);
+        if (costs) cdp_planner_tensor_measured(tp, c->mode[r].u, c->n, c->mode[r].cost);
         cdp_cost_add_recompute(c->mode[r].u, c->n, c->mode[r].cost);
+        cdp_planner_tensor_costs(plan, tp, tp_bw, tp_lat, c->mode[r].u, c->n, c->mode[r].cost);
         st = cdp_planner_mem_index_build(&c->mode[r].mi, plan, c->mode[r].u, c->n);
     }
     if (st) return st;
@@ -170,6 +184,43 @@ static cdp_status ctx_init_modes(struct ctx *c, const struct cdp_plan *plan, con
                             (long long)plan->train.micro_batch, c->hv ? "node" : "device",
                             cdp_format_bytes(largest, b, sizeof b));
         }
+    return CDP_OK;
+}
+
+/* The tensor groups of t: on each node, its devices in order, cut into runs
+ * of t (a node's last devices that make no whole group stay idle). The ranks
+ * of a group are then consecutive (ranks follow devices, node by node), as
+ * Megatron-LM's tensor-fastest order has them. */
+static cdp_status tensor_groups(struct ctx *c, const struct cdp_plan *plan, const struct cdp_topology *t)
+{
+    /* "auto": t = 1 until the planner searches t (the search replaces this line) */
+    c->tp = plan->parallel.tensor == CDP_AUTO ? 1 : (int)plan->parallel.tensor;
+    c->n_groups = 0;
+    if (!(c->leader = malloc((size_t)(c->nd ? c->nd : 1) * sizeof *c->leader)))
+        return cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
+    for (int d = 0; d + c->tp <= c->nd;) {
+        int k = 1;
+        while (k < c->tp && t->gpus[d + k].node == t->gpus[d].node) k++;
+        if (k == c->tp) c->leader[c->n_groups++] = d;
+        d += k;
+    }
+    const struct cdp_parallel_desc *pd = &plan->parallel;
+    if (c->tp > 1 && pd->placement == CDP_PLACEMENT_EXPLICIT)
+        for (int64_t i = 0; i < pd->stages * pd->replicas; i++) {
+            const int64_t d = pd->placement_map[i];
+            int ok = d >= 0 && d + c->tp <= c->nd;
+            for (int k = 1; ok && k < c->tp; k++) ok = t->gpus[d + k].node == t->gpus[d].node;
+            if (!ok)
+                return cdp_fail(CDP_ERR_INVALID, "%s: /parallel/placement/%lld/%lld: device %lld starts a tensor "
+                                "group of /parallel/tensor %d devices, but devices %lld to %lld are not all on one "
+                                "node of %s", plan->source, (long long)(i / pd->replicas),
+                                (long long)(i % pd->replicas), (long long)d, c->tp, (long long)d,
+                                (long long)(d + c->tp - 1), t->name);
+        }
+    if (c->tp > 1 && c->n_groups == 0)
+        return cdp_fail(CDP_ERR_INVALID, "%s: /parallel/tensor: %d, but no node of the topology %s has %d devices "
+                        "for a tensor group (a group is t devices of one node)", plan->source, c->tp, t->name,
+                        c->tp);
     return CDP_OK;
 }
 

@@ -25,7 +25,9 @@ cdp_status cdp_planner_simulate(const struct cdp_plan *plan, const struct cdp_to
                                 struct cdp_sim_result **out)
 {
     struct ctx c;
-    cdp_status st = cdp_planner_ctx_init_for(&c, plan, t, costs, l->recompute);
+    struct cdp_plan at = *plan; /* the layout's t ("auto" planned it); shallow, read only */
+    at.parallel.tensor = l->tensor;
+    cdp_status st = cdp_planner_ctx_init_for(&c, &at, t, costs, l->recompute);
     if (!st) {
         c.kind = l->schedule;
         c.zero = l->zero;
@@ -61,8 +63,10 @@ cdp_status cdp_planner_explore(const struct cdp_plan *plan, const struct cdp_top
     double *rnd = NULL;
     int *dev = NULL, *perm = NULL, *chosen = NULL;
     struct ctx c;
-    if (n_random < 1 || N > t->n_gpus) return cdp_fail(CDP_ERR_INVALID, "planner: explore: bad sample count or shape");
-    cdp_status st = cdp_planner_ctx_init_for(&c, plan, t, costs, l->recompute);
+    if (n_random < 1 || N * l->tensor > t->n_gpus) return cdp_fail(CDP_ERR_INVALID, "planner: explore: bad sample count or shape");
+    struct cdp_plan at = *plan; /* the layout's t ("auto" planned it); shallow, read only */
+    at.parallel.tensor = l->tensor;
+    cdp_status st = cdp_planner_ctx_init_for(&c, &at, t, costs, l->recompute);
     if (st) goto fail;
     c.kind = l->schedule;
     c.zero = l->zero;
@@ -75,7 +79,8 @@ cdp_status cdp_planner_explore(const struct cdp_plan *plan, const struct cdp_top
         st = cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
         goto fail;
     }
-    for (int i = 0; i < N; i++) chosen[l->rank[i].stage * R + l->rank[i].replica] = l->rank[i].device;
+    for (int i = 0; i < l->n_ranks; i++) /* a tensor group by its first device */
+        if (l->rank[i].tensor == 0) chosen[l->rank[i].stage * R + l->rank[i].replica] = l->rank[i].device;
     if ((st = cdp_planner_prepare(&c, p, R, l->micro_batches, (const int64_t(*)[2])l->ranges))) goto fail;
     sp.cheap = c.cheap;
     /* the chosen placement and the two fixed orders, then the random sample */
@@ -84,15 +89,16 @@ cdp_status cdp_planner_explore(const struct cdp_plan *plan, const struct cdp_top
         else if (which == 1) cdp_placement_ordered_pp_inner(p, R, dev);
         else if (which == 2) cdp_placement_ordered_dp_inner(p, R, dev);
         else {
-            for (int d = 0; d < c.nd; d++) perm[d] = d;
-            for (int i = 0; i < N; i++) { /* partial Fisher-Yates: N distinct devices */
-                const int j = i + (int)(cdp_splitmix64(&seed) % (uint64_t)(c.nd - i));
+            for (int d = 0; d < c.n_groups; d++) perm[d] = d;
+            for (int i = 0; i < N; i++) { /* partial Fisher-Yates: N distinct groups (devices at t = 1) */
+                const int j = i + (int)(cdp_splitmix64(&seed) % (uint64_t)(c.n_groups - i));
                 const int x = perm[i];
                 perm[i] = perm[j];
                 perm[j] = x;
             }
             memcpy(dev, perm, (size_t)N * sizeof *dev);
         }
+        if (which) cdp_planner_to_leaders(&c, N, dev);
         const double step = cdp_planner_place_cost(dev, &c);
         if (!isfinite(step)) {
             st = cdp_error_context(CDP_ERR_INTERNAL, "planner: explore");

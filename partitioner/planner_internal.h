@@ -28,6 +28,8 @@ struct cand {
     int zero;
     int64_t (*ranges)[2]; /* p*v */
     double step_s, sps;   /* with the screening placement */
+    double lb_sps;        /* the most it could give (a lower bound on its step: planner.c, bound_sps) */
+    int screened;         /* simulated (step_s, sps set) */
     double peak;          /* the largest rank's device bytes */
 };
 
@@ -35,6 +37,13 @@ struct ctx {
     const struct cdp_plan *plan;
     const struct cdp_topology *t;
     int n, nd, v, hv;
+    /* tensor groups (/parallel/tensor t; "auto" plans t = 1 until the search
+     * over t decides it): t consecutive devices of one node each. The search
+     * places (stage, replica) on a group, named by its first device (leader),
+     * so every device[] the search handles is a leader; the layout gives
+     * tensor index k the device leader + k. t = 1: every device is a group. */
+    int tp, n_groups;
+    int *leader; /* n_groups devices (owned) */
     enum cdp_schedule_kind kind;
     /* per recompute mode: the plan's units (attention state as the backend
      * keeps it, activations as the mode keeps them), their costs and memory */
@@ -70,6 +79,10 @@ struct ctx {
     /* the candidate being simulated */
     int p, R, m;
     struct cdp_schedule *sched;
+    /* the cheap model's long pipelines: the schedules of lin_m[0] and lin_m[1]
+     * micro-batches, whose steps extrapolate to m (NULL: m is simulated) */
+    struct cdp_schedule *lin_sched[2];
+    int lin_m[2];
     struct cdp_sim_vstage *vs;
     int *slots;        /* 2p: activation slots of each stage (the partition's memory), then its W-state slots */
 };
@@ -127,6 +140,11 @@ cdp_status cdp_planner_prepare(struct ctx *c, int p, int R, int m, const int64_t
 /* ---- planner_layout.c: layouts of candidates: ranges, placement, ranks, CPU sets, memory */
 
 void cdp_planner_fixed_placement(const struct cdp_plan *plan, int p, int R, int *device);
+/* The groups' leaders for the n group indices in dev (the fixed orders count
+ * groups): a no-op at t = 1. */
+void cdp_planner_to_leaders(const struct ctx *c, int n, int *dev);
+/* cdp_planner_fixed_placement as the groups' first devices (explicit lists name them). */
+void cdp_planner_fixed_groups(const struct ctx *c, int p, int R, int *device);
 cdp_status cdp_planner_candidate_layout(const struct ctx *c, int p, int R, int m, const int64_t (*ranges)[2],
                                         const int *device, struct cdp_layout **out);
 cdp_status cdp_planner_split(struct ctx *c, int p, int R, int m, int objective, int64_t (*ranges)[2]);
@@ -139,5 +157,31 @@ cdp_status cdp_planner_balance_result(const struct ctx *c, const int *device, in
                                       const struct cdp_planner_stage *stage, struct cdp_planner_balance *b);
 cdp_status cdp_planner_balance_predict(int p, int R, int m, double step_s, double phase_s, struct cdp_planner_balance *b);
 void cdp_planner_stage_predictions(const struct ctx *c, const struct cdp_layout *l, struct cdp_planner_stage *stage);
+
+/* ---- planner_tensor.c: the tensor groups' t, units and collectives (docs/parallelism.md) */
+
+/* The t the search tries (out, at most cap; 1 first): the plan's fixed t, or
+ * under "auto" 1 and every power of two dividing the model's heads and widths
+ * whose groups (t consecutive devices of a node) are all inside one node's
+ * NVLink/NVSwitch domain (a layer list: where its linears split, t dividing the
+ * column splits' widths); why: what stopped the list ("" when nothing did). */
+int cdp_planner_tensor_choices(const struct cdp_plan *plan, const struct cdp_topology *t, int *out, int cap,
+                               char *why, size_t why_cap);
+/* A unit as one rank of a group of tp holds and runs it: split FLOPs,
+ * parameters and activations divided by tp, layernorm and residual whole. */
+void cdp_planner_tensor_units(const struct cdp_plan *plan, int tp, struct cdp_unit *u, int n);
+/* The slowest link and the largest latency of the ring over devices 0..tp-1. */
+void cdp_planner_tensor_links(const struct cdp_topology *t, int tp, double *bw, double *lat);
+/* One all-reduce of a micro-batch's activations (micro_batch x context x
+ * embed x the activation element size) over the group's ring, and how many
+ * unit u runs forward and backward. */
+double cdp_planner_tensor_collective_s(const struct cdp_plan *plan, int tp, double bw, double lat,
+                                       const struct cdp_unit *u, int *count_fwd, int *count_bwd);
+/* A measured table's times (measured on one device) for a rank of a group
+ * of tp: each split unit's divided by tp (the table carries no per-t times). */
+void cdp_planner_tensor_measured(int tp, const struct cdp_unit *u, int n, struct cdp_unit_cost *cost);
+/* Adds every unit's tensor collectives to its forward and backward time. */
+void cdp_planner_tensor_costs(const struct cdp_plan *plan, int tp, double bw, double lat, const struct cdp_unit *u,
+                              int n, struct cdp_unit_cost *cost);
 
 #endif

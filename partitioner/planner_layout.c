@@ -31,13 +31,29 @@ void cdp_planner_fixed_placement(const struct cdp_plan *plan, int p, int R, int 
     else cdp_placement_ordered_pp_inner(p, R, device);
 }
 
+void cdp_planner_to_leaders(const struct ctx *c, int n, int *dev)
+{
+    if (c->tp > 1)
+        for (int i = 0; i < n; i++) dev[i] = c->leader[dev[i]];
+}
+
+/* The plan's fixed placement of the (stage, replica) groups as their first
+ * devices: an explicit placement names them; the ordered ones count groups. */
+void cdp_planner_fixed_groups(const struct ctx *c, int p, int R, int *device)
+{
+    cdp_planner_fixed_placement(c->plan, p, R, device);
+    const struct cdp_parallel_desc *pd = &c->plan->parallel;
+    if (!(pd->placement == CDP_PLACEMENT_EXPLICIT && pd->stages == p && pd->replicas == R))
+        cdp_planner_to_leaders(c, p * R, device);
+}
+
 /* A layout of the candidate (p, R, m) with uniform shares, ranges, ranks in
  * (s, r) order on the given devices; memory not yet computed. */
 cdp_status cdp_planner_candidate_layout(const struct ctx *c, int p, int R, int m, const int64_t (*ranges)[2],
                                         const int *device, struct cdp_layout **out)
 {
     struct cdp_layout *l = NULL;
-    cdp_status st = cdp_layout_create(p, c->v, R, &l);
+    cdp_status st = cdp_layout_create_tensor(p, c->v, R, c->tp, &l);
     if (st) return st;
     l->backend = c->plan->cluster.backend;
     l->schedule = c->kind;
@@ -54,13 +70,15 @@ cdp_status cdp_planner_candidate_layout(const struct ctx *c, int p, int R, int m
     for (int r = 0; r < R; r++) l->shares[r] = m;
     if (ranges) memcpy(l->ranges, ranges, (size_t)p * c->v * sizeof *ranges);
     for (int s = 0; s < p; s++)
-        for (int r = 0; r < R; r++) {
-            struct cdp_layout_rank *k = &l->rank[s * R + r];
-            k->stage = s;
-            k->replica = r;
-            k->device = device ? device[s * R + r] : 0;
-            k->node = device ? c->t->gpus[k->device].node : 0;
-        }
+        for (int r = 0; r < R; r++)
+            for (int x = 0; x < c->tp; x++) {
+                struct cdp_layout_rank *k = &l->rank[(s * R + r) * c->tp + x];
+                k->stage = s;
+                k->replica = r;
+                k->tensor = x;
+                k->device = device ? device[s * R + r] + x : 0;
+                k->node = device ? c->t->gpus[k->device].node : 0;
+            }
     *out = l;
     return CDP_OK;
 }
@@ -79,10 +97,22 @@ cdp_status cdp_planner_split(struct ctx *c, int p, int R, int m, int objective, 
         /* interleaved chunks are not contiguous per rank: balanced on time,
          * memory checked on the layout's memory afterwards */
         double *w = malloc((size_t)c->n * sizeof *w);
-        if (!w) return cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
+        int *owner = malloc((size_t)nv * sizeof *owner);
+        if (!w || !owner) {
+            free(w);
+            free(owner);
+            return cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
+        }
         for (int i = 0; i < c->n; i++) w[i] = c->cost[i].fwd_s + c->cost[i].bwd_s;
-        cdp_status st = cdp_partition_balanced(w, c->n, nv, ranges);
+        /* each rank's chunks together are what the schedule waits on (zbv puts
+         * the first and the last chunk, embedding and head, on rank 0) */
+        for (int j = 0; j < nv; j++) {
+            int chunk;
+            cdp_schedule_vstage_place(c->kind, p, c->v, j, &owner[j], &chunk);
+        }
+        cdp_status st = cdp_partition_balanced_ranks(w, c->n, nv, owner, p, ranges);
         free(w);
+        free(owner);
         return st;
     }
     int *inf = malloc((size_t)p * 2 * sizeof *inf); /* slots, then W-state slots */
@@ -106,7 +136,7 @@ cdp_status cdp_planner_split(struct ctx *c, int p, int R, int m, int objective, 
     c->R = R; /* cdp_planner_part_memory: the shards of ZeRO-1 */
     inf = NULL;
     /* boundary bandwidths of the first pipeline under the fixed placement */
-    cdp_planner_fixed_placement(c->plan, p, 1, dev);
+    cdp_planner_fixed_groups(c, p, 1, dev);
     /* one value, the slowest boundary: the partition is chosen before the
      * placement, so it must not count on a fast link the placement may not give */
     bw[0] = 0;
@@ -241,7 +271,7 @@ static cdp_status assign_cpus(const struct ctx *c, struct cdp_layout *l)
 cdp_status cdp_planner_build_layout(const struct ctx *c, const struct cand *k, const int *device,
                                     const int64_t *shares, struct cdp_layout **out)
 {
-    const int p = k->p, R = k->R, N = p * R;
+    const int p = k->p, R = k->R, t = c->tp, N = p * R * t;
     struct cdp_layout *l = NULL;
     cdp_status st = cdp_planner_candidate_layout(c, p, R, k->m, (const int64_t(*)[2])k->ranges, NULL, &l);
     if (st) return st;
@@ -252,9 +282,11 @@ cdp_status cdp_planner_build_layout(const struct ctx *c, const struct cand *k, c
         cdp_layout_free(l);
         return cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
     }
+    /* order[i]: (s * R + r) * t + x, the tensor index x on device[s * R + r] + x */
+#define DEV_OF(o) (device[(o) / t] + (o) % t)
     for (int i = 0; i < N; i++) order[i] = i;
     for (int i = 1; i < N; i++) /* by device; N is at most the topology's devices */
-        for (int j = i; j > 0 && device[order[j - 1]] > device[order[j]]; j--) {
+        for (int j = i; j > 0 && DEV_OF(order[j - 1]) > DEV_OF(order[j]); j--) {
             const int x = order[j];
             order[j] = order[j - 1];
             order[j - 1] = x;
@@ -263,9 +295,10 @@ cdp_status cdp_planner_build_layout(const struct ctx *c, const struct cand *k, c
                             ? (int)c->plan->cluster.ranks_per_device : 1;
     for (int i = 0; i < N; i++) {
         struct cdp_layout_rank *q = &l->rank[i];
-        const int sr = order[i], d = device[sr];
+        const int sr = order[i] / t, d = DEV_OF(order[i]);
         q->stage = sr / R;
         q->replica = sr % R;
+        q->tensor = order[i] % t;
         q->device = d;
         q->node = c->t->gpus[d].node;
         q->gpu = c->t->gpus[d].local / share_k;
@@ -274,6 +307,7 @@ cdp_status cdp_planner_build_layout(const struct ctx *c, const struct cand *k, c
         q->peak_flops =
             c->t->kind == CDP_TOPOLOGY_CPU ? 0 : cdp_device_peak_flops(&c->t->gpus[d], c->plan->train.precision);
     }
+#undef DEV_OF
     free(order);
     for (int i = 0; i < N && cdp_backend_is_gpu(l->backend); i++)
         for (int j = 0; j < i; j++)

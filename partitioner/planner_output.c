@@ -29,7 +29,8 @@ cdp_status cdp_planner_apply(const struct cdp_planner_result *r, struct cdp_plan
     if (pd->placement == CDP_PLACEMENT_TOPOLOGY) {
         int64_t *map = malloc((size_t)N * sizeof *map);
         if (!map) return cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
-        for (int i = 0; i < N; i++) map[l->rank[i].stage * l->replicas + l->rank[i].replica] = l->rank[i].device;
+        for (int i = 0; i < N; i++) /* a tensor group by its first device */
+            if (l->rank[i].tensor == 0) map[l->rank[i].stage * l->replicas + l->rank[i].replica] = l->rank[i].device;
         free(pd->placement_map);
         pd->placement_map = map;
         pd->placement = CDP_PLACEMENT_EXPLICIT;
@@ -53,6 +54,7 @@ cdp_status cdp_planner_apply(const struct cdp_planner_result *r, struct cdp_plan
     pd->zero = l->zero;
     plan->train.recompute_auto = 0;
     pd->replicas = l->replicas;
+    pd->tensor = l->tensor;
     pd->micro_batches = l->micro_batches;
     plan->train.global_batch = (int64_t)l->replicas * l->micro_batches * l->micro_batch;
     return CDP_OK;
@@ -96,12 +98,28 @@ void cdp_planner_print(const struct cdp_planner_result *r, FILE *f)
 {
     const struct cdp_layout *l = r->layout;
     const int N = l->n_ranks;
-    fprintf(f, "\nPlan (on %s, %d devices usable)\n", l->topology, r->world);
-    fprintf(f, "  shape       %d stage%s x %d replica%s, %d micro-batches of %d, %s", l->stages,
-            l->stages == 1 ? "" : "s", l->replicas, l->replicas == 1 ? "" : "s", l->micro_batches, l->micro_batch,
-            cdp_schedule_name(l->schedule));
+    if (l->tensor > 1)
+        fprintf(f, "\nPlan (on %s, %d tensor groups of %d devices usable)\n", l->topology, r->world, l->tensor);
+    else
+        fprintf(f, "\nPlan (on %s, %d devices usable)\n", l->topology, r->world);
+    fprintf(f, "  shape       %d stage%s x %d replica%s", l->stages, l->stages == 1 ? "" : "s", l->replicas,
+            l->replicas == 1 ? "" : "s");
+    if (l->tensor > 1) fprintf(f, " x tensor %d", l->tensor);
+    fprintf(f, ", %d micro-batches of %d, %s", l->micro_batches, l->micro_batch, cdp_schedule_name(l->schedule));
     if (l->chunks > 1) fprintf(f, " x %d chunks", l->chunks);
     fprintf(f, ", global batch %lld\n", (long long)l->replicas * l->micro_batches * l->micro_batch);
+    if (l->stages * l->replicas < r->world) {
+        fprintf(f, "  idle        %d of %d %s unused: ", r->world - l->stages * l->replicas, r->world,
+                l->tensor > 1 ? "tensor groups" : "devices");
+        if (r->more.stages)
+            fprintf(f, "the best shape simulated that uses more, %d stage%s x %d replica%s with %d micro-batches, is "
+                       "predicted %.4g samples/s (fixed placement) against %.4g\n", r->more.stages,
+                    r->more.stages == 1 ? "" : "s", r->more.replicas, r->more.replicas == 1 ? "" : "s",
+                    r->more.micro_batches, r->more.samples_per_s, r->predicted.samples_per_s);
+        else
+            fprintf(f, "no shape using more fits device memory with replicas dividing the step's micro-batches "
+                       "and at least one unit per stage, or its bound is below this plan's\n");
+    }
     fprintf(f, "  recompute   %s%s\n", cdp_recompute_name(l->recompute),
             l->recompute == CDP_RECOMPUTE_NONE        ? " (every activation kept)"
             : l->recompute == CDP_RECOMPUTE_SELECTIVE ? " (attention, norm and GELU outputs computed again)"
@@ -122,15 +140,18 @@ void cdp_planner_print(const struct cdp_planner_result *r, FILE *f)
         if (ps->capacity_bytes > 0) mib(ps->capacity_bytes - ps->memory_bytes, head, sizeof head);
         fprintf(f, "  %5d  %-15s %8.3f %8.3f %12s %12s\n", s, units, ps->fwd_s * 1e3, ps->bwd_s * 1e3, mem, head);
     }
-    fprintf(f, "\nPlan: placement (%s)\n  rank  node  gpu  device  stage  replica  cpus         memory\n",
-            r->placement_method);
+    /* the tensor column only where there are tensor groups */
+    fprintf(f, "\nPlan: placement (%s)\n  rank  node  gpu  device  stage  replica  %scpus         memory\n",
+            r->placement_method, l->tensor > 1 ? "tensor  " : "");
     const int show = N > 64 ? 32 : N;
     for (int i = 0; i < show; i++) {
         const struct cdp_layout_rank *k = &l->rank[i];
         char mem[32];
         mib((double)k->memory.device, mem, sizeof mem);
-        fprintf(f, "  %4d  %4d  %3d  %6d  %5d  %7d  %-11s  %s\n", i, k->node, k->gpu, k->device, k->stage, k->replica,
-                k->cpuset[0] ? k->cpuset : "-", mem);
+        char tc[16] = "";
+        if (l->tensor > 1) snprintf(tc, sizeof tc, "%6d  ", k->tensor);
+        fprintf(f, "  %4d  %4d  %3d  %6d  %5d  %7d  %s%-11s  %s\n", i, k->node, k->gpu, k->device, k->stage,
+                k->replica, tc, k->cpuset[0] ? k->cpuset : "-", mem);
     }
     if (show < N) fprintf(f, "  ... %d more ranks (--json lists them all)\n", N - show);
     fprintf(f, "\nPlan: host memory\n  node  ranks        bytes     capacity  from\n");
@@ -156,8 +177,25 @@ void cdp_planner_print(const struct cdp_planner_result *r, FILE *f)
             fprintf(f, "  %-17s %9.3f %12.1f   %+.1f%%\n", r->baseline[i].name, r->baseline[i].pred.step_s * 1e3,
                     r->baseline[i].pred.samples_per_s, 100 * (r->baseline[i].pred.step_s / r->predicted.step_s - 1));
     }
-    fprintf(f, "\nPlan: searched %lld shapes (%lld fit), %lld placed, %lld simulations", (long long)r->shapes,
-            (long long)r->feasible, (long long)r->placed_shapes, (long long)r->simulations);
+    if (r->n_tensor_alt) {
+        fprintf(f, "\nPlan: tensor parallelism (/parallel/tensor \"auto\"; each t planned as fixed, the fastest "
+                   "kept)\n  t  stages  replicas  micro-batches  schedule  recompute    step ms   samples/s  bubble\n");
+        for (int i = 0; i < r->n_tensor_alt; i++) {
+            const struct cdp_planner_tensor_alt *a = &r->tensor_alt[i];
+            if (!a->ok) {
+                fprintf(f, "  %-2d %s\n", a->tensor, a->why);
+                continue;
+            }
+            fprintf(f, "  %-2d %6d %9d %14d  %-8s  %-9s %10.3f %11.1f  %5.1f%%%s\n", a->tensor, a->stages, a->replicas,
+                    a->micro_batches, cdp_schedule_name(a->schedule), cdp_recompute_name(a->recompute),
+                    a->step_s * 1e3, a->samples_per_s, 100 * a->bubble,
+                    a->tensor == l->tensor ? "  <- chosen" : a->bounded ? "  (only shapes whose bound beat a larger t's plan simulated)" : "");
+        }
+        if (r->tensor_why[0]) fprintf(f, "  not tried: %s\n", r->tensor_why);
+    }
+    fprintf(f, "\nPlan: searched %lld shapes (%lld fit", (long long)r->shapes, (long long)r->feasible);
+    if (r->pruned) fprintf(f, "; %lld of them not simulated: their bound could not win", (long long)r->pruned);
+    fprintf(f, "), %lld placed, %lld simulations", (long long)r->placed_shapes, (long long)r->simulations);
     if (r->replica_simulations)
         fprintf(f, " + %lld of one replica (large world: docs/planner.md)", (long long)r->replica_simulations);
     fprintf(f, " in %.3f s\n", r->search_s);
@@ -167,8 +205,10 @@ void cdp_planner_print_brief(const struct cdp_planner_result *r, FILE *f)
 {
     const struct cdp_layout *l = r->layout;
     const int N = l->n_ranks;
-    fprintf(f, "plan: %d stage%s x %d replica%s, %d micro-batches of %d, %s", l->stages, l->stages == 1 ? "" : "s",
-            l->replicas, l->replicas == 1 ? "" : "s", l->micro_batches, l->micro_batch, cdp_schedule_name(l->schedule));
+    fprintf(f, "plan: %d stage%s x %d replica%s", l->stages, l->stages == 1 ? "" : "s", l->replicas,
+            l->replicas == 1 ? "" : "s");
+    if (l->tensor > 1) fprintf(f, " x tensor %d", l->tensor);
+    fprintf(f, ", %d micro-batches of %d, %s", l->micro_batches, l->micro_batch, cdp_schedule_name(l->schedule));
     if (l->chunks > 1) fprintf(f, " x %d chunks", l->chunks);
     if (l->recompute != CDP_RECOMPUTE_NONE) fprintf(f, ", recompute %s", cdp_recompute_name(l->recompute));
     if (l->zero) fprintf(f, ", zero %d", l->zero);
@@ -181,13 +221,15 @@ void cdp_planner_print_brief(const struct cdp_planner_result *r, FILE *f)
         fprintf(f, "  %5d  %-15s %8.3f %8.3f %12s\n", s, units, r->stage[s].fwd_s * 1e3, r->stage[s].bwd_s * 1e3, mem);
     }
     if (l->stages > 16) fprintf(f, "  ... %d more stages (--dry-run lists them all)\n", l->stages - 16);
-    fprintf(f, "  rank  node  device  gpu  stage  replica  cpus         memory\n");
+    fprintf(f, "  rank  node  device  gpu  stage  replica  %scpus         memory\n", l->tensor > 1 ? "tensor  " : "");
     for (int i = 0; i < N && i < 16; i++) {
         const struct cdp_layout_rank *k = &l->rank[i];
         char mem[32];
         mib((double)k->memory.device, mem, sizeof mem);
-        fprintf(f, "  %4d  %4d  %6d  %3d  %5d  %7d  %-11s  %s\n", i, k->node, k->device, k->gpu, k->stage, k->replica,
-                k->cpuset[0] ? k->cpuset : "-", mem);
+        char tc[16] = "";
+        if (l->tensor > 1) snprintf(tc, sizeof tc, "%6d  ", k->tensor);
+        fprintf(f, "  %4d  %4d  %6d  %3d  %5d  %7d  %s%-11s  %s\n", i, k->node, k->device, k->gpu, k->stage,
+                k->replica, tc, k->cpuset[0] ? k->cpuset : "-", mem);
     }
     if (N > 16) fprintf(f, "  ... %d more ranks (--dry-run lists them all)\n", N - 16);
     if (r->predicted_ok)
@@ -252,6 +294,28 @@ json_t *cdp_planner_to_json(const struct cdp_planner_result *r)
     json_object_set_new(o, "stages", stages);
     json_object_set_new(o, "placement", cdp_layout_ranks_json(l));
     json_object_set_new(o, "host", host);
+    if (r->n_tensor_alt) { /* the search over t ("tensor": "auto"; a plan with t fixed has none) */
+        json_t *ts = json_array();
+        for (int i = 0; i < r->n_tensor_alt; i++) {
+            const struct cdp_planner_tensor_alt *a = &r->tensor_alt[i];
+            json_t *x = json_pack("{s:i,s:b}", "tensor", a->tensor, "chosen", a->ok && a->tensor == l->tensor);
+            if (a->ok) {
+                json_object_set_new(x, "stages", json_integer(a->stages));
+                json_object_set_new(x, "replicas", json_integer(a->replicas));
+                json_object_set_new(x, "micro_batches", json_integer(a->micro_batches));
+                json_object_set_new(x, "schedule", json_string(cdp_schedule_name(a->schedule)));
+                json_object_set_new(x, "recompute", json_string(cdp_recompute_name(a->recompute)));
+                json_object_set_new(x, "step_s", json_real(a->step_s));
+                json_object_set_new(x, "samples_per_s", json_real(a->samples_per_s));
+                json_object_set_new(x, "bubble", json_real(a->bubble));
+                json_object_set_new(x, "bounded", json_boolean(a->bounded));
+            } else {
+                json_object_set_new(x, "why", json_string(a->why));
+            }
+            json_array_append_new(ts, x);
+        }
+        json_object_set_new(o, "tensor_search", json_pack("{s:o,s:s}", "tried", ts, "not_tried", r->tensor_why));
+    }
     if (r->predicted_ok) {
         json_t *pr = pred_json(&r->predicted);
         json_object_set_new(pr, "peak_memory_bytes", mem);

@@ -66,6 +66,10 @@ static void vstages_of(const struct cdp_unit_cost *cost, int nv, const int64_t (
             o->bwd_w_s += cost[i].bwd_w_s;
             o->grad_bytes += cost[i].param_bytes;
             o->opt_s += cost[i].opt_s;
+            o->tp_fwd_s += cost[i].tp_fwd_s;
+            o->tp_bwd_s += cost[i].tp_bwd_s;
+            o->tp_fwd_bytes += cost[i].tp_fwd_bytes;
+            o->tp_bwd_bytes += cost[i].tp_bwd_bytes;
         }
         if (ranges[k][1] > ranges[k][0]) o->out_bytes = cost[ranges[k][1] - 1].out_bytes;
         buckets_of(cost, ranges[k][0], ranges[k][1], bucket_bytes, o);
@@ -85,7 +89,7 @@ static cdp_status sim_procs(struct ctx *c, const int *device, const int *trace_r
                                 .tied_bytes = tied ? c->tied_bytes : 0, .device = device, .n_devices = c->nd,
                                 .bandwidth = c->bw, .latency = c->lat,
                                 .samples_per_mb = (double)c->plan->train.micro_batch, .trace_rank = trace_rank,
-                                .proc = proc, .zero = c->R > 1 ? c->zero : 0};
+                                .proc = proc, .zero = c->R > 1 ? c->zero : 0, .tensor = c->tp};
     c->sims++;
     return cdp_sim_run(&sc, out);
 }
@@ -122,8 +126,11 @@ cdp_status cdp_planner_simulate_layout(struct ctx *c, const struct cdp_layout *l
     int *device = malloc((size_t)N * sizeof *device), *row = malloc((size_t)N * sizeof *row);
     int *proc = malloc((size_t)N * sizeof *proc);
     cdp_status st = !device || !row || !proc ? cdp_fail(CDP_ERR_NOMEM, "planner: out of memory") : CDP_OK;
+    /* a tensor group is simulated as its first rank (index 0), the group's
+     * collectives not yet among the simulator's events */
     for (int i = 0; !st && i < N; i++) {
         const struct cdp_layout_rank *k = &l->rank[i];
+        if (k->tensor) continue;
         const int sr = k->stage * l->replicas + k->replica;
         device[sr] = k->device;
         row[sr] = i;
@@ -131,7 +138,7 @@ cdp_status cdp_planner_simulate_layout(struct ctx *c, const struct cdp_layout *l
         /* the first rank with the same processor names it */
         for (int j = 0; j < i; j++) {
             const struct cdp_layout_rank *q = &l->rank[j];
-            if (same_processor(l, q, k)) {
+            if (!q->tensor && same_processor(l, q, k)) {
                 proc[sr] = q->stage * l->replicas + q->replica;
                 break;
             }
@@ -265,14 +272,22 @@ cdp_status cdp_planner_cheap_step(struct ctx *c, const int *device, int all, dou
                                         .tied_bytes = tied ? c->tied_bytes : 0, .device = c->rdev,
                                         .n_devices = p, .bandwidth = c->lbw, .latency = c->llat,
                                         .samples_per_mb = (double)c->plan->train.micro_batch};
-            struct cdp_sim_result *sr = NULL;
-            c->cheap_sims++;
-            cdp_status st = cdp_sim_run(&sc, &sr);
-            if (st) return st;
-            c->key_val[j] = sr->step_s;
+            /* a long pipeline: two shorter ones, the step linear in m past them */
+            double at[2] = {0, 0};
+            for (int q = 0; q < (c->lin_sched[0] ? 2 : 1); q++) {
+                struct cdp_sim_result *sr = NULL;
+                if (c->lin_sched[0]) sc.sched = c->lin_sched[q];
+                c->cheap_sims++;
+                cdp_status st = cdp_sim_run(&sc, &sr);
+                if (st) return st;
+                at[q] = sr->step_s;
+                cdp_sim_result_free(sr);
+            }
+            c->key_val[j] = c->lin_sched[0] ? at[1] + (at[1] - at[0]) * (c->m - c->lin_m[1]) /
+                                                          (double)(c->lin_m[1] - c->lin_m[0])
+                                            : at[0];
             c->key_hash[j] = h;
             c->n_keys++;
-            cdp_sim_result_free(sr);
         }
         slowest = fmax(slowest, c->key_val[j]);
     }
@@ -313,7 +328,9 @@ cdp_status cdp_planner_prepare(struct ctx *c, int p, int R, int m, const int64_t
 {
     const int tied = cdp_planner_tied_model(c->plan) && p * c->v > 1;
     cdp_schedule_free(c->sched);
-    c->sched = NULL;
+    cdp_schedule_free(c->lin_sched[0]);
+    cdp_schedule_free(c->lin_sched[1]);
+    c->sched = c->lin_sched[0] = c->lin_sched[1] = NULL;
     free(c->vs);
     free(c->lbw);
     free(c->llat);
@@ -331,5 +348,17 @@ cdp_status cdp_planner_prepare(struct ctx *c, int p, int R, int m, const int64_t
     /* the executor's buckets (the one rule: cdp_plan_bucket_bytes) */
     const double bucket = cdp_plan_bucket_bytes(c->plan, R, c->zero);
     vstages_of(c->cost, p * c->v, ranges, bucket, c->vs);
-    return cdp_schedule_for_plan(c->plan, c->kind, p, c->v, m, tied, 0, &c->sched);
+    cdp_status st = cdp_schedule_for_plan(c->plan, c->kind, p, c->v, m, tied, 0, &c->sched);
+    /* The cheap model's pipeline of one replica runs m micro-batches: past
+     * the fill (2p, 3p: multiples of p, as interleaved and zbv need, and past
+     * zbv's 2p - 2) every further micro-batch adds the slowest stage's period,
+     * so the step is linear in m and two simulations at 2p and 3p give it;
+     * planning time then no longer follows m (docs/planner.md, "Large worlds"). */
+    if (!st && c->cheap && !c->plan->parallel.schedule_file && m > 4 * p) {
+        c->lin_m[0] = 2 * p;
+        c->lin_m[1] = 3 * p;
+        for (int q = 0; q < 2 && !st; q++)
+            st = cdp_schedule_for_plan(c->plan, c->kind, p, c->v, c->lin_m[q], tied, 0, &c->lin_sched[q]);
+    }
+    return st;
 }

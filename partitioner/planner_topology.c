@@ -13,12 +13,12 @@
 
 /* ---- the plan's topology ------------------------------------------------------- */
 
-/* Ranks a cpu plan needs at least, per node: its fixed stages x replicas. */
+/* Ranks a cpu plan needs at least: its fixed stages x replicas x tensor. */
 static int fixed_ranks(const struct cdp_plan *plan)
 {
     const struct cdp_parallel_desc *pd = &plan->parallel;
     if (pd->stages == CDP_AUTO || pd->replicas == CDP_AUTO) return 0;
-    const int64_t n = pd->stages * pd->replicas;
+    const int64_t n = pd->stages * pd->replicas * (pd->tensor == CDP_AUTO ? 1 : pd->tensor);
     return n > (1 << 20) ? 1 << 20 : (int)n;
 }
 

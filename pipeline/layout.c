@@ -2,6 +2,7 @@
  * executor sizes from it, and the memory a rank of it allocates. */
 #include "pipeline/layout.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -141,6 +142,46 @@ cdp_status cdp_layout_slots(const struct cdp_layout *l, int r, int *mcap, int *s
     return cdp_layout_slots_ex(l, r, mcap, slots, NULL);
 }
 
+/* Generated lists are a function of (kind, stages, chunks, micro-batches):
+ * their peaks are kept for the next layout that asks (the planner asks for
+ * every shape, recompute mode and ZeRO stage it tries; building and
+ * validating the lists was most of its time). A few entries, under a lock. */
+#define SLOT_MEMO 16
+static struct slot_memo {
+    int kind, p, v, cap, used;
+    int *slots, *wslots; /* p each (one allocation) */
+} slot_memo[SLOT_MEMO];
+static int slot_memo_next;
+static pthread_mutex_t slot_memo_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* Copies a kept entry's peaks; 0 when there is none. Called under the lock. */
+static int slot_memo_get(const struct cdp_layout *l, int cap, int *slots, int *wslots)
+{
+    for (int i = 0; i < SLOT_MEMO; i++) {
+        const struct slot_memo *e = &slot_memo[i];
+        if (e->used && e->kind == (int)l->schedule && e->p == l->stages && e->v == l->chunks && e->cap == cap) {
+            memcpy(slots, e->slots, (size_t)l->stages * sizeof *slots);
+            if (wslots) memcpy(wslots, e->wslots, (size_t)l->stages * sizeof *wslots);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static void slot_memo_put(const struct cdp_layout *l, int cap, const int *slots, const int *wslots)
+{
+    int *buf = malloc((size_t)2 * l->stages * sizeof *buf);
+    if (!buf) return; /* only a memo */
+    struct slot_memo *e = &slot_memo[slot_memo_next];
+    slot_memo_next = (slot_memo_next + 1) % SLOT_MEMO;
+    free(e->slots);
+    *e = (struct slot_memo){(int)l->schedule, l->stages, l->chunks, cap, 1, buf, buf + l->stages};
+    memcpy(e->slots, slots, (size_t)l->stages * sizeof *slots);
+    memcpy(e->wslots, wslots, (size_t)l->stages * sizeof *wslots);
+}
+
+static cdp_status slots_built(const struct cdp_layout *l, int cap, int *slots, int *wslots);
+
 cdp_status cdp_layout_slots_ex(const struct cdp_layout *l, int r, int *mcap, int *slots, int *wslots)
 {
     const int R = l->replicas, unit = l->chunks > 1 ? l->stages : 1;
@@ -151,16 +192,38 @@ cdp_status cdp_layout_slots_ex(const struct cdp_layout *l, int r, int *mcap, int
                         "(/parallel/micro_batches, /train/global_batch)", r, (long long)cap,
                         l->rebalance_every > 0 ? " (with /parallel/rebalance_every)" : "",
                         CDP_PLAN_MAX_MICRO_BATCHES);
+    *mcap = (int)cap;
+    if (!l->schedule_file) {
+        pthread_mutex_lock(&slot_memo_lock);
+        const int hit = slot_memo_get(l, (int)cap, slots, wslots);
+        pthread_mutex_unlock(&slot_memo_lock);
+        if (hit) return CDP_OK;
+    }
+    int *w = wslots ? wslots : malloc((size_t)l->stages * sizeof *w);
+    if (!w) return cdp_fail(CDP_ERR_NOMEM, "layout: out of memory");
+    cdp_status st = slots_built(l, (int)cap, slots, w);
+    if (!st && !l->schedule_file) {
+        pthread_mutex_lock(&slot_memo_lock);
+        slot_memo_put(l, (int)cap, slots, w);
+        pthread_mutex_unlock(&slot_memo_lock);
+    }
+    if (!wslots) free(w);
+    return st;
+}
+
+/* The peaks of the lists of cap micro-batches, built. */
+static cdp_status slots_built(const struct cdp_layout *l, int cap, int *slots, int *wslots)
+{
     for (int s = 0; s < l->stages; s++) slots[s] = 1;
-    for (int s = 0; wslots && s < l->stages; s++) wslots[s] = 0;
+    for (int s = 0; s < l->stages; s++) wslots[s] = 0;
     for (int rv = 0; rv < 2; rv++) {
         struct cdp_schedule *sc = NULL;
-        cdp_status st = cdp_schedule_for_layout(l, (int)cap, 0, rv, &sc);
+        cdp_status st = cdp_schedule_for_layout(l, cap, 0, rv, &sc);
         if (st) return st;
         for (int s = 0; s < l->stages; s++) {
             const int k = cdp_schedule_peak_in_flight(sc, s), w = cdp_schedule_peak_w_pending(sc, s);
             if (k > slots[s]) slots[s] = k;
-            if (wslots && w > wslots[s]) wslots[s] = w;
+            if (w > wslots[s]) wslots[s] = w;
         }
         cdp_schedule_free(sc);
         /* only the interleaved and the split lists have a rendezvous order of their own; a file's
@@ -168,7 +231,6 @@ cdp_status cdp_layout_slots_ex(const struct cdp_layout *l, int r, int *mcap, int
         if (!cdp_schedule_def(l->schedule)->rendezvous_order || l->schedule_file)
             break;
     }
-    *mcap = (int)cap;
     return CDP_OK;
 }
 

@@ -302,6 +302,7 @@ cdp_status cdp_layout_check_plan(const struct cdp_layout *l, const struct cdp_pl
                 cdp_backend_name(plan->cluster.backend));
     FIXED(pd->stages, "parallel/stages", "stages", p);
     FIXED(pd->replicas, "parallel/replicas", "replicas", R);
+    FIXED(pd->tensor, "parallel/tensor", "tensor", l->tensor);
     FIXED(pd->micro_batches, "parallel/micro_batches", "micro_batches", l->micro_batches);
     if (!pd->schedule_auto) FIXED(pd->chunks, "parallel/chunks", "chunks", l->chunks);
     FIXED(plan->train.micro_batch, "train/micro_batch", "micro_batch", l->micro_batch);
@@ -330,10 +331,14 @@ cdp_status cdp_layout_check_plan(const struct cdp_layout *l, const struct cdp_pl
     if (pd->placement == CDP_PLACEMENT_EXPLICIT && pd->stages == p && pd->replicas == R)
         for (int i = 0; i < l->n_ranks; i++) {
             const struct cdp_layout_rank *k = &l->rank[i];
-            const int64_t d = pd->placement_map[k->stage * R + k->replica];
+            /* a tensor group's devices follow the first, which the placement names */
+            const int64_t d = pd->placement_map[k->stage * R + k->replica] + k->tensor;
+            char tensor[24] = "";
+            if (l->tensor > 1) snprintf(tensor, sizeof tensor, ", tensor %d", k->tensor);
             if (d != k->device)
-                DIFFERS("/layout/ranks/%d (stage %d, replica %d) is on device %d, /parallel/placement/%d/%d is %lld",
-                        file, i, k->stage, k->replica, k->device, k->stage, k->replica, (long long)d);
+                DIFFERS("/layout/ranks/%d (stage %d, replica %d%s) is on device %d, /parallel/placement/%d/%d %s %lld",
+                        file, i, k->stage, k->replica, tensor, k->device, k->stage, k->replica,
+                        l->tensor > 1 ? "gives" : "is", (long long)d);
         }
     for (int r = 0; r < R; r++) {
         const int64_t want = pd->balance == CDP_BALANCE_EXPLICIT && pd->n_shares == R ? pd->shares[r]

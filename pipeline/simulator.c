@@ -366,7 +366,29 @@ static cdp_status compute(struct sim *S, int i, enum cdp_event_kind kind, int mb
     if (kind == CDP_EV_BACKWARD || kind == CDP_EV_BACKWARD_WEIGHT) q->grad_start = now, q->grad_end = now + d;
     if (kind != CDP_EV_OPTIMIZER) S->res->busy_s[i] += d;
     const int recorded = d > 0 || kind == CDP_EV_FORWARD || kind == CDP_EV_BACKWARD || kind == CDP_EV_BACKWARD_INPUT;
-    return recorded ? add_event(S, i, kind, mb, chunk, now, now + d) : CDP_OK;
+    /* the tensor group's all-reduces end the compute they belong to */
+    const struct cdp_sim_vstage *vs = chunk >= 0 && kind != CDP_EV_OPTIMIZER ? &S->c->vstage[vs_of(S, i / S->R, chunk)]
+                                                                             : NULL;
+    const int fwd = kind == CDP_EV_FORWARD, bwd = kind == CDP_EV_BACKWARD || kind == CDP_EV_BACKWARD_INPUT;
+    const double tp = !vs || S->c->tensor < 2 ? 0 : fwd ? vs->tp_fwd_s : bwd ? vs->tp_bwd_s : 0;
+    if (!recorded) return CDP_OK;
+    if (tp <= 0 || tp > d) return add_event(S, i, kind, mb, chunk, now, now + d);
+    cdp_status st = add_event(S, i, kind, mb, chunk, now, now + d - tp);
+    if (st) return st;
+    const int t = S->c->tensor, dev = S->c->device[i];
+    const double bytes = fwd ? vs->tp_fwd_bytes : vs->tp_bwd_bytes;
+    for (int k = 0; k < t && dev + t <= S->c->n_devices; k++) { /* the group's ring: its devices in order */
+        const int a = dev + k, b = dev + (k + 1) % t;
+        if (bw_of(S, a, b) <= 0) continue;
+        int l;
+        if ((st = link_index(S, a, b, &l))) return st;
+        S->links[l].bytes += bytes;
+        S->links[l].busy_s += tp;
+    }
+    return add_rec(S, i, (struct cdp_event_rec){.kind = CDP_EV_TENSOR_REDUCE, .mb = mb, .chunk = S->v > 1 ? chunk : -1,
+                                                .peer = -1, .group = CDP_EV_GROUP_TENSOR, .members = t,
+                                                .bytes = (uint64_t)llround(bytes)},
+                   now + d - tp, now + d);
 }
 
 /* Runs rank i's instructions at time now until it is busy, blocked or done. */

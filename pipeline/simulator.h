@@ -29,6 +29,11 @@ struct cdp_sim_vstage {
     double grad_bytes;   /* per step: gradient bytes all-reduced over the replicas (ZeRO-2: reduce-scattered
                           * after each backward) */
     double opt_s;        /* per step: optimizer time */
+    /* tensor parallelism: of fwd_s and bwd_s (a split backward's input half),
+     * the tensor group's all-reduces, played as CDP_EV_TENSOR_REDUCE events at
+     * the end of the compute they belong to, and the bytes they move on each
+     * link of the group's ring */
+    double tp_fwd_s, tp_bwd_s, tp_fwd_bytes, tp_bwd_bytes;
     /* gradient buckets (the executor's /parallel/bucket_mb): n_buckets > 0
      * reduce over the replicas bucket by bucket during the step's last
      * backward; bucket b holds bucket_share[b] of grad_bytes and is ready
@@ -54,6 +59,9 @@ struct cdp_sim_config {
     const int *proc;                      /* p*R: the processor (a CPU set, a GPU) (s, r) computes on,
                                              0..p*R-1; ranks on one processor that compute at the same
                                              time each get an equal share of it. NULL: each its own */
+    int tensor;                           /* t: (s, r) on device d leads a tensor group on devices d..d+t-1,
+                                             whose ring d -> d+1 -> ... -> d carries the tensor all-reduces
+                                             (link statistics); 0 or 1: none */
     int zero;                             /* ZeRO stage: 2 reduce-scatters each chunk's gradient over the
                                              stage's replicas after each of its backwards (a collective,
                                              (R-1)/R of grad_bytes), and the step's collective is the

@@ -23,7 +23,7 @@ struct cdp_trace {
 static const char *const kind_names[] = {"load",      "forward",   "backward",   "optimizer",
                                          "eval",      "backward input", "backward weight", "send act",  "recv act",   "send grad",
                                          "recv grad", "all-reduce", "reduce-scatter", "all-gather",
-                                         "tied all-reduce", "bucket"};
+                                         "tied all-reduce", "bucket", "tensor all-reduce"};
 CDP_TABLE_CHECK(kind_names, CDP_EV_KIND_COUNT);
 
 _Static_assert(sizeof(struct cdp_event_rec) == 4 * sizeof(int) + 2 * sizeof(uint64_t) + 4 * sizeof(int) +
@@ -90,8 +90,10 @@ cdp_status cdp_trace_set_layout(struct cdp_trace *t, const struct cdp_layout *l)
         const struct cdp_layout_rank *k = &l->rank[r];
         char dev[32];
         cdp_layout_device_name(l, r, dev, sizeof dev);
-        snprintf(t->label[r], sizeof t->label[r], "rank %d: stage %d, replica %d, node %d, device %d (%s)", r,
-                 k->stage, k->replica, k->node, k->device, dev);
+        char tensor[24] = "";
+        if (l->tensor > 1) snprintf(tensor, sizeof tensor, ", tensor %d", k->tensor);
+        snprintf(t->label[r], sizeof t->label[r], "rank %d: stage %d, replica %d%s, node %d, device %d (%s)", r,
+                 k->stage, k->replica, tensor, k->node, k->device, dev);
     }
     return CDP_OK;
 }
@@ -100,6 +102,7 @@ static const char *group_name(int g)
 {
     return g == CDP_EV_GROUP_REPLICAS ? "the stage's replicas"
            : g == CDP_EV_GROUP_TIED   ? "the replica's first and last stage"
+           : g == CDP_EV_GROUP_TENSOR ? "the stage's tensor group"
                                       : "";
 }
 

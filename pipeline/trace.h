@@ -34,6 +34,8 @@ enum cdp_event_kind {
     CDP_EV_TIED_REDUCE,    /* a tied embedding's gradient over its first and last stage */
     CDP_EV_BUCKET,         /* one gradient bucket's part of the all-reduce (or ZeRO-1 reduce-scatter), from
                             * its start in the backward to its completion; the all-reduce's event spans them */
+    CDP_EV_TENSOR_REDUCE,  /* a tensor group's all-reduce of a split layer's activations or their gradient,
+                            * within a forward or backward (not overlapped with its compute) */
     CDP_EV_KIND_COUNT
 };
 
@@ -41,7 +43,8 @@ enum cdp_event_kind {
 enum cdp_event_group {
     CDP_EV_GROUP_NONE = 0,
     CDP_EV_GROUP_REPLICAS, /* the replicas of the rank's stage */
-    CDP_EV_GROUP_TIED      /* the first and last stage of the rank's replica */
+    CDP_EV_GROUP_TIED,     /* the first and last stage of the rank's replica */
+    CDP_EV_GROUP_TENSOR    /* the rank's tensor group (its stage and replica) */
 };
 
 /* No padding: records are compared and sent between ranks as bytes. */

@@ -25,7 +25,7 @@
 #include "model/model.h"
 #include "pipeline/layout.h"
 
-enum { GPT = 0, MLP = 1 };
+enum { GPT = 0, MLP = 1, SPLIT = 2 };
 
 struct cell {
     int model, p, R, m;
@@ -34,6 +34,7 @@ struct cell {
     int steps; /* 0: one (the memory peaks while the first step sets up) */
     char recompute[12]; /* /train/recompute; "": the default (auto) */
     int zero;           /* /parallel/zero */
+    int t;              /* /parallel/tensor */
 };
 
 static const char *model_json(int model)
@@ -41,6 +42,11 @@ static const char *model_json(int model)
     return model == GPT
                ? "\"model\": {\"preset\": \"gpt\", \"vocab\": 64, \"context\": 16, \"layers\": 6, \"heads\": 2, "
                  "\"embed\": 32}"
+           : model == SPLIT /* split linears (docs/parallelism.md) */
+               ? "\"model\": {\"input\": [24], \"layers\": [{\"type\": \"linear\", \"out\": 64, \"split\": "
+                 "\"column\"}, {\"type\": \"relu\"}, {\"type\": \"linear\", \"out\": 48, \"split\": \"row\"}, "
+                 "{\"type\": \"linear\", \"out\": 32, \"split\": \"column\"}, {\"type\": \"gelu\"}, {\"type\": "
+                 "\"linear\", \"out\": 5, \"split\": \"row\"}]}"
                : "\"model\": {\"preset\": \"mlp\", \"input\": [24], \"hidden\": [64, 48, 32, 32], \"classes\": 5}";
 }
 
@@ -51,11 +57,11 @@ static const char *cell_plan(const char *dir, const char *name, const struct cel
     snprintf(json, sizeof json,
              "{%s, \"data\": {\"source\": \"synthetic\", \"seed\": 5}, \"train\": {\"steps\": %d, \"micro_batch\": 3, "
              "\"optimizer\": {\"type\": \"%s\"}, \"eval_batches\": 1, \"log_every\": 1, \"timeout_s\": 60%s%s%s}, "
-             "\"parallel\": {\"stages\": %d, \"replicas\": %d, \"micro_batches\": %d, \"schedule\": \"%s\"%s, "
-             "\"zero\": %d}, "
+             "\"parallel\": {\"stages\": %d, \"replicas\": %d, \"tensor\": %d, \"micro_batches\": %d, "
+             "\"schedule\": \"%s\"%s, \"zero\": %d}, "
              "\"cluster\": {\"backend\": \"%s\"%s%s}, \"output\": {\"metrics\": \"%s.jsonl\"}}",
              model_json(c->model), c->steps ? c->steps : 1, c->model == GPT ? "adamw" : "sgd",
-             c->recompute[0] ? ", \"recompute\": \"" : "", c->recompute, c->recompute[0] ? "\"" : "", c->p, c->R, c->m,
+             c->recompute[0] ? ", \"recompute\": \"" : "", c->recompute, c->recompute[0] ? "\"" : "", c->p, c->R, c->t > 1 ? c->t : 1, c->m,
              c->schedule,
              !strcmp(c->schedule, "interleaved") ? ", \"chunks\": 2" : "", c->zero, c->cuda ? "cuda" : "cpu",
              c->cuda ? ", \"ranks_per_device\": 8" : "", extra, name);
@@ -95,7 +101,7 @@ ParameterizedTestParameters(layout, measured_peak_is_the_predicted_memory)
             for (int p = 1; p <= 4; p++)
                 for (int R = 1; R <= 2; R++) {
                     if (k == 2 && p < 2) continue; /* interleaved needs two stages */
-                    struct cell c = {model, p, R, 2 * p, "", 0, 0, "", 0};
+                    struct cell c = {model, p, R, 2 * p, "", 0, 0, "", 0, 1};
                     snprintf(c.schedule, sizeof c.schedule, "%s", kinds[k]);
                     grid[n++] = c;
                 }
@@ -105,7 +111,7 @@ ParameterizedTestParameters(layout, measured_peak_is_the_predicted_memory)
         for (size_t i = 0; i < sizeof gpu / sizeof gpu[0]; i++)
             for (int k = 0; k < 3; k++) {
                 if (k == 2 && gpu[i][0] < 2) continue;
-                struct cell c = {model, gpu[i][0], gpu[i][1], gpu[i][2], "", 1, 0, "", 0};
+                struct cell c = {model, gpu[i][0], gpu[i][1], gpu[i][2], "", 1, 0, "", 0, 1};
                 snprintf(c.schedule, sizeof c.schedule, "%s", kinds[k]);
                 grid[n++] = c;
             }
@@ -114,7 +120,7 @@ ParameterizedTestParameters(layout, measured_peak_is_the_predicted_memory)
     for (int model = 0; model < 2; model++)
         for (int mode = 0; mode < 2; mode++)
             for (size_t i = 0; i < sizeof rc / sizeof rc[0]; i++) {
-                struct cell c = {model, rc[i][0], rc[i][1], rc[i][2], "", i == 3, 0, "", 0};
+                struct cell c = {model, rc[i][0], rc[i][1], rc[i][2], "", i == 3, 0, "", 0, 1};
                 snprintf(c.schedule, sizeof c.schedule, "%s", kinds[rc[i][3]]);
                 snprintf(c.recompute, sizeof c.recompute, "%s", mode ? "full" : "selective");
                 grid[n++] = c;
@@ -124,7 +130,7 @@ ParameterizedTestParameters(layout, measured_peak_is_the_predicted_memory)
     for (int model = 0; model < 2; model++)
         for (size_t i = 0; i < sizeof zc / sizeof zc[0]; i++) {
             for (int z = 1; z <= 2; z++) { /* ZeRO-2 also each rank's gradient shard and one unit's window */
-                struct cell c = {model, zc[i][0], zc[i][1], zc[i][2], "", zc[i][4], 0, "", z};
+                struct cell c = {model, zc[i][0], zc[i][1], zc[i][2], "", zc[i][4], 0, "", z, 1};
                 snprintf(c.schedule, sizeof c.schedule, "%s", kinds[zc[i][3]]);
                 grid[n++] = c;
             }
@@ -132,15 +138,22 @@ ParameterizedTestParameters(layout, measured_peak_is_the_predicted_memory)
     /* split backward: activations until W and the W-state slots, both paths,
      * with recomputation and ZeRO-2 */
     for (int model = 0; model < 2; model++) {
-        grid[n++] = (struct cell){model, 2, 1, 4, "zb-h1", 0, 0, "", 0};
-        grid[n++] = (struct cell){model, 2, 2, 4, "zb-h2", 0, 0, "", 0};
-        grid[n++] = (struct cell){model, 2, 1, 4, "zbv", 0, 0, "", 0};
-        grid[n++] = (struct cell){model, 3, 1, 6, "zbv", 0, 0, "", 0};
-        grid[n++] = (struct cell){model, 2, 1, 4, "zb-h1", 1, 0, "", 0};
-        grid[n++] = (struct cell){model, 2, 2, 4, "zbv", 1, 0, "", 0};
-        grid[n++] = (struct cell){model, 2, 1, 4, "zbv", 0, 0, "full", 0};
-        grid[n++] = (struct cell){model, 2, 2, 4, "zb-h1", 0, 0, "", 2};
+        grid[n++] = (struct cell){model, 2, 1, 4, "zb-h1", 0, 0, "", 0, 1};
+        grid[n++] = (struct cell){model, 2, 2, 4, "zb-h2", 0, 0, "", 0, 1};
+        grid[n++] = (struct cell){model, 2, 1, 4, "zbv", 0, 0, "", 0, 1};
+        grid[n++] = (struct cell){model, 3, 1, 6, "zbv", 0, 0, "", 0, 1};
+        grid[n++] = (struct cell){model, 2, 1, 4, "zb-h1", 1, 0, "", 0, 1};
+        grid[n++] = (struct cell){model, 2, 2, 4, "zbv", 1, 0, "", 0, 1};
+        grid[n++] = (struct cell){model, 2, 1, 4, "zbv", 0, 0, "full", 0, 1};
+        grid[n++] = (struct cell){model, 2, 2, 4, "zb-h1", 0, 0, "", 2, 1};
     }
+    /* tensor groups: each rank's slices of the split linears */
+    grid[n++] = (struct cell){SPLIT, 1, 1, 2, "1f1b", 0, 0, "", 0, 2};
+    grid[n++] = (struct cell){SPLIT, 2, 2, 4, "1f1b", 0, 0, "", 0, 2};
+    grid[n++] = (struct cell){SPLIT, 2, 1, 4, "gpipe", 0, 0, "full", 0, 4};
+    grid[n++] = (struct cell){SPLIT, 2, 1, 4, "zb-h1", 0, 0, "", 0, 2};
+    grid[n++] = (struct cell){SPLIT, 1, 2, 2, "1f1b", 0, 0, "", 1, 2};
+    grid[n++] = (struct cell){SPLIT, 2, 1, 4, "1f1b", 1, 0, "", 0, 2};
     CDP_ASSERT((size_t)n <= sizeof grid / sizeof grid[0]);
     return cr_make_param_array(struct cell, grid, cdp_test_sample_cells(grid, (size_t)n, sizeof grid[0]));
 }
@@ -149,7 +162,7 @@ ParameterizedTestParameters(layout, measured_peak_is_the_predicted_memory)
  * the test asks for the bytes to be equal, and reports the worst error). */
 ParameterizedTest(struct cell *c, layout, measured_peak_is_the_predicted_memory, .timeout = 120)
 {
-    if (c->p * c->R > 1 && !cdp_comm_have_mpi()) cr_skip_test("this build has no MPI");
+    if (c->p * c->R * (c->t > 1 ? c->t : 1) > 1 && !cdp_comm_have_mpi()) cr_skip_test("this build has no MPI");
     const char *fake = getenv("CDP_FAKE_CUDA_DIR");
     if (c->cuda) {
         cr_assert_not_null(fake, "CDP_FAKE_CUDA_DIR is not set (run the tests through meson test)");
@@ -167,7 +180,7 @@ ParameterizedTest(struct cell *c, layout, measured_peak_is_the_predicted_memory,
     snprintf(path, sizeof path, "%s/cell.jsonl", dir);
     json_t *j = last_ranks(path);
     json_t *ranks = json_object_get(j, "ranks");
-    cr_assert_eq(json_array_size(ranks), (size_t)(c->p * c->R));
+    cr_assert_eq(json_array_size(ranks), (size_t)(c->p * c->R * (c->t > 1 ? c->t : 1)));
     double worst = 0;
     for (size_t i = 0; i < json_array_size(ranks); i++) {
         json_t *k = json_array_get(ranks, i);
@@ -229,7 +242,7 @@ Test(layout, fits_means_fits, .timeout = 120)
     if (!cdp_comm_have_mpi()) cr_skip_test("this build has no MPI");
     char dir[4096], extra[128], part[512], err[4096];
     snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
-    struct cell c = {GPT, 2, 1, 4, "1f1b", 0, 0, "none", 0};
+    struct cell c = {GPT, 2, 1, 4, "1f1b", 0, 0, "none", 0, 1};
     int code;
     const double peak = planned_peak(cell_plan(dir, "free", &c, ""), part, sizeof part, &code, err, sizeof err);
     cr_assert_eq(code, 0, "%s", err);
@@ -277,7 +290,7 @@ Test(layout, ranks_on_a_host_share_its_memory)
 {
     char dir[4096];
     snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
-    struct cell c = {GPT, 2, 2, 4, "1f1b", 0, 0, "", 0};
+    struct cell c = {GPT, 2, 2, 4, "1f1b", 0, 0, "", 0, 1};
     const char *plan = cell_plan(dir, "host", &c, ", \"host_memory\": \"64MiB\"");
     struct cdp_run r;
     cr_assert_eq(cdp_test_run(&r, (const char *[]){"--plan", plan, NULL}), 0);
@@ -550,7 +563,7 @@ Test(layout, a_two_node_layout_trains_on_its_nodes, .timeout = 120)
     const char *hosts = cdp_test_write_file(dir, "hosts", "node-a\nnode-b   # the second node\n");
     char hostpath[4200];
     snprintf(hostpath, sizeof hostpath, "%s", hosts);
-    struct cell c = {GPT, 2, 2, 4, "1f1b", 0, 2, "", 0};
+    struct cell c = {GPT, 2, 2, 4, "1f1b", 0, 2, "", 0, 1};
     char plan[4200];
     snprintf(plan, sizeof plan, "%s", cell_plan(dir, "two", &c, ", \"nodes\": 2"));
     setenv("OMPI_MCA_plm_rsh_agent", agent, 1);
@@ -570,7 +583,7 @@ Test(layout, a_two_node_layout_trains_on_its_nodes, .timeout = 120)
     json_decref(last);
     double la[4], lb[4];
     cr_assert_eq(losses_of(path, la, 4), 2);
-    struct cell one = {GPT, 1, 1, 8, "1f1b", 0, 2, "", 0};
+    struct cell one = {GPT, 1, 1, 8, "1f1b", 0, 2, "", 0, 1};
     trains(cell_plan(dir, "one", &one, ""), "one rank");
     snprintf(path, sizeof path, "%s/one.jsonl", dir);
     cr_assert_eq(losses_of(path, lb, 4), 2);
@@ -593,7 +606,7 @@ Test(layout, ranks_are_bound_to_the_layout_cpus, .timeout = 60)
     if (!cdp_comm_have_mpi()) cr_skip_test("this build has no MPI");
     char dir[4096];
     snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
-    struct cell c = {MLP, 2, 1, 2, "1f1b", 0, 0, "", 0};
+    struct cell c = {MLP, 2, 1, 2, "1f1b", 0, 0, "", 0, 1};
     const char *plan = cell_plan(dir, "bind", &c, "");
     struct cdp_run r;
     cr_assert_eq(cdp_test_run(&r, (const char *[]){"--plan", plan, "--dry-run", "--json", NULL}), 0);
@@ -871,7 +884,7 @@ Test(layout, a_hand_edited_planned_file_runs_as_edited_or_is_refused, .timeout =
     if (!cdp_comm_have_mpi()) cr_skip_test("this build has no MPI");
     char dir[4096], path[4200];
     snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
-    struct cell c = {GPT, 2, 2, 4, "1f1b", 0, 2, "none", 0};
+    struct cell c = {GPT, 2, 2, 4, "1f1b", 0, 2, "none", 0, 1};
     const char *plan = cell_plan(dir, "edit", &c, "");
     struct cdp_run r;
     cr_assert_eq(cdp_test_run(&r, (const char *[]){"--plan", plan, "--dry-run", "--json", NULL}), 0);
@@ -934,7 +947,7 @@ Test(layout, a_planned_file_loads_and_replanning_is_a_check)
 {
     char dir[4096];
     snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
-    struct cell c = {MLP, 2, 1, 2, "gpipe", 0, 1, "none", 0};
+    struct cell c = {MLP, 2, 1, 2, "gpipe", 0, 1, "none", 0, 1};
     char src[4200];
     snprintf(src, sizeof src, "%s", cell_plan(dir, "api", &c, ""));
     struct cdp_run r;

@@ -327,3 +327,48 @@ Test(partition, balanced_split_unchanged)
     cr_expect(r[0][1] == 3 && r[1][1] == 5 && r[2][1] == 6, "%lld %lld", (long long)r[0][1], (long long)r[1][1]);
     cr_expect_eq(cdp_partition_balanced(c, 6, 7, r), CDP_ERR_INVALID);
 }
+
+/* Chunked schedules: each rank's chunks together. zbv on 2 ranks puts chunks
+ * 0 and 3 (the model's two ends) on rank 0; a heavy first and last unit then
+ * leaves the chunk-balanced split far from the best of the ranks' totals,
+ * which a brute force over every split finds. */
+static double worst_rank(const double *c, int64_t (*r)[2], const int *owner, int k, int ranks)
+{
+    double load[8] = {0}, w = 0;
+    for (int j = 0; j < k; j++)
+        for (int64_t i = r[j][0]; i < r[j][1]; i++) load[owner[j]] += c[i];
+    for (int q = 0; q < ranks; q++) w = load[q] > w ? load[q] : w;
+    return w;
+}
+
+Test(partition, chunked_split_balances_each_ranks_total)
+{
+    static const double cases[][8] = {{10, 1, 1, 1, 1, 1, 1, 10}, {5, 2, 2, 2, 2, 2, 2, 9}, {1, 1, 1, 1, 1, 1, 1, 1},
+                                      {3, 1, 4, 1, 5, 9, 2, 6}};
+    const int owner[4] = {0, 1, 1, 0}, n = 8, k = 4;
+    for (size_t q = 0; q < sizeof cases / sizeof cases[0]; q++) {
+        const double *c = cases[q];
+        int64_t r[4][2], chunks[4][2];
+        cr_assert_eq(cdp_partition_balanced(c, n, k, chunks), CDP_OK);
+        cr_assert_eq(cdp_partition_balanced_ranks(c, n, k, owner, 2, r), CDP_OK);
+        for (int j = 0; j < k; j++) {
+            cr_assert_lt(r[j][0], r[j][1], "case %zu: chunk %d empty", q, j);
+            if (j) cr_assert_eq(r[j][0], r[j - 1][1]);
+        }
+        cr_assert(r[0][0] == 0 && r[k - 1][1] == n);
+        double best = 1e300;
+        for (int a = 1; a < n; a++)
+            for (int b = a + 1; b < n; b++)
+                for (int d = b + 1; d < n; d++) {
+                    int64_t x[4][2] = {{0, a}, {a, b}, {b, d}, {d, n}};
+                    const double w = worst_rank(c, x, owner, k, 2);
+                    if (w < best) best = w;
+                }
+        const double got = worst_rank(c, r, owner, k, 2);
+        cr_expect_leq(got, worst_rank(c, chunks, owner, k, 2), "case %zu", q);
+        cr_expect_eq(got, best, "case %zu: %g, the best split gives %g", q, got, best);
+    }
+    const int bad[4] = {0, 1, 2, 0};
+    int64_t r[4][2];
+    cr_expect_eq(cdp_partition_balanced_ranks(cases[0], n, k, bad, 2, r), CDP_ERR_INVALID);
+}

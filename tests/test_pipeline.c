@@ -15,13 +15,20 @@
 #include "comm/comm.h"
 #include "model/safetensors.h"
 
-enum { MODEL_MLP = 0, MODEL_GPT = 1, MODEL_SILU = 2, MODEL_LLAMA = 3, MODEL_LLAMA_TIED = 4 };
+enum { MODEL_MLP = 0, MODEL_GPT = 1, MODEL_SILU = 2, MODEL_LLAMA = 3, MODEL_LLAMA_TIED = 4, MODEL_SPLIT = 5 };
 
 static const char *model_name(int model)
 {
-    static const char *const names[] = {"mlp", "gpt", "silu", "llama", "llama (tied)"};
+    static const char *const names[] = {"mlp", "gpt", "silu", "llama", "llama (tied)", "mlp (split linears)"};
     return names[model];
 }
+
+/* An MLP of two column-then-row pairs of split linears (docs/parallelism.md). */
+#define SPLIT_MLP                                                                                              \
+    "\"model\": {\"input\": [12], \"layers\": [{\"type\": \"linear\", \"out\": 32, \"split\": \"column\"}, "    \
+    "{\"type\": \"relu\"}, {\"type\": \"linear\", \"out\": 24, \"split\": \"row\"}, {\"type\": \"linear\", "         \
+    "\"out\": 16, \"split\": \"column\"}, {\"type\": \"gelu\"}, {\"type\": \"linear\", \"out\": 5, \"split\": "        \
+    "\"row\"}]}"
 
 struct layout {
     int model, p, R, m, v;
@@ -30,6 +37,7 @@ struct layout {
     int rebalance_every;
     char recompute[12]; /* /train/recompute of the pipeline's plan; "": the default */
     int zero;           /* /parallel/zero of the pipeline's plan */
+    int t;              /* /parallel/tensor of the pipeline's plan (0: 1) */
 };
 
 static void write_plan(const char *dir, const char *name, const struct layout *l, int one_rank)
@@ -40,6 +48,7 @@ static void write_plan(const char *dir, const char *name, const struct layout *l
         snprintf(bal, sizeof bal, ", \"balance\": %s", l->balance);
     if (!one_rank && l->rebalance_every)
         snprintf(bal + strlen(bal), sizeof bal - strlen(bal), ", \"rebalance_every\": %d", l->rebalance_every);
+    if (!one_rank && l->t > 1) snprintf(bal + strlen(bal), sizeof bal - strlen(bal), ", \"tensor\": %d", l->t);
     snprintf(par, sizeof par,
              "\"parallel\": {\"stages\": %d, \"replicas\": %d, \"micro_batches\": %d, \"schedule\": \"%s\""
              "%s%s, \"zero\": %d}",
@@ -55,6 +64,8 @@ static void write_plan(const char *dir, const char *name, const struct layout *l
                  "\"factor\": 4, \"low_freq_factor\": 1, \"high_freq_factor\": 2, \"original_context\": 8}}"
                : "\"model\": {\"preset\": \"llama\", \"vocab\": 32, \"context\": 8, \"layers\": 6, \"heads\": 2, "
                  "\"kv_heads\": 1, \"dim\": 16, \"hidden\": 24, \"tie_embeddings\": true}")
+        : l->model == MODEL_SPLIT
+        ? SPLIT_MLP
         : l->model == MODEL_SILU
         ? "\"model\": {\"input\": [12], \"layers\": [{\"type\": \"linear\", \"out\": 32}, {\"type\": \"silu\"}, "
           "{\"type\": \"linear\", \"out\": 24}, {\"type\": \"silu\"}, {\"type\": \"linear\", \"out\": 5}]}"
@@ -141,27 +152,27 @@ ParameterizedTestParameters(pipeline, layouts_equal_one_rank)
     for (int model = 0; model < 2; model++)
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
             const int p = shapes[s][0], R = shapes[s][1], m = shapes[s][2];
-            grid[n++] = (struct layout){model, p, R, m, 1, "gpipe", "", 0, "", 0};
-            grid[n++] = (struct layout){model, p, R, m, 1, "1f1b", "", 0, "", 0};
+            grid[n++] = (struct layout){model, p, R, m, 1, "gpipe", "", 0, "", 0, 1};
+            grid[n++] = (struct layout){model, p, R, m, 1, "1f1b", "", 0, "", 0, 1};
             /* interleaved: 2 chunks per rank, m a multiple of p, enough units */
             const int units = model == MODEL_GPT ? 8 : 7;
             if (p >= 2 && m % p == 0 && 2 * p <= units)
-                grid[n++] = (struct layout){model, p, R, m, 2, "interleaved", "", 0, "", 0};
+                grid[n++] = (struct layout){model, p, R, m, 2, "interleaved", "", 0, "", 0, 1};
         }
     /* unequal shares of the global batch (load-balanced replicas) */
     for (int model = 0; model < 2; model++) {
-        grid[n++] = (struct layout){model, 1, 2, 2, 1, "1f1b", "[3, 1]", 0, "", 0};
-        grid[n++] = (struct layout){model, 2, 2, 4, 1, "gpipe", "[6, 2]", 0, "", 0};
-        grid[n++] = (struct layout){model, 2, 2, 4, 1, "1f1b", "[1, 7]", 0, "", 0};
-        grid[n++] = (struct layout){model, 2, 2, 4, 2, "interleaved", "[6, 2]", 0, "", 0};
-        grid[n++] = (struct layout){model, 2, 3, 3, 1, "1f1b", "[5, 3, 1]", 0, "", 0};
+        grid[n++] = (struct layout){model, 1, 2, 2, 1, "1f1b", "[3, 1]", 0, "", 0, 1};
+        grid[n++] = (struct layout){model, 2, 2, 4, 1, "gpipe", "[6, 2]", 0, "", 0, 1};
+        grid[n++] = (struct layout){model, 2, 2, 4, 1, "1f1b", "[1, 7]", 0, "", 0, 1};
+        grid[n++] = (struct layout){model, 2, 2, 4, 2, "interleaved", "[6, 2]", 0, "", 0, 1};
+        grid[n++] = (struct layout){model, 2, 3, 3, 1, "1f1b", "[5, 3, 1]", 0, "", 0, 1};
     }
     /* recomputation, selective and full, on every schedule */
     for (int model = 0; model < 2; model++)
         for (int mode = 0; mode < 2; mode++) {
             const char *rc = mode ? "full" : "selective";
-            struct layout a = {model, 2, 2, 4, 1, "gpipe", "", 0, "", 0}, b = {model, 2, 2, 4, 1, "1f1b", "", 0, "", 0},
-                          c = {model, 2, 1, 4, 2, "interleaved", "", 0, "", 0};
+            struct layout a = {model, 2, 2, 4, 1, "gpipe", "", 0, "", 0, 1}, b = {model, 2, 2, 4, 1, "1f1b", "", 0, "", 0, 1},
+                          c = {model, 2, 1, 4, 2, "interleaved", "", 0, "", 0, 1};
             snprintf(a.recompute, sizeof a.recompute, "%s", rc);
             snprintf(b.recompute, sizeof b.recompute, "%s", rc);
             snprintf(c.recompute, sizeof c.recompute, "%s", rc);
@@ -173,48 +184,48 @@ ParameterizedTestParameters(pipeline, layouts_equal_one_rank)
      * schedule, with recomputation; unequal shares for ZeRO-1 only (ZeRO-2 refuses them) */
     for (int z = 1; z <= 2; z++)
         for (int model = 0; model < 2; model++) {
-            grid[n++] = (struct layout){model, 1, 2, 2, 1, "1f1b", "", 0, "", z};
-            grid[n++] = (struct layout){model, 2, 3, 3, 1, "gpipe", "", 0, "", z};
-            grid[n++] = (struct layout){model, 1, 4, 2, 1, "1f1b", "", 0, "", z};
-            grid[n++] = (struct layout){model, 2, 2, 4, 2, "interleaved", "", 0, "", z};
-            struct layout f = {model, 2, 2, 4, 1, "1f1b", "", 0, "full", z};
+            grid[n++] = (struct layout){model, 1, 2, 2, 1, "1f1b", "", 0, "", z, 1};
+            grid[n++] = (struct layout){model, 2, 3, 3, 1, "gpipe", "", 0, "", z, 1};
+            grid[n++] = (struct layout){model, 1, 4, 2, 1, "1f1b", "", 0, "", z, 1};
+            grid[n++] = (struct layout){model, 2, 2, 4, 2, "interleaved", "", 0, "", z, 1};
+            struct layout f = {model, 2, 2, 4, 1, "1f1b", "", 0, "full", z, 1};
             if (z == 1) snprintf(f.balance, sizeof f.balance, "[6, 2]");
             grid[n++] = f;
-            grid[n++] = (struct layout){model, 2, 2, 4, 1, "gpipe", "", 0, "selective", z};
-            grid[n++] = (struct layout){model, 2, 2, 4, 2, "interleaved", "", 0, "full", z};
+            grid[n++] = (struct layout){model, 2, 2, 4, 1, "gpipe", "", 0, "selective", z, 1};
+            grid[n++] = (struct layout){model, 2, 2, 4, 2, "interleaved", "", 0, "full", z, 1};
         }
     /* the zero-bubble schedules (split backward): GPT (tied embeddings: between
      * two ranks, or within rank 0 under zbv) and MLP, with replicas, unequal
      * shares, recomputation and ZeRO */
     for (int model = 0; model < 2; model++) {
-        grid[n++] = (struct layout){model, 2, 1, 4, 1, "zb-h1", "", 0, "", 0};
-        grid[n++] = (struct layout){model, 3, 2, 6, 1, "zb-h1", "", 0, "", 0};
-        grid[n++] = (struct layout){model, 2, 2, 4, 1, "zb-h2", "", 0, "", 0};
-        grid[n++] = (struct layout){model, 4, 1, 8, 1, "zb-h2", "", 0, "", 0};
-        grid[n++] = (struct layout){model, 2, 1, 4, 2, "zbv", "", 0, "", 0};
-        grid[n++] = (struct layout){model, 3, 2, 3, 2, "zbv", "", 0, "", 0};
-        grid[n++] = (struct layout){model, 1, 2, 2, 2, "zbv", "", 0, "", 0};
-        grid[n++] = (struct layout){model, 2, 2, 4, 2, "zbv", "[6, 2]", 0, "", 0};
-        grid[n++] = (struct layout){model, 2, 2, 4, 1, "zb-h1", "", 0, "full", 1};
-        grid[n++] = (struct layout){model, 2, 2, 4, 2, "zbv", "", 0, "selective", 2};
+        grid[n++] = (struct layout){model, 2, 1, 4, 1, "zb-h1", "", 0, "", 0, 1};
+        grid[n++] = (struct layout){model, 3, 2, 6, 1, "zb-h1", "", 0, "", 0, 1};
+        grid[n++] = (struct layout){model, 2, 2, 4, 1, "zb-h2", "", 0, "", 0, 1};
+        grid[n++] = (struct layout){model, 4, 1, 8, 1, "zb-h2", "", 0, "", 0, 1};
+        grid[n++] = (struct layout){model, 2, 1, 4, 2, "zbv", "", 0, "", 0, 1};
+        grid[n++] = (struct layout){model, 3, 2, 3, 2, "zbv", "", 0, "", 0, 1};
+        grid[n++] = (struct layout){model, 1, 2, 2, 2, "zbv", "", 0, "", 0, 1};
+        grid[n++] = (struct layout){model, 2, 2, 4, 2, "zbv", "[6, 2]", 0, "", 0, 1};
+        grid[n++] = (struct layout){model, 2, 2, 4, 1, "zb-h1", "", 0, "full", 1, 1};
+        grid[n++] = (struct layout){model, 2, 2, 4, 2, "zbv", "", 0, "selective", 2, 1};
     }
     /* the llama preset: every schedule, replicas, unequal shares, recomputation, ZeRO; a tied head
      * across two ranks and within rank 0 under zbv */
-    grid[n++] = (struct layout){MODEL_LLAMA, 2, 1, 4, 1, "gpipe", "", 0, "", 0};
-    grid[n++] = (struct layout){MODEL_LLAMA, 2, 2, 4, 1, "1f1b", "", 0, "", 0};
-    grid[n++] = (struct layout){MODEL_LLAMA, 4, 1, 8, 1, "1f1b", "", 0, "", 0};
-    grid[n++] = (struct layout){MODEL_LLAMA, 2, 2, 4, 2, "interleaved", "", 0, "", 0};
-    grid[n++] = (struct layout){MODEL_LLAMA, 2, 2, 4, 1, "1f1b", "[6, 2]", 0, "selective", 0};
-    grid[n++] = (struct layout){MODEL_LLAMA, 2, 2, 4, 2, "interleaved", "", 0, "full", 1};
-    grid[n++] = (struct layout){MODEL_LLAMA, 2, 3, 3, 1, "gpipe", "", 0, "", 2};
-    grid[n++] = (struct layout){MODEL_LLAMA, 3, 2, 6, 1, "zb-h1", "", 0, "", 0};
-    grid[n++] = (struct layout){MODEL_LLAMA, 2, 2, 4, 1, "zb-h2", "", 0, "full", 1};
-    grid[n++] = (struct layout){MODEL_LLAMA, 2, 2, 4, 2, "zbv", "", 0, "selective", 2};
-    grid[n++] = (struct layout){MODEL_LLAMA_TIED, 2, 1, 4, 1, "1f1b", "", 0, "", 0};
-    grid[n++] = (struct layout){MODEL_LLAMA_TIED, 2, 2, 4, 2, "zbv", "", 0, "", 1};
+    grid[n++] = (struct layout){MODEL_LLAMA, 2, 1, 4, 1, "gpipe", "", 0, "", 0, 1};
+    grid[n++] = (struct layout){MODEL_LLAMA, 2, 2, 4, 1, "1f1b", "", 0, "", 0, 1};
+    grid[n++] = (struct layout){MODEL_LLAMA, 4, 1, 8, 1, "1f1b", "", 0, "", 0, 1};
+    grid[n++] = (struct layout){MODEL_LLAMA, 2, 2, 4, 2, "interleaved", "", 0, "", 0, 1};
+    grid[n++] = (struct layout){MODEL_LLAMA, 2, 2, 4, 1, "1f1b", "[6, 2]", 0, "selective", 0, 1};
+    grid[n++] = (struct layout){MODEL_LLAMA, 2, 2, 4, 2, "interleaved", "", 0, "full", 1, 1};
+    grid[n++] = (struct layout){MODEL_LLAMA, 2, 3, 3, 1, "gpipe", "", 0, "", 2, 1};
+    grid[n++] = (struct layout){MODEL_LLAMA, 3, 2, 6, 1, "zb-h1", "", 0, "", 0, 1};
+    grid[n++] = (struct layout){MODEL_LLAMA, 2, 2, 4, 1, "zb-h2", "", 0, "full", 1, 1};
+    grid[n++] = (struct layout){MODEL_LLAMA, 2, 2, 4, 2, "zbv", "", 0, "selective", 2, 1};
+    grid[n++] = (struct layout){MODEL_LLAMA_TIED, 2, 1, 4, 1, "1f1b", "", 0, "", 0, 1};
+    grid[n++] = (struct layout){MODEL_LLAMA_TIED, 2, 2, 4, 2, "zbv", "", 0, "", 1, 1};
     /* a layer list with silu */
-    grid[n++] = (struct layout){MODEL_SILU, 2, 1, 4, 1, "1f1b", "", 0, "", 0};
-    grid[n++] = (struct layout){MODEL_SILU, 2, 2, 4, 1, "gpipe", "", 0, "", 0};
+    grid[n++] = (struct layout){MODEL_SILU, 2, 1, 4, 1, "1f1b", "", 0, "", 0, 1};
+    grid[n++] = (struct layout){MODEL_SILU, 2, 2, 4, 1, "gpipe", "", 0, "", 0, 1};
     CDP_ASSERT((size_t)n <= sizeof grid / sizeof grid[0]);
     return cr_make_param_array(struct layout, grid, cdp_test_sample_cells(grid, (size_t)n, sizeof grid[0]));
 }
@@ -250,6 +261,80 @@ ParameterizedTest(struct layout *l, pipeline, layouts_equal_one_rank, .timeout =
                 l->balance, l->recompute[0] ? " recompute " : "", l->recompute, l->zero == 2 ? " zero 2" : l->zero ? " zero 1" : "", e);
 }
 
+/* Tensor groups (docs/parallelism.md): an MLP of split linears trains as one
+ * rank does, for t 2 and 4 with stages and replicas, every kind of schedule,
+ * recomputation and ZeRO; the metrics' layout record and the trace name each
+ * rank's tensor index. */
+ParameterizedTestParameters(pipeline, tensor_layouts_equal_one_rank)
+{
+    static struct layout grid[32];
+    int n = 0;
+    for (int t = 2; t <= 4; t *= 2)
+        for (int p = 1; p <= 2; p++)
+            for (int R = 1; R <= 2; R++)
+                grid[n++] = (struct layout){MODEL_SPLIT, p, R, 2 * p, 1, "1f1b", "", 0, "", 0, t};
+    grid[n++] = (struct layout){MODEL_SPLIT, 2, 2, 4, 1, "gpipe", "", 0, "", 0, 2};
+    grid[n++] = (struct layout){MODEL_SPLIT, 2, 1, 4, 2, "interleaved", "", 0, "", 0, 2};
+    grid[n++] = (struct layout){MODEL_SPLIT, 2, 2, 4, 1, "zb-h1", "", 0, "", 0, 2};
+    grid[n++] = (struct layout){MODEL_SPLIT, 2, 1, 4, 2, "zbv", "", 0, "", 0, 2};
+    grid[n++] = (struct layout){MODEL_SPLIT, 2, 2, 4, 1, "1f1b", "", 0, "selective", 0, 2};
+    grid[n++] = (struct layout){MODEL_SPLIT, 2, 1, 4, 1, "1f1b", "", 0, "full", 0, 4};
+    grid[n++] = (struct layout){MODEL_SPLIT, 1, 2, 2, 1, "1f1b", "", 0, "", 1, 2};
+    grid[n++] = (struct layout){MODEL_SPLIT, 2, 2, 4, 1, "1f1b", "", 0, "", 2, 2};
+    CDP_ASSERT((size_t)n <= sizeof grid / sizeof grid[0]);
+    return cr_make_param_array(struct layout, grid, cdp_test_sample_cells(grid, (size_t)n, sizeof grid[0]));
+}
+
+ParameterizedTest(struct layout *l, pipeline, tensor_layouts_equal_one_rank, .timeout = 240)
+{
+    need_mpi();
+    char dir[4096], one[4200], pipe[4200], a[4300], b[4300];
+    snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
+    write_plan(dir, "one", l, 1);
+    write_plan(dir, "pipe", l, 0);
+    snprintf(one, sizeof one, "%s/one.json", dir);
+    snprintf(pipe, sizeof pipe, "%s/pipe.json", dir);
+    run_ok(one);
+    run_ok(pipe);
+    double la[8], lb[8];
+    snprintf(a, sizeof a, "%s/one.jsonl", dir);
+    snprintf(b, sizeof b, "%s/pipe.jsonl", dir);
+    cr_assert_eq(read_losses(a, la, 8), 3);
+    cr_assert_eq(read_losses(b, lb, 8), 3);
+    for (int i = 0; i < 3; i++)
+        cr_assert_leq(fabs(la[i] - lb[i]), 1e-5 * fabs(la[i]), "t=%d %s p=%d R=%d: step %d loss %.9g vs %.9g", l->t,
+                      l->schedule, l->p, l->R, i + 1, lb[i], la[i]);
+    char *text = cdp_test_read_file(b);
+    char want[64];
+    snprintf(want, sizeof want, "\"tensor\": %d", l->t - 1);
+    cr_assert(text && strstr(text, "\"tensor\": ") && strstr(text, want), "%s names every rank's tensor index", b);
+    cr_assert(strstr(text, "\"tensor_comm_s\": "), "%s has the tensor groups' all-reduce time", b);
+    free(text);
+    /* the model's FLOPs of a step whatever t: a slice each, a replicated unit once */
+    double flops[2];
+    for (int f = 0; f < 2; f++) {
+        snprintf(a, sizeof a, "%s/%s.jsonl", dir, f ? "pipe" : "one");
+        text = cdp_test_read_file(a);
+        const char *fl = text ? strstr(text, "\"flops_per_s\": ") : NULL, *ti = text ? strstr(text, "\"time_s\": ") : NULL;
+        cr_assert(fl && ti, "%s: a step record", a);
+        flops[f] = strtod(fl + 15, NULL) * strtod(ti + 10, NULL);
+        free(text);
+    }
+    cr_assert_leq(fabs(flops[1] - flops[0]), 1e-6 * flops[0], "FLOPs of a step: %g at t=%d, %g on one rank", flops[1],
+                  l->t, flops[0]);
+    snprintf(a, sizeof a, "%s/pipe-trace.json", dir);
+    text = cdp_test_read_file(a);
+    snprintf(want, sizeof want, ", tensor %d,", l->t - 1);
+    cr_assert(text && strstr(text, want), "%s labels the ranks with their tensor index", a);
+    free(text);
+    snprintf(a, sizeof a, "%s/one.safetensors", dir);
+    snprintf(b, sizeof b, "%s/pipe.safetensors", dir);
+    const double e = compare_weights(a, b);
+    cr_assert_leq(e, 1e-5, "t=%d %s p=%d R=%d: weights differ by %.3g", l->t, l->schedule, l->p, l->R, e);
+    cr_log_info("t=%d %s p=%d R=%d %s zero %d: worst weight error %.3g", l->t, l->schedule, l->p, l->R, l->recompute,
+                l->zero, e);
+}
+
 /* The same layout with every recompute mode: the same kernels on the same
  * inputs in the same order, so the same losses and weights to the bit. */
 Test(pipeline, recomputation_trains_bit_identically, .timeout = 240)
@@ -260,7 +345,7 @@ Test(pipeline, recomputation_trains_bit_identically, .timeout = 240)
     static const char *const modes[] = {"none", "selective", "full"};
     double base[8];
     for (int i = 0; i < 3; i++) {
-        struct layout l = {MODEL_GPT, 2, 2, 4, 1, "1f1b", "", 0, "", 0};
+        struct layout l = {MODEL_GPT, 2, 2, 4, 1, "1f1b", "", 0, "", 0, 1};
         snprintf(l.recompute, sizeof l.recompute, "%s", modes[i]);
         write_plan(dir, modes[i], &l, 0);
         snprintf(plan, sizeof plan, "%s/%s.json", dir, modes[i]);
@@ -301,7 +386,7 @@ Test(pipeline, zero_trains_bit_identically_and_keeps_less, .timeout = 240)
     for (size_t q = 0; q < sizeof shapes / sizeof shapes[0]; q++) {
         double loss[3][8], peak[3] = {0, 0, 0};
         for (int z = 0; z < 3; z++) {
-            struct layout l = {MODEL_GPT, shapes[q][0], shapes[q][1], shapes[q][2], 1, "1f1b", "", 0, "none", z};
+            struct layout l = {MODEL_GPT, shapes[q][0], shapes[q][1], shapes[q][2], 1, "1f1b", "", 0, "none", z, 1};
             char name[32];
             snprintf(name, sizeof name, "z%zu-%d", q, z);
             write_plan(dir, name, &l, 0);
@@ -352,7 +437,7 @@ Test(pipeline, trace_has_a_track_per_rank_and_forward_backward_boxes)
     const char *d = cdp_test_tmpdir();
     char dir[4096], plan[4200], path[4300];
     snprintf(dir, sizeof dir, "%s", d);
-    struct layout l = {MODEL_GPT, 2, 2, 4, 1, "1f1b", "", 0, "", 0};
+    struct layout l = {MODEL_GPT, 2, 2, 4, 1, "1f1b", "", 0, "", 0, 1};
     write_plan(dir, "pipe", &l, 0);
     snprintf(plan, sizeof plan, "%s/pipe.json", dir);
     run_ok(plan);
@@ -472,7 +557,7 @@ Test(pipeline, trace_has_sends_receives_and_all_reduces_on_a_comm_track)
     const char *d = cdp_test_tmpdir();
     char dir[4096], plan[4200], path[4300];
     snprintf(dir, sizeof dir, "%s", d);
-    struct layout l = {MODEL_GPT, 2, 2, 4, 1, "1f1b", "", 0, "", 0};
+    struct layout l = {MODEL_GPT, 2, 2, 4, 1, "1f1b", "", 0, "", 0, 1};
     write_plan(dir, "comm", &l, 0);
     snprintf(plan, sizeof plan, "%s/comm.json", dir);
     run_ok(plan);
@@ -681,7 +766,7 @@ Test(pipeline, gradients_are_received_while_the_rank_computes, .timeout = 120)
     const char *d = cdp_test_tmpdir();
     char dir[4096], plan[4200], path[4300];
     snprintf(dir, sizeof dir, "%s", d);
-    struct layout l = {MODEL_GPT, 2, 1, 4, 1, "1f1b", "", 0, "", 0};
+    struct layout l = {MODEL_GPT, 2, 1, 4, 1, "1f1b", "", 0, "", 0, 1};
     write_plan(dir, "early", &l, 0);
     snprintf(plan, sizeof plan, "%s/early.json", dir);
     run_ok(plan);
@@ -906,7 +991,7 @@ Test(pipeline, rebalancing_moves_micro_batches_to_fast_replicas, .timeout = 240)
     need_mpi();
     char dir[4096], base[4200], pipe[4200], a[4300], b[4300];
     snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
-    struct layout l = {MODEL_GPT, 1, 2, 4, 1, "1f1b", "", 1, "", 0};
+    struct layout l = {MODEL_GPT, 1, 2, 4, 1, "1f1b", "", 1, "", 0, 1};
     write_plan(dir, "one", &l, 1);
     write_plan(dir, "pipe", &l, 0);
     snprintf(base, sizeof base, "%s/one.json", dir);
@@ -1007,7 +1092,7 @@ ParameterizedTest(struct gpu_layout *g, pipeline, the_gpu_path_equals_the_cpu_ba
     if (g->p * g->R > 1) need_mpi();
     char dir[4096], cpu[4200], gpu[4200], a[4300], b[4300];
     snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
-    struct layout l = {g->model, g->p, g->R, g->m, g->v, "", "", 0, "", 0};
+    struct layout l = {g->model, g->p, g->R, g->m, g->v, "", "", 0, "", 0, 1};
     snprintf(l.schedule, sizeof l.schedule, "%s", g->schedule);
     write_plan(dir, "cpu", &l, 0);
     snprintf(cpu, sizeof cpu, "%s/cpu.json", dir);
@@ -1053,7 +1138,7 @@ Test(pipeline, a_schedule_file_trains_as_its_generated_lists, .timeout = 120)
     const char *d = cdp_test_tmpdir();
     char dir[4096], plan[4200], a[4300], b[4300];
     snprintf(dir, sizeof dir, "%s", d);
-    struct layout l = {MODEL_GPT, 2, 2, 4, 2, "zbv", "", 0, "", 0};
+    struct layout l = {MODEL_GPT, 2, 2, 4, 2, "zbv", "", 0, "", 0, 1};
     write_plan(dir, "gen", &l, 0);
     snprintf(plan, sizeof plan, "%s/gen.json", dir);
     struct cdp_run r;
@@ -1093,4 +1178,64 @@ Test(pipeline, a_schedule_file_trains_as_its_generated_lists, .timeout = 120)
                                 "before it)"),
               "%s", r.err);
     cdp_test_run_free(&r);
+}
+
+/* A checkpoint of tensor groups holds whole tensors (docs/parallelism.md):
+ * written at t = 2 under ZeRO-1 and exported, it is bitwise the weights the
+ * run wrote; it resumes at t = 1 and at t = 2 (under ZeRO-2), each training
+ * on as one rank does. */
+Test(pipeline, tensor_checkpoints_resume_at_any_t, .timeout = 240)
+{
+    need_mpi();
+    char dir[4096], path[4300], a[4300], b[4300];
+    snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
+    static const struct {
+        const char *name;
+        int steps, p, t, R, zero;
+        const char *ckpt;
+    } runs[] = {{"write", 2, 2, 2, 2, 1, "\"checkpoint\": {\"dir\": \"ckpt\", \"every\": 2}, "},
+                {"at1", 4, 1, 1, 1, 0, "\"checkpoint\": {\"dir\": \"ckpt1\", \"every\": 100}, "},
+                {"at2", 4, 2, 2, 2, 2, "\"checkpoint\": {\"dir\": \"ckpt2\", \"every\": 100}, "},
+                {"one", 4, 1, 1, 1, 0, ""}};
+    for (int i = 0; i < 4; i++) {
+        char json[2048], file[64];
+        snprintf(json, sizeof json,
+                 "{" SPLIT_MLP ", \"data\": {\"source\": \"synthetic\", \"seed\": 3}, \"train\": {\"steps\": %d, "
+                 "\"global_batch\": 8, \"micro_batch\": 2, %s\"optimizer\": {\"type\": \"adamw\", \"lr\": 0.01}, "
+                 "\"eval_batches\": 1}, \"parallel\": {\"stages\": %d, \"tensor\": %d, \"replicas\": %d, \"zero\": "
+                 "%d}, \"cluster\": {\"backend\": \"cpu\"}, \"output\": {\"weights\": \"%s.safetensors\"}}",
+                 runs[i].steps, runs[i].ckpt, runs[i].p, runs[i].t, runs[i].R, runs[i].zero, runs[i].name);
+        snprintf(file, sizeof file, "%s.json", runs[i].name);
+        cdp_test_write_file(dir, file, json);
+    }
+    snprintf(path, sizeof path, "%s/write.json", dir);
+    run_ok(path);
+    /* the checkpoint's tensors are the whole ones the run ended with, to the bit */
+    struct cdp_run r;
+    snprintf(a, sizeof a, "%s/ckpt", dir);
+    snprintf(b, sizeof b, "%s/exported.safetensors", dir);
+    cr_assert_eq(cdp_test_run(&r, (const char *[]){"export", "--checkpoint", a, "--out", b, NULL}), 0);
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    cdp_test_run_free(&r);
+    snprintf(a, sizeof a, "%s/write.safetensors", dir);
+    cr_assert_eq(compare_weights(a, b), 0.0, "the checkpoint holds the weights the run wrote");
+    /* resumed at t = 1 and t = 2 (each from its own copy), then as one rank */
+    for (int i = 1; i <= 2; i++) {
+        char cmd[13000];
+        snprintf(cmd, sizeof cmd, "cp -r '%s/ckpt' '%s/ckpt%d'", dir, dir, i);
+        cr_assert_eq(system(cmd), 0);
+        snprintf(path, sizeof path, "%s/%s.json", dir, runs[i].name);
+        snprintf(a, sizeof a, "%s/ckpt%d", dir, i);
+        cr_assert_eq(cdp_test_run(&r, (const char *[]){"-q", "--plan", path, "--resume", a, NULL}), 0);
+        cr_assert_eq(r.exit_code, 0, "t=%d: %s", runs[i].t, r.err);
+        cdp_test_run_free(&r);
+    }
+    snprintf(path, sizeof path, "%s/one.json", dir);
+    run_ok(path);
+    snprintf(a, sizeof a, "%s/one.safetensors", dir);
+    for (int i = 1; i <= 2; i++) {
+        snprintf(b, sizeof b, "%s/%s.safetensors", dir, runs[i].name);
+        const double e = compare_weights(a, b);
+        cr_assert_leq(e, 1e-5, "resumed at t=%d: weights differ by %.3g", runs[i].t, e);
+    }
 }

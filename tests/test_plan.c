@@ -1151,3 +1151,77 @@ ParameterizedTest(struct lr_bad *c, plan, lr_schedule_errors_name_the_key)
     snprintf(json, sizeof json, "{\"model\": {\"preset\": \"gpt\"}, \"train\": {\"steps\": 10, %s}}", c->train);
     load_fails(json, c->error);
 }
+
+/* /parallel/tensor: a positive count or "auto", emitted back; with t above
+ * 1 every layer must split or pass a slice through, else the layer is named. */
+#define SPLITS(l1, l2, l3, t)                                                                                 \
+    "{\"model\": {\"input\": [8], \"layers\": [" l1 ", " l2 ", " l3 "]}, \"parallel\": {\"tensor\": " t "}}"
+#define COL "{\"type\": \"linear\", \"out\": 10, \"split\": \"column\"}"
+#define ROW "{\"type\": \"linear\", \"out\": 4, \"split\": \"row\"}"
+
+Test(plan, tensor_key)
+{
+    struct cdp_plan *p = load_ok("{\"model\": {\"preset\": \"mlp\"}}");
+    cr_assert_eq(p->parallel.tensor, 1);
+    cdp_plan_free(p);
+    p = load_ok("{\"model\": {\"input\": [8], \"layers\": [{\"type\": \"linear\", \"out\": 16}, "
+                "{\"type\": \"silu\"}, {\"type\": \"linear\", \"out\": 4}]}, \"parallel\": {\"tensor\": 4}}");
+    cr_assert_eq(p->parallel.tensor, 4);
+    char *json = NULL;
+    cr_assert_eq(cdp_plan_to_json(p, &json), CDP_OK);
+    cr_assert(strstr(json, "\"tensor\": 4"), "%s", json);
+    free(json);
+    cdp_plan_free(p);
+    p = load_ok("{\"model\": {\"preset\": \"gpt\"}, \"parallel\": {\"tensor\": \"auto\"}}");
+    cr_assert_eq(p->parallel.tensor, CDP_AUTO);
+    cdp_plan_free(p);
+    /* splits load, pair and are written back; at t = 1 they are whole */
+    p = load_ok(SPLITS(COL, "{\"type\": \"gelu\"}", ROW, "2"));
+    cr_assert_eq(p->model.layer_list[0].split, CDP_TSPLIT_COLUMN);
+    cr_assert_eq(p->model.layer_list[2].split, CDP_TSPLIT_ROW);
+    cr_assert_eq(cdp_plan_to_json(p, &json), CDP_OK);
+    cr_assert(strstr(json, "\"split\": \"column\"") && strstr(json, "\"split\": \"row\""), "%s", json);
+    free(json);
+    cdp_plan_free(p);
+    cdp_plan_free(load_ok(SPLITS(COL, "{\"type\": \"relu\"}", ROW, "\"auto\"")));
+    static const struct {
+        const char *plan, *error;
+    } bad[] = {
+        {"{\"model\": {\"preset\": \"mlp\"}, \"parallel\": {\"tensor\": 0}}",
+         "t.json: /parallel/tensor: expected a positive integer or \"auto\", got 0"},
+        {"{\"model\": {\"preset\": \"mlp\"}, \"parallel\": {\"tensor\": 2048}}", "t.json: /parallel/tensor"},
+        {"{\"model\": {\"preset\": \"mlp\"}, \"parallel\": {\"tensr\": 2}}",
+         "t.json: /parallel/tensr: unknown key (did you mean \"tensor\"?)"},
+        {"{\"model\": {\"preset\": \"gpt\"}, \"parallel\": {\"tensor\": 2}}",
+         "t.json: /parallel/tensor: 2, but the gpt model's layers (embedding, blocks, head) do not split over a "
+         "tensor group yet; the layer types that run with tensor above 1 today: linear, relu, gelu, silu"},
+        {"{\"model\": {\"input\": [8], \"layers\": [{\"type\": \"linear\", \"out\": 16}, {\"type\": "
+         "\"layernorm\"}, {\"type\": \"linear\", \"out\": 4}]}, \"parallel\": {\"tensor\": 2}}",
+         "t.json: /model/layers/1: layernorm (layer 1) does not split over /parallel/tensor 2 yet"},
+        {"{\"model\": {\"preset\": \"cnn\"}, \"parallel\": {\"tensor\": 2}}",
+         "t.json: /model/preset: conv2d (layer 0) does not split"},
+        {SPLITS(COL, "{\"type\": \"relu\"}", ROW, "4"),
+         "t.json: /model/layers/0/out: 10 is not a multiple of /parallel/tensor 4"},
+        {SPLITS("{\"type\": \"relu\"}", "{\"type\": \"linear\", \"out\": 4}", ROW, "1"),
+         "t.json: /model/layers/2/split: \"row\" needs a \"column\" split linear before it"},
+        {SPLITS(COL, "{\"type\": \"linear\", \"out\": 6}", ROW, "2"),
+         "t.json: /model/layers/1: linear gets the slice of the column split of layer 0"},
+        {SPLITS(COL, COL, ROW, "2"),
+         "t.json: /model/layers/1/split: \"column\", but the slice of the column split of layer 0"},
+        {SPLITS(ROW, "{\"type\": \"relu\"}", COL, "2"), "t.json: /model/layers/0/split: \"row\" needs"},
+        {SPLITS("{\"type\": \"relu\"}", "{\"type\": \"relu\"}", COL, "2"),
+         "t.json: /model/layers/2/split: \"column\", but its slice reaches the end of the model"},
+        {SPLITS(COL, "{\"type\": \"relu\"}", "{\"type\": \"linear\", \"out\": 4, \"split\": \"rows\"}", "2"),
+         "t.json: /model/layers/2/split: expected one of \"none\", \"column\", \"row\", got \"rows\" (did you mean "
+         "\"row\"?)"},
+        {"{\"model\": {\"preset\": \"mlp\"}, \"parallel\": {\"stages\": 2, \"replicas\": 2, \"tensor\": 2}, "
+         "\"cluster\": {\"devices\": 4}}",
+         "t.json: /parallel/stages: 2 stages x /parallel/replicas 2 x /parallel/tensor = 8 devices, but "
+         "/cluster/nodes 1 x /cluster/devices 4 gives only 4"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        p = NULL;
+        cr_assert_eq(cdp_plan_load_string(bad[i].plan, "t.json", NULL, &p), CDP_ERR_INVALID, "%s", bad[i].plan);
+        cr_assert(strstr(cdp_last_error(), bad[i].error), "got: %s\nwant: %s", cdp_last_error(), bad[i].error);
+    }
+}

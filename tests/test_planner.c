@@ -911,3 +911,209 @@ Test(planner, the_lr_schedule_changes_no_plan)
     cr_assert_eq(r[0].predicted.step_s, r[1].predicted.step_s);
     for (int k = 0; k < 2; k++) cdp_planner_result_clear(&r[k]);
 }
+
+/* /parallel/tensor t (docs/parallelism.md): t ranks per (stage, replica), the
+ * ranks of a tensor group consecutive, on consecutive devices of one node,
+ * with tensor indices 0 .. t-1; "auto" plans t = 1 for now. */
+#define TENSOR_MLP(t, extra)                                                                                   \
+    "{\"model\": {\"input\": [64], \"layers\": [{\"type\": \"linear\", \"out\": 256}, {\"type\": \"relu\"}, "    \
+    "{\"type\": \"linear\", \"out\": 64}, {\"type\": \"gelu\"}, {\"type\": \"linear\", \"out\": 10}], "          \
+    "\"loss\": \"cross_entropy\"}, \"train\": {\"micro_batch\": 4}, \"parallel\": {\"stages\": 2, "               \
+    "\"replicas\": 2, \"micro_batches\": 4, \"tensor\": " t extra "}, \"cluster\": {\"backend\": \"cuda\", "     \
+    "\"topology\": \"2 x hgx-h100\"}}"
+
+Test(planner, tensor_groups_are_consecutive_devices_of_one_node)
+{
+    static const char *const placements[] = {"", ", \"placement\": \"ordered-dp-inner\"",
+                                             ", \"placement\": [[0, 4], [8, 12]]"};
+    for (int t = 2; t <= 4; t *= 2)
+        for (int pl = 0; pl < 3; pl++) {
+            char json[1024];
+            char ts[8];
+            snprintf(ts, sizeof ts, "%d", t);
+            snprintf(json, sizeof json, TENSOR_MLP("%s", "%s"), ts, placements[pl]);
+            struct cdp_plan *p = load(json);
+            struct cdp_planner_result r = {0};
+            cr_assert_eq(plan_on(p, "2 x hgx-h100", &r), CDP_OK, "t %d: %s", t, cdp_last_error());
+            const struct cdp_layout *l = r.layout;
+            cr_assert_eq(l->tensor, t);
+            cr_assert_eq(l->n_ranks, 2 * 2 * t);
+            cr_assert_eq(cdp_layout_check(l, 5), CDP_OK, "%s", cdp_last_error());
+            for (int i = 0; i < l->n_ranks; i++) {
+                const struct cdp_layout_rank *k = &l->rank[i];
+                const int first = cdp_layout_rank_at(l, k->stage, k->replica, 0);
+                cr_assert_eq(i, first + k->tensor, "t %d placement %d: rank %d (tensor %d) not after its group's first "
+                             "rank %d", t, pl, i, k->tensor, first);
+                cr_assert_eq(k->device, l->rank[first].device + k->tensor);
+                cr_assert_eq(k->node, l->rank[first].node, "a tensor group spans nodes");
+                if (i) cr_assert_gt(k->device, l->rank[i - 1].device, "ranks follow devices");
+            }
+            /* the layout's JSON keeps every tensor index */
+            json_t *j = cdp_layout_to_json(l);
+            cr_assert_eq(json_integer_value(json_object_get(j, "tensor")), t);
+            json_t *rk = json_array_get(json_object_get(j, "ranks"), (size_t)l->n_ranks - 1);
+            cr_assert_eq(json_integer_value(json_object_get(rk, "tensor")), t - 1);
+            json_decref(j);
+            cdp_planner_result_clear(&r);
+            cdp_plan_free(p);
+        }
+    /* auto: the t the planner chooses, its groups as consecutive */
+    struct cdp_plan *p = load(TENSOR_MLP("\"auto\"", ""));
+    struct cdp_planner_result r = {0};
+    cr_assert_eq(plan_on(p, "2 x hgx-h100", &r), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(r.layout->n_ranks, 4 * r.layout->tensor);
+    cr_assert_eq(cdp_layout_check(r.layout, 5), CDP_OK, "%s", cdp_last_error());
+    cdp_planner_result_clear(&r);
+    cdp_plan_free(p);
+}
+
+Test(planner, tensor_groups_that_do_not_fit_a_node_are_refused)
+{
+    struct cdp_plan *p = load(TENSOR_MLP("16", ""));
+    struct cdp_planner_result r = {0};
+    cr_assert_eq(plan_on(p, "2 x hgx-h100", &r), CDP_ERR_INVALID);
+    cr_assert(strstr(cdp_last_error(), "/parallel/tensor: 16, but no node of the topology"), "%s", cdp_last_error());
+    cdp_plan_free(p);
+    /* an explicit group must start where t devices of one node follow */
+    p = load(TENSOR_MLP("4", ", \"placement\": [[0, 6], [8, 12]]"));
+    cr_assert_eq(plan_on(p, "2 x hgx-h100", &r), CDP_ERR_INVALID);
+    cr_assert(strstr(cdp_last_error(), "/parallel/placement/0/1: device 6 starts a tensor group of /parallel/tensor 4 "
+                                       "devices, but devices 6 to 9 are not all on one node"),
+              "%s", cdp_last_error());
+    cdp_plan_free(p);
+}
+
+/* ---- /parallel/tensor "auto": the t the planner tries (partitioner/planner_tensor.c) */
+
+#include "model/costs.h"
+#include "model/layers.h"
+#include "partitioner/planner_internal.h"
+
+#define TENSOR_GPT(heads, backend, extra)                                                                      \
+    "{\"model\": {\"preset\": \"gpt\", \"vocab\": 1024, \"context\": 256, \"layers\": 8, \"heads\": " heads    \
+    ", \"embed\": 384}, \"train\": {\"micro_batch\": 2, \"global_batch\": 64, \"precision\": \"bf16\", "       \
+    "\"optimizer\": {\"type\": \"adamw\"}}, \"parallel\": {\"stages\": \"auto\", \"replicas\": \"auto\", "     \
+    "\"micro_batches\": \"auto\", \"tensor\": \"auto\"" extra "}, \"cluster\": {\"backend\": \"" backend "\", \"topology\": \"hgx-h100\"}}"
+
+static int choices_on(const char *plan_text, const char *topo, int *ts, char *why, size_t cap)
+{
+    struct cdp_plan *p = load(plan_text);
+    struct cdp_topology *t = NULL;
+    cr_assert_eq(cdp_topology_load(topo, NULL, &t), CDP_OK, "%s", cdp_last_error());
+    const int n = cdp_planner_tensor_choices(p, t, ts, CDP_PLANNER_TENSOR_CHOICES, why, cap);
+    cdp_topology_free(t);
+    cdp_plan_free(p);
+    return n;
+}
+
+Test(planner, tensor_choices_follow_the_model_and_the_nvlink_domain)
+{
+    int ts[CDP_PLANNER_TENSOR_CHOICES];
+    char why[256];
+    /* an NVSwitch node: every power of two up to its 8 GPUs */
+    int n = choices_on(TENSOR_GPT("8", "cuda", ""), "2 x hgx-h100", ts, why, sizeof why);
+    cr_assert_eq(n, 4, "%d: %s", n, why);
+    cr_expect(ts[0] == 1 && ts[1] == 2 && ts[2] == 4 && ts[3] == 8);
+    cr_expect(strstr(why, "t <= 8: the devices of a node"), "%s", why);
+    /* dgx1-v100: the fully connected quads, not the whole cube-mesh */
+    n = choices_on(TENSOR_GPT("8", "cuda", ""), "dgx1-v100", ts, why, sizeof why);
+    cr_assert_eq(n, 3, "%d: %s", n, why);
+    cr_expect_eq(ts[2], 4);
+    cr_expect(strstr(why, "t = 8 would cross the NVLink domain"), "%s", why);
+    /* a PCIe box: t = 1 and why */
+    n = choices_on(TENSOR_GPT("8", "cuda", ""), "pcie-8gpu-2socket", ts, why, sizeof why);
+    cr_assert_eq(n, 1, "%d: %s", n, why);
+    cr_expect(strstr(why, "t = 2 would cross the NVLink domain") && strstr(why, "not NVLink or NVSwitch"), "%s", why);
+    /* the model's divisors: 6 heads allow 2, not 4 */
+    n = choices_on(TENSOR_GPT("6", "cuda", ""), "2 x hgx-h100", ts, why, sizeof why);
+    cr_assert_eq(n, 2, "%d: %s", n, why);
+    cr_expect(strstr(why, "t = 4 does not divide /model/heads (6)"), "%s", why);
+    /* CPU devices */
+    n = choices_on(TENSOR_GPT("8", "cpu", ""), "2 x hgx-h100", ts, why, sizeof why);
+    cr_expect_eq(n, 1);
+    cr_expect(strstr(why, "CPUs"), "%s", why);
+    /* a layer list splits where its linears say so: the column split's width 12 allows 2 and 4, not 8 */
+    n = choices_on("{\"model\": {\"input\": [64], \"layers\": [{\"type\": \"linear\", \"out\": 12, \"split\": "
+                   "\"column\"}, {\"type\": \"relu\"}, {\"type\": \"linear\", \"out\": 10, \"split\": \"row\"}], "
+                   "\"loss\": \"cross_entropy\"}, \"train\": {\"micro_batch\": 4}, \"parallel\": {\"tensor\": "
+                   "\"auto\"}, \"cluster\": {\"backend\": \"cuda\", \"topology\": \"hgx-h100\"}}",
+                   "2 x hgx-h100", ts, why, sizeof why);
+    cr_expect_eq(n, 3, "%d: %s", n, why);
+    cr_expect(strstr(why, "t = 8 does not divide the column splits' widths (their gcd 12)"), "%s", why);
+    n = choices_on(TENSOR_MLP("\"auto\"", ""), "2 x hgx-h100", ts, why, sizeof why);
+    cr_expect(n == 1 && strstr(why, "no linear of /model/layers has a \"split\""), "%d: %s", n, why);
+    /* a fixed t is the plan's */
+    n = choices_on(TENSOR_MLP("2", ""), "2 x hgx-h100", ts, why, sizeof why);
+    cr_expect(n == 1 && ts[0] == 2);
+}
+
+Test(planner, tensor_collectives_cost_a_ring_all_reduce_per_split_product)
+{
+    struct cdp_plan *p = load(TENSOR_GPT("8", "cuda", ""));
+    struct cdp_unit *u = NULL;
+    int n = 0;
+    cr_assert_eq(cdp_units_build(&p->model, &u, &n), CDP_OK);
+    const struct cdp_unit *block = &u[1];
+    cr_assert_eq(block->desc.type, CDP_LAYER_TRANSFORMER_BLOCK);
+    const double bw = 1e11, lat = 2e-6, bytes = 2.0 * 256 * 384 * cdp_cost_act_elem_bytes(p);
+    int f, b;
+    double one = cdp_planner_tensor_collective_s(p, 4, bw, lat, block, &f, &b);
+    cr_expect(fabs(one - (2.0 * 3 / 4 * bytes / bw + 6 * lat)) < 1e-12 * one, "%g", one);
+    cr_expect(f == 2 && b == 2, "%d %d", f, b);
+    /* full recomputation runs the forward's two again */
+    cdp_unit_set_recompute(&u[1], CDP_RECOMPUTE_FULL);
+    cdp_planner_tensor_collective_s(p, 4, bw, lat, &u[1], &f, &b);
+    cr_expect(f == 2 && b == 4, "%d %d", f, b);
+    /* the embedding: one after the lookup; the head: its input's gradient; t = 1: none */
+    cdp_planner_tensor_collective_s(p, 4, bw, lat, &u[0], &f, &b);
+    cr_expect(f == 1 && b == 0);
+    cdp_planner_tensor_collective_s(p, 4, bw, lat, &u[n - 1], &f, &b);
+    cr_expect(f == 0 && b == 1);
+    cr_expect_eq(cdp_planner_tensor_collective_s(p, 1, bw, lat, block, &f, &b), 0);
+    /* a rank of a group of 4 holds a quarter of a block's matrices and does a quarter of its products */
+    struct cdp_unit q = u[1];
+    cdp_planner_tensor_units(p, 4, &q, 1);
+    cr_expect(fabs(q.fwd_flops - u[1].fwd_flops / 4) < 1e-9 * u[1].fwd_flops);
+    /* biases and layernorms whole: 13 x embed of them */
+    cr_expect(q.param_count <= u[1].param_count / 4 + 13 * 384 && q.param_count > u[1].param_count / 4, "%lld of %lld",
+              (long long)q.param_count, (long long)u[1].param_count);
+    free(u);
+    cdp_plan_free(p);
+}
+
+Test(planner, tensor_auto_keeps_the_fastest_t_and_lists_the_others, .timeout = 120)
+{
+    struct cdp_plan *p = load(TENSOR_GPT("8", "cuda", ""));
+    struct cdp_planner_result r = {0};
+    cr_assert_eq(plan_on(p, "hgx-h100", &r), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(r.n_tensor_alt, 4);
+    int chosen = 0;
+    for (int i = 0; i < r.n_tensor_alt; i++) {
+        const struct cdp_planner_tensor_alt *a = &r.tensor_alt[i];
+        if (a->tensor == r.layout->tensor) {
+            chosen++;
+            cr_expect(a->ok);
+            cr_expect_eq(a->samples_per_s, r.predicted.samples_per_s);
+        } else if (a->ok) {
+            cr_expect_leq(a->samples_per_s, r.predicted.samples_per_s, "t %d beats the chosen t %d", a->tensor,
+                          r.layout->tensor);
+        }
+    }
+    cr_expect_eq(chosen, 1);
+    cr_expect_eq(r.layout->n_ranks, r.layout->stages * r.layout->replicas * r.layout->tensor);
+    /* --json carries the same */
+    json_t *j = cdp_planner_to_json(&r), *tried = json_object_get(json_object_get(j, "tensor_search"), "tried");
+    cr_assert_eq(json_array_size(tried), 4);
+    int marked = 0;
+    for (size_t i = 0; i < 4; i++) {
+        json_t *x = json_array_get(tried, i);
+        if (json_is_true(json_object_get(x, "chosen"))) {
+            marked++;
+            cr_expect_eq(json_integer_value(json_object_get(x, "tensor")), r.layout->tensor);
+        }
+    }
+    cr_expect_eq(marked, 1);
+    json_decref(j);
+    cdp_planner_result_clear(&r);
+    cdp_plan_free(p);
+}

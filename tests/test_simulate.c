@@ -631,3 +631,55 @@ Test(simulate, cli_zbv_timeline_draws_i_and_w_apart)
     free(t);
     free(s);
 }
+
+/* Tensor groups (issue 33): a group's all-reduces end the forward and the
+ * backward they belong to, as events of their own on the rank's row; the
+ * step is unchanged (they are part of fwd_s and bwd_s), and their bytes and
+ * time land on the links of the group's ring (devices d, d+1 for t = 2). Two
+ * stages, one replica: stage 0 on device 0 (group 0-1), stage 1 on device 2
+ * (group 2-3). */
+Test(simulate, tensor_all_reduces_are_events_on_the_group_ring)
+{
+    struct fixture f;
+    setup_fx(&f, CDP_SCHEDULE_1F1B, 2, 1, 2, 1, 1.0, 2.0);
+    f.device[0] = 0, f.device[1] = 2;
+    for (int a = 0; a < 4; a++)
+        for (int b = 0; b < 4; b++) f.bw[a * NDEV + b] = a == b ? 0 : 1e10;
+    for (int k = 0; k < 2; k++) {
+        f.vs[k].tp_fwd_s = 0.25;
+        f.vs[k].tp_bwd_s = 0.5;
+        f.vs[k].tp_fwd_bytes = 1e6;
+        f.vs[k].tp_bwd_bytes = 2e6;
+    }
+    struct cdp_sim_result *plain = run_fx(&f);
+    const double step = plain->step_s;
+    cdp_sim_result_free(plain);
+    f.c.tensor = 2;
+    struct cdp_sim_result *r = run_fx(&f);
+    cr_expect_float_eq(r->step_s, step, 1e-12);
+    int tensor = 0, fwd = 0;
+    for (int64_t i = 0; i < r->n_events; i++) {
+        const struct cdp_event_rec *e = &r->events[i];
+        if (e->kind == CDP_EV_TENSOR_REDUCE) {
+            tensor++;
+            cr_expect_eq(e->group, CDP_EV_GROUP_TENSOR);
+            cr_expect_eq(e->members, 2);
+            cr_expect(e->dur_ns == 250000000 || e->dur_ns == 500000000, "%llu", (unsigned long long)e->dur_ns);
+        }
+        if (e->kind == CDP_EV_FORWARD) cr_expect_eq(e->dur_ns, 750000000, "the forward's compute: 1 s - 0.25 s");
+        fwd += e->kind == CDP_EV_FORWARD;
+    }
+    cr_expect_eq(tensor, 2 * fwd, "one after each forward and each backward");
+    /* 2 micro-batches x (1e6 + 2e6) on each link of both rings */
+    int rings = 0;
+    for (int l = 0; l < r->n_links; l++) {
+        const struct cdp_sim_link_stat *k = &r->links[l];
+        if ((k->src ^ k->dst) == 1 && k->src / 2 == k->dst / 2) {
+            rings++;
+            cr_expect_float_eq(k->bytes, 6e6, 1e-6, "%d -> %d: %g", k->src, k->dst, k->bytes);
+            cr_expect_float_eq(k->busy_s, 1.5, 1e-12);
+        }
+    }
+    cr_expect_eq(rings, 4);
+    done_fx(&f, r);
+}

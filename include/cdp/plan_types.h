@@ -53,6 +53,9 @@ enum cdp_layer_type {
  * or what /train/global_batch gives it; the schedule lists every one). */
 #define CDP_PLAN_MAX_MICRO_BATCHES (1 << 12)
 
+/* The largest tensor group a plan may give (/parallel/tensor). */
+#define CDP_PLAN_MAX_TENSOR_GROUP 1024
+
 /* The most restarts in a row /train/restart/max may allow. */
 #define CDP_RESTART_MAX 100
 
@@ -76,6 +79,14 @@ struct cdp_rope {
 };
 
 /* One layer of an explicit list; only the fields of its type are meaningful. */
+/* How a linear layer splits over a tensor group of t ranks (docs/parallelism.md). */
+enum cdp_tensor_split {
+    CDP_TSPLIT_NONE = 0, /* replicated: every rank holds all of it */
+    CDP_TSPLIT_COLUMN,   /* rank k holds output rows [k out/t, (k+1) out/t) of W and the bias; its output is that slice */
+    CDP_TSPLIT_ROW,      /* rank k holds the matching input columns of W and the whole bias; the output is summed */
+    CDP_TSPLIT_COUNT
+};
+
 struct cdp_layer_desc {
     enum cdp_layer_type type;
     int64_t out;     /* linear: output features; conv2d: output channels */
@@ -93,6 +104,7 @@ struct cdp_layer_desc {
     int64_t hidden;   /* swiglu_mlp, llama_block: the MLP's width */
     struct cdp_rope rope; /* rotary_attention, llama_block */
     int rms;          /* lm_head: an RMS norm (Llama) rather than a layernorm (GPT-2) */
+    enum cdp_tensor_split split; /* linear: how it splits over /parallel/tensor (docs/parallelism.md) */
 };
 
 /* The families of decoder-only language models (kind CDP_MODEL_GPT). */
@@ -290,6 +302,8 @@ enum cdp_balance_kind {
 struct cdp_parallel_desc {
     int64_t stages;        /* or CDP_AUTO */
     int64_t replicas;      /* or CDP_AUTO */
+    int64_t tensor;        /* t: ranks per stage and replica (its tensor group), or CDP_AUTO (the planner's;
+                            * until it searches t, "auto" plans t = 1) */
     int64_t micro_batches; /* per replica per step, or CDP_AUTO */
     enum cdp_schedule_kind schedule;
     int schedule_auto;     /* "auto": the planner chooses the kind (schedule holds 1f1b until then) */

@@ -102,7 +102,11 @@ cdp_status cdp_exec_save_checkpoint(struct exec *e, int step)
              "rank %d/%d (stage %d, replica %d), step %d: writing a checkpoint", e->rank, e->size, e->s, e->r, step);
     cdp_fault_in_save(&e->fault, e->rank, step, "part");
     /* ZeRO-1: the stage's other replicas hand replica 0 their shards of the state as it writes */
-    if (e->r == 0 || e->zero) {
+    if (e->t > 1 && (e->r == 0 || e->zero)) {
+        char part[32];
+        snprintf(part, sizeof part, "stage-%d", e->s);
+        st = cdp_exec_ckpt_write_tensor(e, step, part);
+    } else if (e->r == 0 || e->zero) {
         struct cdp_model **models = NULL;
         struct cdp_optimizer **opts = NULL;
         st = chunk_lists(e, &models, &opts);
@@ -245,7 +249,8 @@ cdp_status cdp_exec_resume(struct exec *e, const char *dir)
     struct cdp_optimizer **opts = NULL;
     st = check_same_run(e, path, &info);
     if (!st) st = chunk_lists(e, &models, &opts);
-    if (!st) st = cdp_ckpt_load(path, &info, models, opts, e->v);
+    if (!st && e->t > 1) st = cdp_exec_ckpt_load_tensor(e, path, &info);
+    else if (!st) st = cdp_ckpt_load(path, &info, models, opts, e->v);
     if (!st && info.step >= e->plan->train.steps)
         st = cdp_fail(CDP_ERR_INVALID, "%s: the checkpoint is at step %lld and /train/steps is %lld: nothing "
                       "left to train", path, (long long)info.step, (long long)e->plan->train.steps);

@@ -20,8 +20,8 @@ struct gather_ctx {
 /* Every replica's piece of state s of tensor i, in rank order (the shards are
  * in rank order, so the pieces make the tensor): at rank 0 into *out (malloc'd,
  * the tensor's bytes); the others (out NULL) send theirs. */
-static cdp_status gather_state(struct cdp_optimizer *o, struct cdp_model *m, int i, int s, cdp_comm_t group,
-                               double timeout, uint64_t nbytes, uint8_t **out)
+cdp_status cdp_exec_ckpt_gather_state(struct cdp_optimizer *o, struct cdp_model *m, int i, int s, cdp_comm_t group,
+                                      double timeout, uint64_t nbytes, uint8_t **out)
 {
     float *mine = NULL;
     uint64_t count = 0;
@@ -47,7 +47,7 @@ static cdp_status gather_whole(void *ctx, struct cdp_optimizer *o, struct cdp_mo
                                uint64_t nbytes, uint8_t **out)
 {
     const struct gather_ctx *g = ctx;
-    return gather_state(o, m, i, s, g->group, g->timeout, nbytes, out);
+    return cdp_exec_ckpt_gather_state(o, m, i, s, g->group, g->timeout, nbytes, out);
 }
 
 cdp_status cdp_exec_ckpt_write_gathered(const char *dir, int64_t step, const char *part,
@@ -70,7 +70,8 @@ cdp_status cdp_exec_ckpt_send_shards(struct cdp_model *const *models, struct cdp
         const int first = cdp_model_unit(m, 0)->index, states = cdp_optimizer_type_of(o) == CDP_OPT_ADAMW ? 2 : 1;
         for (int i = 0; i < cdp_model_tensor_count(m) && !st; i++) {
             if (cdp_model_tensor(m, i)->unit < first) continue; /* as the writer: a tied copy is not written */
-            for (int s = 0; s < states && !st; s++) st = gather_state(o, m, i, s, group, timeout_s, 0, NULL);
+            for (int s = 0; s < states && !st; s++)
+                st = cdp_exec_ckpt_gather_state(o, m, i, s, group, timeout_s, 0, NULL);
         }
     }
     return st;

@@ -72,7 +72,9 @@ cdp_status cdp_exec_validate(struct exec *e, int64_t n, double *val, double *row
     cdp_cpu_set_threads(threads);
     /* rows per sample (every token of a token model, else 1) are known where
      * the data is read */
-    double red[2] = {e->r == 0 ? e->fwd_sum : 0, e->shape ? (e->shape->tokens ? (double)e->shape->input_numel : 1.0) : 0};
+    /* a tensor group's ranks compute one loss: its index 0 counts it */
+    double red[2] = {e->r == 0 && e->k == 0 ? e->fwd_sum : 0,
+                     e->shape ? (e->shape->tokens ? (double)e->shape->input_numel : 1.0) : 0};
     if (!st) st = cdp_comm_allreduce_f64(e->world, &red[0], 1, CDP_REDUCE_SUM, e->timeout);
     if (!st) st = cdp_comm_allreduce_f64(e->world, &red[1], 1, CDP_REDUCE_MAX, e->timeout);
     if (!st) *val = red[0] / ((double)n * e->B * red[1]);

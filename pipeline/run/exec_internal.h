@@ -13,9 +13,11 @@
 #include "cdp/device.h"
 #include "cdp/plan.h"
 #include "comm/comm.h"
+#include "model/checkpoint.h"
 #include "model/data.h"
 #include "model/model.h"
 #include "model/optim.h"
+#include "model/tensor_group.h"
 #include "pipeline/run/fault.h"
 #include "pipeline/layout.h"
 #include "pipeline/run/monitor.h"
@@ -87,7 +89,14 @@ struct exec {
      * comm/ chose how each carries device memory (cdp_comm_for_device) and
      * cdp_comm_host gives each one's host group */
     cdp_comm_t world, dev_world, pipe, dp, tied;
+    /* tensor parallelism (docs/parallelism.md): this rank's tensor group
+     * (stage, replica) on device memory, NULL at t = 1; the model's view of
+     * it (its split units' collective) and the time spent in it this step */
+    cdp_comm_t tpc;
+    struct cdp_tensor_group tg;
+    uint64_t t_tensor;
     int rank, size, p, R, v, m, s, r, B, nv;
+    int t, k; /* tensor group size and this rank's index in it */
     int64_t G;
     /* load balance: micro-batches of each replica this step (the shares sum
      * to R x micro_batches), those of the replicas before this one, and the
@@ -212,6 +221,17 @@ cdp_status cdp_exec_resume(struct exec *e, const char *dir);
  * data-parallel group, host memory) while the others send their shards at the
  * same time (model/checkpoint.h cdp_ckpt_write_part_sharded). A failure on one
  * side leaves the other waiting until timeout_s. */
+/* ZeRO: every replica's piece of state s of tensor i of m, in rank order of
+ * group: at its rank 0 into *out (malloc'd, nbytes), the others (out NULL)
+ * send theirs (exec_ckpt_gather.c). */
+cdp_status cdp_exec_ckpt_gather_state(struct cdp_optimizer *o, struct cdp_model *m, int i, int s, cdp_comm_t group,
+                                      double timeout, uint64_t nbytes, uint8_t **out);
+/* Tensor groups (exec_ckpt_tensor.c): replica 0's groups write part as whole
+ * tensors (every rank of replica 0 calls it; under ZeRO every rank, the
+ * other replicas sending their shards of the state); a resume loads the
+ * whole tensors and keeps each rank's slices and shards (every rank). */
+cdp_status cdp_exec_ckpt_write_tensor(struct exec *e, int step, const char *part);
+cdp_status cdp_exec_ckpt_load_tensor(struct exec *e, const char *path, const struct cdp_ckpt_info *info);
 cdp_status cdp_exec_ckpt_write_gathered(const char *dir, int64_t step, const char *part,
                                         struct cdp_model *const *models, struct cdp_optimizer *const *opts, int n,
                                         cdp_comm_t group, double timeout_s);
@@ -229,6 +249,7 @@ struct cdp_exec_step {
     int step;
     double loss, bubble, time_s, val_loss; /* val_loss NAN when not validated */
     double compute_s, comm_s, idle_s, step_s; /* mean over ranks */
+    double tensor_s;                      /* of comm_s: the split layers' all-reduces (mean over ranks) */
     int report;                           /* a monitor report was taken */
     int stop;                             /* a rank was asked to stop (cdp_exec_request_stop) */
     struct cdp_monitor_report mon;

@@ -59,6 +59,7 @@ void cdp_exec_free(struct exec *e)
     free(e->tgt);
     free(e->in_scratch);
     cdp_comm_free(e->tied);
+    cdp_comm_free(e->tpc);
     cdp_comm_free(e->dp);
     cdp_comm_free(e->pipe);
     cdp_comm_free(e->dev_world);
@@ -176,6 +177,17 @@ static void bind_rank(const struct exec *e)
              e->r, k->node, dev, k->cpuset, threads, threads == 1 ? "" : "s");
 }
 
+/* The split units' collective: a sum over this rank's tensor group, on the
+ * device's memory, timed as communication. */
+static cdp_status tensor_all_reduce(void *ctx, float *buf, int64_t n)
+{
+    struct exec *e = ctx;
+    const uint64_t t0 = cdp_time_ns();
+    cdp_status st = cdp_comm_allreduce_f32(e->tpc, buf, (size_t)n, CDP_REDUCE_SUM, e->timeout);
+    e->t_tensor += cdp_time_ns() - t0;
+    return st;
+}
+
 cdp_status cdp_exec_setup(struct exec *e)
 {
     const struct cdp_plan *p = e->plan;
@@ -201,6 +213,8 @@ cdp_status cdp_exec_setup(struct exec *e)
     e->me = &L->rank[e->rank];
     e->s = e->me->stage;
     e->r = e->me->replica;
+    e->t = L->tensor;
+    e->k = e->me->tensor;
     e->share = malloc((size_t)e->R * sizeof *e->share);
     if (!e->share) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
     memcpy(e->share, L->shares, (size_t)e->R * sizeof *e->share);
@@ -230,10 +244,17 @@ cdp_status cdp_exec_setup(struct exec *e)
      * for tied embeddings */
     const int tied = tied_grads(e);
     e->tied_local = tied_model(e) && e->last_rank == 0 && e->s == 0;
-    if ((st = cdp_comm_split(e->dev_world, e->r, e->s, &e->pipe))) return st;
-    if ((st = cdp_comm_split(e->dev_world, e->s, e->r, &e->dp))) return st;
-    if ((st = cdp_comm_split(e->dev_world, tied && (e->s == 0 || e->s == e->last_rank) ? e->r : -1, e->s, &e->tied)))
+    /* with tensor groups: the pipeline of (replica, tensor index), the
+     * replicas of (stage, tensor index), the group of (stage, replica); the
+     * same three colors make every rank's groups at once */
+    const int t = e->t, k = e->k;
+    if ((st = cdp_comm_split(e->dev_world, e->r * t + k, e->s, &e->pipe))) return st;
+    if ((st = cdp_comm_split(e->dev_world, e->s * t + k, e->r, &e->dp))) return st;
+    if ((st = cdp_comm_split(e->dev_world, tied && (e->s == 0 || e->s == e->last_rank) ? e->r * t + k : -1, e->s,
+                             &e->tied)))
         return st;
+    if ((st = cdp_comm_split(e->dev_world, t > 1 ? e->s * e->R + e->r : -1, k, &e->tpc))) return st;
+    e->tg = (struct cdp_tensor_group){.size = t, .index = k, .all_reduce = tensor_all_reduce, .ctx = e};
     if ((st = cdp_exec_build_schedule(e))) return st;
 
     e->ch = calloc((size_t)e->v, sizeof *e->ch);
@@ -247,9 +268,9 @@ cdp_status cdp_exec_setup(struct exec *e)
         c->first_unit = (int)L->ranges[c->vstage][0];
         c->end_unit = (int)L->ranges[c->vstage][1];
         c->nslots = slots;
-        if ((st = cdp_model_create_sharded(&p->model, c->first_unit, c->end_unit, e->B, slots, p->train.seed,
-                                           L->recompute, e->zero >= 2 ? e->R : 1, e->zero >= 2 ? e->r : 0, e->dev,
-                                           &c->model)))
+        if ((st = cdp_model_create_tensor(&p->model, c->first_unit, c->end_unit, e->B, slots, p->train.seed,
+                                          L->recompute, e->zero >= 2 ? e->R : 1, e->zero >= 2 ? e->r : 0,
+                                          t > 1 ? &e->tg : NULL, e->dev, &c->model)))
             break;
         if (e->zero >= 2) cdp_model_set_grad_reduce(c->model, cdp_exec_grad_reduce, e);
         if (p->model.weights && (st = cdp_model_load(c->model, p->model.weights))) break;

@@ -64,24 +64,30 @@ static cdp_status run_step(struct exec *e, int step, struct cdp_exec_step *s)
     e->step = step;
     e->lr = cdp_lr_at(&e->plan->train, step);
     e->loss_sum = 0;
-    e->t_compute = e->t_comm = e->t_idle = e->t_fb = 0;
+    e->t_compute = e->t_comm = e->t_idle = e->t_fb = e->t_tensor = 0;
     e->step_start = e->fb_end = cdp_time_ns();
     for (int k = 0; k < e->v; k++) cdp_model_zero_grad(e->ch[k].model);
     e->t_compute += cdp_time_ns() - e->step_start;
     if ((st = cdp_fault_at_step(&e->fault, e->rank, step))) return st;
     if ((st = cdp_exec_run_list(e)) || (st = cdp_exec_drain_sends(e))) return st;
     const uint64_t t_end = cdp_time_ns();
-    double red[6] = {e->loss_sum, (double)e->t_fb / 1e9, (double)e->t_compute / 1e9, (double)e->t_comm / 1e9,
-                     (double)e->t_idle / 1e9, (double)(t_end - e->step_start) / 1e9};
+    /* the split layers' all-reduces run inside forwards and backwards: communication, not compute */
+    const uint64_t tt = e->t_tensor < e->t_compute ? e->t_tensor : e->t_compute;
+    e->t_compute -= tt;
+    e->t_comm += tt;
+    /* a tensor group's ranks compute the same loss: its index 0 counts it */
+    double red[7] = {e->k == 0 ? e->loss_sum : 0, (double)e->t_fb / 1e9, (double)e->t_compute / 1e9, (double)e->t_comm / 1e9,
+                     (double)e->t_idle / 1e9, (double)(t_end - e->step_start) / 1e9, (double)tt / 1e9};
     /* a stop asked of any rank ends every rank after this step */
     double mx[3] = {e->shape ? (double)e->scale : 0, (double)(e->fb_end - e->step_start) / 1e9, (double)stop_asked};
-    if ((st = cdp_comm_allreduce_f64(e->world, red, 6, CDP_REDUCE_SUM, e->timeout))) return st;
+    if ((st = cdp_comm_allreduce_f64(e->world, red, 7, CDP_REDUCE_SUM, e->timeout))) return st;
     if ((st = cdp_comm_allreduce_f64(e->world, mx, 3, CDP_REDUCE_MAX, e->timeout))) return st;
     *s = (struct cdp_exec_step){.step = step, .loss = red[0] * mx[0],
                                 .bubble = mx[1] > 0 ? fmax(0.0, 1.0 - red[1] / e->size / mx[1]) : 0,
                                 .time_s = (double)(t_end - e->step_start) / 1e9, .val_loss = NAN,
                                 .compute_s = red[2] / e->size, .comm_s = red[3] / e->size,
-                                .idle_s = red[4] / e->size, .step_s = red[5] / e->size, .stop = mx[2] > 0};
+                                .idle_s = red[4] / e->size, .step_s = red[5] / e->size, .tensor_s = red[6] / e->size,
+                                .stop = mx[2] > 0};
     if (!isfinite(s->loss))
         return cdp_fail(CDP_ERR_INVALID, "step %d: the loss is %g; lower /train/optimizer/lr or set "
                         "/train/grad_clip", step, s->loss);
@@ -130,7 +136,9 @@ static cdp_status totals_of(struct exec *e, struct cdp_exec_totals *t)
         if (e->r == 0)
             for (int i = 0; i < cdp_model_tensor_count(e->ch[k].model); i++) {
                 const struct cdp_model_tensor *x = cdp_model_tensor(e->ch[k].model, i);
-                if (x->unit >= e->ch[k].first_unit) sums[1] += (double)x->numel;
+                /* a tensor group: each rank's slices, and its index 0's replicated tensors */
+                const int sliced = cdp_model_unit(e->ch[k].model, x->unit_local)->params[x->param].shard_dim >= 0;
+                if (x->unit >= e->ch[k].first_unit && (sliced || e->k == 0)) sums[1] += (double)x->numel;
             }
     }
     cdp_status st = cdp_comm_allreduce_f64(e->world, sums, 2, CDP_REDUCE_SUM, e->timeout);

@@ -177,10 +177,10 @@ cdp_status cdp_exec_grad_reduce(void *ctx, float *buf, uint64_t n, uint64_t from
 /* Sum of squares of a chunk's gradients that this rank counts for the global
  * norm: every stored tensor once (the last stage's copy of a tied embedding is
  * the first stage's tensor), and under ZeRO-1 only this replica's shard. */
-static cdp_status chunk_sumsq(struct chunk *ch, double *out)
+static cdp_status chunk_sumsq(struct chunk *ch, double *out, double *split)
 {
     struct cdp_model *mdl = ch->model;
-    double sq = 0;
+    double sq = 0, sp = 0;
     for (int i = 0; i < cdp_model_tensor_count(mdl); i++) {
         struct cdp_model_tensor *t = cdp_model_tensor(mdl, i);
         if (t->unit < ch->first_unit) continue;
@@ -191,9 +191,12 @@ static cdp_status chunk_sumsq(struct chunk *ch, double *out)
         double x = 0;
         cdp_status st = cdp_model_sum_squares(mdl, cdp_model_reduced_grad(mdl, i, from), (size_t)count, &x);
         if (st) return st;
-        sq += x;
+        /* a tensor-split slice is a part of the norm; a replicated tensor is the same on the whole group */
+        if (cdp_model_unit(mdl, t->unit_local)->params[t->param].shard_dim >= 0) sp += x;
+        else sq += x;
     }
     *out = sq;
+    *split = sp;
     return CDP_OK;
 }
 
@@ -540,17 +543,21 @@ static cdp_status op_optimizer_step(struct exec *e, const struct cdp_instr *in, 
     cdp_status st = CDP_OK;
     /* The global gradient norm: every stored tensor once; the last stage's
      * copy of a tied embedding is the first stage's tensor. */
-    double sq = 0;
+    double sq = 0, split = 0;
     for (int k = 0; k < e->v && !st; k++) {
-        double x = 0;
-        st = chunk_sumsq(&e->ch[k], &x);
+        double x = 0, y = 0;
+        st = chunk_sumsq(&e->ch[k], &x, &y);
         sq += x;
+        split += y;
     }
     if (st) return st;
     uint64_t tc = cdp_time_ns();
     e->t_compute += tc - t0;
+    /* tensor groups: the slices' parts summed over the group, the replicated tensors counted once */
+    if (e->tpc) st = cdp_comm_allreduce_f64(cdp_comm_host(e->tpc), &split, 1, CDP_REDUCE_SUM, e->timeout);
+    sq += split;
     /* ZeRO-1: each replica holds its shard's part of the sum */
-    if (e->zero) st = cdp_comm_allreduce_f64(cdp_comm_host(e->dp), &sq, 1, CDP_REDUCE_SUM, e->timeout);
+    if (!st && e->zero) st = cdp_comm_allreduce_f64(cdp_comm_host(e->dp), &sq, 1, CDP_REDUCE_SUM, e->timeout);
     if (!st && e->p > 1) st = cdp_comm_allreduce_f64(cdp_comm_host(e->pipe), &sq, 1, CDP_REDUCE_SUM, e->timeout);
     e->t_comm += cdp_time_ns() - tc;
     if (st) return st;

@@ -171,10 +171,11 @@ cdp_status cdp_exec_write_layout_record(const struct exec *e, FILE *f)
         json_object_set_new(json_array_get(ranks, (size_t)i), "host",
                             json_string(e->hosts + (size_t)i * CDP_EXEC_HOST_MAX));
     json_t *o = ranks
-                    ? json_pack("{s:{s:s,s:s,s:s,s:i,s:i,s:i,s:i,s:i,s:i,s:o}}", "layout", "topology",
+                    ? json_pack("{s:{s:s,s:s,s:s,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:o}}", "layout", "topology",
                                 l->topology, "schedule", cdp_schedule_name(l->schedule), "recompute",
                                 cdp_recompute_name(l->recompute), "zero", l->zero, "stages", l->stages, "chunks", l->chunks, "replicas",
-                                l->replicas, "micro_batches", l->micro_batches, "nodes", l->n_nodes, "ranks", ranks)
+                                l->replicas, "tensor", l->tensor, "micro_batches", l->micro_batches, "nodes", l->n_nodes,
+                                "ranks", ranks)
                     : NULL;
     if (!o) return cdp_fail(CDP_ERR_NOMEM, "out of memory writing the metrics");
     return write_line(e, o, f);
@@ -192,8 +193,9 @@ void cdp_exec_print_header(const struct exec *e, const struct cdp_exec_totals *t
     }
     int equal = 1;
     for (int r = 1; r < e->R; r++) equal &= e->share[r] == e->share[0];
-    fprintf(out, " on %d ranks: %d stages x %d replicas, %s, ", e->size, e->p, e->R,
-            cdp_schedule_name(e->lay->schedule));
+    fprintf(out, " on %d ranks: %d stages x %d replicas", e->size, e->p, e->R);
+    if (e->t > 1) fprintf(out, " x tensor %d", e->t);
+    fprintf(out, ", %s, ", cdp_schedule_name(e->lay->schedule));
     if (equal) {
         fprintf(out, "%lld micro-batches of %d per replica\n", (long long)e->share[0], e->B);
     } else {
@@ -220,6 +222,7 @@ static json_t *step_record(const struct exec *e, const struct cdp_exec_step *s, 
     const double mfu = mfu_of(e, t, s->time_s);
     if (!isnan(mfu)) json_object_set_new(o, "mfu", json_real(mfu));
     json_object_set_new(o, "bubble", json_real(s->bubble));
+    if (e->t > 1) json_object_set_new(o, "tensor_comm_s", json_real(s->tensor_s));
     if (!isnan(s->val_loss)) json_object_set_new(o, "val_loss", json_real(s->val_loss));
     if (e->R > 1) {
         json_t *sh = json_array();
@@ -413,7 +416,23 @@ cdp_status cdp_exec_write_traces(struct exec *e)
 struct wrec {
     char name[64];
     int64_t ndim, shape[CDP_SHAPE_MAX], numel;
+    int64_t shard_dim, shard_full, shard_off; /* a tensor group's slice (cdp_param_desc), shard_dim -1: whole */
 };
+
+/* The whole tensor of a slice's record, made (zeroed) the first time one of
+ * its slices comes, in ts[*n] (its storage in owned[*n]); -1: out of memory. */
+static int whole_of(struct cdp_safetensors_tensor *ts, void **owned, size_t *n, const char *name,
+                    const struct wrec *w)
+{
+    for (size_t j = 0; j < *n; j++)
+        if (!strcmp(ts[j].name, name)) return (int)j;
+    const int64_t numel = w->numel / w->shape[w->shard_dim] * w->shard_full;
+    if (!(owned[*n] = calloc((size_t)numel, 4))) return -1;
+    ts[*n] = (struct cdp_safetensors_tensor){.name = name, .dtype = CDP_DTYPE_F32, .dtype_name = "F32",
+                                             .ndim = (int)w->ndim, .data = owned[*n], .nbytes = (uint64_t)numel * 4};
+    for (int d = 0; d < (int)w->ndim; d++) ts[*n].shape[d] = d == w->shard_dim ? w->shard_full : w->shape[d];
+    return (int)(*n)++;
+}
 
 cdp_status cdp_exec_write_weights(struct exec *e)
 {
@@ -428,7 +447,9 @@ cdp_status cdp_exec_write_weights(struct exec *e)
     for (int k = 0; k < e->v && e->r == 0; k++)
         for (int i = 0; i < cdp_model_tensor_count(e->ch[k].model); i++) {
             struct cdp_model_tensor *t = cdp_model_tensor(e->ch[k].model, i);
-            struct wrec w = {.ndim = t->ndim, .numel = t->numel};
+            const struct cdp_param_desc *pd = &cdp_model_unit(e->ch[k].model, t->unit_local)->params[t->param];
+            struct wrec w = {.ndim = t->ndim, .numel = t->numel, .shard_dim = pd->shard_dim,
+                             .shard_full = pd->shard_full, .shard_off = pd->shard_off};
             snprintf(w.name, sizeof w.name, "%s", t->name);
             memcpy(w.shape, t->shape, sizeof w.shape);
             memcpy(q, &w, sizeof w);
@@ -447,16 +468,49 @@ cdp_status cdp_exec_write_weights(struct exec *e)
         size_t total = 0, n = 0, cap = 64;
         for (int r = 0; r < e->size; r++) total += lens[r];
         struct cdp_safetensors_tensor *ts = calloc(cap, sizeof *ts);
-        for (char *c = all; ts && c < (char *)all + total;) {
+        void **owned = calloc(cap, sizeof *owned); /* the wholes assembled from tensor groups' slices */
+        int oom = 0;
+        for (char *c = all; ts && owned && c < (char *)all + total;) {
             struct wrec w;
             memcpy(&w, c, sizeof w);
+            if (w.shard_dim >= 0) { /* a slice: its place in the whole (the group's ranks send them all) */
+                if (n == cap) {
+                    struct cdp_safetensors_tensor *nt = realloc(ts, 2 * cap * sizeof *ts);
+                    if (nt) ts = nt;
+                    void **no = nt ? realloc(owned, 2 * cap * sizeof *owned) : NULL;
+                    if (!no) {
+                        oom = 1;
+                        break;
+                    }
+                    owned = no;
+                    memset(owned + cap, 0, cap * sizeof *owned);
+                    cap *= 2;
+                }
+                const int j = whole_of(ts, owned, &n, c, &w);
+                if (j < 0) {
+                    oom = 1;
+                    break;
+                }
+                struct cdp_param_desc pd = {.ndim = (int)w.ndim, .shard_dim = (int)w.shard_dim,
+                                            .shard_full = w.shard_full, .shard_off = w.shard_off};
+                for (int d = 0; d < (int)w.ndim; d++) pd.shape[d] = w.shape[d];
+                cdp_param_slice_copy(&pd, (void *)ts[j].data, c + sizeof w, 1);
+                c += sizeof w + (size_t)w.numel * 4;
+                continue;
+            }
             int dup = 0;
             for (size_t j = 0; j < n; j++) dup |= !strcmp(ts[j].name, c);
             if (!dup) {
                 if (n == cap) {
                     struct cdp_safetensors_tensor *nt = realloc(ts, 2 * cap * sizeof *ts);
-                    if (!nt) break;
-                    ts = nt;
+                    if (nt) ts = nt;
+                    void **no = nt ? realloc(owned, 2 * cap * sizeof *owned) : NULL;
+                    if (!no) {
+                        oom = 1;
+                        break;
+                    }
+                    owned = no;
+                    memset(owned + cap, 0, cap * sizeof *owned);
                     cap *= 2;
                 }
                 /* the name stays inside `all` (name[] is the record's first field: read through c, as a
@@ -473,7 +527,7 @@ cdp_status cdp_exec_write_weights(struct exec *e)
             }
             c += sizeof w + (size_t)w.numel * 4;
         }
-        if (!ts) st = cdp_fail(CDP_ERR_NOMEM, "out of memory");
+        if (!ts || !owned || oom) st = cdp_fail(CDP_ERR_NOMEM, "out of memory");
         else {
             /* the metadata export writes too (docs/training.md#weights): the optimizer
              * steps done, which is train.steps once training has ended */
@@ -482,6 +536,8 @@ cdp_status cdp_exec_write_weights(struct exec *e)
             const char *meta[] = {"format", "cdphybrid", "step", step};
             st = cdp_safetensors_write(path, ts, (int)n, meta, 2);
         }
+        for (size_t j = 0; owned && j < cap; j++) free(owned[j]);
+        free(owned);
         free(ts);
     }
     free(all);

@@ -33,6 +33,7 @@ cdp_status cdp_cli_forward_layout(struct cdp_plan *p, int ranks, int64_t micro_b
     }
     par->stages = ranks;
     par->replicas = 1;
+    par->tensor = 1; /* forward passes run whole layers (a checkpoint holds whole tensors at any t) */
     par->micro_batches = micro_batches;
     par->schedule = CDP_SCHEDULE_1F1B; /* its placement: stage s on rank s */
     par->schedule_auto = 0;

@@ -271,6 +271,12 @@ cdp_status cdp_restart_replan(const struct cdp_replan_in *in, const struct cdp_l
     }
     /* the plan as written, so that its "auto" is planned again; the shape goes too */
     if ((st = cdp_plan_load(in->plan_path, &p)) || (st = cdp_plan_resolve(p, in->machine))) goto done;
+    if (p->parallel.tensor > 1) { /* the placement below moves single devices, not a group's run of them */
+        st = cdp_fail(CDP_ERR_UNSUPPORTED, "%s: /train/restart/exclude_failed: planning tensor groups of "
+                      "/parallel/tensor %lld around failed devices is not built yet; set exclude_failed to false "
+                      "to restart on the same layout", in->plan_path, (long long)p->parallel.tensor);
+        goto done;
+    }
     int64_t shares = 0;
     for (int r = 0; r < old->replicas; r++) shares += old->shares[r];
     const int64_t nodes0 = p->cluster.nodes, devices0 = p->cluster.devices;

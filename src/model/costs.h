@@ -29,6 +29,9 @@ struct cdp_unit_cost {
     double out_bytes;     /* output sent to the next stage, per micro-batch */
     double scratch_bytes; /* its scratch for a micro-batch (a stage holds its units' largest) */
     double opt_s;         /* optimizer step of its parameters */
+    double tp_fwd_s, tp_bwd_s; /* of fwd_s and bwd_s, its tensor group's collectives (the planner's,
+                                  partitioner/planner_tensor.c); 0 at t = 1 */
+    double tp_fwd_bytes, tp_bwd_bytes; /* what they move on each link of the group's ring */
 };
 
 /* Bytes per element of activations and sent tensors (4: the runtime keeps

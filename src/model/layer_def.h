@@ -40,6 +40,10 @@ struct cdp_layer_def {
     int listable;            /* may be written in an explicit "layers" list (lm_head: GPT presets only) */
     const char *const *keys; /* its plan keys besides "type", NULL-terminated */
     int keeps_attention;     /* keeps attention state, which a kernel table may size (cdp_unit_fit_kernels) */
+    /* may be in a plan with /parallel/tensor above 1 (docs/parallelism.md): a
+     * type that splits over the tensor group, or an elementwise one that
+     * passes a split layer's slice through; 0: refused at plan load */
+    int tensor_ok;
 
     /* ---- the plan ---- */
     /* Reads its keys (already checked against keys) from the layer object v at

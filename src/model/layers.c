@@ -15,16 +15,33 @@
 
 /* A unit of type d->type on input in: its output shape, parameters, work. */
 static void make_unit(struct cdp_unit *u, const struct cdp_layer_desc *d, struct cdp_shape in,
-                      const struct cdp_model_desc *m)
+                      const struct cdp_model_desc *m, int t, int k)
 {
     const struct cdp_layer_def *def = cdp_layer_def(d->type);
     char why[256];
     u->desc = *d;
     u->in = in;
     u->out = in;
+    u->tp_size = t;
+    u->tp_index = k;
     /* the plan loader checked the shapes with the same function */
     if (def->shape && def->shape(d, &in, &u->out, why, sizeof why)) CDP_ASSERT(!"a unit's shape does not fit");
+    /* a column split's output is its rank's slice (a row split's input already is) */
+    if (t > 1 && d->split == CDP_TSPLIT_COLUMN) u->out.d[u->out.ndim - 1] /= t;
     if (def->build) def->build(u, m);
+}
+
+void cdp_param_shard(struct cdp_unit *u, int p, int dim, int t, int k)
+{
+    struct cdp_param_desc *pd = &u->params[p];
+    CDP_ASSERT(dim >= 0 && dim < pd->ndim && t >= 1 && k >= 0 && k < t && pd->shape[dim] % t == 0);
+    u->param_count -= pd->numel;
+    pd->shard_dim = dim;
+    pd->shard_full = pd->shape[dim];
+    pd->shape[dim] /= t;
+    pd->shard_off = k * pd->shape[dim];
+    pd->numel /= t;
+    u->param_count += pd->numel;
 }
 
 /* The units of m: a layer list's, or a GPT preset's token and position
@@ -126,7 +143,7 @@ int cdp_units_check_sizes(const struct cdp_model_desc *m, int64_t B, int *at, ch
         /* what remains is products of the sizes checked above */
         struct cdp_unit u;
         memset(&u, 0, sizeof u);
-        make_unit(&u, &d, s, m);
+        make_unit(&u, &d, s, m, 1, 0);
         u.out_floats = numel_checked(&out);
         def->cost(&u);
         const int64_t sc = def->scratch ? def->scratch(&u, (int)B) : 0;
@@ -143,13 +160,25 @@ int cdp_units_check_sizes(const struct cdp_model_desc *m, int64_t B, int *at, ch
 
 cdp_status cdp_units_build(const struct cdp_model_desc *m, struct cdp_unit **out, int *n)
 {
+    return cdp_units_build_tensor(m, 1, 0, out, n);
+}
+
+cdp_status cdp_units_build_tensor(const struct cdp_model_desc *m, int t, int k, struct cdp_unit **out, int *n)
+{
     const int count = cdp_model_desc_units(m);
+    if (t < 1 || k < 0 || k >= t) return cdp_fail(CDP_ERR_INVALID, "tensor slice %d of %d", k, t);
     struct cdp_unit *units = calloc((size_t)count, sizeof *units);
     if (!units) return cdp_fail(CDP_ERR_NOMEM, "out of memory for %d layer descriptions", count);
     struct cdp_shape s = model_input(m);
     for (int i = 0; i < count; i++) {
         const struct cdp_layer_desc d = cdp_model_desc_unit(m, i);
-        make_unit(&units[i], &d, s, m);
+        /* the plan loader checks the splits (cdp_plan_check_splits); a library caller may not have */
+        if (t > 1 && d.split == CDP_TSPLIT_COLUMN && d.out % t) {
+            free(units);
+            return cdp_fail(CDP_ERR_INVALID, "unit %d: a column split of width %lld over a tensor group of %d", i,
+                            (long long)d.out, t);
+        }
+        make_unit(&units[i], &d, s, m, t, k);
         s = units[i].out;
     }
     for (int i = 0; i < count; i++) {
@@ -226,9 +255,46 @@ void cdp_unit_set_recompute(struct cdp_unit *u, enum cdp_recompute r)
 
 static double uniform01(uint64_t *s) { return ((double)(cdp_splitmix64(s) >> 11) + 0.5) * 0x1p-53; }
 
+/* The whole tensor of parameter p into dst (its numel floats). */
+static void param_init_whole(const struct cdp_unit *u, const struct cdp_param_desc *pd, int p, uint64_t seed,
+                             float *dst);
+
 void cdp_param_init(const struct cdp_unit *u, int p, uint64_t seed, float *dst)
 {
     const struct cdp_param_desc *pd = &u->params[p];
+    if (pd->shard_dim < 0 || pd->shard_full == pd->shape[pd->shard_dim]) {
+        param_init_whole(u, pd, p, seed, dst);
+        return;
+    }
+    /* a slice: the whole tensor as one rank makes it, then this rank's part */
+    struct cdp_param_desc whole = *pd;
+    const int64_t t = pd->shard_full / pd->shape[pd->shard_dim];
+    whole.shape[pd->shard_dim] = pd->shard_full;
+    whole.numel = pd->numel * t;
+    float *all = malloc((size_t)whole.numel * sizeof *all);
+    CDP_ASSERT(all); /* as large as the whole tensor one rank would hold */
+    param_init_whole(u, &whole, p, seed, all);
+    cdp_param_slice_copy(pd, all, dst, 0);
+    free(all);
+}
+
+void cdp_param_slice_copy(const struct cdp_param_desc *pd, void *whole, void *slice, int to_whole)
+{
+    int64_t outer = 1, inner = 1; /* dimensions before and after the sliced one */
+    for (int i = 0; i < pd->shard_dim; i++) outer *= pd->shape[i];
+    for (int i = pd->shard_dim + 1; i < pd->ndim; i++) inner *= pd->shape[i];
+    const size_t len = (size_t)(pd->shape[pd->shard_dim] * inner) * sizeof(float);
+    for (int64_t o = 0; o < outer; o++) {
+        char *w = (char *)whole + (size_t)((o * pd->shard_full + pd->shard_off) * inner) * sizeof(float),
+             *s = (char *)slice + (size_t)o * len;
+        if (to_whole) memcpy(w, s, len);
+        else memcpy(s, w, len);
+    }
+}
+
+static void param_init_whole(const struct cdp_unit *u, const struct cdp_param_desc *pd, int p, uint64_t seed,
+                             float *dst)
+{
     int owner = pd->tied_unit >= 0 ? pd->tied_unit : u->index;
     int pidx = pd->tied_unit >= 0 ? pd->tied_param : p;
     uint64_t s = seed * 0x100000001b3ull ^ ((uint64_t)owner << 20) ^ (uint64_t)pidx;

@@ -16,6 +16,7 @@
 
 #include "cdp/plan_types.h"
 #include "cdp/status.h"
+#include "model/tensor_group.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -48,6 +49,12 @@ struct cdp_param_desc {
     int tied_unit;        /* -1, or the global unit whose parameter this one is */
     int tied_param;       /* index of that parameter in its unit */
     int tie_target;       /* a later unit's parameter is tied to this one (cdp_units_build sets it) */
+    /* a slice of a tensor split over a tensor group (cdp_param_shard): shape
+     * is the slice's; dimension shard_dim of the whole tensor has shard_full
+     * entries, of which this holds [shard_off, shard_off + shape[shard_dim]).
+     * shard_dim -1: the whole tensor */
+    int shard_dim;
+    int64_t shard_full, shard_off;
 };
 
 struct cdp_unit {
@@ -82,6 +89,13 @@ struct cdp_unit {
     int64_t work_floats;          /* per sample, computed again into the model's one work buffer */
     double recompute_flops;       /* per sample: the matrix work its backward adds to compute them again
                                    * (split backward: B adds it, and W adds it again) */
+    /* Tensor parallelism (docs/parallelism.md): the unit as rank tp_index of
+     * a tensor group of tp_size holds it (cdp_units_build_tensor; 1 and 0
+     * elsewhere), its shapes, parameters and costs that rank's slice; tp the
+     * group's collectives, set by the executor (NULL elsewhere: a split unit
+     * of tp_size 1 needs none; not owned). */
+    int tp_size, tp_index;
+    const struct cdp_tensor_group *tp;
 };
 
 /* How many partition units m has, and the description of unit i: a layer
@@ -91,6 +105,18 @@ struct cdp_layer_desc cdp_model_desc_unit(const struct cdp_model_desc *m, int i)
 
 /* The partition units of a model description; *out is malloc'd (n entries). */
 cdp_status cdp_units_build(const struct cdp_model_desc *m, struct cdp_unit **out, int *n);
+/* The same as rank k of a tensor group of t holds them: split layers'
+ * shapes, parameters and costs are k's slice (docs/parallelism.md). t = 1 is
+ * cdp_units_build. CDP_ERR_INVALID when a split width is not a multiple of t. */
+cdp_status cdp_units_build_tensor(const struct cdp_model_desc *m, int t, int k, struct cdp_unit **out, int *n);
+
+/* Makes parameter p of u the slice k of t along dimension dim (its size a
+ * multiple of t), as cdp_param_shard's fields describe; u->param_count follows. */
+void cdp_param_shard(struct cdp_unit *u, int p, int dim, int t, int k);
+/* Copies the slice pd describes between the whole tensor and the slice's
+ * own storage (float data, any alignment): into whole when to_whole, else out
+ * of it. pd->shard_dim must be 0 or more. */
+void cdp_param_slice_copy(const struct cdp_param_desc *pd, void *whole, void *slice, int to_whole);
 
 /* The one description of a tie: whether the model's head reuses its token
  * embedding (a GPT with /model/tie_embeddings; its units then carry the tie as

@@ -61,7 +61,12 @@ cdp_status cdp_model_error(const struct cdp_model *m)
 double cdp_model_step_flops(const struct cdp_model *m)
 {
     double f = 0;
-    for (int i = 0; i < m->n_units; i++) f += m->units[i].fwd_flops + m->units[i].bwd_flops;
+    for (int i = 0; i < m->n_units; i++) {
+        const struct cdp_unit *u = &m->units[i];
+        /* a tensor group's replicated unit: every rank repeats the same work, index 0 counts it */
+        if (u->tp_size > 1 && u->desc.split == CDP_TSPLIT_NONE && u->tp_index > 0) continue;
+        f += u->fwd_flops + u->bwd_flops;
+    }
     return f * m->B;
 }
 

@@ -126,6 +126,14 @@ cdp_status cdp_model_create_ex(const struct cdp_model_desc *desc, int first, int
 cdp_status cdp_model_create_sharded(const struct cdp_model_desc *desc, int first, int end, int B, int slots,
                                     uint64_t seed, enum cdp_recompute r, int shards, int shard, cdp_device_t dev,
                                     struct cdp_model **out);
+/* Tensor parallelism (docs/parallelism.md): the range as rank tg->index of
+ * the tensor group tg holds it (cdp_units_build_tensor: split layers' slices,
+ * each initialised as its part of the whole tensor one rank would make), its
+ * split units calling tg's collective (tg not owned; it must outlive the
+ * model). tg NULL is cdp_model_create_sharded. */
+cdp_status cdp_model_create_tensor(const struct cdp_model_desc *desc, int first, int end, int B, int slots,
+                                   uint64_t seed, enum cdp_recompute r, int shards, int shard,
+                                   const struct cdp_tensor_group *tg, cdp_device_t dev, struct cdp_model **out);
 void cdp_model_destroy(struct cdp_model *m);
 
 /* Sharded gradients' reduction: fn reduce-scatters, over the replicas, the
@@ -178,7 +186,9 @@ cdp_status cdp_model_zero(struct cdp_model *m, void *dst, size_t bytes);
 cdp_status cdp_model_add(struct cdp_model *m, float *dst, const float *src, size_t n);
 cdp_status cdp_model_sum_squares(struct cdp_model *m, const float *x, size_t n, double *out);
 int64_t cdp_model_param_floats(const struct cdp_model *m);
-/* Matrix-multiply FLOPs of one forward + backward of one micro-batch. */
+/* Matrix-multiply FLOPs of one forward + backward of one micro-batch: the
+ * model's work, so with tensor groups a split unit's slice, and a replicated
+ * unit only at index 0 (summed over a group, each unit counts once). */
 double cdp_model_step_flops(const struct cdp_model *m);
 /* The kernels of the model's device, which every pass runs on. Not owned. */
 const struct cdp_kernels *cdp_model_kernels(const struct cdp_model *m);

@@ -131,10 +131,18 @@ cdp_status cdp_model_create_sharded(const struct cdp_model_desc *desc, int first
                                     uint64_t seed, enum cdp_recompute r, int shards, int shard, cdp_device_t dev,
                                     struct cdp_model **out)
 {
+    return cdp_model_create_tensor(desc, first, end, B, slots, seed, r, shards, shard, NULL, dev, out);
+}
+
+cdp_status cdp_model_create_tensor(const struct cdp_model_desc *desc, int first, int end, int B, int slots,
+                                   uint64_t seed, enum cdp_recompute r, int shards, int shard,
+                                   const struct cdp_tensor_group *tg, cdp_device_t dev, struct cdp_model **out)
+{
     cdp_status st;
     struct cdp_unit *all = NULL;
     int n_all = 0;
-    if ((st = cdp_units_build(desc, &all, &n_all))) return st;
+    if ((st = cdp_units_build_tensor(desc, tg ? tg->size : 1, tg ? tg->index : 0, &all, &n_all))) return st;
+    for (int i = 0; tg && i < n_all; i++) all[i].tp = tg;
     if (first < 0 || end > n_all || first >= end || B < 1 || slots < 1 || shards < 1 || shard < 0 ||
         shard >= shards) {
         free(all);

@@ -155,6 +155,7 @@ static void set_defaults(struct cdp_plan *p)
     p->train.restart.exclude_failed = 1;
     p->parallel.stages = 1;
     p->parallel.replicas = 1;
+    p->parallel.tensor = 1;
     p->parallel.micro_batches = CDP_AUTO;
     p->parallel.schedule = CDP_SCHEDULE_1F1B;
     p->parallel.chunks = 1;

@@ -126,16 +126,17 @@ cdp_status cdp_plan_check_fit(const char *name, const struct cdp_plan *p)
     if (__builtin_mul_overflow(cd->nodes, cd->devices, &total) ||
         __builtin_mul_overflow(total, cd->ranks_per_device, &total))
         total = INT64_MAX;
-    if (pd->stages != CDP_AUTO && pd->replicas != CDP_AUTO && pd->stages * pd->replicas > total)
-        return cdp_fail(CDP_ERR_INVALID, "%s: /parallel/stages: %lld stages x /parallel/replicas %lld = %lld "
+    const int64_t t = pd->tensor == CDP_AUTO ? 1 : pd->tensor;
+    if (pd->stages != CDP_AUTO && pd->replicas != CDP_AUTO && pd->stages * pd->replicas * t > total)
+        return cdp_fail(CDP_ERR_INVALID, "%s: /parallel/stages: %lld stages x /parallel/replicas %lld%s = %lld "
                         "devices, but /cluster/nodes %lld x /cluster/devices %lld%s gives only %lld",
-                        name, (long long)pd->stages, (long long)pd->replicas,
-                        (long long)(pd->stages * pd->replicas), (long long)cd->nodes,
+                        name, (long long)pd->stages, (long long)pd->replicas, t > 1 ? " x /parallel/tensor" : "",
+                        (long long)(pd->stages * pd->replicas * t), (long long)cd->nodes,
                         (long long)cd->devices, cd->ranks_per_device > 1 ? " x /cluster/ranks_per_device" : "",
                         (long long)total);
     if (pd->placement == CDP_PLACEMENT_EXPLICIT) {
         for (int64_t i = 0; i < pd->stages * pd->replicas; i++)
-            if (pd->placement_map[i] >= total)
+            if (pd->placement_map[i] + t - 1 >= total)
                 return cdp_fail(CDP_ERR_INVALID, "%s: /parallel/placement/%lld/%lld: device %lld does not "
                                 "exist; /cluster/nodes %lld x /cluster/devices %lld gives devices 0 to %lld",
                                 name, (long long)(i / pd->replicas), (long long)(i % pd->replicas),

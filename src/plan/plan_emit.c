@@ -260,6 +260,7 @@ static json_t *plan_json(struct emit *e, const struct cdp_plan *p)
     if (o) {
         set(e, o, "stages", jint_auto(pd->stages));
         set(e, o, "replicas", jint_auto(pd->replicas));
+        set(e, o, "tensor", jint_auto(pd->tensor));
         set(e, o, "micro_batches", jint_auto(pd->micro_batches));
         set(e, o, "schedule", json_string(pd->schedule_auto   ? "auto"
                                           : pd->schedule_file ? pd->schedule_file
@@ -533,6 +534,7 @@ cdp_status cdp_plan_print(const struct cdp_plan *p, FILE *f)
     fprintf(f, "\nParallel\n");
     fprintf(f, ROW "%s\n", "stages", count_or_auto(pd->stages, b1, sizeof b1));
     fprintf(f, ROW "%s\n", "replicas", count_or_auto(pd->replicas, b1, sizeof b1));
+    fprintf(f, ROW "%s\n", "tensor", count_or_auto(pd->tensor, b1, sizeof b1));
     fprintf(f, ROW "%s\n", "micro_batches", count_or_auto(pd->micro_batches, b1, sizeof b1));
     if (t->global_batch == CDP_AUTO) {
         snprintf(b1, sizeof b1, "auto");
@@ -563,7 +565,8 @@ cdp_status cdp_plan_print(const struct cdp_plan *p, FILE *f)
                 (long long)cdp_plan_model_units(p));
     }
     if (pd->placement == CDP_PLACEMENT_EXPLICIT) {
-        fprintf(f, ROW "explicit\n", "placement");
+        if (pd->tensor > 1) fprintf(f, ROW "explicit (each tensor group's first device)\n", "placement");
+        else fprintf(f, ROW "explicit\n", "placement");
         for (int64_t s = 0; s < pd->stages; s++) {
             fprintf(f, "    stage %-4lld devices", (long long)s);
             for (int64_t r = 0; r < pd->replicas; r++)

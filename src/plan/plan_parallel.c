@@ -25,7 +25,7 @@
 #include "model/layer_def.h"
 #include "plan/plan_internal.h"
 
-static const char *const parallel_keys[] = {"stages", "replicas", "micro_batches", "schedule", "chunks",
+static const char *const parallel_keys[] = {"stages", "replicas", "tensor", "micro_batches", "schedule", "chunks",
                                             "partition", "placement", "balance", "rebalance_every", "zero", "bucket_mb",
                                             NULL};
 
@@ -382,6 +382,82 @@ static cdp_status check_schedule_file_shape(struct ld *c)
     return CDP_OK;
 }
 
+/* The layer types that may run with /parallel/tensor above 1, for messages. */
+static void tensor_types(char *buf, size_t cap)
+{
+    size_t n = 0;
+    buf[0] = '\0';
+    for (int t = 0; t < CDP_LAYER_TYPE_COUNT; t++) {
+        const struct cdp_layer_def *d = cdp_layer_def((enum cdp_layer_type)t);
+        if (!d->tensor_ok || n >= cap) continue;
+        n += (size_t)snprintf(buf + n, cap - n, "%s%s", n ? ", " : "", d->name);
+    }
+}
+
+/* With /parallel/tensor above 1, every layer must be of a type that splits
+ * over the tensor group or passes a slice through (layer_def.h, tensor_ok);
+ * the others are refused here, naming the layer. */
+static cdp_status check_tensor_layers(struct ld *c)
+{
+    const struct cdp_parallel_desc *pd = &c->p->parallel;
+    const struct cdp_model_desc *md = &c->p->model;
+    /* splits pair, whatever t: a column, elementwise layers, a row */
+    int open = -1; /* the column split whose slice flows, or -1 */
+    for (int i = 0; md->kind != CDP_MODEL_GPT && i < md->n_layers; i++) {
+        const struct cdp_layer_desc *L = &md->layer_list[i];
+        const struct cdp_layer_def *d = cdp_layer_def(L->type);
+        char at[64];
+        if (L->type == CDP_LAYER_LINEAR && L->split == CDP_TSPLIT_COLUMN) {
+            snprintf(at, sizeof at, "/model/layers/%d/split", i);
+            if (open >= 0)
+                return cdp_json_fail(&c->in, at, "\"column\", but the slice of the column split of layer %d has not "
+                                     "been summed by a \"row\" split linear yet", open);
+            snprintf(at, sizeof at, "/model/layers/%d/out", i);
+            if (pd->tensor != CDP_AUTO && L->out % pd->tensor)
+                return cdp_json_fail(&c->in, at, "%lld is not a multiple of /parallel/tensor %lld (a column split "
+                                     "holds out / tensor rows a rank)", (long long)L->out, (long long)pd->tensor);
+            open = i;
+        } else if (L->type == CDP_LAYER_LINEAR && L->split == CDP_TSPLIT_ROW) {
+            snprintf(at, sizeof at, "/model/layers/%d/split", i);
+            if (open < 0)
+                return cdp_json_fail(&c->in, at, "\"row\" needs a \"column\" split linear before it, with only "
+                                     "relu, gelu or silu between (its input is the column's slice)");
+            open = -1;
+        } else if (open >= 0 && (L->type == CDP_LAYER_LINEAR || !d->tensor_ok)) {
+            snprintf(at, sizeof at, "/model/layers/%d", i);
+            return cdp_json_fail(&c->in, at, "%s gets the slice of the column split of layer %d; only relu, gelu "
+                                 "or silu may pass it on, to a \"row\" split linear", d->name, open);
+        }
+    }
+    if (open >= 0) {
+        char at[64];
+        snprintf(at, sizeof at, "/model/layers/%d/split", open);
+        return cdp_json_fail(&c->in, at, "\"column\", but its slice reaches the end of the model; a \"row\" split "
+                             "linear must sum it");
+    }
+    if (pd->tensor == 1 || pd->tensor == CDP_AUTO) return CDP_OK;
+    char types[256];
+    tensor_types(types, sizeof types);
+    if (md->kind == CDP_MODEL_GPT)
+        return cdp_json_fail(&c->in, "/parallel/tensor",
+                             "%lld, but the %s model's layers (embedding, blocks, head) do not split over a "
+                             "tensor group yet; the layer types that run with tensor above 1 today: %s "
+                             "(docs/parallelism.md)",
+                             (long long)pd->tensor, md->preset, types);
+    for (int i = 0; i < md->n_layers; i++) {
+        const struct cdp_layer_def *d = cdp_layer_def(md->layer_list[i].type);
+        if (d->tensor_ok) continue;
+        char where[64];
+        if (md->kind == CDP_MODEL_LAYERS) snprintf(where, sizeof where, "/model/layers/%d", i);
+        else snprintf(where, sizeof where, "/model/preset");
+        return cdp_json_fail(&c->in, where,
+                             "%s (layer %d) does not split over /parallel/tensor %lld yet; the layer types "
+                             "that run with tensor above 1 today: %s (docs/parallelism.md)",
+                             d->name, i, (long long)pd->tensor, types);
+    }
+    return CDP_OK;
+}
+
 cdp_status cdp_plan_load_parallel(struct ld *c, const json_t *v)
 {
     struct cdp_parallel_desc *pd = &c->p->parallel;
@@ -393,6 +469,7 @@ cdp_status cdp_plan_load_parallel(struct ld *c, const json_t *v)
         if ((st = cdp_json_check_keys(&c->in, v, P, parallel_keys, "/parallel"))) return st;
         if ((st = cdp_json_get_int(&c->in, v, P, "stages", 1, MAX_COUNT, 1, &pd->stages))) return st;
         if ((st = cdp_json_get_int(&c->in, v, P, "replicas", 1, MAX_COUNT, 1, &pd->replicas))) return st;
+        if ((st = cdp_json_get_int(&c->in, v, P, "tensor", 1, CDP_PLAN_MAX_TENSOR_GROUP, 1, &pd->tensor))) return st;
         if ((st = cdp_json_get_int(&c->in, v, P, "micro_batches", 1, CDP_PLAN_MAX_MICRO_BATCHES, 1, &pd->micro_batches)))
             return st;
         const json_t *sj = json_object_get(v, "schedule");
@@ -458,6 +535,7 @@ cdp_status cdp_plan_load_parallel(struct ld *c, const json_t *v)
     if (pd->zero == 2 && !cdp_plan_zero2_allowed(c->p, why, sizeof why))
         return cdp_json_fail(&c->in, "/parallel/zero", "%s", why);
     if ((st = check_shares(c))) return st;
+    if ((st = check_tensor_layers(c))) return st;
     if ((st = batch_arithmetic(c))) return st;
     if (named && named->mb_multiple_of_stages && pd->stages != CDP_AUTO && pd->micro_batches != CDP_AUTO &&
         pd->micro_batches % pd->stages)

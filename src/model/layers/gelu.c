@@ -35,6 +35,7 @@ const struct cdp_layer_def cdp_layer_gelu = {
     .type = CDP_LAYER_GELU,
     .name = "gelu",
     .listable = 1,
+    .tensor_ok = 1,
     .keys = keys,
     .cost = cost,
     .forward = forward,

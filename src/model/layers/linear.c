@@ -1,13 +1,40 @@
-/* linear: y = x W^T + b over the last dimension. Keys: out (required), bias. */
+/* linear: y = x W^T + b over the last dimension. Keys: out (required), bias,
+ * split. Split over a tensor group of t (docs/parallelism.md, Megatron-LM's
+ * column- and row-parallel linear layers): "column": rank k holds rows
+ * [k out/t, (k+1) out/t) of W and of b and computes that slice of y; its
+ * input gradient is a partial sum, all-reduced over the group. "row": rank k
+ * holds the matching columns of W (its input is the slice a column split
+ * made) and the whole b; y is the group's sum of the partial products, with b
+ * added once; its backward needs no collective. */
 #include "model/layers/common.h"
 
-static const char *const keys[] = {"out", "bias", NULL};
+static const char *const keys[] = {"out", "bias", "split", NULL};
+static const char *const split_names[] = {"none", "column", "row", NULL};
+CDP_TABLE_CHECK(split_names, CDP_TSPLIT_COUNT + 1);
 
 static cdp_status parse(const struct cdp_json_in *in, const json_t *v, const char *ptr, const char *who,
                         struct cdp_layer_desc *L)
 {
     cdp_status st = cdp_layer_get_required_int(in, v, ptr, "out", 1, who, &L->out);
-    return st ? st : cdp_json_get_bool(in, v, ptr, "bias", &L->bias);
+    if (!st) st = cdp_json_get_bool(in, v, ptr, "bias", &L->bias);
+    int split = CDP_TSPLIT_NONE;
+    if (!st) st = cdp_json_get_enum(in, v, ptr, "split", split_names, &split);
+    L->split = (enum cdp_tensor_split)split;
+    return st;
+}
+
+/* The unit's output width (a column split's slice) and input width (a row split's). */
+static int64_t out_of(const struct cdp_unit *u) { return cdp_shape_last(&u->out); }
+static int64_t in_of(const struct cdp_unit *u) { return cdp_shape_last(&u->in); }
+
+/* y (N x n) summed over the tensor group, in place */
+static cdp_status group_sum(const struct cdp_unit *u, float *y, int64_t n)
+{
+    if (u->tp_size <= 1) return CDP_OK;
+    if (!u->tp || !u->tp->all_reduce)
+        return cdp_fail(CDP_ERR_INTERNAL, "linear unit %d: split over %d ranks but has no tensor group", u->index,
+                        u->tp_size);
+    return u->tp->all_reduce(u->tp->ctx, y, n);
 }
 
 static int shape(const struct cdp_layer_desc *L, const struct cdp_shape *in, struct cdp_shape *out, char *why,
@@ -26,39 +53,56 @@ static int64_t params(const struct cdp_layer_desc *L, const struct cdp_shape *in
 
 static int emit(const struct cdp_layer_desc *L, json_t *o)
 {
-    return json_object_set_new(o, "out", CDP_JINT(L->out)) | json_object_set_new(o, "bias", json_boolean(L->bias));
+    return json_object_set_new(o, "out", CDP_JINT(L->out)) | json_object_set_new(o, "bias", json_boolean(L->bias)) |
+           (L->split ? json_object_set_new(o, "split", json_string(split_names[L->split])) : 0);
 }
 
 static void describe(const struct cdp_layer_desc *L, char *buf, size_t cap)
 {
-    snprintf(buf, cap, " out %lld%s", (long long)L->out, L->bias ? "" : ", no bias");
+    snprintf(buf, cap, " out %lld%s%s%s", (long long)L->out, L->bias ? "" : ", no bias", L->split ? ", split " : "",
+             L->split ? split_names[L->split] : "");
 }
 
+/* The whole W and b as one rank has them (so each slice is initialised as
+ * that rank's part of the same values), then this rank's slice. */
 static void build(struct cdp_unit *u, const struct cdp_model_desc *m)
 {
     (void)m;
-    cdp_unit_add_linear_params(u, "", u->desc.out, cdp_shape_last(&u->in), u->desc.bias, 0, 0.0f);
+    const int t = u->tp_size > 1 ? u->tp_size : 1, split = t > 1 ? u->desc.split : CDP_TSPLIT_NONE;
+    const int64_t in = cdp_shape_last(&u->in) * (split == CDP_TSPLIT_ROW ? t : 1);
+    cdp_unit_add_linear_params(u, "", u->desc.out, in, u->desc.bias, 0, 0.0f);
+    if (split == CDP_TSPLIT_COLUMN) {
+        cdp_param_shard(u, 0, 0, t, u->tp_index);
+        if (u->desc.bias) cdp_param_shard(u, 1, 0, t, u->tp_index);
+    } else if (split == CDP_TSPLIT_ROW) {
+        cdp_param_shard(u, 0, 1, t, u->tp_index);
+    }
 }
 
 static void cost(struct cdp_unit *u)
 {
-    const double rows = (double)cdp_shape_rows(&u->in), last = (double)cdp_shape_last(&u->in);
-    u->fwd_flops = 2.0 * rows * last * (double)u->desc.out;
-    u->bwd_flops = 4.0 * rows * last * (double)u->desc.out;
+    const double rows = (double)cdp_shape_rows(&u->in), last = (double)in_of(u), out = (double)out_of(u);
+    u->fwd_flops = 2.0 * rows * last * out;
+    u->bwd_flops = 4.0 * rows * last * out;
     u->act_floats = u->out_floats;
     /* W: dw += dout^T . in (and db) from a copy of the output gradient */
-    u->bwd_weight_flops = 2.0 * rows * last * (double)u->desc.out;
+    u->bwd_weight_flops = 2.0 * rows * last * out;
     u->wstate_floats = u->out_floats;
 }
+
+static int row_split(const struct cdp_unit *u) { return u->tp_size > 1 && u->desc.split == CDP_TSPLIT_ROW; }
+static int column_split(const struct cdp_unit *u) { return u->tp_size > 1 && u->desc.split == CDP_TSPLIT_COLUMN; }
 
 static cdp_status forward(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p, const void *in,
                           float *act, float *tail, float *scratch, int B)
 {
     (void)tail;
     (void)scratch;
-    K(linear_fwd, act, (const float *)in, p[0], u->desc.bias ? p[1] : NULL, (int)(B * cdp_shape_rows(&u->in)),
-      (int)cdp_shape_last(&u->in), (int)u->desc.out);
-    return CDP_OK;
+    const int64_t N = B * cdp_shape_rows(&u->in);
+    /* row split: the group's sum of partial products, the bias added once (by index 0) */
+    const float *bias = u->desc.bias && (!row_split(u) || u->tp_index == 0) ? p[1] : NULL;
+    K(linear_fwd, act, (const float *)in, p[0], bias, (int)N, (int)in_of(u), (int)out_of(u));
+    return row_split(u) ? group_sum(u, act, N * out_of(u)) : CDP_OK;
 }
 
 static cdp_status backward(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p,
@@ -67,9 +111,11 @@ static cdp_status backward(const struct cdp_kernels *k, const struct cdp_unit *u
 {
     (void)tail;
     (void)act, (void)scratch;
-    K(linear_bwd, din, g[0], u->desc.bias ? g[1] : NULL, dout, (const float *)in, p[0],
-      (int)(B * cdp_shape_rows(&u->in)), (int)cdp_shape_last(&u->in), (int)u->desc.out);
-    return CDP_OK;
+    const int64_t N = B * cdp_shape_rows(&u->in);
+    K(linear_bwd, din, g[0], u->desc.bias ? g[1] : NULL, dout, (const float *)in, p[0], (int)N, (int)in_of(u),
+      (int)out_of(u));
+    /* column split: each rank's din is its slice's part of the sum */
+    return din && column_split(u) ? group_sum(u, din, N * in_of(u)) : CDP_OK;
 }
 
 /* B: din with the weight outputs NULL; the output gradient kept for W */
@@ -79,10 +125,11 @@ static cdp_status backward_input(const struct cdp_kernels *k, const struct cdp_u
 {
     (void)act, (void)tail, (void)scratch;
     const int N = (int)(B * cdp_shape_rows(&u->in));
-    K(copy, ws, dout, (size_t)N * u->desc.out * sizeof *ws);
-    if (din) K(linear_bwd, din, NULL, NULL, dout, (const float *)in, p[0], N, (int)cdp_shape_last(&u->in),
-               (int)u->desc.out);
-    return CDP_OK;
+    K(copy, ws, dout, (size_t)N * out_of(u) * sizeof *ws);
+    if (!din) return CDP_OK;
+    K(linear_bwd, din, NULL, NULL, dout, (const float *)in, p[0], N, (int)in_of(u), (int)out_of(u));
+    /* the group's collective is B's, W has none */
+    return column_split(u) ? group_sum(u, din, (int64_t)N * in_of(u)) : CDP_OK;
 }
 
 /* W: dw and db with din NULL, from that copy */
@@ -92,7 +139,7 @@ static cdp_status backward_weight(const struct cdp_kernels *k, const struct cdp_
 {
     (void)act, (void)tail, (void)dout, (void)scratch;
     K(linear_bwd, NULL, g[0], u->desc.bias ? g[1] : NULL, ws, (const float *)in, p[0],
-      (int)(B * cdp_shape_rows(&u->in)), (int)cdp_shape_last(&u->in), (int)u->desc.out);
+      (int)(B * cdp_shape_rows(&u->in)), (int)in_of(u), (int)out_of(u));
     return CDP_OK;
 }
 
@@ -100,6 +147,7 @@ const struct cdp_layer_def cdp_layer_linear = {
     .type = CDP_LAYER_LINEAR,
     .name = "linear",
     .listable = 1,
+    .tensor_ok = 1,
     .keys = keys,
     .parse = parse,
     .shape = shape,

@@ -34,6 +34,7 @@ const struct cdp_layer_def cdp_layer_relu = {
     .type = CDP_LAYER_RELU,
     .name = "relu",
     .listable = 1,
+    .tensor_ok = 1,
     .keys = keys,
     .cost = cost,
     .forward = forward,

@@ -1,0 +1,29 @@
+/* A tensor group as the layer types see it (docs/parallelism.md): the t
+ * ranks that hold one stage of one replica, each a slice of its split layers.
+ * The model layer has no communicator (docs/layout.md): the executor fills
+ * this with its tensor communicator's collective; everywhere else (the
+ * planner, one rank, t = 1) a unit has none. */
+#ifndef CDP_MODEL_TENSOR_GROUP_H
+#define CDP_MODEL_TENSOR_GROUP_H
+
+#include <stdint.h>
+
+#include "cdp/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct cdp_tensor_group {
+    int size, index; /* t, and this rank's index in the group */
+    /* Sums buf (n floats, in the memory of the rank's device) over the group,
+     * in place, the same on every rank; returns when buf holds the sum. */
+    cdp_status (*all_reduce)(void *ctx, float *buf, int64_t n);
+    void *ctx; /* the executor's (not owned) */
+};
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
