@@ -72,13 +72,24 @@ up)
     # holders in sessions of their own: a signal to the caller's process group leaves them for `down`
     setsid unshare --net sh -c 'ip link set lo up; ip link add br0 type bridge; ip link set br0 up; exec sleep 1000000' </dev/null >/dev/null 2>&1 &
     echo $! > "$dir/pid.bridge"
+    # a checkout or cluster folder under /tmp would be hidden by a host's
+    # private /tmp: the machine's /tmp is bound on /mnt for a moment, each
+    # such top folder bound back from there, and /mnt let go
+    keep= pre= post=
+    for p in "$dir" "$(dirname "$(dirname "$(dirname "$self")")")"; do
+        p=$(readlink -f "$p")
+        case "$p" in /tmp/?*) t=${p#/tmp/}; t=/tmp/${t%%/*}
+            case "$keep" in *"'$t'"*) ;; *) keep="$keep mkdir -p '$t' && mount --bind '/mnt${t#/tmp}' '$t' &&" ;; esac ;;
+        esac
+    done
+    [ -z "$keep" ] || { pre="mount --bind /tmp /mnt &&"; post="umount /mnt &&"; }
     for k in $(seq 0 $((n - 1))); do
         mkdir -p "$dir/h$k"
         # a host: hostname, private /tmp, /dev/shm and node-local /mnt, no IPv6
         # (Open MPI takes every address of the subnet's interface, the IPv6
         # link-local one too, tentative for its first seconds), then wait
         setsid unshare --net --uts --mount --propagation private sh -c "
-            hostname h$k && mount -t tmpfs -o size=1g,mode=1777 cdp-tmp /tmp &&
+            hostname h$k && $pre mount -t tmpfs -o size=1g,mode=1777 cdp-tmp /tmp && $keep $post
             mount -t tmpfs -o size=256m cdp-shm /dev/shm && mount -t tmpfs -o size=512m cdp-local /mnt &&
             { sysctl -qw net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1 2>/dev/null || :; } &&
             ip link set lo up && touch '$dir/h$k/ready' && exec sleep 1000000" </dev/null >/dev/null 2>"$dir/h$k/log" &
