@@ -419,6 +419,21 @@ struct wrec {
     int64_t shard_dim, shard_full, shard_off; /* a tensor group's slice (cdp_param_desc), shard_dim -1: whole */
 };
 
+/* Doubles the tensor list and its list of owned buffers (the new entries
+ * NULL); nonzero when out of memory (what was there stays valid). */
+static int grow(struct cdp_safetensors_tensor **ts, void ***owned, size_t *cap)
+{
+    struct cdp_safetensors_tensor *nt = realloc(*ts, 2 * *cap * sizeof **ts);
+    if (!nt) return 1;
+    *ts = nt;
+    void **no = realloc(*owned, 2 * *cap * sizeof **owned);
+    if (!no) return 1;
+    *owned = no;
+    memset(no + *cap, 0, *cap * sizeof *no);
+    *cap *= 2;
+    return 0;
+}
+
 /* The whole tensor of a slice's record, made (zeroed) the first time one of
  * its slices comes, in ts[*n] (its storage in owned[*n]); -1: out of memory. */
 static int whole_of(struct cdp_safetensors_tensor *ts, void **owned, size_t *n, const char *name,
@@ -474,17 +489,9 @@ cdp_status cdp_exec_write_weights(struct exec *e)
             struct wrec w;
             memcpy(&w, c, sizeof w);
             if (w.shard_dim >= 0) { /* a slice: its place in the whole (the group's ranks send them all) */
-                if (n == cap) {
-                    struct cdp_safetensors_tensor *nt = realloc(ts, 2 * cap * sizeof *ts);
-                    if (nt) ts = nt;
-                    void **no = nt ? realloc(owned, 2 * cap * sizeof *owned) : NULL;
-                    if (!no) {
-                        oom = 1;
-                        break;
-                    }
-                    owned = no;
-                    memset(owned + cap, 0, cap * sizeof *owned);
-                    cap *= 2;
+                if (n == cap && grow(&ts, &owned, &cap)) {
+                    oom = 1;
+                    break;
                 }
                 const int j = whole_of(ts, owned, &n, c, &w);
                 if (j < 0) {
@@ -501,17 +508,9 @@ cdp_status cdp_exec_write_weights(struct exec *e)
             int dup = 0;
             for (size_t j = 0; j < n; j++) dup |= !strcmp(ts[j].name, c);
             if (!dup) {
-                if (n == cap) {
-                    struct cdp_safetensors_tensor *nt = realloc(ts, 2 * cap * sizeof *ts);
-                    if (nt) ts = nt;
-                    void **no = nt ? realloc(owned, 2 * cap * sizeof *owned) : NULL;
-                    if (!no) {
-                        oom = 1;
-                        break;
-                    }
-                    owned = no;
-                    memset(owned + cap, 0, cap * sizeof *owned);
-                    cap *= 2;
+                if (n == cap && grow(&ts, &owned, &cap)) {
+                    oom = 1;
+                    break;
                 }
                 /* the name stays inside `all` (name[] is the record's first field: read through c, as a
                  * record after a tensor of an odd count of floats is not 8-byte aligned); the header
