@@ -203,6 +203,17 @@ static cdp_status get_input(struct ld *c, const json_t *m, size_t min_n, size_t 
     md->input_ndim = (int)n;
     return CDP_OK;
 }
+/* /model/unused_tensors, when the model has it. */
+static cdp_status read_unused_tensors(struct ld *c, const json_t *m, struct cdp_model_desc *md)
+{
+    const json_t *unused = json_object_get(m, "unused_tensors");
+    int ui = 0;
+    if (!unused) return CDP_OK;
+    cdp_status st = cdp_json_enum(&c->in, unused, "/model/unused_tensors", cdp_plan_unused_tensors_names, &ui);
+    if (!st) md->unused_tensors = (enum cdp_unused_tensors)ui;
+    return st;
+}
+
 
 /* /model/from: a Hugging Face model folder (model/hf.h): its config.json
  * gives the model, its safetensors the weights; the plan's own keys may only
@@ -235,13 +246,7 @@ static cdp_status load_from(struct ld *c, const json_t *m, const json_t *from, s
     snprintf(config, sizeof config, "%s/config.json", dir);
     free(dir);
     if ((st = cdp_hf_plan_keys(&c->in, m, config, md))) return st;
-    const json_t *unused = json_object_get(m, "unused_tensors");
-    if (unused) {
-        int ui = 0;
-        if ((st = cdp_json_enum(&c->in, unused, "/model/unused_tensors", cdp_plan_unused_tensors_names, &ui)))
-            return st;
-        md->unused_tensors = (enum cdp_unused_tensors)ui;
-    }
+    if ((st = read_unused_tensors(c, m, md))) return st;
     return CDP_OK;
 }
 
@@ -323,13 +328,7 @@ cdp_status cdp_plan_load_model(struct ld *c, const json_t *m)
             return cdp_json_expected(&c->in, "/model/weights", "a safetensors file path or null", weights);
         if ((st = cdp_plan_get_existing_file(c, weights, "/model/weights", &md->weights))) return st;
     }
-    const json_t *unused = json_object_get(m, "unused_tensors");
-    if (unused) {
-        int ui = 0;
-        if ((st = cdp_json_enum(&c->in, unused, "/model/unused_tensors", cdp_plan_unused_tensors_names, &ui)))
-            return st;
-        md->unused_tensors = (enum cdp_unused_tensors)ui;
-    }
+    if ((st = read_unused_tensors(c, m, md))) return st;
     if (preset) {
         int pi = 0;
         if ((st = cdp_json_enum(&c->in, preset, "/model/preset", preset_names, &pi))) return st;
