@@ -568,10 +568,12 @@ Test(layout, a_two_node_layout_trains_on_its_nodes, .timeout = 120)
     snprintf(plan, sizeof plan, "%s", cell_plan(dir, "two", &c, ", \"nodes\": 2"));
     setenv("OMPI_MCA_plm_rsh_agent", agent, 1);
     setenv("OMPI_MCA_btl", "self,tcp", 1); /* the nodes share no memory segment */
+    setenv("CDP_FAKE_SSH_TMP", dir, 1);     /* each "node" its own session folder */
     struct cdp_run r;
     cr_assert_eq(cdp_test_run(&r, (const char *[]){"--plan", plan, "--hostfile", hostpath, NULL}), 0);
     unsetenv("OMPI_MCA_plm_rsh_agent");
     unsetenv("OMPI_MCA_btl");
+    unsetenv("CDP_FAKE_SSH_TMP");
     cr_assert_eq(r.exit_code, 0, "%s", r.err);
     cdp_test_run_free(&r);
     snprintf(path, sizeof path, "%s/two.jsonl", dir);
