@@ -17,13 +17,15 @@
 
 enum {
     MODEL_MLP = 0, MODEL_GPT = 1, MODEL_SILU = 2, MODEL_LLAMA = 3, MODEL_LLAMA_TIED = 4, MODEL_SPLIT = 5,
-    MODEL_GPT_T = 6, MODEL_GPT_T_TIED = 7, MODEL_LLAMA_T = 8 /* heads that split over 4 ranks */
+    MODEL_GPT_T = 6, MODEL_GPT_T_TIED = 7, MODEL_LLAMA_T = 8, /* heads that split over 4 ranks */
+    MODEL_LLAMA_LIST = 9                                       /* the Llama types in a layer list */
 };
 
 static const char *model_name(int model)
 {
     static const char *const names[] = {"mlp", "gpt", "silu", "llama", "llama (tied)", "mlp (split linears)",
-                                        "gpt (4 heads)", "gpt (4 heads, tied)", "llama (4 kv heads)"};
+                                        "gpt (4 heads)", "gpt (4 heads, tied)", "llama (4 kv heads)",
+                                        "llama types in a list"};
     return names[model];
 }
 
@@ -78,6 +80,12 @@ static void write_plan(const char *dir, const char *name, const struct layout *l
         : l->model == MODEL_LLAMA_T
         ? "\"model\": {\"preset\": \"llama\", \"vocab\": 32, \"context\": 8, \"layers\": 4, \"heads\": 4, "
           "\"kv_heads\": 4, \"dim\": 16, \"hidden\": 24}"
+        : l->model == MODEL_LLAMA_LIST
+        ? "\"model\": {\"input\": [8], \"layers\": [{\"type\": \"embedding\", \"vocab\": 32, \"dim\": 16}, "
+          "{\"type\": \"rmsnorm\"}, {\"type\": \"rotary_attention\", \"heads\": 4, \"kv_heads\": 2}, {\"type\": "
+          "\"rmsnorm\"}, {\"type\": \"swiglu_mlp\", \"hidden\": 24}, {\"type\": \"llama_block\", \"heads\": 4, "
+          "\"kv_heads\": 2, \"hidden\": 24}, {\"type\": \"rmsnorm\"}, {\"type\": \"linear\", \"out\": 32, "
+          "\"bias\": false}]}"
         : l->model == MODEL_SILU
         ? "\"model\": {\"input\": [12], \"layers\": [{\"type\": \"linear\", \"out\": 32}, {\"type\": \"silu\"}, "
           "{\"type\": \"linear\", \"out\": 24}, {\"type\": \"silu\"}, {\"type\": \"linear\", \"out\": 5}]}"
@@ -316,6 +324,8 @@ ParameterizedTestParameters(pipeline, tensor_layouts_equal_one_rank)
     grid[n++] = (struct layout){MODEL_LLAMA, 2, 2, 4, 1, "1f1b", "", 0, "full", 2, 2};
     grid[n++] = (struct layout){MODEL_LLAMA_T, 1, 1, 2, 1, "1f1b", "", 0, "", 0, 4};
     grid[n++] = (struct layout){MODEL_LLAMA_T, 2, 1, 4, 2, "interleaved", "", 0, "", 0, 2};
+    grid[n++] = (struct layout){MODEL_LLAMA_LIST, 2, 1, 4, 1, "zb-h1", "", 0, "full", 0, 2};
+    grid[n++] = (struct layout){MODEL_LLAMA_LIST, 1, 2, 2, 1, "1f1b", "", 0, "selective", 1, 2};
     CDP_ASSERT((size_t)n <= sizeof grid / sizeof grid[0]);
     return cr_make_param_array(struct layout, grid, cdp_test_sample_cells(grid, (size_t)n, sizeof grid[0]));
 }
