@@ -24,7 +24,7 @@ enum {
 static const char *model_name(int model)
 {
     static const char *const names[] = {"mlp", "gpt", "silu", "llama", "llama (tied)", "mlp (split linears)",
-                                        "gpt (4 heads)", "gpt (4 heads, tied)", "llama (4 kv heads)",
+                                        "gpt (4 heads, untied)", "gpt (4 heads, tied)", "llama (4 kv heads)",
                                         "llama types in a list"};
     return names[model];
 }
@@ -73,7 +73,8 @@ static void write_plan(const char *dir, const char *name, const struct layout *l
         : l->model == MODEL_SPLIT
         ? SPLIT_MLP
         : l->model == MODEL_GPT_T
-        ? "\"model\": {\"preset\": \"gpt\", \"vocab\": 32, \"context\": 8, \"layers\": 4, \"heads\": 4, \"embed\": 16}"
+        ? "\"model\": {\"preset\": \"gpt\", \"vocab\": 32, \"context\": 8, \"layers\": 4, \"heads\": 4, \"embed\": 16, "
+          "\"tie_embeddings\": false}"
         : l->model == MODEL_GPT_T_TIED
         ? "\"model\": {\"preset\": \"gpt\", \"vocab\": 32, \"context\": 8, \"layers\": 4, \"heads\": 4, \"embed\": 16, "
           "\"tie_embeddings\": true}"
