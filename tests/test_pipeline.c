@@ -1365,3 +1365,48 @@ Test(pipeline, tensor_block_checkpoints_resume_at_t1_and_export, .timeout = 240)
         cr_log_info("gpt checkpoint of t=2 resumed at t=%d: worst weight error %.3g", runs[i].t, e);
     }
 }
+
+/* A weights file (/model/weights: whole tensors) loads into tensor groups as
+ * each rank's slices: training from it at t = 2 equals training from it on
+ * one rank (docs/parallelism.md). */
+Test(pipeline, tensor_groups_start_from_a_weights_file, .timeout = 120)
+{
+    need_mpi();
+    char dir[4096], path[4300], a[4300], b[4300];
+    snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
+    struct layout l = {MODEL_GPT_T, 1, 1, 2, 1, "1f1b", "", 0, "", 0, 2};
+    write_plan(dir, "init", &l, 1); /* its weights are the start of the others */
+    snprintf(path, sizeof path, "%s/init.json", dir);
+    run_ok(path);
+    for (int i = 0; i < 2; i++) {
+        const char *name = i ? "pipe" : "one";
+        write_plan(dir, name, &l, i == 0);
+        snprintf(path, sizeof path, "%s/%s.json", dir, name);
+        char *text = cdp_test_read_file(path), *at = text ? strstr(text, "\"embed\": 16") : NULL;
+        cr_assert_not_null(at);
+        char json[4096];
+        snprintf(json, sizeof json, "%.*s\"embed\": 16, \"weights\": \"init.safetensors\"%s", (int)(at - text), text,
+                 at + strlen("\"embed\": 16"));
+        free(text);
+        char file[64];
+        snprintf(file, sizeof file, "%s.json", name);
+        cdp_test_write_file(dir, file, json);
+        run_ok(path);
+    }
+    double la[8], lb[8];
+    snprintf(a, sizeof a, "%s/one.jsonl", dir);
+    snprintf(b, sizeof b, "%s/pipe.jsonl", dir);
+    cr_assert_eq(read_losses(a, la, 8), 3);
+    cr_assert_eq(read_losses(b, lb, 8), 3);
+    snprintf(path, sizeof path, "%s/init.jsonl", dir);
+    double li[8];
+    cr_assert_eq(read_losses(path, li, 8), 3);
+    cr_assert_neq(la[0], li[0], "the runs start from the loaded weights, not the seed's");
+    for (int i = 0; i < 3; i++)
+        cr_assert_leq(fabs(la[i] - lb[i]), 1e-5 * fabs(la[i]), "step %d loss %.9g at t=2, %.9g on one rank", i + 1,
+                      lb[i], la[i]);
+    snprintf(a, sizeof a, "%s/one.safetensors", dir);
+    snprintf(b, sizeof b, "%s/pipe.safetensors", dir);
+    const double e = compare_weights(a, b);
+    cr_assert_leq(e, 1e-5, "weights differ by %.3g", e);
+}
