@@ -5,7 +5,7 @@
  * usage: comm_probe world|split|allreduce|p2p|gather|barrier|timeout|errors|
  *                   bigmsg|allreduce_timeout|abort|kill|bcast|bcast_timeout|
  *                   nccl_refused|nccl_fake|nccl|nccl_timeout|zero|zero_timeout|
- *                   layout_mismatch|iallreduce
+ *                   layout_mismatch|iallreduce|tensor_group
  * (nccl and nccl_timeout need one GPU per rank; nccl_fake loads the stand-in
  * CUDA module of tests/fake-cuda; the others run anywhere) */
 #include <dlfcn.h>
@@ -28,6 +28,7 @@
 #include "comm/nccl.h"
 #include "fake-cuda/fake_stats.h"
 #include "pipeline/layout.h"
+#include "pipeline/run/exec_internal.h"
 
 static cdp_comm_t world;
 static int R, N;
@@ -1102,6 +1103,79 @@ static void scen_iallreduce(void)
     CHECK(0, "rank 0 should have ended the job");
 }
 
+static float tg_val(int k, int64_t i) { return (float)((k + 1) * 1000 + i); } /* exact in float, and their sums */
+
+/* The executor's tensor group (cdp_exec_tensor_group) on a communicator of
+ * size ranks: its all-reduce sums, its reduce-scatter leaves rank k part k of
+ * the sum (n/size floats in rank order), its all-gather makes every rank's
+ * part whole everywhere, and a count size does not divide is refused before
+ * any traffic. */
+static void tensor_group_checks(cdp_comm_t c, int size)
+{
+    struct exec e;
+    memset(&e, 0, sizeof e);
+    e.tpc = c;
+    e.timeout = 30;
+    const struct cdp_tensor_group tg = cdp_exec_tensor_group(&e);
+    const int k = cdp_comm_rank(c);
+    CHECK(tg.size == size && tg.index == k && tg.ctx == &e, "size %d index %d, expected %d and %d", tg.size,
+          tg.index, size, k);
+    CHECK(tg.all_reduce && tg.reduce_scatter && tg.all_gather, "a collective missing");
+    const int64_t per = 5, n = per * size;
+    float *b = malloc((size_t)(n + 1) * sizeof *b);
+    CHECK(b, "memory");
+    for (int64_t i = 0; i < n; i++) b[i] = tg_val(k, i);
+    OK(tg.all_reduce(tg.ctx, b, n));
+    for (int64_t i = 0; i < n; i++) {
+        float want = 0;
+        for (int j = 0; j < size; j++) want += tg_val(j, i);
+        CHECK(b[i] == want, "%d ranks: all-reduce [%lld] = %g, expected %g", size, (long long)i, (double)b[i],
+              (double)want);
+    }
+    for (int64_t i = 0; i < n; i++) b[i] = tg_val(k, i);
+    OK(tg.reduce_scatter(tg.ctx, b, n));
+    for (int64_t i = k * per; i < (k + 1) * per; i++) {
+        float want = 0;
+        for (int j = 0; j < size; j++) want += tg_val(j, i);
+        CHECK(b[i] == want, "%d ranks: rank %d's part [%lld] = %g after the reduce-scatter, expected %g", size, k,
+              (long long)i, (double)b[i], (double)want);
+    }
+    for (int64_t i = 0; i < n; i++) b[i] = i / per == k ? tg_val(k, i) : -12345.5f;
+    OK(tg.all_gather(tg.ctx, b, n));
+    for (int64_t i = 0; i < n; i++)
+        CHECK(b[i] == tg_val((int)(i / per), i), "%d ranks: all-gather [%lld] = %g, expected rank %lld's %g", size,
+              (long long)i, (double)b[i], (long long)(i / per), (double)tg_val((int)(i / per), i));
+    if (size > 1) {
+        CHECK(tg.reduce_scatter(tg.ctx, b, n + 1) == CDP_ERR_INVALID &&
+                  strstr(cdp_last_error(), "not") && strstr(cdp_last_error(), "equal parts"),
+              "%s", cdp_last_error());
+        CHECK(tg.all_gather(tg.ctx, b, n - 1) == CDP_ERR_INVALID && strstr(cdp_last_error(), "equal parts"), "%s",
+              cdp_last_error());
+    }
+    free(b);
+    /* the group still works after the refusals: nothing was sent */
+    float one = 1;
+    OK(tg.all_reduce(tg.ctx, &one, 1));
+    CHECK(one == (float)size, "sum of ones %g on %d ranks", (double)one, size);
+}
+
+/* Tensor groups as the executor splits them (color: the group, key: the
+ * index): the whole job, pairs, and single ranks. */
+static void scen_tensor_group(void)
+{
+    const int sizes[] = { N, 2, 1 };
+    for (size_t q = 0; q < sizeof sizes / sizeof *sizes; q++) {
+        const int size = sizes[q];
+        if (size > N || N % size) continue;
+        cdp_comm_t c = NULL;
+        OK(cdp_comm_split(world, R / size, R % size, &c));
+        CHECK(c && cdp_comm_size(c) == size && cdp_comm_rank(c) == R % size, "group of %d", size);
+        tensor_group_checks(c, size);
+        cdp_comm_free(c);
+    }
+    OK(cdp_comm_barrier(world, 30));
+}
+
 static const struct {
     const char *name;
     void (*run)(void);
@@ -1117,6 +1191,7 @@ static const struct {
     { "zero", scen_zero },       { "zero_timeout", scen_zero_timeout },
     { "layout_mismatch", scen_layout_mismatch },
     { "iallreduce", scen_iallreduce },
+    { "tensor_group", scen_tensor_group },
 };
 
 int main(int argc, char **argv)

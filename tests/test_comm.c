@@ -1025,6 +1025,12 @@ Test(comm, mpi_chunked_messages_allreduce_and_gather_np3)
  * 1 GiB does, and n = 1000, 1001 as pieces whose edges fall inside shards. */
 Test(comm, mpi_chunked_zero_np4_oversubscribed) { expect_ok(4, "zero", "CDP_COMM_CHUNK_BYTES=400"); }
 
+/* The executor's tensor group (model/tensor_group.h): all-reduce, and
+ * sequence parallelism's reduce-scatter and all-gather over equal parts in
+ * rank order, on groups of 4, 2 and 1 ranks split off one job. */
+Test(comm, mpi_tensor_group_collectives_np2) { expect_ok(2, "tensor_group", NULL); }
+Test(comm, mpi_tensor_group_collectives_np4_oversubscribed) { expect_ok(4, "tensor_group", NULL); }
+
 Test(comm, mpi_zero_deadlines_then_abort_np2, .timeout = 60)
 {
     skip_without_mpi();

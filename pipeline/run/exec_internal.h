@@ -173,6 +173,12 @@ extern char cdp_exec_where_buf[256];
 /* exec_setup.c: groups, device, schedule, chunks, data and trace of this rank
  * (in e->plan and e->lay); cdp_exec_free undoes it (partly built too). */
 cdp_status cdp_exec_setup(struct exec *e);
+/* The model's view of e->tpc (model/tensor_group.h): its all-reduce, and
+ * sequence parallelism's reduce-scatter and all-gather, on the device's
+ * memory through comm/'s collectives (MPI, or the nccl communicator), their
+ * time added to e->t_tensor, deadline e->timeout; size 1 and index 0 when
+ * e->tpc is NULL (t = 1). */
+struct cdp_tensor_group cdp_exec_tensor_group(struct exec *e);
 void cdp_exec_free(struct exec *e);
 /* The schedule of this replica's current share (e->m). */
 cdp_status cdp_exec_build_schedule(struct exec *e);

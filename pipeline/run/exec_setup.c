@@ -188,6 +188,48 @@ static cdp_status tensor_all_reduce(void *ctx, float *buf, int64_t n)
     return st;
 }
 
+/* n floats as t equal parts: comm/'s shards (cdp_comm_shard) are those
+ * exactly when t divides n. */
+static cdp_status tensor_parts(const struct exec *e, int64_t n, const char *what)
+{
+    const int t = e->tpc ? cdp_comm_size(e->tpc) : 1;
+    if (n < 0 || n % t)
+        return cdp_fail(CDP_ERR_INVALID, "tensor group %s of %lld floats: not %d equal parts", what, (long long)n, t);
+    return CDP_OK;
+}
+
+/* Sequence parallelism's pair over the tensor group, timed as communication
+ * like the all-reduce. */
+static cdp_status tensor_reduce_scatter(void *ctx, float *buf, int64_t n)
+{
+    struct exec *e = ctx;
+    cdp_status st = tensor_parts(e, n, "reduce-scatter");
+    if (st) return st;
+    const uint64_t t0 = cdp_time_ns();
+    st = cdp_comm_reduce_scatter_f32(e->tpc, buf, (size_t)n, CDP_REDUCE_SUM, e->timeout);
+    e->t_tensor += cdp_time_ns() - t0;
+    return st;
+}
+
+static cdp_status tensor_all_gather(void *ctx, float *buf, int64_t n)
+{
+    struct exec *e = ctx;
+    cdp_status st = tensor_parts(e, n, "all-gather");
+    if (st) return st;
+    const uint64_t t0 = cdp_time_ns();
+    st = cdp_comm_allgather_f32(e->tpc, buf, (size_t)n, e->timeout);
+    e->t_tensor += cdp_time_ns() - t0;
+    return st;
+}
+
+struct cdp_tensor_group cdp_exec_tensor_group(struct exec *e)
+{
+    const int t = e->tpc ? cdp_comm_size(e->tpc) : 1, k = e->tpc ? cdp_comm_rank(e->tpc) : 0;
+    return (struct cdp_tensor_group){.size = t, .index = k, .all_reduce = tensor_all_reduce,
+                                     .reduce_scatter = tensor_reduce_scatter, .all_gather = tensor_all_gather,
+                                     .ctx = e};
+}
+
 cdp_status cdp_exec_setup(struct exec *e)
 {
     const struct cdp_plan *p = e->plan;
@@ -254,7 +296,10 @@ cdp_status cdp_exec_setup(struct exec *e)
                              &e->tied)))
         return st;
     if ((st = cdp_comm_split(e->dev_world, t > 1 ? e->s * e->R + e->r : -1, k, &e->tpc))) return st;
-    e->tg = (struct cdp_tensor_group){.size = t, .index = k, .all_reduce = tensor_all_reduce, .ctx = e};
+    e->tg = cdp_exec_tensor_group(e);
+    if (e->tg.size != t || e->tg.index != k)
+        return cdp_fail(CDP_ERR_INTERNAL, "rank %d: tensor group of %d with index %d; the layout says %d and %d", e->rank,
+                        e->tg.size, e->tg.index, t, k);
     if ((st = cdp_exec_build_schedule(e))) return st;
 
     e->ch = calloc((size_t)e->v, sizeof *e->ch);

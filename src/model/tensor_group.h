@@ -19,6 +19,16 @@ struct cdp_tensor_group {
     /* Sums buf (n floats, in the memory of the rank's device) over the group,
      * in place, the same on every rank; returns when buf holds the sum. */
     cdp_status (*all_reduce)(void *ctx, float *buf, int64_t n);
+    /* Sequence parallelism's pair (docs/parallelism.md), on the same memory:
+     * buf holds n floats, n a multiple of size, seen as size equal parts in
+     * rank order. reduce_scatter sums buf over the group and leaves this
+     * rank's part [index n/size, (index + 1) n/size) holding the sum, the
+     * rest unspecified; all_gather copies every rank's part into the same
+     * place on the others, so that buf is whole everywhere (what it held
+     * outside this rank's part is overwritten). CDP_ERR_INVALID when n is not
+     * a multiple of size. */
+    cdp_status (*reduce_scatter)(void *ctx, float *buf, int64_t n);
+    cdp_status (*all_gather)(void *ctx, float *buf, int64_t n);
     void *ctx; /* the executor's (not owned) */
 };
 
