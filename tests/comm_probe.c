@@ -27,6 +27,7 @@
 #include "comm/comm.h"
 #include "comm/nccl.h"
 #include "fake-cuda/fake_stats.h"
+#include "model/layers.h"
 #include "pipeline/layout.h"
 #include "pipeline/run/exec_internal.h"
 
@@ -1105,6 +1106,67 @@ static void scen_iallreduce(void)
 
 static float tg_val(int k, int64_t i) { return (float)((k + 1) * 1000 + i); } /* exact in float, and their sums */
 
+/* Sequence parallelism's moves (cdp_unit_seq_gather, cdp_unit_seq_scatter)
+ * on the CPU kernels over tensor group tg of size ranks: B samples of T rows
+ * of C, rank k's shard rows [k T/t, (k + 1) T/t) of each. */
+static void seq_checks(const struct cdp_tensor_group *tg, int size)
+{
+    cdp_device_t dev = NULL;
+    OK(cdp_device_open(CDP_BACKEND_CPU, 0, 0, &dev));
+    const struct cdp_kernels kk = { cdp_device_ops(dev), cdp_device_kernel_state(dev) };
+    struct cdp_unit u;
+    memset(&u, 0, sizeof u);
+    u.desc.type = CDP_LAYER_TRANSFORMER_BLOCK;
+    u.index = 3;
+    u.tp_size = size;
+    u.tp_index = tg->index;
+    u.tp = tg;
+    const int B = 2, k = tg->index;
+    const int64_t T = 3 * size, C = 2, Tt = T / size, n = B * T * C;
+    float *full = malloc((size_t)n * sizeof *full), *stage = malloc((size_t)n * sizeof *stage);
+    float *shard = malloc((size_t)(B * Tt * C) * sizeof *shard);
+    CHECK(full && stage && shard, "memory");
+#define SEQ_VAL(j, b, row, c) ((float)((j) * 100000 + (b) * 1000 + (row) * 10 + (c)))
+    for (int b = 0; b < B; b++)
+        for (int64_t r = 0; r < Tt; r++)
+            for (int64_t c = 0; c < C; c++) shard[(b * Tt + r) * C + c] = SEQ_VAL(0, b, k * Tt + r, c);
+    for (int64_t i = 0; i < n; i++) full[i] = -12345.5f;
+    OK(cdp_unit_seq_gather(&kk, &u, shard, full, stage, B, T, C));
+    for (int b = 0; b < B; b++)
+        for (int64_t row = 0; row < T; row++)
+            for (int64_t c = 0; c < C; c++)
+                CHECK(full[(b * T + row) * C + c] == SEQ_VAL(0, b, row, c),
+                      "%d ranks: gathered sample %d row %lld col %lld = %g, expected %g", size, b, (long long)row,
+                      (long long)c, (double)full[(b * T + row) * C + c], (double)SEQ_VAL(0, b, row, c));
+    for (int b = 0; b < B; b++)
+        for (int64_t row = 0; row < T; row++)
+            for (int64_t c = 0; c < C; c++) full[(b * T + row) * C + c] = SEQ_VAL(k + 1, b, row, c);
+    OK(cdp_unit_seq_scatter(&kk, &u, full, shard, stage, B, T, C));
+    for (int b = 0; b < B; b++)
+        for (int64_t r = 0; r < Tt; r++)
+            for (int64_t c = 0; c < C; c++) {
+                float want = 0;
+                for (int j = 0; j < size; j++) want += SEQ_VAL(j + 1, b, k * Tt + r, c);
+                CHECK(shard[(b * Tt + r) * C + c] == want,
+                      "%d ranks: rank %d's scattered sample %d row %lld col %lld = %g, expected %g", size, k, b,
+                      (long long)(k * Tt + r), (long long)c, (double)shard[(b * Tt + r) * C + c], (double)want);
+            }
+#undef SEQ_VAL
+    if (size > 1) {
+        CHECK(cdp_unit_seq_gather(&kk, &u, shard, full, stage, B, T + 1, C) == CDP_ERR_INVALID &&
+                  strstr(cdp_last_error(), "unit 3: a sequence of") && strstr(cdp_last_error(), "does not split"),
+              "%s", cdp_last_error());
+        u.tp = NULL;
+        CHECK(cdp_unit_seq_scatter(&kk, &u, full, shard, stage, B, T, C) == CDP_ERR_INTERNAL &&
+                  strstr(cdp_last_error(), "has no tensor group"),
+              "%s", cdp_last_error());
+    }
+    free(full);
+    free(stage);
+    free(shard);
+    cdp_device_close(dev);
+}
+
 /* The executor's tensor group (cdp_exec_tensor_group) on a communicator of
  * size ranks: its all-reduce sums, its reduce-scatter leaves rank k part k of
  * the sum (n/size floats in rank order), its all-gather makes every rank's
@@ -1153,6 +1215,7 @@ static void tensor_group_checks(cdp_comm_t c, int size)
               cdp_last_error());
     }
     free(b);
+    seq_checks(&tg, size);
     /* the group still works after the refusals: nothing was sent */
     float one = 1;
     OK(tg.all_reduce(tg.ctx, &one, 1));

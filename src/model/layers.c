@@ -68,6 +68,58 @@ cdp_status cdp_unit_tensor_sum(const struct cdp_unit *u, float *buf, int64_t n)
     return u->tp->all_reduce(u->tp->ctx, buf, n);
 }
 
+/* The group's collectives work on n floats as t equal parts in rank order:
+ * part j of stage is rank j's rows of every sample, [B, T/t, C]. */
+static cdp_status seq_group(const struct cdp_unit *u, int64_t T, const char *what)
+{
+    const int t = u->tp_size > 1 ? u->tp_size : 1;
+    if (t > 1 && (!u->tp || !u->tp->reduce_scatter || !u->tp->all_gather))
+        return cdp_fail(CDP_ERR_INTERNAL, "%s unit %d: sequence %s over %d ranks but has no tensor group",
+                        cdp_layer_name(u->desc.type), u->index, what, t);
+    if (T <= 0 || T % t)
+        return cdp_fail(CDP_ERR_INVALID, "%s unit %d: a sequence of %lld positions does not split over %d ranks",
+                        cdp_layer_name(u->desc.type), u->index, (long long)T, t);
+    return CDP_OK;
+}
+
+cdp_status cdp_unit_seq_gather(const struct cdp_kernels *k, const struct cdp_unit *u, const float *shard,
+                               float *full, float *stage, int B, int64_t T, int64_t C)
+{
+    cdp_status st = seq_group(u, T, "gather");
+    if (st) return st;
+    const int t = u->tp_size > 1 ? u->tp_size : 1;
+    const int64_t rows = T / t * C, part = (int64_t)B * rows;
+    if (t == 1) {
+        CDP_KERNEL(k, copy, full, shard, (size_t)part * sizeof *full);
+        return CDP_OK;
+    }
+    CDP_KERNEL(k, copy, stage + u->tp_index * part, shard, (size_t)part * sizeof *stage);
+    if ((st = u->tp->all_gather(u->tp->ctx, stage, part * t))) return st;
+    for (int j = 0; j < t; j++)
+        for (int b = 0; b < B; b++)
+            CDP_KERNEL(k, copy, full + b * T * C + j * rows, stage + j * part + b * rows, (size_t)rows * sizeof *full);
+    return CDP_OK;
+}
+
+cdp_status cdp_unit_seq_scatter(const struct cdp_kernels *k, const struct cdp_unit *u, const float *full,
+                                float *shard, float *stage, int B, int64_t T, int64_t C)
+{
+    cdp_status st = seq_group(u, T, "scatter");
+    if (st) return st;
+    const int t = u->tp_size > 1 ? u->tp_size : 1;
+    const int64_t rows = T / t * C, part = (int64_t)B * rows;
+    if (t == 1) {
+        CDP_KERNEL(k, copy, shard, full, (size_t)part * sizeof *shard);
+        return CDP_OK;
+    }
+    for (int j = 0; j < t; j++)
+        for (int b = 0; b < B; b++)
+            CDP_KERNEL(k, copy, stage + j * part + b * rows, full + b * T * C + j * rows, (size_t)rows * sizeof *stage);
+    if ((st = u->tp->reduce_scatter(u->tp->ctx, stage, part * t))) return st;
+    CDP_KERNEL(k, copy, shard, stage + u->tp_index * part, (size_t)part * sizeof *shard);
+    return CDP_OK;
+}
+
 /* The units of m: a layer list's, or a GPT preset's token and position
  * embedding, its blocks and its head. */
 int cdp_model_desc_units(const struct cdp_model_desc *m)

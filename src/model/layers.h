@@ -199,6 +199,25 @@ struct cdp_kernels {
         if (kst_) return kst_;                                                                 \
     } while (0)
 
+/* Sequence parallelism's moves between a sequence shard and the whole
+ * sequence (for a block whose norms and residual run on its rank's rows
+ * only; no layer uses them yet). B samples of T rows of C floats; rank k of
+ * u's tensor group of t holds rows [k T/t, (k + 1) T/t) of every sample,
+ * [B, T/t, C] (T a multiple of t). stage is B T C floats of the device's
+ * memory, apart from the other buffers, clobbered. At tp_size 1 each is a
+ * copy. CDP_ERR_INTERNAL as cdp_unit_tensor_sum; CDP_ERR_INVALID when t does
+ * not divide T.
+ * gather: full [B, T, C] = every rank's shard in place, the same on every
+ * rank (the forward of entering a column-parallel region, the backward of
+ * leaving a row-parallel one). */
+cdp_status cdp_unit_seq_gather(const struct cdp_kernels *k, const struct cdp_unit *u, const float *shard,
+                               float *full, float *stage, int B, int64_t T, int64_t C);
+/* scatter: shard = this rank's rows of the sum over the group of full [B, T,
+ * C] (the forward of leaving a row-parallel region, the backward of entering
+ * a column-parallel one). */
+cdp_status cdp_unit_seq_scatter(const struct cdp_kernels *k, const struct cdp_unit *u, const float *full,
+                                float *shard, float *stage, int B, int64_t T, int64_t C);
+
 /* Forward for B samples on kernels k: in (float, or int32 tokens) -> act (the
  * unit's B x act_floats activations; its output is at the start). params
  * points at this unit's parameter pointers, in the order of u->params. Every
