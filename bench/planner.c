@@ -106,11 +106,13 @@ static void print_breakdown(const struct cdp_plan *plan, const struct cdp_topolo
                                                                                                  plan->train.precision);
     const double A = model * (double)plan->train.global_batch / gpus / peak; /* model FLOPs at the peak */
     const double B = m * plain / p;                                      /* at the cost model's efficiency */
-    const double C = m * comp / p;                                       /* with recomputation */
+    double C = m * comp / p;                                       /* with recomputation */
     const double D = m * (comp + coll) / p;                              /* with the tensor all-reduces */
     const double E = m * worst;                                          /* the slowest stage's busy time */
     const double F = D / (1 - r->predicted.bubble);                      /* the phase: to the last backward */
     const double G = r->predicted.step_s;
+    const double zero = 5e-5; /* under the 0.1 ms printed: no "-0.0" */
+    if (fabs(C - B) < zero) C = B;
     printf("\nWhere the step goes (per GPU; each line adds one effect of the cost model)\n");
     printf("  %-56s %9.1f ms  %5.1f%% of the step\n", "model FLOPs at the dense peak", 1e3 * A, 100 * A / G);
     printf("  %-56s %+9.1f ms  %5.1f%%\n", "compute at the cost model's efficiency", 1e3 * (B - A), 100 * (B - A) / G);
