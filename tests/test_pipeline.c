@@ -1239,3 +1239,69 @@ Test(pipeline, tensor_checkpoints_resume_at_any_t, .timeout = 240)
         cr_assert_leq(e, 1e-5, "resumed at t=%d: weights differ by %.3g", runs[i].t, e);
     }
 }
+
+/* A checkpoint written at t = 2 (one stage, 2 replicas, ZeRO-1) resumes at
+ * t = 4 (2 replicas under ZeRO-2: each rank's quarter of a split tensor and
+ * its shard of that quarter's moments): loaded and saved again without a
+ * step, it is the written checkpoint to the bit, weights and optimizer
+ * state; trained on, it equals an uninterrupted one-rank run to 1e-5, and the
+ * checkpoint the t = 4 run writes holds the weights it ended with, bitwise. */
+Test(pipeline, a_t2_checkpoint_resumes_at_t4_bitwise, .timeout = 240)
+{
+    need_mpi();
+    char dir[4096], path[4300], a[4300], b[4300];
+    snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
+    static const struct {
+        const char *name;
+        int steps, t, R, zero;
+        const char *ckpt, *lr;
+    } runs[] = {{"w2", 2, 2, 2, 1, "ckw", ""},
+                {"z4", 3, 4, 2, 2, "ckz", "\"lr_schedule\": {\"type\": \"linear\", \"min_lr\": 0}, "},
+                {"t4", 4, 4, 2, 2, "ck4", ""},
+                {"one", 4, 1, 1, 0, "ck1", ""}};
+    for (int i = 0; i < 4; i++) {
+        char json[2048], file[64];
+        snprintf(json, sizeof json,
+                 "{" SPLIT_MLP ", \"data\": {\"source\": \"synthetic\", \"seed\": 3}, \"train\": {\"steps\": %d, "
+                 "\"global_batch\": 8, \"micro_batch\": 2, \"checkpoint\": {\"dir\": \"%s\", \"every\": 2}, %s"
+                 "\"optimizer\": {\"type\": \"adamw\", \"lr\": 0.01}, \"eval_batches\": 1}, \"parallel\": "
+                 "{\"stages\": 1, \"tensor\": %d, \"replicas\": %d, \"zero\": %d}, \"cluster\": {\"backend\": "
+                 "\"cpu\"}, \"output\": {\"weights\": \"%s.safetensors\"}}",
+                 runs[i].steps, runs[i].ckpt, runs[i].lr, runs[i].t, runs[i].R, runs[i].zero, runs[i].name);
+        snprintf(file, sizeof file, "%s.json", runs[i].name);
+        cdp_test_write_file(dir, file, json);
+    }
+    snprintf(path, sizeof path, "%s/w2.json", dir);
+    run_ok(path);
+    char cmd[17000];
+    snprintf(cmd, sizeof cmd, "cp -r '%s/ckw' '%s/ckz' && cp -r '%s/ckw' '%s/ck4'", dir, dir, dir, dir);
+    cr_assert_eq(system(cmd), 0);
+    struct cdp_run r;
+    for (int i = 1; i <= 2; i++) {
+        snprintf(path, sizeof path, "%s/%s.json", dir, runs[i].name);
+        snprintf(a, sizeof a, "%s/%s", dir, runs[i].ckpt);
+        cr_assert_eq(cdp_test_run(&r, (const char *[]){"-q", "--plan", path, "--resume", a, NULL}), 0);
+        cr_assert_eq(r.exit_code, 0, "%s: %s", runs[i].name, r.err);
+        cdp_test_run_free(&r);
+    }
+    /* loaded at t = 4, one step at a rate of 0 (a linear decay's last step),
+     * written out: the t = 2 run's bits */
+    snprintf(a, sizeof a, "%s/w2.safetensors", dir);
+    snprintf(b, sizeof b, "%s/z4.safetensors", dir);
+    cr_assert_eq(compare_weights(a, b), 0.0, "the weights loaded at t = 4 are not the checkpoint's");
+    /* trained on at t = 4: as one rank does, uninterrupted */
+    snprintf(path, sizeof path, "%s/one.json", dir);
+    run_ok(path);
+    snprintf(a, sizeof a, "%s/one.safetensors", dir);
+    snprintf(b, sizeof b, "%s/t4.safetensors", dir);
+    const double e = compare_weights(a, b);
+    cr_assert_leq(e, 1e-5, "resumed at t = 4: weights differ from one rank's by %.3g", e);
+    /* the t = 4 run's own checkpoint (gathered from quarters and ZeRO shards) */
+    snprintf(a, sizeof a, "%s/ck4", dir);
+    snprintf(path, sizeof path, "%s/ck4.safetensors", dir);
+    cr_assert_eq(cdp_test_run(&r, (const char *[]){"export", "--checkpoint", a, "--out", path, NULL}), 0);
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    cdp_test_run_free(&r);
+    cr_assert_eq(compare_weights(b, path), 0.0, "the t = 4 checkpoint holds the weights the run wrote");
+    cr_log_info("resumed at t = 4: %.3g from one rank", e);
+}

@@ -505,6 +505,86 @@ Test(restart, a_vanished_node_is_planned_around)
     cdp_plan_free(p);
 }
 
+/* The re-plan of tensor groups (docs/checkpoints.md, "Restarts"): a failed
+ * device takes its group's slot with it, and every group of the new layout
+ * is t consecutive devices of one node, none of them the dead device nor
+ * its old group's. A fixed t stays; "auto" may choose another t. */
+static void replanned_around_groups(const char *json, int kill_rank, int want_t)
+{
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
+    const char *path = cdp_test_write_file(dir, "groups.json", json);
+    struct cdp_plan *p = load_resolved(path);
+    struct cdp_topology *t = NULL;
+    char note[512];
+    cr_assert_eq(cdp_planner_topology(p, 0, &t, note, sizeof note), CDP_OK, "%s", cdp_last_error());
+    struct cdp_planner_result r0 = {0};
+    cr_assert_eq(cdp_planner_run(p, t, NULL, 0, &r0), CDP_OK, "%s", cdp_last_error());
+    const struct cdp_layout *l = r0.layout;
+    cr_assert_gt(l->tensor, 1, "the first plan has tensor groups");
+    cr_assert_lt(kill_rank, l->n_ranks);
+    unsigned char dead[64] = {0}, gone[64] = {0};
+    cr_assert_leq(t->n_gpus, 64);
+    const struct cdp_layout_rank *k = &l->rank[kill_rank];
+    dead[k->device] = 1;
+    for (int i = 0; i < l->n_ranks; i++)
+        if (l->rank[i].stage == k->stage && l->rank[i].replica == k->replica) gone[l->rank[i].device] = 1;
+    const struct cdp_machine_info none = {.gpus = 0};
+    const struct cdp_replan_in in = {.plan_path = path, .machine = &none, .table = NULL, .topo = t};
+    struct cdp_plan *np = NULL;
+    struct cdp_planner_result nr = {0};
+    cr_assert_eq(cdp_restart_replan(&in, l, dead, t->n_gpus, &np, &nr), CDP_OK, "%s", cdp_last_error());
+    const struct cdp_layout *n = nr.layout;
+    if (want_t) cr_assert_eq(n->tensor, want_t, "tensor %d after the re-plan", n->tensor);
+    cr_assert_eq(np->parallel.tensor, n->tensor);
+    int64_t mb = 0;
+    for (int r = 0; r < n->replicas; r++) mb += n->shares[r];
+    cr_assert_eq(mb * n->micro_batch, np->train.global_batch);
+    cr_assert_eq(np->train.global_batch, p->train.global_batch, "the global batch stays");
+    for (int i = 0; i < n->n_ranks; i++) {
+        const struct cdp_layout_rank *q = &n->rank[i], *lead = &n->rank[i - q->tensor];
+        cr_assert(!gone[q->device], "rank %d on device %d, of the failed device's group", i, q->device);
+        cr_assert_eq(lead->tensor, 0);
+        cr_assert(lead->stage == q->stage && lead->replica == q->replica, "rank %d: its group is consecutive", i);
+        cr_assert_eq(q->device, lead->device + q->tensor, "rank %d: a group's devices are consecutive", i);
+        cr_assert_eq(q->node, lead->node);
+    }
+    for (int64_t i = 0; i < np->parallel.stages * np->parallel.replicas; i++)
+        cr_assert(!gone[np->parallel.placement_map[i]], "the placement starts a group on device %lld",
+                  (long long)np->parallel.placement_map[i]);
+    cr_log_info("t=%d %dx%d -> t=%d %dx%d on devices from %d", l->tensor, l->stages, l->replicas, n->tensor,
+                n->stages, n->replicas, n->rank[0].device);
+    cdp_planner_result_clear(&nr);
+    cdp_plan_free(np);
+    cdp_planner_result_clear(&r0);
+    cdp_topology_free(t);
+    cdp_plan_free(p);
+}
+
+Test(restart, a_fixed_tensor_group_is_replanned_without_the_failed_group)
+{
+    /* 2 replicas of a 4-way group on a dgx-a100; device 5 fails: 4..7 go, the
+     * same t on devices 0..3 */
+    replanned_around_groups(
+        "{\"model\": {\"input\": [64], \"layers\": [{\"type\": \"linear\", \"out\": 256, \"split\": \"column\"}, "
+        "{\"type\": \"relu\"}, {\"type\": \"linear\", \"out\": 8, \"split\": \"row\"}]}, \"train\": "
+        "{\"micro_batch\": 4, \"global_batch\": 32, \"checkpoint\": {\"dir\": \"ck\"}, \"restart\": {\"max\": 1}}, "
+        "\"parallel\": {\"stages\": 1, \"replicas\": 2, \"tensor\": 4}, \"cluster\": {\"backend\": \"cuda\", "
+        "\"topology\": \"dgx-a100\"}}",
+        5, 4);
+}
+
+Test(restart, an_auto_tensor_plan_chooses_t_again_on_what_is_left)
+{
+    /* a GPT whose planner chose tensor groups on 2 dgx-a100 nodes; a device
+     * of its rank 3 fails: planned again on what is left, groups whole */
+    replanned_around_groups(
+        "{\"model\": {\"preset\": \"gpt\", \"layers\": 8, \"embed\": 1024, \"heads\": 16}, \"train\": "
+        "{\"micro_batch\": 2, \"global_batch\": 64, \"checkpoint\": {\"dir\": \"ck\"}, \"restart\": {\"max\": 1}}, "
+        "\"parallel\": {\"tensor\": \"auto\"}, \"cluster\": {\"backend\": \"cuda\", \"topology\": \"2 x dgx-a100\"}}",
+        3, 0);
+}
+
 /* Out of memory (the kernel's OOM killer, counted in the cgroup's
  * memory.events) is named and not restarted: no device failed. A rank killed
  * from outside the job (SIGTERM, not by its launcher) is a death, that rank's. */

@@ -190,8 +190,10 @@ cdp_status cdp_restart_decide(const struct cdp_layout *l, const struct cdp_job_e
     } else {
         for (int k = 0; k < out->n_failed && o < sizeof out->what - 80; k++) {
             const struct cdp_layout_rank *r = &l->rank[out->failed[k]];
-            o += (size_t)snprintf(out->what + o, sizeof out->what - o, "%srank %d (stage %d, replica %d, node %d, "
-                                  "device %d)", k ? ", " : "", out->failed[k], r->stage, r->replica, r->node,
+            char tx[32] = ""; /* a tensor group's rank: its index */
+            if (l->tensor > 1) snprintf(tx, sizeof tx, ", tensor %d", r->tensor);
+            o += (size_t)snprintf(out->what + o, sizeof out->what - o, "%srank %d (stage %d, replica %d%s, node %d, "
+                                  "device %d)", k ? ", " : "", out->failed[k], r->stage, r->replica, tx, r->node,
                                   r->device);
         }
         if (o < sizeof out->what) o += (size_t)snprintf(out->what + o, sizeof out->what - o, " %s", why);
@@ -213,11 +215,6 @@ void cdp_restart_node_lost(const struct cdp_layout *l, int node, struct cdp_faul
             if (l->rank[i].node == node) f->failed[f->n_failed++] = i;
 }
 
-void cdp_restart_shape(const struct cdp_layout *l, char *buf, size_t cap)
-{
-    snprintf(buf, cap, "%dx%d", l->stages, l->replicas);
-}
-
 /* ---- the re-plan ----------------------------------------------------------------- */
 
 static void drop_partition_and_placement(struct cdp_parallel_desc *pd)
@@ -236,27 +233,47 @@ static void drop_partition_and_placement(struct cdp_parallel_desc *pd)
     }
 }
 
+/* The devices of old's tensor group slots that hold a dead device: with t
+ * above 1 a failed device takes its group's slot (t consecutive devices of
+ * one node) with it, so that the devices left come in whole, aligned groups. */
+static void group_slots_out(const struct cdp_layout *old, const unsigned char *dead, int n_devices,
+                            unsigned char *out)
+{
+    memcpy(out, dead, (size_t)n_devices);
+    if (old->tensor <= 1) return;
+    for (int i = 0; i < old->n_ranks; i++) {
+        const int d = old->rank[i].device;
+        if (d < 0 || d >= n_devices || !dead[d]) continue;
+        for (int j = 0; j < old->n_ranks; j++)
+            if (old->rank[j].stage == old->rank[i].stage && old->rank[j].replica == old->rank[i].replica &&
+                old->rank[j].device >= 0 && old->rank[j].device < n_devices)
+                out[old->rank[j].device] = 1;
+    }
+}
+
 cdp_status cdp_restart_replan(const struct cdp_replan_in *in, const struct cdp_layout *old, const unsigned char *dead,
                               int n_devices, struct cdp_plan **plan_out, struct cdp_planner_result *out)
 {
     const struct cdp_topology *t = in->topo;
     const int nodes = t->n_nodes > 0 ? t->n_nodes : 1;
-    /* the devices left, node by node: the old layout's devices that are not dead */
+    /* the devices left, node by node: the old layout's devices that are not dead
+     * (nor in a dead device's tensor group) */
     int *left = calloc((size_t)nodes * (size_t)n_devices + 1, sizeof *left), *count = calloc((size_t)nodes, sizeof *count);
-    unsigned char *seen = calloc((size_t)n_devices + 1, 1);
+    unsigned char *seen = calloc((size_t)n_devices + 1, 1), *out_dev = calloc((size_t)n_devices + 1, 1);
     struct cdp_plan *p = NULL;
     struct cdp_topology *t2 = NULL;
     struct cdp_planner_result r1 = {0};
     cdp_status st = CDP_OK;
-    if (!left || !count || !seen) {
+    if (!left || !count || !seen || !out_dev) {
         st = cdp_fail(CDP_ERR_NOMEM, "out of memory");
         goto done;
     }
+    group_slots_out(old, dead, n_devices, out_dev);
     for (int d = 0; d < n_devices; d++)
         for (int i = 0; i < old->n_ranks; i++)
             if (old->rank[i].device == d && !seen[d]) {
                 seen[d] = 1;
-                if (dead[d]) continue;
+                if (out_dev[d]) continue;
                 const int node = old->rank[i].node < nodes ? old->rank[i].node : 0;
                 left[node * n_devices + count[node]++] = d;
             }
@@ -266,58 +283,74 @@ cdp_status cdp_restart_replan(const struct cdp_replan_in *in, const struct cdp_l
             per = keep_nodes++ ? (count[node] < per ? count[node] : per) : count[node];
         }
     if (!keep_nodes) {
-        st = cdp_fail(CDP_ERR_INVALID, "no device of the layout is left to plan on");
+        st = old->tensor > 1 ? cdp_fail(CDP_ERR_INVALID, "no device of the layout is left to plan on (a failed "
+                                        "device takes its tensor group of %d devices with it)", old->tensor)
+                             : cdp_fail(CDP_ERR_INVALID, "no device of the layout is left to plan on");
         goto done;
     }
-    /* the plan as written, so that its "auto" is planned again; the shape goes too */
-    if ((st = cdp_plan_load(in->plan_path, &p)) || (st = cdp_plan_resolve(p, in->machine))) goto done;
-    if (p->parallel.tensor > 1) { /* the placement below moves single devices, not a group's run of them */
-        st = cdp_fail(CDP_ERR_UNSUPPORTED, "%s: /train/restart/exclude_failed: planning tensor groups of "
-                      "/parallel/tensor %lld around failed devices is not built yet; set exclude_failed to false "
-                      "to restart on the same layout", in->plan_path, (long long)p->parallel.tensor);
-        goto done;
-    }
-    int64_t shares = 0;
-    for (int r = 0; r < old->replicas; r++) shares += old->shares[r];
-    const int64_t nodes0 = p->cluster.nodes, devices0 = p->cluster.devices;
-    p->train.global_batch = shares * old->micro_batch;
-    p->parallel.stages = p->parallel.replicas = p->parallel.micro_batches = CDP_AUTO;
-    drop_partition_and_placement(&p->parallel);
-    /* the search: as many nodes as keep devices, the fewest devices any keeps */
-    p->cluster.nodes = keep_nodes;
-    p->cluster.devices = per;
-    char note[512];
-    if ((st = cdp_planner_topology(p, in->machine->gpus, &t2, note, sizeof note))) goto done;
-    if ((st = cdp_planner_run(p, t2, in->table, 0, &r1))) goto done;
-    cdp_topology_free(t2);
-    t2 = NULL;
-    if ((st = cdp_planner_apply(&r1, p))) goto done;
-    /* the chosen placement, moved onto the devices that are left: device k of
-     * the search's node j is the k-th left on the j-th node that keeps any */
-    int *node_of = calloc((size_t)keep_nodes, sizeof *node_of);
-    if (!node_of) {
-        st = cdp_fail(CDP_ERR_NOMEM, "out of memory");
-        goto done;
-    }
-    for (int node = 0, j = 0; node < nodes; node++)
-        if (count[node]) node_of[j++] = node;
-    const int64_t n_place = p->parallel.stages * p->parallel.replicas;
-    for (int64_t i = 0; i < n_place && p->parallel.placement_map; i++) {
-        const int64_t g = p->parallel.placement_map[i];
-        const int j = (int)(g / per), k = (int)(g % per);
-        p->parallel.placement_map[i] = left[node_of[j < keep_nodes ? j : 0] * n_devices + k];
-    }
-    free(node_of);
-    /* planned again on the first topology: the same nodes and devices as before */
-    p->cluster.nodes = nodes0;
-    p->cluster.devices = devices0;
-    if (devices0 == CDP_AUTO && !strcmp(p->cluster.topology, "auto") && !cdp_backend_is_gpu(p->cluster.backend))
-        p->cluster.devices = t->n_gpus / nodes; /* a cpu host's devices follow the shape: keep the first count */
-    if ((st = cdp_planner_topology(p, in->machine->gpus, &t2, note, sizeof note))) goto done;
-    if ((st = cdp_planner_run(p, t2, in->table, 0, out))) goto done;
-    if ((st = cdp_planner_apply(out, p))) {
-        cdp_planner_result_clear(out);
-        goto done;
+    /* Two passes at most: the plan's own t ("auto" searched again), then,
+     * when "auto" chose a t whose groups would not be consecutive devices
+     * on what is left (a t above the old one, across a gap), the old t. */
+    for (int pass = 0; pass < 2; pass++) {
+        cdp_plan_free(p);
+        p = NULL;
+        /* the plan as written, so that its "auto" is planned again; the shape goes too */
+        if ((st = cdp_plan_load(in->plan_path, &p)) || (st = cdp_plan_resolve(p, in->machine))) goto done;
+        if (pass == 1) p->parallel.tensor = old->tensor;
+        int64_t shares = 0;
+        for (int r = 0; r < old->replicas; r++) shares += old->shares[r];
+        const int64_t nodes0 = p->cluster.nodes, devices0 = p->cluster.devices;
+        p->train.global_batch = shares * old->micro_batch;
+        p->parallel.stages = p->parallel.replicas = p->parallel.micro_batches = CDP_AUTO;
+        drop_partition_and_placement(&p->parallel);
+        /* the search: as many nodes as keep devices, the fewest devices any keeps */
+        p->cluster.nodes = keep_nodes;
+        p->cluster.devices = per;
+        char note[512];
+        cdp_planner_result_clear(&r1);
+        if ((st = cdp_planner_topology(p, in->machine->gpus, &t2, note, sizeof note))) goto done;
+        if ((st = cdp_planner_run(p, t2, in->table, 0, &r1))) goto done;
+        cdp_topology_free(t2);
+        t2 = NULL;
+        if ((st = cdp_planner_apply(&r1, p))) goto done;
+        /* the chosen placement, moved onto the devices that are left: device k of
+         * the search's node j is the k-th left on the j-th node that keeps any; a
+         * tensor group's t devices must stay consecutive there */
+        int *node_of = calloc((size_t)keep_nodes, sizeof *node_of);
+        if (!node_of) {
+            st = cdp_fail(CDP_ERR_NOMEM, "out of memory");
+            goto done;
+        }
+        for (int node = 0, j = 0; node < nodes; node++)
+            if (count[node]) node_of[j++] = node;
+        const int64_t n_place = p->parallel.stages * p->parallel.replicas, tp = p->parallel.tensor;
+        int apart = 0;
+        for (int64_t i = 0; i < n_place && p->parallel.placement_map; i++) {
+            const int64_t g = p->parallel.placement_map[i];
+            const int j = (int)(g / per), k = (int)(g % per);
+            const int *on = &left[node_of[j < keep_nodes ? j : 0] * n_devices];
+            for (int64_t x = 1; x < tp; x++) apart |= k + x >= per || on[k + x] != on[k] + x;
+            p->parallel.placement_map[i] = on[k];
+        }
+        free(node_of);
+        if (apart && pass == 0 && old->tensor > 0 && tp != old->tensor) continue;
+        if (apart) {
+            st = cdp_fail(CDP_ERR_INVALID, "%s: the re-plan put a tensor group of %lld devices on devices that are "
+                          "not consecutive on one node", in->plan_path, (long long)tp);
+            goto done;
+        }
+        /* planned again on the first topology: the same nodes and devices as before */
+        p->cluster.nodes = nodes0;
+        p->cluster.devices = devices0;
+        if (devices0 == CDP_AUTO && !strcmp(p->cluster.topology, "auto") && !cdp_backend_is_gpu(p->cluster.backend))
+            p->cluster.devices = t->n_gpus / nodes; /* a cpu host's devices follow the shape: keep the first count */
+        if ((st = cdp_planner_topology(p, in->machine->gpus, &t2, note, sizeof note))) goto done;
+        if ((st = cdp_planner_run(p, t2, in->table, 0, out))) goto done;
+        if ((st = cdp_planner_apply(out, p))) {
+            cdp_planner_result_clear(out);
+            goto done;
+        }
+        break;
     }
 done:
     cdp_planner_result_clear(&r1);
@@ -325,12 +358,19 @@ done:
     free(left);
     free(count);
     free(seen);
+    free(out_dev);
     if (st) {
         cdp_plan_free(p);
         return st;
     }
     *plan_out = p;
     return CDP_OK;
+}
+
+void cdp_restart_shape(const struct cdp_layout *l, char *buf, size_t cap)
+{
+    if (l->tensor > 1) snprintf(buf, cap, "%dx%d (tensor %d)", l->stages, l->replicas, l->tensor);
+    else snprintf(buf, cap, "%dx%d", l->stages, l->replicas);
 }
 
 /* ---- the record -------------------------------------------------------------------- */
@@ -340,8 +380,8 @@ static json_t *layout_json(const struct cdp_layout *l)
     json_t *shares = json_array(), *devices = json_array();
     for (int r = 0; r < l->replicas; r++) json_array_append_new(shares, json_integer(l->shares[r]));
     for (int i = 0; i < l->n_ranks; i++) json_array_append_new(devices, json_integer(l->rank[i].device));
-    return json_pack("{s:i,s:i,s:i,s:o,s:o}", "stages", l->stages, "replicas", l->replicas, "micro_batches",
-                     l->micro_batches, "shares", shares, "devices", devices);
+    return json_pack("{s:i,s:i,s:i,s:i,s:o,s:o}", "stages", l->stages, "replicas", l->replicas, "tensor",
+                     l->tensor, "micro_batches", l->micro_batches, "shares", shares, "devices", devices);
 }
 
 cdp_status cdp_restart_record(const char *metrics, int restart, const struct cdp_fault_report *f,
