@@ -205,6 +205,91 @@ Test(restart, a_device_error_is_replanned_around_and_resumed, .timeout = 240)
     restarts_like_a_resume_by_hand("deverr:3:6@0", "deverr:3:6", 3, "reported a device error", 30);
 }
 
+/* An MLP of split linears on 2 stages of tensor groups of 2 (4 ranks on
+ * devices 0..3), checkpoints every 2 steps. */
+static const char *split_plan(const char *dir, const char *name, const char *restart)
+{
+    char json[2048], file[64];
+    snprintf(json, sizeof json,
+             "{\"model\": {\"input\": [12], \"layers\": [{\"type\": \"linear\", \"out\": 32, \"split\": \"column\"}, "
+             "{\"type\": \"relu\"}, {\"type\": \"linear\", \"out\": 24, \"split\": \"row\"}, {\"type\": \"linear\", "
+             "\"out\": 16, \"split\": \"column\"}, {\"type\": \"gelu\"}, {\"type\": \"linear\", \"out\": 5, "
+             "\"split\": \"row\"}]}, \"data\": {\"source\": \"synthetic\", \"seed\": 5}, \"train\": {\"steps\": 6, "
+             "\"micro_batch\": 2, \"global_batch\": 8, \"log_every\": 1, \"optimizer\": {\"type\": \"adamw\", "
+             "\"lr\": 0.01}, \"eval_batches\": 1, \"timeout_s\": 30, \"checkpoint\": {\"dir\": \"ckpt-%s\", "
+             "\"every\": 2, \"keep\": 3}, \"restart\": %s}, \"parallel\": {\"stages\": 2, \"tensor\": 2}, "
+             "\"cluster\": {\"backend\": \"cpu\"}, \"output\": {\"metrics\": \"%s.jsonl\", \"weights\": "
+             "\"%s.safetensors\"}}",
+             name, restart, name, name);
+    snprintf(file, sizeof file, "%s.json", name);
+    return cdp_test_write_file(dir, file, json);
+}
+
+/* A rank of a tensor group killed at step 6 (rank 1: stage 0, tensor index
+ * 1, device 1): its group's slot (devices 0 and 1) goes, the plan's t = 2
+ * stays, the re-plan puts the model on the group of devices 2 and 3 and the
+ * run resumes from step 4; it ends as a resume by hand from the same
+ * checkpoint under the restart's planned.json does, bitwise. */
+Test(restart, a_killed_rank_of_a_tensor_group_is_replanned_around, .timeout = 240)
+{
+    need_mpi();
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
+    const char *a = split_plan(dir, "a", "{\"max\": 2, \"exclude_failed\": true}");
+    struct cdp_run r = run((const char *[]){"--plan", a, NULL}, "kill:1:6@0");
+    cr_assert_eq(r.exit_code, 0, "exit %d: %s", r.exit_code, r.err);
+    cr_assert(strstr(r.out, "restart 1: rank 1 (stage 0, replica 0, tensor 1, node 0, device 1) died"), "%s", r.out);
+    cr_assert(strstr(r.out, "at step 6; resuming from step 4 (1 step lost) on 1x1 (tensor 2), was 2x1 (tensor 2) "
+                            "(devices 2,3)"),
+              "%s", r.out);
+    cr_assert(!strstr(r.out, "restart 2:"), "%s", r.out);
+    cr_log_info("%s", strstr(r.out, "restart 1:"));
+    cdp_test_run_free(&r);
+    char planned[4200];
+    snprintf(planned, sizeof planned, "%s/planned.json", dir);
+    json_t *p = load(planned);
+    json_t *train = json_object_get(p, "train"), *par = json_object_get(p, "parallel");
+    cr_assert_eq(json_integer_value(json_object_get(train, "global_batch")), 8);
+    cr_assert_eq(json_integer_value(json_object_get(par, "tensor")), 2);
+    const json_t *place = json_object_get(par, "placement");
+    cr_assert(json_is_array(place) && count(place) == 1 && holds(place, 2), "one group, from device 2");
+    double la[6], lc[6];
+    json_t *rec = records(dir, "a", 6, la);
+    cr_assert_eq(json_array_size(rec), 1);
+    const json_t *r1 = json_array_get(rec, 0);
+    cr_assert_eq(json_integer_value(json_object_get(json_object_get(r1, "old_layout"), "tensor")), 2);
+    cr_assert_eq(json_integer_value(json_object_get(json_object_get(r1, "new_layout"), "tensor")), 2);
+    cr_assert_eq(json_integer_value(json_object_get(r1, "resumed_from")), 4);
+    json_decref(rec);
+    /* by hand: the same fault without restarts, then --resume under the restart's layout */
+    char sub[4200];
+    snprintf(sub, sizeof sub, "%s/c", dir);
+    cr_assert_eq(mkdir(sub, 0700), 0);
+    const char *c = split_plan(sub, "c", "null");
+    r = run((const char *[]){"-q", "--plan", c, NULL}, "kill:1:6");
+    cr_assert_neq(r.exit_code, 0, "the fault did not stop the run");
+    cdp_test_run_free(&r);
+    char ck[4300], metrics[4300], weights[4300], hand[4300];
+    snprintf(ck, sizeof ck, "%s/ckpt-c", sub);
+    snprintf(metrics, sizeof metrics, "%s/c.jsonl", sub);
+    snprintf(weights, sizeof weights, "%s/c.safetensors", sub);
+    json_object_set_new(json_object_get(train, "checkpoint"), "dir", json_string(ck));
+    json_object_set_new(train, "restart", json_null());
+    json_object_set_new(json_object_get(p, "output"), "metrics", json_string(metrics));
+    json_object_set_new(json_object_get(p, "output"), "weights", json_string(weights));
+    snprintf(hand, sizeof hand, "%s/by-hand.json", sub);
+    cr_assert_eq(json_dump_file(p, hand, JSON_INDENT(2)), 0);
+    json_decref(p);
+    r = run((const char *[]){"--plan", hand, "--resume", ck, NULL}, NULL);
+    cr_assert_eq(r.exit_code, 0, "resume by hand: %s", r.err);
+    cdp_test_run_free(&r);
+    json_decref(records(sub, "c", 6, lc));
+    for (int i = 0; i < 6; i++) cr_assert_eq(la[i], lc[i], "step %d: %.17g restarted, %.17g by hand", i + 1, la[i], lc[i]);
+    char wa[4300];
+    snprintf(wa, sizeof wa, "%s/a.safetensors", dir);
+    files_equal(wa, weights);
+}
+
 /* The same fault at every attempt, on the same layout: 2 restarts, then it stops
  * with exit 1 and says so; each restart is on stdout and in metrics.jsonl. */
 Test(restart, a_fault_at_every_attempt_stops_after_max_restarts, .timeout = 240)
@@ -505,10 +590,11 @@ Test(restart, a_vanished_node_is_planned_around)
     cdp_plan_free(p);
 }
 
-/* The re-plan of tensor groups (docs/checkpoints.md, "Restarts"): a failed
- * device takes its group's slot with it, and every group of the new layout
- * is t consecutive devices of one node, none of them the dead device nor
- * its old group's. A fixed t stays; "auto" may choose another t. */
+/* The re-plan of tensor groups (docs/checkpoints.md, "Restarts"): every
+ * group of the new layout is t consecutive devices of one node, none of them
+ * the failed one. A fixed t stays (want_t), and the failed device takes its
+ * group's slot with it; "auto" (want_t 0) plans the old t and its halves on
+ * what is left, so that a smaller t may use the rest of the slot. */
 static void replanned_around_groups(const char *json, int kill_rank, int want_t)
 {
     char dir[4096];
@@ -543,15 +629,17 @@ static void replanned_around_groups(const char *json, int kill_rank, int want_t)
     cr_assert_eq(np->train.global_batch, p->train.global_batch, "the global batch stays");
     for (int i = 0; i < n->n_ranks; i++) {
         const struct cdp_layout_rank *q = &n->rank[i], *lead = &n->rank[i - q->tensor];
-        cr_assert(!gone[q->device], "rank %d on device %d, of the failed device's group", i, q->device);
+        cr_assert(!dead[q->device], "rank %d on the failed device %d", i, q->device);
+        cr_assert(!want_t || !gone[q->device], "rank %d on device %d, of the failed device's group", i, q->device);
         cr_assert_eq(lead->tensor, 0);
         cr_assert(lead->stage == q->stage && lead->replica == q->replica, "rank %d: its group is consecutive", i);
         cr_assert_eq(q->device, lead->device + q->tensor, "rank %d: a group's devices are consecutive", i);
         cr_assert_eq(q->node, lead->node);
     }
     for (int64_t i = 0; i < np->parallel.stages * np->parallel.replicas; i++)
-        cr_assert(!gone[np->parallel.placement_map[i]], "the placement starts a group on device %lld",
+        cr_assert(!dead[np->parallel.placement_map[i]], "the placement starts a group on device %lld",
                   (long long)np->parallel.placement_map[i]);
+    if (!want_t) cr_assert_lt(n->tensor, l->tensor, "a smaller t on what is left");
     cr_log_info("t=%d %dx%d -> t=%d %dx%d on devices from %d", l->tensor, l->stages, l->replicas, n->tensor,
                 n->stages, n->replicas, n->rank[0].device);
     cdp_planner_result_clear(&nr);
@@ -576,12 +664,12 @@ Test(restart, a_fixed_tensor_group_is_replanned_without_the_failed_group)
 
 Test(restart, an_auto_tensor_plan_chooses_t_again_on_what_is_left)
 {
-    /* a GPT whose planner chose tensor groups on 2 dgx-a100 nodes; a device
-     * of its rank 3 fails: planned again on what is left, groups whole */
+    /* a GPT whose planner chose one group of 8 on a dgx-a100; the device of
+     * its rank 3 fails: a smaller t on the 7 left */
     replanned_around_groups(
         "{\"model\": {\"preset\": \"gpt\", \"layers\": 8, \"embed\": 1024, \"heads\": 16}, \"train\": "
         "{\"micro_batch\": 2, \"global_batch\": 64, \"checkpoint\": {\"dir\": \"ck\"}, \"restart\": {\"max\": 1}}, "
-        "\"parallel\": {\"tensor\": \"auto\"}, \"cluster\": {\"backend\": \"cuda\", \"topology\": \"2 x dgx-a100\"}}",
+        "\"parallel\": {\"tensor\": \"auto\"}, \"cluster\": {\"backend\": \"cuda\", \"topology\": \"dgx-a100\"}}",
         3, 0);
 }
 

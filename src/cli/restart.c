@@ -233,22 +233,119 @@ static void drop_partition_and_placement(struct cdp_parallel_desc *pd)
     }
 }
 
-/* The devices of old's tensor group slots that hold a dead device: with t
- * above 1 a failed device takes its group's slot (t consecutive devices of
- * one node) with it, so that the devices left come in whole, aligned groups. */
-static void group_slots_out(const struct cdp_layout *old, const unsigned char *dead, int n_devices,
-                            unsigned char *out)
+/* The devices left for tensor groups of tp, node by node, in left[node *
+ * n_devices + i] (count[node] of them): the old layout's devices in aligned
+ * runs of tp (a node's devices cut from its first, as the groups are) whose
+ * every device is the layout's and none dead. With tp the old t, a dead
+ * device takes its group's slot with it; a smaller tp may use the rest of
+ * the slot. The search runs on keep_nodes nodes of per devices (a multiple
+ * of tp). */
+struct left {
+    int *dev, *count, keep_nodes, per;
+};
+
+static int node_of_device(const struct cdp_topology *t, int d, int nodes)
 {
-    memcpy(out, dead, (size_t)n_devices);
-    if (old->tensor <= 1) return;
-    for (int i = 0; i < old->n_ranks; i++) {
-        const int d = old->rank[i].device;
-        if (d < 0 || d >= n_devices || !dead[d]) continue;
-        for (int j = 0; j < old->n_ranks; j++)
-            if (old->rank[j].stage == old->rank[i].stage && old->rank[j].replica == old->rank[i].replica &&
-                old->rank[j].device >= 0 && old->rank[j].device < n_devices)
-                out[old->rank[j].device] = 1;
+    const int node = t->gpus && d < t->n_gpus ? t->gpus[d].node : 0;
+    return node >= 0 && node < nodes ? node : 0;
+}
+
+static void devices_left(const struct cdp_topology *t, const struct cdp_layout *old, const unsigned char *dead,
+                         int n_devices, int nodes, int tp, struct left *lf)
+{
+    memset(lf->count, 0, (size_t)nodes * sizeof *lf->count);
+    lf->keep_nodes = lf->per = 0;
+    for (int d0 = 0; d0 < n_devices;) {
+        const int node = node_of_device(t, d0, nodes);
+        int end = d0 + 1; /* the node's devices [d0, end) */
+        while (end < n_devices && node_of_device(t, end, nodes) == node) end++;
+        for (int g = d0; g + tp <= end; g += tp) {
+            int ok = 1;
+            for (int d = g; d < g + tp && ok; d++) {
+                int used = 0;
+                for (int i = 0; i < old->n_ranks && !used; i++) used = old->rank[i].device == d;
+                ok = used && !dead[d];
+            }
+            for (int d = g; d < g + tp && ok; d++) lf->dev[node * n_devices + lf->count[node]++] = d;
+        }
+        d0 = end;
     }
+    for (int node = 0; node < nodes; node++)
+        if (lf->count[node])
+            lf->per = lf->keep_nodes++ ? (lf->count[node] < lf->per ? lf->count[node] : lf->per) : lf->count[node];
+    lf->per -= lf->per % tp;
+}
+
+/* The plan file planned again with tensor groups of tp on what lf leaves:
+ * searched on keep_nodes x per devices, the placement moved onto the devices
+ * left, then planned on the first topology. */
+static cdp_status plan_on(const struct cdp_replan_in *in, const struct cdp_layout *old, const struct left *lf,
+                          int n_devices, int nodes, int tp, struct cdp_plan **plan_out, struct cdp_planner_result *out)
+{
+    const struct cdp_topology *t = in->topo;
+    struct cdp_plan *p = NULL;
+    struct cdp_topology *t2 = NULL;
+    struct cdp_planner_result r1 = {0};
+    int *node_of = NULL;
+    cdp_status st;
+    /* the plan as written, so that its "auto" is planned again; the shape goes too */
+    if ((st = cdp_plan_load(in->plan_path, &p)) || (st = cdp_plan_resolve(p, in->machine))) goto done;
+    p->parallel.tensor = tp;
+    int64_t shares = 0;
+    for (int r = 0; r < old->replicas; r++) shares += old->shares[r];
+    const int64_t nodes0 = p->cluster.nodes, devices0 = p->cluster.devices;
+    p->train.global_batch = shares * old->micro_batch;
+    p->parallel.stages = p->parallel.replicas = p->parallel.micro_batches = CDP_AUTO;
+    drop_partition_and_placement(&p->parallel);
+    /* the search: as many nodes as keep devices, the fewest devices any keeps */
+    p->cluster.nodes = lf->keep_nodes;
+    p->cluster.devices = lf->per;
+    char note[512];
+    if ((st = cdp_planner_topology(p, in->machine->gpus, &t2, note, sizeof note))) goto done;
+    if ((st = cdp_planner_run(p, t2, in->table, 0, &r1))) goto done;
+    cdp_topology_free(t2);
+    t2 = NULL;
+    if ((st = cdp_planner_apply(&r1, p))) goto done;
+    /* the chosen placement, moved onto the devices that are left: device k of
+     * the search's node j is the k-th left on the j-th node that keeps any (a
+     * group's first: its run of tp is consecutive there too) */
+    if (!(node_of = calloc((size_t)lf->keep_nodes, sizeof *node_of))) {
+        st = cdp_fail(CDP_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    for (int node = 0, j = 0; node < nodes; node++)
+        if (lf->count[node]) node_of[j++] = node;
+    const int64_t n_place = p->parallel.stages * p->parallel.replicas;
+    for (int64_t i = 0; i < n_place && p->parallel.placement_map; i++) {
+        const int64_t g = p->parallel.placement_map[i];
+        const int j = (int)(g / lf->per), k = (int)(g % lf->per);
+        const int *on = &lf->dev[node_of[j < lf->keep_nodes ? j : 0] * n_devices];
+        for (int x = 1; x < tp; x++)
+            if (k + x >= lf->per || on[k + x] != on[k] + x) {
+                st = cdp_fail(CDP_ERR_INTERNAL, "the re-plan's tensor group at device %d of the search is not "
+                              "consecutive devices", k);
+                goto done;
+            }
+        p->parallel.placement_map[i] = on[k];
+    }
+    /* planned again on the first topology: the same nodes and devices as before */
+    p->cluster.nodes = nodes0;
+    p->cluster.devices = devices0;
+    if (devices0 == CDP_AUTO && !strcmp(p->cluster.topology, "auto") && !cdp_backend_is_gpu(p->cluster.backend))
+        p->cluster.devices = t->n_gpus / nodes; /* a cpu host's devices follow the shape: keep the first count */
+    if ((st = cdp_planner_topology(p, in->machine->gpus, &t2, note, sizeof note))) goto done;
+    if ((st = cdp_planner_run(p, t2, in->table, 0, out))) goto done;
+    if ((st = cdp_planner_apply(out, p))) cdp_planner_result_clear(out);
+done:
+    free(node_of);
+    cdp_planner_result_clear(&r1);
+    cdp_topology_free(t2);
+    if (st) {
+        cdp_plan_free(p);
+        return st;
+    }
+    *plan_out = p;
+    return CDP_OK;
 }
 
 cdp_status cdp_restart_replan(const struct cdp_replan_in *in, const struct cdp_layout *old, const unsigned char *dead,
@@ -256,114 +353,61 @@ cdp_status cdp_restart_replan(const struct cdp_replan_in *in, const struct cdp_l
 {
     const struct cdp_topology *t = in->topo;
     const int nodes = t->n_nodes > 0 ? t->n_nodes : 1;
-    /* the devices left, node by node: the old layout's devices that are not dead
-     * (nor in a dead device's tensor group) */
-    int *left = calloc((size_t)nodes * (size_t)n_devices + 1, sizeof *left), *count = calloc((size_t)nodes, sizeof *count);
-    unsigned char *seen = calloc((size_t)n_devices + 1, 1), *out_dev = calloc((size_t)n_devices + 1, 1);
-    struct cdp_plan *p = NULL;
-    struct cdp_topology *t2 = NULL;
-    struct cdp_planner_result r1 = {0};
+    struct left lf = {calloc((size_t)nodes * (size_t)n_devices + 1, sizeof *lf.dev),
+                      calloc((size_t)nodes, sizeof *lf.count), 0, 0};
+    struct cdp_plan *p = NULL, *best = NULL;
+    struct cdp_planner_result r = {0};
     cdp_status st = CDP_OK;
-    if (!left || !count || !seen || !out_dev) {
+    memset(out, 0, sizeof *out);
+    if (!lf.dev || !lf.count) {
         st = cdp_fail(CDP_ERR_NOMEM, "out of memory");
         goto done;
     }
-    group_slots_out(old, dead, n_devices, out_dev);
-    for (int d = 0; d < n_devices; d++)
-        for (int i = 0; i < old->n_ranks; i++)
-            if (old->rank[i].device == d && !seen[d]) {
-                seen[d] = 1;
-                if (out_dev[d]) continue;
-                const int node = old->rank[i].node < nodes ? old->rank[i].node : 0;
-                left[node * n_devices + count[node]++] = d;
-            }
-    int keep_nodes = 0, per = 0;
-    for (int node = 0; node < nodes; node++)
-        if (count[node]) {
-            per = keep_nodes++ ? (count[node] < per ? count[node] : per) : count[node];
+    /* the plan's t: a fixed one stays; "auto" tries the old t and each half
+     * of it (a run of a smaller t inside an old group's slot stays within
+     * its link domain) and keeps the fastest predicted */
+    if ((st = cdp_plan_load(in->plan_path, &p)) || (st = cdp_plan_resolve(p, in->machine))) goto done;
+    const int fixed = p->parallel.tensor != CDP_AUTO, t_old = old->tensor > 0 ? old->tensor : 1;
+    const int t_first = fixed ? (int)p->parallel.tensor : t_old;
+    cdp_plan_free(p);
+    p = NULL;
+    int tried = 0;
+    for (int tp = t_first; tp >= 1; tp = fixed ? 0 : tp / 2) {
+        devices_left(t, old, dead, n_devices, nodes, tp, &lf);
+        if (!lf.keep_nodes || lf.per < tp) continue;
+        tried++;
+        struct cdp_plan *np = NULL;
+        cdp_status s2 = plan_on(in, old, &lf, n_devices, nodes, tp, &np, &r);
+        if (s2) { /* nothing fits this t: another may; the last error is the one said */
+            st = s2;
+            continue;
         }
-    if (!keep_nodes) {
-        st = old->tensor > 1 ? cdp_fail(CDP_ERR_INVALID, "no device of the layout is left to plan on (a failed "
-                                        "device takes its tensor group of %d devices with it)", old->tensor)
-                             : cdp_fail(CDP_ERR_INVALID, "no device of the layout is left to plan on");
-        goto done;
-    }
-    /* Two passes at most: the plan's own t ("auto" searched again), then,
-     * when "auto" chose a t whose groups would not be consecutive devices
-     * on what is left (a t above the old one, across a gap), the old t. */
-    for (int pass = 0; pass < 2; pass++) {
-        cdp_plan_free(p);
-        p = NULL;
-        /* the plan as written, so that its "auto" is planned again; the shape goes too */
-        if ((st = cdp_plan_load(in->plan_path, &p)) || (st = cdp_plan_resolve(p, in->machine))) goto done;
-        if (pass == 1) p->parallel.tensor = old->tensor;
-        int64_t shares = 0;
-        for (int r = 0; r < old->replicas; r++) shares += old->shares[r];
-        const int64_t nodes0 = p->cluster.nodes, devices0 = p->cluster.devices;
-        p->train.global_batch = shares * old->micro_batch;
-        p->parallel.stages = p->parallel.replicas = p->parallel.micro_batches = CDP_AUTO;
-        drop_partition_and_placement(&p->parallel);
-        /* the search: as many nodes as keep devices, the fewest devices any keeps */
-        p->cluster.nodes = keep_nodes;
-        p->cluster.devices = per;
-        char note[512];
-        cdp_planner_result_clear(&r1);
-        if ((st = cdp_planner_topology(p, in->machine->gpus, &t2, note, sizeof note))) goto done;
-        if ((st = cdp_planner_run(p, t2, in->table, 0, &r1))) goto done;
-        cdp_topology_free(t2);
-        t2 = NULL;
-        if ((st = cdp_planner_apply(&r1, p))) goto done;
-        /* the chosen placement, moved onto the devices that are left: device k of
-         * the search's node j is the k-th left on the j-th node that keeps any; a
-         * tensor group's t devices must stay consecutive there */
-        int *node_of = calloc((size_t)keep_nodes, sizeof *node_of);
-        if (!node_of) {
-            st = cdp_fail(CDP_ERR_NOMEM, "out of memory");
-            goto done;
-        }
-        for (int node = 0, j = 0; node < nodes; node++)
-            if (count[node]) node_of[j++] = node;
-        const int64_t n_place = p->parallel.stages * p->parallel.replicas, tp = p->parallel.tensor;
-        int apart = 0;
-        for (int64_t i = 0; i < n_place && p->parallel.placement_map; i++) {
-            const int64_t g = p->parallel.placement_map[i];
-            const int j = (int)(g / per), k = (int)(g % per);
-            const int *on = &left[node_of[j < keep_nodes ? j : 0] * n_devices];
-            for (int64_t x = 1; x < tp; x++) apart |= k + x >= per || on[k + x] != on[k] + x;
-            p->parallel.placement_map[i] = on[k];
-        }
-        free(node_of);
-        if (apart && pass == 0 && old->tensor > 0 && tp != old->tensor) continue;
-        if (apart) {
-            st = cdp_fail(CDP_ERR_INVALID, "%s: the re-plan put a tensor group of %lld devices on devices that are "
-                          "not consecutive on one node", in->plan_path, (long long)tp);
-            goto done;
-        }
-        /* planned again on the first topology: the same nodes and devices as before */
-        p->cluster.nodes = nodes0;
-        p->cluster.devices = devices0;
-        if (devices0 == CDP_AUTO && !strcmp(p->cluster.topology, "auto") && !cdp_backend_is_gpu(p->cluster.backend))
-            p->cluster.devices = t->n_gpus / nodes; /* a cpu host's devices follow the shape: keep the first count */
-        if ((st = cdp_planner_topology(p, in->machine->gpus, &t2, note, sizeof note))) goto done;
-        if ((st = cdp_planner_run(p, t2, in->table, 0, out))) goto done;
-        if ((st = cdp_planner_apply(out, p))) {
+        if (!best || r.predicted.samples_per_s > out->predicted.samples_per_s) {
             cdp_planner_result_clear(out);
-            goto done;
+            cdp_plan_free(best);
+            *out = r;
+            best = np;
+        } else {
+            cdp_planner_result_clear(&r);
+            cdp_plan_free(np);
         }
-        break;
+        memset(&r, 0, sizeof r);
     }
+    if (best) st = CDP_OK;
+    else if (!tried)
+        st = t_first > 1 ? cdp_fail(CDP_ERR_INVALID, "no device of the layout is left to plan on (a tensor group "
+                                    "needs %d consecutive devices of one node, none failed)", t_first)
+                         : cdp_fail(CDP_ERR_INVALID, "no device of the layout is left to plan on");
 done:
-    cdp_planner_result_clear(&r1);
-    cdp_topology_free(t2);
-    free(left);
-    free(count);
-    free(seen);
-    free(out_dev);
-    if (st) {
-        cdp_plan_free(p);
-        return st;
+    free(lf.dev);
+    free(lf.count);
+    cdp_plan_free(p);
+    if (st || !best) {
+        cdp_plan_free(best);
+        cdp_planner_result_clear(out);
+        return st ? st : cdp_fail(CDP_ERR_INTERNAL, "the re-plan chose nothing");
     }
-    *plan_out = p;
+    *plan_out = best;
     return CDP_OK;
 }
 
