@@ -1026,6 +1026,46 @@ Test(pipeline, rebalancing_moves_micro_batches_to_fast_replicas, .timeout = 240)
     cdp_test_run_free(&r);
 }
 
+/* Rebalancing with tensor groups: the shares are a replica's, so a tensor
+ * group moves as one (every rank of it reads the same micro-batches). Rank 2
+ * (replica 1's tensor index 0) made twenty times slower: the first look moves
+ * micro-batches to replica 0, and the run equals one-rank training. */
+Test(pipeline, rebalancing_moves_a_tensor_group_s_micro_batches, .timeout = 240)
+{
+    need_mpi();
+    char dir[4096], base[4200], pipe[4200], a[4300], b[4300];
+    snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
+    struct layout l = {MODEL_SPLIT, 1, 2, 4, 1, "1f1b", "", 1, "", 0, 2};
+    write_plan(dir, "one", &l, 1);
+    write_plan(dir, "pipe", &l, 0);
+    snprintf(base, sizeof base, "%s/one.json", dir);
+    snprintf(pipe, sizeof pipe, "%s/pipe.json", dir);
+    run_ok(base);
+    double secs;
+    struct cdp_run r = run_fault(pipe, "slow:2:20", &secs);
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    const char *moved = strstr(r.out, "step 1: rebalanced micro-batches per replica 4 4 -> ");
+    cr_assert(moved, "%s", r.out);
+    long first[2] = {0, 0};
+    cr_assert_eq(sscanf(strstr(moved, "-> ") + 3, "%ld %ld", &first[0], &first[1]), 2, "%s", r.out);
+    cr_assert_gt(first[0], first[1], "4 4 -> %ld %ld: the slowed replica 1 should run fewer\n%s", first[0], first[1],
+                 r.out);
+    cr_assert_eq(first[0] + first[1], 8);
+    double la[8], lb[8];
+    snprintf(a, sizeof a, "%s/one.jsonl", dir);
+    snprintf(b, sizeof b, "%s/pipe.jsonl", dir);
+    cr_assert_eq(read_losses(a, la, 8), 3);
+    cr_assert_eq(read_losses(b, lb, 8), 3);
+    for (int i = 0; i < 3; i++)
+        cr_assert_leq(fabs(la[i] - lb[i]), 1e-5 * fabs(la[i]), "step %d: loss %.9g vs %.9g", i + 1, lb[i], la[i]);
+    snprintf(a, sizeof a, "%s/one.safetensors", dir);
+    snprintf(b, sizeof b, "%s/pipe.safetensors", dir);
+    const double e = compare_weights(a, b);
+    cr_assert_leq(e, 1e-5, "weights differ by %.3g", e);
+    cr_log_info("t = 2: rebalanced to %ld %ld; worst weight error %.3g", first[0], first[1], e);
+    cdp_test_run_free(&r);
+}
+
 /* The monitor: per-rank utilisation, memory and busy time in metrics.jsonl,
  * the slowest rank, and a warning naming a rank that is consistently slow.
  * Micro-batches of some milliseconds, so that a preempted fast rank on a
