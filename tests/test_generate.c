@@ -643,6 +643,42 @@ Test(stages, generate_and_eval_on_a_pipeline_equal_one_rank, .timeout = 120)
     cdp_test_run_free(&r);
 }
 
+/* generate and eval from a GPT checkpoint that tensor groups wrote (t = 2:
+ * heads, MLP and the fused q, k, v split over 2 ranks): it loads whole, for
+ * whole layers (t = 1), so one rank, 2 stages under mpirun and the exported
+ * weights under the t = 2 plan all sample the same text; eval gives the
+ * validation loss the t = 2 run recorded, to its all-reduces' rounding. */
+Test(stages, generate_and_eval_from_a_tensor_group_checkpoint, .timeout = 180)
+{
+    if (!cdp_comm_have_mpi()) cr_skip_test("this build has no MPI: a run of tensor groups is not possible");
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
+    char plan[4096], w[4200], ck[4200];
+    snprintf(plan, sizeof plan, "%s", train_tiny_on(dir, "\"stages\": 1, \"replicas\": 1, \"tensor\": 2, "
+                                                         "\"micro_batches\": 2"));
+    snprintf(w, sizeof w, "%s/exported.safetensors", dir);
+    snprintf(ck, sizeof ck, "%s/ck", dir);
+    const char *sampled[] = {"generate", "--checkpoint", ck, "--prompt", "The ", "--tokens", "30", "--seed", "5",
+                             "--temperature", "1.5", NULL};
+    char *one = generate(sampled);
+    cr_assert_eq(strlen(one), strlen("The ") + 30 + 1, "%s", one);
+    char *two = generate_ranks("2", sampled);
+    cr_assert_str_eq(two, one, "on 2 stages");
+    free(two);
+    struct cdp_run r;
+    cr_assert_eq(cdp_test_run(&r, (const char *[]){"export", "--checkpoint", ck, "--out", w, NULL}), 0);
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    cdp_test_run_free(&r);
+    char *exported = generate((const char *[]){"generate", "--plan", plan, "--weights", w, "--prompt", "The ",
+                                               "--tokens", "30", "--seed", "5", "--temperature", "1.5", NULL});
+    cr_assert_str_eq(exported, one, "from the exported weights");
+    free(exported);
+    const double want = last_val_loss(dir), got = eval_value((const char *[]){"eval", "--checkpoint", ck, NULL});
+    cr_assert_leq(fabs(got - want), 1e-5 * fabs(want), "eval %.17g, the t = 2 run recorded %.17g", got, want);
+    cr_log_info("t = 2 GPT: %s", one);
+    free(one);
+}
+
 /* Validation runs the forward-only schedule through the executor's
  * instruction table on every placement of virtual stages: chunks handed on
  * between ranks (interleaved), the turn of zbv's V on one rank. The loss is

@@ -64,7 +64,7 @@ double cdp_model_step_flops(const struct cdp_model *m)
     for (int i = 0; i < m->n_units; i++) {
         const struct cdp_unit *u = &m->units[i];
         /* a tensor group's replicated unit: every rank repeats the same work, index 0 counts it */
-        if (u->tp_size > 1 && u->desc.split == CDP_TSPLIT_NONE && u->tp_index > 0) continue;
+        if (u->tp_size > 1 && !cdp_unit_tensor_split(u) && u->tp_index > 0) continue;
         f += u->fwd_flops + u->bwd_flops;
     }
     return f * m->B;

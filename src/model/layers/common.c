@@ -49,6 +49,7 @@ struct cdp_param_desc *cdp_unit_add_param(struct cdp_unit *u, const char *name, 
     p->tied_unit = -1;
     p->tied_param = -1;
     p->shard_dim = -1;
+    p->shard_parts = 1;
     u->param_count += p->numel;
     return p;
 }

@@ -143,6 +143,7 @@ const struct cdp_layer_def cdp_layer_embedding = {
     .type = CDP_LAYER_EMBEDDING,
     .name = "embedding",
     .listable = 1,
+    .tensor_ok = 1, /* replicated: whole on every rank of a tensor group */
     .keys = keys,
     .parse = parse,
     .shape = shape,

@@ -173,6 +173,7 @@ const struct cdp_layer_def cdp_layer_lm_head = {
     .type = CDP_LAYER_LM_HEAD,
     .name = "lm_head",
     .listable = 0,
+    .tensor_ok = 1, /* replicated: whole on every rank of a tensor group */
     .keys = keys,
     .shape = shape,
     .build = build,
