@@ -236,7 +236,12 @@ Test(restart, a_killed_rank_of_a_tensor_group_is_replanned_around, .timeout = 24
     char dir[4096];
     snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
     const char *a = split_plan(dir, "a", "{\"max\": 2, \"exclude_failed\": true}");
-    struct cdp_run r = run((const char *[]){"--plan", a, NULL}, "kill:1:6@0");
+    struct cdp_run r = run((const char *[]){"--dry-run", "--plan", a, NULL}, NULL);
+    cr_assert(r.exit_code == 0 && strstr(r.out, "up to 2 in a row at one step, re-planned without the failed "
+                                                "devices' tensor groups"),
+              "%s", r.out);
+    cdp_test_run_free(&r);
+    r = run((const char *[]){"--plan", a, NULL}, "kill:1:6@0");
     cr_assert_eq(r.exit_code, 0, "exit %d: %s", r.exit_code, r.err);
     cr_assert(strstr(r.out, "restart 1: rank 1 (stage 0, replica 0, tensor 1, node 0, device 1) died"), "%s", r.out);
     cr_assert(strstr(r.out, "at step 6; resuming from step 4 (1 step lost) on 1x1 (tensor 2), was 2x1 (tensor 2) "
