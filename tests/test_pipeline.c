@@ -1316,18 +1316,31 @@ Test(pipeline, tensor_checkpoints_resume_at_any_t, .timeout = 240)
     }
 }
 
-/* A checkpoint written at t = 2 (one stage, 2 replicas, ZeRO-1) resumes at
+/* A checkpoint written at t = 2 (one stage, 2 replicas, ZeRO-1; an MLP of
+ * split linears, and a GPT split by heads with a tied head) resumes at
  * t = 4 (2 replicas under ZeRO-2: each rank's quarter of a split tensor and
  * its shard of that quarter's moments): loaded, stepped once at a rate of 0
  * and written out, its weights are the checkpoint's to the bit; trained on
  * (its steps made with the moments sliced and sharded at t = 4), it equals an
  * uninterrupted one-rank run to 1e-5, and the checkpoint the t = 4 run writes
  * holds the weights it ended with, bitwise. */
-Test(pipeline, a_t2_checkpoint_resumes_at_t4_bitwise, .timeout = 240)
+ParameterizedTestParameters(pipeline, a_t2_checkpoint_resumes_at_t4_bitwise)
+{
+    static int models[] = {MODEL_SPLIT, MODEL_GPT};
+    return cr_make_param_array(int, models, 2);
+}
+
+ParameterizedTest(int *model, pipeline, a_t2_checkpoint_resumes_at_t4_bitwise, .timeout = 240)
 {
     need_mpi();
     char dir[4096], path[4300], a[4300], b[4300];
     snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
+    /* the GPT: 4 heads, tied head; AdamW's eps as in write_plan's tensor plans */
+    const char *net = *model == MODEL_GPT
+                          ? "\"model\": {\"preset\": \"gpt\", \"vocab\": 32, \"context\": 8, \"layers\": 2, "
+                            "\"heads\": 4, \"embed\": 16, \"tie_embeddings\": true}"
+                          : SPLIT_MLP;
+    const char *eps = *model == MODEL_GPT ? ", \"eps\": 1e-4" : "";
     static const struct {
         const char *name;
         int steps, t, R, zero;
@@ -1339,12 +1352,13 @@ Test(pipeline, a_t2_checkpoint_resumes_at_t4_bitwise, .timeout = 240)
     for (int i = 0; i < 4; i++) {
         char json[2048], file[64];
         snprintf(json, sizeof json,
-                 "{" SPLIT_MLP ", \"data\": {\"source\": \"synthetic\", \"seed\": 3}, \"train\": {\"steps\": %d, "
+                 "{%s, \"data\": {\"source\": \"synthetic\", \"seed\": 3}, \"train\": {\"steps\": %d, "
                  "\"global_batch\": 8, \"micro_batch\": 2, \"checkpoint\": {\"dir\": \"%s\", \"every\": 2}, %s"
-                 "\"optimizer\": {\"type\": \"adamw\", \"lr\": 0.01}, \"eval_batches\": 1}, \"parallel\": "
+                 "\"optimizer\": {\"type\": \"adamw\", \"lr\": 0.01%s}, \"eval_batches\": 1}, \"parallel\": "
                  "{\"stages\": 1, \"tensor\": %d, \"replicas\": %d, \"zero\": %d}, \"cluster\": {\"backend\": "
                  "\"cpu\"}, \"output\": {\"weights\": \"%s.safetensors\"}}",
-                 runs[i].steps, runs[i].ckpt, runs[i].lr, runs[i].t, runs[i].R, runs[i].zero, runs[i].name);
+                 net, runs[i].steps, runs[i].ckpt, runs[i].lr, eps, runs[i].t, runs[i].R, runs[i].zero,
+                 runs[i].name);
         snprintf(file, sizeof file, "%s.json", runs[i].name);
         cdp_test_write_file(dir, file, json);
     }
@@ -1380,7 +1394,7 @@ Test(pipeline, a_t2_checkpoint_resumes_at_t4_bitwise, .timeout = 240)
     cr_assert_eq(r.exit_code, 0, "%s", r.err);
     cdp_test_run_free(&r);
     cr_assert_eq(compare_weights(b, path), 0.0, "the t = 4 checkpoint holds the weights the run wrote");
-    cr_log_info("resumed at t = 4: %.3g from one rank", e);
+    cr_log_info("%s resumed at t = 4: %.3g from one rank", *model == MODEL_GPT ? "gpt" : "split mlp", e);
 }
 
 /* The same for GPT blocks split by heads (the fused q, k, v projection a
