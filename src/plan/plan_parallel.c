@@ -382,14 +382,14 @@ static cdp_status check_schedule_file_shape(struct ld *c)
     return CDP_OK;
 }
 
-/* The layer types that may run with /parallel/tensor above 1, for messages. */
+/* The layer types a list may hold with /parallel/tensor above 1, for messages. */
 static void tensor_types(char *buf, size_t cap)
 {
     size_t n = 0;
     buf[0] = '\0';
     for (int t = 0; t < CDP_LAYER_TYPE_COUNT; t++) {
         const struct cdp_layer_def *d = cdp_layer_def((enum cdp_layer_type)t);
-        if (!d->tensor_ok || n >= cap) continue;
+        if (!d->tensor_ok || !d->listable || n >= cap) continue;
         n += (size_t)snprintf(buf + n, cap - n, "%s%s", n ? ", " : "", d->name);
     }
 }
