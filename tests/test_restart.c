@@ -205,21 +205,23 @@ Test(restart, a_device_error_is_replanned_around_and_resumed, .timeout = 240)
     restarts_like_a_resume_by_hand("deverr:3:6@0", "deverr:3:6", 3, "reported a device error", 30);
 }
 
-/* An MLP of split linears on 2 stages of tensor groups of 2 (4 ranks on
- * devices 0..3), checkpoints every 2 steps. */
-static const char *split_plan(const char *dir, const char *name, const char *restart)
+/* An MLP of split linears (or a GPT: gpt) on 2 stages of tensor groups of 2
+ * (4 ranks on devices 0..3), checkpoints every 2 steps. */
+static const char *split_plan(const char *dir, const char *name, const char *restart, int gpt)
 {
     char json[2048], file[64];
     snprintf(json, sizeof json,
-             "{\"model\": {\"input\": [12], \"layers\": [{\"type\": \"linear\", \"out\": 32, \"split\": \"column\"}, "
-             "{\"type\": \"relu\"}, {\"type\": \"linear\", \"out\": 24, \"split\": \"row\"}, {\"type\": \"linear\", "
-             "\"out\": 16, \"split\": \"column\"}, {\"type\": \"gelu\"}, {\"type\": \"linear\", \"out\": 5, "
-             "\"split\": \"row\"}]}, \"data\": {\"source\": \"synthetic\", \"seed\": 5}, \"train\": {\"steps\": 6, "
+             "{\"model\": %s, \"data\": {\"source\": \"synthetic\", \"seed\": 5}, \"train\": {\"steps\": 6, "
              "\"micro_batch\": 2, \"global_batch\": 8, \"log_every\": 1, \"optimizer\": {\"type\": \"adamw\", "
              "\"lr\": 0.01}, \"eval_batches\": 1, \"timeout_s\": 30, \"checkpoint\": {\"dir\": \"ckpt-%s\", "
              "\"every\": 2, \"keep\": 3}, \"restart\": %s}, \"parallel\": {\"stages\": 2, \"tensor\": 2}, "
              "\"cluster\": {\"backend\": \"cpu\"}, \"output\": {\"metrics\": \"%s.jsonl\", \"weights\": "
              "\"%s.safetensors\"}}",
+             gpt ? "{\"preset\": \"gpt\", \"vocab\": 32, \"context\": 8, \"layers\": 2, \"heads\": 4, \"embed\": 16}"
+                 : "{\"input\": [12], \"layers\": [{\"type\": \"linear\", \"out\": 32, \"split\": \"column\"}, "
+                   "{\"type\": \"relu\"}, {\"type\": \"linear\", \"out\": 24, \"split\": \"row\"}, {\"type\": "
+                   "\"linear\", \"out\": 16, \"split\": \"column\"}, {\"type\": \"gelu\"}, {\"type\": \"linear\", "
+                   "\"out\": 5, \"split\": \"row\"}]}",
              name, restart, name, name);
     snprintf(file, sizeof file, "%s.json", name);
     return cdp_test_write_file(dir, file, json);
@@ -230,12 +232,12 @@ static const char *split_plan(const char *dir, const char *name, const char *res
  * stays, the re-plan puts the model on the group of devices 2 and 3 and the
  * run resumes from step 4; it ends as a resume by hand from the same
  * checkpoint under the restart's planned.json does, bitwise. */
-Test(restart, a_killed_rank_of_a_tensor_group_is_replanned_around, .timeout = 240)
+static void a_group_s_rank_killed(int gpt)
 {
     need_mpi();
     char dir[4096];
     snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
-    const char *a = split_plan(dir, "a", "{\"max\": 2, \"exclude_failed\": true}");
+    const char *a = split_plan(dir, "a", "{\"max\": 2, \"exclude_failed\": true}", gpt);
     struct cdp_run r = run((const char *[]){"--dry-run", "--plan", a, NULL}, NULL);
     cr_assert(r.exit_code == 0 && strstr(r.out, "up to 2 in a row at one step, re-planned without the failed "
                                                 "devices' tensor groups"),
@@ -270,7 +272,7 @@ Test(restart, a_killed_rank_of_a_tensor_group_is_replanned_around, .timeout = 24
     char sub[4200];
     snprintf(sub, sizeof sub, "%s/c", dir);
     cr_assert_eq(mkdir(sub, 0700), 0);
-    const char *c = split_plan(sub, "c", "null");
+    const char *c = split_plan(sub, "c", "null", gpt);
     r = run((const char *[]){"-q", "--plan", c, NULL}, "kill:1:6");
     cr_assert_neq(r.exit_code, 0, "the fault did not stop the run");
     cdp_test_run_free(&r);
@@ -293,6 +295,18 @@ Test(restart, a_killed_rank_of_a_tensor_group_is_replanned_around, .timeout = 24
     char wa[4300];
     snprintf(wa, sizeof wa, "%s/a.safetensors", dir);
     files_equal(wa, weights);
+}
+
+Test(restart, a_killed_rank_of_a_tensor_group_is_replanned_around, .timeout = 240)
+{
+    a_group_s_rank_killed(0);
+}
+
+/* The same for a GPT split by heads (2 stages of t = 2: embedding and a block, a block
+ * and the head). */
+Test(restart, a_killed_rank_of_a_gpt_tensor_group_is_replanned_around, .timeout = 240)
+{
+    a_group_s_rank_killed(1);
 }
 
 /* The same fault at every attempt, on the same layout: 2 restarts, then it stops
