@@ -1073,6 +1073,46 @@ Test(pipeline, rebalancing_moves_micro_batches_to_fast_replicas, .timeout = 240)
     cdp_test_run_free(&r);
 }
 
+/* Rebalancing with tensor groups: the shares are a replica's, so a tensor
+ * group moves as one (every rank of it reads the same micro-batches). Rank 2
+ * (replica 1's tensor index 0) made twenty times slower: the first look moves
+ * micro-batches to replica 0, and the run equals one-rank training. */
+Test(pipeline, rebalancing_moves_a_tensor_group_s_micro_batches, .timeout = 240)
+{
+    need_mpi();
+    char dir[4096], base[4200], pipe[4200], a[4300], b[4300];
+    snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
+    struct layout l = {MODEL_SPLIT, 1, 2, 4, 1, "1f1b", "", 1, "", 0, 2};
+    write_plan(dir, "one", &l, 1);
+    write_plan(dir, "pipe", &l, 0);
+    snprintf(base, sizeof base, "%s/one.json", dir);
+    snprintf(pipe, sizeof pipe, "%s/pipe.json", dir);
+    run_ok(base);
+    double secs;
+    struct cdp_run r = run_fault(pipe, "slow:2:20", &secs);
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    const char *moved = strstr(r.out, "step 1: rebalanced micro-batches per replica 4 4 -> ");
+    cr_assert(moved, "%s", r.out);
+    long first[2] = {0, 0};
+    cr_assert_eq(sscanf(strstr(moved, "-> ") + 3, "%ld %ld", &first[0], &first[1]), 2, "%s", r.out);
+    cr_assert_gt(first[0], first[1], "4 4 -> %ld %ld: the slowed replica 1 should run fewer\n%s", first[0], first[1],
+                 r.out);
+    cr_assert_eq(first[0] + first[1], 8);
+    double la[8], lb[8];
+    snprintf(a, sizeof a, "%s/one.jsonl", dir);
+    snprintf(b, sizeof b, "%s/pipe.jsonl", dir);
+    cr_assert_eq(read_losses(a, la, 8), 3);
+    cr_assert_eq(read_losses(b, lb, 8), 3);
+    for (int i = 0; i < 3; i++)
+        cr_assert_leq(fabs(la[i] - lb[i]), 1e-5 * fabs(la[i]), "step %d: loss %.9g vs %.9g", i + 1, lb[i], la[i]);
+    snprintf(a, sizeof a, "%s/one.safetensors", dir);
+    snprintf(b, sizeof b, "%s/pipe.safetensors", dir);
+    const double e = compare_weights(a, b);
+    cr_assert_leq(e, 1e-5, "weights differ by %.3g", e);
+    cr_log_info("t = 2: rebalanced to %ld %ld; worst weight error %.3g", first[0], first[1], e);
+    cdp_test_run_free(&r);
+}
+
 /* The monitor: per-rank utilisation, memory and busy time in metrics.jsonl,
  * the slowest rank, and a warning naming a rank that is consistently slow.
  * Micro-batches of some milliseconds, so that a preempted fast rank on a
@@ -1285,6 +1325,87 @@ Test(pipeline, tensor_checkpoints_resume_at_any_t, .timeout = 240)
         const double e = compare_weights(a, b);
         cr_assert_leq(e, 1e-5, "resumed at t=%d: weights differ by %.3g", runs[i].t, e);
     }
+}
+
+/* A checkpoint written at t = 2 (one stage, 2 replicas, ZeRO-1; an MLP of
+ * split linears, and a GPT split by heads with a tied head) resumes at
+ * t = 4 (2 replicas under ZeRO-2: each rank's quarter of a split tensor and
+ * its shard of that quarter's moments): loaded, stepped once at a rate of 0
+ * and written out, its weights are the checkpoint's to the bit; trained on
+ * (its steps made with the moments sliced and sharded at t = 4), it equals an
+ * uninterrupted one-rank run to 1e-5, and the checkpoint the t = 4 run writes
+ * holds the weights it ended with, bitwise. */
+ParameterizedTestParameters(pipeline, a_t2_checkpoint_resumes_at_t4_bitwise)
+{
+    static int models[] = {MODEL_SPLIT, MODEL_GPT};
+    return cr_make_param_array(int, models, 2);
+}
+
+ParameterizedTest(int *model, pipeline, a_t2_checkpoint_resumes_at_t4_bitwise, .timeout = 240)
+{
+    need_mpi();
+    char dir[4096], path[4300], a[4300], b[4300];
+    snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
+    /* the GPT: 4 heads, tied head; AdamW's eps as in write_plan's tensor plans */
+    const char *net = *model == MODEL_GPT
+                          ? "\"model\": {\"preset\": \"gpt\", \"vocab\": 32, \"context\": 8, \"layers\": 2, "
+                            "\"heads\": 4, \"embed\": 16, \"tie_embeddings\": true}"
+                          : SPLIT_MLP;
+    const char *eps = *model == MODEL_GPT ? ", \"eps\": 1e-4" : "";
+    static const struct {
+        const char *name;
+        int steps, t, R, zero;
+        const char *ckpt, *lr;
+    } runs[] = {{"w2", 2, 2, 2, 1, "ckw", ""},
+                {"z4", 3, 4, 2, 2, "ckz", "\"lr_schedule\": {\"type\": \"linear\", \"min_lr\": 0}, "},
+                {"t4", 4, 4, 2, 2, "ck4", ""},
+                {"one", 4, 1, 1, 0, "ck1", ""}};
+    for (int i = 0; i < 4; i++) {
+        char json[2048], file[64];
+        snprintf(json, sizeof json,
+                 "{%s, \"data\": {\"source\": \"synthetic\", \"seed\": 3}, \"train\": {\"steps\": %d, "
+                 "\"global_batch\": 8, \"micro_batch\": 2, \"checkpoint\": {\"dir\": \"%s\", \"every\": 2}, %s"
+                 "\"optimizer\": {\"type\": \"adamw\", \"lr\": 0.01%s}, \"eval_batches\": 1}, \"parallel\": "
+                 "{\"stages\": 1, \"tensor\": %d, \"replicas\": %d, \"zero\": %d}, \"cluster\": {\"backend\": "
+                 "\"cpu\"}, \"output\": {\"weights\": \"%s.safetensors\"}}",
+                 net, runs[i].steps, runs[i].ckpt, runs[i].lr, eps, runs[i].t, runs[i].R, runs[i].zero,
+                 runs[i].name);
+        snprintf(file, sizeof file, "%s.json", runs[i].name);
+        cdp_test_write_file(dir, file, json);
+    }
+    snprintf(path, sizeof path, "%s/w2.json", dir);
+    run_ok(path);
+    char cmd[17000];
+    snprintf(cmd, sizeof cmd, "cp -r '%s/ckw' '%s/ckz' && cp -r '%s/ckw' '%s/ck4'", dir, dir, dir, dir);
+    cr_assert_eq(system(cmd), 0);
+    struct cdp_run r;
+    for (int i = 1; i <= 2; i++) {
+        snprintf(path, sizeof path, "%s/%s.json", dir, runs[i].name);
+        snprintf(a, sizeof a, "%s/%s", dir, runs[i].ckpt);
+        cr_assert_eq(cdp_test_run(&r, (const char *[]){"-q", "--plan", path, "--resume", a, NULL}), 0);
+        cr_assert_eq(r.exit_code, 0, "%s: %s", runs[i].name, r.err);
+        cdp_test_run_free(&r);
+    }
+    /* loaded at t = 4, one step at a rate of 0 (a linear decay's last step),
+     * written out: the t = 2 run's bits */
+    snprintf(a, sizeof a, "%s/w2.safetensors", dir);
+    snprintf(b, sizeof b, "%s/z4.safetensors", dir);
+    cr_assert_eq(compare_weights(a, b), 0.0, "the weights loaded at t = 4 are not the checkpoint's");
+    /* trained on at t = 4: as one rank does, uninterrupted */
+    snprintf(path, sizeof path, "%s/one.json", dir);
+    run_ok(path);
+    snprintf(a, sizeof a, "%s/one.safetensors", dir);
+    snprintf(b, sizeof b, "%s/t4.safetensors", dir);
+    const double e = compare_weights(a, b);
+    cr_assert_leq(e, 1e-5, "resumed at t = 4: weights differ from one rank's by %.3g", e);
+    /* the t = 4 run's own checkpoint (gathered from quarters and ZeRO shards) */
+    snprintf(a, sizeof a, "%s/ck4", dir);
+    snprintf(path, sizeof path, "%s/ck4.safetensors", dir);
+    cr_assert_eq(cdp_test_run(&r, (const char *[]){"export", "--checkpoint", a, "--out", path, NULL}), 0);
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    cdp_test_run_free(&r);
+    cr_assert_eq(compare_weights(b, path), 0.0, "the t = 4 checkpoint holds the weights the run wrote");
+    cr_log_info("%s resumed at t = 4: %.3g from one rank", *model == MODEL_GPT ? "gpt" : "split mlp", e);
 }
 
 /* The same for GPT blocks split by heads (the fused q, k, v projection a
