@@ -44,6 +44,10 @@ struct cdp_layer_def {
      * type that splits over the tensor group, or an elementwise one that
      * passes a split layer's slice through; 0: refused at plan load */
     int tensor_ok;
+    /* its output is split by vocabulary over the tensor group, each rank
+     * the logits of its slice (lm_head): a model ending with it takes the
+     * vocab-parallel cross-entropy (cdp_unit_vocab_split) */
+    int vocab_parallel;
 
     /* ---- the plan ---- */
     /* Reads its keys (already checked against keys) from the layer object v at

@@ -34,14 +34,23 @@ static void make_unit(struct cdp_unit *u, const struct cdp_layer_desc *d, struct
 void cdp_param_shard(struct cdp_unit *u, int p, int dim, int t, int k)
 {
     struct cdp_param_desc *pd = &u->params[p];
-    CDP_ASSERT(dim >= 0 && dim < pd->ndim && t >= 1 && k >= 0 && k < t && pd->shape[dim] % t == 0);
+    CDP_ASSERT(dim >= 0 && dim < pd->ndim && t >= 1 && k >= 0 && k < t && pd->shape[dim] > 0);
+    const int64_t full = pd->shape[dim], inner = pd->numel / full;
     u->param_count -= pd->numel;
     pd->shard_dim = dim;
-    pd->shard_full = pd->shape[dim];
-    pd->shape[dim] /= t;
+    pd->shard_full = full;
+    pd->shape[dim] = (full + t - 1) / t; /* padded up to a multiple of t */
     pd->shard_off = k * pd->shape[dim];
-    pd->numel /= t;
-    u->param_count += pd->numel;
+    pd->numel = pd->shape[dim] * inner;
+    /* the rank owns the whole tensor's entries it holds, not its padding */
+    u->param_count += cdp_param_slice_len(pd) * inner;
+}
+
+int64_t cdp_param_slice_len(const struct cdp_param_desc *pd)
+{
+    if (pd->shard_dim < 0) return pd->shape[0];
+    const int64_t left = pd->shard_full - pd->shard_off, n = pd->shape[pd->shard_dim];
+    return left < 0 ? 0 : left < n ? left : n;
 }
 
 /* The units of m: a layer list's, or a GPT preset's token and position
@@ -268,9 +277,8 @@ void cdp_param_init(const struct cdp_unit *u, int p, uint64_t seed, float *dst)
     }
     /* a slice: the whole tensor as one rank makes it, then this rank's part */
     struct cdp_param_desc whole = *pd;
-    const int64_t t = pd->shard_full / pd->shape[pd->shard_dim];
     whole.shape[pd->shard_dim] = pd->shard_full;
-    whole.numel = pd->numel * t;
+    whole.numel = pd->numel / pd->shape[pd->shard_dim] * pd->shard_full;
     float *all = malloc((size_t)whole.numel * sizeof *all);
     CDP_ASSERT(all); /* as large as the whole tensor one rank would hold */
     param_init_whole(u, &whole, p, seed, all);
@@ -283,12 +291,17 @@ void cdp_param_slice_copy(const struct cdp_param_desc *pd, void *whole, void *sl
     int64_t outer = 1, inner = 1; /* dimensions before and after the sliced one */
     for (int i = 0; i < pd->shard_dim; i++) outer *= pd->shape[i];
     for (int i = pd->shard_dim + 1; i < pd->ndim; i++) inner *= pd->shape[i];
-    const size_t len = (size_t)(pd->shape[pd->shard_dim] * inner) * sizeof(float);
+    /* the slice's rows past the whole tensor's end are padding: zeros, never in the whole */
+    const size_t stride = (size_t)(pd->shape[pd->shard_dim] * inner) * sizeof(float),
+                 len = (size_t)(cdp_param_slice_len(pd) * inner) * sizeof(float);
     for (int64_t o = 0; o < outer; o++) {
-        char *w = (char *)whole + (size_t)((o * pd->shard_full + pd->shard_off) * inner) * sizeof(float),
-             *s = (char *)slice + (size_t)o * len;
-        if (to_whole) memcpy(w, s, len);
-        else memcpy(s, w, len);
+        char *s = (char *)slice + (size_t)o * stride;
+        if (len) {
+            char *w = (char *)whole + (size_t)((o * pd->shard_full + pd->shard_off) * inner) * sizeof(float);
+            if (to_whole) memcpy(w, s, len);
+            else memcpy(s, w, len);
+        }
+        if (!to_whole && len < stride) memset(s + len, 0, stride - len);
     }
 }
 
@@ -352,6 +365,15 @@ cdp_status cdp_unit_backward_split(const struct cdp_kernels *k, const struct cdp
                                    const float *dout, float *din, float *scratch, int B)
 {
     return cdp_layer_def(u->desc.type)->backward(k, u, p, g, in, act, tail, dout, din, scratch, B);
+}
+
+int cdp_unit_vocab_split(const struct cdp_unit *u, int64_t *off, int64_t *valid)
+{
+    if (u->tp_size <= 1 || !cdp_layer_def(u->desc.type)->vocab_parallel) return 0;
+    const int64_t w = cdp_shape_last(&u->out), left = u->desc.vocab - u->tp_index * w;
+    *off = u->tp_index * w;
+    *valid = left < 0 ? 0 : left < w ? left : w;
+    return 1;
 }
 
 int cdp_unit_weight_takes_dout(const struct cdp_unit *u) { return cdp_layer_def(u->desc.type)->weight_takes_dout; }
