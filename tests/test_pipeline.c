@@ -15,11 +15,12 @@
 #include "comm/comm.h"
 #include "model/safetensors.h"
 
-enum { MODEL_MLP = 0, MODEL_GPT = 1, MODEL_SILU = 2, MODEL_LLAMA = 3, MODEL_LLAMA_TIED = 4, MODEL_SPLIT = 5 };
+enum { MODEL_MLP = 0, MODEL_GPT = 1, MODEL_SILU = 2, MODEL_LLAMA = 3, MODEL_LLAMA_TIED = 4, MODEL_SPLIT = 5, MODEL_VOCAB = 6 };
 
 static const char *model_name(int model)
 {
-    static const char *const names[] = {"mlp", "gpt", "silu", "llama", "llama (tied)", "mlp (split linears)"};
+    static const char *const names[] = {"mlp", "gpt", "silu", "llama", "llama (tied)", "mlp (split linears)",
+                                        "embedding (vocab-parallel)"};
     return names[model];
 }
 
@@ -29,6 +30,14 @@ static const char *model_name(int model)
     "{\"type\": \"relu\"}, {\"type\": \"linear\", \"out\": 24, \"split\": \"row\"}, {\"type\": \"linear\", "         \
     "\"out\": 16, \"split\": \"column\"}, {\"type\": \"gelu\"}, {\"type\": \"linear\", \"out\": 5, \"split\": "        \
     "\"row\"}]}"
+
+/* A vocab-parallel embedding of a vocabulary no t of the grid divides (its
+ * slices padded), a pair of split linears, and a replicated classifier. */
+#define VOCAB_MODEL                                                                                               \
+    "\"model\": {\"input\": [8], \"layers\": [{\"type\": \"embedding\", \"vocab\": 37, \"dim\": 16, "             \
+    "\"context\": 8}, {\"type\": \"linear\", \"out\": 32, \"split\": \"column\"}, {\"type\": \"gelu\"}, "        \
+    "{\"type\": \"linear\", \"out\": 16, \"split\": \"row\"}, {\"type\": \"linear\", \"out\": 37}], "               \
+    "\"loss\": \"cross_entropy\"}"
 
 struct layout {
     int model, p, R, m, v;
@@ -66,6 +75,8 @@ static void write_plan(const char *dir, const char *name, const struct layout *l
                  "\"kv_heads\": 1, \"dim\": 16, \"hidden\": 24, \"tie_embeddings\": true}")
         : l->model == MODEL_SPLIT
         ? SPLIT_MLP
+        : l->model == MODEL_VOCAB
+        ? VOCAB_MODEL
         : l->model == MODEL_SILU
         ? "\"model\": {\"input\": [12], \"layers\": [{\"type\": \"linear\", \"out\": 32}, {\"type\": \"silu\"}, "
           "{\"type\": \"linear\", \"out\": 24}, {\"type\": \"silu\"}, {\"type\": \"linear\", \"out\": 5}]}"
@@ -281,6 +292,9 @@ ParameterizedTestParameters(pipeline, tensor_layouts_equal_one_rank)
     grid[n++] = (struct layout){MODEL_SPLIT, 2, 1, 4, 1, "1f1b", "", 0, "full", 0, 4};
     grid[n++] = (struct layout){MODEL_SPLIT, 1, 2, 2, 1, "1f1b", "", 0, "", 1, 2};
     grid[n++] = (struct layout){MODEL_SPLIT, 2, 2, 4, 1, "1f1b", "", 0, "", 2, 2};
+    grid[n++] = (struct layout){MODEL_VOCAB, 2, 2, 4, 1, "1f1b", "", 0, "", 0, 2};
+    grid[n++] = (struct layout){MODEL_VOCAB, 1, 1, 2, 1, "1f1b", "", 0, "", 0, 4};
+    grid[n++] = (struct layout){MODEL_VOCAB, 2, 1, 4, 2, "zbv", "", 0, "full", 1, 2};
     CDP_ASSERT((size_t)n <= sizeof grid / sizeof grid[0]);
     return cr_make_param_array(struct layout, grid, cdp_test_sample_cells(grid, (size_t)n, sizeof grid[0]));
 }

@@ -1184,6 +1184,10 @@ Test(plan, tensor_key)
     free(json);
     cdp_plan_free(p);
     cdp_plan_free(load_ok(SPLITS(COL, "{\"type\": \"relu\"}", ROW, "\"auto\"")));
+    /* a vocab-parallel embedding at t = 4 of a vocabulary 4 does not divide: its slices are padded */
+    cdp_plan_free(load_ok("{\"model\": {\"input\": [6], \"layers\": [{\"type\": \"embedding\", \"vocab\": 37, "
+                          "\"dim\": 8}, {\"type\": \"linear\", \"out\": 5}], \"loss\": \"cross_entropy\"}, "
+                          "\"parallel\": {\"tensor\": 4}}"));
     static const struct {
         const char *plan, *error;
     } bad[] = {
@@ -1193,8 +1197,8 @@ Test(plan, tensor_key)
         {"{\"model\": {\"preset\": \"mlp\"}, \"parallel\": {\"tensr\": 2}}",
          "t.json: /parallel/tensr: unknown key (did you mean \"tensor\"?)"},
         {"{\"model\": {\"preset\": \"gpt\"}, \"parallel\": {\"tensor\": 2}}",
-         "t.json: /parallel/tensor: 2, but the gpt model's layers (embedding, blocks, head) do not split over a "
-         "tensor group yet; the layer types that run with tensor above 1 today: linear, relu, gelu, silu"},
+         "t.json: /parallel/tensor: 2, but the gpt model's blocks do not split over a tensor group yet; the layer "
+         "types that run with tensor above 1 today: linear, relu, gelu, embedding, silu"},
         {"{\"model\": {\"input\": [8], \"layers\": [{\"type\": \"linear\", \"out\": 16}, {\"type\": "
          "\"layernorm\"}, {\"type\": \"linear\", \"out\": 4}]}, \"parallel\": {\"tensor\": 2}}",
          "t.json: /model/layers/1: layernorm (layer 1) does not split over /parallel/tensor 2 yet"},

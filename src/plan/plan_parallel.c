@@ -389,7 +389,7 @@ static void tensor_types(char *buf, size_t cap)
     buf[0] = '\0';
     for (int t = 0; t < CDP_LAYER_TYPE_COUNT; t++) {
         const struct cdp_layer_def *d = cdp_layer_def((enum cdp_layer_type)t);
-        if (!d->tensor_ok || n >= cap) continue;
+        if (!d->tensor_ok || !d->listable || n >= cap) continue;
         n += (size_t)snprintf(buf + n, cap - n, "%s%s", n ? ", " : "", d->name);
     }
 }
@@ -440,9 +440,8 @@ static cdp_status check_tensor_layers(struct ld *c)
     tensor_types(types, sizeof types);
     if (md->kind == CDP_MODEL_GPT)
         return cdp_json_fail(&c->in, "/parallel/tensor",
-                             "%lld, but the %s model's layers (embedding, blocks, head) do not split over a "
-                             "tensor group yet; the layer types that run with tensor above 1 today: %s "
-                             "(docs/parallelism.md)",
+                             "%lld, but the %s model's blocks do not split over a tensor group yet; the layer "
+                             "types that run with tensor above 1 today: %s (docs/parallelism.md)",
                              (long long)pd->tensor, md->preset, types);
     for (int i = 0; i < md->n_layers; i++) {
         const struct cdp_layer_def *d = cdp_layer_def(md->layer_list[i].type);
