@@ -1253,3 +1253,75 @@ Test(pipeline, tensor_checkpoints_resume_at_any_t, .timeout = 240)
         cr_assert_leq(e, 1e-5, "resumed at t=%d: weights differ by %.3g", runs[i].t, e);
     }
 }
+
+/* A vocab-parallel embedding's checkpoint (docs/parallelism.md): written at
+ * t = 2 with the vocabulary padded in memory, it holds the whole table (no
+ * padding row), exports as the weights one rank trains, and resumes at t = 4
+ * and t = 1 to one rank's weights. */
+Test(pipeline, vocab_parallel_checkpoints_are_whole_and_resume_at_any_t, .timeout = 240)
+{
+    need_mpi();
+    char dir[4096], path[4300], a[4300], b[4300];
+    snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
+    static const struct {
+        const char *name;
+        int steps, p, t, R, zero;
+        const char *ckpt;
+    } runs[] = {{"write", 2, 2, 2, 2, 1, "\"checkpoint\": {\"dir\": \"ckpt\", \"every\": 2}, "},
+                {"at4", 4, 1, 4, 1, 0, "\"checkpoint\": {\"dir\": \"ckpt1\", \"every\": 100}, "},
+                {"at1", 4, 2, 1, 1, 0, "\"checkpoint\": {\"dir\": \"ckpt2\", \"every\": 100}, "},
+                {"one", 4, 1, 1, 1, 0, ""},
+                {"one2", 2, 1, 1, 1, 0, ""}};
+    for (int i = 0; i < 5; i++) {
+        char json[2048], file[64];
+        snprintf(json, sizeof json,
+                 "{" VOCAB_MODEL ", \"data\": {\"source\": \"synthetic\", \"seed\": 3}, \"train\": {\"steps\": %d, "
+                 "\"global_batch\": 8, \"micro_batch\": 2, %s\"optimizer\": {\"type\": \"adamw\", \"lr\": 0.01}, "
+                 "\"eval_batches\": 1}, \"parallel\": {\"stages\": %d, \"tensor\": %d, \"replicas\": %d, \"zero\": "
+                 "%d}, \"cluster\": {\"backend\": \"cpu\"}, \"output\": {\"weights\": \"%s.safetensors\"}}",
+                 runs[i].steps, runs[i].ckpt, runs[i].p, runs[i].t, runs[i].R, runs[i].zero, runs[i].name);
+        snprintf(file, sizeof file, "%s.json", runs[i].name);
+        cdp_test_write_file(dir, file, json);
+    }
+    snprintf(path, sizeof path, "%s/write.json", dir);
+    run_ok(path);
+    struct cdp_run r;
+    snprintf(a, sizeof a, "%s/ckpt", dir);
+    snprintf(b, sizeof b, "%s/exported.safetensors", dir);
+    cr_assert_eq(cdp_test_run(&r, (const char *[]){"export", "--checkpoint", a, "--out", b, NULL}), 0);
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    cdp_test_run_free(&r);
+    /* the whole table: 37 rows of 16, not the 38 the two slices hold */
+    struct cdp_safetensors_file *f;
+    cr_assert_eq(cdp_safetensors_open(b, &f), CDP_OK, "%s", cdp_last_error());
+    const struct cdp_safetensors_tensor *wte = cdp_safetensors_find(f, "layers.0.wte");
+    cr_assert_not_null(wte, "%s has the embedding's table", b);
+    cr_assert(wte->ndim == 2 && wte->shape[0] == 37 && wte->shape[1] == 16 && wte->nbytes == 37 * 16 * 4,
+              "the exported table is [%lld, %lld]", (long long)wte->shape[0], (long long)wte->shape[1]);
+    cdp_safetensors_close(f);
+    snprintf(a, sizeof a, "%s/write.safetensors", dir);
+    cr_assert_eq(compare_weights(a, b), 0.0, "the checkpoint holds the weights the run wrote");
+    snprintf(path, sizeof path, "%s/one2.json", dir);
+    run_ok(path);
+    snprintf(a, sizeof a, "%s/one2.safetensors", dir);
+    double e = compare_weights(a, b);
+    cr_assert_leq(e, 1e-5, "the t = 2 checkpoint against one rank's weights: %.3g", e);
+    for (int i = 1; i <= 2; i++) {
+        char cmd[13000];
+        snprintf(cmd, sizeof cmd, "cp -r '%s/ckpt' '%s/ckpt%d'", dir, dir, i);
+        cr_assert_eq(system(cmd), 0);
+        snprintf(path, sizeof path, "%s/%s.json", dir, runs[i].name);
+        snprintf(a, sizeof a, "%s/ckpt%d", dir, i);
+        cr_assert_eq(cdp_test_run(&r, (const char *[]){"-q", "--plan", path, "--resume", a, NULL}), 0);
+        cr_assert_eq(r.exit_code, 0, "t=%d: %s", runs[i].t, r.err);
+        cdp_test_run_free(&r);
+    }
+    snprintf(path, sizeof path, "%s/one.json", dir);
+    run_ok(path);
+    snprintf(a, sizeof a, "%s/one.safetensors", dir);
+    for (int i = 1; i <= 2; i++) {
+        snprintf(b, sizeof b, "%s/%s.safetensors", dir, runs[i].name);
+        e = compare_weights(a, b);
+        cr_assert_leq(e, 1e-5, "resumed at t=%d: weights differ by %.3g", runs[i].t, e);
+    }
+}
