@@ -40,7 +40,7 @@ struct cell {
 static const char *model_json(int model)
 {
     return model == GPT
-               ? "\"model\": {\"preset\": \"gpt\", \"vocab\": 64, \"context\": 16, \"layers\": 6, \"heads\": 2, "
+               ? "\"model\": {\"preset\": \"gpt\", \"vocab\": 61, \"context\": 16, \"layers\": 6, \"heads\": 2, "
                  "\"embed\": 32}"
            : model == SPLIT /* split linears (docs/parallelism.md) */
                ? "\"model\": {\"input\": [24], \"layers\": [{\"type\": \"linear\", \"out\": 64, \"split\": "
@@ -98,7 +98,7 @@ static json_t *last_ranks(const char *path)
 
 ParameterizedTestParameters(layout, measured_peak_is_the_predicted_memory)
 {
-    static struct cell grid[128];
+    static struct cell grid[160];
     int n = 0;
     static const char *const kinds[] = {"gpipe", "1f1b", "interleaved"};
     for (int model = 0; model < 2; model++)
@@ -161,6 +161,12 @@ ParameterizedTestParameters(layout, measured_peak_is_the_predicted_memory)
     grid[n++] = (struct cell){SPLIT, 2, 1, 4, "1f1b", 1, 0, "", 0, 2};
     grid[n++] = (struct cell){VOCAB, 2, 1, 4, "1f1b", 0, 0, "", 0, 2};
     grid[n++] = (struct cell){VOCAB, 1, 2, 2, "1f1b", 0, 0, "", 1, 4};
+    /* GPT blocks split by heads, the embedding and head replicated */
+    grid[n++] = (struct cell){GPT, 1, 1, 2, "1f1b", 0, 0, "", 0, 2};
+    grid[n++] = (struct cell){GPT, 2, 1, 4, "zbv", 0, 0, "selective", 0, 2};
+    grid[n++] = (struct cell){GPT, 2, 2, 4, "1f1b", 0, 0, "full", 1, 2};
+    grid[n++] = (struct cell){GPT, 2, 1, 4, "interleaved", 0, 0, "", 0, 2};
+    grid[n++] = (struct cell){GPT, 1, 1, 2, "1f1b", 1, 0, "", 0, 2};
     CDP_ASSERT((size_t)n <= sizeof grid / sizeof grid[0]);
     return cr_make_param_array(struct cell, grid, cdp_test_sample_cells(grid, (size_t)n, sizeof grid[0]));
 }

@@ -1188,6 +1188,12 @@ Test(plan, tensor_key)
     cdp_plan_free(load_ok("{\"model\": {\"input\": [6], \"layers\": [{\"type\": \"embedding\", \"vocab\": 37, "
                           "\"dim\": 8}, {\"type\": \"linear\", \"out\": 5}], \"loss\": \"cross_entropy\"}, "
                           "\"parallel\": {\"tensor\": 4}}"));
+    /* blocks split by heads, norms and the GPT embedding and head replicated (docs/parallelism.md) */
+    cdp_plan_free(load_ok("{\"model\": {\"preset\": \"gpt\", \"heads\": 4, \"embed\": 32}, \"parallel\": {\"tensor\": 4}}"));
+    cdp_plan_free(load_ok("{\"model\": {\"preset\": \"llama\", \"heads\": 4, \"kv_heads\": 2, \"dim\": 16, "
+                          "\"hidden\": 24}, \"parallel\": {\"tensor\": 2}}"));
+    cdp_plan_free(load_ok(SPLITS("{\"type\": \"linear\", \"out\": 16}", "{\"type\": \"layernorm\"}",
+                                 "{\"type\": \"linear\", \"out\": 4}", "2")));
     static const struct {
         const char *plan, *error;
     } bad[] = {
@@ -1196,12 +1202,24 @@ Test(plan, tensor_key)
         {"{\"model\": {\"preset\": \"mlp\"}, \"parallel\": {\"tensor\": 2048}}", "t.json: /parallel/tensor"},
         {"{\"model\": {\"preset\": \"mlp\"}, \"parallel\": {\"tensr\": 2}}",
          "t.json: /parallel/tensr: unknown key (did you mean \"tensor\"?)"},
-        {"{\"model\": {\"preset\": \"gpt\"}, \"parallel\": {\"tensor\": 2}}",
-         "t.json: /parallel/tensor: 2, but the gpt model's blocks do not split over a tensor group yet; the layer "
-         "types that run with tensor above 1 today: linear, relu, gelu, embedding, silu"},
-        {"{\"model\": {\"input\": [8], \"layers\": [{\"type\": \"linear\", \"out\": 16}, {\"type\": "
-         "\"layernorm\"}, {\"type\": \"linear\", \"out\": 4}]}, \"parallel\": {\"tensor\": 2}}",
-         "t.json: /model/layers/1: layernorm (layer 1) does not split over /parallel/tensor 2 yet"},
+        {"{\"model\": {\"preset\": \"gpt\", \"heads\": 12, \"embed\": 48}, \"parallel\": {\"tensor\": 8}}",
+         "t.json: /model/heads: 12 is not a multiple of /parallel/tensor 8 (each rank of a tensor group holds heads "
+         "/ tensor of every transformer_block)"},
+        {"{\"model\": {\"preset\": \"llama\", \"heads\": 4, \"kv_heads\": 2, \"dim\": 16}, \"parallel\": "
+         "{\"tensor\": 4}}",
+         "t.json: /model/kv_heads: 2 is not a multiple of /parallel/tensor 4"},
+        {"{\"model\": {\"preset\": \"llama\", \"heads\": 4, \"dim\": 16, \"hidden\": 26}, \"parallel\": "
+         "{\"tensor\": 4}}",
+         "t.json: /model/hidden: 26 is not a multiple of /parallel/tensor 4"},
+        {"{\"model\": {\"input\": [4, 16], \"layers\": [{\"type\": \"linear\", \"out\": 16}, {\"type\": "
+         "\"transformer_block\", \"heads\": 2}]}, \"parallel\": {\"tensor\": 4}}",
+         "t.json: /model/layers/1/heads: 2 is not a multiple of /parallel/tensor 4"},
+        {"{\"model\": {\"input\": [4, 8], \"layers\": [{\"type\": \"linear\", \"out\": 16}, {\"type\": "
+         "\"attention\", \"heads\": 2}]}, \"parallel\": {\"tensor\": 2}}",
+         "t.json: /model/layers/1: attention (layer 1) does not split over /parallel/tensor 2 yet; the layer types "
+         "that run with tensor above 1 today: linear, relu, gelu"},
+        {SPLITS(COL, "{\"type\": \"layernorm\"}", ROW, "2"),
+         "t.json: /model/layers/1: layernorm gets the slice of the column split of layer 0"},
         {"{\"model\": {\"preset\": \"cnn\"}, \"parallel\": {\"tensor\": 2}}",
          "t.json: /model/preset: conv2d (layer 0) does not split"},
         {SPLITS(COL, "{\"type\": \"relu\"}", ROW, "4"),

@@ -134,7 +134,7 @@ static cdp_status move_value(struct exec *e, struct twin *w, int k, int i, int s
     if (e->k == 0) {
         struct cdp_param_desc at = *pd;
         for (int j = 0; j < e->t; j++) { /* index j's slice, in rank order of the group */
-            at.shard_off = (int64_t)j * pd->shape[pd->shard_dim];
+            at.shard_off = cdp_param_shard_off_of(pd, j);
             cdp_param_slice_copy(&at, host, (char *)all + (size_t)j * bytes, 1);
         }
         st = cdp_device_write(w->dev, whole, host, (uint64_t)cdp_model_tensor(w->m[k], i)->numel * 4);

@@ -416,7 +416,7 @@ cdp_status cdp_exec_write_traces(struct exec *e)
 struct wrec {
     char name[64];
     int64_t ndim, shape[CDP_SHAPE_MAX], numel;
-    int64_t shard_dim, shard_full, shard_off; /* a tensor group's slice (cdp_param_desc), shard_dim -1: whole */
+    int64_t shard_dim, shard_parts, shard_full, shard_off; /* a tensor group's slice (cdp_param_desc), shard_dim -1: whole */
 };
 
 /* Doubles the tensor list and its list of owned buffers (the new entries
@@ -464,7 +464,8 @@ cdp_status cdp_exec_write_weights(struct exec *e)
             struct cdp_model_tensor *t = cdp_model_tensor(e->ch[k].model, i);
             const struct cdp_param_desc *pd = &cdp_model_unit(e->ch[k].model, t->unit_local)->params[t->param_local];
             struct wrec w = {.ndim = t->ndim, .numel = t->numel, .shard_dim = pd->shard_dim,
-                             .shard_full = pd->shard_full, .shard_off = pd->shard_off};
+                             .shard_parts = pd->shard_parts, .shard_full = pd->shard_full,
+                             .shard_off = pd->shard_off};
             snprintf(w.name, sizeof w.name, "%s", t->name);
             memcpy(w.shape, t->shape, sizeof w.shape);
             memcpy(q, &w, sizeof w);
@@ -499,7 +500,8 @@ cdp_status cdp_exec_write_weights(struct exec *e)
                     break;
                 }
                 struct cdp_param_desc pd = {.ndim = (int)w.ndim, .shard_dim = (int)w.shard_dim,
-                                            .shard_full = w.shard_full, .shard_off = w.shard_off};
+                                            .shard_parts = (int)w.shard_parts, .shard_full = w.shard_full,
+                                            .shard_off = w.shard_off};
                 for (int d = 0; d < (int)w.ndim; d++) pd.shape[d] = w.shape[d];
                 cdp_param_slice_copy(&pd, (void *)ts[j].data, c + sizeof w, 1);
                 c += sizeof w + (size_t)w.numel * 4;

@@ -48,6 +48,20 @@ struct cdp_layer_def {
      * the logits of its slice (lm_head): a model ending with it takes the
      * vocab-parallel cross-entropy (cdp_unit_vocab_split) */
     int vocab_parallel;
+    /* passes the slice of a column split linear on to a row split one
+     * (elementwise: relu, gelu, silu); the other tensor_ok types without
+     * tensor_splits run whole on every rank of the group (replicated) */
+    int tensor_passes;
+    /* splits itself over the tensor group when t is above 1 (a block: its
+     * attention by heads, its MLP column then row): build() makes the rank's
+     * slice, cost() counts the rank's work and memory, and its passes run
+     * the group's all-reduces (cdp_unit_tensor_sum) */
+    int tensor_splits;
+    /* With tensor_splits: 0 when the type on input in splits over t ranks,
+     * else -1 with *key its layer key whose *value is not a multiple of t
+     * ("heads", "kv_heads", "hidden"). NULL: any t does. */
+    int (*tensor_check)(const struct cdp_layer_desc *L, const struct cdp_shape *in, int t, const char **key,
+                        int64_t *value);
 
     /* ---- the plan ---- */
     /* Reads its keys (already checked against keys) from the layer object v at

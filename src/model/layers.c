@@ -31,17 +31,22 @@ static void make_unit(struct cdp_unit *u, const struct cdp_layer_desc *d, struct
     if (def->build) def->build(u, m);
 }
 
-void cdp_param_shard(struct cdp_unit *u, int p, int dim, int t, int k)
+void cdp_param_shard(struct cdp_unit *u, int p, int dim, int t, int k) { cdp_param_shard_parts(u, p, dim, 1, t, k); }
+
+void cdp_param_shard_parts(struct cdp_unit *u, int p, int dim, int parts, int t, int k)
 {
     struct cdp_param_desc *pd = &u->params[p];
-    CDP_ASSERT(dim >= 0 && dim < pd->ndim && t >= 1 && k >= 0 && k < t && pd->shape[dim] > 0);
+    CDP_ASSERT(dim >= 0 && dim < pd->ndim && t >= 1 && k >= 0 && k < t && parts >= 1 && pd->shape[dim] > 0 &&
+               (parts == 1 || pd->shape[dim] % ((int64_t)parts * t) == 0));
     const int64_t full = pd->shape[dim], inner = pd->numel / full;
     u->param_count -= pd->numel;
     pd->shard_dim = dim;
+    pd->shard_parts = parts;
     pd->shard_full = full;
-    pd->shape[dim] = (full + t - 1) / t; /* padded up to a multiple of t */
-    pd->shard_off = k * pd->shape[dim];
+    /* one part: padded up to a multiple of t where t does not divide it (a vocabulary) */
+    pd->shape[dim] = parts == 1 ? (full + t - 1) / t : full / t;
     pd->numel = pd->shape[dim] * inner;
+    pd->shard_off = cdp_param_shard_off_of(pd, k);
     /* the rank owns the whole tensor's entries it holds, not its padding */
     u->param_count += cdp_param_slice_len(pd) * inner;
 }
@@ -49,8 +54,30 @@ void cdp_param_shard(struct cdp_unit *u, int p, int dim, int t, int k)
 int64_t cdp_param_slice_len(const struct cdp_param_desc *pd)
 {
     if (pd->shard_dim < 0) return pd->shape[0];
-    const int64_t left = pd->shard_full - pd->shard_off, n = pd->shape[pd->shard_dim];
+    const int64_t n = pd->shape[pd->shard_dim];
+    if (pd->shard_parts > 1) return n; /* parts are never padded */
+    const int64_t left = pd->shard_full - pd->shard_off;
     return left < 0 ? 0 : left < n ? left : n;
+}
+
+int64_t cdp_param_shard_off_of(const struct cdp_param_desc *pd, int j)
+{
+    const int64_t parts = pd->shard_parts > 1 ? pd->shard_parts : 1;
+    return (int64_t)j * (pd->shape[pd->shard_dim] / parts);
+}
+
+int cdp_unit_tensor_split(const struct cdp_unit *u)
+{
+    return u->tp_size > 1 && (u->desc.split != CDP_TSPLIT_NONE || cdp_layer_def(u->desc.type)->tensor_splits);
+}
+
+cdp_status cdp_unit_tensor_sum(const struct cdp_unit *u, float *buf, int64_t n)
+{
+    if (u->tp_size <= 1) return CDP_OK;
+    if (!u->tp || !u->tp->all_reduce)
+        return cdp_fail(CDP_ERR_INTERNAL, "%s unit %d: split over %d ranks but has no tensor group",
+                        cdp_layer_name(u->desc.type), u->index, u->tp_size);
+    return u->tp->all_reduce(u->tp->ctx, buf, n);
 }
 
 /* The units of m: a layer list's, or a GPT preset's token and position
@@ -219,7 +246,10 @@ void cdp_unit_fit_kernels(struct cdp_unit *u, const struct cdp_kernels *k, int B
 {
     if (!cdp_layer_def(u->desc.type)->keeps_attention) return;
     if (!k->ops->attention_state_floats || B < 1) return;
-    const size_t n = k->ops->attention_state_floats(k->ks, B, (int)u->in.d[0], (int)u->in.d[1], (int)u->desc.heads);
+    /* a type split by heads keeps its rank's heads' state */
+    const int t = cdp_unit_tensor_split(u) ? u->tp_size : 1;
+    const size_t n = k->ops->attention_state_floats(k->ks, B, (int)u->in.d[0], (int)(u->in.d[1] / t),
+                                                    (int)(u->desc.heads / t));
     const int64_t per = (int64_t)((n + (size_t)B - 1) / (size_t)B);
     if (per >= u->att_floats) return;
     u->act_floats -= u->att_floats - per;
@@ -271,7 +301,7 @@ static void param_init_whole(const struct cdp_unit *u, const struct cdp_param_de
 void cdp_param_init(const struct cdp_unit *u, int p, uint64_t seed, float *dst)
 {
     const struct cdp_param_desc *pd = &u->params[p];
-    if (pd->shard_dim < 0 || pd->shard_full == pd->shape[pd->shard_dim]) {
+    if (pd->shard_dim < 0 || (pd->shard_full == pd->shape[pd->shard_dim] && pd->shard_off == 0)) {
         param_init_whole(u, pd, p, seed, dst);
         return;
     }
@@ -291,18 +321,22 @@ void cdp_param_slice_copy(const struct cdp_param_desc *pd, void *whole, void *sl
     int64_t outer = 1, inner = 1; /* dimensions before and after the sliced one */
     for (int i = 0; i < pd->shard_dim; i++) outer *= pd->shape[i];
     for (int i = pd->shard_dim + 1; i < pd->ndim; i++) inner *= pd->shape[i];
-    /* the slice's rows past the whole tensor's end are padding: zeros, never in the whole */
-    const size_t stride = (size_t)(pd->shape[pd->shard_dim] * inner) * sizeof(float),
-                 len = (size_t)(cdp_param_slice_len(pd) * inner) * sizeof(float);
-    for (int64_t o = 0; o < outer; o++) {
-        char *s = (char *)slice + (size_t)o * stride;
-        if (len) {
-            char *w = (char *)whole + (size_t)((o * pd->shard_full + pd->shard_off) * inner) * sizeof(float);
-            if (to_whole) memcpy(w, s, len);
-            else memcpy(s, w, len);
+    const int64_t parts = pd->shard_parts > 1 ? pd->shard_parts : 1, part_full = pd->shard_full / parts,
+                  part_mine = pd->shape[pd->shard_dim] / parts, left = part_full - pd->shard_off,
+                  valid = left < 0 ? 0 : left < part_mine ? left : part_mine;
+    /* a padded slice's rows past the whole tensor's end: zeros, never in the whole */
+    const size_t stride = (size_t)(part_mine * inner) * sizeof(float), len = (size_t)(valid * inner) * sizeof(float);
+    for (int64_t o = 0; o < outer; o++)
+        for (int64_t q = 0; q < parts; q++) {
+            char *s = (char *)slice + (size_t)(o * parts + q) * stride;
+            if (len) {
+                char *w = (char *)whole +
+                          (size_t)((o * pd->shard_full + q * part_full + pd->shard_off) * inner) * sizeof(float);
+                if (to_whole) memcpy(w, s, len);
+                else memcpy(s, w, len);
+            }
+            if (!to_whole && len < stride) memset(s + len, 0, stride - len);
         }
-        if (!to_whole && len < stride) memset(s + len, 0, stride - len);
-    }
 }
 
 static void param_init_whole(const struct cdp_unit *u, const struct cdp_param_desc *pd, int p, uint64_t seed,

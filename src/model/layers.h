@@ -55,8 +55,12 @@ struct cdp_param_desc {
      * (shard_off = index x shape[shard_dim]). Where shard_full is not a
      * multiple of t (a vocabulary), the slices are padded: entries past
      * shard_full are padding (zeros, in no checkpoint, export or loss;
-     * cdp_param_slice_len). shard_dim -1: the whole tensor */
-    int shard_dim;
+     * cdp_param_slice_len). With shard_parts P above 1 that dimension is P
+     * equal parts split alike (a fused q, k, v projection: rank k holds its
+     * heads of each; never padded): the slice holds [shard_off, shard_off +
+     * shape[shard_dim] / P) of every part, in part order. shard_dim -1: the
+     * whole tensor */
+    int shard_dim, shard_parts;
     int64_t shard_full, shard_off;
 };
 
@@ -101,6 +105,15 @@ struct cdp_unit {
     const struct cdp_tensor_group *tp;
 };
 
+/* Whether u's work is its tensor rank's slice (a split linear, or a type
+ * that splits itself over the group, layer_def.h's tensor_splits) rather than
+ * the whole layer every rank of the group repeats. 0 at tp_size 1. */
+int cdp_unit_tensor_split(const struct cdp_unit *u);
+/* Sums n floats of buf (memory of the unit's device) over u's tensor group in
+ * place; nothing at tp_size 1. CDP_ERR_INTERNAL when u is split but has no
+ * group's collective (layers.h, tp). */
+cdp_status cdp_unit_tensor_sum(const struct cdp_unit *u, float *buf, int64_t n);
+
 /* How many partition units m has, and the description of unit i: a layer
  * list's, or a GPT preset's (embedding, blocks of its family, head). */
 int cdp_model_desc_units(const struct cdp_model_desc *m);
@@ -118,6 +131,12 @@ cdp_status cdp_units_build_tensor(const struct cdp_model_desc *m, int t, int k, 
  * last slices padded where the size is not a multiple of t;
  * u->param_count follows (the entries of the whole tensor it holds). */
 void cdp_param_shard(struct cdp_unit *u, int p, int dim, int t, int k);
+/* The same with dimension dim made of parts equal parts, each split alike
+ * (shard_parts); parts 1 is cdp_param_shard. */
+void cdp_param_shard_parts(struct cdp_unit *u, int p, int dim, int parts, int t, int k);
+/* shard_off of index j's slice of the tensor pd slices (its group's ranks
+ * hold slices of one size). */
+int64_t cdp_param_shard_off_of(const struct cdp_param_desc *pd, int j);
 /* How many entries along shard_dim of the slice pd are the whole tensor's
  * (the rest are padding); shape[0] for a whole tensor. */
 int64_t cdp_param_slice_len(const struct cdp_param_desc *pd);

@@ -63,11 +63,8 @@ double cdp_model_step_flops(const struct cdp_model *m)
     double f = 0;
     for (int i = 0; i < m->n_units; i++) {
         const struct cdp_unit *u = &m->units[i];
-        /* a tensor group's replicated unit: every rank repeats the same work, index 0 counts it (a unit
-         * holding slices, as the vocab-parallel head, does its part of the work on each rank) */
-        int sliced = u->desc.split != CDP_TSPLIT_NONE;
-        for (int p = 0; p < u->n_params; p++) sliced |= u->params[p].shard_dim >= 0;
-        if (u->tp_size > 1 && !sliced && u->tp_index > 0) continue;
+        /* a tensor group's replicated unit: every rank repeats the same work, index 0 counts it */
+        if (u->tp_size > 1 && !cdp_unit_tensor_split(u) && u->tp_index > 0) continue;
         f += u->fwd_flops + u->bwd_flops;
     }
     return f * m->B;

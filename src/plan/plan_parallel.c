@@ -423,7 +423,7 @@ static cdp_status check_tensor_layers(struct ld *c)
                 return cdp_json_fail(&c->in, at, "\"row\" needs a \"column\" split linear before it, with only "
                                      "relu, gelu or silu between (its input is the column's slice)");
             open = -1;
-        } else if (open >= 0 && (L->type == CDP_LAYER_LINEAR || !d->tensor_ok)) {
+        } else if (open >= 0 && !d->tensor_passes) {
             snprintf(at, sizeof at, "/model/layers/%d", i);
             return cdp_json_fail(&c->in, at, "%s gets the slice of the column split of layer %d; only relu, gelu "
                                  "or silu may pass it on, to a \"row\" split linear", d->name, open);
@@ -438,21 +438,40 @@ static cdp_status check_tensor_layers(struct ld *c)
     if (pd->tensor == 1 || pd->tensor == CDP_AUTO) return CDP_OK;
     char types[256];
     tensor_types(types, sizeof types);
-    if (md->kind == CDP_MODEL_GPT)
-        return cdp_json_fail(&c->in, "/parallel/tensor",
-                             "%lld, but the %s model's blocks do not split over a tensor group yet; the layer "
-                             "types that run with tensor above 1 today: %s (docs/parallelism.md)",
-                             (long long)pd->tensor, md->preset, types);
-    for (int i = 0; i < md->n_layers; i++) {
-        const struct cdp_layer_def *d = cdp_layer_def(md->layer_list[i].type);
-        if (d->tensor_ok) continue;
+    const int gpt = md->kind == CDP_MODEL_GPT;
+    struct cdp_shape in = {0};
+    if (!gpt) {
+        in.ndim = md->input_ndim;
+        memcpy(in.d, md->input, (size_t)md->input_ndim * sizeof in.d[0]);
+    }
+    for (int i = 0; i < cdp_model_desc_units(md); i++) {
+        const struct cdp_layer_desc L = cdp_model_desc_unit(md, i);
+        const struct cdp_layer_def *d = cdp_layer_def(L.type);
         char where[64];
         if (md->kind == CDP_MODEL_LAYERS) snprintf(where, sizeof where, "/model/layers/%d", i);
         else snprintf(where, sizeof where, "/model/preset");
-        return cdp_json_fail(&c->in, where,
-                             "%s (layer %d) does not split over /parallel/tensor %lld yet; the layer types "
-                             "that run with tensor above 1 today: %s (docs/parallelism.md)",
-                             d->name, i, (long long)pd->tensor, types);
+        if (!d->tensor_ok)
+            return cdp_json_fail(&c->in, where,
+                                 "%s (layer %d) does not split over /parallel/tensor %lld yet; the layer types "
+                                 "that run with tensor above 1 today: %s (docs/parallelism.md)",
+                                 d->name, i, (long long)pd->tensor, types);
+        /* a preset's blocks take /model/embed wide rows; a list's, what the layers before give */
+        if (gpt) in = (struct cdp_shape){2, {md->context, md->embed}};
+        const char *key = NULL;
+        int64_t value = 0;
+        if (d->tensor_check && d->tensor_check(&L, &in, (int)pd->tensor, &key, &value)) {
+            char at[96];
+            if (md->kind == CDP_MODEL_LAYERS) snprintf(at, sizeof at, "/model/layers/%d/%s", i, key);
+            else snprintf(at, sizeof at, "/model/%s", key);
+            return cdp_json_fail(&c->in, at,
+                                 "%lld is not a multiple of /parallel/tensor %lld (each rank of a tensor group "
+                                 "holds %s / tensor of every %s)",
+                                 (long long)value, (long long)pd->tensor, key, d->name);
+        }
+        struct cdp_shape out = in;
+        char why[256];
+        if (!gpt && d->shape && d->shape(&L, &in, &out, why, sizeof why)) return CDP_OK; /* cdp_plan_check_shapes says */
+        in = out;
     }
     return CDP_OK;
 }

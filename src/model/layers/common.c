@@ -16,15 +16,6 @@ int64_t cdp_shape_numel(const struct cdp_shape *s)
     return n;
 }
 
-cdp_status cdp_unit_group_sum(const struct cdp_unit *u, float *buf, int64_t n)
-{
-    if (u->tp_size <= 1) return CDP_OK;
-    if (!u->tp || !u->tp->all_reduce)
-        return cdp_fail(CDP_ERR_INTERNAL, "%s unit %d: split over %d ranks but has no tensor group",
-                        cdp_layer_name(u->desc.type), u->index, u->tp_size);
-    return u->tp->all_reduce(u->tp->ctx, buf, n);
-}
-
 int64_t cdp_shape_rows(const struct cdp_shape *s) { return s->ndim ? cdp_shape_numel(s) / s->d[s->ndim - 1] : 1; }
 
 int64_t cdp_shape_last(const struct cdp_shape *s) { return s->ndim ? s->d[s->ndim - 1] : 1; }
@@ -58,6 +49,7 @@ struct cdp_param_desc *cdp_unit_add_param(struct cdp_unit *u, const char *name, 
     p->tied_unit = -1;
     p->tied_param = -1;
     p->shard_dim = -1;
+    p->shard_parts = 1;
     u->param_count += p->numel;
     return p;
 }

@@ -19,10 +19,6 @@ int64_t cdp_shape_last(const struct cdp_shape *s);
 /* "[3, 32, 32]" */
 void cdp_shape_format(const struct cdp_shape *s, char *buf, size_t cap);
 
-/* buf (n floats of the device) summed over u's tensor group in place; nothing
- * at tp_size 1; CDP_ERR_INTERNAL naming u when it is split but has no group. */
-cdp_status cdp_unit_group_sum(const struct cdp_unit *u, float *buf, int64_t n);
-
 /* Adds a parameter descriptor to u (its numel counted in u->param_count). */
 struct cdp_param_desc *cdp_unit_add_param(struct cdp_unit *u, const char *name, int ndim, int64_t d0, int64_t d1,
                                           int64_t d2, int64_t d3, enum cdp_init init, float scale,

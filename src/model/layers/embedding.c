@@ -91,7 +91,7 @@ static cdp_status forward(const struct cdp_kernels *k, const struct cdp_unit *u,
         const struct cdp_param_desc *pd = &u->params[0];
         K(embedding_vp_fwd, act, (const int32_t *)in, p[0], u->tp_index == 0 ? wpe : NULL, B, (int)u->in.d[0],
           (int)u->out.d[1], (int)pd->shard_off, (int)cdp_param_slice_len(pd));
-        return cdp_unit_group_sum(u, act, (int64_t)B * u->out_floats);
+        return cdp_unit_tensor_sum(u, act, (int64_t)B * u->out_floats);
     }
     K(embedding_fwd, act, (const int32_t *)in, p[0], wpe, B, (int)u->in.d[0], (int)u->out.d[1]);
     return CDP_OK;
@@ -164,6 +164,7 @@ const struct cdp_layer_def cdp_layer_embedding = {
     .name = "embedding",
     .listable = 1,
     .tensor_ok = 1,
+    .tensor_splits = 1, /* vocab-parallel */
     .keys = keys,
     .parse = parse,
     .shape = shape,

@@ -96,6 +96,7 @@ const struct cdp_layer_def cdp_layer_layernorm = {
     .type = CDP_LAYER_LAYERNORM,
     .name = "layernorm",
     .listable = 1,
+    .tensor_ok = 1, /* replicated: whole on every rank of a tensor group */
     .keys = keys,
     .parse = parse,
     .params = params,

@@ -27,15 +27,6 @@ static cdp_status parse(const struct cdp_json_in *in, const json_t *v, const cha
 static int64_t out_of(const struct cdp_unit *u) { return cdp_shape_last(&u->out); }
 static int64_t in_of(const struct cdp_unit *u) { return cdp_shape_last(&u->in); }
 
-/* y (N x n) summed over the tensor group, in place */
-static cdp_status group_sum(const struct cdp_unit *u, float *y, int64_t n)
-{
-    if (u->tp_size <= 1) return CDP_OK;
-    if (!u->tp || !u->tp->all_reduce)
-        return cdp_fail(CDP_ERR_INTERNAL, "linear unit %d: split over %d ranks but has no tensor group", u->index,
-                        u->tp_size);
-    return u->tp->all_reduce(u->tp->ctx, y, n);
-}
 
 static int shape(const struct cdp_layer_desc *L, const struct cdp_shape *in, struct cdp_shape *out, char *why,
                  size_t cap)
@@ -102,7 +93,7 @@ static cdp_status forward(const struct cdp_kernels *k, const struct cdp_unit *u,
     /* row split: the group's sum of partial products, the bias added once (by index 0) */
     const float *bias = u->desc.bias && (!row_split(u) || u->tp_index == 0) ? p[1] : NULL;
     K(linear_fwd, act, (const float *)in, p[0], bias, (int)N, (int)in_of(u), (int)out_of(u));
-    return row_split(u) ? group_sum(u, act, N * out_of(u)) : CDP_OK;
+    return row_split(u) ? cdp_unit_tensor_sum(u, act, N * out_of(u)) : CDP_OK;
 }
 
 static cdp_status backward(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p,
@@ -115,7 +106,7 @@ static cdp_status backward(const struct cdp_kernels *k, const struct cdp_unit *u
     K(linear_bwd, din, g[0], u->desc.bias ? g[1] : NULL, dout, (const float *)in, p[0], (int)N, (int)in_of(u),
       (int)out_of(u));
     /* column split: each rank's din is its slice's part of the sum */
-    return din && column_split(u) ? group_sum(u, din, N * in_of(u)) : CDP_OK;
+    return din && column_split(u) ? cdp_unit_tensor_sum(u, din, N * in_of(u)) : CDP_OK;
 }
 
 /* B: din with the weight outputs NULL; the output gradient kept for W */
@@ -129,7 +120,7 @@ static cdp_status backward_input(const struct cdp_kernels *k, const struct cdp_u
     if (!din) return CDP_OK;
     K(linear_bwd, din, NULL, NULL, dout, (const float *)in, p[0], N, (int)in_of(u), (int)out_of(u));
     /* the group's collective is B's, W has none */
-    return column_split(u) ? group_sum(u, din, (int64_t)N * in_of(u)) : CDP_OK;
+    return column_split(u) ? cdp_unit_tensor_sum(u, din, (int64_t)N * in_of(u)) : CDP_OK;
 }
 
 /* W: dw and db with din NULL, from that copy */

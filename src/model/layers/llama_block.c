@@ -4,7 +4,13 @@
  * (gate, up, down without biases), residual. Keys: heads (required),
  * kv_heads (default heads), hidden (default Llama's rule with multiple_of
  * 256), eps (1e-5), rope_theta (10000), rope_scaling (none). Parameter names
- * are Hugging Face's within a layer (docs/models.md). */
+ * are Hugging Face's within a layer (docs/models.md). Split over a tensor
+ * group of t (docs/parallelism.md), as transformer_block is: rank k holds
+ * heads [k H/t, (k+1) H/t) of q and its kv heads [k KV/t, (k+1) KV/t) of k
+ * and v (column-parallel), o_proj row-parallel (one all-reduce forward); gate
+ * and up column-parallel, down row-parallel (one all-reduce forward); the
+ * norms and the residual stream whole; backward all-reduces the gradients of
+ * both norms' outputs before the norms' backward. */
 #include <math.h>
 #include <string.h>
 
@@ -43,6 +49,16 @@ static int shape(const struct cdp_layer_desc *L, const struct cdp_shape *in, str
         return -1;
     }
     return 0;
+}
+
+/* heads, kv_heads and the MLP's width split */
+static int tensor_check(const struct cdp_layer_desc *L, const struct cdp_shape *in, int t, const char **key,
+                        int64_t *value)
+{
+    const int64_t H = hidden_of(L, cdp_shape_last(in));
+    *key = L->heads % t ? "heads" : L->kv_heads % t ? "kv_heads" : H % t ? "hidden" : NULL;
+    *value = L->heads % t ? L->heads : L->kv_heads % t ? L->kv_heads : H;
+    return *key ? -1 : 0;
 }
 
 /* 2 C^2 + 2 C KVD (q, o; k, v) + 3 C H (gate, up, down) + 2 C (the norms) */
@@ -88,31 +104,63 @@ static void build(struct cdp_unit *u, const struct cdp_model_desc *m)
     cdp_unit_add_linear_params(u, "mlp.gate_proj", H, C, 0, lm, 0.02f);
     cdp_unit_add_linear_params(u, "mlp.up_proj", H, C, 0, lm, 0.02f);
     cdp_unit_add_linear_params(u, "mlp.down_proj", C, H, 0, lm, 0.02f);
+    if (!cdp_unit_tensor_split(u)) return;
+    const int t = u->tp_size, k = u->tp_index;
+    for (int i = 1; i <= 3; i++) cdp_param_shard(u, i, 0, t, k); /* q, k, v: this rank's heads */
+    cdp_param_shard(u, 4, 1, t, k);                               /* o: row-parallel */
+    cdp_param_shard(u, 6, 0, t, k);                               /* gate, up: column-parallel */
+    cdp_param_shard(u, 7, 0, t, k);
+    cdp_param_shard(u, 8, 1, t, k); /* down: row-parallel */
+}
+
+/* A block's sizes on its rank: C the residual stream's width (whole); A the
+ * attention's width, NH and NKV its heads and kv heads, KVD the kv width and
+ * H the MLP's (the rank's slices; C, heads, kv_heads and hidden at t = 1). */
+struct dims {
+    int T, C, A, NH, NKV, HD, KVD, H, N;
+    float eps;
+};
+
+static struct dims dims_of(const struct cdp_unit *u, int B)
+{
+    const int t = cdp_unit_tensor_split(u) ? u->tp_size : 1;
+    struct dims d;
+    d.T = (int)u->in.d[0];
+    d.C = (int)u->in.d[1];
+    d.HD = d.C / (int)u->desc.heads;
+    d.NH = (int)u->desc.heads / t;
+    d.NKV = (int)u->desc.kv_heads / t;
+    d.A = d.HD * d.NH;
+    d.KVD = d.HD * d.NKV;
+    d.H = (int)u->desc.hidden / t;
+    d.N = B * d.T;
+    d.eps = (float)u->desc.eps;
+    return d;
 }
 
 static void cost(struct cdp_unit *u)
 {
-    const int64_t T = u->in.d[0], C = u->in.d[1], KVD = C / u->desc.heads * u->desc.kv_heads, H = u->desc.hidden;
-    const double gemm = 2.0 * T * (2.0 * C * C + 2.0 * C * KVD + 3.0 * C * H);
-    u->fwd_flops = gemm + cdp_attention_flops(T, C, 1, 0);
-    u->bwd_flops = 2.0 * gemm + cdp_attention_flops(T, C, 1, 1);
-    u->att_floats = u->desc.heads * T * T;
-    /* kept 5C + 2 + 2H, tail 3C + H (block_layout) */
-    u->act_floats = T * (8 * C + 3 * H + 2) + u->att_floats;
+    const struct dims d = dims_of(u, 1);
+    const int64_t T = d.T, C = d.C, A = d.A, KVD = d.KVD, H = d.H;
+    const double gemm = 2.0 * T * (2.0 * C * A + 2.0 * C * KVD + 3.0 * C * H);
+    u->fwd_flops = gemm + cdp_attention_flops(T, A, 1, 0);
+    u->bwd_flops = 2.0 * gemm + cdp_attention_flops(T, A, 1, 1);
+    u->att_floats = (int64_t)d.NH * T * T;
+    /* kept 2C + 3A + 2 + 2H, tail 2C + A + H (block_layout) */
+    u->act_floats = T * (4 * C + 4 * A + 3 * H + 2) + u->att_floats;
     /* W: the seven projections' dw and the two norms', from the output gradients of each (block_wstate) */
     u->bwd_weight_flops = gemm;
-    u->wstate_floats = T * (5 * C + 2 * H + 2 * KVD);
+    u->wstate_floats = T * (4 * C + A + 2 * H + 2 * KVD);
     /* selective: both norms' outputs, the attention's output and state, the SwiGLU product */
-    u->tail_floats = T * (3 * C + H);
-    u->tail_flops = cdp_attention_flops(T, C, 1, 0);
+    u->tail_floats = T * (2 * C + A + H);
+    u->tail_flops = cdp_attention_flops(T, A, 1, 0);
 }
 
-/* forward: q, k, v, the o projection; backward: dres2, dhmid, dgate, dup,
- * dln, datty, dqkv, dq, dk, dv, T x T */
+/* forward: q, k, v, the o projection; backward: block_grads */
 static int64_t scratch(const struct cdp_unit *u, int B)
 {
-    const int64_t T = u->in.d[0], C = u->in.d[1], KVD = C / u->desc.heads * u->desc.kv_heads, H = u->desc.hidden;
-    return (int64_t)B * T * (7 * C + 3 * H + 2 * KVD) + T * T;
+    const struct dims d = dims_of(u, B);
+    return (int64_t)d.N * (2 * d.C + 3 * d.H + 5 * d.A + 2 * d.KVD) + (int64_t)d.T * d.T;
 }
 
 /* A llama block's activations, per micro-batch of B. Kept (at act): the
@@ -125,43 +173,23 @@ struct block_acts {
     float *ln1, *atty, *ln2, *hmid, *att;                /* tail */
 };
 
-static struct block_acts block_layout(float *a, float *t, int B, int64_t T, int64_t C, int64_t H)
+static struct block_acts block_layout(float *a, float *t, const struct dims *d)
 {
     struct block_acts r;
-    const int64_t BT = (int64_t)B * T, BTC = BT * C;
+    const int64_t N = d->N, NC = N * d->C;
     r.out = a;
-    r.rstd1 = r.out + BTC;
-    r.qkv = r.rstd1 + BT;
-    r.res2 = r.qkv + 3 * BTC;
-    r.rstd2 = r.res2 + BTC;
-    r.gate = r.rstd2 + BT;
-    r.up = r.gate + BT * H;
+    r.rstd1 = r.out + NC;
+    r.qkv = r.rstd1 + N;
+    r.res2 = r.qkv + 3 * N * d->A;
+    r.rstd2 = r.res2 + NC;
+    r.gate = r.rstd2 + N;
+    r.up = r.gate + N * d->H;
     r.ln1 = t;
-    r.atty = r.ln1 + BTC;
-    r.ln2 = r.atty + BTC;
-    r.hmid = r.ln2 + BTC;
-    r.att = r.hmid + BT * H;
+    r.atty = r.ln1 + NC;
+    r.ln2 = r.atty + N * d->A;
+    r.hmid = r.ln2 + NC;
+    r.att = r.hmid + N * d->H;
     return r;
-}
-
-struct dims {
-    int T, C, NH, NKV, HD, KVD, H, N;
-    float eps;
-};
-
-static struct dims dims_of(const struct cdp_unit *u, int B)
-{
-    struct dims d;
-    d.T = (int)u->in.d[0];
-    d.C = (int)u->in.d[1];
-    d.NH = (int)u->desc.heads;
-    d.NKV = (int)u->desc.kv_heads;
-    d.HD = d.C / d.NH;
-    d.KVD = d.HD * d.NKV;
-    d.H = (int)u->desc.hidden;
-    d.N = B * d.T;
-    d.eps = (float)u->desc.eps;
-    return d;
 }
 
 static cdp_status forward(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p, const void *in,
@@ -170,35 +198,39 @@ static cdp_status forward(const struct cdp_kernels *k, const struct cdp_unit *u,
     const float *x = (const float *)in;
     const struct dims d = dims_of(u, B);
     const size_t NC = (size_t)d.N * d.C;
-    struct block_acts a = block_layout(act, tail, B, d.T, d.C, d.H);
-    float *q = scratch_, *kk = q + NC, *v = kk + (size_t)d.N * d.KVD, *proj = v + (size_t)d.N * d.KVD;
+    struct block_acts a = block_layout(act, tail, &d);
+    float *q = scratch_, *kk = q + (size_t)d.N * d.A, *v = kk + (size_t)d.N * d.KVD, *proj = v + (size_t)d.N * d.KVD;
+    cdp_status st;
     K(rmsnorm_fwd, a.ln1, a.rstd1, x, p[0], d.N, d.C, d.eps);
-    K(linear_fwd, q, a.ln1, p[1], NULL, d.N, d.C, d.C);
+    K(linear_fwd, q, a.ln1, p[1], NULL, d.N, d.C, d.A);
     K(linear_fwd, kk, a.ln1, p[2], NULL, d.N, d.C, d.KVD);
     K(linear_fwd, v, a.ln1, p[3], NULL, d.N, d.C, d.KVD);
     K(rope_fwd, a.qkv, q, kk, v, B, d.T, d.NH, d.NKV, d.HD, 0, u->desc.rope);
-    K(attention_fwd, a.atty, a.att, a.qkv, B, d.T, d.C, d.NH, 1);
-    K(linear_fwd, proj, a.atty, p[4], NULL, d.N, d.C, d.C);
+    K(attention_fwd, a.atty, a.att, a.qkv, B, d.T, d.A, d.NH, 1);
+    K(linear_fwd, proj, a.atty, p[4], NULL, d.N, d.A, d.C);
+    if ((st = cdp_unit_tensor_sum(u, proj, (int64_t)NC))) return st;
     K(residual_fwd, a.res2, x, proj, NC);
     K(rmsnorm_fwd, a.ln2, a.rstd2, a.res2, p[5], d.N, d.C, d.eps);
     K(linear_fwd, a.gate, a.ln2, p[6], NULL, d.N, d.C, d.H);
     K(linear_fwd, a.up, a.ln2, p[7], NULL, d.N, d.C, d.H);
     K(swiglu_fwd, a.hmid, a.gate, a.up, (size_t)d.N * d.H);
     K(linear_fwd, proj, a.hmid, p[8], NULL, d.N, d.H, d.C);
+    if ((st = cdp_unit_tensor_sum(u, proj, (int64_t)NC))) return st;
     K(residual_fwd, a.out, a.res2, proj, NC);
     return CDP_OK;
 }
 
 /* The tail again: the kernels of the forward that wrote it, on the same
- * inputs (the norms write their 1/rms again, the same values). */
+ * inputs (the norms write their 1/rms again, the same values); no collective
+ * (every product the group sums is kept). */
 static cdp_status recompute(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p, const void *in,
                             float *act, float *tail, float *scratch_, int B)
 {
     (void)scratch_;
     const struct dims d = dims_of(u, B);
-    struct block_acts a = block_layout(act, tail, B, d.T, d.C, d.H);
+    struct block_acts a = block_layout(act, tail, &d);
     K(rmsnorm_fwd, a.ln1, a.rstd1, (const float *)in, p[0], d.N, d.C, d.eps);
-    K(attention_fwd, a.atty, a.att, a.qkv, B, d.T, d.C, d.NH, 1);
+    K(attention_fwd, a.atty, a.att, a.qkv, B, d.T, d.A, d.NH, 1);
     K(rmsnorm_fwd, a.ln2, a.rstd2, a.res2, p[5], d.N, d.C, d.eps);
     K(swiglu_fwd, a.hmid, a.gate, a.up, (size_t)d.N * d.H);
     return CDP_OK;
@@ -212,16 +244,17 @@ struct block_grads {
 static struct block_grads grads_layout(float *s, const struct dims *d)
 {
     struct block_grads g;
-    const size_t NC = (size_t)d->N * d->C, NH_ = (size_t)d->N * d->H, NK = (size_t)d->N * d->KVD;
+    const size_t NC = (size_t)d->N * d->C, NH_ = (size_t)d->N * d->H, NK = (size_t)d->N * d->KVD,
+                 NA = (size_t)d->N * d->A;
     g.dres2 = s;
     g.dhmid = g.dres2 + NC;
     g.dgate = g.dhmid + NH_;
     g.dup = g.dgate + NH_;
     g.dln = g.dup + NH_;
     g.datty = g.dln + NC;
-    g.dqkv = g.datty + NC;
-    g.dq = g.dqkv + 3 * NC;
-    g.dk = g.dq + NC;
+    g.dqkv = g.datty + NA;
+    g.dq = g.dqkv + 3 * NA;
+    g.dk = g.dq + NA;
     g.dv = g.dk + NK;
     g.att_scratch = g.dv + NK;
     return g;
@@ -233,9 +266,11 @@ static cdp_status backward(const struct cdp_kernels *k, const struct cdp_unit *u
 {
     const float *x = (const float *)in;
     const struct dims d = dims_of(u, B);
-    const size_t NC = (size_t)d.N * d.C, NHd = (size_t)d.N * d.H, NK = (size_t)d.N * d.KVD;
-    struct block_acts a = block_layout((float *)act, (float *)tail, B, d.T, d.C, d.H);
+    const size_t NC = (size_t)d.N * d.C, NHd = (size_t)d.N * d.H, NK = (size_t)d.N * d.KVD,
+                 NA = (size_t)d.N * d.A;
+    struct block_acts a = block_layout((float *)act, (float *)tail, &d);
     struct block_grads s = grads_layout(scratch_, &d);
+    cdp_status st;
     K(copy, s.dres2, dout, NC * sizeof *s.dres2);
     K(zero, s.dhmid, NHd * sizeof *s.dhmid);
     K(linear_bwd, s.dhmid, g[8], NULL, dout, a.hmid, p[8], d.N, d.H, d.C);
@@ -244,17 +279,19 @@ static cdp_status backward(const struct cdp_kernels *k, const struct cdp_unit *u
     K(zero, s.dln, NC * sizeof *s.dln);
     K(linear_bwd, s.dln, g[6], NULL, s.dgate, a.ln2, p[6], d.N, d.C, d.H);
     K(linear_bwd, s.dln, g[7], NULL, s.dup, a.ln2, p[7], d.N, d.C, d.H);
+    if ((st = cdp_unit_tensor_sum(u, s.dln, (int64_t)NC))) return st;
     K(rmsnorm_bwd, s.dres2, g[5], s.dln, a.res2, p[5], a.rstd2, d.N, d.C);
-    K(zero, s.datty, NC * sizeof *s.datty);
-    K(linear_bwd, s.datty, g[4], NULL, s.dres2, a.atty, p[4], d.N, d.C, d.C);
-    K(zero, s.dqkv, 3 * NC * sizeof *s.dqkv);
-    K(attention_bwd, s.dqkv, s.datty, a.qkv, a.att, s.att_scratch, B, d.T, d.C, d.NH, 1);
-    K(zero, s.dq, (NC + 2 * NK) * sizeof *s.dq); /* dq, dk, dv */
+    K(zero, s.datty, NA * sizeof *s.datty);
+    K(linear_bwd, s.datty, g[4], NULL, s.dres2, a.atty, p[4], d.N, d.A, d.C);
+    K(zero, s.dqkv, 3 * NA * sizeof *s.dqkv);
+    K(attention_bwd, s.dqkv, s.datty, a.qkv, a.att, s.att_scratch, B, d.T, d.A, d.NH, 1);
+    K(zero, s.dq, (NA + 2 * NK) * sizeof *s.dq); /* dq, dk, dv */
     K(rope_bwd, s.dq, s.dk, s.dv, s.dqkv, B, d.T, d.NH, d.NKV, d.HD, 0, u->desc.rope);
     K(zero, s.dln, NC * sizeof *s.dln);
-    K(linear_bwd, s.dln, g[1], NULL, s.dq, a.ln1, p[1], d.N, d.C, d.C);
+    K(linear_bwd, s.dln, g[1], NULL, s.dq, a.ln1, p[1], d.N, d.C, d.A);
     K(linear_bwd, s.dln, g[2], NULL, s.dk, a.ln1, p[2], d.N, d.C, d.KVD);
     K(linear_bwd, s.dln, g[3], NULL, s.dv, a.ln1, p[3], d.N, d.C, d.KVD);
+    if ((st = cdp_unit_tensor_sum(u, s.dln, (int64_t)NC))) return st;
     if (din) {
         K(add, din, s.dres2, NC);
         K(rmsnorm_bwd, din, g[0], s.dln, x, p[0], a.rstd1, d.N, d.C);
@@ -265,7 +302,7 @@ static cdp_status backward(const struct cdp_kernels *k, const struct cdp_unit *u
     return CDP_OK;
 }
 
-/* Split backward's W-state, per micro-batch of B (5C + 2H + 2KVD a token):
+/* Split backward's W-state, per micro-batch of B (4C + A + 2H + 2KVD a token):
  * the output gradient of each product and norm, as backward computes it. */
 struct block_wstate {
     float *dout;  /* the block's: mlp.down_proj's */
@@ -287,7 +324,7 @@ static struct block_wstate block_wstate(float *w, const struct dims *d)
     r.dln2 = r.dup + NHd;
     r.dres2 = r.dln2 + NC;
     r.dq = r.dres2 + NC;
-    r.dk = r.dq + NC;
+    r.dk = r.dq + (size_t)d->N * d->A;
     r.dv = r.dk + NK;
     r.dln1 = r.dv + NK;
     return r;
@@ -301,10 +338,11 @@ static cdp_status backward_input(const struct cdp_kernels *k, const struct cdp_u
 {
     const float *x = (const float *)in;
     const struct dims d = dims_of(u, B);
-    const size_t NC = (size_t)d.N * d.C, NHd = (size_t)d.N * d.H;
-    struct block_acts a = block_layout((float *)act, (float *)tail, B, d.T, d.C, d.H);
+    const size_t NC = (size_t)d.N * d.C, NHd = (size_t)d.N * d.H, NA = (size_t)d.N * d.A;
+    struct block_acts a = block_layout((float *)act, (float *)tail, &d);
     struct block_grads s = grads_layout(scratch_, &d);
     struct block_wstate w = block_wstate(ws, &d);
+    cdp_status st;
     K(copy, w.dout, dout, NC * sizeof *w.dout);
     K(copy, w.dres2, dout, NC * sizeof *w.dres2);
     K(zero, s.dhmid, NHd * sizeof *s.dhmid);
@@ -314,17 +352,19 @@ static cdp_status backward_input(const struct cdp_kernels *k, const struct cdp_u
     K(zero, w.dln2, NC * sizeof *w.dln2);
     K(linear_bwd, w.dln2, NULL, NULL, w.dgate, a.ln2, p[6], d.N, d.C, d.H);
     K(linear_bwd, w.dln2, NULL, NULL, w.dup, a.ln2, p[7], d.N, d.C, d.H);
+    if ((st = cdp_unit_tensor_sum(u, w.dln2, (int64_t)NC))) return st;
     K(rmsnorm_bwd, w.dres2, NULL, w.dln2, a.res2, p[5], a.rstd2, d.N, d.C);
-    K(zero, s.datty, NC * sizeof *s.datty);
-    K(linear_bwd, s.datty, NULL, NULL, w.dres2, a.atty, p[4], d.N, d.C, d.C);
-    K(zero, s.dqkv, 3 * NC * sizeof *s.dqkv);
-    K(attention_bwd, s.dqkv, s.datty, a.qkv, a.att, s.att_scratch, B, d.T, d.C, d.NH, 1);
-    K(zero, w.dq, (NC + 2 * (size_t)d.N * d.KVD) * sizeof *w.dq); /* dq, dk, dv */
+    K(zero, s.datty, NA * sizeof *s.datty);
+    K(linear_bwd, s.datty, NULL, NULL, w.dres2, a.atty, p[4], d.N, d.A, d.C);
+    K(zero, s.dqkv, 3 * NA * sizeof *s.dqkv);
+    K(attention_bwd, s.dqkv, s.datty, a.qkv, a.att, s.att_scratch, B, d.T, d.A, d.NH, 1);
+    K(zero, w.dq, (NA + 2 * (size_t)d.N * d.KVD) * sizeof *w.dq); /* dq, dk, dv */
     K(rope_bwd, w.dq, w.dk, w.dv, s.dqkv, B, d.T, d.NH, d.NKV, d.HD, 0, u->desc.rope);
     K(zero, w.dln1, NC * sizeof *w.dln1);
-    K(linear_bwd, w.dln1, NULL, NULL, w.dq, a.ln1, p[1], d.N, d.C, d.C);
+    K(linear_bwd, w.dln1, NULL, NULL, w.dq, a.ln1, p[1], d.N, d.C, d.A);
     K(linear_bwd, w.dln1, NULL, NULL, w.dk, a.ln1, p[2], d.N, d.C, d.KVD);
     K(linear_bwd, w.dln1, NULL, NULL, w.dv, a.ln1, p[3], d.N, d.C, d.KVD);
+    if ((st = cdp_unit_tensor_sum(u, w.dln1, (int64_t)NC))) return st;
     if (din) {
         K(add, din, w.dres2, NC);
         K(rmsnorm_bwd, din, NULL, w.dln1, x, p[0], a.rstd1, d.N, d.C);
@@ -340,14 +380,14 @@ static cdp_status backward_weight(const struct cdp_kernels *k, const struct cdp_
     (void)dout, (void)scratch_;
     const float *x = (const float *)in;
     const struct dims d = dims_of(u, B);
-    struct block_acts a = block_layout((float *)act, (float *)tail, B, d.T, d.C, d.H);
+    struct block_acts a = block_layout((float *)act, (float *)tail, &d);
     struct block_wstate w = block_wstate((float *)ws, &d);
     K(linear_bwd, NULL, g[8], NULL, w.dout, a.hmid, p[8], d.N, d.H, d.C);
     K(linear_bwd, NULL, g[6], NULL, w.dgate, a.ln2, p[6], d.N, d.C, d.H);
     K(linear_bwd, NULL, g[7], NULL, w.dup, a.ln2, p[7], d.N, d.C, d.H);
     K(rmsnorm_bwd, NULL, g[5], w.dln2, a.res2, p[5], a.rstd2, d.N, d.C);
-    K(linear_bwd, NULL, g[4], NULL, w.dres2, a.atty, p[4], d.N, d.C, d.C);
-    K(linear_bwd, NULL, g[1], NULL, w.dq, a.ln1, p[1], d.N, d.C, d.C);
+    K(linear_bwd, NULL, g[4], NULL, w.dres2, a.atty, p[4], d.N, d.A, d.C);
+    K(linear_bwd, NULL, g[1], NULL, w.dq, a.ln1, p[1], d.N, d.C, d.A);
     K(linear_bwd, NULL, g[2], NULL, w.dk, a.ln1, p[2], d.N, d.C, d.KVD);
     K(linear_bwd, NULL, g[3], NULL, w.dv, a.ln1, p[3], d.N, d.C, d.KVD);
     K(rmsnorm_bwd, NULL, g[0], w.dln1, x, p[0], a.rstd1, d.N, d.C);
@@ -416,6 +456,9 @@ const struct cdp_layer_def cdp_layer_llama_block = {
     .listable = 1,
     .keys = keys,
     .keeps_attention = 1,
+    .tensor_ok = 1,
+    .tensor_splits = 1,
+    .tensor_check = tensor_check,
     .parse = parse,
     .shape = shape,
     .params = params,

@@ -125,7 +125,7 @@ static cdp_status backward(const struct cdp_kernels *k, const struct cdp_unit *u
     float *dln = scratch_;
     K(zero, dln, (size_t)N * C * sizeof *dln);
     K(linear_bwd, dln, g[h.w], NULL, dout, h.ln, p[h.w], N, C, V);
-    cdp_status st = cdp_unit_group_sum(u, dln, (int64_t)N * C); /* vocab-parallel: the slices' parts */
+    cdp_status st = cdp_unit_tensor_sum(u, dln, (int64_t)N * C); /* vocab-parallel: the slices' parts */
     if (st) return st;
     float *target = din;
     if (!target) {
@@ -148,7 +148,7 @@ static cdp_status backward_input(const struct cdp_kernels *k, const struct cdp_u
     K(zero, dln, (size_t)N * C * sizeof *dln);
     K(linear_bwd, dln, NULL, NULL, dout, h.ln, p[h.w], N, C, V);
     /* vocab-parallel: the slices' parts summed here, in B, so that W (the norm's weights) has no collective */
-    cdp_status st = cdp_unit_group_sum(u, dln, (int64_t)N * C);
+    cdp_status st = cdp_unit_tensor_sum(u, dln, (int64_t)N * C);
     if (st) return st;
     return din ? norm_bwd(k, u, p, din, NULL, dln, &h, (const float *)in, N, C) : CDP_OK;
 }
@@ -193,6 +193,7 @@ const struct cdp_layer_def cdp_layer_lm_head = {
     .name = "lm_head",
     .listable = 0,
     .tensor_ok = 1,
+    .tensor_splits = 1, /* vocab-parallel, its norm replicated */
     .vocab_parallel = 1,
     .keys = keys,
     .shape = shape,

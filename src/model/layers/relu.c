@@ -35,6 +35,7 @@ const struct cdp_layer_def cdp_layer_relu = {
     .name = "relu",
     .listable = 1,
     .tensor_ok = 1,
+    .tensor_passes = 1,
     .keys = keys,
     .cost = cost,
     .forward = forward,

@@ -95,6 +95,7 @@ const struct cdp_layer_def cdp_layer_rmsnorm = {
     .type = CDP_LAYER_RMSNORM,
     .name = "rmsnorm",
     .listable = 1,
+    .tensor_ok = 1, /* replicated: whole on every rank of a tensor group */
     .keys = keys,
     .parse = parse,
     .params = params,

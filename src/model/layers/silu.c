@@ -36,6 +36,7 @@ const struct cdp_layer_def cdp_layer_silu = {
     .name = "silu",
     .listable = 1,
     .tensor_ok = 1,
+    .tensor_passes = 1,
     .keys = keys,
     .cost = cost,
     .forward = forward,

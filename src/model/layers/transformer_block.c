@@ -1,6 +1,15 @@
 /* transformer_block: a GPT-2 pre-LN block over [T, C] (layernorm, causal
  * self-attention, residual, layernorm, 4C GELU MLP, residual). Keys: heads
- * (required). GPT presets start its residual projections at 0.02/sqrt(2L). */
+ * (required). GPT presets start its residual projections at 0.02/sqrt(2L).
+ * Split over a tensor group of t (docs/parallelism.md, Megatron-LM's): rank
+ * k holds heads [k H/t, (k+1) H/t) of Q, K and V (three row ranges of the
+ * fused attn.c_attn) and runs attention on them; attn.c_proj is row-parallel
+ * (its bias added once, by index 0), one all-reduce forward; mlp.c_fc
+ * column-parallel, mlp.c_proj row-parallel, one all-reduce forward; the
+ * layernorms and the residual stream whole on every rank. Backward: the
+ * gradients of both layernorms' outputs (partial sums of the column splits')
+ * are all-reduced before the norms' backward, so the norms' gradients and
+ * the block's input gradient are the same on every rank. */
 #include <math.h>
 #include <string.h>
 
@@ -21,6 +30,17 @@ static int shape(const struct cdp_layer_desc *L, const struct cdp_shape *in, str
     return cdp_heads_shape("transformer_block", L, in, out, why, cap);
 }
 
+/* heads split; the MLP's 4C then splits too (C is a multiple of heads) */
+static int tensor_check(const struct cdp_layer_desc *L, const struct cdp_shape *in, int t, const char **key,
+                        int64_t *value)
+{
+    (void)in;
+    if (L->heads % t == 0) return 0;
+    *key = "heads";
+    *value = L->heads;
+    return -1;
+}
+
 /* 12 C^2 + 13 C: qkv and output projections, the MLP, two layernorms */
 static int64_t params(const struct cdp_layer_desc *L, const struct cdp_shape *in)
 {
@@ -39,6 +59,25 @@ static void describe(const struct cdp_layer_desc *L, char *buf, size_t cap)
     snprintf(buf, cap, " heads %lld", (long long)L->heads);
 }
 
+/* A block's sizes on its rank: C the residual stream's width (whole), A the
+ * attention's width and NH its heads, F the MLP's width (the rank's slices). */
+struct dims {
+    int T, C, A, NH, F, N;
+};
+
+static struct dims dims_of(const struct cdp_unit *u, int B)
+{
+    const int t = cdp_unit_tensor_split(u) ? u->tp_size : 1;
+    struct dims d;
+    d.T = (int)u->in.d[0];
+    d.C = (int)u->in.d[1];
+    d.A = d.C / t;
+    d.NH = (int)u->desc.heads / t;
+    d.F = 4 * d.C / t;
+    d.N = B * d.T;
+    return d;
+}
+
 static void build(struct cdp_unit *u, const struct cdp_model_desc *m)
 {
     const int64_t C = cdp_shape_last(&u->in);
@@ -49,30 +88,43 @@ static void build(struct cdp_unit *u, const struct cdp_model_desc *m)
     cdp_unit_add_norm_params(u, "ln_2", C);
     cdp_unit_add_linear_params(u, "mlp.c_fc", 4 * C, C, 1, 1, 0.02f);
     cdp_unit_add_linear_params(u, "mlp.c_proj", C, 4 * C, 1, 1, proj_std);
+    if (!cdp_unit_tensor_split(u)) return;
+    const int t = u->tp_size, k = u->tp_index;
+    cdp_param_shard_parts(u, 2, 0, 3, t, k); /* q, k and v rows of this rank's heads */
+    cdp_param_shard_parts(u, 3, 0, 3, t, k);
+    cdp_param_shard(u, 4, 1, t, k); /* row-parallel: the bias (5) whole */
+    cdp_param_shard(u, 8, 0, t, k);
+    cdp_param_shard(u, 9, 0, t, k);
+    cdp_param_shard(u, 10, 1, t, k);
 }
 
+/* Per sample, on the rank (A = C, F = 4C at t = 1): the products 2 T C (3A +
+ * A + F + F), attention on A; kept C + 3A + C + F (+ 4 T statistics), tail C
+ * + A + C + F. */
 static void cost(struct cdp_unit *u)
 {
-    const int64_t T = u->in.d[0], C = u->in.d[1];
-    u->fwd_flops = 24.0 * T * C * C + cdp_attention_flops(T, C, 1, 0);
-    u->bwd_flops = 48.0 * T * C * C + cdp_attention_flops(T, C, 1, 1);
-    u->att_floats = u->desc.heads * T * T;
-    u->act_floats = 16 * T * C + 4 * T + u->att_floats;
+    const struct dims d = dims_of(u, 1);
+    const int64_t T = d.T, C = d.C, A = d.A, F = d.F;
+    const double gemm = 2.0 * T * C * (4.0 * A + 2.0 * F);
+    u->fwd_flops = gemm + cdp_attention_flops(T, A, 1, 0);
+    u->bwd_flops = 2.0 * gemm + cdp_attention_flops(T, A, 1, 1);
+    u->att_floats = (int64_t)d.NH * T * T;
+    u->act_floats = T * (4 * C + 4 * A + 2 * F) + 4 * T + u->att_floats;
     /* W: the four projections' dw and db and the two norms', from the output gradients of each
-     * (block_wstate): dout C, dfch 4C, dln2 C, dres2 C, dqkv 3C, dln1 C */
-    u->bwd_weight_flops = 24.0 * T * C * C;
-    u->wstate_floats = 11 * T * C;
+     * (block_wstate): dout C, dfch F, dln2 C, dres2 C, dqkv 3A, dln1 C */
+    u->bwd_weight_flops = gemm;
+    u->wstate_floats = T * (4 * C + F + 3 * A);
     /* selective: both layernorms' outputs, the attention's output and state,
      * the GELU's output (block_layout) */
-    u->tail_floats = 7 * T * C;
-    u->tail_flops = cdp_attention_flops(T, C, 1, 0);
+    u->tail_floats = T * (2 * C + A + F);
+    u->tail_flops = cdp_attention_flops(T, A, 1, 0);
 }
 
-/* forward: one C-wide projection; backward: dres2, dg, dfch, dln, dqkv, T x T */
+/* forward: one C-wide projection; backward: block_grads */
 static int64_t scratch(const struct cdp_unit *u, int B)
 {
-    const int64_t T = u->in.d[0], C = u->in.d[1];
-    return (int64_t)B * 13 * T * C + T * T;
+    const struct dims d = dims_of(u, B);
+    return (int64_t)d.N * (2 * d.C + 2 * d.F + 3 * d.A) + (int64_t)d.T * d.T;
 }
 
 /* A transformer block's activations, per micro-batch of B. Kept (at act): what
@@ -84,71 +136,88 @@ struct block_acts {
     float *ln1, *atty, *ln2, *fch_gelu, *att;                                   /* tail */
 };
 
-static struct block_acts block_layout(float *a, float *t, int B, int64_t T, int64_t C)
+static struct block_acts block_layout(float *a, float *t, const struct dims *d)
 {
     struct block_acts r;
-    const int64_t BT = (int64_t)B * T, BTC = BT * C;
+    const int64_t N = d->N;
     r.out = a;
-    a += BTC;
-    r.ln1_mean = a;
-    a += BT;
-    r.ln1_rstd = a;
-    a += BT;
-    r.qkv = a;
-    a += 3 * BTC;
-    r.res2 = a;
-    a += BTC;
-    r.ln2_mean = a;
-    a += BT;
-    r.ln2_rstd = a;
-    a += BT;
-    r.fch = a;
+    r.ln1_mean = r.out + N * d->C;
+    r.ln1_rstd = r.ln1_mean + N;
+    r.qkv = r.ln1_rstd + N;
+    r.res2 = r.qkv + 3 * N * d->A;
+    r.ln2_mean = r.res2 + N * d->C;
+    r.ln2_rstd = r.ln2_mean + N;
+    r.fch = r.ln2_rstd + N;
     r.ln1 = t;
-    t += BTC;
-    r.atty = t;
-    t += BTC;
-    r.ln2 = t;
-    t += BTC;
-    r.fch_gelu = t;
-    t += 4 * BTC;
-    r.att = t;
+    r.atty = r.ln1 + N * d->C;
+    r.ln2 = r.atty + N * d->A;
+    r.fch_gelu = r.ln2 + N * d->C;
+    r.att = r.fch_gelu + N * d->F;
     return r;
+}
+
+/* Backward's buffers in scratch: dres2 [N, C], dg and dfch [N, F], dln [N,
+ * C] (a norm's output gradient, or the attention output's, A <= C wide), dqkv
+ * [N, 3A], then attention's T x T (13 N C + T T at t = 1). */
+struct block_grads {
+    float *dres2, *dg, *dfch, *dln, *dqkv, *att_scratch;
+};
+
+static struct block_grads grads_layout(float *s, const struct dims *d)
+{
+    struct block_grads g;
+    const int64_t N = d->N;
+    g.dres2 = s;
+    g.dg = g.dres2 + N * d->C;
+    g.dfch = g.dg + N * d->F;
+    g.dln = g.dfch + N * d->F;
+    g.dqkv = g.dln + N * d->C;
+    g.att_scratch = g.dqkv + 3 * N * d->A;
+    return g;
 }
 
 static cdp_status forward(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p, const void *in,
                           float *act, float *tail, float *scratch, int B)
 {
     const float *x = (const float *)in;
-    const int T = (int)u->in.d[0], C = (int)u->in.d[1], NH = (int)u->desc.heads, N = B * T;
+    const struct dims d = dims_of(u, B);
+    const int N = d.N, C = d.C, A = d.A, F = d.F;
     const size_t BTC = (size_t)N * C;
-    struct block_acts a = block_layout(act, tail, B, T, C);
+    struct block_acts a = block_layout(act, tail, &d);
     float *proj = scratch; /* B*T*C */
+    /* a row-parallel product's bias is added once, by the group's index 0 */
+    const int bias_here = u->tp_index == 0 || !cdp_unit_tensor_split(u);
+    cdp_status st;
     K(layernorm_fwd, a.ln1, a.ln1_mean, a.ln1_rstd, x, p[0], p[1], N, C, 1e-5f);
-    K(linear_fwd, a.qkv, a.ln1, p[2], p[3], N, C, 3 * C);
-    K(attention_fwd, a.atty, a.att, a.qkv, B, T, C, NH, 1);
-    K(linear_fwd, proj, a.atty, p[4], p[5], N, C, C);
+    K(linear_fwd, a.qkv, a.ln1, p[2], p[3], N, C, 3 * A);
+    K(attention_fwd, a.atty, a.att, a.qkv, B, d.T, A, d.NH, 1);
+    K(linear_fwd, proj, a.atty, p[4], bias_here ? p[5] : NULL, N, A, C);
+    if ((st = cdp_unit_tensor_sum(u, proj, (int64_t)BTC))) return st;
     K(residual_fwd, a.res2, x, proj, BTC);
     K(layernorm_fwd, a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p[6], p[7], N, C, 1e-5f);
-    K(linear_fwd, a.fch, a.ln2, p[8], p[9], N, C, 4 * C);
-    K(gelu_fwd, a.fch_gelu, a.fch, 4 * BTC);
-    K(linear_fwd, proj, a.fch_gelu, p[10], p[11], N, 4 * C, C);
+    K(linear_fwd, a.fch, a.ln2, p[8], p[9], N, C, F);
+    K(gelu_fwd, a.fch_gelu, a.fch, (size_t)N * F);
+    K(linear_fwd, proj, a.fch_gelu, p[10], bias_here ? p[11] : NULL, N, F, C);
+    if ((st = cdp_unit_tensor_sum(u, proj, (int64_t)BTC))) return st;
     K(residual_fwd, a.out, a.res2, proj, BTC);
     return CDP_OK;
 }
 
 /* The tail again: the kernels of the forward that wrote it, on the same inputs
- * (the norms write their statistics again, the same values). */
+ * (the norms write their statistics again, the same values). Every product
+ * whose output the group sums is kept, so this has no collective. */
 static cdp_status recompute(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p, const void *in,
                             float *act, float *tail, float *scratch, int B)
 {
     (void)scratch;
     const float *x = (const float *)in;
-    const int T = (int)u->in.d[0], C = (int)u->in.d[1], NH = (int)u->desc.heads, N = B * T;
-    struct block_acts a = block_layout(act, tail, B, T, C);
+    const struct dims d = dims_of(u, B);
+    const int N = d.N, C = d.C;
+    struct block_acts a = block_layout(act, tail, &d);
     K(layernorm_fwd, a.ln1, a.ln1_mean, a.ln1_rstd, x, p[0], p[1], N, C, 1e-5f);
-    K(attention_fwd, a.atty, a.att, a.qkv, B, T, C, NH, 1);
+    K(attention_fwd, a.atty, a.att, a.qkv, B, d.T, d.A, d.NH, 1);
     K(layernorm_fwd, a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p[6], p[7], N, C, 1e-5f);
-    K(gelu_fwd, a.fch_gelu, a.fch, 4 * (size_t)N * C);
+    K(gelu_fwd, a.fch_gelu, a.fch, (size_t)N * d.F);
     return CDP_OK;
 }
 
@@ -157,97 +226,104 @@ static cdp_status backward(const struct cdp_kernels *k, const struct cdp_unit *u
                            const float *dout, float *din, float *scratch, int B)
 {
     const float *x = (const float *)in;
-    const int T = (int)u->in.d[0], C = (int)u->in.d[1], NH = (int)u->desc.heads, N = B * T;
-    const size_t BTC = (size_t)N * C;
-    struct block_acts a = block_layout((float *)act, (float *)tail, B, T, C);
-    float *dres2 = scratch, *dg = dres2 + BTC, *dfch = dg + 4 * BTC, *dln = dfch + 4 * BTC,
-          *dqkv = dln + BTC, *att_scratch = dqkv + 3 * BTC;
-    K(copy, dres2, dout, BTC * sizeof *dres2);
+    const struct dims d = dims_of(u, B);
+    const int N = d.N, C = d.C, A = d.A, F = d.F;
+    const size_t BTC = (size_t)N * C, BTF = (size_t)N * F;
+    struct block_acts a = block_layout((float *)act, (float *)tail, &d);
+    struct block_grads s = grads_layout(scratch, &d);
+    cdp_status st;
+    K(copy, s.dres2, dout, BTC * sizeof *s.dres2);
     if (k->ops->linear_gelu_bwd) { /* dfch overwritten, through the GELU */
-        K(linear_gelu_bwd, dfch, g[10], g[11], dout, a.fch_gelu, a.fch, p[10], N, 4 * C, C);
+        K(linear_gelu_bwd, s.dfch, g[10], g[11], dout, a.fch_gelu, a.fch, p[10], N, F, C);
     } else {
-        K(zero, dg, 4 * BTC * sizeof *dg);
-        K(linear_bwd, dg, g[10], g[11], dout, a.fch_gelu, p[10], N, 4 * C, C);
-        K(zero, dfch, 4 * BTC * sizeof *dfch);
-        K(gelu_bwd, dfch, dg, a.fch, 4 * BTC);
+        K(zero, s.dg, BTF * sizeof *s.dg);
+        K(linear_bwd, s.dg, g[10], g[11], dout, a.fch_gelu, p[10], N, F, C);
+        K(zero, s.dfch, BTF * sizeof *s.dfch);
+        K(gelu_bwd, s.dfch, s.dg, a.fch, BTF);
     }
-    K(zero, dln, BTC * sizeof *dln);
-    K(linear_bwd, dln, g[8], g[9], dfch, a.ln2, p[8], N, C, 4 * C);
-    K(layernorm_bwd, dres2, g[6], g[7], dln, a.res2, p[6], a.ln2_mean, a.ln2_rstd, N, C);
-    K(zero, dln, BTC * sizeof *dln);
-    K(linear_bwd, dln, g[4], g[5], dres2, a.atty, p[4], N, C, C);
-    K(zero, dqkv, 3 * BTC * sizeof *dqkv);
-    K(attention_bwd, dqkv, dln, a.qkv, a.att, att_scratch, B, T, C, NH, 1);
-    K(zero, dln, BTC * sizeof *dln);
-    K(linear_bwd, dln, g[2], g[3], dqkv, a.ln1, p[2], N, C, 3 * C);
+    K(zero, s.dln, BTC * sizeof *s.dln);
+    K(linear_bwd, s.dln, g[8], g[9], s.dfch, a.ln2, p[8], N, C, F);
+    if ((st = cdp_unit_tensor_sum(u, s.dln, (int64_t)BTC))) return st;
+    K(layernorm_bwd, s.dres2, g[6], g[7], s.dln, a.res2, p[6], a.ln2_mean, a.ln2_rstd, N, C);
+    K(zero, s.dln, (size_t)N * A * sizeof *s.dln);
+    K(linear_bwd, s.dln, g[4], g[5], s.dres2, a.atty, p[4], N, A, C);
+    K(zero, s.dqkv, 3 * (size_t)N * A * sizeof *s.dqkv);
+    K(attention_bwd, s.dqkv, s.dln, a.qkv, a.att, s.att_scratch, B, d.T, A, d.NH, 1);
+    K(zero, s.dln, BTC * sizeof *s.dln);
+    K(linear_bwd, s.dln, g[2], g[3], s.dqkv, a.ln1, p[2], N, C, 3 * A);
+    if ((st = cdp_unit_tensor_sum(u, s.dln, (int64_t)BTC))) return st;
     if (din) {
-        K(add, din, dres2, BTC);
-        K(layernorm_bwd, din, g[0], g[1], dln, x, p[0], a.ln1_mean, a.ln1_rstd, N, C);
+        K(add, din, s.dres2, BTC);
+        K(layernorm_bwd, din, g[0], g[1], s.dln, x, p[0], a.ln1_mean, a.ln1_rstd, N, C);
     } else {
         /* no input gradient wanted: still accumulate the norm's parameter gradients */
-        float *sink = dg;
+        float *sink = s.dg;
         K(zero, sink, BTC * sizeof *sink);
-        K(layernorm_bwd, sink, g[0], g[1], dln, x, p[0], a.ln1_mean, a.ln1_rstd, N, C);
+        K(layernorm_bwd, sink, g[0], g[1], s.dln, x, p[0], a.ln1_mean, a.ln1_rstd, N, C);
     }
     return CDP_OK;
 }
 
-/* Split backward's W-state, per micro-batch of B (11 T C a sample): the
- * output gradient of each product and norm, as backward computes it. */
+/* Split backward's W-state, per micro-batch of B (T (4C + F + 3A) a sample):
+ * the output gradient of each product and norm, as backward computes it. */
 struct block_wstate {
     float *dout;  /* the block's: mlp.c_proj's */
     float *dfch;  /* mlp.c_fc's (through the GELU) */
-    float *dln2;  /* ln_2's */
+    float *dln2;  /* ln_2's (summed over the group) */
     float *dres2; /* attn.c_proj's: the residual stream's after ln_2 */
     float *dqkv;  /* attn.c_attn's */
-    float *dln1;  /* ln_1's */
+    float *dln1;  /* ln_1's (summed over the group) */
 };
 
-static struct block_wstate block_wstate(float *w, int B, int64_t T, int64_t C)
+static struct block_wstate block_wstate(float *w, const struct dims *d)
 {
-    const int64_t BTC = (int64_t)B * T * C;
+    const int64_t N = d->N;
     struct block_wstate r;
     r.dout = w;
-    r.dfch = r.dout + BTC;
-    r.dln2 = r.dfch + 4 * BTC;
-    r.dres2 = r.dln2 + BTC;
-    r.dqkv = r.dres2 + BTC;
-    r.dln1 = r.dqkv + 3 * BTC;
+    r.dfch = r.dout + N * d->C;
+    r.dln2 = r.dfch + N * d->F;
+    r.dres2 = r.dln2 + N * d->C;
+    r.dqkv = r.dres2 + N * d->C;
+    r.dln1 = r.dqkv + 3 * N * d->A;
     return r;
 }
 
 /* B: backward's input-gradient calls in its order, the weight outputs NULL,
- * with the gradients W reads written in the W-state rather than scratch. */
+ * with the gradients W reads written in the W-state rather than scratch; the
+ * group's two all-reduces are here, W has none. */
 static cdp_status backward_input(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p,
                                  const void *in, const float *act, const float *tail, const float *dout,
                                  float *din, float *ws, float *scratch, int B)
 {
     const float *x = (const float *)in;
-    const int T = (int)u->in.d[0], C = (int)u->in.d[1], NH = (int)u->desc.heads, N = B * T;
-    const size_t BTC = (size_t)N * C;
-    struct block_acts a = block_layout((float *)act, (float *)tail, B, T, C);
-    struct block_wstate w = block_wstate(ws, B, T, C);
-    /* scratch as backward lays it out; dres2, dfch and dqkv unused */
-    float *dg = scratch + BTC, *dln = dg + 8 * BTC, *att_scratch = dln + 4 * BTC;
+    const struct dims d = dims_of(u, B);
+    const int N = d.N, C = d.C, A = d.A, F = d.F;
+    const size_t BTC = (size_t)N * C, BTF = (size_t)N * F;
+    struct block_acts a = block_layout((float *)act, (float *)tail, &d);
+    struct block_wstate w = block_wstate(ws, &d);
+    struct block_grads s = grads_layout(scratch, &d); /* dres2, dfch and dqkv unused */
+    cdp_status st;
     K(copy, w.dout, dout, BTC * sizeof *w.dout);
     K(copy, w.dres2, dout, BTC * sizeof *w.dres2);
     if (k->ops->linear_gelu_bwd) {
-        K(linear_gelu_bwd, w.dfch, NULL, NULL, dout, a.fch_gelu, a.fch, p[10], N, 4 * C, C);
+        K(linear_gelu_bwd, w.dfch, NULL, NULL, dout, a.fch_gelu, a.fch, p[10], N, F, C);
     } else {
-        K(zero, dg, 4 * BTC * sizeof *dg);
-        K(linear_bwd, dg, NULL, NULL, dout, a.fch_gelu, p[10], N, 4 * C, C);
-        K(zero, w.dfch, 4 * BTC * sizeof *w.dfch);
-        K(gelu_bwd, w.dfch, dg, a.fch, 4 * BTC);
+        K(zero, s.dg, BTF * sizeof *s.dg);
+        K(linear_bwd, s.dg, NULL, NULL, dout, a.fch_gelu, p[10], N, F, C);
+        K(zero, w.dfch, BTF * sizeof *w.dfch);
+        K(gelu_bwd, w.dfch, s.dg, a.fch, BTF);
     }
     K(zero, w.dln2, BTC * sizeof *w.dln2);
-    K(linear_bwd, w.dln2, NULL, NULL, w.dfch, a.ln2, p[8], N, C, 4 * C);
+    K(linear_bwd, w.dln2, NULL, NULL, w.dfch, a.ln2, p[8], N, C, F);
+    if ((st = cdp_unit_tensor_sum(u, w.dln2, (int64_t)BTC))) return st;
     K(layernorm_bwd, w.dres2, NULL, NULL, w.dln2, a.res2, p[6], a.ln2_mean, a.ln2_rstd, N, C);
-    K(zero, dln, BTC * sizeof *dln);
-    K(linear_bwd, dln, NULL, NULL, w.dres2, a.atty, p[4], N, C, C);
-    K(zero, w.dqkv, 3 * BTC * sizeof *w.dqkv);
-    K(attention_bwd, w.dqkv, dln, a.qkv, a.att, att_scratch, B, T, C, NH, 1);
+    K(zero, s.dln, (size_t)N * A * sizeof *s.dln);
+    K(linear_bwd, s.dln, NULL, NULL, w.dres2, a.atty, p[4], N, A, C);
+    K(zero, w.dqkv, 3 * (size_t)N * A * sizeof *w.dqkv);
+    K(attention_bwd, w.dqkv, s.dln, a.qkv, a.att, s.att_scratch, B, d.T, A, d.NH, 1);
     K(zero, w.dln1, BTC * sizeof *w.dln1);
-    K(linear_bwd, w.dln1, NULL, NULL, w.dqkv, a.ln1, p[2], N, C, 3 * C);
+    K(linear_bwd, w.dln1, NULL, NULL, w.dqkv, a.ln1, p[2], N, C, 3 * A);
+    if ((st = cdp_unit_tensor_sum(u, w.dln1, (int64_t)BTC))) return st;
     if (din) {
         K(add, din, w.dres2, BTC);
         K(layernorm_bwd, din, NULL, NULL, w.dln1, x, p[0], a.ln1_mean, a.ln1_rstd, N, C);
@@ -263,14 +339,15 @@ static cdp_status backward_weight(const struct cdp_kernels *k, const struct cdp_
 {
     (void)dout, (void)scratch;
     const float *x = (const float *)in;
-    const int T = (int)u->in.d[0], C = (int)u->in.d[1], N = B * T;
-    struct block_acts a = block_layout((float *)act, (float *)tail, B, T, C);
-    struct block_wstate w = block_wstate((float *)ws, B, T, C);
-    K(linear_bwd, NULL, g[10], g[11], w.dout, a.fch_gelu, p[10], N, 4 * C, C);
-    K(linear_bwd, NULL, g[8], g[9], w.dfch, a.ln2, p[8], N, C, 4 * C);
+    const struct dims d = dims_of(u, B);
+    const int N = d.N, C = d.C, A = d.A, F = d.F;
+    struct block_acts a = block_layout((float *)act, (float *)tail, &d);
+    struct block_wstate w = block_wstate((float *)ws, &d);
+    K(linear_bwd, NULL, g[10], g[11], w.dout, a.fch_gelu, p[10], N, F, C);
+    K(linear_bwd, NULL, g[8], g[9], w.dfch, a.ln2, p[8], N, C, F);
     K(layernorm_bwd, NULL, g[6], g[7], w.dln2, a.res2, p[6], a.ln2_mean, a.ln2_rstd, N, C);
-    K(linear_bwd, NULL, g[4], g[5], w.dres2, a.atty, p[4], N, C, C);
-    K(linear_bwd, NULL, g[2], g[3], w.dqkv, a.ln1, p[2], N, C, 3 * C);
+    K(linear_bwd, NULL, g[4], g[5], w.dres2, a.atty, p[4], N, A, C);
+    K(linear_bwd, NULL, g[2], g[3], w.dqkv, a.ln1, p[2], N, C, 3 * A);
     K(layernorm_bwd, NULL, g[0], g[1], w.dln1, x, p[0], a.ln1_mean, a.ln1_rstd, N, C);
     return CDP_OK;
 }
@@ -313,6 +390,9 @@ const struct cdp_layer_def cdp_layer_transformer_block = {
     .listable = 1,
     .keys = keys,
     .keeps_attention = 1,
+    .tensor_ok = 1,
+    .tensor_splits = 1,
+    .tensor_check = tensor_check,
     .parse = parse,
     .shape = shape,
     .params = params,
