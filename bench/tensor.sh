@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Tensor groups on the CPU (docs/parallelism.md): an MLP of two column-then-row
-# pairs of split linears, one stage and one replica, at t = 1 (one rank) and
+# pairs of split linears, and a GPT of 4 blocks split by heads (embedding and
+# head replicated), each one stage and one replica, at t = 1 (one rank) and
 # t = 2 (two ranks, one BLAS thread each), the two interleaved run by run so
 # that the machine's load hits both alike. From each run's metrics, after the
 # first step:
@@ -21,14 +22,17 @@ reps="${2:-3}"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-model='"model": {"input": [1024], "layers": [{"type": "linear", "out": 4096, "split": "column"}, {"type": "relu"},
+mlp='"model": {"input": [1024], "layers": [{"type": "linear", "out": 4096, "split": "column"}, {"type": "relu"},
   {"type": "linear", "out": 1024, "split": "row"}, {"type": "linear", "out": 4096, "split": "column"},
   {"type": "gelu"}, {"type": "linear", "out": 16, "split": "row"}], "loss": "cross_entropy"}'
+mlp_batch='"global_batch": 256, "micro_batch": 64'
+gpt='"model": {"preset": "gpt", "vocab": 256, "context": 64, "layers": 4, "heads": 8, "embed": 256}'
+gpt_batch='"global_batch": 16, "micro_batch": 8'
 
-plan() { # t
+plan() { # t model batch
     cat > "$tmp/t$1.json" <<JSON
-{$model, "data": {"source": "synthetic", "seed": 1},
- "train": {"steps": 6, "global_batch": 256, "micro_batch": 64, "optimizer": {"type": "sgd", "lr": 0.01},
+{$2, "data": {"source": "synthetic", "seed": 1},
+ "train": {"steps": 6, $3, "optimizer": {"type": "sgd", "lr": 0.01},
            "eval_batches": 1, "log_every": 100},
  "parallel": {"stages": 1, "replicas": 1, "tensor": $1, "schedule": "1f1b"},
  "cluster": {"backend": "cpu"}, "output": {"metrics": "t$1.jsonl"}}
@@ -60,20 +64,25 @@ print(f"{sys.argv[2]} {t:.2f}")
 PY
 }
 
-printf '%-3s %5s %9s %10s %8s %11s\n' t runs "step ms" "tensor ms" "sim ms" "sim tensor"
-for t in 1 2; do plan $t; done
-declare -A step tens
-for r in $(seq "$reps"); do
-    for t in 1 2; do
-        OPENBLAS_NUM_THREADS=1 "$bin" -q --plan "$tmp/t$t.json" >/dev/null
-        read -r s c < <(measure "$tmp/t$t.jsonl")
-        step[$t]="${step[$t]:-} $s"
-        tens[$t]="${tens[$t]:-} $c"
-    done
-done
 mean() { python3 -c 'import sys; x = [float(v) for v in sys.argv[1:]]; print(f"{sum(x) / len(x):.2f}")' "$@"; }
-for t in 1 2; do
-    read -r ss st < <(simulated "$tmp/t$t.json")
-    # shellcheck disable=SC2086
-    printf '%-3s %5s %9s %10s %8s %11s\n' "$t" "$reps" "$(mean ${step[$t]})" "$(mean ${tens[$t]})" "$ss" "$st"
-done
+table() { # name model batch
+    echo "$1"
+    printf '%-3s %5s %9s %10s %8s %11s\n' t runs "step ms" "tensor ms" "sim ms" "sim tensor"
+    for t in 1 2; do plan $t "$2" "$3"; done
+    local -A step=() tens=()
+    for r in $(seq "$reps"); do
+        for t in 1 2; do
+            OPENBLAS_NUM_THREADS=1 "$bin" -q --plan "$tmp/t$t.json" >/dev/null
+            read -r s c < <(measure "$tmp/t$t.jsonl")
+            step[$t]="${step[$t]:-} $s"
+            tens[$t]="${tens[$t]:-} $c"
+        done
+    done
+    for t in 1 2; do
+        read -r ss st < <(simulated "$tmp/t$t.json")
+        # shellcheck disable=SC2086
+        printf '%-3s %5s %9s %10s %8s %11s\n' "$t" "$reps" "$(mean ${step[$t]})" "$(mean ${tens[$t]})" "$ss" "$st"
+    done
+}
+table "mlp of split linears (1024 -> 4096 -> 1024 -> 4096 -> 16, micro-batch 64)" "$mlp" "$mlp_batch"
+table "gpt (4 blocks, embed 256, 8 heads, context 64, vocab 256, micro-batch 8)" "$gpt" "$gpt_batch"

@@ -132,8 +132,9 @@ static cdp_status ctx_init_modes(struct ctx *c, const struct cdp_plan *plan, con
     const int tp = c->tp;
     double tp_bw = 0, tp_lat = 0;
     if (tp > 1) cdp_planner_tensor_links(t, tp, &tp_bw, &tp_lat);
-    /* a rank's units: with tensor groups, its slices of the split layers (every index's are alike);
-     * the GPT family's, whose types do not split yet, estimated (cdp_planner_tensor_units) */
+    /* a rank's units: with tensor groups, its slices of the split layers and blocks (every index's
+     * are alike); a GPT-family unit whose type does not run on a tensor group, estimated
+     * (cdp_planner_tensor_units) */
     for (int i = 0; i < n_modes && !st; i++) {
         const enum cdp_recompute r = modes[i];
         if ((st = cdp_units_build_tensor(&plan->model, tp, 0, &c->mode[r].u, &c->n))) return st;

@@ -182,6 +182,7 @@ ParameterizedTestParameters(cli, good_plans_json_round_trip)
         {"examples/gpt2-dgx.json"},
         {"examples/mlp.json"},
         {"examples/mlp-tensor.json"},
+        {"examples/gpt-tensor.json"},
         {"tests/plans/good/text-data.json"},
         {"tests/plans/good/placement-explicit.json"},
     };

@@ -17,14 +17,16 @@
 
 enum {
     MODEL_MLP = 0, MODEL_GPT = 1, MODEL_SILU = 2, MODEL_LLAMA = 3, MODEL_LLAMA_TIED = 4, MODEL_SPLIT = 5,
-    MODEL_GPT_T = 6, MODEL_GPT_T_TIED = 7, MODEL_LLAMA_T = 8 /* heads that split over 4 ranks */, MODEL_VOCAB = 9
+    MODEL_GPT_T = 6, MODEL_GPT_T_TIED = 7, MODEL_LLAMA_T = 8, /* heads that split over 4 ranks */
+    MODEL_LLAMA_LIST = 9,                                      /* the Llama types in a layer list */
+    MODEL_VOCAB = 10                                           /* a vocab-parallel embedding in a layer list */
 };
 
 static const char *model_name(int model)
 {
     static const char *const names[] = {"mlp", "gpt", "silu", "llama", "llama (tied)", "mlp (split linears)",
-                                        "gpt (4 heads)", "gpt (4 heads, tied)", "llama (4 kv heads)",
-                                        "embedding (vocab-parallel)"};
+                                        "gpt (4 heads, untied)", "gpt (4 heads, tied)", "llama (4 kv heads)",
+                                        "llama types in a list", "embedding (vocab-parallel)"};
     return names[model];
 }
 
@@ -82,13 +84,20 @@ static void write_plan(const char *dir, const char *name, const struct layout *l
         : l->model == MODEL_VOCAB
         ? VOCAB_MODEL
         : l->model == MODEL_GPT_T
-        ? "\"model\": {\"preset\": \"gpt\", \"vocab\": 37, \"context\": 8, \"layers\": 4, \"heads\": 4, \"embed\": 16}"
+        ? "\"model\": {\"preset\": \"gpt\", \"vocab\": 37, \"context\": 8, \"layers\": 4, \"heads\": 4, \"embed\": 16, "
+          "\"tie_embeddings\": false}"
         : l->model == MODEL_GPT_T_TIED
         ? "\"model\": {\"preset\": \"gpt\", \"vocab\": 37, \"context\": 8, \"layers\": 4, \"heads\": 4, \"embed\": 16, "
           "\"tie_embeddings\": true}"
         : l->model == MODEL_LLAMA_T
         ? "\"model\": {\"preset\": \"llama\", \"vocab\": 37, \"context\": 8, \"layers\": 4, \"heads\": 4, "
           "\"kv_heads\": 4, \"dim\": 16, \"hidden\": 24}"
+        : l->model == MODEL_LLAMA_LIST
+        ? "\"model\": {\"input\": [8], \"layers\": [{\"type\": \"embedding\", \"vocab\": 32, \"dim\": 16}, "
+          "{\"type\": \"rmsnorm\"}, {\"type\": \"rotary_attention\", \"heads\": 4, \"kv_heads\": 2}, {\"type\": "
+          "\"rmsnorm\"}, {\"type\": \"swiglu_mlp\", \"hidden\": 24}, {\"type\": \"llama_block\", \"heads\": 4, "
+          "\"kv_heads\": 2, \"hidden\": 24}, {\"type\": \"rmsnorm\"}, {\"type\": \"linear\", \"out\": 32, "
+          "\"bias\": false}]}"
         : l->model == MODEL_SILU
         ? "\"model\": {\"input\": [12], \"layers\": [{\"type\": \"linear\", \"out\": 32}, {\"type\": \"silu\"}, "
           "{\"type\": \"linear\", \"out\": 24}, {\"type\": \"silu\"}, {\"type\": \"linear\", \"out\": 5}]}"
@@ -330,6 +339,8 @@ ParameterizedTestParameters(pipeline, tensor_layouts_equal_one_rank)
     grid[n++] = (struct layout){MODEL_LLAMA, 2, 2, 4, 1, "1f1b", "", 0, "full", 2, 2};
     grid[n++] = (struct layout){MODEL_LLAMA_T, 1, 1, 2, 1, "1f1b", "", 0, "", 0, 4};
     grid[n++] = (struct layout){MODEL_LLAMA_T, 2, 1, 4, 2, "interleaved", "", 0, "", 0, 2};
+    grid[n++] = (struct layout){MODEL_LLAMA_LIST, 2, 1, 4, 1, "zb-h1", "", 0, "full", 0, 2};
+    grid[n++] = (struct layout){MODEL_LLAMA_LIST, 1, 2, 2, 1, "1f1b", "", 0, "selective", 1, 2};
     CDP_ASSERT((size_t)n <= sizeof grid / sizeof grid[0]);
     return cr_make_param_array(struct layout, grid, cdp_test_sample_cells(grid, (size_t)n, sizeof grid[0]));
 }
@@ -1367,6 +1378,51 @@ Test(pipeline, tensor_block_checkpoints_resume_at_t1_and_export, .timeout = 240)
         cr_assert_leq(e, 1e-5, "resumed at t=%d: weights differ by %.3g", runs[i].t, e);
         cr_log_info("gpt checkpoint of t=2 resumed at t=%d: worst weight error %.3g", runs[i].t, e);
     }
+}
+
+/* A weights file (/model/weights: whole tensors) loads into tensor groups as
+ * each rank's slices: training from it at t = 2 equals training from it on
+ * one rank (docs/parallelism.md). */
+Test(pipeline, tensor_groups_start_from_a_weights_file, .timeout = 120)
+{
+    need_mpi();
+    char dir[4096], path[4300], a[4300], b[4300];
+    snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
+    struct layout l = {MODEL_GPT_T, 1, 1, 2, 1, "1f1b", "", 0, "", 0, 2};
+    write_plan(dir, "init", &l, 1); /* its weights are the start of the others */
+    snprintf(path, sizeof path, "%s/init.json", dir);
+    run_ok(path);
+    for (int i = 0; i < 2; i++) {
+        const char *name = i ? "pipe" : "one";
+        write_plan(dir, name, &l, i == 0);
+        snprintf(path, sizeof path, "%s/%s.json", dir, name);
+        char *text = cdp_test_read_file(path), *at = text ? strstr(text, "\"embed\": 16") : NULL;
+        cr_assert_not_null(at);
+        char json[4096];
+        snprintf(json, sizeof json, "%.*s\"embed\": 16, \"weights\": \"init.safetensors\"%s", (int)(at - text), text,
+                 at + strlen("\"embed\": 16"));
+        free(text);
+        char file[64];
+        snprintf(file, sizeof file, "%s.json", name);
+        cdp_test_write_file(dir, file, json);
+        run_ok(path);
+    }
+    double la[8], lb[8];
+    snprintf(a, sizeof a, "%s/one.jsonl", dir);
+    snprintf(b, sizeof b, "%s/pipe.jsonl", dir);
+    cr_assert_eq(read_losses(a, la, 8), 3);
+    cr_assert_eq(read_losses(b, lb, 8), 3);
+    snprintf(path, sizeof path, "%s/init.jsonl", dir);
+    double li[8];
+    cr_assert_eq(read_losses(path, li, 8), 3);
+    cr_assert_neq(la[0], li[0], "the runs start from the loaded weights, not the seed's");
+    for (int i = 0; i < 3; i++)
+        cr_assert_leq(fabs(la[i] - lb[i]), 1e-5 * fabs(la[i]), "step %d loss %.9g at t=2, %.9g on one rank", i + 1,
+                      lb[i], la[i]);
+    snprintf(a, sizeof a, "%s/one.safetensors", dir);
+    snprintf(b, sizeof b, "%s/pipe.safetensors", dir);
+    const double e = compare_weights(a, b);
+    cr_assert_leq(e, 1e-5, "weights differ by %.3g", e);
 }
 
 /* A vocab-parallel embedding's checkpoint (docs/parallelism.md): written at

@@ -98,16 +98,21 @@ static void context_key(enum cdp_model_kind kind, const struct cdp_unit *u, char
 
 /* Each tensor is read into host memory (and transposed there when the file
  * stores it transposed), then copied to the device. Learned positions (wpe)
- * with more rows than the model's context load their first rows. */
+ * with more rows than the model's context load their first rows. A tensor
+ * group's slice (docs/parallelism.md) is read whole and its part kept. */
 cdp_status cdp_model_load(struct cdp_model *m, const char *path)
 {
     struct cdp_safetensors_file *f = NULL;
     cdp_status st = cdp_safetensors_open(path, &f);
     if (st) return st;
     int64_t most = 0;
-    for (int i = 0; i < m->n_tensors; i++)
-        if (m->tensors[i].numel > most) most = m->tensors[i].numel;
-    float *host = malloc((size_t)most * 4 + 1), *tmp = NULL;
+    for (int i = 0; i < m->n_tensors; i++) {
+        const struct cdp_param_desc *pd = &cdp_model_unit(m, m->tensors[i].unit_local)->params[m->tensors[i].param];
+        const int64_t whole = pd->shard_dim < 0 ? m->tensors[i].numel
+                                                : m->tensors[i].numel / pd->shape[pd->shard_dim] * pd->shard_full;
+        if (whole > most) most = whole;
+    }
+    float *host = malloc((size_t)most * 4 + 1), *tmp = NULL, *slice = NULL;
     if (!host) {
         cdp_safetensors_close(f);
         return cdp_fail(CDP_ERR_NOMEM, "out of memory reading %s", path);
@@ -115,7 +120,13 @@ cdp_status cdp_model_load(struct cdp_model *m, const char *path)
     const char *prefix = "";
     const int hf = m->n_tensors > 0 && cdp_hf_gpt2_layout(f, m->tensors[0].name, &prefix);
     for (int i = 0; i < m->n_tensors && !st; i++) {
-        struct cdp_model_tensor *t = &m->tensors[i];
+        /* the whole tensor's shape (a slice's, with its split dimension whole) */
+        const struct cdp_param_desc *pd = &cdp_model_unit(m, m->tensors[i].unit_local)->params[m->tensors[i].param];
+        struct cdp_model_tensor whole = m->tensors[i], *t = &whole;
+        if (pd->shard_dim >= 0) {
+            whole.numel = whole.numel / pd->shape[pd->shard_dim] * pd->shard_full;
+            whole.shape[pd->shard_dim] = pd->shard_full;
+        }
         /* the owning unit: a tied copy's owner may lie outside the range */
         struct cdp_unit owner = {.index = t->unit};
         for (int k = 0; k < m->n_units; k++)
@@ -156,11 +167,22 @@ cdp_status cdp_model_load(struct cdp_model *m, const char *path)
             for (int64_t r = 0; !st && r < shape[0]; r++)
                 for (int64_t c = 0; c < shape[1]; c++) host[c * shape[0] + r] = tmp[r * shape[1] + c];
         }
-        if (!st && (st = cdp_buffer_write(m->params_buf, tensor_offset(m, t), host, (uint64_t)t->numel * 4)))
+        const float *mine = host;
+        if (!st && pd->shard_dim >= 0) {
+            if (!slice && !(slice = malloc((size_t)most * 4 + 1))) {
+                st = cdp_fail(CDP_ERR_NOMEM, "out of memory reading %s", path);
+                break;
+            }
+            cdp_param_slice_copy(pd, host, slice, 0);
+            mine = slice;
+        }
+        if (!st && (st = cdp_buffer_write(m->params_buf, tensor_offset(m, &m->tensors[i]), mine,
+                                          (uint64_t)m->tensors[i].numel * 4)))
             st = cdp_error_context(st, "%s: loading %s", path, t->name);
     }
     free(host);
     free(tmp);
+    free(slice);
     cdp_safetensors_close(f);
     if (!st)
         CDP_INFO(CKPT, "loaded %d tensors from %s%s", m->n_tensors, path, hf ? " (Hugging Face GPT-2 layout)" : "");

@@ -382,7 +382,7 @@ static cdp_status check_schedule_file_shape(struct ld *c)
     return CDP_OK;
 }
 
-/* The layer types that may run with /parallel/tensor above 1, for messages. */
+/* The layer types a list may hold with /parallel/tensor above 1, for messages. */
 static void tensor_types(char *buf, size_t cap)
 {
     size_t n = 0;

@@ -4,7 +4,11 @@
  * dot-product attention over the heads, the o projection. Keys: heads
  * (required), kv_heads (default heads), rope_theta (10000), rope_scaling
  * (none). Kept: the output, the rotated and expanded qkv; the tail: the
- * attention's output, then its state. */
+ * attention's output, then its state. Split over a tensor group of t
+ * (docs/parallelism.md): rank k holds heads [k H/t, (k+1) H/t) of q and kv
+ * heads [k KV/t, (k+1) KV/t) of k and v, o row-parallel; one all-reduce of
+ * the output forward, one of the input gradient backward (B's under split
+ * backward). */
 #include "model/layers/common.h"
 
 static const char *const keys[] = {"heads", "kv_heads", "rope_theta", "rope_scaling", NULL};
@@ -17,6 +21,16 @@ static cdp_status parse(const struct cdp_json_in *in, const json_t *v, const cha
     L->kv_heads = L->heads;
     if ((st = cdp_json_get_int(in, v, ptr, "kv_heads", 1, CDP_PLAN_MAX_COUNT, 0, &L->kv_heads))) return st;
     return cdp_rope_parse(in, v, ptr, &L->rope);
+}
+
+/* heads and kv heads split */
+static int tensor_check(const struct cdp_layer_desc *L, const struct cdp_shape *in, int t, const char **key,
+                        int64_t *value)
+{
+    (void)in;
+    *key = L->heads % t ? "heads" : L->kv_heads % t ? "kv_heads" : NULL;
+    *value = L->heads % t ? L->heads : L->kv_heads;
+    return *key ? -1 : 0;
 }
 
 static int shape(const struct cdp_layer_desc *L, const struct cdp_shape *in, struct cdp_shape *out, char *why,
@@ -53,46 +67,54 @@ static void build(struct cdp_unit *u, const struct cdp_model_desc *m)
     cdp_unit_add_linear_params(u, "k_proj", KVD, C, 0, 0, 0.0f);
     cdp_unit_add_linear_params(u, "v_proj", KVD, C, 0, 0, 0.0f);
     cdp_unit_add_linear_params(u, "o_proj", C, C, 0, 0, 0.0f);
+    if (!cdp_unit_tensor_split(u)) return;
+    for (int i = 0; i < 3; i++) cdp_param_shard(u, i, 0, u->tp_size, u->tp_index);
+    cdp_param_shard(u, 3, 1, u->tp_size, u->tp_index);
+}
+
+/* Sizes on the rank: C the input's and output's width (whole), A the
+ * attention's, NH and NKV its heads and KVD its kv width (the rank's slices). */
+struct dims {
+    int T, C, A, NH, NKV, HD, KVD, N;
+};
+
+static struct dims dims_of(const struct cdp_unit *u, int B)
+{
+    const int t = cdp_unit_tensor_split(u) ? u->tp_size : 1;
+    struct dims d;
+    d.T = (int)u->in.d[0];
+    d.C = (int)u->in.d[1];
+    d.HD = d.C / (int)u->desc.heads;
+    d.NH = (int)u->desc.heads / t;
+    d.NKV = (int)u->desc.kv_heads / t;
+    d.A = d.HD * d.NH;
+    d.KVD = d.HD * d.NKV;
+    d.N = B * d.T;
+    return d;
 }
 
 static void cost(struct cdp_unit *u)
 {
-    const int64_t T = u->in.d[0], C = u->in.d[1], KVD = C / u->desc.heads * u->desc.kv_heads;
-    const double gemm = 2.0 * T * (2.0 * C * C + 2.0 * C * KVD);
-    u->fwd_flops = gemm + cdp_attention_flops(T, C, 1, 0);
-    u->bwd_flops = 2.0 * gemm + cdp_attention_flops(T, C, 1, 1);
-    u->att_floats = u->desc.heads * T * T;
-    u->act_floats = T * C + 3 * T * C + T * C + u->att_floats;
+    const struct dims d = dims_of(u, 1);
+    const int64_t T = d.T, C = d.C, A = d.A, KVD = d.KVD;
+    const double gemm = 2.0 * T * (2.0 * C * A + 2.0 * C * KVD);
+    u->fwd_flops = gemm + cdp_attention_flops(T, A, 1, 0);
+    u->bwd_flops = 2.0 * gemm + cdp_attention_flops(T, A, 1, 1);
+    u->att_floats = (int64_t)d.NH * T * T;
+    u->act_floats = T * C + 3 * T * A + T * A + u->att_floats;
     /* W: the four projections' dw, from copies of their output gradients (dout, dq, dk, dv) */
     u->bwd_weight_flops = gemm;
-    u->wstate_floats = T * (2 * C + 2 * KVD);
+    u->wstate_floats = T * (C + A + 2 * KVD);
     /* selective: the attention's output and state, from the kept qkv */
-    u->tail_floats = T * C;
-    u->tail_flops = cdp_attention_flops(T, C, 1, 0);
+    u->tail_floats = T * A;
+    u->tail_flops = cdp_attention_flops(T, A, 1, 0);
 }
 
 /* forward: q, k, v; backward: datty, dqkv, dq, dk, dv, T x T */
 static int64_t scratch(const struct cdp_unit *u, int B)
 {
-    const int64_t T = u->in.d[0], C = u->in.d[1], KVD = C / u->desc.heads * u->desc.kv_heads;
-    return (int64_t)B * T * (5 * C + 2 * KVD) + T * T;
-}
-
-struct dims {
-    int T, C, NH, NKV, HD, KVD, N;
-};
-
-static struct dims dims_of(const struct cdp_unit *u, int B)
-{
-    struct dims d;
-    d.T = (int)u->in.d[0];
-    d.C = (int)u->in.d[1];
-    d.NH = (int)u->desc.heads;
-    d.NKV = (int)u->desc.kv_heads;
-    d.HD = d.C / d.NH;
-    d.KVD = d.HD * d.NKV;
-    d.N = B * d.T;
-    return d;
+    const struct dims d = dims_of(u, B);
+    return (int64_t)d.N * (5 * d.A + 2 * d.KVD) + (int64_t)d.T * d.T;
 }
 
 static cdp_status forward(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p, const void *in,
@@ -100,15 +122,15 @@ static cdp_status forward(const struct cdp_kernels *k, const struct cdp_unit *u,
 {
     const struct dims d = dims_of(u, B);
     const float *x = (const float *)in;
-    float *qkv = act + (size_t)d.N * d.C, *atty = tail, *att = atty + (size_t)d.N * d.C;
-    float *q = scratch_, *kk = q + (size_t)d.N * d.C, *v = kk + (size_t)d.N * d.KVD;
-    K(linear_fwd, q, x, p[0], NULL, d.N, d.C, d.C);
+    float *qkv = act + (size_t)d.N * d.C, *atty = tail, *att = atty + (size_t)d.N * d.A;
+    float *q = scratch_, *kk = q + (size_t)d.N * d.A, *v = kk + (size_t)d.N * d.KVD;
+    K(linear_fwd, q, x, p[0], NULL, d.N, d.C, d.A);
     K(linear_fwd, kk, x, p[1], NULL, d.N, d.C, d.KVD);
     K(linear_fwd, v, x, p[2], NULL, d.N, d.C, d.KVD);
     K(rope_fwd, qkv, q, kk, v, B, d.T, d.NH, d.NKV, d.HD, 0, u->desc.rope);
-    K(attention_fwd, atty, att, qkv, B, d.T, d.C, d.NH, 1);
-    K(linear_fwd, act, atty, p[3], NULL, d.N, d.C, d.C);
-    return CDP_OK;
+    K(attention_fwd, atty, att, qkv, B, d.T, d.A, d.NH, 1);
+    K(linear_fwd, act, atty, p[3], NULL, d.N, d.A, d.C);
+    return cdp_unit_tensor_sum(u, act, (int64_t)d.N * d.C);
 }
 
 static cdp_status recompute(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p, const void *in,
@@ -117,7 +139,7 @@ static cdp_status recompute(const struct cdp_kernels *k, const struct cdp_unit *
     (void)p, (void)in, (void)scratch_;
     const struct dims d = dims_of(u, B);
     const float *qkv = act + (size_t)d.N * d.C;
-    K(attention_fwd, tail, tail + (size_t)d.N * d.C, qkv, B, d.T, d.C, d.NH, 1);
+    K(attention_fwd, tail, tail + (size_t)d.N * d.A, qkv, B, d.T, d.A, d.NH, 1);
     return CDP_OK;
 }
 
@@ -129,11 +151,11 @@ struct grads {
 static struct grads grads_layout(float *s, const struct dims *d)
 {
     struct grads g;
-    const size_t NC = (size_t)d->N * d->C, NK = (size_t)d->N * d->KVD;
+    const size_t NA = (size_t)d->N * d->A, NK = (size_t)d->N * d->KVD;
     g.datty = s;
-    g.dqkv = g.datty + NC;
-    g.dq = g.dqkv + 3 * NC;
-    g.dk = g.dq + NC;
+    g.dqkv = g.datty + NA;
+    g.dq = g.dqkv + 3 * NA;
+    g.dk = g.dq + NA;
     g.dv = g.dk + NK;
     g.tt = g.dv + NK;
     return g;
@@ -146,13 +168,13 @@ static cdp_status to_qkv(const struct cdp_kernels *k, const struct cdp_unit *u, 
                          float *dk, float *dv, int B)
 {
     const struct dims d = dims_of(u, B);
-    const size_t NC = (size_t)d.N * d.C, NK = (size_t)d.N * d.KVD;
-    const float *qkv = act + NC, *atty = tail, *att = atty + NC;
-    K(zero, s->datty, NC * sizeof *s->datty);
-    K(linear_bwd, s->datty, go, NULL, dout, atty, p[3], d.N, d.C, d.C);
-    K(zero, s->dqkv, 3 * NC * sizeof *s->dqkv);
-    K(attention_bwd, s->dqkv, s->datty, qkv, att, s->tt, B, d.T, d.C, d.NH, 1);
-    K(zero, dq, NC * sizeof *dq);
+    const size_t NC = (size_t)d.N * d.C, NA = (size_t)d.N * d.A, NK = (size_t)d.N * d.KVD;
+    const float *qkv = act + NC, *atty = tail, *att = atty + NA;
+    K(zero, s->datty, NA * sizeof *s->datty);
+    K(linear_bwd, s->datty, go, NULL, dout, atty, p[3], d.N, d.A, d.C);
+    K(zero, s->dqkv, 3 * NA * sizeof *s->dqkv);
+    K(attention_bwd, s->dqkv, s->datty, qkv, att, s->tt, B, d.T, d.A, d.NH, 1);
+    K(zero, dq, NA * sizeof *dq);
     K(zero, dk, NK * sizeof *dk);
     K(zero, dv, NK * sizeof *dv);
     K(rope_bwd, dq, dk, dv, s->dqkv, B, d.T, d.NH, d.NKV, d.HD, 0, u->desc.rope);
@@ -168,17 +190,17 @@ static cdp_status backward(const struct cdp_kernels *k, const struct cdp_unit *u
     struct grads s = grads_layout(scratch_, &d);
     cdp_status st = to_qkv(k, u, p, g[3], act, tail, dout, &s, s.dq, s.dk, s.dv, B);
     if (st) return st;
-    K(linear_bwd, din, g[0], NULL, s.dq, x, p[0], d.N, d.C, d.C);
+    K(linear_bwd, din, g[0], NULL, s.dq, x, p[0], d.N, d.C, d.A);
     K(linear_bwd, din, g[1], NULL, s.dk, x, p[1], d.N, d.C, d.KVD);
     K(linear_bwd, din, g[2], NULL, s.dv, x, p[2], d.N, d.C, d.KVD);
-    return CDP_OK;
+    return din ? cdp_unit_tensor_sum(u, din, (int64_t)d.N * d.C) : CDP_OK;
 }
 
 static void rot_wstate(float *ws, const struct dims *d, float **dout, float **dq, float **dk, float **dv)
 {
     *dout = ws;
     *dq = ws + (size_t)d->N * d->C;
-    *dk = *dq + (size_t)d->N * d->C;
+    *dk = *dq + (size_t)d->N * d->A;
     *dv = *dk + (size_t)d->N * d->KVD;
 }
 
@@ -197,11 +219,11 @@ static cdp_status backward_input(const struct cdp_kernels *k, const struct cdp_u
     cdp_status st = to_qkv(k, u, p, NULL, act, tail, dout, &s, dq, dk, dv, B);
     if (st) return st;
     if (din) {
-        K(linear_bwd, din, NULL, NULL, dq, x, p[0], d.N, d.C, d.C);
+        K(linear_bwd, din, NULL, NULL, dq, x, p[0], d.N, d.C, d.A);
         K(linear_bwd, din, NULL, NULL, dk, x, p[1], d.N, d.C, d.KVD);
         K(linear_bwd, din, NULL, NULL, dv, x, p[2], d.N, d.C, d.KVD);
     }
-    return CDP_OK;
+    return din ? cdp_unit_tensor_sum(u, din, (int64_t)d.N * d.C) : CDP_OK;
 }
 
 /* W: the four projections' dw, din NULL */
@@ -214,8 +236,8 @@ static cdp_status backward_weight(const struct cdp_kernels *k, const struct cdp_
     const float *x = (const float *)in;
     float *wdout, *dq, *dk, *dv;
     rot_wstate((float *)ws, &d, &wdout, &dq, &dk, &dv);
-    K(linear_bwd, NULL, g[3], NULL, wdout, tail, p[3], d.N, d.C, d.C);
-    K(linear_bwd, NULL, g[0], NULL, dq, x, p[0], d.N, d.C, d.C);
+    K(linear_bwd, NULL, g[3], NULL, wdout, tail, p[3], d.N, d.A, d.C);
+    K(linear_bwd, NULL, g[0], NULL, dq, x, p[0], d.N, d.C, d.A);
     K(linear_bwd, NULL, g[1], NULL, dk, x, p[1], d.N, d.C, d.KVD);
     K(linear_bwd, NULL, g[2], NULL, dv, x, p[2], d.N, d.C, d.KVD);
     return CDP_OK;
@@ -225,6 +247,9 @@ const struct cdp_layer_def cdp_layer_rotary_attention = {
     .type = CDP_LAYER_ROTARY_ATTENTION,
     .name = "rotary_attention",
     .listable = 1,
+    .tensor_ok = 1,
+    .tensor_splits = 1,
+    .tensor_check = tensor_check,
     .keys = keys,
     .keeps_attention = 1,
     .parse = parse,

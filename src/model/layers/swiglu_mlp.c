@@ -1,7 +1,11 @@
 /* swiglu_mlp: Llama's MLP over [.., C]: down(silu(gate(x)) * up(x)), three
  * projections without biases. Keys: hidden (the width; default Llama's rule
  * on C with multiple_of 256). Kept: the output, the gate and up projections;
- * the tail (selective recomputation drops it): the SwiGLU product. */
+ * the tail (selective recomputation drops it): the SwiGLU product. Split
+ * over a tensor group of t (docs/parallelism.md): gate and up column-parallel
+ * (rank k holds rows [k H/t, (k+1) H/t)), down row-parallel; one all-reduce
+ * of the output forward, one of the input gradient backward (B's under split
+ * backward). */
 #include "model/layers/common.h"
 
 static const char *const keys[] = {"hidden", NULL};
@@ -17,6 +21,15 @@ static cdp_status parse(const struct cdp_json_in *in, const json_t *v, const cha
 static int64_t hidden_of(const struct cdp_layer_desc *L, int64_t C)
 {
     return L->hidden > 0 ? L->hidden : cdp_llama_hidden(C, 256, 0);
+}
+
+/* the width splits */
+static int tensor_check(const struct cdp_layer_desc *L, const struct cdp_shape *in, int t, const char **key,
+                        int64_t *value)
+{
+    *value = hidden_of(L, cdp_shape_last(in));
+    *key = "hidden";
+    return *value % t ? -1 : 0;
 }
 
 static int shape(const struct cdp_layer_desc *L, const struct cdp_shape *in, struct cdp_shape *out, char *why,
@@ -55,11 +68,21 @@ static void build(struct cdp_unit *u, const struct cdp_model_desc *m)
     cdp_unit_add_linear_params(u, "gate_proj", H, C, 0, 0, 0.0f);
     cdp_unit_add_linear_params(u, "up_proj", H, C, 0, 0, 0.0f);
     cdp_unit_add_linear_params(u, "down_proj", C, H, 0, 0, 0.0f);
+    if (!cdp_unit_tensor_split(u)) return;
+    cdp_param_shard(u, 0, 0, u->tp_size, u->tp_index);
+    cdp_param_shard(u, 1, 0, u->tp_size, u->tp_index);
+    cdp_param_shard(u, 2, 1, u->tp_size, u->tp_index);
+}
+
+/* The rank's slice of the width */
+static int64_t width_of(const struct cdp_unit *u)
+{
+    return u->desc.hidden / (cdp_unit_tensor_split(u) ? u->tp_size : 1);
 }
 
 static void cost(struct cdp_unit *u)
 {
-    const int64_t R = cdp_shape_rows(&u->in), C = cdp_shape_last(&u->in), H = u->desc.hidden;
+    const int64_t R = cdp_shape_rows(&u->in), C = cdp_shape_last(&u->in), H = width_of(u);
     u->fwd_flops = 6.0 * R * C * H;
     u->bwd_flops = 12.0 * R * C * H;
     u->act_floats = R * (C + 3 * H);
@@ -73,7 +96,7 @@ static void cost(struct cdp_unit *u)
 /* the gradients of the product, the gate and the up projection */
 static int64_t scratch(const struct cdp_unit *u, int B)
 {
-    return (int64_t)B * cdp_shape_rows(&u->in) * 3 * u->desc.hidden;
+    return (int64_t)B * cdp_shape_rows(&u->in) * 3 * width_of(u);
 }
 
 struct dims {
@@ -82,7 +105,7 @@ struct dims {
 
 static struct dims dims_of(const struct cdp_unit *u, int B)
 {
-    return (struct dims){(int)(B * cdp_shape_rows(&u->in)), (int)cdp_shape_last(&u->in), (int)u->desc.hidden};
+    return (struct dims){(int)(B * cdp_shape_rows(&u->in)), (int)cdp_shape_last(&u->in), (int)width_of(u)};
 }
 
 /* kept: out, gate, up; tail: the product */
@@ -96,7 +119,7 @@ static cdp_status forward(const struct cdp_kernels *k, const struct cdp_unit *u,
     K(linear_fwd, up, (const float *)in, p[1], NULL, d.N, d.C, d.H);
     K(swiglu_fwd, tail, gate, up, (size_t)d.N * d.H);
     K(linear_fwd, act, tail, p[2], NULL, d.N, d.H, d.C);
-    return CDP_OK;
+    return cdp_unit_tensor_sum(u, act, (int64_t)d.N * d.C);
 }
 
 static cdp_status recompute(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p, const void *in,
@@ -130,7 +153,7 @@ static cdp_status backward(const struct cdp_kernels *k, const struct cdp_unit *u
     K(swiglu_bwd, dgate, dup, dh, gate, up, NH_);
     K(linear_bwd, din, g[0], NULL, dgate, (const float *)in, p[0], d.N, d.C, d.H);
     K(linear_bwd, din, g[1], NULL, dup, (const float *)in, p[1], d.N, d.C, d.H);
-    return CDP_OK;
+    return din ? cdp_unit_tensor_sum(u, din, (int64_t)d.N * d.C) : CDP_OK;
 }
 
 /* B: backward's input-gradient calls, the weight outputs NULL, with the
@@ -153,7 +176,7 @@ static cdp_status backward_input(const struct cdp_kernels *k, const struct cdp_u
         K(linear_bwd, din, NULL, NULL, dgate, (const float *)in, p[0], d.N, d.C, d.H);
         K(linear_bwd, din, NULL, NULL, dup, (const float *)in, p[1], d.N, d.C, d.H);
     }
-    return CDP_OK;
+    return din ? cdp_unit_tensor_sum(u, din, (int64_t)d.N * d.C) : CDP_OK;
 }
 
 /* W: the three projections' dw, din NULL */
@@ -175,6 +198,9 @@ const struct cdp_layer_def cdp_layer_swiglu_mlp = {
     .type = CDP_LAYER_SWIGLU_MLP,
     .name = "swiglu_mlp",
     .listable = 1,
+    .tensor_ok = 1,
+    .tensor_splits = 1,
+    .tensor_check = tensor_check,
     .keys = keys,
     .parse = parse,
     .shape = shape,
