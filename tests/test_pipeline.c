@@ -334,6 +334,8 @@ ParameterizedTestParameters(pipeline, tensor_layouts_equal_one_rank)
     grid[n++] = (struct layout){MODEL_GPT_T_TIED, 2, 1, 4, 2, "interleaved", "", 0, "full", 0, 2};
     grid[n++] = (struct layout){MODEL_GPT_T_TIED, 2, 1, 4, 2, "zbv", "", 0, "selective", 0, 2};
     grid[n++] = (struct layout){MODEL_GPT_T_TIED, 1, 2, 2, 1, "1f1b", "", 0, "selective", 1, 4};
+    grid[n++] = (struct layout){MODEL_GPT_T_TIED, 1, 1, 2, 1, "1f1b", "", 0, "", 0, 2};
+    grid[n++] = (struct layout){MODEL_GPT_T_TIED, 2, 2, 4, 1, "1f1b", "", 0, "", 0, 2};
     grid[n++] = (struct layout){MODEL_LLAMA, 1, 1, 2, 1, "1f1b", "", 0, "", 0, 2};
     grid[n++] = (struct layout){MODEL_LLAMA, 2, 1, 4, 2, "zbv", "", 0, "selective", 0, 2};
     grid[n++] = (struct layout){MODEL_LLAMA, 2, 2, 4, 1, "1f1b", "", 0, "full", 2, 2};
@@ -1428,8 +1430,9 @@ Test(pipeline, tensor_groups_start_from_a_weights_file, .timeout = 120)
 /* A vocab-parallel embedding's checkpoint (docs/parallelism.md): written at
  * t = 2 with the vocabulary padded in memory, it holds the whole table (no
  * padding row), exports as the weights one rank trains, and resumes at t = 4
- * and t = 1 to one rank's weights. */
-Test(pipeline, vocab_parallel_checkpoints_are_whole_and_resume_at_any_t, .timeout = 240)
+ * and t = 1 to one rank's weights. model: the plan's model and optimizer;
+ * wte: the table's name. */
+static void check_vocab_checkpoint(const char *model, const char *wte_name)
 {
     need_mpi();
     char dir[4096], path[4300], a[4300], b[4300];
@@ -1446,11 +1449,11 @@ Test(pipeline, vocab_parallel_checkpoints_are_whole_and_resume_at_any_t, .timeou
     for (int i = 0; i < 5; i++) {
         char json[2048], file[64];
         snprintf(json, sizeof json,
-                 "{" VOCAB_MODEL ", \"data\": {\"source\": \"synthetic\", \"seed\": 3}, \"train\": {\"steps\": %d, "
-                 "\"global_batch\": 8, \"micro_batch\": 2, %s\"optimizer\": {\"type\": \"adamw\", \"lr\": 0.01}, "
-                 "\"eval_batches\": 1}, \"parallel\": {\"stages\": %d, \"tensor\": %d, \"replicas\": %d, \"zero\": "
-                 "%d}, \"cluster\": {\"backend\": \"cpu\"}, \"output\": {\"weights\": \"%s.safetensors\"}}",
-                 runs[i].steps, runs[i].ckpt, runs[i].p, runs[i].t, runs[i].R, runs[i].zero, runs[i].name);
+                 "{%s, \"data\": {\"source\": \"synthetic\", \"seed\": 3}, \"train\": {\"steps\": %d, "
+                 "\"global_batch\": 8, \"micro_batch\": 2, %s\"optimizer\": {\"type\": \"adamw\", \"lr\": 0.01, "
+                 "\"eps\": 1e-4}, \"eval_batches\": 1}, \"parallel\": {\"stages\": %d, \"tensor\": %d, \"replicas\": "
+                 "%d, \"zero\": %d}, \"cluster\": {\"backend\": \"cpu\"}, \"output\": {\"weights\": \"%s.safetensors\"}}",
+                 model, runs[i].steps, runs[i].ckpt, runs[i].p, runs[i].t, runs[i].R, runs[i].zero, runs[i].name);
         snprintf(file, sizeof file, "%s.json", runs[i].name);
         cdp_test_write_file(dir, file, json);
     }
@@ -1465,7 +1468,7 @@ Test(pipeline, vocab_parallel_checkpoints_are_whole_and_resume_at_any_t, .timeou
     /* the whole table: 37 rows of 16, not the 38 the two slices hold */
     struct cdp_safetensors_file *f;
     cr_assert_eq(cdp_safetensors_open(b, &f), CDP_OK, "%s", cdp_last_error());
-    const struct cdp_safetensors_tensor *wte = cdp_safetensors_find(f, "layers.0.wte");
+    const struct cdp_safetensors_tensor *wte = cdp_safetensors_find(f, wte_name);
     cr_assert_not_null(wte, "%s has the embedding's table", b);
     cr_assert(wte->ndim == 2 && wte->shape[0] == 37 && wte->shape[1] == 16 && wte->nbytes == 37 * 16 * 4,
               "the exported table is [%lld, %lld]", (long long)wte->shape[0], (long long)wte->shape[1]);
@@ -1495,4 +1498,17 @@ Test(pipeline, vocab_parallel_checkpoints_are_whole_and_resume_at_any_t, .timeou
         e = compare_weights(a, b);
         cr_assert_leq(e, 1e-5, "resumed at t=%d: weights differ by %.3g", runs[i].t, e);
     }
+}
+
+Test(pipeline, vocab_parallel_checkpoints_are_whole_and_resume_at_any_t, .timeout = 240)
+{
+    check_vocab_checkpoint(VOCAB_MODEL, "layers.0.wte");
+}
+
+/* the same for a tied GPT whose blocks split by heads: the head's slice is the embedding's */
+Test(pipeline, vocab_parallel_gpt_checkpoints_are_whole_and_resume_at_any_t, .timeout = 240)
+{
+    check_vocab_checkpoint("\"model\": {\"preset\": \"gpt\", \"vocab\": 37, \"context\": 8, \"layers\": 2, "
+                           "\"heads\": 4, \"embed\": 16, \"tie_embeddings\": true}",
+                           "layers.0.wte");
 }
