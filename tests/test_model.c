@@ -1733,3 +1733,99 @@ Test(model, weight_decay_follows_the_parameter_groups)
         cdp_plan_free(p);
     }
 }
+
+/* Tensor groups (docs/parallelism.md): every rank's slices of a split unit,
+ * put back where cdp_param_slice_copy says (GPT's fused q, k, v weight as
+ * three row ranges), are the whole tensors one rank makes from the same seed,
+ * every element once; the ranks' FLOPs add up to one rank's; a t the heads do
+ * not divide is refused naming the key. */
+static void check_slices(const char *json, int t)
+{
+    struct cdp_plan *p = plan_from(json);
+    struct cdp_unit *one = NULL;
+    int n = 0;
+    cr_assert_eq(cdp_units_build(&p->model, &one, &n), CDP_OK);
+    double flops[2] = {0, 0};
+    for (int i = 0; i < n; i++)
+        if (cdp_layer_def(one[i].desc.type)->tensor_splits) flops[0] += one[i].fwd_flops + one[i].bwd_flops;
+    for (int i = 0; i < n; i++)
+        for (int q = 0; q < one[i].n_params; q++) {
+            const struct cdp_param_desc *w = &one[i].params[q];
+            float *whole = malloc((size_t)w->numel * sizeof *whole), *again = calloc((size_t)w->numel, sizeof *again);
+            int *hits = calloc((size_t)w->numel, sizeof *hits);
+            cr_assert(whole && again && hits);
+            cdp_param_init(&one[i], q, 7, whole);
+            int sliced = 0;
+            for (int k = 0; k < t; k++) {
+                struct cdp_unit *mine = NULL;
+                int m = 0;
+                cr_assert_eq(cdp_units_build_tensor(&p->model, t, k, &mine, &m), CDP_OK, "%s", cdp_last_error());
+                cr_assert_eq(m, n);
+                if (q == 0 && cdp_layer_def(mine[i].desc.type)->tensor_splits)
+                    flops[1] += mine[i].fwd_flops + mine[i].bwd_flops;
+                const struct cdp_param_desc *s = &mine[i].params[q];
+                cr_assert_str_eq(s->name, w->name);
+                float *slice = malloc((size_t)s->numel * sizeof *slice);
+                cr_assert(slice);
+                cdp_param_init(&mine[i], q, 7, slice);
+                if (s->shard_dim < 0) { /* replicated: the whole, on every rank */
+                    cr_assert_eq(s->numel, w->numel);
+                    cr_assert(!memcmp(slice, whole, (size_t)w->numel * sizeof *whole), "%s", w->name);
+                } else {
+                    sliced = 1;
+                    cr_assert_eq(s->numel * t, w->numel, "%s", w->name);
+                    /* mark where the slice goes: copy ones in place of its values */
+                    float *ones = malloc((size_t)s->numel * sizeof *ones), *mark = calloc((size_t)w->numel, sizeof *mark);
+                    cr_assert(ones && mark);
+                    for (int64_t e = 0; e < s->numel; e++) ones[e] = 1.0f;
+                    cdp_param_slice_copy(s, mark, ones, 1);
+                    for (int64_t e = 0; e < w->numel; e++) hits[e] += mark[e] != 0.0f;
+                    cdp_param_slice_copy(s, again, slice, 1);
+                    if (strstr(w->name, "attn.c_attn")) { /* rank k: rows of its heads in each of q, k and v */
+                        const int64_t C = w->shape[0] / 3, rows = C / t, inner = w->numel / w->shape[0];
+                        for (int j = 0; j < 3; j++)
+                            cr_assert(!memcmp(slice + j * rows * inner, whole + (j * C + k * rows) * inner,
+                                              (size_t)(rows * inner) * sizeof *whole),
+                                      "%s: rank %d's part %d", w->name, k, j);
+                    }
+                    free(ones);
+                    free(mark);
+                }
+                free(slice);
+                free(mine);
+            }
+            if (sliced) {
+                for (int64_t e = 0; e < w->numel; e++) cr_assert_eq(hits[e], 1, "%s element %lld", w->name, (long long)e);
+                cr_assert(!memcmp(again, whole, (size_t)w->numel * sizeof *whole), "%s: the slices are the whole",
+                          w->name);
+            }
+            free(whole);
+            free(again);
+            free(hits);
+        }
+    cr_assert(flops[0] > 0);
+    cr_assert_leq(fabs(flops[1] - flops[0]), 1e-9 * flops[0], "the ranks' FLOPs %g, one rank's %g", flops[1], flops[0]);
+    free(one);
+    cdp_plan_free(p);
+}
+
+Test(model, tensor_slices_are_the_whole_tensors_parts)
+{
+    check_slices("{\"model\": {\"preset\": \"gpt\", \"vocab\": 11, \"context\": 6, \"layers\": 2, \"heads\": 4, "
+                 "\"embed\": 16}}", 2);
+    check_slices("{\"model\": {\"preset\": \"gpt\", \"vocab\": 11, \"context\": 6, \"layers\": 1, \"heads\": 4, "
+                 "\"embed\": 16}}", 4);
+    check_slices("{\"model\": {\"preset\": \"llama\", \"vocab\": 11, \"context\": 6, \"layers\": 1, \"heads\": 4, "
+                 "\"kv_heads\": 2, \"dim\": 16, \"hidden\": 24}}", 2);
+    check_slices("{\"model\": {\"input\": [5, 8], \"layers\": [{\"type\": \"rotary_attention\", \"heads\": 4, "
+                 "\"kv_heads\": 2}, {\"type\": \"rmsnorm\"}, {\"type\": \"swiglu_mlp\", \"hidden\": 12}]}}", 2);
+    /* a library caller's t that the heads do not divide */
+    struct cdp_plan *p = plan_from("{\"model\": {\"preset\": \"gpt\", \"vocab\": 11, \"context\": 6, \"layers\": 1, "
+                                   "\"heads\": 2, \"embed\": 16}}");
+    struct cdp_unit *u = NULL;
+    int n = 0;
+    cr_assert_eq(cdp_units_build_tensor(&p->model, 4, 0, &u, &n), CDP_ERR_INVALID);
+    cr_assert(strstr(cdp_last_error(), "transformer_block): heads 2 is not a multiple of the tensor group's 4"), "%s",
+              cdp_last_error());
+    cdp_plan_free(p);
+}

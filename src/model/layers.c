@@ -214,6 +214,14 @@ cdp_status cdp_units_build_tensor(const struct cdp_model_desc *m, int t, int k, 
             return cdp_fail(CDP_ERR_INVALID, "unit %d: a column split of width %lld over a tensor group of %d", i,
                             (long long)d.out, t);
         }
+        const struct cdp_layer_def *def = cdp_layer_def(d.type);
+        const char *key = NULL;
+        int64_t value = 0;
+        if (t > 1 && def->tensor_check && def->tensor_check(&d, &s, t, &key, &value)) {
+            free(units);
+            return cdp_fail(CDP_ERR_INVALID, "unit %d (%s): %s %lld is not a multiple of the tensor group's %d", i,
+                            def->name, key, (long long)value, t);
+        }
         make_unit(&units[i], &d, s, m, t, k);
         s = units[i].out;
     }

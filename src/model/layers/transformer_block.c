@@ -256,8 +256,9 @@ static cdp_status backward(const struct cdp_kernels *k, const struct cdp_unit *u
         K(add, din, s.dres2, BTC);
         K(layernorm_bwd, din, g[0], g[1], s.dln, x, p[0], a.ln1_mean, a.ln1_rstd, N, C);
     } else {
-        /* no input gradient wanted: still accumulate the norm's parameter gradients */
-        float *sink = s.dg;
+        /* no input gradient wanted: still accumulate the norm's parameter gradients (into
+         * dres2, N x C and no longer needed: dg is F = 4C/t wide, less than C past t = 4) */
+        float *sink = s.dres2;
         K(zero, sink, BTC * sizeof *sink);
         K(layernorm_bwd, sink, g[0], g[1], s.dln, x, p[0], a.ln1_mean, a.ln1_rstd, N, C);
     }
