@@ -4,6 +4,7 @@
  * (wall and CPU), what it searched, the plan it chose beside the best plan of
  * every other t, and its predicted MFU (targets: under 10 s; 40 % MFU for
  * 175B on 128 x hgx-h100). */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -11,8 +12,11 @@
 #include "cdp/core.h"
 #include "cdp/plan.h"
 #include "cdp/topology.h"
+#include "model/costs.h"
 #include "model/layers.h"
+#include "partitioner/costs.h"
 #include "partitioner/planner.h"
+#include "partitioner/planner_internal.h"
 
 /* %s: embed, heads. The GPT-3 shape (175B) fits 80 GB per GPU only with
  * activation recomputation, which the planner chooses ("auto"); a 96-layer
@@ -52,6 +56,76 @@ static void print_rate(const struct cdp_plan *plan, const struct cdp_topology *t
            peak > 0 ? 100 * hw / peak : 0, cdp_recompute_name(r->layout->recompute));
 }
 
+/* Where the chosen plan's step goes, per GPU, from the model's FLOPs at the
+ * dense peak up to the predicted step: each line is what one effect of the cost
+ * model adds (the rank's units rebuilt as the search builds them for the
+ * chosen t and recomputation: compute from FLOPs at the device's rate, then the
+ * tensor group's all-reduces; the stages' times and the bubble are the plan's). */
+static void print_breakdown(const struct cdp_plan *plan, const struct cdp_topology *t,
+                            const struct cdp_planner_result *r)
+{
+    const struct cdp_layout *l = r->layout;
+    const int tp = l->tensor, p = l->stages, v = l->chunks > 0 ? l->chunks : 1;
+    struct cdp_unit *u = NULL, *whole = NULL;
+    int n = 0, nw = 0;
+    if (!r->predicted_ok || cdp_units_build_tensor(&plan->model, tp, 0, &u, &n) ||
+        cdp_units_build(&plan->model, &whole, &nw)) {
+        free(u);
+        return;
+    }
+    struct cdp_unit_cost *cost = calloc((size_t)n, sizeof *cost);
+    if (!cost) {
+        free(u), free(whole);
+        return;
+    }
+    for (int k = 0; k < n; k++) cdp_unit_set_recompute(&u[k], l->recompute);
+    cdp_cost_fit_units(plan, u, n);
+    cdp_planner_tensor_units(plan, tp, u, n);
+    const struct cdp_device_rate rate = cdp_device_rate_of(t, 0, plan->train.precision);
+    cdp_cost_analytic(plan, u, n, &rate, cost);
+    cdp_cost_add_recompute(u, n, cost);
+    double bw = 0, lat = 0;
+    if (tp > 1) cdp_planner_tensor_links(t, tp, &bw, &lat);
+    double plain = 0; /* fwd + bwd of one micro-batch, no recomputation, no collectives, summed over stages */
+    for (int k = 0; k < n; k++) {
+        const double B = (double)plan->train.micro_batch, rt = rate.flops * rate.efficiency;
+        plain += fmax(u[k].fwd_flops * B / rt, CDP_COST_UNIT_FLOOR_S) + fmax(u[k].bwd_flops * B / rt, CDP_COST_UNIT_FLOOR_S);
+    }
+    cdp_planner_tensor_costs(plan, tp, bw, lat, u, n, cost);
+    double comp = 0, coll = 0, worst = 0;
+    for (int k = 0; k < p * v; k++)
+        for (int64_t i = l->ranges[k][0]; i < l->ranges[k][1]; i++) {
+            comp += cost[i].fwd_s + cost[i].bwd_s - cost[i].tp_fwd_s - cost[i].tp_bwd_s;
+            coll += cost[i].tp_fwd_s + cost[i].tp_bwd_s;
+        }
+    for (int s = 0; s < p; s++) worst = fmax(worst, r->stage[s].fwd_s + r->stage[s].bwd_s);
+    double model = 0;
+    for (int k = 0; k < nw; k++) model += whole[k].fwd_flops + whole[k].bwd_flops;
+    free(u), free(whole), free(cost);
+    const double m = (double)l->micro_batches, gpus = l->n_ranks, peak = cdp_device_peak_flops(&t->gpus[0],
+                                                                                                 plan->train.precision);
+    const double A = model * (double)plan->train.global_batch / gpus / peak; /* model FLOPs at the peak */
+    const double B = m * plain / p;                                      /* at the cost model's efficiency */
+    double C = m * comp / p;                                       /* with recomputation */
+    const double D = m * (comp + coll) / p;                              /* with the tensor all-reduces */
+    const double E = m * worst;                                          /* the slowest stage's busy time */
+    const double F = D / (1 - r->predicted.bubble);                      /* the phase: to the last backward */
+    const double G = r->predicted.step_s;
+    const double zero = 5e-5; /* under the 0.1 ms printed: no "-0.0" */
+    if (fabs(C - B) < zero) C = B;
+    printf("\nWhere the step goes (per GPU; each line adds one effect of the cost model)\n");
+    printf("  %-56s %9.1f ms  %5.1f%% of the step\n", "model FLOPs at the dense peak", 1e3 * A, 100 * A / G);
+    printf("  %-56s %+9.1f ms  %5.1f%%\n", "compute at the cost model's efficiency", 1e3 * (B - A), 100 * (B - A) / G);
+    printf("  %-56s %+9.1f ms  %5.1f%%\n", "recomputation", 1e3 * (C - B), 100 * (C - B) / G);
+    printf("  %-56s %+9.1f ms  %5.1f%%\n", "tensor all-reduces (not overlapped)", 1e3 * (D - C), 100 * (D - C) / G);
+    printf("  %-56s %+9.1f ms  %5.1f%%\n", "unequal stages (the slowest sets the pace)", 1e3 * (E - D),
+           100 * (E - D) / G);
+    printf("  %-56s %+9.1f ms  %5.1f%%\n", "pipeline fill and drain", 1e3 * (F - E), 100 * (F - E) / G);
+    printf("  %-56s %+9.1f ms  %5.1f%%\n", "after the last backward (gradient reduction, optimizer)", 1e3 * (G - F),
+           100 * (G - F) / G);
+    printf("  %-56s %9.1f ms\n", "predicted step", 1e3 * G);
+}
+
 static int run(int heads, int embed, const char *topology)
 {
     char text[1024];
@@ -84,6 +158,7 @@ static int run(int heads, int embed, const char *topology)
                (long long)r.simulations, (long long)r.replica_simulations);
         cdp_planner_print(&r, stdout);
         print_rate(plan, t, &r);
+        print_breakdown(plan, t, &r);
         printf("\n");
     }
     cdp_planner_result_clear(&r);

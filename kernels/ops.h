@@ -52,7 +52,7 @@
 extern "C" {
 #endif
 
-#define CDP_OPS_ABI 4
+#define CDP_OPS_ABI 5
 
 struct cdp_ops {
     int abi;
@@ -147,6 +147,35 @@ struct cdp_ops {
      * the CPU table has them, the CUDA table not yet. */
     cdp_status (*silu_fwd)(void *ks, float *out, const float *in, size_t n);
     cdp_status (*silu_bwd)(void *ks, float *din, const float *dout, const float *in, size_t n);
+    /* Vocab-parallel embedding and loss (docs/parallelism.md): a rank of a
+     * tensor group holds rows [off, off + rows) of the whole token table
+     * (its slice wte[rows, C]; the slice may hold padding rows past rows,
+     * never read). embedding_vp_fwd is embedding_fwd with the rows of tokens
+     * outside the slice 0 (plus wpe[t] where wpe is given: one rank of the
+     * group adds it, the group's sum holds it once); embedding_vp_bwd is
+     * embedding_bwd with only the tokens inside the slice scattered into
+     * dwte (dwpe, where given, from every row). */
+    cdp_status (*embedding_vp_fwd)(void *ks, float *out, const int32_t *tokens, const float *wte, const float *wpe,
+                                   int B, int T, int C, int off, int rows);
+    cdp_status (*embedding_vp_bwd)(void *ks, float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
+                                   int B, int T, int C, int off, int rows);
+    /* The cross-entropy over logits split by vocabulary: rank k of t holds
+     * logits[N, V] of which columns [0, valid) are the whole vocabulary's
+     * [off, off + valid) (the rest padding, left out). stats is [N, 2t + 1]
+     * per row: m_0 .. m_{t-1}, s_0 .. s_{t-1}, the target's logit.
+     * crossentropy_vp_stats OVERWRITES stats with this rank's part and zeros
+     * elsewhere: m_k the maximum of the row's valid logits (-inf when none),
+     * s_k the sum of exp(x - m_k) over them, the target's logit where the
+     * target is in the slice; summed over the group, stats holds every
+     * rank's part. Then crossentropy_vp_fwd: losses[N] = log S + (M - x_t)
+     * with M = max m_j and S = sum s_j exp(m_j - M) (as crossentropy_fwd);
+     * crossentropy_vp_bwd OVERWRITES dlogits[N, V] with scale (exp(x - M) /
+     * S - 1 at the target) in the valid columns and 0 in the padding. */
+    cdp_status (*crossentropy_vp_stats)(void *ks, float *stats, const float *logits, const int32_t *targets, int N,
+                                        int V, int valid, int off, int k, int t);
+    cdp_status (*crossentropy_vp_fwd)(void *ks, float *losses, const float *stats, int N, int t);
+    cdp_status (*crossentropy_vp_bwd)(void *ks, float *dlogits, const float *logits, const int32_t *targets,
+                                      const float *stats, int N, int V, int valid, int off, int t, float scale);
 };
 
 /* The table's entries in the order of struct cdp_ops, every backend's table
@@ -161,7 +190,9 @@ struct cdp_ops {
     X(crossentropy_bwd) X(mse_fwd) X(mse_bwd) X(conv2d_fwd) X(conv2d_bwd) X(maxpool2d_fwd) X(maxpool2d_bwd) \
     X(adamw_step) X(sgd_step) X(rmsnorm_fwd) X(rmsnorm_bwd) X(rope_fwd) X(rope_bwd) X(swiglu_fwd)           \
     X(swiglu_bwd)
-#define CDP_KERNEL_OPS_OPTIONAL(X) X(attention_state_floats) X(linear_gelu_bwd) X(silu_fwd) X(silu_bwd)
+#define CDP_KERNEL_OPS_OPTIONAL(X)                                                                          \
+    X(attention_state_floats) X(linear_gelu_bwd) X(silu_fwd) X(silu_bwd) X(embedding_vp_fwd) X(embedding_vp_bwd) \
+    X(crossentropy_vp_stats) X(crossentropy_vp_fwd) X(crossentropy_vp_bwd)
 
 enum cdp_kernel_op {
 #define CDP_KERNEL_OP_ENUM_(op) CDP_KERNEL_OP_##op,

@@ -73,6 +73,7 @@ void cdp_planner_ctx_free(struct ctx *c)
     }
     free(c->bw);
     free(c->lat);
+    free(c->node);
     free(c->slots);
     for (int i = 0; i < c->n_memo; i++) free(c->memo[i].device);
 }
@@ -155,8 +156,10 @@ static cdp_status ctx_init_modes(struct ctx *c, const struct cdp_plan *plan, con
     c->bw = malloc((size_t)c->nd * c->nd * sizeof *c->bw);
     c->lat = malloc((size_t)c->nd * c->nd * sizeof *c->lat);
     c->rdev = malloc((size_t)c->nd * sizeof *c->rdev);
-    if (!c->bw || !c->lat || !c->rdev) return cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
+    c->node = malloc((size_t)c->nd * sizeof *c->node);
+    if (!c->bw || !c->lat || !c->rdev || !c->node) return cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
     links_of(t, c->bw, c->lat);
+    for (int d = 0; d < c->nd; d++) c->node[d] = t->gpus[d].node;
     c->tied_bytes = cdp_planner_tied_model(plan) ? tied_bytes_of(plan, c->u, c->n) : 0;
     uint64_t cap = 0;
     for (int d = 0; d < c->nd; d++) {

@@ -58,6 +58,7 @@ struct ctx {
     struct cdp_unit_cost *cost;
     struct mem_index *mi;
     double *bw, *lat;
+    int *node; /* nd: each device's node (the simulator's ports) */
     double cap;        /* bytes per device; 0 unlimited */
     double tied_bytes; /* of the model; used when p*v > 1 */
     int64_t sims, cheap_sims;

@@ -89,7 +89,8 @@ static cdp_status sim_procs(struct ctx *c, const int *device, const int *trace_r
                                 .tied_bytes = tied ? c->tied_bytes : 0, .device = device, .n_devices = c->nd,
                                 .bandwidth = c->bw, .latency = c->lat,
                                 .samples_per_mb = (double)c->plan->train.micro_batch, .trace_rank = trace_rank,
-                                .proc = proc, .zero = c->R > 1 ? c->zero : 0, .tensor = c->tp};
+                                .proc = proc, .zero = c->R > 1 ? c->zero : 0, .tensor = c->tp,
+                                .node = c->node};
     c->sims++;
     return cdp_sim_run(&sc, out);
 }

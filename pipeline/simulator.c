@@ -4,7 +4,11 @@
  * bytes). At each time every rank runs what it can: sends start transfers and
  * never block (the executor's isend), receives wait for the transfer's arrival,
  * collectives wait for every member. A directed device pair is one link; the
- * transfers moving bytes on it at once share its bandwidth equally. */
+ * transfers moving bytes on it at once share its bandwidth equally. With
+ * tensor groups the collectives also hold ports: a device's egress into its
+ * node's fabric and onto the network. A tensor group's all-reduce and a
+ * data-parallel collective that need the same port at the same time go one
+ * after the other (port_reserve). */
 #include "pipeline/simulator.h"
 
 #include <math.h>
@@ -44,6 +48,11 @@ struct rank_state {
     double coll_since; /* when it reached the collective it waits at */
 };
 
+struct port {
+    double *t0, *t1; /* held [t0[j], t1[j]) for j in [head, n) */
+    int head, n, cap;
+};
+
 struct sim {
     const struct cdp_sim_config *c;
     enum cdp_schedule_kind kind; /* places the virtual stages (cdp_schedule_vstage) */
@@ -66,6 +75,11 @@ struct sim {
     int *proc_busy;       /* per processor: its sharing ranks computing now */
     int bucket_stage;     /* the stage whose bucketed all-reduce collective_ex runs now; -1 none */
     int any_shared;       /* some ranks share a processor */
+    /* tensor groups (c->tensor >= 2): per device its two ports (2d: into its
+     * node's fabric, 2d + 1: onto the network), each a list of the intervals
+     * collectives hold it, by start, not overlapping; NULL without groups */
+    struct port *ports;
+    double now;           /* the clock: no collective starts before it, so intervals ending by then are dropped */
     struct cdp_sim_result *res;
     int64_t cap_events;
 };
@@ -241,6 +255,95 @@ static cdp_status send(struct sim *S, int kind, int s, int r, const struct cdp_i
     return CDP_OK;
 }
 
+/* The port traffic from device a to device b leaves a by: into its node's
+ * fabric (an NVSwitch node's switch ports, a PCIe switch) when b is on a's
+ * node, else its network link. */
+static int port_of(const struct sim *S, int a, int b)
+{
+    const int *node = S->c->node;
+    return 2 * a + (node && node[a] != node[b] ? 1 : 0);
+}
+
+static int cmp_int(const void *a, const void *b)
+{
+    const int x = *(const int *)a, y = *(const int *)b;
+    return (x > y) - (x < y);
+}
+
+/* Holds ports[0..n-1] (sorted in place, duplicates dropped) for dur seconds
+ * from the first time >= ready at which every one of them is free for that
+ * long; that start in *start. A port held by another collective meanwhile
+ * delays this one (two transfers on one port take the time of both). */
+static cdp_status port_reserve(struct sim *S, int *ports, int n, double ready, double dur, double *start)
+{
+    *start = ready;
+    if (!S->ports || dur <= 0 || n <= 0) return CDP_OK;
+    qsort(ports, (size_t)n, sizeof *ports, cmp_int);
+    int w = 1;
+    for (int i = 1; i < n; i++)
+        if (ports[i] != ports[w - 1]) ports[w++] = ports[i];
+    n = w;
+    double t = ready;
+    for (int moved = 1; moved;) {
+        moved = 0;
+        for (int i = 0; i < n; i++) {
+            struct port *P = &S->ports[ports[i]];
+            while (P->head < P->n && P->t1[P->head] <= S->now) P->head++;
+            for (int j = P->head; j < P->n && P->t0[j] < t + dur; j++)
+                if (P->t1[j] > t) t = P->t1[j], moved = 1;
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        struct port *P = &S->ports[ports[i]];
+        if (P->n == P->cap) {
+            if (P->head > 0) { /* drop what has passed before growing */
+                memmove(P->t0, P->t0 + P->head, (size_t)(P->n - P->head) * sizeof *P->t0);
+                memmove(P->t1, P->t1 + P->head, (size_t)(P->n - P->head) * sizeof *P->t1);
+                P->n -= P->head;
+                P->head = 0;
+            }
+            if (P->n == P->cap) {
+                const int cap = P->cap ? 2 * P->cap : 16;
+                double *a = realloc(P->t0, (size_t)cap * sizeof *a);
+                if (a) P->t0 = a;
+                double *b = a ? realloc(P->t1, (size_t)cap * sizeof *b) : NULL;
+                if (b) P->t1 = b;
+                if (!a || !b) return cdp_fail(CDP_ERR_NOMEM, "simulator: out of memory");
+                P->cap = cap;
+            }
+        }
+        int j = P->n++;
+        for (; j > P->head && P->t0[j - 1] > t; j--) P->t0[j] = P->t0[j - 1], P->t1[j] = P->t1[j - 1];
+        P->t0[j] = t;
+        P->t1[j] = t + dur;
+    }
+    *start = t;
+    return CDP_OK;
+}
+
+/* Of [t0, t1), the most time any of ports[0..n-1] is held. */
+static double port_held(const struct sim *S, const int *ports, int n, double t0, double t1)
+{
+    double most = 0;
+    for (int i = 0; S->ports && i < n; i++) {
+        const struct port *P = &S->ports[ports[i]];
+        double held = 0;
+        for (int j = P->head; j < P->n && P->t0[j] < t1; j++) held += fmax(0, fmin(t1, P->t1[j]) - fmax(t0, P->t0[j]));
+        most = fmax(most, held);
+    }
+    return most;
+}
+
+static void ports_free(struct sim *S)
+{
+    for (int d = 0; S->ports && d < 2 * S->c->n_devices; d++) {
+        free(S->ports[d].t0);
+        free(S->ports[d].t1);
+    }
+    free(S->ports);
+    S->ports = NULL;
+}
+
 /* Ring all-reduce of bytes among ranks idx[0..n-1]: 2(n-1)/n x bytes over the
  * slowest link of the ring, plus 2(n-1) latencies of the slowest hop. */
 /* A ring collective of n ranks: an all-reduce moves 2(n-1)/n of bytes
@@ -292,9 +395,20 @@ static cdp_status collective_ex(struct sim *S, const int *idx, int n, double byt
     }
     const double moved = n > 1 ? rounds * (n - 1) / n * bytes : 0;
     const double dur = n > 1 ? (isinf(min_bw) ? 0 : moved / min_bw) + rounds * (n - 1) * max_lat : 0;
+    /* with tensor groups the data-parallel collectives hold their members'
+     * ports (the tied gradients' reduction does not) */
+    int *ports = NULL, n_ports = 0;
+    if (S->ports && n > 1 && kind != CDP_EV_TIED_REDUCE) {
+        if (!(ports = malloc((size_t)n * sizeof *ports))) return cdp_fail(CDP_ERR_NOMEM, "simulator: out of memory");
+        for (int j = 0; j < n; j++) {
+            const int a = S->c->device[idx[j]], b = S->c->device[idx[(j + 1) % n]];
+            if (a != b) ports[n_ports++] = port_of(S, a, b);
+        }
+    }
     /* with buckets the all-reduce ran during the last backward: what is left
      * after now (the chunks without buckets after the bucketed ones) */
     double end = now + dur, from = INFINITY;
+    int bucketed = 0;
     if (kind == CDP_EV_ALLREDUCE && S->bucket_stage >= 0 && n > 1) {
         const double e = bucketed_end(S, S->bucket_stage, dur, &from);
         if (!isnan(e)) {
@@ -304,8 +418,23 @@ static cdp_status collective_ex(struct sim *S, const int *idx, int n, double byt
                 if (S->c->vstage[j].n_buckets <= 0) unbucketed += S->c->vstage[j].grad_bytes;
             }
             end = fmax(e, now) + (total > 0 ? dur * unbucketed / total : 0);
+            /* the buckets shared their ports with the tensor all-reduces held
+             * there meanwhile: they take that much longer (the window is not
+             * held in turn: what the ports carry later this step is not delayed) */
+            end += port_held(S, ports, n_ports, from, end);
+            bucketed = 1;
         }
     }
+    if (!bucketed && n_ports) {
+        double start;
+        cdp_status st = port_reserve(S, ports, n_ports, now, dur, &start);
+        if (st) {
+            free(ports);
+            return st;
+        }
+        end = start + dur;
+    }
+    free(ports);
     for (int j = 0; j < n && n > 1; j++) {
         const int a = S->c->device[idx[j]], b = S->c->device[idx[(j + 1) % n]];
         if (a == b || bw_of(S, a, b) <= 0) continue;
@@ -377,6 +506,7 @@ static cdp_status compute(struct sim *S, int i, enum cdp_event_kind kind, int mb
     if (st) return st;
     const int t = S->c->tensor, dev = S->c->device[i];
     const double bytes = fwd ? vs->tp_fwd_bytes : vs->tp_bwd_bytes;
+    int ports[64], n_ports = 0; /* t is a power of two that divides a node's GPUs */
     for (int k = 0; k < t && dev + t <= S->c->n_devices; k++) { /* the group's ring: its devices in order */
         const int a = dev + k, b = dev + (k + 1) % t;
         if (bw_of(S, a, b) <= 0) continue;
@@ -384,11 +514,21 @@ static cdp_status compute(struct sim *S, int i, enum cdp_event_kind kind, int mb
         if ((st = link_index(S, a, b, &l))) return st;
         S->links[l].bytes += bytes;
         S->links[l].busy_s += tp;
+        if (n_ports < 64) ports[n_ports++] = port_of(S, a, b);
+    }
+    /* the ring's ports, after what holds them (a data-parallel collective):
+     * the rank waits for them, and the event spans the wait */
+    double start;
+    if ((st = port_reserve(S, ports, n_ports, now + d - tp, tp, &start))) return st;
+    if (start > now + d - tp) {
+        q->busy_until = start + tp;
+        if (bwd) q->last_bwd_end = start + tp;
+        if (kind == CDP_EV_BACKWARD) q->grad_end = start + tp;
     }
     return add_rec(S, i, (struct cdp_event_rec){.kind = CDP_EV_TENSOR_REDUCE, .mb = mb, .chunk = S->v > 1 ? chunk : -1,
                                                 .peer = -1, .group = CDP_EV_GROUP_TENSOR, .members = t,
                                                 .bytes = (uint64_t)llround(bytes)},
-                   now + d - tp, now + d);
+                   now + d - tp, start + tp);
 }
 
 /* Runs rank i's instructions at time now until it is busy, blocked or done. */
@@ -685,6 +825,10 @@ cdp_status cdp_sim_run(const struct cdp_sim_config *c, struct cdp_sim_result **o
         st = cdp_fail(CDP_ERR_NOMEM, "simulator: out of memory for %d ranks", S.N);
         goto fail;
     }
+    if (c->tensor >= 2 && !(S.ports = calloc((size_t)2 * c->n_devices, sizeof *S.ports))) {
+        st = cdp_fail(CDP_ERR_NOMEM, "simulator: out of memory for %d devices' ports", c->n_devices);
+        goto fail;
+    }
     for (int i = 0; i < S.N; i++) S.rk[i].rs_chunk = S.rk[i].wait_pc = -1;
     /* ranks whose processor others share too run at its share when they compute together */
     for (int i = 0; c->proc && i < S.N; i++)
@@ -693,6 +837,7 @@ cdp_status cdp_sim_run(const struct cdp_sim_config *c, struct cdp_sim_result **o
 
     double now = 0;
     for (;;) {
+        S.now = now;
         int progressed = 1;
         while (progressed) {
             progressed = 0;
@@ -742,6 +887,7 @@ cdp_status cdp_sim_run(const struct cdp_sim_config *c, struct cdp_sim_result **o
     free(S.tied_count);
     free(S.rs_count);
     free(S.proc_busy);
+    ports_free(&S);
     *out = res;
     return CDP_OK;
 fail:
@@ -756,6 +902,7 @@ fail:
     free(S.tied_count);
     free(S.rs_count);
     free(S.proc_busy);
+    ports_free(&S);
     cdp_sim_result_free(res);
     return st;
 }

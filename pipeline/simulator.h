@@ -61,7 +61,12 @@ struct cdp_sim_config {
                                              time each get an equal share of it. NULL: each its own */
     int tensor;                           /* t: (s, r) on device d leads a tensor group on devices d..d+t-1,
                                              whose ring d -> d+1 -> ... -> d carries the tensor all-reduces
-                                             (link statistics); 0 or 1: none */
+                                             (link statistics); 0 or 1: none. Its all-reduces and the
+                                             data-parallel collectives hold the ports they leave their
+                                             devices by (a device's egress into its node's fabric, or
+                                             onto the network, as node says), one after the other */
+    const int *node;                      /* n_devices: each device's node (which port a transfer
+                                             takes); NULL: one node */
     int zero;                             /* ZeRO stage: 2 reduce-scatters each chunk's gradient over the
                                              stage's replicas after each of its backwards (a collective,
                                              (R-1)/R of grad_bytes), and the step's collective is the

@@ -179,6 +179,7 @@ Test(bpe, top_p_keeps_the_fewest_most_likely)
 /* A tiny byte-level GPT trained in dir (stages 1 or 2), with metrics,
  * weights and a checkpoint at its last step; returns the plan's path. */
 static const char *train_tiny_on(const char *dir, const char *parallel);
+static void run_ranks(struct cdp_run *r, const char *np, const char *const *argv);
 
 static const char *train_tiny(const char *dir, int stages)
 {
@@ -278,6 +279,60 @@ Test(eval, a_pipeline_checkpoint_loads_whole, .timeout = 180)
     snprintf(ck, sizeof ck, "%s/ck", dir);
     const double want = last_val_loss(dir), got = eval_value((const char *[]){"eval", "--checkpoint", ck, NULL});
     cr_assert_eq(got, want, "eval %.17g, the 2-stage run %.17g", got, want);
+}
+
+/* The val_loss eval prints for argv (under mpirun -np np when np is not NULL). */
+static double eval_loss(const char *np, const char *const *argv)
+{
+    struct cdp_run r;
+    if (np) run_ranks(&r, np, argv);
+    else cr_assert_eq(cdp_test_run(&r, argv), 0);
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    const char *at = strstr(r.out, "val_loss ");
+    cr_assert_not_null(at, "%s", r.out);
+    const double v = strtod(at + 9, NULL);
+    cdp_test_run_free(&r);
+    return v;
+}
+
+/* A checkpoint that tensor groups wrote (an MLP of split linears, 2 stages of
+ * t = 2: 4 ranks) holds whole tensors: eval loads it whole, on one rank and
+ * on 2 stages under mpirun (t = 1, the same double), and gives the
+ * validation loss the t = 2 run recorded, to its all-reduces' rounding; the
+ * checkpoint's export gives the same double. */
+Test(eval, a_tensor_group_checkpoint_loads_whole, .timeout = 180)
+{
+    if (!cdp_comm_have_mpi()) cr_skip_test("this build has no MPI: a run of tensor groups is not possible");
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
+    const char *plan = cdp_test_write_file(
+        dir, "split.json",
+        "{\"model\": {\"input\": [12], \"layers\": [{\"type\": \"linear\", \"out\": 32, \"split\": \"column\"}, "
+        "{\"type\": \"relu\"}, {\"type\": \"linear\", \"out\": 24, \"split\": \"row\"}, {\"type\": \"linear\", "
+        "\"out\": 16, \"split\": \"column\"}, {\"type\": \"gelu\"}, {\"type\": \"linear\", \"out\": 5, \"split\": "
+        "\"row\"}]}, \"data\": {\"source\": \"synthetic\", \"seed\": 3}, \"train\": {\"steps\": 3, "
+        "\"global_batch\": 8, \"micro_batch\": 2, \"optimizer\": {\"type\": \"adamw\", \"lr\": 0.01}, "
+        "\"eval_batches\": 2, \"checkpoint\": {\"dir\": \"ck\", \"every\": 3}}, \"parallel\": {\"stages\": 2, "
+        "\"tensor\": 2}, \"cluster\": {\"backend\": \"cpu\"}, \"output\": {\"metrics\": \"m.jsonl\"}}");
+    struct cdp_run r;
+    cr_assert_eq(cdp_test_run(&r, (const char *[]){"--plan", plan, "-q", NULL}), 0);
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    cdp_test_run_free(&r);
+    char ck[4200], w[4200];
+    snprintf(ck, sizeof ck, "%s/ck", dir);
+    snprintf(w, sizeof w, "%s/exported.safetensors", dir);
+    const double recorded = last_val_loss(dir);
+    const double one = eval_loss(NULL, (const char *[]){"eval", "--checkpoint", ck, NULL});
+    cr_assert_leq(fabs(one - recorded), 1e-5 * fabs(recorded), "eval %.17g, the t = 2 run recorded %.17g", one,
+                  recorded);
+    const double two = eval_loss("2", (const char *[]){"eval", "--checkpoint", ck, "-q", NULL});
+    cr_assert_eq(two, one, "eval on 2 stages %.17g, on one rank %.17g", two, one);
+    cr_assert_eq(cdp_test_run(&r, (const char *[]){"export", "--checkpoint", ck, "--out", w, NULL}), 0);
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    cdp_test_run_free(&r);
+    const double exported = eval_loss(NULL, (const char *[]){"eval", "--plan", plan, "--weights", w, NULL});
+    cr_assert_eq(exported, one, "the export's eval %.17g, the checkpoint's %.17g", exported, one);
+    cr_log_info("t = 2 recorded %.17g, eval %.17g", recorded, one);
 }
 
 Test(eval, bad_arguments_exit_2)
@@ -586,6 +641,42 @@ Test(stages, generate_and_eval_on_a_pipeline_equal_one_rank, .timeout = 120)
     cr_assert_eq(r.exit_code, 2, "%d %s", r.exit_code, r.err);
     cr_assert(strstr(r.err, "the model has 4 units and 5 ranks were started"), "%s", r.err);
     cdp_test_run_free(&r);
+}
+
+/* generate and eval from a GPT checkpoint that tensor groups wrote (t = 2:
+ * heads, MLP and the fused q, k, v split over 2 ranks): it loads whole, for
+ * whole layers (t = 1), so one rank, 2 stages under mpirun and the exported
+ * weights under the t = 2 plan all sample the same text; eval gives the
+ * validation loss the t = 2 run recorded, to its all-reduces' rounding. */
+Test(stages, generate_and_eval_from_a_tensor_group_checkpoint, .timeout = 180)
+{
+    if (!cdp_comm_have_mpi()) cr_skip_test("this build has no MPI: a run of tensor groups is not possible");
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
+    char plan[4096], w[4200], ck[4200];
+    snprintf(plan, sizeof plan, "%s", train_tiny_on(dir, "\"stages\": 1, \"replicas\": 1, \"tensor\": 2, "
+                                                         "\"micro_batches\": 2"));
+    snprintf(w, sizeof w, "%s/exported.safetensors", dir);
+    snprintf(ck, sizeof ck, "%s/ck", dir);
+    const char *sampled[] = {"generate", "--checkpoint", ck, "--prompt", "The ", "--tokens", "30", "--seed", "5",
+                             "--temperature", "1.5", NULL};
+    char *one = generate(sampled);
+    cr_assert_eq(strlen(one), strlen("The ") + 30 + 1, "%s", one);
+    char *two = generate_ranks("2", sampled);
+    cr_assert_str_eq(two, one, "on 2 stages");
+    free(two);
+    struct cdp_run r;
+    cr_assert_eq(cdp_test_run(&r, (const char *[]){"export", "--checkpoint", ck, "--out", w, NULL}), 0);
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    cdp_test_run_free(&r);
+    char *exported = generate((const char *[]){"generate", "--plan", plan, "--weights", w, "--prompt", "The ",
+                                               "--tokens", "30", "--seed", "5", "--temperature", "1.5", NULL});
+    cr_assert_str_eq(exported, one, "from the exported weights");
+    free(exported);
+    const double want = last_val_loss(dir), got = eval_value((const char *[]){"eval", "--checkpoint", ck, NULL});
+    cr_assert_leq(fabs(got - want), 1e-5 * fabs(want), "eval %.17g, the t = 2 run recorded %.17g", got, want);
+    cr_log_info("t = 2 GPT: %s", one);
+    free(one);
 }
 
 /* Validation runs the forward-only schedule through the executor's

@@ -392,6 +392,11 @@ GPU_OPS_TEST(table_complete)
     } else { /* and those the CPU table has */
         NEED(silu_fwd);
         NEED(silu_bwd);
+        NEED(embedding_vp_fwd);
+        NEED(embedding_vp_bwd);
+        NEED(crossentropy_vp_stats);
+        NEED(crossentropy_vp_fwd);
+        NEED(crossentropy_vp_bwd);
     }
 #undef NEED
 }
@@ -1225,6 +1230,115 @@ GPU_OPS_TEST(crossentropy)
  * log(sum), exact here; the order log(sum) + max - x[target] rounds once at
  * 1e4's scale (ulp 1e-3 against losses ~10), which this still accepts. */
 GPU_OPS_TEST(crossentropy_large_logits) { crossentropy_case(8, 1001, 1e4f, TOL_OFFSET); }
+
+/* The vocab-parallel cross-entropy (ops.h, crossentropy_vp_*): the vocabulary
+ * V split over t ranks of ceil(V / t) columns each (the last ones padded
+ * with logits that must be left out), each rank's statistics summed over
+ * the ranks as the group's all-reduce would: the losses and each slice's
+ * gradient are the whole vocabulary's (the CPU reference of
+ * crossentropy_fwd and crossentropy_bwd), padding columns 0. */
+static void need_vocab_parallel(void)
+{
+    if (!G.ops->crossentropy_vp_stats || !G.ops->crossentropy_vp_fwd || !G.ops->crossentropy_vp_bwd ||
+        !G.ops->embedding_vp_fwd || !G.ops->embedding_vp_bwd)
+        cr_skip_test("the %s table has no vocab-parallel kernels yet", G.ops->name);
+}
+
+static void crossentropy_vp_case(int N, int V, int t, float offset)
+{
+    struct scope sc = scope_begin();
+    const int Vl = (V + t - 1) / t, w = 2 * t + 1;
+    float *logits = hrand((size_t)N * V, -4, 4);
+    for (size_t i = 0; i < (size_t)N * V; i++) logits[i] += offset;
+    int32_t *tgt = htokens(N, V);
+    for (int i = 0; i < N; i += 3) tgt[i] = V - 1; /* the last slice's targets among them */
+    const float scale = 1.0f / (float)N;
+    float *rl = hzeros(N), *rd = hzeros((size_t)N * V), *sum = hzeros((size_t)N * w);
+    cdp_cpu_crossentropy_fwd(rl, logits, tgt, N, V);
+    cdp_cpu_crossentropy_bwd(rd, logits, tgt, N, V, scale);
+    int32_t *d_tgt = dput(tgt, (size_t)N * sizeof *tgt);
+    float *slices[8];
+    for (int k = 0; k < t; k++) {
+        const int off = k * Vl, valid = V - off < 0 ? 0 : V - off < Vl ? V - off : Vl;
+        float *x = hrand((size_t)N * Vl, 40, 50); /* padding: larger than every real logit */
+        for (int i = 0; i < N; i++)
+            for (int j = 0; j < valid; j++) x[(size_t)i * Vl + j] = logits[(size_t)i * V + off + j];
+        slices[k] = dputf(x, (size_t)N * Vl);
+        float *d_st = dputf(hrand((size_t)N * w, 5, 6), (size_t)N * w); /* overwritten */
+        OP(crossentropy_vp_stats, d_st, slices[k], d_tgt, N, Vl, valid, off, k, t);
+        const float *st = dgetf(d_st, (size_t)N * w);
+        for (size_t i = 0; i < (size_t)N * w; i++) sum[i] += st[i];
+    }
+    float *d_sum = dputf(sum, (size_t)N * w), *d_l = dputf(hrand(N, 5, 6), N);
+    OP(crossentropy_vp_fwd, d_l, d_sum, N, t);
+    expect_close(dgetf(d_l, N), rl, N, offset ? TOL_OFFSET : TOL_ROW, "crossentropy_vp_fwd N=%d V=%d t=%d", N, V, t);
+    for (int k = 0; k < t; k++) {
+        const int off = k * Vl, valid = V - off < 0 ? 0 : V - off < Vl ? V - off : Vl;
+        float *d_dl = dputf(hrand((size_t)N * Vl, 5, 6), (size_t)N * Vl); /* overwritten */
+        OP(crossentropy_vp_bwd, d_dl, slices[k], d_tgt, d_sum, N, Vl, valid, off, t, scale);
+        const float *got = dgetf(d_dl, (size_t)N * Vl);
+        float *want = hzeros((size_t)N * Vl);
+        for (int i = 0; i < N; i++)
+            for (int j = 0; j < valid; j++) want[(size_t)i * Vl + j] = rd[(size_t)i * V + off + j];
+        expect_close(got, want, (size_t)N * Vl, TOL_ROW, "crossentropy_vp_bwd N=%d V=%d t=%d rank %d", N, V, t, k);
+        for (int i = 0; i < N; i++)
+            for (int j = valid; j < Vl; j++)
+                cr_assert_eq(got[(size_t)i * Vl + j], 0.0f, "%s: padding column %d of rank %d", where(), j, k);
+    }
+    scope_end(sc);
+}
+
+GPU_OPS_TEST(crossentropy_vocab_parallel)
+{
+    need_vocab_parallel();
+    crossentropy_vp_case(37, 1001, 2, 0.0f);
+    crossentropy_vp_case(37, 1001, 4, 0.0f); /* 251 columns a rank, 248 of the last real */
+    crossentropy_vp_case(5, 3, 4, 0.0f);     /* a rank with no column of the vocabulary */
+    crossentropy_vp_case(8, 1001, 8, 1e4f);  /* large logits stay finite */
+}
+
+/* The vocab-parallel embedding: the ranks' outputs summed are embedding_fwd's
+ * (the positions added by one rank), each rank's dwte its rows of
+ * embedding_bwd's, dwpe embedding_bwd's on every rank. */
+static void embedding_vp_case(int Bn, int T, int C, int V, int t)
+{
+    struct scope sc = scope_begin();
+    const int Vl = (V + t - 1) / t;
+    const size_t n = (size_t)Bn * T * C;
+    int32_t *tok = htokens((size_t)Bn * T, V);
+    float *wte = hrand((size_t)V * C, -1, 1), *wpe = hrand((size_t)T * C, -1, 1), *dy = hrand(n, -1, 1);
+    float *ref = hzeros(n), *rte = hzeros((size_t)V * C), *rpe = hzeros((size_t)T * C), *sum = hzeros(n);
+    cdp_cpu_embedding_fwd(ref, tok, wte, wpe, Bn, T, C);
+    cdp_cpu_embedding_bwd(rte, rpe, dy, tok, Bn, T, C);
+    int32_t *d_tok = dput(tok, (size_t)Bn * T * sizeof *tok);
+    float *d_wpe = dputf(wpe, (size_t)T * C), *d_dy = dputf(dy, n);
+    for (int k = 0; k < t; k++) {
+        const int off = k * Vl, rows = V - off < 0 ? 0 : V - off < Vl ? V - off : Vl;
+        float *slice = hzeros((size_t)Vl * C);
+        memcpy(slice, wte + (size_t)off * C, (size_t)rows * C * sizeof *slice);
+        float *d_out = dputf(hrand(n, 5, 6), n);
+        OP(embedding_vp_fwd, d_out, d_tok, dputf(slice, (size_t)Vl * C), k == 0 ? d_wpe : NULL, Bn, T, C, off, rows);
+        const float *got = dgetf(d_out, n);
+        for (size_t i = 0; i < n; i++) sum[i] += got[i];
+        float *d_te = dputf(hzeros((size_t)Vl * C), (size_t)Vl * C), *d_pe = dputf(hzeros((size_t)T * C), (size_t)T * C);
+        OP(embedding_vp_bwd, d_te, d_pe, d_dy, d_tok, Bn, T, C, off, rows);
+        float *want = hzeros((size_t)Vl * C);
+        memcpy(want, rte + (size_t)off * C, (size_t)rows * C * sizeof *want);
+        expect_close(dgetf(d_te, (size_t)Vl * C), want, (size_t)Vl * C, TOL_SCATTER,
+                     "embedding_vp_bwd dwte V=%d t=%d rank %d", V, t, k);
+        expect_close(dgetf(d_pe, (size_t)T * C), rpe, (size_t)T * C, TOL_SCATTER, "embedding_vp_bwd dwpe rank %d", k);
+    }
+    expect_close(sum, ref, n, TOL_EXACT, "embedding_vp_fwd summed over %d ranks, V=%d", t, V);
+    scope_end(sc);
+}
+
+GPU_OPS_TEST(embedding_vocab_parallel)
+{
+    need_vocab_parallel();
+    embedding_vp_case(3, 37, 45, 53, 2);
+    embedding_vp_case(3, 37, 45, 53, 4);
+    embedding_vp_case(2, 5, 7, 3, 4); /* a rank with no row */
+}
 
 static void mse_case(int N, int D)
 {

@@ -25,7 +25,7 @@
 #include "model/model.h"
 #include "pipeline/layout.h"
 
-enum { GPT = 0, MLP = 1, SPLIT = 2 };
+enum { GPT = 0, MLP = 1, SPLIT = 2, VOCAB = 3 };
 
 struct cell {
     int model, p, R, m;
@@ -40,13 +40,18 @@ struct cell {
 static const char *model_json(int model)
 {
     return model == GPT
-               ? "\"model\": {\"preset\": \"gpt\", \"vocab\": 64, \"context\": 16, \"layers\": 6, \"heads\": 2, "
+               ? "\"model\": {\"preset\": \"gpt\", \"vocab\": 61, \"context\": 16, \"layers\": 6, \"heads\": 2, "
                  "\"embed\": 32}"
            : model == SPLIT /* split linears (docs/parallelism.md) */
                ? "\"model\": {\"input\": [24], \"layers\": [{\"type\": \"linear\", \"out\": 64, \"split\": "
                  "\"column\"}, {\"type\": \"relu\"}, {\"type\": \"linear\", \"out\": 48, \"split\": \"row\"}, "
                  "{\"type\": \"linear\", \"out\": 32, \"split\": \"column\"}, {\"type\": \"gelu\"}, {\"type\": "
                  "\"linear\", \"out\": 5, \"split\": \"row\"}]}"
+           : model == VOCAB /* a vocab-parallel embedding (slices padded: 61 rows) and loss-side classifier */
+               ? "\"model\": {\"input\": [16], \"layers\": [{\"type\": \"embedding\", \"vocab\": 61, \"dim\": 32, "
+                 "\"context\": 16}, {\"type\": \"linear\", \"out\": 64, \"split\": \"column\"}, {\"type\": "
+                 "\"relu\"}, {\"type\": \"linear\", \"out\": 32, \"split\": \"row\"}, {\"type\": \"linear\", "
+                 "\"out\": 61}], \"loss\": \"cross_entropy\"}"
                : "\"model\": {\"preset\": \"mlp\", \"input\": [24], \"hidden\": [64, 48, 32, 32], \"classes\": 5}";
 }
 
@@ -154,6 +159,8 @@ ParameterizedTestParameters(layout, measured_peak_is_the_predicted_memory)
     grid[n++] = (struct cell){SPLIT, 2, 1, 4, "zb-h1", 0, 0, "", 0, 2};
     grid[n++] = (struct cell){SPLIT, 1, 2, 2, "1f1b", 0, 0, "", 1, 2};
     grid[n++] = (struct cell){SPLIT, 2, 1, 4, "1f1b", 1, 0, "", 0, 2};
+    grid[n++] = (struct cell){VOCAB, 2, 1, 4, "1f1b", 0, 0, "", 0, 2};
+    grid[n++] = (struct cell){VOCAB, 1, 2, 2, "1f1b", 0, 0, "", 1, 4};
     /* GPT blocks split by heads, the embedding and head replicated */
     grid[n++] = (struct cell){GPT, 1, 1, 2, "1f1b", 0, 0, "", 0, 2};
     grid[n++] = (struct cell){GPT, 2, 1, 4, "zbv", 0, 0, "selective", 0, 2};

@@ -18,14 +18,15 @@
 enum {
     MODEL_MLP = 0, MODEL_GPT = 1, MODEL_SILU = 2, MODEL_LLAMA = 3, MODEL_LLAMA_TIED = 4, MODEL_SPLIT = 5,
     MODEL_GPT_T = 6, MODEL_GPT_T_TIED = 7, MODEL_LLAMA_T = 8, /* heads that split over 4 ranks */
-    MODEL_LLAMA_LIST = 9                                       /* the Llama types in a layer list */
+    MODEL_LLAMA_LIST = 9,                                      /* the Llama types in a layer list */
+    MODEL_VOCAB = 10                                           /* a vocab-parallel embedding in a layer list */
 };
 
 static const char *model_name(int model)
 {
     static const char *const names[] = {"mlp", "gpt", "silu", "llama", "llama (tied)", "mlp (split linears)",
                                         "gpt (4 heads, untied)", "gpt (4 heads, tied)", "llama (4 kv heads)",
-                                        "llama types in a list"};
+                                        "llama types in a list", "embedding (vocab-parallel)"};
     return names[model];
 }
 
@@ -35,6 +36,14 @@ static const char *model_name(int model)
     "{\"type\": \"relu\"}, {\"type\": \"linear\", \"out\": 24, \"split\": \"row\"}, {\"type\": \"linear\", "         \
     "\"out\": 16, \"split\": \"column\"}, {\"type\": \"gelu\"}, {\"type\": \"linear\", \"out\": 5, \"split\": "        \
     "\"row\"}]}"
+
+/* A vocab-parallel embedding of a vocabulary no t of the grid divides (its
+ * slices padded), a pair of split linears, and a replicated classifier. */
+#define VOCAB_MODEL                                                                                               \
+    "\"model\": {\"input\": [8], \"layers\": [{\"type\": \"embedding\", \"vocab\": 37, \"dim\": 16, "             \
+    "\"context\": 8}, {\"type\": \"linear\", \"out\": 32, \"split\": \"column\"}, {\"type\": \"gelu\"}, "        \
+    "{\"type\": \"linear\", \"out\": 16, \"split\": \"row\"}, {\"type\": \"linear\", \"out\": 37}], "               \
+    "\"loss\": \"cross_entropy\"}"
 
 struct layout {
     int model, p, R, m, v;
@@ -72,14 +81,16 @@ static void write_plan(const char *dir, const char *name, const struct layout *l
                  "\"kv_heads\": 1, \"dim\": 16, \"hidden\": 24, \"tie_embeddings\": true}")
         : l->model == MODEL_SPLIT
         ? SPLIT_MLP
+        : l->model == MODEL_VOCAB
+        ? VOCAB_MODEL
         : l->model == MODEL_GPT_T
-        ? "\"model\": {\"preset\": \"gpt\", \"vocab\": 32, \"context\": 8, \"layers\": 4, \"heads\": 4, \"embed\": 16, "
+        ? "\"model\": {\"preset\": \"gpt\", \"vocab\": 37, \"context\": 8, \"layers\": 4, \"heads\": 4, \"embed\": 16, "
           "\"tie_embeddings\": false}"
         : l->model == MODEL_GPT_T_TIED
-        ? "\"model\": {\"preset\": \"gpt\", \"vocab\": 32, \"context\": 8, \"layers\": 4, \"heads\": 4, \"embed\": 16, "
+        ? "\"model\": {\"preset\": \"gpt\", \"vocab\": 37, \"context\": 8, \"layers\": 4, \"heads\": 4, \"embed\": 16, "
           "\"tie_embeddings\": true}"
         : l->model == MODEL_LLAMA_T
-        ? "\"model\": {\"preset\": \"llama\", \"vocab\": 32, \"context\": 8, \"layers\": 4, \"heads\": 4, "
+        ? "\"model\": {\"preset\": \"llama\", \"vocab\": 37, \"context\": 8, \"layers\": 4, \"heads\": 4, "
           "\"kv_heads\": 4, \"dim\": 16, \"hidden\": 24}"
         : l->model == MODEL_LLAMA_LIST
         ? "\"model\": {\"input\": [8], \"layers\": [{\"type\": \"embedding\", \"vocab\": 32, \"dim\": 16}, "
@@ -296,7 +307,7 @@ ParameterizedTest(struct layout *l, pipeline, layouts_equal_one_rank, .timeout =
  * rank's tensor index. */
 ParameterizedTestParameters(pipeline, tensor_layouts_equal_one_rank)
 {
-    static struct layout grid[48];
+    static struct layout grid[64];
     int n = 0;
     for (int t = 2; t <= 4; t *= 2)
         for (int p = 1; p <= 2; p++)
@@ -310,6 +321,9 @@ ParameterizedTestParameters(pipeline, tensor_layouts_equal_one_rank)
     grid[n++] = (struct layout){MODEL_SPLIT, 2, 1, 4, 1, "1f1b", "", 0, "full", 0, 4};
     grid[n++] = (struct layout){MODEL_SPLIT, 1, 2, 2, 1, "1f1b", "", 0, "", 1, 2};
     grid[n++] = (struct layout){MODEL_SPLIT, 2, 2, 4, 1, "1f1b", "", 0, "", 2, 2};
+    grid[n++] = (struct layout){MODEL_VOCAB, 2, 2, 4, 1, "1f1b", "", 0, "", 0, 2};
+    grid[n++] = (struct layout){MODEL_VOCAB, 1, 1, 2, 1, "1f1b", "", 0, "", 0, 4};
+    grid[n++] = (struct layout){MODEL_VOCAB, 2, 1, 4, 2, "zbv", "", 0, "full", 1, 2};
     /* blocks split by heads: GPT untied and tied (the tie between stages, or within rank 0 under zbv), Llama */
     grid[n++] = (struct layout){MODEL_GPT_T, 1, 1, 2, 1, "1f1b", "", 0, "", 0, 2};
     grid[n++] = (struct layout){MODEL_GPT_T, 2, 1, 4, 1, "1f1b", "", 0, "", 0, 4};
@@ -320,6 +334,8 @@ ParameterizedTestParameters(pipeline, tensor_layouts_equal_one_rank)
     grid[n++] = (struct layout){MODEL_GPT_T_TIED, 2, 1, 4, 2, "interleaved", "", 0, "full", 0, 2};
     grid[n++] = (struct layout){MODEL_GPT_T_TIED, 2, 1, 4, 2, "zbv", "", 0, "selective", 0, 2};
     grid[n++] = (struct layout){MODEL_GPT_T_TIED, 1, 2, 2, 1, "1f1b", "", 0, "selective", 1, 4};
+    grid[n++] = (struct layout){MODEL_GPT_T_TIED, 1, 1, 2, 1, "1f1b", "", 0, "", 0, 2};
+    grid[n++] = (struct layout){MODEL_GPT_T_TIED, 2, 2, 4, 1, "1f1b", "", 0, "", 0, 2};
     grid[n++] = (struct layout){MODEL_LLAMA, 1, 1, 2, 1, "1f1b", "", 0, "", 0, 2};
     grid[n++] = (struct layout){MODEL_LLAMA, 2, 1, 4, 2, "zbv", "", 0, "selective", 0, 2};
     grid[n++] = (struct layout){MODEL_LLAMA, 2, 2, 4, 1, "1f1b", "", 0, "full", 2, 2};
@@ -1073,6 +1089,46 @@ Test(pipeline, rebalancing_moves_micro_batches_to_fast_replicas, .timeout = 240)
     cdp_test_run_free(&r);
 }
 
+/* Rebalancing with tensor groups: the shares are a replica's, so a tensor
+ * group moves as one (every rank of it reads the same micro-batches). Rank 2
+ * (replica 1's tensor index 0) made twenty times slower: the first look moves
+ * micro-batches to replica 0, and the run equals one-rank training. */
+Test(pipeline, rebalancing_moves_a_tensor_group_s_micro_batches, .timeout = 240)
+{
+    need_mpi();
+    char dir[4096], base[4200], pipe[4200], a[4300], b[4300];
+    snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
+    struct layout l = {MODEL_SPLIT, 1, 2, 4, 1, "1f1b", "", 1, "", 0, 2};
+    write_plan(dir, "one", &l, 1);
+    write_plan(dir, "pipe", &l, 0);
+    snprintf(base, sizeof base, "%s/one.json", dir);
+    snprintf(pipe, sizeof pipe, "%s/pipe.json", dir);
+    run_ok(base);
+    double secs;
+    struct cdp_run r = run_fault(pipe, "slow:2:20", &secs);
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    const char *moved = strstr(r.out, "step 1: rebalanced micro-batches per replica 4 4 -> ");
+    cr_assert(moved, "%s", r.out);
+    long first[2] = {0, 0};
+    cr_assert_eq(sscanf(strstr(moved, "-> ") + 3, "%ld %ld", &first[0], &first[1]), 2, "%s", r.out);
+    cr_assert_gt(first[0], first[1], "4 4 -> %ld %ld: the slowed replica 1 should run fewer\n%s", first[0], first[1],
+                 r.out);
+    cr_assert_eq(first[0] + first[1], 8);
+    double la[8], lb[8];
+    snprintf(a, sizeof a, "%s/one.jsonl", dir);
+    snprintf(b, sizeof b, "%s/pipe.jsonl", dir);
+    cr_assert_eq(read_losses(a, la, 8), 3);
+    cr_assert_eq(read_losses(b, lb, 8), 3);
+    for (int i = 0; i < 3; i++)
+        cr_assert_leq(fabs(la[i] - lb[i]), 1e-5 * fabs(la[i]), "step %d: loss %.9g vs %.9g", i + 1, lb[i], la[i]);
+    snprintf(a, sizeof a, "%s/one.safetensors", dir);
+    snprintf(b, sizeof b, "%s/pipe.safetensors", dir);
+    const double e = compare_weights(a, b);
+    cr_assert_leq(e, 1e-5, "weights differ by %.3g", e);
+    cr_log_info("t = 2: rebalanced to %ld %ld; worst weight error %.3g", first[0], first[1], e);
+    cdp_test_run_free(&r);
+}
+
 /* The monitor: per-rank utilisation, memory and busy time in metrics.jsonl,
  * the slowest rank, and a warning naming a rank that is consistently slow.
  * Micro-batches of some milliseconds, so that a preempted fast rank on a
@@ -1287,6 +1343,87 @@ Test(pipeline, tensor_checkpoints_resume_at_any_t, .timeout = 240)
     }
 }
 
+/* A checkpoint written at t = 2 (one stage, 2 replicas, ZeRO-1; an MLP of
+ * split linears, and a GPT split by heads with a tied head) resumes at
+ * t = 4 (2 replicas under ZeRO-2: each rank's quarter of a split tensor and
+ * its shard of that quarter's moments): loaded, stepped once at a rate of 0
+ * and written out, its weights are the checkpoint's to the bit; trained on
+ * (its steps made with the moments sliced and sharded at t = 4), it equals an
+ * uninterrupted one-rank run to 1e-5, and the checkpoint the t = 4 run writes
+ * holds the weights it ended with, bitwise. */
+ParameterizedTestParameters(pipeline, a_t2_checkpoint_resumes_at_t4_bitwise)
+{
+    static int models[] = {MODEL_SPLIT, MODEL_GPT};
+    return cr_make_param_array(int, models, 2);
+}
+
+ParameterizedTest(int *model, pipeline, a_t2_checkpoint_resumes_at_t4_bitwise, .timeout = 240)
+{
+    need_mpi();
+    char dir[4096], path[4300], a[4300], b[4300];
+    snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
+    /* the GPT: 4 heads, tied head; AdamW's eps as in write_plan's tensor plans */
+    const char *net = *model == MODEL_GPT
+                          ? "\"model\": {\"preset\": \"gpt\", \"vocab\": 32, \"context\": 8, \"layers\": 2, "
+                            "\"heads\": 4, \"embed\": 16, \"tie_embeddings\": true}"
+                          : SPLIT_MLP;
+    const char *eps = *model == MODEL_GPT ? ", \"eps\": 1e-4" : "";
+    static const struct {
+        const char *name;
+        int steps, t, R, zero;
+        const char *ckpt, *lr;
+    } runs[] = {{"w2", 2, 2, 2, 1, "ckw", ""},
+                {"z4", 3, 4, 2, 2, "ckz", "\"lr_schedule\": {\"type\": \"linear\", \"min_lr\": 0}, "},
+                {"t4", 4, 4, 2, 2, "ck4", ""},
+                {"one", 4, 1, 1, 0, "ck1", ""}};
+    for (int i = 0; i < 4; i++) {
+        char json[2048], file[64];
+        snprintf(json, sizeof json,
+                 "{%s, \"data\": {\"source\": \"synthetic\", \"seed\": 3}, \"train\": {\"steps\": %d, "
+                 "\"global_batch\": 8, \"micro_batch\": 2, \"checkpoint\": {\"dir\": \"%s\", \"every\": 2}, %s"
+                 "\"optimizer\": {\"type\": \"adamw\", \"lr\": 0.01%s}, \"eval_batches\": 1}, \"parallel\": "
+                 "{\"stages\": 1, \"tensor\": %d, \"replicas\": %d, \"zero\": %d}, \"cluster\": {\"backend\": "
+                 "\"cpu\"}, \"output\": {\"weights\": \"%s.safetensors\"}}",
+                 net, runs[i].steps, runs[i].ckpt, runs[i].lr, eps, runs[i].t, runs[i].R, runs[i].zero,
+                 runs[i].name);
+        snprintf(file, sizeof file, "%s.json", runs[i].name);
+        cdp_test_write_file(dir, file, json);
+    }
+    snprintf(path, sizeof path, "%s/w2.json", dir);
+    run_ok(path);
+    char cmd[17000];
+    snprintf(cmd, sizeof cmd, "cp -r '%s/ckw' '%s/ckz' && cp -r '%s/ckw' '%s/ck4'", dir, dir, dir, dir);
+    cr_assert_eq(system(cmd), 0);
+    struct cdp_run r;
+    for (int i = 1; i <= 2; i++) {
+        snprintf(path, sizeof path, "%s/%s.json", dir, runs[i].name);
+        snprintf(a, sizeof a, "%s/%s", dir, runs[i].ckpt);
+        cr_assert_eq(cdp_test_run(&r, (const char *[]){"-q", "--plan", path, "--resume", a, NULL}), 0);
+        cr_assert_eq(r.exit_code, 0, "%s: %s", runs[i].name, r.err);
+        cdp_test_run_free(&r);
+    }
+    /* loaded at t = 4, one step at a rate of 0 (a linear decay's last step),
+     * written out: the t = 2 run's bits */
+    snprintf(a, sizeof a, "%s/w2.safetensors", dir);
+    snprintf(b, sizeof b, "%s/z4.safetensors", dir);
+    cr_assert_eq(compare_weights(a, b), 0.0, "the weights loaded at t = 4 are not the checkpoint's");
+    /* trained on at t = 4: as one rank does, uninterrupted */
+    snprintf(path, sizeof path, "%s/one.json", dir);
+    run_ok(path);
+    snprintf(a, sizeof a, "%s/one.safetensors", dir);
+    snprintf(b, sizeof b, "%s/t4.safetensors", dir);
+    const double e = compare_weights(a, b);
+    cr_assert_leq(e, 1e-5, "resumed at t = 4: weights differ from one rank's by %.3g", e);
+    /* the t = 4 run's own checkpoint (gathered from quarters and ZeRO shards) */
+    snprintf(a, sizeof a, "%s/ck4", dir);
+    snprintf(path, sizeof path, "%s/ck4.safetensors", dir);
+    cr_assert_eq(cdp_test_run(&r, (const char *[]){"export", "--checkpoint", a, "--out", path, NULL}), 0);
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    cdp_test_run_free(&r);
+    cr_assert_eq(compare_weights(b, path), 0.0, "the t = 4 checkpoint holds the weights the run wrote");
+    cr_log_info("%s resumed at t = 4: %.3g from one rank", *model == MODEL_GPT ? "gpt" : "split mlp", e);
+}
+
 /* The same for GPT blocks split by heads (the fused q, k, v projection a
  * slice of three row ranges) and a tied head: a checkpoint written at t = 2
  * over 2 stages holds bitwise the weights the run wrote, exports the same
@@ -1309,7 +1446,7 @@ Test(pipeline, tensor_block_checkpoints_resume_at_t1_and_export, .timeout = 240)
         char json[2048], file[64];
         /* AdamW's eps as in write_plan's tensor plans */
         snprintf(json, sizeof json,
-                 "{\"model\": {\"preset\": \"gpt\", \"vocab\": 32, \"context\": 8, \"layers\": 2, \"heads\": 4, "
+                 "{\"model\": {\"preset\": \"gpt\", \"vocab\": 37, \"context\": 8, \"layers\": 2, \"heads\": 4, "
                  "\"embed\": 16, \"tie_embeddings\": true}, \"data\": {\"source\": \"synthetic\", \"seed\": 3}, "
                  "\"train\": {\"steps\": %d, \"global_batch\": 8, \"micro_batch\": 2, %s\"optimizer\": {\"type\": "
                  "\"adamw\", \"lr\": 0.01, \"eps\": 1e-4}, \"eval_batches\": 1}, \"parallel\": {\"stages\": %d, "
@@ -1409,4 +1546,90 @@ Test(pipeline, tensor_groups_start_from_a_weights_file, .timeout = 120)
     snprintf(b, sizeof b, "%s/pipe.safetensors", dir);
     const double e = compare_weights(a, b);
     cr_assert_leq(e, 1e-5, "weights differ by %.3g", e);
+}
+
+/* A vocab-parallel embedding's checkpoint (docs/parallelism.md): written at
+ * t = 2 with the vocabulary padded in memory, it holds the whole table (no
+ * padding row), exports as the weights one rank trains, and resumes at t = 4
+ * and t = 1 to one rank's weights. model: the plan's model and optimizer;
+ * wte: the table's name. */
+static void check_vocab_checkpoint(const char *model, const char *wte_name)
+{
+    need_mpi();
+    char dir[4096], path[4300], a[4300], b[4300];
+    snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
+    static const struct {
+        const char *name;
+        int steps, p, t, R, zero;
+        const char *ckpt;
+    } runs[] = {{"write", 2, 2, 2, 2, 1, "\"checkpoint\": {\"dir\": \"ckpt\", \"every\": 2}, "},
+                {"at4", 4, 1, 4, 1, 0, "\"checkpoint\": {\"dir\": \"ckpt1\", \"every\": 100}, "},
+                {"at1", 4, 2, 1, 1, 0, "\"checkpoint\": {\"dir\": \"ckpt2\", \"every\": 100}, "},
+                {"one", 4, 1, 1, 1, 0, ""},
+                {"one2", 2, 1, 1, 1, 0, ""}};
+    for (int i = 0; i < 5; i++) {
+        char json[2048], file[64];
+        snprintf(json, sizeof json,
+                 "{%s, \"data\": {\"source\": \"synthetic\", \"seed\": 3}, \"train\": {\"steps\": %d, "
+                 "\"global_batch\": 8, \"micro_batch\": 2, %s\"optimizer\": {\"type\": \"adamw\", \"lr\": 0.01, "
+                 "\"eps\": 1e-4}, \"eval_batches\": 1}, \"parallel\": {\"stages\": %d, \"tensor\": %d, \"replicas\": "
+                 "%d, \"zero\": %d}, \"cluster\": {\"backend\": \"cpu\"}, \"output\": {\"weights\": \"%s.safetensors\"}}",
+                 model, runs[i].steps, runs[i].ckpt, runs[i].p, runs[i].t, runs[i].R, runs[i].zero, runs[i].name);
+        snprintf(file, sizeof file, "%s.json", runs[i].name);
+        cdp_test_write_file(dir, file, json);
+    }
+    snprintf(path, sizeof path, "%s/write.json", dir);
+    run_ok(path);
+    struct cdp_run r;
+    snprintf(a, sizeof a, "%s/ckpt", dir);
+    snprintf(b, sizeof b, "%s/exported.safetensors", dir);
+    cr_assert_eq(cdp_test_run(&r, (const char *[]){"export", "--checkpoint", a, "--out", b, NULL}), 0);
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    cdp_test_run_free(&r);
+    /* the whole table: 37 rows of 16, not the 38 the two slices hold */
+    struct cdp_safetensors_file *f;
+    cr_assert_eq(cdp_safetensors_open(b, &f), CDP_OK, "%s", cdp_last_error());
+    const struct cdp_safetensors_tensor *wte = cdp_safetensors_find(f, wte_name);
+    cr_assert_not_null(wte, "%s has the embedding's table", b);
+    cr_assert(wte->ndim == 2 && wte->shape[0] == 37 && wte->shape[1] == 16 && wte->nbytes == 37 * 16 * 4,
+              "the exported table is [%lld, %lld]", (long long)wte->shape[0], (long long)wte->shape[1]);
+    cdp_safetensors_close(f);
+    snprintf(a, sizeof a, "%s/write.safetensors", dir);
+    cr_assert_eq(compare_weights(a, b), 0.0, "the checkpoint holds the weights the run wrote");
+    snprintf(path, sizeof path, "%s/one2.json", dir);
+    run_ok(path);
+    snprintf(a, sizeof a, "%s/one2.safetensors", dir);
+    double e = compare_weights(a, b);
+    cr_assert_leq(e, 1e-5, "the t = 2 checkpoint against one rank's weights: %.3g", e);
+    for (int i = 1; i <= 2; i++) {
+        char cmd[13000];
+        snprintf(cmd, sizeof cmd, "cp -r '%s/ckpt' '%s/ckpt%d'", dir, dir, i);
+        cr_assert_eq(system(cmd), 0);
+        snprintf(path, sizeof path, "%s/%s.json", dir, runs[i].name);
+        snprintf(a, sizeof a, "%s/ckpt%d", dir, i);
+        cr_assert_eq(cdp_test_run(&r, (const char *[]){"-q", "--plan", path, "--resume", a, NULL}), 0);
+        cr_assert_eq(r.exit_code, 0, "t=%d: %s", runs[i].t, r.err);
+        cdp_test_run_free(&r);
+    }
+    snprintf(path, sizeof path, "%s/one.json", dir);
+    run_ok(path);
+    snprintf(a, sizeof a, "%s/one.safetensors", dir);
+    for (int i = 1; i <= 2; i++) {
+        snprintf(b, sizeof b, "%s/%s.safetensors", dir, runs[i].name);
+        e = compare_weights(a, b);
+        cr_assert_leq(e, 1e-5, "resumed at t=%d: weights differ by %.3g", runs[i].t, e);
+    }
+}
+
+Test(pipeline, vocab_parallel_checkpoints_are_whole_and_resume_at_any_t, .timeout = 240)
+{
+    check_vocab_checkpoint(VOCAB_MODEL, "layers.0.wte");
+}
+
+/* the same for a tied GPT whose blocks split by heads: the head's slice is the embedding's */
+Test(pipeline, vocab_parallel_gpt_checkpoints_are_whole_and_resume_at_any_t, .timeout = 240)
+{
+    check_vocab_checkpoint("\"model\": {\"preset\": \"gpt\", \"vocab\": 37, \"context\": 8, \"layers\": 2, "
+                           "\"heads\": 4, \"embed\": 16, \"tie_embeddings\": true}",
+                           "layers.0.wte");
 }

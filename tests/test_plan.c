@@ -1184,6 +1184,10 @@ Test(plan, tensor_key)
     free(json);
     cdp_plan_free(p);
     cdp_plan_free(load_ok(SPLITS(COL, "{\"type\": \"relu\"}", ROW, "\"auto\"")));
+    /* a vocab-parallel embedding at t = 4 of a vocabulary 4 does not divide: its slices are padded */
+    cdp_plan_free(load_ok("{\"model\": {\"input\": [6], \"layers\": [{\"type\": \"embedding\", \"vocab\": 37, "
+                          "\"dim\": 8}, {\"type\": \"linear\", \"out\": 5}], \"loss\": \"cross_entropy\"}, "
+                          "\"parallel\": {\"tensor\": 4}}"));
     /* blocks split by heads, norms and the GPT embedding and head replicated (docs/parallelism.md) */
     cdp_plan_free(load_ok("{\"model\": {\"preset\": \"gpt\", \"heads\": 4, \"embed\": 32}, \"parallel\": {\"tensor\": 4}}"));
     cdp_plan_free(load_ok("{\"model\": {\"preset\": \"llama\", \"heads\": 4, \"kv_heads\": 2, \"dim\": 16, "

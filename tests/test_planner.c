@@ -1125,3 +1125,57 @@ Test(planner, tensor_auto_keeps_the_fastest_t_and_lists_the_others, .timeout = 1
     cdp_planner_result_clear(&r);
     cdp_plan_free(p);
 }
+
+/* The dry-run's tensor lines on the two non-NVSwitch machines: dgx1-v100
+ * tries t up to its fully connected quads (no group crosses one) and says why
+ * not 8; a PCIe box keeps t = 1 and says why. */
+Test(planner, tensor_groups_stay_in_the_quads_and_a_pcie_box_keeps_t_1, .timeout = 120)
+{
+    static const char *const topo[] = {"dgx1-v100", "pcie-8gpu-2socket"};
+    for (int k = 0; k < 2; k++) {
+        struct cdp_plan *p = load(TENSOR_GPT("8", "cuda", ""));
+        struct cdp_planner_result r = {0};
+        cr_assert_eq(plan_on(p, topo[k], &r), CDP_OK, "%s: %s", topo[k], cdp_last_error());
+        char *text = NULL;
+        size_t len = 0;
+        FILE *f = open_memstream(&text, &len);
+        cr_assert(f);
+        cdp_planner_print(&r, f);
+        fclose(f);
+        if (k == 0) {
+            cr_expect_eq(r.n_tensor_alt, 3, "t = 1, 2, 4");
+            for (int i = 0; i < r.n_tensor_alt; i++) cr_expect_leq(r.tensor_alt[i].tensor, 4);
+            /* a group of the chosen layout: consecutive devices of one quad (0-3 or 4-7) */
+            for (int i = 0; i < r.layout->n_ranks; i++) {
+                const struct cdp_layout_rank *q = &r.layout->rank[i];
+                const struct cdp_layout_rank *lead = &r.layout->rank[i - q->tensor];
+                cr_expect_eq(q->device, lead->device + q->tensor);
+                cr_expect_eq(q->device / 4, lead->device / 4, "rank %d: device %d, its group's first %d", i,
+                             q->device, lead->device);
+            }
+            cr_expect(strstr(text, "not tried: t <= 4: t = 8 would cross the NVLink domain"), "%s", text);
+        } else {
+            cr_expect_eq(r.layout->tensor, 1);
+            cr_expect_eq(r.n_tensor_alt, 1);
+            cr_expect(strstr(text, "not tried: t <= 1: t = 2 would cross the NVLink domain: devices 0 and 1 are "
+                                   "linked by PIX, not NVLink or NVSwitch"), "%s", text);
+        }
+        free(text);
+        cdp_planner_result_clear(&r);
+        cdp_plan_free(p);
+    }
+    /* a fixed t = 4 on dgx1-v100: 2 stages x 1 replica, one group per quad */
+    struct cdp_plan *p = load("{\"model\": {\"input\": [64], \"layers\": [{\"type\": \"linear\", \"out\": 256, "
+                              "\"split\": \"column\"}, {\"type\": \"relu\"}, {\"type\": \"linear\", \"out\": 64, "
+                              "\"split\": \"row\"}], \"loss\": \"cross_entropy\"}, \"train\": {\"micro_batch\": 4}, "
+                              "\"parallel\": {\"stages\": 2, \"replicas\": 1, \"micro_batches\": 4, \"tensor\": 4}, "
+                              "\"cluster\": {\"backend\": \"cuda\", \"topology\": \"dgx1-v100\"}}");
+    struct cdp_planner_result r = {0};
+    cr_assert_eq(plan_on(p, "dgx1-v100", &r), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(r.layout->n_ranks, 8);
+    for (int i = 0; i < 8; i++)
+        cr_expect_eq(r.layout->rank[i].device / 4, r.layout->rank[i - r.layout->rank[i].tensor].device / 4,
+                     "rank %d on device %d", i, r.layout->rank[i].device);
+    cdp_planner_result_clear(&r);
+    cdp_plan_free(p);
+}

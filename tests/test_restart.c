@@ -205,6 +205,110 @@ Test(restart, a_device_error_is_replanned_around_and_resumed, .timeout = 240)
     restarts_like_a_resume_by_hand("deverr:3:6@0", "deverr:3:6", 3, "reported a device error", 30);
 }
 
+/* An MLP of split linears (or a GPT: gpt) on 2 stages of tensor groups of 2
+ * (4 ranks on devices 0..3), checkpoints every 2 steps. */
+static const char *split_plan(const char *dir, const char *name, const char *restart, int gpt)
+{
+    char json[2048], file[64];
+    snprintf(json, sizeof json,
+             "{\"model\": %s, \"data\": {\"source\": \"synthetic\", \"seed\": 5}, \"train\": {\"steps\": 6, "
+             "\"micro_batch\": 2, \"global_batch\": 8, \"log_every\": 1, \"optimizer\": {\"type\": \"adamw\", "
+             "\"lr\": 0.01}, \"eval_batches\": 1, \"timeout_s\": 30, \"checkpoint\": {\"dir\": \"ckpt-%s\", "
+             "\"every\": 2, \"keep\": 3}, \"restart\": %s}, \"parallel\": {\"stages\": 2, \"tensor\": 2}, "
+             "\"cluster\": {\"backend\": \"cpu\"}, \"output\": {\"metrics\": \"%s.jsonl\", \"weights\": "
+             "\"%s.safetensors\"}}",
+             gpt ? "{\"preset\": \"gpt\", \"vocab\": 32, \"context\": 8, \"layers\": 2, \"heads\": 4, \"embed\": 16}"
+                 : "{\"input\": [12], \"layers\": [{\"type\": \"linear\", \"out\": 32, \"split\": \"column\"}, "
+                   "{\"type\": \"relu\"}, {\"type\": \"linear\", \"out\": 24, \"split\": \"row\"}, {\"type\": "
+                   "\"linear\", \"out\": 16, \"split\": \"column\"}, {\"type\": \"gelu\"}, {\"type\": \"linear\", "
+                   "\"out\": 5, \"split\": \"row\"}]}",
+             name, restart, name, name);
+    snprintf(file, sizeof file, "%s.json", name);
+    return cdp_test_write_file(dir, file, json);
+}
+
+/* A rank of a tensor group killed at step 6 (rank 1: stage 0, tensor index
+ * 1, device 1): its group's slot (devices 0 and 1) goes, the plan's t = 2
+ * stays, the re-plan puts the model on the group of devices 2 and 3 and the
+ * run resumes from step 4; it ends as a resume by hand from the same
+ * checkpoint under the restart's planned.json does, bitwise. */
+static void a_group_s_rank_killed(int gpt)
+{
+    need_mpi();
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
+    const char *a = split_plan(dir, "a", "{\"max\": 2, \"exclude_failed\": true}", gpt);
+    struct cdp_run r = run((const char *[]){"--dry-run", "--plan", a, NULL}, NULL);
+    cr_assert(r.exit_code == 0 && strstr(r.out, "up to 2 in a row at one step, re-planned without the failed "
+                                                "devices' tensor groups"),
+              "%s", r.out);
+    cdp_test_run_free(&r);
+    r = run((const char *[]){"--plan", a, NULL}, "kill:1:6@0");
+    cr_assert_eq(r.exit_code, 0, "exit %d: %s", r.exit_code, r.err);
+    cr_assert(strstr(r.out, "restart 1: rank 1 (stage 0, replica 0, tensor 1, node 0, device 1) died"), "%s", r.out);
+    cr_assert(strstr(r.out, "at step 6; resuming from step 4 (1 step lost) on 1x1 (tensor 2), was 2x1 (tensor 2) "
+                            "(devices 2,3)"),
+              "%s", r.out);
+    cr_assert(!strstr(r.out, "restart 2:"), "%s", r.out);
+    cr_log_info("%s", strstr(r.out, "restart 1:"));
+    cdp_test_run_free(&r);
+    char planned[4200];
+    snprintf(planned, sizeof planned, "%s/planned.json", dir);
+    json_t *p = load(planned);
+    json_t *train = json_object_get(p, "train"), *par = json_object_get(p, "parallel");
+    cr_assert_eq(json_integer_value(json_object_get(train, "global_batch")), 8);
+    cr_assert_eq(json_integer_value(json_object_get(par, "tensor")), 2);
+    const json_t *place = json_object_get(par, "placement");
+    cr_assert(json_is_array(place) && count(place) == 1 && holds(place, 2), "one group, from device 2");
+    double la[6], lc[6];
+    json_t *rec = records(dir, "a", 6, la);
+    cr_assert_eq(json_array_size(rec), 1);
+    const json_t *r1 = json_array_get(rec, 0);
+    cr_assert_eq(json_integer_value(json_object_get(json_object_get(r1, "old_layout"), "tensor")), 2);
+    cr_assert_eq(json_integer_value(json_object_get(json_object_get(r1, "new_layout"), "tensor")), 2);
+    cr_assert_eq(json_integer_value(json_object_get(r1, "resumed_from")), 4);
+    json_decref(rec);
+    /* by hand: the same fault without restarts, then --resume under the restart's layout */
+    char sub[4200];
+    snprintf(sub, sizeof sub, "%s/c", dir);
+    cr_assert_eq(mkdir(sub, 0700), 0);
+    const char *c = split_plan(sub, "c", "null", gpt);
+    r = run((const char *[]){"-q", "--plan", c, NULL}, "kill:1:6");
+    cr_assert_neq(r.exit_code, 0, "the fault did not stop the run");
+    cdp_test_run_free(&r);
+    char ck[4300], metrics[4300], weights[4300], hand[4300];
+    snprintf(ck, sizeof ck, "%s/ckpt-c", sub);
+    snprintf(metrics, sizeof metrics, "%s/c.jsonl", sub);
+    snprintf(weights, sizeof weights, "%s/c.safetensors", sub);
+    json_object_set_new(json_object_get(train, "checkpoint"), "dir", json_string(ck));
+    json_object_set_new(train, "restart", json_null());
+    json_object_set_new(json_object_get(p, "output"), "metrics", json_string(metrics));
+    json_object_set_new(json_object_get(p, "output"), "weights", json_string(weights));
+    snprintf(hand, sizeof hand, "%s/by-hand.json", sub);
+    cr_assert_eq(json_dump_file(p, hand, JSON_INDENT(2)), 0);
+    json_decref(p);
+    r = run((const char *[]){"--plan", hand, "--resume", ck, NULL}, NULL);
+    cr_assert_eq(r.exit_code, 0, "resume by hand: %s", r.err);
+    cdp_test_run_free(&r);
+    json_decref(records(sub, "c", 6, lc));
+    for (int i = 0; i < 6; i++) cr_assert_eq(la[i], lc[i], "step %d: %.17g restarted, %.17g by hand", i + 1, la[i], lc[i]);
+    char wa[4300];
+    snprintf(wa, sizeof wa, "%s/a.safetensors", dir);
+    files_equal(wa, weights);
+}
+
+Test(restart, a_killed_rank_of_a_tensor_group_is_replanned_around, .timeout = 240)
+{
+    a_group_s_rank_killed(0);
+}
+
+/* The same for a GPT split by heads (2 stages of t = 2: embedding and a block, a block
+ * and the head). */
+Test(restart, a_killed_rank_of_a_gpt_tensor_group_is_replanned_around, .timeout = 240)
+{
+    a_group_s_rank_killed(1);
+}
+
 /* The same fault at every attempt, on the same layout: 2 restarts, then it stops
  * with exit 1 and says so; each restart is on stdout and in metrics.jsonl. */
 Test(restart, a_fault_at_every_attempt_stops_after_max_restarts, .timeout = 240)
@@ -503,6 +607,89 @@ Test(restart, a_vanished_node_is_planned_around)
     cdp_planner_result_clear(&r0);
     cdp_topology_free(t);
     cdp_plan_free(p);
+}
+
+/* The re-plan of tensor groups (docs/checkpoints.md, "Restarts"): every
+ * group of the new layout is t consecutive devices of one node, none of them
+ * the failed one. A fixed t stays (want_t), and the failed device takes its
+ * group's slot with it; "auto" (want_t 0) plans the old t and its halves on
+ * what is left, so that a smaller t may use the rest of the slot. */
+static void replanned_around_groups(const char *json, int kill_rank, int want_t)
+{
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
+    const char *path = cdp_test_write_file(dir, "groups.json", json);
+    struct cdp_plan *p = load_resolved(path);
+    struct cdp_topology *t = NULL;
+    char note[512];
+    cr_assert_eq(cdp_planner_topology(p, 0, &t, note, sizeof note), CDP_OK, "%s", cdp_last_error());
+    struct cdp_planner_result r0 = {0};
+    cr_assert_eq(cdp_planner_run(p, t, NULL, 0, &r0), CDP_OK, "%s", cdp_last_error());
+    const struct cdp_layout *l = r0.layout;
+    cr_assert_gt(l->tensor, 1, "the first plan has tensor groups");
+    cr_assert_lt(kill_rank, l->n_ranks);
+    unsigned char dead[64] = {0}, gone[64] = {0};
+    cr_assert_leq(t->n_gpus, 64);
+    const struct cdp_layout_rank *k = &l->rank[kill_rank];
+    dead[k->device] = 1;
+    for (int i = 0; i < l->n_ranks; i++)
+        if (l->rank[i].stage == k->stage && l->rank[i].replica == k->replica) gone[l->rank[i].device] = 1;
+    const struct cdp_machine_info none = {.gpus = 0};
+    const struct cdp_replan_in in = {.plan_path = path, .machine = &none, .table = NULL, .topo = t};
+    struct cdp_plan *np = NULL;
+    struct cdp_planner_result nr = {0};
+    cr_assert_eq(cdp_restart_replan(&in, l, dead, t->n_gpus, &np, &nr), CDP_OK, "%s", cdp_last_error());
+    const struct cdp_layout *n = nr.layout;
+    if (want_t) cr_assert_eq(n->tensor, want_t, "tensor %d after the re-plan", n->tensor);
+    cr_assert_eq(np->parallel.tensor, n->tensor);
+    int64_t mb = 0;
+    for (int r = 0; r < n->replicas; r++) mb += n->shares[r];
+    cr_assert_eq(mb * n->micro_batch, np->train.global_batch);
+    cr_assert_eq(np->train.global_batch, p->train.global_batch, "the global batch stays");
+    for (int i = 0; i < n->n_ranks; i++) {
+        const struct cdp_layout_rank *q = &n->rank[i], *lead = &n->rank[i - q->tensor];
+        cr_assert(!dead[q->device], "rank %d on the failed device %d", i, q->device);
+        cr_assert(!want_t || !gone[q->device], "rank %d on device %d, of the failed device's group", i, q->device);
+        cr_assert_eq(lead->tensor, 0);
+        cr_assert(lead->stage == q->stage && lead->replica == q->replica, "rank %d: its group is consecutive", i);
+        cr_assert_eq(q->device, lead->device + q->tensor, "rank %d: a group's devices are consecutive", i);
+        cr_assert_eq(q->node, lead->node);
+    }
+    for (int64_t i = 0; i < np->parallel.stages * np->parallel.replicas; i++)
+        cr_assert(!dead[np->parallel.placement_map[i]], "the placement starts a group on device %lld",
+                  (long long)np->parallel.placement_map[i]);
+    if (!want_t) cr_assert_lt(n->tensor, l->tensor, "a smaller t on what is left");
+    cr_log_info("t=%d %dx%d -> t=%d %dx%d on devices from %d", l->tensor, l->stages, l->replicas, n->tensor,
+                n->stages, n->replicas, n->rank[0].device);
+    cdp_planner_result_clear(&nr);
+    cdp_plan_free(np);
+    cdp_planner_result_clear(&r0);
+    cdp_topology_free(t);
+    cdp_plan_free(p);
+}
+
+Test(restart, a_fixed_tensor_group_is_replanned_without_the_failed_group)
+{
+    /* 2 replicas of a 4-way group on a dgx-a100; device 5 fails: 4..7 go, the
+     * same t on devices 0..3 */
+    replanned_around_groups(
+        "{\"model\": {\"input\": [64], \"layers\": [{\"type\": \"linear\", \"out\": 256, \"split\": \"column\"}, "
+        "{\"type\": \"relu\"}, {\"type\": \"linear\", \"out\": 8, \"split\": \"row\"}]}, \"train\": "
+        "{\"micro_batch\": 4, \"global_batch\": 32, \"checkpoint\": {\"dir\": \"ck\"}, \"restart\": {\"max\": 1}}, "
+        "\"parallel\": {\"stages\": 1, \"replicas\": 2, \"tensor\": 4}, \"cluster\": {\"backend\": \"cuda\", "
+        "\"topology\": \"dgx-a100\"}}",
+        5, 4);
+}
+
+Test(restart, an_auto_tensor_plan_chooses_t_again_on_what_is_left)
+{
+    /* a GPT whose planner chose one group of 8 on a dgx-a100; the device of
+     * its rank 3 fails: a smaller t on the 7 left */
+    replanned_around_groups(
+        "{\"model\": {\"preset\": \"gpt\", \"layers\": 8, \"embed\": 1024, \"heads\": 16}, \"train\": "
+        "{\"micro_batch\": 2, \"global_batch\": 64, \"checkpoint\": {\"dir\": \"ck\"}, \"restart\": {\"max\": 1}}, "
+        "\"parallel\": {\"tensor\": \"auto\"}, \"cluster\": {\"backend\": \"cuda\", \"topology\": \"dgx-a100\"}}",
+        3, 0);
 }
 
 /* Out of memory (the kernel's OOM killer, counted in the cgroup's

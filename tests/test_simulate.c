@@ -683,3 +683,49 @@ Test(simulate, tensor_all_reduces_are_events_on_the_group_ring)
     cr_expect_eq(rings, 4);
     done_fx(&f, r);
 }
+
+/* Tensor groups share their devices' ports with the data-parallel traffic:
+ * one stage, two replicas of t = 2 (groups on devices 0-1 and 2-3), a
+ * forward of 1 s and a backward of 2 s whose last 0.5 s is the group's
+ * all-reduce, and the gradients (3 s on the ring) in two buckets, the first
+ * ready a quarter into the backward: it runs from 1.5 s to 3 s, over the
+ * tensor all-reduce's [2.5, 3). With both groups on one node the ring 0 -> 2
+ * -> 0 leaves devices 0 and 2 by the ports the tensor rings take: the two
+ * transfers on one port take the time of both, so the all-reduce ends 0.5 s
+ * later than with the groups on two nodes (the same links, the network's
+ * ports). */
+Test(simulate, tensor_and_data_parallel_traffic_share_a_port)
+{
+    double end[2] = {0, 0}, step[2] = {0, 0};
+    const int two_nodes[NDEV] = {0, 0, 1, 1, 2, 2, 3, 3};
+    for (int split = 0; split < 2; split++) {
+        struct fixture f;
+        setup_fx(&f, CDP_SCHEDULE_1F1B, 1, 1, 1, 2, 1.0, 2.0);
+        f.device[0] = 0, f.device[1] = 2;
+        for (int a = 0; a < 4; a++)
+            for (int b = 0; b < 4; b++) f.bw[a * NDEV + b] = a == b ? 0 : 1e10;
+        f.vs[0].tp_bwd_s = 0.5;
+        f.vs[0].tp_bwd_bytes = 1e9;
+        f.vs[0].grad_bytes = 3e10; /* 2 (R-1)/R x 3e10 over 1e10 B/s: 3 s */
+        f.vs[0].opt_s = 0.25;
+        f.vs[0].n_buckets = 2;
+        f.vs[0].bucket_share[0] = f.vs[0].bucket_share[1] = 0.5;
+        f.vs[0].bucket_ready[0] = 0.25;
+        f.vs[0].bucket_ready[1] = 1.0;
+        f.c.tensor = 2;
+        f.c.node = split ? two_nodes : NULL;
+        struct cdp_sim_result *r = run_fx(&f);
+        step[split] = r->step_s;
+        for (int64_t i = 0; i < r->n_events; i++) {
+            const struct cdp_event_rec *e = &r->events[i];
+            if (e->kind == CDP_EV_ALLREDUCE) end[split] = fmax(end[split], (double)(e->start_ns + e->dur_ns) * 1e-9);
+            if (e->kind == CDP_EV_TENSOR_REDUCE)
+                cr_expect_float_eq((double)e->start_ns * 1e-9, 2.5, 1e-9, "the tensor all-reduce ends the backward");
+        }
+        done_fx(&f, r);
+    }
+    cr_expect_float_eq(end[1], 4.5, 1e-9, "two nodes: buckets [1.5, 3) and [3, 4.5): %.9g", end[1]);
+    cr_expect_float_eq(end[0], 5.0, 1e-9, "one node: 0.5 s of the first bucket's port held by the tensor ring: %.9g",
+                       end[0]);
+    cr_expect_float_eq(step[0] - step[1], 0.5, 1e-9, "%.9g %.9g", step[0], step[1]);
+}

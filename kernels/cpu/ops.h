@@ -90,6 +90,13 @@ void cdp_cpu_embedding_fwd(float *out, const int32_t *tokens, const float *wte, 
                            int B, int T, int C);
 void cdp_cpu_embedding_bwd(float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
                            int B, int T, int C);
+/* Vocab-parallel (kernels/ops.h): wte holds rows [off, off + rows) of the
+ * whole table; tokens outside them give 0 (plus wpe) forward and scatter
+ * nothing backward. */
+void cdp_cpu_embedding_vp_fwd(float *out, const int32_t *tokens, const float *wte, const float *wpe, int B, int T,
+                              int C, int off, int rows);
+void cdp_cpu_embedding_vp_bwd(float *dwte, float *dwpe, const float *dout, const int32_t *tokens, int B, int T,
+                              int C, int off, int rows);
 
 /* Causal (or full) multi-head self-attention on packed projections
  * qkv[B,T,3C] (q | k | v, each NH heads of HS) -> out[B,T,C]. Saves the
@@ -114,6 +121,14 @@ void cdp_cpu_crossentropy_fwd(float *losses, const float *logits, const int32_t 
                               int V);
 void cdp_cpu_crossentropy_bwd(float *dlogits, const float *logits, const int32_t *targets, int N,
                               int V, float scale);
+/* The cross-entropy over logits split by vocabulary (kernels/ops.h,
+ * crossentropy_vp_*): stats[N, 2t + 1] of this rank (k of t), the losses
+ * from the group's sum of them, and the logits' gradient. */
+void cdp_cpu_crossentropy_vp_stats(float *stats, const float *logits, const int32_t *targets, int N, int V,
+                                   int valid, int off, int k, int t);
+void cdp_cpu_crossentropy_vp_fwd(float *losses, const float *stats, int N, int t);
+void cdp_cpu_crossentropy_vp_bwd(float *dlogits, const float *logits, const int32_t *targets, const float *stats,
+                                 int N, int V, int valid, int off, int t, float scale);
 
 /* Mean squared error per row: losses[N] = sum_j (pred - target)^2 / D.
  * Backward overwrites dpred = 2 (pred - target) / D * scale. */

@@ -187,6 +187,45 @@ static cdp_status cpu_crossentropy_bwd(void *ks, float *dlogits, const float *lo
     return CDP_OK;
 }
 
+static cdp_status cpu_embedding_vp_fwd(void *ks, float *out, const int32_t *tokens, const float *wte,
+                                       const float *wpe, int B, int T, int C, int off, int rows)
+{
+    (void)ks;
+    cdp_cpu_embedding_vp_fwd(out, tokens, wte, wpe, B, T, C, off, rows);
+    return CDP_OK;
+}
+
+static cdp_status cpu_embedding_vp_bwd(void *ks, float *dwte, float *dwpe, const float *dout,
+                                       const int32_t *tokens, int B, int T, int C, int off, int rows)
+{
+    (void)ks;
+    cdp_cpu_embedding_vp_bwd(dwte, dwpe, dout, tokens, B, T, C, off, rows);
+    return CDP_OK;
+}
+
+static cdp_status cpu_crossentropy_vp_stats(void *ks, float *stats, const float *logits, const int32_t *targets,
+                                            int N, int V, int valid, int off, int k, int t)
+{
+    (void)ks;
+    cdp_cpu_crossentropy_vp_stats(stats, logits, targets, N, V, valid, off, k, t);
+    return CDP_OK;
+}
+
+static cdp_status cpu_crossentropy_vp_fwd(void *ks, float *losses, const float *stats, int N, int t)
+{
+    (void)ks;
+    cdp_cpu_crossentropy_vp_fwd(losses, stats, N, t);
+    return CDP_OK;
+}
+
+static cdp_status cpu_crossentropy_vp_bwd(void *ks, float *dlogits, const float *logits, const int32_t *targets,
+                                          const float *stats, int N, int V, int valid, int off, int t, float scale)
+{
+    (void)ks;
+    cdp_cpu_crossentropy_vp_bwd(dlogits, logits, targets, stats, N, V, valid, off, t, scale);
+    return CDP_OK;
+}
+
 static cdp_status cpu_mse_fwd(void *ks, float *losses, const float *pred, const float *target, int N, int D)
 {
     (void)ks;
@@ -309,6 +348,11 @@ const struct cdp_ops cdp_cpu_ops = {
 #define CPU_OPTIONAL_linear_gelu_bwd NULL        /* linear_bwd then gelu_bwd */
 #define CPU_OPTIONAL_silu_fwd cpu_silu_fwd
 #define CPU_OPTIONAL_silu_bwd cpu_silu_bwd
+#define CPU_OPTIONAL_embedding_vp_fwd cpu_embedding_vp_fwd
+#define CPU_OPTIONAL_embedding_vp_bwd cpu_embedding_vp_bwd
+#define CPU_OPTIONAL_crossentropy_vp_stats cpu_crossentropy_vp_stats
+#define CPU_OPTIONAL_crossentropy_vp_fwd cpu_crossentropy_vp_fwd
+#define CPU_OPTIONAL_crossentropy_vp_bwd cpu_crossentropy_vp_bwd
 #define CPU_OPTIONAL_(op) .op = CPU_OPTIONAL_##op,
     CDP_KERNEL_OPS_OPTIONAL(CPU_OPTIONAL_)
 #undef CPU_OPTIONAL_

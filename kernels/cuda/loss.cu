@@ -155,6 +155,69 @@ static __global__ void crossentropy_bwd_kernel(float *dlogits, const float *logi
     }
 }
 
+/* ---- vocab-parallel cross-entropy (kernels/ops.h, crossentropy_vp_*) ---- */
+
+/* one block per row: this rank's (m_k, s_k) over the valid columns, the
+ * target's logit where it is in the slice, zeros elsewhere */
+static __global__ void crossentropy_vp_stats_kernel(float *__restrict__ stats, const float *__restrict__ logits,
+                                                    const int32_t *__restrict__ targets, int V, int valid, int off,
+                                                    int k, int t)
+{
+    const float *x = logits + (size_t)blockIdx.x * V;
+    float *st = stats + (size_t)blockIdx.x * (2 * t + 1);
+    float m = -INFINITY, s = 0.0f;
+    if (valid > 0) row_lse(x, valid, &m, &s); /* uniform over the block */
+    for (int j = threadIdx.x; j < 2 * t + 1; j += blockDim.x)
+        st[j] = 0.0f;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        st[k] = m;
+        st[t + k] = s;
+        const int tg = targets[blockIdx.x];
+        if (tg >= off && tg - off < valid) st[2 * t] = x[tg - off];
+    }
+}
+
+/* the row's maximum and total over the group's parts, as the CPU merges them */
+static __device__ void vp_merge(const float *st, int t, float *m_out, float *s_out)
+{
+    float m = -INFINITY, s = 0.0f;
+    for (int j = 0; j < t; j++)
+        if (st[j] > m) m = st[j];
+    for (int j = 0; j < t; j++)
+        if (st[t + j] > 0.0f) s += st[t + j] * expf(st[j] - m);
+    *m_out = m;
+    *s_out = s;
+}
+
+static __global__ void crossentropy_vp_fwd_kernel(float *__restrict__ losses, const float *__restrict__ stats, int N,
+                                                  int t)
+{
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < N; i += gridDim.x * blockDim.x) {
+        const float *st = stats + (size_t)i * (2 * t + 1);
+        float m, s;
+        vp_merge(st, t, &m, &s);
+        losses[i] = logf(s) + (m - st[2 * t]);
+    }
+}
+
+/* one block per row */
+static __global__ void crossentropy_vp_bwd_kernel(float *dlogits, const float *logits,
+                                                  const int32_t *__restrict__ targets, const float *__restrict__ stats,
+                                                  int V, int valid, int off, int t, float scale)
+{
+    const float *x = logits + (size_t)blockIdx.x * V;
+    float *d = dlogits + (size_t)blockIdx.x * V;
+    float m, s;
+    vp_merge(stats + (size_t)blockIdx.x * (2 * t + 1), t, &m, &s);
+    const float f = scale / s;
+    const int tg = targets[blockIdx.x] - off;
+    for (int j = threadIdx.x; j < V; j += blockDim.x) {
+        const float p = j < valid ? expf(x[j] - m) * f : 0.0f;
+        d[j] = j == tg && j < valid ? p - scale : p;
+    }
+}
+
 /* one warp per row */
 static __global__ void mse_fwd_kernel(float *__restrict__ losses, const float *__restrict__ pred,
                                       const float *__restrict__ target, int N, int D)
@@ -205,6 +268,41 @@ cdp_status cdp_cuda_crossentropy_bwd(void *ks, float *dlogits, const float *logi
     CDP_CUDA_TRY(cudaSetDevice(s->index));
     crossentropy_bwd_kernel<<<(unsigned)N, ce_threads(V), 0, s->stream>>>(dlogits, logits, targets, V, scale);
     CDP_CUDA_LAUNCHED("crossentropy_bwd_kernel");
+    return CDP_OK;
+}
+
+cdp_status cdp_cuda_crossentropy_vp_stats(void *ks, float *stats, const float *logits, const int32_t *targets,
+                                          int N, int V, int valid, int off, int k, int t)
+{
+    struct cdp_cuda_state *s = (struct cdp_cuda_state *)ks;
+    if (N <= 0 || t <= 0) return CDP_OK;
+    CDP_CUDA_TRY(cudaSetDevice(s->index));
+    crossentropy_vp_stats_kernel<<<(unsigned)N, ce_threads(valid > 0 ? valid : 1), 0, s->stream>>>(
+        stats, logits, targets, V, valid, off, k, t);
+    CDP_CUDA_LAUNCHED("crossentropy_vp_stats_kernel");
+    return CDP_OK;
+}
+
+cdp_status cdp_cuda_crossentropy_vp_fwd(void *ks, float *losses, const float *stats, int N, int t)
+{
+    struct cdp_cuda_state *s = (struct cdp_cuda_state *)ks;
+    if (N <= 0 || t <= 0) return CDP_OK;
+    CDP_CUDA_TRY(cudaSetDevice(s->index));
+    crossentropy_vp_fwd_kernel<<<cdp_cuda_blocks((size_t)N, CDP_CUDA_THREADS), CDP_CUDA_THREADS, 0, s->stream>>>(
+        losses, stats, N, t);
+    CDP_CUDA_LAUNCHED("crossentropy_vp_fwd_kernel");
+    return CDP_OK;
+}
+
+cdp_status cdp_cuda_crossentropy_vp_bwd(void *ks, float *dlogits, const float *logits, const int32_t *targets,
+                                        const float *stats, int N, int V, int valid, int off, int t, float scale)
+{
+    struct cdp_cuda_state *s = (struct cdp_cuda_state *)ks;
+    if (N <= 0 || V <= 0) return CDP_OK;
+    CDP_CUDA_TRY(cudaSetDevice(s->index));
+    crossentropy_vp_bwd_kernel<<<(unsigned)N, ce_threads(V), 0, s->stream>>>(dlogits, logits, targets, stats, V,
+                                                                              valid, off, t, scale);
+    CDP_CUDA_LAUNCHED("crossentropy_vp_bwd_kernel");
     return CDP_OK;
 }
 

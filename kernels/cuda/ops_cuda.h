@@ -53,6 +53,10 @@ cdp_status cdp_cuda_embedding_fwd(void *ks, float *out, const int32_t *tokens, c
                                   const float *wpe, int B, int T, int C);
 cdp_status cdp_cuda_embedding_bwd(void *ks, float *dwte, float *dwpe, const float *dout,
                                   const int32_t *tokens, int B, int T, int C);
+cdp_status cdp_cuda_embedding_vp_fwd(void *ks, float *out, const int32_t *tokens, const float *wte,
+                                     const float *wpe, int B, int T, int C, int off, int rows);
+cdp_status cdp_cuda_embedding_vp_bwd(void *ks, float *dwte, float *dwpe, const float *dout,
+                                     const int32_t *tokens, int B, int T, int C, int off, int rows);
 
 /* attention.cu */
 cdp_status cdp_cuda_attention_fwd(void *ks, float *out, float *att, const float *qkv, int B, int T, int C,
@@ -66,6 +70,11 @@ cdp_status cdp_cuda_crossentropy_fwd(void *ks, float *losses, const float *logit
                                      int N, int V);
 cdp_status cdp_cuda_crossentropy_bwd(void *ks, float *dlogits, const float *logits, const int32_t *targets,
                                      int N, int V, float scale);
+cdp_status cdp_cuda_crossentropy_vp_stats(void *ks, float *stats, const float *logits, const int32_t *targets,
+                                          int N, int V, int valid, int off, int k, int t);
+cdp_status cdp_cuda_crossentropy_vp_fwd(void *ks, float *losses, const float *stats, int N, int t);
+cdp_status cdp_cuda_crossentropy_vp_bwd(void *ks, float *dlogits, const float *logits, const int32_t *targets,
+                                        const float *stats, int N, int V, int valid, int off, int t, float scale);
 cdp_status cdp_cuda_mse_fwd(void *ks, float *losses, const float *pred, const float *target, int N, int D);
 cdp_status cdp_cuda_mse_bwd(void *ks, float *dpred, const float *pred, const float *target, int N, int D,
                             float scale);

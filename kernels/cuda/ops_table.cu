@@ -6,6 +6,12 @@
 #define CUDA_OPTIONAL_linear_gelu_bwd cdp_cuda_linear_gelu_bwd
 #define CUDA_OPTIONAL_silu_fwd NULL /* not yet: a new kernel waits for a GPU to check it on */
 #define CUDA_OPTIONAL_silu_bwd NULL
+/* written and compiled (kernels/cuda/embedding.cu, loss.cu), not yet run on a GPU */
+#define CUDA_OPTIONAL_embedding_vp_fwd NULL
+#define CUDA_OPTIONAL_embedding_vp_bwd NULL
+#define CUDA_OPTIONAL_crossentropy_vp_stats NULL
+#define CUDA_OPTIONAL_crossentropy_vp_fwd NULL
+#define CUDA_OPTIONAL_crossentropy_vp_bwd NULL
 
 extern "C" const struct cdp_ops cdp_cuda_ops = {
     CDP_OPS_ABI,

@@ -112,7 +112,7 @@ static cdp_status move_value(struct exec *e, struct twin *w, int k, int i, int s
 {
     struct cdp_model *own = e->ch[k].model;
     const struct cdp_model_tensor *t = cdp_model_tensor(own, i);
-    const struct cdp_param_desc *pd = &cdp_model_unit(own, t->unit_local)->params[t->param];
+    const struct cdp_param_desc *pd = &cdp_model_unit(own, t->unit_local)->params[t->param_local];
     const uint64_t bytes = (uint64_t)t->numel * 4;
     cdp_status st;
     if (!gather) { /* resume: the twin's values, this rank's slice of them */
@@ -152,7 +152,7 @@ static cdp_status move_all(struct exec *e, struct twin *w, int gather)
     for (int k = 0; k < e->v; k++)
         for (int i = 0; i < cdp_model_tensor_count(e->ch[k].model); i++) {
             const struct cdp_model_tensor *t = cdp_model_tensor(e->ch[k].model, i);
-            const struct cdp_param_desc *pd = &cdp_model_unit(e->ch[k].model, t->unit_local)->params[t->param];
+            const struct cdp_param_desc *pd = &cdp_model_unit(e->ch[k].model, t->unit_local)->params[t->param_local];
             const int64_t whole = pd->shard_dim < 0 ? t->numel : t->numel / pd->shape[pd->shard_dim] * pd->shard_full;
             if (whole > most) most = whole;
         }

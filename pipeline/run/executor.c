@@ -137,8 +137,11 @@ static cdp_status totals_of(struct exec *e, struct cdp_exec_totals *t)
             for (int i = 0; i < cdp_model_tensor_count(e->ch[k].model); i++) {
                 const struct cdp_model_tensor *x = cdp_model_tensor(e->ch[k].model, i);
                 /* a tensor group: each rank's slices, and its index 0's replicated tensors */
-                const int sliced = cdp_model_unit(e->ch[k].model, x->unit_local)->params[x->param].shard_dim >= 0;
-                if (x->unit >= e->ch[k].first_unit && (sliced || e->k == 0)) sums[1] += (double)x->numel;
+                const struct cdp_param_desc *pd = &cdp_model_unit(e->ch[k].model, x->unit_local)->params[x->param_local];
+                const int sliced = pd->shard_dim >= 0; /* its padding (a vocabulary's) not counted */
+                const double n = sliced ? (double)(x->numel / pd->shape[pd->shard_dim] * cdp_param_slice_len(pd))
+                                        : (double)x->numel;
+                if (x->unit >= e->ch[k].first_unit && (sliced || e->k == 0)) sums[1] += n;
             }
     }
     cdp_status st = cdp_comm_allreduce_f64(e->world, sums, 2, CDP_REDUCE_SUM, e->timeout);

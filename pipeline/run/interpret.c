@@ -192,7 +192,7 @@ static cdp_status chunk_sumsq(struct chunk *ch, double *out, double *split)
         cdp_status st = cdp_model_sum_squares(mdl, cdp_model_reduced_grad(mdl, i, from), (size_t)count, &x);
         if (st) return st;
         /* a tensor-split slice is a part of the norm; a replicated tensor is the same on the whole group */
-        if (cdp_model_unit(mdl, t->unit_local)->params[t->param].shard_dim >= 0) sp += x;
+        if (cdp_model_unit(mdl, t->unit_local)->params[t->param_local].shard_dim >= 0) sp += x;
         else sq += x;
     }
     *out = sq;

@@ -462,7 +462,7 @@ cdp_status cdp_exec_write_weights(struct exec *e)
     for (int k = 0; k < e->v && e->r == 0; k++)
         for (int i = 0; i < cdp_model_tensor_count(e->ch[k].model); i++) {
             struct cdp_model_tensor *t = cdp_model_tensor(e->ch[k].model, i);
-            const struct cdp_param_desc *pd = &cdp_model_unit(e->ch[k].model, t->unit_local)->params[t->param];
+            const struct cdp_param_desc *pd = &cdp_model_unit(e->ch[k].model, t->unit_local)->params[t->param_local];
             struct wrec w = {.ndim = t->ndim, .numel = t->numel, .shard_dim = pd->shard_dim,
                              .shard_parts = pd->shard_parts, .shard_full = pd->shard_full,
                              .shard_off = pd->shard_off};

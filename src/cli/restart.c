@@ -190,8 +190,10 @@ cdp_status cdp_restart_decide(const struct cdp_layout *l, const struct cdp_job_e
     } else {
         for (int k = 0; k < out->n_failed && o < sizeof out->what - 80; k++) {
             const struct cdp_layout_rank *r = &l->rank[out->failed[k]];
-            o += (size_t)snprintf(out->what + o, sizeof out->what - o, "%srank %d (stage %d, replica %d, node %d, "
-                                  "device %d)", k ? ", " : "", out->failed[k], r->stage, r->replica, r->node,
+            char tx[32] = ""; /* a tensor group's rank: its index */
+            if (l->tensor > 1) snprintf(tx, sizeof tx, ", tensor %d", r->tensor);
+            o += (size_t)snprintf(out->what + o, sizeof out->what - o, "%srank %d (stage %d, replica %d%s, node %d, "
+                                  "device %d)", k ? ", " : "", out->failed[k], r->stage, r->replica, tx, r->node,
                                   r->device);
         }
         if (o < sizeof out->what) o += (size_t)snprintf(out->what + o, sizeof out->what - o, " %s", why);
@@ -213,11 +215,6 @@ void cdp_restart_node_lost(const struct cdp_layout *l, int node, struct cdp_faul
             if (l->rank[i].node == node) f->failed[f->n_failed++] = i;
 }
 
-void cdp_restart_shape(const struct cdp_layout *l, char *buf, size_t cap)
-{
-    snprintf(buf, cap, "%dx%d", l->stages, l->replicas);
-}
-
 /* ---- the re-plan ----------------------------------------------------------------- */
 
 static void drop_partition_and_placement(struct cdp_parallel_desc *pd)
@@ -236,47 +233,64 @@ static void drop_partition_and_placement(struct cdp_parallel_desc *pd)
     }
 }
 
-cdp_status cdp_restart_replan(const struct cdp_replan_in *in, const struct cdp_layout *old, const unsigned char *dead,
-                              int n_devices, struct cdp_plan **plan_out, struct cdp_planner_result *out)
+/* The devices left for tensor groups of tp, node by node, in left[node *
+ * n_devices + i] (count[node] of them): the old layout's devices in aligned
+ * runs of tp (a node's devices cut from its first, as the groups are) whose
+ * every device is the layout's and none dead. With tp the old t, a dead
+ * device takes its group's slot with it; a smaller tp may use the rest of
+ * the slot. The search runs on keep_nodes nodes of per devices (a multiple
+ * of tp). */
+struct left {
+    int *dev, *count, keep_nodes, per;
+};
+
+static int node_of_device(const struct cdp_topology *t, int d, int nodes)
+{
+    const int node = t->gpus && d < t->n_gpus ? t->gpus[d].node : 0;
+    return node >= 0 && node < nodes ? node : 0;
+}
+
+static void devices_left(const struct cdp_topology *t, const struct cdp_layout *old, const unsigned char *dead,
+                         int n_devices, int nodes, int tp, struct left *lf)
+{
+    memset(lf->count, 0, (size_t)nodes * sizeof *lf->count);
+    lf->keep_nodes = lf->per = 0;
+    for (int d0 = 0; d0 < n_devices;) {
+        const int node = node_of_device(t, d0, nodes);
+        int end = d0 + 1; /* the node's devices [d0, end) */
+        while (end < n_devices && node_of_device(t, end, nodes) == node) end++;
+        for (int g = d0; g + tp <= end; g += tp) {
+            int ok = 1;
+            for (int d = g; d < g + tp && ok; d++) {
+                int used = 0;
+                for (int i = 0; i < old->n_ranks && !used; i++) used = old->rank[i].device == d;
+                ok = used && !dead[d];
+            }
+            for (int d = g; d < g + tp && ok; d++) lf->dev[node * n_devices + lf->count[node]++] = d;
+        }
+        d0 = end;
+    }
+    for (int node = 0; node < nodes; node++)
+        if (lf->count[node])
+            lf->per = lf->keep_nodes++ ? (lf->count[node] < lf->per ? lf->count[node] : lf->per) : lf->count[node];
+    lf->per -= lf->per % tp;
+}
+
+/* The plan file planned again with tensor groups of tp on what lf leaves:
+ * searched on keep_nodes x per devices, the placement moved onto the devices
+ * left, then planned on the first topology. */
+static cdp_status plan_on(const struct cdp_replan_in *in, const struct cdp_layout *old, const struct left *lf,
+                          int n_devices, int nodes, int tp, struct cdp_plan **plan_out, struct cdp_planner_result *out)
 {
     const struct cdp_topology *t = in->topo;
-    const int nodes = t->n_nodes > 0 ? t->n_nodes : 1;
-    /* the devices left, node by node: the old layout's devices that are not dead */
-    int *left = calloc((size_t)nodes * (size_t)n_devices + 1, sizeof *left), *count = calloc((size_t)nodes, sizeof *count);
-    unsigned char *seen = calloc((size_t)n_devices + 1, 1);
     struct cdp_plan *p = NULL;
     struct cdp_topology *t2 = NULL;
     struct cdp_planner_result r1 = {0};
-    cdp_status st = CDP_OK;
-    if (!left || !count || !seen) {
-        st = cdp_fail(CDP_ERR_NOMEM, "out of memory");
-        goto done;
-    }
-    for (int d = 0; d < n_devices; d++)
-        for (int i = 0; i < old->n_ranks; i++)
-            if (old->rank[i].device == d && !seen[d]) {
-                seen[d] = 1;
-                if (dead[d]) continue;
-                const int node = old->rank[i].node < nodes ? old->rank[i].node : 0;
-                left[node * n_devices + count[node]++] = d;
-            }
-    int keep_nodes = 0, per = 0;
-    for (int node = 0; node < nodes; node++)
-        if (count[node]) {
-            per = keep_nodes++ ? (count[node] < per ? count[node] : per) : count[node];
-        }
-    if (!keep_nodes) {
-        st = cdp_fail(CDP_ERR_INVALID, "no device of the layout is left to plan on");
-        goto done;
-    }
+    int *node_of = NULL;
+    cdp_status st;
     /* the plan as written, so that its "auto" is planned again; the shape goes too */
     if ((st = cdp_plan_load(in->plan_path, &p)) || (st = cdp_plan_resolve(p, in->machine))) goto done;
-    if (p->parallel.tensor > 1) { /* the placement below moves single devices, not a group's run of them */
-        st = cdp_fail(CDP_ERR_UNSUPPORTED, "%s: /train/restart/exclude_failed: planning tensor groups of "
-                      "/parallel/tensor %lld around failed devices is not built yet; set exclude_failed to false "
-                      "to restart on the same layout", in->plan_path, (long long)p->parallel.tensor);
-        goto done;
-    }
+    p->parallel.tensor = tp;
     int64_t shares = 0;
     for (int r = 0; r < old->replicas; r++) shares += old->shares[r];
     const int64_t nodes0 = p->cluster.nodes, devices0 = p->cluster.devices;
@@ -284,8 +298,8 @@ cdp_status cdp_restart_replan(const struct cdp_replan_in *in, const struct cdp_l
     p->parallel.stages = p->parallel.replicas = p->parallel.micro_batches = CDP_AUTO;
     drop_partition_and_placement(&p->parallel);
     /* the search: as many nodes as keep devices, the fewest devices any keeps */
-    p->cluster.nodes = keep_nodes;
-    p->cluster.devices = per;
+    p->cluster.nodes = lf->keep_nodes;
+    p->cluster.devices = lf->per;
     char note[512];
     if ((st = cdp_planner_topology(p, in->machine->gpus, &t2, note, sizeof note))) goto done;
     if ((st = cdp_planner_run(p, t2, in->table, 0, &r1))) goto done;
@@ -293,21 +307,27 @@ cdp_status cdp_restart_replan(const struct cdp_replan_in *in, const struct cdp_l
     t2 = NULL;
     if ((st = cdp_planner_apply(&r1, p))) goto done;
     /* the chosen placement, moved onto the devices that are left: device k of
-     * the search's node j is the k-th left on the j-th node that keeps any */
-    int *node_of = calloc((size_t)keep_nodes, sizeof *node_of);
-    if (!node_of) {
+     * the search's node j is the k-th left on the j-th node that keeps any (a
+     * group's first: its run of tp is consecutive there too) */
+    if (!(node_of = calloc((size_t)lf->keep_nodes, sizeof *node_of))) {
         st = cdp_fail(CDP_ERR_NOMEM, "out of memory");
         goto done;
     }
     for (int node = 0, j = 0; node < nodes; node++)
-        if (count[node]) node_of[j++] = node;
+        if (lf->count[node]) node_of[j++] = node;
     const int64_t n_place = p->parallel.stages * p->parallel.replicas;
     for (int64_t i = 0; i < n_place && p->parallel.placement_map; i++) {
         const int64_t g = p->parallel.placement_map[i];
-        const int j = (int)(g / per), k = (int)(g % per);
-        p->parallel.placement_map[i] = left[node_of[j < keep_nodes ? j : 0] * n_devices + k];
+        const int j = (int)(g / lf->per), k = (int)(g % lf->per);
+        const int *on = &lf->dev[node_of[j < lf->keep_nodes ? j : 0] * n_devices];
+        for (int x = 1; x < tp; x++)
+            if (k + x >= lf->per || on[k + x] != on[k] + x) {
+                st = cdp_fail(CDP_ERR_INTERNAL, "the re-plan's tensor group at device %d of the search is not "
+                              "consecutive devices", k);
+                goto done;
+            }
+        p->parallel.placement_map[i] = on[k];
     }
-    free(node_of);
     /* planned again on the first topology: the same nodes and devices as before */
     p->cluster.nodes = nodes0;
     p->cluster.devices = devices0;
@@ -315,22 +335,86 @@ cdp_status cdp_restart_replan(const struct cdp_replan_in *in, const struct cdp_l
         p->cluster.devices = t->n_gpus / nodes; /* a cpu host's devices follow the shape: keep the first count */
     if ((st = cdp_planner_topology(p, in->machine->gpus, &t2, note, sizeof note))) goto done;
     if ((st = cdp_planner_run(p, t2, in->table, 0, out))) goto done;
-    if ((st = cdp_planner_apply(out, p))) {
-        cdp_planner_result_clear(out);
-        goto done;
-    }
+    if ((st = cdp_planner_apply(out, p))) cdp_planner_result_clear(out);
 done:
+    free(node_of);
     cdp_planner_result_clear(&r1);
     cdp_topology_free(t2);
-    free(left);
-    free(count);
-    free(seen);
     if (st) {
         cdp_plan_free(p);
         return st;
     }
     *plan_out = p;
     return CDP_OK;
+}
+
+cdp_status cdp_restart_replan(const struct cdp_replan_in *in, const struct cdp_layout *old, const unsigned char *dead,
+                              int n_devices, struct cdp_plan **plan_out, struct cdp_planner_result *out)
+{
+    const struct cdp_topology *t = in->topo;
+    const int nodes = t->n_nodes > 0 ? t->n_nodes : 1;
+    struct left lf = {calloc((size_t)nodes * (size_t)n_devices + 1, sizeof *lf.dev),
+                      calloc((size_t)nodes, sizeof *lf.count), 0, 0};
+    struct cdp_plan *p = NULL, *best = NULL;
+    struct cdp_planner_result r = {0};
+    cdp_status st = CDP_OK;
+    memset(out, 0, sizeof *out);
+    if (!lf.dev || !lf.count) {
+        st = cdp_fail(CDP_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    /* the plan's t: a fixed one stays; "auto" tries the old t and each half
+     * of it (a run of a smaller t inside an old group's slot stays within
+     * its link domain) and keeps the fastest predicted */
+    if ((st = cdp_plan_load(in->plan_path, &p)) || (st = cdp_plan_resolve(p, in->machine))) goto done;
+    const int fixed = p->parallel.tensor != CDP_AUTO, t_old = old->tensor > 0 ? old->tensor : 1;
+    const int t_first = fixed ? (int)p->parallel.tensor : t_old;
+    cdp_plan_free(p);
+    p = NULL;
+    int tried = 0;
+    for (int tp = t_first; tp >= 1; tp = fixed ? 0 : tp / 2) {
+        devices_left(t, old, dead, n_devices, nodes, tp, &lf);
+        if (!lf.keep_nodes || lf.per < tp) continue;
+        tried++;
+        struct cdp_plan *np = NULL;
+        cdp_status s2 = plan_on(in, old, &lf, n_devices, nodes, tp, &np, &r);
+        if (s2) { /* nothing fits this t: another may; the last error is the one said */
+            st = s2;
+            continue;
+        }
+        if (!best || r.predicted.samples_per_s > out->predicted.samples_per_s) {
+            cdp_planner_result_clear(out);
+            cdp_plan_free(best);
+            *out = r;
+            best = np;
+        } else {
+            cdp_planner_result_clear(&r);
+            cdp_plan_free(np);
+        }
+        memset(&r, 0, sizeof r);
+    }
+    if (best) st = CDP_OK;
+    else if (!tried)
+        st = t_first > 1 ? cdp_fail(CDP_ERR_INVALID, "no device of the layout is left to plan on (a tensor group "
+                                    "needs %d consecutive devices of one node, none failed)", t_first)
+                         : cdp_fail(CDP_ERR_INVALID, "no device of the layout is left to plan on");
+done:
+    free(lf.dev);
+    free(lf.count);
+    cdp_plan_free(p);
+    if (st || !best) {
+        cdp_plan_free(best);
+        cdp_planner_result_clear(out);
+        return st ? st : cdp_fail(CDP_ERR_INTERNAL, "the re-plan chose nothing");
+    }
+    *plan_out = best;
+    return CDP_OK;
+}
+
+void cdp_restart_shape(const struct cdp_layout *l, char *buf, size_t cap)
+{
+    if (l->tensor > 1) snprintf(buf, cap, "%dx%d (tensor %d)", l->stages, l->replicas, l->tensor);
+    else snprintf(buf, cap, "%dx%d", l->stages, l->replicas);
 }
 
 /* ---- the record -------------------------------------------------------------------- */
@@ -340,8 +424,8 @@ static json_t *layout_json(const struct cdp_layout *l)
     json_t *shares = json_array(), *devices = json_array();
     for (int r = 0; r < l->replicas; r++) json_array_append_new(shares, json_integer(l->shares[r]));
     for (int i = 0; i < l->n_ranks; i++) json_array_append_new(devices, json_integer(l->rank[i].device));
-    return json_pack("{s:i,s:i,s:i,s:o,s:o}", "stages", l->stages, "replicas", l->replicas, "micro_batches",
-                     l->micro_batches, "shares", shares, "devices", devices);
+    return json_pack("{s:i,s:i,s:i,s:i,s:o,s:o}", "stages", l->stages, "replicas", l->replicas, "tensor",
+                     l->tensor, "micro_batches", l->micro_batches, "shares", shares, "devices", devices);
 }
 
 cdp_status cdp_restart_record(const char *metrics, int restart, const struct cdp_fault_report *f,

@@ -83,18 +83,22 @@ struct cdp_replan_in {
 };
 
 /* Plans the run again on the devices of `old` that are not in dead[]
- * (dead: one flag per device of the planned topology), with the same global
+ * (dead: one flag per device of the planned topology; with tensor groups, a
+ * dead device's whole group is out: its slot of t consecutive devices goes,
+ * so that what is left comes in whole groups), with the same global
  * batch: the shape, micro-batches, partition and placement are planned on as
  * many devices as are left (nodes that keep some, at most the fewest any of
  * them keeps), and the chosen placement is moved onto the devices that are
- * left. *plan_out is the plan with the answer applied (what planned.json
- * holds), *out the planner's result on it. CDP_ERR_INVALID when no device is
- * left or nothing fits them. */
+ * left. The plan's /parallel/tensor stays (a fixed t), or "auto" chooses
+ * again, falling back to the old t when the t it chose would put a group on
+ * devices that are not consecutive. *plan_out is the plan with the answer
+ * applied (what planned.json holds), *out the planner's result on it.
+ * CDP_ERR_INVALID when no device is left or nothing fits them. */
 cdp_status cdp_restart_replan(const struct cdp_replan_in *in, const struct cdp_layout *old, const unsigned char *dead,
                               int n_devices, struct cdp_plan **plan_out, struct cdp_planner_result *out);
 
-/* {"stages", "replicas", "micro_batches", "shares", "devices"} of a layout,
- * and "2x2" for the restart's line. */
+/* "2x2" (stages x replicas) for the restart's line; "1x1 (tensor 2)" with
+ * tensor groups. */
 void cdp_restart_shape(const struct cdp_layout *l, char *buf, size_t cap);
 
 /* One restart's record (one line) appended to metrics.jsonl. */

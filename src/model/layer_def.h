@@ -44,6 +44,10 @@ struct cdp_layer_def {
      * type that splits over the tensor group, or an elementwise one that
      * passes a split layer's slice through; 0: refused at plan load */
     int tensor_ok;
+    /* its output is split by vocabulary over the tensor group, each rank
+     * the logits of its slice (lm_head): a model ending with it takes the
+     * vocab-parallel cross-entropy (cdp_unit_vocab_split) */
+    int vocab_parallel;
     /* passes the slice of a column split linear on to a row split one
      * (elementwise: relu, gelu, silu); the other tensor_ok types without
      * tensor_splits run whole on every rank of the group (replicated) */

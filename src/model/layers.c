@@ -36,16 +36,28 @@ void cdp_param_shard(struct cdp_unit *u, int p, int dim, int t, int k) { cdp_par
 void cdp_param_shard_parts(struct cdp_unit *u, int p, int dim, int parts, int t, int k)
 {
     struct cdp_param_desc *pd = &u->params[p];
-    CDP_ASSERT(dim >= 0 && dim < pd->ndim && t >= 1 && k >= 0 && k < t && parts >= 1 &&
-               pd->shape[dim] % ((int64_t)parts * t) == 0);
+    CDP_ASSERT(dim >= 0 && dim < pd->ndim && t >= 1 && k >= 0 && k < t && parts >= 1 && pd->shape[dim] > 0 &&
+               (parts == 1 || pd->shape[dim] % ((int64_t)parts * t) == 0));
+    const int64_t full = pd->shape[dim], inner = pd->numel / full;
     u->param_count -= pd->numel;
     pd->shard_dim = dim;
     pd->shard_parts = parts;
-    pd->shard_full = pd->shape[dim];
-    pd->shape[dim] /= t;
-    pd->numel /= t;
+    pd->shard_full = full;
+    /* one part: padded up to a multiple of t where t does not divide it (a vocabulary) */
+    pd->shape[dim] = parts == 1 ? (full + t - 1) / t : full / t;
+    pd->numel = pd->shape[dim] * inner;
     pd->shard_off = cdp_param_shard_off_of(pd, k);
-    u->param_count += pd->numel;
+    /* the rank owns the whole tensor's entries it holds, not its padding */
+    u->param_count += cdp_param_slice_len(pd) * inner;
+}
+
+int64_t cdp_param_slice_len(const struct cdp_param_desc *pd)
+{
+    if (pd->shard_dim < 0) return pd->shape[0];
+    const int64_t n = pd->shape[pd->shard_dim];
+    if (pd->shard_parts > 1) return n; /* parts are never padded */
+    const int64_t left = pd->shard_full - pd->shard_off;
+    return left < 0 ? 0 : left < n ? left : n;
 }
 
 int64_t cdp_param_shard_off_of(const struct cdp_param_desc *pd, int j)
@@ -349,15 +361,14 @@ static void param_init_whole(const struct cdp_unit *u, const struct cdp_param_de
 void cdp_param_init(const struct cdp_unit *u, int p, uint64_t seed, float *dst)
 {
     const struct cdp_param_desc *pd = &u->params[p];
-    if (pd->shard_dim < 0 || pd->shard_full == pd->shape[pd->shard_dim]) {
+    if (pd->shard_dim < 0 || (pd->shard_full == pd->shape[pd->shard_dim] && pd->shard_off == 0)) {
         param_init_whole(u, pd, p, seed, dst);
         return;
     }
     /* a slice: the whole tensor as one rank makes it, then this rank's part */
     struct cdp_param_desc whole = *pd;
-    const int64_t t = pd->shard_full / pd->shape[pd->shard_dim];
     whole.shape[pd->shard_dim] = pd->shard_full;
-    whole.numel = pd->numel * t;
+    whole.numel = pd->numel / pd->shape[pd->shard_dim] * pd->shard_full;
     float *all = malloc((size_t)whole.numel * sizeof *all);
     CDP_ASSERT(all); /* as large as the whole tensor one rank would hold */
     param_init_whole(u, &whole, p, seed, all);
@@ -371,15 +382,20 @@ void cdp_param_slice_copy(const struct cdp_param_desc *pd, void *whole, void *sl
     for (int i = 0; i < pd->shard_dim; i++) outer *= pd->shape[i];
     for (int i = pd->shard_dim + 1; i < pd->ndim; i++) inner *= pd->shape[i];
     const int64_t parts = pd->shard_parts > 1 ? pd->shard_parts : 1, part_full = pd->shard_full / parts,
-                  part_mine = pd->shape[pd->shard_dim] / parts;
-    const size_t len = (size_t)(part_mine * inner) * sizeof(float);
+                  part_mine = pd->shape[pd->shard_dim] / parts, left = part_full - pd->shard_off,
+                  valid = left < 0 ? 0 : left < part_mine ? left : part_mine;
+    /* a padded slice's rows past the whole tensor's end: zeros, never in the whole */
+    const size_t stride = (size_t)(part_mine * inner) * sizeof(float), len = (size_t)(valid * inner) * sizeof(float);
     for (int64_t o = 0; o < outer; o++)
         for (int64_t q = 0; q < parts; q++) {
-            char *w = (char *)whole +
-                      (size_t)((o * pd->shard_full + q * part_full + pd->shard_off) * inner) * sizeof(float),
-                 *s = (char *)slice + (size_t)(o * parts + q) * len;
-            if (to_whole) memcpy(w, s, len);
-            else memcpy(s, w, len);
+            char *s = (char *)slice + (size_t)(o * parts + q) * stride;
+            if (len) {
+                char *w = (char *)whole +
+                          (size_t)((o * pd->shard_full + q * part_full + pd->shard_off) * inner) * sizeof(float);
+                if (to_whole) memcpy(w, s, len);
+                else memcpy(s, w, len);
+            }
+            if (!to_whole && len < stride) memset(s + len, 0, stride - len);
         }
 }
 
@@ -443,6 +459,15 @@ cdp_status cdp_unit_backward_split(const struct cdp_kernels *k, const struct cdp
                                    const float *dout, float *din, float *scratch, int B)
 {
     return cdp_layer_def(u->desc.type)->backward(k, u, p, g, in, act, tail, dout, din, scratch, B);
+}
+
+int cdp_unit_vocab_split(const struct cdp_unit *u, int64_t *off, int64_t *valid)
+{
+    if (u->tp_size <= 1 || !cdp_layer_def(u->desc.type)->vocab_parallel) return 0;
+    const int64_t w = cdp_shape_last(&u->out), left = u->desc.vocab - u->tp_index * w;
+    *off = u->tp_index * w;
+    *valid = left < 0 ? 0 : left < w ? left : w;
+    return 1;
 }
 
 int cdp_unit_weight_takes_dout(const struct cdp_unit *u) { return cdp_layer_def(u->desc.type)->weight_takes_dout; }

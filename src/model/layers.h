@@ -51,11 +51,15 @@ struct cdp_param_desc {
     int tie_target;       /* a later unit's parameter is tied to this one (cdp_units_build sets it) */
     /* a slice of a tensor split over a tensor group (cdp_param_shard): shape
      * is the slice's; dimension shard_dim of the whole tensor has shard_full
-     * entries, of which this holds [shard_off, shard_off + shape[shard_dim]).
-     * With shard_parts P above 1 that dimension is P equal parts split alike
-     * (a fused q, k, v projection: rank k holds its heads of each): the slice
-     * holds [shard_off, shard_off + shape[shard_dim] / P) of every part, in
-     * part order. shard_dim -1: the whole tensor */
+     * entries, of which this holds [shard_off, shard_off + shape[shard_dim])
+     * (shard_off = index x shape[shard_dim]). Where shard_full is not a
+     * multiple of t (a vocabulary), the slices are padded: entries past
+     * shard_full are padding (zeros, in no checkpoint, export or loss;
+     * cdp_param_slice_len). With shard_parts P above 1 that dimension is P
+     * equal parts split alike (a fused q, k, v projection: rank k holds its
+     * heads of each; never padded): the slice holds [shard_off, shard_off +
+     * shape[shard_dim] / P) of every part, in part order. shard_dim -1: the
+     * whole tensor */
     int shard_dim, shard_parts;
     int64_t shard_full, shard_off;
 };
@@ -122,8 +126,10 @@ cdp_status cdp_units_build(const struct cdp_model_desc *m, struct cdp_unit **out
  * cdp_units_build. CDP_ERR_INVALID when a split width is not a multiple of t. */
 cdp_status cdp_units_build_tensor(const struct cdp_model_desc *m, int t, int k, struct cdp_unit **out, int *n);
 
-/* Makes parameter p of u the slice k of t along dimension dim (its size a
- * multiple of t), as cdp_param_shard's fields describe; u->param_count follows. */
+/* Makes parameter p of u the slice k of t along dimension dim, as
+ * cdp_param_desc's shard fields describe: ceil(size / t) entries each, the
+ * last slices padded where the size is not a multiple of t;
+ * u->param_count follows (the entries of the whole tensor it holds). */
 void cdp_param_shard(struct cdp_unit *u, int p, int dim, int t, int k);
 /* The same with dimension dim made of parts equal parts, each split alike
  * (shard_parts); parts 1 is cdp_param_shard. */
@@ -131,9 +137,13 @@ void cdp_param_shard_parts(struct cdp_unit *u, int p, int dim, int parts, int t,
 /* shard_off of index j's slice of the tensor pd slices (its group's ranks
  * hold slices of one size). */
 int64_t cdp_param_shard_off_of(const struct cdp_param_desc *pd, int j);
+/* How many entries along shard_dim of the slice pd are the whole tensor's
+ * (the rest are padding); shape[0] for a whole tensor. */
+int64_t cdp_param_slice_len(const struct cdp_param_desc *pd);
 /* Copies the slice pd describes between the whole tensor and the slice's
- * own storage (float data, any alignment): into whole when to_whole, else out
- * of it. pd->shard_dim must be 0 or more. */
+ * own storage (float data, any alignment): into whole when to_whole (its
+ * padding left out), else out of it (its padding zeroed). pd->shard_dim must
+ * be 0 or more. */
 void cdp_param_slice_copy(const struct cdp_param_desc *pd, void *whole, void *slice, int to_whole);
 
 /* The one description of a tie: whether the model's head reuses its token
@@ -252,6 +262,12 @@ cdp_status cdp_unit_backward_input(const struct cdp_kernels *k, const struct cdp
 cdp_status cdp_unit_backward_weight(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *params,
                                     float *const *dparams, const void *in, const float *act, const float *tail,
                                     const float *dout, const float *ws, float *scratch, int B);
+/* 1 when u's output is split by vocabulary over a tensor group of more
+ * than one rank (the head at t > 1): its logits are the columns
+ * [*off, *off + *valid) of the whole vocabulary's, followed by padding up
+ * to its output's width; 0 otherwise. */
+int cdp_unit_vocab_split(const struct cdp_unit *u, int64_t *off, int64_t *valid);
+
 /* 1 when u's backward_weight needs its output gradient again (lm_head: the
  * loss's gradient, computed again from the kept logits and targets). */
 int cdp_unit_weight_takes_dout(const struct cdp_unit *u);

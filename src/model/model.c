@@ -65,7 +65,11 @@ double cdp_model_step_flops(const struct cdp_model *m)
         const struct cdp_unit *u = &m->units[i];
         /* a tensor group's replicated unit: every rank repeats the same work, index 0 counts it */
         if (u->tp_size > 1 && !cdp_unit_tensor_split(u) && u->tp_index > 0) continue;
-        f += u->fwd_flops + u->bwd_flops;
+        /* a vocabulary slice computes its padding columns too; the model's FLOPs are its real ones' */
+        int64_t off, valid;
+        const double real = cdp_unit_vocab_split(u, &off, &valid)
+                                ? (double)valid / (double)u->out.d[u->out.ndim - 1] : 1.0;
+        f += (u->fwd_flops + u->bwd_flops) * real;
     }
     return f * m->B;
 }

@@ -24,6 +24,8 @@ struct cdp_model_tensor {
     char name[64];  /* "layers.<unit>.<param>" */
     int unit, param; /* the owning unit (global) and its parameter index */
     int unit_local;  /* the model's unit (0 .. units - 1) it was made for */
+    int param_local; /* its parameter index in that unit (a tied copy's differs from param: the head's
+                      * weight tied to the embedding's table) */
     float *data, *grad; /* not owned: inside the model's buffers (device memory); under sharded
                          * gradients (cdp_model_create_sharded) a windowed tensor's grad is its place in
                          * the one-unit window, which holds a gradient only during its unit's backward */

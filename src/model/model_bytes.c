@@ -45,6 +45,9 @@ void cdp_unit_bytes(const struct cdp_unit *u, int B, enum cdp_loss loss, struct 
     const uint64_t last = u->out.ndim > 0 ? (uint64_t)u->out.d[u->out.ndim - 1] : 1;
     const uint64_t rows = loss == CDP_LOSS_MSE ? b : b * o / (last ? last : 1);
     out->target_bytes = loss == CDP_LOSS_MSE ? b * o * 4 : rows * 4;
+    int64_t off, valid; /* a vocab-parallel head: each row's loss statistics after its target (model_pass.c) */
+    if (loss != CDP_LOSS_MSE && cdp_unit_vocab_split(u, &off, &valid))
+        out->target_bytes += rows * (uint64_t)(2 * u->tp_size + 1) * 4;
     out->loss_bytes = rows * 4;
 }
 

@@ -222,6 +222,7 @@ cdp_status cdp_model_create_tensor(const struct cdp_model_desc *desc, int first,
             memcpy(t->shape, pd->shape, sizeof t->shape);
             t->group = all[owner].params[oparam].group;
             t->unit_local = i;
+            t->param_local = p;
             t->windowed = pd->tied_unit < 0 && !pd->tie_target;
             t->data = (float *)(intptr_t)off; /* offsets until the buffers exist */
             off += pd->numel;

@@ -65,12 +65,37 @@ cdp_status cdp_model_forward(struct cdp_model *m, int slot)
     return CDP_OK;
 }
 
+/* A vocab-parallel head's loss statistics of a slot: [loss_rows, 2t + 1]
+ * floats after the slot's targets (cdp_unit_bytes sizes them), kept from
+ * the loss to the backward (and its W), so that neither sums over the group
+ * again. */
+static float *vp_stats(struct cdp_model *m, int slot)
+{
+    return (float *)((char *)cdp_buffer_data(m->target_buf) + slot * m->target_bytes_per_slot + m->loss_rows * 4);
+}
+
 /* The per-row losses of a slot's output against the targets already on the device. */
 static cdp_status loss_fwd(struct cdp_model *m, int slot, const void *tdev)
 {
     const struct cdp_unit *ul = &m->units[m->n_units - 1];
     const float *outp = cdp_model_output(m, slot);
     float *losses = cdp_buffer_data(m->loss_buf);
+    int64_t off, valid;
+    if (m->loss != CDP_LOSS_MSE && cdp_unit_vocab_split(ul, &off, &valid)) {
+        /* vocab-parallel: each rank's maximum and sum of exponentials over its slice, and the target's logit
+         * where it holds it, summed over the group in one all-reduce; the whole logits are never gathered */
+        const int t = ul->tp_size, N = (int)m->loss_rows;
+        float *stats = vp_stats(m, slot);
+        CDP_KERNEL(&m->k, crossentropy_vp_stats, stats, outp, tdev, N, (int)ul->out.d[ul->out.ndim - 1], (int)valid,
+                   (int)off, ul->tp_index, t);
+        cdp_status st = ul->tp && ul->tp->all_reduce
+                            ? ul->tp->all_reduce(ul->tp->ctx, stats, (int64_t)N * (2 * t + 1))
+                            : cdp_fail(CDP_ERR_INTERNAL, "unit %d: vocab-parallel over %d ranks but has no tensor "
+                                       "group", ul->index, t);
+        if (st) return st;
+        CDP_KERNEL(&m->k, crossentropy_vp_fwd, losses, stats, N, t);
+        return CDP_OK;
+    }
     if (m->loss == CDP_LOSS_MSE)
         CDP_KERNEL(&m->k, mse_fwd, losses, outp, tdev, m->B, (int)ul->out_floats);
     else
@@ -86,8 +111,10 @@ cdp_status cdp_model_loss(struct cdp_model *m, int slot, const void *targets, fl
     if (!m->ends_model)
         return cdp_fail(CDP_ERR_INTERNAL, "the loss asked of a range that does not end the model");
     const struct cdp_unit *ul = &m->units[m->n_units - 1];
+    int64_t off, valid;
+    const int vp = m->loss != CDP_LOSS_MSE && cdp_unit_vocab_split(ul, &off, &valid);
     if (m->loss != CDP_LOSS_MSE) {
-        int V = (int)ul->out.d[ul->out.ndim - 1];
+        int V = vp ? (int)ul->desc.vocab : (int)ul->out.d[ul->out.ndim - 1]; /* the whole vocabulary */
         const int32_t *tg = targets;
         for (int64_t r = 0; r < m->loss_rows; r++)
             if (tg[r] < 0 || tg[r] >= V)
@@ -95,7 +122,9 @@ cdp_status cdp_model_loss(struct cdp_model *m, int slot, const void *targets, fl
                                 (long long)r, V);
     }
     const uint64_t toff = (uint64_t)(slot * m->target_bytes_per_slot);
-    if ((st = cdp_buffer_write(m->target_buf, toff, targets, (uint64_t)m->target_bytes_per_slot)))
+    /* cross-entropy: a token id a row (a vocab-parallel slot holds its statistics after them) */
+    const uint64_t tbytes = m->loss == CDP_LOSS_MSE ? (uint64_t)m->target_bytes_per_slot : (uint64_t)m->loss_rows * 4;
+    if ((st = cdp_buffer_write(m->target_buf, toff, targets, tbytes)))
         return cdp_error_context(st, "the targets of the loss");
     if ((st = loss_fwd(m, slot, (char *)cdp_buffer_data(m->target_buf) + toff)))
         return cdp_error_context(st, "the loss");
@@ -113,6 +142,14 @@ static cdp_status loss_bwd(struct cdp_model *m, int slot, float *d)
 {
     const struct cdp_unit *ul = &m->units[m->n_units - 1];
     const void *tslot = (char *)cdp_buffer_data(m->target_buf) + slot * m->target_bytes_per_slot;
+    int64_t off, valid;
+    if (m->loss != CDP_LOSS_MSE && cdp_unit_vocab_split(ul, &off, &valid)) {
+        /* softmax of the slice minus one-hot where the target is in it, from the kept statistics: local */
+        CDP_KERNEL(&m->k, crossentropy_vp_bwd, d, cdp_model_output(m, slot), tslot, vp_stats(m, slot),
+                   (int)m->loss_rows, (int)ul->out.d[ul->out.ndim - 1], (int)valid, (int)off, ul->tp_size,
+                   m->loss_scale[slot]);
+        return CDP_OK;
+    }
     if (m->loss == CDP_LOSS_MSE)
         CDP_KERNEL(&m->k, mse_bwd, d, cdp_model_output(m, slot), tslot, m->B, (int)ul->out_floats, m->loss_scale[slot]);
     else

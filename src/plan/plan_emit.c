@@ -526,7 +526,9 @@ cdp_status cdp_plan_print(const struct cdp_plan *p, FILE *f)
         fprintf(f, ROW "none\n", "checkpoint");
     if (t->restart.max > 0)
         fprintf(f, ROW "up to %lld in a row at one step, %s\n", "restart", (long long)t->restart.max,
-                t->restart.exclude_failed ? "re-planned without the failed devices" : "on the same layout");
+                !t->restart.exclude_failed    ? "on the same layout"
+                : p->parallel.tensor > 1 ? "re-planned without the failed devices' tensor groups"
+                                         : "re-planned without the failed devices");
     else
         fprintf(f, ROW "none\n", "restart");
 

@@ -1,5 +1,12 @@
 /* embedding: token ids [T] -> [T, dim] rows of a table, plus learned
- * positions when context > 0. Keys: vocab, dim (required), context. */
+ * positions when context > 0. Keys: vocab, dim (required), context.
+ * Vocab-parallel over a tensor group of t (docs/parallelism.md, Megatron-LM's
+ * VocabParallelEmbedding): rank k holds rows [k Vp/t, (k+1) Vp/t) of the
+ * token table, Vp the vocabulary padded up to a multiple of t (the padding
+ * rows only in memory); a token outside the slice gives 0, and one
+ * all-reduce over the group sums the rows (the positions, replicated, added
+ * by index 0). Backward: each rank scatters into its own rows, no
+ * collective. */
 #include "cdp/core.h"
 #include "model/layers/common.h"
 
@@ -59,6 +66,7 @@ static void build(struct cdp_unit *u, const struct cdp_model_desc *m)
     u->in_tokens = 1;
     cdp_unit_add_param(u, "wte", 2, d->vocab, d->dim, 0, 0, CDP_INIT_NORMAL, gpt ? 0.02f : 1.0f,
                        CDP_PARAM_EMBEDDING);
+    if (u->tp_size > 1) cdp_param_shard(u, 0, 0, u->tp_size, u->tp_index);
     if (d->context > 0)
         cdp_unit_add_param(u, "wpe", 2, d->context, d->dim, 0, 0, CDP_INIT_NORMAL, gpt ? 0.01f : 1.0f,
                            CDP_PARAM_EMBEDDING);
@@ -78,8 +86,14 @@ static cdp_status forward(const struct cdp_kernels *k, const struct cdp_unit *u,
 {
     (void)tail;
     (void)scratch;
-    K(embedding_fwd, act, (const int32_t *)in, p[0], u->n_params > 1 ? p[1] : NULL, B, (int)u->in.d[0],
-      (int)u->out.d[1]);
+    const float *wpe = u->n_params > 1 ? p[1] : NULL;
+    if (u->tp_size > 1) { /* this rank's rows, the positions once (index 0), summed over the group */
+        const struct cdp_param_desc *pd = &u->params[0];
+        K(embedding_vp_fwd, act, (const int32_t *)in, p[0], u->tp_index == 0 ? wpe : NULL, B, (int)u->in.d[0],
+          (int)u->out.d[1], (int)pd->shard_off, (int)cdp_param_slice_len(pd));
+        return cdp_unit_tensor_sum(u, act, (int64_t)B * u->out_floats);
+    }
+    K(embedding_fwd, act, (const int32_t *)in, p[0], wpe, B, (int)u->in.d[0], (int)u->out.d[1]);
     return CDP_OK;
 }
 
@@ -89,6 +103,12 @@ static cdp_status backward(const struct cdp_kernels *k, const struct cdp_unit *u
 {
     (void)tail;
     (void)p, (void)act, (void)din, (void)scratch;
+    if (u->tp_size > 1) { /* into this rank's rows only */
+        const struct cdp_param_desc *pd = &u->params[0];
+        K(embedding_vp_bwd, g[0], u->n_params > 1 ? g[1] : NULL, dout, (const int32_t *)in, B, (int)u->in.d[0],
+          (int)u->out.d[1], (int)pd->shard_off, (int)cdp_param_slice_len(pd));
+        return CDP_OK;
+    }
     K(embedding_bwd, g[0], u->n_params > 1 ? g[1] : NULL, dout, (const int32_t *)in, B, (int)u->in.d[0],
       (int)u->out.d[1]);
     return CDP_OK;
@@ -143,7 +163,8 @@ const struct cdp_layer_def cdp_layer_embedding = {
     .type = CDP_LAYER_EMBEDDING,
     .name = "embedding",
     .listable = 1,
-    .tensor_ok = 1, /* replicated: whole on every rank of a tensor group */
+    .tensor_ok = 1,
+    .tensor_splits = 1, /* vocab-parallel */
     .keys = keys,
     .parse = parse,
     .shape = shape,

@@ -3,7 +3,14 @@
  * says tie_embeddings). The norm is GPT-2's layernorm ("ln_f") or, with rms
  * set, Llama's RMS norm ("norm", eps from the desc). GPT presets only: a
  * layer list cannot name it. Kept: the logits, the normalised input, each
- * row's mean (layernorm) and 1/std. */
+ * row's mean (layernorm) and 1/std.
+ * Vocab-parallel over a tensor group of t (docs/parallelism.md): the norm is
+ * replicated; rank k holds rows [k Vp/t, (k+1) Vp/t) of the projection (the
+ * embedding's slice when tied; Vp the vocabulary padded up to a multiple of
+ * t) and gives those logits, [T, Vp/t] (padding columns 0, left out of the
+ * loss: the model's vocab-parallel cross-entropy, which never gathers
+ * them); the normalised input's gradient is a partial sum, all-reduced
+ * over the group before the norm's backward (in B under split backward). */
 #include <cblas.h>
 
 #include "kernels/cpu/ops.h" /* the decoder's CPU kernels */
@@ -29,16 +36,23 @@ static void build(struct cdp_unit *u, const struct cdp_model_desc *m)
     struct cdp_param_desc *w =
         cdp_unit_add_param(u, "lm_head.weight", 2, u->desc.vocab, C, 0, 0, CDP_INIT_NORMAL, 0.02f,
                            CDP_PARAM_WEIGHT);
+    if (u->tp_size > 1) { /* this rank's vocabulary slice, as the embedding's */
+        cdp_param_shard(u, u->n_params - 1, 0, u->tp_size, u->tp_index);
+        u->out.d[1] = w->shape[0];
+    }
     if (m->tie_embeddings) {
         w->tied_unit = 0;
         w->tied_param = 0;
-        u->param_count -= w->numel;
+        u->param_count -= cdp_param_slice_len(w) * C;
     }
 }
 
+/* The logits' width: the vocabulary, or at t > 1 this rank's padded slice. */
+static int64_t width(const struct cdp_unit *u) { return cdp_shape_last(&u->out); }
+
 static void cost(struct cdp_unit *u)
 {
-    const int64_t T = u->in.d[0], C = u->in.d[1], V = u->desc.vocab;
+    const int64_t T = u->in.d[0], C = u->in.d[1], V = width(u);
     u->fwd_flops = 2.0 * T * C * V;
     u->bwd_flops = 4.0 * T * C * V;
     u->act_floats = T * V + T * C + (u->desc.rms ? 1 : 2) * T;
@@ -58,7 +72,7 @@ struct head_acts {
 
 static struct head_acts head_layout(const struct cdp_unit *u, const float *act, int B)
 {
-    const int64_t N = (int64_t)B * u->in.d[0], C = u->in.d[1], V = u->desc.vocab;
+    const int64_t N = (int64_t)B * u->in.d[0], C = u->in.d[1], V = width(u);
     struct head_acts h;
     h.logits = (float *)act;
     h.ln = h.logits + N * V;
@@ -93,7 +107,7 @@ static cdp_status forward(const struct cdp_kernels *k, const struct cdp_unit *u,
 {
     (void)tail;
     (void)scratch_;
-    const int T = (int)u->in.d[0], C = (int)u->in.d[1], N = B * T, V = (int)u->desc.vocab;
+    const int T = (int)u->in.d[0], C = (int)u->in.d[1], N = B * T, V = (int)width(u);
     const struct head_acts h = head_layout(u, act, B);
     cdp_status st = norm_fwd(k, u, p, &h, (const float *)in, N, C);
     if (st) return st;
@@ -106,11 +120,13 @@ static cdp_status backward(const struct cdp_kernels *k, const struct cdp_unit *u
                            const float *dout, float *din, float *scratch_, int B)
 {
     (void)tail;
-    const int T = (int)u->in.d[0], C = (int)u->in.d[1], N = B * T, V = (int)u->desc.vocab;
+    const int T = (int)u->in.d[0], C = (int)u->in.d[1], N = B * T, V = (int)width(u);
     const struct head_acts h = head_layout(u, act, B);
     float *dln = scratch_;
     K(zero, dln, (size_t)N * C * sizeof *dln);
     K(linear_bwd, dln, g[h.w], NULL, dout, h.ln, p[h.w], N, C, V);
+    cdp_status st = cdp_unit_tensor_sum(u, dln, (int64_t)N * C); /* vocab-parallel: the slices' parts */
+    if (st) return st;
     float *target = din;
     if (!target) {
         target = dln + (int64_t)N * C;
@@ -126,11 +142,14 @@ static cdp_status backward_input(const struct cdp_kernels *k, const struct cdp_u
                                  float *din, float *ws, float *scratch_, int B)
 {
     (void)tail, (void)scratch_;
-    const int T = (int)u->in.d[0], C = (int)u->in.d[1], N = B * T, V = (int)u->desc.vocab;
+    const int T = (int)u->in.d[0], C = (int)u->in.d[1], N = B * T, V = (int)width(u);
     const struct head_acts h = head_layout(u, act, B);
     float *dln = ws;
     K(zero, dln, (size_t)N * C * sizeof *dln);
     K(linear_bwd, dln, NULL, NULL, dout, h.ln, p[h.w], N, C, V);
+    /* vocab-parallel: the slices' parts summed here, in B, so that W (the norm's weights) has no collective */
+    cdp_status st = cdp_unit_tensor_sum(u, dln, (int64_t)N * C);
+    if (st) return st;
     return din ? norm_bwd(k, u, p, din, NULL, dln, &h, (const float *)in, N, C) : CDP_OK;
 }
 
@@ -141,7 +160,7 @@ static cdp_status backward_weight(const struct cdp_kernels *k, const struct cdp_
                                   const float *dout, const float *ws, float *scratch_, int B)
 {
     (void)tail, (void)scratch_;
-    const int T = (int)u->in.d[0], C = (int)u->in.d[1], N = B * T, V = (int)u->desc.vocab;
+    const int T = (int)u->in.d[0], C = (int)u->in.d[1], N = B * T, V = (int)width(u);
     const struct head_acts h = head_layout(u, act, B);
     K(linear_bwd, NULL, g[h.w], NULL, dout, h.ln, p[h.w], N, C, V);
     return norm_bwd(k, u, p, NULL, g, ws, &h, (const float *)in, N, C);
@@ -173,7 +192,9 @@ const struct cdp_layer_def cdp_layer_lm_head = {
     .type = CDP_LAYER_LM_HEAD,
     .name = "lm_head",
     .listable = 0,
-    .tensor_ok = 1, /* replicated: whole on every rank of a tensor group */
+    .tensor_ok = 1,
+    .tensor_splits = 1, /* vocab-parallel, its norm replicated */
+    .vocab_parallel = 1,
     .keys = keys,
     .shape = shape,
     .build = build,
