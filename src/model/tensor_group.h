@@ -19,7 +19,8 @@ struct cdp_tensor_group {
     /* Sums buf (n floats, in the memory of the rank's device) over the group,
      * in place, the same on every rank; returns when buf holds the sum. */
     cdp_status (*all_reduce)(void *ctx, float *buf, int64_t n);
-    /* Sequence parallelism's pair (docs/parallelism.md), on the same memory:
+    /* Sequence parallelism's pair (cdp_unit_seq_gather and
+     * cdp_unit_seq_scatter in layers.h use them), on the same memory:
      * buf holds n floats, n a multiple of size, seen as size equal parts in
      * rank order. reduce_scatter sums buf over the group and leaves this
      * rank's part [index n/size, (index + 1) n/size) holding the sum, the
