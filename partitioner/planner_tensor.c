@@ -180,12 +180,6 @@ void cdp_planner_tensor_units(const struct cdp_plan *plan, int tp, struct cdp_un
             /* full recomputation keeps the block's input, which every rank holds whole */
             if (kept_all) x->keep_floats = x->act_floats;
             else if (x->recompute != CDP_RECOMPUTE_FULL) x->keep_floats = (int64_t)(x->keep_floats * f);
-        } else if (x->desc.type == CDP_LAYER_LM_HEAD) {
-            /* the logits (vocab-parallel) are most of it; the output is the loss */
-            x->act_floats /= tp;
-            x->keep_floats /= tp;
-            x->work_floats /= tp;
-            x->wstate_floats /= tp;
         }
     }
 }
@@ -265,11 +259,14 @@ void cdp_planner_tensor_costs(const struct cdp_plan *plan, int tp, double bw, do
         cost[i].tp_bwd_s = b * one;
         cost[i].tp_fwd_bytes = f * link;
         cost[i].tp_bwd_bytes = b * link;
-        if (u[i].desc.type == CDP_LAYER_LM_HEAD) { /* the loss's max and sum over the vocab slices: B x T floats each */
-            const double small = 2 * ring(B * T * 4, tp, bw, lat);
+        if (u[i].desc.type == CDP_LAYER_LM_HEAD) {
+            /* the loss: one all-reduce of 2t + 1 floats a token (each slice's max and sum of
+             * exponentials in its own place, and the target's logit), as model_pass.c runs it */
+            const double bytes = B * T * (2.0 * tp + 1) * 4;
+            const double small = ring(bytes, tp, bw, lat);
             cost[i].fwd_s += small;
             cost[i].tp_fwd_s += small;
-            cost[i].tp_fwd_bytes += 2 * 2.0 * (tp - 1) / tp * B * T * 4;
+            cost[i].tp_fwd_bytes += 2.0 * (tp - 1) / tp * bytes;
         }
     }
 }
