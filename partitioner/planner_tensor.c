@@ -82,7 +82,8 @@ int cdp_planner_tensor_choices(const struct cdp_plan *plan, const struct cdp_top
                          cdp_layer_name(L->type));
                 return 1;
             }
-            if (L->type == CDP_LAYER_LINEAR && L->split != CDP_TSPLIT_NONE) any = 1;
+            if ((L->type == CDP_LAYER_LINEAR && L->split != CDP_TSPLIT_NONE) || cdp_layer_def(L->type)->tensor_splits)
+                any = 1;
             if (L->type == CDP_LAYER_LINEAR && L->split == CDP_TSPLIT_COLUMN)
                 for (int64_t a = widths, b = L->out; ; ) { /* gcd */
                     if (!b) { widths = a; break; }
@@ -91,7 +92,8 @@ int cdp_planner_tensor_choices(const struct cdp_plan *plan, const struct cdp_top
                 }
         }
         if (!any) {
-            snprintf(why, why_cap, "t = 1: no linear of /model/layers has a \"split\"");
+            snprintf(why, why_cap, "t = 1: no linear of /model/layers has a \"split\" and no layer splits itself "
+                     "(a block, rotary_attention, swiglu_mlp)");
             return 1;
         }
     }
@@ -106,7 +108,6 @@ int cdp_planner_tensor_choices(const struct cdp_plan *plan, const struct cdp_top
         if (d + 1 == t->n_gpus || t->gpus[d + 1].node != t->gpus[d].node)
             if (run < per_node) per_node = run;
     }
-    const int64_t ffn = m->arch == CDP_ARCH_LLAMA ? m->ffn_hidden : 4 * m->embed;
     char last[256] = "";
     for (int tp = 2; tp <= per_node && n < cap; tp *= 2) {
         if (m->kind != CDP_MODEL_GPT && widths % tp) {
@@ -114,10 +115,15 @@ int cdp_planner_tensor_choices(const struct cdp_plan *plan, const struct cdp_top
                      (long long)widths);
             break;
         }
-        if (m->kind == CDP_MODEL_GPT &&
-            (m->heads % tp || m->embed % tp || ffn % tp || (m->arch == CDP_ARCH_LLAMA && m->kv_heads % tp))) {
-            snprintf(last, sizeof last, "t = %d does not divide /model/heads (%lld), /model/embed (%lld) or the MLP "
-                     "width (%lld)", tp, (long long)m->heads, (long long)m->embed, (long long)ffn);
+        const char *key = NULL;
+        int64_t value = 0;
+        const int at = cdp_model_desc_tensor_misfit(m, tp, &key, &value);
+        if (at >= 0) {
+            if (m->kind == CDP_MODEL_GPT)
+                snprintf(last, sizeof last, "t = %d does not divide /model/%s (%lld)", tp, key, (long long)value);
+            else
+                snprintf(last, sizeof last, "t = %d does not divide /model/layers/%d/%s (%lld)", tp, at, key,
+                         (long long)value);
             break;
         }
         /* every group of every node inside the fastest domain */
