@@ -82,7 +82,8 @@ int cdp_planner_tensor_choices(const struct cdp_plan *plan, const struct cdp_top
                          cdp_layer_name(L->type));
                 return 1;
             }
-            if (L->type == CDP_LAYER_LINEAR && L->split != CDP_TSPLIT_NONE) any = 1;
+            if ((L->type == CDP_LAYER_LINEAR && L->split != CDP_TSPLIT_NONE) || cdp_layer_def(L->type)->tensor_splits)
+                any = 1;
             if (L->type == CDP_LAYER_LINEAR && L->split == CDP_TSPLIT_COLUMN)
                 for (int64_t a = widths, b = L->out; ; ) { /* gcd */
                     if (!b) { widths = a; break; }
@@ -91,7 +92,8 @@ int cdp_planner_tensor_choices(const struct cdp_plan *plan, const struct cdp_top
                 }
         }
         if (!any) {
-            snprintf(why, why_cap, "t = 1: no linear of /model/layers has a \"split\"");
+            snprintf(why, why_cap, "t = 1: no linear of /model/layers has a \"split\" and no layer splits itself "
+                     "(a block, rotary_attention, swiglu_mlp)");
             return 1;
         }
     }
@@ -106,7 +108,6 @@ int cdp_planner_tensor_choices(const struct cdp_plan *plan, const struct cdp_top
         if (d + 1 == t->n_gpus || t->gpus[d + 1].node != t->gpus[d].node)
             if (run < per_node) per_node = run;
     }
-    const int64_t ffn = m->arch == CDP_ARCH_LLAMA ? m->ffn_hidden : 4 * m->embed;
     char last[256] = "";
     for (int tp = 2; tp <= per_node && n < cap; tp *= 2) {
         if (m->kind != CDP_MODEL_GPT && widths % tp) {
@@ -114,10 +115,15 @@ int cdp_planner_tensor_choices(const struct cdp_plan *plan, const struct cdp_top
                      (long long)widths);
             break;
         }
-        if (m->kind == CDP_MODEL_GPT &&
-            (m->heads % tp || m->embed % tp || ffn % tp || (m->arch == CDP_ARCH_LLAMA && m->kv_heads % tp))) {
-            snprintf(last, sizeof last, "t = %d does not divide /model/heads (%lld), /model/embed (%lld) or the MLP "
-                     "width (%lld)", tp, (long long)m->heads, (long long)m->embed, (long long)ffn);
+        const char *key = NULL;
+        int64_t value = 0;
+        const int at = cdp_model_desc_tensor_misfit(m, tp, &key, &value);
+        if (at >= 0) {
+            if (m->kind == CDP_MODEL_GPT)
+                snprintf(last, sizeof last, "t = %d does not divide /model/%s (%lld)", tp, key, (long long)value);
+            else
+                snprintf(last, sizeof last, "t = %d does not divide /model/layers/%d/%s (%lld)", tp, at, key,
+                         (long long)value);
             break;
         }
         /* every group of every node inside the fastest domain */
@@ -180,12 +186,6 @@ void cdp_planner_tensor_units(const struct cdp_plan *plan, int tp, struct cdp_un
             /* full recomputation keeps the block's input, which every rank holds whole */
             if (kept_all) x->keep_floats = x->act_floats;
             else if (x->recompute != CDP_RECOMPUTE_FULL) x->keep_floats = (int64_t)(x->keep_floats * f);
-        } else if (x->desc.type == CDP_LAYER_LM_HEAD) {
-            /* the logits (vocab-parallel) are most of it; the output is the loss */
-            x->act_floats /= tp;
-            x->keep_floats /= tp;
-            x->work_floats /= tp;
-            x->wstate_floats /= tp;
         }
     }
 }
@@ -265,11 +265,14 @@ void cdp_planner_tensor_costs(const struct cdp_plan *plan, int tp, double bw, do
         cost[i].tp_bwd_s = b * one;
         cost[i].tp_fwd_bytes = f * link;
         cost[i].tp_bwd_bytes = b * link;
-        if (u[i].desc.type == CDP_LAYER_LM_HEAD) { /* the loss's max and sum over the vocab slices: B x T floats each */
-            const double small = 2 * ring(B * T * 4, tp, bw, lat);
+        if (u[i].desc.type == CDP_LAYER_LM_HEAD) {
+            /* the loss: one all-reduce of 2t + 1 floats a token (each slice's max and sum of
+             * exponentials in its own place, and the target's logit), as model_pass.c runs it */
+            const double bytes = B * T * (2.0 * tp + 1) * 4;
+            const double small = ring(bytes, tp, bw, lat);
             cost[i].fwd_s += small;
             cost[i].tp_fwd_s += small;
-            cost[i].tp_fwd_bytes += 2 * 2.0 * (tp - 1) / tp * B * T * 4;
+            cost[i].tp_fwd_bytes += 2.0 * (tp - 1) / tp * bytes;
         }
     }
 }

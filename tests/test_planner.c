@@ -1041,7 +1041,19 @@ Test(planner, tensor_choices_follow_the_model_and_the_nvlink_domain)
     cr_expect_eq(n, 3, "%d: %s", n, why);
     cr_expect(strstr(why, "t = 8 does not divide the column splits' widths (their gcd 12)"), "%s", why);
     n = choices_on(TENSOR_MLP("\"auto\"", ""), "2 x hgx-h100", ts, why, sizeof why);
-    cr_expect(n == 1 && strstr(why, "no linear of /model/layers has a \"split\""), "%d: %s", n, why);
+    cr_expect(n == 1 && strstr(why, "no linear of /model/layers has a \"split\" and no layer splits itself"), "%d: %s", n,
+              why);
+    /* a list of layers that split themselves (no split linear): their keys' divisors, the
+     * first that t does not divide named (kv_heads 2 of the rotary_attention allows 2) */
+    n = choices_on("{\"model\": {\"input\": [8], \"layers\": [{\"type\": \"embedding\", \"vocab\": 32, \"dim\": "
+                   "16}, {\"type\": \"rmsnorm\"}, {\"type\": \"rotary_attention\", \"heads\": 4, \"kv_heads\": 2}, "
+                   "{\"type\": \"rmsnorm\"}, {\"type\": \"swiglu_mlp\", \"hidden\": 24}, {\"type\": \"rmsnorm\"}, "
+                   "{\"type\": \"linear\", \"out\": 32, \"bias\": false}]}, \"train\": {\"micro_batch\": 4}, "
+                   "\"parallel\": {\"tensor\": \"auto\"}, \"cluster\": {\"backend\": \"cuda\", \"topology\": "
+                   "\"hgx-h100\"}}",
+                   "2 x hgx-h100", ts, why, sizeof why);
+    cr_expect(n == 2 && ts[1] == 2, "%d: %s", n, why);
+    cr_expect(strstr(why, "t = 4 does not divide /model/layers/2/kv_heads (2)"), "%s", why);
     /* a fixed t is the plan's */
     n = choices_on(TENSOR_MLP("2", ""), "2 x hgx-h100", ts, why, sizeof why);
     cr_expect(n == 1 && ts[0] == 2);

@@ -167,6 +167,23 @@ static struct cdp_shape model_input(const struct cdp_model_desc *m)
     return s;
 }
 
+int cdp_model_desc_tensor_misfit(const struct cdp_model_desc *m, int t, const char **key, int64_t *value)
+{
+    struct cdp_shape in = model_input(m);
+    for (int i = 0; i < cdp_model_desc_units(m); i++) {
+        const struct cdp_layer_desc L = cdp_model_desc_unit(m, i);
+        const struct cdp_layer_def *d = cdp_layer_def(L.type);
+        /* a preset's blocks take /model/embed wide rows; a list's, what the layers before give */
+        if (m->kind == CDP_MODEL_GPT) in = (struct cdp_shape){2, {m->context, m->embed}};
+        if (d->tensor_check && d->tensor_check(&L, &in, t, key, value)) return i;
+        struct cdp_shape out = in;
+        char why[256];
+        if (m->kind != CDP_MODEL_GPT && d->shape && d->shape(&L, &in, &out, why, sizeof why)) return -1;
+        in = out;
+    }
+    return -1;
+}
+
 /* -1 when a dimension is negative or the product overflows. */
 static int64_t numel_checked(const struct cdp_shape *s)
 {

@@ -119,6 +119,13 @@ cdp_status cdp_unit_tensor_sum(const struct cdp_unit *u, float *buf, int64_t n);
 int cdp_model_desc_units(const struct cdp_model_desc *m);
 struct cdp_layer_desc cdp_model_desc_unit(const struct cdp_model_desc *m, int i);
 
+/* The first unit of m that does not split over a tensor group of t: its
+ * index, with *key its layer key ("heads", "kv_heads", "hidden") and *value
+ * that key's value, which t does not divide (layer_def.h, tensor_check); -1
+ * when every unit does. A list whose shapes do not follow ends the walk
+ * there (the plan's shape check names it). */
+int cdp_model_desc_tensor_misfit(const struct cdp_model_desc *m, int t, const char **key, int64_t *value);
+
 /* The partition units of a model description; *out is malloc'd (n entries). */
 cdp_status cdp_units_build(const struct cdp_model_desc *m, struct cdp_unit **out, int *n);
 /* The same as rank k of a tensor group of t holds them: split layers'

@@ -438,15 +438,8 @@ static cdp_status check_tensor_layers(struct ld *c)
     if (pd->tensor == 1 || pd->tensor == CDP_AUTO) return CDP_OK;
     char types[256];
     tensor_types(types, sizeof types);
-    const int gpt = md->kind == CDP_MODEL_GPT;
-    struct cdp_shape in = {0};
-    if (!gpt) {
-        in.ndim = md->input_ndim;
-        memcpy(in.d, md->input, (size_t)md->input_ndim * sizeof in.d[0]);
-    }
     for (int i = 0; i < cdp_model_desc_units(md); i++) {
-        const struct cdp_layer_desc L = cdp_model_desc_unit(md, i);
-        const struct cdp_layer_def *d = cdp_layer_def(L.type);
+        const struct cdp_layer_def *d = cdp_layer_def(cdp_model_desc_unit(md, i).type);
         char where[64];
         if (md->kind == CDP_MODEL_LAYERS) snprintf(where, sizeof where, "/model/layers/%d", i);
         else snprintf(where, sizeof where, "/model/preset");
@@ -455,23 +448,19 @@ static cdp_status check_tensor_layers(struct ld *c)
                                  "%s (layer %d) does not split over /parallel/tensor %lld yet; the layer types "
                                  "that run with tensor above 1 today: %s (docs/parallelism.md)",
                                  d->name, i, (long long)pd->tensor, types);
-        /* a preset's blocks take /model/embed wide rows; a list's, what the layers before give */
-        if (gpt) in = (struct cdp_shape){2, {md->context, md->embed}};
-        const char *key = NULL;
-        int64_t value = 0;
-        if (d->tensor_check && d->tensor_check(&L, &in, (int)pd->tensor, &key, &value)) {
-            char at[96];
-            if (md->kind == CDP_MODEL_LAYERS) snprintf(at, sizeof at, "/model/layers/%d/%s", i, key);
-            else snprintf(at, sizeof at, "/model/%s", key);
-            return cdp_json_fail(&c->in, at,
-                                 "%lld is not a multiple of /parallel/tensor %lld (each rank of a tensor group "
-                                 "holds %s / tensor of every %s)",
-                                 (long long)value, (long long)pd->tensor, key, d->name);
-        }
-        struct cdp_shape out = in;
-        char why[256];
-        if (!gpt && d->shape && d->shape(&L, &in, &out, why, sizeof why)) return CDP_OK; /* cdp_plan_check_shapes says */
-        in = out;
+    }
+    const char *key = NULL;
+    int64_t value = 0;
+    const int i = cdp_model_desc_tensor_misfit(md, (int)pd->tensor, &key, &value);
+    if (i >= 0) {
+        char at[96];
+        if (md->kind == CDP_MODEL_LAYERS) snprintf(at, sizeof at, "/model/layers/%d/%s", i, key);
+        else snprintf(at, sizeof at, "/model/%s", key);
+        return cdp_json_fail(&c->in, at,
+                             "%lld is not a multiple of /parallel/tensor %lld (each rank of a tensor group holds %s / "
+                             "tensor of every %s)",
+                             (long long)value, (long long)pd->tensor, key,
+                             cdp_layer_def(cdp_model_desc_unit(md, i).type)->name);
     }
     return CDP_OK;
 }
