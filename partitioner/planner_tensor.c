@@ -285,7 +285,8 @@ void cdp_planner_tensor_measured(int tp, int measured_tp, const struct cdp_unit 
     if (tp == measured_tp) return; /* the rank's slices were timed: their times as they are */
     const double f = (double)measured_tp / tp;
     for (int i = 0; i < n; i++)
-        if (splits(u[i].desc.type) || u[i].desc.split != CDP_TSPLIT_NONE || cdp_layer_def(u[i].desc.type)->tensor_splits) {
+        if (splits(u[i].desc.type) || u[i].desc.split != CDP_TSPLIT_NONE ||
+            cdp_layer_def(u[i].desc.type)->tensor_splits) {
             cost[i].fwd_s *= f;
             cost[i].bwd_s *= f;
             cost[i].bwd_w_s *= f;

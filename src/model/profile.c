@@ -288,7 +288,8 @@ cdp_status cdp_profile_run(const struct cdp_plan *plan, const struct cdp_profile
         t.units[i].bwd_s = fmax(mean(runs[i].tb, rounds), 1e-9);
         /* W's share of the split backward as measured, of the combined backward's time (both
          * timed in every round: a slow spell changes the two alike, and W stays below bwd_s) */
-        const double bi = runs[i].split ? mean(runs[i].ti, rounds) : 0, bw = runs[i].split ? mean(runs[i].tw, rounds) : 0;
+        const double bi = runs[i].split ? mean(runs[i].ti, rounds) : 0;
+        const double bw = runs[i].split ? mean(runs[i].tw, rounds) : 0;
         t.units[i].bwd_w_s = bi + bw > 0 ? t.units[i].bwd_s * bw / (bi + bw) : 0;
         CDP_DEBUG(PART, "unit %d (%s): %d rounds, fwd %.6f s, bwd %.6f s (split: B %.6f s, W %.6f s)", i,
                   cdp_layer_name(u[i].desc.type), rounds, t.units[i].fwd_s, t.units[i].bwd_s, bi, bw);
