@@ -247,11 +247,11 @@ Test(profile, version_1_tables_load_and_w_falls_back_to_flops)
     cr_expect(fabs(c[0].bwd_w_s - 0.0015) < 1e-15, "version 2: W %g", c[0].bwd_w_s);
     cr_expect_eq(c[1].bwd_w_s, 0);
     cdp_cost_table_clear(&t);
-    /* a W not below its backward is refused, naming the key */
+    /* a W above its backward is refused, naming the key */
     const char *bad = cdp_test_write_file(
         dir, "bad.costs.json",
         "{\"format\": \"cdphybrid-costs\", \"version\": 2, \"micro_batch\": 32, \"tensor\": 1, \"units\": "
-        "[{\"index\": 0, \"kind\": \"linear\", \"fwd_s\": 0.001, \"bwd_s\": 0.002, \"bwd_w_s\": 0.002}], "
+        "[{\"index\": 0, \"kind\": \"linear\", \"fwd_s\": 0.001, \"bwd_s\": 0.002, \"bwd_w_s\": 0.0021}], "
         "\"optimizer_s_per_param\": 1e-9}\n");
     cr_expect_eq(cdp_cost_table_read(bad, &t), CDP_ERR_INVALID);
     cr_expect(strstr(cdp_last_error(), "/units/0/bwd_w_s"), "%s", cdp_last_error());

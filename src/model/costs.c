@@ -193,10 +193,10 @@ cdp_status cdp_cost_table_read(const char *path, struct cdp_cost_table *out)
         if ((st = read_time(&in, e, where, "bwd_s", 1, &t.units[i].bwd_s))) goto fail;
         if (version >= 2) {
             if ((st = read_time(&in, e, where, "bwd_w_s", 0, &t.units[i].bwd_w_s))) goto fail;
-            if (t.units[i].bwd_w_s >= t.units[i].bwd_s) {
+            if (t.units[i].bwd_w_s > t.units[i].bwd_s) {
                 cdp_json_ptr_key(p, where, "bwd_w_s");
-                st = cdp_json_expected(&in, p, "a number of seconds below the unit's bwd_s (the weight gradients' "
-                                       "part of its backward)", json_object_get(e, "bwd_w_s"));
+                st = cdp_json_expected(&in, p, "a number of seconds no larger than the unit's bwd_s (the weight "
+                                       "gradients' part of its backward)", json_object_get(e, "bwd_w_s"));
                 goto fail;
             }
         }
