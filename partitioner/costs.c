@@ -88,10 +88,25 @@ void cdp_cost_apply(const struct cdp_cost_table *t, const struct cdp_unit *u, in
     for (int i = 0; i < n; i++) {
         out[i].fwd_s = t->units[i].fwd_s;
         out[i].bwd_s = t->units[i].bwd_s;
-        /* a measured backward splits as its flops do */
-        out[i].bwd_w_s = u[i].bwd_flops > 0 ? out[i].bwd_s * u[i].bwd_weight_flops / u[i].bwd_flops : 0;
+        /* its weight gradients' part as measured (version 2 tables); an older table's splits as its flops do */
+        if (t->bwd_w_measured) out[i].bwd_w_s = t->units[i].bwd_w_s;
+        else out[i].bwd_w_s = u[i].bwd_flops > 0 ? out[i].bwd_s * u[i].bwd_weight_flops / u[i].bwd_flops : 0;
         out[i].opt_s = held_params(&u[i]) * t->optimizer_s_per_param;
     }
+}
+
+void cdp_cost_table_tensor_note(const struct cdp_cost_table *t, int tp, char *buf, size_t cap)
+{
+    const int mt = t->tensor > 1 ? t->tensor : 1;
+    if (tp < 1) tp = 1;
+    const char *w = t->bwd_w_measured ? "" : "; W by FLOP share (a version 1 table)";
+    if (mt == tp)
+        snprintf(buf, cap, "measured at t = %d, used as measured%s%s", mt,
+                 tp > 1 ? " (compute; the group's collectives costed on its links)" : "", w);
+    else if (mt == 1)
+        snprintf(buf, cap, "measured at t = 1, split units' times / %d for t = %d%s", tp, tp, w);
+    else
+        snprintf(buf, cap, "measured at t = %d, split units' times x %d/%d for t = %d%s", mt, mt, tp, tp, w);
 }
 
 void cdp_cost_add_recompute(const struct cdp_unit *u, int n, struct cdp_unit_cost *out)

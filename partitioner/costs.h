@@ -50,9 +50,17 @@ void cdp_cost_analytic(const struct cdp_plan *plan, const struct cdp_unit *u, in
                        const struct cdp_device_rate *r, struct cdp_unit_cost *out);
 
 /* Replaces the times in out[0..n-1] (filled by cdp_cost_analytic) with the
- * table's: forward, backward, and the optimizer step as held parameters x
- * optimizer_s_per_param. Bytes stay analytic. t must have passed the check. */
+ * table's: forward, backward, the backward's weight-gradient part (measured
+ * in a version 2 table; a version 1 table's split as the unit's FLOPs), and
+ * the optimizer step as held parameters x optimizer_s_per_param. Bytes stay
+ * analytic. t must have passed the check. */
 void cdp_cost_apply(const struct cdp_cost_table *t, const struct cdp_unit *u, int n, struct cdp_unit_cost *out);
+
+/* How the planner takes table t's times for a rank of a tensor group of tp
+ * (cdp_planner_tensor_measured), in words for the costs line of --dry-run
+ * and --simulate: "measured at t = 2, used as measured", "measured at t = 1,
+ * split units' times / 2", ... */
+void cdp_cost_table_tensor_note(const struct cdp_cost_table *t, int tp, char *buf, size_t cap);
 
 /* Adds to each unit's backward time the forward work its recompute mode runs
  * again (cdp_unit_set_recompute): the whole forward under full recomputation,

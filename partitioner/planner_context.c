@@ -146,7 +146,7 @@ static cdp_status ctx_init_modes(struct ctx *c, const struct cdp_plan *plan, con
             return cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
         cdp_cost_analytic(plan, c->mode[r].u, c->n, &rate, c->mode[r].cost);
         if (costs) cdp_cost_apply(costs, c->mode[r].u, c->n, c->mode[r].cost);
-        if (costs) cdp_planner_tensor_measured(tp, c->mode[r].u, c->n, c->mode[r].cost);
+        if (costs) cdp_planner_tensor_measured(tp, costs->tensor, c->mode[r].u, c->n, c->mode[r].cost);
         cdp_cost_add_recompute(c->mode[r].u, c->n, c->mode[r].cost);
         cdp_planner_tensor_costs(plan, tp, tp_bw, tp_lat, c->mode[r].u, c->n, c->mode[r].cost);
         st = cdp_planner_mem_index_build(&c->mode[r].mi, plan, c->mode[r].u, c->n);

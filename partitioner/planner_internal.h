@@ -178,9 +178,13 @@ void cdp_planner_tensor_links(const struct cdp_topology *t, int tp, double *bw, 
  * unit u runs forward and backward. */
 double cdp_planner_tensor_collective_s(const struct cdp_plan *plan, int tp, double bw, double lat,
                                        const struct cdp_unit *u, int *count_fwd, int *count_bwd);
-/* A measured table's times (measured on one device) for a rank of a group
- * of tp: each split unit's divided by tp (the table carries no per-t times). */
-void cdp_planner_tensor_measured(int tp, const struct cdp_unit *u, int n, struct cdp_unit_cost *cost);
+/* A measured table's times for a rank of a group of tp, the table measured
+ * at measured_tp (rank 0's slices, compute only): as measured when the two
+ * are equal; else each split unit's times scaled by measured_tp / tp (a t = 1
+ * table divided by tp). The collectives are added apart
+ * (cdp_planner_tensor_costs). */
+void cdp_planner_tensor_measured(int tp, int measured_tp, const struct cdp_unit *u, int n,
+                                 struct cdp_unit_cost *cost);
 /* Adds every unit's tensor collectives to its forward and backward time. */
 void cdp_planner_tensor_costs(const struct cdp_plan *plan, int tp, double bw, double lat, const struct cdp_unit *u,
                               int n, struct cdp_unit_cost *cost);

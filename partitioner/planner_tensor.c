@@ -277,13 +277,18 @@ void cdp_planner_tensor_costs(const struct cdp_plan *plan, int tp, double bw, do
     }
 }
 
-void cdp_planner_tensor_measured(int tp, const struct cdp_unit *u, int n, struct cdp_unit_cost *cost)
+void cdp_planner_tensor_measured(int tp, int measured_tp, const struct cdp_unit *u, int n,
+                                 struct cdp_unit_cost *cost)
 {
-    if (tp <= 1) return;
+    if (measured_tp < 1) measured_tp = 1;
+    if (tp < 1) tp = 1;
+    if (tp == measured_tp) return; /* the rank's slices were timed: their times as they are */
+    const double f = (double)measured_tp / tp;
     for (int i = 0; i < n; i++)
-        if (splits(u[i].desc.type) || u[i].desc.split != CDP_TSPLIT_NONE) {
-            cost[i].fwd_s /= tp;
-            cost[i].bwd_s /= tp;
-            cost[i].bwd_w_s /= tp;
+        if (splits(u[i].desc.type) || u[i].desc.split != CDP_TSPLIT_NONE ||
+            cdp_layer_def(u[i].desc.type)->tensor_splits) {
+            cost[i].fwd_s *= f;
+            cost[i].bwd_s *= f;
+            cost[i].bwd_w_s *= f;
         }
 }

@@ -52,10 +52,13 @@ int cdp_cli_profile(const struct cdp_plan *plan, const char *plan_path, const ch
     printf("Measured costs of %s on %s\n", plan->source, t.device);
     printf("  micro-batch %lld, %d BLAS thread%s%s%s (as rank 0 of the plan's layout runs)\n\n",
            (long long)t.micro_batch, t.threads, t.threads == 1 ? "" : "s", cpus ? ", on CPUs " : "", cpus ? cpuset : "");
-    printf("  unit  kind                 fwd ms    bwd ms\n");
+    if (t.tensor > 1)
+        printf("  tensor group of %d: rank 0's slices, their compute only (the group's all-reduces are not in "
+               "these times; the planner costs them on the topology's links)\n\n", t.tensor);
+    printf("  unit  kind                 fwd ms    bwd ms  of it W ms\n");
     for (int i = 0; i < t.n_units; i++) {
-        printf("  %4d  %-18s %8.3f  %8.3f\n", i, cdp_layer_name(t.units[i].type), t.units[i].fwd_s * 1e3,
-               t.units[i].bwd_s * 1e3);
+        printf("  %4d  %-18s %8.3f  %8.3f  %8.3f\n", i, cdp_layer_name(t.units[i].type), t.units[i].fwd_s * 1e3,
+               t.units[i].bwd_s * 1e3, t.units[i].bwd_w_s * 1e3);
         f += t.units[i].fwd_s;
         b += t.units[i].bwd_s;
     }

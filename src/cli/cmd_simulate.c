@@ -40,7 +40,11 @@ static void print_text(const struct cdp_plan *plan, const struct cdp_sim_in *in)
     printf(", %d micro-batches of %d, %d replica%s, %s\n", l->micro_batches, l->micro_batch, l->replicas,
            l->replicas == 1 ? "" : "s", plan->train.precision == CDP_PRECISION_BF16 ? "bf16" : "fp32");
     printf("  partition   %s\n", plan->parallel.partition ? "from the plan" : "the planner's");
-    if (in->costs) printf("  costs       measured: %s (%s)\n", in->costs, in->costs_device);
+    if (in->costs) {
+        char note[192] = "";
+        if (in->table) cdp_cost_table_tensor_note(in->table, l->tensor, note, sizeof note);
+        printf("  costs       measured: %s (%s)%s%s\n", in->costs, in->costs_device, note[0] ? "; " : "", note);
+    }
     printf("\n");
     printf("Stages (per micro-batch)\n  stage  units            fwd ms   bwd ms   memory\n");
     for (int s = 0; s < l->stages; s++) {

@@ -201,7 +201,14 @@ static int run_plan(const struct cli_args *a)
     } else if (a->dry_run) {
         if ((st = cdp_planner_apply(&pr, plan))) goto failed;
         if (a->json) st = cdp_cli_print_plan_json(plan, &pr, stdout);
-        else if (!(st = cdp_plan_print(plan, stdout))) cdp_planner_print(&pr, stdout);
+        else if (!(st = cdp_plan_print(plan, stdout))) {
+            cdp_planner_print(&pr, stdout);
+            if (have_table) {
+                char note[192];
+                cdp_cost_table_tensor_note(&table, pr.layout->tensor, note, sizeof note);
+                printf("  costs       measured: %s (%s); %s\n", a->costs, table.device, note);
+            }
+        }
         if (st) goto failed;
         code = fflush(stdout) ? EXIT_RUN_FAILED : 0;
         if (code) fprintf(stderr, "cdphybrid: cannot write to standard output\n");

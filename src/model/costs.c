@@ -76,14 +76,15 @@ cdp_status cdp_cost_table_write(const struct cdp_cost_table *t, const char *path
 {
     json_t *o = json_object(), *units = json_array();
     json_object_set_new(o, "format", json_string("cdphybrid-costs"));
-    json_object_set_new(o, "version", json_integer(1));
+    json_object_set_new(o, "version", json_integer(2));
     json_object_set_new(o, "device", json_string(t->device));
     json_object_set_new(o, "micro_batch", json_integer((json_int_t)t->micro_batch));
     json_object_set_new(o, "threads", json_integer(t->threads));
+    json_object_set_new(o, "tensor", json_integer(t->tensor > 1 ? t->tensor : 1));
     for (int i = 0; i < t->n_units; i++)
-        json_array_append_new(units, json_pack("{s:i,s:s,s:f,s:f}", "index", t->units[i].index, "kind",
+        json_array_append_new(units, json_pack("{s:i,s:s,s:f,s:f,s:f}", "index", t->units[i].index, "kind",
                                                cdp_layer_name(t->units[i].type), "fwd_s", t->units[i].fwd_s,
-                                               "bwd_s", t->units[i].bwd_s));
+                                               "bwd_s", t->units[i].bwd_s, "bwd_w_s", t->units[i].bwd_w_s));
     json_object_set_new(o, "units", units);
     json_object_set_new(o, "optimizer_s_per_param", json_real(t->optimizer_s_per_param));
     char *text = json_dumps(o, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(9));
@@ -148,7 +149,18 @@ cdp_status cdp_cost_table_read(const char *path, struct cdp_cost_table *out)
                            "--profile)");
         goto fail;
     }
-    if ((st = cdp_json_int(&in, json_object_get(o, "version"), "/version", 1, 1, 0, "1", &version))) goto fail;
+    /* version 1: no "tensor" (measured at t = 1) and no per-unit "bwd_w_s" */
+    if ((st = cdp_json_int(&in, json_object_get(o, "version"), "/version", 1, 2, 0, "1 or 2", &version)))
+        goto fail;
+    t.tensor = 1;
+    t.bwd_w_measured = version >= 2;
+    if (version >= 2) {
+        int64_t tp = 1;
+        if ((st = cdp_json_int(&in, json_object_get(o, "tensor"), "/tensor", 1, CDP_PLAN_MAX_TENSOR_GROUP, 0,
+                               NULL, &tp)))
+            goto fail;
+        t.tensor = (int)tp;
+    }
     if ((st = cdp_json_int(&in, json_object_get(o, "micro_batch"), "/micro_batch", 1, INT64_MAX, 0, NULL,
                            &t.micro_batch)))
         goto fail;
@@ -179,6 +191,15 @@ cdp_status cdp_cost_table_read(const char *path, struct cdp_cost_table *out)
         t.units[i].index = i;
         if ((st = read_time(&in, e, where, "fwd_s", 1, &t.units[i].fwd_s))) goto fail;
         if ((st = read_time(&in, e, where, "bwd_s", 1, &t.units[i].bwd_s))) goto fail;
+        if (version >= 2) {
+            if ((st = read_time(&in, e, where, "bwd_w_s", 0, &t.units[i].bwd_w_s))) goto fail;
+            if (t.units[i].bwd_w_s > t.units[i].bwd_s) {
+                cdp_json_ptr_key(p, where, "bwd_w_s");
+                st = cdp_json_expected(&in, p, "a number of seconds no larger than the unit's bwd_s (the weight "
+                                       "gradients' part of its backward)", json_object_get(e, "bwd_w_s"));
+                goto fail;
+            }
+        }
     }
     if ((st = read_time(&in, o, "", "optimizer_s_per_param", 0, &t.optimizer_s_per_param))) goto fail;
     json_decref(o);

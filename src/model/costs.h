@@ -58,20 +58,28 @@ void cdp_cost_fit_units(const struct cdp_plan *plan, struct cdp_unit *u, int n);
 
 /* A measured cost table (`cdphybrid --plan P --profile`, src/model/profile.h):
  * per unit, forward and backward seconds of one micro-batch of micro_batch
- * samples on one device, and the optimizer step's seconds per parameter. Its
- * file: {"format": "cdphybrid-costs", "version": 1, "device", "micro_batch",
- * "threads", "units": [{"index", "kind", "fwd_s", "bwd_s"}],
- * "optimizer_s_per_param"}. */
+ * samples on one device, of them the weight gradients' (a split backward's
+ * W), and the optimizer step's seconds per parameter; tensor: the t it was
+ * measured at (rank 0's slices of a tensor group of t, their compute only:
+ * the group's collectives are costed by the planner on the topology's links).
+ * Its file, version 2: {"format": "cdphybrid-costs", "version": 2, "device",
+ * "micro_batch", "threads", "tensor", "units": [{"index", "kind", "fwd_s",
+ * "bwd_s", "bwd_w_s"}], "optimizer_s_per_param"}. Version 1 files (no
+ * "tensor", no "bwd_w_s") still load: t = 1, and bwd_w_measured 0 (the
+ * planner splits their backward by FLOPs). */
 struct cdp_cost_table_unit {
     int index;
     enum cdp_layer_type type;
     double fwd_s, bwd_s;
+    double bwd_w_s; /* of bwd_s, the weight gradients' part; 0 for a unit without parameters */
 };
 
 struct cdp_cost_table {
     char device[128];                  /* what measured it ("cpu: ...") */
     int64_t micro_batch;
     int threads;                       /* BLAS threads it ran with */
+    int tensor;                        /* t it was measured at (0 reads as 1) */
+    int bwd_w_measured;                /* units' bwd_w_s are measured (version 2); else derived by FLOPs */
     int n_units;
     struct cdp_cost_table_unit *units; /* owned, n_units entries */
     double optimizer_s_per_param;
@@ -84,15 +92,17 @@ void cdp_cost_table_clear(struct cdp_cost_table *t);
  * CDP_ERR_IO naming the file when it cannot be written. */
 cdp_status cdp_cost_table_write(const struct cdp_cost_table *t, const char *path);
 
-/* Reads a table written by cdp_cost_table_write. CDP_ERR_INVALID naming the
- * file and the key for anything else (not JSON, another format, a missing or
- * non-positive time), CDP_ERR_IO when it cannot be read. On success *out owns
+/* Reads a table written by cdp_cost_table_write (version 2) or an older one
+ * (version 1). CDP_ERR_INVALID naming the file and the key for anything else
+ * (not JSON, another format, a missing or non-positive time, a bwd_w_s above
+ * its bwd_s), CDP_ERR_IO when it cannot be read. On success *out owns
  * its units (cdp_cost_table_clear). */
 cdp_status cdp_cost_table_read(const char *path, struct cdp_cost_table *out);
 
 /* Whether table t (read from path) was measured for the plan's model and
  * micro-batch: the same number of units, of the same kinds, and
- * /train/micro_batch. CDP_ERR_INVALID naming path and what differs. */
+ * /train/micro_batch (any t: the planner rescales the split units' times,
+ * cdp_planner_tensor_measured). CDP_ERR_INVALID naming path and what differs. */
 cdp_status cdp_cost_table_check(const struct cdp_cost_table *t, const char *path, const struct cdp_plan *plan,
                                 const struct cdp_unit *u, int n);
 

@@ -13,6 +13,7 @@
 #include "cdp/log.h"
 #include "model/model.h"
 #include "model/optim.h"
+#include "model/tensor_group.h"
 
 static uint64_t rng_next(uint64_t *s)
 {
@@ -82,32 +83,58 @@ static cdp_status one_pass(struct cdp_model *m, const struct unit_io *io, int en
     return CDP_OK;
 }
 
+/* The same micro-batch again with the backward split (a zero-bubble
+ * schedule's B and W): an untimed forward, then its B and its W timed. */
+static cdp_status split_pass(struct cdp_model *m, const struct unit_io *io, int ends, double *bi, double *bw)
+{
+    cdp_status st;
+    double loss = 0;
+    if ((st = cdp_model_forward(m, 0))) return st;
+    if (ends && (st = cdp_model_loss(m, 0, io->tgt, 1e-3f, &loss))) return st;
+    uint64_t t0 = cdp_time_ns();
+    if ((st = cdp_model_backward_input(m, 0, 0, ends ? NULL : io->dout, io->din))) return st;
+    uint64_t t1 = cdp_time_ns();
+    if ((st = cdp_model_backward_weight(m, 0, 0))) return st;
+    uint64_t t2 = cdp_time_ns();
+    *bi = (double)(t1 - t0) / 1e9;
+    *bw = (double)(t2 - t1) / 1e9;
+    return CDP_OK;
+}
+
 /* One unit alone in a model of its own, with its micro-batch's buffers. */
 struct unit_run {
     struct cdp_model *m;
     struct unit_io io;
     int ends;
-    double *tf, *tb; /* the timed passes */
+    int split;              /* it has parameters: its backward is timed split too */
+    double *tf, *tb;        /* the timed passes */
+    double *ti, *tw;        /* the split passes' B and W */
 };
 
 static void unit_run_free(struct unit_run *r)
 {
     free(r->tf);
     free(r->tb);
+    free(r->ti);
+    free(r->tw);
     unit_io_free(&r->io);
     cdp_model_destroy(r->m);
 }
 
-static cdp_status unit_setup(const struct cdp_plan *plan, const struct cdp_unit *u, int n, cdp_device_t dev,
-                             uint64_t *rng, int cap, struct unit_run *run)
+static cdp_status unit_setup(const struct cdp_plan *plan, const struct cdp_unit *u, int n,
+                             const struct cdp_tensor_group *tg, cdp_device_t dev, uint64_t *rng, int cap,
+                             struct unit_run *run)
 {
     const struct cdp_model_desc *d = &plan->model;
     const int B = (int)plan->train.micro_batch, ends = u->index == n - 1;
     const int64_t in_n = (int64_t)B * shape_numel(&u->in), out_n = (int64_t)B * u->out_floats;
     struct unit_io *io = &run->io;
     run->ends = ends;
-    cdp_status st = cdp_model_create(d, u->index, u->index + 1, B, 1, plan->train.seed, dev, &run->m);
+    cdp_status st = cdp_model_create_tensor(d, u->index, u->index + 1, B, 1, plan->train.seed, CDP_RECOMPUTE_NONE,
+                                            1, 0, tg, dev, &run->m);
     if (st) return st;
+    run->split = u->n_params > 0;
+    if (run->split && (st = cdp_model_set_split_backward(run->m, 1))) return st;
     /* host-visible memory: CPU only (this profiler opens the CPU device) */
     if (u->in_tokens) {
         int32_t *tok = cdp_model_input(run->m, 0);
@@ -132,20 +159,24 @@ static cdp_status unit_setup(const struct cdp_plan *plan, const struct cdp_unit 
         return cdp_fail(CDP_ERR_NOMEM, "out of memory");
     run->tf = malloc((size_t)cap * sizeof *run->tf);
     run->tb = malloc((size_t)cap * sizeof *run->tb);
-    if (!run->tf || !run->tb) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
+    run->ti = malloc((size_t)cap * sizeof *run->ti);
+    run->tw = malloc((size_t)cap * sizeof *run->tw);
+    if (!run->tf || !run->tb || !run->ti || !run->tw) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
     double f, b; /* warm-up: pages, caches, BLAS threads */
-    return one_pass(run->m, io, ends, &f, &b);
+    if ((st = one_pass(run->m, io, ends, &f, &b))) return st;
+    return run->split ? split_pass(run->m, io, ends, &f, &b) : CDP_OK;
 }
 
 /* The optimizer step of the whole model, as the executor's OPTIMIZER_STEP runs
  * it (the gradient norm, then the update), per parameter. */
-static cdp_status profile_optimizer(const struct cdp_plan *plan, int n, cdp_device_t dev,
-                                    const struct cdp_profile_options *o, double *out)
+static cdp_status profile_optimizer(const struct cdp_plan *plan, int n, const struct cdp_tensor_group *tg,
+                                    cdp_device_t dev, const struct cdp_profile_options *o, double *out)
 {
     struct cdp_model *m = NULL;
     struct cdp_optimizer *opt = NULL;
     double t[64];
-    cdp_status st = cdp_model_create(&plan->model, 0, n, (int)plan->train.micro_batch, 1, plan->train.seed, dev, &m);
+    cdp_status st = cdp_model_create_tensor(&plan->model, 0, n, (int)plan->train.micro_batch, 1, plan->train.seed,
+                                            CDP_RECOMPUTE_NONE, 1, 0, tg, dev, &m);
     if (st) return st;
     if ((st = cdp_optimizer_create(&plan->train.optimizer, m, dev, &opt))) goto fail;
     const int64_t params = cdp_model_param_floats(m);
@@ -168,6 +199,18 @@ fail:
     return st;
 }
 
+/* The profiler's tensor group: one process, no peers. Timing only, the
+ * collective is costed apart: the sum over the group is left undone, which
+ * changes values but not the work the rank's kernels do (matrix products and
+ * the loss take as long on any finite numbers). */
+static cdp_status timing_only_all_reduce(void *ctx, float *buf, int64_t n)
+{
+    (void)ctx;
+    (void)buf;
+    (void)n;
+    return CDP_OK;
+}
+
 cdp_status cdp_profile_run(const struct cdp_plan *plan, const struct cdp_profile_options *opts,
                            struct cdp_cost_table *out)
 {
@@ -185,7 +228,11 @@ cdp_status cdp_profile_run(const struct cdp_plan *plan, const struct cdp_profile
     cdp_status st;
     if (plan->train.micro_batch < 1 || plan->train.micro_batch > (1 << 30))
         return cdp_fail(CDP_ERR_INVALID, "%s: /train/micro_batch: expected a positive number", plan->source);
-    if ((st = cdp_units_build(&plan->model, &u, &n))) return st;
+    /* a plan of a fixed t > 1: rank 0's slices, their compute only; the group's all-reduces are
+     * costed apart (the planner's ring model on the topology's links) */
+    const int tp = plan->parallel.tensor != CDP_AUTO && plan->parallel.tensor > 1 ? (int)plan->parallel.tensor : 1;
+    const struct cdp_tensor_group tg = {.size = tp, .index = 0, .all_reduce = timing_only_all_reduce};
+    if ((st = cdp_units_build_tensor(&plan->model, tp, 0, &u, &n))) return st;
     if ((st = cdp_device_open(CDP_BACKEND_CPU, 0, plan->cluster.device_memory, &dev))) goto fail;
     if (!(t.units = calloc((size_t)n, sizeof *t.units))) {
         st = cdp_fail(CDP_ERR_NOMEM, "out of memory");
@@ -194,6 +241,8 @@ cdp_status cdp_profile_run(const struct cdp_plan *plan, const struct cdp_profile
     t.n_units = n;
     t.micro_batch = plan->train.micro_batch;
     t.threads = openblas_get_num_threads();
+    t.tensor = tp;
+    t.bwd_w_measured = 1;
     snprintf(t.device, sizeof t.device, "cpu: %s", cdp_device_description(dev));
     uint64_t rng = 0x9e3779b97f4a7c15ull ^ (uint64_t)plan->train.seed;
     /* Every unit is set up first, then timed in rounds of one pass of each:
@@ -206,7 +255,7 @@ cdp_status cdp_profile_run(const struct cdp_plan *plan, const struct cdp_profile
         goto fail;
     }
     for (int i = 0; i < n; i++)
-        if ((st = unit_setup(plan, &u[i], n, dev, &rng, MAX_ROUNDS, &runs[i]))) {
+        if ((st = unit_setup(plan, &u[i], n, tp > 1 ? &tg : NULL, dev, &rng, MAX_ROUNDS, &runs[i]))) {
             st = cdp_error_context(st, "%s: profiling unit %d (%s)", plan->source, i, cdp_layer_name(u[i].desc.type));
             goto fail;
         }
@@ -221,6 +270,12 @@ cdp_status cdp_profile_run(const struct cdp_plan *plan, const struct cdp_profile
                                        cdp_layer_name(u[i].desc.type));
                 goto fail;
             }
+            if (runs[i].split && (st = split_pass(runs[i].m, &runs[i].io, runs[i].ends, &runs[i].ti[rounds],
+                                                  &runs[i].tw[rounds]))) {
+                st = cdp_error_context(st, "%s: profiling unit %d (%s), its backward split", plan->source, i,
+                                       cdp_layer_name(u[i].desc.type));
+                goto fail;
+            }
             if (rounds % 64 == 63) cdp_model_zero_grad(runs[i].m); /* keep accumulated gradients finite */
         }
         spent += (double)(cdp_time_ns() - t0) / 1e9;
@@ -231,13 +286,18 @@ cdp_status cdp_profile_run(const struct cdp_plan *plan, const struct cdp_profile
         /* the clock's resolution is far below a unit's time; a zero would read as "not measured" */
         t.units[i].fwd_s = fmax(mean(runs[i].tf, rounds), 1e-9);
         t.units[i].bwd_s = fmax(mean(runs[i].tb, rounds), 1e-9);
-        CDP_DEBUG(PART, "unit %d (%s): %d rounds, fwd %.6f s, bwd %.6f s", i, cdp_layer_name(u[i].desc.type), rounds,
-                  t.units[i].fwd_s, t.units[i].bwd_s);
+        /* W's share of the split backward as measured, of the combined backward's time (both
+         * timed in every round: a slow spell changes the two alike, and W stays below bwd_s) */
+        const double bi = runs[i].split ? mean(runs[i].ti, rounds) : 0;
+        const double bw = runs[i].split ? mean(runs[i].tw, rounds) : 0;
+        t.units[i].bwd_w_s = bi + bw > 0 ? t.units[i].bwd_s * bw / (bi + bw) : 0;
+        CDP_DEBUG(PART, "unit %d (%s): %d rounds, fwd %.6f s, bwd %.6f s (split: B %.6f s, W %.6f s)", i,
+                  cdp_layer_name(u[i].desc.type), rounds, t.units[i].fwd_s, t.units[i].bwd_s, bi, bw);
         unit_run_free(&runs[i]);
     }
     free(runs);
     runs = NULL;
-    if ((st = profile_optimizer(plan, n, dev, &o, &t.optimizer_s_per_param))) {
+    if ((st = profile_optimizer(plan, n, tp > 1 ? &tg : NULL, dev, &o, &t.optimizer_s_per_param))) {
         st = cdp_error_context(st, "%s: profiling the optimizer", plan->source);
         goto fail;
     }

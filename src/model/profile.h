@@ -28,7 +28,12 @@ struct cdp_profile_options {
  * and the median leaves it out. The forward of the
  * model's last unit includes the loss, and its backward starts from the loss,
  * as a pipeline's last stage runs them; backward computes the input gradient
- * wherever the input is not token ids. The optimizer: the median of the
+ * wherever the input is not token ids. A unit with parameters also runs its
+ * backward split in every round (B, then W): its bwd_w_s is bwd_s x W / (B + W).
+ * A plan of a fixed /parallel/tensor t > 1: rank 0's slices
+ * (cdp_units_build_tensor(model, t, 0)) with a group of size t whose
+ * all-reduce does nothing (timing only, the collective is costed apart by
+ * the planner), and the table records t. The optimizer: the median of the
  * whole model's gradient norm plus cdp_optimizer_step, over its parameters.
  * o may be NULL (defaults). On success *out owns a new table. */
 cdp_status cdp_profile_run(const struct cdp_plan *plan, const struct cdp_profile_options *o,
