@@ -132,6 +132,28 @@ cdp_status cdp_unit_seq_scatter(const struct cdp_kernels *k, const struct cdp_un
     return CDP_OK;
 }
 
+cdp_status cdp_unit_set_sequence_parallel(struct cdp_unit *u)
+{
+    const enum cdp_layer_type ty = u->desc.type;
+    if ((ty != CDP_LAYER_TRANSFORMER_BLOCK && ty != CDP_LAYER_EMBEDDING && ty != CDP_LAYER_LM_HEAD) ||
+        !cdp_unit_tensor_split(u))
+        return cdp_fail(CDP_ERR_UNSUPPORTED, "%s unit %d: sequence parallelism needs a transformer_block, embedding "
+                        "or lm_head split over a tensor group", cdp_layer_name(ty), u->index);
+    if (u->seq_parallel) return CDP_OK;
+    const int t = u->tp_size;
+    const int64_t T = u->out.d[0]; /* the embedding's output, the others' input and output */
+    if (u->out.ndim != 2 || T % t)
+        return cdp_fail(CDP_ERR_INVALID, "%s unit %d: a sequence of %lld positions does not split over %d ranks",
+                        cdp_layer_name(ty), u->index, (long long)T, t);
+    if (ty != CDP_LAYER_EMBEDDING) u->in.d[0] /= t; /* the embedding takes every token id */
+    if (ty != CDP_LAYER_LM_HEAD) { /* the head gives the rank's logits of every position */
+        u->out.d[0] /= t;
+        u->out_floats /= t;
+    }
+    u->seq_parallel = 1;
+    return CDP_OK;
+}
+
 /* The units of m: a layer list's, or a GPT preset's token and position
  * embedding, its blocks and its head. */
 int cdp_model_desc_units(const struct cdp_model_desc *m)
