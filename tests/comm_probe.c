@@ -1189,7 +1189,14 @@ static void seq_unit_check(const struct cdp_tensor_group *tg, int size, const st
     const int64_t V = head ? w->out.d[1] : C, Vr = head ? u->out.d[1] : C; /* the output's width, whole and here */
     int64_t off = 0, valid = V;
     if (head) CHECK(cdp_unit_vocab_split(u, &off, &valid), "the head splits by vocabulary");
+    const int64_t act_before = u->act_floats;
     OK(cdp_unit_set_sequence_parallel(u));
+    /* kept on the shard's rows: the block's output, res2 and norm statistics; the embedding's output; the
+     * head's norm statistics */
+    const int64_t gone = (T - Ts) * (emb ? C : head ? 2 : 2 * C + 4);
+    CHECK(u->act_floats == act_before - gone && u->keep_floats == u->act_floats,
+          "unit %d: %lld floats kept a sample, expected %lld - %lld", i, (long long)u->act_floats,
+          (long long)act_before, (long long)gone);
     CHECK(u->seq_parallel && (emb || u->in.d[0] == Ts) && (head || (u->out.d[0] == Ts && u->out_floats == Ts * C)),
           "unit %d: the shard [%lld, %lld] where the residual stream is", i, (long long)Ts, (long long)C);
     cdp_device_t dev = NULL;
@@ -1213,9 +1220,13 @@ static void seq_unit_check(const struct cdp_tensor_group *tg, int size, const st
     float *x = malloc((size_t)n_in * sizeof *x), *dy = malloc((size_t)n_out * sizeof *dy);
     float *dx = calloc((size_t)n_in, sizeof *dx), *xs = malloc((size_t)n_in * sizeof *xs);
     float *dys = calloc((size_t)n_outr, sizeof *dys), *dxs = calloc((size_t)n_in, sizeof *dxs);
-    float *wa = calloc((size_t)(B * w->act_floats), sizeof *wa), *ua = calloc((size_t)(B * u->act_floats), sizeof *ua);
+    /* the rank's activations and scratch exactly as the unit says, then a guard that must stay */
+    enum { GUARD = 64 };
+    const int64_t n_ua = B * u->act_floats, n_us = cdp_unit_scratch_floats(u, B);
+    float *wa = calloc((size_t)(B * w->act_floats), sizeof *wa), *ua = calloc((size_t)(n_ua + GUARD), sizeof *ua);
     float *ws = calloc((size_t)cdp_unit_scratch_floats(w, B) + 1, sizeof *ws);
-    float *us = calloc((size_t)cdp_unit_scratch_floats(u, B) + 1, sizeof *us);
+    float *us = calloc((size_t)(n_us + GUARD), sizeof *us);
+    for (int e = 0; ua && us && e < GUARD; e++) ua[n_ua + e] = us[n_us + e] = 777.25f;
     CHECK(x && dy && dx && xs && dys && dxs && wa && ua && ws && us, "memory");
     for (int64_t e = 0; e < n_in; e++) {
         if (emb) ((int32_t *)x)[e] = (int32_t)((e * 5 + 3) % 11);
@@ -1247,6 +1258,9 @@ static void seq_unit_check(const struct cdp_tensor_group *tg, int size, const st
         free(kept);
     }
     OK(cdp_unit_backward(&kk, u, up, ug, xs, ua, dys, emb ? NULL : dxs, us, B));
+    for (int e = 0; e < GUARD; e++)
+        CHECK(ua[n_ua + e] == 777.25f && us[n_us + e] == 777.25f, "unit %d wrote past its %s", i,
+              ua[n_ua + e] != 777.25f ? "activations" : "scratch");
     for (int f = 0; f < 2; f++) {
         if (f && emb) break; /* tokens: no input gradient */
         const float *whole = f ? dx : wa, *got = f ? dxs : ua;

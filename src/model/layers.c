@@ -150,6 +150,13 @@ cdp_status cdp_unit_set_sequence_parallel(struct cdp_unit *u)
         u->out.d[0] /= t;
         u->out_floats /= t;
     }
+    /* kept on the shard's rows only (the layouts in each type's file): the block's output, res2 and
+     * both norms' mean and 1/std; the embedding's output; the head's norm statistics */
+    const int64_t gone = T - T / t, C = u->out.d[1];
+    u->act_floats -= ty == CDP_LAYER_TRANSFORMER_BLOCK ? gone * (2 * C + 4)
+                     : ty == CDP_LAYER_EMBEDDING       ? gone * C
+                                                       : gone * (u->desc.rms ? 1 : 2);
+    cdp_unit_set_recompute(u, u->recompute);
     u->seq_parallel = 1;
     return CDP_OK;
 }

@@ -250,10 +250,12 @@ cdp_status cdp_unit_seq_scatter(const struct cdp_kernels *k, const struct cdp_un
  * Work in progress, which no plan key sets yet: forward, combined backward
  * and the block's recompute hook honour it; split backward (backward_input
  * and backward_weight) refuses it with CDP_ERR_UNSUPPORTED except the
- * embedding's; act_floats, wstate_floats and the cost figures are still the
- * whole sequence's (an upper bound, not the prediction the memory tests
- * need). CDP_ERR_UNSUPPORTED for another type or an unsplit unit,
- * CDP_ERR_INVALID when t does not divide the sequence. */
+ * embedding's. act_floats (and keep_floats) shrink to what the rank keeps:
+ * the residual stream's and the norms' statistics' rows of its shard, the
+ * norms' outputs and the split products' whole; scratch grows by the moves'
+ * staging; FLOPs and wstate_floats stay as they were (the planner does not
+ * cost sequence parallelism yet). CDP_ERR_UNSUPPORTED for another type or
+ * an unsplit unit, CDP_ERR_INVALID when t does not divide the sequence. */
 cdp_status cdp_unit_set_sequence_parallel(struct cdp_unit *u);
 
 /* Forward for B samples on kernels k: in (float, or int32 tokens) -> act (the

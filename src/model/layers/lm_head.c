@@ -84,8 +84,9 @@ static struct head_acts head_layout(const struct cdp_unit *u, const float *act, 
     struct head_acts h;
     h.logits = (float *)act;
     h.ln = h.logits + N * V;
+    const int64_t S = u->seq_parallel ? N / u->tp_size : N; /* the norm's rows: the shard's */
     h.mean = u->desc.rms ? NULL : h.ln + N * C;
-    h.rstd = h.ln + N * C + (u->desc.rms ? 0 : N);
+    h.rstd = h.ln + N * C + (u->desc.rms ? 0 : S);
     h.w = u->desc.rms ? 1 : 2;
     return h;
 }
