@@ -1293,9 +1293,23 @@ static void seq_unit_check(const struct cdp_tensor_group *tg, int size, const st
                   "%.9g, the whole's %.9g", size, kx, i, s->name, (long long)e, (double)ug[q][e], (double)want[e]);
         free(want);
     }
-    if (!emb) /* not built yet: refused, not wrong */
-        CHECK(cdp_unit_backward_input(&kk, u, up, xs, ua, tail, dys, dxs, us, us, B) == CDP_ERR_UNSUPPORTED &&
-                  strstr(cdp_last_error(), "sequence parallelism"), "%s", cdp_last_error());
+    /* split backward (B, then W from the W-state): the combined backward's bits */
+    float *wsb = calloc((size_t)(B * u->wstate_floats) + 1, sizeof *wsb), *dx2 = calloc((size_t)n_in, sizeof *dx2);
+    CHECK(wsb && dx2, "memory");
+    float *ug2[CDP_UNIT_MAX_PARAMS];
+    for (int q = 0; q < u->n_params; q++) CHECK((ug2[q] = calloc((size_t)u->params[q].numel, sizeof(float))), "memory");
+    OK(cdp_unit_backward_input(&kk, u, up, xs, ua, tail, dys, emb ? NULL : dx2, wsb, us, B));
+    OK(cdp_unit_backward_weight(&kk, u, up, ug2, xs, ua, tail, cdp_unit_weight_takes_dout(u) ? dys : NULL, wsb, us, B));
+    CHECK(emb || !memcmp(dx2, dxs, (size_t)n_in * sizeof *dx2), "%d ranks: unit %d's split backward's input gradient "
+          "differs from the combined one's", size, i);
+    for (int q = 0; q < u->n_params; q++) {
+        for (int64_t e = 0; e < u->params[q].numel; e++)
+            CHECK(ug2[q][e] == ug[q][e], "%d ranks: unit %d's split backward's gradient of %s [%lld] = %.9g, the "
+                  "combined one's %.9g", size, i, u->params[q].name, (long long)e, (double)ug2[q][e], (double)ug[q][e]);
+        free(ug2[q]);
+    }
+    free(wsb);
+    free(dx2);
     for (int q = 0; q < w->n_params; q++) {
         free(wp[q]);
         free(wg[q]);

@@ -202,10 +202,14 @@ static cdp_status backward_input(const struct cdp_kernels *k, const struct cdp_u
                                  const void *in, const float *act, const float *tail, const float *dout,
                                  float *din, float *ws, float *scratch_, int B)
 {
-    (void)tail, (void)scratch_;
-    if (u->seq_parallel)
-        return cdp_fail(CDP_ERR_UNSUPPORTED, "lm_head unit %d: split backward with sequence parallelism is not "
-                        "built yet", u->index);
+    (void)tail;
+    if (u->seq_parallel) { /* backward_seq into the W-state: the norm's gradients, summed over the group */
+        const int nn = u->desc.rms ? 1 : 2;
+        float *gw[CDP_UNIT_MAX_PARAMS] = {ws, ws + u->in.d[1]};
+        gw[(u->desc.rms ? 1 : 2)] = NULL; /* the projection's: W's */
+        K(zero, ws, (size_t)nn * u->in.d[1] * sizeof *ws);
+        return backward_seq(k, u, p, gw, (const float *)in, act, dout, din, scratch_, B);
+    }
     const int T = (int)u->in.d[0], C = (int)u->in.d[1], N = B * T, V = (int)width(u);
     const struct head_acts h = head_layout(u, act, B);
     float *dln = ws;
@@ -224,12 +228,13 @@ static cdp_status backward_weight(const struct cdp_kernels *k, const struct cdp_
                                   const float *dout, const float *ws, float *scratch_, int B)
 {
     (void)tail, (void)scratch_;
-    if (u->seq_parallel)
-        return cdp_fail(CDP_ERR_UNSUPPORTED, "lm_head unit %d: split backward with sequence parallelism is not "
-                        "built yet", u->index);
-    const int T = (int)u->in.d[0], C = (int)u->in.d[1], N = B * T, V = (int)width(u);
+    const int T = (int)seq_len(u), C = (int)u->in.d[1], N = B * T, V = (int)width(u);
     const struct head_acts h = head_layout(u, act, B);
     K(linear_bwd, NULL, g[h.w], NULL, dout, h.ln, p[h.w], N, C, V);
+    if (u->seq_parallel) { /* the norm's, as B left them */
+        for (int j = 0; j < h.w; j++) K(add, g[j], ws + (size_t)j * C, (size_t)C);
+        return CDP_OK;
+    }
     return norm_bwd(k, u, p, NULL, g, ws, &h, (const float *)in, N, C);
 }
 

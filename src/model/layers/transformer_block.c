@@ -395,6 +395,58 @@ static struct block_wstate block_wstate(float *w, const struct dims *d)
     return r;
 }
 
+/* B of backward_seq: its calls with the products' weight outputs NULL, the
+ * whole gradients W reads in the W-state (dout and dres2 gathered whole);
+ * the norms' weight and bias gradients are B's, summed over the group here
+ * and left in the W-state (ln_1's at dln1, ln_2's at dln2, 2C floats each,
+ * N C >= 2C as T >= t >= 2), so that W has no collective. */
+static cdp_status backward_input_seq(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p,
+                                     const float *x, const struct block_acts *a, const struct block_wstate *w,
+                                     const float *dout, float *din, float *scratch, const struct dims *d, int B)
+{
+    const int N = d->N, Ns = d->Ns, C = d->C, A = d->A, F = d->F;
+    const size_t BTC = (size_t)N * C, BTF = (size_t)N * F, SC = (size_t)Ns * C;
+    struct block_grads s = grads_layout(scratch, d);
+    float *stage = s.att_scratch + (size_t)d->T * d->T, *dres2s = stage + BTC, *dlns = dres2s + SC;
+    float *ng = dlns + SC;
+    cdp_status st;
+    if ((st = cdp_unit_seq_gather(k, u, dout, w->dout, stage, B, d->T, C))) return st;
+    K(copy, dres2s, dout, SC * sizeof *dres2s);
+    if (k->ops->linear_gelu_bwd) {
+        K(linear_gelu_bwd, w->dfch, NULL, NULL, w->dout, a->fch_gelu, a->fch, p[10], N, F, C);
+    } else {
+        K(zero, s.dg, BTF * sizeof *s.dg);
+        K(linear_bwd, s.dg, NULL, NULL, w->dout, a->fch_gelu, p[10], N, F, C);
+        K(zero, w->dfch, BTF * sizeof *w->dfch);
+        K(gelu_bwd, w->dfch, s.dg, a->fch, BTF);
+    }
+    K(zero, s.dln, BTC * sizeof *s.dln);
+    K(linear_bwd, s.dln, NULL, NULL, w->dfch, a->ln2, p[8], N, C, F);
+    if ((st = cdp_unit_seq_scatter(k, u, s.dln, dlns, stage, B, d->T, C))) return st;
+    K(zero, ng, 4 * (size_t)C * sizeof *ng);
+    K(layernorm_bwd, dres2s, ng + 2 * C, ng + 3 * C, dlns, a->res2, p[6], a->ln2_mean, a->ln2_rstd, Ns, C);
+    if ((st = cdp_unit_seq_gather(k, u, dres2s, w->dres2, stage, B, d->T, C))) return st;
+    K(zero, s.dln, (size_t)N * A * sizeof *s.dln);
+    K(linear_bwd, s.dln, NULL, NULL, w->dres2, a->atty, p[4], N, A, C);
+    K(zero, w->dqkv, 3 * (size_t)N * A * sizeof *w->dqkv);
+    K(attention_bwd, w->dqkv, s.dln, a->qkv, a->att, s.att_scratch, B, d->T, A, d->NH, 1);
+    K(zero, s.dln, BTC * sizeof *s.dln);
+    K(linear_bwd, s.dln, NULL, NULL, w->dqkv, a->ln1, p[2], N, C, 3 * A);
+    if ((st = cdp_unit_seq_scatter(k, u, s.dln, dlns, stage, B, d->T, C))) return st;
+    float *into = din;
+    if (din) {
+        K(add, din, dres2s, SC);
+    } else {
+        into = s.dres2;
+        K(zero, into, SC * sizeof *into);
+    }
+    K(layernorm_bwd, into, ng, ng + C, dlns, x, p[0], a->ln1_mean, a->ln1_rstd, Ns, C);
+    if ((st = cdp_unit_tensor_sum(u, ng, 4 * (int64_t)C))) return st;
+    K(copy, w->dln1, ng, 2 * (size_t)C * sizeof *ng);
+    K(copy, w->dln2, ng + 2 * C, 2 * (size_t)C * sizeof *ng);
+    return CDP_OK;
+}
+
 /* B: backward's input-gradient calls in its order, the weight outputs NULL,
  * with the gradients W reads written in the W-state rather than scratch; the
  * group's two all-reduces are here, W has none. */
@@ -402,15 +454,13 @@ static cdp_status backward_input(const struct cdp_kernels *k, const struct cdp_u
                                  const void *in, const float *act, const float *tail, const float *dout,
                                  float *din, float *ws, float *scratch, int B)
 {
-    if (u->seq_parallel)
-        return cdp_fail(CDP_ERR_UNSUPPORTED, "transformer_block unit %d: split backward with sequence parallelism "
-                        "is not built yet", u->index);
     const float *x = (const float *)in;
     const struct dims d = dims_of(u, B);
     const int N = d.N, C = d.C, A = d.A, F = d.F;
     const size_t BTC = (size_t)N * C, BTF = (size_t)N * F;
     struct block_acts a = block_layout((float *)act, (float *)tail, &d);
     struct block_wstate w = block_wstate(ws, &d);
+    if (u->seq_parallel) return backward_input_seq(k, u, p, x, &a, &w, dout, din, scratch, &d, B);
     struct block_grads s = grads_layout(scratch, &d); /* dres2, dfch and dqkv unused */
     cdp_status st;
     K(copy, w.dout, dout, BTC * sizeof *w.dout);
@@ -448,14 +498,22 @@ static cdp_status backward_weight(const struct cdp_kernels *k, const struct cdp_
                                   const float *dout, const float *ws, float *scratch, int B)
 {
     (void)dout, (void)scratch;
-    if (u->seq_parallel)
-        return cdp_fail(CDP_ERR_UNSUPPORTED, "transformer_block unit %d: split backward with sequence parallelism "
-                        "is not built yet", u->index);
     const float *x = (const float *)in;
     const struct dims d = dims_of(u, B);
     const int N = d.N, C = d.C, A = d.A, F = d.F;
     struct block_acts a = block_layout((float *)act, (float *)tail, &d);
     struct block_wstate w = block_wstate((float *)ws, &d);
+    if (u->seq_parallel) { /* the products' from the whole gradients, the norms' as B summed them */
+        K(linear_bwd, NULL, g[10], g[11], w.dout, a.fch_gelu, p[10], N, F, C);
+        K(linear_bwd, NULL, g[8], g[9], w.dfch, a.ln2, p[8], N, C, F);
+        K(linear_bwd, NULL, g[4], g[5], w.dres2, a.atty, p[4], N, A, C);
+        K(linear_bwd, NULL, g[2], g[3], w.dqkv, a.ln1, p[2], N, C, 3 * A);
+        K(add, g[0], w.dln1, (size_t)C);
+        K(add, g[1], w.dln1 + C, (size_t)C);
+        K(add, g[6], w.dln2, (size_t)C);
+        K(add, g[7], w.dln2 + C, (size_t)C);
+        return CDP_OK;
+    }
     K(linear_bwd, NULL, g[10], g[11], w.dout, a.fch_gelu, p[10], N, F, C);
     K(linear_bwd, NULL, g[8], g[9], w.dfch, a.ln2, p[8], N, C, F);
     K(layernorm_bwd, NULL, g[6], g[7], w.dln2, a.res2, p[6], a.ln2_mean, a.ln2_rstd, N, C);
