@@ -330,6 +330,11 @@ cdp_status cdp_units_build_tensor(const struct cdp_model_desc *m, int t, int k, 
         u->out_floats = cdp_shape_numel(&u->out);
         cdp_layer_def(u->desc.type)->cost(u);
         cdp_unit_set_recompute(u, CDP_RECOMPUTE_NONE);
+        cdp_status st;
+        if (m->seq_parallel && t > 1 && (st = cdp_unit_set_sequence_parallel(u))) {
+            free(units);
+            return st;
+        }
     }
     for (int i = 0; i < count; i++)
         for (int p = 0; p < units[i].n_params; p++) {
@@ -354,7 +359,8 @@ void cdp_unit_fit_kernels(struct cdp_unit *u, const struct cdp_kernels *k, int B
     if (!k->ops->attention_state_floats || B < 1) return;
     /* a type split by heads keeps its rank's heads' state */
     const int t = cdp_unit_tensor_split(u) ? u->tp_size : 1;
-    const size_t n = k->ops->attention_state_floats(k->ks, B, (int)u->in.d[0], (int)(u->in.d[1] / t),
+    const int T = (int)u->in.d[0] * (u->seq_parallel ? u->tp_size : 1); /* the whole sequence's attention */
+    const size_t n = k->ops->attention_state_floats(k->ks, B, T, (int)(u->in.d[1] / t),
                                                     (int)(u->desc.heads / t));
     const int64_t per = (int64_t)((n + (size_t)B - 1) / (size_t)B);
     if (per >= u->att_floats) return;
