@@ -1167,6 +1167,182 @@ static void seq_checks(const struct cdp_tensor_group *tg, int size)
     cdp_device_close(dev);
 }
 
+/* Unit i of a one-block GPT (the embedding, the transformer_block, the head)
+ * run sequence parallel (cdp_unit_set_sequence_parallel) by rank k of tensor
+ * group tg of size ranks equals the whole unit on one rank: its output and
+ * input gradient are the whole's rows of its shard (the head's output: its
+ * vocabulary columns of every row), its parameter gradients the whole's (a
+ * slice's: the whole's slice; a norm's, summed over the group inside the
+ * unit: the whole's), each to 1e-5 of its tensor's largest value. The
+ * block's recomputed tail is the forward's to the bit. */
+static void seq_unit_check(const struct cdp_tensor_group *tg, int size, const struct cdp_model_desc *md, int i)
+{
+    struct cdp_unit *one = NULL, *mine = NULL;
+    int n = 0, m = 0;
+    const int kx = tg->index;
+    OK(cdp_units_build(md, &one, &n));
+    OK(cdp_units_build_tensor(md, size, kx, &mine, &m));
+    struct cdp_unit *w = &one[i], *u = &mine[i];
+    u->tp = tg;
+    const int emb = w->desc.type == CDP_LAYER_EMBEDDING, head = w->desc.type == CDP_LAYER_LM_HEAD;
+    const int64_t T = w->out.d[0], C = emb ? w->out.d[1] : w->in.d[1], Ts = T / size;
+    const int64_t V = head ? w->out.d[1] : C, Vr = head ? u->out.d[1] : C; /* the output's width, whole and here */
+    int64_t off = 0, valid = V;
+    if (head) CHECK(cdp_unit_vocab_split(u, &off, &valid), "the head splits by vocabulary");
+    const int64_t act_before = u->act_floats;
+    OK(cdp_unit_set_sequence_parallel(u));
+    /* kept on the shard's rows: the block's output, res2 and norm statistics; the embedding's output; the
+     * head's norm statistics */
+    const int64_t gone = (T - Ts) * (emb ? C : head ? 2 : 2 * C + 4);
+    CHECK(u->act_floats == act_before - gone && u->keep_floats == u->act_floats,
+          "unit %d: %lld floats kept a sample, expected %lld - %lld", i, (long long)u->act_floats,
+          (long long)act_before, (long long)gone);
+    CHECK(u->seq_parallel && (emb || u->in.d[0] == Ts) && (head || (u->out.d[0] == Ts && u->out_floats == Ts * C)),
+          "unit %d: the shard [%lld, %lld] where the residual stream is", i, (long long)Ts, (long long)C);
+    cdp_device_t dev = NULL;
+    OK(cdp_device_open(CDP_BACKEND_CPU, 0, 0, &dev));
+    const struct cdp_kernels kk = { cdp_device_ops(dev), cdp_device_kernel_state(dev) };
+    const int B = 2;
+    float *wp[CDP_UNIT_MAX_PARAMS], *wg[CDP_UNIT_MAX_PARAMS], *up[CDP_UNIT_MAX_PARAMS], *ug[CDP_UNIT_MAX_PARAMS];
+    for (int q = 0; q < w->n_params; q++) {
+        wp[q] = malloc((size_t)w->params[q].numel * sizeof(float));
+        wg[q] = calloc((size_t)w->params[q].numel, sizeof(float));
+        up[q] = malloc((size_t)u->params[q].numel * sizeof(float));
+        ug[q] = calloc((size_t)u->params[q].numel, sizeof(float));
+        CHECK(wp[q] && wg[q] && up[q] && ug[q], "memory");
+        cdp_param_init(w, q, 5, wp[q]);
+        cdp_param_init(u, q, 5, up[q]);
+        if (u->params[q].shard_dim < 0) /* the norms start at 1 and 0: make them count */
+            for (int64_t e = 0; e < w->params[q].numel; e++)
+                up[q][e] = wp[q][e] += 0.01f * (float)((e * 7 + q) % 13) - 0.05f;
+    }
+    const int64_t n_in = B * T * (emb ? 1 : C), n_out = B * T * V, n_outr = head ? B * T * Vr : B * Ts * C;
+    float *x = malloc((size_t)n_in * sizeof *x), *dy = malloc((size_t)n_out * sizeof *dy);
+    float *dx = calloc((size_t)n_in, sizeof *dx), *xs = malloc((size_t)n_in * sizeof *xs);
+    float *dys = calloc((size_t)n_outr, sizeof *dys), *dxs = calloc((size_t)n_in, sizeof *dxs);
+    /* the rank's activations and scratch exactly as the unit says, then a guard that must stay */
+    enum { GUARD = 64 };
+    const int64_t n_ua = B * u->act_floats, n_us = cdp_unit_scratch_floats(u, B);
+    float *wa = calloc((size_t)(B * w->act_floats), sizeof *wa), *ua = calloc((size_t)(n_ua + GUARD), sizeof *ua);
+    float *ws = calloc((size_t)cdp_unit_scratch_floats(w, B) + 1, sizeof *ws);
+    float *us = calloc((size_t)(n_us + GUARD), sizeof *us);
+    for (int e = 0; ua && us && e < GUARD; e++) ua[n_ua + e] = us[n_us + e] = 777.25f;
+    CHECK(x && dy && dx && xs && dys && dxs && wa && ua && ws && us, "memory");
+    for (int64_t e = 0; e < n_in; e++) {
+        if (emb) ((int32_t *)x)[e] = (int32_t)((e * 5 + 3) % 11);
+        else x[e] = sinf(0.37f * (float)e) + 0.1f * (float)(e % 5);
+    }
+    for (int64_t e = 0; e < n_out; e++) dy[e] = cosf(0.23f * (float)e);
+    if (emb) memcpy(xs, x, (size_t)n_in * sizeof *xs); /* every token id on every rank */
+    else
+        for (int b = 0; b < B; b++) memcpy(xs + b * Ts * C, x + (b * T + kx * Ts) * C, (size_t)(Ts * C) * sizeof *xs);
+    for (int b = 0; b < B; b++)
+        for (int64_t r = 0; r < (head ? T : Ts); r++)
+            for (int64_t c = 0; c < (head ? valid : C); c++)
+                dys[(b * (head ? T : Ts) + r) * Vr + c] = head ? dy[(b * T + r) * V + off + c]
+                                                               : dy[(b * T + kx * Ts + r) * C + c];
+    OK(cdp_unit_forward(&kk, w, wp, x, wa, ws, B));
+    OK(cdp_unit_backward(&kk, w, wp, wg, x, wa, dy, emb ? NULL : dx, ws, B));
+    OK(cdp_unit_forward(&kk, u, up, xs, ua, us, B));
+    /* the block: its tail computed again, gathered again, the same to the bit */
+    const int64_t tail_n = B * cdp_unit_tail_floats(u);
+    float *tail = ua + B * (u->act_floats - cdp_unit_tail_floats(u));
+    if (tail_n > 0) {
+        float *kept = malloc((size_t)tail_n * sizeof *kept);
+        CHECK(kept, "memory");
+        memcpy(kept, tail, (size_t)tail_n * sizeof *kept);
+        for (int64_t e = 0; e < tail_n; e++) tail[e] = -12345.5f;
+        OK(cdp_unit_recompute_tail(&kk, u, up, xs, ua, tail, us, B));
+        CHECK(!memcmp(kept, tail, (size_t)tail_n * sizeof *kept), "%d ranks: unit %d's recomputed tail differs", size,
+              i);
+        free(kept);
+    }
+    OK(cdp_unit_backward(&kk, u, up, ug, xs, ua, dys, emb ? NULL : dxs, us, B));
+    for (int e = 0; e < GUARD; e++)
+        CHECK(ua[n_ua + e] == 777.25f && us[n_us + e] == 777.25f, "unit %d wrote past its %s", i,
+              ua[n_ua + e] != 777.25f ? "activations" : "scratch");
+    for (int f = 0; f < 2; f++) {
+        if (f && emb) break; /* tokens: no input gradient */
+        const float *whole = f ? dx : wa, *got = f ? dxs : ua;
+        const int64_t W = f ? C : V, nw = f ? n_in : n_out;
+        float big = 0;
+        for (int64_t e = 0; e < nw; e++) big = fmaxf(big, fabsf(whole[e]));
+        CHECK(big > 0, "unit %d: a zero %s tests nothing", i, f ? "input gradient" : "output");
+        const int rowsplit = f || !head; /* the shard's rows, or the head's logits: its columns */
+        for (int b = 0; b < B; b++)
+            for (int64_t r = 0; r < (rowsplit ? Ts : T); r++)
+                for (int64_t c = 0; c < (rowsplit ? W : valid); c++) {
+                    const float want = rowsplit ? whole[(b * T + kx * Ts + r) * W + c] : whole[(b * T + r) * W + off + c];
+                    const float g = rowsplit ? got[(b * Ts + r) * W + c] : got[(b * T + r) * Vr + c];
+                    CHECK(fabsf(g - want) <= 1e-5f * big, "%d ranks: rank %d's unit %d %s [%d, %lld, %lld] = %.9g, "
+                          "the whole's %.9g", size, kx, i, f ? "input gradient" : "output", b,
+                          (long long)(rowsplit ? kx * Ts + r : r), (long long)c, (double)g, (double)want);
+                }
+    }
+    for (int q = 0; q < w->n_params; q++) {
+        const struct cdp_param_desc *s = &u->params[q];
+        float *want = calloc((size_t)s->numel, sizeof *want);
+        CHECK(want, "memory");
+        if (s->shard_dim < 0) memcpy(want, wg[q], (size_t)s->numel * sizeof *want);
+        else cdp_param_slice_copy(s, wg[q], want, 0);
+        float big = 0;
+        for (int64_t e = 0; e < s->numel; e++) big = fmaxf(big, fabsf(want[e]));
+        CHECK(big > 0, "%s: a zero gradient tests nothing", s->name);
+        for (int64_t e = 0; e < s->numel; e++)
+            CHECK(fabsf(ug[q][e] - want[e]) <= 1e-5f * big, "%d ranks: rank %d's gradient of unit %d's %s [%lld] = "
+                  "%.9g, the whole's %.9g", size, kx, i, s->name, (long long)e, (double)ug[q][e], (double)want[e]);
+        free(want);
+    }
+    /* split backward (B, then W from the W-state): the combined backward's bits */
+    float *wsb = calloc((size_t)(B * u->wstate_floats) + 1, sizeof *wsb), *dx2 = calloc((size_t)n_in, sizeof *dx2);
+    CHECK(wsb && dx2, "memory");
+    float *ug2[CDP_UNIT_MAX_PARAMS];
+    for (int q = 0; q < u->n_params; q++) CHECK((ug2[q] = calloc((size_t)u->params[q].numel, sizeof(float))), "memory");
+    OK(cdp_unit_backward_input(&kk, u, up, xs, ua, tail, dys, emb ? NULL : dx2, wsb, us, B));
+    OK(cdp_unit_backward_weight(&kk, u, up, ug2, xs, ua, tail, cdp_unit_weight_takes_dout(u) ? dys : NULL, wsb, us, B));
+    CHECK(emb || !memcmp(dx2, dxs, (size_t)n_in * sizeof *dx2), "%d ranks: unit %d's split backward's input gradient "
+          "differs from the combined one's", size, i);
+    for (int q = 0; q < u->n_params; q++) {
+        for (int64_t e = 0; e < u->params[q].numel; e++)
+            CHECK(ug2[q][e] == ug[q][e], "%d ranks: unit %d's split backward's gradient of %s [%lld] = %.9g, the "
+                  "combined one's %.9g", size, i, u->params[q].name, (long long)e, (double)ug2[q][e], (double)ug[q][e]);
+        free(ug2[q]);
+    }
+    free(wsb);
+    free(dx2);
+    for (int q = 0; q < w->n_params; q++) {
+        free(wp[q]);
+        free(wg[q]);
+        free(up[q]);
+        free(ug[q]);
+    }
+    free(x), free(dy), free(dx), free(xs), free(dys), free(dxs), free(wa), free(ua), free(ws), free(us);
+    cdp_device_close(dev);
+    free(one);
+    free(mine);
+}
+
+static void seq_block_checks(const struct cdp_tensor_group *tg, int size)
+{
+    struct cdp_plan *p = NULL;
+    /* a vocabulary of 11: padded at t = 2 and 4 */
+    OK(cdp_plan_load_string("{\"model\": {\"preset\": \"gpt\", \"vocab\": 11, \"context\": 8, \"layers\": 1, "
+                            "\"heads\": 4, \"embed\": 16}}", "sp.json", NULL, &p));
+    struct cdp_machine_info mi = { 0, NULL };
+    OK(cdp_plan_resolve(p, &mi));
+    for (int i = 0; i < 3; i++) seq_unit_check(tg, size, &p->model, i);
+    struct cdp_unit *mine = NULL;
+    int m = 0;
+    OK(cdp_units_build_tensor(&p->model, size, tg->index, &mine, &m));
+    CHECK(cdp_unit_set_sequence_parallel(&mine[0]) == CDP_OK, "%s", cdp_last_error());
+    mine[1].in.d[0] = 7; /* a sequence t does not divide */
+    mine[1].out.d[0] = 7;
+    CHECK(cdp_unit_set_sequence_parallel(&mine[1]) == CDP_ERR_INVALID && strstr(cdp_last_error(), "does not split"),
+          "%s", cdp_last_error());
+    free(mine);
+    cdp_plan_free(p);
+}
+
 /* The executor's tensor group (cdp_exec_tensor_group) on a communicator of
  * size ranks: its all-reduce sums, its reduce-scatter leaves rank k part k of
  * the sum (n/size floats in rank order), its all-gather makes every rank's
@@ -1216,6 +1392,7 @@ static void tensor_group_checks(cdp_comm_t c, int size)
     }
     free(b);
     seq_checks(&tg, size);
+    if (size == 2 || size == 4) seq_block_checks(&tg, size); /* the model's 4 heads and 8 positions split */
     /* the group still works after the refusals: nothing was sent */
     float one = 1;
     OK(tg.all_reduce(tg.ctx, &one, 1));

@@ -55,6 +55,9 @@ struct layout {
     int t;              /* /parallel/tensor of the pipeline's plan (0: 1) */
 };
 
+/* /parallel/sequence_parallel of the pipeline's plans write_plan writes (its own test sets it) */
+static int plan_sp;
+
 static void write_plan(const char *dir, const char *name, const struct layout *l, int one_rank)
 {
     char json[2048], par[512], bal[96] = "";
@@ -64,6 +67,7 @@ static void write_plan(const char *dir, const char *name, const struct layout *l
     if (!one_rank && l->rebalance_every)
         snprintf(bal + strlen(bal), sizeof bal - strlen(bal), ", \"rebalance_every\": %d", l->rebalance_every);
     if (!one_rank && l->t > 1) snprintf(bal + strlen(bal), sizeof bal - strlen(bal), ", \"tensor\": %d", l->t);
+    if (!one_rank && plan_sp) snprintf(bal + strlen(bal), sizeof bal - strlen(bal), ", \"sequence_parallel\": true");
     snprintf(par, sizeof par,
              "\"parallel\": {\"stages\": %d, \"replicas\": %d, \"micro_batches\": %d, \"schedule\": \"%s\""
              "%s%s, \"zero\": %d}",
@@ -347,7 +351,38 @@ ParameterizedTestParameters(pipeline, tensor_layouts_equal_one_rank)
     return cr_make_param_array(struct layout, grid, cdp_test_sample_cells(grid, (size_t)n, sizeof grid[0]));
 }
 
+static void tensor_layout_equals_one_rank(struct layout *l);
+
 ParameterizedTest(struct layout *l, pipeline, tensor_layouts_equal_one_rank, .timeout = 240)
+{
+    tensor_layout_equals_one_rank(l);
+}
+
+/* Sequence parallelism (docs/parallelism.md): the same, with the norms and
+ * the residual stream on sequence shards of every tensor group. */
+ParameterizedTestParameters(pipeline, sequence_parallel_layouts_equal_one_rank)
+{
+    static struct layout grid[16];
+    int n = 0;
+    grid[n++] = (struct layout){MODEL_GPT_T_TIED, 1, 1, 2, 1, "1f1b", "", 0, "", 0, 2};
+    grid[n++] = (struct layout){MODEL_GPT_T_TIED, 2, 1, 4, 1, "1f1b", "", 0, "", 0, 4};
+    grid[n++] = (struct layout){MODEL_GPT_T_TIED, 1, 2, 2, 1, "1f1b", "", 0, "selective", 1, 2};
+    grid[n++] = (struct layout){MODEL_GPT_T_TIED, 2, 2, 4, 1, "1f1b", "", 0, "full", 2, 2};
+    grid[n++] = (struct layout){MODEL_GPT_T_TIED, 2, 1, 4, 2, "interleaved", "", 0, "selective", 0, 2};
+    grid[n++] = (struct layout){MODEL_GPT_T_TIED, 2, 1, 4, 2, "zbv", "", 0, "full", 1, 2};
+    grid[n++] = (struct layout){MODEL_GPT_T_TIED, 2, 2, 4, 1, "zb-h1", "", 0, "", 0, 4};
+    grid[n++] = (struct layout){MODEL_GPT_T, 2, 1, 4, 1, "1f1b", "", 0, "", 1, 2};
+    CDP_ASSERT((size_t)n <= sizeof grid / sizeof grid[0]);
+    return cr_make_param_array(struct layout, grid, cdp_test_sample_cells(grid, (size_t)n, sizeof grid[0]));
+}
+
+ParameterizedTest(struct layout *l, pipeline, sequence_parallel_layouts_equal_one_rank, .timeout = 240)
+{
+    plan_sp = 1;
+    tensor_layout_equals_one_rank(l);
+}
+
+static void tensor_layout_equals_one_rank(struct layout *l)
 {
     need_mpi();
     char dir[4096], one[4200], pipe[4200], a[4300], b[4300];

@@ -1159,6 +1159,52 @@ ParameterizedTest(struct lr_bad *c, plan, lr_schedule_errors_name_the_key)
 #define COL "{\"type\": \"linear\", \"out\": 10, \"split\": \"column\"}"
 #define ROW "{\"type\": \"linear\", \"out\": 4, \"split\": \"row\"}"
 
+/* /parallel/sequence_parallel: off by default, written back, and refused
+ * naming the key where it cannot run (tensor 1 or "auto", a model other
+ * than a GPT preset, a context the group does not divide). */
+#define SP_GPT(ctx, t) \
+    "{\"model\": {\"preset\": \"gpt\", \"heads\": 4, \"embed\": 32, \"context\": " ctx "}, \"parallel\": " \
+    "{\"tensor\": " t ", \"sequence_parallel\": true}}"
+
+Test(plan, sequence_parallel_key)
+{
+    struct cdp_plan *p = load_ok("{\"model\": {\"preset\": \"gpt\"}, \"parallel\": {\"tensor\": 2}}");
+    cr_assert(!p->parallel.sequence_parallel && !p->model.seq_parallel);
+    char *json = NULL;
+    cr_assert_eq(cdp_plan_to_json(p, &json), CDP_OK);
+    cr_assert(strstr(json, "\"sequence_parallel\": false"), "%s", json);
+    free(json);
+    cdp_plan_free(p);
+    p = load_ok(SP_GPT("64", "4"));
+    cr_assert(p->parallel.sequence_parallel && p->model.seq_parallel);
+    cr_assert_eq(cdp_plan_to_json(p, &json), CDP_OK);
+    cr_assert(strstr(json, "\"sequence_parallel\": true"), "%s", json);
+    free(json);
+    cdp_plan_free(p);
+    static const struct {
+        const char *plan, *error;
+    } bad[] = {
+        {SP_GPT("64", "1"), "t.json: /parallel/sequence_parallel: true needs /parallel/tensor a number above 1"},
+        {SP_GPT("64", "\"auto\""), "t.json: /parallel/sequence_parallel: true needs /parallel/tensor a number above 1"},
+        {SP_GPT("30", "4"), "t.json: /parallel/sequence_parallel: true needs /model/context 30 to be a multiple of "
+                            "/parallel/tensor 4"},
+        {"{\"model\": {\"preset\": \"llama\", \"heads\": 4, \"kv_heads\": 2, \"dim\": 16, \"hidden\": 24}, "
+         "\"parallel\": {\"tensor\": 2, \"sequence_parallel\": true}}",
+         "t.json: /parallel/sequence_parallel: true runs GPT presets (transformer_block) only today, not a Llama model"},
+        {SPLITS(COL, "{\"type\": \"relu\"}", ROW, "2, \"sequence_parallel\": true"),
+         "t.json: /parallel/sequence_parallel: true runs GPT presets (transformer_block) only today, not an explicit "
+         "layer list"},
+        {"{\"model\": {\"preset\": \"gpt\"}, \"parallel\": {\"tensor\": 2, \"sequence_parallel\": 1}}",
+         "t.json: /parallel/sequence_parallel"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        p = NULL;
+        cr_assert_eq(cdp_plan_load_string(bad[i].plan, "t.json", NULL, &p), CDP_ERR_INVALID, "%s", bad[i].plan);
+        cr_assert(strstr(cdp_last_error(), bad[i].error), "got: %s\nwant: %s", cdp_last_error(), bad[i].error);
+    }
+}
+
+
 Test(plan, tensor_key)
 {
     struct cdp_plan *p = load_ok("{\"model\": {\"preset\": \"mlp\"}}");

@@ -131,6 +131,7 @@ struct cdp_model_desc {
     enum cdp_model_arch arch;
     int64_t vocab, context, layers, heads, embed;
     int tie_embeddings;
+    int seq_parallel; /* /parallel/sequence_parallel (the plan loader copies it here): the units run sequence parallel at t > 1 */
     /* arch CDP_ARCH_LLAMA (docs/models.md) */
     int64_t kv_heads;          /* key/value heads, dividing heads */
     int64_t ffn_hidden;        /* the MLP's width, as given or from the rule below */
@@ -304,6 +305,7 @@ struct cdp_parallel_desc {
     int64_t replicas;      /* or CDP_AUTO */
     int64_t tensor;        /* t: ranks per stage and replica (its tensor group), or CDP_AUTO (the planner's;
                             * until it searches t, "auto" plans t = 1) */
+    int sequence_parallel; /* norms and residual on sequence shards of the tensor group (docs/parallelism.md) */
     int64_t micro_batches; /* per replica per step, or CDP_AUTO */
     enum cdp_schedule_kind schedule;
     int schedule_auto;     /* "auto": the planner chooses the kind (schedule holds 1f1b until then) */

@@ -132,6 +132,35 @@ cdp_status cdp_unit_seq_scatter(const struct cdp_kernels *k, const struct cdp_un
     return CDP_OK;
 }
 
+cdp_status cdp_unit_set_sequence_parallel(struct cdp_unit *u)
+{
+    const enum cdp_layer_type ty = u->desc.type;
+    if ((ty != CDP_LAYER_TRANSFORMER_BLOCK && ty != CDP_LAYER_EMBEDDING && ty != CDP_LAYER_LM_HEAD) ||
+        !cdp_unit_tensor_split(u))
+        return cdp_fail(CDP_ERR_UNSUPPORTED, "%s unit %d: sequence parallelism needs a transformer_block, embedding "
+                        "or lm_head split over a tensor group", cdp_layer_name(ty), u->index);
+    if (u->seq_parallel) return CDP_OK;
+    const int t = u->tp_size;
+    const int64_t T = u->out.d[0]; /* the embedding's output, the others' input and output */
+    if (u->out.ndim != 2 || T % t)
+        return cdp_fail(CDP_ERR_INVALID, "%s unit %d: a sequence of %lld positions does not split over %d ranks",
+                        cdp_layer_name(ty), u->index, (long long)T, t);
+    if (ty != CDP_LAYER_EMBEDDING) u->in.d[0] /= t; /* the embedding takes every token id */
+    if (ty != CDP_LAYER_LM_HEAD) { /* the head gives the rank's logits of every position */
+        u->out.d[0] /= t;
+        u->out_floats /= t;
+    }
+    /* kept on the shard's rows only (the layouts in each type's file): the block's output, res2 and
+     * both norms' mean and 1/std; the embedding's output; the head's norm statistics */
+    const int64_t gone = T - T / t, C = u->out.d[1];
+    u->act_floats -= ty == CDP_LAYER_TRANSFORMER_BLOCK ? gone * (2 * C + 4)
+                     : ty == CDP_LAYER_EMBEDDING       ? gone * C
+                                                       : gone * (u->desc.rms ? 1 : 2);
+    cdp_unit_set_recompute(u, u->recompute);
+    u->seq_parallel = 1;
+    return CDP_OK;
+}
+
 /* The units of m: a layer list's, or a GPT preset's token and position
  * embedding, its blocks and its head. */
 int cdp_model_desc_units(const struct cdp_model_desc *m)
@@ -301,6 +330,11 @@ cdp_status cdp_units_build_tensor(const struct cdp_model_desc *m, int t, int k, 
         u->out_floats = cdp_shape_numel(&u->out);
         cdp_layer_def(u->desc.type)->cost(u);
         cdp_unit_set_recompute(u, CDP_RECOMPUTE_NONE);
+        cdp_status st;
+        if (m->seq_parallel && t > 1 && (st = cdp_unit_set_sequence_parallel(u))) {
+            free(units);
+            return st;
+        }
     }
     for (int i = 0; i < count; i++)
         for (int p = 0; p < units[i].n_params; p++) {
@@ -325,7 +359,8 @@ void cdp_unit_fit_kernels(struct cdp_unit *u, const struct cdp_kernels *k, int B
     if (!k->ops->attention_state_floats || B < 1) return;
     /* a type split by heads keeps its rank's heads' state */
     const int t = cdp_unit_tensor_split(u) ? u->tp_size : 1;
-    const size_t n = k->ops->attention_state_floats(k->ks, B, (int)u->in.d[0], (int)(u->in.d[1] / t),
+    const int T = (int)u->in.d[0] * (u->seq_parallel ? u->tp_size : 1); /* the whole sequence's attention */
+    const size_t n = k->ops->attention_state_floats(k->ks, B, T, (int)(u->in.d[1] / t),
                                                     (int)(u->desc.heads / t));
     const int64_t per = (int64_t)((n + (size_t)B - 1) / (size_t)B);
     if (per >= u->att_floats) return;

@@ -103,6 +103,11 @@ struct cdp_unit {
      * of tp_size 1 needs none; not owned). */
     int tp_size, tp_index;
     const struct cdp_tensor_group *tp;
+    /* Sequence parallelism (cdp_unit_set_sequence_parallel): 1 when the
+     * unit's input and output are its tensor rank's sequence shard, rows
+     * [k T/t, (k + 1) T/t) of every sample; 0 everywhere a plan reaches
+     * today (no plan key sets it yet). */
+    int seq_parallel;
 };
 
 /* Whether u's work is its tensor rank's slice (a split linear, or a type
@@ -234,6 +239,24 @@ cdp_status cdp_unit_seq_gather(const struct cdp_kernels *k, const struct cdp_uni
  * a column-parallel one). */
 cdp_status cdp_unit_seq_scatter(const struct cdp_kernels *k, const struct cdp_unit *u, const float *full,
                                 float *shard, float *stage, int B, int64_t T, int64_t C);
+
+/* Makes split unit u run sequence parallel (docs/parallelism.md): the
+ * residual stream becomes its rank's sequence shard, [T/t, C] per sample --
+ * a transformer_block's input and output, an embedding's output, an
+ * lm_head's input (those shapes and out_floats divided by t) -- its norms
+ * and residual run on the shard, with an all-gather entering each split
+ * product and a reduce-scatter leaving it instead of the all-reduce, and
+ * its norms' parameter gradients summed over the group inside its backward.
+ * Work in progress, which no plan key sets yet: forward, both backwards
+ * (split: B does every collective, the norms' gradient sum included, and
+ * leaves the results in the W-state, so W has none) and the block's
+ * recompute hook (which gathers the norms' outputs again) honour it. act_floats (and keep_floats) shrink to what the rank keeps:
+ * the residual stream's and the norms' statistics' rows of its shard, the
+ * norms' outputs and the split products' whole; scratch grows by the moves'
+ * staging; FLOPs and wstate_floats stay as they were (the planner does not
+ * cost sequence parallelism yet). CDP_ERR_UNSUPPORTED for another type or
+ * an unsplit unit, CDP_ERR_INVALID when t does not divide the sequence. */
+cdp_status cdp_unit_set_sequence_parallel(struct cdp_unit *u);
 
 /* Forward for B samples on kernels k: in (float, or int32 tokens) -> act (the
  * unit's B x act_floats activations; its output is at the start). params

@@ -27,7 +27,7 @@
 
 static const char *const parallel_keys[] = {"stages", "replicas", "tensor", "micro_batches", "schedule", "chunks",
                                             "partition", "placement", "balance", "rebalance_every", "zero", "bucket_mb",
-                                            NULL};
+                                            "sequence_parallel", NULL};
 
 static const char *const balance_words[] = {"speed", "uniform", NULL};
 
@@ -543,6 +543,24 @@ cdp_status cdp_plan_load_parallel(struct ld *c, const json_t *v)
         return cdp_json_fail(&c->in, "/parallel/zero", "%s", why);
     if ((st = check_shares(c))) return st;
     if ((st = check_tensor_layers(c))) return st;
+    if (v && (st = cdp_json_get_bool(&c->in, v, P, "sequence_parallel", &pd->sequence_parallel))) return st;
+    if (pd->sequence_parallel) {
+        const struct cdp_model_desc *md = &c->p->model;
+        if (pd->tensor == CDP_AUTO || pd->tensor < 2)
+            return cdp_json_fail(&c->in, "/parallel/sequence_parallel",
+                                 "true needs /parallel/tensor a number above 1 (it shards the sequence over the "
+                                 "tensor group), not %s", pd->tensor == CDP_AUTO ? "\"auto\"" : "1");
+        if (md->kind != CDP_MODEL_GPT || md->arch == CDP_ARCH_LLAMA)
+            return cdp_json_fail(&c->in, "/parallel/sequence_parallel",
+                                 "true runs GPT presets (transformer_block) only today, not %s",
+                                 md->kind != CDP_MODEL_GPT ? "an explicit layer list" : "a Llama model");
+        if (md->context % pd->tensor)
+            return cdp_json_fail(&c->in, "/parallel/sequence_parallel",
+                                 "true needs /model/context %lld to be a multiple of /parallel/tensor %lld (each "
+                                 "rank holds context / tensor positions)",
+                                 (long long)md->context, (long long)pd->tensor);
+        c->p->model.seq_parallel = 1;
+    }
     if ((st = batch_arithmetic(c))) return st;
     if (named && named->mb_multiple_of_stages && pd->stages != CDP_AUTO && pd->micro_batches != CDP_AUTO &&
         pd->micro_batches % pd->stages)

@@ -6,7 +6,10 @@
  * rows only in memory); a token outside the slice gives 0, and one
  * all-reduce over the group sums the rows (the positions, replicated, added
  * by index 0). Backward: each rank scatters into its own rows, no
- * collective. */
+ * collective. Sequence parallel (cdp_unit_set_sequence_parallel): the
+ * output is the rank's sequence shard, [T/t, dim], and the all-reduce a
+ * reduce-scatter of the whole partial sum; backward gathers the output
+ * gradient whole first (in B under split backward, so W has no collective). */
 #include "cdp/core.h"
 #include "model/layers/common.h"
 
@@ -81,16 +84,25 @@ static void cost(struct cdp_unit *u)
     u->wstate_floats = u->out_floats;
 }
 
+/* sequence parallel: the whole partial output and the moves' staging, B T dim each */
+static int64_t scratch_floats(const struct cdp_unit *u, int B)
+{
+    return u->seq_parallel ? 2 * (int64_t)B * u->in.d[0] * u->out.d[1] : 0;
+}
+
 static cdp_status forward(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p, const void *in,
                           float *act, float *tail, float *scratch, int B)
 {
     (void)tail;
-    (void)scratch;
     const float *wpe = u->n_params > 1 ? p[1] : NULL;
     if (u->tp_size > 1) { /* this rank's rows, the positions once (index 0), summed over the group */
         const struct cdp_param_desc *pd = &u->params[0];
-        K(embedding_vp_fwd, act, (const int32_t *)in, p[0], u->tp_index == 0 ? wpe : NULL, B, (int)u->in.d[0],
-          (int)u->out.d[1], (int)pd->shard_off, (int)cdp_param_slice_len(pd));
+        const int T = (int)u->in.d[0], C = (int)u->out.d[1];
+        float *whole = u->seq_parallel ? scratch : act;
+        K(embedding_vp_fwd, whole, (const int32_t *)in, p[0], u->tp_index == 0 ? wpe : NULL, B, T, C,
+          (int)pd->shard_off, (int)cdp_param_slice_len(pd));
+        if (u->seq_parallel) /* the sum's rows of this rank's shard */
+            return cdp_unit_seq_scatter(k, u, whole, act, scratch + (int64_t)B * T * C, B, T, C);
         return cdp_unit_tensor_sum(u, act, (int64_t)B * u->out_floats);
     }
     K(embedding_fwd, act, (const int32_t *)in, p[0], wpe, B, (int)u->in.d[0], (int)u->out.d[1]);
@@ -102,7 +114,13 @@ static cdp_status backward(const struct cdp_kernels *k, const struct cdp_unit *u
                            const float *dout, float *din, float *scratch, int B)
 {
     (void)tail;
-    (void)p, (void)act, (void)din, (void)scratch;
+    (void)p, (void)act, (void)din;
+    if (u->seq_parallel) { /* the output gradient whole first */
+        const int T = (int)u->in.d[0], C = (int)u->out.d[1];
+        cdp_status st = cdp_unit_seq_gather(k, u, dout, scratch, scratch + (int64_t)B * T * C, B, T, C);
+        if (st) return st;
+        dout = scratch;
+    }
     if (u->tp_size > 1) { /* into this rank's rows only */
         const struct cdp_param_desc *pd = &u->params[0];
         K(embedding_vp_bwd, g[0], u->n_params > 1 ? g[1] : NULL, dout, (const int32_t *)in, B, (int)u->in.d[0],
@@ -119,7 +137,9 @@ static cdp_status backward_input(const struct cdp_kernels *k, const struct cdp_u
                                  const void *in, const float *act, const float *tail, const float *dout,
                                  float *din, float *ws, float *scratch, int B)
 {
-    (void)p, (void)in, (void)act, (void)tail, (void)din, (void)scratch;
+    (void)p, (void)in, (void)act, (void)tail, (void)din;
+    if (u->seq_parallel) /* whole in the W-state (T dim a sample), so that W has no collective */
+        return cdp_unit_seq_gather(k, u, dout, ws, scratch, B, u->in.d[0], u->out.d[1]);
     K(copy, ws, dout, (size_t)B * u->out_floats * sizeof *ws);
     return CDP_OK;
 }
@@ -130,6 +150,11 @@ static cdp_status backward_weight(const struct cdp_kernels *k, const struct cdp_
                                   const float *dout, const float *ws, float *scratch, int B)
 {
     (void)dout;
+    if (u->seq_parallel) { /* ws holds the whole output gradient already */
+        struct cdp_unit whole = *u;
+        whole.seq_parallel = 0;
+        return backward(k, &whole, p, g, in, act, tail, ws, NULL, scratch, B);
+    }
     return backward(k, u, p, g, in, act, tail, ws, NULL, scratch, B);
 }
 
@@ -173,6 +198,7 @@ const struct cdp_layer_def cdp_layer_embedding = {
     .describe = describe,
     .build = build,
     .cost = cost,
+    .scratch = scratch_floats,
     .forward = forward,
     .backward = backward,
     .backward_input = backward_input,

@@ -10,7 +10,12 @@
  * t) and gives those logits, [T, Vp/t] (padding columns 0, left out of the
  * loss: the model's vocab-parallel cross-entropy, which never gathers
  * them); the normalised input's gradient is a partial sum, all-reduced
- * over the group before the norm's backward (in B under split backward). */
+ * over the group before the norm's backward (in B under split backward).
+ * Sequence parallel (cdp_unit_set_sequence_parallel): the input is the
+ * rank's sequence shard [T/t, C]; the norm runs on it and its output is
+ * gathered whole for the projection; backward reduce-scatters the
+ * normalised input's gradient to the shard (instead of the all-reduce) and
+ * sums the norm's parameter gradients of the rank's rows over the group. */
 #include <cblas.h>
 
 #include "kernels/cpu/ops.h" /* the decoder's CPU kernels */
@@ -50,6 +55,9 @@ static void build(struct cdp_unit *u, const struct cdp_model_desc *m)
 /* The logits' width: the vocabulary, or at t > 1 this rank's padded slice. */
 static int64_t width(const struct cdp_unit *u) { return cdp_shape_last(&u->out); }
 
+/* Positions per sample: the input's, or t times its shard's. */
+static int64_t seq_len(const struct cdp_unit *u) { return u->in.d[0] * (u->seq_parallel ? u->tp_size : 1); }
+
 static void cost(struct cdp_unit *u)
 {
     const int64_t T = u->in.d[0], C = u->in.d[1], V = width(u);
@@ -72,12 +80,13 @@ struct head_acts {
 
 static struct head_acts head_layout(const struct cdp_unit *u, const float *act, int B)
 {
-    const int64_t N = (int64_t)B * u->in.d[0], C = u->in.d[1], V = width(u);
+    const int64_t N = (int64_t)B * seq_len(u), C = u->in.d[1], V = width(u);
     struct head_acts h;
     h.logits = (float *)act;
     h.ln = h.logits + N * V;
+    const int64_t S = u->seq_parallel ? N / u->tp_size : N; /* the norm's rows: the shard's */
     h.mean = u->desc.rms ? NULL : h.ln + N * C;
-    h.rstd = h.ln + N * C + (u->desc.rms ? 0 : N);
+    h.rstd = h.ln + N * C + (u->desc.rms ? 0 : S);
     h.w = u->desc.rms ? 1 : 2;
     return h;
 }
@@ -99,14 +108,65 @@ static cdp_status norm_bwd(const struct cdp_kernels *k, const struct cdp_unit *u
     return CDP_OK;
 }
 
-/* the normalised input's gradient, and a sink for the input's when unwanted */
-static int64_t scratch(const struct cdp_unit *u, int B) { return (int64_t)B * 2 * u->in.d[0] * u->in.d[1]; }
+/* the normalised input's gradient, and a sink for the input's when unwanted;
+ * sequence parallel, besides: the moves' staging [N, C], two shards [N/t,
+ * C] and the norm's gradients [2C] */
+static int64_t scratch(const struct cdp_unit *u, int B)
+{
+    const int64_t NC = (int64_t)B * seq_len(u) * u->in.d[1];
+    return u->seq_parallel ? 3 * NC + 2 * NC / u->tp_size + 2 * u->in.d[1] : 2 * NC;
+}
+
+/* Sequence parallel forward: the norm on the shard (statistics of its rows),
+ * its output gathered whole into the kept ln, the rank's logits from it. */
+static cdp_status forward_seq(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p, const float *x,
+                              float *act, float *scratch_, int B)
+{
+    const int T = (int)seq_len(u), C = (int)u->in.d[1], N = B * T, Ns = N / u->tp_size, V = (int)width(u);
+    const struct head_acts h = head_layout(u, act, B);
+    float *stage = scratch_, *sh = stage + (size_t)N * C;
+    struct head_acts hs = h;
+    hs.ln = sh;
+    cdp_status st = norm_fwd(k, u, p, &hs, x, Ns, C);
+    if (st) return st;
+    if ((st = cdp_unit_seq_gather(k, u, sh, h.ln, stage, B, T, C))) return st;
+    K(linear_fwd, act, h.ln, p[h.w], NULL, N, C, V);
+    return CDP_OK;
+}
+
+/* Its backward: dln's partial sums reduce-scattered to the shard, the norm's
+ * backward on the shard, its gradients summed over the group, then added. */
+static cdp_status backward_seq(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p,
+                               float *const *g, const float *x, const float *act, const float *dout, float *din,
+                               float *scratch_, int B)
+{
+    const int T = (int)seq_len(u), C = (int)u->in.d[1], N = B * T, Ns = N / u->tp_size, V = (int)width(u);
+    const struct head_acts h = head_layout(u, act, B);
+    const int nn = u->desc.rms ? 1 : 2; /* the norm's parameters */
+    float *dln = scratch_, *stage = dln + (size_t)N * C, *dlns = stage + (size_t)N * C, *sink = dlns + (size_t)Ns * C;
+    float *ng = sink + (size_t)Ns * C;
+    K(zero, dln, (size_t)N * C * sizeof *dln);
+    K(linear_bwd, dln, g[h.w], NULL, dout, h.ln, p[h.w], N, C, V);
+    cdp_status st = cdp_unit_seq_scatter(k, u, dln, dlns, stage, B, T, C);
+    if (st) return st;
+    float *target = din;
+    if (!target) {
+        target = sink;
+        K(zero, target, (size_t)Ns * C * sizeof *target);
+    }
+    K(zero, ng, (size_t)nn * C * sizeof *ng);
+    float *const gn[2] = {ng, ng + C};
+    if ((st = norm_bwd(k, u, p, target, gn, dlns, &h, x, Ns, C))) return st;
+    if ((st = cdp_unit_tensor_sum(u, ng, (int64_t)nn * C))) return st;
+    for (int j = 0; j < nn; j++) K(add, g[j], ng + (size_t)j * C, (size_t)C);
+    return CDP_OK;
+}
 
 static cdp_status forward(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p, const void *in,
                           float *act, float *tail, float *scratch_, int B)
 {
     (void)tail;
-    (void)scratch_;
+    if (u->seq_parallel) return forward_seq(k, u, p, (const float *)in, act, scratch_, B);
     const int T = (int)u->in.d[0], C = (int)u->in.d[1], N = B * T, V = (int)width(u);
     const struct head_acts h = head_layout(u, act, B);
     cdp_status st = norm_fwd(k, u, p, &h, (const float *)in, N, C);
@@ -120,6 +180,7 @@ static cdp_status backward(const struct cdp_kernels *k, const struct cdp_unit *u
                            const float *dout, float *din, float *scratch_, int B)
 {
     (void)tail;
+    if (u->seq_parallel) return backward_seq(k, u, p, g, (const float *)in, act, dout, din, scratch_, B);
     const int T = (int)u->in.d[0], C = (int)u->in.d[1], N = B * T, V = (int)width(u);
     const struct head_acts h = head_layout(u, act, B);
     float *dln = scratch_;
@@ -141,7 +202,14 @@ static cdp_status backward_input(const struct cdp_kernels *k, const struct cdp_u
                                  const void *in, const float *act, const float *tail, const float *dout,
                                  float *din, float *ws, float *scratch_, int B)
 {
-    (void)tail, (void)scratch_;
+    (void)tail;
+    if (u->seq_parallel) { /* backward_seq into the W-state: the norm's gradients, summed over the group */
+        const int nn = u->desc.rms ? 1 : 2;
+        float *gw[CDP_UNIT_MAX_PARAMS] = {ws, ws + u->in.d[1]};
+        gw[(u->desc.rms ? 1 : 2)] = NULL; /* the projection's: W's */
+        K(zero, ws, (size_t)nn * u->in.d[1] * sizeof *ws);
+        return backward_seq(k, u, p, gw, (const float *)in, act, dout, din, scratch_, B);
+    }
     const int T = (int)u->in.d[0], C = (int)u->in.d[1], N = B * T, V = (int)width(u);
     const struct head_acts h = head_layout(u, act, B);
     float *dln = ws;
@@ -160,9 +228,13 @@ static cdp_status backward_weight(const struct cdp_kernels *k, const struct cdp_
                                   const float *dout, const float *ws, float *scratch_, int B)
 {
     (void)tail, (void)scratch_;
-    const int T = (int)u->in.d[0], C = (int)u->in.d[1], N = B * T, V = (int)width(u);
+    const int T = (int)seq_len(u), C = (int)u->in.d[1], N = B * T, V = (int)width(u);
     const struct head_acts h = head_layout(u, act, B);
     K(linear_bwd, NULL, g[h.w], NULL, dout, h.ln, p[h.w], N, C, V);
+    if (u->seq_parallel) { /* the norm's, as B left them */
+        for (int j = 0; j < h.w; j++) K(add, g[j], ws + (size_t)j * C, (size_t)C);
+        return CDP_OK;
+    }
     return norm_bwd(k, u, p, NULL, g, ws, &h, (const float *)in, N, C);
 }
 

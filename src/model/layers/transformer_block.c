@@ -63,18 +63,20 @@ static void describe(const struct cdp_layer_desc *L, char *buf, size_t cap)
  * attention's width and NH its heads, F the MLP's width (the rank's slices). */
 struct dims {
     int T, C, A, NH, F, N;
+    int Ns; /* rows of the residual stream on the rank: B T, or B T/t sequence parallel */
 };
 
 static struct dims dims_of(const struct cdp_unit *u, int B)
 {
     const int t = cdp_unit_tensor_split(u) ? u->tp_size : 1;
     struct dims d;
-    d.T = (int)u->in.d[0];
+    d.T = (int)u->in.d[0] * (u->seq_parallel ? t : 1); /* the input: the rank's shard when sequence parallel */
     d.C = (int)u->in.d[1];
     d.A = d.C / t;
     d.NH = (int)u->desc.heads / t;
     d.F = 4 * d.C / t;
     d.N = B * d.T;
+    d.Ns = u->seq_parallel ? d.N / t : d.N;
     return d;
 }
 
@@ -124,7 +126,9 @@ static void cost(struct cdp_unit *u)
 static int64_t scratch(const struct cdp_unit *u, int B)
 {
     const struct dims d = dims_of(u, B);
-    return (int64_t)d.N * (2 * d.C + 2 * d.F + 3 * d.A) + (int64_t)d.T * d.T;
+    const int64_t s = (int64_t)d.N * (2 * d.C + 2 * d.F + 3 * d.A) + (int64_t)d.T * d.T;
+    /* sequence parallel (backward_seq): the moves' staging, two shards, the norms' gradients */
+    return u->seq_parallel ? s + (int64_t)d.N * d.C + 2 * (int64_t)d.Ns * d.C + 4 * (int64_t)d.C : s;
 }
 
 /* A transformer block's activations, per micro-batch of B. Kept (at act): what
@@ -139,15 +143,15 @@ struct block_acts {
 static struct block_acts block_layout(float *a, float *t, const struct dims *d)
 {
     struct block_acts r;
-    const int64_t N = d->N;
+    const int64_t N = d->N, Ns = d->Ns; /* the residual stream and norm statistics: Ns rows */
     r.out = a;
-    r.ln1_mean = r.out + N * d->C;
-    r.ln1_rstd = r.ln1_mean + N;
-    r.qkv = r.ln1_rstd + N;
+    r.ln1_mean = r.out + Ns * d->C;
+    r.ln1_rstd = r.ln1_mean + Ns;
+    r.qkv = r.ln1_rstd + Ns;
     r.res2 = r.qkv + 3 * N * d->A;
-    r.ln2_mean = r.res2 + N * d->C;
-    r.ln2_rstd = r.ln2_mean + N;
-    r.fch = r.ln2_rstd + N;
+    r.ln2_mean = r.res2 + Ns * d->C;
+    r.ln2_rstd = r.ln2_mean + Ns;
+    r.fch = r.ln2_rstd + Ns;
     r.ln1 = t;
     r.atty = r.ln1 + N * d->C;
     r.ln2 = r.atty + N * d->A;
@@ -176,6 +180,36 @@ static struct block_grads grads_layout(float *s, const struct dims *d)
     return g;
 }
 
+/* Sequence parallel (cdp_unit_set_sequence_parallel): x and the output are
+ * the rank's shard [B, T/t, C], as are res2 and the norms' statistics; each
+ * norm runs on the shard and its output is gathered whole (ln1, ln2 kept
+ * whole in the tail) for the column products; each row product's partial
+ * output is reduce-scattered back to the shard. Scratch: proj [N, C], the
+ * moves' staging [N, C], a shard [Ns, C]. */
+static cdp_status forward_seq(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p, const float *x,
+                              const struct block_acts *a, float *scratch, const struct dims *d, int B)
+{
+    const int N = d->N, Ns = d->Ns, C = d->C, A = d->A, F = d->F;
+    float *proj = scratch, *stage = proj + (size_t)N * C, *sh = stage + (size_t)N * C;
+    const int bias_here = u->tp_index == 0;
+    cdp_status st;
+    K(layernorm_fwd, sh, a->ln1_mean, a->ln1_rstd, x, p[0], p[1], Ns, C, 1e-5f);
+    if ((st = cdp_unit_seq_gather(k, u, sh, a->ln1, stage, B, d->T, C))) return st;
+    K(linear_fwd, a->qkv, a->ln1, p[2], p[3], N, C, 3 * A);
+    K(attention_fwd, a->atty, a->att, a->qkv, B, d->T, A, d->NH, 1);
+    K(linear_fwd, proj, a->atty, p[4], bias_here ? p[5] : NULL, N, A, C);
+    if ((st = cdp_unit_seq_scatter(k, u, proj, sh, stage, B, d->T, C))) return st;
+    K(residual_fwd, a->res2, x, sh, (size_t)Ns * C);
+    K(layernorm_fwd, sh, a->ln2_mean, a->ln2_rstd, a->res2, p[6], p[7], Ns, C, 1e-5f);
+    if ((st = cdp_unit_seq_gather(k, u, sh, a->ln2, stage, B, d->T, C))) return st;
+    K(linear_fwd, a->fch, a->ln2, p[8], p[9], N, C, F);
+    K(gelu_fwd, a->fch_gelu, a->fch, (size_t)N * F);
+    K(linear_fwd, proj, a->fch_gelu, p[10], bias_here ? p[11] : NULL, N, F, C);
+    if ((st = cdp_unit_seq_scatter(k, u, proj, sh, stage, B, d->T, C))) return st;
+    K(residual_fwd, a->out, a->res2, sh, (size_t)Ns * C);
+    return CDP_OK;
+}
+
 static cdp_status forward(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p, const void *in,
                           float *act, float *tail, float *scratch, int B)
 {
@@ -184,6 +218,7 @@ static cdp_status forward(const struct cdp_kernels *k, const struct cdp_unit *u,
     const int N = d.N, C = d.C, A = d.A, F = d.F;
     const size_t BTC = (size_t)N * C;
     struct block_acts a = block_layout(act, tail, &d);
+    if (u->seq_parallel) return forward_seq(k, u, p, x, &a, scratch, &d, B);
     float *proj = scratch; /* B*T*C */
     /* a row-parallel product's bias is added once, by the group's index 0 */
     const int bias_here = u->tp_index == 0 || !cdp_unit_tensor_split(u);
@@ -205,19 +240,89 @@ static cdp_status forward(const struct cdp_kernels *k, const struct cdp_unit *u,
 
 /* The tail again: the kernels of the forward that wrote it, on the same inputs
  * (the norms write their statistics again, the same values). Every product
- * whose output the group sums is kept, so this has no collective. */
+ * whose output the group sums is kept, so this has no collective, except
+ * sequence parallel: the norms' outputs are gathered again. */
 static cdp_status recompute(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p, const void *in,
                             float *act, float *tail, float *scratch, int B)
 {
-    (void)scratch;
     const float *x = (const float *)in;
     const struct dims d = dims_of(u, B);
     const int N = d.N, C = d.C;
     struct block_acts a = block_layout(act, tail, &d);
+    if (u->seq_parallel) { /* the norms on the shard, gathered whole again: two all-gathers */
+        float *stage = scratch, *sh = stage + (size_t)N * C;
+        cdp_status st;
+        K(layernorm_fwd, sh, a.ln1_mean, a.ln1_rstd, x, p[0], p[1], d.Ns, C, 1e-5f);
+        if ((st = cdp_unit_seq_gather(k, u, sh, a.ln1, stage, B, d.T, C))) return st;
+        K(attention_fwd, a.atty, a.att, a.qkv, B, d.T, d.A, d.NH, 1);
+        K(layernorm_fwd, sh, a.ln2_mean, a.ln2_rstd, a.res2, p[6], p[7], d.Ns, C, 1e-5f);
+        if ((st = cdp_unit_seq_gather(k, u, sh, a.ln2, stage, B, d.T, C))) return st;
+        K(gelu_fwd, a.fch_gelu, a.fch, (size_t)N * d.F);
+        return CDP_OK;
+    }
     K(layernorm_fwd, a.ln1, a.ln1_mean, a.ln1_rstd, x, p[0], p[1], N, C, 1e-5f);
     K(attention_fwd, a.atty, a.att, a.qkv, B, d.T, d.A, d.NH, 1);
     K(layernorm_fwd, a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p[6], p[7], N, C, 1e-5f);
     K(gelu_fwd, a.fch_gelu, a.fch, (size_t)N * d.F);
+    return CDP_OK;
+}
+
+/* Backward of forward_seq, dout and din the rank's shards: the output
+ * gradient gathered whole for the row products (the backward of their
+ * reduce-scatter), each column product's partial input gradient
+ * reduce-scattered to the shard for its norm (the backward of the gather),
+ * the residual stream's gradient on the shard. The norms' weight and bias
+ * gradients of the rank's rows are summed over the group (one all-reduce of
+ * 4C floats) and then added to g, so they are the whole sequence's on every
+ * rank as without sequence parallelism. Scratch: block_grads (dres2 and dln
+ * whole), then the staging [N, C], the shards of dres2 and of a norm's
+ * output gradient [Ns, C], the norms' gradients [4C]. */
+static cdp_status backward_seq(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p,
+                               float *const *g, const float *x, const struct block_acts *a, const float *dout,
+                               float *din, float *scratch, const struct dims *d, int B)
+{
+    const int N = d->N, Ns = d->Ns, C = d->C, A = d->A, F = d->F;
+    const size_t BTC = (size_t)N * C, BTF = (size_t)N * F, SC = (size_t)Ns * C;
+    struct block_grads s = grads_layout(scratch, d);
+    float *stage = s.att_scratch + (size_t)d->T * d->T, *dres2s = stage + BTC, *dlns = dres2s + SC;
+    float *ng = dlns + SC; /* ln_1's weight and bias gradients, then ln_2's */
+    cdp_status st;
+    if ((st = cdp_unit_seq_gather(k, u, dout, s.dres2, stage, B, d->T, C))) return st;
+    K(copy, dres2s, dout, SC * sizeof *dres2s);
+    if (k->ops->linear_gelu_bwd) {
+        K(linear_gelu_bwd, s.dfch, g[10], g[11], s.dres2, a->fch_gelu, a->fch, p[10], N, F, C);
+    } else {
+        K(zero, s.dg, BTF * sizeof *s.dg);
+        K(linear_bwd, s.dg, g[10], g[11], s.dres2, a->fch_gelu, p[10], N, F, C);
+        K(zero, s.dfch, BTF * sizeof *s.dfch);
+        K(gelu_bwd, s.dfch, s.dg, a->fch, BTF);
+    }
+    K(zero, s.dln, BTC * sizeof *s.dln);
+    K(linear_bwd, s.dln, g[8], g[9], s.dfch, a->ln2, p[8], N, C, F);
+    if ((st = cdp_unit_seq_scatter(k, u, s.dln, dlns, stage, B, d->T, C))) return st;
+    K(zero, ng, 4 * (size_t)C * sizeof *ng);
+    K(layernorm_bwd, dres2s, ng + 2 * C, ng + 3 * C, dlns, a->res2, p[6], a->ln2_mean, a->ln2_rstd, Ns, C);
+    if ((st = cdp_unit_seq_gather(k, u, dres2s, s.dres2, stage, B, d->T, C))) return st;
+    K(zero, s.dln, (size_t)N * A * sizeof *s.dln);
+    K(linear_bwd, s.dln, g[4], g[5], s.dres2, a->atty, p[4], N, A, C);
+    K(zero, s.dqkv, 3 * (size_t)N * A * sizeof *s.dqkv);
+    K(attention_bwd, s.dqkv, s.dln, a->qkv, a->att, s.att_scratch, B, d->T, A, d->NH, 1);
+    K(zero, s.dln, BTC * sizeof *s.dln);
+    K(linear_bwd, s.dln, g[2], g[3], s.dqkv, a->ln1, p[2], N, C, 3 * A);
+    if ((st = cdp_unit_seq_scatter(k, u, s.dln, dlns, stage, B, d->T, C))) return st;
+    float *into = din;
+    if (din) {
+        K(add, din, dres2s, SC);
+    } else { /* no input gradient wanted: the norm's parameter gradients still */
+        into = s.dres2;
+        K(zero, into, SC * sizeof *into);
+    }
+    K(layernorm_bwd, into, ng, ng + C, dlns, x, p[0], a->ln1_mean, a->ln1_rstd, Ns, C);
+    if ((st = cdp_unit_tensor_sum(u, ng, 4 * (int64_t)C))) return st;
+    K(add, g[0], ng, (size_t)C);
+    K(add, g[1], ng + C, (size_t)C);
+    K(add, g[6], ng + 2 * C, (size_t)C);
+    K(add, g[7], ng + 3 * C, (size_t)C);
     return CDP_OK;
 }
 
@@ -230,6 +335,7 @@ static cdp_status backward(const struct cdp_kernels *k, const struct cdp_unit *u
     const int N = d.N, C = d.C, A = d.A, F = d.F;
     const size_t BTC = (size_t)N * C, BTF = (size_t)N * F;
     struct block_acts a = block_layout((float *)act, (float *)tail, &d);
+    if (u->seq_parallel) return backward_seq(k, u, p, g, x, &a, dout, din, scratch, &d, B);
     struct block_grads s = grads_layout(scratch, &d);
     cdp_status st;
     K(copy, s.dres2, dout, BTC * sizeof *s.dres2);
@@ -289,6 +395,58 @@ static struct block_wstate block_wstate(float *w, const struct dims *d)
     return r;
 }
 
+/* B of backward_seq: its calls with the products' weight outputs NULL, the
+ * whole gradients W reads in the W-state (dout and dres2 gathered whole);
+ * the norms' weight and bias gradients are B's, summed over the group here
+ * and left in the W-state (ln_1's at dln1, ln_2's at dln2, 2C floats each,
+ * N C >= 2C as T >= t >= 2), so that W has no collective. */
+static cdp_status backward_input_seq(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p,
+                                     const float *x, const struct block_acts *a, const struct block_wstate *w,
+                                     const float *dout, float *din, float *scratch, const struct dims *d, int B)
+{
+    const int N = d->N, Ns = d->Ns, C = d->C, A = d->A, F = d->F;
+    const size_t BTC = (size_t)N * C, BTF = (size_t)N * F, SC = (size_t)Ns * C;
+    struct block_grads s = grads_layout(scratch, d);
+    float *stage = s.att_scratch + (size_t)d->T * d->T, *dres2s = stage + BTC, *dlns = dres2s + SC;
+    float *ng = dlns + SC;
+    cdp_status st;
+    if ((st = cdp_unit_seq_gather(k, u, dout, w->dout, stage, B, d->T, C))) return st;
+    K(copy, dres2s, dout, SC * sizeof *dres2s);
+    if (k->ops->linear_gelu_bwd) {
+        K(linear_gelu_bwd, w->dfch, NULL, NULL, w->dout, a->fch_gelu, a->fch, p[10], N, F, C);
+    } else {
+        K(zero, s.dg, BTF * sizeof *s.dg);
+        K(linear_bwd, s.dg, NULL, NULL, w->dout, a->fch_gelu, p[10], N, F, C);
+        K(zero, w->dfch, BTF * sizeof *w->dfch);
+        K(gelu_bwd, w->dfch, s.dg, a->fch, BTF);
+    }
+    K(zero, s.dln, BTC * sizeof *s.dln);
+    K(linear_bwd, s.dln, NULL, NULL, w->dfch, a->ln2, p[8], N, C, F);
+    if ((st = cdp_unit_seq_scatter(k, u, s.dln, dlns, stage, B, d->T, C))) return st;
+    K(zero, ng, 4 * (size_t)C * sizeof *ng);
+    K(layernorm_bwd, dres2s, ng + 2 * C, ng + 3 * C, dlns, a->res2, p[6], a->ln2_mean, a->ln2_rstd, Ns, C);
+    if ((st = cdp_unit_seq_gather(k, u, dres2s, w->dres2, stage, B, d->T, C))) return st;
+    K(zero, s.dln, (size_t)N * A * sizeof *s.dln);
+    K(linear_bwd, s.dln, NULL, NULL, w->dres2, a->atty, p[4], N, A, C);
+    K(zero, w->dqkv, 3 * (size_t)N * A * sizeof *w->dqkv);
+    K(attention_bwd, w->dqkv, s.dln, a->qkv, a->att, s.att_scratch, B, d->T, A, d->NH, 1);
+    K(zero, s.dln, BTC * sizeof *s.dln);
+    K(linear_bwd, s.dln, NULL, NULL, w->dqkv, a->ln1, p[2], N, C, 3 * A);
+    if ((st = cdp_unit_seq_scatter(k, u, s.dln, dlns, stage, B, d->T, C))) return st;
+    float *into = din;
+    if (din) {
+        K(add, din, dres2s, SC);
+    } else {
+        into = s.dres2;
+        K(zero, into, SC * sizeof *into);
+    }
+    K(layernorm_bwd, into, ng, ng + C, dlns, x, p[0], a->ln1_mean, a->ln1_rstd, Ns, C);
+    if ((st = cdp_unit_tensor_sum(u, ng, 4 * (int64_t)C))) return st;
+    K(copy, w->dln1, ng, 2 * (size_t)C * sizeof *ng);
+    K(copy, w->dln2, ng + 2 * C, 2 * (size_t)C * sizeof *ng);
+    return CDP_OK;
+}
+
 /* B: backward's input-gradient calls in its order, the weight outputs NULL,
  * with the gradients W reads written in the W-state rather than scratch; the
  * group's two all-reduces are here, W has none. */
@@ -302,6 +460,7 @@ static cdp_status backward_input(const struct cdp_kernels *k, const struct cdp_u
     const size_t BTC = (size_t)N * C, BTF = (size_t)N * F;
     struct block_acts a = block_layout((float *)act, (float *)tail, &d);
     struct block_wstate w = block_wstate(ws, &d);
+    if (u->seq_parallel) return backward_input_seq(k, u, p, x, &a, &w, dout, din, scratch, &d, B);
     struct block_grads s = grads_layout(scratch, &d); /* dres2, dfch and dqkv unused */
     cdp_status st;
     K(copy, w.dout, dout, BTC * sizeof *w.dout);
@@ -344,6 +503,17 @@ static cdp_status backward_weight(const struct cdp_kernels *k, const struct cdp_
     const int N = d.N, C = d.C, A = d.A, F = d.F;
     struct block_acts a = block_layout((float *)act, (float *)tail, &d);
     struct block_wstate w = block_wstate((float *)ws, &d);
+    if (u->seq_parallel) { /* the products' from the whole gradients, the norms' as B summed them */
+        K(linear_bwd, NULL, g[10], g[11], w.dout, a.fch_gelu, p[10], N, F, C);
+        K(linear_bwd, NULL, g[8], g[9], w.dfch, a.ln2, p[8], N, C, F);
+        K(linear_bwd, NULL, g[4], g[5], w.dres2, a.atty, p[4], N, A, C);
+        K(linear_bwd, NULL, g[2], g[3], w.dqkv, a.ln1, p[2], N, C, 3 * A);
+        K(add, g[0], w.dln1, (size_t)C);
+        K(add, g[1], w.dln1 + C, (size_t)C);
+        K(add, g[6], w.dln2, (size_t)C);
+        K(add, g[7], w.dln2 + C, (size_t)C);
+        return CDP_OK;
+    }
     K(linear_bwd, NULL, g[10], g[11], w.dout, a.fch_gelu, p[10], N, F, C);
     K(linear_bwd, NULL, g[8], g[9], w.dfch, a.ln2, p[8], N, C, F);
     K(layernorm_bwd, NULL, g[6], g[7], w.dln2, a.res2, p[6], a.ln2_mean, a.ln2_rstd, N, C);
