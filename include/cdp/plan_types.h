@@ -131,7 +131,9 @@ struct cdp_model_desc {
     enum cdp_model_arch arch;
     int64_t vocab, context, layers, heads, embed;
     int tie_embeddings;
-    int seq_parallel; /* /parallel/sequence_parallel (the plan loader copies it here): the units run sequence parallel at t > 1 */
+    /* /parallel/sequence_parallel (the plan loader copies it here): the units
+     * run sequence parallel at t > 1 */
+    int seq_parallel;
     /* arch CDP_ARCH_LLAMA (docs/models.md) */
     int64_t kv_heads;          /* key/value heads, dividing heads */
     int64_t ffn_hidden;        /* the MLP's width, as given or from the rule below */

@@ -247,10 +247,11 @@ cdp_status cdp_unit_seq_scatter(const struct cdp_kernels *k, const struct cdp_un
  * and residual run on the shard, with an all-gather entering each split
  * product and a reduce-scatter leaving it instead of the all-reduce, and
  * its norms' parameter gradients summed over the group inside its backward.
- * Work in progress, which no plan key sets yet: forward, both backwards
- * (split: B does every collective, the norms' gradient sum included, and
- * leaves the results in the W-state, so W has none) and the block's
- * recompute hook (which gathers the norms' outputs again) honour it. act_floats (and keep_floats) shrink to what the rank keeps:
+ * Set by cdp_units_build_tensor under /parallel/sequence_parallel: forward,
+ * both backwards (split: B does every collective, the norms' gradient sum
+ * included, and leaves the results in the W-state, so W has none) and the
+ * block's recompute hook (which gathers the norms' outputs again) honour
+ * it. act_floats (and keep_floats) shrink to what the rank keeps:
  * the residual stream's and the norms' statistics' rows of its shard, the
  * norms' outputs and the split products' whole; scratch grows by the moves'
  * staging; FLOPs and wstate_floats stay as they were (the planner does not
