@@ -94,6 +94,22 @@ static cdp_status seq_group(const struct cdp_unit *u, int64_t T, const char *wha
     return CDP_OK;
 }
 
+/* Between the whole [B, T, C] and the staging of t equal parts in rank
+ * order (part j: every sample's rows [j T/t, (j+1) T/t)): to_stage 1 copies
+ * full into stage, 0 stage into full. */
+static cdp_status seq_stage_copy(const struct cdp_kernels *k, float *full, float *stage, int B, int64_t T, int64_t C,
+                                 int t, int to_stage)
+{
+    const int64_t rows = T / t * C, part = (int64_t)B * rows;
+    for (int j = 0; j < t; j++)
+        for (int b = 0; b < B; b++) {
+            float *w = full + b * T * C + j * rows, *s = stage + j * part + b * rows;
+            if (to_stage) CDP_KERNEL(k, copy, s, w, (size_t)rows * sizeof *s);
+            else CDP_KERNEL(k, copy, w, s, (size_t)rows * sizeof *w);
+        }
+    return CDP_OK;
+}
+
 cdp_status cdp_unit_seq_gather(const struct cdp_kernels *k, const struct cdp_unit *u, const float *shard,
                                float *full, float *stage, int B, int64_t T, int64_t C)
 {
@@ -107,10 +123,7 @@ cdp_status cdp_unit_seq_gather(const struct cdp_kernels *k, const struct cdp_uni
     }
     CDP_KERNEL(k, copy, stage + u->tp_index * part, shard, (size_t)part * sizeof *stage);
     if ((st = u->tp->all_gather(u->tp->ctx, stage, part * t))) return st;
-    for (int j = 0; j < t; j++)
-        for (int b = 0; b < B; b++)
-            CDP_KERNEL(k, copy, full + b * T * C + j * rows, stage + j * part + b * rows, (size_t)rows * sizeof *full);
-    return CDP_OK;
+    return seq_stage_copy(k, full, stage, B, T, C, t, 0);
 }
 
 cdp_status cdp_unit_seq_scatter(const struct cdp_kernels *k, const struct cdp_unit *u, const float *full,
@@ -124,9 +137,7 @@ cdp_status cdp_unit_seq_scatter(const struct cdp_kernels *k, const struct cdp_un
         CDP_KERNEL(k, copy, shard, full, (size_t)part * sizeof *shard);
         return CDP_OK;
     }
-    for (int j = 0; j < t; j++)
-        for (int b = 0; b < B; b++)
-            CDP_KERNEL(k, copy, stage + j * part + b * rows, full + b * T * C + j * rows, (size_t)rows * sizeof *stage);
+    if ((st = seq_stage_copy(k, (float *)full, stage, B, T, C, t, 1))) return st; /* full is only read */
     if ((st = u->tp->reduce_scatter(u->tp->ctx, stage, part * t))) return st;
     CDP_KERNEL(k, copy, shard, stage + u->tp_index * part, (size_t)part * sizeof *shard);
     return CDP_OK;
