@@ -5,7 +5,8 @@
  * SIGUSR1), never restarts it; a rank killed from outside is a death; limits
  * (file size, open files, address space, CPUs) are named; a fresh run does not
  * mix with another run's checkpoints or metrics; a resume under another
- * model, data or optimizer setting is refused naming the key. */
+ * model, data or optimizer setting is refused naming the key; a signal
+ * raised inside a transfer ends the job as a signal anywhere else does. */
 #include <criterion/criterion.h>
 #include <dirent.h>
 #include <fcntl.h>
@@ -271,6 +272,84 @@ Test(jobs, a_rank_killed_with_sigterm_is_a_death_for_restarts, .timeout = 120)
     cr_assert_eq(r.exit_code, 0, "exit %d: %s", r.exit_code, r.err);
     cr_assert(strstr(r.out, "restart 1: rank 1 (") && strstr(r.out, "was killed (SIGTERM from outside the job)"),
               "%s", r.out);
+    cdp_test_run_free(&r);
+}
+
+/* ---- a signal inside a transfer ------------------------------------------------------------ */
+
+/* 4 ranks of the tiny GPT with transfers in flight at every wait: 2 stages x
+ * 2 replicas with gradient buckets of 10 KB (several per stage, started while
+ * the backward runs), or 2 stages x tensor 2 (an all-reduce in every block). */
+static const char *transfer_plan(const char *dir, const char *name, int replicas, int tensor)
+{
+    char json[2048], file[96];
+    snprintf(json, sizeof json,
+             "{\"model\": {\"preset\": \"gpt\", \"vocab\": 32, \"context\": 8, \"layers\": 4, \"heads\": 2, "
+             "\"embed\": 16}, \"data\": {\"source\": \"synthetic\", \"seed\": 5}, \"train\": {\"steps\": 8, "
+             "\"micro_batch\": 2, \"log_every\": 100, \"optimizer\": {\"lr\": 0.01}, \"eval_batches\": 1, "
+             "\"checkpoint\": {\"dir\": \"ck\", \"every\": 100}}, \"parallel\": {\"stages\": 2, \"replicas\": %d, "
+             "\"tensor\": %d, \"micro_batches\": 4, \"bucket_mb\": 0.01}, \"cluster\": {\"backend\": \"cpu\"}, "
+             "\"output\": {\"metrics\": \"%s.jsonl\"}}",
+             replicas, tensor, name);
+    snprintf(file, sizeof file, "%s.json", name);
+    return cdp_test_write_file(dir, file, json);
+}
+
+/* Runs the plan with CDP_FAULT=signal:... (the rank raises the signal in the
+ * given wait on its peers of step 3, while that transfer is in flight); r
+ * gets how it ended. No run trips an assertion or a sanitizer, and none
+ * leaves a process behind. */
+static void signal_in_transfer(const char *dir, const char *name, int replicas, int tensor, const char *fault,
+                               struct cdp_run *r)
+{
+    char set[128];
+    snprintf(set, sizeof set, "CDP_FAULT=%s", fault);
+    const char *const env[] = {set, NULL};
+    const struct cdp_job_opts o = {.set = env};
+    struct cdp_job j;
+    cr_assert_eq(cdp_test_start(&j, (const char *[]){"--plan", transfer_plan(dir, name, replicas, tensor), NULL}, &o),
+                 0);
+    cdp_test_finish(&j, 90, r);
+    cr_assert(!strstr(r->err, "assertion failed") && !strstr(r->err, "Sanitizer") && !strstr(r->err, "runtime error"),
+              "%s: %s", fault, r->err);
+    nothing_left(&j);
+}
+
+/* A stop asked of a rank (SIGUSR1) while its transfers are in flight (a
+ * pipeline send or receive, gradient buckets, a tensor all-reduce) ends the
+ * job after that step with its checkpoint, exit 0; SIGTERM there (as from its
+ * launcher) ends the job now, naming where each rank was, exit 1; a rank that
+ * dies there (SIGKILL) is named as the one that died, exit 1. */
+Test(jobs, a_signal_inside_a_transfer_ends_the_job_as_documented, .timeout = 240)
+{
+    need_mpi();
+    static const struct {
+        int replicas, tensor;
+        const char *fault;
+    } stops[] = {{2, 1, "signal:1:3:USR1:1"}, {1, 2, "signal:1:3:USR1:6"}};
+    struct cdp_run r;
+    for (size_t i = 0; i < sizeof stops / sizeof *stops; i++) {
+        char dir[4096];
+        snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
+        signal_in_transfer(dir, "x", stops[i].replicas, stops[i].tensor, stops[i].fault, &r);
+        cr_assert_eq(r.exit_code, 0, "%s: exit %d: %s", stops[i].fault, r.exit_code, r.err);
+        cr_assert(strstr(r.out, "stopped after step 3, as asked: checkpoint saved in "), "%s: %s", stops[i].fault,
+                  r.out);
+        cr_assert_eq(newest_step(in(dir, "ck")), 3, "%s", stops[i].fault);
+        cdp_test_run_free(&r);
+    }
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
+    signal_in_transfer(dir, "t", 2, 1, "signal:1:3:TERM:2", &r);
+    cr_assert_eq(r.exit_code, 1, "exit %d: %s", r.exit_code, r.err);
+    cr_assert(strstr(r.err, "cdphybrid: stopped while at rank 1/4 (stage 0, replica 1), step 3: ") &&
+                  strstr(r.err, "mpirun ended the job"), "%s", r.err);
+    cdp_test_run_free(&r);
+    snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
+    signal_in_transfer(dir, "k", 2, 1, "signal:2:3:KILL:4", &r);
+    cr_assert_eq(r.exit_code, 1, "exit %d: %s", r.exit_code, r.err);
+    cr_assert(strstr(r.err, "rank 2/4 (stage 1, replica 0) on node 0") && strstr(r.err, "died without a word"), "%s",
+              r.err);
     cdp_test_run_free(&r);
 }
 

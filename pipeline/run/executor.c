@@ -208,6 +208,13 @@ static void step_callback(const struct exec *e, const struct cdp_exec_step *s, c
     o->on_step(&m, o->user);
 }
 
+/* CDP_FAULT=signal's hook in every wait of this rank (fault.h). */
+static void fault_in_wait(void *ctx)
+{
+    struct exec *e = ctx;
+    cdp_fault_in_wait(&e->fault, e->rank, e->step);
+}
+
 cdp_status cdp_exec_run(const struct cdp_plan *p, const struct cdp_layout *layout, cdp_comm_t world,
                         const struct cdp_train_opts *o, struct cdp_train_summary *summary)
 {
@@ -221,6 +228,7 @@ cdp_status cdp_exec_run(const struct cdp_plan *p, const struct cdp_layout *layou
     e.out = out;
     e.resume_allow = o ? o->resume_allow : NULL;
     cdp_fault_parse(&e.fault);
+    if (e.fault.signal) cdp_comm_set_wait_hook(fault_in_wait, &e);
     /* CDP_FAULT at step 0: at start-up, before the rank has set up or written anything */
     if ((st = cdp_fault_at_step(&e.fault, cdp_comm_rank(world), 0))) goto fail;
     stopped_after = stop_saved = -1;
@@ -285,6 +293,7 @@ cdp_status cdp_exec_run(const struct cdp_plan *p, const struct cdp_layout *layou
             if (metrics) fclose(metrics);
             cdp_exec_free(&e);
             if (summary) *summary = sum;
+            cdp_comm_set_wait_hook(NULL, NULL);
             return CDP_OK;
         }
         if (e.lay->rebalance_every > 0 && e.R > 1 && step % e.lay->rebalance_every == 0 && !last &&
@@ -305,8 +314,10 @@ cdp_status cdp_exec_run(const struct cdp_plan *p, const struct cdp_layout *layou
     free(peaks);
     cdp_exec_free(&e);
     if (summary) *summary = sum;
+    cdp_comm_set_wait_hook(NULL, NULL);
     return CDP_OK;
 fail:
+    cdp_comm_set_wait_hook(NULL, NULL);
     if (metrics) fclose(metrics);
     cdp_tb_close(e.tb);
     e.tb = NULL;

@@ -47,6 +47,15 @@ static volatile sig_atomic_t in_wait;
 
 int cdp_comm_waiting(void) { return in_wait; }
 
+static cdp_comm_wait_hook wait_hook;
+static void *wait_hook_ctx;
+
+void cdp_comm_set_wait_hook(cdp_comm_wait_hook hook, void *ctx)
+{
+    wait_hook = hook;
+    wait_hook_ctx = ctx;
+}
+
 static cdp_status poll_loop(cdp_comm_test_fn test, void *arg, uint64_t t0, double timeout_s, size_t bytes,
                             double spin_gbps);
 
@@ -54,6 +63,7 @@ cdp_status cdp_comm_poll(cdp_comm_test_fn test, void *arg, uint64_t t0, double t
                          size_t bytes, double spin_gbps)
 {
     in_wait = 1;
+    if (wait_hook) wait_hook(wait_hook_ctx);
     const cdp_status st = poll_loop(test, arg, t0, timeout_s, bytes, spin_gbps);
     /* a wait that failed (its deadline, a peer gone) ends the run: the rank was waiting */
     if (!st) in_wait = 0;

@@ -64,6 +64,14 @@ int cdp_comm_launched_by_mpi(void);
  * which tells a hung rank from the ones waiting on it. */
 int cdp_comm_waiting(void);
 
+/* A testing hook run at the start of every wait on peers (a request's wait, a
+ * blocking collective, a batch of sends and receives), once the transfer it
+ * waits for is posted: it lets a test act deterministically "inside a
+ * transfer" (CDP_FAULT=signal, pipeline/run/fault.h). One per process, NULL
+ * to remove it; set and removed by the thread that waits. */
+typedef void (*cdp_comm_wait_hook)(void *ctx);
+void cdp_comm_set_wait_hook(cdp_comm_wait_hook hook, void *ctx);
+
 /* The world: `mpi` when launched by mpirun (MPI_Init_thread happens here, once,
  * unless the program initialised MPI itself), else `self` (also when launched
  * by mpirun in a build without MPI). A second call while the mpi world lives
