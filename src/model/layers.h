@@ -105,8 +105,8 @@ struct cdp_unit {
     const struct cdp_tensor_group *tp;
     /* Sequence parallelism (cdp_unit_set_sequence_parallel): 1 when the
      * unit's input and output are its tensor rank's sequence shard, rows
-     * [k T/t, (k + 1) T/t) of every sample; 0 everywhere a plan reaches
-     * today (no plan key sets it yet). */
+     * [k T/t, (k + 1) T/t) of every sample (/parallel/sequence_parallel);
+     * 0 otherwise. */
     int seq_parallel;
 };
 
