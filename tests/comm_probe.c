@@ -1167,7 +1167,8 @@ static void seq_checks(const struct cdp_tensor_group *tg, int size)
     cdp_device_close(dev);
 }
 
-/* Unit i of a one-block GPT (the embedding, the transformer_block, the head)
+/* Unit i of a one-block GPT or Llama (the embedding, the transformer_block
+ * or llama_block, the head)
  * run sequence parallel (cdp_unit_set_sequence_parallel) by rank k of tensor
  * group tg of size ranks equals the whole unit on one rank: its output and
  * input gradient are the whole's rows of its shard (the head's output: its
@@ -1191,9 +1192,10 @@ static void seq_unit_check(const struct cdp_tensor_group *tg, int size, const st
     if (head) CHECK(cdp_unit_vocab_split(u, &off, &valid), "the head splits by vocabulary");
     const int64_t act_before = u->act_floats;
     OK(cdp_unit_set_sequence_parallel(u));
-    /* kept on the shard's rows: the block's output, res2 and norm statistics; the embedding's output; the
-     * head's norm statistics */
-    const int64_t gone = (T - Ts) * (emb ? C : head ? 2 : 2 * C + 4);
+    /* kept on the shard's rows: the block's output, res2 and norm statistics (GPT's mean and 1/std, Llama's
+     * 1/rms); the embedding's output; the head's norm statistics */
+    const int rms = w->desc.type == CDP_LAYER_LLAMA_BLOCK || (head && w->desc.rms);
+    const int64_t gone = (T - Ts) * (emb ? C : head ? 2 - rms : 2 * C + 4 - 2 * rms);
     CHECK(u->act_floats == act_before - gone && u->keep_floats == u->act_floats,
           "unit %d: %lld floats kept a sample, expected %lld - %lld", i, (long long)u->act_floats,
           (long long)act_before, (long long)gone);
@@ -1331,6 +1333,14 @@ static void seq_block_checks(const struct cdp_tensor_group *tg, int size)
     struct cdp_machine_info mi = { 0, NULL };
     OK(cdp_plan_resolve(p, &mi));
     for (int i = 0; i < 3; i++) seq_unit_check(tg, size, &p->model, i);
+    struct cdp_plan *lp = NULL;
+    /* Llama: grouped-query attention (2 heads a kv head) split over 4, an untied head with its RMS norm */
+    OK(cdp_plan_load_string("{\"model\": {\"preset\": \"llama\", \"vocab\": 11, \"context\": 8, \"layers\": 1, "
+                            "\"heads\": 8, \"kv_heads\": 4, \"dim\": 32, \"hidden\": 24}}", "sp-llama.json", NULL,
+                            &lp));
+    OK(cdp_plan_resolve(lp, &mi));
+    for (int i = 0; i < 3; i++) seq_unit_check(tg, size, &lp->model, i);
+    cdp_plan_free(lp);
     struct cdp_unit *mine = NULL;
     int m = 0;
     OK(cdp_units_build_tensor(&p->model, size, tg->index, &mine, &m));

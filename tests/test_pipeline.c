@@ -19,14 +19,16 @@ enum {
     MODEL_MLP = 0, MODEL_GPT = 1, MODEL_SILU = 2, MODEL_LLAMA = 3, MODEL_LLAMA_TIED = 4, MODEL_SPLIT = 5,
     MODEL_GPT_T = 6, MODEL_GPT_T_TIED = 7, MODEL_LLAMA_T = 8, /* heads that split over 4 ranks */
     MODEL_LLAMA_LIST = 9,                                      /* the Llama types in a layer list */
-    MODEL_VOCAB = 10                                           /* a vocab-parallel embedding in a layer list */
+    MODEL_VOCAB = 10,                                          /* a vocab-parallel embedding in a layer list */
+    MODEL_LLAMA_GQA = 11 /* heads and kv heads (2 heads a kv head) that split over 4 ranks, vocab 37 padded */
 };
 
 static const char *model_name(int model)
 {
     static const char *const names[] = {"mlp", "gpt", "silu", "llama", "llama (tied)", "mlp (split linears)",
                                         "gpt (4 heads, untied)", "gpt (4 heads, tied)", "llama (4 kv heads)",
-                                        "llama types in a list", "embedding (vocab-parallel)"};
+                                        "llama types in a list", "embedding (vocab-parallel)",
+                                        "llama (8 heads, 4 kv heads)"};
     return names[model];
 }
 
@@ -96,6 +98,9 @@ static void write_plan(const char *dir, const char *name, const struct layout *l
         : l->model == MODEL_LLAMA_T
         ? "\"model\": {\"preset\": \"llama\", \"vocab\": 37, \"context\": 8, \"layers\": 4, \"heads\": 4, "
           "\"kv_heads\": 4, \"dim\": 16, \"hidden\": 24}"
+        : l->model == MODEL_LLAMA_GQA
+        ? "\"model\": {\"preset\": \"llama\", \"vocab\": 37, \"context\": 8, \"layers\": 4, \"heads\": 8, "
+          "\"kv_heads\": 4, \"dim\": 32, \"hidden\": 24}"
         : l->model == MODEL_LLAMA_LIST
         ? "\"model\": {\"input\": [8], \"layers\": [{\"type\": \"embedding\", \"vocab\": 32, \"dim\": 16}, "
           "{\"type\": \"rmsnorm\"}, {\"type\": \"rotary_attention\", \"heads\": 4, \"kv_heads\": 2}, {\"type\": "
@@ -118,7 +123,8 @@ static void write_plan(const char *dir, const char *name, const struct layout *l
     char rc[48] = "";
     if (!one_rank && l->recompute[0]) snprintf(rc, sizeof rc, ", \"recompute\": \"%s\"", l->recompute);
     const char *opt = l->model == MODEL_GPT || l->model == MODEL_LLAMA || l->model == MODEL_LLAMA_TIED ||
-                              l->model == MODEL_GPT_T || l->model == MODEL_GPT_T_TIED || l->model == MODEL_LLAMA_T
+                              l->model == MODEL_GPT_T || l->model == MODEL_GPT_T_TIED || l->model == MODEL_LLAMA_T ||
+                              l->model == MODEL_LLAMA_GQA
                           ? (l->t > 1 ? "{\"type\": \"adamw\", \"lr\": 0.01, \"weight_decay\": 0.1, \"eps\": 1e-4}"
                                       : "{\"type\": \"adamw\", \"lr\": 0.01, \"weight_decay\": 0.1, \"eps\": 1e-6}")
                           : "{\"type\": \"sgd\", \"lr\": 0.05, \"momentum\": 0.9}";
@@ -372,6 +378,12 @@ ParameterizedTestParameters(pipeline, sequence_parallel_layouts_equal_one_rank)
     grid[n++] = (struct layout){MODEL_GPT_T_TIED, 2, 1, 4, 2, "zbv", "", 0, "full", 1, 2};
     grid[n++] = (struct layout){MODEL_GPT_T_TIED, 2, 2, 4, 1, "zb-h1", "", 0, "", 0, 4};
     grid[n++] = (struct layout){MODEL_GPT_T, 2, 1, 4, 1, "1f1b", "", 0, "", 1, 2};
+    /* Llama: grouped-query attention, the untied head's RMS norm on the shards, the vocabulary padded */
+    grid[n++] = (struct layout){MODEL_LLAMA_GQA, 1, 1, 2, 1, "1f1b", "", 0, "", 0, 2};
+    grid[n++] = (struct layout){MODEL_LLAMA_GQA, 2, 1, 4, 1, "1f1b", "", 0, "selective", 1, 4};
+    grid[n++] = (struct layout){MODEL_LLAMA_GQA, 2, 1, 4, 2, "zbv", "", 0, "full", 0, 2};
+    grid[n++] = (struct layout){MODEL_LLAMA_GQA, 1, 2, 2, 1, "1f1b", "", 0, "full", 1, 2};
+    grid[n++] = (struct layout){MODEL_LLAMA_GQA, 2, 1, 4, 2, "zbv", "", 0, "selective", 0, 4};
     CDP_ASSERT((size_t)n <= sizeof grid / sizeof grid[0]);
     return cr_make_param_array(struct layout, grid, cdp_test_sample_cells(grid, (size_t)n, sizeof grid[0]));
 }

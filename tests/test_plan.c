@@ -1161,7 +1161,7 @@ ParameterizedTest(struct lr_bad *c, plan, lr_schedule_errors_name_the_key)
 
 /* /parallel/sequence_parallel: off by default, written back, and refused
  * naming the key where it cannot run (tensor 1 or "auto", a model other
- * than a GPT preset, a context the group does not divide). */
+ * than a GPT or Llama preset, a context the group does not divide). */
 #define SP_GPT(ctx, t) \
     "{\"model\": {\"preset\": \"gpt\", \"heads\": 4, \"embed\": 32, \"context\": " ctx "}, \"parallel\": " \
     "{\"tensor\": " t ", \"sequence_parallel\": true}}"
@@ -1181,6 +1181,10 @@ Test(plan, sequence_parallel_key)
     cr_assert(strstr(json, "\"sequence_parallel\": true"), "%s", json);
     free(json);
     cdp_plan_free(p);
+    p = load_ok("{\"model\": {\"preset\": \"llama\", \"heads\": 4, \"kv_heads\": 2, \"dim\": 16, \"hidden\": 24}, "
+                "\"parallel\": {\"tensor\": 2, \"sequence_parallel\": true}}");
+    cr_assert(p->parallel.sequence_parallel && p->model.seq_parallel, "a Llama preset runs sequence parallel");
+    cdp_plan_free(p);
     static const struct {
         const char *plan, *error;
     } bad[] = {
@@ -1188,11 +1192,8 @@ Test(plan, sequence_parallel_key)
         {SP_GPT("64", "\"auto\""), "t.json: /parallel/sequence_parallel: true needs /parallel/tensor a number above 1"},
         {SP_GPT("30", "4"), "t.json: /parallel/sequence_parallel: true needs /model/context 30 to be a multiple of "
                             "/parallel/tensor 4"},
-        {"{\"model\": {\"preset\": \"llama\", \"heads\": 4, \"kv_heads\": 2, \"dim\": 16, \"hidden\": 24}, "
-         "\"parallel\": {\"tensor\": 2, \"sequence_parallel\": true}}",
-         "t.json: /parallel/sequence_parallel: true runs GPT presets (transformer_block) only today, not a Llama model"},
         {SPLITS(COL, "{\"type\": \"relu\"}", ROW, "2, \"sequence_parallel\": true"),
-         "t.json: /parallel/sequence_parallel: true runs GPT presets (transformer_block) only today, not an explicit "
+         "t.json: /parallel/sequence_parallel: true runs the GPT and Llama presets only today, not an explicit "
          "layer list"},
         {"{\"model\": {\"preset\": \"gpt\"}, \"parallel\": {\"tensor\": 2, \"sequence_parallel\": 1}}",
          "t.json: /parallel/sequence_parallel"},

@@ -146,10 +146,10 @@ cdp_status cdp_unit_seq_scatter(const struct cdp_kernels *k, const struct cdp_un
 cdp_status cdp_unit_set_sequence_parallel(struct cdp_unit *u)
 {
     const enum cdp_layer_type ty = u->desc.type;
-    if ((ty != CDP_LAYER_TRANSFORMER_BLOCK && ty != CDP_LAYER_EMBEDDING && ty != CDP_LAYER_LM_HEAD) ||
-        !cdp_unit_tensor_split(u))
-        return cdp_fail(CDP_ERR_UNSUPPORTED, "%s unit %d: sequence parallelism needs a transformer_block, embedding "
-                        "or lm_head split over a tensor group", cdp_layer_name(ty), u->index);
+    const int block = ty == CDP_LAYER_TRANSFORMER_BLOCK || ty == CDP_LAYER_LLAMA_BLOCK;
+    if ((!block && ty != CDP_LAYER_EMBEDDING && ty != CDP_LAYER_LM_HEAD) || !cdp_unit_tensor_split(u))
+        return cdp_fail(CDP_ERR_UNSUPPORTED, "%s unit %d: sequence parallelism needs a transformer_block, "
+                        "llama_block, embedding or lm_head split over a tensor group", cdp_layer_name(ty), u->index);
     if (u->seq_parallel) return CDP_OK;
     const int t = u->tp_size;
     const int64_t T = u->out.d[0]; /* the embedding's output, the others' input and output */
@@ -161,10 +161,12 @@ cdp_status cdp_unit_set_sequence_parallel(struct cdp_unit *u)
         u->out.d[0] /= t;
         u->out_floats /= t;
     }
-    /* kept on the shard's rows only (the layouts in each type's file): the block's output, res2 and
-     * both norms' mean and 1/std; the embedding's output; the head's norm statistics */
+    /* kept on the shard's rows only (the layouts in each type's file): a block's output, res2 and both
+     * norms' statistics (GPT's mean and 1/std, Llama's 1/rms); the embedding's output; the head's norm
+     * statistics */
     const int64_t gone = T - T / t, C = u->out.d[1];
     u->act_floats -= ty == CDP_LAYER_TRANSFORMER_BLOCK ? gone * (2 * C + 4)
+                     : ty == CDP_LAYER_LLAMA_BLOCK     ? gone * (2 * C + 2)
                      : ty == CDP_LAYER_EMBEDDING       ? gone * C
                                                        : gone * (u->desc.rms ? 1 : 2);
     cdp_unit_set_recompute(u, u->recompute);

@@ -105,8 +105,8 @@ struct cdp_unit {
     const struct cdp_tensor_group *tp;
     /* Sequence parallelism (cdp_unit_set_sequence_parallel): 1 when the
      * unit's input and output are its tensor rank's sequence shard, rows
-     * [k T/t, (k + 1) T/t) of every sample; 0 everywhere a plan reaches
-     * today (no plan key sets it yet). */
+     * [k T/t, (k + 1) T/t) of every sample (/parallel/sequence_parallel);
+     * 0 otherwise. */
     int seq_parallel;
 };
 
@@ -222,8 +222,8 @@ struct cdp_kernels {
     } while (0)
 
 /* Sequence parallelism's moves between a sequence shard and the whole
- * sequence (for a block whose norms and residual run on its rank's rows
- * only; no layer uses them yet). B samples of T rows of C floats; rank k of
+ * sequence (for a unit whose norms and residual run on its rank's rows
+ * only: cdp_unit_set_sequence_parallel's). B samples of T rows of C floats; rank k of
  * u's tensor group of t holds rows [k T/t, (k + 1) T/t) of every sample,
  * [B, T/t, C] (T a multiple of t). stage is B T C floats of the device's
  * memory, apart from the other buffers, clobbered. At tp_size 1 each is a
@@ -242,15 +242,16 @@ cdp_status cdp_unit_seq_scatter(const struct cdp_kernels *k, const struct cdp_un
 
 /* Makes split unit u run sequence parallel (docs/parallelism.md): the
  * residual stream becomes its rank's sequence shard, [T/t, C] per sample --
- * a transformer_block's input and output, an embedding's output, an
- * lm_head's input (those shapes and out_floats divided by t) -- its norms
+ * a transformer_block's or llama_block's input and output, an embedding's
+ * output, an lm_head's input (those shapes and out_floats divided by t) --
+ * its norms
  * and residual run on the shard, with an all-gather entering each split
  * product and a reduce-scatter leaving it instead of the all-reduce, and
  * its norms' parameter gradients summed over the group inside its backward.
  * Set by cdp_units_build_tensor under /parallel/sequence_parallel: forward,
  * both backwards (split: B does every collective, the norms' gradient sum
  * included, and leaves the results in the W-state, so W has none) and the
- * block's recompute hook (which gathers the norms' outputs again) honour
+ * blocks' recompute hooks (which gathers the norms' outputs again) honour
  * it. act_floats (and keep_floats) shrink to what the rank keeps:
  * the residual stream's and the norms' statistics' rows of its shard, the
  * norms' outputs and the split products' whole; scratch grows by the moves'

@@ -550,10 +550,9 @@ cdp_status cdp_plan_load_parallel(struct ld *c, const json_t *v)
             return cdp_json_fail(&c->in, "/parallel/sequence_parallel",
                                  "true needs /parallel/tensor a number above 1 (it shards the sequence over the "
                                  "tensor group), not %s", pd->tensor == CDP_AUTO ? "\"auto\"" : "1");
-        if (md->kind != CDP_MODEL_GPT || md->arch == CDP_ARCH_LLAMA)
+        if (md->kind != CDP_MODEL_GPT)
             return cdp_json_fail(&c->in, "/parallel/sequence_parallel",
-                                 "true runs GPT presets (transformer_block) only today, not %s",
-                                 md->kind != CDP_MODEL_GPT ? "an explicit layer list" : "a Llama model");
+                                 "true runs the GPT and Llama presets only today, not an explicit layer list");
         if (md->context % pd->tensor)
             return cdp_json_fail(&c->in, "/parallel/sequence_parallel",
                                  "true needs /model/context %lld to be a multiple of /parallel/tensor %lld (each "

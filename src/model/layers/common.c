@@ -173,6 +173,21 @@ int cdp_rope_emit(const struct cdp_rope *r, json_t *o)
     return bad | json_object_set_new(o, "rope_scaling", s);
 }
 
+struct cdp_rotary_dims cdp_rotary_dims(const struct cdp_unit *u, int B)
+{
+    const int t = cdp_unit_tensor_split(u) ? u->tp_size : 1;
+    struct cdp_rotary_dims d;
+    d.T = (int)u->in.d[0] * (u->seq_parallel ? t : 1);
+    d.C = (int)u->in.d[1];
+    d.HD = d.C / (int)u->desc.heads;
+    d.NH = (int)u->desc.heads / t;
+    d.NKV = (int)u->desc.kv_heads / t;
+    d.A = d.HD * d.NH;
+    d.KVD = d.HD * d.NKV;
+    d.N = B * d.T;
+    return d;
+}
+
 void cdp_rope_describe(const struct cdp_rope *r, char *buf, size_t cap)
 {
     if (r->factor > 0)

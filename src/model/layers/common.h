@@ -39,6 +39,17 @@ void cdp_unit_add_rmsnorm_param(struct cdp_unit *u, const char *prefix, int64_t 
 int cdp_rotary_shape(const char *type_name, const struct cdp_layer_desc *L, const struct cdp_shape *in,
                      struct cdp_shape *out, char *why, size_t cap);
 
+/* A rotary (grouped-query) attention's sizes on unit u's rank, for
+ * rotary_attention and llama_block: T the whole sequence (the input's rows,
+ * t times the shard's when sequence parallel), C the residual stream's width
+ * (whole), HD a head's width; NH and NKV the rank's heads and kv heads
+ * (heads / t and kv_heads / t when u is split over a tensor group of t), A =
+ * HD NH and KVD = HD NKV their widths; N = B T rows. */
+struct cdp_rotary_dims {
+    int T, C, HD, NH, NKV, A, KVD, N;
+};
+struct cdp_rotary_dims cdp_rotary_dims(const struct cdp_unit *u, int B);
+
 /* " rope_theta 10000" and its scaling, for describe(). */
 void cdp_rope_describe(const struct cdp_rope *r, char *buf, size_t cap);
 

@@ -10,7 +10,12 @@
  * and v (column-parallel), o_proj row-parallel (one all-reduce forward); gate
  * and up column-parallel, down row-parallel (one all-reduce forward); the
  * norms and the residual stream whole; backward all-reduces the gradients of
- * both norms' outputs before the norms' backward. */
+ * both norms' outputs before the norms' backward. Sequence parallel
+ * (cdp_unit_set_sequence_parallel), as transformer_block: the norms and the
+ * residual stream on the rank's rows of the sequence, an all-gather before
+ * q, k, v and before gate and up, a reduce-scatter after o_proj and after
+ * down_proj; attention runs on the gathered whole sequence, so the rotary
+ * positions are the global ones. */
 #include <math.h>
 #include <string.h>
 
@@ -115,25 +120,21 @@ static void build(struct cdp_unit *u, const struct cdp_model_desc *m)
 
 /* A block's sizes on its rank: C the residual stream's width (whole); A the
  * attention's width, NH and NKV its heads and kv heads, KVD the kv width and
- * H the MLP's (the rank's slices; C, heads, kv_heads and hidden at t = 1). */
+ * H the MLP's (the rank's slices; C, heads, kv_heads and hidden at t = 1):
+ * the attention's from cdp_rotary_dims (common.h), as rotary_attention's. */
 struct dims {
     int T, C, A, NH, NKV, HD, KVD, H, N;
+    int Ns; /* rows of the residual stream on the rank: B T, or B T/t sequence parallel */
     float eps;
 };
 
 static struct dims dims_of(const struct cdp_unit *u, int B)
 {
+    const struct cdp_rotary_dims r = cdp_rotary_dims(u, B);
     const int t = cdp_unit_tensor_split(u) ? u->tp_size : 1;
-    struct dims d;
-    d.T = (int)u->in.d[0];
-    d.C = (int)u->in.d[1];
-    d.HD = d.C / (int)u->desc.heads;
-    d.NH = (int)u->desc.heads / t;
-    d.NKV = (int)u->desc.kv_heads / t;
-    d.A = d.HD * d.NH;
-    d.KVD = d.HD * d.NKV;
+    struct dims d = {.T = r.T, .C = r.C, .A = r.A, .NH = r.NH, .NKV = r.NKV, .HD = r.HD, .KVD = r.KVD, .N = r.N};
     d.H = (int)u->desc.hidden / t;
-    d.N = B * d.T;
+    d.Ns = u->seq_parallel ? d.N / t : d.N;
     d.eps = (float)u->desc.eps;
     return d;
 }
@@ -160,7 +161,9 @@ static void cost(struct cdp_unit *u)
 static int64_t scratch(const struct cdp_unit *u, int B)
 {
     const struct dims d = dims_of(u, B);
-    return (int64_t)d.N * (2 * d.C + 3 * d.H + 5 * d.A + 2 * d.KVD) + (int64_t)d.T * d.T;
+    const int64_t s = (int64_t)d.N * (2 * d.C + 3 * d.H + 5 * d.A + 2 * d.KVD) + (int64_t)d.T * d.T;
+    /* sequence parallel (backward_seq): the moves' staging, two shards, the norms' gradients */
+    return u->seq_parallel ? s + (int64_t)d.N * d.C + 2 * (int64_t)d.Ns * d.C + 2 * (int64_t)d.C : s;
 }
 
 /* A llama block's activations, per micro-batch of B. Kept (at act): the
@@ -176,13 +179,13 @@ struct block_acts {
 static struct block_acts block_layout(float *a, float *t, const struct dims *d)
 {
     struct block_acts r;
-    const int64_t N = d->N, NC = N * d->C;
+    const int64_t N = d->N, NC = N * d->C, Ns = d->Ns; /* the residual stream and 1/rms: Ns rows */
     r.out = a;
-    r.rstd1 = r.out + NC;
-    r.qkv = r.rstd1 + N;
+    r.rstd1 = r.out + Ns * d->C;
+    r.qkv = r.rstd1 + Ns;
     r.res2 = r.qkv + 3 * N * d->A;
-    r.rstd2 = r.res2 + NC;
-    r.gate = r.rstd2 + N;
+    r.rstd2 = r.res2 + Ns * d->C;
+    r.gate = r.rstd2 + Ns;
     r.up = r.gate + N * d->H;
     r.ln1 = t;
     r.atty = r.ln1 + NC;
@@ -192,6 +195,41 @@ static struct block_acts block_layout(float *a, float *t, const struct dims *d)
     return r;
 }
 
+/* Sequence parallel (cdp_unit_set_sequence_parallel): x and the output are
+ * the rank's shard [B, T/t, C], as are res2 and the norms' 1/rms; each norm
+ * runs on the shard and its output is gathered whole (ln1, ln2 kept whole in
+ * the tail) for the column products; each row product's partial output is
+ * reduce-scattered back to the shard. q, k and v are the whole sequence's, so
+ * the rotation uses the global positions. Scratch: q, k, v, proj [N, C], the
+ * moves' staging [N, C], a shard [Ns, C]. */
+static cdp_status forward_seq(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p, const float *x,
+                              const struct block_acts *a, float *scratch_, const struct dims *d, int B)
+{
+    const int N = d->N, Ns = d->Ns, C = d->C;
+    float *q = scratch_, *kk = q + (size_t)N * d->A, *v = kk + (size_t)N * d->KVD, *proj = v + (size_t)N * d->KVD;
+    float *stage = proj + (size_t)N * C, *sh = stage + (size_t)N * C;
+    cdp_status st;
+    K(rmsnorm_fwd, sh, a->rstd1, x, p[0], Ns, C, d->eps);
+    if ((st = cdp_unit_seq_gather(k, u, sh, a->ln1, stage, B, d->T, C))) return st;
+    K(linear_fwd, q, a->ln1, p[1], NULL, N, C, d->A);
+    K(linear_fwd, kk, a->ln1, p[2], NULL, N, C, d->KVD);
+    K(linear_fwd, v, a->ln1, p[3], NULL, N, C, d->KVD);
+    K(rope_fwd, a->qkv, q, kk, v, B, d->T, d->NH, d->NKV, d->HD, 0, u->desc.rope);
+    K(attention_fwd, a->atty, a->att, a->qkv, B, d->T, d->A, d->NH, 1);
+    K(linear_fwd, proj, a->atty, p[4], NULL, N, d->A, C);
+    if ((st = cdp_unit_seq_scatter(k, u, proj, sh, stage, B, d->T, C))) return st;
+    K(residual_fwd, a->res2, x, sh, (size_t)Ns * C);
+    K(rmsnorm_fwd, sh, a->rstd2, a->res2, p[5], Ns, C, d->eps);
+    if ((st = cdp_unit_seq_gather(k, u, sh, a->ln2, stage, B, d->T, C))) return st;
+    K(linear_fwd, a->gate, a->ln2, p[6], NULL, N, C, d->H);
+    K(linear_fwd, a->up, a->ln2, p[7], NULL, N, C, d->H);
+    K(swiglu_fwd, a->hmid, a->gate, a->up, (size_t)N * d->H);
+    K(linear_fwd, proj, a->hmid, p[8], NULL, N, d->H, C);
+    if ((st = cdp_unit_seq_scatter(k, u, proj, sh, stage, B, d->T, C))) return st;
+    K(residual_fwd, a->out, a->res2, sh, (size_t)Ns * C);
+    return CDP_OK;
+}
+
 static cdp_status forward(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p, const void *in,
                           float *act, float *tail, float *scratch_, int B)
 {
@@ -199,6 +237,7 @@ static cdp_status forward(const struct cdp_kernels *k, const struct cdp_unit *u,
     const struct dims d = dims_of(u, B);
     const size_t NC = (size_t)d.N * d.C;
     struct block_acts a = block_layout(act, tail, &d);
+    if (u->seq_parallel) return forward_seq(k, u, p, x, &a, scratch_, &d, B);
     float *q = scratch_, *kk = q + (size_t)d.N * d.A, *v = kk + (size_t)d.N * d.KVD, *proj = v + (size_t)d.N * d.KVD;
     cdp_status st;
     K(rmsnorm_fwd, a.ln1, a.rstd1, x, p[0], d.N, d.C, d.eps);
@@ -222,13 +261,24 @@ static cdp_status forward(const struct cdp_kernels *k, const struct cdp_unit *u,
 
 /* The tail again: the kernels of the forward that wrote it, on the same
  * inputs (the norms write their 1/rms again, the same values); no collective
- * (every product the group sums is kept). */
+ * (every product the group sums is kept), except sequence parallel: the
+ * norms' outputs are gathered again. */
 static cdp_status recompute(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p, const void *in,
                             float *act, float *tail, float *scratch_, int B)
 {
-    (void)scratch_;
     const struct dims d = dims_of(u, B);
     struct block_acts a = block_layout(act, tail, &d);
+    if (u->seq_parallel) { /* the norms on the shard, gathered whole again: two all-gathers */
+        float *stage = scratch_, *sh = stage + (size_t)d.N * d.C;
+        cdp_status st;
+        K(rmsnorm_fwd, sh, a.rstd1, (const float *)in, p[0], d.Ns, d.C, d.eps);
+        if ((st = cdp_unit_seq_gather(k, u, sh, a.ln1, stage, B, d.T, d.C))) return st;
+        K(attention_fwd, a.atty, a.att, a.qkv, B, d.T, d.A, d.NH, 1);
+        K(rmsnorm_fwd, sh, a.rstd2, a.res2, p[5], d.Ns, d.C, d.eps);
+        if ((st = cdp_unit_seq_gather(k, u, sh, a.ln2, stage, B, d.T, d.C))) return st;
+        K(swiglu_fwd, a.hmid, a.gate, a.up, (size_t)d.N * d.H);
+        return CDP_OK;
+    }
     K(rmsnorm_fwd, a.ln1, a.rstd1, (const float *)in, p[0], d.N, d.C, d.eps);
     K(attention_fwd, a.atty, a.att, a.qkv, B, d.T, d.A, d.NH, 1);
     K(rmsnorm_fwd, a.ln2, a.rstd2, a.res2, p[5], d.N, d.C, d.eps);
@@ -260,6 +310,104 @@ static struct block_grads grads_layout(float *s, const struct dims *d)
     return g;
 }
 
+/* Split backward's W-state, per micro-batch of B (4C + A + 2H + 2KVD a token):
+ * the output gradient of each product and norm, as backward computes it. */
+struct block_wstate {
+    float *dout;  /* the block's: mlp.down_proj's */
+    float *dgate; /* mlp.gate_proj's */
+    float *dup;   /* mlp.up_proj's */
+    float *dln2;  /* post_attention_layernorm's */
+    float *dres2; /* self_attn.o_proj's: the residual stream's after the second norm */
+    float *dq, *dk, *dv; /* the q, k, v projections' (through the rotation and the head repeat) */
+    float *dln1;  /* input_layernorm's */
+};
+
+static struct block_wstate block_wstate(float *w, const struct dims *d)
+{
+    const size_t NC = (size_t)d->N * d->C, NHd = (size_t)d->N * d->H, NK = (size_t)d->N * d->KVD;
+    struct block_wstate r;
+    r.dout = w;
+    r.dgate = r.dout + NC;
+    r.dup = r.dgate + NHd;
+    r.dln2 = r.dup + NHd;
+    r.dres2 = r.dln2 + NC;
+    r.dq = r.dres2 + NC;
+    r.dk = r.dq + (size_t)d->N * d->A;
+    r.dv = r.dk + NK;
+    r.dln1 = r.dv + NK;
+    return r;
+}
+
+/* Backward of forward_seq, dout and din the rank's shards: the output
+ * gradient gathered whole for the row products (the backward of their
+ * reduce-scatter), each column product's partial input gradient
+ * reduce-scattered to the shard for its norm (the backward of the gather),
+ * the residual stream's gradient on the shard. The norms' weight gradients of
+ * the rank's rows are summed over the group (one all-reduce of 2C floats)
+ * and then added to g, so they are the whole sequence's on every rank as
+ * without sequence parallelism. gw (the products' weight gradients) NULL: B
+ * of split backward, which leaves the gradients W reads in w (dout and dres2
+ * whole, the norms' summed gradients at dln1 and dln2, C floats each); else
+ * w is NULL and scratch holds them. Scratch: block_grads (dres2 and dln
+ * whole), then the staging [N, C], the shards of dres2 and of a norm's
+ * output gradient [Ns, C], the norms' gradients [2C]. */
+static cdp_status backward_seq(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p,
+                               float *const *g, const float *x, const struct block_acts *a,
+                               const struct block_wstate *w, const float *dout, float *din, float *scratch_,
+                               const struct dims *d, int B)
+{
+    const int N = d->N, Ns = d->Ns, C = d->C, A = d->A, KVD = d->KVD, H = d->H;
+    const size_t NC = (size_t)N * C, NHd = (size_t)N * H, NA = (size_t)N * A, SC = (size_t)Ns * C;
+    struct block_grads s = grads_layout(scratch_, d);
+    float *stage = s.att_scratch + (size_t)d->T * d->T, *dres2s = stage + NC, *dlns = dres2s + SC;
+    float *ng = dlns + SC; /* input_layernorm's weight gradient, then post_attention_layernorm's */
+    float *const gz[CDP_UNIT_MAX_PARAMS] = {NULL};
+    if (!g) g = gz;
+    /* the whole gradients W reads: in the W-state under split backward, else in scratch */
+    float *dfull = w ? w->dout : s.dres2, *dres2 = w ? w->dres2 : s.dres2;
+    float *dgate = w ? w->dgate : s.dgate, *dup = w ? w->dup : s.dup;
+    float *dq = w ? w->dq : s.dq, *dk = w ? w->dk : s.dk, *dv = w ? w->dv : s.dv;
+    cdp_status st;
+    if ((st = cdp_unit_seq_gather(k, u, dout, dfull, stage, B, d->T, C))) return st;
+    K(copy, dres2s, dout, SC * sizeof *dres2s);
+    K(zero, s.dhmid, NHd * sizeof *s.dhmid);
+    K(linear_bwd, s.dhmid, g[8], NULL, dfull, a->hmid, p[8], N, H, C);
+    K(zero, dgate, NHd * sizeof *dgate);
+    K(zero, dup, NHd * sizeof *dup);
+    K(swiglu_bwd, dgate, dup, s.dhmid, a->gate, a->up, NHd);
+    K(zero, s.dln, NC * sizeof *s.dln);
+    K(linear_bwd, s.dln, g[6], NULL, dgate, a->ln2, p[6], N, C, H);
+    K(linear_bwd, s.dln, g[7], NULL, dup, a->ln2, p[7], N, C, H);
+    if ((st = cdp_unit_seq_scatter(k, u, s.dln, dlns, stage, B, d->T, C))) return st;
+    K(zero, ng, 2 * (size_t)C * sizeof *ng);
+    K(rmsnorm_bwd, dres2s, ng + C, dlns, a->res2, p[5], a->rstd2, Ns, C);
+    if ((st = cdp_unit_seq_gather(k, u, dres2s, dres2, stage, B, d->T, C))) return st;
+    K(zero, s.datty, NA * sizeof *s.datty);
+    K(linear_bwd, s.datty, g[4], NULL, dres2, a->atty, p[4], N, A, C);
+    K(zero, s.dqkv, 3 * NA * sizeof *s.dqkv);
+    K(attention_bwd, s.dqkv, s.datty, a->qkv, a->att, s.att_scratch, B, d->T, A, d->NH, 1);
+    K(zero, dq, NA * sizeof *dq);
+    K(zero, dk, (size_t)N * KVD * sizeof *dk);
+    K(zero, dv, (size_t)N * KVD * sizeof *dv);
+    K(rope_bwd, dq, dk, dv, s.dqkv, B, d->T, d->NH, d->NKV, d->HD, 0, u->desc.rope);
+    K(zero, s.dln, NC * sizeof *s.dln);
+    K(linear_bwd, s.dln, g[1], NULL, dq, a->ln1, p[1], N, C, A);
+    K(linear_bwd, s.dln, g[2], NULL, dk, a->ln1, p[2], N, C, KVD);
+    K(linear_bwd, s.dln, g[3], NULL, dv, a->ln1, p[3], N, C, KVD);
+    if ((st = cdp_unit_seq_scatter(k, u, s.dln, dlns, stage, B, d->T, C))) return st;
+    if (din) K(add, din, dres2s, SC);
+    K(rmsnorm_bwd, din, ng, dlns, x, p[0], a->rstd1, Ns, C);
+    if ((st = cdp_unit_tensor_sum(u, ng, 2 * (int64_t)C))) return st;
+    if (w) {
+        K(copy, w->dln1, ng, (size_t)C * sizeof *ng);
+        K(copy, w->dln2, ng + C, (size_t)C * sizeof *ng);
+    } else {
+        K(add, g[0], ng, (size_t)C);
+        K(add, g[5], ng + C, (size_t)C);
+    }
+    return CDP_OK;
+}
+
 static cdp_status backward(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p,
                            float *const *g, const void *in, const float *act, const float *tail,
                            const float *dout, float *din, float *scratch_, int B)
@@ -269,6 +417,7 @@ static cdp_status backward(const struct cdp_kernels *k, const struct cdp_unit *u
     const size_t NC = (size_t)d.N * d.C, NHd = (size_t)d.N * d.H, NK = (size_t)d.N * d.KVD,
                  NA = (size_t)d.N * d.A;
     struct block_acts a = block_layout((float *)act, (float *)tail, &d);
+    if (u->seq_parallel) return backward_seq(k, u, p, g, x, &a, NULL, dout, din, scratch_, &d, B);
     struct block_grads s = grads_layout(scratch_, &d);
     cdp_status st;
     K(copy, s.dres2, dout, NC * sizeof *s.dres2);
@@ -302,34 +451,6 @@ static cdp_status backward(const struct cdp_kernels *k, const struct cdp_unit *u
     return CDP_OK;
 }
 
-/* Split backward's W-state, per micro-batch of B (4C + A + 2H + 2KVD a token):
- * the output gradient of each product and norm, as backward computes it. */
-struct block_wstate {
-    float *dout;  /* the block's: mlp.down_proj's */
-    float *dgate; /* mlp.gate_proj's */
-    float *dup;   /* mlp.up_proj's */
-    float *dln2;  /* post_attention_layernorm's */
-    float *dres2; /* self_attn.o_proj's: the residual stream's after the second norm */
-    float *dq, *dk, *dv; /* the q, k, v projections' (through the rotation and the head repeat) */
-    float *dln1;  /* input_layernorm's */
-};
-
-static struct block_wstate block_wstate(float *w, const struct dims *d)
-{
-    const size_t NC = (size_t)d->N * d->C, NHd = (size_t)d->N * d->H, NK = (size_t)d->N * d->KVD;
-    struct block_wstate r;
-    r.dout = w;
-    r.dgate = r.dout + NC;
-    r.dup = r.dgate + NHd;
-    r.dln2 = r.dup + NHd;
-    r.dres2 = r.dln2 + NC;
-    r.dq = r.dres2 + NC;
-    r.dk = r.dq + (size_t)d->N * d->A;
-    r.dv = r.dk + NK;
-    r.dln1 = r.dv + NK;
-    return r;
-}
-
 /* B: backward's input-gradient calls in its order, the weight outputs NULL,
  * with the gradients W reads written in the W-state rather than scratch. */
 static cdp_status backward_input(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p,
@@ -342,6 +463,7 @@ static cdp_status backward_input(const struct cdp_kernels *k, const struct cdp_u
     struct block_acts a = block_layout((float *)act, (float *)tail, &d);
     struct block_grads s = grads_layout(scratch_, &d);
     struct block_wstate w = block_wstate(ws, &d);
+    if (u->seq_parallel) return backward_seq(k, u, p, NULL, x, &a, &w, dout, din, scratch_, &d, B);
     cdp_status st;
     K(copy, w.dout, dout, NC * sizeof *w.dout);
     K(copy, w.dres2, dout, NC * sizeof *w.dres2);
@@ -382,6 +504,18 @@ static cdp_status backward_weight(const struct cdp_kernels *k, const struct cdp_
     const struct dims d = dims_of(u, B);
     struct block_acts a = block_layout((float *)act, (float *)tail, &d);
     struct block_wstate w = block_wstate((float *)ws, &d);
+    if (u->seq_parallel) { /* the products' from the whole gradients, the norms' as B summed them */
+        K(linear_bwd, NULL, g[8], NULL, w.dout, a.hmid, p[8], d.N, d.H, d.C);
+        K(linear_bwd, NULL, g[6], NULL, w.dgate, a.ln2, p[6], d.N, d.C, d.H);
+        K(linear_bwd, NULL, g[7], NULL, w.dup, a.ln2, p[7], d.N, d.C, d.H);
+        K(add, g[5], w.dln2, (size_t)d.C);
+        K(linear_bwd, NULL, g[4], NULL, w.dres2, a.atty, p[4], d.N, d.A, d.C);
+        K(linear_bwd, NULL, g[1], NULL, w.dq, a.ln1, p[1], d.N, d.C, d.A);
+        K(linear_bwd, NULL, g[2], NULL, w.dk, a.ln1, p[2], d.N, d.C, d.KVD);
+        K(linear_bwd, NULL, g[3], NULL, w.dv, a.ln1, p[3], d.N, d.C, d.KVD);
+        K(add, g[0], w.dln1, (size_t)d.C);
+        return CDP_OK;
+    }
     K(linear_bwd, NULL, g[8], NULL, w.dout, a.hmid, p[8], d.N, d.H, d.C);
     K(linear_bwd, NULL, g[6], NULL, w.dgate, a.ln2, p[6], d.N, d.C, d.H);
     K(linear_bwd, NULL, g[7], NULL, w.dup, a.ln2, p[7], d.N, d.C, d.H);

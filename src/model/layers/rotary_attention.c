@@ -72,30 +72,9 @@ static void build(struct cdp_unit *u, const struct cdp_model_desc *m)
     cdp_param_shard(u, 3, 1, u->tp_size, u->tp_index);
 }
 
-/* Sizes on the rank: C the input's and output's width (whole), A the
- * attention's, NH and NKV its heads and KVD its kv width (the rank's slices). */
-struct dims {
-    int T, C, A, NH, NKV, HD, KVD, N;
-};
-
-static struct dims dims_of(const struct cdp_unit *u, int B)
-{
-    const int t = cdp_unit_tensor_split(u) ? u->tp_size : 1;
-    struct dims d;
-    d.T = (int)u->in.d[0];
-    d.C = (int)u->in.d[1];
-    d.HD = d.C / (int)u->desc.heads;
-    d.NH = (int)u->desc.heads / t;
-    d.NKV = (int)u->desc.kv_heads / t;
-    d.A = d.HD * d.NH;
-    d.KVD = d.HD * d.NKV;
-    d.N = B * d.T;
-    return d;
-}
-
 static void cost(struct cdp_unit *u)
 {
-    const struct dims d = dims_of(u, 1);
+    const struct cdp_rotary_dims d = cdp_rotary_dims(u, 1);
     const int64_t T = d.T, C = d.C, A = d.A, KVD = d.KVD;
     const double gemm = 2.0 * T * (2.0 * C * A + 2.0 * C * KVD);
     u->fwd_flops = gemm + cdp_attention_flops(T, A, 1, 0);
@@ -113,14 +92,14 @@ static void cost(struct cdp_unit *u)
 /* forward: q, k, v; backward: datty, dqkv, dq, dk, dv, T x T */
 static int64_t scratch(const struct cdp_unit *u, int B)
 {
-    const struct dims d = dims_of(u, B);
+    const struct cdp_rotary_dims d = cdp_rotary_dims(u, B);
     return (int64_t)d.N * (5 * d.A + 2 * d.KVD) + (int64_t)d.T * d.T;
 }
 
 static cdp_status forward(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p, const void *in,
                           float *act, float *tail, float *scratch_, int B)
 {
-    const struct dims d = dims_of(u, B);
+    const struct cdp_rotary_dims d = cdp_rotary_dims(u, B);
     const float *x = (const float *)in;
     float *qkv = act + (size_t)d.N * d.C, *atty = tail, *att = atty + (size_t)d.N * d.A;
     float *q = scratch_, *kk = q + (size_t)d.N * d.A, *v = kk + (size_t)d.N * d.KVD;
@@ -137,7 +116,7 @@ static cdp_status recompute(const struct cdp_kernels *k, const struct cdp_unit *
                             float *act, float *tail, float *scratch_, int B)
 {
     (void)p, (void)in, (void)scratch_;
-    const struct dims d = dims_of(u, B);
+    const struct cdp_rotary_dims d = cdp_rotary_dims(u, B);
     const float *qkv = act + (size_t)d.N * d.C;
     K(attention_fwd, tail, tail + (size_t)d.N * d.A, qkv, B, d.T, d.A, d.NH, 1);
     return CDP_OK;
@@ -148,7 +127,7 @@ struct grads {
     float *datty, *dqkv, *dq, *dk, *dv, *tt;
 };
 
-static struct grads grads_layout(float *s, const struct dims *d)
+static struct grads grads_layout(float *s, const struct cdp_rotary_dims *d)
 {
     struct grads g;
     const size_t NA = (size_t)d->N * d->A, NK = (size_t)d->N * d->KVD;
@@ -167,7 +146,7 @@ static cdp_status to_qkv(const struct cdp_kernels *k, const struct cdp_unit *u, 
                          const float *act, const float *tail, const float *dout, struct grads *s, float *dq,
                          float *dk, float *dv, int B)
 {
-    const struct dims d = dims_of(u, B);
+    const struct cdp_rotary_dims d = cdp_rotary_dims(u, B);
     const size_t NC = (size_t)d.N * d.C, NA = (size_t)d.N * d.A, NK = (size_t)d.N * d.KVD;
     const float *qkv = act + NC, *atty = tail, *att = atty + NA;
     K(zero, s->datty, NA * sizeof *s->datty);
@@ -185,7 +164,7 @@ static cdp_status backward(const struct cdp_kernels *k, const struct cdp_unit *u
                            float *const *g, const void *in, const float *act, const float *tail,
                            const float *dout, float *din, float *scratch_, int B)
 {
-    const struct dims d = dims_of(u, B);
+    const struct cdp_rotary_dims d = cdp_rotary_dims(u, B);
     const float *x = (const float *)in;
     struct grads s = grads_layout(scratch_, &d);
     cdp_status st = to_qkv(k, u, p, g[3], act, tail, dout, &s, s.dq, s.dk, s.dv, B);
@@ -196,7 +175,7 @@ static cdp_status backward(const struct cdp_kernels *k, const struct cdp_unit *u
     return din ? cdp_unit_tensor_sum(u, din, (int64_t)d.N * d.C) : CDP_OK;
 }
 
-static void rot_wstate(float *ws, const struct dims *d, float **dout, float **dq, float **dk, float **dv)
+static void rot_wstate(float *ws, const struct cdp_rotary_dims *d, float **dout, float **dq, float **dk, float **dv)
 {
     *dout = ws;
     *dq = ws + (size_t)d->N * d->C;
@@ -210,7 +189,7 @@ static cdp_status backward_input(const struct cdp_kernels *k, const struct cdp_u
                                  const void *in, const float *act, const float *tail, const float *dout,
                                  float *din, float *ws, float *scratch_, int B)
 {
-    const struct dims d = dims_of(u, B);
+    const struct cdp_rotary_dims d = cdp_rotary_dims(u, B);
     const float *x = (const float *)in;
     struct grads s = grads_layout(scratch_, &d);
     float *wdout, *dq, *dk, *dv;
@@ -232,7 +211,7 @@ static cdp_status backward_weight(const struct cdp_kernels *k, const struct cdp_
                                   const float *dout, const float *ws, float *scratch_, int B)
 {
     (void)act, (void)dout, (void)scratch_;
-    const struct dims d = dims_of(u, B);
+    const struct cdp_rotary_dims d = cdp_rotary_dims(u, B);
     const float *x = (const float *)in;
     float *wdout, *dq, *dk, *dv;
     rot_wstate((float *)ws, &d, &wdout, &dq, &dk, &dv);
