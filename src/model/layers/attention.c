@@ -104,7 +104,7 @@ static void cost(struct cdp_unit *u)
 }
 
 /* backward: datty [N, A], dqkv [N, 3A], attention's T x T, and split over
- * a group the rank's part of the input gradient [N, C] (din_part) */
+ * a group the rank's part of the input gradient [N, C] (input_grad's part) */
 static int64_t scratch(const struct cdp_unit *u, int B)
 {
     const struct dims d = dims_of(u, B);
