@@ -93,7 +93,7 @@ int cdp_planner_tensor_choices(const struct cdp_plan *plan, const struct cdp_top
         }
         if (!any) {
             snprintf(why, why_cap, "t = 1: no linear of /model/layers has a \"split\" and no layer splits itself "
-                     "(a block, rotary_attention, swiglu_mlp)");
+                     "(a block, attention, rotary_attention, swiglu_mlp)");
             return 1;
         }
     }
@@ -221,6 +221,8 @@ static double collective_bytes(const struct cdp_plan *plan, const struct cdp_uni
         for (int q = 0; q < whole->ndim; q++) numel *= (double)whole->d[q];
         return B * numel * elem;
     }
+    if (u->desc.type == CDP_LAYER_ATTENTION) /* a list's: its output [T, C], and its input's gradient */
+        return B * (double)u->out.d[0] * (double)u->out.d[1] * elem;
     return splits(u->desc.type) ? B * (double)plan->model.context * (double)plan->model.embed * elem : 0;
 }
 
@@ -239,6 +241,11 @@ double cdp_planner_tensor_collective_s(const struct cdp_plan *plan, int tp, doub
          * full recomputation runs the forward's two again */
         *count_fwd = 2;
         *count_bwd = 2 + (u->recompute == CDP_RECOMPUTE_FULL ? 2 : 0);
+    } else if (u->desc.type == CDP_LAYER_ATTENTION) {
+        /* a list's attention: its output projection's sum forward, its input's gradient backward,
+         * the forward's again under full recomputation */
+        *count_fwd = 1;
+        *count_bwd = 1 + (u->recompute == CDP_RECOMPUTE_FULL ? 1 : 0);
     } else if (u->desc.type == CDP_LAYER_EMBEDDING) {
         *count_fwd = 1; /* after the lookup of each rank's vocab slice */
     } else if (u->desc.type == CDP_LAYER_LM_HEAD) {

@@ -25,7 +25,7 @@
 #include "model/model.h"
 #include "pipeline/layout.h"
 
-enum { GPT = 0, MLP = 1, SPLIT = 2, VOCAB = 3, LLAMA = 4 };
+enum { GPT = 0, MLP = 1, SPLIT = 2, VOCAB = 3, LLAMA = 4, ATT = 5 };
 
 struct cell {
     int model, p, R, m;
@@ -55,6 +55,12 @@ static const char *model_json(int model)
                  "\"context\": 16}, {\"type\": \"linear\", \"out\": 64, \"split\": \"column\"}, {\"type\": "
                  "\"relu\"}, {\"type\": \"linear\", \"out\": 32, \"split\": \"row\"}, {\"type\": \"linear\", "
                  "\"out\": 61}], \"loss\": \"cross_entropy\"}"
+           : model == ATT /* GPT's list types: attention split by heads between replicated layernorms */
+               ? "\"model\": {\"input\": [16], \"layers\": [{\"type\": \"embedding\", \"vocab\": 61, \"dim\": 32, "
+                 "\"context\": 16}, {\"type\": \"layernorm\"}, {\"type\": \"attention\", \"heads\": 4}, "
+                 "{\"type\": \"layernorm\"}, {\"type\": \"linear\", \"out\": 64, \"split\": \"column\"}, "
+                 "{\"type\": \"gelu\"}, {\"type\": \"linear\", \"out\": 32, \"split\": \"row\"}, {\"type\": "
+                 "\"linear\", \"out\": 61}], \"loss\": \"cross_entropy\"}"
                : "\"model\": {\"preset\": \"mlp\", \"input\": [24], \"hidden\": [64, 48, 32, 32], \"classes\": 5}";
 }
 
@@ -170,6 +176,10 @@ ParameterizedTestParameters(layout, measured_peak_is_the_predicted_memory)
     grid[n++] = (struct cell){GPT, 2, 2, 4, "1f1b", 0, 0, "full", 1, 2};
     grid[n++] = (struct cell){GPT, 2, 1, 4, "interleaved", 0, 0, "", 0, 2};
     grid[n++] = (struct cell){GPT, 1, 1, 2, "1f1b", 1, 0, "", 0, 2};
+    /* a list's attention split by heads: its qkv, attention state and W-state the rank's heads' */
+    grid[n++] = (struct cell){ATT, 1, 1, 2, "1f1b", 0, 0, "", 0, 2};
+    grid[n++] = (struct cell){ATT, 2, 1, 4, "zb-h1", 0, 0, "selective", 0, 2};
+    grid[n++] = (struct cell){ATT, 1, 2, 2, "1f1b", 1, 0, "full", 1, 2};
     CDP_ASSERT((size_t)n <= sizeof grid / sizeof grid[0]);
     return cr_make_param_array(struct cell, grid, cdp_test_sample_cells(grid, (size_t)n, sizeof grid[0]));
 }

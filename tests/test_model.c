@@ -1792,7 +1792,7 @@ static void check_slices(const char *json, int t)
                     cdp_param_slice_copy(s, mark, ones, 1);
                     for (int64_t e = 0; e < w->numel; e++) hits[e] += mark[e] != 0.0f;
                     cdp_param_slice_copy(s, again, slice, 1);
-                    if (strstr(w->name, "attn.c_attn")) { /* rank k: rows of its heads in each of q, k and v */
+                    if (strstr(w->name, "c_attn")) { /* rank k: rows of its heads in each of q, k and v */
                         const int64_t C = w->shape[0] / 3, rows = C / t, inner = w->numel / w->shape[0];
                         for (int j = 0; j < 3; j++)
                             cr_assert(!memcmp(slice + j * rows * inner, whole + (j * C + k * rows) * inner,
@@ -1830,6 +1830,9 @@ Test(model, tensor_slices_are_the_whole_tensors_parts)
                  "\"kv_heads\": 2, \"dim\": 16, \"hidden\": 24}}", 2);
     check_slices("{\"model\": {\"input\": [5, 8], \"layers\": [{\"type\": \"rotary_attention\", \"heads\": 4, "
                  "\"kv_heads\": 2}, {\"type\": \"rmsnorm\"}, {\"type\": \"swiglu_mlp\", \"hidden\": 12}]}}", 2);
+    for (int t = 2; t <= 4; t *= 2) /* GPT's list attention: c_attn as three row ranges, c_proj row-parallel */
+        check_slices("{\"model\": {\"input\": [5, 16], \"layers\": [{\"type\": \"attention\", \"heads\": 4}, "
+                     "{\"type\": \"layernorm\"}]}}", t);
     /* a library caller's t that the heads do not divide */
     struct cdp_plan *p = plan_from("{\"model\": {\"preset\": \"gpt\", \"vocab\": 11, \"context\": 6, \"layers\": 1, "
                                    "\"heads\": 2, \"embed\": 16}}");

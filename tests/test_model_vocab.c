@@ -1,5 +1,5 @@
-/* Suite model: the vocab-parallel embedding, head and cross-entropy
- * (docs/parallelism.md). A tensor group of t ranks runs in this process, one
+/* Suite model: the vocab-parallel embedding, head and cross-entropy, and a
+ * list's attention split by heads (docs/parallelism.md). A tensor group of t ranks runs in this process, one
  * thread a rank, each with its own device and model, their collective a real
  * all-reduce between the threads (a barrier, then each rank sums every
  * rank's buffer in rank order). Each range runs two micro-batches forward,
@@ -350,4 +350,22 @@ Test(model, vocab_parallel_whole_gpt_equals_one_rank)
     check_range(GPT(37, true), 0, -1, 2, CDP_RECOMPUTE_NONE, 0);
     check_range(GPT(37, true), 0, -1, 2, CDP_RECOMPUTE_FULL, 1);
     check_range(GPT(37, false), 0, -1, 4, CDP_RECOMPUTE_SELECTIVE, 0);
+}
+
+/* GPT's list attention split by heads (docs/parallelism.md), alone between
+ * replicated layernorms: its output and input gradient (one all-reduce each)
+ * the same bits on every rank and one rank's within the tolerance, c_attn's
+ * slices (three row ranges) and c_proj's (input columns) one rank's parts,
+ * c_proj's bias whole; every recompute mode, combined and split backward. */
+#define ATT_LIST(causal)                                                                                          \
+    "{\"model\": {\"input\": [8, 16], \"layers\": [{\"type\": \"layernorm\"}, {\"type\": \"attention\", "        \
+    "\"heads\": 4, \"causal\": " #causal "}, {\"type\": \"layernorm\"}]}, \"train\": {\"global_batch\": 2, "      \
+    "\"micro_batch\": 2}}"
+
+Test(model, tensor_split_list_attention_equals_one_rank)
+{
+    check_range(ATT_LIST(true), 1, 2, 2, CDP_RECOMPUTE_NONE, 0);
+    check_range(ATT_LIST(true), 1, 2, 4, CDP_RECOMPUTE_SELECTIVE, 1);
+    check_range(ATT_LIST(false), 1, 2, 2, CDP_RECOMPUTE_FULL, 1);
+    check_range(ATT_LIST(true), 0, 2, 4, CDP_RECOMPUTE_FULL, 0); /* with the norm before it, one range */
 }

@@ -20,7 +20,8 @@ enum {
     MODEL_GPT_T = 6, MODEL_GPT_T_TIED = 7, MODEL_LLAMA_T = 8, /* heads that split over 4 ranks */
     MODEL_LLAMA_LIST = 9,                                      /* the Llama types in a layer list */
     MODEL_VOCAB = 10,                                          /* a vocab-parallel embedding in a layer list */
-    MODEL_LLAMA_GQA = 11 /* heads and kv heads (2 heads a kv head) that split over 4 ranks, vocab 37 padded */
+    MODEL_LLAMA_GQA = 11, /* heads and kv heads (2 heads a kv head) that split over 4 ranks, vocab 37 padded */
+    MODEL_ATT_LIST = 12   /* GPT's attention in a layer list */
 };
 
 static const char *model_name(int model)
@@ -28,7 +29,7 @@ static const char *model_name(int model)
     static const char *const names[] = {"mlp", "gpt", "silu", "llama", "llama (tied)", "mlp (split linears)",
                                         "gpt (4 heads, untied)", "gpt (4 heads, tied)", "llama (4 kv heads)",
                                         "llama types in a list", "embedding (vocab-parallel)",
-                                        "llama (8 heads, 4 kv heads)"};
+                                        "llama (8 heads, 4 kv heads)", "attention in a list"};
     return names[model];
 }
 
@@ -46,6 +47,15 @@ static const char *model_name(int model)
     "\"context\": 8}, {\"type\": \"linear\", \"out\": 32, \"split\": \"column\"}, {\"type\": \"gelu\"}, "        \
     "{\"type\": \"linear\", \"out\": 16, \"split\": \"row\"}, {\"type\": \"linear\", \"out\": 37}], "               \
     "\"loss\": \"cross_entropy\"}"
+
+/* GPT's list types: a vocab-parallel embedding, layernorms, attention split by
+ * heads, a pair of split linears, a replicated classifier. */
+#define ATT_LIST_MODEL                                                                                            \
+    "\"model\": {\"input\": [8], \"layers\": [{\"type\": \"embedding\", \"vocab\": 37, \"dim\": 16, "             \
+    "\"context\": 8}, {\"type\": \"layernorm\"}, {\"type\": \"attention\", \"heads\": 4}, {\"type\": "          \
+    "\"layernorm\"}, {\"type\": \"linear\", \"out\": 32, \"split\": \"column\"}, {\"type\": \"gelu\"}, "          \
+    "{\"type\": \"linear\", \"out\": 16, \"split\": \"row\"}, {\"type\": \"layernorm\"}, {\"type\": "             \
+    "\"linear\", \"out\": 37}], \"loss\": \"cross_entropy\"}"
 
 struct layout {
     int model, p, R, m, v;
@@ -89,6 +99,8 @@ static void write_plan(const char *dir, const char *name, const struct layout *l
         ? SPLIT_MLP
         : l->model == MODEL_VOCAB
         ? VOCAB_MODEL
+        : l->model == MODEL_ATT_LIST
+        ? ATT_LIST_MODEL
         : l->model == MODEL_GPT_T
         ? "\"model\": {\"preset\": \"gpt\", \"vocab\": 37, \"context\": 8, \"layers\": 4, \"heads\": 4, \"embed\": 16, "
           "\"tie_embeddings\": false}"
@@ -353,6 +365,11 @@ ParameterizedTestParameters(pipeline, tensor_layouts_equal_one_rank)
     grid[n++] = (struct layout){MODEL_LLAMA_T, 2, 1, 4, 2, "interleaved", "", 0, "", 0, 2};
     grid[n++] = (struct layout){MODEL_LLAMA_LIST, 2, 1, 4, 1, "zb-h1", "", 0, "full", 0, 2};
     grid[n++] = (struct layout){MODEL_LLAMA_LIST, 1, 2, 2, 1, "1f1b", "", 0, "selective", 1, 2};
+    /* three stages (at most 8 ranks a cell: 3 stages x t 2 x 1 replica) */
+    grid[n++] = (struct layout){MODEL_GPT_T_TIED, 3, 1, 3, 1, "1f1b", "", 0, "", 0, 2};
+    grid[n++] = (struct layout){MODEL_SPLIT, 3, 1, 3, 2, "interleaved", "", 0, "", 0, 2};
+    grid[n++] = (struct layout){MODEL_SPLIT, 3, 1, 3, 2, "zbv", "", 0, "", 0, 2};
+    grid[n++] = (struct layout){MODEL_GPT_T, 3, 1, 3, 1, "1f1b", "", 0, "full", 1, 2};
     CDP_ASSERT((size_t)n <= sizeof grid / sizeof grid[0]);
     return cr_make_param_array(struct layout, grid, cdp_test_sample_cells(grid, (size_t)n, sizeof grid[0]));
 }
@@ -360,6 +377,28 @@ ParameterizedTestParameters(pipeline, tensor_layouts_equal_one_rank)
 static void tensor_layout_equals_one_rank(struct layout *l);
 
 ParameterizedTest(struct layout *l, pipeline, tensor_layouts_equal_one_rank, .timeout = 240)
+{
+    tensor_layout_equals_one_rank(l);
+}
+
+/* GPT's list types at t > 1 (docs/parallelism.md): attention split by heads
+ * between replicated layernorms, beside a vocab-parallel embedding and a
+ * pair of split linears; t 2 and 4, stages 1-3, split backward, recomputation
+ * and ZeRO. */
+ParameterizedTestParameters(pipeline, attention_list_layouts_equal_one_rank)
+{
+    static struct layout grid[8];
+    int n = 0;
+    grid[n++] = (struct layout){MODEL_ATT_LIST, 1, 1, 2, 1, "1f1b", "", 0, "", 0, 2};
+    grid[n++] = (struct layout){MODEL_ATT_LIST, 1, 2, 2, 1, "1f1b", "", 0, "selective", 1, 4};
+    grid[n++] = (struct layout){MODEL_ATT_LIST, 2, 1, 4, 1, "zb-h1", "", 0, "full", 0, 4};
+    grid[n++] = (struct layout){MODEL_ATT_LIST, 2, 1, 4, 2, "interleaved", "", 0, "full", 0, 2};
+    grid[n++] = (struct layout){MODEL_ATT_LIST, 3, 1, 3, 2, "zbv", "", 0, "selective", 0, 2};
+    CDP_ASSERT((size_t)n <= sizeof grid / sizeof grid[0]);
+    return cr_make_param_array(struct layout, grid, cdp_test_sample_cells(grid, (size_t)n, sizeof grid[0]));
+}
+
+ParameterizedTest(struct layout *l, pipeline, attention_list_layouts_equal_one_rank, .timeout = 240)
 {
     tensor_layout_equals_one_rank(l);
 }

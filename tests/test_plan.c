@@ -1235,6 +1235,10 @@ Test(plan, tensor_key)
     cdp_plan_free(load_ok("{\"model\": {\"input\": [6], \"layers\": [{\"type\": \"embedding\", \"vocab\": 37, "
                           "\"dim\": 8}, {\"type\": \"linear\", \"out\": 5}], \"loss\": \"cross_entropy\"}, "
                           "\"parallel\": {\"tensor\": 4}}"));
+    /* a list's attention splits by heads */
+    cdp_plan_free(load_ok("{\"model\": {\"input\": [4, 16], \"layers\": [{\"type\": \"layernorm\"}, {\"type\": "
+                          "\"attention\", \"heads\": 4}, {\"type\": \"linear\", \"out\": 5}]}, \"parallel\": "
+                          "{\"tensor\": 4}}"));
     /* blocks split by heads, norms and the GPT embedding and head replicated (docs/parallelism.md) */
     cdp_plan_free(load_ok("{\"model\": {\"preset\": \"gpt\", \"heads\": 4, \"embed\": 32}, \"parallel\": {\"tensor\": 4}}"));
     cdp_plan_free(load_ok("{\"model\": {\"preset\": \"llama\", \"heads\": 4, \"kv_heads\": 2, \"dim\": 16, "
@@ -1262,9 +1266,13 @@ Test(plan, tensor_key)
          "\"transformer_block\", \"heads\": 2}]}, \"parallel\": {\"tensor\": 4}}",
          "t.json: /model/layers/1/heads: 2 is not a multiple of /parallel/tensor 4"},
         {"{\"model\": {\"input\": [4, 8], \"layers\": [{\"type\": \"linear\", \"out\": 16}, {\"type\": "
-         "\"attention\", \"heads\": 2}]}, \"parallel\": {\"tensor\": 2}}",
-         "t.json: /model/layers/1: attention (layer 1) does not split over /parallel/tensor 2 yet; the layer types "
-         "that run with tensor above 1 today: linear, relu, gelu"},
+         "\"flatten\"}]}, \"parallel\": {\"tensor\": 2}}",
+         "t.json: /model/layers/1: flatten (layer 1) does not split over /parallel/tensor 2 yet; the layer types "
+         "that run with tensor above 1 today: linear, relu, gelu, layernorm, embedding, attention, "},
+        {"{\"model\": {\"input\": [4, 12], \"layers\": [{\"type\": \"layernorm\"}, {\"type\": "
+         "\"attention\", \"heads\": 3}]}, \"parallel\": {\"tensor\": 2}}",
+         "t.json: /model/layers/1/heads: 3 is not a multiple of /parallel/tensor 2 (each rank of a tensor group "
+         "holds heads / tensor of every attention)"},
         {SPLITS(COL, "{\"type\": \"layernorm\"}", ROW, "2"),
          "t.json: /model/layers/1: layernorm gets the slice of the column split of layer 0"},
         {"{\"model\": {\"preset\": \"cnn\"}, \"parallel\": {\"tensor\": 2}}",

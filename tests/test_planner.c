@@ -1054,6 +1054,15 @@ Test(planner, tensor_choices_follow_the_model_and_the_nvlink_domain)
                    "2 x hgx-h100", ts, why, sizeof why);
     cr_expect(n == 2 && ts[1] == 2, "%d: %s", n, why);
     cr_expect(strstr(why, "t = 4 does not divide /model/layers/2/kv_heads (2)"), "%s", why);
+    /* GPT's list attention splits by heads: 6 allow 2, not 4 */
+    n = choices_on("{\"model\": {\"input\": [8], \"layers\": [{\"type\": \"embedding\", \"vocab\": 32, \"dim\": "
+                   "24}, {\"type\": \"layernorm\"}, {\"type\": \"attention\", \"heads\": 6}, {\"type\": "
+                   "\"layernorm\"}, {\"type\": \"linear\", \"out\": 32}], \"loss\": \"cross_entropy\"}, \"train\": "
+                   "{\"micro_batch\": 4}, \"parallel\": {\"tensor\": \"auto\"}, \"cluster\": {\"backend\": \"cuda\", "
+                   "\"topology\": \"hgx-h100\"}}",
+                   "2 x hgx-h100", ts, why, sizeof why);
+    cr_expect(n == 2 && ts[1] == 2, "%d: %s", n, why);
+    cr_expect(strstr(why, "t = 4 does not divide /model/layers/2/heads (6)"), "%s", why);
     /* a fixed t is the plan's */
     n = choices_on(TENSOR_MLP("2", ""), "2 x hgx-h100", ts, why, sizeof why);
     cr_expect(n == 1 && ts[0] == 2);
@@ -1097,6 +1106,21 @@ Test(planner, tensor_collectives_cost_a_ring_all_reduce_per_split_product)
     /* biases and layernorms whole: 13 x embed of them */
     cr_expect(q.param_count <= u[1].param_count / 4 + 13 * 384 && q.param_count > u[1].param_count / 4, "%lld of %lld",
               (long long)q.param_count, (long long)u[1].param_count);
+    free(u);
+    cdp_plan_free(p);
+    /* a list's attention: its output's all-reduce forward, its input gradient's backward, of its own [T, C] */
+    p = load("{\"model\": {\"input\": [32, 64], \"layers\": [{\"type\": \"attention\", \"heads\": 4}, "
+             "{\"type\": \"linear\", \"out\": 8}]}, \"train\": {\"micro_batch\": 2}, \"cluster\": "
+             "{\"backend\": \"cuda\", \"topology\": \"hgx-h100\"}}");
+    cr_assert_eq(cdp_units_build(&p->model, &u, &n), CDP_OK);
+    cr_assert_eq(u[0].desc.type, CDP_LAYER_ATTENTION);
+    const double att_bytes = 2.0 * 32 * 64 * cdp_cost_act_elem_bytes(p);
+    one = cdp_planner_tensor_collective_s(p, 4, bw, lat, &u[0], &f, &b);
+    cr_expect(fabs(one - (2.0 * 3 / 4 * att_bytes / bw + 6 * lat)) < 1e-12 * one, "%g", one);
+    cr_expect(f == 1 && b == 1, "%d %d", f, b);
+    cdp_unit_set_recompute(&u[0], CDP_RECOMPUTE_FULL);
+    cdp_planner_tensor_collective_s(p, 4, bw, lat, &u[0], &f, &b);
+    cr_expect(f == 1 && b == 2, "%d %d", f, b);
     free(u);
     cdp_plan_free(p);
 }

@@ -279,6 +279,55 @@ Test(resume, across_layouts, .timeout = 120)
     cr_log_info("2x2 -> 4x1 -> 1x1: worst weight error %.3g", e);
 }
 
+/* GPT's list types with the attention split by heads (docs/parallelism.md):
+ * p stages of tensor groups of t, steps steps, checkpoints every 2. */
+static const char *plan_att(const char *dir, const char *name, int p, int t, int steps)
+{
+    char json[2048], file[64];
+    snprintf(json, sizeof json,
+             "{\"model\": {\"input\": [8], \"layers\": [{\"type\": \"embedding\", \"vocab\": 37, \"dim\": "
+             "16, \"context\": 8}, {\"type\": \"layernorm\"}, {\"type\": \"attention\", \"heads\": 4}, "
+             "{\"type\": \"layernorm\"}, {\"type\": \"linear\", \"out\": 32, \"split\": \"column\"}, "
+             "{\"type\": \"gelu\"}, {\"type\": \"linear\", \"out\": 16, \"split\": \"row\"}, {\"type\": "
+             "\"linear\", \"out\": 37}], \"loss\": \"cross_entropy\"}, \"data\": {\"source\": \"synthetic\", "
+             "\"seed\": 5}, \"train\": {\"steps\": %d, \"global_batch\": 8, \"micro_batch\": 2, \"optimizer\": "
+             "{\"type\": \"sgd\", \"lr\": 0.05, \"momentum\": 0.9}, \"eval_batches\": 1, \"timeout_s\": 30, "
+             "\"checkpoint\": {\"dir\": \"ckpt-%s\", \"every\": 2, \"keep\": 2}}, \"parallel\": {\"stages\": "
+             "%d, \"tensor\": %d}, \"cluster\": {" CPU_BACKEND "}, \"output\": {\"metrics\": \"%s.jsonl\", "
+             "\"weights\": \"%s.safetensors\"}}",
+             steps, name, p, t, name, name);
+    snprintf(file, sizeof file, "%s.json", name);
+    return cdp_test_write_file(dir, file, json);
+}
+
+/* A list with attention trained at t = 2 (2 stages) checkpoints whole
+ * tensors (its export is the weights the run wrote, to the bit) and resumes
+ * at t = 1 on one rank, training on as an uninterrupted one-rank run. */
+Test(resume, an_attention_list_at_t2_resumes_at_t1, .timeout = 120)
+{
+    need_mpi();
+    char *dir = newdir();
+    run_ok((const char *[]){"-q", "--plan", plan_att(dir, "base", 1, 1, 4), NULL});
+    run_ok((const char *[]){"-q", "--plan", plan_att(dir, "x", 2, 2, 2), NULL});
+    char ck[4200], out[4200];
+    snprintf(ck, sizeof ck, "%s/ckpt-x", dir);
+    snprintf(out, sizeof out, "%s/exported.safetensors", dir);
+    run_ok((const char *[]){"export", "--checkpoint", ck, "--out", out, NULL});
+    cr_assert_eq(weights_error(dir, "x", "exported"), 0.0, "the checkpoint holds the weights the t = 2 run wrote");
+    struct cdp_run r = run((const char *[]){"--plan", plan_att(dir, "x", 1, 1, 4), "--resume", ck, NULL}, NULL);
+    cr_assert_eq(r.exit_code, 0, "exit %d: %s", r.exit_code, r.err);
+    cr_assert(strstr(r.out, "resuming from ") && strstr(r.out, " at step 2\n"), "%s", r.out);
+    cdp_test_run_free(&r);
+    double a[16], b[16];
+    cr_assert_eq(losses(dir, "base", a), 4);
+    cr_assert_eq(losses(dir, "x", b), 4);
+    for (int i = 0; i < 4; i++)
+        cr_assert_leq(fabs(a[i] - b[i]), 1e-5 * fabs(a[i]), "step %d: %.9g vs %.9g", i + 1, b[i], a[i]);
+    const double e = weights_error(dir, "base", "x");
+    cr_assert_leq(e, 1e-5, "weights differ by %.3g", e);
+    cr_log_info("attention list t=2 x 2 stages -> t=1: worst weight error %.3g", e);
+}
+
 /* The plan of plan_on with a schedule. */
 static const char *plan_sched(const char *dir, const char *name, int p, int R, int m, int steps, const char *sched)
 {
