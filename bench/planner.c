@@ -20,15 +20,17 @@
 
 /* %s: embed, heads. The GPT-3 shape (175B) fits 80 GB per GPU only with
  * activation recomputation or sequence parallelism, which the planner chooses
- * ("auto", as the schedule); a 96-layer model of embed 4096 is planned too,
- * which fits without. */
+ * ("auto"); a 96-layer model of embed 4096 is planned too, which fits
+ * without. The schedule stays 1F1B: "auto" would also build the zero-bubble
+ * lists of every long pipeline it screens, minutes at this size
+ * (docs/planner.md). */
 static const char *const PLAN_FMT =
     "{\"model\": {\"preset\": \"gpt\", \"vocab\": 50257, \"context\": 2048, \"layers\": 96, \"heads\": %d,"
     " \"embed\": %d},"
     " \"train\": {\"global_batch\": 1536, \"micro_batch\": 1, \"precision\": \"bf16\","
     " \"optimizer\": {\"type\": \"adamw\"}},"
     " \"parallel\": {\"stages\": \"auto\", \"replicas\": \"auto\", \"micro_batches\": \"auto\", \"tensor\": \"auto\","
-    " \"sequence_parallel\": \"auto\", \"schedule\": \"auto\"},"
+    " \"sequence_parallel\": \"auto\"},"
     " \"cluster\": {\"backend\": \"cuda\", \"topology\": \"%s\"}}";
 
 /* The predicted rate per GPU the layout uses: model FLOPs (forward and
