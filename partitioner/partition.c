@@ -3,7 +3,6 @@
 #include "partitioner/partition.h"
 
 #include <math.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -131,61 +130,18 @@ cdp_status cdp_partition_balanced_ranks(const double *cost, int n, int k, const 
 
 /* ---- memory-aware partition ---------------------------------------------- */
 
-/* The last few in-flight counts built: a search asks for the same (kind, p,
- * m) once per recompute mode, ZeRO stage and t, and building the lists of a
- * long pipeline is most of a large search's time. */
-#define IN_FLIGHT_MEMO 32
-static struct {
-    enum cdp_schedule_kind kind;
-    int p, m;
-    int *in_flight; /* p (owned) */
-} in_flight_memo[IN_FLIGHT_MEMO];
-static int in_flight_next;
-static pthread_mutex_t in_flight_lock = PTHREAD_MUTEX_INITIALIZER;
-
-static int in_flight_get(enum cdp_schedule_kind kind, int p, int m, int *in_flight)
-{
-    int hit = 0;
-    pthread_mutex_lock(&in_flight_lock);
-    for (int i = 0; i < IN_FLIGHT_MEMO && !hit; i++)
-        if (in_flight_memo[i].in_flight && in_flight_memo[i].kind == kind && in_flight_memo[i].p == p &&
-            in_flight_memo[i].m == m) {
-            memcpy(in_flight, in_flight_memo[i].in_flight, (size_t)p * sizeof *in_flight);
-            hit = 1;
-        }
-    pthread_mutex_unlock(&in_flight_lock);
-    return hit;
-}
-
-static void in_flight_put(enum cdp_schedule_kind kind, int p, int m, const int *in_flight)
-{
-    int *copy = malloc((size_t)p * sizeof *copy);
-    if (!copy) return; /* only a memo */
-    memcpy(copy, in_flight, (size_t)p * sizeof *copy);
-    pthread_mutex_lock(&in_flight_lock);
-    free(in_flight_memo[in_flight_next].in_flight);
-    in_flight_memo[in_flight_next].kind = kind;
-    in_flight_memo[in_flight_next].p = p;
-    in_flight_memo[in_flight_next].m = m;
-    in_flight_memo[in_flight_next].in_flight = copy;
-    in_flight_next = (in_flight_next + 1) % IN_FLIGHT_MEMO;
-    pthread_mutex_unlock(&in_flight_lock);
-}
-
 cdp_status cdp_partition_in_flight(enum cdp_schedule_kind kind, int p, int m, int *in_flight)
 {
     if (p < 1 || m < 1) return cdp_fail(CDP_ERR_INVALID, "in-flight counts need p >= 1 and m >= 1 (got %d, %d)", p, m);
     if (cdp_schedule_has_chunks(kind))
         return cdp_fail(CDP_ERR_UNSUPPORTED, "memory-aware partition: schedule %s has no contiguous stages",
                         cdp_schedule_name(kind));
-    if (in_flight_get(kind, p, m, in_flight)) return CDP_OK;
     /* what the schedule's own lists keep: its generator is the one home of the rule */
     struct cdp_schedule *sc = NULL;
     cdp_status st = cdp_schedule_build(kind, p, 1, m, 0, &sc);
     if (st) return st;
     for (int s = 0; s < p; s++) in_flight[s] = cdp_schedule_peak_in_flight(sc, s);
     cdp_schedule_free(sc);
-    in_flight_put(kind, p, m, in_flight);
     return CDP_OK;
 }
 
