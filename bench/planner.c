@@ -19,14 +19,18 @@
 #include "partitioner/planner_internal.h"
 
 /* %s: embed, heads. The GPT-3 shape (175B) fits 80 GB per GPU only with
- * activation recomputation, which the planner chooses ("auto"); a 96-layer
- * model of embed 4096 is planned too, which fits without. */
+ * activation recomputation or sequence parallelism, which the planner chooses
+ * ("auto"); a 96-layer model of embed 4096 is planned too, which fits
+ * without. The schedule stays 1F1B: "auto" would also build the zero-bubble
+ * lists of every long pipeline it screens, minutes at this size
+ * (docs/planner.md). */
 static const char *const PLAN_FMT =
     "{\"model\": {\"preset\": \"gpt\", \"vocab\": 50257, \"context\": 2048, \"layers\": 96, \"heads\": %d,"
     " \"embed\": %d},"
     " \"train\": {\"global_batch\": 1536, \"micro_batch\": 1, \"precision\": \"bf16\","
     " \"optimizer\": {\"type\": \"adamw\"}},"
-    " \"parallel\": {\"stages\": \"auto\", \"replicas\": \"auto\", \"micro_batches\": \"auto\", \"tensor\": \"auto\"},"
+    " \"parallel\": {\"stages\": \"auto\", \"replicas\": \"auto\", \"micro_batches\": \"auto\", \"tensor\": \"auto\","
+    " \"sequence_parallel\": \"auto\"},"
     " \"cluster\": {\"backend\": \"cuda\", \"topology\": \"%s\"}}";
 
 /* The predicted rate per GPU the layout uses: model FLOPs (forward and
@@ -59,8 +63,8 @@ static void print_rate(const struct cdp_plan *plan, const struct cdp_topology *t
 /* Where the chosen plan's step goes, per GPU, from the model's FLOPs at the
  * dense peak up to the predicted step: each line is what one effect of the cost
  * model adds (the rank's units rebuilt as the search builds them for the
- * chosen t and recomputation: compute from FLOPs at the device's rate, then the
- * tensor group's all-reduces; the stages' times and the bubble are the plan's). */
+ * chosen t, sequence parallelism and recomputation: compute from FLOPs at the
+ * device's rate, then the tensor group's collectives; the stages' times and the bubble are the plan's). */
 static void print_breakdown(const struct cdp_plan *plan, const struct cdp_topology *t,
                             const struct cdp_planner_result *r)
 {
@@ -68,7 +72,9 @@ static void print_breakdown(const struct cdp_plan *plan, const struct cdp_topolo
     const int tp = l->tensor, p = l->stages, v = l->chunks > 0 ? l->chunks : 1;
     struct cdp_unit *u = NULL, *whole = NULL;
     int n = 0, nw = 0;
-    if (!r->predicted_ok || cdp_units_build_tensor(&plan->model, tp, 0, &u, &n) ||
+    struct cdp_model_desc md = plan->model; /* as planned: sequence parallel or not */
+    md.seq_parallel = r->sequence_parallel;
+    if (!r->predicted_ok || cdp_units_build_tensor(&md, tp, 0, &u, &n) ||
         cdp_units_build(&plan->model, &whole, &nw)) {
         free(u);
         return;
@@ -91,7 +97,9 @@ static void print_breakdown(const struct cdp_plan *plan, const struct cdp_topolo
         const double B = (double)plan->train.micro_batch, rt = rate.flops * rate.efficiency;
         plain += fmax(u[k].fwd_flops * B / rt, CDP_COST_UNIT_FLOOR_S) + fmax(u[k].bwd_flops * B / rt, CDP_COST_UNIT_FLOOR_S);
     }
-    cdp_planner_tensor_costs(plan, tp, bw, lat, u, n, cost);
+    struct cdp_plan at = *plan; /* shallow, read only */
+    at.model = md;
+    cdp_planner_tensor_costs(&at, tp, bw, lat, u, n, cost);
     double comp = 0, coll = 0, worst = 0;
     for (int k = 0; k < p * v; k++)
         for (int64_t i = l->ranges[k][0]; i < l->ranges[k][1]; i++) {
@@ -117,7 +125,9 @@ static void print_breakdown(const struct cdp_plan *plan, const struct cdp_topolo
     printf("  %-56s %9.1f ms  %5.1f%% of the step\n", "model FLOPs at the dense peak", 1e3 * A, 100 * A / G);
     printf("  %-56s %+9.1f ms  %5.1f%%\n", "compute at the cost model's efficiency", 1e3 * (B - A), 100 * (B - A) / G);
     printf("  %-56s %+9.1f ms  %5.1f%%\n", "recomputation", 1e3 * (C - B), 100 * (C - B) / G);
-    printf("  %-56s %+9.1f ms  %5.1f%%\n", "tensor all-reduces (not overlapped)", 1e3 * (D - C), 100 * (D - C) / G);
+    printf("  %-56s %+9.1f ms  %5.1f%%\n", r->sequence_parallel ? "tensor reduce-scatters and all-gathers (not overlapped)"
+                                                               : "tensor all-reduces (not overlapped)",
+           1e3 * (D - C), 100 * (D - C) / G);
     printf("  %-56s %+9.1f ms  %5.1f%%\n", "unequal stages (the slowest sets the pace)", 1e3 * (E - D),
            100 * (E - D) / G);
     printf("  %-56s %+9.1f ms  %5.1f%%\n", "pipeline fill and drain", 1e3 * (F - E), 100 * (F - E) / G);

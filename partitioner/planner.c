@@ -72,7 +72,7 @@ static void smallest_cap(struct ctx *c, const struct cand *shapes, int n, char *
     c->cap = 0;
     for (int i = 0; i < n; i++) {
         const struct cand *k = &shapes[i];
-        cdp_planner_set_kind(c, k->kind);
+        cdp_planner_set_kind(c, k->kind, k->v);
         free(ranges);
         ranges = calloc((size_t)k->p * c->v, sizeof *ranges);
         int *dev = malloc((size_t)k->p * k->R * sizeof *dev);
@@ -124,28 +124,35 @@ static void search_free(struct search *s)
 
 /* The most samples per second candidate k could give: R x m x micro_batch
  * over a lower bound of its step on any placement. Every rank runs m forwards
- * and backwards of its chunks; without chunks rank s cannot start before its
- * first micro-batch has passed the stages before it, and (without split
- * backward) the gradient of its last backward still has to pass back through
- * them: max over s of sum_{j<s} f_j + m (f_s + b_s) + sum_{j<s} b_j, the 1F1B
- * closed form (m + p - 1)(f + b) for equal stages (chunks or a schedule file:
- * m (f_s + b_s) alone). Links, collectives and the optimizer only add to it. */
+ * and backwards of its chunks; rank s cannot start before the first
+ * micro-batch has passed the virtual stages before its first chunk, and
+ * (without split backward) the gradient of its last backward of that chunk
+ * still has to pass back through them: max over s of sum_{j<s} f_j + m (f_s +
+ * b_s) + sum_{j<s} b_j, f_j and b_j virtual stage j's where the chunks are
+ * interleaved (rank j's first chunk is virtual stage j), a whole rank's without
+ * chunks: the 1F1B closed form (m + p - 1)(f + b) for equal stages. zbv
+ * (its first chunk's ranks in a V) and a schedule file: m (f_s + b_s) alone.
+ * Links, collectives and the optimizer only add to it. */
 static double bound_sps(const struct ctx *c, const struct cand *k)
 {
-    const int p = k->p, v = cdp_schedule_chunks_of(k->kind, (int)c->plan->parallel.chunks);
+    const int p = k->p, v = k->v;
     const struct cdp_unit_cost *cost = c->mode[k->rc].cost;
     const int split = cdp_schedule_def(k->kind)->splits_backward;
+    const int fill = !c->plan->parallel.schedule_file && (v == 1 || k->kind == CDP_SCHEDULE_INTERLEAVED);
     double before_f = 0, before_b = 0, lb = 0;
     for (int r = 0; r < p; r++) {
-        double f = 0, b = 0;
+        double f = 0, b = 0, f0 = 0, b0 = 0;
         for (int ch = 0; ch < v; ch++) {
             const int j = cdp_schedule_vstage(k->kind, p, v, r, ch);
-            for (int64_t u = k->ranges[j][0]; u < k->ranges[j][1]; u++) f += cost[u].fwd_s, b += cost[u].bwd_s;
+            double fj = 0, bj = 0;
+            for (int64_t u = k->ranges[j][0]; u < k->ranges[j][1]; u++) fj += cost[u].fwd_s, bj += cost[u].bwd_s;
+            f += fj, b += bj;
+            if (j == r) f0 = fj, b0 = bj; /* the chunk the first micro-batch reaches it by */
         }
-        const double here = v > 1 || c->plan->parallel.schedule_file ? k->m * (f + b) : before_f + k->m * (f + b) + (split ? 0 : before_b);
+        const double here = fill ? before_f + k->m * (f + b) + (split ? 0 : before_b) : k->m * (f + b);
         if (here > lb) lb = here;
-        before_f += f;
-        before_b += b;
+        before_f += v == 1 ? f : f0;
+        before_b += v == 1 ? b : b0;
     }
     return lb > 0 ? (double)k->R * k->m * (double)c->plan->train.micro_batch / lb : INFINITY;
 }
@@ -165,9 +172,9 @@ static cdp_status try_shape(struct ctx *c, struct search *s, int p, int R, int m
         if (nt) s->tried = nt;
         if (!nc || !nt) return cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
     }
-    s->tried[s->n_tried++] = (struct cand){.p = p, .R = R, .m = m, .kind = c->kind, .rc = c->rc, .zero = c->zero};
+    s->tried[s->n_tried++] = (struct cand){.p = p, .R = R, .m = m, .kind = c->kind, .v = c->v, .rc = c->rc, .zero = c->zero};
     struct cand *k = &s->cand[s->n_cand];
-    *k = (struct cand){.p = p, .R = R, .m = m, .kind = c->kind, .rc = c->rc, .zero = c->zero};
+    *k = (struct cand){.p = p, .R = R, .m = m, .kind = c->kind, .v = c->v, .rc = c->rc, .zero = c->zero};
     k->ranges = calloc((size_t)p * c->v, sizeof *k->ranges);
     if (!k->ranges) return cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
     if ((st = cdp_planner_split(c, p, R, m, CDP_PARTITION_TIME, k->ranges))) {
@@ -210,7 +217,7 @@ static cdp_status screen_one(struct ctx *c, struct search *s, struct cand *k)
 {
     cdp_status st;
     double step = 0;
-    cdp_planner_set_kind(c, k->kind);
+    cdp_planner_set_kind(c, k->kind, k->v);
     cdp_planner_use_mode(c, k->rc);
     c->zero = k->zero;
     cdp_planner_fixed_placement(c->plan, k->p, k->R, s->dev);
@@ -273,19 +280,41 @@ static cdp_status screen(struct ctx *c, struct search *s, struct cdp_planner_res
 
 /* 1. Every shape the plan allows on W devices: stages from the plan or 1..the
  * most, replicas that divide the global batch, micro-batch counts (powers of
- * two from p when the plan gives none), schedules ("auto": 1F1B and GPipe). */
+ * two from p when the plan gives none), schedules ("auto": the table's kinds
+ * and interleaved at 2 to CDP_PLANNER_AUTO_CHUNKS chunks). */
 static cdp_status try_shapes(struct ctx *c, struct search *s, int W, struct cdp_planner_result *res)
 {
     const struct cdp_plan *plan = c->plan;
     const struct cdp_parallel_desc *pd = &plan->parallel;
     const int64_t b = plan->train.micro_batch, G = plan->train.global_batch;
     const int64_t S = G != CDP_AUTO ? G / b : 0; /* samples-per-step in micro-batches, when fixed */
-    cdp_planner_set_kind(c, pd->schedule_auto ? CDP_SCHEDULE_1F1B : pd->schedule);
+    const int chunks = (int)pd->chunks;
+    cdp_planner_set_kind(c, pd->schedule_auto ? CDP_SCHEDULE_1F1B : pd->schedule, chunks);
     const int pmin = c->v > 1 ? 2 : 1, pmax = (int)(c->n / c->v < W ? c->n / c->v : W);
     int p_lo = pmin, p_hi = pmax;
     if (pd->stages != CDP_AUTO) p_lo = p_hi = (int)pd->stages;
+    /* "auto" schedule: the kinds the table marks, in its order, then
+     * interleaved at 2, 3 and 4 chunks a rank (docs/planner.md); zbv's two
+     * chunks and interleaved's v set c->v (cdp_planner_set_kind) */
+    enum cdp_schedule_kind kinds[CDP_SCHEDULE_COUNT + CDP_PLANNER_AUTO_CHUNKS];
+    int vs[CDP_SCHEDULE_COUNT + CDP_PLANNER_AUTO_CHUNKS], n_auto = 0;
+    for (int order = 1; order <= CDP_SCHEDULE_COUNT; order++)
+        for (int k = 0; k < CDP_SCHEDULE_COUNT; k++)
+            if (cdp_schedule_def((enum cdp_schedule_kind)k)->auto_order == order) {
+                kinds[n_auto] = (enum cdp_schedule_kind)k;
+                vs[n_auto++] = 1;
+            }
+    for (int v = 2; v <= CDP_PLANNER_AUTO_CHUNKS; v++) {
+        kinds[n_auto] = CDP_SCHEDULE_INTERLEAVED;
+        vs[n_auto++] = v;
+    }
+    if (!pd->schedule_auto) {
+        kinds[0] = pd->schedule;
+        vs[0] = chunks;
+    }
+    const int n_kinds = pd->schedule_auto ? n_auto : 1;
     for (int p = p_lo; p <= p_hi; p++) {
-        cdp_planner_set_kind(c, pd->schedule_auto ? CDP_SCHEDULE_1F1B : pd->schedule); /* the kinds loop below moves it */
+        cdp_planner_set_kind(c, kinds[0], vs[0]); /* the kinds loop below moves it */
         int R;
         if (pd->replicas != CDP_AUTO) {
             R = (int)pd->replicas;
@@ -303,21 +332,12 @@ static cdp_status try_shapes(struct ctx *c, struct search *s, int W, struct cdp_
         else if (p == 1 && c->v == 1) ms[n_m++] = 1; /* no pipeline to fill: no accumulation made up */
         else
             for (int64_t q = pow2_at_least(p); n_m < CDP_PLANNER_MB_CHOICES; q *= 2) ms[n_m++] = q;
-        /* "auto" schedule: the kinds the table marks (not interleaved: it needs a
-         * number of chunks, which the plan gives), in its order; zbv's two chunks
-         * per rank set c->v (cdp_planner_set_kind) */
-        enum cdp_schedule_kind kinds[CDP_SCHEDULE_COUNT];
-        int n_auto = 0;
-        for (int order = 1; order <= CDP_SCHEDULE_COUNT; order++)
-            for (int k = 0; k < CDP_SCHEDULE_COUNT; k++)
-                if (cdp_schedule_def((enum cdp_schedule_kind)k)->auto_order == order)
-                    kinds[n_auto++] = (enum cdp_schedule_kind)k;
-        const int n_kinds = pd->schedule_auto ? n_auto : 1;
         for (int ik = 0; ik < n_m * n_kinds; ik++) {
             const int i = ik / n_kinds;
-            cdp_planner_set_kind(c, pd->schedule_auto ? kinds[ik % n_kinds] : pd->schedule);
+            cdp_planner_set_kind(c, kinds[ik % n_kinds], vs[ik % n_kinds]);
             const int m = (int)ms[i];
-            if (p * c->v > c->n) continue; /* zbv: two chunks of at least one unit per rank */
+            if (p * c->v > c->n) continue; /* zbv, interleaved: chunks of at least one unit */
+            if (p < cdp_schedule_def(c->kind)->min_stages) continue;
             if (m < 1 || (cdp_schedule_def(c->kind)->mb_multiple_of_stages && (m % p || !shares_fit(pd, p)))) continue;
             res->shapes++;
             s->largest_tried = p;
@@ -385,7 +405,7 @@ static cdp_status place_best(struct ctx *c, struct search *s, struct cdp_planner
     if (pd->placement != CDP_PLACEMENT_TOPOLOGY || c->tp > 1) return CDP_OK;
     for (int i = 0; i < s->n_cand && i < CDP_PLANNER_PLACED_SHAPES; i++) {
         struct cand *k = &s->cand[i];
-        cdp_planner_set_kind(c, k->kind);
+        cdp_planner_set_kind(c, k->kind, k->v);
         cdp_planner_use_mode(c, k->rc);
         c->zero = k->zero;
         if ((st = cdp_planner_prepare(c, k->p, k->R, k->m, (const int64_t(*)[2])k->ranges))) break;
@@ -462,7 +482,7 @@ static cdp_status prefer_orders(struct ctx *c, struct search *s, const struct ca
     int64_t *uniform = malloc((size_t)k->R * sizeof *uniform);
     if (!uniform) return cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
     for (int r = 0; r < k->R; r++) uniform[r] = k->m;
-    cdp_planner_set_kind(c, k->kind);
+    cdp_planner_set_kind(c, k->kind, k->v);
     cdp_planner_use_mode(c, k->rc);
     c->zero = k->zero;
     struct cdp_planner_prediction best, pr;
@@ -493,7 +513,7 @@ static cdp_status finish(struct ctx *c, struct search *s, const struct cand *k, 
     const struct cdp_plan *plan = c->plan;
     const struct cdp_topology *t = c->t;
     cdp_status st;
-    cdp_planner_set_kind(c, k->kind);
+    cdp_planner_set_kind(c, k->kind, k->v);
     cdp_planner_use_mode(c, k->rc);
     c->zero = k->zero;
     res->stage = calloc((size_t)k->p, sizeof *res->stage);
@@ -623,74 +643,140 @@ fail:
     return st;
 }
 
-/* The search over t (docs/parallelism.md, "How the planner chooses t"): the
- * plan's t, or under "auto" each t the model and the topology allow
- * (cdp_planner_tensor_choices), each planned as a fixed t; the fastest
- * predicted is kept and the others are its runners-up. */
+/* The sequence parallelism tried at t (out: 0 off, 1 on; how many): off at
+ * t = 1, without the key, and for a model the runtime does not run sequence
+ * parallel (cdp_plan_sequence_parallel_runs); "auto": off and on; true: on.
+ * 0 (why) when true cannot run at t (the context is no multiple of it). */
+static int sp_choices(const struct cdp_plan *plan, int tp, int *out, char *why, size_t cap)
+{
+    const struct cdp_parallel_desc *pd = &plan->parallel;
+    out[0] = 0;
+    if (tp < 2 || (!pd->sequence_parallel && !pd->sequence_parallel_auto) ||
+        !cdp_plan_sequence_parallel_runs(&plan->model, NULL, 0))
+        return 1;
+    if (plan->model.context % tp) {
+        if (pd->sequence_parallel_auto) return 1;
+        snprintf(why, cap, "/parallel/sequence_parallel true needs /model/context %lld to be a multiple of t",
+                 (long long)plan->model.context);
+        return 0;
+    }
+    if (pd->sequence_parallel_auto) {
+        out[1] = 1;
+        return 2;
+    }
+    out[0] = 1;
+    return 1;
+}
+
+/* The most device memory a rank of r's layout allocates. */
+static double peak_of(const struct cdp_planner_result *r)
+{
+    double peak = 0;
+    for (int i = 0; i < r->layout->n_ranks; i++)
+        if ((double)r->layout->rank[i].memory.device > peak) peak = (double)r->layout->rank[i].memory.device;
+    return peak;
+}
+
+/* The search over t and sequence parallelism (docs/parallelism.md, "How the
+ * planner chooses t"): the plan's t, or under "auto" each t the model and the
+ * topology allow (cdp_planner_tensor_choices), and at each the sequence
+ * parallelism the plan allows (sp_choices), each planned as fixed; the
+ * fastest predicted is kept (as fast: the one of less memory) and the others
+ * are its runners-up. A plan that fixes both is planned once, with no table. */
 cdp_status cdp_planner_run(const struct cdp_plan *plan, const struct cdp_topology *t,
                            const struct cdp_cost_table *costs, int flags, struct cdp_planner_result *out)
 {
-    if (plan->parallel.tensor != CDP_AUTO) return run_fixed(plan, t, costs, flags, 0, out);
+    if (plan->parallel.tensor != CDP_AUTO && !plan->parallel.sequence_parallel_auto) {
+        cdp_status st = run_fixed(plan, t, costs, flags, 0, out);
+        if (!st) out->sequence_parallel = plan->model.seq_parallel;
+        return st;
+    }
     const uint64_t t0 = cdp_time_ns();
     int ts[CDP_PLANNER_TENSOR_CHOICES];
     char why[256];
     const int n = cdp_planner_tensor_choices(plan, t, ts, CDP_PLANNER_TENSOR_CHOICES, why, sizeof why);
     struct cdp_planner_result best = {0}, r;
-    struct cdp_planner_tensor_alt alt[CDP_PLANNER_TENSOR_CHOICES];
+    struct cdp_planner_tensor_alt alt[CDP_PLANNER_TENSOR_ALTS];
     int n_alt = 0, have = 0;
+    double best_peak = 0;
     int64_t shapes = 0, feasible = 0, pruned = 0, sims = 0, rsims = 0;
     cdp_status st = CDP_OK, last_err = CDP_OK;
     char last_msg[1024] = "";
     /* the largest t first: its plan's throughput bounds the shapes of the
      * next (their bounds no higher are not simulated) */
     for (int i = n - 1; i >= 0; i--) {
-        struct cdp_plan copy = *plan; /* shallow: read only, never freed */
-        copy.parallel.tensor = ts[i];
-        memset(&r, 0, sizeof r);
-        st = run_fixed(&copy, t, costs, flags, have ? best.predicted.samples_per_s : 0, &r);
-        struct cdp_planner_tensor_alt *a = &alt[n_alt++];
-        memset(a, 0, sizeof *a);
-        a->tensor = ts[i];
-        if (st == CDP_ERR_UNSUPPORTED) {
-            snprintf(a->why, sizeof a->why, "not simulated: no shape's bound reaches the t = %d plan (%.1f samples/s)",
-                     best.layout->tensor, best.predicted.samples_per_s);
+        int sps[2];
+        char sp_why[256] = "";
+        const int n_sp = sp_choices(plan, ts[i], sps, sp_why, sizeof sp_why);
+        if (n_sp == 0) {
+            struct cdp_planner_tensor_alt *a = &alt[n_alt++];
+            memset(a, 0, sizeof *a);
+            a->tensor = ts[i];
+            a->sequence_parallel = 1;
+            snprintf(a->why, sizeof a->why, "not tried: %s", sp_why);
             continue;
         }
-        if (st) {
-            if (st != CDP_ERR_INVALID) {
-                cdp_planner_result_clear(&best);
-                return st;
+        for (int j = 0; j < n_sp; j++) {
+            struct cdp_plan copy = *plan; /* shallow: read only, never freed */
+            copy.parallel.tensor = ts[i];
+            copy.parallel.sequence_parallel = sps[j];
+            copy.parallel.sequence_parallel_auto = 0;
+            copy.model.seq_parallel = sps[j];
+            memset(&r, 0, sizeof r);
+            st = run_fixed(&copy, t, costs, flags, have ? best.predicted.samples_per_s : 0, &r);
+            struct cdp_planner_tensor_alt *a = &alt[n_alt++];
+            memset(a, 0, sizeof *a);
+            a->tensor = ts[i];
+            a->sequence_parallel = sps[j];
+            if (st == CDP_ERR_UNSUPPORTED) {
+                snprintf(a->why, sizeof a->why, "not simulated: no shape's bound reaches the t = %d%s plan (%.1f "
+                         "samples/s)", best.layout->tensor, best.sequence_parallel ? " sequence parallel" : "",
+                         best.predicted.samples_per_s);
+                continue;
             }
-            snprintf(a->why, sizeof a->why, "no plan: %s", cdp_last_error());
-            /* the smallest t's reason is the one kept (t = 1 last: the plan as it would be without groups) */
-            last_err = st;
-            snprintf(last_msg, sizeof last_msg, "%s", cdp_last_error());
-            continue;
-        }
-        shapes += r.shapes, feasible += r.feasible, pruned += r.pruned;
-        a->bounded = have; /* shapes under the plan found were not simulated: its best of the rest */
-        sims += r.simulations, rsims += r.replica_simulations;
-        a->ok = 1;
-        a->stages = r.layout->stages;
-        a->replicas = r.layout->replicas;
-        a->micro_batches = r.layout->micro_batches;
-        a->schedule = r.layout->schedule;
-        a->recompute = r.layout->recompute;
-        a->step_s = r.predicted.step_s;
-        a->samples_per_s = r.predicted.samples_per_s;
-        a->bubble = r.predicted.bubble;
-        if (!have || (r.predicted_ok && r.predicted.samples_per_s > best.predicted.samples_per_s)) {
-            cdp_planner_result_clear(&best);
-            best = r;
-            have = 1;
-        } else {
-            cdp_planner_result_clear(&r);
+            if (st) {
+                if (st != CDP_ERR_INVALID) {
+                    cdp_planner_result_clear(&best);
+                    return st;
+                }
+                snprintf(a->why, sizeof a->why, "no plan: %s", cdp_last_error());
+                /* the smallest t's reason is the one kept (t = 1 last: the plan as it would be without groups) */
+                last_err = st;
+                snprintf(last_msg, sizeof last_msg, "%s", cdp_last_error());
+                continue;
+            }
+            r.sequence_parallel = sps[j];
+            shapes += r.shapes, feasible += r.feasible, pruned += r.pruned;
+            a->bounded = have; /* shapes under the plan found were not simulated: its best of the rest */
+            sims += r.simulations, rsims += r.replica_simulations;
+            a->ok = 1;
+            a->stages = r.layout->stages;
+            a->replicas = r.layout->replicas;
+            a->micro_batches = r.layout->micro_batches;
+            a->chunks = r.layout->chunks;
+            a->schedule = r.layout->schedule;
+            a->recompute = r.layout->recompute;
+            a->step_s = r.predicted.step_s;
+            a->samples_per_s = r.predicted.samples_per_s;
+            a->bubble = r.predicted.bubble;
+            a->peak_bytes = peak_of(&r);
+            const int better = !have || (r.predicted_ok && (r.predicted.samples_per_s > best.predicted.samples_per_s ||
+                                                            (r.predicted.samples_per_s == best.predicted.samples_per_s &&
+                                                             a->peak_bytes < best_peak)));
+            if (better) {
+                cdp_planner_result_clear(&best);
+                best = r;
+                best_peak = a->peak_bytes;
+                have = 1;
+            } else {
+                cdp_planner_result_clear(&r);
+            }
         }
     }
     if (!have) return cdp_fail(last_err ? last_err : CDP_ERR_INVALID, "%s", last_msg);
     memcpy(best.tensor_alt, alt, sizeof alt);
     best.n_tensor_alt = n_alt;
-    snprintf(best.tensor_why, sizeof best.tensor_why, "%s", why);
+    snprintf(best.tensor_why, sizeof best.tensor_why, "%s", plan->parallel.tensor == CDP_AUTO ? why : "");
     best.shapes = shapes, best.feasible = feasible, best.pruned = pruned;
     best.simulations = sims, best.replica_simulations = rsims;
     best.search_s = (double)(cdp_time_ns() - t0) * 1e-9;

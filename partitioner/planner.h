@@ -29,6 +29,7 @@ extern "C" {
 
 #define CDP_PLANNER_PLACED_SHAPES 3 /* shapes whose placement is searched (the best by a fixed order) */
 #define CDP_PLANNER_MB_CHOICES 4    /* micro-batch counts tried when nothing fixes them */
+#define CDP_PLANNER_AUTO_CHUNKS 4   /* "auto" schedule: interleaved tried at 2 up to this many chunks a rank */
 
 /* A prediction of one step. */
 struct cdp_planner_prediction {
@@ -73,16 +74,20 @@ struct cdp_planner_node {
 };
 
 #define CDP_PLANNER_TENSOR_CHOICES 8 /* t values /parallel/tensor "auto" tries at most */
+#define CDP_PLANNER_TENSOR_ALTS (2 * CDP_PLANNER_TENSOR_CHOICES) /* each with and without sequence parallelism */
 
-/* What one t of the search over t gave (/parallel/tensor "auto"). */
+/* What one (t, sequence parallel) of the search gave (/parallel/tensor or
+ * /parallel/sequence_parallel "auto"). */
 struct cdp_planner_tensor_alt {
     int tensor, ok;          /* ok 0: nothing fits at this t (why) */
+    int sequence_parallel;   /* planned with it */
     int bounded;             /* shapes whose bound was under another t's plan were not simulated: this is
                                 the best of the others */
-    int stages, replicas, micro_batches;
+    int stages, replicas, micro_batches, chunks;
     enum cdp_schedule_kind schedule;
     enum cdp_recompute recompute;
     double step_s, samples_per_s, bubble;
+    double peak_bytes;       /* the most device memory a rank allocates */
     char why[256];
 };
 
@@ -112,9 +117,11 @@ struct cdp_planner_result {
     int64_t replica_simulations; /* runs of one replica's pipeline (the cheap model of large worlds) */
     int64_t placed_shapes;   /* shapes whose placement was searched */
     double search_s;         /* wall time of cdp_planner_run */
-    /* /parallel/tensor "auto": the best plan of each t tried (the chosen one
-     * among them), and why larger t were not tried ("" none) */
-    struct cdp_planner_tensor_alt tensor_alt[CDP_PLANNER_TENSOR_CHOICES];
+    int sequence_parallel;   /* the layout runs sequence parallel (/parallel/sequence_parallel, as planned) */
+    /* /parallel/tensor or /parallel/sequence_parallel "auto": the best plan of
+     * each (t, sequence parallel) tried (the chosen one among them), and why
+     * larger t were not tried ("" none) */
+    struct cdp_planner_tensor_alt tensor_alt[CDP_PLANNER_TENSOR_ALTS];
     int n_tensor_alt;
     char tensor_why[256];
 };
@@ -149,6 +156,12 @@ void cdp_planner_result_clear(struct cdp_planner_result *r);
  * then plans to the same layout without a search: it is what planned.json
  * holds. */
 cdp_status cdp_planner_apply(const struct cdp_planner_result *r, struct cdp_plan *plan);
+
+/* Writes the result's sequence parallelism into the plan (/parallel/sequence_parallel
+ * true or false, and the units' model.seq_parallel): what cdp_planner_apply
+ * does for it, for a caller that keeps the plan's other "auto" values
+ * (--simulate). */
+void cdp_planner_apply_sequence_parallel(const struct cdp_planner_result *r, struct cdp_plan *plan);
 
 /* "Plan" sections of --dry-run and of a training run's start: shape,
  * partition (per stage time, memory and headroom), placement (rank -> node,
@@ -205,7 +218,9 @@ cdp_status cdp_planner_topology(const struct cdp_plan *plan, int live_gpus, stru
 
 /* Simulates one step of layout l (the planner's, for plan on t) on the cost
  * model (costs as in cdp_planner_run) and t's links: what --simulate shows
- * and traces, with one trace row per world rank. *out owned by the caller. */
+ * and traces, with one trace row per world rank. The plan's sequence
+ * parallelism is the planned one (cdp_planner_apply_sequence_parallel where
+ * it was "auto"). *out owned by the caller. */
 cdp_status cdp_planner_simulate(const struct cdp_plan *plan, const struct cdp_topology *t,
                                 const struct cdp_cost_table *costs, const struct cdp_layout *l,
                                 struct cdp_sim_result **out);

@@ -45,11 +45,12 @@ static double tied_bytes_of(const struct cdp_plan *plan, const struct cdp_unit *
     return b;
 }
 
-/* The schedule of the candidate being evaluated, and its chunks per rank. */
-void cdp_planner_set_kind(struct ctx *c, enum cdp_schedule_kind kind)
+/* The schedule of the candidate being evaluated, and its chunks per rank
+ * (chunks: interleaved's; zbv runs two, the others one). */
+void cdp_planner_set_kind(struct ctx *c, enum cdp_schedule_kind kind, int chunks)
 {
     c->kind = kind;
-    c->v = cdp_schedule_chunks_of(kind, (int)c->plan->parallel.chunks);
+    c->v = cdp_schedule_chunks_of(kind, chunks);
 }
 
 /* Everything a search context allocates. */

@@ -27,6 +27,7 @@ cdp_status cdp_planner_simulate(const struct cdp_plan *plan, const struct cdp_to
     struct ctx c;
     struct cdp_plan at = *plan; /* the layout's t ("auto" planned it); shallow, read only */
     at.parallel.tensor = l->tensor;
+    at.model.seq_parallel = plan->model.seq_parallel && l->tensor > 1; /* as planned (cdp_planner_apply) */
     cdp_status st = cdp_planner_ctx_init_for(&c, &at, t, costs, l->recompute);
     if (!st) {
         c.kind = l->schedule;
@@ -66,6 +67,7 @@ cdp_status cdp_planner_explore(const struct cdp_plan *plan, const struct cdp_top
     if (n_random < 1 || N * l->tensor > t->n_gpus) return cdp_fail(CDP_ERR_INVALID, "planner: explore: bad sample count or shape");
     struct cdp_plan at = *plan; /* the layout's t ("auto" planned it); shallow, read only */
     at.parallel.tensor = l->tensor;
+    at.model.seq_parallel = r->sequence_parallel;
     cdp_status st = cdp_planner_ctx_init_for(&c, &at, t, costs, l->recompute);
     if (st) goto fail;
     c.kind = l->schedule;

@@ -24,6 +24,7 @@ struct mem_index {
 struct cand {
     int p, R, m;
     enum cdp_schedule_kind kind;
+    int v;                /* chunks per rank (cdp_schedule_chunks_of) */
     enum cdp_recompute rc;
     int zero;
     int64_t (*ranges)[2]; /* p*v */
@@ -105,7 +106,7 @@ struct search {
 
 /* ---- planner_context.c: the search's context: units, costs, links and memory per recompute mode */
 
-void cdp_planner_set_kind(struct ctx *c, enum cdp_schedule_kind kind);
+void cdp_planner_set_kind(struct ctx *c, enum cdp_schedule_kind kind, int chunks);
 void cdp_planner_ctx_free(struct ctx *c);
 void cdp_planner_use_mode(struct ctx *c, enum cdp_recompute r);
 int cdp_planner_zeros_of(const struct cdp_plan *plan, int R, int *out);

@@ -13,6 +13,13 @@
 
 /* ---- output ---------------------------------------------------------------------- */
 
+void cdp_planner_apply_sequence_parallel(const struct cdp_planner_result *r, struct cdp_plan *plan)
+{
+    plan->parallel.sequence_parallel = r->sequence_parallel;
+    plan->parallel.sequence_parallel_auto = 0;
+    plan->model.seq_parallel = r->sequence_parallel;
+}
+
 cdp_status cdp_planner_apply(const struct cdp_planner_result *r, struct cdp_plan *plan)
 {
     struct cdp_parallel_desc *pd = &plan->parallel;
@@ -55,6 +62,7 @@ cdp_status cdp_planner_apply(const struct cdp_planner_result *r, struct cdp_plan
     plan->train.recompute_auto = 0;
     pd->replicas = l->replicas;
     pd->tensor = l->tensor;
+    cdp_planner_apply_sequence_parallel(r, plan);
     pd->micro_batches = l->micro_batches;
     plan->train.global_batch = (int64_t)l->replicas * l->micro_batches * l->micro_batch;
     return CDP_OK;
@@ -104,7 +112,7 @@ void cdp_planner_print(const struct cdp_planner_result *r, FILE *f)
         fprintf(f, "\nPlan (on %s, %d devices usable)\n", l->topology, r->world);
     fprintf(f, "  shape       %d stage%s x %d replica%s", l->stages, l->stages == 1 ? "" : "s", l->replicas,
             l->replicas == 1 ? "" : "s");
-    if (l->tensor > 1) fprintf(f, " x tensor %d", l->tensor);
+    if (l->tensor > 1) fprintf(f, " x tensor %d%s", l->tensor, r->sequence_parallel ? " sequence parallel" : "");
     fprintf(f, ", %d micro-batches of %d, %s", l->micro_batches, l->micro_batch, cdp_schedule_name(l->schedule));
     if (l->chunks > 1) fprintf(f, " x %d chunks", l->chunks);
     fprintf(f, ", global batch %lld\n", (long long)l->replicas * l->micro_batches * l->micro_batch);
@@ -178,18 +186,27 @@ void cdp_planner_print(const struct cdp_planner_result *r, FILE *f)
                     r->baseline[i].pred.samples_per_s, 100 * (r->baseline[i].pred.step_s / r->predicted.step_s - 1));
     }
     if (r->n_tensor_alt) {
-        fprintf(f, "\nPlan: tensor parallelism (/parallel/tensor \"auto\"; each t planned as fixed, the fastest "
-                   "kept)\n  t  stages  replicas  micro-batches  schedule  recompute    step ms   samples/s  bubble\n");
+        fprintf(f, "\nPlan: tensor parallelism (/parallel/tensor or /parallel/sequence_parallel \"auto\"; each t, "
+                   "with and without sequence parallelism where tried, planned as fixed, the fastest kept)\n"
+                   "  t  seq  stages  replicas  micro-batches  schedule        recompute    step ms   samples/s  "
+                   "bubble\n");
         for (int i = 0; i < r->n_tensor_alt; i++) {
             const struct cdp_planner_tensor_alt *a = &r->tensor_alt[i];
+            const char *seq = a->tensor < 2 ? "-" : a->sequence_parallel ? "on" : "off";
             if (!a->ok) {
-                fprintf(f, "  %-2d %s\n", a->tensor, a->why);
+                fprintf(f, "  %-2d %-4s %s\n", a->tensor, seq, a->why);
                 continue;
             }
-            fprintf(f, "  %-2d %6d %9d %14d  %-8s  %-9s %10.3f %11.1f  %5.1f%%%s\n", a->tensor, a->stages, a->replicas,
-                    a->micro_batches, cdp_schedule_name(a->schedule), cdp_recompute_name(a->recompute),
-                    a->step_s * 1e3, a->samples_per_s, 100 * a->bubble,
-                    a->tensor == l->tensor ? "  <- chosen" : a->bounded ? "  (only shapes whose bound beat a larger t's plan simulated)" : "");
+            char sched[32];
+            if (a->chunks > 1) snprintf(sched, sizeof sched, "%s x %d", cdp_schedule_name(a->schedule), a->chunks);
+            else snprintf(sched, sizeof sched, "%s", cdp_schedule_name(a->schedule));
+            const int chosen = a->tensor == l->tensor && a->sequence_parallel == r->sequence_parallel;
+            fprintf(f, "  %-2d %-4s %6d %9d %14d  %-14s  %-9s %10.3f %11.1f  %5.1f%%%s\n", a->tensor, seq, a->stages,
+                    a->replicas, a->micro_batches, sched, cdp_recompute_name(a->recompute), a->step_s * 1e3,
+                    a->samples_per_s, 100 * a->bubble,
+                    chosen        ? "  <- chosen"
+                    : a->bounded ? "  (only shapes whose bound beat a plan above simulated)"
+                                 : "");
         }
         if (r->tensor_why[0]) fprintf(f, "  not tried: %s\n", r->tensor_why);
     }
@@ -207,7 +224,7 @@ void cdp_planner_print_brief(const struct cdp_planner_result *r, FILE *f)
     const int N = l->n_ranks;
     fprintf(f, "plan: %d stage%s x %d replica%s", l->stages, l->stages == 1 ? "" : "s", l->replicas,
             l->replicas == 1 ? "" : "s");
-    if (l->tensor > 1) fprintf(f, " x tensor %d", l->tensor);
+    if (l->tensor > 1) fprintf(f, " x tensor %d%s", l->tensor, r->sequence_parallel ? " sequence parallel" : "");
     fprintf(f, ", %d micro-batches of %d, %s", l->micro_batches, l->micro_batch, cdp_schedule_name(l->schedule));
     if (l->chunks > 1) fprintf(f, " x %d chunks", l->chunks);
     if (l->recompute != CDP_RECOMPUTE_NONE) fprintf(f, ", recompute %s", cdp_recompute_name(l->recompute));
@@ -298,12 +315,16 @@ json_t *cdp_planner_to_json(const struct cdp_planner_result *r)
         json_t *ts = json_array();
         for (int i = 0; i < r->n_tensor_alt; i++) {
             const struct cdp_planner_tensor_alt *a = &r->tensor_alt[i];
-            json_t *x = json_pack("{s:i,s:b}", "tensor", a->tensor, "chosen", a->ok && a->tensor == l->tensor);
+            json_t *x = json_pack("{s:i,s:b,s:b}", "tensor", a->tensor, "sequence_parallel", a->sequence_parallel,
+                                  "chosen", a->ok && a->tensor == l->tensor &&
+                                                a->sequence_parallel == r->sequence_parallel);
             if (a->ok) {
                 json_object_set_new(x, "stages", json_integer(a->stages));
                 json_object_set_new(x, "replicas", json_integer(a->replicas));
                 json_object_set_new(x, "micro_batches", json_integer(a->micro_batches));
                 json_object_set_new(x, "schedule", json_string(cdp_schedule_name(a->schedule)));
+                json_object_set_new(x, "chunks", json_integer(a->chunks));
+                json_object_set_new(x, "peak_memory_bytes", json_real(a->peak_bytes));
                 json_object_set_new(x, "recompute", json_string(cdp_recompute_name(a->recompute)));
                 json_object_set_new(x, "step_s", json_real(a->step_s));
                 json_object_set_new(x, "samples_per_s", json_real(a->samples_per_s));

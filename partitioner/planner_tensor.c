@@ -197,6 +197,13 @@ static double ring(double bytes, int tp, double bw, double lat)
     return bw > 0 ? 2.0 * (tp - 1) / tp * bytes / bw + 2.0 * (tp - 1) * lat : 0;
 }
 
+/* Ring reduce-scatter or all-gather of bytes (the whole tensor) over tp
+ * devices: half an all-reduce, (t - 1) / t x bytes and t - 1 steps. */
+static double ring_half(double bytes, int tp, double bw, double lat)
+{
+    return bw > 0 ? (double)(tp - 1) / tp * bytes / bw + (double)(tp - 1) * lat : 0;
+}
+
 void cdp_planner_tensor_links(const struct cdp_topology *t, int tp, double *bw, double *lat)
 {
     *bw = INFINITY;
@@ -231,6 +238,25 @@ double cdp_planner_tensor_collective_s(const struct cdp_plan *plan, int tp, doub
 {
     *count_fwd = *count_bwd = 0;
     if (tp <= 1) return 0;
+    if (u->seq_parallel) {
+        /* sequence parallel (cdp_unit_set_sequence_parallel): reduce-scatters and all-gathers of the
+         * whole [B, T, C], as transformer_block.c, embedding.c and lm_head.c run them */
+        if (is_block(u->desc.type)) {
+            /* forward: gather ln_1's output, scatter the attention projection's sums, the same for ln_2
+             * and the MLP; backward mirrors it (dout and dres2 gathered, each norm's input gradient
+             * scattered); selective recomputation gathers both norms' outputs again, full runs the
+             * forward's four again */
+            *count_fwd = 4;
+            *count_bwd = 4 + (u->recompute == CDP_RECOMPUTE_FULL ? 4 : u->recompute == CDP_RECOMPUTE_SELECTIVE ? 2 : 0);
+        } else if (u->desc.type == CDP_LAYER_EMBEDDING) {
+            *count_fwd = 1; /* the lookups' sum scattered to the shards */
+            *count_bwd = 1; /* the output gradient gathered whole */
+        } else if (u->desc.type == CDP_LAYER_LM_HEAD) {
+            *count_fwd = 1; /* the final norm's output gathered */
+            *count_bwd = 1; /* its input gradient scattered */
+        }
+        return ring_half(collective_bytes(plan, u), tp, bw, lat);
+    }
     if (u->desc.type == CDP_LAYER_LINEAR && u->desc.split != CDP_TSPLIT_NONE) {
         /* a row split sums its output forward; a column split its input's gradient backward */
         if (u->desc.split == CDP_TSPLIT_ROW) *count_fwd = 1;
@@ -267,11 +293,21 @@ void cdp_planner_tensor_costs(const struct cdp_plan *plan, int tp, double bw, do
         /* split backward: the collectives are the input half's (B); W stays free of tensor-group traffic */
         cost[i].fwd_s += f * one;
         cost[i].bwd_s += b * one;
-        const double link = 2.0 * (tp - 1) / tp * collective_bytes(plan, &u[i]);
+        const double link = (u[i].seq_parallel ? 1.0 : 2.0) * (tp - 1) / tp * collective_bytes(plan, &u[i]);
         cost[i].tp_fwd_s = f * one;
         cost[i].tp_bwd_s = b * one;
         cost[i].tp_fwd_bytes = f * link;
         cost[i].tp_bwd_bytes = b * link;
+        if (u[i].seq_parallel && u[i].desc.type != CDP_LAYER_EMBEDDING) {
+            /* the norms' weight and bias gradients of the rank's rows summed over the group in
+             * backward (B under split backward): 4C floats a block, 2C the head's layernorm (C its RMS norm) */
+            const double C = (double)plan->model.embed;
+            const double bytes = 4.0 * (is_block(u[i].desc.type) ? 4 * C : u[i].desc.rms ? C : 2 * C);
+            const double small = ring(bytes, tp, bw, lat);
+            cost[i].bwd_s += small;
+            cost[i].tp_bwd_s += small;
+            cost[i].tp_bwd_bytes += 2.0 * (tp - 1) / tp * bytes;
+        }
         if (u[i].desc.type == CDP_LAYER_LM_HEAD) {
             /* the loss: one all-reduce of 2t + 1 floats a token (each slice's max and sum of
              * exponentials in its own place, and the target's logit), as model_pass.c runs it */

@@ -145,8 +145,10 @@ cdp_status cdp_layout_slots(const struct cdp_layout *l, int r, int *mcap, int *s
 /* Generated lists are a function of (kind, stages, chunks, micro-batches):
  * their peaks are kept for the next layout that asks (the planner asks for
  * every shape, recompute mode and ZeRO stage it tries; building and
- * validating the lists was most of its time). A few entries, under a lock. */
-#define SLOT_MEMO 16
+ * validating the lists was most of its time). Enough entries for every
+ * (stages, micro-batches) of one search, which plans again per t, with and
+ * without sequence parallelism: a few hundred, under a lock. */
+#define SLOT_MEMO 1024
 static struct slot_memo {
     int kind, p, v, cap, used;
     int *slots, *wslots; /* p each (one allocation) */

@@ -1160,8 +1160,9 @@ ParameterizedTest(struct lr_bad *c, plan, lr_schedule_errors_name_the_key)
 #define ROW "{\"type\": \"linear\", \"out\": 4, \"split\": \"row\"}"
 
 /* /parallel/sequence_parallel: off by default, written back, and refused
- * naming the key where it cannot run (tensor 1 or "auto", a model other
- * than a GPT or Llama preset, a context the group does not divide). */
+ * naming the key where it cannot run (tensor 1, a model other than a GPT or
+ * Llama preset, a context the group does not divide); with tensor "auto" true is
+ * the planner's to apply at each t above 1 (sequence_parallel_auto_values). */
 #define SP_GPT(ctx, t) \
     "{\"model\": {\"preset\": \"gpt\", \"heads\": 4, \"embed\": 32, \"context\": " ctx "}, \"parallel\": " \
     "{\"tensor\": " t ", \"sequence_parallel\": true}}"
@@ -1188,15 +1189,14 @@ Test(plan, sequence_parallel_key)
     static const struct {
         const char *plan, *error;
     } bad[] = {
-        {SP_GPT("64", "1"), "t.json: /parallel/sequence_parallel: true needs /parallel/tensor a number above 1"},
-        {SP_GPT("64", "\"auto\""), "t.json: /parallel/sequence_parallel: true needs /parallel/tensor a number above 1"},
+        {SP_GPT("64", "1"), "t.json: /parallel/sequence_parallel: true needs /parallel/tensor above 1 or \"auto\""},
         {SP_GPT("30", "4"), "t.json: /parallel/sequence_parallel: true needs /model/context 30 to be a multiple of "
                             "/parallel/tensor 4"},
         {SPLITS(COL, "{\"type\": \"relu\"}", ROW, "2, \"sequence_parallel\": true"),
          "t.json: /parallel/sequence_parallel: true runs the GPT and Llama presets only today, not an explicit "
          "layer list"},
         {"{\"model\": {\"preset\": \"gpt\"}, \"parallel\": {\"tensor\": 2, \"sequence_parallel\": 1}}",
-         "t.json: /parallel/sequence_parallel"},
+         "t.json: /parallel/sequence_parallel: expected true, false or \"auto\""},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         p = NULL;
@@ -1205,6 +1205,56 @@ Test(plan, sequence_parallel_key)
     }
 }
 
+
+/* /parallel/sequence_parallel "auto", and true with tensor "auto": kept for
+ * the planner (the units not sequence parallel until it decides), written
+ * back as given; refused where true would be (tensor 1, a Llama preset, a
+ * layer list), naming the key and the value. */
+#define SP_VALUE(t, v)                                                                                        \
+    "{\"model\": {\"preset\": \"gpt\", \"heads\": 4, \"embed\": 32, \"context\": 64}, \"parallel\": " \
+    "{\"tensor\": " t ", \"sequence_parallel\": " v "}}"
+
+Test(plan, sequence_parallel_auto_values)
+{
+    static const char *const tensors[] = {"\"auto\"", "4"};
+    for (int i = 0; i < 2; i++) {
+        char text[512];
+        snprintf(text, sizeof text, SP_VALUE("%s", "\"auto\""), tensors[i]);
+        struct cdp_plan *p = load_ok(text);
+        cr_expect(p->parallel.sequence_parallel_auto && !p->parallel.sequence_parallel && !p->model.seq_parallel);
+        char *json = NULL;
+        cr_assert_eq(cdp_plan_to_json(p, &json), CDP_OK);
+        cr_expect(strstr(json, "\"sequence_parallel\": \"auto\""), "%s", json);
+        free(json);
+        cdp_plan_free(p);
+    }
+    /* true at tensor "auto": on, for the planner to apply at t above 1 (the units wait for its t) */
+    struct cdp_plan *p = load_ok(SP_VALUE("\"auto\"", "true"));
+    cr_expect(p->parallel.sequence_parallel && !p->parallel.sequence_parallel_auto && !p->model.seq_parallel);
+    char *json = NULL;
+    cr_assert_eq(cdp_plan_to_json(p, &json), CDP_OK);
+    cr_expect(strstr(json, "\"sequence_parallel\": true"), "%s", json);
+    free(json);
+    cdp_plan_free(p);
+    static const struct {
+        const char *plan, *error;
+    } bad[] = {
+        {SP_VALUE("1", "\"auto\""),
+         "t.json: /parallel/sequence_parallel: \"auto\" needs /parallel/tensor above 1 or \"auto\""},
+        {SPLITS(COL, "{\"type\": \"relu\"}", ROW, "\"auto\", \"sequence_parallel\": \"auto\""),
+         "t.json: /parallel/sequence_parallel: \"auto\" runs the GPT and Llama presets only today, not an explicit "
+         "layer list"},
+        {SPLITS(COL, "{\"type\": \"relu\"}", ROW, "\"auto\", \"sequence_parallel\": true"),
+         "t.json: /parallel/sequence_parallel: true runs the GPT and Llama presets only today, not an explicit "
+         "layer list"},
+        {SP_VALUE("2", "\"on\""), "t.json: /parallel/sequence_parallel: expected true, false or \"auto\""},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        p = NULL;
+        cr_assert_eq(cdp_plan_load_string(bad[i].plan, "t.json", NULL, &p), CDP_ERR_INVALID, "%s", bad[i].plan);
+        cr_expect(strstr(cdp_last_error(), bad[i].error), "got: %s\nwant: %s", cdp_last_error(), bad[i].error);
+    }
+}
 
 Test(plan, tensor_key)
 {

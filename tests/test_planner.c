@@ -243,9 +243,9 @@ Test(planner, explore_placements_prints_the_spread)
     cdp_test_run_free(&r);
 }
 
-/* "auto" schedule: GPipe, 1F1B and the zero-bubble kinds are all evaluated
- * (five times the shapes), the fastest prediction wins, and the planned plan
- * names it. */
+/* "auto" schedule: GPipe, 1F1B, the zero-bubble kinds and interleaved at 2
+ * and 3 chunks (4 would need 8 units) are all evaluated, the fastest
+ * prediction wins, and the planned plan names it. */
 #define AUTO_SCHED(s)                                                                                         \
     "{\"model\": {\"preset\": \"gpt\", \"vocab\": 64, \"context\": 16, \"layers\": 4, \"heads\": 2, "     \
     "\"embed\": 32}, \"train\": {\"micro_batch\": 2}, \"parallel\": {\"stages\": 2, \"replicas\": 1, "          \
@@ -269,7 +269,8 @@ Test(planner, auto_schedule_is_searched_and_written_back)
     const double s_auto = planned_sps(AUTO_SCHED("auto"), &a);
     const double s_gpipe = planned_sps(AUTO_SCHED("gpipe"), &g);
     const double s_1f1b = planned_sps(AUTO_SCHED("1f1b"), &f);
-    cr_expect_eq(a.shapes, 5, "one shape, five schedules: %lld", (long long)a.shapes);
+    cr_expect_eq(a.shapes, 7, "one shape, five schedules and interleaved at 2 and 3 chunks (6 units): %lld",
+                 (long long)a.shapes);
     /* the fastest of all five, 1F1B on a tie */
     const char *const zb[3] = {"zb-h1", "zb-h2", "zbv"};
     const enum cdp_schedule_kind zk[3] = {CDP_SCHEDULE_ZB_H1, CDP_SCHEDULE_ZB_H2, CDP_SCHEDULE_ZBV};
@@ -283,6 +284,19 @@ Test(planner, auto_schedule_is_searched_and_written_back)
         const double sz = planned_sps(json, &z);
         cr_expect_eq(z.layout->schedule, zk[k]);
         if (sz > best) best = sz, best_kind = zk[k];
+        cdp_planner_result_clear(&z);
+    }
+    for (int v = 2; v <= 3; v++) { /* "interleaved" with its chunks */
+        char json[1024], *at;
+        snprintf(json, sizeof json, AUTO_SCHED("interleaved"));
+        at = strstr(json, "\"interleaved\"") + strlen("\"interleaved\"");
+        memmove(at + 13, at, strlen(at) + 1); /* `, "chunks": v` after the name */
+        memcpy(at, ", \"chunks\": ", 12);
+        at[12] = (char)('0' + v);
+        struct cdp_planner_result z = {0};
+        const double sz = planned_sps(json, &z);
+        cr_expect_eq(z.layout->chunks, v, "%s", json);
+        if (sz > best) best = sz, best_kind = CDP_SCHEDULE_INTERLEAVED;
         cdp_planner_result_clear(&z);
     }
     cr_expect_eq(s_auto, best, "auto %g, best %g (%s)", s_auto, best, cdp_schedule_name(best_kind));
@@ -1214,4 +1228,207 @@ Test(planner, tensor_groups_stay_in_the_quads_and_a_pcie_box_keeps_t_1, .timeout
                      "rank %d on device %d", i, r.layout->rank[i].device);
     cdp_planner_result_clear(&r);
     cdp_plan_free(p);
+}
+
+/* ---- sequence parallelism and interleaving in the search (docs/parallelism.md, "When the planner picks
+ * sequence parallelism"; docs/planner.md) */
+
+/* A small GPT at a fixed t = 2 on one hgx-h100, one stage and replica, no
+ * recomputation; sp: the /parallel/sequence_parallel value. */
+#define SP_PLAN(sp)                                                                                           \
+    "{\"model\": {\"preset\": \"gpt\", \"vocab\": 1024, \"context\": 256, \"layers\": 8, \"heads\": 8, "      \
+    "\"embed\": 384}, \"train\": {\"micro_batch\": 2, \"global_batch\": 8, \"precision\": \"bf16\", "          \
+    "\"recompute\": \"none\", \"optimizer\": {\"type\": \"adamw\"}}, \"parallel\": {\"stages\": 1, "            \
+    "\"replicas\": 1, \"micro_batches\": 4, \"tensor\": 2, \"sequence_parallel\": " sp "}, "                   \
+    "\"cluster\": {\"backend\": \"cuda\", \"topology\": \"hgx-h100\"}}"
+
+static void plan_sp(const char *text, uint64_t cap, struct cdp_planner_result *r, cdp_status want)
+{
+    struct cdp_plan *p = load(text);
+    p->cluster.device_memory = cap;
+    const cdp_status st = plan_on(p, "hgx-h100", r);
+    cr_assert_eq(st, want, "%s", st ? cdp_last_error() : "planned");
+    cdp_plan_free(p);
+}
+
+/* Sequence parallel, each rank keeps 1/t of the residual stream's rows: a
+ * block's output, res2 and both norms' mean and 1/std ((T - T/t)(2C + 4)
+ * floats a sample fewer), the embedding's output ((T - T/t) C) and the head's
+ * norm statistics ((T - T/t) 2), for the one micro-batch a one-stage 1F1B
+ * keeps; its collectives move what the all-reduces did, plus each backward's
+ * norm-gradient sums, so the step is slower. */
+Test(planner, sequence_parallel_saves_the_residual_streams_rows, .timeout = 60)
+{
+    struct cdp_planner_result off = {0}, on = {0};
+    plan_sp(SP_PLAN("false"), 0, &off, CDP_OK);
+    plan_sp(SP_PLAN("true"), 0, &on, CDP_OK);
+    cr_assert(!off.sequence_parallel && on.sequence_parallel);
+    const double T = 256, t = 2, C = 384, L = 8, B = 2;
+    const double saved = B * 4 * (T - T / t) * (L * (2 * C + 4) + C + 2);
+    for (int i = 0; i < 2; i++) {
+        const struct cdp_rank_memory *a = &off.layout->rank[i].memory, *b = &on.layout->rank[i].memory;
+        cr_expect_eq((double)a->activations - (double)b->activations, saved, "rank %d: %llu - %llu, expected %.0f",
+                     i, (unsigned long long)a->activations, (unsigned long long)b->activations, saved);
+        cr_expect_lt(b->device, a->device);
+        cr_expect_eq(a->params, b->params);
+    }
+    /* the same bytes on the links, and the norms' gradient sums on top (at this size their latency shows) */
+    cr_expect_gt(on.predicted.step_s, off.predicted.step_s);
+    cdp_planner_result_clear(&off);
+    cdp_planner_result_clear(&on);
+}
+
+/* The collectives of a sequence-parallel unit: reduce-scatters and
+ * all-gathers of the whole [B, T, C], each half an all-reduce; a block runs
+ * four forward and four backward, two more under selective recomputation
+ * (the norms' outputs gathered again) and four more under full. */
+Test(planner, sequence_parallel_collectives_are_reduce_scatters_and_all_gathers)
+{
+    struct cdp_plan *p = load(SP_PLAN("true"));
+    struct cdp_unit *u = NULL;
+    int n = 0;
+    cr_assert_eq(cdp_units_build_tensor(&p->model, 4, 0, &u, &n), CDP_OK);
+    cr_assert(u[1].seq_parallel);
+    const double bw = 1e11, lat = 2e-6, bytes = 2.0 * 256 * 384 * cdp_cost_act_elem_bytes(p);
+    int f, b;
+    const double one = cdp_planner_tensor_collective_s(p, 4, bw, lat, &u[1], &f, &b);
+    cr_expect(fabs(one - (3.0 / 4 * bytes / bw + 3 * lat)) < 1e-12 * one, "%g", one);
+    cr_expect(f == 4 && b == 4, "%d %d", f, b);
+    cdp_unit_set_recompute(&u[1], CDP_RECOMPUTE_SELECTIVE);
+    cdp_planner_tensor_collective_s(p, 4, bw, lat, &u[1], &f, &b);
+    cr_expect(f == 4 && b == 6, "%d %d", f, b);
+    cdp_unit_set_recompute(&u[1], CDP_RECOMPUTE_FULL);
+    cdp_planner_tensor_collective_s(p, 4, bw, lat, &u[1], &f, &b);
+    cr_expect(f == 4 && b == 8, "%d %d", f, b);
+    cdp_planner_tensor_collective_s(p, 4, bw, lat, &u[0], &f, &b);
+    cr_expect(f == 1 && b == 1, "embedding %d %d", f, b);
+    cdp_planner_tensor_collective_s(p, 4, bw, lat, &u[n - 1], &f, &b);
+    cr_expect(f == 1 && b == 1, "head %d %d", f, b);
+    free(u);
+    cdp_plan_free(p);
+}
+
+/* "auto" plans t = 2 with and without sequence parallelism: without a cap
+ * it only costs, and is not chosen; under a cap between the two layouts'
+ * memory it is what fits, and is chosen; the runners-up table and --json
+ * show both rows, and the plan written back says which. */
+Test(planner, sequence_parallel_auto_where_memory_needs_it, .timeout = 120)
+{
+    struct cdp_planner_result off = {0}, on = {0}, r = {0};
+    plan_sp(SP_PLAN("false"), 0, &off, CDP_OK);
+    plan_sp(SP_PLAN("true"), 0, &on, CDP_OK);
+    const uint64_t a = off.layout->rank[0].memory.device, b = on.layout->rank[0].memory.device;
+    cr_assert_lt(b, a);
+    plan_sp(SP_PLAN("\"auto\""), 0, &r, CDP_OK);
+    cr_expect(!r.sequence_parallel, "chosen though it only costs");
+    cr_expect_eq(r.n_tensor_alt, 2);
+    cr_expect_eq(r.predicted.step_s, off.predicted.step_s);
+    cdp_planner_result_clear(&r);
+    plan_sp(SP_PLAN("false"), (a + b) / 2, &r, CDP_ERR_INVALID);
+    plan_sp(SP_PLAN("\"auto\""), (a + b) / 2, &r, CDP_OK);
+    cr_expect(r.sequence_parallel, "not chosen where only it fits");
+    cr_expect_eq(r.layout->rank[0].memory.device, b);
+    cr_assert_eq(r.n_tensor_alt, 2);
+    cr_expect(r.tensor_alt[0].ok != r.tensor_alt[1].ok);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    cr_assert(f);
+    cdp_planner_print(&r, f);
+    fclose(f);
+    cr_expect(strstr(text, "x tensor 2 sequence parallel"), "%s", text);
+    cr_expect(strstr(text, "  2  on  "), "%s", text);
+    cr_expect(strstr(text, "  2  off  no plan: "), "%s", text);
+    free(text);
+    json_t *j = cdp_planner_to_json(&r), *tried = json_object_get(json_object_get(j, "tensor_search"), "tried");
+    cr_assert_eq(json_array_size(tried), 2);
+    int marked = 0;
+    for (size_t i = 0; i < 2; i++) {
+        json_t *x = json_array_get(tried, i);
+        if (json_is_true(json_object_get(x, "chosen"))) {
+            marked++;
+            cr_expect(json_is_true(json_object_get(x, "sequence_parallel")));
+        }
+    }
+    cr_expect_eq(marked, 1);
+    json_decref(j);
+    /* written back: the plan runs sequence parallel, as planned */
+    struct cdp_plan *p = load(SP_PLAN("\"auto\""));
+    cr_assert_eq(cdp_planner_apply(&r, p), CDP_OK);
+    cr_expect(p->parallel.sequence_parallel && !p->parallel.sequence_parallel_auto && p->model.seq_parallel);
+    char *json = NULL;
+    cr_assert_eq(cdp_plan_to_json(p, &json), CDP_OK);
+    cr_expect(strstr(json, "\"sequence_parallel\": true"), "%s", json);
+    free(json);
+    cdp_plan_free(p);
+    cdp_planner_result_clear(&r);
+    cdp_planner_result_clear(&off);
+    cdp_planner_result_clear(&on);
+}
+
+/* true at tensor "auto": every t above 1 the search tries runs sequence
+ * parallel, t = 1 without it. */
+Test(planner, sequence_parallel_true_at_tensor_auto_applies_to_every_t, .timeout = 120)
+{
+    struct cdp_plan *p = load(TENSOR_GPT("8", "cuda", ", \"sequence_parallel\": true"));
+    struct cdp_planner_result r = {0};
+    cr_assert_eq(plan_on(p, "hgx-h100", &r), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(r.n_tensor_alt, 4);
+    for (int i = 0; i < r.n_tensor_alt; i++)
+        cr_expect_eq(r.tensor_alt[i].sequence_parallel, r.tensor_alt[i].tensor > 1, "t = %d",
+                     r.tensor_alt[i].tensor);
+    cr_expect_eq(r.sequence_parallel, r.layout->tensor > 1);
+    cdp_planner_result_clear(&r);
+    cdp_plan_free(p);
+}
+
+/* "auto" schedule: the table's five kinds and interleaved at 2, 3 and 4
+ * chunks a rank, where its rules allow (stages x chunks at most the units,
+ * micro-batches a multiple of the stages); the fastest simulated is kept, so
+ * no fixed interleaved plan of the same shape is predicted faster. */
+#define INTERLEAVE_AUTO(layers, stages, mb, sched)                                                                  \
+    "{\"model\": {\"preset\": \"gpt\", \"vocab\": 1024, \"context\": 256, \"layers\": " layers ", \"heads\": 8, " \
+    "\"embed\": 384}, \"train\": {\"micro_batch\": 2, \"precision\": \"bf16\", \"recompute\": \"none\", "        \
+    "\"optimizer\": {\"type\": \"adamw\"}}, \"parallel\": {\"stages\": " stages ", \"replicas\": 1, "              \
+    "\"micro_batches\": " mb ", \"schedule\": " sched "}, \"cluster\": {\"backend\": \"cuda\", \"topology\": "    \
+    "\"hgx-h100\"}}"
+
+Test(planner, auto_schedule_tries_interleaved_where_it_runs, .timeout = 120)
+{
+    static const struct {
+        const char *plan;
+        int shapes;
+    } cases[] = {
+        {INTERLEAVE_AUTO("16", "4", "8", "\"auto\""), 8},  /* 5 kinds + interleaved x 2, 3, 4 */
+        {INTERLEAVE_AUTO("4", "2", "4", "\"auto\""), 7},   /* 6 units: 2 x 4 chunks do not fit */
+        {INTERLEAVE_AUTO("1", "2", "4", "\"auto\""), 4},   /* 3 units: neither interleaved nor zbv */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        struct cdp_plan *p = load(cases[i].plan);
+        struct cdp_planner_result r = {0};
+        cr_assert_eq(plan_on(p, "hgx-h100", &r), CDP_OK, "%s", cdp_last_error());
+        cr_expect_eq(r.shapes, cases[i].shapes, "case %zu", i);
+        cdp_planner_result_clear(&r);
+        cdp_plan_free(p);
+    }
+    struct cdp_plan *p = load(cases[0].plan);
+    struct cdp_planner_result best = {0};
+    cr_assert_eq(plan_on(p, "hgx-h100", &best), CDP_OK, "%s", cdp_last_error());
+    cdp_plan_free(p);
+    static const char *const fixed[] = {
+        INTERLEAVE_AUTO("16", "4", "8", "\"interleaved\", \"chunks\": 2"),
+        INTERLEAVE_AUTO("16", "4", "8", "\"interleaved\", \"chunks\": 3"),
+        INTERLEAVE_AUTO("16", "4", "8", "\"interleaved\", \"chunks\": 4"),
+    };
+    for (int v = 0; v < 3; v++) {
+        struct cdp_planner_result r = {0};
+        p = load(fixed[v]);
+        cr_assert_eq(plan_on(p, "hgx-h100", &r), CDP_OK, "%s", cdp_last_error());
+        cr_expect_eq(r.layout->chunks, v + 2);
+        cr_expect_geq(r.predicted.step_s, best.predicted.step_s, "interleaved x %d beats \"auto\"'s %s", v + 2,
+                      cdp_schedule_name(best.layout->schedule));
+        cdp_planner_result_clear(&r);
+        cdp_plan_free(p);
+    }
+    cdp_planner_result_clear(&best);
 }

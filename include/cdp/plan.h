@@ -63,6 +63,11 @@ CDP_API const char *cdp_recompute_name(enum cdp_recompute r);
  * the plan's /parallel/balance and /parallel/rebalance_every allow that; else
  * 0 and, where why is given, the reason naming the key. */
 CDP_API int cdp_plan_zero2_allowed(const struct cdp_plan *plan, char *why, size_t cap);
+/* Whether the runtime runs model m sequence parallel (/parallel/sequence_parallel):
+ * 1 for GPT presets (transformer_block); else 0 and, where why is given, what
+ * it is instead ("a Llama model"). The one home of the rule: the plan loader
+ * refuses true for the others, and the planner's "auto" never tries them. */
+CDP_API int cdp_plan_sequence_parallel_runs(const struct cdp_model_desc *m, char *why, size_t cap);
 /* Gradient buckets' size in bytes for `replicas` replicas under ZeRO stage
  * `zero`: /parallel/bucket_mb, or 0 (one reduction after the last backward)
  * with bucket_mb 0, one replica, or ZeRO-2 (which reduces after every

@@ -307,7 +307,10 @@ struct cdp_parallel_desc {
     int64_t replicas;      /* or CDP_AUTO */
     int64_t tensor;        /* t: ranks per stage and replica (its tensor group), or CDP_AUTO (the planner's;
                             * until it searches t, "auto" plans t = 1) */
-    int sequence_parallel; /* norms and residual on sequence shards of the tensor group (docs/parallelism.md) */
+    int sequence_parallel; /* norms and residual on sequence shards of the tensor group (docs/parallelism.md);
+                            * with tensor "auto": at every t above 1 the planner tries */
+    int sequence_parallel_auto; /* "auto": the planner plans each t with and without it (sequence_parallel
+                                 * 0 until then) */
     int64_t micro_batches; /* per replica per step, or CDP_AUTO */
     enum cdp_schedule_kind schedule;
     int schedule_auto;     /* "auto": the planner chooses the kind (schedule holds 1f1b until then) */

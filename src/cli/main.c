@@ -195,6 +195,7 @@ static int run_plan(const struct cli_args *a)
     } else if (a->schedule) {
         code = cdp_cli_print_schedule(plan, pr.layout, a->json);
     } else if (a->simulate) {
+        cdp_planner_apply_sequence_parallel(&pr, plan); /* the rest of the plan as given ("partition: the planner's") */
         struct cdp_sim_in in = {.r = &pr, .t = topo, .note = note, .table = have_table ? &table : NULL,
                                 .costs = a->costs, .costs_device = table.device};
         code = cdp_cli_simulate(plan, &in, a->json, a->trace, a->timeline);

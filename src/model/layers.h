@@ -255,8 +255,8 @@ cdp_status cdp_unit_seq_scatter(const struct cdp_kernels *k, const struct cdp_un
  * it. act_floats (and keep_floats) shrink to what the rank keeps:
  * the residual stream's and the norms' statistics' rows of its shard, the
  * norms' outputs and the split products' whole; scratch grows by the moves'
- * staging; FLOPs and wstate_floats stay as they were (the planner does not
- * cost sequence parallelism yet). CDP_ERR_UNSUPPORTED for another type or
+ * staging; FLOPs and wstate_floats stay as they were (the planner costs its
+ * collectives apart, partitioner/planner_tensor.c). CDP_ERR_UNSUPPORTED for another type or
  * an unsplit unit, CDP_ERR_INVALID when t does not divide the sequence. */
 cdp_status cdp_unit_set_sequence_parallel(struct cdp_unit *u);
 

@@ -261,7 +261,8 @@ static json_t *plan_json(struct emit *e, const struct cdp_plan *p)
         set(e, o, "stages", jint_auto(pd->stages));
         set(e, o, "replicas", jint_auto(pd->replicas));
         set(e, o, "tensor", jint_auto(pd->tensor));
-        set(e, o, "sequence_parallel", json_boolean(pd->sequence_parallel));
+        set(e, o, "sequence_parallel",
+            pd->sequence_parallel_auto ? json_string("auto") : json_boolean(pd->sequence_parallel));
         set(e, o, "micro_batches", jint_auto(pd->micro_batches));
         set(e, o, "schedule", json_string(pd->schedule_auto   ? "auto"
                                           : pd->schedule_file ? pd->schedule_file
@@ -538,8 +539,13 @@ cdp_status cdp_plan_print(const struct cdp_plan *p, FILE *f)
     fprintf(f, ROW "%s\n", "stages", count_or_auto(pd->stages, b1, sizeof b1));
     fprintf(f, ROW "%s\n", "replicas", count_or_auto(pd->replicas, b1, sizeof b1));
     fprintf(f, ROW "%s\n", "tensor", count_or_auto(pd->tensor, b1, sizeof b1));
-    if (pd->sequence_parallel) fprintf(f, ROW "on (norms and residual on 1/%lld of the sequence a rank)\n",
-                                       "sequence_parallel", (long long)pd->tensor);
+    if (pd->sequence_parallel_auto)
+        fprintf(f, ROW "auto (the planner plans each t above 1 with and without it)\n", "sequence_parallel");
+    else if (pd->sequence_parallel && pd->tensor == CDP_AUTO)
+        fprintf(f, ROW "on at every t above 1 the planner tries\n", "sequence_parallel");
+    else if (pd->sequence_parallel)
+        fprintf(f, ROW "on (norms and residual on 1/%lld of the sequence a rank)\n", "sequence_parallel",
+                (long long)pd->tensor);
     fprintf(f, ROW "%s\n", "micro_batches", count_or_auto(pd->micro_batches, b1, sizeof b1));
     if (t->global_batch == CDP_AUTO) {
         snprintf(b1, sizeof b1, "auto");

@@ -29,6 +29,46 @@ static const char *const parallel_keys[] = {"stages", "replicas", "tensor", "mic
                                             "partition", "placement", "balance", "rebalance_every", "zero", "bucket_mb",
                                             "sequence_parallel", NULL};
 
+int cdp_plan_sequence_parallel_runs(const struct cdp_model_desc *m, char *why, size_t cap)
+{
+    if (m->kind == CDP_MODEL_GPT) return 1;
+    if (why) snprintf(why, cap, "%s", "an explicit layer list");
+    return 0;
+}
+
+/* /parallel/sequence_parallel: true, false or "auto" (after /parallel/tensor).
+ * true at a fixed t needs t above 1 dividing the context; true at tensor
+ * "auto" applies to every t above 1 the planner tries (those the context
+ * allows); "auto" lets the planner decide per t. */
+static cdp_status load_sequence_parallel(struct ld *c, const json_t *v)
+{
+    struct cdp_parallel_desc *pd = &c->p->parallel;
+    const struct cdp_model_desc *md = &c->p->model;
+    const char *P = "/parallel/sequence_parallel";
+    if (!v) return CDP_OK;
+    if (json_is_string(v) && strcmp(json_string_value(v), "auto") == 0) {
+        pd->sequence_parallel_auto = 1;
+    } else if (json_is_boolean(v)) {
+        pd->sequence_parallel = json_is_true(v);
+    } else {
+        return cdp_json_expected(&c->in, P, "true, false or \"auto\"", v);
+    }
+    if (!pd->sequence_parallel && !pd->sequence_parallel_auto) return CDP_OK;
+    const char *word = pd->sequence_parallel ? "true" : "\"auto\"";
+    char what[64];
+    if (pd->tensor != CDP_AUTO && pd->tensor < 2)
+        return cdp_json_fail(&c->in, P, "%s needs /parallel/tensor above 1 or \"auto\" (it shards the sequence over "
+                             "the tensor group), not 1", word);
+    if (!cdp_plan_sequence_parallel_runs(md, what, sizeof what))
+        return cdp_json_fail(&c->in, P, "%s runs the GPT and Llama presets only today, not %s", word, what);
+    if (pd->sequence_parallel && pd->tensor != CDP_AUTO && md->context % pd->tensor)
+        return cdp_json_fail(&c->in, P, "true needs /model/context %lld to be a multiple of /parallel/tensor %lld "
+                             "(each rank holds context / tensor positions)", (long long)md->context,
+                             (long long)pd->tensor);
+    c->p->model.seq_parallel = pd->sequence_parallel && pd->tensor != CDP_AUTO;
+    return CDP_OK;
+}
+
 static const char *const balance_words[] = {"speed", "uniform", NULL};
 
 /* "speed" | "uniform" | [micro-batches of replica 0, 1, ...] */
@@ -543,23 +583,7 @@ cdp_status cdp_plan_load_parallel(struct ld *c, const json_t *v)
         return cdp_json_fail(&c->in, "/parallel/zero", "%s", why);
     if ((st = check_shares(c))) return st;
     if ((st = check_tensor_layers(c))) return st;
-    if (v && (st = cdp_json_get_bool(&c->in, v, P, "sequence_parallel", &pd->sequence_parallel))) return st;
-    if (pd->sequence_parallel) {
-        const struct cdp_model_desc *md = &c->p->model;
-        if (pd->tensor == CDP_AUTO || pd->tensor < 2)
-            return cdp_json_fail(&c->in, "/parallel/sequence_parallel",
-                                 "true needs /parallel/tensor a number above 1 (it shards the sequence over the "
-                                 "tensor group), not %s", pd->tensor == CDP_AUTO ? "\"auto\"" : "1");
-        if (md->kind != CDP_MODEL_GPT)
-            return cdp_json_fail(&c->in, "/parallel/sequence_parallel",
-                                 "true runs the GPT and Llama presets only today, not an explicit layer list");
-        if (md->context % pd->tensor)
-            return cdp_json_fail(&c->in, "/parallel/sequence_parallel",
-                                 "true needs /model/context %lld to be a multiple of /parallel/tensor %lld (each "
-                                 "rank holds context / tensor positions)",
-                                 (long long)md->context, (long long)pd->tensor);
-        c->p->model.seq_parallel = 1;
-    }
+    if ((st = load_sequence_parallel(c, v ? json_object_get(v, "sequence_parallel") : NULL))) return st;
     if ((st = batch_arithmetic(c))) return st;
     if (named && named->mb_multiple_of_stages && pd->stages != CDP_AUTO && pd->micro_batches != CDP_AUTO &&
         pd->micro_batches % pd->stages)
