@@ -308,6 +308,11 @@ struct cdp_parallel_desc {
     int64_t tensor;        /* t: ranks per stage and replica (its tensor group), or CDP_AUTO (the planner's;
                             * until it searches t, "auto" plans t = 1) */
     int sequence_parallel; /* norms and residual on sequence shards of the tensor group (docs/parallelism.md) */
+    /* /parallel/comm_dtype (docs/parallelism.md): 1 where bf16 travels, 0
+     * fp32 (the default): the tensor group's collectives (its all-reduces,
+     * and sequence parallelism's reduce-scatter and all-gather), and the
+     * data-parallel gradient reduction (all-reduce, or ZeRO's reduce-scatter) */
+    int comm_bf16_tensor, comm_bf16_gradients;
     int64_t micro_batches; /* per replica per step, or CDP_AUTO */
     enum cdp_schedule_kind schedule;
     int schedule_auto;     /* "auto": the planner chooses the kind (schedule holds 1f1b until then) */
