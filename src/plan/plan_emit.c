@@ -550,10 +550,10 @@ cdp_status cdp_plan_print(const struct cdp_plan *p, FILE *f)
     fprintf(f, ROW "%s\n", "tensor", count_or_auto(pd->tensor, b1, sizeof b1));
     if (pd->sequence_parallel) fprintf(f, ROW "on (norms and residual on 1/%lld of the sequence a rank)\n",
                                        "sequence_parallel", (long long)pd->tensor);
-    if (pd->comm_bf16_tensor || pd->comm_bf16_gradients)
-        fprintf(f, ROW "tensor collectives %s, gradient reduction %s (loss statistics, tied gradients, ZeRO's "
-                "all-gather: fp32)\n", "comm_dtype", pd->comm_bf16_tensor ? "bf16" : "fp32",
-                pd->comm_bf16_gradients ? "bf16" : "fp32");
+    fprintf(f, ROW "tensor collectives %s, gradient reduction %s%s\n", "comm_dtype",
+            pd->comm_bf16_tensor ? "bf16" : "fp32", pd->comm_bf16_gradients ? "bf16" : "fp32",
+            pd->comm_bf16_tensor || pd->comm_bf16_gradients
+                ? " (loss statistics, tied gradients, ZeRO's parameter all-gather: fp32)" : "");
     fprintf(f, ROW "%s\n", "micro_batches", count_or_auto(pd->micro_batches, b1, sizeof b1));
     if (t->global_batch == CDP_AUTO) {
         snprintf(b1, sizeof b1, "auto");
