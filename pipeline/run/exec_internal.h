@@ -139,7 +139,8 @@ struct exec {
     struct cdp_monitor *monitor;
     /* resuming: the checkpoint's step and the samples consumed by then */
     int step0;
-    int replicas_same; /* cdp_exec_check_replicas found every replica's weights the same bits */
+    int replicas_same; /* cdp_exec_check_replicas: 1 every replica's weights the same bits, -1 not; 0 unchecked */
+    int drift_stage, drift_replica;
     int64_t sample_base;
     FILE *out;
     int ckpt_lock; /* rank 0: the checkpoint folder's lock (an open file), or -1 */
@@ -293,9 +294,10 @@ cdp_status cdp_exec_write_weights(struct exec *e);
 /* Replicas must not drift apart (their gradient reduction gives every
  * replica the same bits, fp32 or bf16 on the wire): at the end of a run with
  * replicas, each rank's weights are digested (64 bits) and compared with
- * replica 0's of its stage and tensor index; CDP_ERR_INTERNAL on every rank,
- * naming the first stage whose replicas differ, else e->replicas_same = 1.
- * A collective over the world. */
+ * replica 0's of its stage and tensor index. e->replicas_same becomes 1, or
+ * -1 with e->drift_stage / e->drift_replica the first that differ (a warning
+ * and the summary say so; the run's weights are still written). A
+ * collective over the world; fails only where a collective does. */
 cdp_status cdp_exec_check_replicas(struct exec *e);
 
 /* exec_hosts.c: every rank's host name into e->hosts and e->n_hosts (a
