@@ -456,6 +456,28 @@ ParameterizedTest(struct layout *l, pipeline, comm_dtype_bf16_close_to_one_rank,
                 "one rank's", l->t, l->R, l->zero, worst, e, compare_weights(a, b));
 }
 
+/* On CUDA bf16 on the wire is refused before anything runs, naming the key:
+ * converting NCCL's bf16 sums back to fp32 needs a kernel not yet run on a
+ * GPU (through the stand-in CUDA module; exit 2, bad input). */
+Test(pipeline, comm_dtype_bf16_on_cuda_is_refused_naming_the_key)
+{
+    const char *fake = getenv("CDP_FAKE_CUDA_DIR");
+    cr_assert_not_null(fake, "CDP_FAKE_CUDA_DIR is not set (run the tests through meson test)");
+    const char *plan = cdp_test_write_file(
+        cdp_test_tmpdir(), "cuda.json",
+        "{\"model\": {\"preset\": \"gpt\", \"vocab\": 64, \"context\": 16, \"layers\": 2, \"heads\": 2, \"embed\": 32}, "
+        "\"train\": {\"steps\": 1, \"micro_batch\": 2}, \"parallel\": {\"comm_dtype\": {\"gradients\": \"bf16\"}}, "
+        "\"cluster\": {\"backend\": \"cuda\"}}");
+    setenv("CDP_MODULE_DIR", fake, 1);
+    struct cdp_run r;
+    cr_assert_eq(cdp_test_run(&r, (const char *[]){"-q", "--plan", plan, NULL}), 0);
+    unsetenv("CDP_MODULE_DIR");
+    cr_assert_eq(r.exit_code, 2, "exit %d: %s", r.exit_code, r.err);
+    cr_assert(strstr(r.err, "cuda.json: /parallel/comm_dtype: \"bf16\" on CUDA needs a kernel not yet run on a GPU"),
+              "%s", r.err);
+    cdp_test_run_free(&r);
+}
+
 static void tensor_layout_equals_one_rank(struct layout *l)
 {
     need_mpi();
