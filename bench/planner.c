@@ -3,7 +3,11 @@
  * micro-batches and tensor groups "auto" and prints the time the search took
  * (wall and CPU), what it searched, the plan it chose beside the best plan of
  * every other t, and its predicted MFU (targets: under 10 s; 40 % MFU for
- * 175B on 128 x hgx-h100). */
+ * 175B on 128 x hgx-h100). The 175B case on hgx-h100 sends its tensor
+ * collectives as bf16, as Megatron-LM's do (they carry its bf16
+ * activations), and reduces gradients in fp32, as Megatron-LM does for bf16
+ * training (accumulate_allreduce_grads_in_fp32); it is planned once more with
+ * both fp32, the other cases keep fp32. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,19 +22,19 @@
 #include "partitioner/planner.h"
 #include "partitioner/planner_internal.h"
 
-/* %s: embed, heads. The GPT-3 shape (175B) fits 80 GB per GPU only with
- * activation recomputation or sequence parallelism, which the planner chooses
- * ("auto"); a 96-layer model of embed 4096 is planned too, which fits
- * without. The schedule stays 1F1B: "auto" would also build the zero-bubble
- * lists of every long pipeline it screens, minutes at this size
- * (docs/planner.md). */
+/* %d, %d, %s, %s: heads, embed, /parallel/comm_dtype, topology. The GPT-3
+ * shape (175B) fits 80 GB per GPU only with activation recomputation or
+ * sequence parallelism, which the planner chooses ("auto"); a 96-layer model
+ * of embed 4096 is planned too, which fits without. The schedule stays 1F1B:
+ * "auto" would also build the zero-bubble lists of every long pipeline it
+ * screens, minutes at this size (docs/planner.md). */
 static const char *const PLAN_FMT =
     "{\"model\": {\"preset\": \"gpt\", \"vocab\": 50257, \"context\": 2048, \"layers\": 96, \"heads\": %d,"
     " \"embed\": %d},"
     " \"train\": {\"global_batch\": 1536, \"micro_batch\": 1, \"precision\": \"bf16\","
     " \"optimizer\": {\"type\": \"adamw\"}},"
     " \"parallel\": {\"stages\": \"auto\", \"replicas\": \"auto\", \"micro_batches\": \"auto\", \"tensor\": \"auto\","
-    " \"sequence_parallel\": \"auto\"},"
+    " \"sequence_parallel\": \"auto\", \"comm_dtype\": %s},"
     " \"cluster\": {\"backend\": \"cuda\", \"topology\": \"%s\"}}";
 
 /* The predicted rate per GPU the layout uses: model FLOPs (forward and
@@ -125,21 +129,24 @@ static void print_breakdown(const struct cdp_plan *plan, const struct cdp_topolo
     printf("  %-56s %9.1f ms  %5.1f%% of the step\n", "model FLOPs at the dense peak", 1e3 * A, 100 * A / G);
     printf("  %-56s %+9.1f ms  %5.1f%%\n", "compute at the cost model's efficiency", 1e3 * (B - A), 100 * (B - A) / G);
     printf("  %-56s %+9.1f ms  %5.1f%%\n", "recomputation", 1e3 * (C - B), 100 * (C - B) / G);
-    printf("  %-56s %+9.1f ms  %5.1f%%\n", r->sequence_parallel ? "tensor reduce-scatters and all-gathers (not overlapped)"
-                                                               : "tensor all-reduces (not overlapped)",
-           1e3 * (D - C), 100 * (D - C) / G);
+    char what[96];
+    snprintf(what, sizeof what, "tensor %s (%s, not overlapped)",
+             r->sequence_parallel ? "reduce-scatters and all-gathers" : "all-reduces",
+             plan->parallel.comm_bf16_tensor ? "bf16" : "fp32");
+    printf("  %-56s %+9.1f ms  %5.1f%%\n", what, 1e3 * (D - C), 100 * (D - C) / G);
     printf("  %-56s %+9.1f ms  %5.1f%%\n", "unequal stages (the slowest sets the pace)", 1e3 * (E - D),
            100 * (E - D) / G);
     printf("  %-56s %+9.1f ms  %5.1f%%\n", "pipeline fill and drain", 1e3 * (F - E), 100 * (F - E) / G);
-    printf("  %-56s %+9.1f ms  %5.1f%%\n", "after the last backward (gradient reduction, optimizer)", 1e3 * (G - F),
-           100 * (G - F) / G);
+    snprintf(what, sizeof what, "after the last backward (reduction in %s, optimizer)",
+             plan->parallel.comm_bf16_gradients ? "bf16" : "fp32");
+    printf("  %-56s %+9.1f ms  %5.1f%%\n", what, 1e3 * (G - F), 100 * (G - F) / G);
     printf("  %-56s %9.1f ms\n", "predicted step", 1e3 * G);
 }
 
-static int run(int heads, int embed, const char *topology)
+static int run(int heads, int embed, const char *topology, const char *comm_dtype)
 {
     char text[1024];
-    snprintf(text, sizeof text, PLAN_FMT, heads, embed, topology);
+    snprintf(text, sizeof text, PLAN_FMT, heads, embed, comm_dtype, topology);
     struct cdp_plan *plan = NULL;
     struct cdp_topology *t = NULL;
     struct cdp_planner_result r = {0};
@@ -152,8 +159,8 @@ static int run(int heads, int embed, const char *topology)
     }
     const uint64_t t1 = cdp_time_ns();
     const clock_t c1 = clock();
-    printf("== GPT 96 layers, embed %d, heads %d, %.1f B parameters, bf16, adamw, global batch 1536 on %s (%d GPUs)\n",
-           embed, heads, (double)cdp_plan_param_count(plan) / 1e9, t->name, t->n_gpus);
+    printf("== GPT 96 layers, embed %d, heads %d, %.1f B parameters, bf16, adamw, global batch 1536 on %s (%d GPUs), "
+           "comm_dtype %s\n", embed, heads, (double)cdp_plan_param_count(plan) / 1e9, t->name, t->n_gpus, comm_dtype);
     cdp_status st = cdp_planner_run(plan, t, NULL, 0, &r);
     const uint64_t t2 = cdp_time_ns();
     const clock_t c2 = clock();
@@ -180,5 +187,7 @@ static int run(int heads, int embed, const char *topology)
 int main(void)
 {
     /* GPT-3 175B and a 96-layer GPT of embed 4096 on 1,024 H100s; 175B on 64 A100s */
-    return run(96, 12288, "128 x hgx-h100") | run(32, 4096, "128 x hgx-h100") | run(96, 12288, "8 x dgx-a100");
+    return run(96, 12288, "128 x hgx-h100", "{\"tensor\": \"bf16\", \"gradients\": \"fp32\"}") |
+           run(96, 12288, "128 x hgx-h100", "\"fp32\"") | run(32, 4096, "128 x hgx-h100", "\"fp32\"") |
+           run(96, 12288, "8 x dgx-a100", "\"fp32\"");
 }

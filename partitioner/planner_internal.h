@@ -173,6 +173,9 @@ int cdp_planner_tensor_choices(const struct cdp_plan *plan, const struct cdp_top
  * parameters and activations divided by tp, layernorm and residual whole. */
 void cdp_planner_tensor_units(const struct cdp_plan *plan, int tp, struct cdp_unit *u, int n);
 /* The slowest link and the largest latency of the ring over devices 0..tp-1. */
+/* The data-parallel gradient reduction's bytes per gradient byte (the
+ * simulator's reduce_scale): 0.5 where /parallel/comm_dtype sends them as bf16. */
+double cdp_planner_reduce_scale(const struct cdp_plan *plan);
 void cdp_planner_tensor_links(const struct cdp_topology *t, int tp, double *bw, double *lat);
 /* One all-reduce of a micro-batch's activations (micro_batch x context x
  * embed x the activation element size) over the group's ring, and how many

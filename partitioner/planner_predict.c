@@ -12,6 +12,7 @@
 #include "cdp/core.h"
 #include "cdp/log.h"
 #include "core/hash.h"
+#include "model/costs.h"
 #include "model/layers.h"
 #include "model/model.h"
 #include "model/optim.h"
@@ -81,6 +82,11 @@ int cdp_planner_tied_model(const struct cdp_plan *plan)
     return cdp_model_ties_embeddings(&plan->model);
 }
 
+double cdp_planner_reduce_scale(const struct cdp_plan *plan)
+{
+    return cdp_cost_grad_comm_bytes_per_param(plan) / cdp_cost_grad_bytes_per_param(plan);
+}
+
 static cdp_status sim_procs(struct ctx *c, const int *device, const int *trace_rank, const int *proc,
                             struct cdp_sim_result **out)
 {
@@ -90,7 +96,7 @@ static cdp_status sim_procs(struct ctx *c, const int *device, const int *trace_r
                                 .bandwidth = c->bw, .latency = c->lat,
                                 .samples_per_mb = (double)c->plan->train.micro_batch, .trace_rank = trace_rank,
                                 .proc = proc, .zero = c->R > 1 ? c->zero : 0, .tensor = c->tp,
-                                .node = c->node};
+                                .node = c->node, .reduce_scale = cdp_planner_reduce_scale(c->plan)};
     c->sims++;
     return cdp_sim_run(&sc, out);
 }
@@ -303,7 +309,11 @@ cdp_status cdp_planner_cheap_step(struct ctx *c, const int *device, int all, dou
             max_lat = fmax(max_lat, c->lat[a * c->nd + b]);
         }
         /* ZeRO-2: a reduce-scatter after each backward, an all-gather after the step */
-        const double rounds = c->zero >= 2 ? (double)c->m * c->v + 1 : 2, moved = rounds * (R - 1) / R * bytes;
+        const double k = cdp_planner_reduce_scale(c->plan);
+        const double rounds = c->zero >= 2 ? (double)c->m * c->v + 1 : 2;
+        const double moved = (R - 1.0) / R *
+                             (c->zero >= 2 ? (double)c->m * c->v * k * bytes + bytes
+                                           : 2 * cdp_sim_step_collective_bytes(bytes, c->zero, k));
         ar = fmax(ar, (isinf(min_bw) ? 0 : moved / min_bw) + rounds * (R - 1) * max_lat);
     }
     *step = slowest + ar;

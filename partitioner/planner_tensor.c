@@ -221,7 +221,7 @@ void cdp_planner_tensor_links(const struct cdp_topology *t, int tp, double *bw, 
 /* The bytes one all-reduce of a unit moves (before the ring's 2(t-1)/t), 0 when it runs none. */
 static double collective_bytes(const struct cdp_plan *plan, const struct cdp_unit *u)
 {
-    const double B = (double)plan->train.micro_batch, elem = cdp_cost_act_elem_bytes(plan);
+    const double B = (double)plan->train.micro_batch, elem = cdp_cost_tensor_comm_elem_bytes(plan);
     if (u->desc.type == CDP_LAYER_LINEAR && u->desc.split != CDP_TSPLIT_NONE) {
         const struct cdp_shape *whole = u->desc.split == CDP_TSPLIT_ROW ? &u->out : &u->in;
         double numel = 1;

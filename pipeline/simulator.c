@@ -532,6 +532,14 @@ static cdp_status compute(struct sim *S, int i, enum cdp_event_kind kind, int mb
 }
 
 /* Runs rank i's instructions at time now until it is busy, blocked or done. */
+static double reduce_scale(const struct cdp_sim_config *c) { return c->reduce_scale > 0 ? c->reduce_scale : 1; }
+
+double cdp_sim_step_collective_bytes(double grad_bytes, int zero, double reduce_scale)
+{
+    const double k = reduce_scale > 0 ? reduce_scale : 1;
+    return zero >= 2 ? grad_bytes : zero == 1 ? grad_bytes * (k + 1) / 2 : grad_bytes * k;
+}
+
 static cdp_status step_rank(struct sim *S, int i, double now, int *progressed)
 {
     const struct cdp_sim_config *c = S->c;
@@ -542,7 +550,7 @@ static cdp_status step_rank(struct sim *S, int i, double now, int *progressed)
     cdp_status st = CDP_OK;
     while (!q->done && !q->waiting_coll && q->busy_until <= now) {
         if (q->rs_chunk >= 0) { /* ZeRO-2: the backward's gradient, reduce-scattered */
-            const double bytes = c->vstage[vs_of(S, s, q->rs_chunk)].grad_bytes;
+            const double bytes = c->vstage[vs_of(S, s, q->rs_chunk)].grad_bytes * reduce_scale(c);
             const int chunk = q->rs_chunk;
             q->rs_chunk = -1;
             q->waiting_coll = 1;
@@ -631,6 +639,7 @@ static cdp_status step_rank(struct sim *S, int i, double now, int *progressed)
                 /* ZeRO-2: only the parameters' all-gather is left; ZeRO-1's
                  * reduce-scatter and all-gather move an all-reduce's bytes */
                 S->bucket_stage = c->zero >= 2 ? -1 : s;
+                bytes = cdp_sim_step_collective_bytes(bytes, c->zero, c->reduce_scale);
                 st = stage_collective(S, s, bytes, c->zero >= 2 ? 1 : 2, 1,
                                       c->zero >= 2 ? CDP_EV_ALLGATHER : CDP_EV_ALLREDUCE, -1, now);
                 S->bucket_stage = -1;

@@ -71,7 +71,19 @@ struct cdp_sim_config {
                                              stage's replicas after each of its backwards (a collective,
                                              (R-1)/R of grad_bytes), and the step's collective is the
                                              all-gather (the same); 0 and 1: one all-reduce's bytes */
+    double reduce_scale;                  /* bytes the gradient reduction moves per byte of grad_bytes
+                                             (/parallel/comm_dtype bf16: 0.5); ZeRO's parameter
+                                             all-gather moves grad_bytes (fp32) always. 0: 1 */
 };
+
+/* The bytes of a stage's data-parallel collective at ALLREDUCE_GRADS for
+ * grad_bytes of gradients (one collective of `rounds` ring passes, 2 unless
+ * ZeRO-2): the all-reduce (ZeRO 0) moves reduce_scale of them; ZeRO-1's
+ * reduce-scatter (reduce_scale) and parameter all-gather (whole), as one
+ * collective of two passes, their mean; ZeRO-2's all-gather (one pass) all of
+ * them. The one home of that rule: the simulator and the planner's quick
+ * estimate use it. */
+double cdp_sim_step_collective_bytes(double grad_bytes, int zero, double reduce_scale);
 
 struct cdp_sim_link_stat {
     int src, dst;  /* devices, directed */

@@ -22,6 +22,7 @@
 #include "cdp/core.h"
 #include "cdp/device.h"
 #include "cdp/plan.h"
+#include "cdp/tensor.h"
 #include "cdp/planner.h"
 #include "cdp/train.h"
 #include "comm/comm.h"
@@ -615,6 +616,120 @@ static void scen_zero(void)
             CHECK(cdp_comm_size(c) == size, "size %d, expected %d", cdp_comm_size(c), size);
             zero_checks(c);
         }
+        cdp_comm_free(c);
+    }
+    OK(cdp_comm_barrier(world, 30));
+}
+
+/* ---- bf16 on the wire --------------------------------------------------------------- */
+
+static float bf16_round(float x) { return cdp_bf16_to_f32(cdp_f32_to_bf16(x)); }
+
+/* Rank 0's n floats handed to every rank; 1 where some rank's differ bitwise
+ * (told to every rank). */
+static int differs_anywhere(cdp_comm_t c, const float *v, size_t n)
+{
+    float *r0 = malloc((n + 1) * sizeof *r0);
+    CHECK(r0, "memory");
+    memcpy(r0, v, n * sizeof *v);
+    OK(cdp_comm_bcast_bytes(c, r0, n * sizeof *r0, 0, 30));
+    double d = first_diff(r0, v, n) != SIZE_MAX;
+    OK(cdp_comm_allreduce_f64(c, &d, 1, CDP_REDUCE_MAX, 30));
+    free(r0);
+    return d > 0;
+}
+
+static void bf16_checks(cdp_comm_t c)
+{
+    const int size = cdp_comm_size(c), rank = cdp_comm_rank(c);
+    const enum cdp_comm_wire w = CDP_COMM_WIRE_BF16;
+    const size_t sizes[] = {1, (size_t)size + 1, 7, 333};
+    for (size_t k = 0; k < sizeof sizes / sizeof *sizes; k++) {
+        const size_t n = sizes[k];
+        size_t off = 0, len = 0;
+        cdp_comm_shard(n, size, rank, &off, &len);
+        float *a = malloc(n * sizeof *a), *b = malloc(n * sizeof *b), *f = malloc(n * sizeof *f);
+        CHECK(a && b && f, "memory");
+        for (size_t i = 0; i < n; i++) a[i] = f[i] = zval(rank, i);
+        OK(cdp_comm_allreduce_wire(c, a, n, CDP_REDUCE_SUM, w, 30));
+        OK(cdp_comm_allreduce_f32(c, f, n, CDP_REDUCE_SUM, 30));
+        CHECK(!differs_anywhere(c, a, n), "%d ranks, n %zu: the bf16 all-reduce differs between ranks", size, n);
+        int rounded = 0;
+        for (size_t i = 0; i < n; i++) {
+            /* each of the size - 1 additions and the size roundings of the inputs moves the sum by at most
+             * half an ulp of bf16 (2^-9 relative) of what it rounds, all below the sum of |inputs| (1% for
+             * the second-order terms); the fp32 sum errs by at most size x 2^-24 of it */
+            double mag = 0;
+            for (int r = 0; r < size; r++) mag += fabs((double)zval(r, i));
+            const double bound = ((2.0 * size - 1) * 0x1p-9 * 1.01 * (size > 1) + size * 0x1p-23) * mag;
+            CHECK(fabs((double)a[i] - (double)f[i]) <= bound, "%d ranks, n %zu: [%zu] "
+                  "bf16 sum %.9g, fp32 sum %.9g, bound %.3g", size, n, i, (double)a[i], (double)f[i], bound);
+            CHECK(size == 1 ? a[i] == zval(rank, i) : a[i] == bf16_round(a[i]),
+                  "%d ranks: [%zu] = %.9g is not what the wire gives", size, i, (double)a[i]);
+            rounded += a[i] != f[i];
+            if (size == 2) {
+                const float want = bf16_round(bf16_round(zval(0, i)) + bf16_round(zval(1, i)));
+                CHECK(memcmp(&a[i], &want, sizeof want) == 0, "2 ranks: [%zu] = %.9g, by hand %.9g", i,
+                      (double)a[i], (double)want);
+            }
+        }
+        CHECK(size == 1 || n < 7 || rounded > 0, "%d ranks, n %zu: bf16 equal to fp32 everywhere", size, n);
+        /* the average is the sum over the size, in fp32 */
+        for (size_t i = 0; i < n; i++) b[i] = zval(rank, i);
+        OK(cdp_comm_allreduce_wire(c, b, n, CDP_REDUCE_AVG, w, 30));
+        for (size_t i = 0; i < n; i++)
+            CHECK(b[i] == a[i] / (float)size, "%d ranks: average [%zu] %.9g, sum %.9g", size, i, (double)b[i],
+                  (double)a[i]);
+        /* non-blocking: the same bits */
+        cdp_request_t rq = NULL;
+        for (size_t i = 0; i < n; i++) b[i] = zval(rank, i);
+        OK(cdp_comm_iallreduce_wire(c, b, n, CDP_REDUCE_SUM, w, 30, &rq));
+        OK(cdp_comm_wait(rq, 30));
+        CHECK(first_diff(a, b, n) == SIZE_MAX, "%d ranks, n %zu: non-blocking differs", size, n);
+        /* the reduce-scatter: this rank's shard as the all-reduce has it, blocking and not, whole and in windows */
+        for (size_t i = 0; i < n; i++) b[i] = zval(rank, i);
+        OK(cdp_comm_reduce_scatter_window_wire(c, b, n, 0, n, CDP_REDUCE_SUM, w, 30));
+        size_t d = first_diff(b + off, a + off, len);
+        CHECK(d == SIZE_MAX, "%d ranks, n %zu: reduce-scatter [%zu] = %.9g, all-reduce %.9g", size, n, off + d,
+              (double)b[off + d], (double)a[off + d]);
+        const size_t from = n / 3, count = n - n / 3 - (n > 2);
+        for (size_t i = 0; i < count; i++) b[i] = zval(rank, from + i);
+        OK(cdp_comm_ireduce_scatter_window_wire(c, b, n, from, count, CDP_REDUCE_SUM, w, 30, &rq));
+        OK(cdp_comm_wait(rq, 30));
+        for (size_t i = off > from ? off : from; i < off + len && i < from + count; i++)
+            CHECK(memcmp(&b[i - from], &a[i], sizeof *a) == 0, "%d ranks, n %zu, window [%zu, %zu): [%zu] = %.9g, "
+                  "all-reduce %.9g", size, n, from, from + count, i, (double)b[i - from], (double)a[i]);
+        /* the all-gather: every shard rounded, this rank's own too, the same everywhere */
+        for (size_t i = 0; i < n; i++) b[i] = i >= off && i < off + len ? zval(rank, i) : -12345.5f;
+        OK(cdp_comm_allgather_wire(c, b, n, w, 30));
+        for (size_t i = 0; i < n; i++) {
+            int owner = 0;
+            for (int r = 0; r < size; r++) {
+                size_t o = 0, l = 0;
+                cdp_comm_shard(n, size, r, &o, &l);
+                if (i >= o && i < o + l) owner = r;
+            }
+            const float want = size == 1 ? zval(owner, i) : bf16_round(zval(owner, i));
+            CHECK(memcmp(&b[i], &want, sizeof want) == 0, "%d ranks, n %zu: all-gather [%zu] = %.9g, expected %.9g",
+                  size, n, i, (double)b[i], (double)want);
+        }
+        /* fp32 is untouched by all this: the same call without the wire is the fp32 sum */
+        for (size_t i = 0; i < n; i++) b[i] = zval(rank, i);
+        OK(cdp_comm_allreduce_wire(c, b, n, CDP_REDUCE_SUM, CDP_COMM_WIRE_F32, 30));
+        CHECK(first_diff(b, f, n) == SIZE_MAX, "%d ranks, n %zu: the fp32 wire differs from fp32", size, n);
+        free(a), free(b), free(f);
+    }
+    float x = 1;
+    CHECK(cdp_comm_allreduce_wire(c, &x, 1, CDP_REDUCE_MAX, w, 30) == CDP_ERR_INVALID &&
+              strstr(cdp_last_error(), "not a max"), "%s", cdp_last_error());
+}
+
+static void scen_bf16(void)
+{
+    for (int size = N; size >= 1; size--) {
+        cdp_comm_t c = NULL;
+        OK(cdp_comm_split(world, R < size ? 0 : -1, R, &c));
+        if (c) bf16_checks(c);
         cdp_comm_free(c);
     }
     OK(cdp_comm_barrier(world, 30));
@@ -1442,6 +1557,7 @@ static const struct {
     { "layout_mismatch", scen_layout_mismatch },
     { "iallreduce", scen_iallreduce },
     { "tensor_group", scen_tensor_group },
+    { "bf16", scen_bf16 },
 };
 
 int main(int argc, char **argv)

@@ -201,6 +201,80 @@ Test(comm, self_reduce_scatter_and_allgather_leave_the_values)
     cdp_comm_free(c);
 }
 
+/* The bf16 wire's sum, pair by pair against values worked out by hand
+ * (bf16 of 1.0 is 0x3F80 and its ulp there 2^-7): exact sums, ties to even
+ * (up and down), nearest otherwise, signs, and infinities and NaN passing
+ * through as fp32's sum gives them. */
+Test(comm, bf16_sum_rounds_to_nearest_even)
+{
+    static const struct {
+        uint16_t a, b, want;
+        const char *what;
+    } cases[] = {
+        {0x3F80, 0x3F80, 0x4000, "1 + 1 = 2, exact"},
+        {0x3F80, 0x3C00, 0x3F81, "1 + 2^-7 = 1.0078125, exact"},
+        {0x3F80, 0x3B80, 0x3F80, "1 + 2^-8: a tie, to the even 1.0"},
+        {0x3F80, 0x3C40, 0x3F82, "1 + 1.5 x 2^-7: a tie, to the even 1.015625"},
+        {0x3F80, 0x3C20, 0x3F81, "1 + 1.25 x 2^-7: nearest is 1.0078125"},
+        {0x3F80, 0x3C60, 0x3F82, "1 + 1.75 x 2^-7: nearest is 1.015625"},
+        {0xBF80, 0xBB80, 0xBF80, "-1 - 2^-8: a tie, to the even -1.0"},
+        {0xBF80, 0xBC40, 0xBF82, "-1 - 1.5 x 2^-7: a tie, to the even -1.015625"},
+        {0xBF80, 0x3F00, 0xBF00, "-1 + 0.5 = -0.5"},
+        {0x3F80, 0xBF80, 0x0000, "1 - 1 = +0"},
+        {0x7F7F, 0x7F7F, 0x7F80, "the largest finite twice overflows to +inf"},
+        {0x7F80, 0x3F80, 0x7F80, "+inf + 1 = +inf"},
+        {0xFF80, 0xBF80, 0xFF80, "-inf - 1 = -inf"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        uint16_t in = cases[i].a, inout = cases[i].b;
+        cdp_comm_bf16_sum(&in, &inout, 1);
+        cr_assert_eq(inout, cases[i].want, "%s: got 0x%04X, expected 0x%04X", cases[i].what, inout, cases[i].want);
+        in = cases[i].b, inout = cases[i].a; /* commutative: a ring's or a tree's partners agree */
+        cdp_comm_bf16_sum(&in, &inout, 1);
+        cr_assert_eq(inout, cases[i].want, "%s (the other way round): got 0x%04X", cases[i].what, inout);
+    }
+    /* NaN: +inf + -inf makes one; a NaN in stays NaN (exponent all ones, a mantissa bit set) */
+    const uint16_t nan_in[][2] = {{0x7F80, 0xFF80}, {0x7FC0, 0x3F80}, {0x3F80, 0xFFC1}};
+    for (size_t i = 0; i < 3; i++) {
+        uint16_t in = nan_in[i][0], inout = nan_in[i][1];
+        cdp_comm_bf16_sum(&in, &inout, 1);
+        cr_assert((inout & 0x7F80) == 0x7F80 && (inout & 0x007F), "case %zu: 0x%04X is not a NaN", i, inout);
+    }
+    /* many at once: element by element */
+    uint16_t in[4] = {0x3F80, 0x3F80, 0xBF80, 0x7F80}, io[4] = {0x3F80, 0x3B80, 0xBB80, 0x3F80};
+    cdp_comm_bf16_sum(in, io, 4);
+    cr_assert(io[0] == 0x4000 && io[1] == 0x3F80 && io[2] == 0xBF80 && io[3] == 0x7F80);
+    cr_assert_str_eq(cdp_comm_wire_name(CDP_COMM_WIRE_F32), "fp32");
+    cr_assert_str_eq(cdp_comm_wire_name(CDP_COMM_WIRE_BF16), "bf16");
+}
+
+/* A group of one moves nothing, so the bf16 wire rounds nothing there; a
+ * max is refused on it as anywhere (bf16 carries sums), and an unknown wire
+ * is bad input. */
+Test(comm, self_bf16_wire_leaves_the_values_and_refuses_a_max)
+{
+    cdp_comm_t c = self_comm();
+    float f[3] = {1.00390625f, -2.0f, 3.1415927f};
+    const enum cdp_comm_wire w = CDP_COMM_WIRE_BF16;
+    cr_assert_eq(cdp_comm_allreduce_wire(c, f, 3, CDP_REDUCE_SUM, w, 1), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(cdp_comm_allreduce_wire(c, f, 3, CDP_REDUCE_AVG, w, 1), CDP_OK, "%s", cdp_last_error());
+    cr_assert_eq(cdp_comm_reduce_scatter_window_wire(c, f, 3, 0, 3, CDP_REDUCE_SUM, w, 1), CDP_OK);
+    cr_assert_eq(cdp_comm_allgather_wire(c, f, 3, w, 1), CDP_OK);
+    cdp_request_t r = NULL;
+    cr_assert_eq(cdp_comm_iallreduce_wire(c, f, 3, CDP_REDUCE_SUM, w, 1, &r), CDP_OK);
+    cr_assert_eq(cdp_comm_wait(r, 1), CDP_OK);
+    cr_assert_eq(cdp_comm_ireduce_scatter_window_wire(c, f + 1, 3, 1, 2, CDP_REDUCE_SUM, w, 1, &r), CDP_OK);
+    cr_assert_eq(cdp_comm_wait(r, 1), CDP_OK);
+    cr_assert(f[0] == 1.00390625f && f[1] == -2.0f && f[2] == 3.1415927f, "%.9g %.9g %.9g", (double)f[0],
+              (double)f[1], (double)f[2]);
+    cr_assert_eq(cdp_comm_allreduce_wire(c, f, 3, CDP_REDUCE_MAX, w, 1), CDP_ERR_INVALID);
+    cr_assert(strstr(cdp_last_error(), "bf16 on the wire carries sums and averages, not a max"), "%s",
+              cdp_last_error());
+    cr_assert_eq(cdp_comm_allreduce_wire(c, f, 3, CDP_REDUCE_SUM, CDP_COMM_WIRE_COUNT, 1), CDP_ERR_INVALID);
+    cr_assert(strstr(cdp_last_error(), "unknown wire dtype"), "%s", cdp_last_error());
+    cdp_comm_free(c);
+}
+
 Test(comm, self_send_matches_receive_posted_before_or_after)
 {
     cdp_comm_t c = self_comm();
@@ -1067,6 +1141,15 @@ Test(comm, mpi_chunked_zero_np4_oversubscribed) { expect_ok(4, "zero", "CDP_COMM
  * rank order, on groups of 4, 2 and 1 ranks split off one job. */
 Test(comm, mpi_tensor_group_collectives_np2) { expect_ok(2, "tensor_group", NULL); }
 Test(comm, mpi_tensor_group_collectives_np4_oversubscribed) { expect_ok(4, "tensor_group", NULL); }
+
+/* bf16 on the wire (/parallel/comm_dtype) on groups of 4 .. 1 ranks split
+ * off one job: every rank gets the same bits, bf16 values within the bound of
+ * bf16 rounding of the fp32 sum, the exact pairwise rounding on 2 ranks, the
+ * reduce-scatter's shard equal to the all-reduce's, the all-gather's rounded
+ * shards, non-blocking equal to blocking, and fp32 untouched. Once in pieces
+ * of 50 bf16 (CDP_COMM_CHUNK_BYTES=100) so that pieces end inside shards. */
+Test(comm, mpi_bf16_wire_np2) { expect_ok(2, "bf16", NULL); }
+Test(comm, mpi_bf16_wire_chunked_np4_oversubscribed) { expect_ok(4, "bf16", "CDP_COMM_CHUNK_BYTES=100"); }
 
 Test(comm, mpi_zero_deadlines_then_abort_np2, .timeout = 60)
 {

@@ -227,6 +227,46 @@ ParameterizedTest(struct cell *c, layout, measured_peak_is_the_predicted_memory,
     json_decref(j);
 }
 
+/* The cell's plan with `key` (a "name": value pair) added to /parallel, run;
+ * every rank's measured peak is its prediction, to the byte. */
+static void peak_with_key(const struct cell *c, const char *key)
+{
+    if (!cdp_comm_have_mpi()) cr_skip_test("this build has no MPI");
+    char dir[4096], path[4200], json[2200];
+    snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
+    const char *plan = cell_plan(dir, "cell", c, "");
+    char *text = cdp_test_read_file(plan);
+    char *z = text ? strstr(text, "\"zero\": ") : NULL;
+    cr_assert(z, "%s: no zero key", plan);
+    snprintf(json, sizeof json, "%.*s%s, %s", (int)(z - text), text, key, z);
+    free(text);
+    plan = cdp_test_write_file(dir, "cell.json", json);
+    const char *fake = getenv("CDP_FAKE_CUDA_DIR");
+    if (c->cuda) {
+        cr_assert_not_null(fake, "CDP_FAKE_CUDA_DIR is not set (run the tests through meson test)");
+        setenv("CDP_MODULE_DIR", fake, 1);
+    }
+    struct cdp_run r;
+    cr_assert_eq(cdp_test_run(&r, (const char *[]){"-q", "--plan", plan, NULL}), 0);
+    if (c->cuda) unsetenv("CDP_MODULE_DIR");
+    cr_assert_eq(r.exit_code, 0, "%s %s p=%d R=%d%s: %s", key, c->schedule, c->p, c->R,
+                 c->cuda ? " (stand-in cuda)" : "", r.err);
+    cdp_test_run_free(&r);
+    snprintf(path, sizeof path, "%s/cell.jsonl", dir);
+    json_t *j = last_ranks(path);
+    json_t *ranks = json_object_get(j, "ranks");
+    cr_assert_eq(json_array_size(ranks), (size_t)(c->p * c->R * (c->t > 1 ? c->t : 1)));
+    for (size_t i = 0; i < json_array_size(ranks); i++) {
+        json_t *k = json_array_get(ranks, i);
+        const double peak = json_number_value(json_object_get(k, "peak_memory_bytes"));
+        const double pred = json_number_value(json_object_get(k, "predicted_memory_bytes"));
+        cr_assert_gt(pred, 0, "rank %zu has a prediction", i);
+        cr_expect_eq(peak, pred, "%s %s %s p=%d R=%d %s rank %zu: measured %.0f, predicted %.0f bytes", key,
+                     c->model == LLAMA ? "llama" : "gpt", c->schedule, c->p, c->R, c->recompute, i, peak, pred);
+    }
+    json_decref(j);
+}
+
 /* Sequence parallelism (docs/parallelism.md): each rank's shard of the
  * residual stream, its messages and the moves' staging, as predicted, to
  * the byte. */
@@ -244,40 +284,25 @@ ParameterizedTestParameters(layout, sequence_parallel_peak_is_the_predicted_memo
 
 ParameterizedTest(struct cell *c, layout, sequence_parallel_peak_is_the_predicted_memory, .timeout = 120)
 {
-    if (!cdp_comm_have_mpi()) cr_skip_test("this build has no MPI");
-    char dir[4096], path[4200], json[2200];
-    snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
-    const char *plan = cell_plan(dir, "cell", c, "");
-    char *text = cdp_test_read_file(plan);
-    char *z = text ? strstr(text, "\"zero\": ") : NULL;
-    cr_assert(z, "%s: no zero key", plan);
-    snprintf(json, sizeof json, "%.*s\"sequence_parallel\": true, %s", (int)(z - text), text, z);
-    free(text);
-    plan = cdp_test_write_file(dir, "cell.json", json);
-    const char *fake = getenv("CDP_FAKE_CUDA_DIR");
-    if (c->cuda) {
-        cr_assert_not_null(fake, "CDP_FAKE_CUDA_DIR is not set (run the tests through meson test)");
-        setenv("CDP_MODULE_DIR", fake, 1);
-    }
-    struct cdp_run r;
-    cr_assert_eq(cdp_test_run(&r, (const char *[]){"-q", "--plan", plan, NULL}), 0);
-    if (c->cuda) unsetenv("CDP_MODULE_DIR");
-    cr_assert_eq(r.exit_code, 0, "%s p=%d R=%d%s: %s", c->schedule, c->p, c->R, c->cuda ? " (stand-in cuda)" : "",
-                 r.err);
-    cdp_test_run_free(&r);
-    snprintf(path, sizeof path, "%s/cell.jsonl", dir);
-    json_t *j = last_ranks(path);
-    json_t *ranks = json_object_get(j, "ranks");
-    cr_assert_eq(json_array_size(ranks), (size_t)(c->p * c->R * c->t));
-    for (size_t i = 0; i < json_array_size(ranks); i++) {
-        json_t *k = json_array_get(ranks, i);
-        const double peak = json_number_value(json_object_get(k, "peak_memory_bytes"));
-        const double pred = json_number_value(json_object_get(k, "predicted_memory_bytes"));
-        cr_assert_gt(pred, 0, "rank %zu has a prediction", i);
-        cr_expect_eq(peak, pred, "sequence parallel %s %s p=%d R=%d %s rank %zu: measured %.0f, predicted %.0f bytes",
-                     c->model == LLAMA ? "llama" : "gpt", c->schedule, c->p, c->R, c->recompute, i, peak, pred);
-    }
-    json_decref(j);
+    peak_with_key(c, "\"sequence_parallel\": true");
+}
+
+/* /parallel/comm_dtype "bf16" (docs/parallelism.md): the collectives pack
+ * bf16 into the first half of the floats they reduce, in place, so no rank
+ * allocates more than the fp32 run: still the prediction, to the byte
+ * (replicas with gradient buckets and ZeRO-1; a tensor group of 2). */
+ParameterizedTestParameters(layout, comm_dtype_bf16_peak_is_the_predicted_memory)
+{
+    static struct cell grid[4];
+    int n = 0;
+    grid[n++] = (struct cell){GPT, 1, 2, 2, "1f1b", 0, 0, "", 1, 1};
+    grid[n++] = (struct cell){GPT, 1, 1, 2, "1f1b", 0, 0, "", 0, 2};
+    return cr_make_param_array(struct cell, grid, (size_t)n);
+}
+
+ParameterizedTest(struct cell *c, layout, comm_dtype_bf16_peak_is_the_predicted_memory, .timeout = 120)
+{
+    peak_with_key(c, "\"comm_dtype\": \"bf16\"");
 }
 
 /* --dry-run --json's largest predicted rank memory, and the partition. */

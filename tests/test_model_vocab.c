@@ -229,7 +229,8 @@ static void check_range(const char *json, int first, int end, int t, enum cdp_re
     pthread_t th[MAX_T];
     for (int k = 0; k < t; k++) {
         mem[k] = (struct member){&g, k};
-        tg[k] = (struct cdp_tensor_group){.size = t, .index = k, .all_reduce = group_all_reduce, .ctx = &mem[k]};
+        tg[k] = (struct cdp_tensor_group){.size = t, .index = k, .all_reduce = group_all_reduce,
+                                            .all_reduce_f32 = group_all_reduce, .ctx = &mem[k]};
         rk[k] = (struct run){.md = md, .first = first, .end = end, .split = split, .r = r, .tg = &tg[k]};
         cr_assert_eq(pthread_create(&th[k], NULL, run_range, &rk[k]), 0);
     }

@@ -1256,6 +1256,57 @@ Test(plan, sequence_parallel_auto_values)
     }
 }
 
+/* /parallel/comm_dtype: fp32 by default; "bf16" for both kinds of collective,
+ * or an object naming each; written back so that planned.json reloads it;
+ * bad values refused naming the key. */
+#define CD_GPT(v) "{\"model\": {\"preset\": \"gpt\"}, \"parallel\": {\"tensor\": 2, \"comm_dtype\": " v "}}"
+
+static void comm_dtype_round_trip(const char *json, int tensor, int gradients, const char *written)
+{
+    struct cdp_plan *p = load_ok(json);
+    cr_assert_eq(p->parallel.comm_bf16_tensor, tensor, "%s", json);
+    cr_assert_eq(p->parallel.comm_bf16_gradients, gradients, "%s", json);
+    char *out = NULL;
+    cr_assert_eq(cdp_plan_to_json(p, &out), CDP_OK);
+    cr_assert(strstr(out, written), "%s\nwant: %s", out, written);
+    struct cdp_plan *q = load_ok(out); /* what is written loads back the same */
+    cr_assert_eq(q->parallel.comm_bf16_tensor, tensor);
+    cr_assert_eq(q->parallel.comm_bf16_gradients, gradients);
+    free(out);
+    cdp_plan_free(q);
+    cdp_plan_free(p);
+}
+
+Test(plan, comm_dtype_key)
+{
+    comm_dtype_round_trip("{\"model\": {\"preset\": \"gpt\"}}", 0, 0, "\"comm_dtype\": \"fp32\"");
+    comm_dtype_round_trip(CD_GPT("\"fp32\""), 0, 0, "\"comm_dtype\": \"fp32\"");
+    comm_dtype_round_trip(CD_GPT("\"bf16\""), 1, 1, "\"comm_dtype\": \"bf16\"");
+    comm_dtype_round_trip(CD_GPT("{\"tensor\": \"bf16\"}"), 1, 0, "\"gradients\": \"fp32\"");
+    comm_dtype_round_trip(CD_GPT("{\"gradients\": \"bf16\"}"), 0, 1, "\"gradients\": \"bf16\"");
+    comm_dtype_round_trip(CD_GPT("{\"tensor\": \"bf16\", \"gradients\": \"bf16\"}"), 1, 1, "\"comm_dtype\": \"bf16\"");
+    comm_dtype_round_trip(CD_GPT("{}"), 0, 0, "\"comm_dtype\": \"fp32\"");
+    static const struct {
+        const char *plan, *error;
+    } bad[] = {
+        {CD_GPT("\"fp16\""), "t.json: /parallel/comm_dtype"},
+        {CD_GPT("\"bf17\""), "did you mean \"bf16\""},
+        {CD_GPT("16"), "t.json: /parallel/comm_dtype: expected \"fp32\", \"bf16\" or {\"tensor\": ..., \"gradients\": "
+                       "...}"},
+        {CD_GPT("{\"tensor\": \"int8\"}"), "t.json: /parallel/comm_dtype/tensor"},
+        {CD_GPT("{\"gradient\": \"bf16\"}"), "t.json: /parallel/comm_dtype"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        struct cdp_plan *p = NULL;
+        cr_assert_eq(cdp_plan_load_string(bad[i].plan, "t.json", NULL, &p), CDP_ERR_INVALID, "%s", bad[i].plan);
+        cr_assert(strstr(cdp_last_error(), bad[i].error), "got: %s\nwant: %s", cdp_last_error(), bad[i].error);
+    }
+    /* the unknown key says which it might be */
+    struct cdp_plan *p = NULL;
+    cr_assert_eq(cdp_plan_load_string(CD_GPT("{\"gradient\": \"bf16\"}"), "t.json", NULL, &p), CDP_ERR_INVALID);
+    cr_assert(strstr(cdp_last_error(), "gradients"), "%s", cdp_last_error());
+}
+
 Test(plan, tensor_key)
 {
     struct cdp_plan *p = load_ok("{\"model\": {\"preset\": \"mlp\"}}");

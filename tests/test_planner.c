@@ -13,6 +13,7 @@
 #include "cdp/topology.h"
 #include "harness.h"
 #include "pipeline/balance.h"
+#include "pipeline/simulator.h"
 #include "partitioner/planner.h"
 
 static struct cdp_plan *load(const char *text)
@@ -1431,4 +1432,54 @@ Test(planner, auto_schedule_tries_interleaved_where_it_runs, .timeout = 120)
         cdp_plan_free(p);
     }
     cdp_planner_result_clear(&best);
+}
+
+/* /parallel/comm_dtype: bf16 puts 2 bytes an element on the wire. A tensor
+ * group's all-reduce of a block moves half the bytes (its latency terms
+ * unchanged); the data-parallel collective at the step's end moves half at
+ * ZeRO 0, three quarters at ZeRO-1 (its parameter all-gather stays fp32) and
+ * all at ZeRO-2 (only the all-gather is left then); and the planner's
+ * prediction of one fixed layout (t 2, 4 replicas, no buckets, so that the
+ * reduction follows the last backward) shrinks with each kind of collective
+ * sent as bf16. */
+#define COMM_GPT(cd)                                                                                           \
+    "{\"model\": {\"preset\": \"gpt\", \"vocab\": 1024, \"context\": 256, \"layers\": 8, \"heads\": 8, "      \
+    "\"embed\": 384}, \"train\": {\"micro_batch\": 2, \"global_batch\": 32, \"precision\": \"bf16\", "        \
+    "\"optimizer\": {\"type\": \"adamw\"}}, \"parallel\": {\"stages\": 1, \"replicas\": 4, \"tensor\": 2, "    \
+    "\"micro_batches\": 4, \"bucket_mb\": 0, \"comm_dtype\": " cd "}, \"cluster\": {\"backend\": \"cuda\", "  \
+    "\"topology\": \"hgx-h100\"}}"
+
+Test(planner, comm_dtype_bf16_predicts_less_communication)
+{
+    struct cdp_plan *p32 = load(COMM_GPT("\"fp32\"")), *p16 = load(COMM_GPT("\"bf16\""));
+    struct cdp_unit *u = NULL;
+    int n = 0, f, b;
+    cr_assert_eq(cdp_units_build(&p32->model, &u, &n), CDP_OK);
+    const double bw = 1e11, lat = 2e-6, bytes = 2.0 * 256 * 384 * 4;
+    const double t32 = cdp_planner_tensor_collective_s(p32, 4, bw, lat, &u[1], &f, &b);
+    const double t16 = cdp_planner_tensor_collective_s(p16, 4, bw, lat, &u[1], &f, &b);
+    free(u);
+    cr_expect(fabs(t32 - (1.5 * bytes / bw + 6 * lat)) < 1e-12 * t32, "fp32 %g", t32);
+    cr_expect(fabs(t16 - (1.5 * bytes / 2 / bw + 6 * lat)) < 1e-12 * t16, "bf16 %g", t16);
+    cr_expect_eq(cdp_sim_step_collective_bytes(1000, 0, 0.5), 500);
+    cr_expect_eq(cdp_sim_step_collective_bytes(1000, 1, 0.5), 750);
+    cr_expect_eq(cdp_sim_step_collective_bytes(1000, 2, 0.5), 1000);
+    cr_expect_eq(cdp_sim_step_collective_bytes(1000, 0, 0), 1000, "0: as fp32");
+    double step[3];
+    const char *cds[3] = {"\"fp32\"", "{\"tensor\": \"bf16\"}", "\"bf16\""};
+    for (int i = 0; i < 3; i++) {
+        struct cdp_plan *p = load(i == 0 ? COMM_GPT("\"fp32\"") : i == 1 ? COMM_GPT("{\"tensor\": \"bf16\"}")
+                                                                         : COMM_GPT("\"bf16\""));
+        struct cdp_planner_result r = {0};
+        cr_assert_eq(plan_on(p, "hgx-h100", &r), CDP_OK, "%s", cdp_last_error());
+        cr_assert(r.predicted_ok && r.layout->tensor == 2 && r.layout->replicas == 4);
+        step[i] = r.predicted.step_s;
+        cr_log_info("comm_dtype %s: predicted step %.4f ms", cds[i], 1e3 * step[i]);
+        cdp_planner_result_clear(&r);
+        cdp_plan_free(p);
+    }
+    cr_expect_lt(step[1], step[0], "tensor collectives in bf16: %.6g ms, fp32 %.6g ms", 1e3 * step[1], 1e3 * step[0]);
+    cr_expect_lt(step[2], step[1], "and the gradients: %.6g ms, tensor only %.6g ms", 1e3 * step[2], 1e3 * step[1]);
+    cdp_plan_free(p32);
+    cdp_plan_free(p16);
 }

@@ -311,6 +311,11 @@ struct cdp_parallel_desc {
                             * with tensor "auto": at every t above 1 the planner tries */
     int sequence_parallel_auto; /* "auto": the planner plans each t with and without it (sequence_parallel
                                  * 0 until then) */
+    /* /parallel/comm_dtype (docs/parallelism.md): 1 where bf16 travels, 0
+     * fp32 (the default): the tensor group's collectives (its all-reduces,
+     * and sequence parallelism's reduce-scatter and all-gather), and the
+     * data-parallel gradient reduction (all-reduce, or ZeRO's reduce-scatter) */
+    int comm_bf16_tensor, comm_bf16_gradients;
     int64_t micro_batches; /* per replica per step, or CDP_AUTO */
     enum cdp_schedule_kind schedule;
     int schedule_auto;     /* "auto": the planner chooses the kind (schedule holds 1f1b until then) */

@@ -153,10 +153,10 @@ static cdp_status post(struct exec *e, struct chunk *c, struct bucket *b)
     const size_t n = (size_t)cdp_model_param_floats(c->model);
     b->t_post = cdp_time_ns();
     if (!c->bk_first || b->t_post < c->bk_first) c->bk_first = b->t_post;
-    cdp_status st = e->zero ? cdp_comm_ireduce_scatter_window_f32(e->dp, g + b->from, n, b->from, b->count,
-                                                                  CDP_REDUCE_SUM, e->timeout, &b->req)
-                            : cdp_comm_iallreduce_f32(e->dp, g + b->from, b->count, CDP_REDUCE_SUM, e->timeout,
-                                                      &b->req);
+    cdp_status st = e->zero ? cdp_comm_ireduce_scatter_window_wire(e->dp, g + b->from, n, b->from, b->count,
+                                                                   CDP_REDUCE_SUM, e->wire_dp, e->timeout, &b->req)
+                            : cdp_comm_iallreduce_wire(e->dp, g + b->from, b->count, CDP_REDUCE_SUM, e->wire_dp,
+                                                       e->timeout, &b->req);
     b->posted = !st;
     return st;
 }
@@ -207,8 +207,8 @@ cdp_status cdp_exec_buckets_finish(struct exec *e)
         float *g = cdp_model_tensor(c->model, 0)->grad;
         const size_t n = (size_t)cdp_model_param_floats(c->model);
         const uint64_t t0 = cdp_time_ns();
-        st = e->zero ? cdp_comm_reduce_scatter_window_f32(e->dp, g, n, 0, n, CDP_REDUCE_SUM, e->timeout)
-                     : cdp_comm_allreduce_f32(e->dp, g, n, CDP_REDUCE_SUM, e->timeout);
+        st = e->zero ? cdp_comm_reduce_scatter_window_wire(e->dp, g, n, 0, n, CDP_REDUCE_SUM, e->wire_dp, e->timeout)
+                     : cdp_comm_allreduce_wire(e->dp, g, n, CDP_REDUCE_SUM, e->wire_dp, e->timeout);
         trace_coll(e, c, e->zero ? CDP_EV_REDUCE_SCATTER : CDP_EV_ALLREDUCE, t0, cdp_time_ns(), n);
     }
     for (int k = 0; k < e->v && !st; k++) {

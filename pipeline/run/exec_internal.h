@@ -94,6 +94,10 @@ struct exec {
      * it (its split units' collective) and the time spent in it this step */
     cdp_comm_t tpc;
     struct cdp_tensor_group tg;
+    /* what the tensor group's collectives and the replicas' gradient
+     * reduction travel as (/parallel/comm_dtype); the vocab-parallel loss's
+     * statistics, the tied pair and ZeRO's parameter all-gather stay fp32 */
+    enum cdp_comm_wire wire_tp, wire_dp;
     uint64_t t_tensor;
     int rank, size, p, R, v, m, s, r, B, nv;
     int t, k; /* tensor group size and this rank's index in it */
@@ -135,6 +139,8 @@ struct exec {
     struct cdp_monitor *monitor;
     /* resuming: the checkpoint's step and the samples consumed by then */
     int step0;
+    int replicas_same; /* cdp_exec_check_replicas: 1 every replica's weights the same bits, -1 not; 0 unchecked */
+    int drift_stage, drift_replica;
     int64_t sample_base;
     FILE *out;
     int ckpt_lock; /* rank 0: the checkpoint folder's lock (an open file), or -1 */
@@ -285,6 +291,14 @@ void cdp_exec_print_summary(const struct exec *e, const struct cdp_train_summary
 cdp_status cdp_exec_gather_peaks(const struct exec *e, double **out);
 cdp_status cdp_exec_write_traces(struct exec *e);
 cdp_status cdp_exec_write_weights(struct exec *e);
+/* Replicas must not drift apart (their gradient reduction gives every
+ * replica the same bits, fp32 or bf16 on the wire): at the end of a run with
+ * replicas, each rank's weights are digested (64 bits) and compared with
+ * replica 0's of its stage and tensor index. e->replicas_same becomes 1, or
+ * -1 with e->drift_stage / e->drift_replica the first that differ (a warning
+ * and the summary say so; the run's weights are still written). A
+ * collective over the world; fails only where a collective does. */
+cdp_status cdp_exec_check_replicas(struct exec *e);
 
 /* exec_hosts.c: every rank's host name into e->hosts and e->n_hosts (a
  * collective). */

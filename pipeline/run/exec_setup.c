@@ -178,14 +178,25 @@ static void bind_rank(const struct exec *e)
 }
 
 /* The split units' collective: a sum over this rank's tensor group, on the
- * device's memory, timed as communication. */
+ * device's memory, timed as communication; it travels as the plan's
+ * comm_dtype, the loss's statistics (all_reduce_f32) always as fp32. */
+static cdp_status tensor_sum(struct exec *e, float *buf, int64_t n, enum cdp_comm_wire wire)
+{
+    const uint64_t t0 = cdp_time_ns();
+    cdp_status st = cdp_comm_allreduce_wire(e->tpc, buf, (size_t)n, CDP_REDUCE_SUM, wire, e->timeout);
+    e->t_tensor += cdp_time_ns() - t0;
+    return st;
+}
+
 static cdp_status tensor_all_reduce(void *ctx, float *buf, int64_t n)
 {
     struct exec *e = ctx;
-    const uint64_t t0 = cdp_time_ns();
-    cdp_status st = cdp_comm_allreduce_f32(e->tpc, buf, (size_t)n, CDP_REDUCE_SUM, e->timeout);
-    e->t_tensor += cdp_time_ns() - t0;
-    return st;
+    return tensor_sum(e, buf, n, e->wire_tp);
+}
+
+static cdp_status tensor_all_reduce_f32(void *ctx, float *buf, int64_t n)
+{
+    return tensor_sum(ctx, buf, n, CDP_COMM_WIRE_F32);
 }
 
 /* n floats as t equal parts: comm/'s shards (cdp_comm_shard) are those
@@ -206,7 +217,8 @@ static cdp_status tensor_reduce_scatter(void *ctx, float *buf, int64_t n)
     cdp_status st = tensor_parts(e, n, "reduce-scatter");
     if (st) return st;
     const uint64_t t0 = cdp_time_ns();
-    st = cdp_comm_reduce_scatter_f32(e->tpc, buf, (size_t)n, CDP_REDUCE_SUM, e->timeout);
+    st = cdp_comm_reduce_scatter_window_wire(e->tpc, buf, (size_t)n, 0, (size_t)n, CDP_REDUCE_SUM, e->wire_tp,
+                                             e->timeout);
     e->t_tensor += cdp_time_ns() - t0;
     return st;
 }
@@ -217,7 +229,7 @@ static cdp_status tensor_all_gather(void *ctx, float *buf, int64_t n)
     cdp_status st = tensor_parts(e, n, "all-gather");
     if (st) return st;
     const uint64_t t0 = cdp_time_ns();
-    st = cdp_comm_allgather_f32(e->tpc, buf, (size_t)n, e->timeout);
+    st = cdp_comm_allgather_wire(e->tpc, buf, (size_t)n, e->wire_tp, e->timeout);
     e->t_tensor += cdp_time_ns() - t0;
     return st;
 }
@@ -226,6 +238,7 @@ struct cdp_tensor_group cdp_exec_tensor_group(struct exec *e)
 {
     const int t = e->tpc ? cdp_comm_size(e->tpc) : 1, k = e->tpc ? cdp_comm_rank(e->tpc) : 0;
     return (struct cdp_tensor_group){.size = t, .index = k, .all_reduce = tensor_all_reduce,
+                                     .all_reduce_f32 = tensor_all_reduce_f32,
                                      .reduce_scatter = tensor_reduce_scatter, .all_gather = tensor_all_gather,
                                      .ctx = e};
 }
@@ -247,6 +260,8 @@ cdp_status cdp_exec_setup(struct exec *e)
     }
     e->B = L->micro_batch;
     e->timeout = p->train.timeout_s;
+    e->wire_tp = p->parallel.comm_bf16_tensor ? CDP_COMM_WIRE_BF16 : CDP_COMM_WIRE_F32;
+    e->wire_dp = p->parallel.comm_bf16_gradients ? CDP_COMM_WIRE_BF16 : CDP_COMM_WIRE_F32;
     if ((st = cdp_exec_check(p))) return st;
     if ((st = cdp_layout_check(L, cdp_plan_model_units(p)))) return cdp_error_context(st, "%s", p->source);
     if (e->size != L->n_ranks)

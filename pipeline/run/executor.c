@@ -39,6 +39,9 @@ cdp_status cdp_exec_check(const struct cdp_plan *p)
     if (p->train.precision != CDP_PRECISION_FP32 && !cdp_backend_is_gpu(p->cluster.backend))
         return cdp_fail(CDP_ERR_UNSUPPORTED, "%s: /train/precision is \"bf16\": the cpu backend trains in fp32; "
                         "use \"fp32\", or /cluster/backend \"cuda\"", p->source);
+    if ((p->parallel.comm_bf16_tensor || p->parallel.comm_bf16_gradients) && cdp_backend_is_gpu(p->cluster.backend))
+        return cdp_fail(CDP_ERR_UNSUPPORTED, "%s: /parallel/comm_dtype: \"bf16\" on CUDA needs a kernel not yet run "
+                        "on a GPU (bf16 to fp32 after the NCCL collective); use \"fp32\"", p->source);
     /* every output before the first step, not after the whole run */
     const struct {
         const char *key, *path;
@@ -304,6 +307,7 @@ cdp_status cdp_exec_run(const struct cdp_plan *p, const struct cdp_layout *layou
     snprintf(cdp_exec_where_buf, sizeof cdp_exec_where_buf, "rank %d/%d (stage %d, replica %d), after step %lld: "
              "writing the trace and the weights", e.rank, e.size, e.s, e.r, (long long)p->train.steps);
     if ((st = cdp_exec_write_traces(&e))) goto fail;
+    if ((st = cdp_exec_check_replicas(&e))) goto fail;
     if ((st = cdp_exec_write_weights(&e))) goto fail;
     if ((st = cdp_exec_gather_peaks(&e, &peaks))) goto fail;
     sum.peak_memory_bytes = peaks[e.rank];

@@ -158,7 +158,7 @@ static cdp_status post_next_grad(struct exec *e, struct chunk *c, const struct c
  * replica's part of it. */
 static cdp_status reduce_window(struct exec *e, float *dev, size_t n, size_t from, size_t count)
 {
-    return cdp_comm_reduce_scatter_window_f32(e->dp, dev, n, from, count, CDP_REDUCE_SUM, e->timeout);
+    return cdp_comm_reduce_scatter_window_wire(e->dp, dev, n, from, count, CDP_REDUCE_SUM, e->wire_dp, e->timeout);
 }
 
 /* ZeRO-2: the model's hook after each unit's backward (and for its tied
@@ -528,7 +528,8 @@ static cdp_status op_allreduce_grads(struct exec *e, const struct cdp_instr *in,
         float *g = cdp_model_tensor(mdl, 0)->grad;
         const size_t n = (size_t)cdp_model_param_floats(mdl);
         const uint64_t ta = cdp_time_ns();
-        st = e->zero ? reduce_window(e, g, n, 0, n) : cdp_comm_allreduce_f32(e->dp, g, n, CDP_REDUCE_SUM, e->timeout);
+        st = e->zero ? reduce_window(e, g, n, 0, n)
+                     : cdp_comm_allreduce_wire(e->dp, g, n, CDP_REDUCE_SUM, e->wire_dp, e->timeout);
         trace_coll(e, e->zero ? CDP_EV_REDUCE_SCATTER : CDP_EV_ALLREDUCE, k, CDP_EV_GROUP_REPLICAS, n, ta,
                    cdp_time_ns());
     }

@@ -12,6 +12,7 @@
 
 #include "cdp/core.h"
 #include "cdp/log.h"
+#include "core/hash.h"
 #include "model/safetensors.h"
 #include "pipeline/run/exec_internal.h"
 #include "pipeline/run/tensorboard.h"
@@ -374,6 +375,12 @@ void cdp_exec_print_summary(const struct exec *e, const struct cdp_train_summary
     print_memory(e, peaks, out);
     if (p->output.trace) fprintf(out, "trace written to %s\n", p->output.trace);
     if (p->output.timeline) fprintf(out, "timeline written to %s\n", p->output.timeline);
+    if (e->replicas_same > 0)
+        fprintf(out, "replicas: the same weights on all %d, bit for bit (digests compared after the last step)\n",
+                e->R);
+    else if (e->replicas_same < 0)
+        fprintf(out, "replicas: stage %d's replica %d ends with weights that differ from replica 0's\n",
+                e->drift_stage, e->drift_replica);
     if (p->output.weights) fprintf(out, "weights written to %s\n", p->output.weights);
     if (p->train.checkpoint.dir) fprintf(out, "checkpoints in %s\n", p->train.checkpoint.dir);
 }
@@ -447,6 +454,63 @@ static int whole_of(struct cdp_safetensors_tensor *ts, void **owned, size_t *n, 
                                              .ndim = (int)w->ndim, .data = owned[*n], .nbytes = (uint64_t)numel * 4};
     for (int d = 0; d < (int)w->ndim; d++) ts[*n].shape[d] = d == w->shard_dim ? w->shard_full : w->shape[d];
     return (int)(*n)++;
+}
+
+/* 64 bits of this rank's weights, every chunk's parameter buffer in order,
+ * read from the device in pieces (a mix of splitmix64 over 8-byte words). */
+static cdp_status weights_digest(const struct exec *e, uint64_t *out)
+{
+    enum { PIECE = 1 << 22 }; /* floats */
+    float *host = malloc((size_t)PIECE * sizeof *host);
+    if (!host) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
+    uint64_t h = 0x6364706879627269u;
+    cdp_status st = CDP_OK;
+    for (int k = 0; k < e->v && !st; k++) {
+        struct cdp_model *mdl = e->ch[k].model;
+        if (cdp_model_tensor_count(mdl) == 0) continue;
+        const float *w = cdp_model_tensor(mdl, 0)->data;
+        const int64_t n = cdp_model_param_floats(mdl);
+        for (int64_t at = 0; at < n && !st; at += PIECE) {
+            const size_t len = (size_t)(n - at < PIECE ? n - at : PIECE);
+            if ((st = cdp_device_read(e->dev, host, w + at, (uint64_t)len * sizeof *host))) break;
+            const uint32_t *u = (const uint32_t *)(const void *)host;
+            for (size_t i = 0; i < len; i += 2) {
+                uint64_t s = h ^ ((uint64_t)u[i] << 32 | (i + 1 < len ? u[i + 1] : 0u));
+                h = cdp_splitmix64(&s);
+            }
+        }
+    }
+    free(host);
+    *out = h;
+    return st;
+}
+
+cdp_status cdp_exec_check_replicas(struct exec *e)
+{
+    if (e->R <= 1) return CDP_OK;
+    uint64_t mine = 0, first = 0;
+    cdp_status st = weights_digest(e, &mine);
+    first = mine;
+    cdp_comm_t dp = cdp_comm_host(e->dp);
+    if (!st) st = cdp_comm_bcast_bytes(dp, &first, sizeof first, 0, e->timeout);
+    if (st) return cdp_error_context(st, "comparing the replicas' weights");
+    /* the first stage, then its first replica, whose weights differ from replica 0's: told to every rank */
+    double s0 = first != mine ? -(double)e->s : -INFINITY;
+    if ((st = cdp_comm_allreduce_f64(e->world, &s0, 1, CDP_REDUCE_MAX, e->timeout))) return st;
+    if (isfinite(s0)) {
+        double r0 = first != mine && -s0 == (double)e->s ? -(double)e->r : -INFINITY;
+        if ((st = cdp_comm_allreduce_f64(e->world, &r0, 1, CDP_REDUCE_MAX, e->timeout))) return st;
+        e->replicas_same = -1;
+        e->drift_stage = (int)-s0;
+        e->drift_replica = (int)-r0;
+        if (e->rank == 0)
+            CDP_WARN(EXEC, "after the last step, stage %d's replica %d holds weights that differ from replica 0's: "
+                     "the replicas drifted apart (their gradient reduction did not give every replica the same "
+                     "bits)", e->drift_stage, e->drift_replica);
+        return CDP_OK;
+    }
+    e->replicas_same = 1;
+    return CDP_OK;
 }
 
 cdp_status cdp_exec_write_weights(struct exec *e)

@@ -17,6 +17,7 @@
 
 #include "cdp/core.h"
 #include "cdp/log.h"
+#include "cdp/tensor.h"
 #include "comm/comm_backend.h"
 
 /* ---- deadlines ------------------------------------------------------------- */
@@ -218,13 +219,13 @@ void cdp_comm_shard(size_t n, int R, int r, size_t *off, size_t *len)
     *len = (size_t)l;
 }
 
-static size_t dtype_size(enum cdp_comm_dtype dt) { return dt == CDP_COMM_F32 ? 4 : 8; }
+static size_t dtype_size(enum cdp_comm_dtype dt) { return dt == CDP_COMM_BF16 ? 2 : dt == CDP_COMM_F32 ? 4 : 8; }
 
 /* "all-reduce (sum) of 4 floats", "reduce-scatter (max) of floats [1, 4) of 5",
  * "all-gather of 3 floats": what a collective request is, for its messages. */
 static void describe_coll(const struct cdp_request *r, char *buf, size_t cap)
 {
-    const char *what = r->dt == CDP_COMM_F32 ? "floats" : "doubles";
+    const char *what = r->wire_bf16 ? "floats as bf16" : r->dt == CDP_COMM_F32 ? "floats" : "doubles";
     switch (r->kind) {
     case CDP_REQ_ALLREDUCE:
         snprintf(buf, cap, "all-reduce (%s) of %zu %s", op_names[r->op], r->n, what);
@@ -283,12 +284,95 @@ static void request_free(struct cdp_request *r)
     free(r);
 }
 
+/* ---- bf16 on the wire -------------------------------------------------------- */
+
+static const char *const wire_names[] = {[CDP_COMM_WIRE_F32] = "fp32", [CDP_COMM_WIRE_BF16] = "bf16"};
+CDP_TABLE_CHECK(wire_names, CDP_COMM_WIRE_COUNT);
+
+const char *cdp_comm_wire_name(enum cdp_comm_wire w)
+{
+    return (unsigned)w < CDP_COMM_WIRE_COUNT ? wire_names[w] : "?";
+}
+
+void cdp_comm_bf16_sum(const uint16_t *in, uint16_t *inout, size_t n)
+{
+    for (size_t i = 0; i < n; i++) inout[i] = cdp_f32_to_bf16(cdp_bf16_to_f32(in[i]) + cdp_bf16_to_f32(inout[i]));
+}
+
+/* Floats [a, b) of buf as bf16 at the same element indices of the bf16 view
+ * of buf, in place: element i's two bytes land at 2i, never past the floats
+ * not yet read (4j for j > i), so ascending order is safe; unpacking goes
+ * descending for the same reason. */
+static void wire_pack(void *buf, size_t a, size_t b)
+{
+    const float *f = buf;
+    uint16_t *h = buf;
+    for (size_t i = a; i < b; i++) {
+        const float x = f[i];
+        h[i] = cdp_f32_to_bf16(x);
+    }
+}
+
+static void wire_unpack(void *buf, size_t n)
+{
+    float *f = buf;
+    const uint16_t *h = buf;
+    for (size_t i = n; i-- > 0;) {
+        const uint16_t x = h[i];
+        f[i] = cdp_bf16_to_f32(x);
+    }
+}
+
+/* A completed collective that travelled as bf16: its floats back, and an
+ * average's division (what was this rank's to receive: the whole buffer, or
+ * its part of a reduce-scatter's window). Once. */
+static void wire_finish(struct cdp_request *r)
+{
+    if (!r->wire_bf16) return;
+    r->wire_bf16 = 0;
+    struct cdp_comm *c = r->comm;
+    wire_unpack(r->buf, r->count);
+    if (!r->wire_avg) return;
+    size_t at = 0, len = r->count;
+    if (r->kind == CDP_REQ_REDUCE_SCATTER) {
+        uint64_t o = 0, l = 0;
+        cdp_shard_in_window(r->n, c->size, c->rank, r->from, r->count, &o, &l);
+        at = (size_t)o;
+        len = (size_t)l;
+    }
+    float *f = (float *)r->buf + at, k = (float)c->size;
+    for (size_t i = 0; i < len; i++) f[i] /= k;
+}
+
+/* Makes r a bf16 collective: checks that c can carry it, then packs the
+ * floats this rank sends (an all-gather: its own shard). */
+static cdp_status wire_begin(struct cdp_comm *c, struct cdp_request *r)
+{
+    if (c->ops->memory != CDP_COMM_HOST_MEMORY || !c->ops->icoll)
+        return cdp_fail(CDP_ERR_UNSUPPORTED, "%s cannot carry bf16 collectives (comm_dtype bf16 needs a "
+                        "communicator on host memory: mpi)", c->name);
+    if (r->kind == CDP_REQ_ALLGATHER) {
+        size_t off = 0, len = 0;
+        cdp_comm_shard(r->n, c->size, c->rank, &off, &len);
+        wire_pack(r->buf, off, off + len);
+    } else {
+        wire_pack(r->buf, 0, r->count);
+    }
+    r->wire_bf16 = 1;
+    r->wire_avg = r->op == CDP_REDUCE_AVG;
+    if (r->kind != CDP_REQ_ALLGATHER) r->op = CDP_REDUCE_SUM;
+    r->dt = CDP_COMM_BF16;
+    r->bytes = r->count * dtype_size(CDP_COMM_BF16);
+    return CDP_OK;
+}
+
 /* Starts a checked collective: the backend's icoll, or its blocking slot run
  * now within timeout_s (the request then comes back completed). n == 0 (a
- * skipped one) also comes back completed. */
+ * skipped one) also comes back completed. With the bf16 wire (and more than
+ * one rank) the floats are packed here and unpacked when it completes. */
 static cdp_status coll_start(cdp_comm_t c, enum cdp_req_kind kind, void *buf, size_t n, size_t from, size_t count,
-                             enum cdp_comm_dtype dt, enum cdp_reduce_op op, int skip, double timeout_s,
-                             cdp_request_t *req)
+                             enum cdp_comm_dtype dt, enum cdp_reduce_op op, enum cdp_comm_wire wire, int skip,
+                             double timeout_s, cdp_request_t *req)
 {
     struct cdp_request *r = calloc(1, sizeof *r);
     if (!r) return cdp_fail(CDP_ERR_NOMEM, "%s rank %d/%d: out of memory for a request", c->name, c->rank, c->size);
@@ -296,11 +380,15 @@ static cdp_status coll_start(cdp_comm_t c, enum cdp_req_kind kind, void *buf, si
                               .bytes = count * dtype_size(dt), .n = n, .from = from, .count = count, .dt = dt,
                               .op = op};
     cdp_status st = CDP_OK;
-    if (skip) {
+    if (wire == CDP_COMM_WIRE_BF16 && op == CDP_REDUCE_MAX && kind != CDP_REQ_ALLGATHER)
+        st = cdp_fail(CDP_ERR_INVALID, "bf16 on the wire carries sums and averages, not a max");
+    else if (!skip && wire == CDP_COMM_WIRE_BF16 && c->size > 1)
+        st = wire_begin(c, r);
+    if (!st && skip) {
         r->done = 1;
-    } else if (c->ops->icoll) {
+    } else if (!st && c->ops->icoll) {
         st = c->ops->icoll(c, r);
-    } else {
+    } else if (!st) {
         switch (kind) {
         case CDP_REQ_ALLREDUCE: st = c->ops->allreduce(c, buf, n, dt, op, timeout_s); break;
         case CDP_REQ_REDUCE_SCATTER: st = c->ops->reduce_scatter_f32(c, buf, n, from, count, op, timeout_s); break;
@@ -320,45 +408,67 @@ static cdp_status coll_start(cdp_comm_t c, enum cdp_req_kind kind, void *buf, si
 }
 
 static cdp_status coll_blocking(cdp_comm_t c, enum cdp_req_kind kind, void *buf, size_t n, size_t from,
-                                size_t count, enum cdp_comm_dtype dt, enum cdp_reduce_op op, double timeout_s)
+                                size_t count, enum cdp_comm_dtype dt, enum cdp_reduce_op op, enum cdp_comm_wire wire,
+                                double timeout_s)
 {
     static const char *const names[] = {"", "all-reduce", "reduce-scatter", "all-gather"};
     int skip = 0;
     cdp_status st = coll_args(c, names[kind], kind, buf, n, from, count, dt, op, &skip);
     if (st || skip) return st;
     cdp_request_t r = NULL;
-    if ((st = coll_start(c, kind, buf, n, from, count, dt, op, 0, timeout_s, &r))) return st;
+    if ((st = coll_start(c, kind, buf, n, from, count, dt, op, wire, 0, timeout_s, &r))) return st;
     return cdp_comm_wait(r, timeout_s);
 }
 
 static cdp_status coll_nonblocking(cdp_comm_t c, enum cdp_req_kind kind, void *buf, size_t n, size_t from,
-                                   size_t count, enum cdp_comm_dtype dt, enum cdp_reduce_op op, double timeout_s,
-                                   cdp_request_t *req)
+                                   size_t count, enum cdp_comm_dtype dt, enum cdp_reduce_op op,
+                                   enum cdp_comm_wire wire, double timeout_s, cdp_request_t *req)
 {
     static const char *const names[] = {"", "all-reduce", "reduce-scatter", "all-gather"};
     if (!req) return cdp_fail(CDP_ERR_INVALID, "non-blocking %s: request is NULL", names[kind]);
     int skip = 0;
     cdp_status st = coll_args(c, names[kind], kind, buf, n, from, count, dt, op, &skip);
     if (st) return st;
-    return coll_start(c, kind, buf, n, from, count, dt, op, skip, timeout_s, req);
+    return coll_start(c, kind, buf, n, from, count, dt, op, wire, skip, timeout_s, req);
+}
+
+static cdp_status wire_arg(enum cdp_comm_wire wire)
+{
+    if ((unsigned)wire >= CDP_COMM_WIRE_COUNT)
+        return cdp_fail(CDP_ERR_INVALID, "collective: unknown wire dtype %d", (int)wire);
+    return CDP_OK;
+}
+
+cdp_status cdp_comm_allreduce_wire(cdp_comm_t c, float *buf, size_t n, enum cdp_reduce_op op,
+                                   enum cdp_comm_wire wire, double timeout_s)
+{
+    cdp_status st = wire_arg(wire);
+    return st ? st : coll_blocking(c, CDP_REQ_ALLREDUCE, buf, n, 0, n, CDP_COMM_F32, op, wire, timeout_s);
 }
 
 cdp_status cdp_comm_allreduce_f32(cdp_comm_t c, float *buf, size_t n, enum cdp_reduce_op op,
                                   double timeout_s)
 {
-    return coll_blocking(c, CDP_REQ_ALLREDUCE, buf, n, 0, n, CDP_COMM_F32, op, timeout_s);
+    return cdp_comm_allreduce_wire(c, buf, n, op, CDP_COMM_WIRE_F32, timeout_s);
 }
 
 cdp_status cdp_comm_allreduce_f64(cdp_comm_t c, double *buf, size_t n, enum cdp_reduce_op op,
                                   double timeout_s)
 {
-    return coll_blocking(c, CDP_REQ_ALLREDUCE, buf, n, 0, n, CDP_COMM_F64, op, timeout_s);
+    return coll_blocking(c, CDP_REQ_ALLREDUCE, buf, n, 0, n, CDP_COMM_F64, op, CDP_COMM_WIRE_F32, timeout_s);
+}
+
+cdp_status cdp_comm_reduce_scatter_window_wire(cdp_comm_t c, float *buf, size_t n, size_t from, size_t count,
+                                               enum cdp_reduce_op op, enum cdp_comm_wire wire, double timeout_s)
+{
+    cdp_status st = wire_arg(wire);
+    return st ? st : coll_blocking(c, CDP_REQ_REDUCE_SCATTER, buf, n, from, count, CDP_COMM_F32, op, wire, timeout_s);
 }
 
 cdp_status cdp_comm_reduce_scatter_window_f32(cdp_comm_t c, float *buf, size_t n, size_t from, size_t count,
                                               enum cdp_reduce_op op, double timeout_s)
 {
-    return coll_blocking(c, CDP_REQ_REDUCE_SCATTER, buf, n, from, count, CDP_COMM_F32, op, timeout_s);
+    return cdp_comm_reduce_scatter_window_wire(c, buf, n, from, count, op, CDP_COMM_WIRE_F32, timeout_s);
 }
 
 cdp_status cdp_comm_reduce_scatter_f32(cdp_comm_t c, float *buf, size_t n, enum cdp_reduce_op op,
@@ -367,26 +477,50 @@ cdp_status cdp_comm_reduce_scatter_f32(cdp_comm_t c, float *buf, size_t n, enum 
     return cdp_comm_reduce_scatter_window_f32(c, buf, n, 0, n, op, timeout_s);
 }
 
+cdp_status cdp_comm_allgather_wire(cdp_comm_t c, float *buf, size_t n, enum cdp_comm_wire wire, double timeout_s)
+{
+    cdp_status st = wire_arg(wire);
+    return st ? st : coll_blocking(c, CDP_REQ_ALLGATHER, buf, n, 0, n, CDP_COMM_F32, CDP_REDUCE_SUM, wire, timeout_s);
+}
+
 cdp_status cdp_comm_allgather_f32(cdp_comm_t c, float *buf, size_t n, double timeout_s)
 {
-    return coll_blocking(c, CDP_REQ_ALLGATHER, buf, n, 0, n, CDP_COMM_F32, CDP_REDUCE_SUM, timeout_s);
+    return cdp_comm_allgather_wire(c, buf, n, CDP_COMM_WIRE_F32, timeout_s);
+}
+
+cdp_status cdp_comm_iallreduce_wire(cdp_comm_t c, float *buf, size_t n, enum cdp_reduce_op op,
+                                    enum cdp_comm_wire wire, double timeout_s, cdp_request_t *req)
+{
+    cdp_status st = wire_arg(wire);
+    return st ? st : coll_nonblocking(c, CDP_REQ_ALLREDUCE, buf, n, 0, n, CDP_COMM_F32, op, wire, timeout_s, req);
 }
 
 cdp_status cdp_comm_iallreduce_f32(cdp_comm_t c, float *buf, size_t n, enum cdp_reduce_op op, double timeout_s,
                                    cdp_request_t *req)
 {
-    return coll_nonblocking(c, CDP_REQ_ALLREDUCE, buf, n, 0, n, CDP_COMM_F32, op, timeout_s, req);
+    return cdp_comm_iallreduce_wire(c, buf, n, op, CDP_COMM_WIRE_F32, timeout_s, req);
+}
+
+cdp_status cdp_comm_ireduce_scatter_window_wire(cdp_comm_t c, float *buf, size_t n, size_t from, size_t count,
+                                                enum cdp_reduce_op op, enum cdp_comm_wire wire, double timeout_s,
+                                                cdp_request_t *req)
+{
+    cdp_status st = wire_arg(wire);
+    return st ? st
+              : coll_nonblocking(c, CDP_REQ_REDUCE_SCATTER, buf, n, from, count, CDP_COMM_F32, op, wire, timeout_s,
+                                 req);
 }
 
 cdp_status cdp_comm_ireduce_scatter_window_f32(cdp_comm_t c, float *buf, size_t n, size_t from, size_t count,
                                                enum cdp_reduce_op op, double timeout_s, cdp_request_t *req)
 {
-    return coll_nonblocking(c, CDP_REQ_REDUCE_SCATTER, buf, n, from, count, CDP_COMM_F32, op, timeout_s, req);
+    return cdp_comm_ireduce_scatter_window_wire(c, buf, n, from, count, op, CDP_COMM_WIRE_F32, timeout_s, req);
 }
 
 cdp_status cdp_comm_iallgather_f32(cdp_comm_t c, float *buf, size_t n, double timeout_s, cdp_request_t *req)
 {
-    return coll_nonblocking(c, CDP_REQ_ALLGATHER, buf, n, 0, n, CDP_COMM_F32, CDP_REDUCE_SUM, timeout_s, req);
+    return coll_nonblocking(c, CDP_REQ_ALLGATHER, buf, n, 0, n, CDP_COMM_F32, CDP_REDUCE_SUM, CDP_COMM_WIRE_F32,
+                            timeout_s, req);
 }
 
 cdp_status cdp_comm_barrier(cdp_comm_t c, double timeout_s)
@@ -515,12 +649,16 @@ static cdp_status request_test(void *arg, int *done)
 {
     struct cdp_request *r = arg;
     if (r->done) {
+        wire_finish(r);
         *done = 1;
         return CDP_OK;
     }
     cdp_status st = r->comm->ops->test(r, done);
     if (st) r->failed = 1;
-    if (!st && *done) r->done = 1;
+    if (!st && *done) {
+        r->done = 1;
+        wire_finish(r);
+    }
     return st;
 }
 

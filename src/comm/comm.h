@@ -203,6 +203,42 @@ cdp_status cdp_comm_ireduce_scatter_window_f32(cdp_comm_t c, float *buf, size_t 
                                                enum cdp_reduce_op op, double timeout_s, cdp_request_t *req);
 cdp_status cdp_comm_iallgather_f32(cdp_comm_t c, float *buf, size_t n, double timeout_s, cdp_request_t *req);
 
+/* What the floats of a collective travel as (the plan's /parallel/comm_dtype).
+ * CDP_COMM_WIRE_BF16: each rank rounds its floats to bfloat16 (round to
+ * nearest even, cdp_f32_to_bf16), the group sums them as bfloat16 (each pair
+ * added in fp32 and rounded again, cdp_comm_bf16_sum), and the sum comes back
+ * as floats; an average is that sum divided by the size, in fp32. Half the
+ * bytes of fp32 on the wire; every rank of the group gets the same bits. The
+ * conversion is in place (bf16 needs half of buf): no staging buffer, and buf
+ * holds neither the input nor the result until the collective completes. A
+ * group of one moves nothing and rounds nothing. Sums and averages only (a
+ * max is CDP_ERR_INVALID), on a communicator of host memory (mpi; on device
+ * memory CDP_ERR_UNSUPPORTED: the nccl path needs a bf16-to-fp32 kernel). */
+enum cdp_comm_wire { CDP_COMM_WIRE_F32 = 0, CDP_COMM_WIRE_BF16, CDP_COMM_WIRE_COUNT };
+
+/* "fp32" / "bf16" */
+const char *cdp_comm_wire_name(enum cdp_comm_wire w);
+
+/* The collectives above with the wire named: CDP_COMM_WIRE_F32 is the
+ * function without _wire. The all-gather with CDP_COMM_WIRE_BF16 rounds
+ * every shard, this rank's own too, so that buf is the same everywhere. */
+cdp_status cdp_comm_allreduce_wire(cdp_comm_t c, float *buf, size_t n, enum cdp_reduce_op op,
+                                   enum cdp_comm_wire wire, double timeout_s);
+cdp_status cdp_comm_iallreduce_wire(cdp_comm_t c, float *buf, size_t n, enum cdp_reduce_op op,
+                                    enum cdp_comm_wire wire, double timeout_s, cdp_request_t *req);
+cdp_status cdp_comm_reduce_scatter_window_wire(cdp_comm_t c, float *buf, size_t n, size_t from, size_t count,
+                                               enum cdp_reduce_op op, enum cdp_comm_wire wire, double timeout_s);
+cdp_status cdp_comm_ireduce_scatter_window_wire(cdp_comm_t c, float *buf, size_t n, size_t from, size_t count,
+                                                enum cdp_reduce_op op, enum cdp_comm_wire wire, double timeout_s,
+                                                cdp_request_t *req);
+cdp_status cdp_comm_allgather_wire(cdp_comm_t c, float *buf, size_t n, enum cdp_comm_wire wire, double timeout_s);
+
+/* The bf16 wire's sum, the one home of its rounding (the mpi communicator's
+ * reduction op): inout[i] = bf16(float(in[i]) + float(inout[i])), the pair
+ * added in fp32 and rounded to nearest even; NaN and infinities as fp32's
+ * sum gives them. Commutative, so a ring's or a tree's partners agree. */
+void cdp_comm_bf16_sum(const uint16_t *in, uint16_t *inout, size_t n);
+
 cdp_status cdp_comm_barrier(cdp_comm_t c, double timeout_s);
 
 /* Rank 0 receives every rank's bytes (sizes may differ): *out (malloc'd) holds

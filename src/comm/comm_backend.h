@@ -15,7 +15,9 @@
 #define CDP_COMM_TAG_LIMIT (1 << 20)
 #define CDP_COMM_TAG_GATHER (CDP_COMM_TAG_LIMIT + 1)
 
-enum cdp_comm_dtype { CDP_COMM_F32 = 0, CDP_COMM_F64, CDP_COMM_U64, CDP_COMM_DTYPE_COUNT };
+/* CDP_COMM_BF16: bfloat16 bits (uint16), which the front makes of floats
+ * for a collective whose wire is CDP_COMM_WIRE_BF16 (sums only). */
+enum cdp_comm_dtype { CDP_COMM_F32 = 0, CDP_COMM_F64, CDP_COMM_U64, CDP_COMM_BF16, CDP_COMM_DTYPE_COUNT };
 
 /* What a request is. */
 enum cdp_req_kind { CDP_REQ_P2P = 0, CDP_REQ_ALLREDUCE, CDP_REQ_REDUCE_SCATTER, CDP_REQ_ALLGATHER };
@@ -96,6 +98,10 @@ struct cdp_request {
     size_t n, from, count;
     enum cdp_comm_dtype dt;
     enum cdp_reduce_op op;
+    /* bf16 on the wire: the front packed the floats into bf16 in place (dt
+     * CDP_COMM_BF16, op the sum); on completion it unpacks them and, for an
+     * average, divides (wire_avg) */
+    int wire_bf16, wire_avg;
     int done;      /* a collective run by a blocking slot: completed at once */
     int failed;    /* the backend's test failed (else a failed wait is past the deadline) */
     /* the backend's call, named in the deadline's message ("timed out after

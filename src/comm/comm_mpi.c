@@ -23,7 +23,8 @@ static struct {
     int live;              /* MPI communicators alive, the world's included */
     int broken;            /* a collective failed: MPI may still own a buffer */
     size_t chunk;          /* largest single message, bytes */
-} g = { 0, 0, 0, (size_t)1 << 30 };
+    MPI_Op bf16_sum;       /* the bf16 wire's sum (cdp_comm_bf16_sum); MPI_OP_NULL until first used */
+} g = { 0, 0, 0, (size_t)1 << 30, MPI_OP_NULL };
 
 struct mpi_comm {
     MPI_Comm comm;
@@ -150,6 +151,7 @@ static void mpi_free(struct cdp_comm *c)
     g.live--;
     free(m);
     if (!c->is_world || !g.initialised_by_us) return;
+    if (g.bf16_sum != MPI_OP_NULL) MPI_Op_free(&g.bf16_sum);
     if (g.broken) {
         /* MPI_Finalize with a collective still in flight may wait forever */
         CDP_WARN(COMM, "mpi: not finalising MPI after a failed collective; end the job with cdp_comm_abort");
@@ -355,7 +357,7 @@ static void average(void *buf, size_t n, enum cdp_comm_dtype dt, int size)
  * are too, and counts[i * size + k] / displs[i * size + k] (relative to the
  * piece's start) are what MPI is given. */
 struct pieces {
-    size_t per; /* floats in a piece */
+    size_t per; /* elements in a piece */
     int n;
     int *counts, *displs;
     MPI_Request *rq;
@@ -375,9 +377,10 @@ static void pieces_free(struct pieces *p, int in_flight)
 /* Pieces of the window [from, from + count) of an n-float buffer sharded by
  * cdp_comm_shard: counts and displacements are within the window (whose first
  * float is piece 0's first). */
-static cdp_status pieces_make(const struct cdp_comm *c, size_t n, size_t from, size_t count, struct pieces *p)
+static cdp_status pieces_make(const struct cdp_comm *c, size_t n, size_t from, size_t count, size_t esize,
+                               struct pieces *p)
 {
-    size_t per = g.chunk / sizeof(float) ? g.chunk / sizeof(float) : 1;
+    size_t per = g.chunk / esize ? g.chunk / esize : 1;
     size_t np = (count - 1) / per + 1, size = (size_t)(unsigned)c->size;
     if (np > INT_MAX || np > SIZE_MAX / sizeof(int) / size)
         return cdp_fail(CDP_ERR_INVALID, "%zu floats is too large a buffer", count);
@@ -401,6 +404,41 @@ static cdp_status pieces_make(const struct cdp_comm *c, size_t n, size_t from, s
         }
     }
     return CDP_OK;
+}
+
+/* The bf16 wire's sum as an MPI op (commutative: every pair is added in fp32
+ * and rounded the same way whichever side holds it). */
+static void bf16_sum_op(void *in, void *inout, int *len, MPI_Datatype *type)
+{
+    (void)type;
+    cdp_comm_bf16_sum(in, inout, *len > 0 ? (size_t)*len : 0);
+}
+
+static size_t elem_size(enum cdp_comm_dtype dt)
+{
+    return dt == CDP_COMM_BF16 ? 2 : dt == CDP_COMM_F32 ? sizeof(float) : 8;
+}
+
+/* The MPI type of r's elements, and for bf16 its sum (made once). */
+static cdp_status datatype_of(const struct cdp_request *r, MPI_Datatype *type, MPI_Op *mop)
+{
+    switch (r->dt) {
+    case CDP_COMM_F32: *type = MPI_FLOAT; return CDP_OK;
+    case CDP_COMM_F64: *type = MPI_DOUBLE; return CDP_OK;
+    case CDP_COMM_U64: *type = MPI_UINT64_T; return CDP_OK;
+    case CDP_COMM_BF16: {
+        *type = MPI_UINT16_T;
+        if (r->op != CDP_REDUCE_SUM && r->kind != CDP_REQ_ALLGATHER)
+            return cdp_fail(CDP_ERR_INTERNAL, "mpi: bf16 collectives sum only");
+        int rc;
+        if (g.bf16_sum == MPI_OP_NULL && (rc = MPI_Op_create(bf16_sum_op, 1, &g.bf16_sum)))
+            return mpi_fail(rc, "MPI_Op_create (bf16 sum)");
+        *mop = g.bf16_sum;
+        return CDP_OK;
+    }
+    case CDP_COMM_DTYPE_COUNT: break;
+    }
+    return cdp_fail(CDP_ERR_INTERNAL, "mpi: unknown element type %d", (int)r->dt);
 }
 
 /* ---- non-blocking collectives ------------------------------------------------------ */
@@ -432,10 +470,14 @@ static cdp_status mpi_icoll(struct cdp_comm *c, struct cdp_request *r)
     if (!q) return cdp_fail(CDP_ERR_NOMEM, "out of memory for a request");
     cdp_status st = CDP_OK;
     size_t size = (size_t)(unsigned)c->size;
+    MPI_Datatype type;
+    MPI_Op mop = r->op == CDP_REDUCE_MAX ? MPI_MAX : MPI_SUM;
+    if ((st = datatype_of(r, &type, &mop))) {
+        free(q);
+        return st;
+    }
+    const size_t esize = elem_size(r->dt);
     if (r->kind == CDP_REQ_ALLREDUCE) {
-        MPI_Datatype type = r->dt == CDP_COMM_F32 ? MPI_FLOAT : r->dt == CDP_COMM_F64 ? MPI_DOUBLE : MPI_UINT64_T;
-        size_t esize = r->dt == CDP_COMM_F32 ? sizeof(float) : 8;
-        MPI_Op mop = r->op == CDP_REDUCE_MAX ? MPI_MAX : MPI_SUM;
         size_t per = g.chunk / esize ? g.chunk / esize : 1, n = r->n;
         size_t nchunks = (n - 1) / per + 1;
         if (nchunks > INT_MAX) {
@@ -456,23 +498,22 @@ static cdp_status mpi_icoll(struct cdp_comm *c, struct cdp_request *r)
         }
     } else {
         const int rs = r->kind == CDP_REQ_REDUCE_SCATTER;
-        if ((st = pieces_make(c, r->n, rs ? r->from : 0, rs ? r->count : r->n, &q->p))) {
+        if ((st = pieces_make(c, r->n, rs ? r->from : 0, rs ? r->count : r->n, esize, &q->p))) {
             free(q);
             return st;
         }
         q->has_pieces = 1;
         q->s.rq = q->p.rq;
         q->s.call = rs ? "MPI_Ireduce_scatter (test)" : "MPI_Iallgatherv (test)";
-        float *buf = r->buf;
-        MPI_Op mop = r->op == CDP_REDUCE_MAX ? MPI_MAX : MPI_SUM;
+        char *buf = r->buf;
         for (int i = 0; i < q->p.n && !st; i++) {
-            float *piece = buf + (size_t)i * q->p.per;
+            char *piece = buf + (size_t)i * q->p.per * esize;
             const int *counts = q->p.counts + (size_t)i * size, *displs = q->p.displs + (size_t)i * size;
             /* in place: each rank's part is already where the others' parts go */
-            st = rs ? coll_posted(m, q, MPI_Ireduce_scatter(MPI_IN_PLACE, piece, counts, MPI_FLOAT, mop, m->comm,
+            st = rs ? coll_posted(m, q, MPI_Ireduce_scatter(MPI_IN_PLACE, piece, counts, type, mop, m->comm,
                                                             &q->p.rq[i]), "MPI_Ireduce_scatter")
                     : coll_posted(m, q, MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, piece, counts, displs,
-                                                        MPI_FLOAT, m->comm, &q->p.rq[i]), "MPI_Iallgatherv");
+                                                        type, m->comm, &q->p.rq[i]), "MPI_Iallgatherv");
         }
     }
     r->impl = q;
@@ -488,19 +529,19 @@ static void coll_finish(struct cdp_comm *c, struct cdp_request *r, struct mpi_co
         return;
     }
     if (r->kind != CDP_REQ_REDUCE_SCATTER) return;
-    size_t size = (size_t)(unsigned)c->size, me = (size_t)(unsigned)c->rank;
-    float *buf = r->buf;
+    size_t size = (size_t)(unsigned)c->size, me = (size_t)(unsigned)c->rank, esize = elem_size(r->dt);
+    char *buf = r->buf;
     /* in place, MPI leaves a piece's reduced part at the piece's start: move
      * it to where it belongs */
     for (int i = 0; i < q->p.n; i++) {
         size_t at = (size_t)q->p.displs[(size_t)i * size + me], cnt = (size_t)q->p.counts[(size_t)i * size + me];
-        float *piece = buf + (size_t)i * q->p.per;
-        if (cnt && at) memmove(piece + at, piece, cnt * sizeof *buf);
+        char *piece = buf + (size_t)i * q->p.per * esize;
+        if (cnt && at) memmove(piece + at * esize, piece, cnt * esize);
     }
     if (r->op == CDP_REDUCE_AVG) {
         uint64_t at = 0, len = 0;
         cdp_shard_in_window(r->n, c->size, c->rank, r->from, r->count, &at, &len);
-        if (len) average(buf + at, (size_t)len, CDP_COMM_F32, c->size);
+        if (len) average((float *)(void *)buf + at, (size_t)len, CDP_COMM_F32, c->size);
     }
 }
 

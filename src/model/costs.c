@@ -26,6 +26,17 @@ double cdp_cost_act_elem_bytes(const struct cdp_plan *plan)
 
 double cdp_cost_grad_bytes_per_param(const struct cdp_plan *plan) { return cdp_cost_act_elem_bytes(plan); }
 
+/* What travels (/parallel/comm_dtype): bf16 is 2 bytes an element on the wire. */
+double cdp_cost_tensor_comm_elem_bytes(const struct cdp_plan *plan)
+{
+    return plan->parallel.comm_bf16_tensor ? 2 : cdp_cost_act_elem_bytes(plan);
+}
+
+double cdp_cost_grad_comm_bytes_per_param(const struct cdp_plan *plan)
+{
+    return plan->parallel.comm_bf16_gradients ? 2 : cdp_cost_grad_bytes_per_param(plan);
+}
+
 /* fp32 weights 4 + gradients 4 + the optimizer's state (cdp_optimizer_state_bytes). */
 double cdp_cost_state_bytes_per_param(const struct cdp_plan *plan)
 {

@@ -42,6 +42,12 @@ double cdp_cost_act_elem_bytes(const struct cdp_plan *plan);
 double cdp_cost_state_bytes_per_param(const struct cdp_plan *plan);
 double cdp_cost_grad_bytes_per_param(const struct cdp_plan *plan);
 double cdp_cost_opt_bytes_per_param(const struct cdp_plan *plan);
+/* Bytes an element moves on the wire (/parallel/comm_dtype: 2 for bf16, else
+ * the fp32 above): of the tensor group's collectives (the vocab-parallel
+ * loss's statistics excepted: always fp32), and of the data-parallel
+ * gradient reduction (ZeRO's parameter all-gather excepted: always fp32). */
+double cdp_cost_tensor_comm_elem_bytes(const struct cdp_plan *plan);
+double cdp_cost_grad_comm_bytes_per_param(const struct cdp_plan *plan);
 
 /* Floats per sample that unit u keeps for attention's backward where the plan
  * runs it: B*T*(heads + C) / B under the CUDA table's fused bf16 kernels

@@ -88,10 +88,10 @@ static cdp_status loss_fwd(struct cdp_model *m, int slot, const void *tdev)
         float *stats = vp_stats(m, slot);
         CDP_KERNEL(&m->k, crossentropy_vp_stats, stats, outp, tdev, N, (int)ul->out.d[ul->out.ndim - 1], (int)valid,
                    (int)off, ul->tp_index, t);
-        cdp_status st = ul->tp && ul->tp->all_reduce
-                            ? ul->tp->all_reduce(ul->tp->ctx, stats, (int64_t)N * (2 * t + 1))
+        cdp_status st = ul->tp && ul->tp->all_reduce_f32
+                            ? ul->tp->all_reduce_f32(ul->tp->ctx, stats, (int64_t)N * (2 * t + 1))
                             : cdp_fail(CDP_ERR_INTERNAL, "unit %d: vocab-parallel over %d ranks but has no tensor "
-                                       "group", ul->index, t);
+                                       "group's fp32 sum", ul->index, t);
         if (st) return st;
         CDP_KERNEL(&m->k, crossentropy_vp_fwd, losses, stats, N, t);
         return CDP_OK;

@@ -231,7 +231,8 @@ cdp_status cdp_profile_run(const struct cdp_plan *plan, const struct cdp_profile
     /* a plan of a fixed t > 1: rank 0's slices, their compute only; the group's all-reduces are
      * costed apart (the planner's ring model on the topology's links) */
     const int tp = plan->parallel.tensor != CDP_AUTO && plan->parallel.tensor > 1 ? (int)plan->parallel.tensor : 1;
-    const struct cdp_tensor_group tg = {.size = tp, .index = 0, .all_reduce = timing_only_all_reduce};
+    const struct cdp_tensor_group tg = {.size = tp, .index = 0, .all_reduce = timing_only_all_reduce,
+                                         .all_reduce_f32 = timing_only_all_reduce};
     if ((st = cdp_units_build_tensor(&plan->model, tp, 0, &u, &n))) return st;
     if ((st = cdp_device_open(CDP_BACKEND_CPU, 0, plan->cluster.device_memory, &dev))) goto fail;
     if (!(t.units = calloc((size_t)n, sizeof *t.units))) {

@@ -19,6 +19,11 @@ struct cdp_tensor_group {
     /* Sums buf (n floats, in the memory of the rank's device) over the group,
      * in place, the same on every rank; returns when buf holds the sum. */
     cdp_status (*all_reduce)(void *ctx, float *buf, int64_t n);
+    /* The same sum always carried as fp32, whatever /parallel/comm_dtype
+     * says: the vocab-parallel loss's statistics (each slice's max and sum of
+     * exponentials, and the target's logit), whose rounding to bf16 would
+     * move the loss itself by up to 2^-9 of a logit's size. */
+    cdp_status (*all_reduce_f32)(void *ctx, float *buf, int64_t n);
     /* Sequence parallelism's pair (cdp_unit_seq_gather and
      * cdp_unit_seq_scatter in layers.h use them), on the same memory:
      * buf holds n floats, n a multiple of size, seen as size equal parts in

@@ -263,6 +263,16 @@ static json_t *plan_json(struct emit *e, const struct cdp_plan *p)
         set(e, o, "tensor", jint_auto(pd->tensor));
         set(e, o, "sequence_parallel",
             pd->sequence_parallel_auto ? json_string("auto") : json_boolean(pd->sequence_parallel));
+        if (pd->comm_bf16_tensor == pd->comm_bf16_gradients) {
+            set(e, o, "comm_dtype", json_string(pd->comm_bf16_tensor ? "bf16" : "fp32"));
+        } else {
+            json_t *cd = json_object();
+            set(e, o, "comm_dtype", cd);
+            if (cd) {
+                set(e, cd, "tensor", json_string(pd->comm_bf16_tensor ? "bf16" : "fp32"));
+                set(e, cd, "gradients", json_string(pd->comm_bf16_gradients ? "bf16" : "fp32"));
+            }
+        }
         set(e, o, "micro_batches", jint_auto(pd->micro_batches));
         set(e, o, "schedule", json_string(pd->schedule_auto   ? "auto"
                                           : pd->schedule_file ? pd->schedule_file
@@ -546,6 +556,10 @@ cdp_status cdp_plan_print(const struct cdp_plan *p, FILE *f)
     else if (pd->sequence_parallel)
         fprintf(f, ROW "on (norms and residual on 1/%lld of the sequence a rank)\n", "sequence_parallel",
                 (long long)pd->tensor);
+    fprintf(f, ROW "tensor collectives %s, gradient reduction %s%s\n", "comm_dtype",
+            pd->comm_bf16_tensor ? "bf16" : "fp32", pd->comm_bf16_gradients ? "bf16" : "fp32",
+            pd->comm_bf16_tensor || pd->comm_bf16_gradients
+                ? " (loss statistics, tied gradients, ZeRO's parameter all-gather: fp32)" : "");
     fprintf(f, ROW "%s\n", "micro_batches", count_or_auto(pd->micro_batches, b1, sizeof b1));
     if (t->global_batch == CDP_AUTO) {
         snprintf(b1, sizeof b1, "auto");

@@ -27,7 +27,33 @@
 
 static const char *const parallel_keys[] = {"stages", "replicas", "tensor", "micro_batches", "schedule", "chunks",
                                             "partition", "placement", "balance", "rebalance_every", "zero", "bucket_mb",
-                                            "sequence_parallel", NULL};
+                                            "sequence_parallel", "comm_dtype", NULL};
+
+/* /parallel/comm_dtype, in the order of comm.h's cdp_comm_wire */
+static const char *const comm_dtype_words[] = {"fp32", "bf16", NULL};
+static const char *const comm_dtype_keys[] = {"tensor", "gradients", NULL};
+
+/* "fp32" | "bf16" (both kinds of collective) | {"tensor": ..., "gradients": ...} (each fp32 unless named) */
+static cdp_status load_comm_dtype(struct ld *c, const json_t *v)
+{
+    struct cdp_parallel_desc *pd = &c->p->parallel;
+    const char *P = "/parallel/comm_dtype";
+    cdp_status st;
+    int tensor = 0, gradients = 0;
+    if (json_is_string(v)) {
+        if ((st = cdp_json_enum(&c->in, v, P, comm_dtype_words, &tensor))) return st;
+        gradients = tensor;
+    } else if (json_is_object(v)) {
+        if ((st = cdp_json_check_keys(&c->in, v, P, comm_dtype_keys, P))) return st;
+        if ((st = cdp_json_get_enum(&c->in, v, P, "tensor", comm_dtype_words, &tensor))) return st;
+        if ((st = cdp_json_get_enum(&c->in, v, P, "gradients", comm_dtype_words, &gradients))) return st;
+    } else {
+        return cdp_json_expected(&c->in, P, "\"fp32\", \"bf16\" or {\"tensor\": ..., \"gradients\": ...}", v);
+    }
+    pd->comm_bf16_tensor = tensor == 1;
+    pd->comm_bf16_gradients = gradients == 1;
+    return CDP_OK;
+}
 
 int cdp_plan_sequence_parallel_runs(const struct cdp_model_desc *m, char *why, size_t cap)
 {
@@ -584,6 +610,8 @@ cdp_status cdp_plan_load_parallel(struct ld *c, const json_t *v)
     if ((st = check_shares(c))) return st;
     if ((st = check_tensor_layers(c))) return st;
     if ((st = load_sequence_parallel(c, v ? json_object_get(v, "sequence_parallel") : NULL))) return st;
+    const json_t *cd = v ? json_object_get(v, "comm_dtype") : NULL;
+    if (cd && (st = load_comm_dtype(c, cd))) return st;
     if ((st = batch_arithmetic(c))) return st;
     if (named && named->mb_multiple_of_stages && pd->stages != CDP_AUTO && pd->micro_batches != CDP_AUTO &&
         pd->micro_batches % pd->stages)
