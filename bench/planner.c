@@ -131,7 +131,7 @@ static void print_breakdown(const struct cdp_plan *plan, const struct cdp_topolo
     printf("  %-56s %+9.1f ms  %5.1f%%\n", "recomputation", 1e3 * (C - B), 100 * (C - B) / G);
     char what[96];
     snprintf(what, sizeof what, "tensor %s (%s, not overlapped)",
-             r->sequence_parallel ? "reduce-scatters and all-gathers" : "all-reduces",
+             r->sequence_parallel ? "scatters and gathers" : "all-reduces",
              plan->parallel.comm_bf16_tensor ? "bf16" : "fp32");
     printf("  %-56s %+9.1f ms  %5.1f%%\n", what, 1e3 * (D - C), 100 * (D - C) / G);
     printf("  %-56s %+9.1f ms  %5.1f%%\n", "unequal stages (the slowest sets the pace)", 1e3 * (E - D),
