@@ -38,6 +38,14 @@ static int is_block(enum cdp_layer_type ty)
     return ty == CDP_LAYER_TRANSFORMER_BLOCK || ty == CDP_LAYER_LLAMA_BLOCK;
 }
 
+/* A list type that splits itself and sums its [T, C] output over the group
+ * (GPT's attention, Llama's rotary_attention and swiglu_mlp): one all-reduce
+ * forward, one of its input's gradient backward. */
+static int is_list_split(enum cdp_layer_type ty)
+{
+    return ty == CDP_LAYER_ATTENTION || ty == CDP_LAYER_ROTARY_ATTENTION || ty == CDP_LAYER_SWIGLU_MLP;
+}
+
 /* Whether devices [d, d + tp) are one node's and every pair of them is linked
  * by NVLink or an NVSwitch; else why not. */
 static int in_domain(const struct cdp_topology *t, int d, int tp, char *why, size_t cap)
@@ -228,7 +236,7 @@ static double collective_bytes(const struct cdp_plan *plan, const struct cdp_uni
         for (int q = 0; q < whole->ndim; q++) numel *= (double)whole->d[q];
         return B * numel * elem;
     }
-    if (u->desc.type == CDP_LAYER_ATTENTION) /* a list's: its output [T, C], and its input's gradient */
+    if (is_list_split(u->desc.type)) /* a list's: its output [T, C], and its input's gradient */
         return B * (double)u->out.d[0] * (double)u->out.d[1] * elem;
     return splits(u->desc.type) ? B * (double)plan->model.context * (double)plan->model.embed * elem : 0;
 }
@@ -267,8 +275,8 @@ double cdp_planner_tensor_collective_s(const struct cdp_plan *plan, int tp, doub
          * full recomputation runs the forward's two again */
         *count_fwd = 2;
         *count_bwd = 2 + (u->recompute == CDP_RECOMPUTE_FULL ? 2 : 0);
-    } else if (u->desc.type == CDP_LAYER_ATTENTION) {
-        /* a list's attention: its output projection's sum forward, its input's gradient backward,
+    } else if (is_list_split(u->desc.type)) {
+        /* a list's attention or SwiGLU MLP: its output projection's sum forward, its input's gradient backward,
          * the forward's again under full recomputation */
         *count_fwd = 1;
         *count_bwd = 1 + (u->recompute == CDP_RECOMPUTE_FULL ? 1 : 0);

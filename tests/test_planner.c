@@ -1138,6 +1138,18 @@ Test(planner, tensor_collectives_cost_a_ring_all_reduce_per_split_product)
     cr_expect(f == 1 && b == 2, "%d %d", f, b);
     free(u);
     cdp_plan_free(p);
+    /* Llama's list types the same: rotary_attention and swiglu_mlp each sum their [T, C] output */
+    p = load("{\"model\": {\"input\": [32, 64], \"layers\": [{\"type\": \"rotary_attention\", \"heads\": 4, "
+             "\"kv_heads\": 2}, {\"type\": \"swiglu_mlp\", \"hidden\": 128}, {\"type\": \"linear\", \"out\": 8}]}, "
+             "\"train\": {\"micro_batch\": 2}, \"cluster\": {\"backend\": \"cuda\", \"topology\": \"hgx-h100\"}}");
+    cr_assert_eq(cdp_units_build(&p->model, &u, &n), CDP_OK);
+    for (int i = 0; i < 2; i++) {
+        one = cdp_planner_tensor_collective_s(p, 4, bw, lat, &u[i], &f, &b);
+        cr_expect(fabs(one - (2.0 * 3 / 4 * att_bytes / bw + 6 * lat)) < 1e-12 * one, "unit %d: %g", i, one);
+        cr_expect(f == 1 && b == 1, "unit %d: %d %d", i, f, b);
+    }
+    free(u);
+    cdp_plan_free(p);
 }
 
 Test(planner, tensor_auto_keeps_the_fastest_t_and_lists_the_others, .timeout = 120)
