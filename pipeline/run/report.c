@@ -460,8 +460,14 @@ static int whole_of(struct cdp_safetensors_tensor *ts, void **owned, size_t *n, 
  * read from the device in pieces (a mix of splitmix64 over 8-byte words). */
 static cdp_status weights_digest(const struct exec *e, uint64_t *out)
 {
-    enum { PIECE = 1 << 22 }; /* floats */
-    float *host = malloc((size_t)PIECE * sizeof *host);
+    enum { PIECE = 1 << 22 }; /* floats at the most */
+    int64_t most = 1; /* the largest chunk's floats, up to PIECE: a small model reads through a small buffer */
+    for (int k = 0; k < e->v; k++) {
+        const int64_t n = cdp_model_param_floats(e->ch[k].model);
+        if (n > most) most = n;
+    }
+    if (most > PIECE) most = PIECE;
+    float *host = malloc((size_t)most * sizeof *host);
     if (!host) return cdp_fail(CDP_ERR_NOMEM, "out of memory");
     uint64_t h = 0x6364706879627269u;
     cdp_status st = CDP_OK;
@@ -470,8 +476,8 @@ static cdp_status weights_digest(const struct exec *e, uint64_t *out)
         if (cdp_model_tensor_count(mdl) == 0) continue;
         const float *w = cdp_model_tensor(mdl, 0)->data;
         const int64_t n = cdp_model_param_floats(mdl);
-        for (int64_t at = 0; at < n && !st; at += PIECE) {
-            const size_t len = (size_t)(n - at < PIECE ? n - at : PIECE);
+        for (int64_t at = 0; at < n && !st; at += most) {
+            const size_t len = (size_t)(n - at < most ? n - at : most);
             if ((st = cdp_device_read(e->dev, host, w + at, (uint64_t)len * sizeof *host))) break;
             const uint32_t *u = (const uint32_t *)(const void *)host;
             for (size_t i = 0; i < len; i += 2) {
