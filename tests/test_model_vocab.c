@@ -3,8 +3,9 @@
  * thread a rank, each with its own device and model, their collective a real
  * all-reduce between the threads (a barrier, then each rank sums every
  * rank's buffer in rank order). Each range runs two micro-batches forward,
- * the loss where it ends the model, and backward (combined or split), and
- * every rank's outputs, loss, input gradient, parameters and gradients are
+ * the loss where it ends the model, and backward (combined or split) into
+ * one input gradient that arrives non-zero and takes both micro-batches'
+ * (din +=, model.h), and every rank's outputs, loss, input gradient, parameters and gradients are
  * checked against one rank's (t = 1) within 1e-6 relative, with vocabularies
  * that t does not divide (padding rows: zero, in no loss and no gradient). */
 #include <criterion/criterion.h>
@@ -116,6 +117,8 @@ static void *run_range(void *arg)
     o->out_floats = ul->out_floats;
     o->out = calloc((size_t)(SLOTS * B * o->out_floats), 4);
     o->din = calloc((size_t)(B * o->in_floats), 4);
+    /* the input gradient arrives holding something (backward adds into it, model.h): the same on every run */
+    for (int64_t i = 0; i < B * o->in_floats; i++) o->din[i] = 0.25f * (float)((i * 7 % 13) - 6);
     uint64_t seed = 99;
     for (int slot = 0; slot < SLOTS; slot++) {
         if (u0->in_tokens) {
@@ -369,4 +372,30 @@ Test(model, tensor_split_list_attention_equals_one_rank)
     check_range(ATT_LIST(true), 1, 2, 4, CDP_RECOMPUTE_SELECTIVE, 1);
     check_range(ATT_LIST(false), 1, 2, 2, CDP_RECOMPUTE_FULL, 1);
     check_range(ATT_LIST(true), 0, 2, 4, CDP_RECOMPUTE_FULL, 0); /* with the norm before it, one range */
+}
+
+/* The list types whose input gradient is the group's sum of the ranks'
+ * parts: a column-split linear (with its row), rotary_attention and
+ * swiglu_mlp, first in their range, so that the caller's din reaches them
+ * holding a value, then slot 1's gradient when slot 0's backward adds into
+ * it: din = what it held + the gradient, as one rank, at t = 2 and 4,
+ * combined and split backward (an all-reduce of din in place would count
+ * what it held t times). */
+#define SPLIT_LINEARS                                                                                           \
+    "{\"model\": {\"input\": [4, 12], \"layers\": [{\"type\": \"layernorm\"}, {\"type\": \"linear\", "       \
+    "\"out\": 16, \"split\": \"column\"}, {\"type\": \"gelu\"}, {\"type\": \"linear\", \"out\": 12, \"split\": "  \
+    "\"row\"}, {\"type\": \"layernorm\"}]}, \"train\": {\"global_batch\": 2, \"micro_batch\": 2}}"
+#define LLAMA_LIST(kv)                                                                                          \
+    "{\"model\": {\"input\": [8, 16], \"layers\": [{\"type\": \"rmsnorm\"}, {\"type\": \"rotary_attention\", " \
+    "\"heads\": 4, \"kv_heads\": " #kv "}, {\"type\": \"swiglu_mlp\", \"hidden\": 24}, {\"type\": \"rmsnorm\"}]}, " \
+    "\"train\": {\"global_batch\": 2, \"micro_batch\": 2}}"
+
+Test(model, tensor_split_input_gradients_add_into_din)
+{
+    check_range(SPLIT_LINEARS, 1, 4, 2, CDP_RECOMPUTE_NONE, 0);
+    check_range(SPLIT_LINEARS, 1, 4, 4, CDP_RECOMPUTE_NONE, 1);
+    check_range(LLAMA_LIST(2), 1, 2, 2, CDP_RECOMPUTE_NONE, 0); /* rotary_attention */
+    check_range(LLAMA_LIST(4), 1, 2, 4, CDP_RECOMPUTE_SELECTIVE, 1);
+    check_range(LLAMA_LIST(2), 2, 3, 2, CDP_RECOMPUTE_NONE, 0); /* swiglu_mlp */
+    check_range(LLAMA_LIST(4), 2, 3, 4, CDP_RECOMPUTE_FULL, 1);
 }

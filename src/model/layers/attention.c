@@ -127,10 +127,7 @@ static cdp_status input_grad(const struct cdp_kernels *k, const struct cdp_unit 
     }
     K(zero, part, (size_t)N * C * sizeof *part);
     K(linear_bwd, part, gw, gb, dqkv, (const float *)in, p[0], N, C, 3 * A);
-    cdp_status st = cdp_unit_tensor_sum(u, part, (int64_t)N * C);
-    if (st) return st;
-    K(add, din, part, (size_t)N * C);
-    return CDP_OK;
+    return cdp_unit_tensor_add_sum(k, u, part, din, (int64_t)N * C);
 }
 
 /* Kept: the output, then qkv; the tail: the attention's output (atty), then its state. */

@@ -259,6 +259,16 @@ int64_t cdp_mul_add(int64_t a, int64_t b, int64_t c)
     return x;
 }
 
+cdp_status cdp_unit_tensor_add_sum(const struct cdp_kernels *k, const struct cdp_unit *u, float *part, float *din,
+                                   int64_t n)
+{
+    if (!din) return CDP_OK;
+    cdp_status st = cdp_unit_tensor_sum(u, part, n);
+    if (st) return st;
+    K(add, din, part, (size_t)n);
+    return CDP_OK;
+}
+
 /* ---- decoding with a KV cache (the decode hooks) ---- */
 
 void cdp_decode_linear(float *out, const float *in, const float *w, const float *b, int64_t n, int64_t IC, int64_t OC,

@@ -76,6 +76,14 @@ cdp_status cdp_layer_get_required_int(const struct cdp_json_in *in, const json_t
 /* x = a * b + c without overflow (and a, b, c >= 0); -1 when it overflows. */
 int64_t cdp_mul_add(int64_t a, int64_t b, int64_t c);
 
+/* The input gradient of a unit split over a tensor group, a sum of the
+ * ranks' parts: part (n floats of scratch, apart from din) holds this rank's,
+ * made from zero; it is summed over the group in place there and then added
+ * into din, so that din keeps what it held (backward adds, model.h). din NULL:
+ * nothing. */
+cdp_status cdp_unit_tensor_add_sum(const struct cdp_kernels *k, const struct cdp_unit *u, float *part, float *din,
+                                   int64_t n);
+
 /* K(op, args...): op of the unit's kernel table k; returns its failure. */
 #define K(op, ...) CDP_KERNEL(k, op, __VA_ARGS__)
 

@@ -2,7 +2,8 @@
  * split. Split over a tensor group of t (docs/parallelism.md, Megatron-LM's
  * column- and row-parallel linear layers): "column": rank k holds rows
  * [k out/t, (k+1) out/t) of W and of b and computes that slice of y; its
- * input gradient is a partial sum, all-reduced over the group. "row": rank k
+ * input gradient is a partial sum, made in scratch, all-reduced over the
+ * group there and added into din. "row": rank k
  * holds the matching columns of W (its input is the slice a column split
  * made) and the whole b; y is the group's sum of the partial products, with b
  * added once; its backward needs no collective. */
@@ -84,11 +85,33 @@ static void cost(struct cdp_unit *u)
 static int row_split(const struct cdp_unit *u) { return u->tp_size > 1 && u->desc.split == CDP_TSPLIT_ROW; }
 static int column_split(const struct cdp_unit *u) { return u->tp_size > 1 && u->desc.split == CDP_TSPLIT_COLUMN; }
 
+/* a column split's part of the input gradient [N, in] (input_grad); else none */
+static int64_t scratch(const struct cdp_unit *u, int B)
+{
+    return column_split(u) ? (int64_t)B * cdp_shape_rows(&u->in) * in_of(u) : 0;
+}
+
+/* din += dout's product with W (linear_bwd's input gradient), and the weight
+ * gradients where gw is not NULL. Column split: the product is the rank's
+ * slice's part of the sum, made in part (scratch, zeroed), summed over the
+ * group there, then added, so that din keeps what it held (model.h). */
+static cdp_status input_grad(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p, float *gw,
+                             float *gb, const float *dout, const void *in, float *din, float *part, int N)
+{
+    if (!din || !column_split(u)) {
+        K(linear_bwd, din, gw, gb, dout, (const float *)in, p[0], N, (int)in_of(u), (int)out_of(u));
+        return CDP_OK;
+    }
+    K(zero, part, (size_t)N * in_of(u) * sizeof *part);
+    K(linear_bwd, part, gw, gb, dout, (const float *)in, p[0], N, (int)in_of(u), (int)out_of(u));
+    return cdp_unit_tensor_add_sum(k, u, part, din, (int64_t)N * in_of(u));
+}
+
 static cdp_status forward(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p, const void *in,
-                          float *act, float *tail, float *scratch, int B)
+                          float *act, float *tail, float *scratch_, int B)
 {
     (void)tail;
-    (void)scratch;
+    (void)scratch_;
     const int64_t N = B * cdp_shape_rows(&u->in);
     /* row split: the group's sum of partial products, the bias added once (by index 0) */
     const float *bias = u->desc.bias && (!row_split(u) || u->tp_index == 0) ? p[1] : NULL;
@@ -98,37 +121,32 @@ static cdp_status forward(const struct cdp_kernels *k, const struct cdp_unit *u,
 
 static cdp_status backward(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p,
                            float *const *g, const void *in, const float *act, const float *tail,
-                           const float *dout, float *din, float *scratch, int B)
+                           const float *dout, float *din, float *scratch_, int B)
 {
-    (void)tail;
-    (void)act, (void)scratch;
-    const int64_t N = B * cdp_shape_rows(&u->in);
-    K(linear_bwd, din, g[0], u->desc.bias ? g[1] : NULL, dout, (const float *)in, p[0], (int)N, (int)in_of(u),
-      (int)out_of(u));
-    /* column split: each rank's din is its slice's part of the sum */
-    return din && column_split(u) ? cdp_unit_tensor_sum(u, din, N * in_of(u)) : CDP_OK;
+    (void)tail, (void)act;
+    return input_grad(k, u, p, g[0], u->desc.bias ? g[1] : NULL, dout, in, din, scratch_,
+                      (int)(B * cdp_shape_rows(&u->in)));
 }
 
 /* B: din with the weight outputs NULL; the output gradient kept for W */
 static cdp_status backward_input(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p,
                                  const void *in, const float *act, const float *tail, const float *dout,
-                                 float *din, float *ws, float *scratch, int B)
+                                 float *din, float *ws, float *scratch_, int B)
 {
-    (void)act, (void)tail, (void)scratch;
+    (void)act, (void)tail;
     const int N = (int)(B * cdp_shape_rows(&u->in));
     K(copy, ws, dout, (size_t)N * out_of(u) * sizeof *ws);
     if (!din) return CDP_OK;
-    K(linear_bwd, din, NULL, NULL, dout, (const float *)in, p[0], N, (int)in_of(u), (int)out_of(u));
     /* the group's collective is B's, W has none */
-    return column_split(u) ? cdp_unit_tensor_sum(u, din, (int64_t)N * in_of(u)) : CDP_OK;
+    return input_grad(k, u, p, NULL, NULL, dout, in, din, scratch_, N);
 }
 
 /* W: dw and db with din NULL, from that copy */
 static cdp_status backward_weight(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p,
                                   float *const *g, const void *in, const float *act, const float *tail,
-                                  const float *dout, const float *ws, float *scratch, int B)
+                                  const float *dout, const float *ws, float *scratch_, int B)
 {
-    (void)act, (void)tail, (void)dout, (void)scratch;
+    (void)act, (void)tail, (void)dout, (void)scratch_;
     K(linear_bwd, NULL, g[0], u->desc.bias ? g[1] : NULL, ws, (const float *)in, p[0],
       (int)(B * cdp_shape_rows(&u->in)), (int)in_of(u), (int)out_of(u));
     return CDP_OK;
@@ -147,6 +165,7 @@ const struct cdp_layer_def cdp_layer_linear = {
     .describe = describe,
     .build = build,
     .cost = cost,
+    .scratch = scratch,
     .forward = forward,
     .backward = backward,
     .backward_input = backward_input,

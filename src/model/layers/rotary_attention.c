@@ -8,7 +8,7 @@
  * (docs/parallelism.md): rank k holds heads [k H/t, (k+1) H/t) of q and kv
  * heads [k KV/t, (k+1) KV/t) of k and v, o row-parallel; one all-reduce of
  * the output forward, one of the input gradient backward (B's under split
- * backward). */
+ * backward: the rank's part made in scratch, summed there, added into din). */
 #include "model/layers/common.h"
 
 static const char *const keys[] = {"heads", "kv_heads", "rope_theta", "rope_scaling", NULL};
@@ -89,11 +89,13 @@ static void cost(struct cdp_unit *u)
     u->tail_flops = cdp_attention_flops(T, A, 1, 0);
 }
 
-/* forward: q, k, v; backward: datty, dqkv, dq, dk, dv, T x T */
+/* forward: q, k, v; backward: datty, dqkv, dq, dk, dv, T x T, and split
+ * over a group the rank's part of the input gradient [N, C] (input_grad's) */
 static int64_t scratch(const struct cdp_unit *u, int B)
 {
     const struct cdp_rotary_dims d = cdp_rotary_dims(u, B);
-    return (int64_t)d.N * (5 * d.A + 2 * d.KVD) + (int64_t)d.T * d.T;
+    const int64_t s = (int64_t)d.N * (5 * d.A + 2 * d.KVD) + (int64_t)d.T * d.T;
+    return cdp_unit_tensor_split(u) ? s + (int64_t)d.N * d.C : s;
 }
 
 static cdp_status forward(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p, const void *in,
@@ -124,7 +126,7 @@ static cdp_status recompute(const struct cdp_kernels *k, const struct cdp_unit *
 
 /* backward's buffers in scratch, and the W-state's (dout, dq, dk, dv) */
 struct grads {
-    float *datty, *dqkv, *dq, *dk, *dv, *tt;
+    float *datty, *dqkv, *dq, *dk, *dv, *tt, *part;
 };
 
 static struct grads grads_layout(float *s, const struct cdp_rotary_dims *d)
@@ -137,6 +139,7 @@ static struct grads grads_layout(float *s, const struct cdp_rotary_dims *d)
     g.dk = g.dq + NA;
     g.dv = g.dk + NK;
     g.tt = g.dv + NK;
+    g.part = g.tt + (size_t)d->T * d->T;
     return g;
 }
 
@@ -160,19 +163,32 @@ static cdp_status to_qkv(const struct cdp_kernels *k, const struct cdp_unit *u, 
     return CDP_OK;
 }
 
+/* din += the q, k and v projections' input gradients, their dw into gw[0..2]
+ * (gw NULL: not). Split over a group, the sum is the rank's heads' part:
+ * made in part (scratch, zeroed), summed over the group there, then added,
+ * so that din keeps what it held (it receives +=, model.h). */
+static cdp_status input_grad(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p,
+                             float *const *gw, const float *x, const float *dq, const float *dk, const float *dv,
+                             float *din, float *part, const struct cdp_rotary_dims *d)
+{
+    const int split = din && cdp_unit_tensor_split(u);
+    float *to = split ? part : din;
+    if (split) K(zero, part, (size_t)d->N * d->C * sizeof *part);
+    K(linear_bwd, to, gw ? gw[0] : NULL, NULL, dq, x, p[0], d->N, d->C, d->A);
+    K(linear_bwd, to, gw ? gw[1] : NULL, NULL, dk, x, p[1], d->N, d->C, d->KVD);
+    K(linear_bwd, to, gw ? gw[2] : NULL, NULL, dv, x, p[2], d->N, d->C, d->KVD);
+    return split ? cdp_unit_tensor_add_sum(k, u, part, din, (int64_t)d->N * d->C) : CDP_OK;
+}
+
 static cdp_status backward(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p,
                            float *const *g, const void *in, const float *act, const float *tail,
                            const float *dout, float *din, float *scratch_, int B)
 {
     const struct cdp_rotary_dims d = cdp_rotary_dims(u, B);
-    const float *x = (const float *)in;
     struct grads s = grads_layout(scratch_, &d);
     cdp_status st = to_qkv(k, u, p, g[3], act, tail, dout, &s, s.dq, s.dk, s.dv, B);
     if (st) return st;
-    K(linear_bwd, din, g[0], NULL, s.dq, x, p[0], d.N, d.C, d.A);
-    K(linear_bwd, din, g[1], NULL, s.dk, x, p[1], d.N, d.C, d.KVD);
-    K(linear_bwd, din, g[2], NULL, s.dv, x, p[2], d.N, d.C, d.KVD);
-    return din ? cdp_unit_tensor_sum(u, din, (int64_t)d.N * d.C) : CDP_OK;
+    return input_grad(k, u, p, g, (const float *)in, s.dq, s.dk, s.dv, din, s.part, &d);
 }
 
 static void rot_wstate(float *ws, const struct cdp_rotary_dims *d, float **dout, float **dq, float **dk, float **dv)
@@ -197,12 +213,7 @@ static cdp_status backward_input(const struct cdp_kernels *k, const struct cdp_u
     K(copy, wdout, dout, (size_t)d.N * d.C * sizeof *wdout);
     cdp_status st = to_qkv(k, u, p, NULL, act, tail, dout, &s, dq, dk, dv, B);
     if (st) return st;
-    if (din) {
-        K(linear_bwd, din, NULL, NULL, dq, x, p[0], d.N, d.C, d.A);
-        K(linear_bwd, din, NULL, NULL, dk, x, p[1], d.N, d.C, d.KVD);
-        K(linear_bwd, din, NULL, NULL, dv, x, p[2], d.N, d.C, d.KVD);
-    }
-    return din ? cdp_unit_tensor_sum(u, din, (int64_t)d.N * d.C) : CDP_OK;
+    return din ? input_grad(k, u, p, NULL, x, dq, dk, dv, din, s.part, &d) : CDP_OK;
 }
 
 /* W: the four projections' dw, din NULL */

@@ -5,7 +5,7 @@
  * over a tensor group of t (docs/parallelism.md): gate and up column-parallel
  * (rank k holds rows [k H/t, (k+1) H/t)), down row-parallel; one all-reduce
  * of the output forward, one of the input gradient backward (B's under split
- * backward). */
+ * backward: the rank's part made in scratch, summed there, added into din). */
 #include "model/layers/common.h"
 
 static const char *const keys[] = {"hidden", NULL};
@@ -93,10 +93,12 @@ static void cost(struct cdp_unit *u)
     u->tail_flops = 0;
 }
 
-/* the gradients of the product, the gate and the up projection */
+/* the gradients of the product, the gate and the up projection, and split
+ * over a group the rank's part of the input gradient [N, C] (input_grad's) */
 static int64_t scratch(const struct cdp_unit *u, int B)
 {
-    return (int64_t)B * cdp_shape_rows(&u->in) * 3 * width_of(u);
+    const int64_t N = (int64_t)B * cdp_shape_rows(&u->in);
+    return N * 3 * width_of(u) + (cdp_unit_tensor_split(u) ? N * cdp_shape_last(&u->in) : 0);
 }
 
 struct dims {
@@ -132,6 +134,22 @@ static cdp_status recompute(const struct cdp_kernels *k, const struct cdp_unit *
     return CDP_OK;
 }
 
+/* din += the gate and up projections' input gradients, their dw into gw[0]
+ * and gw[1] (gw NULL: not). Split over a group, the sum is the rank's slice
+ * of the width's part: made in part (scratch, zeroed), summed over the group
+ * there, then added, so that din keeps what it held (it receives +=, model.h). */
+static cdp_status input_grad(const struct cdp_kernels *k, const struct cdp_unit *u, float *const *p,
+                             float *const *gw, const void *in, const float *dgate, const float *dup, float *din,
+                             float *part, const struct dims *d)
+{
+    const int split = din && cdp_unit_tensor_split(u);
+    float *to = split ? part : din;
+    if (split) K(zero, part, (size_t)d->N * d->C * sizeof *part);
+    K(linear_bwd, to, gw ? gw[0] : NULL, NULL, dgate, (const float *)in, p[0], d->N, d->C, d->H);
+    K(linear_bwd, to, gw ? gw[1] : NULL, NULL, dup, (const float *)in, p[1], d->N, d->C, d->H);
+    return split ? cdp_unit_tensor_add_sum(k, u, part, din, (int64_t)d->N * d->C) : CDP_OK;
+}
+
 /* The W-state: the output gradients of down, gate and up. */
 static void mlp_wstate(float *ws, const struct dims *d, float **dout, float **dgate, float **dup)
 {
@@ -151,9 +169,7 @@ static cdp_status backward(const struct cdp_kernels *k, const struct cdp_unit *u
     K(zero, dh, 3 * NH_ * sizeof *dh);
     K(linear_bwd, dh, g[2], NULL, dout, tail, p[2], d.N, d.H, d.C);
     K(swiglu_bwd, dgate, dup, dh, gate, up, NH_);
-    K(linear_bwd, din, g[0], NULL, dgate, (const float *)in, p[0], d.N, d.C, d.H);
-    K(linear_bwd, din, g[1], NULL, dup, (const float *)in, p[1], d.N, d.C, d.H);
-    return din ? cdp_unit_tensor_sum(u, din, (int64_t)d.N * d.C) : CDP_OK;
+    return input_grad(k, u, p, g, in, dgate, dup, din, dup + NH_, &d);
 }
 
 /* B: backward's input-gradient calls, the weight outputs NULL, with the
@@ -172,11 +188,8 @@ static cdp_status backward_input(const struct cdp_kernels *k, const struct cdp_u
     K(linear_bwd, dh, NULL, NULL, dout, tail, p[2], d.N, d.H, d.C);
     K(zero, dgate, 2 * NH_ * sizeof *dgate); /* dgate and dup */
     K(swiglu_bwd, dgate, dup, dh, gate, up, NH_);
-    if (din) {
-        K(linear_bwd, din, NULL, NULL, dgate, (const float *)in, p[0], d.N, d.C, d.H);
-        K(linear_bwd, din, NULL, NULL, dup, (const float *)in, p[1], d.N, d.C, d.H);
-    }
-    return din ? cdp_unit_tensor_sum(u, din, (int64_t)d.N * d.C) : CDP_OK;
+    /* dgate and dup in the W-state; the part where backward has it, after three [N, H] */
+    return din ? input_grad(k, u, p, NULL, in, dgate, dup, din, scratch_ + 3 * NH_, &d) : CDP_OK;
 }
 
 /* W: the three projections' dw, din NULL */
