@@ -1177,6 +1177,14 @@ static void body_attention_state_planner(void)
         cr_assert_eq((int64_t)(n / (size_t)sh.B), cdp_cost_att_floats(&plan, &u),
                      "%s: B=%d T=%d C=%d NH=%d: the table keeps %zu floats, the planner counts %lld per sample",
                      where(), sh.B, sh.T, sh.C, sh.NH, n, (long long)cdp_cost_att_floats(&plan, &u));
+        if (sh.NH % 2) continue;
+        /* split by heads over 2 ranks: the rank's heads and width, as cdp_unit_fit_kernels asks the table */
+        u.tp_size = 2;
+        u.att_floats /= 2;
+        const size_t n2 = att_state_floats(sh.B, sh.T, sh.C / 2, sh.NH / 2);
+        cr_assert_eq((int64_t)(n2 / (size_t)sh.B), cdp_cost_att_floats(&plan, &u),
+                     "%s: B=%d T=%d C=%d NH=%d at t = 2: the table keeps %zu floats, the planner counts %lld per "
+                     "sample", where(), sh.B, sh.T, sh.C, sh.NH, n2, (long long)cdp_cost_att_floats(&plan, &u));
     }
 }
 

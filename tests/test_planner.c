@@ -667,6 +667,56 @@ Test(planner, fused_attention_state_counts_in_activation_memory)
 #undef GPT_PLAN
 }
 
+/* Split by heads over a tensor group of t, the fused kernels' state is the
+ * rank's: the CUDA table's attention_state_floats, B*NH*T + B*T*C when its
+ * flash path takes the shape (kernels/cuda/attention.cu), asked with the
+ * rank's NH/t heads and C/t width (cdp_unit_fit_kernels), so T*(NH/t + C/t)
+ * a sample; the numbers written out, since that formula is CUDA code. Head
+ * size 64 (C 512, 8 heads), a GPT block, a Llama block (4 kv heads) and a
+ * list's attention, on every rank of the group. */
+Test(planner, fused_attention_state_is_the_ranks_under_tensor_split)
+{
+#define BF16_CUDA(model) "{\"model\": " model ", \"train\": {\"micro_batch\": 4, \"precision\": \"bf16\"}, " \
+    "\"cluster\": {\"backend\": \"cuda\", \"topology\": \"dgx1-v100\"}}"
+    static const char *const plans[] = {
+        BF16_CUDA("{\"preset\": \"gpt\", \"vocab\": 1024, \"context\": 256, \"layers\": 2, \"heads\": 8, "
+                  "\"embed\": 512}"),
+        BF16_CUDA("{\"preset\": \"llama\", \"vocab\": 1024, \"context\": 256, \"layers\": 2, \"heads\": 8, "
+                  "\"kv_heads\": 4, \"dim\": 512, \"hidden\": 1024}"),
+        BF16_CUDA("{\"input\": [256, 512], \"layers\": [{\"type\": \"attention\", \"heads\": 8}]}"),
+    };
+#undef BF16_CUDA
+    const int at[] = {1, 1, 0}; /* the attention unit of each */
+    const int64_t T = 256, C = 512, NH = 8, B = 4;
+    for (size_t i = 0; i < sizeof plans / sizeof *plans; i++) {
+        struct cdp_plan *p = load(plans[i]);
+        for (int t = 1; t <= 4; t *= 2)
+            for (int k = 0; k < t; k++) {
+                struct cdp_unit *u;
+                int n;
+                cr_assert_eq(cdp_units_build_tensor(&p->model, t, k, &u, &n), CDP_OK, "%s", cdp_last_error());
+                const struct cdp_unit *a = &u[at[i]];
+                cr_assert_eq(cdp_unit_tensor_split(a), t > 1, "plan %zu, t = %d", i, t);
+                /* B*(NH/t)*T + B*T*(C/t) over B */
+                const int64_t state = (B * (NH / t) * T + B * T * (C / t)) / B;
+                const int64_t want = t == 1 ? 256 * (8 + 512) : t == 2 ? 256 * (4 + 256) : 256 * (2 + 128);
+                cr_expect_eq(state, want);
+                cr_expect_eq(cdp_cost_att_floats(p, a), want, "plan %zu, t = %d, rank %d: %lld floats a sample", i,
+                             t, k, (long long)cdp_cost_att_floats(p, a));
+                /* the probabilities it replaces are the rank's heads' too */
+                cr_expect_eq(a->att_floats, NH / t * T * T, "plan %zu, t = %d", i, t);
+                /* and the planner's activation memory counts it */
+                struct cdp_device_rate r = {.flops = 1e14, .efficiency = 0.5, .mem_bw = 1e12};
+                struct cdp_unit_cost c;
+                cdp_cost_analytic(p, a, 1, &r, &c);
+                cr_expect_eq(c.act_bytes, (double)(a->act_floats - a->att_floats + want) * B * 4, "plan %zu, t = %d",
+                             i, t);
+                free(u);
+            }
+        cdp_plan_free(p);
+    }
+}
+
 /* /train/recompute "auto": for a fixed shape, the least recomputation whose
  * memory fits the cap (none, then selective, then full), written into the
  * planned plan; each mode keeps less than the one before. */

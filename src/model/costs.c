@@ -66,7 +66,9 @@ void cdp_cost_fit_units(const struct cdp_plan *plan, struct cdp_unit *u, int n)
 int64_t cdp_cost_att_floats(const struct cdp_plan *plan, const struct cdp_unit *u)
 {
     if (!cdp_layer_def(u->desc.type)->keeps_attention) return 0;
-    const int64_t T = u->in.d[0] * (u->seq_parallel ? u->tp_size : 1), C = u->in.d[1], NH = u->desc.heads;
+    /* the rank's heads and width where u is split by heads, as cdp_unit_fit_kernels asks the table */
+    const int64_t t = cdp_unit_tensor_split(u) ? u->tp_size : 1;
+    const int64_t T = u->in.d[0] * (u->seq_parallel ? u->tp_size : 1), C = u->in.d[1] / t, NH = u->desc.heads / t;
     const int64_t HS = NH > 0 ? C / NH : 0;
     if (cdp_backend_is_gpu(plan->cluster.backend) && plan->train.precision == CDP_PRECISION_BF16 &&
         (HS == 32 || HS == 64) && C % NH == 0 && T > HS)

@@ -54,7 +54,9 @@ double cdp_cost_grad_comm_bytes_per_param(const struct cdp_plan *plan);
  * (backend cuda, precision bf16, head size 32 or 64, T above it: the rule of
  * cdp_cuda_flash_usable, which gpu_ops checks against the table's
  * attention_state_floats on a GPU), else the probabilities, u->att_floats
- * (0 for units without attention). */
+ * (0 for units without attention). heads and C are the rank's (heads/t, C/t)
+ * where u is split by heads over a tensor group of t, as
+ * cdp_unit_fit_kernels asks the table. */
 int64_t cdp_cost_att_floats(const struct cdp_plan *plan, const struct cdp_unit *u);
 
 /* Sizes every attention unit's saved state as the plan's backend keeps it
