@@ -103,7 +103,11 @@ cdp_status cdp_planner_balance_result(const struct ctx *c, const int *device, in
             for (int r = 0; r < R; r++) b->shares[r] = m;
             break;
         }
-        cdp_status st = cdp_balance_shares(b->t_s, R, p, (int64_t)R * m, c->v > 1 ? p : 1, 0, b->shares);
+        /* shares in multiples of p only where the schedule needs them (the
+         * table's rule, as the executor's rebalancing takes it): interleaved,
+         * not zbv, whose two chunks run any m */
+        const int64_t unit = cdp_schedule_def(c->kind)->mb_multiple_of_stages ? p : 1;
+        cdp_status st = cdp_balance_shares(b->t_s, R, p, (int64_t)R * m, unit, 0, b->shares);
         if (st) return cdp_error_context(st, "%s: planner", c->plan->source);
         break;
     }

@@ -11,10 +11,12 @@
 
 #include "cdp/plan.h"
 #include "cdp/topology.h"
+#include "comm/comm.h"
 #include "harness.h"
 #include "pipeline/balance.h"
 #include "pipeline/simulator.h"
 #include "partitioner/planner.h"
+#include "plan/schedule_kind.h"
 
 static struct cdp_plan *load(const char *text)
 {
@@ -318,6 +320,57 @@ Test(planner, auto_schedule_is_searched_and_written_back)
     cdp_planner_result_clear(&f);
     cdp_plan_free(p);
 }
+
+/* "schedule": "auto" at 2 stages and 3 micro-batches, a count the stages do
+ * not divide: the planner weighs only schedules the runtime runs there (not
+ * interleaved), and shares the micro-batches in multiples of the stages only
+ * where the schedule's table row asks it (interleaved; zbv's V runs any
+ * count, as the executor takes it), so zbv, named or chosen, plans; the
+ * "auto" plan trains one step on 2 ranks. */
+#define M3_PLAN(sched, out)                                                                                    \
+    "{\"model\": {\"preset\": \"gpt\", \"vocab\": 32, \"context\": 8, \"layers\": 2, \"heads\": 2, "          \
+    "\"embed\": 16}, \"train\": {\"steps\": 1, \"micro_batch\": 1}, \"parallel\": {\"stages\": 2, "             \
+    "\"micro_batches\": 3, \"schedule\": \"" sched "\"}, \"cluster\": {\"backend\": \"cpu\"}" out "}"
+
+Test(planner, auto_schedule_at_micro_batches_the_stages_do_not_divide_trains)
+{
+    struct cdp_topology *t = NULL;
+    cr_assert_eq(cdp_topology_cpu(2, 0, 0, &t), CDP_OK);
+    static const char *const plans[] = {M3_PLAN("zbv", ""), M3_PLAN("auto", "")};
+    for (int i = 0; i < 2; i++) {
+        struct cdp_plan *p = load(plans[i]);
+        struct cdp_planner_result r = {0};
+        cr_assert_eq(cdp_planner_run(p, t, NULL, 0, &r), CDP_OK, "%s: %s", i ? "auto" : "zbv", cdp_last_error());
+        const struct cdp_layout *l = r.layout;
+        cr_expect_eq(l->stages, 2);
+        cr_expect_eq(l->replicas, 1);
+        cr_expect_eq(l->micro_batches, 3);
+        cr_expect_eq(l->shares[0], 3);
+        cr_expect(!cdp_schedule_def(l->schedule)->mb_multiple_of_stages, "%s chosen at 3 micro-batches on 2 stages",
+                  cdp_schedule_name(l->schedule));
+        if (i == 0) cr_expect_eq(l->schedule, CDP_SCHEDULE_ZBV);
+        cdp_planner_result_clear(&r);
+        cdp_plan_free(p);
+    }
+    cdp_topology_free(t);
+    if (!cdp_comm_have_mpi()) cr_skip_test("this build has no MPI (-Dmpi=disabled): the 2-rank run is not possible");
+    char dir[4096], text[4800], metrics[4200];
+    snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
+    snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", dir);
+    snprintf(text, sizeof text, M3_PLAN("auto", ", \"output\": {\"metrics\": \"%s\"}"), metrics);
+    const char *path = cdp_test_write_file(dir, "auto.json", text);
+    struct cdp_run run;
+    cr_assert_eq(cdp_test_run(&run, (const char *[]){"--plan", path, NULL}), 0);
+    cr_assert_eq(run.exit_code, 0, "%s\n%s", run.out, run.err);
+    cr_expect(strstr(run.out, "on 2 ranks: 2 stages x 1 replicas") && strstr(run.out, "3 micro-batches"), "%s",
+              run.out);
+    char *m = cdp_test_read_file(metrics);
+    cr_assert_not_null(m, "no %s", metrics);
+    cr_expect(strstr(m, "\"step\": 1") && strstr(m, "\"loss\""), "%s", m);
+    free(m);
+    cdp_test_run_free(&run);
+}
+#undef M3_PLAN
 
 /* ---- load balance across replicas on mixed GPUs ------------------------------------------ */
 
