@@ -124,9 +124,21 @@ static cdp_status receives_in_send_order(struct builder *b)
     int *sends = malloc(((size_t)b->cap + 1) * sizeof *sends);
     if (!sends) return cdp_fail(CDP_ERR_NOMEM, "schedule: out of memory");
     cdp_status st = CDP_OK;
-    for (int r = 0; r < p && !st; r++)
-        for (int a = 0; a < p && !st; a++) {
-            if (a == r) continue;
+    for (int r = 0; r < p && !st; r++) {
+        /* only the ranks r receives from can send to it (its neighbours on
+         * the ring of virtual stages): at most two, taken in rank order */
+        int from[2], nfrom = 0;
+        for (int i = 0; i < s->len[r]; i++) {
+            const struct cdp_instr *in = &s->list[r][i];
+            if (!is_comm(in->op) || is_send(in->op) || (nfrom > 0 && from[0] == in->peer) ||
+                (nfrom > 1 && from[1] == in->peer))
+                continue;
+            CDP_ASSERT(nfrom < 2);
+            from[nfrom++] = in->peer;
+        }
+        if (nfrom == 2 && from[1] < from[0]) from[0] ^= from[1], from[1] ^= from[0], from[0] ^= from[1];
+        for (int ia = 0; ia < nfrom && !st; ia++) {
+            const int a = from[ia];
             int ns = 0, k = 0;
             for (int i = 0; i < s->len[a]; i++)
                 if (is_comm(s->list[a][i].op) && is_send(s->list[a][i].op) && s->list[a][i].peer == r) sends[ns++] = i;
@@ -154,6 +166,7 @@ static cdp_status receives_in_send_order(struct builder *b)
                 l[i] = rc;
             }
         }
+    }
     free(sends);
     return st;
 }
