@@ -237,15 +237,17 @@ cdp_status cdp_schedule_build_ex(enum cdp_schedule_kind kind, int p, int v, int 
         for (int r = 0; r < p; r++) loads_before_exchanges(&b, r);
     }
     for (int r = 0; r < p; r++) emit_step_end(&b, r, tied);
-    if (b.rendezvous && cdp_schedule_splits_backward(kind) && (st = sched_rendezvous_fix(s))) {
+    int moved = -1; /* -1: not proven yet */
+    if (b.rendezvous && cdp_schedule_splits_backward(kind) && (st = sched_rendezvous_fix(s, &moved))) {
         st = cdp_error_context(CDP_ERR_INTERNAL, "schedule %s (p=%d, v=%d, m=%d, rendezvous) is broken: ", name, p,
                                v, m);
         goto fail;
     }
     /* Every list handed out is proven for buffered (MPI) send/receive, and
      * for rendezvous (NCCL) send/receive too when it is meant for that; a
-     * failure here is a generator bug. */
-    if ((st = cdp_schedule_validate(s)) || (b.rendezvous && (st = sched_rendezvous_run(s)))) {
+     * failure here is a generator bug. Lists the rendezvous fix left as
+     * they were have been proven by it already (the same two checks). */
+    if (moved != 0 && ((st = cdp_schedule_validate(s)) || (b.rendezvous && (st = sched_rendezvous_run(s))))) {
         st = cdp_error_context(CDP_ERR_INTERNAL, "schedule %s (p=%d, v=%d, m=%d%s) is broken: ", name, p, v, m,
                                b.rendezvous ? ", rendezvous" : "");
         goto fail;

@@ -373,10 +373,11 @@ static void rv_free(struct rv *x)
 }
 
 /* The lists under rendezvous semantics; s has passed cdp_schedule_validate.
- * With fix (a generator's own lists), a run that deadlocks delays the
- * unmatched sends of the first rank that can (rv_delay_sends) and runs again,
- * until it passes or nothing can move. */
-static cdp_status rendezvous_exec(const struct cdp_schedule *s, struct cdp_schedule *fix)
+ * With fix (a generator's own lists), a run that deadlocks moves a receive
+ * up (rv_hoist_receive) or delays the unmatched sends of the first rank that
+ * can (rv_delay_sends) and goes on, until it passes or nothing can move;
+ * *n_moved counts the moves. */
+static cdp_status rendezvous_exec(const struct cdp_schedule *s, struct cdp_schedule *fix, int *n_moved)
 {
     int p = s->p;
     cdp_status st = CDP_OK;
@@ -405,6 +406,7 @@ static cdp_status rendezvous_exec(const struct cdp_schedule *s, struct cdp_sched
                 for (int q = 0; fix && q < p && !moved; q++) moved = rv_hoist_receive(&x, fix, q);
                 for (int q = 0; fix && q < p && !moved; q++) moved = rv_delay_sends(&x, fix, q);
                 if (!moved) st = rv_report(&x);
+                else if (n_moved) ++*n_moved;
                 break;
             }
     }
@@ -416,12 +418,13 @@ done:
     return st;
 }
 
-cdp_status sched_rendezvous_run(const struct cdp_schedule *s) { return rendezvous_exec(s, NULL); }
+cdp_status sched_rendezvous_run(const struct cdp_schedule *s) { return rendezvous_exec(s, NULL, NULL); }
 
-cdp_status sched_rendezvous_fix(struct cdp_schedule *s)
+cdp_status sched_rendezvous_fix(struct cdp_schedule *s, int *moved)
 {
+    *moved = 0;
     cdp_status st = cdp_schedule_validate(s);
-    return st ? st : rendezvous_exec(s, s);
+    return st ? st : rendezvous_exec(s, s, moved);
 }
 
 cdp_status cdp_schedule_validate_rendezvous(const struct cdp_schedule *s)
