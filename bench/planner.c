@@ -26,8 +26,10 @@
  * shape (175B) fits 80 GB per GPU only with activation recomputation or
  * sequence parallelism, which the planner chooses ("auto"); a 96-layer model
  * of embed 4096 is planned too, which fits without. The schedule stays 1F1B:
- * "auto" would also build the zero-bubble lists of every long pipeline it
- * screens, minutes at this size (docs/planner.md). */
+ * "auto" also builds and proves the zero-bubble lists of every shape it counts
+ * the memory of, which is no longer minutes but still about 40-50 s of CPU at
+ * this size (it picks zb-h1 there, 38.4 % MFU against 1F1B's 37.0 %:
+ * docs/planner.md), over the 10 s this benchmark holds the search to. */
 static const char *const PLAN_FMT =
     "{\"model\": {\"preset\": \"gpt\", \"vocab\": 50257, \"context\": 2048, \"layers\": 96, \"heads\": %d,"
     " \"embed\": %d},"

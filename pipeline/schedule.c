@@ -35,21 +35,12 @@
 
 int cdp_schedule_vstage(enum cdp_schedule_kind kind, int p, int v, int rank, int chunk)
 {
-    if (p < 1 || v < 1 || rank < 0 || rank >= p || chunk < 0 || chunk >= v) return -1;
-    if (cdp_schedule_def(kind)->placement == CDP_VSTAGE_V && v == 2) return chunk == 0 ? rank : 2 * p - 1 - rank;
-    return chunk * p + rank;
+    return sched_vstage_of(cdp_schedule_def(kind)->placement == CDP_VSTAGE_V && v == 2, p, v, rank, chunk);
 }
 
 void cdp_schedule_vstage_place(enum cdp_schedule_kind kind, int p, int v, int k, int *rank, int *chunk)
 {
-    CDP_ASSERT(p >= 1 && v >= 1 && k >= 0 && k < p * v);
-    if (cdp_schedule_def(kind)->placement == CDP_VSTAGE_V && v == 2) {
-        *rank = k < p ? k : 2 * p - 1 - k;
-        *chunk = k >= p;
-        return;
-    }
-    *rank = k % p;
-    *chunk = k / p;
+    sched_vstage_place_of(cdp_schedule_def(kind)->placement == CDP_VSTAGE_V && v == 2, p, v, k, rank, chunk);
 }
 
 int cdp_schedule_chunks_of(enum cdp_schedule_kind kind, int chunks)

@@ -124,9 +124,21 @@ static cdp_status receives_in_send_order(struct builder *b)
     int *sends = malloc(((size_t)b->cap + 1) * sizeof *sends);
     if (!sends) return cdp_fail(CDP_ERR_NOMEM, "schedule: out of memory");
     cdp_status st = CDP_OK;
-    for (int r = 0; r < p && !st; r++)
-        for (int a = 0; a < p && !st; a++) {
-            if (a == r) continue;
+    for (int r = 0; r < p && !st; r++) {
+        /* only the ranks r receives from can send to it (its neighbours on
+         * the ring of virtual stages): at most two, taken in rank order */
+        int from[2], nfrom = 0;
+        for (int i = 0; i < s->len[r]; i++) {
+            const struct cdp_instr *in = &s->list[r][i];
+            if (!is_comm(in->op) || is_send(in->op) || (nfrom > 0 && from[0] == in->peer) ||
+                (nfrom > 1 && from[1] == in->peer))
+                continue;
+            CDP_ASSERT(nfrom < 2);
+            from[nfrom++] = in->peer;
+        }
+        if (nfrom == 2 && from[1] < from[0]) from[0] ^= from[1], from[1] ^= from[0], from[0] ^= from[1];
+        for (int ia = 0; ia < nfrom && !st; ia++) {
+            const int a = from[ia];
             int ns = 0, k = 0;
             for (int i = 0; i < s->len[a]; i++)
                 if (is_comm(s->list[a][i].op) && is_send(s->list[a][i].op) && s->list[a][i].peer == r) sends[ns++] = i;
@@ -154,6 +166,7 @@ static cdp_status receives_in_send_order(struct builder *b)
                 l[i] = rc;
             }
         }
+    }
     free(sends);
     return st;
 }
@@ -224,15 +237,17 @@ cdp_status cdp_schedule_build_ex(enum cdp_schedule_kind kind, int p, int v, int 
         for (int r = 0; r < p; r++) loads_before_exchanges(&b, r);
     }
     for (int r = 0; r < p; r++) emit_step_end(&b, r, tied);
-    if (b.rendezvous && cdp_schedule_splits_backward(kind) && (st = sched_rendezvous_fix(s))) {
+    int moved = -1; /* -1: not proven yet */
+    if (b.rendezvous && cdp_schedule_splits_backward(kind) && (st = sched_rendezvous_fix(s, &moved))) {
         st = cdp_error_context(CDP_ERR_INTERNAL, "schedule %s (p=%d, v=%d, m=%d, rendezvous) is broken: ", name, p,
                                v, m);
         goto fail;
     }
     /* Every list handed out is proven for buffered (MPI) send/receive, and
      * for rendezvous (NCCL) send/receive too when it is meant for that; a
-     * failure here is a generator bug. */
-    if ((st = cdp_schedule_validate(s)) || (b.rendezvous && (st = sched_rendezvous_run(s)))) {
+     * failure here is a generator bug. Lists the rendezvous fix left as
+     * they were have been proven by it already (the same two checks). */
+    if (moved != 0 && ((st = cdp_schedule_validate(s)) || (b.rendezvous && (st = sched_rendezvous_run(s))))) {
         st = cdp_error_context(CDP_ERR_INTERNAL, "schedule %s (p=%d, v=%d, m=%d%s) is broken: ", name, p, v, m,
                                b.rendezvous ? ", rendezvous" : "");
         goto fail;

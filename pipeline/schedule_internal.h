@@ -5,25 +5,48 @@
 #ifndef CDP_PIPELINE_SCHEDULE_INTERNAL_H
 #define CDP_PIPELINE_SCHEDULE_INTERNAL_H
 
+#include "cdp/core.h"
 #include "pipeline/schedule.h"
+#include "plan/schedule_kind.h"
 
 /* Largest p * v * m a schedule may have: about 100 MB of lists. */
 #define MAX_CELLS (1 << 20)
 
+/* The placement of virtual stages (cdp_schedule_vstage and _place are these
+ * with the kind's placement looked up): inline, since validation and the
+ * rendezvous simulation ask for every instruction of lists of millions. V:
+ * the kind places its two chunks in a V. */
+static inline int sched_vstage_of(int V, int p, int v, int rank, int chunk)
+{
+    if (p < 1 || v < 1 || rank < 0 || rank >= p || chunk < 0 || chunk >= v) return -1;
+    return V ? (chunk == 0 ? rank : 2 * p - 1 - rank) : chunk * p + rank;
+}
+static inline void sched_vstage_place_of(int V, int p, int v, int k, int *rank, int *chunk)
+{
+    CDP_ASSERT(p >= 1 && v >= 1 && k >= 0 && k < p * v);
+    *rank = V ? (k < p ? k : 2 * p - 1 - k) : k % p;
+    *chunk = V ? k >= p : k / p;
+}
+/* Whether s's chunks form a V; one chunk per rank never does, so the lists
+ * of one chunk need no lookup of the kind. */
+static inline int sched_v_shaped(const struct cdp_schedule *s)
+{
+    return s->v == 2 && cdp_schedule_def(s->kind)->placement == CDP_VSTAGE_V;
+}
 static inline int vstage(const struct cdp_schedule *s, int rank, int chunk)
 {
-    return cdp_schedule_vstage(s->kind, s->p, s->v, rank, chunk);
+    return sched_vstage_of(sched_v_shaped(s), s->p, s->v, rank, chunk);
 }
 static inline int vrank(const struct cdp_schedule *s, int k)
 {
     int r, c;
-    cdp_schedule_vstage_place(s->kind, s->p, s->v, k, &r, &c);
+    sched_vstage_place_of(sched_v_shaped(s), s->p, s->v, k, &r, &c);
     return r;
 }
 static inline int vchunk(const struct cdp_schedule *s, int k)
 {
     int r, c;
-    cdp_schedule_vstage_place(s->kind, s->p, s->v, k, &r, &c);
+    sched_vstage_place_of(sched_v_shaped(s), s->p, s->v, k, &r, &c);
     return c;
 }
 static inline int nvstages(const struct cdp_schedule *s) { return s->p * s->v; }
@@ -83,7 +106,9 @@ struct wire sched_wire_of(const struct cdp_schedule *s, int r, const struct cdp_
 /* The lists run under rendezvous semantics: CDP_OK, or the deadlock named. */
 cdp_status sched_rendezvous_run(const struct cdp_schedule *s);
 /* Generator lists for NCCL: every deadlock under rendezvous semantics
- * resolved by delaying sends into the next group. */
-cdp_status sched_rendezvous_fix(struct cdp_schedule *s);
+ * resolved by delaying sends into the next group (or moving a receive up);
+ * *moved: how many moves that took (0: the lists are as given, and proven
+ * for both semantics). */
+cdp_status sched_rendezvous_fix(struct cdp_schedule *s, int *moved);
 
 #endif

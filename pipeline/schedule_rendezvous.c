@@ -173,6 +173,10 @@ static void rv_advance(struct rv *x, int r)
             me->end = cdp_schedule_p2p_group_end(s, r, me->at);
             me->open = me->end - me->at;
             for (int i = me->at; i < me->end; i++) {
+                if (x->done[x->off[r] + (size_t)i]) { /* a group posted again after a fix */
+                    me->open--;
+                    continue;
+                }
                 int b = s->list[r][i].peer, j = x->partner[x->off[r] + (size_t)i];
                 struct rv_rank *pe = &x->rank[b];
                 if (j < pe->at || j >= pe->end) continue; /* the peer has not posted it yet */
@@ -240,6 +244,49 @@ static cdp_status rv_report(const struct rv *x)
     return cdp_fail(CDP_ERR_INTERNAL, "%s", m.s);
 }
 
+/* The fixes below edit a blocked rank's list from its posted group on, and
+ * then continue the run instead of starting it again: the run's end (each
+ * rank blocked in the first group it cannot complete) does not depend on the
+ * order ranks are run in, every rank's list before its group is unchanged and
+ * the transfers done stay paired, so every rank still reaches its group.
+ * Rank r's instructions [i, to] rotate by one (dir 1: l[i] goes to to, the
+ * others down; dir -1: l[to] goes to i, the others up), with their pairing
+ * and done marks. */
+static void rv_rotate(struct rv *x, struct cdp_schedule *s, int r, int i, int to, int dir)
+{
+    struct cdp_instr *l = s->list[r];
+    int *pa = x->partner + x->off[r];
+    unsigned char *dn = x->done + x->off[r];
+    const size_t n = (size_t)(to - i);
+    if (dir > 0) {
+        const struct cdp_instr t = l[i];
+        const int tp = pa[i];
+        const unsigned char td = dn[i];
+        memmove(l + i, l + i + 1, n * sizeof *l);
+        memmove(pa + i, pa + i + 1, n * sizeof *pa);
+        memmove(dn + i, dn + i + 1, n);
+        l[to] = t, pa[to] = tp, dn[to] = td;
+    } else {
+        const struct cdp_instr t = l[to];
+        const int tp = pa[to];
+        const unsigned char td = dn[to];
+        memmove(l + i + 1, l + i, n * sizeof *l);
+        memmove(pa + i + 1, pa + i, n * sizeof *pa);
+        memmove(dn + i + 1, dn + i, n);
+        l[i] = t, pa[i] = tp, dn[i] = td;
+    }
+    for (int q = i; q <= to; q++)
+        if (is_comm(l[q].op)) x->partner[x->off[l[q].peer] + (size_t)pa[q]] = q;
+}
+
+/* Rank r's group is posted again (its list changed from there on). */
+static void rv_repost(struct rv *x, int r)
+{
+    x->rank[r].end = x->rank[r].at;
+    x->rank[r].open = 0;
+    rv_push(x, r);
+}
+
 /* Moves the sends of rank r's posted group that no receive has met yet to the
  * front of its next group, over the computes between (keeping the order of
  * every send and receive, so NCCL's pairing is unchanged): the group then
@@ -247,7 +294,7 @@ static cdp_status rv_report(const struct rv *x)
  * backward of an activation's own micro-batch and chunk (which frees its
  * slot), nor over a backward of a gradient's own chunk (which reuses the
  * ring of gradient buffers). Returns 1 when it moved something. */
-static int rv_delay_sends(const struct rv *x, struct cdp_schedule *s, int r)
+static int rv_delay_sends(struct rv *x, struct cdp_schedule *s, int r)
 {
     const struct rv_rank *me = &x->rank[r];
     struct cdp_instr *l = s->list[r];
@@ -275,11 +322,11 @@ static int rv_delay_sends(const struct rv *x, struct cdp_schedule *s, int r)
         for (int q = i + 1; q <= to; q++)
             if (is_send(l[q].op) && l[q].peer == t.peer) to = -1; /* would pass a send to the same peer */
         if (to < 0) continue;
-        memmove(l + i, l + i + 1, (size_t)(to - i) * sizeof *l);
-        l[to] = t;
+        rv_rotate(x, s, r, i, to, 1);
         next--;
         moved = 1;
     }
+    if (moved) rv_repost(x, r);
     return moved;
 }
 
@@ -289,7 +336,7 @@ static int rv_delay_sends(const struct rv *x, struct cdp_schedule *s, int r)
  * receive from r (NCCL pairs them in order), and a gradient not past a
  * backward of its chunk (whose one gradient buffer it would overwrite).
  * Returns 1 when it moved one. */
-static int rv_hoist_receive(const struct rv *x, struct cdp_schedule *s, int r)
+static int rv_hoist_receive(struct rv *x, struct cdp_schedule *s, int r)
 {
     const struct rv_rank *me = &x->rank[r];
     for (int i = me->at; i < me->end; i++) {
@@ -308,9 +355,8 @@ static int rv_hoist_receive(const struct rv *x, struct cdp_schedule *s, int r)
             if (l[j].op == CDP_OP_RECV_ACT && l[q].op == CDP_OP_BACKWARD_WEIGHT) ok = 0; /* keeps the slots */
         }
         if (!ok) continue;
-        const struct cdp_instr t = l[j];
-        memmove(l + pe->end + 1, l + pe->end, (size_t)(j - pe->end) * sizeof *l);
-        l[pe->end] = t;
+        rv_rotate(x, s, b, pe->end, j, -1);
+        rv_repost(x, b);
         return 1;
     }
     return 0;
@@ -327,14 +373,14 @@ static void rv_free(struct rv *x)
 }
 
 /* The lists under rendezvous semantics; s has passed cdp_schedule_validate.
- * With fix (a generator's own lists), a run that deadlocks delays the
- * unmatched sends of the first rank that can (rv_delay_sends) and runs again,
- * until it passes or nothing can move. */
-static cdp_status rendezvous_exec(const struct cdp_schedule *s, struct cdp_schedule *fix)
+ * With fix (a generator's own lists), a run that deadlocks moves a receive
+ * up (rv_hoist_receive) or delays the unmatched sends of the first rank that
+ * can (rv_delay_sends) and goes on, until it passes or nothing can move;
+ * *n_moved counts the moves. */
+static cdp_status rendezvous_exec(const struct cdp_schedule *s, struct cdp_schedule *fix, int *n_moved)
 {
     int p = s->p;
     cdp_status st = CDP_OK;
-again:;
     struct rv x = {.s = s};
     x.off = malloc(((size_t)p + 1) * sizeof *x.off);
     x.rank = calloc((size_t)p, sizeof *x.rank);
@@ -348,23 +394,22 @@ again:;
     if (!x.partner || !x.done) goto nomem;
     if ((st = rv_pair(&x))) goto done;
     for (int r = p - 1; r >= 0; r--) rv_push(&x, r);
-    while (x.nstack) {
-        int r = x.stack[--x.nstack];
-        x.queued[r] = 0;
-        rv_advance(&x, r);
-    }
-    for (int r = 0; r < p; r++)
-        if (x.rank[r].at < s->len[r]) {
-            int moved = 0;
-            for (int q = 0; fix && q < p && !moved; q++) moved = rv_hoist_receive(&x, fix, q);
-            for (int q = 0; fix && q < p && !moved; q++) moved = rv_delay_sends(&x, fix, q);
-            if (moved) {
-                rv_free(&x);
-                goto again;
-            }
-            st = rv_report(&x);
-            break;
+    for (int moved = 1; moved;) {
+        while (x.nstack) {
+            int r = x.stack[--x.nstack];
+            x.queued[r] = 0;
+            rv_advance(&x, r);
         }
+        moved = 0;
+        for (int r = 0; r < p; r++)
+            if (x.rank[r].at < s->len[r]) {
+                for (int q = 0; fix && q < p && !moved; q++) moved = rv_hoist_receive(&x, fix, q);
+                for (int q = 0; fix && q < p && !moved; q++) moved = rv_delay_sends(&x, fix, q);
+                if (!moved) st = rv_report(&x);
+                else if (n_moved) ++*n_moved;
+                break;
+            }
+    }
     goto done;
 nomem:
     st = cdp_fail(CDP_ERR_NOMEM, "schedule validation: out of memory");
@@ -373,12 +418,13 @@ done:
     return st;
 }
 
-cdp_status sched_rendezvous_run(const struct cdp_schedule *s) { return rendezvous_exec(s, NULL); }
+cdp_status sched_rendezvous_run(const struct cdp_schedule *s) { return rendezvous_exec(s, NULL, NULL); }
 
-cdp_status sched_rendezvous_fix(struct cdp_schedule *s)
+cdp_status sched_rendezvous_fix(struct cdp_schedule *s, int *moved)
 {
+    *moved = 0;
     cdp_status st = cdp_schedule_validate(s);
-    return st ? st : rendezvous_exec(s, s);
+    return st ? st : rendezvous_exec(s, s, moved);
 }
 
 cdp_status cdp_schedule_validate_rendezvous(const struct cdp_schedule *s)

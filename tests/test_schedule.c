@@ -920,6 +920,58 @@ Test(schedule, zero_bubble_lists_pass_both_validators)
     cr_assert_eq(cases, 3 * 2 * 2 * (4 * (1 + 2 + 3 + 4 + 5 + 6 + 7 + 8)));
 }
 
+/* FNV-1a over every rank's list (op, mb, chunk, peer of each instruction, a
+ * mark after each), the form the reference hashes below were taken in. */
+static unsigned long long lists_hash(const struct cdp_schedule *s)
+{
+    unsigned long long h = 1469598103934665603ULL;
+    for (int r = 0; r < s->p; r++)
+        for (int i = 0; i < s->len[r]; i++) {
+            const int x[4] = {(int)s->list[r][i].op, s->list[r][i].mb, s->list[r][i].chunk, s->list[r][i].peer};
+            for (int j = 0; j < 4; j++) {
+                h ^= (unsigned long long)(unsigned)x[j];
+                h *= 1099511628211ULL;
+            }
+            h ^= 0xabcdef;
+            h *= 1099511628211ULL;
+        }
+    return h;
+}
+
+/* The rendezvous fix goes on after each move instead of running every rank
+ * again, and puts receives in send order only from the ranks that send:
+ * the lists a rank runs are those of the builder before that change (these
+ * hashes were taken from it), including lists the fix moves many times
+ * (zbv p=12, m=128, which that builder took seconds for). */
+Test(schedule, zero_bubble_rendezvous_lists_are_the_reference_builders)
+{
+    static const struct {
+        enum cdp_schedule_kind kind;
+        int p, v, m, tied, rv;
+        unsigned long long hash;
+    } ref[] = {
+        {CDP_SCHEDULE_ZB_H1, 4, 1, 8, 1, 1, 0xcceb2566b6366abbULL},
+        {CDP_SCHEDULE_ZB_H1, 7, 1, 17, 0, 1, 0xb228495b100f8fb6ULL},
+        {CDP_SCHEDULE_ZB_H2, 4, 1, 8, 1, 1, 0x06b1b40ac06a494bULL},
+        {CDP_SCHEDULE_ZB_H2, 5, 1, 12, 1, 1, 0x8b77f48b898e3a22ULL},
+        {CDP_SCHEDULE_ZB_H2, 8, 1, 32, 0, 1, 0x7ca539501e3724cbULL},
+        {CDP_SCHEDULE_ZBV, 2, 2, 3, 1, 1, 0xca80ab5421664c9aULL},
+        {CDP_SCHEDULE_ZBV, 4, 2, 8, 1, 1, 0x5f9a894bc34295a9ULL},
+        {CDP_SCHEDULE_ZBV, 5, 2, 7, 0, 1, 0x72a6dd3924d256baULL},
+        {CDP_SCHEDULE_ZBV, 7, 2, 24, 1, 1, 0x30a7b7a8343c2052ULL},
+        {CDP_SCHEDULE_ZBV, 8, 2, 48, 1, 1, 0x61030b3cd1005417ULL},
+        {CDP_SCHEDULE_ZBV, 12, 2, 128, 1, 1, 0xeb0245cbcb8983a5ULL},
+        {CDP_SCHEDULE_ZBV, 6, 2, 16, 1, 0, 0xb83badbf83c581ddULL},
+    };
+    for (size_t i = 0; i < sizeof ref / sizeof *ref; i++) {
+        struct cdp_schedule *s = build_ex(ref[i].kind, ref[i].p, ref[i].v, ref[i].m, ref[i].tied, ref[i].rv);
+        cr_expect_eq(lists_hash(s), ref[i].hash, "%s p=%d m=%d tied=%d rendezvous=%d: lists hash %016llx, the "
+                     "reference builder's %016llx", cdp_schedule_name(ref[i].kind), ref[i].p, ref[i].m, ref[i].tied,
+                     ref[i].rv, lists_hash(s), ref[i].hash);
+        cdp_schedule_free(s);
+    }
+}
+
 /* Memory: a micro-batch counts from its F to its W. zb-h1 holds p on every
  * rank (1F1B's rank 0) and r + 1 W-states; zb-h2 at most 2p - 1, 2p - 1 on
  * rank 0 once m >= 2p - 1; zbv 2p chunk activations on every rank (each half
