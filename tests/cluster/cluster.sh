@@ -72,7 +72,7 @@ wait_answers() {
             sleep 0.1
         done
         # a wait is worth a line in the suite's log: it is what a test would have met
-        ((tries == 0)) || echo "multinode: h$k answered h$j over TCP after $tries failed tries ($(awk "BEGIN{printf \"%.1f\", $(date +%s.%N) - $t0}") s)" >&2
+        ((tries == 0)) || echo "multinode: h$k answered h$j over TCP after $(awk "BEGIN{printf \"%.1f\", $(date +%s.%N) - $t0}") s (unanswered probes: $tries)" >&2
     done
 }
 
