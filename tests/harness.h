@@ -47,6 +47,17 @@ int cdp_test_sample(void);
  * (cells 0, k, 2k, ...), moved to the front; returns how many remain. */
 size_t cdp_test_sample_cells(void *cells, size_t n, size_t size);
 
+/* For a test that crosses two features each of which another test runs
+ * alone (a ZeRO checkpoint killed before a part is written: the ZeRO kill and
+ * the part kill): when grids are sampled (cdp_test_sample() above 1, CI's
+ * sanitizer pass), it skips, naming the tests that run its paths there. The
+ * plain pass runs it. For Criterion tests (cr_skip_test). */
+#define CDP_TEST_SKIP_WHEN_SAMPLED(covered_by)                                                             \
+    do {                                                                                                    \
+        if (cdp_test_sample() > 1)                                                                          \
+            cr_skip_test("CDP_TEST_SAMPLE=%d: a cross of what %s run alone", cdp_test_sample(), covered_by); \
+    } while (0)
+
 /* Reads a whole file; NULL if it cannot. Caller frees. */
 char *cdp_test_read_file(const char *path);
 

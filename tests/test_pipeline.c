@@ -1362,12 +1362,15 @@ struct gpu_layout {
 
 ParameterizedTestParameters(pipeline, the_gpu_path_equals_the_cpu_backend)
 {
-    static struct gpu_layout grid[] = {
+    static const struct gpu_layout cells[] = {
         {MODEL_GPT, 1, 1, 2, 1, "1f1b"},      {MODEL_MLP, 1, 1, 2, 1, "1f1b"},
         {MODEL_GPT, 2, 2, 4, 1, "1f1b"},      {MODEL_MLP, 2, 2, 4, 1, "gpipe"},
         {MODEL_GPT, 2, 1, 4, 2, "interleaved"},
     };
-    return cr_make_param_array(struct gpu_layout, grid, sizeof grid / sizeof grid[0]);
+    static struct gpu_layout grid[sizeof cells / sizeof cells[0]];
+    memcpy(grid, cells, sizeof cells);
+    const size_t n = cdp_test_sample_cells(grid, sizeof grid / sizeof grid[0], sizeof grid[0]);
+    return cr_make_param_array(struct gpu_layout, grid, n);
 }
 
 ParameterizedTest(struct gpu_layout *g, pipeline, the_gpu_path_equals_the_cpu_backend, .timeout = 240)
@@ -1535,8 +1538,10 @@ Test(pipeline, tensor_checkpoints_resume_at_any_t, .timeout = 240)
  * holds the weights it ended with, bitwise. */
 ParameterizedTestParameters(pipeline, a_t2_checkpoint_resumes_at_t4_bitwise)
 {
-    static int models[] = {MODEL_SPLIT, MODEL_GPT};
-    return cr_make_param_array(int, models, 2);
+    static int models[2];
+    models[0] = MODEL_SPLIT;
+    models[1] = MODEL_GPT;
+    return cr_make_param_array(int, models, cdp_test_sample_cells(models, 2, sizeof models[0]));
 }
 
 ParameterizedTest(int *model, pipeline, a_t2_checkpoint_resumes_at_t4_bitwise, .timeout = 240)

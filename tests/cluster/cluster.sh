@@ -13,7 +13,8 @@
 #   cluster.sh ssh DIR [OPTS] HOST CMD...  the rsh agent Open MPI calls (DIR/bin/ssh)
 #   cluster.sh cable DIR K up|down  plug or pull host K's cable (its end at the bridge)
 #   cluster.sh kill DIR K     end every process on host K (a crashed host), cable pulled
-#   cluster.sh revive DIR K   host K back (rebooted when it was cut off): cable plugged, its slurmd up
+#   cluster.sh revive DIR K   host K back (rebooted when it was cut off): cable plugged, every
+#                             host reaching it over TCP, its slurmd up
 #   cluster.sh slurm DIR      munge, slurmctld on h0 and a slurmd per host (DIR/slurm)
 #   cluster.sh down DIR       end every process the cluster holds, remove it all
 #
@@ -38,6 +39,41 @@ procs_in() {
         [ "$(readlink "$p/ns/net" 2>/dev/null)" = "$ns" ] && echo "${p#/proc/}"
     done
     return 0
+}
+
+# Host j reaches host k over TCP: a connection to a port nobody listens on
+# (9) is refused by k's kernel, which proves the path both ways (j's SYN
+# reached k, k's reset came back); one that something listens on is
+# accepted. A SYN lost on a cable just plugged (its queue not yet started),
+# an unanswered ARP or a pulled cable is neither within the second.
+answers() {
+    local out
+    out=$(nsenter -t "$(pid_of "$1")" -n timeout 1 bash -c "exec 3<>/dev/tcp/$(cat "$dir/subnet").$(($2 + 1))/9" 2>&1) && return 0
+    case "$out" in *"Connection refused"*) return 0 ;; esac
+    return 1
+}
+
+# Waits until every other host whose cable is plugged reaches host k over
+# TCP (each pair at most 20 s), else says which pair does not and fails: a
+# test after a revive starts mpirun at once, and Open MPI gives up on a
+# daemon it cannot connect to ("unable to complete a TCP connection").
+wait_answers() {
+    local k=$1 j t0 tries
+    for j in $(seq 0 $(($(n_hosts) - 1))); do
+        [ "$j" = "$k" ] && continue
+        nsenter -t "$(pid_of bridge)" -n ip link show "c$j" | grep -q 'state UP' || continue
+        t0=$(date +%s.%N) tries=0
+        until answers "$j" "$k"; do
+            tries=$((tries + 1))
+            if (($(date +%s) - ${t0%.*} >= 20)); then
+                echo "multinode: h$k does not answer TCP from h$j ($(cat "$dir/subnet").$((k + 1)) port 9) after 20 s" >&2
+                exit 1
+            fi
+            sleep 0.1
+        done
+        # a wait is worth a line in the suite's log: it is what a test would have met
+        ((tries == 0)) || echo "multinode: h$k answered h$j over TCP after $(awk "BEGIN{printf \"%.1f\", $(date +%s.%N) - $t0}") s (unanswered probes: $tries)" >&2
+    done
 }
 
 # ssh's environment: a fresh one, with what sshd sets and nothing of the caller.
@@ -122,13 +158,7 @@ up)
     printf '#!/bin/sh\nexec %s ssh %s "$@"\n' "$self" "$dir" > "$dir/bin/ssh"
     chmod +x "$dir/bin/ssh"
     # every host reaches every other
-    for k in $(seq 1 $((n - 1))); do
-        for _ in $(seq 50); do
-            nsenter -t "$(pid_of 0)" -n ping -c 1 -W 1 "$subnet.$((k + 1))" >/dev/null 2>&1 && break
-            command -v ping >/dev/null || break
-            sleep 0.1
-        done
-    done
+    for k in $(seq 0 $((n - 1))); do wait_answers "$k"; done
     ;;
 exec | nsexec)
     k=${1:?cluster.sh $cmd DIR K CMD...}
@@ -253,6 +283,7 @@ revive)
         done
     fi
     nsenter -t "$(pid_of bridge)" -n ip link set "c$k" up
+    wait_answers "$k"
     s="$dir/slurm"
     [ -e "$s/slurm.conf" ] || exit 0
     running=
