@@ -384,8 +384,10 @@ static cdp_status none_fits(struct ctx *c, struct search *s, int W, const struct
 }
 
 /* 2. Placement: searched for the best few shapes when the plan leaves it to
- * the topology; *best is the candidate chosen and best_dev its placement. */
-static cdp_status place_best(struct ctx *c, struct search *s, struct cdp_planner_result *res, int *best,
+ * the topology; *best is the candidate chosen and best_dev its placement.
+ * With tensor groups the search places (stage, replica) on the first W
+ * groups (those of the world), each group one slot (placement.h). */
+static cdp_status place_best(struct ctx *c, struct search *s, int W, struct cdp_planner_result *res, int *best,
                              int *best_dev)
 {
     const struct cdp_plan *plan = c->plan;
@@ -398,11 +400,7 @@ static cdp_status place_best(struct ctx *c, struct search *s, struct cdp_planner
              pd->placement == CDP_PLACEMENT_EXPLICIT           ? "explicit (from the plan)"
              : pd->placement == CDP_PLACEMENT_ORDERED_DP_INNER ? "ordered-dp-inner (from the plan)"
                                                                : "ordered-pp-inner (from the plan)");
-    if (c->tp > 1 && pd->placement == CDP_PLACEMENT_TOPOLOGY)
-        snprintf(res->placement_method, sizeof res->placement_method,
-                 "ordered-pp-inner over tensor groups of %d devices (the search places one device per stage "
-                 "and replica; placing groups is not built yet)", c->tp);
-    if (pd->placement != CDP_PLACEMENT_TOPOLOGY || c->tp > 1) return CDP_OK;
+    if (pd->placement != CDP_PLACEMENT_TOPOLOGY) return CDP_OK;
     for (int i = 0; i < s->n_cand && i < CDP_PLANNER_PLACED_SHAPES; i++) {
         struct cand *k = &s->cand[i];
         cdp_planner_set_kind(c, k->kind, k->v);
@@ -418,6 +416,7 @@ static cdp_status place_best(struct ctx *c, struct search *s, struct cdp_planner
         if (evals < 8) evals = 8;
         struct cdp_placement_problem pb = {.topo = c->t, .p = k->p, .R = k->R, .cost = cdp_planner_place_cost, .ctx = c,
                                            .max_local_evals = evals};
+        if (c->tp > 1) pb.group = c->tp, pb.n_groups = W, pb.group_first = c->leader;
         struct cdp_placement_info info;
         if ((st = cdp_placement_search(&pb, s->dev, &info))) break;
         res->placed_shapes++;
@@ -433,7 +432,10 @@ static cdp_status place_best(struct ctx *c, struct search *s, struct cdp_planner
             *best = i;
             best_sps = sps;
             memcpy(best_dev, s->dev, (size_t)k->p * k->R * sizeof *s->dev);
-            snprintf(res->placement_method, sizeof res->placement_method, "%s", info.method);
+            if (c->tp > 1)
+                snprintf(res->placement_method, sizeof res->placement_method,
+                         "%d tensor groups of %d devices as slots, %.130s", W, c->tp, info.method);
+            else snprintf(res->placement_method, sizeof res->placement_method, "%s", info.method);
         }
     }
     return st;
@@ -614,7 +616,7 @@ static cdp_status run_fixed(const struct cdp_plan *plan, const struct cdp_topolo
             s.cand[j] = s.cand[j - 1];
             s.cand[j - 1] = tmp;
         }
-    if ((st = place_best(&c, &s, &res, &best, best_dev))) goto fail;
+    if ((st = place_best(&c, &s, W, &res, &best, best_dev))) goto fail;
     if (!s.layout_only && plan->parallel.placement == CDP_PLACEMENT_TOPOLOGY &&
         (st = prefer_orders(&c, &s, &s.cand[best], best_dev, &res)))
         goto fail;
