@@ -145,6 +145,13 @@ static int grouped(const struct cdp_placement_problem *pb) { return pb->group > 
 
 static int slots_of(const struct cdp_placement_problem *pb) { return grouped(pb) ? pb->n_groups : pb->topo->n_gpus; }
 
+/* " over 16 groups of 4 devices" for the method line; "" without groups. */
+static void slots_said(const struct cdp_placement_problem *pb, char *buf, size_t cap)
+{
+    buf[0] = '\0';
+    if (grouped(pb)) snprintf(buf, cap, " over %d groups of %d devices", pb->n_groups, pb->group);
+}
+
 static cdp_status machine_build(const struct cdp_placement_problem *pb, int want_autos, struct machine *m)
 {
     const struct cdp_topology *t = pb->topo;
@@ -244,15 +251,17 @@ struct exact {
     int *dv;          /* N: a's devices, for the objective */
     int evaluate;          /* 0: only count leaves */
     int64_t leaves, cap;
+    int64_t work, work_cap; /* (automorphism, rotation) pairs the leader test looked at, and how many may be */
     double best;
     int *best_a;
 };
 
 /* Is the partial assignment a[0..d-1] certainly not the lexicographic leader
  * of its orbit under (automorphism pi, rotation of the replicas by t)? */
-static int dominated(const struct exact *E, int d)
+static int dominated(struct exact *E, int d)
 {
     const int R = E->pb->R, n = E->m->n;
+    E->work += (int64_t)(E->m->n_autos + 1) * R;
     for (int g = -1; g < E->m->n_autos; g++) {
         const int *pi = g >= 0 ? E->m->autos + (size_t)g * n : NULL;
         for (int t = 0; t < R; t++) {
@@ -271,7 +280,7 @@ static int dominated(const struct exact *E, int d)
 
 static void exact_rec(struct exact *E, int d)
 {
-    if (E->leaves > E->cap) return;
+    if (E->leaves > E->cap || E->work > E->work_cap) return;
     if (d == E->N) {
         E->leaves++;
         if (!E->evaluate) return;
@@ -329,11 +338,17 @@ cdp_status cdp_placement_exact(const struct cdp_placement_problem *pb, int *devi
     const int n = slots_of(pb), N = pb->p * pb->R;
     const int64_t cap = pb->max_exact_evals > 0 ? pb->max_exact_evals : CDP_PLACEMENT_EXACT_EVALS;
     if (n > CDP_PLACEMENT_EXACT_MAX_DEVICES)
-        return cdp_fail(CDP_ERR_UNSUPPORTED, "placement: exact search is for at most %d %s; %s has %d",
-                        CDP_PLACEMENT_EXACT_MAX_DEVICES, grouped(pb) ? "groups" : "devices", pb->topo->name, n);
+        return grouped(pb) ? cdp_fail(CDP_ERR_UNSUPPORTED, "placement: exact search is for at most %d groups",
+                                      CDP_PLACEMENT_EXACT_MAX_DEVICES)
+                           : cdp_fail(CDP_ERR_UNSUPPORTED, "placement: exact search is for at most %d devices; %s has %d",
+                                      CDP_PLACEMENT_EXACT_MAX_DEVICES, pb->topo->name, n);
     struct machine m;
     if ((st = machine_build(pb, 1, &m))) return st;
-    struct exact E = {.pb = pb, .m = &m, .N = N, .cap = cap, .best = INFINITY};
+    /* the leader test costs (automorphisms x rotations) a node: with many
+     * automorphisms (16 groups, two on each of 8 nodes: 511 kept) counting
+     * 50,000 leaves took 1.5 s, so the count also stops at 200 tests a leaf
+     * allowed (the 8-device presets' searches need at most 4 a leaf) */
+    struct exact E = {.pb = pb, .m = &m, .N = N, .cap = cap, .work_cap = 200 * cap, .best = INFINITY};
     E.a = calloc((size_t)N, sizeof *E.a);
     E.best_a = calloc((size_t)N, sizeof *E.best_a);
     E.dv = calloc((size_t)N, sizeof *E.dv);
@@ -348,8 +363,14 @@ cdp_status cdp_placement_exact(const struct cdp_placement_problem *pb, int *devi
                       (long long)cap);
         goto done;
     }
+    if (E.work > E.work_cap) {
+        st = cdp_fail(CDP_ERR_UNSUPPORTED, "placement: exact search would take more than %lld symmetry tests",
+                      (long long)E.work_cap);
+        goto done;
+    }
     const int64_t count = E.leaves;
     E.leaves = 0;
+    E.work_cap = INT64_MAX;
     E.evaluate = 1;
     exact_rec(&E, 0);
     if (!(E.best < INFINITY)) {
@@ -362,8 +383,10 @@ cdp_status cdp_placement_exact(const struct cdp_placement_problem *pb, int *devi
         info->cost = E.best;
         info->exact = 1;
         info->evals = count;
+        char over[64];
+        slots_said(pb, over, sizeof over);
         snprintf(info->method, sizeof info->method,
-                 "exact: %lld assignments up to symmetry (%d automorphism classes, replica rotations)",
+                 "exact%s: %lld assignments up to symmetry (%d automorphism classes, replica rotations)", over,
                  (long long)count, m.n_autos + 1);
     }
 done:
@@ -444,7 +467,11 @@ cdp_status cdp_placement_heuristic(const struct cdp_placement_problem *pb, int *
                                        "replica groups on islands"};
     double best = INFINITY;
     int start = 0;
-    for (int k = 0; k < 4; k++) {
+    /* every slot alike: any two differ by swaps of alike slots, so every
+     * assignment is the same and one evaluation is the search */
+    int alike = 1;
+    for (int i = 1; i < n && alike; i++) alike = m.klass[i] == m.klass[0];
+    for (int k = 0; k < (alike ? 1 : 4); k++) {
         if (k % 2 == 0) cdp_placement_ordered_pp_inner(p, R, cand);
         else cdp_placement_ordered_dp_inner(p, R, cand);
         if (k >= 2)
@@ -506,8 +533,15 @@ cdp_status cdp_placement_heuristic(const struct cdp_placement_problem *pb, int *
         info->cost = best;
         info->exact = 0;
         info->evals = L.evals;
-        snprintf(info->method, sizeof info->method, "heuristic: start %s, %d improving swaps/moves, %lld evaluations%s",
-                 start_name[start], moves, (long long)L.evals, L.evals >= L.cap ? " (cap reached)" : "");
+        char over[64];
+        slots_said(pb, over, sizeof over);
+        if (alike)
+            snprintf(info->method, sizeof info->method, "heuristic%s: every slot alike, one assignment evaluated",
+                     over);
+        else
+            snprintf(info->method, sizeof info->method,
+                     "heuristic%s: start %s, %d improving swaps/moves, %lld evaluations%s", over, start_name[start],
+                     moves, (long long)L.evals, L.evals >= L.cap ? " (cap reached)" : "");
     }
 done:
     free(order);
@@ -526,7 +560,8 @@ cdp_status cdp_placement_search(const struct cdp_placement_problem *pb, int *dev
     st = cdp_placement_exact(pb, device, info);
     if (st != CDP_ERR_UNSUPPORTED) return st;
     char why[160];
-    snprintf(why, sizeof why, "%s", cdp_last_error());
+    const char *e = cdp_last_error();
+    snprintf(why, sizeof why, "%s", strncmp(e, "placement: ", 11) ? e : e + 11);
     if ((st = cdp_placement_heuristic(pb, device, info))) return st;
     if (info) {
         const size_t l = strlen(info->method);

@@ -54,7 +54,7 @@ struct cdp_placement_info {
     double cost;      /* the objective of the returned assignment */
     int exact;        /* 1: the exhaustive search finished (the result is optimal) */
     int64_t evals;    /* calls of the objective */
-    char method[160]; /* how the result was found, for reports */
+    char method[200]; /* how the result was found, for reports */
 };
 
 /* The two fixed orders: ordered-pp-inner (stages adjacent: device r*p + s)

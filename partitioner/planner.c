@@ -432,10 +432,7 @@ static cdp_status place_best(struct ctx *c, struct search *s, int W, struct cdp_
             *best = i;
             best_sps = sps;
             memcpy(best_dev, s->dev, (size_t)k->p * k->R * sizeof *s->dev);
-            if (c->tp > 1)
-                snprintf(res->placement_method, sizeof res->placement_method,
-                         "%d tensor groups of %d devices as slots, %.130s", W, c->tp, info.method);
-            else snprintf(res->placement_method, sizeof res->placement_method, "%s", info.method);
+            snprintf(res->placement_method, sizeof res->placement_method, "%s", info.method);
         }
     }
     return st;
