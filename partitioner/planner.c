@@ -385,9 +385,9 @@ static cdp_status none_fits(struct ctx *c, struct search *s, int W, const struct
 
 /* 2. Placement: searched for the best few shapes when the plan leaves it to
  * the topology; *best is the candidate chosen and best_dev its placement.
- * With tensor groups the search places (stage, replica) on the first W
- * groups (those of the world), each group one slot (placement.h). */
-static cdp_status place_best(struct ctx *c, struct search *s, int W, struct cdp_planner_result *res, int *best,
+ * With tensor groups the search places (stage, replica) on the groups, each
+ * group one slot (placement.h), as it places them on devices at t = 1. */
+static cdp_status place_best(struct ctx *c, struct search *s, struct cdp_planner_result *res, int *best,
                              int *best_dev)
 {
     const struct cdp_plan *plan = c->plan;
@@ -416,7 +416,7 @@ static cdp_status place_best(struct ctx *c, struct search *s, int W, struct cdp_
         if (evals < 8) evals = 8;
         struct cdp_placement_problem pb = {.topo = c->t, .p = k->p, .R = k->R, .cost = cdp_planner_place_cost, .ctx = c,
                                            .max_local_evals = evals};
-        if (c->tp > 1) pb.group = c->tp, pb.n_groups = W, pb.group_first = c->leader;
+        if (c->tp > 1) pb.group = c->tp, pb.n_groups = c->n_groups, pb.group_first = c->leader;
         struct cdp_placement_info info;
         if ((st = cdp_placement_search(&pb, s->dev, &info))) break;
         res->placed_shapes++;
@@ -613,7 +613,7 @@ static cdp_status run_fixed(const struct cdp_plan *plan, const struct cdp_topolo
             s.cand[j] = s.cand[j - 1];
             s.cand[j - 1] = tmp;
         }
-    if ((st = place_best(&c, &s, W, &res, &best, best_dev))) goto fail;
+    if ((st = place_best(&c, &s, &res, &best, best_dev))) goto fail;
     if (!s.layout_only && plan->parallel.placement == CDP_PLACEMENT_TOPOLOGY &&
         (st = prefer_orders(&c, &s, &s.cand[best], best_dev, &res)))
         goto fail;
