@@ -1,5 +1,6 @@
 /* Placement search: exhaustive up to symmetry on small machines, hierarchical
- * start plus local search beyond. The objective is the caller's. */
+ * start plus local search beyond. The slots are devices, or tensor groups of
+ * devices seen as one device each. The objective is the caller's. */
 #include "partitioner/placement.h"
 
 #include <math.h>
@@ -22,18 +23,22 @@ void cdp_placement_ordered_dp_inner(int p, int R, int *device)
         for (int r = 0; r < R; r++) device[s * R + r] = s * R + r;
 }
 
-/* What the search knows of the machine. */
+/* What the search knows of the machine: its slots (devices, or tensor
+ * groups) and the links between them. */
 struct machine {
-    int n;
+    int n;            /* slots */
+    int group;        /* devices per slot */
+    int *dev;         /* n: each slot's (first) device */
     double *bw, *lat; /* n x n */
     int *cls;         /* n x n link class */
-    int *klass;       /* devices with identical rows share a class id (its smallest member) */
+    int *klass;       /* slots with identical rows share a class id (its smallest member) */
     int n_autos;
     int *autos;       /* n_autos x n: class-order-preserving automorphisms other than identity */
 };
 
 static void machine_free(struct machine *m)
 {
+    free(m->dev);
     free(m->bw);
     free(m->lat);
     free(m->cls);
@@ -46,6 +51,14 @@ static int same_device(const struct cdp_topology *t, int a, int b)
     const struct cdp_topology_gpu *x = &t->gpus[a], *y = &t->gpus[b];
     return strcmp(x->name, y->name) == 0 && x->memory_bytes == y->memory_bytes && x->peak_fp32 == y->peak_fp32 &&
            x->peak_tf32 == y->peak_tf32 && x->peak_bf16 == y->peak_bf16;
+}
+
+/* Slots a and b hold alike devices, member by member. */
+static int same_slot(const struct cdp_topology *t, const struct machine *m, int a, int b)
+{
+    for (int k = 0; k < m->group; k++)
+        if (!same_device(t, m->dev[a] + k, m->dev[b] + k)) return 0;
+    return 1;
 }
 
 static int same_link(const struct machine *m, int a, int b, int x, int y)
@@ -75,7 +88,7 @@ static uint64_t link_hash(const struct machine *m, int u, int v, int at, int col
 /* Swapping a and b maps every link onto an equal one. */
 static int interchangeable(const struct cdp_topology *t, const struct machine *m, int a, int b)
 {
-    if (!same_device(t, a, b) || !same_link(m, a, b, b, a)) return 0;
+    if (!same_slot(t, m, a, b) || !same_link(m, a, b, b, a)) return 0;
     for (int x = 0; x < m->n; x++) {
         if (x == a || x == b) continue;
         if (!same_link(m, a, x, b, x) || !same_link(m, x, a, x, b)) return 0;
@@ -110,7 +123,7 @@ static void auto_rec(struct auto_search *A, int c)
     for (int d = 0; d < A->n_cls; d++) {
         if (A->used[d] || A->cls_size[d] != A->cls_size[c]) continue;
         const int *dst = A->members + (size_t)d * n;
-        if (!same_device(A->t, src[0], dst[0])) continue;
+        if (!same_slot(A->t, m, src[0], dst[0])) continue;
         for (int i = 0; i < A->cls_size[c]; i++) A->perm[src[i]] = dst[i];
         int ok = 1;
         for (int c2 = 0; c2 <= c && ok; c2++) /* links among classes mapped so far */
@@ -128,28 +141,51 @@ static void auto_rec(struct auto_search *A, int c)
     }
 }
 
-static cdp_status machine_build(const struct cdp_topology *t, int want_autos, struct machine *m)
+static int grouped(const struct cdp_placement_problem *pb) { return pb->group > 1; }
+
+static int slots_of(const struct cdp_placement_problem *pb) { return grouped(pb) ? pb->n_groups : pb->topo->n_gpus; }
+
+/* " over 16 groups of 4 devices" for the method line; "" without groups. */
+static void slots_said(const struct cdp_placement_problem *pb, char *buf, size_t cap)
 {
-    const int n = t->n_gpus;
+    buf[0] = '\0';
+    if (grouped(pb)) snprintf(buf, cap, " over %d groups of %d devices", pb->n_groups, pb->group);
+}
+
+static cdp_status machine_build(const struct cdp_placement_problem *pb, int want_autos, struct machine *m)
+{
+    const struct cdp_topology *t = pb->topo;
+    const int n = slots_of(pb);
     memset(m, 0, sizeof *m);
     m->n = n;
+    m->group = grouped(pb) ? pb->group : 1;
+    m->dev = calloc((size_t)n, sizeof *m->dev);
     m->bw = calloc((size_t)n * n, sizeof *m->bw);
     m->lat = calloc((size_t)n * n, sizeof *m->lat);
     m->cls = calloc((size_t)n * n, sizeof *m->cls);
     m->klass = calloc((size_t)n, sizeof *m->klass);
-    if (!m->bw || !m->lat || !m->cls || !m->klass) goto nomem;
+    if (!m->dev || !m->bw || !m->lat || !m->cls || !m->klass) goto nomem;
+    for (int a = 0; a < n; a++) m->dev[a] = grouped(pb) ? pb->group_first[a] : a;
+    /* a group's traffic to another runs over its t member pairs in parallel: the slowest pair's link */
     for (int a = 0; a < n; a++)
         for (int b = 0; b < n; b++) {
-            struct cdp_topology_link l;
             if (a == b) continue;
-            cdp_status st = cdp_topology_link(t, a, b, &l);
-            if (st) {
-                machine_free(m);
-                return cdp_error_context(st, "placement: link %d -> %d", a, b);
+            double bw = INFINITY, lat = 0;
+            int cls = 0;
+            for (int k = 0; k < m->group; k++) {
+                struct cdp_topology_link l;
+                cdp_status st = cdp_topology_link(t, m->dev[a] + k, m->dev[b] + k, &l);
+                if (st) {
+                    machine_free(m);
+                    return cdp_error_context(st, "placement: link %d -> %d", m->dev[a] + k, m->dev[b] + k);
+                }
+                bw = fmin(bw, l.bandwidth);
+                lat = fmax(lat, l.latency);
+                if ((int)l.cls > cls) cls = (int)l.cls;
             }
-            m->bw[a * n + b] = l.bandwidth;
-            m->lat[a * n + b] = l.latency;
-            m->cls[a * n + b] = (int)l.cls;
+            m->bw[a * n + b] = bw;
+            m->lat[a * n + b] = lat;
+            m->cls[a * n + b] = cls;
         }
     /* Classes. interchangeable() is O(n) a pair, and a cluster has n / 8
      * classes, so checking every representative is O(n^3) (minutes at 4096
@@ -203,7 +239,7 @@ static cdp_status machine_build(const struct cdp_topology *t, int want_autos, st
     return CDP_OK;
 nomem:
     machine_free(m);
-    return cdp_fail(CDP_ERR_NOMEM, "placement: out of memory for %d devices", n);
+    return cdp_fail(CDP_ERR_NOMEM, "placement: out of memory for %d slots", n);
 }
 
 /* ---- exact search --------------------------------------------------------- */
@@ -211,18 +247,21 @@ nomem:
 struct exact {
     const struct cdp_placement_problem *pb;
     const struct machine *m;
-    int N, *a, *used;
+    int N, *a, *used; /* a: slots */
+    int *dv;          /* N: a's devices, for the objective */
     int evaluate;          /* 0: only count leaves */
     int64_t leaves, cap;
+    int64_t work, work_cap; /* (automorphism, rotation) pairs the leader test looked at, and how many may be */
     double best;
     int *best_a;
 };
 
 /* Is the partial assignment a[0..d-1] certainly not the lexicographic leader
  * of its orbit under (automorphism pi, rotation of the replicas by t)? */
-static int dominated(const struct exact *E, int d)
+static int dominated(struct exact *E, int d)
 {
     const int R = E->pb->R, n = E->m->n;
+    E->work += (int64_t)(E->m->n_autos + 1) * R;
     for (int g = -1; g < E->m->n_autos; g++) {
         const int *pi = g >= 0 ? E->m->autos + (size_t)g * n : NULL;
         for (int t = 0; t < R; t++) {
@@ -241,21 +280,22 @@ static int dominated(const struct exact *E, int d)
 
 static void exact_rec(struct exact *E, int d)
 {
-    if (E->leaves > E->cap) return;
+    if (E->leaves > E->cap || E->work > E->work_cap) return;
     if (d == E->N) {
         E->leaves++;
         if (!E->evaluate) return;
-        double c = E->pb->cost(E->a, E->pb->ctx);
+        for (int i = 0; i < E->N; i++) E->dv[i] = E->m->dev[E->a[i]];
+        double c = E->pb->cost(E->dv, E->pb->ctx);
         if (!isnan(c) && c < E->best) {
             E->best = c;
-            memcpy(E->best_a, E->a, (size_t)E->N * sizeof *E->a);
+            memcpy(E->best_a, E->dv, (size_t)E->N * sizeof *E->dv);
         }
         return;
     }
     const int n = E->m->n;
     for (int dev = 0; dev < n; dev++) {
         if (E->used[dev]) continue;
-        /* identical devices are taken in index order: dev must be its class's first unused member */
+        /* identical slots are taken in index order: dev must be its class's first unused member */
         int first = 1;
         for (int o = E->m->klass[dev]; o < dev && first; o++)
             if (E->m->klass[o] == E->m->klass[dev] && !E->used[o]) first = 0;
@@ -270,9 +310,24 @@ static void exact_rec(struct exact *E, int d)
 static cdp_status check_problem(const struct cdp_placement_problem *pb)
 {
     if (!pb->topo || !pb->cost) return cdp_fail(CDP_ERR_INVALID, "placement: no topology or no objective");
-    if (pb->p < 1 || pb->R < 1 || (int64_t)pb->p * pb->R > pb->topo->n_gpus)
-        return cdp_fail(CDP_ERR_INVALID, "placement: %d stages x %d replicas do not fit on the %d devices of %s",
-                        pb->p, pb->R, pb->topo->n_gpus, pb->topo->name);
+    const struct cdp_topology *t = pb->topo;
+    if (grouped(pb)) {
+        if (pb->n_groups < 1 || !pb->group_first)
+            return cdp_fail(CDP_ERR_INVALID, "placement: groups of %d devices, but no group", pb->group);
+        for (int g = 0; g < pb->n_groups; g++) {
+            const int f = pb->group_first[g];
+            if (f < 0 || f + pb->group > t->n_gpus || (g > 0 && f < pb->group_first[g - 1] + pb->group))
+                return cdp_fail(CDP_ERR_INVALID, "placement: group %d (devices %d to %d) is outside the %d devices "
+                                "of %s or overlaps the group before it", g, f, f + pb->group - 1, t->n_gpus, t->name);
+            for (int k = 1; k < pb->group; k++)
+                if (t->gpus[f + k].node != t->gpus[f].node)
+                    return cdp_fail(CDP_ERR_INVALID, "placement: group %d (devices %d to %d) spans nodes of %s", g,
+                                    f, f + pb->group - 1, t->name);
+        }
+    }
+    if (pb->p < 1 || pb->R < 1 || (int64_t)pb->p * pb->R > slots_of(pb))
+        return cdp_fail(CDP_ERR_INVALID, "placement: %d stages x %d replicas do not fit on the %d %s of %s", pb->p,
+                        pb->R, slots_of(pb), grouped(pb) ? "groups" : "devices", t->name);
     return CDP_OK;
 }
 
@@ -280,18 +335,25 @@ cdp_status cdp_placement_exact(const struct cdp_placement_problem *pb, int *devi
 {
     cdp_status st;
     if ((st = check_problem(pb))) return st;
-    const int n = pb->topo->n_gpus, N = pb->p * pb->R;
+    const int n = slots_of(pb), N = pb->p * pb->R;
     const int64_t cap = pb->max_exact_evals > 0 ? pb->max_exact_evals : CDP_PLACEMENT_EXACT_EVALS;
     if (n > CDP_PLACEMENT_EXACT_MAX_DEVICES)
-        return cdp_fail(CDP_ERR_UNSUPPORTED, "placement: exact search is for at most %d devices; %s has %d",
-                        CDP_PLACEMENT_EXACT_MAX_DEVICES, pb->topo->name, n);
+        return grouped(pb) ? cdp_fail(CDP_ERR_UNSUPPORTED, "placement: exact search is for at most %d groups",
+                                      CDP_PLACEMENT_EXACT_MAX_DEVICES)
+                           : cdp_fail(CDP_ERR_UNSUPPORTED, "placement: exact search is for at most %d devices; %s has %d",
+                                      CDP_PLACEMENT_EXACT_MAX_DEVICES, pb->topo->name, n);
     struct machine m;
-    if ((st = machine_build(pb->topo, 1, &m))) return st;
-    struct exact E = {.pb = pb, .m = &m, .N = N, .cap = cap, .best = INFINITY};
+    if ((st = machine_build(pb, 1, &m))) return st;
+    /* the leader test costs (automorphisms x rotations) a node: with many
+     * automorphisms (16 groups, two on each of 8 nodes: 511 kept) counting
+     * 50,000 leaves took 1.5 s, so the count also stops at 200 tests a leaf
+     * allowed (the 8-device presets' searches need at most 4 a leaf) */
+    struct exact E = {.pb = pb, .m = &m, .N = N, .cap = cap, .work_cap = 200 * cap, .best = INFINITY};
     E.a = calloc((size_t)N, sizeof *E.a);
     E.best_a = calloc((size_t)N, sizeof *E.best_a);
+    E.dv = calloc((size_t)N, sizeof *E.dv);
     E.used = calloc((size_t)n, sizeof *E.used);
-    if (!E.a || !E.best_a || !E.used) {
+    if (!E.a || !E.best_a || !E.dv || !E.used) {
         st = cdp_fail(CDP_ERR_NOMEM, "placement: out of memory");
         goto done;
     }
@@ -301,8 +363,14 @@ cdp_status cdp_placement_exact(const struct cdp_placement_problem *pb, int *devi
                       (long long)cap);
         goto done;
     }
+    if (E.work > E.work_cap) {
+        st = cdp_fail(CDP_ERR_UNSUPPORTED, "placement: exact search would take more than %lld symmetry tests",
+                      (long long)E.work_cap);
+        goto done;
+    }
     const int64_t count = E.leaves;
     E.leaves = 0;
+    E.work_cap = INT64_MAX;
     E.evaluate = 1;
     exact_rec(&E, 0);
     if (!(E.best < INFINITY)) {
@@ -315,13 +383,16 @@ cdp_status cdp_placement_exact(const struct cdp_placement_problem *pb, int *devi
         info->cost = E.best;
         info->exact = 1;
         info->evals = count;
+        char over[64];
+        slots_said(pb, over, sizeof over);
         snprintf(info->method, sizeof info->method,
-                 "exact: %lld assignments up to symmetry (%d automorphism classes, replica rotations)",
+                 "exact%s: %lld assignments up to symmetry (%d automorphism classes, replica rotations)", over,
                  (long long)count, m.n_autos + 1);
     }
 done:
     free(E.a);
     free(E.best_a);
+    free(E.dv);
     free(E.used);
     machine_free(&m);
     return st;
@@ -329,16 +400,17 @@ done:
 
 /* ---- heuristic ------------------------------------------------------------ */
 
-/* Node by node; inside a node a chain from its first device, each next device
- * the unused one with the fastest link from the previous (lowest index on ties). */
+/* Node by node; inside a node a chain from its first slot, each next slot
+ * the unused one with the fastest link from the previous (lowest index on
+ * ties). Slots follow devices, so a node's slots are a run of indices. */
 static void locality_order(const struct cdp_topology *t, const struct machine *m, int *order, int *used)
 {
     const int n = m->n;
     int k = 0;
     memset(used, 0, (size_t)n * sizeof *used);
-    for (int nd = 0; nd < t->n_nodes; nd++) {
-        const int f = t->nodes[nd].first_gpu, c = t->nodes[nd].n_gpus;
-        if (c <= 0) continue;
+    for (int f = 0, c; f < n; f += c) {
+        const int node = t->gpus[m->dev[f]].node;
+        for (c = 1; f + c < n && t->gpus[m->dev[f + c]].node == node;) c++;
         int prev = f;
         order[k++] = prev;
         used[prev] = 1;
@@ -355,13 +427,16 @@ static void locality_order(const struct cdp_topology *t, const struct machine *m
 
 struct local {
     const struct cdp_placement_problem *pb;
+    const struct machine *m;
+    int *dv; /* p*R: the slots' devices, for the objective */
     int64_t evals, cap;
 };
 
 static double eval(struct local *L, const int *a)
 {
     L->evals++;
-    const double c = L->pb->cost(a, L->pb->ctx);
+    for (int i = 0; i < L->pb->p * L->pb->R; i++) L->dv[i] = L->m->dev[a[i]];
+    const double c = L->pb->cost(L->dv, L->pb->ctx);
     return isnan(c) ? INFINITY : c;
 }
 
@@ -375,13 +450,15 @@ cdp_status cdp_placement_heuristic(const struct cdp_placement_problem *pb, int *
 {
     cdp_status st;
     if ((st = check_problem(pb))) return st;
-    const int n = pb->topo->n_gpus, p = pb->p, R = pb->R, N = p * R;
+    const int n = slots_of(pb), p = pb->p, R = pb->R, N = p * R;
     struct machine m;
-    if ((st = machine_build(pb->topo, 0, &m))) return st;
-    struct local L = {.pb = pb, .cap = pb->max_local_evals > 0 ? pb->max_local_evals : CDP_PLACEMENT_LOCAL_EVALS};
+    if ((st = machine_build(pb, 0, &m))) return st;
+    struct local L = {.pb = pb, .m = &m,
+                      .cap = pb->max_local_evals > 0 ? pb->max_local_evals : CDP_PLACEMENT_LOCAL_EVALS};
     int *order = calloc((size_t)n, sizeof *order), *used = calloc((size_t)n, sizeof *used);
     int *cur = calloc((size_t)N, sizeof *cur), *cand = calloc((size_t)N, sizeof *cand);
-    if (!order || !used || !cur || !cand) {
+    L.dv = calloc((size_t)N, sizeof *L.dv);
+    if (!order || !used || !cur || !cand || !L.dv) {
         st = cdp_fail(CDP_ERR_NOMEM, "placement: out of memory");
         goto done;
     }
@@ -390,7 +467,11 @@ cdp_status cdp_placement_heuristic(const struct cdp_placement_problem *pb, int *
                                        "replica groups on islands"};
     double best = INFINITY;
     int start = 0;
-    for (int k = 0; k < 4; k++) {
+    /* every slot alike: any two differ by swaps of alike slots, so every
+     * assignment is the same and one evaluation is the search */
+    int alike = 1;
+    for (int i = 1; i < n && alike; i++) alike = m.klass[i] == m.klass[0];
+    for (int k = 0; k < (alike ? 1 : 4); k++) {
         if (k % 2 == 0) cdp_placement_ordered_pp_inner(p, R, cand);
         else cdp_placement_ordered_dp_inner(p, R, cand);
         if (k >= 2)
@@ -402,7 +483,7 @@ cdp_status cdp_placement_heuristic(const struct cdp_placement_problem *pb, int *
             memcpy(cur, cand, (size_t)N * sizeof *cur);
         }
     }
-    /* local search: swap two slots, or move a slot to an unused device */
+    /* local search: swap two slots, or move a slot to an unused slot */
     int moves = 0, improved = 1;
     while (improved && L.evals < L.cap) {
         improved = 0;
@@ -424,7 +505,7 @@ cdp_status cdp_placement_heuristic(const struct cdp_placement_problem *pb, int *
             }
             for (int u = 0; u < n && L.evals < L.cap; u++) {
                 if (used[u] || m.klass[u] == m.klass[cur[i]]) continue;
-                int first = 1; /* one unused device per class */
+                int first = 1; /* one unused slot per class */
                 for (int o = 0; o < u && first; o++)
                     if (!used[o] && m.klass[o] == m.klass[u]) first = 0;
                 if (!first) continue;
@@ -447,19 +528,27 @@ cdp_status cdp_placement_heuristic(const struct cdp_placement_problem *pb, int *
                       pb->topo->name);
         goto done;
     }
-    memcpy(device, cur, (size_t)N * sizeof *device);
+    for (int i = 0; i < N; i++) device[i] = m.dev[cur[i]];
     if (info) {
         info->cost = best;
         info->exact = 0;
         info->evals = L.evals;
-        snprintf(info->method, sizeof info->method, "heuristic: start %s, %d improving swaps/moves, %lld evaluations%s",
-                 start_name[start], moves, (long long)L.evals, L.evals >= L.cap ? " (cap reached)" : "");
+        char over[64];
+        slots_said(pb, over, sizeof over);
+        if (alike)
+            snprintf(info->method, sizeof info->method, "heuristic%s: every slot alike, one assignment evaluated",
+                     over);
+        else
+            snprintf(info->method, sizeof info->method,
+                     "heuristic%s: start %s, %d improving swaps/moves, %lld evaluations%s", over, start_name[start],
+                     moves, (long long)L.evals, L.evals >= L.cap ? " (cap reached)" : "");
     }
 done:
     free(order);
     free(used);
     free(cur);
     free(cand);
+    free(L.dv);
     machine_free(&m);
     return st;
 }
@@ -471,7 +560,8 @@ cdp_status cdp_placement_search(const struct cdp_placement_problem *pb, int *dev
     st = cdp_placement_exact(pb, device, info);
     if (st != CDP_ERR_UNSUPPORTED) return st;
     char why[160];
-    snprintf(why, sizeof why, "%s", cdp_last_error());
+    const char *e = cdp_last_error();
+    snprintf(why, sizeof why, "%s", strncmp(e, "placement: ", 11) ? e : e + 11);
     if ((st = cdp_placement_heuristic(pb, device, info))) return st;
     if (info) {
         const size_t l = strlen(info->method);

@@ -384,7 +384,9 @@ static cdp_status none_fits(struct ctx *c, struct search *s, int W, const struct
 }
 
 /* 2. Placement: searched for the best few shapes when the plan leaves it to
- * the topology; *best is the candidate chosen and best_dev its placement. */
+ * the topology; *best is the candidate chosen and best_dev its placement.
+ * With tensor groups the search places (stage, replica) on the groups, each
+ * group one slot (placement.h), as it places them on devices at t = 1. */
 static cdp_status place_best(struct ctx *c, struct search *s, struct cdp_planner_result *res, int *best,
                              int *best_dev)
 {
@@ -398,11 +400,7 @@ static cdp_status place_best(struct ctx *c, struct search *s, struct cdp_planner
              pd->placement == CDP_PLACEMENT_EXPLICIT           ? "explicit (from the plan)"
              : pd->placement == CDP_PLACEMENT_ORDERED_DP_INNER ? "ordered-dp-inner (from the plan)"
                                                                : "ordered-pp-inner (from the plan)");
-    if (c->tp > 1 && pd->placement == CDP_PLACEMENT_TOPOLOGY)
-        snprintf(res->placement_method, sizeof res->placement_method,
-                 "ordered-pp-inner over tensor groups of %d devices (the search places one device per stage "
-                 "and replica; placing groups is not built yet)", c->tp);
-    if (pd->placement != CDP_PLACEMENT_TOPOLOGY || c->tp > 1) return CDP_OK;
+    if (pd->placement != CDP_PLACEMENT_TOPOLOGY) return CDP_OK;
     for (int i = 0; i < s->n_cand && i < CDP_PLANNER_PLACED_SHAPES; i++) {
         struct cand *k = &s->cand[i];
         cdp_planner_set_kind(c, k->kind, k->v);
@@ -418,6 +416,7 @@ static cdp_status place_best(struct ctx *c, struct search *s, struct cdp_planner
         if (evals < 8) evals = 8;
         struct cdp_placement_problem pb = {.topo = c->t, .p = k->p, .R = k->R, .cost = cdp_planner_place_cost, .ctx = c,
                                            .max_local_evals = evals};
+        if (c->tp > 1) pb.group = c->tp, pb.n_groups = c->n_groups, pb.group_first = c->leader;
         struct cdp_placement_info info;
         if ((st = cdp_placement_search(&pb, s->dev, &info))) break;
         res->placed_shapes++;

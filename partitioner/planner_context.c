@@ -35,6 +35,51 @@ static void links_of(const struct cdp_topology *t, double *bw, double *lat)
         }
 }
 
+/* With tensor groups of tp the simulator sees a group as its first device
+ * (a leader), and what travels between two groups (a pipeline's activations,
+ * a data-parallel ring's gradients, the tied embedding's) runs over the tp
+ * member pairs k -> k in parallel: the link between two leaders is the
+ * slowest of those pairs (the least bandwidth, the largest latency), as the
+ * placement search sees a group's links (placement.h). Leaders are the
+ * groups' first devices and, for an explicit placement, the devices it
+ * names; pairs of devices closer than tp (a group's own ring) keep their
+ * link. */
+static cdp_status group_links(struct ctx *c, const struct cdp_topology *t)
+{
+    const int nd = c->nd, tp = c->tp;
+    const struct cdp_parallel_desc *pd = &c->plan->parallel;
+    char *is = calloc((size_t)nd, 1);
+    int *lead = malloc((size_t)nd * sizeof *lead), n = 0;
+    if (!is || !lead) {
+        free(is);
+        free(lead);
+        return cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
+    }
+    for (int g = 0; g < c->n_groups; g++) is[c->leader[g]] = 1;
+    if (pd->placement == CDP_PLACEMENT_EXPLICIT)
+        for (int64_t i = 0; i < pd->stages * pd->replicas; i++)
+            if (pd->placement_map[i] >= 0 && pd->placement_map[i] + tp <= nd) is[pd->placement_map[i]] = 1;
+    for (int d = 0; d < nd; d++)
+        if (is[d]) lead[n++] = d;
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < n; j++) {
+            const int a = lead[i], b = lead[j];
+            if (abs(a - b) < tp) continue;
+            double bw = INFINITY, lat = 0;
+            for (int k = 0; k < tp; k++) {
+                struct cdp_topology_link l;
+                if (cdp_topology_link(t, a + k, b + k, &l)) continue;
+                bw = fmin(bw, l.bandwidth);
+                lat = fmax(lat, l.latency);
+            }
+            c->bw[a * nd + b] = isinf(bw) ? 0 : bw;
+            c->lat[a * nd + b] = lat;
+        }
+    free(is);
+    free(lead);
+    return CDP_OK;
+}
+
 /* REDUCE_TIED_GRADS payload of a GPT with tied embeddings. */
 static double tied_bytes_of(const struct cdp_plan *plan, const struct cdp_unit *u, int n)
 {
@@ -160,6 +205,7 @@ static cdp_status ctx_init_modes(struct ctx *c, const struct cdp_plan *plan, con
     c->node = malloc((size_t)c->nd * sizeof *c->node);
     if (!c->bw || !c->lat || !c->rdev || !c->node) return cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
     links_of(t, c->bw, c->lat);
+    if (tp > 1 && (st = group_links(c, t))) return st;
     for (int d = 0; d < c->nd; d++) c->node[d] = t->gpus[d].node;
     c->tied_bytes = cdp_planner_tied_model(plan) ? tied_bytes_of(plan, c->u, c->n) : 0;
     uint64_t cap = 0;

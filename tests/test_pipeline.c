@@ -71,10 +71,12 @@ struct layout {
 static int plan_sp;
 /* /parallel/comm_dtype of the pipeline's plans ("": the default; its own test sets it) */
 static const char *plan_comm = "";
+/* /cluster of the plans write_plan writes (its own test sets it) */
+static char plan_cluster[4400] = "{\"backend\": \"cpu\"}";
 
 static void write_plan(const char *dir, const char *name, const struct layout *l, int one_rank)
 {
-    char json[2048], par[512], bal[160] = "";
+    char json[8192], par[512], bal[160] = "";
     const int p = one_rank ? 1 : l->p, R = one_rank ? 1 : l->R, m = one_rank ? l->R * l->m : l->m;
     if (!one_rank && l->balance[0])
         snprintf(bal, sizeof bal, ", \"balance\": %s", l->balance);
@@ -147,9 +149,9 @@ static void write_plan(const char *dir, const char *name, const struct layout *l
     snprintf(json, sizeof json,
              "{%s, \"data\": {\"source\": \"synthetic\", \"seed\": 3}, \"train\": {\"steps\": 3, \"micro_batch\": 2, "
              "\"optimizer\": %s, \"grad_clip\": 0.5, \"eval_batches\": 1, \"timeout_s\": 60%s}, %s, "
-             "\"cluster\": {\"backend\": \"cpu\"}, \"output\": {\"metrics\": \"%s.jsonl\", \"weights\": "
+             "\"cluster\": %s, \"output\": {\"metrics\": \"%s.jsonl\", \"weights\": "
              "\"%s.safetensors\", \"trace\": \"%s-trace.json\"}}",
-             model, opt, rc, par, name, name, name);
+             model, opt, rc, par, plan_cluster, name, name, name);
     char file[64];
     snprintf(file, sizeof file, "%s.json", name);
     cdp_test_write_file(dir, file, json);
@@ -578,6 +580,30 @@ static void tensor_layout_equals_one_rank(struct layout *l)
                   l->p, l->R, e);
     cr_log_info("%s t=%d %s p=%d R=%d %s zero %d: worst weight error %.3g", model_name(l->model), l->t, l->schedule,
                 l->p, l->R, l->recompute, l->zero, e);
+}
+
+/* Placement "topology" at t = 2 on a CPU topology file (docs/planner.md,
+ * "Tensor groups"): the placement search places the two stages on the file's
+ * two groups of 2 CPU devices (the dry-run says so), and the run trains as
+ * one rank does (losses and weights, 1e-5). */
+Test(pipeline, searched_tensor_groups_train_as_one_rank, .timeout = 240)
+{
+    need_mpi();
+    char dir[4096], plan[4300];
+    snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
+    const char *topo = cdp_test_write_file(dir, "cpus.json", "{\"name\": \"four cpus\", \"source\": \"a test\", "
+                                                             "\"kind\": \"cpu\", \"gpus\": 4}");
+    snprintf(plan_cluster, sizeof plan_cluster, "{\"backend\": \"cpu\", \"topology\": \"%s\"}", topo);
+    struct layout l = {MODEL_GPT_T, 2, 1, 4, 1, "1f1b", "", 0, "", 0, 2};
+    write_plan(dir, "pipe", &l, 0);
+    snprintf(plan, sizeof plan, "%s/pipe.json", dir);
+    struct cdp_run r;
+    cr_assert_eq(cdp_test_run(&r, (const char *[]){"--plan", plan, "--dry-run", NULL}), 0);
+    cr_assert_eq(r.exit_code, 0, "%s", r.err);
+    cr_expect(strstr(r.out, "Plan: placement (exact over 2 groups of 2 devices: "), "%s", r.out);
+    cdp_test_run_free(&r);
+    tensor_layout_equals_one_rank(&l);
+    snprintf(plan_cluster, sizeof plan_cluster, "{\"backend\": \"cpu\"}");
 }
 
 /* The same layout with every recompute mode: the same kernels on the same

@@ -2,7 +2,8 @@
  * assignment on the 8-GPU presets (simulated step time as the objective, two
  * traffic mixes), the two fixed orders, the fallback past the evaluation cap,
  * and the heuristic on a 32-GPU cluster (valid, no worse than the fixed
- * orders, deterministic). CDP_PLACEMENT_REPORT=1 prints the gains table. */
+ * orders, deterministic); the same on tensor groups as slots.
+ * CDP_PLACEMENT_REPORT=1 prints the gains table. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
@@ -250,3 +251,203 @@ static void cluster_case(int p, int R, enum traffic tr)
 Test(placement, heuristic_on_4_dgx_a100_8x4_activations, .timeout = 600) { cluster_case(8, 4, ACTIVATIONS); }
 Test(placement, heuristic_on_4_dgx_a100_4x8_gradients, .timeout = 600) { cluster_case(4, 8, GRADIENTS); }
 Test(placement, heuristic_on_4_dgx_a100_4x6_activations, .timeout = 600) { cluster_case(4, 6, ACTIVATIONS); }
+
+/* ---- tensor groups as slots (placement.h: group, n_groups, group_first) */
+
+/* The objective on groups of t: the groups are t consecutive devices of one
+ * node, and the link between two groups' first devices is their t member
+ * pairs' slowest (least bandwidth, largest latency), as the planner gives the
+ * simulator at t > 1. Returns the number of groups, firsts in first[]. */
+static int objective_groups(struct objective *o, int t, int *first)
+{
+    const int n = o->topo->n_gpus;
+    int g = 0;
+    for (int d = 0; d + t <= n; d += t) {
+        int k = 1;
+        while (k < t && o->topo->gpus[d + k].node == o->topo->gpus[d].node) k++;
+        if (k == t) first[g++] = d;
+    }
+    for (int i = 0; i < g; i++)
+        for (int j = 0; j < g; j++) {
+            if (i == j) continue;
+            double bw = INFINITY, lat = 0;
+            for (int k = 0; k < t; k++) {
+                struct cdp_topology_link l;
+                cr_assert_eq(cdp_topology_link(o->topo, first[i] + k, first[j] + k, &l), CDP_OK);
+                bw = fmin(bw, l.bandwidth);
+                lat = fmax(lat, l.latency);
+            }
+            o->bw[first[i] * n + first[j]] = bw;
+            o->lat[first[i] * n + first[j]] = lat;
+        }
+    return g;
+}
+
+static void brute_groups(struct objective *o, const int *first, int ng, int *a, int *used, int d, double *best)
+{
+    if (d == o->p * o->R) {
+        const double c = step_time(a, o);
+        if (c < *best) *best = c;
+        return;
+    }
+    for (int g = 0; g < ng; g++) {
+        if (used[g]) continue;
+        used[g] = 1;
+        a[d] = first[g];
+        brute_groups(o, first, ng, a, used, d + 1, best);
+        used[g] = 0;
+    }
+}
+
+/* Every returned device starts a group, no group twice. */
+static void check_groups(const int *d, int N, const int *first, int ng)
+{
+    int used[64] = {0};
+    for (int i = 0; i < N; i++) {
+        int g = 0;
+        while (g < ng && first[g] != d[i]) g++;
+        cr_assert(g < ng, "device %d starts no group", d[i]);
+        cr_assert(!used[g], "group %d used twice", g);
+        used[g] = 1;
+    }
+}
+
+/* dgx1-v100 in groups of 2 ({0,1}, {2,3}, {4,5}, {6,7}: a ring of NVLink
+ * pairs with two PCIe/SYS diagonals) and of 4 (the quads), pcie-8gpu-2socket
+ * in groups of 2 and 4: the exact search over groups finds brute force's
+ * optimum over every injective assignment of groups, no worse than the two
+ * fixed orders over groups, and with fewer evaluations. */
+static void groups_vs_brute(const char *preset, int t, enum traffic tr)
+{
+    static const int gshapes[][2] = {{4, 1}, {2, 2}, {1, 4}, {3, 1}, {2, 1}};
+    for (size_t k = 0; k < sizeof gshapes / sizeof *gshapes; k++) {
+        const int p = gshapes[k][0], R = gshapes[k][1], N = p * R;
+        struct objective o;
+        int first[8];
+        objective_init(&o, preset, p, R, tr);
+        const int ng = objective_groups(&o, t, first);
+        if (N > ng) {
+            objective_free(&o);
+            continue;
+        }
+        struct cdp_placement_problem pb = {.topo = o.topo, .p = p, .R = R, .cost = step_time, .ctx = &o,
+                                           .group = t, .n_groups = ng, .group_first = first};
+        int dev[8], a[8], used[8] = {0}, pp[8], dp[8];
+        struct cdp_placement_info info;
+        cr_assert_eq(cdp_placement_search(&pb, dev, &info), CDP_OK, "%s", cdp_last_error());
+        cr_assert(info.exact, "%s t=%d %dx%d: %s", preset, t, p, R, info.method);
+        check_groups(dev, N, first, ng);
+        cr_assert_eq(step_time(dev, &o), info.cost);
+        double best = INFINITY;
+        const long before = o.calls;
+        brute_groups(&o, first, ng, a, used, 0, &best);
+        cr_expect(fabs(info.cost - best) <= 1e-9 * best, "%s t=%d %dx%d %s: search %.9g, brute force %.9g (%s)",
+                  preset, t, p, R, traffic_name[tr], info.cost, best, info.method);
+        cr_expect_leq(info.evals, o.calls - before);
+        cdp_placement_ordered_pp_inner(p, R, pp);
+        cdp_placement_ordered_dp_inner(p, R, dp);
+        for (int i = 0; i < N; i++) pp[i] = first[pp[i]], dp[i] = first[dp[i]];
+        cr_expect_leq(info.cost, step_time(pp, &o) * (1 + 1e-12));
+        cr_expect_leq(info.cost, step_time(dp, &o) * (1 + 1e-12));
+        objective_free(&o);
+    }
+}
+
+Test(placement, groups_exact_equals_brute_force_dgx1_v100, .timeout = 120)
+{
+    groups_vs_brute("dgx1-v100", 2, ACTIVATIONS);
+    groups_vs_brute("dgx1-v100", 2, GRADIENTS);
+    groups_vs_brute("dgx1-v100", 4, ACTIVATIONS);
+}
+
+Test(placement, groups_exact_equals_brute_force_pcie, .timeout = 120)
+{
+    groups_vs_brute("pcie-8gpu-2socket", 2, ACTIVATIONS);
+    groups_vs_brute("pcie-8gpu-2socket", 4, GRADIENTS);
+}
+
+/* dgx1-v100 at t = 2, 4 stages x 1 replica of heavy activations: ordered-pp-
+ * inner over groups ({0,1}, {2,3}, {4,5}, {6,7}) crosses a PCIe/SYS pair
+ * ({2,3} -> {4,5}); the search keeps every boundary's member pairs on
+ * NVLink and is strictly faster. */
+Test(placement, groups_keep_a_pipeline_on_nvlink)
+{
+    struct objective o;
+    int first[8], dev[4], pp[4];
+    objective_init(&o, "dgx1-v100", 4, 1, ACTIVATIONS);
+    const int ng = objective_groups(&o, 2, first);
+    cr_assert_eq(ng, 4);
+    struct cdp_placement_problem pb = {.topo = o.topo, .p = 4, .R = 1, .cost = step_time, .ctx = &o, .group = 2,
+                                       .n_groups = ng, .group_first = first};
+    struct cdp_placement_info info;
+    cr_assert_eq(cdp_placement_search(&pb, dev, &info), CDP_OK, "%s", cdp_last_error());
+    for (int s = 0; s < 3; s++)
+        for (int k = 0; k < 2; k++)
+            cr_expect_gt(nvlinks(o.topo, dev[s] + k, dev[s + 1] + k), 0, "stages %d-%d, member %d: devices %d-%d", s,
+                         s + 1, k, dev[s] + k, dev[s + 1] + k);
+    cdp_placement_ordered_pp_inner(4, 1, pp);
+    for (int i = 0; i < 4; i++) pp[i] = first[pp[i]];
+    cr_expect_eq(nvlinks(o.topo, pp[1] + 1, pp[2] + 1), 0, "ordered-pp-inner crosses {2,3} -> {4,5} on PCIe");
+    cr_expect_lt(info.cost, step_time(pp, &o));
+    objective_free(&o);
+}
+
+/* Groups that are all alike cost one evaluation (the exact search: one
+ * class, one assignment; the heuristic: every assignment is the same): one
+ * group per node of 4 x dgx-a100 and of 32 x hgx-h100 (32 groups: the
+ * heuristic) at t = 8. */
+Test(placement, alike_groups_cost_next_to_nothing, .timeout = 120)
+{
+    struct objective o;
+    int first[32], dev[32];
+    struct cdp_placement_info info;
+    objective_init(&o, "4 x dgx-a100", 2, 2, GRADIENTS);
+    int ng = objective_groups(&o, 8, first);
+    cr_assert_eq(ng, 4);
+    struct cdp_placement_problem pb = {.topo = o.topo, .p = 2, .R = 2, .cost = step_time, .ctx = &o, .group = 8,
+                                       .n_groups = ng, .group_first = first};
+    cr_assert_eq(cdp_placement_search(&pb, dev, &info), CDP_OK, "%s", cdp_last_error());
+    cr_expect(info.exact);
+    cr_expect_eq(info.evals, 1, "%s", info.method);
+    check_groups(dev, 4, first, ng);
+    objective_free(&o);
+
+    objective_init(&o, "32 x hgx-h100", 4, 8, ACTIVATIONS);
+    ng = objective_groups(&o, 8, first);
+    cr_assert_eq(ng, 32);
+    pb = (struct cdp_placement_problem){.topo = o.topo, .p = 4, .R = 8, .cost = step_time, .ctx = &o, .group = 8,
+                                        .n_groups = ng, .group_first = first};
+    o.calls = 0;
+    cr_assert_eq(cdp_placement_search(&pb, dev, &info), CDP_OK, "%s", cdp_last_error());
+    cr_expect(!info.exact);
+    cr_expect_eq(info.evals, 1, "%s", info.method);
+    cr_expect_eq(o.calls, 1);
+    cr_expect(strstr(info.method, "over 32 groups of 8 devices: every slot alike"), "%s", info.method);
+    check_groups(dev, 32, first, ng);
+    objective_free(&o);
+}
+
+Test(placement, bad_groups)
+{
+    struct objective o;
+    objective_init(&o, "2 x dgx-a100", 2, 1, ACTIVATIONS);
+    int d[2];
+    int overlap[] = {0, 2}, across[] = {0, 6}, outside[] = {0, 14}, fine[] = {0, 8};
+    struct cdp_placement_problem pb = {.topo = o.topo, .p = 2, .R = 1, .cost = step_time, .ctx = &o, .group = 4,
+                                       .n_groups = 2, .group_first = overlap};
+    cr_expect_eq(cdp_placement_search(&pb, d, NULL), CDP_ERR_INVALID);
+    cr_expect(strstr(cdp_last_error(), "overlaps"), "%s", cdp_last_error());
+    pb.group_first = across;
+    cr_expect_eq(cdp_placement_search(&pb, d, NULL), CDP_ERR_INVALID);
+    cr_expect(strstr(cdp_last_error(), "spans nodes"), "%s", cdp_last_error());
+    pb.group_first = outside;
+    cr_expect_eq(cdp_placement_search(&pb, d, NULL), CDP_ERR_INVALID);
+    pb.group_first = fine;
+    pb.p = 3;
+    cr_expect_eq(cdp_placement_search(&pb, d, NULL), CDP_ERR_INVALID);
+    cr_expect(strstr(cdp_last_error(), "2 groups"), "%s", cdp_last_error());
+    pb.p = 2;
+    cr_expect_eq(cdp_placement_search(&pb, d, NULL), CDP_OK, "%s", cdp_last_error());
+    cr_expect(d[0] % 8 == 0 && d[1] % 8 == 0 && d[0] != d[1]);
+    objective_free(&o);
+}

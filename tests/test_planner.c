@@ -1346,6 +1346,91 @@ Test(planner, tensor_groups_stay_in_the_quads_and_a_pcie_box_keeps_t_1, .timeout
     cdp_plan_free(p);
 }
 
+/* Placement "topology" at t > 1 (docs/planner.md, "Tensor groups"): on
+ * dgx1-v100 at t = 2 the groups {0,1}, {2,3}, {4,5}, {6,7} are joined member by
+ * member over NVLink in a ring ({0,1}-{2,3}, {2,3}-{6,7}, {6,7}-{4,5},
+ * {4,5}-{0,1}) and over PCIe/SYS across it ({2,3}-{4,5}, {0,1}-{6,7}).
+ * ordered-pp-inner's 4-stage pipeline crosses {2,3} -> {4,5}; the search
+ * keeps every boundary on NVLink, is predicted strictly faster, and the
+ * dry-run's line says what was searched. The layout puts tensor index k on
+ * its group's first device + k; `--dry-run --json` writes that layout and
+ * that placement, and the file planned again (as a run reads planned.json)
+ * gives the same layout. */
+#define GROUPS_DGX1                                                                                            \
+    "{\"model\": {\"preset\": \"gpt\", \"vocab\": 1024, \"context\": 256, \"layers\": 8, \"heads\": 8, "      \
+    "\"embed\": 512}, \"data\": {\"source\": \"synthetic\"}, \"train\": {\"micro_batch\": 4, \"optimizer\": "  \
+    "{\"type\": \"adamw\"}}, \"parallel\": {\"stages\": 4, \"replicas\": 1, \"micro_batches\": 8, \"tensor\": " \
+    "2, \"schedule\": \"1f1b\"}, \"cluster\": {\"backend\": \"cuda\", \"topology\": \"dgx1-v100\"}}"
+
+Test(planner, tensor_groups_placed_by_the_search_beat_ordered_pp_inner, .timeout = 120)
+{
+    setenv("CUDA_VISIBLE_DEVICES", "", 1);
+    struct cdp_plan *p = load(GROUPS_DGX1);
+    struct cdp_planner_result r = {0};
+    cr_assert_eq(plan_on(p, "dgx1-v100", &r), CDP_OK, "%s", cdp_last_error());
+    cr_expect(strstr(r.placement_method, "exact over 4 groups of 2 devices"), "%s", r.placement_method);
+    cr_assert_eq(r.layout->n_ranks, 8);
+    cr_assert_eq(r.layout->tensor, 2);
+    cr_expect_lt(r.predicted.step_s, r.baseline[0].pred.step_s, "searched %.6f ms, %s %.6f ms",
+                 r.predicted.step_s * 1e3, r.baseline[0].name, r.baseline[0].pred.step_s * 1e3);
+    struct cdp_topology *t = NULL;
+    cr_assert_eq(cdp_topology_load("dgx1-v100", NULL, &t), CDP_OK);
+    int lead[4][2]; /* [stage][tensor] -> device */
+    for (int i = 0; i < 8; i++) {
+        const struct cdp_layout_rank *q = &r.layout->rank[i];
+        const struct cdp_layout_rank *first = &r.layout->rank[i - q->tensor];
+        cr_expect_eq(q->device, first->device + q->tensor);
+        cr_expect_eq(first->device % 2, 0, "a group starts at an even device");
+        lead[q->stage][q->tensor] = q->device;
+    }
+    for (int s = 0; s < 3; s++)
+        for (int k = 0; k < 2; k++) {
+            struct cdp_topology_link l;
+            cr_assert_eq(cdp_topology_link(t, lead[s][k], lead[s + 1][k], &l), CDP_OK);
+            cr_expect_eq(l.cls, CDP_LINK_NVLINK, "stages %d-%d, tensor %d: devices %d-%d", s, s + 1, k, lead[s][k],
+                         lead[s + 1][k]);
+        }
+    cdp_topology_free(t);
+
+    /* the dry-run's line, the --json layout and placement, and the file planned again */
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
+    const char *path = cdp_test_write_file(dir, "groups.json", GROUPS_DGX1);
+    struct cdp_run run, again;
+    cr_assert_eq(cdp_test_run(&run, (const char *[]){"--plan", path, "--dry-run", NULL}), 0);
+    cr_assert_eq(run.exit_code, 0, "%s", run.err);
+    cr_expect(strstr(run.out, "Plan: placement (exact over 4 groups of 2 devices: "), "%s", run.out);
+    cdp_test_run_free(&run);
+    cr_assert_eq(cdp_test_run(&run, (const char *[]){"--plan", path, "--dry-run", "--json", NULL}), 0);
+    cr_assert_eq(run.exit_code, 0, "%s", run.err);
+    json_error_t err;
+    json_t *j = json_loads(run.out, 0, &err);
+    cr_assert_not_null(j, "%s", err.text);
+    const json_t *place = json_object_get(json_object_get(j, "parallel"), "placement");
+    const json_t *ranks = json_object_get(json_object_get(j, "layout"), "ranks");
+    cr_assert_eq(json_array_size(place), 4, "/parallel/placement names each stage's group");
+    cr_assert_eq(json_array_size(ranks), 8);
+    for (size_t i = 0; i < 8; i++) {
+        const json_t *q = json_array_get(ranks, i);
+        const int s = (int)json_integer_value(json_object_get(q, "stage")),
+                  k = (int)json_integer_value(json_object_get(q, "tensor")),
+                  d = (int)json_integer_value(json_object_get(q, "device"));
+        cr_expect_eq(d, lead[s][k], "/layout/ranks/%zu: stage %d tensor %d on device %d, the planner's %d", i, s, k,
+                     d, lead[s][k]);
+        cr_expect_eq(d, json_integer_value(json_array_get(json_array_get(place, (size_t)s), 0)) + k,
+                     "/layout/ranks/%zu: device %d, not /parallel/placement/%d/0 + %d", i, d, s, k);
+    }
+    json_decref(j);
+    const char *planned = cdp_test_write_file(dir, "planned.json", run.out);
+    cr_assert_eq(cdp_test_run(&again, (const char *[]){"--plan", planned, "--dry-run", "--json", NULL}), 0);
+    cr_assert_eq(again.exit_code, 0, "%s", again.err);
+    cr_expect_str_eq(again.out, run.out, "planning the planned file again changed it");
+    cdp_test_run_free(&run);
+    cdp_test_run_free(&again);
+    cdp_planner_result_clear(&r);
+    cdp_plan_free(p);
+}
+
 /* ---- sequence parallelism and interleaving in the search (docs/parallelism.md, "When the planner picks
  * sequence parallelism"; docs/planner.md) */
 
