@@ -220,7 +220,7 @@ static cdp_status screen_one(struct ctx *c, struct search *s, struct cand *k)
     cdp_planner_set_kind(c, k->kind, k->v);
     cdp_planner_use_mode(c, k->rc);
     c->zero = k->zero;
-    cdp_planner_fixed_placement(c->plan, k->p, k->R, s->dev);
+    cdp_planner_fixed_groups(c, k->p, k->R, s->dev);
     if (!(st = cdp_planner_prepare(c, k->p, k->R, k->m, (const int64_t(*)[2])k->ranges))) {
         if (c->cheap) st = cdp_planner_cheap_step(c, s->dev, 0, &step);
         else if (!(st = cdp_planner_sim(c, s->dev, NULL, &s->sr))) step = s->sr->step_s;

@@ -361,7 +361,7 @@ cdp_status cdp_planner_prepare(struct ctx *c, int p, int R, int m, const int64_t
     vstages_of(c->cost, p * c->v, ranges, bucket, c->vs);
     cdp_status st = cdp_schedule_for_plan(c->plan, c->kind, p, c->v, m, tied, 0, &c->sched);
     /* The cheap model's pipeline of one replica runs m micro-batches: past
-     * the fill (2p, 3p: multiples of p, as interleaved and zbv need, and past
+     * the fill (2p, 3p: multiples of p, as interleaved needs, and past
      * zbv's 2p - 2) every further micro-batch adds the slowest stage's period,
      * so the step is linear in m and two simulations at 2p and 3p give it;
      * planning time then no longer follows m (docs/planner.md, "Large worlds"). */
