@@ -117,6 +117,7 @@ static void search_free(struct search *s)
     for (int i = 0; i < s->n_cand; i++) free(s->cand[i].ranges);
     free(s->cand);
     free(s->tried);
+    free(s->shape);
     free(s->dev);
     cdp_layout_free(s->cl);
     cdp_sim_result_free(s->sr);
@@ -157,14 +158,94 @@ static double bound_sps(const struct ctx *c, const struct cand *k)
     return lb > 0 ? (double)k->R * k->m * (double)c->plan->train.micro_batch / lb : INFINITY;
 }
 
-/* One shape (p stages, R replicas, m micro-batches, c->kind): split it, check
- * the memory every rank allocates under the fixed placement, and simulate it.
- * It becomes a candidate when it fits; otherwise s->why says why not. */
-static cdp_status try_shape(struct ctx *c, struct search *s, int p, int R, int m)
+/* The least step bound (bound_sps's lb) of any split of units into at most p
+ * contiguous stages, from below, without chunks: stage s's term is the work
+ * before its first unit (forward, and backward without split backward; none
+ * for a schedule file) plus m x its own work. Moving a boundary to the right
+ * never raises the next stage's term (its start adds a unit's work once, its
+ * own work loses it m times), so stages each as long as the term allows need
+ * the fewest stages; bisection on the term finds the least that needs at most
+ * p. Returns a value no more than that least (0 when it is 0). */
+static double least_step_bound(const struct cdp_unit_cost *cost, int n, int p, int m, int fill, int split)
+{
+    double *C = malloc((size_t)(n + 1) * 2 * sizeof *C), *P = C ? C + n + 1 : NULL;
+    if (!C) return 0; /* no bound: the caller's shape is then checked */
+    C[0] = P[0] = 0;
+    for (int u = 0; u < n; u++) {
+        C[u + 1] = C[u] + cost[u].fwd_s + cost[u].bwd_s;
+        P[u + 1] = P[u] + (fill ? cost[u].fwd_s + (split ? 0 : cost[u].bwd_s) : 0);
+    }
+    double lo = 0, hi = m * C[n]; /* one stage: feasible */
+    for (int it = 0; it < 200 && hi - lo > 1e-12 * hi; it++) {
+        const double T = lo + (hi - lo) / 2;
+        int stages = 0, a = 0, ok = 1;
+        while (ok && a < n) {
+            if (++stages > p || P[a] + m * (C[a + 1] - C[a]) > T) {
+                ok = 0;
+                break;
+            }
+            int e = a + 1;
+            while (e < n && P[a] + m * (C[e + 1] - C[a]) <= T) e++;
+            a = e;
+        }
+        if (ok) hi = T;
+        else lo = T;
+    }
+    free(C);
+    return lo;
+}
+
+/* At least the bound (bound_sps) of the candidate any recompute mode's split
+ * of the shape (p, R, m, c->kind) gives: the split itself where it needs no
+ * memory (a partition the plan gives, chunks balanced on time), else
+ * least_step_bound over the mode's costs; -INFINITY when no mode splits it.
+ * Nothing is built: the search checks a shape's memory only when this can
+ * still win (screen). */
+static cdp_status shape_bound(struct ctx *c, int p, int R, int m, double *ub)
+{
+    const struct cdp_parallel_desc *pd = &c->plan->parallel;
+    const int v = c->v, split = cdp_schedule_def(c->kind)->splits_backward;
+    const int fill = !pd->schedule_file && (v == 1 || c->kind == CDP_SCHEDULE_INTERLEAVED);
+    enum cdp_recompute modes[CDP_RECOMPUTE_COUNT];
+    const int n_modes = cdp_planner_modes_of(c->plan, modes);
+    struct cand k = {.p = p, .R = R, .m = m, .kind = c->kind, .v = v};
+    *ub = -INFINITY;
+    if (v > 1 || (pd->partition && pd->n_partition == p * v)) {
+        if (!(k.ranges = calloc((size_t)p * v, sizeof *k.ranges))) return cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
+    }
+    for (int q = 0; q < n_modes; q++) {
+        cdp_planner_use_mode(c, modes[q]);
+        k.rc = modes[q];
+        double b;
+        if (k.ranges) {
+            cdp_status st = cdp_planner_split(c, p, R, m, CDP_PARTITION_TIME, k.ranges);
+            if (st == CDP_ERR_INVALID) continue; /* checking the shape says why */
+            if (st) {
+                free(k.ranges);
+                return st;
+            }
+            b = bound_sps(c, &k);
+        } else {
+            const double lb = least_step_bound(c->cost, c->n, p, m, fill, split);
+            b = lb > 0 ? (double)R * m * (double)c->plan->train.micro_batch / lb : INFINITY;
+        }
+        /* sums in another order: a margin well above their rounding */
+        b *= 1 + 1e-9;
+        if (b > *ub) *ub = b;
+    }
+    free(k.ranges);
+    return CDP_OK;
+}
+
+/* One shape (p stages, R replicas, m micro-batches, c->kind) in the current
+ * recompute mode and ZeRO stage: split it, check the memory every rank
+ * allocates under the fixed placement. It becomes a candidate when it fits;
+ * otherwise s->why says why not. */
+static cdp_status try_shape(struct ctx *c, struct search *s, int p, int R, int m, int seq)
 {
     cdp_status st;
     /* every shape tried is a candidate until it does not fit: both lists grow alike */
-    if (s->n_tried == s->cap) {
+    if (s->n_tried == s->cap || s->n_cand == s->cap) {
         s->cap = s->cap ? 2 * s->cap : 64;
         struct cand *nc = realloc(s->cand, (size_t)s->cap * sizeof *s->cand);
         if (nc) s->cand = nc;
@@ -174,7 +255,7 @@ static cdp_status try_shape(struct ctx *c, struct search *s, int p, int R, int m
     }
     s->tried[s->n_tried++] = (struct cand){.p = p, .R = R, .m = m, .kind = c->kind, .v = c->v, .rc = c->rc, .zero = c->zero};
     struct cand *k = &s->cand[s->n_cand];
-    *k = (struct cand){.p = p, .R = R, .m = m, .kind = c->kind, .v = c->v, .rc = c->rc, .zero = c->zero};
+    *k = (struct cand){.p = p, .R = R, .m = m, .kind = c->kind, .v = c->v, .rc = c->rc, .zero = c->zero, .seq = seq};
     k->ranges = calloc((size_t)p * c->v, sizeof *k->ranges);
     if (!k->ranges) return cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
     if ((st = cdp_planner_split(c, p, R, m, CDP_PARTITION_TIME, k->ranges))) {
@@ -208,7 +289,54 @@ static cdp_status try_shape(struct ctx *c, struct search *s, int p, int R, int m
     }
     k->peak = peak;
     k->lb_sps = bound_sps(c, k);
+    /* the order of the search (screen) rests on it */
+    CDP_ASSERT(k->lb_sps <= s->shape[seq].ub);
     s->n_cand++; /* simulated later (screen), when its bound can still win */
+    return CDP_OK;
+}
+
+/* Checks shape i's memory: the least recomputation that fits it (less is
+ * always faster), unsharded before sharded (ZeRO-1 moves the bytes an
+ * all-reduce does, in two collectives); ZeRO-2 only where nothing else fits.
+ * The candidate, if any, is appended to s->cand. */
+static cdp_status check_shape(struct ctx *c, struct search *s, int i)
+{
+    struct shape *sh = &s->shape[i];
+    enum cdp_recompute modes[CDP_RECOMPUTE_COUNT];
+    int zeros[3];
+    cdp_planner_set_kind(c, sh->kind, sh->chunks);
+    const int n_modes = cdp_planner_modes_of(c->plan, modes), n_zeros = cdp_planner_zeros_of(c->plan, sh->R, zeros),
+              had = s->n_cand;
+    /* ZeRO-2 last of all (a reduce-scatter after every backward: m x v
+     * per step), so (mode, zero) goes (none, 0), (none, 1), (selective,
+     * 0) ... (full, 1), then (none, 2) ... (full, 2) */
+    int order[3 * CDP_RECOMPUTE_COUNT], n_order = 0;
+    for (int pass = 0; pass < 2; pass++)
+        for (int q = 0; q < n_modes * n_zeros; q++)
+            if ((zeros[q % n_zeros] >= 2) == pass) order[n_order++] = q;
+    sh->checked = 1;
+    s->n_checked++;
+    for (int o = 0; o < n_order && s->n_cand == had; o++) {
+        const int q = order[o];
+        cdp_planner_use_mode(c, modes[q / n_zeros]);
+        c->zero = zeros[q % n_zeros];
+        cdp_status st = try_shape(c, s, sh->p, sh->R, sh->m, i);
+        if (st) return st;
+    }
+    if (s->n_cand > had) s->n_fit++;
+    return CDP_OK;
+}
+
+/* Every shape not yet checked, in the order enumerated (what the search did
+ * before it bounded shapes first: the why of the last that does not fit is
+ * kept). */
+static cdp_status check_all(struct ctx *c, struct search *s)
+{
+    for (int i = 0; i < s->n_shape; i++)
+        if (!s->shape[i].checked) {
+            cdp_status st = check_shape(c, s, i);
+            if (st) return st;
+        }
     return CDP_OK;
 }
 
@@ -234,48 +362,83 @@ static cdp_status screen_one(struct ctx *c, struct search *s, struct cand *k)
     return CDP_OK;
 }
 
-/* Branch and bound over the candidates: simulated in the order of their
- * bounds, until the bound of the next is no better than the
+/* Branch and bound: candidates are simulated in the order of their bounds
+ * (best first; equal: fewer stages, fewer micro-batches, then the order
+ * enumerated), until the bound of the next is no better than the
  * CDP_PLANNER_PLACED_SHAPES-th best simulated throughput (then no candidate
- * left could enter the shapes placed); the rest are dropped unsimulated
- * (res->pruned). The same candidates are placed as with every one simulated. */
-static int by_bound(const void *a, const void *b)
+ * left could enter the shapes placed) or than floor_sps; the rest are dropped
+ * unsimulated (res->pruned). A shape's memory is checked (check_shape: its
+ * lists built, its candidate's exact bound known) only when its shape_bound
+ * could still come first: before the best candidate at hand whenever its
+ * shape_bound is at least that one's bound. So the candidates simulated, and
+ * in the same order, are those of checking every shape first; the same
+ * candidates are placed as with every one simulated. */
+static int bound_first(const struct cand *x, const struct cand *y)
 {
-    const struct cand *x = a, *y = b;
-    if (x->lb_sps != y->lb_sps) return x->lb_sps < y->lb_sps ? 1 : -1;
-    if (x->p != y->p) return x->p - y->p;
-    return x->m - y->m;
+    if (x->lb_sps != y->lb_sps) return x->lb_sps > y->lb_sps;
+    if (x->p != y->p) return x->p < y->p;
+    if (x->m != y->m) return x->m < y->m;
+    return x->seq < y->seq;
+}
+
+static const struct shape *by_ub_shapes;
+static int by_ub(const void *a, const void *b)
+{
+    const int x = *(const int *)a, y = *(const int *)b;
+    const double ux = by_ub_shapes[x].ub, uy = by_ub_shapes[y].ub;
+    if (ux != uy) return ux < uy ? 1 : -1;
+    return x - y;
 }
 
 static cdp_status screen(struct ctx *c, struct search *s, struct cdp_planner_result *res, double floor_sps)
 {
-    qsort(s->cand, (size_t)s->n_cand, sizeof *s->cand, by_bound);
+    cdp_status st = CDP_OK;
+    int *ord = malloc((size_t)(s->n_shape ? s->n_shape : 1) * sizeof *ord);
+    if (!ord) return cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
+    for (int i = 0; i < s->n_shape; i++) ord[i] = i;
+    by_ub_shapes = s->shape;
+    qsort(ord, (size_t)s->n_shape, sizeof *ord, by_ub);
     double top[CDP_PLANNER_PLACED_SHAPES] = {0}; /* descending */
-    int w = 0;
-    for (int i = 0; i < s->n_cand; i++) {
-        struct cand *k = &s->cand[i];
-        if ((i >= CDP_PLANNER_PLACED_SHAPES && k->lb_sps <= top[CDP_PLANNER_PLACED_SHAPES - 1]) ||
-            k->lb_sps <= floor_sps) {
-            free(k->ranges);
-            res->pruned++;
+    /* s->cand: [0, w) simulated, in order; [w, n_cand) checked, fit, not yet taken */
+    int w = 0, next = 0, taken = 0;
+    for (;;) {
+        int b = -1;
+        for (int j = w; j < s->n_cand; j++)
+            if (b < 0 || bound_first(&s->cand[j], &s->cand[b])) b = j;
+        while (next < s->n_shape && s->shape[ord[next]].checked) next++;
+        if (b < 0 && next == s->n_shape) break;
+        const double u = next < s->n_shape ? s->shape[ord[next]].ub : -INFINITY;
+        const double key = b >= 0 && s->cand[b].lb_sps > u ? s->cand[b].lb_sps : u; /* no bound left is higher */
+        if ((taken >= CDP_PLANNER_PLACED_SHAPES && key <= top[CDP_PLANNER_PLACED_SHAPES - 1]) || key <= floor_sps) {
+            for (int j = w; j < s->n_cand; j++) free(s->cand[j].ranges);
+            res->pruned += s->n_cand - w;
+            for (int j = next; j < s->n_shape; j++) res->pruned += !s->shape[ord[j]].checked;
+            break;
+        }
+        if (next < s->n_shape && (b < 0 || u >= s->cand[b].lb_sps)) {
+            if ((st = check_shape(c, s, ord[next]))) break;
             continue;
         }
-        cdp_status st = screen_one(c, s, k);
-        if (st) {
-            for (int j = i; j < s->n_cand; j++) free(s->cand[j].ranges);
-            s->n_cand = w;
-            return st;
+        struct cand k = s->cand[b];
+        if ((st = screen_one(c, s, &k))) {
+            s->cand[b] = k;
+            break;
         }
         for (int q = 0; q < CDP_PLANNER_PLACED_SHAPES; q++)
-            if (k->sps > top[q]) {
+            if (k.sps > top[q]) {
                 memmove(&top[q + 1], &top[q], (CDP_PLANNER_PLACED_SHAPES - 1 - q) * sizeof *top);
-                top[q] = k->sps;
+                top[q] = k.sps;
                 break;
             }
-        s->cand[w++] = *k;
+        s->cand[b] = s->cand[w];
+        s->cand[w++] = k;
+        taken++;
     }
+    if (st)
+        for (int j = w; j < s->n_cand; j++) free(s->cand[j].ranges);
     s->n_cand = w;
-    return CDP_OK;
+    free(ord);
+    return st;
 }
 
 /* 1. Every shape the plan allows on W devices: stages from the plan or 1..the
@@ -341,30 +504,19 @@ static cdp_status try_shapes(struct ctx *c, struct search *s, int W, struct cdp_
             if (m < 1 || (cdp_schedule_def(c->kind)->mb_multiple_of_stages && (m % p || !shares_fit(pd, p)))) continue;
             res->shapes++;
             s->largest_tried = p;
-            /* the least recomputation that fits this shape (less is always
-             * faster), unsharded before sharded (ZeRO-1 moves the bytes an
-             * all-reduce does, in two collectives); ZeRO-2 only where nothing
-             * else fits */
-            enum cdp_recompute modes[CDP_RECOMPUTE_COUNT];
-            int zeros[3];
-            const int n_modes = cdp_planner_modes_of(plan, modes), n_zeros = cdp_planner_zeros_of(plan, R, zeros), had = s->n_cand;
-            /* ZeRO-2 last of all (a reduce-scatter after every backward: m x v
-             * per step), so (mode, zero) goes (none, 0), (none, 1), (selective,
-             * 0) ... (full, 1), then (none, 2) ... (full, 2) */
-            int order[3 * CDP_RECOMPUTE_COUNT], n_order = 0;
-            for (int pass = 0; pass < 2; pass++)
-                for (int q = 0; q < n_modes * n_zeros; q++)
-                    if ((zeros[q % n_zeros] >= 2) == pass) order[n_order++] = q;
-            for (int o = 0; o < n_order && s->n_cand == had; o++) {
-                const int q = order[o];
-                cdp_planner_use_mode(c, modes[q / n_zeros]);
-                c->zero = zeros[q % n_zeros];
-                cdp_status st = try_shape(c, s, p, R, m);
-                if (st) return st;
+            if (s->n_shape == s->cap_shape) {
+                s->cap_shape = s->cap_shape ? 2 * s->cap_shape : 64;
+                struct shape *ns = realloc(s->shape, (size_t)s->cap_shape * sizeof *s->shape);
+                if (!ns) return cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
+                s->shape = ns;
             }
+            struct shape *sh = &s->shape[s->n_shape];
+            *sh = (struct shape){.p = p, .R = R, .m = m, .kind = kinds[ik % n_kinds], .chunks = vs[ik % n_kinds]};
+            cdp_status st = shape_bound(c, p, R, m, &sh->ub);
+            if (st) return st;
+            s->n_shape++;
         }
     }
-    res->feasible = s->n_cand;
     return CDP_OK;
 }
 
@@ -595,13 +747,31 @@ static cdp_status run_fixed(const struct cdp_plan *plan, const struct cdp_topolo
         W = g;
     }
     if ((st = try_shapes(&c, &s, W, &res))) goto fail;
-    if (s.n_cand == 0) {
+    if (s.layout_only) st = check_all(&c, &s);
+    else st = screen(&c, &s, &res, floor_sps);
+    if (st) goto fail;
+    if (s.n_cand == 0 && !s.layout_only && s.n_fit == 0) {
+        /* none simulated and none checked fits: whether any shape fits at
+         * all (in the order enumerated, till one does) says which answer */
+        for (int i = 0; i < s.n_shape && s.n_fit == 0; i++)
+            if (!s.shape[i].checked && (st = check_shape(&c, &s, i))) goto fail;
+        for (int i = 0; i < s.n_cand; i++) free(s.cand[i].ranges);
+        s.n_cand = 0;
+    }
+    if (s.n_fit == 0) {
+        /* every shape checked again in the order enumerated: the why of the
+         * last that does not fit, as the message has always named it */
+        for (int i = 0; i < s.n_shape; i++) s.shape[i].checked = 0;
+        s.n_tried = s.n_checked = 0;
+        s.device_short = 0;
+        s.why[0] = '\0';
+        if ((st = check_all(&c, &s))) goto fail;
+        res.feasible = s.n_fit, res.checked = s.n_checked;
         st = none_fits(&c, &s, W, &res);
         goto fail;
     }
-    if (!s.layout_only && (st = screen(&c, &s, &res, floor_sps))) goto fail;
+    res.feasible = s.n_fit, res.checked = s.n_checked;
     if (s.n_cand == 0) { /* every shape's bound below another t's plan */
-        res.pruned = res.feasible;
         st = CDP_ERR_UNSUPPORTED;
         cdp_fail(st, "every shape's bound is below the plan of another t");
         goto fail;
@@ -698,7 +868,7 @@ cdp_status cdp_planner_run(const struct cdp_plan *plan, const struct cdp_topolog
     struct cdp_planner_tensor_alt alt[CDP_PLANNER_TENSOR_ALTS];
     int n_alt = 0, have = 0;
     double best_peak = 0;
-    int64_t shapes = 0, feasible = 0, pruned = 0, sims = 0, rsims = 0;
+    int64_t shapes = 0, checked = 0, feasible = 0, pruned = 0, sims = 0, rsims = 0;
     cdp_status st = CDP_OK, last_err = CDP_OK;
     char last_msg[1024] = "";
     /* the largest t first: its plan's throughput bounds the shapes of the
@@ -745,7 +915,7 @@ cdp_status cdp_planner_run(const struct cdp_plan *plan, const struct cdp_topolog
                 continue;
             }
             r.sequence_parallel = sps[j];
-            shapes += r.shapes, feasible += r.feasible, pruned += r.pruned;
+            shapes += r.shapes, checked += r.checked, feasible += r.feasible, pruned += r.pruned;
             a->bounded = have; /* shapes under the plan found were not simulated: its best of the rest */
             sims += r.simulations, rsims += r.replica_simulations;
             a->ok = 1;
@@ -776,7 +946,7 @@ cdp_status cdp_planner_run(const struct cdp_plan *plan, const struct cdp_topolog
     memcpy(best.tensor_alt, alt, sizeof alt);
     best.n_tensor_alt = n_alt;
     snprintf(best.tensor_why, sizeof best.tensor_why, "%s", plan->parallel.tensor == CDP_AUTO ? why : "");
-    best.shapes = shapes, best.feasible = feasible, best.pruned = pruned;
+    best.shapes = shapes, best.checked = checked, best.feasible = feasible, best.pruned = pruned;
     best.simulations = sims, best.replica_simulations = rsims;
     best.search_s = (double)(cdp_time_ns() - t0) * 1e-9;
     *out = best;

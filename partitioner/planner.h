@@ -111,8 +111,10 @@ struct cdp_planner_result {
     struct cdp_planner_balance balance;
     /* what was searched */
     int64_t shapes;          /* (stages, replicas, micro_batches) candidates */
-    int64_t feasible;        /* of them, those whose partition fits */
-    int64_t pruned;          /* of those, dropped unsimulated: their bound could not reach the shapes placed */
+    int64_t checked;         /* of them, those whose memory was checked (the others' bound could not win) */
+    int64_t feasible;        /* of those, the ones that fit */
+    int64_t pruned;          /* shapes not simulated (unchecked, or checked and fitting): their bound could not
+                              * reach the shapes placed */
     int64_t simulations;     /* simulator runs of every rank, placement search included */
     int64_t replica_simulations; /* runs of one replica's pipeline (the cheap model of large worlds) */
     int64_t placed_shapes;   /* shapes whose placement was searched */

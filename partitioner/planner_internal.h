@@ -32,6 +32,18 @@ struct cand {
     double lb_sps;        /* the most it could give (a lower bound on its step: planner.c, bound_sps) */
     int screened;         /* simulated (step_s, sps set) */
     double peak;          /* the largest rank's device bytes */
+    int seq;              /* its shape's place in the order shapes are enumerated */
+};
+
+/* A shape enumerated by the search (planner.c, try_shapes), before its memory
+ * is checked: ub is at least the bound (bound_sps) of whatever candidate
+ * checking it gives, in any recompute mode (shape_bound). */
+struct shape {
+    int p, R, m;
+    enum cdp_schedule_kind kind;
+    int chunks;  /* as cdp_planner_set_kind takes it */
+    double ub;
+    int checked; /* its memory was checked (check_shape) */
 };
 
 struct ctx {
@@ -95,6 +107,9 @@ struct ctx {
 struct search {
     struct cand *cand, *tried;
     int n_cand, n_tried, cap;
+    struct shape *shape; /* every shape enumerated, in order */
+    int n_shape, cap_shape;
+    int n_checked, n_fit; /* shapes whose memory was checked; of them, those that fit */
     char why[1024];
     int device_short; /* a shape did not fit for device memory (not host memory) */
     int largest_tried;

@@ -210,8 +210,14 @@ void cdp_planner_print(const struct cdp_planner_result *r, FILE *f)
         }
         if (r->tensor_why[0]) fprintf(f, "  not tried: %s\n", r->tensor_why);
     }
-    fprintf(f, "\nPlan: searched %lld shapes (%lld fit", (long long)r->shapes, (long long)r->feasible);
-    if (r->pruned) fprintf(f, "; %lld of them not simulated: their bound could not win", (long long)r->pruned);
+    if (r->checked == r->shapes) {
+        fprintf(f, "\nPlan: searched %lld shapes (%lld fit", (long long)r->shapes, (long long)r->feasible);
+        if (r->pruned) fprintf(f, "; %lld of them not simulated: their bound could not win", (long long)r->pruned);
+    } else {
+        fprintf(f, "\nPlan: searched %lld shapes (memory checked for %lld, %lld of them fit; %lld not simulated: "
+                "their bound could not win", (long long)r->shapes, (long long)r->checked, (long long)r->feasible,
+                (long long)r->pruned);
+    }
     fprintf(f, "), %lld placed, %lld simulations", (long long)r->placed_shapes, (long long)r->simulations);
     if (r->replica_simulations)
         fprintf(f, " + %lld of one replica (large world: docs/planner.md)", (long long)r->replica_simulations);
