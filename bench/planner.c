@@ -36,7 +36,7 @@ static const char *const PLAN_FMT =
     " \"train\": {\"global_batch\": 1536, \"micro_batch\": 1, \"precision\": \"bf16\","
     " \"optimizer\": {\"type\": \"adamw\"}},"
     " \"parallel\": {\"stages\": \"auto\", \"replicas\": \"auto\", \"micro_batches\": \"auto\", \"tensor\": \"auto\","
-    " \"sequence_parallel\": \"auto\", \"comm_dtype\": %s},"
+    " \"sequence_parallel\": \"auto\", \"comm_dtype\": %s%s},"
     " \"cluster\": {\"backend\": \"cuda\", \"topology\": \"%s\"}}";
 
 /* The predicted rate per GPU the layout uses: model FLOPs (forward and
@@ -145,10 +145,11 @@ static void print_breakdown(const struct cdp_plan *plan, const struct cdp_topolo
     printf("  %-56s %9.1f ms\n", "predicted step", 1e3 * G);
 }
 
-static int run(int heads, int embed, const char *topology, const char *comm_dtype)
+static int run(int heads, int embed, const char *topology, const char *comm_dtype, const char *schedule)
 {
-    char text[1024];
-    snprintf(text, sizeof text, PLAN_FMT, heads, embed, comm_dtype, topology);
+    char text[1024], sched[64] = "";
+    if (schedule) snprintf(sched, sizeof sched, ", \"schedule\": \"%s\"", schedule);
+    snprintf(text, sizeof text, PLAN_FMT, heads, embed, comm_dtype, sched, topology);
     struct cdp_plan *plan = NULL;
     struct cdp_topology *t = NULL;
     struct cdp_planner_result r = {0};
@@ -162,7 +163,8 @@ static int run(int heads, int embed, const char *topology, const char *comm_dtyp
     const uint64_t t1 = cdp_time_ns();
     const clock_t c1 = clock();
     printf("== GPT 96 layers, embed %d, heads %d, %.1f B parameters, bf16, adamw, global batch 1536 on %s (%d GPUs), "
-           "comm_dtype %s\n", embed, heads, (double)cdp_plan_param_count(plan) / 1e9, t->name, t->n_gpus, comm_dtype);
+           "comm_dtype %s, schedule %s\n", embed, heads, (double)cdp_plan_param_count(plan) / 1e9, t->name, t->n_gpus,
+           comm_dtype, schedule ? schedule : "1f1b");
     cdp_status st = cdp_planner_run(plan, t, NULL, 0, &r);
     const uint64_t t2 = cdp_time_ns();
     const clock_t c2 = clock();
@@ -172,9 +174,10 @@ static int run(int heads, int embed, const char *topology, const char *comm_dtyp
     if (st) {
         printf("result      no plan: %s\n\n", cdp_last_error());
     } else {
-        printf("searched    %lld shapes, %lld fit in memory, %lld placed, %lld simulations of all ranks, %lld of "
-               "one replica\n", (long long)r.shapes, (long long)r.feasible, (long long)r.placed_shapes,
-               (long long)r.simulations, (long long)r.replica_simulations);
+        printf("searched    %lld shapes, memory checked for %lld (%lld fit; the others' bound could not win), %lld "
+               "placed, %lld simulations of all ranks, %lld of one replica\n", (long long)r.shapes,
+               (long long)r.checked, (long long)r.feasible, (long long)r.placed_shapes, (long long)r.simulations,
+               (long long)r.replica_simulations);
         cdp_planner_print(&r, stdout);
         print_rate(plan, t, &r);
         print_breakdown(plan, t, &r);
@@ -189,7 +192,7 @@ static int run(int heads, int embed, const char *topology, const char *comm_dtyp
 int main(void)
 {
     /* GPT-3 175B and a 96-layer GPT of embed 4096 on 1,024 H100s; 175B on 64 A100s */
-    return run(96, 12288, "128 x hgx-h100", "{\"tensor\": \"bf16\", \"gradients\": \"fp32\"}") |
-           run(96, 12288, "128 x hgx-h100", "\"fp32\"") | run(32, 4096, "128 x hgx-h100", "\"fp32\"") |
-           run(96, 12288, "8 x dgx-a100", "\"fp32\"");
+    return run(96, 12288, "128 x hgx-h100", "{\"tensor\": \"bf16\", \"gradients\": \"fp32\"}", "auto") |
+           run(96, 12288, "128 x hgx-h100", "\"fp32\"", "auto") | run(32, 4096, "128 x hgx-h100", "\"fp32\"", NULL) |
+           run(96, 12288, "8 x dgx-a100", "\"fp32\"", NULL);
 }

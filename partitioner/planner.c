@@ -747,8 +747,8 @@ static cdp_status run_fixed(const struct cdp_plan *plan, const struct cdp_topolo
         W = g;
     }
     if ((st = try_shapes(&c, &s, W, &res))) goto fail;
-    if (s.layout_only) st = check_all(&c, &s);
-    else st = screen(&c, &s, &res, floor_sps);
+    if (s.layout_only || (flags & CDP_PLANNER_CHECK_EVERY_SHAPE)) st = check_all(&c, &s);
+    if (!st && !s.layout_only) st = screen(&c, &s, &res, floor_sps);
     if (st) goto fail;
     if (s.n_cand == 0 && !s.layout_only && s.n_fit == 0) {
         /* none simulated and none checked fits: whether any shape fits at

@@ -131,6 +131,9 @@ struct cdp_planner_result {
 /* cdp_planner_run flags. */
 #define CDP_PLANNER_LAYOUT_ONLY 1 /* a plan that fixes everything: no simulation, no prediction (the ranks of
                                      a launched job, which only need their layout) */
+#define CDP_PLANNER_CHECK_EVERY_SHAPE 2 /* check every shape's memory before the screening step, not only those
+                                           whose bound could still win: the same plan and simulations, with
+                                           checked == shapes (slower: docs/planner.md) */
 
 /* Plans: every "auto" of plan->parallel is searched on topology t (not owned;
  * its devices are the world, capped by /cluster/nodes x /cluster/devices when

@@ -1683,3 +1683,102 @@ Test(planner, comm_dtype_bf16_predicts_less_communication)
     cdp_plan_free(p32);
     cdp_plan_free(p16);
 }
+
+/* The search checks a shape's memory (builds its lists) only when its bound
+ * could still win: the plan, every simulation and every t's row are those of
+ * checking every shape first (CDP_PLANNER_CHECK_EVERY_SHAPE), on plans where
+ * recomputation, ZeRO, the schedule, t and sequence parallelism are all
+ * "auto" and the device cap leaves some shapes out; and where nothing fits,
+ * the message is the same. */
+#define EVERY_SHAPE(layers, gb, tensor, cap)                                                                        \
+    "{\"model\": {\"preset\": \"gpt\", \"vocab\": 1024, \"context\": 256, \"layers\": " layers ", \"heads\": 8, " \
+    "\"embed\": 384}, \"train\": {\"micro_batch\": 2" gb ", \"precision\": \"bf16\", \"recompute\": \"auto\", "   \
+    "\"optimizer\": {\"type\": \"adamw\"}}, \"parallel\": {\"stages\": \"auto\", \"replicas\": \"auto\", "        \
+    "\"micro_batches\": \"auto\", \"schedule\": \"auto\", \"zero\": \"auto\", \"tensor\": " tensor "}, "         \
+    "\"cluster\": {\"backend\": \"cuda\", \"topology\": \"hgx-h100\", \"device_memory\": \"" cap "\"}}"
+
+static cdp_status plan_flags(const char *text, int flags, struct cdp_planner_result *r, char *err, size_t cap)
+{
+    struct cdp_plan *p = load(text);
+    struct cdp_topology *t = NULL;
+    cr_assert_eq(cdp_topology_load("hgx-h100", NULL, &t), CDP_OK, "%s", cdp_last_error());
+    const cdp_status st = cdp_planner_run(p, t, NULL, flags, r);
+    snprintf(err, cap, "%s", st ? cdp_last_error() : "");
+    cdp_topology_free(t);
+    cdp_plan_free(p);
+    return st;
+}
+
+Test(planner, bounding_shapes_first_plans_as_checking_every_shape, .timeout = 120)
+{
+    static const char *const plans[] = {
+        EVERY_SHAPE("8", ", \"global_batch\": 64", "\"auto\", \"sequence_parallel\": \"auto\"", "160MiB"),
+        EVERY_SHAPE("8", "", "1", "120MiB"),
+        EVERY_SHAPE("12", ", \"global_batch\": 96", "\"auto\"", "200MiB"),
+    };
+    int skipped = 0, misfit = 0;
+    for (size_t i = 0; i < sizeof plans / sizeof *plans; i++) {
+        struct cdp_planner_result a = {0}, b = {0};
+        char ea[1024], eb[1024];
+        const cdp_status sa = plan_flags(plans[i], 0, &a, ea, sizeof ea),
+                         sb = plan_flags(plans[i], CDP_PLANNER_CHECK_EVERY_SHAPE, &b, eb, sizeof eb);
+        cr_assert_eq(sa, CDP_OK, "plan %zu: %s", i, ea);
+        cr_assert_eq(sb, CDP_OK, "plan %zu: %s", i, eb);
+        const struct cdp_layout *la = a.layout, *lb = b.layout;
+        cr_expect_eq(la->stages, lb->stages, "plan %zu", i);
+        cr_expect_eq(la->replicas, lb->replicas, "plan %zu", i);
+        cr_expect_eq(la->tensor, lb->tensor, "plan %zu", i);
+        cr_expect_eq(la->chunks, lb->chunks, "plan %zu", i);
+        cr_expect_eq(la->micro_batches, lb->micro_batches, "plan %zu", i);
+        cr_expect_eq(la->schedule, lb->schedule, "plan %zu", i);
+        cr_expect_eq(la->recompute, lb->recompute, "plan %zu", i);
+        cr_expect_eq(la->zero, lb->zero, "plan %zu", i);
+        cr_expect_eq(a.sequence_parallel, b.sequence_parallel, "plan %zu", i);
+        cr_expect_eq(a.predicted.step_s, b.predicted.step_s, "plan %zu: %.9f ms against %.9f ms", i,
+                     a.predicted.step_s * 1e3, b.predicted.step_s * 1e3);
+        cr_assert_eq(la->n_ranks, lb->n_ranks, "plan %zu", i);
+        cr_expect_eq(memcmp(la->ranges, lb->ranges, (size_t)la->stages * la->chunks * sizeof *la->ranges), 0,
+                     "plan %zu", i);
+        for (int k = 0; k < la->n_ranks; k++) {
+            cr_expect_eq(la->rank[k].device, lb->rank[k].device, "plan %zu rank %d", i, k);
+            cr_expect_eq(la->rank[k].memory.device, lb->rank[k].memory.device, "plan %zu rank %d", i, k);
+        }
+        cr_expect_eq(a.simulations, b.simulations, "plan %zu", i);
+        cr_expect_eq(a.replica_simulations, b.replica_simulations, "plan %zu", i);
+        cr_expect_eq(a.placed_shapes, b.placed_shapes, "plan %zu", i);
+        cr_expect_eq(a.shapes, b.shapes, "plan %zu", i);
+        cr_assert_eq(a.n_tensor_alt, b.n_tensor_alt, "plan %zu", i);
+        for (int k = 0; k < a.n_tensor_alt; k++) {
+            const struct cdp_planner_tensor_alt *x = &a.tensor_alt[k], *y = &b.tensor_alt[k];
+            cr_expect_eq(x->ok, y->ok, "plan %zu t %d", i, x->tensor);
+            cr_expect_eq(x->step_s, y->step_s, "plan %zu t %d", i, x->tensor);
+            cr_expect_eq(x->stages * 1000 + x->micro_batches, y->stages * 1000 + y->micro_batches, "plan %zu t %d",
+                         i, x->tensor);
+            cr_expect_str_eq(x->why, y->why, "plan %zu t %d", i, x->tensor);
+        }
+        /* every shape checked: the counts of before; bounded first: fewer checked, the same simulated */
+        cr_expect_eq(b.checked, b.shapes, "plan %zu", i);
+        cr_expect_leq(a.checked, b.checked, "plan %zu", i);
+        cr_expect_leq(a.feasible, b.feasible, "plan %zu", i);
+        cr_expect_eq(a.shapes - a.pruned - (a.checked - a.feasible), b.feasible - b.pruned, "plan %zu", i);
+        skipped += a.checked < a.shapes;
+        misfit += b.feasible < b.checked;
+        cr_log_info("plan %zu: %lld shapes, checked %lld (%lld fit) against %lld (%lld fit), %d x %d x t %d, %s",
+                    i, (long long)a.shapes, (long long)a.checked, (long long)a.feasible, (long long)b.checked,
+                    (long long)b.feasible, la->stages, la->replicas, la->tensor, cdp_schedule_name(la->schedule));
+        cdp_planner_result_clear(&a);
+        cdp_planner_result_clear(&b);
+    }
+    cr_expect_gt(skipped, 0, "no plan left a shape unchecked: the bound saves nothing here");
+    cr_expect_gt(misfit, 0, "no shape misfits: the caps test nothing");
+    /* nothing fits: the same message (the last shape's why, the smallest cap) */
+    struct cdp_planner_result a = {0}, b = {0};
+    char ea[1024], eb[1024];
+    const cdp_status sa = plan_flags(EVERY_SHAPE("8", ", \"global_batch\": 64", "1", "30MiB"), 0, &a, ea, sizeof ea),
+                     sb = plan_flags(EVERY_SHAPE("8", ", \"global_batch\": 64", "1", "30MiB"),
+                                     CDP_PLANNER_CHECK_EVERY_SHAPE, &b, eb, sizeof eb);
+    cr_expect_eq(sa, CDP_ERR_INVALID);
+    cr_expect_eq(sb, CDP_ERR_INVALID);
+    cr_expect_str_eq(ea, eb);
+    cr_expect(strstr(ea, "smallest device memory"), "%s", ea);
+}
