@@ -25,11 +25,12 @@
 /* %d, %d, %s, %s: heads, embed, /parallel/comm_dtype, topology. The GPT-3
  * shape (175B) fits 80 GB per GPU only with activation recomputation or
  * sequence parallelism, which the planner chooses ("auto"); a 96-layer model
- * of embed 4096 is planned too, which fits without. The schedule stays 1F1B:
- * "auto" also builds and proves the zero-bubble lists of every shape it counts
- * the memory of, which is no longer minutes but still about 40-50 s of CPU at
- * this size (it picks zb-h1 there, 38.4 % MFU against 1F1B's 37.0 %:
- * docs/planner.md), over the 10 s this benchmark holds the search to. */
+ * of embed 4096 is planned too, which fits without. The two 175B cases on
+ * 128 x hgx-h100 search the schedule too ("auto": it picks zb-h1 there, 38.4 %
+ * MFU against 1F1B's 37.0 %); the search checks a shape's memory, building and
+ * proving its lists, only when the shape's bound could still win, which keeps it
+ * to a few seconds of CPU (docs/planner.md, "schedule"). The other two keep the
+ * default 1F1B. */
 static const char *const PLAN_FMT =
     "{\"model\": {\"preset\": \"gpt\", \"vocab\": 50257, \"context\": 2048, \"layers\": 96, \"heads\": %d,"
     " \"embed\": %d},"
