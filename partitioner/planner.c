@@ -381,22 +381,24 @@ static int bound_first(const struct cand *x, const struct cand *y)
     return x->seq < y->seq;
 }
 
-static const struct shape *by_ub_shapes;
+struct by_ub {
+    double ub;
+    int i;
+};
+
 static int by_ub(const void *a, const void *b)
 {
-    const int x = *(const int *)a, y = *(const int *)b;
-    const double ux = by_ub_shapes[x].ub, uy = by_ub_shapes[y].ub;
-    if (ux != uy) return ux < uy ? 1 : -1;
-    return x - y;
+    const struct by_ub *x = a, *y = b;
+    if (x->ub != y->ub) return x->ub < y->ub ? 1 : -1;
+    return x->i - y->i;
 }
 
 static cdp_status screen(struct ctx *c, struct search *s, struct cdp_planner_result *res, double floor_sps)
 {
     cdp_status st = CDP_OK;
-    int *ord = malloc((size_t)(s->n_shape ? s->n_shape : 1) * sizeof *ord);
+    struct by_ub *ord = malloc((size_t)(s->n_shape ? s->n_shape : 1) * sizeof *ord);
     if (!ord) return cdp_fail(CDP_ERR_NOMEM, "planner: out of memory");
-    for (int i = 0; i < s->n_shape; i++) ord[i] = i;
-    by_ub_shapes = s->shape;
+    for (int i = 0; i < s->n_shape; i++) ord[i] = (struct by_ub){s->shape[i].ub, i};
     qsort(ord, (size_t)s->n_shape, sizeof *ord, by_ub);
     double top[CDP_PLANNER_PLACED_SHAPES] = {0}; /* descending */
     /* s->cand: [0, w) simulated, in order; [w, n_cand) checked, fit, not yet taken */
@@ -405,18 +407,18 @@ static cdp_status screen(struct ctx *c, struct search *s, struct cdp_planner_res
         int b = -1;
         for (int j = w; j < s->n_cand; j++)
             if (b < 0 || bound_first(&s->cand[j], &s->cand[b])) b = j;
-        while (next < s->n_shape && s->shape[ord[next]].checked) next++;
+        while (next < s->n_shape && s->shape[ord[next].i].checked) next++;
         if (b < 0 && next == s->n_shape) break;
-        const double u = next < s->n_shape ? s->shape[ord[next]].ub : -INFINITY;
+        const double u = next < s->n_shape ? s->shape[ord[next].i].ub : -INFINITY;
         const double key = b >= 0 && s->cand[b].lb_sps > u ? s->cand[b].lb_sps : u; /* no bound left is higher */
         if ((taken >= CDP_PLANNER_PLACED_SHAPES && key <= top[CDP_PLANNER_PLACED_SHAPES - 1]) || key <= floor_sps) {
             for (int j = w; j < s->n_cand; j++) free(s->cand[j].ranges);
             res->pruned += s->n_cand - w;
-            for (int j = next; j < s->n_shape; j++) res->pruned += !s->shape[ord[j]].checked;
+            for (int j = next; j < s->n_shape; j++) res->pruned += !s->shape[ord[j].i].checked;
             break;
         }
         if (next < s->n_shape && (b < 0 || u >= s->cand[b].lb_sps)) {
-            if ((st = check_shape(c, s, ord[next]))) break;
+            if ((st = check_shape(c, s, ord[next].i))) break;
             continue;
         }
         struct cand k = s->cand[b];
