@@ -71,12 +71,14 @@ int cdp_test_run(struct cdp_run *r, const char *const *argv)
     growbuf_add(&err, "", 0);
     struct pollfd fds[2] = {{.fd = outp[0], .events = POLLIN}, {.fd = errp[0], .events = POLLIN}};
     int open_fds = 2;
-    time_t deadline = time(NULL) + 60;
+    const time_t deadline = time(NULL) + CDP_TEST_RUN_LIMIT_S;
+    int killed = 0;
     while (open_fds > 0) {
         int rc = poll(fds, 2, 1000);
         if (rc < 0 && errno != EINTR) break;
         if (time(NULL) > deadline) {
             kill(pid, SIGKILL);
+            killed = 1;
             break;
         }
         for (int i = 0; i < 2; i++) {
@@ -97,6 +99,12 @@ int cdp_test_run(struct cdp_run *r, const char *const *argv)
     int status = 0;
     waitpid(pid, &status, 0);
     r->exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    if (killed) {
+        /* say so: a run ended by the limit otherwise reads as exit 137 with nothing on stderr */
+        char note[96];
+        snprintf(note, sizeof note, "\n[harness: no end after %d s; killed]\n", CDP_TEST_RUN_LIMIT_S);
+        growbuf_add(&err, note, strlen(note));
+    }
     r->out = out.p;
     r->err = err.p;
     return 0;

@@ -275,7 +275,7 @@ static void check_doc(struct findings *f, const char *root, const char *rel)
     free(text);
 }
 
-Test(cli, every_example_plan_dry_runs, .timeout = 120)
+Test(cli, every_example_plan_dry_runs, .timeout = 240)
 {
     char dir[PATH_MAX], path[PATH_MAX + 256], msg[4096];
     snprintf(dir, sizeof dir, "%s", cdp_test_source_path("examples"));
