@@ -170,22 +170,15 @@ static cdp_status machine_build(const struct cdp_placement_problem *pb, int want
     for (int a = 0; a < n; a++)
         for (int b = 0; b < n; b++) {
             if (a == b) continue;
-            double bw = INFINITY, lat = 0;
-            int cls = 0;
-            for (int k = 0; k < m->group; k++) {
-                struct cdp_topology_link l;
-                cdp_status st = cdp_topology_link(t, m->dev[a] + k, m->dev[b] + k, &l);
-                if (st) {
-                    machine_free(m);
-                    return cdp_error_context(st, "placement: link %d -> %d", m->dev[a] + k, m->dev[b] + k);
-                }
-                bw = fmin(bw, l.bandwidth);
-                lat = fmax(lat, l.latency);
-                if ((int)l.cls > cls) cls = (int)l.cls;
+            struct cdp_topology_link l;
+            cdp_status st = cdp_topology_group_link(t, m->dev[a], m->dev[b], m->group, &l);
+            if (st) {
+                machine_free(m);
+                return cdp_error_context(st, "placement: link %d -> %d", m->dev[a], m->dev[b]);
             }
-            m->bw[a * n + b] = bw;
-            m->lat[a * n + b] = lat;
-            m->cls[a * n + b] = cls;
+            m->bw[a * n + b] = l.bandwidth;
+            m->lat[a * n + b] = l.latency;
+            m->cls[a * n + b] = (int)l.cls;
         }
     /* Classes. interchangeable() is O(n) a pair, and a cluster has n / 8
      * classes, so checking every representative is O(n^3) (minutes at 4096

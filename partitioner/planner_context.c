@@ -61,23 +61,19 @@ static cdp_status group_links(struct ctx *c, const struct cdp_topology *t)
             if (pd->placement_map[i] >= 0 && pd->placement_map[i] + tp <= nd) is[pd->placement_map[i]] = 1;
     for (int d = 0; d < nd; d++)
         if (is[d]) lead[n++] = d;
-    for (int i = 0; i < n; i++)
-        for (int j = 0; j < n; j++) {
+    cdp_status st = CDP_OK;
+    for (int i = 0; i < n && !st; i++)
+        for (int j = 0; j < n && !st; j++) {
             const int a = lead[i], b = lead[j];
+            struct cdp_topology_link l;
             if (abs(a - b) < tp) continue;
-            double bw = INFINITY, lat = 0;
-            for (int k = 0; k < tp; k++) {
-                struct cdp_topology_link l;
-                if (cdp_topology_link(t, a + k, b + k, &l)) continue;
-                bw = fmin(bw, l.bandwidth);
-                lat = fmax(lat, l.latency);
-            }
-            c->bw[a * nd + b] = isinf(bw) ? 0 : bw;
-            c->lat[a * nd + b] = lat;
+            if ((st = cdp_topology_group_link(t, a, b, tp, &l))) break;
+            c->bw[a * nd + b] = l.bandwidth;
+            c->lat[a * nd + b] = l.latency;
         }
     free(is);
     free(lead);
-    return CDP_OK;
+    return st ? cdp_error_context(st, "planner: the link between tensor groups") : CDP_OK;
 }
 
 /* REDUCE_TIED_GRADS payload of a GPT with tied embeddings. */

@@ -159,3 +159,21 @@ cdp_status cdp_topology_link(const struct cdp_topology *t, int a, int b, struct 
     out->latency = nd->latency[ij];
     return CDP_OK;
 }
+
+cdp_status cdp_topology_group_link(const struct cdp_topology *t, int a, int b, int n, struct cdp_topology_link *out)
+{
+    for (int k = 0; k < n; k++) {
+        struct cdp_topology_link l;
+        cdp_status st = cdp_topology_link(t, a + k, b + k, &l);
+        if (st) return st;
+        if (k == 0) {
+            *out = l;
+            continue;
+        }
+        if (l.bandwidth < out->bandwidth) out->bandwidth = l.bandwidth;
+        if (l.latency > out->latency) out->latency = l.latency;
+        if (l.nvlinks < out->nvlinks) out->nvlinks = l.nvlinks;
+        if (l.cls > out->cls) out->cls = l.cls;
+    }
+    return n > 0 ? CDP_OK : cdp_fail(CDP_ERR_INVALID, "topology: a group of %d devices", n);
+}

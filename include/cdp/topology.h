@@ -196,6 +196,13 @@ CDP_API cdp_status cdp_topology_cluster(const struct cdp_topology *node, int n_n
  * (one NIC's rate, the network's latency). CDP_ERR_INVALID for a bad index. */
 CDP_API cdp_status cdp_topology_link(const struct cdp_topology *t, int a, int b, struct cdp_topology_link *out);
 
+/* The link between two groups of n devices, a..a+n-1 and b..b+n-1, whose
+ * traffic runs over the n member pairs a+k -> b+k in parallel: the slowest
+ * pair's (the least bandwidth and NVLink count, the largest latency, the
+ * worst class). n = 1 is cdp_topology_link. CDP_ERR_INVALID for a bad index. */
+CDP_API cdp_status cdp_topology_group_link(const struct cdp_topology *t, int a, int b, int n,
+                                           struct cdp_topology_link *out);
+
 /* Writes hwloc v2 XML of a one-node topology: the machine, NUMA nodes and PUs,
  * a PCI tree (host bridges, switches, GPUs, NVSwitches, NICs) and an
  * NVLinkBandwidth distances matrix (MB/s), plus cdphybrid's own values as info
