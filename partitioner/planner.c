@@ -568,14 +568,14 @@ static cdp_status place_best(struct ctx *c, struct search *s, struct cdp_planner
         int64_t evals = 1000000 / (per > 0 ? per : 1);
         if (evals > CDP_PLACEMENT_LOCAL_EVALS) evals = CDP_PLACEMENT_LOCAL_EVALS;
         if (evals < 8) evals = 8;
-        struct cdp_placement_problem pb = {.topo = c->t, .p = k->p, .R = k->R, .cost = cdp_planner_place_cost, .ctx = c,
+        struct cdp_placement_problem pb = {.topo = c->t, .p = k->p, .R = k->R, .cost = cdp_planner_search_cost, .ctx = c,
                                            .max_local_evals = evals};
         if (c->tp > 1) pb.group = c->tp, pb.n_groups = c->n_groups, pb.group_first = c->leader;
         struct cdp_placement_info info;
         if ((st = cdp_placement_search(&pb, s->dev, &info))) break;
         res->placed_shapes++;
         double step_s = info.cost;
-        if (c->cheap) { /* searched on the cheap model: the full simulation decides */
+        if (c->cheap || c->lin_sched[0]) { /* searched on a model: the full simulation decides */
             struct cdp_planner_prediction pr;
             double phase;
             if ((st = cdp_planner_sim_numbers(c, s->dev, &pr, &phase))) break;

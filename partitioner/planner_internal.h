@@ -93,8 +93,9 @@ struct ctx {
     /* the candidate being simulated */
     int p, R, m;
     struct cdp_schedule *sched;
-    /* the cheap model's long pipelines: the schedules of lin_m[0] and lin_m[1]
-     * micro-batches, whose steps extrapolate to m (NULL: m is simulated) */
+    /* long pipelines (m > 4p): the schedules of lin_m[0] and lin_m[1]
+     * micro-batches, whose steps extrapolate to m for the cheap model and the
+     * placement search (NULL: m is simulated) */
     struct cdp_schedule *lin_sched[2];
     int lin_m[2];
     struct cdp_sim_vstage *vs;
@@ -152,6 +153,7 @@ cdp_status cdp_planner_simulate_layout(struct ctx *c, const struct cdp_layout *l
 cdp_status cdp_planner_sim_numbers(struct ctx *c, const int *device, struct cdp_planner_prediction *pred, double *phase);
 cdp_status cdp_planner_cheap_step(struct ctx *c, const int *device, int all, double *step);
 double cdp_planner_place_cost(const int *device, void *vctx);
+double cdp_planner_search_cost(const int *device, void *vctx);
 cdp_status cdp_planner_prepare(struct ctx *c, int p, int R, int m, const int64_t (*ranges)[2]);
 
 /* ---- planner_layout.c: layouts of candidates: ranges, placement, ranks, CPU sets, memory */

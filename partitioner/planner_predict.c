@@ -87,11 +87,11 @@ double cdp_planner_reduce_scale(const struct cdp_plan *plan)
     return cdp_cost_grad_comm_bytes_per_param(plan) / cdp_cost_grad_bytes_per_param(plan);
 }
 
-static cdp_status sim_procs(struct ctx *c, const int *device, const int *trace_rank, const int *proc,
-                            struct cdp_sim_result **out)
+static cdp_status sim_procs(struct ctx *c, const struct cdp_schedule *sched, const int *device, const int *trace_rank,
+                            const int *proc, struct cdp_sim_result **out)
 {
     const int tied = cdp_planner_tied_model(c->plan) && c->p * c->v > 1;
-    struct cdp_sim_config sc = {.sched = c->sched, .replicas = c->R, .vstage = c->vs,
+    struct cdp_sim_config sc = {.sched = sched, .replicas = c->R, .vstage = c->vs,
                                 .tied_bytes = tied ? c->tied_bytes : 0, .device = device, .n_devices = c->nd,
                                 .bandwidth = c->bw, .latency = c->lat,
                                 .samples_per_mb = (double)c->plan->train.micro_batch, .trace_rank = trace_rank,
@@ -103,7 +103,7 @@ static cdp_status sim_procs(struct ctx *c, const int *device, const int *trace_r
 
 cdp_status cdp_planner_sim(struct ctx *c, const int *device, const int *trace_rank, struct cdp_sim_result **out)
 {
-    return sim_procs(c, device, trace_rank, NULL, out);
+    return sim_procs(c, c->sched, device, trace_rank, NULL, out);
 }
 
 /* Whether ranks q and k of layout l run on the same processor: the same GPU
@@ -151,7 +151,7 @@ cdp_status cdp_planner_simulate_layout(struct ctx *c, const struct cdp_layout *l
             }
         }
     }
-    if (!st) st = sim_procs(c, device, row, proc, out);
+    if (!st) st = sim_procs(c, c->sched, device, row, proc, out);
     free(device);
     free(row);
     free(proc);
@@ -334,6 +334,52 @@ double cdp_planner_place_cost(const int *device, void *vctx)
     return s;
 }
 
+/* A pipeline of m micro-batches: past the fill (2p, 3p: multiples of p, as
+ * interleaved needs, and past zbv's 2p - 2) every further micro-batch adds the
+ * slowest stage's period, so the step is linear in m and two simulations at 2p
+ * and 3p give it; the cheap model's pipelines of one replica and the placement
+ * search of a small world then no longer cost in proportion to m
+ * (docs/planner.md, "Large worlds", "Long pipelines"). These are the two
+ * shorter runs' schedules; none where m <= 4p or the plan gives the schedule
+ * as a file. */
+static cdp_status lin_schedules(struct ctx *c)
+{
+    const int p = c->p, tied = cdp_planner_tied_model(c->plan) && p * c->v > 1;
+    cdp_status st = CDP_OK;
+    if (c->lin_sched[0] || c->plan->parallel.schedule_file || c->m <= 4 * p) return CDP_OK;
+    c->lin_m[0] = 2 * p;
+    c->lin_m[1] = 3 * p;
+    for (int q = 0; q < 2 && !st; q++)
+        st = cdp_schedule_for_plan(c->plan, c->kind, p, c->v, c->lin_m[q], tied, 0, &c->lin_sched[q]);
+    if (st) {
+        cdp_schedule_free(c->lin_sched[0]);
+        c->lin_sched[0] = NULL;
+    }
+    return st;
+}
+
+/* The placement search's objective: cdp_planner_place_cost, but a long
+ * pipeline of a small world (m >= 10p: the two short runs simulate at most
+ * half its micro-batches) is simulated in full at lin_m[0] and lin_m[1]
+ * micro-batches and its step extrapolated to m, as the cheap model does for
+ * one replica: the search ranks placements on the steady state, and the
+ * placement it returns is then simulated in full at m (place_best). */
+double cdp_planner_search_cost(const int *device, void *vctx)
+{
+    struct ctx *c = vctx;
+    if (c->cheap || c->m < 10 * c->p) return cdp_planner_place_cost(device, vctx);
+    if (lin_schedules(c)) return NAN;
+    if (!c->lin_sched[0]) return cdp_planner_place_cost(device, vctx);
+    double at[2];
+    for (int q = 0; q < 2; q++) {
+        struct cdp_sim_result *r = NULL;
+        if (sim_procs(c, c->lin_sched[q], device, NULL, NULL, &r)) return NAN;
+        at[q] = r->step_s;
+        cdp_sim_result_free(r);
+    }
+    return at[1] + (at[1] - at[0]) * (c->m - c->lin_m[1]) / (double)(c->lin_m[1] - c->lin_m[0]);
+}
+
 /* Prepares c->sched and c->vs for (p, R, m) and ranges. */
 cdp_status cdp_planner_prepare(struct ctx *c, int p, int R, int m, const int64_t (*ranges)[2])
 {
@@ -360,16 +406,8 @@ cdp_status cdp_planner_prepare(struct ctx *c, int p, int R, int m, const int64_t
     const double bucket = cdp_plan_bucket_bytes(c->plan, R, c->zero);
     vstages_of(c->cost, p * c->v, ranges, bucket, c->vs);
     cdp_status st = cdp_schedule_for_plan(c->plan, c->kind, p, c->v, m, tied, 0, &c->sched);
-    /* The cheap model's pipeline of one replica runs m micro-batches: past
-     * the fill (2p, 3p: multiples of p, as interleaved needs, and past
-     * zbv's 2p - 2) every further micro-batch adds the slowest stage's period,
-     * so the step is linear in m and two simulations at 2p and 3p give it;
-     * planning time then no longer follows m (docs/planner.md, "Large worlds"). */
-    if (!st && c->cheap && !c->plan->parallel.schedule_file && m > 4 * p) {
-        c->lin_m[0] = 2 * p;
-        c->lin_m[1] = 3 * p;
-        for (int q = 0; q < 2 && !st; q++)
-            st = cdp_schedule_for_plan(c->plan, c->kind, p, c->v, c->lin_m[q], tied, 0, &c->lin_sched[q]);
-    }
+    /* the cheap model extrapolates long pipelines from the start; a small
+     * world's placement search asks for them (cdp_planner_search_cost) */
+    if (!st && c->cheap) st = lin_schedules(c);
     return st;
 }

@@ -1105,6 +1105,8 @@ Test(planner, tensor_groups_that_do_not_fit_a_node_are_refused)
 
 #include "model/costs.h"
 #include "model/layers.h"
+#include "core/hash.h"
+#include "partitioner/placement.h"
 #include "partitioner/planner_internal.h"
 
 #define TENSOR_GPT(heads, backend, extra)                                                                      \
@@ -1356,6 +1358,106 @@ Test(planner, tensor_groups_stay_in_the_quads_and_a_pcie_box_keeps_t_1, .timeout
  * its group's first device + k; `--dry-run --json` writes that layout and
  * that placement, and the file planned again (as a run reads planned.json)
  * gives the same layout. */
+/* A long pipeline of a small world (m >= 10p, p x R <= 16) is placed on its
+ * steady state: the search's objective simulates every rank at 2p and 3p
+ * micro-batches and extrapolates to m (cdp_planner_search_cost). Past the fill
+ * each micro-batch adds one period; where replicas' transfers or tensor
+ * collectives contend for a link or port the period can shift a little, so
+ * the extrapolation is the full simulation at m to 1e-3 (to 1e-9 in most of
+ * these cases), for every schedule kind, with replicas, ZeRO-2 and tensor
+ * groups, on the chosen, the ordered and random placements; what the plan
+ * predicts is the full simulation of its placement; and a shorter pipeline is
+ * searched on the full simulation itself. */
+#define LONG_PIPE(shape)                                                                                       \
+    "{\"model\": {\"preset\": \"gpt\", \"vocab\": 1024, \"context\": 256, \"layers\": 8, \"heads\": 8, "      \
+    "\"embed\": 512}, \"data\": {\"source\": \"synthetic\"}, \"train\": {\"micro_batch\": 4, \"optimizer\": "  \
+    "{\"type\": \"adamw\"}}, \"parallel\": {" shape "}, \"cluster\": {\"backend\": \"cuda\", \"topology\": "   \
+    "\"dgx1-v100\"}}"
+#define ORDERED ", \"placement\": \"ordered-pp-inner\""
+
+Test(planner, a_long_pipelines_placement_search_extrapolates_the_full_simulation, .timeout = 120)
+{
+    setenv("CUDA_VISIBLE_DEVICES", "", 1);
+    static const char *const plans[] = {
+        LONG_PIPE("\"stages\": 4, \"replicas\": 2, \"micro_batches\": 40, \"schedule\": \"1f1b\"" ORDERED),
+        LONG_PIPE("\"stages\": 2, \"replicas\": 4, \"micro_batches\": 24, \"schedule\": \"gpipe\"" ORDERED),
+        LONG_PIPE("\"stages\": 4, \"replicas\": 2, \"micro_batches\": 44, \"schedule\": \"zb-h1\", \"zero\": 2" ORDERED),
+        LONG_PIPE("\"stages\": 2, \"replicas\": 4, \"micro_batches\": 20, \"schedule\": \"zb-h2\"" ORDERED),
+        LONG_PIPE("\"stages\": 4, \"replicas\": 2, \"micro_batches\": 40, \"schedule\": \"interleaved\", "
+                  "\"chunks\": 2" ORDERED),
+        LONG_PIPE("\"stages\": 4, \"replicas\": 2, \"micro_batches\": 42, \"schedule\": \"zbv\"" ORDERED),
+        /* searched: tensor groups on the objective */
+        LONG_PIPE("\"stages\": 4, \"replicas\": 1, \"micro_batches\": 40, \"tensor\": 2, \"schedule\": \"1f1b\""),
+        /* 36 < 10p: the full simulation */
+        LONG_PIPE("\"stages\": 4, \"replicas\": 2, \"micro_batches\": 36, \"schedule\": \"1f1b\"" ORDERED),
+    };
+    const size_t n = sizeof plans / sizeof *plans;
+    struct cdp_topology *t = NULL;
+    cr_assert_eq(cdp_topology_load("dgx1-v100", NULL, &t), CDP_OK, "%s", cdp_last_error());
+    uint64_t seed = 7;
+    int close = 0;
+    double worst = 0;
+    for (size_t i = 0; i < n; i++) {
+        struct cdp_plan *p = load(plans[i]);
+        struct cdp_planner_result r = {0};
+        cr_assert_eq(cdp_planner_run(p, t, NULL, 0, &r), CDP_OK, "plan %zu: %s", i, cdp_last_error());
+        const struct cdp_layout *l = r.layout;
+        const int S = l->stages, R = l->replicas, N = S * R, longer = l->micro_batches >= 10 * S;
+        cr_assert_eq(longer, i + 1 < n, "plan %zu: %d micro-batches of %d stages", i, l->micro_batches, S);
+        /* the plan as the search saw it: its shape prepared, as cdp_planner_explore does */
+        struct ctx c;
+        struct cdp_plan at = *p;
+        at.parallel.tensor = l->tensor;
+        at.model.seq_parallel = r.sequence_parallel;
+        cr_assert_eq(cdp_planner_ctx_init_for(&c, &at, t, NULL, l->recompute), CDP_OK, "%s", cdp_last_error());
+        c.kind = l->schedule, c.zero = l->zero, c.v = l->chunks;
+        cr_assert_eq(cdp_planner_prepare(&c, S, R, l->micro_batches, (const int64_t(*)[2])l->ranges), CDP_OK);
+        cr_assert_eq(c.cheap, 0, "plan %zu: a small world", i);
+        int dev[16], perm[16];
+        for (int which = 0; which < 6; which++) {
+            if (which == 0) { /* the chosen placement */
+                for (int k = 0; k < l->n_ranks; k++)
+                    if (!l->rank[k].tensor) dev[l->rank[k].stage * R + l->rank[k].replica] = l->rank[k].device;
+            } else {
+                if (which == 1) cdp_placement_ordered_pp_inner(S, R, dev);
+                else {
+                    for (int d = 0; d < c.n_groups; d++) perm[d] = d;
+                    for (int k = 0; k < N; k++) {
+                        const int j = k + (int)(cdp_splitmix64(&seed) % (uint64_t)(c.n_groups - k));
+                        const int x = perm[k];
+                        perm[k] = perm[j], perm[j] = x;
+                    }
+                    memcpy(dev, perm, (size_t)N * sizeof *dev);
+                }
+                cdp_planner_to_leaders(&c, N, dev);
+            }
+            const int64_t sims = c.sims;
+            const double full = cdp_planner_place_cost(dev, &c), lin = cdp_planner_search_cost(dev, &c);
+            cr_expect(isfinite(full) && full > 0, "plan %zu", i);
+            if (longer) {
+                cr_expect_eq(c.sims, sims + 3, "plan %zu: one full simulation and two short ones", i);
+                close += fabs(lin - full) <= 1e-9 * full;
+                worst = fmax(worst, fabs(lin - full) / full);
+                cr_expect_leq(fabs(lin - full), 1e-3 * full,
+                              "plan %zu, placement %d (%s): extrapolated %.9f ms, full %.9f ms", i, which,
+                              cdp_schedule_name(l->schedule), lin * 1e3, full * 1e3);
+            } else {
+                cr_expect_eq(c.sims, sims + 2, "plan %zu: two full simulations", i);
+                cr_expect_eq(lin, full, "plan %zu", i);
+            }
+            if (which == 0) /* what the plan predicts is the full simulation */
+                cr_expect_leq(fabs(r.predicted.step_s - full), 1e-12 * full, "plan %zu: %.9f ms, %.9f ms", i,
+                              r.predicted.step_s * 1e3, full * 1e3);
+        }
+        cdp_planner_ctx_free(&c);
+        cdp_planner_result_clear(&r);
+        cdp_plan_free(p);
+    }
+    cr_log_info("extrapolated steps within 1e-9 of the full simulation's: %d of %zu, %.2e off at worst", close,
+                6 * (n - 1), worst);
+    cdp_topology_free(t);
+}
+
 #define GROUPS_DGX1                                                                                            \
     "{\"model\": {\"preset\": \"gpt\", \"vocab\": 1024, \"context\": 256, \"layers\": 8, \"heads\": 8, "      \
     "\"embed\": 512}, \"data\": {\"source\": \"synthetic\"}, \"train\": {\"micro_batch\": 4, \"optimizer\": "  \
