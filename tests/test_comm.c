@@ -1023,14 +1023,6 @@ static void run_probe(struct job *j, int np, const char *scenario, const char *s
         argv[k++] = "-x";
         argv[k++] = name;
     }
-    /* sanitizer builds: the suppressions of Open MPI's leaks need whole stacks */
-    static char lsan[1024];
-    const char *lo = getenv("LSAN_OPTIONS");
-    if (lo) {
-        snprintf(lsan, sizeof lsan, "LSAN_OPTIONS=%s:fast_unwind_on_malloc=0", lo);
-        argv[k++] = "-x";
-        argv[k++] = "LSAN_OPTIONS";
-    }
     argv[k++] = getenv("CDP_COMM_PROBE");
     argv[k++] = scenario;
     argv[k] = NULL;
@@ -1040,7 +1032,6 @@ static void run_probe(struct job *j, int np, const char *scenario, const char *s
     if (pid == 0) {
         setpgid(0, 0);
         if (setting) putenv((char *)setting);
-        if (lo) putenv(lsan);
         int devnull = open("/dev/null", O_RDONLY);
         dup2(devnull, 0);
         dup2(fd, 1);
