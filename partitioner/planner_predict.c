@@ -206,6 +206,13 @@ cdp_status cdp_planner_sim_numbers(struct ctx *c, const int *device, struct cdp_
     return CDP_OK;
 }
 
+/* The step at m micro-batches from the steps at lin_m[0] and lin_m[1]: the
+ * line through them (lin_schedules, below). */
+static double lin_step(const struct ctx *c, const double at[2])
+{
+    return at[1] + (at[1] - at[0]) * (c->m - c->lin_m[1]) / (double)(c->lin_m[1] - c->lin_m[0]);
+}
+
 /* The cheap model (docs/planner.md, "Large worlds"): every replica's pipeline
  * simulated alone (R = 1; replicas whose stage-to-stage links are the same are
  * simulated once), the slowest taken, plus the data-parallel ring all-reduce
@@ -290,9 +297,7 @@ cdp_status cdp_planner_cheap_step(struct ctx *c, const int *device, int all, dou
                 at[q] = sr->step_s;
                 cdp_sim_result_free(sr);
             }
-            c->key_val[j] = c->lin_sched[0] ? at[1] + (at[1] - at[0]) * (c->m - c->lin_m[1]) /
-                                                          (double)(c->lin_m[1] - c->lin_m[0])
-                                            : at[0];
+            c->key_val[j] = c->lin_sched[0] ? lin_step(c, at) : at[0];
             c->key_hash[j] = h;
             c->n_keys++;
         }
@@ -377,7 +382,7 @@ double cdp_planner_search_cost(const int *device, void *vctx)
         at[q] = r->step_s;
         cdp_sim_result_free(r);
     }
-    return at[1] + (at[1] - at[0]) * (c->m - c->lin_m[1]) / (double)(c->lin_m[1] - c->lin_m[0]);
+    return lin_step(c, at);
 }
 
 /* Prepares c->sched and c->vs for (p, R, m) and ranges. */
