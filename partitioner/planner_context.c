@@ -63,7 +63,7 @@ static cdp_status group_links(struct ctx *c, const struct cdp_topology *t)
         if (is[d]) lead[n++] = d;
     cdp_status st = CDP_OK;
     for (int i = 0; i < n && !st; i++)
-        for (int j = 0; j < n && !st; j++) {
+        for (int j = 0; j < n; j++) {
             const int a = lead[i], b = lead[j];
             struct cdp_topology_link l;
             if (abs(a - b) < tp) continue;

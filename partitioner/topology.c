@@ -162,6 +162,7 @@ cdp_status cdp_topology_link(const struct cdp_topology *t, int a, int b, struct 
 
 cdp_status cdp_topology_group_link(const struct cdp_topology *t, int a, int b, int n, struct cdp_topology_link *out)
 {
+    if (n < 1) return cdp_fail(CDP_ERR_INVALID, "topology: a group of %d devices", n);
     for (int k = 0; k < n; k++) {
         struct cdp_topology_link l;
         cdp_status st = cdp_topology_link(t, a + k, b + k, &l);
@@ -175,5 +176,5 @@ cdp_status cdp_topology_group_link(const struct cdp_topology *t, int a, int b, i
         if (l.nvlinks < out->nvlinks) out->nvlinks = l.nvlinks;
         if (l.cls > out->cls) out->cls = l.cls;
     }
-    return n > 0 ? CDP_OK : cdp_fail(CDP_ERR_INVALID, "topology: a group of %d devices", n);
+    return CDP_OK;
 }

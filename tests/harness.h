@@ -11,19 +11,22 @@ struct cdp_run {
     char *err;       /* everything written to stderr (owned, NUL-terminated) */
 };
 
+/* 1 in an AddressSanitizer build (gcc and clang say so differently). */
+#if defined(__SANITIZE_ADDRESS__)
+#define CDP_TEST_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define CDP_TEST_ASAN 1
+#endif
+#endif
+#ifndef CDP_TEST_ASAN
+#define CDP_TEST_ASAN 0
+#endif
+
 /* How long one run of the binary may take before the harness kills it: 60 s,
  * and 110 s under AddressSanitizer, where an 8-rank run on a loaded 2-core
  * machine was measured at 54-61 s (still below the 120 s a test is given). */
-#if defined(__SANITIZE_ADDRESS__)
-#define CDP_TEST_RUN_LIMIT_S 110
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define CDP_TEST_RUN_LIMIT_S 110
-#endif
-#endif
-#ifndef CDP_TEST_RUN_LIMIT_S
-#define CDP_TEST_RUN_LIMIT_S 60
-#endif
+#define CDP_TEST_RUN_LIMIT_S (CDP_TEST_ASAN ? 110 : 60)
 
 /* Runs $CDP_BIN with the given arguments (NULL-terminated), with no stdin and a
  * CDP_TEST_RUN_LIMIT_S limit (past it the run is killed, exit_code is 137 and

@@ -448,9 +448,7 @@ Test(jobs, the_open_file_limit_is_named, .timeout = 120)
  * cannot start at all, so there this is skipped. */
 Test(jobs, the_address_space_limit_is_named_outside_asan_builds, .timeout = 60)
 {
-#if defined(__SANITIZE_ADDRESS__)
-    cr_skip_test("an AddressSanitizer build cannot start under ulimit -v 300 MiB");
-#endif
+    if (CDP_TEST_ASAN) cr_skip_test("an AddressSanitizer build cannot start under ulimit -v 300 MiB");
     char dir[4096];
     snprintf(dir, sizeof dir, "%s", cdp_test_tmpdir());
     struct cdp_job j;
