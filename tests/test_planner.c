@@ -1348,16 +1348,6 @@ Test(planner, tensor_groups_stay_in_the_quads_and_a_pcie_box_keeps_t_1, .timeout
     cdp_plan_free(p);
 }
 
-/* Placement "topology" at t > 1 (docs/planner.md, "Tensor groups"): on
- * dgx1-v100 at t = 2 the groups {0,1}, {2,3}, {4,5}, {6,7} are joined member by
- * member over NVLink in a ring ({0,1}-{2,3}, {2,3}-{6,7}, {6,7}-{4,5},
- * {4,5}-{0,1}) and over PCIe/SYS across it ({2,3}-{4,5}, {0,1}-{6,7}).
- * ordered-pp-inner's 4-stage pipeline crosses {2,3} -> {4,5}; the search
- * keeps every boundary on NVLink, is predicted strictly faster, and the
- * dry-run's line says what was searched. The layout puts tensor index k on
- * its group's first device + k; `--dry-run --json` writes that layout and
- * that placement, and the file planned again (as a run reads planned.json)
- * gives the same layout. */
 /* A long pipeline of a small world (m >= 10p, p x R <= 16) is placed on its
  * steady state: the search's objective simulates every rank at 2p and 3p
  * micro-batches and extrapolates to m (cdp_planner_search_cost). Past the fill
@@ -1458,6 +1448,16 @@ Test(planner, a_long_pipelines_placement_search_extrapolates_the_full_simulation
     cdp_topology_free(t);
 }
 
+/* Placement "topology" at t > 1 (docs/planner.md, "Tensor groups"): on
+ * dgx1-v100 at t = 2 the groups {0,1}, {2,3}, {4,5}, {6,7} are joined member by
+ * member over NVLink in a ring ({0,1}-{2,3}, {2,3}-{6,7}, {6,7}-{4,5},
+ * {4,5}-{0,1}) and over PCIe/SYS across it ({2,3}-{4,5}, {0,1}-{6,7}).
+ * ordered-pp-inner's 4-stage pipeline crosses {2,3} -> {4,5}; the search
+ * keeps every boundary on NVLink, is predicted strictly faster, and the
+ * dry-run's line says what was searched. The layout puts tensor index k on
+ * its group's first device + k; `--dry-run --json` writes that layout and
+ * that placement, and the file planned again (as a run reads planned.json)
+ * gives the same layout. */
 #define GROUPS_DGX1                                                                                            \
     "{\"model\": {\"preset\": \"gpt\", \"vocab\": 1024, \"context\": 256, \"layers\": 8, \"heads\": 8, "      \
     "\"embed\": 512}, \"data\": {\"source\": \"synthetic\"}, \"train\": {\"micro_batch\": 4, \"optimizer\": "  \
